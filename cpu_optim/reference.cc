@@ -1,0 +1,82 @@
+// Scalar reference optimizers: the definition of the numbers the fast paths must match.
+#include <cmath>
+
+#include "strata/optimizer.h"
+
+namespace strata {
+
+const char* optimizer_kind_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kAdam:
+      return "Adam";
+    case OptimizerKind::kAdamW:
+      return "AdamW";
+    case OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case OptimizerKind::kLion:
+      return "Lion";
+  }
+  return "?";
+}
+
+void optimizer_step_reference(const OptimizerHyper& h, const ShardState& s) {
+  const float b1 = h.beta1, b2 = h.beta2;
+  float bc1 = 1.0f, bc2 = 1.0f;
+  if (h.bias_correction) {
+    bc1 = 1.0f - std::pow(b1, static_cast<float>(h.step));
+    bc2 = 1.0f - std::pow(b2, static_cast<float>(h.step));
+  }
+  const float step_size = h.lr / bc1;
+  const float bc2_sqrt = std::sqrt(bc2);
+  for (size_t i = 0; i < s.n; ++i) {
+    float g = load_f32(s.grad, s.grad_dtype, i) * s.grad_mult;
+    float p = s.master[i];
+    switch (h.kind) {
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        if (h.kind == OptimizerKind::kAdam && h.weight_decay != 0.0f) g += h.weight_decay * p;
+        float m = load_f32(s.m, s.moment_dtype, i);
+        float v = load_f32(s.v, s.moment_dtype, i);
+        m = b1 * m + (1.0f - b1) * g;
+        v = b2 * v + (1.0f - b2) * g * g;
+        float denom = std::sqrt(v) / bc2_sqrt + h.eps;
+        if (h.kind == OptimizerKind::kAdamW && h.weight_decay != 0.0f) {
+          p -= h.lr * h.weight_decay * p;
+        }
+        p -= step_size * (m / denom);
+        store_f32(s.m, s.moment_dtype, i, m);
+        store_f32(s.v, s.moment_dtype, i, v);
+        break;
+      }
+      case OptimizerKind::kAdagrad: {
+        if (h.weight_decay != 0.0f) g += h.weight_decay * p;
+        float v = load_f32(s.v, s.moment_dtype, i) + g * g;
+        p -= h.lr * g / (std::sqrt(v) + h.eps);
+        store_f32(s.v, s.moment_dtype, i, v);
+        break;
+      }
+      case OptimizerKind::kLion: {
+        float m = load_f32(s.m, s.moment_dtype, i);
+        float c = b1 * m + (1.0f - b1) * g;
+        float sgn = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
+        p -= h.lr * (sgn + h.weight_decay * p);
+        store_f32(s.m, s.moment_dtype, i, b2 * m + (1.0f - b2) * g);
+        break;
+      }
+    }
+    s.master[i] = p;
+    if (s.lp_out) store_f32(s.lp_out, s.lp_dtype, i, p);
+  }
+}
+
+GradStats grad_stats_reference(const void* grad, DType dtype, size_t n) {
+  GradStats st;
+  for (size_t i = 0; i < n; ++i) {
+    double g = load_f32(grad, dtype, i);
+    if (!std::isfinite(g)) st.nonfinite = true;
+    st.norm_sq += g * g;
+  }
+  return st;
+}
+
+}  // namespace strata

@@ -1,0 +1,197 @@
+// The run configuration: a DeepSpeed ds_config.json, accepted as is, plus strata's own sections.
+//
+// DeepSpeed sections (same keys, same defaults, same consistency rules): train_batch_size,
+// train_micro_batch_size_per_gpu, gradient_accumulation_steps, fp16, bf16, optimizer,
+// scheduler, gradient_clipping, steps_per_print, zero_optimization, aio.
+// strata's sections: model, data, device, train, strata (finer knobs DeepSpeed lacks).
+//
+// Parsing is strict where DeepSpeed is silent: an unknown key is an error naming its JSON
+// path and the closest known key; a wrong type or out-of-range value names the path and the
+// allowed range; sizes accept numbers (1e8) and strings ("16GiB", "512MB"); "auto" is resolved
+// and the resolved value logged. Keys DeepSpeed knows that strata accepts but does not act on
+// yet are listed in Config::not_acted_on, logged once at start-up.
+//
+// Thread safety: a Config is a plain value; parse once, then share const.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;         // 0 = dynamic loss scaling
+  int initial_scale_power = 16;    // dynamic: initial scale 2^power
+  int loss_scale_window = 1000;    // steps without overflow before the scale doubles
+  int hysteresis = 2;              // overflows tolerated before the scale halves
+  int consecutive_hysteresis = 0;  // DeepSpeed's bool, stored 0/1
+  double min_loss_scale = 1.0;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // Adam | AdamW | Adagrad | Lion (case-insensitive)
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;  // DeepSpeed's Adam: true makes "Adam" decoupled (AdamW)
+  bool torch_adam = false;
+  bool bias_correction = true;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant lr) | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;  // "auto" or absent: optimizer.lr
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // log | linear
+  int64_t total_num_steps = 0;      // WarmupDecayLR / WarmupCosineLR; "auto": train.steps
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  double cos_min_ratio = 0.0001;    // WarmupCosineLR
+};
+
+// zero_optimization.offload_param / offload_optimizer.
+struct OffloadConfig {
+  std::string device = "none";         // none | cpu | nvme
+  std::vector<std::string> nvme_path;  // one or more directories (a string or a list)
+  int buffer_count = 5;                // param: 5, optimizer: 4 (DeepSpeed's defaults)
+  size_t buffer_size = 100'000'000;    // param only
+  size_t max_in_cpu = 1'000'000'000;   // param only
+  bool pin_memory = false;
+  bool pipeline_read = false;   // optimizer only
+  bool pipeline_write = false;  // optimizer only
+  bool fast_init = false;       // optimizer only
+  double ratio = 1.0;           // optimizer only: fraction offloaded
+};
+
+struct ZeroConfig {
+  int stage = 0;  // 0..3
+  OffloadConfig offload_param;
+  OffloadConfig offload_optimizer;
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  size_t reduce_bucket_size = 500'000'000;
+  size_t allgather_bucket_size = 500'000'000;
+  bool allgather_partitions = true;
+  bool round_robin_gradients = false;
+  size_t sub_group_size = 1'000'000'000;
+  size_t stage3_prefetch_bucket_size = 50'000'000;
+  size_t stage3_param_persistence_threshold = 100'000;
+  size_t stage3_max_live_parameters = 1'000'000'000;
+  size_t stage3_max_reuse_distance = 1'000'000'000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+};
+
+struct AioConfig {
+  std::string backend = "auto";  // strata: auto | io_uring | libaio | posix
+  size_t block_size = 1'048'576;
+  int queue_depth = 8;
+  int intra_op_parallelism = 1;  // alias: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+struct ModelConfig {
+  std::string type = "gpt";
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int vocab_size = 256;
+  int padded_vocab_size = 0;  // 0 / "auto": vocab_size rounded up to a multiple of 64
+  int context = 64;           // maximum sequence length (llm.c's max_seq_len / block_size)
+  bool tied_embeddings = true;
+  DType dtype = DType::kBF16;  // resolved from fp16/bf16 sections; fp32 when neither enabled
+};
+
+struct DataConfig {
+  std::string source = "synthetic";  // synthetic | path to a file
+  std::string format = "auto";       // auto | uint16 | uint32 | llmc | text
+  int seq_len = 0;                   // 0 / "auto": model.context
+  double eval_fraction = 0.05;       // held-out tail of the corpus for eval loss
+  int eval_batches = 4;
+  size_t synthetic_tokens = 1 << 20;  // size of the built-in corpus
+};
+
+struct DeviceConfig {
+  std::string backend = "auto";  // cpu | cuda | auto (cuda if a GPU is visible, else cpu)
+  size_t memory_limit = 0;  // bytes of device memory to use; 0 = cpu: 1 GiB, cuda: free-reserve
+  size_t reserve = size_t{1} << 30;  // cuda: HBM left free for libraries
+  int cpu_threads = 0;               // 0 = all cores
+  int ordinal = -1;                  // cuda: -1 = local rank
+};
+
+struct TrainConfig {
+  int64_t steps = 200;
+  int64_t eval_interval = 50;
+  std::string checkpoint_dir = "runs/default";
+  int64_t checkpoint_interval = 0;  // 0 = only at the end and on SIGINT/SIGTERM
+  uint64_t seed = 1234;
+  std::string log_file;  // JSONL metrics; "" = <checkpoint_dir>/metrics.jsonl
+};
+
+// strata's own extensions, under "strata": {...}.
+struct StrataConfig {
+  bool io_checksum = false;           // strata.io.checksum: CRC32C per extent
+  DType moment_dtype = DType::kF32;   // strata.optimizer.moment_dtype
+  bool delayed_update = false;        // strata.optimizer.delayed_update
+  std::string comm_backend = "auto";  // strata.comm.backend
+  std::string activations = "keep";   // strata.activations: keep | recompute | offload
+  std::string log_level = "info";     // strata.log_level
+};
+
+struct Config {
+  // DeepSpeed batch triple, resolved so that train = micro * accum * world_size.
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  double gradient_clipping = 0.0;  // 0 = off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+
+  Fp16Config fp16;
+  Bf16Config bf16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  AioConfig aio;
+
+  ModelConfig model;
+  DataConfig data;
+  DeviceConfig device;
+  TrainConfig train;
+  StrataConfig strata;
+
+  // Filled by the parser: "path: value (reason)" lines for settings that are accepted but not
+  // acted on yet, and "path = value" lines for resolved "auto" values. Logged at start-up.
+  std::vector<std::string> not_acted_on;
+  std::vector<std::string> resolved_auto;
+};
+
+// Parses a JSON document (the file's text) into a Config, applying `overrides` ("a.b.c=value",
+// value parsed as JSON, or as a string if it is not valid JSON) before validation, then
+// resolves "auto" and the batch triple for `world_size` ranks. `origin` names the source in
+// messages (a file path or "<string>").
+Result<Config> parse_config(const std::string& json_text, const std::string& origin,
+                            const std::vector<std::string>& overrides = {}, int world_size = 1);
+// Reads and parses a file.
+Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                           int world_size = 1);
+
+// Parses a size: a non-negative number (1e8) or a string with an optional unit
+// ("512", "1.5GB", "16GiB", "100 MiB", "4k"). Decimal units are powers of 1000, binary 1024.
+Result<size_t> parse_size(const std::string& text);
+
+}  // namespace strata

@@ -1,0 +1,128 @@
+// Device: where forward and backward run. One interface, two implementations:
+//   - cpu  (kernels/cpu/): the reference. "Device memory" is a host arena with a hard capacity,
+//          each stream an in-order task queue on its own thread, events positions in a queue.
+//   - cuda (kernels/cuda/): cudaMalloc'd arena, pinned host memory, one compute stream and
+//          separate host-to-device / device-to-host copy streams, CUDA events.
+// Everything above this interface (model, tier manager, trainer) is written once.
+//
+// Ownership: the Device owns its streams and its arena; pointers returned by allocate() stay
+// valid until release() or the Device is destroyed. Events are owned by whoever created them.
+//
+// Ordering: work enqueued on one stream runs in order. Work on different streams is unordered
+// unless joined with record(event, s1) + wait(s2, event). copy_*, memset_zero, host_fn and every
+// Kernels call are asynchronous: they return once enqueued; the pointers they take must stay
+// valid until the work has run (synchronize on an event recorded after it).
+//
+// Errors: allocation and synchronization return Status. A failure inside asynchronous work is
+// reported by the next synchronize() on that stream or an event after it.
+//
+// Thread safety: enqueueing on one stream must come from one thread at a time; different
+// streams may be driven from different threads. allocate/release are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "strata/status.h"
+
+namespace strata {
+
+class Kernels;
+
+enum class DeviceKind { kCpu, kCuda };
+
+// Opaque stream handle; obtained from Device, never created by callers.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+// Opaque event handle; created by Device::create_event.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+// Per-device memory statistics, all in bytes.
+struct DeviceMemoryStats {
+  size_t capacity = 0;  // what allocate() may hand out in total
+  size_t used = 0;      // handed out now
+  size_t peak = 0;      // highest `used` since creation (or reset_peak)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // Human-readable, e.g. "cpu (arena 512 MiB, 2 threads)" or "NVIDIA H100 80GB HBM3 (sm_90)".
+  virtual std::string name() const = 0;
+
+  // --- device memory -------------------------------------------------------------------------
+  // Allocates `bytes` (rounded up to 256) of device memory, 256-byte aligned. Fails with
+  // kOutOfMemory naming `tag`, the bytes asked, used and capacity; never over-commits.
+  virtual Result<void*> allocate(size_t bytes, std::string_view tag) = 0;
+  // Returns memory from allocate(). The caller must ensure no enqueued work still uses it.
+  virtual void release(void* ptr) = 0;
+  virtual DeviceMemoryStats memory_stats() const = 0;
+  virtual void reset_peak() = 0;
+
+  // --- host memory for async copies ----------------------------------------------------------
+  // Host memory the copy engines can read/write asynchronously (pinned on CUDA; plain aligned
+  // memory on the CPU backend). Falls back to pageable memory with a warning if pinning fails.
+  virtual Result<void*> allocate_host(size_t bytes) = 0;
+  virtual void release_host(void* ptr) = 0;
+  // Registers caller-owned host memory (e.g. the storage engine's buffer pool) for fast copies.
+  virtual Status register_host(void* ptr, size_t bytes) = 0;
+  virtual void unregister_host(void* ptr) = 0;
+
+  // --- streams and events --------------------------------------------------------------------
+  virtual Stream& compute_stream() = 0;
+  virtual Stream& h2d_stream() = 0;
+  virtual Stream& d2h_stream() = 0;
+
+  virtual std::unique_ptr<Event> create_event() = 0;
+  // Marks the current end of `stream`; re-recording an event moves it.
+  virtual void record(Event& event, Stream& stream) = 0;
+  // Makes later work on `stream` wait until `event` has completed.
+  virtual void wait(Stream& stream, const Event& event) = 0;
+  // Blocks the caller until `event` has completed (an unrecorded event is complete).
+  virtual Status synchronize(Event& event) = 0;
+  // Blocks the caller until everything enqueued on `stream` has run.
+  virtual Status synchronize(Stream& stream) = 0;
+  // True if `event` has completed; never blocks.
+  virtual bool query(Event& event) = 0;
+
+  // --- transfers (async on `stream`) ----------------------------------------------------------
+  virtual void copy_h2d(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_d2h(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_d2d(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual void memset_zero(Stream& stream, void* dst, size_t bytes) = 0;
+  // Runs `fn` on a host thread once all earlier work on `stream` is done; later work on
+  // `stream` waits for it to return. `fn` must not enqueue on `stream` and wait for it.
+  virtual void host_fn(Stream& stream, std::function<void()> fn) = 0;
+
+  // --- compute -------------------------------------------------------------------------------
+  virtual Kernels& kernels() = 0;
+};
+
+struct CpuDeviceOptions {
+  size_t capacity = size_t{1} << 30;  // emulated device memory, bytes
+  int threads = 0;                    // compute threads for kernels; 0 = all cores
+};
+Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& options);
+
+struct CudaDeviceOptions {
+  int ordinal = 0;                   // which GPU (the local rank under mpirun)
+  size_t reserve = size_t{1} << 30;  // bytes of free HBM left for CUDA/cuBLASLt/NCCL
+  size_t capacity = 0;               // 0 = free HBM minus reserve; else min(that, capacity)
+};
+// kUnavailable when strata was built without CUDA or no GPU is visible (message says which).
+Result<std::unique_ptr<Device>> create_cuda_device(const CudaDeviceOptions& options);
+// True if built with CUDA and at least one GPU is visible; `why` says otherwise.
+bool cuda_device_available(std::string* why);
+
+}  // namespace strata

@@ -1,0 +1,1 @@
+#include "strata/config.h"

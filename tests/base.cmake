@@ -1,0 +1,2 @@
+strata_test(base_test ${CMAKE_CURRENT_LIST_DIR}/base_test.cc)
+strata_test(cpu_device_test ${CMAKE_CURRENT_LIST_DIR}/cpu_device_test.cc)

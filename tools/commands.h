@@ -1,0 +1,10 @@
+// Subcommands of the `strata` tool. Each returns the process exit code: 0 on success, 1 on a
+// failing Status (after printing it), 2 on bad usage. argv[0] is the subcommand's name.
+#pragma once
+
+namespace strata::tools {
+
+int cmd_train(int argc, char** argv);
+int cmd_probe(int argc, char** argv);
+
+}  // namespace strata::tools

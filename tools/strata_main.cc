@@ -1,0 +1,46 @@
+// strata: train models larger than GPU memory. A thin dispatcher over the subcommands.
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+  const char* help;
+};
+
+constexpr Command kCommands[] = {
+    {"train", strata::tools::cmd_train,
+     "train a model from a config (DeepSpeed ds_config.json works)"},
+    {"probe", strata::tools::cmd_probe, "measure this machine (storage I/O) and write a profile"},
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "strata: train models far larger than GPU memory.\n\n"
+               "usage: strata <command> [options]   (strata <command> --help for its options)\n\n"
+               "commands:\n");
+  for (const auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.help);
+  std::fprintf(
+      out, "\nnot built yet: plan (issue #8), trace replay (issue #5), probe comm (issue #6)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : kCommands) {
+    if (std::string_view(argv[1]) == c.name) return c.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "strata: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
