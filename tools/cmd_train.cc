@@ -1,13 +1,134 @@
-// `strata train`: placeholder until the trainer lands in this series of commits.
+// `strata train --config FILE [--set key=value]... [--resume [PATH]]`
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 
+#include "src/trainer.h"
+#include "strata/config.h"
+#include "strata/log.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
+namespace {
 
-int cmd_train(int, char**) {
-  std::fprintf(stderr, "strata train: not built yet\n");
-  return 2;
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal.load() != 0) {
+    // Second signal: the user insists. Leave without the checkpoint.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+  g_stop_signal.store(sig);
+}
+
+const char kUsage[] =
+    "usage: strata train --config FILE [options]\n"
+    "\n"
+    "Trains the model described by FILE (a strata config or a DeepSpeed ds_config.json with a\n"
+    "\"model\" section). Prints a progress line every steps_per_print steps and an eval loss\n"
+    "every train.eval_interval steps; writes metrics as JSONL (train.log_file, default\n"
+    "<train.checkpoint_dir>/metrics.jsonl) and checkpoints to train.checkpoint_dir.\n"
+    "Ctrl-C / SIGTERM: finishes the current step, writes a checkpoint and exits (a second\n"
+    "signal exits at once).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE        the config (required)\n"
+    "  --set KEY=VALUE      override any config key by its JSON path, e.g.\n"
+    "                       --set train.steps=50 --set zero_optimization.stage=3\n"
+    "                       (VALUE is parsed as JSON, else taken as a string); repeatable\n"
+    "  --resume [PATH]      continue from PATH, or from the newest checkpoint in\n"
+    "                       train.checkpoint_dir if PATH is omitted\n"
+    "  --quiet              no progress lines (log lines still go to stderr)\n"
+    "  --log-level LEVEL    debug | info | warn | error (default: strata.log_level)\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "exit status: 0 done; 1 error (the message says what and how to fix it); 2 bad usage;\n"
+    "128+N stopped by signal N after writing a checkpoint.\n";
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  std::string config_path, log_level;
+  std::vector<std::string> overrides;
+  TrainOptions opts;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto need_value = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "strata train: %s needs a value\n\n%s", flag, kUsage);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--config") {
+      const char* v = need_value("--config");
+      if (!v) return 2;
+      config_path = v;
+    } else if (a == "--set") {
+      const char* v = need_value("--set");
+      if (!v) return 2;
+      overrides.push_back(v);
+    } else if (a == "--resume") {
+      opts.resume = "latest";
+      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) opts.resume = argv[++i];
+    } else if (a == "--quiet") {
+      opts.progress = false;
+    } else if (a == "--log-level") {
+      const char* v = need_value("--log-level");
+      if (!v) return 2;
+      log_level = v;
+    } else {
+      std::fprintf(stderr, "strata train: unknown option '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "strata train: --config FILE is required\n\n%s", kUsage);
+    return 2;
+  }
+  Result<Config> cfg = load_config(config_path, overrides);
+  if (!cfg.is_ok()) {
+    std::fprintf(stderr, "strata train: %s\n", cfg.status().message().c_str());
+    return 1;
+  }
+  LogLevel level;
+  const std::string& lvl = log_level.empty() ? cfg->strata.log_level : log_level;
+  if (!parse_log_level(lvl, &level)) {
+    std::fprintf(stderr, "strata train: --log-level: '%s' is not debug|info|warn|error|off\n",
+                 lvl.c_str());
+    return 2;
+  }
+  set_log_level(level);
+
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  opts.stop_signal = &g_stop_signal;
+
+  Result<TrainResult> r = train(*cfg, opts);
+  if (!r.is_ok()) {
+    std::fprintf(stderr, "strata train: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  const TrainResult& res = *r;
+  if (res.eval_losses.size() >= 2) {
+    std::printf("eval loss: %.4f at step %lld -> %.4f at step %lld\n",
+                res.eval_losses.front().second, (long long)res.eval_losses.front().first,
+                res.eval_losses.back().second, (long long)res.eval_losses.back().first);
+  }
+  std::printf("%s at step %lld; %.0f tokens/s; checkpoint %s\n",
+              res.stopped_early ? "stopped" : "done", (long long)res.end_step, res.tokens_per_s,
+              res.last_checkpoint.c_str());
+  if (res.stopped_early && g_stop_signal.load() != 0) return 128 + g_stop_signal.load();
+  return 0;
 }
 
 }  // namespace strata::tools

@@ -1,0 +1,71 @@
+// Checkpoints: the full training state in one self-checking file.
+//
+// Layout (little-endian):
+//   0   char[8]  magic "STRATACK"
+//   8   u32      format version (kCheckpointVersion)
+//   12  u32      metadata length J (bytes of JSON)
+//   16  u32      CRC32C of the metadata
+//   20  u32      CRC32C of the payload
+//   24  u64      payload length P
+//   32  J bytes  metadata JSON: step counters, loss-scaler state, model shape, dtypes, and
+//                each module's name and element count (its stable id)
+//   32+J P bytes payload: per module in order, fp32 master weights, then the first and second
+//                moments in the moment dtype
+// A file is written as <name>.tmp, fsynced, renamed over <name>, and the directory fsynced:
+// a crash mid-write never leaves a file that looks valid. Truncated files, a wrong magic or
+// version, or a checksum mismatch are refused with a message naming the file and the offset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/status.h"
+
+namespace strata {
+
+inline constexpr uint32_t kCheckpointVersion = 1;
+
+struct CheckpointModule {
+  std::string name;
+  size_t numel = 0;
+};
+
+struct CheckpointMeta {
+  int64_t step = 0;       // training steps completed
+  int64_t opt_steps = 0;  // optimizer steps taken (steps minus skipped overflow steps)
+  double loss_scale = 1.0;
+  int64_t scaler_cur_iter = 0;
+  int64_t scaler_last_overflow_iter = -1;
+  int scaler_cur_hysteresis = 1;
+  std::string model_shape;  // "L=4 NH=4 C=128 V=256 Vp=256 T=64 tied=1"
+  std::string moment_dtype;
+  uint64_t seed = 0;
+  std::vector<CheckpointModule> modules;
+};
+
+// Source/sink of one module's state, so the writer and reader never need it all in memory.
+struct CheckpointBuffers {
+  float* master;        // numel fp32
+  void* m;              // numel x moment bytes (may be null when the optimizer has no m)
+  void* v;              // likewise
+  size_t moment_bytes;  // bytes per moment element (4 fp32, 2 bf16)
+};
+
+// Writes atomically to `path` (see above). `buffers[i]` belongs to meta.modules[i].
+Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<CheckpointBuffers>& buffers);
+
+// Reads and verifies the metadata only (cheap; checks magic, version, sizes, metadata CRC).
+Result<CheckpointMeta> read_checkpoint_meta(const std::string& path);
+
+// Reads the whole file into `buffers`, verifying every checksum before returning OK. The
+// caller has checked (via read_checkpoint_meta) that the modules match its own.
+Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuffers>& buffers);
+
+// The newest checkpoint in `dir` (from its "latest" file), or kNotFound.
+Result<std::string> latest_checkpoint(const std::string& dir);
+// Atomically points `dir`/latest at `file_name`.
+Status set_latest_checkpoint(const std::string& dir, const std::string& file_name);
+
+}  // namespace strata

@@ -1,0 +1,158 @@
+#include "src/data.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "src/rng.h"
+
+namespace strata {
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;
+
+Result<std::vector<char>> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found(fmt::format("data.source: cannot open '{}'", path));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+std::vector<int32_t> synthetic_corpus(size_t n, int V, uint64_t seed) {
+  // Order-2 Markov chain: each (prev2, prev1) context has 3 successors with weights 6:3:1.
+  Rng rng(seed, 0x5e7);
+  const int K = 3;
+  const int ctx_buckets = 4096;
+  std::vector<int32_t> succ(size_t(ctx_buckets) * K);
+  for (auto& s : succ) s = static_cast<int32_t>(rng.below(V));
+  std::vector<int32_t> out(n);
+  int32_t a = 0, b = 1;
+  for (size_t i = 0; i < n; ++i) {
+    size_t ctx = (static_cast<uint64_t>(a) * 1315423911u + static_cast<uint64_t>(b)) % ctx_buckets;
+    double u = rng.uniform();
+    int pick = u < 0.6 ? 0 : (u < 0.9 ? 1 : 2);
+    int32_t t = succ[ctx * K + pick];
+    out[i] = t;
+    a = b;
+    b = t;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t seed) {
+  Dataset d;
+  std::string fmt_name = cfg.format;
+  if (cfg.source == "synthetic") {
+    d.tokens_ = synthetic_corpus(cfg.synthetic_tokens, vocab_size, seed);
+    d.description_ = fmt::format("synthetic order-2 Markov corpus, {} tokens, vocab {}",
+                                 d.tokens_.size(), vocab_size);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(std::vector<char> bytes, read_file(cfg.source), "loading data");
+    if (fmt_name == "auto") {
+      int32_t magic = 0;
+      if (bytes.size() >= 1024) std::memcpy(&magic, bytes.data(), 4);
+      auto ends_with = [&](const char* suf) {
+        size_t n = std::strlen(suf);
+        return cfg.source.size() >= n && cfg.source.compare(cfg.source.size() - n, n, suf) == 0;
+      };
+      if (magic == kLlmcMagic) {
+        fmt_name = "llmc";
+      } else if (ends_with(".u16")) {
+        fmt_name = "uint16";
+      } else if (ends_with(".u32")) {
+        fmt_name = "uint32";
+      } else {
+        fmt_name = "text";
+      }
+    }
+    if (fmt_name == "llmc") {
+      if (bytes.size() < 1024) {
+        return corrupt(fmt::format("{}: llm.c .bin needs a 1024-byte header, file has {} bytes",
+                                   cfg.source, bytes.size()));
+      }
+      int32_t header[256];
+      std::memcpy(header, bytes.data(), sizeof(header));
+      if (header[0] != kLlmcMagic || header[1] != 1) {
+        return corrupt(
+            fmt::format("{}: not an llm.c token file (magic {} version {}, expected "
+                        "{} version 1)",
+                        cfg.source, header[0], header[1], kLlmcMagic));
+      }
+      size_t n = static_cast<uint32_t>(header[2]);
+      if (bytes.size() < 1024 + 2 * n) {
+        return corrupt(fmt::format("{}: header says {} tokens but the file holds {}", cfg.source, n,
+                                   (bytes.size() - 1024) / 2));
+      }
+      d.tokens_.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t t;
+        std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
+        d.tokens_[i] = t;
+      }
+    } else if (fmt_name == "uint16" || fmt_name == "uint32") {
+      size_t w = fmt_name == "uint16" ? 2 : 4;
+      if (bytes.size() % w) {
+        return corrupt(fmt::format("{}: size {} is not a multiple of {} bytes ({} tokens)",
+                                   cfg.source, bytes.size(), w, fmt_name));
+      }
+      d.tokens_.resize(bytes.size() / w);
+      for (size_t i = 0; i < d.tokens_.size(); ++i) {
+        uint32_t t = 0;
+        std::memcpy(&t, bytes.data() + w * i, w);
+        d.tokens_[i] = static_cast<int32_t>(t);
+      }
+    } else if (fmt_name == "text") {
+      d.tokens_.resize(bytes.size());
+      for (size_t i = 0; i < bytes.size(); ++i) d.tokens_[i] = static_cast<uint8_t>(bytes[i]);
+    } else {
+      return invalid_argument(fmt::format(
+          "data.format: '{}' is not one of auto, uint16, uint32, llmc, text", fmt_name));
+    }
+    d.description_ = fmt::format("{} ({}, {} tokens)", cfg.source, fmt_name, d.tokens_.size());
+  }
+  for (size_t i = 0; i < d.tokens_.size(); ++i) {
+    if (d.tokens_[i] < 0 || d.tokens_[i] >= vocab_size) {
+      return invalid_argument(fmt::format(
+          "{}: token {} at index {} is outside model.vocab_size {} (a byte-level text file "
+          "needs vocab_size >= 256)",
+          cfg.source, d.tokens_[i], i, vocab_size));
+    }
+  }
+  size_t eval = static_cast<size_t>(double(d.tokens_.size()) * cfg.eval_fraction);
+  d.split_ = d.tokens_.size() - eval;
+  return d;
+}
+
+void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
+                          int32_t* tokens, int32_t* targets) const {
+  Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 24) ^ (uint64_t(micro) << 12) ^
+                             static_cast<uint64_t>(rank));
+  const size_t span = split_ - size_t(T) - 1;
+  for (int b = 0; b < B; ++b) {
+    size_t off = rng.below(span + 1);
+    for (int t = 0; t < T; ++t) {
+      tokens[size_t(b) * T + t] = tokens_[off + t];
+      targets[size_t(b) * T + t] = tokens_[off + t + 1];
+    }
+  }
+}
+
+void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets) const {
+  const size_t n = eval_tokens();
+  const size_t windows = (n - 1) / size_t(T);
+  for (int b = 0; b < B; ++b) {
+    size_t w = (size_t(i) * B + b) % windows;
+    size_t off = split_ + w * T;
+    for (int t = 0; t < T; ++t) {
+      tokens[size_t(b) * T + t] = tokens_[off + t];
+      targets[size_t(b) * T + t] = tokens_[off + t + 1];
+    }
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,334 @@
+#include "src/model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "src/rng.h"
+#include "strata/kernels.h"
+
+namespace strata {
+
+size_t ModelLayout::num_params() const {
+  size_t n = 0;
+  for (const auto& m : modules) n += m.numel;
+  return n;
+}
+
+Result<ModelLayout> ModelLayout::from_config(const ModelConfig& mc) {
+  ModelLayout l;
+  l.L = mc.n_layer;
+  l.NH = mc.n_head;
+  l.C = mc.n_embd;
+  l.V = mc.vocab_size;
+  l.Vp = mc.padded_vocab_size > 0 ? mc.padded_vocab_size : (mc.vocab_size + 63) / 64 * 64;
+  l.maxT = mc.context;
+  l.tied = mc.tied_embeddings;
+  if (l.L < 1 || l.NH < 1 || l.C < 1 || l.V < 2 || l.maxT < 1) {
+    return invalid_argument("model: n_layer, n_head, n_embd, context must be >= 1, vocab >= 2");
+  }
+  if (l.C % l.NH != 0) {
+    return invalid_argument(
+        fmt::format("model.n_embd: {} is not divisible by model.n_head {}", l.C, l.NH));
+  }
+  if (l.Vp < l.V) {
+    return invalid_argument(
+        fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size {}", l.Vp, l.V));
+  }
+  const size_t C = l.C, Vp = l.Vp, T = l.maxT;
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(l.L));
+  auto add = [](ModuleSpec& m, const char* name, size_t n, int kind, float std = 0.02f) {
+    m.tensors.push_back({name, m.numel, n, kind, std});
+    m.numel += n;
+  };
+  ModuleSpec emb{"embedding", {}, 0};
+  add(emb, "wte", Vp * C, 0);
+  add(emb, "wpe", T * C, 0, 0.01f);
+  l.modules.push_back(std::move(emb));
+  for (int i = 0; i < l.L; ++i) {
+    ModuleSpec b{fmt::format("block.{}", i), {}, 0};
+    add(b, "ln1w", C, 2);
+    add(b, "ln1b", C, 1);
+    add(b, "qkvw", 3 * C * C, 0);
+    add(b, "qkvb", 3 * C, 1);
+    add(b, "attprojw", C * C, 0, proj_std);
+    add(b, "attprojb", C, 1);
+    add(b, "ln2w", C, 2);
+    add(b, "ln2b", C, 1);
+    add(b, "fcw", 4 * C * C, 0);
+    add(b, "fcb", 4 * C, 1);
+    add(b, "fcprojw", C * 4 * C, 0, proj_std);
+    add(b, "fcprojb", C, 1);
+    l.modules.push_back(std::move(b));
+  }
+  ModuleSpec fn{"final_norm", {}, 0};
+  add(fn, "lnfw", C, 2);
+  add(fn, "lnfb", C, 1);
+  l.modules.push_back(std::move(fn));
+  if (!l.tied) {
+    ModuleSpec h{"head", {}, 0};
+    add(h, "lm_head", Vp * C, 0);
+    l.modules.push_back(std::move(h));
+  }
+  return l;
+}
+
+void init_module_params(const ModelLayout& layout, int module, uint64_t seed, float* master) {
+  const ModuleSpec& m = layout.modules[module];
+  Rng rng(seed, 0x9e11 + static_cast<uint64_t>(module));
+  for (const TensorSpec& t : m.tensors) {
+    float* p = master + t.offset;
+    if (t.init_kind == 0) {
+      for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<float>(rng.normal()) * t.init_std;
+    } else {
+      std::fill(p, p + t.numel, t.init_kind == 2 ? 1.0f : 0.0f);
+    }
+  }
+  // Padding rows of the vocabulary (V..Vp-1) start at zero: they never receive gradient.
+  if (m.name == "embedding" || m.name == "head") {
+    const size_t C = layout.C;
+    std::fill(master + size_t(layout.V) * C, master + size_t(layout.Vp) * C, 0.0f);
+  }
+}
+
+namespace {
+
+// Bump allocator over one arena: 256-byte aligned slices.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  void* take(size_t bytes) {
+    void* p = base_ ? base_ + off_ : nullptr;
+    off_ += (bytes + 255) / 256 * 256;
+    return p;
+  }
+  size_t used() const { return off_; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+// Lays out every activation buffer; with base == nullptr it only measures.
+template <typename Fn>
+size_t carve_all(char* base, const ModelLayout& l, int B, int T, DType dt, Fn&& assign) {
+  Carver c(base);
+  const size_t N = size_t(B) * T, C = l.C, es = dtype_size(dt);
+  assign(c, N, C, es);
+  return c.used();
+}
+
+}  // namespace
+
+ActivationSizes activation_bytes(const ModelLayout& l, int B, int T, DType dt) {
+  // Mirrors GptModel::create's carving.
+  const size_t N = size_t(B) * T, C = l.C, es = dtype_size(dt), NH = l.NH;
+  auto r = [](size_t b) { return (b + 255) / 256 * 256; };
+  size_t per_layer = r(N * C * es) * 7 + r(N * 3 * C * es) + r(N * 4 * C * es) * 2 + r(N * 4) * 4 +
+                     r(size_t(B) * NH * T * T * 4);
+  size_t total = r(N * 4) * 3 + per_layer * l.L;
+  total += r(N * C * es) * 2 + r(N * size_t(l.Vp) * es) + r(N * 4) * 2;
+  total +=
+      r(N * C * es) * 4 + r(N * 3 * C * es) + r(N * 4 * C * es) * 2 + r(size_t(B) * NH * T * T * 4);
+  return {total};
+}
+
+Result<std::unique_ptr<GptModel>> GptModel::create(Device& device, const ModelLayout& layout, int B,
+                                                   int T, DType dt) {
+  if (T > layout.maxT) {
+    return invalid_argument(
+        fmt::format("data.seq_len: {} exceeds model.context {}", T, layout.maxT));
+  }
+  std::unique_ptr<GptModel> m(new GptModel(device, layout, B, T, dt));
+  const int L = layout.L;
+  m->layers_.resize(L);
+  auto carve = [&](Carver& c, size_t N, size_t C, size_t es) {
+    const size_t NH = layout.NH;
+    m->tokens_ = static_cast<int32_t*>(c.take(N * 4));
+    m->targets_ = static_cast<int32_t*>(c.take(N * 4));
+    m->losses_ = static_cast<float*>(c.take(N * 4));
+    for (int i = 0; i < L; ++i) {
+      Layer& y = m->layers_[i];
+      y.ln1 = c.take(N * C * es);
+      y.atty = c.take(N * C * es);
+      y.attproj = c.take(N * C * es);
+      y.res2 = c.take(N * C * es);
+      y.ln2 = c.take(N * C * es);
+      y.fcproj = c.take(N * C * es);
+      y.res3 = c.take(N * C * es);
+      y.qkv = c.take(N * 3 * C * es);
+      y.fch = c.take(N * 4 * C * es);
+      y.fch_gelu = c.take(N * 4 * C * es);
+      y.ln1_mean = static_cast<float*>(c.take(N * 4));
+      y.ln1_rstd = static_cast<float*>(c.take(N * 4));
+      y.ln2_mean = static_cast<float*>(c.take(N * 4));
+      y.ln2_rstd = static_cast<float*>(c.take(N * 4));
+      y.att = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+    }
+    m->encoded_ = c.take(N * C * es);
+    m->lnf_ = c.take(N * C * es);
+    m->logits_ = c.take(N * size_t(layout.Vp) * es);
+    m->lnf_mean_ = static_cast<float*>(c.take(N * 4));
+    m->lnf_rstd_ = static_cast<float*>(c.take(N * 4));
+    m->dA_ = c.take(N * C * es);
+    m->dB_ = c.take(N * C * es);
+    m->dln_ = c.take(N * C * es);
+    m->datty_ = c.take(N * C * es);
+    m->dqkv_ = c.take(N * 3 * C * es);
+    m->dfch_ = c.take(N * 4 * C * es);
+    m->dfch_gelu_ = c.take(N * 4 * C * es);
+    m->datt_scratch_ = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+  };
+  size_t bytes = carve_all(nullptr, layout, B, T, dt, carve);
+  STRATA_CHECK(bytes == activation_bytes(layout, B, T, dt).bytes, "activation size mismatch");
+  STRATA_ASSIGN_OR_RETURN(m->arena_, device.allocate(bytes, "activations"),
+                          fmt::format("allocating activations for batch {}x{}", B, T));
+  carve_all(static_cast<char*>(m->arena_), layout, B, T, dt, carve);
+  const size_t N = size_t(B) * T;
+  STRATA_ASSIGN_OR_RETURN(void* h, device.allocate_host(N * 8 + N * 4), "host staging");
+  m->host_io_ = static_cast<int32_t*>(h);
+  m->host_losses_ = reinterpret_cast<float*>(m->host_io_ + 2 * N);
+  return m;
+}
+
+GptModel::~GptModel() {
+  dev_.synchronize(dev_.compute_stream()).ignore();
+  if (arena_) dev_.release(arena_);
+  if (host_io_) dev_.release_host(host_io_);
+}
+
+void GptModel::upload_batch(const int32_t* tokens, const int32_t* targets) {
+  const size_t N = size_t(B_) * T_;
+  Stream& s = dev_.compute_stream();
+  // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
+  dev_.synchronize(s).ignore();
+  std::memcpy(host_io_, tokens, N * 4);
+  std::memcpy(host_io_ + N, targets, N * 4);
+  dev_.copy_h2d(s, tokens_, host_io_, N * 4);
+  dev_.copy_h2d(s, targets_, host_io_ + N, N * 4);
+}
+
+// Views of module tensors inside the flat parameter buffer.
+#define PARAM(mod, idx) \
+  (static_cast<char*>(params[mod]) + lay_.modules[mod].tensors[idx].offset * es)
+#define GRAD(mod, idx) (grads[mod] + lay_.modules[mod].tensors[idx].offset)
+enum BlockTensor {
+  kLn1w,
+  kLn1b,
+  kQkvw,
+  kQkvb,
+  kAttprojw,
+  kAttprojb,
+  kLn2w,
+  kLn2b,
+  kFcw,
+  kFcb,
+  kFcprojw,
+  kFcprojb
+};
+
+void GptModel::forward(const std::vector<void*>& params) {
+  Kernels& k = dev_.kernels();
+  Stream& s = dev_.compute_stream();
+  const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
+  const size_t es = dtype_size(dt_);
+  const int E = lay_.embedding();
+  k.encoder_forward(s, dt_, encoded_, tokens_, PARAM(E, 0), PARAM(E, 1), B, T, C);
+  for (int l = 0; l < lay_.L; ++l) {
+    const int m = lay_.block(l);
+    Layer& y = layers_[l];
+    const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
+    k.layernorm_forward(s, dt_, y.ln1, y.ln1_mean, y.ln1_rstd, residual, PARAM(m, kLn1w),
+                        PARAM(m, kLn1b), N, C);
+    k.matmul_forward(s, dt_, y.qkv, y.ln1, PARAM(m, kQkvw), PARAM(m, kQkvb), N, C, 3 * C);
+    k.attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, C, NH);
+    k.matmul_forward(s, dt_, y.attproj, y.atty, PARAM(m, kAttprojw), PARAM(m, kAttprojb), N, C, C);
+    k.residual_forward(s, dt_, y.res2, residual, y.attproj, size_t(N) * C);
+    k.layernorm_forward(s, dt_, y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, PARAM(m, kLn2w),
+                        PARAM(m, kLn2b), N, C);
+    k.matmul_forward(s, dt_, y.fch, y.ln2, PARAM(m, kFcw), PARAM(m, kFcb), N, C, 4 * C);
+    k.gelu_forward(s, dt_, y.fch_gelu, y.fch, size_t(N) * 4 * C);
+    k.matmul_forward(s, dt_, y.fcproj, y.fch_gelu, PARAM(m, kFcprojw), PARAM(m, kFcprojb), N, 4 * C,
+                     C);
+    k.residual_forward(s, dt_, y.res3, y.res2, y.fcproj, size_t(N) * C);
+  }
+  const int F = lay_.final_norm(), H = lay_.head();
+  k.layernorm_forward(s, dt_, lnf_, lnf_mean_, lnf_rstd_, layers_.back().res3, PARAM(F, 0),
+                      PARAM(F, 1), N, C);
+  k.matmul_forward(s, dt_, logits_, lnf_, PARAM(H, 0), nullptr, N, C, lay_.Vp);
+}
+
+void GptModel::forward_loss(const int32_t* tokens, const int32_t* targets,
+                            const std::vector<void*>& params, float* losses_out) {
+  upload_batch(tokens, targets);
+  forward(params);
+  Stream& s = dev_.compute_stream();
+  const int N = B_ * T_;
+  dev_.kernels().crossentropy_forward_backward(s, dt_, losses_, logits_, targets_, 0.0f, N, lay_.V,
+                                               lay_.Vp);
+  dev_.copy_d2h(s, host_losses_, losses_, size_t(N) * 4);
+  float* src = host_losses_;
+  dev_.host_fn(s, [src, losses_out, N] { std::memcpy(losses_out, src, size_t(N) * 4); });
+}
+
+void GptModel::forward_backward(const int32_t* tokens, const int32_t* targets,
+                                const std::vector<void*>& params, const std::vector<float*>& grads,
+                                float dloss, float* losses_out) {
+  upload_batch(tokens, targets);
+  forward(params);
+  Kernels& k = dev_.kernels();
+  Stream& s = dev_.compute_stream();
+  const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
+  const size_t es = dtype_size(dt_), NC = size_t(N) * C;
+  k.crossentropy_forward_backward(s, dt_, losses_, logits_, targets_, dloss, N, lay_.V, lay_.Vp);
+  dev_.copy_d2h(s, host_losses_, losses_, size_t(N) * 4);
+  float* src = host_losses_;
+  dev_.host_fn(s, [src, losses_out, N] { std::memcpy(losses_out, src, size_t(N) * 4); });
+
+  // logits now hold dlogits. dA: gradient w.r.t. the current layer's output.
+  const int F = lay_.final_norm(), H = lay_.head();
+  dev_.memset_zero(s, dln_, NC * es);
+  k.matmul_backward(s, dt_, dln_, GRAD(H, 0), nullptr, logits_, lnf_, PARAM(H, 0), N, C, lay_.Vp);
+  dev_.memset_zero(s, dA_, NC * es);
+  k.layernorm_backward(s, dt_, dA_, GRAD(F, 0), GRAD(F, 1), dln_, layers_.back().res3, PARAM(F, 0),
+                       lnf_mean_, lnf_rstd_, N, C);
+  for (int l = lay_.L - 1; l >= 0; --l) {
+    const int m = lay_.block(l);
+    Layer& y = layers_[l];
+    const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
+    // res3 = res2 + fcproj: dres2 = dA (+ ln2 path below); dfcproj = dA.
+    dev_.memset_zero(s, dB_, NC * es);
+    k.add_inplace(s, dt_, dB_, dA_, NC);
+    dev_.memset_zero(s, dfch_gelu_, NC * 4 * es);
+    k.matmul_backward(s, dt_, dfch_gelu_, GRAD(m, kFcprojw), GRAD(m, kFcprojb), dA_, y.fch_gelu,
+                      PARAM(m, kFcprojw), N, 4 * C, C);
+    dev_.memset_zero(s, dfch_, NC * 4 * es);
+    k.gelu_backward(s, dt_, dfch_, y.fch, dfch_gelu_, NC * 4);
+    dev_.memset_zero(s, dln_, NC * es);
+    k.matmul_backward(s, dt_, dln_, GRAD(m, kFcw), GRAD(m, kFcb), dfch_, y.ln2, PARAM(m, kFcw), N,
+                      C, 4 * C);
+    k.layernorm_backward(s, dt_, dB_, GRAD(m, kLn2w), GRAD(m, kLn2b), dln_, y.res2, PARAM(m, kLn2w),
+                         y.ln2_mean, y.ln2_rstd, N, C);
+    // res2 = residual + attproj: dresidual = dB (+ ln1 path below); dattproj = dB.
+    dev_.memset_zero(s, dA_, NC * es);
+    k.add_inplace(s, dt_, dA_, dB_, NC);
+    dev_.memset_zero(s, datty_, NC * es);
+    k.matmul_backward(s, dt_, datty_, GRAD(m, kAttprojw), GRAD(m, kAttprojb), dB_, y.atty,
+                      PARAM(m, kAttprojw), N, C, C);
+    dev_.memset_zero(s, dqkv_, NC * 3 * es);
+    k.attention_backward(s, dt_, dqkv_, datt_scratch_, datty_, y.qkv, y.att, B, T, C, NH);
+    dev_.memset_zero(s, dln_, NC * es);
+    k.matmul_backward(s, dt_, dln_, GRAD(m, kQkvw), GRAD(m, kQkvb), dqkv_, y.ln1, PARAM(m, kQkvw),
+                      N, C, 3 * C);
+    k.layernorm_backward(s, dt_, dA_, GRAD(m, kLn1w), GRAD(m, kLn1b), dln_, residual,
+                         PARAM(m, kLn1w), y.ln1_mean, y.ln1_rstd, N, C);
+  }
+  const int E = lay_.embedding();
+  k.encoder_backward(s, dt_, GRAD(E, 0), GRAD(E, 1), dA_, tokens_, B, T, C);
+}
+
+#undef PARAM
+#undef GRAD
+
+}  // namespace strata

@@ -1,0 +1,73 @@
+#include "src/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata {
+
+double learning_rate(const Config& cfg, int64_t step) {
+  const SchedulerConfig& s = cfg.scheduler;
+  if (s.type.empty()) return cfg.optimizer.lr;
+  const double warm = static_cast<double>(std::max<int64_t>(s.warmup_num_steps, 1));
+  const double t = static_cast<double>(step);
+  auto warm_gamma = [&]() {
+    if (s.warmup_type == "linear") return t / warm;
+    return std::log(t + 1.0) / std::log(std::max(warm, 2.0));
+  };
+  if (s.type == "WarmupLR" || s.type == "WarmupDecayLR") {
+    double gamma;
+    if (step < s.warmup_num_steps) {
+      gamma = warm_gamma();
+    } else if (s.type == "WarmupLR") {
+      gamma = 1.0;
+    } else {
+      double total = static_cast<double>(s.total_num_steps);
+      gamma = std::max(0.0, (total - t) / std::max(1.0, total - warm));
+    }
+    return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
+  }
+  // WarmupCosineLR
+  double ratio;
+  if (step < s.warmup_num_steps) {
+    ratio = s.warmup_min_ratio + (1.0 - s.warmup_min_ratio) * warm_gamma();
+  } else {
+    double total = static_cast<double>(std::max(s.total_num_steps, s.warmup_num_steps + 1));
+    double progress = std::min(1.0, (t - warm) / (total - warm));
+    ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  }
+  return cfg.optimizer.lr * ratio;
+}
+
+LossScaler LossScaler::from_config(const Config& cfg) {
+  LossScaler ls;
+  if (cfg.fp16.enabled) {
+    ls.scale = cfg.fp16.loss_scale > 0 ? cfg.fp16.loss_scale
+                                       : std::ldexp(1.0, cfg.fp16.initial_scale_power);
+    ls.cur_hysteresis = cfg.fp16.hysteresis;
+  }
+  return ls;
+}
+
+bool LossScaler::update(const Config& cfg, bool overflow) {
+  const bool dynamic = cfg.fp16.enabled && cfg.fp16.loss_scale <= 0;
+  if (dynamic) {
+    if (overflow) {
+      if (cfg.fp16.hysteresis == 1 || cur_hysteresis == 1) {
+        scale = std::max(scale / 2.0, cfg.fp16.min_loss_scale);
+      } else {
+        --cur_hysteresis;
+      }
+      last_overflow_iter = cur_iter;
+    } else {
+      if (cfg.fp16.consecutive_hysteresis) cur_hysteresis = cfg.fp16.hysteresis;
+      if ((cur_iter - last_overflow_iter) % cfg.fp16.loss_scale_window == 0) {
+        if (!cfg.fp16.consecutive_hysteresis) cur_hysteresis = cfg.fp16.hysteresis;
+        scale *= 2.0;
+      }
+    }
+  }
+  ++cur_iter;
+  return overflow;
+}
+
+}  // namespace strata

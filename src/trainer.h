@@ -1,0 +1,47 @@
+// The training loop: `strata train`'s engine.
+//
+// One step: zero the fp32 gradients on the device; for each of gradient_accumulation_steps
+// micro-batches, forward + backward on the device's compute stream; copy each module's
+// gradients to the host; reduce the global gradient norm and the inf/nan flag; let the loss
+// scaler decide (fp16: skip the step on overflow); step the CPU optimizer on each module's fp32
+// master weights and moments with grad_mult = clip coefficient / loss scale, writing the new
+// low-precision parameters into a host staging buffer; copy them back to the device.
+//
+// All state is in memory (device params and grads, host master/moments) until the tier manager
+// (issue #5) moves it between tiers. Batches, initialization and every kernel are deterministic,
+// so a run stopped and resumed from a checkpoint reproduces the uninterrupted run bit for bit.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct TrainOptions {
+  std::string resume;         // "" fresh; "latest": newest in train.checkpoint_dir; else a path
+  bool progress = true;       // progress lines on stdout
+  int64_t stop_at_step = -1;  // behave as if stopped by a signal once this step is done
+  const std::atomic<int>* stop_signal = nullptr;  // non-zero: stop after the current step
+};
+
+struct TrainResult {
+  int64_t start_step = 0;                               // first step run here (0, or resumed)
+  int64_t end_step = 0;                                 // steps completed at the end
+  std::vector<double> losses;                           // train loss of each step run here
+  std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
+  int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
+  bool stopped_early = false;                           // by signal or stop_at_step
+  std::string last_checkpoint;                          // path, "" if none written
+  uint32_t weights_crc = 0;                             // CRC32C of all fp32 master weights
+  double tokens_per_s = 0;                              // over the steps run here
+};
+
+Result<TrainResult> train(const Config& cfg, const TrainOptions& opts);
+
+}  // namespace strata
