@@ -1,4 +1,122 @@
+// The CPU backend's Kernels table: each call captures its arguments by value, enqueues one host
+// task on the stream, and returns. The task runs the synchronous op from ops.h inside a TBB
+// arena limited to the device's thread count (or TBB's default arena when threads == 0).
 #include "kernels/cpu/cpu_kernels.h"
+
+#include <tbb/task_arena.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "kernels/cpu/ops.h"
+#include "strata/device.h"
+
 namespace strata {
-std::unique_ptr<Kernels> create_cpu_kernels(Device&, int) { return nullptr; }
+namespace {
+
+class CpuKernels final : public Kernels {
+ public:
+  CpuKernels(Device& device, int threads) : device_(device) {
+    if (threads > 0) arena_.emplace(threads);
+  }
+
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, int B, int T, int C) override {
+    run(s, [=] { cpu::encoder_forward(dt, out, tokens, wte, wpe, B, T, C); });
+  }
+  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
+                        const int32_t* tokens, int B, int T, int C) override {
+    run(s, [=] { cpu::encoder_backward(dt, dwte, dwpe, dout, tokens, B, T, C); });
+  }
+
+  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
+    run(s, [=] { cpu::layernorm_forward(dt, out, mean, rstd, inp, weight, bias, N, C); });
+  }
+  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    run(s, [=] {
+      cpu::layernorm_backward(dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    });
+  }
+
+  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
+                      const void* bias, int N, int C, int OC) override {
+    run(s, [=] { cpu::matmul_forward(dt, out, inp, weight, bias, N, C, OC); });
+  }
+  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                       const void* dout, const void* inp, const void* weight, int N, int C,
+                       int OC) override {
+    run(s, [=] { cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
+  }
+
+  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
+                         int C, int NH) override {
+    run(s, [=] { cpu::attention_forward(dt, out, att, qkv, B, T, C, NH); });
+  }
+  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
+    run(s, [=] { cpu::attention_backward(dt, dqkv, scratch, dout, qkv, att, B, T, C, NH); });
+  }
+
+  void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
+    run(s, [=] { cpu::gelu_forward(dt, out, inp, n); });
+  }
+  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                     size_t n) override {
+    run(s, [=] { cpu::gelu_backward(dt, dinp, inp, dout, n); });
+  }
+
+  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
+                        size_t n) override {
+    run(s, [=] { cpu::residual_forward(dt, out, a, b, n); });
+  }
+  void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
+    run(s, [=] { cpu::add_inplace(dt, dst, src, n); });
+  }
+
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
+                                     const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) override {
+    run(s, [=] {
+      cpu::crossentropy_forward_backward(dt, losses, logits_inout, targets, dloss, N, V, Vp);
+    });
+  }
+
+  void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    run(s, [=] { cpu::cast(dst, dst_t, src, src_t, n); });
+  }
+  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+    run(s, [=] { cpu::norm_sq_and_nonfinite(acc, x, n); });
+  }
+  void scale(Stream& s, float* x, float factor, size_t n) override {
+    run(s, [=] { cpu::scale(x, factor, n); });
+  }
+
+ private:
+  // Enqueues `op` on `s`; it runs in this table's arena once the stream reaches it.
+  template <typename Op>
+  void run(Stream& s, Op op) {
+    device_.host_fn(s, [this, op = std::move(op)] {
+      if (arena_) {
+        arena_->execute(op);
+      } else {
+        op();
+      }
+    });
+  }
+
+  Device& device_;
+  std::optional<tbb::task_arena> arena_;  // empty: TBB's default arena (all cores)
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> create_cpu_kernels(Device& device, int threads) {
+  return std::make_unique<CpuKernels>(device, threads);
+}
+
 }  // namespace strata

@@ -1,0 +1,102 @@
+// LayerNorm over the last dimension (llm.c layernorm_forward / layernorm_backward), eps 1e-5.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/ops.h"
+
+namespace strata::cpu {
+namespace {
+
+constexpr float kEps = 1e-5f;
+// Rows per chunk of the dweight/dbias reduction (fixed: the sums must not depend on threads).
+constexpr size_t kRowChunk = 32;
+
+}  // namespace
+
+void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
+                       const void* weight, const void* bias, int N, int C) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using Tp = decltype(tag);
+    auto* y = static_cast<Tp*>(out);
+    auto* x = static_cast<const Tp*>(inp);
+    std::vector<float> w(C), b(C);
+    load_span(static_cast<const Tp*>(weight), w.data(), C);
+    load_span(static_cast<const Tp*>(bias), b.data(), C);
+    size_t grain = std::max<size_t>(1, kElementGrain / 4 / std::max(C, 1));
+    parallel_ranges(size_t(N), grain, [&](size_t r0, size_t r1) {
+      std::vector<float> row(C);
+      for (size_t r = r0; r < r1; ++r) {
+        load_span(x + r * C, row.data(), C);
+        float m = 0.0f;
+        for (int i = 0; i < C; ++i) m += row[i];
+        m /= C;
+        float v = 0.0f;
+        for (int i = 0; i < C; ++i) v += (row[i] - m) * (row[i] - m);
+        v /= C;
+        float s = 1.0f / std::sqrt(v + kEps);
+        Tp* yr = y + r * C;
+        for (int i = 0; i < C; ++i) yr[i] = from_float<Tp>((row[i] - m) * s * w[i] + b[i]);
+        mean[r] = m;
+        rstd[r] = s;
+      }
+    });
+  });
+}
+
+// dinp rows are independent. dweight/dbias sum over rows: each fixed chunk of kRowChunk rows
+// writes its partial sums, and the partials are then added to dweight/dbias in chunk order.
+void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
+                        const void* inp, const void* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using Tp = decltype(tag);
+    auto* dx = static_cast<Tp*>(dinp);
+    auto* x = static_cast<const Tp*>(inp);
+    auto* dy = static_cast<const Tp*>(dout);
+    std::vector<float> w(C);
+    load_span(static_cast<const Tp*>(weight), w.data(), C);
+    size_t chunks = (size_t(N) + kRowChunk - 1) / kRowChunk;
+    std::vector<float> partial(chunks * 2 * size_t(C), 0.0f);  // [chunk][dweight C | dbias C]
+    parallel_ranges(size_t(N), kRowChunk, [&](size_t r0, size_t r1) {
+      std::vector<float> xr(C), gr(C), dxr(C);
+      float* pw = partial.data() + (r0 / kRowChunk) * 2 * C;
+      float* pb = pw + C;
+      for (size_t r = r0; r < r1; ++r) {
+        load_span(x + r * C, xr.data(), C);
+        load_span(dy + r * C, gr.data(), C);
+        float m = mean[r], s = rstd[r];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int i = 0; i < C; ++i) {
+          float norm = (xr[i] - m) * s;
+          float dnorm = w[i] * gr[i];
+          dnorm_mean += dnorm;
+          dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        for (int i = 0; i < C; ++i) {
+          float norm = (xr[i] - m) * s;
+          float dnorm = w[i] * gr[i];
+          pb[i] += gr[i];
+          pw[i] += norm * gr[i];
+          dxr[i] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+        accumulate_span(dxr.data(), dx + r * C, C);
+      }
+    });
+    parallel_ranges(size_t(C), 256, [&](size_t c0, size_t c1) {
+      for (size_t k = 0; k < chunks; ++k) {
+        const float* pw = partial.data() + k * 2 * C;
+        const float* pb = pw + C;
+        for (size_t c = c0; c < c1; ++c) {
+          dweight[c] += pw[c];
+          dbias[c] += pb[c];
+        }
+      }
+    });
+  });
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,88 @@
+// The CPU kernels as plain synchronous functions (internal to kernels/cpu).
+//
+// Each function here is one op of the Kernels table (strata/kernels.h has the shapes, the
+// dtype rules and the accumulate (+=) semantics of the backward ops); the table in
+// cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
+// the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
+// matmul.cc, attention.cc, gelu.cc, residual.cc, crossentropy.cc, cast.cc, norm.cc.
+//
+// Threading: the functions use tbb::parallel_for and run on whatever arena they are called
+// from. They may be called from any thread; concurrent calls must not write the same memory.
+//
+// Determinism: every result is bit-identical run to run for the same inputs, and does not
+// depend on the thread count either. Work is split into chunks whose bounds depend only on the
+// shapes; a reduction over rows sums fixed chunks into per-chunk partials, then adds the
+// partials in chunk order. No atomics, no order that depends on scheduling.
+#pragma once
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/dtype.h"
+
+namespace strata::cpu {
+
+// Calls f(begin, end) over [0, n) split into pieces of at most `grain` (>= 1), in parallel.
+// The pieces' bounds depend only on n and grain.
+template <typename F>
+void parallel_ranges(size_t n, size_t grain, F&& f) {
+  if (n == 0) return;
+  if (grain == 0) grain = 1;
+  if (n <= grain) {
+    f(size_t{0}, n);
+    return;
+  }
+  size_t chunks = (n + grain - 1) / grain;
+  tbb::parallel_for(
+      tbb::blocked_range<size_t>(0, chunks, 1),
+      [&](const tbb::blocked_range<size_t>& r) {
+        for (size_t c = r.begin(); c != r.end(); ++c) {
+          size_t b = c * grain, e = b + grain < n ? b + grain : n;
+          f(b, e);
+        }
+      },
+      tbb::simple_partitioner());
+}
+
+// Elements per task of an elementwise op: large enough to amortise the scheduling.
+constexpr size_t kElementGrain = 1 << 15;
+
+void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                     int B, int T, int C);
+void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
+                      int B, int T, int C);
+
+void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
+                       const void* weight, const void* bias, int N, int C);
+void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
+                        const void* inp, const void* weight, const float* mean, const float* rstd,
+                        int N, int C);
+
+void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias,
+                    int N, int C, int OC);
+void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
+                     const void* inp, const void* weight, int N, int C, int OC);
+
+void attention_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int C,
+                       int NH);
+void attention_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
+                        const float* att, int B, int T, int C, int NH);
+
+void gelu_forward(DType dt, void* out, const void* inp, size_t n);
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);
+
+void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n);
+void add_inplace(DType dt, void* dst, const void* src, size_t n);
+
+void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
+                                   const int32_t* targets, float dloss, int N, int V, int Vp);
+
+void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
+void norm_sq_and_nonfinite(float* acc, const float* x, size_t n);
+void scale(float* x, float factor, size_t n);
+
+}  // namespace strata::cpu

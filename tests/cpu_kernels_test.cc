@@ -1,0 +1,850 @@
+// The CPU kernels (kernels/cpu/) through the Kernels table of a CPU device:
+//   - every op against a straightforward double-precision reference written here, on fresh
+//     random inputs (never zeros), several shapes including odd ones and shapes that cross the
+//     kernels' internal tile and chunk boundaries, in fp32, bf16 and fp16;
+//   - backward ops start from non-zero gradients, so the accumulate (+=) contract is checked;
+//   - finite-difference checks of every backward op against its forward (fp32 kernels, central
+//     differences evaluated in double);
+//   - determinism: the same inputs give the same bits on every run and for 1 or 2 threads;
+//   - asynchrony: a call only enqueues; nothing is computed before the stream reaches it.
+// The CPU backend's device memory is host memory, so host vectors serve as device buffers.
+// Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+
+namespace strata {
+namespace {
+
+using Vec = std::vector<double>;
+
+uint64_t test_seed(uint64_t fallback) {
+  const char* s = std::getenv("STRATA_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) + fallback : fallback;
+}
+
+// A typed buffer: n elements of dtype dt, with fp32 read/write of single elements.
+struct Typed {
+  DType dt = DType::kF32;
+  size_t n = 0;
+  std::vector<unsigned char> bytes;
+
+  Typed() = default;
+  Typed(DType t, size_t count) : dt(t), n(count), bytes(count * dtype_size(t) + 1) {}
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+  float get(size_t i) const { return load_f32(bytes.data(), dt, i); }
+  void set(size_t i, float v) { store_f32(bytes.data(), dt, i, v); }
+  Vec to_double() const {
+    Vec v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = get(i);
+    return v;
+  }
+};
+
+// Uniform in [lo, hi), rounded to dt, redrawn while it rounds to zero (inputs are never zero).
+Typed random_typed(DType dt, size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  Typed t(dt, n);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    do {
+      t.set(i, u(rng));
+      v = t.get(i);
+    } while (v == 0.0f);
+  }
+  return t;
+}
+
+std::vector<float> random_f32(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  Typed t = random_typed(DType::kF32, n, rng, lo, hi);
+  std::vector<float> v(n);
+  std::memcpy(v.data(), t.data(), n * 4);
+  return v;
+}
+
+std::vector<int32_t> random_tokens(size_t n, int vocab, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> u(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = u(rng);
+  return t;
+}
+
+Vec as_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// Relative tolerance of a result stored in dt.
+double tol_for(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+      return 1e-5;
+    case DType::kBF16:
+      return 1e-2;
+    default:
+      return 1e-3;
+  }
+}
+
+// Every |got - ref| must be <= tol * (|ref| + rms(ref)): relative, with the array's typical
+// magnitude as the floor so that entries near zero (cancellation) are judged on its scale.
+void expect_close(const Vec& got, const Vec& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double ss = 0;
+  for (double r : ref) ss += r * r;
+  double rms = ref.empty() ? 0 : std::sqrt(ss / ref.size());
+  size_t bad = 0;
+  double worst = 0;
+  size_t worst_i = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double err = std::fabs(got[i] - ref[i]) / (std::fabs(ref[i]) + rms + 1e-30);
+    if (!(err <= tol)) ++bad;
+    if (!(err <= worst)) {
+      worst = err;
+      worst_i = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " entries off; worst at "
+                     << worst_i << ": got " << got[worst_i] << ", want " << ref[worst_i]
+                     << " (relative error " << worst << " > " << tol << ")";
+}
+
+class Fixture {
+ public:
+  explicit Fixture(int threads = 2) {
+    auto d = create_cpu_device({.capacity = size_t{1} << 20, .threads = threads});
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    dev_ = std::move(d).value();
+  }
+  Kernels& k() { return dev_->kernels(); }
+  Stream& s() { return dev_->compute_stream(); }
+  Device& dev() { return *dev_; }
+  void sync() { ASSERT_TRUE(dev_->synchronize(dev_->compute_stream()).is_ok()); }
+
+ private:
+  std::unique_ptr<Device> dev_;
+};
+
+const DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// ---------------------------------------------------------------------------------------------
+// Double-precision references (llm.c train_gpt2.c math).
+
+Vec ref_gelu(const Vec& x) {
+  Vec y(x.size());
+  const double s = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < x.size(); ++i) {
+    double v = x[i];
+    y[i] = 0.5 * v * (1.0 + std::tanh(s * (v + 0.044715 * v * v * v)));
+  }
+  return y;
+}
+
+Vec ref_gelu_grad(const Vec& x, const Vec& dy) {
+  Vec g(x.size());
+  const double s = std::sqrt(2.0 / M_PI);
+  for (size_t i = 0; i < x.size(); ++i) {
+    double v = x[i], a = s * (v + 0.044715 * v * v * v), th = std::tanh(a);
+    double local = 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * s * (1 + 3 * 0.044715 * v * v);
+    g[i] = local * dy[i];
+  }
+  return g;
+}
+
+struct LnRef {
+  Vec out, mean, rstd;
+};
+LnRef ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int N, int C) {
+  LnRef r{Vec(x.size()), Vec(N), Vec(N)};
+  for (int n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    double s = 1.0 / std::sqrt(v + 1e-5);
+    for (int c = 0; c < C; ++c) r.out[n * C + c] = (x[n * C + c] - m) * s * w[c] + b[c];
+    r.mean[n] = m;
+    r.rstd[n] = s;
+  }
+  return r;
+}
+
+struct LnGrad {
+  Vec dx, dw, db;
+};
+LnGrad ref_layernorm_grad(const Vec& dy, const Vec& x, const Vec& w, int N, int C) {
+  LnGrad g{Vec(x.size(), 0.0), Vec(C, 0.0), Vec(C, 0.0)};
+  LnRef f = ref_layernorm(x, w, Vec(C, 0.0), N, C);
+  for (int n = 0; n < N; ++n) {
+    double dmean = 0, dnm = 0;
+    for (int c = 0; c < C; ++c) {
+      double norm = (x[n * C + c] - f.mean[n]) * f.rstd[n];
+      dmean += w[c] * dy[n * C + c];
+      dnm += w[c] * dy[n * C + c] * norm;
+    }
+    dmean /= C;
+    dnm /= C;
+    for (int c = 0; c < C; ++c) {
+      double norm = (x[n * C + c] - f.mean[n]) * f.rstd[n];
+      g.db[c] += dy[n * C + c];
+      g.dw[c] += norm * dy[n * C + c];
+      g.dx[n * C + c] = (w[c] * dy[n * C + c] - dmean - norm * dnm) * f.rstd[n];
+    }
+  }
+  return g;
+}
+
+Vec ref_matmul(const Vec& x, const Vec& w, const Vec* b, int N, int C, int OC) {
+  Vec y(size_t(N) * OC);
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double s = b ? (*b)[o] : 0.0;
+      for (int c = 0; c < C; ++c) s += x[size_t(n) * C + c] * w[size_t(o) * C + c];
+      y[size_t(n) * OC + o] = s;
+    }
+  }
+  return y;
+}
+
+struct MmGrad {
+  Vec dx, dw, db;
+};
+MmGrad ref_matmul_grad(const Vec& dy, const Vec& x, const Vec& w, int N, int C, int OC) {
+  MmGrad g{Vec(size_t(N) * C, 0.0), Vec(size_t(OC) * C, 0.0), Vec(OC, 0.0)};
+  for (int n = 0; n < N; ++n) {
+    for (int o = 0; o < OC; ++o) {
+      double d = dy[size_t(n) * OC + o];
+      g.db[o] += d;
+      for (int c = 0; c < C; ++c) {
+        g.dx[size_t(n) * C + c] += d * w[size_t(o) * C + c];
+        g.dw[size_t(o) * C + c] += d * x[size_t(n) * C + c];
+      }
+    }
+  }
+  return g;
+}
+
+struct AttRef {
+  Vec out, att;
+};
+AttRef ref_attention(const Vec& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  AttRef r{Vec(size_t(B) * T * C, 0.0), Vec(size_t(B) * NH * T * T, 0.0)};
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH; ++h) {
+        const double* q = &qkv[(size_t(b) * T + t) * C3 + h * hs];
+        double* a = &r.att[((size_t(b) * NH + h) * T + t) * T];
+        double mx = -1e300;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* k = &qkv[(size_t(b) * T + t2) * C3 + C + h * hs];
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += q[i] * k[i];
+          a[t2] = d * scale;
+          mx = std::max(mx, a[t2]);
+        }
+        double sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) sum += (a[t2] = std::exp(a[t2] - mx));
+        for (int t2 = 0; t2 <= t; ++t2) a[t2] /= sum;
+        double* o = &r.out[(size_t(b) * T + t) * C + h * hs];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* v = &qkv[(size_t(b) * T + t2) * C3 + 2 * C + h * hs];
+          for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+        }
+      }
+  return r;
+}
+
+// llm.c's loops, in double: datt and dv, then the softmax Jacobian, then dq and dk.
+Vec ref_attention_grad(const Vec& dout, const Vec& qkv, const Vec& att, int B, int T, int C,
+                       int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  Vec g(qkv.size(), 0.0);
+  Vec datt(T), dpre(T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH; ++h) {
+        const double* a = &att[((size_t(b) * NH + h) * T + t) * T];
+        const double* dy = &dout[(size_t(b) * T + t) * C + h * hs];
+        const double* q = &qkv[(size_t(b) * T + t) * C3 + h * hs];
+        double* dq = &g[(size_t(b) * T + t) * C3 + h * hs];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* v = &qkv[(size_t(b) * T + t2) * C3 + 2 * C + h * hs];
+          double* dv = &g[(size_t(b) * T + t2) * C3 + 2 * C + h * hs];
+          datt[t2] = 0;
+          for (int i = 0; i < hs; ++i) {
+            datt[t2] += v[i] * dy[i];
+            dv[i] += a[t2] * dy[i];
+          }
+        }
+        for (int t3 = 0; t3 <= t; ++t3) {
+          dpre[t3] = 0;
+          for (int t2 = 0; t2 <= t; ++t2) {
+            dpre[t3] += a[t2] * ((t2 == t3 ? 1.0 : 0.0) - a[t3]) * datt[t2];
+          }
+        }
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* k = &qkv[(size_t(b) * T + t2) * C3 + C + h * hs];
+          double* dk = &g[(size_t(b) * T + t2) * C3 + C + h * hs];
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += k[i] * dpre[t2] * scale;
+            dk[i] += q[i] * dpre[t2] * scale;
+          }
+        }
+      }
+  return g;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward ops and the accumulate (+=) semantics of the backward ops, against the references.
+
+TEST(CpuKernels, EncoderForwardAndBackward) {
+  struct Shape {
+    int B, T, C, Vp;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 33, 130, 50}}) {
+      SCOPED_TRACE(fmt::format("{} B={} T={} C={}", dtype_name(dt), sh.B, sh.T, sh.C));
+      std::mt19937_64 rng(test_seed(1));
+      const int B = sh.B, T = sh.T, C = sh.C, Vp = sh.Vp;
+      Typed wte = random_typed(dt, size_t(Vp) * C, rng), wpe = random_typed(dt, size_t(T) * C, rng);
+      auto tokens = random_tokens(size_t(B) * T, Vp, rng);  // small vocab: tokens repeat
+      Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, size_t(B) * T * C, rng);
+      auto dwte = random_f32(wte.n, rng), dwpe = random_f32(wpe.n, rng);
+      Vec dwte_ref = as_double(dwte), dwpe_ref = as_double(dwpe);
+      Fixture f;
+      f.k().encoder_forward(f.s(), dt, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+      f.k().encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
+                             C);
+      f.sync();
+      Vec ref(out.n);
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t)
+          for (int c = 0; c < C; ++c) {
+            size_t r = size_t(b) * T + t;
+            ref[r * C + c] =
+                double(wte.get(size_t(tokens[r]) * C + c)) + wpe.get(size_t(t) * C + c);
+            dwte_ref[size_t(tokens[r]) * C + c] += dout.get(r * C + c);
+            dwpe_ref[size_t(t) * C + c] += dout.get(r * C + c);
+          }
+      expect_close(out.to_double(), ref, tol_for(dt), "out");
+      expect_close(as_double(dwte), dwte_ref, 1e-5, "dwte");
+      expect_close(as_double(dwpe), dwpe_ref, 1e-5, "dwpe");
+    }
+  }
+}
+
+TEST(CpuKernels, LayerNormForwardAndBackward) {
+  for (DType dt : kAllTypes) {
+    for (auto [N, C] : {std::pair{1, 1}, {5, 7}, {33, 130}, {70, 768}}) {
+      SCOPED_TRACE(fmt::format("{} N={} C={}", dtype_name(dt), N, C));
+      std::mt19937_64 rng(test_seed(2));
+      Typed x = random_typed(dt, size_t(N) * C, rng, -2.0f, 3.0f);
+      Typed w = random_typed(dt, C, rng, 0.5f, 1.5f), b = random_typed(dt, C, rng);
+      Typed out(dt, x.n), dout = random_typed(dt, x.n, rng);
+      Typed dx = random_typed(dt, x.n, rng);
+      Vec dx0 = dx.to_double();
+      std::vector<float> mean(N), rstd(N);
+      auto dw = random_f32(C, rng), db = random_f32(C, rng);
+      Vec dw0 = as_double(dw), db0 = as_double(db);
+      Fixture f;
+      f.k().layernorm_forward(f.s(), dt, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                              b.data(), N, C);
+      f.k().layernorm_backward(f.s(), dt, dx.data(), dw.data(), db.data(), dout.data(), x.data(),
+                               w.data(), mean.data(), rstd.data(), N, C);
+      f.sync();
+      LnRef r = ref_layernorm(x.to_double(), w.to_double(), b.to_double(), N, C);
+      expect_close(out.to_double(), r.out, tol_for(dt), "out");
+      expect_close(as_double(mean), r.mean, 1e-5, "mean");
+      expect_close(as_double(rstd), r.rstd, 1e-5, "rstd");
+      LnGrad g = ref_layernorm_grad(dout.to_double(), x.to_double(), w.to_double(), N, C);
+      for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] += dx0[i];
+      for (int c = 0; c < C; ++c) {
+        g.dw[c] += dw0[c];
+        g.db[c] += db0[c];
+      }
+      expect_close(dx.to_double(), g.dx, tol_for(dt), "dinp");
+      expect_close(as_double(dw), g.dw, 1e-5, "dweight");
+      expect_close(as_double(db), g.db, 1e-5, "dbias");
+    }
+  }
+}
+
+TEST(CpuKernels, MatmulForwardAndBackward) {
+  struct Shape {
+    int N, C, OC;
+  };
+  // Includes shapes that cross the 128-row and 1024-column output tiles.
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{64, 96, 288}, Shape{130, 70, 1030},
+                     Shape{3, 1030, 5}}) {
+      for (bool with_bias : {true, false}) {
+        const int N = sh.N, C = sh.C, OC = sh.OC;
+        SCOPED_TRACE(
+            fmt::format("{} N={} C={} OC={} bias={}", dtype_name(dt), N, C, OC, with_bias));
+        std::mt19937_64 rng(test_seed(3));
+        Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+        Typed b = random_typed(dt, OC, rng);
+        Typed out(dt, size_t(N) * OC), dout = random_typed(dt, out.n, rng);
+        Typed dx = random_typed(dt, x.n, rng);
+        Vec dx0 = dx.to_double();
+        auto dw = random_f32(w.n, rng), db = random_f32(OC, rng);
+        Vec dw0 = as_double(dw), db0 = as_double(db);
+        Fixture f;
+        f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(),
+                             with_bias ? b.data() : nullptr, N, C, OC);
+        f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), with_bias ? db.data() : nullptr,
+                              dout.data(), x.data(), w.data(), N, C, OC);
+        f.sync();
+        Vec bd = b.to_double();
+        expect_close(out.to_double(),
+                     ref_matmul(x.to_double(), w.to_double(), with_bias ? &bd : nullptr, N, C, OC),
+                     tol_for(dt), "out");
+        MmGrad g = ref_matmul_grad(dout.to_double(), x.to_double(), w.to_double(), N, C, OC);
+        for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] += dx0[i];
+        for (size_t i = 0; i < g.dw.size(); ++i) g.dw[i] += dw0[i];
+        for (int o = 0; o < OC; ++o) g.db[o] = with_bias ? g.db[o] + db0[o] : db0[o];
+        expect_close(dx.to_double(), g.dx, tol_for(dt), "dinp");
+        expect_close(as_double(dw), g.dw, 1e-5, "dweight");
+        expect_close(as_double(db), g.db, 1e-5, "dbias");
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, AttentionForwardAndBackward) {
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh :
+         {Shape{1, 1, 4, 1}, Shape{2, 7, 12, 3}, Shape{3, 17, 32, 4}, Shape{1, 64, 64, 2}}) {
+      const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH;
+      SCOPED_TRACE(fmt::format("{} B={} T={} C={} NH={}", dtype_name(dt), B, T, C, NH));
+      std::mt19937_64 rng(test_seed(4));
+      Typed qkv = random_typed(dt, size_t(B) * T * 3 * C, rng, -2.0f, 2.0f);
+      Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, out.n, rng);
+      Typed dqkv = random_typed(dt, qkv.n, rng);
+      Vec dqkv0 = dqkv.to_double();
+      std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
+      Fixture f;
+      f.k().attention_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, C, NH);
+      f.k().attention_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
+                               att.data(), B, T, C, NH);
+      f.sync();
+      AttRef r = ref_attention(qkv.to_double(), B, T, C, NH);
+      expect_close(out.to_double(), r.out, tol_for(dt), "out");
+      expect_close(as_double(att), r.att, 1e-5, "att");
+      Vec g = ref_attention_grad(dout.to_double(), qkv.to_double(), r.att, B, T, C, NH);
+      for (size_t i = 0; i < g.size(); ++i) g[i] += dqkv0[i];
+      expect_close(dqkv.to_double(), g, tol_for(dt), "dqkv");
+    }
+  }
+}
+
+TEST(CpuKernels, GeluForwardAndBackward) {
+  for (DType dt : kAllTypes) {
+    for (size_t n : {size_t{1}, size_t{17}, size_t{100003}}) {
+      SCOPED_TRACE(fmt::format("{} n={}", dtype_name(dt), n));
+      std::mt19937_64 rng(test_seed(5));
+      Typed x = random_typed(dt, n, rng, -4.0f, 4.0f), y(dt, n), dy = random_typed(dt, n, rng);
+      Typed dx = random_typed(dt, n, rng);
+      Vec dx0 = dx.to_double();
+      Fixture f;
+      f.k().gelu_forward(f.s(), dt, y.data(), x.data(), n);
+      f.k().gelu_backward(f.s(), dt, dx.data(), x.data(), dy.data(), n);
+      f.sync();
+      expect_close(y.to_double(), ref_gelu(x.to_double()), tol_for(dt), "out");
+      Vec g = ref_gelu_grad(x.to_double(), dy.to_double());
+      for (size_t i = 0; i < n; ++i) g[i] += dx0[i];
+      expect_close(dx.to_double(), g, tol_for(dt), "dinp");
+    }
+  }
+}
+
+TEST(CpuKernels, ResidualAndAddInplace) {
+  for (DType dt : kAllTypes) {
+    for (size_t n : {size_t{1}, size_t{31}, size_t{200001}}) {
+      SCOPED_TRACE(fmt::format("{} n={}", dtype_name(dt), n));
+      std::mt19937_64 rng(test_seed(6));
+      Typed a = random_typed(dt, n, rng), b = random_typed(dt, n, rng), out(dt, n);
+      Typed acc = random_typed(dt, n, rng);
+      Vec acc0 = acc.to_double();
+      Fixture f;
+      f.k().residual_forward(f.s(), dt, out.data(), a.data(), b.data(), n);
+      f.k().add_inplace(f.s(), dt, acc.data(), a.data(), n);
+      f.sync();
+      Vec ra(n), rb(n);
+      for (size_t i = 0; i < n; ++i) {
+        ra[i] = double(a.get(i)) + b.get(i);
+        rb[i] = acc0[i] + a.get(i);
+      }
+      // Sums of two stored values: exactly the rounded double sum.
+      for (size_t i = 0; i < n; ++i) {
+        Typed one(dt, 2);
+        one.set(0, float(ra[i]));
+        one.set(1, float(rb[i]));
+        ASSERT_EQ(out.get(i), one.get(0)) << "residual at " << i;
+        ASSERT_EQ(acc.get(i), one.get(1)) << "add_inplace at " << i;
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, CrossEntropyForwardBackward) {
+  struct Shape {
+    int N, V, Vp;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 2, 2}, Shape{3, 5, 8}, Shape{7, 1000, 1024}, Shape{40, 37, 40}}) {
+      const int N = sh.N, V = sh.V, Vp = sh.Vp;
+      SCOPED_TRACE(fmt::format("{} N={} V={} Vp={}", dtype_name(dt), N, V, Vp));
+      std::mt19937_64 rng(test_seed(7));
+      Typed logits = random_typed(dt, size_t(N) * Vp, rng, -5.0f, 5.0f);
+      Vec l0 = logits.to_double();
+      auto targets = random_tokens(N, V, rng);
+      std::vector<float> losses(N, -1.0f);
+      const float dloss = 1.0f / N;
+      Fixture f;
+      f.k().crossentropy_forward_backward(f.s(), dt, losses.data(), logits.data(), targets.data(),
+                                          dloss, N, V, Vp);
+      f.sync();
+      Vec rl(N), rg(size_t(N) * Vp, 0.0);
+      for (int n = 0; n < N; ++n) {
+        const double* row = &l0[size_t(n) * Vp];
+        double mx = -1e300, sum = 0;
+        for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+        for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+        rl[n] = std::log(sum) + mx - row[targets[n]];
+        for (int v = 0; v < V; ++v) {
+          rg[size_t(n) * Vp + v] =
+              (std::exp(row[v] - mx) / sum - (v == targets[n] ? 1.0 : 0.0)) * dloss;
+        }
+      }
+      expect_close(as_double(losses), rl, 1e-5, "losses");
+      expect_close(logits.to_double(), rg, tol_for(dt), "dlogits");
+      for (int n = 0; n < N; ++n) {
+        for (int v = V; v < Vp; ++v) ASSERT_EQ(logits.get(size_t(n) * Vp + v), 0.0f);
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, CastMatchesScalarReferenceBitForBit) {
+  std::mt19937_64 rng(test_seed(8));
+  const size_t n = 70001;
+  // Wide range plus specials: fp16 overflow/underflow, subnormals, infinities, NaN.
+  std::vector<float> src = random_f32(n, rng, -1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-30, 20);
+  for (size_t i = 0; i < n; ++i) src[i] = std::ldexp(src[i], e(rng));
+  src[0] = INFINITY;
+  src[1] = -INFINITY;
+  src[2] = NAN;
+  src[3] = 70000.0f;
+  src[4] = 1e-7f;
+  for (DType from : kAllTypes) {
+    Typed in(from, n);
+    convert(src.data(), DType::kF32, in.data(), from, n);
+    for (DType to : kAllTypes) {
+      SCOPED_TRACE(fmt::format("{} -> {}", dtype_name(from), dtype_name(to)));
+      Typed got(to, n), want(to, n);
+      convert(in.data(), from, want.data(), to, n);
+      Fixture f;
+      f.k().cast(f.s(), got.data(), to, in.data(), from, n);
+      f.sync();
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), n * dtype_size(to)));
+    }
+  }
+}
+
+TEST(CpuKernels, NormSquaredAndNonFinite) {
+  std::mt19937_64 rng(test_seed(9));
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{300007}}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    auto x = random_f32(n, rng);
+    double want = 0.75;
+    for (float v : x) want += double(v) * v;
+    float acc[2] = {0.75f, 0.5f};
+    Fixture f;
+    f.k().norm_sq_and_nonfinite(f.s(), acc, x.data(), n);
+    f.sync();
+    EXPECT_NEAR(acc[0], want, 1e-6 * want);
+    EXPECT_EQ(acc[1], 0.5f) << "flag must stay unchanged when every value is finite";
+    for (float bad : {INFINITY, -INFINITY, NAN}) {
+      auto y = x;
+      y[n - 1] = bad;
+      float acc2[2] = {0.0f, 0.0f};
+      f.k().norm_sq_and_nonfinite(f.s(), acc2, y.data(), n);
+      f.sync();
+      EXPECT_EQ(acc2[1], 1.0f) << bad;
+    }
+  }
+}
+
+TEST(CpuKernels, Scale) {
+  std::mt19937_64 rng(test_seed(10));
+  for (size_t n : {size_t{1}, size_t{100003}}) {
+    auto x = random_f32(n, rng), y = x;
+    Fixture f;
+    f.k().scale(f.s(), y.data(), -0.37f, n);
+    f.sync();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * -0.37f) << i;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finite differences: each backward op against its own forward (fp32 kernels), with the loss
+// L = sum(dout * out) evaluated in double and central differences of +-h.
+
+struct FdSample {
+  float* param;
+  size_t n;
+  const float* analytic;  // dL/dparam from the backward op, started from zero
+  const char* name;
+};
+
+void fd_check(const std::function<double()>& loss, const FdSample& p, std::mt19937_64& rng,
+              double h = 1e-2, size_t samples = 48) {
+  std::vector<size_t> idx;
+  if (p.n <= samples) {
+    for (size_t i = 0; i < p.n; ++i) idx.push_back(i);
+  } else {
+    std::uniform_int_distribution<size_t> u(0, p.n - 1);
+    for (size_t k = 0; k < samples; ++k) idx.push_back(u(rng));
+  }
+  double scale = 0;
+  for (size_t i : idx) scale += std::fabs(p.analytic[i]);
+  scale /= idx.size();
+  for (size_t i : idx) {
+    float orig = p.param[i];
+    float hi = orig + float(h), lo = orig - float(h);
+    p.param[i] = hi;
+    double lp = loss();
+    p.param[i] = lo;
+    double lm = loss();
+    p.param[i] = orig;
+    double fd = (lp - lm) / (double(hi) - double(lo));
+    double an = p.analytic[i];
+    EXPECT_LE(std::fabs(fd - an), 1e-2 * (std::fabs(an) + scale) + 1e-6)
+        << p.name << "[" << i << "]: finite difference " << fd << ", backward " << an;
+  }
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+TEST(CpuKernelsGradCheck, Encoder) {
+  std::mt19937_64 rng(test_seed(11));
+  const int B = 2, T = 5, C = 6, Vp = 7;
+  auto wte = random_f32(size_t(Vp) * C, rng), wpe = random_f32(size_t(T) * C, rng);
+  auto tokens = random_tokens(B * T, Vp, rng);
+  auto dout = random_f32(size_t(B) * T * C, rng);
+  std::vector<float> out(dout.size()), dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().encoder_forward(f.s(), DType::kF32, out.data(), tokens.data(), wte.data(), wpe.data(), B,
+                          T, C);
+    f.sync();
+    return dot(out, dout);
+  };
+  f.k().encoder_backward(f.s(), DType::kF32, dwte.data(), dwpe.data(), dout.data(), tokens.data(),
+                         B, T, C);
+  f.sync();
+  fd_check(loss, {wte.data(), wte.size(), dwte.data(), "dwte"}, rng);
+  fd_check(loss, {wpe.data(), wpe.size(), dwpe.data(), "dwpe"}, rng);
+}
+
+TEST(CpuKernelsGradCheck, LayerNorm) {
+  std::mt19937_64 rng(test_seed(12));
+  const int N = 4, C = 9;
+  auto x = random_f32(size_t(N) * C, rng), w = random_f32(C, rng, 0.5f, 1.5f);
+  auto b = random_f32(C, rng), dout = random_f32(x.size(), rng);
+  std::vector<float> out(x.size()), mean(N), rstd(N);
+  std::vector<float> dx(x.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().layernorm_forward(f.s(), DType::kF32, out.data(), mean.data(), rstd.data(), x.data(),
+                            w.data(), b.data(), N, C);
+    f.sync();
+    return dot(out, dout);
+  };
+  loss();
+  f.k().layernorm_backward(f.s(), DType::kF32, dx.data(), dw.data(), db.data(), dout.data(),
+                           x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3);
+  fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng, 1e-3);
+  fd_check(loss, {b.data(), b.size(), db.data(), "dbias"}, rng, 1e-3);
+}
+
+TEST(CpuKernelsGradCheck, Matmul) {
+  std::mt19937_64 rng(test_seed(13));
+  const int N = 5, C = 7, OC = 6;
+  auto x = random_f32(size_t(N) * C, rng), w = random_f32(size_t(OC) * C, rng);
+  auto b = random_f32(OC, rng), dout = random_f32(size_t(N) * OC, rng);
+  std::vector<float> out(dout.size()), dx(x.size(), 0.0f), dw(w.size(), 0.0f), db(OC, 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().matmul_forward(f.s(), DType::kF32, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    f.sync();
+    return dot(out, dout);
+  };
+  f.k().matmul_backward(f.s(), DType::kF32, dx.data(), dw.data(), db.data(), dout.data(), x.data(),
+                        w.data(), N, C, OC);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng);
+  fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng);
+  fd_check(loss, {b.data(), b.size(), db.data(), "dbias"}, rng);
+}
+
+TEST(CpuKernelsGradCheck, Attention) {
+  std::mt19937_64 rng(test_seed(14));
+  const int B = 2, T = 5, C = 8, NH = 2;
+  auto qkv = random_f32(size_t(B) * T * 3 * C, rng), dout = random_f32(size_t(B) * T * C, rng);
+  std::vector<float> out(dout.size()), att(size_t(B) * NH * T * T), scratch(att.size());
+  std::vector<float> dqkv(qkv.size(), 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().attention_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    f.sync();
+    return dot(out, dout);
+  };
+  loss();
+  f.k().attention_backward(f.s(), DType::kF32, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
+                           att.data(), B, T, C, NH);
+  f.sync();
+  fd_check(loss, {qkv.data(), qkv.size(), dqkv.data(), "dqkv"}, rng, 1e-2, 120);
+}
+
+TEST(CpuKernelsGradCheck, Gelu) {
+  std::mt19937_64 rng(test_seed(15));
+  const size_t n = 40;
+  auto x = random_f32(n, rng, -4.0f, 4.0f), dout = random_f32(n, rng);
+  std::vector<float> out(n), dx(n, 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().gelu_forward(f.s(), DType::kF32, out.data(), x.data(), n);
+    f.sync();
+    return dot(out, dout);
+  };
+  f.k().gelu_backward(f.s(), DType::kF32, dx.data(), x.data(), dout.data(), n);
+  f.sync();
+  fd_check(loss, {x.data(), n, dx.data(), "dinp"}, rng, 1e-3);
+}
+
+TEST(CpuKernelsGradCheck, CrossEntropy) {
+  std::mt19937_64 rng(test_seed(16));
+  const int N = 3, V = 11, Vp = 16;
+  auto logits = random_f32(size_t(N) * Vp, rng, -3.0f, 3.0f);
+  auto targets = random_tokens(N, V, rng);
+  const float dloss = 0.7f;
+  std::vector<float> losses(N), work;
+  Fixture f;
+  auto loss = [&] {
+    work = logits;  // the op overwrites its input with the gradient
+    f.k().crossentropy_forward_backward(f.s(), DType::kF32, losses.data(), work.data(),
+                                        targets.data(), dloss, N, V, Vp);
+    f.sync();
+    double s = 0;
+    for (float l : losses) s += double(l) * dloss;
+    return s;
+  };
+  loss();
+  std::vector<float> grad = work;
+  fd_check(loss, {logits.data(), logits.size(), grad.data(), "dlogits"}, rng, 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism and asynchrony.
+
+// Runs a forward+backward chain of the reducing ops; returns every output's bytes.
+std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int B = 2, T = 40, C = 96, NH = 4, OC = 3 * C, N = B * T, Vp = 50;
+  Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+  Typed bias = random_typed(dt, OC, rng), lw = random_typed(dt, C, rng), lb(lw);
+  Typed wte = random_typed(dt, size_t(Vp) * C, rng), wpe = random_typed(dt, size_t(T) * C, rng);
+  auto tokens = random_tokens(N, Vp, rng);
+  Typed ln(dt, x.n), qkv(dt, size_t(N) * OC), att_out(dt, size_t(N) * C);
+  Typed dqkv(dt, qkv.n), dx(dt, x.n), dln(dt, x.n), emb(dt, x.n);
+  std::vector<float> mean(N), rstd(N), att(size_t(B) * NH * T * T), scratch(att.size());
+  std::vector<float> dw(w.n, 0.0f), db(OC, 0.0f), dlw(C, 0.0f), dlb(C, 0.0f);
+  std::vector<float> dwte(wte.n, 0.0f), dwpe(wpe.n, 0.0f), acc(2, 0.0f);
+  Fixture f(threads);
+  Kernels& k = f.k();
+  k.encoder_forward(f.s(), dt, emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  k.layernorm_forward(f.s(), dt, ln.data(), mean.data(), rstd.data(), x.data(), lw.data(),
+                      lb.data(), N, C);
+  k.matmul_forward(f.s(), dt, qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
+  k.attention_forward(f.s(), dt, att_out.data(), att.data(), qkv.data(), B, T, C, NH);
+  k.attention_backward(f.s(), dt, dqkv.data(), scratch.data(), att_out.data(), qkv.data(),
+                       att.data(), B, T, C, NH);
+  k.matmul_backward(f.s(), dt, dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(),
+                    N, C, OC);
+  k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),
+                       lw.data(), mean.data(), rstd.data(), N, C);
+  k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), B, T, C);
+  k.norm_sq_and_nonfinite(f.s(), acc.data(), dw.data(), dw.size());
+  f.sync();
+  std::vector<unsigned char> all;
+  auto add = [&](const void* p, size_t bytes) {
+    auto* c = static_cast<const unsigned char*>(p);
+    all.insert(all.end(), c, c + bytes);
+  };
+  for (const Typed* t : {&emb, &ln, &qkv, &att_out, &dqkv, &dln, &dx})
+    add(t->data(), t->n * dtype_size(dt));
+  for (const auto* v : {&mean, &rstd, &att, &dw, &db, &dlw, &dlb, &dwte, &dwpe, &acc}) {
+    add(v->data(), v->size() * 4);
+  }
+  return all;
+}
+
+TEST(CpuKernels, DeterministicAcrossRunsAndThreadCounts) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto a = run_chain(2, dt, test_seed(17));
+    auto b = run_chain(2, dt, test_seed(17));
+    auto c = run_chain(1, dt, test_seed(17));
+    auto other = run_chain(2, dt, test_seed(18));
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(a == b) << "two runs with the same inputs differ";
+    EXPECT_TRUE(a == c) << "1 and 2 threads differ";
+    EXPECT_FALSE(a == other) << "different inputs gave the same bits: the chain computes nothing";
+  }
+}
+
+TEST(CpuKernels, CallsOnlyEnqueue) {
+  std::mt19937_64 rng(test_seed(19));
+  const int N = 8, C = 16, OC = 12;
+  auto x = random_f32(size_t(N) * C, rng), w = random_f32(size_t(OC) * C, rng);
+  std::vector<float> out(size_t(N) * OC, 123.0f);
+  Fixture f;
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  f.dev().host_fn(f.s(), [open] { open.wait(); });  // the stream stalls here
+  f.k().matmul_forward(f.s(), DType::kF32, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+  for (float v : out) ASSERT_EQ(v, 123.0f) << "matmul_forward ran before the stream reached it";
+  gate.set_value();
+  f.sync();
+  expect_close(as_double(out), ref_matmul(as_double(x), as_double(w), nullptr, N, C, OC), 1e-5,
+               "out");
+}
+
+}  // namespace
+}  // namespace strata

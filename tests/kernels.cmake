@@ -1,0 +1,2 @@
+# CPU kernels: every op against double-precision references, gradient checks, determinism.
+strata_test(cpu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cpu_kernels_test.cc)
