@@ -1,0 +1,50 @@
+// Fused softmax cross-entropy: loss per row, and the logits overwritten with their gradient.
+// CPU twin: kernels/cpu/crossentropy.cc.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace strata {
+namespace {
+
+constexpr int kThreads = 512;
+
+// One block per row of logits [N,Vp]; columns >= V are padding (gradient 0).
+template <typename T>
+__global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss,
+                                    int V, int Vp) {
+  __shared__ float shared[32];
+  T* x = logits + size_t(blockIdx.x) * Vp;
+  const int target = targets[blockIdx.x];
+  // Every read of x[target] happens before the reductions' barriers, so before any write.
+  const float xt = to_f32(x[target]);
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < V; c += blockDim.x) mx = fmaxf(mx, to_f32(x[c]));
+  mx = block_max(mx, shared);
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < V; c += blockDim.x) sum += expf(to_f32(x[c]) - mx);
+  sum = block_sum(sum, shared);
+  const float inv = 1.0f / sum;
+  if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) + mx - xt;
+  for (int c = threadIdx.x; c < Vp; c += blockDim.x) {
+    float g = 0.0f;
+    if (c < V) g = (expf(to_f32(x[c]) - mx) * inv - (c == target ? 1.0f : 0.0f)) * dloss;
+    x[c] = from_f32<T>(g);
+  }
+}
+
+}  // namespace
+
+Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losses,
+                                          void* logits_inout, const int32_t* targets, float dloss,
+                                          int N, int V, int Vp) {
+  if (N == 0) return Status::ok();
+  if (V <= 0 || Vp < V) {
+    return invalid_argument("crossentropy: need 0 < V <= Vp, got V=" + std::to_string(V) +
+                            " Vp=" + std::to_string(Vp));
+  }
+  STRATA_DISPATCH_DT(dt, crossentropy_kernel<scalar_t><<<unsigned(N), kThreads, 0, s>>>(
+                             losses, static_cast<scalar_t*>(logits_inout), targets, dloss, V, Vp));
+  STRATA_CUDA_LAUNCH_CHECK("launching crossentropy_forward_backward");
+  return Status::ok();
+}
+
+}  // namespace strata

@@ -1,0 +1,151 @@
+// The CUDA backend's kernel table: each Kernels method binds the calling thread to the GPU,
+// enqueues the op's launcher (one .cu file per op) on the caller's stream, and hands an enqueue
+// failure to the device's error sink, from which the next synchronize() returns it.
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_optimizer.h"
+
+namespace strata {
+
+CudaStream& cuda_stream(Stream& s) {
+  auto* cs = dynamic_cast<CudaStream*>(&s);
+  STRATA_CHECK(cs != nullptr, "a CUDA kernel or copy was given a stream of another device");
+  return *cs;
+}
+
+void CudaErrorSink::note(const Status& s) {
+  if (s.is_ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_.is_ok()) first_ = s;
+}
+
+Status CudaErrorSink::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(first_, Status::ok());
+}
+
+namespace {
+
+class CudaKernels final : public Kernels {
+ public:
+  CudaKernels(int ordinal, cublasLtHandle_t handle, CudaErrorSink* errors)
+      : ordinal_(ordinal), handle_(handle), errors_(errors) {}
+
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, int B, int T, int C) override {
+    run("encoder_forward", s, [&](CudaStream& cs) {
+      return cuda_encoder_forward(cs.handle, dt, out, tokens, wte, wpe, B, T, C);
+    });
+  }
+  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
+                        const int32_t* tokens, int B, int T, int C) override {
+    run("encoder_backward", s, [&](CudaStream& cs) {
+      return cuda_encoder_backward(cs.handle, dt, dwte, dwpe, dout, tokens, B, T, C);
+    });
+  }
+  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
+    run("layernorm_forward", s, [&](CudaStream& cs) {
+      return cuda_layernorm_forward(cs.handle, dt, out, mean, rstd, inp, weight, bias, N, C);
+    });
+  }
+  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    run("layernorm_backward", s, [&](CudaStream& cs) {
+      return cuda_layernorm_backward(cs.handle, dt, dinp, dweight, dbias, dout, inp, weight, mean,
+                                     rstd, N, C);
+    });
+  }
+  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
+                      const void* bias, int N, int C, int OC) override {
+    run("matmul_forward", s, [&](CudaStream& cs) {
+      return cuda_matmul_forward(cs.handle, blas(cs), dt, out, inp, weight, bias, N, C, OC);
+    });
+  }
+  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                       const void* dout, const void* inp, const void* weight, int N, int C,
+                       int OC) override {
+    run("matmul_backward", s, [&](CudaStream& cs) {
+      return cuda_matmul_backward(cs.handle, blas(cs), dt, dinp, dweight, dbias, dout, inp, weight,
+                                  N, C, OC);
+    });
+  }
+  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
+                         int C, int NH) override {
+    run("attention_forward", s, [&](CudaStream& cs) {
+      return cuda_attention_forward(cs.handle, dt, out, att, qkv, B, T, C, NH);
+    });
+  }
+  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
+    run("attention_backward", s, [&](CudaStream& cs) {
+      return cuda_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    });
+  }
+  void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
+    run("gelu_forward", s,
+        [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });
+  }
+  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                     size_t n) override {
+    run("gelu_backward", s,
+        [&](CudaStream& cs) { return cuda_gelu_backward(cs.handle, dt, dinp, inp, dout, n); });
+  }
+  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
+                        size_t n) override {
+    run("residual_forward", s,
+        [&](CudaStream& cs) { return cuda_residual_forward(cs.handle, dt, out, a, b, n); });
+  }
+  void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
+    run("add_inplace", s,
+        [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n); });
+  }
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
+                                     const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) override {
+    run("crossentropy_forward_backward", s, [&](CudaStream& cs) {
+      return cuda_crossentropy_forward_backward(cs.handle, dt, losses, logits_inout, targets, dloss,
+                                                N, V, Vp);
+    });
+  }
+  void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    run("cast", s, [&](CudaStream& cs) { return cuda_cast(cs.handle, dst, dst_t, src, src_t, n); });
+  }
+  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+    run("norm_sq_and_nonfinite", s, [&](CudaStream& cs) {
+      return cuda_norm_sq_and_nonfinite(cs.handle, cs.scratch, acc, x, n);
+    });
+  }
+  void scale(Stream& s, float* x, float factor, size_t n) override {
+    run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
+  }
+
+ private:
+  CudaBlas blas(const CudaStream& cs) const {
+    return {handle_, cs.blas_workspace, cs.blas_workspace_bytes};
+  }
+
+  template <typename F>
+  void run(const char* op, Stream& s, F&& launch) {
+    CudaStream& cs = cuda_stream(s);
+    Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
+    if (st.is_ok()) st = launch(cs);
+    if (!st.is_ok()) errors_->note(st.with_context(op));
+  }
+
+  const int ordinal_;
+  const cublasLtHandle_t handle_;
+  CudaErrorSink* const errors_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
+                                             CudaErrorSink* errors) {
+  return std::make_unique<CudaKernels>(ordinal, handle, errors);
+}
+
+}  // namespace strata

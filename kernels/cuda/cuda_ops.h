@@ -1,0 +1,120 @@
+// The CUDA backend's internals shared by its device (cuda_device.cc), its kernel table
+// (cuda_kernels.cc) and its ops (one .cu file per op). Not a public header.
+//
+// Each cuda_<op> launcher mirrors the Kernels method of the same name (strata/kernels.h holds
+// the contract: shapes, dtypes, accumulation) with two differences: it takes the raw
+// cudaStream_t, and it returns the Status of the enqueue (a bad launch configuration, a
+// cuBLASLt error). Failures while the kernel runs surface at the next synchronize.
+//
+// Every op computes in fp32 and rounds to the storage type on store with the CUDA _rn
+// intrinsics (round to nearest even), as the CPU reference does. Gradient outputs accumulate.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+#include "strata/optimizer.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// Partial sums per reduction launch: the norm reduction uses at most this many blocks.
+constexpr int kCudaReduceBlocks = 1024;
+
+// A CUDA stream as the Device interface hands it out. Owned by the CudaDevice, with the
+// device memory below (allocated outside the arena, before its capacity is measured).
+class CudaStream final : public Stream {
+ public:
+  cudaStream_t handle = nullptr;
+  // kCudaReduceBlocks doubles private to this stream: work on one stream runs in order, so
+  // reductions enqueued on it can reuse the same partial-sum buffer.
+  double* scratch = nullptr;
+  // cuBLASLt workspace private to this stream (may be 0 bytes: cuBLASLt then picks algorithms
+  // that need none).
+  void* blas_workspace = nullptr;
+  size_t blas_workspace_bytes = 0;
+};
+
+// The CudaStream behind a Stream handed out by a CUDA device; aborts (a bug) on any other.
+CudaStream& cuda_stream(Stream& s);
+
+// What one cuBLASLt call needs: the device's handle and the stream's workspace.
+struct CudaBlas {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Errors from enqueue functions that return void (Kernels, copies, host_fn): the first one is
+// kept and handed to the next synchronize() of any stream or event of the device, which
+// returns it. Thread-safe.
+class CudaErrorSink {
+ public:
+  void note(const Status& s);
+  Status take();  // the first noted error since the last take(), or OK
+
+ private:
+  std::mutex mu_;
+  Status first_;
+};
+
+// The kernel table of a CUDA device: enqueues the cuda_<op> launchers below on the stream
+// each call names, after binding the calling thread to GPU `ordinal`. Errors go to `errors`.
+// `handle` and `errors` must outlive the table.
+std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
+                                             CudaErrorSink* errors);
+
+// encoder.cu
+Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
+                            const void* wte, const void* wpe, int B, int T, int C);
+Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe, const void* dout,
+                             const int32_t* tokens, int B, int T, int C);
+// layernorm.cu
+Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
+                              const void* inp, const void* weight, const void* bias, int N, int C);
+Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, float* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C);
+// matmul.cu (cuBLASLt; dbias by a column-sum kernel)
+Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
+                           const void* inp, const void* weight, const void* bias, int N, int C,
+                           int OC);
+Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
+                            float* dweight, float* dbias, const void* dout, const void* inp,
+                            const void* weight, int N, int C, int OC);
+// attention.cu
+Status cuda_attention_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
+                              int B, int T, int C, int NH);
+Status cuda_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
+                               const void* dout, const void* qkv, const float* att, int B, int T,
+                               int C, int NH);
+// gelu.cu
+Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n);
+Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
+                          size_t n);
+// residual.cu
+Status cuda_residual_forward(cudaStream_t s, DType dt, void* out, const void* a, const void* b,
+                             size_t n);
+Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n);
+// crossentropy.cu
+Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losses,
+                                          void* logits_inout, const int32_t* targets, float dloss,
+                                          int N, int V, int Vp);
+// cast.cu
+Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType src_t, size_t n);
+// norm.cu (`scratch`: kCudaReduceBlocks doubles private to stream s)
+Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, float* acc, const float* x,
+                                  size_t n);
+Status cuda_scale(cudaStream_t s, float* x, float factor, size_t n);
+// adamw.cu: optimizer_step_reference's numbers on a shard whose pointers are device memory.
+Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardState& st);
+
+}  // namespace strata

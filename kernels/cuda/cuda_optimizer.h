@@ -1,0 +1,26 @@
+// The optimizer step for shards that stay on the GPU (the AdamW of ZeRO's "offload nothing").
+//
+// cuda_device_optimizer_step() enqueues on `stream` the same update optimizer_step_reference()
+// (strata/optimizer.h) defines, element for element: Adam, AdamW, Adagrad and Lion, fp32 master,
+// fp32 or bf16 moments, grad in any dtype times grad_mult, optional low-precision copy-out
+// (round to nearest even). Every pointer in `shard` must be device memory of `device`.
+//
+// Returns kInvalidArgument if `device` is not a CUDA device or `stream` is not one of its
+// streams, and the launch error otherwise; an error while the kernel runs is reported by the
+// next synchronize on `stream`. Asynchronous like every enqueue: `shard`'s buffers must stay
+// alive until then, the structs themselves are copied.
+//
+// Not part of the Kernels table (strata/kernels.h has no optimizer entry); the trainer calls it
+// directly for device-resident shards.
+#pragma once
+
+#include "strata/device.h"
+#include "strata/optimizer.h"
+#include "strata/status.h"
+
+namespace strata {
+
+Status cuda_device_optimizer_step(Device& device, Stream& stream, const OptimizerHyper& hyper,
+                                  const ShardState& shard);
+
+}  // namespace strata

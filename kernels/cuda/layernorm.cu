@@ -1,0 +1,128 @@
+// Layer normalization, forward and backward (eps = 1e-5). CPU twin: kernels/cpu/layernorm.cc.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace strata {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row, 256 threads
+
+// Two passes over the row like the reference: mean, then the variance around it.
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
+                                         const T* weight, const T* bias, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* x = inp + size_t(row) * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += to_f32(x[c]);
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = to_f32(x[c]) - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+  T* o = out + size_t(row) * C;
+  for (int c = lane; c < C; c += 32) {
+    const float n = (to_f32(x[c]) - m) * s;
+    o[c] = from_f32<T>(n * to_f32(weight[c]) + (bias ? to_f32(bias[c]) : 0.0f));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// dinp += (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd, one warp per row.
+template <typename T>
+__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp,
+                                               const T* weight, const float* mean,
+                                               const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  const float m = mean[row], s = rstd[row];
+  float a = 0.0f, b = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float dn = to_f32(weight[c]) * to_f32(dout[off + c]);
+    a += dn;
+    b += dn * (to_f32(inp[off + c]) - m) * s;
+  }
+  const float dnorm_mean = warp_sum(a) / C, dnorm_norm_mean = warp_sum(b) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float n = (to_f32(inp[off + c]) - m) * s;
+    const float dn = to_f32(weight[c]) * to_f32(dout[off + c]);
+    const float g = (dn - dnorm_mean - n * dnorm_norm_mean) * s;
+    dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
+  }
+}
+
+// dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c]. Block (32 columns x 8
+// row lanes) per column tile and row chunk; chunks combine with one atomicAdd per column.
+constexpr int kColRowChunk = 256;
+template <typename T>
+__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const T* dout,
+                                                 const T* inp, const float* mean, const float* rstd,
+                                                 int N, int C) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * kColRowChunk, r1 = min(N, r0 + kColRowChunk);
+  float w = 0.0f, b = 0.0f;
+  if (c < C) {
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      const size_t i = size_t(r) * C + c;
+      const float g = to_f32(dout[i]);
+      b += g;
+      w += (to_f32(inp[i]) - mean[r]) * rstd[r] * g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; ++y) {
+      w += sw[y][threadIdx.x];
+      b += sb[y][threadIdx.x];
+    }
+    if (dweight) atomicAdd(&dweight[c], w);
+    if (dbias) atomicAdd(&dbias[c], b);
+  }
+}
+
+}  // namespace
+
+Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
+                              const void* inp, const void* weight, const void* bias, int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  STRATA_DISPATCH_DT(
+      dt, layernorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+              static_cast<scalar_t*>(out), mean, rstd, static_cast<const scalar_t*>(inp),
+              static_cast<const scalar_t*>(weight), static_cast<const scalar_t*>(bias), N, C));
+  STRATA_CUDA_LAUNCH_CHECK("launching layernorm_forward");
+  return Status::ok();
+}
+
+Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, float* dbias,
+                               const void* dout, const void* inp, const void* weight,
+                               const float* mean, const float* rstd, int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
+  STRATA_DISPATCH_DT(
+      dt,
+      if (dinp) {
+        layernorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dout),
+            static_cast<const scalar_t*>(inp), static_cast<const scalar_t*>(weight), mean, rstd, N,
+            C);
+      } if (dweight || dbias) {
+        layernorm_backward_params_kernel<scalar_t>
+            <<<pgrid, dim3(32, 8), 0, s>>>(dweight, dbias, static_cast<const scalar_t*>(dout),
+                                           static_cast<const scalar_t*>(inp), mean, rstd, N, C);
+      });
+  STRATA_CUDA_LAUNCH_CHECK("launching layernorm_backward");
+  return Status::ok();
+}
+
+}  // namespace strata

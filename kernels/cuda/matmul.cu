@@ -1,0 +1,177 @@
+// Linear layers through cuBLASLt, fp32 compute and accumulation. CPU twin: kernels/cpu/matmul.cc.
+//
+// strata's matrices are row-major; cuBLASLt's are column-major. A row-major [R,K] matrix is the
+// column-major [K,R] matrix with the same bytes, so each product below is written for the
+// transposes (m x n = k-contraction, all column-major):
+//   forward   out[N,OC] = inp[N,C] @ W[OC,C]^T + bias  <=>  D(OCxN) = op_T(W: CxOC) * inp(CxN),
+//             bias[OC] added by the BIAS epilogue.
+//   dinp      dinp[N,C] += dout[N,OC] @ W[OC,C]        <=>  D(CxN) = W(CxOC) * dout(OCxN), beta 1.
+//   dweight   dweight[OC,C] += dout^T @ inp[N,C]       <=>  D(CxOC) = inp(CxN) * op_T(dout: OCxN),
+//             D in fp32 with beta 1: low-precision operands accumulate straight into fp32.
+//   dbias     column sums of dout, by a kernel (fp32 +=).
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace strata {
+namespace {
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_16F;
+  }
+}
+
+// Largest power of two (<= 256) dividing the address: what cuBLASLt may assume about it.
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && (reinterpret_cast<uintptr_t>(p) % a) != 0) a /= 2;
+  return a;
+}
+
+// Descriptors live for one call; destroyed on every path out.
+struct LtCall {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtCall() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// D(m x n, ld ldd) = alpha * op(A) * op(B) + beta * D (+ bias[m] if non-null), column-major,
+// fp32 compute. A is stored m x k (ta = N) or k x m (ta = T); B k x n (tb = N) or n x k (T).
+Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cublasOperation_t tb,
+                 int m, int n, int k, const void* A, cudaDataType_t at, int lda, const void* B,
+                 cudaDataType_t bt, int ldb, void* D, cudaDataType_t dtp, int ldd, float beta,
+                 const void* bias) {
+  LtCall c;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                      "creating the matmul descriptor");
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+      "setting TRANSA");
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+      "setting TRANSB");
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+        "setting the bias epilogue");
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias, sizeof(bias)),
+                        "setting the bias pointer");
+    const int32_t bias_type = dtp;  // the bias has the output's dtype
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                       &bias_type, sizeof(bias_type)),
+                        "setting the bias type");
+  }
+  const bool a_n = ta == CUBLAS_OP_N, b_n = tb == CUBLAS_OP_N;
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, at, a_n ? m : k, a_n ? k : m, lda),
+                      "creating the A layout");
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, bt, b_n ? k : n, b_n ? n : k, ldb),
+                      "creating the B layout");
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, dtp, m, n, ldd), "creating the D layout");
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref), "creating the preference");
+  const size_t ws = blas.workspace_bytes;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                          c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                      "setting the workspace size");
+  const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D),
+                             bias ? alignment_of(bias) : 256u};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[3] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 3; ++i) {
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(c.pref, align_attr[i], &align[i], sizeof(uint32_t)),
+        "setting the operand alignment");
+  }
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align[2], sizeof(uint32_t)),
+      "setting the C alignment");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.handle, c.op, c.a, c.b, c.d, c.d, c.pref,
+                                                     1, &heur, &found),
+                      "asking cuBLASLt for an algorithm");
+  if (found == 0) {
+    return internal_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(m) +
+                          " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                          ", A/B/D alignment " + std::to_string(align[0]) + "/" +
+                          std::to_string(align[1]) + "/" + std::to_string(align[2]) +
+                          " bytes); check the shapes and the buffers' alignment");
+  }
+  const float alpha = 1.0f;
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.handle, c.op, &alpha, A, c.a, B, c.b, &beta, D, c.d, D,
+                                     c.d, &heur.algo, blas.workspace, ws, s),
+                      "enqueuing cublasLtMatmul");
+  return Status::ok();
+}
+
+// dbias[c] += sum_r dout[r,c]: block (32 columns x 8 row lanes) per column tile and chunk of
+// rows, one atomicAdd per column and chunk.
+constexpr int kRowChunk = 256;
+template <typename T>
+__global__ void column_sum_kernel(float* dbias, const T* dout, int N, int OC) {
+  __shared__ float sh[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * kRowChunk, r1 = min(N, r0 + kRowChunk);
+  float sum = 0.0f;
+  if (c < OC) {
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) sum += to_f32(dout[size_t(r) * OC + c]);
+  }
+  sh[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < OC) {
+    for (int y = 1; y < 8; ++y) sum += sh[y][threadIdx.x];
+    atomicAdd(&dbias[c], sum);
+  }
+}
+
+}  // namespace
+
+Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
+                           const void* inp, const void* weight, const void* bias, int N, int C,
+                           int OC) {
+  if (N == 0 || OC == 0) return Status::ok();
+  const cudaDataType_t t = cuda_type(dt);
+  return lt_matmul(blas, s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, t, C, inp, t, C, out, t, OC,
+                   0.0f, bias)
+      .with_context("matmul_forward");
+}
+
+Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
+                            float* dweight, float* dbias, const void* dout, const void* inp,
+                            const void* weight, int N, int C, int OC) {
+  if (N == 0 || OC == 0 || C == 0) return Status::ok();
+  const cudaDataType_t t = cuda_type(dt);
+  if (dinp) {
+    STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, t, C,
+                                     dout, t, OC, dinp, t, C, 1.0f, nullptr),
+                           "matmul_backward: dinp += dout @ weight");
+  }
+  if (dweight) {
+    STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, t, C, dout,
+                                     t, OC, dweight, CUDA_R_32F, C, 1.0f, nullptr),
+                           "matmul_backward: dweight += dout^T @ inp");
+  }
+  if (dbias) {
+    const dim3 grid(unsigned((OC + 31) / 32), unsigned((N + kRowChunk - 1) / kRowChunk));
+    STRATA_DISPATCH_DT(dt, column_sum_kernel<scalar_t><<<grid, dim3(32, 8), 0, s>>>(
+                               dbias, static_cast<const scalar_t*>(dout), N, OC));
+    STRATA_CUDA_LAUNCH_CHECK("launching matmul_backward's dbias column sum");
+  }
+  return Status::ok();
+}
+
+}  // namespace strata
