@@ -1,0 +1,129 @@
+// AVX-512 paths (16 lanes): kAvx512 (F/BW/VL/DQ, bf16 rounding in integer ops) and kAvx512Bf16
+// (the same plus vcvtneps2bf16 for bf16 stores). Compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512dq -mavx512bf16 -mfma -mf16c -ffp-contract=off (see CMakeLists.txt); the kAvx512
+// table never executes an AVX512_BF16 instruction, and each table is only called after CPUID
+// says the CPU has what it needs. Tails are handled by the shared code in step_impl.h.
+#include <immintrin.h>
+
+#include "cpu_optim/step_impl.h"
+
+namespace strata::cpu_optim_internal {
+namespace {
+
+template <bool kHwBf16>
+struct Avx512Ops {
+  static constexpr size_t W = 16;
+  using F = __m512;
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F sign(F c) {
+    const F zero = _mm512_setzero_ps();
+    __mmask16 gt = _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ);
+    __mmask16 lt = _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ);
+    F r = _mm512_mask_mov_ps(zero, lt, _mm512_set1_ps(-1.0f));
+    return _mm512_mask_mov_ps(r, gt, _mm512_set1_ps(1.0f));
+  }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static void stream(float* p, F x) { _mm512_stream_ps(p, x); }
+
+  static F load_bf16(const uint16_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  // Round to nearest even in integer ops; NaN -> (bits >> 16) | 0x40, as f32_to_bf16.
+  static __m256i to_bf16_int(F x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan,
+                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+  }
+  static __m256i to_bf16(F x) {
+    if constexpr (kHwBf16) {
+      // vcvtneps2bf16 rounds to nearest even and quiets NaNs like f32_to_bf16, but flushes
+      // fp32 subnormal inputs to zero: those lanes (rare) take the integer path.
+      __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+      const __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
+                                                    _mm512_set1_epi32(0x007fffff));
+      if (sub) [[unlikely]]
+        h = _mm256_mask_blend_epi16(sub, h, to_bf16_int(x));
+      return h;
+    } else {
+      return to_bf16_int(x);
+    }
+  }
+  static void store_bf16(uint16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(x));
+  }
+  static void stream_bf16(uint16_t* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(x));
+  }
+
+  static F load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Round to nearest even (overflow to Inf, subnormals exact); NaN -> sign | 0x7e00 as
+  // f32_to_f16 (the instruction would keep the payload).
+  static __m256i to_f16(F x) {
+    __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    if (nan) [[unlikely]] {
+      const __m512i u = _mm512_castps_si512(x);
+      __m512i q =
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)),
+                          _mm512_set1_epi32(0x7e00));
+      h = _mm256_mask_blend_epi16(nan, h, _mm512_cvtepi32_epi16(q));
+    }
+    return h;
+  }
+  static void store_f16(uint16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_f16(x));
+  }
+  static void stream_f16(uint16_t* p, F x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16(x));
+  }
+  static void fence() { _mm_sfence(); }
+
+  // 16 fp64 lanes in two registers: element k of the 16-float vector feeds lane k.
+  struct Acc {
+    __m512d lo, hi;
+  };
+  static void acc_load(Acc& a, const double* lanes) {
+    a.lo = _mm512_loadu_pd(lanes);
+    a.hi = _mm512_loadu_pd(lanes + 8);
+  }
+  static void acc_add(Acc& a, size_t, F x) {
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    // The square of an fp32 value is exact in fp64, so mul + add rounds once, like the scalar.
+    a.lo = _mm512_add_pd(a.lo, _mm512_mul_pd(lo, lo));
+    a.hi = _mm512_add_pd(a.hi, _mm512_mul_pd(hi, hi));
+  }
+  static void acc_store(const Acc& a, double* lanes) {
+    _mm512_storeu_pd(lanes, a.lo);
+    _mm512_storeu_pd(lanes + 8, a.hi);
+  }
+};
+
+}  // namespace
+
+const IsaKernels& avx512_kernels() {
+  static const IsaKernels t = make_table<Avx512Ops<false>>();
+  return t;
+}
+
+const IsaKernels& avx512bf16_kernels() {
+  static const IsaKernels t = make_table<Avx512Ops<true>>();
+  return t;
+}
+
+}  // namespace strata::cpu_optim_internal
