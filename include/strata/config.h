@@ -32,6 +32,7 @@ struct Fp16Config {
   int hysteresis = 2;              // overflows tolerated before the scale halves
   int consecutive_hysteresis = 0;  // DeepSpeed's bool, stored 0/1
   double min_loss_scale = 1.0;
+  bool auto_cast = false;  // DeepSpeed: cast module inputs to fp16 (accepted, not acted on)
 };
 
 struct Bf16Config {
@@ -63,11 +64,11 @@ struct SchedulerConfig {
 
 // zero_optimization.offload_param / offload_optimizer.
 struct OffloadConfig {
-  std::string device = "none";         // none | cpu | nvme
-  std::vector<std::string> nvme_path;  // one or more directories (a string or a list)
-  int buffer_count = 5;                // param: 5, optimizer: 4 (DeepSpeed's defaults)
-  size_t buffer_size = 100'000'000;    // param only
-  size_t max_in_cpu = 1'000'000'000;   // param only
+  std::string device = "none";              // none | cpu | nvme
+  std::vector<std::string> nvme_path = {};  // one or more directories (a string or a list)
+  int buffer_count = 5;                     // param: 5, optimizer: 4 (DeepSpeed's defaults)
+  size_t buffer_size = 100'000'000;         // param only
+  size_t max_in_cpu = 1'000'000'000;        // param only
   bool pin_memory = false;
   bool pipeline_read = false;   // optimizer only
   bool pipeline_write = false;  // optimizer only
@@ -78,8 +79,8 @@ struct OffloadConfig {
 struct ZeroConfig {
   int stage = 0;  // 0..3
   OffloadConfig offload_param;
-  OffloadConfig offload_optimizer;
-  bool overlap_comm = false;
+  OffloadConfig offload_optimizer{.buffer_count = 4};
+  bool overlap_comm = false;  // absent: true at stage 3, false otherwise (DeepSpeed's rule)
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
   size_t reduce_bucket_size = 500'000'000;
@@ -193,5 +194,10 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
 // Parses a size: a non-negative number (1e8) or a string with an optional unit
 // ("512", "1.5GB", "16GiB", "100 MiB", "4k"). Decimal units are powers of 1000, binary 1024.
 Result<size_t> parse_size(const std::string& text);
+
+// The reference tables of every accepted key (path, type, default, range or values, whether the
+// engine acts on it yet), as Markdown, one table per top-level section. docs/CONFIG.md embeds
+// this text verbatim between its GENERATED markers; config_test fails when the two disagree.
+std::string config_reference_markdown();
 
 }  // namespace strata
