@@ -542,13 +542,25 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+// "path: unknown key; did you mean X?" where X is the closest sibling by edit distance, or the
+// full path of a key of exactly this name in another section when no sibling is close (a key
+// put at the wrong level).
 Status unknown_key(const std::string& section, const std::string& name) {
-  const auto& kids = schema().children.at(section);
+  const Schema& s = schema();
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
-  for (const std::string& k : kids) {
+  for (const std::string& k : s.children.at(section)) {
     size_t d = edit_distance(name, k);
     if (d < best_d) best_d = d, best = k;
+  }
+  if (best_d > 1) {
+    std::string elsewhere;
+    for (const auto& [parent, names] : s.children) {
+      if (!names.count(name)) continue;
+      std::string full = join(parent, name);
+      if (elsewhere.empty() || full.size() < elsewhere.size()) elsewhere = full;
+    }
+    if (!elsewhere.empty()) best = elsewhere;
   }
   return invalid_argument(
       fmt::format("{}: unknown key; did you mean {}?", join(section, name), best));
@@ -1053,6 +1065,67 @@ void list_not_acted_on(Ctx* ctx) {
   }
 }
 
+// DeepSpeed refuses a key given twice in one object (its JSON loader raises); so does strata.
+// nlohmann::json keeps the last silently, so a SAX pass looks for duplicates first.
+class DuplicateKeyFinder : public json::json_sax_t {
+ public:
+  std::string duplicate;  // path of the first duplicate, "" if none
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    frames_.push_back({true, {}, "", 0});
+    return true;
+  }
+  bool key(string_t& k) override {
+    Frame& f = frames_.back();
+    f.key = k;
+    if (!f.keys.insert(k).second) {
+      duplicate = path();
+      return false;  // stop: report the first one
+    }
+    return true;
+  }
+  bool end_object() override { return end(); }
+  bool start_array(std::size_t) override {
+    frames_.push_back({false, {}, "", 0});
+    return true;
+  }
+  bool end_array() override { return end(); }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) override {
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;
+    size_t index;
+  };
+  bool value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  bool end() {
+    frames_.pop_back();
+    return value();
+  }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      p = f.object ? join(p, f.key) : fmt::format("{}[{}]", p, f.index);
+    }
+    return p;
+  }
+  std::vector<Frame> frames_;
+};
+
 std::string line_col(const std::string& text, size_t byte) {
   size_t line = 1, col = 1;
   for (size_t i = 0; i < byte && i < text.size(); ++i) {
@@ -1137,6 +1210,14 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
                                         line_col(json_text, e.byte == 0 ? 0 : e.byte - 1),
                                         e.what()));
   }
+  DuplicateKeyFinder dups;
+  (void)json::sax_parse(json_text, &dups, json::input_format_t::json, /*strict=*/true,
+                        /*ignore_comments=*/true);
+  if (!dups.duplicate.empty()) {
+    return invalid_argument(
+        fmt::format("{}: {}: key given twice in one object; keep one (DeepSpeed refuses this too)",
+                    origin, dups.duplicate));
+  }
   if (!doc.is_object()) {
     return invalid_argument(fmt::format("{}: expected a JSON object at the top level, got {}",
                                         origin, short_dump(doc)));
@@ -1168,6 +1249,11 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
   ss << in.rdbuf();
   if (in.bad()) return errno_status(errno ? errno : EIO, fmt::format("{}: reading", path));
   return parse_config(ss.str(), path, overrides, world_size);
+}
+
+void log_config_notes(const Config& config) {
+  for (const std::string& line : config.resolved_auto) log_info("config: {}", line);
+  for (const std::string& line : config.not_acted_on) log_info("config: {}", line);
 }
 
 std::string config_reference_markdown() {

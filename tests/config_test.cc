@@ -214,6 +214,12 @@ std::vector<Case> cases() {
       "optimizer.params.betas1: unknown key; did you mean betas?");
   bad("unknown_strata", J(R"("strata": {"io": {"checksums": true}})"),
       "strata.io.checksums: unknown key; did you mean checksum?");
+  bad("unknown_misplaced", J(R"("offload_param": {"device": "cpu"})"),
+      "offload_param: unknown key; did you mean zero_optimization.offload_param?");
+  bad("unknown_misplaced_leaf", J(R"("optimizer": {"type": "Adam", "lr": 0.1})"),
+      "optimizer.lr: unknown key; did you mean optimizer.params.lr?");
+  bad("duplicate_key", R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})",
+      "zero_optimization.stage: key given twice in one object");
   bad("unknown_aio", J(R"("aio": {"queue_dept": 8})"),
       "aio.queue_dept: unknown key; did you mean queue_depth?");
 
@@ -565,6 +571,70 @@ TEST(Config, TableOfGoodAndBadConfigs) {
       EXPECT_NE(m.find(tc.error), std::string::npos)
           << tc.name << ":\n  got:      " << m << "\n  expected: " << tc.error;
     }
+  }
+}
+
+// Every key path in the reference table (read back from config_reference_markdown()).
+std::vector<std::string> all_key_paths() {
+  std::vector<std::string> paths;
+  std::istringstream in(config_reference_markdown());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    size_t end = line.find('`', 3);
+    paths.push_back(line.substr(3, end - 3));
+  }
+  return paths;
+}
+
+// {"a": {"b": {"c": value}}} for "a.b.c", inside a document that has a batch size.
+std::string nest(const std::string& path, const std::string& value) {
+  std::vector<std::string> segs;
+  std::stringstream ss(path);
+  std::string seg;
+  while (std::getline(ss, seg, '.')) segs.push_back(seg);
+  std::string doc = value;
+  for (size_t i = segs.size(); i-- > 0;) doc = "{\"" + segs[i] + "\": " + doc + "}";
+  const char* batch = path == "train_micro_batch_size_per_gpu" ? "train_batch_size"
+                                                               : "train_micro_batch_size_per_gpu";
+  return "{\"" + std::string(batch) + "\": 1, " + doc.substr(1);
+}
+
+// For every key of the table, at its own depth: a typo is refused with the key as suggestion
+// (in the file and as an override), and a value of the wrong type is refused naming the path.
+TEST(Config, EveryKeyTypoSuggestsItAndWrongTypeIsRefused) {
+  const std::vector<std::string> paths = all_key_paths();
+  ASSERT_GT(paths.size(), 150u);
+  std::mt19937 rng(std::random_device{}());
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    const size_t dot = path.rfind('.');
+    const std::string name = dot == std::string::npos ? path : path.substr(dot + 1);
+    const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+    // Typo: drop one random interior or final character (never the first).
+    std::string typo = name;
+    typo.erase(1 + rng() % (typo.size() - 1), 1);
+    const std::string want = parent + typo + ": unknown key; did you mean " + name + "?";
+    Result<Config> r = parse_config(nest(parent + typo, "1"), "f.json");
+    ASSERT_FALSE(r.is_ok());
+    // Several keys may be one edit from the typo (pipeline_read/pipeline_write, aliases): then
+    // any of them is a right answer; check the message names an unknown key and its parent.
+    const std::string& m = r.status().message();
+    if (m.find(want) == std::string::npos) {
+      EXPECT_NE(m.find("f.json: " + parent + typo + ": unknown key; did you mean "),
+                std::string::npos)
+          << m;
+      ADD_FAILURE() << "suggestion is not " << name << ": " << m;
+    }
+    Result<Config> o = parse_config(R"({"train_batch_size": 1})", "f.json", {parent + typo + "=1"});
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_NE(o.status().message().find(want), std::string::npos) << o.status().message();
+
+    if (path == "amp") continue;  // free-form: any JSON is accepted
+    Result<Config> w = parse_config(nest(path, "{\"x\": 1}"), "f.json");
+    ASSERT_FALSE(w.is_ok());
+    EXPECT_NE(w.status().message().find("f.json: " + path + ": expected "), std::string::npos)
+        << w.status().message();
   }
 }
 

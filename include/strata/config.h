@@ -151,6 +151,11 @@ struct StrataConfig {
   std::string comm_backend = "auto";  // strata.comm.backend
   std::string activations = "keep";   // strata.activations: keep | recompute | offload
   std::string log_level = "info";     // strata.log_level
+  // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from
+  // zero_optimization.offload_param / offload_optimizer (DeepSpeed cannot split these).
+  std::string placement_params, placement_grads, placement_master, placement_moments;
+  size_t host_memory_limit = 0;  // strata.host_memory_limit: host tier budget; 0 = 90% of free
+  std::string trace_file;        // strata.trace_file: write the recorded access trace here
 };
 
 struct Config {
@@ -194,6 +199,10 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
 // Parses a size: a non-negative number (1e8) or a string with an optional unit
 // ("512", "1.5GB", "16GiB", "100 MiB", "4k"). Decimal units are powers of 1000, binary 1024.
 Result<size_t> parse_size(const std::string& text);
+
+// Logs each Config::resolved_auto and Config::not_acted_on line at info level ("config: ...").
+// Call once at start-up, on rank 0.
+void log_config_notes(const Config& config);
 
 // The reference tables of every accepted key (path, type, default, range or values, whether the
 // engine acts on it yet), as Markdown, one table per top-level section. docs/CONFIG.md embeds
