@@ -10,6 +10,7 @@
 // The CPU backend's device memory is host memory, so host vectors serve as device buffers.
 // Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,8 +20,10 @@
 #include <future>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -602,6 +605,74 @@ TEST(CpuKernels, Scale) {
     f.k().scale(f.s(), y.data(), -0.37f, n);
     f.sync();
     for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], x[i] * -0.37f) << i;
+  }
+}
+
+// Every compiled ISA copy of the internal GEMM, every transposition, with and without
+// accumulation, against a double reference. Copies the CPU cannot run are skipped by name.
+TEST(CpuKernels, GemmEveryIsaMatchesReference) {
+  struct Isa {
+    const char* name;
+    void (*fn)(const cpu::GemmArgs&);
+    bool supported;
+  };
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("fma");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  std::vector<std::string> skipped;
+  std::mt19937_64 rng(test_seed(20));
+  for (Isa isa : {Isa{"avx512", &cpu::avx512::gemm, has512}, Isa{"avx2", &cpu::avx2::gemm, has2},
+                  Isa{"baseline", &cpu::baseline::gemm, true}}) {
+    if (!isa.supported) {
+      skipped.push_back(isa.name);
+      continue;
+    }
+    for (auto [m, n, k] : {std::tuple{1, 1, 1}, {5, 3, 7}, {67, 45, 131}}) {
+      for (int mode = 0; mode < 8; ++mode) {
+        const bool ta = mode & 1, tb = mode & 2, acc = mode & 4;
+        SCOPED_TRACE(
+            fmt::format("{} m={} n={} k={} ta={} tb={} acc={}", isa.name, m, n, k, ta, tb, acc));
+        // Stored with padded row strides (ld = cols + 3) to exercise the strides.
+        const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 3;
+        auto a = random_f32(size_t(ta ? k : m) * lda, rng);
+        auto b = random_f32(size_t(tb ? n : k) * ldb, rng);
+        auto c = random_f32(size_t(m) * ldc, rng);
+        Vec want(size_t(m) * n);
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            double s = acc ? c[size_t(i) * ldc + j] : 0.0;
+            for (int l = 0; l < k; ++l) {
+              double av = ta ? a[size_t(l) * lda + i] : a[size_t(i) * lda + l];
+              double bv = tb ? b[size_t(j) * ldb + l] : b[size_t(l) * ldb + j];
+              s += av * bv;
+            }
+            want[size_t(i) * n + j] = s;
+          }
+        isa.fn({.m = m,
+                .n = n,
+                .k = k,
+                .a = a.data(),
+                .lda = lda,
+                .trans_a = ta,
+                .b = b.data(),
+                .ldb = ldb,
+                .trans_b = tb,
+                .c = c.data(),
+                .ldc = ldc,
+                .accumulate = acc});
+        Vec got(size_t(m) * n);
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) got[size_t(i) * n + j] = c[size_t(i) * ldc + j];
+        expect_close(got, want, 1e-5, "C");
+      }
+    }
+  }
+  if (!skipped.empty()) {
+    GTEST_SKIP() << "this CPU cannot run the GEMM copies for: "
+                 << fmt::format("{}", fmt::join(skipped, ", "))
+                 << " (checked the others; dispatch uses " << cpu::gemm_isa() << ")";
   }
 }
 

@@ -1,21 +1,22 @@
 // Causal multi-head self-attention (llm.c attention_forward / attention_backward), scale
 // 1/sqrt(hs). Each (batch, head) pair is one task: its q, k, v [T,hs] are gathered into fp32
-// scratch and the score and value products run as Eigen GEMMs; the softmax and its backward
-// are plain row loops. Different heads touch disjoint channels of qkv/dqkv, so the tasks never
-// write the same memory and the results do not depend on the thread count.
-#include <Eigen/Core>
+// scratch and the score and value products run as GEMMs (gemm.h) over blocks of kBlock query
+// rows, each block touching only the key columns at or below its last row (the causal half);
+// the softmax and its backward are plain row loops. Different heads touch disjoint channels of
+// qkv/dqkv, so the tasks never write the same memory and the results do not depend on the
+// thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace strata::cpu {
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Map = Eigen::Map<RowMat>;
-using CMap = Eigen::Map<const RowMat>;
+constexpr int kBlock = 64;
 
 // dst[t, :] = src[t * stride + offset .. + hs) for t < T, widened to fp32.
 template <typename Tp>
@@ -38,37 +39,59 @@ void attention_forward(DType dt, void* out, float* att, const void* qkv, int B, 
     auto* y = static_cast<Tp*>(out);
     auto* in = static_cast<const Tp*>(qkv);
     const int hs = C / NH;
-    const size_t C3 = size_t(3) * C;
+    const size_t C3 = size_t(3) * C, th = size_t(T) * hs;
     const float scale = 1.0f / std::sqrt(float(hs));
     parallel_ranges(size_t(B) * NH, 1, [&](size_t p0, size_t p1) {
-      RowMat Q(T, hs), K(T, hs), V(T, hs), O(T, hs);
+      std::vector<float> buf(4 * th);
+      float *Q = buf.data(), *K = Q + th, *V = K + th, *O = V + th;
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NH), h = int(p % NH);
         const Tp* base = in + size_t(b) * T * C3;
-        gather(base, T, C3, size_t(h) * hs, hs, Q.data());
-        gather(base, T, C3, size_t(C) + size_t(h) * hs, hs, K.data());
-        gather(base, T, C3, size_t(2) * C + size_t(h) * hs, hs, V.data());
-        Map P(att + p * size_t(T) * T, T, T);
-        P.noalias() = Q * K.transpose();
-        for (int t = 0; t < T; ++t) {
-          float* row = P.data() + size_t(t) * T;
-          float maxval = -10000.0f;
-          for (int t2 = 0; t2 <= t; ++t2) {
-            row[t2] *= scale;
-            if (row[t2] > maxval) maxval = row[t2];
+        gather(base, T, C3, size_t(h) * hs, hs, Q);
+        gather(base, T, C3, size_t(C) + size_t(h) * hs, hs, K);
+        gather(base, T, C3, size_t(2) * C + size_t(h) * hs, hs, V);
+        float* P = att + p * size_t(T) * T;
+        for (int t0 = 0; t0 < T; t0 += kBlock) {
+          const int t1 = std::min(T, t0 + kBlock);
+          // Scores of rows t0..t1 against keys 0..t1.
+          gemm({.m = t1 - t0,
+                .n = t1,
+                .k = hs,
+                .a = Q + size_t(t0) * hs,
+                .lda = hs,
+                .b = K,
+                .ldb = hs,
+                .trans_b = true,
+                .c = P + size_t(t0) * T,
+                .ldc = T});
+          for (int t = t0; t < t1; ++t) {
+            float* row = P + size_t(t) * T;
+            float maxval = -10000.0f;
+            for (int t2 = 0; t2 <= t; ++t2) {
+              row[t2] *= scale;
+              if (row[t2] > maxval) maxval = row[t2];
+            }
+            float expsum = 0.0f;
+            for (int t2 = 0; t2 <= t; ++t2) {
+              row[t2] = std::exp(row[t2] - maxval);
+              expsum += row[t2];
+            }
+            const float inv = expsum == 0.0f ? 0.0f : 1.0f / expsum;
+            for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+            for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
           }
-          float expsum = 0.0f;
-          for (int t2 = 0; t2 <= t; ++t2) {
-            row[t2] = std::exp(row[t2] - maxval);
-            expsum += row[t2];
-          }
-          float inv = expsum == 0.0f ? 0.0f : 1.0f / expsum;
-          for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-          for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+          gemm({.m = t1 - t0,
+                .n = hs,
+                .k = t1,
+                .a = P + size_t(t0) * T,
+                .lda = T,
+                .b = V,
+                .ldb = hs,
+                .c = O + size_t(t0) * hs,
+                .ldc = hs});
         }
-        O.noalias() = P * V;
         for (int t = 0; t < T; ++t) {
-          store_span(O.data() + size_t(t) * hs, y + (size_t(b) * T + t) * C + size_t(h) * hs, hs);
+          store_span(O + size_t(t) * hs, y + (size_t(b) * T + t) * C + size_t(h) * hs, hs);
         }
       }
     });
@@ -83,38 +106,83 @@ void attention_backward(DType dt, void* dqkv, float* scratch, const void* dout, 
     auto* in = static_cast<const Tp*>(qkv);
     auto* dy = static_cast<const Tp*>(dout);
     const int hs = C / NH;
-    const size_t C3 = size_t(3) * C;
+    const size_t C3 = size_t(3) * C, th = size_t(T) * hs;
     const float scale = 1.0f / std::sqrt(float(hs));
     parallel_ranges(size_t(B) * NH, 1, [&](size_t p0, size_t p1) {
-      RowMat Q(T, hs), K(T, hs), V(T, hs), dO(T, hs), dQ(T, hs), dK(T, hs), dV(T, hs);
+      std::vector<float> buf(7 * th);
+      float *Q = buf.data(), *K = Q + th, *V = K + th, *dO = V + th;
+      float *dQ = dO + th, *dK = dQ + th, *dV = dK + th;
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NH), h = int(p % NH);
         const Tp* base = in + size_t(b) * T * C3;
-        gather(base, T, C3, size_t(h) * hs, hs, Q.data());
-        gather(base, T, C3, size_t(C) + size_t(h) * hs, hs, K.data());
-        gather(base, T, C3, size_t(2) * C + size_t(h) * hs, hs, V.data());
-        gather(dy + size_t(b) * T * C, T, size_t(C), size_t(h) * hs, hs, dO.data());
-        CMap P(att + p * size_t(T) * T, T, T);
-        Map dS(scratch + p * size_t(T) * T, T, T);
-        // dP = dO V^T (only the lower triangle is used); dV = P^T dO.
-        dS.noalias() = dO * V.transpose();
-        dV.noalias() = P.transpose() * dO;
-        // Softmax backward: dS[t,t3] = P[t,t3] (dP[t,t3] - sum_t2 P[t,t2] dP[t,t2]), times the
-        // score scale; zero above the diagonal.
-        for (int t = 0; t < T; ++t) {
-          const float* prow = P.data() + size_t(t) * T;
-          float* row = dS.data() + size_t(t) * T;
-          float dot = 0.0f;
-          for (int t2 = 0; t2 <= t; ++t2) dot += prow[t2] * row[t2];
-          for (int t2 = 0; t2 <= t; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
-          for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+        gather(base, T, C3, size_t(h) * hs, hs, Q);
+        gather(base, T, C3, size_t(C) + size_t(h) * hs, hs, K);
+        gather(base, T, C3, size_t(2) * C + size_t(h) * hs, hs, V);
+        gather(dy + size_t(b) * T * C, T, size_t(C), size_t(h) * hs, hs, dO);
+        const float* P = att + p * size_t(T) * T;
+        float* dS = scratch + p * size_t(T) * T;
+        for (int t0 = 0; t0 < T; t0 += kBlock) {
+          const int t1 = std::min(T, t0 + kBlock);
+          // dP = dO V^T for rows t0..t1, keys 0..t1.
+          gemm({.m = t1 - t0,
+                .n = t1,
+                .k = hs,
+                .a = dO + size_t(t0) * hs,
+                .lda = hs,
+                .b = V,
+                .ldb = hs,
+                .trans_b = true,
+                .c = dS + size_t(t0) * T,
+                .ldc = T});
+          // Softmax backward: dS[t,t2] = P[t,t2] (dP[t,t2] - sum_t3 P[t,t3] dP[t,t3]), times
+          // the score scale; zero above the diagonal.
+          for (int t = t0; t < t1; ++t) {
+            const float* prow = P + size_t(t) * T;
+            float* row = dS + size_t(t) * T;
+            float dot = 0.0f;
+            for (int t2 = 0; t2 <= t; ++t2) dot += prow[t2] * row[t2];
+            for (int t2 = 0; t2 <= t; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
+            for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+          }
+          // dQ rows t0..t1 = dS[t0..t1, 0..t1] K[0..t1].
+          gemm({.m = t1 - t0,
+                .n = hs,
+                .k = t1,
+                .a = dS + size_t(t0) * T,
+                .lda = T,
+                .b = K,
+                .ldb = hs,
+                .c = dQ + size_t(t0) * hs,
+                .ldc = hs});
         }
-        dQ.noalias() = dS * K;
-        dK.noalias() = dS.transpose() * Q;
+        for (int t0 = 0; t0 < T; t0 += kBlock) {
+          const int t1 = std::min(T, t0 + kBlock);
+          // Keys t0..t1 are seen by query rows t0..T: dV = P^T dO, dK = dS^T Q over those rows.
+          gemm({.m = t1 - t0,
+                .n = hs,
+                .k = T - t0,
+                .a = P + size_t(t0) * T + t0,
+                .lda = T,
+                .trans_a = true,
+                .b = dO + size_t(t0) * hs,
+                .ldb = hs,
+                .c = dV + size_t(t0) * hs,
+                .ldc = hs});
+          gemm({.m = t1 - t0,
+                .n = hs,
+                .k = T - t0,
+                .a = dS + size_t(t0) * T + t0,
+                .lda = T,
+                .trans_a = true,
+                .b = Q + size_t(t0) * hs,
+                .ldb = hs,
+                .c = dK + size_t(t0) * hs,
+                .ldc = hs});
+        }
         Tp* dbase = dx + size_t(b) * T * C3;
-        scatter_add(dQ.data(), T, C3, size_t(h) * hs, hs, dbase);
-        scatter_add(dK.data(), T, C3, size_t(C) + size_t(h) * hs, hs, dbase);
-        scatter_add(dV.data(), T, C3, size_t(2) * C + size_t(h) * hs, hs, dbase);
+        scatter_add(dQ, T, C3, size_t(h) * hs, hs, dbase);
+        scatter_add(dK, T, C3, size_t(C) + size_t(h) * hs, hs, dbase);
+        scatter_add(dV, T, C3, size_t(2) * C + size_t(h) * hs, hs, dbase);
       }
     });
   });

@@ -1,23 +1,19 @@
 // Linear layer: out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (llm.c matmul_forward/backward).
 //
-// GEMMs run in Eigen on fp32 operands: bf16/fp16 operands are first widened into fp32 scratch,
-// products accumulate in fp32, and results are rounded to the storage type once. Each GEMM is
-// split into fixed output tiles (kTileRows x kTileCols, bounds from the shapes alone) computed
-// in parallel; every tile sums over the whole inner dimension itself, so the result does not
-// depend on the thread count.
-#include <Eigen/Core>
+// GEMMs run in Eigen (gemm.h: dispatched to the CPU's vector ISA) on fp32 operands: bf16/fp16
+// operands are first widened into fp32 scratch, products accumulate in fp32, and results are
+// rounded to the storage type once. Each GEMM is split into fixed output tiles (kTileRows x
+// kTileCols, bounds from the shapes alone) computed in parallel; every tile sums over the whole
+// inner dimension itself, so the result does not depend on the thread count.
 #include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace strata::cpu {
 namespace {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Map = Eigen::Map<RowMat>;
-using CMap = Eigen::Map<const RowMat>;
 
 constexpr size_t kTileRows = 128;
 constexpr size_t kTileCols = 1024;
@@ -70,20 +66,39 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
     dispatch_dtype(
         dt, [&](auto tag) { load_span(static_cast<const decltype(tag)*>(bias), b.data(), OC); });
   }
-  CMap X(x.get(), N, C), W(w.get(), OC, C);
+  const float *X = x.get(), *W = w.get();
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
     for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-      size_t rn = r1 - r0, cn = c1 - c0;
-      RowMat tile(rn, cn);
-      tile.noalias() = X.middleRows(r0, rn) * W.middleRows(c0, cn).transpose();
-      for (size_t r = 0; r < rn; ++r) {
-        float* t = tile.data() + r * cn;
+      const int rn = int(r1 - r0), cn = int(c1 - c0);
+      // fp32 output: the tile is computed in place; else in fp32 scratch, then rounded.
+      std::vector<float> scratch;
+      float* t = nullptr;
+      int ldt = OC;
+      if constexpr (std::is_same_v<Tp, float>) {
+        t = y + r0 * OC + c0;
+      } else {
+        scratch.resize(size_t(rn) * cn);
+        t = scratch.data();
+        ldt = cn;
+      }
+      gemm({.m = rn,
+            .n = cn,
+            .k = C,
+            .a = X + r0 * C,
+            .lda = C,
+            .b = W + c0 * C,
+            .ldb = C,
+            .trans_b = true,
+            .c = t,
+            .ldc = ldt});
+      for (int r = 0; r < rn; ++r) {
+        float* row = t + size_t(r) * ldt;
         if (bias) {
-          for (size_t c = 0; c < cn; ++c) t[c] += b[c0 + c];
+          for (int c = 0; c < cn; ++c) row[c] += b[c0 + c];
         }
-        store_span(t, y + (r0 + r) * OC + c0, cn);
+        if constexpr (!std::is_same_v<Tp, float>) store_span(row, y + (r0 + r) * OC + c0, cn);
       }
     });
   });
@@ -92,23 +107,27 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* inp, const void* weight, int N, int C, int OC) {
   F32View g(dt, dout, size_t(N) * OC), x(dt, inp, size_t(N) * C), w(dt, weight, size_t(OC) * C);
-  CMap G(g.get(), N, OC), X(x.get(), N, C), W(w.get(), OC, C);
+  const float *G = g.get(), *X = x.get(), *W = w.get();
 
   // dinp[N,C] += dout[N,OC] @ weight[OC,C]
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dinp);
     for_each_tile(N, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-      size_t rn = r1 - r0, cn = c1 - c0;
+      const int rn = int(r1 - r0), cn = int(c1 - c0);
+      GemmArgs a{.m = rn, .n = cn, .k = OC, .a = G + r0 * OC, .lda = OC, .b = W + c0, .ldb = C};
       if constexpr (std::is_same_v<Tp, float>) {
-        Eigen::Map<RowMat, 0, Eigen::OuterStride<>> D(dx + r0 * C + c0, rn, cn,
-                                                      Eigen::OuterStride<>(C));
-        D.noalias() += G.middleRows(r0, rn) * W.middleCols(c0, cn);
+        a.c = dx + r0 * C + c0;
+        a.ldc = C;
+        a.accumulate = true;
+        gemm(a);
       } else {
-        RowMat tile(rn, cn);
-        tile.noalias() = G.middleRows(r0, rn) * W.middleCols(c0, cn);
-        for (size_t r = 0; r < rn; ++r) {
-          accumulate_span(tile.data() + r * cn, dx + (r0 + r) * C + c0, cn);
+        std::vector<float> tile(size_t(rn) * cn);
+        a.c = tile.data();
+        a.ldc = cn;
+        gemm(a);
+        for (int r = 0; r < rn; ++r) {
+          accumulate_span(tile.data() + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
         }
       }
     });
@@ -116,10 +135,17 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
 
   // dweight[OC,C] += dout^T[OC,N] @ inp[N,C]
   for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-    size_t rn = r1 - r0, cn = c1 - c0;
-    Eigen::Map<RowMat, 0, Eigen::OuterStride<>> D(dweight + r0 * C + c0, rn, cn,
-                                                  Eigen::OuterStride<>(C));
-    D.noalias() += G.middleCols(r0, rn).transpose() * X.middleCols(c0, cn);
+    gemm({.m = int(r1 - r0),
+          .n = int(c1 - c0),
+          .k = N,
+          .a = G + r0,
+          .lda = OC,
+          .trans_a = true,
+          .b = X + c0,
+          .ldb = C,
+          .c = dweight + r0 * C + c0,
+          .ldc = C,
+          .accumulate = true});
   });
 
   // dbias[OC] += column sums of dout, each column summed over rows in order.
@@ -127,7 +153,7 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
     parallel_ranges(size_t(OC), 256, [&](size_t o0, size_t o1) {
       std::vector<float> sum(o1 - o0, 0.0f);
       for (int n = 0; n < N; ++n) {
-        const float* row = g.get() + size_t(n) * OC + o0;
+        const float* row = G + size_t(n) * OC + o0;
         for (size_t o = 0; o < o1 - o0; ++o) sum[o] += row[o];
       }
       for (size_t o = o0; o < o1; ++o) dbias[o] += sum[o - o0];
