@@ -51,9 +51,7 @@ struct Avx512Ops {
       // vcvtneps2bf16 rounds to nearest even and quiets NaNs like f32_to_bf16, but flushes
       // fp32 subnormal inputs to zero: those lanes (rare) take the integer path.
       __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-      const __mmask16 sub = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
-                                                    _mm512_set1_epi32(0x007fffff));
+      const __mmask16 sub = _mm512_fpclass_ps_mask(x, 0x20);  // 0x20: subnormal
       if (sub) [[unlikely]]
         h = _mm256_mask_blend_epi16(sub, h, to_bf16_int(x));
       return h;

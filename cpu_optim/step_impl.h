@@ -42,30 +42,27 @@ inline typename O::F load_as(const typename Storage<T>::type* p) {
   }
 }
 
-template <class O>
-inline void store_lp(void* lp, size_t i, DType t, bool stream, typename O::F x) {
-  switch (t) {
-    case DType::kF32:
-      if (stream) {
-        O::stream(static_cast<float*>(lp) + i, x);
-      } else {
-        O::store(static_cast<float*>(lp) + i, x);
-      }
-      break;
-    case DType::kBF16:
-      if (stream) {
-        O::stream_bf16(static_cast<uint16_t*>(lp) + i, x);
-      } else {
-        O::store_bf16(static_cast<uint16_t*>(lp) + i, x);
-      }
-      break;
-    default:
-      if (stream) {
-        O::stream_f16(static_cast<uint16_t*>(lp) + i, x);
-      } else {
-        O::store_f16(static_cast<uint16_t*>(lp) + i, x);
-      }
-      break;
+// Stores the new parameters as lp dtype T (kF32, kBF16 or kF16) at element i.
+template <class O, DType T>
+inline void store_lp(void* lp, size_t i, bool stream, typename O::F x) {
+  if constexpr (T == DType::kF32) {
+    if (stream) {
+      O::stream(static_cast<float*>(lp) + i, x);
+    } else {
+      O::store(static_cast<float*>(lp) + i, x);
+    }
+  } else if constexpr (T == DType::kBF16) {
+    if (stream) {
+      O::stream_bf16(static_cast<uint16_t*>(lp) + i, x);
+    } else {
+      O::store_bf16(static_cast<uint16_t*>(lp) + i, x);
+    }
+  } else {
+    if (stream) {
+      O::stream_f16(static_cast<uint16_t*>(lp) + i, x);
+    } else {
+      O::store_f16(static_cast<uint16_t*>(lp) + i, x);
+    }
   }
 }
 
@@ -142,29 +139,47 @@ inline typename O::F step_block(const VConsts<O>& k, bool has_wd,
   return p;
 }
 
+// The vector loop over [begin, end - (end - begin) % W), for one lp dtype (kLp < 0: no lp).
+template <class O, OptimizerKind K, DType G, bool kMomBf16, int kLp>
+size_t step_loop(const VConsts<O>& k, const StepConsts& c, const ShardState& s, size_t begin,
+                 size_t end) {
+  using GT = typename Storage<G>::type;
+  constexpr size_t W = O::W;
+  // Locals, so that the compiler need not reload them after each store.
+  const GT* const grad = static_cast<const GT*>(s.grad);
+  float* const master = s.master;
+  void* const m = s.m;
+  void* const v = s.v;
+  void* const lp = s.lp_out;
+  const bool has_wd = c.has_wd, stream = c.lp_stream;
+  size_t i = begin;
+  for (; i + W <= end; i += W) {
+    auto p = step_block<O, K, G, kMomBf16>(k, has_wd, grad, master, m, v, i);
+    if constexpr (kLp >= 0) store_lp<O, static_cast<DType>(kLp)>(lp, i, stream, p);
+  }
+  return i;
+}
+
 template <class O, OptimizerKind K, DType G, bool kMomBf16>
 void step_range(const StepConsts& c, const ShardState& s, size_t begin, size_t end) {
   using GT = typename Storage<G>::type;
   using MT = typename Storage<kMomBf16 ? DType::kBF16 : DType::kF32>::type;
   constexpr size_t W = O::W;
   const VConsts<O> k(c, s.grad_mult);
-  const bool has_wd = c.has_wd;
-  const GT* grad = static_cast<const GT*>(s.grad);
-  const DType lp_t = s.lp_dtype;
-  const bool stream = c.lp_stream;
-  size_t i = begin;
+  size_t i;
   if (s.lp_out == nullptr) {
-    for (; i + W <= end; i += W)
-      step_block<O, K, G, kMomBf16>(k, has_wd, grad, s.master, s.m, s.v, i);
+    i = step_loop<O, K, G, kMomBf16, -1>(k, c, s, begin, end);
+  } else if (s.lp_dtype == DType::kBF16) {
+    i = step_loop<O, K, G, kMomBf16, static_cast<int>(DType::kBF16)>(k, c, s, begin, end);
+  } else if (s.lp_dtype == DType::kF16) {
+    i = step_loop<O, K, G, kMomBf16, static_cast<int>(DType::kF16)>(k, c, s, begin, end);
   } else {
-    for (; i + W <= end; i += W) {
-      auto p = step_block<O, K, G, kMomBf16>(k, has_wd, grad, s.master, s.m, s.v, i);
-      store_lp<O>(s.lp_out, i, lp_t, stream, p);
-    }
+    i = step_loop<O, K, G, kMomBf16, static_cast<int>(DType::kF32)>(k, c, s, begin, end);
   }
   if (i == end) return;
   // Tail (< W elements): run one full vector on zero-padded copies, then copy the results out.
   const size_t t = end - i;
+  const GT* grad = static_cast<const GT*>(s.grad);
   alignas(64) GT gb[W] = {};
   alignas(64) float pb[W] = {};
   alignas(64) MT mb[W] = {};
@@ -174,13 +189,20 @@ void step_range(const StepConsts& c, const ShardState& s, size_t begin, size_t e
   std::memcpy(pb, s.master + i, t * sizeof(float));
   if (s.m) std::memcpy(mb, static_cast<const MT*>(s.m) + i, t * sizeof(MT));
   if (s.v) std::memcpy(vb, static_cast<const MT*>(s.v) + i, t * sizeof(MT));
-  auto p = step_block<O, K, G, kMomBf16>(k, has_wd, gb, pb, mb, vb, 0);
+  auto p = step_block<O, K, G, kMomBf16>(k, c.has_wd, gb, pb, mb, vb, 0);
   std::memcpy(s.master + i, pb, t * sizeof(float));
   if (s.m) std::memcpy(static_cast<MT*>(s.m) + i, mb, t * sizeof(MT));
   if (s.v) std::memcpy(static_cast<MT*>(s.v) + i, vb, t * sizeof(MT));
   if (s.lp_out) {
-    store_lp<O>(lb, 0, lp_t, false, p);
-    const size_t es = lp_t == DType::kF32 ? 4 : 2;
+    size_t es = 2;
+    if (s.lp_dtype == DType::kBF16) {
+      store_lp<O, DType::kBF16>(lb, 0, false, p);
+    } else if (s.lp_dtype == DType::kF16) {
+      store_lp<O, DType::kF16>(lb, 0, false, p);
+    } else {
+      store_lp<O, DType::kF32>(lb, 0, false, p);
+      es = 4;
+    }
     std::memcpy(static_cast<char*>(s.lp_out) + i * es, lb, t * es);
   }
 }
