@@ -1,6 +1,7 @@
 // Storage probe: sweep, statistics, profile JSON (see strata/io_probe.h).
 #include "strata/io_probe.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,9 +18,25 @@ namespace {
 
 std::string probe_file(const std::string& dir) { return dir + "/strata-probe-io.dat"; }
 
+// Buffered backends: flush the files and drop them from the page cache, so a pass measures the
+// drive and not host memory.
+void flush_and_drop_cache(const std::vector<std::string>& paths) {
+  for (const auto& p : paths) {
+    int fd = ::open(probe_file(p).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
 // One pass over all files: block-size requests, striped over the files, all submitted at once.
-Result<double> one_pass(Storage& st, const std::vector<FileId>& files, IoOp op, size_t bs,
-                        uint64_t file_bytes, char* buf, size_t slots) {
+// Buffered backends also flush and drop the cache inside the timed region after writes.
+Result<double> one_pass(Storage& st, const std::vector<std::string>& paths,
+                        const std::vector<FileId>& files, IoOp op, size_t bs, uint64_t file_bytes,
+                        char* buf, size_t slots) {
+  const bool buffered = !st.capabilities().direct_io;
+  if (buffered) flush_and_drop_cache(paths);
   const uint64_t blocks_per_file = file_bytes / bs;
   const uint64_t total = blocks_per_file * files.size();
   std::vector<IoRequest> reqs(total);
@@ -40,6 +57,7 @@ Result<double> one_pass(Storage& st, const std::vector<FileId>& files, IoOp op, 
       }
     got += n;
   }
+  if (buffered && op == IoOp::kWrite) flush_and_drop_cache(paths);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(total * bs) / s / 1e9;
 }
@@ -140,7 +158,7 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
         }
         if (!status.is_ok()) return status;
         if (!filled) {  // write the files once before anything is timed
-          auto w = one_pass(s, files, IoOp::kWrite, bs, o.file_bytes, buf.as<char>(), qd);
+          auto w = one_pass(s, o.paths, files, IoOp::kWrite, bs, o.file_bytes, buf.as<char>(), qd);
           if (!w.is_ok()) return w.status().with_context("probe io: filling probe files");
           filled = true;
         }
@@ -151,7 +169,7 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
           c.block_size = bs;
           c.queue_depth = qd;
           for (int r = 0; r < o.warmup + o.repeats; ++r) {
-            auto g = one_pass(s, files, op, bs, o.file_bytes, buf.as<char>(), qd);
+            auto g = one_pass(s, o.paths, files, op, bs, o.file_bytes, buf.as<char>(), qd);
             if (!g.is_ok()) return g.status().with_context("probe io");
             if (r >= o.warmup) c.gbps.push_back(*g);
           }
