@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -1206,9 +1207,13 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
   try {
     doc = json::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
+    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 1: <detail>".
+    std::string what = e.what();
+    size_t at = what.find("column");
+    at = at == std::string::npos ? std::string::npos : what.find(": ", at);
+    std::string detail = at == std::string::npos ? what : what.substr(at + 2);
     return invalid_argument(fmt::format("{}: invalid JSON at {}: {}", origin,
-                                        line_col(json_text, e.byte == 0 ? 0 : e.byte - 1),
-                                        e.what()));
+                                        line_col(json_text, e.byte == 0 ? 0 : e.byte - 1), detail));
   }
   DuplicateKeyFinder dups;
   (void)json::sax_parse(json_text, &dups, json::input_format_t::json, /*strict=*/true,
@@ -1240,6 +1245,10 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
 
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides,
                            int world_size) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return invalid_argument(fmt::format("{}: is a directory; give the config file's path", path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return errno_status(errno ? errno : ENOENT,

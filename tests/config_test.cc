@@ -773,6 +773,10 @@ TEST(Config, LoadFileErrorsNameThePath) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("/nonexistent/strata/cfg.json"), std::string::npos);
+  Result<Config> d = load_config(std::string(STRATA_SOURCE_DIR) + "/configs");
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("configs: is a directory"), std::string::npos)
+      << d.status().message();
 }
 
 TEST(Config, ShippedDeepSpeedZero3NvmeConfigParses) {
