@@ -180,8 +180,9 @@ struct Config {
   TrainConfig train;
   StrataConfig strata;
 
-  // Filled by the parser: "path: value (reason)" lines for settings that are accepted but not
-  // acted on yet, and "path = value" lines for resolved "auto" values. Logged at start-up.
+  // Filled by the parser: "path = value: accepted; <reason>" lines for settings that are
+  // accepted but not acted on yet, and "path = value (auto)" lines for resolved "auto" values.
+  // Logged at start-up (log_config_notes).
   std::vector<std::string> not_acted_on;
   std::vector<std::string> resolved_auto;
 };
@@ -190,9 +191,16 @@ struct Config {
 // value parsed as JSON, or as a string if it is not valid JSON) before validation, then
 // resolves "auto" and the batch triple for `world_size` ranks. `origin` names the source in
 // messages (a file path or "<string>").
+//
+// Errors are kInvalidArgument with one message "<origin>: <json path>: <what>", e.g.
+// "configs/x.json: zero_optimization.stage: 4 out of range [0, 3]",
+// "configs/x.json: zero_optimization.offload_parm: unknown key; did you mean offload_param?",
+// "configs/x.json: override \"a.b=1\": a: unknown key; did you mean ...?". JSON null means "the
+// default" (DeepSpeed's None); a key given twice in one object is an error. The full key list,
+// defaults and ranges: docs/CONFIG.md (generated from the parser's table).
 Result<Config> parse_config(const std::string& json_text, const std::string& origin,
                             const std::vector<std::string>& overrides = {}, int world_size = 1);
-// Reads and parses a file.
+// Reads and parses a file; `path` is the origin. A missing file is kNotFound naming the path.
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                            int world_size = 1);
 
