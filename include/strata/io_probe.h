@@ -3,11 +3,12 @@
 // writes a profile the planner reads.
 //
 // Method (Seastar iotune / nccl-tests style): for each path a probe file of `file_bytes` is
-// created and written once (not timed). Each case (backend, op, block size, queue depth) then
-// moves the whole file set sequentially `warmup + repeats` times; a pass is block-size requests
-// all handed to the engine at once, so exactly queue_depth are in flight (the engine caps it).
-// With several paths, consecutive blocks alternate over the paths (striping). The warm-up passes
-// are discarded; the rest give the median and the min/max spread in GB/s (1e9 bytes/s).
+// created and written once (not timed; a kept file of the right size is reused). Each case
+// (backend, op, block size, queue depth) then moves the whole file set sequentially `warmup +
+// repeats` times; a pass is block-size requests all handed to the engine at once, so exactly
+// queue_depth are in flight (the engine caps it). With several paths, consecutive blocks alternate
+// over the paths (striping). The warm-up passes are discarded; the rest give the median and the
+// min/max spread in GB/s (1e9 bytes/s).
 //
 // Profile JSON (format version 1):
 //   {"magic": "strata-io-probe", "version": 1, "paths": [...], "file_bytes": N,

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Storage benchmark: `strata probe io` against fio on the same file, block size and queue depth,
+# run alternately A/B/A/B (ROUNDS times) so drift on a noisy disk hits both tools alike.
+# Sequential read and write, 1 MiB blocks, queue depth 8 and 32; io_uring vs fio's io_uring and
+# libaio vs fio's libaio. Prints one line per run and a median summary with the ratio.
+#
+# usage: tests/bench_io_vs_fio.sh STRATA_BIN DIR [SIZE=4GiB] [ROUNDS=3]
+set -euo pipefail
+strata=${1:?strata binary}
+dir=${2:?directory on the disk to test}
+size=${3:-4GiB}
+rounds=${4:-3}
+file="$dir/strata-probe-io.dat"
+fio_size=${size/iB/}   # fio: 4G means 4 GiB
+
+# Create (or reuse) the probe file once.
+"$strata" probe io --path "$dir" --size "$size" --backends io_uring --block-sizes 1MiB \
+  --queue-depths 8 --ops read --warmup 0 --repeats 1 --keep-files >/dev/null
+
+strata_run() {  # backend op qd -> GB/s
+  "$strata" probe io --path "$dir" --size "$size" --backends "$1" --block-sizes 1MiB \
+    --queue-depths "$3" --ops "$2" --warmup 0 --repeats 1 --keep-files |
+    awk -v b="$1" '$1 == b { print $6 }'
+}
+fio_run() {  # engine op qd -> GB/s
+  fio --name=bench --filename="$file" --size="$fio_size" --rw="$2" --bs=1M --iodepth="$3" \
+    --direct=1 --ioengine="$1" --numjobs=1 --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
+print('%.3f' % ((j['read']['bw_bytes'] + j['write']['bw_bytes']) / 1e9))"
+}
+median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+printf "%-9s %-5s %3s | %-22s | %-22s | %s\n" backend op qd "strata GB/s (runs)" \
+  "fio GB/s (runs)" "strata/fio"
+for backend in io_uring libaio; do
+  for op in read write; do
+    for qd in 8 32; do
+      s=() f=()
+      for ((r = 0; r < rounds; r++)); do
+        s+=("$(strata_run "$backend" "$op" "$qd")")
+        f+=("$(fio_run "$backend" "$op" "$qd")")
+      done
+      sm=$(echo "${s[@]}" | median)
+      fm=$(echo "${f[@]}" | median)
+      printf "%-9s %-5s %3s | %-5s (%s) | %-5s (%s) | %.3f\n" "$backend" "$op" "$qd" "$sm" \
+        "${s[*]}" "$fm" "${f[*]}" "$(echo "$sm / $fm" | bc -l)"
+    done
+  done
+done
