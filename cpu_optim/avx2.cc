@@ -76,6 +76,9 @@ struct Avx2Ops {
   static void stream_f16(uint16_t* p, F x) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_f16(x));
   }
+  static constexpr size_t kPrefetchElems = 0;  // hardware prefetch only
+  static void prefetch(const void*) {}
+  static void prefetchw(void*) {}
   static void fence() { _mm_sfence(); }
 
   // 16 fp64 lanes in four registers; vector j (0 or 1) of a group feeds lanes 8j..8j+7.

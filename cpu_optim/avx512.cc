@@ -90,6 +90,11 @@ struct Avx512Ops {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16(x));
   }
   static void fence() { _mm_sfence(); }
+  // 1024 elements = 4 KiB ahead on fp32 streams (measured: 0, 1024, 2048; 1024 best).
+  static constexpr size_t kPrefetchElems = 1024;
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  // Read prefetch for the in-place streams too (prefetchw would need -mprfchw).
+  static void prefetchw(void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
   // 16 fp64 lanes in two registers: element k of the 16-float vector feeds lane k.
   struct Acc {

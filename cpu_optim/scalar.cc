@@ -26,6 +26,9 @@ struct ScalarOps {
   static F load_f16(const uint16_t* p) { return f16_to_f32(*p); }
   static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
   static void stream_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
+  static constexpr size_t kPrefetchElems = 0;  // hardware prefetch only
+  static void prefetch(const void*) {}
+  static void prefetchw(void*) {}
   static void fence() {}
 
   struct Acc {

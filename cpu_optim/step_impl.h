@@ -152,8 +152,20 @@ size_t step_loop(const VConsts<O>& k, const StepConsts& c, const ShardState& s, 
   void* const v = s.v;
   void* const lp = s.lp_out;
   const bool has_wd = c.has_wd, stream = c.lp_stream;
+  using MT = typename Storage<kMomBf16 ? DType::kBF16 : DType::kF32>::type;
   size_t i = begin;
   for (; i + W <= end; i += W) {
+    if constexpr (O::kPrefetchElems > 0) {
+      // Software prefetch a fixed distance ahead on every stream, so that the misses are in
+      // flight while the core is busy with the divisions (no-op past the end of the range).
+      const size_t a = i + O::kPrefetchElems;
+      if (a < end) {
+        O::prefetch(grad + a);
+        O::prefetchw(master + a);
+        if (K != OptimizerKind::kAdagrad) O::prefetchw(static_cast<MT*>(m) + a);
+        if (K != OptimizerKind::kLion) O::prefetchw(static_cast<MT*>(v) + a);
+      }
+    }
     auto p = step_block<O, K, G, kMomBf16>(k, has_wd, grad, master, m, v, i);
     if constexpr (kLp >= 0) store_lp<O, static_cast<DType>(kLp)>(lp, i, stream, p);
   }

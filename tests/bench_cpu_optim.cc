@@ -1,9 +1,10 @@
 // CPU optimizer throughput beside the memory-bound limit, measured in the same binary.
 //
-//   BM_Limit/<n>/<threads>/<moment_bits>: Adam's exact access pattern and no arithmetic: read
+//   BM_Limit[Pf]/<n>/<threads>/<moment_bits>: Adam's exact access pattern and no arithmetic: read
 //     grad (bf16), master, m, v; write master, m, v back in place; write the low-precision
 //     output (bf16, non-temporal like the optimizer when aligned). The fastest any fused
-//     Adam can be with this many bytes per parameter.
+//     Adam can be with this many bytes per parameter. Pf: with the optimizer's software
+//     prefetch; the summary's limit is the faster of the two.
 //   BM_AdamW/<n>/<threads>/<moment_bits>: strata::optimizer_step (active ISA), AdamW with
 //     weight decay, bf16 grads, bf16 lp_out, fp32 (32) or bf16 (16) moments.
 //   BM_AdamW_f32grad/...: the same with fp32 gradients (4 more bytes per parameter).
@@ -135,14 +136,26 @@ double bytes_per_param(DType grad_t, DType mt) {
 
 // Loads, then an empty asm that claims to change the values (so the stores are real and no
 // arithmetic is done), then the in-place stores and the lp store. `sink` keeps grad "used".
-template <bool kBf16Moments>
+// kPrefetch: the same software prefetch as the optimizer's AVX-512 loop (1024 elements ahead on
+// every stream); the summary takes the faster of the two variants as the limit.
+template <bool kBf16Moments, bool kPrefetch>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void limit_avx512(const ShardState& s,
                                                                        size_t b, size_t e,
                                                                        bool stream) {
   const uint16_t* g = static_cast<const uint16_t*>(s.grad);
   uint16_t* lp = static_cast<uint16_t*>(s.lp_out);
+  const size_t ms = kBf16Moments ? 2 : 4;
   size_t i = b;
   for (; i + 16 <= e; i += 16) {
+    if constexpr (kPrefetch) {
+      const size_t a = i + 1024;
+      if (a < e) {
+        _mm_prefetch(reinterpret_cast<const char*>(g + a), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(s.master + a), _MM_HINT_T0);
+        _mm_prefetch(static_cast<const char*>(s.m) + a * ms, _MM_HINT_T0);
+        _mm_prefetch(static_cast<const char*>(s.v) + a * ms, _MM_HINT_T0);
+      }
+    }
     __m256i gv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
     __m512 p = _mm512_loadu_ps(s.master + i);
     if constexpr (kBf16Moments) {
@@ -209,13 +222,17 @@ __attribute__((target("avx2"))) void limit_avx2(const ShardState& s, size_t b, s
   if (stream) _mm_sfence();
 }
 
-void limit_step(const ShardState& s, int threads) {
+void limit_step(const ShardState& s, int threads, bool prefetch) {
   const bool bf16m = s.moment_dtype == DType::kBF16;
   const bool avx512 = static_cast<int>(active_cpu_isa()) >= static_cast<int>(CpuIsa::kAvx512);
   const bool stream = reinterpret_cast<uintptr_t>(s.lp_out) % 64 == 0;  // as the optimizer
   for_tiles(s.n, threads, [&](size_t b, size_t e) {
-    if (avx512) {
-      bf16m ? limit_avx512<true>(s, b, e, stream) : limit_avx512<false>(s, b, e, stream);
+    if (avx512 && prefetch) {
+      bf16m ? limit_avx512<true, true>(s, b, e, stream)
+            : limit_avx512<false, true>(s, b, e, stream);
+    } else if (avx512) {
+      bf16m ? limit_avx512<true, false>(s, b, e, stream)
+            : limit_avx512<false, false>(s, b, e, stream);
     } else {
       bf16m ? limit_avx2<true>(s, b, e, stream) : limit_avx2<false>(s, b, e, stream);
     }
@@ -224,18 +241,21 @@ void limit_step(const ShardState& s, int threads) {
 
 // ------------------------------------------------------------------ benchmarks
 
-void BM_Limit(benchmark::State& st) {
+void limit(benchmark::State& st, bool prefetch) {
   const size_t n = static_cast<size_t>(st.range(0)) << 20;
   const int threads = static_cast<int>(st.range(1));
   const DType mt = st.range(2) == 16 ? DType::kBF16 : DType::kF32;
   State& s = state_for(n, mt);
   const ShardState sh = s.shard(DType::kBF16);
-  limit_step(sh, threads);  // warm-up
-  for (auto _ : st) limit_step(sh, threads);
+  limit_step(sh, threads, prefetch);  // warm-up
+  for (auto _ : st) limit_step(sh, threads, prefetch);
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations() * n));
   st.SetBytesProcessed(
       static_cast<int64_t>(st.iterations() * n * bytes_per_param(DType::kBF16, mt)));
 }
+
+void BM_Limit(benchmark::State& st) { limit(st, false); }
+void BM_LimitPf(benchmark::State& st) { limit(st, true); }
 
 void adam(benchmark::State& st, DType grad_t) {
   const size_t n = static_cast<size_t>(st.range(0)) << 20;
@@ -329,13 +349,14 @@ void print_summary(const Collector& c, const std::vector<int64_t>& sizes,
       "lp_out; Mparams/s and GB/s (1e9 B/s, reads + writes)\n",
       cpu_isa_name(active_cpu_isa()), rounds);
   std::printf("%7s %3s %7s | %15s | %15s %7s | %15s %7s | %s\n", "params", "thr", "moments",
-              "limit Mp/s GB/s", "AdamW Mp/s GB/s", "/limit", "f32grad Mp/s", "/limit",
+              "limit Mp/s GB/s", "AdamW Mp/s GB/s", "/limit", "f32grad Mp/s", "GB/s",
               "bf16m/fp32m Mp/s");
   for (int64_t n : sizes) {
     for (int64_t t : threads) {
       for (int mb : {32, 16}) {
-        const auto lim = get("BM_Limit", n, t, mb), ad = get("BM_AdamW", n, t, mb),
-                   f32 = get("BM_AdamW_f32grad", n, t, mb);
+        auto lim = get("BM_Limit", n, t, mb);
+        if (get("BM_LimitPf", n, t, mb).first > lim.first) lim = get("BM_LimitPf", n, t, mb);
+        const auto ad = get("BM_AdamW", n, t, mb), f32 = get("BM_AdamW_f32grad", n, t, mb);
         if (ad.first == 0) continue;
         std::printf("%6lldM %3lld %7s | %7.0f %7.1f | %7.0f %7.1f %6.1f%% | ",
                     static_cast<long long>(n), static_cast<long long>(t),
@@ -442,6 +463,7 @@ int main(int argc, char** argv) {
       for (int round = 0; round < rounds; ++round) {
         for (int64_t t : threads) {
           reg("BM_Limit", BM_Limit, n, t, mb, min_time);
+          reg("BM_LimitPf", BM_LimitPf, n, t, mb, min_time);
           reg("BM_AdamW", BM_AdamW, n, t, mb, min_time);
           if (n == 16 || n == 64) reg("BM_AdamW_f32grad", BM_AdamW_f32grad, n, t, mb, min_time);
         }
