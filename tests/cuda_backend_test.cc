@@ -1,0 +1,598 @@
+// The CUDA backend against the CPU backend, in the style of ggml's test-backend-ops: every op of
+// the Kernels table, for fp32, bf16 and fp16, runs on fresh random inputs on both devices and the
+// outputs are compared with a per-op tolerance. The device features (arena, streams, events,
+// pinned memory, deferred errors) are tested on their own, and the device optimizer step against
+// optimizer_step_reference.
+//
+// Without a visible GPU every test that needs one reports SKIPPED with the reason; the test of
+// the no-GPU path itself (CudaUnavailable.*) runs instead.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/cuda_optimizer.h"
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+#include "strata/optimizer.h"
+
+namespace strata {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// --- the no-GPU path --------------------------------------------------------------------------
+
+TEST(CudaUnavailable, FactoryExplainsWhyWithoutAGpu) {
+  std::string why;
+  if (cuda_device_available(&why)) {
+    GTEST_SKIP() << "a GPU is visible, so the no-GPU path cannot be exercised on this machine";
+  }
+  EXPECT_FALSE(why.empty());
+  auto dev = create_cuda_device({});
+  ASSERT_FALSE(dev.is_ok());
+  EXPECT_EQ(dev.status().code(), StatusCode::kUnavailable) << dev.status().to_string();
+  // The reason reaches the user, with what to do instead.
+  EXPECT_NE(dev.status().message().find(why), std::string::npos) << dev.status().to_string();
+  EXPECT_NE(dev.status().message().find("device.backend=cpu"), std::string::npos);
+}
+
+// --- helpers ----------------------------------------------------------------------------------
+
+std::string skip_reason() {
+  std::string why;
+  return cuda_device_available(&why) ? std::string() : why;
+}
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+std::vector<float> random_floats(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<uint8_t> to_bytes(const std::vector<float>& v, DType dt) {
+  std::vector<uint8_t> b(v.size() * dtype_size(dt));
+  convert(v.data(), DType::kF32, b.data(), dt, v.size());
+  return b;
+}
+
+// Compares the CUDA result `got` with the CPU reference `want` element by element:
+// |got - want| <= rtol * (|want| + rms(want)). The rms term stands in for an absolute
+// tolerance at the scale of the data, so values that cancel to near zero do not fail on noise.
+void expect_close(const std::string& what, const std::vector<float>& got,
+                  const std::vector<float>& want, double rtol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double ss = 0;
+  for (float w : want) ss += double(w) * w;
+  const double rms = want.empty() ? 0.0 : std::sqrt(ss / want.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]);
+    const double lim = rtol * (std::fabs(want[i]) + rms);
+    const double ratio = lim > 0 ? err / lim : (err > 0 ? INFINITY : 0);
+    if (!(err <= lim) && !(std::isnan(got[i]) && std::isnan(want[i]))) ++bad;
+    if (ratio > worst_ratio || std::isnan(got[i]) != std::isnan(want[i])) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside rtol "
+                     << rtol << "; worst at [" << worst << "]: cuda " << got[worst] << " vs cpu "
+                     << want[worst] << " (rms " << rms << ")";
+}
+
+// One buffer on each device: [0] on the CPU backend, [1] on the CUDA backend.
+struct Twin {
+  void* p[2] = {nullptr, nullptr};
+  size_t bytes = 0;
+  template <typename T = void>
+  T* at(int i) const {
+    return static_cast<T*>(p[i]);
+  }
+};
+
+// Per-op tolerance: `f32` for fp32; bf16 and fp16 are set by their rounding (one unit in the
+// last place of a value near its power of two: 2^-7 for bf16, 2^-10 for fp16), with room for a
+// rounding that falls the other way after a different fp32 summation order.
+double tol(DType dt, double f32) {
+  switch (dt) {
+    case DType::kF32:
+      return f32;
+    case DType::kBF16:
+      return 1e-2;
+    default:
+      return 2e-3;
+  }
+}
+constexpr double kElementwise = 1e-5;  // fp32: ops with no reduction
+constexpr double kReduction = 5e-5;    // fp32: sums over a row, a column or a contraction
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    auto cpu = create_cpu_device({.capacity = 512 * kMiB, .threads = 2});
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+    auto gpu =
+        create_cuda_device({.ordinal = 0, .reserve = size_t{1} << 30, .capacity = 1024 * kMiB});
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+    dev_[0] = std::move(cpu).value();
+    dev_[1] = std::move(gpu).value();
+    seed_ = fresh_seed();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    for (int i = 0; i < 2; ++i) {
+      if (!dev_[i]) continue;
+      for (Twin& t : twins_) dev_[i]->release(t.p[i]);
+    }
+    twins_.clear();
+  }
+
+  // A buffer on both devices holding the same bytes.
+  Twin upload(const std::vector<uint8_t>& host) {
+    Twin t;
+    t.bytes = host.size();
+    for (int i = 0; i < 2; ++i) {
+      auto p = dev_[i]->allocate(host.size(), "test");
+      EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+      if (!p.is_ok()) return t;
+      t.p[i] = *p;
+      dev_[i]->copy_h2d(dev_[i]->h2d_stream(), t.p[i], host.data(), host.size());
+      EXPECT_TRUE(dev_[i]->synchronize(dev_[i]->h2d_stream()).is_ok());
+    }
+    twins_.push_back(t);
+    return t;
+  }
+  Twin upload(const std::vector<float>& v, DType dt) { return upload(to_bytes(v, dt)); }
+  Twin random(size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
+    return upload(random_floats(rng_, n, lo, hi), dt);
+  }
+  Twin tokens(size_t n, int vocab) {
+    std::uniform_int_distribution<int32_t> u(0, vocab - 1);
+    std::vector<int32_t> v(n);
+    for (int32_t& x : v) x = u(rng_);
+    std::vector<uint8_t> b(n * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return upload(b);
+  }
+
+  // Runs `op(kernels, stream, i)` on both devices and waits for both.
+  template <typename Op>
+  void run(Op&& op) {
+    for (int i = 0; i < 2; ++i) {
+      op(dev_[i]->kernels(), dev_[i]->compute_stream(), i);
+      Status st = dev_[i]->synchronize(dev_[i]->compute_stream());
+      ASSERT_TRUE(st.is_ok()) << (i ? "cuda: " : "cpu: ") << st.to_string();
+    }
+  }
+
+  std::vector<float> download(const Twin& t, int i, DType dt) {
+    std::vector<uint8_t> b(t.bytes);
+    dev_[i]->copy_d2h(dev_[i]->d2h_stream(), b.data(), t.p[i], t.bytes);
+    EXPECT_TRUE(dev_[i]->synchronize(dev_[i]->d2h_stream()).is_ok());
+    std::vector<float> v(t.bytes / dtype_size(dt));
+    convert(b.data(), dt, v.data(), DType::kF32, v.size());
+    return v;
+  }
+  // Compares a buffer of `dt` elements after an op: CUDA against CPU.
+  void compare(const std::string& what, const Twin& t, DType dt, double rtol) {
+    expect_close(what + " (seed " + std::to_string(seed_) + ")", download(t, 1, dt),
+                 download(t, 0, dt), rtol);
+  }
+
+  std::unique_ptr<Device> dev_[2];
+  std::vector<Twin> twins_;
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+// --- device features --------------------------------------------------------------------------
+
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  std::unique_ptr<Device> make(size_t capacity) {
+    auto d = create_cuda_device({.ordinal = 0, .reserve = size_t{1} << 30, .capacity = capacity});
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    return d.is_ok() ? std::move(d).value() : nullptr;
+  }
+};
+
+TEST_F(CudaDeviceTest, ArenaIsBoundedByCapacityAndMergesFreedBlocks) {
+  auto dev = make(kMiB);
+  ASSERT_TRUE(dev);
+  EXPECT_EQ(dev->kind(), DeviceKind::kCuda);
+  EXPECT_EQ(dev->memory_stats().capacity, kMiB);
+  auto a = dev->allocate(600 << 10, "a");
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*a) % 256, 0u);
+  auto b = dev->allocate(600 << 10, "b");
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(b.status().message().find("'b'"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("device.memory_limit"), std::string::npos);
+  dev->release(*a);
+  EXPECT_EQ(dev->memory_stats().used, 0u);
+  EXPECT_EQ(dev->memory_stats().peak, size_t(600 << 10));
+
+  // Four quarters fill the arena; freeing two neighbours makes room for one half.
+  void* q[4];
+  for (void*& p : q) {
+    auto r = dev->allocate(kMiB / 4, "quarter");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    p = *r;
+  }
+  EXPECT_FALSE(dev->allocate(1, "full").is_ok());
+  dev->release(q[1]);
+  dev->release(q[2]);
+  auto half = dev->allocate(kMiB / 2, "half");
+  ASSERT_TRUE(half.is_ok()) << half.status().to_string();
+  dev->release(*half);
+  dev->release(q[0]);
+  dev->release(q[3]);
+  EXPECT_EQ(dev->memory_stats().used, 0u);
+  EXPECT_TRUE(dev->allocate(kMiB, "all").is_ok());
+}
+
+TEST_F(CudaDeviceTest, CopiesAndKernelsAreOrderedByEventsAcrossStreams) {
+  auto dev = make(64 * kMiB);
+  ASSERT_TRUE(dev);
+  const size_t n = size_t{1} << 22;
+  std::mt19937 rng(fresh_seed());
+  std::vector<float> src = random_floats(rng, n, -1, 1), dst(n, 0.0f);
+  float* d = static_cast<float*>(*dev->allocate(n * 4, "buf"));
+  auto copied = dev->create_event(), scaled = dev->create_event();
+  dev->copy_h2d(dev->h2d_stream(), d, src.data(), n * 4);
+  dev->record(*copied, dev->h2d_stream());
+  dev->wait(dev->compute_stream(), *copied);
+  dev->kernels().scale(dev->compute_stream(), d, -2.0f, n);
+  dev->record(*scaled, dev->compute_stream());
+  dev->wait(dev->d2h_stream(), *scaled);
+  dev->copy_d2h(dev->d2h_stream(), dst.data(), d, n * 4);
+  ASSERT_TRUE(dev->synchronize(dev->d2h_stream()).is_ok());
+  ASSERT_TRUE(dev->synchronize(*scaled).is_ok());
+  EXPECT_TRUE(dev->query(*scaled));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], src[i] * -2.0f) << i;
+  dev->release(d);
+}
+
+TEST_F(CudaDeviceTest, HostFunctionsRunInStreamOrderAndJoinThroughEvents) {
+  auto dev = make(kMiB);
+  ASSERT_TRUE(dev);
+  std::vector<int> order;
+  std::mutex mu;
+  auto push = [&](int v) {
+    std::lock_guard<std::mutex> l(mu);
+    order.push_back(v);
+  };
+  auto ev = dev->create_event();
+  EXPECT_TRUE(dev->query(*ev));  // never recorded: complete
+  dev->host_fn(dev->compute_stream(), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    push(1);
+  });
+  dev->record(*ev, dev->compute_stream());
+  dev->wait(dev->h2d_stream(), *ev);
+  dev->host_fn(dev->h2d_stream(), [&] { push(2); });
+  ASSERT_TRUE(dev->synchronize(dev->h2d_stream()).is_ok());
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST_F(CudaDeviceTest, PinnedAndRegisteredHostMemoryRoundTrip) {
+  auto dev = make(16 * kMiB);
+  ASSERT_TRUE(dev);
+  const size_t bytes = 8 * kMiB;
+  auto pinned = dev->allocate_host(bytes);
+  ASSERT_TRUE(pinned.is_ok()) << pinned.status().to_string();
+  std::vector<uint8_t> caller(bytes);
+  ASSERT_TRUE(dev->register_host(caller.data(), bytes).is_ok());
+  auto* p = static_cast<uint8_t*>(*pinned);
+  for (size_t i = 0; i < bytes; ++i) p[i] = uint8_t(i * 131 + 7);
+  void* d = *dev->allocate(bytes, "roundtrip");
+  dev->copy_h2d(dev->h2d_stream(), d, p, bytes);
+  auto ev = dev->create_event();
+  dev->record(*ev, dev->h2d_stream());
+  dev->wait(dev->d2h_stream(), *ev);
+  dev->copy_d2h(dev->d2h_stream(), caller.data(), d, bytes);
+  ASSERT_TRUE(dev->synchronize(dev->d2h_stream()).is_ok());
+  EXPECT_EQ(std::memcmp(caller.data(), p, bytes), 0);
+  dev->unregister_host(caller.data());
+  dev->release_host(p);
+  dev->release(d);
+}
+
+TEST_F(CudaDeviceTest, EnqueueErrorsSurfaceAtTheNextSynchronize) {
+  auto dev = make(kMiB);
+  ASSERT_TRUE(dev);
+  float* d = static_cast<float*>(*dev->allocate(4096, "logits"));
+  // V > Vp is rejected when enqueued; the error must come back from synchronize, once.
+  dev->kernels().crossentropy_forward_backward(dev->compute_stream(), DType::kF32, d, d,
+                                               reinterpret_cast<int32_t*>(d), 1.0f, 1, 10, 4);
+  Status st = dev->synchronize(dev->compute_stream());
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("crossentropy"), std::string::npos) << st.to_string();
+  EXPECT_TRUE(dev->synchronize(dev->compute_stream()).is_ok());
+  dev->release(d);
+}
+
+// --- every op, every dtype, against the CPU backend -------------------------------------------
+
+class CudaOpTest : public CudaBackendTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(CudaOpTest, Encoder) {
+  const DType dt = GetParam();
+  const int B = 3, T = 37, C = 72, V = 29;  // few tokens: repeats exercise dwte's accumulation
+  Twin tok = tokens(size_t(B) * T, V), wte = random(size_t(V) * C, dt), wpe = random(T * C, dt);
+  Twin out = random(size_t(B) * T * C, dt);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.encoder_forward(s, dt, out.p[i], tok.at<int32_t>(i), wte.p[i], wpe.p[i], B, T, C);
+  });
+  compare("encoder_forward out", out, dt, tol(dt, kElementwise));
+  Twin dwte = random(size_t(V) * C, DType::kF32), dwpe = random(T * C, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.encoder_backward(s, dt, dwte.at<float>(i), dwpe.at<float>(i), out.p[i], tok.at<int32_t>(i), B,
+                       T, C);
+  });
+  compare("encoder_backward dwte", dwte, DType::kF32, kReduction);
+  compare("encoder_backward dwpe", dwpe, DType::kF32, kReduction);
+}
+
+TEST_P(CudaOpTest, Layernorm) {
+  const DType dt = GetParam();
+  const int N = 67, C = 200;
+  Twin inp = random(size_t(N) * C, dt, -3, 5), w = random(C, dt, 0.5, 1.5), b = random(C, dt);
+  Twin out = random(size_t(N) * C, dt), mean = random(N, DType::kF32),
+       rstd = random(N, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.layernorm_forward(s, dt, out.p[i], mean.at<float>(i), rstd.at<float>(i), inp.p[i], w.p[i],
+                        b.p[i], N, C);
+  });
+  compare("layernorm_forward out", out, dt, tol(dt, kReduction));
+  compare("layernorm_forward mean", mean, DType::kF32, kReduction);
+  compare("layernorm_forward rstd", rstd, DType::kF32, kReduction);
+  Twin dout = random(size_t(N) * C, dt), dinp = random(size_t(N) * C, dt);
+  Twin dw = random(C, DType::kF32), db = random(C, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.layernorm_backward(s, dt, dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
+                         w.p[i], mean.at<float>(i), rstd.at<float>(i), N, C);
+  });
+  compare("layernorm_backward dinp", dinp, dt, tol(dt, kReduction));
+  compare("layernorm_backward dweight", dw, DType::kF32, kReduction);
+  compare("layernorm_backward dbias", db, DType::kF32, kReduction);
+}
+
+TEST_P(CudaOpTest, Matmul) {
+  const DType dt = GetParam();
+  const int N = 96, C = 136, OC = 200;
+  Twin inp = random(size_t(N) * C, dt), w = random(size_t(OC) * C, dt), b = random(OC, dt);
+  for (bool with_bias : {true, false}) {
+    Twin out = random(size_t(N) * OC, dt);
+    run([&](Kernels& k, Stream& s, int i) {
+      k.matmul_forward(s, dt, out.p[i], inp.p[i], w.p[i], with_bias ? b.p[i] : nullptr, N, C, OC);
+    });
+    compare(with_bias ? "matmul_forward (bias)" : "matmul_forward (no bias)", out, dt,
+            tol(dt, kReduction));
+  }
+  Twin dout = random(size_t(N) * OC, dt), dinp = random(size_t(N) * C, dt);
+  Twin dw = random(size_t(OC) * C, DType::kF32), db = random(OC, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.matmul_backward(s, dt, dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
+                      w.p[i], N, C, OC);
+  });
+  compare("matmul_backward dinp", dinp, dt, tol(dt, kReduction));
+  compare("matmul_backward dweight", dw, DType::kF32, kReduction);
+  compare("matmul_backward dbias", db, DType::kF32, kReduction);
+}
+
+TEST_P(CudaOpTest, Attention) {
+  const DType dt = GetParam();
+  const int B = 2, T = 45, NH = 3, C = 48;  // T not a multiple of the warp width
+  Twin qkv = random(size_t(B) * T * 3 * C, dt, -2, 2), out = random(size_t(B) * T * C, dt);
+  Twin att = random(size_t(B) * NH * T * T, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.attention_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], B, T, C, NH);
+  });
+  compare("attention_forward out", out, dt, tol(dt, kReduction));
+  compare("attention_forward att", att, DType::kF32, kReduction);
+  Twin dout = random(size_t(B) * T * C, dt), dqkv = random(size_t(B) * T * 3 * C, dt);
+  Twin scratch = random(size_t(B) * NH * T * T, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.attention_backward(s, dt, dqkv.p[i], scratch.at<float>(i), dout.p[i], qkv.p[i],
+                         att.at<float>(i), B, T, C, NH);
+  });
+  compare("attention_backward dqkv", dqkv, dt, tol(dt, kReduction));
+}
+
+TEST_P(CudaOpTest, Gelu) {
+  const DType dt = GetParam();
+  const size_t n = 100003;
+  Twin inp = random(n, dt, -5, 5), out = random(n, dt), dout = random(n, dt), dinp = random(n, dt);
+  run([&](Kernels& k, Stream& s, int i) { k.gelu_forward(s, dt, out.p[i], inp.p[i], n); });
+  compare("gelu_forward", out, dt, tol(dt, kElementwise));
+  run([&](Kernels& k, Stream& s, int i) {
+    k.gelu_backward(s, dt, dinp.p[i], inp.p[i], dout.p[i], n);
+  });
+  compare("gelu_backward", dinp, dt, tol(dt, kElementwise));
+}
+
+TEST_P(CudaOpTest, ResidualAndAddInplace) {
+  const DType dt = GetParam();
+  const size_t n = 70001;
+  Twin a = random(n, dt), b = random(n, dt), out = random(n, dt);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.residual_forward(s, dt, out.p[i], a.p[i], b.p[i], n);
+  });
+  compare("residual_forward", out, dt, tol(dt, kElementwise));
+  run([&](Kernels& k, Stream& s, int i) { k.add_inplace(s, dt, a.p[i], b.p[i], n); });
+  compare("add_inplace", a, dt, tol(dt, kElementwise));
+}
+
+TEST_P(CudaOpTest, CrossEntropy) {
+  const DType dt = GetParam();
+  const int N = 33, V = 1000, Vp = 1024;
+  Twin logits = random(size_t(N) * Vp, dt, -4, 4), tgt = tokens(N, V);
+  Twin losses = random(N, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.crossentropy_forward_backward(s, dt, losses.at<float>(i), logits.p[i], tgt.at<int32_t>(i),
+                                    1.0f / N, N, V, Vp);
+  });
+  compare("crossentropy losses", losses, DType::kF32, tol(dt, kReduction));
+  compare("crossentropy dlogits", logits, dt, tol(dt, kReduction));
+}
+
+TEST_P(CudaOpTest, NormSquaredAndNonfinite) {
+  const DType dt = GetParam();  // the op is fp32-only; run it once, for the fp32 instance
+  if (dt != DType::kF32) GTEST_SKIP() << "norm_sq_and_nonfinite takes fp32 only";
+  const size_t n = (size_t{1} << 20) + 7;
+  Twin x = random(n, DType::kF32, -2, 2), acc = upload(std::vector<float>{1.5f, 0.0f}, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.norm_sq_and_nonfinite(s, acc.at<float>(i), x.at<float>(i), n);
+  });
+  std::vector<float> got = download(acc, 1, DType::kF32), want = download(acc, 0, DType::kF32);
+  EXPECT_NEAR(got[0], want[0], 1e-6 * want[0]) << "seed " << seed_;
+  EXPECT_EQ(got[1], 0.0f);
+  EXPECT_EQ(want[1], 0.0f);
+  // One inf anywhere raises the flag on both.
+  const float inf = INFINITY;
+  for (int i = 0; i < 2; ++i) {
+    dev_[i]->copy_h2d(dev_[i]->h2d_stream(), x.at<float>(i) + n / 3, &inf, 4);
+    ASSERT_TRUE(dev_[i]->synchronize(dev_[i]->h2d_stream()).is_ok());
+  }
+  run([&](Kernels& k, Stream& s, int i) {
+    k.norm_sq_and_nonfinite(s, acc.at<float>(i), x.at<float>(i), n);
+  });
+  EXPECT_EQ(download(acc, 1, DType::kF32)[1], 1.0f);
+  EXPECT_EQ(download(acc, 0, DType::kF32)[1], 1.0f);
+}
+
+TEST_P(CudaOpTest, Scale) {
+  const DType dt = GetParam();
+  if (dt != DType::kF32) GTEST_SKIP() << "scale takes fp32 only";
+  const size_t n = 123457;
+  Twin x = random(n, DType::kF32, -3, 3);
+  run([&](Kernels& k, Stream& s, int i) { k.scale(s, x.at<float>(i), 0.37f, n); });
+  compare("scale", x, DType::kF32, 0.0);  // one rounded multiply: bit-identical
+}
+
+// Casts are one rounding of an exact value: both backends must give the same bits, including
+// fp16 subnormals and overflow to inf.
+TEST_P(CudaOpTest, CastToEveryDtypeIsBitExact) {
+  const DType src_t = GetParam();
+  std::vector<float> v = random_floats(rng_, 50021, -3, 3);
+  for (size_t i = 0; i < v.size(); i += 7) v[i] *= 1e-6f;   // fp16 subnormal range
+  for (size_t i = 3; i < v.size(); i += 101) v[i] *= 4e4f;  // beyond fp16's range
+  Twin src = upload(v, src_t);
+  for (DType dst_t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Twin dst = random(v.size(), dst_t);
+    run([&](Kernels& k, Stream& s, int i) {
+      k.cast(s, dst.p[i], dst_t, src.p[i], src_t, v.size());
+    });
+    std::vector<uint8_t> got(dst.bytes), want(dst.bytes);
+    dev_[1]->copy_d2h(dev_[1]->d2h_stream(), got.data(), dst.p[1], dst.bytes);
+    dev_[0]->copy_d2h(dev_[0]->d2h_stream(), want.data(), dst.p[0], dst.bytes);
+    ASSERT_TRUE(dev_[1]->synchronize(dev_[1]->d2h_stream()).is_ok());
+    ASSERT_TRUE(dev_[0]->synchronize(dev_[0]->d2h_stream()).is_ok());
+    EXPECT_EQ(got, want) << "cast " << dtype_name(src_t) << " -> " << dtype_name(dst_t) << " (seed "
+                         << seed_ << ")";
+  }
+}
+
+// The device optimizer step against the scalar reference (the grad dtype is the parameter).
+TEST_P(CudaOpTest, OptimizerStepMatchesReference) {
+  const DType grad_t = GetParam();
+  const size_t n = 40009;
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kAdagrad,
+                             OptimizerKind::kLion}) {
+    for (DType moment_t : {DType::kF32, DType::kBF16}) {
+      OptimizerHyper h;
+      h.kind = kind;
+      h.lr = 3e-3f;
+      h.weight_decay = 0.1f;
+      h.step = 7;
+      std::vector<uint8_t> grad = to_bytes(random_floats(rng_, n, -1, 1), grad_t);
+      std::vector<float> master = random_floats(rng_, n, -1, 1);
+      std::vector<uint8_t> m = to_bytes(random_floats(rng_, n, -0.1f, 0.1f), moment_t);
+      std::vector<uint8_t> v = to_bytes(random_floats(rng_, n, 0.0f, 0.01f), moment_t);
+      std::vector<uint8_t> lp(n * 2);
+      // On the GPU: upload, step, download.
+      Device& gpu = *dev_[1];
+      auto put = [&](const void* src, size_t bytes) {
+        void* d = *gpu.allocate(bytes, "optimizer test");
+        gpu.copy_h2d(gpu.compute_stream(), d, src, bytes);
+        return d;
+      };
+      void* dg = put(grad.data(), grad.size());
+      void* dmaster = put(master.data(), n * 4);
+      void* dm = put(m.data(), m.size());
+      void* dv = put(v.data(), v.size());
+      void* dlp = put(lp.data(), lp.size());
+      ShardState dev_shard{.n = n,
+                           .grad = dg,
+                           .grad_dtype = grad_t,
+                           .grad_mult = 0.5f,
+                           .master = static_cast<float*>(dmaster),
+                           .m = dm,
+                           .v = dv,
+                           .moment_dtype = moment_t,
+                           .lp_out = dlp,
+                           .lp_dtype = DType::kBF16};
+      ASSERT_TRUE(cuda_device_optimizer_step(gpu, gpu.compute_stream(), h, dev_shard).is_ok());
+      std::vector<float> g_master(n);
+      std::vector<uint8_t> g_m(m.size()), g_v(v.size()), g_lp(lp.size());
+      gpu.copy_d2h(gpu.compute_stream(), g_master.data(), dmaster, n * 4);
+      gpu.copy_d2h(gpu.compute_stream(), g_m.data(), dm, m.size());
+      gpu.copy_d2h(gpu.compute_stream(), g_v.data(), dv, v.size());
+      gpu.copy_d2h(gpu.compute_stream(), g_lp.data(), dlp, lp.size());
+      ASSERT_TRUE(gpu.synchronize(gpu.compute_stream()).is_ok());
+      for (void* p : {dg, dmaster, dm, dv, dlp}) gpu.release(p);
+      // On the host: the reference.
+      ShardState ref{.n = n,
+                     .grad = grad.data(),
+                     .grad_dtype = grad_t,
+                     .grad_mult = 0.5f,
+                     .master = master.data(),
+                     .m = m.data(),
+                     .v = v.data(),
+                     .moment_dtype = moment_t,
+                     .lp_out = lp.data(),
+                     .lp_dtype = DType::kBF16};
+      optimizer_step_reference(h, ref);
+      const std::string what = std::string(optimizer_kind_name(kind)) + ", moments " +
+                               dtype_name(moment_t) + ", seed " + std::to_string(seed_);
+      expect_close("master: " + what, g_master, master, 1e-6);
+      auto f32 = [](const std::vector<uint8_t>& b, DType t) {
+        std::vector<float> out(b.size() / dtype_size(t));
+        convert(b.data(), t, out.data(), DType::kF32, out.size());
+        return out;
+      };
+      expect_close("m: " + what, f32(g_m, moment_t), f32(m, moment_t), tol(moment_t, 1e-6));
+      expect_close("v: " + what, f32(g_v, moment_t), f32(v, moment_t), tol(moment_t, 1e-6));
+      expect_close("lp: " + what, f32(g_lp, DType::kBF16), f32(lp, DType::kBF16), 1e-2);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDtypes, CudaOpTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& p) {
+                           return std::string(dtype_name(p.param));
+                         });
+
+}  // namespace
+}  // namespace strata
