@@ -1,0 +1,285 @@
+// `strata probe comm`: nccl-tests style bus bandwidth of each collective (see strata/comm.h).
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/comm/comm_internal.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double bus_factor(const std::string& op, int p) {
+  if (op == "all_reduce") return 2.0 * (p - 1) / p;
+  if (op == "all_gather" || op == "reduce_scatter") return double(p - 1) / p;
+  return 1.0;  // broadcast
+}
+
+// Collective buffers in host or device memory; released on destruction.
+class ProbeBuffers {
+ public:
+  ~ProbeBuffers() {
+    for (void* p : ptrs_) {
+      if (device_) {
+        device_->release(p);
+      } else {
+        std::free(p);
+      }
+    }
+  }
+  Result<void*> make(Device* device, BufferSpace space, size_t bytes, DType dtype) {
+    const size_t n = std::max<size_t>(bytes, 4096);
+    if (space == BufferSpace::kDevice) {
+      device_ = device;
+      STRATA_ASSIGN_OR_RETURN(void* p, device->allocate(n, "comm probe"), "comm probe buffers");
+      ptrs_.push_back(p);
+      device->memset_zero(device->compute_stream(), p, n);
+      STRATA_RETURN_IF_ERROR(device->synchronize(device->compute_stream()), "comm probe");
+      return p;
+    }
+    void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+    if (p == nullptr) {
+      return out_of_memory(
+          fmt::format("comm probe: cannot allocate {} of host memory; lower "
+                      "--max-bytes",
+                      format_bytes(double(n))));
+    }
+    ptrs_.push_back(p);
+    // Small finite values: sums stay finite and the reduction runs at its normal speed.
+    for (size_t i = 0; i < n / dtype_size(dtype); ++i) {
+      store_f32(p, dtype, i, 0.25f * float(i % 7));
+    }
+    return p;
+  }
+
+ private:
+  Device* device_ = nullptr;
+  std::vector<void*> ptrs_;
+};
+
+Status run_one(Communicator& comm, const std::string& op, const void* send, void* recv,
+               size_t count, DType dtype) {
+  if (op == "all_reduce") return comm.all_reduce_blocking(send, recv, count, dtype, ReduceOp::kSum);
+  if (op == "all_gather") return comm.all_gather_blocking(send, recv, count, dtype);
+  if (op == "reduce_scatter") {
+    return comm.reduce_scatter_blocking(send, recv, count, dtype, ReduceOp::kSum);
+  }
+  if (op == "broadcast") return comm.broadcast_blocking(recv, count, dtype, 0);
+  return invalid_argument(fmt::format(
+      "probe comm: unknown collective '{}'; use all_reduce, all_gather, reduce_scatter or "
+      "broadcast",
+      op));
+}
+
+// Seconds per collective over `iters` back-to-back calls, the slowest rank's.
+Result<double> time_iters(Communicator& comm, const std::string& op, const void* send, void* recv,
+                          size_t count, DType dtype, int iters) {
+  STRATA_RETURN_IF_ERROR(comm.barrier_blocking(), "probe comm: barrier");
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) {
+    STRATA_RETURN_IF_ERROR(run_one(comm, op, send, recv, count, dtype),
+                           fmt::format("probe comm: {} of {} elements", op, count));
+  }
+  float t = float(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+  STRATA_RETURN_IF_ERROR(comm.all_reduce_blocking(&t, &t, 1, DType::kF32, ReduceOp::kMax),
+                         "probe comm: gathering the slowest rank's time");
+  return double(t);
+}
+
+void print_header(std::FILE* out, const CommProbeReport& r) {
+  std::fprintf(out, "# strata probe comm: backend %s, %d ranks, %s\n", r.backend.c_str(),
+               r.world_size, dtype_name(r.dtype));
+  std::fprintf(out, "# %12s %12s %6s %6s %15s %9s %11s %11s %11s %11s\n", "size(B)", "count",
+               "type", "redop", "op", "iters", "time(us)", "min(us)", "algbw(GB/s)", "busbw(GB/s)");
+}
+
+void print_case(std::FILE* out, const CommProbeCase& c, DType dtype) {
+  const bool reduces = c.op == "all_reduce" || c.op == "reduce_scatter";
+  std::fprintf(out, "  %12zu %12zu %6s %6s %15s %9d %11.1f %11.1f %11.3f %11.3f\n", c.bytes,
+               c.count, dtype_name(dtype), reduces ? "sum" : "none", c.op.c_str(), c.iters,
+               c.median_us, c.min_us, c.algbw, c.busbw);
+  std::fflush(out);
+}
+
+}  // namespace
+
+Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& comm,
+                                       Device* device, std::FILE* out) {
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.repeats < 1 || o.warmup < 0) {
+    return invalid_argument(fmt::format(
+        "probe comm: need 0 < min_bytes ({}) <= max_bytes ({}), repeats ({}) >= 1, warmup ({}) "
+        ">= 0",
+        o.min_bytes, o.max_bytes, o.repeats, o.warmup));
+  }
+  if (comm.buffer_space() == BufferSpace::kDevice && device == nullptr) {
+    return invalid_argument("probe comm: the nccl backend needs a device for its buffers");
+  }
+  const int p = comm.size();
+  const size_t es = dtype_size(o.dtype);
+  CommProbeReport report;
+  report.backend = comm.backend();
+  report.world_size = p;
+  report.dtype = o.dtype;
+  ProbeBuffers buffers;
+  STRATA_ASSIGN_OR_RETURN(void* send,
+                          buffers.make(device, comm.buffer_space(), o.max_bytes, o.dtype),
+                          "probe comm: send buffer");
+  STRATA_ASSIGN_OR_RETURN(void* recv,
+                          buffers.make(device, comm.buffer_space(), o.max_bytes, o.dtype),
+                          "probe comm: receive buffer");
+  const bool print = out != nullptr && comm.rank() == 0;
+  if (print) print_header(out, report);
+  for (const std::string& op : o.ops) {
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
+      const bool per_rank = op == "all_gather" || op == "reduce_scatter";
+      const size_t count = per_rank ? bytes / es / p : bytes / es;
+      if (count == 0) continue;
+      CommProbeCase c;
+      c.op = op;
+      c.count = count;
+      c.bytes = count * es * (per_rank ? p : 1);
+      // One untimed call sizes the repeats: iters ~ target / time, the same on every rank.
+      STRATA_ASSIGN_OR_RETURN(double first, time_iters(comm, op, send, recv, count, o.dtype, 1),
+                              "probe comm: sizing");
+      c.iters = static_cast<int>(std::clamp(o.target_seconds / std::max(first, 1e-7), 1.0, 100.0));
+      for (int w = 0; w < o.warmup; ++w) {
+        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, op, send, recv, count, o.dtype, c.iters),
+                                "probe comm: warm-up");
+        (void)t;
+      }
+      for (int r = 0; r < o.repeats; ++r) {
+        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, op, send, recv, count, o.dtype, c.iters),
+                                "probe comm");
+        c.time_us.push_back(t * 1e6);
+      }
+      std::vector<double> sorted = c.time_us;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t n = sorted.size();
+      c.median_us = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+      c.min_us = sorted.front();
+      c.max_us = sorted.back();
+      c.algbw = c.median_us > 0 ? double(c.bytes) / (c.median_us * 1e-6) / 1e9 : 0.0;
+      c.busbw = c.algbw * bus_factor(op, p);
+      if (print) print_case(out, c, o.dtype);
+      report.cases.push_back(std::move(c));
+      if (bytes > o.max_bytes / 2) break;  // no overflow past max
+    }
+  }
+  return report;
+}
+
+std::string comm_probe_json(const CommProbeReport& r) {
+  nlohmann::json j;
+  j["magic"] = "strata-comm-probe";
+  j["version"] = kCommProbeFormatVersion;
+  j["backend"] = r.backend;
+  j["world_size"] = r.world_size;
+  j["dtype"] = dtype_name(r.dtype);
+  j["cases"] = nlohmann::json::array();
+  for (const CommProbeCase& c : r.cases) {
+    const bool reduces = c.op == "all_reduce" || c.op == "reduce_scatter";
+    j["cases"].push_back({{"op", c.op},
+                          {"bytes", c.bytes},
+                          {"count", c.count},
+                          {"dtype", dtype_name(r.dtype)},
+                          {"reduce", reduces ? "sum" : "none"},
+                          {"iters", c.iters},
+                          {"time_us_median", c.median_us},
+                          {"time_us_min", c.min_us},
+                          {"time_us_max", c.max_us},
+                          {"algbw_gbps", c.algbw},
+                          {"busbw_gbps", c.busbw},
+                          {"time_us", c.time_us}});
+  }
+  return j.dump(2) + "\n";
+}
+
+Result<CommProbeReport> parse_comm_probe_json(const std::string& text, const std::string& origin) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return corrupt(fmt::format("{}: not a JSON object; rerun `strata probe comm`", origin));
+  }
+  if (j.value("magic", std::string()) != "strata-comm-probe") {
+    return corrupt(
+        fmt::format("{}: magic is not \"strata-comm-probe\": not a comm probe profile", origin));
+  }
+  if (j.value("version", 0) != kCommProbeFormatVersion) {
+    return corrupt(
+        fmt::format("{}: format version {} (this strata reads {}); rerun `strata probe "
+                    "comm`",
+                    origin, j.value("version", 0), kCommProbeFormatVersion));
+  }
+  try {
+    CommProbeReport r;
+    r.backend = j.at("backend").get<std::string>();
+    r.world_size = j.at("world_size").get<int>();
+    if (!parse_dtype(j.at("dtype").get<std::string>(), &r.dtype)) {
+      return corrupt(fmt::format("{}: unknown dtype {}", origin, j.at("dtype").dump()));
+    }
+    for (const auto& jc : j.at("cases")) {
+      CommProbeCase c;
+      c.op = jc.at("op").get<std::string>();
+      c.bytes = jc.at("bytes").get<size_t>();
+      c.count = jc.at("count").get<size_t>();
+      c.iters = jc.value("iters", 0);
+      c.median_us = jc.at("time_us_median").get<double>();
+      c.min_us = jc.at("time_us_min").get<double>();
+      c.max_us = jc.at("time_us_max").get<double>();
+      c.algbw = jc.at("algbw_gbps").get<double>();
+      c.busbw = jc.at("busbw_gbps").get<double>();
+      c.time_us = jc.at("time_us").get<std::vector<double>>();
+      r.cases.push_back(std::move(c));
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return corrupt(fmt::format("{}: {}; rerun `strata probe comm`", origin, e.what()));
+  }
+}
+
+Status run_comm_probe_command(const CommProbeOptions& o) {
+  std::unique_ptr<Device> device;
+  std::string why;
+  const bool want_cuda =
+      o.backend == "nccl" || (o.backend == "auto" && cuda_device_available(&why));
+  if (want_cuda) {
+    CudaDeviceOptions d;
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+      if (const char* v = std::getenv(var)) {
+        d.ordinal = std::atoi(v);
+        break;
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(device, create_cuda_device(d), "probe comm: opening the GPU");
+  }
+  CommOptions co;
+  co.timeout_s = o.timeout_s;
+  STRATA_ASSIGN_OR_RETURN(auto comm, create_communicator(o.backend, device.get(), co),
+                          "probe comm");
+  STRATA_ASSIGN_OR_RETURN(CommProbeReport report, run_comm_probe(o, *comm, device.get(), stdout),
+                          "probe comm");
+  if (comm->rank() == 0 && !o.json_path.empty()) {
+    const std::string tmp = o.json_path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << comm_probe_json(report);
+      if (!f.good()) {
+        return io_error(
+            fmt::format("probe comm: cannot write {}; check the directory exists and "
+                        "is writable",
+                        tmp));
+      }
+    }
+    if (std::rename(tmp.c_str(), o.json_path.c_str()) != 0) {
+      return errno_status(errno, fmt::format("probe comm: renaming {} to {}", tmp, o.json_path));
+    }
+    std::printf("# profile written to %s\n", o.json_path.c_str());
+  }
+  return Status::ok();
+}
+
+}  // namespace strata
