@@ -12,6 +12,7 @@
 // After the runs a summary prints params/s, GB/s, the ratio to the limit and the bf16-moment
 // speed-up per size and thread count.
 //
+// bench_cpu_optim --pairs=N instead prints the interleaved fastest-pass table (docs/BENCHMARKS.md);
 // bench_cpu_optim --accuracy=1 instead prints the bf16-moment accuracy experiment (CPU_OPTIM.md).
 // Run: build-optim/tests/bench_cpu_optim [--sizes=1,16,64,256] [--threads=1,2] [--rounds=3]
 //        [--benchmark_filter=...]   (sizes in Mi parameters; 256 allocates ~4.5 GiB).
@@ -24,6 +25,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -379,6 +382,61 @@ void print_summary(const Collector& c, const std::vector<int64_t>& sizes,
   }
 }
 
+// --pairs=N: the robust table for a shared machine. For each case, N rounds of one pass each of
+// Limit, LimitPf, AdamW (bf16 grads) and AdamW (fp32 grads), interleaved so that all see the
+// same background load; each kernel's time is its fastest pass (the least disturbed one).
+void pairs_table(const std::vector<int64_t>& sizes, const std::vector<int64_t>& threads,
+                 int rounds) {
+  using Clock = std::chrono::steady_clock;
+  auto time_one = [](auto&& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.weight_decay = 0.01f;
+  h.step = 10;
+  std::printf("ISA %s; fastest of %d interleaved passes; Mparams/s (GB/s, 1e9 B/s reads+writes)\n",
+              cpu_isa_name(active_cpu_isa()), rounds);
+  std::printf(
+      "| params | threads | moments | limit | AdamW bf16 grads | of limit | AdamW fp32 grads |"
+      " bf16/fp32 moments |\n|---|---|---|---|---|---|---|---|\n");
+  for (int64_t nm : sizes) {
+    const size_t n = static_cast<size_t>(nm) << 20;
+    std::map<std::pair<int64_t, int>, double> adam_rate;
+    for (int mb : {32, 16}) {
+      const DType mt = mb == 16 ? DType::kBF16 : DType::kF32;
+      State& st = state_for(n, mt);
+      const ShardState s16 = st.shard(DType::kBF16), s32 = st.shard(DType::kF32);
+      for (int64_t t64 : threads) {
+        const int t = static_cast<int>(t64);
+        double best[4] = {1e30, 1e30, 1e30, 1e30};
+        optimizer_step(h, s16, t);  // warm-up
+        for (int r = 0; r < rounds; ++r) {
+          best[0] = std::min(best[0], time_one([&] { limit_step(s16, t, false); }));
+          best[1] = std::min(best[1], time_one([&] { limit_step(s16, t, true); }));
+          best[2] = std::min(best[2], time_one([&] { optimizer_step(h, s16, t); }));
+          best[3] = std::min(best[3], time_one([&] { optimizer_step(h, s32, t); }));
+        }
+        const double lim = n / std::min(best[0], best[1]), ad = n / best[2], ad32 = n / best[3];
+        adam_rate[{t64, mb}] = ad;
+        std::printf("| %lldM | %d | %s | %.0f (%.1f) | %.0f (%.1f) | %.1f%% | %.0f (%.1f) |",
+                    static_cast<long long>(nm), t, mb == 16 ? "bf16" : "fp32", lim / 1e6,
+                    lim * bytes_per_param(DType::kBF16, mt) / 1e9, ad / 1e6,
+                    ad * bytes_per_param(DType::kBF16, mt) / 1e9, 100.0 * ad / lim, ad32 / 1e6,
+                    ad32 * bytes_per_param(DType::kF32, mt) / 1e9);
+        if (mb == 16) {
+          std::printf(" %.2fx |\n", ad / adam_rate[{t64, 32}]);
+        } else {
+          std::printf(" |\n");
+        }
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 // --accuracy: the bf16-moment accuracy experiment quoted in docs/CPU_OPTIM.md. AdamW on a noisy
 // quadratic 0.5 * c_i * (p_i - t_i)^2 (c_i log-normal), gradient noise decaying as
 // 1 / (1 + t/300), fp32 and bf16 moments side by side from the same noise.
@@ -474,6 +532,11 @@ int main(int argc, char** argv) {
         for (int gb : {32, 16}) reg("BM_GradStats", BM_GradStats, n, t, gb, 0.3);
       }
     }
+  }
+  const std::string pairs = take_flag(&argc, argv, "--pairs");
+  if (!pairs.empty()) {
+    pairs_table(sizes, threads, std::atoi(pairs.c_str()));
+    return 0;
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
