@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -173,49 +174,49 @@ Status fsync_dir(const std::string& dir) {
 }  // namespace
 
 Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
-                        const std::vector<CheckpointBuffers>& buffers) {
-  STRATA_CHECK(buffers.size() == meta.modules.size());
+                        const CheckpointSource& source) {
   const size_t mb = moment_bytes_of(meta.moment_dtype);
   const std::string js = meta_json(meta);
-  // Payload CRC first (one read pass over memory), so the header is written once.
-  uint32_t pcrc = 0;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const size_t n = meta.modules[i].numel;
-    pcrc = crc32c(pcrc, buffers[i].master, n * 4);
-    for (void* mom : {buffers[i].m, buffers[i].v}) {
-      if (mom) {
-        pcrc = crc32c(pcrc, mom, n * mb);
-      } else {
-        std::vector<char> zeros(n * mb, 0);
-        pcrc = crc32c(pcrc, zeros.data(), zeros.size());
-      }
-    }
-  }
-  char h[kFixedHeader] = {};
-  std::memcpy(h, kMagic, 8);
-  put32(h + 8, kCheckpointVersion);
-  put32(h + 12, static_cast<uint32_t>(js.size()));
-  put32(h + 16, crc32c(0, js.data(), js.size()));
-  put32(h + 20, pcrc);
-  put64(h + 24, payload_bytes(meta, mb));
-
   const std::string tmp = path + ".tmp";
   Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (f.fd < 0) return errno_status(errno, fmt::format("creating checkpoint {}", tmp));
+  // Header placeholder (all zero: never a valid magic), metadata, then streamed payload.
+  char h[kFixedHeader] = {};
   uint64_t off = 0;
   Status st = write_all(f.fd, h, kFixedHeader, tmp, &off);
   if (st.is_ok()) st = write_all(f.fd, js.data(), js.size(), tmp, &off);
-  for (size_t i = 0; st.is_ok() && i < buffers.size(); ++i) {
+  uint32_t pcrc = 0;
+  std::vector<char> zeros;
+  for (size_t i = 0; st.is_ok() && i < meta.modules.size(); ++i) {
     const size_t n = meta.modules[i].numel;
-    st = write_all(f.fd, buffers[i].master, n * 4, tmp, &off);
-    for (void* mom : {buffers[i].m, buffers[i].v}) {
+    CheckpointBuffers b{};
+    st = source(i, &b);
+    if (!st.is_ok()) {
+      st = st.with_context(fmt::format("reading state of module {}", meta.modules[i].name));
+      break;
+    }
+    pcrc = crc32c(pcrc, b.master, n * 4);
+    st = write_all(f.fd, b.master, n * 4, tmp, &off);
+    for (void* mom : {b.m, b.v}) {
       if (!st.is_ok()) break;
-      if (mom) {
-        st = write_all(f.fd, mom, n * mb, tmp, &off);
-      } else {
-        std::vector<char> zeros(n * mb, 0);
-        st = write_all(f.fd, zeros.data(), zeros.size(), tmp, &off);
+      const void* src = mom;
+      if (!src) {
+        zeros.assign(n * mb, 0);
+        src = zeros.data();
       }
+      pcrc = crc32c(pcrc, src, n * mb);
+      st = write_all(f.fd, src, n * mb, tmp, &off);
+    }
+  }
+  if (st.is_ok()) {
+    std::memcpy(h, kMagic, 8);
+    put32(h + 8, kCheckpointVersion);
+    put32(h + 12, static_cast<uint32_t>(js.size()));
+    put32(h + 16, crc32c(0, js.data(), js.size()));
+    put32(h + 20, pcrc);
+    put64(h + 24, payload_bytes(meta, mb));
+    if (::pwrite(f.fd, h, kFixedHeader, 0) != static_cast<ssize_t>(kFixedHeader)) {
+      st = errno_status(errno, fmt::format("writing header of {}", tmp));
     }
   }
   if (st.is_ok() && ::fsync(f.fd) != 0) st = errno_status(errno, fmt::format("fsync {}", tmp));
@@ -231,6 +232,15 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
   return fsync_dir(dir_of(path));
 }
 
+Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
+                        const std::vector<CheckpointBuffers>& buffers) {
+  STRATA_CHECK(buffers.size() == meta.modules.size());
+  return write_checkpoint(path, meta, [&](size_t i, CheckpointBuffers* out) {
+    *out = buffers[i];
+    return Status::ok();
+  });
+}
+
 Result<CheckpointMeta> read_checkpoint_meta(const std::string& path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
@@ -239,40 +249,63 @@ Result<CheckpointMeta> read_checkpoint_meta(const std::string& path) {
   return std::move(mh.first);
 }
 
-Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuffers>& buffers) {
+Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
+                       const CheckpointSink& sink) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
-  uint64_t plen, off;
-  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f.fd, path, &plen, &off), "reading checkpoint");
+  uint64_t plen, start;
+  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f.fd, path, &plen, &start), "reading checkpoint");
   const CheckpointMeta& meta = mh.first;
-  STRATA_CHECK(buffers.size() == meta.modules.size());
   const size_t mb = moment_bytes_of(meta.moment_dtype);
-  const uint64_t start = off;
-  uint32_t crc = 0;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const size_t n = meta.modules[i].numel;
-    STRATA_RETURN_IF_ERROR(read_all(f.fd, buffers[i].master, n * 4, path, off), "");
-    crc = crc32c(crc, buffers[i].master, n * 4);
-    off += n * 4;
-    for (void* mom : {buffers[i].m, buffers[i].v}) {
-      std::vector<char> sink;
-      void* dst = mom;
-      if (!dst) {
-        sink.resize(n * mb);
-        dst = sink.data();
-      }
-      STRATA_RETURN_IF_ERROR(read_all(f.fd, dst, n * mb, path, off), "");
-      crc = crc32c(crc, dst, n * mb);
-      off += n * mb;
+  // Pass 1: verify the payload checksum without touching any state.
+  {
+    std::vector<char> chunk(size_t{8} << 20);
+    uint32_t crc = 0;
+    for (uint64_t off = start; off < start + plen;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), start + plen - off));
+      STRATA_RETURN_IF_ERROR(read_all(f.fd, chunk.data(), n, path, off), "");
+      crc = crc32c(crc, chunk.data(), n);
+      off += n;
+    }
+    if (crc != mh.second) {
+      return corrupt(
+          fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
+                      "damaged; resume from an earlier checkpoint",
+                      path, start, start + plen));
     }
   }
-  if (crc != mh.second) {
-    return corrupt(
-        fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
-                    "damaged; resume from an earlier checkpoint",
-                    path, start, off));
+  // Pass 2: module by module into staging, then to the sink.
+  uint64_t off = start;
+  std::vector<char> sinkhole;
+  for (size_t i = 0; i < meta.modules.size(); ++i) {
+    const size_t n = meta.modules[i].numel;
+    CheckpointBuffers b{};
+    STRATA_RETURN_IF_ERROR(staging(i, &b), "staging module " + meta.modules[i].name);
+    STRATA_RETURN_IF_ERROR(read_all(f.fd, b.master, n * 4, path, off), "");
+    off += n * 4;
+    for (void* mom : {b.m, b.v}) {
+      void* dst = mom;
+      if (!dst) {
+        sinkhole.resize(n * mb);
+        dst = sinkhole.data();
+      }
+      STRATA_RETURN_IF_ERROR(read_all(f.fd, dst, n * mb, path, off), "");
+      off += n * mb;
+    }
+    STRATA_RETURN_IF_ERROR(sink(i, b), "storing module " + meta.modules[i].name);
   }
   return Status::ok();
+}
+
+Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuffers>& buffers) {
+  return read_checkpoint(
+      path,
+      [&](size_t i, CheckpointBuffers* out) {
+        STRATA_CHECK(i < buffers.size());
+        *out = buffers[i];
+        return Status::ok();
+      },
+      [](size_t, const CheckpointBuffers&) { return Status::ok(); });
 }
 
 Result<std::string> latest_checkpoint(const std::string& dir) {

@@ -11,12 +11,14 @@
 //                each module's name and element count (its stable id)
 //   32+J P bytes payload: per module in order, fp32 master weights, then the first and second
 //                moments in the moment dtype
+// The payload CRC is computed while streaming and the header is written last (at offset 0).
 // A file is written as <name>.tmp, fsynced, renamed over <name>, and the directory fsynced:
 // a crash mid-write never leaves a file that looks valid. Truncated files, a wrong magic or
 // version, or a checksum mismatch are refused with a message naming the file and the offset.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,23 +46,37 @@ struct CheckpointMeta {
   std::vector<CheckpointModule> modules;
 };
 
-// Source/sink of one module's state, so the writer and reader never need it all in memory.
+// One module's state in memory: where the writer reads it from, or the reader puts it.
 struct CheckpointBuffers {
   float* master;        // numel fp32
-  void* m;              // numel x moment bytes (may be null when the optimizer has no m)
+  void* m;              // numel x moment bytes (null: written as zeros / skipped on read)
   void* v;              // likewise
   size_t moment_bytes;  // bytes per moment element (4 fp32, 2 bf16)
 };
 
-// Writes atomically to `path` (see above). `buffers[i]` belongs to meta.modules[i].
+// Streaming access, so offloaded state never has to be in memory all at once:
+// the writer asks `source(i, &b)` for module i's buffers just before writing them (they must
+// stay valid until the next call); the reader asks `staging(i, &b)` for buffers to read module
+// i into, then hands them to `sink(i, b)` to store wherever the module's state lives.
+using CheckpointSource = std::function<Status(size_t module, CheckpointBuffers* out)>;
+using CheckpointSink = std::function<Status(size_t module, const CheckpointBuffers& in)>;
+
+// Writes atomically to `path` (see above), one module at a time.
+Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
+                        const CheckpointSource& source);
+// Convenience: all modules' buffers at hand. `buffers[i]` belongs to meta.modules[i].
 Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
                         const std::vector<CheckpointBuffers>& buffers);
 
 // Reads and verifies the metadata only (cheap; checks magic, version, sizes, metadata CRC).
 Result<CheckpointMeta> read_checkpoint_meta(const std::string& path);
 
-// Reads the whole file into `buffers`, verifying every checksum before returning OK. The
-// caller has checked (via read_checkpoint_meta) that the modules match its own.
+// Verifies the whole payload checksum first (streaming, in small chunks), and only then reads
+// module by module into staging buffers and hands each to the sink: a damaged file never
+// changes any state. The caller has checked (read_checkpoint_meta) that the modules match.
+Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
+                       const CheckpointSink& sink);
+// Convenience: reads straight into `buffers`.
 Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuffers>& buffers);
 
 // The newest checkpoint in `dir` (from its "latest" file), or kNotFound.

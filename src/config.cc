@@ -38,7 +38,7 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // Why a setting is accepted but not acted on yet. When a feature lands, set its keys' reason to
 // nullptr in the table below (or retire the constant): this is the one list to shrink.
-constexpr const char* kTierManager = "offload lands with the tier manager (issue #5)";
+constexpr const char* kFastInit = "swap files are always preallocated with fallocate";
 constexpr const char* kPartitioner = "ZeRO partitioning lands with the partitioner";
 constexpr const char* kStorage = "async NVMe I/O lands with the storage engine";
 constexpr const char* kCpuOptim = "lands with the CPU optimizer pipeline";
@@ -51,6 +51,10 @@ constexpr const char* kMonitor = "strata writes JSONL metrics (train.log_file)";
 constexpr const char* kActCkpt = "use strata.activations";
 constexpr const char* kDsOnly = "a DeepSpeed feature strata does not implement";
 constexpr const char* kResume = "resume restores the step from the checkpoint";
+constexpr const char* kAlwaysPipelined =
+    "strata always pipelines optimizer-state reads and writes (depth: buffer_count)";
+constexpr const char* kOwnStaging =
+    "strata sizes parameter staging from stage3_prefetch_bucket_size and the host tier budget";
 
 // ---------------------------------------------------------------------------------------------
 // Value types.
@@ -252,42 +256,40 @@ std::vector<Key> build_table() {
         "0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned", kPartitioner));
   const char* offload_dev = "none|cpu|nvme";
   add(F("zero_optimization.offload_param.device", Enum(offload_dev),
-        STRATA_M(zero.offload_param.device), "home tier of parameters (stage 3 only)",
-        kTierManager));
+        STRATA_M(zero.offload_param.device), "home tier of parameters (stage 3 only)", nullptr));
   add(F("zero_optimization.offload_param.nvme_path", StrList(),
-        STRATA_M(zero.offload_param.nvme_path), "swap directory, or a list to stripe over",
-        kTierManager, 0, "[]"));
+        STRATA_M(zero.offload_param.nvme_path), "swap directory, or a list to stripe over", nullptr,
+        0, "[]"));
   add(F("zero_optimization.offload_param.buffer_count", Int(1, 65536),
-        STRATA_M(zero.offload_param.buffer_count), "pinned staging buffers", kTierManager));
+        STRATA_M(zero.offload_param.buffer_count), "pinned staging buffers", kOwnStaging));
   add(F("zero_optimization.offload_param.buffer_size", Size(1),
-        STRATA_M(zero.offload_param.buffer_size), "elements per staging buffer", kTierManager));
+        STRATA_M(zero.offload_param.buffer_size), "elements per staging buffer", kOwnStaging));
   add(F("zero_optimization.offload_param.max_in_cpu", Size(),
         STRATA_M(zero.offload_param.max_in_cpu), "elements kept in host RAM when device is nvme",
-        kTierManager));
+        kOwnStaging));
   add(F("zero_optimization.offload_param.pin_memory", Bool(),
-        STRATA_M(zero.offload_param.pin_memory), "page-lock host buffers", kTierManager));
+        STRATA_M(zero.offload_param.pin_memory), "page-lock host buffers", nullptr));
   add(F("zero_optimization.offload_optimizer.device", Enum(offload_dev),
         STRATA_M(zero.offload_optimizer.device), "home tier of master weights and moments",
-        kTierManager));
+        nullptr));
   add(F("zero_optimization.offload_optimizer.nvme_path", StrList(),
         STRATA_M(zero.offload_optimizer.nvme_path), "swap directory, or a list to stripe over",
-        kTierManager, 0, "[]"));
+        nullptr, 0, "[]"));
   add(F("zero_optimization.offload_optimizer.buffer_count", Int(1, 65536),
-        STRATA_M(zero.offload_optimizer.buffer_count), "pinned staging buffers", kTierManager));
+        STRATA_M(zero.offload_optimizer.buffer_count), "pinned staging buffers", nullptr));
   add(F("zero_optimization.offload_optimizer.pin_memory", Bool(),
-        STRATA_M(zero.offload_optimizer.pin_memory), "page-lock host buffers", kTierManager));
+        STRATA_M(zero.offload_optimizer.pin_memory), "page-lock host buffers", nullptr));
   add(F("zero_optimization.offload_optimizer.pipeline_read", Bool(),
         STRATA_M(zero.offload_optimizer.pipeline_read), "overlap state reads with the step",
-        kTierManager));
+        kAlwaysPipelined));
   add(F("zero_optimization.offload_optimizer.pipeline_write", Bool(),
         STRATA_M(zero.offload_optimizer.pipeline_write), "overlap state writes with the step",
-        kTierManager));
+        kAlwaysPipelined));
   add(F("zero_optimization.offload_optimizer.fast_init", Bool(),
-        STRATA_M(zero.offload_optimizer.fast_init), "DeepSpeed: fast swap-file init",
-        kTierManager));
+        STRATA_M(zero.offload_optimizer.fast_init), "DeepSpeed: fast swap-file init", kFastInit));
   add(F("zero_optimization.offload_optimizer.ratio", Real(0, 1),
         STRATA_M(zero.offload_optimizer.ratio),
-        "fraction of optimizer state offloaded (< 1 needs stage 3)", kTierManager));
+        "fraction of optimizer state offloaded (< 1 needs stage 3)", nullptr));
   add(F("zero_optimization.overlap_comm", Bool(), STRATA_M(zero.overlap_comm),
         "overlap gradient reduction with backward", kPartitioner, 0,
         "true at stage 3, else false"));
@@ -307,17 +309,16 @@ std::vector<Key> build_table() {
         "elements per optimizer sub-group", kPartitioner));
   add(F("zero_optimization.stage3_prefetch_bucket_size", Size(),
         STRATA_M(zero.stage3_prefetch_bucket_size),
-        "elements fetched ahead of use (auto: 0.9 n_embd^2)", kPartitioner, kAuto));
+        "elements fetched ahead of use (auto: 0.9 n_embd^2)", nullptr, kAuto));
   add(F("zero_optimization.stage3_param_persistence_threshold", Size(),
         STRATA_M(zero.stage3_param_persistence_threshold),
-        "parameters smaller than this stay unpartitioned (auto: 10 n_embd)", kPartitioner, kAuto));
+        "parameters smaller than this stay unpartitioned (auto: 10 n_embd)", nullptr, kAuto));
   add(F("zero_optimization.stage3_max_live_parameters", Size(),
         STRATA_M(zero.stage3_max_live_parameters), "gathered elements resident per GPU (auto: 1e9)",
         kPartitioner, kAuto));
   add(F("zero_optimization.stage3_max_reuse_distance", Size(),
         STRATA_M(zero.stage3_max_reuse_distance),
-        "keep a gathered parameter reused within this many elements (auto: 1e9)", kPartitioner,
-        kAuto));
+        "keep a gathered parameter reused within this many elements (auto: 1e9)", nullptr, kAuto));
   add(F("zero_optimization.stage3_gather_16bit_weights_on_model_save", Bool(),
         STRATA_M(zero.stage3_gather_16bit_weights_on_model_save),
         "gather full 16-bit weights when saving", kPartitioner));
@@ -357,13 +358,13 @@ std::vector<Key> build_table() {
   // --- aio --------------------------------------------------------------------------------------
   group("DeepSpeed: aio");
   add(F("aio.backend", Enum("auto|io_uring|libaio|posix"), STRATA_M(aio.backend),
-        "strata: storage engine", kStorage));
+        "strata: storage engine", nullptr));
   add(F("aio.block_size", Size(4096, kInf, 4096), STRATA_M(aio.block_size),
-        "bytes per I/O request, a multiple of 4096", kStorage));
+        "bytes per I/O request, a multiple of 4096", nullptr));
   add(F("aio.queue_depth", Int(1, 65536), STRATA_M(aio.queue_depth), "requests in flight",
-        kStorage));
+        nullptr));
   add(F("aio.intra_op_parallelism", Int(1, 1024), STRATA_M(aio.intra_op_parallelism),
-        "I/O threads per request", kStorage));
+        "I/O threads per request", nullptr));
   alias("aio.thread_count", "aio.intra_op_parallelism");
   add(F("aio.single_submit", Bool(), STRATA_M(aio.single_submit), "submit requests one by one",
         kStorage));
@@ -474,9 +475,9 @@ std::vector<Key> build_table() {
   // --- strata: engine knobs ---------------------------------------------------------------------
   group("strata: strata");
   add(F("strata.io.checksum", Bool(), STRATA_M(strata.io_checksum), "CRC32C per swapped extent",
-        kStorage));
+        nullptr));
   add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
-        "dtype of Adam moments", kCpuOptim));
+        "dtype of Adam moments", nullptr));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1", kCpuOptim));
   add(F("strata.comm.backend", Enum("auto|single|mpi|nccl"), STRATA_M(strata.comm_backend),
@@ -485,6 +486,18 @@ std::vector<Key> build_table() {
         "what happens to activations between forward and backward", kScheduler));
   add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),
         "logger level"));
+  add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),
+        "home tier of parameters (overrides offload_param.device)"));
+  add(F("strata.placement.grads", Enum("device|host"), STRATA_M(strata.placement_grads),
+        "where gradients accumulate between backward and the optimizer step"));
+  add(F("strata.placement.master", Enum("device|host|nvme"), STRATA_M(strata.placement_master),
+        "home tier of fp32 master weights (overrides offload_optimizer.device)"));
+  add(F("strata.placement.moments", Enum("device|host|nvme"), STRATA_M(strata.placement_moments),
+        "home tier of optimizer moments (overrides offload_optimizer.device)"));
+  add(F("strata.host_memory_limit", Size(), STRATA_M(strata.host_memory_limit),
+        "host tier budget in bytes; 0 = 90% of MemAvailable"));
+  add(F("strata.trace_file", Str(), STRATA_M(strata.trace_file),
+        "write the first step's access trace here (for strata trace replay)"));
   return k;
 }
 

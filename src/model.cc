@@ -198,7 +198,7 @@ GptModel::~GptModel() {
   if (host_io_) dev_.release_host(host_io_);
 }
 
-void GptModel::upload_batch(const int32_t* tokens, const int32_t* targets) {
+void GptModel::begin_batch(const int32_t* tokens, const int32_t* targets) {
   const size_t N = size_t(B_) * T_;
   Stream& s = dev_.compute_stream();
   // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
@@ -209,10 +209,10 @@ void GptModel::upload_batch(const int32_t* tokens, const int32_t* targets) {
   dev_.copy_h2d(s, targets_, host_io_ + N, N * 4);
 }
 
-// Views of module tensors inside the flat parameter buffer.
-#define PARAM(mod, idx) \
-  (static_cast<char*>(params[mod]) + lay_.modules[mod].tensors[idx].offset * es)
-#define GRAD(mod, idx) (grads[mod] + lay_.modules[mod].tensors[idx].offset)
+// Tensor views inside a module's flat buffer: parameters (dt) and gradients (fp32).
+#define PARAM(mod, params, idx) \
+  (static_cast<const char*>(params) + lay_.modules[mod].tensors[idx].offset * es)
+#define GRAD(mod, grads, idx) ((grads) + lay_.modules[mod].tensors[idx].offset)
 enum BlockTensor {
   kLn1w,
   kLn1b,
@@ -228,104 +228,107 @@ enum BlockTensor {
   kFcprojb
 };
 
-void GptModel::forward(const std::vector<void*>& params) {
+void GptModel::forward_embedding(const void* p) {
+  const size_t es = dtype_size(dt_);
+  const int E = lay_.embedding();
+  dev_.kernels().encoder_forward(dev_.compute_stream(), dt_, encoded_, tokens_, PARAM(E, p, 0),
+                                 PARAM(E, p, 1), B_, T_, lay_.C);
+}
+
+void GptModel::forward_block(int l, const void* p) {
   Kernels& k = dev_.kernels();
   Stream& s = dev_.compute_stream();
   const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
   const size_t es = dtype_size(dt_);
-  const int E = lay_.embedding();
-  k.encoder_forward(s, dt_, encoded_, tokens_, PARAM(E, 0), PARAM(E, 1), B, T, C);
-  for (int l = 0; l < lay_.L; ++l) {
-    const int m = lay_.block(l);
-    Layer& y = layers_[l];
-    const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
-    k.layernorm_forward(s, dt_, y.ln1, y.ln1_mean, y.ln1_rstd, residual, PARAM(m, kLn1w),
-                        PARAM(m, kLn1b), N, C);
-    k.matmul_forward(s, dt_, y.qkv, y.ln1, PARAM(m, kQkvw), PARAM(m, kQkvb), N, C, 3 * C);
-    k.attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, C, NH);
-    k.matmul_forward(s, dt_, y.attproj, y.atty, PARAM(m, kAttprojw), PARAM(m, kAttprojb), N, C, C);
-    k.residual_forward(s, dt_, y.res2, residual, y.attproj, size_t(N) * C);
-    k.layernorm_forward(s, dt_, y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, PARAM(m, kLn2w),
-                        PARAM(m, kLn2b), N, C);
-    k.matmul_forward(s, dt_, y.fch, y.ln2, PARAM(m, kFcw), PARAM(m, kFcb), N, C, 4 * C);
-    k.gelu_forward(s, dt_, y.fch_gelu, y.fch, size_t(N) * 4 * C);
-    k.matmul_forward(s, dt_, y.fcproj, y.fch_gelu, PARAM(m, kFcprojw), PARAM(m, kFcprojb), N, 4 * C,
-                     C);
-    k.residual_forward(s, dt_, y.res3, y.res2, y.fcproj, size_t(N) * C);
-  }
-  const int F = lay_.final_norm(), H = lay_.head();
-  k.layernorm_forward(s, dt_, lnf_, lnf_mean_, lnf_rstd_, layers_.back().res3, PARAM(F, 0),
-                      PARAM(F, 1), N, C);
-  k.matmul_forward(s, dt_, logits_, lnf_, PARAM(H, 0), nullptr, N, C, lay_.Vp);
+  const int m = lay_.block(l);
+  Layer& y = layers_[l];
+  const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
+  k.layernorm_forward(s, dt_, y.ln1, y.ln1_mean, y.ln1_rstd, residual, PARAM(m, p, kLn1w),
+                      PARAM(m, p, kLn1b), N, C);
+  k.matmul_forward(s, dt_, y.qkv, y.ln1, PARAM(m, p, kQkvw), PARAM(m, p, kQkvb), N, C, 3 * C);
+  k.attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, C, NH);
+  k.matmul_forward(s, dt_, y.attproj, y.atty, PARAM(m, p, kAttprojw), PARAM(m, p, kAttprojb), N, C,
+                   C);
+  k.residual_forward(s, dt_, y.res2, residual, y.attproj, size_t(N) * C);
+  k.layernorm_forward(s, dt_, y.ln2, y.ln2_mean, y.ln2_rstd, y.res2, PARAM(m, p, kLn2w),
+                      PARAM(m, p, kLn2b), N, C);
+  k.matmul_forward(s, dt_, y.fch, y.ln2, PARAM(m, p, kFcw), PARAM(m, p, kFcb), N, C, 4 * C);
+  k.gelu_forward(s, dt_, y.fch_gelu, y.fch, size_t(N) * 4 * C);
+  k.matmul_forward(s, dt_, y.fcproj, y.fch_gelu, PARAM(m, p, kFcprojw), PARAM(m, p, kFcprojb), N,
+                   4 * C, C);
+  k.residual_forward(s, dt_, y.res3, y.res2, y.fcproj, size_t(N) * C);
 }
 
-void GptModel::forward_loss(const int32_t* tokens, const int32_t* targets,
-                            const std::vector<void*>& params, float* losses_out) {
-  upload_batch(tokens, targets);
-  forward(params);
-  Stream& s = dev_.compute_stream();
-  const int N = B_ * T_;
-  dev_.kernels().crossentropy_forward_backward(s, dt_, losses_, logits_, targets_, 0.0f, N, lay_.V,
-                                               lay_.Vp);
-  dev_.copy_d2h(s, host_losses_, losses_, size_t(N) * 4);
-  float* src = host_losses_;
-  dev_.host_fn(s, [src, losses_out, N] { std::memcpy(losses_out, src, size_t(N) * 4); });
-}
-
-void GptModel::forward_backward(const int32_t* tokens, const int32_t* targets,
-                                const std::vector<void*>& params, const std::vector<float*>& grads,
-                                float dloss, float* losses_out) {
-  upload_batch(tokens, targets);
-  forward(params);
+void GptModel::forward_head(const void* pf, const void* ph, float dloss, float* losses_out) {
   Kernels& k = dev_.kernels();
   Stream& s = dev_.compute_stream();
-  const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
-  const size_t es = dtype_size(dt_), NC = size_t(N) * C;
+  const int N = B_ * T_, C = lay_.C;
+  const size_t es = dtype_size(dt_);
+  const int F = lay_.final_norm(), H = lay_.head();
+  k.layernorm_forward(s, dt_, lnf_, lnf_mean_, lnf_rstd_, layers_.back().res3, PARAM(F, pf, 0),
+                      PARAM(F, pf, 1), N, C);
+  k.matmul_forward(s, dt_, logits_, lnf_, PARAM(H, ph, 0), nullptr, N, C, lay_.Vp);
   k.crossentropy_forward_backward(s, dt_, losses_, logits_, targets_, dloss, N, lay_.V, lay_.Vp);
   dev_.copy_d2h(s, host_losses_, losses_, size_t(N) * 4);
   float* src = host_losses_;
   dev_.host_fn(s, [src, losses_out, N] { std::memcpy(losses_out, src, size_t(N) * 4); });
+}
 
-  // logits now hold dlogits. dA: gradient w.r.t. the current layer's output.
+void GptModel::backward_head(const void* pf, float* gf, const void* ph, float* gh) {
+  Kernels& k = dev_.kernels();
+  Stream& s = dev_.compute_stream();
+  const int N = B_ * T_, C = lay_.C;
+  const size_t es = dtype_size(dt_), NC = size_t(N) * C;
   const int F = lay_.final_norm(), H = lay_.head();
+  // logits now hold dlogits.
   dev_.memset_zero(s, dln_, NC * es);
-  k.matmul_backward(s, dt_, dln_, GRAD(H, 0), nullptr, logits_, lnf_, PARAM(H, 0), N, C, lay_.Vp);
+  k.matmul_backward(s, dt_, dln_, GRAD(H, gh, 0), nullptr, logits_, lnf_, PARAM(H, ph, 0), N, C,
+                    lay_.Vp);
   dev_.memset_zero(s, dA_, NC * es);
-  k.layernorm_backward(s, dt_, dA_, GRAD(F, 0), GRAD(F, 1), dln_, layers_.back().res3, PARAM(F, 0),
-                       lnf_mean_, lnf_rstd_, N, C);
-  for (int l = lay_.L - 1; l >= 0; --l) {
-    const int m = lay_.block(l);
-    Layer& y = layers_[l];
-    const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
-    // res3 = res2 + fcproj: dres2 = dA (+ ln2 path below); dfcproj = dA.
-    dev_.memset_zero(s, dB_, NC * es);
-    k.add_inplace(s, dt_, dB_, dA_, NC);
-    dev_.memset_zero(s, dfch_gelu_, NC * 4 * es);
-    k.matmul_backward(s, dt_, dfch_gelu_, GRAD(m, kFcprojw), GRAD(m, kFcprojb), dA_, y.fch_gelu,
-                      PARAM(m, kFcprojw), N, 4 * C, C);
-    dev_.memset_zero(s, dfch_, NC * 4 * es);
-    k.gelu_backward(s, dt_, dfch_, y.fch, dfch_gelu_, NC * 4);
-    dev_.memset_zero(s, dln_, NC * es);
-    k.matmul_backward(s, dt_, dln_, GRAD(m, kFcw), GRAD(m, kFcb), dfch_, y.ln2, PARAM(m, kFcw), N,
-                      C, 4 * C);
-    k.layernorm_backward(s, dt_, dB_, GRAD(m, kLn2w), GRAD(m, kLn2b), dln_, y.res2, PARAM(m, kLn2w),
-                         y.ln2_mean, y.ln2_rstd, N, C);
-    // res2 = residual + attproj: dresidual = dB (+ ln1 path below); dattproj = dB.
-    dev_.memset_zero(s, dA_, NC * es);
-    k.add_inplace(s, dt_, dA_, dB_, NC);
-    dev_.memset_zero(s, datty_, NC * es);
-    k.matmul_backward(s, dt_, datty_, GRAD(m, kAttprojw), GRAD(m, kAttprojb), dB_, y.atty,
-                      PARAM(m, kAttprojw), N, C, C);
-    dev_.memset_zero(s, dqkv_, NC * 3 * es);
-    k.attention_backward(s, dt_, dqkv_, datt_scratch_, datty_, y.qkv, y.att, B, T, C, NH);
-    dev_.memset_zero(s, dln_, NC * es);
-    k.matmul_backward(s, dt_, dln_, GRAD(m, kQkvw), GRAD(m, kQkvb), dqkv_, y.ln1, PARAM(m, kQkvw),
-                      N, C, 3 * C);
-    k.layernorm_backward(s, dt_, dA_, GRAD(m, kLn1w), GRAD(m, kLn1b), dln_, residual,
-                         PARAM(m, kLn1w), y.ln1_mean, y.ln1_rstd, N, C);
-  }
+  k.layernorm_backward(s, dt_, dA_, GRAD(F, gf, 0), GRAD(F, gf, 1), dln_, layers_.back().res3,
+                       PARAM(F, pf, 0), lnf_mean_, lnf_rstd_, N, C);
+}
+
+void GptModel::backward_block(int l, const void* p, float* g) {
+  Kernels& k = dev_.kernels();
+  Stream& s = dev_.compute_stream();
+  const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
+  const size_t es = dtype_size(dt_), NC = size_t(N) * C;
+  const int m = lay_.block(l);
+  Layer& y = layers_[l];
+  const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
+  // res3 = res2 + fcproj: dres2 = dA (+ ln2 path below); dfcproj = dA.
+  dev_.memset_zero(s, dB_, NC * es);
+  k.add_inplace(s, dt_, dB_, dA_, NC);
+  dev_.memset_zero(s, dfch_gelu_, NC * 4 * es);
+  k.matmul_backward(s, dt_, dfch_gelu_, GRAD(m, g, kFcprojw), GRAD(m, g, kFcprojb), dA_, y.fch_gelu,
+                    PARAM(m, p, kFcprojw), N, 4 * C, C);
+  dev_.memset_zero(s, dfch_, NC * 4 * es);
+  k.gelu_backward(s, dt_, dfch_, y.fch, dfch_gelu_, NC * 4);
+  dev_.memset_zero(s, dln_, NC * es);
+  k.matmul_backward(s, dt_, dln_, GRAD(m, g, kFcw), GRAD(m, g, kFcb), dfch_, y.ln2,
+                    PARAM(m, p, kFcw), N, C, 4 * C);
+  k.layernorm_backward(s, dt_, dB_, GRAD(m, g, kLn2w), GRAD(m, g, kLn2b), dln_, y.res2,
+                       PARAM(m, p, kLn2w), y.ln2_mean, y.ln2_rstd, N, C);
+  // res2 = residual + attproj: dresidual = dB (+ ln1 path below); dattproj = dB.
+  dev_.memset_zero(s, dA_, NC * es);
+  k.add_inplace(s, dt_, dA_, dB_, NC);
+  dev_.memset_zero(s, datty_, NC * es);
+  k.matmul_backward(s, dt_, datty_, GRAD(m, g, kAttprojw), GRAD(m, g, kAttprojb), dB_, y.atty,
+                    PARAM(m, p, kAttprojw), N, C, C);
+  dev_.memset_zero(s, dqkv_, NC * 3 * es);
+  k.attention_backward(s, dt_, dqkv_, datt_scratch_, datty_, y.qkv, y.att, B, T, C, NH);
+  dev_.memset_zero(s, dln_, NC * es);
+  k.matmul_backward(s, dt_, dln_, GRAD(m, g, kQkvw), GRAD(m, g, kQkvb), dqkv_, y.ln1,
+                    PARAM(m, p, kQkvw), N, C, 3 * C);
+  k.layernorm_backward(s, dt_, dA_, GRAD(m, g, kLn1w), GRAD(m, g, kLn1b), dln_, residual,
+                       PARAM(m, p, kLn1w), y.ln1_mean, y.ln1_rstd, N, C);
+}
+
+void GptModel::backward_embedding(float* g) {
   const int E = lay_.embedding();
-  k.encoder_backward(s, dt_, GRAD(E, 0), GRAD(E, 1), dA_, tokens_, B, T, C);
+  dev_.kernels().encoder_backward(dev_.compute_stream(), dt_, GRAD(E, g, 0), GRAD(E, g, 1), dA_,
+                                  tokens_, B_, T_, lay_.C);
 }
 
 #undef PARAM

@@ -62,8 +62,14 @@ struct ActivationSizes {
 };
 ActivationSizes activation_bytes(const ModelLayout& layout, int B, int T, DType dt);
 
-// Forward + backward of one micro-batch on `device`'s compute stream, reading parameters and
-// accumulating fp32 gradients through these per-module device pointers.
+// Forward and backward of one micro-batch on `device`'s compute stream, one module at a time,
+// so that the caller (the tier manager) can bring each module's parameters to the device just
+// before its step and take its gradients away just after. Order for one micro-batch:
+//   begin_batch; forward_embedding; forward_block(0..L-1); forward_head;
+//   backward_head; backward_block(L-1..0); backward_embedding
+// Every call only enqueues work; pointers must stay valid until the stream has run it.
+// `params` point to a module's flat parameter buffer (dt) on the device; `grads` to a module's
+// flat fp32 gradient buffer on the device, accumulated into (+=).
 class GptModel {
  public:
   // Allocates activation buffers on `device` for micro-batches of B sequences of T tokens.
@@ -71,16 +77,20 @@ class GptModel {
                                                   int T, DType dt);
   ~GptModel();
 
-  // Enqueues forward and backward. tokens/targets: host arrays [B*T], copied to the device.
-  // params[m] / grads[m]: device pointers to module m's flat params (dt) and grads (fp32,
-  // accumulated into). dloss: gradient of the loss w.r.t. each token's loss (loss scale /
-  // (B*T*accumulation)). losses_out: host array [B*T] filled once the stream reaches it.
-  void forward_backward(const int32_t* tokens, const int32_t* targets,
-                        const std::vector<void*>& params, const std::vector<float*>& grads,
-                        float dloss, float* losses_out);
-  // Forward only (eval): per-token losses into losses_out (host [B*T]).
-  void forward_loss(const int32_t* tokens, const int32_t* targets, const std::vector<void*>& params,
+  // Uploads tokens/targets (host arrays [B*T]); blocks until the previous batch's upload has
+  // been consumed (the host staging buffer is reused).
+  void begin_batch(const int32_t* tokens, const int32_t* targets);
+  void forward_embedding(const void* params);
+  void forward_block(int l, const void* params);
+  // Final norm + output projection + fused cross-entropy. Per-token losses land in losses_out
+  // (host [B*T]) once the stream has run; the logits are replaced by their gradient times dloss
+  // (dloss = loss scale / (B*T*accumulation); 0 for eval).
+  void forward_head(const void* final_norm_params, const void* head_params, float dloss,
                     float* losses_out);
+  void backward_head(const void* final_norm_params, float* final_norm_grads,
+                     const void* head_params, float* head_grads);
+  void backward_block(int l, const void* params, float* grads);
+  void backward_embedding(float* grads);
 
   int B() const { return B_; }
   int T() const { return T_; }
@@ -88,8 +98,6 @@ class GptModel {
  private:
   GptModel(Device& d, const ModelLayout& l, int B, int T, DType dt)
       : dev_(d), lay_(l), B_(B), T_(T), dt_(dt) {}
-  void forward(const std::vector<void*>& params);
-  void upload_batch(const int32_t* tokens, const int32_t* targets);
 
   Device& dev_;
   ModelLayout lay_;
@@ -107,7 +115,8 @@ class GptModel {
   std::vector<Layer> layers_;
   void *encoded_, *lnf_, *logits_;
   float *lnf_mean_, *lnf_rstd_;
-  // activation-gradient scratch, reused by every layer
+  // activation-gradient scratch, reused by every layer. dA: gradient w.r.t. the residual
+  // stream at the current layer boundary, carried from one backward call to the next.
   void *dA_, *dB_, *dln_, *dqkv_, *datty_, *dfch_, *dfch_gelu_;
   float* datt_scratch_;
   // host staging for tokens/targets/losses (the copy engines need stable host memory)

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "src/data.h"
 #include "src/model.h"
 #include "src/schedule.h"
+#include "src/tier_manager.h"
 #include "strata/checksum.h"
 #include "strata/device.h"
 #include "strata/log.h"
@@ -38,17 +40,6 @@ std::string hms(double s) {
   return fmt::format("{:02}:{:02}", t / 60, t % 60);
 }
 
-size_t host_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
-
 OptimizerKind optimizer_kind(const OptimizerConfig& o) {
   std::string t = o.type;
   for (auto& c : t) c = static_cast<char>(std::tolower(c));
@@ -58,50 +49,27 @@ OptimizerKind optimizer_kind(const OptimizerConfig& o) {
   return OptimizerKind::kAdamW;
 }
 
-// Everything one run holds. Device memory: params (dt) + grads (fp32) + activations.
-// Host memory: master, moments, a gradient landing buffer and a param staging buffer.
-struct Module {
-  size_t numel = 0;
-  void* params = nullptr;   // device, dt
-  float* grads = nullptr;   // device, fp32
-  float* master = nullptr;  // host fp32
-  void* m = nullptr;        // host moments (moment dtype)
-  void* v = nullptr;
-  float* grad_host = nullptr;  // host fp32 landing buffer
-  void* lp_host = nullptr;     // host staging for new params (dt)
-};
-
 class Run {
  public:
   Run(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
   ~Run() {
-    if (!dev_) return;
-    dev_->synchronize(dev_->compute_stream()).ignore();
+    if (dev_) dev_->synchronize(dev_->compute_stream()).ignore();
     model_.reset();
-    for (Module& m : mods_) {
-      dev_->release(m.params);
-      dev_->release(m.grads);
-      for (void* p :
-           {static_cast<void*>(m.master), m.m, m.v, static_cast<void*>(m.grad_host), m.lp_host}) {
-        if (p) dev_->release_host(p);
-      }
-    }
+    tm_.reset();
   }
 
   Status setup();
   Result<TrainResult> loop();
+  const TierManager& tiers() const { return *tm_; }
 
  private:
   Status create_device();
-  Status preflight(size_t device_need, size_t host_need);
-  Status allocate_state();
   Status init_or_resume();
   Result<double> run_step();
   Result<double> eval_loss();
+  Status forward(int micro, float dloss, bool train);
   Status save_checkpoint(int64_t step, std::string* path_out);
-  std::vector<CheckpointBuffers> checkpoint_buffers();
   CheckpointMeta checkpoint_meta(int64_t step) const;
-  uint32_t weights_crc() const;
 
   const Config& cfg_;
   const TrainOptions& opts_;
@@ -109,16 +77,18 @@ class Run {
   DType dt_ = DType::kBF16;
   int B_ = 0, T_ = 0, accum_ = 1;
   std::unique_ptr<Device> dev_;
+  std::unique_ptr<TierManager> tm_;
   std::unique_ptr<GptModel> model_;
   std::optional<Dataset> data_;
-  std::vector<Module> mods_;
   LossScaler scaler_;
   int64_t step_ = 0, opt_steps_ = 0;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_;
-  std::vector<float> losses_;
+  std::vector<float> losses_;      // [accum][B*T]
+  std::vector<const void*> held_;  // params held from forward_head to backward_head
   double last_grad_norm_ = 0;
   bool last_skipped_ = false;
+  double last_fwd_bwd_s_ = 0;
 };
 
 Status Run::create_device() {
@@ -142,29 +112,6 @@ Status Run::create_device() {
     STRATA_ASSIGN_OR_RETURN(dev_, create_cpu_device(o), "creating the cpu device");
   }
   log_info("device: {}", dev_->name());
-  return Status::ok();
-}
-
-Status Run::preflight(size_t device_need, size_t host_need) {
-  const size_t cap = dev_->memory_stats().capacity;
-  if (device_need > cap) {
-    return out_of_memory(fmt::format(
-        "preflight: the device needs {} (params {}, grads {}, activations {}) but has {} "
-        "(device.memory_limit); raise device.memory_limit, lower "
-        "train_micro_batch_size_per_gpu, or wait for offloading (issue #5)",
-        format_bytes(double(device_need)),
-        format_bytes(double(layout_.num_params() * dtype_size(dt_))),
-        format_bytes(double(layout_.num_params() * 4)),
-        format_bytes(double(activation_bytes(layout_, B_, T_, dt_).bytes)),
-        format_bytes(double(cap))));
-  }
-  const size_t avail = host_available_bytes();
-  if (avail > 0 && host_need > avail) {
-    return out_of_memory(fmt::format(
-        "preflight: host memory needs {} (fp32 master, moments, gradient and staging buffers) "
-        "but only {} is available (MemAvailable in /proc/meminfo); use a smaller model",
-        format_bytes(double(host_need)), format_bytes(double(avail))));
-  }
   return Status::ok();
 }
 
@@ -194,14 +141,6 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   const size_t P = layout_.num_params();
-  const size_t mb = dtype_size(cfg_.strata.moment_dtype);
-  size_t device_need = activation_bytes(layout_, B_, T_, dt_).bytes;
-  size_t host_need = 0;
-  for (const auto& m : layout_.modules) {
-    device_need += (m.numel * dtype_size(dt_) + 255) / 256 * 256 + (m.numel * 4 + 255) / 256 * 256;
-    host_need += m.numel * (4 + 2 * mb + 4 + dtype_size(dt_));
-  }
-  STRATA_RETURN_IF_ERROR(preflight(device_need, host_need), "");
   log_info(
       "model: GPT {} layers, {} heads, width {}, vocab {} (padded {}), context {}: {:.2f}M "
       "params in {} modules, {}",
@@ -209,7 +148,14 @@ Status Run::setup() {
       layout_.modules.size(), dtype_name(dt_));
   log_info("batch: {} micro x {} accumulation x {} tokens = {} tokens per step", B_, accum_, T_,
            int64_t(B_) * accum_ * T_);
-  STRATA_RETURN_IF_ERROR(allocate_state(), "allocating training state");
+  TierOptions to = TierOptions::from_config(cfg_, dt_);
+  STRATA_ASSIGN_OR_RETURN(to.placement, placement_from_config(cfg_, *dev_), "placement");
+  to.storage.faults = opts_.storage_faults;
+  STRATA_ASSIGN_OR_RETURN(tm_,
+                          TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to,
+                                              activation_bytes(layout_, B_, T_, dt_).bytes),
+                          "");
+  log_info("tiers: {}", tm_->describe());
   STRATA_ASSIGN_OR_RETURN(model_, GptModel::create(*dev_, layout_, B_, T_, dt_), "model");
 
   hyper_.kind = optimizer_kind(cfg_.optimizer);
@@ -221,33 +167,8 @@ Status Run::setup() {
   scaler_ = LossScaler::from_config(cfg_);
   tok_.resize(size_t(B_) * T_);
   tgt_.resize(size_t(B_) * T_);
-  losses_.resize(size_t(B_) * T_);
+  losses_.resize(size_t(accum_) * B_ * T_);
   return init_or_resume();
-}
-
-Status Run::allocate_state() {
-  const size_t mb = dtype_size(cfg_.strata.moment_dtype);
-  for (size_t i = 0; i < layout_.modules.size(); ++i) {
-    const ModuleSpec& spec = layout_.modules[i];
-    Module m;
-    m.numel = spec.numel;
-    STRATA_ASSIGN_OR_RETURN(m.params, dev_->allocate(m.numel * dtype_size(dt_), spec.name),
-                            "params of " + spec.name);
-    STRATA_ASSIGN_OR_RETURN(void* g, dev_->allocate(m.numel * 4, spec.name + ".grad"),
-                            "grads of " + spec.name);
-    m.grads = static_cast<float*>(g);
-    STRATA_ASSIGN_OR_RETURN(void* master, dev_->allocate_host(m.numel * 4), "master");
-    m.master = static_cast<float*>(master);
-    STRATA_ASSIGN_OR_RETURN(m.m, dev_->allocate_host(m.numel * mb), "moment m");
-    STRATA_ASSIGN_OR_RETURN(m.v, dev_->allocate_host(m.numel * mb), "moment v");
-    STRATA_ASSIGN_OR_RETURN(void* gh, dev_->allocate_host(m.numel * 4), "grad landing");
-    m.grad_host = static_cast<float*>(gh);
-    STRATA_ASSIGN_OR_RETURN(m.lp_host, dev_->allocate_host(m.numel * dtype_size(dt_)), "staging");
-    std::memset(m.m, 0, m.numel * mb);
-    std::memset(m.v, 0, m.numel * mb);
-    mods_.push_back(m);
-  }
-  return Status::ok();
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -268,79 +189,102 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   return meta;
 }
 
-std::vector<CheckpointBuffers> Run::checkpoint_buffers() {
-  std::vector<CheckpointBuffers> b;
-  for (Module& m : mods_) {
-    b.push_back({m.master, m.m, m.v, dtype_size(cfg_.strata.moment_dtype)});
-  }
-  return b;
-}
-
 Status Run::init_or_resume() {
   if (opts_.resume.empty()) {
-    for (size_t i = 0; i < mods_.size(); ++i) {
-      init_module_params(layout_, static_cast<int>(i), cfg_.train.seed, mods_[i].master);
-    }
+    return tm_->init_state(
+        [&](int m, float* master) { init_module_params(layout_, m, cfg_.train.seed, master); });
+  }
+  std::string path = opts_.resume;
+  if (path == "latest") {
+    STRATA_ASSIGN_OR_RETURN(path, latest_checkpoint(cfg_.train.checkpoint_dir), "--resume");
+  }
+  STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "--resume");
+  CheckpointMeta mine = checkpoint_meta(0);
+  if (meta.model_shape != mine.model_shape) {
+    return invalid_argument(fmt::format(
+        "--resume {}: the checkpoint's model ({}) differs from the config's ({}); resume with "
+        "the config it was trained with",
+        path, meta.model_shape, mine.model_shape));
+  }
+  if (meta.moment_dtype != mine.moment_dtype) {
+    return invalid_argument(fmt::format(
+        "--resume {}: moments are {} in the checkpoint but strata.optimizer.moment_dtype is {}",
+        path, meta.moment_dtype, mine.moment_dtype));
+  }
+  STRATA_RETURN_IF_ERROR(tm_->load(path), "--resume");
+  step_ = meta.step;
+  opt_steps_ = meta.opt_steps;
+  scaler_.scale = meta.loss_scale;
+  scaler_.cur_iter = meta.scaler_cur_iter;
+  scaler_.last_overflow_iter = meta.scaler_last_overflow_iter;
+  scaler_.cur_hysteresis = meta.scaler_cur_hysteresis;
+  log_info("resumed from {} at step {}", path, step_);
+  return Status::ok();
+}
+
+// Forward of one micro-batch, module by module through the tier manager. For training, the
+// head's parameters stay acquired for backward (held_).
+Status Run::forward(int micro, float dloss, bool train) {
+  const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
+  STRATA_ASSIGN_OR_RETURN(const void* pe, tm_->acquire_params(E), "");
+  model_->forward_embedding(pe);
+  tm_->release_params(E);
+  for (int l = 0; l < layout_.L; ++l) {
+    STRATA_ASSIGN_OR_RETURN(const void* p, tm_->acquire_params(layout_.block(l)), "");
+    model_->forward_block(l, p);
+    tm_->release_params(layout_.block(l));
+  }
+  STRATA_ASSIGN_OR_RETURN(const void* pf, tm_->acquire_params(F), "");
+  STRATA_ASSIGN_OR_RETURN(const void* ph, tm_->acquire_params(H), "");
+  model_->forward_head(pf, ph, dloss, losses_.data() + size_t(micro) * B_ * T_);
+  if (train) {
+    held_ = {pf, ph};
   } else {
-    std::string path = opts_.resume;
-    if (path == "latest") {
-      STRATA_ASSIGN_OR_RETURN(path, latest_checkpoint(cfg_.train.checkpoint_dir), "--resume");
-    }
-    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "--resume");
-    CheckpointMeta mine = checkpoint_meta(0);
-    if (meta.model_shape != mine.model_shape) {
-      return invalid_argument(fmt::format(
-          "--resume {}: the checkpoint's model ({}) differs from the config's ({}); resume with "
-          "the config it was trained with",
-          path, meta.model_shape, mine.model_shape));
-    }
-    if (meta.moment_dtype != mine.moment_dtype) {
-      return invalid_argument(fmt::format(
-          "--resume {}: moments are {} in the checkpoint but strata.optimizer.moment_dtype is {}",
-          path, meta.moment_dtype, mine.moment_dtype));
-    }
-    STRATA_RETURN_IF_ERROR(read_checkpoint(path, checkpoint_buffers()), "--resume");
-    step_ = meta.step;
-    opt_steps_ = meta.opt_steps;
-    scaler_.scale = meta.loss_scale;
-    scaler_.cur_iter = meta.scaler_cur_iter;
-    scaler_.last_overflow_iter = meta.scaler_last_overflow_iter;
-    scaler_.cur_hysteresis = meta.scaler_cur_hysteresis;
-    log_info("resumed from {} at step {}", path, step_);
+    tm_->release_params(F);
+    tm_->release_params(H);
   }
-  // Device params = low-precision copy of the master weights.
-  Stream& s = dev_->compute_stream();
-  for (Module& m : mods_) {
-    convert(m.master, DType::kF32, m.lp_host, dt_, m.numel);
-    dev_->copy_h2d(s, m.params, m.lp_host, m.numel * dtype_size(dt_));
-  }
-  return dev_->synchronize(s);
+  return Status::ok();
 }
 
 Result<double> Run::run_step() {
-  Stream& s = dev_->compute_stream();
-  std::vector<void*> params;
-  std::vector<float*> grads;
-  for (Module& m : mods_) {
-    params.push_back(m.params);
-    grads.push_back(m.grads);
-    dev_->memset_zero(s, m.grads, m.numel * 4);
-  }
+  const auto t0 = Clock::now();
   const double scale = scaler_.scale;
   const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_));
-  double loss_sum = 0;
+  const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
+  tm_->begin_phase("train");
   for (int micro = 0; micro < accum_; ++micro) {
+    const bool last = micro == accum_ - 1;
     data_->train_batch(cfg_.train.seed, step_, micro, /*rank=*/0, B_, T_, tok_.data(), tgt_.data());
-    model_->forward_backward(tok_.data(), tgt_.data(), params, grads, dloss, losses_.data());
-    STRATA_RETURN_IF_ERROR(dev_->synchronize(s), "forward/backward");
-    for (float l : losses_) loss_sum += l;
+    model_->begin_batch(tok_.data(), tgt_.data());
+    STRATA_RETURN_IF_ERROR(forward(micro, dloss, true), "forward");
+    // Backward: head, blocks in reverse, embedding; each module's gradients leave the device
+    // as soon as its backward is done.
+    STRATA_ASSIGN_OR_RETURN(float* gf, tm_->acquire_grads(F), "backward");
+    STRATA_ASSIGN_OR_RETURN(float* gh, tm_->acquire_grads(H), "backward");
+    model_->backward_head(held_[0], gf, held_[1], gh);
+    tm_->release_params(F);
+    tm_->release_params(H);
+    tm_->drain_grads(F, micro, last);
+    if (H != E) tm_->drain_grads(H, micro, last);
+    for (int l = layout_.L - 1; l >= 0; --l) {
+      const int m = layout_.block(l);
+      STRATA_ASSIGN_OR_RETURN(const void* p, tm_->acquire_params(m), "backward");
+      STRATA_ASSIGN_OR_RETURN(float* g, tm_->acquire_grads(m), "backward");
+      model_->backward_block(l, p, g);
+      tm_->release_params(m);
+      tm_->drain_grads(m, micro, last);
+    }
+    STRATA_ASSIGN_OR_RETURN(float* ge, tm_->acquire_grads(E), "backward");
+    model_->backward_embedding(ge);
+    tm_->drain_grads(E, micro, last);
   }
+  STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
+  last_fwd_bwd_s_ = seconds_since(t0);
+  double loss_sum = 0;
+  for (float l : losses_) loss_sum += l;
   const double loss = loss_sum / (double(B_) * T_ * accum_);
-  for (Module& m : mods_) dev_->copy_d2h(s, m.grad_host, m.grads, m.numel * 4);
-  STRATA_RETURN_IF_ERROR(dev_->synchronize(s), "copying gradients to the host");
 
-  GradStats stats;
-  for (Module& m : mods_) stats.merge(grad_stats_reference(m.grad_host, DType::kF32, m.numel));
+  const GradStats stats = tm_->grad_stats();
   last_skipped_ = scaler_.update(cfg_, stats.nonfinite);
   last_grad_norm_ = std::sqrt(stats.norm_sq) / scale;
   if (!last_skipped_) {
@@ -351,47 +295,34 @@ Result<double> Run::run_step() {
     }
     hyper_.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
     hyper_.step = opt_steps_ + 1;
-    for (Module& m : mods_) {
-      ShardState st;
-      st.n = m.numel;
-      st.grad = m.grad_host;
-      st.grad_dtype = DType::kF32;
-      st.grad_mult = static_cast<float>(coef / scale);
-      st.master = m.master;
-      st.m = m.m;
-      st.v = m.v;
-      st.moment_dtype = cfg_.strata.moment_dtype;
-      st.lp_out = m.lp_host;
-      st.lp_dtype = dt_;
-      optimizer_step_reference(hyper_, st);
-      dev_->copy_h2d(s, m.params, m.lp_host, m.numel * dtype_size(dt_));
-    }
+    STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, static_cast<float>(coef / scale)), "");
     ++opt_steps_;
-    // The staging buffers are reused next step: the uploads must be done before then.
-    STRATA_RETURN_IF_ERROR(dev_->synchronize(s), "uploading parameters");
+  }
+  STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
+  if (step_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
+    std::vector<std::string> names;
+    for (size_t m = 0; m < layout_.modules.size(); ++m) names.push_back(tm_->object_name(int(m)));
+    std::ofstream(cfg_.strata.trace_file) << tm_->trace("train")->to_jsonl(names);
+    log_info("wrote the access trace to {} (strata trace replay --trace {})",
+             cfg_.strata.trace_file, cfg_.strata.trace_file);
   }
   ++step_;
   return loss;
 }
 
 Result<double> Run::eval_loss() {
-  std::vector<void*> params;
-  for (Module& m : mods_) params.push_back(m.params);
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
   for (int i = 0; i < n; ++i) {
+    tm_->begin_phase("eval");
     data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data());
-    model_->forward_loss(tok_.data(), tgt_.data(), params, losses_.data());
-    STRATA_RETURN_IF_ERROR(dev_->synchronize(dev_->compute_stream()), "eval forward");
-    for (float l : losses_) sum += l;
+    model_->begin_batch(tok_.data(), tgt_.data());
+    STRATA_RETURN_IF_ERROR(forward(0, 0.0f, false), "eval forward");
+    STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
+    STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
+    for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
   }
   return sum / (double(n) * B_ * T_);
-}
-
-uint32_t Run::weights_crc() const {
-  uint32_t c = 0;
-  for (const Module& m : mods_) c = crc32c(c, m.master, m.numel * 4);
-  return c;
 }
 
 Status Run::save_checkpoint(int64_t step, std::string* path_out) {
@@ -403,7 +334,7 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
   }
   const std::string name = fmt::format("ckpt-{:08}.bin", step);
   const std::string path = dir + "/" + name;
-  STRATA_RETURN_IF_ERROR(write_checkpoint(path, checkpoint_meta(step), checkpoint_buffers()),
+  STRATA_RETURN_IF_ERROR(tm_->save(path, checkpoint_meta(step)),
                          "saving step " + std::to_string(step));
   STRATA_RETURN_IF_ERROR(set_latest_checkpoint(dir, name), "saving step " + std::to_string(step));
   // Keep the two newest checkpoints.
@@ -448,9 +379,27 @@ Result<TrainResult> Run::loop() {
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_;
   auto window_t = Clock::now();
   int64_t window_steps = 0;
+  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0;
+  auto bytes_now = [&]() {
+    return std::array<uint64_t, 3>{
+        tm_->stats(Tier::kDevice).bytes_in, tm_->stats(Tier::kDevice).bytes_out,
+        tm_->stats(Tier::kNvme).bytes_out + tm_->stats(Tier::kNvme).bytes_in};
+  };
+  auto w_bytes = bytes_now();
+  tm_->take_times();
   while (step_ < total) {
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
+    const TierTimes tt = tm_->take_times();
+    w_fb += last_fwd_bwd_s_;
+    w_opt += tt.optimizer_s;
+    w_io += tt.io_wait_s;
+    w_cw += tt.compute_wait_s;
+    r.fwd_bwd_s += last_fwd_bwd_s_;
+    r.optimizer_s += tt.optimizer_s;
+    r.io_wait_s += tt.io_wait_s;
+    r.compute_wait_s += tt.compute_wait_s;
     r.losses.push_back(loss);
+    if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
     ++window_steps;
     if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
@@ -467,13 +416,19 @@ Result<TrainResult> Run::loop() {
       const double per_step = elapsed / double(step_ - r.start_step);
       const double eta = per_step * double(total - step_);
       const double lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
+      const double ws = double(std::max<int64_t>(window_steps, 1));
+      const auto b = bytes_now();
+      const double dev_mb = double(b[0] - w_bytes[0] + b[1] - w_bytes[1]) / ws / 1048576.0;
+      const double nvme_mb = double(b[2] - w_bytes[2]) / ws / 1048576.0;
       if (opts_.progress) {
         std::printf(
-            "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | %s "
-            "elapsed, ETA %s%s\n",
+            "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
+            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f, io wait %.0f | moved/step: device %.1f "
+            "MiB, nvme %.1f MiB | %s elapsed, ETA %s%s\n",
             (long long)step_, (long long)total, loss, lr, last_grad_norm_,
             cfg_.fp16.enabled ? fmt::format("scale {:g} | ", scaler_.scale).c_str() : "", tps,
-            hms(elapsed).c_str(), hms(eta).c_str(),
+            1e3 * win / ws, 1e3 * w_fb / ws, 1e3 * w_cw / ws, 1e3 * w_opt / ws, 1e3 * w_io / ws,
+            dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
             last_skipped_ ? " | overflow: step skipped" : "");
         std::fflush(stdout);
       }
@@ -484,15 +439,27 @@ Result<TrainResult> Run::loop() {
                               {"loss_scale", scaler_.scale},
                               {"skipped", last_skipped_},
                               {"tokens_per_s", tps},
-                              {"elapsed_s", elapsed}}
+                              {"elapsed_s", elapsed},
+                              {"step_s", win / ws},
+                              {"fwd_bwd_s", w_fb / ws},
+                              {"fetch_wait_s", w_cw / ws},
+                              {"optimizer_s", w_opt / ws},
+                              {"io_wait_s", w_io / ws},
+                              {"comm_s", 0.0},
+                              {"device_bytes_per_step", dev_mb * 1048576.0},
+                              {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
                    .dump()
             << "\n";
       jsonl.flush();
       window_t = Clock::now();
       window_steps = 0;
+      w_fb = w_opt = w_io = w_cw = 0;
+      w_bytes = bytes_now();
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");
+      tm_->take_times();  // eval's fetch waits are not the step's
+      window_t = Clock::now();
     }
     const bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
                       (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
@@ -512,7 +479,11 @@ Result<TrainResult> Run::loop() {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
   }
   r.end_step = step_;
-  r.weights_crc = weights_crc();
+  r.weights_crc = tm_->weights_crc();
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    const TierStats ts = tm_->stats(t);
+    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out});
+  }
   const double secs = seconds_since(t0);
   r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
   return r;

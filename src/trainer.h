@@ -14,12 +14,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "strata/config.h"
 #include "strata/status.h"
+#include "strata/storage_faults.h"
 
 namespace strata {
 
@@ -28,6 +31,8 @@ struct TrainOptions {
   bool progress = true;       // progress lines on stdout
   int64_t stop_at_step = -1;  // behave as if stopped by a signal once this step is done
   const std::atomic<int>* stop_signal = nullptr;  // non-zero: stop after the current step
+  std::shared_ptr<FaultPlan> storage_faults;      // tests: faults injected under the NVMe tier
+  std::function<void(int64_t step)> on_step_end;  // called after each completed step
 };
 
 struct TrainResult {
@@ -40,6 +45,16 @@ struct TrainResult {
   std::string last_checkpoint;                          // path, "" if none written
   uint32_t weights_crc = 0;                             // CRC32C of all fp32 master weights
   double tokens_per_s = 0;                              // over the steps run here
+  // Time split over the steps run here, seconds: forward+backward (the fetch waits included),
+  // the compute stream's waits on parameter fetches, the optimizer pass (its I/O included),
+  // and any thread's waits on NVMe I/O.
+  double fwd_bwd_s = 0, compute_wait_s = 0, optimizer_s = 0, io_wait_s = 0;
+  struct TierUse {
+    std::string name;  // device | host | nvme
+    size_t capacity = 0, peak = 0;
+    uint64_t bytes_in = 0, bytes_out = 0;
+  };
+  std::vector<TierUse> tiers;
 };
 
 Result<TrainResult> train(const Config& cfg, const TrainOptions& opts);

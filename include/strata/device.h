@@ -58,6 +58,9 @@ class Device {
   virtual ~Device() = default;
 
   virtual DeviceKind kind() const = 0;
+  // True if device memory is ordinary host memory the CPU may read and write directly (the CPU
+  // backend). Lets the CPU optimizer step device-resident state in place.
+  virtual bool host_addressable() const { return false; }
   // Human-readable, e.g. "cpu (arena 512 MiB, 2 threads)" or "NVIDIA H100 80GB HBM3 (sm_90)".
   virtual std::string name() const = 0;
 

@@ -106,6 +106,7 @@ class CpuDevice final : public Device {
   }
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
+  bool host_addressable() const override { return true; }
   std::string name() const override {
     return fmt::format("cpu (arena {}, {} threads)", format_bytes(double(capacity_)),
                        threads_ > 0 ? std::to_string(threads_) : std::string("all"));

@@ -1,0 +1,114 @@
+#include "src/io_worker.h"
+
+#include <chrono>
+#include <vector>
+
+namespace strata {
+
+IoWorker::IoWorker(Storage* storage, SwapSpace* swap) : storage_(storage), swap_(swap) {
+  thread_ = std::thread([this] { run(); });
+}
+
+IoWorker::~IoWorker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+IoWorker::Ticket IoWorker::read(const SwapExtent& extent, void* buffer) {
+  std::lock_guard<std::mutex> l(mu_);
+  Ticket t = next_++;
+  queue_.push_back({t, IoOp::kRead, extent, buffer});
+  cv_.notify_all();
+  return t;
+}
+
+IoWorker::Ticket IoWorker::write(const SwapExtent& extent, const void* buffer) {
+  std::lock_guard<std::mutex> l(mu_);
+  Ticket t = next_++;
+  queue_.push_back({t, IoOp::kWrite, extent, const_cast<void*>(buffer)});
+  cv_.notify_all();
+  return t;
+}
+
+Status IoWorker::wait(Ticket t) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> l(mu_);
+  done_cv_.wait(l, [&] { return done_.count(t) != 0; });
+  Status s = std::move(done_[t]);
+  done_.erase(t);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+double IoWorker::wait_seconds() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return wait_s_;
+}
+uint64_t IoWorker::bytes_read() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return bytes_read_;
+}
+uint64_t IoWorker::bytes_written() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return bytes_written_;
+}
+
+void IoWorker::run() {
+  std::vector<IoRequest> reqs;
+  std::vector<IoCompletion> comps(256);
+  std::unordered_map<Ticket, uint64_t> ticket_bytes;
+  std::unordered_map<Ticket, IoOp> ticket_op;
+  for (;;) {
+    std::deque<Job> jobs;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty() || storage_->pending() > 0; });
+      if (stop_ && queue_.empty() && storage_->pending() == 0) return;
+      jobs.swap(queue_);
+    }
+    for (Job& j : jobs) {
+      reqs.clear();
+      size_t n = swap_->requests(j.extent, j.op, j.buffer, j.ticket, &reqs);
+      Status s = storage_->submit(reqs);
+      std::lock_guard<std::mutex> l(mu_);
+      if (!s.is_ok()) {
+        done_[j.ticket] = s;
+        done_cv_.notify_all();
+        continue;
+      }
+      parts_left_[j.ticket] = n;
+      ticket_bytes[j.ticket] = j.extent.bytes;
+      ticket_op[j.ticket] = j.op;
+    }
+    if (storage_->pending() == 0) continue;
+    // Reap at least one completion, then anything else that is ready.
+    size_t got = storage_->reap(comps, 1);
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t i = 0; i < got; ++i) {
+      Ticket t = comps[i].cookie;
+      if (!comps[i].status.is_ok() && first_error_.count(t) == 0) {
+        first_error_[t] = comps[i].status;
+      }
+      if (--parts_left_[t] == 0) {
+        parts_left_.erase(t);
+        auto e = first_error_.find(t);
+        if (e != first_error_.end()) {
+          done_[t] = e->second;
+          first_error_.erase(e);
+        } else {
+          done_[t] = Status::ok();
+          (ticket_op[t] == IoOp::kRead ? bytes_read_ : bytes_written_) += ticket_bytes[t];
+        }
+        ticket_bytes.erase(t);
+        ticket_op.erase(t);
+      }
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,1014 @@
+#include "src/tier_manager.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "src/io_worker.h"
+#include "strata/checksum.h"
+#include "strata/cpu_optim.h"
+#include "strata/log.h"
+#include "strata/swap_space.h"
+
+namespace strata {
+
+const char* tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+Result<Tier> parse_tier(const std::string& key, const std::string& v, bool allow_nvme) {
+  if (v == "device" || v == "none") return Tier::kDevice;
+  if (v == "host" || v == "cpu") return Tier::kHost;
+  if (v == "nvme" && allow_nvme) return Tier::kNvme;
+  return invalid_argument(
+      fmt::format("{}: '{}' is not one of device, host{}", key, v, allow_nvme ? ", nvme" : ""));
+}
+
+size_t host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  size_t kb = 0;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<Placement> placement_from_config(const Config& cfg, const Device& device) {
+  Placement p;
+  const auto& zp = cfg.zero.offload_param;
+  const auto& zo = cfg.zero.offload_optimizer;
+  STRATA_ASSIGN_OR_RETURN(
+      p.params, parse_tier("zero_optimization.offload_param.device", zp.device, true), "");
+  STRATA_ASSIGN_OR_RETURN(
+      Tier opt, parse_tier("zero_optimization.offload_optimizer.device", zo.device, true), "");
+  p.master = p.moments = opt;
+  p.grads = opt == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+  p.optimizer_ratio = zo.ratio;
+  const StrataConfig& s = cfg.strata;
+  if (!s.placement_params.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.params,
+                            parse_tier("strata.placement.params", s.placement_params, true), "");
+  }
+  if (!s.placement_master.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.master,
+                            parse_tier("strata.placement.master", s.placement_master, true), "");
+  }
+  if (!s.placement_moments.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.moments,
+                            parse_tier("strata.placement.moments", s.placement_moments, true), "");
+  }
+  if (!s.placement_grads.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, false),
+                            "");
+  }
+  const bool dev_opt = p.master == Tier::kDevice || p.moments == Tier::kDevice ||
+                       p.grads == Tier::kDevice || p.optimizer_ratio < 1.0;
+  if (dev_opt && !device.host_addressable()) {
+    return invalid_argument(
+        "optimizer state or gradients on the device need the optimizer step to run on the "
+        "device, which this backend cannot do yet: set zero_optimization.offload_optimizer."
+        "device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1)");
+  }
+  return p;
+}
+
+TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
+  TierOptions o;
+  const auto& zp = cfg.zero.offload_param;
+  const auto& zo = cfg.zero.offload_optimizer;
+  std::set<std::string> seen;
+  for (const auto* list : {&zp.nvme_path, &zo.nvme_path}) {
+    for (const auto& p : *list) {
+      if (seen.insert(p).second) o.nvme_paths.push_back(p);
+    }
+  }
+  o.storage = StorageOptions::from_config(cfg);
+  o.pin_memory = zp.pin_memory || zo.pin_memory;
+  o.buffer_count = std::max(1, zo.buffer_count);
+  const size_t es = dtype_size(dt);
+  o.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * es;
+  o.max_reuse_distance = cfg.zero.stage3_max_reuse_distance >= (UINT64_MAX / 8)
+                             ? UINT64_MAX
+                             : cfg.zero.stage3_max_reuse_distance * es;
+  o.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+  o.optimizer_threads = cfg.device.cpu_threads;
+  size_t avail = host_available_bytes();
+  o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
+                                                     : static_cast<size_t>(double(avail) * 0.9);
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct TierManager::Impl {
+  // Where one object's bytes live.
+  struct Home {
+    Tier tier = Tier::kHost;
+    size_t bytes = 0;
+    PinnedBuffer host;    // tier == host
+    void* dev = nullptr;  // tier == device
+    SwapExtent ext;       // tier == nvme
+    // Host-visible pointer for host homes, and device homes on a host-addressable device.
+    void* ptr() const { return tier == Tier::kHost ? host.data() : dev; }
+  };
+  struct Module {
+    std::string name;
+    size_t numel = 0;
+    Home p, master, mom, gacc;
+  };
+  // The device cache entry of a module's parameters (unused when their home is the device).
+  struct Cache {
+    void* ptr = nullptr;
+    bool resident = false;
+    bool persistent = false;
+    int pins = 0;
+    uint64_t acq_pos = 0;   // trace position of the current/last acquire
+    uint64_t last_pos = 0;  // LRU key
+    std::shared_ptr<Event> ready, last_use;
+  };
+  struct PendingFree {
+    void* ptr;
+    size_t bytes;
+    std::shared_ptr<Event> after;
+  };
+
+  Impl(Device& d, const ModelLayout& l, DType dt_, DType mdt_, const TierOptions& o)
+      : dev(d), lay(l), dt(dt_), mdt(mdt_), opt(o) {}
+
+  Device& dev;
+  ModelLayout lay;
+  DType dt, mdt;
+  TierOptions opt;
+  std::unique_ptr<BufferPool> pool;
+  std::unique_ptr<Storage> storage;
+  std::unique_ptr<SwapSpace> swap;
+  std::unique_ptr<IoWorker> io;
+  std::vector<Module> mods;
+  std::vector<Cache> cache;
+  std::vector<float*> gdev;
+  std::vector<GradStats> gstats;
+  std::deque<PendingFree> pending;
+  size_t device_state_bytes = 0;  // resident homes + cache + grads (manager's share)
+  size_t nvme_capacity = 0, nvme_used = 0;
+
+  // trace
+  std::map<std::string, Trace> traces;
+  std::string phase;
+  std::vector<Access> rec;
+  bool mismatch = false;
+  uint64_t pos = 0;
+  const Trace* cur = nullptr;
+
+  // stats (device counters are also updated from stream threads)
+  mutable std::mutex mu;
+  Status async_error;
+  uint64_t dev_in = 0, dev_out = 0, host_in = 0, host_out = 0;
+  double compute_wait_s = 0, optimizer_s = 0, io_wait_base = 0;
+
+  void set_async_error(const Status& s) {
+    std::lock_guard<std::mutex> l(mu);
+    if (async_error.is_ok()) async_error = s;
+  }
+  Status take_async_error() {
+    std::lock_guard<std::mutex> l(mu);
+    Status s = async_error;
+    async_error = Status::ok();
+    return s;
+  }
+
+  // ---- device memory -------------------------------------------------------------------
+  void reclaim(bool block_oldest) {
+    while (!pending.empty()) {
+      PendingFree& f = pending.front();
+      if (f.after && !dev.query(*f.after)) {
+        if (!block_oldest) break;
+        dev.synchronize(*f.after).ignore();
+        block_oldest = false;
+      }
+      dev.release(f.ptr);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        device_state_bytes -= f.bytes;
+      }
+      pending.pop_front();
+    }
+  }
+
+  uint64_t next_use(int m, uint64_t from) const {
+    if (!cur || mismatch) return 0;
+    return cur->next_use_of(m, from);
+  }
+
+  // Evicts one cached parameter object: the one used furthest in the future (Belady) when the
+  // trace is known, else the least recently used. Never `keep`, pinned or persistent ones, and
+  // (for prefetch) none needed at or before `need_before`. Returns false if none qualifies.
+  bool evict_one(int keep, uint64_t need_before) {
+    int victim = -1;
+    uint64_t best = 0;
+    const bool belady = cur && !mismatch;
+    for (size_t m = 0; m < cache.size(); ++m) {
+      const Cache& c = cache[m];
+      if (!c.resident || c.pins > 0 || c.persistent || int(m) == keep) continue;
+      uint64_t key;
+      if (belady) {
+        key = next_use(int(m), pos);
+        if (need_before != UINT64_MAX && key <= need_before) continue;
+      } else {
+        if (need_before != UINT64_MAX) continue;  // no prefetch without a trace
+        key = UINT64_MAX - c.last_pos;
+      }
+      if (victim < 0 || key > best) {
+        victim = int(m);
+        best = key;
+      }
+    }
+    if (victim < 0) return false;
+    drop(victim);
+    return true;
+  }
+
+  void drop(int m) {
+    Cache& c = cache[size_t(m)];
+    // The memory is freed once its last use (and its fetch) have run.
+    if (c.ready) dev.synchronize(*c.ready).ignore();
+    pending.push_back({c.ptr, round_up(mods[size_t(m)].p.bytes, 256), c.last_use});
+    c.ptr = nullptr;
+    c.resident = false;
+  }
+
+  // Device allocation for manager-owned buffers, evicting as needed. With `may_block`, waits for
+  // pending frees and gradient drains before giving up; the error names the tier and the key.
+  Result<void*> dev_alloc(size_t bytes, const std::string& tag, int keep, uint64_t need_before,
+                          bool may_block) {
+    for (int round = 0;; ++round) {
+      reclaim(false);
+      auto r = dev.allocate(bytes, tag);
+      if (r.is_ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        device_state_bytes += round_up(bytes, 256);
+        return r;
+      }
+      if (evict_one(keep, need_before)) continue;
+      if (!may_block) return r.status();
+      if (!pending.empty()) {
+        reclaim(true);
+        continue;
+      }
+      if (round < 2) {  // gradient drains in flight free device memory when they finish
+        dev.synchronize(dev.d2h_stream()).ignore();
+        continue;
+      }
+      auto st = dev.memory_stats();
+      return out_of_memory(fmt::format(
+          "device tier full: {} for {} does not fit ({} of {} in use, every cached object "
+          "pinned); raise device.memory_limit or lower train_micro_batch_size_per_gpu",
+          format_bytes(double(bytes)), tag, format_bytes(double(st.used)),
+          format_bytes(double(st.capacity))));
+    }
+  }
+
+  Result<PinnedBuffer> host_buf(size_t bytes, const char* what) {
+    for (int round = 0;; ++round) {
+      auto r = pool->acquire(bytes);
+      if (r.is_ok() || round >= 2) {
+        if (!r.is_ok()) return r.status().with_context(what);
+        return r;
+      }
+      // Staging buffers come back as copies and writes finish.
+      dev.synchronize(dev.h2d_stream()).ignore();
+      dev.synchronize(dev.d2h_stream()).ignore();
+    }
+  }
+
+  // ---- parameters ----------------------------------------------------------------------
+  Status fetch(int m, uint64_t need_before, bool may_block, bool* fetched) {
+    Module& mod = mods[size_t(m)];
+    Cache& c = cache[size_t(m)];
+    *fetched = false;
+    auto r = dev_alloc(mod.p.bytes, mod.name + ".params", m, need_before, may_block);
+    if (!r.is_ok()) return may_block ? r.status() : Status::ok();
+    c.ptr = *r;
+    Stream& h2d = dev.h2d_stream();
+    if (mod.p.tier == Tier::kHost) {
+      dev.copy_h2d(h2d, c.ptr, mod.p.host.data(), mod.p.bytes);
+    } else {
+      auto staging = host_buf(mod.p.bytes, "staging a parameter fetch");
+      if (!staging.is_ok()) {
+        dev.release(c.ptr);
+        std::lock_guard<std::mutex> l(mu);
+        device_state_bytes -= round_up(mod.p.bytes, 256);
+        c.ptr = nullptr;
+        return may_block ? staging.status() : Status::ok();
+      }
+      auto sp = std::make_shared<PinnedBuffer>(std::move(staging).value());
+      IoWorker::Ticket t = io->read(mod.p.ext, sp->data());
+      IoWorker* iow = io.get();
+      dev.host_fn(h2d, [this, iow, t] {
+        Status s = iow->wait(t);
+        if (!s.is_ok()) set_async_error(s);
+      });
+      dev.copy_h2d(h2d, c.ptr, sp->data(), mod.p.bytes);
+      dev.host_fn(h2d, [sp] { sp->reset(); });
+      std::lock_guard<std::mutex> l(mu);
+      host_in += mod.p.bytes;
+      host_out += mod.p.bytes;
+    }
+    c.ready = std::shared_ptr<Event>(dev.create_event());
+    dev.record(*c.ready, h2d);
+    c.resident = true;
+    c.persistent = mod.numel < opt.persistence_threshold;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      dev_in += mod.p.bytes;
+    }
+    *fetched = true;
+    return Status::ok();
+  }
+
+  void compute_waits_for(const std::shared_ptr<Event>& ev) {
+    if (!ev) return;
+    if (dev.host_addressable()) {
+      // Timed wait: how long the compute stream stalls on this fetch.
+      dev.host_fn(dev.compute_stream(), [this, ev] {
+        auto t0 = Clock::now();
+        dev.synchronize(*ev).ignore();
+        double w = std::chrono::duration<double>(Clock::now() - t0).count();
+        std::lock_guard<std::mutex> l(mu);
+        compute_wait_s += w;
+      });
+    } else {
+      dev.wait(dev.compute_stream(), *ev);
+    }
+  }
+
+  void prefetch() {
+    if (!cur || mismatch || cur->empty()) return;
+    const uint64_t n = cur->size();
+    uint64_t in_flight = 0;
+    for (size_t m = 0; m < cache.size(); ++m) {
+      if (cache[m].resident && cache[m].ready && !dev.query(*cache[m].ready)) {
+        in_flight += mods[m].p.bytes;
+      }
+    }
+    for (uint64_t j = pos; j < pos + n; ++j) {
+      const int m = cur->accesses()[j % n].object;
+      if (mods[size_t(m)].p.tier == Tier::kDevice || cache[size_t(m)].resident) continue;
+      if (in_flight + mods[size_t(m)].p.bytes > opt.prefetch_bytes) break;
+      bool fetched = false;
+      if (!fetch(m, j, /*may_block=*/false, &fetched).is_ok() || !fetched) break;
+      in_flight += mods[size_t(m)].p.bytes;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+
+TierManager::TierManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { opt_ = impl_->opt; }
+
+TierManager::~TierManager() {
+  if (!impl_) return;
+  Impl& I = *impl_;
+  I.dev.synchronize(I.dev.compute_stream()).ignore();
+  I.dev.synchronize(I.dev.h2d_stream()).ignore();
+  I.dev.synchronize(I.dev.d2h_stream()).ignore();
+  I.reclaim(true);
+  while (!I.pending.empty()) I.reclaim(true);
+  for (size_t m = 0; m < I.mods.size(); ++m) {
+    if (I.cache[m].resident) I.dev.release(I.cache[m].ptr);
+    if (I.gdev[m]) I.dev.release(I.gdev[m]);
+    for (auto* h : {&I.mods[m].p, &I.mods[m].master, &I.mods[m].mom, &I.mods[m].gacc}) {
+      if (h->tier == Tier::kDevice && h->dev) I.dev.release(h->dev);
+      h->host.reset();
+    }
+  }
+  I.io.reset();
+  I.swap.reset();  // removes the swap files
+  I.storage.reset();
+}
+
+Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const ModelLayout& layout,
+                                                         DType dt, DType moment_dt,
+                                                         const TierOptions& options,
+                                                         size_t activation_bytes) {
+  auto impl = std::make_unique<Impl>(device, layout, dt, moment_dt, options);
+  Impl& I = *impl;
+  const Placement& pl = options.placement;
+  const size_t es = dtype_size(dt), mb = dtype_size(moment_dt);
+  const size_t M = layout.modules.size();
+
+  // Homes. The optimizer ratio keeps the first (1 - ratio) of the optimizer bytes on the device.
+  size_t total_opt = 0;
+  for (const auto& m : layout.modules) total_opt += m.numel * (4 + 2 * mb);
+  const double keep_on_device = (1.0 - pl.optimizer_ratio) * double(total_opt);
+  double acc_opt = 0;
+  I.mods.resize(M);
+  for (size_t i = 0; i < M; ++i) {
+    Impl::Module& m = I.mods[i];
+    m.name = layout.modules[i].name;
+    m.numel = layout.modules[i].numel;
+    m.p = {pl.params, m.numel * es, {}, nullptr, {}};
+    const bool opt_on_device = acc_opt < keep_on_device;
+    acc_opt += double(m.numel * (4 + 2 * mb));
+    m.master.tier = opt_on_device ? Tier::kDevice : pl.master;
+    m.mom.tier = opt_on_device ? Tier::kDevice : pl.moments;
+    m.master.bytes = m.numel * 4;
+    m.mom.bytes = m.numel * 2 * mb;
+    m.gacc.tier = opt_on_device ? Tier::kDevice : pl.grads;
+    m.gacc.bytes = m.numel * 4;
+  }
+  I.cache.resize(M);
+  I.gdev.assign(M, nullptr);
+  I.gstats.assign(M, {});
+
+  // ---- preflight: every tier's need against its capacity, before allocating anything ----
+  size_t dev_home = 0, host_home = 0, nvme_home = 0, max_p = 0, max_opt = 0, max_g = 0;
+  for (const auto& m : I.mods) {
+    for (const auto* h : {&m.p, &m.master, &m.mom, &m.gacc}) {
+      if (h->tier == Tier::kDevice) dev_home += round_up(h->bytes, 256);
+      if (h->tier == Tier::kHost) host_home += round_up(h->bytes, 4096);
+      if (h->tier == Tier::kNvme) nvme_home += round_up(h->bytes, 4096);
+    }
+    max_p = std::max(max_p, m.p.bytes);
+    max_g = std::max(max_g, m.gacc.bytes);
+    if (m.master.tier == Tier::kNvme || m.mom.tier == Tier::kNvme) {
+      max_opt = std::max(max_opt, round_up(m.master.bytes, 4096) + round_up(m.mom.bytes, 4096));
+    }
+  }
+  auto pc = [&](int m) {
+    return pl.params == Tier::kDevice ? 0 : round_up(I.mods[m].p.bytes, 256);
+  };
+  auto g = [&](int m) { return round_up(I.mods[size_t(m)].gacc.bytes, 256); };
+  const int F = layout.final_norm(), H = layout.head(), E = layout.embedding();
+  size_t ws = pc(F) + (H != F ? pc(H) : 0) + g(F) + (H != F ? g(H) : 0);
+  for (int l = 0; l < layout.L; ++l) {
+    ws = std::max(ws, pc(layout.block(l)) + g(layout.block(l)) + (layout.tied ? g(E) : 0));
+  }
+  ws = std::max(ws, g(E) + pc(E));
+  // Every tier is checked and every shortfall reported together, before anything is allocated
+  // or written.
+  std::vector<std::string> short_of;
+  const size_t dev_cap = device.memory_stats().capacity;
+  const size_t dev_need = activation_bytes + dev_home + ws;
+  if (dev_need > dev_cap) {
+    short_of.push_back(fmt::format(
+        "device tier needs {} (activations {}, resident state {}, working set {}) but has {}: "
+        "raise device.memory_limit, offload more state (zero_optimization.offload_param.device "
+        "/ offload_optimizer.device), or lower train_micro_batch_size_per_gpu",
+        format_bytes(double(dev_need)), format_bytes(double(activation_bytes)),
+        format_bytes(double(dev_home)), format_bytes(double(ws)), format_bytes(double(dev_cap))));
+  }
+  size_t staging = 0;
+  if (pl.params == Tier::kNvme) staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
+  if (max_opt > 0) staging += size_t(options.buffer_count + 1) * max_opt;
+  staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);  // landing + lp staging
+  const size_t host_need = host_home + staging;
+  if (host_need > options.host_capacity) {
+    short_of.push_back(
+        fmt::format("host tier needs {} (state {}, staging buffers {}) but its budget is {}: set "
+                    "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
+                    "(zero_optimization.offload_*.device = \"nvme\"), or use a smaller model",
+                    format_bytes(double(host_need)), format_bytes(double(host_home)),
+                    format_bytes(double(staging)), format_bytes(double(options.host_capacity))));
+  }
+  size_t objects = 0;
+  for (const auto& m : I.mods) {
+    for (const auto* h : {&m.p, &m.master, &m.mom}) objects += h->tier == Tier::kNvme;
+  }
+  SwapOptions so;
+  so.paths = options.nvme_paths;
+  so.rank = options.rank;
+  if (nvme_home > 0 && options.nvme_paths.empty()) {
+    short_of.push_back(
+        "nvme tier: state is placed on nvme but no swap directory is configured: set "
+        "zero_optimization.offload_param.nvme_path or offload_optimizer.nvme_path");
+  } else if (nvme_home > 0) {
+    so.bytes_per_path =
+        round_up(nvme_home / so.paths.size() + objects * so.stripe_size + (size_t{16} << 20), 4096);
+    const bool direct = options.storage.backend != "posix";
+    for (const auto& path : so.paths) {
+      Status s = check_nvme_path(path, so.bytes_per_path + kSwapHeaderBytes, direct,
+                                 swap_file_path(path, options.rank));
+      if (!s.is_ok()) short_of.push_back("nvme tier: " + s.message());
+    }
+  }
+  if (!short_of.empty()) {
+    std::string msg = "preflight: this run does not fit:";
+    for (const auto& line : short_of) msg += "\n  - " + line;
+    Status s = out_of_memory(msg);
+    for (const auto& line : short_of) {
+      if (line.rfind("nvme tier", 0) == 0 && short_of.size() == 1) s = no_space(msg);
+    }
+    return s;
+  }
+
+  // ---- build the tiers ----
+  BufferPoolOptions po;
+  po.name = "host tier";
+  po.lock = options.pin_memory;
+  const size_t arena = std::min(options.host_capacity, host_need + host_need / 8 + (64u << 20));
+  STRATA_ASSIGN_OR_RETURN(I.pool, BufferPool::create(arena, po), "host tier");
+  device.register_host(I.pool->base(), I.pool->capacity()).ignore();
+  if (nvme_home > 0) {
+    STRATA_ASSIGN_OR_RETURN(I.storage, open_storage(options.storage), "nvme tier");
+    I.storage->register_buffer(I.pool->base(), I.pool->capacity()).ignore();
+    STRATA_ASSIGN_OR_RETURN(I.swap, SwapSpace::create(I.storage.get(), so), "nvme tier");
+    I.nvme_capacity = I.swap->capacity();
+    I.io = std::make_unique<IoWorker>(I.storage.get(), I.swap.get());
+  }
+  for (auto& m : I.mods) {
+    for (auto* h : {&m.p, &m.master, &m.mom, &m.gacc}) {
+      const std::string tag = fmt::format("{}.{}", m.name,
+                                          h == &m.p        ? "params"
+                                          : h == &m.master ? "master"
+                                          : h == &m.mom    ? "moments"
+                                                           : "grads");
+      if (h->tier == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(h->dev, device.allocate(h->bytes, tag), "device tier: " + tag);
+        I.device_state_bytes += round_up(h->bytes, 256);
+      } else if (h->tier == Tier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(h->host, I.pool->acquire(h->bytes), "host tier: " + tag);
+      } else {
+        STRATA_ASSIGN_OR_RETURN(h->ext, I.swap->allocate(h->bytes), "nvme tier: " + tag);
+        I.nvme_used += h->ext.bytes;
+      }
+    }
+  }
+  return std::unique_ptr<TierManager>(new TierManager(std::move(impl)));
+}
+
+std::string TierManager::describe() const {
+  const Impl& I = *impl_;
+  const Placement& p = opt_.placement;
+  std::string s = fmt::format(
+      "placement: params {}, master {}, moments {}, grads {}{}", tier_name(p.params),
+      tier_name(p.master), tier_name(p.moments), tier_name(p.grads),
+      p.optimizer_ratio < 1.0 ? fmt::format(" (optimizer ratio {:g})", p.optimizer_ratio) : "");
+  s += fmt::format(
+      "; device {} capacity, host tier {} (pinned: {}), nvme {}",
+      format_bytes(double(I.dev.memory_stats().capacity)), format_bytes(double(I.pool->capacity())),
+      I.pool->locked() ? "yes" : "no",
+      I.swap ? fmt::format("{} over {} path(s), {}", format_bytes(double(I.nvme_capacity)),
+                           opt_.nvme_paths.size(), I.storage->capabilities().backend)
+             : std::string("unused"));
+  return s;
+}
+
+// ---- state init and the optimizer ---------------------------------------------------------
+
+Status TierManager::init_state(const std::function<void(int, float*)>& init) {
+  Impl& I = *impl_;
+  for (size_t i = 0; i < I.mods.size(); ++i) {
+    Impl::Module& m = I.mods[i];
+    PinnedBuffer mst, mom;
+    float* master = static_cast<float*>(m.master.ptr());
+    void* moments = m.mom.ptr();
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "init"), "");
+      master = mst.as<float>();
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "init"), "");
+      moments = mom.data();
+    }
+    init(int(i), master);
+    std::memset(moments, 0, m.mom.bytes);
+    std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    std::vector<IoWorker::Ticket> tickets;
+    if (m.master.tier == Tier::kNvme) tickets.push_back(I.io->write(m.master.ext, master));
+    if (m.mom.tier == Tier::kNvme) tickets.push_back(I.io->write(m.mom.ext, moments));
+    STRATA_RETURN_IF_ERROR(write_params(int(i), master), "initializing " + m.name);
+    for (auto t : tickets) STRATA_RETURN_IF_ERROR(I.io->wait(t), "initializing " + m.name);
+  }
+  return Status::ok();
+}
+
+Status TierManager::write_params(int mi, const float* master) {
+  // Derives the low-precision parameters from `master` and stores them at home (and in the
+  // cached device copy, if any). Synchronous; used at init and load.
+  Impl& I = *impl_;
+  Impl::Module& m = I.mods[size_t(mi)];
+  Impl::Cache& c = I.cache[size_t(mi)];
+  PinnedBuffer lp;
+  void* dst = m.p.tier == Tier::kHost ? m.p.host.data() : nullptr;
+  if (m.p.tier == Tier::kDevice && I.dev.host_addressable()) dst = m.p.dev;
+  if (!dst) {
+    STRATA_ASSIGN_OR_RETURN(lp, I.host_buf(m.p.bytes, "parameter staging"), "");
+    dst = lp.data();
+  }
+  convert(master, DType::kF32, dst, I.dt, m.numel);
+  Stream& h2d = I.dev.h2d_stream();
+  if (m.p.tier == Tier::kDevice && dst != m.p.dev) I.dev.copy_h2d(h2d, m.p.dev, dst, m.p.bytes);
+  if (c.resident) I.dev.copy_h2d(h2d, c.ptr, dst, m.p.bytes);
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(h2d), "");
+  if (m.p.tier == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.p.ext, dst)), "writing parameters");
+  }
+  return Status::ok();
+}
+
+Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult) {
+  Impl& I = *impl_;
+  const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the optimizer step");
+  const size_t M = I.mods.size();
+  const size_t mb = dtype_size(I.mdt);
+  struct Slot {
+    std::shared_ptr<PinnedBuffer> master_buf, mom_buf;
+    IoWorker::Ticket rm = 0, rmo = 0;
+    float* master = nullptr;
+    void* mom = nullptr;
+  };
+  struct Write {
+    IoWorker::Ticket t;
+    std::shared_ptr<PinnedBuffer> keep;
+    std::string what;
+  };
+  std::vector<Slot> slots(M);
+  std::deque<Write> writes;
+  const size_t depth = size_t(std::max(1, opt_.buffer_count));
+  size_t next = 0;
+  auto prepare = [&](size_t k) -> Status {
+    Impl::Module& m = I.mods[k];
+    Slot& s = slots[k];
+    s.master = static_cast<float*>(m.master.ptr());
+    s.mom = m.mom.ptr();
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(auto b, I.host_buf(m.master.bytes, "optimizer pipeline"), "");
+      s.master_buf = std::make_shared<PinnedBuffer>(std::move(b));
+      s.master = s.master_buf->as<float>();
+      s.rm = I.io->read(m.master.ext, s.master);
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(auto b, I.host_buf(m.mom.bytes, "optimizer pipeline"), "");
+      s.mom_buf = std::make_shared<PinnedBuffer>(std::move(b));
+      s.mom = s.mom_buf->data();
+      s.rmo = I.io->read(m.mom.ext, s.mom);
+    }
+    return Status::ok();
+  };
+  auto retire = [&](size_t keep_at_most) -> Status {
+    while (writes.size() > keep_at_most) {
+      Write w = std::move(writes.front());
+      writes.pop_front();
+      STRATA_RETURN_IF_ERROR(I.io->wait(w.t), w.what);
+    }
+    return Status::ok();
+  };
+  Status st;
+  for (size_t k = 0; k < M && st.is_ok(); ++k) {
+    while (next < M && next < k + depth && st.is_ok()) st = prepare(next++);
+    if (!st.is_ok()) break;
+    Impl::Module& m = I.mods[k];
+    Impl::Cache& c = I.cache[k];
+    Slot& s = slots[k];
+    if (s.rm) st = I.io->wait(s.rm);
+    if (st.is_ok() && s.rmo) st = I.io->wait(s.rmo);
+    if (!st.is_ok()) break;
+    // Where the new low-precision parameters go.
+    std::shared_ptr<PinnedBuffer> lp_buf;
+    void* lp = m.p.tier == Tier::kHost ? m.p.host.data() : nullptr;
+    if (m.p.tier == Tier::kDevice && I.dev.host_addressable()) lp = m.p.dev;
+    if (!lp) {
+      auto b = I.host_buf(m.p.bytes, "parameter staging");
+      if (!b.is_ok()) {
+        st = b.status();
+        break;
+      }
+      lp_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
+      lp = lp_buf->data();
+    }
+    ShardState sh;
+    sh.n = m.numel;
+    sh.grad = m.gacc.ptr();
+    sh.grad_dtype = DType::kF32;
+    sh.grad_mult = grad_mult;
+    sh.master = s.master;
+    sh.m = s.mom;
+    sh.v = static_cast<char*>(s.mom) + m.numel * mb;
+    sh.moment_dtype = I.mdt;
+    sh.lp_out = lp;
+    sh.lp_dtype = I.dt;
+    strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
+    Stream& h2d = I.dev.h2d_stream();
+    if (m.p.tier == Tier::kDevice && lp != m.p.dev) I.dev.copy_h2d(h2d, m.p.dev, lp, m.p.bytes);
+    if (c.resident) {  // write-through: the cached copy stays valid
+      I.dev.copy_h2d(h2d, c.ptr, lp, m.p.bytes);
+      std::lock_guard<std::mutex> l(I.mu);
+      I.dev_in += m.p.bytes;
+    }
+    if (lp_buf) I.dev.host_fn(h2d, [lp_buf] {});  // keeps the staging alive until the copies ran
+    if (m.p.tier == Tier::kNvme) writes.push_back({I.io->write(m.p.ext, lp), lp_buf, m.name});
+    if (m.master.tier == Tier::kNvme) {
+      writes.push_back({I.io->write(m.master.ext, s.master), s.master_buf, m.name});
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      writes.push_back({I.io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
+    }
+    slots[k] = Slot{};
+    st = retire(3 * depth);
+  }
+  // Drain every read and write still in flight, even after an error, so no buffer is freed
+  // under the engine.
+  for (size_t k = 0; k < M; ++k) {
+    if (slots[k].rm) I.io->wait(slots[k].rm).ignore();
+    if (slots[k].rmo) I.io->wait(slots[k].rmo).ignore();
+  }
+  Status ws = retire(0);
+  if (st.is_ok()) st = ws;
+  Status hs = I.dev.synchronize(I.dev.h2d_stream());
+  if (st.is_ok()) st = hs;
+  {
+    std::lock_guard<std::mutex> l(I.mu);
+    I.optimizer_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return st.with_context("optimizer step");
+}
+
+// ---- one step ---------------------------------------------------------------------------------
+
+void TierManager::begin_phase(const std::string& phase) {
+  Impl& I = *impl_;
+  I.phase = phase;
+  I.rec.clear();
+  I.pos = 0;
+  I.mismatch = false;
+  auto it = I.traces.find(phase);
+  I.cur = it == I.traces.end() ? nullptr : &it->second;
+}
+
+Result<const void*> TierManager::acquire_params(int m) {
+  Impl& I = *impl_;
+  Impl::Module& mod = I.mods[size_t(m)];
+  I.rec.push_back({m, mod.p.bytes, 0.0});
+  if (I.cur && !I.mismatch && (I.pos >= I.cur->size() || I.cur->accesses()[I.pos].object != m)) {
+    log_warn(
+        "tier manager: {} access order changed at position {} (expected {}, got {}); "
+        "fetching on demand for this step and re-recording",
+        I.phase, I.pos,
+        I.pos < I.cur->size() ? I.mods[size_t(I.cur->accesses()[I.pos].object)].name
+                              : std::string("end of step"),
+        mod.name);
+    I.mismatch = true;
+  }
+  if (mod.p.tier == Tier::kDevice) {
+    ++I.pos;
+    return static_cast<const void*>(mod.p.dev);
+  }
+  Impl::Cache& c = I.cache[size_t(m)];
+  if (!c.resident) {
+    bool fetched = false;
+    STRATA_RETURN_IF_ERROR(I.fetch(m, UINT64_MAX, /*may_block=*/true, &fetched),
+                           "fetching " + mod.name + " parameters");
+  }
+  ++c.pins;
+  c.acq_pos = I.pos;
+  c.last_pos = I.pos;
+  I.compute_waits_for(c.ready);
+  ++I.pos;
+  I.prefetch();
+  return static_cast<const void*>(c.ptr);
+}
+
+void TierManager::release_params(int m) {
+  Impl& I = *impl_;
+  if (I.mods[size_t(m)].p.tier == Tier::kDevice) return;
+  Impl::Cache& c = I.cache[size_t(m)];
+  STRATA_CHECK(c.pins > 0, "release_params without acquire");
+  --c.pins;
+  c.last_use = std::shared_ptr<Event>(I.dev.create_event());
+  I.dev.record(*c.last_use, I.dev.compute_stream());
+  if (c.pins == 0 && !c.persistent && I.cur && !I.mismatch && c.acq_pos < I.cur->size() &&
+      I.cur->reuse_distance(c.acq_pos) > opt_.max_reuse_distance) {
+    I.drop(m);
+  }
+}
+
+Result<float*> TierManager::acquire_grads(int m) {
+  Impl& I = *impl_;
+  if (I.gdev[size_t(m)]) return I.gdev[size_t(m)];
+  const size_t bytes = I.mods[size_t(m)].gacc.bytes;
+  STRATA_ASSIGN_OR_RETURN(void* p,
+                          I.dev_alloc(bytes, I.mods[size_t(m)].name + ".grad", -1, UINT64_MAX,
+                                      /*may_block=*/true),
+                          "gradients of " + I.mods[size_t(m)].name);
+  I.dev.memset_zero(I.dev.compute_stream(), p, bytes);
+  I.gdev[size_t(m)] = static_cast<float*>(p);
+  return static_cast<float*>(p);
+}
+
+void TierManager::drain_grads(int m, int micro, bool last) {
+  Impl& I = *impl_;
+  float* g = I.gdev[size_t(m)];
+  STRATA_CHECK(g != nullptr, "drain_grads without acquire_grads");
+  I.gdev[size_t(m)] = nullptr;
+  Impl::Module& mod = I.mods[size_t(m)];
+  const size_t n = mod.numel, bytes = mod.gacc.bytes;
+  float* acc = static_cast<float*>(mod.gacc.ptr());
+  auto ev = std::shared_ptr<Event>(I.dev.create_event());
+  I.dev.record(*ev, I.dev.compute_stream());
+  Stream& d2h = I.dev.d2h_stream();
+  I.dev.wait(d2h, *ev);
+  if (micro == 0) {
+    I.dev.copy_d2h(d2h, acc, g, bytes);
+  } else {
+    auto landing = I.host_buf(bytes, "gradient landing buffer");
+    if (!landing.is_ok()) {
+      I.set_async_error(landing.status());
+    } else {
+      auto lb = std::make_shared<PinnedBuffer>(std::move(landing).value());
+      I.dev.copy_d2h(d2h, lb->data(), g, bytes);
+      I.dev.host_fn(d2h, [lb, acc, n] {
+        const float* src = lb->as<float>();
+        for (size_t i = 0; i < n; ++i) acc[i] += src[i];
+        lb->reset();
+      });
+    }
+  }
+  Impl* ip = &I;
+  if (last) {
+    I.dev.host_fn(
+        d2h, [ip, m, acc, n] { ip->gstats[size_t(m)] = strata::grad_stats(acc, DType::kF32, n); });
+  }
+  I.dev.host_fn(d2h, [ip, g, bytes] {
+    ip->dev.release(g);
+    std::lock_guard<std::mutex> l(ip->mu);
+    ip->device_state_bytes -= round_up(bytes, 256);
+    ip->dev_out += bytes;
+  });
+}
+
+Status TierManager::end_backward() {
+  Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "");
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "");
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), "");
+  return I.take_async_error();
+}
+
+GradStats TierManager::grad_stats() const {
+  GradStats s;
+  for (const auto& g : impl_->gstats) s.merge(g);
+  return s;
+}
+
+Status TierManager::end_phase() {
+  Impl& I = *impl_;
+  if (!I.cur || I.mismatch || I.rec.size() != I.cur->size()) {
+    if (I.cur && !I.mismatch) {
+      log_warn("tier manager: {} step ended after {} of {} recorded accesses; re-recording",
+               I.phase, I.rec.size(), I.cur->size());
+    }
+    I.traces[I.phase] = Trace(I.rec);
+  }
+  I.cur = nullptr;
+  return I.take_async_error();
+}
+
+const Trace* TierManager::trace(const std::string& phase) const {
+  auto it = impl_->traces.find(phase);
+  return it == impl_->traces.end() ? nullptr : &it->second;
+}
+
+std::string TierManager::object_name(int object) const {
+  return impl_->mods[size_t(object)].name + ".params";
+}
+
+// ---- statistics -------------------------------------------------------------------------------
+
+TierStats TierManager::stats(Tier t) const {
+  const Impl& I = *impl_;
+  TierStats s;
+  std::lock_guard<std::mutex> l(I.mu);
+  switch (t) {
+    case Tier::kDevice: {
+      auto d = I.dev.memory_stats();
+      s = {d.capacity, d.used, d.peak, I.dev_in, I.dev_out};
+      break;
+    }
+    case Tier::kHost:
+      s = {I.pool->capacity(), I.pool->in_use(), I.pool->peak_in_use(), I.host_in, I.host_out};
+      break;
+    case Tier::kNvme:
+      s = {I.nvme_capacity, I.nvme_used, I.nvme_used, I.io ? I.io->bytes_written() : 0,
+           I.io ? I.io->bytes_read() : 0};
+      break;
+  }
+  return s;
+}
+
+TierTimes TierManager::take_times() {
+  Impl& I = *impl_;
+  TierTimes t;
+  const double io_total = I.io ? I.io->wait_seconds() : 0.0;
+  std::lock_guard<std::mutex> l(I.mu);
+  t.compute_wait_s = I.compute_wait_s;
+  t.optimizer_s = I.optimizer_s;
+  t.io_wait_s = io_total - I.io_wait_base;
+  I.compute_wait_s = 0;
+  I.optimizer_s = 0;
+  I.io_wait_base = io_total;
+  return t;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
+  Impl& I = *impl_;
+  PinnedBuffer mst, mom;
+  auto source = [&](size_t i, CheckpointBuffers* out) -> Status {
+    Impl::Module& m = I.mods[i];
+    mst.reset();
+    mom.reset();
+    float* master = static_cast<float*>(m.master.ptr());
+    void* moments = m.mom.ptr();
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.master.ext, mst.data())), "");
+      master = mst.as<float>();
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.mom.ext, mom.data())), "");
+      moments = mom.data();
+    }
+    *out = {master, moments, static_cast<char*>(moments) + m.numel * dtype_size(I.mdt),
+            dtype_size(I.mdt)};
+    return Status::ok();
+  };
+  return write_checkpoint(path, meta, source);
+}
+
+Status TierManager::load(const std::string& path) {
+  Impl& I = *impl_;
+  PinnedBuffer mst, mom;
+  auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
+    Impl::Module& m = I.mods[i];
+    mst.reset();
+    mom.reset();
+    float* master = static_cast<float*>(m.master.ptr());
+    void* moments = m.mom.ptr();
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
+      master = mst.as<float>();
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
+      moments = mom.data();
+    }
+    *out = {master, moments, static_cast<char*>(moments) + m.numel * dtype_size(I.mdt),
+            dtype_size(I.mdt)};
+    return Status::ok();
+  };
+  auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
+    Impl::Module& m = I.mods[i];
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.master.ext, b.master)), "");
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.mom.ext, b.m)), "");
+    }
+    return write_params(int(i), b.master);
+  };
+  return read_checkpoint(path, staging, sink);
+}
+
+uint32_t TierManager::weights_crc() {
+  Impl& I = *impl_;
+  uint32_t crc = 0;
+  for (auto& m : I.mods) {
+    if (m.master.tier == Tier::kNvme) {
+      auto b = I.host_buf(m.master.bytes, "crc");
+      if (!b.is_ok() || !I.io->wait(I.io->read(m.master.ext, b->data())).is_ok()) return 0;
+      crc = crc32c(crc, b->data(), m.master.bytes);
+    } else {
+      crc = crc32c(crc, m.master.ptr(), m.master.bytes);
+    }
+  }
+  return crc;
+}
+
+}  // namespace strata

@@ -1,0 +1,158 @@
+// TierManager: where every piece of training state lives, and the only thing that moves it.
+//
+// Three tiers: device (the Device's memory: HBM, or the CPU backend's capped arena), host (a
+// byte-budgeted buffer pool, pinned when offload_*.pin_memory), and nvme (swap files on one or
+// more paths, read and written through the storage engine). Per module m the manager holds:
+//   P[m]     low-precision parameters (model dtype)      home: placement.params
+//   MASTER   fp32 master weights                         home: placement.master
+//   MOM      first and second moments, contiguous        home: placement.moments
+//   GACC     fp32 gradient accumulator                   home: placement.grads (host/device)
+// plus transient device buffers: a cached device copy of P[m] while it is needed, and a fresh
+// gradient buffer per micro-batch that is drained to GACC as soon as the module's backward ends.
+// Each object has a stable id "<module>.<kind>", independent of where it is.
+//
+// Device cache policy (see src/trace.h): the first step of a phase records the order in which
+// parameters are acquired; later steps know every object's next use. Eviction takes the cached
+// object used furthest in the future (Belady); after each acquire the manager prefetches
+// upcoming objects up to stage3_prefetch_bucket_size bytes in flight, never evicting something
+// needed sooner; an object whose reuse distance exceeds stage3_max_reuse_distance is dropped
+// after use; objects under stage3_param_persistence_threshold elements stay once fetched. If the
+// order changes, the manager logs it, fetches on demand for the rest of that step and
+// re-records.
+//
+// Streams: fetches run on the device's h2d stream (an NVMe fetch first waits for its read on
+// that stream), gradient drains on the d2h stream, compute waits on events. Nothing is freed
+// while queued work may still use it (frees wait on the last-use event).
+//
+// Errors: allocation failures name the tier, bytes needed and capacity and the config key to
+// change; I/O failures inside stream callbacks are kept and returned by the next sync point
+// (end_backward, optimizer_step), so a failed read never feeds an optimizer step.
+//
+// Thread safety: one host thread drives the manager; its stream callbacks run on the device's
+// stream threads and only touch internally locked state.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/checkpoint.h"
+#include "src/model.h"
+#include "src/trace.h"
+#include "strata/buffer_pool.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/optimizer.h"
+#include "strata/status.h"
+#include "strata/storage.h"
+
+namespace strata {
+
+class IoWorker;
+class SwapSpace;
+
+enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
+const char* tier_name(Tier t);
+
+// Where each kind of state lives. optimizer_ratio < 1 keeps the first (1-ratio) share of the
+// modules' master weights and moments (by bytes, in module order) on the device instead.
+struct Placement {
+  Tier params = Tier::kDevice;
+  Tier master = Tier::kHost;
+  Tier moments = Tier::kHost;
+  Tier grads = Tier::kHost;
+  double optimizer_ratio = 1.0;
+};
+
+// Resolves the placement from zero_optimization.offload_* and strata.placement, checking it
+// against the device (device-resident optimizer state needs a host-addressable device).
+Result<Placement> placement_from_config(const Config& cfg, const Device& device);
+
+struct TierOptions {
+  Placement placement;
+  size_t host_capacity = 0;             // host tier budget, bytes
+  bool pin_memory = false;              // mlock the host tier
+  std::vector<std::string> nvme_paths;  // swap directories
+  StorageOptions storage;
+  int rank = 0;
+  int buffer_count = 4;                      // optimizer pipeline depth (NVMe state)
+  uint64_t prefetch_bytes = 50'000'000;      // bytes in flight ahead
+  uint64_t max_reuse_distance = UINT64_MAX;  // bytes
+  uint64_t persistence_threshold = 0;        // elements
+  int optimizer_threads = 0;
+  static TierOptions from_config(const Config& cfg, DType dt);
+};
+
+struct TierStats {
+  size_t capacity = 0;
+  size_t current = 0;
+  size_t peak = 0;
+  uint64_t bytes_in = 0;   // bytes moved into this tier
+  uint64_t bytes_out = 0;  // bytes moved out of this tier
+};
+
+// Time split of the work since the last take_times() call, seconds.
+struct TierTimes {
+  double compute_wait_s = 0;  // compute stream blocked on parameter fetches
+  double io_wait_s = 0;       // any thread blocked on NVMe reads/writes
+  double optimizer_s = 0;     // the optimizer pass, its I/O included
+};
+
+class TierManager {
+ public:
+  // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
+  // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
+  static Result<std::unique_ptr<TierManager>> create(Device& device, const ModelLayout& layout,
+                                                     DType dt, DType moment_dt,
+                                                     const TierOptions& options,
+                                                     size_t activation_bytes);
+  ~TierManager();
+
+  // Fresh state: init(m, master) fills module m's fp32 master weights; moments start at zero;
+  // the low-precision parameters are derived and written to their homes.
+  Status init_state(const std::function<void(int, float*)>& init);
+
+  // --- one step -------------------------------------------------------------------------
+  void begin_phase(const std::string& phase);  // "train" or "eval": one trace per phase
+  // Device pointer to P[m], valid for work enqueued on the compute stream until release.
+  Result<const void*> acquire_params(int m);
+  void release_params(int m);
+  // A zeroed device gradient buffer for module m for this micro-batch.
+  Result<float*> acquire_grads(int m);
+  // After module m's backward: drain its gradient buffer into GACC[m] (copy for micro 0, add
+  // for later ones) on the d2h stream; with `last`, also reduce its norm and inf/nan flag.
+  void drain_grads(int m, int micro, bool last);
+  // Waits for every drain; returns the first asynchronous error; then grad_stats() is valid.
+  Status end_backward();
+  GradStats grad_stats() const;
+  // Steps every module's optimizer state with grad = GACC * grad_mult, pipelined over NVMe
+  // reads/writes, writing the new parameters to their homes (and cached device copies).
+  Status optimizer_step(const OptimizerHyper& hyper, float grad_mult);
+  Status end_phase();
+
+  // --- checkpoints ----------------------------------------------------------------------
+  Status save(const std::string& path, const CheckpointMeta& meta);
+  // Verifies, then loads master and moments into their homes and derives the parameters.
+  Status load(const std::string& path);
+  uint32_t weights_crc();
+
+  TierStats stats(Tier t) const;
+  TierTimes take_times();
+  const Placement& placement() const { return opt_.placement; }
+  std::string describe() const;  // one line per tier: capacity and what lives there
+  const Trace* trace(const std::string& phase) const;
+  std::string object_name(int object) const;
+
+ private:
+  struct Impl;
+  explicit TierManager(std::unique_ptr<Impl> impl);
+  Status write_params(int module, const float* master);
+  std::unique_ptr<Impl> impl_;
+  TierOptions opt_;
+};
+
+}  // namespace strata
