@@ -379,7 +379,8 @@ struct TierManager::Impl {
       if (mods[size_t(m)].p.tier == Tier::kDevice || cache[size_t(m)].resident) continue;
       if (in_flight + mods[size_t(m)].p.bytes > opt.prefetch_bytes) break;
       bool fetched = false;
-      if (!fetch(m, j, /*may_block=*/false, &fetched).is_ok() || !fetched) break;
+      const uint64_t horizon = prefetch_horizon(*cur, pos - 1, j);
+      if (!fetch(m, horizon, /*may_block=*/false, &fetched).is_ok() || !fetched) break;
       in_flight += mods[size_t(m)].p.bytes;
     }
   }

@@ -101,6 +101,15 @@ const char* cache_policy_name(CachePolicy p) {
   return "?";
 }
 
+uint64_t prefetch_horizon(const Trace& t, uint64_t pos, uint64_t j) {
+  const size_t n = t.size();
+  uint64_t h = j;
+  for (uint64_t q = pos; q < j; ++q) {
+    h = std::max(h, t.next_use_of(t.accesses()[q % n].object, j + 1));
+  }
+  return h;
+}
+
 namespace {
 
 struct Resident {
@@ -199,12 +208,13 @@ class Sim {
       const Access& a = t_.accesses()[j % n];
       if (res_.count(a.object)) continue;
       if (in_flight + a.bytes > o_.prefetch_bytes) break;
-      if (!make_room(a.bytes, pos, t_.accesses()[pos % n].object, j)) break;
+      if (!make_room(a.bytes, pos, t_.accesses()[pos % n].object, prefetch_horizon(t_, pos, j))) {
+        break;
+      }
       fetch(a.object, a.bytes, now_);
       in_flight += a.bytes;
     }
   }
-
   const Trace& t_;
   CachePolicy p_;
   ReplayOptions o_;

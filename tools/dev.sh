@@ -58,6 +58,7 @@ case "$cmd" in
   build) deps; build ;;
   train)
     deps; build
+    mkdir -p runs/swap  # the default job swaps optimizer state here (configs/tiny-cpu.json)
     echo "== strata train --config configs/tiny-cpu.json $*"
     exec "$BUILD_DIR/tools/strata" train --config configs/tiny-cpu.json "$@"
     ;;

@@ -1,0 +1,2 @@
+strata_test(tier_test ${CMAKE_CURRENT_LIST_DIR}/tier_test.cc)
+target_compile_definitions(tier_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -1,0 +1,326 @@
+// The tier manager: offload must not change the numbers, tiers never exceed their capacity,
+// the prefetch/eviction policy is close to Belady's optimum, faults end the run cleanly, and a
+// plan that cannot fit is refused before step one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "src/model.h"
+#include "src/tier_manager.h"
+#include "src/trace.h"
+#include "src/trainer.h"
+#include "strata/config.h"
+#include "strata/log.h"
+#include "strata/storage_faults.h"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must point at the repository"
+#endif
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("strata_tier_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// configs/tiny-cpu.json (README's default job) with overrides.
+Config tiny(const std::string& dir, std::vector<std::string> extra) {
+  // Every case states its placement; the base keeps everything on a roomy device.
+  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
+                                 "train.steps=30",
+                                 "train.eval_interval=0",
+                                 "steps_per_print=1000",
+                                 "device.memory_limit=\"256MiB\"",
+                                 "zero_optimization.offload_param.device=\"none\"",
+                                 "zero_optimization.offload_optimizer.device=\"none\""};
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  auto cfg = parse_config(read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
+                          "configs/tiny-cpu.json", ov);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  return *cfg;
+}
+
+std::vector<std::string> nvme(const std::string& dir, bool params, bool optimizer) {
+  std::vector<std::string> ov;
+  const std::string path = "\"" + dir + "/swap\"";
+  fs::create_directories(dir + "/swap");
+  if (params) {
+    ov.push_back("zero_optimization.offload_param.device=\"nvme\"");
+    ov.push_back("zero_optimization.offload_param.nvme_path=" + path);
+  }
+  if (optimizer) {
+    ov.push_back("zero_optimization.offload_optimizer.device=\"nvme\"");
+    ov.push_back("zero_optimization.offload_optimizer.nvme_path=" + path);
+  }
+  return ov;
+}
+
+class TierTest : public ::testing::Test {
+ protected:
+  void SetUp() override { set_log_level(LogLevel::kWarn); }
+};
+
+TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
+  auto dir = temp_dir("placements");
+  // A device limit where only two modules' parameters and gradients fit beside the
+  // activations: every block must be fetched and evicted again each pass.
+  Config base = tiny(dir, {});
+  auto layout = ModelLayout::from_config(base.model);
+  ASSERT_TRUE(layout.is_ok());
+  const int B = int(base.train_micro_batch_size_per_gpu), T = base.model.context;
+  const size_t block = layout->modules[1].numel;
+  const size_t two_modules = 2 * (block * 2 + block * 4);
+  const size_t small =
+      activation_bytes(*layout, B, T, base.model.dtype).bytes + two_modules + (size_t(64) << 10);
+  struct Case {
+    std::string name;
+    std::vector<std::string> ov;
+  };
+  auto join = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::vector<Case> cases = {
+      {"all on device", {}},
+      {"params in host", {"zero_optimization.offload_param.device=\"cpu\""}},
+      {"params and optimizer on nvme", nvme(dir, true, true)},
+      {"optimizer on nvme only", nvme(dir, false, true)},
+      {"optimizer ratio 0.5",
+       join(nvme(dir, false, true), {"zero_optimization.offload_optimizer.ratio=0.5"})},
+      {"two modules fit on the device",
+       join(nvme(dir, true, true), {"device.memory_limit=" + std::to_string(small)})},
+  };
+  TrainResult ref;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    TrainOptions o;
+    o.progress = false;
+    auto r = train(tiny(dir + "/" + std::to_string(i), cases[i].ov), o);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(r->losses.size(), 30u);
+    for (const auto& t : r->tiers) {
+      EXPECT_LE(t.peak, t.capacity) << t.name << " tier exceeded its capacity";
+    }
+    if (i == 0) {
+      ref = *r;
+      EXPECT_LT(ref.losses.back(), ref.losses.front() - 1.0);
+      continue;
+    }
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      ASSERT_EQ(r->losses[s], ref.losses[s]) << "loss differs at step " << s + 1;  // bit for bit
+    }
+    EXPECT_EQ(r->weights_crc, ref.weights_crc) << "final weights differ";
+    if (i == 2 || i == 5) {  // parameters on nvme: fetched to the device every step
+      EXPECT_GT(r->tiers[0].bytes_in, 30 * layout->num_params() * 2);
+      EXPECT_GT(r->tiers[2].bytes_out, 0u);
+    }
+    if (i == 5) EXPECT_LE(r->tiers[0].capacity, small);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_F(TierTest, ResumeUnderADifferentPlacement) {
+  auto dir = temp_dir("replace");
+  TrainOptions o;
+  o.progress = false;
+  auto full = train(tiny(dir + "/full", {}), o);
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  // Save with everything on NVMe, resume with everything in host RAM; and the reverse.
+  for (int reverse = 0; reverse < 2; ++reverse) {
+    const std::string d = dir + "/r" + std::to_string(reverse);
+    auto on_nvme = nvme(d, true, true);
+    std::vector<std::string> in_host = {"zero_optimization.offload_param.device=\"cpu\"",
+                                        "zero_optimization.offload_optimizer.device=\"cpu\""};
+    TrainOptions stop = o;
+    stop.stop_at_step = 12;
+    auto a = train(tiny(d, reverse ? in_host : on_nvme), stop);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    TrainOptions resume = o;
+    resume.resume = "latest";
+    auto b = train(tiny(d, reverse ? on_nvme : in_host), resume);
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    std::vector<double> stitched = a->losses;
+    stitched.insert(stitched.end(), b->losses.begin(), b->losses.end());
+    ASSERT_EQ(stitched.size(), full->losses.size());
+    for (size_t s = 0; s < stitched.size(); ++s) EXPECT_EQ(stitched[s], full->losses[s]);
+    EXPECT_EQ(b->weights_crc, full->weights_crc);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_F(TierTest, InjectedEioEndsTheRunAndKeepsTheLastCheckpoint) {
+  auto dir = temp_dir("eio");
+  auto ov = nvme(dir, true, true);
+  ov.push_back("train.checkpoint_interval=5");
+  TrainOptions o;
+  o.progress = false;
+  // Count the I/O pieces of a clean run at the ends of steps 7 and 8, then fail the piece in
+  // the middle of step 8 of an identical run (the I/O sequence is deterministic).
+  {
+    auto probe = std::make_shared<FaultPlan>();
+    uint64_t end7 = 0, end8 = 0;
+    TrainOptions p = o;
+    p.storage_faults = probe;
+    p.on_step_end = [&](int64_t step) {
+      if (step == 7) end7 = probe->pieces.load();
+      if (step == 8) end8 = probe->pieces.load();
+    };
+    auto r = train(tiny(dir + "/probe", ov), p);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_GT(end8, end7);
+    auto faults = std::make_shared<FaultPlan>();
+    faults->fail_nth = end7 + (end8 - end7) / 2;
+    faults->fail_nth_errno = 5;  // EIO
+    o.storage_faults = faults;
+  }
+  auto r = train(tiny(dir, ov), o);
+  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
+  EXPECT_NE(r.status().message().find("step 8"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("Input/output error"), std::string::npos)
+      << r.status().message();
+  // The checkpoint of step 5 is intact and the run continues from it.
+  TrainOptions resume;
+  resume.progress = false;
+  resume.resume = "latest";
+  auto again = train(tiny(dir, ov), resume);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->start_step, 5);
+  EXPECT_EQ(again->end_step, 30);
+  fs::remove_all(dir);
+}
+
+TEST_F(TierTest, NvmeShortOfSpaceIsCaughtInPreflight) {
+  auto dir = temp_dir("nospace");
+  // ~800 billion parameters on NVMe: far more than any test machine's disk.
+  auto ov = nvme(dir, true, true);
+  for (const char* s :
+       {"model.n_layer=4000", "model.n_embd=4096", "model.n_head=32", "model.context=8",
+        "train_micro_batch_size_per_gpu=1", "train_batch_size=1", "gradient_accumulation_steps=1",
+        "device.memory_limit=\"8GiB\"", "strata.host_memory_limit=\"1PiB\""}) {
+    ov.push_back(s);
+  }
+  TrainOptions o;
+  o.progress = false;
+  auto r = train(tiny(dir, ov), o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNoSpace) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("preflight"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(dir + "/swap"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(fs::is_empty(dir + "/swap")) << "nothing may be written before the check";
+  fs::remove_all(dir);
+}
+
+TEST_F(TierTest, PolicyIsNearBeladyAndBeatsLruOnGptTraces) {
+  auto dir = temp_dir("trace");
+  const std::string trace_file = dir + "/train.trace";
+  auto ov = nvme(dir, true, true);
+  for (std::string s : {"model.n_layer=8", "train.steps=2", "scheduler.params.warmup_num_steps=1",
+                        "gradient_accumulation_steps=1", "train_batch_size=4"}) {
+    ov.push_back(s);
+  }
+  ov.push_back("strata.trace_file=\"" + trace_file + "\"");
+  TrainOptions o;
+  o.progress = false;
+  auto r = train(tiny(dir, ov), o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  auto trace = Trace::from_jsonl(read_file(trace_file));
+  ASSERT_TRUE(trace.is_ok()) << trace.status().to_string();
+  uint64_t total = 0, largest = 0;
+  std::set<int> seen;
+  for (const auto& a : trace->accesses()) {
+    if (seen.insert(a.object).second) total += a.bytes;
+    largest = std::max(largest, a.bytes);
+  }
+  for (double frac : {0.3, 0.5, 0.8}) {
+    ReplayOptions ro;
+    ro.capacity = std::max<uint64_t>(uint64_t(frac * double(total)), 2 * largest);
+    ro.prefetch_bytes = 4 * largest;
+    ro.steps = 4;
+    auto lru = replay(*trace, CachePolicy::kLru, ro);
+    auto opt = replay(*trace, CachePolicy::kBelady, ro);
+    auto ours = replay(*trace, CachePolicy::kStrata, ro);
+    SCOPED_TRACE("capacity " + std::to_string(frac));
+    std::printf("capacity %.0f%% of params: bytes fetched lru %llu, belady %llu, strata %llu\n",
+                100 * frac, (unsigned long long)lru.bytes_fetched,
+                (unsigned long long)opt.bytes_fetched, (unsigned long long)ours.bytes_fetched);
+    ASSERT_TRUE(lru.fits && opt.fits && ours.fits);
+    EXPECT_LE(double(ours.bytes_fetched), 1.02 * double(opt.bytes_fetched));
+    EXPECT_LT(ours.bytes_fetched, lru.bytes_fetched);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Trace, ReuseDistancesAndNextUse) {
+  // A B C B A, cyclic.
+  Trace t({{0, 10, 0}, {1, 20, 0}, {2, 30, 0}, {1, 20, 0}, {0, 10, 0}});
+  EXPECT_EQ(t.next_use(0), 4u);
+  EXPECT_EQ(t.next_use(1), 3u);
+  EXPECT_EQ(t.next_use(2), 7u);  // next step's position 2
+  EXPECT_EQ(t.reuse_distance(0), 20u + 30 + 20);
+  EXPECT_EQ(t.reuse_distance(1), 30u);
+  EXPECT_EQ(t.reuse_distance(4), 0u);  // used again at once (next step starts with it)
+  EXPECT_EQ(t.next_use_of(2, 3), 7u);
+  auto round = Trace::from_jsonl(t.to_jsonl({"a", "b", "c"}));
+  ASSERT_TRUE(round.is_ok());
+  EXPECT_EQ(round->size(), 5u);
+  EXPECT_FALSE(Trace::from_jsonl("{\"object\": 1}\n").is_ok());
+}
+
+TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
+  set_log_level(LogLevel::kError);
+  auto dev = create_cpu_device({.capacity = 64 << 20, .threads = 1});
+  ASSERT_TRUE(dev.is_ok());
+  ModelConfig mc;
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 32;
+  mc.vocab_size = 64;
+  mc.context = 16;
+  auto layout = ModelLayout::from_config(mc);
+  ASSERT_TRUE(layout.is_ok());
+  TierOptions to;
+  to.placement.params = Tier::kHost;
+  to.placement.master = to.placement.moments = Tier::kHost;
+  to.host_capacity = 64 << 20;
+  auto tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, 0);
+  ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
+  ASSERT_TRUE((*tm)->init_state([](int, float* m) { m[0] = 1.0f; }).is_ok());
+  auto run = [&](std::vector<int> order) {
+    (*tm)->begin_phase("x");
+    for (int m : order) {
+      auto p = (*tm)->acquire_params(m);
+      ASSERT_TRUE(p.is_ok());
+      ASSERT_NE(*p, nullptr);
+      (*tm)->release_params(m);
+    }
+    ASSERT_TRUE((*tm)->end_backward().is_ok());
+    ASSERT_TRUE((*tm)->end_phase().is_ok());
+  };
+  run({0, 1, 2, 3});
+  ASSERT_NE((*tm)->trace("x"), nullptr);
+  EXPECT_EQ((*tm)->trace("x")->size(), 4u);
+  run({0, 1, 2, 3});     // same order: trace kept
+  run({0, 3, 2, 1, 4});  // changed: on-demand, re-recorded
+  ASSERT_EQ((*tm)->trace("x")->size(), 5u);
+  EXPECT_EQ((*tm)->trace("x")->accesses()[1].object, 3);
+}
+
+}  // namespace
+}  // namespace strata
