@@ -17,6 +17,8 @@ constexpr Command kCommands[] = {
     {"train", strata::tools::cmd_train,
      "train a model from a config (DeepSpeed ds_config.json works)"},
     {"probe", strata::tools::cmd_probe, "measure this machine (storage I/O) and write a profile"},
+    {"trace", strata::tools::cmd_trace,
+     "replay a recorded access trace against cache policies (trace replay)"},
 };
 
 void usage(FILE* out) {
@@ -25,8 +27,7 @@ void usage(FILE* out) {
                "usage: strata <command> [options]   (strata <command> --help for its options)\n\n"
                "commands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.help);
-  std::fprintf(
-      out, "\nnot built yet: plan (issue #8), trace replay (issue #5), probe comm (issue #6)\n");
+  std::fprintf(out, "\nnot built yet: plan (issue #8)\n");
 }
 
 }  // namespace
