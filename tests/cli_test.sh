@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The strata command as a user meets it: --help, clear errors with exit codes, and a clean stop
+# on SIGTERM that leaves a checkpoint --resume continues from.
+# usage: cli_test.sh STRATA_BINARY REPO_DIR
+set -uo pipefail
+strata=$1
+repo=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+check() {  # check NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
+}
+cd "$work"
+mkdir -p swap
+
+"$strata" --help >out.txt 2>&1
+check "--help exits 0 and lists train" grep -q "train" out.txt
+"$strata" train --help >out.txt 2>&1
+check "train --help documents --resume" grep -q -- "--resume" out.txt
+
+"$strata" train --config "$repo/configs/tiny-cpu.json" --set zero_optimization.offload_parm=1 \
+  >out.txt 2>&1
+rc=$?
+check "unknown key exits 1" test "$rc" -eq 1
+check "unknown key suggests the right one" grep -q "did you mean offload_param" out.txt
+
+"$strata" train --config "$repo/configs/tiny-cpu.json" \
+  --set 'zero_optimization.offload_optimizer.nvme_path="/nonexistent/strata-swap"' >out.txt 2>&1
+rc=$?
+check "missing nvme_path exits 1" test "$rc" -eq 1
+check "missing nvme_path is named" grep -q "/nonexistent/strata-swap" out.txt
+
+"$strata" train >out.txt 2>&1
+rc=$?
+check "missing --config exits 2" test "$rc" -eq 2
+
+# A long run, stopped with SIGTERM once it has made progress.
+common=(--config "$repo/configs/tiny-cpu.json" --set train.steps=100000
+        --set 'train.checkpoint_dir="ck"' --set steps_per_print=1 --set train.eval_interval=0
+        --set 'zero_optimization.offload_optimizer.nvme_path="swap"'
+        --set scheduler.params.total_num_steps=100000)
+"$strata" train "${common[@]}" >run.txt 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q "^step *3/" run.txt 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+check "SIGTERM exits 128+15" test "$rc" -eq 143
+check "SIGTERM wrote a checkpoint" test -f ck/latest
+check "SIGTERM says how to continue" grep -q "resume" run.txt
+step=$(sed -n 's/^stopped at step \([0-9]*\).*/\1/p' run.txt)
+check "stop reports its step" test -n "$step"
+check "swap files removed on exit" test -z "$(ls swap)"
+
+"$strata" train "${common[@]}" --set train.steps=$((step + 2)) --resume >res.txt 2>&1
+rc=$?
+check "--resume continues" test "$rc" -eq 0
+check "--resume starts after the stop" grep -q "resumed from .* at step $step" res.txt
+check "--resume reaches the end" grep -q "done at step $((step + 2))" res.txt
+
+printf 'garbage' >ck/bad.bin
+"$strata" train "${common[@]}" --resume ck/bad.bin >bad.txt 2>&1
+rc=$?
+check "a corrupt checkpoint is refused" test "$rc" -eq 1
+check "the refusal names the file" grep -q "ck/bad.bin" bad.txt
+
+exit $fail
