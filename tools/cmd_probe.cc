@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/io_probe.h"
 #include "strata/log.h"
@@ -160,6 +161,7 @@ int cmd_probe(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (std::string(argv[1]) == "io") return probe_io(argc - 1, argv + 1);
+  if (std::string(argv[1]) == "comm") return comm_probe_main(argc - 1, argv + 1);
   std::fprintf(stderr, "strata probe: unknown probe '%s' (try: io)\n", argv[1]);
   return 2;
 }

@@ -231,6 +231,10 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& options, Communic
 std::string comm_probe_json(const CommProbeReport& report);
 Result<CommProbeReport> parse_comm_probe_json(const std::string& text, const std::string& origin);
 
+// `strata probe comm [options]` (argv[0] is "comm"): parses the flags into CommProbeOptions and
+// runs run_comm_probe_command; returns the exit code (0, 1 on a failed Status, 2 on bad usage).
+int comm_probe_main(int argc, char** argv);
+
 // The whole command: creates the device (cpu, or cuda for nccl) and communicator from
 // `options`, runs the sweep, prints on rank 0 and writes options.json_path from rank 0.
 Status run_comm_probe_command(const CommProbeOptions& options);

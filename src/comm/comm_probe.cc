@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/comm/comm_internal.h"
+#include "strata/config.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -100,7 +101,7 @@ void print_header(std::FILE* out, const CommProbeReport& r) {
 
 void print_case(std::FILE* out, const CommProbeCase& c, DType dtype) {
   const bool reduces = c.op == "all_reduce" || c.op == "reduce_scatter";
-  std::fprintf(out, "  %12zu %12zu %6s %6s %15s %9d %11.1f %11.1f %11.3f %11.3f\n", c.bytes,
+  std::fprintf(out, "  %12zu %12zu %6s %6s %15s %9d %11.2f %11.2f %11.3f %11.3f\n", c.bytes,
                c.count, dtype_name(dtype), reduces ? "sum" : "none", c.op.c_str(), c.iters,
                c.median_us, c.min_us, c.algbw, c.busbw);
   std::fflush(out);
@@ -280,6 +281,98 @@ Status run_comm_probe_command(const CommProbeOptions& o) {
     std::printf("# profile written to %s\n", o.json_path.c_str());
   }
   return Status::ok();
+}
+
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+void probe_usage(std::FILE* out) {
+  const CommProbeOptions d;
+  std::fprintf(
+      out,
+      "usage: [mpirun -np N] strata probe comm [options]\n\n"
+      "Measures each collective at sizes doubling from --min-bytes to --max-bytes, as nccl-tests\n"
+      "does: time per collective (slowest rank, median of repeats after warm-up), algorithm\n"
+      "bandwidth size/time and bus bandwidth (algbw x 2(P-1)/P for all_reduce, x (P-1)/P for\n"
+      "all_gather and reduce_scatter). Rank 0 prints the table and writes the JSON profile.\n\n"
+      "options:\n"
+      "  --backend NAME       auto|mpi|nccl|single (default %s)\n"
+      "  --min-bytes BYTES    smallest size (default %s)\n"
+      "  --max-bytes BYTES    largest size (default %s)\n"
+      "  --dtype T            fp32|bf16|fp16 (default %s)\n"
+      "  --ops LIST           all_reduce,all_gather,reduce_scatter,broadcast (default: all)\n"
+      "  --repeats N          timed repeats per case (default %d)\n"
+      "  --warmup N           discarded repeats per case (default %d)\n"
+      "  --timeout S          collective timeout in seconds (default %.0f)\n"
+      "  --json FILE          write the profile here (default: none)\n",
+      d.backend.c_str(), format_bytes(double(d.min_bytes)).c_str(),
+      format_bytes(double(d.max_bytes)).c_str(), dtype_name(d.dtype), d.repeats, d.warmup,
+      d.timeout_s);
+}
+
+}  // namespace
+
+int comm_probe_main(int argc, char** argv) {
+  CommProbeOptions o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      probe_usage(stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "strata probe comm: %s needs a value\n\n", a.c_str());
+      probe_usage(stderr);
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--backend") {
+      o.backend = v;
+    } else if (a == "--min-bytes" || a == "--max-bytes") {
+      auto s = parse_size(v);
+      if (!s.is_ok()) {
+        std::fprintf(stderr, "strata probe comm: %s: %s\n", a.c_str(),
+                     s.status().to_string().c_str());
+        return 2;
+      }
+      (a == "--min-bytes" ? o.min_bytes : o.max_bytes) = *s;
+    } else if (a == "--dtype") {
+      if (!parse_dtype(v, &o.dtype)) {
+        std::fprintf(stderr, "strata probe comm: --dtype takes fp32, bf16 or fp16, not '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+    } else if (a == "--ops") {
+      o.ops.clear();
+      size_t start = 0;
+      while (start <= v.size()) {
+        size_t comma = v.find(',', start);
+        if (comma == std::string::npos) comma = v.size();
+        if (comma > start) o.ops.push_back(v.substr(start, comma - start));
+        start = comma + 1;
+      }
+    } else if (a == "--repeats") {
+      o.repeats = std::atoi(v.c_str());
+    } else if (a == "--warmup") {
+      o.warmup = std::atoi(v.c_str());
+    } else if (a == "--timeout") {
+      o.timeout_s = std::atof(v.c_str());
+    } else if (a == "--json") {
+      o.json_path = v;
+    } else {
+      std::fprintf(stderr, "strata probe comm: unknown option '%s'\n\n", a.c_str());
+      probe_usage(stderr);
+      return 2;
+    }
+  }
+  Status s = run_comm_probe_command(o);
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "strata probe comm: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace strata
