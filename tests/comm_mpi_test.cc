@@ -7,6 +7,8 @@
 // Fault modes (run by comm_test's MpiFault tests, not by ctest directly):
 //   --fault=hang  rank 1 sleeps instead of joining an all_reduce; the others must fail with a
 //                 timeout naming rank 1 (STRATA_COMM_TIMEOUT_S short) and exit 3.
+//   --fault=hang-stream  the same with the stream-ordered all_reduce: the failure must come
+//                 back from synchronize(stream).
 //   --fault=kill  rank 1 SIGKILLs itself before the all_reduce; Open MPI must end the job.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -209,8 +211,17 @@ int run_fault(const std::string& mode) {
     return 0;
   }
   std::vector<float> buf(1000, 1.0f);
-  Status s =
-      g_comm->all_reduce_blocking(buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum);
+  Status s;
+  if (mode == "hang-stream") {
+    // Stream-ordered: the enqueue succeeds; the timeout comes back from synchronize().
+    Stream& st = g_device->compute_stream();
+    s = g_comm->all_reduce(st, buf.data(), buf.data(), buf.size(), DType::kF32, ReduceOp::kSum);
+    if (!s.is_ok()) return 6;
+    s = g_comm->synchronize(st);
+  } else {
+    s = g_comm->all_reduce_blocking(buf.data(), buf.data(), buf.size(), DType::kF32,
+                                    ReduceOp::kSum);
+  }
   if (s.is_ok()) {
     std::fprintf(stderr, "rank %d: all_reduce succeeded without rank 1\n", g_comm->rank());
     return 4;

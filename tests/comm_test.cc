@@ -316,6 +316,14 @@ TEST(MpiFault, HungRankMakesTheOthersTimeOutNamingIt) {
   EXPECT_NE(l.output.find("rank 2: all_reduce"), std::string::npos) << l.output;
 }
 
+TEST(MpiFault, HungRankFailsAStreamOrderedCollectiveAtSynchronize) {
+  Launch l = launch(2, "hang-stream", 3.0);
+  EXPECT_NE(l.exit_code, 0) << l.output;
+  EXPECT_LT(l.seconds, 60.0) << l.output;
+  EXPECT_NE(l.output.find("rank 0: all_reduce of 4000 bytes"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("waiting for rank(s) 1"), std::string::npos) << l.output;
+}
+
 TEST(MpiFault, KilledRankEndsTheJob) {
   // Rank 1 is SIGKILLed before the all_reduce. Open MPI notices the dead process and ends the
   // job; if it did not, the 20 s collective timeout would. Either way the job ends non-zero;

@@ -47,6 +47,9 @@
 // caller should report the Status and exit non-zero; mpirun then ends the other ranks. A rank
 // that dies outright is also detected by Open MPI itself, which ends the whole job.
 //
+// Lifetime: stream-ordered collectives refer to the communicator until they have run:
+// synchronize() the streams before destroying it; the Device must outlive it.
+//
 // Thread safety: rank()/size()/local_rank()/backend()/buffer_space() are const and safe from
 // any thread. Collectives follow the ordering rule above.
 #pragma once
