@@ -5,6 +5,7 @@
 # libaio vs fio's libaio. Prints one line per run and a median summary with the ratio.
 #
 # usage: tests/bench_io_vs_fio.sh STRATA_BIN DIR [SIZE=4GiB] [ROUNDS=3]
+#   env BACKENDS="io_uring libaio", OPS="read write", QDS="8 32" narrow the sweep.
 set -euo pipefail
 strata=${1:?strata binary}
 dir=${2:?directory on the disk to test}
@@ -32,9 +33,9 @@ median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/
 
 printf "%-9s %-5s %3s | %-22s | %-22s | %s\n" backend op qd "strata GB/s (runs)" \
   "fio GB/s (runs)" "strata/fio"
-for backend in io_uring libaio; do
-  for op in read write; do
-    for qd in 8 32; do
+for backend in ${BACKENDS:-io_uring libaio}; do
+  for op in ${OPS:-read write}; do
+    for qd in ${QDS:-8 32}; do
       s=() f=()
       for ((r = 0; r < rounds; r++)); do
         s+=("$(strata_run "$backend" "$op" "$qd")")

@@ -154,15 +154,15 @@ int cmd_probe(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fprintf(argc < 2 ? stderr : stdout,
                  "usage: strata probe <what> [options]\n\n"
-                 "  io     storage throughput per backend, block size and queue depth\n\n"
-                 "not built yet: probe of host memory, host<->GPU, CPU optimizer, collectives "
-                 "(issue #8)\n"
+                 "  io     storage throughput per backend, block size and queue depth\n"
+                 "  comm   collective bus bandwidth (strata probe comm --help)\n\n"
+                 "not built yet: probe of host memory, host<->GPU, CPU optimizer (issue #8)\n"
                  "strata probe io --help for its options\n");
     return argc < 2 ? 2 : 0;
   }
   if (std::string(argv[1]) == "io") return probe_io(argc - 1, argv + 1);
   if (std::string(argv[1]) == "comm") return comm_probe_main(argc - 1, argv + 1);
-  std::fprintf(stderr, "strata probe: unknown probe '%s' (try: io)\n", argv[1]);
+  std::fprintf(stderr, "strata probe: unknown probe '%s' (try: io, comm)\n", argv[1]);
   return 2;
 }
 
