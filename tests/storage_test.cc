@@ -682,6 +682,27 @@ TEST(NvmePathTest, TooLittleSpaceNamesNeedAndFree) {
   EXPECT_FALSE(fs::exists(swap_file_path(d.path(), 0)));
 }
 
+TEST(NvmePathTest, ConfigPreflightNamesKeyAndPath) {
+  TempDir d;
+  Config c;
+  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());  // nothing on nvme: nothing to check
+  c.zero.offload_optimizer.device = "nvme";
+  Status empty = check_nvme_config(c, 1 << 20);
+  ASSERT_FALSE(empty.is_ok());
+  EXPECT_NE(empty.message().find("offload_optimizer.nvme_path is empty"), std::string::npos);
+  c.zero.offload_optimizer.nvme_path = {d.sub("ok"), d.path() + "/missing"};
+  Status missing = check_nvme_config(c, 1 << 20);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("zero_optimization.offload_optimizer.nvme_path: nvme_path " +
+                                   d.path() + "/missing does not exist"),
+            std::string::npos)
+      << missing.message();
+  c.zero.offload_optimizer.nvme_path = {d.sub("ok")};
+  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());
+  EXPECT_FALSE(check_nvme_config(c, uint64_t{1} << 50).is_ok());
+}
+
 TEST(SwapSpaceTest, HeaderReclaimAfterCrashAndForeignFiles) {
   TempDir d;
   auto st = open_storage({});
