@@ -167,8 +167,9 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const Swa
             "strata will not overwrite it: move or delete it, or use another nvme_path",
             file));
       const bool same_host = std::string(h.host, strnlen(h.host, sizeof(h.host))) == host;
-      const bool alive =
-          same_host && h.pid != getpid() && (::kill(h.pid, 0) == 0 || errno == EPERM);
+      // Our own pid counts as alive: a second SwapSpace on the same path and rank in one
+      // process must not truncate the first one's file.
+      const bool alive = same_host && (::kill(h.pid, 0) == 0 || errno == EPERM);
       if (alive)
         return invalid_argument(fmt::format(
             "swap file {} is in use by running process {} (rank {}); stop it or give this run "

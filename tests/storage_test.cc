@@ -760,6 +760,18 @@ TEST(SwapSpaceTest, HeaderReclaimAfterCrashAndForeignFiles) {
       << busy.status().message();
   EXPECT_TRUE(fs::exists(file));
 
+  // Owned by this very process (a second SwapSpace on the same path and rank): refused too.
+  ::unlink(file.c_str());
+  {
+    auto first = SwapSpace::create(st->get(), so);
+    ASSERT_TRUE(first.is_ok());
+    auto second = SwapSpace::create(st->get(), so);
+    ASSERT_FALSE(second.is_ok());
+    EXPECT_NE(second.status().message().find(fmt::format("running process {}", getpid())),
+              std::string::npos);
+  }
+  ASSERT_FALSE(fs::exists(file));
+
   // Not a strata file: left alone, reported.
   std::ofstream(file, std::ios::binary) << "user data, not ours";
   auto foreign = SwapSpace::create(st->get(), so);
