@@ -44,6 +44,11 @@ Status IoWorker::wait(Ticket t) {
   return s;
 }
 
+bool IoWorker::done(Ticket t) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return done_.count(t) != 0;
+}
+
 double IoWorker::wait_seconds() const {
   std::lock_guard<std::mutex> l(mu_);
   return wait_s_;
@@ -57,18 +62,43 @@ uint64_t IoWorker::bytes_written() const {
   return bytes_written_;
 }
 
+namespace {
+uint64_t extent_key(const SwapExtent& e) {
+  return e.parts.empty() ? 0 : (uint64_t(e.parts[0].path) << 56) ^ e.parts[0].offset;
+}
+}  // namespace
+
 void IoWorker::run() {
   std::vector<IoRequest> reqs;
   std::vector<IoCompletion> comps(256);
   std::unordered_map<Ticket, uint64_t> ticket_bytes;
   std::unordered_map<Ticket, IoOp> ticket_op;
+  std::unordered_map<Ticket, uint64_t> ticket_key;  // writes: their extent key
   for (;;) {
     std::deque<Job> jobs;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stop_ || !queue_.empty() || storage_->pending() > 0; });
-      if (stop_ && queue_.empty() && storage_->pending() == 0) return;
-      jobs.swap(queue_);
+      if (stop_ && queue_.empty() && storage_->pending() == 0 && held_.empty()) return;
+      // Reads held behind a write that has finished go first, in their original order.
+      for (auto it = held_.begin(); it != held_.end();) {
+        if (writing_.count(extent_key(it->extent)) == 0) {
+          jobs.push_back(std::move(*it));
+          it = held_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (Job& j : queue_) {
+        const uint64_t key = extent_key(j.extent);
+        if (j.op == IoOp::kRead && writing_.count(key) != 0) {
+          held_.push_back(std::move(j));
+        } else {
+          if (j.op == IoOp::kWrite) writing_[key] = j.ticket;
+          jobs.push_back(std::move(j));
+        }
+      }
+      queue_.clear();
     }
     for (Job& j : jobs) {
       reqs.clear();
@@ -77,12 +107,14 @@ void IoWorker::run() {
       std::lock_guard<std::mutex> l(mu_);
       if (!s.is_ok()) {
         done_[j.ticket] = s;
+        if (j.op == IoOp::kWrite) writing_.erase(extent_key(j.extent));
         done_cv_.notify_all();
         continue;
       }
       parts_left_[j.ticket] = n;
       ticket_bytes[j.ticket] = j.extent.bytes;
       ticket_op[j.ticket] = j.op;
+      if (j.op == IoOp::kWrite) ticket_key[j.ticket] = extent_key(j.extent);
     }
     if (storage_->pending() == 0) continue;
     // Reap at least one completion, then anything else that is ready.
@@ -105,6 +137,12 @@ void IoWorker::run() {
         }
         ticket_bytes.erase(t);
         ticket_op.erase(t);
+        auto k = ticket_key.find(t);
+        if (k != ticket_key.end()) {
+          auto w = writing_.find(k->second);
+          if (w != writing_.end() && w->second == t) writing_.erase(w);
+          ticket_key.erase(k);
+        }
       }
     }
     done_cv_.notify_all();

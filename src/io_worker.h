@@ -3,7 +3,9 @@
 //
 // read()/write() queue the transfer of a whole swap extent to/from a host buffer and return a
 // ticket; wait(ticket) blocks until it is done and returns its Status (an I/O error names the
-// path, offset and errno). The worker submits everything queued in one batch and reaps
+// path, offset and errno). A read of an extent with a write still in flight is held back until
+// that write completes (read-after-write order per extent), so callers may leave writes
+// running behind later work. The worker submits everything queued in one batch and reaps
 // completions as they come, so many transfers are in flight at once (up to aio.queue_depth
 // pieces, see strata/storage.h). Buffers must stay valid until their ticket is waited for.
 //
@@ -34,6 +36,8 @@ class IoWorker {
   Ticket write(const SwapExtent& extent, const void* buffer);
   // Blocks until the transfer is done. Each ticket is waited for exactly once.
   Status wait(Ticket t);
+  // True once the transfer is done (wait() will not block).
+  bool done(Ticket t) const;
   // Seconds callers spent blocked in wait() (the "waiting on I/O" time).
   double wait_seconds() const;
   uint64_t bytes_read() const;
@@ -56,6 +60,9 @@ class IoWorker {
   std::unordered_map<Ticket, Status> done_;
   std::unordered_map<Ticket, size_t> parts_left_;  // requests outstanding per ticket
   std::unordered_map<Ticket, Status> first_error_;
+  // Writes in flight per extent (keyed by its first part), and reads held back behind them.
+  std::unordered_map<uint64_t, Ticket> writing_;
+  std::deque<Job> held_;
   Ticket next_ = 1;
   bool stop_ = false;
   double wait_s_ = 0;

@@ -155,6 +155,20 @@ struct TierManager::Impl {
     size_t bytes;
     std::shared_ptr<Event> after;
   };
+  // One module's optimizer state in host memory for the optimizer pass: its home pointers, or
+  // staging buffers being read from NVMe.
+  struct Slot {
+    std::shared_ptr<PinnedBuffer> master_buf, mom_buf;
+    IoWorker::Ticket rm = 0, rmo = 0;
+    float* master = nullptr;
+    void* mom = nullptr;
+  };
+  // A write to NVMe still in flight, with the buffer it reads from.
+  struct Write {
+    IoWorker::Ticket t;
+    std::shared_ptr<PinnedBuffer> keep;
+    std::string what;
+  };
 
   Impl(Device& d, const ModelLayout& l, DType dt_, DType mdt_, const TierOptions& o)
       : dev(d), lay(l), dt(dt_), mdt(mdt_), opt(o) {}
@@ -172,6 +186,9 @@ struct TierManager::Impl {
   std::vector<float*> gdev;
   std::vector<GradStats> gstats;
   std::deque<PendingFree> pending;
+  std::map<int, Slot> prepared;   // optimizer state read ahead (during backward)
+  std::deque<Write> writes;       // optimizer/parameter writes draining behind later work
+  std::vector<int> opt_order;     // modules in the order their gradients became final
   size_t device_state_bytes = 0;  // resident homes + cache + grads (manager's share)
   size_t nvme_capacity = 0, nvme_used = 0;
 
@@ -304,6 +321,59 @@ struct TierManager::Impl {
     }
   }
 
+  // ---- optimizer state --------------------------------------------------------------------
+  // Points the slot at module k's optimizer state, starting NVMe reads into staging buffers.
+  // With `try_only`, gives up (returns false) instead of waiting when the pool is full.
+  Result<bool> prepare_slot(int k, bool try_only) {
+    Module& m = mods[size_t(k)];
+    Slot s;
+    s.master = static_cast<float*>(m.master.ptr());
+    s.mom = m.mom.ptr();
+    auto buf = [&](size_t bytes) -> Result<std::shared_ptr<PinnedBuffer>> {
+      auto b = try_only ? pool->acquire(bytes) : host_buf(bytes, "optimizer pipeline");
+      if (!b.is_ok()) return b.status();
+      return std::make_shared<PinnedBuffer>(std::move(b).value());
+    };
+    if (m.master.tier == Tier::kNvme) {
+      auto b = buf(m.master.bytes);
+      if (!b.is_ok()) {
+        if (try_only) return false;
+        return b.status();
+      }
+      s.master_buf = *b;
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      auto b = buf(m.mom.bytes);
+      if (!b.is_ok()) {
+        if (try_only) return false;
+        return b.status();
+      }
+      s.mom_buf = *b;
+    }
+    if (s.master_buf) {
+      s.master = s.master_buf->as<float>();
+      s.rm = io->read(m.master.ext, s.master);
+    }
+    if (s.mom_buf) {
+      s.mom = s.mom_buf->data();
+      s.rmo = io->read(m.mom.ext, s.mom);
+    }
+    prepared[k] = std::move(s);
+    return true;
+  }
+
+  // Frees the buffers of writes that have finished; with `all`, waits for every write.
+  Status reap_writes(bool all) {
+    Status first;
+    while (!writes.empty() && (all || io->done(writes.front().t))) {
+      Write w = std::move(writes.front());
+      writes.pop_front();
+      Status s = io->wait(w.t);
+      if (!s.is_ok() && first.is_ok()) first = s.with_context("writing " + w.what);
+    }
+    return first;
+  }
+
   // ---- parameters ----------------------------------------------------------------------
   Status fetch(int m, uint64_t need_before, bool may_block, bool* fetched) {
     Module& mod = mods[size_t(m)];
@@ -393,6 +463,14 @@ TierManager::TierManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { 
 TierManager::~TierManager() {
   if (!impl_) return;
   Impl& I = *impl_;
+  if (I.io) {
+    I.reap_writes(/*all=*/true).ignore();
+    for (auto& [k, slot] : I.prepared) {
+      if (slot.rm) I.io->wait(slot.rm).ignore();
+      if (slot.rmo) I.io->wait(slot.rmo).ignore();
+    }
+  }
+  I.prepared.clear();
   I.dev.synchronize(I.dev.compute_stream()).ignore();
   I.dev.synchronize(I.dev.h2d_stream()).ignore();
   I.dev.synchronize(I.dev.d2h_stream()).ignore();
@@ -484,7 +562,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   }
   size_t staging = 0;
   if (pl.params == Tier::kNvme) staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
-  if (max_opt > 0) staging += size_t(options.buffer_count + 1) * max_opt;
+  // Optimizer pipeline: `buffer_count` modules being read and as many being written.
+  if (max_opt > 0) staging += size_t(2 * options.buffer_count + 1) * max_opt;
   staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);  // landing + lp staging
   const size_t host_need = host_home + staging;
   if (host_need > options.host_capacity) {
@@ -637,55 +716,49 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
   STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the optimizer step");
   const size_t M = I.mods.size();
   const size_t mb = dtype_size(I.mdt);
-  struct Slot {
-    std::shared_ptr<PinnedBuffer> master_buf, mom_buf;
-    IoWorker::Ticket rm = 0, rmo = 0;
-    float* master = nullptr;
-    void* mom = nullptr;
-  };
-  struct Write {
-    IoWorker::Ticket t;
-    std::shared_ptr<PinnedBuffer> keep;
-    std::string what;
-  };
-  std::vector<Slot> slots(M);
-  std::deque<Write> writes;
   const size_t depth = size_t(std::max(1, opt_.buffer_count));
-  size_t next = 0;
-  auto prepare = [&](size_t k) -> Status {
-    Impl::Module& m = I.mods[k];
-    Slot& s = slots[k];
-    s.master = static_cast<float*>(m.master.ptr());
-    s.mom = m.mom.ptr();
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(auto b, I.host_buf(m.master.bytes, "optimizer pipeline"), "");
-      s.master_buf = std::make_shared<PinnedBuffer>(std::move(b));
-      s.master = s.master_buf->as<float>();
-      s.rm = I.io->read(m.master.ext, s.master);
+  // Modules in the order their gradients became final (so the first ones' state may already
+  // have been read during backward); any module not drained this step follows in index order.
+  std::vector<int> order;
+  {
+    std::vector<bool> seen(M, false);
+    for (int k : I.opt_order) {  // a skipped (overflow) step leaves entries behind: dedupe
+      if (!seen[size_t(k)]) order.push_back(k);
+      seen[size_t(k)] = true;
     }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(auto b, I.host_buf(m.mom.bytes, "optimizer pipeline"), "");
-      s.mom_buf = std::make_shared<PinnedBuffer>(std::move(b));
-      s.mom = s.mom_buf->data();
-      s.rmo = I.io->read(m.mom.ext, s.mom);
+    for (size_t k = 0; k < M; ++k) {
+      if (!seen[k]) order.push_back(int(k));
     }
-    return Status::ok();
-  };
-  auto retire = [&](size_t keep_at_most) -> Status {
-    while (writes.size() > keep_at_most) {
-      Write w = std::move(writes.front());
-      writes.pop_front();
-      STRATA_RETURN_IF_ERROR(I.io->wait(w.t), w.what);
-    }
-    return Status::ok();
-  };
+  }
+  I.opt_order.clear();
   Status st;
-  for (size_t k = 0; k < M && st.is_ok(); ++k) {
-    while (next < M && next < k + depth && st.is_ok()) st = prepare(next++);
+  size_t next = 0;
+  auto retire = [&](size_t keep_at_most) {
+    while (I.writes.size() > keep_at_most && st.is_ok()) {
+      Impl::Write w = std::move(I.writes.front());
+      I.writes.pop_front();
+      Status ws = I.io->wait(w.t);
+      if (!ws.is_ok()) st = ws.with_context("writing " + w.what);
+    }
+  };
+  if (I.io) {
+    Status ws = I.reap_writes(/*all=*/true);  // last step's write-behind: long done by now
+    if (!ws.is_ok()) st = ws;
+  }
+  for (size_t i = 0; i < M && st.is_ok(); ++i) {
+    while (next < M && next < i + depth && st.is_ok()) {
+      const int k = order[next++];
+      if (!I.prepared.count(k)) {
+        auto r = I.prepare_slot(k, /*try_only=*/false);
+        if (!r.is_ok()) st = r.status();
+      }
+    }
     if (!st.is_ok()) break;
-    Impl::Module& m = I.mods[k];
-    Impl::Cache& c = I.cache[k];
-    Slot& s = slots[k];
+    const int k = order[i];
+    Impl::Module& m = I.mods[size_t(k)];
+    Impl::Cache& c = I.cache[size_t(k)];
+    Impl::Slot s = std::move(I.prepared[k]);
+    I.prepared.erase(k);
     if (s.rm) st = I.io->wait(s.rm);
     if (st.is_ok() && s.rmo) st = I.io->wait(s.rmo);
     if (!st.is_ok()) break;
@@ -722,24 +795,24 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
       I.dev_in += m.p.bytes;
     }
     if (lp_buf) I.dev.host_fn(h2d, [lp_buf] {});  // keeps the staging alive until the copies ran
-    if (m.p.tier == Tier::kNvme) writes.push_back({I.io->write(m.p.ext, lp), lp_buf, m.name});
+    // Writes drain behind the rest of the pass and the next forward; a later read of the same
+    // extent is ordered after them by the IoWorker.
+    if (m.p.tier == Tier::kNvme) I.writes.push_back({I.io->write(m.p.ext, lp), lp_buf, m.name});
     if (m.master.tier == Tier::kNvme) {
-      writes.push_back({I.io->write(m.master.ext, s.master), s.master_buf, m.name});
+      I.writes.push_back({I.io->write(m.master.ext, s.master), s.master_buf, m.name});
     }
     if (m.mom.tier == Tier::kNvme) {
-      writes.push_back({I.io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
+      I.writes.push_back({I.io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
     }
-    slots[k] = Slot{};
-    st = retire(3 * depth);
+    retire(3 * depth);  // at most `depth` modules' writes (3 objects each) in flight
   }
-  // Drain every read and write still in flight, even after an error, so no buffer is freed
-  // under the engine.
-  for (size_t k = 0; k < M; ++k) {
-    if (slots[k].rm) I.io->wait(slots[k].rm).ignore();
-    if (slots[k].rmo) I.io->wait(slots[k].rmo).ignore();
+  // After an error, drain every read still in flight so no buffer is freed under the engine.
+  for (auto& [k, slot] : I.prepared) {
+    if (slot.rm) I.io->wait(slot.rm).ignore();
+    if (slot.rmo) I.io->wait(slot.rmo).ignore();
   }
-  Status ws = retire(0);
-  if (st.is_ok()) st = ws;
+  I.prepared.clear();
+  if (!st.is_ok() && I.io) I.reap_writes(true).ignore();
   Status hs = I.dev.synchronize(I.dev.h2d_stream());
   if (st.is_ok()) st = hs;
   {
@@ -747,6 +820,12 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
     I.optimizer_s += std::chrono::duration<double>(Clock::now() - t0).count();
   }
   return st.with_context("optimizer step");
+}
+
+Status TierManager::flush_writes() {
+  Impl& I = *impl_;
+  if (!I.io) return Status::ok();
+  return I.reap_writes(/*all=*/true);
 }
 
 // ---- one step ---------------------------------------------------------------------------------
@@ -939,6 +1018,7 @@ TierTimes TierManager::take_times() {
 
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(flush_writes(), "before the checkpoint");
   PinnedBuffer mst, mom;
   auto source = [&](size_t i, CheckpointBuffers* out) -> Status {
     Impl::Module& m = I.mods[i];
@@ -999,6 +1079,7 @@ Status TierManager::load(const std::string& path) {
 
 uint32_t TierManager::weights_crc() {
   Impl& I = *impl_;
+  if (!flush_writes().is_ok()) return 0;
   uint32_t crc = 0;
   for (auto& m : I.mods) {
     if (m.master.tier == Tier::kNvme) {

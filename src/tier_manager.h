@@ -131,7 +131,10 @@ class TierManager {
   GradStats grad_stats() const;
   // Steps every module's optimizer state with grad = GACC * grad_mult, pipelined over NVMe
   // reads/writes, writing the new parameters to their homes (and cached device copies).
+  // NVMe writes are left draining behind later work (reads of the same extent wait for them);
+  // flush_writes() waits for them all and returns the first failure.
   Status optimizer_step(const OptimizerHyper& hyper, float grad_mult);
+  Status flush_writes();
   Status end_phase();
 
   // --- checkpoints ----------------------------------------------------------------------

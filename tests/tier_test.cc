@@ -192,7 +192,11 @@ TEST_F(TierTest, InjectedEioEndsTheRunAndKeepsTheLastCheckpoint) {
   }
   auto r = train(tiny(dir, ov), o);
   ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
-  EXPECT_NE(r.status().message().find("step 8"), std::string::npos) << r.status().message();
+  // The failing piece belongs to step 8's I/O; a write that drains behind the next forward
+  // surfaces in step 9.
+  const std::string& msg = r.status().message();
+  EXPECT_TRUE(msg.find("step 8") != std::string::npos || msg.find("step 9") != std::string::npos)
+      << msg;
   EXPECT_NE(r.status().message().find("Input/output error"), std::string::npos)
       << r.status().message();
   // The checkpoint of step 5 is intact and the run continues from it.
