@@ -92,7 +92,7 @@ int cmd_train(int argc, char** argv) {
     std::fprintf(stderr, "strata train: --config FILE is required\n\n%s", kUsage);
     return 2;
   }
-  Result<Config> cfg = load_config(config_path, overrides);
+  Result<Config> cfg = load_config(config_path, overrides, launcher_world_size());
   if (!cfg.is_ok()) {
     std::fprintf(stderr, "strata train: %s\n", cfg.status().message().c_str());
     return 1;
@@ -124,7 +124,14 @@ int cmd_train(int argc, char** argv) {
                 res.eval_losses.front().second, (long long)res.eval_losses.front().first,
                 res.eval_losses.back().second, (long long)res.eval_losses.back().first);
   }
-  std::printf("%s at step %lld; %.0f tokens/s; checkpoint %s\n",
+  for (const auto& t : res.tiers) {
+    if (t.capacity == 0) continue;
+    std::printf("tier %-6s peak %s of %s; moved in %s, out %s\n", t.name.c_str(),
+                format_bytes(double(t.peak)).c_str(), format_bytes(double(t.capacity)).c_str(),
+                format_bytes(double(t.bytes_in)).c_str(),
+                format_bytes(double(t.bytes_out)).c_str());
+  }
+  std::printf("%s at step %lld; %.3g tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step, res.tokens_per_s,
               res.last_checkpoint.c_str());
   if (res.stopped_early && g_stop_signal.load() != 0) return 128 + g_stop_signal.load();
