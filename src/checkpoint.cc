@@ -86,8 +86,12 @@ std::string meta_json(const CheckpointMeta& m) {
   j["moment_dtype"] = m.moment_dtype;
   j["seed"] = m.seed;
   nlohmann::json mods = nlohmann::json::array();
-  for (const auto& mod : m.modules) mods.push_back({{"name", mod.name}, {"numel", mod.numel}});
+  for (const auto& mod : m.modules) {
+    mods.push_back({{"name", mod.name}, {"numel", mod.numel}, {"offset", mod.offset}});
+  }
   j["modules"] = mods;
+  j["world_size"] = m.world_size;
+  j["rank"] = m.rank;
   return j.dump();
 }
 
@@ -148,7 +152,11 @@ Result<std::pair<CheckpointMeta, uint32_t>> read_header(int fd, const std::strin
     m.model_shape = j.at("model_shape");
     m.moment_dtype = j.at("moment_dtype");
     m.seed = j.at("seed");
-    for (const auto& mod : j.at("modules")) m.modules.push_back({mod.at("name"), mod.at("numel")});
+    for (const auto& mod : j.at("modules")) {
+      m.modules.push_back({mod.at("name"), mod.at("numel"), mod.value("offset", size_t{0})});
+    }
+    m.world_size = j.value("world_size", 1);
+    m.rank = j.value("rank", 0);
   } catch (const std::exception& e) {
     return corrupt(fmt::format("{}: metadata is not valid: {}", path, e.what()));
   }
@@ -337,6 +345,62 @@ Status set_latest_checkpoint(const std::string& dir, const std::string& file_nam
     return errno_status(errno, fmt::format("renaming {} to {}", tmp, dst));
   }
   return fsync_dir(dir);
+}
+
+std::string shard_file_path(const std::string& path, int rank, int world_size) {
+  return fmt::format("{}.rank{}-of-{}", path, rank, world_size);
+}
+
+Status write_shard_manifest(const std::string& path, int64_t step, int world_size) {
+  nlohmann::json j;
+  j["magic"] = "strata-shards";
+  j["version"] = kCheckpointVersion;
+  j["step"] = step;
+  j["world_size"] = world_size;
+  const std::string base = path.substr(path.find_last_of('/') + 1);
+  nlohmann::json files = nlohmann::json::array();
+  for (int r = 0; r < world_size; ++r) files.push_back(shard_file_path(base, r, world_size));
+  j["files"] = files;
+  const std::string tmp = path + ".tmp", text = j.dump(1) + "\n";
+  {
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) return errno_status(errno, fmt::format("creating {}", tmp));
+    uint64_t off = 0;
+    STRATA_RETURN_IF_ERROR(write_all(f.fd, text.data(), text.size(), tmp, &off), "");
+    if (::fsync(f.fd) != 0) return errno_status(errno, fmt::format("fsync {}", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return errno_status(errno, fmt::format("renaming {} to {}", tmp, path));
+  }
+  const size_t slash = path.find_last_of('/');
+  return fsync_dir(slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+Result<std::vector<std::string>> checkpoint_files(const std::string& path) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
+  std::string text(1 << 16, '\0');
+  ssize_t n = ::read(f.fd, text.data(), text.size());
+  if (n < 0) return errno_status(errno, fmt::format("reading {}", path));
+  text.resize(size_t(n));
+  // Anything but a JSON object is taken as a checkpoint file, whose reader says what is wrong.
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{') return std::vector<std::string>{path};
+  std::vector<std::string> out;
+  try {
+    auto j = nlohmann::json::parse(text);
+    if (j.at("magic") != "strata-shards") throw std::runtime_error("wrong magic");
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+    for (const auto& name : j.at("files")) out.push_back(dir + name.get<std::string>());
+    if (out.size() != j.at("world_size").get<size_t>()) throw std::runtime_error("file count");
+  } catch (const std::exception& e) {
+    return corrupt(fmt::format(
+        "{}: neither a checkpoint (magic STRATACK) nor a shard manifest ({}); pass a file "
+        "written by strata train",
+        path, e.what()));
+  }
+  return out;
 }
 
 }  // namespace strata

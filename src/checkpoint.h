@@ -28,9 +28,13 @@ namespace strata {
 
 inline constexpr uint32_t kCheckpointVersion = 1;
 
+// In a rank's shard file (ZeRO-3, world_size > 1) `numel` is the number of the module's real
+// elements this file holds and `offset` where they start in the module; a whole-model file has
+// offset 0 and the module's full numel.
 struct CheckpointModule {
   std::string name;
   size_t numel = 0;
+  size_t offset = 0;
 };
 
 struct CheckpointMeta {
@@ -43,8 +47,21 @@ struct CheckpointMeta {
   std::string model_shape;  // "L=4 NH=4 C=128 V=256 Vp=256 T=64 tied=1"
   std::string moment_dtype;
   uint64_t seed = 0;
+  // Sharded checkpoints: one file per rank, "<name>.rank<R>-of-<N>", each holding that rank's
+  // shard of every module; "<name>" is then a manifest (JSON: magic "strata-shards", world_size,
+  // step, and the shard file names) that `latest` points at. Whole-model files: 1 and 0.
+  int world_size = 1;
+  int rank = 0;
   std::vector<CheckpointModule> modules;
 };
+
+// The shard file of `rank` for checkpoint `path` of a `world_size`-rank run.
+std::string shard_file_path(const std::string& path, int rank, int world_size);
+// Writes the manifest at `path` (atomically) naming the shard files of a `world_size` run.
+Status write_shard_manifest(const std::string& path, int64_t step, int world_size);
+// If `path` is a manifest, the shard files it names (in rank order, with their directory);
+// if it is a whole-model checkpoint, {path}. Fails naming the path if it is neither.
+Result<std::vector<std::string>> checkpoint_files(const std::string& path);
 
 // One module's state in memory: where the writer reads it from, or the reader puts it.
 struct CheckpointBuffers {

@@ -481,7 +481,9 @@ std::vector<Key> build_table() {
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1", kCpuOptim));
   add(F("strata.comm.backend", Enum("auto|single|mpi|nccl"), STRATA_M(strata.comm_backend),
-        "communicator", kComm));
+        "communicator", nullptr));
+  add(F("strata.comm.timeout_s", Real(0, kInf, false, true), STRATA_M(strata.comm_timeout_s),
+        "seconds a collective waits for its peers before failing (0 = forever)", nullptr));
   add(F("strata.activations", Enum("keep|recompute|offload"), STRATA_M(strata.activations),
         "what happens to activations between forward and backward", kScheduler));
   add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),

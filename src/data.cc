@@ -135,10 +135,10 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
 
 void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
                           int32_t* tokens, int32_t* targets) const {
-  Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 24) ^ (uint64_t(micro) << 12) ^
-                             static_cast<uint64_t>(rank));
   const size_t span = split_ - size_t(T) - 1;
   for (int b = 0; b < B; ++b) {
+    const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
+    Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 32) ^ (uint64_t(micro) << 20) ^ row);
     size_t off = rng.below(span + 1);
     for (int t = 0; t < T; ++t) {
       tokens[size_t(b) * T + t] = tokens_[off + t];
@@ -147,11 +147,12 @@ void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int 
   }
 }
 
-void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets) const {
+void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank,
+                         int world) const {
   const size_t n = eval_tokens();
   const size_t windows = (n - 1) / size_t(T);
   for (int b = 0; b < B; ++b) {
-    size_t w = (size_t(i) * B + b) % windows;
+    size_t w = (size_t(i) * B * world + size_t(rank) * B + b) % windows;
     size_t off = split_ + w * T;
     for (int t = 0; t < T; ++t) {
       tokens[size_t(b) * T + t] = tokens_[off + t];

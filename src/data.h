@@ -28,11 +28,16 @@ class Dataset {
   static Result<Dataset> load(const DataConfig& cfg, int vocab_size, uint64_t seed);
 
   // Fills tokens/targets [B*T] for one training micro-batch: B windows at random offsets of
-  // the training split; targets are the inputs shifted by one.
+  // the training split; targets are the inputs shifted by one. Each window is a function of
+  // (seed, step, micro, global row) with global row = rank * B + b, so N ranks with B rows
+  // each see exactly the windows one rank with N*B rows sees (data parallelism keeps the
+  // global batch).
   void train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T, int32_t* tokens,
                    int32_t* targets) const;
-  // Eval batch i (0-based) of B consecutive windows from the held-out split (wraps around).
-  void eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets) const;
+  // Eval batch i (0-based) of B consecutive windows from the held-out split (wraps around);
+  // rank r of `world` takes rows [r*B, (r+1)*B) of the global batch of world*B windows.
+  void eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank = 0,
+                  int world = 1) const;
 
   size_t train_tokens() const { return split_; }
   size_t eval_tokens() const { return tokens_.size() - split_; }

@@ -138,6 +138,9 @@ struct TierManager::Impl {
   struct Module {
     std::string name;
     size_t numel = 0;
+    // This rank's shard: elements [off, off + sn) of the group padded to `padded` elements, of
+    // which `valid` are real. Unsharded: off 0, sn == padded == valid == numel.
+    size_t sn = 0, off = 0, padded = 0, valid = 0;
     Home p, master, mom, gacc;
   };
   // The device cache entry of a module's parameters (unused when their home is the device).
@@ -174,6 +177,7 @@ struct TierManager::Impl {
       : dev(d), lay(l), dt(dt_), mdt(mdt_), opt(o) {}
 
   Device& dev;
+  bool sharded = false;  // world size > 1
   ModelLayout lay;
   DType dt, mdt;
   TierOptions opt;
@@ -268,11 +272,14 @@ struct TierManager::Impl {
     return true;
   }
 
+  // Device bytes of a gathered (cached) parameter group.
+  size_t cache_bytes(const Module& m) const { return m.padded * dtype_size(dt); }
+
   void drop(int m) {
     Cache& c = cache[size_t(m)];
     // The memory is freed once its last use (and its fetch) have run.
     if (c.ready) dev.synchronize(*c.ready).ignore();
-    pending.push_back({c.ptr, round_up(mods[size_t(m)].p.bytes, 256), c.last_use});
+    pending.push_back({c.ptr, round_up(cache_bytes(mods[size_t(m)]), 256), c.last_use});
     c.ptr = nullptr;
     c.resident = false;
   }
@@ -379,18 +386,23 @@ struct TierManager::Impl {
     Module& mod = mods[size_t(m)];
     Cache& c = cache[size_t(m)];
     *fetched = false;
-    auto r = dev_alloc(mod.p.bytes, mod.name + ".params", m, need_before, may_block);
+    const size_t full = cache_bytes(mod);
+    auto r = dev_alloc(full, mod.name + ".params", m, need_before, may_block);
     if (!r.is_ok()) return may_block ? r.status() : Status::ok();
     c.ptr = *r;
+    // This rank's shard lands at its offset in the group; the all-gather fills the rest.
+    char* mine = static_cast<char*>(c.ptr) + mod.off * dtype_size(dt);
     Stream& h2d = dev.h2d_stream();
-    if (mod.p.tier == Tier::kHost) {
-      dev.copy_h2d(h2d, c.ptr, mod.p.host.data(), mod.p.bytes);
+    if (mod.p.tier == Tier::kDevice) {
+      dev.copy_d2d(h2d, mine, mod.p.dev, mod.p.bytes);
+    } else if (mod.p.tier == Tier::kHost) {
+      dev.copy_h2d(h2d, mine, mod.p.host.data(), mod.p.bytes);
     } else {
       auto staging = host_buf(mod.p.bytes, "staging a parameter fetch");
       if (!staging.is_ok()) {
         dev.release(c.ptr);
         std::lock_guard<std::mutex> l(mu);
-        device_state_bytes -= round_up(mod.p.bytes, 256);
+        device_state_bytes -= round_up(full, 256);
         c.ptr = nullptr;
         return may_block ? staging.status() : Status::ok();
       }
@@ -401,19 +413,23 @@ struct TierManager::Impl {
         Status s = iow->wait(t);
         if (!s.is_ok()) set_async_error(s);
       });
-      dev.copy_h2d(h2d, c.ptr, sp->data(), mod.p.bytes);
+      dev.copy_h2d(h2d, mine, sp->data(), mod.p.bytes);
       dev.host_fn(h2d, [sp] { sp->reset(); });
       std::lock_guard<std::mutex> l(mu);
       host_in += mod.p.bytes;
       host_out += mod.p.bytes;
     }
+    if (sharded) {
+      Status s = opt.param_comm->all_gather(h2d, mine, c.ptr, mod.sn, dt);
+      if (!s.is_ok()) set_async_error(s.with_context("gathering " + mod.name + " parameters"));
+    }
     c.ready = std::shared_ptr<Event>(dev.create_event());
     dev.record(*c.ready, h2d);
     c.resident = true;
-    c.persistent = mod.numel < opt.persistence_threshold;
+    c.persistent = !sharded && mod.numel < opt.persistence_threshold;
     {
       std::lock_guard<std::mutex> l(mu);
-      dev_in += mod.p.bytes;
+      dev_in += full;
     }
     *fetched = true;
     return Status::ok();
@@ -436,7 +452,8 @@ struct TierManager::Impl {
   }
 
   void prefetch() {
-    if (!cur || mismatch || cur->empty()) return;
+    // Sharded: a fetch is a collective, so fetches must not depend on timing (free memory).
+    if (sharded || !cur || mismatch || cur->empty()) return;
     const uint64_t n = cur->size();
     uint64_t in_flight = 0;
     for (size_t m = 0; m < cache.size(); ++m) {
@@ -498,10 +515,25 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   const Placement& pl = options.placement;
   const size_t es = dtype_size(dt), mb = dtype_size(moment_dt);
   const size_t M = layout.modules.size();
+  int world = 1, rank = 0;
+  if (options.param_comm && options.grad_comm && options.param_comm->size() > 1) {
+    world = options.param_comm->size();
+    rank = options.param_comm->rank();
+    if (options.grad_comm->size() != world || options.grad_comm->rank() != rank) {
+      return invalid_argument("tier manager: param_comm and grad_comm disagree on rank/size");
+    }
+    if (options.param_comm->buffer_space() == BufferSpace::kHost && !device.host_addressable()) {
+      return invalid_argument(fmt::format(
+          "strata.comm.backend: the {} communicator moves host buffers but device '{}' is not "
+          "host-addressable; use the nccl backend with a CUDA device, or device.backend cpu",
+          options.param_comm->backend(), device.name()));
+    }
+    I.sharded = true;
+  }
 
   // Homes. The optimizer ratio keeps the first (1 - ratio) of the optimizer bytes on the device.
   size_t total_opt = 0;
-  for (const auto& m : layout.modules) total_opt += m.numel * (4 + 2 * mb);
+  for (const auto& m : layout.modules) total_opt += m.numel * (4 + 2 * mb) / size_t(world);
   const double keep_on_device = (1.0 - pl.optimizer_ratio) * double(total_opt);
   double acc_opt = 0;
   I.mods.resize(M);
@@ -509,15 +541,24 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     Impl::Module& m = I.mods[i];
     m.name = layout.modules[i].name;
     m.numel = layout.modules[i].numel;
-    m.p = {pl.params, m.numel * es, {}, nullptr, {}};
+    m.sn = m.padded = m.valid = m.numel;
+    if (I.sharded) {
+      STRATA_ASSIGN_OR_RETURN(ShardLayout sl, ShardLayout::make(m.numel, world, 4096, dt),
+                              "sharding " + m.name);
+      m.sn = sl.shard_numel;
+      m.padded = sl.padded_numel;
+      m.off = sl.offset(rank);
+      m.valid = sl.valid(rank);
+    }
+    m.p = {pl.params, m.sn * es, {}, nullptr, {}};
     const bool opt_on_device = acc_opt < keep_on_device;
-    acc_opt += double(m.numel * (4 + 2 * mb));
+    acc_opt += double(m.sn * (4 + 2 * mb));
     m.master.tier = opt_on_device ? Tier::kDevice : pl.master;
     m.mom.tier = opt_on_device ? Tier::kDevice : pl.moments;
-    m.master.bytes = m.numel * 4;
-    m.mom.bytes = m.numel * 2 * mb;
+    m.master.bytes = m.sn * 4;
+    m.mom.bytes = m.sn * 2 * mb;
     m.gacc.tier = opt_on_device ? Tier::kDevice : pl.grads;
-    m.gacc.bytes = m.numel * 4;
+    m.gacc.bytes = m.sn * 4;
   }
   I.cache.resize(M);
   I.gdev.assign(M, nullptr);
@@ -538,9 +579,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     }
   }
   auto pc = [&](int m) {
-    return pl.params == Tier::kDevice ? 0 : round_up(I.mods[m].p.bytes, 256);
+    return pl.params == Tier::kDevice && !I.sharded ? 0 : round_up(I.mods[m].padded * es, 256);
   };
-  auto g = [&](int m) { return round_up(I.mods[size_t(m)].gacc.bytes, 256); };
+  auto g = [&](int m) { return round_up(I.mods[size_t(m)].padded * 4, 256); };
   const int F = layout.final_norm(), H = layout.head(), E = layout.embedding();
   size_t ws = pc(F) + (H != F ? pc(H) : 0) + g(F) + (H != F ? g(H) : 0);
   for (int l = 0; l < layout.L; ++l) {
@@ -674,7 +715,14 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
       STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "init"), "");
       moments = mom.data();
     }
-    init(int(i), master);
+    if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
+      std::vector<float> full(m.numel);
+      init(int(i), full.data());
+      std::memset(master, 0, m.master.bytes);
+      std::memcpy(master, full.data() + m.off, m.valid * sizeof(float));
+    } else {
+      init(int(i), master);
+    }
     std::memset(moments, 0, m.mom.bytes);
     std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
     std::vector<IoWorker::Ticket> tickets;
@@ -699,10 +747,11 @@ Status TierManager::write_params(int mi, const float* master) {
     STRATA_ASSIGN_OR_RETURN(lp, I.host_buf(m.p.bytes, "parameter staging"), "");
     dst = lp.data();
   }
-  convert(master, DType::kF32, dst, I.dt, m.numel);
+  convert(master, DType::kF32, dst, I.dt, m.sn);
   Stream& h2d = I.dev.h2d_stream();
   if (m.p.tier == Tier::kDevice && dst != m.p.dev) I.dev.copy_h2d(h2d, m.p.dev, dst, m.p.bytes);
-  if (c.resident) I.dev.copy_h2d(h2d, c.ptr, dst, m.p.bytes);
+  if (c.resident && !I.sharded) I.dev.copy_h2d(h2d, c.ptr, dst, m.p.bytes);
+  if (c.resident && I.sharded) I.drop(mi);
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(h2d), "");
   if (m.p.tier == Tier::kNvme) {
     STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.p.ext, dst)), "writing parameters");
@@ -776,19 +825,20 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
       lp = lp_buf->data();
     }
     ShardState sh;
-    sh.n = m.numel;
+    sh.n = m.sn;  // the padding's grads, master and moments are zero and stay zero
     sh.grad = m.gacc.ptr();
     sh.grad_dtype = DType::kF32;
     sh.grad_mult = grad_mult;
     sh.master = s.master;
     sh.m = s.mom;
-    sh.v = static_cast<char*>(s.mom) + m.numel * mb;
+    sh.v = static_cast<char*>(s.mom) + m.sn * mb;
     sh.moment_dtype = I.mdt;
     sh.lp_out = lp;
     sh.lp_dtype = I.dt;
     strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
     Stream& h2d = I.dev.h2d_stream();
     if (m.p.tier == Tier::kDevice && lp != m.p.dev) I.dev.copy_h2d(h2d, m.p.dev, lp, m.p.bytes);
+    STRATA_CHECK(!I.sharded || !c.resident, "sharded: a gathered group outlived its use");
     if (c.resident) {  // write-through: the cached copy stays valid
       I.dev.copy_h2d(h2d, c.ptr, lp, m.p.bytes);
       std::lock_guard<std::mutex> l(I.mu);
@@ -854,7 +904,7 @@ Result<const void*> TierManager::acquire_params(int m) {
         mod.name);
     I.mismatch = true;
   }
-  if (mod.p.tier == Tier::kDevice) {
+  if (mod.p.tier == Tier::kDevice && !I.sharded) {
     ++I.pos;
     return static_cast<const void*>(mod.p.dev);
   }
@@ -875,14 +925,17 @@ Result<const void*> TierManager::acquire_params(int m) {
 
 void TierManager::release_params(int m) {
   Impl& I = *impl_;
-  if (I.mods[size_t(m)].p.tier == Tier::kDevice) return;
+  if (I.mods[size_t(m)].p.tier == Tier::kDevice && !I.sharded) return;
   Impl::Cache& c = I.cache[size_t(m)];
   STRATA_CHECK(c.pins > 0, "release_params without acquire");
   --c.pins;
   c.last_use = std::shared_ptr<Event>(I.dev.create_event());
   I.dev.record(*c.last_use, I.dev.compute_stream());
-  if (c.pins == 0 && !c.persistent && I.cur && !I.mismatch && c.acq_pos < I.cur->size() &&
-      I.cur->reuse_distance(c.acq_pos) > opt_.max_reuse_distance) {
+  // Sharded: a gathered group is released as soon as nobody holds it (see TierOptions).
+  if (c.pins == 0 && I.sharded) {
+    I.drop(m);
+  } else if (c.pins == 0 && !c.persistent && I.cur && !I.mismatch && c.acq_pos < I.cur->size() &&
+             I.cur->reuse_distance(c.acq_pos) > opt_.max_reuse_distance) {
     I.drop(m);
   }
 }
@@ -890,7 +943,7 @@ void TierManager::release_params(int m) {
 Result<float*> TierManager::acquire_grads(int m) {
   Impl& I = *impl_;
   if (I.gdev[size_t(m)]) return I.gdev[size_t(m)];
-  const size_t bytes = I.mods[size_t(m)].gacc.bytes;
+  const size_t bytes = I.mods[size_t(m)].padded * 4;  // the whole (padded) group
   STRATA_ASSIGN_OR_RETURN(void* p,
                           I.dev_alloc(bytes, I.mods[size_t(m)].name + ".grad", -1, UINT64_MAX,
                                       /*may_block=*/true),
@@ -906,21 +959,28 @@ void TierManager::drain_grads(int m, int micro, bool last) {
   STRATA_CHECK(g != nullptr, "drain_grads without acquire_grads");
   I.gdev[size_t(m)] = nullptr;
   Impl::Module& mod = I.mods[size_t(m)];
-  const size_t n = mod.numel, bytes = mod.gacc.bytes;
+  const size_t n = mod.sn, bytes = mod.gacc.bytes, dev_bytes = mod.padded * 4;
   float* acc = static_cast<float*>(mod.gacc.ptr());
   auto ev = std::shared_ptr<Event>(I.dev.create_event());
   I.dev.record(*ev, I.dev.compute_stream());
   Stream& d2h = I.dev.d2h_stream();
   I.dev.wait(d2h, *ev);
+  // Sharded: sum every rank's gradient of this micro-batch into this rank's shard (in place:
+  // the shard's slice of the group buffer), then only the shard leaves the device.
+  float* mine = g + mod.off;
+  if (I.sharded) {
+    Status s = opt_.grad_comm->reduce_scatter(d2h, g, mine, mod.sn, DType::kF32, ReduceOp::kSum);
+    if (!s.is_ok()) I.set_async_error(s.with_context("reducing " + mod.name + " gradients"));
+  }
   if (micro == 0) {
-    I.dev.copy_d2h(d2h, acc, g, bytes);
+    I.dev.copy_d2h(d2h, acc, mine, bytes);
   } else {
     auto landing = I.host_buf(bytes, "gradient landing buffer");
     if (!landing.is_ok()) {
       I.set_async_error(landing.status());
     } else {
       auto lb = std::make_shared<PinnedBuffer>(std::move(landing).value());
-      I.dev.copy_d2h(d2h, lb->data(), g, bytes);
+      I.dev.copy_d2h(d2h, lb->data(), mine, bytes);
       I.dev.host_fn(d2h, [lb, acc, n] {
         const float* src = lb->as<float>();
         for (size_t i = 0; i < n; ++i) acc[i] += src[i];
@@ -933,10 +993,10 @@ void TierManager::drain_grads(int m, int micro, bool last) {
     I.dev.host_fn(
         d2h, [ip, m, acc, n] { ip->gstats[size_t(m)] = strata::grad_stats(acc, DType::kF32, n); });
   }
-  I.dev.host_fn(d2h, [ip, g, bytes] {
+  I.dev.host_fn(d2h, [ip, g, bytes, dev_bytes] {
     ip->dev.release(g);
     std::lock_guard<std::mutex> l(ip->mu);
-    ip->device_state_bytes -= round_up(bytes, 256);
+    ip->device_state_bytes -= round_up(dev_bytes, 256);
     ip->dev_out += bytes;
   });
 }
@@ -1036,12 +1096,122 @@ Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
       STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.mom.ext, mom.data())), "");
       moments = mom.data();
     }
-    *out = {master, moments, static_cast<char*>(moments) + m.numel * dtype_size(I.mdt),
+    *out = {master, moments, static_cast<char*>(moments) + m.sn * dtype_size(I.mdt),
             dtype_size(I.mdt)};
     return Status::ok();
   };
-  return write_checkpoint(path, meta, source);
+  if (!I.sharded) return write_checkpoint(path, meta, source);
+  // A shard file: this rank's real elements of each module (its shard's head; the padding is
+  // not saved), with where they start.
+  CheckpointMeta shard = meta;
+  shard.world_size = opt_.param_comm->size();
+  shard.rank = opt_.param_comm->rank();
+  for (size_t i = 0; i < I.mods.size(); ++i) {
+    shard.modules[i].numel = I.mods[i].valid;
+    shard.modules[i].offset = I.mods[i].off;
+  }
+  return write_checkpoint(path, shard, source);
 }
+
+Status TierManager::load_shards(const std::vector<std::string>& paths) {
+  Impl& I = *impl_;
+  const size_t M = I.mods.size(), mb = dtype_size(I.mdt);
+  std::vector<size_t> covered(M, 0);
+  // This rank's master and moments of module i in host memory (NVMe homes are read into
+  // staging and written back: read-modify-write per old file).
+  auto with_state = [&](size_t i, bool read, bool write,
+                        const std::function<void(float*, char*)>& fn) -> Status {
+    Impl::Module& m = I.mods[i];
+    PinnedBuffer mst, mom;
+    float* master = static_cast<float*>(m.master.ptr());
+    char* moments = static_cast<char*>(m.mom.ptr());
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
+      if (read) STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.master.ext, mst.data())), "");
+      master = mst.as<float>();
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
+      if (read) STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.mom.ext, mom.data())), "");
+      moments = static_cast<char*>(mom.data());
+    }
+    fn(master, moments);
+    if (write && m.master.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.master.ext, master)), "");
+    }
+    if (write && m.mom.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.mom.ext, moments)), "");
+    }
+    return Status::ok();
+  };
+  STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
+  for (size_t i = 0; i < M; ++i) {  // padding and anything not covered start at zero
+    STRATA_RETURN_IF_ERROR(with_state(i, false, true,
+                                      [&](float* master, char* moments) {
+                                        std::memset(master, 0, I.mods[i].master.bytes);
+                                        std::memset(moments, 0, I.mods[i].mom.bytes);
+                                      }),
+                           "clearing " + I.mods[i].name);
+  }
+  for (const auto& path : paths) {
+    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "");
+    if (meta.modules.size() != M) {
+      return invalid_argument(
+          fmt::format("{}: {} modules, the model has {}", path, meta.modules.size(), M));
+    }
+    std::vector<float> st_master;
+    std::vector<char> st_m, st_v;
+    auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
+      const size_t n = meta.modules[i].numel;
+      if (meta.modules[i].name != I.mods[i].name || meta.modules[i].offset + n > I.mods[i].numel) {
+        return invalid_argument(fmt::format(
+            "{}: module {} '{}' elements [{}, {}) do not fit this model's '{}' ({} elements)", path,
+            i, meta.modules[i].name, meta.modules[i].offset, meta.modules[i].offset + n,
+            I.mods[i].name, I.mods[i].numel));
+      }
+      st_master.resize(n);
+      st_m.resize(n * mb);
+      st_v.resize(n * mb);
+      *out = {st_master.data(), st_m.data(), st_v.data(), mb};
+      return Status::ok();
+    };
+    auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
+      Impl::Module& m = I.mods[i];
+      const size_t o_lo = meta.modules[i].offset, o_hi = o_lo + meta.modules[i].numel;
+      const size_t lo = std::max(o_lo, m.off), hi = std::min(o_hi, m.off + m.valid);
+      if (lo >= hi) return Status::ok();
+      covered[i] += hi - lo;
+      return with_state(i, true, true, [&](float* master, char* moments) {
+        std::memcpy(master + (lo - m.off), b.master + (lo - o_lo), (hi - lo) * 4);
+        std::memcpy(moments + (lo - m.off) * mb, static_cast<const char*>(b.m) + (lo - o_lo) * mb,
+                    (hi - lo) * mb);
+        std::memcpy(moments + (m.sn + lo - m.off) * mb,
+                    static_cast<const char*>(b.v) + (lo - o_lo) * mb, (hi - lo) * mb);
+      });
+    };
+    STRATA_RETURN_IF_ERROR(read_checkpoint(path, staging, sink), "");
+  }
+  for (size_t i = 0; i < M; ++i) {
+    if (covered[i] != I.mods[i].valid) {
+      return invalid_argument(fmt::format(
+          "checkpoint files {} hold {} of the {} elements of {} this rank owns; a shard file "
+          "is missing or duplicated (resume from the manifest strata train wrote)",
+          paths.front(), covered[i], I.mods[i].valid, I.mods[i].name));
+    }
+    Status ws;
+    STRATA_RETURN_IF_ERROR(
+        with_state(i, true, false,
+                   [&](float* master, char*) { ws = write_params(int(i), master); }),
+        "");
+    STRATA_RETURN_IF_ERROR(ws, "deriving " + I.mods[i].name + " parameters");
+  }
+  return Status::ok();
+}
+
+int TierManager::world_size() const { return impl_->sharded ? opt_.param_comm->size() : 1; }
+int TierManager::rank() const { return impl_->sharded ? opt_.param_comm->rank() : 0; }
+size_t TierManager::shard_offset(int m) const { return impl_->mods[size_t(m)].off; }
+size_t TierManager::shard_count(int m) const { return impl_->mods[size_t(m)].valid; }
 
 Status TierManager::load(const std::string& path) {
   Impl& I = *impl_;
@@ -1060,7 +1230,7 @@ Status TierManager::load(const std::string& path) {
       STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
       moments = mom.data();
     }
-    *out = {master, moments, static_cast<char*>(moments) + m.numel * dtype_size(I.mdt),
+    *out = {master, moments, static_cast<char*>(moments) + m.sn * dtype_size(I.mdt),
             dtype_size(I.mdt)};
     return Status::ok();
   };
@@ -1085,9 +1255,9 @@ uint32_t TierManager::weights_crc() {
     if (m.master.tier == Tier::kNvme) {
       auto b = I.host_buf(m.master.bytes, "crc");
       if (!b.is_ok() || !I.io->wait(I.io->read(m.master.ext, b->data())).is_ok()) return 0;
-      crc = crc32c(crc, b->data(), m.master.bytes);
+      crc = crc32c(crc, b->data(), m.valid * 4);
     } else {
-      crc = crc32c(crc, m.master.ptr(), m.master.bytes);
+      crc = crc32c(crc, m.master.ptr(), m.valid * 4);
     }
   }
   return crc;

@@ -44,6 +44,7 @@
 #include "src/model.h"
 #include "src/trace.h"
 #include "strata/buffer_pool.h"
+#include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/optimizer.h"
@@ -79,6 +80,18 @@ struct TierOptions {
   std::vector<std::string> nvme_paths;  // swap directories
   StorageOptions storage;
   int rank = 0;
+  // ZeRO-3 over ranks. With both communicators set and size() > 1, every module's flat group
+  // is padded (ShardLayout, 4096-byte shards) and split: this rank's homes hold only its shard
+  // of P, MASTER, MOM and GACC. acquire_params gathers the whole group into the device cache
+  // on the h2d stream (param_comm); drain_grads reduce-scatters each micro-batch's gradient
+  // into the owned shard on the d2h stream (grad_comm). Two communicators because the two
+  // streams run collectives concurrently. Both must be host-buffer communicators on a
+  // host-addressable device, or device-buffer ones (nccl) on a CUDA device; they must outlive
+  // the manager. In this mode the device cache holds a gathered group only while acquired
+  // (no prefetch, no persistence), so every rank issues the same collectives in the same
+  // order whatever its timing.
+  Communicator* param_comm = nullptr;
+  Communicator* grad_comm = nullptr;
   int buffer_count = 4;                      // optimizer pipeline depth (NVMe state)
   uint64_t prefetch_bytes = 50'000'000;      // bytes in flight ahead
   uint64_t max_reuse_distance = UINT64_MAX;  // bytes
@@ -141,7 +154,19 @@ class TierManager {
   Status save(const std::string& path, const CheckpointMeta& meta);
   // Verifies, then loads master and moments into their homes and derives the parameters.
   Status load(const std::string& path);
+  // Sharded checkpoints (world size > 1, or any run resuming from one): this rank's shard of
+  // every module (its real elements only) is written to `path` with meta.shard_* filled in.
+  // load_shards() rebuilds this rank's shards from the files of ANY world size (`paths` are
+  // the old ranks' files in rank order), reading each once and copying the overlap of each
+  // old shard with this rank's shard, so 3 ranks can resume on 2 or on 1.
+  Status load_shards(const std::vector<std::string>& paths);
+  // CRC32C of this rank's fp32 master weights (its shards' real elements).
   uint32_t weights_crc();
+  int world_size() const;
+  int rank() const;
+  // This rank's shard of module m: [offset, offset + count) of the module's elements.
+  size_t shard_offset(int m) const;
+  size_t shard_count(int m) const;
 
   TierStats stats(Tier t) const;
   TierTimes take_times();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "src/schedule.h"
 #include "src/tier_manager.h"
 #include "strata/checksum.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/log.h"
 #include "strata/optimizer.h"
@@ -53,7 +55,12 @@ class Run {
  public:
   Run(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
   ~Run() {
-    if (dev_) dev_->synchronize(dev_->compute_stream()).ignore();
+    if (dev_) {
+      // Stream-ordered collectives refer to the communicators: join every stream first.
+      dev_->synchronize(dev_->compute_stream()).ignore();
+      dev_->synchronize(dev_->h2d_stream()).ignore();
+      dev_->synchronize(dev_->d2h_stream()).ignore();
+    }
     model_.reset();
     tm_.reset();
   }
@@ -64,6 +71,9 @@ class Run {
 
  private:
   Status create_device();
+  Status create_comms();
+  // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
+  Status reduce(float* v, size_t n, ReduceOp op);
   Status init_or_resume();
   Result<double> run_step();
   Result<double> eval_loss();
@@ -77,6 +87,11 @@ class Run {
   DType dt_ = DType::kBF16;
   int B_ = 0, T_ = 0, accum_ = 1;
   std::unique_ptr<Device> dev_;
+  // comm_: blocking collectives of the main thread (loss, grad norm, overflow, barriers);
+  // param_comm_ / grad_comm_: the tier manager's gathers (h2d stream) and reduce-scatters (d2h
+  // stream), only when world_ > 1. Declared before tm_ so they outlive it.
+  std::unique_ptr<Communicator> comm_, param_comm_, grad_comm_;
+  int world_ = 1, rank_ = 0;
   std::unique_ptr<TierManager> tm_;
   std::unique_ptr<GptModel> model_;
   std::optional<Dataset> data_;
@@ -115,6 +130,30 @@ Status Run::create_device() {
   return Status::ok();
 }
 
+Status Run::create_comms() {
+  CommOptions co;
+  co.timeout_s = cfg_.strata.comm_timeout_s;
+  const std::string& b = cfg_.strata.comm_backend;
+  STRATA_ASSIGN_OR_RETURN(comm_, create_communicator(b, dev_.get(), co), "strata.comm.backend");
+  world_ = comm_->size();
+  rank_ = comm_->rank();
+  if (world_ > 1) {
+    set_log_rank(rank_);
+    STRATA_ASSIGN_OR_RETURN(param_comm_, create_communicator(comm_->backend(), dev_.get(), co),
+                            "strata.comm.backend (parameter gathers)");
+    STRATA_ASSIGN_OR_RETURN(grad_comm_, create_communicator(comm_->backend(), dev_.get(), co),
+                            "strata.comm.backend (gradient reduce-scatters)");
+  }
+  log_info("comm: {} backend, rank {} of {}, timeout {:g} s", comm_->backend(), rank_, world_,
+           comm_->timeout_s());
+  return Status::ok();
+}
+
+Status Run::reduce(float* v, size_t n, ReduceOp op) {
+  if (world_ == 1) return Status::ok();
+  return comm_->all_reduce_blocking(v, v, n, DType::kF32, op);
+}
+
 Status Run::setup() {
   STRATA_ASSIGN_OR_RETURN(layout_, ModelLayout::from_config(cfg_.model), "model");
   dt_ = cfg_.model.dtype;
@@ -140,17 +179,28 @@ Status Run::setup() {
   log_info("data: {}", data_->description());
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
+  STRATA_RETURN_IF_ERROR(create_comms(), "");
+  if (cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
+    return invalid_argument(fmt::format(
+        "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
+        "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
+        "for another world size: set train_batch_size (or the micro batch) for {} ranks",
+        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
+  }
   const size_t P = layout_.num_params();
   log_info(
       "model: GPT {} layers, {} heads, width {}, vocab {} (padded {}), context {}: {:.2f}M "
       "params in {} modules, {}",
       layout_.L, layout_.NH, layout_.C, layout_.V, layout_.Vp, layout_.maxT, double(P) / 1e6,
       layout_.modules.size(), dtype_name(dt_));
-  log_info("batch: {} micro x {} accumulation x {} tokens = {} tokens per step", B_, accum_, T_,
-           int64_t(B_) * accum_ * T_);
+  log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
+           accum_, world_, T_, int64_t(B_) * accum_ * world_ * T_);
   TierOptions to = TierOptions::from_config(cfg_, dt_);
   STRATA_ASSIGN_OR_RETURN(to.placement, placement_from_config(cfg_, *dev_), "placement");
   to.storage.faults = opts_.storage_faults;
+  to.rank = rank_;
+  to.param_comm = param_comm_.get();
+  to.grad_comm = grad_comm_.get();
   STRATA_ASSIGN_OR_RETURN(tm_,
                           TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to,
                                               activation_bytes(layout_, B_, T_, dt_).bytes),
@@ -198,7 +248,8 @@ Status Run::init_or_resume() {
   if (path == "latest") {
     STRATA_ASSIGN_OR_RETURN(path, latest_checkpoint(cfg_.train.checkpoint_dir), "--resume");
   }
-  STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "--resume");
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(path), "--resume");
+  STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(files.front()), "--resume");
   CheckpointMeta mine = checkpoint_meta(0);
   if (meta.model_shape != mine.model_shape) {
     return invalid_argument(fmt::format(
@@ -211,7 +262,15 @@ Status Run::init_or_resume() {
         "--resume {}: moments are {} in the checkpoint but strata.optimizer.moment_dtype is {}",
         path, meta.moment_dtype, mine.moment_dtype));
   }
-  STRATA_RETURN_IF_ERROR(tm_->load(path), "--resume");
+  if (files.size() == 1 && meta.world_size == 1 && world_ == 1) {
+    STRATA_RETURN_IF_ERROR(tm_->load(path), "--resume");
+  } else {
+    // Re-sharding: this rank takes its shard from whichever old shards overlap it.
+    STRATA_RETURN_IF_ERROR(tm_->load_shards(files), "--resume");
+    if (meta.world_size != world_) {
+      log_info("resharded the checkpoint of {} rank(s) onto {} rank(s)", meta.world_size, world_);
+    }
+  }
   step_ = meta.step;
   opt_steps_ = meta.opt_steps;
   scaler_.scale = meta.loss_scale;
@@ -249,12 +308,14 @@ Status Run::forward(int micro, float dloss, bool train) {
 Result<double> Run::run_step() {
   const auto t0 = Clock::now();
   const double scale = scaler_.scale;
-  const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_));
+  // The loss is the mean over the GLOBAL batch: each rank's gradients are 1/world of the
+  // average, and the reduce-scatter sums them.
+  const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_ * world_));
   const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
   tm_->begin_phase("train");
   for (int micro = 0; micro < accum_; ++micro) {
     const bool last = micro == accum_ - 1;
-    data_->train_batch(cfg_.train.seed, step_, micro, /*rank=*/0, B_, T_, tok_.data(), tgt_.data());
+    data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
     model_->begin_batch(tok_.data(), tgt_.data());
     STRATA_RETURN_IF_ERROR(forward(micro, dloss, true), "forward");
     // Backward: head, blocks in reverse, embedding; each module's gradients leave the device
@@ -282,9 +343,19 @@ Result<double> Run::run_step() {
   last_fwd_bwd_s_ = seconds_since(t0);
   double loss_sum = 0;
   for (float l : losses_) loss_sum += l;
-  const double loss = loss_sum / (double(B_) * T_ * accum_);
+  double loss = loss_sum / (double(B_) * T_ * accum_);
 
-  const GradStats stats = tm_->grad_stats();
+  GradStats stats = tm_->grad_stats();
+  if (world_ > 1) {
+    // Each rank's norm² covers its own shards; the loss its own rows.
+    float sums[2] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq)};
+    float flag = stats.nonfinite ? 1.0f : 0.0f;
+    STRATA_RETURN_IF_ERROR(reduce(sums, 2, ReduceOp::kSum), "reducing the loss and grad norm");
+    STRATA_RETURN_IF_ERROR(reduce(&flag, 1, ReduceOp::kMax), "reducing the overflow flag");
+    loss = double(sums[0]) / world_;
+    stats.norm_sq = sums[1];
+    stats.nonfinite = flag != 0.0f || !std::isfinite(sums[1]);
+  }
   last_skipped_ = scaler_.update(cfg_, stats.nonfinite);
   last_grad_norm_ = std::sqrt(stats.norm_sq) / scale;
   if (!last_skipped_) {
@@ -299,7 +370,7 @@ Result<double> Run::run_step() {
     ++opt_steps_;
   }
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
-  if (step_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
+  if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
     for (size_t m = 0; m < layout_.modules.size(); ++m) names.push_back(tm_->object_name(int(m)));
     std::ofstream(cfg_.strata.trace_file) << tm_->trace("train")->to_jsonl(names);
@@ -315,14 +386,16 @@ Result<double> Run::eval_loss() {
   const int n = std::max(1, cfg_.data.eval_batches);
   for (int i = 0; i < n; ++i) {
     tm_->begin_phase("eval");
-    data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data());
+    data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_);
     model_->begin_batch(tok_.data(), tgt_.data());
     STRATA_RETURN_IF_ERROR(forward(0, 0.0f, false), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
   }
-  return sum / (double(n) * B_ * T_);
+  float total = static_cast<float>(sum / (double(n) * B_ * T_));
+  STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
+  return world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_);
 }
 
 Status Run::save_checkpoint(int64_t step, std::string* path_out) {
@@ -334,9 +407,23 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
   }
   const std::string name = fmt::format("ckpt-{:08}.bin", step);
   const std::string path = dir + "/" + name;
-  STRATA_RETURN_IF_ERROR(tm_->save(path, checkpoint_meta(step)),
-                         "saving step " + std::to_string(step));
-  STRATA_RETURN_IF_ERROR(set_latest_checkpoint(dir, name), "saving step " + std::to_string(step));
+  const std::string what = "saving step " + std::to_string(step);
+  if (world_ > 1) {
+    // Every rank writes its shard file; once all have (barrier), rank 0 writes the manifest
+    // and moves `latest`, so `latest` never names a checkpoint with a missing shard.
+    STRATA_RETURN_IF_ERROR(tm_->save(shard_file_path(path, rank_, world_), checkpoint_meta(step)),
+                           what);
+    STRATA_RETURN_IF_ERROR(comm_->barrier_blocking(), what + ": waiting for every rank's shard");
+    if (rank_ == 0) {
+      STRATA_RETURN_IF_ERROR(write_shard_manifest(path, step, world_), what);
+      STRATA_RETURN_IF_ERROR(set_latest_checkpoint(dir, name), what);
+    }
+  } else {
+    STRATA_RETURN_IF_ERROR(tm_->save(path, checkpoint_meta(step)), what);
+    STRATA_RETURN_IF_ERROR(set_latest_checkpoint(dir, name), what);
+  }
+  *path_out = path;
+  if (rank_ != 0) return Status::ok();
   // Keep the two newest checkpoints.
   std::vector<std::string> old;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
@@ -346,8 +433,14 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
     }
   }
   std::sort(old.begin(), old.end());
-  for (size_t i = 0; i + 2 < old.size(); ++i) std::filesystem::remove(dir + "/" + old[i], ec);
-  *path_out = path;
+  for (size_t i = 0; i + 2 < old.size(); ++i) {
+    // A manifest's shard files go with it (they are named "<manifest>.rank<R>-of-<N>").
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      std::string f = e.path().filename().string();
+      if (f.rfind(old[i] + ".rank", 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
+    std::filesystem::remove(dir + "/" + old[i], ec);
+  }
   return Status::ok();
 }
 
@@ -361,12 +454,18 @@ Result<TrainResult> Run::loop() {
   std::error_code ec;
   auto parent = std::filesystem::path(log_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  std::ofstream jsonl(log_path, step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!jsonl) return io_error(fmt::format("train.log_file: cannot open '{}'", log_path));
+  // Only rank 0 reports: progress lines and the JSONL log (every rank's numbers are global).
+  const bool report = rank_ == 0;
+  std::ofstream jsonl;
+  if (report) {
+    jsonl.open(log_path, step_ > 0 ? std::ios::app : std::ios::trunc);
+    if (!jsonl) return io_error(fmt::format("train.log_file: cannot open '{}'", log_path));
+  }
 
   auto do_eval = [&](int64_t step) -> Status {
     STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
     r.eval_losses.emplace_back(step, el);
+    if (!report) return Status::ok();
     if (opts_.progress)
       std::printf("step %5lld/%lld | eval loss %.4f\n", (long long)step, (long long)total, el);
     jsonl << nlohmann::json{{"step", step}, {"eval_loss", el}}.dump() << "\n";
@@ -376,7 +475,7 @@ Result<TrainResult> Run::loop() {
   if (step_ == 0 && cfg_.train.eval_interval > 0) STRATA_RETURN_IF_ERROR(do_eval(0), "");
 
   const auto t0 = Clock::now();
-  const int64_t tokens_per_step = int64_t(B_) * T_ * accum_;
+  const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
   auto window_t = Clock::now();
   int64_t window_steps = 0;
   double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0;
@@ -420,7 +519,7 @@ Result<TrainResult> Run::loop() {
       const auto b = bytes_now();
       const double dev_mb = double(b[0] - w_bytes[0] + b[1] - w_bytes[1]) / ws / 1048576.0;
       const double nvme_mb = double(b[2] - w_bytes[2]) / ws / 1048576.0;
-      if (opts_.progress) {
+      if (opts_.progress && report) {
         std::printf(
             "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
             "fwd/bwd %.0f (fetch wait %.0f) opt %.0f, io wait %.0f | moved/step: device %.1f "
@@ -432,25 +531,27 @@ Result<TrainResult> Run::loop() {
             last_skipped_ ? " | overflow: step skipped" : "");
         std::fflush(stdout);
       }
-      jsonl << nlohmann::json{{"step", step_},
-                              {"loss", loss},
-                              {"lr", lr},
-                              {"grad_norm", last_grad_norm_},
-                              {"loss_scale", scaler_.scale},
-                              {"skipped", last_skipped_},
-                              {"tokens_per_s", tps},
-                              {"elapsed_s", elapsed},
-                              {"step_s", win / ws},
-                              {"fwd_bwd_s", w_fb / ws},
-                              {"fetch_wait_s", w_cw / ws},
-                              {"optimizer_s", w_opt / ws},
-                              {"io_wait_s", w_io / ws},
-                              {"comm_s", 0.0},
-                              {"device_bytes_per_step", dev_mb * 1048576.0},
-                              {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
-                   .dump()
-            << "\n";
-      jsonl.flush();
+      if (report) {
+        jsonl << nlohmann::json{{"step", step_},
+                                {"loss", loss},
+                                {"lr", lr},
+                                {"grad_norm", last_grad_norm_},
+                                {"loss_scale", scaler_.scale},
+                                {"skipped", last_skipped_},
+                                {"tokens_per_s", tps},
+                                {"elapsed_s", elapsed},
+                                {"step_s", win / ws},
+                                {"fwd_bwd_s", w_fb / ws},
+                                {"fetch_wait_s", w_cw / ws},
+                                {"optimizer_s", w_opt / ws},
+                                {"io_wait_s", w_io / ws},
+                                {"comm_s", 0.0},
+                                {"device_bytes_per_step", dev_mb * 1048576.0},
+                                {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
+                     .dump()
+              << "\n";
+        jsonl.flush();
+      }
       window_t = Clock::now();
       window_steps = 0;
       w_fb = w_opt = w_io = w_cw = 0;
@@ -490,6 +591,16 @@ Result<TrainResult> Run::loop() {
 }
 
 }  // namespace
+
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
+                          "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE"}) {
+    if (const char* v = std::getenv(var)) {
+      if (std::atoi(v) > 1) return std::atoi(v);
+    }
+  }
+  return 1;
+}
 
 Result<TrainResult> train(const Config& cfg, const TrainOptions& opts) {
   Run run(cfg, opts);

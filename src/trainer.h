@@ -57,6 +57,18 @@ struct TrainResult {
   std::vector<TierUse> tiers;
 };
 
+// Trains on every rank of the communicator strata.comm.backend gives (mpirun -np N: N ranks,
+// ZeRO-3 sharded state, data-parallel batches; see src/tier_manager.h). `cfg` must have been
+// resolved for that world size (train_batch_size = micro * accumulation * world size); every
+// rank calls train() with the same config. Rank 0 alone prints, writes the JSONL log and moves
+// `latest`; losses in the result are global (averaged over ranks) on every rank. A peer that
+// dies or hangs makes the collectives fail after strata.comm.timeout_s with a message naming
+// the rank; train() then returns that Status.
 Result<TrainResult> train(const Config& cfg, const TrainOptions& opts);
+
+// The world size the launcher (mpirun, srun) announces in the environment, before MPI is
+// initialised (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE, SLURM_NTASKS...); 1 when none.
+// The CLI resolves the config's batch triple with it.
+int launcher_world_size();
 
 }  // namespace strata

@@ -149,6 +149,7 @@ struct StrataConfig {
   DType moment_dtype = DType::kF32;   // strata.optimizer.moment_dtype
   bool delayed_update = false;        // strata.optimizer.delayed_update
   std::string comm_backend = "auto";  // strata.comm.backend
+  double comm_timeout_s = 300.0;      // strata.comm.timeout_s: a collective's wait for peers
   std::string activations = "keep";   // strata.activations: keep | recompute | offload
   std::string log_level = "info";     // strata.log_level
   // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from
