@@ -1,11 +1,14 @@
+// `strata probe`: every probe into one machine profile (src/probe_machine.h).
 // `strata probe io`: sweeps the storage backends over block size x queue depth x read/write on
 // one or more paths and writes a profile (see strata/io_probe.h for the method and format).
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "src/probe_machine.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/io_probe.h"
@@ -51,7 +54,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 int fail(const Status& s) {
-  std::fprintf(stderr, "strata probe io: %s\n", s.to_string().c_str());
+  std::fprintf(stderr, "strata probe: %s\n", s.to_string().c_str());
   return 1;
 }
 
@@ -148,22 +151,147 @@ int probe_io(int argc, char** argv) {
   return 0;
 }
 
+// `strata probe` with no subcommand (or only options): every probe, one machine profile.
+int probe_all(int argc, char** argv) {
+  MachineProbeOptions o;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: strata probe [--path DIR[,DIR...]] [--json FILE] [options]\n\n"
+          "Runs every probe (host memory bandwidth: copy and the optimizer's read-modify-write;\n"
+          "CPU optimizer params/s per thread count; device GEMM rate; host<->device bandwidth\n"
+          "(CUDA); NVMe read/write on --path; collectives under mpirun) and writes one machine\n"
+          "profile for `strata plan --profile FILE`. Warm-up discarded; median and spread.\n\n"
+          "options:\n"
+          "  --path DIR[,DIR...]  swap directories to probe (default: NVMe is not measured)\n"
+          "  --json FILE          write the profile here (default: stdout summary only)\n"
+          "  --repeats N          timed passes per case (default %d)\n"
+          "  --warmup N           discarded passes per case (default %d)\n"
+          "  --host-bytes SIZE    memory-bandwidth buffer (default %s)\n"
+          "  --nvme-bytes SIZE    probe file per path (default %s)\n"
+          "  --cpu                measure the CPU backend even when a GPU is present\n\n"
+          "subcommands: strata probe io --help, strata probe comm --help\n",
+          o.repeats, o.warmup, format_bytes(double(o.host_bytes)).c_str(),
+          format_bytes(double(o.nvme_file_bytes)).c_str());
+      return 0;
+    }
+    if (a == "--cpu") {
+      o.include_cuda = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "strata probe: %s needs a value (strata probe --help)\n", a.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (a == "--path") {
+      o.nvme_paths = split(v);
+    } else if (a == "--json") {
+      json_path = v;
+    } else if (a == "--repeats" || a == "--warmup") {
+      const int n = std::atoi(v.c_str());
+      if (n < (a == "--repeats" ? 1 : 0)) {
+        std::fprintf(stderr, "strata probe: %s %s is out of range\n", a.c_str(), v.c_str());
+        return 2;
+      }
+      (a == "--repeats" ? o.repeats : o.warmup) = n;
+    } else if (a == "--host-bytes" || a == "--nvme-bytes") {
+      auto s = parse_size(v);
+      if (!s.is_ok()) return fail(s.status().with_context(a));
+      (a == "--host-bytes" ? o.host_bytes : o.nvme_file_bytes) = *s;
+    } else {
+      std::fprintf(stderr,
+                   "strata probe: unknown option or probe '%s' (try: strata probe --help)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  auto profile = run_machine_probe(o, [](int i, int n, const std::string& what) {
+    const int w = 24, filled = n > 0 ? i * w / n : w;
+    std::fprintf(stderr, "\r[%-*s] %d/%d %-44s", w, std::string(size_t(filled), '#').c_str(), i, n,
+                 what.c_str());
+    if (i == n) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  });
+  if (!profile.is_ok()) return fail(profile.status());
+  auto j = nlohmann::json::parse(*profile);
+  auto g = [&](const char* a, const char* b) {
+    return j[a].is_object() && j[a].contains(b) ? fmt::format("{:.3g}", j[a][b].get<double>())
+                                                : std::string("-");
+  };
+  auto spread = [&](const char* a, const char* b, double scale) {
+    if (!j[a].is_object() || !j[a].contains(b)) return std::string();
+    const auto& s = j[a][b];
+    return fmt::format(" (min..max {:.3g}..{:.3g})", s["min"].get<double>() * scale,
+                       s["max"].get<double>() * scale);
+  };
+  std::printf("host memory    copy %s GB/s%s, optimizer pattern (rmw) %s GB/s%s\n",
+              g("host", "copy_gbps").c_str(), spread("host", "copy_spread", 1).c_str(),
+              g("host", "rmw_gbps").c_str(), spread("host", "rmw_spread", 1).c_str());
+  std::printf("cpu optimizer  ");
+  for (const auto& t : j["cpu_optimizer"]["by_threads"]) {
+    std::printf("%d thr: %.3g Mparam/s  ", t["threads"].get<int>(),
+                t["params_per_s"].get<double>() / 1e6);
+  }
+  std::printf("(%s)\n", j["cpu_optimizer"]["isa"].get<std::string>().c_str());
+  std::printf("device GEMM    %s: %.3g TFLOP/s%s\n",
+              j["device"]["backend"].get<std::string>().c_str(),
+              j["device"]["gemm_flops"].get<double>() / 1e12,
+              spread("device", "gemm_flops_spread", 1e-12).c_str());
+  auto line = [&](const char* key) {
+    return j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  if (j["link"].is_object()) {
+    std::printf(
+        "host<->device  h2d pinned %s, d2h pinned %s, h2d pageable %s, d2h pageable %s GB/s\n",
+        g("link", "h2d_pinned_gbps").c_str(), g("link", "d2h_pinned_gbps").c_str(),
+        g("link", "h2d_pageable_gbps").c_str(), g("link", "d2h_pageable_gbps").c_str());
+  } else {
+    std::printf("host<->device  %s\n", line("link").c_str());
+  }
+  if (j["nvme"].is_object()) {
+    std::printf("nvme           read %s GB/s, write %s GB/s (aio %s, block %s, qd %d)\n",
+                g("nvme", "read_gbps").c_str(), g("nvme", "write_gbps").c_str(),
+                j["nvme"]["aio"]["backend"].get<std::string>().c_str(),
+                format_bytes(j["nvme"]["aio"]["block_size"].get<double>()).c_str(),
+                j["nvme"]["aio"]["queue_depth"].get<int>());
+  } else {
+    std::printf("nvme           %s\n", line("nvme").c_str());
+  }
+  if (j["collectives"].is_object()) {
+    std::printf("collectives    bus bandwidth %s GB/s\n", g("collectives", "busbw_gbps").c_str());
+  } else {
+    std::printf("collectives    %s\n", line("collectives").c_str());
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << *profile;
+    if (!out) {
+      return fail(io_error(fmt::format("writing profile {}: {}", json_path, strerror(errno))));
+    }
+    std::printf("profile written to %s (use: strata plan --profile %s ...)\n", json_path.c_str(),
+                json_path.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_probe(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    std::fprintf(argc < 2 ? stderr : stdout,
-                 "usage: strata probe <what> [options]\n\n"
-                 "  io     storage throughput per backend, block size and queue depth\n"
-                 "  comm   collective bus bandwidth (strata probe comm --help)\n\n"
-                 "not built yet: probe of host memory, host<->GPU, CPU optimizer (issue #8)\n"
-                 "strata probe io --help for its options\n");
-    return argc < 2 ? 2 : 0;
+  if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    std::printf(
+        "usage: strata probe [io|comm] [options]\n\n"
+        "  (none)  every probe, one machine profile (strata probe all --help)\n"
+        "  io      storage throughput per backend, block size and queue depth\n"
+        "  comm    collective bus bandwidth (strata probe comm --help)\n");
+    return 0;
   }
-  if (std::string(argv[1]) == "io") return probe_io(argc - 1, argv + 1);
-  if (std::string(argv[1]) == "comm") return comm_probe_main(argc - 1, argv + 1);
-  std::fprintf(stderr, "strata probe: unknown probe '%s' (try: io, comm)\n", argv[1]);
-  return 2;
+  if (argc >= 2 && std::string(argv[1]) == "io") return probe_io(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "comm") return comm_probe_main(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "all") return probe_all(argc - 1, argv + 1);
+  return probe_all(argc, argv);
 }
 
 }  // namespace strata::tools

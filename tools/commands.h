@@ -7,5 +7,6 @@ namespace strata::tools {
 int cmd_train(int argc, char** argv);
 int cmd_probe(int argc, char** argv);
 int cmd_trace(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
 
 }  // namespace strata::tools

@@ -16,7 +16,10 @@ struct Command {
 constexpr Command kCommands[] = {
     {"train", strata::tools::cmd_train,
      "train a model from a config (DeepSpeed ds_config.json works)"},
-    {"probe", strata::tools::cmd_probe, "measure this machine (storage I/O) and write a profile"},
+    {"probe", strata::tools::cmd_probe,
+     "measure this machine (memory, CPU optimizer, GEMM, link, NVMe, collectives): a profile"},
+    {"plan", strata::tools::cmd_plan,
+     "per-tier bytes, fit, step time and bottleneck per placement; writes the best config"},
     {"trace", strata::tools::cmd_trace,
      "replay a recorded access trace against cache policies (trace replay)"},
 };
@@ -27,7 +30,6 @@ void usage(FILE* out) {
                "usage: strata <command> [options]   (strata <command> --help for its options)\n\n"
                "commands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.help);
-  std::fprintf(out, "\nnot built yet: plan (issue #8)\n");
 }
 
 }  // namespace

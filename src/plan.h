@@ -1,0 +1,192 @@
+// The planner behind `strata plan`: for a model, a batch and a machine, the bytes each tier
+// needs under each placement of the training state, whether it fits, the predicted step time
+// with the resource that bounds it, and the fastest feasible placement as a config that
+// `strata train` runs as is. docs/PLANNER.md states every term and where its number comes from.
+//
+// Memory. The arithmetic mirrors TierManager::create (src/tier_manager.cc) term for term —
+// homes rounded to 256 B on the device and 4 KiB on host/NVMe, the device working set (the
+// largest module's fetched params + its fp32 gradient), the host staging buffers (NVMe param
+// prefetch, the optimizer pipeline of 2*buffer_count+1 modules, landing and low-precision
+// staging) — plus the activations of model.h's activation_bytes(). A plan that the tier
+// manager would refuse at preflight is reported here as not fitting, with the same numbers.
+// Per parameter, strata holds params (2 B in bf16/fp16), an fp32 gradient (4 B), fp32 master
+// weights (4 B) and two moments (8 B fp32, 4 B bf16): 18 B/param with fp32 moments, where the
+// ZeRO paper counts 16 (it keeps fp16 gradients). With several GPUs, every state object is
+// sharded (ZeRO-3): each rank holds 1/world of each module.
+//
+// Time. A step is gradient_accumulation_steps micro-batches of forward+backward plus one
+// optimizer pass. Each term is bytes or FLOPs divided by a rate from the machine profile
+// (`strata probe`), or from the documented defaults when no profile is given:
+//   compute      model FLOPs (6 per param per token + attention) / measured GEMM rate
+//   link         bytes crossing host<->device / host<->device bandwidth
+//   nvme         bytes read and written on the swap paths / NVMe read, write bandwidth
+//   cpu_optim    owned params / the CPU optimizer's params per second
+//   collectives  all-gather + reduce-scatter bytes / bus bandwidth (world > 1)
+// How terms combine (what overlaps what) depends on the backend; see docs/PLANNER.md.
+//
+// Thread safety: plain functions over values; no global state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// ---- models -------------------------------------------------------------------------------
+
+struct ModelShape {
+  std::string name;  // preset name or "custom"
+  int layers = 12, width = 768, heads = 12, vocab = 50257, context = 1024;
+  std::string note;  // e.g. "llama shape, computed with GPT block arithmetic"
+};
+
+// gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama-7b,
+// llama-13b, llama-70b. Unknown names are kNotFound listing the known ones.
+Result<ModelShape> model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+// Parameter count of strata's GPT (tied embeddings, padded vocab): model.cc's layout.
+uint64_t model_params(const ModelShape& m);
+
+// ---- the machine --------------------------------------------------------------------------
+
+// Rates the time model divides by. Each carries where it came from ("probe <file>",
+// "default", "--nvme"), printed beside the plan so that every number can be traced.
+struct Rate {
+  double value = 0;  // units given by the field
+  std::string source = "default";
+};
+
+struct MachineProfile {
+  bool cpu_backend = true;  // the device is the CPU backend (device memory = host RAM)
+  Rate gemm_flops{1.0e11};  // device GEMM rate, FLOP/s per device
+  // GEMM rate by model width (C, FLOP/s) at 512 rows, from the probe; empty = gemm_flops at
+  // every width. The planner interpolates (log-log) at the model's width, clamped at the ends.
+  std::vector<std::pair<int, double>> gemm_by_width;
+  Rate link_gbps{10.0};       // host<->device, GB/s (CPU backend: host memcpy bandwidth)
+  Rate host_copy_gbps{10.0};  // host memory copy bandwidth, GB/s
+  Rate optimizer_pps{2.0e8};  // CPU optimizer, parameters per second (all threads)
+  Rate nvme_read_gbps{1.0};   // aggregate over the swap paths, GB/s
+  Rate nvme_write_gbps{1.0};  //
+  Rate collective_gbps{0.0};  // bus bandwidth, GB/s; 0 = unmeasured
+  std::string aio_backend = "auto";
+  size_t aio_block_size = 1 << 20;
+  int aio_queue_depth = 8;
+};
+
+// Defaults for a GPU machine (H100-class numbers, stated in docs/PLANNER.md) or the CPU
+// backend on this kind of host.
+MachineProfile default_profile(bool cpu_backend);
+
+// The profile written by `strata probe` (JSON; magic "strata-machine-profile", version
+// kMachineProfileVersion). A wrong magic, another version or a missing field is
+// kInvalidArgument naming `origin`, the field, and the command that regenerates the file.
+inline constexpr int kMachineProfileVersion = 1;
+Result<MachineProfile> parse_machine_profile(const std::string& json_text,
+                                             const std::string& origin);
+Result<MachineProfile> load_machine_profile(const std::string& path);
+
+struct Hardware {
+  int gpus = 1;                         // ranks (world size)
+  uint64_t gpu_mem = 0;                 // device memory per rank, bytes
+  uint64_t host_mem = 0;                // host RAM for the host tier, per node, bytes
+  std::vector<std::string> nvme_paths;  // swap directories
+  uint64_t nvme_bytes = 0;              // free bytes on the swap paths (0 = unknown: no check)
+};
+
+// ---- the plan -----------------------------------------------------------------------------
+
+enum class PlanTier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
+const char* plan_tier_name(PlanTier t);
+
+struct PlacementOption {
+  std::string name;  // "all-device", "opt-host", ...
+  PlanTier params = PlanTier::kDevice;
+  PlanTier optimizer = PlanTier::kHost;  // master + moments; grads follow (device or host)
+};
+// The options the planner compares, fastest-first in intent.
+std::vector<PlacementOption> placement_options();
+
+struct PlanRequest {
+  ModelShape model;
+  int micro_batch = 1;  // sequences per micro-batch per rank
+  int seq = 1024;       // tokens per sequence
+  int accumulation = 1;
+  DType dtype = DType::kBF16;
+  DType moment_dtype = DType::kF32;
+  int buffer_count = 4;                  // optimizer pipeline depth (offload_optimizer)
+  uint64_t prefetch_bytes = 50'000'000;  // params in flight ahead (bytes)
+  Hardware hw;
+  MachineProfile profile;
+};
+
+struct TierBytes {
+  uint64_t state = 0;        // homes of params/grads/master/moments in this tier
+  uint64_t buffers = 0;      // working set (device) or staging (host) or swap overhead (nvme)
+  uint64_t activations = 0;  // device only
+  uint64_t capacity = 0;     // 0 = unknown/unbounded
+  // The peak the run is expected to reach (what TrainResult::tiers reports), as opposed to
+  // total(), the preflight reservation that decides fit: the device cache of offloaded params
+  // fills free device memory; the host optimizer pipeline holds fewer modules than it reserves;
+  // NVMe counts allocated extents, not swap-file slack. docs/PLANNER.md gives each rule.
+  uint64_t peak = 0;
+  uint64_t total() const { return state + buffers + activations; }
+};
+
+struct TimeTerms {
+  double gemm_flops = 0;  // the GEMM rate used (FLOP/s), after the width lookup
+  double compute_s = 0, link_s = 0, nvme_s = 0, cpu_optim_s = 0, collectives_s = 0;
+  double step_s = 0;       // combined (see docs/PLANNER.md)
+  std::string bottleneck;  // name of the largest term
+};
+
+struct PlanOption {
+  PlacementOption placement;
+  TierBytes device, host, nvme;
+  bool fits = false;
+  bool runnable = true;          // false: the backend cannot run this placement yet (why in `why`)
+  std::vector<std::string> why;  // each shortfall, with needed vs available
+  TimeTerms time;
+  uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, link_bytes = 0, flops = 0;
+};
+
+struct PlanReport {
+  PlanRequest request;
+  uint64_t params = 0;
+  std::vector<PlanOption> options;
+  int best = -1;  // index of the fastest feasible option; -1 when none fits
+};
+
+// Evaluates every placement option. Fails only on a malformed request (kInvalidArgument).
+Result<PlanReport> make_plan(const PlanRequest& request);
+// Evaluates one placement.
+Result<PlanOption> evaluate_placement(const PlanRequest& request, const PlacementOption& p);
+
+// The placement a parsed config asks for (zero_optimization.offload_* + strata.placement).
+PlacementOption placement_of_config(const Config& cfg);
+// A PlanRequest from a config: model, batch, dtype, buffer counts, device memory limit.
+PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
+                                const MachineProfile& profile);
+
+// The config (JSON text) `strata train` runs as is for `option`: model, batch, precision,
+// zero_optimization offload sections (nvme_path from hw.nvme_paths), aio block, prefetch.
+std::string plan_config_json(const PlanReport& report, const PlanOption& option);
+std::string plan_json(const PlanReport& report);
+std::string plan_table(const PlanReport& report);
+// Stacked bars (one per placement) of the time terms, the step time marked; standalone SVG.
+std::string plan_svg(const PlanReport& report);
+
+// Capacity mode: the largest model (layers scaled at the preset's width/heads, or width scaled
+// with layers fixed) whose best placement still fits. Returns the largest fitting shape, or
+// kOutOfMemory when even one layer does not fit.
+struct CapacityResult {
+  ModelShape model;
+  uint64_t params = 0;
+  PlanReport report;  // the plan at that size
+};
+Result<CapacityResult> max_model(const PlanRequest& request);
+
+}  // namespace strata

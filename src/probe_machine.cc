@@ -1,0 +1,411 @@
+#include "src/probe_machine.h"
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "src/model.h"
+#include "src/plan.h"
+#include "strata/comm.h"
+#include "strata/cpu_optim.h"
+#include "strata/device.h"
+#include "strata/io_probe.h"
+#include "strata/kernels.h"
+#include "strata/optimizer.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Runs fn warmup + repeats times; returns `work / seconds` of each timed repeat.
+template <typename F>
+Measured rate_of(int warmup, int repeats, double work, F&& fn) {
+  std::vector<double> v;
+  for (int i = 0; i < warmup + repeats; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    const double s = std::max(seconds_since(t0), 1e-9);
+    if (i >= warmup) v.push_back(work / s);
+  }
+  return summarize(std::move(v));
+}
+
+json to_json(const Measured& m, double scale = 1.0) {
+  json s = json::array();
+  for (double x : m.samples) s.push_back(x * scale);
+  return {
+      {"median", m.median * scale}, {"min", m.min * scale}, {"max", m.max * scale}, {"samples", s}};
+}
+
+std::vector<int> thread_counts() {
+  const int n = int(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> v;
+  for (int t = 1; t < n; t *= 2) v.push_back(t);
+  v.push_back(n);
+  return v;
+}
+
+Status probe_gemm(Device& dev, const MachineProbeOptions& o, json* out) {
+  const int N = o.gemm_n, C = o.gemm_c, OC = 4 * o.gemm_c;
+  const DType dt = DType::kBF16;
+  const size_t es = dtype_size(dt);
+  const size_t inp_b = size_t(N) * C * es, w_b = size_t(OC) * C * es, out_b = size_t(N) * OC * es;
+  void *inp, *w, *outp, *dinp;
+  float* dw;
+  STRATA_ASSIGN_OR_RETURN(inp, dev.allocate(inp_b, "probe.gemm.inp"), "GEMM probe");
+  STRATA_ASSIGN_OR_RETURN(w, dev.allocate(w_b, "probe.gemm.w"), "GEMM probe");
+  STRATA_ASSIGN_OR_RETURN(outp, dev.allocate(out_b, "probe.gemm.out"), "GEMM probe");
+  STRATA_ASSIGN_OR_RETURN(dinp, dev.allocate(inp_b, "probe.gemm.dinp"), "GEMM probe");
+  STRATA_ASSIGN_OR_RETURN(void* dwv, dev.allocate(size_t(OC) * C * 4, "probe.gemm.dw"),
+                          "GEMM probe");
+  dw = static_cast<float*>(dwv);
+  // Fresh non-zero data (bf16 of small random values) so no path special-cases zeros.
+  std::vector<uint16_t> h(std::max({inp_b, w_b, out_b}) / 2);
+  uint32_t x = 12345;
+  for (auto& e : h) {
+    x = x * 1664525u + 1013904223u;
+    e = uint16_t(0x3c00 | ((x >> 16) & 0x3ff)) ^ (x & 0x8000);  // |v| in [2^-7, 2^-6)
+  }
+  Stream& s = dev.compute_stream();
+  dev.copy_h2d(s, inp, h.data(), inp_b);
+  dev.copy_h2d(s, w, h.data(), w_b);
+  dev.copy_h2d(s, outp, h.data(), out_b);
+  dev.memset_zero(s, dinp, inp_b);
+  dev.memset_zero(s, dw, size_t(OC) * C * 4);
+  STRATA_RETURN_IF_ERROR(dev.synchronize(s), "GEMM probe");
+  Kernels& k = dev.kernels();
+  const double flops = 6.0 * double(N) * C * OC;  // forward 2NCOC + backward 4NCOC
+  Status st;
+  Measured m = rate_of(o.warmup, o.repeats, flops, [&] {
+    k.matmul_forward(s, dt, outp, inp, w, nullptr, N, C, OC);
+    k.matmul_backward(s, dt, dinp, dw, nullptr, outp, inp, w, N, C, OC);
+    Status r = dev.synchronize(s);
+    if (!r.is_ok()) st = r;
+  });
+  for (void* p : {inp, w, outp, dinp, dwv}) dev.release(p);
+  STRATA_RETURN_IF_ERROR(st, "GEMM probe");
+  (*out)["backend"] = dev.kind() == DeviceKind::kCpu ? "cpu" : "cuda";
+  (*out)["name"] = dev.name();
+  (*out)["gemm_shape"] = {{"N", N}, {"C", C}, {"OC", OC}, {"dtype", "bf16"}};
+  (*out)["gemm_flops"] = m.median;
+  (*out)["gemm_flops_spread"] = to_json(m);
+  return Status::ok();
+}
+
+Status probe_link(Device& dev, const MachineProbeOptions& o, json* out) {
+  const size_t bytes = std::min<uint64_t>(o.host_bytes, uint64_t{256} << 20);
+  STRATA_ASSIGN_OR_RETURN(void* d, dev.allocate(bytes, "probe.link"), "link probe");
+  std::vector<char> pageable(bytes, 1);
+  void* pinned = nullptr;
+  auto p = dev.allocate_host(bytes);
+  if (p.is_ok()) pinned = *p;
+  Stream& s = dev.h2d_stream();
+  Status st;
+  auto run = [&](bool h2d, void* host) {
+    return rate_of(o.warmup, o.repeats, double(bytes), [&] {
+      if (h2d) {
+        dev.copy_h2d(s, d, host, bytes);
+      } else {
+        dev.copy_d2h(s, host, d, bytes);
+      }
+      Status r = dev.synchronize(s);
+      if (!r.is_ok()) st = r;
+    });
+  };
+  const double g = 1e-9;
+  if (pinned) {
+    std::memset(pinned, 1, bytes);
+    (*out)["h2d_pinned_gbps"] = run(true, pinned).median * g;
+    (*out)["d2h_pinned_gbps"] = run(false, pinned).median * g;
+    dev.release_host(pinned);
+  }
+  (*out)["h2d_pageable_gbps"] = run(true, pageable.data()).median * g;
+  (*out)["d2h_pageable_gbps"] = run(false, pageable.data()).median * g;
+  if (!pinned) (*out)["h2d_pinned_gbps"] = (*out)["h2d_pageable_gbps"];
+  (*out)["bytes"] = bytes;
+  dev.release(d);
+  return st;
+}
+
+// Achieved model FLOP/s of one training micro-batch (strata's GPT, forward + backward, every
+// kernel: GEMMs, attention, layernorm, GELU, cross-entropy) at width C, counted with the
+// planner's FLOP formula, so that compute time = FLOPs / this rate holds at this width.
+Result<double> probe_model_rate(Device& dev, int C, int L, int B, int T, int warmup, int repeats) {
+  ModelConfig mc;
+  mc.n_layer = L;
+  mc.n_embd = C;
+  mc.n_head = std::max(1, C / 64);
+  mc.vocab_size = 256;
+  mc.context = T;
+  STRATA_ASSIGN_OR_RETURN(ModelLayout lay, ModelLayout::from_config(mc), "model probe");
+  const DType dt = DType::kBF16;
+  STRATA_ASSIGN_OR_RETURN(auto model, GptModel::create(dev, lay, B, T, dt), "model probe");
+  std::vector<void*> params, allocs;
+  std::vector<float*> grads;
+  Stream& s = dev.compute_stream();
+  for (size_t i = 0; i < lay.modules.size(); ++i) {
+    const size_t n = lay.modules[i].numel;
+    std::vector<float> master(n);
+    init_module_params(lay, int(i), 7, master.data());
+    std::vector<uint16_t> lp(n);
+    convert(master.data(), DType::kF32, lp.data(), dt, n);
+    STRATA_ASSIGN_OR_RETURN(void* p, dev.allocate(n * 2, "probe.params"), "model probe");
+    STRATA_ASSIGN_OR_RETURN(void* g, dev.allocate(n * 4, "probe.grads"), "model probe");
+    dev.copy_h2d(s, p, lp.data(), n * 2);
+    dev.memset_zero(s, g, n * 4);
+    STRATA_RETURN_IF_ERROR(dev.synchronize(s), "model probe");
+    params.push_back(p);
+    grads.push_back(static_cast<float*>(g));
+    allocs.push_back(p);
+    allocs.push_back(g);
+  }
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  uint32_t x = 99;
+  for (size_t i = 0; i < tok.size(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    tok[i] = int32_t((x >> 8) % 256);
+    tgt[i] = int32_t((x >> 20) % 256);
+  }
+  std::vector<float> losses(tok.size());
+  const double Cd = C, Vp = lay.Vp;
+  const double flops =
+      3.0 * double(B) * T * (2.0 * (12.0 * Cd * Cd * L + Vp * Cd) + 4.0 * T * Cd * L);
+  Status st;
+  const int E = lay.embedding(), F = lay.final_norm(), H = lay.head();
+  Measured m = rate_of(warmup, repeats, flops, [&] {
+    model->begin_batch(tok.data(), tgt.data());
+    model->forward_embedding(params[size_t(E)]);
+    for (int l = 0; l < L; ++l) model->forward_block(l, params[size_t(lay.block(l))]);
+    model->forward_head(params[size_t(F)], params[size_t(H)], 1.0f / float(B * T), losses.data());
+    model->backward_head(params[size_t(F)], grads[size_t(F)], params[size_t(H)], grads[size_t(H)]);
+    for (int l = L - 1; l >= 0; --l) {
+      model->backward_block(l, params[size_t(lay.block(l))], grads[size_t(lay.block(l))]);
+    }
+    model->backward_embedding(grads[size_t(E)]);
+    Status r = dev.synchronize(s);
+    if (!r.is_ok()) st = r;
+  });
+  model.reset();
+  for (void* p : allocs) dev.release(p);
+  STRATA_RETURN_IF_ERROR(st, "model probe");
+  return m.median;
+}
+
+}  // namespace
+
+Measured summarize(std::vector<double> v) {
+  Measured m;
+  m.samples = v;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  m.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  m.min = v.front();
+  m.max = v.back();
+  return m;
+}
+
+Result<std::string> run_machine_probe(
+    const MachineProbeOptions& o,
+    const std::function<void(int, int, const std::string&)>& progress) {
+  const int total = 6;
+  auto step = [&](int i, const std::string& what) {
+    if (progress) progress(i, total, what);
+  };
+  json j;
+  j["magic"] = "strata-machine-profile";
+  j["version"] = kMachineProfileVersion;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  j["hostname"] = host;
+  j["cores"] = std::thread::hardware_concurrency();
+  j["method"] =
+      fmt::format("{} warm-up pass(es) discarded, median of {} timed passes", o.warmup, o.repeats);
+
+  // 1. Host memory.
+  step(0, "host memory bandwidth");
+  {
+    const size_t n = o.host_bytes / 4;
+    std::vector<float> a(n), b(n);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = float(i % 1000) * 1e-3f;
+      b[i] = float(i % 777) * 1e-3f;
+    }
+    Measured copy = rate_of(o.warmup, o.repeats, double(n * 4), [&] {
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
+        std::memcpy(b.data() + r.begin(), a.data() + r.begin(), (r.end() - r.begin()) * 4);
+      });
+    });
+    Measured rmw = rate_of(o.warmup, o.repeats, double(n * 12), [&] {
+      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
+        float* x = a.data();
+        const float* y = b.data();
+        for (size_t i = r.begin(); i < r.end(); ++i) x[i] = 0.999f * x[i] + 0.001f * y[i];
+      });
+    });
+    j["host"] = {{"copy_gbps", copy.median * 1e-9},
+                 {"copy_spread", to_json(copy, 1e-9)},
+                 {"rmw_gbps", rmw.median * 1e-9},
+                 {"rmw_spread", to_json(rmw, 1e-9)},
+                 {"bytes", o.host_bytes}};
+  }
+
+  // 2. CPU optimizer per thread count.
+  step(1, "CPU optimizer (AdamW) per thread count");
+  {
+    const size_t n = o.optimizer_params;
+    std::vector<float> grad(n), master(n), m(n, 0.0f), v(n, 0.0f);
+    std::vector<uint16_t> lp(n);
+    for (size_t i = 0; i < n; ++i) {
+      grad[i] = float(int(i % 2001) - 1000) * 1e-4f;
+      master[i] = float(i % 997) * 1e-3f;
+    }
+    OptimizerHyper h;
+    h.lr = 1e-4f;
+    h.weight_decay = 0.1f;
+    ShardState s;
+    s.n = n;
+    s.grad = grad.data();
+    s.master = master.data();
+    s.m = m.data();
+    s.v = v.data();
+    s.lp_out = lp.data();
+    json by = json::array();
+    double best = 0;
+    for (int t : thread_counts()) {
+      Measured r = rate_of(o.warmup, o.repeats, double(n), [&] {
+        optimizer_step(h, s, t);
+        ++h.step;
+      });
+      by.push_back({{"threads", t}, {"params_per_s", r.median}, {"spread", to_json(r)}});
+      best = std::max(best, r.median);
+    }
+    j["cpu_optimizer"] = {{"params_per_s", best},
+                          {"isa", cpu_isa_name(active_cpu_isa())},
+                          {"params", n},
+                          {"by_threads", by}};
+  }
+
+  // 3-4. Device GEMM and host<->device link.
+  step(2, "device GEMM rate");
+  std::unique_ptr<Device> dev;
+  std::string no_gpu = "n/a: no GPU";
+  if (o.include_cuda) {
+    auto c = create_cuda_device({});
+    if (c.is_ok()) {
+      dev = std::move(*c);
+    } else {
+      j["link_reason"] = c.status().message();
+    }
+  }
+  if (!dev) {
+    CpuDeviceOptions co;
+    co.capacity = size_t{512} << 20;
+    STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(co), "machine probe");
+  }
+  json d;
+  STRATA_RETURN_IF_ERROR(probe_gemm(*dev, o, &d), "");
+  // The rate at smaller widths too: small GEMMs run far below the headline rate on CPUs, and
+  // the planner interpolates this table at the model's width.
+  json by = json::array();
+  if (dev->kind() == DeviceKind::kCpu) {
+    // On the CPU backend the non-GEMM kernels and per-op costs are a large share of a step,
+    // and small GEMMs run far from the headline rate: measure whole training micro-batches
+    // (2 layers, 4 x 128 tokens) at several widths; the planner interpolates at its width.
+    for (int c : {128, 256, 512, 1024}) {
+      STRATA_ASSIGN_OR_RETURN(double r, probe_model_rate(*dev, c, 2, 4, 128, o.warmup, o.repeats),
+                              fmt::format("model step at width {}", c));
+      by.push_back({{"C", c}, {"layers", 2}, {"B", 4}, {"T", 128}, {"gemm_flops", r}});
+    }
+  }
+  d["gemm_by_width"] = by;
+  j["device"] = d;
+  step(3, "host<->device bandwidth");
+  if (dev->kind() == DeviceKind::kCuda) {
+    json l;
+    STRATA_RETURN_IF_ERROR(probe_link(*dev, o, &l), "");
+    j["link"] = l;
+  } else {
+    j["link"] = no_gpu + "; the CPU backend's copies are host memcpy (host.copy_gbps)";
+  }
+  dev.reset();
+
+  // 5. NVMe.
+  step(4, "NVMe read/write");
+  if (o.nvme_paths.empty()) {
+    j["nvme"] = "n/a: no --path given";
+  } else {
+    IoProbeOptions io;
+    io.paths = o.nvme_paths;
+    io.file_bytes = o.nvme_file_bytes;
+    io.block_sizes = {size_t{1} << 20};
+    io.queue_depths = {8, 32};
+    io.warmup = o.warmup;
+    io.repeats = std::max(2, o.repeats / 2);
+    STRATA_ASSIGN_OR_RETURN(IoProbeReport rep, run_io_probe(io), "NVMe probe");
+    double rd = 0, wr = 0;
+    for (const auto& c : rep.cases) {
+      if (c.backend != rep.rec_backend || c.block_size != rep.rec_block_size ||
+          c.queue_depth != rep.rec_queue_depth) {
+        continue;
+      }
+      (c.op == IoOp::kRead ? rd : wr) = c.median;
+    }
+    j["nvme"] = {{"paths", rep.paths},
+                 {"read_gbps", rd},
+                 {"write_gbps", wr},
+                 {"aio",
+                  {{"backend", rep.rec_backend},
+                   {"block_size", rep.rec_block_size},
+                   {"queue_depth", rep.rec_queue_depth}}},
+                 {"io_probe", json::parse(io_probe_json(rep))}};
+  }
+
+  // 6. Collectives (under mpirun only).
+  step(5, "collectives");
+  if (!launched_with_multiple_ranks()) {
+    j["collectives"] = "n/a: single process (run under mpirun -np N to measure)";
+  } else {
+    CommProbeOptions co;
+    co.ops = {"all_gather", "reduce_scatter"};
+    co.min_bytes = size_t{1} << 20;
+    co.max_bytes = size_t{64} << 20;
+    co.repeats = o.repeats;
+    co.json_path = fmt::format("/tmp/strata-probe-comm-{}.json", getpid());
+    STRATA_RETURN_IF_ERROR(run_comm_probe_command(co), "collectives probe");
+    std::ifstream in(co.json_path);
+    if (in) {  // rank 0 wrote it
+      std::stringstream ss;
+      ss << in.rdbuf();
+      STRATA_ASSIGN_OR_RETURN(CommProbeReport rep, parse_comm_probe_json(ss.str(), co.json_path),
+                              "");
+      double best = 0;
+      for (const auto& c : rep.cases) best = std::max(best, c.busbw);
+      j["collectives"] = {{"busbw_gbps", best},
+                          {"world_size", rep.world_size},
+                          {"backend", rep.backend},
+                          {"comm_probe", json::parse(comm_probe_json(rep))}};
+      std::remove(co.json_path.c_str());
+    } else {
+      j["collectives"] = "n/a: measured on rank 0";
+    }
+  }
+  step(total, "done");
+  return j.dump(2) + "\n";
+}
+
+}  // namespace strata
