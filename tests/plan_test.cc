@@ -1,0 +1,359 @@
+// The planner: memory arithmetic against hand-computed cases and against the tier manager's own
+// preflight, fit reporting, time terms, profiles (good, bad, stale), the config it writes, and
+// capacity mode.
+#include "src/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "src/model.h"
+#include "src/probe_machine.h"
+#include "src/tier_manager.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+PlacementOption find(const std::string& name) {
+  for (const auto& p : placement_options()) {
+    if (p.name == name) return p;
+  }
+  ADD_FAILURE() << "no placement " << name;
+  return {};
+}
+
+PlanRequest small_request() {
+  PlanRequest r;
+  r.model = {"t", 1, 64, 1, 64, 64, ""};
+  r.micro_batch = 1;
+  r.seq = 64;
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  r.hw.host_mem = uint64_t{1} << 30;
+  r.hw.nvme_paths = {"/tmp"};
+  r.profile = default_profile(true);
+  return r;
+}
+
+TEST(Plan, ParamCountMatchesModelLayoutOnRandomShapes) {
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 20; ++i) {
+    ModelConfig mc;
+    mc.n_head = 1 + int(rng() % 4);
+    mc.n_embd = mc.n_head * (8 + int(rng() % 40));
+    mc.n_layer = 1 + int(rng() % 6);
+    mc.vocab_size = 2 + int(rng() % 1000);
+    mc.context = 1 + int(rng() % 300);
+    auto lay = ModelLayout::from_config(mc);
+    ASSERT_TRUE(lay.is_ok());
+    ModelShape m{"r", mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, mc.context, ""};
+    EXPECT_EQ(model_params(m), lay->num_params()) << mc.n_layer << "x" << mc.n_embd;
+  }
+}
+
+TEST(Plan, PresetParamCounts) {
+  // GPT-2 124M with the vocab padded to 50304 (llm.c): 124,475,904 parameters.
+  auto m = model_preset("gpt2-124m");
+  ASSERT_TRUE(m.is_ok());
+  EXPECT_EQ(model_params(*m), 124'475'904u);
+  auto g = model_preset("gpt3-175b");
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_NEAR(double(model_params(*g)) / 1e9, 174.6, 0.5);
+  auto l = model_preset("llama-7b");
+  ASSERT_TRUE(l.is_ok());
+  EXPECT_FALSE(l->note.empty());  // says it is the GPT block at llama's shape
+  auto bad = model_preset("gpt5");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("gpt2-124m"), std::string::npos);
+}
+
+TEST(Plan, HandComputedDeviceBytesOneLayer) {
+  // L=1, C=64, V=64 (padded 64), T=64: embedding 64*64 + 64*64 = 8192 elements, the block
+  // 12*64^2 + 13*64 = 49984, final norm 128. All on the device, each object rounded to 256 B:
+  //   embedding: params 16384 + master 32768 + moments 65536 + grads 32768   = 147456
+  //   block:     params 99968 -> 100096, master/grads 199936 each, moments 399872 = 899840
+  //   final:     params 256, master 512, moments 1024, grads 512               = 2304
+  // total 1,049,600 bytes.
+  PlanRequest r = small_request();
+  auto o = evaluate_placement(r, find("all-device"));
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_EQ(o->device.state, 1'049'600u);
+  EXPECT_EQ(o->host.state, 0u);
+  EXPECT_EQ(o->nvme.state, 0u);
+  // Activations are model.h's activation_bytes, exactly.
+  ModelConfig mc;
+  mc.n_layer = 1;
+  mc.n_head = 1;
+  mc.n_embd = 64;
+  mc.vocab_size = 64;
+  mc.context = 64;
+  auto lay = ModelLayout::from_config(mc);
+  ASSERT_TRUE(lay.is_ok());
+  EXPECT_EQ(o->device.activations, activation_bytes(*lay, 1, 64, DType::kBF16).bytes);
+}
+
+TEST(Plan, BytesPerParamMixedPrecisionAdam) {
+  // ZeRO's 16 B/param for mixed-precision Adam = fp16 params 2 + fp16 grads 2 + fp32 master 4 +
+  // fp32 moments 8. strata keeps fp32 gradients: 2 + 4 + 4 + 8 = 18 B/param (14 with bf16
+  // moments). A large model makes the per-object rounding negligible.
+  PlanRequest r = small_request();
+  r.model = {"m", 8, 1024, 16, 50257, 1024, ""};
+  r.seq = 128;
+  r.hw.gpu_mem = uint64_t{64} << 30;
+  const double P = double(model_params(r.model));
+  auto all = evaluate_placement(r, find("all-device"));
+  ASSERT_TRUE(all.is_ok());
+  EXPECT_NEAR(double(all->device.state) / P, 18.0, 0.001);
+  auto host = evaluate_placement(r, find("params-host"));
+  ASSERT_TRUE(host.is_ok());
+  EXPECT_NEAR(double(host->host.state) / P, 18.0, 0.01);
+  EXPECT_EQ(host->device.state, 0u);
+  auto nv = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(nv.is_ok());
+  EXPECT_NEAR(double(nv->nvme.state) / P, 14.0, 0.01);  // params 2 + master 4 + moments 8
+  EXPECT_NEAR(double(nv->host.state) / P, 4.0, 0.01);   // fp32 grads stay on the host
+  r.moment_dtype = DType::kBF16;
+  auto b = evaluate_placement(r, find("all-device"));
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_NEAR(double(b->device.state) / P, 14.0, 0.001);
+  // Sharded over 4 ranks: a quarter of the state per rank on the device.
+  r.moment_dtype = DType::kF32;
+  r.hw.gpus = 4;
+  auto s = evaluate_placement(r, find("all-device"));
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_NEAR(double(s->device.state) / P, 18.0 / 4, 0.001);
+}
+
+// The planner's device and host needs are exactly what TierManager::create's preflight demands:
+// at the predicted bytes it builds, a page less and it refuses.
+TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
+  set_log_level(LogLevel::kError);
+  ModelConfig mc;
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 64;
+  mc.vocab_size = 100;
+  mc.context = 32;
+  auto lay = ModelLayout::from_config(mc);
+  ASSERT_TRUE(lay.is_ok());
+  PlanRequest r = small_request();
+  r.model = {"t", 2, 64, 2, 100, 32, ""};
+  r.seq = 32;
+  r.micro_batch = 2;
+  for (const std::string name : {"opt-host", "params-host"}) {
+    auto o = evaluate_placement(r, find(name));
+    ASSERT_TRUE(o.is_ok());
+    const size_t act = o->device.activations;
+    for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
+      auto dev = create_cpu_device(
+          {.capacity = size_t(int64_t(o->device.total()) + (slack < 0 ? slack : 0)), .threads = 1});
+      ASSERT_TRUE(dev.is_ok());
+      TierOptions to;
+      to.placement.params = o->placement.params == PlanTier::kDevice ? Tier::kDevice : Tier::kHost;
+      to.placement.master = to.placement.moments = Tier::kHost;
+      to.placement.grads = Tier::kHost;
+      to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
+      auto tm = TierManager::create(**dev, *lay, DType::kBF16, DType::kF32, to, act);
+      EXPECT_EQ(tm.is_ok(), slack == 0)
+          << name << " slack " << slack << ": " << (tm.is_ok() ? "" : tm.status().message());
+      // Host: the same at the host budget.
+      auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
+      ASSERT_TRUE(dev2.is_ok());
+      to.host_capacity = size_t(int64_t(o->host.total()) + slack);
+      auto tm2 = TierManager::create(**dev2, *lay, DType::kBF16, DType::kF32, to, act);
+      EXPECT_EQ(tm2.is_ok(), slack == 0)
+          << name << " host slack " << slack << ": " << (tm2.is_ok() ? "" : tm2.status().message());
+    }
+  }
+}
+
+TEST(Plan, NonFittingPlanIsReportedAsSuch) {
+  PlanRequest r = small_request();
+  auto m = model_preset("gpt2-1.5b");
+  ASSERT_TRUE(m.is_ok());
+  r.model = *m;
+  r.seq = 1024;
+  r.hw.gpu_mem = uint64_t{1} << 30;   // 1 GiB device
+  r.hw.host_mem = uint64_t{2} << 30;  // 2 GiB host
+  r.hw.nvme_paths = {};               // no NVMe
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  EXPECT_EQ(rep->best, -1);
+  for (const auto& o : rep->options) {
+    EXPECT_FALSE(o.fits) << o.placement.name;
+    EXPECT_FALSE(o.why.empty()) << o.placement.name;
+  }
+  EXPECT_NE(rep->options[0].why[0].find("device needs"), std::string::npos);
+  const std::string table = plan_table(*rep);
+  EXPECT_NE(table.find("no placement fits"), std::string::npos) << table;
+  auto j = nlohmann::json::parse(plan_json(*rep));
+  EXPECT_TRUE(j["best"].is_null());
+}
+
+TEST(Plan, FittingPlanPicksTheFastestFeasible) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  ASSERT_GE(rep->best, 0);
+  for (const auto& o : rep->options) {
+    if (o.fits && o.runnable) {
+      EXPECT_LE(rep->options[size_t(rep->best)].time.step_s, o.time.step_s);
+    }
+  }
+}
+
+TEST(Plan, TimeTermsAreBytesOverRates) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  r.accumulation = 3;
+  r.profile = default_profile(false);
+  r.profile.gemm_flops.value = 1e12;
+  r.profile.optimizer_pps.value = 1e8;
+  r.profile.nvme_read_gbps.value = 2.0;
+  r.profile.nvme_write_gbps.value = 1.0;
+  auto o = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(o.is_ok());
+  const double P = double(model_params(r.model));
+  // 3 micro-batches x 128 tokens x 3 x (2 x (12 C^2 L + Vp C) + 4 T C L), Vp = 1024.
+  const double C = 256, fwd = 2 * (12 * C * C * 4 + 1024 * C) + 4 * 128 * C * 4;
+  EXPECT_NEAR(o->time.compute_s, 3 * 128 * 3 * fwd / 1e12, 1e-9);
+  EXPECT_NEAR(o->time.cpu_optim_s, P / 1e8, 1e-9);
+  // Optimizer state on NVMe: 12 B/param read at 2 GB/s and written at 1 GB/s.
+  EXPECT_NEAR(o->time.nvme_s, 12 * P / 2e9 + 12 * P / 1e9, 1e-6);
+  // GPU: compute and link overlap; the optimizer phase (max of CPU Adam and its NVMe) follows.
+  EXPECT_NEAR(
+      o->time.step_s,
+      std::max(o->time.compute_s, o->time.link_s) + std::max(o->time.cpu_optim_s, o->time.nvme_s),
+      1e-9);
+  EXPECT_EQ(o->time.bottleneck, "nvme");
+}
+
+TEST(Plan, ProfileFromTheProbeIsReadBack) {
+  set_log_level(LogLevel::kError);
+  MachineProbeOptions po;
+  po.host_bytes = 4 << 20;
+  po.optimizer_params = 1 << 16;
+  po.gemm_n = 64;
+  po.gemm_c = 64;
+  po.warmup = 0;
+  po.repeats = 1;
+  po.include_cuda = false;
+  int calls = 0;
+  auto text = run_machine_probe(po, [&](int, int, const std::string&) { ++calls; });
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_EQ(calls, 7);
+  auto p = parse_machine_profile(*text, "p.json");
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_TRUE(p->cpu_backend);
+  EXPECT_GT(p->gemm_flops.value, 0);
+  EXPECT_GT(p->optimizer_pps.value, 0);
+  EXPECT_EQ(p->gemm_by_width.size(), 4u);
+  EXPECT_NE(p->gemm_flops.source.find("p.json"), std::string::npos);
+}
+
+TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
+  nlohmann::json good = {{"magic", "strata-machine-profile"},
+                         {"version", kMachineProfileVersion},
+                         {"device", {{"backend", "cpu"}, {"gemm_flops", 1e11}}},
+                         {"host", {{"copy_gbps", 10.0}}},
+                         {"cpu_optimizer", {{"params_per_s", 1e8}}}};
+  ASSERT_TRUE(parse_machine_profile(good.dump(), "g.json").is_ok());
+  auto expect_refused = [](const nlohmann::json& j, const std::string& what) {
+    auto p = parse_machine_profile(j.dump(), "m.json");
+    ASSERT_FALSE(p.is_ok()) << what;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find("m.json"), std::string::npos) << p.status().message();
+    EXPECT_NE(p.status().message().find("strata probe"), std::string::npos) << p.status().message();
+    EXPECT_NE(p.status().message().find(what), std::string::npos) << p.status().message();
+  };
+  auto j = good;
+  j["magic"] = "strata-io-probe";
+  expect_refused(j, "magic");
+  j = good;
+  j["version"] = kMachineProfileVersion - 1;
+  expect_refused(j, "version");
+  j = good;
+  j["cpu_optimizer"].erase("params_per_s");
+  expect_refused(j, "cpu_optimizer.params_per_s");
+  j = good;
+  j["device"].erase("gemm_flops");
+  expect_refused(j, "device.gemm_flops");
+  auto p = parse_machine_profile("{not json", "m.json");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("strata probe"), std::string::npos);
+}
+
+TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  r.micro_batch = 2;
+  r.accumulation = 2;
+  r.profile.aio_block_size = 4 << 20;
+  r.profile.aio_queue_depth = 32;
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  for (const auto& o : rep->options) {
+    auto cfg = parse_config(plan_config_json(*rep, o), "plan");
+    ASSERT_TRUE(cfg.is_ok()) << o.placement.name << ": " << cfg.status().message();
+    const PlacementOption back = placement_of_config(*cfg);
+    EXPECT_EQ(back.params, o.placement.params) << o.placement.name;
+    EXPECT_EQ(back.optimizer, o.placement.optimizer) << o.placement.name;
+    EXPECT_EQ(cfg->aio.block_size, size_t{4} << 20);
+    EXPECT_EQ(cfg->aio.queue_depth, 32);
+    EXPECT_EQ(cfg->model.n_embd, 256);
+    EXPECT_EQ(cfg->train_micro_batch_size_per_gpu, 2);
+    // The planner's view of that config is the same request.
+    PlanRequest again = request_from_config(*cfg, r.hw, r.profile);
+    EXPECT_EQ(again.micro_batch, 2);
+    EXPECT_EQ(again.accumulation, 2);
+    EXPECT_EQ(again.seq, 128);
+    EXPECT_EQ(again.prefetch_bytes, r.prefetch_bytes);
+  }
+}
+
+TEST(Plan, CapacityModeFindsTheBoundary) {
+  PlanRequest r = small_request();
+  r.model = {"m", 1, 512, 8, 1000, 128, ""};
+  r.seq = 128;
+  r.hw.gpu_mem = uint64_t{256} << 20;
+  r.hw.host_mem = uint64_t{512} << 20;
+  r.hw.nvme_paths = {};
+  auto c = max_model(r);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_GE(c->report.best, 0);
+  PlanRequest more = r;
+  more.model.layers = c->model.layers + 1;
+  auto rep = make_plan(more);
+  ASSERT_TRUE(rep.is_ok());
+  EXPECT_EQ(rep->best, -1) << "one more layer should not fit";
+  // Too small for even one layer: reported, not a zero-layer model.
+  r.hw.gpu_mem = 1 << 20;
+  EXPECT_EQ(max_model(r).status().code(), StatusCode::kOutOfMemory);
+}
+
+TEST(Plan, SvgHasOneBarGroupPerPlacement) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  const std::string svg = plan_svg(*rep);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  size_t lines = 0;
+  for (size_t at = svg.find("<line"); at != std::string::npos; at = svg.find("<line", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, rep->options.size());
+}
+
+}  // namespace
+}  // namespace strata
