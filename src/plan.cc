@@ -327,10 +327,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.fits = o.why.empty();
 
   // Expected peaks (what the run reports), beside the reservations above.
-  const uint64_t need_dev = o.device.total();
-  const uint64_t drains = 2 * round_up(max_g, 256);  // gradient drains in flight
-  o.device.peak = need_dev + drains;
-  if (pl.params != PlanTier::kDevice) o.device.peak += uint64_t(model_params(m)) * es;  // cache
+  // Device: every module's per-micro-batch gradient buffer (fp32, full module) is alive at the
+  // end of backward while the drains run; offloaded params are cached in what is left.
+  const uint64_t Pf = model_params(m);
+  o.device.peak = o.device.total() + Pf * 4;
+  if (pl.params != PlanTier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
   uint64_t host_peak = home[1] + 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
   if (pl.optimizer == PlanTier::kNvme) {
@@ -346,6 +347,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
   }
   if (pl.params == PlanTier::kNvme) host_peak += 2 * round_up(max_p, 4096);  // fetch staging
+  // Params homed on the device: the optimizer writes every module's new low-precision params
+  // through host staging buffers, all alive until the copies are done.
+  if (pl.params == PlanTier::kDevice) host_peak += P_local * es;
   o.host.peak = host_peak * W;
   o.nvme.peak = o.nvme.state;
   if (pl.optimizer == PlanTier::kDevice && !r.profile.cpu_backend) {
