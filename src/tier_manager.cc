@@ -1163,7 +1163,9 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
     std::vector<char> st_m, st_v;
     auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
       const size_t n = meta.modules[i].numel;
-      if (meta.modules[i].name != I.mods[i].name || meta.modules[i].offset + n > I.mods[i].numel) {
+      // n == 0: a shard that is all padding (its offset may lie past the end).
+      if (meta.modules[i].name != I.mods[i].name ||
+          (n > 0 && meta.modules[i].offset + n > I.mods[i].numel)) {
         return invalid_argument(fmt::format(
             "{}: module {} '{}' elements [{}, {}) do not fit this model's '{}' ({} elements)", path,
             i, meta.modules[i].name, meta.modules[i].offset, meta.modules[i].offset + n,

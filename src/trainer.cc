@@ -583,7 +583,7 @@ Result<TrainResult> Run::loop() {
   r.weights_crc = tm_->weights_crc();
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const TierStats ts = tm_->stats(t);
-    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out});
+    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
   }
   const double secs = seconds_since(t0);
   r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);

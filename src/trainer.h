@@ -53,6 +53,7 @@ struct TrainResult {
     std::string name;  // device | host | nvme
     size_t capacity = 0, peak = 0;
     uint64_t bytes_in = 0, bytes_out = 0;
+    size_t current = 0;  // in use at the end (host, nvme: this rank's resident state)
   };
   std::vector<TierUse> tiers;
 };
