@@ -170,6 +170,32 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
   }
 }
 
+TEST(Plan, ExpectedPeaksFollowTheirRules) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  const uint64_t P = model_params(r.model);
+  // Room for everything: device peak = reservation + every module's fp32 gradient buffer
+  // + the cache of offloaded bf16 params.
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  auto o = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_EQ(o->device.peak, o->device.total() + P * 4 + P * 2);
+  EXPECT_EQ(o->nvme.peak, o->nvme.state);  // extents, not swap slack
+  EXPECT_GT(o->nvme.total(), o->nvme.state);
+  // A device just big enough: the cache fills it, the peak is the capacity.
+  r.hw.gpu_mem = o->device.total() + P;
+  auto c = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_TRUE(c->fits);
+  EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
+  // Params on the device: the host also stages every module's new bf16 params.
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  auto d = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_GE(d->host.peak, d->host.state + P * 2);
+}
+
 TEST(Plan, NonFittingPlanIsReportedAsSuch) {
   PlanRequest r = small_request();
   auto m = model_preset("gpt2-1.5b");
