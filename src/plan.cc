@@ -688,7 +688,9 @@ std::string plan_svg(const PlanReport& rep) {
         {maxt, t.step_s, t.compute_s + t.link_s + t.nvme_s + t.cpu_optim_s + t.collectives_s});
   }
   const char* colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f"};
-  const char* names[] = {"compute", "host<->device link", "nvme", "cpu optimizer", "collectives"};
+  // XML text: "<" and ">" escaped.
+  const char* names[] = {"compute", "host&lt;-&gt;device link", "nvme", "cpu optimizer",
+                         "collectives"};
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "

@@ -379,6 +379,12 @@ TEST(Plan, SvgHasOneBarGroupPerPlacement) {
     ++lines;
   }
   EXPECT_EQ(lines, rep->options.size());
+  // Well-formed XML: every '<' opens a tag (no raw "<->" in text).
+  for (size_t at = svg.find('<'); at != std::string::npos; at = svg.find('<', at + 1)) {
+    const char c = svg[at + 1];
+    EXPECT_TRUE(std::isalpha(static_cast<unsigned char>(c)) || c == '/' || c == '?')
+        << svg.substr(at, 20);
+  }
 }
 
 }  // namespace
