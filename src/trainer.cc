@@ -117,6 +117,15 @@ Status Run::create_device() {
   if (backend == "cuda") {
     CudaDeviceOptions o;
     o.ordinal = cfg_.device.ordinal < 0 ? 0 : cfg_.device.ordinal;
+    if (cfg_.device.ordinal < 0) {
+      // Several ranks per host: the launcher's local rank picks the GPU.
+      for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+        if (const char* v = std::getenv(var)) {
+          o.ordinal = std::atoi(v);
+          break;
+        }
+      }
+    }
     o.reserve = cfg_.device.reserve;
     o.capacity = cfg_.device.memory_limit;
     STRATA_ASSIGN_OR_RETURN(dev_, create_cuda_device(o), "creating the cuda device");
@@ -562,8 +571,15 @@ Result<TrainResult> Run::loop() {
       tm_->take_times();  // eval's fetch waits are not the step's
       window_t = Clock::now();
     }
-    const bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
-                      (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
+    bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
+                (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
+    if (world_ > 1) {
+      // mpirun forwards SIGINT/SIGTERM to every rank, but not at the same step: all ranks stop
+      // after the step in which any of them saw it, so the checkpoint's collectives line up.
+      float any = stop ? 1.0f : 0.0f;
+      STRATA_RETURN_IF_ERROR(reduce(&any, 1, ReduceOp::kMax), "agreeing on a stop");
+      stop = any != 0.0f;
+    }
     if (stop && !last) {
       r.stopped_early = true;
       STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "stopping");
