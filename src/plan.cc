@@ -120,7 +120,8 @@ MachineProfile default_profile(bool cpu_backend) {
   return p;
 }
 
-Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin) {
+Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin,
+                                             bool fastest) {
   const std::string regen =
       fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
   json j;
@@ -144,7 +145,13 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
                     kMachineProfileVersion, regen));
   }
   MachineProfile p;
-  const std::string src = "probe " + origin;
+  const std::string src = "probe " + origin + (fastest ? " (fastest pass)" : "");
+  // With `fastest`, a rate's fastest pass replaces its median where the profile has it.
+  auto best_of = [&](const json& spread, double median) {
+    return fastest && spread.is_object() && spread.contains("max") && spread["max"].is_number()
+               ? spread["max"].get<double>()
+               : median;
+  };
   auto num = [&](const char* a, const char* b, double* out) -> Status {
     if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b) || !j[a][b].is_number()) {
       return invalid_argument(
@@ -160,18 +167,21 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
   }
   p.cpu_backend = j["device"]["backend"] == "cpu";
   STRATA_RETURN_IF_ERROR(num("device", "gemm_flops", &v), "");
-  p.gemm_flops = {v, src};
+  p.gemm_flops = {best_of(j["device"].value("gemm_flops_spread", json()), v), src};
   if (j["device"].contains("gemm_by_width") && j["device"]["gemm_by_width"].is_array()) {
     for (const auto& e : j["device"]["gemm_by_width"]) {
       if (!e.contains("C") || !e.contains("gemm_flops") || !e["gemm_flops"].is_number()) {
         return invalid_argument(fmt::format(
             "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
       }
-      p.gemm_by_width.emplace_back(e["C"].get<int>(), e["gemm_flops"].get<double>());
+      const double med = e["gemm_flops"].get<double>();
+      p.gemm_by_width.emplace_back(e["C"].get<int>(),
+                                   fastest ? e.value("gemm_flops_max", med) : med);
     }
     std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end());
   }
   STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
+  v = best_of(j["host"].value("copy_spread", json()), v);
   p.host_copy_gbps = {v, src};
   if (p.cpu_backend) {
     p.link_gbps = {v, src + " (host copy: the CPU backend's link)"};
@@ -180,12 +190,31 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
     p.link_gbps = {v, src};
   }
   STRATA_RETURN_IF_ERROR(num("cpu_optimizer", "params_per_s", &v), "");
+  if (fastest && j["cpu_optimizer"].contains("by_threads")) {
+    for (const auto& t : j["cpu_optimizer"]["by_threads"]) {
+      v = std::max(v, best_of(t.value("spread", json()), 0.0));
+    }
+  }
   p.optimizer_pps = {v, src};
+  // The recommended case's fastest pass, from the embedded io probe report.
+  auto nvme_best = [&](bool read, double median) {
+    if (!fastest || !j["nvme"].contains("io_probe") || !j["nvme"].contains("aio")) return median;
+    const json& a = j["nvme"]["aio"];
+    for (const auto& c : j["nvme"]["io_probe"].value("cases", json::array())) {
+      if (c.value("op", "") == (read ? "read" : "write") &&
+          c.value("backend", "") == a.value("backend", "") &&
+          c.value("block_size", 0) == a.value("block_size", 0) &&
+          c.value("queue_depth", 0) == a.value("queue_depth", 0)) {
+        return c.value("gbps_max", median);
+      }
+    }
+    return median;
+  };
   if (j.contains("nvme") && j["nvme"].is_object()) {
     STRATA_RETURN_IF_ERROR(num("nvme", "read_gbps", &v), "");
-    p.nvme_read_gbps = {v, src};
+    p.nvme_read_gbps = {nvme_best(true, v), src};
     STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
-    p.nvme_write_gbps = {v, src};
+    p.nvme_write_gbps = {nvme_best(false, v), src};
     const json& n = j["nvme"];
     if (n.contains("aio") && n["aio"].is_object()) {
       p.aio_backend = n["aio"].value("backend", p.aio_backend);
@@ -200,7 +229,7 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
   return p;
 }
 
-Result<MachineProfile> load_machine_profile(const std::string& path) {
+Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {
   std::ifstream in(path);
   if (!in) {
     return not_found(
@@ -210,7 +239,7 @@ Result<MachineProfile> load_machine_profile(const std::string& path) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_machine_profile(ss.str(), path);
+  return parse_machine_profile(ss.str(), path, fastest);
 }
 
 // ---- placements -------------------------------------------------------------------------------

@@ -85,9 +85,11 @@ MachineProfile default_profile(bool cpu_backend);
 // kMachineProfileVersion). A wrong magic, another version or a missing field is
 // kInvalidArgument naming `origin`, the field, and the command that regenerates the file.
 inline constexpr int kMachineProfileVersion = 1;
+// `fastest`: take each rate from its fastest timed pass instead of the median (the machine's
+// capability when other work shares it; what --validate compares with the fastest step).
 Result<MachineProfile> parse_machine_profile(const std::string& json_text,
-                                             const std::string& origin);
-Result<MachineProfile> load_machine_profile(const std::string& path);
+                                             const std::string& origin, bool fastest = false);
+Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest = false);
 
 struct Hardware {
   int gpus = 1;                         // ranks (world size)

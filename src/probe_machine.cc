@@ -145,7 +145,8 @@ Status probe_link(Device& dev, const MachineProbeOptions& o, json* out) {
 // Achieved model FLOP/s of one training micro-batch (strata's GPT, forward + backward, every
 // kernel: GEMMs, attention, layernorm, GELU, cross-entropy) at width C, counted with the
 // planner's FLOP formula, so that compute time = FLOPs / this rate holds at this width.
-Result<double> probe_model_rate(Device& dev, int C, int L, int B, int T, int warmup, int repeats) {
+Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int warmup,
+                                  int repeats) {
   ModelConfig mc;
   mc.n_layer = L;
   mc.n_embd = C;
@@ -203,7 +204,7 @@ Result<double> probe_model_rate(Device& dev, int C, int L, int B, int T, int war
   model.reset();
   for (void* p : allocs) dev.release(p);
   STRATA_RETURN_IF_ERROR(st, "model probe");
-  return m.median;
+  return m;
 }
 
 }  // namespace
@@ -327,9 +328,15 @@ Result<std::string> run_machine_probe(
     // and small GEMMs run far from the headline rate: measure whole training micro-batches
     // (2 layers, 4 x 128 tokens) at several widths; the planner interpolates at its width.
     for (int c : {128, 256, 512, 1024}) {
-      STRATA_ASSIGN_OR_RETURN(double r, probe_model_rate(*dev, c, 2, 4, 128, o.warmup, o.repeats),
+      STRATA_ASSIGN_OR_RETURN(Measured r, probe_model_rate(*dev, c, 2, 4, 128, o.warmup, o.repeats),
                               fmt::format("model step at width {}", c));
-      by.push_back({{"C", c}, {"layers", 2}, {"B", 4}, {"T", 128}, {"gemm_flops", r}});
+      by.push_back({{"C", c},
+                    {"layers", 2},
+                    {"B", 4},
+                    {"T", 128},
+                    {"gemm_flops", r.median},
+                    {"gemm_flops_min", r.min},
+                    {"gemm_flops_max", r.max}});
     }
   }
   d["gemm_by_width"] = by;

@@ -282,6 +282,17 @@ TEST(Plan, ProfileFromTheProbeIsReadBack) {
   EXPECT_GT(p->optimizer_pps.value, 0);
   EXPECT_EQ(p->gemm_by_width.size(), 4u);
   EXPECT_NE(p->gemm_flops.source.find("p.json"), std::string::npos);
+  // Fastest-pass rates are the spreads' maxima: never below the medians.
+  auto f = parse_machine_profile(*text, "p.json", /*fastest=*/true);
+  ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+  EXPECT_GE(f->gemm_flops.value, p->gemm_flops.value);
+  EXPECT_GE(f->optimizer_pps.value, p->optimizer_pps.value);
+  EXPECT_GE(f->host_copy_gbps.value, p->host_copy_gbps.value);
+  for (size_t i = 0; i < p->gemm_by_width.size(); ++i) {
+    EXPECT_GE(f->gemm_by_width[i].second, p->gemm_by_width[i].second);
+  }
+  auto j = nlohmann::json::parse(*text);
+  EXPECT_DOUBLE_EQ(f->gemm_flops.value, j["device"]["gemm_flops_spread"]["max"].get<double>());
 }
 
 TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
