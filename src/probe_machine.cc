@@ -372,7 +372,22 @@ Result<std::string> run_machine_probe(
       }
       (c.op == IoOp::kRead ? rd : wr) = c.median;
     }
+    // Several paths: each alone too (the striped numbers above are all of them at once).
+    json per_path = json::array();
+    if (o.nvme_paths.size() > 1) {
+      for (const auto& path : o.nvme_paths) {
+        IoProbeOptions one = io;
+        one.paths = {path};
+        one.backends = {rep.rec_backend};
+        one.queue_depths = {rep.rec_queue_depth};
+        STRATA_ASSIGN_OR_RETURN(IoProbeReport r1, run_io_probe(one), "NVMe probe of " + path);
+        double r = 0, w = 0;
+        for (const auto& c : r1.cases) (c.op == IoOp::kRead ? r : w) = c.median;
+        per_path.push_back({{"path", path}, {"read_gbps", r}, {"write_gbps", w}});
+      }
+    }
     j["nvme"] = {{"paths", rep.paths},
+                 {"per_path", per_path},
                  {"read_gbps", rd},
                  {"write_gbps", wr},
                  {"aio",

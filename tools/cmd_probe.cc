@@ -208,7 +208,13 @@ int probe_all(int argc, char** argv) {
       return 2;
     }
   }
-  auto profile = run_machine_probe(o, [](int i, int n, const std::string& what) {
+  // Under mpirun every rank runs the probes (the collectives need them all); rank 0 reports.
+  bool rank0 = true;
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* r = std::getenv(var); r != nullptr && std::atoi(r) != 0) rank0 = false;
+  }
+  auto profile = run_machine_probe(o, [rank0](int i, int n, const std::string& what) {
+    if (!rank0) return;
     const int w = 24, filled = n > 0 ? i * w / n : w;
     std::fprintf(stderr, "\r[%-*s] %d/%d %-44s", w, std::string(size_t(filled), '#').c_str(), i, n,
                  what.c_str());
@@ -216,6 +222,7 @@ int probe_all(int argc, char** argv) {
     std::fflush(stderr);
   });
   if (!profile.is_ok()) return fail(profile.status());
+  if (!rank0) return 0;
   auto j = nlohmann::json::parse(*profile);
   auto g = [&](const char* a, const char* b) {
     return j[a].is_object() && j[a].contains(b) ? fmt::format("{:.3g}", j[a][b].get<double>())
@@ -252,6 +259,11 @@ int probe_all(int argc, char** argv) {
     std::printf("host<->device  %s\n", line("link").c_str());
   }
   if (j["nvme"].is_object()) {
+    for (const auto& p : j["nvme"]["per_path"]) {
+      std::printf("nvme %-10s read %.3g GB/s, write %.3g GB/s (alone)\n",
+                  p["path"].get<std::string>().c_str(), p["read_gbps"].get<double>(),
+                  p["write_gbps"].get<double>());
+    }
     std::printf("nvme           read %s GB/s, write %s GB/s (aio %s, block %s, qd %d)\n",
                 g("nvme", "read_gbps").c_str(), g("nvme", "write_gbps").c_str(),
                 j["nvme"]["aio"]["backend"].get<std::string>().c_str(),
