@@ -654,11 +654,16 @@ std::string plan_table(const PlanReport& rep) {
       r.micro_batch, r.seq, r.accumulation, r.hw.gpus, r.profile.cpu_backend ? "cpu" : "cuda");
   const MachineProfile& p = r.profile;
   s += fmt::format(
-      "rates: GEMM {:.3g} TFLOP/s [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
+      "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
       "[{}], NVMe read {:.3g} / write {:.3g} GB/s [{}]{}\n",
-      p.gemm_flops.value / 1e12, p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source,
-      p.optimizer_pps.value / 1e6, p.optimizer_pps.source, p.nvme_read_gbps.value,
-      p.nvme_write_gbps.value, p.nvme_read_gbps.source,
+      p.gemm_flops.value / 1e12,
+      p.gemm_by_width.empty() || rep.options.empty()
+          ? std::string()
+          : fmt::format(" (model step at width {}: {:.3g})", r.model.width,
+                        rep.options[0].time.gemm_flops / 1e12),
+      p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
+      p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
+      p.nvme_read_gbps.source,
       r.hw.gpus > 1 ? fmt::format(", collectives {:.3g} GB/s [{}]", p.collective_gbps.value,
                                   p.collective_gbps.source)
                     : "");
