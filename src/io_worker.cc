@@ -78,7 +78,18 @@ void IoWorker::run() {
     std::deque<Job> jobs;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || !queue_.empty() || storage_->pending() > 0; });
+      // A held read becomes runnable when the write it waits for completes (reaped below, on
+      // this thread): it must wake the loop like new work, or it would sleep until the next
+      // request arrived — a deadlock when the caller is waiting for that read.
+      auto held_runnable = [&] {
+        for (const Job& h : held_) {
+          if (writing_.count(extent_key(h.extent)) == 0) return true;
+        }
+        return false;
+      };
+      cv_.wait(l, [&] {
+        return stop_ || !queue_.empty() || storage_->pending() > 0 || held_runnable();
+      });
       if (stop_ && queue_.empty() && storage_->pending() == 0 && held_.empty()) return;
       // Reads held behind a write that has finished go first, in their original order.
       for (auto it = held_.begin(); it != held_.end();) {

@@ -347,6 +347,7 @@ Result<double> Run::run_step() {
     STRATA_ASSIGN_OR_RETURN(float* ge, tm_->acquire_grads(E), "backward");
     model_->backward_embedding(ge);
     tm_->drain_grads(E, micro, last);
+    if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
   last_fwd_bwd_s_ = seconds_since(t0);

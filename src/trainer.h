@@ -33,6 +33,9 @@ struct TrainOptions {
   const std::atomic<int>* stop_signal = nullptr;  // non-zero: stop after the current step
   std::shared_ptr<FaultPlan> storage_faults;      // tests: faults injected under the NVMe tier
   std::function<void(int64_t step)> on_step_end;  // called after each completed step
+  // Tests: called in the middle of step `step` (0-based), after micro-batch `micro`'s
+  // backward has been enqueued and before the next micro-batch or the step's reductions.
+  std::function<void(int64_t step, int micro)> mid_step;
 };
 
 struct TrainResult {
