@@ -11,3 +11,6 @@ endif()
 gtest_discover_tests(zero3_test DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
                      PROPERTIES TIMEOUT 900
                      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+
+# The IoWorker's per-extent read-after-write ordering (a lost wake-up there hung NVMe fetches).
+strata_test(io_worker_test ${CMAKE_CURRENT_LIST_DIR}/io_worker_test.cc)
