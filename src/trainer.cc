@@ -456,6 +456,8 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
 
 Result<TrainResult> Run::loop() {
   TrainResult r;
+  r.rank = rank_;
+  r.world_size = world_;
   r.start_step = step_;
   const int64_t total = cfg_.train.steps;
   const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);

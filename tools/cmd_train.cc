@@ -119,6 +119,8 @@ int cmd_train(int argc, char** argv) {
     return 1;
   }
   const TrainResult& res = *r;
+  const int sig = g_stop_signal.load();
+  if (res.rank != 0) return res.stopped_early && sig != 0 ? 128 + sig : 0;  // rank 0 reports
   if (res.eval_losses.size() >= 2) {
     std::printf("eval loss: %.4f at step %lld -> %.4f at step %lld\n",
                 res.eval_losses.front().second, (long long)res.eval_losses.front().first,
@@ -126,10 +128,10 @@ int cmd_train(int argc, char** argv) {
   }
   for (const auto& t : res.tiers) {
     if (t.capacity == 0) continue;
-    std::printf("tier %-6s peak %s of %s; moved in %s, out %s\n", t.name.c_str(),
+    std::printf("tier %-6s peak %s of %s; moved in %s, out %s%s\n", t.name.c_str(),
                 format_bytes(double(t.peak)).c_str(), format_bytes(double(t.capacity)).c_str(),
-                format_bytes(double(t.bytes_in)).c_str(),
-                format_bytes(double(t.bytes_out)).c_str());
+                format_bytes(double(t.bytes_in)).c_str(), format_bytes(double(t.bytes_out)).c_str(),
+                res.world_size > 1 ? " (rank 0's share)" : "");
   }
   std::printf("%s at step %lld; %.3g tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step, res.tokens_per_s,
