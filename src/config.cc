@@ -38,6 +38,8 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // Why a setting is accepted but not acted on yet. When a feature lands, set its keys' reason to
 // nullptr in the table below (or retire the constant): this is the one list to shrink.
+constexpr const char* kAlwaysStage3 =
+    "across ranks strata always partitions parameters, gradients and optimizer state (stage 3)";
 constexpr const char* kFastInit = "swap files are always preallocated with fallocate";
 constexpr const char* kPartitioner = "ZeRO partitioning lands with the partitioner";
 constexpr const char* kStorage = "async NVMe I/O lands with the storage engine";
@@ -253,7 +255,7 @@ std::vector<Key> build_table() {
   // --- zero_optimization --------------------------------------------------------------------
   group("DeepSpeed: zero_optimization");
   add(F("zero_optimization.stage", Int(0, 3), STRATA_M(zero.stage),
-        "0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned", kPartitioner));
+        "0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned", kAlwaysStage3));
   const char* offload_dev = "none|cpu|nvme";
   add(F("zero_optimization.offload_param.device", Enum(offload_dev),
         STRATA_M(zero.offload_param.device), "home tier of parameters (stage 3 only)", nullptr));
