@@ -112,7 +112,7 @@ StepConsts make_consts(const OptimizerHyper& h) {
   c.one_minus_beta2 = 1.0f - h.beta2;
   c.lr_wd = h.lr * h.weight_decay;
   c.step_size = h.lr / bc1;
-  c.bc2_sqrt = std::sqrt(bc2);
+  c.inv_bc2_sqrt = 1.0f / std::sqrt(bc2);
   c.has_wd = h.weight_decay != 0.0f;
   return c;
 }

@@ -29,7 +29,7 @@ struct StepConsts {
   float one_minus_beta2 = 0;
   float lr_wd = 0;         // lr * weight_decay (fp32)
   float step_size = 0;     // lr / bias_correction1
-  float bc2_sqrt = 0;      // sqrt(bias_correction2)
+  float inv_bc2_sqrt = 0;  // 1 / sqrt(bias_correction2)
   bool has_wd = false;     // weight_decay != 0
   bool lp_stream = false;  // lp_out may use non-temporal stores (32-byte aligned at tile starts)
 };

@@ -29,7 +29,8 @@ void optimizer_step_reference(const OptimizerHyper& h, const ShardState& s) {
     bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), static_cast<double>(h.step)));
   }
   const float step_size = h.lr / bc1;
-  const float bc2_sqrt = std::sqrt(bc2);
+  // 1/sqrt(bc2) once per step: the per-element denominator is then a multiply, not a divide.
+  const float inv_bc2_sqrt = 1.0f / std::sqrt(bc2);
   for (size_t i = 0; i < s.n; ++i) {
     float g = load_f32(s.grad, s.grad_dtype, i) * s.grad_mult;
     float p = s.master[i];
@@ -41,7 +42,7 @@ void optimizer_step_reference(const OptimizerHyper& h, const ShardState& s) {
         float v = load_f32(s.v, s.moment_dtype, i);
         m = b1 * m + (1.0f - b1) * g;
         v = b2 * v + (1.0f - b2) * g * g;
-        float denom = std::sqrt(v) / bc2_sqrt + h.eps;
+        float denom = std::sqrt(v) * inv_bc2_sqrt + h.eps;
         if (h.kind == OptimizerKind::kAdamW && h.weight_decay != 0.0f) {
           p -= h.lr * h.weight_decay * p;
         }

@@ -70,7 +70,7 @@ inline void store_lp(void* lp, size_t i, bool stream, typename O::F x) {
 template <class O>
 struct VConsts {
   using F = typename O::F;
-  F grad_mult, lr, beta1, beta2, eps, wd, omb1, omb2, lr_wd, step_size, bc2_sqrt;
+  F grad_mult, lr, beta1, beta2, eps, wd, omb1, omb2, lr_wd, step_size, inv_bc2_sqrt;
   VConsts(const StepConsts& c, float gm)
       : grad_mult(O::set1(gm)),
         lr(O::set1(c.lr)),
@@ -82,7 +82,7 @@ struct VConsts {
         omb2(O::set1(c.one_minus_beta2)),
         lr_wd(O::set1(c.lr_wd)),
         step_size(O::set1(c.step_size)),
-        bc2_sqrt(O::set1(c.bc2_sqrt)) {}
+        inv_bc2_sqrt(O::set1(c.inv_bc2_sqrt)) {}
 };
 
 // One vector of W elements at index i of the given arrays. Returns the new master.
@@ -103,7 +103,7 @@ inline typename O::F step_block(const VConsts<O>& k, bool has_wd,
     F v = load_as<O, M>(vp);
     m = O::add(O::mul(k.beta1, m), O::mul(k.omb1, g));
     v = O::add(O::mul(k.beta2, v), O::mul(O::mul(k.omb2, g), g));
-    F denom = O::add(O::div(O::sqrt(v), k.bc2_sqrt), k.eps);
+    F denom = O::add(O::mul(O::sqrt(v), k.inv_bc2_sqrt), k.eps);
     if (K == OptimizerKind::kAdamW && has_wd) p = O::sub(p, O::mul(k.lr_wd, p));
     p = O::sub(p, O::mul(k.step_size, O::div(m, denom)));
     if constexpr (kMomBf16) {

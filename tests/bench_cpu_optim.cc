@@ -335,11 +335,6 @@ std::vector<int64_t> parse_list(const std::string& s, std::vector<int64_t> dflt)
   return out;
 }
 
-std::string name(const char* bm, int64_t n, int t, int mb) {
-  return std::string(bm) + "/" + std::to_string(n) + "/" + std::to_string(t) + "/" +
-         std::to_string(mb);
-}
-
 void print_summary(const Collector& c, const std::vector<int64_t>& sizes,
                    const std::vector<int64_t>& threads, int rounds) {
   auto get = [&](const char* bm, int64_t n, int64_t t, int mb) -> std::pair<double, double> {

@@ -415,7 +415,9 @@ TEST_P(StorageTest, RegisteredPoolBuffersRoundTrip) {
   ASSERT_TRUE(s->register_buffer((*pool)->base(), (*pool)->capacity()).is_ok());
   if (GetParam().backend == "io_uring" && !s->capabilities().registered_buffers)
     std::printf("note: the kernel refused io_uring buffer registration; plain path tested\n");
-  if (GetParam().backend != "io_uring") EXPECT_FALSE(s->capabilities().registered_buffers);
+  if (GetParam().backend != "io_uring") {
+    EXPECT_FALSE(s->capabilities().registered_buffers);
+  }
   FileId f = open_file(*s, "pool.bin");
   auto src = (*pool)->acquire(1 << 20);
   auto dst = (*pool)->acquire(1 << 20);

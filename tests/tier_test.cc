@@ -131,7 +131,9 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
       EXPECT_GT(r->tiers[0].bytes_in, 30 * layout->num_params() * 2);
       EXPECT_GT(r->tiers[2].bytes_out, 0u);
     }
-    if (i == 5) EXPECT_LE(r->tiers[0].capacity, small);
+    if (i == 5) {
+      EXPECT_LE(r->tiers[0].capacity, small);
+    }
   }
   fs::remove_all(dir);
 }

@@ -15,7 +15,7 @@ namespace {
 
 struct StepArgs {
   int kind;  // OptimizerKind
-  float lr, b1, b2, eps, wd, step_size, bc2_sqrt, grad_mult;
+  float lr, b1, b2, eps, wd, step_size, inv_bc2_sqrt, grad_mult;
   DType grad_t, moment_t, lp_t;
 };
 
@@ -34,7 +34,7 @@ __global__ void optimizer_kernel(StepArgs a, size_t n, const void* grad, float* 
         float v = load_dt(v_, a.moment_t, i);
         m = a.b1 * m + (1.0f - a.b1) * g;
         v = a.b2 * v + (1.0f - a.b2) * g * g;
-        const float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
+        const float denom = sqrtf(v) * a.inv_bc2_sqrt + a.eps;
         if (adamw && a.wd != 0.0f) p -= a.lr * a.wd * p;
         p -= a.step_size * (m / denom);
         store_dt(m_, a.moment_t, i, m);
@@ -76,7 +76,7 @@ Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardS
     bc2 = 1.0f - std::pow(h.beta2, static_cast<float>(h.step));
   }
   StepArgs a{int(h.kind),  h.lr,           h.beta1,         h.beta2,
-             h.eps,        h.weight_decay, h.lr / bc1,      std::sqrt(bc2),
+             h.eps,        h.weight_decay, h.lr / bc1,      1.0f / std::sqrt(bc2),
              st.grad_mult, st.grad_dtype,  st.moment_dtype, st.lp_dtype};
   optimizer_kernel<<<grid_for(st.n, 256), 256, 0, s>>>(a, st.n, st.grad, st.master, st.m, st.v,
                                                        st.lp_out);
