@@ -328,6 +328,43 @@ struct TierManager::Impl {
     }
   }
 
+  // Module i's master weights and moments in host memory: their homes when host-visible, else
+  // staging buffers from the host tier (filled from NVMe first when `read`). `write_back`
+  // stores staged state to its NVMe homes.
+  struct HostState {
+    PinnedBuffer mst, mom;  // staging, when the home is NVMe
+    float* master = nullptr;
+    char* moments = nullptr;
+  };
+  Status host_state(size_t i, bool read, const char* what, HostState* out) {
+    Module& m = mods[i];
+    out->mst.reset();
+    out->mom.reset();
+    out->master = static_cast<float*>(m.master.ptr());
+    out->moments = static_cast<char*>(m.mom.ptr());
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(out->mst, host_buf(m.master.bytes, what), "");
+      if (read) STRATA_RETURN_IF_ERROR(io->wait(io->read(m.master.ext, out->mst.data())), "");
+      out->master = out->mst.as<float>();
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(out->mom, host_buf(m.mom.bytes, what), "");
+      if (read) STRATA_RETURN_IF_ERROR(io->wait(io->read(m.mom.ext, out->mom.data())), "");
+      out->moments = static_cast<char*>(out->mom.data());
+    }
+    return Status::ok();
+  }
+  Status write_back(size_t i, const HostState& st) {
+    Module& m = mods[i];
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.master.ext, st.master)), "");
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.ext, st.moments)), "");
+    }
+    return Status::ok();
+  }
+
   // ---- optimizer state --------------------------------------------------------------------
   // Points the slot at module k's optimizer state, starting NVMe reads into staging buffers.
   // With `try_only`, gives up (returns false) instead of waiting when the pool is full.
@@ -704,17 +741,10 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
   Impl& I = *impl_;
   for (size_t i = 0; i < I.mods.size(); ++i) {
     Impl::Module& m = I.mods[i];
-    PinnedBuffer mst, mom;
-    float* master = static_cast<float*>(m.master.ptr());
-    void* moments = m.mom.ptr();
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "init"), "");
-      master = mst.as<float>();
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "init"), "");
-      moments = mom.data();
-    }
+    Impl::HostState hs;
+    STRATA_RETURN_IF_ERROR(I.host_state(i, /*read=*/false, "init", &hs), "initializing " + m.name);
+    float* master = hs.master;
+    char* moments = hs.moments;
     if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
       std::vector<float> full(m.numel);
       init(int(i), full.data());
@@ -1079,24 +1109,10 @@ TierTimes TierManager::take_times() {
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(flush_writes(), "before the checkpoint");
-  PinnedBuffer mst, mom;
+  Impl::HostState hs;
   auto source = [&](size_t i, CheckpointBuffers* out) -> Status {
-    Impl::Module& m = I.mods[i];
-    mst.reset();
-    mom.reset();
-    float* master = static_cast<float*>(m.master.ptr());
-    void* moments = m.mom.ptr();
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.master.ext, mst.data())), "");
-      master = mst.as<float>();
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.mom.ext, mom.data())), "");
-      moments = mom.data();
-    }
-    *out = {master, moments, static_cast<char*>(moments) + m.sn * dtype_size(I.mdt),
+    STRATA_RETURN_IF_ERROR(I.host_state(i, /*read=*/true, "checkpoint staging", &hs), "");
+    *out = {hs.master, hs.moments, hs.moments + I.mods[i].sn * dtype_size(I.mdt),
             dtype_size(I.mdt)};
     return Status::ok();
   };
@@ -1121,27 +1137,10 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
   // staging and written back: read-modify-write per old file).
   auto with_state = [&](size_t i, bool read, bool write,
                         const std::function<void(float*, char*)>& fn) -> Status {
-    Impl::Module& m = I.mods[i];
-    PinnedBuffer mst, mom;
-    float* master = static_cast<float*>(m.master.ptr());
-    char* moments = static_cast<char*>(m.mom.ptr());
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
-      if (read) STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.master.ext, mst.data())), "");
-      master = mst.as<float>();
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
-      if (read) STRATA_RETURN_IF_ERROR(I.io->wait(I.io->read(m.mom.ext, mom.data())), "");
-      moments = static_cast<char*>(mom.data());
-    }
-    fn(master, moments);
-    if (write && m.master.tier == Tier::kNvme) {
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.master.ext, master)), "");
-    }
-    if (write && m.mom.tier == Tier::kNvme) {
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.mom.ext, moments)), "");
-    }
+    Impl::HostState hs;
+    STRATA_RETURN_IF_ERROR(I.host_state(i, read, "checkpoint staging", &hs), "");
+    fn(hs.master, hs.moments);
+    if (write) STRATA_RETURN_IF_ERROR(I.write_back(i, hs), "");
     return Status::ok();
   };
   STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
@@ -1217,33 +1216,16 @@ size_t TierManager::shard_count(int m) const { return impl_->mods[size_t(m)].val
 
 Status TierManager::load(const std::string& path) {
   Impl& I = *impl_;
-  PinnedBuffer mst, mom;
+  Impl::HostState hs;
   auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
-    Impl::Module& m = I.mods[i];
-    mst.reset();
-    mom.reset();
-    float* master = static_cast<float*>(m.master.ptr());
-    void* moments = m.mom.ptr();
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mst, I.host_buf(m.master.bytes, "checkpoint staging"), "");
-      master = mst.as<float>();
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(mom, I.host_buf(m.mom.bytes, "checkpoint staging"), "");
-      moments = mom.data();
-    }
-    *out = {master, moments, static_cast<char*>(moments) + m.sn * dtype_size(I.mdt),
+    STRATA_RETURN_IF_ERROR(I.host_state(i, /*read=*/false, "checkpoint staging", &hs), "");
+    *out = {hs.master, hs.moments, hs.moments + I.mods[i].sn * dtype_size(I.mdt),
             dtype_size(I.mdt)};
     return Status::ok();
   };
   auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
-    Impl::Module& m = I.mods[i];
-    if (m.master.tier == Tier::kNvme) {
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.master.ext, b.master)), "");
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_RETURN_IF_ERROR(I.io->wait(I.io->write(m.mom.ext, b.m)), "");
-    }
+    STRATA_CHECK(b.master == hs.master, "the sink gets the buffers staging handed out");
+    STRATA_RETURN_IF_ERROR(I.write_back(i, hs), "");
     return write_params(int(i), b.master);
   };
   return read_checkpoint(path, staging, sink);
