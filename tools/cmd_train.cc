@@ -133,9 +133,9 @@ int cmd_train(int argc, char** argv) {
                 format_bytes(double(t.bytes_in)).c_str(), format_bytes(double(t.bytes_out)).c_str(),
                 res.world_size > 1 ? " (rank 0's share)" : "");
   }
-  std::printf("%s at step %lld; %.3g tokens/s; checkpoint %s\n",
-              res.stopped_early ? "stopped" : "done", (long long)res.end_step, res.tokens_per_s,
-              res.last_checkpoint.c_str());
+  std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
+              res.stopped_early ? "stopped" : "done", (long long)res.end_step,
+              res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s, res.last_checkpoint.c_str());
   if (res.stopped_early && g_stop_signal.load() != 0) return 128 + g_stop_signal.load();
   return 0;
 }
