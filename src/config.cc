@@ -43,7 +43,6 @@ constexpr const char* kAlwaysStage3 =
 constexpr const char* kFastInit = "swap files are always preallocated with fallocate";
 constexpr const char* kPartitioner = "ZeRO partitioning lands with the partitioner";
 constexpr const char* kStorage = "async NVMe I/O lands with the storage engine";
-constexpr const char* kCpuOptim = "lands with the CPU optimizer pipeline";
 constexpr const char* kComm = "lands with the communicator";
 constexpr const char* kScheduler = "activation recompute/offload lands with the step scheduler";
 constexpr const char* kTimers = "the trainer prints its own time split with each log line";
@@ -480,8 +479,17 @@ std::vector<Key> build_table() {
         nullptr));
   add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
         "dtype of Adam moments", nullptr));
+  add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),
+        "step each module's optimizer state under the rest of backward, exact (rolled back and "
+        "redone when clipping or an overflow says so)",
+        nullptr));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
-        "overlap step t's update with step t+1", kCpuOptim));
+        "overlap step t's update with step t+1's forward and backward (one step stale: changes "
+        "the numbers)",
+        nullptr));
+  add(F("strata.optimizer.delayed_update_warmup", Int(0, kMaxInt),
+        STRATA_M(strata.delayed_update_warmup), "exact steps before the delayed update starts",
+        nullptr));
   add(F("strata.comm.backend", Enum("auto|single|mpi|nccl"), STRATA_M(strata.comm_backend),
         "communicator", nullptr));
   add(F("strata.comm.timeout_s", Real(0, kInf, false, true), STRATA_M(strata.comm_timeout_s),

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "src/io_worker.h"
 #include "strata/checksum.h"
@@ -116,6 +117,8 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
                              : cfg.zero.stage3_max_reuse_distance * es;
   o.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
   o.optimizer_threads = cfg.device.cpu_threads;
+  o.delayed_update = cfg.strata.delayed_update;
+  o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);
@@ -142,6 +145,7 @@ struct TierManager::Impl {
     // which `valid` are real. Unsharded: off 0, sn == padded == valid == numel.
     size_t sn = 0, off = 0, padded = 0, valid = 0;
     Home p, master, mom, gacc;
+    Home gacc2;  // delayed update: the gradients the update thread reads while gacc fills
   };
   // The device cache entry of a module's parameters (unused when their home is the device).
   struct Cache {
@@ -190,9 +194,49 @@ struct TierManager::Impl {
   std::vector<float*> gdev;
   std::vector<GradStats> gstats;
   std::deque<PendingFree> pending;
-  std::map<int, Slot> prepared;   // optimizer state read ahead (during backward)
-  std::deque<Write> writes;       // optimizer/parameter writes draining behind later work
-  std::vector<int> opt_order;     // modules in the order their gradients became final
+  std::map<int, Slot> prepared;       // optimizer state read ahead (during backward)
+  std::deque<Write> writes;           // optimizer/parameter writes draining behind later work
+  std::vector<int> opt_order;         // modules in the order their gradients became final
+  std::vector<int> last_drain_order;  // the last step's opt_order
+  TierManager* owner = nullptr;
+
+  // The optimizer under backward (TierManager::begin_speculation): modules whose gradients
+  // are final (d2h event) wait in `ready`; those stepped keep their undo copies in `stepped`.
+  struct Undo {
+    std::shared_ptr<PinnedBuffer> master, mom;  // null when no undo is kept
+  };
+  struct Speculation {
+    bool active = false, undo = false;
+    bool stopped = false;  // no host memory for undo copies: the rest waits for validation
+    OptimizerHyper hyper;
+    float mult = 1.0f;
+    std::deque<std::pair<int, std::shared_ptr<Event>>> ready;
+    std::map<int, Undo> stepped;
+    std::vector<int> expected;  // expected gradient completion order, for read-ahead
+    size_t next_prep = 0;
+    std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;
+    Clock::time_point bwd_end{};  // when the compute stream finished the backward
+  } spec;
+  uint64_t rollbacks = 0, modules_redone = 0, modules_speculated = 0;
+  double optimizer_hidden_s = 0;
+
+  Status step_module(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
+                     const float* grad = nullptr, void* shadow = nullptr);
+  // The delayed update (TierManager::start_delayed_update): a thread stepping every module from
+  // the gradients in gacc2 into per-module parameter shadows.
+  struct Delayed {
+    std::thread thread;
+    bool pending = false;
+    Status status;
+    std::vector<std::shared_ptr<PinnedBuffer>> shadow;  // [module] new parameters
+    double busy_s = 0;                                  // the thread's time
+  } dpu;
+  void run_delayed(OptimizerHyper hyper, float grad_mult, std::vector<int> order);
+  Status retire_writes(size_t keep_at_most);
+  Status take_slot(int k, Slot* out);
+  void read_ahead();
+  Status undo_speculation(bool redo, const OptimizerHyper& hyper, float grad_mult);
+  void end_speculation();
   size_t device_state_bytes = 0;  // resident homes + cache + grads (manager's share)
   size_t nvme_capacity = 0, nvme_used = 0;
 
@@ -512,11 +556,15 @@ struct TierManager::Impl {
 
 // ---------------------------------------------------------------------------------------------
 
-TierManager::TierManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { opt_ = impl_->opt; }
+TierManager::TierManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  opt_ = impl_->opt;
+  impl_->owner = this;
+}
 
 TierManager::~TierManager() {
   if (!impl_) return;
   Impl& I = *impl_;
+  if (I.dpu.pending) I.dpu.thread.join();
   if (I.io) {
     I.reap_writes(/*all=*/true).ignore();
     for (auto& [k, slot] : I.prepared) {
@@ -596,6 +644,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     m.mom.bytes = m.sn * 2 * mb;
     m.gacc.tier = opt_on_device ? Tier::kDevice : pl.grads;
     m.gacc.bytes = m.sn * 4;
+    if (options.delayed_update) m.gacc2 = {m.gacc.tier, m.gacc.bytes, {}, nullptr, {}};
   }
   I.cache.resize(M);
   I.gdev.assign(M, nullptr);
@@ -603,8 +652,12 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
 
   // ---- preflight: every tier's need against its capacity, before allocating anything ----
   size_t dev_home = 0, host_home = 0, nvme_home = 0, max_p = 0, max_opt = 0, max_g = 0;
+  size_t shadows = 0, undo = 0;  // delayed update: parameter shadows; speculation: undo copies
   for (const auto& m : I.mods) {
-    for (const auto* h : {&m.p, &m.master, &m.mom, &m.gacc}) {
+    if (options.delayed_update) shadows += round_up(m.p.bytes, 4096);
+    undo += round_up(m.master.bytes, 4096) + round_up(m.mom.bytes, 4096);
+    for (const auto* h : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
+      if (h->bytes == 0) continue;
       if (h->tier == Tier::kDevice) dev_home += round_up(h->bytes, 256);
       if (h->tier == Tier::kHost) host_home += round_up(h->bytes, 4096);
       if (h->tier == Tier::kNvme) nvme_home += round_up(h->bytes, 4096);
@@ -643,6 +696,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   // Optimizer pipeline: `buffer_count` modules being read and as many being written.
   if (max_opt > 0) staging += size_t(2 * options.buffer_count + 1) * max_opt;
   staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);  // landing + lp staging
+  staging += shadows;
   const size_t host_need = host_home + staging;
   if (host_need > options.host_capacity) {
     short_of.push_back(
@@ -687,7 +741,10 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   BufferPoolOptions po;
   po.name = "host tier";
   po.lock = options.pin_memory;
-  const size_t arena = std::min(options.host_capacity, host_need + host_need / 8 + (64u << 20));
+  // Room for the optimizer's undo copies under backward when the budget allows (without it,
+  // speculation stops early; see begin_speculation).
+  const size_t want = host_need + (options.undo_copies ? undo : 0);
+  const size_t arena = std::min(options.host_capacity, want + want / 8 + (64u << 20));
   STRATA_ASSIGN_OR_RETURN(I.pool, BufferPool::create(arena, po), "host tier");
   device.register_host(I.pool->base(), I.pool->capacity()).ignore();
   if (nvme_home > 0) {
@@ -698,7 +755,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     I.io = std::make_unique<IoWorker>(I.storage.get(), I.swap.get());
   }
   for (auto& m : I.mods) {
-    for (auto* h : {&m.p, &m.master, &m.mom, &m.gacc}) {
+    for (auto* h : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
+      if (h->bytes == 0) continue;
       const std::string tag = fmt::format("{}.{}", m.name,
                                           h == &m.p        ? "params"
                                           : h == &m.master ? "master"
@@ -789,43 +847,232 @@ Status TierManager::write_params(int mi, const float* master) {
   return Status::ok();
 }
 
+// Steps module k's optimizer state held in `s` (its homes, or staging buffers whose NVMe reads
+// have finished) with GACC * grad_mult, writes the new low-precision parameters to their home
+// and to a cached device copy, and queues the NVMe writes of everything it changed behind later
+// work. `keep` keeps staging buffers alive until their writes finish.
+Status TierManager::Impl::step_module(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
+                                      const float* grad, void* shadow) {
+  Module& m = mods[size_t(k)];
+  Cache& c = cache[size_t(k)];
+  const size_t mb = dtype_size(mdt);
+  // A prefetch of these parameters may still be copying from their home: let it land first
+  // (the write-through below then replaces the cached copy).
+  if (!shadow && c.resident && c.ready) STRATA_RETURN_IF_ERROR(dev.synchronize(*c.ready), "");
+  std::shared_ptr<PinnedBuffer> lp_buf;
+  void* lp = m.p.tier == Tier::kHost ? m.p.host.data() : nullptr;
+  if (m.p.tier == Tier::kDevice && dev.host_addressable()) lp = m.p.dev;
+  if (shadow) lp = shadow;
+  if (!lp) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, host_buf(m.p.bytes, "parameter staging"), "");
+    lp_buf = std::make_shared<PinnedBuffer>(std::move(b));
+    lp = lp_buf->data();
+  }
+  ShardState sh;
+  sh.n = m.sn;  // the padding's grads, master and moments are zero and stay zero
+  sh.grad = grad ? static_cast<const void*>(grad) : m.gacc.ptr();
+  sh.grad_dtype = DType::kF32;
+  sh.grad_mult = grad_mult;
+  sh.master = s.master;
+  sh.m = s.mom;
+  sh.v = static_cast<char*>(s.mom) + m.sn * mb;
+  sh.moment_dtype = mdt;
+  sh.lp_out = lp;
+  sh.lp_dtype = dt;
+  strata::optimizer_step(hyper, sh, opt.optimizer_threads);
+  if (shadow) {  // the parameters are applied later (finish_delayed_update)
+    if (m.master.tier == Tier::kNvme) {
+      writes.push_back({io->write(m.master.ext, s.master), s.master_buf, m.name});
+    }
+    if (m.mom.tier == Tier::kNvme)
+      writes.push_back({io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
+    return Status::ok();
+  }
+  Stream& h2d = dev.h2d_stream();
+  if (m.p.tier == Tier::kDevice && lp != m.p.dev) dev.copy_h2d(h2d, m.p.dev, lp, m.p.bytes);
+  STRATA_CHECK(!sharded || !c.resident, "sharded: a gathered group outlived its use");
+  if (c.resident) {  // write-through: the cached copy stays valid
+    dev.copy_h2d(h2d, c.ptr, lp, m.p.bytes);
+    // Under backward the copy may be evicted before the h2d stream runs this write: its
+    // memory is freed only after it (the compute stream's last use of it came earlier, or
+    // this module's gradients would not be final).
+    c.last_use = std::shared_ptr<Event>(dev.create_event());
+    dev.record(*c.last_use, h2d);
+    std::lock_guard<std::mutex> l(mu);
+    dev_in += m.p.bytes;
+  }
+  if (lp_buf) dev.host_fn(h2d, [lp_buf] {});  // keeps the staging alive until the copies ran
+  // Writes drain behind the rest of the pass and the next forward; a later read of the same
+  // extent is ordered after them by the IoWorker.
+  if (m.p.tier == Tier::kNvme) writes.push_back({io->write(m.p.ext, lp), lp_buf, m.name});
+  if (m.master.tier == Tier::kNvme) {
+    writes.push_back({io->write(m.master.ext, s.master), s.master_buf, m.name});
+  }
+  if (m.mom.tier == Tier::kNvme) {
+    writes.push_back({io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
+  }
+  return Status::ok();
+}
+
+// Waits for the oldest writes until at most `keep_at_most` are in flight.
+Status TierManager::Impl::retire_writes(size_t keep_at_most) {
+  Status st;
+  while (writes.size() > keep_at_most) {
+    Write w = std::move(writes.front());
+    writes.pop_front();
+    Status ws = io->wait(w.t);
+    if (!ws.is_ok() && st.is_ok()) st = ws.with_context("writing " + w.what);
+  }
+  return st;
+}
+
+// Takes module k's prepared slot (starting its reads if it has none) and waits for its reads.
+Status TierManager::Impl::take_slot(int k, Slot* out) {
+  if (!prepared.count(k)) {
+    STRATA_ASSIGN_OR_RETURN(bool ok, prepare_slot(k, /*try_only=*/false), "");
+    (void)ok;
+  }
+  *out = std::move(prepared[k]);
+  prepared.erase(k);
+  Status st;
+  if (out->rm) st = io->wait(out->rm);
+  if (out->rmo) {
+    Status s2 = io->wait(out->rmo);
+    if (st.is_ok()) st = s2;
+  }
+  return st;
+}
+
+// Starts the reads of the next modules the speculative pass expects, `depth` ahead.
+void TierManager::Impl::read_ahead() {
+  const size_t depth = size_t(std::max(1, opt.buffer_count));
+  size_t inflight = prepared.size();
+  while (spec.next_prep < spec.expected.size() && inflight < depth) {
+    const int k = spec.expected[spec.next_prep++];
+    if (prepared.count(k) || spec.stepped.count(k)) continue;
+    auto r = prepare_slot(k, /*try_only=*/true);
+    if (!r.is_ok() || !*r) break;  // the host tier is busy: read on demand instead
+    ++inflight;
+  }
+}
+
+void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo) {
+  Impl& I = *impl_;
+  I.spec.active = true;
+  I.spec.undo = keep_undo;
+  I.spec.stopped = false;
+  I.spec.hyper = hyper;
+  I.spec.mult = grad_mult;
+  I.spec.ready.clear();
+  I.spec.stepped.clear();
+  I.spec.intervals.clear();
+  I.spec.bwd_end = {};
+  // Gradients become final in the order the last step's did (first step: reverse module
+  // order, which is backward's); read that order's optimizer state ahead.
+  I.spec.expected = I.last_drain_order;
+  if (I.spec.expected.empty()) {
+    for (int k = int(I.mods.size()) - 1; k >= 0; --k) I.spec.expected.push_back(k);
+  }
+  I.spec.next_prep = 0;
+  if (I.io) I.read_ahead();
+}
+
+Status TierManager::step_ready(bool wait_all) {
+  Impl& I = *impl_;
+  if (!I.spec.active) return Status::ok();
+  if (wait_all) {
+    // The time the compute stream finishes the backward: optimizer work after it is not hidden.
+    Impl* ip = &I;
+    I.dev.host_fn(I.dev.compute_stream(), [ip] {
+      std::lock_guard<std::mutex> l(ip->mu);
+      ip->spec.bwd_end = Clock::now();
+    });
+  }
+  Status st;
+  while (!I.spec.ready.empty() && st.is_ok()) {
+    auto [k, ev] = I.spec.ready.front();
+    if (!wait_all && !I.dev.query(*ev)) break;
+    if (I.spec.stopped) {
+      I.spec.ready.pop_front();
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(I.dev.synchronize(*ev), "waiting for gradients");
+    I.spec.ready.pop_front();
+    // The step's gradients may be bad (a failed drain): validate before touching state.
+    STRATA_RETURN_IF_ERROR(I.take_async_error(), "");
+    const auto t0 = Clock::now();
+    Impl::Module& m = I.mods[size_t(k)];
+    Impl::Slot s;
+    st = I.take_slot(k, &s);
+    Impl::Undo undo;
+    if (st.is_ok() && I.spec.undo) {
+      // What a rollback restores: the master weights and moments before this step.
+      auto mst = I.pool->acquire(m.master.bytes);
+      auto mom = mst.is_ok() ? I.pool->acquire(m.mom.bytes) : Result<PinnedBuffer>(mst.status());
+      if (!mst.is_ok() || !mom.is_ok()) {
+        // No room for undo state: this and the remaining modules are stepped after backward.
+        log_debug(
+            "tier manager: no host memory for {}'s undo copy ({}); stepping the rest "
+            "after backward",
+            m.name, mst.is_ok() ? mom.status().message() : mst.status().message());
+        I.spec.stopped = true;
+        I.prepared[k] = std::move(s);
+        continue;
+      }
+      undo.master = std::make_shared<PinnedBuffer>(std::move(mst).value());
+      undo.mom = std::make_shared<PinnedBuffer>(std::move(mom).value());
+      std::memcpy(undo.master->data(), s.master, m.master.bytes);
+      std::memcpy(undo.mom->data(), s.mom, m.mom.bytes);
+    }
+    if (st.is_ok()) st = I.step_module(k, s, I.spec.hyper, I.spec.mult);
+    if (st.is_ok()) {
+      I.spec.stepped[k] = std::move(undo);
+      ++I.modules_speculated;
+    }
+    if (st.is_ok() && I.io) {
+      st = I.retire_writes(3 * size_t(std::max(1, opt_.buffer_count)));
+      I.read_ahead();
+    }
+    const auto t1 = Clock::now();
+    std::lock_guard<std::mutex> l(I.mu);
+    I.spec.intervals.emplace_back(t0, t1);
+    I.optimizer_s += std::chrono::duration<double>(t1 - t0).count();
+  }
+  return st.with_context("optimizer step under backward");
+}
+
 Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult) {
   Impl& I = *impl_;
   const auto t0 = Clock::now();
   STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the optimizer step");
   const size_t M = I.mods.size();
-  const size_t mb = dtype_size(I.mdt);
   const size_t depth = size_t(std::max(1, opt_.buffer_count));
-  // Modules in the order their gradients became final (so the first ones' state may already
-  // have been read during backward); any module not drained this step follows in index order.
-  std::vector<int> order;
-  {
-    std::vector<bool> seen(M, false);
-    for (int k : I.opt_order) {  // a skipped (overflow) step leaves entries behind: dedupe
-      if (!seen[size_t(k)]) order.push_back(k);
-      seen[size_t(k)] = true;
-    }
-    for (size_t k = 0; k < M; ++k) {
-      if (!seen[k]) order.push_back(int(k));
-    }
-  }
-  I.opt_order.clear();
   Status st;
-  size_t next = 0;
-  auto retire = [&](size_t keep_at_most) {
-    while (I.writes.size() > keep_at_most && st.is_ok()) {
-      Impl::Write w = std::move(I.writes.front());
-      I.writes.pop_front();
-      Status ws = I.io->wait(w.t);
-      if (!ws.is_ok()) st = ws.with_context("writing " + w.what);
-    }
-  };
-  if (I.io) {
-    Status ws = I.reap_writes(/*all=*/true);  // last step's write-behind: long done by now
-    if (!ws.is_ok()) st = ws;
+  // Modules stepped speculatively under backward: kept when the step they took is the one
+  // asked for now, else redone from their undo copies.
+  const bool same = I.spec.active && grad_mult == I.spec.mult && hyper.lr == I.spec.hyper.lr &&
+                    hyper.step == I.spec.hyper.step;
+  std::vector<int> order;
+  std::vector<bool> seen(M, false);
+  if (!same && !I.spec.stepped.empty()) {
+    st = I.undo_speculation(/*redo=*/true, hyper, grad_mult);
+    for (auto& [k, u] : I.spec.stepped) seen[size_t(k)] = true;
+  } else {
+    for (auto& [k, u] : I.spec.stepped) seen[size_t(k)] = true;
   }
-  for (size_t i = 0; i < M && st.is_ok(); ++i) {
-    while (next < M && next < i + depth && st.is_ok()) {
+  // The rest in the order their gradients became final (the first ones' state may already
+  // have been read ahead); any module not drained this step follows in index order.
+  for (int k : I.opt_order) {
+    if (!seen[size_t(k)]) order.push_back(k);
+    seen[size_t(k)] = true;
+  }
+  for (size_t k = 0; k < M; ++k) {
+    if (!seen[k]) order.push_back(int(k));
+  }
+  if (I.io && st.is_ok()) st = I.reap_writes(/*all=*/false);
+  size_t next = 0;
+  for (size_t i = 0; i < order.size() && st.is_ok(); ++i) {
+    while (next < order.size() && next < i + depth && st.is_ok()) {
       const int k = order[next++];
       if (!I.prepared.count(k)) {
         auto r = I.prepare_slot(k, /*try_only=*/false);
@@ -833,65 +1080,20 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
       }
     }
     if (!st.is_ok()) break;
-    const int k = order[i];
-    Impl::Module& m = I.mods[size_t(k)];
-    Impl::Cache& c = I.cache[size_t(k)];
-    Impl::Slot s = std::move(I.prepared[k]);
-    I.prepared.erase(k);
-    if (s.rm) st = I.io->wait(s.rm);
-    if (st.is_ok() && s.rmo) st = I.io->wait(s.rmo);
-    if (!st.is_ok()) break;
-    // Where the new low-precision parameters go.
-    std::shared_ptr<PinnedBuffer> lp_buf;
-    void* lp = m.p.tier == Tier::kHost ? m.p.host.data() : nullptr;
-    if (m.p.tier == Tier::kDevice && I.dev.host_addressable()) lp = m.p.dev;
-    if (!lp) {
-      auto b = I.host_buf(m.p.bytes, "parameter staging");
-      if (!b.is_ok()) {
-        st = b.status();
-        break;
-      }
-      lp_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
-      lp = lp_buf->data();
-    }
-    ShardState sh;
-    sh.n = m.sn;  // the padding's grads, master and moments are zero and stay zero
-    sh.grad = m.gacc.ptr();
-    sh.grad_dtype = DType::kF32;
-    sh.grad_mult = grad_mult;
-    sh.master = s.master;
-    sh.m = s.mom;
-    sh.v = static_cast<char*>(s.mom) + m.sn * mb;
-    sh.moment_dtype = I.mdt;
-    sh.lp_out = lp;
-    sh.lp_dtype = I.dt;
-    strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
-    Stream& h2d = I.dev.h2d_stream();
-    if (m.p.tier == Tier::kDevice && lp != m.p.dev) I.dev.copy_h2d(h2d, m.p.dev, lp, m.p.bytes);
-    STRATA_CHECK(!I.sharded || !c.resident, "sharded: a gathered group outlived its use");
-    if (c.resident) {  // write-through: the cached copy stays valid
-      I.dev.copy_h2d(h2d, c.ptr, lp, m.p.bytes);
-      std::lock_guard<std::mutex> l(I.mu);
-      I.dev_in += m.p.bytes;
-    }
-    if (lp_buf) I.dev.host_fn(h2d, [lp_buf] {});  // keeps the staging alive until the copies ran
-    // Writes drain behind the rest of the pass and the next forward; a later read of the same
-    // extent is ordered after them by the IoWorker.
-    if (m.p.tier == Tier::kNvme) I.writes.push_back({I.io->write(m.p.ext, lp), lp_buf, m.name});
-    if (m.master.tier == Tier::kNvme) {
-      I.writes.push_back({I.io->write(m.master.ext, s.master), s.master_buf, m.name});
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      I.writes.push_back({I.io->write(m.mom.ext, s.mom), s.mom_buf, m.name});
-    }
-    retire(3 * depth);  // at most `depth` modules' writes (3 objects each) in flight
+    Impl::Slot s;
+    st = I.take_slot(order[i], &s);
+    if (st.is_ok()) st = I.step_module(order[i], s, hyper, grad_mult);
+    if (st.is_ok() && I.io) st = I.retire_writes(3 * depth);
   }
+  I.end_speculation();
   // After an error, drain every read still in flight so no buffer is freed under the engine.
   for (auto& [k, slot] : I.prepared) {
     if (slot.rm) I.io->wait(slot.rm).ignore();
     if (slot.rmo) I.io->wait(slot.rmo).ignore();
   }
   I.prepared.clear();
+  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
+  I.opt_order.clear();
   if (!st.is_ok() && I.io) I.reap_writes(true).ignore();
   Status hs = I.dev.synchronize(I.dev.h2d_stream());
   if (st.is_ok()) st = hs;
@@ -902,8 +1104,203 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
   return st.with_context("optimizer step");
 }
 
+// Restores every speculatively stepped module's master and moments from its undo copy, and
+// either redoes its step with (hyper, grad_mult) or re-derives its parameters from the restored
+// master (a skipped step).
+Status TierManager::Impl::undo_speculation(bool redo, const OptimizerHyper& hyper,
+                                           float grad_mult) {
+  ++rollbacks;
+  for (auto& [k, u] : spec.stepped) {
+    if (!u.master) {
+      return invalid_argument(fmt::format(
+          "the optimizer stepped {} under backward without undo state (bf16, "
+          "gradient_clipping 0) but the step must be {}: set strata.optimizer.overlap: false "
+          "to train through non-finite bf16 gradients",
+          mods[size_t(k)].name, redo ? "redone" : "skipped (non-finite gradients)"));
+    }
+  }
+  // The speculative writes of these extents must land before the restored state's do.
+  if (io) STRATA_RETURN_IF_ERROR(reap_writes(/*all=*/true), "");
+  for (auto& [k, u] : spec.stepped) {
+    Module& m = mods[size_t(k)];
+    Slot s;
+    if (m.master.tier == Tier::kNvme) {
+      s.master_buf = u.master;
+      s.master = u.master->as<float>();
+    } else {
+      s.master = static_cast<float*>(m.master.ptr());
+      std::memcpy(s.master, u.master->data(), m.master.bytes);
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      s.mom_buf = u.mom;
+      s.mom = u.mom->data();
+    } else {
+      s.mom = m.mom.ptr();
+      std::memcpy(s.mom, u.mom->data(), m.mom.bytes);
+    }
+    ++modules_redone;
+    if (redo) {
+      STRATA_RETURN_IF_ERROR(step_module(k, s, hyper, grad_mult), "redoing " + m.name);
+      continue;
+    }
+    if (m.master.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.master.ext, s.master)), "restoring " + m.name);
+    }
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.ext, s.mom)), "restoring " + m.name);
+    }
+    STRATA_RETURN_IF_ERROR(owner->write_params(k, s.master), "restoring " + m.name);
+  }
+  return Status::ok();
+}
+
+// Ends this step's speculation: frees the undo copies and adds the share of its time that ran
+// while the compute stream was still in backward.
+void TierManager::Impl::end_speculation() {
+  if (!spec.active) return;
+  std::lock_guard<std::mutex> l(mu);
+  for (auto& [t0, t1] : spec.intervals) {
+    const auto end = spec.bwd_end == Clock::time_point{} ? t1 : std::min(t1, spec.bwd_end);
+    if (end > t0) optimizer_hidden_s += std::chrono::duration<double>(end - t0).count();
+  }
+  spec.active = false;
+  spec.stepped.clear();
+  spec.ready.clear();
+  spec.intervals.clear();
+}
+
+Status TierManager::skip_step() {
+  Impl& I = *impl_;
+  Status st;
+  if (I.spec.active && !I.spec.stepped.empty()) {
+    st = I.undo_speculation(/*redo=*/false, I.spec.hyper, 0.0f);
+  }
+  I.end_speculation();
+  // Slots read ahead for modules that were never stepped: drain their reads.
+  for (auto& [k, slot] : I.prepared) {
+    if (slot.rm) I.io->wait(slot.rm).ignore();
+    if (slot.rmo) I.io->wait(slot.rmo).ignore();
+  }
+  I.prepared.clear();
+  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
+  I.opt_order.clear();
+  return st.with_context("rolling back the optimizer step taken under backward");
+}
+
+// The delayed update's thread: the optimizer pass of optimizer_step() over gacc2, into the
+// parameter shadows. Only this thread touches `prepared` and `writes` while it runs.
+void TierManager::Impl::run_delayed(OptimizerHyper hyper, float grad_mult, std::vector<int> order) {
+  const auto t0 = Clock::now();
+  const size_t depth = size_t(std::max(1, opt.buffer_count));
+  Status st;
+  size_t next = 0;
+  for (size_t i = 0; i < order.size() && st.is_ok(); ++i) {
+    while (next < order.size() && next < i + depth && st.is_ok()) {
+      const int k = order[next++];
+      if (!prepared.count(k)) {
+        auto r = prepare_slot(k, /*try_only=*/false);
+        if (!r.is_ok()) st = r.status();
+      }
+    }
+    if (!st.is_ok()) break;
+    const int k = order[i];
+    Module& m = mods[size_t(k)];
+    auto sb = host_buf(m.p.bytes, "delayed update: parameter shadow");
+    if (!sb.is_ok()) {
+      st = sb.status();
+      break;
+    }
+    dpu.shadow[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(sb).value());
+    Slot s;
+    st = take_slot(k, &s);
+    if (st.is_ok()) {
+      st = step_module(k, s, hyper, grad_mult, static_cast<const float*>(m.gacc2.ptr()),
+                       dpu.shadow[size_t(k)]->data());
+    }
+    if (st.is_ok() && io) st = retire_writes(3 * depth);
+  }
+  for (auto& [k, slot] : prepared) {
+    if (slot.rm) io->wait(slot.rm).ignore();
+    if (slot.rmo) io->wait(slot.rmo).ignore();
+  }
+  prepared.clear();
+  dpu.status = st.with_context("delayed optimizer update");
+  const double busy = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::lock_guard<std::mutex> l(mu);
+  dpu.busy_s = busy;
+  optimizer_s += busy;
+}
+
+Status TierManager::start_delayed_update(const OptimizerHyper& hyper, float grad_mult) {
+  Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(finish_delayed_update(), "");
+  STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the delayed update");
+  STRATA_CHECK(!I.mods.empty() && I.mods[0].gacc2.bytes > 0,
+               "start_delayed_update without TierOptions::delayed_update");
+  std::vector<int> order;
+  std::vector<bool> seen(I.mods.size(), false);
+  for (int k : I.opt_order) {
+    if (!seen[size_t(k)]) order.push_back(k);
+    seen[size_t(k)] = true;
+  }
+  for (size_t k = 0; k < I.mods.size(); ++k) {
+    if (!seen[k]) order.push_back(int(k));
+  }
+  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
+  I.opt_order.clear();
+  for (auto& m : I.mods) std::swap(m.gacc, m.gacc2);  // the thread reads gacc2
+  I.dpu.shadow.assign(I.mods.size(), nullptr);
+  I.dpu.status = Status::ok();
+  I.dpu.pending = true;
+  I.dpu.thread = std::thread(&Impl::run_delayed, &I, hyper, grad_mult, std::move(order));
+  return Status::ok();
+}
+
+Status TierManager::finish_delayed_update() {
+  Impl& I = *impl_;
+  if (!I.dpu.pending) return Status::ok();
+  const auto t0 = Clock::now();
+  I.dpu.thread.join();
+  I.dpu.pending = false;
+  const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  Status st = I.dpu.status;
+  Stream& h2d = I.dev.h2d_stream();
+  for (size_t k = 0; k < I.mods.size() && st.is_ok(); ++k) {
+    auto& sh = I.dpu.shadow[k];
+    if (!sh) continue;
+    Impl::Module& m = I.mods[k];
+    Impl::Cache& c = I.cache[k];
+    if (c.resident && c.ready) st = I.dev.synchronize(*c.ready);  // a prefetch reading the home
+    if (!st.is_ok()) break;
+    if (m.p.tier == Tier::kHost) {
+      std::memcpy(m.p.host.data(), sh->data(), m.p.bytes);
+    } else if (m.p.tier == Tier::kDevice && I.dev.host_addressable()) {
+      std::memcpy(m.p.dev, sh->data(), m.p.bytes);
+    } else if (m.p.tier == Tier::kDevice) {
+      I.dev.copy_h2d(h2d, m.p.dev, sh->data(), m.p.bytes);
+    } else {
+      I.writes.push_back({I.io->write(m.p.ext, sh->data()), sh, m.name});
+    }
+    if (c.resident && !I.sharded) {
+      I.dev.copy_h2d(h2d, c.ptr, sh->data(), m.p.bytes);
+      std::lock_guard<std::mutex> l(I.mu);
+      I.dev_in += m.p.bytes;
+    }
+    I.dev.host_fn(h2d, [keep = sh] {});  // alive until the copies ran
+    sh.reset();
+  }
+  Status hs = I.dev.synchronize(h2d);
+  if (st.is_ok()) st = hs;
+  I.dpu.shadow.clear();
+  std::lock_guard<std::mutex> l(I.mu);
+  I.optimizer_s += std::chrono::duration<double>(Clock::now() - t0).count() - waited;
+  I.optimizer_hidden_s += std::max(0.0, I.dpu.busy_s - waited);
+  return st;
+}
+
 Status TierManager::flush_writes() {
   Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(finish_delayed_update(), "");
   if (!I.io) return Status::ok();
   return I.reap_writes(/*all=*/true);
 }
@@ -1029,6 +1426,14 @@ void TierManager::drain_grads(int m, int micro, bool last) {
     ip->device_state_bytes -= round_up(dev_bytes, 256);
     ip->dev_out += bytes;
   });
+  if (last) {
+    I.opt_order.push_back(m);
+    if (I.spec.active) {  // final once the d2h stream has run this far
+      auto done = std::shared_ptr<Event>(I.dev.create_event());
+      I.dev.record(*done, d2h);
+      I.spec.ready.emplace_back(m, std::move(done));
+    }
+  }
 }
 
 Status TierManager::end_backward() {
@@ -1097,9 +1502,17 @@ TierTimes TierManager::take_times() {
   std::lock_guard<std::mutex> l(I.mu);
   t.compute_wait_s = I.compute_wait_s;
   t.optimizer_s = I.optimizer_s;
+  t.optimizer_hidden_s = I.optimizer_hidden_s;
+  t.rollbacks = I.rollbacks;
+  t.modules_redone = I.modules_redone;
+  t.modules_stepped_under_backward = I.modules_speculated;
   t.io_wait_s = io_total - I.io_wait_base;
   I.compute_wait_s = 0;
   I.optimizer_s = 0;
+  I.optimizer_hidden_s = 0;
+  I.rollbacks = 0;
+  I.modules_redone = 0;
+  I.modules_speculated = 0;
   I.io_wait_base = io_total;
   return t;
 }

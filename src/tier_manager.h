@@ -97,6 +97,12 @@ struct TierOptions {
   uint64_t max_reuse_distance = UINT64_MAX;  // bytes
   uint64_t persistence_threshold = 0;        // elements
   int optimizer_threads = 0;
+  // strata.optimizer.delayed_update: a second gradient accumulator per module and host
+  // shadows of the parameters (see start_delayed_update), counted in the preflight.
+  bool delayed_update = false;
+  // The optimizer under backward keeps undo copies (clipping or fp16): size the host tier's
+  // arena for them when its budget allows.
+  bool undo_copies = false;
   static TierOptions from_config(const Config& cfg, DType dt);
 };
 
@@ -112,7 +118,12 @@ struct TierStats {
 struct TierTimes {
   double compute_wait_s = 0;  // compute stream blocked on parameter fetches
   double io_wait_s = 0;       // any thread blocked on NVMe reads/writes
-  double optimizer_s = 0;     // the optimizer pass, its I/O included
+  double optimizer_s = 0;     // the optimizer pass, its I/O included (also under backward)
+  // Of optimizer_s, the part that ran while the compute stream was still in backward.
+  double optimizer_hidden_s = 0;
+  uint64_t rollbacks = 0;       // steps whose speculative updates were undone
+  uint64_t modules_redone = 0;  // modules restored from undo copies (and redone or skipped)
+  uint64_t modules_stepped_under_backward = 0;
 };
 
 class TierManager {
@@ -148,6 +159,40 @@ class TierManager {
   // flush_writes() waits for them all and returns the first failure.
   Status optimizer_step(const OptimizerHyper& hyper, float grad_mult);
   Status flush_writes();
+
+  // --- the optimizer under backward (issue #9) -----------------------------------------
+  // Before the step's last micro-batch's backward: each module whose gradients become final
+  // (drain_grads with `last`) is stepped by step_ready() with (hyper, grad_mult) as if no
+  // clipping applies and no overflow occurred — its state fetched through the same read-ahead
+  // pipeline, its new parameters written to their homes (and cached device copy) — while the
+  // device runs the backward of the modules before it. With `keep_undo` (clipping on, or
+  // fp16) each stepped module's master weights and moments are copied first, from the host
+  // tier; when the tier has no room the remaining modules wait for validation.
+  // Then exactly one of: optimizer_step(h, mult) — keeps the speculative updates if (h.lr,
+  // h.step, mult) equal the speculated ones, else restores and redoes them, and steps the
+  // modules not yet stepped; or skip_step() — restores them and re-derives their parameters
+  // (the step is skipped). Either way the result is bit-identical to the non-overlapped
+  // schedule. A restore without undo copies (bf16 without clipping hit non-finite gradients)
+  // fails with INVALID_ARGUMENT naming strata.optimizer.overlap.
+  void begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo);
+  // Steps the modules whose gradients are final; with `wait_all` (after the whole backward has
+  // been enqueued) waits for and steps every remaining one, else only those already final.
+  Status step_ready(bool wait_all);
+  // The step is skipped (overflow): undo what the speculation did. Also call it when no
+  // speculation ran, so the step's bookkeeping is reset.
+  Status skip_step();
+
+  // --- delayed parameter update (strata.optimizer.delayed_update) ---------------------------
+  // After end_backward and validation: steps every module with GACC * grad_mult on a
+  // background thread and returns at once; the gradient accumulators swap, so the next step's
+  // backward fills the other one. The new parameters go to host shadows, not to their homes, so
+  // the next step's forward and backward see the parameters before this update (one step
+  // stale, as ZeRO-Offload's DPU) whatever the thread's timing.
+  Status start_delayed_update(const OptimizerHyper& hyper, float grad_mult);
+  // Waits for the pending delayed update and applies its parameters to their homes and cached
+  // device copies; a no-op when none is pending. Call it between backward and the next
+  // forward; save(), weights_crc() and flush_writes() call it first.
+  Status finish_delayed_update();
   Status end_phase();
 
   // --- checkpoints ----------------------------------------------------------------------

@@ -321,6 +321,23 @@ Result<double> Run::run_step() {
   // average, and the reduce-scatter sums them.
   const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_ * world_));
   const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
+  // The optimizer's schedule for this step (docs/ARCHITECTURE.md, "The optimizer under
+  // backward"): delayed (one step stale) after the warm-up, else exact — stepped module by
+  // module under the last micro-batch's backward as if no clipping applies and no overflow
+  // occurred (validated below), or after backward when strata.optimizer.overlap is false.
+  const bool delayed = cfg_.strata.delayed_update && step_ >= cfg_.strata.delayed_update_warmup;
+  const bool speculate = cfg_.strata.optimizer_overlap && !delayed;
+  const float unclipped_mult = static_cast<float>(1.0 / scale);
+  if (speculate) {
+    OptimizerHyper h = hyper_;
+    h.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
+    h.step = opt_steps_ + 1;
+    tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled);
+  }
+  // Under the last micro-batch's backward, step the modules whose gradients are final.
+  auto step_ready = [&](bool last) -> Status {
+    return speculate && last ? tm_->step_ready(/*wait_all=*/false) : Status::ok();
+  };
   tm_->begin_phase("train");
   for (int micro = 0; micro < accum_; ++micro) {
     const bool last = micro == accum_ - 1;
@@ -336,6 +353,7 @@ Result<double> Run::run_step() {
     tm_->release_params(H);
     tm_->drain_grads(F, micro, last);
     if (H != E) tm_->drain_grads(H, micro, last);
+    STRATA_RETURN_IF_ERROR(step_ready(last), "forward/backward");
     for (int l = layout_.L - 1; l >= 0; --l) {
       const int m = layout_.block(l);
       STRATA_ASSIGN_OR_RETURN(const void* p, tm_->acquire_params(m), "backward");
@@ -343,13 +361,17 @@ Result<double> Run::run_step() {
       model_->backward_block(l, p, g);
       tm_->release_params(m);
       tm_->drain_grads(m, micro, last);
+      STRATA_RETURN_IF_ERROR(step_ready(last), "forward/backward");
     }
     STRATA_ASSIGN_OR_RETURN(float* ge, tm_->acquire_grads(E), "backward");
     model_->backward_embedding(ge);
     tm_->drain_grads(E, micro, last);
     if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
+  if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
+  // The last step's delayed update lands before the next forward.
+  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "");
   last_fwd_bwd_s_ = seconds_since(t0);
   double loss_sum = 0;
   for (float l : losses_) loss_sum += l;
@@ -376,8 +398,16 @@ Result<double> Run::run_step() {
     }
     hyper_.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
     hyper_.step = opt_steps_ + 1;
-    STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, static_cast<float>(coef / scale)), "");
+    const float mult = static_cast<float>(coef / scale);
+    if (delayed) {
+      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
+    } else {
+      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it.
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult), "");
+    }
     ++opt_steps_;
+  } else {
+    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "");
   }
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
@@ -392,6 +422,7 @@ Result<double> Run::run_step() {
 }
 
 Result<double> Run::eval_loss() {
+  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "before eval");
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
   for (int i = 0; i < n; ++i) {
@@ -490,7 +521,7 @@ Result<TrainResult> Run::loop() {
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
   auto window_t = Clock::now();
   int64_t window_steps = 0;
-  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0;
+  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0, w_hid = 0;
   auto bytes_now = [&]() {
     return std::array<uint64_t, 3>{
         tm_->stats(Tier::kDevice).bytes_in, tm_->stats(Tier::kDevice).bytes_out,
@@ -505,6 +536,14 @@ Result<TrainResult> Run::loop() {
     w_opt += tt.optimizer_s;
     w_io += tt.io_wait_s;
     w_cw += tt.compute_wait_s;
+    w_hid += tt.optimizer_hidden_s;
+    r.optimizer_hidden_s += tt.optimizer_hidden_s;
+    r.rollbacks += int64_t(tt.rollbacks);
+    r.modules_redone += int64_t(tt.modules_redone);
+    r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
+    if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
+      r.approximate = true;
+    }
     r.fwd_bwd_s += last_fwd_bwd_s_;
     r.optimizer_s += tt.optimizer_s;
     r.io_wait_s += tt.io_wait_s;
@@ -534,12 +573,16 @@ Result<TrainResult> Run::loop() {
       if (opts_.progress && report) {
         std::printf(
             "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
-            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f, io wait %.0f | moved/step: device %.1f "
-            "MiB, nvme %.1f MiB | %s elapsed, ETA %s%s\n",
+            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f (%.0f%% hidden%s), io wait %.0f | "
+            "moved/step: device %.1f MiB, nvme %.1f MiB | %s elapsed, ETA %s%s\n",
             (long long)step_, (long long)total, loss, lr, last_grad_norm_,
             cfg_.fp16.enabled ? fmt::format("scale {:g} | ", scaler_.scale).c_str() : "", tps,
-            1e3 * win / ws, 1e3 * w_fb / ws, 1e3 * w_cw / ws, 1e3 * w_opt / ws, 1e3 * w_io / ws,
-            dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
+            1e3 * win / ws, 1e3 * w_fb / ws, 1e3 * w_cw / ws, 1e3 * w_opt / ws,
+            w_opt > 0 ? 100.0 * w_hid / w_opt : 0.0,
+            r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks).c_str()
+            : r.approximate ? ", delayed: approximate"
+                            : "",
+            1e3 * w_io / ws, dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
             last_skipped_ ? " | overflow: step skipped" : "");
         std::fflush(stdout);
       }
@@ -556,6 +599,10 @@ Result<TrainResult> Run::loop() {
                                 {"fwd_bwd_s", w_fb / ws},
                                 {"fetch_wait_s", w_cw / ws},
                                 {"optimizer_s", w_opt / ws},
+                                {"optimizer_hidden_s", w_hid / ws},
+                                {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
+                                {"rollbacks", r.rollbacks},
+                                {"delayed_update", r.approximate},
                                 {"io_wait_s", w_io / ws},
                                 {"comm_s", 0.0},
                                 {"device_bytes_per_step", dev_mb * 1048576.0},
@@ -566,7 +613,7 @@ Result<TrainResult> Run::loop() {
       }
       window_t = Clock::now();
       window_steps = 0;
-      w_fb = w_opt = w_io = w_cw = 0;
+      w_fb = w_opt = w_io = w_cw = w_hid = 0;
       w_bytes = bytes_now();
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {

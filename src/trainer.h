@@ -54,6 +54,12 @@ struct TrainResult {
   // the compute stream's waits on parameter fetches, the optimizer pass (its I/O included),
   // and any thread's waits on NVMe I/O.
   double fwd_bwd_s = 0, compute_wait_s = 0, optimizer_s = 0, io_wait_s = 0;
+  // Of optimizer_s, the part hidden under the backward (strata.optimizer.overlap) or under the
+  // next step (delayed update); steps whose speculative update was undone and redone or
+  // skipped, and the modules that took; whether a delayed (one step stale) update ran.
+  double optimizer_hidden_s = 0;
+  int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
+  bool approximate = false;
   struct TierUse {
     std::string name;  // device | host | nvme
     size_t capacity = 0, peak = 0;
