@@ -1259,7 +1259,15 @@ Status TierManager::end_backward() {
     }
     I.reclaim(true);
   }
-  return I.take_async_error();
+  STRATA_RETURN_IF_ERROR(I.take_async_error(), "");
+  if (I.sharded) {
+    // A stream-ordered collective that failed while running (a timeout, a dead peer) is kept
+    // by its communicator, not by the stream: without this the step would go on with
+    // gradients or parameters that never arrived.
+    STRATA_RETURN_IF_ERROR(opt_.param_comm->health(), "gathering parameters");
+    STRATA_RETURN_IF_ERROR(opt_.grad_comm->health(), "reducing gradients");
+  }
+  return Status::ok();
 }
 
 GradStats TierManager::grad_stats() const {
