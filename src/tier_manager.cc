@@ -581,6 +581,12 @@ struct TierManager::Impl {
     }
   }
 
+  // Module m's gradients for this step are complete in GACC once the d2h stream has run as far
+  // as it is now: called for the last micro-batch right after the work that writes them is
+  // enqueued — by drain_grads unsharded, by flush_bucket for a module's final piece when
+  // sharded (a module's gradients are final only when its bucket has been reduced).
+  void grads_final(int m) { opt_order.push_back(m); }
+
   // ---- sharded gradient reduction in buckets (TierOptions) ----------------------------------
   // GACC[m][a, a + len) <- (micro 0) or += (later) `len` reduced floats at device `src`, on
   // the d2h stream.
@@ -650,6 +656,7 @@ struct TierManager::Impl {
         dev.host_fn(d2h, [ip, m, acc, n] {
           ip->gstats[size_t(m)] = strata::grad_stats(acc, DType::kF32, n);
         });
+        grads_final(m);
       }
       Impl* ip = this;
       float* g = p.g;
@@ -1243,6 +1250,7 @@ void TierManager::drain_grads(int m, int micro, bool last) {
     ip->device_state_bytes -= round_up(dev_bytes, 256);
     ip->dev_out += bytes;
   });
+  if (last) I.grads_final(m);
 }
 
 Status TierManager::end_backward() {
