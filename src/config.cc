@@ -292,14 +292,17 @@ std::vector<Key> build_table() {
         STRATA_M(zero.offload_optimizer.ratio),
         "fraction of optimizer state offloaded (< 1 needs stage 3)", nullptr));
   add(F("zero_optimization.overlap_comm", Bool(), STRATA_M(zero.overlap_comm),
-        "overlap gradient reduction with backward", kPartitioner, 0,
-        "true at stage 3, else false"));
+        "several ranks: gradient reduce-scatters overlap the next module's backward (false: "
+        "compute waits for each bucket's reduction)",
+        nullptr, 0, "true at stage 3, else false"));
   add(F("zero_optimization.contiguous_gradients", Bool(), STRATA_M(zero.contiguous_gradients),
         "copy gradients into one buffer", kPartitioner));
   add(F("zero_optimization.reduce_scatter", Bool(), STRATA_M(zero.reduce_scatter),
         "reduce-scatter instead of all-reduce", kPartitioner));
   add(F("zero_optimization.reduce_bucket_size", Size(), STRATA_M(zero.reduce_bucket_size),
-        "elements per gradient reduction (auto: n_embd^2)", kPartitioner, kAuto));
+        "elements per gradient reduce-scatter bucket over ranks, capped at the largest module "
+        "(auto: n_embd^2)",
+        nullptr, kAuto));
   add(F("zero_optimization.allgather_bucket_size", Size(), STRATA_M(zero.allgather_bucket_size),
         "elements per all-gather", kPartitioner));
   add(F("zero_optimization.allgather_partitions", Bool(), STRATA_M(zero.allgather_partitions),

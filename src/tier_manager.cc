@@ -116,6 +116,8 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
                              ? UINT64_MAX
                              : cfg.zero.stage3_max_reuse_distance * es;
   o.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+  o.reduce_bucket_elems = cfg.zero.reduce_bucket_size;
+  o.overlap_comm = cfg.zero.overlap_comm;
   o.optimizer_threads = cfg.device.cpu_threads;
   o.delayed_update = cfg.strata.delayed_update;
   o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
@@ -252,7 +254,23 @@ struct TierManager::Impl {
   mutable std::mutex mu;
   Status async_error;
   uint64_t dev_in = 0, dev_out = 0, host_in = 0, host_out = 0;
+  uint64_t fetches = 0, prefetches = 0, grad_reductions = 0, grad_shared_reductions = 0;
   double compute_wait_s = 0, optimizer_s = 0, io_wait_base = 0;
+
+  // ---- sharded gradient buckets (TierOptions): pieces drained but not yet reduced ----------
+  // Piece: elements [a, a + len) of every rank's shard of module m's gradient buffer g.
+  struct Piece {
+    int m;
+    float* g;
+    size_t a, len;
+    int micro;
+    bool last;   // the step's last micro-batch: the module's grad stats follow its final piece
+    bool final;  // the module's last piece: g is freed after this bucket
+  };
+  float* bucket = nullptr;  // device: world * bucket_kc floats
+  size_t bucket_kc = 0;     // per-rank capacity of a bucket, elements
+  std::vector<Piece> open;  // the bucket being filled
+  size_t open_k = 0;        // per-rank elements in it
 
   void set_async_error(const Status& s) {
     std::lock_guard<std::mutex> l(mu);
@@ -340,7 +358,9 @@ struct TierManager::Impl {
         device_state_bytes += round_up(bytes, 256);
         return r;
       }
-      if (evict_one(keep, need_before)) continue;
+      // Sharded: never evict for room (whether an allocation fails depends on timing; an
+      // eviction would change which gathers follow, and every rank must issue the same ones).
+      if (!sharded && evict_one(keep, need_before)) continue;
       if (!may_block) return r.status();
       if (!pending.empty()) {
         reclaim(true);
@@ -353,9 +373,12 @@ struct TierManager::Impl {
       auto st = dev.memory_stats();
       return out_of_memory(fmt::format(
           "device tier full: {} for {} does not fit ({} of {} in use, every cached object "
-          "pinned); raise device.memory_limit or lower train_micro_batch_size_per_gpu",
+          "pinned); raise device.memory_limit or lower train_micro_batch_size_per_gpu{}",
           format_bytes(double(bytes)), tag, format_bytes(double(st.used)),
-          format_bytes(double(st.capacity))));
+          format_bytes(double(st.capacity)),
+          sharded ? " or zero_optimization.stage3_prefetch_bucket_size (with several ranks, "
+                    "gathered groups in the prefetch window are never evicted)"
+                  : ""));
     }
   }
 
@@ -463,6 +486,9 @@ struct TierManager::Impl {
   }
 
   // ---- parameters ----------------------------------------------------------------------
+  // Fetches (gathers, when sharded) module m's parameters into the device cache. need_before
+  // is UINT64_MAX for a fetch on demand, else the prefetch's eviction horizon (unused when
+  // sharded: nothing is evicted then).
   Status fetch(int m, uint64_t need_before, bool may_block, bool* fetched) {
     Module& mod = mods[size_t(m)];
     Cache& c = cache[size_t(m)];
@@ -511,6 +537,8 @@ struct TierManager::Impl {
     {
       std::lock_guard<std::mutex> l(mu);
       dev_in += full;
+      ++fetches;
+      if (need_before != UINT64_MAX) ++prefetches;  // a prefetch (demand fetches pass MAX)
     }
     *fetched = true;
     return Status::ok();
@@ -532,9 +560,53 @@ struct TierManager::Impl {
     }
   }
 
+  // ---- sharded prefetch: decided from trace positions and group sizes only ---------------
+  // The end of the prefetch window that starts at trace position `from`: the accesses
+  // [from, end) whose distinct groups' gathered bytes add up to at most prefetch_bytes. It
+  // stops at the step's end (the optimizer step updates every shard before the next use).
+  uint64_t window_end(uint64_t from) {
+    if (!cur || mismatch || from >= cur->size()) return from;
+    std::vector<char> seen(mods.size(), 0);
+    uint64_t bytes = 0, j = from;
+    for (; j < cur->size(); ++j) {
+      const int m = cur->accesses()[j].object;
+      if (seen[size_t(m)]) continue;
+      const uint64_t b = round_up(cache_bytes(mods[size_t(m)]), 256);
+      if (bytes + b > opt.prefetch_bytes) break;
+      bytes += b;
+      seen[size_t(m)] = 1;
+    }
+    return j;
+  }
+  // Gathers every group of the window from `pos` that is not cached, in trace order. Same
+  // decisions on every rank; a shortage of device memory blocks (then fails), never skips.
+  void prefetch_sharded() {
+    const uint64_t end = window_end(pos);
+    for (uint64_t j = pos; j < end; ++j) {
+      const int m = cur->accesses()[j].object;
+      if (cache[size_t(m)].resident) continue;
+      bool fetched = false;
+      Status s = fetch(m, /*need_before=*/j, /*may_block=*/true, &fetched);
+      if (!s.is_ok()) {
+        // Remembered for end_backward; the acquire of m fetches (and fails) on demand.
+        set_async_error(s.with_context("prefetching " + mods[size_t(m)].name + " parameters"));
+        return;
+      }
+    }
+  }
+  // Whether an unheld gathered group stays cached: its next use lies in the window from `pos`.
+  bool keep_gathered(int m) {
+    if (!cur || mismatch) return false;
+    const uint64_t next = cur->next_use_of(m, pos);
+    return next != UINT64_MAX && next < window_end(pos);
+  }
+
   void prefetch() {
-    // Sharded: a fetch is a collective, so fetches must not depend on timing (free memory).
-    if (sharded || !cur || mismatch || cur->empty()) return;
+    if (sharded) {
+      if (cur && !mismatch && !cur->empty() && opt.prefetch_bytes > 0) prefetch_sharded();
+      return;
+    }
+    if (!cur || mismatch || cur->empty()) return;
     const uint64_t n = cur->size();
     uint64_t in_flight = 0;
     for (size_t m = 0; m < cache.size(); ++m) {
@@ -550,6 +622,135 @@ struct TierManager::Impl {
       const uint64_t horizon = prefetch_horizon(*cur, pos - 1, j);
       if (!fetch(m, horizon, /*may_block=*/false, &fetched).is_ok() || !fetched) break;
       in_flight += mods[size_t(m)].p.bytes;
+    }
+  }
+
+  // Module m's gradients for this step are complete in GACC once the d2h stream has run as far
+  // as it is now: called for the last micro-batch right after the work that writes them is
+  // enqueued — by drain_grads unsharded, by flush_bucket for a module's final piece when
+  // sharded (a module's gradients are final only when its bucket has been reduced).
+  // Module m's gradients for this step are complete once the d2h stream has run this far:
+  // its optimizer step may start (under backward when speculating, see begin_speculation).
+  void grads_final(int m) {
+    opt_order.push_back(m);
+    if (spec.active) {
+      auto done = std::shared_ptr<Event>(dev.create_event());
+      dev.record(*done, dev.d2h_stream());
+      spec.ready.emplace_back(m, std::move(done));
+    }
+  }
+
+  // ---- sharded gradient reduction in buckets (TierOptions) ----------------------------------
+  // GACC[m][a, a + len) <- (micro 0) or += (later) `len` reduced floats at device `src`, on
+  // the d2h stream.
+  void accumulate(int m, const float* src, size_t a, size_t len, int micro) {
+    Stream& d2h = dev.d2h_stream();
+    float* acc = static_cast<float*>(mods[size_t(m)].gacc.ptr()) + a;
+    const size_t bytes = len * 4;
+    if (micro == 0) {
+      dev.copy_d2h(d2h, acc, src, bytes);
+    } else {
+      auto landing = host_buf(bytes, "gradient landing buffer");
+      if (!landing.is_ok()) {
+        set_async_error(landing.status());
+        return;
+      }
+      auto lb = std::make_shared<PinnedBuffer>(std::move(landing).value());
+      dev.copy_d2h(d2h, lb->data(), src, bytes);
+      dev.host_fn(d2h, [lb, acc, len] {
+        const float* x = lb->as<float>();
+        for (size_t i = 0; i < len; ++i) acc[i] += x[i];
+        lb->reset();
+      });
+    }
+    std::lock_guard<std::mutex> l(mu);
+    dev_out += bytes;
+  }
+
+  // Reduce-scatters the open bucket on the d2h stream and empties it. One whole module is
+  // reduced in place in its own buffer; anything else is first copied into `bucket`, laid out
+  // as the collective wants it: rank q's part of every piece, in piece order, at q * k.
+  void flush_bucket() {
+    if (open.empty()) return;
+    Stream& d2h = dev.d2h_stream();
+    const int world = opt.grad_comm->size(), rank = opt.grad_comm->rank();
+    const size_t k = open_k;
+    const Piece& p0 = open.front();
+    const bool in_place = open.size() == 1 && p0.a == 0 && p0.len == mods[size_t(p0.m)].sn;
+    float* buf = in_place ? p0.g : bucket;
+    if (!in_place) {
+      size_t o = 0;
+      for (const Piece& p : open) {
+        const size_t sn = mods[size_t(p.m)].sn;
+        for (int q = 0; q < world; ++q) {
+          dev.copy_d2d(d2h, buf + size_t(q) * k + o, p.g + size_t(q) * sn + p.a, p.len * 4);
+        }
+        o += p.len;
+      }
+    }
+    float* mine = buf + size_t(rank) * k;
+    Status st = opt.grad_comm->reduce_scatter(d2h, buf, mine, k, DType::kF32, ReduceOp::kSum);
+    if (!st.is_ok()) {
+      set_async_error(
+          st.with_context(fmt::format("reducing the gradients of {}{}", mods[size_t(p0.m)].name,
+                                      open.size() > 1 ? " and the modules after it" : "")));
+    }
+    size_t o = 0;
+    for (const Piece& p : open) {
+      accumulate(p.m, mine + o, p.a, p.len, p.micro);
+      o += p.len;
+      if (!p.final) continue;
+      Module& mod = mods[size_t(p.m)];
+      if (p.last) {
+        Impl* ip = this;
+        const int m = p.m;
+        float* acc = static_cast<float*>(mod.gacc.ptr());
+        const size_t n = mod.sn;
+        dev.host_fn(d2h, [ip, m, acc, n] {
+          ip->gstats[size_t(m)] = strata::grad_stats(acc, DType::kF32, n);
+        });
+        grads_final(m);
+      }
+      Impl* ip = this;
+      float* g = p.g;
+      const size_t dev_bytes = mod.padded * 4;
+      dev.host_fn(d2h, [ip, g, dev_bytes] {
+        ip->dev.release(g);
+        std::lock_guard<std::mutex> l(ip->mu);
+        ip->device_state_bytes -= round_up(dev_bytes, 256);
+      });
+    }
+    if (!opt.overlap_comm) {
+      // overlap_comm false: the compute stream waits for this reduction.
+      auto ev = std::shared_ptr<Event>(dev.create_event());
+      dev.record(*ev, d2h);
+      dev.wait(dev.compute_stream(), *ev);
+    }
+    const bool shared =
+        std::any_of(open.begin(), open.end(), [&](const Piece& p) { return p.m != p0.m; });
+    {
+      std::lock_guard<std::mutex> l(mu);
+      ++grad_reductions;
+      grad_shared_reductions += shared;
+    }
+    open.clear();
+    open_k = 0;
+  }
+
+  // Module m's gradient buffer g (whole padded group) after its backward: into buckets.
+  void drain_sharded(int m, float* g, int micro, bool last) {
+    const size_t sn = mods[size_t(m)].sn, kc = bucket_kc;
+    // A bucket never spans micro-batches (a module's pieces of two micro-batches would be
+    // accumulated out of order with respect to their copies).
+    if (!open.empty() && open.front().micro != micro) flush_bucket();
+    if (sn <= kc && open_k + sn > kc) flush_bucket();  // a whole module that does not fit
+    if (sn > kc) flush_bucket();  // a large module: bucket-sized pieces of its own
+    for (size_t a = 0; a < sn;) {
+      const size_t len = std::min(kc - open_k, sn - a);
+      open.push_back({m, g, a, len, micro, last, a + len == sn});
+      open_k += len;
+      a += len;
+      if (open_k == kc) flush_bucket();
     }
   }
 };
@@ -586,6 +787,7 @@ TierManager::~TierManager() {
       h->host.reset();
     }
   }
+  if (I.bucket) I.dev.release(I.bucket);
   I.io.reset();
   I.swap.reset();  // removes the swap files
   I.storage.reset();
@@ -678,6 +880,20 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     ws = std::max(ws, pc(layout.block(l)) + g(layout.block(l)) + (layout.tied ? g(E) : 0));
   }
   ws = std::max(ws, g(E) + pc(E));
+  // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the
+  // largest group), and the prefetch window's gathered groups (nothing is evicted for room).
+  size_t bucket_bytes = 0, window_bytes = 0;
+  if (I.sharded) {
+    size_t max_sn = 0, all_gathered = 0;
+    for (const auto& m : I.mods) {
+      max_sn = std::max(max_sn, m.sn);
+      all_gathered += round_up(m.padded * es, 256);
+    }
+    I.bucket_kc = std::clamp<size_t>(options.reduce_bucket_elems / size_t(world), 1, max_sn);
+    bucket_bytes = round_up(I.bucket_kc * size_t(world) * 4, 256);
+    window_bytes = std::min<size_t>(options.prefetch_bytes, all_gathered);
+    ws += bucket_bytes + window_bytes;
+  }
   // Every tier is checked and every shortfall reported together, before anything is allocated
   // or written.
   std::vector<std::string> short_of;
@@ -685,11 +901,17 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   const size_t dev_need = activation_bytes + dev_home + ws;
   if (dev_need > dev_cap) {
     short_of.push_back(fmt::format(
-        "device tier needs {} (activations {}, resident state {}, working set {}) but has {}: "
+        "device tier needs {} (activations {}, resident state {}, working set {}{}) but has {}: "
         "raise device.memory_limit, offload more state (zero_optimization.offload_param.device "
-        "/ offload_optimizer.device), or lower train_micro_batch_size_per_gpu",
+        "/ offload_optimizer.device), or lower train_micro_batch_size_per_gpu{}",
         format_bytes(double(dev_need)), format_bytes(double(activation_bytes)),
-        format_bytes(double(dev_home)), format_bytes(double(ws)), format_bytes(double(dev_cap))));
+        format_bytes(double(dev_home)), format_bytes(double(ws)),
+        I.sharded
+            ? fmt::format(" with a gradient bucket of {} and a prefetch window of {}",
+                          format_bytes(double(bucket_bytes)), format_bytes(double(window_bytes)))
+            : std::string(),
+        format_bytes(double(dev_cap)),
+        I.sharded ? ", zero_optimization.reduce_bucket_size or stage3_prefetch_bucket_size" : ""));
   }
   size_t staging = 0;
   if (pl.params == Tier::kNvme) staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
@@ -772,6 +994,12 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
         I.nvme_used += h->ext.bytes;
       }
     }
+  }
+  if (I.sharded) {
+    STRATA_ASSIGN_OR_RETURN(void* b, device.allocate(bucket_bytes, "gradient reduce bucket"),
+                            "device tier: zero_optimization.reduce_bucket_size");
+    I.bucket = static_cast<float*>(b);
+    I.device_state_bytes += bucket_bytes;
   }
   return std::unique_ptr<TierManager>(new TierManager(std::move(impl)));
 }
@@ -1335,6 +1563,8 @@ Result<const void*> TierManager::acquire_params(int m) {
     ++I.pos;
     return static_cast<const void*>(mod.p.dev);
   }
+  // A bucket left open by the last backward is reduced before the next forward starts.
+  if (I.sharded) I.flush_bucket();
   Impl::Cache& c = I.cache[size_t(m)];
   if (!c.resident) {
     bool fetched = false;
@@ -1360,7 +1590,7 @@ void TierManager::release_params(int m) {
   I.dev.record(*c.last_use, I.dev.compute_stream());
   // Sharded: a gathered group is released as soon as nobody holds it (see TierOptions).
   if (c.pins == 0 && I.sharded) {
-    I.drop(m);
+    if (!I.keep_gathered(m)) I.drop(m);
   } else if (c.pins == 0 && !c.persistent && I.cur && !I.mismatch && c.acq_pos < I.cur->size() &&
              I.cur->reuse_distance(c.acq_pos) > opt_.max_reuse_distance) {
     I.drop(m);
@@ -1392,13 +1622,13 @@ void TierManager::drain_grads(int m, int micro, bool last) {
   I.dev.record(*ev, I.dev.compute_stream());
   Stream& d2h = I.dev.d2h_stream();
   I.dev.wait(d2h, *ev);
-  // Sharded: sum every rank's gradient of this micro-batch into this rank's shard (in place:
-  // the shard's slice of the group buffer), then only the shard leaves the device.
-  float* mine = g + mod.off;
+  // Sharded: every rank's gradient of this micro-batch is summed into this rank's shard by
+  // bucketed reduce-scatters (Impl::drain_sharded); only the shard leaves the device.
   if (I.sharded) {
-    Status s = opt_.grad_comm->reduce_scatter(d2h, g, mine, mod.sn, DType::kF32, ReduceOp::kSum);
-    if (!s.is_ok()) I.set_async_error(s.with_context("reducing " + mod.name + " gradients"));
+    I.drain_sharded(m, g, micro, last);
+    return;
   }
+  float* mine = g;
   if (micro == 0) {
     I.dev.copy_d2h(d2h, acc, mine, bytes);
   } else {
@@ -1426,22 +1656,32 @@ void TierManager::drain_grads(int m, int micro, bool last) {
     ip->device_state_bytes -= round_up(dev_bytes, 256);
     ip->dev_out += bytes;
   });
-  if (last) {
-    I.opt_order.push_back(m);
-    if (I.spec.active) {  // final once the d2h stream has run this far
-      auto done = std::shared_ptr<Event>(I.dev.create_event());
-      I.dev.record(*done, d2h);
-      I.spec.ready.emplace_back(m, std::move(done));
-    }
-  }
+  if (last) I.grads_final(m);
 }
 
 Status TierManager::end_backward() {
   Impl& I = *impl_;
+  if (I.sharded) I.flush_bucket();
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), "");
-  return I.take_async_error();
+  if (I.sharded) {
+    // Gathered groups still cached (prefetched, then a changed order) go before the optimizer
+    // step updates the shards.
+    for (size_t m = 0; m < I.cache.size(); ++m) {
+      if (I.cache[m].resident && I.cache[m].pins == 0) I.drop(int(m));
+    }
+    I.reclaim(true);
+  }
+  STRATA_RETURN_IF_ERROR(I.take_async_error(), "");
+  if (I.sharded) {
+    // A stream-ordered collective that failed while running (a timeout, a dead peer) is kept
+    // by its communicator, not by the stream: without this the step would go on with
+    // gradients or parameters that never arrived.
+    STRATA_RETURN_IF_ERROR(opt_.param_comm->health(), "gathering parameters");
+    STRATA_RETURN_IF_ERROR(opt_.grad_comm->health(), "reducing gradients");
+  }
+  return Status::ok();
 }
 
 GradStats TierManager::grad_stats() const {
@@ -1482,6 +1722,10 @@ TierStats TierManager::stats(Tier t) const {
     case Tier::kDevice: {
       auto d = I.dev.memory_stats();
       s = {d.capacity, d.used, d.peak, I.dev_in, I.dev_out};
+      s.fetches = I.fetches;
+      s.prefetches = I.prefetches;
+      s.grad_reductions = I.grad_reductions;
+      s.grad_shared_reductions = I.grad_shared_reductions;
       break;
     }
     case Tier::kHost:

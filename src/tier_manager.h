@@ -87,15 +87,36 @@ struct TierOptions {
   // into the owned shard on the d2h stream (grad_comm). Two communicators because the two
   // streams run collectives concurrently. Both must be host-buffer communicators on a
   // host-addressable device, or device-buffer ones (nccl) on a CUDA device; they must outlive
-  // the manager. In this mode the device cache holds a gathered group only while acquired
-  // (no prefetch, no persistence), so every rank issues the same collectives in the same
-  // order whatever its timing.
+  // the manager.
+  // Every rank must issue the same collectives in the same order whatever its timing, so when
+  // sharded every decision to gather or drop is a function of the recorded trace and object
+  // sizes only (never of free memory or of which copies have finished):
+  //   - prefetch: after each acquire, every group in the prefetch window is gathered: the
+  //     upcoming trace positions whose distinct groups' gathered bytes add up to at most
+  //     prefetch_bytes (no wrap past the step's end: the optimizer updates the shards);
+  //   - release: a group nobody holds stays cached if its next use lies inside the window from
+  //     the next position, else it is dropped; at end_backward every unheld group is dropped;
+  //   - device memory: nothing is evicted for room; an allocation waits for pending frees and
+  //     fails (out of memory, naming stage3_prefetch_bucket_size) rather than skip a gather;
+  //     the preflight counts the window;
+  //   - no persistence threshold (a persistent group would miss the optimizer's update).
+  // Gradients are reduce-scattered in buckets of reduce_bucket_elems elements (DeepSpeed's
+  // zero_optimization.reduce_bucket_size, over the whole padded groups): the modules drained
+  // one after another share one reduce-scatter until the next would overflow the bucket (or a
+  // new micro-batch starts, or the next forward acquires parameters), through a device bucket
+  // buffer they are copied into; a module larger than the bucket is reduced in bucket-sized
+  // pieces; a bucket that is exactly one whole module is reduced in place. A bucket is capped
+  // at the largest module's padded group, so the device need grows by at most one bucket. All
+  // of it runs on the d2h stream, so with overlap_comm it overlaps the next module's backward;
+  // without, the compute stream waits for each bucket's reduction (DeepSpeed's meaning).
   Communicator* param_comm = nullptr;
   Communicator* grad_comm = nullptr;
-  int buffer_count = 4;                      // optimizer pipeline depth (NVMe state)
-  uint64_t prefetch_bytes = 50'000'000;      // bytes in flight ahead
-  uint64_t max_reuse_distance = UINT64_MAX;  // bytes
-  uint64_t persistence_threshold = 0;        // elements
+  uint64_t reduce_bucket_elems = 500'000'000;  // zero_optimization.reduce_bucket_size
+  bool overlap_comm = true;                    // zero_optimization.overlap_comm
+  int buffer_count = 4;                        // optimizer pipeline depth (NVMe state)
+  uint64_t prefetch_bytes = 50'000'000;        // bytes in flight ahead
+  uint64_t max_reuse_distance = UINT64_MAX;    // bytes
+  uint64_t persistence_threshold = 0;          // elements
   int optimizer_threads = 0;
   // strata.optimizer.delayed_update: a second gradient accumulator per module and host
   // shadows of the parameters (see start_delayed_update), counted in the preflight.
@@ -112,6 +133,14 @@ struct TierStats {
   size_t peak = 0;
   uint64_t bytes_in = 0;   // bytes moved into this tier
   uint64_t bytes_out = 0;  // bytes moved out of this tier
+  // Device tier only: parameter fetches into the device cache (all-gathers when sharded), and
+  // how many of them were prefetches issued ahead of use from the trace.
+  uint64_t fetches = 0;
+  uint64_t prefetches = 0;
+  // Device tier, sharded only: gradient reduce-scatters issued (one per bucket), and how many
+  // of them carried the gradients of more than one module.
+  uint64_t grad_reductions = 0;
+  uint64_t grad_shared_reductions = 0;
 };
 
 // Time split of the work since the last take_times() call, seconds.

@@ -521,7 +521,18 @@ Result<TrainResult> Run::loop() {
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
   auto window_t = Clock::now();
   int64_t window_steps = 0;
-  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0, w_hid = 0;
+  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0, w_comm = 0, w_hid = 0;
+  // Time in collectives (comm_s): parameter gathers (h2d stream) and gradient reduce-scatters
+  // (d2h stream) overlap compute; the main thread's reductions block it. Summed over the three
+  // communicators, so with overlap it can exceed the step's share it actually costs.
+  auto comm_now = [&]() {
+    double t = 0;
+    for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
+      if (c) t += c->busy_seconds();
+    }
+    return t;
+  };
+  double comm_mark = comm_now();
   auto bytes_now = [&]() {
     return std::array<uint64_t, 3>{
         tm_->stats(Tier::kDevice).bytes_in, tm_->stats(Tier::kDevice).bytes_out,
@@ -532,6 +543,10 @@ Result<TrainResult> Run::loop() {
   while (step_ < total) {
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
     const TierTimes tt = tm_->take_times();
+    const double comm_step = comm_now() - comm_mark;
+    comm_mark += comm_step;
+    w_comm += comm_step;
+    r.comm_s += comm_step;
     w_fb += last_fwd_bwd_s_;
     w_opt += tt.optimizer_s;
     w_io += tt.io_wait_s;
@@ -571,9 +586,12 @@ Result<TrainResult> Run::loop() {
       const double dev_mb = double(b[0] - w_bytes[0] + b[1] - w_bytes[1]) / ws / 1048576.0;
       const double nvme_mb = double(b[2] - w_bytes[2]) / ws / 1048576.0;
       if (opts_.progress && report) {
+        // Comm time only means something with several ranks.
+        const std::string comm =
+            world_ > 1 ? fmt::format(", comm {:.0f}", 1e3 * w_comm / ws) : std::string();
         std::printf(
             "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
-            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f (%.0f%% hidden%s), io wait %.0f | "
+            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f (%.0f%% hidden%s), io wait %.0f%s | "
             "moved/step: device %.1f MiB, nvme %.1f MiB | %s elapsed, ETA %s%s\n",
             (long long)step_, (long long)total, loss, lr, last_grad_norm_,
             cfg_.fp16.enabled ? fmt::format("scale {:g} | ", scaler_.scale).c_str() : "", tps,
@@ -582,7 +600,7 @@ Result<TrainResult> Run::loop() {
             r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks).c_str()
             : r.approximate ? ", delayed: approximate"
                             : "",
-            1e3 * w_io / ws, dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
+            1e3 * w_io / ws, comm.c_str(), dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
             last_skipped_ ? " | overflow: step skipped" : "");
         std::fflush(stdout);
       }
@@ -604,7 +622,7 @@ Result<TrainResult> Run::loop() {
                                 {"rollbacks", r.rollbacks},
                                 {"delayed_update", r.approximate},
                                 {"io_wait_s", w_io / ws},
-                                {"comm_s", 0.0},
+                                {"comm_s", w_comm / ws},
                                 {"device_bytes_per_step", dev_mb * 1048576.0},
                                 {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
                      .dump()
@@ -613,12 +631,13 @@ Result<TrainResult> Run::loop() {
       }
       window_t = Clock::now();
       window_steps = 0;
-      w_fb = w_opt = w_io = w_cw = w_hid = 0;
+      w_fb = w_opt = w_io = w_cw = w_comm = w_hid = 0;
       w_bytes = bytes_now();
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");
-      tm_->take_times();  // eval's fetch waits are not the step's
+      tm_->take_times();  // eval's fetch waits and collectives are not the step's
+      comm_mark = comm_now();
       window_t = Clock::now();
     }
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
@@ -640,6 +659,7 @@ Result<TrainResult> Run::loop() {
     if (cfg_.train.checkpoint_interval > 0 && step_ % cfg_.train.checkpoint_interval == 0 &&
         !last) {
       STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "");
+      comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
     }
   }
   if (!r.stopped_early) {
@@ -647,6 +667,10 @@ Result<TrainResult> Run::loop() {
   }
   r.end_step = step_;
   r.weights_crc = tm_->weights_crc();
+  r.param_fetches = tm_->stats(Tier::kDevice).fetches;
+  r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;
+  r.grad_reductions = tm_->stats(Tier::kDevice).grad_reductions;
+  r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const TierStats ts = tm_->stats(t);
     r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});

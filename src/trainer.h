@@ -60,6 +60,16 @@ struct TrainResult {
   double optimizer_hidden_s = 0;
   int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
   bool approximate = false;
+  // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
+  // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
+  // it); 0 on one rank.
+  double comm_s = 0;
+  // Parameter fetches into the device cache (all-gathers when sharded) over this run, eval
+  // included, and how many of them were prefetches issued ahead of use from the recorded
+  // trace; gradient reduce-scatters issued (one per bucket; 0 on one rank), and how many of
+  // them carried more than one module's gradients.
+  uint64_t param_fetches = 0, param_prefetches = 0, grad_reductions = 0;
+  uint64_t grad_shared_reductions = 0;
   struct TierUse {
     std::string name;  // device | host | nvme
     size_t capacity = 0, peak = 0;

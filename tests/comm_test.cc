@@ -314,6 +314,11 @@ TEST(MpiFault, HungRankMakesTheOthersTimeOutNamingIt) {
   EXPECT_NE(l.output.find("timed out after"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("waiting for rank(s) 1"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("rank 2: all_reduce"), std::string::npos) << l.output;
+  // A later call on the broken communicator returns the same failure, naming the rank once.
+  EXPECT_NE(l.output.find("later call: rank 0: all_reduce of 4000 bytes"), std::string::npos)
+      << l.output;
+  EXPECT_EQ(l.output.find("rank 0: rank 0"), std::string::npos) << l.output;
+  EXPECT_EQ(l.output.find("rank 2: rank 2"), std::string::npos) << l.output;
 }
 
 TEST(MpiFault, HungRankFailsAStreamOrderedCollectiveAtSynchronize) {

@@ -78,6 +78,7 @@ struct WorkerArgs {
   int stop_at = -1;               // stop (with a checkpoint) after this step
   std::string resume;             // checkpoint (manifest) path
   int hang_at = -1, die_at = -1;  // rank 1 hangs / kills itself in step N+1 (0-based N)
+  std::vector<std::string> set;   // extra config overrides KEY=VALUE (--set)
 };
 
 Result<Config> worker_config(const WorkerArgs& a, int world) {
@@ -95,6 +96,7 @@ Result<Config> worker_config(const WorkerArgs& a, int world) {
       "strata.log_level=\"warn\"",
       "device.cpu_threads=1",
   };
+  for (const auto& kv : a.set) ov.push_back(kv);
   if (a.placement == "nvme") {
     ov.push_back("zero_optimization.offload_param.device=\"nvme\"");
     ov.push_back("zero_optimization.offload_param.nvme_path=\"" + swap + "\"");
@@ -145,13 +147,28 @@ Status run_worker(const WorkerArgs& a) {
   j["eval"] = ev;
   for (const auto& t : r.tiers) j["tiers"][t.name] = {{"current", t.current}, {"peak", t.peak}};
   j["checkpoint"] = r.last_checkpoint;
+  j["comm_s"] = r.comm_s;
+  j["param_fetches"] = r.param_fetches;
+  j["param_prefetches"] = r.param_prefetches;
+  j["grad_reductions"] = r.grad_reductions;
+  j["grad_shared_reductions"] = r.grad_shared_reductions;
+  // Rank 0's JSONL log: the comm_s of each logged step.
+  if (rank == 0) {
+    json logged = json::array();
+    std::ifstream f(a.out + "/ckpt/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      json e = json::parse(line, nullptr, false);
+      if (e.is_object() && e.contains("comm_s")) logged.push_back(e["comm_s"]);
+    }
+    j["jsonl_comm_s"] = logged;
+  }
   std::ofstream(fmt::format("{}/rank{}.json", a.out, rank)) << j.dump();
   return Status::ok();
 }
 
 int worker_main(int argc, char** argv) {
   // zero3_test --worker OUT PLACEMENT STEPS [--stop-at N] [--resume PATH] [--hang-at N]
-  //            [--die-at N]
+  //            [--die-at N] [--set KEY=VALUE]...
   if (argc < 5) return 2;
   WorkerArgs a;
   a.out = argv[2];
@@ -163,6 +180,7 @@ int worker_main(int argc, char** argv) {
     if (f == "--resume") a.resume = argv[i + 1];
     if (f == "--hang-at") a.hang_at = std::atoi(argv[i + 1]);
     if (f == "--die-at") a.die_at = std::atoi(argv[i + 1]);
+    if (f == "--set") a.set.push_back(argv[i + 1]);
   }
   Status s = run_worker(a);
   if (!s.is_ok()) {
@@ -281,12 +299,96 @@ TEST_P(Zero3Test, DataParallelMatchesOneRankAndShardsState) {
       std::printf(
           "  %s tier in use: rank %d of %d holds %.2f MiB, one rank %.2f MiB (ratio %.3f)\n",
           tier.c_str(), r, np, mine / 1048576.0, ref_state / 1048576.0, mine / ref_state);
+      // tiny-cpu.json prefetches 1e6 elements ahead: with several ranks the gathers are
+      // prefetched from the trace too (deterministically, the same on every rank).
+      if (np > 1) {
+        EXPECT_GT(got["param_prefetches"].get<uint64_t>(), 0u) << "np=" << np << " rank " << r;
+        EXPECT_GT(got["comm_s"].get<double>(), 0.0) << "np=" << np << " rank " << r;
+      }
+    }
+    // The JSONL's comm_s: measured with several ranks, 0 on one.
+    const json got0 = rank_result(out, 0);
+    ASSERT_FALSE(got0["jsonl_comm_s"].empty()) << "np=" << np;
+    for (const auto& c : got0["jsonl_comm_s"]) {
+      if (np > 1) {
+        EXPECT_GT(c.get<double>(), 0.0) << "np=" << np;
+      } else {
+        EXPECT_EQ(c.get<double>(), 0.0);
+      }
     }
   }
   fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, Zero3Test, ::testing::Values("host", "nvme"));
+
+// Gradient buckets, overlap_comm and gather prefetch change when and in how many collectives
+// the same numbers move, never the numbers: a reduce-scatter sums every element over ranks in
+// rank order in fp32 whatever bucket it travels in, and a gather copies. So every variant must
+// give the default run's losses bit for bit (the default itself matches one rank within
+// kLossTolerance: DataParallel*). Bucket sizes (elements over ranks; tiny-cpu's largest module,
+// a block, is ~200k elements): 4096 splits every block into many pieces, 100000 groups the
+// small modules and splits blocks in two or three, the default (5e8, capped at the largest
+// module) reduces each block in place and groups the embedding, final norm and head.
+class Zero3Variants : public ::testing::TestWithParam<int> {};
+
+TEST_P(Zero3Variants, BucketsOverlapAndPrefetchGiveTheSameLosses) {
+  STRATA_NEEDS_MPI();
+  const int np = GetParam();
+  const int steps = 10;
+  const std::string dir = temp_dir(fmt::format("variants_np{}", np));
+  auto run = [&](const std::string& tag, const std::string& sets) {
+    const std::string out = dir + "/" + tag;
+    fs::create_directories(out);
+    Launch l = launch(np, fmt::format("{} host {}{}", out, steps, sets));
+    EXPECT_EQ(l.exit_code, 0) << tag << ":\n" << l.output;
+    return rank_result(out, 0);
+  };
+  const json base = run("default", "");
+  ASSERT_TRUE(base.is_object());
+  const json b4k = run("bucket4096", " --set zero_optimization.reduce_bucket_size=4096");
+  const json b100k = run("bucket100k", " --set zero_optimization.reduce_bucket_size=100000");
+  const json serial = run("no_overlap", " --set zero_optimization.overlap_comm=false");
+  const json nopf = run("no_prefetch", " --set zero_optimization.stage3_prefetch_bucket_size=0");
+  // The optimizer stepped after backward instead of under it (issue #9): also bit for bit.
+  const json plain_opt = run("no_opt_overlap", " --set strata.optimizer.overlap=false");
+  for (const auto& [what, got] : {std::pair<const char*, const json*>{"bucket 4096", &b4k},
+                                  {"bucket 100000", &b100k},
+                                  {"overlap_comm false", &serial},
+                                  {"no prefetch", &nopf},
+                                  {"optimizer after backward", &plain_opt}}) {
+    expect_same_curve(base, *got, 0, fmt::format("np={} {}", np, what), 0.0);
+  }
+  // Buckets. tiny-cpu drains, per micro-batch, the final norm, 4 blocks and the embedding (the
+  // head is tied), in that order: no two small modules are adjacent, so the default bucket
+  // (the largest module) reduces each module alone, in place: per-module reduction, one
+  // collective per module and micro-batch. Smaller buckets split the blocks (more collectives)
+  // and group a block's last piece with the next module (shared collectives).
+  const auto reductions = [](const json& j) { return j["grad_reductions"].get<uint64_t>(); };
+  const auto shared = [](const json& j) { return j["grad_shared_reductions"].get<uint64_t>(); };
+  const uint64_t micro_batches = uint64_t(steps) * 2;
+  EXPECT_EQ(reductions(base), 6 * micro_batches) << "default: one collective per module";
+  EXPECT_EQ(shared(base), 0u);
+  EXPECT_GT(reductions(b100k), reductions(base));
+  EXPECT_GT(shared(b100k), 0u) << "several modules share one collective";
+  EXPECT_GT(reductions(b4k), reductions(b100k));
+  EXPECT_EQ(reductions(serial), reductions(base));
+  // Prefetch: gathers issued ahead of use only with a prefetch window; the same gathers in all.
+  EXPECT_GT(base["param_prefetches"].get<uint64_t>(), 0u);
+  EXPECT_EQ(nopf["param_prefetches"].get<uint64_t>(), 0u);
+  std::printf(
+      "np=%d: reduce-scatters default %llu, bucket 100000 %llu, bucket 4096 %llu; gathers %llu "
+      "(%llu prefetched), without prefetch %llu; comm %.2f s vs %.2f s without prefetch\n",
+      np, (unsigned long long)reductions(base), (unsigned long long)reductions(b100k),
+      (unsigned long long)reductions(b4k),
+      (unsigned long long)base["param_fetches"].get<uint64_t>(),
+      (unsigned long long)base["param_prefetches"].get<uint64_t>(),
+      (unsigned long long)nopf["param_fetches"].get<uint64_t>(), base["comm_s"].get<double>(),
+      nopf["comm_s"].get<double>());
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Zero3Variants, ::testing::Values(2, 3));
 
 TEST(Zero3Reshard, ThreeRanksResumeOnThreeTwoAndOne) {
   STRATA_NEEDS_MPI();
@@ -344,6 +446,11 @@ TEST(Zero3Fault, RankThatHangsMakesTheOthersExitWithinTheTimeout) {
   EXPECT_NE(l.output.find("timed out"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("rank(s) 1"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("step 4: forward/backward"), std::string::npos) << l.output;
+  // The rank is named once (the comm layer once wrapped a broken communicator's failure in a
+  // second "rank R: ").
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(l.output.find(fmt::format("rank {}: rank {}", r, r)), std::string::npos) << l.output;
+  }
   EXPECT_FALSE(fs::exists(dir + "/rank0.json"));
   std::printf("hung rank: job ended after %.1f s (timeout %.0f s), exit %d\n", l.seconds, timeout,
               l.exit_code);

@@ -119,6 +119,15 @@ class Communicator {
   // The sticky failure of this communicator, or OK.
   virtual Status health() const = 0;
 
+  // Seconds this communicator's collectives have taken since it was created, summed over
+  // collectives (stream-ordered and blocking, failed ones included): from the moment a
+  // collective starts on this rank to its end, so the wait for the slowest peer counts. Host
+  // backends time run() on the thread that runs it; nccl times the collectives on its stream
+  // with CUDA events and counts only those that have completed when asked. Stream-ordered
+  // collectives overlap other streams' work: this is time spent communicating, not time lost.
+  // Safe from any thread (the trainer reads it between steps for the JSONL's comm_s).
+  virtual double busy_seconds() = 0;
+
   // What the backends implement. `op` describes one collective; the checks of the public
   // wrappers (count, root, dtype) have already passed.
   enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
@@ -139,7 +148,10 @@ class Communicator {
   virtual Status run_blocking(const Op& op) = 0;
 
  private:
+  // The sticky failure as it is (it names the rank), else the argument checks' failure with
+  // "rank R: " in front, else OK.
   Status check(const Op& op) const;
+  Status check_args(const Op& op) const;
   double timeout_s_;
 };
 

@@ -35,6 +35,7 @@ class HostCommunicator : public Communicator {
   BufferSpace buffer_space() const override { return BufferSpace::kHost; }
   Status synchronize(Stream& stream) override;
   Status health() const override;
+  double busy_seconds() override;
 
  protected:
   Status enqueue(Stream& stream, const Op& op) override;
@@ -49,6 +50,7 @@ class HostCommunicator : public Communicator {
   std::mutex run_mu_;  // one collective at a time (see the ordering rule)
   mutable std::mutex mu_;
   Status failure_;
+  double busy_s_ = 0;  // under mu_
 };
 
 Result<std::unique_ptr<Communicator>> create_single(Device* device, double timeout_s);

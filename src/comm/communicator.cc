@@ -1,6 +1,7 @@
 // The Communicator's public wrappers (argument checks), the host-backend base, the shared
 // rank-order reduction, ShardLayout and the backend factory.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,10 +28,18 @@ const char* Communicator::kind_name(Kind kind) {
   }
 }
 
+// A failed check names this rank once: the sticky failure already does (the backends write
+// "rank R: ..."), and the argument errors get it here. Wrapping the sticky failure again printed
+// "rank 0: rank 0: ..." on every call after a timeout.
 Status Communicator::check(const Op& op) const {
   if (Status h = health(); !h.is_ok()) return h;
-  const char* name = kind_name(op.kind);
   if (op.kind == Kind::kBarrier) return Status::ok();
+  Status s = check_args(op);
+  return s.is_ok() ? s : s.with_context(fmt::format("rank {}", rank()));
+}
+
+Status Communicator::check_args(const Op& op) const {
+  const char* name = kind_name(op.kind);
   if (op.dtype != DType::kF32 && op.dtype != DType::kBF16 && op.dtype != DType::kF16) {
     return invalid_argument(fmt::format("{}: unknown dtype {}", name, int(op.dtype)));
   }
@@ -49,57 +58,57 @@ Status Communicator::check(const Op& op) const {
 
 Status Communicator::all_gather(Stream& s, const void* send, void* recv, size_t count, DType t) {
   Op op{Kind::kAllGather, send, recv, count, t};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
 Status Communicator::reduce_scatter(Stream& s, const void* send, void* recv, size_t count, DType t,
                                     ReduceOp r) {
   Op op{Kind::kReduceScatter, send, recv, count, t, r};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
 Status Communicator::all_reduce(Stream& s, const void* send, void* recv, size_t count, DType t,
                                 ReduceOp r) {
   Op op{Kind::kAllReduce, send, recv, count, t, r};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
 Status Communicator::broadcast(Stream& s, void* buf, size_t count, DType t, int root) {
   Op op{Kind::kBroadcast, nullptr, buf, count, t, ReduceOp::kSum, root};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
 Status Communicator::barrier(Stream& s) {
   Op op{Kind::kBarrier};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
 
 Status Communicator::all_gather_blocking(const void* send, void* recv, size_t count, DType t) {
   Op op{Kind::kAllGather, send, recv, count, t};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
 Status Communicator::reduce_scatter_blocking(const void* send, void* recv, size_t count, DType t,
                                              ReduceOp r) {
   Op op{Kind::kReduceScatter, send, recv, count, t, r};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
 Status Communicator::all_reduce_blocking(const void* send, void* recv, size_t count, DType t,
                                          ReduceOp r) {
   Op op{Kind::kAllReduce, send, recv, count, t, r};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
 Status Communicator::broadcast_blocking(void* buf, size_t count, DType t, int root) {
   Op op{Kind::kBroadcast, nullptr, buf, count, t, ReduceOp::kSum, root};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
 Status Communicator::barrier_blocking() {
   Op op{Kind::kBarrier};
-  STRATA_RETURN_IF_ERROR(check(op), fmt::format("rank {}", rank()));
+  if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
 
@@ -209,9 +218,20 @@ void HostCommunicator::fail(const Status& s) {
 Status HostCommunicator::run_blocking(const Op& op) {
   std::lock_guard<std::mutex> lock(run_mu_);
   if (Status h = health(); !h.is_ok()) return h;
+  const auto t0 = std::chrono::steady_clock::now();
   Status s = run(op);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    busy_s_ += secs;
+  }
   if (!s.is_ok()) fail(s);
   return s;
+}
+
+double HostCommunicator::busy_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_s_;
 }
 
 Status HostCommunicator::enqueue(Stream& stream, const Op& op) {

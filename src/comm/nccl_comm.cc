@@ -11,6 +11,9 @@
 // overlaps with work on other streams. Inside group_begin/group_end the launches are one NCCL
 // group and the joins back to the callers' streams happen at group_end.
 //
+// Busy time: a pair of timing events brackets each launch (a whole group: group_begin to
+// group_end) on the NCCL stream; busy_seconds() adds up the pairs that have completed.
+//
 // Timeouts: NCCL kernels spin until their peers arrive, so the waits (synchronize, the blocking
 // forms) poll a CUDA event and ncclCommGetAsyncError against the deadline; past it the NCCL
 // communicator is aborted (which frees the GPU from the spinning kernels) and the failure
@@ -20,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -57,6 +61,11 @@ class NcclCommunicator final : public Communicator {
     if (ev_in_ != nullptr) cudaEventDestroy(ev_in_);
     if (ev_out_ != nullptr) cudaEventDestroy(ev_out_);
     if (ev_wait_ != nullptr) cudaEventDestroy(ev_wait_);
+    for (auto& [a, b] : timed_) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -106,15 +115,23 @@ class NcclCommunicator final : public Communicator {
 
   void group_begin() override {
     if (group_depth_++ == 0) {
+      group_timer_ = timer_start();
       note(nccl(ncclGroupStart(), "ncclGroupStart"));
       group_streams_.clear();
     }
+  }
+
+  double busy_seconds() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    reap_timers_locked();
+    return busy_s_;
   }
 
   Status group_end() override {
     if (group_depth_ == 0) return invalid_argument("nccl: group_end without group_begin");
     if (--group_depth_ > 0) return health();
     note(nccl(ncclGroupEnd(), "ncclGroupEnd"));
+    timer_end(group_timer_);
     for (cudaStream_t s : group_streams_) join_back(s);
     group_streams_.clear();
     return health();
@@ -134,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t s = cuda_stream(stream).handle;
     Status st = cuda(cudaEventRecord(ev_in_, s), "recording the caller's stream");
     if (st.is_ok()) st = cuda(cudaStreamWaitEvent(stream_, ev_in_, 0), "joining the streams");
-    if (st.is_ok()) st = launch(op);
+    if (st.is_ok()) st = timed_launch(op);
     if (!st.is_ok()) {
       fail(st);
       return st;
@@ -154,7 +171,7 @@ class NcclCommunicator final : public Communicator {
       return invalid_argument(
           fmt::format("rank {}: nccl: {}_blocking inside a group", rank_, kind_name(op.kind)));
     }
-    Status st = launch(op);
+    Status st = timed_launch(op);
     if (st.is_ok()) st = cuda(cudaEventRecord(ev_wait_, stream_), "recording the done event");
     if (st.is_ok()) st = wait_event(ev_wait_, describe(op, size_));
     if (!st.is_ok()) fail(st);
@@ -184,6 +201,57 @@ class NcclCommunicator final : public Communicator {
   void join_back(cudaStream_t s) {
     note(cuda(cudaEventRecord(ev_out_, stream_), "recording the collective's end"));
     note(cuda(cudaStreamWaitEvent(s, ev_out_, 0), "joining back to the caller's stream"));
+  }
+
+  // --- busy time: timing events around launches on stream_ -----------------------------------
+  // Returns a started event (recorded on stream_), or nullptr if events cannot be had (the time
+  // is then not counted; a collective never fails for want of a timer).
+  cudaEvent_t timer_start() {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!spare_events_.empty()) {
+        e = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    if (e == nullptr && cudaEventCreate(&e) != cudaSuccess) return nullptr;
+    if (cudaEventRecord(e, stream_) != cudaSuccess) {
+      cudaEventDestroy(e);
+      return nullptr;
+    }
+    return e;
+  }
+  void timer_end(cudaEvent_t start) {
+    if (start == nullptr) return;
+    cudaEvent_t e = timer_start();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (e == nullptr) {
+      spare_events_.push_back(start);
+      return;
+    }
+    timed_.emplace_back(start, e);
+    if (timed_.size() > 4096) reap_timers_locked();
+  }
+  // Adds the completed pairs (in launch order) to busy_s_ and recycles their events.
+  void reap_timers_locked() {
+    while (!timed_.empty() && cudaEventQuery(timed_.front().second) == cudaSuccess) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, timed_.front().first, timed_.front().second) == cudaSuccess) {
+        busy_s_ += double(ms) / 1e3;
+      }
+      spare_events_.push_back(timed_.front().first);
+      spare_events_.push_back(timed_.front().second);
+      timed_.pop_front();
+    }
+  }
+  // A launch timed on its own; inside a group the group's pair times it.
+  Status timed_launch(const Op& op) {
+    if (group_depth_ > 0) return launch(op);
+    cudaEvent_t t = timer_start();
+    Status st = launch(op);
+    timer_end(t);
+    return st;
   }
 
   Status launch(const Op& op) {
@@ -254,8 +322,13 @@ class NcclCommunicator final : public Communicator {
   void* barrier_buf_ = nullptr;
   int group_depth_ = 0;
   std::vector<cudaStream_t> group_streams_;
+  cudaEvent_t group_timer_ = nullptr;
   mutable std::mutex mu_;
   Status failure_;
+  // Timing event pairs not yet added to busy_s_, and events to reuse; under mu_.
+  std::deque<std::pair<cudaEvent_t, cudaEvent_t>> timed_;
+  std::vector<cudaEvent_t> spare_events_;
+  double busy_s_ = 0;
 };
 
 }  // namespace
