@@ -455,12 +455,19 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
-  // Combination. GPU: transfers and collectives overlap compute (prefetch), the optimizer pass
-  // (CPU Adam pipelined with its NVMe traffic) follows. CPU backend: compute, copies and the
-  // optimizer share the same cores, so they add; NVMe transfers overlap (io threads).
+  // Combination. GPU: transfers and collectives overlap compute (prefetch); the optimizer pass
+  // (CPU Adam pipelined with its NVMe traffic) follows backward, or with the optimizer under
+  // backward starts when backward does (a third of compute in) and its reads with the step.
+  // CPU backend: compute, copies and the optimizer share the same cores, so they add; NVMe
+  // transfers run on I/O threads under the optimizer, or under the whole step when overlapped.
   const double nvme_opt_s = t.nvme_s;
-  if (pf.cpu_backend) {
+  if (pf.cpu_backend && r.overlap_optimizer) {
+    t.step_s = std::max(t.compute_s + t.link_s + t.cpu_optim_s + t.collectives_s, nvme_opt_s);
+  } else if (pf.cpu_backend) {
     t.step_s = t.compute_s + t.link_s + std::max(t.cpu_optim_s, nvme_opt_s) + t.collectives_s;
+  } else if (r.overlap_optimizer) {
+    const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
+    t.step_s = std::max({dev, t.compute_s / 3.0 + t.cpu_optim_s, nvme_opt_s});
   } else {
     t.step_s =
         std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, nvme_opt_s);
@@ -530,6 +537,7 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.dtype = cfg.model.dtype;
   r.moment_dtype = cfg.strata.moment_dtype;
   r.buffer_count = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
   r.hw = hw;
   r.profile = profile;

@@ -121,6 +121,9 @@ struct PlanRequest {
   DType moment_dtype = DType::kF32;
   int buffer_count = 4;                  // optimizer pipeline depth (offload_optimizer)
   uint64_t prefetch_bytes = 50'000'000;  // params in flight ahead (bytes)
+  // strata.optimizer.overlap: the CPU optimizer steps each module under the rest of backward
+  // (its NVMe reads start with the step), instead of after it.
+  bool overlap_optimizer = true;
   Hardware hw;
   MachineProfile profile;
 };

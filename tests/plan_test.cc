@@ -253,12 +253,36 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   EXPECT_NEAR(o->time.cpu_optim_s, P / 1e8, 1e-9);
   // Optimizer state on NVMe: 12 B/param read at 2 GB/s and written at 1 GB/s.
   EXPECT_NEAR(o->time.nvme_s, 12 * P / 2e9 + 12 * P / 1e9, 1e-6);
-  // GPU: compute and link overlap; the optimizer phase (max of CPU Adam and its NVMe) follows.
-  EXPECT_NEAR(
-      o->time.step_s,
-      std::max(o->time.compute_s, o->time.link_s) + std::max(o->time.cpu_optim_s, o->time.nvme_s),
-      1e-9);
+  // GPU, optimizer under backward (default): compute and link overlap; CPU Adam starts a third
+  // of the way in, its NVMe traffic with the step.
+  EXPECT_NEAR(o->time.step_s,
+              std::max({o->time.compute_s, o->time.link_s,
+                        o->time.compute_s / 3 + o->time.cpu_optim_s, o->time.nvme_s}),
+              1e-9);
   EXPECT_EQ(o->time.bottleneck, "nvme");
+  // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
+  r.overlap_optimizer = false;
+  auto p = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_NEAR(
+      p->time.step_s,
+      std::max(p->time.compute_s, p->time.link_s) + std::max(p->time.cpu_optim_s, p->time.nvme_s),
+      1e-9);
+  EXPECT_GT(p->time.step_s, o->time.step_s);
+  // CPU backend: compute, copies and CPU Adam share the cores; NVMe runs under the whole step
+  // when overlapped, only under the optimizer pass when not.
+  r.profile.cpu_backend = true;
+  auto c = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(c.is_ok());
+  const auto& t = c->time;
+  EXPECT_NEAR(t.step_s,
+              t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s, 1e-9);
+  r.overlap_optimizer = true;
+  auto co = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(co.is_ok());
+  const auto& u = co->time;
+  EXPECT_NEAR(u.step_s,
+              std::max(u.compute_s + u.link_s + u.cpu_optim_s + u.collectives_s, u.nvme_s), 1e-9);
 }
 
 TEST(Plan, ProfileFromTheProbeIsReadBack) {
