@@ -133,6 +133,13 @@ int cmd_train(int argc, char** argv) {
                 format_bytes(double(t.bytes_in)).c_str(), format_bytes(double(t.bytes_out)).c_str(),
                 res.world_size > 1 ? " (rank 0's share)" : "");
   }
+  if (res.optimizer_s > 0) {
+    std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
+                res.optimizer_s, 100.0 * res.optimizer_hidden_s / res.optimizer_s,
+                res.approximate ? "the next step (delayed update: approximate)" : "backward",
+                (long long)res.rollbacks,
+                res.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "");
+  }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
               res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s, res.last_checkpoint.c_str());
