@@ -13,6 +13,7 @@
 // speed-up per size and thread count.
 //
 // bench_cpu_optim --pairs=N instead prints the interleaved fastest-pass table (docs/BENCHMARKS.md);
+// bench_cpu_optim --ab=N instead prints the bf16-vs-fp32-moment A/B table (median of N rounds);
 // bench_cpu_optim --accuracy=1 instead prints the bf16-moment accuracy experiment (CPU_OPTIM.md).
 // Run: build-optim/tests/bench_cpu_optim [--sizes=1,16,64,256] [--threads=1,2] [--rounds=3]
 //        [--benchmark_filter=...]   (sizes in Mi parameters; 256 allocates ~4.5 GiB).
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -432,6 +434,89 @@ void pairs_table(const std::vector<int64_t>& sizes, const std::vector<int64_t>& 
   }
 }
 
+// --ab=N: the bf16-moment speed-up, measured A/B. Both states (fp32 moments and bf16 moments)
+// are allocated side by side and each of N rounds runs one pass of each of four kernels back to
+// back: AdamW with fp32 moments, AdamW with bf16 moments, and the limit kernel for each (bf16
+// grads, bf16 lp_out, weight decay, as above); the order alternates between rounds. On a shared
+// machine the two AdamW passes of a round see nearly the same background, so the per-round
+// ratio bf16/fp32 is the robust statistic; its median is reported with the medians (and the
+// fastest passes) of each kernel. With one thread the step runs on the calling thread, so the
+// thread's CPU time is reported too (time the core spent on the pass, excluding preemption).
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t k = x.size() / 2;
+  return x.size() % 2 ? x[k] : 0.5 * (x[k - 1] + x[k]);
+}
+
+void ab_table(const std::vector<int64_t>& sizes, const std::vector<int64_t>& threads, int rounds) {
+  using Clock = std::chrono::steady_clock;
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.weight_decay = 0.01f;
+  h.step = 10;
+  std::printf(
+      "ISA %s; %d interleaved rounds; AdamW bf16 grads, bf16 lp_out; Mparams/s from the median "
+      "pass (fastest pass in brackets)\n",
+      cpu_isa_name(active_cpu_isa()), rounds);
+  std::printf(
+      "| params | threads | limit fp32 m | AdamW fp32 m | of limit | limit bf16 m | AdamW bf16 m |"
+      " of limit | bf16/fp32 (median of per-round ratios) | same, thread CPU time |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int64_t nm : sizes) {
+    const size_t n = static_cast<size_t>(nm) << 20;
+    State s32(n, DType::kF32), s16(n, DType::kBF16);
+    const ShardState a32 = s32.shard(DType::kBF16), a16 = s16.shard(DType::kBF16);
+    for (int64_t t64 : threads) {
+      const int t = static_cast<int>(t64);
+      // Kernels 0..3: limit fp32 m, AdamW fp32 m, limit bf16 m, AdamW bf16 m.
+      std::vector<double> wall[4], cpu[4], ratio, ratio_cpu;
+      auto run = [&](int k) {
+        const ShardState& s = k < 2 ? a32 : a16;
+        const auto t0 = Clock::now();
+        const double c0 = thread_cpu_seconds();
+        if (k % 2 == 0) {
+          limit_step(s, t, true);
+        } else {
+          optimizer_step(h, s, t);
+        }
+        cpu[k].push_back(thread_cpu_seconds() - c0);
+        wall[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      };
+      for (int k = 0; k < 4; ++k) run(k);  // warm-up
+      for (int k = 0; k < 4; ++k) wall[k].clear(), cpu[k].clear();
+      for (int r = 0; r < rounds; ++r) {
+        static const int kOrder[2][4] = {{0, 1, 3, 2}, {2, 3, 1, 0}};
+        for (int k : kOrder[r % 2]) run(k);
+        ratio.push_back(wall[1].back() / wall[3].back());
+        ratio_cpu.push_back(cpu[1].back() / cpu[3].back());
+      }
+      auto rate = [&](int k) { return n / median(wall[k]) / 1e6; };
+      auto best = [&](int k) {
+        return n / *std::min_element(wall[k].begin(), wall[k].end()) / 1e6;
+      };
+      std::printf(
+          "| %lldM | %d | %.0f [%.0f] | %.0f [%.0f] | %.1f%% | %.0f [%.0f] | %.0f [%.0f] | "
+          "%.1f%% | %.2fx |",
+          static_cast<long long>(nm), t, rate(0), best(0), rate(1), best(1),
+          100.0 * rate(1) / rate(0), rate(2), best(2), rate(3), best(3), 100.0 * rate(3) / rate(2),
+          median(ratio));
+      if (t == 1) {
+        std::printf(" %.2fx (%.0f vs %.0f Mp/s) |\n", median(ratio_cpu), n / median(cpu[3]) / 1e6,
+                    n / median(cpu[1]) / 1e6);
+      } else {
+        std::printf(" |\n");
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 // --accuracy: the bf16-moment accuracy experiment quoted in docs/CPU_OPTIM.md. AdamW on a noisy
 // quadratic 0.5 * c_i * (p_i - t_i)^2 (c_i log-normal), gradient noise decaying as
 // 1 / (1 + t/300), fp32 and bf16 moments side by side from the same noise.
@@ -527,6 +612,11 @@ int main(int argc, char** argv) {
         for (int gb : {32, 16}) reg("BM_GradStats", BM_GradStats, n, t, gb, 0.3);
       }
     }
+  }
+  const std::string ab = take_flag(&argc, argv, "--ab");
+  if (!ab.empty()) {
+    ab_table(sizes, threads, std::atoi(ab.c_str()));
+    return 0;
   }
   const std::string pairs = take_flag(&argc, argv, "--pairs");
   if (!pairs.empty()) {
