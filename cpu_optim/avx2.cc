@@ -9,7 +9,7 @@ namespace {
 
 struct Avx2Ops {
   static constexpr size_t W = 8;
-  static constexpr int kUnroll = 2;
+  static constexpr int kUnroll = 2;  // measured a little faster than 1 (same bits either way)
   using F = __m256;
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }

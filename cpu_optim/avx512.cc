@@ -65,8 +65,8 @@ struct Avx512Ops {
   using H = __m256i;  // 16 packed bf16
   static void store_h(uint16_t* p, H h) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h); }
   static void stream_h(uint16_t* p, H h) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h); }
-  // With AVX512_BF16: vcvtneps2bf16 alone, exact except on fp32 subnormal inputs, which are
-  // recorded in the check mask (one test and branch per group of vectors, in step_impl.h).
+  // With AVX512_BF16: vcvtneps2bf16 alone, exact except on fp32 subnormal inputs, which show in
+  // the check vector (one test and branch per group of vectors, in step_impl.h).
   static constexpr bool kBf16Fast = kHwBf16;
   // The check, in integer vector ops on the converted words (a vfpclassps, or any mask test,
   // per vector measured slower): vcvtneps2bf16 turns exactly the subnormal inputs into words
