@@ -31,7 +31,7 @@ struct StepConsts {
   float step_size = 0;     // lr / bias_correction1
   float inv_bc2_sqrt = 0;  // 1 / sqrt(bias_correction2)
   bool has_wd = false;     // weight_decay != 0
-  bool lp_stream = false;  // lp_out may use non-temporal stores (32-byte aligned at tile starts)
+  bool lp_stream = false;  // lp_out may use non-temporal stores (64-byte aligned at tile starts)
 };
 
 // Steps elements [begin, end) of the shard. begin is a multiple of the vector width.

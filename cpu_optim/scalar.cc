@@ -9,6 +9,7 @@ namespace {
 
 struct ScalarOps {
   static constexpr size_t W = 1;
+  static constexpr int kUnroll = 1;
   using F = float;
   static F set1(float x) { return x; }
   static F add(F a, F b) { return a + b; }
@@ -21,14 +22,17 @@ struct ScalarOps {
   static void store(float* p, F x) { *p = x; }
   static void stream(float* p, F x) { *p = x; }
   static F load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
-  static void store_bf16(uint16_t* p, F x) { *p = f32_to_bf16(x); }
-  static void stream_bf16(uint16_t* p, F x) { *p = f32_to_bf16(x); }
+  using H = uint16_t;
+  static H to_bf16(F x) { return f32_to_bf16(x); }
+  static void store_h(uint16_t* p, H h) { *p = h; }
+  static void stream_h(uint16_t* p, H h) { *p = h; }
+  static constexpr bool kBf16Fast = false;
+  static constexpr bool kBf16Pairs = false;
   static F load_f16(const uint16_t* p) { return f16_to_f32(*p); }
   static void store_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
   static void stream_f16(uint16_t* p, F x) { *p = f32_to_f16(x); }
   static constexpr size_t kPrefetchElems = 0;  // hardware prefetch only
   static void prefetch(const void*) {}
-  static void prefetchw(void*) {}
   static void fence() {}
 
   struct Acc {

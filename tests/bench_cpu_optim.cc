@@ -13,6 +13,7 @@
 // speed-up per size and thread count.
 //
 // bench_cpu_optim --pairs=N instead prints the interleaved fastest-pass table (docs/BENCHMARKS.md);
+// bench_cpu_optim --ab=N instead prints the bf16-vs-fp32-moment A/B table (median of N rounds);
 // bench_cpu_optim --accuracy=1 instead prints the bf16-moment accuracy experiment (CPU_OPTIM.md).
 // Run: build-optim/tests/bench_cpu_optim [--sizes=1,16,64,256] [--threads=1,2] [--rounds=3]
 //        [--benchmark_filter=...]   (sizes in Mi parameters; 256 allocates ~4.5 GiB).
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -139,51 +141,64 @@ double bytes_per_param(DType grad_t, DType mt) {
 
 // Loads, then an empty asm that claims to change the values (so the stores are real and no
 // arithmetic is done), then the in-place stores and the lp store. `sink` keeps grad "used".
-// kPrefetch: the same software prefetch as the optimizer's AVX-512 loop (1024 elements ahead on
-// every stream); the summary takes the faster of the two variants as the limit.
+// Two vectors (32 elements) per iteration with whole-line (64-byte) stores on every stream, as
+// the optimizer's AVX-512 loop does (its bf16 outputs of a vector pair go out as one line).
+// kPrefetch: the same software prefetch as the optimizer's AVX-512 loop (1024 elements ahead,
+// one per line of every stream); the summary takes the faster of the two variants as the limit.
 template <bool kBf16Moments, bool kPrefetch>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void limit_avx512(const ShardState& s,
                                                                        size_t b, size_t e,
                                                                        bool stream) {
   const uint16_t* g = static_cast<const uint16_t*>(s.grad);
   uint16_t* lp = static_cast<uint16_t*>(s.lp_out);
-  const size_t ms = kBf16Moments ? 2 : 4;
+  constexpr size_t ms = kBf16Moments ? 2 : 4;
   size_t i = b;
-  for (; i + 16 <= e; i += 16) {
+  for (; i + 32 <= e; i += 32) {
     if constexpr (kPrefetch) {
       const size_t a = i + 1024;
-      if (a < e) {
+      if (a + 32 <= e) {
         _mm_prefetch(reinterpret_cast<const char*>(g + a), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(s.master + a), _MM_HINT_T0);
-        _mm_prefetch(static_cast<const char*>(s.m) + a * ms, _MM_HINT_T0);
-        _mm_prefetch(static_cast<const char*>(s.v) + a * ms, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(s.master + a + 16), _MM_HINT_T0);
+        for (size_t l = 0; l < 32 * ms; l += 64) {
+          _mm_prefetch(static_cast<const char*>(s.m) + a * ms + l, _MM_HINT_T0);
+          _mm_prefetch(static_cast<const char*>(s.v) + a * ms + l, _MM_HINT_T0);
+        }
       }
     }
-    __m256i gv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-    __m512 p = _mm512_loadu_ps(s.master + i);
+    __m512i gv = _mm512_loadu_si512(g + i);
+    __m512 p0 = _mm512_loadu_ps(s.master + i), p1 = _mm512_loadu_ps(s.master + i + 16);
     if constexpr (kBf16Moments) {
       uint16_t* m = static_cast<uint16_t*>(s.m) + i;
       uint16_t* v = static_cast<uint16_t*>(s.v) + i;
-      __m256i mv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m));
-      __m256i vv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
-      asm volatile("" : "+v"(p), "+v"(mv), "+v"(vv) : "v"(gv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(m), mv);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), vv);
+      __m512i mv = _mm512_loadu_si512(m);
+      __m512i vv = _mm512_loadu_si512(v);
+      asm volatile("" : "+v"(p0), "+v"(p1), "+v"(mv), "+v"(vv) : "v"(gv));
+      _mm512_storeu_si512(m, mv);
+      _mm512_storeu_si512(v, vv);
     } else {
       float* m = static_cast<float*>(s.m) + i;
       float* v = static_cast<float*>(s.v) + i;
-      __m512 mv = _mm512_loadu_ps(m);
-      __m512 vv = _mm512_loadu_ps(v);
-      asm volatile("" : "+v"(p), "+v"(mv), "+v"(vv) : "v"(gv));
-      _mm512_storeu_ps(m, mv);
-      _mm512_storeu_ps(v, vv);
+      __m512 m0 = _mm512_loadu_ps(m), m1 = _mm512_loadu_ps(m + 16);
+      __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      asm volatile("" : "+v"(p0), "+v"(p1), "+v"(m0), "+v"(m1), "+v"(v0), "+v"(v1) : "v"(gv));
+      _mm512_storeu_ps(m, m0);
+      _mm512_storeu_ps(m + 16, m1);
+      _mm512_storeu_ps(v, v0);
+      _mm512_storeu_ps(v + 16, v1);
     }
-    _mm512_storeu_ps(s.master + i, p);
-    __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16));
+    _mm512_storeu_ps(s.master + i, p0);
+    _mm512_storeu_ps(s.master + i + 16, p1);
+    // The high halves of p0 and p1 as 32 packed words (truncation: no arithmetic to speak of).
+    const __m512i idx =
+        _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
+                         25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i h =
+        _mm512_permutex2var_epi16(_mm512_castps_si512(p0), idx, _mm512_castps_si512(p1));
     if (stream) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(lp + i), h);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(lp + i), h);
     } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lp + i), h);
+      _mm512_storeu_si512(lp + i, h);
     }
   }
   if (stream) _mm_sfence();
@@ -432,6 +447,89 @@ void pairs_table(const std::vector<int64_t>& sizes, const std::vector<int64_t>& 
   }
 }
 
+// --ab=N: the bf16-moment speed-up, measured A/B. Both states (fp32 moments and bf16 moments)
+// are allocated side by side and each of N rounds runs one pass of each of four kernels back to
+// back: AdamW with fp32 moments, AdamW with bf16 moments, and the limit kernel for each (bf16
+// grads, bf16 lp_out, weight decay, as above); the order alternates between rounds. On a shared
+// machine the two AdamW passes of a round see nearly the same background, so the per-round
+// ratio bf16/fp32 is the robust statistic; its median is reported with the medians (and the
+// fastest passes) of each kernel. With one thread the step runs on the calling thread, so the
+// thread's CPU time is reported too (time the core spent on the pass, excluding preemption).
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t k = x.size() / 2;
+  return x.size() % 2 ? x[k] : 0.5 * (x[k - 1] + x[k]);
+}
+
+void ab_table(const std::vector<int64_t>& sizes, const std::vector<int64_t>& threads, int rounds) {
+  using Clock = std::chrono::steady_clock;
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kAdamW;
+  h.weight_decay = 0.01f;
+  h.step = 10;
+  std::printf(
+      "ISA %s; %d interleaved rounds; AdamW bf16 grads, bf16 lp_out; Mparams/s from the median "
+      "pass (fastest pass in brackets)\n",
+      cpu_isa_name(active_cpu_isa()), rounds);
+  std::printf(
+      "| params | threads | limit fp32 m | AdamW fp32 m | of limit | limit bf16 m | AdamW bf16 m |"
+      " of limit | bf16/fp32 (median of per-round ratios) | same, thread CPU time |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int64_t nm : sizes) {
+    const size_t n = static_cast<size_t>(nm) << 20;
+    State s32(n, DType::kF32), s16(n, DType::kBF16);
+    const ShardState a32 = s32.shard(DType::kBF16), a16 = s16.shard(DType::kBF16);
+    for (int64_t t64 : threads) {
+      const int t = static_cast<int>(t64);
+      // Kernels 0..3: limit fp32 m, AdamW fp32 m, limit bf16 m, AdamW bf16 m.
+      std::vector<double> wall[4], cpu[4], ratio, ratio_cpu;
+      auto run = [&](int k) {
+        const ShardState& s = k < 2 ? a32 : a16;
+        const auto t0 = Clock::now();
+        const double c0 = thread_cpu_seconds();
+        if (k % 2 == 0) {
+          limit_step(s, t, true);
+        } else {
+          optimizer_step(h, s, t);
+        }
+        cpu[k].push_back(thread_cpu_seconds() - c0);
+        wall[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      };
+      for (int k = 0; k < 4; ++k) run(k);  // warm-up
+      for (int k = 0; k < 4; ++k) wall[k].clear(), cpu[k].clear();
+      for (int r = 0; r < rounds; ++r) {
+        static const int kOrder[2][4] = {{0, 1, 3, 2}, {2, 3, 1, 0}};
+        for (int k : kOrder[r % 2]) run(k);
+        ratio.push_back(wall[1].back() / wall[3].back());
+        ratio_cpu.push_back(cpu[1].back() / cpu[3].back());
+      }
+      auto rate = [&](int k) { return n / median(wall[k]) / 1e6; };
+      auto best = [&](int k) {
+        return n / *std::min_element(wall[k].begin(), wall[k].end()) / 1e6;
+      };
+      std::printf(
+          "| %lldM | %d | %.0f [%.0f] | %.0f [%.0f] | %.1f%% | %.0f [%.0f] | %.0f [%.0f] | "
+          "%.1f%% | %.2fx |",
+          static_cast<long long>(nm), t, rate(0), best(0), rate(1), best(1),
+          100.0 * rate(1) / rate(0), rate(2), best(2), rate(3), best(3), 100.0 * rate(3) / rate(2),
+          median(ratio));
+      if (t == 1) {
+        std::printf(" %.2fx (%.0f vs %.0f Mp/s) |\n", median(ratio_cpu), n / median(cpu[3]) / 1e6,
+                    n / median(cpu[1]) / 1e6);
+      } else {
+        std::printf(" |\n");
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 // --accuracy: the bf16-moment accuracy experiment quoted in docs/CPU_OPTIM.md. AdamW on a noisy
 // quadratic 0.5 * c_i * (p_i - t_i)^2 (c_i log-normal), gradient noise decaying as
 // 1 / (1 + t/300), fp32 and bf16 moments side by side from the same noise.
@@ -527,6 +625,11 @@ int main(int argc, char** argv) {
         for (int gb : {32, 16}) reg("BM_GradStats", BM_GradStats, n, t, gb, 0.3);
       }
     }
+  }
+  const std::string ab = take_flag(&argc, argv, "--ab");
+  if (!ab.empty()) {
+    ab_table(sizes, threads, std::atoi(ab.c_str()));
+    return 0;
   }
   const std::string pairs = take_flag(&argc, argv, "--pairs");
   if (!pairs.empty()) {
