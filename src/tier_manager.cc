@@ -234,6 +234,10 @@ struct TierManager::Impl {
     double busy_s = 0;                                  // the thread's time
   } dpu;
   void run_delayed(OptimizerHyper hyper, float grad_mult, std::vector<int> order);
+  Status run_pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
+                  bool delayed);
+  std::vector<int> step_order(std::vector<bool> skip) const;
+  void end_step_reads();
   Status retire_writes(size_t keep_at_most);
   Status take_slot(int k, Slot* out);
   void read_ahead();
@@ -350,7 +354,9 @@ struct TierManager::Impl {
   // pending frees and gradient drains before giving up; the error names the tier and the key.
   Result<void*> dev_alloc(size_t bytes, const std::string& tag, int keep, uint64_t need_before,
                           bool may_block) {
-    for (int round = 0;; ++round) {
+    // Waits for pending frees as often as there are any, then for the gradient drains twice
+    // (counted apart: how many frees were pending depends on timing, the outcome must not).
+    for (int drain_waits = 0;;) {
       reclaim(false);
       auto r = dev.allocate(bytes, tag);
       if (r.is_ok()) {
@@ -366,7 +372,7 @@ struct TierManager::Impl {
         reclaim(true);
         continue;
       }
-      if (round < 2) {  // gradient drains in flight free device memory when they finish
+      if (drain_waits++ < 2) {  // gradient drains in flight free device memory when they finish
         dev.synchronize(dev.d2h_stream()).ignore();
         continue;
       }
@@ -1274,54 +1280,20 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
   const auto t0 = Clock::now();
   STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the optimizer step");
   const size_t M = I.mods.size();
-  const size_t depth = size_t(std::max(1, opt_.buffer_count));
   Status st;
   // Modules stepped speculatively under backward: kept when the step they took is the one
   // asked for now, else redone from their undo copies.
   const bool same = I.spec.active && grad_mult == I.spec.mult && hyper.lr == I.spec.hyper.lr &&
                     hyper.step == I.spec.hyper.step;
-  std::vector<int> order;
-  std::vector<bool> seen(M, false);
   if (!same && !I.spec.stepped.empty()) {
     st = I.undo_speculation(/*redo=*/true, hyper, grad_mult);
-    for (auto& [k, u] : I.spec.stepped) seen[size_t(k)] = true;
-  } else {
-    for (auto& [k, u] : I.spec.stepped) seen[size_t(k)] = true;
   }
-  // The rest in the order their gradients became final (the first ones' state may already
-  // have been read ahead); any module not drained this step follows in index order.
-  for (int k : I.opt_order) {
-    if (!seen[size_t(k)]) order.push_back(k);
-    seen[size_t(k)] = true;
-  }
-  for (size_t k = 0; k < M; ++k) {
-    if (!seen[k]) order.push_back(int(k));
-  }
+  std::vector<bool> done(M, false);
+  for (auto& [k, u] : I.spec.stepped) done[size_t(k)] = true;
   if (I.io && st.is_ok()) st = I.reap_writes(/*all=*/false);
-  size_t next = 0;
-  for (size_t i = 0; i < order.size() && st.is_ok(); ++i) {
-    while (next < order.size() && next < i + depth && st.is_ok()) {
-      const int k = order[next++];
-      if (!I.prepared.count(k)) {
-        auto r = I.prepare_slot(k, /*try_only=*/false);
-        if (!r.is_ok()) st = r.status();
-      }
-    }
-    if (!st.is_ok()) break;
-    Impl::Slot s;
-    st = I.take_slot(order[i], &s);
-    if (st.is_ok()) st = I.step_module(order[i], s, hyper, grad_mult);
-    if (st.is_ok() && I.io) st = I.retire_writes(3 * depth);
-  }
+  if (st.is_ok()) st = I.run_pass(I.step_order(done), hyper, grad_mult, /*delayed=*/false);
   I.end_speculation();
-  // After an error, drain every read still in flight so no buffer is freed under the engine.
-  for (auto& [k, slot] : I.prepared) {
-    if (slot.rm) I.io->wait(slot.rm).ignore();
-    if (slot.rmo) I.io->wait(slot.rmo).ignore();
-  }
-  I.prepared.clear();
-  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
-  I.opt_order.clear();
+  I.end_step_reads();
   if (!st.is_ok() && I.io) I.reap_writes(true).ignore();
   Status hs = I.dev.synchronize(I.dev.h2d_stream());
   if (st.is_ok()) st = hs;
@@ -1404,14 +1376,7 @@ Status TierManager::skip_step() {
     st = I.undo_speculation(/*redo=*/false, I.spec.hyper, 0.0f);
   }
   I.end_speculation();
-  // Slots read ahead for modules that were never stepped: drain their reads.
-  for (auto& [k, slot] : I.prepared) {
-    if (slot.rm) I.io->wait(slot.rm).ignore();
-    if (slot.rmo) I.io->wait(slot.rmo).ignore();
-  }
-  I.prepared.clear();
-  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
-  I.opt_order.clear();
+  I.end_step_reads();
   return st.with_context("rolling back the optimizer step taken under backward");
 }
 
@@ -1419,34 +1384,7 @@ Status TierManager::skip_step() {
 // parameter shadows. Only this thread touches `prepared` and `writes` while it runs.
 void TierManager::Impl::run_delayed(OptimizerHyper hyper, float grad_mult, std::vector<int> order) {
   const auto t0 = Clock::now();
-  const size_t depth = size_t(std::max(1, opt.buffer_count));
-  Status st;
-  size_t next = 0;
-  for (size_t i = 0; i < order.size() && st.is_ok(); ++i) {
-    while (next < order.size() && next < i + depth && st.is_ok()) {
-      const int k = order[next++];
-      if (!prepared.count(k)) {
-        auto r = prepare_slot(k, /*try_only=*/false);
-        if (!r.is_ok()) st = r.status();
-      }
-    }
-    if (!st.is_ok()) break;
-    const int k = order[i];
-    Module& m = mods[size_t(k)];
-    auto sb = host_buf(m.p.bytes, "delayed update: parameter shadow");
-    if (!sb.is_ok()) {
-      st = sb.status();
-      break;
-    }
-    dpu.shadow[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(sb).value());
-    Slot s;
-    st = take_slot(k, &s);
-    if (st.is_ok()) {
-      st = step_module(k, s, hyper, grad_mult, static_cast<const float*>(m.gacc2.ptr()),
-                       dpu.shadow[size_t(k)]->data());
-    }
-    if (st.is_ok() && io) st = retire_writes(3 * depth);
-  }
+  Status st = run_pass(order, hyper, grad_mult, /*delayed=*/true);
   for (auto& [k, slot] : prepared) {
     if (slot.rm) io->wait(slot.rm).ignore();
     if (slot.rmo) io->wait(slot.rmo).ignore();
@@ -1459,23 +1397,71 @@ void TierManager::Impl::run_delayed(OptimizerHyper hyper, float grad_mult, std::
   optimizer_s += busy;
 }
 
+// The optimizer pipeline over `order`: `buffer_count` modules' state read ahead while one is
+// stepped, its writes draining behind. `delayed`: gradients from gacc2, parameters to shadows.
+Status TierManager::Impl::run_pass(const std::vector<int>& order, const OptimizerHyper& hyper,
+                                   float grad_mult, bool delayed) {
+  const size_t depth = size_t(std::max(1, opt.buffer_count));
+  size_t next = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (; next < order.size() && next < i + depth; ++next) {
+      if (!prepared.count(order[next])) {
+        STRATA_RETURN_IF_ERROR(prepare_slot(order[next], /*try_only=*/false).status(), "");
+      }
+    }
+    const int k = order[i];
+    Module& m = mods[size_t(k)];
+    const float* grad = nullptr;
+    void* shadow = nullptr;
+    if (delayed) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, host_buf(m.p.bytes, "delayed update: shadow"), "");
+      dpu.shadow[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(b));
+      grad = static_cast<const float*>(m.gacc2.ptr());
+      shadow = dpu.shadow[size_t(k)]->data();
+    }
+    Slot s;
+    STRATA_RETURN_IF_ERROR(take_slot(k, &s), "");
+    STRATA_RETURN_IF_ERROR(step_module(k, s, hyper, grad_mult, grad, shadow), "");
+    if (io) STRATA_RETURN_IF_ERROR(retire_writes(3 * depth), "");
+  }
+  return Status::ok();
+}
+
+// Modules in the order their gradients became final this step (the first ones' state may
+// already have been read ahead), then any not drained in index order; none marked in `skip`.
+std::vector<int> TierManager::Impl::step_order(std::vector<bool> skip) const {
+  std::vector<int> order;
+  for (int k : opt_order) {
+    if (!skip[size_t(k)]) order.push_back(k);
+    skip[size_t(k)] = true;  // a skipped (overflow) step may leave duplicates behind
+  }
+  for (size_t k = 0; k < mods.size(); ++k) {
+    if (!skip[k]) order.push_back(int(k));
+  }
+  return order;
+}
+
+// The step's optimizer work is over: drains the reads of slots prepared but never stepped (an
+// error, or a skipped step) so no buffer is freed under the engine, and remembers this step's
+// gradient order for the next step's read-ahead.
+void TierManager::Impl::end_step_reads() {
+  for (auto& [k, slot] : prepared) {
+    if (slot.rm) io->wait(slot.rm).ignore();
+    if (slot.rmo) io->wait(slot.rmo).ignore();
+  }
+  prepared.clear();
+  if (!opt_order.empty()) last_drain_order = opt_order;
+  opt_order.clear();
+}
+
 Status TierManager::start_delayed_update(const OptimizerHyper& hyper, float grad_mult) {
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(finish_delayed_update(), "");
   STRATA_RETURN_IF_ERROR(I.take_async_error(), "before the delayed update");
   STRATA_CHECK(!I.mods.empty() && I.mods[0].gacc2.bytes > 0,
                "start_delayed_update without TierOptions::delayed_update");
-  std::vector<int> order;
-  std::vector<bool> seen(I.mods.size(), false);
-  for (int k : I.opt_order) {
-    if (!seen[size_t(k)]) order.push_back(k);
-    seen[size_t(k)] = true;
-  }
-  for (size_t k = 0; k < I.mods.size(); ++k) {
-    if (!seen[k]) order.push_back(int(k));
-  }
-  if (!I.opt_order.empty()) I.last_drain_order = I.opt_order;
-  I.opt_order.clear();
+  std::vector<int> order = I.step_order(std::vector<bool>(I.mods.size(), false));
+  I.end_step_reads();
   for (auto& m : I.mods) std::swap(m.gacc, m.gacc2);  // the thread reads gacc2
   I.dpu.shadow.assign(I.mods.size(), nullptr);
   I.dpu.status = Status::ok();
