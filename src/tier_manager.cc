@@ -209,7 +209,8 @@ struct TierManager::Impl {
   };
   struct Speculation {
     bool active = false, undo = false;
-    bool stopped = false;  // no host memory for undo copies: the rest waits for validation
+    bool step_modules = true;  // false: only read state ahead during backward
+    bool stopped = false;      // no host memory for undo copies: the rest waits for validation
     OptimizerHyper hyper;
     float mult = 1.0f;
     std::deque<std::pair<int, std::shared_ptr<Event>>> ready;
@@ -1190,9 +1191,11 @@ void TierManager::Impl::read_ahead() {
   }
 }
 
-void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo) {
+void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo,
+                                    bool step_modules) {
   Impl& I = *impl_;
   I.spec.active = true;
+  I.spec.step_modules = step_modules;
   I.spec.undo = keep_undo;
   I.spec.stopped = false;
   I.spec.hyper = hyper;
@@ -1208,7 +1211,6 @@ void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult
     for (int k = int(I.mods.size()) - 1; k >= 0; --k) I.spec.expected.push_back(k);
   }
   I.spec.next_prep = 0;
-  if (I.io) I.read_ahead();
 }
 
 Status TierManager::step_ready(bool wait_all) {
@@ -1222,11 +1224,14 @@ Status TierManager::step_ready(bool wait_all) {
       ip->spec.bwd_end = Clock::now();
     });
   }
+  // The optimizer state's reads start with backward (not before: the forward's parameter
+  // fetches come first on the same disks).
+  if (I.io) I.read_ahead();
   Status st;
   while (!I.spec.ready.empty() && st.is_ok()) {
     auto [k, ev] = I.spec.ready.front();
     if (!wait_all && !I.dev.query(*ev)) break;
-    if (I.spec.stopped) {
+    if (I.spec.stopped || !I.spec.step_modules) {
       I.spec.ready.pop_front();
       continue;
     }

@@ -203,7 +203,11 @@ class TierManager {
   // (the step is skipped). Either way the result is bit-identical to the non-overlapped
   // schedule. A restore without undo copies (bf16 without clipping hit non-finite gradients)
   // fails with INVALID_ARGUMENT naming strata.optimizer.overlap.
-  void begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo);
+  // With `step_modules` false, nothing is stepped early: the state is only read ahead during
+  // backward (the trainer's choice when the last step clipped or overflowed, so that this one
+  // likely will too and a speculative step would be wasted).
+  void begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo,
+                         bool step_modules = true);
   // Steps the modules whose gradients are final; with `wait_all` (after the whole backward has
   // been enqueued) waits for and steps every remaining one, else only those already final.
   Status step_ready(bool wait_all);

@@ -103,6 +103,7 @@ class Run {
   std::vector<const void*> held_;  // params held from forward_head to backward_head
   double last_grad_norm_ = 0;
   bool last_skipped_ = false;
+  bool last_clipped_ = false;  // the last step's clip coefficient was < 1
   double last_fwd_bwd_s_ = 0;
 };
 
@@ -332,7 +333,10 @@ Result<double> Run::run_step() {
     OptimizerHyper h = hyper_;
     h.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
     h.step = opt_steps_ + 1;
-    tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled);
+    // A step after one that clipped or overflowed likely does too: then the state is only read
+    // ahead under backward and stepped after validation, instead of stepped twice.
+    tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
+                           /*step_modules=*/!last_clipped_ && !last_skipped_);
   }
   // Under the last micro-batch's backward, step the modules whose gradients are final.
   auto step_ready = [&](bool last) -> Status {
@@ -399,6 +403,7 @@ Result<double> Run::run_step() {
     hyper_.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
     hyper_.step = opt_steps_ + 1;
     const float mult = static_cast<float>(coef / scale);
+    last_clipped_ = coef < 1.0;
     if (delayed) {
       STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
     } else {
