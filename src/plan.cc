@@ -750,17 +750,23 @@ std::string plan_table(const PlanReport& rep) {
         activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
     const ActivationSizes off =
         activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
+    bool device_short = false;  // some placement failed on the device (not only host/nvme)
+    for (const auto& o : rep.options) {
+      for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
+    }
     s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
                      activation_mode_name(r.activations), gb(double(now.bytes)), r.micro_batch,
                      r.seq);
-    if (r.activations == ActivationMode::kKeep) {
+    if (!device_short) {
+      s += " and fit; host or nvme is short (above)";
+    } else if (r.activations == ActivationMode::kKeep) {
       s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
                        gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
     } else if (r.activations == ActivationMode::kRecompute) {
       s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
                        gb(double(off.host_bytes)));
     }
-    s += "; lower --batch or --seq, or add devices\n";
+    s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
   }
   return s;
 }
