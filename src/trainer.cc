@@ -222,12 +222,11 @@ Status Run::setup() {
     // Name the activation modes that need less device memory, with their bytes.
     const size_t rec = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kRecompute).bytes;
     const size_t off = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kOffload).bytes;
-    return tm.status().with_context(
-        fmt::format("activations ({}) take {} of device memory; strata.activations = recompute "
-                    "needs {} (one extra block forward in backward), offload {} (block inputs in "
-                    "host memory)",
-                    cfg_.strata.activations, format_bytes(double(acts.bytes)),
-                    format_bytes(double(rec)), format_bytes(double(off))));
+    return out_of_memory(fmt::format(
+        "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
+        "(one extra block forward in backward), offload {} (block inputs in host memory)",
+        tm.status().message(), cfg_.strata.activations, format_bytes(double(acts.bytes)),
+        format_bytes(double(rec)), format_bytes(double(off))));
   }
   STRATA_ASSIGN_OR_RETURN(tm_, std::move(tm), "");
   log_info("tiers: {}", tm_->describe());
