@@ -140,6 +140,29 @@ TEST_F(ActivationsTest, KeepRecomputeOffloadTrainBitIdentically) {
   EXPECT_GE(host_off.peak, host_keep.peak + off.host_bytes);
 }
 
+// The optimizer schedules of issue #9 (plain, and the one-step-stale delayed update) leave the
+// parameters unchanged between a block's forward and its recompute, so the modes still agree.
+TEST_F(ActivationsTest, ModesAgreeUnderEveryOptimizerSchedule) {
+  const std::vector<std::vector<std::string>> schedules = {
+      {"strata.optimizer.overlap=false"},
+      {"strata.optimizer.delayed_update=true", "strata.optimizer.delayed_update_warmup=4"}};
+  for (const auto& sched : schedules) {
+    std::vector<TrainResult> r;
+    for (const char* mode : {"keep", "recompute", "offload"}) {
+      auto dir = temp_dir(std::string("sched_") + mode);
+      std::vector<std::string> ov = sched;
+      ov.push_back("train.steps=8");
+      r.push_back(must_train(act_config(dir, mode, ov)));
+      fs::remove_all(dir);
+    }
+    ASSERT_EQ(r[0].losses.size(), 8u) << sched[0];
+    for (size_t i = 1; i < r.size(); ++i) {
+      EXPECT_EQ(r[i].losses, r[0].losses) << sched[0] << " mode " << i;
+      EXPECT_EQ(r[i].weights_crc, r[0].weights_crc) << sched[0] << " mode " << i;
+    }
+  }
+}
+
 // A device budget that keep's activations exceed but recompute's and offload's fit.
 TEST_F(ActivationsTest, KeepDoesNotFitRecomputeAndOffloadDo) {
   Config probe = act_config("unused", "keep");
