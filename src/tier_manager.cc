@@ -760,6 +760,7 @@ struct TierManager::Impl {
       if (open_k == kc) flush_bucket();
     }
   }
+
   // ---- offloaded activations ---------------------------------------------------------------
   std::vector<PinnedBuffer> act_host;          // one per stashed layer, from the pool
   std::vector<size_t> act_len;                 // bytes stashed (0: never)
