@@ -478,7 +478,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     t.step_s = t.compute_s + t.link_s + std::max(t.cpu_optim_s, nvme_opt_s) + t.collectives_s;
   } else if (r.overlap_optimizer) {
     const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
-    t.step_s = std::max({dev, t.compute_s / 3.0 + t.cpu_optim_s, nvme_opt_s});
+    // Backward starts after the forward: a third of compute, less with a recompute in backward.
+    const double fwd_part = t.compute_s / (3.0 + recompute_per_token / fwd_per_token);
+    t.step_s = std::max({dev, fwd_part + t.cpu_optim_s, nvme_opt_s});
   } else {
     t.step_s =
         std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, nvme_opt_s);
