@@ -119,7 +119,10 @@ class GptModel {
   // Allocates activation buffers on `device` for micro-batches of B sequences of T tokens, as
   // activation_bytes(layout, B, T, dt, mode).bytes says. kOffload needs `store` (which must
   // outlive the model, and have room for activation_bytes(...).stash_layers block inputs);
-  // backward_block must then be called in order L-1..0 after the micro-batch's forward.
+  // backward_block must then be called in order L-1..0 after the micro-batch's forward. Under
+  // kRecompute and kOffload, backward_block(l)'s `params` must hold the same values as
+  // forward_block(l)'s (no optimizer step may land between them: the trainer's schedules,
+  // delayed update included, only change parameters between steps).
   static Result<std::unique_ptr<GptModel>> create(Device& device, const ModelLayout& layout, int B,
                                                   int T, DType dt,
                                                   ActivationMode mode = ActivationMode::kKeep,
