@@ -44,12 +44,19 @@ constexpr const char* kFastInit = "swap files are always preallocated with fallo
 constexpr const char* kPartitioner = "ZeRO partitioning lands with the partitioner";
 constexpr const char* kStorage = "async NVMe I/O lands with the storage engine";
 constexpr const char* kComm = "lands with the communicator";
-constexpr const char* kScheduler = "activation recompute/offload lands with the step scheduler";
 constexpr const char* kTimers = "the trainer prints its own time split with each log line";
 constexpr const char* kNoCast = "inputs are token ids; there is nothing to cast";
 constexpr const char* kOneAdam = "strata has one Adam implementation per backend";
 constexpr const char* kMonitor = "strata writes JSONL metrics (train.log_file)";
-constexpr const char* kActCkpt = "use strata.activations";
+constexpr const char* kActCkptCount =
+    "strata saves every block's input whatever the count (any value > 0 turns on "
+    "strata.activations = recompute)";
+constexpr const char* kActCkptContiguous =
+    "strata's saved block inputs already live in one device arena";
+constexpr const char* kActCkptSync =
+    "strata orders block-input copies with stream events, never a device-wide synchronize";
+constexpr const char* kActCkptProfile =
+    "strata times the whole step; recompute is not timed separately";
 constexpr const char* kDsOnly = "a DeepSpeed feature strata does not implement";
 constexpr const char* kResume = "resume restores the step from the checkpoint";
 constexpr const char* kAlwaysPipelined =
@@ -392,17 +399,21 @@ std::vector<Key> build_table() {
   add(U("data_types.grad_accum_dtype", Enum("fp32|fp16|bf16"), "null",
         "gradient accumulation dtype", kDsOnly));
   add(U("activation_checkpointing.partition_activations", Bool(), "false",
-        "partition checkpoints across model-parallel ranks", kActCkpt));
-  add(U("activation_checkpointing.cpu_checkpointing", Bool(), "false", "checkpoints to host RAM",
-        kActCkpt));
+        "true: strata.activations = recompute (keep each block's input, recompute the rest in "
+        "backward) unless strata.activations is given",
+        nullptr));
+  add(U("activation_checkpointing.cpu_checkpointing", Bool(), "false",
+        "true: strata.activations = offload (block inputs to host RAM) unless "
+        "strata.activations is given",
+        nullptr));
   add(U("activation_checkpointing.contiguous_memory_optimization", Bool(), "false",
-        "checkpoints into one buffer", kActCkpt));
+        "checkpoints into one buffer", kActCkptContiguous));
   add(U("activation_checkpointing.number_checkpoints", Int(0, kMaxInt), "null",
-        "checkpoints per step", kActCkpt));
+        "checkpoints per step", kActCkptCount));
   add(U("activation_checkpointing.synchronize_checkpoint_boundary", Bool(), "false",
-        "synchronize at checkpoint boundaries", kActCkpt));
+        "synchronize at checkpoint boundaries", kActCkptSync));
   add(U("activation_checkpointing.profile", Bool(), "false", "time checkpoint functions",
-        kActCkpt));
+        kActCkptProfile));
   add(U("flops_profiler.enabled", Bool(), "false", "DeepSpeed flops profiler", kDsOnly));
   add(U("flops_profiler.recompute_fwd_factor", Real(0, kInf), "0.0", "", kDsOnly));
   add(U("flops_profiler.profile_step", Int(0, kMaxInt), "1", "", kDsOnly));
@@ -498,7 +509,8 @@ std::vector<Key> build_table() {
   add(F("strata.comm.timeout_s", Real(0, kInf, false, true), STRATA_M(strata.comm_timeout_s),
         "seconds a collective waits for its peers before failing (0 = forever)", nullptr));
   add(F("strata.activations", Enum("keep|recompute|offload"), STRATA_M(strata.activations),
-        "what happens to activations between forward and backward", kScheduler));
+        "block activations between forward and backward: keep on the device, recompute from "
+        "each block's saved input, or offload the inputs to the host tier too"));
   add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),
         "logger level"));
   add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),
@@ -1030,6 +1042,33 @@ Status resolve(Ctx* ctx, int world_size) {
     return invalid_argument(
         fmt::format("scheduler.params.warmup_min_lr: {} is above warmup_max_lr ({})",
                     sc.warmup_min_lr, sc.warmup_max_lr));
+  }
+
+  // activations: DeepSpeed's activation_checkpointing maps onto strata.activations unless that
+  // is given (strata checkpoints at every block boundary).
+  if (!is_given(*ctx, "strata.activations")) {
+    auto flag = [&](const char* path) {
+      auto it = ctx->given.find(path);
+      return it != ctx->given.end() && it->second.is_boolean() && it->second.get<bool>();
+    };
+    auto count = ctx->given.find("activation_checkpointing.number_checkpoints");
+    const bool counted = count != ctx->given.end() && count->second.is_number_integer() &&
+                         count->second.get<int64_t>() > 0;
+    const char* from = nullptr;
+    if (flag("activation_checkpointing.cpu_checkpointing")) {
+      c.strata.activations = "offload";
+      from = "activation_checkpointing.cpu_checkpointing";
+    } else if (flag("activation_checkpointing.partition_activations")) {
+      c.strata.activations = "recompute";
+      from = "activation_checkpointing.partition_activations";
+    } else if (counted) {
+      c.strata.activations = "recompute";
+      from = "activation_checkpointing.number_checkpoints";
+    }
+    if (from) {
+      c.resolved_auto.push_back(
+          fmt::format("strata.activations = {} (from {})", c.strata.activations, from));
+    }
   }
 
   // zero

@@ -94,7 +94,7 @@ void init_module_params(const ModelLayout& layout, int module, uint64_t seed, fl
 
 namespace {
 
-// Bump allocator over one arena: 256-byte aligned slices.
+// Bump allocator over one arena: 256-byte aligned slices. With base == nullptr it only measures.
 class Carver {
  public:
   explicit Carver(char* base) : base_(base) {}
@@ -110,53 +110,94 @@ class Carver {
   size_t off_ = 0;
 };
 
-// Lays out every activation buffer; with base == nullptr it only measures.
-template <typename Fn>
-size_t carve_all(char* base, const ModelLayout& l, int B, int T, DType dt, Fn&& assign) {
-  Carver c(base);
-  const size_t N = size_t(B) * T, C = l.C, es = dtype_size(dt);
-  assign(c, N, C, es);
-  return c.used();
-}
+size_t r256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 
-ActivationSizes activation_bytes(const ModelLayout& l, int B, int T, DType dt) {
-  // Mirrors GptModel::create's carving.
+const char* activation_mode_name(ActivationMode mode) {
+  switch (mode) {
+    case ActivationMode::kKeep:
+      return "keep";
+    case ActivationMode::kRecompute:
+      return "recompute";
+    case ActivationMode::kOffload:
+      return "offload";
+  }
+  return "?";
+}
+
+Result<ActivationMode> parse_activation_mode(const std::string& name) {
+  for (auto m : {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+    if (name == activation_mode_name(m)) return m;
+  }
+  return invalid_argument(
+      fmt::format("strata.activations: \"{}\" is not one of keep, recompute, offload", name));
+}
+
+ActivationSizes activation_bytes(const ModelLayout& l, int B, int T, DType dt,
+                                 ActivationMode mode) {
+  // Mirrors GptModel::create's carving (checked there).
   const size_t N = size_t(B) * T, C = l.C, es = dtype_size(dt), NH = l.NH;
-  auto r = [](size_t b) { return (b + 255) / 256 * 256; };
-  size_t per_layer = r(N * C * es) * 7 + r(N * 3 * C * es) + r(N * 4 * C * es) * 2 + r(N * 4) * 4 +
-                     r(size_t(B) * NH * T * T * 4);
-  size_t total = r(N * 4) * 3 + per_layer * l.L;
-  total += r(N * C * es) * 2 + r(N * size_t(l.Vp) * es) + r(N * 4) * 2;
+  const size_t nc = r256(N * C * es);  // one [B,T,C] tensor: a block input or output
+  const size_t per_layer = nc * 7 + r256(N * 3 * C * es) + r256(N * 4 * C * es) * 2 +
+                           r256(N * 4) * 4 + r256(size_t(B) * NH * T * T * 4);
+  // tokens, targets, losses; final norm, logits, its mean/rstd; gradient scratch.
+  size_t total = r256(N * 4) * 3;
+  total += nc + r256(N * size_t(l.Vp) * es) + r256(N * 4) * 2;
   total +=
-      r(N * C * es) * 4 + r(N * 3 * C * es) + r(N * 4 * C * es) * 2 + r(size_t(B) * NH * T * T * 4);
-  return {total};
+      nc * 4 + r256(N * 3 * C * es) + r256(N * 4 * C * es) * 2 + r256(size_t(B) * NH * T * T * 4);
+  ActivationSizes s;
+  const size_t L = size_t(l.L);
+  switch (mode) {
+    case ActivationMode::kKeep:  // every layer's intermediates; the embedding output
+      total += per_layer * L + nc;
+      break;
+    case ActivationMode::kRecompute:  // one scratch layer (no res3); L inputs; the output
+      total += (per_layer - nc) + nc * L + nc;
+      break;
+    case ActivationMode::kOffload:  // one scratch layer; two input slots; the output
+      total += (per_layer - nc) + nc * std::min<size_t>(L, 2) + nc;
+      s.stash_layers = l.L - 1;
+      s.stash_bytes = N * C * es;
+      s.host_bytes = size_t(s.stash_layers) * ((s.stash_bytes + 4095) / 4096 * 4096);
+      break;
+  }
+  s.bytes = total;
+  return s;
 }
 
 Result<std::unique_ptr<GptModel>> GptModel::create(Device& device, const ModelLayout& layout, int B,
-                                                   int T, DType dt) {
+                                                   int T, DType dt, ActivationMode mode,
+                                                   ActivationStore* store) {
   if (T > layout.maxT) {
     return invalid_argument(
         fmt::format("data.seq_len: {} exceeds model.context {}", T, layout.maxT));
   }
-  std::unique_ptr<GptModel> m(new GptModel(device, layout, B, T, dt));
+  if (mode == ActivationMode::kOffload && store == nullptr) {
+    return invalid_argument(
+        "strata.activations: offload needs an activation store (the tier manager's host tier)");
+  }
+  std::unique_ptr<GptModel> m(new GptModel(device, layout, B, T, dt, mode, store));
   const int L = layout.L;
-  m->layers_.resize(L);
-  auto carve = [&](Carver& c, size_t N, size_t C, size_t es) {
-    const size_t NH = layout.NH;
+  const bool keep = mode == ActivationMode::kKeep;
+  const int n_layers = keep ? L : 1;
+  const int n_inputs = keep ? 0 : mode == ActivationMode::kRecompute ? L : std::min(L, 2);
+  m->layers_.resize(size_t(n_layers));
+  m->inputs_.assign(size_t(n_inputs), nullptr);
+  m->restored_.assign(size_t(L), false);
+  auto carve = [&](Carver& c) {
+    const size_t N = size_t(B) * T, C = layout.C, es = dtype_size(dt), NH = layout.NH;
     m->tokens_ = static_cast<int32_t*>(c.take(N * 4));
     m->targets_ = static_cast<int32_t*>(c.take(N * 4));
     m->losses_ = static_cast<float*>(c.take(N * 4));
-    for (int i = 0; i < L; ++i) {
-      Layer& y = m->layers_[i];
+    for (Layer& y : m->layers_) {
       y.ln1 = c.take(N * C * es);
       y.atty = c.take(N * C * es);
       y.attproj = c.take(N * C * es);
       y.res2 = c.take(N * C * es);
       y.ln2 = c.take(N * C * es);
       y.fcproj = c.take(N * C * es);
-      y.res3 = c.take(N * C * es);
+      y.res3 = keep ? c.take(N * C * es) : nullptr;
       y.qkv = c.take(N * 3 * C * es);
       y.fch = c.take(N * 4 * C * es);
       y.fch_gelu = c.take(N * 4 * C * es);
@@ -166,7 +207,9 @@ Result<std::unique_ptr<GptModel>> GptModel::create(Device& device, const ModelLa
       y.ln2_rstd = static_cast<float*>(c.take(N * 4));
       y.att = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
     }
-    m->encoded_ = c.take(N * C * es);
+    for (void*& in : m->inputs_) in = c.take(N * C * es);
+    m->encoded_ = keep ? c.take(N * C * es) : m->inputs_[0];
+    m->out_ = keep ? nullptr : c.take(N * C * es);
     m->lnf_ = c.take(N * C * es);
     m->logits_ = c.take(N * size_t(layout.Vp) * es);
     m->lnf_mean_ = static_cast<float*>(c.take(N * 4));
@@ -180,11 +223,15 @@ Result<std::unique_ptr<GptModel>> GptModel::create(Device& device, const ModelLa
     m->dfch_gelu_ = c.take(N * 4 * C * es);
     m->datt_scratch_ = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
   };
-  size_t bytes = carve_all(nullptr, layout, B, T, dt, carve);
-  STRATA_CHECK(bytes == activation_bytes(layout, B, T, dt).bytes, "activation size mismatch");
-  STRATA_ASSIGN_OR_RETURN(m->arena_, device.allocate(bytes, "activations"),
-                          fmt::format("allocating activations for batch {}x{}", B, T));
-  carve_all(static_cast<char*>(m->arena_), layout, B, T, dt, carve);
+  Carver measure(nullptr);
+  carve(measure);
+  const size_t bytes = measure.used();
+  STRATA_CHECK(bytes == activation_bytes(layout, B, T, dt, mode).bytes, "activation size mismatch");
+  STRATA_ASSIGN_OR_RETURN(
+      m->arena_, device.allocate(bytes, "activations"),
+      fmt::format("allocating activations ({}) for batch {}x{}", activation_mode_name(mode), B, T));
+  Carver real(static_cast<char*>(m->arena_));
+  carve(real);
   const size_t N = size_t(B) * T;
   STRATA_ASSIGN_OR_RETURN(void* h, device.allocate_host(N * 8 + N * 4), "host staging");
   m->host_io_ = static_cast<int32_t*>(h);
@@ -228,21 +275,52 @@ enum BlockTensor {
   kFcprojb
 };
 
+void* GptModel::input(int l) const {
+  switch (mode_) {
+    case ActivationMode::kKeep:
+      return l == 0 ? encoded_ : layers_[size_t(l) - 1].res3;
+    case ActivationMode::kRecompute:
+      return inputs_[size_t(l)];
+    case ActivationMode::kOffload:
+      return inputs_[size_t(l % 2)];
+  }
+  return nullptr;
+}
+
+void* GptModel::output(int l) const {
+  if (mode_ == ActivationMode::kKeep) return layers_[size_t(l)].res3;
+  return l + 1 < lay_.L ? input(l + 1) : out_;
+}
+
+GptModel::Layer& GptModel::acts(int l) {
+  return mode_ == ActivationMode::kKeep ? layers_[size_t(l)] : layers_[0];
+}
+
+void GptModel::note(const Status& s) {
+  if (!s.is_ok() && error_.is_ok()) error_ = s;
+}
+
+void GptModel::wait_slot(int slot) {
+  if (mode_ != ActivationMode::kOffload || slot < 0 || slot_stash_[slot] < 0) return;
+  store_->compute_waits_activation(slot_stash_[slot]);
+  slot_stash_[slot] = -1;
+}
+
 void GptModel::forward_embedding(const void* p) {
   const size_t es = dtype_size(dt_);
   const int E = lay_.embedding();
+  wait_slot(0);  // encoded_ is input slot 0 under kOffload
   dev_.kernels().encoder_forward(dev_.compute_stream(), dt_, encoded_, tokens_, PARAM(E, p, 0),
                                  PARAM(E, p, 1), B_, T_, lay_.C);
 }
 
-void GptModel::forward_block(int l, const void* p) {
+void GptModel::block_forward(int l, const void* p, const void* residual, Layer& y, void* out,
+                             int wait_slot_before_out) {
   Kernels& k = dev_.kernels();
   Stream& s = dev_.compute_stream();
   const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
   const size_t es = dtype_size(dt_);
   const int m = lay_.block(l);
-  Layer& y = layers_[l];
-  const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
   k.layernorm_forward(s, dt_, y.ln1, y.ln1_mean, y.ln1_rstd, residual, PARAM(m, p, kLn1w),
                       PARAM(m, p, kLn1b), N, C);
   k.matmul_forward(s, dt_, y.qkv, y.ln1, PARAM(m, p, kQkvw), PARAM(m, p, kQkvb), N, C, 3 * C);
@@ -256,7 +334,26 @@ void GptModel::forward_block(int l, const void* p) {
   k.gelu_forward(s, dt_, y.fch_gelu, y.fch, size_t(N) * 4 * C);
   k.matmul_forward(s, dt_, y.fcproj, y.fch_gelu, PARAM(m, p, kFcprojw), PARAM(m, p, kFcprojb), N,
                    4 * C, C);
-  k.residual_forward(s, dt_, y.res3, y.res2, y.fcproj, size_t(N) * C);
+  if (out == nullptr) return;  // a recompute: backward needs no block output
+  wait_slot(wait_slot_before_out);
+  k.residual_forward(s, dt_, out, y.res2, y.fcproj, size_t(N) * C);
+}
+
+void GptModel::forward_block(int l, const void* p) {
+  const int L = lay_.L;
+  const void* in = input(l);
+  int out_slot = -1;
+  if (mode_ == ActivationMode::kOffload) {
+    // Block l's input leaves as soon as it is complete (it overlaps this block's forward); the
+    // last block's input stays for the backward that follows the head.
+    if (l + 1 < L) {
+      note(store_->stash_activation(l, in, size_t(B_) * T_ * lay_.C * dtype_size(dt_)));
+      slot_stash_[l % 2] = l;
+      restored_[size_t(l)] = false;
+    }
+    if (l + 1 < L) out_slot = (l + 1) % 2;  // still being stashed from block l-1
+  }
+  block_forward(l, p, in, acts(l), output(l), out_slot);
 }
 
 void GptModel::forward_head(const void* pf, const void* ph, float dloss, float* losses_out) {
@@ -265,7 +362,7 @@ void GptModel::forward_head(const void* pf, const void* ph, float dloss, float* 
   const int N = B_ * T_, C = lay_.C;
   const size_t es = dtype_size(dt_);
   const int F = lay_.final_norm(), H = lay_.head();
-  k.layernorm_forward(s, dt_, lnf_, lnf_mean_, lnf_rstd_, layers_.back().res3, PARAM(F, pf, 0),
+  k.layernorm_forward(s, dt_, lnf_, lnf_mean_, lnf_rstd_, output(lay_.L - 1), PARAM(F, pf, 0),
                       PARAM(F, pf, 1), N, C);
   k.matmul_forward(s, dt_, logits_, lnf_, PARAM(H, ph, 0), nullptr, N, C, lay_.Vp);
   k.crossentropy_forward_backward(s, dt_, losses_, logits_, targets_, dloss, N, lay_.V, lay_.Vp);
@@ -285,7 +382,7 @@ void GptModel::backward_head(const void* pf, float* gf, const void* ph, float* g
   k.matmul_backward(s, dt_, dln_, GRAD(H, gh, 0), nullptr, logits_, lnf_, PARAM(H, ph, 0), N, C,
                     lay_.Vp);
   dev_.memset_zero(s, dA_, NC * es);
-  k.layernorm_backward(s, dt_, dA_, GRAD(F, gf, 0), GRAD(F, gf, 1), dln_, layers_.back().res3,
+  k.layernorm_backward(s, dt_, dA_, GRAD(F, gf, 0), GRAD(F, gf, 1), dln_, output(lay_.L - 1),
                        PARAM(F, pf, 0), lnf_mean_, lnf_rstd_, N, C);
 }
 
@@ -295,8 +392,29 @@ void GptModel::backward_block(int l, const void* p, float* g) {
   const int B = B_, T = T_, C = lay_.C, NH = lay_.NH, N = B * T;
   const size_t es = dtype_size(dt_), NC = size_t(N) * C;
   const int m = lay_.block(l);
-  Layer& y = layers_[l];
-  const void* residual = l == 0 ? encoded_ : layers_[l - 1].res3;
+  const int L = lay_.L;
+  const void* residual = input(l);
+  if (mode_ == ActivationMode::kOffload) {
+    // Block l's input comes back into its slot (prefetched by backward_block(l + 1)); block
+    // l-1's is fetched into the other slot now, behind backward l+1 (its slot's last user),
+    // so the copy overlaps this block's recompute and backward.
+    if (l + 1 < L && !restored_[size_t(l)]) {
+      note(store_->restore_activation(l, input(l)));
+      restored_[size_t(l)] = true;
+    }
+    if (l >= 1 && !restored_[size_t(l) - 1]) {
+      note(store_->restore_activation(l - 1, input(l - 1)));
+      restored_[size_t(l) - 1] = true;
+      slot_stash_[(l - 1) % 2] = l - 1;  // forward waits for this copy before reusing the slot
+    }
+    if (l + 1 < L) {
+      store_->compute_waits_activation(l);
+      restored_[size_t(l)] = false;
+      if (slot_stash_[l % 2] == l) slot_stash_[l % 2] = -1;
+    }
+  }
+  if (mode_ != ActivationMode::kKeep) block_forward(l, p, residual, acts(l), nullptr, -1);
+  Layer& y = acts(l);
   // res3 = res2 + fcproj: dres2 = dA (+ ln2 path below); dfcproj = dA.
   dev_.memset_zero(s, dB_, NC * es);
   k.add_inplace(s, dt_, dB_, dA_, NC);

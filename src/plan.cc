@@ -54,7 +54,7 @@ ModuleSizes module_sizes(const ModelShape& m) {
   return {Vp * C + uint64_t(m.context) * C, 12 * C * C + 13 * C, 2 * C, m.layers};
 }
 
-uint64_t activations_of(const ModelShape& m, int B, int T, DType dt) {
+ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode) {
   ModelLayout l;  // activation_bytes reads only the shape fields
   l.L = m.layers;
   l.NH = m.heads;
@@ -62,7 +62,7 @@ uint64_t activations_of(const ModelShape& m, int B, int T, DType dt) {
   l.V = m.vocab;
   l.Vp = int(ceil_div(uint64_t(m.vocab), 64) * 64);
   l.maxT = m.context;
-  return activation_bytes(l, B, T, dt).bytes;
+  return activation_bytes(l, B, T, dt, mode);
 }
 
 std::string gb(double bytes) { return format_bytes(bytes); }
@@ -312,7 +312,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   ws = std::max(ws, g(ms.emb) + pc(ms.emb));
   o.device.state = home[0];
   o.device.buffers = ws;
-  o.device.activations = activations_of(m, r.micro_batch, r.seq, r.dtype);
+  const ActivationSizes acts = activations_of(m, r.micro_batch, r.seq, r.dtype, r.activations);
+  o.device.activations = acts.bytes;
   o.device.capacity = r.hw.gpu_mem;
 
   uint64_t staging = 0;
@@ -322,6 +323,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // The host tier of one node holds every local rank's state and staging.
   o.host.state = home[1] * W;
   o.host.buffers = staging * W;
+  o.host.activations = acts.host_bytes * W;
   o.host.capacity = r.hw.host_mem;
 
   uint64_t objects = 0;
@@ -343,9 +345,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
                                 gb(double(o.device.capacity))));
   }
   if (o.host.capacity > 0 && o.host.total() > o.host.capacity) {
-    o.why.push_back(fmt::format("host needs {} (state {}, staging {}) > {}",
-                                gb(double(o.host.total())), gb(double(o.host.state)),
-                                gb(double(o.host.buffers)), gb(double(o.host.capacity))));
+    o.why.push_back(fmt::format(
+        "host needs {} (state {}, staging {}{}) > {}", gb(double(o.host.total())),
+        gb(double(o.host.state)), gb(double(o.host.buffers)),
+        o.host.activations ? ", offloaded activations " + gb(double(o.host.activations)) : "",
+        gb(double(o.host.capacity))));
   }
   if (o.nvme.state > 0 && r.hw.nvme_paths.empty()) {
     o.why.push_back("nvme: state placed on nvme but no --nvme path given");
@@ -379,6 +383,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Params homed on the device: the optimizer writes every module's new low-precision params
   // through host staging buffers, all alive until the copies are done.
   if (pl.params == PlanTier::kDevice) host_peak += P_local * es;
+  host_peak += acts.host_bytes;  // offloaded block inputs: reserved once, always held
   o.host.peak = host_peak * W;
   o.nvme.peak = o.nvme.state;
   if (pl.optimizer == PlanTier::kDevice && !r.profile.cpu_backend) {
@@ -392,7 +397,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Forward FLOPs per token: 2 per weight of each GEMM (12C^2 per block + the Vp x C head) +
   // attention's QK^T and AV over the whole T x T square (4TC per block); backward twice that.
   const double fwd_per_token = 2.0 * (12.0 * C * C * L + Vp * C) + 4.0 * r.seq * C * L;
-  o.flops = uint64_t(3.0 * fwd_per_token * tokens * A);
+  // Recompute/offload re-run every block's forward once in backward (the head is not re-run).
+  const double block_fwd_per_token = 2.0 * 12.0 * C * C * L + 4.0 * r.seq * C * L;
+  const double recompute_per_token =
+      r.activations == ActivationMode::kKeep ? 0.0 : block_fwd_per_token;
+  o.flops = uint64_t((3.0 * fwd_per_token + recompute_per_token) * tokens * A);
   TimeTerms& t = o.time;
   t.gemm_flops = pf.gemm_flops.value;
   if (!pf.gemm_by_width.empty()) {
@@ -429,6 +438,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     link += P * es;  // new low-precision params back to the device
   }
   if (grads_tier != PlanTier::kDevice) link += A * P * 4;  // fp32 grads to the host tier
+  // Offloaded block inputs: out after each block's forward, back before its backward.
+  link += A * 2.0 * double(acts.stash_layers) * double(acts.stash_bytes);
   o.link_bytes = uint64_t(link);
   t.link_s = link / (pf.link_gbps.value * 1e9);
 
@@ -467,7 +478,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     t.step_s = t.compute_s + t.link_s + std::max(t.cpu_optim_s, nvme_opt_s) + t.collectives_s;
   } else if (r.overlap_optimizer) {
     const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
-    t.step_s = std::max({dev, t.compute_s / 3.0 + t.cpu_optim_s, nvme_opt_s});
+    // Backward starts after the forward: a third of compute, less with a recompute in backward.
+    const double fwd_part = t.compute_s / (3.0 + recompute_per_token / fwd_per_token);
+    t.step_s = std::max({dev, fwd_part + t.cpu_optim_s, nvme_opt_s});
   } else {
     t.step_s =
         std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, nvme_opt_s);
@@ -539,6 +552,8 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.buffer_count = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
+  auto mode = parse_activation_mode(cfg.strata.activations);  // the parser checked the name
+  r.activations = mode.is_ok() ? *mode : ActivationMode::kKeep;
   r.hw = hw;
   r.profile = profile;
   return r;
@@ -588,6 +603,9 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
   c["device"] = dev;
   if (r.hw.host_mem > 0) c["strata"] = {{"host_memory_limit", r.hw.host_mem / uint64_t(world)}};
+  if (r.activations != ActivationMode::kKeep) {
+    c["strata"]["activations"] = activation_mode_name(r.activations);
+  }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
   return c.dump(2) + "\n";
 }
@@ -601,6 +619,16 @@ std::string plan_json(const PlanReport& rep) {
                 {"heads", r.model.heads}, {"vocab", r.model.vocab},   {"context", r.model.context},
                 {"params", rep.params},   {"note", r.model.note}};
   j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
+  {
+    json a;
+    a["mode"] = activation_mode_name(r.activations);
+    for (auto mode :
+         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
+    }
+    j["activations"] = a;
+  }
   j["hardware"] = {{"gpus", r.hw.gpus},
                    {"gpu_mem", r.hw.gpu_mem},
                    {"host_mem", r.hw.host_mem},
@@ -675,6 +703,20 @@ std::string plan_table(const PlanReport& rep) {
       r.hw.gpus > 1 ? fmt::format(", collectives {:.3g} GB/s [{}]", p.collective_gbps.value,
                                   p.collective_gbps.source)
                     : "");
+  {
+    // Activations per micro-batch under each strata.activations mode (rank 0's; every rank
+    // holds the same).
+    std::string line = "activations (strata.activations):";
+    for (auto mode :
+         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
+                          mode == r.activations ? " [this plan]" : "", gb(double(x.bytes)),
+                          x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
+                          mode == ActivationMode::kOffload ? "" : ",");
+    }
+    s += line + "\n";
+  }
   s += fmt::format("{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
                    "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme",
                    "cpu-opt", "coll", "bottleneck");
@@ -703,19 +745,30 @@ std::string plan_table(const PlanReport& rep) {
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
   } else {
     s += "no placement fits this machine at this batch";
-    // What activation checkpointing would need: one layer input per block + one layer's
-    // activations (strata.activations=recompute is accepted but not built yet).
-    ModelShape one = r.model;
-    one.layers = 1;
-    const uint64_t per_layer = activations_of(one, r.micro_batch, r.seq, r.dtype);
-    const uint64_t ckpt = per_layer + uint64_t(r.model.layers) * r.micro_batch * r.seq *
-                                          r.model.width * dtype_size(r.dtype);
-    s += fmt::format(
-        ": the device needs {} of activations alone at micro-batch {} x {} tokens (activation "
-        "checkpointing, not built in strata yet, would need about {}); lower --batch or --seq, "
-        "or add devices\n",
-        gb(double(activations_of(r.model, r.micro_batch, r.seq, r.dtype))), r.micro_batch, r.seq,
-        gb(double(ckpt)));
+    // Which activation mode would need less device memory (the table above has the numbers).
+    const ActivationSizes now =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, r.activations);
+    const ActivationSizes rec =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
+    const ActivationSizes off =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
+    bool device_short = false;  // some placement failed on the device (not only host/nvme)
+    for (const auto& o : rep.options) {
+      for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
+    }
+    s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
+                     activation_mode_name(r.activations), gb(double(now.bytes)), r.micro_batch,
+                     r.seq);
+    if (!device_short) {
+      s += " and fit; host or nvme is short (above)";
+    } else if (r.activations == ActivationMode::kKeep) {
+      s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
+                       gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
+    } else if (r.activations == ActivationMode::kRecompute) {
+      s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
+                       gb(double(off.host_bytes)));
+    }
+    s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
   }
   return s;
 }

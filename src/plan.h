@@ -17,7 +17,8 @@
 // Time. A step is gradient_accumulation_steps micro-batches of forward+backward plus one
 // optimizer pass. Each term is bytes or FLOPs divided by a rate from the machine profile
 // (`strata probe`), or from the documented defaults when no profile is given:
-//   compute      model FLOPs (6 per param per token + attention) / measured GEMM rate
+//   compute      model FLOPs (6 per param per token + attention, + one more block forward when
+//                activations are recomputed or offloaded) / measured GEMM rate
 //   link         bytes crossing host<->device / host<->device bandwidth
 //   nvme         bytes read and written on the swap paths / NVMe read, write bandwidth
 //   cpu_optim    owned params / the CPU optimizer's params per second
@@ -31,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "src/model.h"
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -124,6 +126,10 @@ struct PlanRequest {
   // strata.optimizer.overlap: the CPU optimizer steps each module under the rest of backward
   // (its NVMe reads start with the step), instead of after it.
   bool overlap_optimizer = true;
+  // strata.activations: device bytes per activation_bytes(); kRecompute/kOffload add one block
+  // forward per block to compute, kOffload adds its block inputs to the host tier and their
+  // round trip to the link.
+  ActivationMode activations = ActivationMode::kKeep;
   Hardware hw;
   MachineProfile profile;
 };
@@ -131,7 +137,7 @@ struct PlanRequest {
 struct TierBytes {
   uint64_t state = 0;        // homes of params/grads/master/moments in this tier
   uint64_t buffers = 0;      // working set (device) or staging (host) or swap overhead (nvme)
-  uint64_t activations = 0;  // device only
+  uint64_t activations = 0;  // device: activation_bytes(); host: offloaded block inputs
   uint64_t capacity = 0;     // 0 = unknown/unbounded
   // The peak the run is expected to reach (what TrainResult::tiers reports), as opposed to
   // total(), the preflight reservation that decides fit: the device cache of offloaded params

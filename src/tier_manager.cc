@@ -760,6 +760,12 @@ struct TierManager::Impl {
       if (open_k == kc) flush_bucket();
     }
   }
+
+  // ---- offloaded activations ---------------------------------------------------------------
+  std::vector<PinnedBuffer> act_host;          // one per stashed layer, from the pool
+  std::vector<size_t> act_len;                 // bytes stashed (0: never)
+  std::vector<std::shared_ptr<Event>> act_ev;  // latest stash or restore of each layer
+  std::shared_ptr<Event> act_last_stash;       // the latest stash (the d2h stream is FIFO)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -926,14 +932,21 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   if (max_opt > 0) staging += size_t(2 * options.buffer_count + 1) * max_opt;
   staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);  // landing + lp staging
   staging += shadows;
-  const size_t host_need = host_home + staging;
+  // Offloaded block inputs (strata.activations = offload).
+  const size_t act_host =
+      size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
+  const size_t host_need = host_home + staging + act_host;
   if (host_need > options.host_capacity) {
-    short_of.push_back(
-        fmt::format("host tier needs {} (state {}, staging buffers {}) but its budget is {}: set "
-                    "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
-                    "(zero_optimization.offload_*.device = \"nvme\"), or use a smaller model",
-                    format_bytes(double(host_need)), format_bytes(double(host_home)),
-                    format_bytes(double(staging)), format_bytes(double(options.host_capacity))));
+    short_of.push_back(fmt::format(
+        "host tier needs {} (state {}, staging buffers {}{}) but its budget is {}: set "
+        "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
+        "(zero_optimization.offload_*.device = \"nvme\"), or use a smaller model{}",
+        format_bytes(double(host_need)), format_bytes(double(host_home)),
+        format_bytes(double(staging)),
+        act_host ? fmt::format(", offloaded activations {}", format_bytes(double(act_host))) : "",
+        format_bytes(double(options.host_capacity)),
+        act_host ? " (or strata.activations = recompute, which keeps block inputs on the device)"
+                 : ""));
   }
   size_t objects = 0;
   for (const auto& m : I.mods) {
@@ -1008,6 +1021,15 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
     I.bucket = static_cast<float*>(b);
     I.device_state_bytes += bucket_bytes;
   }
+  for (int l = 0; l < options.stash_layers; ++l) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, I.pool->acquire(options.stash_bytes),
+                            fmt::format("host tier: activations of block {} "
+                                        "(strata.activations = offload)",
+                                        l));
+    I.act_host.push_back(std::move(b));
+  }
+  I.act_len.assign(I.act_host.size(), 0);
+  I.act_ev.resize(I.act_host.size());
   return std::unique_ptr<TierManager>(new TierManager(std::move(impl)));
 }
 
@@ -1894,6 +1916,67 @@ uint32_t TierManager::weights_crc() {
     }
   }
   return crc;
+}
+
+// ---- offloaded activations ---------------------------------------------------------------------
+
+Status TierManager::stash_activation(int layer, const void* dev, size_t bytes) {
+  Impl& I = *impl_;
+  if (layer < 0 || size_t(layer) >= I.act_host.size() || bytes > I.act_host[size_t(layer)].size()) {
+    Status s = invalid_argument(fmt::format(
+        "host tier: no room to stash {} of block {}'s activations ({} block buffers of {} "
+        "reserved); strata.activations = offload reserves them from the model's shape",
+        format_bytes(double(bytes)), layer, I.act_host.size(),
+        format_bytes(double(opt_.stash_bytes))));
+    I.set_async_error(s);
+    return s;
+  }
+  Stream& d2h = I.dev.d2h_stream();
+  std::shared_ptr<Event> after(I.dev.create_event());
+  I.dev.record(*after, I.dev.compute_stream());
+  I.dev.wait(d2h, *after);
+  I.dev.copy_d2h(d2h, I.act_host[size_t(layer)].data(), dev, bytes);
+  auto done = std::shared_ptr<Event>(I.dev.create_event());
+  I.dev.record(*done, d2h);
+  I.act_ev[size_t(layer)] = done;
+  I.act_last_stash = done;
+  I.act_len[size_t(layer)] = bytes;
+  std::lock_guard<std::mutex> l(I.mu);
+  I.dev_out += bytes;
+  I.host_in += bytes;
+  return Status::ok();
+}
+
+Status TierManager::restore_activation(int layer, void* dev) {
+  Impl& I = *impl_;
+  if (layer < 0 || size_t(layer) >= I.act_host.size() || I.act_len[size_t(layer)] == 0) {
+    Status s = invalid_argument(
+        fmt::format("host tier: block {}'s activations were never stashed (strata.activations "
+                    "= offload restores a block's input only after its forward)",
+                    layer));
+    I.set_async_error(s);
+    return s;
+  }
+  Stream& h2d = I.dev.h2d_stream();
+  std::shared_ptr<Event> after(I.dev.create_event());
+  I.dev.record(*after, I.dev.compute_stream());
+  I.dev.wait(h2d, *after);
+  if (I.act_last_stash) I.dev.wait(h2d, *I.act_last_stash);
+  const size_t bytes = I.act_len[size_t(layer)];
+  I.dev.copy_h2d(h2d, dev, I.act_host[size_t(layer)].data(), bytes);
+  auto done = std::shared_ptr<Event>(I.dev.create_event());
+  I.dev.record(*done, h2d);
+  I.act_ev[size_t(layer)] = done;
+  std::lock_guard<std::mutex> l(I.mu);
+  I.dev_in += bytes;
+  I.host_out += bytes;
+  return Status::ok();
+}
+
+void TierManager::compute_waits_activation(int layer) {
+  Impl& I = *impl_;
+  if (layer < 0 || size_t(layer) >= I.act_ev.size()) return;
+  I.compute_waits_for(I.act_ev[size_t(layer)]);
 }
 
 }  // namespace strata

@@ -124,6 +124,11 @@ struct TierOptions {
   // The optimizer under backward keeps undo copies (clipping or fp16): size the host tier's
   // arena for them when its budget allows.
   bool undo_copies = false;
+  // strata.activations = offload: host-tier buffers for `stash_layers` block inputs of
+  // `stash_bytes` each (activation_bytes()'s stash_*), reserved at create and counted in the
+  // host preflight. 0: none (keep, recompute).
+  int stash_layers = 0;
+  size_t stash_bytes = 0;
   static TierOptions from_config(const Config& cfg, DType dt);
 };
 
@@ -155,7 +160,8 @@ struct TierTimes {
   uint64_t modules_stepped_under_backward = 0;
 };
 
-class TierManager {
+// Also the ActivationStore of strata.activations = offload (the functions at the end).
+class TierManager : public ActivationStore {
  public:
   // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
   // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
@@ -252,6 +258,18 @@ class TierManager {
   std::string describe() const;  // one line per tier: capacity and what lives there
   const Trace* trace(const std::string& phase) const;
   std::string object_name(int object) const;
+
+  // --- offloaded activations (strata.activations = offload) -------------------------------
+  // Block inputs in the host-tier buffers reserved by TierOptions::stash_*: a stash is a
+  // device-to-host copy on the d2h stream after the compute stream's work so far; a restore a
+  // host-to-device copy on the h2d stream after the compute stream's work so far and after
+  // every stash; compute_waits_activation makes the compute stream wait for the latest of
+  // either (timed, counted in TierTimes::compute_wait_s, on a host-addressable device). The
+  // bytes count in the host tier's bytes_in/out and the device tier's bytes_out/in. A bad layer
+  // or size is an error naming strata.activations, also kept for end_backward.
+  Status stash_activation(int layer, const void* dev, size_t bytes) override;
+  Status restore_activation(int layer, void* dev) override;
+  void compute_waits_activation(int layer) override;
 
  private:
   struct Impl;

@@ -211,12 +211,32 @@ Status Run::setup() {
   to.rank = rank_;
   to.param_comm = param_comm_.get();
   to.grad_comm = grad_comm_.get();
-  STRATA_ASSIGN_OR_RETURN(tm_,
-                          TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to,
-                                              activation_bytes(layout_, B_, T_, dt_).bytes),
-                          "");
+  STRATA_ASSIGN_OR_RETURN(const ActivationMode act_mode,
+                          parse_activation_mode(cfg_.strata.activations), "");
+  const ActivationSizes acts = activation_bytes(layout_, B_, T_, dt_, act_mode);
+  to.stash_layers = acts.stash_layers;
+  to.stash_bytes = acts.stash_bytes;
+  auto tm = TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
+  if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
+      tm.status().message().find("device tier needs") != std::string::npos) {
+    // Name the activation modes that need less device memory, with their bytes.
+    const size_t rec = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kRecompute).bytes;
+    const size_t off = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kOffload).bytes;
+    return out_of_memory(fmt::format(
+        "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
+        "(one extra block forward in backward), offload {} (block inputs in host memory)",
+        tm.status().message(), cfg_.strata.activations, format_bytes(double(acts.bytes)),
+        format_bytes(double(rec)), format_bytes(double(off))));
+  }
+  STRATA_ASSIGN_OR_RETURN(tm_, std::move(tm), "");
   log_info("tiers: {}", tm_->describe());
-  STRATA_ASSIGN_OR_RETURN(model_, GptModel::create(*dev_, layout_, B_, T_, dt_), "model");
+  log_info("activations: {}, {} on the device{}", cfg_.strata.activations,
+           format_bytes(double(acts.bytes)),
+           acts.host_bytes
+               ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
+               : "");
+  STRATA_ASSIGN_OR_RETURN(
+      model_, GptModel::create(*dev_, layout_, B_, T_, dt_, act_mode, tm_.get()), "model");
 
   hyper_.kind = optimizer_kind(cfg_.optimizer);
   hyper_.beta1 = static_cast<float>(cfg_.optimizer.beta1);

@@ -465,7 +465,12 @@ std::vector<Case> cases() {
          EXPECT_TRUE(has_line(n, "wall_clock_breakdown = true: accepted;"));
          EXPECT_TRUE(has_line(n, "tensorboard.enabled = true: accepted;"));
          EXPECT_TRUE(has_line(n, "tensorboard.output_path = tb/: accepted;"));
-         EXPECT_TRUE(has_line(n, "activation_checkpointing.partition_activations = true"));
+         // Acted on: partition_activations turns on recompute (and says so).
+         EXPECT_FALSE(has_line(n, "partition_activations"));
+         EXPECT_EQ(g.strata.activations, "recompute");
+         EXPECT_TRUE(has_line(g.resolved_auto,
+                              "strata.activations = recompute (from "
+                              "activation_checkpointing.partition_activations)"));
          EXPECT_TRUE(has_line(n, "zero_allow_untested_optimizer = true"));
          // Defaults and acted-on settings produce no line.
          EXPECT_FALSE(has_line(n, "contiguous_gradients"));
@@ -499,6 +504,38 @@ std::vector<Case> cases() {
          EXPECT_TRUE(has_line(g.not_acted_on, "wandb.project = x"));
          EXPECT_FALSE(has_line(g.not_acted_on, "memory_breakdown"));
        });
+  // --- activation checkpointing: DeepSpeed's keys map onto strata.activations ---------------
+  good("cpu_checkpointing_offloads",
+       J(R"("activation_checkpointing": {"partition_activations": true,
+              "cpu_checkpointing": true})"),
+       [](const Config& g) {
+         EXPECT_EQ(g.strata.activations, "offload");
+         EXPECT_TRUE(has_line(g.resolved_auto,
+                              "strata.activations = offload (from "
+                              "activation_checkpointing.cpu_checkpointing)"));
+         EXPECT_FALSE(has_line(g.not_acted_on, "cpu_checkpointing"));
+       });
+  good("number_checkpoints_recomputes", J(R"("activation_checkpointing": {"number_checkpoints": 4,
+              "contiguous_memory_optimization": true})"),
+       [](const Config& g) {
+         EXPECT_EQ(g.strata.activations, "recompute");
+         // The count itself is not honoured: every block's input is saved; said so.
+         EXPECT_TRUE(has_line(g.not_acted_on, "activation_checkpointing.number_checkpoints = 4"));
+         EXPECT_TRUE(has_line(g.not_acted_on,
+                              "activation_checkpointing.contiguous_memory_optimization = true"));
+       });
+  good("strata_activations_wins", J(R"("activation_checkpointing": {"cpu_checkpointing": true},
+            "strata": {"activations": "keep"})"),
+       [](const Config& g) {
+         EXPECT_EQ(g.strata.activations, "keep");
+         EXPECT_FALSE(has_line(g.resolved_auto, "strata.activations"));
+       });
+  good("activation_checkpointing_off_keeps",
+       J(R"("activation_checkpointing": {"partition_activations": false,
+              "number_checkpoints": 0})"),
+       [](const Config& g) { EXPECT_EQ(g.strata.activations, "keep"); });
+  bad("strata_activations_unknown", J(R"("strata": {"activations": "discard"})"),
+      "strata.activations: \"discard\" is not one of keep, recompute, offload");
   bad("other_key_checked", J(R"("flops_profiler": {"enabled": "yes"})"),
       "flops_profiler.enabled: expected boolean, got \"yes\"");
   bad("other_key_unknown", J(R"("activation_checkpointing": {"partition_activation": true})"),
@@ -549,7 +586,7 @@ std::vector<Case> cases() {
          EXPECT_EQ(g.strata.comm_backend, "mpi");
          EXPECT_EQ(g.strata.activations, "recompute");
          EXPECT_EQ(g.strata.log_level, "debug");
-         EXPECT_TRUE(has_line(g.not_acted_on, "strata.activations = recompute"));
+         EXPECT_FALSE(has_line(g.not_acted_on, "strata.activations"));
          EXPECT_FALSE(has_line(g.not_acted_on, "log_level"));
          EXPECT_FALSE(has_line(g.not_acted_on, "model."));
        });

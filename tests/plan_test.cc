@@ -143,31 +143,82 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
   r.model = {"t", 2, 64, 2, 100, 32, ""};
   r.seq = 32;
   r.micro_batch = 2;
-  for (const std::string name : {"opt-host", "params-host"}) {
-    auto o = evaluate_placement(r, find(name));
-    ASSERT_TRUE(o.is_ok());
-    const size_t act = o->device.activations;
-    for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
-      auto dev = create_cpu_device(
-          {.capacity = size_t(int64_t(o->device.total()) + (slack < 0 ? slack : 0)), .threads = 1});
-      ASSERT_TRUE(dev.is_ok());
-      TierOptions to;
-      to.placement.params = o->placement.params == PlanTier::kDevice ? Tier::kDevice : Tier::kHost;
-      to.placement.master = to.placement.moments = Tier::kHost;
-      to.placement.grads = Tier::kHost;
-      to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
-      auto tm = TierManager::create(**dev, *lay, DType::kBF16, DType::kF32, to, act);
-      EXPECT_EQ(tm.is_ok(), slack == 0)
-          << name << " slack " << slack << ": " << (tm.is_ok() ? "" : tm.status().message());
-      // Host: the same at the host budget.
-      auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
-      ASSERT_TRUE(dev2.is_ok());
-      to.host_capacity = size_t(int64_t(o->host.total()) + slack);
-      auto tm2 = TierManager::create(**dev2, *lay, DType::kBF16, DType::kF32, to, act);
-      EXPECT_EQ(tm2.is_ok(), slack == 0)
-          << name << " host slack " << slack << ": " << (tm2.is_ok() ? "" : tm2.status().message());
+  for (const ActivationMode mode :
+       {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload})
+    for (const std::string name : {"opt-host", "params-host"}) {
+      r.activations = mode;
+      auto o = evaluate_placement(r, find(name));
+      ASSERT_TRUE(o.is_ok());
+      const size_t act = o->device.activations;
+      const ActivationSizes sizes = activation_bytes(*lay, 2, 32, DType::kBF16, mode);
+      EXPECT_EQ(act, sizes.bytes);
+      EXPECT_EQ(o->host.activations, sizes.host_bytes);
+      for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
+        auto dev = create_cpu_device(
+            {.capacity = size_t(int64_t(o->device.total()) + (slack < 0 ? slack : 0)),
+             .threads = 1});
+        ASSERT_TRUE(dev.is_ok());
+        TierOptions to;
+        to.placement.params =
+            o->placement.params == PlanTier::kDevice ? Tier::kDevice : Tier::kHost;
+        to.placement.master = to.placement.moments = Tier::kHost;
+        to.placement.grads = Tier::kHost;
+        to.stash_layers = sizes.stash_layers;
+        to.stash_bytes = sizes.stash_bytes;
+        to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
+        auto tm = TierManager::create(**dev, *lay, DType::kBF16, DType::kF32, to, act);
+        EXPECT_EQ(tm.is_ok(), slack == 0)
+            << name << " " << activation_mode_name(mode) << " slack " << slack << ": "
+            << (tm.is_ok() ? "" : tm.status().message());
+        // Host: the same at the host budget.
+        auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
+        ASSERT_TRUE(dev2.is_ok());
+        to.host_capacity = size_t(int64_t(o->host.total()) + slack);
+        auto tm2 = TierManager::create(**dev2, *lay, DType::kBF16, DType::kF32, to, act);
+        EXPECT_EQ(tm2.is_ok(), slack == 0) << name << " host slack " << slack << ": "
+                                           << (tm2.is_ok() ? "" : tm2.status().message());
+      }
     }
+}
+
+// Recompute trades device bytes for one more block forward; offload also moves the block inputs
+// over the link and holds them in the host tier. The table and the JSON list every mode.
+TEST(Plan, ActivationModesTradeMemoryForWork) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.seq = 128;
+  r.micro_batch = 4;
+  r.accumulation = 2;
+  std::vector<PlanOption> o;
+  for (const ActivationMode mode :
+       {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+    r.activations = mode;
+    auto x = evaluate_placement(r, find("params-host"));
+    ASSERT_TRUE(x.is_ok());
+    o.push_back(*x);
   }
+  EXPECT_LT(o[1].device.activations, o[0].device.activations);
+  EXPECT_LT(o[2].device.activations, o[1].device.activations);
+  EXPECT_EQ(o[0].host.activations, 0u);
+  EXPECT_EQ(o[1].host.activations, 0u);
+  // 3 of 4 block inputs (4 x 128 rows x 256 channels x 2 bytes) in the host tier.
+  const uint64_t input = 4ull * 128 * 256 * 2;
+  EXPECT_EQ(o[2].host.activations, 3 * input);
+  // One more forward of the blocks: 2*12*C^2*L + 4*T*C*L FLOPs per token, A*B*T tokens.
+  const double extra = (2.0 * 12 * 256 * 256 * 4 + 4.0 * 128 * 256 * 4) * 2 * 4 * 128;
+  EXPECT_NEAR(double(o[1].flops - o[0].flops), extra, extra * 1e-6);
+  EXPECT_EQ(o[2].flops, o[1].flops);
+  // Out and back per micro-batch.
+  EXPECT_EQ(o[2].link_bytes - o[1].link_bytes, 2 * 2 * 3 * input);
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  const std::string t = plan_table(*rep);
+  EXPECT_NE(t.find("activations (strata.activations): keep"), std::string::npos) << t;
+  EXPECT_NE(t.find("offload [this plan]"), std::string::npos) << t;
+  const std::string j = plan_json(*rep);
+  EXPECT_NE(j.find("\"recompute\""), std::string::npos);
+  EXPECT_NE(plan_config_json(*rep, rep->options[0]).find("\"activations\": \"offload\""),
+            std::string::npos);
 }
 
 TEST(Plan, ExpectedPeaksFollowTheirRules) {

@@ -38,6 +38,11 @@ constexpr const char* kUsage =
     "  --seq T              tokens per sequence (default: the model's context)\n"
     "  --accum A            micro-batches per step (default 1)\n"
     "  --dtype bf16|fp16|fp32   parameter/activation precision (default bf16)\n"
+    "  --activations keep|recompute|offload\n"
+    "                           strata.activations: keep every block's activations on the\n"
+    "                           device, keep only block inputs and recompute the rest in\n"
+    "                           backward, or also move the inputs to host memory (default\n"
+    "                           keep, or the config's); the table lists all three\n"
     "hardware:\n"
     "  --backend cuda|cpu   what runs forward/backward (default: the profile's, else cuda)\n"
     "  --gpus N             ranks (default 1)\n"
@@ -95,6 +100,7 @@ int cmd_plan(int argc, char** argv) {
   bool max_mode = false, validate = false, fastest = false;
   DType dt = DType::kBF16;
   bool have_dtype = false, have_batch = false;
+  std::string activations;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -187,6 +193,14 @@ int cmd_plan(int argc, char** argv) {
         return 2;
       }
       have_dtype = true;
+    } else if (a == "--activations") {
+      if (!parse_activation_mode(v).is_ok()) {
+        std::fprintf(stderr,
+                     "strata plan: --activations takes keep, recompute or offload, not '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+      activations = v;
     } else if (a == "--json") {
       json_path = v;
     } else if (a == "--svg") {
@@ -310,6 +324,7 @@ int cmd_plan(int argc, char** argv) {
     req.seq = req.model.context;
   }
   if (have_dtype) req.dtype = dt;
+  if (!activations.empty()) req.activations = *parse_activation_mode(activations);
 
   if (max_mode) {
     auto c = max_model(req);
