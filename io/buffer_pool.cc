@@ -39,7 +39,15 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
                                                        const BufferPoolOptions& options) {
   if (budget == 0) return invalid_argument(fmt::format("{}: budget must be > 0", options.name));
   const size_t cap = (budget + kStorageAlignment - 1) & ~(kStorageAlignment - 1);
-  void* p = std::aligned_alloc(kStorageAlignment, cap);
+  // Arenas of at least one huge page start on a huge-page boundary and ask for transparent huge
+  // pages before any page is touched (mlock below faults them in). With 4 KiB pages a 1 MiB
+  // O_DIRECT transfer is 256 scattered pages; a virtio disk takes at most 254 segments per
+  // request (/sys/block/*/queue/max_segments), so the block layer split every 1 MiB read into
+  // 1016 KiB + 8 KiB and the disk saw twice the requests (measured: docs/BENCHMARKS.md, #3).
+  // Inside a 2 MiB page a piece is one physically contiguous segment.
+  const size_t align = cap >= kHugePage ? kHugePage : kStorageAlignment;
+  void* p = nullptr;
+  if (::posix_memalign(&p, align, cap) != 0) p = nullptr;
   if (p == nullptr)
     return out_of_memory(fmt::format("{}: cannot allocate its {} budget; lower the budget",
                                      options.name, format_bytes(static_cast<double>(cap))));
@@ -47,6 +55,13 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
   pool->name_ = options.name;
   pool->base_ = p;
   pool->capacity_ = cap;
+  // EINVAL: THP is compiled out or set to "never"; the pool then works with 4 KiB pages.
+  if (align == kHugePage) pool->huge_pages_ = ::madvise(p, cap, MADV_HUGEPAGE) == 0;
+  if (align == kHugePage && !pool->huge_pages_)
+    log_debug(
+        "{}: no transparent huge pages ({}); 1 MiB I/O pieces may be split by the disk's "
+        "segment limit",
+        options.name, std::strerror(errno));
   pool->alloc_ = std::make_unique<ExtentAllocator>(cap, kStorageAlignment, options.name);
   if (options.lock) {
     if (::mlock(p, cap) == 0) {

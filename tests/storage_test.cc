@@ -589,6 +589,27 @@ void pool_over_memlock_limit() {
   _exit(0);
 }
 
+// Arenas of 2 MiB or more start on a huge-page boundary and are advised MADV_HUGEPAGE, so a
+// 1 MiB I/O piece is one contiguous segment and a virtio disk's 254-segment limit does not split
+// it in two (docs/BENCHMARKS.md, #3). The advice is accepted unless THP is "never"/absent.
+TEST(BufferPoolTest, LargeArenaIsHugePageAlignedAndAdvised) {
+  std::string thp;
+  std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);
+  auto pool = BufferPool::create(8 << 20);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*pool)->base()) % BufferPool::kHugePage, 0u);
+  const bool thp_usable = !thp.empty() && thp.find("[never]") == std::string::npos;
+  EXPECT_EQ((*pool)->huge_pages(), thp_usable) << "THP setting: \"" << thp << "\"";
+  auto b = (*pool)->acquire(8 << 20);  // the whole budget, still exactly the budget
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  std::memset(b->data(), 3, b->size());
+  EXPECT_FALSE((*pool)->acquire(4096).is_ok());
+  auto small = BufferPool::create(1 << 20);  // under one huge page: 4 KiB pages, no advice
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_FALSE((*small)->huge_pages());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*small)->base()) % kA, 0u);
+}
+
 TEST(BufferPoolTest, LockFallbackWhenOverMemlockLimit) {
   rlimit rl{};
   getrlimit(RLIMIT_MEMLOCK, &rl);

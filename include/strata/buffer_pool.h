@@ -1,8 +1,11 @@
 // BufferPool: pinned, 4096-aligned host buffers for storage I/O, carved from one arena whose
 // size is a byte budget from the config.
 //
-// The arena is allocated once (4096-aligned) and locked in memory with mlock so the kernel can
-// DMA into it and never pages it out. If locking fails (RLIMIT_MEMLOCK, see `ulimit -l`) the
+// The arena is allocated once (4096-aligned; 2 MiB-aligned and advised MADV_HUGEPAGE when it is
+// at least 2 MiB, so an I/O piece of up to 1 MiB is one physically contiguous segment and a
+// virtio/NVMe queue's segment limit does not split it; huge_pages() tells whether the kernel
+// accepted the advice) and locked in memory with mlock so the kernel can DMA into it and never
+// pages it out. If locking fails (RLIMIT_MEMLOCK, see `ulimit -l`) the
 // pool still works with unlocked memory and logs one warning saying how to raise the limit;
 // locked() tells which happened. (On CUDA builds the device layer may additionally register the
 // arena with cudaHostRegister through base()/capacity().) Because the arena is one region,
@@ -75,6 +78,11 @@ class BufferPool {
   size_t in_use() const;
   size_t peak_in_use() const;
   bool locked() const { return locked_; }
+  // Whether the arena was advised to use transparent huge pages (2 MiB) and the kernel accepted
+  // (false for arenas under 2 MiB, or THP "never"). The kernel may still fall back to 4 KiB
+  // pages when it has no free huge pages.
+  bool huge_pages() const { return huge_pages_; }
+  static constexpr size_t kHugePage = size_t{2} << 20;
 
  private:
   BufferPool() = default;
@@ -85,6 +93,7 @@ class BufferPool {
   void* base_ = nullptr;
   size_t capacity_ = 0;
   bool locked_ = false;
+  bool huge_pages_ = false;
   mutable std::mutex mu_;
   std::unique_ptr<ExtentAllocator> alloc_;
   size_t peak_ = 0;
