@@ -2,7 +2,8 @@
 # Storage benchmark: `strata probe io` against fio on the same file, block size and queue depth,
 # run alternately A/B/A/B (ROUNDS times) so drift on a noisy disk hits both tools alike.
 # Sequential read and write, 1 MiB blocks, queue depth 8 and 32; io_uring vs fio's io_uring and
-# libaio vs fio's libaio. Prints one line per run and a median summary with the ratio.
+# libaio vs fio's libaio. Prints, per case, both tools' runs, the ratio of the medians, and the
+# median of the per-round ratios (strata run r / fio run r, the two runs back to back).
 #
 # usage: tests/bench_io_vs_fio.sh STRATA_BIN DIR [SIZE=4GiB] [ROUNDS=3]
 #   env BACKENDS="io_uring libaio", OPS="read write", QDS="8 32" narrow the sweep.
@@ -31,20 +32,21 @@ print('%.3f' % ((j['read']['bw_bytes'] + j['write']['bw_bytes']) / 1e9))"
 }
 median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-printf "%-9s %-5s %3s | %-22s | %-22s | %s\n" backend op qd "strata GB/s (runs)" \
-  "fio GB/s (runs)" "strata/fio"
+printf "%-9s %-5s %3s | %-22s | %-22s | %s | %s\n" backend op qd "strata GB/s (runs)" \
+  "fio GB/s (runs)" "strata/fio (medians)" "median of paired ratios"
 for backend in ${BACKENDS:-io_uring libaio}; do
   for op in ${OPS:-read write}; do
     for qd in ${QDS:-8 32}; do
-      s=() f=()
+      s=() f=() p=()
       for ((r = 0; r < rounds; r++)); do
         s+=("$(strata_run "$backend" "$op" "$qd")")
         f+=("$(fio_run "$backend" "$op" "$qd")")
+        p+=("$(echo "${s[r]} / ${f[r]}" | bc -l)")
       done
       sm=$(echo "${s[@]}" | median)
       fm=$(echo "${f[@]}" | median)
-      printf "%-9s %-5s %3s | %-5s (%s) | %-5s (%s) | %.3f\n" "$backend" "$op" "$qd" "$sm" \
-        "${s[*]}" "$fm" "${f[*]}" "$(echo "$sm / $fm" | bc -l)"
+      printf "%-9s %-5s %3s | %-5s (%s) | %-5s (%s) | %.3f | %.3f\n" "$backend" "$op" "$qd" \
+        "$sm" "${s[*]}" "$fm" "${f[*]}" "$(echo "$sm / $fm" | bc -l)" "$(echo "${p[@]}" | median)"
     done
   done
 done
