@@ -121,7 +121,11 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
   report.file_bytes = o.file_bytes;
   BufferPoolOptions po;
   po.name = "probe buffers";
-  STRATA_ASSIGN_OR_RETURN(auto pool, BufferPool::create(max_bs * max_qd, po), "probe io");
+  // At least one huge page, so even a 1 MiB x QD 1 sweep gets huge-page buffers (buffer_pool.h)
+  // and measures what the engine does with a real BufferPool arena.
+  STRATA_ASSIGN_OR_RETURN(auto pool,
+                          BufferPool::create(std::max(max_bs * max_qd, BufferPool::kHugePage), po),
+                          "probe io");
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer buf, pool->acquire(max_bs * max_qd), "probe io");
   for (size_t i = 0; i < buf.size(); ++i) buf.as<char>()[i] = static_cast<char>(i * 131 + 7);
 
