@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "strata/log.h"
 #include "strata/storage.h"
@@ -55,13 +57,19 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
   pool->name_ = options.name;
   pool->base_ = p;
   pool->capacity_ = cap;
-  // EINVAL: THP is compiled out or set to "never"; the pool then works with 4 KiB pages.
-  if (align == kHugePage) pool->huge_pages_ = ::madvise(p, cap, MADV_HUGEPAGE) == 0;
-  if (align == kHugePage && !pool->huge_pages_)
-    log_debug(
-        "{}: no transparent huge pages ({}); 1 MiB I/O pieces may be split by the disk's "
-        "segment limit",
-        options.name, std::strerror(errno));
+  // madvise fails (EINVAL) when THP is compiled out; it succeeds but has no effect when THP is
+  // "never", so that setting is read too. Either way the pool then works with 4 KiB pages.
+  if (align == kHugePage) {
+    std::string thp;
+    std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);
+    const bool never = thp.empty() || thp.find("[never]") != std::string::npos;
+    pool->huge_pages_ = !never && ::madvise(p, cap, MADV_HUGEPAGE) == 0;
+    if (!pool->huge_pages_)
+      log_debug(
+          "{}: no transparent huge pages (THP setting \"{}\"); 1 MiB I/O pieces may be "
+          "split by the disk's segment limit (see docs/STORAGE.md, Huge pages)",
+          options.name, thp);
+  }
   pool->alloc_ = std::make_unique<ExtentAllocator>(cap, kStorageAlignment, options.name);
   if (options.lock) {
     if (::mlock(p, cap) == 0) {

@@ -79,8 +79,9 @@ class BufferPool {
   size_t peak_in_use() const;
   bool locked() const { return locked_; }
   // Whether the arena was advised to use transparent huge pages (2 MiB) and the kernel accepted
-  // (false for arenas under 2 MiB, or THP "never"). The kernel may still fall back to 4 KiB
-  // pages when it has no free huge pages.
+  // (false for arenas under 2 MiB, THP "never" in /sys/kernel/mm/transparent_hugepage/enabled,
+  // or THP compiled out). The kernel may still fall back to 4 KiB pages when it has no free
+  // huge pages.
   bool huge_pages() const { return huge_pages_; }
   static constexpr size_t kHugePage = size_t{2} << 20;
 
