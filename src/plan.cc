@@ -175,10 +175,15 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
             "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
       }
       const double med = e["gemm_flops"].get<double>();
-      p.gemm_by_width.emplace_back(e["C"].get<int>(),
-                                   fastest ? e.value("gemm_flops_max", med) : med);
+      MachineProfile::GemmPoint g;
+      g.width = e["C"].get<int>();
+      g.tokens = e.value("B", 4) * e.value("T", 128);  // version-1 profiles: 4 x 128
+      g.flops = fastest ? e.value("gemm_flops_max", med) : med;
+      p.gemm_by_width.push_back(g);
     }
-    std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end());
+    std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.tokens, a.width) < std::tie(b.tokens, b.width);
+    });
   }
   STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
   v = best_of(j["host"].value("copy_spread", json()), v);
@@ -216,6 +221,21 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
     STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
     p.nvme_write_gbps = {nvme_best(false, v), src};
     const json& n = j["nvme"];
+    if (n.contains("io_probe") && n["io_probe"].is_object()) {
+      for (const auto& c : n["io_probe"].value("cases", json::array())) {
+        MachineProfile::NvmeCase k;
+        k.backend = c.value("backend", "");
+        k.block_size = c.value("block_size", size_t{0});
+        k.queue_depth = c.value("queue_depth", 0);
+        const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
+        auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
+          return x.backend == k.backend && x.block_size == k.block_size &&
+                 x.queue_depth == k.queue_depth;
+        });
+        if (it == p.nvme_cases.end()) it = p.nvme_cases.insert(p.nvme_cases.end(), k);
+        (c.value("op", "") == "read" ? it->read_gbps : it->write_gbps) = g;
+      }
+    }
     if (n.contains("aio") && n["aio"].is_object()) {
       p.aio_backend = n["aio"].value("backend", p.aio_backend);
       p.aio_block_size = n["aio"].value("block_size", p.aio_block_size);
@@ -255,6 +275,35 @@ std::vector<PlacementOption> placement_options() {
       {"opt-nvme", T::kDevice, T::kNvme},           {"params-host", T::kHost, T::kHost},
       {"params-host+opt-nvme", T::kHost, T::kNvme}, {"params-nvme+opt-host", T::kNvme, T::kHost},
       {"params-nvme+opt-nvme", T::kNvme, T::kNvme}};
+}
+
+namespace {
+// Log-log interpolation of (x, y) points sorted by x, clamped at the ends.
+double interpolate_log(const std::vector<std::pair<double, double>>& pts, double x) {
+  if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second;
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (x > pts[i].first) continue;
+    const double f = std::log(x / pts[i - 1].first) / std::log(pts[i].first / pts[i - 1].first);
+    return std::exp(std::log(pts[i - 1].second) * (1 - f) + std::log(pts[i].second) * f);
+  }
+  return pts.back().second;
+}
+}  // namespace
+
+double gemm_rate_at(const MachineProfile& p, int width, int tokens) {
+  if (p.gemm_by_width.empty()) return p.gemm_flops.value;
+  // Per token count: the rate at this width; then across token counts.
+  std::vector<std::pair<double, double>> by_tokens;
+  for (size_t i = 0; i < p.gemm_by_width.size();) {
+    const int tk = p.gemm_by_width[i].tokens;
+    std::vector<std::pair<double, double>> by_width;
+    for (; i < p.gemm_by_width.size() && p.gemm_by_width[i].tokens == tk; ++i) {
+      by_width.emplace_back(p.gemm_by_width[i].width, p.gemm_by_width[i].flops);
+    }
+    by_tokens.emplace_back(tk, interpolate_log(by_width, width));
+  }
+  return interpolate_log(by_tokens, tokens);
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
@@ -384,6 +433,44 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // through host staging buffers, all alive until the copies are done.
   if (pl.params == PlanTier::kDevice) host_peak += P_local * es;
   host_peak += acts.host_bytes;  // offloaded block inputs: reserved once, always held
+  // The optimizer under backward with clipping or fp16: an undo copy of every stepped module's
+  // master + moments, held until the step is validated (TierManager::step_ready), taken while
+  // the host budget has room beyond the reservation above; modules without room are stepped
+  // after backward instead.
+  uint64_t undo_want = 0;
+  if (r.overlap_optimizer && r.undo_copies) {
+    for (uint64_t n_full : full) {
+      const uint64_t n = ceil_div(n_full, W);
+      undo_want += round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096);
+    }
+    undo_want *= W;
+  }
+  o.host.undo = undo_want;
+  if (o.host.capacity > 0) {
+    const uint64_t room =
+        o.host.capacity > o.host.total() ? o.host.capacity - o.host.total() : uint64_t{0};
+    o.host.undo = std::min(undo_want, room);
+  }
+  if (o.host.undo > 0) {
+    // With undo copies the peak comes at the end of the speculative pass instead: the homes, the
+    // undo copies, and the NVMe optimizer pipeline's buffer_count + 1 modules (read ahead or
+    // written behind, one stepped; with NVMe params also their new params' staging) — the
+    // gradient landing and write-back staging are free by then. Measured: docs/PLANNER.md.
+    uint64_t spec = home[1] + acts.host_bytes + o.host.undo / W;
+    if (pl.optimizer == PlanTier::kNvme) {
+      std::vector<uint64_t> slot;
+      for (uint64_t n_full : full) {
+        const uint64_t n = ceil_div(n_full, W);
+        slot.push_back(round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096) +
+                       (pl.params == PlanTier::kNvme ? round_up(n * es, 4096) : 0));
+      }
+      std::sort(slot.rbegin(), slot.rend());
+      const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
+      for (size_t i = 0; i < k; ++i) spec += slot[i];
+    }
+    if (pl.params == PlanTier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
+    host_peak = std::max(host_peak, spec);
+  }
   o.host.peak = host_peak * W;
   o.nvme.peak = o.nvme.state;
   if (pl.optimizer == PlanTier::kDevice && !r.profile.cpu_backend) {
@@ -403,23 +490,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       r.activations == ActivationMode::kKeep ? 0.0 : block_fwd_per_token;
   o.flops = uint64_t((3.0 * fwd_per_token + recompute_per_token) * tokens * A);
   TimeTerms& t = o.time;
-  t.gemm_flops = pf.gemm_flops.value;
-  if (!pf.gemm_by_width.empty()) {
-    const auto& g = pf.gemm_by_width;  // sorted by width
-    if (m.width <= g.front().first) {
-      t.gemm_flops = g.front().second;
-    } else if (m.width >= g.back().first) {
-      t.gemm_flops = g.back().second;
-    } else {
-      for (size_t i = 1; i < g.size(); ++i) {
-        if (m.width > g[i].first) continue;
-        const double f = std::log(double(m.width) / g[i - 1].first) /
-                         std::log(double(g[i].first) / g[i - 1].first);
-        t.gemm_flops = std::exp(std::log(g[i - 1].second) * (1 - f) + std::log(g[i].second) * f);
-        break;
-      }
-    }
-  }
+  t.gemm_flops = gemm_rate_at(pf, m.width, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
   const double P = double(P_local), Pfull = double(model_params(m));
@@ -460,30 +531,60 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.nvme_s =
       double(W) * (nr / (pf.nvme_read_gbps.value * 1e9) + nw / (pf.nvme_write_gbps.value * 1e9));
   t.cpu_optim_s = pl.optimizer == PlanTier::kDevice ? 0.0 : double(W) * P / pf.optimizer_pps.value;
+  // The optimizer thread also copies each module's master + moments into its undo copy.
+  t.cpu_optim_s += double(o.host.undo) / (pf.host_copy_gbps.value * 1e9);
   if (W > 1) {
     const double frac = double(W - 1) / double(W);
     const double bytes = A * (2.0 * Pfull * es + Pfull * 4) * frac;
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
-  // Combination. GPU: transfers and collectives overlap compute (prefetch); the optimizer pass
-  // (CPU Adam pipelined with its NVMe traffic) follows backward, or with the optimizer under
-  // backward starts when backward does (a third of compute in) and its reads with the step.
-  // CPU backend: compute, copies and the optimizer share the same cores, so they add; NVMe
-  // transfers run on I/O threads under the optimizer, or under the whole step when overlapped.
-  const double nvme_opt_s = t.nvme_s;
-  if (pf.cpu_backend && r.overlap_optimizer) {
-    t.step_s = std::max(t.compute_s + t.link_s + t.cpu_optim_s + t.collectives_s, nvme_opt_s);
-  } else if (pf.cpu_backend) {
-    t.step_s = t.compute_s + t.link_s + std::max(t.cpu_optim_s, nvme_opt_s) + t.collectives_s;
-  } else if (r.overlap_optimizer) {
-    const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
-    // Backward starts after the forward: a third of compute, less with a recompute in backward.
-    const double fwd_part = t.compute_s / (3.0 + recompute_per_token / fwd_per_token);
-    t.step_s = std::max({dev, fwd_part + t.cpu_optim_s, nvme_opt_s});
-  } else {
-    t.step_s =
-        std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, nvme_opt_s);
+  // Combination (docs/PLANNER.md, "Step time"). Plain schedule: the optimizer pass (CPU Adam
+  // pipelined with its NVMe traffic) follows backward. GPU: transfers and collectives overlap
+  // compute (prefetch). CPU backend: compute, copies and the optimizer share the same cores, so
+  // they add; NVMe transfers run on I/O threads under the optimizer.
+  const double plain =
+      pf.cpu_backend
+          ? t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
+          : std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
+  t.hidden_share = 0;
+  t.step_s = plain;
+  if (r.overlap_optimizer) {
+    // The optimizer under backward starts with the last micro-batch's backward: each micro-batch
+    // is a forward (1) and a backward (2, plus 1 when blocks are recomputed) in compute units.
+    const double rc = recompute_per_token / fwd_per_token;
+    const double start_share = (A * (3.0 + rc) - (2.0 + rc)) / (A * (3.0 + rc));
+    // Its NVMe traffic from then on: the optimizer state's reads (less the buffer_count modules
+    // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
+    // writes, the new params' writes, and the last backward pass's param reads.
+    double window = 0;
+    if (pl.optimizer == PlanTier::kNvme) {
+      const double per_param = double(4 + 2 * mb);
+      double ahead = double(ceil_div(ms.final_norm, W));
+      const int blocks_ahead = std::min(ms.L, std::max(0, r.buffer_count - 1));
+      ahead += double(blocks_ahead) * double(ceil_div(ms.block, W));
+      if (r.buffer_count - 1 > ms.L) ahead += double(ceil_div(ms.emb, W));
+      window += (P - std::min(P, ahead)) * per_param / (pf.nvme_read_gbps.value * 1e9);
+      window += P * per_param / (pf.nvme_write_gbps.value * 1e9);
+    }
+    if (pl.params == PlanTier::kNvme) {
+      window += P * es / (pf.nvme_write_gbps.value * 1e9);
+      window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
+    }
+    window *= double(W);  // every local rank shares the node's NVMe bandwidth
+    double overlapped = 0;
+    if (pf.cpu_backend) {
+      const double start = (t.compute_s + t.link_s) * start_share;
+      overlapped = std::max(
+          {t.compute_s + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
+    } else {
+      const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
+      const double start = t.compute_s * start_share;
+      overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window), t.nvme_s});
+    }
+    // Modules without room for their undo copies are stepped after backward.
+    t.hidden_share = o.host.undo < undo_want ? double(o.host.undo) / double(undo_want) : 1.0;
+    t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
   }
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
                                                   {"host<->device link", t.link_s},
@@ -551,11 +652,24 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.moment_dtype = cfg.strata.moment_dtype;
   r.buffer_count = std::max(1, cfg.zero.offload_optimizer.buffer_count);
   r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
+  r.undo_copies = cfg.gradient_clipping > 0 || cfg.fp16.enabled;
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
   auto mode = parse_activation_mode(cfg.strata.activations);  // the parser checked the name
   r.activations = mode.is_ok() ? *mode : ActivationMode::kKeep;
   r.hw = hw;
   r.profile = profile;
+  // The NVMe rates of the aio case this config runs (aio.backend "auto" is io_uring where it
+  // starts, which the probe's case list then has), when the profile measured it.
+  const std::string backend = cfg.aio.backend == "auto" ? "io_uring" : cfg.aio.backend;
+  for (const auto& c : profile.nvme_cases) {
+    if (c.backend == backend && c.block_size == cfg.aio.block_size &&
+        c.queue_depth == cfg.aio.queue_depth && c.read_gbps > 0 && c.write_gbps > 0) {
+      const std::string src = fmt::format("{} ({} qd {}, the config's aio)",
+                                          profile.nvme_read_gbps.source, backend, c.queue_depth);
+      r.profile.nvme_read_gbps = {c.read_gbps, src};
+      r.profile.nvme_write_gbps = {c.write_gbps, src};
+    }
+  }
   return r;
 }
 
@@ -649,6 +763,8 @@ std::string plan_json(const PlanReport& rep) {
                   {"buffers", b.buffers},
                   {"activations", b.activations},
                   {"total", b.total()},
+                  {"peak", b.peak},
+                  {"undo", b.undo},
                   {"capacity", b.capacity}};
     };
     opts.push_back({{"name", o.placement.name},
@@ -670,7 +786,8 @@ std::string plan_json(const PlanReport& rep) {
                       {"nvme", o.time.nvme_s},
                       {"cpu_optimizer", o.time.cpu_optim_s},
                       {"collectives", o.time.collectives_s},
-                      {"step", o.time.step_s}}},
+                      {"step", o.time.step_s},
+                      {"optimizer_hidden_share", o.time.hidden_share}}},
                     {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
@@ -695,7 +812,8 @@ std::string plan_table(const PlanReport& rep) {
       p.gemm_flops.value / 1e12,
       p.gemm_by_width.empty() || rep.options.empty()
           ? std::string()
-          : fmt::format(" (model step at width {}: {:.3g})", r.model.width,
+          : fmt::format(" (model step at width {}, {} tokens per micro-batch: {:.3g})",
+                        r.model.width, r.micro_batch * r.seq,
                         rep.options[0].time.gemm_flops / 1e12),
       p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
       p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
@@ -743,6 +861,16 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+    if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
+      s += fmt::format(
+          "  optimizer under backward: undo copies of master + moments take {} of host memory "
+          "beyond the reservation{}\n",
+          gb(double(b.host.undo)),
+          b.time.hidden_share < 1.0
+              ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
+                            100.0 * b.time.hidden_share)
+              : std::string());
+    }
   } else {
     s += "no placement fits this machine at this batch";
     // Which activation mode would need less device memory (the table above has the numbers).

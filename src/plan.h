@@ -65,19 +65,38 @@ struct Rate {
 struct MachineProfile {
   bool cpu_backend = true;  // the device is the CPU backend (device memory = host RAM)
   Rate gemm_flops{1.0e11};  // device GEMM rate, FLOP/s per device
-  // GEMM rate by model width (C, FLOP/s) at 512 rows, from the probe; empty = gemm_flops at
-  // every width. The planner interpolates (log-log) at the model's width, clamped at the ends.
-  std::vector<std::pair<int, double>> gemm_by_width;
+  // CPU backend: the rate of a whole training micro-batch by model width C and tokens per
+  // micro-batch (B x T), from the probe; empty = gemm_flops everywhere. The planner
+  // interpolates log-log in width, then in tokens, clamped at the ends (gemm_rate_at).
+  struct GemmPoint {
+    int width = 0;
+    int tokens = 0;
+    double flops = 0;  // FLOP/s (the planner's FLOP formula)
+  };
+  std::vector<GemmPoint> gemm_by_width;  // sorted by (tokens, width)
   Rate link_gbps{10.0};       // host<->device, GB/s (CPU backend: host memcpy bandwidth)
   Rate host_copy_gbps{10.0};  // host memory copy bandwidth, GB/s
   Rate optimizer_pps{2.0e8};  // CPU optimizer, parameters per second (all threads)
   Rate nvme_read_gbps{1.0};   // aggregate over the swap paths, GB/s
   Rate nvme_write_gbps{1.0};  //
   Rate collective_gbps{0.0};  // bus bandwidth, GB/s; 0 = unmeasured
+  // Every NVMe case the probe ran (backend, block, queue depth): a config evaluated with the
+  // planner gets the rates of the aio case it asks for, not the probe's recommended one.
+  struct NvmeCase {
+    std::string backend;
+    size_t block_size = 0;
+    int queue_depth = 0;
+    double read_gbps = 0, write_gbps = 0;  // median, or fastest pass with `fastest`
+  };
+  std::vector<NvmeCase> nvme_cases;
   std::string aio_backend = "auto";
   size_t aio_block_size = 1 << 20;
   int aio_queue_depth = 8;
 };
+
+// The compute rate (FLOP/s) the planner uses for a model of `width` run at `tokens` per
+// micro-batch: gemm_by_width interpolated, or gemm_flops when the profile has no table.
+double gemm_rate_at(const MachineProfile& p, int width, int tokens);
 
 // Defaults for a GPU machine (H100-class numbers, stated in docs/PLANNER.md) or the CPU
 // backend on this kind of host.
@@ -126,6 +145,10 @@ struct PlanRequest {
   // strata.optimizer.overlap: the CPU optimizer steps each module under the rest of backward
   // (its NVMe reads start with the step), instead of after it.
   bool overlap_optimizer = true;
+  // The optimizer under backward keeps undo copies of each stepped module's master + moments in
+  // the host tier (gradient clipping or fp16 may make the speculative step wrong): true when
+  // either is on. The planner's configs clip at 1.0, so this defaults to true.
+  bool undo_copies = true;
   // strata.activations: device bytes per activation_bytes(); kRecompute/kOffload add one block
   // forward per block to compute, kOffload adds its block inputs to the host tier and their
   // round trip to the link.
@@ -144,12 +167,19 @@ struct TierBytes {
   // fills free device memory; the host optimizer pipeline holds fewer modules than it reserves;
   // NVMe counts allocated extents, not swap-file slack. docs/PLANNER.md gives each rule.
   uint64_t peak = 0;
+  // Host: the undo copies the optimizer under backward takes when the budget has room
+  // (PlanRequest::undo_copies; every module's master + moments). Not part of total(): a run
+  // fits without them, and steps the modules they do not cover after backward.
+  uint64_t undo = 0;
   uint64_t total() const { return state + buffers + activations; }
 };
 
 struct TimeTerms {
   double gemm_flops = 0;  // the GEMM rate used (FLOP/s), after the width lookup
   double compute_s = 0, link_s = 0, nvme_s = 0, cpu_optim_s = 0, collectives_s = 0;
+  // The share of the optimizer that runs under backward: 1 when the undo copies fit in the host
+  // budget (or none are needed), less by the share of them that does not; 0 without overlap.
+  double hidden_share = 0;
   double step_s = 0;       // combined (see docs/PLANNER.md)
   std::string bottleneck;  // name of the largest term
 };

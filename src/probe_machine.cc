@@ -326,17 +326,23 @@ Result<std::string> run_machine_probe(
   if (dev->kind() == DeviceKind::kCpu) {
     // On the CPU backend the non-GEMM kernels and per-op costs are a large share of a step,
     // and small GEMMs run far from the headline rate: measure whole training micro-batches
-    // (2 layers, 4 x 128 tokens) at several widths; the planner interpolates at its width.
-    for (int c : {128, 256, 512, 1024}) {
-      STRATA_ASSIGN_OR_RETURN(Measured r, probe_model_rate(*dev, c, 2, 4, 128, o.warmup, o.repeats),
-                              fmt::format("model step at width {}", c));
-      by.push_back({{"C", c},
-                    {"layers", 2},
-                    {"B", 4},
-                    {"T", 128},
-                    {"gemm_flops", r.median},
-                    {"gemm_flops_min", r.min},
-                    {"gemm_flops_max", r.max}});
+    // (2 layers) at several widths and two micro-batch sizes, 1 x 128 and 4 x 128 tokens:
+    // per-kernel costs make small micro-batches slower per FLOP (measured: bench-25m's 512
+    // tokens a step take 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128). The
+    // planner interpolates at its width and tokens per micro-batch.
+    for (int b : {1, 4}) {
+      for (int c : {128, 256, 512, 1024}) {
+        STRATA_ASSIGN_OR_RETURN(Measured r,
+                                probe_model_rate(*dev, c, 2, b, 128, o.warmup, o.repeats),
+                                fmt::format("model step at width {}, {} x 128 tokens", c, b));
+        by.push_back({{"C", c},
+                      {"layers", 2},
+                      {"B", b},
+                      {"T", 128},
+                      {"gemm_flops", r.median},
+                      {"gemm_flops_min", r.min},
+                      {"gemm_flops_max", r.max}});
+      }
     }
   }
   d["gemm_by_width"] = by;

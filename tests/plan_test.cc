@@ -295,6 +295,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.profile.optimizer_pps.value = 1e8;
   r.profile.nvme_read_gbps.value = 2.0;
   r.profile.nvme_write_gbps.value = 1.0;
+  r.buffer_count = 1;       // the optimizer reads ahead only the final norm (2C params)
+  r.undo_copies = false;    // no clipping, no fp16: no undo copies (see UndoCopies below)
   auto o = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(o.is_ok());
   const double P = double(model_params(r.model));
@@ -304,12 +306,16 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   EXPECT_NEAR(o->time.cpu_optim_s, P / 1e8, 1e-9);
   // Optimizer state on NVMe: 12 B/param read at 2 GB/s and written at 1 GB/s.
   EXPECT_NEAR(o->time.nvme_s, 12 * P / 2e9 + 12 * P / 1e9, 1e-6);
-  // GPU, optimizer under backward (default): compute and link overlap; CPU Adam starts a third
-  // of the way in, its NVMe traffic with the step.
+  // GPU, optimizer under backward (default): it starts with the last micro-batch's backward,
+  // 7/9 of compute in (3 micro-batches of fwd 1 + bwd 2); its NVMe traffic from then on is the
+  // state's reads less the final norm read ahead, and its writes.
+  const double window = (P - 2 * C) * 12 / 2e9 + 12 * P / 1e9;
   EXPECT_NEAR(o->time.step_s,
               std::max({o->time.compute_s, o->time.link_s,
-                        o->time.compute_s / 3 + o->time.cpu_optim_s, o->time.nvme_s}),
+                        o->time.compute_s * 7 / 9 + std::max(o->time.cpu_optim_s, window),
+                        o->time.nvme_s}),
               1e-9);
+  EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
   EXPECT_EQ(o->time.bottleneck, "nvme");
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
   r.overlap_optimizer = false;
@@ -321,7 +327,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       1e-9);
   EXPECT_GT(p->time.step_s, o->time.step_s);
   // CPU backend: compute, copies and CPU Adam share the cores; NVMe runs under the whole step
-  // when overlapped, only under the optimizer pass when not.
+  // (and the optimizer's share of it after the last backward starts) when overlapped, only
+  // under the optimizer pass when not.
   r.profile.cpu_backend = true;
   auto c = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(c.is_ok());
@@ -333,7 +340,77 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   ASSERT_TRUE(co.is_ok());
   const auto& u = co->time;
   EXPECT_NEAR(u.step_s,
-              std::max(u.compute_s + u.link_s + u.cpu_optim_s + u.collectives_s, u.nvme_s), 1e-9);
+              std::max({u.compute_s + u.link_s + u.cpu_optim_s + u.collectives_s,
+                        (u.compute_s + u.link_s) * 7 / 9 + window, u.nvme_s}),
+              1e-9);
+}
+
+// The optimizer under backward with clipping keeps an undo copy of every module's master +
+// moments in the host tier: in the peak (not the reservation), hand-computed here; when the
+// host budget has room for only part of them, that share of the optimizer is hidden.
+TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
+  PlanRequest r = small_request();
+  r.model = {"m", 4, 256, 4, 1000, 128, ""};  // embedding 1024x256 + 128x256, blocks 789,760
+  r.seq = 128;
+  r.moment_dtype = DType::kF32;
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  r.hw.host_mem = uint64_t{8} << 30;
+  r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
+  r.profile.optimizer_pps.value = 2e7;
+  {  // and a GEMM rate at which compute takes as long as the CPU Adam
+    auto f = evaluate_placement(r, find("opt-host"));
+    ASSERT_TRUE(f.is_ok());
+    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model)) / 2e7);
+  }
+  ASSERT_TRUE(r.overlap_optimizer && r.undo_copies);  // the defaults: clipping at 1.0
+  auto o = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(o.is_ok());
+  // Per module, 4 KiB-rounded master (4 B/param) + moments (8 B/param): embedding 294,912
+  // params: 1,179,648 + 2,359,296; each block 789,760: 3,162,112 + 6,320,128; final norm 512:
+  // 4,096 + 4,096.
+  const uint64_t undo = 1'179'648 + 2'359'296 + 4 * (3'162'112 + 6'320'128) + 8'192;
+  EXPECT_EQ(o->host.undo, undo);
+  EXPECT_EQ(o->host.total(), o->host.state + o->host.buffers);  // not in the reservation
+  // At the end of the speculative pass: the host homes (master, moments, grads) + the copies.
+  EXPECT_EQ(o->host.peak, o->host.state + undo);
+  EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
+
+  // Room for half of them: half the optimizer runs under backward, half after it.
+  r.hw.host_mem = o->host.total() + undo / 2;
+  auto h = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->host.undo, undo / 2);
+  EXPECT_NEAR(h->time.hidden_share, 0.5, 1e-6);
+  r.overlap_optimizer = false;
+  auto plain = evaluate_placement(r, find("opt-host"));
+  r.overlap_optimizer = true;
+  r.hw.host_mem = uint64_t{8} << 30;
+  auto full = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(plain.is_ok() && full.is_ok());
+  EXPECT_EQ(plain->host.undo, 0u);
+  EXPECT_GT(h->time.step_s, full->time.step_s);
+  EXPECT_LT(h->time.step_s, plain->time.step_s);
+
+  // No clipping and no fp16: no copies.
+  r.undo_copies = false;
+  auto n = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(n.is_ok());
+  EXPECT_EQ(n->host.undo, 0u);
+  EXPECT_LT(n->host.peak, o->host.peak);
+}
+
+// The CPU backend's compute rate: log-log in width at each probed token count, then in tokens.
+TEST(Plan, ComputeRateInterpolatesWidthThenTokens) {
+  MachineProfile p = default_profile(true);
+  p.gemm_by_width = {{128, 128, 1e10}, {512, 128, 4e10}, {128, 512, 2e10}, {512, 512, 8e10}};
+  EXPECT_NEAR(gemm_rate_at(p, 128, 128), 1e10, 1);
+  EXPECT_NEAR(gemm_rate_at(p, 256, 128), 2e10, 1e3);  // sqrt(1e10 * 4e10)
+  EXPECT_NEAR(gemm_rate_at(p, 256, 512), 4e10, 1e3);  // sqrt(2e10 * 8e10)
+  EXPECT_NEAR(gemm_rate_at(p, 256, 256), std::sqrt(2e10 * 4e10), 1e3);
+  EXPECT_NEAR(gemm_rate_at(p, 64, 64), 1e10, 1);      // clamped below
+  EXPECT_NEAR(gemm_rate_at(p, 4096, 4096), 8e10, 1);  // and above
+  p.gemm_by_width.clear();
+  EXPECT_EQ(gemm_rate_at(p, 256, 256), p.gemm_flops.value);
 }
 
 TEST(Plan, ProfileFromTheProbeIsReadBack) {
@@ -355,7 +432,7 @@ TEST(Plan, ProfileFromTheProbeIsReadBack) {
   EXPECT_TRUE(p->cpu_backend);
   EXPECT_GT(p->gemm_flops.value, 0);
   EXPECT_GT(p->optimizer_pps.value, 0);
-  EXPECT_EQ(p->gemm_by_width.size(), 4u);
+  EXPECT_EQ(p->gemm_by_width.size(), 8u);  // 4 widths x 2 token counts
   EXPECT_NE(p->gemm_flops.source.find("p.json"), std::string::npos);
   // Fastest-pass rates are the spreads' maxima: never below the medians.
   auto f = parse_machine_profile(*text, "p.json", /*fastest=*/true);
@@ -364,7 +441,7 @@ TEST(Plan, ProfileFromTheProbeIsReadBack) {
   EXPECT_GE(f->optimizer_pps.value, p->optimizer_pps.value);
   EXPECT_GE(f->host_copy_gbps.value, p->host_copy_gbps.value);
   for (size_t i = 0; i < p->gemm_by_width.size(); ++i) {
-    EXPECT_GE(f->gemm_by_width[i].second, p->gemm_by_width[i].second);
+    EXPECT_GE(f->gemm_by_width[i].flops, p->gemm_by_width[i].flops);
   }
   auto j = nlohmann::json::parse(*text);
   EXPECT_DOUBLE_EQ(f->gemm_flops.value, j["device"]["gemm_flops_spread"]["max"].get<double>());
