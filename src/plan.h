@@ -74,12 +74,12 @@ struct MachineProfile {
     double flops = 0;  // FLOP/s (the planner's FLOP formula)
   };
   std::vector<GemmPoint> gemm_by_width;  // sorted by (tokens, width)
-  Rate link_gbps{10.0};       // host<->device, GB/s (CPU backend: host memcpy bandwidth)
-  Rate host_copy_gbps{10.0};  // host memory copy bandwidth, GB/s
-  Rate optimizer_pps{2.0e8};  // CPU optimizer, parameters per second (all threads)
-  Rate nvme_read_gbps{1.0};   // aggregate over the swap paths, GB/s
-  Rate nvme_write_gbps{1.0};  //
-  Rate collective_gbps{0.0};  // bus bandwidth, GB/s; 0 = unmeasured
+  Rate link_gbps{10.0};                  // host<->device, GB/s (CPU backend: host memcpy bandwidth)
+  Rate host_copy_gbps{10.0};             // host memory copy bandwidth, GB/s
+  Rate optimizer_pps{2.0e8};             // CPU optimizer, parameters per second (all threads)
+  Rate nvme_read_gbps{1.0};              // aggregate over the swap paths, GB/s
+  Rate nvme_write_gbps{1.0};             //
+  Rate collective_gbps{0.0};             // bus bandwidth, GB/s; 0 = unmeasured
   // Every NVMe case the probe ran (backend, block, queue depth): a config evaluated with the
   // planner gets the rates of the aio case it asks for, not the probe's recommended one.
   struct NvmeCase {

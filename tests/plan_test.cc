@@ -295,8 +295,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.profile.optimizer_pps.value = 1e8;
   r.profile.nvme_read_gbps.value = 2.0;
   r.profile.nvme_write_gbps.value = 1.0;
-  r.buffer_count = 1;       // the optimizer reads ahead only the final norm (2C params)
-  r.undo_copies = false;    // no clipping, no fp16: no undo copies (see UndoCopies below)
+  r.buffer_count = 1;     // the optimizer reads ahead only the final norm (2C params)
+  r.undo_copies = false;  // no clipping, no fp16: no undo copies (see UndoCopies below)
   auto o = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(o.is_ok());
   const double P = double(model_params(r.model));
@@ -310,11 +310,11 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   // 7/9 of compute in (3 micro-batches of fwd 1 + bwd 2); its NVMe traffic from then on is the
   // state's reads less the final norm read ahead, and its writes.
   const double window = (P - 2 * C) * 12 / 2e9 + 12 * P / 1e9;
-  EXPECT_NEAR(o->time.step_s,
-              std::max({o->time.compute_s, o->time.link_s,
-                        o->time.compute_s * 7 / 9 + std::max(o->time.cpu_optim_s, window),
-                        o->time.nvme_s}),
-              1e-9);
+  EXPECT_NEAR(
+      o->time.step_s,
+      std::max({o->time.compute_s, o->time.link_s,
+                o->time.compute_s * 7 / 9 + std::max(o->time.cpu_optim_s, window), o->time.nvme_s}),
+      1e-9);
   EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
   EXPECT_EQ(o->time.bottleneck, "nvme");
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
