@@ -438,7 +438,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // the host budget has room beyond the reservation above; modules without room are stepped
   // after backward instead.
   uint64_t undo_want = 0;
-  if (r.overlap_optimizer && r.undo_copies) {
+  // (On a GPU the optimizer of device-resident state would keep its copies on the device.)
+  if (r.overlap_optimizer && r.undo_copies &&
+      (pl.optimizer != PlanTier::kDevice || r.profile.cpu_backend)) {
     for (uint64_t n_full : full) {
       const uint64_t n = ceil_div(n_full, W);
       undo_want += round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096);
