@@ -15,19 +15,14 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("strata_act_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("strata_act", name); }
 
 // configs/tiny-cpu.json's model and placement (params and optimizer in host memory), two
 // micro-batches per step (so block inputs are stashed and restored twice per step), an eval

@@ -12,6 +12,7 @@
 #include "src/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
+#include "tests/test_util.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -22,20 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("strata_overlap_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("strata_overlap", name); }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::read_file;
 
 // configs/tiny-cpu.json (README's default job, clipping 1.0) for 30 steps, with overrides.
 Config tiny(const std::string& dir, const std::vector<std::string>& extra) {

@@ -13,19 +13,14 @@
 #include "src/checkpoint.h"
 #include "strata/config.h"
 #include "strata/log.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("strata_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& name) { return test::temp_dir("strata_test", name); }
 
 // A small but real GPT on the synthetic corpus.
 Config small_config(const std::string& dir, std::vector<std::string> extra = {}) {
