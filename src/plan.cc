@@ -433,20 +433,31 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // through host staging buffers, all alive until the copies are done.
   if (pl.params == PlanTier::kDevice) host_peak += P_local * es;
   host_peak += acts.host_bytes;  // offloaded block inputs: reserved once, always held
-  // The optimizer under backward with clipping or fp16: an undo copy of every stepped module's
-  // master + moments, held until the step is validated (TierManager::step_ready), taken while
-  // the host budget has room beyond the reservation above; modules without room are stepped
-  // after backward instead.
-  uint64_t undo_want = 0;
+  // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
+  // master + moments until the step is validated (TierManager::take_undo): NVMe-homed state as
+  // its old extents, the step written to fresh ones (nvme.undo: on the swap paths when they
+  // have room), other state as host copies (host.undo: taken while the host budget has room
+  // beyond the reservation; modules without room are stepped after backward instead).
+  uint64_t undo_host = 0, undo_nvme = 0;
   // (On a GPU the optimizer of device-resident state would keep its copies on the device.)
   if (r.overlap_optimizer && r.undo_copies &&
       (pl.optimizer != PlanTier::kDevice || r.profile.cpu_backend)) {
+    uint64_t per_rank = 0;
     for (uint64_t n_full : full) {
       const uint64_t n = ceil_div(n_full, W);
-      undo_want += round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096);
+      per_rank += round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096);
     }
-    undo_want *= W;
+    (pl.optimizer == PlanTier::kNvme ? undo_nvme : undo_host) = per_rank * W;
   }
+  if (undo_nvme > 0) {
+    const uint64_t stripes = 2 * full.size() * (uint64_t{4} << 20) * W;  // swap-file slack
+    if (o.nvme.capacity == 0 || o.nvme.total() + undo_nvme + stripes <= o.nvme.capacity) {
+      o.nvme.undo = undo_nvme;
+    } else {
+      undo_host = undo_nvme;  // no room on the disks: host copies instead
+    }
+  }
+  const uint64_t undo_want = undo_host;
   o.host.undo = undo_want;
   if (o.host.capacity > 0) {
     const uint64_t room =
@@ -474,7 +485,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     host_peak = std::max(host_peak, spec);
   }
   o.host.peak = host_peak * W;
-  o.nvme.peak = o.nvme.state;
+  o.nvme.peak = o.nvme.state + o.nvme.undo;
   if (pl.optimizer == PlanTier::kDevice && !r.profile.cpu_backend) {
     o.runnable = false;  // placement_from_config refuses it on a non-host-addressable device
   }
@@ -859,6 +870,12 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+    if (b.nvme.undo > 0) {
+      s += fmt::format(
+          "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
+          "goes to fresh extents: {} more NVMe at the peak\n",
+          gb(double(b.nvme.undo)));
+    }
     if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
       s += fmt::format(
           "  optimizer under backward: undo copies of master + moments take {} of host memory "

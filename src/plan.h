@@ -167,9 +167,11 @@ struct TierBytes {
   // fills free device memory; the host optimizer pipeline holds fewer modules than it reserves;
   // NVMe counts allocated extents, not swap-file slack. docs/PLANNER.md gives each rule.
   uint64_t peak = 0;
-  // Host: the undo copies the optimizer under backward takes when the budget has room
-  // (PlanRequest::undo_copies; every module's master + moments). Not part of total(): a run
-  // fits without them, and steps the modules they do not cover after backward.
+  // What the optimizer under backward keeps to undo a step (PlanRequest::undo_copies; every
+  // module's master + moments): host copies of host/device-homed state, taken when the budget
+  // has room; NVMe-homed state's old extents on the swap paths (the step goes to fresh ones).
+  // Not part of total(): a run fits without them (host: steps the modules they do not cover
+  // after backward; NVMe: copies to the host instead).
   uint64_t undo = 0;
   uint64_t total() const { return state + buffers + activations; }
 };

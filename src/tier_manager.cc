@@ -204,8 +204,13 @@ struct TierManager::Impl {
 
   // The optimizer under backward (TierManager::begin_speculation): modules whose gradients
   // are final (d2h event) wait in `ready`; those stepped keep their undo copies in `stepped`.
+  // A stepped module's pre-step master weights and moments: for NVMe-homed state its old
+  // extent (the step was written to a fresh one, `*_shadow`), else a host copy.
   struct Undo {
-    std::shared_ptr<PinnedBuffer> master, mom;  // null when no undo is kept
+    std::shared_ptr<PinnedBuffer> master, mom;  // host copies; null when none
+    SwapExtent old_master, old_mom;             // the pre-step extents, while *_shadow
+    bool master_shadow = false, mom_shadow = false;
+    bool kept() const { return master || mom || master_shadow || mom_shadow; }
   };
   struct Speculation {
     bool active = false, undo = false;
@@ -243,9 +248,12 @@ struct TierManager::Impl {
   Status take_slot(int k, Slot* out);
   void read_ahead();
   Status undo_speculation(bool redo, const OptimizerHyper& hyper, float grad_mult);
+  bool take_undo(int k, const Slot& s, Undo* u);
+  void drop_shadows(int k, Undo* u);
   void end_speculation();
   size_t device_state_bytes = 0;  // resident homes + cache + grads (manager's share)
-  size_t nvme_capacity = 0, nvme_used = 0;
+  size_t nvme_capacity = 0, nvme_used = 0, nvme_peak = 0;
+  bool shadow_room = false;  // the swap files have room for shadow extents (see take_undo)
 
   // trace
   std::map<std::string, Trace> traces;
@@ -868,9 +876,13 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   // ---- preflight: every tier's need against its capacity, before allocating anything ----
   size_t dev_home = 0, host_home = 0, nvme_home = 0, max_p = 0, max_opt = 0, max_g = 0;
   size_t shadows = 0, undo = 0;  // delayed update: parameter shadows; speculation: undo copies
+  size_t undo_nvme = 0;          // the part of `undo` homed on NVMe (shadow extents instead)
   for (const auto& m : I.mods) {
     if (options.delayed_update) shadows += round_up(m.p.bytes, 4096);
     undo += round_up(m.master.bytes, 4096) + round_up(m.mom.bytes, 4096);
+    for (const auto* h : {&m.master, &m.mom}) {
+      if (h->tier == Tier::kNvme) undo_nvme += round_up(h->bytes, 4096);
+    }
     for (const auto* h : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
       if (h->bytes == 0) continue;
       if (h->tier == Tier::kDevice) dev_home += round_up(h->bytes, 256);
@@ -968,6 +980,36 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
                                  swap_file_path(path, options.rank));
       if (!s.is_ok()) short_of.push_back("nvme tier: " + s.message());
     }
+    // The optimizer under backward writes NVMe-homed master weights and moments to fresh
+    // extents and keeps the old ones until the step is validated (take_undo): room for all of
+    // them once more when the disks have it, else their undo copies go to host memory.
+    size_t shadow = 0, shadow_objects = 0;
+    for (const auto& m : I.mods) {
+      for (const auto* h : {&m.master, &m.mom}) {
+        if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
+        shadow += round_up(h->bytes, 4096);
+        ++shadow_objects;
+      }
+    }
+    if (short_of.empty() && shadow > 0) {
+      const size_t more = round_up(
+          so.bytes_per_path + shadow / so.paths.size() + shadow_objects * so.stripe_size, 4096);
+      bool room = true;
+      for (const auto& path : so.paths) {
+        room = room && check_nvme_path(path, more + kSwapHeaderBytes, direct,
+                                       swap_file_path(path, options.rank))
+                           .is_ok();
+      }
+      if (room) {
+        so.bytes_per_path = more;
+        I.shadow_room = true;
+      } else {
+        log_info(
+            "tier manager: no room on the swap paths for the optimizer's shadow extents ({}); "
+            "its undo copies under backward go to host memory",
+            format_bytes(double(shadow)));
+      }
+    }
   }
   if (!short_of.empty()) {
     std::string msg = "preflight: this run does not fit:";
@@ -984,8 +1026,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   po.name = "host tier";
   po.lock = options.pin_memory;
   // Room for the optimizer's undo copies under backward when the budget allows (without it,
-  // speculation stops early; see begin_speculation).
-  const size_t want = host_need + (options.undo_copies ? undo : 0);
+  // speculation stops early; see begin_speculation); NVMe-homed state has shadow extents.
+  const size_t want =
+      host_need + (options.undo_copies ? undo - (I.shadow_room ? undo_nvme : 0) : 0);
   const size_t arena = std::min(options.host_capacity, want + want / 8 + (64u << 20));
   STRATA_ASSIGN_OR_RETURN(I.pool, BufferPool::create(arena, po), "host tier");
   device.register_host(I.pool->base(), I.pool->capacity()).ignore();
@@ -1012,6 +1055,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
       } else {
         STRATA_ASSIGN_OR_RETURN(h->ext, I.swap->allocate(h->bytes), "nvme tier: " + tag);
         I.nvme_used += h->ext.bytes;
+        I.nvme_peak = std::max(I.nvme_peak, I.nvme_used);
       }
     }
   }
@@ -1233,9 +1277,16 @@ void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult
     for (int k = int(I.mods.size()) - 1; k >= 0; --k) I.spec.expected.push_back(k);
   }
   I.spec.next_prep = 0;
-  // The reads start now, under the forward: on a disk-bound step the earlier the better
-  // (measured: bench-25m at batch 1, 580 ms per step vs 734 ms when they started with backward).
-  if (I.io) I.read_ahead();
+  if (I.io) {
+    // The last pass's writes have drained behind this step's start: their buffers go back to
+    // the host tier before the read-ahead takes its own (else both are held through backward).
+    Status ws = I.reap_writes(/*all=*/false);
+    if (!ws.is_ok()) I.set_async_error(ws);
+    // The reads start now, under the forward: on a disk-bound step the earlier the better
+    // (measured: bench-25m at batch 1, 580 ms per step vs 734 ms when they started with
+    // backward).
+    I.read_ahead();
+  }
 }
 
 Status TierManager::step_ready(bool wait_all) {
@@ -1249,7 +1300,10 @@ Status TierManager::step_ready(bool wait_all) {
       ip->spec.bwd_end = Clock::now();
     });
   }
-  if (I.io) I.read_ahead();
+  if (I.io) {
+    STRATA_RETURN_IF_ERROR(I.reap_writes(/*all=*/false), "");
+    I.read_ahead();
+  }
   Status st;
   while (!I.spec.ready.empty() && st.is_ok()) {
     auto [k, ev] = I.spec.ready.front();
@@ -1263,28 +1317,14 @@ Status TierManager::step_ready(bool wait_all) {
     // The step's gradients may be bad (a failed drain): validate before touching state.
     STRATA_RETURN_IF_ERROR(I.take_async_error(), "");
     const auto t0 = Clock::now();
-    Impl::Module& m = I.mods[size_t(k)];
     Impl::Slot s;
     st = I.take_slot(k, &s);
     Impl::Undo undo;
-    if (st.is_ok() && I.spec.undo) {
-      // What a rollback restores: the master weights and moments before this step.
-      auto mst = I.pool->acquire(m.master.bytes);
-      auto mom = mst.is_ok() ? I.pool->acquire(m.mom.bytes) : Result<PinnedBuffer>(mst.status());
-      if (!mst.is_ok() || !mom.is_ok()) {
-        // No room for undo state: this and the remaining modules are stepped after backward.
-        log_debug(
-            "tier manager: no host memory for {}'s undo copy ({}); stepping the rest "
-            "after backward",
-            m.name, mst.is_ok() ? mom.status().message() : mst.status().message());
-        I.spec.stopped = true;
-        I.prepared[k] = std::move(s);
-        continue;
-      }
-      undo.master = std::make_shared<PinnedBuffer>(std::move(mst).value());
-      undo.mom = std::make_shared<PinnedBuffer>(std::move(mom).value());
-      std::memcpy(undo.master->data(), s.master, m.master.bytes);
-      std::memcpy(undo.mom->data(), s.mom, m.mom.bytes);
+    if (st.is_ok() && I.spec.undo && !I.take_undo(k, s, &undo)) {
+      // No room for undo state: this and the remaining modules are stepped after backward.
+      I.spec.stopped = true;
+      I.prepared[k] = std::move(s);
+      continue;
     }
     if (st.is_ok()) st = I.step_module(k, s, I.spec.hyper, I.spec.mult);
     if (st.is_ok()) {
@@ -1332,14 +1372,71 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
   return st.with_context("optimizer step");
 }
 
-// Restores every speculatively stepped module's master and moments from its undo copy, and
+// What a rollback of module k's speculative step restores, taken before the step: for state
+// homed on NVMe a fresh extent the step is written to, the old one kept as it is on the disk
+// (no host memory, no copy; the old extent is freed when the step is kept); for state in host
+// or device memory, or when the swap files are full, a host copy. False when there is room
+// for neither: nothing is taken.
+bool TierManager::Impl::take_undo(int k, const Slot& s, Undo* u) {
+  Module& m = mods[size_t(k)];
+  auto one = [&](Home& h, const void* now, SwapExtent* old, bool* shadow,
+                 std::shared_ptr<PinnedBuffer>* copy) {
+    if (h.tier == Tier::kNvme && shadow_room) {
+      auto e = swap->allocate(h.bytes);
+      if (e.is_ok()) {
+        *old = h.ext;
+        h.ext = *e;
+        *shadow = true;
+        std::lock_guard<std::mutex> l(mu);
+        nvme_used += e->bytes;
+        nvme_peak = std::max(nvme_peak, nvme_used);
+        return true;
+      }
+    }
+    auto b = pool->acquire(h.bytes);
+    if (!b.is_ok()) {
+      log_debug("tier manager: no room for {}'s undo copy ({}); stepping the rest after backward",
+                m.name, b.status().message());
+      return false;
+    }
+    *copy = std::make_shared<PinnedBuffer>(std::move(b).value());
+    std::memcpy((*copy)->data(), now, h.bytes);
+    return true;
+  };
+  if (one(m.master, s.master, &u->old_master, &u->master_shadow, &u->master) &&
+      one(m.mom, s.mom, &u->old_mom, &u->mom_shadow, &u->mom)) {
+    return true;
+  }
+  drop_shadows(k, u);
+  *u = Undo{};
+  return false;
+}
+
+// Module k's homes go back to the extents its undo kept, and the shadows it was stepped into
+// are freed (their writes must have landed).
+void TierManager::Impl::drop_shadows(int k, Undo* u) {
+  Module& m = mods[size_t(k)];
+  for (auto [h, old, shadow] : {std::tuple{&m.master, &u->old_master, &u->master_shadow},
+                                std::tuple{&m.mom, &u->old_mom, &u->mom_shadow}}) {
+    if (!*shadow) continue;
+    swap->free(h->ext);
+    {
+      std::lock_guard<std::mutex> l(mu);
+      nvme_used -= h->ext.bytes;
+    }
+    h->ext = *old;
+    *shadow = false;
+  }
+}
+
+// Restores every speculatively stepped module's master and moments from its undo state, and
 // either redoes its step with (hyper, grad_mult) or re-derives its parameters from the restored
 // master (a skipped step).
 Status TierManager::Impl::undo_speculation(bool redo, const OptimizerHyper& hyper,
                                            float grad_mult) {
   ++rollbacks;
   for (auto& [k, u] : spec.stepped) {
-    if (!u.master) {
+    if (!u.kept()) {
       return invalid_argument(fmt::format(
           "the optimizer stepped {} under backward without undo state (bf16, "
           "gradient_clipping 0) but the step must be {}: set strata.optimizer.overlap: false "
@@ -1347,45 +1444,74 @@ Status TierManager::Impl::undo_speculation(bool redo, const OptimizerHyper& hype
           mods[size_t(k)].name, redo ? "redone" : "skipped (non-finite gradients)"));
     }
   }
-  // The speculative writes of these extents must land before the restored state's do.
+  // The speculative writes must land before their shadows are freed and before the restored
+  // state's writes go to the same extents.
   if (io) STRATA_RETURN_IF_ERROR(reap_writes(/*all=*/true), "");
+  const size_t depth = size_t(std::max(1, opt.buffer_count));
   for (auto& [k, u] : spec.stepped) {
     Module& m = mods[size_t(k)];
+    const bool master_on_disk = u.master_shadow, mom_on_disk = u.mom_shadow;
+    drop_shadows(k, &u);  // the homes are the pre-step extents again
     Slot s;
-    if (m.master.tier == Tier::kNvme) {
-      s.master_buf = u.master;
-      s.master = u.master->as<float>();
-    } else {
-      s.master = static_cast<float*>(m.master.ptr());
-      std::memcpy(s.master, u.master->data(), m.master.bytes);
-    }
-    if (m.mom.tier == Tier::kNvme) {
-      s.mom_buf = u.mom;
-      s.mom = u.mom->data();
-    } else {
-      s.mom = m.mom.ptr();
-      std::memcpy(s.mom, u.mom->data(), m.mom.bytes);
-    }
+    auto restore = [&](Home& h, bool on_disk, const std::shared_ptr<PinnedBuffer>& copy,
+                       bool needed, std::shared_ptr<PinnedBuffer>* buf, void** ptr) -> Status {
+      if (on_disk) {  // the pre-step state is in its home extent; read it when needed
+        if (!needed) return Status::ok();
+        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, host_buf(h.bytes, "restoring optimizer state"), "");
+        *buf = std::make_shared<PinnedBuffer>(std::move(b));
+        *ptr = (*buf)->data();
+        return io->wait(io->read(h.ext, *ptr));
+      }
+      if (h.tier == Tier::kNvme) {  // a host copy of NVMe state (the swap files were full)
+        *buf = copy;
+        *ptr = copy->data();
+        return Status::ok();
+      }
+      *ptr = h.ptr();
+      std::memcpy(*ptr, copy->data(), h.bytes);
+      return Status::ok();
+    };
+    void* master = nullptr;
+    void* mom = nullptr;
+    STRATA_RETURN_IF_ERROR(
+        restore(m.master, master_on_disk, u.master, true, &s.master_buf, &master),
+        "restoring " + m.name);
+    STRATA_RETURN_IF_ERROR(restore(m.mom, mom_on_disk, u.mom, redo, &s.mom_buf, &mom),
+                           "restoring " + m.name);
+    s.master = static_cast<float*>(master);
+    s.mom = static_cast<char*>(mom);
     ++modules_redone;
     if (redo) {
       STRATA_RETURN_IF_ERROR(step_module(k, s, hyper, grad_mult), "redoing " + m.name);
+      if (io) STRATA_RETURN_IF_ERROR(retire_writes(3 * depth), "redoing " + m.name);
       continue;
     }
-    if (m.master.tier == Tier::kNvme) {
+    // A skipped step: NVMe homes get their host copies back (shadowed ones never changed).
+    if (m.master.tier == Tier::kNvme && !master_on_disk) {
       STRATA_RETURN_IF_ERROR(io->wait(io->write(m.master.ext, s.master)), "restoring " + m.name);
     }
-    if (m.mom.tier == Tier::kNvme) {
+    if (m.mom.tier == Tier::kNvme && !mom_on_disk) {
       STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.ext, s.mom)), "restoring " + m.name);
     }
     STRATA_RETURN_IF_ERROR(owner->write_params(k, s.master), "restoring " + m.name);
   }
-  return Status::ok();
+  return Status::ok();  // spec.stepped stays: these modules are done for optimizer_step
 }
 
-// Ends this step's speculation: frees the undo copies and adds the share of its time that ran
-// while the compute stream was still in backward.
+// Ends this step's speculation: frees the undo state (the pre-step extents of steps that were
+// kept) and adds the share of its time that ran while the compute stream was still in
+// backward.
 void TierManager::Impl::end_speculation() {
   if (!spec.active) return;
+  for (auto& [k, u] : spec.stepped) {
+    for (auto [old, shadow] :
+         {std::pair{&u.old_master, u.master_shadow}, std::pair{&u.old_mom, u.mom_shadow}}) {
+      if (!shadow) continue;
+      swap->free(*old);
+      std::lock_guard<std::mutex> l(mu);
+      nvme_used -= old->bytes;
+    }
+  }
   std::lock_guard<std::mutex> l(mu);
   for (auto& [t0, t1] : spec.intervals) {
     const auto end = spec.bwd_end == Clock::time_point{} ? t1 : std::min(t1, spec.bwd_end);
@@ -1746,7 +1872,7 @@ TierStats TierManager::stats(Tier t) const {
       s = {I.pool->capacity(), I.pool->in_use(), I.pool->peak_in_use(), I.host_in, I.host_out};
       break;
     case Tier::kNvme:
-      s = {I.nvme_capacity, I.nvme_used, I.nvme_used, I.io ? I.io->bytes_written() : 0,
+      s = {I.nvme_capacity, I.nvme_used, I.nvme_peak, I.io ? I.io->bytes_written() : 0,
            I.io ? I.io->bytes_read() : 0};
       break;
   }
