@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "src/io_worker.h"
@@ -1248,7 +1249,12 @@ Status TierManager::Impl::take_slot(int k, Slot* out) {
 void TierManager::Impl::read_ahead() {
   const size_t depth = size_t(std::max(1, opt.buffer_count));
   size_t inflight = prepared.size();
-  while (spec.next_prep < spec.expected.size() && inflight < depth) {
+  // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 modules (the
+  // preflight): the last pass's writes still draining count against it.
+  std::set<std::string_view> writing;
+  for (const auto& w : writes) writing.insert(w.what);
+  while (spec.next_prep < spec.expected.size() && inflight < depth &&
+         inflight + writing.size() < 2 * depth + 1) {
     const int k = spec.expected[spec.next_prep++];
     if (prepared.count(k) || spec.stepped.count(k)) continue;
     auto r = prepare_slot(k, /*try_only=*/true);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planner against the trainer (issue #8): predicted vs measured step time and peak bytes per
-# tier, for the five CPU-backend configs of docs/PLANNER.md ("Validation on the CPU backend").
+# tier, for the seven CPU-backend configs of docs/PLANNER.md ("Validation on the CPU backend").
 #
 #   tests/bench_plan_validate.sh build/tools/strata [ROUNDS] [SWAP_DIR]
 #
@@ -26,6 +26,8 @@ rows=(
   "configs/bench-25m.json --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.device=cpu"
   "configs/bench-25m.json --set zero_optimization.offload_param.device=none --set zero_optimization.offload_optimizer.device=cpu --set device.memory_limit=256MiB"
   "configs/tiny-cpu.json --set train.steps=30 --set zero_optimization.offload_param.device=none --set zero_optimization.offload_optimizer.device=none --set device.memory_limit=64MiB"
+  "configs/bench-25m.json --set zero_optimization.offload_param.device=cpu"
+  "configs/tiny-cpu.json --set train.steps=30 --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_optimizer.device=cpu"
 )
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds: probe ($(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
