@@ -580,11 +580,22 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window += (P - std::min(P, ahead)) * per_param / (pf.nvme_read_gbps.value * 1e9);
       window += P * per_param / (pf.nvme_write_gbps.value * 1e9);
     }
+    if (pl.params == PlanTier::kNvme) window += P * es / (pf.nvme_write_gbps.value * 1e9);
+    const double window_opt = window * double(W);  // the optimizer's own traffic
     if (pl.params == PlanTier::kNvme) {
-      window += P * es / (pf.nvme_write_gbps.value * 1e9);
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
     }
     window *= double(W);  // every local rank shares the node's NVMe bandwidth
+    // A step after one that clipped or overflowed only reads ahead under backward (the trainer
+    // predicts the next will clip too) and steps after it: the plain schedule less the reads
+    // done ahead.
+    t.step_after_s =
+        r.undo_copies
+            ? std::max((pf.cpu_backend ? t.compute_s + t.link_s + t.collectives_s
+                                       : std::max({t.compute_s, t.link_s, t.collectives_s})) +
+                           std::max(t.cpu_optim_s, window_opt),
+                       t.nvme_s)
+            : 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;
@@ -598,6 +609,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Modules without room for their undo copies are stepped after backward.
     t.hidden_share = o.host.undo < undo_want ? double(o.host.undo) / double(undo_want) : 1.0;
     t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
+    if (!r.undo_copies) t.step_after_s = t.step_s;  // nothing can make it fall back
+  } else {
+    t.step_after_s = plain;
   }
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
                                                   {"host<->device link", t.link_s},
@@ -796,6 +810,7 @@ std::string plan_json(const PlanReport& rep) {
                       {"cpu_optimizer", o.time.cpu_optim_s},
                       {"collectives", o.time.collectives_s},
                       {"step", o.time.step_s},
+                      {"step_after_backward", o.time.step_after_s},
                       {"optimizer_hidden_share", o.time.hidden_share}}},
                     {"bottleneck", o.time.bottleneck}});
   }
@@ -870,6 +885,12 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+    if (b.time.step_after_s > b.time.step_s * 1.005) {
+      s += fmt::format(
+          "  a step after one that clipped (or overflowed) steps the optimizer after backward: "
+          "{:.3g} s\n",
+          b.time.step_after_s);
+    }
     if (b.nvme.undo > 0) {
       s += fmt::format(
           "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "

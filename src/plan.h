@@ -182,7 +182,11 @@ struct TimeTerms {
   // The share of the optimizer that runs under backward: 1 when the undo copies fit in the host
   // budget (or none are needed), less by the share of them that does not; 0 without overlap.
   double hidden_share = 0;
-  double step_s = 0;       // combined (see docs/PLANNER.md)
+  double step_s = 0;  // combined (see docs/PLANNER.md)
+  // A step whose optimizer runs after backward although the overlap is on: the trainer does
+  // this after a step that clipped or overflowed (its state read ahead under backward). Equal
+  // to step_s when the overlap is off or nothing can make a step fall back.
+  double step_after_s = 0;
   std::string bottleneck;  // name of the largest term
 };
 

@@ -589,6 +589,9 @@ Result<TrainResult> Run::loop() {
     r.io_wait_s += tt.io_wait_s;
     r.compute_wait_s += tt.compute_wait_s;
     r.losses.push_back(loss);
+    r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
+                                   : tt.modules_stepped_under_backward > 0 ? 1
+                                                                           : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
     ++window_steps;

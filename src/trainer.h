@@ -41,9 +41,13 @@ struct TrainOptions {
 struct TrainResult {
   int rank = 0;  // this process's rank, and the number of ranks
   int world_size = 1;
-  int64_t start_step = 0;                               // first step run here (0, or resumed)
-  int64_t end_step = 0;                                 // steps completed at the end
-  std::vector<double> losses;                           // train loss of each step run here
+  int64_t start_step = 0;      // first step run here (0, or resumed)
+  int64_t end_step = 0;        // steps completed at the end
+  std::vector<double> losses;  // train loss of each step run here
+  // How each step run here ran its optimizer: 0 after backward (strata.optimizer.overlap off,
+  // or only read ahead because the step before clipped or overflowed), 1 under backward and
+  // kept, 2 under backward and rolled back (restored, then redone or skipped).
+  std::vector<uint8_t> optimizer_schedule;
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
   bool stopped_early = false;                           // by signal or stop_at_step

@@ -5,6 +5,7 @@
 // but is approximate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -100,12 +101,21 @@ TEST_P(OverlapTest, OverlappedScheduleIsBitIdentical) {
     EXPECT_GT(plain.skipped_steps, 0) << "the test meant to force overflows";
   }
   EXPECT_GT(over.modules_stepped_under_backward, 0) << "nothing was stepped under backward";
+  // Each step's schedule: the plain run never steps under backward; a rolled-back step is one
+  // rollback.
+  ASSERT_EQ(plain.optimizer_schedule.size(), 30u);
+  ASSERT_EQ(over.optimizer_schedule.size(), 30u);
+  EXPECT_EQ(std::count(plain.optimizer_schedule.begin(), plain.optimizer_schedule.end(), 0), 30);
+  EXPECT_EQ(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 2),
+            over.rollbacks);
   EXPECT_EQ(plain.modules_stepped_under_backward, 0);
   // Clipping applies in the first steps of this config (norm > 1) and overflows skip steps:
   // both make the speculation roll back; bf16 without clipping never does.
   if (c.clip || c.fp16) {
     EXPECT_GT(over.rollbacks, 0);
     EXPECT_GT(over.modules_redone, 0);
+    EXPECT_GT(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 0), 0)
+        << "a step after a rolled-back one only reads ahead under backward";
   } else {
     EXPECT_EQ(over.rollbacks, 0);
   }

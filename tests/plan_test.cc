@@ -322,6 +322,20 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       1e-9);
   EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
   EXPECT_EQ(o->time.bottleneck, "nvme");
+  // Nothing can make a step fall back to stepping after backward without clipping or fp16.
+  EXPECT_EQ(o->time.step_after_s, o->time.step_s);
+  {  // With clipping, a step after a clipped one reads ahead under backward and steps after it.
+    PlanRequest rc = r;
+    rc.undo_copies = true;
+    auto q = evaluate_placement(rc, find("opt-nvme"));
+    ASSERT_TRUE(q.is_ok());
+    EXPECT_NEAR(q->time.step_after_s,
+                std::max(std::max(q->time.compute_s, q->time.link_s) +
+                             std::max(q->time.cpu_optim_s, window),
+                         q->time.nvme_s),
+                1e-9);
+    EXPECT_GE(q->time.step_after_s, q->time.step_s);
+  }
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
   r.overlap_optimizer = false;
   auto p = evaluate_placement(r, find("opt-nvme"));

@@ -398,7 +398,21 @@ int cmd_plan(int argc, char** argv) {
     auto r = train(c, to);
     if (!r.is_ok()) return fail(r.status());
     // Steps 1-2 are warm-up (trace recording, first touches): dropped.
-    if (step_s.size() > 3) step_s.erase(step_s.begin(), step_s.begin() + 2);
+    std::vector<uint8_t> sched = r->optimizer_schedule;
+    sched.resize(step_s.size(), 1);
+    if (step_s.size() > 3) {
+      step_s.erase(step_s.begin(), step_s.begin() + 2);
+      sched.erase(sched.begin(), sched.begin() + 2);
+    }
+    // Which schedule each measured step ran is decided by the data (a step after one that
+    // clipped steps its optimizer after backward): each step is predicted with its own.
+    const size_t under = size_t(std::count(sched.begin(), sched.end(), uint8_t{1}));
+    auto predicted = [&](const TimeTerms& t, bool fastest_pass) {
+      std::vector<double> p;
+      for (uint8_t k : sched) p.push_back(k == 1 ? t.step_s : t.step_after_s);
+      if (p.empty()) return t.step_s;
+      return fastest_pass ? *std::min_element(p.begin(), p.end()) : median(p);
+    };
     const double meas = median(step_s);
     const double fastest_step =
         step_s.empty() ? 0.0 : *std::min_element(step_s.begin(), step_s.end());
@@ -410,8 +424,14 @@ int cmd_plan(int argc, char** argv) {
         step_s.size());
     // Median rates predict the median step; fastest-pass rates the fastest step (the machine
     // without the other work that shares it).
+    if (o.time.step_after_s != o.time.step_s) {
+      std::printf(
+          "  schedule: %zu of %zu measured steps stepped the optimizer under backward (predicted "
+          "%.0f ms), the rest after it because the step before clipped or overflowed (%.0f ms)\n",
+          under, sched.size(), o.time.step_s * 1e3, o.time.step_after_s * 1e3);
+    }
     for (const bool f : {false, true}) {
-      double pred = o.time.step_s;
+      double pred = predicted(o.time, f);
       if (f != fastest) {
         if (profile_path.empty()) continue;
         auto other = load_machine_profile(profile_path, f);
@@ -420,7 +440,7 @@ int cmd_plan(int argc, char** argv) {
         r2.profile = *other;
         auto o2 = evaluate_placement(r2, o.placement);
         if (!o2.is_ok()) return fail(o2.status());
-        pred = o2->time.step_s;
+        pred = predicted(o2->time, f);
       }
       const double ref = f ? fastest_step : meas;
       std::printf("  step time: predicted %.0f ms with %s rates vs measured %s %.0f ms: %+.1f%%\n",
