@@ -1489,7 +1489,8 @@ Status TierManager::Impl::undo_speculation(bool redo, const OptimizerHyper& hype
     ++modules_redone;
     if (redo) {
       STRATA_RETURN_IF_ERROR(step_module(k, s, hyper, grad_mult), "redoing " + m.name);
-      if (io) STRATA_RETURN_IF_ERROR(retire_writes(3 * depth), "redoing " + m.name);
+      // Within the pipeline's reservation next to the slots read ahead (<= depth modules).
+      if (io) STRATA_RETURN_IF_ERROR(retire_writes(depth), "redoing " + m.name);
       continue;
     }
     // A skipped step: NVMe homes get their host copies back (shadowed ones never changed).
