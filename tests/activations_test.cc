@@ -16,6 +16,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 namespace strata {
 namespace {
@@ -51,22 +52,9 @@ Config act_config(const std::string& dir, const std::string& mode,
   return cfg.is_ok() ? *cfg : Config{};
 }
 
-TrainResult must_train(const Config& cfg) {
-  TrainOptions o;
-  o.progress = false;
-  auto r = train(cfg, o);
-  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-  return r.is_ok() ? *r : TrainResult{};
-}
+using test::must_train;
 
-const TrainResult::TierUse& tier(const TrainResult& r, const std::string& name) {
-  for (const auto& t : r.tiers) {
-    if (t.name == name) return t;
-  }
-  static const TrainResult::TierUse none;
-  ADD_FAILURE() << "no tier " << name;
-  return none;
-}
+using test::tier;
 
 ActivationSizes sizes_of(const Config& cfg, ActivationMode mode) {
   auto lay = ModelLayout::from_config(cfg.model);

@@ -14,6 +14,7 @@
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -39,13 +40,7 @@ Config tiny(const std::string& dir, const std::vector<std::string>& extra) {
   return *cfg;
 }
 
-TrainResult must_train(const Config& cfg) {
-  TrainOptions o;
-  o.progress = false;
-  auto r = train(cfg, o);
-  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-  return r.is_ok() ? *r : TrainResult{};
-}
+using test::must_train;
 
 std::vector<std::string> placement(const std::string& dir, bool nvme) {
   if (!nvme) {
@@ -137,13 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, OverlapTest,
                            return std::string(i.param.name);
                          });
 
-TrainResult::TierUse tier(const TrainResult& r, const std::string& name) {
-  for (const auto& t : r.tiers) {
-    if (t.name == name) return t;
-  }
-  ADD_FAILURE() << "no tier " << name;
-  return {};
-}
+using test::tier;
 
 // With the optimizer state on NVMe, what a rollback restores stays on the disk: the speculative
 // step is written to fresh (shadow) extents and the old ones are kept until the step is

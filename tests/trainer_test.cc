@@ -14,6 +14,7 @@
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 namespace strata {
 namespace {
@@ -44,12 +45,7 @@ Config small_config(const std::string& dir, std::vector<std::string> extra = {})
   return *cfg;
 }
 
-TrainResult must_train(const Config& cfg, TrainOptions opts = {}) {
-  opts.progress = false;
-  auto r = train(cfg, opts);
-  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
-  return r.is_ok() ? *r : TrainResult{};
-}
+using test::must_train;
 
 class TrainerTest : public ::testing::Test {
  protected:
