@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <vector>
 
-#include "src/model.h"
-#include "src/tier_manager.h"
-#include "src/trainer.h"
+#include "src/model/model.h"
+#include "src/tiers/tier_manager.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"

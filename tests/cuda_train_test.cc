@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"

@@ -1,4 +1,4 @@
-// IoWorker (src/io_worker.h): read-after-write order per extent, and no lost wake-up.
+// IoWorker (io/io_worker.h): read-after-write order per extent, and no lost wake-up.
 //
 // A read queued while a write of the same extent is in flight is held back until that write
 // completes. The worker used to go back to sleep after reaping that write, leaving the held
@@ -6,7 +6,7 @@
 // NVMe parameter fetch with nothing else queued) hung forever. Each round below queues a
 // write and, at once, a read of the same extent, with nothing after them; the read must
 // complete (bounded wait) and return what the write wrote.
-#include "src/io_worker.h"
+#include "io/io_worker.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

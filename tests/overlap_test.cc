@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"

@@ -1,16 +1,16 @@
 // The planner: memory arithmetic against hand-computed cases and against the tier manager's own
 // preflight, fit reporting, time terms, profiles (good, bad, stale), the config it writes, and
 // capacity mode.
-#include "src/plan.h"
+#include "src/plan/plan.h"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "src/model.h"
-#include "src/probe_machine.h"
-#include "src/tier_manager.h"
+#include "src/model/model.h"
+#include "src/plan/probe_machine.h"
+#include "src/tiers/tier_manager.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"

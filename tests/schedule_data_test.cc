@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "src/data.h"
-#include "src/model.h"
-#include "src/schedule.h"
+#include "src/train/data.h"
+#include "src/model/model.h"
+#include "src/train/schedule.h"
 
 namespace strata {
 namespace {

@@ -8,10 +8,10 @@
 #include <set>
 #include <sstream>
 
-#include "src/model.h"
-#include "src/tier_manager.h"
-#include "src/trace.h"
-#include "src/trainer.h"
+#include "src/model/model.h"
+#include "src/tiers/tier_manager.h"
+#include "src/tiers/trace.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "strata/storage_faults.h"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 
 namespace strata::test {
 

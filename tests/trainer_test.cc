@@ -1,7 +1,7 @@
 // End-to-end training on the CPU backend: the loss falls, checkpoints round-trip, a stopped and
 // resumed run equals the uninterrupted one bit for bit, corrupt checkpoints are refused, and a
 // run that cannot fit is refused before it starts.
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <random>
 
-#include "src/checkpoint.h"
+#include "src/train/checkpoint.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"

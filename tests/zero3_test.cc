@@ -43,7 +43,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
 

@@ -1,5 +1,5 @@
 // `strata plan`: bytes per tier, fit, predicted step time and bottleneck for each placement of
-// the training state; the fastest feasible one written as a config (src/plan.h, docs/PLANNER.md).
+// the training state; the fastest feasible one written as a config (src/plan/plan.h, docs/PLANNER.md).
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "src/plan.h"
-#include "src/trainer.h"
+#include "src/plan/plan.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tools/commands.h"

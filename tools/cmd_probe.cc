@@ -1,4 +1,4 @@
-// `strata probe`: every probe into one machine profile (src/probe_machine.h).
+// `strata probe`: every probe into one machine profile (src/plan/probe_machine.h).
 // `strata probe io`: sweeps the storage backends over block size x queue depth x read/write on
 // one or more paths and writes a profile (see strata/io_probe.h for the method and format).
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/probe_machine.h"
+#include "src/plan/probe_machine.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/io_probe.h"

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "src/trace.h"
+#include "src/tiers/trace.h"
 #include "strata/config.h"
 #include "tools/commands.h"
 

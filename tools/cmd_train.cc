@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tools/commands.h"

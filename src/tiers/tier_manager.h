@@ -11,7 +11,7 @@
 // gradient buffer per micro-batch that is drained to GACC as soon as the module's backward ends.
 // Each object has a stable id "<module>.<kind>", independent of where it is.
 //
-// Device cache policy (see src/trace.h): the first step of a phase records the order in which
+// Device cache policy (see src/tiers/trace.h): the first step of a phase records the order in which
 // parameters are acquired; later steps know every object's next use. Eviction takes the cached
 // object used furthest in the future (Belady); after each acquire the manager prefetches
 // upcoming objects up to stage3_prefetch_bucket_size bytes in flight, never evicting something
@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "src/checkpoint.h"
-#include "src/model.h"
-#include "src/trace.h"
+#include "src/train/checkpoint.h"
+#include "src/model/model.h"
+#include "src/tiers/trace.h"
 #include "strata/buffer_pool.h"
 #include "strata/comm.h"
 #include "strata/config.h"

@@ -1,4 +1,4 @@
-#include "src/tier_manager.h"
+#include "src/tiers/tier_manager.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <thread>
 
-#include "src/io_worker.h"
+#include "io/io_worker.h"
 #include "strata/checksum.h"
 #include "strata/cpu_optim.h"
 #include "strata/log.h"

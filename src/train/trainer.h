@@ -84,7 +84,7 @@ struct TrainResult {
 };
 
 // Trains on every rank of the communicator strata.comm.backend gives (mpirun -np N: N ranks,
-// ZeRO-3 sharded state, data-parallel batches; see src/tier_manager.h). `cfg` must have been
+// ZeRO-3 sharded state, data-parallel batches; see src/tiers/tier_manager.h). `cfg` must have been
 // resolved for that world size (train_batch_size = micro * accumulation * world size); every
 // rank calls train() with the same config. Rank 0 alone prints, writes the JSONL log and moves
 // `latest`; losses in the result are global (averaged over ranks) on every rank. A peer that

@@ -1,4 +1,4 @@
-#include "src/data.h"
+#include "src/train/data.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "src/rng.h"
+#include "src/base/rng.h"
 
 namespace strata {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/trainer.h"
+#include "src/train/trainer.h"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "src/checkpoint.h"
-#include "src/data.h"
-#include "src/model.h"
-#include "src/schedule.h"
-#include "src/tier_manager.h"
+#include "src/train/checkpoint.h"
+#include "src/train/data.h"
+#include "src/model/model.h"
+#include "src/train/schedule.h"
+#include "src/tiers/tier_manager.h"
 #include "strata/checksum.h"
 #include "strata/comm.h"
 #include "strata/device.h"

@@ -1,4 +1,4 @@
-#include "src/plan.h"
+#include "src/plan/plan.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "src/model.h"
+#include "src/model/model.h"
 #include "strata/log.h"
 
 namespace strata {

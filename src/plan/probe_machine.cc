@@ -1,4 +1,4 @@
-#include "src/probe_machine.h"
+#include "src/plan/probe_machine.h"
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "src/model.h"
-#include "src/plan.h"
+#include "src/model/model.h"
+#include "src/plan/plan.h"
 #include "strata/comm.h"
 #include "strata/cpu_optim.h"
 #include "strata/device.h"

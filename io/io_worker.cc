@@ -1,4 +1,4 @@
-#include "src/io_worker.h"
+#include "io/io_worker.h"
 
 #include <chrono>
 #include <vector>

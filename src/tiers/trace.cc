@@ -1,4 +1,4 @@
-#include "src/trace.h"
+#include "src/tiers/trace.h"
 
 #include <fmt/format.h>
 

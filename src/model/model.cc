@@ -1,11 +1,11 @@
-#include "src/model.h"
+#include "src/model/model.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "src/rng.h"
+#include "src/base/rng.h"
 #include "strata/kernels.h"
 
 namespace strata {

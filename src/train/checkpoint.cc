@@ -1,4 +1,4 @@
-#include "src/checkpoint.h"
+#include "src/train/checkpoint.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

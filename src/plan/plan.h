@@ -3,7 +3,7 @@
 // with the resource that bounds it, and the fastest feasible placement as a config that
 // `strata train` runs as is. docs/PLANNER.md states every term and where its number comes from.
 //
-// Memory. The arithmetic mirrors TierManager::create (src/tier_manager.cc) term for term —
+// Memory. The arithmetic mirrors TierManager::create (src/tiers/tier_manager.cc) term for term —
 // homes rounded to 256 B on the device and 4 KiB on host/NVMe, the device working set (the
 // largest module's fetched params + its fp32 gradient), the host staging buffers (NVMe param
 // prefetch, the optimizer pipeline of 2*buffer_count+1 modules, landing and low-precision
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "src/model.h"
+#include "src/model/model.h"
 #include "strata/config.h"
 #include "strata/status.h"
 

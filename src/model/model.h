@@ -57,7 +57,7 @@ struct ModelLayout {
 void init_module_params(const ModelLayout& layout, int module, uint64_t seed, float* master);
 
 // What happens to a block's activations between its forward and its backward
-// (strata.activations; DeepSpeed's activation_checkpointing.* maps onto it, see src/config.cc).
+// (strata.activations; DeepSpeed's activation_checkpointing.* maps onto it, see src/config/config.cc).
 //   kKeep       every block's intermediate tensors stay on the device until its backward: the
 //               most device memory, no extra work.
 //   kRecompute  only each block's INPUT (the residual stream, [B,T,C] in dt) stays, plus ONE

@@ -1,4 +1,4 @@
-#include "src/schedule.h"
+#include "src/train/schedule.h"
 
 #include <algorithm>
 #include <cmath>

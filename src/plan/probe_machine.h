@@ -1,5 +1,5 @@
 // The machine probe behind `strata probe` (no subcommand): every rate the planner divides by,
-// measured on this machine and written as one profile (src/plan.h reads it).
+// measured on this machine and written as one profile (src/plan/plan.h reads it).
 //
 // What is measured (each case: `warmup` passes discarded, then `repeats` timed passes; the
 // median is the rate, min..max the spread):
