@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "src/tiers/tier_manager.h"
 #include "src/tiers/trace.h"
 #include "src/train/trainer.h"
@@ -72,13 +72,14 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
   // A device limit where only two modules' parameters and gradients fit beside the
   // activations: every block must be fetched and evicted again each pass.
   Config base = tiny(dir, {});
-  auto layout = ModelLayout::from_config(base.model);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(base.model);
+  ASSERT_TRUE(arch.is_ok());
   const int B = int(base.train_micro_batch_size_per_gpu), T = base.model.context;
-  const size_t block = layout->modules[1].numel;
+  const size_t block = (*arch)->layout().modules[1].numel;
   const size_t two_modules = 2 * (block * 2 + block * 4);
   const size_t small =
-      activation_bytes(*layout, B, T, base.model.dtype).bytes + two_modules + (size_t(64) << 10);
+      (*arch)->activation_plan(B, T, base.model.dtype, ActivationMode::kKeep).bytes + two_modules +
+      (size_t(64) << 10);
   struct Case {
     std::string name;
     std::vector<std::string> ov;
@@ -118,7 +119,7 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
     }
     EXPECT_EQ(r->weights_crc, ref.weights_crc) << "final weights differ";
     if (i == 2 || i == 5) {  // parameters on nvme: fetched to the device every step
-      EXPECT_GT(r->tiers[0].bytes_in, 30 * layout->num_params() * 2);
+      EXPECT_GT(r->tiers[0].bytes_in, 30 * (*arch)->layout().num_params() * 2);
       EXPECT_GT(r->tiers[2].bytes_out, 0u);
     }
     if (i == 5) {
@@ -289,13 +290,13 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   mc.n_embd = 32;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto layout = ModelLayout::from_config(mc);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
   to.placement.master = to.placement.moments = Tier::kHost;
   to.host_capacity = 64 << 20;
-  auto tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, 0);
+  auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, 0);
   ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
   ASSERT_TRUE((*tm)->init_state([](int, float* m) { m[0] = 1.0f; }).is_ok());
   auto run = [&](std::vector<int> order) {

@@ -815,10 +815,11 @@ TierManager::~TierManager() {
   I.storage.reset();
 }
 
-Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const ModelLayout& layout,
+Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const Architecture& arch,
                                                          DType dt, DType moment_dt,
                                                          const TierOptions& options,
                                                          size_t activation_bytes) {
+  const ModelLayout& layout = arch.layout();
   auto impl = std::make_unique<Impl>(device, layout, dt, moment_dt, options);
   Impl& I = *impl;
   const Placement& pl = options.placement;
@@ -896,16 +897,13 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
       max_opt = std::max(max_opt, round_up(m.master.bytes, 4096) + round_up(m.mom.bytes, 4096));
     }
   }
-  auto pc = [&](int m) {
-    return pl.params == Tier::kDevice && !I.sharded ? 0 : round_up(I.mods[m].padded * es, 256);
+  auto pc = [&](int m) -> size_t {
+    return pl.params == Tier::kDevice && !I.sharded ? 0
+                                                    : round_up(I.mods[size_t(m)].padded * es, 256);
   };
-  auto g = [&](int m) { return round_up(I.mods[size_t(m)].padded * 4, 256); };
-  const int F = layout.final_norm(), H = layout.head(), E = layout.embedding();
-  size_t ws = pc(F) + (H != F ? pc(H) : 0) + g(F) + (H != F ? g(H) : 0);
-  for (int l = 0; l < layout.L; ++l) {
-    ws = std::max(ws, pc(layout.block(l)) + g(layout.block(l)) + (layout.tied ? g(E) : 0));
-  }
-  ws = std::max(ws, g(E) + pc(E));
+  auto g = [&](int m) -> size_t { return round_up(I.mods[size_t(m)].padded * 4, 256); };
+  // The most parameter copies and gradient buffers the model's program holds at once.
+  size_t ws = program_peak_bytes(arch.program(Pass::kTrain), pc, g);
   // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the
   // largest group), and the prefetch window's gathered groups (nothing is evicted for room).
   size_t bucket_bytes = 0, window_bytes = 0;

@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "src/train/checkpoint.h"
-#include "src/model/model.h"
+#include "src/model/architecture.h"
 #include "src/tiers/trace.h"
+#include "src/train/checkpoint.h"
 #include "strata/buffer_pool.h"
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -165,7 +165,9 @@ class TierManager : public ActivationStore {
  public:
   // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
   // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
-  static Result<std::unique_ptr<TierManager>> create(Device& device, const ModelLayout& layout,
+  // The device's working set is the most that the architecture's training program holds at
+  // once (program_peak_bytes).
+  static Result<std::unique_ptr<TierManager>> create(Device& device, const Architecture& arch,
                                                      DType dt, DType moment_dt,
                                                      const TierOptions& options,
                                                      size_t activation_bytes);
