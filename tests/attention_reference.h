@@ -140,8 +140,8 @@ inline std::vector<double> reference_attention_backward(const AttnShape& s,
 // tolerance at the scale of the data); else a line naming the count and the worst element.
 inline std::string compare_close(const std::vector<double>& got, const std::vector<double>& want,
                                  double rtol) {
-  if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " != " +
-                                        std::to_string(want.size());
+  if (got.size() != want.size())
+    return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
   double ss = 0;
   for (double w : want) ss += w * w;
   const double rms = want.empty() ? 0.0 : std::sqrt(ss / double(want.size()));
@@ -159,9 +159,9 @@ inline std::string compare_close(const std::vector<double>& got, const std::vect
   }
   if (bad == 0) return "";
   return std::to_string(bad) + " of " + std::to_string(got.size()) + " elements outside rtol " +
-         std::to_string(rtol) + "; worst [" + std::to_string(worst) +
-         "]: got " + std::to_string(got[worst]) + " want " + std::to_string(want[worst]) +
-         " (rms " + std::to_string(rms) + ")";
+         std::to_string(rtol) + "; worst [" + std::to_string(worst) + "]: got " +
+         std::to_string(got[worst]) + " want " + std::to_string(want[worst]) + " (rms " +
+         std::to_string(rms) + ")";
 }
 
 }  // namespace strata::test

@@ -18,8 +18,6 @@
 // Each case: `warmup` discarded passes, then `repeats` timed passes (wall time of enqueue +
 // synchronize of `iters` calls); the median is the result, min and max the spread. A benchmark,
 // not a test: it never fails on timing; it exits 1 only when an op fails.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -139,23 +138,33 @@ Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
     STRATA_ASSIGN_OR_RETURN(void* dw, b.random(size_t(sh.OC) * sh.C, DType::kF32), sh.name);
     STRATA_ASSIGN_OR_RETURN(void* db, b.random(sh.OC, DType::kF32), sh.name);
     const double fwd_flops = 2.0 * N * sh.C * sh.OC;
-    const Spread f = time_per_call(o, iters, [&] {
-      for (int i = 0; i < iters; ++i) k.matmul_forward(s, dt, y, inp, w, bias, N, sh.C, sh.OC);
-      return dev.synchronize(s);
-    }, &st);
-    const Spread bw = time_per_call(o, iters, [&] {
-      for (int i = 0; i < iters; ++i) {
-        k.matmul_backward(s, dt, dinp, static_cast<float*>(dw), static_cast<float*>(db), y, inp,
-                          w, N, sh.C, sh.OC);
-      }
-      return dev.synchronize(s);
-    }, &st);
+    const Spread f = time_per_call(
+        o, iters,
+        [&] {
+          for (int i = 0; i < iters; ++i) k.matmul_forward(s, dt, y, inp, w, bias, N, sh.C, sh.OC);
+          return dev.synchronize(s);
+        },
+        &st);
+    const Spread bw = time_per_call(
+        o, iters,
+        [&] {
+          for (int i = 0; i < iters; ++i) {
+            k.matmul_backward(s, dt, dinp, static_cast<float*>(dw), static_cast<float*>(db), y, inp,
+                              w, N, sh.C, sh.OC);
+          }
+          return dev.synchronize(s);
+        },
+        &st);
     STRATA_RETURN_IF_ERROR(st, std::string("GEMM ") + sh.name);
     const double tf = fwd_flops / f.median / 1e12, tb = 2 * fwd_flops / bw.median / 1e12;
-    json row = {{"name", sh.name},       {"N", N},
-                {"C", sh.C},             {"OC", sh.OC},
-                {"forward_s", to_json(f)}, {"backward_s", to_json(bw)},
-                {"forward_tflops", tf},  {"backward_tflops", tb}};
+    json row = {{"name", sh.name},
+                {"N", N},
+                {"C", sh.C},
+                {"OC", sh.OC},
+                {"forward_s", to_json(f)},
+                {"backward_s", to_json(bw)},
+                {"forward_tflops", tf},
+                {"backward_tflops", tb}};
     std::string pf = "n/a", pb = "n/a";
     if (o.peak_tflops > 0) {
       row["forward_peak_share"] = tf / o.peak_tflops;
@@ -165,8 +174,8 @@ Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
     }
     rows.push_back(row);
     *md += std::string("| ") + sh.name + " | " + std::to_string(sh.C) + " | " +
-           std::to_string(sh.OC) + " | " + fmt_num(tf) + " | " + fmt_num(tb) + " | " + pf +
-           " | " + pb + " |\n";
+           std::to_string(sh.OC) + " | " + fmt_num(tf) + " | " + fmt_num(tb) + " | " + pf + " | " +
+           pb + " |\n";
   }
   (*out)["dtype"] = "bf16";
   (*out)["peak_tflops"] = o.peak_tflops > 0 ? json(o.peak_tflops) : json(nullptr);
@@ -194,28 +203,36 @@ Status bench_copy(Device& dev, const Options& o, json* out, std::string* md) {
            fmt_num(total_bytes / sp.min / 1e9) + " |\n";
   };
   auto one = [&](bool h2d, void* host) {
-    return time_per_call(o, 1, [&] {
-      Stream& s = h2d ? dev.h2d_stream() : dev.d2h_stream();
-      if (h2d) {
-        dev.copy_h2d(s, d, host, bytes);
-      } else {
-        dev.copy_d2h(s, host, d, bytes);
-      }
-      return dev.synchronize(s);
-    }, &st);
+    return time_per_call(
+        o, 1,
+        [&] {
+          Stream& s = h2d ? dev.h2d_stream() : dev.d2h_stream();
+          if (h2d) {
+            dev.copy_h2d(s, d, host, bytes);
+          } else {
+            dev.copy_d2h(s, host, d, bytes);
+          }
+          return dev.synchronize(s);
+        },
+        &st);
   };
   if (pinned.is_ok() && pinned2.is_ok()) {
     std::memset(*pinned, 1, bytes);
     add("h2d_pinned", one(true, *pinned), double(bytes));
     add("d2h_pinned", one(false, *pinned), double(bytes));
     // Both directions at once, on the two copy streams.
-    add("bidirectional_pinned", time_per_call(o, 1, [&] {
-          dev.copy_h2d(dev.h2d_stream(), d, *pinned, bytes);
-          dev.copy_d2h(dev.d2h_stream(), *pinned2, d2, bytes);
-          Status a = dev.synchronize(dev.h2d_stream());
-          Status b = dev.synchronize(dev.d2h_stream());
-          return a.is_ok() ? b : a;
-        }, &st), 2.0 * double(bytes));
+    add("bidirectional_pinned",
+        time_per_call(
+            o, 1,
+            [&] {
+              dev.copy_h2d(dev.h2d_stream(), d, *pinned, bytes);
+              dev.copy_d2h(dev.d2h_stream(), *pinned2, d2, bytes);
+              Status a = dev.synchronize(dev.h2d_stream());
+              Status b = dev.synchronize(dev.d2h_stream());
+              return a.is_ok() ? b : a;
+            },
+            &st),
+        2.0 * double(bytes));
   } else {
     cases["pinned"] = "n/a: " + (pinned.is_ok() ? pinned2.status() : pinned.status()).to_string();
   }
@@ -266,7 +283,7 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
     STRATA_ASSIGN_OR_RETURN(void* dout, b.random(bt * C, dt), sh.name);
     STRATA_ASSIGN_OR_RETURN(void* y_fused, b.random(bt * C, dt), sh.name);
     STRATA_ASSIGN_OR_RETURN(void* dqkv, b.random(bt * W, dt), sh.name);
-    json row = {{"name", sh.name}, {"B", sh.B},   {"T", sh.T},
+    json row = {{"name", sh.name}, {"B", sh.B},     {"T", sh.T},
                 {"NH", sh.NH},     {"NKV", sh.NKV}, {"hs", sh.hs}};
     auto record = [&](const char* kernel, const Spread& f, const Spread& bw, size_t mem) {
       row[kernel] = {{"forward_s", to_json(f)},
@@ -287,15 +304,21 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
       STRATA_ASSIGN_OR_RETURN(void* lse, b.random(rows_n, DType::kF32), sh.name);
       STRATA_ASSIGN_OR_RETURN(void* scr, b.random(rows_n, DType::kF32), sh.name);
       auto* L = static_cast<float*>(lse);
-      const Spread f = time_per_call(o, 1, [&] {
-        k.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
-        return dev.synchronize(s);
-      }, &st);
-      const Spread bw = time_per_call(o, 1, [&] {
-        k.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused, L,
-                                   sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
-        return dev.synchronize(s);
-      }, &st);
+      const Spread f = time_per_call(
+          o, 1,
+          [&] {
+            k.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            return dev.synchronize(s);
+          },
+          &st);
+      const Spread bw = time_per_call(
+          o, 1,
+          [&] {
+            k.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused, L,
+                                       sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            return dev.synchronize(s);
+          },
+          &st);
       STRATA_RETURN_IF_ERROR(st, std::string("fused attention ") + sh.name);
       record("fused", f, bw, 2 * rows_n * 4);
     } else {
@@ -320,15 +343,21 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
         return scr.status().with_context(sh.name);
       }
       auto* A = static_cast<float*>(att);
-      const Spread f = time_per_call(o, 1, [&] {
-        k.attention_forward(s, dt, y, A, qkv, sh.B, sh.T, int(C), sh.NH);
-        return dev.synchronize(s);
-      }, &st);
-      const Spread bw = time_per_call(o, 1, [&] {
-        k.attention_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B, sh.T,
-                             int(C), sh.NH);
-        return dev.synchronize(s);
-      }, &st);
+      const Spread f = time_per_call(
+          o, 1,
+          [&] {
+            k.attention_forward(s, dt, y, A, qkv, sh.B, sh.T, int(C), sh.NH);
+            return dev.synchronize(s);
+          },
+          &st);
+      const Spread bw = time_per_call(
+          o, 1,
+          [&] {
+            k.attention_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B, sh.T,
+                                 int(C), sh.NH);
+            return dev.synchronize(s);
+          },
+          &st);
       // How far the fused output is from the plain one (a sanity check, not a test).
       if (st.is_ok() && row.contains("fused") && row["fused"].is_object()) {
         std::vector<uint16_t> a(bt * C), c(bt * C);
@@ -438,12 +467,8 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "bench_device_ops: %s\n", dev.status().to_string().c_str());
     return 1;
   }
-  json out = {{"mode", o.mode},
-              {"backend", o.backend},
-              {"device", (*dev)->name()},
-              {"quick", o.quick},
-              {"warmup", o.warmup},
-              {"repeats", o.repeats}};
+  json out = {{"mode", o.mode},   {"backend", o.backend}, {"device", (*dev)->name()},
+              {"quick", o.quick}, {"warmup", o.warmup},   {"repeats", o.repeats}};
   std::string md;
   Status st = o.mode == "gemm"   ? bench_gemm(**dev, o, &out, &md)
               : o.mode == "copy" ? bench_copy(**dev, o, &out, &md)

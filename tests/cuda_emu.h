@@ -14,11 +14,13 @@
 //     load/store check the alignment rules (32-byte pointer, 16-byte multiple stride).
 //   - bf16/fp16 with round-to-nearest-even conversions (strata/dtype.h).
 //
-// Races: within one phase (between two barriers) the fibers run one after another in thread
-// order, or in reverse order (Order::kReverse). A missing barrier between one thread's write
-// and another thread's read of shared memory makes the reader see the old value in one of the
-// two orders, so running a kernel in both orders and requiring the same, correct result finds
-// it. A barrier reached by only some threads (divergence) is reported as a deadlock.
+// Races: warps run one at a time, each as far as it can (up to the next __syncthreads), and
+// within a warp the lanes run one after another from one barrier to the next; Order::kForward
+// goes warp 0 first and lane 0 first, Order::kReverse the other way round. A missing barrier
+// between one thread's write and another thread's read of shared memory (within a warp or
+// across warps) makes the reader see the old or the new value in one of the two orders, so
+// running a kernel in both orders and requiring the same, correct result finds it. A barrier
+// reached by only some threads (divergence) is reported as a deadlock.
 //
 // Not emulated: timing, the memory model beyond the above, register and shared-memory limits
 // (ptxas and the launch check those), atomics, multi-dimensional blocks.
@@ -186,74 +188,85 @@ class Runtime {
       makecontext(&f.ctx, &Runtime::fiber_main, 0);
       f.wait = Wait::kNone;
     }
+    const unsigned warps = (n + 31) / 32;
     for (;;) {
+      // Each warp in turn runs as far as it can: its lanes run until they block, its warp
+      // barriers are released as soon as all its lanes reach them, until every lane waits at a
+      // block barrier (or has exited). So one warp runs ahead of the others up to the next
+      // __syncthreads, which a missing block barrier cannot survive in both orders.
       bool ran = false;
-      for (unsigned k = 0; k < n; ++k) {
-        const unsigned t = order == Order::kForward ? k : n - 1 - k;
-        if (fibers_[t].wait != Wait::kNone) continue;
-        current_ = t;
-        threadIdx = {t, 0, 0};
-        in_fiber_ = true;
-        swapcontext(&sched_, &fibers_[t].ctx);
-        in_fiber_ = false;
-        ran = true;
-        if (!error_.empty()) {
-          const std::string e = "thread " + std::to_string(t) + " of block (" +
-                                std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) +
-                                "," + std::to_string(blockIdx.z) + "): " + error_;
-          error_.clear();
-          fail(e);
+      for (unsigned k = 0; k < warps; ++k) {
+        const unsigned w = order == Order::kForward ? k : warps - 1 - k;
+        const unsigned lo = w * 32, hi = std::min(n, lo + 32);
+        for (;;) {
+          for (unsigned i = lo; i < hi; ++i) {
+            const unsigned t = order == Order::kForward ? i : hi - 1 - (i - lo);
+            if (fibers_[t].wait != Wait::kNone) continue;
+            resume(t);
+            ran = true;
+          }
+          if (!release_warp(lo, hi)) break;
         }
       }
-      // Release warps whose live lanes all wait at the same warp barrier.
-      bool released = false, all_done = true, all_block = true;
-      for (unsigned w = 0; w * 32 < n; ++w) {
-        bool all = true, any = false;
-        const char* what = nullptr;
-        for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); ++t) {
-          const Fiber& f = fibers_[t];
-          if (f.wait == Wait::kDone) continue;
-          if (f.wait != Wait::kWarp) {
-            all = false;
-            continue;
-          }
-          if (what != nullptr && std::strcmp(what, f.what) != 0) {
-            fail("warp " + std::to_string(w) + " lanes wait at different collectives: " + what +
-                 " and " + f.what);
-          }
-          what = f.what;
-          any = true;
-        }
-        if (all && any) {
-          for (unsigned t = w * 32; t < std::min(n, w * 32 + 32); ++t) {
-            if (fibers_[t].wait == Wait::kWarp) fibers_[t].wait = Wait::kNone;
-          }
-          released = true;
-        }
-      }
+      bool all_done = true, all_block = true;
       for (const Fiber& f : fibers_) {
         if (f.wait != Wait::kDone) all_done = false;
         if (f.wait != Wait::kDone && f.wait != Wait::kBlock) all_block = false;
       }
       if (all_done) return;
-      if (!released && all_block) {
+      if (all_block) {
         for (Fiber& f : fibers_) {
           if (f.wait == Wait::kBlock) f.wait = Wait::kNone;
         }
-        released = true;
+        continue;
       }
-      if (!ran && !released) {
+      if (!ran) {
         std::string s;
         for (unsigned t = 0; t < n; ++t) {
           s += " " + std::to_string(t) + ":" +
                (fibers_[t].wait == Wait::kDone ? "exited" : fibers_[t].what);
           if (s.size() > 400) break;
         }
-        fail("deadlock in block (" + std::to_string(blockIdx.x) + "," +
-             std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) +
-             "): threads wait at different barriers:" + s);
+        fail("deadlock in block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) +
+             "," + std::to_string(blockIdx.z) + "): threads wait at different barriers:" + s);
       }
     }
+  }
+
+  // Runs thread t until it blocks or exits.
+  void resume(unsigned t) {
+    current_ = t;
+    threadIdx = {t, 0, 0};
+    in_fiber_ = true;
+    swapcontext(&sched_, &fibers_[t].ctx);
+    in_fiber_ = false;
+    if (!error_.empty()) {
+      const std::string e = "thread " + std::to_string(t) + " of block (" +
+                            std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+                            std::to_string(blockIdx.z) + "): " + error_;
+      error_.clear();
+      fail(e);
+    }
+  }
+
+  // Releases threads lo..hi-1 (one warp) if every live one waits at the same warp barrier.
+  bool release_warp(unsigned lo, unsigned hi) {
+    const char* what = nullptr;
+    for (unsigned t = lo; t < hi; ++t) {
+      const Fiber& f = fibers_[t];
+      if (f.wait == Wait::kDone) continue;
+      if (f.wait != Wait::kWarp) return false;
+      if (what != nullptr && std::strcmp(what, f.what) != 0) {
+        fail("warp " + std::to_string(lo / 32) + ": lanes wait at different collectives: " + what +
+             " and " + f.what);
+      }
+      what = f.what;
+    }
+    if (what == nullptr) return false;
+    for (unsigned t = lo; t < hi; ++t) {
+      if (fibers_[t].wait == Wait::kWarp) fibers_[t].wait = Wait::kNone;
+    }
+    return true;
   }
 
   struct FreeDeleter {

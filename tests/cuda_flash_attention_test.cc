@@ -44,7 +44,8 @@ class CudaFlashAttentionTest : public ::testing::Test {
     if (!why.empty()) GTEST_SKIP() << why;
     auto cpu = create_cpu_device({.capacity = 256 * kMiB, .threads = 0});
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-    auto gpu = create_cuda_device({.ordinal = 0, .reserve = size_t{1} << 30, .capacity = 4096 * kMiB});
+    auto gpu =
+        create_cuda_device({.ordinal = 0, .reserve = size_t{1} << 30, .capacity = 4096 * kMiB});
     ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
     cpu_ = std::move(cpu).value();
     gpu_ = std::move(gpu).value();
@@ -151,8 +152,8 @@ TEST_F(CudaFlashAttentionTest, MatchesTheCpuBackendAndTheReference) {
       if (s.T <= 130) {  // the O(T^2 hs) double reference, on the smaller shapes
         std::vector<double> out_ref, lse_ref;
         test::reference_attention_forward(s, qkv.values(), &out_ref, &lse_ref);
-        std::vector<double> d_ref = test::reference_attention_backward(s, qkv.values(),
-                                                                       dout.values());
+        std::vector<double> d_ref =
+            test::reference_attention_backward(s, qkv.values(), dout.values());
         const std::vector<double> before = dqkv0.values();
         for (size_t i = 0; i < d_ref.size(); ++i) d_ref[i] += before[i];
         EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
@@ -185,8 +186,8 @@ TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
   Kernels& k = gpu_->kernels();
   Stream& st = gpu_->compute_stream();
   k.attention_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, C, s.NH);
-  k.attention_backward(st, dt, dx, static_cast<float*>(*scratch), g, x,
-                       static_cast<float*>(*att), s.B, s.T, C, s.NH);
+  k.attention_backward(st, dt, dx, static_cast<float*>(*scratch), g, x, static_cast<float*>(*att),
+                       s.B, s.T, C, s.NH);
   ASSERT_TRUE(gpu_->synchronize(st).is_ok());
   Buffer out_plain(dt, s.out_elems()), dqkv_plain(dt, s.qkv_elems());
   download(out_plain.data(), *y, out_plain.bytes.size());
@@ -213,8 +214,8 @@ TEST_F(CudaFlashAttentionTest, UnsupportedCallsFailAtTheNextSynchronize) {
   ASSERT_TRUE(buf.is_ok());
   gpu_bufs_.push_back(*buf);
   Stream& st = gpu_->compute_stream();
-  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf,
-                                          1, 16, 2, 2, 64);
+  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf, 1,
+                                          16, 2, 2, 64);
   Status s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("fused_attention_forward"), std::string::npos) << s.to_string();

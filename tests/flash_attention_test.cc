@@ -8,8 +8,6 @@
 //     each block scheduled in two orders (which exposes missing barriers) giving identical bits.
 // What the emulation cannot show (timing, the real fragment layouts, the hardware's fp32
 // accumulation order) is left to tests/cuda_flash_attention_test.cc on a GPU.
-#include "tests/cuda_emu.h"  // first: defines STRATA_CUDA_EMULATION for the kernels below
-
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,6 +19,7 @@
 #include "strata/device.h"
 #include "strata/kernels.h"
 #include "tests/attention_reference.h"
+#include "tests/cuda_emu.h"  // first: defines STRATA_CUDA_EMULATION for the kernels below
 
 namespace strata {
 namespace {
@@ -87,9 +86,8 @@ class FusedAttentionCpu : public ::testing::TestWithParam<DType> {
     std::vector<float> scratch(c.s.rows());
     k.fused_attention_forward(st, c.dt, out->data(), lse->data(), c.qkv.data(), c.s.B, c.s.T,
                               c.s.NH, c.s.NKV, c.s.hs);
-    k.fused_attention_backward(st, c.dt, dqkv->data(), scratch.data(), c.dout.data(),
-                               c.qkv.data(), out->data(), lse->data(), c.s.B, c.s.T, c.s.NH,
-                               c.s.NKV, c.s.hs);
+    k.fused_attention_backward(st, c.dt, dqkv->data(), scratch.data(), c.dout.data(), c.qkv.data(),
+                               out->data(), lse->data(), c.s.B, c.s.T, c.s.NH, c.s.NKV, c.s.hs);
     ASSERT_TRUE(dev_->synchronize(st).is_ok());
   }
   std::unique_ptr<Device> dev_;
@@ -97,8 +95,8 @@ class FusedAttentionCpu : public ::testing::TestWithParam<DType> {
 
 TEST_P(FusedAttentionCpu, MatchesTheScalarReference) {
   const DType dt = GetParam();
-  for (AttnShape s : {AttnShape{2, 45, 3, 3, 16}, AttnShape{1, 130, 4, 2, 64},
-                      AttnShape{2, 70, 2, 1, 128}}) {
+  for (AttnShape s :
+       {AttnShape{2, 45, 3, 3, 16}, AttnShape{1, 130, 4, 2, 64}, AttnShape{2, 70, 2, 1, 128}}) {
     SCOPED_TRACE(s.name());
     Case c(s, dt);
     Buffer out, dqkv;
@@ -161,19 +159,16 @@ void emulated(const AttnShape& s, Order order, const Buffer& qkv, const Buffer& 
   Runtime& rt = Runtime::get();
   rt.launch({tiles, unsigned(s.NH), unsigned(s.B)}, fl::kThreads, fl::ForwardSmem<HS>::kBytes,
             order, [&] { fl::flash_forward_kernel<T, HS>(y, L, x, s.T, s.NH, s.NKV); });
-  const unsigned dot_blocks = unsigned((s.rows() + fl::kDotRowsPerBlock - 1) /
-                                       fl::kDotRowsPerBlock);
-  rt.launch({dot_blocks, 1, 1}, 32 * fl::kDotRowsPerBlock, 0, order, [&] {
-    fl::flash_backward_dot_kernel<T>(D.data(), g, y, s.B, s.T, s.NH, HS);
-  });
-  rt.launch({tiles, unsigned(s.NKV), unsigned(s.B)}, fl::kThreads, fl::BackwardSmem<HS>::kBytes,
-            order, [&] {
-              fl::flash_backward_dkdv_kernel<T, HS>(dx, x, g, L, D.data(), s.T, s.NH, s.NKV);
-            });
+  const unsigned dot_blocks =
+      unsigned((s.rows() + fl::kDotRowsPerBlock - 1) / fl::kDotRowsPerBlock);
+  rt.launch({dot_blocks, 1, 1}, 32 * fl::kDotRowsPerBlock, 0, order,
+            [&] { fl::flash_backward_dot_kernel<T>(D.data(), g, y, s.B, s.T, s.NH, HS); });
+  rt.launch(
+      {tiles, unsigned(s.NKV), unsigned(s.B)}, fl::kThreads, fl::BackwardSmem<HS>::kBytes, order,
+      [&] { fl::flash_backward_dkdv_kernel<T, HS>(dx, x, g, L, D.data(), s.T, s.NH, s.NKV); });
   rt.launch({tiles, unsigned(s.NH), unsigned(s.B)}, fl::kThreads, fl::BackwardSmem<HS>::kBytes,
-            order, [&] {
-              fl::flash_backward_dq_kernel<T, HS>(dx, x, g, L, D.data(), s.T, s.NH, s.NKV);
-            });
+            order,
+            [&] { fl::flash_backward_dq_kernel<T, HS>(dx, x, g, L, D.data(), s.T, s.NH, s.NKV); });
 }
 
 struct EmuParam {
@@ -218,11 +213,11 @@ TEST_P(FusedAttentionEmulated, CudaKernelsMatchTheReferenceInBothThreadOrders) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FusedAttentionEmulated,
-    ::testing::Values(EmuParam{DType::kBF16, {1, 64, 1, 1, 64}},    // exactly one tile
-                      EmuParam{DType::kBF16, {2, 100, 2, 2, 64}},   // T not a multiple of 64
-                      EmuParam{DType::kF16, {1, 130, 4, 2, 64}},    // GQA, 3 tiles
-                      EmuParam{DType::kBF16, {1, 77, 2, 1, 128}},   // MQA, hs 128
-                      EmuParam{DType::kF16, {1, 40, 2, 2, 128}}),   // T below one tile
+    ::testing::Values(EmuParam{DType::kBF16, {1, 64, 1, 1, 64}},   // exactly one tile
+                      EmuParam{DType::kBF16, {2, 100, 2, 2, 64}},  // T not a multiple of 64
+                      EmuParam{DType::kF16, {1, 130, 4, 2, 64}},   // GQA, 3 tiles
+                      EmuParam{DType::kBF16, {1, 77, 2, 1, 128}},  // MQA, hs 128
+                      EmuParam{DType::kF16, {1, 40, 2, 2, 128}}),  // T below one tile
     [](const auto& info) {
       return std::string(dtype_name(info.param.dt)) + "_" + info.param.s.name();
     });
