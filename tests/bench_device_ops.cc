@@ -99,9 +99,14 @@ class Buffers {
   std::mt19937 rng_{12345};
 };
 
+// v with `prec` decimals, or 3 significant digits when that would show less.
 std::string fmt_num(double v, int prec = 1) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  if (v != 0 && std::fabs(v) < std::pow(10.0, 2 - prec)) {
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  }
   return buf;
 }
 
@@ -331,7 +336,7 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
     } else if (sh.T > 4096) {
       row["plain"] = "n/a: not timed above T=4096 (it would need " +
                      fmt_num(double(plain_mem) / (1 << 30), 2) + " GiB and minutes)";
-    } else if (plain_mem + (size_t{1} << 30) > free_bytes) {
+    } else if (plain_mem + (dev.kind() == DeviceKind::kCuda ? size_t{1} << 30 : 0) > free_bytes) {
       row["plain"] = "n/a: needs " + fmt_num(double(plain_mem) / (1 << 30), 2) +
                      " GiB for the [B,NH,T,T] probabilities";
     } else {

@@ -8,6 +8,11 @@
 //     each block scheduled in two orders (which exposes missing barriers) giving identical bits.
 // What the emulation cannot show (timing, the real fragment layouts, the hardware's fp32
 // accumulation order) is left to tests/cuda_flash_attention_test.cc on a GPU.
+
+// clang-format off
+#include "tests/cuda_emu.h"  // first: the CPU emulation the kernels below compile against
+// clang-format on
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,7 +24,6 @@
 #include "strata/device.h"
 #include "strata/kernels.h"
 #include "tests/attention_reference.h"
-#include "tests/cuda_emu.h"  // first: defines STRATA_CUDA_EMULATION for the kernels below
 
 namespace strata {
 namespace {

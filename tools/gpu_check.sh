@@ -293,7 +293,7 @@ gtest_counts() {
 
 phase_tests() {
   local bins=(cuda_backend_test cuda_flash_attention_test cuda_train_test flash_attention_test)
-  local tp=0 tf=0 ts=0 any=0 bad=() json="" b
+  local tp=0 tf=0 ts=0 any=0 bad=() reasons=() failures=() json="" b line
   md "| binary | passed | failed | skipped | seconds |"
   md "|---|---|---|---|---|"
   for b in "${bins[@]}"; do
@@ -317,19 +317,33 @@ phase_tests() {
       md "| $b | listed $p tests (dry run) | | | $((SECONDS - t0)) |"
     else
       md "| $b | $p | $f | $s | $((SECONDS - t0)) |"
-      grep '^\[  FAILED  \] [A-Za-z]' "$log" | sed 's/^/    /' >>"$R/md/tests.md"
+      while read -r line; do failures+=("$b: ${line#\[  FAILED  \] }"); done \
+        < <(grep '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u)
     fi
     tp=$((tp + p)); tf=$((tf + f)); ts=$((ts + s))
     ((rc == 0)) || bad+=("$b exited $rc")
-    if [[ $DRY = 1 && $s -gt 0 ]]; then
-      # The skip reason must reach the user (never a silent pass).
-      grep -q 'SKIPPED\|Skipped' "$log" || bad+=("$b skipped without a reason")
+    if [[ $s -gt 0 ]]; then
+      # A skip must say why (never a silent pass): gtest prints the reason after "Skipped".
       local why
-      why=$(grep -m1 -i 'no usable CUDA GPU\|cudaGetDeviceCount\|CUDA' "$log" | head -c 200)
-      [[ -n $why ]] && md "" && md "skip reason seen: \`$why\`"
+      why=$(grep -m1 -A1 ': Skipped$' "$log" | tail -1 | head -c 240)
+      if [[ -n $why ]]; then
+        reasons+=("$b: \`$why\`")
+      else
+        bad+=("$b skipped tests without a reason")
+      fi
     fi
     json+="$(json_str "$b"): {\"passed\": $p, \"failed\": $f, \"skipped\": $s, \"exit\": $rc},"
   done
+  if ((${#failures[@]})); then
+    md ""
+    md "Failed tests:"
+    for b in "${failures[@]}"; do md "- $b"; done
+  fi
+  if ((${#reasons[@]})); then
+    md ""
+    md "Skip reasons (first per binary):"
+    for b in "${reasons[@]}"; do md "- $b"; done
+  fi
   printf '{%s "total": {"passed": %d, "failed": %d, "skipped": %d}}\n' "$json" $tp $tf $ts \
     >"$R/json/tests.json"
   if [[ $DRY = 0 && $ts -gt 0 ]]; then bad+=("$ts skipped on a GPU machine (see logs)"); fi
@@ -428,7 +442,7 @@ phase_gemm() {
   best=$(grep -o '"forward_tflops": [0-9.e+-]*' "$R/json/gemm.json" | awk '{print $2}' | sort -g | tail -1)
   md ""
   md "FLOPs: forward 2·N·C·OC, backward 4·N·C·OC (dinp and dweight); peak: ${PEAK_SEL:-unknown} TFLOP/s dense bf16."
-  result ok "best forward $(printf '%.1f' "${best:-0}") TFLOP/s (peak ${PEAK_SEL:-unknown})"
+  result ok "best forward $(printf '%.3g' "${best:-0}") TFLOP/s (peak ${PEAK_SEL:-unknown})"
 }
 
 phase_copy() {
