@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -179,6 +180,7 @@ struct EmuParam {
   DType dt;
   AttnShape s;
 };
+void PrintTo(const EmuParam& p, std::ostream* os) { *os << dtype_name(p.dt) << " " << p.s.name(); }
 
 class FusedAttentionEmulated : public ::testing::TestWithParam<EmuParam> {};
 

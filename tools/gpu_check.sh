@@ -10,7 +10,7 @@
 #   tools/gpu_check.sh --self-test [--build-dir DIR]   check this script on a machine without a
 #                                                      GPU (CI runs it; see tests/gpu_check.cmake)
 # options:
-#   --results DIR      where the report goes (default: results/gpu-check-<UTC date-time>)
+#   --results DIR      where the report goes (default: <build dir>/gpu-check-<UTC date-time>)
 #   --build-dir DIR    build directory (default: build-gpu; an existing build is reused)
 #   --jobs N           parallel build jobs (default: all cores)
 #   --phases LIST      comma-separated subset of: env,build,tests,sanitizer,gemm,copy,attention,train
@@ -18,6 +18,10 @@
 #   --peak-tflops X    the GPU's dense bf16 peak, for GEMM share and MFU (default: from its name)
 #   --nvme-path DIR    swap directory of the "optimizer on NVMe" row (default: <results>/swap)
 #   --quick            fewer repeats and training steps
+#   --deadline S       finish within S seconds: every command's time limit is cut to what is
+#                      left, phases that cannot start are recorded as skipped (for a 10-minute
+#                      machine lease: --deadline 560). The report is rewritten after each phase,
+#                      and a later run with the same --results adds its phases to it.
 #   --dry-run          run every phase without a GPU: the build is checked (not run), the tests
 #                      run and skip, the benchmarks and the training run on the CPU backend at
 #                      small shapes (what --self-test runs)
@@ -32,15 +36,15 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF="$ROOT/tools/gpu_check.sh"
 ALL_PHASES=(env build tests sanitizer gemm copy attention train)
 
-usage() { sed -n '2,28p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 # --- arguments ----------------------------------------------------------------------------------
-RESULTS="" BUILD="" JOBS=$(nproc 2>/dev/null || echo 4) PHASES="" ARCH="" PEAK="" NVME=""
+RESULTS="" BUILD="" JOBS=$(nproc 2>/dev/null || echo 4) PHASES="" ARCH="" PEAK="" NVME="" DEADLINE=""
 QUICK=0 DRY=0 SELF_TEST=0
 ARGS=("$@")
 while (($#)); do
   case "$1" in
-    --results | --build-dir | --jobs | --phases | --arch | --peak-tflops | --nvme-path)
+    --results | --build-dir | --jobs | --phases | --arch | --peak-tflops | --nvme-path | --deadline)
       if (($# < 2)); then
         echo "gpu_check: $1 needs a value" >&2
         exit 2
@@ -53,6 +57,7 @@ while (($#)); do
         --arch) ARCH=$2 ;;
         --peak-tflops) PEAK=$2 ;;
         --nvme-path) NVME=$2 ;;
+        --deadline) DEADLINE=$2 ;;
       esac
       shift 2
       ;;
@@ -80,6 +85,7 @@ fi
 [[ $JOBS =~ ^[0-9]+$ && $JOBS -ge 1 ]] || { echo "gpu_check: --jobs must be a positive integer" >&2; exit 2; }
 [[ -z $ARCH || $ARCH =~ ^[0-9]+[af]?$ ]] || { echo "gpu_check: --arch must look like 90" >&2; exit 2; }
 [[ -z $PEAK || $PEAK =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "gpu_check: --peak-tflops must be a number" >&2; exit 2; }
+[[ -z $DEADLINE || $DEADLINE =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline must be seconds" >&2; exit 2; }
 
 BUILD=${BUILD:-$ROOT/build-gpu}
 [[ $BUILD = /* ]] || BUILD="$PWD/$BUILD"
@@ -142,6 +148,10 @@ md() { printf '%s\n' "$*" >>"$R/md/$PHASE.md"; }
 run() {  # run TIMEOUT CMD...: logs the command, runs it with a time limit, returns its status
   local limit=$1
   shift
+  if [[ -n ${GPU_CHECK_END:-} ]]; then
+    local left=$((GPU_CHECK_END - $(date +%s) - 20))
+    ((left < limit)) && limit=$((left > 1 ? left : 1))
+  fi
   echo "\$ $*"
   if command -v timeout >/dev/null; then
     timeout --kill-after=15 "$limit" "$@"
@@ -546,9 +556,16 @@ EOF
 
 # --- the report ---------------------------------------------------------------------------------
 write_report() {
-  local md="$R/report.md" js="$R/report.json" p status summary secs
-  local commit
+  local md="$R/report.md" js="$R/report.json" p commit done_phases=()
   commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  local -A st sum secs
+  for p in "${ALL_PHASES[@]}"; do
+    [[ -f $R/status/$p ]] || continue
+    done_phases+=("$p")
+    st[$p]=$(sed -n 1p "$R/status/$p")
+    sum[$p]=$(sed -n 2p "$R/status/$p")
+    secs[$p]=$(sed -n 3p "$R/status/$p")
+  done
   {
     echo "# strata GPU check: ${GPU_NAME:-no GPU} ($(date -u +%Y-%m-%d))"
     echo
@@ -557,17 +574,17 @@ write_report() {
     echo
     echo "| phase | status | seconds | summary |"
     echo "|---|---|---|---|"
-    for p in "${SELECTED[@]}"; do
-      echo "| $p | ${P_STATUS[$p]} | ${P_SECS[$p]} | ${P_SUMMARY[$p]//|/\\|} |"
+    for p in "${done_phases[@]}"; do
+      echo "| $p | ${st[$p]} | ${secs[$p]:-?} | ${sum[$p]//|/\\|} |"
     done
-    for p in "${SELECTED[@]}"; do
+    for p in "${done_phases[@]}"; do
       echo
       echo "## $p"
       echo
-      echo "${P_STATUS[$p]}: ${P_SUMMARY[$p]} (log: logs/$p.log)"
+      echo "${st[$p]}: ${sum[$p]} (log: logs/$p.log)"
       if [[ -s $R/md/$p.md ]]; then echo; cat "$R/md/$p.md"; fi
     done
-  } >"$md"
+  } >"$md.tmp" && mv "$md.tmp" "$md"
   {
     echo "{"
     echo "  \"magic\": \"strata-gpu-check\", \"version\": 1,"
@@ -576,51 +593,51 @@ write_report() {
     echo "  \"args\": $(json_str "${ARGS[*]}"),"
     echo "  \"phases\": {"
     local first=1
-    for p in "${SELECTED[@]}"; do
+    for p in "${done_phases[@]}"; do
       ((first)) || echo ","
       first=0
       local res=null
       [[ -s $R/json/$p.json ]] && res=$(cat "$R/json/$p.json")
-      printf '    "%s": {"status": "%s", "seconds": %d, "summary": %s, "log": "logs/%s.log",\n      "result": %s}' \
-        "$p" "${P_STATUS[$p]}" "${P_SECS[$p]}" "$(json_str "${P_SUMMARY[$p]}")" "$p" "$res"
+      printf '    "%s": {"status": "%s", "seconds": %s, "summary": %s, "log": "logs/%s.log",\n      "result": %s}' \
+        "$p" "${st[$p]}" "$(json_num "${secs[$p]}")" "$(json_str "${sum[$p]}")" "$p" "$res"
     done
     echo
     echo "  }"
     echo "}"
-  } >"$js"
+  } >"$js.tmp" && mv "$js.tmp" "$js"
 }
 
 main() {
   START=$SECONDS
-  R=${RESULTS:-$ROOT/results/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
+  R=${RESULTS:-$BUILD/gpu-check-$(date -u +%Y%m%d-%H%M%S)}
   [[ $R = /* ]] || R="$PWD/$R"
   mkdir -p "$R"/{logs,json,md,status,tests} || { echo "gpu_check: cannot create $R" >&2; exit 1; }
-  : >"$R/state.env"
-  declare -gA P_STATUS P_SECS P_SUMMARY
+  touch "$R/state.env"  # kept: a later run with the same --results adds to this report
+  [[ -n $DEADLINE ]] && export GPU_CHECK_END=$(($(date +%s) + DEADLINE))
   echo "gpu_check: results in $R$([[ $DRY = 1 ]] && echo ' (dry run: no GPU used)')"
   local i=0 n=${#SELECTED[@]} failed=0
   for PHASE in "${SELECTED[@]}"; do
     i=$((i + 1))
     printf '== [%d/%d] %-10s ' $i "$n" "$PHASE"
-    local t0=$SECONDS
-    rm -f "$R/status/$PHASE" "$R/md/$PHASE.md"
-    # shellcheck disable=SC1091
-    (source "$R/state.env"; "phase_$PHASE") >"$R/logs/$PHASE.log" 2>&1
-    local rc=$?
-    P_SECS[$PHASE]=$((SECONDS - t0))
-    if [[ -f $R/status/$PHASE ]]; then
-      P_STATUS[$PHASE]=$(sed -n 1p "$R/status/$PHASE")
-      P_SUMMARY[$PHASE]=$(sed -n 2p "$R/status/$PHASE")
+    local t0=$SECONDS rc=0
+    rm -f "$R/status/$PHASE" "$R/md/$PHASE.md" "$R/json/$PHASE.json"
+    if [[ -n ${GPU_CHECK_END:-} ]] && (($(date +%s) + 30 > GPU_CHECK_END)); then
+      printf 'skipped\nout of time (--deadline %s s)\n' "$DEADLINE" >"$R/status/$PHASE"
     else
-      P_STATUS[$PHASE]=failed
-      P_SUMMARY[$PHASE]="the phase stopped (exit $rc) without a result; see logs/$PHASE.log"
+      # shellcheck disable=SC1091
+      (source "$R/state.env"; "phase_$PHASE") >"$R/logs/$PHASE.log" 2>&1
+      rc=$?
     fi
-    [[ ${P_STATUS[$PHASE]} = failed ]] && failed=$((failed + 1))
-    echo "${P_STATUS[$PHASE]} (${P_SECS[$PHASE]} s): ${P_SUMMARY[$PHASE]}"
+    if [[ ! -f $R/status/$PHASE ]]; then
+      printf 'failed\nthe phase stopped (exit %d) without a result; see logs/%s.log\n' "$rc" \
+        "$PHASE" >"$R/status/$PHASE"
+    fi
+    echo "$((SECONDS - t0))" >>"$R/status/$PHASE"
+    [[ $(sed -n 1p "$R/status/$PHASE") = failed ]] && failed=$((failed + 1))
+    echo "$(sed -n 1p "$R/status/$PHASE") ($((SECONDS - t0)) s): $(sed -n 2p "$R/status/$PHASE")"
+    # The report is rewritten after every phase, so a run cut short still leaves one.
+    (source "$R/state.env"; write_report)
   done
-  # shellcheck disable=SC1091
-  source "$R/state.env"
-  write_report
   echo "report: $R/report.md"
   echo "json:   $R/report.json"
   ((failed == 0))
@@ -647,6 +664,7 @@ self_test() {
   check "an unknown phase exits 2" expect_rc 2 "$SELF" --phases env,nope
   check "a missing value exits 2" expect_rc 2 "$SELF" --results
   check "a bad --jobs exits 2" expect_rc 2 "$SELF" --jobs zero
+  check "a bad --deadline exits 2" expect_rc 2 "$SELF" --deadline soon
   check "bash -n (syntax)" bash -n "$SELF"
   check "peak table: H100 SXM" test "$(peak_for 'NVIDIA H100 80GB HBM3')" = 989
   check "peak table: H100 PCIe" test "$(peak_for 'NVIDIA H100 PCIe')" = 756
@@ -689,6 +707,16 @@ self_test() {
     grep -Eq '^\| train \| failed \|' "$tmp/broken/report.md"
   check "the failed run's JSON is valid" "$validator" validate-json "$tmp/broken/report.json" \
     phases/build/status phases/gemm/status phases/train/status
+  # Out of time: phases that cannot start are recorded, not run.
+  "$SELF" --dry-run --phases env,gemm --deadline 0 --results "$tmp/late" --build-dir "$BUILD" \
+    >"$tmp/late.log" 2>&1
+  check "--deadline: phases past it are skipped as out of time" \
+    grep -Eq '^\| gemm \| skipped \| [0-9]+ \| out of time' "$tmp/late/report.md"
+  # A second run with the same --results adds its phases to the report (a lease cut in parts).
+  "$SELF" --dry-run --phases env --results "$tmp/parts" --build-dir "$BUILD" >/dev/null 2>&1
+  "$SELF" --dry-run --phases copy --results "$tmp/parts" --build-dir "$BUILD" >/dev/null 2>&1
+  check "runs with the same --results add up in one report" \
+    "$validator" validate-json "$tmp/parts/report.json" phases/env/status phases/copy/result
   if ((fails)); then
     echo "gpu_check self-test: $fails check(s) FAILED (details: $tmp/checks.log, $tmp/dry.log)"
     return 1
