@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/dtype.h"
@@ -20,9 +21,14 @@ struct AttnShape {
   size_t qkv_elems() const { return size_t(B) * T * width(); }
   size_t out_elems() const { return size_t(B) * T * NH * hs; }
   size_t rows() const { return size_t(B) * NH * T; }  // lse and scratch
-  std::string name() const {
-    return "B" + std::to_string(B) + "_T" + std::to_string(T) + "_NH" + std::to_string(NH) +
-           "_NKV" + std::to_string(NKV) + "_hs" + std::to_string(hs);
+  std::string name() const {  // appended piece by piece: GCC 12 warns on "lit" + string&&
+    std::string n = "B";
+    for (auto [tag, v] :
+         {std::pair<const char*, int>{"", B}, {"_T", T}, {"_NH", NH}, {"_NKV", NKV}, {"_hs", hs}}) {
+      n += tag;
+      n += std::to_string(v);
+    }
+    return n;
   }
 };
 
