@@ -62,6 +62,32 @@ class Kernels {
                                   const void* qkv, const float* att, int B, int T, int C,
                                   int NH) = 0;
 
+  // Fused (flash-attention style) causal self-attention with grouped-query heads: the same
+  // numbers as attention_forward/attention_backward, computed tile by tile with an online
+  // softmax, so memory is O(T): instead of the [B,NH,T,T] probabilities only each row's
+  // log-sum-exp is kept for the backward, which recomputes the probabilities.
+  //   NH query heads, NKV key/value heads (NH % NKV == 0), head size hs. Query head h attends
+  //   with key/value head h / (NH / NKV) (consecutive query heads share one, as in Llama).
+  //   qkv [B,T,(NH + 2*NKV)*hs]: the NH query heads, then the NKV key heads, then the NKV value
+  //   heads, each hs channels. With NKV == NH this is attention_forward's [B,T,3C], C = NH*hs,
+  //   so a GPT block can switch between the two with no other change.
+  //   out [B,T,NH*hs]; lse [B,NH,T] fp32: log(sum_t2 exp(score[t,t2])) of each row, where
+  //   score = q.k / sqrt(hs) for t2 <= t.
+  // fused_attention_supported(dt, hs): whether this backend runs the fused op for that dtype
+  // and head size (the CPU backend: always; CUDA: bf16 and fp16 with hs 64 or 128, on tensor
+  // cores). A caller checks it once and otherwise uses attention_forward/attention_backward;
+  // an unsupported call is an error returned by the next synchronize of the device.
+  virtual bool fused_attention_supported(DType dt, int hs) const = 0;
+  virtual void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                                       int B, int T, int NH, int NKV, int hs) = 0;
+  // dqkv += gradient w.r.t. qkv, given dout [B,T,NH*hs] and the forward's out and lse.
+  // scratch [B,NH,T] fp32 is caller-provided working memory (each row's dot(dout, out)).
+  // Deterministic: the result does not depend on scheduling (no atomics).
+  virtual void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch,
+                                        const void* dout, const void* qkv, const void* out,
+                                        const float* lse, int B, int T, int NH, int NKV,
+                                        int hs) = 0;
+
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) = 0;
   virtual void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,

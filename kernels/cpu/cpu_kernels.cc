@@ -61,6 +61,20 @@ class CpuKernels final : public Kernels {
                           const void* qkv, const float* att, int B, int T, int C, int NH) override {
     run(s, [=] { cpu::attention_backward(dt, dqkv, scratch, dout, qkv, att, B, T, C, NH); });
   }
+  bool fused_attention_supported(DType, int hs) const override { return hs > 0; }
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
+                               int T, int NH, int NKV, int hs) override {
+    check_heads(NH, NKV, hs);
+    run(s, [=] { cpu::fused_attention_forward(dt, out, lse, qkv, B, T, NH, NKV, hs); });
+  }
+  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                                const void* qkv, const void* out, const float* lse, int B, int T,
+                                int NH, int NKV, int hs) override {
+    check_heads(NH, NKV, hs);
+    run(s, [=] {
+      cpu::fused_attention_backward(dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    });
+  }
 
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run(s, [=] { cpu::gelu_forward(dt, out, inp, n); });
@@ -97,6 +111,12 @@ class CpuKernels final : public Kernels {
   }
 
  private:
+  // Head counts come from a validated model config: a mismatch here is a bug in the caller.
+  static void check_heads(int NH, int NKV, int hs) {
+    STRATA_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0 && hs > 0,
+                 "fused attention: NH must be a positive multiple of NKV, and hs positive");
+  }
+
   // Enqueues `op` on `s`; it runs in this table's arena once the stream reaches it.
   template <typename Op>
   void run(Stream& s, Op op) {

@@ -85,6 +85,23 @@ class CudaKernels final : public Kernels {
       return cuda_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
     });
   }
+  bool fused_attention_supported(DType dt, int hs) const override {
+    return cuda_fused_attention_supported(dt, hs);
+  }
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
+                               int T, int NH, int NKV, int hs) override {
+    run("fused_attention_forward", s, [&](CudaStream& cs) {
+      return cuda_fused_attention_forward(cs.handle, dt, out, lse, qkv, B, T, NH, NKV, hs);
+    });
+  }
+  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                                const void* qkv, const void* out, const float* lse, int B, int T,
+                                int NH, int NKV, int hs) override {
+    run("fused_attention_backward", s, [&](CudaStream& cs) {
+      return cuda_fused_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, out, lse, B, T,
+                                           NH, NKV, hs);
+    });
+  }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run("gelu_forward", s,
         [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });

@@ -96,6 +96,13 @@ Status cuda_attention_forward(cudaStream_t s, DType dt, void* out, float* att, c
 Status cuda_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
                                const void* dout, const void* qkv, const float* att, int B, int T,
                                int C, int NH);
+// flash_attention.cu (tensor cores: bf16/fp16, hs 64 or 128; other arguments are rejected)
+bool cuda_fused_attention_supported(DType dt, int hs);
+Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* lse,
+                                    const void* qkv, int B, int T, int NH, int NKV, int hs);
+Status cuda_fused_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
+                                     const void* dout, const void* qkv, const void* out,
+                                     const float* lse, int B, int T, int NH, int NKV, int hs);
 // gelu.cu
 Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n);
 Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,

@@ -1,0 +1,507 @@
+// bench_device_ops: what tools/gpu_check.sh measures on a device, through strata's own Device
+// and Kernels table (so it measures the ops the engine runs, not a hand-tuned stand-in).
+//
+//   bench_device_ops gemm      [options]  matmul_forward / matmul_backward (cuBLASLt on CUDA) at
+//                                         GPT-2 124M's shapes: TFLOP/s and share of --peak-tflops
+//   bench_device_ops copy      [options]  host<->device copies, pinned and pageable, GB/s
+//   bench_device_ops attention [options]  plain (attention_*) vs fused (fused_attention_*):
+//                                         forward and backward time, TFLOP/s, the attention
+//                                         memory each needs, and how far the two outputs differ
+//   bench_device_ops validate-json FILE [KEY...]   exit 0 if FILE parses and has every KEY
+//
+// options: --backend cuda|cpu (default cuda; cpu runs the same code on the CPU backend, which is
+//          how tools/gpu_check.sh --self-test checks this tool without a GPU)
+//          --quick (small shapes, for the self-test)  --warmup N (1)  --repeats N (5)
+//          --peak-tflops X (the device's dense bf16 peak, for the GEMM share)
+//          --json FILE  --md FILE  (default: JSON on stdout)
+//
+// Each case: `warmup` discarded passes, then `repeats` timed passes (wall time of enqueue +
+// synchronize of `iters` calls); the median is the result, min and max the spread. A benchmark,
+// not a test: it never fails on timing; it exits 1 only when an op fails.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+struct Options {
+  std::string mode, backend = "cuda", json_path, md_path;
+  bool quick = false;
+  int warmup = 1, repeats = 5;
+  double peak_tflops = 0;
+};
+
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+
+// Seconds per call of fn (which enqueues `iters` calls and synchronizes): the median over
+// `repeats` timed passes after `warmup` discarded ones. A case whose first pass takes long gets
+// fewer timed passes (at least one), so one slow case cannot eat the run's time budget.
+Spread time_per_call(const Options& o, int iters, const std::function<Status()>& fn, Status* st) {
+  constexpr double kCaseBudgetS = 10.0;
+  std::vector<double> s;
+  int repeats = o.repeats;
+  for (int i = 0; i < o.warmup + repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status r = fn();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!r.is_ok() && st->is_ok()) *st = r;
+    if (i == 0) repeats = std::clamp(int(kCaseBudgetS / std::max(dt, 1e-9)), 1, o.repeats);
+    if (i >= o.warmup) s.push_back(dt / iters);
+  }
+  std::sort(s.begin(), s.end());
+  return {s[s.size() / 2], s.front(), s.back()};
+}
+
+json to_json(const Spread& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
+
+// A device buffer filled with small random values of dtype dt (never all zeros).
+class Buffers {
+ public:
+  explicit Buffers(Device& d) : dev_(d) {}
+  ~Buffers() {
+    for (void* p : ptrs_) dev_.release(p);
+  }
+  Result<void*> random(size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
+    STRATA_ASSIGN_OR_RETURN(void* p, dev_.allocate(n * dtype_size(dt), "bench"), "bench buffer");
+    ptrs_.push_back(p);
+    std::vector<float> f(std::min<size_t>(n, size_t{1} << 20));
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (float& x : f) x = u(rng_);
+    std::vector<unsigned char> b(f.size() * dtype_size(dt));
+    convert(f.data(), DType::kF32, b.data(), dt, f.size());
+    for (size_t off = 0; off < n; off += f.size()) {  // repeat the random block
+      const size_t k = std::min(f.size(), n - off);
+      dev_.copy_h2d(dev_.h2d_stream(), static_cast<char*>(p) + off * dtype_size(dt), b.data(),
+                    k * dtype_size(dt));
+      STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()), "bench upload");
+    }
+    return p;
+  }
+
+ private:
+  Device& dev_;
+  std::vector<void*> ptrs_;
+  std::mt19937 rng_{12345};
+};
+
+// v with `prec` decimals, or 3 significant digits when that would show less.
+std::string fmt_num(double v, int prec = 1) {
+  char buf[64];
+  if (v != 0 && std::fabs(v) < std::pow(10.0, 2 - prec)) {
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  }
+  return buf;
+}
+
+// --- gemm ---------------------------------------------------------------------------------------
+
+Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
+  // GPT-2 124M: C = 768, 4C MLP, padded vocabulary 50304; N = B*T rows of a micro-batch.
+  const int N = o.quick ? 128 : 8 * 1024, C = o.quick ? 64 : 768, Vp = o.quick ? 512 : 50304;
+  struct Shape {
+    const char* name;
+    int C, OC;
+  };
+  const Shape shapes[] = {{"qkv", C, 3 * C},
+                          {"attn_proj", C, C},
+                          {"fc", C, 4 * C},
+                          {"fc_proj", 4 * C, C},
+                          {"lm_head", C, Vp}};
+  const DType dt = DType::kBF16;
+  const int iters = dev.kind() == DeviceKind::kCuda ? 20 : 1;
+  Kernels& k = dev.kernels();
+  Stream& s = dev.compute_stream();
+  json rows = json::array();
+  *md += "| GEMM (bf16, N=" + std::to_string(N) +
+         ") | C | OC | forward TFLOP/s | backward TFLOP/s | forward % of peak | backward % of "
+         "peak |\n|---|---|---|---|---|---|---|\n";
+  Status st;
+  for (const Shape& sh : shapes) {
+    Buffers b(dev);
+    STRATA_ASSIGN_OR_RETURN(void* inp, b.random(size_t(N) * sh.C, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* w, b.random(size_t(sh.OC) * sh.C, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* bias, b.random(sh.OC, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* y, b.random(size_t(N) * sh.OC, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* dinp, b.random(size_t(N) * sh.C, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* dw, b.random(size_t(sh.OC) * sh.C, DType::kF32), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* db, b.random(sh.OC, DType::kF32), sh.name);
+    const double fwd_flops = 2.0 * N * sh.C * sh.OC;
+    const Spread f = time_per_call(
+        o, iters,
+        [&] {
+          for (int i = 0; i < iters; ++i) k.matmul_forward(s, dt, y, inp, w, bias, N, sh.C, sh.OC);
+          return dev.synchronize(s);
+        },
+        &st);
+    const Spread bw = time_per_call(
+        o, iters,
+        [&] {
+          for (int i = 0; i < iters; ++i) {
+            k.matmul_backward(s, dt, dinp, static_cast<float*>(dw), static_cast<float*>(db), y, inp,
+                              w, N, sh.C, sh.OC);
+          }
+          return dev.synchronize(s);
+        },
+        &st);
+    STRATA_RETURN_IF_ERROR(st, std::string("GEMM ") + sh.name);
+    const double tf = fwd_flops / f.median / 1e12, tb = 2 * fwd_flops / bw.median / 1e12;
+    json row = {{"name", sh.name},
+                {"N", N},
+                {"C", sh.C},
+                {"OC", sh.OC},
+                {"forward_s", to_json(f)},
+                {"backward_s", to_json(bw)},
+                {"forward_tflops", tf},
+                {"backward_tflops", tb}};
+    std::string pf = "n/a", pb = "n/a";
+    if (o.peak_tflops > 0) {
+      row["forward_peak_share"] = tf / o.peak_tflops;
+      row["backward_peak_share"] = tb / o.peak_tflops;
+      pf = fmt_num(100 * tf / o.peak_tflops) + "%";
+      pb = fmt_num(100 * tb / o.peak_tflops) + "%";
+    }
+    rows.push_back(row);
+    *md += std::string("| ") + sh.name + " | " + std::to_string(sh.C) + " | " +
+           std::to_string(sh.OC) + " | " + fmt_num(tf) + " | " + fmt_num(tb) + " | " + pf + " | " +
+           pb + " |\n";
+  }
+  (*out)["dtype"] = "bf16";
+  (*out)["peak_tflops"] = o.peak_tflops > 0 ? json(o.peak_tflops) : json(nullptr);
+  (*out)["shapes"] = rows;
+  return Status::ok();
+}
+
+// --- copy ---------------------------------------------------------------------------------------
+
+Status bench_copy(Device& dev, const Options& o, json* out, std::string* md) {
+  const size_t bytes = o.quick ? size_t{4} << 20 : size_t{256} << 20;
+  STRATA_ASSIGN_OR_RETURN(void* d, dev.allocate(bytes, "bench.copy"), "copy benchmark");
+  STRATA_ASSIGN_OR_RETURN(void* d2, dev.allocate(bytes, "bench.copy2"), "copy benchmark");
+  auto pinned = dev.allocate_host(bytes);
+  auto pinned2 = dev.allocate_host(bytes);
+  std::vector<char> pageable(bytes, 1);
+  Status st;
+  json cases = json::object();
+  *md += "| copy (" + std::to_string(bytes >> 20) +
+         " MiB) | GB/s (median) | min..max |\n|---|---|---|\n";
+  auto add = [&](const std::string& name, const Spread& sp, double total_bytes) {
+    const double g = total_bytes / sp.median / 1e9;
+    cases[name] = {{"gbps", g}, {"seconds", to_json(sp)}};
+    *md += "| " + name + " | " + fmt_num(g) + " | " + fmt_num(total_bytes / sp.max / 1e9) + ".." +
+           fmt_num(total_bytes / sp.min / 1e9) + " |\n";
+  };
+  auto one = [&](bool h2d, void* host) {
+    return time_per_call(
+        o, 1,
+        [&] {
+          Stream& s = h2d ? dev.h2d_stream() : dev.d2h_stream();
+          if (h2d) {
+            dev.copy_h2d(s, d, host, bytes);
+          } else {
+            dev.copy_d2h(s, host, d, bytes);
+          }
+          return dev.synchronize(s);
+        },
+        &st);
+  };
+  if (pinned.is_ok() && pinned2.is_ok()) {
+    std::memset(*pinned, 1, bytes);
+    add("h2d_pinned", one(true, *pinned), double(bytes));
+    add("d2h_pinned", one(false, *pinned), double(bytes));
+    // Both directions at once, on the two copy streams.
+    add("bidirectional_pinned",
+        time_per_call(
+            o, 1,
+            [&] {
+              dev.copy_h2d(dev.h2d_stream(), d, *pinned, bytes);
+              dev.copy_d2h(dev.d2h_stream(), *pinned2, d2, bytes);
+              Status a = dev.synchronize(dev.h2d_stream());
+              Status b = dev.synchronize(dev.d2h_stream());
+              return a.is_ok() ? b : a;
+            },
+            &st),
+        2.0 * double(bytes));
+  } else {
+    cases["pinned"] = "n/a: " + (pinned.is_ok() ? pinned2.status() : pinned.status()).to_string();
+  }
+  add("h2d_pageable", one(true, pageable.data()), double(bytes));
+  add("d2h_pageable", one(false, pageable.data()), double(bytes));
+  if (pinned.is_ok()) dev.release_host(*pinned);
+  if (pinned2.is_ok()) dev.release_host(*pinned2);
+  dev.release(d);
+  dev.release(d2);
+  STRATA_RETURN_IF_ERROR(st, "copy benchmark");
+  (*out)["bytes"] = bytes;
+  (*out)["cases"] = cases;
+  return Status::ok();
+}
+
+// --- attention ----------------------------------------------------------------------------------
+
+Status bench_attention(Device& dev, const Options& o, json* out, std::string* md) {
+  struct Shape {
+    const char* name;
+    int B, T, NH, NKV, hs;
+  };
+  std::vector<Shape> shapes;
+  if (o.quick) {
+    shapes = {{"tiny", 2, 128, 2, 2, 64}, {"tiny-gqa", 1, 100, 4, 2, 64}};
+  } else {
+    shapes = {{"gpt2-124m", 8, 1024, 12, 12, 64},
+              {"t2048-h16", 2, 2048, 16, 16, 128},
+              {"t4096-h32", 1, 4096, 32, 32, 128},
+              {"t4096-gqa", 1, 4096, 32, 8, 128},
+              {"t16384-h16", 1, 16384, 16, 16, 128}};
+  }
+  const DType dt = DType::kBF16;
+  Kernels& k = dev.kernels();
+  Stream& s = dev.compute_stream();
+  const size_t free_bytes = dev.memory_stats().capacity - dev.memory_stats().used;
+  json rows = json::array();
+  *md +=
+      "| attention (bf16, causal) | B | T | NH/NKV | hs | kernel | forward ms | backward ms | "
+      "fwd TFLOP/s | bwd TFLOP/s | attention memory |\n|---|---|---|---|---|---|---|---|---|---|"
+      "---|\n";
+  for (const Shape& sh : shapes) {
+    const size_t W = size_t(sh.NH + 2 * sh.NKV) * sh.hs, C = size_t(sh.NH) * sh.hs;
+    const size_t bt = size_t(sh.B) * sh.T, rows_n = size_t(sh.B) * sh.NH * sh.T;
+    // Causal: half of 4*B*NH*T^2*hs for QK^T and PV; the backward does 2.5 times that.
+    const double fwd_flops = 2.0 * double(sh.B) * sh.NH * double(sh.T) * sh.T * sh.hs;
+    Buffers b(dev);
+    STRATA_ASSIGN_OR_RETURN(void* qkv, b.random(bt * W, dt, -2, 2), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* dout, b.random(bt * C, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* y_fused, b.random(bt * C, dt), sh.name);
+    STRATA_ASSIGN_OR_RETURN(void* dqkv, b.random(bt * W, dt), sh.name);
+    json row = {{"name", sh.name}, {"B", sh.B},     {"T", sh.T},
+                {"NH", sh.NH},     {"NKV", sh.NKV}, {"hs", sh.hs}};
+    auto record = [&](const char* kernel, const Spread& f, const Spread& bw, size_t mem) {
+      row[kernel] = {{"forward_s", to_json(f)},
+                     {"backward_s", to_json(bw)},
+                     {"forward_tflops", fwd_flops / f.median / 1e12},
+                     {"backward_tflops", 2.5 * fwd_flops / bw.median / 1e12},
+                     {"memory_bytes", mem}};
+      *md += std::string("| ") + sh.name + " | " + std::to_string(sh.B) + " | " +
+             std::to_string(sh.T) + " | " + std::to_string(sh.NH) + "/" + std::to_string(sh.NKV) +
+             " | " + std::to_string(sh.hs) + " | " + kernel + " | " + fmt_num(f.median * 1e3, 3) +
+             " | " + fmt_num(bw.median * 1e3, 3) + " | " + fmt_num(fwd_flops / f.median / 1e12) +
+             " | " + fmt_num(2.5 * fwd_flops / bw.median / 1e12) + " | " +
+             fmt_num(double(mem) / (1 << 20)) + " MiB |\n";
+    };
+    Status st;
+    // fused: lse + scratch, [B,NH,T] fp32 each.
+    if (k.fused_attention_supported(dt, sh.hs)) {
+      STRATA_ASSIGN_OR_RETURN(void* lse, b.random(rows_n, DType::kF32), sh.name);
+      STRATA_ASSIGN_OR_RETURN(void* scr, b.random(rows_n, DType::kF32), sh.name);
+      auto* L = static_cast<float*>(lse);
+      const Spread f = time_per_call(
+          o, 1,
+          [&] {
+            k.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            return dev.synchronize(s);
+          },
+          &st);
+      const Spread bw = time_per_call(
+          o, 1,
+          [&] {
+            k.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused, L,
+                                       sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            return dev.synchronize(s);
+          },
+          &st);
+      STRATA_RETURN_IF_ERROR(st, std::string("fused attention ") + sh.name);
+      record("fused", f, bw, 2 * rows_n * 4);
+    } else {
+      row["fused"] = "n/a: not supported for this dtype and head size";
+    }
+    // plain: att + scratch, [B,NH,T,T] fp32 each; only GQA-free shapes, and only if it fits.
+    const size_t plain_mem = 2 * rows_n * size_t(sh.T) * 4;
+    if (sh.NKV != sh.NH) {
+      row["plain"] = "n/a: the plain kernels have no grouped-query heads";
+    } else if (sh.T > 2048) {
+      row["plain"] = "n/a: not timed above T=2048 (slow; it would need " +
+                     fmt_num(double(plain_mem) / (1 << 30), 2) + " GiB)";
+      *md += std::string("| ") + sh.name + " | " + std::to_string(sh.B) + " | " +
+             std::to_string(sh.T) + " | " + std::to_string(sh.NH) + "/" + std::to_string(sh.NKV) +
+             " | " + std::to_string(sh.hs) + " | plain | not timed | | | | " +
+             fmt_num(double(plain_mem) / (1 << 20)) + " MiB |\n";
+    } else if (plain_mem + (dev.kind() == DeviceKind::kCuda ? size_t{1} << 30 : 0) > free_bytes) {
+      row["plain"] = "n/a: needs " + fmt_num(double(plain_mem) / (1 << 30), 2) +
+                     " GiB for the [B,NH,T,T] probabilities";
+    } else {
+      STRATA_ASSIGN_OR_RETURN(void* y, b.random(bt * C, dt), sh.name);
+      STRATA_ASSIGN_OR_RETURN(void* att, dev.allocate(rows_n * sh.T * 4, "bench.att"), sh.name);
+      auto scr = dev.allocate(rows_n * sh.T * 4, "bench.scratch");
+      if (!scr.is_ok()) {
+        dev.release(att);
+        return scr.status().with_context(sh.name);
+      }
+      auto* A = static_cast<float*>(att);
+      const Spread f = time_per_call(
+          o, 1,
+          [&] {
+            k.attention_forward(s, dt, y, A, qkv, sh.B, sh.T, int(C), sh.NH);
+            return dev.synchronize(s);
+          },
+          &st);
+      const Spread bw = time_per_call(
+          o, 1,
+          [&] {
+            k.attention_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B, sh.T,
+                                 int(C), sh.NH);
+            return dev.synchronize(s);
+          },
+          &st);
+      // How far the fused output is from the plain one (a sanity check, not a test).
+      if (st.is_ok() && row.contains("fused") && row["fused"].is_object()) {
+        std::vector<uint16_t> a(bt * C), c(bt * C);
+        dev.copy_d2h(s, a.data(), y, a.size() * 2);
+        dev.copy_d2h(s, c.data(), y_fused, c.size() * 2);
+        st = dev.synchronize(s);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          const double x = bf16_to_f32(a[i]), z = bf16_to_f32(c[i]);
+          num += (x - z) * (x - z);
+          den += x * x;
+        }
+        row["fused_vs_plain_rel_rms"] = den > 0 ? std::sqrt(num / den) : 0.0;
+      }
+      dev.release(att);
+      dev.release(*scr);
+      STRATA_RETURN_IF_ERROR(st, std::string("plain attention ") + sh.name);
+      record("plain", f, bw, plain_mem);
+    }
+    rows.push_back(row);
+  }
+  (*out)["dtype"] = "bf16";
+  (*out)["flops_convention"] =
+      "forward 2*B*NH*T^2*hs (causal half of QK^T and PV), backward 2.5x forward";
+  (*out)["shapes"] = rows;
+  return Status::ok();
+}
+
+// --- main ---------------------------------------------------------------------------------------
+
+int validate_json(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: bench_device_ops validate-json FILE [KEY...]\n");
+    return 2;
+  }
+  std::ifstream f(argv[2]);
+  if (!f) {
+    std::fprintf(stderr, "validate-json: cannot read %s\n", argv[2]);
+    return 1;
+  }
+  json j = json::parse(f, nullptr, false);
+  if (j.is_discarded()) {
+    std::fprintf(stderr, "validate-json: %s is not valid JSON\n", argv[2]);
+    return 1;
+  }
+  for (int i = 3; i < argc; ++i) {
+    // KEY may be a path: a/b/c.
+    const json* cur = &j;
+    std::stringstream ss(argv[i]);
+    std::string part;
+    while (std::getline(ss, part, '/')) {
+      if (!cur->is_object() || !cur->contains(part)) {
+        std::fprintf(stderr, "validate-json: %s has no '%s'\n", argv[2], argv[i]);
+        return 1;
+      }
+      cur = &(*cur)[part];
+    }
+  }
+  return 0;
+}
+
+const char kUsage[] =
+    "usage: bench_device_ops gemm|copy|attention [--backend cuda|cpu] [--quick] [--warmup N]\n"
+    "                        [--repeats N] [--peak-tflops X] [--json FILE] [--md FILE]\n"
+    "       bench_device_ops validate-json FILE [KEY...]\n";
+
+int run(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "validate-json") return validate_json(argc, argv);
+  Options o;
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  o.mode = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "--quick") {
+      o.quick = true;
+    } else if ((a == "--backend" || a == "--json" || a == "--md" || a == "--warmup" ||
+                a == "--repeats" || a == "--peak-tflops") &&
+               (v = value()) != nullptr) {
+      if (a == "--backend") o.backend = v;
+      if (a == "--json") o.json_path = v;
+      if (a == "--md") o.md_path = v;
+      if (a == "--warmup") o.warmup = std::max(0, std::atoi(v));
+      if (a == "--repeats") o.repeats = std::max(1, std::atoi(v));
+      if (a == "--peak-tflops") o.peak_tflops = std::atof(v);
+    } else {
+      std::fprintf(stderr, "bench_device_ops: bad option '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (o.mode != "gemm" && o.mode != "copy" && o.mode != "attention") {
+    std::fprintf(stderr, "bench_device_ops: unknown mode '%s'\n%s", o.mode.c_str(), kUsage);
+    return 2;
+  }
+  if (o.backend != "cuda" && o.backend != "cpu") {
+    std::fprintf(stderr, "bench_device_ops: --backend must be cuda or cpu\n");
+    return 2;
+  }
+  auto dev = o.backend == "cuda"
+                 ? create_cuda_device({.ordinal = 0, .reserve = size_t{2} << 30})
+                 : create_cpu_device({.capacity = o.quick ? size_t{256} << 20 : size_t{8} << 30});
+  if (!dev.is_ok()) {
+    std::fprintf(stderr, "bench_device_ops: %s\n", dev.status().to_string().c_str());
+    return 1;
+  }
+  json out = {{"mode", o.mode},   {"backend", o.backend}, {"device", (*dev)->name()},
+              {"quick", o.quick}, {"warmup", o.warmup},   {"repeats", o.repeats}};
+  std::string md;
+  Status st = o.mode == "gemm"   ? bench_gemm(**dev, o, &out, &md)
+              : o.mode == "copy" ? bench_copy(**dev, o, &out, &md)
+                                 : bench_attention(**dev, o, &out, &md);
+  if (!st.is_ok()) {
+    std::fprintf(stderr, "bench_device_ops %s: %s\n", o.mode.c_str(), st.to_string().c_str());
+    return 1;
+  }
+  if (o.json_path.empty()) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::ofstream(o.json_path) << out.dump(2) << "\n";
+  }
+  if (!o.md_path.empty()) std::ofstream(o.md_path) << md;
+  std::fputs(md.c_str(), stderr);
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata
+
+int main(int argc, char** argv) { return strata::run(argc, argv); }

@@ -1,0 +1,231 @@
+// The CUDA fused attention (kernels/cuda/flash_attention.cu) on a GPU, against the CPU backend:
+// its fused attention (kernels/cpu/flash_attention.cc), its plain attention, and the
+// double-precision reference (tests/attention_reference.h); and against the plain CUDA kernels
+// at a long sequence. Fresh random inputs, several shapes: T not a multiple of the tile, head
+// sizes 64 and 128, grouped-query heads; forward (out, lse) and backward (dqkv, accumulated onto
+// a random gradient), bf16 and fp16.
+//
+// Without a visible GPU every test reports SKIPPED with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+#include "tests/attention_reference.h"
+
+namespace strata {
+namespace {
+
+using test::AttnShape;
+using test::Buffer;
+using test::compare_close;
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// |cuda - cpu| <= rtol (|cpu| + rms(cpu)): the CUDA kernels round the probabilities and dS to
+// the input type for the tensor cores, and sum in another order.
+double rtol(DType dt) { return dt == DType::kBF16 ? 2e-2 : 4e-3; }
+
+std::string skip_reason() {
+  std::string why;
+  return cuda_device_available(&why) ? std::string() : why;
+}
+
+class CudaFlashAttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = skip_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    auto cpu = create_cpu_device({.capacity = 256 * kMiB, .threads = 0});
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+    auto gpu =
+        create_cuda_device({.ordinal = 0, .reserve = size_t{1} << 30, .capacity = 4096 * kMiB});
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+    cpu_ = std::move(cpu).value();
+    gpu_ = std::move(gpu).value();
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    for (void* p : gpu_bufs_) gpu_->release(p);
+  }
+
+  void* upload(const void* host, size_t bytes) {
+    auto p = gpu_->allocate(bytes, "test");
+    EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+    if (!p.is_ok()) return nullptr;
+    gpu_bufs_.push_back(*p);
+    gpu_->copy_h2d(gpu_->h2d_stream(), *p, host, bytes);
+    EXPECT_TRUE(gpu_->synchronize(gpu_->h2d_stream()).is_ok());
+    return *p;
+  }
+  void download(void* host, const void* dev, size_t bytes) {
+    gpu_->copy_d2h(gpu_->d2h_stream(), host, dev, bytes);
+    EXPECT_TRUE(gpu_->synchronize(gpu_->d2h_stream()).is_ok());
+  }
+
+  struct Result {
+    Buffer out, dqkv;
+    std::vector<float> lse;
+  };
+  // Forward then backward of the fused op on `dev`'s kernels. `on_gpu`: buffers are uploaded.
+  Result run_fused(bool on_gpu, const AttnShape& s, const Buffer& qkv, const Buffer& dout,
+                   const Buffer& dqkv0) {
+    Result r{Buffer(qkv.dt, s.out_elems()), dqkv0, std::vector<float>(s.rows())};
+    std::vector<float> scratch(s.rows());
+    const DType dt = qkv.dt;
+    if (!on_gpu) {
+      Kernels& k = cpu_->kernels();
+      Stream& st = cpu_->compute_stream();
+      k.fused_attention_forward(st, dt, r.out.data(), r.lse.data(), qkv.bytes.data(), s.B, s.T,
+                                s.NH, s.NKV, s.hs);
+      k.fused_attention_backward(st, dt, r.dqkv.data(), scratch.data(), dout.bytes.data(),
+                                 qkv.bytes.data(), r.out.data(), r.lse.data(), s.B, s.T, s.NH,
+                                 s.NKV, s.hs);
+      EXPECT_TRUE(cpu_->synchronize(st).is_ok());
+      return r;
+    }
+    void* x = upload(qkv.bytes.data(), qkv.bytes.size());
+    void* g = upload(dout.bytes.data(), dout.bytes.size());
+    void* dx = upload(dqkv0.bytes.data(), dqkv0.bytes.size());
+    void* y = upload(r.out.data(), r.out.bytes.size());
+    auto* lse = static_cast<float*>(upload(r.lse.data(), s.rows() * 4));
+    auto* sc = static_cast<float*>(upload(scratch.data(), s.rows() * 4));
+    Kernels& k = gpu_->kernels();
+    Stream& st = gpu_->compute_stream();
+    k.fused_attention_forward(st, dt, y, lse, x, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, s.B, s.T, s.NH, s.NKV, s.hs);
+    Status done = gpu_->synchronize(st);
+    EXPECT_TRUE(done.is_ok()) << done.to_string();
+    download(r.out.data(), y, r.out.bytes.size());
+    download(r.lse.data(), lse, s.rows() * 4);
+    download(r.dqkv.data(), dx, r.dqkv.bytes.size());
+    return r;
+  }
+
+  std::string seed_text() const { return " (seed " + std::to_string(seed_) + ")"; }
+
+  std::unique_ptr<Device> cpu_, gpu_;
+  std::vector<void*> gpu_bufs_;
+  uint32_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+TEST_F(CudaFlashAttentionTest, SupportsBf16AndFp16WithHeadSizes64And128) {
+  Kernels& k = gpu_->kernels();
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    EXPECT_TRUE(k.fused_attention_supported(dt, 64));
+    EXPECT_TRUE(k.fused_attention_supported(dt, 128));
+    EXPECT_FALSE(k.fused_attention_supported(dt, 96));
+  }
+  EXPECT_FALSE(k.fused_attention_supported(DType::kF32, 64));
+}
+
+TEST_F(CudaFlashAttentionTest, MatchesTheCpuBackendAndTheReference) {
+  const AttnShape shapes[] = {
+      {2, 64, 2, 2, 64},    // one tile
+      {2, 100, 3, 3, 64},   // T not a multiple of the tile
+      {1, 257, 8, 2, 64},   // grouped-query heads, 5 tiles
+      {2, 130, 4, 4, 128},  // head size 128
+      {1, 200, 4, 1, 128},  // multi-query
+      {3, 17, 2, 1, 64},    // shorter than one tile
+  };
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const AttnShape& s : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.name() + seed_text());
+      const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+      const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+      const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+      Result cpu = run_fused(false, s, qkv, dout, dqkv0);
+      Result gpu = run_fused(true, s, qkv, dout, dqkv0);
+      EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
+      EXPECT_EQ(compare_close(as_double(gpu.lse), as_double(cpu.lse), 1e-4), "") << "lse";
+      EXPECT_EQ(compare_close(gpu.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+      if (s.T <= 130) {  // the O(T^2 hs) double reference, on the smaller shapes
+        std::vector<double> out_ref, lse_ref;
+        test::reference_attention_forward(s, qkv.values(), &out_ref, &lse_ref);
+        std::vector<double> d_ref =
+            test::reference_attention_backward(s, qkv.values(), dout.values());
+        const std::vector<double> before = dqkv0.values();
+        for (size_t i = 0; i < d_ref.size(); ++i) d_ref[i] += before[i];
+        EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
+        EXPECT_EQ(compare_close(gpu.dqkv.values(), d_ref, rtol(dt)), "") << "dqkv vs reference";
+      }
+    }
+  }
+}
+
+// With NKV == NH the fused op replaces attention_forward/backward: same input, same numbers.
+TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
+  const DType dt = DType::kBF16;
+  const AttnShape s{1, 2048 + 33, 4, 4, 128};
+  const int C = s.NH * s.hs;
+  SCOPED_TRACE(s.name() + seed_text());
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result fused = run_fused(true, s, qkv, dout, dqkv0);
+
+  const size_t tt = size_t(s.B) * s.NH * s.T * s.T;
+  void* x = upload(qkv.bytes.data(), qkv.bytes.size());
+  void* g = upload(dout.bytes.data(), dout.bytes.size());
+  void* dx = upload(dqkv0.bytes.data(), dqkv0.bytes.size());
+  auto y = gpu_->allocate(fused.out.bytes.size(), "out");
+  auto att = gpu_->allocate(tt * 4, "att");
+  auto scratch = gpu_->allocate(tt * 4, "scratch");
+  ASSERT_TRUE(y.is_ok() && att.is_ok() && scratch.is_ok());
+  for (void* p : {*y, *att, *scratch}) gpu_bufs_.push_back(p);
+  Kernels& k = gpu_->kernels();
+  Stream& st = gpu_->compute_stream();
+  k.attention_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, C, s.NH);
+  k.attention_backward(st, dt, dx, static_cast<float*>(*scratch), g, x, static_cast<float*>(*att),
+                       s.B, s.T, C, s.NH);
+  ASSERT_TRUE(gpu_->synchronize(st).is_ok());
+  Buffer out_plain(dt, s.out_elems()), dqkv_plain(dt, s.qkv_elems());
+  download(out_plain.data(), *y, out_plain.bytes.size());
+  download(dqkv_plain.data(), dx, dqkv_plain.bytes.size());
+  EXPECT_EQ(compare_close(fused.out.values(), out_plain.values(), rtol(dt)), "") << "out";
+  EXPECT_EQ(compare_close(fused.dqkv.values(), dqkv_plain.values(), rtol(dt)), "") << "dqkv";
+}
+
+// No atomics: the same inputs give the same bits.
+TEST_F(CudaFlashAttentionTest, IsDeterministic) {
+  const AttnShape s{2, 300, 8, 2, 64};
+  const DType dt = DType::kBF16;
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result a = run_fused(true, s, qkv, dout, dqkv0);
+  Result b = run_fused(true, s, qkv, dout, dqkv0);
+  EXPECT_EQ(a.out.bytes, b.out.bytes);
+  EXPECT_EQ(a.dqkv.bytes, b.dqkv.bytes);
+}
+
+TEST_F(CudaFlashAttentionTest, UnsupportedCallsFailAtTheNextSynchronize) {
+  auto buf = gpu_->allocate(kMiB, "buf");
+  ASSERT_TRUE(buf.is_ok());
+  gpu_bufs_.push_back(*buf);
+  Stream& st = gpu_->compute_stream();
+  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf, 1,
+                                          16, 2, 2, 64);
+  Status s = gpu_->synchronize(st);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("fused_attention_forward"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("not supported"), std::string::npos) << s.to_string();
+  gpu_->kernels().fused_attention_forward(st, DType::kBF16, *buf, static_cast<float*>(*buf), *buf,
+                                          1, 16, 3, 2, 64);  // NH not a multiple of NKV
+  s = gpu_->synchronize(st);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("multiple of NKV"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,8 @@
+# tools/gpu_check.sh (the first run on a GPU): the measuring tool it runs, built with or without
+# CUDA (with --backend cpu it runs the same code on the CPU backend), and the script's self-test,
+# which needs no GPU: it runs every phase in its dry/CPU mode and validates the report it writes.
+add_executable(bench_device_ops ${CMAKE_CURRENT_LIST_DIR}/bench_device_ops.cc)
+target_link_libraries(bench_device_ops PRIVATE libstrata nlohmann_json::nlohmann_json)
+add_test(NAME gpu_check_self_test
+         COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_check.sh --self-test --build-dir ${CMAKE_BINARY_DIR})
+set_tests_properties(gpu_check_self_test PROPERTIES TIMEOUT 600)
