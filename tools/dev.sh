@@ -64,6 +64,15 @@ case "$cmd" in
     ;;
   test)
     deps; build
+    # The conventional build must configure too: CMake's default generator (Makefiles), no
+    # -G Ninja (configure only; the build above is the one the tests run).
+    echo "== configuring with CMake's default generator ($BUILD_DIR-default-generator)"
+    gen_args=(-DCMAKE_BUILD_TYPE=Release)
+    [ -x /usr/local/cuda/bin/nvcc ] && gen_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+    rm -rf "$BUILD_DIR-default-generator"
+    cmake -S . -B "$BUILD_DIR-default-generator" "${gen_args[@]}" >"$BUILD_DIR-default-generator.log" 2>&1 ||
+      { cat "$BUILD_DIR-default-generator.log"; echo "configure with the default generator failed"; exit 1; }
+    rm -rf "$BUILD_DIR-default-generator" "$BUILD_DIR-default-generator.log"
     echo "== running tests"
     cd "$BUILD_DIR"
     exec ctest --output-on-failure -j "$JOBS" --timeout 1200
