@@ -93,9 +93,10 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
   auto with_state = [&](size_t i, bool read, bool write,
                         const std::function<void(float*, char*)>& fn) -> Status {
     HostState hs;
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, read, "checkpoint staging", &hs), "");
+    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, read, "checkpoint staging", &hs),
+                           read ? "reading the shard" : "staging the shard");
     fn(hs.master, hs.moments);
-    if (write) STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "");
+    if (write) STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "writing the shard back");
     return Status::ok();
   };
   STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
