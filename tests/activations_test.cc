@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -57,10 +57,10 @@ using test::must_train;
 using test::tier;
 
 ActivationSizes sizes_of(const Config& cfg, ActivationMode mode) {
-  auto lay = ModelLayout::from_config(cfg.model);
-  EXPECT_TRUE(lay.is_ok());
-  return activation_bytes(*lay, int(cfg.train_micro_batch_size_per_gpu), cfg.data.seq_len,
-                          cfg.model.dtype, mode);
+  auto arch = GptArchitecture::create(cfg.model);
+  EXPECT_TRUE(arch.is_ok());
+  return (*arch)->activation_plan(int(cfg.train_micro_batch_size_per_gpu), cfg.data.seq_len,
+                                  cfg.model.dtype, mode);
 }
 
 class ActivationsTest : public ::testing::Test {
@@ -194,15 +194,15 @@ TEST(ActivationStore, RoundTripCountsAndRefusals) {
   mc.n_embd = 32;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto layout = ModelLayout::from_config(mc);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
   to.placement.master = to.placement.moments = Tier::kHost;
   to.host_capacity = 64 << 20;
   to.stash_layers = 2;
   to.stash_bytes = 4000;
-  auto tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, 0);
+  auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, 0);
   ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
   Device& d = **dev;
   auto a = d.allocate(4000, "test");

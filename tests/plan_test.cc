@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "src/plan/probe_machine.h"
 #include "src/tiers/tier_manager.h"
 #include "strata/config.h"
@@ -47,10 +47,10 @@ TEST(Plan, ParamCountMatchesModelLayoutOnRandomShapes) {
     mc.n_layer = 1 + int(rng() % 6);
     mc.vocab_size = 2 + int(rng() % 1000);
     mc.context = 1 + int(rng() % 300);
-    auto lay = ModelLayout::from_config(mc);
-    ASSERT_TRUE(lay.is_ok());
+    auto arch = GptArchitecture::create(mc);
+    ASSERT_TRUE(arch.is_ok());
     ModelShape m{"r", mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, mc.context, ""};
-    EXPECT_EQ(model_params(m), lay->num_params()) << mc.n_layer << "x" << mc.n_embd;
+    EXPECT_EQ(model_params(m), (*arch)->layout().num_params()) << mc.n_layer << "x" << mc.n_embd;
   }
 }
 
@@ -90,9 +90,10 @@ TEST(Plan, HandComputedDeviceBytesOneLayer) {
   mc.n_embd = 64;
   mc.vocab_size = 64;
   mc.context = 64;
-  auto lay = ModelLayout::from_config(mc);
-  ASSERT_TRUE(lay.is_ok());
-  EXPECT_EQ(o->device.activations, activation_bytes(*lay, 1, 64, DType::kBF16).bytes);
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
+  EXPECT_EQ(o->device.activations,
+            (*arch)->activation_plan(1, 64, DType::kBF16, ActivationMode::kKeep).bytes);
 }
 
 TEST(Plan, BytesPerParamMixedPrecisionAdam) {
@@ -137,8 +138,8 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
   mc.n_embd = 64;
   mc.vocab_size = 100;
   mc.context = 32;
-  auto lay = ModelLayout::from_config(mc);
-  ASSERT_TRUE(lay.is_ok());
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
   PlanRequest r = small_request();
   r.model = {"t", 2, 64, 2, 100, 32, ""};
   r.seq = 32;
@@ -150,7 +151,7 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
       auto o = evaluate_placement(r, find(name));
       ASSERT_TRUE(o.is_ok());
       const size_t act = o->device.activations;
-      const ActivationSizes sizes = activation_bytes(*lay, 2, 32, DType::kBF16, mode);
+      const ActivationSizes sizes = (*arch)->activation_plan(2, 32, DType::kBF16, mode);
       EXPECT_EQ(act, sizes.bytes);
       EXPECT_EQ(o->host.activations, sizes.host_bytes);
       for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
@@ -166,7 +167,7 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
         to.stash_layers = sizes.stash_layers;
         to.stash_bytes = sizes.stash_bytes;
         to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
-        auto tm = TierManager::create(**dev, *lay, DType::kBF16, DType::kF32, to, act);
+        auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, act);
         EXPECT_EQ(tm.is_ok(), slack == 0)
             << name << " " << activation_mode_name(mode) << " slack " << slack << ": "
             << (tm.is_ok() ? "" : tm.status().message());
@@ -174,7 +175,7 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
         auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
         ASSERT_TRUE(dev2.is_ok());
         to.host_capacity = size_t(int64_t(o->host.total()) + slack);
-        auto tm2 = TierManager::create(**dev2, *lay, DType::kBF16, DType::kF32, to, act);
+        auto tm2 = TierManager::create(**dev2, **arch, DType::kBF16, DType::kF32, to, act);
         EXPECT_EQ(tm2.is_ok(), slack == 0) << name << " host slack " << slack << ": "
                                            << (tm2.is_ok() ? "" : tm2.status().message());
       }

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "src/model/gpt2.h"
 #include "src/train/data.h"
-#include "src/model/model.h"
 #include "src/train/schedule.h"
 
 namespace strata {
@@ -126,15 +126,16 @@ TEST(Model, LayoutIsFlatPerModule) {
   mc.n_embd = 64;
   mc.vocab_size = 100;
   mc.context = 16;
-  auto l = ModelLayout::from_config(mc);
-  ASSERT_TRUE(l.is_ok());
-  EXPECT_EQ(l->Vp, 128);
-  EXPECT_EQ(l->modules.size(), 5u);  // embedding, 3 blocks, final norm (tied head)
+  auto a = GptArchitecture::create(mc);
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ((*a)->shape().Vp, 128);
+  const ModelLayout& l = (*a)->layout();
+  EXPECT_EQ(l.modules.size(), 5u);  // embedding, 3 blocks, final norm (tied head)
   const size_t C = 64;
-  EXPECT_EQ(l->modules[1].numel, 12 * C * C + 13 * C);
-  EXPECT_EQ(l->num_params(), 128 * C + 16 * C + 3 * (12 * C * C + 13 * C) + 2 * C);
+  EXPECT_EQ(l.modules[1].numel, 12 * C * C + 13 * C);
+  EXPECT_EQ(l.num_params(), 128 * C + 16 * C + 3 * (12 * C * C + 13 * C) + 2 * C);
   mc.n_head = 5;
-  EXPECT_FALSE(ModelLayout::from_config(mc).is_ok());
+  EXPECT_FALSE(GptArchitecture::create(mc).is_ok());
 }
 
 }  // namespace

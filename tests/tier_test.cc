@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "src/tiers/cache_policy.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
@@ -75,13 +75,14 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
   // A device limit where only two modules' parameters and gradients fit beside the
   // activations: every block must be fetched and evicted again each pass.
   Config base = tiny(dir, {});
-  auto layout = ModelLayout::from_config(base.model);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(base.model);
+  ASSERT_TRUE(arch.is_ok());
   const int B = int(base.train_micro_batch_size_per_gpu), T = base.model.context;
-  const size_t block = layout->modules[1].numel;
+  const size_t block = (*arch)->layout().modules[1].numel;
   const size_t two_modules = 2 * (block * 2 + block * 4);
   const size_t small =
-      activation_bytes(*layout, B, T, base.model.dtype).bytes + two_modules + (size_t(64) << 10);
+      (*arch)->activation_plan(B, T, base.model.dtype, ActivationMode::kKeep).bytes + two_modules +
+      (size_t(64) << 10);
   struct Case {
     std::string name;
     std::vector<std::string> ov;
@@ -121,7 +122,7 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
     }
     EXPECT_EQ(r->weights_crc, ref.weights_crc) << "final weights differ";
     if (i == 2 || i == 5) {  // parameters on nvme: fetched to the device every step
-      EXPECT_GT(r->tiers[0].bytes_in, 30 * layout->num_params() * 2);
+      EXPECT_GT(r->tiers[0].bytes_in, 30 * (*arch)->layout().num_params() * 2);
       EXPECT_GT(r->tiers[2].bytes_out, 0u);
     }
     if (i == 5) {
@@ -292,13 +293,13 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   mc.n_embd = 32;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto layout = ModelLayout::from_config(mc);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
   to.placement.master = to.placement.moments = Tier::kHost;
   to.host_capacity = 64 << 20;
-  auto tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, 0);
+  auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, 0);
   ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
   ASSERT_TRUE((*tm)->init_state([](int, float* m) { m[0] = 1.0f; }).is_ok());
   auto run = [&](std::vector<int> order) {
@@ -321,11 +322,22 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   EXPECT_EQ((*tm)->trace("x")->accesses()[1].object, 3);
 }
 
-TEST(MemoryModel, WorkingSetIsTheLargestLiveSet) {
+TEST(MemoryModel, WorkingSetIsTheProgramsPeak) {
   const std::vector<size_t> params = {100, 10, 0}, grads = {1000, 20, 30};
-  EXPECT_EQ(working_set_bytes(params, grads, {}), 0u);
-  EXPECT_EQ(working_set_bytes(params, grads, {{{1}, {1}}, {{2}, {2, 1}}}), 50u);
-  EXPECT_EQ(working_set_bytes(params, grads, {{{0, 1}, {1}}, {{2}, {0}}}), 1000u);
+  using Op = ProgramOp;
+  EXPECT_EQ(working_set_bytes(params, grads, Program{}), 0u);
+  // Module 1 alone (30), then 2 with 1's gradient (50).
+  Program p{{{Op::kAcquireParams, 1},
+             {Op::kAcquireGrads, 1},
+             {Op::kReleaseParams, 1},
+             {Op::kAcquireParams, 2},
+             {Op::kAcquireGrads, 2},
+             {Op::kDrainGrads, 2},
+             {Op::kReleaseParams, 2},
+             {Op::kDrainGrads, 1}}};
+  EXPECT_EQ(working_set_bytes(params, grads, p), 50u);
+  p.ops.push_back({Op::kAcquireGrads, 0});
+  EXPECT_EQ(working_set_bytes(params, grads, p), 1000u);
 }
 
 // The preflight reports exactly the memory model's numbers (the planner calls the same
@@ -338,14 +350,14 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
   mc.n_embd = 64;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto layout = ModelLayout::from_config(mc);
-  ASSERT_TRUE(layout.is_ok());
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
   to.placement.master = to.placement.moments = to.placement.grads = Tier::kHost;
   to.host_capacity = 64 << 20;
   const size_t acts = 1 << 20;
-  auto need = tier_needs(*layout, to, 1, DType::kBF16, DType::kF32, acts);
+  auto need = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, acts);
   ASSERT_TRUE(need.is_ok()) << need.status().to_string();
   EXPECT_EQ(need->device.activations, acts);
   EXPECT_EQ(need->device.resident_state, 0u);
@@ -356,7 +368,7 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
   // A device one byte short: the message names the model's total and its parts.
   auto small = create_cpu_device({.capacity = need->device.total() - 1, .threads = 1});
   ASSERT_TRUE(small.is_ok());
-  auto tm = TierManager::create(**small, *layout, DType::kBF16, DType::kF32, to, acts);
+  auto tm = TierManager::create(**small, **arch, DType::kBF16, DType::kF32, to, acts);
   ASSERT_FALSE(tm.is_ok());
   const std::string msg = tm.status().message();
   EXPECT_NE(msg.find("preflight"), std::string::npos) << msg;
@@ -371,14 +383,14 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
   // Exactly enough: it fits, and the host tier holds the model's state.
   auto dev = create_cpu_device({.capacity = need->device.total(), .threads = 1});
   ASSERT_TRUE(dev.is_ok());
-  tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, acts);
+  tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts);
   ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
   EXPECT_GE((*tm)->stats(Tier::kHost).current, need->host.state);
   EXPECT_LE((*tm)->stats(Tier::kHost).current, need->host.state + need->host.stash);
 
   // A host budget one byte short of the model's host need.
   to.host_capacity = need->host.total() - 1;
-  tm = TierManager::create(**dev, *layout, DType::kBF16, DType::kF32, to, acts);
+  tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts);
   ASSERT_FALSE(tm.is_ok());
   EXPECT_NE(tm.status().message().find(
                 fmt::format("host tier needs {}", format_bytes(double(need->host.total())))),

@@ -106,7 +106,7 @@ struct AioConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt";
+  std::string type = "gpt2";  // architecture (src/model/): gpt2 ("gpt" is accepted)
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;

@@ -36,14 +36,27 @@ namespace {
 using json = nlohmann::json;
 
 // ---------------------------------------------------------------------------------------------
-// Why a setting is accepted but not acted on yet. When a feature lands, set its keys' reason to
+// Why a setting is accepted but not acted on. When a feature lands, set its keys' reason to
 // nullptr in the table below (or retire the constant): this is the one list to shrink.
 constexpr const char* kAlwaysStage3 =
     "across ranks strata always partitions parameters, gradients and optimizer state (stage 3)";
 constexpr const char* kFastInit = "swap files are always preallocated with fallocate";
-constexpr const char* kPartitioner = "ZeRO partitioning lands with the partitioner";
-constexpr const char* kStorage = "async NVMe I/O lands with the storage engine";
-constexpr const char* kComm = "lands with the communicator";
+constexpr const char* kFlatModules =
+    "each module's parameters and gradients are always one flat buffer, gathered and "
+    "reduce-scattered whole (stage 3)";
+constexpr const char* kGatherWindow =
+    "stage 3 gathers whole modules with all-gather, ahead by stage3_prefetch_bucket_size";
+constexpr const char* kPersistence =
+    "persistence is decided per module by stage3_param_persistence_threshold";
+constexpr const char* kNo16bitSave =
+    "checkpoints hold each rank's fp32 master weights and moments, not gathered 16-bit weights";
+constexpr const char* kWholeModuleOptimizer =
+    "the optimizer pipeline steps whole modules (no sub-groups yet)";
+constexpr const char* kIoWorker =
+    "the I/O worker batches submissions and reaps completions on its own thread";
+constexpr const char* kNoGds = "NVMe data moves through pinned host buffers (no GPUDirect Storage)";
+constexpr const char* kFp32Grads =
+    "gradients are reduced in fp32 and scaled once by 1/(tokens of the global batch)";
 constexpr const char* kTimers = "the trainer prints its own time split with each log line";
 constexpr const char* kNoCast = "inputs are token ids; there is nothing to cast";
 constexpr const char* kOneAdam = "strata has one Adam implementation per backend";
@@ -303,21 +316,21 @@ std::vector<Key> build_table() {
         "compute waits for each bucket's reduction)",
         nullptr, 0, "true at stage 3, else false"));
   add(F("zero_optimization.contiguous_gradients", Bool(), STRATA_M(zero.contiguous_gradients),
-        "copy gradients into one buffer", kPartitioner));
+        "copy gradients into one buffer", kFlatModules));
   add(F("zero_optimization.reduce_scatter", Bool(), STRATA_M(zero.reduce_scatter),
-        "reduce-scatter instead of all-reduce", kPartitioner));
+        "reduce-scatter instead of all-reduce", kFlatModules));
   add(F("zero_optimization.reduce_bucket_size", Size(), STRATA_M(zero.reduce_bucket_size),
         "elements per gradient reduce-scatter bucket over ranks, capped at the largest module "
         "(auto: n_embd^2)",
         nullptr, kAuto));
   add(F("zero_optimization.allgather_bucket_size", Size(), STRATA_M(zero.allgather_bucket_size),
-        "elements per all-gather", kPartitioner));
+        "elements per all-gather", kGatherWindow));
   add(F("zero_optimization.allgather_partitions", Bool(), STRATA_M(zero.allgather_partitions),
-        "all-gather (vs broadcasts) after the step", kPartitioner));
+        "all-gather (vs broadcasts) after the step", kGatherWindow));
   add(F("zero_optimization.round_robin_gradients", Bool(), STRATA_M(zero.round_robin_gradients),
-        "stage 1/2: spread gradient copies over ranks", kPartitioner));
+        "stage 1/2: spread gradient copies over ranks", kAlwaysStage3));
   add(F("zero_optimization.sub_group_size", Size(1), STRATA_M(zero.sub_group_size),
-        "elements per optimizer sub-group", kPartitioner));
+        "elements per optimizer sub-group", kWholeModuleOptimizer));
   add(F("zero_optimization.stage3_prefetch_bucket_size", Size(),
         STRATA_M(zero.stage3_prefetch_bucket_size),
         "elements fetched ahead of use (auto: 0.9 n_embd^2)", nullptr, kAuto));
@@ -326,13 +339,13 @@ std::vector<Key> build_table() {
         "parameters smaller than this stay unpartitioned (auto: 10 n_embd)", nullptr, kAuto));
   add(F("zero_optimization.stage3_max_live_parameters", Size(),
         STRATA_M(zero.stage3_max_live_parameters), "gathered elements resident per GPU (auto: 1e9)",
-        kPartitioner, kAuto));
+        kGatherWindow, kAuto));
   add(F("zero_optimization.stage3_max_reuse_distance", Size(),
         STRATA_M(zero.stage3_max_reuse_distance),
         "keep a gathered parameter reused within this many elements (auto: 1e9)", nullptr, kAuto));
   add(F("zero_optimization.stage3_gather_16bit_weights_on_model_save", Bool(),
         STRATA_M(zero.stage3_gather_16bit_weights_on_model_save),
-        "gather full 16-bit weights when saving", kPartitioner));
+        "gather full 16-bit weights when saving", kNo16bitSave));
   alias("zero_optimization.gather_16bit_weights_on_model_save",
         "zero_optimization.stage3_gather_16bit_weights_on_model_save");
   alias("zero_optimization.stage3_gather_fp16_weights_on_model_save",
@@ -344,11 +357,11 @@ std::vector<Key> build_table() {
   alias("zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance");
   // Further DeepSpeed ZeRO knobs seen in real configs: accepted, checked, not acted on.
   add(U("zero_optimization.stage3_model_persistence_threshold", Size(), "9223372036854775807",
-        "cap on unpartitioned elements", kPartitioner));
+        "cap on unpartitioned elements", kPersistence));
   add(U("zero_optimization.stage3_module_granularity_threshold", Size(), "0",
-        "fetch fine-grained modules as one unit", kPartitioner));
+        "fetch fine-grained modules as one unit", kFlatModules));
   add(U("zero_optimization.stage3_use_all_reduce_for_fetch_params", Bool(), "false",
-        "all-reduce when fetching parameters", kPartitioner));
+        "all-reduce when fetching parameters", kGatherWindow));
   add(U("zero_optimization.load_from_fp32_weights", Bool(), "true",
         "init master weights from fp32 checkpoint copies", kDsOnly));
   add(U("zero_optimization.elastic_checkpoint", Bool(), "false",
@@ -356,7 +369,7 @@ std::vector<Key> build_table() {
   add(U("zero_optimization.ignore_unused_parameters", Bool(), "true", "tolerate unused parameters",
         kDsOnly));
   add(U("zero_optimization.use_multi_rank_bucket_allreduce", Bool(), "true",
-        "combine reduce buckets of ranks", kPartitioner));
+        "combine reduce buckets of ranks", kFlatModules));
   add(U("zero_optimization.zero_hpz_partition_size", Int(0, kMaxInt), "1",
         "ZeRO++ secondary partition size", kDsOnly));
   add(U("zero_optimization.zero_quantized_weights", Bool(), "false", "ZeRO++ quantized weights",
@@ -378,10 +391,10 @@ std::vector<Key> build_table() {
         "I/O threads per request", nullptr));
   alias("aio.thread_count", "aio.intra_op_parallelism");
   add(F("aio.single_submit", Bool(), STRATA_M(aio.single_submit), "submit requests one by one",
-        kStorage));
+        kIoWorker));
   add(F("aio.overlap_events", Bool(), STRATA_M(aio.overlap_events),
-        "overlap submission and completion", kStorage));
-  add(F("aio.use_gds", Bool(), STRATA_M(aio.use_gds), "GPUDirect Storage", kStorage));
+        "overlap submission and completion", kIoWorker));
+  add(F("aio.use_gds", Bool(), STRATA_M(aio.use_gds), "GPUDirect Storage", kNoGds));
 
   // --- other DeepSpeed top-level keys: accepted, checked, not acted on ---------------------
   group("DeepSpeed: other sections (accepted, not acted on)");
@@ -389,10 +402,10 @@ std::vector<Key> build_table() {
         kDsOnly));
   add(U("zero_force_ds_cpu_optimizer", Bool(), "true", "DeepSpeed: force its CPU Adam", kDsOnly));
   add(U("gradient_predivide_factor", Real(0, kInf, true, true), "1.0",
-        "divide gradients before averaging", kComm));
-  add(U("prescale_gradients", Bool(), "false", "scale gradients before all-reduce", kComm));
+        "divide gradients before averaging", kFp32Grads));
+  add(U("prescale_gradients", Bool(), "false", "scale gradients before all-reduce", kFp32Grads));
   add(U("communication_data_type", Enum("fp32|fp16|bf16"), "null",
-        "dtype of gradient communication", kComm));
+        "dtype of gradient communication", kFp32Grads));
   add(U("memory_breakdown", Bool(), "false", "DeepSpeed memory report", kDsOnly));
   add(U("dump_state", Bool(), "false", "print DeepSpeed's state after init", kDsOnly));
   add(U("amp", Any(), "null", "NVIDIA Apex AMP settings (any keys)", kDsOnly));
@@ -438,7 +451,7 @@ std::vector<Key> build_table() {
 
   // --- strata: model ----------------------------------------------------------------------------
   group("strata: model");
-  add(F("model.type", Enum("gpt"), STRATA_M(model.type), "architecture"));
+  add(F("model.type", Enum("gpt2|gpt"), STRATA_M(model.type), "architecture (gpt is gpt2)"));
   add(F("model.n_layer", Int(1, 4096), STRATA_M(model.n_layer), "transformer blocks"));
   add(F("model.n_head", Int(1, 4096), STRATA_M(model.n_head), "attention heads"));
   add(F("model.n_embd", Int(1, 1 << 20), STRATA_M(model.n_embd),

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -54,20 +54,25 @@ ModuleSizes module_sizes(const ModelShape& m) {
   return {Vp * C + uint64_t(m.context) * C, 12 * C * C + 13 * C, 2 * C, m.layers};
 }
 
-ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode) {
-  ModelLayout l;  // activation_bytes reads only the shape fields
-  l.L = m.layers;
-  l.NH = m.heads;
-  l.C = m.width;
-  l.V = m.vocab;
-  l.Vp = int(ceil_div(uint64_t(m.vocab), 64) * 64);
-  l.maxT = m.context;
-  return activation_bytes(l, B, T, dt, mode);
-}
-
 std::string gb(double bytes) { return format_bytes(bytes); }
 
 }  // namespace
+
+// strata's GPT architecture at a planner shape (tied embeddings, vocabulary padded to 64).
+Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m) {
+  ModelConfig mc;
+  mc.n_layer = m.layers;
+  mc.n_head = m.heads;
+  mc.n_embd = m.width;
+  mc.vocab_size = m.vocab;
+  mc.context = m.context;
+  return GptArchitecture::create(mc);
+}
+
+ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode) {
+  auto arch = architecture_of(m);
+  return arch.is_ok() ? (*arch)->activation_plan(B, T, dt, mode) : ActivationSizes{};
+}
 
 Result<ModelShape> model_preset(const std::string& name) {
   for (const auto& p : kPresets) {
@@ -93,175 +98,6 @@ uint64_t model_params(const ModelShape& m) {
   return s.emb + s.block * uint64_t(s.L) + s.final_norm;
 }
 
-// ---- profiles ---------------------------------------------------------------------------------
-
-MachineProfile default_profile(bool cpu_backend) {
-  MachineProfile p;
-  p.cpu_backend = cpu_backend;
-  if (cpu_backend) {
-    // Measured on the 2-core development host (docs/PLANNER.md); run `strata probe` for yours.
-    p.gemm_flops = {6.0e10, "default (2-core dev host)"};
-    p.link_gbps = {8.0, "default (host memcpy)"};
-    p.host_copy_gbps = {8.0, "default"};
-    p.optimizer_pps = {1.5e8, "default"};
-    p.nvme_read_gbps = {1.5, "default"};
-    p.nvme_write_gbps = {1.0, "default"};
-  } else {
-    // H100 SXM-class: bf16 dense GEMM at ~60% of 989 TFLOP/s peak, PCIe Gen5 pinned copies,
-    // DeepSpeed-class CPU Adam on a 2-socket host, NVLink bus bandwidth (docs/PLANNER.md).
-    p.gemm_flops = {6.0e14, "default (H100, 60% of bf16 peak)"};
-    p.link_gbps = {25.0, "default (PCIe Gen5 x16, pinned)"};
-    p.host_copy_gbps = {50.0, "default"};
-    p.optimizer_pps = {1.0e9, "default (per node)"};
-    p.nvme_read_gbps = {3.0, "default (one NVMe)"};
-    p.nvme_write_gbps = {2.0, "default (one NVMe)"};
-    p.collective_gbps = {200.0, "default (NVLink busbw)"};
-  }
-  return p;
-}
-
-Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin,
-                                             bool fastest) {
-  const std::string regen =
-      fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    return invalid_argument(fmt::format("{}: not a JSON profile ({}){}", origin, e.what(), regen));
-  }
-  if (!j.is_object() || !j.contains("magic") || j["magic"] != "strata-machine-profile") {
-    return invalid_argument(fmt::format(
-        "{}: magic is {}, expected \"strata-machine-profile\" (a `strata probe io` profile "
-        "alone is not a machine profile){}",
-        origin, j.is_object() && j.contains("magic") ? j["magic"].dump() : "missing", regen));
-  }
-  if (!j.contains("version") || !j["version"].is_number_integer() ||
-      j["version"].get<int>() != kMachineProfileVersion) {
-    return invalid_argument(
-        fmt::format("{}: profile version {} is not the version {} this strata "
-                    "reads{}",
-                    origin, j.contains("version") ? j["version"].dump() : "missing",
-                    kMachineProfileVersion, regen));
-  }
-  MachineProfile p;
-  const std::string src = "probe " + origin + (fastest ? " (fastest pass)" : "");
-  // With `fastest`, a rate's fastest pass replaces its median where the profile has it.
-  auto best_of = [&](const json& spread, double median) {
-    return fastest && spread.is_object() && spread.contains("max") && spread["max"].is_number()
-               ? spread["max"].get<double>()
-               : median;
-  };
-  auto num = [&](const char* a, const char* b, double* out) -> Status {
-    if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b) || !j[a][b].is_number()) {
-      return invalid_argument(
-          fmt::format("{}: field {}.{} is missing or not a number{}", origin, a, b, regen));
-    }
-    *out = j[a][b].get<double>();
-    return Status::ok();
-  };
-  double v = 0;
-  if (!j.contains("device") || !j["device"].contains("backend") ||
-      !j["device"]["backend"].is_string()) {
-    return invalid_argument(fmt::format("{}: field device.backend is missing{}", origin, regen));
-  }
-  p.cpu_backend = j["device"]["backend"] == "cpu";
-  STRATA_RETURN_IF_ERROR(num("device", "gemm_flops", &v), "");
-  p.gemm_flops = {best_of(j["device"].value("gemm_flops_spread", json()), v), src};
-  if (j["device"].contains("gemm_by_width") && j["device"]["gemm_by_width"].is_array()) {
-    for (const auto& e : j["device"]["gemm_by_width"]) {
-      if (!e.contains("C") || !e.contains("gemm_flops") || !e["gemm_flops"].is_number()) {
-        return invalid_argument(fmt::format(
-            "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
-      }
-      const double med = e["gemm_flops"].get<double>();
-      MachineProfile::GemmPoint g;
-      g.width = e["C"].get<int>();
-      g.tokens = e.value("B", 4) * e.value("T", 128);  // version-1 profiles: 4 x 128
-      g.flops = fastest ? e.value("gemm_flops_max", med) : med;
-      p.gemm_by_width.push_back(g);
-    }
-    std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end(), [](const auto& a, const auto& b) {
-      return std::tie(a.tokens, a.width) < std::tie(b.tokens, b.width);
-    });
-  }
-  STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
-  v = best_of(j["host"].value("copy_spread", json()), v);
-  p.host_copy_gbps = {v, src};
-  if (p.cpu_backend) {
-    p.link_gbps = {v, src + " (host copy: the CPU backend's link)"};
-  } else {
-    STRATA_RETURN_IF_ERROR(num("link", "h2d_pinned_gbps", &v), "");
-    p.link_gbps = {v, src};
-  }
-  STRATA_RETURN_IF_ERROR(num("cpu_optimizer", "params_per_s", &v), "");
-  if (fastest && j["cpu_optimizer"].contains("by_threads")) {
-    for (const auto& t : j["cpu_optimizer"]["by_threads"]) {
-      v = std::max(v, best_of(t.value("spread", json()), 0.0));
-    }
-  }
-  p.optimizer_pps = {v, src};
-  // The recommended case's fastest pass, from the embedded io probe report.
-  auto nvme_best = [&](bool read, double median) {
-    if (!fastest || !j["nvme"].contains("io_probe") || !j["nvme"].contains("aio")) return median;
-    const json& a = j["nvme"]["aio"];
-    for (const auto& c : j["nvme"]["io_probe"].value("cases", json::array())) {
-      if (c.value("op", "") == (read ? "read" : "write") &&
-          c.value("backend", "") == a.value("backend", "") &&
-          c.value("block_size", 0) == a.value("block_size", 0) &&
-          c.value("queue_depth", 0) == a.value("queue_depth", 0)) {
-        return c.value("gbps_max", median);
-      }
-    }
-    return median;
-  };
-  if (j.contains("nvme") && j["nvme"].is_object()) {
-    STRATA_RETURN_IF_ERROR(num("nvme", "read_gbps", &v), "");
-    p.nvme_read_gbps = {nvme_best(true, v), src};
-    STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
-    p.nvme_write_gbps = {nvme_best(false, v), src};
-    const json& n = j["nvme"];
-    if (n.contains("io_probe") && n["io_probe"].is_object()) {
-      for (const auto& c : n["io_probe"].value("cases", json::array())) {
-        MachineProfile::NvmeCase k;
-        k.backend = c.value("backend", "");
-        k.block_size = c.value("block_size", size_t{0});
-        k.queue_depth = c.value("queue_depth", 0);
-        const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
-        auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
-          return x.backend == k.backend && x.block_size == k.block_size &&
-                 x.queue_depth == k.queue_depth;
-        });
-        if (it == p.nvme_cases.end()) it = p.nvme_cases.insert(p.nvme_cases.end(), k);
-        (c.value("op", "") == "read" ? it->read_gbps : it->write_gbps) = g;
-      }
-    }
-    if (n.contains("aio") && n["aio"].is_object()) {
-      p.aio_backend = n["aio"].value("backend", p.aio_backend);
-      p.aio_block_size = n["aio"].value("block_size", p.aio_block_size);
-      p.aio_queue_depth = n["aio"].value("queue_depth", p.aio_queue_depth);
-    }
-  }
-  if (j.contains("collectives") && j["collectives"].is_object()) {
-    STRATA_RETURN_IF_ERROR(num("collectives", "busbw_gbps", &v), "");
-    p.collective_gbps = {v, src};
-  }
-  return p;
-}
-
-Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {
-  std::ifstream in(path);
-  if (!in) {
-    return not_found(
-        fmt::format("--profile {}: cannot open; create it with `strata probe --path "
-                    "<nvme dir> --json {}`",
-                    path, path));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_machine_profile(ss.str(), path, fastest);
-}
-
 // ---- placements -------------------------------------------------------------------------------
 
 const char* plan_tier_name(PlanTier t) {
@@ -275,35 +111,6 @@ std::vector<PlacementOption> placement_options() {
       {"opt-nvme", T::kDevice, T::kNvme},           {"params-host", T::kHost, T::kHost},
       {"params-host+opt-nvme", T::kHost, T::kNvme}, {"params-nvme+opt-host", T::kNvme, T::kHost},
       {"params-nvme+opt-nvme", T::kNvme, T::kNvme}};
-}
-
-namespace {
-// Log-log interpolation of (x, y) points sorted by x, clamped at the ends.
-double interpolate_log(const std::vector<std::pair<double, double>>& pts, double x) {
-  if (x <= pts.front().first) return pts.front().second;
-  if (x >= pts.back().first) return pts.back().second;
-  for (size_t i = 1; i < pts.size(); ++i) {
-    if (x > pts[i].first) continue;
-    const double f = std::log(x / pts[i - 1].first) / std::log(pts[i].first / pts[i - 1].first);
-    return std::exp(std::log(pts[i - 1].second) * (1 - f) + std::log(pts[i].second) * f);
-  }
-  return pts.back().second;
-}
-}  // namespace
-
-double gemm_rate_at(const MachineProfile& p, int width, int tokens) {
-  if (p.gemm_by_width.empty()) return p.gemm_flops.value;
-  // Per token count: the rate at this width; then across token counts.
-  std::vector<std::pair<double, double>> by_tokens;
-  for (size_t i = 0; i < p.gemm_by_width.size();) {
-    const int tk = p.gemm_by_width[i].tokens;
-    std::vector<std::pair<double, double>> by_width;
-    for (; i < p.gemm_by_width.size() && p.gemm_by_width[i].tokens == tk; ++i) {
-      by_width.emplace_back(p.gemm_by_width[i].width, p.gemm_by_width[i].flops);
-    }
-    by_tokens.emplace_back(tk, interpolate_log(by_width, width));
-  }
-  return interpolate_log(by_tokens, tokens);
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
@@ -361,7 +168,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   ws = std::max(ws, g(ms.emb) + pc(ms.emb));
   o.device.state = home[0];
   o.device.buffers = ws;
-  const ActivationSizes acts = activations_of(m, r.micro_batch, r.seq, r.dtype, r.activations);
+  STRATA_ASSIGN_OR_RETURN(const auto arch, architecture_of(m), "model " + m.name);
+  const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
   o.device.activations = acts.bytes;
   o.device.capacity = r.hw.gpu_mem;
 
@@ -493,15 +301,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // ---- time ----
   const MachineProfile& pf = r.profile;
   const double A = double(r.accumulation), tokens = double(r.micro_batch) * r.seq;
-  const double C = m.width, L = m.layers, Vp = double(ceil_div(uint64_t(m.vocab), 64) * 64);
-  // Forward FLOPs per token: 2 per weight of each GEMM (12C^2 per block + the Vp x C head) +
-  // attention's QK^T and AV over the whole T x T square (4TC per block); backward twice that.
-  const double fwd_per_token = 2.0 * (12.0 * C * C * L + Vp * C) + 4.0 * r.seq * C * L;
-  // Recompute/offload re-run every block's forward once in backward (the head is not re-run).
-  const double block_fwd_per_token = 2.0 * 12.0 * C * C * L + 4.0 * r.seq * C * L;
-  const double recompute_per_token =
-      r.activations == ActivationMode::kKeep ? 0.0 : block_fwd_per_token;
-  o.flops = uint64_t((3.0 * fwd_per_token + recompute_per_token) * tokens * A);
+  const FlopsPerToken fpt = arch->flops_per_token(r.seq, r.activations);
+  o.flops = uint64_t(fpt.train() * tokens * A);
   TimeTerms& t = o.time;
   t.gemm_flops = gemm_rate_at(pf, m.width, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
@@ -565,7 +366,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (r.overlap_optimizer) {
     // The optimizer under backward starts with the last micro-batch's backward: each micro-batch
     // is a forward (1) and a backward (2, plus 1 when blocks are recomputed) in compute units.
-    const double rc = recompute_per_token / fwd_per_token;
+    const double rc = fpt.recompute / fpt.forward;
     const double start_share = (A * (3.0 + rc) - (2.0 + rc)) / (A * (3.0 + rc));
     // Its NVMe traffic from then on: the optimizer state's reads (less the buffer_count modules
     // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
@@ -698,302 +499,6 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
     }
   }
   return r;
-}
-
-// ---- outputs ----------------------------------------------------------------------------------
-
-std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
-  const PlanRequest& r = rep.request;
-  const std::string nvme = r.hw.nvme_paths.empty() ? "runs/swap" : r.hw.nvme_paths.front();
-  auto offload = [&](PlanTier t, bool opt) {
-    json j;
-    j["device"] = t == PlanTier::kDevice ? "none" : t == PlanTier::kHost ? "cpu" : "nvme";
-    if (t == PlanTier::kNvme) {
-      j["nvme_path"] = r.hw.nvme_paths.empty() ? json(nvme) : json(r.hw.nvme_paths);
-    }
-    if (t != PlanTier::kDevice) j["pin_memory"] = true;
-    if (opt && t == PlanTier::kNvme) j["buffer_count"] = r.buffer_count;
-    return j;
-  };
-  json c;
-  const int64_t world = r.hw.gpus;
-  c["train_micro_batch_size_per_gpu"] = r.micro_batch;
-  c["gradient_accumulation_steps"] = r.accumulation;
-  c["train_batch_size"] = int64_t(r.micro_batch) * r.accumulation * world;
-  c["gradient_clipping"] = 1.0;
-  if (r.dtype == DType::kBF16) c["bf16"] = {{"enabled", true}};
-  if (r.dtype == DType::kF16) c["fp16"] = {{"enabled", true}};
-  c["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}};
-  json z;
-  z["stage"] = 3;
-  z["offload_param"] = offload(o.placement.params, false);
-  z["offload_optimizer"] = offload(o.placement.optimizer, true);
-  z["stage3_prefetch_bucket_size"] = r.prefetch_bytes / dtype_size(r.dtype);
-  c["zero_optimization"] = z;
-  const MachineProfile& p = r.profile;
-  c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
-  if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
-  c["model"] = {{"n_layer", r.model.layers},
-                {"n_head", r.model.heads},
-                {"n_embd", r.model.width},
-                {"vocab_size", r.model.vocab},
-                {"context", r.model.context}};
-  c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
-  json dev;
-  dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
-  if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
-  c["device"] = dev;
-  if (r.hw.host_mem > 0) c["strata"] = {{"host_memory_limit", r.hw.host_mem / uint64_t(world)}};
-  if (r.activations != ActivationMode::kKeep) {
-    c["strata"]["activations"] = activation_mode_name(r.activations);
-  }
-  c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
-  return c.dump(2) + "\n";
-}
-
-std::string plan_json(const PlanReport& rep) {
-  const PlanRequest& r = rep.request;
-  json j;
-  j["magic"] = "strata-plan";
-  j["version"] = 1;
-  j["model"] = {{"name", r.model.name},   {"layers", r.model.layers}, {"width", r.model.width},
-                {"heads", r.model.heads}, {"vocab", r.model.vocab},   {"context", r.model.context},
-                {"params", rep.params},   {"note", r.model.note}};
-  j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
-  {
-    json a;
-    a["mode"] = activation_mode_name(r.activations);
-    for (auto mode :
-         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
-      a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
-    }
-    j["activations"] = a;
-  }
-  j["hardware"] = {{"gpus", r.hw.gpus},
-                   {"gpu_mem", r.hw.gpu_mem},
-                   {"host_mem", r.hw.host_mem},
-                   {"nvme_paths", r.hw.nvme_paths}};
-  const MachineProfile& p = r.profile;
-  auto rate = [](const Rate& x) { return json{{"value", x.value}, {"source", x.source}}; };
-  j["rates"] = {{"backend", p.cpu_backend ? "cpu" : "cuda"},
-                {"gemm_flops", rate(p.gemm_flops)},
-                {"link_gbps", rate(p.link_gbps)},
-                {"optimizer_params_per_s", rate(p.optimizer_pps)},
-                {"nvme_read_gbps", rate(p.nvme_read_gbps)},
-                {"nvme_write_gbps", rate(p.nvme_write_gbps)},
-                {"collective_busbw_gbps", rate(p.collective_gbps)}};
-  json opts = json::array();
-  for (const auto& o : rep.options) {
-    auto tb = [](const TierBytes& b) {
-      return json{{"state", b.state},      {"buffers", b.buffers}, {"activations", b.activations},
-                  {"total", b.total()},    {"peak", b.peak},       {"undo", b.undo},
-                  {"capacity", b.capacity}};
-    };
-    opts.push_back({{"name", o.placement.name},
-                    {"params", plan_tier_name(o.placement.params)},
-                    {"optimizer", plan_tier_name(o.placement.optimizer)},
-                    {"device", tb(o.device)},
-                    {"host", tb(o.host)},
-                    {"nvme", tb(o.nvme)},
-                    {"fits", o.fits},
-                    {"runnable", o.runnable},
-                    {"why", o.why},
-                    {"flops", o.flops},
-                    {"link_bytes", o.link_bytes},
-                    {"nvme_read_bytes", o.nvme_read_bytes},
-                    {"nvme_write_bytes", o.nvme_write_bytes},
-                    {"time_s",
-                     {{"compute", o.time.compute_s},
-                      {"link", o.time.link_s},
-                      {"nvme", o.time.nvme_s},
-                      {"cpu_optimizer", o.time.cpu_optim_s},
-                      {"collectives", o.time.collectives_s},
-                      {"step", o.time.step_s},
-                      {"step_after_backward", o.time.step_after_s},
-                      {"optimizer_hidden_share", o.time.hidden_share}}},
-                    {"bottleneck", o.time.bottleneck}});
-  }
-  j["options"] = opts;
-  j["best"] = rep.best >= 0 ? json(rep.options[size_t(rep.best)].placement.name) : json(nullptr);
-  return j.dump(2) + "\n";
-}
-
-std::string plan_table(const PlanReport& rep) {
-  const PlanRequest& r = rep.request;
-  std::string s = fmt::format(
-      "model {}: {} layers, width {}, {} heads, vocab {}, context {} = {:.3g}B params\n",
-      r.model.name, r.model.layers, r.model.width, r.model.heads, r.model.vocab, r.model.context,
-      double(rep.params) / 1e9);
-  if (!r.model.note.empty()) s += "  note: " + r.model.note + "\n";
-  s += fmt::format(
-      "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
-      r.micro_batch, r.seq, r.accumulation, r.hw.gpus, r.profile.cpu_backend ? "cpu" : "cuda");
-  const MachineProfile& p = r.profile;
-  s += fmt::format(
-      "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
-      "[{}], NVMe read {:.3g} / write {:.3g} GB/s [{}]{}\n",
-      p.gemm_flops.value / 1e12,
-      p.gemm_by_width.empty() || rep.options.empty()
-          ? std::string()
-          : fmt::format(" (model step at width {}, {} tokens per micro-batch: {:.3g})",
-                        r.model.width, r.micro_batch * r.seq,
-                        rep.options[0].time.gemm_flops / 1e12),
-      p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
-      p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
-      p.nvme_read_gbps.source,
-      r.hw.gpus > 1 ? fmt::format(", collectives {:.3g} GB/s [{}]", p.collective_gbps.value,
-                                  p.collective_gbps.source)
-                    : "");
-  {
-    // Activations per micro-batch under each strata.activations mode (rank 0's; every rank
-    // holds the same).
-    std::string line = "activations (strata.activations):";
-    for (auto mode :
-         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
-      line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
-                          mode == r.activations ? " [this plan]" : "", gb(double(x.bytes)),
-                          x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
-                          mode == ActivationMode::kOffload ? "" : ",");
-    }
-    s += line + "\n";
-  }
-  s += fmt::format("{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
-                   "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme",
-                   "cpu-opt", "coll", "bottleneck");
-  auto ms = [](double x) { return fmt::format("{:.0f}ms", x * 1e3); };
-  auto sec = [&](double x) { return x >= 10 ? fmt::format("{:.1f}s", x) : ms(x); };
-  for (size_t i = 0; i < rep.options.size(); ++i) {
-    const auto& o = rep.options[i];
-    s += fmt::format(
-        "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}{}\n",
-        o.placement.name + (int(i) == rep.best ? " *" : ""), gb(double(o.device.total())),
-        gb(double(o.host.total())), gb(double(o.nvme.total())),
-        !o.runnable ? "n/a"
-        : o.fits    ? "yes"
-                    : "no",
-        sec(o.time.step_s), sec(o.time.compute_s), sec(o.time.link_s), sec(o.time.nvme_s),
-        sec(o.time.cpu_optim_s), sec(o.time.collectives_s), o.time.bottleneck,
-        !o.runnable ? " (optimizer on the GPU is not built yet)" : "");
-  }
-  for (const auto& o : rep.options) {
-    for (const auto& w : o.why) s += fmt::format("  {} does not fit: {}\n", o.placement.name, w);
-  }
-  if (rep.best >= 0) {
-    const auto& b = rep.options[size_t(rep.best)];
-    const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
-    s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
-                     b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
-    if (b.time.step_after_s > b.time.step_s * 1.005) {
-      s += fmt::format(
-          "  a step after one that clipped (or overflowed) steps the optimizer after backward: "
-          "{:.3g} s\n",
-          b.time.step_after_s);
-    }
-    if (b.nvme.undo > 0) {
-      s += fmt::format(
-          "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
-          "goes to fresh extents: {} more NVMe at the peak\n",
-          gb(double(b.nvme.undo)));
-    }
-    if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
-      s += fmt::format(
-          "  optimizer under backward: undo copies of master + moments take {} of host memory "
-          "beyond the reservation{}\n",
-          gb(double(b.host.undo)),
-          b.time.hidden_share < 1.0
-              ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
-                            100.0 * b.time.hidden_share)
-              : std::string());
-    }
-  } else {
-    s += "no placement fits this machine at this batch";
-    // Which activation mode would need less device memory (the table above has the numbers).
-    const ActivationSizes now =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, r.activations);
-    const ActivationSizes rec =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
-    const ActivationSizes off =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
-    bool device_short = false;  // some placement failed on the device (not only host/nvme)
-    for (const auto& o : rep.options) {
-      for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
-    }
-    s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
-                     activation_mode_name(r.activations), gb(double(now.bytes)), r.micro_batch,
-                     r.seq);
-    if (!device_short) {
-      s += " and fit; host or nvme is short (above)";
-    } else if (r.activations == ActivationMode::kKeep) {
-      s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
-                       gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
-    } else if (r.activations == ActivationMode::kRecompute) {
-      s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
-                       gb(double(off.host_bytes)));
-    }
-    s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
-  }
-  return s;
-}
-
-std::string plan_svg(const PlanReport& rep) {
-  const int W = 900, row = 34, top = 70, left = 190, barw = 560;
-  const int H = top + row * int(rep.options.size()) + 60;
-  double maxt = 1e-9;
-  for (const auto& o : rep.options) {
-    const auto& t = o.time;
-    maxt = std::max(
-        {maxt, t.step_s, t.compute_s + t.link_s + t.nvme_s + t.cpu_optim_s + t.collectives_s});
-  }
-  const char* colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f"};
-  // XML text: "<" and ">" escaped.
-  const char* names[] = {"compute", "host&lt;-&gt;device link", "nvme", "cpu optimizer",
-                         "collectives"};
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-      "fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">strata "
-      "plan: {} ({:.3g}B params), {} x {} tokens x {} micro-batches, {} rank(s)</text>\n",
-      W, H, rep.request.model.name, double(rep.params) / 1e9, rep.request.micro_batch,
-      rep.request.seq, rep.request.accumulation, rep.request.hw.gpus);
-  for (int k = 0; k < 5; ++k) {
-    s += fmt::format(
-        "<rect x=\"{}\" y=\"36\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" "
-        "y=\"46\">{}</text>\n",
-        10 + k * 150, colors[k], 26 + k * 150, names[k]);
-  }
-  for (size_t i = 0; i < rep.options.size(); ++i) {
-    const auto& o = rep.options[i];
-    const int y = top + row * int(i);
-    const double v[] = {o.time.compute_s, o.time.link_s, o.time.nvme_s, o.time.cpu_optim_s,
-                        o.time.collectives_s};
-    s += fmt::format("<text x=\"10\" y=\"{}\"{}>{}{}</text>\n", y + 16,
-                     o.fits && o.runnable ? "" : " fill=\"#999\"", o.placement.name,
-                     int(i) == rep.best ? " (best)"
-                     : !o.fits          ? " (does not fit)"
-                                        : "");
-    double x = left;
-    for (int k = 0; k < 5; ++k) {
-      const double w = v[k] / maxt * barw;
-      if (w <= 0) continue;
-      s += fmt::format(
-          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"20\" fill=\"{}\" "
-          "opacity=\"{}\"><title>{}: {:.1f} ms</title></rect>\n",
-          x, y + 2, w, colors[k], o.fits && o.runnable ? "1" : "0.35", names[k], v[k] * 1e3);
-      x += w;
-    }
-    const double sx = left + o.time.step_s / maxt * barw;
-    s += fmt::format(
-        "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{}\" y2=\"{}\" stroke=\"black\" "
-        "stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{}\">step {:.3g} s</text>\n",
-        sx, sx, y, y + 24, std::max(x, sx) + 6, y + 16, o.time.step_s);
-  }
-  s += fmt::format(
-      "<text x=\"10\" y=\"{}\" fill=\"#555\">bars: each resource's busy time per step (stacked); "
-      "black line: predicted step time (overlapping terms counted once)</text>\n</svg>\n",
-      H - 20);
-  return s;
 }
 
 Result<CapacityResult> max_model(const PlanRequest& request) {

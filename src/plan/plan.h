@@ -29,10 +29,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "src/model/model.h"
+#include "src/model/gpt2.h"
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -52,6 +53,11 @@ Result<ModelShape> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 // Parameter count of strata's GPT (tied embeddings, padded vocab): model.cc's layout.
 uint64_t model_params(const ModelShape& m);
+// strata's GPT architecture at a planner shape (tied embeddings, vocabulary padded to 64).
+Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m);
+// Activations of a micro-batch at a planner shape: the runner's own carve (zero for a shape that
+// is not a valid model; evaluate_placement reports that).
+ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode);
 
 // ---- the machine --------------------------------------------------------------------------
 

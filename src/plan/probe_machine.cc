@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "src/model/model.h"
+#include "src/model/architecture.h"
 #include "src/plan/plan.h"
 #include "strata/comm.h"
 #include "strata/cpu_optim.h"
@@ -153,16 +153,18 @@ Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int w
   mc.n_head = std::max(1, C / 64);
   mc.vocab_size = 256;
   mc.context = T;
-  STRATA_ASSIGN_OR_RETURN(ModelLayout lay, ModelLayout::from_config(mc), "model probe");
+  STRATA_ASSIGN_OR_RETURN(auto arch, create_architecture(mc), "model probe");
+  const ModelLayout& lay = arch->layout();
   const DType dt = DType::kBF16;
-  STRATA_ASSIGN_OR_RETURN(auto model, GptModel::create(dev, lay, B, T, dt), "model probe");
-  std::vector<void*> params, allocs;
+  STRATA_ASSIGN_OR_RETURN(auto model, arch->create_runner(dev, B, T, dt), "model probe");
+  std::vector<const void*> params;
   std::vector<float*> grads;
+  std::vector<void*> allocs;
   Stream& s = dev.compute_stream();
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     const size_t n = lay.modules[i].numel;
     std::vector<float> master(n);
-    init_module_params(lay, int(i), 7, master.data());
+    arch->init_module(int(i), 7, master.data());
     std::vector<uint16_t> lp(n);
     convert(master.data(), DType::kF32, lp.data(), dt, n);
     STRATA_ASSIGN_OR_RETURN(void* p, dev.allocate(n * 2, "probe.params"), "model probe");
@@ -183,21 +185,17 @@ Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int w
     tgt[i] = int32_t((x >> 20) % 256);
   }
   std::vector<float> losses(tok.size());
-  const double Cd = C, Vp = lay.Vp;
-  const double flops =
-      3.0 * double(B) * T * (2.0 * (12.0 * Cd * Cd * L + Vp * Cd) + 4.0 * T * Cd * L);
+  const double flops = double(B) * T * arch->flops_per_token(T, ActivationMode::kKeep).train();
   Status st;
-  const int E = lay.embedding(), F = lay.final_norm(), H = lay.head();
+  // Every module stays bound: the program's compute steps run back to back, as on a device
+  // that holds the whole model.
+  const ModuleBindings bound{params, grads};
+  const MicroBatch mb{1.0f / float(B * T), losses.data()};
   Measured m = rate_of(warmup, repeats, flops, [&] {
     model->begin_batch(tok.data(), tgt.data());
-    model->forward_embedding(params[size_t(E)]);
-    for (int l = 0; l < L; ++l) model->forward_block(l, params[size_t(lay.block(l))]);
-    model->forward_head(params[size_t(F)], params[size_t(H)], 1.0f / float(B * T), losses.data());
-    model->backward_head(params[size_t(F)], grads[size_t(F)], params[size_t(H)], grads[size_t(H)]);
-    for (int l = L - 1; l >= 0; --l) {
-      model->backward_block(l, params[size_t(lay.block(l))], grads[size_t(lay.block(l))]);
+    for (const ProgramOp& op : arch->program(Pass::kTrain).ops) {
+      if (op.kind == ProgramOp::kCompute) model->compute(op, bound, mb);
     }
-    model->backward_embedding(grads[size_t(E)]);
     Status r = dev.synchronize(s);
     if (!r.is_ok()) st = r;
   });

@@ -42,44 +42,15 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
 }
 
 size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
-                         const std::vector<size_t>& grad_bytes,
-                         const std::vector<LiveSet>& live_sets) {
-  size_t most = 0;
-  for (const LiveSet& s : live_sets) {
-    size_t bytes = 0;
-    for (int m : s.params) bytes += param_cache_bytes[size_t(m)];
-    for (int m : s.grads) bytes += grad_bytes[size_t(m)];
-    most = std::max(most, bytes);
-  }
-  return most;
-}
-
-// ---- GPT's live sets (model-specific; see the header) ---------------------------------------
-std::vector<LiveSet> gpt_live_sets(const ModelLayout& layout) {
-  const int F = layout.final_norm(), H = layout.head(), E = layout.embedding();
-  std::vector<LiveSet> sets;
-  // The head's backward: the final norm and the head (the embedding when tied), with their
-  // gradients.
-  LiveSet head{{F}, {F}};
-  if (H != F) {
-    head.params.push_back(H);
-    head.grads.push_back(H);
-  }
-  sets.push_back(head);
-  // A block's backward; when tied, the embedding's gradient (acquired for the head) is live.
-  for (int l = 0; l < layout.L; ++l) {
-    LiveSet block{{layout.block(l)}, {layout.block(l)}};
-    if (layout.tied) block.grads.push_back(E);
-    sets.push_back(block);
-  }
-  // The embedding's backward.
-  sets.push_back({{E}, {E}});
-  return sets;
+                         const std::vector<size_t>& grad_bytes, const Program& program) {
+  return program_peak_bytes(
+      program, [&](int m) { return param_cache_bytes[size_t(m)]; },
+      [&](int m) { return grad_bytes[size_t(m)]; });
 }
 
 TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
                      int world_size, DType dt, size_t activation_bytes,
-                     const std::vector<LiveSet>& live_sets) {
+                     const Program& train_program) {
   const Placement& pl = options.placement;
   const size_t es = dtype_size(dt);
   const bool sharded = world_size > 1;
@@ -106,7 +77,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     }
   }
 
-  // Device: the largest live set of parameter-cache copies (none for device-homed parameters
+  // Device: the most parameter-cache copies (none for device-homed parameters
   // unsharded: they are used in place) and gradient buffers, whole padded groups.
   std::vector<size_t> pc(homes.size()), g(homes.size());
   for (size_t i = 0; i < homes.size(); ++i) {
@@ -114,7 +85,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     g[i] = round_up(homes[i].padded_numel * 4, 256);
   }
   n.device.activations = activation_bytes;
-  n.device.working_set = working_set_bytes(pc, g, live_sets);
+  n.device.working_set = working_set_bytes(pc, g, train_program);
   // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the
   // largest group), and the prefetch window's gathered groups (nothing is evicted for room).
   if (sharded) {
@@ -161,13 +132,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   return n;
 }
 
-Result<TierNeeds> tier_needs(const ModelLayout& layout, const TierOptions& options, int world_size,
+Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
                              DType dt, DType moment_dt, size_t activation_bytes) {
-  STRATA_ASSIGN_OR_RETURN(
-      auto homes,
-      module_homes(layout, options.placement, world_size, dt, moment_dt, options.delayed_update),
-      "memory model");
-  return tier_needs(homes, options, world_size, dt, activation_bytes, gpt_live_sets(layout));
+  STRATA_ASSIGN_OR_RETURN(auto homes,
+                          module_homes(arch.layout(), options.placement, world_size, dt, moment_dt,
+                                       options.delayed_update),
+                          "memory model");
+  return tier_needs(homes, options, world_size, dt, activation_bytes, arch.program(Pass::kTrain));
 }
 
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {

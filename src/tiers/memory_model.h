@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "src/model/model.h"
+#include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "strata/dtype.h"
 #include "strata/status.h"
@@ -52,33 +52,19 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
                                               int world_size, DType dt, DType moment_dt,
                                               bool delayed_update);
 
-// Which modules' device buffers are live at the same time at some point of a step: the cached
-// copies of `params` and the gradient buffers of `grads`.
-struct LiveSet {
-  std::vector<int> params;
-  std::vector<int> grads;
-};
-
-// The largest device footprint of any live set: the sum of its parameter-cache and gradient
-// bytes (per module, as the device cache and the gradient buffers allocate them).
+// The device working set: the most parameter-cache and gradient bytes that `program` holds
+// at once (program_peak_bytes), with each module's cached parameter copy and gradient buffer
+// costing param_cache_bytes[m] and grad_bytes[m] (what the device cache and the gradient
+// buffers allocate).
 size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
-                         const std::vector<size_t>& grad_bytes,
-                         const std::vector<LiveSet>& live_sets);
-
-// ---- GPT's live sets ------------------------------------------------------------------------
-// MODEL-SPECIFIC, the one place the memory model names a model's parts: GPT-2's forward and
-// backward hold at most these modules together (the final norm with the head, a block with the
-// tied embedding's gradient, the embedding). To be replaced by a walk over the model's declared
-// forward/backward program; until then the preflight and the planner take their working set
-// from here.
-std::vector<LiveSet> gpt_live_sets(const ModelLayout& layout);
+                         const std::vector<size_t>& grad_bytes, const Program& program);
 
 // Each tier's need, with its parts.
 struct TierNeeds {
   struct DeviceNeed {
     size_t activations = 0;      // the model's activation arena (activation_bytes)
     size_t resident_state = 0;   // device-homed P, MASTER, MOM, GACC
-    size_t working_set = 0;      // working_set_bytes over the live sets
+    size_t working_set = 0;      // working_set_bytes over the training program
     size_t bucket = 0;           // sharded: the gradient reduce bucket
     size_t prefetch_window = 0;  // sharded: the gathered groups of the prefetch window
     // working_set + bucket + prefetch_window: what the preflight reports as the working set.
@@ -115,13 +101,15 @@ struct TierNeeds {
 
 // Each tier's need for `homes` (module_homes()) under `options` (its placement, pipeline
 // depth, prefetch bytes, bucket size, undo copies, stash, nvme paths; not its communicators or
-// capacities), `world_size` ranks, and an activation arena of `activation_bytes`.
+// capacities), `world_size` ranks, an activation arena of `activation_bytes`, and the model's
+// training program (its working set).
 TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
                      int world_size, DType dt, size_t activation_bytes,
-                     const std::vector<LiveSet>& live_sets);
+                     const Program& train_program);
 
-// The same from the model layout (module_homes with options.placement, gpt_live_sets).
-Result<TierNeeds> tier_needs(const ModelLayout& layout, const TierOptions& options, int world_size,
+// The same from the architecture: module_homes of its layout under options.placement, and its
+// Pass::kTrain program.
+Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
                              DType dt, DType moment_dt, size_t activation_bytes);
 
 // The host tier's arena: the host need, plus room for the undo copies when options.undo_copies

@@ -96,7 +96,7 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
 
 }  // namespace
 
-Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const ModelLayout& layout,
+Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const Architecture& arch,
                                                          DType dt, DType moment_dt,
                                                          const TierOptions& options,
                                                          size_t activation_bytes) {
@@ -121,10 +121,11 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const M
   // Every tier's need against its capacity, before anything is allocated or written.
   STRATA_ASSIGN_OR_RETURN(
       const std::vector<ModuleHomes> plan,
-      module_homes(layout, options.placement, world, dt, moment_dt, options.delayed_update),
+      module_homes(arch.layout(), options.placement, world, dt, moment_dt, options.delayed_update),
       "tier manager");
+  // The device's working set: the most the training program holds at once.
   const TierNeeds need =
-      tier_needs(plan, options, world, dt, activation_bytes, gpt_live_sets(layout));
+      tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));
   SwapOptions so;
   bool shadow_extents = false;
   STRATA_RETURN_IF_ERROR(preflight(device, options, need, I.sharded, &so, &shadow_extents), "");

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "src/model/model.h"
+#include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "src/tiers/trace.h"
 #include "src/train/checkpoint.h"
@@ -93,7 +93,9 @@ class TierManager : public ActivationStore {
  public:
   // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
   // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
-  static Result<std::unique_ptr<TierManager>> create(Device& device, const ModelLayout& layout,
+  // The device's working set is the most that the architecture's training program holds at
+  // once (program_peak_bytes).
+  static Result<std::unique_ptr<TierManager>> create(Device& device, const Architecture& arch,
                                                      DType dt, DType moment_dt,
                                                      const TierOptions& options,
                                                      size_t activation_bytes);

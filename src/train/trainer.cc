@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "src/model/architecture.h"
+#include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint.h"
 #include "src/train/data.h"
-#include "src/model/model.h"
 #include "src/train/schedule.h"
-#include "src/tiers/tier_manager.h"
 #include "strata/checksum.h"
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -77,13 +77,16 @@ class Run {
   Status init_or_resume();
   Result<double> run_step();
   Result<double> eval_loss();
-  Status forward(int micro, float dloss, bool train);
+  // Runs one micro-batch's program: its state steps through the tier manager, its compute
+  // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
+  // whose gradients are final after each run of drains.
+  Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
 
   const Config& cfg_;
   const TrainOptions& opts_;
-  ModelLayout layout_;
+  std::unique_ptr<Architecture> arch_;
   DType dt_ = DType::kBF16;
   int B_ = 0, T_ = 0, accum_ = 1;
   std::unique_ptr<Device> dev_;
@@ -93,14 +96,16 @@ class Run {
   std::unique_ptr<Communicator> comm_, param_comm_, grad_comm_;
   int world_ = 1, rank_ = 0;
   std::unique_ptr<TierManager> tm_;
-  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<ModelRunner> model_;
   std::optional<Dataset> data_;
   LossScaler scaler_;
   int64_t step_ = 0, opt_steps_ = 0;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_;
-  std::vector<float> losses_;      // [accum][B*T]
-  std::vector<const void*> held_;  // params held from forward_head to backward_head
+  std::vector<float> losses_;  // [accum][B*T]
+  // The device pointers of the modules the program holds at this point, by module.
+  std::vector<const void*> params_;
+  std::vector<float*> grads_;
   double last_grad_norm_ = 0;
   bool last_skipped_ = false;
   bool last_clipped_ = false;  // the last step's clip coefficient was < 1
@@ -165,7 +170,10 @@ Status Run::reduce(float* v, size_t n, ReduceOp op) {
 }
 
 Status Run::setup() {
-  STRATA_ASSIGN_OR_RETURN(layout_, ModelLayout::from_config(cfg_.model), "model");
+  STRATA_ASSIGN_OR_RETURN(arch_, create_architecture(cfg_.model), "");
+  const ModelLayout& layout = arch_->layout();
+  params_.assign(layout.modules.size(), nullptr);
+  grads_.assign(layout.modules.size(), nullptr);
   dt_ = cfg_.model.dtype;
   B_ = static_cast<int>(cfg_.train_micro_batch_size_per_gpu);
   accum_ = static_cast<int>(cfg_.gradient_accumulation_steps);
@@ -178,7 +186,8 @@ Status Run::setup() {
   for (const auto& line : cfg_.resolved_auto) log_info("config: {}", line);
   for (const auto& line : cfg_.not_acted_on) log_info("config: {}", line);
 
-  STRATA_ASSIGN_OR_RETURN(Dataset d, Dataset::load(cfg_.data, layout_.V, cfg_.train.seed), "data");
+  STRATA_ASSIGN_OR_RETURN(Dataset d, Dataset::load(cfg_.data, arch_->vocab_size(), cfg_.train.seed),
+                          "data");
   if (d.train_tokens() < size_t(T_) + 2 || d.eval_tokens() < size_t(T_) + 2) {
     return invalid_argument(fmt::format(
         "data: {} train and {} eval tokens; each split needs at least seq_len+2 = {} (use a "
@@ -197,12 +206,7 @@ Status Run::setup() {
         "for another world size: set train_batch_size (or the micro batch) for {} ranks",
         cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
   }
-  const size_t P = layout_.num_params();
-  log_info(
-      "model: GPT {} layers, {} heads, width {}, vocab {} (padded {}), context {}: {:.2f}M "
-      "params in {} modules, {}",
-      layout_.L, layout_.NH, layout_.C, layout_.V, layout_.Vp, layout_.maxT, double(P) / 1e6,
-      layout_.modules.size(), dtype_name(dt_));
+  log_info("model: {}, {}", arch_->describe(), dtype_name(dt_));
   log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
            accum_, world_, T_, int64_t(B_) * accum_ * world_ * T_);
   TierOptions to = TierOptions::from_config(cfg_, dt_);
@@ -213,15 +217,15 @@ Status Run::setup() {
   to.grad_comm = grad_comm_.get();
   STRATA_ASSIGN_OR_RETURN(const ActivationMode act_mode,
                           parse_activation_mode(cfg_.strata.activations), "");
-  const ActivationSizes acts = activation_bytes(layout_, B_, T_, dt_, act_mode);
+  const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode);
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
-  auto tm = TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
+  auto tm = TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
       tm.status().message().find("device tier needs") != std::string::npos) {
     // Name the activation modes that need less device memory, with their bytes.
-    const size_t rec = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kRecompute).bytes;
-    const size_t off = activation_bytes(layout_, B_, T_, dt_, ActivationMode::kOffload).bytes;
+    const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute).bytes;
+    const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload).bytes;
     return out_of_memory(fmt::format(
         "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
         "(one extra block forward in backward), offload {} (block inputs in host memory)",
@@ -235,8 +239,8 @@ Status Run::setup() {
            acts.host_bytes
                ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
                : "");
-  STRATA_ASSIGN_OR_RETURN(
-      model_, GptModel::create(*dev_, layout_, B_, T_, dt_, act_mode, tm_.get()), "model");
+  STRATA_ASSIGN_OR_RETURN(model_, arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get()),
+                          "model");
 
   hyper_.kind = optimizer_kind(cfg_.optimizer);
   hyper_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
@@ -259,20 +263,17 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.scaler_cur_iter = scaler_.cur_iter;
   meta.scaler_last_overflow_iter = scaler_.last_overflow_iter;
   meta.scaler_cur_hysteresis = scaler_.cur_hysteresis;
-  meta.model_shape = fmt::format("L={} NH={} C={} V={} Vp={} T={} tied={}", layout_.L, layout_.NH,
-                                 layout_.C, layout_.V, layout_.Vp, layout_.maxT, layout_.tied);
+  meta.model_shape = arch_->shape_string();
   meta.moment_dtype = dtype_name(cfg_.strata.moment_dtype);
   meta.seed = cfg_.train.seed;
-  for (size_t i = 0; i < layout_.modules.size(); ++i) {
-    meta.modules.push_back({layout_.modules[i].name, layout_.modules[i].numel});
-  }
+  for (const ModuleSpec& m : arch_->layout().modules) meta.modules.push_back({m.name, m.numel});
   return meta;
 }
 
 Status Run::init_or_resume() {
   if (opts_.resume.empty()) {
     return tm_->init_state(
-        [&](int m, float* master) { init_module_params(layout_, m, cfg_.train.seed, master); });
+        [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
   }
   std::string path = opts_.resume;
   if (path == "latest") {
@@ -311,26 +312,39 @@ Status Run::init_or_resume() {
   return Status::ok();
 }
 
-// Forward of one micro-batch, module by module through the tier manager. For training, the
-// head's parameters stay acquired for backward (held_).
-Status Run::forward(int micro, float dloss, bool train) {
-  const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
-  STRATA_ASSIGN_OR_RETURN(const void* pe, tm_->acquire_params(E), "");
-  model_->forward_embedding(pe);
-  tm_->release_params(E);
-  for (int l = 0; l < layout_.L; ++l) {
-    STRATA_ASSIGN_OR_RETURN(const void* p, tm_->acquire_params(layout_.block(l)), "");
-    model_->forward_block(l, p);
-    tm_->release_params(layout_.block(l));
-  }
-  STRATA_ASSIGN_OR_RETURN(const void* pf, tm_->acquire_params(F), "");
-  STRATA_ASSIGN_OR_RETURN(const void* ph, tm_->acquire_params(H), "");
-  model_->forward_head(pf, ph, dloss, losses_.data() + size_t(micro) * B_ * T_);
-  if (train) {
-    held_ = {pf, ph};
-  } else {
-    tm_->release_params(F);
-    tm_->release_params(H);
+Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb) {
+  const std::vector<ProgramOp>& ops = arch_->program(pass).ops;
+  const ModuleBindings bound{params_, grads_};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const ProgramOp& op = ops[i];
+    const int m = op.module;
+    switch (op.kind) {
+      case ProgramOp::kAcquireParams: {
+        STRATA_ASSIGN_OR_RETURN(params_[size_t(m)], tm_->acquire_params(m),
+                                pass == Pass::kTrain ? "forward/backward" : "eval forward");
+        break;
+      }
+      case ProgramOp::kReleaseParams:
+        tm_->release_params(m);
+        params_[size_t(m)] = nullptr;
+        break;
+      case ProgramOp::kAcquireGrads: {
+        STRATA_ASSIGN_OR_RETURN(grads_[size_t(m)], tm_->acquire_grads(m), "backward");
+        break;
+      }
+      case ProgramOp::kDrainGrads:
+        tm_->drain_grads(m, micro, last);
+        grads_[size_t(m)] = nullptr;
+        // Under the last micro-batch's backward, step the modules whose gradients are final.
+        if (speculate && last &&
+            (i + 1 == ops.size() || ops[i + 1].kind != ProgramOp::kDrainGrads)) {
+          STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/false), "forward/backward");
+        }
+        break;
+      case ProgramOp::kCompute:
+        model_->compute(op, bound, mb);
+        break;
+    }
   }
   return Status::ok();
 }
@@ -341,7 +355,6 @@ Result<double> Run::run_step() {
   // The loss is the mean over the GLOBAL batch: each rank's gradients are 1/world of the
   // average, and the reduce-scatter sums them.
   const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_ * world_));
-  const int E = layout_.embedding(), F = layout_.final_norm(), H = layout_.head();
   // The optimizer's schedule for this step (docs/ARCHITECTURE.md, "The optimizer under
   // backward"): delayed (one step stale) after the warm-up, else exact — stepped module by
   // module under the last micro-batch's backward as if no clipping applies and no overflow
@@ -358,38 +371,13 @@ Result<double> Run::run_step() {
     tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
                            /*step_modules=*/!last_clipped_ && !last_skipped_);
   }
-  // Under the last micro-batch's backward, step the modules whose gradients are final.
-  auto step_ready = [&](bool last) -> Status {
-    return speculate && last ? tm_->step_ready(/*wait_all=*/false) : Status::ok();
-  };
   tm_->begin_phase("train");
   for (int micro = 0; micro < accum_; ++micro) {
     const bool last = micro == accum_ - 1;
     data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
     model_->begin_batch(tok_.data(), tgt_.data());
-    STRATA_RETURN_IF_ERROR(forward(micro, dloss, true), "forward");
-    // Backward: head, blocks in reverse, embedding; each module's gradients leave the device
-    // as soon as its backward is done.
-    STRATA_ASSIGN_OR_RETURN(float* gf, tm_->acquire_grads(F), "backward");
-    STRATA_ASSIGN_OR_RETURN(float* gh, tm_->acquire_grads(H), "backward");
-    model_->backward_head(held_[0], gf, held_[1], gh);
-    tm_->release_params(F);
-    tm_->release_params(H);
-    tm_->drain_grads(F, micro, last);
-    if (H != E) tm_->drain_grads(H, micro, last);
-    STRATA_RETURN_IF_ERROR(step_ready(last), "forward/backward");
-    for (int l = layout_.L - 1; l >= 0; --l) {
-      const int m = layout_.block(l);
-      STRATA_ASSIGN_OR_RETURN(const void* p, tm_->acquire_params(m), "backward");
-      STRATA_ASSIGN_OR_RETURN(float* g, tm_->acquire_grads(m), "backward");
-      model_->backward_block(l, p, g);
-      tm_->release_params(m);
-      tm_->drain_grads(m, micro, last);
-      STRATA_RETURN_IF_ERROR(step_ready(last), "forward/backward");
-    }
-    STRATA_ASSIGN_OR_RETURN(float* ge, tm_->acquire_grads(E), "backward");
-    model_->backward_embedding(ge);
-    tm_->drain_grads(E, micro, last);
+    const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_};
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb), "");
     if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
   if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
@@ -437,7 +425,9 @@ Result<double> Run::run_step() {
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
-    for (size_t m = 0; m < layout_.modules.size(); ++m) names.push_back(tm_->object_name(int(m)));
+    for (size_t m = 0; m < arch_->layout().modules.size(); ++m) {
+      names.push_back(tm_->object_name(int(m)));
+    }
     std::ofstream(cfg_.strata.trace_file) << tm_->trace("train")->to_jsonl(names);
     log_info("wrote the access trace to {} (strata trace replay --trace {})",
              cfg_.strata.trace_file, cfg_.strata.trace_file);
@@ -454,7 +444,7 @@ Result<double> Run::eval_loss() {
     tm_->begin_phase("eval");
     data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_);
     model_->begin_batch(tok_.data(), tgt_.data());
-    STRATA_RETURN_IF_ERROR(forward(0, 0.0f, false), "eval forward");
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}), "");
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];

@@ -1,15 +1,17 @@
 // The training loop: `strata train`'s engine.
 //
-// One step: zero the fp32 gradients on the device; for each of gradient_accumulation_steps
-// micro-batches, forward + backward on the device's compute stream; copy each module's
-// gradients to the host; reduce the global gradient norm and the inf/nan flag; let the loss
-// scaler decide (fp16: skip the step on overflow); step the CPU optimizer on each module's fp32
-// master weights and moments with grad_mult = clip coefficient / loss scale, writing the new
-// low-precision parameters into a host staging buffer; copy them back to the device.
+// One step: for each of gradient_accumulation_steps micro-batches, run the architecture's
+// training program (src/model/architecture.h): its acquires and releases go to the tier manager
+// (src/tiers/tier_manager.h), which brings each module's parameters to the device just before
+// its compute and drains each module's gradients to their home just after; its compute steps go
+// to the model runner on the device's compute stream. Under the last micro-batch's backward the
+// tier manager steps the optimizer of each module whose gradients are final (speculatively,
+// validated after backward). Then: reduce the loss, the global gradient norm and the inf/nan
+// flag over ranks; let the loss scaler decide (fp16: skip the step on overflow); keep, redo or
+// finish the optimizer step with grad_mult = clip coefficient / loss scale.
 //
-// All state is in memory (device params and grads, host master/moments) until the tier manager
-// (issue #5) moves it between tiers. Batches, initialization and every kernel are deterministic,
-// so a run stopped and resumed from a checkpoint reproduces the uninterrupted run bit for bit.
+// Batches, initialization and every kernel are deterministic, so a run stopped and resumed from
+// a checkpoint reproduces the uninterrupted run bit for bit, whatever the placement of the state.
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,89 @@
+#include "src/model/architecture.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "src/model/gpt2.h"
+
+namespace strata {
+
+size_t program_peak_bytes(const Program& program, const std::function<size_t(int)>& param_bytes,
+                          const std::function<size_t(int)>& grad_bytes, int* live_modules) {
+  std::vector<int> params_held, grads_held;  // per module: acquire count / held flag
+  size_t live = 0, peak = 0;
+  int modules = 0, peak_modules = 0;
+  auto grow = [](std::vector<int>& v, int m) {
+    if (size_t(m) >= v.size()) v.resize(size_t(m) + 1, 0);
+  };
+  auto is_live = [&](int m) {
+    return (size_t(m) < params_held.size() && params_held[size_t(m)] > 0) ||
+           (size_t(m) < grads_held.size() && grads_held[size_t(m)] > 0);
+  };
+  for (const ProgramOp& op : program.ops) {
+    const int m = op.module;
+    if (op.kind == ProgramOp::kCompute) continue;
+    grow(params_held, m);
+    grow(grads_held, m);
+    const bool was_live = is_live(m);
+    switch (op.kind) {
+      case ProgramOp::kAcquireParams:
+        if (params_held[size_t(m)]++ == 0) live += param_bytes(m);
+        break;
+      case ProgramOp::kReleaseParams:
+        if (params_held[size_t(m)] > 0 && --params_held[size_t(m)] == 0) live -= param_bytes(m);
+        break;
+      case ProgramOp::kAcquireGrads:
+        if (grads_held[size_t(m)] == 0) {
+          grads_held[size_t(m)] = 1;
+          live += grad_bytes(m);
+        }
+        break;
+      case ProgramOp::kDrainGrads:
+        if (grads_held[size_t(m)] != 0) {
+          grads_held[size_t(m)] = 0;
+          live -= grad_bytes(m);
+        }
+        break;
+      case ProgramOp::kCompute:
+        break;
+    }
+    modules += int(is_live(m)) - int(was_live);
+    peak = std::max(peak, live);
+    peak_modules = std::max(peak_modules, modules);
+  }
+  if (live_modules) *live_modules = peak_modules;
+  return peak;
+}
+
+const char* activation_mode_name(ActivationMode mode) {
+  switch (mode) {
+    case ActivationMode::kKeep:
+      return "keep";
+    case ActivationMode::kRecompute:
+      return "recompute";
+    case ActivationMode::kOffload:
+      return "offload";
+  }
+  return "?";
+}
+
+Result<ActivationMode> parse_activation_mode(const std::string& name) {
+  for (auto m : {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+    if (name == activation_mode_name(m)) return m;
+  }
+  return invalid_argument(
+      fmt::format("strata.activations: \"{}\" is not one of keep, recompute, offload", name));
+}
+
+Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& config) {
+  if (config.type == "gpt2" || config.type == "gpt") {
+    STRATA_ASSIGN_OR_RETURN(auto a, GptArchitecture::create(config), "model");
+    return std::unique_ptr<Architecture>(std::move(a));
+  }
+  return invalid_argument(
+      fmt::format("model.type: \"{}\" is not a known architecture (gpt2)", config.type));
+}
+
+}  // namespace strata

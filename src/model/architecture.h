@@ -1,0 +1,221 @@
+// What a model is to the engine: data (its modules, each one flat buffer of named tensors) plus
+// a program (its forward and backward as a sequence of "acquire module m's parameters / its
+// gradient buffer", "compute", "release" steps). The trainer runs the program, the tier manager
+// serves its acquires and releases, the planner and the preflight walk it to know how much is
+// live at once. None of them names a model's parts: a second architecture is a second
+// implementation of this interface, nothing else.
+//
+//   Architecture   the static description, derived from ModelConfig alone (no device): the
+//                  module layout, the program for a micro-batch, the activation plan per
+//                  strata.activations mode, FLOPs per token, initialization, and a shape string
+//                  that checkpoints compare.
+//   ModelRunner    one batch shape's device state (activations, token buffers) and the compute
+//                  steps of the program, enqueued on the device's compute stream.
+//
+// gpt2.h is the first implementation. create_architecture() picks one from model.type.
+//
+// Thread safety: an Architecture is immutable after creation and may be shared. A ModelRunner
+// is driven by one host thread; its compute steps only enqueue work.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// One named tensor inside a module's flat buffer.
+struct TensorSpec {
+  std::string name;
+  size_t offset = 0;  // elements from the module's start
+  size_t numel = 0;
+  // Initialization: kind 0 = normal(0, std), 1 = zeros, 2 = ones.
+  int init_kind = 0;
+  float init_std = 0.02f;
+};
+
+// A module: the unit that is sharded (ZeRO-3), offloaded and prefetched — one flat buffer of
+// parameters (model dtype) and one of gradients (fp32) with the same layout; one transfer per
+// module, never one per tensor.
+struct ModuleSpec {
+  std::string name;  // a stable id, e.g. "embedding", "block.3"
+  std::vector<TensorSpec> tensors;
+  size_t numel = 0;  // total elements in the flat buffer
+};
+
+// The modules of a model, in the order its forward first touches them.
+struct ModelLayout {
+  std::vector<ModuleSpec> modules;
+  size_t num_params() const;
+};
+
+// ---- the program --------------------------------------------------------------------------
+
+// One step of a micro-batch's program.
+//   kAcquireParams  module m's parameters must be on the device until its kReleaseParams
+//   kReleaseParams  ... no longer needed by work enqueued after this point
+//   kAcquireGrads   module m needs a zeroed fp32 gradient buffer on the device (acquiring one
+//                   already held is a no-op and returns the same buffer)
+//   kDrainGrads     module m's gradient for this micro-batch is complete: it leaves the device
+//   kCompute        the architecture's compute function `fn` with argument `layer`; it reads
+//                   the parameters and gradient buffers acquired at that point
+struct ProgramOp {
+  enum Kind : uint8_t { kAcquireParams, kReleaseParams, kAcquireGrads, kDrainGrads, kCompute };
+  Kind kind = kCompute;
+  int module = -1;  // the four state steps
+  int fn = -1;      // kCompute: the architecture's function id
+  int layer = -1;   // kCompute: its argument (a block index), -1 when it has none
+};
+
+// kTrain: forward, the loss and its gradient, backward — every module acquired is released and
+// every gradient buffer drained by the end. kEval: forward and the loss only (no gradients).
+enum class Pass : uint8_t { kTrain, kEval };
+
+struct Program {
+  std::vector<ProgramOp> ops;
+};
+
+// The most bytes live at once while `program` runs, given what holding one module's parameters
+// and one module's gradient buffer costs on the device: acquires add (once per module while
+// held), releases and drains subtract. `live_modules`, if given, receives the most modules with
+// parameters or a gradient buffer live at once. The device working set of the tier manager's
+// preflight and of the planner.
+size_t program_peak_bytes(const Program& program, const std::function<size_t(int)>& param_bytes,
+                          const std::function<size_t(int)>& grad_bytes,
+                          int* live_modules = nullptr);
+
+// ---- activations --------------------------------------------------------------------------
+
+// What happens to a block's activations between its forward and its backward
+// (strata.activations; DeepSpeed's activation_checkpointing.* maps onto it, see
+// src/config/config.cc).
+//   kKeep       every block's intermediate tensors stay on the device until its backward: the
+//               most device memory, no extra work.
+//   kRecompute  only each block's INPUT (the residual stream, [B,T,C] in dt) stays, plus ONE
+//               block's set of intermediates (a scratch shared by all blocks); a block's
+//               backward first re-runs its forward from its saved input into the scratch. One
+//               extra block forward per block per micro-batch; the numbers do not change (the
+//               same deterministic kernels run on the same inputs).
+//   kOffload    like kRecompute, but block inputs leave the device (to host-tier buffers,
+//               through an ActivationStore) and come back one block ahead of the backward that
+//               needs them; two input buffers stay on the device. The last block's input never
+//               leaves: its backward follows the head's directly.
+enum class ActivationMode : uint8_t { kKeep = 0, kRecompute = 1, kOffload = 2 };
+const char* activation_mode_name(ActivationMode mode);  // "keep", "recompute", "offload"
+// Parses strata.activations; an unknown name is kInvalidArgument naming the key.
+Result<ActivationMode> parse_activation_mode(const std::string& name);
+
+// Memory a batch shape needs for activations under a mode. Device bytes are exact: they are
+// measured by the same carve that allocates the runner's arena, so the preflight and the
+// planner use what the runner allocates. Host bytes (kOffload only) are the host-tier buffers
+// the tier manager reserves for block inputs: stash_layers buffers of stash_bytes, each rounded
+// to 4 KiB.
+struct ActivationSizes {
+  size_t bytes = 0;        // device: activations + activation gradients (+ block inputs)
+  size_t host_bytes = 0;   // host tier: offloaded block inputs (kOffload), else 0
+  int stash_layers = 0;    // kOffload: blocks whose input leaves the device
+  size_t stash_bytes = 0;  // one block input
+};
+
+// Where kOffload sends block inputs: the TierManager implements it with host-tier buffers
+// reserved at its creation (TierOptions::stash_*). Every call only enqueues work and is made
+// from the one host thread that drives the model.
+class ActivationStore {
+ public:
+  virtual ~ActivationStore() = default;
+  // Copies `bytes` at device pointer `dev` into layer `layer`'s host buffer on the
+  // device-to-host stream, after all work enqueued so far on the compute stream. `dev` must not
+  // be overwritten until compute_waits_activation(layer) has been enqueued. Fails (nothing
+  // enqueued) on a layer or size outside the reservation.
+  virtual Status stash_activation(int layer, const void* dev, size_t bytes) = 0;
+  // Copies layer `layer`'s stashed bytes back to device pointer `dev` on the host-to-device
+  // stream, after all work enqueued so far on the compute stream (the previous user of `dev`)
+  // and after every stash enqueued so far. Fails if the layer was never stashed.
+  virtual Status restore_activation(int layer, void* dev) = 0;
+  // Makes the compute stream wait (in stream order) for the latest stash or restore of `layer`.
+  virtual void compute_waits_activation(int layer) = 0;
+};
+
+// ---- running it ---------------------------------------------------------------------------
+
+// What a compute step may touch: the device pointers of the modules acquired at that point of
+// the program (nullptr for the others), indexed by module.
+struct ModuleBindings {
+  std::span<const void* const> params;  // model dtype, flat
+  std::span<float* const> grads;        // fp32, flat, accumulated into (+=)
+};
+
+// Per micro-batch: dloss = loss scale / (tokens of the global batch) multiplies the loss
+// gradient (0 for eval); per-token losses land in losses_out (host [B*T]) once the compute
+// stream has run the step that computes them.
+struct MicroBatch {
+  float dloss = 0;
+  float* losses_out = nullptr;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  // Uploads tokens/targets (host arrays [B*T]); blocks until the previous batch's upload has
+  // been consumed (the host staging buffer is reused).
+  virtual void begin_batch(const int32_t* tokens, const int32_t* targets) = 0;
+  // Enqueues one kCompute step of the program on the compute stream. The steps of a pass must
+  // be run in the program's order.
+  virtual void compute(const ProgramOp& op, const ModuleBindings& bound, const MicroBatch& mb) = 0;
+  // The first failure of an ActivationStore call (kOffload), OK otherwise. The store also keeps
+  // it for its next sync point (TierManager::end_backward), so a step whose block inputs did
+  // not come back fails before its optimizer step.
+  virtual Status status() const = 0;
+};
+
+// Forward FLOPs per token, split so that a schedule can count what it runs: training runs
+// forward + 2 x forward (backward) + recompute (activation modes other than kKeep).
+struct FlopsPerToken {
+  double forward = 0;    // 2 per weight of each GEMM + attention's QK^T and AV
+  double recompute = 0;  // re-running the blocks' forward in backward (kRecompute/kOffload)
+  double train() const { return 3.0 * forward + recompute; }
+};
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  virtual const std::string& name() const = 0;  // model.type: "gpt2"
+  virtual const ModelLayout& layout() const = 0;
+  // A one-line human description for the log ("GPT 4 layers, ...: 0.83M params in 6 modules").
+  virtual std::string describe() const = 0;
+  // The shape as a string that a checkpoint records and a resume compares (stable across
+  // releases: changing it makes old checkpoints unresumable).
+  virtual std::string shape_string() const = 0;
+  virtual int vocab_size() const = 0;  // token ids are < this
+  virtual int context() const = 0;     // the longest sequence
+
+  // The program of one micro-batch. It is the same for every micro-batch and every step.
+  virtual const Program& program(Pass pass) const = 0;
+  virtual ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode) const = 0;
+  virtual FlopsPerToken flops_per_token(int T, ActivationMode mode) const = 0;
+  // Fills `master` (fp32, module m's numel) with the initial weights, deterministically from
+  // (seed, m).
+  virtual void init_module(int m, uint64_t seed, float* master) const = 0;
+
+  // Allocates a runner's activations on `device` for micro-batches of B sequences of T tokens,
+  // as activation_plan(B, T, dt, mode).bytes says. kOffload needs `store` (which must outlive
+  // the runner). Under kRecompute and kOffload the parameters a block's backward reads must
+  // hold the values its forward read (no optimizer step between them; the trainer's schedules,
+  // delayed update included, only change parameters between steps).
+  virtual Result<std::unique_ptr<ModelRunner>> create_runner(
+      Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
+      ActivationStore* store = nullptr) const = 0;
+};
+
+// The architecture model.type names ("gpt2"; "gpt" is its alias), with the config's shape.
+// Errors name the model.* key.
+Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& config);
+
+}  // namespace strata

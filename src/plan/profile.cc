@@ -1,0 +1,218 @@
+// Machine profiles: the defaults, the probe's JSON file, and the GEMM rate at a shape.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "src/plan/plan.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+}  // namespace
+
+// ---- profiles ---------------------------------------------------------------------------------
+
+MachineProfile default_profile(bool cpu_backend) {
+  MachineProfile p;
+  p.cpu_backend = cpu_backend;
+  if (cpu_backend) {
+    // Measured on the 2-core development host (docs/PLANNER.md); run `strata probe` for yours.
+    p.gemm_flops = {6.0e10, "default (2-core dev host)"};
+    p.link_gbps = {8.0, "default (host memcpy)"};
+    p.host_copy_gbps = {8.0, "default"};
+    p.optimizer_pps = {1.5e8, "default"};
+    p.nvme_read_gbps = {1.5, "default"};
+    p.nvme_write_gbps = {1.0, "default"};
+  } else {
+    // H100 SXM-class: bf16 dense GEMM at ~60% of 989 TFLOP/s peak, PCIe Gen5 pinned copies,
+    // DeepSpeed-class CPU Adam on a 2-socket host, NVLink bus bandwidth (docs/PLANNER.md).
+    p.gemm_flops = {6.0e14, "default (H100, 60% of bf16 peak)"};
+    p.link_gbps = {25.0, "default (PCIe Gen5 x16, pinned)"};
+    p.host_copy_gbps = {50.0, "default"};
+    p.optimizer_pps = {1.0e9, "default (per node)"};
+    p.nvme_read_gbps = {3.0, "default (one NVMe)"};
+    p.nvme_write_gbps = {2.0, "default (one NVMe)"};
+    p.collective_gbps = {200.0, "default (NVLink busbw)"};
+  }
+  return p;
+}
+
+Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin,
+                                             bool fastest) {
+  const std::string regen =
+      fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    return invalid_argument(fmt::format("{}: not a JSON profile ({}){}", origin, e.what(), regen));
+  }
+  if (!j.is_object() || !j.contains("magic") || j["magic"] != "strata-machine-profile") {
+    return invalid_argument(fmt::format(
+        "{}: magic is {}, expected \"strata-machine-profile\" (a `strata probe io` profile "
+        "alone is not a machine profile){}",
+        origin, j.is_object() && j.contains("magic") ? j["magic"].dump() : "missing", regen));
+  }
+  if (!j.contains("version") || !j["version"].is_number_integer() ||
+      j["version"].get<int>() != kMachineProfileVersion) {
+    return invalid_argument(
+        fmt::format("{}: profile version {} is not the version {} this strata "
+                    "reads{}",
+                    origin, j.contains("version") ? j["version"].dump() : "missing",
+                    kMachineProfileVersion, regen));
+  }
+  MachineProfile p;
+  const std::string src = "probe " + origin + (fastest ? " (fastest pass)" : "");
+  // With `fastest`, a rate's fastest pass replaces its median where the profile has it.
+  auto best_of = [&](const json& spread, double median) {
+    return fastest && spread.is_object() && spread.contains("max") && spread["max"].is_number()
+               ? spread["max"].get<double>()
+               : median;
+  };
+  auto num = [&](const char* a, const char* b, double* out) -> Status {
+    if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b) || !j[a][b].is_number()) {
+      return invalid_argument(
+          fmt::format("{}: field {}.{} is missing or not a number{}", origin, a, b, regen));
+    }
+    *out = j[a][b].get<double>();
+    return Status::ok();
+  };
+  double v = 0;
+  if (!j.contains("device") || !j["device"].contains("backend") ||
+      !j["device"]["backend"].is_string()) {
+    return invalid_argument(fmt::format("{}: field device.backend is missing{}", origin, regen));
+  }
+  p.cpu_backend = j["device"]["backend"] == "cpu";
+  STRATA_RETURN_IF_ERROR(num("device", "gemm_flops", &v), "");
+  p.gemm_flops = {best_of(j["device"].value("gemm_flops_spread", json()), v), src};
+  if (j["device"].contains("gemm_by_width") && j["device"]["gemm_by_width"].is_array()) {
+    for (const auto& e : j["device"]["gemm_by_width"]) {
+      if (!e.contains("C") || !e.contains("gemm_flops") || !e["gemm_flops"].is_number()) {
+        return invalid_argument(fmt::format(
+            "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
+      }
+      const double med = e["gemm_flops"].get<double>();
+      MachineProfile::GemmPoint g;
+      g.width = e["C"].get<int>();
+      g.tokens = e.value("B", 4) * e.value("T", 128);  // version-1 profiles: 4 x 128
+      g.flops = fastest ? e.value("gemm_flops_max", med) : med;
+      p.gemm_by_width.push_back(g);
+    }
+    std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.tokens, a.width) < std::tie(b.tokens, b.width);
+    });
+  }
+  STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
+  v = best_of(j["host"].value("copy_spread", json()), v);
+  p.host_copy_gbps = {v, src};
+  if (p.cpu_backend) {
+    p.link_gbps = {v, src + " (host copy: the CPU backend's link)"};
+  } else {
+    STRATA_RETURN_IF_ERROR(num("link", "h2d_pinned_gbps", &v), "");
+    p.link_gbps = {v, src};
+  }
+  STRATA_RETURN_IF_ERROR(num("cpu_optimizer", "params_per_s", &v), "");
+  if (fastest && j["cpu_optimizer"].contains("by_threads")) {
+    for (const auto& t : j["cpu_optimizer"]["by_threads"]) {
+      v = std::max(v, best_of(t.value("spread", json()), 0.0));
+    }
+  }
+  p.optimizer_pps = {v, src};
+  // The recommended case's fastest pass, from the embedded io probe report.
+  auto nvme_best = [&](bool read, double median) {
+    if (!fastest || !j["nvme"].contains("io_probe") || !j["nvme"].contains("aio")) return median;
+    const json& a = j["nvme"]["aio"];
+    for (const auto& c : j["nvme"]["io_probe"].value("cases", json::array())) {
+      if (c.value("op", "") == (read ? "read" : "write") &&
+          c.value("backend", "") == a.value("backend", "") &&
+          c.value("block_size", 0) == a.value("block_size", 0) &&
+          c.value("queue_depth", 0) == a.value("queue_depth", 0)) {
+        return c.value("gbps_max", median);
+      }
+    }
+    return median;
+  };
+  if (j.contains("nvme") && j["nvme"].is_object()) {
+    STRATA_RETURN_IF_ERROR(num("nvme", "read_gbps", &v), "");
+    p.nvme_read_gbps = {nvme_best(true, v), src};
+    STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
+    p.nvme_write_gbps = {nvme_best(false, v), src};
+    const json& n = j["nvme"];
+    if (n.contains("io_probe") && n["io_probe"].is_object()) {
+      for (const auto& c : n["io_probe"].value("cases", json::array())) {
+        MachineProfile::NvmeCase k;
+        k.backend = c.value("backend", "");
+        k.block_size = c.value("block_size", size_t{0});
+        k.queue_depth = c.value("queue_depth", 0);
+        const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
+        auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
+          return x.backend == k.backend && x.block_size == k.block_size &&
+                 x.queue_depth == k.queue_depth;
+        });
+        if (it == p.nvme_cases.end()) it = p.nvme_cases.insert(p.nvme_cases.end(), k);
+        (c.value("op", "") == "read" ? it->read_gbps : it->write_gbps) = g;
+      }
+    }
+    if (n.contains("aio") && n["aio"].is_object()) {
+      p.aio_backend = n["aio"].value("backend", p.aio_backend);
+      p.aio_block_size = n["aio"].value("block_size", p.aio_block_size);
+      p.aio_queue_depth = n["aio"].value("queue_depth", p.aio_queue_depth);
+    }
+  }
+  if (j.contains("collectives") && j["collectives"].is_object()) {
+    STRATA_RETURN_IF_ERROR(num("collectives", "busbw_gbps", &v), "");
+    p.collective_gbps = {v, src};
+  }
+  return p;
+}
+
+Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {
+  std::ifstream in(path);
+  if (!in) {
+    return not_found(
+        fmt::format("--profile {}: cannot open; create it with `strata probe --path "
+                    "<nvme dir> --json {}`",
+                    path, path));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_machine_profile(ss.str(), path, fastest);
+}
+
+namespace {
+// Log-log interpolation of (x, y) points sorted by x, clamped at the ends.
+double interpolate_log(const std::vector<std::pair<double, double>>& pts, double x) {
+  if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second;
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (x > pts[i].first) continue;
+    const double f = std::log(x / pts[i - 1].first) / std::log(pts[i].first / pts[i - 1].first);
+    return std::exp(std::log(pts[i - 1].second) * (1 - f) + std::log(pts[i].second) * f);
+  }
+  return pts.back().second;
+}
+}  // namespace
+
+double gemm_rate_at(const MachineProfile& p, int width, int tokens) {
+  if (p.gemm_by_width.empty()) return p.gemm_flops.value;
+  // Per token count: the rate at this width; then across token counts.
+  std::vector<std::pair<double, double>> by_tokens;
+  for (size_t i = 0; i < p.gemm_by_width.size();) {
+    const int tk = p.gemm_by_width[i].tokens;
+    std::vector<std::pair<double, double>> by_width;
+    for (; i < p.gemm_by_width.size() && p.gemm_by_width[i].tokens == tk; ++i) {
+      by_width.emplace_back(p.gemm_by_width[i].width, p.gemm_by_width[i].flops);
+    }
+    by_tokens.emplace_back(tk, interpolate_log(by_width, width));
+  }
+  return interpolate_log(by_tokens, tokens);
+}
+
+}  // namespace strata

@@ -1,0 +1,318 @@
+// A plan's outputs: the config it writes, its JSON, the terminal table and the SVG chart.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "src/plan/plan.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+std::string gb(double bytes) { return format_bytes(bytes); }
+
+}  // namespace
+
+// ---- outputs ----------------------------------------------------------------------------------
+
+std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
+  const PlanRequest& r = rep.request;
+  const std::string nvme = r.hw.nvme_paths.empty() ? "runs/swap" : r.hw.nvme_paths.front();
+  auto offload = [&](PlanTier t, bool opt) {
+    json j;
+    j["device"] = t == PlanTier::kDevice ? "none" : t == PlanTier::kHost ? "cpu" : "nvme";
+    if (t == PlanTier::kNvme) {
+      j["nvme_path"] = r.hw.nvme_paths.empty() ? json(nvme) : json(r.hw.nvme_paths);
+    }
+    if (t != PlanTier::kDevice) j["pin_memory"] = true;
+    if (opt && t == PlanTier::kNvme) j["buffer_count"] = r.buffer_count;
+    return j;
+  };
+  json c;
+  const int64_t world = r.hw.gpus;
+  c["train_micro_batch_size_per_gpu"] = r.micro_batch;
+  c["gradient_accumulation_steps"] = r.accumulation;
+  c["train_batch_size"] = int64_t(r.micro_batch) * r.accumulation * world;
+  c["gradient_clipping"] = 1.0;
+  if (r.dtype == DType::kBF16) c["bf16"] = {{"enabled", true}};
+  if (r.dtype == DType::kF16) c["fp16"] = {{"enabled", true}};
+  c["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}};
+  json z;
+  z["stage"] = 3;
+  z["offload_param"] = offload(o.placement.params, false);
+  z["offload_optimizer"] = offload(o.placement.optimizer, true);
+  z["stage3_prefetch_bucket_size"] = r.prefetch_bytes / dtype_size(r.dtype);
+  c["zero_optimization"] = z;
+  const MachineProfile& p = r.profile;
+  c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
+  if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
+  c["model"] = {{"n_layer", r.model.layers},
+                {"n_head", r.model.heads},
+                {"n_embd", r.model.width},
+                {"vocab_size", r.model.vocab},
+                {"context", r.model.context}};
+  c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
+  json dev;
+  dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
+  if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
+  c["device"] = dev;
+  if (r.hw.host_mem > 0) c["strata"] = {{"host_memory_limit", r.hw.host_mem / uint64_t(world)}};
+  if (r.activations != ActivationMode::kKeep) {
+    c["strata"]["activations"] = activation_mode_name(r.activations);
+  }
+  c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
+  return c.dump(2) + "\n";
+}
+
+std::string plan_json(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  json j;
+  j["magic"] = "strata-plan";
+  j["version"] = 1;
+  j["model"] = {{"name", r.model.name},   {"layers", r.model.layers}, {"width", r.model.width},
+                {"heads", r.model.heads}, {"vocab", r.model.vocab},   {"context", r.model.context},
+                {"params", rep.params},   {"note", r.model.note}};
+  j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
+  {
+    json a;
+    a["mode"] = activation_mode_name(r.activations);
+    for (auto mode :
+         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
+    }
+    j["activations"] = a;
+  }
+  j["hardware"] = {{"gpus", r.hw.gpus},
+                   {"gpu_mem", r.hw.gpu_mem},
+                   {"host_mem", r.hw.host_mem},
+                   {"nvme_paths", r.hw.nvme_paths}};
+  const MachineProfile& p = r.profile;
+  auto rate = [](const Rate& x) { return json{{"value", x.value}, {"source", x.source}}; };
+  j["rates"] = {{"backend", p.cpu_backend ? "cpu" : "cuda"},
+                {"gemm_flops", rate(p.gemm_flops)},
+                {"link_gbps", rate(p.link_gbps)},
+                {"optimizer_params_per_s", rate(p.optimizer_pps)},
+                {"nvme_read_gbps", rate(p.nvme_read_gbps)},
+                {"nvme_write_gbps", rate(p.nvme_write_gbps)},
+                {"collective_busbw_gbps", rate(p.collective_gbps)}};
+  json opts = json::array();
+  for (const auto& o : rep.options) {
+    auto tb = [](const TierBytes& b) {
+      return json{{"state", b.state},      {"buffers", b.buffers}, {"activations", b.activations},
+                  {"total", b.total()},    {"peak", b.peak},       {"undo", b.undo},
+                  {"capacity", b.capacity}};
+    };
+    opts.push_back({{"name", o.placement.name},
+                    {"params", plan_tier_name(o.placement.params)},
+                    {"optimizer", plan_tier_name(o.placement.optimizer)},
+                    {"device", tb(o.device)},
+                    {"host", tb(o.host)},
+                    {"nvme", tb(o.nvme)},
+                    {"fits", o.fits},
+                    {"runnable", o.runnable},
+                    {"why", o.why},
+                    {"flops", o.flops},
+                    {"link_bytes", o.link_bytes},
+                    {"nvme_read_bytes", o.nvme_read_bytes},
+                    {"nvme_write_bytes", o.nvme_write_bytes},
+                    {"time_s",
+                     {{"compute", o.time.compute_s},
+                      {"link", o.time.link_s},
+                      {"nvme", o.time.nvme_s},
+                      {"cpu_optimizer", o.time.cpu_optim_s},
+                      {"collectives", o.time.collectives_s},
+                      {"step", o.time.step_s},
+                      {"step_after_backward", o.time.step_after_s},
+                      {"optimizer_hidden_share", o.time.hidden_share}}},
+                    {"bottleneck", o.time.bottleneck}});
+  }
+  j["options"] = opts;
+  j["best"] = rep.best >= 0 ? json(rep.options[size_t(rep.best)].placement.name) : json(nullptr);
+  return j.dump(2) + "\n";
+}
+
+std::string plan_table(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  std::string s = fmt::format(
+      "model {}: {} layers, width {}, {} heads, vocab {}, context {} = {:.3g}B params\n",
+      r.model.name, r.model.layers, r.model.width, r.model.heads, r.model.vocab, r.model.context,
+      double(rep.params) / 1e9);
+  if (!r.model.note.empty()) s += "  note: " + r.model.note + "\n";
+  s += fmt::format(
+      "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
+      r.micro_batch, r.seq, r.accumulation, r.hw.gpus, r.profile.cpu_backend ? "cpu" : "cuda");
+  const MachineProfile& p = r.profile;
+  s += fmt::format(
+      "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
+      "[{}], NVMe read {:.3g} / write {:.3g} GB/s [{}]{}\n",
+      p.gemm_flops.value / 1e12,
+      p.gemm_by_width.empty() || rep.options.empty()
+          ? std::string()
+          : fmt::format(" (model step at width {}, {} tokens per micro-batch: {:.3g})",
+                        r.model.width, r.micro_batch * r.seq,
+                        rep.options[0].time.gemm_flops / 1e12),
+      p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
+      p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
+      p.nvme_read_gbps.source,
+      r.hw.gpus > 1 ? fmt::format(", collectives {:.3g} GB/s [{}]", p.collective_gbps.value,
+                                  p.collective_gbps.source)
+                    : "");
+  {
+    // Activations per micro-batch under each strata.activations mode (rank 0's; every rank
+    // holds the same).
+    std::string line = "activations (strata.activations):";
+    for (auto mode :
+         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
+                          mode == r.activations ? " [this plan]" : "", gb(double(x.bytes)),
+                          x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
+                          mode == ActivationMode::kOffload ? "" : ",");
+    }
+    s += line + "\n";
+  }
+  s += fmt::format("{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
+                   "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme",
+                   "cpu-opt", "coll", "bottleneck");
+  auto ms = [](double x) { return fmt::format("{:.0f}ms", x * 1e3); };
+  auto sec = [&](double x) { return x >= 10 ? fmt::format("{:.1f}s", x) : ms(x); };
+  for (size_t i = 0; i < rep.options.size(); ++i) {
+    const auto& o = rep.options[i];
+    s += fmt::format(
+        "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}{}\n",
+        o.placement.name + (int(i) == rep.best ? " *" : ""), gb(double(o.device.total())),
+        gb(double(o.host.total())), gb(double(o.nvme.total())),
+        !o.runnable ? "n/a"
+        : o.fits    ? "yes"
+                    : "no",
+        sec(o.time.step_s), sec(o.time.compute_s), sec(o.time.link_s), sec(o.time.nvme_s),
+        sec(o.time.cpu_optim_s), sec(o.time.collectives_s), o.time.bottleneck,
+        !o.runnable ? " (optimizer on the GPU is not built yet)" : "");
+  }
+  for (const auto& o : rep.options) {
+    for (const auto& w : o.why) s += fmt::format("  {} does not fit: {}\n", o.placement.name, w);
+  }
+  if (rep.best >= 0) {
+    const auto& b = rep.options[size_t(rep.best)];
+    const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
+    s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
+                     b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+    if (b.time.step_after_s > b.time.step_s * 1.005) {
+      s += fmt::format(
+          "  a step after one that clipped (or overflowed) steps the optimizer after backward: "
+          "{:.3g} s\n",
+          b.time.step_after_s);
+    }
+    if (b.nvme.undo > 0) {
+      s += fmt::format(
+          "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
+          "goes to fresh extents: {} more NVMe at the peak\n",
+          gb(double(b.nvme.undo)));
+    }
+    if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
+      s += fmt::format(
+          "  optimizer under backward: undo copies of master + moments take {} of host memory "
+          "beyond the reservation{}\n",
+          gb(double(b.host.undo)),
+          b.time.hidden_share < 1.0
+              ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
+                            100.0 * b.time.hidden_share)
+              : std::string());
+    }
+  } else {
+    s += "no placement fits this machine at this batch";
+    // Which activation mode would need less device memory (the table above has the numbers).
+    const ActivationSizes now =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, r.activations);
+    const ActivationSizes rec =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
+    const ActivationSizes off =
+        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
+    bool device_short = false;  // some placement failed on the device (not only host/nvme)
+    for (const auto& o : rep.options) {
+      for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
+    }
+    s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
+                     activation_mode_name(r.activations), gb(double(now.bytes)), r.micro_batch,
+                     r.seq);
+    if (!device_short) {
+      s += " and fit; host or nvme is short (above)";
+    } else if (r.activations == ActivationMode::kKeep) {
+      s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
+                       gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
+    } else if (r.activations == ActivationMode::kRecompute) {
+      s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
+                       gb(double(off.host_bytes)));
+    }
+    s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
+  }
+  return s;
+}
+
+std::string plan_svg(const PlanReport& rep) {
+  const int W = 900, row = 34, top = 70, left = 190, barw = 560;
+  const int H = top + row * int(rep.options.size()) + 60;
+  double maxt = 1e-9;
+  for (const auto& o : rep.options) {
+    const auto& t = o.time;
+    maxt = std::max(
+        {maxt, t.step_s, t.compute_s + t.link_s + t.nvme_s + t.cpu_optim_s + t.collectives_s});
+  }
+  const char* colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f"};
+  // XML text: "<" and ">" escaped.
+  const char* names[] = {"compute", "host&lt;-&gt;device link", "nvme", "cpu optimizer",
+                         "collectives"};
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">strata "
+      "plan: {} ({:.3g}B params), {} x {} tokens x {} micro-batches, {} rank(s)</text>\n",
+      W, H, rep.request.model.name, double(rep.params) / 1e9, rep.request.micro_batch,
+      rep.request.seq, rep.request.accumulation, rep.request.hw.gpus);
+  for (int k = 0; k < 5; ++k) {
+    s += fmt::format(
+        "<rect x=\"{}\" y=\"36\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" "
+        "y=\"46\">{}</text>\n",
+        10 + k * 150, colors[k], 26 + k * 150, names[k]);
+  }
+  for (size_t i = 0; i < rep.options.size(); ++i) {
+    const auto& o = rep.options[i];
+    const int y = top + row * int(i);
+    const double v[] = {o.time.compute_s, o.time.link_s, o.time.nvme_s, o.time.cpu_optim_s,
+                        o.time.collectives_s};
+    s += fmt::format("<text x=\"10\" y=\"{}\"{}>{}{}</text>\n", y + 16,
+                     o.fits && o.runnable ? "" : " fill=\"#999\"", o.placement.name,
+                     int(i) == rep.best ? " (best)"
+                     : !o.fits          ? " (does not fit)"
+                                        : "");
+    double x = left;
+    for (int k = 0; k < 5; ++k) {
+      const double w = v[k] / maxt * barw;
+      if (w <= 0) continue;
+      s += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"20\" fill=\"{}\" "
+          "opacity=\"{}\"><title>{}: {:.1f} ms</title></rect>\n",
+          x, y + 2, w, colors[k], o.fits && o.runnable ? "1" : "0.35", names[k], v[k] * 1e3);
+      x += w;
+    }
+    const double sx = left + o.time.step_s / maxt * barw;
+    s += fmt::format(
+        "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{}\" y2=\"{}\" stroke=\"black\" "
+        "stroke-width=\"2\"/><text x=\"{:.1f}\" y=\"{}\">step {:.3g} s</text>\n",
+        sx, sx, y, y + 24, std::max(x, sx) + 6, y + 16, o.time.step_s);
+  }
+  s += fmt::format(
+      "<text x=\"10\" y=\"{}\" fill=\"#555\">bars: each resource's busy time per step (stacked); "
+      "black line: predicted step time (overlapping terms counted once)</text>\n</svg>\n",
+      H - 20);
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,191 @@
+// `strata plan`'s command line.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "src/model/architecture.h"
+#include "tools/plan_cli.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: strata plan (--model NAME | --layers L --width C --heads H [--vocab V] [--context T]\n"
+    "                    | --config FILE) [options]\n\n"
+    "For each placement of params / gradients / optimizer state over device, host and NVMe:\n"
+    "the bytes each tier needs (state + buffers + activations), whether it fits, the predicted\n"
+    "step time split by resource and the bottleneck. The fastest placement that fits is\n"
+    "written as a config `strata train` runs as is. The model: docs/PLANNER.md.\n\n"
+    "model:\n"
+    "  --model NAME         gpt2-124m gpt2-350m gpt2-774m gpt2-1.5b gpt3-6.7b gpt3-13b gpt3-175b\n"
+    "                       llama-7b llama-13b llama-70b (llama: its shape, GPT block arithmetic)\n"
+    "  --layers/--width/--heads/--vocab/--context N   an explicit shape (vocab 50257, context\n"
+    "                       1024 by default)\n"
+    "  --config FILE        take model, batch and placement from a config and evaluate it too\n"
+    "  --set KEY=VALUE      override a config key (with --config), repeatable\n"
+    "batch:\n"
+    "  --batch B            sequences per micro-batch per GPU (default 1)\n"
+    "  --seq T              tokens per sequence (default: the model's context)\n"
+    "  --accum A            micro-batches per step (default 1)\n"
+    "  --dtype bf16|fp16|fp32   parameter/activation precision (default bf16)\n"
+    "  --activations keep|recompute|offload\n"
+    "                           strata.activations: keep every block's activations on the\n"
+    "                           device, keep only block inputs and recompute the rest in\n"
+    "                           backward, or also move the inputs to host memory (default\n"
+    "                           keep, or the config's); the table lists all three\n"
+    "hardware:\n"
+    "  --backend cuda|cpu   what runs forward/backward (default: the profile's, else cuda)\n"
+    "  --gpus N             ranks (default 1)\n"
+    "  --gpu-mem SIZE       device memory per rank (default 80GiB for cuda, 1GiB for cpu)\n"
+    "  --host-mem SIZE      host RAM for the host tier (default 90% of MemAvailable)\n"
+    "  --nvme PATH[:GBps]   swap directory, optionally its read=write bandwidth; repeatable\n"
+    "  --nvme-free SIZE     free bytes on the swap paths (default: statvfs of the paths)\n"
+    "  --profile FILE       rates from `strata probe --json FILE`\n"
+    "  --fastest            take each profile rate from its fastest pass, not the median\n"
+    "                       (with --validate: compared with the fastest step)\n"
+    "output:\n"
+    "  --json FILE          the report as JSON\n"
+    "  --svg FILE           stacked bars of each placement's time terms\n"
+    "  --write-config FILE  the best placement as a config\n"
+    "  --max-model          capacity mode: the most layers (at this width) that still fit\n"
+    "  --validate           with --config: train it, print predicted vs measured step time and\n"
+    "                       peak bytes per tier\n";
+
+}  // namespace
+
+int plan_fail(const Status& s) {
+  std::fprintf(stderr, "strata plan: %s\n", s.message().c_str());
+  return 1;
+}
+
+int parse_plan_args(int argc, char** argv, PlanArgs* out) {
+  PlanArgs& p = *out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--max-model") {
+      p.max_mode = true;
+      continue;
+    }
+    if (a == "--validate") {
+      p.validate = true;
+      continue;
+    }
+    if (a == "--fastest") {
+      p.fastest = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "strata plan: %s needs a value\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    const std::string v = argv[++i];
+    auto size = [&](uint64_t* out) -> bool {
+      auto s = parse_size(v);
+      if (!s.is_ok()) {
+        std::fprintf(stderr, "strata plan: %s: %s\n", a.c_str(), s.status().message().c_str());
+        return false;
+      }
+      *out = *s;
+      return true;
+    };
+    auto num = [&](int* out) -> bool {
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != 0 || x < 1 || x > (1L << 30)) {
+        std::fprintf(stderr, "strata plan: %s: '%s' is not a positive integer\n", a.c_str(),
+                     v.c_str());
+        return false;
+      }
+      *out = int(x);
+      return true;
+    };
+    bool ok = true;
+    if (a == "--model") {
+      p.model_name = v;
+    } else if (a == "--config") {
+      p.config_path = v;
+    } else if (a == "--set") {
+      p.sets.push_back(v);
+    } else if (a == "--layers") {
+      ok = num(&p.layers);
+    } else if (a == "--width") {
+      ok = num(&p.width);
+    } else if (a == "--heads") {
+      ok = num(&p.heads);
+    } else if (a == "--vocab") {
+      ok = num(&p.vocab);
+    } else if (a == "--context") {
+      ok = num(&p.context);
+    } else if (a == "--batch") {
+      ok = num(&p.batch);
+      p.have_batch = true;
+    } else if (a == "--seq") {
+      ok = num(&p.seq);
+    } else if (a == "--accum") {
+      ok = num(&p.accum);
+    } else if (a == "--gpus") {
+      ok = num(&p.gpus);
+    } else if (a == "--gpu-mem") {
+      ok = size(&p.gpu_mem);
+    } else if (a == "--host-mem") {
+      ok = size(&p.host_mem);
+    } else if (a == "--nvme-free") {
+      ok = size(&p.nvme_free);
+    } else if (a == "--nvme") {
+      p.nvme.push_back(v);
+    } else if (a == "--profile") {
+      p.profile_path = v;
+    } else if (a == "--backend") {
+      if (v != "cpu" && v != "cuda") {
+        std::fprintf(stderr, "strata plan: --backend takes cpu or cuda, not '%s'\n", v.c_str());
+        return 2;
+      }
+      p.backend = v;
+    } else if (a == "--dtype") {
+      if (!parse_dtype(v, &p.dt)) {
+        std::fprintf(stderr, "strata plan: --dtype takes bf16, fp16 or fp32, not '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+      p.have_dtype = true;
+    } else if (a == "--activations") {
+      if (!parse_activation_mode(v).is_ok()) {
+        std::fprintf(stderr,
+                     "strata plan: --activations takes keep, recompute or offload, not '%s'\n",
+                     v.c_str());
+        return 2;
+      }
+      p.activations = v;
+    } else if (a == "--json") {
+      p.json_path = v;
+    } else if (a == "--svg") {
+      p.svg_path = v;
+    } else if (a == "--write-config") {
+      p.cfg_out = v;
+    } else {
+      std::fprintf(stderr, "strata plan: unknown option '%s'\n\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    if (!ok) return 2;
+  }
+  if (p.model_name.empty() && p.config_path.empty() && p.layers == 0) {
+    std::fprintf(stderr, "strata plan: give --model, --layers/--width/--heads or --config\n\n%s",
+                 kUsage);
+    return 2;
+  }
+  if (p.model_name.empty() && p.layers > 0 && (p.width == 0 || p.heads == 0)) {
+    std::fprintf(stderr, "strata plan: --layers needs --width and --heads\n");
+    return 2;
+  }
+  if (p.validate && p.config_path.empty()) {
+    std::fprintf(stderr, "strata plan: --validate needs --config\n");
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,43 @@
+// `strata plan`'s pieces: its arguments (plan_args.cc), the run (cmd_plan.cc) and --validate
+// (plan_validate.cc), which trains the config and compares the plan with what it measured.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/plan/plan.h"
+#include "strata/config.h"
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata::tools {
+
+// The command line, as given (defaults are resolved by the run).
+struct PlanArgs {
+  std::string model_name, config_path, json_path, svg_path, cfg_out, profile_path, backend;
+  std::vector<std::string> sets, nvme;
+  int layers = 0, width = 0, heads = 0, vocab = 50257, context = 1024;
+  int batch = 1, seq = 0, accum = 1, gpus = 1;
+  uint64_t gpu_mem = 0, host_mem = 0, nvme_free = 0;
+  bool max_mode = false, validate = false, fastest = false;
+  DType dt = DType::kBF16;
+  bool have_dtype = false, have_batch = false;
+  std::string activations;
+};
+
+// Parses argv into `out`. Returns -1 to go on, or the exit code to return now (0 after --help,
+// 2 after a usage error, which it has printed).
+int parse_plan_args(int argc, char** argv, PlanArgs* out);
+
+// Prints `s` as `strata plan: ...` on stderr; returns 1.
+int plan_fail(const Status& s);
+
+// --validate: trains `cfg`, then prints the measured step time (median, fastest, slowest; the
+// first two steps dropped) against `planned`'s prediction for the schedule each step ran, the
+// measured time split, and each tier's measured peak against the predicted one. With a profile,
+// the other rate set (median / fastest pass) is evaluated too. Returns the exit code.
+int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& req,
+                  const PlanOption& planned);
+
+}  // namespace strata::tools

@@ -1,0 +1,104 @@
+// `strata plan --validate`: trains the config and compares the plan with what it measured.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "src/train/trainer.h"
+#include "strata/log.h"
+#include "tools/plan_cli.h"
+
+namespace strata::tools {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& req,
+                  const PlanOption& o) {
+  std::vector<double> step_s;
+  auto last = std::chrono::steady_clock::now();
+  TrainOptions to;
+  to.progress = false;
+  to.on_step_end = [&](int64_t) {
+    const auto now = std::chrono::steady_clock::now();
+    step_s.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
+  Config c = cfg;
+  c.train.eval_interval = 0;
+  last = std::chrono::steady_clock::now();
+  auto r = train(c, to);
+  if (!r.is_ok()) return plan_fail(r.status());
+  // Steps 1-2 are warm-up (trace recording, first touches): dropped.
+  std::vector<uint8_t> sched = r->optimizer_schedule;
+  sched.resize(step_s.size(), 1);
+  if (step_s.size() > 3) {
+    step_s.erase(step_s.begin(), step_s.begin() + 2);
+    sched.erase(sched.begin(), sched.begin() + 2);
+  }
+  // Which schedule each measured step ran is decided by the data (a step after one that
+  // clipped steps its optimizer after backward): each step is predicted with its own.
+  const size_t under = size_t(std::count(sched.begin(), sched.end(), uint8_t{1}));
+  auto predicted = [&](const TimeTerms& t, bool fastest_pass) {
+    std::vector<double> p;
+    for (uint8_t k : sched) p.push_back(k == 1 ? t.step_s : t.step_after_s);
+    if (p.empty()) return t.step_s;
+    return fastest_pass ? *std::min_element(p.begin(), p.end()) : median(p);
+  };
+  const double meas = median(step_s);
+  const double fastest_step =
+      step_s.empty() ? 0.0 : *std::min_element(step_s.begin(), step_s.end());
+  std::printf(
+      "\nvalidate %s (%s): measured median %.0f ms/step, fastest %.0f, slowest %.0f "
+      "(%zu steps)\n",
+      args.config_path.c_str(), o.placement.name.c_str(), meas * 1e3, fastest_step * 1e3,
+      step_s.empty() ? 0.0 : *std::max_element(step_s.begin(), step_s.end()) * 1e3, step_s.size());
+  // Median rates predict the median step; fastest-pass rates the fastest step (the machine
+  // without the other work that shares it).
+  if (o.time.step_after_s != o.time.step_s) {
+    std::printf(
+        "  schedule: %zu of %zu measured steps stepped the optimizer under backward (predicted "
+        "%.0f ms), the rest after it because the step before clipped or overflowed (%.0f ms)\n",
+        under, sched.size(), o.time.step_s * 1e3, o.time.step_after_s * 1e3);
+  }
+  for (const bool f : {false, true}) {
+    double pred = predicted(o.time, f);
+    if (f != args.fastest) {
+      if (args.profile_path.empty()) continue;
+      auto other = load_machine_profile(args.profile_path, f);
+      if (!other.is_ok()) return plan_fail(other.status());
+      PlanRequest r2 = req;
+      r2.profile = *other;
+      auto o2 = evaluate_placement(r2, o.placement);
+      if (!o2.is_ok()) return plan_fail(o2.status());
+      pred = predicted(o2->time, f);
+    }
+    const double ref = f ? fastest_step : meas;
+    std::printf("  step time: predicted %.0f ms with %s rates vs measured %s %.0f ms: %+.1f%%\n",
+                pred * 1e3, f ? "fastest-pass" : "median", f ? "fastest step" : "median", ref * 1e3,
+                ref > 0 ? 100.0 * (pred - ref) / ref : 0.0);
+  }
+  const int64_t steps = std::max<int64_t>(1, r->end_step - r->start_step);
+  std::printf(
+      "  measured split per step: fwd/bwd %.0f ms (fetch wait %.0f), optimizer %.0f "
+      "ms, io wait %.0f ms\n",
+      1e3 * r->fwd_bwd_s / double(steps), 1e3 * r->compute_wait_s / double(steps),
+      1e3 * r->optimizer_s / double(steps), 1e3 * r->io_wait_s / double(steps));
+  for (const auto& t : r->tiers) {
+    const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;
+    const double pred = double(b.peak);
+    std::printf("  %-6s peak: predicted %s (reserved %s), measured %s (%+.1f%%)\n", t.name.c_str(),
+                format_bytes(pred).c_str(), format_bytes(double(b.total())).c_str(),
+                format_bytes(double(t.peak)).c_str(),
+                t.peak ? 100.0 * (pred - double(t.peak)) / double(t.peak) : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace strata::tools
