@@ -128,6 +128,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));
   SwapOptions so;
   bool shadow_extents = false;
+  // The message starts with "preflight:" and names every tier that is short.
   STRATA_RETURN_IF_ERROR(preflight(device, options, need, I.sharded, &so, &shadow_extents), "");
 
   // The tiers and the homes; then the parts that borrow from them.
