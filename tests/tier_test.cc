@@ -1,6 +1,7 @@
 // The tier manager: offload must not change the numbers, tiers never exceed their capacity,
 // the prefetch/eviction policy is close to Belady's optimum, faults end the run cleanly, and a
 // plan that cannot fit is refused before step one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,8 @@
 #include <sstream>
 
 #include "src/model/gpt2.h"
+#include "src/tiers/cache_policy.h"
+#include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
 #include "src/tiers/trace.h"
 #include "src/train/trainer.h"
@@ -317,6 +320,118 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   run({0, 3, 2, 1, 4});  // changed: on-demand, re-recorded
   ASSERT_EQ((*tm)->trace("x")->size(), 5u);
   EXPECT_EQ((*tm)->trace("x")->accesses()[1].object, 3);
+}
+
+TEST(MemoryModel, WorkingSetIsTheProgramsPeak) {
+  const std::vector<size_t> params = {100, 10, 0}, grads = {1000, 20, 30};
+  using Op = ProgramOp;
+  EXPECT_EQ(working_set_bytes(params, grads, Program{}), 0u);
+  // Module 1 alone (30), then 2 with 1's gradient (50).
+  Program p{{{Op::kAcquireParams, 1},
+             {Op::kAcquireGrads, 1},
+             {Op::kReleaseParams, 1},
+             {Op::kAcquireParams, 2},
+             {Op::kAcquireGrads, 2},
+             {Op::kDrainGrads, 2},
+             {Op::kReleaseParams, 2},
+             {Op::kDrainGrads, 1}}};
+  EXPECT_EQ(working_set_bytes(params, grads, p), 50u);
+  p.ops.push_back({Op::kAcquireGrads, 0});
+  EXPECT_EQ(working_set_bytes(params, grads, p), 1000u);
+}
+
+// The preflight reports exactly the memory model's numbers (the planner calls the same
+// function), and the homes it then allocates fill the host tier as the model says.
+TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
+  set_log_level(LogLevel::kError);
+  ModelConfig mc;
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 64;
+  mc.vocab_size = 64;
+  mc.context = 16;
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
+  TierOptions to;
+  to.placement.params = Tier::kHost;
+  to.placement.master = to.placement.moments = to.placement.grads = Tier::kHost;
+  to.host_capacity = 64 << 20;
+  const size_t acts = 1 << 20;
+  auto need = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, acts);
+  ASSERT_TRUE(need.is_ok()) << need.status().to_string();
+  EXPECT_EQ(need->device.activations, acts);
+  EXPECT_EQ(need->device.resident_state, 0u);
+  EXPECT_GT(need->device.working_set, 0u);
+  EXPECT_EQ(need->device.bucket + need->device.prefetch_window, 0u);
+  EXPECT_EQ(need->nvme.state, 0u);
+
+  // A device one byte short: the message names the model's total and its parts.
+  auto small = create_cpu_device({.capacity = need->device.total() - 1, .threads = 1});
+  ASSERT_TRUE(small.is_ok());
+  auto tm = TierManager::create(**small, **arch, DType::kBF16, DType::kF32, to, acts);
+  ASSERT_FALSE(tm.is_ok());
+  const std::string msg = tm.status().message();
+  EXPECT_NE(msg.find("preflight"), std::string::npos) << msg;
+  EXPECT_NE(
+      msg.find(fmt::format("device tier needs {} (activations {}, resident state {}, "
+                           "working set {})",
+                           format_bytes(double(need->device.total())), format_bytes(double(acts)),
+                           format_bytes(0.0), format_bytes(double(need->device.working_set)))),
+      std::string::npos)
+      << msg;
+
+  // Exactly enough: it fits, and the host tier holds the model's state.
+  auto dev = create_cpu_device({.capacity = need->device.total(), .threads = 1});
+  ASSERT_TRUE(dev.is_ok());
+  tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts);
+  ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
+  EXPECT_GE((*tm)->stats(Tier::kHost).current, need->host.state);
+  EXPECT_LE((*tm)->stats(Tier::kHost).current, need->host.state + need->host.stash);
+
+  // A host budget one byte short of the model's host need.
+  to.host_capacity = need->host.total() - 1;
+  tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts);
+  ASSERT_FALSE(tm.is_ok());
+  EXPECT_NE(tm.status().message().find(
+                fmt::format("host tier needs {}", format_bytes(double(need->host.total())))),
+            std::string::npos)
+      << tm.status().message();
+}
+
+// The replayer and the tier manager run one DeviceCachePolicy: on a cyclic trace A B C with room
+// for two objects, Belady keeps the object used soonest and the prefetch never evicts it.
+TEST(CachePolicy, BeladyVictimAndPrefetchHorizon) {
+  Trace t({{0, 10, 0}, {1, 10, 0}, {2, 10, 0}});
+  struct Cache final : CacheState {
+    std::vector<bool> res = {true, true, false};
+    std::vector<int> fetched;
+    int object_count() const override { return 3; }
+    bool evictable(int o) const override { return res[size_t(o)]; }
+    uint64_t last_access(int o) const override { return uint64_t(o); }
+    bool fetchable(int o) const override { return !res[size_t(o)]; }
+    bool prefetch(int o, uint64_t, uint64_t) override {
+      fetched.push_back(o);
+      res[size_t(o)] = true;
+      return true;
+    }
+  } cache;
+  CachePolicyOptions po;
+  po.prefetch_bytes = 10;
+  DeviceCachePolicy belady(po);
+  belady.set_trace(&t);
+  // At position 2 (C), A is next used at 3 and B at 4: Belady evicts B, LRU evicts A.
+  EXPECT_EQ(belady.victim(cache, 3, 2, UINT64_MAX), 1);
+  DeviceCachePolicy lru(po);
+  EXPECT_EQ(lru.victim(cache, 3, 2, UINT64_MAX), 0);
+  // A prefetch for C at position 1 (after B) may only evict what is used after C's horizon.
+  EXPECT_EQ(prefetch_horizon(t, 1, 2), 4u);
+  EXPECT_EQ(belady.victim(cache, 2, 1, prefetch_horizon(t, 1, 2)), -1);
+  belady.prefetch(cache, 1, 0);
+  EXPECT_EQ(cache.fetched, std::vector<int>({2}));
+  po.max_reuse_distance = 15;
+  DeviceCachePolicy drop(po);
+  drop.set_trace(&t);
+  EXPECT_TRUE(drop.drop_after_use(0));  // 20 bytes of others before A comes back
 }
 
 }  // namespace

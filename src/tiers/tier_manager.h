@@ -11,14 +11,14 @@
 // gradient buffer per micro-batch that is drained to GACC as soon as the module's backward ends.
 // Each object has a stable id "<module>.<kind>", independent of where it is.
 //
-// Device cache policy (see src/tiers/trace.h): the first step of a phase records the order in which
-// parameters are acquired; later steps know every object's next use. Eviction takes the cached
-// object used furthest in the future (Belady); after each acquire the manager prefetches
-// upcoming objects up to stage3_prefetch_bucket_size bytes in flight, never evicting something
-// needed sooner; an object whose reuse distance exceeds stage3_max_reuse_distance is dropped
-// after use; objects under stage3_param_persistence_threshold elements stay once fetched. If the
-// order changes, the manager logs it, fetches on demand for the rest of that step and
-// re-records.
+// Device cache policy (src/tiers/cache_policy.h, the code `strata trace replay` runs too): the
+// first step of a phase records the order in which parameters are acquired; later steps know
+// every object's next use. Eviction takes the cached object used furthest in the future
+// (Belady); after each acquire the manager prefetches upcoming objects up to
+// stage3_prefetch_bucket_size bytes in flight, never evicting something needed sooner; an
+// object whose reuse distance exceeds stage3_max_reuse_distance is dropped after use; objects
+// under stage3_param_persistence_threshold elements stay once fetched. If the order changes,
+// the manager logs it, fetches on demand for the rest of that step and re-records.
 //
 // Streams: fetches run on the device's h2d stream (an NVMe fetch first waits for its read on
 // that stream), gradient drains on the d2h stream, compute waits on events. Nothing is freed
@@ -29,18 +29,25 @@
 // (end_backward, optimizer_step), so a failed read never feeds an optimizer step.
 //
 // Thread safety: one host thread drives the manager; its stream callbacks run on the device's
-// stream threads and only touch internally locked state.
+// stream threads and only touch internally locked state (counters, the first async error).
+//
+// The parts, one concern per file in src/tiers/: placement and options (placement.h), the
+// memory model behind the preflight (memory_model.h), the homes and the host/NVMe tiers
+// (homes.h), the device cache (device_cache.h, with ZeRO-3 gathers in zero3_gather.cc) and its
+// policy (cache_policy.h), gradient drains and reduce-scatter buckets (grad_buckets.h), the
+// optimizer pipeline (optimizer_pipeline.h), the optimizer under backward
+// (speculation.h), the delayed update (delayed_update.h), offloaded activations
+// (activation_stash.h), checkpoints of tier state (tier_checkpoint.cc).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/tiers/placement.h"
 #include "src/tiers/trace.h"
 #include "src/train/checkpoint.h"
 #include "strata/buffer_pool.h"
@@ -52,85 +59,6 @@
 #include "strata/storage.h"
 
 namespace strata {
-
-class IoWorker;
-class SwapSpace;
-
-enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
-const char* tier_name(Tier t);
-
-// Where each kind of state lives. optimizer_ratio < 1 keeps the first (1-ratio) share of the
-// modules' master weights and moments (by bytes, in module order) on the device instead.
-struct Placement {
-  Tier params = Tier::kDevice;
-  Tier master = Tier::kHost;
-  Tier moments = Tier::kHost;
-  Tier grads = Tier::kHost;
-  double optimizer_ratio = 1.0;
-};
-
-// Resolves the placement from zero_optimization.offload_* and strata.placement, checking it
-// against the device (device-resident optimizer state needs a host-addressable device).
-Result<Placement> placement_from_config(const Config& cfg, const Device& device);
-
-struct TierOptions {
-  Placement placement;
-  size_t host_capacity = 0;             // host tier budget, bytes
-  bool pin_memory = false;              // mlock the host tier
-  std::vector<std::string> nvme_paths;  // swap directories
-  StorageOptions storage;
-  int rank = 0;
-  // ZeRO-3 over ranks. With both communicators set and size() > 1, every module's flat group
-  // is padded (ShardLayout, 4096-byte shards) and split: this rank's homes hold only its shard
-  // of P, MASTER, MOM and GACC. acquire_params gathers the whole group into the device cache
-  // on the h2d stream (param_comm); drain_grads reduce-scatters each micro-batch's gradient
-  // into the owned shard on the d2h stream (grad_comm). Two communicators because the two
-  // streams run collectives concurrently. Both must be host-buffer communicators on a
-  // host-addressable device, or device-buffer ones (nccl) on a CUDA device; they must outlive
-  // the manager.
-  // Every rank must issue the same collectives in the same order whatever its timing, so when
-  // sharded every decision to gather or drop is a function of the recorded trace and object
-  // sizes only (never of free memory or of which copies have finished):
-  //   - prefetch: after each acquire, every group in the prefetch window is gathered: the
-  //     upcoming trace positions whose distinct groups' gathered bytes add up to at most
-  //     prefetch_bytes (no wrap past the step's end: the optimizer updates the shards);
-  //   - release: a group nobody holds stays cached if its next use lies inside the window from
-  //     the next position, else it is dropped; at end_backward every unheld group is dropped;
-  //   - device memory: nothing is evicted for room; an allocation waits for pending frees and
-  //     fails (out of memory, naming stage3_prefetch_bucket_size) rather than skip a gather;
-  //     the preflight counts the window;
-  //   - no persistence threshold (a persistent group would miss the optimizer's update).
-  // Gradients are reduce-scattered in buckets of reduce_bucket_elems elements (DeepSpeed's
-  // zero_optimization.reduce_bucket_size, over the whole padded groups): the modules drained
-  // one after another share one reduce-scatter until the next would overflow the bucket (or a
-  // new micro-batch starts, or the next forward acquires parameters), through a device bucket
-  // buffer they are copied into; a module larger than the bucket is reduced in bucket-sized
-  // pieces; a bucket that is exactly one whole module is reduced in place. A bucket is capped
-  // at the largest module's padded group, so the device need grows by at most one bucket. All
-  // of it runs on the d2h stream, so with overlap_comm it overlaps the next module's backward;
-  // without, the compute stream waits for each bucket's reduction (DeepSpeed's meaning).
-  Communicator* param_comm = nullptr;
-  Communicator* grad_comm = nullptr;
-  uint64_t reduce_bucket_elems = 500'000'000;  // zero_optimization.reduce_bucket_size
-  bool overlap_comm = true;                    // zero_optimization.overlap_comm
-  int buffer_count = 4;                        // optimizer pipeline depth (NVMe state)
-  uint64_t prefetch_bytes = 50'000'000;        // bytes in flight ahead
-  uint64_t max_reuse_distance = UINT64_MAX;    // bytes
-  uint64_t persistence_threshold = 0;          // elements
-  int optimizer_threads = 0;
-  // strata.optimizer.delayed_update: a second gradient accumulator per module and host
-  // shadows of the parameters (see start_delayed_update), counted in the preflight.
-  bool delayed_update = false;
-  // The optimizer under backward keeps undo copies (clipping or fp16): size the host tier's
-  // arena for them when its budget allows.
-  bool undo_copies = false;
-  // strata.activations = offload: host-tier buffers for `stash_layers` block inputs of
-  // `stash_bytes` each (activation_bytes()'s stash_*), reserved at create and counted in the
-  // host preflight. 0: none (keep, recompute).
-  int stash_layers = 0;
-  size_t stash_bytes = 0;
-  static TierOptions from_config(const Config& cfg, DType dt);
-};
 
 struct TierStats {
   size_t capacity = 0;
@@ -156,7 +84,7 @@ struct TierTimes {
   // Of optimizer_s, the part that ran while the compute stream was still in backward.
   double optimizer_hidden_s = 0;
   uint64_t rollbacks = 0;       // steps whose speculative updates were undone
-  uint64_t modules_redone = 0;  // modules restored from undo copies (and redone or skipped)
+  uint64_t modules_redone = 0;  // modules restored from undo state (and redone or skipped)
   uint64_t modules_stepped_under_backward = 0;
 };
 
@@ -197,20 +125,23 @@ class TierManager : public ActivationStore {
   Status optimizer_step(const OptimizerHyper& hyper, float grad_mult);
   Status flush_writes();
 
-  // --- the optimizer under backward (issue #9) -----------------------------------------
+  // --- the optimizer under backward -----------------------------------------------------
   // Before the step's last micro-batch's backward: each module whose gradients become final
   // (drain_grads with `last`) is stepped by step_ready() with (hyper, grad_mult) as if no
   // clipping applies and no overflow occurred — its state fetched through the same read-ahead
   // pipeline, its new parameters written to their homes (and cached device copy) — while the
   // device runs the backward of the modules before it. With `keep_undo` (clipping on, or
-  // fp16) each stepped module's master weights and moments are copied first, from the host
-  // tier; when the tier has no room the remaining modules wait for validation.
+  // fp16) each stepped module first keeps what a rollback restores: master weights and moments
+  // homed on NVMe stay on the disk (the step is written to fresh shadow extents, the old ones
+  // are kept) when the swap files have room for them; other state, or NVMe state without that
+  // room, is copied to the host tier. When there is room for neither, the remaining modules
+  // wait for validation.
   // Then exactly one of: optimizer_step(h, mult) — keeps the speculative updates if (h.lr,
-  // h.step, mult) equal the speculated ones, else restores and redoes them, and steps the
-  // modules not yet stepped; or skip_step() — restores them and re-derives their parameters
-  // (the step is skipped). Either way the result is bit-identical to the non-overlapped
-  // schedule. A restore without undo copies (bf16 without clipping hit non-finite gradients)
-  // fails with INVALID_ARGUMENT naming strata.optimizer.overlap.
+  // h.step, mult) equal the speculated ones (the old extents are freed), else restores and
+  // redoes them, and steps the modules not yet stepped; or skip_step() — restores them and
+  // re-derives their parameters (the step is skipped). Either way the result is bit-identical
+  // to the non-overlapped schedule. A restore without undo state (bf16 without clipping hit
+  // non-finite gradients) fails with INVALID_ARGUMENT naming strata.optimizer.overlap.
   // With `step_modules` false, nothing is stepped early: the state is only read ahead during
   // backward (the trainer's choice when the last step clipped or overflowed, so that this one
   // likely will too and a speculative step would be wasted).
@@ -276,7 +207,6 @@ class TierManager : public ActivationStore {
  private:
   struct Impl;
   explicit TierManager(std::unique_ptr<Impl> impl);
-  Status write_params(int module, const float* master);
   std::unique_ptr<Impl> impl_;
   TierOptions opt_;
 };

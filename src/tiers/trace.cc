@@ -9,6 +9,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "src/tiers/cache_policy.h"
+
 namespace strata {
 
 Trace::Trace(std::vector<Access> accesses) : acc_(std::move(accesses)) {
@@ -101,15 +103,6 @@ const char* cache_policy_name(CachePolicy p) {
   return "?";
 }
 
-uint64_t prefetch_horizon(const Trace& t, uint64_t pos, uint64_t j) {
-  const size_t n = t.size();
-  uint64_t h = j;
-  for (uint64_t q = pos; q < j; ++q) {
-    h = std::max(h, t.next_use_of(t.accesses()[q % n].object, j + 1));
-  }
-  return h;
-}
-
 namespace {
 
 struct Resident {
@@ -118,9 +111,24 @@ struct Resident {
   uint64_t last_use = 0;  // absolute position of last access (LRU)
 };
 
-class Sim {
+CachePolicyOptions sim_policy(CachePolicy p, const ReplayOptions& o) {
+  CachePolicyOptions c;
+  c.belady = p != CachePolicy::kLru;
+  c.prefetch = p == CachePolicy::kStrata;
+  c.prefetch_bytes = o.prefetch_bytes;
+  c.max_reuse_distance = o.max_reuse_distance;
+  return c;
+}
+
+// A device cache on a modelled timeline: one copy engine, compute times per access. What to
+// evict, prefetch and drop is DeviceCachePolicy's decision, as in the tier manager.
+class Sim final : public CacheState {
  public:
-  Sim(const Trace& t, CachePolicy p, const ReplayOptions& o) : t_(t), p_(p), o_(o) {}
+  Sim(const Trace& t, CachePolicy p, const ReplayOptions& o)
+      : t_(t), o_(o), policy_(sim_policy(p, o)) {
+    policy_.set_trace(&t_);
+    for (const auto& a : t_.accesses()) objects_ = std::max(objects_, a.object + 1);
+  }
 
   ReplayResult run() {
     const size_t n = t_.size();
@@ -146,10 +154,11 @@ class Sim {
           now_ = it->second.ready_at;
         }
         it->second.last_use = pos;
-        if (p_ == CachePolicy::kStrata) prefetch(pos);
+        pos_ = pos;
+        policy_.prefetch(*this, pos, in_flight());
         now_ += a.compute_s;
         r_.compute_s += a.compute_s;
-        if (p_ == CachePolicy::kStrata && t_.reuse_distance(i) > o_.max_reuse_distance) {
+        if (policy_.drop_after_use(i)) {
           used_ -= it->second.bytes;
           res_.erase(it);
         }
@@ -158,8 +167,25 @@ class Sim {
     return r_;
   }
 
+  // CacheState
+  int object_count() const override { return objects_; }
+  bool evictable(int obj) const override { return res_.count(obj) > 0; }
+  uint64_t last_access(int obj) const override { return res_.at(obj).last_use; }
+  bool fetchable(int obj) const override { return res_.count(obj) == 0; }
+  bool prefetch(int obj, uint64_t bytes, uint64_t horizon) override {
+    if (!make_room(bytes, pos_, t_.accesses()[pos_ % t_.size()].object, horizon)) return false;
+    fetch(obj, bytes, now_);
+    return true;
+  }
+
  private:
-  uint64_t next_use(int obj, uint64_t pos) const { return t_.next_use_of(obj, pos + 1); }
+  uint64_t in_flight() const {
+    uint64_t b = 0;
+    for (const auto& [obj, r] : res_) {
+      if (r.ready_at > now_) b += r.bytes;
+    }
+    return b;
+  }
 
   void fetch(int obj, uint64_t bytes, double issue) {
     double start = std::max(issue, copy_free_);
@@ -171,26 +197,11 @@ class Sim {
     ++r_.fetches;
   }
 
-  // Frees room for `bytes` at position pos, never evicting `keep` or any object whose next use
-  // is at or before `need_before` (prefetch must not evict what is needed sooner).
+  // Frees room for `bytes` at position pos, evicting the policy's victims: never `keep`, and
+  // for a prefetch none used at or before `need_before`.
   bool make_room(uint64_t bytes, uint64_t pos, int keep, uint64_t need_before) {
     while (used_ + bytes > o_.capacity) {
-      int victim = -1;
-      uint64_t best = 0;
-      for (const auto& [obj, r] : res_) {
-        if (obj == keep) continue;
-        uint64_t key;
-        if (p_ == CachePolicy::kLru) {
-          key = UINT64_MAX - r.last_use;  // oldest use first
-        } else {
-          key = next_use(obj, pos);
-          if (key <= need_before && need_before != UINT64_MAX) continue;
-        }
-        if (victim < 0 || key > best) {
-          victim = obj;
-          best = key;
-        }
-      }
+      const int victim = policy_.victim(*this, pos + 1, keep, need_before);
       if (victim < 0) return false;
       used_ -= res_[victim].bytes;
       res_.erase(victim);
@@ -198,28 +209,13 @@ class Sim {
     return true;
   }
 
-  void prefetch(uint64_t pos) {
-    const size_t n = t_.size();
-    uint64_t in_flight = 0;
-    for (const auto& [obj, r] : res_) {
-      if (r.ready_at > now_) in_flight += r.bytes;
-    }
-    for (uint64_t j = pos + 1; j < pos + n; ++j) {
-      const Access& a = t_.accesses()[j % n];
-      if (res_.count(a.object)) continue;
-      if (in_flight + a.bytes > o_.prefetch_bytes) break;
-      if (!make_room(a.bytes, pos, t_.accesses()[pos % n].object, prefetch_horizon(t_, pos, j))) {
-        break;
-      }
-      fetch(a.object, a.bytes, now_);
-      in_flight += a.bytes;
-    }
-  }
   const Trace& t_;
-  CachePolicy p_;
   ReplayOptions o_;
+  DeviceCachePolicy policy_;
+  int objects_ = 0;
   std::map<int, Resident> res_;
   uint64_t used_ = 0;
+  uint64_t pos_ = 0;  // the access under way
   double now_ = 0, copy_free_ = 0;
   ReplayResult r_;
 };

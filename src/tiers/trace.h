@@ -10,13 +10,13 @@
 //   kLru     evict the least recently used object; fetch on demand.
 //   kBelady  evict the object whose next use is furthest in the future (Belady's MIN);
 //            fetch on demand. The reference optimum for bytes moved.
-//   kStrata  Belady's eviction, plus prefetch: after each access, walk ahead in order and fetch
-//            upcoming objects while the prefetch byte budget allows, evicting only objects
-//            beyond prefetch_horizon() (so the victims are Belady's own); release after use any
-//            object whose reuse distance exceeds max_reuse_distance.
+//   kStrata  what the tier manager runs: Belady's eviction, plus prefetch within the Belady
+//            horizon and release after use beyond max_reuse_distance (DeviceCachePolicy,
+//            src/tiers/cache_policy.h).
 // replay() runs a policy over `steps` repetitions of the trace on a timeline with one copy
 // engine of `bandwidth` bytes/s and per-access compute times, and reports bytes moved and the
-// time the compute waited for copies (stall).
+// time the compute waited for copies (stall). All three run DeviceCachePolicy, the tier
+// manager's own code, with prefetch (and, for kLru, Belady) switched off.
 #pragma once
 
 #include <cstdint>
@@ -80,12 +80,5 @@ struct ReplayResult {
 };
 
 ReplayResult replay(const Trace& trace, CachePolicy policy, const ReplayOptions& options);
-
-// The eviction horizon for prefetching the access at absolute position j while at position
-// pos: a prefetch may only evict objects next used after this. It is the latest first use after
-// j of any object touched in [pos, j): on-demand Belady at j could evict any of those, so
-// evicting only objects beyond all of them picks exactly the victims Belady would pick at j,
-// and prefetching never moves more bytes than Belady's on-demand schedule.
-uint64_t prefetch_horizon(const Trace& trace, uint64_t pos, uint64_t j);
 
 }  // namespace strata

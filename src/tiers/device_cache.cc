@@ -1,0 +1,302 @@
+#include "src/tiers/device_cache.h"
+
+#include <fmt/format.h>
+
+#include "strata/log.h"
+
+namespace strata {
+
+namespace {
+
+CachePolicyOptions policy_options(const TierOptions& o) {
+  CachePolicyOptions p;
+  p.prefetch_bytes = o.prefetch_bytes;
+  p.max_reuse_distance = o.max_reuse_distance;
+  return p;
+}
+
+}  // namespace
+
+DeviceCache::DeviceCache(Homes& homes, const TierOptions& options, DType dt, bool sharded,
+                         TierCounters& counters, AsyncError& errors)
+    : homes_(homes),
+      dev_(homes.device()),
+      opt_(options),
+      dt_(dt),
+      sharded_(sharded),
+      counters_(counters),
+      errors_(errors),
+      policy_(policy_options(options)),
+      cache_(homes.modules().size()) {}
+
+// ---- phases --------------------------------------------------------------------------------
+
+void DeviceCache::begin_phase(const std::string& phase) {
+  phase_ = phase;
+  rec_.clear();
+  pos_ = 0;
+  mismatch_ = false;
+  auto it = traces_.find(phase);
+  cur_ = it == traces_.end() ? nullptr : &it->second;
+  policy_.set_trace(cur_);
+}
+
+void DeviceCache::end_phase() {
+  if (!cur_ || mismatch_ || rec_.size() != cur_->size()) {
+    if (cur_ && !mismatch_) {
+      log_warn("tier manager: {} step ended after {} of {} recorded accesses; re-recording", phase_,
+               rec_.size(), cur_->size());
+    }
+    traces_[phase_] = Trace(rec_);
+  }
+  cur_ = nullptr;
+  policy_.set_trace(nullptr);
+}
+
+const Trace* DeviceCache::trace(const std::string& phase) const {
+  auto it = traces_.find(phase);
+  return it == traces_.end() ? nullptr : &it->second;
+}
+
+// ---- parameters ------------------------------------------------------------------------------
+
+Result<const void*> DeviceCache::acquire(int m) {
+  Module& mod = homes_.module(m);
+  rec_.push_back({m, mod.p.bytes, 0.0});
+  if (trace_known() && (pos_ >= cur_->size() || cur_->accesses()[pos_].object != m)) {
+    log_warn(
+        "tier manager: {} access order changed at position {} (expected {}, got {}); "
+        "fetching on demand for this step and re-recording",
+        phase_, pos_,
+        pos_ < cur_->size() ? homes_.module(cur_->accesses()[pos_].object).name
+                            : std::string("end of step"),
+        mod.name);
+    mismatch_ = true;
+    policy_.set_trace(nullptr);
+  }
+  if (mod.p.tier == Tier::kDevice && !sharded_) {
+    ++pos_;
+    return static_cast<const void*>(mod.p.dev);
+  }
+  Entry& c = cache_[size_t(m)];
+  if (!c.resident) {
+    bool fetched = false;
+    STRATA_RETURN_IF_ERROR(fetch(m, UINT64_MAX, /*may_block=*/true, &fetched),
+                           "fetching " + mod.name + " parameters");
+  }
+  ++c.pins;
+  c.acq_pos = pos_;
+  c.last_pos = pos_;
+  compute_waits_for(c.ready);
+  ++pos_;
+  prefetch_after_acquire();
+  return static_cast<const void*>(c.ptr);
+}
+
+void DeviceCache::release(int m) {
+  if (homes_.module(m).p.tier == Tier::kDevice && !sharded_) return;
+  Entry& c = cache_[size_t(m)];
+  STRATA_CHECK(c.pins > 0, "release_params without acquire");
+  --c.pins;
+  c.last_use = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*c.last_use, dev_.compute_stream());
+  // Sharded: a gathered group is released as soon as nobody holds it (see TierOptions).
+  if (c.pins == 0 && sharded_) {
+    if (!keep_gathered(m)) drop(m);
+  } else if (c.pins == 0 && !c.persistent && policy_.drop_after_use(c.acq_pos)) {
+    drop(m);
+  }
+}
+
+Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fetched) {
+  Module& mod = homes_.module(m);
+  Entry& c = cache_[size_t(m)];
+  *fetched = false;
+  const size_t full = cache_bytes(mod);
+  auto r = allocate(full, mod.name + ".params", m, need_before, may_block);
+  if (!r.is_ok()) return may_block ? r.status() : Status::ok();
+  c.ptr = *r;
+  // This rank's shard lands at its offset in the group; the all-gather fills the rest.
+  char* mine = static_cast<char*>(c.ptr) + mod.off * dtype_size(dt_);
+  Stream& h2d = dev_.h2d_stream();
+  if (mod.p.tier == Tier::kDevice) {
+    dev_.copy_d2d(h2d, mine, mod.p.dev, mod.p.bytes);
+  } else if (mod.p.tier == Tier::kHost) {
+    dev_.copy_h2d(h2d, mine, mod.p.host.data(), mod.p.bytes);
+  } else {
+    auto staging = homes_.host_buf(mod.p.bytes, "staging a parameter fetch");
+    if (!staging.is_ok()) {
+      dev_.release(c.ptr);
+      c.ptr = nullptr;
+      return may_block ? staging.status() : Status::ok();
+    }
+    auto sp = std::make_shared<PinnedBuffer>(std::move(staging).value());
+    IoWorker* iow = homes_.io();
+    IoWorker::Ticket t = iow->read(mod.p.ext, sp->data());
+    AsyncError* errors = &errors_;
+    dev_.host_fn(h2d, [errors, iow, t] {
+      Status s = iow->wait(t);
+      if (!s.is_ok()) errors->set(s);
+    });
+    dev_.copy_h2d(h2d, mine, sp->data(), mod.p.bytes);
+    dev_.host_fn(h2d, [sp] { sp->reset(); });
+    counters_.update([&](TierCounts& n) {
+      n.host_in += mod.p.bytes;
+      n.host_out += mod.p.bytes;
+    });
+  }
+  if (sharded_) all_gather(m, mine);
+  c.ready = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*c.ready, h2d);
+  c.resident = true;
+  c.persistent = !sharded_ && mod.numel < opt_.persistence_threshold;
+  counters_.update([&](TierCounts& n) {
+    n.dev_in += full;
+    ++n.fetches;
+    if (need_before != UINT64_MAX) ++n.prefetches;  // a prefetch (demand fetches pass MAX)
+  });
+  *fetched = true;
+  return Status::ok();
+}
+
+void DeviceCache::prefetch_after_acquire() {
+  if (sharded_) {
+    if (trace_known() && !cur_->empty() && opt_.prefetch_bytes > 0) gather_window();
+    return;
+  }
+  if (!policy_.trace()) return;
+  uint64_t in_flight = 0;
+  for (size_t m = 0; m < cache_.size(); ++m) {
+    if (cache_[m].resident && cache_[m].ready && !dev_.query(*cache_[m].ready)) {
+      in_flight += homes_.modules()[m].p.bytes;
+    }
+  }
+  policy_.prefetch(*this, pos_ - 1, in_flight);  // after the access at pos_ - 1
+}
+
+bool DeviceCache::evictable(int m) const {
+  const Entry& c = cache_[size_t(m)];
+  return c.resident && c.pins == 0 && !c.persistent;
+}
+
+bool DeviceCache::fetchable(int m) const {
+  return homes_.modules()[size_t(m)].p.tier != Tier::kDevice && !cache_[size_t(m)].resident;
+}
+
+bool DeviceCache::prefetch(int m, uint64_t /*bytes*/, uint64_t horizon) {
+  bool fetched = false;
+  return fetch(m, horizon, /*may_block=*/false, &fetched).is_ok() && fetched;
+}
+
+void DeviceCache::compute_waits_for(const std::shared_ptr<Event>& ev) {
+  if (!ev) return;
+  if (dev_.host_addressable()) {
+    // Timed wait: how long the compute stream stalls on this copy.
+    Device* dev = &dev_;
+    TierCounters* counters = &counters_;
+    dev_.host_fn(dev_.compute_stream(), [dev, counters, ev] {
+      auto t0 = TierClock::now();
+      dev->synchronize(*ev).ignore();
+      const double w = seconds_between(t0, TierClock::now());
+      counters->update([w](TierCounts& n) { n.compute_wait_s += w; });
+    });
+  } else {
+    dev_.wait(dev_.compute_stream(), *ev);
+  }
+}
+
+// ---- device memory ---------------------------------------------------------------------------
+
+void DeviceCache::reclaim(bool block_oldest) {
+  while (!pending_.empty()) {
+    PendingFree& f = pending_.front();
+    if (f.after && !dev_.query(*f.after)) {
+      if (!block_oldest) break;
+      dev_.synchronize(*f.after).ignore();
+      block_oldest = false;
+    }
+    dev_.release(f.ptr);
+    pending_.pop_front();
+  }
+}
+
+void DeviceCache::drop(int m) {
+  Entry& c = cache_[size_t(m)];
+  // The memory is freed once its last use (and its fetch) have run.
+  if (c.ready) dev_.synchronize(*c.ready).ignore();
+  pending_.push_back({c.ptr, round_up(cache_bytes(homes_.module(m)), 256), c.last_use});
+  c.ptr = nullptr;
+  c.resident = false;
+}
+
+Result<void*> DeviceCache::allocate(size_t bytes, const std::string& tag, int keep,
+                                    uint64_t need_before, bool may_block) {
+  // Waits for pending frees as often as there are any, then for the gradient drains twice
+  // (counted apart: how many frees were pending depends on timing, the outcome must not).
+  for (int drain_waits = 0;;) {
+    reclaim(false);
+    auto r = dev_.allocate(bytes, tag);
+    if (r.is_ok()) return r;
+    // Sharded: never evict for room (whether an allocation fails depends on timing; an
+    // eviction would change which gathers follow, and every rank must issue the same ones).
+    if (!sharded_) {
+      const int victim = policy_.victim(*this, pos_, keep, need_before);
+      if (victim >= 0) {
+        drop(victim);
+        continue;
+      }
+    }
+    if (!may_block) return r.status();
+    if (!pending_.empty()) {
+      reclaim(true);
+      continue;
+    }
+    if (drain_waits++ < 2) {  // gradient drains in flight free device memory when they finish
+      dev_.synchronize(dev_.d2h_stream()).ignore();
+      continue;
+    }
+    auto st = dev_.memory_stats();
+    return out_of_memory(fmt::format(
+        "device tier full: {} for {} does not fit ({} of {} in use, every cached object "
+        "pinned); raise device.memory_limit or lower train_micro_batch_size_per_gpu{}",
+        format_bytes(double(bytes)), tag, format_bytes(double(st.used)),
+        format_bytes(double(st.capacity)),
+        sharded_ ? " or zero_optimization.stage3_prefetch_bucket_size (with several ranks, "
+                   "gathered groups in the prefetch window are never evicted)"
+                 : ""));
+  }
+}
+
+// ---- new parameters --------------------------------------------------------------------------
+
+Status DeviceCache::wait_fetch(int m) {
+  const Entry& c = cache_[size_t(m)];
+  if (c.resident && c.ready) {
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(*c.ready),
+                           "waiting for the fetch of " + homes_.module(m).name + " parameters");
+  }
+  return Status::ok();
+}
+
+void DeviceCache::write_through(int m, const void* lp, size_t bytes) {
+  Entry& c = cache_[size_t(m)];
+  Stream& h2d = dev_.h2d_stream();
+  dev_.copy_h2d(h2d, c.ptr, lp, bytes);
+  // Under backward the copy may be evicted before the h2d stream runs this write: its memory
+  // is freed only after it (the compute stream's last use of it came earlier, or this module's
+  // gradients would not be final).
+  c.last_use = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*c.last_use, h2d);
+  counters_.update([bytes](TierCounts& n) { n.dev_in += bytes; });
+}
+
+void DeviceCache::release_all() {
+  reclaim(true);
+  while (!pending_.empty()) reclaim(true);
+  for (auto& c : cache_) {
+    if (c.resident) dev_.release(c.ptr);
+    c.resident = false;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,138 @@
+// The device cache: copies of module parameters in device memory while they are needed, and
+// the device allocations of the tier manager's other transient buffers.
+//
+// acquire(m) returns a device pointer to module m's parameters: the home itself when it is on
+// the device (unsharded), else a cached copy, fetched on demand from the host or NVMe home on
+// the h2d stream (an NVMe fetch first waits on that stream for its read into a staging
+// buffer), or, with several ranks, this rank's shard gathered with the others' into the whole
+// group (zero3_gather.cc). The compute stream waits on the fetch's event; memory is freed only
+// after the last use's event.
+//
+// What stays, what is evicted and what is fetched ahead is DeviceCachePolicy's decision
+// (src/tiers/cache_policy.h), the same code `strata trace replay` runs. The first step of each
+// phase ("train", "eval") records the order of acquires; later steps give the policy that
+// trace. A changed order is logged, served on demand and re-recorded. Modules under
+// persistence_threshold elements stay once fetched (unsharded).
+//
+// Thread safety: the host thread calls everything; stream callbacks only touch the counters
+// and the async error.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/tiers/cache_policy.h"
+#include "src/tiers/counters.h"
+#include "src/tiers/homes.h"
+#include "src/tiers/trace.h"
+
+namespace strata {
+
+class DeviceCache final : public CacheState {
+ public:
+  DeviceCache(Homes& homes, const TierOptions& options, DType dt, bool sharded,
+              TierCounters& counters, AsyncError& errors);
+
+  // ---- phases and their traces ---------------------------------------------------------
+  void begin_phase(const std::string& phase);
+  // Keeps this step's order as the phase's trace when it had none or the order changed.
+  void end_phase();
+  const Trace* trace(const std::string& phase) const;
+
+  // ---- parameters ----------------------------------------------------------------------
+  // Device pointer to module m's parameters, valid for work enqueued on the compute stream
+  // until release(m). Records the access; then prefetches what the policy asks for.
+  Result<const void*> acquire(int m);
+  void release(int m);
+
+  // ---- device memory -------------------------------------------------------------------
+  // Device memory for a manager-owned buffer, evicting cached copies as the policy chooses
+  // (never `keep`; for a prefetch, nothing used at or before need_before). With `may_block`,
+  // waits for pending frees and gradient drains before failing with an error that names the
+  // tier, the bytes and the config keys; without, fails at once.
+  Result<void*> allocate(size_t bytes, const std::string& tag, int keep, uint64_t need_before,
+                         bool may_block);
+  // Frees the cached copies whose last use has run; with `block_oldest`, waits for the oldest.
+  void reclaim(bool block_oldest);
+  // The compute stream waits for `ev` (timed into TierCounts::compute_wait_s on a
+  // host-addressable device). A null event is no wait.
+  void compute_waits_for(const std::shared_ptr<Event>& ev);
+
+  // ---- new parameters from the optimizer ----------------------------------------------
+  bool resident(int m) const { return cache_[size_t(m)].resident; }
+  // Waits until a fetch of module m's cached copy (which reads its home) has landed, so the
+  // home may be overwritten.
+  Status wait_fetch(int m);
+  // Write-through: copies `bytes` of new parameters at host `lp` to module m's cached copy on
+  // the h2d stream; the copy is not freed before that ran.
+  void write_through(int m, const void* lp, size_t bytes);
+  // Forgets module m's cached copy; its memory is freed after its last use.
+  void drop(int m);
+
+  // ---- ZeRO-3 (zero3_gather.cc) --------------------------------------------------------
+  // At the end of backward: every gathered group nobody holds is dropped (the optimizer is
+  // about to update the shards) and its memory reclaimed.
+  void drop_unheld();
+
+  // Frees every cached copy; call after the device's streams have been synchronized.
+  void release_all();
+
+  // ---- CacheState: what the policy sees ------------------------------------------------
+  int object_count() const override { return int(cache_.size()); }
+  bool evictable(int m) const override;
+  uint64_t last_access(int m) const override { return cache_[size_t(m)].last_pos; }
+  bool fetchable(int m) const override;
+  bool prefetch(int m, uint64_t bytes, uint64_t horizon) override;
+
+ private:
+  struct Entry {
+    void* ptr = nullptr;
+    bool resident = false;
+    bool persistent = false;
+    int pins = 0;
+    uint64_t acq_pos = 0;   // trace position of the current/last acquire
+    uint64_t last_pos = 0;  // LRU key
+    std::shared_ptr<Event> ready, last_use;
+  };
+  struct PendingFree {
+    void* ptr;
+    size_t bytes;
+    std::shared_ptr<Event> after;
+  };
+  // Device bytes of a gathered (cached) parameter group.
+  size_t cache_bytes(const Module& m) const { return m.padded * dtype_size(dt_); }
+  bool trace_known() const { return cur_ && !mismatch_; }
+  // Fetches (gathers, when sharded) module m's parameters into the cache. need_before is
+  // UINT64_MAX for a fetch on demand, else the prefetch's eviction horizon.
+  Status fetch(int m, uint64_t need_before, bool may_block, bool* fetched);
+  void prefetch_after_acquire();
+
+  // zero3_gather.cc
+  void all_gather(int m, void* mine);
+  uint64_t window_end(uint64_t from) const;
+  void gather_window();
+  bool keep_gathered(int m) const;
+
+  Homes& homes_;
+  Device& dev_;
+  const TierOptions& opt_;
+  DType dt_;
+  bool sharded_;
+  TierCounters& counters_;
+  AsyncError& errors_;
+  DeviceCachePolicy policy_;
+  std::vector<Entry> cache_;
+  std::deque<PendingFree> pending_;
+  // The trace of each phase; the current phase's recording and position.
+  std::map<std::string, Trace> traces_;
+  std::string phase_;
+  std::vector<Access> rec_;
+  bool mismatch_ = false;
+  uint64_t pos_ = 0;
+  const Trace* cur_ = nullptr;
+};
+
+}  // namespace strata

@@ -1,0 +1,181 @@
+#include "src/tiers/grad_buckets.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "strata/cpu_optim.h"
+
+namespace strata {
+
+GradBuckets::GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& options, bool sharded,
+                         TierCounters& counters, AsyncError& errors,
+                         std::function<void(int)> on_final)
+    : homes_(homes),
+      dev_(homes.device()),
+      cache_(cache),
+      opt_(options),
+      sharded_(sharded),
+      counters_(counters),
+      errors_(errors),
+      on_final_(std::move(on_final)),
+      gdev_(homes.modules().size(), nullptr),
+      gstats_(homes.modules().size()) {}
+
+Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(void* b, dev_.allocate(bytes, "gradient reduce bucket"),
+                          "device tier: zero_optimization.reduce_bucket_size");
+  bucket_ = static_cast<float*>(b);
+  bucket_kc_ = shard_elems;
+  return Status::ok();
+}
+
+Result<float*> GradBuckets::acquire(int m) {
+  if (gdev_[size_t(m)]) return gdev_[size_t(m)];
+  const Module& mod = homes_.module(m);
+  const size_t bytes = mod.padded * 4;  // the whole (padded) group
+  STRATA_ASSIGN_OR_RETURN(
+      void* p, cache_.allocate(bytes, mod.name + ".grad", -1, UINT64_MAX, /*may_block=*/true),
+      "gradients of " + mod.name);
+  dev_.memset_zero(dev_.compute_stream(), p, bytes);
+  gdev_[size_t(m)] = static_cast<float*>(p);
+  return static_cast<float*>(p);
+}
+
+void GradBuckets::drain(int m, int micro, bool last) {
+  float* g = gdev_[size_t(m)];
+  STRATA_CHECK(g != nullptr, "drain_grads without acquire_grads");
+  gdev_[size_t(m)] = nullptr;
+  auto ev = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*ev, dev_.compute_stream());
+  dev_.wait(dev_.d2h_stream(), *ev);
+  // Sharded: every rank's gradient of this micro-batch is summed into this rank's shard by
+  // bucketed reduce-scatters; only the shard leaves the device.
+  if (sharded_) {
+    drain_sharded(m, g, micro, last);
+    return;
+  }
+  accumulate(m, g, 0, homes_.module(m).sn, micro);
+  finish(m, g, last);
+}
+
+GradStats GradBuckets::stats() const {
+  GradStats s;
+  for (const auto& g : gstats_) s.merge(g);
+  return s;
+}
+
+void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int micro) {
+  Stream& d2h = dev_.d2h_stream();
+  float* acc = static_cast<float*>(homes_.module(m).gacc.ptr()) + a;
+  const size_t bytes = len * 4;
+  if (micro == 0) {
+    dev_.copy_d2h(d2h, acc, src, bytes);
+  } else {
+    auto landing = homes_.host_buf(bytes, "gradient landing buffer");
+    if (!landing.is_ok()) {
+      errors_.set(
+          landing.status().with_context("accumulating " + homes_.module(m).name + " gradients"));
+      return;
+    }
+    auto lb = std::make_shared<PinnedBuffer>(std::move(landing).value());
+    dev_.copy_d2h(d2h, lb->data(), src, bytes);
+    dev_.host_fn(d2h, [lb, acc, len] {
+      const float* x = lb->as<float>();
+      for (size_t i = 0; i < len; ++i) acc[i] += x[i];
+      lb->reset();
+    });
+  }
+  counters_.update([bytes](TierCounts& n) { n.dev_out += bytes; });
+}
+
+void GradBuckets::finish(int m, float* g, bool last) {
+  Stream& d2h = dev_.d2h_stream();
+  if (last) {
+    GradStats* out = &gstats_[size_t(m)];
+    const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());
+    const size_t n = homes_.module(m).sn;
+    dev_.host_fn(d2h, [out, acc, n] { *out = strata::grad_stats(acc, DType::kF32, n); });
+  }
+  Device* dev = &dev_;
+  dev_.host_fn(d2h, [dev, g] { dev->release(g); });
+  if (last) on_final_(m);
+}
+
+// Reduce-scatters the open bucket on the d2h stream and empties it. One whole module is
+// reduced in place in its own buffer; anything else is first copied into the bucket buffer,
+// laid out as the collective wants it: rank q's part of every piece, in piece order, at q * k.
+void GradBuckets::flush_bucket() {
+  if (open_.empty()) return;
+  Stream& d2h = dev_.d2h_stream();
+  const int world = opt_.grad_comm->size(), rank = opt_.grad_comm->rank();
+  const size_t k = open_k_;
+  const Piece& p0 = open_.front();
+  const bool in_place = open_.size() == 1 && p0.a == 0 && p0.len == homes_.module(p0.m).sn;
+  float* buf = in_place ? p0.g : bucket_;
+  if (!in_place) {
+    size_t o = 0;
+    for (const Piece& p : open_) {
+      const size_t sn = homes_.module(p.m).sn;
+      for (int q = 0; q < world; ++q) {
+        dev_.copy_d2d(d2h, buf + size_t(q) * k + o, p.g + size_t(q) * sn + p.a, p.len * 4);
+      }
+      o += p.len;
+    }
+  }
+  float* mine = buf + size_t(rank) * k;
+  Status st = opt_.grad_comm->reduce_scatter(d2h, buf, mine, k, DType::kF32, ReduceOp::kSum);
+  if (!st.is_ok()) {
+    errors_.set(
+        st.with_context(fmt::format("reducing the gradients of {}{}", homes_.module(p0.m).name,
+                                    open_.size() > 1 ? " and the modules after it" : "")));
+  }
+  size_t o = 0;
+  for (const Piece& p : open_) {
+    accumulate(p.m, mine + o, p.a, p.len, p.micro);
+    o += p.len;
+    if (p.final) finish(p.m, p.g, p.last);
+  }
+  if (!opt_.overlap_comm) {
+    // overlap_comm false: the compute stream waits for this reduction.
+    auto ev = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*ev, d2h);
+    dev_.wait(dev_.compute_stream(), *ev);
+  }
+  const bool shared =
+      std::any_of(open_.begin(), open_.end(), [&](const Piece& p) { return p.m != p0.m; });
+  counters_.update([shared](TierCounts& n) {
+    ++n.grad_reductions;
+    n.grad_shared_reductions += shared;
+  });
+  open_.clear();
+  open_k_ = 0;
+}
+
+// Module m's gradient buffer g (whole padded group) after its backward: into buckets.
+void GradBuckets::drain_sharded(int m, float* g, int micro, bool last) {
+  const size_t sn = homes_.module(m).sn, kc = bucket_kc_;
+  // A bucket never spans micro-batches (a module's pieces of two micro-batches would be
+  // accumulated out of order with respect to their copies).
+  if (!open_.empty() && open_.front().micro != micro) flush_bucket();
+  if (sn <= kc && open_k_ + sn > kc) flush_bucket();  // a whole module that does not fit
+  if (sn > kc) flush_bucket();  // a large module: bucket-sized pieces of its own
+  for (size_t a = 0; a < sn;) {
+    const size_t len = std::min(kc - open_k_, sn - a);
+    open_.push_back({m, g, a, len, micro, last, a + len == sn});
+    open_k_ += len;
+    a += len;
+    if (open_k_ == kc) flush_bucket();
+  }
+}
+
+void GradBuckets::release_all() {
+  for (auto& g : gdev_) {
+    if (g) dev_.release(g);
+    g = nullptr;
+  }
+  if (bucket_) dev_.release(bucket_);
+  bucket_ = nullptr;
+}
+
+}  // namespace strata

@@ -1,0 +1,81 @@
+// Gradients: a fresh device buffer per module and micro-batch, drained into the module's fp32
+// accumulator GACC on the d2h stream as soon as its backward is done.
+//
+// Unsharded, each module is drained alone: copied to GACC for the first micro-batch, added
+// for the later ones (through a host landing buffer), the same on every placement. With
+// several ranks the drained buffers go into buckets of reduce_bucket_size elements that are
+// reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
+// in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
+// accumulated. Either way, after the last micro-batch a module's norm² and inf/nan flag are
+// reduced from GACC on the d2h stream, and `on_final(m)` is called once the work that makes
+// its gradients final has been enqueued.
+//
+// Thread safety: the host thread calls everything; the d2h stream's callbacks write the
+// module's grad stats and touch the counters and the async error.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "src/tiers/counters.h"
+#include "src/tiers/device_cache.h"
+#include "src/tiers/homes.h"
+#include "strata/optimizer.h"
+
+namespace strata {
+
+class GradBuckets {
+ public:
+  GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& options, bool sharded,
+              TierCounters& counters, AsyncError& errors, std::function<void(int)> on_final);
+
+  // Sharded: allocates the device bucket of `shard_elems` elements per rank (`bytes`).
+  Status init_bucket(size_t shard_elems, size_t bytes);
+
+  // A zeroed device buffer for module m's gradients (the whole padded group) this micro-batch.
+  Result<float*> acquire(int m);
+  // After module m's backward: drains its buffer into GACC[m] (and frees it) on the d2h stream.
+  void drain(int m, int micro, bool last);
+  // Sharded: reduce-scatters the open bucket now (before a forward, at the end of backward).
+  void flush_bucket();
+  // The step's gradient norm² and inf/nan flag over this rank's modules; valid after the d2h
+  // stream ran the last micro-batch's drains.
+  GradStats stats() const;
+
+  // Frees the gradient buffers and the bucket; call after the streams have been synchronized.
+  void release_all();
+
+ private:
+  // Piece: elements [a, a + len) of every rank's shard of module m's gradient buffer g.
+  struct Piece {
+    int m;
+    float* g;
+    size_t a, len;
+    int micro;
+    bool last;   // the step's last micro-batch: the module's grad stats follow its final piece
+    bool final;  // the module's last piece: g is freed after this bucket
+  };
+  // GACC[m][a, a + len) <- (micro 0) or += (later) `len` floats at device `src`, on d2h.
+  void accumulate(int m, const float* src, size_t a, size_t len, int micro);
+  // After module m's gradient buffer g has been accumulated: its grad stats (last), its
+  // buffer freed, and on_final (last), all in d2h stream order.
+  void finish(int m, float* g, bool last);
+  void drain_sharded(int m, float* g, int micro, bool last);
+
+  Homes& homes_;
+  Device& dev_;
+  DeviceCache& cache_;
+  const TierOptions& opt_;
+  bool sharded_;
+  TierCounters& counters_;
+  AsyncError& errors_;
+  std::function<void(int)> on_final_;
+  std::vector<float*> gdev_;       // this micro-batch's device buffers
+  std::vector<GradStats> gstats_;  // written by the d2h stream
+  float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
+  size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
+  std::vector<Piece> open_;        // the bucket being filled
+  size_t open_k_ = 0;              // per-rank elements in it
+};
+
+}  // namespace strata

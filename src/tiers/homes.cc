@@ -1,0 +1,151 @@
+#include "src/tiers/homes.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace strata {
+
+Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<ModuleHomes>& plan,
+                                             int rank, int world_size, size_t arena_bytes,
+                                             const TierOptions& options, const SwapOptions* swap) {
+  std::unique_ptr<Homes> h(new Homes(device));
+  BufferPoolOptions po;
+  po.name = "host tier";
+  po.lock = options.pin_memory;
+  STRATA_ASSIGN_OR_RETURN(h->pool_, BufferPool::create(arena_bytes, po), "host tier");
+  device.register_host(h->pool_->base(), h->pool_->capacity()).ignore();
+  if (swap) {
+    STRATA_ASSIGN_OR_RETURN(h->storage_, open_storage(options.storage), "nvme tier");
+    h->storage_->register_buffer(h->pool_->base(), h->pool_->capacity()).ignore();
+    STRATA_ASSIGN_OR_RETURN(h->swap_, SwapSpace::create(h->storage_.get(), *swap), "nvme tier");
+    h->nvme_capacity_ = h->swap_->capacity();
+    h->io_ = std::make_unique<IoWorker>(h->storage_.get(), h->swap_.get());
+  }
+  h->mods_.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ModuleHomes& mh = plan[i];
+    Module& m = h->mods_[i];
+    m.name = mh.name;
+    m.numel = mh.numel;
+    m.sn = mh.shard_numel;
+    m.padded = mh.padded_numel;
+    m.off = world_size > 1 ? size_t(rank) * m.sn : 0;
+    m.valid = m.off >= m.numel ? 0 : std::min(m.numel - m.off, m.sn);
+    m.p = {mh.params.tier, mh.params.bytes, {}, nullptr, {}};
+    m.master = {mh.master.tier, mh.master.bytes, {}, nullptr, {}};
+    m.mom = {mh.moments.tier, mh.moments.bytes, {}, nullptr, {}};
+    m.gacc = {mh.grads.tier, mh.grads.bytes, {}, nullptr, {}};
+    m.gacc2 = {mh.grads2.tier, mh.grads2.bytes, {}, nullptr, {}};
+  }
+  for (auto& m : h->mods_) {
+    for (auto* home : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
+      if (home->bytes == 0) continue;
+      const std::string tag = fmt::format("{}.{}", m.name,
+                                          home == &m.p        ? "params"
+                                          : home == &m.master ? "master"
+                                          : home == &m.mom    ? "moments"
+                                                              : "grads");
+      if (home->tier == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(home->dev, device.allocate(home->bytes, tag),
+                                "device tier: " + tag);
+      } else if (home->tier == Tier::kHost) {
+        STRATA_ASSIGN_OR_RETURN(home->host, h->pool_->acquire(home->bytes), "host tier: " + tag);
+      } else {
+        STRATA_ASSIGN_OR_RETURN(home->ext, h->allocate_extent(home->bytes), "nvme tier: " + tag);
+      }
+    }
+  }
+  return h;
+}
+
+Homes::~Homes() {
+  for (auto& m : mods_) {
+    for (auto* h : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
+      if (h->tier == Tier::kDevice && h->dev) dev_.release(h->dev);
+      h->host.reset();
+    }
+  }
+  io_.reset();
+  swap_.reset();  // removes the swap files
+  storage_.reset();
+}
+
+Result<PinnedBuffer> Homes::host_buf(size_t bytes, const char* what) {
+  for (int round = 0;; ++round) {
+    auto r = pool_->acquire(bytes);
+    if (r.is_ok() || round >= 2) {
+      if (!r.is_ok()) return r.status().with_context(what);
+      return r;
+    }
+    // Staging buffers come back as copies and writes finish.
+    dev_.synchronize(dev_.h2d_stream()).ignore();
+    dev_.synchronize(dev_.d2h_stream()).ignore();
+  }
+}
+
+Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) {
+  Module& m = mods_[i];
+  out->mst.reset();
+  out->mom.reset();
+  out->master = static_cast<float*>(m.master.ptr());
+  out->moments = static_cast<char*>(m.mom.ptr());
+  if (m.master.tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(out->mst, host_buf(m.master.bytes, what),
+                            "staging " + m.name + " master weights");
+    if (read) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.master.ext, out->mst.data())),
+                             "reading " + m.name + " master weights");
+    }
+    out->master = out->mst.as<float>();
+  }
+  if (m.mom.tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(out->mom, host_buf(m.mom.bytes, what),
+                            "staging " + m.name + " moments");
+    if (read) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.mom.ext, out->mom.data())),
+                             "reading " + m.name + " moments");
+    }
+    out->moments = static_cast<char*>(out->mom.data());
+  }
+  return Status::ok();
+}
+
+Status Homes::write_back(size_t i, const HostState& st) {
+  Module& m = mods_[i];
+  if (m.master.tier == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.master.ext, st.master)),
+                           "writing " + m.name + " master weights");
+  }
+  if (m.mom.tier == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.mom.ext, st.moments)),
+                           "writing " + m.name + " moments");
+  }
+  return Status::ok();
+}
+
+Result<SwapExtent> Homes::allocate_extent(size_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(SwapExtent e, swap_->allocate(bytes), "nvme tier");
+  std::lock_guard<std::mutex> l(nvme_mu_);
+  nvme_used_ += e.bytes;
+  nvme_peak_ = std::max(nvme_peak_, nvme_used_);
+  return e;
+}
+
+void Homes::free_extent(const SwapExtent& e) {
+  swap_->free(e);
+  std::lock_guard<std::mutex> l(nvme_mu_);
+  nvme_used_ -= e.bytes;
+}
+
+size_t Homes::nvme_used() const {
+  std::lock_guard<std::mutex> l(nvme_mu_);
+  return nvme_used_;
+}
+
+size_t Homes::nvme_peak() const {
+  std::lock_guard<std::mutex> l(nvme_mu_);
+  return nvme_peak_;
+}
+
+}  // namespace strata

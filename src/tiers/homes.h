@@ -1,0 +1,110 @@
+// Homes: where each module's state lives on this rank, and the tiers that hold it.
+//
+// Built from the memory model's ModuleHomes (src/tiers/memory_model.h): every module's P,
+// MASTER, MOM and GACC (and the delayed update's second GACC) get a home in the device's
+// memory, the host tier (a BufferPool arena, mlocked when pin_memory) or the NVMe tier (swap
+// extents over the nvme_paths, moved by an IoWorker thread). Homes owns the host tier and the
+// NVMe tier; the other parts of the tier manager borrow their buffers and extents from it.
+//
+// Ownership: every home is freed by ~Homes (device memory released, host buffers returned,
+// swap files removed), which must run after the device's streams have been synchronized and
+// after every buffer borrowed from the host tier has been returned.
+//
+// Thread safety: the host thread (and the delayed update's thread, which borrows buffers)
+// call it; host_buf, the pool and the IoWorker are thread-safe; the NVMe usage counts have
+// their own lock.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "io/io_worker.h"
+#include "src/tiers/memory_model.h"
+#include "src/tiers/placement.h"
+#include "strata/buffer_pool.h"
+#include "strata/device.h"
+#include "strata/storage.h"
+#include "strata/swap_space.h"
+
+namespace strata {
+
+// Where one object's bytes live.
+struct Home {
+  Tier tier = Tier::kHost;
+  size_t bytes = 0;
+  PinnedBuffer host;    // tier == host
+  void* dev = nullptr;  // tier == device
+  SwapExtent ext;       // tier == nvme
+  // Host-visible pointer for host homes, and device homes on a host-addressable device.
+  void* ptr() const { return tier == Tier::kHost ? host.data() : dev; }
+};
+
+struct Module {
+  std::string name;
+  size_t numel = 0;
+  // This rank's shard: elements [off, off + sn) of the group padded to `padded` elements, of
+  // which `valid` are real. Unsharded: off 0, sn == padded == valid == numel.
+  size_t sn = 0, off = 0, padded = 0, valid = 0;
+  Home p, master, mom, gacc;
+  Home gacc2;  // delayed update: the gradients the update thread reads while gacc fills
+};
+
+// Module i's master weights and moments in host memory: their homes when host-visible, else
+// staging buffers from the host tier.
+struct HostState {
+  PinnedBuffer mst, mom;  // staging, when the home is NVMe
+  float* master = nullptr;
+  char* moments = nullptr;
+};
+
+class Homes {
+ public:
+  // Builds the host tier (an arena of `arena_bytes`), the NVMe tier when `swap` is given, and
+  // every module's homes as `plan` places them, this rank's shard (rank of world_size).
+  static Result<std::unique_ptr<Homes>> create(Device& device, const std::vector<ModuleHomes>& plan,
+                                               int rank, int world_size, size_t arena_bytes,
+                                               const TierOptions& options, const SwapOptions* swap);
+  ~Homes();
+
+  Device& device() const { return dev_; }
+  std::vector<Module>& modules() { return mods_; }
+  const std::vector<Module>& modules() const { return mods_; }
+  Module& module(int m) { return mods_[size_t(m)]; }
+  BufferPool& pool() const { return *pool_; }
+  IoWorker* io() const { return io_.get(); }  // null without NVMe state
+  SwapSpace* swap() const { return swap_.get(); }
+  Storage* storage() const { return storage_.get(); }
+
+  // A host-tier buffer; when the tier is full, waits for the h2d and d2h streams (staging
+  // buffers come back as copies and writes finish) and tries again, twice.
+  Result<PinnedBuffer> host_buf(size_t bytes, const char* what);
+
+  // Module i's master and moments in host memory (`out`); NVMe homes are staged, and read
+  // first when `read`. write_back() stores staged state to its NVMe homes.
+  Status host_state(size_t i, bool read, const char* what, HostState* out);
+  Status write_back(size_t i, const HostState& st);
+
+  // Swap extents beyond the homes (the optimizer's shadow extents), counted in the NVMe
+  // tier's use.
+  Result<SwapExtent> allocate_extent(size_t bytes);
+  void free_extent(const SwapExtent& e);
+  size_t nvme_capacity() const { return nvme_capacity_; }
+  size_t nvme_used() const;
+  size_t nvme_peak() const;
+
+ private:
+  explicit Homes(Device& device) : dev_(device) {}
+  Device& dev_;
+  std::unique_ptr<BufferPool> pool_;
+  std::unique_ptr<Storage> storage_;
+  std::unique_ptr<SwapSpace> swap_;
+  std::unique_ptr<IoWorker> io_;
+  std::vector<Module> mods_;
+  size_t nvme_capacity_ = 0;
+  mutable std::mutex nvme_mu_;  // nvme_used_, nvme_peak_
+  size_t nvme_used_ = 0, nvme_peak_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,151 @@
+#include "src/tiers/memory_model.h"
+
+#include <algorithm>
+
+#include "strata/comm.h"
+#include "strata/swap_space.h"
+
+namespace strata {
+
+Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const Placement& placement,
+                                              int world_size, DType dt, DType moment_dt,
+                                              bool delayed_update) {
+  const size_t es = dtype_size(dt), mb = dtype_size(moment_dt);
+  const size_t world = size_t(std::max(1, world_size));
+  // The optimizer ratio keeps the first (1 - ratio) of the optimizer bytes on the device.
+  size_t total_opt = 0;
+  for (const auto& m : layout.modules) total_opt += m.numel * (4 + 2 * mb) / world;
+  const double keep_on_device = (1.0 - placement.optimizer_ratio) * double(total_opt);
+  double acc_opt = 0;
+  std::vector<ModuleHomes> homes(layout.modules.size());
+  for (size_t i = 0; i < homes.size(); ++i) {
+    ModuleHomes& m = homes[i];
+    m.name = layout.modules[i].name;
+    m.numel = layout.modules[i].numel;
+    m.shard_numel = m.padded_numel = m.numel;
+    if (world > 1) {
+      STRATA_ASSIGN_OR_RETURN(ShardLayout sl, ShardLayout::make(m.numel, int(world), 4096, dt),
+                              "sharding " + m.name);
+      m.shard_numel = sl.shard_numel;
+      m.padded_numel = sl.padded_numel;
+    }
+    const size_t sn = m.shard_numel;
+    const bool opt_on_device = acc_opt < keep_on_device;
+    acc_opt += double(sn * (4 + 2 * mb));
+    m.params = {placement.params, sn * es};
+    m.master = {opt_on_device ? Tier::kDevice : placement.master, sn * 4};
+    m.moments = {opt_on_device ? Tier::kDevice : placement.moments, sn * 2 * mb};
+    m.grads = {opt_on_device ? Tier::kDevice : placement.grads, sn * 4};
+    if (delayed_update) m.grads2 = m.grads;
+  }
+  return homes;
+}
+
+size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
+                         const std::vector<size_t>& grad_bytes, const Program& program) {
+  return program_peak_bytes(
+      program, [&](int m) { return param_cache_bytes[size_t(m)]; },
+      [&](int m) { return grad_bytes[size_t(m)]; });
+}
+
+TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                     int world_size, DType dt, size_t activation_bytes,
+                     const Program& train_program) {
+  const Placement& pl = options.placement;
+  const size_t es = dtype_size(dt);
+  const bool sharded = world_size > 1;
+  TierNeeds n;
+  size_t max_p = 0, max_opt = 0, max_g = 0;
+  for (const auto& m : homes) {
+    if (options.delayed_update) n.host.param_shadows += round_up(m.params.bytes, 4096);
+    n.host.undo += round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096);
+    for (const auto* h : {&m.master, &m.moments}) {
+      if (h->tier == Tier::kNvme) n.host.undo_nvme += round_up(h->bytes, 4096);
+    }
+    for (const auto* h : {&m.params, &m.master, &m.moments, &m.grads, &m.grads2}) {
+      if (h->bytes == 0) continue;
+      if (h->tier == Tier::kDevice) n.device.resident_state += round_up(h->bytes, 256);
+      if (h->tier == Tier::kHost) n.host.state += round_up(h->bytes, 4096);
+      if (h->tier == Tier::kNvme) n.nvme.state += round_up(h->bytes, 4096);
+    }
+    for (const auto* h : {&m.params, &m.master, &m.moments})
+      n.nvme.objects += h->tier == Tier::kNvme;
+    max_p = std::max(max_p, m.params.bytes);
+    max_g = std::max(max_g, m.grads.bytes);
+    if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
+      max_opt = std::max(max_opt, round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096));
+    }
+  }
+
+  // Device: the most parameter-cache copies (none for device-homed parameters
+  // unsharded: they are used in place) and gradient buffers, whole padded groups.
+  std::vector<size_t> pc(homes.size()), g(homes.size());
+  for (size_t i = 0; i < homes.size(); ++i) {
+    pc[i] = pl.params == Tier::kDevice && !sharded ? 0 : round_up(homes[i].padded_numel * es, 256);
+    g[i] = round_up(homes[i].padded_numel * 4, 256);
+  }
+  n.device.activations = activation_bytes;
+  n.device.working_set = working_set_bytes(pc, g, train_program);
+  // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the
+  // largest group), and the prefetch window's gathered groups (nothing is evicted for room).
+  if (sharded) {
+    size_t max_sn = 0, all_gathered = 0;
+    for (const auto& m : homes) {
+      max_sn = std::max(max_sn, m.shard_numel);
+      all_gathered += round_up(m.padded_numel * es, 256);
+    }
+    n.bucket_shard_elems =
+        std::clamp<size_t>(options.reduce_bucket_elems / size_t(world_size), 1, max_sn);
+    n.device.bucket = round_up(n.bucket_shard_elems * size_t(world_size) * 4, 256);
+    n.device.prefetch_window = std::min<size_t>(options.prefetch_bytes, all_gathered);
+  }
+
+  // Host: NVMe parameter fetches stage through the host tier (the prefetch bytes and a few
+  // modules); the optimizer pipeline holds `buffer_count` modules being read and as many being
+  // written; gradient landing and low-precision staging buffers.
+  if (pl.params == Tier::kNvme)
+    n.host.staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
+  if (max_opt > 0) n.host.staging += size_t(2 * options.buffer_count + 1) * max_opt;
+  n.host.staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
+  n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
+
+  // NVMe: the state spread over the paths, each object possibly wasting a stripe, plus slack;
+  // with undo copies, the shadow extents the optimizer under backward writes its steps to.
+  n.nvme.paths = options.nvme_paths.size();
+  const uint64_t stripe = SwapOptions{}.stripe_size;
+  if (n.nvme.state > 0 && n.nvme.paths > 0) {
+    n.nvme.bytes_per_path =
+        round_up(n.nvme.state / n.nvme.paths + n.nvme.objects * stripe + (size_t{16} << 20), 4096);
+  }
+  for (const auto& m : homes) {
+    for (const auto* h : {&m.master, &m.moments}) {
+      if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
+      n.nvme.shadows += round_up(h->bytes, 4096);
+      ++n.nvme.shadow_objects;
+    }
+  }
+  if (n.nvme.shadows > 0 && n.nvme.paths > 0) {
+    n.nvme.bytes_per_path_with_shadows = round_up(
+        n.nvme.bytes_per_path + n.nvme.shadows / n.nvme.paths + n.nvme.shadow_objects * stripe,
+        4096);
+  }
+  return n;
+}
+
+Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
+                             DType dt, DType moment_dt, size_t activation_bytes) {
+  STRATA_ASSIGN_OR_RETURN(auto homes,
+                          module_homes(arch.layout(), options.placement, world_size, dt, moment_dt,
+                                       options.delayed_update),
+                          "memory model");
+  return tier_needs(homes, options, world_size, dt, activation_bytes, arch.program(Pass::kTrain));
+}
+
+size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
+  const size_t want =
+      needs.host.total() +
+      (options.undo_copies ? needs.host.undo - (shadow_extents ? needs.host.undo_nvme : 0) : 0);
+  return std::min(options.host_capacity, want + want / 8 + (64u << 20));
+}
+
+}  // namespace strata

@@ -1,0 +1,120 @@
+// The memory model: how many bytes each tier needs for a model, a placement and the tier
+// options, and of what. A pure function of sizes: no Device, no Communicator, no file system.
+//
+// TierManager::create's preflight calls tier_needs() and checks the result against each tier's
+// capacity before anything is allocated; what the manager then allocates comes from the same
+// ModuleHomes, so the preflight and the allocation cannot drift. The planner calls the same
+// function for the placements it evaluates.
+//
+// Sizes are per rank: with world_size > 1 every module's flat group is padded and split by
+// ShardLayout (4 KiB shards), and a rank's homes hold one shard. A shard's size is the same on
+// every rank (only which elements are real differs), so nothing here depends on the rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/model/architecture.h"
+#include "src/tiers/placement.h"
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// Device allocations are counted in 256-byte units, host-tier buffers and swap extents in
+// 4096-byte ones: what their allocators round to.
+inline size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// One module's state on one rank: where each object lives and its bytes (its shard's).
+struct ModuleHomes {
+  struct Object {
+    Tier tier = Tier::kHost;
+    size_t bytes = 0;  // 0: the object does not exist (grads2 without the delayed update)
+  };
+  std::string name;
+  size_t numel = 0;         // the module's real elements
+  size_t shard_numel = 0;   // elements per rank, padding included (numel when unsharded)
+  size_t padded_numel = 0;  // world_size * shard_numel (numel when unsharded)
+  Object params;            // low-precision parameters, model dtype
+  Object master;            // fp32 master weights
+  Object moments;           // first and second moments, moment dtype, contiguous
+  Object grads;             // fp32 gradient accumulator
+  Object grads2;            // the delayed update's second accumulator
+};
+
+// Every module's homes under `placement`: params, master, moments and grads where the
+// placement puts them, except that optimizer_ratio < 1 keeps the first (1 - ratio) of the
+// optimizer bytes (in module order) on the device, with their gradient accumulators. Fails only
+// if a module cannot be sharded (ShardLayout).
+Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const Placement& placement,
+                                              int world_size, DType dt, DType moment_dt,
+                                              bool delayed_update);
+
+// The device working set: the most parameter-cache and gradient bytes that `program` holds
+// at once (program_peak_bytes), with each module's cached parameter copy and gradient buffer
+// costing param_cache_bytes[m] and grad_bytes[m] (what the device cache and the gradient
+// buffers allocate).
+size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
+                         const std::vector<size_t>& grad_bytes, const Program& program);
+
+// Each tier's need, with its parts.
+struct TierNeeds {
+  struct DeviceNeed {
+    size_t activations = 0;      // the model's activation arena (activation_bytes)
+    size_t resident_state = 0;   // device-homed P, MASTER, MOM, GACC
+    size_t working_set = 0;      // working_set_bytes over the training program
+    size_t bucket = 0;           // sharded: the gradient reduce bucket
+    size_t prefetch_window = 0;  // sharded: the gathered groups of the prefetch window
+    // working_set + bucket + prefetch_window: what the preflight reports as the working set.
+    size_t transient() const { return working_set + bucket + prefetch_window; }
+    size_t total() const { return activations + resident_state + transient(); }
+  };
+  struct HostNeed {
+    size_t state = 0;          // host-homed P, MASTER, MOM, GACC
+    size_t staging = 0;        // NVMe fetch staging, optimizer pipeline, gradient landing
+    size_t param_shadows = 0;  // delayed update: one parameter copy per module
+    size_t stash = 0;          // strata.activations = offload: the block-input buffers
+    // Not in total(): undo copies of every module's master weights and moments (the optimizer
+    // under backward), of which `undo_nvme` is NVMe-homed state (shadow extents when the swap
+    // files have room). The arena is sized for them when the budget allows; without room,
+    // speculation stops early.
+    size_t undo = 0;
+    size_t undo_nvme = 0;
+    size_t total() const { return state + staging + param_shadows + stash; }
+  };
+  struct NvmeNeed {
+    size_t state = 0;             // NVMe-homed P, MASTER, MOM
+    size_t objects = 0;           // NVMe-homed objects (each may waste up to a stripe)
+    size_t paths = 0;             // swap directories the state is spread over
+    uint64_t bytes_per_path = 0;  // each swap file's data area (0 without NVMe state)
+    size_t shadows = 0;           // undo_copies: shadow extents of NVMe-homed MASTER and MOM
+    size_t shadow_objects = 0;
+    uint64_t bytes_per_path_with_shadows = 0;  // each swap file's data area with them
+  };
+  DeviceNeed device;
+  HostNeed host;
+  NvmeNeed nvme;
+  size_t bucket_shard_elems = 0;  // sharded: a gradient bucket's elements per rank
+};
+
+// Each tier's need for `homes` (module_homes()) under `options` (its placement, pipeline
+// depth, prefetch bytes, bucket size, undo copies, stash, nvme paths; not its communicators or
+// capacities), `world_size` ranks, an activation arena of `activation_bytes`, and the model's
+// training program (its working set).
+TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                     int world_size, DType dt, size_t activation_bytes,
+                     const Program& train_program);
+
+// The same from the architecture: module_homes of its layout under options.placement, and its
+// Pass::kTrain program.
+Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
+                             DType dt, DType moment_dt, size_t activation_bytes);
+
+// The host tier's arena: the host need, plus room for the undo copies when options.undo_copies
+// (less the NVMe-homed ones when the swap files hold shadow extents), plus slack for
+// fragmentation; at most options.host_capacity.
+size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
+
+}  // namespace strata

@@ -1,0 +1,115 @@
+#include "src/tiers/placement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+namespace strata {
+
+const char* tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+namespace {
+
+Result<Tier> parse_tier(const std::string& key, const std::string& v, bool allow_nvme) {
+  if (v == "device" || v == "none") return Tier::kDevice;
+  if (v == "host" || v == "cpu") return Tier::kHost;
+  if (v == "nvme" && allow_nvme) return Tier::kNvme;
+  return invalid_argument(
+      fmt::format("{}: '{}' is not one of device, host{}", key, v, allow_nvme ? ", nvme" : ""));
+}
+
+size_t host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  size_t kb = 0;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<Placement> placement_from_config(const Config& cfg, const Device& device) {
+  Placement p;
+  const auto& zp = cfg.zero.offload_param;
+  const auto& zo = cfg.zero.offload_optimizer;
+  // parse_tier's message names the key; no context to add.
+  STRATA_ASSIGN_OR_RETURN(
+      p.params, parse_tier("zero_optimization.offload_param.device", zp.device, true), "");
+  STRATA_ASSIGN_OR_RETURN(
+      Tier opt, parse_tier("zero_optimization.offload_optimizer.device", zo.device, true), "");
+  p.master = p.moments = opt;
+  p.grads = opt == Tier::kDevice ? Tier::kDevice : Tier::kHost;
+  p.optimizer_ratio = zo.ratio;
+  const StrataConfig& s = cfg.strata;
+  if (!s.placement_params.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.params,
+                            parse_tier("strata.placement.params", s.placement_params, true), "");
+  }
+  if (!s.placement_master.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.master,
+                            parse_tier("strata.placement.master", s.placement_master, true), "");
+  }
+  if (!s.placement_moments.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.moments,
+                            parse_tier("strata.placement.moments", s.placement_moments, true), "");
+  }
+  if (!s.placement_grads.empty()) {
+    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, false),
+                            "");
+  }
+  const bool dev_opt = p.master == Tier::kDevice || p.moments == Tier::kDevice ||
+                       p.grads == Tier::kDevice || p.optimizer_ratio < 1.0;
+  if (dev_opt && !device.host_addressable()) {
+    return invalid_argument(
+        "optimizer state or gradients on the device need the optimizer step to run on the "
+        "device, which this backend cannot do yet: set zero_optimization.offload_optimizer."
+        "device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1)");
+  }
+  return p;
+}
+
+TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
+  TierOptions o;
+  const auto& zp = cfg.zero.offload_param;
+  const auto& zo = cfg.zero.offload_optimizer;
+  std::set<std::string> seen;
+  for (const auto* list : {&zp.nvme_path, &zo.nvme_path}) {
+    for (const auto& p : *list) {
+      if (seen.insert(p).second) o.nvme_paths.push_back(p);
+    }
+  }
+  o.storage = StorageOptions::from_config(cfg);
+  o.pin_memory = zp.pin_memory || zo.pin_memory;
+  o.buffer_count = std::max(1, zo.buffer_count);
+  const size_t es = dtype_size(dt);
+  o.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * es;
+  o.max_reuse_distance = cfg.zero.stage3_max_reuse_distance >= (UINT64_MAX / 8)
+                             ? UINT64_MAX
+                             : cfg.zero.stage3_max_reuse_distance * es;
+  o.persistence_threshold = cfg.zero.stage3_param_persistence_threshold;
+  o.reduce_bucket_elems = cfg.zero.reduce_bucket_size;
+  o.overlap_comm = cfg.zero.overlap_comm;
+  o.optimizer_threads = cfg.device.cpu_threads;
+  o.delayed_update = cfg.strata.delayed_update;
+  o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
+  size_t avail = host_available_bytes();
+  o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
+                                                     : static_cast<size_t>(double(avail) * 0.9);
+  return o;
+}
+
+}  // namespace strata

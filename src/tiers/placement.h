@@ -1,0 +1,101 @@
+// Where training state lives: the three tiers, the placement of each kind of state, and the
+// options the tier manager is built with, all read from the config.
+//
+// Pure data and parsing: nothing here allocates or touches a device, so the memory model
+// (src/tiers/memory_model.h) and the planner use the same structs the tier manager does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/status.h"
+#include "strata/storage.h"
+
+namespace strata {
+
+enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
+const char* tier_name(Tier t);  // "device", "host", "nvme"
+
+// Where each kind of state lives. optimizer_ratio < 1 keeps the first (1-ratio) share of the
+// modules' master weights and moments (by bytes, in module order) on the device instead.
+struct Placement {
+  Tier params = Tier::kDevice;
+  Tier master = Tier::kHost;
+  Tier moments = Tier::kHost;
+  Tier grads = Tier::kHost;
+  double optimizer_ratio = 1.0;
+};
+
+// Resolves the placement from zero_optimization.offload_* and strata.placement, checking it
+// against the device (device-resident optimizer state needs a host-addressable device). An
+// unknown tier name is kInvalidArgument naming the key.
+Result<Placement> placement_from_config(const Config& cfg, const Device& device);
+
+struct TierOptions {
+  Placement placement;
+  size_t host_capacity = 0;             // host tier budget, bytes
+  bool pin_memory = false;              // mlock the host tier
+  std::vector<std::string> nvme_paths;  // swap directories
+  StorageOptions storage;
+  int rank = 0;
+  // ZeRO-3 over ranks. With both communicators set and size() > 1, every module's flat group
+  // is padded (ShardLayout, 4096-byte shards) and split: this rank's homes hold only its shard
+  // of P, MASTER, MOM and GACC. acquire_params gathers the whole group into the device cache
+  // on the h2d stream (param_comm); drain_grads reduce-scatters each micro-batch's gradient
+  // into the owned shard on the d2h stream (grad_comm). Two communicators because the two
+  // streams run collectives concurrently. Both must be host-buffer communicators on a
+  // host-addressable device, or device-buffer ones (nccl) on a CUDA device; they must outlive
+  // the manager.
+  // Every rank must issue the same collectives in the same order whatever its timing, so when
+  // sharded every decision to gather or drop is a function of the recorded trace and object
+  // sizes only (never of free memory or of which copies have finished):
+  //   - prefetch: after each acquire, every group in the prefetch window is gathered: the
+  //     upcoming trace positions whose distinct groups' gathered bytes add up to at most
+  //     prefetch_bytes (no wrap past the step's end: the optimizer updates the shards);
+  //   - release: a group nobody holds stays cached if its next use lies inside the window from
+  //     the next position, else it is dropped; at end_backward every unheld group is dropped;
+  //   - device memory: nothing is evicted for room; an allocation waits for pending frees and
+  //     fails (out of memory, naming stage3_prefetch_bucket_size) rather than skip a gather;
+  //     the preflight counts the window;
+  //   - no persistence threshold (a persistent group would miss the optimizer's update).
+  // Gradients are reduce-scattered in buckets of reduce_bucket_elems elements (DeepSpeed's
+  // zero_optimization.reduce_bucket_size, over the whole padded groups): the modules drained
+  // one after another share one reduce-scatter until the next would overflow the bucket (or a
+  // new micro-batch starts, or the next forward acquires parameters), through a device bucket
+  // buffer they are copied into; a module larger than the bucket is reduced in bucket-sized
+  // pieces; a bucket that is exactly one whole module is reduced in place. A bucket is capped
+  // at the largest module's padded group, so the device need grows by at most one bucket. All
+  // of it runs on the d2h stream, so with overlap_comm it overlaps the next module's backward;
+  // without, the compute stream waits for each bucket's reduction (DeepSpeed's meaning).
+  Communicator* param_comm = nullptr;
+  Communicator* grad_comm = nullptr;
+  uint64_t reduce_bucket_elems = 500'000'000;  // zero_optimization.reduce_bucket_size
+  bool overlap_comm = true;                    // zero_optimization.overlap_comm
+  int buffer_count = 4;                        // optimizer pipeline depth (NVMe state)
+  uint64_t prefetch_bytes = 50'000'000;        // bytes in flight ahead
+  uint64_t max_reuse_distance = UINT64_MAX;    // bytes
+  uint64_t persistence_threshold = 0;          // elements
+  int optimizer_threads = 0;
+  // strata.optimizer.delayed_update: a second gradient accumulator per module and host
+  // shadows of the parameters (see start_delayed_update), counted in the preflight.
+  bool delayed_update = false;
+  // The optimizer under backward keeps undo state (clipping or fp16): shadow extents on the
+  // swap files for NVMe-homed state when the disks have room, else host copies; the host
+  // tier's arena is sized for the copies when its budget allows.
+  bool undo_copies = false;
+  // strata.activations = offload: host-tier buffers for `stash_layers` block inputs of
+  // `stash_bytes` each (activation_bytes()'s stash_*), reserved at create and counted in the
+  // host preflight. 0: none (keep, recompute).
+  int stash_layers = 0;
+  size_t stash_bytes = 0;
+  // Everything above but the placement, the communicators and the stash from the config; the
+  // host budget defaults to 90% of MemAvailable.
+  static TierOptions from_config(const Config& cfg, DType dt);
+};
+
+}  // namespace strata

@@ -1,0 +1,100 @@
+// The optimizer under backward: speculation and undo.
+//
+// begin() opens a step's speculation with the multiplier that applies when no clipping and no
+// overflow happen. From then on each module whose gradients become final (grads_final: an
+// event on the d2h stream) is stepped by step_ready() through the optimizer pipeline while the
+// device still runs the backward of the modules before it. With undo state, a stepped module
+// first keeps what a rollback restores (take_undo): NVMe-homed master weights and moments stay
+// on the disk — the step is written to fresh shadow extents that become the homes, the old
+// extents are kept — and state in host or device memory (or NVMe state when the swap files
+// have no room) is copied to the host tier; without room for either, speculation stops and the
+// remaining modules are stepped after backward.
+//
+// After backward, the step is validated: kept when (lr, step, multiplier) are the speculated
+// ones (end() frees the old extents), else undo() restores every stepped module and redoes it
+// with the real multiplier, or, for a skipped step, re-derives its parameters from the
+// restored master weights. A redo starts from exactly the old state with exactly the
+// multiplier the plain schedule uses, so the result is bit-identical to it.
+//
+// Thread safety: the host thread calls everything; the compute stream's callback records when
+// backward ended, under its own lock.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "src/tiers/counters.h"
+#include "src/tiers/homes.h"
+#include "src/tiers/optimizer_pipeline.h"
+
+namespace strata {
+
+class Speculation {
+ public:
+  // `shadow_extents`: the swap files have room for a shadow of every NVMe-homed MASTER and MOM.
+  Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
+              TierCounters& counters, AsyncError& errors);
+
+  // Opens the step's speculation (see TierManager::begin_speculation) and starts reading the
+  // optimizer state of the modules expected first.
+  void begin(const OptimizerHyper& hyper, float grad_mult, bool keep_undo, bool step_modules);
+  bool active() const { return active_; }
+  // Module m's gradients are final once the d2h stream has run as far as it is now.
+  void grads_final(int m);
+  // Steps the modules whose gradients are final; with `wait_all`, every remaining one.
+  Status step_ready(bool wait_all);
+
+  // Whether the step asked for now is the one speculated.
+  bool matches(const OptimizerHyper& hyper, float grad_mult) const;
+  // Modules stepped under backward, as a mask over all modules.
+  std::vector<bool> stepped_mask() const;
+  bool stepped_any() const { return !stepped_.empty(); }
+  // Restores every stepped module from its undo state and, with `redo`, steps it again with
+  // (hyper, grad_mult), else re-derives its parameters (the step is skipped). Fails with
+  // INVALID_ARGUMENT naming strata.optimizer.overlap when a module kept no undo state.
+  Status undo(bool redo, const OptimizerHyper& hyper, float grad_mult);
+  // Ends the step's speculation: frees the undo state and counts the time that ran while the
+  // compute stream was still in backward.
+  void end();
+  const OptimizerHyper& hyper() const { return hyper_; }
+
+ private:
+  // A stepped module's pre-step master weights and moments: for NVMe-homed state its old
+  // extent (the step was written to a fresh one, `*_shadow`), else a host copy.
+  struct Undo {
+    std::shared_ptr<PinnedBuffer> master, mom;  // host copies; null when none
+    SwapExtent old_master, old_mom;             // the pre-step extents, while *_shadow
+    bool master_shadow = false, mom_shadow = false;
+    bool kept() const { return master || mom || master_shadow || mom_shadow; }
+  };
+  void read_ahead();
+  bool take_undo(int k, const OptimizerPipeline::Slot& s, Undo* u);
+  void drop_shadows(int k, Undo* u);
+  Status restore(int k, Undo& u, bool redo, const OptimizerHyper& hyper, float grad_mult);
+
+  Homes& homes_;
+  Device& dev_;
+  OptimizerPipeline& pipeline_;
+  bool shadow_extents_;
+  TierCounters& counters_;
+  AsyncError& errors_;
+
+  bool active_ = false, undo_ = false;
+  bool step_modules_ = true;  // false: only read state ahead during backward
+  bool stopped_ = false;      // no room for undo state: the rest waits for validation
+  OptimizerHyper hyper_;
+  float mult_ = 1.0f;
+  std::deque<std::pair<int, std::shared_ptr<Event>>> ready_;  // gradients final (d2h events)
+  std::map<int, Undo> stepped_;
+  std::vector<int> expected_;  // expected gradient completion order, for read-ahead
+  size_t next_prep_ = 0;
+  std::vector<std::pair<TierClock::time_point, TierClock::time_point>> intervals_;
+  std::mutex bwd_end_mu_;
+  TierClock::time_point bwd_end_{};  // when the compute stream finished the backward
+};
+
+}  // namespace strata

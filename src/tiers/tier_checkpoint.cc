@@ -1,0 +1,190 @@
+// The tier manager's state in and out: fresh initialization, checkpoints (whole or one shard
+// per rank) and the weights' checksum. State is moved module by module through the host tier
+// (NVMe homes are staged, never all in RAM); the parameters are always derived from the
+// master weights.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "src/tiers/tier_manager_impl.h"
+#include "strata/checksum.h"
+
+namespace strata {
+
+Status TierManager::init_state(const std::function<void(int, float*)>& init) {
+  Impl& I = *impl_;
+  IoWorker* io = I.homes->io();
+  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
+    Module& m = I.homes->module(int(i));
+    HostState hs;
+    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/false, "init", &hs),
+                           "initializing " + m.name);
+    float* master = hs.master;
+    char* moments = hs.moments;
+    if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
+      std::vector<float> full(m.numel);
+      init(int(i), full.data());
+      std::memset(master, 0, m.master.bytes);
+      std::memcpy(master, full.data() + m.off, m.valid * sizeof(float));
+    } else {
+      init(int(i), master);
+    }
+    std::memset(moments, 0, m.mom.bytes);
+    std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    std::vector<IoWorker::Ticket> tickets;
+    if (m.master.tier == Tier::kNvme) tickets.push_back(io->write(m.master.ext, master));
+    if (m.mom.tier == Tier::kNvme) tickets.push_back(io->write(m.mom.ext, moments));
+    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
+    for (auto t : tickets) STRATA_RETURN_IF_ERROR(io->wait(t), "initializing " + m.name);
+  }
+  return Status::ok();
+}
+
+Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
+  Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(flush_writes(), "before the checkpoint");
+  const size_t mb = dtype_size(I.mdt);
+  HostState hs;
+  auto source = [&](size_t i, CheckpointBuffers* out) -> Status {
+    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/true, "checkpoint staging", &hs),
+                           "saving " + I.homes->modules()[i].name);
+    *out = {hs.master, hs.moments, hs.moments + I.homes->modules()[i].sn * mb, mb};
+    return Status::ok();
+  };
+  if (!I.sharded) return write_checkpoint(path, meta, source);
+  // A shard file: this rank's real elements of each module (its shard's head; the padding is
+  // not saved), with where they start.
+  CheckpointMeta shard = meta;
+  shard.world_size = opt_.param_comm->size();
+  shard.rank = opt_.param_comm->rank();
+  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
+    shard.modules[i].numel = I.homes->modules()[i].valid;
+    shard.modules[i].offset = I.homes->modules()[i].off;
+  }
+  return write_checkpoint(path, shard, source);
+}
+
+Status TierManager::load(const std::string& path) {
+  Impl& I = *impl_;
+  const size_t mb = dtype_size(I.mdt);
+  HostState hs;
+  auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
+    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/false, "checkpoint staging", &hs),
+                           "loading " + I.homes->modules()[i].name);
+    *out = {hs.master, hs.moments, hs.moments + I.homes->modules()[i].sn * mb, mb};
+    return Status::ok();
+  };
+  auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
+    STRATA_CHECK(b.master == hs.master, "the sink gets the buffers staging handed out");
+    STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "loading " + I.homes->modules()[i].name);
+    return I.pipeline->write_params(int(i), b.master);
+  };
+  return read_checkpoint(path, staging, sink);
+}
+
+Status TierManager::load_shards(const std::vector<std::string>& paths) {
+  Impl& I = *impl_;
+  std::vector<Module>& mods = I.homes->modules();
+  const size_t M = mods.size(), mb = dtype_size(I.mdt);
+  std::vector<size_t> covered(M, 0);
+  // This rank's master and moments of module i in host memory (NVMe homes are read into
+  // staging and written back: read-modify-write per old file).
+  auto with_state = [&](size_t i, bool read, bool write,
+                        const std::function<void(float*, char*)>& fn) -> Status {
+    HostState hs;
+    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, read, "checkpoint staging", &hs),
+                           read ? "reading the shard" : "staging the shard");
+    fn(hs.master, hs.moments);
+    if (write) STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "writing the shard back");
+    return Status::ok();
+  };
+  STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
+  for (size_t i = 0; i < M; ++i) {  // padding and anything not covered start at zero
+    STRATA_RETURN_IF_ERROR(with_state(i, false, true,
+                                      [&](float* master, char* moments) {
+                                        std::memset(master, 0, mods[i].master.bytes);
+                                        std::memset(moments, 0, mods[i].mom.bytes);
+                                      }),
+                           "clearing " + mods[i].name);
+  }
+  for (const auto& path : paths) {
+    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "loading shards");
+    if (meta.modules.size() != M) {
+      return invalid_argument(
+          fmt::format("{}: {} modules, the model has {}", path, meta.modules.size(), M));
+    }
+    std::vector<float> st_master;
+    std::vector<char> st_m, st_v;
+    auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
+      const size_t n = meta.modules[i].numel;
+      // n == 0: a shard that is all padding (its offset may lie past the end).
+      if (meta.modules[i].name != mods[i].name ||
+          (n > 0 && meta.modules[i].offset + n > mods[i].numel)) {
+        return invalid_argument(fmt::format(
+            "{}: module {} '{}' elements [{}, {}) do not fit this model's '{}' ({} elements)", path,
+            i, meta.modules[i].name, meta.modules[i].offset, meta.modules[i].offset + n,
+            mods[i].name, mods[i].numel));
+      }
+      st_master.resize(n);
+      st_m.resize(n * mb);
+      st_v.resize(n * mb);
+      *out = {st_master.data(), st_m.data(), st_v.data(), mb};
+      return Status::ok();
+    };
+    auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
+      Module& m = mods[i];
+      const size_t o_lo = meta.modules[i].offset, o_hi = o_lo + meta.modules[i].numel;
+      const size_t lo = std::max(o_lo, m.off), hi = std::min(o_hi, m.off + m.valid);
+      if (lo >= hi) return Status::ok();
+      covered[i] += hi - lo;
+      return with_state(
+                 i, true, true,
+                 [&](float* master, char* moments) {
+                   std::memcpy(master + (lo - m.off), b.master + (lo - o_lo), (hi - lo) * 4);
+                   std::memcpy(moments + (lo - m.off) * mb,
+                               static_cast<const char*>(b.m) + (lo - o_lo) * mb, (hi - lo) * mb);
+                   std::memcpy(moments + (m.sn + lo - m.off) * mb,
+                               static_cast<const char*>(b.v) + (lo - o_lo) * mb, (hi - lo) * mb);
+                 })
+          .with_context("loading " + m.name);
+    };
+    STRATA_RETURN_IF_ERROR(read_checkpoint(path, staging, sink), "");  // names the path
+  }
+  for (size_t i = 0; i < M; ++i) {
+    if (covered[i] != mods[i].valid) {
+      return invalid_argument(fmt::format(
+          "checkpoint files {} hold {} of the {} elements of {} this rank owns; a shard file "
+          "is missing or duplicated (resume from the manifest strata train wrote)",
+          paths.front(), covered[i], mods[i].valid, mods[i].name));
+    }
+    Status ws;
+    STRATA_RETURN_IF_ERROR(
+        with_state(i, true, false,
+                   [&](float* master, char*) { ws = I.pipeline->write_params(int(i), master); }),
+        "reading " + mods[i].name);
+    STRATA_RETURN_IF_ERROR(ws, "deriving " + mods[i].name + " parameters");
+  }
+  return Status::ok();
+}
+
+uint32_t TierManager::weights_crc() {
+  Impl& I = *impl_;
+  if (!flush_writes().is_ok()) return 0;
+  uint32_t crc = 0;
+  for (auto& m : I.homes->modules()) {
+    if (m.master.tier == Tier::kNvme) {
+      auto b = I.homes->host_buf(m.master.bytes, "crc");
+      if (!b.is_ok() ||
+          !I.homes->io()->wait(I.homes->io()->read(m.master.ext, b->data())).is_ok()) {
+        return 0;
+      }
+      crc = crc32c(crc, b->data(), m.valid * 4);
+    } else {
+      crc = crc32c(crc, m.master.ptr(), m.valid * 4);
+    }
+  }
+  return crc;
+}
+
+}  // namespace strata
