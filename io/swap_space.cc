@@ -69,8 +69,10 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
         "swap files inside them)",
         path));
   // Writable, and O_DIRECT: create a probe file the way the engine will open swap files.
+  // Never through a link planted at the probe's name: O_EXCL | O_NOFOLLOW, after removing it.
   const std::string probe = fmt::format("{}/.strata-probe-{}", path, getpid());
-  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ::unlink(probe.c_str());
+  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int err = errno;
     return Status(err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kInvalidArgument,
@@ -80,7 +82,7 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
   }
   ::close(fd);
   if (need_direct) {
-    fd = ::open(probe.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    fd = ::open(probe.c_str(), O_RDWR | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       ::unlink(probe.c_str());
@@ -152,8 +154,17 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const Swa
   const std::string host = host_name();
   for (size_t i = 0; i < options.paths.size(); ++i) {
     const std::string file = swap_file_path(options.paths[i], options.rank);
-    // A file left by an earlier run: reclaim it if its owner is gone.
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    // A file left by an earlier run: reclaim it if its owner is gone. A link at the name is
+    // refused, never followed (strata would create or truncate whatever it points to).
+    struct stat lst {};
+    if (::lstat(file.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) {
+      return invalid_argument(fmt::format(
+          "swap file {} exists and is {}; strata creates swap files only as regular files of "
+          "its own and will not write through it: remove it, or use another nvme_path",
+          file, S_ISLNK(lst.st_mode) ? "a symbolic link" : "not a regular file"));
+    }
+    int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    const bool existed = fd >= 0;
     if (fd >= 0) {
       SwapHeader h{};
       const ssize_t n = ::pread(fd, &h, sizeof(h), 0);
@@ -179,8 +190,19 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const Swa
                file, h.pid, h.rank, gib(h.data_bytes));
       s->reclaimed_ = true;
     }
-    fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    // A new file exclusively; a reclaimed one without following links, and only if it is still
+    // a regular file with one name (a hard link to another file would be truncated with it).
+    fd = ::open(file.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (existed ? 0 : O_CREAT | O_EXCL),
+                0600);
     if (fd < 0) return errno_status(errno, fmt::format("creating swap file {}", file));
+    struct stat fst {};
+    if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_nlink != 1) {
+      ::close(fd);
+      return invalid_argument(fmt::format(
+          "swap file {} is not a regular file with a single name (hard link?); strata will not "
+          "truncate it: remove it, or use another nvme_path",
+          file));
+    }
     s->file_paths_.push_back(file);  // from here on the destructor removes it
     if (::ftruncate(fd, 0) != 0 || (::ftruncate(fd, static_cast<off_t>(file_bytes)) != 0)) {
       const int err = errno;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "src/base/json_depth.h"
 #include "src/model/model.h"
 #include "strata/log.h"
 
@@ -126,6 +127,8 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
       fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
   json j;
   try {
+    Status depth = check_json_depth(text);
+    if (!depth.is_ok()) throw std::runtime_error(depth.message());
     j = json::parse(text);
   } catch (const std::exception& e) {
     return invalid_argument(fmt::format("{}: not a JSON profile ({}){}", origin, e.what(), regen));
