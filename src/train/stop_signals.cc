@@ -1,6 +1,7 @@
 #include "src/train/stop_signals.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,10 +39,22 @@ void on_stop_request(int sig, siginfo_t* info, void*) {
 void on_tstp(int) {
   const int saved = errno;
   g_tstp_stopped.store(true);
-  // Stop as the default action would; SIGCONT (in its handler) resumes and clears the mark.
-  ::signal(SIGTSTP, SIG_DFL);
+  // Stop as the default action would (SIGTSTP is blocked in its own handler: unblock it), and
+  // take the handler back once SIGCONT resumes us (its handler clears the mark).
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGTSTP, &dfl, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTSTP);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   ::raise(SIGTSTP);
-  ::signal(SIGTSTP, on_tstp);
+  struct sigaction mine = {};
+  mine.sa_handler = on_tstp;
+  mine.sa_flags = SA_RESTART;
+  sigemptyset(&mine.sa_mask);
+  sigaction(SIGTSTP, &mine, nullptr);
   errno = saved;
 }
 
