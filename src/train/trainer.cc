@@ -194,11 +194,11 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   STRATA_RETURN_IF_ERROR(create_comms(), "");
-  // train.checkpoint_dir is checked before anything is allocated or trained.
-  STRATA_RETURN_IF_ERROR(
+  // train.checkpoint_dir is checked before anything is trained; a failure is reported together
+  // with the tiers' preflight below.
+  const Status ckpt_dir =
       prepare_checkpoint_dir(cfg_.train.checkpoint_dir, checkpoint_file_bytes(checkpoint_meta(0)),
-                             /*remove_temporaries=*/rank_ == 0),
-      "preflight");
+                             /*remove_temporaries=*/rank_ == 0);
   if (cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
@@ -226,6 +226,10 @@ Status Run::setup() {
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
   auto tm = TierManager::create(*dev_, layout_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
+  if (!ckpt_dir.is_ok()) {
+    if (tm.is_ok()) return ckpt_dir.with_context("preflight");
+    return Status(tm.status().code(), tm.status().message() + "\n  - " + ckpt_dir.message());
+  }
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
       tm.status().message().find("device tier needs") != std::string::npos) {
     // Name the activation modes that need less device memory, with their bytes.
