@@ -334,6 +334,46 @@ TEST_F(Hardening, SwapFileLinkIsRefusedNotFollowed) {
   fs::remove_all(dir);
 }
 
+// The swap-file owner: a pid reused by a later process, a zombie, or another boot is gone;
+// another host is unknown (refused, naming it); a creation killed midway is cleaned up.
+TEST(SwapOwner, PidStartTimeZombieAndHost) {
+  SwapOwner me = current_swap_owner();
+  EXPECT_EQ(swap_owner_state(me), SwapOwnerState::kRunning);
+  if (me.start_ticks == 0) GTEST_SKIP() << "no /proc/self/stat: start times unknown";
+  SwapOwner reused = me;
+  reused.start_ticks += 1;
+  EXPECT_EQ(swap_owner_state(reused), SwapOwnerState::kGone);
+  SwapOwner rebooted = me;
+  rebooted.boot_id = "00000000-0000-0000-0000-000000000000";
+  EXPECT_EQ(swap_owner_state(rebooted), SwapOwnerState::kGone);
+  SwapOwner elsewhere = me;
+  elsewhere.host = me.host + "-other";
+  EXPECT_EQ(swap_owner_state(elsewhere), SwapOwnerState::kUnknown);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::usleep(200000);  // exited, not reaped: a zombie
+  SwapOwner zombie = me;
+  zombie.pid = child;
+  zombie.start_ticks = 0;
+  EXPECT_EQ(swap_owner_state(zombie), SwapOwnerState::kGone);
+  ::waitpid(child, nullptr, 0);
+}
+
+TEST_F(Hardening, KilledSwapCreationIsRecognisedNextTime) {
+  const auto dir = temp_dir("swapkill");
+  fs::create_directories(dir + "/swap");
+  const std::string file = swap_file_path(dir + "/swap", 0);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  // What a creation killed before its header was in place leaves: a temporary, never the file.
+  std::ofstream(file + ".tmp" + std::to_string(child)) << std::string(100, '\0');
+  must_train(small_config(dir, {"train.steps=1"}));
+  EXPECT_FALSE(fs::exists(file + ".tmp" + std::to_string(child)));
+  EXPECT_FALSE(fs::exists(file));
+  fs::remove_all(dir);
+}
+
 // ---- 5. metrics
 // ----------------------------------------------------------------------------------
 
