@@ -410,6 +410,14 @@ TEST_F(Hardening, DeepJsonIsRefused) {
   }
 }
 
+// Found by fuzz_config: an override value that is not JSON is taken as a string; invalid UTF-8
+// in it made the "got ..." message throw (nlohmann type_error 316) and abort.
+TEST_F(Hardening, OverrideWithInvalidUtf8IsAnErrorNotAnAbort) {
+  auto r = parse_config("{}", "x.json", {"zero_optimization.stage=ac\xb4\xff"});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "zero_optimization.stage")) << r.status().message();
+}
+
 TEST_F(Hardening, NumberOverflowIsRefused) {
   auto r = parse_config(R"({"optimizer": {"params": {"lr": 1e400}}})", "x.json");
   ASSERT_FALSE(r.is_ok());

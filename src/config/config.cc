@@ -609,7 +609,8 @@ Status unknown_key(const std::string& section, const std::string& name) {
 }
 
 std::string short_dump(const json& v) {
-  std::string s = v.dump();
+  // An override value that is not JSON is taken as a string, which may not be valid UTF-8.
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -1122,7 +1123,10 @@ Status resolve(Ctx* ctx, int world_size) {
   return Status::ok();
 }
 
-std::string value_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string value_text(const json& v) {
+  return v.is_string() ? v.get<std::string>()
+                       : v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void list_not_acted_on(Ctx* ctx) {
   static const Config defaults;

@@ -676,8 +676,9 @@ Result<TrainResult> Run::loop() {
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
                 (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
     if (world_ > 1) {
-      // mpirun forwards SIGINT/SIGTERM to every rank, but not at the same step: all ranks stop
-      // after the step in which any of them saw it, so the checkpoint's collectives line up.
+      // A stop reaches the ranks (src/train/stop_signals.h), but not at the same step: all
+      // ranks stop after the step in which any of them saw it, so the checkpoint's collectives
+      // line up.
       float any = stop ? 1.0f : 0.0f;
       STRATA_RETURN_IF_ERROR(reduce(&any, 1, ReduceOp::kMax), "agreeing on a stop");
       stop = any != 0.0f;
