@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "src/base/safe_file.h"
+#include "src/plan/plan.h"
 #include "src/train/checkpoint.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
@@ -416,6 +417,16 @@ TEST_F(Hardening, OverrideWithInvalidUtf8IsAnErrorNotAnAbort) {
   auto r = parse_config("{}", "x.json", {"zero_optimization.stage=ac\xb4\xff"});
   ASSERT_FALSE(r.is_ok());
   EXPECT_TRUE(contains(r.status().message(), "zero_optimization.stage")) << r.status().message();
+}
+
+TEST_F(Hardening, ProfileFieldOfTheWrongTypeIsAnErrorNotAnAbort) {
+  const char* text = R"({"magic": "strata-machine-profile", "version": 1,
+    "device": {"backend": "cpu", "gemm_flops": 1e11, "gemm_by_width": [{"C": "x", "gemm_flops": 1}]},
+    "host": {"copy_gbps": 10}, "cpu_optimizer": {"params_per_s": 1e8}})";
+  auto p = parse_machine_profile(text, "p.json");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_TRUE(contains(p.status().message(), "p.json")) << p.status().message();
+  EXPECT_TRUE(contains(p.status().message(), "strata probe")) << p.status().message();
 }
 
 TEST_F(Hardening, NumberOverflowIsRefused) {
