@@ -110,6 +110,14 @@ case "$cmd" in
   train)
     deps; build
     mkdir -p runs/swap  # the default job swaps optimizer state here (configs/tiny-cpu.json)
+    # A fresh run never overwrites another run's checkpoints (strata refuses): the demo moves
+    # the previous run's directory aside instead. `tools/dev.sh train --resume` continues it.
+    if [ -e runs/tiny-cpu/latest ] && [[ " $* " != *" --resume"* ]] &&
+       [[ " $* " != *"train.checkpoint_dir"* ]]; then
+      prev="runs/tiny-cpu.$(date +%Y%m%d-%H%M%S)"
+      echo "== runs/tiny-cpu holds an earlier run: moved to $prev (continue a run with --resume)"
+      mv runs/tiny-cpu "$prev"
+    fi
     echo "== strata train --config configs/tiny-cpu.json $*"
     exec "$BUILD_DIR/tools/strata" train --config configs/tiny-cpu.json "$@"
     ;;
