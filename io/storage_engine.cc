@@ -102,7 +102,7 @@ class Engine final : public Storage {
     if (slot < 0)
       return out_of_memory(
           fmt::format("opening {}: all {} file slots in use; close some first", path, kMaxFiles));
-    int flags = O_RDWR | O_CLOEXEC;
+    int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC;  // never through a link
     if (o.create) flags |= O_CREAT;
     if (o.truncate) flags |= O_TRUNC;
     if (caps_.direct_io) flags |= O_DIRECT;

@@ -1,6 +1,7 @@
 // Swap files, preflight and striping (see strata/swap_space.h).
 #include "strata/swap_space.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -33,9 +35,15 @@ struct SwapHeader {
   uint64_t alignment;
   uint64_t created_unix;
   char host[64];
-  uint32_t crc;  // CRC32C of every byte above
+  uint32_t crc;  // CRC32C of every byte above (the whole version-1 header)
+  // Version 2: which process, exactly, owns the file (a pid alone may be reused).
+  uint32_t pad;
+  uint64_t pid_start_ticks;  // the owner's start time, /proc/<pid>/stat field 22
+  char boot_id[40];          // /proc/sys/kernel/random/boot_id when it was written
+  uint32_t crc2;             // CRC32C of every byte above
 };
 static_assert(sizeof(SwapHeader) < kSwapHeaderBytes);
+constexpr size_t kHeaderV1Bytes = offsetof(SwapHeader, crc) + sizeof(uint32_t);
 
 double gib(uint64_t b) { return static_cast<double>(b) / double(1 << 30); }
 
@@ -45,7 +53,110 @@ std::string host_name() {
   return h;
 }
 
+std::string read_small_file(const std::string& path) {
+  char buf[1024];
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  return n > 0 ? std::string(buf, size_t(n)) : "";
+}
+
+// Field 3 (state) and field 22 (start time in clock ticks since boot) of /proc/<pid>/stat;
+// false when there is no such process.
+bool proc_stat(int pid, char* state, uint64_t* start_ticks) {
+  const std::string st = read_small_file(fmt::format("/proc/{}/stat", pid));
+  const size_t paren = st.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= st.size()) return false;
+  *state = st[paren + 2];
+  // Fields after the name, from field 3 on: state is 3, start time is 22.
+  size_t pos = paren + 2;
+  for (int field = 3; field < 22; ++field) {
+    pos = st.find(' ', pos);
+    if (pos == std::string::npos) return false;
+    ++pos;
+  }
+  *start_ticks = std::strtoull(st.c_str() + pos, nullptr, 10);
+  return true;
+}
+
+// Writes a fresh header page for `file` to a temporary and moves it into place: link(2) for a
+// new file (fails if one appeared meanwhile), rename(2) over a reclaimed one. A kill at any
+// point leaves either no file, the old valid one, or the new valid one at `file` (and perhaps a
+// temporary "<file>.tmp<pid>" that a later create removes).
+Status place_swap_file(const std::string& file, const char* page, bool replace) {
+  const std::string tmp = fmt::format("{}.tmp{}", file, ::getpid());
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return errno_status(errno, fmt::format("creating swap file {}", tmp));
+  Status st;
+  if (::pwrite(fd, page, kSwapHeaderBytes, 0) != static_cast<ssize_t>(kSwapHeaderBytes) ||
+      ::fdatasync(fd) != 0) {
+    st = errno_status(errno, fmt::format("writing swap file header of {}", tmp));
+  }
+  ::close(fd);
+  if (st.is_ok() && replace && ::rename(tmp.c_str(), file.c_str()) != 0) {
+    st = errno_status(errno, fmt::format("renaming {} to {}", tmp, file));
+  }
+  if (st.is_ok() && !replace && ::link(tmp.c_str(), file.c_str()) != 0) {
+    st = errno_status(errno, fmt::format("creating swap file {}", file));
+  }
+  ::unlink(tmp.c_str());  // after rename: already gone
+  return st;
+}
+
+// Removes "<file>.tmp<pid>" temporaries of creations killed midway (their pid is gone).
+void remove_dead_temporaries(const std::string& dir, const std::string& file) {
+  const std::string base = file.substr(file.rfind('/') + 1) + ".tmp";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(base, 0) != 0 || name.size() == base.size()) continue;
+    const std::string digits = name.substr(base.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    char state;
+    uint64_t ticks;
+    const int pid = std::atoi(digits.c_str());
+    if (pid == ::getpid() || (proc_stat(pid, &state, &ticks) && state != 'Z')) continue;
+    ::unlink((dir + "/" + name).c_str());
+  }
+  ::closedir(d);
+}
+
 }  // namespace
+
+SwapOwner current_swap_owner() {
+  SwapOwner o;
+  o.host = host_name();
+  o.boot_id = read_small_file("/proc/sys/kernel/random/boot_id");
+  while (!o.boot_id.empty() && (o.boot_id.back() == '\n' || o.boot_id.back() == ' '))
+    o.boot_id.pop_back();
+  o.pid = ::getpid();
+  char state;
+  if (!proc_stat(o.pid, &state, &o.start_ticks)) o.start_ticks = 0;
+  return o;
+}
+
+SwapOwnerState swap_owner_state(const SwapOwner& owner) {
+  const SwapOwner me = current_swap_owner();
+  if (owner.host != me.host) return SwapOwnerState::kUnknown;
+  // Rebooted since: every process of then is gone.
+  if (!owner.boot_id.empty() && !me.boot_id.empty() && owner.boot_id != me.boot_id)
+    return SwapOwnerState::kGone;
+  if (owner.pid <= 0) return SwapOwnerState::kGone;
+  char state;
+  uint64_t ticks = 0;
+  if (!proc_stat(owner.pid, &state, &ticks)) {
+    // No /proc (or no such pid): fall back to kill(pid, 0).
+    return ::kill(owner.pid, 0) == 0 || errno == EPERM ? SwapOwnerState::kRunning
+                                                       : SwapOwnerState::kGone;
+  }
+  if (state == 'Z' || state == 'X') return SwapOwnerState::kGone;  // exited, not yet reaped
+  // The pid was reused by a later process.
+  if (owner.start_ticks != 0 && ticks != owner.start_ticks) return SwapOwnerState::kGone;
+  return SwapOwnerState::kRunning;
+}
 
 std::string swap_file_path(const std::string& dir, int rank) {
   return fmt::format("{}/strata-swap-r{}.bin", dir, rank);
@@ -69,8 +180,10 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
         "swap files inside them)",
         path));
   // Writable, and O_DIRECT: create a probe file the way the engine will open swap files.
+  // Never through a link planted at the probe's name: O_EXCL | O_NOFOLLOW, after removing it.
   const std::string probe = fmt::format("{}/.strata-probe-{}", path, getpid());
-  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ::unlink(probe.c_str());
+  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int err = errno;
     return Status(err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kInvalidArgument,
@@ -80,7 +193,7 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
   }
   ::close(fd);
   if (need_direct) {
-    fd = ::open(probe.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    fd = ::open(probe.c_str(), O_RDWR | O_DIRECT | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       ::unlink(probe.c_str());
@@ -149,40 +262,99 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const Swa
   std::unique_ptr<SwapSpace> s(new SwapSpace());
   s->storage_ = storage;
   s->options_ = options;
-  const std::string host = host_name();
+  const SwapOwner me = current_swap_owner();
   for (size_t i = 0; i < options.paths.size(); ++i) {
     const std::string file = swap_file_path(options.paths[i], options.rank);
-    // A file left by an earlier run: reclaim it if its owner is gone.
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    remove_dead_temporaries(options.paths[i], file);
+    // A file left by an earlier run: reclaim it if its owner is gone. A link at the name is
+    // refused, never followed (strata would create or truncate whatever it points to).
+    struct stat lst {};
+    if (::lstat(file.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) {
+      return invalid_argument(fmt::format(
+          "swap file {} exists and is {}; strata creates swap files only as regular files of "
+          "its own and will not write through it: remove it, or use another nvme_path",
+          file, S_ISLNK(lst.st_mode) ? "a symbolic link" : "not a regular file"));
+    }
+    int fd = ::open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    const bool existed = fd >= 0;
     if (fd >= 0) {
       SwapHeader h{};
       const ssize_t n = ::pread(fd, &h, sizeof(h), 0);
       ::close(fd);
-      const bool valid = n == static_cast<ssize_t>(sizeof(h)) &&
-                         std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 &&
-                         h.crc == crc32c(0, &h, offsetof(SwapHeader, crc));
+      const bool v1 = n >= static_cast<ssize_t>(kHeaderV1Bytes) &&
+                      std::memcmp(h.magic, kMagic, sizeof(kMagic)) == 0 &&
+                      h.crc == crc32c(0, &h, offsetof(SwapHeader, crc));
+      const bool valid =
+          v1 && (h.version < 2 || (n == static_cast<ssize_t>(sizeof(h)) &&
+                                   h.crc2 == crc32c(0, &h, offsetof(SwapHeader, crc2))));
       if (!valid)
         return invalid_argument(fmt::format(
             "swap file {} exists but is not a strata swap file (bad magic or header checksum); "
             "strata will not overwrite it: move or delete it, or use another nvme_path",
             file));
-      const bool same_host = std::string(h.host, strnlen(h.host, sizeof(h.host))) == host;
-      // Our own pid counts as alive: a second SwapSpace on the same path and rank in one
+      SwapOwner owner;
+      owner.host = std::string(h.host, strnlen(h.host, sizeof(h.host)));
+      owner.pid = h.pid;
+      if (h.version >= 2) {
+        owner.start_ticks = h.pid_start_ticks;
+        owner.boot_id = std::string(h.boot_id, strnlen(h.boot_id, sizeof(h.boot_id)));
+      }
+      // Our own pid counts as running: a second SwapSpace on the same path and rank in one
       // process must not truncate the first one's file.
-      const bool alive = same_host && (::kill(h.pid, 0) == 0 || errno == EPERM);
-      if (alive)
-        return invalid_argument(fmt::format(
-            "swap file {} is in use by running process {} (rank {}); stop it or give this run "
-            "another nvme_path",
-            file, h.pid, h.rank));
+      switch (swap_owner_state(owner)) {
+        case SwapOwnerState::kRunning:
+          return invalid_argument(fmt::format(
+              "swap file {} is in use by running process {} (rank {}); stop it or give this run "
+              "another nvme_path",
+              file, h.pid, h.rank));
+        case SwapOwnerState::kUnknown:
+          return invalid_argument(fmt::format(
+              "swap file {} belongs to process {} (rank {}) on host {}; from {} strata cannot "
+              "tell whether it still runs: if it does not, delete the file, else give this run "
+              "another nvme_path",
+              file, h.pid, h.rank, owner.host, me.host));
+        case SwapOwnerState::kGone:
+          break;
+      }
       log_info("swap space: reclaiming {} left by pid {} (rank {}, {:.2f} GiB), which is gone",
                file, h.pid, h.rank, gib(h.data_bytes));
       s->reclaimed_ = true;
     }
-    fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return errno_status(errno, fmt::format("creating swap file {}", file));
+    // The header goes in first (a temporary moved into place), so a kill at any point never
+    // leaves a file at this name that a later run cannot recognise and reclaim.
+    char page[kSwapHeaderBytes] = {};
+    SwapHeader h{};
+    std::memcpy(h.magic, kMagic, sizeof(kMagic));
+    h.version = kSwapFormatVersion;
+    h.header_bytes = kSwapHeaderBytes;
+    h.rank = options.rank;
+    h.pid = me.pid;
+    h.path_index = static_cast<uint32_t>(i);
+    h.path_count = static_cast<uint32_t>(options.paths.size());
+    h.data_bytes = options.bytes_per_path;
+    h.stripe_size = options.stripe_size;
+    h.alignment = kStorageAlignment;
+    h.created_unix = static_cast<uint64_t>(std::time(nullptr));
+    std::strncpy(h.host, me.host.c_str(), sizeof(h.host) - 1);
+    h.crc = crc32c(0, &h, offsetof(SwapHeader, crc));
+    h.pid_start_ticks = me.start_ticks;
+    std::strncpy(h.boot_id, me.boot_id.c_str(), sizeof(h.boot_id) - 1);
+    h.crc2 = crc32c(0, &h, offsetof(SwapHeader, crc2));
+    std::memcpy(page, &h, sizeof(h));
+    STRATA_RETURN_IF_ERROR(place_swap_file(file, page, /*replace=*/existed), "");
     s->file_paths_.push_back(file);  // from here on the destructor removes it
-    if (::ftruncate(fd, 0) != 0 || (::ftruncate(fd, static_cast<off_t>(file_bytes)) != 0)) {
+    // Only a regular file with one name (a hard link to another file would be sized with it).
+    fd = ::open(file.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno_status(errno, fmt::format("opening swap file {}", file));
+    struct stat fst {};
+    if (::fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_nlink != 1) {
+      ::close(fd);
+      return invalid_argument(fmt::format(
+          "swap file {} is not a regular file with a single name (hard link?); strata will not "
+          "size it: remove it, or use another nvme_path",
+          file));
+    }
+    if (::ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) {
       const int err = errno;
       ::close(fd);
       return errno_status(err, fmt::format("sizing swap file {} to {} bytes", file, file_bytes));
@@ -195,28 +367,6 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const Swa
       ::close(fd);
       return errno_status(
           rc, fmt::format("preallocating swap file {} ({:.2f} GiB)", file, gib(file_bytes)));
-    }
-    char page[kSwapHeaderBytes] = {};
-    SwapHeader h{};
-    std::memcpy(h.magic, kMagic, sizeof(kMagic));
-    h.version = kSwapFormatVersion;
-    h.header_bytes = kSwapHeaderBytes;
-    h.rank = options.rank;
-    h.pid = getpid();
-    h.path_index = static_cast<uint32_t>(i);
-    h.path_count = static_cast<uint32_t>(options.paths.size());
-    h.data_bytes = options.bytes_per_path;
-    h.stripe_size = options.stripe_size;
-    h.alignment = kStorageAlignment;
-    h.created_unix = static_cast<uint64_t>(std::time(nullptr));
-    std::strncpy(h.host, host.c_str(), sizeof(h.host) - 1);
-    h.crc = crc32c(0, &h, offsetof(SwapHeader, crc));
-    std::memcpy(page, &h, sizeof(h));
-    if (::pwrite(fd, page, sizeof(page), 0) != static_cast<ssize_t>(sizeof(page)) ||
-        ::fdatasync(fd) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return errno_status(err, fmt::format("writing swap file header of {}", file));
     }
     ::close(fd);
     STRATA_ASSIGN_OR_RETURN(FileId id, storage->open(file), "opening swap file");

@@ -761,6 +761,8 @@ TEST(SwapSpaceTest, HeaderReclaimAfterCrashAndForeignFiles) {
   auto write_header_with_pid = [&](int32_t pid) {
     std::string h = header;
     std::memcpy(h.data() + 20, &pid, 4);
+    const uint32_t v1 = 1;  // a version-1 header: the pid alone names the owner
+    std::memcpy(h.data() + 8, &v1, 4);
     const uint32_t crc_at = 8 + 4 * 6 + 8 * 4 + 64;
     uint32_t crc = crc32c(0, h.data(), crc_at);
     std::memcpy(h.data() + crc_at, &crc, 4);

@@ -1,10 +1,11 @@
 // `strata train --config FILE [--set key=value]... [--resume [PATH]]`
-#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "src/train/stop_signals.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
@@ -15,15 +16,6 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal.load() != 0) {
-    // Second signal: the user insists. Leave without the checkpoint.
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-  }
-  g_stop_signal.store(sig);
-}
-
 const char kUsage[] =
     "usage: strata train --config FILE [options]\n"
     "\n"
@@ -32,7 +24,8 @@ const char kUsage[] =
     "every train.eval_interval steps; writes metrics as JSONL (train.log_file, default\n"
     "<train.checkpoint_dir>/metrics.jsonl) and checkpoints to train.checkpoint_dir.\n"
     "Ctrl-C / SIGTERM: finishes the current step, writes a checkpoint and exits (a second\n"
-    "signal exits at once).\n"
+    "signal exits at once). Under mpirun, launch with --mca odls_base_sigkill_timeout 60 so\n"
+    "mpirun waits for the checkpoint before it kills the ranks.\n"
     "\n"
     "options:\n"
     "  --config FILE        the config (required)\n"
@@ -45,8 +38,9 @@ const char kUsage[] =
     "  --log-level LEVEL    debug | info | warn | error (default: strata.log_level)\n"
     "  -h, --help           this text\n"
     "\n"
-    "exit status: 0 done; 1 error (the message says what and how to fix it); 2 bad usage;\n"
-    "128+N stopped by signal N after writing a checkpoint.\n";
+    "exit status: 0 done; 1 error (the message says what and how to fix it), or the metrics\n"
+    "log could not be written (training finished and saved); 2 bad usage; 128+N stopped by\n"
+    "signal N after writing a checkpoint.\n";
 
 }  // namespace
 
@@ -106,12 +100,13 @@ int cmd_train(int argc, char** argv) {
   }
   set_log_level(level);
 
-  struct sigaction sa = {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  install_stop_handlers(&g_stop_signal, open_mpi_launcher_pid());
   opts.stop_signal = &g_stop_signal;
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (const std::string w = mpi_stop_window_warning();
+      !w.empty() && mpi_rank && std::string(mpi_rank) == "0") {
+    log_warn("{}", w);
+  }
 
   Result<TrainResult> r = train(*cfg, opts);
   if (!r.is_ok()) {
@@ -143,6 +138,11 @@ int cmd_train(int argc, char** argv) {
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
               res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s, res.last_checkpoint.c_str());
+  if (!res.metrics_error.empty()) {
+    std::fprintf(stderr, "strata train: %s (training itself finished; checkpoint %s)\n",
+                 res.metrics_error.c_str(), res.last_checkpoint.c_str());
+    return 1;
+  }
   if (res.stopped_early && g_stop_signal.load() != 0) return 128 + g_stop_signal.load();
   return 0;
 }

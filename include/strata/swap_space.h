@@ -4,14 +4,20 @@
 // Files. For rank R each path P gets `P/strata-swap-r<R>.bin`: a 4096-byte header, then the
 // data area of `bytes_per_path` bytes, preallocated with fallocate so a full disk is found at
 // start, not mid-run. The header (little-endian, see SwapHeader in swap_space.cc) holds the
-// magic "STRSWAP1", format version 1, the owner rank and pid, host name, this file's index and
-// the path count, the data size, stripe size and alignment, and a CRC32C of itself.
+// magic "STRSWAP1", format version 2, the owner rank and pid, host name, this file's index and
+// the path count, the data size, stripe size and alignment, and a CRC32C of that (version 1
+// ends there); then the owner's start time (/proc/<pid>/stat) and the boot id, and a CRC32C of
+// the whole. The header is written to "<file>.tmp<pid>" and moved into place (link, or rename
+// over a reclaimed file) before the file is sized, so a kill at any moment leaves a file a
+// later run recognises. Swap files are never created or opened through a symbolic link, and
+// only a regular file with a single name is reclaimed.
 //
 // Lifetime. The files are removed when the SwapSpace is destroyed (clean exit). After a crash
-// the next create() on the same path and rank finds the file: if its owner pid is no longer
-// running on this host it is reclaimed and reused, with a log line; if the owner is alive the
-// create fails naming the pid; a file with the name but no valid header is left alone and
-// reported, never deleted.
+// the next create() on the same path and rank finds the file: if its owner is gone (see
+// swap_owner_state: a pid reused by a later process or a zombie counts as gone) it is
+// reclaimed and reused, with a log line; if the owner runs the create fails naming the pid; if
+// it was written on another host the create fails naming that host (strata cannot tell from
+// here); a file with the name but no valid header is left alone and reported, never deleted.
 //
 // Preflight. Before writing anything create() checks every path: it exists, is a directory, is
 // writable, accepts O_DIRECT (when the Storage uses it) and has room for the swap file. Each
@@ -44,7 +50,7 @@
 
 namespace strata {
 
-inline constexpr uint32_t kSwapFormatVersion = 1;
+inline constexpr uint32_t kSwapFormatVersion = 2;
 inline constexpr uint64_t kSwapHeaderBytes = 4096;
 
 struct SwapOptions {
@@ -77,6 +83,22 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
 // required unless aio.backend is "posix") for `bytes_per_path` free. An nvme offload with an
 // empty nvme_path is an error too. The Status names the config key, the path and the fix.
 Status check_nvme_config(const Config& config, uint64_t bytes_per_path);
+
+// Who created a swap file, as its header records it.
+struct SwapOwner {
+  std::string host;
+  std::string boot_id;  // "" unknown (version-1 header)
+  int pid = 0;
+  uint64_t start_ticks = 0;  // the process's start time in clock ticks; 0 unknown
+};
+// This process.
+SwapOwner current_swap_owner();
+enum class SwapOwnerState {
+  kGone,     // no such process here (exited, a zombie, its pid reused, or the host rebooted)
+  kRunning,  // that very process runs on this host (this process included)
+  kUnknown,  // written on another host: cannot tell
+};
+SwapOwnerState swap_owner_state(const SwapOwner& owner);
 
 class SwapSpace {
  public:

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "src/base/json_depth.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -621,7 +622,8 @@ Status unknown_key(const std::string& section, const std::string& name) {
 }
 
 std::string short_dump(const json& v) {
-  std::string s = v.dump();
+  // An override value that is not JSON is taken as a string, which may not be valid UTF-8.
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -681,13 +683,17 @@ Result<json> check_value(const Type& t, const json& v, const std::string& path) 
       double d;
       if (v.is_number_integer()) {
         if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{1} << 62) {
-          return range_error(path, v.dump(), t);
+          return invalid_argument(
+              fmt::format("{}: {} is too large (integers are at most 2^62)", path, v.dump()));
         }
         d = static_cast<double>(v.get<int64_t>());
       } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
                  v.get<double>() == std::floor(v.get<double>())) {
         d = v.get<double>();
-        if (std::fabs(d) > kIntLimit) return range_error(path, v.dump(), t);
+        if (std::fabs(d) > kIntLimit) {
+          return invalid_argument(
+              fmt::format("{}: {} is too large (integers are at most 2^62)", path, v.dump()));
+        }
       } else {
         return type_error(path, "integer", v);
       }
@@ -708,7 +714,10 @@ Result<json> check_value(const Type& t, const json& v, const std::string& path) 
         if (d != std::floor(d)) {
           return invalid_argument(fmt::format("{}: {} is not a whole number", path, v.dump()));
         }
-        if (d >= 1.8446744073709552e19) return range_error(path, v.dump(), t);
+        if (d >= 1.8446744073709552e19) {
+          return invalid_argument(
+              fmt::format("{}: {} is too large: a size is at most 2^64-1 bytes", path, v.dump()));
+        }
         bytes = static_cast<size_t>(d);
       } else if (v.is_string()) {
         Result<size_t> r = parse_size(v.get<std::string>());
@@ -843,8 +852,10 @@ Status apply_override(json* doc, const std::string& text) {
     }
     section = full;
   }
+  Status depth = check_json_depth(value_text);
+  if (!depth.is_ok()) return depth.with_context(fmt::format("override \"{}\"", path));
   json value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = value_text;  // not JSON: a string
+  if (value.is_discarded()) value = value_text;  // not JSON (or 1e400): a string
 
   json* cur = doc;
   for (size_t i = 0; i + 1 < segs.size(); ++i) {
@@ -1125,7 +1136,10 @@ Status resolve(Ctx* ctx, int world_size) {
   return Status::ok();
 }
 
-std::string value_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string value_text(const json& v) {
+  return v.is_string() ? v.get<std::string>()
+                       : v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void list_not_acted_on(Ctx* ctx) {
   static const Config defaults;
@@ -1283,9 +1297,19 @@ Result<size_t> parse_size(const std::string& text) {
 
 Result<Config> parse_config(const std::string& json_text, const std::string& origin,
                             const std::vector<std::string>& overrides, int world_size) {
+  // Deep nesting would overflow the stack in the value's destructor and dump().
+  Status depth = check_json_depth(json_text, kMaxJsonDepth, /*comments=*/true);
+  if (!depth.is_ok()) return depth.with_context(origin);
   json doc;
   try {
     doc = json::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::out_of_range& e) {
+    // 406: a number that does not fit a double (1e400).
+    std::string what = e.what();
+    const size_t at = what.find("] ");
+    return invalid_argument(
+        fmt::format("{}: invalid JSON: {}; numbers must fit a double (about 1.8e308)", origin,
+                    at == std::string::npos ? what : what.substr(at + 2)));
   } catch (const json::parse_error& e) {
     // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 1: <detail>".
     std::string what = e.what();

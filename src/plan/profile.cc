@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "src/base/json_depth.h"
 #include "src/plan/plan.h"
 #include "strata/log.h"
 
@@ -44,12 +45,15 @@ MachineProfile default_profile(bool cpu_backend) {
   return p;
 }
 
-Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin,
-                                             bool fastest) {
+namespace {
+Result<MachineProfile> parse_profile_fields(const std::string& text, const std::string& origin,
+                                            bool fastest) {
   const std::string regen =
       fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
   json j;
   try {
+    Status depth = check_json_depth(text);
+    if (!depth.is_ok()) throw std::runtime_error(depth.message());
     j = json::parse(text);
   } catch (const std::exception& e) {
     return invalid_argument(fmt::format("{}: not a JSON profile ({}){}", origin, e.what(), regen));
@@ -171,6 +175,22 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
     p.collective_gbps = {v, src};
   }
   return p;
+}
+
+}  // namespace
+
+Result<MachineProfile> parse_machine_profile(const std::string& text, const std::string& origin,
+                                             bool fastest) {
+  // A field of the wrong type (a string where an object or a number belongs) throws inside
+  // nlohmann::json: an invalid profile, never an abort.
+  try {
+    return parse_profile_fields(text, origin, fastest);
+  } catch (const std::exception& e) {
+    return invalid_argument(fmt::format(
+        "{}: not a valid profile ({}); regenerate it with `strata probe --path <nvme dir> --json "
+        "{}`",
+        origin, e.what(), origin));
+  }
 }
 
 Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {

@@ -3,14 +3,19 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "src/base/json_depth.h"
+#include "src/base/safe_file.h"
 #include "strata/checksum.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
@@ -24,21 +29,6 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
-
-Status write_all(int fd, const void* data, size_t n, const std::string& path, uint64_t* off) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, fmt::format("writing {} at offset {}", path, *off));
-    }
-    p += w;
-    n -= size_t(w);
-    *off += size_t(w);
-  }
-  return Status::ok();
-}
 
 Status read_all(int fd, void* data, size_t n, const std::string& path, uint64_t off) {
   char* p = static_cast<char*>(data);
@@ -92,16 +82,98 @@ std::string meta_json(const CheckpointMeta& m) {
   j["modules"] = mods;
   j["world_size"] = m.world_size;
   j["rank"] = m.rank;
+  j["run_id"] = m.run_id;
   return j.dump();
 }
 
-size_t payload_bytes(const CheckpointMeta& m, size_t moment_bytes) {
-  size_t n = 0;
-  for (const auto& mod : m.modules) n += mod.numel * (4 + 2 * moment_bytes);
+// Bytes of the payload; UINT64_MAX when the module sizes overflow (never a valid length).
+uint64_t payload_bytes(const CheckpointMeta& m, size_t moment_bytes) {
+  const uint64_t per = 4 + 2 * moment_bytes;
+  uint64_t n = 0;
+  for (const auto& mod : m.modules) {
+    if (mod.numel > (UINT64_MAX - n) / per) return UINT64_MAX;
+    n += mod.numel * per;
+  }
   return n;
 }
 
 size_t moment_bytes_of(const std::string& dtype) { return dtype == "bf16" ? 2 : 4; }
+
+// Strict field readers: the metadata is checksummed, but a checksum only says the bytes are
+// the ones written, not that the writer was strata; every value is checked for its type and
+// range here and against the run by check_resume (src/train/resume_check.h).
+using json = nlohmann::json;
+int64_t int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi))) {
+    throw std::runtime_error(fmt::format("{} is {}, expected an integer in [{}, {}]", key,
+                                         v.dump().substr(0, 40), lo, hi));
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) {
+    throw std::runtime_error(fmt::format("{} is {}, expected [{}, {}]", key, x, lo, hi));
+  }
+  return x;
+}
+uint64_t size_field(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_number_unsigned()) {
+    throw std::runtime_error(
+        fmt::format("{} is {}, expected a non-negative integer", key, v.dump().substr(0, 40)));
+  }
+  return v.get<uint64_t>();
+}
+std::string string_field(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_string()) {
+    throw std::runtime_error(
+        fmt::format("{} is {}, expected a string", key, v.dump().substr(0, 40)));
+  }
+  return v.get<std::string>();
+}
+
+CheckpointMeta parse_meta(const std::string& js) {
+  Status depth = check_json_depth(js);
+  if (!depth.is_ok()) throw std::runtime_error(depth.message());
+  const json j = json::parse(js);
+  if (!j.is_object()) throw std::runtime_error("not a JSON object");
+  constexpr int64_t kMax = int64_t{1} << 62;
+  CheckpointMeta m;
+  m.step = int_field(j, "step", 0, kMax);
+  m.opt_steps = int_field(j, "opt_steps", 0, m.step);
+  const json& ls = j.at("loss_scale");
+  if (!ls.is_number() || !std::isfinite(ls.get<double>()) || !(ls.get<double>() > 0)) {
+    throw std::runtime_error(
+        fmt::format("loss_scale is {}, expected a positive number", ls.dump().substr(0, 40)));
+  }
+  m.loss_scale = ls.get<double>();
+  m.scaler_cur_iter = int_field(j, "scaler_cur_iter", 0, kMax);
+  m.scaler_last_overflow_iter = int_field(j, "scaler_last_overflow_iter", -1, kMax);
+  m.scaler_cur_hysteresis = static_cast<int>(int_field(j, "scaler_cur_hysteresis", 0, 1 << 30));
+  m.model_shape = string_field(j, "model_shape");
+  m.moment_dtype = string_field(j, "moment_dtype");
+  if (m.moment_dtype != "fp32" && m.moment_dtype != "bf16") {
+    throw std::runtime_error(
+        fmt::format("moment_dtype is \"{}\", expected fp32 or bf16", m.moment_dtype.substr(0, 40)));
+  }
+  m.seed = size_field(j, "seed");
+  const json& mods = j.at("modules");
+  if (!mods.is_array() || mods.empty()) throw std::runtime_error("modules is not a list");
+  for (const auto& mod : mods) {
+    if (!mod.is_object()) throw std::runtime_error("a module is not an object");
+    CheckpointModule cm{string_field(mod, "name"), size_field(mod, "numel"), 0};
+    if (mod.contains("offset")) cm.offset = size_field(mod, "offset");
+    if (cm.offset > (uint64_t{1} << 62) || cm.numel > (uint64_t{1} << 62)) {
+      throw std::runtime_error(fmt::format("module {}: numel/offset out of range", cm.name));
+    }
+    m.modules.push_back(std::move(cm));
+  }
+  m.world_size =
+      j.contains("world_size") ? static_cast<int>(int_field(j, "world_size", 1, 1 << 20)) : 1;
+  m.rank = j.contains("rank") ? static_cast<int>(int_field(j, "rank", 0, m.world_size - 1)) : 0;
+  if (j.contains("run_id")) m.run_id = string_field(j, "run_id");
+  return m;
+}
 
 Result<std::pair<CheckpointMeta, uint32_t>> read_header(int fd, const std::string& path,
                                                         uint64_t* payload_len,
@@ -128,7 +200,7 @@ Result<std::pair<CheckpointMeta, uint32_t>> read_header(int fd, const std::strin
   uint32_t jlen = get32(h + 12), jcrc = get32(h + 16), pcrc = get32(h + 20);
   *payload_len = get64(h + 24);
   *payload_off = kFixedHeader + jlen;
-  if (size != *payload_off + *payload_len) {
+  if (*payload_len > size || size - *payload_len != *payload_off) {
     return corrupt(
         fmt::format("{}: truncated or padded: file is {} bytes, header promises {} "
                     "(metadata {} + payload {})",
@@ -142,23 +214,10 @@ Result<std::pair<CheckpointMeta, uint32_t>> read_header(int fd, const std::strin
   }
   CheckpointMeta m;
   try {
-    auto j = nlohmann::json::parse(js);
-    m.step = j.at("step");
-    m.opt_steps = j.at("opt_steps");
-    m.loss_scale = j.at("loss_scale");
-    m.scaler_cur_iter = j.at("scaler_cur_iter");
-    m.scaler_last_overflow_iter = j.at("scaler_last_overflow_iter");
-    m.scaler_cur_hysteresis = j.at("scaler_cur_hysteresis");
-    m.model_shape = j.at("model_shape");
-    m.moment_dtype = j.at("moment_dtype");
-    m.seed = j.at("seed");
-    for (const auto& mod : j.at("modules")) {
-      m.modules.push_back({mod.at("name"), mod.at("numel"), mod.value("offset", size_t{0})});
-    }
-    m.world_size = j.value("world_size", 1);
-    m.rank = j.value("rank", 0);
+    m = parse_meta(js);
   } catch (const std::exception& e) {
-    return corrupt(fmt::format("{}: metadata is not valid: {}", path, e.what()));
+    return corrupt(fmt::format("{}: metadata (bytes {}..{}) is not valid: {}", path, kFixedHeader,
+                               kFixedHeader + jlen, e.what()));
   }
   if (payload_bytes(m, moment_bytes_of(m.moment_dtype)) != *payload_len) {
     return corrupt(fmt::format("{}: payload is {} bytes but the module list needs {}", path,
@@ -167,15 +226,17 @@ Result<std::pair<CheckpointMeta, uint32_t>> read_header(int fd, const std::strin
   return std::make_pair(std::move(m), pcrc);
 }
 
-std::string dir_of(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
-Status fsync_dir(const std::string& dir) {
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY)};
-  if (d.fd < 0) return errno_status(errno, fmt::format("opening directory {}", dir));
-  if (::fsync(d.fd) != 0) return errno_status(errno, fmt::format("fsync of directory {}", dir));
+Status check_space(const std::string& path, uint64_t need) {
+  struct statvfs vfs {};
+  const std::string dir = directory_of(path);
+  if (::statvfs(dir.c_str(), &vfs) != 0) return Status::ok();  // the write reports it
+  const uint64_t avail = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  if (avail < need) {
+    return no_space(fmt::format(
+        "{} needs {} bytes ({}), its file system has {} bytes ({}) free; free space there or "
+        "point train.checkpoint_dir at a larger file system",
+        path, need, format_bytes(double(need)), avail, format_bytes(double(avail))));
+  }
   return Status::ok();
 }
 
@@ -186,13 +247,15 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
   const size_t mb = moment_bytes_of(meta.moment_dtype);
   const std::string js = meta_json(meta);
   const std::string tmp = path + ".tmp";
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (f.fd < 0) return errno_status(errno, fmt::format("creating checkpoint {}", tmp));
+  const uint64_t total = kFixedHeader + js.size() + payload_bytes(meta, mb);
+  STRATA_RETURN_IF_ERROR(check_space(tmp, total), "writing checkpoint");
+  STRATA_ASSIGN_OR_RETURN(int fd, create_temp_file(tmp, 0644), "writing checkpoint");
+  Fd f{fd};
   // Header placeholder (all zero: never a valid magic), metadata, then streamed payload.
   char h[kFixedHeader] = {};
   uint64_t off = 0;
-  Status st = write_all(f.fd, h, kFixedHeader, tmp, &off);
-  if (st.is_ok()) st = write_all(f.fd, js.data(), js.size(), tmp, &off);
+  Status st = write_fully(f.fd, h, kFixedHeader, tmp, &off);
+  if (st.is_ok()) st = write_fully(f.fd, js.data(), js.size(), tmp, &off);
   uint32_t pcrc = 0;
   std::vector<char> zeros;
   for (size_t i = 0; st.is_ok() && i < meta.modules.size(); ++i) {
@@ -204,7 +267,7 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
       break;
     }
     pcrc = crc32c(pcrc, b.master, n * 4);
-    st = write_all(f.fd, b.master, n * 4, tmp, &off);
+    st = write_fully(f.fd, b.master, n * 4, tmp, &off);
     for (void* mom : {b.m, b.v}) {
       if (!st.is_ok()) break;
       const void* src = mom;
@@ -213,7 +276,7 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
         src = zeros.data();
       }
       pcrc = crc32c(pcrc, src, n * mb);
-      st = write_all(f.fd, src, n * mb, tmp, &off);
+      st = write_fully(f.fd, src, n * mb, tmp, &off);
     }
   }
   if (st.is_ok()) {
@@ -235,9 +298,12 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
   }
   if (!st.is_ok()) {
     ::unlink(tmp.c_str());  // never leave a partial file behind
+    if (st.code() == StatusCode::kNoSpace) {
+      st = st.with_context(fmt::format("{} of the checkpoint's {} bytes written", off, total));
+    }
     return st.with_context("writing checkpoint");
   }
-  return fsync_dir(dir_of(path));
+  return fsync_directory(directory_of(path));
 }
 
 Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
@@ -334,66 +400,68 @@ Result<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 Status set_latest_checkpoint(const std::string& dir, const std::string& file_name) {
-  const std::string tmp = dir + "/latest.tmp", dst = dir + "/latest";
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (f.fd < 0) return errno_status(errno, fmt::format("creating {}", tmp));
-  uint64_t off = 0;
-  std::string line = file_name + "\n";
-  STRATA_RETURN_IF_ERROR(write_all(f.fd, line.data(), line.size(), tmp, &off), "");
-  if (::fsync(f.fd) != 0) return errno_status(errno, fmt::format("fsync {}", tmp));
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) {
-    return errno_status(errno, fmt::format("renaming {} to {}", tmp, dst));
-  }
-  return fsync_dir(dir);
+  return write_file_atomically(dir + "/latest", file_name + "\n", 0644);
 }
 
 std::string shard_file_path(const std::string& path, int rank, int world_size) {
   return fmt::format("{}.rank{}-of-{}", path, rank, world_size);
 }
 
-Status write_shard_manifest(const std::string& path, int64_t step, int world_size) {
+Status write_shard_manifest(const std::string& path, int64_t step, int world_size,
+                            const std::string& run_id) {
   nlohmann::json j;
   j["magic"] = "strata-shards";
   j["version"] = kCheckpointVersion;
   j["step"] = step;
   j["world_size"] = world_size;
+  j["run_id"] = run_id;
   const std::string base = path.substr(path.find_last_of('/') + 1);
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < world_size; ++r) files.push_back(shard_file_path(base, r, world_size));
   j["files"] = files;
-  const std::string tmp = path + ".tmp", text = j.dump(1) + "\n";
-  {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) return errno_status(errno, fmt::format("creating {}", tmp));
-    uint64_t off = 0;
-    STRATA_RETURN_IF_ERROR(write_all(f.fd, text.data(), text.size(), tmp, &off), "");
-    if (::fsync(f.fd) != 0) return errno_status(errno, fmt::format("fsync {}", tmp));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return errno_status(errno, fmt::format("renaming {} to {}", tmp, path));
-  }
-  const size_t slash = path.find_last_of('/');
-  return fsync_dir(slash == std::string::npos ? "." : path.substr(0, slash));
+  return write_file_atomically(path, j.dump(1) + "\n", 0644);
 }
 
-Result<std::vector<std::string>> checkpoint_files(const std::string& path) {
+Result<ShardManifest> read_shard_manifest(const std::string& path) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
   std::string text(1 << 16, '\0');
   ssize_t n = ::read(f.fd, text.data(), text.size());
   if (n < 0) return errno_status(errno, fmt::format("reading {}", path));
   text.resize(size_t(n));
+  ShardManifest out;
   // Anything but a JSON object is taken as a checkpoint file, whose reader says what is wrong.
   const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos || text[first] != '{') return std::vector<std::string>{path};
-  std::vector<std::string> out;
+  if (first == std::string::npos || text[first] != '{') {
+    out.files = {path};
+    return out;
+  }
   try {
-    auto j = nlohmann::json::parse(text);
-    if (j.at("magic") != "strata-shards") throw std::runtime_error("wrong magic");
+    Status depth = check_json_depth(text);
+    if (!depth.is_ok()) throw std::runtime_error(depth.message());
+    const auto j = nlohmann::json::parse(text);
+    if (!j.is_object() || j.value("magic", "") != "strata-shards") {
+      throw std::runtime_error("wrong magic");
+    }
+    out.world_size = static_cast<int>(int_field(j, "world_size", 1, 1 << 20));
+    out.step = int_field(j, "step", 0, int64_t{1} << 62);
+    if (j.contains("run_id")) out.run_id = string_field(j, "run_id");
+    const json& files = j.at("files");
+    if (!files.is_array() || files.size() != size_t(out.world_size)) {
+      throw std::runtime_error(fmt::format("files does not list {} shard files", out.world_size));
+    }
     const size_t slash = path.find_last_of('/');
     const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-    for (const auto& name : j.at("files")) out.push_back(dir + name.get<std::string>());
-    if (out.size() != j.at("world_size").get<size_t>()) throw std::runtime_error("file count");
+    const std::string base = path.substr(slash == std::string::npos ? 0 : slash + 1);
+    for (int r = 0; r < out.world_size; ++r) {
+      // Only the names strata writes: a manifest never points outside its directory.
+      const std::string want = shard_file_path(base, r, out.world_size);
+      if (!files[size_t(r)].is_string() || files[size_t(r)].get<std::string>() != want) {
+        throw std::runtime_error(fmt::format("files[{}] is {}, expected \"{}\"", r,
+                                             files[size_t(r)].dump().substr(0, 60), want));
+      }
+      out.files.push_back(dir + want);
+    }
   } catch (const std::exception& e) {
     return corrupt(fmt::format(
         "{}: neither a checkpoint (magic STRATACK) nor a shard manifest ({}); pass a file "
@@ -401,6 +469,16 @@ Result<std::vector<std::string>> checkpoint_files(const std::string& path) {
         path, e.what()));
   }
   return out;
+}
+
+Result<std::vector<std::string>> checkpoint_files(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(ShardManifest m, read_shard_manifest(path), "");
+  return std::move(m.files);
+}
+
+uint64_t checkpoint_file_bytes(const CheckpointMeta& meta) {
+  return kFixedHeader + meta_json(meta).size() +
+         payload_bytes(meta, moment_bytes_of(meta.moment_dtype));
 }
 
 }  // namespace strata

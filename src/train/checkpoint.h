@@ -12,9 +12,13 @@
 //   32+J P bytes payload: per module in order, fp32 master weights, then the first and second
 //                moments in the moment dtype
 // The payload CRC is computed while streaming and the header is written last (at offset 0).
-// A file is written as <name>.tmp, fsynced, renamed over <name>, and the directory fsynced:
-// a crash mid-write never leaves a file that looks valid. Truncated files, a wrong magic or
-// version, or a checksum mismatch are refused with a message naming the file and the offset.
+// A file is written as <name>.tmp (created with O_EXCL | O_NOFOLLOW after removing whatever
+// sat at that name, so a planted link is never followed), fsynced, renamed over <name>, and the
+// directory fsynced: a crash mid-write never leaves a file that looks valid. Before writing,
+// the file system must have room for the whole file (a no-space error gives both byte counts).
+// Truncated files, a wrong magic or version, a checksum mismatch, and metadata whose values
+// have the wrong type or range (negative step, opt_steps above step, sizes that overflow) are
+// refused with a message naming the file and the offset.
 #pragma once
 
 #include <cstdint>
@@ -53,15 +57,34 @@ struct CheckpointMeta {
   int world_size = 1;
   int rank = 0;
   std::vector<CheckpointModule> modules;
+  // The lineage: a fresh run draws a new id, a resumed run keeps its checkpoint's. Pruning
+  // removes only checkpoints of the writer's lineage (src/train/checkpoint_dir.h). "" in files
+  // written before lineages existed: never pruned.
+  std::string run_id;
+};
+
+// A shard manifest (or, for a whole-model checkpoint, just its path in `files`).
+struct ShardManifest {
+  int world_size = 1;
+  int64_t step = -1;   // -1: not a manifest
+  std::string run_id;  // the lineage, as in CheckpointMeta
+  std::vector<std::string> files;
 };
 
 // The shard file of `rank` for checkpoint `path` of a `world_size`-rank run.
 std::string shard_file_path(const std::string& path, int rank, int world_size);
 // Writes the manifest at `path` (atomically) naming the shard files of a `world_size` run.
-Status write_shard_manifest(const std::string& path, int64_t step, int world_size);
-// If `path` is a manifest, the shard files it names (in rank order, with their directory);
-// if it is a whole-model checkpoint, {path}. Fails naming the path if it is neither.
+Status write_shard_manifest(const std::string& path, int64_t step, int world_size,
+                            const std::string& run_id);
+// If `path` is a manifest, its fields and the shard files it names (in rank order, with their
+// directory; only the names strata writes, "<name>.rank<R>-of-<N>", are accepted); if it is a
+// whole-model checkpoint, {path}. Fails naming the path if it is neither.
+Result<ShardManifest> read_shard_manifest(const std::string& path);
+// read_shard_manifest(path).files.
 Result<std::vector<std::string>> checkpoint_files(const std::string& path);
+// The size of the checkpoint file write_checkpoint writes for `meta` (header, metadata,
+// payload): what the preflight checks the checkpoint directory for.
+uint64_t checkpoint_file_bytes(const CheckpointMeta& meta);
 
 // One module's state in memory: where the writer reads it from, or the reader puts it.
 struct CheckpointBuffers {
@@ -96,9 +119,10 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
 // Convenience: reads straight into `buffers`.
 Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuffers>& buffers);
 
-// The newest checkpoint in `dir` (from its "latest" file), or kNotFound.
+// The checkpoint `dir`/latest names, or kNotFound (see resolve_latest in
+// src/train/checkpoint_dir.h for the fallbacks when it is missing or damaged).
 Result<std::string> latest_checkpoint(const std::string& dir);
-// Atomically points `dir`/latest at `file_name`.
+// Atomically points `dir`/latest at `file_name` (latest.tmp, never through a link).
 Status set_latest_checkpoint(const std::string& dir, const std::string& file_name);
 
 }  // namespace strata

@@ -1,11 +1,13 @@
 #include "src/train/data.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "src/base/rng.h"
 
@@ -15,9 +17,39 @@ namespace {
 constexpr int32_t kLlmcMagic = 20240520;
 
 Result<std::vector<char>> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return not_found(fmt::format("data.source: cannot open '{}'", path));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return errno_status(errno, fmt::format("data.source: cannot open '{}' (give a token file, "
+                                           "or \"synthetic\")",
+                                           path));
+  }
+  std::vector<char> bytes;
+  struct stat st {};
+  Status err;
+  if (::fstat(fd, &st) != 0) {
+    err = errno_status(errno, fmt::format("data.source: stat '{}'", path));
+  } else if (S_ISDIR(st.st_mode)) {
+    err = invalid_argument(fmt::format(
+        "data.source: '{}' is a directory; give a token file in it (.bin from llm.c, .u16, .u32, "
+        "or text)",
+        path));
+  } else {
+    bytes.reserve(S_ISREG(st.st_mode) ? size_t(st.st_size) : 0);
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        err = errno_status(errno,
+                           fmt::format("data.source: reading '{}' at byte {}", path, bytes.size()));
+        break;
+      }
+      if (n == 0) break;
+      bytes.insert(bytes.end(), buf, buf + n);
+    }
+  }
+  ::close(fd);
+  if (!err.is_ok()) return err;
   return bytes;
 }
 
@@ -89,9 +121,13 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
                         cfg.source, header[0], header[1], kLlmcMagic));
       }
       size_t n = static_cast<uint32_t>(header[2]);
-      if (bytes.size() < 1024 + 2 * n) {
-        return corrupt(fmt::format("{}: header says {} tokens but the file holds {}", cfg.source, n,
-                                   (bytes.size() - 1024) / 2));
+      if (bytes.size() != 1024 + 2 * n) {
+        return corrupt(fmt::format(
+            "{}: the llm.c header says {} tokens but the file holds {} bytes of tokens ({} "
+            "tokens{}); the file is {} (rewrite it, or fix the header's token count)",
+            cfg.source, n, bytes.size() - 1024, (bytes.size() - 1024) / 2,
+            (bytes.size() - 1024) % 2 ? " and a stray byte" : "",
+            bytes.size() < 1024 + 2 * n ? "truncated" : "longer than its header says"));
       }
       d.tokens_.resize(n);
       for (size_t i = 0; i < n; ++i) {

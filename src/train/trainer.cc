@@ -19,7 +19,10 @@
 #include "src/model/architecture.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint.h"
+#include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
+#include "src/train/metrics_log.h"
+#include "src/train/resume_check.h"
 #include "src/train/schedule.h"
 #include "strata/checksum.h"
 #include "strata/comm.h"
@@ -100,6 +103,7 @@ class Run {
   std::optional<Dataset> data_;
   LossScaler scaler_;
   int64_t step_ = 0, opt_steps_ = 0;
+  std::string run_id_;  // the checkpoints' lineage (src/train/checkpoint_dir.h)
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_;
   std::vector<float> losses_;  // [accum][B*T]
@@ -199,6 +203,11 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   STRATA_RETURN_IF_ERROR(create_comms(), "");
+  // train.checkpoint_dir is checked before anything is trained; a failure is reported together
+  // with the tiers' preflight below.
+  const Status ckpt_dir =
+      prepare_checkpoint_dir(cfg_.train.checkpoint_dir, checkpoint_file_bytes(checkpoint_meta(0)),
+                             /*remove_temporaries=*/rank_ == 0);
   if (cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
@@ -221,6 +230,10 @@ Status Run::setup() {
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
   auto tm = TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
+  if (!ckpt_dir.is_ok()) {
+    if (tm.is_ok()) return ckpt_dir.with_context("preflight");
+    return Status(tm.status().code(), tm.status().message() + "\n  - " + ckpt_dir.message());
+  }
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
       tm.status().message().find("device tier needs") != std::string::npos) {
     // Name the activation modes that need less device memory, with their bytes.
@@ -252,7 +265,8 @@ Status Run::setup() {
   tok_.resize(size_t(B_) * T_);
   tgt_.resize(size_t(B_) * T_);
   losses_.resize(size_t(accum_) * B_ * T_);
-  return init_or_resume();
+  STRATA_RETURN_IF_ERROR(init_or_resume(), "");
+  return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps);
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -266,50 +280,61 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.model_shape = arch_->shape_string();
   meta.moment_dtype = dtype_name(cfg_.strata.moment_dtype);
   meta.seed = cfg_.train.seed;
+  meta.run_id = run_id_;
   for (const ModuleSpec& m : arch_->layout().modules) meta.modules.push_back({m.name, m.numel});
   return meta;
 }
 
 Status Run::init_or_resume() {
   if (opts_.resume.empty()) {
-    return tm_->init_state(
-        [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
-  }
-  std::string path = opts_.resume;
-  if (path == "latest") {
-    STRATA_ASSIGN_OR_RETURN(path, latest_checkpoint(cfg_.train.checkpoint_dir), "--resume");
-  }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(path), "--resume");
-  STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(files.front()), "--resume");
-  CheckpointMeta mine = checkpoint_meta(0);
-  if (meta.model_shape != mine.model_shape) {
-    return invalid_argument(fmt::format(
-        "--resume {}: the checkpoint's model ({}) differs from the config's ({}); resume with "
-        "the config it was trained with",
-        path, meta.model_shape, mine.model_shape));
-  }
-  if (meta.moment_dtype != mine.moment_dtype) {
-    return invalid_argument(fmt::format(
-        "--resume {}: moments are {} in the checkpoint but strata.optimizer.moment_dtype is {}",
-        path, meta.moment_dtype, mine.moment_dtype));
-  }
-  if (files.size() == 1 && meta.world_size == 1 && world_ == 1) {
-    STRATA_RETURN_IF_ERROR(tm_->load(path), "--resume");
+    run_id_ = new_run_id();
   } else {
-    // Re-sharding: this rank takes its shard from whichever old shards overlap it.
-    STRATA_RETURN_IF_ERROR(tm_->load_shards(files), "--resume");
+    std::vector<std::string> candidates = {opts_.resume};
+    if (opts_.resume == "latest") {
+      STRATA_ASSIGN_OR_RETURN(candidates, resume_candidates(cfg_.train.checkpoint_dir), "--resume");
+    }
+    // Every value of the checkpoint is checked against this run before it is used; a damaged
+    // newest checkpoint falls back to the older intact one (the same on every rank).
+    ResumePlan plan;
+    auto load = [&](const std::string& path) -> Status {
+      STRATA_ASSIGN_OR_RETURN(plan, check_resume(path, checkpoint_meta(0), cfg_.train.steps), "");
+      if (plan.whole && world_ == 1) return tm_->load(path);
+      return tm_->load_shards(plan.files);  // re-sharding: this rank's part of the old shards
+    };
+    std::function<Result<ResumeOutcome>(ResumeOutcome)> agree;
+    if (world_ > 1) {
+      agree = [&](ResumeOutcome mine) -> Result<ResumeOutcome> {
+        float worst = float(mine);
+        STRATA_RETURN_IF_ERROR(reduce(&worst, 1, ReduceOp::kMax), "");
+        return ResumeOutcome(int(worst));
+      };
+    }
+    STRATA_ASSIGN_OR_RETURN(std::string path, resume_first_intact(candidates, load, agree),
+                            "--resume");
+    const CheckpointMeta& meta = plan.meta;
     if (meta.world_size != world_) {
       log_info("resharded the checkpoint of {} rank(s) onto {} rank(s)", meta.world_size, world_);
     }
+    step_ = meta.step;
+    opt_steps_ = meta.opt_steps;
+    scaler_.scale = meta.loss_scale;
+    scaler_.cur_iter = meta.scaler_cur_iter;
+    scaler_.last_overflow_iter = meta.scaler_last_overflow_iter;
+    scaler_.cur_hysteresis = meta.scaler_cur_hysteresis;
+    run_id_ = meta.run_id.empty() ? new_run_id() : meta.run_id;
+    log_info("resumed from {} at step {}", path, step_);
   }
-  step_ = meta.step;
-  opt_steps_ = meta.opt_steps;
-  scaler_.scale = meta.loss_scale;
-  scaler_.cur_iter = meta.scaler_cur_iter;
-  scaler_.last_overflow_iter = meta.scaler_last_overflow_iter;
-  scaler_.cur_hysteresis = meta.scaler_cur_hysteresis;
-  log_info("resumed from {} at step {}", path, step_);
-  return Status::ok();
+  if (world_ > 1) {
+    // One lineage on every rank: rank 0's (three 24-bit pieces travel exactly as floats).
+    const uint64_t id = std::strtoull(run_id_.c_str(), nullptr, 16);
+    float parts[3] = {float(id & 0xffffff), float((id >> 24) & 0xffffff), float(id >> 48)};
+    STRATA_RETURN_IF_ERROR(comm_->broadcast_blocking(parts, 3, DType::kF32, 0), "run id");
+    run_id_ = fmt::format("{:016x}",
+                          uint64_t(parts[0]) | uint64_t(parts[1]) << 24 | uint64_t(parts[2]) << 48);
+  }
+  if (!opts_.resume.empty()) return Status::ok();
+  return tm_->init_state(
+      [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
 }
 
 Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb) {
@@ -471,7 +496,7 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
                            what);
     STRATA_RETURN_IF_ERROR(comm_->barrier_blocking(), what + ": waiting for every rank's shard");
     if (rank_ == 0) {
-      STRATA_RETURN_IF_ERROR(write_shard_manifest(path, step, world_), what);
+      STRATA_RETURN_IF_ERROR(write_shard_manifest(path, step, world_, run_id_), what);
       STRATA_RETURN_IF_ERROR(set_latest_checkpoint(dir, name), what);
     }
   } else {
@@ -480,23 +505,8 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
   }
   *path_out = path;
   if (rank_ != 0) return Status::ok();
-  // Keep the two newest checkpoints.
-  std::vector<std::string> old;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    std::string f = e.path().filename().string();
-    if (f.rfind("ckpt-", 0) == 0 && f.size() > 4 && f.substr(f.size() - 4) == ".bin") {
-      old.push_back(f);
-    }
-  }
-  std::sort(old.begin(), old.end());
-  for (size_t i = 0; i + 2 < old.size(); ++i) {
-    // A manifest's shard files go with it (they are named "<manifest>.rank<R>-of-<N>").
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      std::string f = e.path().filename().string();
-      if (f.rfind(old[i] + ".rank", 0) == 0) std::filesystem::remove(e.path(), ec);
-    }
-    std::filesystem::remove(dir + "/" + old[i], ec);
-  }
+  // Keep this lineage's two newest (never the one just written, never another run's).
+  prune_checkpoints(dir, run_id_, name);
   return Status::ok();
 }
 
@@ -509,16 +519,12 @@ Result<TrainResult> Run::loop() {
   const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);
   std::string log_path = cfg_.train.log_file.empty() ? cfg_.train.checkpoint_dir + "/metrics.jsonl"
                                                      : cfg_.train.log_file;
-  std::error_code ec;
-  auto parent = std::filesystem::path(log_path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   // Only rank 0 reports: progress lines and the JSONL log (every rank's numbers are global).
+  // A failed metrics write is a loud warning and r.metrics_error (the CLI exits 1), never a
+  // lost checkpoint.
   const bool report = rank_ == 0;
-  std::ofstream jsonl;
-  if (report) {
-    jsonl.open(log_path, step_ > 0 ? std::ios::app : std::ios::trunc);
-    if (!jsonl) return io_error(fmt::format("train.log_file: cannot open '{}'", log_path));
-  }
+  MetricsLog jsonl;
+  if (report) STRATA_RETURN_IF_ERROR(jsonl.open(log_path, step_ > 0), "");
 
   auto do_eval = [&](int64_t step) -> Status {
     STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
@@ -526,8 +532,7 @@ Result<TrainResult> Run::loop() {
     if (!report) return Status::ok();
     if (opts_.progress)
       std::printf("step %5lld/%lld | eval loss %.4f\n", (long long)step, (long long)total, el);
-    jsonl << nlohmann::json{{"step", step}, {"eval_loss", el}}.dump() << "\n";
-    jsonl.flush();
+    jsonl.write_line(nlohmann::json{{"step", step}, {"eval_loss", el}}.dump()).ignore();
     return Status::ok();
   };
   if (step_ == 0 && cfg_.train.eval_interval > 0) STRATA_RETURN_IF_ERROR(do_eval(0), "");
@@ -623,29 +628,29 @@ Result<TrainResult> Run::loop() {
         std::fflush(stdout);
       }
       if (report) {
-        jsonl << nlohmann::json{{"step", step_},
-                                {"loss", loss},
-                                {"lr", lr},
-                                {"grad_norm", last_grad_norm_},
-                                {"loss_scale", scaler_.scale},
-                                {"skipped", last_skipped_},
-                                {"tokens_per_s", tps},
-                                {"elapsed_s", elapsed},
-                                {"step_s", win / ws},
-                                {"fwd_bwd_s", w_fb / ws},
-                                {"fetch_wait_s", w_cw / ws},
-                                {"optimizer_s", w_opt / ws},
-                                {"optimizer_hidden_s", w_hid / ws},
-                                {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
-                                {"rollbacks", r.rollbacks},
-                                {"delayed_update", r.approximate},
-                                {"io_wait_s", w_io / ws},
-                                {"comm_s", w_comm / ws},
-                                {"device_bytes_per_step", dev_mb * 1048576.0},
-                                {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
-                     .dump()
-              << "\n";
-        jsonl.flush();
+        jsonl
+            .write_line(nlohmann::json{{"step", step_},
+                                       {"loss", loss},
+                                       {"lr", lr},
+                                       {"grad_norm", last_grad_norm_},
+                                       {"loss_scale", scaler_.scale},
+                                       {"skipped", last_skipped_},
+                                       {"tokens_per_s", tps},
+                                       {"elapsed_s", elapsed},
+                                       {"step_s", win / ws},
+                                       {"fwd_bwd_s", w_fb / ws},
+                                       {"fetch_wait_s", w_cw / ws},
+                                       {"optimizer_s", w_opt / ws},
+                                       {"optimizer_hidden_s", w_hid / ws},
+                                       {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
+                                       {"rollbacks", r.rollbacks},
+                                       {"delayed_update", r.approximate},
+                                       {"io_wait_s", w_io / ws},
+                                       {"comm_s", w_comm / ws},
+                                       {"device_bytes_per_step", dev_mb * 1048576.0},
+                                       {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
+                            .dump())
+            .ignore();
       }
       window_t = Clock::now();
       window_steps = 0;
@@ -661,8 +666,9 @@ Result<TrainResult> Run::loop() {
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
                 (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
     if (world_ > 1) {
-      // mpirun forwards SIGINT/SIGTERM to every rank, but not at the same step: all ranks stop
-      // after the step in which any of them saw it, so the checkpoint's collectives line up.
+      // A stop reaches the ranks (src/train/stop_signals.h), but not at the same step: all
+      // ranks stop after the step in which any of them saw it, so the checkpoint's collectives
+      // line up.
       float any = stop ? 1.0f : 0.0f;
       STRATA_RETURN_IF_ERROR(reduce(&any, 1, ReduceOp::kMax), "agreeing on a stop");
       stop = any != 0.0f;
@@ -684,6 +690,7 @@ Result<TrainResult> Run::loop() {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
   }
   r.end_step = step_;
+  r.metrics_error = jsonl.error().is_ok() ? "" : jsonl.error().message();
   r.weights_crc = tm_->weights_crc();
   r.param_fetches = tm_->stats(Tier::kDevice).fetches;
   r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;

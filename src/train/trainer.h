@@ -54,8 +54,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
   bool stopped_early = false;                           // by signal or stop_at_step
   std::string last_checkpoint;                          // path, "" if none written
-  uint32_t weights_crc = 0;                             // CRC32C of all fp32 master weights
-  double tokens_per_s = 0;                              // over the steps run here
+  std::string metrics_error;  // the first failed write of the metrics log; "" if none
+  uint32_t weights_crc = 0;   // CRC32C of all fp32 master weights
+  double tokens_per_s = 0;    // over the steps run here
   // Time split over the steps run here, seconds: forward+backward (the fetch waits included),
   // the compute stream's waits on parameter fetches, the optimizer pass (its I/O included),
   // and any thread's waits on NVMe I/O.

@@ -1,0 +1,126 @@
+#include "src/train/resume_check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace strata {
+
+Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& mine,
+                                int64_t train_steps) {
+  STRATA_ASSIGN_OR_RETURN(ShardManifest man, read_shard_manifest(path), "");
+  ResumePlan plan;
+  plan.files = man.files;
+  plan.whole = man.step < 0;
+  const size_t M = mine.modules.size();
+  // Per module, the (offset, numel) ranges the files hold, to check they tile it.
+  std::vector<std::vector<std::pair<size_t, size_t>>> ranges(M);
+  for (size_t f = 0; f < man.files.size(); ++f) {
+    const std::string& file = man.files[f];
+    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(file), "");
+    auto bad = [&](const std::string& what) {
+      return invalid_argument(fmt::format("{}: {}", file, what));
+    };
+    if (meta.model_shape != mine.model_shape) {
+      return bad(fmt::format(
+          "the checkpoint's model ({}) differs from the config's ({}); resume with the config "
+          "it was trained with",
+          meta.model_shape, mine.model_shape));
+    }
+    if (meta.moment_dtype != mine.moment_dtype) {
+      return bad(
+          fmt::format("moments are {} in the checkpoint but strata.optimizer.moment_dtype "
+                      "is {}; resume with moment_dtype {}",
+                      meta.moment_dtype, mine.moment_dtype, meta.moment_dtype));
+    }
+    if (meta.modules.size() != M) {
+      return bad(fmt::format("{} modules, the model has {}", meta.modules.size(), M));
+    }
+    if (plan.whole) {
+      if (meta.world_size != 1 || meta.rank != 0) {
+        return bad(fmt::format(
+            "a shard file (rank {} of {}) given as a checkpoint; resume from its manifest "
+            "(the file without the .rank suffix)",
+            meta.rank, meta.world_size));
+      }
+    } else if (meta.world_size != man.world_size || meta.rank != int(f)) {
+      return bad(fmt::format("says rank {} of {}, but the manifest {} lists it as rank {} of {}",
+                             meta.rank, meta.world_size, path, f, man.world_size));
+    }
+    for (size_t i = 0; i < M; ++i) {
+      const CheckpointModule& got = meta.modules[i];
+      const CheckpointModule& want = mine.modules[i];
+      if (got.name != want.name) {
+        return bad(fmt::format("module {} is '{}', the model's is '{}'", i, got.name, want.name));
+      }
+      if (plan.whole && (got.numel != want.numel || got.offset != 0)) {
+        return bad(fmt::format("module '{}' has {} elements at offset {}, the model's has {}",
+                               got.name, got.numel, got.offset, want.numel));
+      }
+      // A shard that is all padding holds 0 elements (its offset may lie past the end).
+      if (got.numel > 0 && (got.numel > want.numel || got.offset > want.numel - got.numel)) {
+        return bad(fmt::format("module '{}' elements [{}, {}) lie outside its {} elements",
+                               got.name, got.offset, got.offset + got.numel, want.numel));
+      }
+      if (got.numel > 0) ranges[i].emplace_back(got.offset, got.numel);
+    }
+    if (f == 0) {
+      plan.meta = meta;
+    } else {
+      const CheckpointMeta& a = plan.meta;
+      if (meta.step != a.step || meta.opt_steps != a.opt_steps || meta.seed != a.seed ||
+          meta.run_id != a.run_id || meta.loss_scale != a.loss_scale ||
+          meta.scaler_cur_iter != a.scaler_cur_iter ||
+          meta.scaler_last_overflow_iter != a.scaler_last_overflow_iter ||
+          meta.scaler_cur_hysteresis != a.scaler_cur_hysteresis) {
+        return bad(fmt::format(
+            "its step counters or lineage (step {}, opt_steps {}, run {}) differ from {}'s (step "
+            "{}, opt_steps {}, run {}): the shard files come from different saves",
+            meta.step, meta.opt_steps, meta.run_id, man.files[0], a.step, a.opt_steps, a.run_id));
+      }
+    }
+  }
+  if (!plan.whole && man.step != plan.meta.step) {
+    return invalid_argument(fmt::format("{}: the manifest says step {}, its shard files step {}",
+                                        path, man.step, plan.meta.step));
+  }
+  for (size_t i = 0; i < M; ++i) {
+    auto& r = ranges[i];
+    std::sort(r.begin(), r.end());
+    size_t next = 0;
+    for (const auto& [off, n] : r) {
+      if (off != next) {
+        return invalid_argument(fmt::format(
+            "{}: module '{}' elements [{}, {}) are {} by its files; a shard file is missing, "
+            "duplicated or from another save",
+            path, mine.modules[i].name, std::min(off, next), std::max(off, next),
+            off > next ? "not covered" : "covered twice"));
+      }
+      next = off + n;
+    }
+    if (next != mine.modules[i].numel) {
+      return invalid_argument(fmt::format(
+          "{}: module '{}' elements [{}, {}) are not covered by its files; a shard file is "
+          "missing or from another save",
+          path, mine.modules[i].name, next, mine.modules[i].numel));
+    }
+  }
+  const CheckpointMeta& m = plan.meta;
+  if (m.seed != mine.seed) {
+    return invalid_argument(fmt::format(
+        "{}: the checkpoint was trained with train.seed {}, the config says {}; the seed picks "
+        "the batches (and the synthetic corpus), so resume with --set train.seed={}",
+        path, m.seed, mine.seed, m.seed));
+  }
+  if (m.step > train_steps) {
+    return invalid_argument(
+        fmt::format("{}: the checkpoint is at step {}, past train.steps {}; to train further raise "
+                    "train.steps above {} (--set train.steps=N)",
+                    path, m.step, train_steps, m.step));
+  }
+  return plan;
+}
+
+}  // namespace strata

@@ -1,0 +1,30 @@
+// Every value a checkpoint's metadata holds, checked against the run before any of it is used.
+//
+// The reader (src/train/checkpoint.h) already refuses values of the wrong type or range; this
+// compares what is left with the run that resumes: the model (shape, module names and element
+// counts), the moment dtype, train.seed, train.steps, and, for a sharded checkpoint, that the
+// manifest, the shard files' world_size and rank, and their (offset, numel) ranges agree and
+// tile every module exactly once. Errors name the file, the value, and the fix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "src/train/checkpoint.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// `path`: the checkpoint (a whole-model file or a shard manifest). `mine`: the run's own
+// metadata (CheckpointMeta of a whole-model file for this config: modules with full numel).
+// `train_steps`: train.steps (a checkpoint past it is refused). Returns the metadata to resume
+// with (of the first file; every file agrees on the counters) and the files to load.
+struct ResumePlan {
+  CheckpointMeta meta;
+  std::vector<std::string> files;
+  bool whole = true;  // one whole-model file (else shard files)
+};
+Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& mine,
+                                int64_t train_steps);
+
+}  // namespace strata

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Crash consistency: training is killed with SIGKILL at random moments (a checkpoint is written
+# after every step, so many kills land inside a checkpoint write) and resumed each time, with
+# one rank and with two (mpirun -np 2: both ranks killed at once, or one of them). Every resume
+# must start from a complete checkpoint (never an error), and every loss the killed and resumed
+# runs logged (metrics.jsonl, steps_per_print=1) must equal the uninterrupted run's bit for bit.
+# usage: crash_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]   (env: CRASH_SEED, CRASH_KILLS)
+set -uo pipefail
+strata=$1
+repo=$2
+mpiexec=${3:-}
+seed=${CRASH_SEED:-$(date +%s)}
+kills=${CRASH_KILLS:-8}
+RANDOM=$seed
+echo "crash_test: seed $seed (CRASH_SEED=$seed reproduces the kill times), $kills kills per case"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fail=0
+check() {  # check NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
+}
+steps=24
+args=(--config "$repo/configs/tiny-cpu.json" --quiet --set train.steps=$steps
+      --set steps_per_print=1 --set train.eval_interval=0 --set train.checkpoint_interval=1
+      --set scheduler.params.warmup_num_steps=4 --set gradient_accumulation_steps=1
+      --set train_micro_batch_size_per_gpu=4 --set model.n_layer=2)
+
+# step -> loss (the JSON text, so equal means bit-identical doubles) of a metrics.jsonl.
+losses() { sed -n 's/^{.*"loss":\([^,]*\),.*"step":\([0-9]*\).*/\2 \1/p' "$1"; }
+
+# run_case NAME RANKS: uninterrupted reference, then kill/resume until a run completes.
+run_case() {
+  local name=$1 ranks=$2
+  local launch=()
+  if [ "$ranks" -gt 1 ]; then
+    launch=("$mpiexec" --oversubscribe -np "$ranks")
+    [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
+  fi
+  local batch=$((4 * ranks))
+  mkdir -p "$name/ref" "$name/run" "$name/swap"
+  local common=("${args[@]}" --set train_batch_size=$batch
+                --set "zero_optimization.offload_optimizer.nvme_path=\"$name/swap\"")
+  "${launch[@]}" "$strata" train "${common[@]}" --set "train.checkpoint_dir=\"$name/ref\"" \
+    >"$name/ref.txt" 2>&1
+  check "$name: uninterrupted run" test $? -eq 0
+  losses "$name/ref/metrics.jsonl" | sort -n >"$name/ref.losses"
+  check "$name: reference logged $steps losses" test "$(wc -l <"$name/ref.losses")" -eq $steps
+
+  local attempt=0 finished=0 resumes=0 bad_resume=0 mid=0
+  while [ $finished -eq 0 ] && [ $attempt -lt $((kills + 20)) ]; do
+    attempt=$((attempt + 1))
+    local resume=()
+    ls "$name/run"/ckpt-*.bin >/dev/null 2>&1 && resume=(--resume)
+    [ ${#resume[@]} -gt 0 ] && resumes=$((resumes + 1))
+    "${launch[@]}" "$strata" train "${common[@]}" --set "train.checkpoint_dir=\"$name/run\"" \
+      "${resume[@]}" >"$name/attempt$attempt.txt" 2>&1 &
+    local pid=$!
+    if [ $attempt -le "$kills" ]; then
+      # Once set-up is done (mpirun starts slowly), 0 .. 1.5 s in: steps and checkpoint writes.
+      for _ in $(seq 1 200); do
+        grep -q "activations:" "$name/attempt$attempt.txt" 2>/dev/null && break
+        sleep 0.1
+      done
+      sleep "$((RANDOM % 2)).$(printf '%03d' $((RANDOM % 500)))"
+      if [ "$ranks" -eq 1 ]; then
+        kill -KILL "$pid" 2>/dev/null
+      else
+        local kids
+        kids=$(pgrep -P "$pid")
+        if [ $((attempt % 2)) -eq 0 ]; then
+          kids=$(echo "$kids" | shuf -n 1 --random-source=<(yes "$seed"))  # one rank only
+        fi
+        for k in $kids; do kill -KILL "$k" 2>/dev/null; done
+      fi
+      ls "$name/run"/*.tmp >/dev/null 2>&1 && mid=$((mid + 1))  # killed inside a save
+    fi
+    { wait "$pid"; } 2>/dev/null
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+      finished=1
+    elif grep -q "strata train: " "$name/attempt$attempt.txt" &&
+         ! grep -q "Primary job\|mpirun noticed\|exited on signal\|killed" "$name/attempt$attempt.txt"; then
+      # An error of strata's own (not the kill, not the peer's death): a resume that failed.
+      echo "  attempt $attempt failed on its own:"
+      grep "strata train: " "$name/attempt$attempt.txt" | head -3
+      bad_resume=1
+    fi
+  done
+  check "$name: finished after $((attempt - 1)) kills ($mid inside a checkpoint write), $resumes resumes" \
+    test $finished -eq 1
+  check "$name: every resume started from a complete checkpoint" test $bad_resume -eq 0
+  # Every logged loss (killed runs included) equals the uninterrupted run's for its step.
+  local mismatches
+  mismatches=$(losses "$name/run/metrics.jsonl" | sort -n | join -j1 - "$name/ref.losses" |
+               awk '$2 != $3' | head -3)
+  check "$name: every loss equals the uninterrupted run's bit for bit" test -z "$mismatches"
+  [ -n "$mismatches" ] && echo "  step killed/resumed uninterrupted: $mismatches"
+  check "$name: all $steps steps logged" \
+    test "$(losses "$name/run/metrics.jsonl" | cut -d' ' -f1 | sort -un | wc -l)" -eq $steps
+}
+
+run_case one-rank 1
+if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null; then
+  run_case two-ranks 2
+else
+  echo "skipped: two ranks (no mpirun)"
+fi
+exit $fail

@@ -1,0 +1,13 @@
+# Adversarial cases (docs/RELIABILITY.md): hardening_test (in-process) and the command-line
+# cases that need the binary, a real mpirun and signals (hardening_cli_test.sh).
+strata_test(hardening_test ${CMAKE_CURRENT_LIST_DIR}/hardening_test.cc)
+add_test(NAME hardening_cli_test
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/hardening_cli_test.sh $<TARGET_FILE:strata>
+                 ${CMAKE_SOURCE_DIR} "${MPIEXEC_EXECUTABLE}")
+set_tests_properties(hardening_cli_test PROPERTIES TIMEOUT 300 ENVIRONMENT
+                     "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+# Crash consistency: SIGKILL at random moments (1 and 2 ranks), resume, losses bit for bit.
+add_test(NAME crash_test COMMAND ${CMAKE_CURRENT_LIST_DIR}/crash_test.sh $<TARGET_FILE:strata>
+                                 ${CMAKE_SOURCE_DIR} "${MPIEXEC_EXECUTABLE}")
+set_tests_properties(crash_test PROPERTIES TIMEOUT 300 ENVIRONMENT
+                     "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")

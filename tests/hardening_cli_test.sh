@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Adversarial cases that need the strata binary: exit codes and messages for inputs that used
+# to crash or pass silently, and Ctrl-C under a real `mpirun -np 2` (Open MPI sends each rank
+# SIGCONT, SIGTERM 1 s later, SIGKILL 1 s after that): every rank finishes its step, the
+# checkpoint is written, the swap files are removed, and --resume continues.
+# usage: hardening_cli_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]
+set -uo pipefail
+strata=$1
+repo=$2
+mpiexec=${3:-}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+check() {  # check NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
+}
+cd "$work"
+mkdir -p swap
+common=(--config "$repo/configs/tiny-cpu.json" --set 'train.checkpoint_dir="ck"'
+        --set 'zero_optimization.offload_optimizer.nvme_path="swap"' --set train.eval_interval=0
+        --set scheduler.params.warmup_num_steps=2)
+
+# Metrics on a full file system: training finishes and saves, the exit status says it.
+"$strata" train "${common[@]}" --set train.steps=2 --set 'train.log_file="/dev/full"' \
+  >full.txt 2>&1
+rc=$?
+check "/dev/full metrics log exits 1" test "$rc" -eq 1
+check "/dev/full names train.log_file" grep -q "train.log_file" full.txt
+check "/dev/full gives the errno text" grep -q "No space left on device" full.txt
+check "/dev/full still saved the checkpoint" test -f ck/ckpt-00000002.bin
+rm -rf ck
+
+# Inputs that crashed: now exit 1 with a message.
+mkdir -p data-dir
+"$strata" train "${common[@]}" --set 'data.source="data-dir"' >dir.txt 2>&1
+rc=$?
+check "data.source directory exits 1 (not an abort)" test "$rc" -eq 1
+check "data.source directory is named" grep -q "data-dir' is a directory" dir.txt
+python3 -c 'print("{\"model\": " + "["*100000 + "]"*100000 + "}")' >deep.json
+"$strata" train --config deep.json >deep.txt 2>&1
+rc=$?
+check "100,000-deep JSON exits 1 (not a crash)" test "$rc" -eq 1
+check "100,000-deep JSON says why" grep -q "nested deeper than" deep.txt
+printf '{"optimizer": {"params": {"lr": 1e400}}}' >big.json
+"$strata" train --config big.json >big.txt 2>&1
+rc=$?
+check "lr 1e400 exits 1 (not an abort)" test "$rc" -eq 1
+check "lr 1e400 is named" grep -q "1e400" big.txt
+
+# A file as train.checkpoint_dir: refused before training, naming the key.
+echo x >not-a-dir
+"$strata" train "${common[@]}" --set 'train.checkpoint_dir="not-a-dir"' >ckf.txt 2>&1
+rc=$?
+check "checkpoint_dir file exits 1" test "$rc" -eq 1
+check "checkpoint_dir file names train.checkpoint_dir" grep -q "train.checkpoint_dir" ckf.txt
+check "checkpoint_dir file fails before step 1" test -z "$(grep '^step ' ckf.txt)"
+
+# Ctrl-C under mpirun: SIGINT to mpirun (what the terminal sends its process group), with
+# Open MPI's default kill timeout.
+if [ -z "$mpiexec" ] || ! command -v "$mpiexec" >/dev/null; then
+  echo "skipped: Ctrl-C under mpirun (no mpirun)"
+  exit $fail
+fi
+mpi=("$mpiexec" --oversubscribe -np 2)
+[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpicommon=("${common[@]}" --set gradient_accumulation_steps=2 --set steps_per_print=1
+           --set scheduler.params.total_num_steps=100000 --set train.steps=100000)
+"${mpi[@]}" "$strata" train "${mpicommon[@]}" >mpi.txt 2>&1 &
+pid=$!
+for _ in $(seq 1 900); do
+  grep -q "^step *3/" mpi.txt 2>/dev/null && break
+  sleep 0.1
+done
+kill -INT "$pid"
+wait "$pid"
+check "Ctrl-C under mpirun: the ranks stopped and saved" grep -q "stopped at step" mpi.txt
+check "Ctrl-C under mpirun: latest written" test -f ck/latest
+latest=$(cat ck/latest 2>/dev/null)
+check "Ctrl-C under mpirun: both shard files" \
+  test -f "ck/$latest.rank0-of-2" -a -f "ck/$latest.rank1-of-2"
+check "Ctrl-C under mpirun: swap files removed" test -z "$(ls swap)"
+check "Ctrl-C under mpirun: the launch advice is logged" grep -q "odls_base_sigkill_timeout" mpi.txt
+step=$(sed -n 's/.*stopped at step \([0-9]*\).*/\1/p' mpi.txt | head -1)
+"${mpi[@]}" "$strata" train "${mpicommon[@]}" --set train.steps=$((step + 2)) --resume \
+  >mpires.txt 2>&1
+rc=$?
+check "mpirun --resume continues after Ctrl-C" test "$rc" -eq 0
+check "mpirun --resume starts at the saved step" grep -q "at step $step" mpires.txt
+exit $fail
