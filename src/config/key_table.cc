@@ -1,0 +1,514 @@
+// The table of every accepted config key (key_table.h). When a feature lands, its keys' reason
+// goes to nullptr here (and docs/CONFIG.md is regenerated from the table).
+#include "src/config/key_table.h"
+
+#include <fmt/format.h>
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace strata::config_internal {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Why a setting is accepted but not acted on. When a feature lands, set its keys' reason to
+// nullptr in the table below (or retire the constant): this is the one list to shrink.
+constexpr const char* kAlwaysStage3 =
+    "across ranks strata always partitions parameters, gradients and optimizer state (stage 3)";
+constexpr const char* kFastInit = "swap files are always preallocated with fallocate";
+constexpr const char* kFlatModules =
+    "each module's parameters and gradients are always one flat buffer, gathered and "
+    "reduce-scattered whole (stage 3)";
+constexpr const char* kGatherWindow =
+    "stage 3 gathers whole modules with all-gather, ahead by stage3_prefetch_bucket_size";
+constexpr const char* kPersistence =
+    "persistence is decided per module by stage3_param_persistence_threshold";
+constexpr const char* kNo16bitSave =
+    "checkpoints hold each rank's fp32 master weights and moments, not gathered 16-bit weights";
+constexpr const char* kWholeModuleOptimizer =
+    "the optimizer pipeline steps whole modules (no sub-groups yet)";
+constexpr const char* kIoWorker =
+    "the I/O worker batches submissions and reaps completions on its own thread";
+constexpr const char* kNoGds = "NVMe data moves through pinned host buffers (no GPUDirect Storage)";
+constexpr const char* kFp32Grads =
+    "gradients are reduced in fp32 and scaled once by 1/(tokens of the global batch)";
+constexpr const char* kTimers = "the trainer prints its own time split with each log line";
+constexpr const char* kNoCast = "inputs are token ids; there is nothing to cast";
+constexpr const char* kOneAdam = "strata has one Adam implementation per backend";
+constexpr const char* kMonitor = "strata writes JSONL metrics (train.log_file)";
+constexpr const char* kActCkptCount =
+    "strata saves every block's input whatever the count (any value > 0 turns on "
+    "strata.activations = recompute)";
+constexpr const char* kActCkptContiguous =
+    "strata's saved block inputs already live in one device arena";
+constexpr const char* kActCkptSync =
+    "strata orders block-input copies with stream events, never a device-wide synchronize";
+constexpr const char* kActCkptProfile =
+    "strata times the whole step; recompute is not timed separately";
+constexpr const char* kDsOnly = "a DeepSpeed feature strata does not implement";
+constexpr const char* kResume = "resume restores the step from the checkpoint";
+constexpr const char* kAlwaysPipelined =
+    "strata always pipelines optimizer-state reads and writes (depth: buffer_count)";
+constexpr const char* kOwnStaging =
+    "strata sizes parameter staging from stage3_prefetch_bucket_size and the host tier budget";
+
+Type Bool() { return {Kind::kBool}; }
+Type Int(double lo, double hi) { return {Kind::kInt, lo, hi}; }
+Type Real(double lo, double hi, bool lo_open = false, bool hi_open = false) {
+  return {Kind::kReal, lo, hi, lo_open, hi_open};
+}
+Type Size(double lo = 0, double hi = kInf, uint64_t multiple = 0) {
+  return {Kind::kSize, lo, hi, false, hi == kInf, nullptr, multiple};
+}
+Type Str() { return {Kind::kString}; }
+Type Enum(const char* values) { return {Kind::kEnum, 0, 0, false, false, values}; }
+Type StrList() { return {Kind::kStringList}; }
+Type Betas() { return {Kind::kBetas, 0, 1, false, true}; }
+Type DTypeT() { return {Kind::kDType, 0, 0, false, false, "fp32|bf16|fp16"}; }
+Type Any() { return {Kind::kAny}; }
+
+template <typename T>
+void set_from(const json& v, T& out) {
+  if constexpr (std::is_same_v<T, DType>) {
+    parse_dtype(v.get<std::string>(), &out);
+  } else {
+    out = v.get<T>();
+  }
+}
+template <typename T>
+json get_of(const T& x) {
+  if constexpr (std::is_same_v<T, DType>) {
+    return dtype_name(x);
+  } else {
+    return json(x);
+  }
+}
+
+// Binds a key to a Config member.
+#define STRATA_M(member)                                   \
+  [](Config& c, const json& v) { set_from(v, c.member); }, \
+      [](const Config& c) -> json { return get_of(c.member); }
+
+Key F(const char* path, Type t, Setter s, Getter g, const char* doc,
+      const char* not_acted = nullptr, unsigned flags = 0, const char* dflt_note = nullptr) {
+  return Key{path, t, s, g, doc, not_acted, flags, dflt_note, "", ""};
+}
+// Unbound: accepted, checked, never acted on.
+Key U(const char* path, Type t, const char* dflt_json, const char* doc, const char* not_acted) {
+  return Key{path, t, nullptr, nullptr, doc, not_acted, 0, dflt_json, "", ""};
+}
+
+std::vector<Key> build_table() {
+  std::vector<Key> k;
+  const char* heading = "";
+  auto group = [&](const char* h) { heading = h; };
+  auto add = [&](Key key) {
+    key.group = heading;
+    k.push_back(std::move(key));
+  };
+  auto alias = [&](const char* path, const char* canonical) {
+    for (const Key& c : k) {
+      if (c.path == canonical) {
+        Key a = c;
+        a.path = path;
+        a.alias_of = canonical;
+        a.doc = "alias";
+        k.push_back(std::move(a));
+        return;
+      }
+    }
+    STRATA_CHECK(false, "alias of an unknown key");
+  };
+
+  // --- batch, clipping, printing ------------------------------------------------------------
+  group("DeepSpeed: batch, clipping, printing");
+  add(F("train_batch_size", Int(1, kMaxInt), STRATA_M(train_batch_size),
+        "global batch: micro x accumulation x world size", nullptr, kAuto, "derived"));
+  add(F("train_micro_batch_size_per_gpu", Int(1, kMaxInt), STRATA_M(train_micro_batch_size_per_gpu),
+        "sequences per rank per forward/backward", nullptr, kAuto,
+        "derived (1 if only this is missing)"));
+  add(F("gradient_accumulation_steps", Int(1, kMaxInt), STRATA_M(gradient_accumulation_steps),
+        "micro-batches per optimizer step", nullptr, kAuto, "derived (1 if only this is missing)"));
+  add(F("gradient_clipping", Real(0, kInf, false, true), STRATA_M(gradient_clipping),
+        "max global gradient L2 norm; 0 = off (auto: 1.0)", nullptr, kAuto));
+  add(F("steps_per_print", Int(1, kMaxInt), STRATA_M(steps_per_print), "steps between log lines"));
+  add(F("wall_clock_breakdown", Bool(), STRATA_M(wall_clock_breakdown),
+        "DeepSpeed's per-phase timers", kTimers));
+
+  // --- fp16 / bf16 ----------------------------------------------------------------------------
+  group("DeepSpeed: fp16 / bf16");
+  add(F("fp16.enabled", Bool(), STRATA_M(fp16.enabled), "fp16 params/activations (auto: false)",
+        nullptr, kAuto));
+  add(F("fp16.loss_scale", Real(0, kInf, false, true), STRATA_M(fp16.loss_scale),
+        "static loss scale; 0 = dynamic"));
+  add(F("fp16.initial_scale_power", Int(0, 62), STRATA_M(fp16.initial_scale_power),
+        "dynamic: initial scale 2^power"));
+  add(F("fp16.loss_scale_window", Int(1, kMaxI32), STRATA_M(fp16.loss_scale_window),
+        "dynamic: overflow-free steps before the scale doubles"));
+  add(F("fp16.hysteresis", Int(1, kMaxI32), STRATA_M(fp16.hysteresis),
+        "dynamic: overflows tolerated before the scale halves"));
+  add(F(
+      "fp16.consecutive_hysteresis", Bool(),
+      [](Config& c, const json& v) { c.fp16.consecutive_hysteresis = v.get<bool>() ? 1 : 0; },
+      [](const Config& c) -> json { return c.fp16.consecutive_hysteresis != 0; },
+      "dynamic: refill hysteresis after an overflow-free step"));
+  add(F("fp16.min_loss_scale", Real(0, kInf, true, true), STRATA_M(fp16.min_loss_scale),
+        "dynamic: floor of the scale"));
+  add(F("fp16.auto_cast", Bool(), STRATA_M(fp16.auto_cast), "cast module inputs to fp16", kNoCast));
+  add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled), "bf16 params/activations (auto: false)",
+        nullptr, kAuto));
+
+  // --- optimizer --------------------------------------------------------------------------------
+  group("DeepSpeed: optimizer");
+  add(F("optimizer.type", Enum("Adam|AdamW|Adagrad|Lion"), STRATA_M(optimizer.type),
+        "optimizer (case-insensitive); required when the section is given"));
+  add(F("optimizer.params.lr", Real(0, kInf, true, true), STRATA_M(optimizer.lr),
+        "learning rate (auto: scheduler.params.warmup_max_lr if given, else 1e-3)", nullptr,
+        kAuto));
+  add(F(
+      "optimizer.params.betas", Betas(),
+      [](Config& c, const json& v) {
+        c.optimizer.beta1 = v[0].get<double>();
+        c.optimizer.beta2 = v[1].get<double>();
+      },
+      [](const Config& c) -> json {
+        return json::array({c.optimizer.beta1, c.optimizer.beta2});
+      },
+      "[beta1, beta2], each in [0, 1) (auto: [0.9, 0.999])", nullptr, kAuto));
+  add(F("optimizer.params.eps", Real(0, 1, true, false), STRATA_M(optimizer.eps),
+        "denominator epsilon (auto: 1e-8)", nullptr, kAuto));
+  add(F("optimizer.params.weight_decay", Real(0, kInf, false, true),
+        STRATA_M(optimizer.weight_decay), "weight decay (auto: 0)", nullptr, kAuto));
+  add(F("optimizer.params.adam_w_mode", Bool(), STRATA_M(optimizer.adam_w_mode),
+        "Adam: decoupled weight decay (AdamW)"));
+  add(F("optimizer.params.torch_adam", Bool(), STRATA_M(optimizer.torch_adam),
+        "DeepSpeed: use torch's Adam", kOneAdam));
+  add(F("optimizer.params.bias_correction", Bool(), STRATA_M(optimizer.bias_correction),
+        "Adam bias correction"));
+
+  // --- scheduler --------------------------------------------------------------------------------
+  group("DeepSpeed: scheduler");
+  add(F("scheduler.type", Enum("WarmupLR|WarmupDecayLR|WarmupCosineLR"), STRATA_M(scheduler.type),
+        "lr schedule; absent = constant optimizer.params.lr", nullptr, 0, "\"\" (constant)"));
+  add(F("scheduler.params.warmup_min_lr", Real(0, kInf, false, true),
+        STRATA_M(scheduler.warmup_min_lr), "WarmupLR/WarmupDecayLR: lr at step 0 (auto: 0)",
+        nullptr, kAuto));
+  add(F("scheduler.params.warmup_max_lr", Real(0, kInf, true, true),
+        STRATA_M(scheduler.warmup_max_lr), "WarmupLR/WarmupDecayLR: lr after warmup", nullptr,
+        kAuto, "optimizer.params.lr"));
+  add(F("scheduler.params.warmup_num_steps", Int(0, kMaxInt), STRATA_M(scheduler.warmup_num_steps),
+        "warmup length (auto: train.steps / 10)", nullptr, kAuto));
+  add(F("scheduler.params.warmup_type", Enum("log|linear"), STRATA_M(scheduler.warmup_type),
+        "warmup curve"));
+  add(F("scheduler.params.total_num_steps", Int(1, kMaxInt), STRATA_M(scheduler.total_num_steps),
+        "WarmupDecayLR/WarmupCosineLR: schedule length", nullptr, kAuto, "train.steps"));
+  add(F("scheduler.params.warmup_min_ratio", Real(0, 1), STRATA_M(scheduler.warmup_min_ratio),
+        "WarmupCosineLR: lr ratio at step 0"));
+  add(F("scheduler.params.cos_min_ratio", Real(0, 1), STRATA_M(scheduler.cos_min_ratio),
+        "WarmupCosineLR: lr ratio at the end"));
+  add(U("scheduler.params.last_batch_iteration", Int(-1, kMaxInt), "-1",
+        "DeepSpeed: step to resume the schedule from", kResume));
+
+  // --- zero_optimization --------------------------------------------------------------------
+  group("DeepSpeed: zero_optimization");
+  add(F("zero_optimization.stage", Int(0, 3), STRATA_M(zero.stage),
+        "0 off, 1 optimizer states, 2 + gradients, 3 + parameters partitioned", kAlwaysStage3));
+  const char* offload_dev = "none|cpu|nvme";
+  add(F("zero_optimization.offload_param.device", Enum(offload_dev),
+        STRATA_M(zero.offload_param.device), "home tier of parameters (stage 3 only)", nullptr));
+  add(F("zero_optimization.offload_param.nvme_path", StrList(),
+        STRATA_M(zero.offload_param.nvme_path), "swap directory, or a list to stripe over", nullptr,
+        0, "[]"));
+  add(F("zero_optimization.offload_param.buffer_count", Int(1, 65536),
+        STRATA_M(zero.offload_param.buffer_count), "pinned staging buffers", kOwnStaging));
+  add(F("zero_optimization.offload_param.buffer_size", Size(1),
+        STRATA_M(zero.offload_param.buffer_size), "elements per staging buffer", kOwnStaging));
+  add(F("zero_optimization.offload_param.max_in_cpu", Size(),
+        STRATA_M(zero.offload_param.max_in_cpu), "elements kept in host RAM when device is nvme",
+        kOwnStaging));
+  add(F("zero_optimization.offload_param.pin_memory", Bool(),
+        STRATA_M(zero.offload_param.pin_memory), "page-lock host buffers", nullptr));
+  add(F("zero_optimization.offload_optimizer.device", Enum(offload_dev),
+        STRATA_M(zero.offload_optimizer.device), "home tier of master weights and moments",
+        nullptr));
+  add(F("zero_optimization.offload_optimizer.nvme_path", StrList(),
+        STRATA_M(zero.offload_optimizer.nvme_path), "swap directory, or a list to stripe over",
+        nullptr, 0, "[]"));
+  add(F("zero_optimization.offload_optimizer.buffer_count", Int(1, 65536),
+        STRATA_M(zero.offload_optimizer.buffer_count), "pinned staging buffers", nullptr));
+  add(F("zero_optimization.offload_optimizer.pin_memory", Bool(),
+        STRATA_M(zero.offload_optimizer.pin_memory), "page-lock host buffers", nullptr));
+  add(F("zero_optimization.offload_optimizer.pipeline_read", Bool(),
+        STRATA_M(zero.offload_optimizer.pipeline_read), "overlap state reads with the step",
+        kAlwaysPipelined));
+  add(F("zero_optimization.offload_optimizer.pipeline_write", Bool(),
+        STRATA_M(zero.offload_optimizer.pipeline_write), "overlap state writes with the step",
+        kAlwaysPipelined));
+  add(F("zero_optimization.offload_optimizer.fast_init", Bool(),
+        STRATA_M(zero.offload_optimizer.fast_init), "DeepSpeed: fast swap-file init", kFastInit));
+  add(F("zero_optimization.offload_optimizer.ratio", Real(0, 1),
+        STRATA_M(zero.offload_optimizer.ratio),
+        "fraction of optimizer state offloaded (< 1 needs stage 3)", nullptr));
+  add(F("zero_optimization.overlap_comm", Bool(), STRATA_M(zero.overlap_comm),
+        "several ranks: gradient reduce-scatters overlap the next module's backward (false: "
+        "compute waits for each bucket's reduction)",
+        nullptr, 0, "true at stage 3, else false"));
+  add(F("zero_optimization.contiguous_gradients", Bool(), STRATA_M(zero.contiguous_gradients),
+        "copy gradients into one buffer", kFlatModules));
+  add(F("zero_optimization.reduce_scatter", Bool(), STRATA_M(zero.reduce_scatter),
+        "reduce-scatter instead of all-reduce", kFlatModules));
+  add(F("zero_optimization.reduce_bucket_size", Size(), STRATA_M(zero.reduce_bucket_size),
+        "elements per gradient reduce-scatter bucket over ranks, capped at the largest module "
+        "(auto: n_embd^2)",
+        nullptr, kAuto));
+  add(F("zero_optimization.allgather_bucket_size", Size(), STRATA_M(zero.allgather_bucket_size),
+        "elements per all-gather", kGatherWindow));
+  add(F("zero_optimization.allgather_partitions", Bool(), STRATA_M(zero.allgather_partitions),
+        "all-gather (vs broadcasts) after the step", kGatherWindow));
+  add(F("zero_optimization.round_robin_gradients", Bool(), STRATA_M(zero.round_robin_gradients),
+        "stage 1/2: spread gradient copies over ranks", kAlwaysStage3));
+  add(F("zero_optimization.sub_group_size", Size(1), STRATA_M(zero.sub_group_size),
+        "elements per optimizer sub-group", kWholeModuleOptimizer));
+  add(F("zero_optimization.stage3_prefetch_bucket_size", Size(),
+        STRATA_M(zero.stage3_prefetch_bucket_size),
+        "elements fetched ahead of use (auto: 0.9 n_embd^2)", nullptr, kAuto));
+  add(F("zero_optimization.stage3_param_persistence_threshold", Size(),
+        STRATA_M(zero.stage3_param_persistence_threshold),
+        "parameters smaller than this stay unpartitioned (auto: 10 n_embd)", nullptr, kAuto));
+  add(F("zero_optimization.stage3_max_live_parameters", Size(),
+        STRATA_M(zero.stage3_max_live_parameters), "gathered elements resident per GPU (auto: 1e9)",
+        kGatherWindow, kAuto));
+  add(F("zero_optimization.stage3_max_reuse_distance", Size(),
+        STRATA_M(zero.stage3_max_reuse_distance),
+        "keep a gathered parameter reused within this many elements (auto: 1e9)", nullptr, kAuto));
+  add(F("zero_optimization.stage3_gather_16bit_weights_on_model_save", Bool(),
+        STRATA_M(zero.stage3_gather_16bit_weights_on_model_save),
+        "gather full 16-bit weights when saving", kNo16bitSave));
+  alias("zero_optimization.gather_16bit_weights_on_model_save",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+  alias("zero_optimization.stage3_gather_fp16_weights_on_model_save",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+  alias("zero_optimization.prefetch_bucket_size", "zero_optimization.stage3_prefetch_bucket_size");
+  alias("zero_optimization.param_persistence_threshold",
+        "zero_optimization.stage3_param_persistence_threshold");
+  alias("zero_optimization.max_live_parameters", "zero_optimization.stage3_max_live_parameters");
+  alias("zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance");
+  // Further DeepSpeed ZeRO knobs seen in real configs: accepted, checked, not acted on.
+  add(U("zero_optimization.stage3_model_persistence_threshold", Size(), "9223372036854775807",
+        "cap on unpartitioned elements", kPersistence));
+  add(U("zero_optimization.stage3_module_granularity_threshold", Size(), "0",
+        "fetch fine-grained modules as one unit", kFlatModules));
+  add(U("zero_optimization.stage3_use_all_reduce_for_fetch_params", Bool(), "false",
+        "all-reduce when fetching parameters", kGatherWindow));
+  add(U("zero_optimization.load_from_fp32_weights", Bool(), "true",
+        "init master weights from fp32 checkpoint copies", kDsOnly));
+  add(U("zero_optimization.elastic_checkpoint", Bool(), "false",
+        "load checkpoints across GPU counts", kDsOnly));
+  add(U("zero_optimization.ignore_unused_parameters", Bool(), "true", "tolerate unused parameters",
+        kDsOnly));
+  add(U("zero_optimization.use_multi_rank_bucket_allreduce", Bool(), "true",
+        "combine reduce buckets of ranks", kFlatModules));
+  add(U("zero_optimization.zero_hpz_partition_size", Int(0, kMaxInt), "1",
+        "ZeRO++ secondary partition size", kDsOnly));
+  add(U("zero_optimization.zero_quantized_weights", Bool(), "false", "ZeRO++ quantized weights",
+        kDsOnly));
+  add(U("zero_optimization.zero_quantized_gradients", Bool(), "false", "ZeRO++ quantized gradients",
+        kDsOnly));
+  add(U("zero_optimization.memory_efficient_linear", Bool(), "true",
+        "DeepSpeed's memory-efficient linear", kDsOnly));
+
+  // --- aio --------------------------------------------------------------------------------------
+  group("DeepSpeed: aio");
+  add(F("aio.backend", Enum("auto|io_uring|libaio|posix"), STRATA_M(aio.backend),
+        "strata: storage engine", nullptr));
+  add(F("aio.block_size", Size(4096, kInf, 4096), STRATA_M(aio.block_size),
+        "bytes per I/O request, a multiple of 4096", nullptr));
+  add(F("aio.queue_depth", Int(1, 65536), STRATA_M(aio.queue_depth), "requests in flight",
+        nullptr));
+  add(F("aio.intra_op_parallelism", Int(1, 1024), STRATA_M(aio.intra_op_parallelism),
+        "I/O threads per request", nullptr));
+  alias("aio.thread_count", "aio.intra_op_parallelism");
+  add(F("aio.single_submit", Bool(), STRATA_M(aio.single_submit), "submit requests one by one",
+        kIoWorker));
+  add(F("aio.overlap_events", Bool(), STRATA_M(aio.overlap_events),
+        "overlap submission and completion", kIoWorker));
+  add(F("aio.use_gds", Bool(), STRATA_M(aio.use_gds), "GPUDirect Storage", kNoGds));
+
+  // --- other DeepSpeed top-level keys: accepted, checked, not acted on ---------------------
+  group("DeepSpeed: other sections (accepted, not acted on)");
+  add(U("zero_allow_untested_optimizer", Bool(), "false", "DeepSpeed: allow client optimizers",
+        kDsOnly));
+  add(U("zero_force_ds_cpu_optimizer", Bool(), "true", "DeepSpeed: force its CPU Adam", kDsOnly));
+  add(U("gradient_predivide_factor", Real(0, kInf, true, true), "1.0",
+        "divide gradients before averaging", kFp32Grads));
+  add(U("prescale_gradients", Bool(), "false", "scale gradients before all-reduce", kFp32Grads));
+  add(U("communication_data_type", Enum("fp32|fp16|bf16"), "null",
+        "dtype of gradient communication", kFp32Grads));
+  add(U("memory_breakdown", Bool(), "false", "DeepSpeed memory report", kDsOnly));
+  add(U("dump_state", Bool(), "false", "print DeepSpeed's state after init", kDsOnly));
+  add(U("amp", Any(), "null", "NVIDIA Apex AMP settings (any keys)", kDsOnly));
+  add(U("data_types.grad_accum_dtype", Enum("fp32|fp16|bf16"), "null",
+        "gradient accumulation dtype", kDsOnly));
+  add(U("activation_checkpointing.partition_activations", Bool(), "false",
+        "true: strata.activations = recompute (keep each block's input, recompute the rest in "
+        "backward) unless strata.activations is given",
+        nullptr));
+  add(U("activation_checkpointing.cpu_checkpointing", Bool(), "false",
+        "true: strata.activations = offload (block inputs to host RAM) unless "
+        "strata.activations is given",
+        nullptr));
+  add(U("activation_checkpointing.contiguous_memory_optimization", Bool(), "false",
+        "checkpoints into one buffer", kActCkptContiguous));
+  add(U("activation_checkpointing.number_checkpoints", Int(0, kMaxInt), "null",
+        "checkpoints per step", kActCkptCount));
+  add(U("activation_checkpointing.synchronize_checkpoint_boundary", Bool(), "false",
+        "synchronize at checkpoint boundaries", kActCkptSync));
+  add(U("activation_checkpointing.profile", Bool(), "false", "time checkpoint functions",
+        kActCkptProfile));
+  add(U("flops_profiler.enabled", Bool(), "false", "DeepSpeed flops profiler", kDsOnly));
+  add(U("flops_profiler.recompute_fwd_factor", Real(0, kInf), "0.0", "", kDsOnly));
+  add(U("flops_profiler.profile_step", Int(0, kMaxInt), "1", "", kDsOnly));
+  add(U("flops_profiler.module_depth", Int(-1, kMaxInt), "-1", "", kDsOnly));
+  add(U("flops_profiler.top_modules", Int(0, kMaxInt), "1", "", kDsOnly));
+  add(U("flops_profiler.detailed", Bool(), "true", "", kDsOnly));
+  add(U("flops_profiler.output_file", Str(), "null", "", kDsOnly));
+  for (const char* m : {"tensorboard", "csv_monitor"}) {
+    add(U(fmt::format("{}.enabled", m).c_str(), Bool(), "false", "", kMonitor));
+    add(U(fmt::format("{}.output_path", m).c_str(), Str(), "\"\"", "", kMonitor));
+    add(U(fmt::format("{}.job_name", m).c_str(), Str(), "\"DeepSpeedJobName\"", "", kMonitor));
+  }
+  add(U("wandb.enabled", Bool(), "false", "", kMonitor));
+  add(U("wandb.group", Str(), "null", "", kMonitor));
+  add(U("wandb.team", Str(), "null", "", kMonitor));
+  add(U("wandb.project", Str(), "\"deepspeed\"", "", kMonitor));
+  add(U("comms_logger.enabled", Bool(), "false", "DeepSpeed communication logger", kDsOnly));
+  add(U("comms_logger.verbose", Bool(), "false", "", kDsOnly));
+  add(U("comms_logger.prof_all", Bool(), "true", "", kDsOnly));
+  add(U("comms_logger.debug", Bool(), "false", "", kDsOnly));
+  add(U("comms_logger.prof_ops", StrList(), "[]", "", kDsOnly));
+
+  // --- strata: model ----------------------------------------------------------------------------
+  group("strata: model");
+  add(F("model.type", Enum("gpt2|gpt"), STRATA_M(model.type), "architecture (gpt is gpt2)"));
+  add(F("model.n_layer", Int(1, 4096), STRATA_M(model.n_layer), "transformer blocks"));
+  add(F("model.n_head", Int(1, 4096), STRATA_M(model.n_head), "attention heads"));
+  add(F("model.n_embd", Int(1, 1 << 20), STRATA_M(model.n_embd),
+        "hidden size, divisible by n_head"));
+  add(F("model.vocab_size", Int(1, 1 << 24), STRATA_M(model.vocab_size),
+        "tokens in the vocabulary"));
+  add(F("model.padded_vocab_size", Int(0, 1 << 24), STRATA_M(model.padded_vocab_size),
+        "embedding rows, >= vocab_size; 0/auto: vocab_size rounded up to 64", nullptr, kAuto));
+  add(F("model.context", Int(1, 1 << 24), STRATA_M(model.context), "maximum sequence length"));
+  add(F("model.tied_embeddings", Bool(), STRATA_M(model.tied_embeddings),
+        "share token embedding and output head"));
+
+  // --- strata: data -----------------------------------------------------------------------------
+  group("strata: data");
+  add(F("data.source", Str(), STRATA_M(data.source), "\"synthetic\" or a token file path"));
+  add(F("data.format", Enum("auto|uint16|uint32|llmc|text"), STRATA_M(data.format),
+        "token file format"));
+  add(F("data.seq_len", Int(0, 1 << 24), STRATA_M(data.seq_len),
+        "tokens per sequence, <= model.context; 0/auto: model.context", nullptr, kAuto));
+  add(F("data.eval_fraction", Real(0, 1, false, true), STRATA_M(data.eval_fraction),
+        "held-out tail for eval loss"));
+  add(F("data.eval_batches", Int(0, kMaxI32), STRATA_M(data.eval_batches),
+        "batches per evaluation"));
+  add(F("data.synthetic_tokens", Size(1), STRATA_M(data.synthetic_tokens),
+        "tokens in the built-in corpus"));
+
+  // --- strata: device ---------------------------------------------------------------------------
+  group("strata: device");
+  add(F("device.backend", Enum("auto|cpu|cuda"), STRATA_M(device.backend),
+        "auto: cuda if a GPU is visible, else cpu"));
+  add(F("device.memory_limit", Size(), STRATA_M(device.memory_limit),
+        "device bytes to use; 0 = cpu: 1 GiB, cuda: free - reserve"));
+  add(F("device.reserve", Size(), STRATA_M(device.reserve), "cuda: HBM left for libraries"));
+  add(F("device.cpu_threads", Int(0, 4096), STRATA_M(device.cpu_threads), "0 = all cores"));
+  add(F("device.ordinal", Int(-1, 1024), STRATA_M(device.ordinal), "cuda: -1 = local rank"));
+
+  // --- strata: train ----------------------------------------------------------------------------
+  group("strata: train");
+  add(F("train.steps", Int(0, kMaxInt), STRATA_M(train.steps), "optimizer steps"));
+  add(F("train.eval_interval", Int(0, kMaxInt), STRATA_M(train.eval_interval),
+        "steps between evals; 0 = never"));
+  add(F("train.checkpoint_dir", Str(), STRATA_M(train.checkpoint_dir), "run directory"));
+  add(F("train.checkpoint_interval", Int(0, kMaxInt), STRATA_M(train.checkpoint_interval),
+        "steps between checkpoints; 0 = at the end and on SIGINT/SIGTERM"));
+  add(F("train.seed", Int(0, kMaxInt), STRATA_M(train.seed), "initialization and data seed"));
+  add(F("train.log_file", Str(), STRATA_M(train.log_file),
+        "JSONL metrics; \"\" = <checkpoint_dir>/metrics.jsonl"));
+
+  // --- strata: engine knobs ---------------------------------------------------------------------
+  group("strata: strata");
+  add(F("strata.io.checksum", Bool(), STRATA_M(strata.io_checksum), "CRC32C per swapped extent",
+        nullptr));
+  add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
+        "dtype of Adam moments", nullptr));
+  add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),
+        "step each module's optimizer state under the rest of backward, exact (rolled back and "
+        "redone when clipping or an overflow says so)",
+        nullptr));
+  add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
+        "overlap step t's update with step t+1's forward and backward (one step stale: changes "
+        "the numbers)",
+        nullptr));
+  add(F("strata.optimizer.delayed_update_warmup", Int(0, kMaxInt),
+        STRATA_M(strata.delayed_update_warmup), "exact steps before the delayed update starts",
+        nullptr));
+  add(F("strata.comm.backend", Enum("auto|single|mpi|nccl"), STRATA_M(strata.comm_backend),
+        "communicator", nullptr));
+  add(F("strata.comm.timeout_s", Real(0, kInf, false, true), STRATA_M(strata.comm_timeout_s),
+        "seconds a collective waits for its peers before failing (0 = forever)", nullptr));
+  add(F("strata.activations", Enum("keep|recompute|offload"), STRATA_M(strata.activations),
+        "block activations between forward and backward: keep on the device, recompute from "
+        "each block's saved input, or offload the inputs to the host tier too"));
+  add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),
+        "logger level"));
+  add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),
+        "home tier of parameters (overrides offload_param.device)"));
+  add(F("strata.placement.grads", Enum("device|host"), STRATA_M(strata.placement_grads),
+        "where gradients accumulate between backward and the optimizer step"));
+  add(F("strata.placement.master", Enum("device|host|nvme"), STRATA_M(strata.placement_master),
+        "home tier of fp32 master weights (overrides offload_optimizer.device)"));
+  add(F("strata.placement.moments", Enum("device|host|nvme"), STRATA_M(strata.placement_moments),
+        "home tier of optimizer moments (overrides offload_optimizer.device)"));
+  add(F("strata.host_memory_limit", Size(), STRATA_M(strata.host_memory_limit),
+        "host tier budget in bytes; 0 = 90% of MemAvailable"));
+  add(F("strata.trace_file", Str(), STRATA_M(strata.trace_file),
+        "write the first step's access trace here (for strata trace replay)"));
+  return k;
+}
+
+#undef STRATA_M
+
+// The table with lookups: leaves by path, and the child names of every section.
+
+}  // namespace
+
+const Schema& schema() {
+  static const Schema* s = [] {
+    auto* out = new Schema;
+    out->keys = build_table();
+    for (size_t i = 0; i < out->keys.size(); ++i) {
+      const Key& k = out->keys[i];
+      out->leaf[k.path] = i;
+      std::string parent;
+      size_t start = 0;
+      for (;;) {
+        size_t dot = k.path.find('.', start);
+        std::string name = k.path.substr(start, dot == std::string::npos ? dot : dot - start);
+        out->children[parent].insert(name);
+        if (dot == std::string::npos) break;
+        parent = k.path.substr(0, dot);
+        start = dot + 1;
+      }
+      const std::string& canon = k.alias_of.empty() ? k.path : k.alias_of;
+      out->alias_group[canon].push_back(k.path);
+    }
+    return out;
+  }();
+  return *s;
+}
+
+}  // namespace strata::config_internal
