@@ -186,7 +186,7 @@ phase_env() {
     /usr/local/cuda/compute-sanitizer/compute-sanitizer) || sanitizer=""
   # The packages tools/dev.sh deps installs (one list, read from there).
   local pkgs missing=()
-  pkgs=$(sed -n '/^PKGS=(/,/)/p' "$ROOT/tools/dev.sh" | tr -d '()' | sed 's/PKGS=//')
+  pkgs=$(sed -n '/^PKGS=(/,/)/p' "$ROOT/tools/dev.sh" | sed 's/#.*//' | tr -d '()' | sed 's/PKGS=//')
   if command -v dpkg-query >/dev/null; then
     for p in $pkgs; do
       dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
