@@ -85,6 +85,54 @@ class CudaKernels final : public Kernels {
       return cuda_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
     });
   }
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
+                             int T, int NH, int KVH, int hs) override {
+    run("attention_gqa_forward", s, [&](CudaStream& cs) {
+      return cuda_attention_gqa_forward(cs.handle, dt, out, att, qkv, B, T, NH, KVH, hs);
+    });
+  }
+  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    run("attention_gqa_backward", s, [&](CudaStream& cs) {
+      return cuda_attention_gqa_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, NH,
+                                         KVH, hs);
+    });
+  }
+  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                       const void* weight, float eps, int N, int C) override {
+    run("rmsnorm_forward", s, [&](CudaStream& cs) {
+      return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C);
+    });
+  }
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N,
+                        int C) override {
+    run("rmsnorm_backward", s, [&](CudaStream& cs) {
+      return cuda_rmsnorm_backward(cs.handle, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+    });
+  }
+  void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
+    run("swiglu_forward", s,
+        [&](CudaStream& cs) { return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H); });
+  }
+  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
+                       int H) override {
+    run("swiglu_backward", s,
+        [&](CudaStream& cs) { return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H); });
+  }
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
+                    int KVH, int hs) override {
+    run("rope_forward", s, [&](CudaStream& cs) {
+      return cuda_rope_forward(cs.handle, dt, qkv, rope, B, T, NH, KVH, hs);
+    });
+  }
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
+                     int KVH, int hs) override {
+    run("rope_backward", s, [&](CudaStream& cs) {
+      return cuda_rope_backward(cs.handle, dt, dqkv, rope, B, T, NH, KVH, hs);
+    });
+  }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run("gelu_forward", s,
         [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });
