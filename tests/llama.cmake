@@ -5,3 +5,6 @@ strata_test(llama_kernels_test ${CMAKE_CURRENT_LIST_DIR}/llama_kernels_test.cc)
 if(STRATA_HAVE_CUDA)
   strata_test(llama_cuda_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
 endif()
+# model.type llama through the trainer: bit-identical losses across placements and modes.
+strata_test(llama_train_test ${CMAKE_CURRENT_LIST_DIR}/llama_train_test.cc)
+target_compile_definitions(llama_train_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
