@@ -1,0 +1,3 @@
+# Hugging Face checkpoints: the safetensors reader's validation (every malformed file is an error
+# naming the file, the tensor and the offset) and its reads.
+strata_test(safetensors_test ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cc)
