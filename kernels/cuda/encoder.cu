@@ -1,4 +1,5 @@
-// Token + position embedding (wpe null: the token embedding alone), forward and backward. CPU twin: kernels/cpu/encoder.cc.
+// Token + position embedding (wpe null: the token embedding alone), forward and backward. CPU twin:
+// kernels/cpu/encoder.cc.
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace strata {
