@@ -106,7 +106,7 @@ struct AioConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt2";  // architecture (src/model/): gpt2 ("gpt" is accepted)
+  std::string type = "gpt2";  // architecture (src/model/): gpt2 ("gpt" is accepted) | llama
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
@@ -114,6 +114,19 @@ struct ModelConfig {
   int padded_vocab_size = 0;  // 0 / "auto": vocab_size rounded up to a multiple of 64
   int context = 64;           // maximum sequence length (llm.c's max_seq_len / block_size)
   bool tied_embeddings = true;
+  // llama only (src/model/llama.h):
+  int intermediate_size = 0;    // SwiGLU MLP width
+  int num_key_value_heads = 0;  // grouped-query attention; 0 = n_head
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool attention_bias = false;  // q/k/v biases (Qwen2)
+  struct RopeScaling {          // Llama 3.1's rope_scaling
+    std::string type = "none";  // none | llama3
+    double factor = 8.0;
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+    double original_max_position_embeddings = 8192.0;
+  } rope_scaling;
   DType dtype = DType::kBF16;  // resolved from fp16/bf16 sections; fp32 when neither enabled
 };
 

@@ -16,6 +16,7 @@
 // The CPU backend (kernels/cpu/) is the reference; tests run each backend's ops against it.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,11 +26,55 @@ namespace strata {
 
 class Stream;
 
+// Rotary position embeddings: the frequencies of one head's hs/2 rotated pairs.
+//   inv_freq[i] = theta^(-2i/hs), i < hs/2 (Hugging Face's LlamaRotaryEmbedding);
+//   llama3 scaling (Llama 3.1 `rope_scaling.rope_type: llama3`) then divides the low
+//   frequencies by `factor` and blends the band between them and the high ones:
+//     wavelen = 2*pi / inv_freq;  lo = original_max_position / low_freq_factor;
+//     hi = original_max_position / high_freq_factor;
+//     wavelen > lo: inv_freq / factor; wavelen < hi: inv_freq; otherwise (1 - s) * inv_freq /
+//     factor + s * inv_freq with s = (original_max_position / wavelen - low_freq_factor) /
+//     (high_freq_factor - low_freq_factor).
+// Position t's pair i turns by the angle t * inv_freq[i]. Computed in double on every backend.
+struct RopeParams {
+  double theta = 10000.0;
+  bool llama3 = false;  // apply the llama3 frequency adjustment below
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position = 8192.0;
+};
+
+// inv_freq[0 .. hs/2) for `rope` (the formula above); hs even.
+inline void rope_inv_freq(const RopeParams& rope, int hs, double* inv_freq) {
+  const double kTwoPi = 6.283185307179586;
+  for (int i = 0; i < hs / 2; ++i) {
+    double f = 1.0 / std::pow(rope.theta, double(2 * i) / hs);
+    if (rope.llama3) {
+      const double wavelen = kTwoPi / f;
+      const double lo = rope.original_max_position / rope.low_freq_factor;
+      const double hi = rope.original_max_position / rope.high_freq_factor;
+      if (wavelen > lo) {
+        f = f / rope.factor;
+      } else if (!(wavelen < hi)) {
+        const double s = (rope.original_max_position / wavelen - rope.low_freq_factor) /
+                         (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0 - s) * f / rope.factor + s * f;
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+// The most rotated pairs a head may have (head size <= 2 * kMaxRopePairs).
+constexpr int kMaxRopePairs = 256;
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].          out [B,T,C], wte [Vp,C], wpe [maxT,C]
+  // wpe may be null (models with rotary positions): out = wte[tokens] (dwpe null likewise).
   virtual void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens,
                                const void* wte, const void* wpe, int B, int T, int C) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
@@ -87,6 +132,51 @@ class Kernels {
                                         const void* dout, const void* qkv, const void* out,
                                         const float* lse, int B, int T, int NH, int NKV,
                                         int hs) = 0;
+  // Causal self-attention with grouped-query heads (Llama, Mistral, Qwen2): NH query heads share
+  // KVH key/value heads (KVH divides NH; query head h reads key/value head h / (NH/KVH), as
+  // Hugging Face's repeat_kv). qkv [B,T,W], W = (NH + 2*KVH)*hs, packs per position the query
+  // heads (channels [0, NH*hs)), then the key heads ([NH*hs, (NH+KVH)*hs)), then the value
+  // heads; head j of each part uses channels j*hs .. (j+1)*hs-1 of that part. This is the output
+  // of one matmul whose weight stacks q_proj, k_proj and v_proj rows. out [B,T,NH*hs];
+  // att [B,NH,T,T] as above; scale 1/sqrt(hs). With KVH == NH and hs = C/NH this is exactly
+  // attention_forward (same numbers, bit for bit).
+  virtual void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
+                                     int B, int T, int NH, int KVH, int hs) = 0;
+  // dqkv [B,T,W] += gradient w.r.t. qkv. scratch [B,NH,T,T] fp32 working memory.
+  virtual void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch,
+                                      const void* dout, const void* qkv, const float* att, int B,
+                                      int T, int NH, int KVH, int hs) = 0;
+
+  // RMSNorm (Llama): out = inp * rstd * weight per row, rstd = 1/sqrt(mean(inp^2) + eps);
+  // saves rstd[N]. inp, out [N,C]; weight [C].
+  virtual void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                               const void* weight, float eps, int N, int C) = 0;
+  virtual void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                                const void* inp, const void* weight, const float* rstd, int N,
+                                int C) = 0;
+
+  // SwiGLU: inp [N,2H] packs per row the gate (columns 0..H-1) and the up projection
+  // (H..2H-1), the output of one matmul whose weight stacks gate_proj and up_proj rows;
+  // out [N,H] = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+  virtual void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) = 0;
+  // dinp [N,2H] += gradient w.r.t. gate and up.
+  virtual void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                               int N, int H) = 0;
+
+  // Rotary position embeddings, IN PLACE on the query and key heads of a packed qkv [B,T,W]
+  // (layout of attention_gqa_forward; the value heads are untouched). Position t of each
+  // sequence rotates, in every query and key head, the pairs (x[i], x[i + hs/2]) for i < hs/2
+  // (Hugging Face's rotate_half convention) by the angle t * inv_freq[i] (RopeParams):
+  //   x[i] <- x[i] cos - x[i + hs/2] sin;  x[i + hs/2] <- x[i + hs/2] cos + x[i] sin.
+  // cos and sin are computed in double and rounded to fp32. hs even, hs/2 <= kMaxRopePairs.
+  virtual void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T,
+                            int NH, int KVH, int hs) = 0;
+  // The gradient of rope_forward, also IN PLACE: rotates the query and key heads of dqkv back
+  // by the same angles (the transpose of the rotation). Unlike the other backward ops this
+  // replaces its buffer rather than accumulating: the rotation is linear and its input is not
+  // needed, so the gradient w.r.t. the rotated qkv becomes the gradient w.r.t. the unrotated.
+  virtual void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T,
+                             int NH, int KVH, int hs) = 0;
 
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) = 0;

@@ -76,6 +76,44 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
+                             int T, int NH, int KVH, int hs) override {
+    run(s, [=] { cpu::attention_gqa_forward(dt, out, att, qkv, B, T, NH, KVH, hs); });
+  }
+  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    run(s,
+        [=] { cpu::attention_gqa_backward(dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs); });
+  }
+
+  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                       const void* weight, float eps, int N, int C) override {
+    run(s, [=] { cpu::rmsnorm_forward(dt, out, rstd, inp, weight, eps, N, C); });
+  }
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N,
+                        int C) override {
+    run(s, [=] { cpu::rmsnorm_backward(dt, dinp, dweight, dout, inp, weight, rstd, N, C); });
+  }
+
+  void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
+    run(s, [=] { cpu::swiglu_forward(dt, out, inp, N, H); });
+  }
+  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
+                       int H) override {
+    run(s, [=] { cpu::swiglu_backward(dt, dinp, inp, dout, N, H); });
+  }
+
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
+                    int KVH, int hs) override {
+    run(s, [=] { cpu::rope(dt, qkv, rope, B, T, NH, KVH, hs, /*inverse=*/false); });
+  }
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
+                     int KVH, int hs) override {
+    run(s, [=] { cpu::rope(dt, dqkv, rope, B, T, NH, KVH, hs, /*inverse=*/true); });
+  }
+
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run(s, [=] { cpu::gelu_forward(dt, out, inp, n); });
   }

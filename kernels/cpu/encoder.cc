@@ -1,4 +1,5 @@
-// Token + position embedding (llm.c encoder_forward / encoder_backward).
+// Token + position embedding (llm.c encoder_forward / encoder_backward); without wpe (null:
+// rotary models) the token embedding alone.
 #include <algorithm>
 
 #include "kernels/cpu/convert.h"
@@ -18,8 +19,12 @@ void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte
       for (size_t r = r0; r < r1; ++r) {
         size_t t = r % T;
         const Tp* e = te + size_t(tokens[r]) * C;
-        const Tp* p = pe + t * C;
         Tp* y = o + r * C;
+        if (pe == nullptr) {
+          for (int c = 0; c < C; ++c) y[c] = e[c];
+          continue;
+        }
+        const Tp* p = pe + t * C;
         for (int c = 0; c < C; ++c) y[c] = from_float<Tp>(to_float(e[c]) + to_float(p[c]));
       }
     });
@@ -40,6 +45,10 @@ void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, cons
           size_t r = size_t(b) * T + t;
           const Tp* g = d + r * C;
           float* we = dwte + size_t(tokens[r]) * C;
+          if (dwpe == nullptr) {
+            for (size_t c = c0; c < c1; ++c) we[c] += to_float(g[c]);
+            continue;
+          }
           float* pe = dwpe + size_t(t) * C;
           for (size_t c = c0; c < c1; ++c) {
             float v = to_float(g[c]);

@@ -4,8 +4,8 @@
 // dtype rules and the accumulate (+=) semantics of the backward ops); the table in
 // cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
 // the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
-// matmul.cc, attention.cc, flash_attention.cc, gelu.cc, residual.cc, crossentropy.cc, cast.cc,
-// norm.cc.
+// matmul.cc, attention.cc, flash_attention.cc, rmsnorm.cc, swiglu.cc, rope.cc, gelu.cc,
+// residual.cc, crossentropy.cc, cast.cc, norm.cc.
 //
 // Threading: the functions use tbb::parallel_for and run on whatever arena they are called
 // from. They may be called from any thread; concurrent calls must not write the same memory.
@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "strata/dtype.h"
+#include "strata/kernels.h"
 
 namespace strata::cpu {
 
@@ -77,6 +78,23 @@ void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
 void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
                               int NH, int NKV, int hs);
+
+void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int NH,
+                           int KVH, int hs);
+void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
+                            const float* att, int B, int T, int NH, int KVH, int hs);
+
+void rmsnorm_forward(DType dt, void* out, float* rstd, const void* inp, const void* weight,
+                     float eps, int N, int C);
+void rmsnorm_backward(DType dt, void* dinp, float* dweight, const void* dout, const void* inp,
+                      const void* weight, const float* rstd, int N, int C);
+
+void swiglu_forward(DType dt, void* out, const void* inp, int N, int H);
+void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, int N, int H);
+
+// inverse: rotate back (rope_backward).
+void rope(DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH, int KVH, int hs,
+          bool inverse);
 
 void gelu_forward(DType dt, void* out, const void* inp, size_t n);
 void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);

@@ -103,6 +103,25 @@ Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* 
 Status cuda_fused_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
                                      const void* dout, const void* qkv, const void* out,
                                      const float* lse, int B, int T, int NH, int NKV, int hs);
+Status cuda_attention_gqa_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
+                                  int B, int T, int NH, int KVH, int hs);
+Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
+                                   const void* dout, const void* qkv, const float* att, int B,
+                                   int T, int NH, int KVH, int hs);
+// rmsnorm.cu
+Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
+                            const void* weight, float eps, int N, int C);
+Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, const void* dout,
+                             const void* inp, const void* weight, const float* rstd, int N, int C);
+// swiglu.cu
+Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H);
+Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
+                            int N, int H);
+// rope.cu
+Status cuda_rope_forward(cudaStream_t s, DType dt, void* qkv, const RopeParams& rope, int B, int T,
+                         int NH, int KVH, int hs);
+Status cuda_rope_backward(cudaStream_t s, DType dt, void* dqkv, const RopeParams& rope, int B,
+                          int T, int NH, int KVH, int hs);
 // gelu.cu
 Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n);
 Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,

@@ -1,4 +1,5 @@
-// Token + position embedding, forward and backward. CPU twin: kernels/cpu/encoder.cc.
+// Token + position embedding (wpe null: the token embedding alone), forward and backward. CPU twin:
+// kernels/cpu/encoder.cc.
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace strata {
@@ -14,7 +15,8 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
     const size_t bt = i / C;
     const int c = int(i % C), t = int(bt % T_);
     const size_t tok = size_t(tokens[bt]);
-    out[i] = from_f32<T>(to_f32(wte[tok * C + c]) + to_f32(wpe[size_t(t) * C + c]));
+    const float pos = wpe ? to_f32(wpe[size_t(t) * C + c]) : 0.0f;
+    out[i] = from_f32<T>(to_f32(wte[tok * C + c]) + pos);
   }
 }
 
@@ -34,7 +36,7 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout,
       pos += g;
       atomicAdd(&dwte[size_t(tokens[bt]) * C + c], g);
     }
-    dwpe[i] += pos;
+    if (dwpe) dwpe[i] += pos;
   }
 }
 

@@ -390,7 +390,8 @@ std::vector<Key> build_table() {
 
   // --- strata: model ----------------------------------------------------------------------------
   group("strata: model");
-  add(F("model.type", Enum("gpt2|gpt"), STRATA_M(model.type), "architecture (gpt is gpt2)"));
+  add(F("model.type", Enum("gpt2|gpt|llama"), STRATA_M(model.type),
+        "architecture: gpt2 (gpt is gpt2) or llama (Llama, Mistral, Qwen2 shapes)"));
   add(F("model.n_layer", Int(1, 4096), STRATA_M(model.n_layer), "transformer blocks"));
   add(F("model.n_head", Int(1, 4096), STRATA_M(model.n_head), "attention heads"));
   add(F("model.n_embd", Int(1, 1 << 20), STRATA_M(model.n_embd),
@@ -402,6 +403,27 @@ std::vector<Key> build_table() {
   add(F("model.context", Int(1, 1 << 24), STRATA_M(model.context), "maximum sequence length"));
   add(F("model.tied_embeddings", Bool(), STRATA_M(model.tied_embeddings),
         "share token embedding and output head"));
+  add(F("model.intermediate_size", Int(0, 1 << 24), STRATA_M(model.intermediate_size),
+        "llama: SwiGLU MLP width (required for llama)"));
+  add(F("model.num_key_value_heads", Int(0, 4096), STRATA_M(model.num_key_value_heads),
+        "llama: key/value heads (grouped-query attention), divides n_head; 0: n_head"));
+  add(F("model.rope_theta", Real(1, kInf, true, true), STRATA_M(model.rope_theta),
+        "llama: rotary embedding base"));
+  add(F("model.rms_norm_eps", Real(0, 1, true, false), STRATA_M(model.rms_norm_eps),
+        "llama: RMSNorm epsilon"));
+  add(F("model.attention_bias", Bool(), STRATA_M(model.attention_bias),
+        "llama: q/k/v projection biases (Qwen2)"));
+  add(F("model.rope_scaling.type", Enum("none|llama3"), STRATA_M(model.rope_scaling.type),
+        "llama: rotary frequency scaling (llama3: Llama 3.1's)"));
+  add(F("model.rope_scaling.factor", Real(0, kInf, true, true), STRATA_M(model.rope_scaling.factor),
+        "llama3 scaling: low-frequency divisor"));
+  add(F("model.rope_scaling.low_freq_factor", Real(0, kInf, true, true),
+        STRATA_M(model.rope_scaling.low_freq_factor), "llama3 scaling"));
+  add(F("model.rope_scaling.high_freq_factor", Real(0, kInf, true, true),
+        STRATA_M(model.rope_scaling.high_freq_factor), "llama3 scaling, > low_freq_factor"));
+  add(F("model.rope_scaling.original_max_position_embeddings", Real(1, kInf, false, true),
+        STRATA_M(model.rope_scaling.original_max_position_embeddings),
+        "llama3 scaling: the context the model was pre-trained at"));
 
   // --- strata: data -----------------------------------------------------------------------------
   group("strata: data");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "src/model/gpt2.h"
+#include "src/model/llama.h"
 
 namespace strata {
 
@@ -82,8 +83,12 @@ Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& con
     STRATA_ASSIGN_OR_RETURN(auto a, GptArchitecture::create(config), "model");
     return std::unique_ptr<Architecture>(std::move(a));
   }
+  if (config.type == "llama") {
+    STRATA_ASSIGN_OR_RETURN(auto a, LlamaArchitecture::create(config), "model");
+    return std::unique_ptr<Architecture>(std::move(a));
+  }
   return invalid_argument(
-      fmt::format("model.type: \"{}\" is not a known architecture (gpt2)", config.type));
+      fmt::format("model.type: \"{}\" is not a known architecture (gpt2, llama)", config.type));
 }
 
 }  // namespace strata

@@ -12,7 +12,7 @@
 //   ModelRunner    one batch shape's device state (activations, token buffers) and the compute
 //                  steps of the program, enqueued on the device's compute stream.
 //
-// gpt2.h is the first implementation. create_architecture() picks one from model.type.
+// gpt2.h and llama.h implement it. create_architecture() picks one from model.type.
 //
 // Thread safety: an Architecture is immutable after creation and may be shared. A ModelRunner
 // is driven by one host thread; its compute steps only enqueue work.
@@ -186,7 +186,7 @@ struct FlopsPerToken {
 class Architecture {
  public:
   virtual ~Architecture() = default;
-  virtual const std::string& name() const = 0;  // model.type: "gpt2"
+  virtual const std::string& name() const = 0;  // model.type: "gpt2", "llama"
   virtual const ModelLayout& layout() const = 0;
   // A one-line human description for the log ("GPT 4 layers, ...: 0.83M params in 6 modules").
   virtual std::string describe() const = 0;
@@ -214,7 +214,8 @@ class Architecture {
       ActivationStore* store = nullptr) const = 0;
 };
 
-// The architecture model.type names ("gpt2"; "gpt" is its alias), with the config's shape.
+// The architecture model.type names ("gpt2", "gpt" its alias; "llama"), with the config's
+// shape.
 // Errors name the model.* key.
 Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& config);
 

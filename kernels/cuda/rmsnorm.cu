@@ -1,0 +1,104 @@
+// RMSNorm, forward and backward: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
+// CPU twin: kernels/cpu/rmsnorm.cc.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace strata {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row, 256 threads
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight,
+                                       float eps, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* x = inp + size_t(row) * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float v = to_f32(x[c]);
+    ss += v * v;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+  T* o = out + size_t(row) * C;
+  for (int c = lane; c < C; c += 32) o[c] = from_f32<T>(to_f32(x[c]) * s * to_f32(weight[c]));
+  if (lane == 0) rstd[row] = s;
+}
+
+// dinp += (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd, one warp per row.
+template <typename T>
+__global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                             const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  const float s = rstd[row];
+  float dot = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    dot += to_f32(weight[c]) * to_f32(dout[off + c]) * to_f32(inp[off + c]);
+  }
+  const float k = warp_sum(dot) / C * s * s;
+  for (int c = lane; c < C; c += 32) {
+    const float g = (to_f32(weight[c]) * to_f32(dout[off + c]) - to_f32(inp[off + c]) * k) * s;
+    dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
+  }
+}
+
+// dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c]. Block (32 columns x 8 row lanes) per column
+// tile and row chunk; chunks combine with one atomicAdd per column.
+constexpr int kColRowChunk = 256;
+template <typename T>
+__global__ void rmsnorm_backward_weight_kernel(float* dweight, const T* dout, const T* inp,
+                                               const float* rstd, int N, int C) {
+  __shared__ float sw[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * kColRowChunk, r1 = min(N, r0 + kColRowChunk);
+  float w = 0.0f;
+  if (c < C) {
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      const size_t i = size_t(r) * C + c;
+      w += to_f32(inp[i]) * rstd[r] * to_f32(dout[i]);
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = w;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; ++y) w += sw[y][threadIdx.x];
+    atomicAdd(&dweight[c], w);
+  }
+}
+
+}  // namespace
+
+Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
+                            const void* weight, float eps, int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  STRATA_DISPATCH_DT(dt, rmsnorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+                             static_cast<scalar_t*>(out), rstd, static_cast<const scalar_t*>(inp),
+                             static_cast<const scalar_t*>(weight), eps, N, C));
+  STRATA_CUDA_LAUNCH_CHECK("launching rmsnorm_forward");
+  return Status::ok();
+}
+
+Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, const void* dout,
+                             const void* inp, const void* weight, const float* rstd, int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
+  STRATA_DISPATCH_DT(dt, {
+    const auto* g = static_cast<const scalar_t*>(dout);
+    const auto* x = static_cast<const scalar_t*>(inp);
+    if (dinp) {
+      rmsnorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+          static_cast<scalar_t*>(dinp), g, x, static_cast<const scalar_t*>(weight), rstd, N, C);
+    }
+    if (dweight) {
+      rmsnorm_backward_weight_kernel<scalar_t>
+          <<<pgrid, dim3(32, 8), 0, s>>>(dweight, g, x, rstd, N, C);
+    }
+  });
+  STRATA_CUDA_LAUNCH_CHECK("launching rmsnorm_backward");
+  return Status::ok();
+}
+
+}  // namespace strata

@@ -1,0 +1,164 @@
+#include "src/hf/hf_config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+}  // namespace
+
+Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) {
+    return not_found(fmt::format(
+        "{}: cannot open (model.from_pretrained must name a Hugging Face model directory)", path));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json c = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (c.is_discarded() || !c.is_object()) return corrupt(path + ": not a JSON object");
+  auto bad = [&](const std::string& key, const std::string& why) {
+    return invalid_argument(fmt::format("{}: {}: {}", path, key, why));
+  };
+  // Typed getters: a present key of the wrong type is an error; an absent one takes `dflt`.
+  auto get_int = [&](const char* key, int dflt, int* out) -> Status {
+    if (!c.contains(key) || c[key].is_null()) {
+      if (dflt < 0) return bad(key, "missing");
+      *out = dflt;
+      return Status::ok();
+    }
+    if (!c[key].is_number_integer()) return bad(key, "not an integer");
+    *out = c[key].get<int>();
+    return Status::ok();
+  };
+  auto get_real = [&](const char* key, double dflt, double* out) -> Status {
+    if (!c.contains(key) || c[key].is_null()) {
+      *out = dflt;
+      return Status::ok();
+    }
+    if (!c[key].is_number()) return bad(key, "not a number");
+    *out = c[key].get<double>();
+    return Status::ok();
+  };
+  auto get_bool = [&](const char* key, bool dflt, bool* out) -> Status {
+    if (!c.contains(key) || c[key].is_null()) {
+      *out = dflt;
+      return Status::ok();
+    }
+    if (!c[key].is_boolean()) return bad(key, "not true/false");
+    *out = c[key].get<bool>();
+    return Status::ok();
+  };
+
+  if (!c.contains("architectures") || !c["architectures"].is_array() ||
+      c["architectures"].empty() || !c["architectures"][0].is_string()) {
+    return bad("architectures", "missing (expected e.g. [\"LlamaForCausalLM\"])");
+  }
+  const std::string arch = c["architectures"][0].get<std::string>();
+  ModelConfig m;
+  int max_pos = 0;
+  if (arch == "GPT2LMHeadModel") {
+    m.type = "gpt2";
+    STRATA_RETURN_IF_ERROR(get_int("n_embd", -1, &m.n_embd), "");
+    STRATA_RETURN_IF_ERROR(get_int("n_layer", -1, &m.n_layer), "");
+    STRATA_RETURN_IF_ERROR(get_int("n_head", -1, &m.n_head), "");
+    STRATA_RETURN_IF_ERROR(get_int("vocab_size", -1, &m.vocab_size), "");
+    STRATA_RETURN_IF_ERROR(get_int("n_positions", 1024, &max_pos), "");
+    m.tied_embeddings = true;
+    double eps = 1e-5;
+    STRATA_RETURN_IF_ERROR(get_real("layer_norm_epsilon", 1e-5, &eps), "");
+    if (std::fabs(eps - 1e-5) > 1e-12) {
+      return bad("layer_norm_epsilon", fmt::format("{} is not 1e-5, the only one strata's "
+                                                   "layernorm has",
+                                                   eps));
+    }
+    if (c.contains("activation_function") && c["activation_function"] != "gelu_new") {
+      return bad("activation_function",
+                 fmt::format("{} is not gelu_new (GPT-2's tanh GELU, the one strata has)",
+                             c["activation_function"].dump()));
+    }
+  } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+             arch == "Qwen2ForCausalLM") {
+    m.type = "llama";
+    STRATA_RETURN_IF_ERROR(get_int("hidden_size", -1, &m.n_embd), "");
+    STRATA_RETURN_IF_ERROR(get_int("num_hidden_layers", -1, &m.n_layer), "");
+    STRATA_RETURN_IF_ERROR(get_int("num_attention_heads", -1, &m.n_head), "");
+    STRATA_RETURN_IF_ERROR(get_int("num_key_value_heads", m.n_head, &m.num_key_value_heads), "");
+    STRATA_RETURN_IF_ERROR(get_int("intermediate_size", -1, &m.intermediate_size), "");
+    STRATA_RETURN_IF_ERROR(get_int("vocab_size", -1, &m.vocab_size), "");
+    STRATA_RETURN_IF_ERROR(get_int("max_position_embeddings", 2048, &max_pos), "");
+    STRATA_RETURN_IF_ERROR(get_real("rms_norm_eps", 1e-6, &m.rms_norm_eps), "");
+    STRATA_RETURN_IF_ERROR(get_real("rope_theta", 10000.0, &m.rope_theta), "");
+    STRATA_RETURN_IF_ERROR(get_bool("tie_word_embeddings", false, &m.tied_embeddings), "");
+    STRATA_RETURN_IF_ERROR(get_bool("attention_bias", false, &m.attention_bias), "");
+    if (arch == "Qwen2ForCausalLM") m.attention_bias = true;  // Qwen2 always has q/k/v biases
+    if (c.contains("head_dim") && !c["head_dim"].is_null() && m.n_head > 0 &&
+        c["head_dim"] != m.n_embd / m.n_head) {
+      return bad("head_dim", fmt::format("{} differs from hidden_size / num_attention_heads = {}; "
+                                         "strata's llama needs them equal",
+                                         c["head_dim"].dump(), m.n_embd / m.n_head));
+    }
+    if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
+      return bad("hidden_act", fmt::format("{} is not silu (SwiGLU)", c["hidden_act"].dump()));
+    }
+    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+      const json& r = c["rope_scaling"];
+      std::string type = r.value("rope_type", r.value("type", std::string("default")));
+      if (type == "llama3") {
+        m.rope_scaling.type = "llama3";
+        m.rope_scaling.factor = r.value("factor", 8.0);
+        m.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
+        m.rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
+        m.rope_scaling.original_max_position_embeddings =
+            r.value("original_max_position_embeddings", 8192.0);
+      } else if (type != "default") {
+        return bad("rope_scaling",
+                   fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
+      }
+    }
+  } else {
+    return bad("architectures",
+               fmt::format("\"{}\" is not one strata trains (LlamaForCausalLM, "
+                           "MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)",
+                           arch));
+  }
+  if (context > max_pos) {
+    return invalid_argument(
+        fmt::format("model.context: {} exceeds the checkpoint's max_position_embeddings {} ({})",
+                    context, max_pos, path));
+  }
+  m.context = context > 0 ? context : max_pos;
+  // Sliding-window attention would need a banded mask strata does not have.
+  const bool sliding = arch == "MistralForCausalLM" ||
+                       (arch == "Qwen2ForCausalLM" && c.value("use_sliding_window", false));
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
+      c["sliding_window"].get<int>() < m.context) {
+    return bad(
+        "sliding_window",
+        fmt::format("{} is shorter than the context {}: strata's attention is full "
+                    "causal; set model.context <= {} to train this model exactly",
+                    c["sliding_window"].get<int>(), m.context, c["sliding_window"].get<int>()));
+  }
+  const std::string dt = c.value("torch_dtype", std::string("float32"));
+  if (dt == "bfloat16") {
+    m.dtype = DType::kBF16;
+  } else if (dt == "float16") {
+    m.dtype = DType::kF16;
+  } else if (dt == "float32") {
+    m.dtype = DType::kF32;
+  } else {
+    return bad("torch_dtype", fmt::format("\"{}\" is not bfloat16, float16 or float32", dt));
+  }
+  m.padded_vocab_size = (m.vocab_size + 63) / 64 * 64;
+  return m;
+}
+
+}  // namespace strata

@@ -1,0 +1,10 @@
+# Llama-family models: the RMSNorm, SwiGLU, RoPE and grouped-query attention kernels against
+# double-precision references and finite differences (CPU), and their CUDA twins against the
+# CPU backend (built only with CUDA; without a visible GPU they report SKIPPED with the reason).
+strata_test(llama_kernels_test ${CMAKE_CURRENT_LIST_DIR}/llama_kernels_test.cc)
+if(STRATA_HAVE_CUDA)
+  strata_test(llama_cuda_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
+endif()
+# model.type llama through the trainer: bit-identical losses across placements and modes.
+strata_test(llama_train_test ${CMAKE_CURRENT_LIST_DIR}/llama_train_test.cc)
+target_compile_definitions(llama_train_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

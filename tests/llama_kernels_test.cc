@@ -1,0 +1,612 @@
+// The Llama-family ops of the CPU kernels (kernels/cpu/{rmsnorm,swiglu,rope,attention}.cc)
+// through the Kernels table of a CPU device, as tests/cpu_kernels_test.cc does for the GPT ops:
+//   - every op against a double-precision reference written here, on fresh random inputs (never
+//     zeros), odd shapes included, in fp32, bf16 and fp16;
+//   - backward ops start from non-zero gradients (the accumulate (+=) contract), except
+//     rope_backward, which the contract defines as an in-place rotation;
+//   - finite-difference checks of every backward against its forward (fp32, central
+//     differences evaluated in double);
+//   - grouped-query attention with KVH == NH gives attention_forward/backward's bits.
+// Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/device.h"
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+
+namespace strata {
+namespace {
+
+using Vec = std::vector<double>;
+
+uint64_t test_seed(uint64_t fallback) {
+  const char* s = std::getenv("STRATA_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) + fallback : fallback;
+}
+
+// n elements of dtype dt, with fp32 read/write of single elements.
+struct Typed {
+  DType dt = DType::kF32;
+  size_t n = 0;
+  std::vector<unsigned char> bytes;
+
+  Typed() = default;
+  Typed(DType t, size_t count) : dt(t), n(count), bytes(count * dtype_size(t) + 1) {}
+  void* data() { return bytes.data(); }
+  const void* data() const { return bytes.data(); }
+  float get(size_t i) const { return load_f32(bytes.data(), dt, i); }
+  void set(size_t i, float v) { store_f32(bytes.data(), dt, i, v); }
+  Vec to_double() const {
+    Vec v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = get(i);
+    return v;
+  }
+};
+
+// Uniform in [lo, hi), rounded to dt, redrawn while it rounds to zero.
+Typed random_typed(DType dt, size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  Typed t(dt, n);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < n; ++i) {
+    do {
+      t.set(i, u(rng));
+    } while (t.get(i) == 0.0f);
+  }
+  return t;
+}
+
+std::vector<float> random_f32(size_t n, std::mt19937_64& rng, float lo = -1.0f, float hi = 1.0f) {
+  Typed t = random_typed(DType::kF32, n, rng, lo, hi);
+  std::vector<float> v(n);
+  std::memcpy(v.data(), t.data(), n * 4);
+  return v;
+}
+
+Vec as_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+double tol_for(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+      return 1e-5;
+    case DType::kBF16:
+      return 1e-2;
+    default:
+      return 1e-3;
+  }
+}
+
+// Every |got - ref| <= tol * (|ref| + rms(ref)).
+void expect_close(const Vec& got, const Vec& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double ss = 0;
+  for (double r : ref) ss += r * r;
+  const double rms = ref.empty() ? 0 : std::sqrt(ss / ref.size());
+  size_t bad = 0, worst_i = 0;
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]) / (std::fabs(ref[i]) + rms + 1e-30);
+    if (!(err <= tol)) ++bad;
+    if (!(err <= worst)) {
+      worst = err;
+      worst_i = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " entries off; worst at "
+                     << worst_i << ": got " << got[worst_i] << ", want " << ref[worst_i]
+                     << " (relative error " << worst << " > " << tol << ")";
+}
+
+class Fixture {
+ public:
+  explicit Fixture(int threads = 2) {
+    auto d = create_cpu_device({.capacity = size_t{1} << 20, .threads = threads});
+    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+    dev_ = std::move(d).value();
+  }
+  Kernels& k() { return dev_->kernels(); }
+  Stream& s() { return dev_->compute_stream(); }
+  void sync() { ASSERT_TRUE(dev_->synchronize(dev_->compute_stream()).is_ok()); }
+
+ private:
+  std::unique_ptr<Device> dev_;
+};
+
+const DType kAllTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// ---------------------------------------------------------------------------------------------
+// Double-precision references (Hugging Face LlamaModel's math).
+
+struct RmsRef {
+  Vec out, rstd;
+};
+RmsRef ref_rmsnorm(const Vec& x, const Vec& w, double eps, int N, int C) {
+  RmsRef r{Vec(x.size()), Vec(N)};
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += x[size_t(n) * C + c] * x[size_t(n) * C + c];
+    const double s = 1.0 / std::sqrt(ss / C + eps);
+    r.rstd[n] = s;
+    for (int c = 0; c < C; ++c) r.out[size_t(n) * C + c] = x[size_t(n) * C + c] * s * w[c];
+  }
+  return r;
+}
+// Gradients of sum(out * dy) w.r.t. x and w.
+void ref_rmsnorm_grad(const Vec& dy, const Vec& x, const Vec& w, double eps, int N, int C, Vec& dx,
+                      Vec& dw) {
+  dx.assign(x.size(), 0.0);
+  dw.assign(C, 0.0);
+  for (int n = 0; n < N; ++n) {
+    const double* xr = &x[size_t(n) * C];
+    const double* g = &dy[size_t(n) * C];
+    double ss = 0, dot = 0;
+    for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const double s = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) dot += w[c] * g[c] * xr[c];
+    for (int c = 0; c < C; ++c) {
+      dx[size_t(n) * C + c] = s * w[c] * g[c] - xr[c] * s * s * s * dot / C;
+      dw[c] += g[c] * xr[c] * s;
+    }
+  }
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+// out[n,h] = silu(x[n,h]) * x[n,H+h]; and the gradient (added to dx) for dy.
+Vec ref_swiglu(const Vec& x, int N, int H) {
+  Vec y(size_t(N) * H);
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < H; ++h)
+      y[size_t(n) * H + h] = silu(x[size_t(n) * 2 * H + h]) * x[size_t(n) * 2 * H + H + h];
+  return y;
+}
+void ref_swiglu_grad(const Vec& x, const Vec& dy, int N, int H, Vec& dx) {
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < H; ++h) {
+      const double g = x[size_t(n) * 2 * H + h], u = x[size_t(n) * 2 * H + H + h];
+      const double sig = 1.0 / (1.0 + std::exp(-g)), d = dy[size_t(n) * H + h];
+      dx[size_t(n) * 2 * H + h] += d * u * (sig + g * sig * (1.0 - sig));
+      dx[size_t(n) * 2 * H + H + h] += d * silu(g);
+    }
+}
+
+// Rotation of the q and k heads of a packed qkv (v untouched); `sign` -1 rotates back.
+Vec ref_rope(const Vec& qkv, const RopeParams& p, int B, int T, int NH, int KVH, int hs,
+             double sign = 1.0) {
+  Vec y = qkv, f(hs / 2);
+  rope_inv_freq(p, hs, f.data());
+  const size_t W = size_t(NH + 2 * KVH) * hs;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < NH + KVH; ++h)
+        for (int i = 0; i < hs / 2; ++i) {
+          const size_t o = (size_t(b) * T + t) * W + size_t(h) * hs;
+          const double c = std::cos(t * f[i]), s = sign * std::sin(t * f[i]);
+          const double a = qkv[o + i], bb = qkv[o + i + hs / 2];
+          y[o + i] = a * c - bb * s;
+          y[o + i + hs / 2] = bb * c + a * s;
+        }
+  return y;
+}
+
+// Grouped-query causal attention: out [B,T,NH*hs], att [B,NH,T,T]; and its gradient.
+struct AttRef {
+  Vec out, att;
+};
+AttRef ref_gqa(const Vec& qkv, int B, int T, int NH, int KVH, int hs) {
+  const size_t W = size_t(NH + 2 * KVH) * hs, C = size_t(NH) * hs;
+  const int rep = NH / KVH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  AttRef r{Vec(size_t(B) * T * C, 0.0), Vec(size_t(B) * NH * T * T, 0.0)};
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const int g = h / rep;
+        const double* q = &qkv[(size_t(b) * T + t) * W + size_t(h) * hs];
+        double* a = &r.att[((size_t(b) * NH + h) * T + t) * T];
+        double mx = -1e300;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* k = &qkv[(size_t(b) * T + t2) * W + C + size_t(g) * hs];
+          double d = 0;
+          for (int i = 0; i < hs; ++i) d += q[i] * k[i];
+          a[t2] = d * scale;
+          mx = std::max(mx, a[t2]);
+        }
+        double sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) sum += (a[t2] = std::exp(a[t2] - mx));
+        for (int t2 = 0; t2 <= t; ++t2) a[t2] /= sum;
+        double* o = &r.out[(size_t(b) * T + t) * C + size_t(h) * hs];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const double* v = &qkv[(size_t(b) * T + t2) * W + C + size_t(KVH + g) * hs];
+          for (int i = 0; i < hs; ++i) o[i] += a[t2] * v[i];
+        }
+      }
+  return r;
+}
+Vec ref_gqa_grad(const Vec& dout, const Vec& qkv, const Vec& att, int B, int T, int NH, int KVH,
+                 int hs) {
+  const size_t W = size_t(NH + 2 * KVH) * hs, C = size_t(NH) * hs;
+  const int rep = NH / KVH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  Vec g(qkv.size(), 0.0), datt(T), dpre(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const int kv = h / rep;
+        const double* a = &att[((size_t(b) * NH + h) * T + t) * T];
+        const double* dy = &dout[(size_t(b) * T + t) * C + size_t(h) * hs];
+        const double* q = &qkv[(size_t(b) * T + t) * W + size_t(h) * hs];
+        double* dq = &g[(size_t(b) * T + t) * W + size_t(h) * hs];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const size_t vo = (size_t(b) * T + t2) * W + C + size_t(KVH + kv) * hs;
+          datt[t2] = 0;
+          for (int i = 0; i < hs; ++i) {
+            datt[t2] += qkv[vo + i] * dy[i];
+            g[vo + i] += a[t2] * dy[i];
+          }
+        }
+        double s = 0;
+        for (int t2 = 0; t2 <= t; ++t2) s += a[t2] * datt[t2];
+        for (int t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (datt[t2] - s);
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const size_t ko = (size_t(b) * T + t2) * W + C + size_t(kv) * hs;
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += qkv[ko + i] * dpre[t2] * scale;
+            g[ko + i] += q[i] * dpre[t2] * scale;
+          }
+        }
+      }
+  return g;
+}
+
+RopeParams llama3_rope() {
+  return {.theta = 500000.0,
+          .llama3 = true,
+          .factor = 8.0,
+          .low_freq_factor = 1.0,
+          .high_freq_factor = 4.0,
+          .original_max_position = 64.0};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(LlamaKernels, RmsNormForwardAndBackward) {
+  struct Shape {
+    int N, C;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1}, Shape{3, 7}, Shape{37, 64}, Shape{70, 257}}) {
+      const int N = sh.N, C = sh.C;
+      const float eps = 1e-6f;
+      SCOPED_TRACE(fmt::format("{} N={} C={}", dtype_name(dt), N, C));
+      std::mt19937_64 rng(test_seed(1));
+      Typed x = random_typed(dt, size_t(N) * C, rng, -3, 3), w = random_typed(dt, C, rng, 0.5, 1.5);
+      Typed out(dt, x.n), dout = random_typed(dt, x.n, rng), dx = random_typed(dt, x.n, rng);
+      std::vector<float> rstd(N, 7.0f), dw = random_f32(C, rng);
+      Vec dx0 = dx.to_double(), dw0 = as_double(dw);
+      Fixture f;
+      f.k().rmsnorm_forward(f.s(), dt, out.data(), rstd.data(), x.data(), w.data(), eps, N, C);
+      f.k().rmsnorm_backward(f.s(), dt, dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                             rstd.data(), N, C);
+      f.sync();
+      RmsRef r = ref_rmsnorm(x.to_double(), w.to_double(), eps, N, C);
+      expect_close(out.to_double(), r.out, tol_for(dt), "out");
+      expect_close(as_double(rstd), r.rstd, 1e-5, "rstd");
+      Vec gx, gw;
+      ref_rmsnorm_grad(dout.to_double(), x.to_double(), w.to_double(), eps, N, C, gx, gw);
+      for (size_t i = 0; i < gx.size(); ++i) gx[i] += dx0[i];
+      for (int c = 0; c < C; ++c) gw[c] += dw0[c];
+      expect_close(dx.to_double(), gx, tol_for(dt), "dinp");
+      expect_close(as_double(dw), gw, dt == DType::kF32 ? 1e-5 : 1e-4, "dweight");
+    }
+  }
+}
+
+TEST(LlamaKernels, RmsNormUsesItsEps) {
+  // A row of tiny values: the result depends on eps, so a kernel with a hard-coded eps fails.
+  const int N = 1, C = 4;
+  std::vector<float> x = {1e-3f, -2e-3f, 3e-3f, 1e-3f}, w(C, 1.0f), out(C), rstd(N);
+  for (double eps : {1e-5, 1e-6, 1e-2}) {
+    Fixture f;
+    f.k().rmsnorm_forward(f.s(), DType::kF32, out.data(), rstd.data(), x.data(), w.data(),
+                          float(eps), N, C);
+    f.sync();
+    RmsRef r = ref_rmsnorm(as_double(x), as_double(w), float(eps), N, C);
+    expect_close(as_double(out), r.out, 1e-6, fmt::format("out (eps {})", eps));
+  }
+}
+
+TEST(LlamaKernels, SwigluForwardAndBackward) {
+  for (DType dt : kAllTypes) {
+    for (auto [N, H] : {std::pair{1, 1}, std::pair{5, 13}, std::pair{64, 300}}) {
+      SCOPED_TRACE(fmt::format("{} N={} H={}", dtype_name(dt), N, H));
+      std::mt19937_64 rng(test_seed(2));
+      Typed x = random_typed(dt, size_t(N) * 2 * H, rng, -4, 4);
+      Typed out(dt, size_t(N) * H), dout = random_typed(dt, out.n, rng);
+      Typed dx = random_typed(dt, x.n, rng);
+      Vec dx0 = dx.to_double();
+      Fixture f;
+      f.k().swiglu_forward(f.s(), dt, out.data(), x.data(), N, H);
+      f.k().swiglu_backward(f.s(), dt, dx.data(), x.data(), dout.data(), N, H);
+      f.sync();
+      expect_close(out.to_double(), ref_swiglu(x.to_double(), N, H), tol_for(dt), "out");
+      ref_swiglu_grad(x.to_double(), dout.to_double(), N, H, dx0);
+      expect_close(dx.to_double(), dx0, tol_for(dt), "dinp");
+    }
+  }
+}
+
+TEST(LlamaKernels, RopeInverseFrequencies) {
+  const int hs = 128;
+  Vec plain(hs / 2), l3(hs / 2);
+  RopeParams p{.theta = 500000.0};
+  rope_inv_freq(p, hs, plain.data());
+  EXPECT_DOUBLE_EQ(plain[0], 1.0);
+  EXPECT_NEAR(plain[1], std::pow(500000.0, -2.0 / hs), 1e-18);
+  // Llama 3.1 (factor 8, low 1, high 4, original 8192): high frequencies (wavelength under 2048)
+  // unchanged, low ones (over 8192) divided by 8, the band between blended smoothly.
+  p.llama3 = true;
+  p.original_max_position = 8192;
+  rope_inv_freq(p, hs, l3.data());
+  const double kTwoPi = 6.283185307179586;
+  int high = 0, low = 0, mid = 0;
+  for (int i = 0; i < hs / 2; ++i) {
+    const double wl = kTwoPi / plain[i];
+    if (wl < 2048) {
+      EXPECT_EQ(l3[i], plain[i]) << i;
+      ++high;
+    } else if (wl > 8192) {
+      EXPECT_DOUBLE_EQ(l3[i], plain[i] / 8) << i;
+      ++low;
+    } else {
+      EXPECT_LT(l3[i], plain[i]) << i;
+      EXPECT_GT(l3[i], plain[i] / 8) << i;
+      ++mid;
+    }
+  }
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+}
+
+TEST(LlamaKernels, RopeForwardAndBackward) {
+  struct Shape {
+    int B, T, NH, KVH, hs;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1, 1, 1, 2}, Shape{2, 7, 4, 2, 6}, Shape{1, 70, 6, 2, 32}}) {
+      for (RopeParams p : {RopeParams{}, RopeParams{.theta = 1e6}, llama3_rope()}) {
+        SCOPED_TRACE(fmt::format("{} B={} T={} NH={} KVH={} hs={} theta={} llama3={}",
+                                 dtype_name(dt), sh.B, sh.T, sh.NH, sh.KVH, sh.hs, p.theta,
+                                 p.llama3));
+        std::mt19937_64 rng(test_seed(3));
+        const size_t n = size_t(sh.B) * sh.T * (sh.NH + 2 * sh.KVH) * sh.hs;
+        Typed x = random_typed(dt, n, rng, -2, 2);
+        Vec x0 = x.to_double();
+        Fixture f;
+        f.k().rope_forward(f.s(), dt, x.data(), p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+        f.sync();
+        expect_close(x.to_double(), ref_rope(x0, p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs), tol_for(dt),
+                     "rope_forward");
+        Typed g = random_typed(dt, n, rng, -2, 2);
+        Vec g0 = g.to_double();
+        f.k().rope_backward(f.s(), dt, g.data(), p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+        f.sync();
+        expect_close(g.to_double(), ref_rope(g0, p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs, -1.0),
+                     tol_for(dt), "rope_backward");
+      }
+    }
+  }
+}
+
+TEST(LlamaKernels, GroupedQueryAttentionForwardAndBackward) {
+  struct Shape {
+    int B, T, NH, KVH, hs;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1, 1, 1, 4}, Shape{2, 7, 4, 2, 3}, Shape{1, 70, 6, 2, 16},
+                     Shape{2, 17, 8, 1, 8}, Shape{1, 9, 3, 3, 5}}) {
+      const int B = sh.B, T = sh.T, NH = sh.NH, KVH = sh.KVH, hs = sh.hs;
+      SCOPED_TRACE(
+          fmt::format("{} B={} T={} NH={} KVH={} hs={}", dtype_name(dt), B, T, NH, KVH, hs));
+      std::mt19937_64 rng(test_seed(4));
+      const size_t W = size_t(NH + 2 * KVH) * hs;
+      Typed qkv = random_typed(dt, size_t(B) * T * W, rng, -2, 2);
+      Typed out(dt, size_t(B) * T * NH * hs), dout = random_typed(dt, out.n, rng);
+      Typed dqkv = random_typed(dt, qkv.n, rng);
+      Vec dqkv0 = dqkv.to_double();
+      std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
+      Fixture f;
+      f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, NH, KVH, hs);
+      f.k().attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
+                                   att.data(), B, T, NH, KVH, hs);
+      f.sync();
+      AttRef r = ref_gqa(qkv.to_double(), B, T, NH, KVH, hs);
+      expect_close(out.to_double(), r.out, tol_for(dt), "out");
+      expect_close(as_double(att), r.att, 1e-5, "att");
+      Vec g = ref_gqa_grad(dout.to_double(), qkv.to_double(), r.att, B, T, NH, KVH, hs);
+      for (size_t i = 0; i < g.size(); ++i) g[i] += dqkv0[i];
+      expect_close(dqkv.to_double(), g, dt == DType::kF32 ? 2e-5 : tol_for(dt), "dqkv");
+    }
+  }
+}
+
+// Multi-head attention is grouped-query attention with KVH == NH: same bits (GPT-2's numbers
+// must not move when it runs through the general kernel).
+TEST(LlamaKernels, GqaWithAsManyKvHeadsIsMultiHeadAttentionBitForBit) {
+  for (DType dt : kAllTypes) {
+    const int B = 2, T = 67, NH = 4, hs = 8, C = NH * hs;
+    std::mt19937_64 rng(test_seed(5));
+    Typed qkv = random_typed(dt, size_t(B) * T * 3 * C, rng, -2, 2);
+    Typed dout = random_typed(dt, size_t(B) * T * C, rng), d0 = random_typed(dt, qkv.n, rng);
+    Typed out[2] = {Typed(dt, dout.n), Typed(dt, dout.n)}, dqkv[2] = {d0, d0};
+    std::vector<float> att[2], scratch(size_t(B) * NH * T * T);
+    att[0].resize(scratch.size());
+    att[1].resize(scratch.size());
+    Fixture f;
+    f.k().attention_forward(f.s(), dt, out[0].data(), att[0].data(), qkv.data(), B, T, C, NH);
+    f.k().attention_backward(f.s(), dt, dqkv[0].data(), scratch.data(), dout.data(), qkv.data(),
+                             att[0].data(), B, T, C, NH);
+    f.k().attention_gqa_forward(f.s(), dt, out[1].data(), att[1].data(), qkv.data(), B, T, NH, NH,
+                                hs);
+    f.k().attention_gqa_backward(f.s(), dt, dqkv[1].data(), scratch.data(), dout.data(), qkv.data(),
+                                 att[1].data(), B, T, NH, NH, hs);
+    f.sync();
+    EXPECT_EQ(out[0].bytes, out[1].bytes) << dtype_name(dt);
+    EXPECT_EQ(att[0], att[1]) << dtype_name(dt);
+    EXPECT_EQ(dqkv[0].bytes, dqkv[1].bytes) << dtype_name(dt);
+  }
+}
+
+TEST(LlamaKernels, DeterministicAcrossThreadCounts) {
+  const int B = 2, T = 40, NH = 4, KVH = 2, hs = 8;
+  const size_t W = size_t(NH + 2 * KVH) * hs;
+  std::mt19937_64 rng(test_seed(6));
+  Typed qkv = random_typed(DType::kBF16, size_t(B) * T * W, rng, -2, 2);
+  Typed dout = random_typed(DType::kBF16, size_t(B) * T * NH * hs, rng);
+  std::vector<unsigned char> got[2];
+  for (int threads : {1, 3}) {
+    Fixture f(threads);
+    Typed x = qkv, dx(DType::kBF16, qkv.n), out(DType::kBF16, dout.n);
+    std::vector<float> att(size_t(B) * NH * T * T), scratch(att.size());
+    f.k().rope_forward(f.s(), DType::kBF16, x.data(), llama3_rope(), B, T, NH, KVH, hs);
+    f.k().attention_gqa_forward(f.s(), DType::kBF16, out.data(), att.data(), x.data(), B, T, NH,
+                                KVH, hs);
+    f.k().attention_gqa_backward(f.s(), DType::kBF16, dx.data(), scratch.data(), dout.data(),
+                                 x.data(), att.data(), B, T, NH, KVH, hs);
+    f.k().rope_backward(f.s(), DType::kBF16, dx.data(), llama3_rope(), B, T, NH, KVH, hs);
+    f.sync();
+    got[threads == 1 ? 0 : 1] = dx.bytes;
+  }
+  EXPECT_EQ(got[0], got[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finite differences: each backward against its own forward, fp32, loss = sum(out * dout).
+
+struct FdSample {
+  float* param;
+  size_t n;
+  const float* analytic;
+  const char* name;
+};
+
+void fd_check(const std::function<double()>& loss, const FdSample& p, std::mt19937_64& rng,
+              double h = 1e-2, size_t samples = 48) {
+  std::vector<size_t> idx;
+  if (p.n <= samples) {
+    for (size_t i = 0; i < p.n; ++i) idx.push_back(i);
+  } else {
+    std::uniform_int_distribution<size_t> u(0, p.n - 1);
+    for (size_t k = 0; k < samples; ++k) idx.push_back(u(rng));
+  }
+  double scale = 0;
+  for (size_t i : idx) scale += std::fabs(p.analytic[i]);
+  scale /= idx.size();
+  for (size_t i : idx) {
+    const float orig = p.param[i], hi = orig + float(h), lo = orig - float(h);
+    p.param[i] = hi;
+    const double lp = loss();
+    p.param[i] = lo;
+    const double lm = loss();
+    p.param[i] = orig;
+    const double fd = (lp - lm) / (double(hi) - double(lo)), an = p.analytic[i];
+    EXPECT_LE(std::fabs(fd - an), 1e-2 * (std::fabs(an) + scale) + 1e-6)
+        << p.name << "[" << i << "]: finite difference " << fd << ", backward " << an;
+  }
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+TEST(LlamaKernelsGradCheck, RmsNorm) {
+  std::mt19937_64 rng(test_seed(11));
+  const int N = 4, C = 9;
+  auto x = random_f32(size_t(N) * C, rng), w = random_f32(C, rng, 0.5f, 1.5f);
+  auto dout = random_f32(x.size(), rng);
+  std::vector<float> out(x.size()), rstd(N), dx(x.size(), 0.0f), dw(C, 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().rmsnorm_forward(f.s(), DType::kF32, out.data(), rstd.data(), x.data(), w.data(), 1e-5f, N,
+                          C);
+    f.sync();
+    return dot(out, dout);
+  };
+  loss();
+  f.k().rmsnorm_backward(f.s(), DType::kF32, dx.data(), dw.data(), dout.data(), x.data(), w.data(),
+                         rstd.data(), N, C);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3);
+  fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng, 1e-3);
+}
+
+TEST(LlamaKernelsGradCheck, Swiglu) {
+  std::mt19937_64 rng(test_seed(12));
+  const int N = 3, H = 7;
+  auto x = random_f32(size_t(N) * 2 * H, rng, -3, 3), dout = random_f32(size_t(N) * H, rng);
+  std::vector<float> out(dout.size()), dx(x.size(), 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().swiglu_forward(f.s(), DType::kF32, out.data(), x.data(), N, H);
+    f.sync();
+    return dot(out, dout);
+  };
+  f.k().swiglu_backward(f.s(), DType::kF32, dx.data(), x.data(), dout.data(), N, H);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3);
+}
+
+TEST(LlamaKernelsGradCheck, Rope) {
+  std::mt19937_64 rng(test_seed(13));
+  const int B = 2, T = 5, NH = 4, KVH = 2, hs = 6;
+  const size_t n = size_t(B) * T * (NH + 2 * KVH) * hs;
+  auto x = random_f32(n, rng), dout = random_f32(n, rng);
+  std::vector<float> y(n);
+  Fixture f;
+  const RopeParams p = llama3_rope();
+  auto loss = [&] {
+    y = x;
+    f.k().rope_forward(f.s(), DType::kF32, y.data(), p, B, T, NH, KVH, hs);
+    f.sync();
+    return dot(y, dout);
+  };
+  std::vector<float> dx = dout;
+  f.k().rope_backward(f.s(), DType::kF32, dx.data(), p, B, T, NH, KVH, hs);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dqkv"}, rng, 1e-2, 120);
+}
+
+TEST(LlamaKernelsGradCheck, GroupedQueryAttention) {
+  std::mt19937_64 rng(test_seed(14));
+  const int B = 2, T = 5, NH = 4, KVH = 2, hs = 3;
+  const size_t W = size_t(NH + 2 * KVH) * hs;
+  auto qkv = random_f32(size_t(B) * T * W, rng), dout = random_f32(size_t(B) * T * NH * hs, rng);
+  std::vector<float> out(dout.size()), att(size_t(B) * NH * T * T), scratch(att.size());
+  std::vector<float> dqkv(qkv.size(), 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    f.k().attention_gqa_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), B, T, NH,
+                                KVH, hs);
+    f.sync();
+    return dot(out, dout);
+  };
+  loss();
+  f.k().attention_gqa_backward(f.s(), DType::kF32, dqkv.data(), scratch.data(), dout.data(),
+                               qkv.data(), att.data(), B, T, NH, KVH, hs);
+  f.sync();
+  fd_check(loss, {qkv.data(), qkv.size(), dqkv.data(), "dqkv"}, rng, 1e-2, 160);
+}
+
+}  // namespace
+}  // namespace strata
