@@ -3,8 +3,11 @@
 // capacity mode.
 #include "src/plan/plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -128,58 +131,135 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
   EXPECT_NEAR(double(s->device.state) / P, 18.0 / 4, 0.001);
 }
 
-// The planner's device and host needs are exactly what TierManager::create's preflight demands:
-// at the predicted bytes it builds, a page less and it refuses.
+// The planner's device and host needs are exactly what TierManager::create's preflight demands,
+// for every placement the planner names and for strata.placement-style ones it evaluates as a
+// config's: at the predicted bytes it builds, a page less and it refuses.
 TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
   set_log_level(LogLevel::kError);
-  ModelConfig mc;
-  mc.n_layer = 2;
-  mc.n_head = 2;
-  mc.n_embd = 64;
-  mc.vocab_size = 100;
-  mc.context = 32;
-  auto arch = GptArchitecture::create(mc);
-  ASSERT_TRUE(arch.is_ok());
-  PlanRequest r = small_request();
-  r.model = {"t", 2, 64, 2, 100, 32, ""};
-  r.seq = 32;
-  r.micro_batch = 2;
-  for (const ActivationMode mode :
-       {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload})
-    for (const std::string name : {"opt-host", "params-host"}) {
+  char tmpl[] = "/tmp/strata_plan_preflight_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string swap_dir = tmpl;
+  struct Case {
+    PlacementOption option;
+    bool tied = true;
+    bool delayed = false;
+  };
+  std::vector<Case> cases;
+  for (const auto& p : placement_options()) cases.push_back({p});
+  using T = Tier;
+  // strata.placement variants: master on the host with moments on NVMe; gradients on the device
+  // with the optimizer on the host; half the optimizer state kept on the device; an untied head;
+  // the delayed update's second accumulator and parameter shadows.
+  cases.push_back({{"config", {T::kDevice, T::kHost, T::kNvme, T::kHost, 1.0}}});
+  cases.push_back({{"config", {T::kHost, T::kHost, T::kHost, T::kDevice, 1.0}}});
+  cases.push_back({{"config", {T::kDevice, T::kHost, T::kHost, T::kHost, 0.5}}});
+  cases.push_back({{"config", {T::kNvme, T::kNvme, T::kNvme, T::kHost, 0.5}}});
+  cases.push_back({find("params-host"), /*tied=*/false});
+  cases.push_back({find("opt-nvme"), /*tied=*/false});
+  cases.push_back({find("params-nvme+opt-host"), true, /*delayed=*/true});
+  for (const Case& c : cases)
+    for (const ActivationMode mode :
+         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+      ModelConfig mc;
+      mc.n_layer = 2;
+      mc.n_head = 2;
+      mc.n_embd = 64;
+      mc.vocab_size = 100;
+      mc.context = 32;
+      mc.tied_embeddings = c.tied;
+      auto arch = GptArchitecture::create(mc);
+      ASSERT_TRUE(arch.is_ok());
+      PlanRequest r = small_request();
+      r.model = {"t", 2, 64, 2, 100, 32, "", c.tied};
+      r.seq = 32;
+      r.micro_batch = 2;
       r.activations = mode;
-      auto o = evaluate_placement(r, find(name));
-      ASSERT_TRUE(o.is_ok());
+      r.delayed_update = c.delayed;
+      r.overlap_optimizer = !c.delayed;  // request_from_config: no overlap with the delayed update
+      r.hw.nvme_paths = {swap_dir};
+      const Placement& w = c.option.where;
+      const std::string what =
+          fmt::format("{} (params {} master {} moments {} grads {} ratio {}{}{}) {}", c.option.name,
+                      tier_name(w.params), tier_name(w.master), tier_name(w.moments),
+                      tier_name(w.grads), w.optimizer_ratio, c.tied ? "" : ", untied",
+                      c.delayed ? ", delayed" : "", activation_mode_name(mode));
+      auto o = evaluate_placement(r, c.option);
+      ASSERT_TRUE(o.is_ok()) << what << ": " << o.status().message();
       const size_t act = o->device.activations;
       const ActivationSizes sizes = (*arch)->activation_plan(2, 32, DType::kBF16, mode);
       EXPECT_EQ(act, sizes.bytes);
       EXPECT_EQ(o->host.activations, sizes.host_bytes);
+      TierOptions to;
+      to.placement = w;
+      to.nvme_paths = {swap_dir};
+      to.delayed_update = c.delayed;
+      to.undo_copies = r.overlap_optimizer && r.undo_copies;
+      to.stash_layers = sizes.stash_layers;
+      to.stash_bytes = sizes.stash_bytes;
       for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
-        auto dev = create_cpu_device(
-            {.capacity = size_t(int64_t(o->device.total()) + (slack < 0 ? slack : 0)),
-             .threads = 1});
-        ASSERT_TRUE(dev.is_ok());
-        TierOptions to;
-        to.placement.params =
-            o->placement.params == PlanTier::kDevice ? Tier::kDevice : Tier::kHost;
-        to.placement.master = to.placement.moments = Tier::kHost;
-        to.placement.grads = Tier::kHost;
-        to.stash_layers = sizes.stash_layers;
-        to.stash_bytes = sizes.stash_bytes;
-        to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
-        auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, act);
-        EXPECT_EQ(tm.is_ok(), slack == 0)
-            << name << " " << activation_mode_name(mode) << " slack " << slack << ": "
-            << (tm.is_ok() ? "" : tm.status().message());
+        {
+          auto dev = create_cpu_device(
+              {.capacity = size_t(int64_t(o->device.total()) + slack), .threads = 1});
+          ASSERT_TRUE(dev.is_ok());
+          to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
+          auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, act);
+          EXPECT_EQ(tm.is_ok(), slack == 0) << what << " device slack " << slack << ": "
+                                            << (tm.is_ok() ? "" : tm.status().message());
+        }
         // Host: the same at the host budget.
         auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
         ASSERT_TRUE(dev2.is_ok());
         to.host_capacity = size_t(int64_t(o->host.total()) + slack);
         auto tm2 = TierManager::create(**dev2, **arch, DType::kBF16, DType::kF32, to, act);
-        EXPECT_EQ(tm2.is_ok(), slack == 0) << name << " host slack " << slack << ": "
+        EXPECT_EQ(tm2.is_ok(), slack == 0) << what << " host slack " << slack << ": "
                                            << (tm2.is_ok() ? "" : tm2.status().message());
       }
     }
+  std::filesystem::remove_all(swap_dir);
+}
+
+// A config's placement is the engine's: the named option it equals, else "config" with every
+// strata.placement key and the optimizer ratio; an unknown tier is the engine's error.
+TEST(Plan, PlacementOfConfigIsTheEnginesParse) {
+  auto named = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+      {"stage": 3, "offload_param": {"device":
+      "cpu"}, "offload_optimizer": {"device": "cpu"}}})",
+                            "t");
+  ASSERT_TRUE(named.is_ok()) << named.status().message();
+  auto p = placement_of_config(*named);
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->name, "params-host");
+  auto mixed = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization":
+      {"stage": 3, "offload_optimizer":
+      {"device": "cpu", "ratio": 0.5}}, "strata": {"placement": {"moments": "nvme"}}})",
+                            "t");
+  ASSERT_TRUE(mixed.is_ok()) << mixed.status().message();
+  auto q = placement_of_config(*mixed);
+  ASSERT_TRUE(q.is_ok());
+  EXPECT_EQ(q->name, "config");
+  EXPECT_EQ(q->where.master, Tier::kHost);
+  EXPECT_EQ(q->where.moments, Tier::kNvme);
+  EXPECT_EQ(q->where.grads, Tier::kHost);
+  EXPECT_EQ(q->where.optimizer_ratio, 0.5);
+  // The plan evaluates it as one more row; best still chooses among the named ones.
+  PlanRequest r = small_request();
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  const int best = rep->best;
+  auto i = add_placement(*rep, *q);
+  ASSERT_TRUE(i.is_ok());
+  EXPECT_EQ(*i, 7);
+  EXPECT_EQ(rep->options[7].placement.name, "config");
+  EXPECT_EQ(rep->best, best);
+  auto again = add_placement(*rep, *p);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(rep->options[size_t(*again)].placement.name, "params-host");
+  // The config the planner writes for it asks for the same placement.
+  auto back = parse_config(plan_config_json(*rep, rep->options[7]), "plan");
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  auto bq = placement_of_config(*back);
+  ASSERT_TRUE(bq.is_ok());
+  EXPECT_TRUE(bq->where == q->where);
 }
 
 // Recompute trades device bytes for one more block forward; offload also moves the block inputs
@@ -512,9 +592,10 @@ TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
   for (const auto& o : rep->options) {
     auto cfg = parse_config(plan_config_json(*rep, o), "plan");
     ASSERT_TRUE(cfg.is_ok()) << o.placement.name << ": " << cfg.status().message();
-    const PlacementOption back = placement_of_config(*cfg);
-    EXPECT_EQ(back.params, o.placement.params) << o.placement.name;
-    EXPECT_EQ(back.optimizer, o.placement.optimizer) << o.placement.name;
+    auto back = placement_of_config(*cfg);
+    ASSERT_TRUE(back.is_ok()) << back.status().message();
+    EXPECT_TRUE(back->where == o.placement.where) << o.placement.name;
+    EXPECT_EQ(back->name, o.placement.name);
     EXPECT_EQ(cfg->aio.block_size, size_t{4} << 20);
     EXPECT_EQ(cfg->aio.queue_depth, 32);
     EXPECT_EQ(cfg->model.n_embd, 256);

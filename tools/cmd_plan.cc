@@ -153,22 +153,21 @@ int cmd_plan(int argc, char** argv) {
 
   auto rep = make_plan(req);
   if (!rep.is_ok()) return plan_fail(rep.status());
-  std::fputs(plan_table(*rep).c_str(), stdout);
   int asked = -1;
   if (!a.config_path.empty()) {
-    const PlacementOption p = placement_of_config(*cfg);
-    for (size_t i = 0; i < rep->options.size(); ++i) {
-      if (rep->options[i].placement.params == p.params &&
-          rep->options[i].placement.optimizer == p.optimizer) {
-        asked = int(i);
-      }
-    }
-    if (asked >= 0) {
-      const PlanOption& o = rep->options[size_t(asked)];
-      std::printf("config %s asks for %s: %s, predicted %.0f ms/step (bound by %s)\n",
-                  a.config_path.c_str(), o.placement.name.c_str(), o.fits ? "fits" : "does NOT fit",
-                  o.time.step_s * 1e3, o.time.bottleneck.c_str());
-    }
+    // The config's placement: one of the named options, else evaluated as an extra row.
+    auto p = placement_of_config(*cfg);
+    if (!p.is_ok()) return plan_fail(p.status());
+    auto i = add_placement(*rep, *p);
+    if (!i.is_ok()) return plan_fail(i.status());
+    asked = *i;
+  }
+  std::fputs(plan_table(*rep).c_str(), stdout);
+  if (asked >= 0) {
+    const PlanOption& o = rep->options[size_t(asked)];
+    std::printf("config %s asks for %s: %s, predicted %.0f ms/step (bound by %s)\n",
+                a.config_path.c_str(), o.placement.name.c_str(), o.fits ? "fits" : "does NOT fit",
+                o.time.step_s * 1e3, o.time.bottleneck.c_str());
   }
   if (!a.json_path.empty() && !write_file(a.json_path, plan_json(*rep))) {
     return plan_fail(io_error("writing " + a.json_path + ": " + std::strerror(errno)));

@@ -9,15 +9,13 @@
 #include <sstream>
 
 #include "src/model/gpt2.h"
+#include "src/tiers/memory_model.h"
 #include "strata/log.h"
 
 namespace strata {
 namespace {
 
 using json = nlohmann::json;
-
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 struct Preset {
   const char* name;
@@ -44,23 +42,14 @@ constexpr Preset kPresets[] = {
      "llama's 69B"},
 };
 
-// Elements of each module, as ModelLayout::from_config builds them (tied embeddings).
-struct ModuleSizes {
-  uint64_t emb, block, final_norm;
-  int L;
-};
-ModuleSizes module_sizes(const ModelShape& m) {
-  const uint64_t C = uint64_t(m.width), Vp = ceil_div(uint64_t(m.vocab), 64) * 64;
-  return {Vp * C + uint64_t(m.context) * C, 12 * C * C + 13 * C, 2 * C, m.layers};
-}
-
 std::string gb(double bytes) { return format_bytes(bytes); }
 
 }  // namespace
 
-// strata's GPT architecture at a planner shape (tied embeddings, vocabulary padded to 64).
+// strata's GPT architecture at a planner shape (vocabulary padded to 64).
 Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m) {
   ModelConfig mc;
+  mc.tied_embeddings = m.tied_embeddings;
   mc.n_layer = m.layers;
   mc.n_head = m.heads;
   mc.n_embd = m.width;
@@ -94,23 +83,23 @@ std::vector<std::string> model_preset_names() {
 }
 
 uint64_t model_params(const ModelShape& m) {
-  const ModuleSizes s = module_sizes(m);
-  return s.emb + s.block * uint64_t(s.L) + s.final_norm;
+  auto arch = architecture_of(m);
+  return arch.is_ok() ? uint64_t((*arch)->layout().num_params()) : 0;
 }
 
 // ---- placements -------------------------------------------------------------------------------
 
-const char* plan_tier_name(PlanTier t) {
-  return t == PlanTier::kDevice ? "device" : t == PlanTier::kHost ? "host" : "nvme";
-}
-
 std::vector<PlacementOption> placement_options() {
-  using T = PlanTier;
+  using T = Tier;
+  // Gradients follow the optimizer onto the device, else stay on the host (parse_placement).
+  auto p = [](const char* name, T params, T opt) {
+    return PlacementOption{name, {params, opt, opt, opt == T::kDevice ? T::kDevice : T::kHost}};
+  };
   return {
-      {"all-device", T::kDevice, T::kDevice},       {"opt-host", T::kDevice, T::kHost},
-      {"opt-nvme", T::kDevice, T::kNvme},           {"params-host", T::kHost, T::kHost},
-      {"params-host+opt-nvme", T::kHost, T::kNvme}, {"params-nvme+opt-host", T::kNvme, T::kHost},
-      {"params-nvme+opt-nvme", T::kNvme, T::kNvme}};
+      p("all-device", T::kDevice, T::kDevice),       p("opt-host", T::kDevice, T::kHost),
+      p("opt-nvme", T::kDevice, T::kNvme),           p("params-host", T::kHost, T::kHost),
+      p("params-host+opt-nvme", T::kHost, T::kNvme), p("params-nvme+opt-host", T::kNvme, T::kHost),
+      p("params-nvme+opt-nvme", T::kNvme, T::kNvme)};
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
@@ -131,68 +120,67 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   }
   PlanOption o;
   o.placement = pl;
+  const Placement& where = pl.where;
   const uint64_t W = uint64_t(r.hw.gpus);
-  const uint64_t es = dtype_size(r.dtype), mb = dtype_size(r.moment_dtype);
-  const ModuleSizes ms = module_sizes(m);
-  // Module list in forward order: embedding, blocks, final_norm (tied head).
-  std::vector<uint64_t> full = {ms.emb};
-  for (int l = 0; l < ms.L; ++l) full.push_back(ms.block);
-  full.push_back(ms.final_norm);
-  const PlanTier grads_tier =
-      pl.optimizer == PlanTier::kDevice ? PlanTier::kDevice : PlanTier::kHost;
-
-  // Homes (TierManager::create's preflight), per rank: each module's shard is numel/W.
-  uint64_t home[3] = {0, 0, 0}, max_p = 0, max_g = 0, max_opt = 0, P_local = 0;
-  auto add_home = [&](PlanTier t, uint64_t bytes) {
-    home[int(t)] += round_up(bytes, t == PlanTier::kDevice ? 256 : 4096);
-  };
-  for (uint64_t n_full : full) {
-    const uint64_t n = ceil_div(n_full, W);
-    P_local += n;
-    add_home(pl.params, n * es);
-    add_home(pl.optimizer, n * 4);
-    add_home(pl.optimizer, n * 2 * mb);
-    add_home(grads_tier, n * 4);
-    max_p = std::max(max_p, n * es);
-    max_g = std::max(max_g, n * 4);
-    if (pl.optimizer == PlanTier::kNvme) {
-      max_opt = std::max(max_opt, round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096));
-    }
-  }
-  // Device working set: a module's fetched params (full, after the all-gather) + its fp32
-  // gradient (plus the tied embedding's gradient while a block runs).
-  auto pc = [&](uint64_t n) { return pl.params == PlanTier::kDevice ? 0 : round_up(n * es, 256); };
-  auto g = [&](uint64_t n) { return round_up(n * 4, 256); };
-  uint64_t ws = pc(ms.final_norm) + g(ms.final_norm);
-  ws = std::max(ws, pc(ms.block) + g(ms.block) + g(ms.emb));
-  ws = std::max(ws, g(ms.emb) + pc(ms.emb));
-  o.device.state = home[0];
-  o.device.buffers = ws;
+  const uint64_t es = dtype_size(r.dtype);
   STRATA_ASSIGN_OR_RETURN(const auto arch, architecture_of(m), "model " + m.name);
   const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
-  o.device.activations = acts.bytes;
+
+  // ---- memory: the memory model, per rank (what TierManager::create's preflight checks) ----
+  STRATA_ASSIGN_OR_RETURN(
+      const std::vector<ModuleHomes> homes,
+      module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype, r.delayed_update),
+      "model " + m.name);
+  TierOptions to;
+  to.placement = where;
+  to.nvme_paths = r.hw.nvme_paths;
+  to.buffer_count = std::max(1, r.buffer_count);
+  to.prefetch_bytes = r.prefetch_bytes;
+  to.reduce_bucket_elems = r.reduce_bucket_elems;
+  to.delayed_update = r.delayed_update;
+  to.undo_copies = r.overlap_optimizer && r.undo_copies;
+  to.stash_layers = acts.stash_layers;
+  to.stash_bytes = acts.stash_bytes;
+  const TierNeeds needs =
+      tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain));
+  o.device.state = needs.device.resident_state;
+  o.device.buffers = needs.device.transient();
+  o.device.activations = needs.device.activations;
   o.device.capacity = r.hw.gpu_mem;
-
-  uint64_t staging = 0;
-  if (pl.params == PlanTier::kNvme) staging += r.prefetch_bytes + 3 * round_up(max_p, 4096);
-  if (max_opt > 0) staging += uint64_t(2 * r.buffer_count + 1) * max_opt;
-  staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
   // The host tier of one node holds every local rank's state and staging.
-  o.host.state = home[1] * W;
-  o.host.buffers = staging * W;
-  o.host.activations = acts.host_bytes * W;
+  o.host.state = needs.host.state * W;
+  o.host.buffers = (needs.host.staging + needs.host.param_shadows) * W;
+  o.host.activations = needs.host.stash * W;
   o.host.capacity = r.hw.host_mem;
-
-  uint64_t objects = 0;
-  for (size_t i = 0; i < full.size(); ++i) {
-    objects += (pl.params == PlanTier::kNvme) + 2 * (pl.optimizer == PlanTier::kNvme);
-  }
-  o.nvme.state = home[2] * W;
-  if (home[2] > 0) {
-    const uint64_t paths = std::max<size_t>(1, r.hw.nvme_paths.size());
-    o.nvme.buffers = (objects * (uint64_t{4} << 20) + paths * (uint64_t{16} << 20)) * W;
+  o.nvme.state = needs.nvme.state * W;
+  if (needs.nvme.bytes_per_path > 0) {
+    o.nvme.buffers = (needs.nvme.bytes_per_path * needs.nvme.paths - needs.nvme.state) * W;
   }
   o.nvme.capacity = r.hw.nvme_bytes;
+
+  // Sizes per module on this rank, for the peaks and the time model (module_homes' shards).
+  uint64_t P_local = 0, max_p = 0, max_g = 0;
+  uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
+  uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
+  uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
+  std::vector<uint64_t> opt_nvme_of(homes.size(), 0);       // the same per module
+  std::vector<uint64_t> opt_nvme_extents(homes.size(), 0);  // ... in 4 KiB host buffers
+  for (size_t i = 0; i < homes.size(); ++i) {
+    const ModuleHomes& h = homes[i];
+    P_local += h.shard_numel;
+    max_p = std::max<uint64_t>(max_p, h.params.bytes);
+    max_g = std::max<uint64_t>(max_g, h.grads.bytes);
+    if (h.master.tier != Tier::kDevice || h.moments.tier != Tier::kDevice) {
+      opt_host_params += h.shard_numel;
+    }
+    if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
+    for (const auto* x : {&h.master, &h.moments}) {
+      if (x->tier != Tier::kNvme) continue;
+      opt_nvme_of[i] += x->bytes;
+      opt_nvme_extents[i] += round_up(x->bytes, 4096);
+    }
+    opt_nvme_bytes += opt_nvme_of[i];
+  }
 
   // Fits?
   if (o.device.capacity > 0 && o.device.total() > o.device.capacity) {
@@ -219,50 +207,47 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Expected peaks (what the run reports), beside the reservations above.
   // Device: every module's per-micro-batch gradient buffer (fp32, full module) is alive at the
   // end of backward while the drains run; offloaded params are cached in what is left.
-  const uint64_t Pf = model_params(m);
+  const uint64_t Pf = arch->layout().num_params();
   o.device.peak = o.device.total() + Pf * 4;
-  if (pl.params != PlanTier::kDevice) o.device.peak += Pf * es;
+  if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
-  uint64_t host_peak = home[1] + 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
-  if (pl.optimizer == PlanTier::kNvme) {
+  uint64_t host_peak = needs.host.state + needs.host.param_shadows + 2 * round_up(max_g, 4096) +
+                       2 * round_up(max_p, 4096);
+  if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 modules' master+moments, and never more
     // modules than the model has: the largest ones.
-    std::vector<uint64_t> opt_bytes;
-    for (uint64_t n_full : full) {
-      const uint64_t n = ceil_div(n_full, W);
-      opt_bytes.push_back(round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096));
-    }
+    std::vector<uint64_t> opt_bytes = opt_nvme_extents;
     std::sort(opt_bytes.rbegin(), opt_bytes.rend());
     const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
     for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
   }
-  if (pl.params == PlanTier::kNvme) host_peak += 2 * round_up(max_p, 4096);  // fetch staging
+  if (where.params == Tier::kNvme) host_peak += 2 * round_up(max_p, 4096);  // fetch staging
   // Params homed on the device: the optimizer writes every module's new low-precision params
   // through host staging buffers, all alive until the copies are done.
-  if (pl.params == PlanTier::kDevice) host_peak += P_local * es;
-  host_peak += acts.host_bytes;  // offloaded block inputs: reserved once, always held
+  if (where.params == Tier::kDevice) host_peak += opt_host_params * es;
+  host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
   // master + moments until the step is validated (TierManager::take_undo): NVMe-homed state as
   // its old extents, the step written to fresh ones (nvme.undo: on the swap paths when they
-  // have room), other state as host copies (host.undo: taken while the host budget has room
-  // beyond the reservation; modules without room are stepped after backward instead).
+  // have room, the memory model's shadow extents), other state as host copies (host.undo: taken
+  // while the host budget has room beyond the reservation; modules without room are stepped
+  // after backward instead). On a GPU the optimizer of device-resident state would keep its
+  // copies on the device: not counted.
   uint64_t undo_host = 0, undo_nvme = 0;
-  // (On a GPU the optimizer of device-resident state would keep its copies on the device.)
-  if (r.overlap_optimizer && r.undo_copies &&
-      (pl.optimizer != PlanTier::kDevice || r.profile.cpu_backend)) {
-    uint64_t per_rank = 0;
-    for (uint64_t n_full : full) {
-      const uint64_t n = ceil_div(n_full, W);
-      per_rank += round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096);
+  if (to.undo_copies) {
+    for (const ModuleHomes& h : homes) {
+      for (const auto* x : {&h.master, &h.moments}) {
+        if (x->tier == Tier::kDevice && !r.profile.cpu_backend) continue;
+        (x->tier == Tier::kNvme ? undo_nvme : undo_host) += round_up(x->bytes, 4096) * W;
+      }
     }
-    (pl.optimizer == PlanTier::kNvme ? undo_nvme : undo_host) = per_rank * W;
   }
   if (undo_nvme > 0) {
-    const uint64_t stripes = 2 * full.size() * (uint64_t{4} << 20) * W;  // swap-file slack
-    if (o.nvme.capacity == 0 || o.nvme.total() + undo_nvme + stripes <= o.nvme.capacity) {
+    const uint64_t with_shadows = needs.nvme.bytes_per_path_with_shadows * needs.nvme.paths * W;
+    if (o.nvme.capacity == 0 || (with_shadows > 0 && with_shadows <= o.nvme.capacity)) {
       o.nvme.undo = undo_nvme;
     } else {
-      undo_host = undo_nvme;  // no room on the disks: host copies instead
+      undo_host += undo_nvme;  // no room on the disks: host copies instead
     }
   }
   const uint64_t undo_want = undo_host;
@@ -277,25 +262,26 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // undo copies, and the NVMe optimizer pipeline's buffer_count + 1 modules (read ahead or
     // written behind, one stepped; with NVMe params also their new params' staging) — the
     // gradient landing and write-back staging are free by then. Measured: docs/PLANNER.md.
-    uint64_t spec = home[1] + acts.host_bytes + o.host.undo / W;
-    if (pl.optimizer == PlanTier::kNvme) {
+    uint64_t spec =
+        needs.host.state + needs.host.param_shadows + needs.host.stash + o.host.undo / W;
+    if (opt_nvme_bytes > 0) {
       std::vector<uint64_t> slot;
-      for (uint64_t n_full : full) {
-        const uint64_t n = ceil_div(n_full, W);
-        slot.push_back(round_up(n * 4, 4096) + round_up(n * 2 * mb, 4096) +
-                       (pl.params == PlanTier::kNvme ? round_up(n * es, 4096) : 0));
+      for (size_t i = 0; i < homes.size(); ++i) {
+        slot.push_back(opt_nvme_extents[i] + (homes[i].params.tier == Tier::kNvme
+                                                  ? round_up(homes[i].params.bytes, 4096)
+                                                  : 0));
       }
       std::sort(slot.rbegin(), slot.rend());
       const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
       for (size_t i = 0; i < k; ++i) spec += slot[i];
     }
-    if (pl.params == PlanTier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
+    if (where.params == Tier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
     host_peak = std::max(host_peak, spec);
   }
   o.host.peak = host_peak * W;
   o.nvme.peak = o.nvme.state + o.nvme.undo;
-  if (pl.optimizer == PlanTier::kDevice && !r.profile.cpu_backend) {
-    o.runnable = false;  // placement_from_config refuses it on a non-host-addressable device
+  if (needs_device_optimizer(where) && !r.profile.cpu_backend) {
+    o.runnable = false;  // check_placement refuses it on a non-host-addressable device
   }
 
   // ---- time ----
@@ -307,34 +293,32 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.gemm_flops = gemm_rate_at(pf, m.width, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
-  const double P = double(P_local), Pfull = double(model_params(m));
+  const double P = double(P_local), Pfull = double(Pf);
   // Params fetched to the device per step: a fwd and a bwd pass per micro-batch, less what the
   // device can keep cached (its free bytes), at least once per step (the optimizer changed
   // them). Params resident on the device are fetched never, but written once after the step.
   double link = 0, fetch = 0;
-  if (pl.params != PlanTier::kDevice) {
+  if (where.params != Tier::kDevice) {
     const double free_dev =
         o.device.capacity > o.device.total() ? double(o.device.capacity - o.device.total()) : 0.0;
     const double pbytes = Pfull * es;
     const double cached = std::min(1.0, free_dev / pbytes);
     fetch = pbytes * (1.0 + (2.0 * A - 1.0) * (1.0 - cached));
     link += fetch;
-  } else if (pl.optimizer != PlanTier::kDevice) {
-    link += P * es;  // new low-precision params back to the device
+  } else {
+    link += double(opt_host_params) * es;  // new low-precision params back to the device
   }
-  if (grads_tier != PlanTier::kDevice) link += A * P * 4;  // fp32 grads to the host tier
+  link += A * double(grads_off_device) * 4;  // fp32 grads to the host tier
   // Offloaded block inputs: out after each block's forward, back before its backward.
   link += A * 2.0 * double(acts.stash_layers) * double(acts.stash_bytes);
   o.link_bytes = uint64_t(link);
   t.link_s = link / (pf.link_gbps.value * 1e9);
 
   double nr = 0, nw = 0;
-  if (pl.optimizer == PlanTier::kNvme) {
-    nr += P * (4 + 2 * mb);
-    nw += P * (4 + 2 * mb);
-  }
+  nr += double(opt_nvme_bytes);
+  nw += double(opt_nvme_bytes);
   double nvme_param_read = 0;
-  if (pl.params == PlanTier::kNvme) {
+  if (where.params == Tier::kNvme) {
     nvme_param_read = fetch / double(W);  // this rank's shards
     nr += nvme_param_read;
     nw += P * es;
@@ -344,7 +328,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Every local rank shares the node's NVMe bandwidth.
   t.nvme_s =
       double(W) * (nr / (pf.nvme_read_gbps.value * 1e9) + nw / (pf.nvme_write_gbps.value * 1e9));
-  t.cpu_optim_s = pl.optimizer == PlanTier::kDevice ? 0.0 : double(W) * P / pf.optimizer_pps.value;
+  t.cpu_optim_s = double(W) * double(opt_host_params) / pf.optimizer_pps.value;
   // The optimizer thread also copies each module's master + moments into its undo copy.
   t.cpu_optim_s += double(o.host.undo) / (pf.host_copy_gbps.value * 1e9);
   if (W > 1) {
@@ -372,18 +356,18 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
     double window = 0;
-    if (pl.optimizer == PlanTier::kNvme) {
-      const double per_param = double(4 + 2 * mb);
-      double ahead = double(ceil_div(ms.final_norm, W));
-      const int blocks_ahead = std::min(ms.L, std::max(0, r.buffer_count - 1));
-      ahead += double(blocks_ahead) * double(ceil_div(ms.block, W));
-      if (r.buffer_count - 1 > ms.L) ahead += double(ceil_div(ms.emb, W));
-      window += (P - std::min(P, ahead)) * per_param / (pf.nvme_read_gbps.value * 1e9);
-      window += P * per_param / (pf.nvme_write_gbps.value * 1e9);
+    if (opt_nvme_bytes > 0) {
+      // The modules read ahead: the last buffer_count in module order (backward's first).
+      double ahead = 0;
+      const size_t k = std::min(homes.size(), size_t(std::max(1, r.buffer_count)));
+      for (size_t i = 0; i < k; ++i) ahead += double(opt_nvme_of[homes.size() - 1 - i]);
+      const double opt = double(opt_nvme_bytes);
+      window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
+      window += opt / (pf.nvme_write_gbps.value * 1e9);
     }
-    if (pl.params == PlanTier::kNvme) window += P * es / (pf.nvme_write_gbps.value * 1e9);
+    if (where.params == Tier::kNvme) window += P * es / (pf.nvme_write_gbps.value * 1e9);
     const double window_opt = window * double(W);  // the optimizer's own traffic
-    if (pl.params == PlanTier::kNvme) {
+    if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
     }
     window *= double(W);  // every local rank shares the node's NVMe bandwidth
@@ -446,21 +430,23 @@ Result<PlanReport> make_plan(const PlanRequest& request) {
   return rep;
 }
 
-PlacementOption placement_of_config(const Config& cfg) {
-  auto tier = [](const std::string& s) {
-    return s == "nvme"                   ? PlanTier::kNvme
-           : (s == "cpu" || s == "host") ? PlanTier::kHost
-                                         : PlanTier::kDevice;
-  };
-  PlacementOption p;
-  p.params = tier(cfg.zero.offload_param.device);
-  p.optimizer = tier(cfg.zero.offload_optimizer.device);
-  if (!cfg.strata.placement_params.empty()) p.params = tier(cfg.strata.placement_params);
-  if (!cfg.strata.placement_master.empty()) p.optimizer = tier(cfg.strata.placement_master);
+Result<PlacementOption> placement_of_config(const Config& cfg) {
+  // parse_placement's message names the key; no context to add.
+  STRATA_ASSIGN_OR_RETURN(Placement where, parse_placement(cfg), "");
   for (const auto& o : placement_options()) {
-    if (o.params == p.params && o.optimizer == p.optimizer) p.name = o.name;
+    if (o.where == where) return o;
   }
-  return p;
+  return PlacementOption{"config", where};
+}
+
+Result<int> add_placement(PlanReport& report, const PlacementOption& p) {
+  for (size_t i = 0; i < report.options.size(); ++i) {
+    if (report.options[i].placement.where == p.where) return int(i);
+  }
+  STRATA_ASSIGN_OR_RETURN(PlanOption o, evaluate_placement(report.request, p),
+                          "planning the placement " + p.name);
+  report.options.push_back(std::move(o));
+  return int(report.options.size() - 1);
 }
 
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
@@ -472,7 +458,8 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
              cfg.model.n_head,
              cfg.model.vocab_size,
              cfg.model.context,
-             ""};
+             "",
+             cfg.model.tied_embeddings};
   r.micro_batch = int(cfg.train_micro_batch_size_per_gpu);
   r.seq = cfg.data.seq_len > 0 ? cfg.data.seq_len : cfg.model.context;
   r.accumulation = int(cfg.gradient_accumulation_steps);
@@ -482,6 +469,8 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
   r.undo_copies = cfg.gradient_clipping > 0 || cfg.fp16.enabled;
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
+  r.reduce_bucket_elems = cfg.zero.reduce_bucket_size;
+  r.delayed_update = cfg.strata.delayed_update;
   auto mode = parse_activation_mode(cfg.strata.activations);  // the parser checked the name
   r.activations = mode.is_ok() ? *mode : ActivationMode::kKeep;
   r.hw = hw;

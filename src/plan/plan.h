@@ -3,16 +3,16 @@
 // with the resource that bounds it, and the fastest feasible placement as a config that
 // `strata train` runs as is. docs/PLANNER.md states every term and where its number comes from.
 //
-// Memory. The arithmetic mirrors TierManager::create (src/tiers/tier_manager.cc) term for term —
-// homes rounded to 256 B on the device and 4 KiB on host/NVMe, the device working set (the
-// largest module's fetched params + its fp32 gradient), the host staging buffers (NVMe param
-// prefetch, the optimizer pipeline of 2*buffer_count+1 modules, landing and low-precision
-// staging) — plus the activations of model.h's activation_bytes(). A plan that the tier
-// manager would refuse at preflight is reported here as not fitting, with the same numbers.
-// Per parameter, strata holds params (2 B in bf16/fp16), an fp32 gradient (4 B), fp32 master
-// weights (4 B) and two moments (8 B fp32, 4 B bf16): 18 B/param with fp32 moments, where the
-// ZeRO paper counts 16 (it keeps fp16 gradients). With several GPUs, every state object is
-// sharded (ZeRO-3): each rank holds 1/world of each module.
+// Memory. The reservations are the memory model's (src/tiers/memory_model.h): module_homes()
+// of the architecture's layout under the option's Placement (ShardLayout's 4 KiB shards with
+// several GPUs, the optimizer ratio, the delayed update's second accumulator) and tier_needs()
+// over TierOptions filled from the request — the very function TierManager::create's preflight
+// checks, so a plan that the tier manager would refuse is reported here as not fitting, with the
+// same numbers. Host and NVMe needs are per node: the memory model's per-rank need times the
+// GPUs. Per parameter, strata holds params (2 B in bf16/fp16), an fp32 gradient (4 B), fp32
+// master weights (4 B) and two moments (8 B fp32, 4 B bf16): 18 B/param with fp32 moments,
+// where the ZeRO paper counts 16 (it keeps fp16 gradients). The expected peaks and the time
+// model have their own rules (docs/PLANNER.md) but take every module's size from module_homes.
 //
 // Time. A step is gradient_accumulation_steps micro-batches of forward+backward plus one
 // optimizer pass. Each term is bytes or FLOPs divided by a rate from the machine profile
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "src/model/gpt2.h"
+#include "src/tiers/placement.h"
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -44,16 +45,18 @@ namespace strata {
 struct ModelShape {
   std::string name;  // preset name or "custom"
   int layers = 12, width = 768, heads = 12, vocab = 50257, context = 1024;
-  std::string note;  // e.g. "llama shape, computed with GPT block arithmetic"
+  std::string note;             // e.g. "llama shape, computed with GPT block arithmetic"
+  bool tied_embeddings = true;  // model.tied_embeddings: false adds an output head module
 };
 
 // gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama-7b,
 // llama-13b, llama-70b. Unknown names are kNotFound listing the known ones.
 Result<ModelShape> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
-// Parameter count of strata's GPT (tied embeddings, padded vocab): model.cc's layout.
+// Parameter count of strata's GPT at this shape: its architecture's layout (0 for a shape that
+// is not a valid model).
 uint64_t model_params(const ModelShape& m);
-// strata's GPT architecture at a planner shape (tied embeddings, vocabulary padded to 64).
+// strata's GPT architecture at a planner shape (vocabulary padded to 64).
 Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m);
 // Activations of a micro-batch at a planner shape: the runner's own carve (zero for a shape that
 // is not a valid model; evaluate_placement reports that).
@@ -128,15 +131,14 @@ struct Hardware {
 
 // ---- the plan -----------------------------------------------------------------------------
 
-enum class PlanTier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
-const char* plan_tier_name(PlanTier t);
-
+// A placement the planner evaluates: the engine's Placement under a name.
 struct PlacementOption {
-  std::string name;  // "all-device", "opt-host", ...
-  PlanTier params = PlanTier::kDevice;
-  PlanTier optimizer = PlanTier::kHost;  // master + moments; grads follow (device or host)
+  std::string name;  // "all-device", "opt-host", ..., or "config" for a config's own placement
+  Placement where;
 };
-// The options the planner compares, fastest-first in intent.
+// The seven options the planner compares, fastest-first in intent: params on device, host or
+// NVMe; master and moments together on device, host or NVMe; gradients on the device with them,
+// else on the host (what zero_optimization.offload_* alone says); optimizer_ratio 1.
 std::vector<PlacementOption> placement_options();
 
 struct PlanRequest {
@@ -148,6 +150,11 @@ struct PlanRequest {
   DType moment_dtype = DType::kF32;
   int buffer_count = 4;                  // optimizer pipeline depth (offload_optimizer)
   uint64_t prefetch_bytes = 50'000'000;  // params in flight ahead (bytes)
+  // zero_optimization.reduce_bucket_size (elements): the sharded gradient bucket on the device.
+  uint64_t reduce_bucket_elems = 500'000'000;
+  // strata.optimizer.delayed_update: a second gradient accumulator per module and host shadows
+  // of the parameters.
+  bool delayed_update = false;
   // strata.optimizer.overlap: the CPU optimizer steps each module under the rest of backward
   // (its NVMe reads start with the step), instead of after it.
   bool overlap_optimizer = true;
@@ -218,8 +225,13 @@ Result<PlanReport> make_plan(const PlanRequest& request);
 // Evaluates one placement.
 Result<PlanOption> evaluate_placement(const PlanRequest& request, const PlacementOption& p);
 
-// The placement a parsed config asks for (zero_optimization.offload_* + strata.placement).
-PlacementOption placement_of_config(const Config& cfg);
+// The placement a parsed config asks for: the engine's parse_placement (zero_optimization.
+// offload_* + strata.placement, the optimizer ratio), named after the option of
+// placement_options() it equals, else "config". An unknown tier name is the engine's error.
+Result<PlacementOption> placement_of_config(const Config& cfg);
+// The index in report.options of `p`'s placement: the named option with the same Placement, else
+// `p` evaluated and appended (report.best still chooses among the named options only).
+Result<int> add_placement(PlanReport& report, const PlacementOption& p);
 // A PlanRequest from a config: model, batch, dtype, buffer counts, device memory limit.
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile);

@@ -24,14 +24,14 @@ std::string gb(double bytes) { return format_bytes(bytes); }
 std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const PlanRequest& r = rep.request;
   const std::string nvme = r.hw.nvme_paths.empty() ? "runs/swap" : r.hw.nvme_paths.front();
-  auto offload = [&](PlanTier t, bool opt) {
+  auto offload = [&](Tier t, bool opt) {
     json j;
-    j["device"] = t == PlanTier::kDevice ? "none" : t == PlanTier::kHost ? "cpu" : "nvme";
-    if (t == PlanTier::kNvme) {
+    j["device"] = t == Tier::kDevice ? "none" : t == Tier::kHost ? "cpu" : "nvme";
+    if (t == Tier::kNvme) {
       j["nvme_path"] = r.hw.nvme_paths.empty() ? json(nvme) : json(r.hw.nvme_paths);
     }
-    if (t != PlanTier::kDevice) j["pin_memory"] = true;
-    if (opt && t == PlanTier::kNvme) j["buffer_count"] = r.buffer_count;
+    if (t != Tier::kDevice) j["pin_memory"] = true;
+    if (opt && t == Tier::kNvme) j["buffer_count"] = r.buffer_count;
     return j;
   };
   json c;
@@ -45,9 +45,18 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   c["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}};
   json z;
   z["stage"] = 3;
-  z["offload_param"] = offload(o.placement.params, false);
-  z["offload_optimizer"] = offload(o.placement.optimizer, true);
+  // offload_* say params and the optimizer's tier (master); strata.placement says what differs
+  // from what they imply (parse_placement's rules), so the config asks for exactly this option.
+  const Placement& w = o.placement.where;
+  z["offload_param"] = offload(w.params, false);
+  z["offload_optimizer"] = offload(w.master, true);
+  if (w.optimizer_ratio < 1.0) z["offload_optimizer"]["ratio"] = w.optimizer_ratio;
+  if (w.moments != w.master ||
+      w.grads != (w.master == Tier::kDevice ? Tier::kDevice : Tier::kHost)) {
+    c["strata"]["placement"] = {{"moments", tier_name(w.moments)}, {"grads", tier_name(w.grads)}};
+  }
   z["stage3_prefetch_bucket_size"] = r.prefetch_bytes / dtype_size(r.dtype);
+  z["reduce_bucket_size"] = r.reduce_bucket_elems;
   c["zero_optimization"] = z;
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
@@ -57,12 +66,14 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
                 {"n_embd", r.model.width},
                 {"vocab_size", r.model.vocab},
                 {"context", r.model.context}};
+  if (!r.model.tied_embeddings) c["model"]["tied_embeddings"] = false;
   c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
   c["device"] = dev;
-  if (r.hw.host_mem > 0) c["strata"] = {{"host_memory_limit", r.hw.host_mem / uint64_t(world)}};
+  if (r.hw.host_mem > 0) c["strata"]["host_memory_limit"] = r.hw.host_mem / uint64_t(world);
+  if (r.delayed_update) c["strata"]["optimizer"]["delayed_update"] = true;
   if (r.activations != ActivationMode::kKeep) {
     c["strata"]["activations"] = activation_mode_name(r.activations);
   }
@@ -110,8 +121,12 @@ std::string plan_json(const PlanReport& rep) {
                   {"capacity", b.capacity}};
     };
     opts.push_back({{"name", o.placement.name},
-                    {"params", plan_tier_name(o.placement.params)},
-                    {"optimizer", plan_tier_name(o.placement.optimizer)},
+                    {"params", tier_name(o.placement.where.params)},
+                    {"optimizer", tier_name(o.placement.where.master)},
+                    {"master", tier_name(o.placement.where.master)},
+                    {"moments", tier_name(o.placement.where.moments)},
+                    {"grads", tier_name(o.placement.where.grads)},
+                    {"optimizer_ratio", o.placement.where.optimizer_ratio},
                     {"device", tb(o.device)},
                     {"host", tb(o.host)},
                     {"nvme", tb(o.nvme)},

@@ -42,7 +42,7 @@ size_t host_available_bytes() {
 
 }  // namespace
 
-Result<Placement> placement_from_config(const Config& cfg, const Device& device) {
+Result<Placement> parse_placement(const Config& cfg) {
   Placement p;
   const auto& zp = cfg.zero.offload_param;
   const auto& zo = cfg.zero.offload_optimizer;
@@ -71,14 +71,28 @@ Result<Placement> placement_from_config(const Config& cfg, const Device& device)
     STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, false),
                             "");
   }
-  const bool dev_opt = p.master == Tier::kDevice || p.moments == Tier::kDevice ||
-                       p.grads == Tier::kDevice || p.optimizer_ratio < 1.0;
-  if (dev_opt && !device.host_addressable()) {
+  return p;
+}
+
+bool needs_device_optimizer(const Placement& p) {
+  return p.master == Tier::kDevice || p.moments == Tier::kDevice || p.grads == Tier::kDevice ||
+         p.optimizer_ratio < 1.0;
+}
+
+Status check_placement(const Placement& p, const Device& device) {
+  if (needs_device_optimizer(p) && !device.host_addressable()) {
     return invalid_argument(
         "optimizer state or gradients on the device need the optimizer step to run on the "
         "device, which this backend cannot do yet: set zero_optimization.offload_optimizer."
         "device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1)");
   }
+  return Status::ok();
+}
+
+Result<Placement> placement_from_config(const Config& cfg, const Device& device) {
+  // parse_placement's and check_placement's messages name the keys; no context to add.
+  STRATA_ASSIGN_OR_RETURN(Placement p, parse_placement(cfg), "");
+  STRATA_RETURN_IF_ERROR(check_placement(p, device), "");
   return p;
 }
 

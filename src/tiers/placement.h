@@ -29,11 +29,25 @@ struct Placement {
   Tier moments = Tier::kHost;
   Tier grads = Tier::kHost;
   double optimizer_ratio = 1.0;
+  bool operator==(const Placement&) const = default;
 };
 
-// Resolves the placement from zero_optimization.offload_* and strata.placement, checking it
-// against the device (device-resident optimizer state needs a host-addressable device). An
-// unknown tier name is kInvalidArgument naming the key.
+// The placement a config asks for: zero_optimization.offload_param.device and
+// offload_optimizer.device (master and moments follow the optimizer's tier; gradients stay on the
+// device with it, else on the host) and offload_optimizer.ratio, then each strata.placement key
+// that is set overrides its kind. An unknown tier name is kInvalidArgument naming the key
+// (gradients take device or host only). Checks nothing about the device: the planner calls this
+// for machines it does not run on.
+Result<Placement> parse_placement(const Config& cfg);
+
+// Whether `device` can run `placement`: optimizer state or gradients on the device (or
+// optimizer_ratio < 1) need the optimizer step on the device, which only a host-addressable
+// device runs for now. kInvalidArgument saying which config keys to change, else OK.
+Status check_placement(const Placement& placement, const Device& device);
+// Whether check_placement refuses `placement` on a device that is not host-addressable.
+bool needs_device_optimizer(const Placement& placement);
+
+// parse_placement, then check_placement against `device`.
 Result<Placement> placement_from_config(const Config& cfg, const Device& device);
 
 struct TierOptions {
