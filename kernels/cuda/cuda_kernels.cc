@@ -100,118 +100,117 @@ class CudaKernels final : public Kernels {
     run("fused_attention_backward", s, [&](CudaStream& cs) {
       return cuda_fused_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, out, lse, B, T,
                                            NH, NKV, hs);
-      void attention_gqa_forward(Stream & s, DType dt, void* out, float* att, const void* qkv,
-                                 int B, int T, int NH, int KVH, int hs) override {
-        run("attention_gqa_forward", s, [&](CudaStream& cs) {
-          return cuda_attention_gqa_forward(cs.handle, dt, out, att, qkv, B, T, NH, KVH, hs);
-        });
-      }
-      void attention_gqa_backward(Stream & s, DType dt, void* dqkv, float* scratch,
-                                  const void* dout, const void* qkv, const float* att, int B, int T,
-                                  int NH, int KVH, int hs) override {
-        run("attention_gqa_backward", s, [&](CudaStream& cs) {
-          return cuda_attention_gqa_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, NH,
-                                             KVH, hs);
-        });
-      }
-      void rmsnorm_forward(Stream & s, DType dt, void* out, float* rstd, const void* inp,
-                           const void* weight, float eps, int N, int C) override {
-        run("rmsnorm_forward", s, [&](CudaStream& cs) {
-          return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C);
-        });
-      }
-      void rmsnorm_backward(Stream & s, DType dt, void* dinp, float* dweight, const void* dout,
-                            const void* inp, const void* weight, const float* rstd, int N, int C)
-          override {
-        run("rmsnorm_backward", s, [&](CudaStream& cs) {
-          return cuda_rmsnorm_backward(cs.handle, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
-        });
-      }
-      void swiglu_forward(Stream & s, DType dt, void* out, const void* inp, int N, int H) override {
-        run("swiglu_forward", s,
-            [&](CudaStream& cs) { return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H); });
-      }
-      void swiglu_backward(Stream & s, DType dt, void* dinp, const void* inp, const void* dout,
-                           int N, int H) override {
-        run("swiglu_backward", s, [&](CudaStream& cs) {
-          return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H);
-        });
-      }
-      void rope_forward(Stream & s, DType dt, void* qkv, const RopeParams& rope, int B, int T,
-                        int NH, int KVH, int hs) override {
-        run("rope_forward", s, [&](CudaStream& cs) {
-          return cuda_rope_forward(cs.handle, dt, qkv, rope, B, T, NH, KVH, hs);
-        });
-      }
-      void rope_backward(Stream & s, DType dt, void* dqkv, const RopeParams& rope, int B, int T,
-                         int NH, int KVH, int hs) override {
-        run("rope_backward", s, [&](CudaStream& cs) {
-          return cuda_rope_backward(cs.handle, dt, dqkv, rope, B, T, NH, KVH, hs);
-        });
-      }
-      void gelu_forward(Stream & s, DType dt, void* out, const void* inp, size_t n) override {
-        run("gelu_forward", s,
-            [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });
-      }
-      void gelu_backward(Stream & s, DType dt, void* dinp, const void* inp, const void* dout,
-                         size_t n) override {
-        run("gelu_backward", s,
-            [&](CudaStream& cs) { return cuda_gelu_backward(cs.handle, dt, dinp, inp, dout, n); });
-      }
-      void residual_forward(Stream & s, DType dt, void* out, const void* a, const void* b, size_t n)
-          override {
-        run("residual_forward", s,
-            [&](CudaStream& cs) { return cuda_residual_forward(cs.handle, dt, out, a, b, n); });
-      }
-      void add_inplace(Stream & s, DType dt, void* dst, const void* src, size_t n) override {
-        run("add_inplace", s,
-            [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n); });
-      }
-      void crossentropy_forward_backward(Stream & s, DType dt, float* losses, void* logits_inout,
-                                         const int32_t* targets, float dloss, int N, int V, int Vp)
-          override {
-        run("crossentropy_forward_backward", s, [&](CudaStream& cs) {
-          return cuda_crossentropy_forward_backward(cs.handle, dt, losses, logits_inout, targets,
-                                                    dloss, N, V, Vp);
-        });
-      }
-      void cast(Stream & s, void* dst, DType dst_t, const void* src, DType src_t, size_t n)
-          override {
-        run("cast", s,
-            [&](CudaStream& cs) { return cuda_cast(cs.handle, dst, dst_t, src, src_t, n); });
-      }
-      void norm_sq_and_nonfinite(Stream & s, float* acc, const float* x, size_t n) override {
-        run("norm_sq_and_nonfinite", s, [&](CudaStream& cs) {
-          return cuda_norm_sq_and_nonfinite(cs.handle, cs.scratch, acc, x, n);
-        });
-      }
-      void scale(Stream & s, float* x, float factor, size_t n) override {
-        run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
-      }
+    });
+  }
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
+                             int T, int NH, int KVH, int hs) override {
+    run("attention_gqa_forward", s, [&](CudaStream& cs) {
+      return cuda_attention_gqa_forward(cs.handle, dt, out, att, qkv, B, T, NH, KVH, hs);
+    });
+  }
+  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    run("attention_gqa_backward", s, [&](CudaStream& cs) {
+      return cuda_attention_gqa_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, NH,
+                                         KVH, hs);
+    });
+  }
+  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                       const void* weight, float eps, int N, int C) override {
+    run("rmsnorm_forward", s, [&](CudaStream& cs) {
+      return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C);
+    });
+  }
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N,
+                        int C) override {
+    run("rmsnorm_backward", s, [&](CudaStream& cs) {
+      return cuda_rmsnorm_backward(cs.handle, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+    });
+  }
+  void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
+    run("swiglu_forward", s,
+        [&](CudaStream& cs) { return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H); });
+  }
+  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
+                       int H) override {
+    run("swiglu_backward", s,
+        [&](CudaStream& cs) { return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H); });
+  }
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
+                    int KVH, int hs) override {
+    run("rope_forward", s, [&](CudaStream& cs) {
+      return cuda_rope_forward(cs.handle, dt, qkv, rope, B, T, NH, KVH, hs);
+    });
+  }
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
+                     int KVH, int hs) override {
+    run("rope_backward", s, [&](CudaStream& cs) {
+      return cuda_rope_backward(cs.handle, dt, dqkv, rope, B, T, NH, KVH, hs);
+    });
+  }
+  void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
+    run("gelu_forward", s,
+        [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });
+  }
+  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                     size_t n) override {
+    run("gelu_backward", s,
+        [&](CudaStream& cs) { return cuda_gelu_backward(cs.handle, dt, dinp, inp, dout, n); });
+  }
+  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
+                        size_t n) override {
+    run("residual_forward", s,
+        [&](CudaStream& cs) { return cuda_residual_forward(cs.handle, dt, out, a, b, n); });
+  }
+  void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
+    run("add_inplace", s,
+        [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n); });
+  }
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
+                                     const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) override {
+    run("crossentropy_forward_backward", s, [&](CudaStream& cs) {
+      return cuda_crossentropy_forward_backward(cs.handle, dt, losses, logits_inout, targets, dloss,
+                                                N, V, Vp);
+    });
+  }
+  void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    run("cast", s, [&](CudaStream& cs) { return cuda_cast(cs.handle, dst, dst_t, src, src_t, n); });
+  }
+  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+    run("norm_sq_and_nonfinite", s, [&](CudaStream& cs) {
+      return cuda_norm_sq_and_nonfinite(cs.handle, cs.scratch, acc, x, n);
+    });
+  }
+  void scale(Stream& s, float* x, float factor, size_t n) override {
+    run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
+  }
 
-     private:
-      CudaBlas blas(const CudaStream& cs) const {
-        return {handle_, cs.blas_workspace, cs.blas_workspace_bytes};
-      }
+ private:
+  CudaBlas blas(const CudaStream& cs) const {
+    return {handle_, cs.blas_workspace, cs.blas_workspace_bytes};
+  }
 
-      template <typename F>
-      void run(const char* op, Stream& s, F&& launch) {
-        CudaStream& cs = cuda_stream(s);
-        Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
-        if (st.is_ok()) st = launch(cs);
-        if (!st.is_ok()) errors_->note(st.with_context(op));
-      }
+  template <typename F>
+  void run(const char* op, Stream& s, F&& launch) {
+    CudaStream& cs = cuda_stream(s);
+    Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
+    if (st.is_ok()) st = launch(cs);
+    if (!st.is_ok()) errors_->note(st.with_context(op));
+  }
 
-      const int ordinal_;
-      const cublasLtHandle_t handle_;
-      CudaErrorSink* const errors_;
+  const int ordinal_;
+  const cublasLtHandle_t handle_;
+  CudaErrorSink* const errors_;
 };
 
-  }  // namespace
+}  // namespace
 
-  std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
-                                               CudaErrorSink* errors) {
-    return std::make_unique<CudaKernels>(ordinal, handle, errors);
-  }
+std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
+                                             CudaErrorSink* errors) {
+  return std::make_unique<CudaKernels>(ordinal, handle, errors);
+}
 
 }  // namespace strata
