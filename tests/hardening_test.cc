@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -196,18 +197,29 @@ TEST(StopSignals, LaunchersSequenceIsOneRequest) {
 }
 
 TEST(StopSignals, ResumeAfterCtrlZIsNotAStop) {
+  // The child blocks until the parent's Ctrl-Z + fg sequence is over (a pipe, not a timer: on a
+  // loaded machine a timed wait could end before the parent's signals arrive).
+  int done[2];
+  ASSERT_EQ(::pipe(done), 0);
   const int st = run_child(
-      [](std::atomic<int>* f) {
-        wait_for_stop(f, 1.0);
+      [done](std::atomic<int>* f) {
+        char c = 0;
+        while (::read(done[0], &c, 1) < 0 && errno == EINTR) {
+        }
+        wait_for_stop(f, 0.2);
         return f->load() == 0 ? 7 : f->load();
       },
-      [](pid_t pid) {
+      [done](pid_t pid) {
         ::kill(pid, SIGTSTP);  // mpirun forwards Ctrl-Z
         int s = 0;
         ::waitpid(pid, &s, WUNTRACED);
         EXPECT_TRUE(WIFSTOPPED(s));
         ::kill(pid, SIGCONT);  // fg
+        char c = 1;
+        EXPECT_EQ(::write(done[1], &c, 1), 1);
       });
+  ::close(done[0]);
+  ::close(done[1]);
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 7);
 }
