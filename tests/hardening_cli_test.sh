@@ -75,17 +75,51 @@ for _ in $(seq 1 900); do
 done
 kill -INT "$pid"
 wait "$pid"
-check "Ctrl-C under mpirun: the ranks stopped and saved" grep -q "stopped at step" mpi.txt
-check "Ctrl-C under mpirun: latest written" test -f ck/latest
-latest=$(cat ck/latest 2>/dev/null)
-check "Ctrl-C under mpirun: both shard files" \
-  test -f "ck/$latest.rank0-of-2" -a -f "ck/$latest.rank1-of-2"
-check "Ctrl-C under mpirun: swap files removed" test -z "$(ls swap)"
+# Open MPI gives the ranks 2 s from its SIGCONT to SIGKILL: the step under way and the save must
+# fit. On a machine so loaded that a step alone takes over 1 s, a run killed without saving is
+# reported as a skip with the measured step time, not a failure (the case below covers Ctrl-C
+# there, with the longer timeout rank 0 advises).
+slowest=$(sed -n 's/.*| step \([0-9]*\) ms.*/\1/p' mpi.txt | sort -n | tail -1)
+if ! grep -q "stopped at step" mpi.txt && [ "${slowest:-0}" -gt 1000 ]; then
+  echo "skipped: Ctrl-C under mpirun with the default kill timeout: steps take up to" \
+    "${slowest} ms here (a loaded machine), too slow for a step and a save within Open MPI's 2 s"
+else
+  check "Ctrl-C under mpirun: the ranks stopped and saved" grep -q "stopped at step" mpi.txt
+  check "Ctrl-C under mpirun: latest written" test -f ck/latest
+  latest=$(cat ck/latest 2>/dev/null)
+  check "Ctrl-C under mpirun: both shard files" \
+    test -f "ck/$latest.rank0-of-2" -a -f "ck/$latest.rank1-of-2"
+  check "Ctrl-C under mpirun: swap files removed" test -z "$(ls swap)"
+  step=$(sed -n 's/.*stopped at step \([0-9]*\).*/\1/p' mpi.txt | head -1)
+  "${mpi[@]}" "$strata" train "${mpicommon[@]}" --set train.steps=$((step + 2)) --resume \
+    >mpires.txt 2>&1
+  rc=$?
+  check "mpirun --resume continues after Ctrl-C" test "$rc" -eq 0
+  check "mpirun --resume starts at the saved step" grep -q "at step $step" mpires.txt
+fi
 check "Ctrl-C under mpirun: the launch advice is logged" grep -q "odls_base_sigkill_timeout" mpi.txt
-step=$(sed -n 's/.*stopped at step \([0-9]*\).*/\1/p' mpi.txt | head -1)
-"${mpi[@]}" "$strata" train "${mpicommon[@]}" --set train.steps=$((step + 2)) --resume \
-  >mpires.txt 2>&1
-rc=$?
-check "mpirun --resume continues after Ctrl-C" test "$rc" -eq 0
-check "mpirun --resume starts at the saved step" grep -q "at step $step" mpires.txt
+
+# Ctrl-C in a terminal: SIGINT to mpirun's whole process group (the second form), here
+# mpirun leading a group of its own (setsid), with its own checkpoint directory. With the kill
+# timeout rank 0 advises for slow steps (60 s), so that this case does not depend on how loaded
+# the machine is (the case above, with the default 1 s, needs a step + save within 2 s).
+mkdir -p swapg
+pgcommon=("${mpicommon[@]}" --set 'train.checkpoint_dir="ckg"'
+          --set 'zero_optimization.offload_optimizer.nvme_path="swapg"')
+setsid "${mpi[@]}" --mca odls_base_sigkill_timeout 60 "$strata" train "${pgcommon[@]}" \
+  >mpig.txt 2>&1 &
+pid=$!
+for _ in $(seq 1 900); do
+  grep -q "^step *3/" mpig.txt 2>/dev/null && break
+  sleep 0.1
+done
+pgid=$(ps -o pgid= -p "$pid" | tr -d ' ')
+check "Ctrl-C to the process group: mpirun leads its own group" test "$pgid" = "$pid"
+if [ "$pgid" = "$pid" ]; then kill -INT -- "-$pgid"; else kill -INT "$pid"; fi
+wait "$pid"
+check "Ctrl-C to the process group: the ranks stopped and saved" grep -q "stopped at step" mpig.txt
+latest=$(cat ckg/latest 2>/dev/null)
+check "Ctrl-C to the process group: both shard files" \
+  test -n "$latest" -a -f "ckg/$latest.rank0-of-2" -a -f "ckg/$latest.rank1-of-2"
+check "Ctrl-C to the process group: swap files removed" test -z "$(ls swapg)"
 exit $fail

@@ -25,6 +25,7 @@
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"
+#include "src/train/resume_check.h"
 #include "src/train/stop_signals.h"
 #include "src/train/trainer.h"
 #include "strata/checksum.h"
@@ -587,6 +588,126 @@ TEST_F(Hardening, DeepCheckpointMetadataIsCorruptNotACrash) {
   ASSERT_FALSE(m.is_ok());
   EXPECT_EQ(m.status().code(), StatusCode::kCorrupt) << m.status().to_string();
   fs::remove_all(dir);
+}
+
+// A two-rank checkpoint (manifest + one shard file per rank) written by hand, then each way its
+// files can disagree with each other or with the manifest: check_resume must refuse every one,
+// naming the file. (MetaEdits above covers whole-model files; the crash test resumes only
+// consistent two-rank saves.)
+class ShardedMeta : public Hardening {
+ protected:
+  void SetUp() override {
+    Hardening::SetUp();
+    dir_ = temp_dir("sharded");
+    mine_.model_shape = "L=1 NH=1 C=4 V=8 Vp=8 T=4 tied=1";
+    mine_.moment_dtype = "fp32";
+    mine_.seed = 42;
+    mine_.modules = {{"embedding", 6}, {"final_norm", 3}};
+    manifest_ = dir_ + "/ckpt-00000004.bin";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Rank r's metadata of a consistent save: module i split [0, n/2) and [n/2, n).
+  CheckpointMeta shard(int r) const {
+    CheckpointMeta m = mine_;
+    m.step = 4;
+    m.opt_steps = 4;
+    m.run_id = "run-a";
+    m.world_size = 2;
+    m.rank = r;
+    for (CheckpointModule& mod : m.modules) {
+      const size_t half = mod.numel / 2;
+      mod.offset = r == 0 ? 0 : half;
+      mod.numel = r == 0 ? half : mod.numel - half;
+    }
+    return m;
+  }
+  // Writes the manifest (step `manifest_step`) and shard files r0, r1 (which may be edited).
+  void write(const CheckpointMeta& r0, const CheckpointMeta& r1, int64_t manifest_step = 4) {
+    for (const CheckpointMeta* m : {&r0, &r1}) {
+      std::vector<CheckpointBuffers> bufs;
+      store_.clear();
+      store_.reserve(m->modules.size());
+      for (const CheckpointModule& mod : m->modules) {
+        store_.emplace_back(mod.numel + 1, 0.5f);
+        bufs.push_back({store_.back().data(), store_.back().data(), store_.back().data(), 4});
+      }
+      const int rank = m == &r0 ? 0 : 1;
+      ASSERT_TRUE(write_checkpoint(shard_file_path(manifest_, rank, 2), *m, bufs).is_ok());
+    }
+    ASSERT_TRUE(write_shard_manifest(manifest_, manifest_step, 2, "run-a").is_ok());
+  }
+  void expect_refused(const std::vector<std::string>& words) {
+    auto r = check_resume(manifest_, mine_, 100);
+    ASSERT_FALSE(r.is_ok()) << "a disagreeing sharded checkpoint was accepted";
+    for (const auto& w : words) {
+      EXPECT_TRUE(contains(r.status().message(), w))
+          << "'" << w << "' not in " << r.status().message();
+    }
+  }
+  std::string dir_, manifest_;
+  CheckpointMeta mine_;
+  std::vector<std::vector<float>> store_;
+};
+
+TEST_F(ShardedMeta, ConsistentSaveIsAccepted) {
+  write(shard(0), shard(1));
+  auto r = check_resume(manifest_, mine_, 100);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_FALSE(r->whole);
+  ASSERT_EQ(r->files.size(), 2u);
+  EXPECT_EQ(r->meta.step, 4);
+}
+
+TEST_F(ShardedMeta, ShardFilesInTheWrongRankOrder) {
+  write(shard(1), shard(0));  // rank 1's file where rank 0's belongs
+  expect_refused({".rank0-of-2", "says rank 1 of 2", "lists it as rank 0 of 2"});
+}
+
+TEST_F(ShardedMeta, ShardFileOfAnotherWorldSize) {
+  CheckpointMeta r1 = shard(1);
+  r1.world_size = 3;
+  write(shard(0), r1);
+  expect_refused({".rank1-of-2", "says rank 1 of 3"});
+}
+
+TEST_F(ShardedMeta, ShardFilesFromDifferentSaves) {
+  CheckpointMeta later = shard(1);
+  later.step = 8;
+  later.opt_steps = 8;
+  write(shard(0), later);
+  expect_refused({".rank1-of-2", "step 8", "different saves"});
+  CheckpointMeta other_run = shard(1);
+  other_run.run_id = "run-b";
+  write(shard(0), other_run);
+  expect_refused({"run run-b", "different saves"});
+}
+
+TEST_F(ShardedMeta, ManifestStepDisagreesWithItsShards) {
+  write(shard(0), shard(1), /*manifest_step=*/6);
+  expect_refused({manifest_, "the manifest says step 6", "shard files step 4"});
+}
+
+TEST_F(ShardedMeta, RangesCoveredTwiceOrNotAtAll) {
+  CheckpointMeta twice = shard(1);
+  twice.modules[0].offset = 2;  // [2, 5): overlaps rank 0's [0, 3), leaves [5, 6) uncovered
+  write(shard(0), twice);
+  expect_refused({"'embedding'", "covered twice"});
+  CheckpointMeta gap = shard(1);
+  gap.modules[1].numel = 1;  // [1, 2) of final_norm's 3: [2, 3) uncovered
+  write(shard(0), gap);
+  expect_refused({"'final_norm'", "[2, 3) are not covered"});
+  CheckpointMeta outside = shard(1);
+  outside.modules[1].offset = 2;  // [2, 4) of 3 elements
+  write(shard(0), outside);
+  expect_refused({"'final_norm'", "lie outside its 3 elements"});
+}
+
+TEST_F(ShardedMeta, AShardFileGivenAsTheCheckpoint) {
+  write(shard(0), shard(1));
+  auto r = check_resume(shard_file_path(manifest_, 1, 2), mine_, 100);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "a shard file (rank 1 of 2) given as a checkpoint"))
+      << r.status().message();
 }
 
 // ---- weak points: damaged newest, missing latest, stale temporaries

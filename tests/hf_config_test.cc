@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "src/model/architecture.h"
 #include "tests/test_util.h"
@@ -89,6 +90,64 @@ TEST(HfConfig, RefusalsNameTheKeyAndTheFix) {
              128),
          "model.context", "max_position_embeddings 64");
   expect(model_config_from_hf("/nonexistent", 0), "/nonexistent/config.json", "from_pretrained");
+}
+
+// Values of the wrong type or range (found by tests/fuzz/fuzz_hf_config and by reading the
+// reader while writing it): each threw an uncaught nlohmann::type_error (abort), overflowed an
+// int (UBSan), or was accepted wrapped; now each is an error naming the file and the key.
+TEST(HfConfig, MalformedValuesAreErrorsNamingTheKey) {
+  const std::string base = R"("architectures":["LlamaForCausalLM"],"hidden_size":64,
+      "num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":96,"vocab_size":300,
+      "max_position_embeddings":128)";
+  struct Case {
+    std::string name, extra, key, why;
+  };
+  const std::vector<Case> cases = {
+      {"rope_not_object", R"("rope_scaling":5)", "rope_scaling", "not an object"},
+      {"rope_type_number", R"("rope_scaling":{"rope_type":3})", "rope_scaling.rope_type",
+       "not a string"},
+      {"rope_factor_string", R"("rope_scaling":{"rope_type":"llama3","factor":"8"})",
+       "rope_scaling.factor", "not a number"},
+      {"rope_factor_zero", R"("rope_scaling":{"type":"llama3","factor":0})", "rope_scaling.factor",
+       "not positive"},
+      {"dtype_number", R"("torch_dtype":16)", "torch_dtype", "not a string"},
+      {"eps_zero", R"("rms_norm_eps":0)", "rms_norm_eps", "not positive"},
+      {"theta_negative", R"("rope_theta":-1.0)", "rope_theta", "not positive"},
+      {"size_negative", R"("hidden_size":-64)", "hidden_size", "1 to 2147483647"},
+      {"size_zero", R"("num_attention_heads":0)", "num_attention_heads", "1 to 2147483647"},
+      {"size_wraps", R"("hidden_size":4294967360)", "hidden_size", "4294967360"},
+      {"vocab_max", R"("vocab_size":2147483647)", "vocab_size", "too large to pad"},
+  };
+  for (const Case& k : cases) {
+    // A later duplicate key replaces the earlier one (nlohmann keeps the last).
+    auto r = model_config_from_hf(dir_with(k.name, "{" + base + "," + k.extra + "}"), 0);
+    ASSERT_FALSE(r.is_ok()) << k.name << " was accepted";
+    const std::string msg = r.status().to_string();
+    EXPECT_NE(msg.find("config.json: " + k.key + ": "), std::string::npos) << k.name << ": " << msg;
+    EXPECT_NE(msg.find(k.why), std::string::npos) << k.name << ": " << msg;
+  }
+  // Qwen2's use_sliding_window must be true/false.
+  auto q = model_config_from_hf(
+      dir_with("qwen_sliding", "{" + base + R"(,"architectures":["Qwen2ForCausalLM"],
+               "use_sliding_window":"yes"})"),
+      0);
+  ASSERT_FALSE(q.is_ok());
+  EXPECT_NE(q.status().to_string().find("use_sliding_window"), std::string::npos);
+  // A sliding window beyond int still compares as the number it is (no wrap to a short window).
+  EXPECT_TRUE(model_config_from_hf(
+                  dir_with("mistral_wide", "{" + base + R"(,"architectures":["MistralForCausalLM"],
+               "sliding_window":4294967296})"),
+                  0)
+                  .is_ok());
+  // 100,000 nested arrays: refused by the depth check, naming the file.
+  auto d =
+      model_config_from_hf(dir_with("deep", "{" + base + R"(,"x":)" + std::string(100000, '[') +
+                                                std::string(100000, ']') + "}"),
+                           0);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().to_string().find("config.json: JSON nested deeper than 64 levels"),
+            std::string::npos)
+      << d.status().to_string();
 }
 
 }  // namespace

@@ -114,5 +114,47 @@ TEST(Safetensors, EveryMalformedFileIsRefusedWithTensorFileAndOffset) {
   EXPECT_NE(f.status().to_string().find("/nonexistent/model.safetensors"), std::string::npos);
 }
 
+// Headers whose numbers wrap or hide a fault (found by tests/fuzz/fuzz_safetensors and by
+// reading the reader while writing it): each was accepted before and is refused now.
+TEST(Safetensors, WrappingSizesHiddenOverlapsAndDeepHeadersAreRefused) {
+  // [2^63] F16 elements: 2^64 bytes, which wrapped to 0 and matched data_offsets [0, 0]
+  // (seed tests/fuzz/corpus/safetensors/near-huge-shape).
+  expect_refused(
+      write_st("wrap",
+               R"({"w":{"dtype":"F16","shape":[9223372036854775808],"data_offsets":[0,0]}})", {}),
+      {"\"w\"", "more elements than a file can hold"});
+  // [2^32, 2^32] F32: the element count wraps to 0.
+  expect_refused(write_st("wrap2",
+                          R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],)"
+                          R"("data_offsets":[0,0]}})",
+                          {}),
+                 {"\"w\"", "more elements than a file can hold"});
+  // [2^62] F32: 2^62 elements fit, 2^64 bytes do not.
+  expect_refused(
+      write_st("wrap3",
+               R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", {}),
+      {"\"w\"", "needs more bytes than a file can hold"});
+  // x [0,16) and y [8,16) overlap; an empty tensor e at offset 4 sorted between them hid it.
+  expect_refused(write_st("overlap_empty",
+                          R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                          R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                          R"("y":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                          f32_bytes({1, 2, 3, 4})),
+                 {"\"x\"", "\"y\"", "overlap"});
+  // 100,000 nested arrays in the header: refused by the depth check before the parser runs.
+  expect_refused(
+      write_st("deep", "{\"w\":" + std::string(100000, '[') + std::string(100000, ']') + "}", {}),
+      {"offset 8", "nested deeper than 64 levels"});
+  // Empty tensors anywhere, and a tensor right after one, are fine.
+  auto ok =
+      SafetensorsFile::open(write_st("empty_ok",
+                                     R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                     R"("e":{"dtype":"BF16","shape":[0,3],"data_offsets":[8,8]},)"
+                                     R"("y":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                     f32_bytes({1, 2, 3, 4})));
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)->tensors().size(), 3u);
+}
+
 }  // namespace
 }  // namespace strata

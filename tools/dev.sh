@@ -7,18 +7,22 @@
 #                                              then a short fuzz of every parser (clang)
 #   tools/dev.sh fuzz [SECONDS]                libFuzzer+ASan+UBSan (clang) targets of the parsers
 #                                              in build-fuzz, each run SECONDS (default 60)
-#   tools/dev.sh sanitize                      tier, overlap, storage, I/O worker and ZeRO-3 tests
+#   tools/dev.sh sanitize [asan|tsan]          tier, overlap, storage, I/O worker and ZeRO-3 tests
 #                                              under ASan+UBSan (build-asan) and TSan (build-tsan)
 #   tools/dev.sh deps | build                  just that step
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
 # JOBS (parallel build jobs, default: all cores), STRATA_SKIP_FUZZ=1 (test without the fuzz
 # step). Under CI (CI=true) CUDA is built for one architecture (sm_90) to keep the build short.
+# Every step fails loudly: a configure or build that fails prints its output, names the step and
+# makes the script exit non-zero; a test step that finds no tests is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+# Every libFuzzer target in tests/fuzz (fuzz_<name>); `fuzz` and `test` build and run all of them.
+FUZZ_TARGETS=(config checkpoint tokens profile safetensors hf_config)
 PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       libeigen3-dev libtbb-dev nlohmann-json3-dev libfmt-dev libisal-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev
@@ -43,60 +47,97 @@ deps() {
   fi
 }
 
+# configure DIR [cmake args]: cmake -S . -B DIR; on failure its output, the step, and return 1.
+configure() {
+  local dir=$1 out
+  shift
+  echo "== configuring $dir"
+  if ! out=$(cmake -S . -B "$dir" "$@" 2>&1); then
+    printf '%s\n' "$out"
+    echo "== FAILED: configuring $dir (cmake $*)"
+    return 1
+  fi
+}
+# build_targets DIR [targets]: on failure names the step and returns 1.
+build_targets() {
+  local dir=$1
+  shift
+  local t=()
+  (($#)) && t=(--target "$@")
+  cmake --build "$dir" -j "$JOBS" "${t[@]}" || { echo "== FAILED: building $dir $*"; return 1; }
+}
+
 build() {
-  local args=(-DCMAKE_BUILD_TYPE=Release)
+  local args=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
     [ "${CI:-}" = "true" ] && args+=(-DSTRATA_CUDA_ARCHITECTURES=90)
   fi
   # shellcheck disable=SC2206
   args+=(${STRATA_CMAKE_ARGS:-})
-  echo "== configuring ($BUILD_DIR)"
-  cmake -S . -B "$BUILD_DIR" -G Ninja "${args[@]}" >/dev/null
+  configure "$BUILD_DIR" "${args[@]}" || return 1
   echo "== building with $JOBS jobs"
-  cmake --build "$BUILD_DIR" -j "$JOBS"
+  build_targets "$BUILD_DIR" || return 1
 }
 
 # The fuzz targets only (tests/fuzz): clang, no CUDA, in build-fuzz. ccache when present.
 fuzz_build() {
-  local args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
-              -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_FUZZ=ON
-              "-DSTRATA_FUZZ_SECONDS=$1")
+  local args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang
+              -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF
+              -DSTRATA_FUZZ=ON "-DSTRATA_FUZZ_SECONDS=$1")
   command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  echo "== configuring build-fuzz (clang, libFuzzer, ASan, UBSan)"
-  cmake -S . -B build-fuzz -G Ninja "${args[@]}" >/dev/null
-  cmake --build build-fuzz -j "$JOBS" --target fuzz_config fuzz_checkpoint fuzz_tokens fuzz_profile
+  echo "== fuzz targets (clang, libFuzzer, ASan, UBSan): ${FUZZ_TARGETS[*]}"
+  configure build-fuzz "${args[@]}" || return 1
+  build_targets build-fuzz "${FUZZ_TARGETS[@]/#/fuzz_}" || return 1
 }
 fuzz_run() {
   echo "== fuzzing each parser for $1 s (new inputs: build-fuzz/tests/fuzz/corpus_*, crashes:"
   echo "   build-fuzz/tests/fuzz/crash-*)"
-  (cd build-fuzz && ctest -R '^fuzz_' --output-on-failure)
+  # Exactly the targets above, each once: a target missing from tests/fuzz/CMakeLists.txt (or a
+  # build-fuzz configured without STRATA_FUZZ) must not pass as "no tests ran".
+  local re listed
+  re="^fuzz_($(IFS='|'; echo "${FUZZ_TARGETS[*]}"))\$"
+  listed=$(cd build-fuzz && ctest -N -R "$re" | sed -n 's/^Total Tests: //p')
+  if [ "$listed" != "${#FUZZ_TARGETS[@]}" ]; then
+    echo "== FAILED: build-fuzz has ${listed:-no} of the ${#FUZZ_TARGETS[@]} fuzz tests (${FUZZ_TARGETS[*]})"
+    return 1
+  fi
+  (cd build-fuzz && ctest -R "$re" --no-tests=error --output-on-failure -j "$JOBS") ||
+    { echo "== FAILED: a fuzz target found a crash or did not run (see above)"; return 1; }
 }
 
 # Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA) of the concurrent code's tests.
+# `sanitize [asan|tsan]`: one of them, or both.
 sanitize() {
   local targets=(tier_test overlap_test storage_test io_worker_test zero3_test)
-  local fail=0 kind flags
-  for kind in asan tsan; do
+  local fail=0 kind flags kinds=("$@")
+  ((${#kinds[@]})) || kinds=(asan tsan)
+  for kind in "${kinds[@]}"; do
     case $kind in
       asan) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" ;;
       tsan) flags="-fsanitize=thread" ;;
+      *) echo "sanitize: '$kind' is not asan or tsan"; return 2 ;;
     esac
-    local args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_WITH_CUDA=OFF
+    local args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_WITH_CUDA=OFF
                 -DSTRATA_BUILD_BENCHMARKS=OFF "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_C_FLAGS=$flags"
                 "-DCMAKE_EXE_LINKER_FLAGS=$flags")
     command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-    echo "== configuring build-$kind ($flags)"
-    cmake -S . -B "build-$kind" -G Ninja "${args[@]}" >/dev/null
-    cmake --build "build-$kind" -j "$JOBS" --target "${targets[@]}"
+    echo "== $kind: $flags"
+    configure "build-$kind" "${args[@]}" || return 1
+    build_targets "build-$kind" "${targets[@]}" || return 1
     for t in "${targets[@]}"; do
       echo "== $kind: $t"
       # Open MPI's own shared-memory transport is not instrumented: suppressed (tools/tsan.supp).
-      ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp:halt_on_error=0:exitcode=66" \
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        "build-$kind/tests/$t" || fail=1
+      if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+           TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp:halt_on_error=0:exitcode=66" \
+           OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+           "build-$kind/tests/$t"; then
+        echo "== $kind: $t clean"
+      else
+        echo "== FAILED: $kind: $t (exit $?)"
+        fail=1
+      fi
     done
   done
   return $fail
@@ -125,29 +166,33 @@ case "$cmd" in
     deps; build
     # The conventional build must configure too: CMake's default generator (Makefiles), no
     # -G Ninja (configure only; the build above is the one the tests run).
-    echo "== configuring with CMake's default generator ($BUILD_DIR-default-generator)"
     gen_args=(-DCMAKE_BUILD_TYPE=Release)
     [ -x /usr/local/cuda/bin/nvcc ] && gen_args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
     rm -rf "$BUILD_DIR-default-generator"
-    cmake -S . -B "$BUILD_DIR-default-generator" "${gen_args[@]}" >"$BUILD_DIR-default-generator.log" 2>&1 ||
-      { cat "$BUILD_DIR-default-generator.log"; echo "configure with the default generator failed"; exit 1; }
-    rm -rf "$BUILD_DIR-default-generator" "$BUILD_DIR-default-generator.log"
+    configure "$BUILD_DIR-default-generator" "${gen_args[@]}"
+    rm -rf "$BUILD_DIR-default-generator"
     echo "== running tests"
     rc=0
-    (cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS" --timeout 1200) || rc=1
-    if [ "${STRATA_SKIP_FUZZ:-}" != "1" ] && command -v clang++ >/dev/null; then
-      fuzz_build 10 && fuzz_run 10 || rc=1
+    (cd "$BUILD_DIR" && ctest --no-tests=error --output-on-failure -j "$JOBS" --timeout 1200) ||
+      { echo "== FAILED: ctest in $BUILD_DIR"; rc=1; }
+    if [ "${STRATA_SKIP_FUZZ:-}" = "1" ]; then
+      echo "== fuzz step skipped (STRATA_SKIP_FUZZ=1)"
+    elif ! command -v clang++ >/dev/null; then
+      # deps installs clang; without it the fuzz step cannot run, which is a failure, not a skip.
+      echo "== FAILED: no clang++ for the fuzz step (install clang libclang-rt-dev, or STRATA_SKIP_FUZZ=1)"
+      rc=1
     else
-      echo "== fuzz step skipped (STRATA_SKIP_FUZZ=1 or no clang++)"
+      { fuzz_build 10 && fuzz_run 10; } || rc=1
     fi
+    ((rc == 0)) && echo "== all steps passed" || echo "== FAILED: see the FAILED lines above"
     exit $rc
     ;;
   fuzz)
     deps; fuzz_build "${1:-60}"; fuzz_run "${1:-60}" ;;
   sanitize)
-    deps; sanitize ;;
+    deps; sanitize "$@" ;;
   *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -2,10 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "src/base/json_depth.h"
 
 namespace strata {
 namespace {
@@ -23,29 +27,59 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  json c = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  const std::string text = ss.str();
+  // Bounded nesting first: walking or destroying a deeply nested value recurses.
+  if (Status d = check_json_depth(text); !d.is_ok()) return corrupt(path + ": " + d.message());
+  json c = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (c.is_discarded() || !c.is_object()) return corrupt(path + ": not a JSON object");
   auto bad = [&](const std::string& key, const std::string& why) {
     return invalid_argument(fmt::format("{}: {}: {}", path, key, why));
   };
   // Typed getters: a present key of the wrong type is an error; an absent one takes `dflt`.
+  // Every integer read is a size or a count: 1 .. 2^31-1 (a larger one must not wrap into int).
   auto get_int = [&](const char* key, int dflt, int* out) -> Status {
     if (!c.contains(key) || c[key].is_null()) {
       if (dflt < 0) return bad(key, "missing");
       *out = dflt;
       return Status::ok();
     }
-    if (!c[key].is_number_integer()) return bad(key, "not an integer");
-    *out = c[key].get<int>();
+    const json& v = c[key];
+    if (!v.is_number_integer()) return bad(key, "not an integer");
+    // (nlohmann parses a non-negative literal as unsigned, a negative one as signed.)
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= uint64_t(INT_MAX)
+                              : v.get<int64_t>() >= 1 && v.get<int64_t>() <= INT_MAX;
+    if (!in_range) {
+      return bad(key, fmt::format("{} is not a size strata takes (1 to {})", v.dump(), INT_MAX));
+    }
+    *out = v.get<int>();
     return Status::ok();
   };
-  auto get_real = [&](const char* key, double dflt, double* out) -> Status {
-    if (!c.contains(key) || c[key].is_null()) {
+  // Epsilons, rope bases and factors: positive.
+  auto real_in = [&](const json& obj, const std::string& where, const char* key, double dflt,
+                     double* out) -> Status {
+    if (!obj.contains(key) || obj[key].is_null()) {
       *out = dflt;
       return Status::ok();
     }
-    if (!c[key].is_number()) return bad(key, "not a number");
-    *out = c[key].get<double>();
+    if (!obj[key].is_number()) return bad(where + key, "not a number");
+    *out = obj[key].get<double>();
+    if (!(*out > 0)) return bad(where + key, fmt::format("{} is not positive", obj[key].dump()));
+    return Status::ok();
+  };
+  auto get_real = [&](const char* key, double dflt, double* out) -> Status {
+    return real_in(c, "", key, dflt, out);
+  };
+  auto get_string = [&](const json& obj, const std::string& where, const char* key,
+                        const std::string& dflt, std::string* out) -> Status {
+    if (!obj.contains(key) || obj[key].is_null()) {
+      *out = dflt;
+      return Status::ok();
+    }
+    if (!obj[key].is_string()) {
+      return bad(where + key, fmt::format("{} is not a string", obj[key].dump()));
+    }
+    *out = obj[key].get<std::string>();
     return Status::ok();
   };
   auto get_bool = [&](const char* key, bool dflt, bool* out) -> Status {
@@ -111,14 +145,23 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     }
     if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
       const json& r = c["rope_scaling"];
-      std::string type = r.value("rope_type", r.value("type", std::string("default")));
+      if (!r.is_object()) {
+        return bad("rope_scaling", fmt::format("{} is not an object", r.dump()));
+      }
+      std::string type;
+      STRATA_RETURN_IF_ERROR(get_string(r, "rope_scaling.", "type", "default", &type), "");
+      STRATA_RETURN_IF_ERROR(get_string(r, "rope_scaling.", "rope_type", type, &type), "");
       if (type == "llama3") {
         m.rope_scaling.type = "llama3";
-        m.rope_scaling.factor = r.value("factor", 8.0);
-        m.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
-        m.rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
-        m.rope_scaling.original_max_position_embeddings =
-            r.value("original_max_position_embeddings", 8192.0);
+        auto& rs = m.rope_scaling;
+        STRATA_RETURN_IF_ERROR(real_in(r, "rope_scaling.", "factor", 8.0, &rs.factor), "");
+        STRATA_RETURN_IF_ERROR(
+            real_in(r, "rope_scaling.", "low_freq_factor", 1.0, &rs.low_freq_factor), "");
+        STRATA_RETURN_IF_ERROR(
+            real_in(r, "rope_scaling.", "high_freq_factor", 4.0, &rs.high_freq_factor), "");
+        STRATA_RETURN_IF_ERROR(real_in(r, "rope_scaling.", "original_max_position_embeddings",
+                                       8192.0, &rs.original_max_position_embeddings),
+                               "");
       } else if (type != "default") {
         return bad("rope_scaling",
                    fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
@@ -137,17 +180,21 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   }
   m.context = context > 0 ? context : max_pos;
   // Sliding-window attention would need a banded mask strata does not have.
-  const bool sliding = arch == "MistralForCausalLM" ||
-                       (arch == "Qwen2ForCausalLM" && c.value("use_sliding_window", false));
-  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
-      c["sliding_window"].get<int>() < m.context) {
-    return bad(
-        "sliding_window",
-        fmt::format("{} is shorter than the context {}: strata's attention is full "
-                    "causal; set model.context <= {} to train this model exactly",
-                    c["sliding_window"].get<int>(), m.context, c["sliding_window"].get<int>()));
+  bool use_sliding_window = false;
+  if (arch == "Qwen2ForCausalLM") {
+    STRATA_RETURN_IF_ERROR(get_bool("use_sliding_window", false, &use_sliding_window), "");
   }
-  const std::string dt = c.value("torch_dtype", std::string("float32"));
+  const bool sliding = arch == "MistralForCausalLM" || use_sliding_window;
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
+      c["sliding_window"].get<double>() < m.context) {  // double: any integer compares right
+    const std::string w = c["sliding_window"].dump();
+    return bad("sliding_window",
+               fmt::format("{} is shorter than the context {}: strata's attention is full "
+                           "causal; set model.context <= {} to train this model exactly",
+                           w, m.context, w));
+  }
+  std::string dt;
+  STRATA_RETURN_IF_ERROR(get_string(c, "", "torch_dtype", "float32", &dt), "");
   if (dt == "bfloat16") {
     m.dtype = DType::kBF16;
   } else if (dt == "float16") {
@@ -157,7 +204,12 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   } else {
     return bad("torch_dtype", fmt::format("\"{}\" is not bfloat16, float16 or float32", dt));
   }
-  m.padded_vocab_size = (m.vocab_size + 63) / 64 * 64;
+  const int64_t padded = (int64_t{m.vocab_size} + 63) / 64 * 64;
+  if (padded > INT_MAX) {
+    return bad("vocab_size",
+               fmt::format("{} is too large to pad to a multiple of 64", m.vocab_size));
+  }
+  m.padded_vocab_size = int(padded);
   return m;
 }
 

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "src/base/json_depth.h"
+
 namespace strata {
 namespace {
 
@@ -73,6 +75,10 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
   }
   std::string text(n, '\0');
   STRATA_RETURN_IF_ERROR(pread_all(f->fd_, text.data(), n, 8, path), "the JSON header");
+  // Bounded nesting first: walking or destroying a deeply nested value recurses.
+  if (Status d = check_json_depth(text); !d.is_ok()) {
+    return corrupt(fmt::format("{}: the JSON header (from offset 8): {}", path, d.message()));
+  }
   json h = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object()) {
     return corrupt(fmt::format("{}: offset 8: the {}-byte header is not a JSON object", path, n));
@@ -115,9 +121,21 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
           "{}: tensor \"{}\": dtype {} is not one strata reads (F32, F16, BF16)", path, name, dt));
     }
     if (!e["shape"].is_array()) return bad("shape is not an array");
+    // The element count and the byte count must fit 64 bits: a shape like [2^63] of F16 would
+    // otherwise wrap to 0 bytes and pass the size check below.
+    uint64_t numel = 1, nbytes = 0;
     for (const json& d : e["shape"]) {
       if (!d.is_number_unsigned()) return bad("shape holds a value that is not a size");
-      t.shape.push_back(int64_t(d.get<uint64_t>()));
+      const uint64_t v = d.get<uint64_t>();
+      if (v > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, v, &numel)) {
+        return bad(
+            fmt::format("shape {} has more elements than a file can hold", e["shape"].dump()));
+      }
+      t.shape.push_back(int64_t(v));
+    }
+    if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes)) {
+      return bad(fmt::format("shape {} of {} needs more bytes than a file can hold",
+                             e["shape"].dump(), dt));
     }
     const json& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -126,31 +144,34 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     }
     const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
     if (en < b) return bad(fmt::format("data_offsets [{}, {}] end before they begin", b, en));
-    t.offset = data_start + b;
-    t.bytes = en - b;
-    if (t.bytes != t.numel() * dtype_size(t.dtype)) {
+    if (en - b != nbytes) {
       return bad(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", b,
-                             en, t.bytes, e["shape"].dump(), dt, t.numel() * dtype_size(t.dtype)));
+                             en, en - b, e["shape"].dump(), dt, nbytes));
     }
     if (en > data_size) {
       return bad(fmt::format(
-          "bytes [{}, {}) of the file lie past its end at {} (truncated file, or a header "
-          "pointing past the end)",
-          t.offset, data_start + en, f->file_size_));
+          "data_offsets [{}, {}] lie past its end: the data region from offset {} holds {} bytes "
+          "(truncated file, or a header pointing past the end)",
+          b, en, data_start, data_size));
     }
+    t.offset = data_start + b;
+    t.bytes = nbytes;
     f->tensors_.push_back(std::move(t));
   }
   std::sort(f->tensors_.begin(), f->tensors_.end(),
             [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  // Each non-empty tensor against the last non-empty one before it (an empty tensor between
+  // two overlapping ones must not hide the overlap).
+  const SafetensorsTensor* p = nullptr;
   for (size_t i = 0; i < f->tensors_.size(); ++i) {
     const SafetensorsTensor& t = f->tensors_[i];
-    if (i > 0) {
-      const SafetensorsTensor& p = f->tensors_[i - 1];
-      if (t.bytes > 0 && p.bytes > 0 && t.offset < p.offset + p.bytes) {
+    if (t.bytes > 0) {
+      if (p != nullptr && t.offset < p->offset + p->bytes) {
         return corrupt(
             fmt::format("{}: tensors \"{}\" (bytes [{}, {})) and \"{}\" (from offset {}) overlap",
-                        path, p.name, p.offset, p.offset + p.bytes, t.name, t.offset));
+                        path, p->name, p->offset, p->offset + p->bytes, t.name, t.offset));
       }
+      p = &t;
     }
     f->by_name_[t.name] = i;
   }
