@@ -153,6 +153,66 @@ TEST(MpiComm, AllGatherMatchesSerialReference) {
   }
 }
 
+// all_to_all_bytes: rank r's block q goes to rank q's block r.
+TEST(MpiComm, AllToAllBytesMatchesSerialReference) {
+  const int p = g_comm->size(), r = g_comm->rank();
+  for (size_t cb : {size_t{1}, size_t{13}, size_t{4096}, size_t{100003}}) {
+    auto in = all_inputs(++g_case, cb * p, DType::kF16);  // any bytes; 2 per element
+    std::vector<uint8_t> out(in[r].size(), 0xEF);
+    ASSERT_TRUE(g_comm->all_to_all_bytes_blocking(in[r].data(), out.data(), 2 * cb).is_ok());
+    for (int q = 0; q < p; ++q) {
+      ASSERT_EQ(0, std::memcmp(out.data() + q * 2 * cb, in[q].data() + r * 2 * cb, 2 * cb))
+          << "block from rank " << q << " at rank " << r << " cb " << cb;
+    }
+  }
+}
+
+// bytes_sent counts what this rank sends to its P-1 peers, and only that.
+TEST(MpiComm, BytesSentCountsEveryPeerSend) {
+  const int p = g_comm->size();
+  const size_t n = 1001;
+  std::vector<float> send(n * p, 1.0f), recv(n * p);
+  uint64_t b0 = g_comm->bytes_sent();
+  ASSERT_TRUE(g_comm->all_gather_blocking(send.data(), recv.data(), n, DType::kF32).is_ok());
+  EXPECT_EQ(g_comm->bytes_sent() - b0, uint64_t(p - 1) * n * 4) << "all_gather";
+  b0 = g_comm->bytes_sent();
+  ASSERT_TRUE(g_comm->reduce_scatter_blocking(send.data(), recv.data(), n, DType::kBF16,
+                                              ReduceOp::kSum)
+                  .is_ok());
+  EXPECT_EQ(g_comm->bytes_sent() - b0, uint64_t(p - 1) * n * 2) << "reduce_scatter";
+  b0 = g_comm->bytes_sent();
+  ASSERT_TRUE(g_comm->all_to_all_bytes_blocking(send.data(), recv.data(), 77).is_ok());
+  EXPECT_EQ(g_comm->bytes_sent() - b0, uint64_t(p - 1) * 77) << "all_to_all_bytes";
+  b0 = g_comm->bytes_sent();
+  ASSERT_TRUE(g_comm->barrier_blocking().is_ok());
+  EXPECT_EQ(g_comm->bytes_sent() - b0, 0u) << "barrier";
+}
+
+// split: ranks of one color form a communicator ordered by key; its collectives see only them.
+// node(): every rank runs on this machine, so the world agrees on node 0 (the lowest world
+// rank), and a sub-group on its own lowest world rank.
+TEST(MpiComm, SplitFormsSubgroupsOrderedByKey) {
+  const int p = g_comm->size(), r = g_comm->rank();
+  EXPECT_EQ(g_comm->node(), 0);
+  auto sub = g_comm->split(r % 2, -r);  // reversed order within each color
+  ASSERT_TRUE(sub.is_ok()) << sub.status().to_string();
+  Communicator& c = **sub;
+  std::vector<int> members;
+  for (int q = 0; q < p; ++q) {
+    if (q % 2 == r % 2) members.push_back(q);
+  }
+  std::reverse(members.begin(), members.end());
+  ASSERT_EQ(c.size(), int(members.size()));
+  EXPECT_EQ(members[size_t(c.rank())], r);
+  // This communicator's ranks on this host: all of them; the lowest world rank names the node.
+  EXPECT_EQ(c.node(), *std::min_element(members.begin(), members.end()));
+  std::vector<float> got(members.size());
+  const float mine = float(r);
+  ASSERT_TRUE(c.all_gather_blocking(&mine, got.data(), 1, DType::kF32).is_ok());
+  for (size_t i = 0; i < members.size(); ++i) EXPECT_EQ(got[i], float(members[i])) << i;
+  EXPECT_FALSE(g_comm->split(-1, 0).is_ok());
+}
+
 TEST(MpiComm, BroadcastFromEveryRoot) {
   const int p = g_comm->size(), r = g_comm->rank();
   for (DType t : kTypes) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "src/comm/comm_internal.h"
+#include "src/comm/zeropp.h"
 
 namespace strata {
 namespace {
@@ -232,6 +234,61 @@ TEST(CommProbe, RunsOnSingleAndRoundTripsItsJson) {
   std::string newer = json;
   newer.replace(newer.find("\"version\": 1"), 12, "\"version\": 9");
   EXPECT_EQ(parse_comm_probe_json(newer, "y.json").status().code(), StatusCode::kCorrupt);
+}
+
+// The quantized collectives run through the probe on one rank with a CPU device: the qwZ
+// gather's round trip lands within a block's scale of the input, and the qgZ reduce-scatter
+// (one node of one rank: quantize, dequantize) within an int4 step of it.
+TEST(CommProbe, QuantizedCollectivesOnSingle) {
+  auto dev = create_cpu_device({.capacity = 64 << 20, .threads = 1});
+  ASSERT_TRUE(dev.is_ok());
+  auto comm = create_communicator("single", dev->get());
+  ASSERT_TRUE(comm.is_ok());
+  Communicator& c = **comm;
+  EXPECT_EQ(c.node(), 0);
+  EXPECT_EQ(c.bytes_sent(), 0u);
+  auto sub = c.split(0, 0);
+  ASSERT_TRUE(sub.is_ok());
+  EXPECT_EQ((*sub)->size(), 1);
+  std::vector<uint8_t> in = {1, 2, 3, 4, 5}, out(5);
+  ASSERT_TRUE(c.all_to_all_bytes_blocking(in.data(), out.data(), 5).is_ok());
+  EXPECT_EQ(out, in);
+  CommProbeOptions o;
+  o.min_bytes = 4096;
+  o.max_bytes = 8192;
+  o.repeats = 1;
+  o.target_seconds = 0.001;
+  o.ops = {"all_gather_q8", "reduce_scatter_q4"};
+  auto r = run_comm_probe(o, c, dev->get(), nullptr);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r->cases.size(), 4u);
+  EXPECT_EQ(r->cases[0].op, "all_gather_q8");
+  EXPECT_EQ(r->cases[3].op, "reduce_scatter_q4");
+  o.ops = {"all_gather_q8"};
+  EXPECT_EQ(run_comm_probe(o, c, nullptr, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  // ZeroPP::reduce_scatter on one rank: |out - in| <= max|block| / 14 per element.
+  ZeroPPOptions zo;
+  zo.quantized_gradients = true;
+  auto z = ZeroPP::create(zo, c, c);
+  ASSERT_TRUE(z.is_ok()) << z.status().to_string();
+  const size_t k = 1000;
+  std::vector<float> g(k), res(k);
+  std::mt19937_64 rng(3);
+  for (float& v : g) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  auto scratch = (*dev)->allocate((*z)->reduce_scatter_scratch_bytes(k), "test");
+  ASSERT_TRUE(scratch.is_ok());
+  Stream& s = (*dev)->compute_stream();
+  ASSERT_TRUE((*z)->reduce_scatter(**dev, s, g.data(), res.data(), k, *scratch).is_ok());
+  ASSERT_TRUE(c.synchronize(s).is_ok());
+  for (size_t i = 0; i < k; ++i) {
+    float amax = 0;
+    for (size_t j = i / kGradBlock * kGradBlock; j < std::min(k, (i / kGradBlock + 1) * kGradBlock); ++j) {
+      amax = std::max(amax, std::fabs(g[j]));
+    }
+    ASSERT_LE(std::fabs(res[i] - g[i]), amax / 14 * 1.0001f) << i;
+  }
+  (*dev)->release(*scratch);
 }
 
 // --- nccl ------------------------------------------------------------------------------------

@@ -608,6 +608,84 @@ TEST(CpuKernels, Scale) {
   }
 }
 
+// Block-wise quantization against a double reference: each block's scale is max|x| / qmax,
+// every q is x / scale rounded to the nearest integer (within 0.5 + rounding), the block's
+// largest element maps to +-qmax, the 4-bit nibbles decode as two's complement, and the round
+// trip is within scale / 2 per element (plus the rounding to dt); with accumulate, x + q*scale.
+// A block with an inf or nan dequantizes to nan; an all-zero block to zeros.
+TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
+  std::mt19937_64 rng(test_seed(11));
+  for (int bits : {8, 4}) {
+    const int qmax = quantize_qmax(bits);
+    for (DType dt : kAllTypes) {
+      for (auto [n, block] : std::vector<std::pair<size_t, int>>{
+               {1, 256}, {255, 256}, {1000, 64}, {7 * 256 + 3, 256}, {100001, 128}}) {
+        SCOPED_TRACE(fmt::format("bits={} {} n={} block={}", bits, dtype_name(dt), n, block));
+        Typed x = random_typed(dt, n, rng, -3.0f, 3.0f);
+        // A wide dynamic range across blocks: block b is scaled by 2^(b % 7 - 3).
+        for (size_t i = 0; i < n; ++i) x.set(i, x.get(i) * std::ldexp(1.0f, int(i / block % 7) - 3));
+        const size_t nb = quantize_blocks(n, block);
+        std::vector<uint8_t> q(quantized_bytes(bits, n));
+        std::vector<float> scales(nb);
+        Typed back(dt, n), acc = random_typed(dt, n, rng), acc0 = acc;
+        Fixture f;
+        f.k().quantize(f.s(), bits, dt, q.data(), scales.data(), x.data(), n, block);
+        f.k().dequantize(f.s(), bits, dt, back.data(), q.data(), scales.data(), n, block, false);
+        f.k().dequantize(f.s(), bits, dt, acc.data(), q.data(), scales.data(), n, block, true);
+        f.sync();
+        for (size_t b = 0; b < nb; ++b) {
+          const size_t i0 = b * block, i1 = std::min(n, i0 + size_t(block));
+          double amax = 0;
+          size_t imax = i0;
+          for (size_t i = i0; i < i1; ++i) {
+            if (std::fabs(double(x.get(i))) > amax) amax = std::fabs(double(x.get(i))), imax = i;
+          }
+          const double scale = amax / qmax;
+          ASSERT_NEAR(scales[b], scale, 1e-6 * scale) << "block " << b;
+          for (size_t i = i0; i < i1; ++i) {
+            const int qi = bits == 8 ? int(int8_t(q[i]))
+                                     : [&] {
+                                         int nib = i % 2 ? q[i / 2] >> 4 : q[i / 2] & 0x0f;
+                                         return nib >= 8 ? nib - 16 : nib;
+                                       }();
+            ASSERT_LE(std::abs(qi), qmax) << i;
+            ASSERT_LE(std::fabs(qi - x.get(i) / scale), 0.5 + 1e-4) << i;
+            if (i == imax) {
+              ASSERT_EQ(std::abs(qi), qmax) << "the block's largest element";
+            }
+            const double deq = double(qi) * double(scales[b]);
+            const double eps = dt == DType::kF32 ? 1e-6 : dt == DType::kBF16 ? 8e-3 : 1e-3;
+            ASSERT_NEAR(back.get(i), deq, eps * std::fabs(deq) + 1e-30) << i;
+            ASSERT_LE(std::fabs(back.get(i) - x.get(i)), scale / 2 * (1 + 1e-5) + eps * amax)
+                << "round-trip error of element " << i;
+            const double sum = double(acc0.get(i)) + deq;
+            ASSERT_NEAR(acc.get(i), sum, eps * (std::fabs(sum) + std::fabs(deq)) + 1e-6) << i;
+          }
+        }
+      }
+    }
+    // Non-finite and zero blocks, fp32.
+    const size_t n = 512;
+    const int block = 128;
+    std::vector<float> x = random_f32(n, rng), back(n);
+    for (size_t i = 256; i < 384; ++i) x[i] = 0.0f;  // block 2: zeros
+    x[5] = INFINITY;                                   // block 0
+    x[200] = NAN;                                      // block 1
+    std::vector<uint8_t> q(quantized_bytes(bits, n));
+    std::vector<float> scales(4);
+    Fixture f;
+    f.k().quantize(f.s(), bits, DType::kF32, q.data(), scales.data(), x.data(), n, block);
+    f.k().dequantize(f.s(), bits, DType::kF32, back.data(), q.data(), scales.data(), n, block,
+                     false);
+    f.sync();
+    for (size_t i = 0; i < 256; ++i) ASSERT_TRUE(std::isnan(back[i])) << "bits " << bits << " " << i;
+    EXPECT_EQ(scales[2], 0.0f);
+    for (size_t i = 256; i < 384; ++i) ASSERT_EQ(back[i], 0.0f) << i;
+    EXPECT_GT(scales[3], 0.0f);
+    for (size_t i = 384; i < n; ++i) ASSERT_TRUE(std::isfinite(back[i])) << i;
+  }
+}
+
 // Every compiled ISA copy of the internal GEMM, every transposition, with and without
 // accumulation, against a double reference. Copies the CPU cannot run are skipped by name.
 TEST(CpuKernels, GemmEveryIsaMatchesReference) {

@@ -6,6 +6,7 @@
 //
 // Without a visible GPU every test that needs one reports SKIPPED with the reason; the test of
 // the no-GPU path itself (CudaUnavailable.*) runs instead.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -488,6 +489,35 @@ TEST_P(CudaOpTest, Scale) {
   Twin x = random(n, DType::kF32, -3, 3);
   run([&](Kernels& k, Stream& s, int i) { k.scale(s, x.at<float>(i), 0.37f, n); });
   compare("scale", x, DType::kF32, 0.0);  // one rounded multiply: bit-identical
+}
+
+// Block-wise quantization: one IEEE division and one rounding per element, so the CUDA kernels
+// give the CPU reference's bits: q, the scales, and the dequantized (and accumulated) values.
+TEST_P(CudaOpTest, QuantizeDequantizeMatchCpuBitForBit) {
+  const DType dt = GetParam();
+  for (int bits : {8, 4}) {
+    for (auto [n, block] : std::vector<std::pair<size_t, int>>{{999, 256}, {300001, 128}}) {
+      SCOPED_TRACE(fmt::format("bits {} n {} block {}", bits, n, block));
+      Twin x = random(n, dt, -3, 3), back = random(n, dt), acc = random(n, dt);
+      Twin q = upload(std::vector<uint8_t>(quantized_bytes(bits, n), 0));
+      Twin sc = upload(std::vector<float>(quantize_blocks(n, block), 0.0f), DType::kF32);
+      run([&](Kernels& k, Stream& s, int i) {
+        k.quantize(s, bits, dt, q.p[i], sc.at<float>(i), x.p[i], n, block);
+        k.dequantize(s, bits, dt, back.p[i], q.p[i], sc.at<float>(i), n, block, false);
+        k.dequantize(s, bits, dt, acc.p[i], q.p[i], sc.at<float>(i), n, block, true);
+      });
+      compare("quantize scales", sc, DType::kF32, 0.0);
+      compare("dequantize", back, dt, 0.0);
+      compare("dequantize accumulate", acc, dt, 0.0);
+      std::vector<uint8_t> qb[2];
+      for (int i = 0; i < 2; ++i) {
+        qb[i].resize(q.bytes);
+        dev_[i]->copy_d2h(dev_[i]->d2h_stream(), qb[i].data(), q.p[i], q.bytes);
+        ASSERT_TRUE(dev_[i]->synchronize(dev_[i]->d2h_stream()).is_ok());
+      }
+      EXPECT_EQ(qb[0], qb[1]) << "quantized bytes differ (seed " << seed_ << ")";
+    }
+  }
 }
 
 // Casts are one rounding of an exact value: both backends must give the same bits, including

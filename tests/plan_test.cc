@@ -131,6 +131,43 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
   EXPECT_NEAR(double(s->device.state) / P, 18.0 / 4, 0.001);
 }
 
+// ZeRO++ in the planner: on 4 ranks (one node) qwZ halves a bf16 gather (+ the scales), hpZ
+// keeps 1/h of every module on the device, qgZ sends int4 gradients instead of fp32; the
+// collectives' time scales with the bytes, nothing else changes.
+TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
+  PlanRequest r = small_request();
+  r.hw.gpus = 4;
+  r.dtype = DType::kBF16;
+  const PlacementOption p = find("all-device");
+  auto base = evaluate_placement(r, p);
+  ASSERT_TRUE(base.is_ok());
+  ASSERT_GT(base->time.collectives_s, 0);
+  const double P = double(model_params(r.model));
+  // Plain ZeRO-3: 3/4 of the model twice in bf16 and once in fp32 per micro-batch.
+  const ZeroPPTraffic plain = zeropp_traffic({}, 4, 4, P, DType::kBF16);
+  EXPECT_NEAR(plain.gather_forward, 0.75 * P * 2, 1e-6 * P);
+  EXPECT_NEAR(plain.reduce, 0.75 * P * 4, 1e-6 * P);
+  r.zeropp.quantized_weights = true;
+  r.zeropp.quantized_gradients = true;
+  r.zeropp.hpz_partition_size = 2;
+  auto zpp = evaluate_placement(r, p);
+  ASSERT_TRUE(zpp.is_ok());
+  const ZeroPPTraffic z = zeropp_traffic(r.zeropp, 4, 4, P, DType::kBF16);
+  const double unit = 1.0 + 4.0 / kWeightBlock, q4 = 0.5 + 4.0 / kGradBlock;
+  EXPECT_NEAR(z.gather_forward, 0.75 * P * unit, 1e-6 * P);
+  EXPECT_NEAR(z.gather_backward, 0.5 * P * unit, 1e-6 * P);  // 1 peer, half the model
+  EXPECT_NEAR(z.reduce, 0.75 * P * q4, 1e-6 * P);
+  EXPECT_NEAR(zpp->time.collectives_s / base->time.collectives_s,
+              (z.gather_forward + z.gather_backward + z.reduce) /
+                  (plain.gather_forward + plain.gather_backward + plain.reduce),
+              1e-9);
+  EXPECT_NEAR(double(zpp->device.buffers - base->device.buffers), 0.5 * P * unit, 1e-6 * P + 1);
+  EXPECT_EQ(zpp->device.state, base->device.state);
+  // Two nodes of two: qgZ's second level sends one chunk across.
+  const ZeroPPTraffic two = zeropp_traffic(r.zeropp, 4, 2, P, DType::kBF16);
+  EXPECT_NEAR(two.reduce, (1 * 2 + 1) * P / 4 * q4, 1e-6 * P);
+}
+
 // The planner's device and host needs are exactly what TierManager::create's preflight demands,
 // for every placement the planner names and for strata.placement-style ones it evaluates as a
 // config's: at the predicted bytes it builds, a page less and it refuses.

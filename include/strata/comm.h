@@ -22,11 +22,16 @@
 //
 // Semantics (count is in elements of `dtype`; P = size()):
 //   all_gather:     send has count, recv has P*count; recv[r*count..] = send of rank r.
+//   all_to_all:     send and recv have P*count; recv[q*count..] of rank r = send_q[r*count..]
+//                   (block r of rank q's send). send and recv must not overlap.
 //   reduce_scatter: send has P*count, recv has count; recv of rank r =
 //                   op over ranks q of send_q[r*count .. (r+1)*count).
 //   all_reduce:     send and recv have count; recv = op over ranks of send. send may == recv.
 //   broadcast:      buf has count; every rank gets root's buf.
 //   barrier:        returns (or lets the stream go on) once every rank has entered it.
+// The *_bytes forms (all_gather_bytes, all_to_all_bytes) move opaque bytes (count is in bytes,
+// no dtype): the quantized payloads of ZeRO++ (int8/int4 values with their fp32 scales).
+//
 // In-place: all_reduce and broadcast may alias; all_gather may pass send == recv + rank()*count;
 // reduce_scatter may pass recv == send + rank()*count. Other overlaps are undefined.
 //
@@ -50,8 +55,19 @@
 // Lifetime: stream-ordered collectives refer to the communicator until they have run:
 // synchronize() the streams before destroying it; the Device must outlive it.
 //
-// Thread safety: rank()/size()/local_rank()/backend()/buffer_space() are const and safe from
-// any thread. Collectives follow the ordering rule above.
+// Sub-groups: split(color, key) makes a communicator of the ranks that pass the same color
+// (ordered by key, then rank), for ZeRO++'s groups within and across nodes. node() says which
+// host a rank is on: the lowest world rank of the ranks sharing this one's host (MPI's
+// shared-memory split), so the ranks of one node agree on it.
+//
+// Traffic: bytes_sent() counts the payload bytes this rank has handed to the network for other
+// ranks since the communicator was created (mpi: the bytes of every send to a peer; single: 0;
+// nccl: what a ring moves per rank, (P-1)/P of the buffer per phase). The trainer reports it per
+// step as comm_bytes.
+//
+// Thread safety: rank()/size()/local_rank()/node()/backend()/buffer_space() are const and safe
+// from any thread; so are bytes_sent() and busy_seconds(). Collectives follow the ordering rule
+// above.
 #pragma once
 
 #include <cstddef>
@@ -87,11 +103,14 @@ class Communicator {
   virtual int rank() const = 0;             // 0 .. size()-1
   virtual int size() const = 0;             // number of ranks (world size)
   virtual int local_rank() const = 0;       // rank among the ranks on this host (picks the GPU)
+  virtual int node() const = 0;             // lowest world rank on this host (see Sub-groups)
   virtual BufferSpace buffer_space() const = 0;
   double timeout_s() const { return timeout_s_; }
 
   // --- stream-ordered (asynchronous) --------------------------------------------------------
   Status all_gather(Stream& stream, const void* send, void* recv, size_t count, DType dtype);
+  Status all_gather_bytes(Stream& stream, const void* send, void* recv, size_t bytes);
+  Status all_to_all_bytes(Stream& stream, const void* send, void* recv, size_t bytes);
   Status reduce_scatter(Stream& stream, const void* send, void* recv, size_t count, DType dtype,
                         ReduceOp op);
   Status all_reduce(Stream& stream, const void* send, void* recv, size_t count, DType dtype,
@@ -110,6 +129,8 @@ class Communicator {
 
   // --- blocking (the calling thread waits) ----------------------------------------------------
   Status all_gather_blocking(const void* send, void* recv, size_t count, DType dtype);
+  Status all_gather_bytes_blocking(const void* send, void* recv, size_t bytes);
+  Status all_to_all_bytes_blocking(const void* send, void* recv, size_t bytes);
   Status reduce_scatter_blocking(const void* send, void* recv, size_t count, DType dtype,
                                  ReduceOp op);
   Status all_reduce_blocking(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
@@ -127,10 +148,25 @@ class Communicator {
   // collectives overlap other streams' work: this is time spent communicating, not time lost.
   // Safe from any thread (the trainer reads it between steps for the JSONL's comm_s).
   virtual double busy_seconds() = 0;
+  // Payload bytes sent to other ranks since creation (see Traffic).
+  virtual uint64_t bytes_sent() const = 0;
+
+  // The ranks of this communicator that pass the same `color` (>= 0), ordered by (key, rank),
+  // as a new communicator on the same device and with the same timeout. A collective call of
+  // this communicator: every rank must call it, in the same order as its other collectives.
+  // kUnavailable on a backend that cannot split (nccl, for now).
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key) = 0;
 
   // What the backends implement. `op` describes one collective; the checks of the public
   // wrappers (count, root, dtype) have already passed.
-  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+  enum class Kind : uint8_t {
+    kAllGather,
+    kReduceScatter,
+    kAllReduce,
+    kBroadcast,
+    kBarrier,
+    kAllToAll
+  };
   struct Op {
     Kind kind = Kind::kBarrier;
     const void* send = nullptr;
@@ -139,6 +175,8 @@ class Communicator {
     DType dtype = DType::kF32;
     ReduceOp reduce = ReduceOp::kSum;
     int root = 0;
+    bool raw = false;  // count is in bytes and dtype is ignored (the *_bytes forms)
+    size_t elem_size() const { return raw ? 1 : dtype_size(dtype); }
   };
   static const char* kind_name(Kind kind);  // "all_gather", ...
 
@@ -195,7 +233,10 @@ struct ShardLayout {
 };
 
 // --- `strata probe comm` ----------------------------------------------------------------------
-// Bus bandwidth of each collective over a range of sizes, reported as nccl-tests does:
+// Bus bandwidth of each collective over a range of sizes, reported as nccl-tests does (ops
+// all_reduce, all_gather, reduce_scatter, broadcast, and ZeRO++'s all_gather_q8 and
+// reduce_scatter_q4, timed with their quantize/dequantize kernels and sized as the plain
+// all_gather / fp32 reduce_scatter they replace; see src/comm/zeropp.h):
 //   size  = bytes of the largest buffer (all_gather: recv, reduce_scatter: send, others: buf)
 //   algbw = size / time;  busbw = algbw * factor, factor = 2(P-1)/P for all_reduce,
 //   (P-1)/P for all_gather and reduce_scatter, 1 for broadcast.
@@ -220,6 +261,7 @@ struct CommProbeOptions {
   double target_seconds = 0.05;  // iters per repeat ~ target / (estimated time), 1..100
   std::string json_path;         // "" = no file
   double timeout_s = 300.0;
+  int ranks_per_node = 0;  // reduce_scatter_q4's nodes (strata.comm.ranks_per_node); 0: hosts
 };
 
 struct CommProbeCase {

@@ -93,6 +93,10 @@ struct ZeroConfig {
   size_t stage3_max_live_parameters = 1'000'000'000;
   size_t stage3_max_reuse_distance = 1'000'000'000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // ZeRO++ (src/comm/zeropp.h).
+  bool zero_quantized_weights = false;    // qwZ
+  int zero_hpz_partition_size = 1;        // hpZ (0, 1: off)
+  bool zero_quantized_gradients = false;  // qgZ
 };
 
 struct AioConfig {
@@ -165,6 +169,7 @@ struct StrataConfig {
   int64_t delayed_update_warmup = 10;  // strata.optimizer.delayed_update_warmup: exact steps
   std::string comm_backend = "auto";   // strata.comm.backend
   double comm_timeout_s = 300.0;       // strata.comm.timeout_s: a collective's wait for peers
+  int comm_ranks_per_node = 0;         // strata.comm.ranks_per_node: ZeRO++ nodes; 0 = hosts
   std::string activations = "keep";    // strata.activations: keep | recompute | offload
   std::string log_level = "info";      // strata.log_level
   // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from

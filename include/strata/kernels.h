@@ -69,6 +69,14 @@ inline void rope_inv_freq(const RopeParams& rope, int hs, double* inv_freq) {
 // The most rotated pairs a head may have (head size <= 2 * kMaxRopePairs).
 constexpr int kMaxRopePairs = 256;
 
+// Sizes of quantize()'s outputs for n elements: bytes of q, and the number of scales.
+inline size_t quantized_bytes(int bits, size_t n) { return bits == 8 ? n : (n + 1) / 2; }
+inline size_t quantize_blocks(size_t n, int block) {
+  return (n + size_t(block) - 1) / size_t(block);
+}
+// The largest quantized magnitude for `bits` (8 or 4).
+inline int quantize_qmax(int bits) { return bits == 8 ? 127 : 7; }
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -203,6 +211,23 @@ class Kernels {
   virtual void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) = 0;
   // x[i] *= factor.
   virtual void scale(Stream& s, float* x, float factor, size_t n) = 0;
+
+  // Block-wise symmetric quantization (ZeRO++: parameters gathered as 8 bits, gradients
+  // reduce-scattered as 4 bits). x has n elements of `dt` in blocks of `block` elements (the last
+  // may be shorter; block > 0, even for 4 bits). Block b gets one fp32 scale
+  //   scales[b] = max |x| over the block / qmax,   qmax = 127 (8 bits) or 7 (4 bits),
+  // and element i the integer q[i] = round-to-nearest-even(x[i] / scales[b]) in [-qmax, qmax]
+  // (0 where the scale is 0). A block holding an inf or nan gets a nan scale and q = 0, so it
+  // dequantizes to nan: an overflow is never quantized away. Layout of q: 8 bits, one int8_t per
+  // element; 4 bits, two's-complement nibbles, element i in byte i/2, the low nibble for even i
+  // (quantized_bytes below). So |dequantize(quantize(x)) - x| <= scales[b] / 2 per element, up
+  // to one fp32 rounding; the same bits on every backend.
+  virtual void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x,
+                        size_t n, int block) = 0;
+  // x[i] = q[i] * scales[i / block], rounded to `dt`; with `accumulate`, x[i] = x[i] +
+  // q[i] * scales[i / block] (fp32 multiply, then fp32 add, then one rounding to `dt`).
+  virtual void dequantize(Stream& s, int bits, DType dt, void* x, const void* q,
+                          const float* scales, size_t n, int block, bool accumulate) = 0;
 };
 
 }  // namespace strata

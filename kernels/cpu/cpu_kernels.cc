@@ -147,6 +147,14 @@ class CpuKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
   }
+  void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
+                int block) override {
+    run(s, [=] { cpu::quantize(bits, dt, q, scales, x, n, block); });
+  }
+  void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
+                  size_t n, int block, bool accumulate) override {
+    run(s, [=] { cpu::dequantize(bits, dt, x, q, scales, n, block, accumulate); });
+  }
 
  private:
   // Head counts come from a validated model config: a mismatch here is a bug in the caller.

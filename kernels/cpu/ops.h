@@ -5,7 +5,7 @@
 // cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
 // the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
 // matmul.cc, attention.cc, flash_attention.cc, rmsnorm.cc, swiglu.cc, rope.cc, gelu.cc,
-// residual.cc, crossentropy.cc, cast.cc, norm.cc.
+// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc.
 //
 // Threading: the functions use tbb::parallel_for and run on whatever arena they are called
 // from. They may be called from any thread; concurrent calls must not write the same memory.
@@ -108,5 +108,10 @@ void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
 void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 void norm_sq_and_nonfinite(float* acc, const float* x, size_t n);
 void scale(float* x, float factor, size_t n);
+
+// Block-wise quantization (Kernels::quantize / dequantize): the scalar reference.
+void quantize(int bits, DType dt, void* q, float* scales, const void* x, size_t n, int block);
+void dequantize(int bits, DType dt, void* x, const void* q, const float* scales, size_t n,
+                int block, bool accumulate);
 
 }  // namespace strata::cpu

@@ -187,6 +187,18 @@ class CudaKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
   }
+  void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
+                int block) override {
+    run("quantize", s, [&](CudaStream& cs) {
+      return cuda_quantize(cs.handle, bits, dt, q, scales, x, n, block);
+    });
+  }
+  void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
+                  size_t n, int block, bool accumulate) override {
+    run("dequantize", s, [&](CudaStream& cs) {
+      return cuda_dequantize(cs.handle, bits, dt, x, q, scales, n, block, accumulate);
+    });
+  }
 
  private:
   CudaBlas blas(const CudaStream& cs) const {

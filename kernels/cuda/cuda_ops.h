@@ -140,6 +140,11 @@ Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType 
 Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, float* acc, const float* x,
                                   size_t n);
 Status cuda_scale(cudaStream_t s, float* x, float factor, size_t n);
+// quantize.cu
+Status cuda_quantize(cudaStream_t s, int bits, DType dt, void* q, float* scales, const void* x,
+                     size_t n, int block);
+Status cuda_dequantize(cudaStream_t s, int bits, DType dt, void* x, const void* q,
+                       const float* scales, size_t n, int block, bool accumulate);
 // adamw.cu: optimizer_step_reference's numbers on a shard whose pointers are device memory.
 Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardState& st);
 

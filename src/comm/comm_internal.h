@@ -10,6 +10,7 @@
 // Thread safety: as Communicator (strata/comm.h).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,7 @@ class HostCommunicator : public Communicator {
   Status synchronize(Stream& stream) override;
   Status health() const override;
   double busy_seconds() override;
+  uint64_t bytes_sent() const override;
 
  protected:
   Status enqueue(Stream& stream, const Op& op) override;
@@ -43,6 +45,8 @@ class HostCommunicator : public Communicator {
   // The collective itself, on the calling thread. Called with run_mu_ held.
   virtual Status run(const Op& op) = 0;
   void fail(const Status& s);
+  // Backends count each send to a peer here (bytes_sent()).
+  void count_sent(size_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
 
   Device* device_;
 
@@ -51,6 +55,7 @@ class HostCommunicator : public Communicator {
   mutable std::mutex mu_;
   Status failure_;
   double busy_s_ = 0;  // under mu_
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 Result<std::unique_ptr<Communicator>> create_single(Device* device, double timeout_s);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "src/comm/comm_internal.h"
+#include "src/comm/zeropp.h"
 #include "strata/config.h"
 #include "strata/log.h"
 
@@ -15,9 +16,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// ZeRO++'s quantized collectives (src/comm/zeropp.h), timed from the model-dtype buffer to the
+// model-dtype result, kernels included: all_gather_q8 (qwZ: quantize, all-gather the int8
+// chunks, dequantize) and reduce_scatter_q4 (qgZ's hierarchical int4 reduce-scatter, fp32).
+// Their size and bandwidth are those of the plain collective they replace.
+bool quantized_op(const std::string& op) {
+  return op == "all_gather_q8" || op == "reduce_scatter_q4";
+}
+bool per_rank_op(const std::string& op) {
+  return op == "all_gather" || op == "reduce_scatter" || quantized_op(op);
+}
+
 double bus_factor(const std::string& op, int p) {
   if (op == "all_reduce") return 2.0 * (p - 1) / p;
-  if (op == "all_gather" || op == "reduce_scatter") return double(p - 1) / p;
+  if (per_rank_op(op)) return double(p - 1) / p;
   return 1.0;  // broadcast
 }
 
@@ -63,8 +75,39 @@ class ProbeBuffers {
   std::vector<void*> ptrs_;
 };
 
-Status run_one(Communicator& comm, const std::string& op, const void* send, void* recv,
-               size_t count, DType dtype) {
+// What the quantized collectives need besides the communicator.
+struct QuantizedCtx {
+  Device* device = nullptr;
+  ZeroPP* zeropp = nullptr;  // reduce_scatter_q4's groups
+  void* scratch = nullptr;   // device memory for the packed chunks
+};
+
+Status run_quantized(Communicator& comm, const QuantizedCtx& q, const std::string& op,
+                     const void* send, void* recv, size_t count, DType dtype) {
+  Device& dev = *q.device;
+  Stream& s = dev.compute_stream();
+  if (op == "all_gather_q8") {
+    const size_t unit = packed_bytes(8, count, kWeightBlock), es = dtype_size(dtype);
+    char* units = static_cast<char*>(q.scratch);
+    char* mine = units + size_t(comm.rank()) * unit;
+    quantize_packed(dev, s, 8, dtype, mine, send, count, kWeightBlock);
+    STRATA_RETURN_IF_ERROR(comm.all_gather_bytes(s, mine, units, unit), "");
+    for (int r = 0; r < comm.size(); ++r) {
+      dequantize_packed(dev, s, 8, dtype, static_cast<char*>(recv) + size_t(r) * count * es,
+                        units + size_t(r) * unit, count, kWeightBlock, false);
+    }
+  } else {
+    STRATA_RETURN_IF_ERROR(q.zeropp->reduce_scatter(dev, s, static_cast<const float*>(send),
+                                                    static_cast<float*>(recv), count, q.scratch),
+                           "");
+  }
+  STRATA_RETURN_IF_ERROR(comm.synchronize(s), "");
+  return q.zeropp ? q.zeropp->health() : Status::ok();
+}
+
+Status run_one(Communicator& comm, const QuantizedCtx& q, const std::string& op,
+               const void* send, void* recv, size_t count, DType dtype) {
+  if (quantized_op(op)) return run_quantized(comm, q, op, send, recv, count, dtype);
   if (op == "all_reduce") return comm.all_reduce_blocking(send, recv, count, dtype, ReduceOp::kSum);
   if (op == "all_gather") return comm.all_gather_blocking(send, recv, count, dtype);
   if (op == "reduce_scatter") {
@@ -72,18 +115,18 @@ Status run_one(Communicator& comm, const std::string& op, const void* send, void
   }
   if (op == "broadcast") return comm.broadcast_blocking(recv, count, dtype, 0);
   return invalid_argument(fmt::format(
-      "probe comm: unknown collective '{}'; use all_reduce, all_gather, reduce_scatter or "
-      "broadcast",
+      "probe comm: unknown collective '{}'; use all_reduce, all_gather, reduce_scatter, "
+      "broadcast, all_gather_q8 or reduce_scatter_q4",
       op));
 }
 
 // Seconds per collective over `iters` back-to-back calls, the slowest rank's.
-Result<double> time_iters(Communicator& comm, const std::string& op, const void* send, void* recv,
-                          size_t count, DType dtype, int iters) {
+Result<double> time_iters(Communicator& comm, const QuantizedCtx& q, const std::string& op,
+                          const void* send, void* recv, size_t count, DType dtype, int iters) {
   STRATA_RETURN_IF_ERROR(comm.barrier_blocking(), "probe comm: barrier");
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) {
-    STRATA_RETURN_IF_ERROR(run_one(comm, op, send, recv, count, dtype),
+    STRATA_RETURN_IF_ERROR(run_one(comm, q, op, send, recv, count, dtype),
                            fmt::format("probe comm: {} of {} elements", op, count));
   }
   float t = float(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
@@ -100,7 +143,8 @@ void print_header(std::FILE* out, const CommProbeReport& r) {
 }
 
 void print_case(std::FILE* out, const CommProbeCase& c, DType dtype) {
-  const bool reduces = c.op == "all_reduce" || c.op == "reduce_scatter";
+  const bool reduces =
+      c.op == "all_reduce" || c.op == "reduce_scatter" || c.op == "reduce_scatter_q4";
   std::fprintf(out, "  %12zu %12zu %6s %6s %15s %9d %11.2f %11.2f %11.3f %11.3f\n", c.bytes,
                c.count, dtype_name(dtype), reduces ? "sum" : "none", c.op.c_str(), c.iters,
                c.median_us, c.min_us, c.algbw, c.busbw);
@@ -121,7 +165,6 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& 
     return invalid_argument("probe comm: the nccl backend needs a device for its buffers");
   }
   const int p = comm.size();
-  const size_t es = dtype_size(o.dtype);
   CommProbeReport report;
   report.backend = comm.backend();
   report.world_size = p;
@@ -133,11 +176,35 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& 
   STRATA_ASSIGN_OR_RETURN(void* recv,
                           buffers.make(device, comm.buffer_space(), o.max_bytes, o.dtype),
                           "probe comm: receive buffer");
+  // The quantized collectives: a device for their kernels, the packed chunks' scratch (at most
+  // twice the largest buffer), and qgZ's groups.
+  QuantizedCtx q;
+  std::unique_ptr<ZeroPP> zeropp;
+  if (std::any_of(o.ops.begin(), o.ops.end(), quantized_op)) {
+    if (device == nullptr) {
+      return invalid_argument("probe comm: all_gather_q8 and reduce_scatter_q4 need a device");
+    }
+    q.device = device;
+    STRATA_ASSIGN_OR_RETURN(q.scratch,
+                            buffers.make(device, comm.buffer_space(), 2 * o.max_bytes + 65536,
+                                         DType::kF32),
+                            "probe comm: quantized scratch");
+    if (std::find(o.ops.begin(), o.ops.end(), "reduce_scatter_q4") != o.ops.end()) {
+      ZeroPPOptions zo;
+      zo.quantized_gradients = true;
+      zo.ranks_per_node = o.ranks_per_node;
+      STRATA_ASSIGN_OR_RETURN(zeropp, ZeroPP::create(zo, comm, comm), "probe comm");
+      q.zeropp = zeropp.get();
+    }
+  }
   const bool print = out != nullptr && comm.rank() == 0;
   if (print) print_header(out, report);
   for (const std::string& op : o.ops) {
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-      const bool per_rank = op == "all_gather" || op == "reduce_scatter";
+      const bool per_rank = per_rank_op(op);
+      // reduce_scatter_q4 reduces fp32 gradients whatever --dtype says.
+      const DType dt = op == "reduce_scatter_q4" ? DType::kF32 : o.dtype;
+      const size_t es = dtype_size(dt);
       const size_t count = per_rank ? bytes / es / p : bytes / es;
       if (count == 0) continue;
       CommProbeCase c;
@@ -145,16 +212,16 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& 
       c.count = count;
       c.bytes = count * es * (per_rank ? p : 1);
       // One untimed call sizes the repeats: iters ~ target / time, the same on every rank.
-      STRATA_ASSIGN_OR_RETURN(double first, time_iters(comm, op, send, recv, count, o.dtype, 1),
+      STRATA_ASSIGN_OR_RETURN(double first, time_iters(comm, q, op, send, recv, count, dt, 1),
                               "probe comm: sizing");
       c.iters = static_cast<int>(std::clamp(o.target_seconds / std::max(first, 1e-7), 1.0, 100.0));
       for (int w = 0; w < o.warmup; ++w) {
-        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, op, send, recv, count, o.dtype, c.iters),
+        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, q, op, send, recv, count, dt, c.iters),
                                 "probe comm: warm-up");
         (void)t;
       }
       for (int r = 0; r < o.repeats; ++r) {
-        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, op, send, recv, count, o.dtype, c.iters),
+        STRATA_ASSIGN_OR_RETURN(double t, time_iters(comm, q, op, send, recv, count, dt, c.iters),
                                 "probe comm");
         c.time_us.push_back(t * 1e6);
       }
@@ -166,7 +233,7 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& 
       c.max_us = sorted.back();
       c.algbw = c.median_us > 0 ? double(c.bytes) / (c.median_us * 1e-6) / 1e9 : 0.0;
       c.busbw = c.algbw * bus_factor(op, p);
-      if (print) print_case(out, c, o.dtype);
+      if (print) print_case(out, c, dt);
       report.cases.push_back(std::move(c));
       if (bytes > o.max_bytes / 2) break;  // no overflow past max
     }
@@ -183,7 +250,8 @@ std::string comm_probe_json(const CommProbeReport& r) {
   j["dtype"] = dtype_name(r.dtype);
   j["cases"] = nlohmann::json::array();
   for (const CommProbeCase& c : r.cases) {
-    const bool reduces = c.op == "all_reduce" || c.op == "reduce_scatter";
+    const bool reduces =
+        c.op == "all_reduce" || c.op == "reduce_scatter" || c.op == "reduce_scatter_q4";
     j["cases"].push_back({{"op", c.op},
                           {"bytes", c.bytes},
                           {"count", c.count},
@@ -256,6 +324,13 @@ Status run_comm_probe_command(const CommProbeOptions& o) {
       }
     }
     STRATA_ASSIGN_OR_RETURN(device, create_cuda_device(d), "probe comm: opening the GPU");
+  } else if (std::any_of(o.ops.begin(), o.ops.end(), quantized_op)) {
+    // The quantized collectives' kernels run on the CPU backend (a few threads: the host
+    // collectives' ranks share the cores).
+    CpuDeviceOptions d;
+    d.capacity = 8 * o.max_bytes + (size_t{64} << 20);
+    d.threads = 1;
+    STRATA_ASSIGN_OR_RETURN(device, create_cpu_device(d), "probe comm: the kernels' device");
   }
   CommOptions co;
   co.timeout_s = o.timeout_s;
@@ -302,7 +377,10 @@ void probe_usage(std::FILE* out) {
       "  --min-bytes BYTES    smallest size (default %s)\n"
       "  --max-bytes BYTES    largest size (default %s)\n"
       "  --dtype T            fp32|bf16|fp16 (default %s)\n"
-      "  --ops LIST           all_reduce,all_gather,reduce_scatter,broadcast (default: all)\n"
+      "  --ops LIST           all_reduce,all_gather,reduce_scatter,broadcast (default), and\n"
+      "                       ZeRO++'s all_gather_q8 (int8 qwZ) and reduce_scatter_q4 (int4\n"
+      "                       hierarchical qgZ, fp32), timed with their kernels\n"
+      "  --ranks-per-node L   reduce_scatter_q4's nodes: ranks [n*L, (n+1)*L) (default: hosts)\n"
       "  --repeats N          timed repeats per case (default %d)\n"
       "  --warmup N           discarded repeats per case (default %d)\n"
       "  --timeout S          collective timeout in seconds (default %.0f)\n"
@@ -361,6 +439,8 @@ int comm_probe_main(int argc, char** argv) {
       o.timeout_s = std::atof(v.c_str());
     } else if (a == "--json") {
       o.json_path = v;
+    } else if (a == "--ranks-per-node") {
+      o.ranks_per_node = std::atoi(v.c_str());
     } else {
       std::fprintf(stderr, "strata probe comm: unknown option '%s'\n\n", a.c_str());
       probe_usage(stderr);

@@ -23,6 +23,8 @@ const char* Communicator::kind_name(Kind kind) {
       return "all_reduce";
     case Kind::kBroadcast:
       return "broadcast";
+    case Kind::kAllToAll:
+      return "all_to_all";
     default:
       return "barrier";
   }
@@ -40,7 +42,8 @@ Status Communicator::check(const Op& op) const {
 
 Status Communicator::check_args(const Op& op) const {
   const char* name = kind_name(op.kind);
-  if (op.dtype != DType::kF32 && op.dtype != DType::kBF16 && op.dtype != DType::kF16) {
+  if (!op.raw && op.dtype != DType::kF32 && op.dtype != DType::kBF16 &&
+      op.dtype != DType::kF16) {
     return invalid_argument(fmt::format("{}: unknown dtype {}", name, int(op.dtype)));
   }
   if (op.count > 0 && op.recv == nullptr) {
@@ -58,6 +61,18 @@ Status Communicator::check_args(const Op& op) const {
 
 Status Communicator::all_gather(Stream& s, const void* send, void* recv, size_t count, DType t) {
   Op op{Kind::kAllGather, send, recv, count, t};
+  if (Status c = check(op); !c.is_ok()) return c;
+  return enqueue(s, op);
+}
+Status Communicator::all_gather_bytes(Stream& s, const void* send, void* recv, size_t bytes) {
+  Op op{Kind::kAllGather, send, recv, bytes};
+  op.raw = true;
+  if (Status c = check(op); !c.is_ok()) return c;
+  return enqueue(s, op);
+}
+Status Communicator::all_to_all_bytes(Stream& s, const void* send, void* recv, size_t bytes) {
+  Op op{Kind::kAllToAll, send, recv, bytes};
+  op.raw = true;
   if (Status c = check(op); !c.is_ok()) return c;
   return enqueue(s, op);
 }
@@ -86,6 +101,18 @@ Status Communicator::barrier(Stream& s) {
 
 Status Communicator::all_gather_blocking(const void* send, void* recv, size_t count, DType t) {
   Op op{Kind::kAllGather, send, recv, count, t};
+  if (Status c = check(op); !c.is_ok()) return c;
+  return run_blocking(op);
+}
+Status Communicator::all_gather_bytes_blocking(const void* send, void* recv, size_t bytes) {
+  Op op{Kind::kAllGather, send, recv, bytes};
+  op.raw = true;
+  if (Status c = check(op); !c.is_ok()) return c;
+  return run_blocking(op);
+}
+Status Communicator::all_to_all_bytes_blocking(const void* send, void* recv, size_t bytes) {
+  Op op{Kind::kAllToAll, send, recv, bytes};
+  op.raw = true;
   if (Status c = check(op); !c.is_ok()) return c;
   return run_blocking(op);
 }
@@ -184,9 +211,9 @@ void reduce_rank_order(const void* const* inputs, int n, void* out, size_t count
 }
 
 size_t op_bytes(const Communicator::Op& op, int world_size) {
-  const size_t b = op.count * dtype_size(op.dtype);
+  const size_t b = op.count * op.elem_size();
   using K = Communicator::Kind;
-  if (op.kind == K::kAllGather || op.kind == K::kReduceScatter) {
+  if (op.kind == K::kAllGather || op.kind == K::kReduceScatter || op.kind == K::kAllToAll) {
     return b * static_cast<size_t>(world_size);
   }
   return op.kind == K::kBarrier ? 0 : b;
@@ -197,7 +224,7 @@ std::string describe(const Communicator::Op& op, int world_size) {
   const char* name = Communicator::kind_name(op.kind);
   if (op.kind == K::kBarrier) return name;
   std::string s = fmt::format("{} of {} bytes ({} x {}", name, op_bytes(op, world_size),
-                              dtype_name(op.dtype), op.count);
+                              op.raw ? "bytes" : dtype_name(op.dtype), op.count);
   if (op.kind == K::kReduceScatter || op.kind == K::kAllReduce) {
     s += fmt::format(", {}", reduce_op_name(op.reduce));
   }
@@ -233,6 +260,8 @@ double HostCommunicator::busy_seconds() {
   std::lock_guard<std::mutex> lock(mu_);
   return busy_s_;
 }
+
+uint64_t HostCommunicator::bytes_sent() const { return bytes_sent_.load(); }
 
 Status HostCommunicator::enqueue(Stream& stream, const Op& op) {
   if (device_ == nullptr) {

@@ -12,6 +12,7 @@
 //   reduce_scatter: every rank sends block q of its input to rank q, which reduces the P blocks.
 //   all_reduce:     reduce_scatter on P near-equal parts, then all_gather of the parts; below
 //                   64 KiB of traffic, one phase (everyone sends everything, everyone reduces).
+//   all_to_all:     every rank sends block q of its input to rank q.
 //   broadcast:      the root sends to every other rank.
 //   barrier:        zero-byte messages between every pair.
 // Messages longer than 1 GiB are split (MPI counts are int). Each exchange has its own tag, so a
@@ -148,21 +149,32 @@ class MpiCommunicator final : public HostCommunicator {
     MpiLock lock;
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     if (rc != MPI_SUCCESS) return internal_error("MPI_Comm_dup: " + mpi_error_text(rc));
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    MPI_Comm local;
-    rc = MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
-    if (rc != MPI_SUCCESS) return internal_error("MPI_Comm_split_type: " + mpi_error_text(rc));
-    MPI_Comm_rank(local, &local_rank_);
-    MPI_Comm_free(&local);
-    return Status::ok();
+    return describe_comm();
+  }
+
+  // The sub-communicator of `parent`'s ranks with this color (MPI_Comm_split).
+  Status init_split(MPI_Comm parent, int color, int key) {
+    MpiLock lock;
+    int rc = MPI_Comm_split(parent, color, key, &comm_);
+    if (rc != MPI_SUCCESS) return internal_error("MPI_Comm_split: " + mpi_error_text(rc));
+    return describe_comm();
+  }
+
+  Result<std::unique_ptr<Communicator>> split(int color, int key) override {
+    if (color < 0) {
+      return invalid_argument(fmt::format("rank {}: split: color {} must be >= 0", rank_, color));
+    }
+    auto sub = std::make_unique<MpiCommunicator>(device_, timeout_s());
+    STRATA_RETURN_IF_ERROR(sub->init_split(comm_, color, key),
+                           fmt::format("rank {}: splitting the mpi communicator", rank_));
+    return std::unique_ptr<Communicator>(std::move(sub));
   }
 
   const char* backend() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
+  int node() const override { return node_; }
 
  protected:
   Status run(const Op& op) override {
@@ -184,12 +196,33 @@ class MpiCommunicator final : public HostCommunicator {
       case Kind::kBarrier:
         s = barrier(op);
         break;
+      case Kind::kAllToAll:
+        s = all_to_all(op);
+        break;
     }
     if (!s.is_ok()) runtime().broken = true;
     return s;
   }
 
  private:
+  // rank, size, local rank and node of comm_ (called with the MPI lock held). The node is the
+  // lowest world rank among comm_'s ranks on this host: for a sub-group, its own members'.
+  Status describe_comm() {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm local;
+    int rc = MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+    if (rc != MPI_SUCCESS) return internal_error("MPI_Comm_split_type: " + mpi_error_text(rc));
+    MPI_Comm_rank(local, &local_rank_);
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    rc = MPI_Allreduce(&world_rank, &node_, 1, MPI_INT, MPI_MIN, local);
+    MPI_Comm_free(&local);
+    if (rc != MPI_SUCCESS) return internal_error("MPI_Allreduce (node id): " + mpi_error_text(rc));
+    return Status::ok();
+  }
+
   int next_tag() { return static_cast<int>(tag_seq_++ % 30000) + 1; }
 
   char* scratch(size_t bytes) {
@@ -212,6 +245,7 @@ class MpiCommunicator final : public HostCommunicator {
         rc = recv ? MPI_Irecv(b, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &req)
                   : MPI_Isend(b, static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &req);
       }
+      if (rc == MPI_SUCCESS && !recv) count_sent(n);
       if (rc != MPI_SUCCESS) {
         return internal_error(fmt::format(
             "rank {}: {}: {} of {} bytes {} rank {} failed: {}", rank_, describe(op, size_),
@@ -284,7 +318,7 @@ class MpiCommunicator final : public HostCommunicator {
   }
 
   Status all_gather(const Op& op) {
-    const size_t cb = op.count * dtype_size(op.dtype);
+    const size_t cb = op.count * op.elem_size();
     char* recv = static_cast<char*>(op.recv);
     if (cb == 0) return Status::ok();
     if (op.send != recv + rank_ * cb) std::memmove(recv + rank_ * cb, op.send, cb);
@@ -301,8 +335,27 @@ class MpiCommunicator final : public HostCommunicator {
     return wait(p, op);
   }
 
+  Status all_to_all(const Op& op) {
+    const size_t cb = op.count * op.elem_size();
+    if (cb == 0) return Status::ok();
+    const char* send = static_cast<const char*>(op.send);
+    char* recv = static_cast<char*>(op.recv);
+    std::memcpy(recv + rank_ * cb, send + rank_ * cb, cb);
+    Pending p;
+    const int tag = next_tag();
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      STRATA_RETURN_IF_ERROR(post_recv(p, recv + q * cb, cb, q, tag, op), "all_to_all");
+    }
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      STRATA_RETURN_IF_ERROR(post_send(p, send + q * cb, cb, q, tag, op), "all_to_all");
+    }
+    return wait(p, op);
+  }
+
   Status reduce_scatter(const Op& op) {
-    const size_t cb = op.count * dtype_size(op.dtype);
+    const size_t cb = op.count * op.elem_size();
     if (cb == 0) return Status::ok();
     const char* send = static_cast<const char*>(op.send);
     char* stage = scratch(cb * size_);
@@ -388,7 +441,7 @@ class MpiCommunicator final : public HostCommunicator {
   }
 
   Status broadcast(const Op& op) {
-    const size_t bytes = op.count * dtype_size(op.dtype);
+    const size_t bytes = op.count * op.elem_size();
     if (bytes == 0) return Status::ok();
     Pending p;
     const int tag = next_tag();
@@ -416,7 +469,7 @@ class MpiCommunicator final : public HostCommunicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, node_ = 0;
   uint64_t tag_seq_ = 0;     // one per exchange, identical on every rank
   uint64_t collective_ = 0;  // one per collective, for messages
   std::unique_ptr<char[]> scratch_;

@@ -22,6 +22,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <mutex>
@@ -106,7 +107,15 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
+  int node() const override { return bootstrap_ ? bootstrap_->node() : 0; }
   BufferSpace buffer_space() const override { return BufferSpace::kDevice; }
+  uint64_t bytes_sent() const override { return bytes_sent_.load(); }
+  Result<std::unique_ptr<Communicator>> split(int /*color*/, int /*key*/) override {
+    return unavailable(
+        "nccl: sub-communicators (ZeRO++ zero_hpz_partition_size > 1 and "
+        "zero_quantized_gradients) are not implemented on nccl yet; use the mpi backend or "
+        "leave those keys off");
+  }
 
   Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -255,10 +264,39 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status launch(const Op& op) {
-    const ncclDataType_t t = nccl_type(op.dtype);
+    const ncclDataType_t t = op.raw ? ncclUint8 : nccl_type(op.dtype);
     const ncclRedOp_t r = op.reduce == ReduceOp::kSum ? ncclSum : ncclMax;
     ncclResult_t res = ncclSuccess;
+    // What a ring moves per rank: (P-1)/P of the buffer per phase (bytes_sent()).
+    const uint64_t b = op.count * op.elem_size(), p = uint64_t(size_);
     switch (op.kind) {
+      case Kind::kAllGather:
+      case Kind::kReduceScatter:
+      case Kind::kAllToAll:
+        bytes_sent_ += (p - 1) * b;
+        break;
+      case Kind::kAllReduce:
+        bytes_sent_ += 2 * (p - 1) * b / p;
+        break;
+      case Kind::kBroadcast:
+        bytes_sent_ += b;
+        break;
+      default:
+        break;
+    }
+    switch (op.kind) {
+      case Kind::kAllToAll: {
+        const char* send = static_cast<const char*>(op.send);
+        char* recv = static_cast<char*>(op.recv);
+        res = ncclGroupStart();
+        for (int q = 0; q < size_ && res == ncclSuccess; ++q) {
+          res = ncclSend(send + q * b, op.count, t, q, comm_, stream_);
+          if (res == ncclSuccess) res = ncclRecv(recv + q * b, op.count, t, q, comm_, stream_);
+        }
+        const ncclResult_t end = ncclGroupEnd();
+        if (res == ncclSuccess) res = end;
+        break;
+      }
       case Kind::kAllGather:
         res = ncclAllGather(op.send, op.recv, op.count, t, comm_, stream_);
         break;
@@ -329,6 +367,7 @@ class NcclCommunicator final : public Communicator {
   std::deque<std::pair<cudaEvent_t, cudaEvent_t>> timed_;
   std::vector<cudaEvent_t> spare_events_;
   double busy_s_ = 0;
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 }  // namespace

@@ -309,12 +309,16 @@ std::vector<Key> build_table() {
         kDsOnly));
   add(U("zero_optimization.use_multi_rank_bucket_allreduce", Bool(), "true",
         "combine reduce buckets of ranks", kFlatModules));
-  add(U("zero_optimization.zero_hpz_partition_size", Int(0, kMaxInt), "1",
-        "ZeRO++ secondary partition size", kDsOnly));
-  add(U("zero_optimization.zero_quantized_weights", Bool(), "false", "ZeRO++ quantized weights",
-        kDsOnly));
-  add(U("zero_optimization.zero_quantized_gradients", Bool(), "false", "ZeRO++ quantized gradients",
-        kDsOnly));
+  add(F("zero_optimization.zero_hpz_partition_size", Int(0, kMaxInt),
+        STRATA_M(zero.zero_hpz_partition_size),
+        "ZeRO++ hpZ: ranks of one node holding a secondary parameter partition, so backward's "
+        "gathers stay within the node (0, 1: off; must divide the ranks per node)"));
+  add(F("zero_optimization.zero_quantized_weights", Bool(), STRATA_M(zero.zero_quantized_weights),
+        "ZeRO++ qwZ: parameter all-gathers as int8 with an fp32 scale per 256 elements"));
+  add(F("zero_optimization.zero_quantized_gradients", Bool(),
+        STRATA_M(zero.zero_quantized_gradients),
+        "ZeRO++ qgZ: gradient reduce-scatters as int4 (fp32 scale per 128 elements), "
+        "hierarchical: within each node, then across nodes"));
   add(U("zero_optimization.memory_efficient_linear", Bool(), "true",
         "DeepSpeed's memory-efficient linear", kDsOnly));
 
@@ -480,6 +484,9 @@ std::vector<Key> build_table() {
         nullptr));
   add(F("strata.comm.backend", Enum("auto|single|mpi|nccl"), STRATA_M(strata.comm_backend),
         "communicator", nullptr));
+  add(F("strata.comm.ranks_per_node", Int(0, kMaxInt), STRATA_M(strata.comm_ranks_per_node),
+        "ZeRO++ node grouping: ranks [n*L, (n+1)*L) form node n; 0 = the ranks sharing a host "
+        "(MPI's shared-memory split)"));
   add(F("strata.comm.timeout_s", Real(0, kInf, false, true), STRATA_M(strata.comm_timeout_s),
         "seconds a collective waits for its peers before failing (0 = forever)", nullptr));
   add(F("strata.activations", Enum("keep|recompute|offload"), STRATA_M(strata.activations),

@@ -145,6 +145,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain));
   o.device.state = needs.device.resident_state;
   o.device.buffers = needs.device.transient();
+  if (W > 1 && r.zeropp.hpz_partition_size > 1) {
+    // hpZ: every module's secondary shard stays on the device for the step.
+    const double numel = double(arch->layout().num_params());
+    o.device.buffers += uint64_t(
+        zeropp_traffic(r.zeropp, int(W), int(W), numel, r.dtype).secondary_bytes);
+  }
   o.device.activations = needs.device.activations;
   o.device.capacity = r.hw.gpu_mem;
   // The host tier of one node holds every local rank's state and staging.
@@ -332,8 +338,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // The optimizer thread also copies each module's master + moments into its undo copy.
   t.cpu_optim_s += double(o.host.undo) / (pf.host_copy_gbps.value * 1e9);
   if (W > 1) {
-    const double frac = double(W - 1) / double(W);
-    const double bytes = A * (2.0 * Pfull * es + Pfull * 4) * frac;
+    const ZeroPPTraffic z = zeropp_traffic(r.zeropp, int(W), int(W), Pfull, r.dtype);
+    const double bytes = A * (z.gather_forward + z.gather_backward + z.reduce);
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
@@ -471,6 +477,9 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
   r.reduce_bucket_elems = cfg.zero.reduce_bucket_size;
   r.delayed_update = cfg.strata.delayed_update;
+  r.zeropp.quantized_weights = cfg.zero.zero_quantized_weights;
+  r.zeropp.hpz_partition_size = cfg.zero.zero_hpz_partition_size;
+  r.zeropp.quantized_gradients = cfg.zero.zero_quantized_gradients;
   auto mode = parse_activation_mode(cfg.strata.activations);  // the parser checked the name
   r.activations = mode.is_ok() ? *mode : ActivationMode::kKeep;
   r.hw = hw;

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "src/comm/zeropp.h"
 #include "src/model/gpt2.h"
 #include "src/tiers/placement.h"
 #include "strata/config.h"
@@ -166,6 +167,10 @@ struct PlanRequest {
   // forward per block to compute, kOffload adds its block inputs to the host tier and their
   // round trip to the link.
   ActivationMode activations = ActivationMode::kKeep;
+  // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): the
+  // collectives' bytes per zeropp_traffic() (src/comm/zeropp.h), and hpZ's secondary shards on
+  // the device. The planner's ranks are one node's, so qgZ's levels collapse into one.
+  ZeroPPOptions zeropp;
   Hardware hw;
   MachineProfile profile;
 };

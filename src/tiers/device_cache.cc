@@ -27,11 +27,13 @@ DeviceCache::DeviceCache(Homes& homes, const TierOptions& options, DType dt, boo
       counters_(counters),
       errors_(errors),
       policy_(policy_options(options)),
-      cache_(homes.modules().size()) {}
+      cache_(homes.modules().size()),
+      secondary_(homes.modules().size(), nullptr) {}
 
 // ---- phases --------------------------------------------------------------------------------
 
 void DeviceCache::begin_phase(const std::string& phase) {
+  drop_secondaries();  // hpZ's secondary shards live within one phase
   phase_ = phase;
   rec_.clear();
   pos_ = 0;
@@ -291,6 +293,10 @@ void DeviceCache::write_through(int m, const void* lp, size_t bytes) {
 }
 
 void DeviceCache::release_all() {
+  for (void*& p : secondary_) {
+    if (p) dev_.release(p);
+    p = nullptr;
+  }
   reclaim(true);
   while (!pending_.empty()) reclaim(true);
   for (auto& c : cache_) {

@@ -112,6 +112,12 @@ class DeviceCache final : public CacheState {
 
   // zero3_gather.cc
   void all_gather(int m, void* mine);
+  // ZeRO++ (qwZ, hpZ; src/comm/zeropp.h): module m's gather, quantized and/or from the
+  // secondary partition.
+  Status gather_zeropp(int m, void* mine);
+  // hpZ: frees every secondary shard after the gathers enqueued so far (the phase ended, or
+  // the optimizer is about to update the shards).
+  void drop_secondaries();
   uint64_t window_end(uint64_t from) const;
   void gather_window();
   bool keep_gathered(int m) const;
@@ -126,6 +132,8 @@ class DeviceCache final : public CacheState {
   DeviceCachePolicy policy_;
   std::vector<Entry> cache_;
   std::deque<PendingFree> pending_;
+  // hpZ: module m's secondary shard (device memory) while this phase holds one, else null.
+  std::vector<void*> secondary_;
   // The trace of each phase; the current phase's recording and position.
   std::map<std::string, Trace> traces_;
   std::string phase_;

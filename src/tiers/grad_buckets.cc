@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "src/comm/zeropp.h"
 #include "strata/cpu_optim.h"
 
 namespace strata {
@@ -124,7 +125,22 @@ void GradBuckets::flush_bucket() {
     }
   }
   float* mine = buf + size_t(rank) * k;
-  Status st = opt_.grad_comm->reduce_scatter(d2h, buf, mine, k, DType::kF32, ReduceOp::kSum);
+  Status st;
+  if (opt_.zeropp != nullptr && opt_.zeropp->quantized_gradients()) {
+    // qgZ: hierarchical int4 (src/comm/zeropp.h), through a scratch buffer freed after it ran.
+    ZeroPP& z = *opt_.zeropp;
+    auto scratch = cache_.allocate(z.reduce_scatter_scratch_bytes(k), "qgZ scratch", -1,
+                                   UINT64_MAX, /*may_block=*/true);
+    st = scratch.status();
+    if (st.is_ok()) {
+      st = z.reduce_scatter(dev_, d2h, buf, mine, k, *scratch);
+      Device* dev = &dev_;
+      void* p = *scratch;
+      dev_.host_fn(d2h, [dev, p] { dev->release(p); });
+    }
+  } else {
+    st = opt_.grad_comm->reduce_scatter(d2h, buf, mine, k, DType::kF32, ReduceOp::kSum);
+  }
   if (!st.is_ok()) {
     errors_.set(
         st.with_context(fmt::format("reducing the gradients of {}{}", homes_.module(p0.m).name,

@@ -6,7 +6,8 @@
 // several ranks the drained buffers go into buckets of reduce_bucket_size elements that are
 // reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
 // in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
-// accumulated. Either way, after the last micro-batch a module's norm² and inf/nan flag are
+// accumulated (with ZeRO++'s qgZ, TierOptions::zeropp, each bucket's reduce-scatter is its
+// hierarchical int4 one). Either way, after the last micro-batch a module's norm² and inf/nan flag are
 // reduced from GACC on the d2h stream, and `on_final(m)` is called once the work that makes
 // its gradients final has been enqueued.
 //

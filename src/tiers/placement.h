@@ -18,6 +18,8 @@
 
 namespace strata {
 
+class ZeroPP;
+
 enum class Tier : uint8_t { kDevice = 0, kHost = 1, kNvme = 2 };
 const char* tier_name(Tier t);  // "device", "host", "nvme"
 
@@ -88,6 +90,11 @@ struct TierOptions {
   // without, the compute stream waits for each bucket's reduction (DeepSpeed's meaning).
   Communicator* param_comm = nullptr;
   Communicator* grad_comm = nullptr;
+  // ZeRO++ (src/comm/zeropp.h), sharded only; null: plain gathers and reduce-scatters. With
+  // qwZ or hpZ the gathers go through DeviceCache::gather_zeropp (device memory for the
+  // quantized payloads and hpZ's secondary shards comes from the device cache); with qgZ each
+  // gradient bucket is reduced by ZeroPP::reduce_scatter. Must outlive the manager.
+  ZeroPP* zeropp = nullptr;
   uint64_t reduce_bucket_elems = 500'000'000;  // zero_optimization.reduce_bucket_size
   bool overlap_comm = true;                    // zero_optimization.overlap_comm
   int buffer_count = 4;                        // optimizer pipeline depth (NVMe state)

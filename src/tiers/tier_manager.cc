@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "src/comm/zeropp.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager_impl.h"
 #include "strata/log.h"
@@ -225,6 +226,7 @@ Status TierManager::end_backward() {
     // gradients or parameters that never arrived.
     STRATA_RETURN_IF_ERROR(opt_.param_comm->health(), "gathering parameters");
     STRATA_RETURN_IF_ERROR(opt_.grad_comm->health(), "reducing gradients");
+    if (opt_.zeropp) STRATA_RETURN_IF_ERROR(opt_.zeropp->health(), "");
   }
   return Status::ok();
 }

@@ -6,8 +6,18 @@
 // the recorded trace (the same on every rank) and the groups' sizes only: the prefetch window
 // from a trace position is the positions ahead whose distinct groups' gathered bytes add up to
 // at most prefetch_bytes, never past the step's end (the optimizer then updates the shards).
+//
+// ZeRO++ (src/comm/zeropp.h), gather_zeropp: with qwZ each rank's shard travels as a packed
+// int8 chunk (packed_bytes(8, sn, kWeightBlock)); the group is the P chunks dequantized in
+// rank order. With hpZ the first gather of a module in a phase keeps this rank's secondary
+// chunk: the units (packed chunks, or shards in the model dtype) of ranks [j*P/h, (j+1)*P/h),
+// j = its index in the hpZ group; later gathers all-gather those chunks within the group,
+// which yields the same P units in the same order, hence the same weights bit for bit.
+// Whether a gather is a first one depends only on the (identical) order of gathers, so every
+// rank makes the same choice.
 #include <vector>
 
+#include "src/comm/zeropp.h"
 #include "src/tiers/device_cache.h"
 
 namespace strata {
@@ -15,8 +25,72 @@ namespace strata {
 void DeviceCache::all_gather(int m, void* mine) {
   const Module& mod = homes_.module(m);
   Entry& c = cache_[size_t(m)];
-  Status s = opt_.param_comm->all_gather(dev_.h2d_stream(), mine, c.ptr, mod.sn, dt_);
+  const ZeroPP* z = opt_.zeropp;
+  Status s;
+  if (z != nullptr && (z->quantized_weights() || z->hpz())) {
+    s = gather_zeropp(m, mine);
+  } else {
+    s = opt_.param_comm->all_gather(dev_.h2d_stream(), mine, c.ptr, mod.sn, dt_);
+  }
   if (!s.is_ok()) errors_.set(s.with_context("gathering " + mod.name + " parameters"));
+}
+
+Status DeviceCache::gather_zeropp(int m, void* mine) {
+  const Module& mod = homes_.module(m);
+  Entry& c = cache_[size_t(m)];
+  ZeroPP& z = *opt_.zeropp;
+  Stream& h2d = dev_.h2d_stream();
+  const int P = opt_.param_comm->size(), rank = opt_.param_comm->rank();
+  const size_t sn = mod.sn, es = dtype_size(dt_);
+  const bool q = z.quantized_weights();
+  const size_t unit = q ? packed_bytes(8, sn, kWeightBlock) : sn * es;  // one rank's shard
+  const size_t per = size_t(P / z.hpz_size());  // units in a secondary chunk
+  char* group = static_cast<char*>(c.ptr);
+  Device* dev = &dev_;
+  // The P packed chunks (qwZ), or the group buffer itself.
+  char* units = group;
+  if (q) {
+    STRATA_ASSIGN_OR_RETURN(void* b,
+                            allocate(unit * size_t(P), mod.name + ".qwz", m, UINT64_MAX, true),
+                            "qwZ: the quantized gather buffer");
+    units = static_cast<char*>(b);
+  }
+  void*& sec = secondary_[size_t(m)];
+  if (sec != nullptr) {
+    // hpZ: the secondary chunks of this rank's group make the whole group.
+    STRATA_RETURN_IF_ERROR(z.hpz_comm()->all_gather_bytes(h2d, sec, units, per * unit),
+                           "hpZ: gathering the secondary partition");
+  } else if (q) {
+    quantize_packed(dev_, h2d, 8, dt_, units + size_t(rank) * unit, mine, sn, kWeightBlock);
+    STRATA_RETURN_IF_ERROR(
+        opt_.param_comm->all_gather_bytes(h2d, units + size_t(rank) * unit, units, unit),
+        "qwZ: gathering the int8 shards");
+  } else {
+    STRATA_RETURN_IF_ERROR(opt_.param_comm->all_gather(h2d, mine, group, sn, dt_), "");
+  }
+  if (q) {
+    for (int r = 0; r < P; ++r) {
+      dequantize_packed(dev_, h2d, 8, dt_, group + size_t(r) * sn * es, units + size_t(r) * unit,
+                        sn, kWeightBlock, false);
+    }
+  }
+  if (z.hpz() && sec == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(sec, allocate(per * unit, mod.name + ".hpz", m, UINT64_MAX, true),
+                            "hpZ: the secondary partition (zero_hpz_partition_size)");
+    dev_.copy_d2d(h2d, sec, units + size_t(z.hpz_index()) * per * unit, per * unit);
+  }
+  if (q) dev_.host_fn(h2d, [dev, units] { dev->release(units); });
+  return Status::ok();
+}
+
+void DeviceCache::drop_secondaries() {
+  Device* dev = &dev_;
+  for (void*& p : secondary_) {
+    if (p == nullptr) continue;
+    void* ptr = p;
+    dev_.host_fn(dev_.h2d_stream(), [dev, ptr] { dev->release(ptr); });
+    p = nullptr;
+  }
 }
 
 uint64_t DeviceCache::window_end(uint64_t from) const {
@@ -61,10 +135,11 @@ bool DeviceCache::keep_gathered(int m) const {
 
 void DeviceCache::drop_unheld() {
   // Gathered groups still cached (prefetched, then a changed order) go before the optimizer
-  // step updates the shards.
+  // step updates the shards; so do hpZ's secondary shards.
   for (size_t m = 0; m < cache_.size(); ++m) {
     if (cache_[m].resident && cache_[m].pins == 0) drop(int(m));
   }
+  drop_secondaries();
   reclaim(true);
 }
 

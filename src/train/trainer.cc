@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "src/comm/zeropp.h"
 #include "src/model/architecture.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint.h"
@@ -97,6 +98,9 @@ class Run {
   // param_comm_ / grad_comm_: the tier manager's gathers (h2d stream) and reduce-scatters (d2h
   // stream), only when world_ > 1. Declared before tm_ so they outlive it.
   std::unique_ptr<Communicator> comm_, param_comm_, grad_comm_;
+  // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): its
+  // sub-groups of param_comm_ / grad_comm_; null when none of the keys is on.
+  std::unique_ptr<ZeroPP> zeropp_;
   int world_ = 1, rank_ = 0;
   std::unique_ptr<TierManager> tm_;
   std::unique_ptr<ModelRunner> model_;
@@ -162,6 +166,14 @@ Status Run::create_comms() {
                             "strata.comm.backend (parameter gathers)");
     STRATA_ASSIGN_OR_RETURN(grad_comm_, create_communicator(comm_->backend(), dev_.get(), co),
                             "strata.comm.backend (gradient reduce-scatters)");
+    ZeroPPOptions zo;
+    zo.quantized_weights = cfg_.zero.zero_quantized_weights;
+    zo.hpz_partition_size = cfg_.zero.zero_hpz_partition_size;
+    zo.quantized_gradients = cfg_.zero.zero_quantized_gradients;
+    zo.ranks_per_node = cfg_.strata.comm_ranks_per_node;
+    if (zo.any()) {
+      STRATA_ASSIGN_OR_RETURN(zeropp_, ZeroPP::create(zo, *param_comm_, *grad_comm_), "");
+    }
   }
   log_info("comm: {} backend, rank {} of {}, timeout {:g} s", comm_->backend(), rank_, world_,
            comm_->timeout_s());
@@ -224,6 +236,7 @@ Status Run::setup() {
   to.rank = rank_;
   to.param_comm = param_comm_.get();
   to.grad_comm = grad_comm_.get();
+  to.zeropp = zeropp_.get();
   STRATA_ASSIGN_OR_RETURN(const ActivationMode act_mode,
                           parse_activation_mode(cfg_.strata.activations), "");
   const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode);
@@ -550,9 +563,21 @@ Result<TrainResult> Run::loop() {
     for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
       if (c) t += c->busy_seconds();
     }
+    if (zeropp_) t += zeropp_->busy_seconds();
     return t;
   };
   double comm_mark = comm_now();
+  // Bytes this rank sent (comm_bytes): [0] parameter gathers (hpZ's included), [1] gradient
+  // reductions (qgZ's included), [2] the main thread's reductions.
+  auto sent_now = [&]() {
+    std::array<uint64_t, 3> b{0, 0, 0};
+    if (param_comm_) b[0] = param_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(true) : 0);
+    if (grad_comm_) b[1] = grad_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(false) : 0);
+    b[2] = comm_->bytes_sent();
+    return b;
+  };
+  auto sent_mark = sent_now();
+  std::array<uint64_t, 3> w_sent{0, 0, 0};
   auto bytes_now = [&]() {
     return std::array<uint64_t, 3>{
         tm_->stats(Tier::kDevice).bytes_in, tm_->stats(Tier::kDevice).bytes_out,
@@ -566,6 +591,12 @@ Result<TrainResult> Run::loop() {
     const double comm_step = comm_now() - comm_mark;
     comm_mark += comm_step;
     w_comm += comm_step;
+    const auto sent = sent_now();
+    for (int i = 0; i < 3; ++i) {
+      w_sent[size_t(i)] += sent[size_t(i)] - sent_mark[size_t(i)];
+      r.comm_bytes += sent[size_t(i)] - sent_mark[size_t(i)];
+    }
+    sent_mark = sent;
     r.comm_s += comm_step;
     w_fb += last_fwd_bwd_s_;
     w_opt += tt.optimizer_s;
@@ -611,7 +642,9 @@ Result<TrainResult> Run::loop() {
       if (opts_.progress && report) {
         // Comm time only means something with several ranks.
         const std::string comm =
-            world_ > 1 ? fmt::format(", comm {:.0f}", 1e3 * w_comm / ws) : std::string();
+            world_ > 1 ? fmt::format(", comm {:.0f} ({:.2f} MiB sent)", 1e3 * w_comm / ws,
+                                     double(w_sent[0] + w_sent[1] + w_sent[2]) / ws / 1048576.0)
+                       : std::string();
         std::printf(
             "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
             "fwd/bwd %.0f (fetch wait %.0f) opt %.0f (%.0f%% hidden%s), io wait %.0f%s | "
@@ -647,6 +680,9 @@ Result<TrainResult> Run::loop() {
                                        {"delayed_update", r.approximate},
                                        {"io_wait_s", w_io / ws},
                                        {"comm_s", w_comm / ws},
+                                       {"comm_bytes", double(w_sent[0] + w_sent[1] + w_sent[2]) / ws},
+                                       {"comm_param_bytes", double(w_sent[0]) / ws},
+                                       {"comm_grad_bytes", double(w_sent[1]) / ws},
                                        {"device_bytes_per_step", dev_mb * 1048576.0},
                                        {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
                             .dump())
@@ -655,12 +691,14 @@ Result<TrainResult> Run::loop() {
       window_t = Clock::now();
       window_steps = 0;
       w_fb = w_opt = w_io = w_cw = w_comm = w_hid = 0;
+      w_sent = {0, 0, 0};
       w_bytes = bytes_now();
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");
       tm_->take_times();  // eval's fetch waits and collectives are not the step's
       comm_mark = comm_now();
+      sent_mark = sent_now();
       window_t = Clock::now();
     }
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||

@@ -71,6 +71,7 @@ struct TrainResult {
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
   // it); 0 on one rank.
   double comm_s = 0;
+  uint64_t comm_bytes = 0;  // bytes this rank sent to other ranks in the steps (not in evals)
   // Parameter fetches into the device cache (all-gathers when sharded) over this run, eval
   // included, and how many of them were prefetches issued ahead of use from the recorded
   // trace; gradient reduce-scatters issued (one per bucket; 0 on one rank), and how many of
