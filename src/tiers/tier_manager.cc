@@ -119,10 +119,10 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   }
 
   // Every tier's need against its capacity, before anything is allocated or written.
-  STRATA_ASSIGN_OR_RETURN(
-      const std::vector<ModuleHomes> plan,
-      module_homes(arch.layout(), options.placement, world, dt, moment_dt, options.delayed_update),
-      "tier manager");
+  STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> plan,
+                          module_homes(arch.layout(), options.placement, world, dt, moment_dt,
+                                       options.delayed_update, options.sub_group_elems),
+                          "tier manager");
   // The device's working set: the most the training program holds at once.
   const TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));
