@@ -490,8 +490,11 @@ std::vector<Key> build_table() {
         "logger level"));
   add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),
         "home tier of parameters (overrides offload_param.device)"));
-  add(F("strata.placement.grads", Enum("device|host"), STRATA_M(strata.placement_grads),
-        "where gradients accumulate between backward and the optimizer step"));
+  add(F("strata.placement.grads", Enum("device|host|nvme"), STRATA_M(strata.placement_grads),
+        "where the fp32 gradient accumulators live between backward and the optimizer step "
+        "(default: with the optimizer, host when that is nvme); nvme: one swap extent per "
+        "optimizer sub-group, so no whole-model gradient is held in host memory (one rank, "
+        "no delayed update)"));
   add(F("strata.placement.master", Enum("device|host|nvme"), STRATA_M(strata.placement_master),
         "home tier of fp32 master weights (overrides offload_optimizer.device)"));
   add(F("strata.placement.moments", Enum("device|host|nvme"), STRATA_M(strata.placement_moments),

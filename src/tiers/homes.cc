@@ -53,7 +53,7 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
                                 "device tier: " + tag);
       } else if (home->tier == Tier::kHost) {
         STRATA_ASSIGN_OR_RETURN(home->host, h->pool_->acquire(home->bytes), "host tier: " + tag);
-      } else if (home == &m.master || home == &m.mom) {
+      } else if (home != &m.p) {  // master, moments, gradients: one extent per sub-group
         const size_t e = home->bytes / m.sn;
         for (size_t j = 0; j < m.sub_groups(); ++j) {
           STRATA_ASSIGN_OR_RETURN(SwapExtent x, h->allocate_extent(m.sub_len(j) * e),

@@ -3,13 +3,15 @@
 #include <algorithm>
 
 #include "strata/comm.h"
+#include "strata/cpu_optim.h"
 #include "strata/swap_space.h"
 
 namespace strata {
 
-size_t sub_group_elems(size_t shard_numel, uint64_t option) {
+size_t sub_group_elems(size_t shard_numel, uint64_t option, uint64_t align) {
   if (option == 0 || option >= shard_numel) return shard_numel;
-  return size_t(std::max(kSubGroupAlign, option / kSubGroupAlign * kSubGroupAlign));
+  const size_t g = size_t(std::max(align, option / align * align));
+  return std::min(g, shard_numel);
 }
 
 Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const Placement& placement,
@@ -42,7 +44,8 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
     m.moments = {opt_on_device ? Tier::kDevice : placement.moments, sn * 2 * mb};
     m.grads = {opt_on_device ? Tier::kDevice : placement.grads, sn * 4};
     if (delayed_update) m.grads2 = m.grads;
-    m.sub_group = strata::sub_group_elems(sn, sub_group_elems);
+    m.sub_group = strata::sub_group_elems(
+        sn, sub_group_elems, m.grads.tier == Tier::kNvme ? kStatsTileElems : kSubGroupAlign);
   }
   return homes;
 }
@@ -61,7 +64,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   const size_t es = dtype_size(dt);
   const bool sharded = world_size > 1;
   TierNeeds n;
-  size_t max_p = 0, max_opt = 0, max_g = 0;
+  // An extent larger than a stripe is dealt over the paths in whole stripes (SwapSpace), so it
+  // may waste up to one; a smaller one, or any on one path, lives whole in one file.
+  const uint64_t stripe_bytes = SwapOptions{}.stripe_size;
+  auto striped = [&](size_t bytes) -> size_t {
+    return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
+  };
+  size_t max_p = 0, max_opt = 0, max_g = 0, max_gsub = 0;
   for (const auto& m : homes) {
     if (options.delayed_update) n.host.param_shadows += round_up(m.params.bytes, 4096);
     n.host.undo += round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096);
@@ -72,9 +81,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       if (h->bytes == 0) continue;
       if (h->tier == Tier::kDevice) n.device.resident_state += round_up(h->bytes, 256);
       if (h->tier == Tier::kHost) n.host.state += round_up(h->bytes, 4096);
-      if (h->tier == Tier::kNvme && h != &m.master && h != &m.moments) {
+      if (h->tier == Tier::kNvme && h != &m.master && h != &m.moments && h != &m.grads &&
+          h != &m.grads2) {
         n.nvme.state += round_up(h->bytes, 4096);
-        ++n.nvme.objects;
+        n.nvme.objects += striped(h->bytes);
       }
     }
     // NVMe-homed master weights and moments: one extent per sub-group; the pipeline stages
@@ -83,14 +93,17 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
     for (size_t j = 0; j < m.sub_groups(); ++j) {
       const size_t len = m.sub_group_len(j);
-      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
+      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
+                          std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
         if (h->tier != Tier::kNvme || h->bytes == 0) continue;
         n.nvme.state += round_up(len * e, 4096);
-        ++n.nvme.objects;
+        n.nvme.objects += striped(len * e);
       }
     }
+    if (m.grads.tier == Tier::kNvme)
+      max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
     max_p = std::max(max_p, m.params.bytes);
-    max_g = std::max(max_g, m.grads.bytes);
+    if (m.grads.tier != Tier::kNvme) max_g = std::max(max_g, m.grads.bytes);
     if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
       const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
       max_opt = std::max(max_opt, round_up(len * mst_e, 4096) + round_up(len * mom_e, 4096));
@@ -127,6 +140,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     n.host.staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
   n.host.staging += n.host.optimizer_staging;
+  // Gradients on NVMe: GradSpill's landing and staging buffers, and the sub-group the optimizer
+  // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
+  n.host.grad_staging = 3 * max_gsub;
+  n.host.staging += n.host.grad_staging;
   n.host.staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
 
@@ -145,7 +162,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
         if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
         n.nvme.shadows += round_up(m.sub_group_len(j) * e, 4096);
-        ++n.nvme.shadow_objects;
+        n.nvme.shadow_objects += striped(m.sub_group_len(j) * e);
       }
     }
   }

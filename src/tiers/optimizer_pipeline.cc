@@ -114,7 +114,20 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
   auto it = prepared_.find({k, j});
   *out = std::move(it->second);
   prepared_.erase(it);
-  return wait_reads(*out).with_context(what);
+  STRATA_RETURN_IF_ERROR(wait_reads(*out), what);
+  return load_grad(out).with_context(what);
+}
+
+Status OptimizerPipeline::load_grad(Slot* s) {
+  Module& m = homes_.module(s->k);
+  if (m.gacc.tier != Tier::kNvme) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(s->len * 4, "optimizer pipeline"),
+                          "staging " + m.name + " gradients");
+  s->grad_buf = std::make_shared<PinnedBuffer>(std::move(b));
+  s->grad = s->grad_buf->as<float>();
+  IoWorker* io = homes_.io();
+  return io->wait(io->read(m.gacc.subs[s->j], s->grad_buf->data()))
+      .with_context("reading " + m.name + " gradients");
 }
 
 void OptimizerPipeline::drain_prepared() {
@@ -155,7 +168,7 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   Module& m = homes_.module(k);
   ShardState sh;
   sh.n = s.len;  // the padding's grads, master and moments are zero and stay zero
-  sh.grad = (grad ? grad : static_cast<const float*>(m.gacc.ptr())) + s.a;
+  sh.grad = s.grad ? s.grad : (grad ? grad : static_cast<const float*>(m.gacc.ptr())) + s.a;
   sh.grad_dtype = DType::kF32;
   sh.grad_mult = grad_mult;
   sh.master = s.master;

@@ -54,6 +54,10 @@ class OptimizerPipeline {
     float* master = nullptr;
     void* m = nullptr;
     void* v = nullptr;
+    // Gradients on NVMe: the sub-group's accumulator, read by take() (after the gradients are
+    // final, never ahead); else null (the module's GACC home is used).
+    std::shared_ptr<PinnedBuffer> grad_buf;
+    const float* grad = nullptr;
   };
   // Where a module's new low-precision parameters go while its sub-groups are stepped: its
   // home when host-visible, a shadow (the delayed update), else a staging buffer (`keep`).
@@ -88,6 +92,8 @@ class OptimizerPipeline {
   size_t prepared_count() const { return prepared_.size(); }
   // Takes sub-group j of module k (preparing it if needed) and waits for its reads.
   Status take(int k, size_t j, Slot* out);
+  // With gradients on NVMe: reads the slot's sub-group of the accumulator into s->grad.
+  Status load_grad(Slot* s);
   // Waits for every prepared slot's reads and drops the slots.
   void drain_prepared();
 

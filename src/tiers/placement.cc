@@ -68,7 +68,7 @@ Result<Placement> parse_placement(const Config& cfg) {
                             parse_tier("strata.placement.moments", s.placement_moments, true), "");
   }
   if (!s.placement_grads.empty()) {
-    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, false),
+    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, true),
                             "");
   }
   return p;

@@ -35,8 +35,8 @@ struct Placement {
 // The placement a config asks for: zero_optimization.offload_param.device and
 // offload_optimizer.device (master and moments follow the optimizer's tier; gradients stay on the
 // device with it, else on the host) and offload_optimizer.ratio, then each strata.placement key
-// that is set overrides its kind. An unknown tier name is kInvalidArgument naming the key
-// (gradients take device or host only). Checks nothing about the device: the planner calls this
+// that is set overrides its kind (gradients on nvme: grad_spill.h). An unknown tier name is
+// kInvalidArgument naming the key. Checks nothing about the device: the planner calls this
 // for machines it does not run on.
 Result<Placement> parse_placement(const Config& cfg);
 

@@ -300,6 +300,7 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
       }
     }
     if (redo) {
+      STRATA_RETURN_IF_ERROR(pipeline_.load_grad(&s), "redoing " + what);
       pipeline_.step_sub_group(k, s, hyper, grad_mult, nullptr, t.lp);
       // Within the pipeline's reservation next to the sub-groups read ahead.
       if (io)

@@ -30,7 +30,7 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
       init(int(i), master);
     }
     std::memset(moments, 0, m.mom.bytes);
-    std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    if (m.gacc.tier != Tier::kNvme) std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
     STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
     STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
   }
