@@ -128,6 +128,9 @@ int cmd_train(int argc, char** argv) {
                 format_bytes(double(t.bytes_in)).c_str(), format_bytes(double(t.bytes_out)).c_str(),
                 res.world_size > 1 ? " (rank 0's share)" : "");
   }
+  if (res.peak_rss > 0) {
+    std::printf("host memory: peak RSS (VmHWM) %s\n", format_bytes(double(res.peak_rss)).c_str());
+  }
   if (res.optimizer_s > 0) {
     std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
                 res.optimizer_s, 100.0 * res.optimizer_hidden_s / res.optimizer_s,

@@ -26,8 +26,6 @@ constexpr const char* kPersistence =
     "persistence is decided per module by stage3_param_persistence_threshold";
 constexpr const char* kNo16bitSave =
     "checkpoints hold each rank's fp32 master weights and moments, not gathered 16-bit weights";
-constexpr const char* kWholeModuleOptimizer =
-    "the optimizer pipeline steps whole modules (no sub-groups yet)";
 constexpr const char* kIoWorker =
     "the I/O worker batches submissions and reaps completions on its own thread";
 constexpr const char* kNoGds = "NVMe data moves through pinned host buffers (no GPUDirect Storage)";
@@ -269,7 +267,10 @@ std::vector<Key> build_table() {
   add(F("zero_optimization.round_robin_gradients", Bool(), STRATA_M(zero.round_robin_gradients),
         "stage 1/2: spread gradient copies over ranks", kAlwaysStage3));
   add(F("zero_optimization.sub_group_size", Size(1), STRATA_M(zero.sub_group_size),
-        "elements per optimizer sub-group", kWholeModuleOptimizer));
+        "elements per optimizer sub-group: the optimizer reads, steps and writes master weights "
+        "and moments in pieces of at most this many (rounded down to a multiple of 2048), and "
+        "at most what keeps its host staging (2 x offload_optimizer.buffer_count + 1 pieces) "
+        "within 1/8 of the host budget (strata.host_memory_limit)"));
   add(F("zero_optimization.stage3_prefetch_bucket_size", Size(),
         STRATA_M(zero.stage3_prefetch_bucket_size),
         "elements fetched ahead of use (auto: 0.9 n_embd^2)", nullptr, kAuto));
@@ -496,8 +497,11 @@ std::vector<Key> build_table() {
         "logger level"));
   add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),
         "home tier of parameters (overrides offload_param.device)"));
-  add(F("strata.placement.grads", Enum("device|host"), STRATA_M(strata.placement_grads),
-        "where gradients accumulate between backward and the optimizer step"));
+  add(F("strata.placement.grads", Enum("device|host|nvme"), STRATA_M(strata.placement_grads),
+        "where the fp32 gradient accumulators live between backward and the optimizer step "
+        "(default: with the optimizer, host when that is nvme); nvme: one swap extent per "
+        "optimizer sub-group, so no whole-model gradient is held in host memory (one rank, "
+        "no delayed update)"));
   add(F("strata.placement.master", Enum("device|host|nvme"), STRATA_M(strata.placement_master),
         "home tier of fp32 master weights (overrides offload_optimizer.device)"));
   add(F("strata.placement.moments", Enum("device|host|nvme"), STRATA_M(strata.placement_moments),

@@ -102,6 +102,12 @@ std::vector<PlacementOption> placement_options() {
       p("params-nvme+opt-nvme", T::kNvme, T::kNvme)};
 }
 
+// The sub-group size the engine would use for this request (TierOptions::from_config).
+static uint64_t sub_group_of(const PlanRequest& r) {
+  return std::min<uint64_t>(r.sub_group_elems,
+                            max_sub_group_elems(r.hw.host_mem, std::max(1, r.buffer_count)));
+}
+
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
   const ModelShape& m = r.model;
   if (m.layers < 1 || m.width < 1 || m.heads < 1 || m.width % m.heads != 0 || m.vocab < 2 ||
@@ -127,14 +133,15 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
 
   // ---- memory: the memory model, per rank (what TierManager::create's preflight checks) ----
-  STRATA_ASSIGN_OR_RETURN(
-      const std::vector<ModuleHomes> homes,
-      module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype, r.delayed_update),
-      "model " + m.name);
+  STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> homes,
+                          module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype,
+                                       r.delayed_update, sub_group_of(r)),
+                          "model " + m.name);
   TierOptions to;
   to.placement = where;
   to.nvme_paths = r.hw.nvme_paths;
   to.buffer_count = std::max(1, r.buffer_count);
+  to.sub_group_elems = sub_group_of(r);
   to.prefetch_bytes = r.prefetch_bytes;
   to.reduce_bucket_elems = r.reduce_bucket_elems;
   to.delayed_update = r.delayed_update;
@@ -169,8 +176,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
-  std::vector<uint64_t> opt_nvme_of(homes.size(), 0);       // the same per module
-  std::vector<uint64_t> opt_nvme_extents(homes.size(), 0);  // ... in 4 KiB host buffers
+  std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
+  std::vector<uint64_t> opt_nvme_extents;              // per sub-group, in 4 KiB host buffers
   for (size_t i = 0; i < homes.size(); ++i) {
     const ModuleHomes& h = homes[i];
     P_local += h.shard_numel;
@@ -181,9 +188,15 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     }
     if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
     for (const auto* x : {&h.master, &h.moments}) {
-      if (x->tier != Tier::kNvme) continue;
-      opt_nvme_of[i] += x->bytes;
-      opt_nvme_extents[i] += round_up(x->bytes, 4096);
+      if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
+    }
+    for (size_t j = 0; j < h.sub_groups() && opt_nvme_of[i] > 0; ++j) {
+      uint64_t sub = 0;
+      for (const auto* x : {&h.master, &h.moments}) {
+        if (x->tier == Tier::kNvme)
+          sub += round_up(h.sub_group_len(j) * (x->bytes / h.shard_numel), 4096);
+      }
+      opt_nvme_extents.push_back(sub);
     }
     opt_nvme_bytes += opt_nvme_of[i];
   }
@@ -220,8 +233,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t host_peak = needs.host.state + needs.host.param_shadows + 2 * round_up(max_g, 4096) +
                        2 * round_up(max_p, 4096);
   if (opt_nvme_bytes > 0) {
-    // The pipeline holds at most 2*buffer_count+1 modules' master+moments, and never more
-    // modules than the model has: the largest ones.
+    // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
+    // than the model has: the largest ones.
     std::vector<uint64_t> opt_bytes = opt_nvme_extents;
     std::sort(opt_bytes.rbegin(), opt_bytes.rend());
     const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
@@ -271,15 +284,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     uint64_t spec =
         needs.host.state + needs.host.param_shadows + needs.host.stash + o.host.undo / W;
     if (opt_nvme_bytes > 0) {
-      std::vector<uint64_t> slot;
-      for (size_t i = 0; i < homes.size(); ++i) {
-        slot.push_back(opt_nvme_extents[i] + (homes[i].params.tier == Tier::kNvme
-                                                  ? round_up(homes[i].params.bytes, 4096)
-                                                  : 0));
-      }
+      std::vector<uint64_t> slot = opt_nvme_extents;
       std::sort(slot.rbegin(), slot.rend());
       const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
       for (size_t i = 0; i < k; ++i) spec += slot[i];
+      if (where.params == Tier::kNvme) spec += round_up(max_p, 4096);  // the module published
     }
     if (where.params == Tier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
     host_peak = std::max(host_peak, spec);
@@ -472,6 +481,7 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.dtype = cfg.model.dtype;
   r.moment_dtype = cfg.strata.moment_dtype;
   r.buffer_count = std::max(1, cfg.zero.offload_optimizer.buffer_count);
+  r.sub_group_elems = cfg.zero.sub_group_size;
   r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
   r.undo_copies = cfg.gradient_clipping > 0 || cfg.fp16.enabled;
   r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);

@@ -149,7 +149,10 @@ struct PlanRequest {
   int accumulation = 1;
   DType dtype = DType::kBF16;
   DType moment_dtype = DType::kF32;
-  int buffer_count = 4;                  // optimizer pipeline depth (offload_optimizer)
+  int buffer_count = 4;  // optimizer pipeline depth (offload_optimizer)
+  // zero_optimization.sub_group_size (elements), capped as the engine caps it for hw.host_mem
+  // (max_sub_group_elems).
+  uint64_t sub_group_elems = 1'000'000'000;
   uint64_t prefetch_bytes = 50'000'000;  // params in flight ahead (bytes)
   // zero_optimization.reduce_bucket_size (elements): the sharded gradient bucket on the device.
   uint64_t reduce_bucket_elems = 500'000'000;

@@ -21,7 +21,8 @@ GradBuckets::GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& op
       errors_(errors),
       on_final_(std::move(on_final)),
       gdev_(homes.modules().size(), nullptr),
-      gstats_(homes.modules().size()) {}
+      gstats_(homes.modules().size()),
+      spill_(homes, counters, errors) {}
 
 Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
   STRATA_ASSIGN_OR_RETURN(void* b, dev_.allocate(bytes, "gradient reduce bucket"),
@@ -56,7 +57,11 @@ void GradBuckets::drain(int m, int micro, bool last) {
     drain_sharded(m, g, micro, last);
     return;
   }
-  accumulate(m, g, 0, homes_.module(m).sn, micro);
+  if (homes_.module(m).gacc.tier == Tier::kNvme) {  // strata.placement.grads = nvme
+    spill_.accumulate(m, g, micro, last, &gstats_[size_t(m)]);
+  } else {
+    accumulate(m, g, 0, homes_.module(m).sn, micro);
+  }
   finish(m, g, last);
 }
 
@@ -92,7 +97,7 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
 
 void GradBuckets::finish(int m, float* g, bool last) {
   Stream& d2h = dev_.d2h_stream();
-  if (last) {
+  if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
     GradStats* out = &gstats_[size_t(m)];
     const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());
     const size_t n = homes_.module(m).sn;

@@ -20,6 +20,7 @@
 
 #include "src/tiers/counters.h"
 #include "src/tiers/device_cache.h"
+#include "src/tiers/grad_spill.h"
 #include "src/tiers/homes.h"
 #include "strata/optimizer.h"
 
@@ -77,6 +78,7 @@ class GradBuckets {
   size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
   std::vector<Piece> open_;        // the bucket being filled
   size_t open_k_ = 0;              // per-rank elements in it
+  GradSpill spill_;                // gradient accumulators on NVMe (unsharded)
 };
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace strata {
 
@@ -32,11 +33,12 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
     m.padded = mh.padded_numel;
     m.off = world_size > 1 ? size_t(rank) * m.sn : 0;
     m.valid = m.off >= m.numel ? 0 : std::min(m.numel - m.off, m.sn);
-    m.p = {mh.params.tier, mh.params.bytes, {}, nullptr, {}};
-    m.master = {mh.master.tier, mh.master.bytes, {}, nullptr, {}};
-    m.mom = {mh.moments.tier, mh.moments.bytes, {}, nullptr, {}};
-    m.gacc = {mh.grads.tier, mh.grads.bytes, {}, nullptr, {}};
-    m.gacc2 = {mh.grads2.tier, mh.grads2.bytes, {}, nullptr, {}};
+    m.p = {mh.params.tier, mh.params.bytes, {}, nullptr, {}, {}};
+    m.master = {mh.master.tier, mh.master.bytes, {}, nullptr, {}, {}};
+    m.mom = {mh.moments.tier, mh.moments.bytes, {}, nullptr, {}, {}};
+    m.gacc = {mh.grads.tier, mh.grads.bytes, {}, nullptr, {}, {}};
+    m.gacc2 = {mh.grads2.tier, mh.grads2.bytes, {}, nullptr, {}, {}};
+    m.sub_group = std::max<size_t>(1, mh.sub_group);
   }
   for (auto& m : h->mods_) {
     for (auto* home : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
@@ -51,6 +53,13 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
                                 "device tier: " + tag);
       } else if (home->tier == Tier::kHost) {
         STRATA_ASSIGN_OR_RETURN(home->host, h->pool_->acquire(home->bytes), "host tier: " + tag);
+      } else if (home != &m.p) {  // master, moments, gradients: one extent per sub-group
+        const size_t e = home->bytes / m.sn;
+        for (size_t j = 0; j < m.sub_groups(); ++j) {
+          STRATA_ASSIGN_OR_RETURN(SwapExtent x, h->allocate_extent(m.sub_len(j) * e),
+                                  fmt::format("nvme tier: {} sub-group {}", tag, j));
+          home->subs.push_back(std::move(x));
+        }
       } else {
         STRATA_ASSIGN_OR_RETURN(home->ext, h->allocate_extent(home->bytes), "nvme tier: " + tag);
       }
@@ -84,6 +93,38 @@ Result<PinnedBuffer> Homes::host_buf(size_t bytes, const char* what) {
   }
 }
 
+namespace {
+
+// Sub-group j's moments in a whole module's layout (first moments of all sn elements, then
+// second) <-> its extent's layout (the sub-group's first moments, then its second).
+void gather_moments(const Module& m, size_t j, const char* whole, char* sub) {
+  const size_t b = m.mom_elem() / 2, a = m.sub_start(j), n = m.sub_len(j);
+  std::memcpy(sub, whole + a * b, n * b);
+  std::memcpy(sub + n * b, whole + (m.sn + a) * b, n * b);
+}
+void scatter_moments(const Module& m, size_t j, const char* sub, char* whole) {
+  const size_t b = m.mom_elem() / 2, a = m.sub_start(j), n = m.sub_len(j);
+  std::memcpy(whole + a * b, sub, n * b);
+  std::memcpy(whole + (m.sn + a) * b, sub + n * b, n * b);
+}
+
+}  // namespace
+
+Status Homes::read_master(size_t i, float* master) {
+  Module& m = mods_[i];
+  // Every sub-group starts on a 4096-byte boundary of the buffer (kSubGroupAlign).
+  std::vector<IoWorker::Ticket> t;
+  for (size_t j = 0; j < m.master.subs.size(); ++j) {
+    t.push_back(io_->read(m.master.subs[j], master + m.sub_start(j)));
+  }
+  Status st;
+  for (auto x : t) {
+    Status s = io_->wait(x);
+    if (st.is_ok()) st = s;
+  }
+  return st.with_context("reading " + m.name + " master weights");
+}
+
 Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) {
   Module& m = mods_[i];
   out->mst.reset();
@@ -93,20 +134,25 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
   if (m.master.tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(out->mst, host_buf(m.master.bytes, what),
                             "staging " + m.name + " master weights");
-    if (read) {
-      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.master.ext, out->mst.data())),
-                             "reading " + m.name + " master weights");
-    }
     out->master = out->mst.as<float>();
+    if (read) STRATA_RETURN_IF_ERROR(read_master(i, out->master), "");
   }
   if (m.mom.tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(out->mom, host_buf(m.mom.bytes, what),
                             "staging " + m.name + " moments");
-    if (read) {
-      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.mom.ext, out->mom.data())),
-                             "reading " + m.name + " moments");
-    }
     out->moments = static_cast<char*>(out->mom.data());
+    if (read && m.mom.subs.size() == 1) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.mom.subs[0], out->moments)),
+                             "reading " + m.name + " moments");
+    } else if (read) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer sub, host_buf(m.sub_len(0) * m.mom_elem(), what),
+                              "staging " + m.name + " moments");
+      for (size_t j = 0; j < m.mom.subs.size(); ++j) {
+        STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.mom.subs[j], sub.data())),
+                               fmt::format("reading {} moments (sub-group {})", m.name, j));
+        scatter_moments(m, j, static_cast<const char*>(sub.data()), out->moments);
+      }
+    }
   }
   return Status::ok();
 }
@@ -114,12 +160,22 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
 Status Homes::write_back(size_t i, const HostState& st) {
   Module& m = mods_[i];
   if (m.master.tier == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.master.ext, st.master)),
-                           "writing " + m.name + " master weights");
+    for (size_t j = 0; j < m.master.subs.size(); ++j) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.master.subs[j], st.master + m.sub_start(j))),
+                             "writing " + m.name + " master weights");
+    }
   }
-  if (m.mom.tier == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.mom.ext, st.moments)),
+  if (m.mom.tier == Tier::kNvme && m.mom.subs.size() == 1) {
+    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.mom.subs[0], st.moments)),
                            "writing " + m.name + " moments");
+  } else if (m.mom.tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer sub, host_buf(m.sub_len(0) * m.mom_elem(), "staging"),
+                            "writing " + m.name + " moments");
+    for (size_t j = 0; j < m.mom.subs.size(); ++j) {
+      gather_moments(m, j, st.moments, static_cast<char*>(sub.data()));
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.mom.subs[j], sub.data())),
+                             fmt::format("writing {} moments (sub-group {})", m.name, j));
+    }
   }
   return Status::ok();
 }

@@ -15,6 +15,7 @@
 // their own lock.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,7 +37,10 @@ struct Home {
   size_t bytes = 0;
   PinnedBuffer host;    // tier == host
   void* dev = nullptr;  // tier == device
-  SwapExtent ext;       // tier == nvme
+  SwapExtent ext;       // tier == nvme, params
+  // tier == nvme, master weights, moments and gradients: one extent per sub-group of the module
+  // (its moments: the sub-group's first moments, then its second).
+  std::vector<SwapExtent> subs;
   // Host-visible pointer for host homes, and device homes on a host-addressable device.
   void* ptr() const { return tier == Tier::kHost ? host.data() : dev; }
 };
@@ -49,6 +53,15 @@ struct Module {
   size_t sn = 0, off = 0, padded = 0, valid = 0;
   Home p, master, mom, gacc;
   Home gacc2;  // delayed update: the gradients the update thread reads while gacc fills
+  // The optimizer's sub-groups of the shard (ModuleHomes::sub_group): elements
+  // [sub_start(j), sub_start(j) + sub_len(j)), j < sub_groups().
+  size_t sub_group = 0;
+  size_t sub_groups() const { return (sn + sub_group - 1) / sub_group; }
+  size_t sub_start(size_t j) const { return j * sub_group; }
+  size_t sub_len(size_t j) const { return std::min(sub_group, sn - j * sub_group); }
+  // Bytes per element of the master weights (4) and of the moments (2 x moment dtype).
+  size_t master_elem() const { return sn ? master.bytes / sn : 0; }
+  size_t mom_elem() const { return sn ? mom.bytes / sn : 0; }
 };
 
 // Module i's master weights and moments in host memory: their homes when host-visible, else
@@ -81,10 +94,13 @@ class Homes {
   // buffers come back as copies and writes finish) and tries again, twice.
   Result<PinnedBuffer> host_buf(size_t bytes, const char* what);
 
-  // Module i's master and moments in host memory (`out`); NVMe homes are staged, and read
-  // first when `read`. write_back() stores staged state to its NVMe homes.
+  // Module i's master and moments in host memory (`out`, the whole module: moments first then
+  // second); NVMe homes are staged, and read first when `read`. write_back() stores staged
+  // state to its NVMe homes. Sub-groups are gathered from and scattered to their extents.
   Status host_state(size_t i, bool read, const char* what, HostState* out);
   Status write_back(size_t i, const HostState& st);
+  // Reads module i's NVMe-homed master weights (all sub-groups) into `master` (sn floats).
+  Status read_master(size_t i, float* master);
 
   // Swap extents beyond the homes (the optimizer's shadow extents), counted in the NVMe
   // tier's use.

@@ -3,13 +3,20 @@
 #include <algorithm>
 
 #include "strata/comm.h"
+#include "strata/cpu_optim.h"
 #include "strata/swap_space.h"
 
 namespace strata {
 
+size_t sub_group_elems(size_t shard_numel, uint64_t option, uint64_t align) {
+  if (option == 0 || option >= shard_numel) return shard_numel;
+  const size_t g = size_t(std::max(align, option / align * align));
+  return std::min(g, shard_numel);
+}
+
 Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const Placement& placement,
                                               int world_size, DType dt, DType moment_dt,
-                                              bool delayed_update) {
+                                              bool delayed_update, uint64_t sub_group_elems) {
   const size_t es = dtype_size(dt), mb = dtype_size(moment_dt);
   const size_t world = size_t(std::max(1, world_size));
   // The optimizer ratio keeps the first (1 - ratio) of the optimizer bytes on the device.
@@ -37,6 +44,8 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
     m.moments = {opt_on_device ? Tier::kDevice : placement.moments, sn * 2 * mb};
     m.grads = {opt_on_device ? Tier::kDevice : placement.grads, sn * 4};
     if (delayed_update) m.grads2 = m.grads;
+    m.sub_group = strata::sub_group_elems(
+        sn, sub_group_elems, m.grads.tier == Tier::kNvme ? kStatsTileElems : kSubGroupAlign);
   }
   return homes;
 }
@@ -55,7 +64,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   const size_t es = dtype_size(dt);
   const bool sharded = world_size > 1;
   TierNeeds n;
-  size_t max_p = 0, max_opt = 0, max_g = 0;
+  // An extent larger than a stripe is dealt over the paths in whole stripes (SwapSpace), so it
+  // may waste up to one; a smaller one, or any on one path, lives whole in one file.
+  const uint64_t stripe_bytes = SwapOptions{}.stripe_size;
+  auto striped = [&](size_t bytes) -> size_t {
+    return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
+  };
+  size_t max_p = 0, max_opt = 0, max_g = 0, max_gsub = 0;
   for (const auto& m : homes) {
     if (options.delayed_update) n.host.param_shadows += round_up(m.params.bytes, 4096);
     n.host.undo += round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096);
@@ -66,14 +81,32 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       if (h->bytes == 0) continue;
       if (h->tier == Tier::kDevice) n.device.resident_state += round_up(h->bytes, 256);
       if (h->tier == Tier::kHost) n.host.state += round_up(h->bytes, 4096);
-      if (h->tier == Tier::kNvme) n.nvme.state += round_up(h->bytes, 4096);
+      if (h->tier == Tier::kNvme && h != &m.master && h != &m.moments && h != &m.grads &&
+          h != &m.grads2) {
+        n.nvme.state += round_up(h->bytes, 4096);
+        n.nvme.objects += striped(h->bytes);
+      }
     }
-    for (const auto* h : {&m.params, &m.master, &m.moments})
-      n.nvme.objects += h->tier == Tier::kNvme;
+    // NVMe-homed master weights and moments: one extent per sub-group; the pipeline stages
+    // the largest sub-group's.
+    const size_t mst_e = m.shard_numel ? m.master.bytes / m.shard_numel : 0;
+    const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
+    for (size_t j = 0; j < m.sub_groups(); ++j) {
+      const size_t len = m.sub_group_len(j);
+      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
+                          std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
+        if (h->tier != Tier::kNvme || h->bytes == 0) continue;
+        n.nvme.state += round_up(len * e, 4096);
+        n.nvme.objects += striped(len * e);
+      }
+    }
+    if (m.grads.tier == Tier::kNvme)
+      max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
     max_p = std::max(max_p, m.params.bytes);
-    max_g = std::max(max_g, m.grads.bytes);
+    if (m.grads.tier != Tier::kNvme) max_g = std::max(max_g, m.grads.bytes);
     if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
-      max_opt = std::max(max_opt, round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096));
+      const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
+      max_opt = std::max(max_opt, round_up(len * mst_e, 4096) + round_up(len * mom_e, 4096));
     }
   }
 
@@ -105,7 +138,12 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   // written; gradient landing and low-precision staging buffers.
   if (pl.params == Tier::kNvme)
     n.host.staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
-  if (max_opt > 0) n.host.staging += size_t(2 * options.buffer_count + 1) * max_opt;
+  n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
+  n.host.staging += n.host.optimizer_staging;
+  // Gradients on NVMe: GradSpill's landing and staging buffers, and the sub-group the optimizer
+  // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
+  n.host.grad_staging = 3 * max_gsub;
+  n.host.staging += n.host.grad_staging;
   n.host.staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
 
@@ -118,10 +156,14 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
         round_up(n.nvme.state / n.nvme.paths + n.nvme.objects * stripe + (size_t{16} << 20), 4096);
   }
   for (const auto& m : homes) {
-    for (const auto* h : {&m.master, &m.moments}) {
-      if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
-      n.nvme.shadows += round_up(h->bytes, 4096);
-      ++n.nvme.shadow_objects;
+    const size_t mst_e = m.shard_numel ? m.master.bytes / m.shard_numel : 0;
+    const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
+    for (size_t j = 0; j < m.sub_groups(); ++j) {
+      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
+        if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
+        n.nvme.shadows += round_up(m.sub_group_len(j) * e, 4096);
+        n.nvme.shadow_objects += striped(m.sub_group_len(j) * e);
+      }
     }
   }
   if (n.nvme.shadows > 0 && n.nvme.paths > 0) {
@@ -136,7 +178,7 @@ Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& option
                              DType dt, DType moment_dt, size_t activation_bytes) {
   STRATA_ASSIGN_OR_RETURN(auto homes,
                           module_homes(arch.layout(), options.placement, world_size, dt, moment_dt,
-                                       options.delayed_update),
+                                       options.delayed_update, options.sub_group_elems),
                           "memory model");
   return tier_needs(homes, options, world_size, dt, activation_bytes, arch.program(Pass::kTrain));
 }

@@ -11,6 +11,7 @@
 // every rank (only which elements are real differs), so nothing here depends on the rank.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -42,15 +43,28 @@ struct ModuleHomes {
   Object moments;           // first and second moments, moment dtype, contiguous
   Object grads;             // fp32 gradient accumulator
   Object grads2;            // the delayed update's second accumulator
+  // The optimizer's sub-groups: elements [j * sub_group, min((j + 1) * sub_group,
+  // shard_numel)) of the shard, j < sub_groups(). NVMe-homed master weights and moments have
+  // one swap extent per sub-group (its moments: first then second, contiguous), and so do
+  // NVMe-homed gradient accumulators.
+  size_t sub_group = 0;
+  size_t sub_groups() const { return sub_group ? (shard_numel + sub_group - 1) / sub_group : 1; }
+  size_t sub_group_len(size_t j) const { return std::min(sub_group, shard_numel - j * sub_group); }
 };
+
+// Elements per sub-group of a shard of `shard_numel` elements under
+// TierOptions::sub_group_elems (0: one sub-group), a multiple of `align` (kSubGroupAlign; with
+// gradients on NVMe kStatsTileElems, so each sub-group's gradient norm is whole tiles).
+size_t sub_group_elems(size_t shard_numel, uint64_t option, uint64_t align = kSubGroupAlign);
 
 // Every module's homes under `placement`: params, master, moments and grads where the
 // placement puts them, except that optimizer_ratio < 1 keeps the first (1 - ratio) of the
-// optimizer bytes (in module order) on the device, with their gradient accumulators. Fails only
-// if a module cannot be sharded (ShardLayout).
+// optimizer bytes (in module order) on the device, with their gradient accumulators; each cut
+// in sub-groups of `sub_group_elems` (TierOptions::sub_group_elems). Fails only if a module
+// cannot be sharded (ShardLayout).
 Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const Placement& placement,
                                               int world_size, DType dt, DType moment_dt,
-                                              bool delayed_update);
+                                              bool delayed_update, uint64_t sub_group_elems);
 
 // The device working set: the most parameter-cache and gradient bytes that `program` holds
 // at once (program_peak_bytes), with each module's cached parameter copy and gradient buffer
@@ -72,10 +86,12 @@ struct TierNeeds {
     size_t total() const { return activations + resident_state + transient(); }
   };
   struct HostNeed {
-    size_t state = 0;          // host-homed P, MASTER, MOM, GACC
-    size_t staging = 0;        // NVMe fetch staging, optimizer pipeline, gradient landing
-    size_t param_shadows = 0;  // delayed update: one parameter copy per module
-    size_t stash = 0;          // strata.activations = offload: the block-input buffers
+    size_t state = 0;              // host-homed P, MASTER, MOM, GACC
+    size_t staging = 0;            // NVMe fetch staging, optimizer pipeline, gradient landing
+    size_t optimizer_staging = 0;  // of staging: the optimizer pipeline's sub-groups
+    size_t grad_staging = 0;       // of staging: gradients on NVMe (landing, add, optimizer)
+    size_t param_shadows = 0;      // delayed update: one parameter copy per module
+    size_t stash = 0;              // strata.activations = offload: the block-input buffers
     // Not in total(): undo copies of every module's master weights and moments (the optimizer
     // under backward), of which `undo_nvme` is NVMe-homed state (shadow extents when the swap
     // files have room). The arena is sized for them when the budget allows; without room,
@@ -86,11 +102,11 @@ struct TierNeeds {
   };
   struct NvmeNeed {
     size_t state = 0;             // NVMe-homed P, MASTER, MOM
-    size_t objects = 0;           // NVMe-homed objects (each may waste up to a stripe)
+    size_t objects = 0;           // NVMe-homed objects striped over paths (each may waste a stripe)
     size_t paths = 0;             // swap directories the state is spread over
     uint64_t bytes_per_path = 0;  // each swap file's data area (0 without NVMe state)
     size_t shadows = 0;           // undo_copies: shadow extents of NVMe-homed MASTER and MOM
-    size_t shadow_objects = 0;
+    size_t shadow_objects = 0;    // of them striped
     uint64_t bytes_per_path_with_shadows = 0;  // each swap file's data area with them
   };
   DeviceNeed device;

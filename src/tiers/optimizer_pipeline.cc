@@ -1,5 +1,8 @@
 #include "src/tiers/optimizer_pipeline.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <string_view>
@@ -40,42 +43,52 @@ void OptimizerPipeline::end_step() {
 
 // ---- slots -------------------------------------------------------------------------------------
 
-Result<bool> OptimizerPipeline::prepare(int k, bool try_only) {
+Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only) {
   Module& m = homes_.module(k);
   Slot s;
-  s.master = static_cast<float*>(m.master.ptr());
-  s.mom = m.mom.ptr();
+  s.k = k;
+  s.j = j;
+  s.a = m.sub_start(j);
+  s.len = m.sub_len(j);
+  const size_t mb = dtype_size(mdt_);
+  if (m.master.tier != Tier::kNvme) s.master = static_cast<float*>(m.master.ptr()) + s.a;
+  if (m.mom.tier != Tier::kNvme) {
+    s.m = static_cast<char*>(m.mom.ptr()) + s.a * mb;
+    s.v = static_cast<char*>(m.mom.ptr()) + (m.sn + s.a) * mb;
+  }
   auto buf = [&](size_t bytes) -> Result<std::shared_ptr<PinnedBuffer>> {
     auto b = try_only ? homes_.pool().acquire(bytes) : homes_.host_buf(bytes, "optimizer pipeline");
     if (!b.is_ok()) return b.status();
     return std::make_shared<PinnedBuffer>(std::move(b).value());
   };
+  const std::string what = m.sub_groups() > 1 ? fmt::format(" (sub-group {})", j) : "";
   if (m.master.tier == Tier::kNvme) {
-    auto b = buf(m.master.bytes);
+    auto b = buf(s.len * 4);
     if (!b.is_ok()) {
       if (try_only) return false;
-      return b.status().with_context("staging " + m.name + " master weights");
+      return b.status().with_context("staging " + m.name + " master weights" + what);
     }
     s.master_buf = *b;
   }
   if (m.mom.tier == Tier::kNvme) {
-    auto b = buf(m.mom.bytes);
+    auto b = buf(s.len * 2 * mb);
     if (!b.is_ok()) {
       if (try_only) return false;
-      return b.status().with_context("staging " + m.name + " moments");
+      return b.status().with_context("staging " + m.name + " moments" + what);
     }
     s.mom_buf = *b;
   }
   IoWorker* io = homes_.io();
   if (s.master_buf) {
     s.master = s.master_buf->as<float>();
-    s.rm = io->read(m.master.ext, s.master);
+    s.rm = io->read(m.master.subs[j], s.master);
   }
   if (s.mom_buf) {
-    s.mom = s.mom_buf->data();
-    s.rmo = io->read(m.mom.ext, s.mom);
+    s.m = s.mom_buf->data();
+    s.v = static_cast<char*>(s.m) + s.len * mb;
+    s.rmo = io->read(m.mom.subs[j], s.m);
   }
-  prepared_[k] = std::move(s);
+  prepared_[{k, j}] = std::move(s);
   return true;
 }
 
@@ -90,16 +103,31 @@ Status OptimizerPipeline::wait_reads(Slot& s) {
   return st;
 }
 
-Status OptimizerPipeline::take(int k, Slot* out) {
-  const std::string& name = homes_.module(k).name;
-  if (!prepared_.count(k)) {
-    STRATA_ASSIGN_OR_RETURN(bool ok, prepare(k, /*try_only=*/false),
-                            "reading " + name + " optimizer state");
+Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
+  const Module& m = homes_.module(k);
+  const std::string what = "reading " + m.name + " optimizer state" +
+                           (m.sub_groups() > 1 ? fmt::format(" (sub-group {})", j) : "");
+  if (!prepared(k, j)) {
+    STRATA_ASSIGN_OR_RETURN(bool ok, prepare(k, j, /*try_only=*/false), what);
     (void)ok;
   }
-  *out = std::move(prepared_[k]);
-  prepared_.erase(k);
-  return wait_reads(*out).with_context("reading " + name + " optimizer state");
+  auto it = prepared_.find({k, j});
+  *out = std::move(it->second);
+  prepared_.erase(it);
+  STRATA_RETURN_IF_ERROR(wait_reads(*out), what);
+  return load_grad(out).with_context(what);
+}
+
+Status OptimizerPipeline::load_grad(Slot* s) {
+  Module& m = homes_.module(s->k);
+  if (m.gacc.tier != Tier::kNvme) return Status::ok();
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(s->len * 4, "optimizer pipeline"),
+                          "staging " + m.name + " gradients");
+  s->grad_buf = std::make_shared<PinnedBuffer>(std::move(b));
+  s->grad = s->grad_buf->as<float>();
+  IoWorker* io = homes_.io();
+  return io->wait(io->read(m.gacc.subs[s->j], s->grad_buf->data()))
+      .with_context("reading " + m.name + " gradients");
 }
 
 void OptimizerPipeline::drain_prepared() {
@@ -115,71 +143,114 @@ void* OptimizerPipeline::host_visible_params(const Module& m) const {
   return nullptr;
 }
 
-Status OptimizerPipeline::step(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
-                               const float* grad, void* shadow) {
+Result<OptimizerPipeline::Target> OptimizerPipeline::target(int k, void* shadow) {
   Module& m = homes_.module(k);
-  const size_t mb = dtype_size(mdt_);
+  Target t;
+  if (shadow) {
+    t.lp = shadow;
+    return t;
+  }
   // A prefetch of these parameters may still be copying from their home: let it land first
   // (publishing then replaces the cached copy).
-  if (!shadow) STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "stepping " + m.name);
-  std::shared_ptr<PinnedBuffer> lp_buf;
-  void* lp = shadow ? shadow : host_visible_params(m);
-  if (!lp) {
+  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "stepping " + m.name);
+  t.lp = host_visible_params(m);
+  if (!t.lp) {
     STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(m.p.bytes, "parameter staging"),
                             "stepping " + m.name);
-    lp_buf = std::make_shared<PinnedBuffer>(std::move(b));
-    lp = lp_buf->data();
+    t.keep = std::make_shared<PinnedBuffer>(std::move(b));
+    t.lp = t.keep->data();
   }
+  return t;
+}
+
+void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
+                                       const float* grad, void* lp) {
+  Module& m = homes_.module(k);
   ShardState sh;
-  sh.n = m.sn;  // the padding's grads, master and moments are zero and stay zero
-  sh.grad = grad ? static_cast<const void*>(grad) : m.gacc.ptr();
+  sh.n = s.len;  // the padding's grads, master and moments are zero and stay zero
+  sh.grad = s.grad ? s.grad : (grad ? grad : static_cast<const float*>(m.gacc.ptr())) + s.a;
   sh.grad_dtype = DType::kF32;
   sh.grad_mult = grad_mult;
   sh.master = s.master;
-  sh.m = s.mom;
-  sh.v = static_cast<char*>(s.mom) + m.sn * mb;
+  sh.m = s.m;
+  sh.v = s.v;
   sh.moment_dtype = mdt_;
-  sh.lp_out = lp;
+  sh.lp_out = static_cast<char*>(lp) + s.a * dtype_size(dt_);
   sh.lp_dtype = dt_;
   strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
-  if (!shadow) {  // with a shadow the parameters are published later (finish_delayed_update)
-    STRATA_CHECK(!sharded_ || !cache_.resident(k), "sharded: a gathered group outlived its use");
-    STRATA_RETURN_IF_ERROR(publish(k, lp, lp_buf, /*wait=*/false), "stepping " + m.name);
+  const std::string what =
+      m.sub_groups() > 1 ? fmt::format("{} (sub-group {})", m.name, s.j) : m.name;
+  if (m.master.tier == Tier::kNvme) queue_write(m.master.subs[s.j], s.master, s.master_buf, what);
+  if (m.mom.tier == Tier::kNvme) {
+    STRATA_CHECK(s.v == static_cast<char*>(s.m) + s.len * dtype_size(mdt_),
+                 "NVMe-homed moments are staged first then second");
+    queue_write(m.mom.subs[s.j], s.m, s.mom_buf, what);
   }
-  if (m.master.tier == Tier::kNvme) queue_write(m.master.ext, s.master, s.master_buf, m.name);
-  if (m.mom.tier == Tier::kNvme) queue_write(m.mom.ext, s.mom, s.mom_buf, m.name);
+}
+
+void OptimizerPipeline::derive(int k, const Slot& s, void* lp) const {
+  (void)k;
+  convert(s.master, DType::kF32, static_cast<char*>(lp) + s.a * dtype_size(dt_), dt_, s.len);
+}
+
+Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyper& hyper,
+                               float grad_mult, std::vector<std::shared_ptr<PinnedBuffer>>* shadows,
+                               const BeforeStep& before) {
+  std::vector<std::pair<int, size_t>> units;
+  for (int k : order) {
+    for (size_t j = 0; j < sub_groups(k); ++j) units.emplace_back(k, j);
+  }
+  const size_t depth = this->depth();
+  size_t next = 0;
+  Target t;
+  for (size_t i = 0; i < units.size(); ++i) {
+    // Read ahead while the reservation allows (the speculation may hold slots of its own).
+    for (next = std::max(next, i + 1); next < units.size() && next <= i + depth; ++next) {
+      auto [nk, nj] = units[next];
+      if (prepared(nk, nj)) continue;
+      if (prepared_count() >= depth) break;
+      STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false).status(),
+                             "reading " + homes_.module(nk).name + " optimizer state");
+    }
+    const auto [k, j] = units[i];
+    Module& m = homes_.module(k);
+    const float* grad = nullptr;
+    void* shadow = nullptr;
+    if (shadows) grad = static_cast<const float*>(m.gacc2.ptr());
+    if (j == 0) {
+      if (shadows) {
+        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
+                                homes_.host_buf(m.p.bytes, "delayed update: shadow"),
+                                "stepping " + m.name);
+        (*shadows)[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(b));
+        shadow = (*shadows)[size_t(k)]->data();
+      }
+      STRATA_ASSIGN_OR_RETURN(t, target(k, shadow), "");
+    }
+    Slot s;
+    STRATA_RETURN_IF_ERROR(take(k, j, &s), "stepping " + m.name);
+    if (before) before(s);
+    step_sub_group(k, s, hyper, grad_mult, grad, t.lp);
+    STRATA_RETURN_IF_ERROR(retire_writes(max_writes()), "after stepping " + m.name);
+    if (j + 1 == sub_groups(k) && !shadows) {
+      STRATA_CHECK(!sharded_ || !cache_.resident(k), "sharded: a gathered group outlived its use");
+      STRATA_RETURN_IF_ERROR(publish(k, t.lp, std::move(t.keep), /*wait=*/false),
+                             "stepping " + m.name);
+      t = Target{};
+    }
+  }
   return Status::ok();
+}
+
+Status OptimizerPipeline::step(int k, const OptimizerHyper& hyper, float grad_mult,
+                               const BeforeStep& before) {
+  return pass({k}, hyper, grad_mult, nullptr, before);
 }
 
 Status OptimizerPipeline::run(const std::vector<int>& order, const OptimizerHyper& hyper,
                               float grad_mult,
                               std::vector<std::shared_ptr<PinnedBuffer>>* shadows) {
-  const size_t depth = this->depth();
-  size_t next = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    for (; next < order.size() && next < i + depth; ++next) {
-      if (!prepared(order[next])) {
-        STRATA_RETURN_IF_ERROR(prepare(order[next], /*try_only=*/false).status(),
-                               "reading " + homes_.module(order[next]).name + " optimizer state");
-      }
-    }
-    const int k = order[i];
-    Module& m = homes_.module(k);
-    const float* grad = nullptr;
-    void* shadow = nullptr;
-    if (shadows) {
-      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(m.p.bytes, "delayed update: shadow"),
-                              "stepping " + m.name);
-      (*shadows)[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(b));
-      grad = static_cast<const float*>(m.gacc2.ptr());
-      shadow = (*shadows)[size_t(k)]->data();
-    }
-    Slot s;
-    STRATA_RETURN_IF_ERROR(take(k, &s), "stepping " + m.name);
-    STRATA_RETURN_IF_ERROR(step(k, s, hyper, grad_mult, grad, shadow), "");  // names m itself
-    STRATA_RETURN_IF_ERROR(retire_writes(3 * depth), "after stepping " + m.name);
-  }
-  return Status::ok();
+  return pass(order, hyper, grad_mult, shadows, {});
 }
 
 // ---- publishing parameters ---------------------------------------------------------------------
@@ -249,7 +320,7 @@ Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
   return first;
 }
 
-size_t OptimizerPipeline::modules_writing() const {
+size_t OptimizerPipeline::sub_groups_writing() const {
   std::set<std::string_view> writing;
   for (const auto& w : writes_) writing.insert(w.what);
   return writing.size();

@@ -1,19 +1,25 @@
 // The optimizer pipeline: one path that reads a module's optimizer state ahead, steps it with
 // the fused CPU optimizer, publishes its new parameters and writes its state behind.
 //
-// For module k, a Slot points at its master weights and moments: their homes when those are in
-// host-visible memory, else host-tier staging buffers that NVMe reads fill (prepare() starts
-// the reads, take() waits for them). step() runs the optimizer over the slot with GACC *
-// grad_mult, then publishes the new low-precision parameters (publish(): to their home and to
-// a cached device copy, write-through) and queues NVMe writes of everything it changed. Writes
-// drain behind later work (a later read of the same extent is ordered after them by the
-// IoWorker); retire_writes() bounds how many are in flight and frees the finished ones'
-// buffers. run() is the pass over a list of modules with buffer_count slots read ahead; the
-// step after backward, the optimizer under backward (speculation.h) and the delayed update
-// (delayed_update.h) all go through it.
+// The unit of work is a sub-group: elements [a, a + len) of module k's shard, at most
+// TierOptions::sub_group_elems of them (Module::sub_group). A Slot points at one sub-group's
+// master weights and moments: into their homes when those are in host-visible memory, else
+// into host-tier staging buffers that NVMe reads of the sub-group's own extents fill
+// (prepare() starts the reads, take() waits for them). step_sub_group() runs the optimizer over
+// the slot with GACC * grad_mult into the module's low-precision parameters and queues NVMe
+// writes of the state it changed; once every sub-group of a module is stepped its parameters
+// are published (publish(): to their home and to a cached device copy, write-through). The
+// optimizer is elementwise, so the numbers do not depend on the sub-group size. Writes drain
+// behind later work (a later read of the same extent is ordered after them by the IoWorker);
+// retire_writes() bounds how many are in flight and frees the finished ones' buffers. run() is
+// the pass over a list of modules with buffer_count sub-groups read ahead; the step after
+// backward, the optimizer under backward (speculation.h, through step()) and the delayed
+// update (delayed_update.h) all go through it.
 //
-// The host tier's staging for the pipeline is reserved for 2 * buffer_count + 1 modules (the
-// memory model): buffer_count being read, as many being written, one being stepped.
+// The host tier's staging for the pipeline is reserved for 2 * buffer_count + 1 sub-groups
+// (the memory model): buffer_count being read, as many being written, one being stepped.
+// Publishing stages a module's low-precision parameters (NVMe-homed or on a device that is not
+// host-addressable), counted apart in the memory model.
 //
 // Thread safety: one thread at a time: the host thread, or the delayed update's thread while
 // it runs (the host thread then stays out).
@@ -21,9 +27,11 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/tiers/counters.h"
@@ -35,14 +43,30 @@ namespace strata {
 
 class OptimizerPipeline {
  public:
-  // One module's optimizer state in host memory: its home pointers, or staging buffers being
-  // read from NVMe (tickets rm, rmo until waited for).
+  // One sub-group's optimizer state in host memory: pointers into its homes, or into staging
+  // buffers being read from NVMe (tickets rm, rmo until waited for). With NVMe-homed moments
+  // the staging holds the sub-group's first moments then its second (v == m + len moments).
   struct Slot {
+    int k = -1;
+    size_t j = 0, a = 0, len = 0;  // sub-group j: elements [a, a + len) of the shard
     std::shared_ptr<PinnedBuffer> master_buf, mom_buf;
     IoWorker::Ticket rm = 0, rmo = 0;
     float* master = nullptr;
-    void* mom = nullptr;
+    void* m = nullptr;
+    void* v = nullptr;
+    // Gradients on NVMe: the sub-group's accumulator, read by take() (after the gradients are
+    // final, never ahead); else null (the module's GACC home is used).
+    std::shared_ptr<PinnedBuffer> grad_buf;
+    const float* grad = nullptr;
   };
+  // Where a module's new low-precision parameters go while its sub-groups are stepped: its
+  // home when host-visible, a shadow (the delayed update), else a staging buffer (`keep`).
+  struct Target {
+    void* lp = nullptr;
+    std::shared_ptr<PinnedBuffer> keep;
+  };
+  // Called with each sub-group's slot (its reads done) just before it is stepped.
+  using BeforeStep = std::function<void(const Slot&)>;
 
   OptimizerPipeline(Homes& homes, DeviceCache& cache, const TierOptions& options, DType dt,
                     DType moment_dt, bool sharded);
@@ -60,25 +84,33 @@ class OptimizerPipeline {
   void end_step();
 
   // ---- slots -------------------------------------------------------------------------
-  // Points a slot at module k's state, starting NVMe reads into staging buffers. With
+  size_t sub_groups(int k) const { return homes_.module(k).sub_groups(); }
+  // Points a slot at sub-group j of module k, starting NVMe reads into staging buffers. With
   // `try_only`, returns false instead of waiting when the host tier is full.
-  Result<bool> prepare(int k, bool try_only);
-  bool prepared(int k) const { return prepared_.count(k) > 0; }
+  Result<bool> prepare(int k, size_t j, bool try_only);
+  bool prepared(int k, size_t j) const { return prepared_.count({k, j}) > 0; }
   size_t prepared_count() const { return prepared_.size(); }
-  // Takes module k's slot (preparing it if needed) and waits for its reads.
-  Status take(int k, Slot* out);
-  // Gives a taken slot back unstepped (its reads done).
-  void put_back(int k, Slot s) { prepared_[k] = std::move(s); }
+  // Takes sub-group j of module k (preparing it if needed) and waits for its reads.
+  Status take(int k, size_t j, Slot* out);
+  // With gradients on NVMe: reads the slot's sub-group of the accumulator into s->grad.
+  Status load_grad(Slot* s);
   // Waits for every prepared slot's reads and drops the slots.
   void drain_prepared();
 
   // ---- stepping ----------------------------------------------------------------------
-  // Steps module k's state in `s` with `grad` (default GACC) * grad_mult. With `shadow`, the new
-  // parameters go there and are published later (the delayed update); else they are
-  // published now. NVMe writes of the state are queued behind later work.
-  Status step(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
-              const float* grad = nullptr, void* shadow = nullptr);
-  // The pipeline over `order`: buffer_count modules read ahead while one is stepped, writes
+  // Where module k's new parameters go: `shadow` when given, else (after a prefetch of them
+  // has landed) their host-visible home or a staging buffer.
+  Result<Target> target(int k, void* shadow);
+  // Steps sub-group `s` of module k with `grad` (the module's; default GACC) * grad_mult, its
+  // new parameters into the module's `lp`; queues NVMe writes of its state behind later work.
+  void step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
+                      const float* grad, void* lp);
+  // Derives sub-group `s`'s low-precision parameters from its master weights into `lp`.
+  void derive(int k, const Slot& s, void* lp) const;
+  // Steps every sub-group of module k (reading the next ones ahead as the reservation allows;
+  // `before` sees each slot first) and publishes its new parameters.
+  Status step(int k, const OptimizerHyper& hyper, float grad_mult, const BeforeStep& before = {});
+  // The pipeline over `order`: buffer_count sub-groups read ahead while one is stepped, writes
   // draining behind. With `shadows` (indexed by module): gradients from the second
   // accumulator, parameters into a fresh shadow per module (the delayed update).
   Status run(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
@@ -97,9 +129,12 @@ class OptimizerPipeline {
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the
   // buffers of every finished one; the first failure, naming what was written.
   Status retire_writes(size_t keep_at_most);
-  // Distinct modules with writes in flight.
-  size_t modules_writing() const;
+  // Distinct sub-groups with writes in flight.
+  size_t sub_groups_writing() const;
   size_t depth() const { return size_t(std::max(1, opt_.buffer_count)); }
+  // The most writes run() and step() leave in flight: a sub-group's are at most two (master
+  // weights, moments), so their buffers stay within buffer_count sub-groups.
+  size_t max_writes() const { return 2 * depth(); }
 
  private:
   // A write to NVMe still in flight, with the buffer it reads from.
@@ -115,6 +150,9 @@ class OptimizerPipeline {
   void* host_visible_params(const Module& m) const;
   // Waits for a slot's reads; the first failure.
   Status wait_reads(Slot& s);
+  // The sub-groups of `order`, in order, with the pass over them (run() and step()).
+  Status pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
+              std::vector<std::shared_ptr<PinnedBuffer>>* shadows, const BeforeStep& before);
 
   Homes& homes_;
   Device& dev_;
@@ -122,10 +160,10 @@ class OptimizerPipeline {
   const TierOptions& opt_;
   DType dt_, mdt_;
   bool sharded_;
-  std::map<int, Slot> prepared_;  // optimizer state read ahead (during backward)
-  std::deque<Write> writes_;      // optimizer/parameter writes draining behind later work
-  std::vector<int> order_;        // this step: modules in the order their gradients became final
-  std::vector<int> last_order_;   // the last step's order_
+  std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
+  std::deque<Write> writes_;     // optimizer/parameter writes draining behind later work
+  std::vector<int> order_;       // this step: modules in the order their gradients became final
+  std::vector<int> last_order_;  // the last step's order_
 };
 
 }  // namespace strata

@@ -68,7 +68,7 @@ Result<Placement> parse_placement(const Config& cfg) {
                             parse_tier("strata.placement.moments", s.placement_moments, true), "");
   }
   if (!s.placement_grads.empty()) {
-    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, false),
+    STRATA_ASSIGN_OR_RETURN(p.grads, parse_tier("strata.placement.grads", s.placement_grads, true),
                             "");
   }
   return p;
@@ -94,6 +94,12 @@ Result<Placement> placement_from_config(const Config& cfg, const Device& device)
   STRATA_ASSIGN_OR_RETURN(Placement p, parse_placement(cfg), "");
   STRATA_RETURN_IF_ERROR(check_placement(p, device), "");
   return p;
+}
+
+uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count) {
+  const uint64_t per_elem = uint64_t(2 * std::max(1, buffer_count) + 1) * 12;
+  const uint64_t g = uint64_t(host_capacity) / 8 / per_elem / kSubGroupAlign * kSubGroupAlign;
+  return std::max<uint64_t>(g, kSubGroupAlign);
 }
 
 TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
@@ -123,6 +129,8 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);
+  o.sub_group_elems = std::min<uint64_t>(cfg.zero.sub_group_size,
+                                         max_sub_group_elems(o.host_capacity, o.buffer_count));
   return o;
 }
 

@@ -37,8 +37,8 @@ struct Placement {
 // The placement a config asks for: zero_optimization.offload_param.device and
 // offload_optimizer.device (master and moments follow the optimizer's tier; gradients stay on the
 // device with it, else on the host) and offload_optimizer.ratio, then each strata.placement key
-// that is set overrides its kind. An unknown tier name is kInvalidArgument naming the key
-// (gradients take device or host only). Checks nothing about the device: the planner calls this
+// that is set overrides its kind (gradients on nvme: grad_spill.h). An unknown tier name is
+// kInvalidArgument naming the key. Checks nothing about the device: the planner calls this
 // for machines it does not run on.
 Result<Placement> parse_placement(const Config& cfg);
 
@@ -51,6 +51,17 @@ bool needs_device_optimizer(const Placement& placement);
 
 // parse_placement, then check_placement against `device`.
 Result<Placement> placement_from_config(const Config& cfg, const Device& device);
+
+// Sub-groups start at multiples of this many elements, so every sub-group's fp32 and bf16
+// bytes start on a 4096-byte boundary (O_DIRECT transfers into a whole module's buffer).
+inline constexpr uint64_t kSubGroupAlign = 2048;
+
+// The largest sub-group whose optimizer staging ((2 * buffer_count + 1) sub-groups of fp32
+// master weights and two fp32 moments) takes at most an eighth of the host budget (at least
+// kSubGroupAlign). The sub-group size is zero_optimization.sub_group_size (DeepSpeed's 1e9 by
+// default) capped by this: the size changes no number, so a user with little RAM gets small
+// sub-groups without knowing the key, and one with much RAM gets DeepSpeed's behaviour.
+uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count);
 
 struct TierOptions {
   Placement placement;
@@ -98,9 +109,16 @@ struct TierOptions {
   uint64_t reduce_bucket_elems = 500'000'000;  // zero_optimization.reduce_bucket_size
   bool overlap_comm = true;                    // zero_optimization.overlap_comm
   int buffer_count = 4;                        // optimizer pipeline depth (NVMe state)
-  uint64_t prefetch_bytes = 50'000'000;        // bytes in flight ahead
-  uint64_t max_reuse_distance = UINT64_MAX;    // bytes
-  uint64_t persistence_threshold = 0;          // elements
+  // zero_optimization.sub_group_size: the optimizer pipeline reads, steps and writes a
+  // module's master weights and moments in sub-groups of at most this many elements (rounded
+  // down to a multiple of kSubGroupAlign, at least that), each with its own swap extents when
+  // NVMe-homed, so its host staging is (2 * buffer_count + 1) sub-groups whatever the
+  // module's size. 0 or more than a module's elements: that module is one sub-group.
+  // from_config: the key's value, at most max_sub_group_elems() of the host budget.
+  uint64_t sub_group_elems = 0;
+  uint64_t prefetch_bytes = 50'000'000;      // bytes in flight ahead
+  uint64_t max_reuse_distance = UINT64_MAX;  // bytes
+  uint64_t persistence_threshold = 0;        // elements
   int optimizer_threads = 0;
   // strata.optimizer.delayed_update: a second gradient accumulator per module and host
   // shadows of the parameters (see start_delayed_update), counted in the preflight.

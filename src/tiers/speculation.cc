@@ -36,9 +36,13 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
   }
   // Gradients become final in the order the last step's did (first step: reverse module
   // order, which is backward's); read that order's optimizer state ahead.
-  expected_ = pipeline_.last_order();
-  if (expected_.empty()) {
-    for (int k = int(homes_.modules().size()) - 1; k >= 0; --k) expected_.push_back(k);
+  std::vector<int> order = pipeline_.last_order();
+  if (order.empty()) {
+    for (int k = int(homes_.modules().size()) - 1; k >= 0; --k) order.push_back(k);
+  }
+  expected_.clear();
+  for (int k : order) {
+    for (size_t j = 0; j < pipeline_.sub_groups(k); ++j) expected_.emplace_back(k, j);
   }
   next_prep_ = 0;
   if (homes_.io()) {
@@ -60,17 +64,17 @@ void Speculation::grads_final(int m) {
   ready_.emplace_back(m, std::move(done));
 }
 
-// Starts the reads of the next modules the speculative pass expects, `depth` ahead.
+// Starts the reads of the next sub-groups the speculative pass expects, `depth` ahead.
 void Speculation::read_ahead() {
   const size_t depth = pipeline_.depth();
   size_t inflight = pipeline_.prepared_count();
-  // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 modules (the memory
-  // model): the last pass's writes still draining count against it.
-  const size_t writing = pipeline_.modules_writing();
+  // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 sub-groups (the
+  // memory model): the last pass's writes still draining count against it.
+  const size_t writing = pipeline_.sub_groups_writing();
   while (next_prep_ < expected_.size() && inflight < depth && inflight + writing < 2 * depth + 1) {
-    const int k = expected_[next_prep_++];
-    if (pipeline_.prepared(k) || stepped_.count(k)) continue;
-    auto r = pipeline_.prepare(k, /*try_only=*/true);
+    const auto [k, j] = expected_[next_prep_++];
+    if (pipeline_.prepared(k, j) || stepped_.count(k)) continue;
+    auto r = pipeline_.prepare(k, j, /*try_only=*/true);
     if (!r.is_ok() || !*r) break;  // the host tier is busy: read on demand instead
     ++inflight;
   }
@@ -105,22 +109,21 @@ Status Speculation::step_ready(bool wait_all) {
     // The step's gradients may be bad (a failed drain): validate before touching state.
     STRATA_RETURN_IF_ERROR(errors_.take(), "before stepping " + name);
     const auto t0 = TierClock::now();
-    OptimizerPipeline::Slot s;
-    st = pipeline_.take(k, &s);
     Undo undo;
-    if (st.is_ok() && undo_ && !take_undo(k, s, &undo)) {
+    if (undo_ && !take_undo(k, &undo)) {
       // No room for undo state: this and the remaining modules are stepped after backward.
       stopped_ = true;
-      pipeline_.put_back(k, std::move(s));
       continue;
     }
-    if (st.is_ok()) st = pipeline_.step(k, s, hyper_, mult_);
+    OptimizerPipeline::BeforeStep keep;
+    if (undo_) keep = [&](const OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
+    st = pipeline_.step(k, hyper_, mult_, keep);
     if (st.is_ok()) {
       stepped_[k] = std::move(undo);
       counters_.update([](TierCounts& n) { ++n.modules_stepped_under_backward; });
     }
     if (st.is_ok() && io) {
-      st = pipeline_.retire_writes(3 * pipeline_.depth());
+      st = pipeline_.retire_writes(pipeline_.max_writes());
       read_ahead();
     }
     const auto t1 = TierClock::now();
@@ -140,23 +143,28 @@ std::vector<bool> Speculation::stepped_mask() const {
   return done;
 }
 
-// What a rollback of module k's speculative step restores, taken before the step: for state
-// homed on NVMe a fresh extent the step is written to, the old one kept as it is on the disk
-// (no host memory, no copy; the old extent is freed when the step is kept); for state in host
-// or device memory, or when the swap files are full, a host copy. False when there is room
-// for neither: nothing is taken.
-bool Speculation::take_undo(int k, const OptimizerPipeline::Slot& s, Undo* u) {
+// What a rollback of module k's speculative step restores, set up before the step: for state
+// homed on NVMe fresh extents the step's sub-groups are written to, the old ones kept as they
+// are on the disk (no host memory, no copy; the old extents are freed when the step is kept);
+// for state in host or device memory, or when the swap files are full, a host copy. False when
+// there is room for neither: nothing is taken.
+bool Speculation::take_undo(int k, Undo* u) {
   Module& m = homes_.module(k);
-  auto one = [&](Home& h, const void* now, SwapExtent* old, bool* shadow,
+  auto one = [&](Home& h, std::vector<SwapExtent>* fresh, bool* shadow,
                  std::shared_ptr<PinnedBuffer>* copy) {
     if (h.tier == Tier::kNvme && shadow_extents_) {
-      auto e = homes_.allocate_extent(h.bytes);
-      if (e.is_ok()) {
-        *old = h.ext;
-        h.ext = *e;
+      bool room = true;
+      for (size_t j = 0; j < h.subs.size() && room; ++j) {
+        auto e = homes_.allocate_extent(h.subs[j].bytes);
+        room = e.is_ok();
+        if (room) fresh->push_back(*e);
+      }
+      if (room) {
         *shadow = true;
         return true;
       }
+      for (const auto& e : *fresh) homes_.free_extent(e);
+      fresh->clear();
     }
     auto b = homes_.pool().acquire(h.bytes);
     if (!b.is_ok()) {
@@ -165,11 +173,12 @@ bool Speculation::take_undo(int k, const OptimizerPipeline::Slot& s, Undo* u) {
       return false;
     }
     *copy = std::make_shared<PinnedBuffer>(std::move(b).value());
-    std::memcpy((*copy)->data(), now, h.bytes);
+    // NVMe-homed state is copied from each sub-group's slot (keep_sub_group).
+    if (h.tier != Tier::kNvme) std::memcpy((*copy)->data(), h.ptr(), h.bytes);
     return true;
   };
-  if (one(m.master, s.master, &u->old_master, &u->master_shadow, &u->master) &&
-      one(m.mom, s.mom, &u->old_mom, &u->mom_shadow, &u->mom)) {
+  if (one(m.master, &u->fresh_master, &u->master_shadow, &u->master) &&
+      one(m.mom, &u->fresh_mom, &u->mom_shadow, &u->mom)) {
     return true;
   }
   drop_shadows(k, u);
@@ -177,15 +186,39 @@ bool Speculation::take_undo(int k, const OptimizerPipeline::Slot& s, Undo* u) {
   return false;
 }
 
+void Speculation::keep_sub_group(int k, const OptimizerPipeline::Slot& s, Undo* u) {
+  Module& m = homes_.module(k);
+  const size_t b = m.mom_elem() / 2;
+  if (u->master_shadow) {
+    u->old_master.push_back(m.master.subs[s.j]);
+    m.master.subs[s.j] = u->fresh_master[s.j];
+  } else if (m.master.tier == Tier::kNvme) {
+    std::memcpy(u->master->as<float>() + s.a, s.master, s.len * 4);
+  }
+  if (u->mom_shadow) {
+    u->old_mom.push_back(m.mom.subs[s.j]);
+    m.mom.subs[s.j] = u->fresh_mom[s.j];
+  } else if (m.mom.tier == Tier::kNvme) {
+    char* c = static_cast<char*>(u->mom->data());
+    std::memcpy(c + s.a * b, s.m, s.len * b);
+    std::memcpy(c + (m.sn + s.a) * b, s.v, s.len * b);
+  }
+}
+
 // Module k's homes go back to the extents its undo kept, and the shadows it was stepped into
 // are freed (their writes must have landed).
 void Speculation::drop_shadows(int k, Undo* u) {
   Module& m = homes_.module(k);
-  for (auto [h, old, shadow] : {std::tuple{&m.master, &u->old_master, &u->master_shadow},
-                                std::tuple{&m.mom, &u->old_mom, &u->mom_shadow}}) {
+  for (auto [h, fresh, old, shadow] :
+       {std::tuple{&m.master, &u->fresh_master, &u->old_master, &u->master_shadow},
+        std::tuple{&m.mom, &u->fresh_mom, &u->old_mom, &u->mom_shadow}}) {
     if (!*shadow) continue;
-    homes_.free_extent(h->ext);
-    h->ext = *old;
+    for (size_t j = 0; j < fresh->size(); ++j) {
+      homes_.free_extent((*fresh)[j]);
+      if (j < old->size()) h->subs[j] = (*old)[j];
+    }
+    fresh->clear();
+    old->clear();
     *shadow = false;
   }
 }
@@ -213,68 +246,91 @@ Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult
 }
 
 // Restores module k's pre-step master weights and moments from `u` and redoes its step, or
-// re-derives its parameters (a skipped step).
+// re-derives its parameters (a skipped step), one sub-group at a time.
 Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyper,
                             float grad_mult) {
   Module& m = homes_.module(k);
   IoWorker* io = homes_.io();
   const bool master_on_disk = u.master_shadow, mom_on_disk = u.mom_shadow;
   drop_shadows(k, &u);  // the homes are the pre-step extents again
-  OptimizerPipeline::Slot s;
-  auto restore_one = [&](Home& h, bool on_disk, const std::shared_ptr<PinnedBuffer>& copy,
-                         bool needed, std::shared_ptr<PinnedBuffer>* buf, void** ptr) -> Status {
-    if (on_disk) {  // the pre-step state is in its home extent; read it when needed
-      if (!needed) return Status::ok();
-      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(h.bytes, "restoring optimizer state"),
-                              "staging");
-      *buf = std::make_shared<PinnedBuffer>(std::move(b));
-      *ptr = (*buf)->data();
-      return io->wait(io->read(h.ext, *ptr)).with_context("reading the pre-step state");
-    }
-    if (h.tier == Tier::kNvme) {  // a host copy of NVMe state (the swap files were full)
-      *buf = copy;
-      *ptr = copy->data();
-      return Status::ok();
-    }
-    *ptr = h.ptr();
-    std::memcpy(*ptr, copy->data(), h.bytes);
-    return Status::ok();
+  // State in host or device memory gets its copy back whole.
+  if (m.master.tier != Tier::kNvme) std::memcpy(m.master.ptr(), u.master->data(), m.master.bytes);
+  if (m.mom.tier != Tier::kNvme) std::memcpy(m.mom.ptr(), u.mom->data(), m.mom.bytes);
+  STRATA_ASSIGN_OR_RETURN(OptimizerPipeline::Target t, pipeline_.target(k, nullptr),
+                          "restoring " + m.name);
+  const size_t b = m.mom_elem() / 2;
+  auto staging = [&](size_t bytes) -> Result<std::shared_ptr<PinnedBuffer>> {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer x, homes_.host_buf(bytes, "restoring optimizer state"),
+                            "staging");
+    return std::make_shared<PinnedBuffer>(std::move(x));
   };
-  void* master = nullptr;
-  void* mom = nullptr;
-  STRATA_RETURN_IF_ERROR(
-      restore_one(m.master, master_on_disk, u.master, true, &s.master_buf, &master),
-      "restoring " + m.name + " master weights");
-  STRATA_RETURN_IF_ERROR(restore_one(m.mom, mom_on_disk, u.mom, redo, &s.mom_buf, &mom),
-                         "restoring " + m.name + " moments");
-  s.master = static_cast<float*>(master);
-  s.mom = static_cast<char*>(mom);
+  for (size_t j = 0; j < m.sub_groups(); ++j) {
+    const std::string what =
+        m.sub_groups() > 1 ? fmt::format("{} (sub-group {})", m.name, j) : m.name;
+    OptimizerPipeline::Slot s;
+    s.k = k;
+    s.j = j;
+    s.a = m.sub_start(j);
+    s.len = m.sub_len(j);
+    if (m.master.tier != Tier::kNvme) {
+      s.master = static_cast<float*>(m.master.ptr()) + s.a;
+    } else if (master_on_disk) {  // the pre-step state is in its home extent
+      STRATA_ASSIGN_OR_RETURN(s.master_buf, staging(s.len * 4), "restoring " + what);
+      s.master = s.master_buf->as<float>();
+      STRATA_RETURN_IF_ERROR(io->wait(io->read(m.master.subs[j], s.master)),
+                             "reading the pre-step master weights of " + what);
+    } else {  // a host copy of NVMe state (the swap files were full)
+      s.master_buf = u.master;
+      s.master = u.master->as<float>() + s.a;
+    }
+    if (m.mom.tier != Tier::kNvme) {
+      s.m = static_cast<char*>(m.mom.ptr()) + s.a * b;
+      s.v = static_cast<char*>(m.mom.ptr()) + (m.sn + s.a) * b;
+    } else if (!mom_on_disk || redo) {  // (a skip leaves shadowed moments as they are)
+      STRATA_ASSIGN_OR_RETURN(s.mom_buf, staging(s.len * 2 * b), "restoring " + what);
+      s.m = s.mom_buf->data();
+      s.v = static_cast<char*>(s.m) + s.len * b;
+      if (mom_on_disk) {
+        STRATA_RETURN_IF_ERROR(io->wait(io->read(m.mom.subs[j], s.m)),
+                               "reading the pre-step moments of " + what);
+      } else {  // a host copy of NVMe state, in the whole module's layout
+        const char* c = static_cast<const char*>(u.mom->data());
+        std::memcpy(s.m, c + s.a * b, s.len * b);
+        std::memcpy(s.v, c + (m.sn + s.a) * b, s.len * b);
+      }
+    }
+    if (redo) {
+      STRATA_RETURN_IF_ERROR(pipeline_.load_grad(&s), "redoing " + what);
+      pipeline_.step_sub_group(k, s, hyper, grad_mult, nullptr, t.lp);
+      // Within the pipeline's reservation next to the sub-groups read ahead.
+      if (io)
+        STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(pipeline_.max_writes()), "redoing " + what);
+      continue;
+    }
+    // A skipped step: NVMe homes get their host copies back (shadowed ones never changed).
+    if (m.master.tier == Tier::kNvme && !master_on_disk) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.master.subs[j], s.master)),
+                             "restoring the master weights of " + what);
+    }
+    if (m.mom.tier == Tier::kNvme && !mom_on_disk) {
+      STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.subs[j], s.m)),
+                             "restoring the moments of " + what);
+    }
+    pipeline_.derive(k, s, t.lp);
+  }
   counters_.update([](TierCounts& n) { ++n.modules_redone; });
-  if (redo) {
-    STRATA_RETURN_IF_ERROR(pipeline_.step(k, s, hyper, grad_mult), "redoing " + m.name);
-    // Within the pipeline's reservation next to the slots read ahead (<= depth modules).
-    if (io) STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(pipeline_.depth()), "redoing " + m.name);
-    return Status::ok();
-  }
-  // A skipped step: NVMe homes get their host copies back (shadowed ones never changed).
-  if (m.master.tier == Tier::kNvme && !master_on_disk) {
-    STRATA_RETURN_IF_ERROR(io->wait(io->write(m.master.ext, s.master)),
-                           "restoring " + m.name + " master weights");
-  }
-  if (m.mom.tier == Tier::kNvme && !mom_on_disk) {
-    STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.ext, s.mom)),
-                           "restoring " + m.name + " moments");
-  }
-  STRATA_RETURN_IF_ERROR(pipeline_.write_params(k, s.master), "restoring " + m.name);
+  STRATA_RETURN_IF_ERROR(pipeline_.publish(k, t.lp, std::move(t.keep), /*wait=*/!redo),
+                         (redo ? "redoing " : "restoring ") + m.name);
   return Status::ok();
 }
 
 void Speculation::end() {
   if (!active_) return;
   for (auto& [k, u] : stepped_) {
-    for (auto [old, shadow] :
-         {std::pair{&u.old_master, u.master_shadow}, std::pair{&u.old_mom, u.mom_shadow}}) {
-      if (shadow) homes_.free_extent(*old);
+    for (auto [fresh, old] :
+         {std::pair{&u.fresh_master, &u.old_master}, std::pair{&u.fresh_mom, &u.old_mom}}) {
+      for (const auto& e : *old) homes_.free_extent(e);
+      for (size_t j = old->size(); j < fresh->size(); ++j) homes_.free_extent((*fresh)[j]);
     }
   }
   TierClock::time_point bwd_end;

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -64,15 +65,20 @@ class Speculation {
 
  private:
   // A stepped module's pre-step master weights and moments: for NVMe-homed state its old
-  // extent (the step was written to a fresh one, `*_shadow`), else a host copy.
+  // extents (each sub-group's step was written to a fresh one, `fresh_*`, which replaced its
+  // home as it was stepped, the old one kept in `old_*`), else a host copy in the whole
+  // module's layout (of NVMe-homed state: filled from each sub-group's slot before its step).
   struct Undo {
     std::shared_ptr<PinnedBuffer> master, mom;  // host copies; null when none
-    SwapExtent old_master, old_mom;             // the pre-step extents, while *_shadow
+    std::vector<SwapExtent> fresh_master, fresh_mom, old_master, old_mom;
     bool master_shadow = false, mom_shadow = false;
     bool kept() const { return master || mom || master_shadow || mom_shadow; }
   };
   void read_ahead();
-  bool take_undo(int k, const OptimizerPipeline::Slot& s, Undo* u);
+  // Sets up module k's undo state before its step; false (nothing taken) without room.
+  bool take_undo(int k, Undo* u);
+  // Before sub-group `s` is stepped: its pre-step state into the undo state.
+  void keep_sub_group(int k, const OptimizerPipeline::Slot& s, Undo* u);
   void drop_shadows(int k, Undo* u);
   Status restore(int k, Undo& u, bool redo, const OptimizerHyper& hyper, float grad_mult);
 
@@ -90,7 +96,8 @@ class Speculation {
   float mult_ = 1.0f;
   std::deque<std::pair<int, std::shared_ptr<Event>>> ready_;  // gradients final (d2h events)
   std::map<int, Undo> stepped_;
-  std::vector<int> expected_;  // expected gradient completion order, for read-ahead
+  // Expected gradient completion order, for read-ahead: (module, sub-group).
+  std::vector<std::pair<int, size_t>> expected_;
   size_t next_prep_ = 0;
   std::vector<std::pair<TierClock::time_point, TierClock::time_point>> intervals_;
   std::mutex bwd_end_mu_;

@@ -14,7 +14,6 @@ namespace strata {
 
 Status TierManager::init_state(const std::function<void(int, float*)>& init) {
   Impl& I = *impl_;
-  IoWorker* io = I.homes->io();
   for (size_t i = 0; i < I.homes->modules().size(); ++i) {
     Module& m = I.homes->module(int(i));
     HostState hs;
@@ -31,12 +30,9 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
       init(int(i), master);
     }
     std::memset(moments, 0, m.mom.bytes);
-    std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
-    std::vector<IoWorker::Ticket> tickets;
-    if (m.master.tier == Tier::kNvme) tickets.push_back(io->write(m.master.ext, master));
-    if (m.mom.tier == Tier::kNvme) tickets.push_back(io->write(m.mom.ext, moments));
+    if (m.gacc.tier != Tier::kNvme) std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
     STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
-    for (auto t : tickets) STRATA_RETURN_IF_ERROR(io->wait(t), "initializing " + m.name);
   }
   return Status::ok();
 }
@@ -172,13 +168,11 @@ uint32_t TierManager::weights_crc() {
   Impl& I = *impl_;
   if (!flush_writes().is_ok()) return 0;
   uint32_t crc = 0;
-  for (auto& m : I.homes->modules()) {
+  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
+    Module& m = I.homes->module(int(i));
     if (m.master.tier == Tier::kNvme) {
       auto b = I.homes->host_buf(m.master.bytes, "crc");
-      if (!b.is_ok() ||
-          !I.homes->io()->wait(I.homes->io()->read(m.master.ext, b->data())).is_ok()) {
-        return 0;
-      }
+      if (!b.is_ok() || !I.homes->read_master(i, b->as<float>()).is_ok()) return 0;
       crc = crc32c(crc, b->data(), m.valid * 4);
     } else {
       crc = crc32c(crc, m.master.ptr(), m.valid * 4);

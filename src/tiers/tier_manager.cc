@@ -17,8 +17,34 @@ namespace {
 // Checks every tier's need against its capacity and the swap paths, reporting every shortfall
 // together with the config key to change. Fills `swap` (the swap files' size) and
 // `shadow_extents` (whether the swap files are sized for the optimizer's shadow extents).
+// When the host tier is short: what the host would need with the gradient accumulators on
+// NVMe, and with everything on NVMe, each with whether it fits the budget.
+std::string host_hint(const Architecture& arch, const TierOptions& options, int world, DType dt,
+                      DType moment_dt, size_t activation_bytes) {
+  std::string hint;
+  auto try_placement = [&](Placement p, const char* what) {
+    if (p == options.placement) return;
+    TierOptions o = options;
+    o.placement = p;
+    auto homes =
+        module_homes(arch.layout(), p, world, dt, moment_dt, o.delayed_update, o.sub_group_elems);
+    if (!homes.is_ok()) return;
+    const TierNeeds n =
+        tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain));
+    hint += fmt::format("; {} it would need {}{}", what, format_bytes(double(n.host.total())),
+                        n.host.total() <= options.host_capacity ? " (fits)" : "");
+  };
+  if (world > 1 || options.delayed_update || options.nvme_paths.empty()) return hint;
+  Placement g = options.placement;
+  if (g.grads == Tier::kHost) g.grads = Tier::kNvme;
+  try_placement(g, "with strata.placement.grads = nvme");
+  try_placement({Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme, 1.0},
+                "with params, optimizer state and gradients on nvme");
+  return hint;
+}
+
 Status preflight(Device& device, const TierOptions& options, const TierNeeds& need, bool sharded,
-                 SwapOptions* swap, bool* shadow_extents) {
+                 const std::string& host_hint, SwapOptions* swap, bool* shadow_extents) {
   std::vector<std::string> short_of;
   const size_t dev_cap = device.memory_stats().capacity;
   const size_t dev_need = need.device.total();
@@ -42,15 +68,20 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
   const size_t act_host = need.host.stash;
   if (host_need > options.host_capacity) {
     short_of.push_back(fmt::format(
-        "host tier needs {} (state {}, staging buffers {}{}) but its budget is {}: set "
+        "host tier needs {} (state {}, staging buffers {}{}{}) but its budget is {}: set "
         "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
-        "(zero_optimization.offload_*.device = \"nvme\"), or use a smaller model{}",
+        "(zero_optimization.offload_*.device = \"nvme\", strata.placement.grads = \"nvme\"), "
+        "or use a smaller model{}{}",
         format_bytes(double(host_need)), format_bytes(double(need.host.state)),
         format_bytes(double(staging)),
+        need.host.optimizer_staging ? fmt::format(" of which optimizer sub-groups {}",
+                                                  format_bytes(double(need.host.optimizer_staging)))
+                                    : std::string(),
         act_host ? fmt::format(", offloaded activations {}", format_bytes(double(act_host))) : "",
         format_bytes(double(options.host_capacity)),
         act_host ? " (or strata.activations = recompute, which keeps block inputs on the device)"
-                 : ""));
+                 : "",
+        host_hint));
   }
   swap->paths = options.nvme_paths;
   swap->rank = options.rank;
@@ -118,19 +149,28 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
     }
     I.sharded = true;
   }
+  if (options.placement.grads == Tier::kNvme && (I.sharded || options.delayed_update)) {
+    return invalid_argument(
+        "strata.placement.grads: nvme runs on one rank without strata.optimizer.delayed_update "
+        "for now: set it to host, or run one rank without the delayed update");
+  }
 
   // Every tier's need against its capacity, before anything is allocated or written.
-  STRATA_ASSIGN_OR_RETURN(
-      const std::vector<ModuleHomes> plan,
-      module_homes(arch.layout(), options.placement, world, dt, moment_dt, options.delayed_update),
-      "tier manager");
+  STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> plan,
+                          module_homes(arch.layout(), options.placement, world, dt, moment_dt,
+                                       options.delayed_update, options.sub_group_elems),
+                          "tier manager");
   // The device's working set: the most the training program holds at once.
   const TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.
-  STRATA_RETURN_IF_ERROR(preflight(device, options, need, I.sharded, &so, &shadow_extents), "");
+  const std::string hint = need.host.total() > options.host_capacity
+                               ? host_hint(arch, options, world, dt, moment_dt, activation_bytes)
+                               : std::string();
+  STRATA_RETURN_IF_ERROR(preflight(device, options, need, I.sharded, hint, &so, &shadow_extents),
+                         "");
 
   // The tiers and the homes; then the parts that borrow from them.
   STRATA_ASSIGN_OR_RETURN(

@@ -34,6 +34,17 @@
 namespace strata {
 namespace {
 
+// VmHWM of /proc/self/status in bytes (0 where there is none).
+size_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0)
+      return size_t(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+  }
+  return 0;
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -684,7 +695,8 @@ Result<TrainResult> Run::loop() {
                                        {"comm_param_bytes", double(w_sent[0]) / ws},
                                        {"comm_grad_bytes", double(w_sent[1]) / ws},
                                        {"device_bytes_per_step", dev_mb * 1048576.0},
-                                       {"nvme_bytes_per_step", nvme_mb * 1048576.0}}
+                                       {"nvme_bytes_per_step", nvme_mb * 1048576.0},
+                                       {"peak_rss_bytes", peak_rss_bytes()}}
                             .dump())
             .ignore();
       }
@@ -738,6 +750,7 @@ Result<TrainResult> Run::loop() {
     const TierStats ts = tm_->stats(t);
     r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
   }
+  r.peak_rss = peak_rss_bytes();
   const double secs = seconds_since(t0);
   r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
   return r;

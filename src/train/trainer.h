@@ -85,6 +85,10 @@ struct TrainResult {
     size_t current = 0;  // in use at the end (host, nvme: this rank's resident state)
   };
   std::vector<TierUse> tiers;
+  // The process's peak resident set (VmHWM of /proc/self/status, bytes; 0 where unknown): what
+  // strata.host_memory_limit bounds, plus the device arena on the CPU backend, the model's
+  // host-side buffers and the binary's own footprint.
+  size_t peak_rss = 0;
 };
 
 // Trains on every rank of the communicator strata.comm.backend gives (mpirun -np N: N ranks,

@@ -1,0 +1,259 @@
+// Host memory that does not grow with the model: the optimizer pipeline steps sub-groups of
+// zero_optimization.sub_group_size elements, so its host staging is a few sub-groups whatever
+// a module's size, and the numbers do not depend on the sub-group size (the optimizer is
+// elementwise): every schedule (the plain step, the optimizer under backward with rollbacks
+// redone or skipped, the delayed update) trains bit-identically from one sub-group per module to
+// ~100 per module.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "src/model/gpt2.h"
+#include "src/tiers/memory_model.h"
+#include "src/train/trainer.h"
+#include "strata/config.h"
+#include "strata/log.h"
+#include "tests/test_util.h"
+#include "tests/train_util.h"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must point at the repository"
+#endif
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) { return test::temp_dir("strata_hostmem", name); }
+
+// configs/tiny-cpu.json (clipping 1.0, AdamW, bf16) for `steps` steps, with overrides.
+Config tiny(const std::string& dir, int steps, const std::vector<std::string>& extra) {
+  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
+                                 "train.steps=" + std::to_string(steps), "train.eval_interval=0",
+                                 "steps_per_print=1000", "scheduler.params.warmup_num_steps=2"};
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  auto cfg =
+      parse_config(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
+                   "configs/tiny-cpu.json", ov);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  return *cfg;
+}
+
+std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optimizer) {
+  fs::create_directories(dir + "/swap");
+  const std::string path = "\"" + dir + "/swap\"";
+  std::vector<std::string> ov;
+  if (params) {
+    ov.push_back("zero_optimization.offload_param.device=\"nvme\"");
+    ov.push_back("zero_optimization.offload_param.nvme_path=" + path);
+  } else {
+    ov.push_back("zero_optimization.offload_param.device=\"cpu\"");
+  }
+  if (optimizer) {
+    ov.push_back("zero_optimization.offload_optimizer.device=\"nvme\"");
+    ov.push_back("zero_optimization.offload_optimizer.nvme_path=" + path);
+  } else {
+    ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
+  }
+  return ov;
+}
+
+struct Schedule {
+  const char* name;
+  bool nvme_params, nvme_optimizer;
+  std::vector<std::string> ov;
+};
+
+class SubGroups : public ::testing::TestWithParam<Schedule> {
+ protected:
+  void SetUp() override { set_log_level(LogLevel::kWarn); }
+};
+
+// One sub-group per module (DeepSpeed's 1e9) is the reference; 16384 and 2048 elements cut
+// the tiny model's blocks (~200k elements) into 13 and ~97 sub-groups.
+TEST_P(SubGroups, EverySubGroupSizeTrainsBitIdentically) {
+  const Schedule& c = GetParam();
+  auto dir = temp_dir(c.name);
+  const int steps = 10;
+  TrainResult ref;
+  for (uint64_t g : {uint64_t{1'000'000'000}, uint64_t{16384}, uint64_t{2048}}) {
+    SCOPED_TRACE(fmt::format("sub_group_size {}", g));
+    std::vector<std::string> ov = on_nvme(dir, c.nvme_params, c.nvme_optimizer);
+    ov.insert(ov.end(), c.ov.begin(), c.ov.end());
+    ov.push_back(fmt::format("zero_optimization.sub_group_size={}", g));
+    const TrainResult r = test::must_train(tiny(fmt::format("{}/{}", dir, g), steps, ov));
+    ASSERT_EQ(r.losses.size(), size_t(steps));
+    for (const auto& t : r.tiers) EXPECT_LE(t.peak, t.capacity) << t.name;
+    if (g == 1'000'000'000) {
+      ref = r;
+      EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the reference did not train";
+      if (std::string(c.name).rfind("overlap", 0) == 0) {
+        EXPECT_GT(ref.rollbacks, 0) << "the case meant to roll speculative steps back";
+      }
+      continue;
+    }
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      ASSERT_EQ(r.losses[s], ref.losses[s]) << "loss differs at step " << s + 1;  // bit for bit
+    }
+    EXPECT_EQ(r.weights_crc, ref.weights_crc) << "final weights differ";
+    EXPECT_EQ(r.rollbacks, ref.rollbacks);
+    if (c.nvme_optimizer) {  // the swap files hold one extent per sub-group, each with slack
+      EXPECT_GT(test::tier(r, "nvme").capacity, test::tier(ref, "nvme").capacity);
+    }
+    EXPECT_EQ(r.skipped_steps, ref.skipped_steps);
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, SubGroups,
+    ::testing::Values(
+        // The plain schedule, optimizer state on NVMe (and params).
+        Schedule{"plain_nvme", true, true, {"strata.optimizer.overlap=false"}},
+        // Under backward with clipping: the first steps roll back and are redone from shadow
+        // extents on the disk.
+        Schedule{"overlap_clip_nvme", true, true, {"strata.optimizer.overlap=true"}},
+        // fp16 with forced overflows: speculative steps are undone and skipped.
+        Schedule{"overlap_fp16_nvme",
+                 false,
+                 true,
+                 {"strata.optimizer.overlap=true", "bf16.enabled=false", "fp16.enabled=true",
+                  "fp16.initial_scale_power=24", "fp16.hysteresis=1", "fp16.loss_scale_window=4"}},
+        // Host-homed state: sub-groups point into the homes; undo state is host copies.
+        Schedule{"overlap_clip_host", false, false, {"strata.optimizer.overlap=true"}},
+        // The delayed update's thread runs the same pass over the second accumulator.
+        Schedule{"delayed_update_nvme", false, true, {"strata.optimizer.delayed_update=true"}}),
+    [](const ::testing::TestParamInfo<Schedule>& i) { return std::string(i.param.name); });
+
+// Gradient accumulators on NVMe (strata.placement.grads = nvme): written and read back
+// sub-group by sub-group (4 micro-batches: copied, then read-added-written three times), their
+// norm reduced tile by tile: the same losses and weights as host-homed accumulators, bit for
+// bit, in the plain schedule and under backward with clipping rollbacks and fp16 overflows.
+TEST(GradsOnNvme, TrainBitIdenticallyToGradsInHostMemory) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("grads");
+  struct Case {
+    const char* name;
+    std::vector<std::string> ov;
+  };
+  const std::vector<Case> cases = {
+      {"plain", {"strata.optimizer.overlap=false"}},
+      {"overlap_clip", {"strata.optimizer.overlap=true"}},
+      {"overlap_fp16",
+       {"strata.optimizer.overlap=true", "bf16.enabled=false", "fp16.enabled=true",
+        "fp16.initial_scale_power=24", "fp16.hysteresis=1", "fp16.loss_scale_window=4"}},
+  };
+  const int steps = 8;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    TrainResult ref;
+    for (const char* grads : {"host", "nvme"}) {
+      std::vector<std::string> ov = on_nvme(dir, true, true);
+      ov.insert(ov.end(), c.ov.begin(), c.ov.end());
+      ov.push_back(fmt::format("strata.placement.grads=\"{}\"", grads));
+      ov.push_back("zero_optimization.sub_group_size=65536");  // 4 sub-groups per block
+      const TrainResult r =
+          test::must_train(tiny(fmt::format("{}/{}_{}", dir, c.name, grads), steps, ov));
+      ASSERT_EQ(r.losses.size(), size_t(steps));
+      for (const auto& t : r.tiers) EXPECT_LE(t.peak, t.capacity) << t.name;
+      if (std::string(grads) == "host") {
+        ref = r;
+        continue;
+      }
+      for (size_t s = 0; s < ref.losses.size(); ++s) {
+        ASSERT_EQ(r.losses[s], ref.losses[s]) << "loss differs at step " << s + 1;
+      }
+      EXPECT_EQ(r.weights_crc, ref.weights_crc) << "final weights differ";
+      EXPECT_EQ(r.rollbacks, ref.rollbacks);
+      EXPECT_EQ(r.skipped_steps, ref.skipped_steps);
+      // The accumulators' traffic: every micro-batch writes them, later ones read them too.
+      EXPECT_GT(test::tier(r, "nvme").bytes_in, test::tier(ref, "nvme").bytes_in);
+      EXPECT_LT(test::tier(r, "host").peak, test::tier(ref, "host").peak);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// The preflight's host need does not grow with the model: with parameters, optimizer state and
+// gradients on NVMe it is the same for 2, 8 and 32 layers (the staging of a sub-group-sized
+// pipeline, a module's parameter fetches and the gradient landing), while the NVMe need grows.
+TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
+  size_t host = 0, nvme = 0;
+  for (int layers : {2, 8, 32}) {
+    SCOPED_TRACE(fmt::format("{} layers", layers));
+    ModelConfig mc;
+    mc.n_layer = layers;
+    mc.n_head = 4;
+    mc.n_embd = 256;
+    mc.vocab_size = 512;
+    mc.context = 64;
+    auto arch = GptArchitecture::create(mc);
+    ASSERT_TRUE(arch.is_ok());
+    TierOptions to;
+    to.placement = {Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme, 1.0};
+    to.nvme_paths = {"/nonexistent"};
+    to.sub_group_elems = 65536;
+    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+    EXPECT_EQ(n->host.state, 0u);
+    EXPECT_GT(n->host.grad_staging, 0u);
+    if (host) EXPECT_EQ(n->host.total(), host);
+    EXPECT_GT(n->nvme.state, nvme);
+    host = n->host.total();
+    nvme = n->nvme.state;
+  }
+}
+
+// The optimizer pipeline's host staging is 2 * buffer_count + 1 sub-groups, not modules: with
+// sub-groups smaller than a block it stays the same when the blocks grow, and the NVMe tier
+// holds one extent per sub-group of master weights and of moments.
+TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
+  const int mc_layers = 2;
+  auto need = [&](int n_embd, uint64_t sub_group) {
+    ModelConfig mc;
+    mc.n_layer = mc_layers;
+    mc.n_head = 4;
+    mc.n_embd = n_embd;
+    mc.vocab_size = 256;
+    mc.context = 32;
+    auto arch = GptArchitecture::create(mc);
+    EXPECT_TRUE(arch.is_ok());
+    TierOptions to;
+    to.placement.params = Tier::kNvme;
+    to.placement.master = to.placement.moments = Tier::kNvme;
+    to.placement.grads = Tier::kHost;
+    to.nvme_paths = {"/nonexistent"};
+    to.buffer_count = 4;
+    to.sub_group_elems = sub_group;
+    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    EXPECT_TRUE(n.is_ok()) << n.status().to_string();
+    return *n;
+  };
+  const uint64_t g = 8192;
+  const size_t per_sub_group = g * 4 + g * 8;  // master + two fp32 moments, 4096-aligned
+  for (int w : {128, 256, 512}) {
+    SCOPED_TRACE(fmt::format("n_embd {}", w));
+    const TierNeeds whole = need(w, 0), sub = need(w, g);
+    EXPECT_EQ(sub.host.optimizer_staging, 9 * per_sub_group);
+    EXPECT_GT(whole.host.optimizer_staging, sub.host.optimizer_staging);
+    // The same bytes on NVMe: every sub-group but a module's last is 4096-aligned (a module's
+    // master and moments each round up once more).
+    EXPECT_GE(sub.nvme.state, whole.nvme.state);
+    EXPECT_LE(sub.nvme.state - whole.nvme.state, 2 * 2 * 4096 * size_t(mc_layers + 3));
+  }
+  // A sub-group size that is not a multiple of 2048 is rounded down to one.
+  EXPECT_EQ(sub_group_elems(1'000'000, 5000), 4096u);
+  EXPECT_EQ(sub_group_elems(1'000'000, 100), 2048u);
+  EXPECT_EQ(sub_group_elems(1'000, 2048), 1000u);
+  EXPECT_EQ(sub_group_elems(1'000, 0), 1000u);
+  // The host budget caps the sub-group: an eighth of it for 2 * 4 + 1 sub-groups of 12 bytes
+  // per element.
+  EXPECT_EQ(max_sub_group_elems(size_t(256) << 20, 4), 309248u);
+  EXPECT_EQ(max_sub_group_elems(size_t(128) << 30, 4), 159072256u);
+  EXPECT_EQ(max_sub_group_elems(0, 4), kSubGroupAlign);
+}
+
+}  // namespace
+}  // namespace strata
