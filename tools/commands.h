@@ -8,5 +8,6 @@ int cmd_train(int argc, char** argv);
 int cmd_probe(int argc, char** argv);
 int cmd_trace(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 
 }  // namespace strata::tools

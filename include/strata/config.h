@@ -111,6 +111,14 @@ struct AioConfig {
 
 struct ModelConfig {
   std::string type = "gpt2";  // architecture (src/model/): gpt2 ("gpt" is accepted) | llama
+  // A Hugging Face model directory (config.json + safetensors): the shape above comes from its
+  // config.json (src/hf/hf_config.h) and the initial weights from its safetensors
+  // (src/hf/hf_checkpoint.h). "" = the shape keys and a random initialization.
+  std::string from_pretrained;
+  // False when a parsed config had no model at all (no "model" section, no model.* override):
+  // a DeepSpeed config describes the engine, not the model, and training the defaults' tiny
+  // GPT instead would be a silent surprise. check_model_given() refuses it.
+  bool given = true;
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
@@ -158,6 +166,9 @@ struct TrainConfig {
   int64_t checkpoint_interval = 0;  // 0 = only at the end and on SIGINT/SIGTERM
   uint64_t seed = 1234;
   std::string log_file;  // JSONL metrics; "" = <checkpoint_dir>/metrics.jsonl
+  // After the final checkpoint, rank 0 exports it here as a Hugging Face checkpoint
+  // (src/hf/hf_export.h); "" = no export. Not after a stop (Ctrl-C): the run is not finished.
+  std::string export_dir;
 };
 
 // strata's own extensions, under "strata": {...}.
@@ -221,6 +232,11 @@ struct Config {
 // defaults and ranges: docs/CONFIG.md (generated from the parser's table).
 Result<Config> parse_config(const std::string& json_text, const std::string& origin,
                             const std::vector<std::string>& overrides = {}, int world_size = 1);
+// OK when `config` describes a model; otherwise an error saying how to give one (a DeepSpeed
+// config written for the Hugging Face Trainer has no "model" section). `strata train`, `eval`
+// and `export` call it; configs built in code always describe one.
+Status check_model_given(const Config& config);
+
 // Reads and parses a file; `path` is the origin. A missing file is kNotFound naming the path.
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                            int world_size = 1);

@@ -30,6 +30,7 @@
 
 #include "src/base/json_depth.h"
 #include "src/config/key_table.h"
+#include "src/hf/hf_config.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -403,6 +404,26 @@ Status resolve(Ctx* ctx, int world_size) {
   auto num = [](double x) { return fmt::format("{}", x); };
 
   // model
+  c.model.given = false;
+  for (const auto& [path, v] : ctx->given) c.model.given |= path.rfind("model.", 0) == 0;
+  if (is_given(*ctx, "model.from_pretrained")) {
+    const std::string dir = c.model.from_pretrained;
+    for (const auto& [path, v] : ctx->given) {
+      if (path.rfind("model.", 0) == 0 && path != "model.from_pretrained" &&
+          path != "model.context") {
+        return invalid_argument(fmt::format(
+            "{}: the model's shape comes from model.from_pretrained ({}/config.json); remove "
+            "this key (only model.context may be given beside from_pretrained)",
+            path, dir));
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(
+        ModelConfig m,
+        model_config_from_hf(dir, is_given(*ctx, "model.context") ? c.model.context : 0),
+        "model.from_pretrained");
+    m.from_pretrained = dir;
+    c.model = m;
+  }
   if (c.model.n_embd % c.model.n_head != 0) {
     return invalid_argument(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})",
                                         c.model.n_embd, c.model.n_head));
@@ -806,6 +827,16 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
   if (!st.is_ok()) return st.with_context(origin);
   list_not_acted_on(&ctx);
   return std::move(ctx.cfg);
+}
+
+Status check_model_given(const Config& config) {
+  if (config.model.given) return Status::ok();
+  return invalid_argument(
+      "the config has no model: add a \"model\" section, either {\"from_pretrained\": "
+      "\"<Hugging Face model directory>\", \"context\": <tokens>} to fine-tune a checkpoint, "
+      "or model.type and its shape keys (n_layer, n_head, n_embd, vocab_size, context; see "
+      "docs/CONFIG.md) for a fresh one, or --set model.from_pretrained=DIR. A DeepSpeed config "
+      "(e.g. the Hugging Face Trainer's ZeRO-3 one) describes the engine, not the model");
 }
 
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides,

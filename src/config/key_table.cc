@@ -397,6 +397,10 @@ std::vector<Key> build_table() {
   group("strata: model");
   add(F("model.type", Enum("gpt2|gpt|llama"), STRATA_M(model.type),
         "architecture: gpt2 (gpt is gpt2) or llama (Llama, Mistral, Qwen2 shapes)"));
+  add(F("model.from_pretrained", Str(), STRATA_M(model.from_pretrained),
+        "a Hugging Face model directory (config.json + model.safetensors or its sharded index): "
+        "shape from config.json, initial weights from the safetensors; the model section may "
+        "then hold only from_pretrained and context"));
   add(F("model.n_layer", Int(1, 4096), STRATA_M(model.n_layer), "transformer blocks"));
   add(F("model.n_head", Int(1, 4096), STRATA_M(model.n_head), "attention heads"));
   add(F("model.n_embd", Int(1, 1 << 20), STRATA_M(model.n_embd),
@@ -460,6 +464,9 @@ std::vector<Key> build_table() {
   add(F("train.eval_interval", Int(0, kMaxInt), STRATA_M(train.eval_interval),
         "steps between evals; 0 = never"));
   add(F("train.checkpoint_dir", Str(), STRATA_M(train.checkpoint_dir), "run directory"));
+  add(F("train.export_dir", Str(), STRATA_M(train.export_dir),
+        "after the final checkpoint, write the model here as a Hugging Face checkpoint "
+        "(config.json + safetensors in the model dtype); \"\" = none"));
   add(F("train.checkpoint_interval", Int(0, kMaxInt), STRATA_M(train.checkpoint_interval),
         "steps between checkpoints; 0 = at the end and on SIGINT/SIGTERM"));
   add(F("train.seed", Int(0, kMaxInt), STRATA_M(train.seed), "initialization and data seed"));

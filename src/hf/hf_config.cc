@@ -114,6 +114,19 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
                                                    "layernorm has",
                                                    eps));
     }
+    if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != 4 * m.n_embd) {
+      return bad("n_inner", fmt::format("{} is not 4 * n_embd, the MLP width strata's GPT-2 has",
+                                        c["n_inner"].dump()));
+    }
+    for (const char* k : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+      if (c.value(k, false) == true) {
+        return bad(k, "true is not supported (strata's attention scales by 1/sqrt(head size))");
+      }
+    }
+    if (c.contains("scale_attn_weights") && c["scale_attn_weights"] == false) {
+      return bad("scale_attn_weights", "false is not supported");
+    }
+    STRATA_RETURN_IF_ERROR(get_bool("tie_word_embeddings", true, &m.tied_embeddings), "");
     if (c.contains("activation_function") && c["activation_function"] != "gelu_new") {
       return bad("activation_function",
                  fmt::format("{} is not gelu_new (GPT-2's tanh GELU, the one strata has)",
@@ -130,7 +143,18 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     STRATA_RETURN_IF_ERROR(get_int("vocab_size", -1, &m.vocab_size), "");
     STRATA_RETURN_IF_ERROR(get_int("max_position_embeddings", 2048, &max_pos), "");
     STRATA_RETURN_IF_ERROR(get_real("rms_norm_eps", 1e-6, &m.rms_norm_eps), "");
-    STRATA_RETURN_IF_ERROR(get_real("rope_theta", 10000.0, &m.rope_theta), "");
+    // transformers 5 writes rope_theta and the scaling into one "rope_parameters" object;
+    // earlier versions write rope_theta and rope_scaling.
+    const char* rope_key = c.contains("rope_parameters") && c["rope_parameters"].is_object()
+                               ? "rope_parameters"
+                               : "rope_scaling";
+    if (std::string(rope_key) == "rope_parameters" && c[rope_key].contains("rope_theta")) {
+      if (!c[rope_key]["rope_theta"].is_number())
+        return bad("rope_parameters.rope_theta", "not a number");
+      m.rope_theta = c[rope_key]["rope_theta"].get<double>();
+    } else {
+      STRATA_RETURN_IF_ERROR(get_real("rope_theta", 10000.0, &m.rope_theta), "");
+    }
     STRATA_RETURN_IF_ERROR(get_bool("tie_word_embeddings", false, &m.tied_embeddings), "");
     STRATA_RETURN_IF_ERROR(get_bool("attention_bias", false, &m.attention_bias), "");
     if (arch == "Qwen2ForCausalLM") m.attention_bias = true;  // Qwen2 always has q/k/v biases
@@ -143,28 +167,28 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
       return bad("hidden_act", fmt::format("{} is not silu (SwiGLU)", c["hidden_act"].dump()));
     }
-    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
-      const json& r = c["rope_scaling"];
+    if (c.contains(rope_key) && !c[rope_key].is_null()) {
+      const json& r = c[rope_key];
+      const std::string where = std::string(rope_key) + ".";
       if (!r.is_object()) {
-        return bad("rope_scaling", fmt::format("{} is not an object", r.dump()));
+        return bad(rope_key, fmt::format("{} is not an object", r.dump()));
       }
       std::string type;
-      STRATA_RETURN_IF_ERROR(get_string(r, "rope_scaling.", "type", "default", &type), "");
-      STRATA_RETURN_IF_ERROR(get_string(r, "rope_scaling.", "rope_type", type, &type), "");
+      STRATA_RETURN_IF_ERROR(get_string(r, where, "type", "default", &type), "");
+      STRATA_RETURN_IF_ERROR(get_string(r, where, "rope_type", type, &type), "");
       if (type == "llama3") {
         m.rope_scaling.type = "llama3";
         auto& rs = m.rope_scaling;
-        STRATA_RETURN_IF_ERROR(real_in(r, "rope_scaling.", "factor", 8.0, &rs.factor), "");
+        STRATA_RETURN_IF_ERROR(real_in(r, where, "factor", 8.0, &rs.factor), "");
         STRATA_RETURN_IF_ERROR(
-            real_in(r, "rope_scaling.", "low_freq_factor", 1.0, &rs.low_freq_factor), "");
+            real_in(r, where, "low_freq_factor", 1.0, &rs.low_freq_factor), "");
         STRATA_RETURN_IF_ERROR(
-            real_in(r, "rope_scaling.", "high_freq_factor", 4.0, &rs.high_freq_factor), "");
-        STRATA_RETURN_IF_ERROR(real_in(r, "rope_scaling.", "original_max_position_embeddings",
+            real_in(r, where, "high_freq_factor", 4.0, &rs.high_freq_factor), "");
+        STRATA_RETURN_IF_ERROR(real_in(r, where, "original_max_position_embeddings",
                                        8192.0, &rs.original_max_position_embeddings),
                                "");
       } else if (type != "default") {
-        return bad("rope_scaling",
-                   fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
+        return bad(rope_key, fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
       }
     }
   } else {
@@ -193,8 +217,10 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
                            "causal; set model.context <= {} to train this model exactly",
                            w, m.context, w));
   }
+  // "dtype" from transformers 5 on, "torch_dtype" before.
+  const char* dt_key = c.contains("dtype") ? "dtype" : "torch_dtype";
   std::string dt;
-  STRATA_RETURN_IF_ERROR(get_string(c, "", "torch_dtype", "float32", &dt), "");
+  STRATA_RETURN_IF_ERROR(get_string(c, "", dt_key, "float32", &dt), "");
   if (dt == "bfloat16") {
     m.dtype = DType::kBF16;
   } else if (dt == "float16") {
@@ -202,7 +228,7 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   } else if (dt == "float32") {
     m.dtype = DType::kF32;
   } else {
-    return bad("torch_dtype", fmt::format("\"{}\" is not bfloat16, float16 or float32", dt));
+    return bad(dt_key, fmt::format("\"{}\" is not bfloat16, float16 or float32", dt));
   }
   const int64_t padded = (int64_t{m.vocab_size} + 63) / 64 * 64;
   if (padded > INT_MAX) {
@@ -211,6 +237,60 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   }
   m.padded_vocab_size = int(padded);
   return m;
+}
+
+std::string hf_config_json(const ModelConfig& m) {
+  json c;
+  c["torch_dtype"] = m.dtype == DType::kBF16  ? "bfloat16"
+                     : m.dtype == DType::kF16 ? "float16"
+                                              : "float32";
+  c["vocab_size"] = m.vocab_size;
+  c["tie_word_embeddings"] = m.tied_embeddings;
+  if (m.type == "llama") {
+    const bool qwen2 = m.attention_bias;
+    c["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    c["model_type"] = qwen2 ? "qwen2" : "llama";
+    c["hidden_size"] = m.n_embd;
+    c["num_hidden_layers"] = m.n_layer;
+    c["num_attention_heads"] = m.n_head;
+    c["num_key_value_heads"] = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.n_head;
+    c["head_dim"] = m.n_embd / m.n_head;
+    c["intermediate_size"] = m.intermediate_size;
+    c["max_position_embeddings"] = m.context;
+    c["rms_norm_eps"] = m.rms_norm_eps;
+    c["rope_theta"] = m.rope_theta;
+    c["hidden_act"] = "silu";
+    c["initializer_range"] = 0.02;
+    c["use_cache"] = true;
+    if (qwen2) {
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+    } else {
+      c["attention_bias"] = false;
+      c["mlp_bias"] = false;
+    }
+    if (m.rope_scaling.type == "llama3") {
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", m.rope_scaling.factor},
+                           {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings",
+                            int64_t(m.rope_scaling.original_max_position_embeddings)}};
+    } else {
+      c["rope_scaling"] = nullptr;
+    }
+  } else {
+    c["architectures"] = {"GPT2LMHeadModel"};
+    c["model_type"] = "gpt2";
+    c["n_embd"] = m.n_embd;
+    c["n_layer"] = m.n_layer;
+    c["n_head"] = m.n_head;
+    c["n_positions"] = m.context;
+    c["n_ctx"] = m.context;
+    c["activation_function"] = "gelu_new";
+    c["layer_norm_epsilon"] = 1e-5;
+  }
+  return c.dump(2) + "\n";
 }
 
 }  // namespace strata

@@ -25,4 +25,10 @@ namespace strata {
 // max_position_embeddings); 0 takes max_position_embeddings.
 Result<ModelConfig> model_config_from_hf(const std::string& dir, int context);
 
+// The config.json that describes `model` to transformers (the inverse of the above): a llama
+// with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj), other
+// llamas (Mistral's too: its weights are Llama's) as LlamaForCausalLM, gpt2 as
+// GPT2LMHeadModel with n_positions = model.context; torch_dtype is model.dtype.
+std::string hf_config_json(const ModelConfig& model);
+
 }  // namespace strata

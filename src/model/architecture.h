@@ -183,6 +183,24 @@ struct FlopsPerToken {
   double train() const { return 3.0 * forward + recompute; }
 };
 
+// ---- Hugging Face checkpoints ----------------------------------------------------------------
+
+// Where one tensor of a module lives in a Hugging Face checkpoint: model.from_pretrained reads
+// it (src/hf/hf_checkpoint.h), `strata export` writes it (src/hf/hf_export.h). Its elements are
+// the first ones of the module's TensorSpec `tensor`; the TensorSpec's others (the padding rows
+// of the vocabulary, V..Vp-1) are zero on import and are not exported.
+struct HfTensor {
+  std::string name;            // e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::string alt_name;        // another name a checkpoint may use ("" none): GPT-2 files
+                               // written without the "transformer." prefix
+  int tensor = 0;              // index into the module's TensorSpec list
+  std::vector<int64_t> shape;  // its shape in the checkpoint
+  bool transposed = false;     // 2-D, stored [in, out] (GPT-2's Conv1D) where strata keeps
+                               // [out, in]: shape is the stored [in, out]
+  bool more_rows_ok = false;   // a checkpoint may hold more rows than shape[0] (GPT-2's
+                               // positions beyond model.context): the first shape[0] are read
+};
+
 class Architecture {
  public:
   virtual ~Architecture() = default;
@@ -203,6 +221,13 @@ class Architecture {
   // Fills `master` (fp32, module m's numel) with the initial weights, deterministically from
   // (seed, m).
   virtual void init_module(int m, uint64_t seed, float* master) const = 0;
+
+  // The Hugging Face tensors module m is made of, in the module's order.
+  virtual std::vector<HfTensor> hf_tensors(int m) const = 0;
+  // Whether `name`, a tensor in a Hugging Face checkpoint that no hf_tensors() entry reads, is a
+  // buffer or a duplicate import may skip (GPT-2's causal-mask "h.<i>.attn.bias", rotary
+  // "inv_freq", a tied model's saved "lm_head.weight"). Any other unread tensor is an error.
+  virtual bool hf_ignorable(const std::string& name) const = 0;
 
   // Allocates a runner's activations on `device` for micro-batches of B sequences of T tokens,
   // as activation_plan(B, T, dt, mode).bytes says. kOffload needs `store` (which must outlive

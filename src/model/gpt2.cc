@@ -288,6 +288,80 @@ std::string GptArchitecture::shape_string() const {
                      s.tied);
 }
 
+std::vector<HfTensor> GptArchitecture::hf_tensors(int module) const {
+  const GptShape& s = shape_;
+  const int64_t C = s.C, V = s.V, T = s.maxT;
+  const ModuleSpec& m = layout_.modules[size_t(module)];
+  const std::string block =
+      m.name.rfind("block.", 0) == 0 ? "h." + m.name.substr(6) + "." : std::string();
+  struct Name {
+    const char* strata;
+    const char* hf;
+    bool transposed;
+  };
+  // strata's tensors in [out, in]; the Conv1D ones are stored [in, out].
+  static const Name kNames[] = {{"ln1w", "ln_1.weight", false},
+                                {"ln1b", "ln_1.bias", false},
+                                {"qkvw", "attn.c_attn.weight", true},
+                                {"qkvb", "attn.c_attn.bias", false},
+                                {"attprojw", "attn.c_proj.weight", true},
+                                {"attprojb", "attn.c_proj.bias", false},
+                                {"ln2w", "ln_2.weight", false},
+                                {"ln2b", "ln_2.bias", false},
+                                {"fcw", "mlp.c_fc.weight", true},
+                                {"fcb", "mlp.c_fc.bias", false},
+                                {"fcprojw", "mlp.c_proj.weight", true},
+                                {"fcprojb", "mlp.c_proj.bias", false},
+                                {"wte", "wte.weight", false},
+                                {"wpe", "wpe.weight", false},
+                                {"lnfw", "ln_f.weight", false},
+                                {"lnfb", "ln_f.bias", false}};
+  std::vector<HfTensor> out;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorSpec& t = m.tensors[i];
+    HfTensor h;
+    h.tensor = int(i);
+    if (t.name == "lm_head") {
+      h.name = "lm_head.weight";
+      h.shape = {V, C};
+      out.push_back(std::move(h));
+      continue;
+    }
+    const Name* n = nullptr;
+    for (const Name& k : kNames) {
+      if (t.name == k.strata) n = &k;
+    }
+    STRATA_CHECK(n != nullptr, "gpt2 tensor without a Hugging Face name");
+    h.alt_name = block + n->hf;
+    h.name = "transformer." + h.alt_name;
+    h.transposed = n->transposed;
+    if (t.name == "wte") {
+      h.shape = {V, C};
+    } else if (t.name == "wpe") {
+      h.shape = {T, C};
+      h.more_rows_ok = true;
+    } else if (n->transposed) {
+      // strata's [out, in]: qkvw [3C, C], attprojw [C, C], fcw [4C, C], fcprojw [C, 4C].
+      const int64_t in = t.name == "fcprojw" ? 4 * C : C;
+      h.shape = {in, int64_t(t.numel) / in};
+    } else {
+      h.shape = {int64_t(t.numel)};
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+bool GptArchitecture::hf_ignorable(const std::string& name) const {
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  // The causal mask buffers older transformers versions saved.
+  if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) return true;
+  return shape_.tied && name == "lm_head.weight";
+}
+
 void GptArchitecture::init_module(int module, uint64_t seed, float* master) const {
   const ModuleSpec& m = layout_.modules[size_t(module)];
   Rng rng(seed, 0x9e11 + static_cast<uint64_t>(module));

@@ -55,6 +55,11 @@ class GptArchitecture final : public Architecture {
   // (attprojw, fcprojw) std 0.02/sqrt(2L); norms' weights one, biases zero; the padding rows of
   // the vocabulary (V..Vp-1) zero (they never receive gradient).
   void init_module(int m, uint64_t seed, float* master) const override;
+  // Hugging Face's GPT2LMHeadModel names ("transformer.h.<i>.attn.c_attn.weight", or without the
+  // "transformer." prefix); its Conv1D weights are stored transposed. wpe holds model.context
+  // rows: a checkpoint's positions beyond it are not read.
+  std::vector<HfTensor> hf_tensors(int m) const override;
+  bool hf_ignorable(const std::string& name) const override;
   Result<std::unique_ptr<ModelRunner>> create_runner(Device& device, int B, int T, DType dt,
                                                      ActivationMode mode,
                                                      ActivationStore* store) const override;

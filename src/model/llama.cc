@@ -324,6 +324,55 @@ std::string LlamaArchitecture::shape_string() const {
       s.rope.original_max_position);
 }
 
+std::vector<HfTensor> LlamaArchitecture::hf_tensors(int module) const {
+  const LlamaShape& s = shape_;
+  const int64_t C = s.C, V = s.V, I = s.I, Q = int64_t(s.NH) * s.hs(), KV = int64_t(s.KVH) * s.hs();
+  const ModuleSpec& m = layout_.modules[size_t(module)];
+  std::vector<HfTensor> out;
+  const std::string block =
+      m.name.rfind("block.", 0) == 0 ? "model.layers." + m.name.substr(6) + "." : std::string();
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const std::string& n = m.tensors[i].name;
+    HfTensor h;
+    h.tensor = int(i);
+    if (n == "embed_tokens") {
+      h.name = "model.embed_tokens.weight", h.shape = {V, C};
+    } else if (n == "norm") {
+      h.name = "model.norm.weight", h.shape = {C};
+    } else if (n == "lm_head") {
+      h.name = "lm_head.weight", h.shape = {V, C};
+    } else if (n == "input_layernorm" || n == "post_attention_layernorm") {
+      h.name = block + n + ".weight", h.shape = {C};
+    } else if (n == "q_proj") {
+      h.name = block + "self_attn.q_proj.weight", h.shape = {Q, C};
+    } else if (n == "k_proj" || n == "v_proj") {
+      h.name = block + "self_attn." + n + ".weight", h.shape = {KV, C};
+    } else if (n == "q_bias") {
+      h.name = block + "self_attn.q_proj.bias", h.shape = {Q};
+    } else if (n == "k_bias" || n == "v_bias") {
+      h.name = block + "self_attn." + n.substr(0, 1) + "_proj.bias", h.shape = {KV};
+    } else if (n == "o_proj") {
+      h.name = block + "self_attn.o_proj.weight", h.shape = {C, Q};
+    } else if (n == "gate_proj" || n == "up_proj") {
+      h.name = block + "mlp." + n + ".weight", h.shape = {I, C};
+    } else if (n == "down_proj") {
+      h.name = block + "mlp.down_proj.weight", h.shape = {C, I};
+    } else {
+      STRATA_CHECK(false, "llama tensor without a Hugging Face name");
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+bool LlamaArchitecture::hf_ignorable(const std::string& name) const {
+  const std::string inv = "rotary_emb.inv_freq";
+  if (name.size() >= inv.size() && name.compare(name.size() - inv.size(), inv.size(), inv) == 0) {
+    return true;  // a buffer older checkpoints saved
+  }
+  return shape_.tied && name == "lm_head.weight";
+}
+
 void LlamaArchitecture::init_module(int module, uint64_t seed, float* master) const {
   const ModuleSpec& m = layout_.modules[size_t(module)];
   Rng rng(seed, 0x11a3a + static_cast<uint64_t>(module));

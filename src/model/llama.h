@@ -64,6 +64,10 @@ class LlamaArchitecture final : public Architecture {
   // Hugging Face's LlamaPreTrainedModel initialization: every matrix normal(0, 0.02), norms'
   // weights one, biases zero; the vocabulary's padding rows (V..Vp-1) zero.
   void init_module(int m, uint64_t seed, float* master) const override;
+  // Hugging Face's names (model.embed_tokens.weight, model.layers.<i>.self_attn.q_proj.weight,
+  // ..., model.norm.weight, lm_head.weight), all stored as strata keeps them.
+  std::vector<HfTensor> hf_tensors(int m) const override;
+  bool hf_ignorable(const std::string& name) const override;
   Result<std::unique_ptr<ModelRunner>> create_runner(Device& device, int B, int T, DType dt,
                                                      ActivationMode mode,
                                                      ActivationStore* store) const override;

@@ -17,6 +17,8 @@
 #include <optional>
 
 #include "src/comm/zeropp.h"
+#include "src/hf/hf_checkpoint.h"
+#include "src/hf/hf_export.h"
 #include "src/model/architecture.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint.h"
@@ -357,8 +359,23 @@ Status Run::init_or_resume() {
                           uint64_t(parts[0]) | uint64_t(parts[1]) << 24 | uint64_t(parts[2]) << 48);
   }
   if (!opts_.resume.empty()) return Status::ok();
-  return tm_->init_state(
-      [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
+  if (cfg_.model.from_pretrained.empty()) {
+    return tm_->init_state(
+        [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
+  }
+  // Hugging Face weights, validated first, then streamed module by module into their homes.
+  const auto t0 = Clock::now();
+  STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_),
+                          "");
+  Status read;
+  STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, float* master) {
+    if (read.is_ok()) read = hf->read_module(m, master);
+  }),
+                         "model.from_pretrained");
+  STRATA_RETURN_IF_ERROR(read, "");
+  log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
+           double(hf->bytes()) / 1e6, seconds_since(t0));
+  return Status::ok();
 }
 
 Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb) {
@@ -738,6 +755,14 @@ Result<TrainResult> Run::loop() {
   }
   if (!r.stopped_early) {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
+    if (!cfg_.train.export_dir.empty() && rank_ == 0) {
+      const auto te = Clock::now();
+      STRATA_RETURN_IF_ERROR(
+          export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir),
+          "train.export_dir");
+      log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
+               cfg_.train.export_dir, seconds_since(te));
+    }
   }
   r.end_step = step_;
   r.metrics_error = jsonl.error().is_ok() ? "" : jsonl.error().message();
@@ -769,6 +794,7 @@ int launcher_world_size() {
 }
 
 Result<TrainResult> train(const Config& cfg, const TrainOptions& opts) {
+  STRATA_RETURN_IF_ERROR(check_model_given(cfg), "");
   Run run(cfg, opts);
   STRATA_RETURN_IF_ERROR(run.setup(), "");
   return run.loop();

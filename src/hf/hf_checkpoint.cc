@@ -1,0 +1,183 @@
+#include "src/hf/hf_checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace strata {
+namespace {
+
+using json = nlohmann::json;
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+// The index's weight map: tensor -> shard file name (a plain name in `dir`).
+Result<std::map<std::string, std::string>> read_index(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return io_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return corrupt(path + ": not a JSON object");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return corrupt(path + ": weight_map: missing or not an object of tensor -> file name");
+  }
+  std::map<std::string, std::string> map;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) {
+      return corrupt(fmt::format("{}: weight_map.{}: not a file name", path, name));
+    }
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+      return corrupt(
+          fmt::format("{}: weight_map.{}: \"{}\" is not a file name in the checkpoint's directory",
+                      path, name, f));
+    }
+    map[name] = f;
+  }
+  return map;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::string& dir,
+                                                                     const Architecture& arch) {
+  std::unique_ptr<HfCheckpointReader> r(new HfCheckpointReader());
+  r->arch_ = &arch;
+  const std::string single = dir + "/model.safetensors";
+  const std::string index = dir + "/model.safetensors.index.json";
+  // tensor name -> the file that holds it
+  std::map<std::string, const SafetensorsFile*> where;
+  std::string layout_name;  // for messages: what was looked in
+  if (is_file(index)) {
+    STRATA_ASSIGN_OR_RETURN(auto map, read_index(index), "model.from_pretrained");
+    std::map<std::string, const SafetensorsFile*> by_file;
+    for (const auto& [name, file] : map) {
+      if (by_file.count(file) == 0) {
+        STRATA_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(dir + "/" + file),
+                                fmt::format("model.from_pretrained (shard named by {})", index));
+        by_file[file] = f.get();
+        r->files_.push_back(std::move(f));
+      }
+      const SafetensorsFile* f = by_file[file];
+      if (f->find(name) == nullptr) {
+        return corrupt(
+            fmt::format("{}: weight_map names tensor \"{}\" in {}, which does not hold it", index,
+                        name, f->path()));
+      }
+      where[name] = f;
+    }
+    layout_name = index;
+  } else if (is_file(single)) {
+    STRATA_ASSIGN_OR_RETURN(auto f, SafetensorsFile::open(single), "model.from_pretrained");
+    for (const SafetensorsTensor& t : f->tensors()) where[t.name] = f.get();
+    r->files_.push_back(std::move(f));
+    layout_name = single;
+  } else {
+    return not_found(
+        fmt::format("model.from_pretrained: {} has neither model.safetensors nor "
+                    "model.safetensors.index.json (a PyTorch .bin checkpoint can be converted with "
+                    "transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, "
+                    "safe_serialization=True))",
+                    dir));
+  }
+
+  // Every tensor the model needs: present, the right shape.
+  std::set<std::pair<const SafetensorsFile*, std::string>> used;
+  const ModelLayout& layout = arch.layout();
+  r->modules_.resize(layout.modules.size());
+  for (size_t m = 0; m < layout.modules.size(); ++m) {
+    for (HfTensor& hf : arch.hf_tensors(int(m))) {
+      std::string name = hf.name;
+      auto it = where.find(name);
+      if (it == where.end() && !hf.alt_name.empty()) it = where.find(name = hf.alt_name);
+      if (it == where.end()) {
+        return invalid_argument(fmt::format(
+            "model.from_pretrained: tensor \"{}\" (strata's {}.{}, shape {}) is missing from {}; "
+            "is config.json the one these weights were saved with?",
+            hf.name, layout.modules[m].name, layout.modules[m].tensors[size_t(hf.tensor)].name,
+            shape_text(hf.shape), layout_name));
+      }
+      const SafetensorsFile* f = it->second;
+      const SafetensorsTensor& t = *f->find(name);
+      used.insert({f, name});
+      bool ok = t.shape.size() == hf.shape.size();
+      for (size_t d = 0; ok && d < t.shape.size(); ++d) {
+        ok = t.shape[d] == hf.shape[d] || (d == 0 && hf.more_rows_ok && t.shape[0] > hf.shape[0]);
+      }
+      if (!ok) {
+        return invalid_argument(fmt::format(
+            "model.from_pretrained: {}: tensor \"{}\" at offset {} has shape {}, but config.json "
+            "(and model.context) make it {}{}",
+            f->path(), name, t.offset, shape_text(t.shape), shape_text(hf.shape),
+            hf.more_rows_ok ? " (or more rows)" : ""));
+      }
+      Located loc;
+      loc.file = f;
+      loc.tensor = t;
+      if (t.shape[0] != hf.shape[0]) {  // read only the leading rows
+        const uint64_t row_bytes = t.bytes / uint64_t(t.shape[0]);
+        loc.tensor.shape[0] = hf.shape[0];
+        loc.tensor.bytes = row_bytes * uint64_t(hf.shape[0]);
+      }
+      const TensorSpec& spec = layout.modules[m].tensors[size_t(hf.tensor)];
+      STRATA_CHECK(loc.tensor.numel() <= spec.numel, "a Hugging Face tensor larger than its home");
+      r->bytes_ += loc.tensor.bytes;
+      loc.hf = std::move(hf);
+      r->modules_[m].push_back(std::move(loc));
+    }
+  }
+  // Nothing else: an unread tensor means the weights and the config disagree.
+  for (const auto& f : r->files_) {
+    for (const SafetensorsTensor& t : f->tensors()) {
+      if (used.count({f.get(), t.name}) || arch.hf_ignorable(t.name)) continue;
+      return invalid_argument(fmt::format(
+          "model.from_pretrained: {}: tensor \"{}\" (offset {}, shape {}) is not a parameter of "
+          "the {} model config.json describes ({}); is config.json the one these weights were "
+          "saved with?",
+          f->path(), t.name, t.offset, shape_text(t.shape), arch.name(), arch.describe()));
+    }
+  }
+  return r;
+}
+
+Status HfCheckpointReader::read_module(int m, float* master) const {
+  const ModuleSpec& spec = arch_->layout().modules[size_t(m)];
+  // Padding rows and anything not in the checkpoint are zero.
+  std::fill(master, master + spec.numel, 0.0f);
+  std::vector<float> tmp;
+  for (const Located& loc : modules_[size_t(m)]) {
+    float* dst = master + spec.tensors[size_t(loc.hf.tensor)].offset;
+    if (!loc.hf.transposed) {
+      STRATA_RETURN_IF_ERROR(loc.file->read_as(loc.tensor, DType::kF32, dst),
+                             "model.from_pretrained");
+      continue;
+    }
+    // Stored [in, out]; strata keeps [out, in].
+    const size_t in = size_t(loc.tensor.shape[0]), out = size_t(loc.tensor.shape[1]);
+    tmp.resize(in * out);
+    STRATA_RETURN_IF_ERROR(loc.file->read_as(loc.tensor, DType::kF32, tmp.data()),
+                           "model.from_pretrained");
+    for (size_t i = 0; i < in; ++i) {
+      for (size_t o = 0; o < out; ++o) dst[o * in + i] = tmp[i * out + o];
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace strata

@@ -1,0 +1,58 @@
+// Reading a Hugging Face checkpoint directory into strata's modules (model.from_pretrained).
+//
+// The directory holds model.safetensors, or model.safetensors.index.json ({"weight_map":
+// {"<tensor>": "<file>", ...}}) naming the shard files beside it. open() validates everything
+// before a weight is read, against the architecture's Hugging Face tensor list
+// (Architecture::hf_tensors): every file's header (src/hf/safetensors.h: header length, JSON,
+// dtype, sizes, truncation, overlaps), that every tensor the model needs is present — in the
+// file the index names — with the shape config.json implies and a dtype strata reads (F32, F16,
+// BF16), and that no file holds a tensor the model does not read (other than the buffers
+// Architecture::hf_ignorable names). Each error names the tensor, the file and the byte offset.
+//
+// read_module() then reads one module's tensors, converts them to fp32, transposes GPT-2's
+// Conv1D weights and zero-fills the vocabulary's padding rows: a model streams module by module
+// into its homes (device, host or NVMe) through TierManager::init_state, and never needs more
+// than one module in memory.
+//
+// Thread safety: after open(), read_module() may be called from several threads at once.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/hf/safetensors.h"
+#include "src/model/architecture.h"
+#include "strata/status.h"
+
+namespace strata {
+
+class HfCheckpointReader {
+ public:
+  // Opens and validates `dir` for `arch` (which must outlive the reader). kNotFound when the
+  // directory has no safetensors weights, kCorrupt for malformed files, kInvalidArgument when
+  // the tensors do not match the architecture.
+  static Result<std::unique_ptr<HfCheckpointReader>> open(const std::string& dir,
+                                                          const Architecture& arch);
+
+  // Fills module m's master weights (fp32, the module's numel elements).
+  Status read_module(int m, float* master) const;
+
+  // The bytes of weights the checkpoint holds (all files, the tensors read).
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  struct Located {
+    HfTensor hf;
+    const SafetensorsFile* file = nullptr;
+    SafetensorsTensor tensor;  // the part read (the leading rows when more_rows_ok)
+  };
+  HfCheckpointReader() = default;
+
+  const Architecture* arch_ = nullptr;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::vector<Located>> modules_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes the Hugging Face fixtures of tests/hf_compare_test.cc (tests/fixtures/hf/).
+
+Each fixture is a tiny random-weight model saved by `transformers` (config.json + safetensors,
+exactly as save_pretrained writes them) and a reference.safetensors with what transformers
+computes for fixed tokens:
+  tokens, targets  [B, T] (as F32: small integers are exact)
+  logits           [B, T, V]
+  losses           [B, T] per-token next-token cross-entropy
+  loss             [1]    their mean
+  grad.<name>      d(loss)/d(parameter) for every parameter, under its Hugging Face name
+
+Fixtures:
+  llama      LlamaForCausalLM: grouped-query attention (4 heads, 2 key/value), untied head,
+             rope_theta 50000, vocabulary 100 (strata pads it to 128); saved in shards with
+             model.safetensors.index.json
+  llama3     LlamaForCausalLM with tied embeddings and Llama 3.1's llama3 rope scaling
+  qwen2      Qwen2ForCausalLM: q/k/v biases, grouped-query attention
+  gpt2       GPT2LMHeadModel: Conv1D weights (stored transposed), 32 positions
+  llama-bf16 the llama fixture's weights in bfloat16 (the import -> export byte-identity test);
+             its reference is computed in fp32 from the bf16 weights
+
+Weights are drawn wider than transformers' default initialization (std 0.2, norm weights and
+biases random too) so that every tensor, the norms' included, changes the loss measurably.
+
+Off the hot path and never a dependency of the build: run it by hand in a throwaway virtual
+environment (python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch transformers
+safetensors), then `/tmp/venv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]`.
+The tests read only the committed files.
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+import torch.nn.functional as F
+import transformers
+from safetensors.torch import save_file
+
+B, T = 2, 16
+
+
+def randomize(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def reference(model, vocab, seed):
+    g = torch.Generator().manual_seed(seed + 1)
+    seq = torch.randint(0, vocab, (B, T + 1), generator=g)
+    tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    model.eval()  # no dropout (GPT-2 has 0.1 by default); gradients still flow
+    model.zero_grad()
+    logits = model(input_ids=tokens).logits.float()
+    losses = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), reduction="none")
+    loss = losses.mean()
+    loss.backward()
+    out = {
+        "tokens": tokens.float(),
+        "targets": targets.float(),
+        "logits": logits.detach().contiguous(),
+        "losses": losses.detach().reshape(B, T).contiguous(),
+        "loss": loss.detach().reshape(1),
+    }
+    for name, p in model.named_parameters():
+        out["grad." + name] = p.grad.detach().float().contiguous()
+    return out
+
+
+def write(out_dir, name, model, vocab, seed, shard=None):
+    d = os.path.join(out_dir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    kwargs = {"safe_serialization": True}
+    if shard:
+        kwargs["max_shard_size"] = shard
+    model.save_pretrained(d, **kwargs)
+    for extra in ("generation_config.json",):
+        p = os.path.join(d, extra)
+        if os.path.exists(p):
+            os.remove(p)
+    ref_model = model if next(model.parameters()).dtype == torch.float32 else model.float()
+    save_file(reference(ref_model, vocab, seed), os.path.join(d, "reference.safetensors"))
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    print(f"{d}: {sorted(os.listdir(d))} {size} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
+                                                  "fixtures", "hf"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    common = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                  rms_norm_eps=1e-5, torch_dtype="float32")
+
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
+    randomize(llama, 1)
+    write(args.out, "llama", llama, 100, 1, shard="40KB")
+
+    llama3 = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            rope_theta=500000.0, tie_word_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+            **common))
+    randomize(llama3, 2)
+    write(args.out, "llama3", llama3, 100, 2)
+
+    qwen2 = transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(rope_theta=1000000.0, tie_word_embeddings=False,
+                                 use_sliding_window=False, **common))
+    randomize(qwen2, 3)
+    write(args.out, "qwen2", qwen2, 100, 3)
+
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32,
+                                bos_token_id=0, eos_token_id=0,
+                                torch_dtype="float32"))
+    randomize(gpt2, 4)
+    write(args.out, "gpt2", gpt2, 100, 4)
+
+    bf16 = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
+    randomize(bf16, 1)
+    bf16 = bf16.to(torch.bfloat16)
+    bf16.config.torch_dtype = torch.bfloat16
+    write(args.out, "llama-bf16", bf16, 100, 5)
+
+    with open(os.path.join(args.out, "VERSIONS"), "w") as f:
+        json.dump({"torch": torch.__version__, "transformers": transformers.__version__}, f)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
