@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/cpu/ops.h"
+#include "strata/cpu_optim.h"
 #include "strata/device.h"
 
 namespace strata {
@@ -146,6 +147,10 @@ class CpuKernels final : public Kernels {
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
+  }
+  void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
+    // threads 0: the fused optimizer runs in the arena this task runs in (the device's).
+    run(s, [=] { strata::optimizer_step(hyper, shard, /*threads=*/0); });
   }
 
  private:

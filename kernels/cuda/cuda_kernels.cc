@@ -187,6 +187,10 @@ class CudaKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
   }
+  void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
+    run("optimizer_step", s,
+        [&](CudaStream& cs) { return cuda_optimizer_step(cs.handle, hyper, shard); });
+  }
 
  private:
   CudaBlas blas(const CudaStream& cs) const {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 
 namespace strata {
 
@@ -88,38 +89,53 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
   Module& m = mods_[i];
   out->mst.reset();
   out->mom.reset();
+  // Device-resident state may still be stepped by the device's optimizer (compute stream).
+  if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.compute_stream()),
+                           "waiting for " + m.name + " optimizer step on the device");
+  }
   out->master = static_cast<float*>(m.master.ptr());
   out->moments = static_cast<char*>(m.mom.ptr());
-  if (m.master.tier == Tier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(out->mst, host_buf(m.master.bytes, what),
-                            "staging " + m.name + " master weights");
-    if (read) {
-      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.master.ext, out->mst.data())),
-                             "reading " + m.name + " master weights");
+  // NVMe homes, and device homes the host cannot address, are staged through the host tier.
+  auto stage = [&](Home& h, PinnedBuffer* buf, const char* obj) -> Result<void*> {
+    STRATA_ASSIGN_OR_RETURN(*buf, host_buf(h.bytes, what),
+                            "staging " + m.name + " " + obj);
+    if (!read) return buf->data();
+    if (h.tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(h.ext, buf->data())),
+                             "reading " + m.name + " " + obj);
+    } else {
+      dev_.copy_d2h(dev_.d2h_stream(), buf->data(), h.dev, h.bytes);
+      STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.d2h_stream()),
+                             "copying " + m.name + " " + obj + " from the device");
     }
-    out->master = out->mst.as<float>();
+    return buf->data();
+  };
+  if (staged(m.master)) {
+    STRATA_ASSIGN_OR_RETURN(void* p, stage(m.master, &out->mst, "master weights"), "");
+    out->master = static_cast<float*>(p);
   }
-  if (m.mom.tier == Tier::kNvme) {
-    STRATA_ASSIGN_OR_RETURN(out->mom, host_buf(m.mom.bytes, what),
-                            "staging " + m.name + " moments");
-    if (read) {
-      STRATA_RETURN_IF_ERROR(io_->wait(io_->read(m.mom.ext, out->mom.data())),
-                             "reading " + m.name + " moments");
-    }
-    out->moments = static_cast<char*>(out->mom.data());
+  if (staged(m.mom)) {
+    STRATA_ASSIGN_OR_RETURN(void* p, stage(m.mom, &out->mom, "moments"), "");
+    out->moments = static_cast<char*>(p);
   }
   return Status::ok();
 }
 
 Status Homes::write_back(size_t i, const HostState& st) {
   Module& m = mods_[i];
-  if (m.master.tier == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.master.ext, st.master)),
-                           "writing " + m.name + " master weights");
-  }
-  if (m.mom.tier == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.mom.ext, st.moments)),
-                           "writing " + m.name + " moments");
+  for (auto [h, src, obj] : {std::tuple{&m.master, static_cast<const void*>(st.master),
+                                        "master weights"},
+                             std::tuple{&m.mom, static_cast<const void*>(st.moments), "moments"}}) {
+    if (!staged(*h)) continue;
+    if (h->tier == Tier::kNvme) {
+      STRATA_RETURN_IF_ERROR(io_->wait(io_->write(h->ext, src)),
+                             std::string("writing ") + m.name + " " + obj);
+    } else {
+      dev_.copy_h2d(dev_.h2d_stream(), h->dev, src, h->bytes);
+      STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()),
+                             std::string("copying ") + m.name + " " + obj + " to the device");
+    }
   }
   return Status::ok();
 }

@@ -4,6 +4,7 @@
 #include <set>
 #include <string_view>
 
+#include "src/tiers/device_optimizer.h"
 #include "strata/cpu_optim.h"
 
 namespace strata {
@@ -122,6 +123,9 @@ Status OptimizerPipeline::step(int k, Slot& s, const OptimizerHyper& hyper, floa
   // A prefetch of these parameters may still be copying from their home: let it land first
   // (publishing then replaces the cached copy).
   if (!shadow) STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "stepping " + m.name);
+  // Device-resident state is stepped by the device's optimizer kernel (device_optimizer.h);
+  // with the delayed update (host-addressable devices only) every step stays on the host.
+  if (!opt_.delayed_update && steps_on_device(m)) return step_on_device(k, hyper, grad_mult);
   std::shared_ptr<PinnedBuffer> lp_buf;
   void* lp = shadow ? shadow : host_visible_params(m);
   if (!lp) {

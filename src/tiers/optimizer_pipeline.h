@@ -115,6 +115,8 @@ class OptimizerPipeline {
   void* host_visible_params(const Module& m) const;
   // Waits for a slot's reads; the first failure.
   Status wait_reads(Slot& s);
+  // step() for a module whose state is device-resident (device_optimizer.cc).
+  Status step_on_device(int k, const OptimizerHyper& hyper, float grad_mult);
 
   Homes& homes_;
   Device& dev_;

@@ -31,14 +31,21 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
       init(int(i), master);
     }
     std::memset(moments, 0, m.mom.bytes);
-    std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    if (I.homes->staged(m.gacc)) {  // device memory the host cannot address
+      I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
+    } else {
+      std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    }
     std::vector<IoWorker::Ticket> tickets;
     if (m.master.tier == Tier::kNvme) tickets.push_back(io->write(m.master.ext, master));
     if (m.mom.tier == Tier::kNvme) tickets.push_back(io->write(m.mom.ext, moments));
+    if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
+    }
     STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
     for (auto t : tickets) STRATA_RETURN_IF_ERROR(io->wait(t), "initializing " + m.name);
   }
-  return Status::ok();
+  return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
 
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
@@ -173,16 +180,23 @@ uint32_t TierManager::weights_crc() {
   if (!flush_writes().is_ok()) return 0;
   uint32_t crc = 0;
   for (auto& m : I.homes->modules()) {
-    if (m.master.tier == Tier::kNvme) {
-      auto b = I.homes->host_buf(m.master.bytes, "crc");
-      if (!b.is_ok() ||
-          !I.homes->io()->wait(I.homes->io()->read(m.master.ext, b->data())).is_ok()) {
-        return 0;
+    if (!I.homes->staged(m.master)) {
+      if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
+        return 0;  // the device's optimizer step must have run
       }
-      crc = crc32c(crc, b->data(), m.valid * 4);
-    } else {
       crc = crc32c(crc, m.master.ptr(), m.valid * 4);
+      continue;
     }
+    auto b = I.homes->host_buf(m.master.bytes, "crc");
+    if (!b.is_ok()) return 0;
+    if (m.master.tier == Tier::kNvme) {
+      if (!I.homes->io()->wait(I.homes->io()->read(m.master.ext, b->data())).is_ok()) return 0;
+    } else {  // device memory the host cannot address
+      I.dev.synchronize(I.dev.compute_stream()).ignore();
+      I.dev.copy_d2h(I.dev.d2h_stream(), b->data(), m.master.dev, m.master.bytes);
+      if (!I.dev.synchronize(I.dev.d2h_stream()).is_ok()) return 0;
+    }
+    crc = crc32c(crc, b->data(), m.valid * 4);
   }
   return crc;
 }
