@@ -97,8 +97,7 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
     ASSERT_EQ(cpu->losses.size(), gpu->losses.size());
     EXPECT_NEAR(gpu->losses[0], cpu->losses[0], 2e-3 * std::fabs(cpu->losses[0]));
     for (size_t i = 0; i < cpu->losses.size(); ++i) {
-      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], 2e-2 * std::fabs(cpu->losses[i]))
-          << "step " << i;
+      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], 2e-2 * std::fabs(cpu->losses[i])) << "step " << i;
     }
     EXPECT_LT(gpu->losses.back(), gpu->losses.front()) << "the GPU run did not learn";
     EXPECT_NEAR(gpu->eval_losses.back().second, cpu->eval_losses.back().second,

@@ -34,9 +34,9 @@ Config tiny(const std::string& dir, std::vector<std::string> extra) {
                                  "device.memory_limit=\"256MiB\"",
                                  "zero_optimization.offload_param.device=\"none\""};
   ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg = parse_config(
-      test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-      "configs/tiny-cpu.json", ov);
+  auto cfg =
+      parse_config(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
+                   "configs/tiny-cpu.json", ov);
   EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   return *cfg;
 }
@@ -76,17 +76,23 @@ TEST_F(DeviceOptimizerTest, CpuBackendTrainsBitIdenticallyToTheHostOptimizer) {
     bool all_on_device, some_on_device;
   };
   const std::vector<Case> cases = {
-      {"optimizer in host RAM", {"zero_optimization.offload_optimizer.device=\"cpu\""}, false,
+      {"optimizer in host RAM",
+       {"zero_optimization.offload_optimizer.device=\"cpu\""},
+       false,
        false},
-      {"optimizer on the device", {"zero_optimization.offload_optimizer.device=\"none\""}, true,
+      {"optimizer on the device",
+       {"zero_optimization.offload_optimizer.device=\"none\""},
+       true,
        true},
       {"ratio 0.5",
        {"zero_optimization.offload_optimizer.device=\"cpu\"",
         "zero_optimization.offload_optimizer.ratio=0.5"},
-       false, true},
+       false,
+       true},
       {"on the device, no overlap",
        {"zero_optimization.offload_optimizer.device=\"none\"", "strata.optimizer.overlap=false"},
-       true, true},
+       true,
+       true},
   };
   Outcome ref;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -112,11 +118,12 @@ TEST_F(DeviceOptimizerTest, CpuBackendTrainsBitIdenticallyToTheHostOptimizer) {
 
 TEST_F(DeviceOptimizerTest, RatioSplitsTheModulesBetweenDeviceAndHost) {
   const std::string dir = test::temp_dir("strata_devopt", "ratio");
-  Outcome all = train_wrapped(tiny(dir + "/all", {"zero_optimization.offload_optimizer.device=\"none\""}),
-                          true);
-  Outcome half = train_wrapped(tiny(dir + "/half", {"zero_optimization.offload_optimizer.device=\"cpu\"",
-                                                "zero_optimization.offload_optimizer.ratio=0.5"}),
-                           true);
+  Outcome all = train_wrapped(
+      tiny(dir + "/all", {"zero_optimization.offload_optimizer.device=\"none\""}), true);
+  Outcome half =
+      train_wrapped(tiny(dir + "/half", {"zero_optimization.offload_optimizer.device=\"cpu\"",
+                                         "zero_optimization.offload_optimizer.ratio=0.5"}),
+                    true);
   ASSERT_GT(all.elements, 0);
   // The first (1 - ratio) of the optimizer bytes, in module order, whole modules: about half.
   const double share = double(half.elements) / double(all.elements);
@@ -135,9 +142,8 @@ TEST_F(DeviceOptimizerTest, UnaddressableDeviceTrainsLikeTheHostOptimizer) {
     a.insert(a.end(), no_clip.begin(), no_clip.end());
     return a;
   };
-  Outcome ref =
-      train_wrapped(tiny(dir + "/ref", with({"zero_optimization.offload_optimizer.device=\"cpu\""})),
-                    true);
+  Outcome ref = train_wrapped(
+      tiny(dir + "/ref", with({"zero_optimization.offload_optimizer.device=\"cpu\""})), true);
   ASSERT_EQ(ref.result.losses.size(), 12u);
   struct Case {
     const char* name;
@@ -147,10 +153,10 @@ TEST_F(DeviceOptimizerTest, UnaddressableDeviceTrainsLikeTheHostOptimizer) {
       {"optimizer on the device", with({"zero_optimization.offload_optimizer.device=\"none\""})},
       {"ratio 0.5", with({"zero_optimization.offload_optimizer.device=\"cpu\"",
                           "zero_optimization.offload_optimizer.ratio=0.5"})},
-      {"ratio 0.5 over nvme", with({"zero_optimization.offload_optimizer.device=\"nvme\"",
-                                    "zero_optimization.offload_optimizer.nvme_path=\"" + dir +
-                                        "/swap\"",
-                                    "zero_optimization.offload_optimizer.ratio=0.5"})},
+      {"ratio 0.5 over nvme",
+       with({"zero_optimization.offload_optimizer.device=\"nvme\"",
+             "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+             "zero_optimization.offload_optimizer.ratio=0.5"})},
       {"params in host RAM, optimizer on the device",
        with({"zero_optimization.offload_param.device=\"cpu\"",
              "zero_optimization.offload_optimizer.device=\"none\""})},
@@ -189,8 +195,8 @@ TEST_F(DeviceOptimizerTest, UnaddressableDeviceTrainsLikeTheHostOptimizer) {
 TEST_F(DeviceOptimizerTest, UnaddressableDeviceResumesBitIdentically) {
   const std::string dir = test::temp_dir("strata_devopt", "resume");
   auto cfg = [&](const std::string& sub) {
-    return tiny(dir + "/" + sub, {"zero_optimization.offload_optimizer.device=\"none\"",
-                                  "gradient_clipping=0.0"});
+    return tiny(dir + "/" + sub,
+                {"zero_optimization.offload_optimizer.device=\"none\"", "gradient_clipping=0.0"});
   };
   Outcome whole = train_wrapped(cfg("whole"), false);
   ASSERT_EQ(whole.result.losses.size(), 12u);

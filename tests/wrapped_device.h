@@ -29,76 +29,102 @@ class CountingKernels final : public Kernels {
   CountingKernels(Kernels& inner, std::shared_ptr<KernelCounts> counts)
       : inner_(inner), counts_(std::move(counts)) {}
 
-  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C) override {
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, int B, int T, int C) override {
     inner_.encoder_forward(s, dt, out, tokens, wte, wpe, B, T, C);
   }
-  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout, const int32_t* tokens, int B, int T, int C) override {
+  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
+                        const int32_t* tokens, int B, int T, int C) override {
     inner_.encoder_backward(s, dt, dwte, dwpe, dout, tokens, B, T, C);
   }
-  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp, const void* weight, const void* bias, int N, int C) override {
+  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
     inner_.layernorm_forward(s, dt, out, mean, rstd, inp, weight, bias, N, C);
   }
-  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight, const float* mean, const float* rstd, int N, int C) override {
+  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
     inner_.layernorm_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
-  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight, const void* bias, int N, int C, int OC) override {
+  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
+                      const void* bias, int N, int C, int OC) override {
     inner_.matmul_forward(s, dt, out, inp, weight, bias, N, C, OC);
   }
-  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight, int N, int C, int OC) override {
+  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                       const void* dout, const void* inp, const void* weight, int N, int C,
+                       int OC) override {
     inner_.matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   }
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T, int C, int NH) override {
+  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
+                         int C, int NH) override {
     inner_.attention_forward(s, dt, out, att, qkv, B, T, C, NH);
   }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv, const float* att, int B, int T, int C, int NH) override {
+  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
     inner_.attention_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
   }
   bool fused_attention_supported(DType dt, int hs) const override {
     return inner_.fused_attention_supported(dt, hs);
   }
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B, int T, int NH, int NKV, int hs) override {
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
+                               int T, int NH, int NKV, int hs) override {
     inner_.fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
   }
-  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv, const void* out, const float* lse, int B, int T, int NH, int NKV, int hs) override {
+  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                                const void* qkv, const void* out, const float* lse, int B, int T,
+                                int NH, int NKV, int hs) override {
     inner_.fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
   }
-  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T, int NH, int KVH, int hs) override {
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
+                             int T, int NH, int KVH, int hs) override {
     inner_.attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, KVH, hs);
   }
-  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv, const float* att, int B, int T, int NH, int KVH, int hs) override {
+  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
     inner_.attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs);
   }
-  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp, const void* weight, float eps, int N, int C) override {
+  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                       const void* weight, float eps, int N, int C) override {
     inner_.rmsnorm_forward(s, dt, out, rstd, inp, weight, eps, N, C);
   }
-  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout, const void* inp, const void* weight, const float* rstd, int N, int C) override {
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N,
+                        int C) override {
     inner_.rmsnorm_backward(s, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
     inner_.swiglu_forward(s, dt, out, inp, N, H);
   }
-  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N, int H) override {
+  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
+                       int H) override {
     inner_.swiglu_backward(s, dt, dinp, inp, dout, N, H);
   }
-  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH, int KVH, int hs) override {
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
+                    int KVH, int hs) override {
     inner_.rope_forward(s, dt, qkv, rope, B, T, NH, KVH, hs);
   }
-  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH, int KVH, int hs) override {
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
+                     int KVH, int hs) override {
     inner_.rope_backward(s, dt, dqkv, rope, B, T, NH, KVH, hs);
   }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     inner_.gelu_forward(s, dt, out, inp, n);
   }
-  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, size_t n) override {
+  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                     size_t n) override {
     inner_.gelu_backward(s, dt, dinp, inp, dout, n);
   }
-  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b, size_t n) override {
+  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
+                        size_t n) override {
     inner_.residual_forward(s, dt, out, a, b, n);
   }
   void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
     inner_.add_inplace(s, dt, dst, src, n);
   }
-  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout, const int32_t* targets, float dloss, int N, int V, int Vp) override {
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
+                                     const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) override {
     inner_.crossentropy_forward_backward(s, dt, losses, logits_inout, targets, dloss, N, V, Vp);
   }
   void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {

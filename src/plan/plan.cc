@@ -392,18 +392,17 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
     // predicts the next will clip too) and steps after it: the plain schedule less the reads
     // done ahead.
-    t.step_after_s =
-        r.undo_copies
-            ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
-                                       : std::max({comp, t.link_s, t.collectives_s})) +
-                           std::max(t.cpu_optim_s, window_opt),
-                       t.nvme_s)
-            : 0.0;
+    t.step_after_s = r.undo_copies
+                         ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
+                                                    : std::max({comp, t.link_s, t.collectives_s})) +
+                                        std::max(t.cpu_optim_s, window_opt),
+                                    t.nvme_s)
+                         : 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
-      overlapped = std::max(
-          {comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
+      overlapped =
+          std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
     } else {
       const double dev = std::max({comp, t.link_s, t.collectives_s});
       const double start = t.compute_s * start_share;  // before the device optimizer

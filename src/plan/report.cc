@@ -212,8 +212,7 @@ std::string plan_table(const PlanReport& rep) {
                     : "no",
         sec(o.time.step_s), sec(o.time.compute_s), sec(o.time.link_s), sec(o.time.nvme_s),
         sec(o.time.cpu_optim_s), sec(o.time.device_optim_s), sec(o.time.collectives_s),
-        o.time.bottleneck,
-        !o.runnable ? " (the backend cannot run this placement)" : "");
+        o.time.bottleneck, !o.runnable ? " (the backend cannot run this placement)" : "");
   }
   for (const auto& o : rep.options) {
     for (const auto& w : o.why) s += fmt::format("  {} does not fit: {}\n", o.placement.name, w);

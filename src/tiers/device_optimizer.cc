@@ -38,8 +38,14 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
   sh.lp_dtype = dt_;
   dev_.kernels().optimizer_step(compute, hyper, sh);
   if (params_on_device) {
-    // Unsharded device-homed parameters are used in place (never cached); a gathered group
-    // is dropped, and the next use gathers the new shards.
+    // Unsharded device-homed parameters are used in place (never cached) by the compute
+    // stream, which runs the step first. A gathered group is dropped, and the next use gathers
+    // the new shard from its home on the h2d stream: that stream waits for the step.
+    if (sharded_) {
+      auto stepped = std::shared_ptr<Event>(dev_.create_event());
+      dev_.record(*stepped, compute);
+      dev_.wait(dev_.h2d_stream(), *stepped);
+    }
     if (cache_.resident(k)) {
       STRATA_CHECK(sharded_, "a device-homed module has a cached copy");
       cache_.drop(k);

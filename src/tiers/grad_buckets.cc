@@ -119,9 +119,8 @@ void GradBuckets::finish(int m, float* g, bool last) {
     float* acc2 = stats_dev_ + 2 * size_t(m);
     float* host2 = stats_host_.data() + 2 * size_t(m);
     dev_.memset_zero(d2h, acc2, 8);
-    dev_.kernels().norm_sq_and_nonfinite(d2h, acc2,
-                                         static_cast<const float*>(homes_.module(m).gacc.dev),
-                                         homes_.module(m).sn);
+    dev_.kernels().norm_sq_and_nonfinite(
+        d2h, acc2, static_cast<const float*>(homes_.module(m).gacc.dev), homes_.module(m).sn);
     dev_.copy_d2h(d2h, host2, acc2, 8);
     GradStats* out = &gstats_[size_t(m)];
     dev_.host_fn(d2h, [out, host2] { *out = {double(host2[0]), host2[1] != 0.0f}; });

@@ -77,16 +77,16 @@ class GradBuckets {
   std::function<void(int)> on_final_;
   std::vector<float*> gdev_;       // this micro-batch's device buffers
   std::vector<GradStats> gstats_;  // written by the d2h stream
+  float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
+  size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
+  std::vector<Piece> open_;        // the bucket being filled
+  size_t open_k_ = 0;              // per-rank elements in it
   // Device-homed GACC on a device the host cannot address: [2 * m, 2 * m + 2) holds module m's
   // norm² and inf/nan flag on the device, copied to stats_host_.
   float* stats_dev_ = nullptr;
   std::vector<float> stats_host_;
   // Whether module m's GACC is filled and reduced on the device.
   bool gacc_on_device(int m) const;
-  float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
-  size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
-  std::vector<Piece> open_;        // the bucket being filled
-  size_t open_k_ = 0;              // per-rank elements in it
 };
 
 }  // namespace strata

@@ -98,8 +98,7 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
   out->moments = static_cast<char*>(m.mom.ptr());
   // NVMe homes, and device homes the host cannot address, are staged through the host tier.
   auto stage = [&](Home& h, PinnedBuffer* buf, const char* obj) -> Result<void*> {
-    STRATA_ASSIGN_OR_RETURN(*buf, host_buf(h.bytes, what),
-                            "staging " + m.name + " " + obj);
+    STRATA_ASSIGN_OR_RETURN(*buf, host_buf(h.bytes, what), "staging " + m.name + " " + obj);
     if (!read) return buf->data();
     if (h.tier == Tier::kNvme) {
       STRATA_RETURN_IF_ERROR(io_->wait(io_->read(h.ext, buf->data())),
@@ -124,9 +123,9 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
 
 Status Homes::write_back(size_t i, const HostState& st) {
   Module& m = mods_[i];
-  for (auto [h, src, obj] : {std::tuple{&m.master, static_cast<const void*>(st.master),
-                                        "master weights"},
-                             std::tuple{&m.mom, static_cast<const void*>(st.moments), "moments"}}) {
+  for (auto [h, src, obj] :
+       {std::tuple{&m.master, static_cast<const void*>(st.master), "master weights"},
+        std::tuple{&m.mom, static_cast<const void*>(st.moments), "moments"}}) {
     if (!staged(*h)) continue;
     if (h->tier == Tier::kNvme) {
       STRATA_RETURN_IF_ERROR(io_->wait(io_->write(h->ext, src)),
