@@ -618,6 +618,44 @@ TEST_P(CudaOpTest, OptimizerStepMatchesReference) {
   }
 }
 
+// Kernels::optimizer_step, the entry the tier manager steps device-resident state with: the
+// CUDA kernel against the CPU backend's (the fused CPU optimizer), AdamW with fp32 and bf16
+// moments, the gradient in the parameterized dtype, a bf16 copy-out.
+TEST_P(CudaOpTest, OptimizerStepThroughTheKernelTable) {
+  const DType grad_t = GetParam();
+  const size_t n = 30011;
+  for (DType moment_t : {DType::kF32, DType::kBF16}) {
+    OptimizerHyper h;
+    h.kind = OptimizerKind::kAdamW;
+    h.lr = 1e-3f;
+    h.weight_decay = 0.1f;
+    h.step = 3;
+    Twin grad = random(n, grad_t);
+    Twin master = random(n, DType::kF32);
+    Twin m = random(n, moment_t, -0.1f, 0.1f);
+    Twin v = random(n, moment_t, 0.0f, 0.01f);
+    Twin lp = random(n, DType::kBF16);
+    run([&](Kernels& k, Stream& s, int i) {
+      ShardState sh{.n = n,
+                    .grad = grad.p[i],
+                    .grad_dtype = grad_t,
+                    .grad_mult = 0.25f,
+                    .master = static_cast<float*>(master.p[i]),
+                    .m = m.p[i],
+                    .v = v.p[i],
+                    .moment_dtype = moment_t,
+                    .lp_out = lp.p[i],
+                    .lp_dtype = DType::kBF16};
+      k.optimizer_step(s, h, sh);
+    });
+    const std::string what = std::string("moments ") + dtype_name(moment_t);
+    compare("optimizer_step master, " + what, master, DType::kF32, 1e-6);
+    compare("optimizer_step m, " + what, m, moment_t, tol(moment_t, 1e-6));
+    compare("optimizer_step v, " + what, v, moment_t, tol(moment_t, 1e-6));
+    compare("optimizer_step lp, " + what, lp, DType::kBF16, 1e-2);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDtypes, CudaOpTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& p) {

@@ -472,7 +472,7 @@ phase_attention() {
   result ok "$(grep -c '| fused |' "$R/md/attention.md") fused and $(grep -c '| plain |' "$R/md/attention.md") plain cases measured"
 }
 
-# GPT-2 124M (or, in a dry run, a tiny GPT on the CPU backend) for three placements.
+# GPT-2 124M (or, in a dry run, a tiny GPT on the CPU backend) for five placements.
 phase_train() {
   local exe
   exe=$(bin_path strata)
@@ -508,21 +508,25 @@ EOF
   md ""
   md "| row | parameters | optimizer state | tokens/s | MFU | step ms | fwd/bwd ms | optimizer ms | result |"
   md "|---|---|---|---|---|---|---|---|---|"
+  # name|offload_param|offload_optimizer|offload_optimizer.ratio|what
   local rows=(
-    "device|none|cpu|on the device (the CUDA backend needs the optimizer offloaded: it is in host RAM)"
-    "host|cpu|cpu|parameters and optimizer in host RAM"
-    "nvme|cpu|nvme|parameters in host RAM, optimizer on NVMe ($nvme)"
+    "device|none|none|1|everything on the device, the optimizer stepped by the device's kernel"
+    "device-opt-host|none|cpu|1|parameters on the device, optimizer in host RAM"
+    "ratio|none|cpu|0.5|parameters on the device, optimizer ratio 0.5 (half on the device, half in host RAM)"
+    "host|cpu|cpu|1|parameters and optimizer in host RAM"
+    "nvme|cpu|nvme|1|parameters in host RAM, optimizer on NVMe ($nvme)"
   )
   local json="" bad=() row
   for row in "${rows[@]}"; do
-    local name pdev odev what
-    IFS='|' read -r name pdev odev what <<<"$row"
+    local name pdev odev ratio what
+    IFS='|' read -r name pdev odev ratio what <<<"$row"
     local rdir="$dir/$name" log="$R/logs/train-$name.log" t0=$SECONDS rc
     rm -rf "$rdir"
     run 300 "$exe" train --config "$dir/gpt.json" --quiet \
       --set "device.backend=\"$backend\"" \
       --set "zero_optimization.offload_param.device=\"$pdev\"" \
       --set "zero_optimization.offload_optimizer.device=\"$odev\"" \
+      --set "zero_optimization.offload_optimizer.ratio=$ratio" \
       --set "zero_optimization.offload_optimizer.nvme_path=\"$nvme\"" \
       --set "train.checkpoint_dir=\"$rdir\"" >"$log" 2>&1
     rc=$?
@@ -543,14 +547,14 @@ EOF
       md "| $name: $what | $pdev | $odev | | | | | | FAILED (exit $rc): ${why:-see logs/train-$name.log} |"
       bad+=("$name: exit $rc")
     fi
-    json+="$(json_str "$name"): {\"offload_param\": \"$pdev\", \"offload_optimizer\": \"$odev\", \"exit\": $rc, \"tokens_per_s\": $(json_num "$tps"), \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"mfu\": $(json_str "$mfu")},"
+    json+="$(json_str "$name"): {\"offload_param\": \"$pdev\", \"offload_optimizer\": \"$odev\", \"ratio\": $ratio, \"exit\": $rc, \"tokens_per_s\": $(json_num "$tps"), \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"mfu\": $(json_str "$mfu")},"
   done
   printf '{"params": %s, "flops_per_token": %s, "backend": "%s", "steps": %d, "rows": {%s}}\n' \
     "$params" "$flops_tok" "$backend" "$steps" "${json%,}" >"$R/json/train.json"
   if ((${#bad[@]})); then
     result failed "$(IFS=';'; echo "${bad[*]}")"
   else
-    result ok "3 placements trained ($backend)"
+    result ok "${#rows[@]} placements trained ($backend)"
   fi
 }
 
@@ -689,6 +693,7 @@ self_test() {
     magic version phases/env/status phases/build/status phases/tests/status \
     phases/sanitizer/status phases/gemm/result/shapes phases/copy/result/cases \
     phases/attention/result/shapes phases/train/result/rows/device \
+    phases/train/result/rows/device-opt-host phases/train/result/rows/ratio \
     phases/train/result/rows/host phases/train/result/rows/nvme
   for p in "${ALL_PHASES[@]}"; do
     check "report.md has a section for $p" grep -q "^## $p\$" "$r/report.md"
@@ -696,7 +701,7 @@ self_test() {
   done
   check "the report says it was a dry run" grep -q "Dry run: no GPU was used" "$r/report.md"
   check "the fused attention ran in the attention benchmark" grep -q '| fused |' "$r/report.md"
-  check "the training table has 3 rows" test "$(grep -c '^| \(device\|host\|nvme\): ' "$r/report.md")" -eq 3
+  check "the training table has 5 rows" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 5
   check "the paths are printed" grep -q "^report: $r/report.md" "$tmp/dry.log"
   # A failing phase is recorded and the script goes on: a build dir without binaries.
   "$SELF" --dry-run --phases build,gemm,train --results "$tmp/broken" --build-dir "$tmp/nobuild" \

@@ -59,7 +59,8 @@ class Device {
 
   virtual DeviceKind kind() const = 0;
   // True if device memory is ordinary host memory the CPU may read and write directly (the CPU
-  // backend). Lets the CPU optimizer step device-resident state in place.
+  // backend). The host then reads and writes device-resident state in place (checkpoints, the
+  // optimizer's undo copies); elsewhere that goes through copies.
   virtual bool host_addressable() const { return false; }
   // Human-readable, e.g. "cpu (arena 512 MiB, 2 threads)" or "NVIDIA H100 80GB HBM3 (sm_90)".
   virtual std::string name() const = 0;

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "strata/dtype.h"
+#include "strata/optimizer.h"
 
 namespace strata {
 
@@ -228,6 +229,14 @@ class Kernels {
   // q[i] * scales[i / block] (fp32 multiply, then fp32 add, then one rounding to `dt`).
   virtual void dequantize(Stream& s, int bits, DType dt, void* x, const void* q,
                           const float* scales, size_t n, int block, bool accumulate) = 0;
+  // The optimizer step on a shard whose state lives in this device's memory: every pointer in
+  // `shard` (grad, master, m, v, lp_out) is device memory; the numbers are
+  // optimizer_step_reference()'s (strata/optimizer.h), element for element, on every backend
+  // (CPU: the fused CPU optimizer, the same code the tier manager runs on host-resident state;
+  // CUDA: kernels/cuda/adamw.cu, compiled without contraction). Moments fp32 or bf16 (fp16 is
+  // an error returned by the next synchronize, as is any enqueue failure). The structs are
+  // copied; the buffers must stay alive until the stream has run the step.
+  virtual void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) = 0;
 };
 
 }  // namespace strata

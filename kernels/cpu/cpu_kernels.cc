@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/cpu/ops.h"
+#include "strata/cpu_optim.h"
 #include "strata/device.h"
 
 namespace strata {
@@ -154,6 +155,10 @@ class CpuKernels final : public Kernels {
   void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
                   size_t n, int block, bool accumulate) override {
     run(s, [=] { cpu::dequantize(bits, dt, x, q, scales, n, block, accumulate); });
+  }
+  void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
+    // threads 0: the fused optimizer runs in the arena this task runs in (the device's).
+    run(s, [=] { strata::optimizer_step(hyper, shard, /*threads=*/0); });
   }
 
  private:

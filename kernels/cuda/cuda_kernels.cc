@@ -199,6 +199,10 @@ class CudaKernels final : public Kernels {
       return cuda_dequantize(cs.handle, bits, dt, x, q, scales, n, block, accumulate);
     });
   }
+  void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
+    run("optimizer_step", s,
+        [&](CudaStream& cs) { return cuda_optimizer_step(cs.handle, hyper, shard); });
+  }
 
  private:
   CudaBlas blas(const CudaStream& cs) const {

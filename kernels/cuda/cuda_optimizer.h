@@ -10,10 +10,10 @@
 // next synchronize on `stream`. Asynchronous like every enqueue: `shard`'s buffers must stay
 // alive until then, the structs themselves are copied.
 //
-// Not part of the Kernels table (strata/kernels.h has no optimizer entry). Tested against the CPU
-// reference (tests/cuda_backend_test.cc); nothing in the engine calls it yet: device-resident
-// optimizer state needs a host-addressable device today (the tier manager steps it on the CPU),
-// so the CUDA backend requires the optimizer offloaded.
+// The tier manager reaches the same launcher through the Kernels table (Kernels::optimizer_step,
+// kernels/cuda/cuda_kernels.cc) to step device-resident optimizer state
+// (src/tiers/device_optimizer.h); this entry checks the device and stream and returns the launch
+// error directly (tests/cuda_backend_test.cc tests it against the CPU reference).
 #pragma once
 
 #include "strata/device.h"

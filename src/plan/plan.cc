@@ -174,6 +174,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Sizes per module on this rank, for the peaks and the time model (module_homes' shards).
   uint64_t P_local = 0, max_p = 0, max_g = 0;
   uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
+  uint64_t opt_dev_params = 0;    // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
   std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
@@ -185,6 +186,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     max_g = std::max<uint64_t>(max_g, h.grads.bytes);
     if (h.master.tier != Tier::kDevice || h.moments.tier != Tier::kDevice) {
       opt_host_params += h.shard_numel;
+    } else {
+      opt_dev_params += h.shard_numel;
     }
     if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
     for (const auto* x : {&h.master, &h.moments}) {
@@ -250,8 +253,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // its old extents, the step written to fresh ones (nvme.undo: on the swap paths when they
   // have room, the memory model's shadow extents), other state as host copies (host.undo: taken
   // while the host budget has room beyond the reservation; modules without room are stepped
-  // after backward instead). On a GPU the optimizer of device-resident state would keep its
-  // copies on the device: not counted.
+  // after backward instead). On a GPU device-resident state takes no undo copy: with clipping
+  // or fp16 its modules are stepped by the device's optimizer after backward (Speculation).
   uint64_t undo_host = 0, undo_nvme = 0;
   if (to.undo_copies) {
     for (const ModuleHomes& h : homes) {
@@ -295,8 +298,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   }
   o.host.peak = host_peak * W;
   o.nvme.peak = o.nvme.state + o.nvme.undo;
-  if (needs_device_optimizer(where) && !r.profile.cpu_backend) {
-    o.runnable = false;  // check_placement refuses it on a non-host-addressable device
+  if (!r.profile.cpu_backend) {
+    Status st = check_placement(where, /*host_addressable=*/false, "cuda");
+    if (!st.is_ok()) {
+      o.runnable = false;
+      o.why.push_back(st.message());
+    }
   }
 
   // ---- time ----
@@ -344,6 +351,15 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.nvme_s =
       double(W) * (nr / (pf.nvme_read_gbps.value * 1e9) + nw / (pf.nvme_write_gbps.value * 1e9));
   t.cpu_optim_s = double(W) * double(opt_host_params) / pf.optimizer_pps.value;
+  // The device's optimizer, per rank on its own device: the CPU optimizer's rate on the CPU
+  // backend (where the node's ranks share it), else the bytes it streams through device memory:
+  // grad, master (read and write), both moments (read and write), the new parameter.
+  if (pf.cpu_backend) {
+    t.device_optim_s = double(W) * double(opt_dev_params) / pf.optimizer_pps.value;
+  } else {
+    const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype)) + double(es);
+    t.device_optim_s = double(opt_dev_params) * per_param / (pf.device_mem_gbps.value * 1e9);
+  }
   // The optimizer thread also copies each module's master + moments into its undo copy.
   t.cpu_optim_s += double(o.host.undo) / (pf.host_copy_gbps.value * 1e9);
   if (W > 1) {
@@ -355,11 +371,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Combination (docs/PLANNER.md, "Step time"). Plain schedule: the optimizer pass (CPU Adam
   // pipelined with its NVMe traffic) follows backward. GPU: transfers and collectives overlap
   // compute (prefetch). CPU backend: compute, copies and the optimizer share the same cores, so
-  // they add; NVMe transfers run on I/O threads under the optimizer.
+  // they add; NVMe transfers run on I/O threads under the optimizer. The device's optimizer
+  // runs in the compute stream's order: it adds to compute (comp) on either backend.
+  const double comp = t.compute_s + t.device_optim_s;
   const double plain =
       pf.cpu_backend
-          ? t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
-          : std::max({t.compute_s, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
+          ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
+          : std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
   t.hidden_share = 0;
   t.step_s = plain;
   if (r.overlap_optimizer) {
@@ -389,21 +407,20 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
     // predicts the next will clip too) and steps after it: the plain schedule less the reads
     // done ahead.
-    t.step_after_s =
-        r.undo_copies
-            ? std::max((pf.cpu_backend ? t.compute_s + t.link_s + t.collectives_s
-                                       : std::max({t.compute_s, t.link_s, t.collectives_s})) +
-                           std::max(t.cpu_optim_s, window_opt),
-                       t.nvme_s)
-            : 0.0;
+    t.step_after_s = r.undo_copies
+                         ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
+                                                    : std::max({comp, t.link_s, t.collectives_s})) +
+                                        std::max(t.cpu_optim_s, window_opt),
+                                    t.nvme_s)
+                         : 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
-      const double start = (t.compute_s + t.link_s) * start_share;
-      overlapped = std::max(
-          {t.compute_s + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
+      const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
+      overlapped =
+          std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
     } else {
-      const double dev = std::max({t.compute_s, t.link_s, t.collectives_s});
-      const double start = t.compute_s * start_share;
+      const double dev = std::max({comp, t.link_s, t.collectives_s});
+      const double start = t.compute_s * start_share;  // before the device optimizer
       overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window), t.nvme_s});
     }
     // Modules without room for their undo copies are stepped after backward.
@@ -417,6 +434,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
                                                   {"host<->device link", t.link_s},
                                                   {"nvme", t.nvme_s},
                                                   {"cpu optimizer", t.cpu_optim_s},
+                                                  {"device optimizer", t.device_optim_s},
                                                   {"collectives", t.collectives_s}};
   double best = -1;
   for (const auto& [name, v] : terms) {

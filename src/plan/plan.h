@@ -21,7 +21,10 @@
 //                activations are recomputed or offloaded) / measured GEMM rate
 //   link         bytes crossing host<->device / host<->device bandwidth
 //   nvme         bytes read and written on the swap paths / NVMe read, write bandwidth
-//   cpu_optim    owned params / the CPU optimizer's params per second
+//   cpu_optim    owned params with offloaded optimizer state / the CPU optimizer's params
+//                per second
+//   device_optim owned params with device-resident optimizer state x bytes the step moves per
+//                param / device memory bandwidth (CPU backend: / the CPU optimizer's rate)
 //   collectives  all-gather + reduce-scatter bytes / bus bandwidth (world > 1)
 // How terms combine (what overlaps what) depends on the backend; see docs/PLANNER.md.
 //
@@ -90,6 +93,10 @@ struct MachineProfile {
   Rate nvme_read_gbps{1.0};              // aggregate over the swap paths, GB/s
   Rate nvme_write_gbps{1.0};             //
   Rate collective_gbps{0.0};             // bus bandwidth, GB/s; 0 = unmeasured
+  // Device memory bandwidth, GB/s: the optimizer on the device streams each parameter's
+  // gradient, master weight, moments and new parameter through it (CUDA; the CPU backend's
+  // device optimizer is the CPU optimizer, at optimizer_pps).
+  Rate device_mem_gbps{2000.0};
   // Every NVMe case the probe ran (backend, block, queue depth): a config evaluated with the
   // planner gets the rates of the aio case it asks for, not the probe's recommended one.
   struct NvmeCase {
@@ -200,6 +207,9 @@ struct TierBytes {
 struct TimeTerms {
   double gemm_flops = 0;  // the GEMM rate used (FLOP/s), after the width lookup
   double compute_s = 0, link_s = 0, nvme_s = 0, cpu_optim_s = 0, collectives_s = 0;
+  // The optimizer on the device (device-resident master weights and moments): in the compute
+  // stream's order, so it adds to compute.
+  double device_optim_s = 0;
   // The share of the optimizer that runs under backward: 1 when the undo copies fit in the host
   // budget (or none are needed), less by the share of them that does not; 0 without overlap.
   double hidden_share = 0;
@@ -215,7 +225,7 @@ struct PlanOption {
   PlacementOption placement;
   TierBytes device, host, nvme;
   bool fits = false;
-  bool runnable = true;          // false: the backend cannot run this placement yet (why in `why`)
+  bool runnable = true;          // false: the backend cannot run this placement (why in `why`)
   std::vector<std::string> why;  // each shortfall, with needed vs available
   TimeTerms time;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, link_bytes = 0, flops = 0;

@@ -41,6 +41,7 @@ MachineProfile default_profile(bool cpu_backend) {
     p.nvme_read_gbps = {3.0, "default (one NVMe)"};
     p.nvme_write_gbps = {2.0, "default (one NVMe)"};
     p.collective_gbps = {200.0, "default (NVLink busbw)"};
+    p.device_mem_gbps = {2000.0, "default (H100 HBM3, 60% of 3.35 TB/s)"};
   }
   return p;
 }
@@ -129,6 +130,10 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     }
   }
   p.optimizer_pps = {v, src};
+  // Optional (profiles without it keep the default): the device's memory bandwidth.
+  if (j["device"].contains("mem_gbps") && j["device"]["mem_gbps"].is_number()) {
+    p.device_mem_gbps = {j["device"]["mem_gbps"].get<double>(), src};
+  }
   // The recommended case's fastest pass, from the embedded io probe report.
   auto nvme_best = [&](bool read, double median) {
     if (!fastest || !j["nvme"].contains("io_probe") || !j["nvme"].contains("aio")) return median;

@@ -112,7 +112,8 @@ std::string plan_json(const PlanReport& rep) {
                 {"optimizer_params_per_s", rate(p.optimizer_pps)},
                 {"nvme_read_gbps", rate(p.nvme_read_gbps)},
                 {"nvme_write_gbps", rate(p.nvme_write_gbps)},
-                {"collective_busbw_gbps", rate(p.collective_gbps)}};
+                {"collective_busbw_gbps", rate(p.collective_gbps)},
+                {"device_mem_gbps", rate(p.device_mem_gbps)}};
   json opts = json::array();
   for (const auto& o : rep.options) {
     auto tb = [](const TierBytes& b) {
@@ -142,6 +143,7 @@ std::string plan_json(const PlanReport& rep) {
                       {"link", o.time.link_s},
                       {"nvme", o.time.nvme_s},
                       {"cpu_optimizer", o.time.cpu_optim_s},
+                      {"device_optimizer", o.time.device_optim_s},
                       {"collectives", o.time.collectives_s},
                       {"step", o.time.step_s},
                       {"step_after_backward", o.time.step_after_s},
@@ -193,23 +195,24 @@ std::string plan_table(const PlanReport& rep) {
     }
     s += line + "\n";
   }
-  s += fmt::format("{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
-                   "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme",
-                   "cpu-opt", "coll", "bottleneck");
+  s += fmt::format(
+      "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
+      "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme", "cpu-opt",
+      "dev-opt", "coll", "bottleneck");
   auto ms = [](double x) { return fmt::format("{:.0f}ms", x * 1e3); };
   auto sec = [&](double x) { return x >= 10 ? fmt::format("{:.1f}s", x) : ms(x); };
   for (size_t i = 0; i < rep.options.size(); ++i) {
     const auto& o = rep.options[i];
     s += fmt::format(
-        "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8}  {}{}\n",
+        "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}{}\n",
         o.placement.name + (int(i) == rep.best ? " *" : ""), gb(double(o.device.total())),
         gb(double(o.host.total())), gb(double(o.nvme.total())),
         !o.runnable ? "n/a"
         : o.fits    ? "yes"
                     : "no",
         sec(o.time.step_s), sec(o.time.compute_s), sec(o.time.link_s), sec(o.time.nvme_s),
-        sec(o.time.cpu_optim_s), sec(o.time.collectives_s), o.time.bottleneck,
-        !o.runnable ? " (optimizer on the GPU is not built yet)" : "");
+        sec(o.time.cpu_optim_s), sec(o.time.device_optim_s), sec(o.time.collectives_s),
+        o.time.bottleneck, !o.runnable ? " (the backend cannot run this placement)" : "");
   }
   for (const auto& o : rep.options) {
     for (const auto& w : o.why) s += fmt::format("  {} does not fit: {}\n", o.placement.name, w);

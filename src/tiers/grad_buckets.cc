@@ -5,7 +5,9 @@
 #include <algorithm>
 
 #include "src/comm/zeropp.h"
+#include "src/tiers/memory_model.h"
 #include "strata/cpu_optim.h"
+#include "strata/kernels.h"
 
 namespace strata {
 
@@ -71,8 +73,21 @@ GradStats GradBuckets::stats() const {
   return s;
 }
 
+bool GradBuckets::gacc_on_device(int m) const {
+  return homes_.module(m).gacc.tier == Tier::kDevice && !dev_.host_addressable();
+}
+
 void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int micro) {
   Stream& d2h = dev_.d2h_stream();
+  if (gacc_on_device(m)) {  // stays on the device
+    float* acc = static_cast<float*>(homes_.module(m).gacc.dev) + a;
+    if (micro == 0) {
+      dev_.copy_d2d(d2h, acc, src, len * 4);
+    } else {
+      dev_.kernels().add_inplace(d2h, DType::kF32, acc, src, len);
+    }
+    return;
+  }
   float* acc = static_cast<float*>(homes_.module(m).gacc.ptr()) + a;
   const size_t bytes = len * 4;
   if (micro == 0) {
@@ -97,7 +112,25 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
 
 void GradBuckets::finish(int m, float* g, bool last) {
   Stream& d2h = dev_.d2h_stream();
-  if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
+  if (last && gacc_on_device(m)) {
+    if (!stats_dev_) {
+      auto b = dev_.allocate(round_up(gstats_.size() * 8, 256), "gradient statistics");
+      if (!b.is_ok()) {
+        errors_.set(b.status().with_context("reducing " + homes_.module(m).name + " gradients"));
+        return;
+      }
+      stats_dev_ = static_cast<float*>(*b);
+      stats_host_.assign(gstats_.size() * 2, 0.0f);
+    }
+    float* acc2 = stats_dev_ + 2 * size_t(m);
+    float* host2 = stats_host_.data() + 2 * size_t(m);
+    dev_.memset_zero(d2h, acc2, 8);
+    dev_.kernels().norm_sq_and_nonfinite(
+        d2h, acc2, static_cast<const float*>(homes_.module(m).gacc.dev), homes_.module(m).sn);
+    dev_.copy_d2h(d2h, host2, acc2, 8);
+    GradStats* out = &gstats_[size_t(m)];
+    dev_.host_fn(d2h, [out, host2] { *out = {double(host2[0]), host2[1] != 0.0f}; });
+  } else if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
     GradStats* out = &gstats_[size_t(m)];
     const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());
     const size_t n = homes_.module(m).sn;
@@ -197,6 +230,8 @@ void GradBuckets::release_all() {
   }
   if (bucket_) dev_.release(bucket_);
   bucket_ = nullptr;
+  if (stats_dev_) dev_.release(stats_dev_);
+  stats_dev_ = nullptr;
 }
 
 }  // namespace strata

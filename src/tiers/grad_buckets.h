@@ -11,6 +11,11 @@
 // reduced from GACC on the d2h stream, and `on_final(m)` is called once the work that makes
 // its gradients final has been enqueued.
 //
+// A device-homed GACC (the optimizer on the device) on a device the host cannot address is
+// filled on the device (a device copy, then Kernels::add_inplace) and its statistics reduced by
+// Kernels::norm_sq_and_nonfinite into a small device buffer copied down (fp32 norm², where
+// the host path sums in fp64: the clip coefficient may differ in its last bits).
+//
 // Thread safety: the host thread calls everything; the d2h stream's callbacks write the
 // module's grad stats and touch the counters and the async error.
 #pragma once
@@ -79,6 +84,12 @@ class GradBuckets {
   std::vector<Piece> open_;        // the bucket being filled
   size_t open_k_ = 0;              // per-rank elements in it
   GradSpill spill_;                // gradient accumulators on NVMe (unsharded)
+  // Device-homed GACC on a device the host cannot address: [2 * m, 2 * m + 2) holds module m's
+  // norm² and inf/nan flag on the device, copied to stats_host_.
+  float* stats_dev_ = nullptr;
+  std::vector<float> stats_host_;
+  // Whether module m's GACC is filled and reduced on the device.
+  bool gacc_on_device(int m) const;
 };
 
 }  // namespace strata

@@ -129,13 +129,30 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
   Module& m = mods_[i];
   out->mst.reset();
   out->mom.reset();
+  // Device-resident state may still be stepped by the device's optimizer (compute stream).
+  if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.compute_stream()),
+                           "waiting for " + m.name + " optimizer step on the device");
+  }
   out->master = static_cast<float*>(m.master.ptr());
   out->moments = static_cast<char*>(m.mom.ptr());
+  // Device homes the host cannot address are staged through the host tier (a copy).
+  auto from_device = [&](Home& h, PinnedBuffer* buf, const char* obj) -> Result<void*> {
+    STRATA_ASSIGN_OR_RETURN(*buf, host_buf(h.bytes, what), "staging " + m.name + " " + obj);
+    if (!read) return buf->data();
+    dev_.copy_d2h(dev_.d2h_stream(), buf->data(), h.dev, h.bytes);
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.d2h_stream()),
+                           "copying " + m.name + " " + obj + " from the device");
+    return buf->data();
+  };
   if (m.master.tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(out->mst, host_buf(m.master.bytes, what),
                             "staging " + m.name + " master weights");
     out->master = out->mst.as<float>();
     if (read) STRATA_RETURN_IF_ERROR(read_master(i, out->master), "");
+  } else if (staged(m.master)) {
+    STRATA_ASSIGN_OR_RETURN(void* p, from_device(m.master, &out->mst, "master weights"), "");
+    out->master = static_cast<float*>(p);
   }
   if (m.mom.tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(out->mom, host_buf(m.mom.bytes, what),
@@ -153,12 +170,27 @@ Status Homes::host_state(size_t i, bool read, const char* what, HostState* out) 
         scatter_moments(m, j, static_cast<const char*>(sub.data()), out->moments);
       }
     }
+  } else if (staged(m.mom)) {
+    STRATA_ASSIGN_OR_RETURN(void* p, from_device(m.mom, &out->mom, "moments"), "");
+    out->moments = static_cast<char*>(p);
   }
   return Status::ok();
 }
 
 Status Homes::write_back(size_t i, const HostState& st) {
   Module& m = mods_[i];
+  // Device homes the host cannot address get their staged copy back.
+  auto to_device = [&](Home& h, const void* src, const char* obj) -> Status {
+    dev_.copy_h2d(dev_.h2d_stream(), h.dev, src, h.bytes);
+    return dev_.synchronize(dev_.h2d_stream())
+        .with_context("copying " + m.name + " " + obj + " to the device");
+  };
+  if (m.master.tier == Tier::kDevice && staged(m.master)) {
+    STRATA_RETURN_IF_ERROR(to_device(m.master, st.master, "master weights"), "");
+  }
+  if (m.mom.tier == Tier::kDevice && staged(m.mom)) {
+    STRATA_RETURN_IF_ERROR(to_device(m.mom, st.moments, "moments"), "");
+  }
   if (m.master.tier == Tier::kNvme) {
     for (size_t j = 0; j < m.master.subs.size(); ++j) {
       STRATA_RETURN_IF_ERROR(io_->wait(io_->write(m.master.subs[j], st.master + m.sub_start(j))),

@@ -95,12 +95,19 @@ class Homes {
   Result<PinnedBuffer> host_buf(size_t bytes, const char* what);
 
   // Module i's master and moments in host memory (`out`, the whole module: moments first then
-  // second); NVMe homes are staged, and read first when `read`. write_back() stores staged
-  // state to its NVMe homes. Sub-groups are gathered from and scattered to their extents.
+  // second); NVMe homes, and device homes on a device the host cannot address, are staged
+  // through the host tier, and read first when `read`. Device-homed state is read after the
+  // compute stream's work so far (the device's optimizer step). write_back() stores staged
+  // state to its NVMe or device homes. Sub-groups are gathered from and scattered to their
+  // extents.
   Status host_state(size_t i, bool read, const char* what, HostState* out);
   Status write_back(size_t i, const HostState& st);
   // Reads module i's NVMe-homed master weights (all sub-groups) into `master` (sn floats).
   Status read_master(size_t i, float* master);
+  // Whether `h` is reached through a host staging buffer (host_state).
+  bool staged(const Home& h) const {
+    return h.tier == Tier::kNvme || (h.tier == Tier::kDevice && !dev_.host_addressable());
+  }
 
   // Swap extents beyond the homes (the optimizer's shadow extents), counted in the NVMe
   // tier's use.

@@ -117,6 +117,18 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     pc[i] = pl.params == Tier::kDevice && !sharded ? 0 : round_up(homes[i].padded_numel * es, 256);
     g[i] = round_up(homes[i].padded_numel * 4, 256);
   }
+  // The optimizer on the device: gradient statistics, and new parameters not homed there.
+  size_t max_dev_opt_p = 0;
+  bool dev_opt = false;
+  for (const auto& m : homes) {
+    if (m.master.tier != Tier::kDevice || m.moments.tier != Tier::kDevice ||
+        m.grads.tier != Tier::kDevice || m.master.bytes == 0) {
+      continue;
+    }
+    dev_opt = true;
+    if (m.params.tier != Tier::kDevice) max_dev_opt_p = std::max(max_dev_opt_p, m.params.bytes);
+  }
+  if (dev_opt) n.device.optimizer = round_up(homes.size() * 8, 256) + round_up(max_dev_opt_p, 256);
   n.device.activations = activation_bytes;
   n.device.working_set = working_set_bytes(pc, g, train_program);
   // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the

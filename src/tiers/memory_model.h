@@ -81,8 +81,13 @@ struct TierNeeds {
     size_t working_set = 0;      // working_set_bytes over the training program
     size_t bucket = 0;           // sharded: the gradient reduce bucket
     size_t prefetch_window = 0;  // sharded: the gathered groups of the prefetch window
-    // working_set + bucket + prefetch_window: what the preflight reports as the working set.
-    size_t transient() const { return working_set + bucket + prefetch_window; }
+    // The optimizer on the device (device_optimizer.h), when some module's state is there: the
+    // gradient statistics (8 bytes per module), and the new parameters of one module whose
+    // parameters are not device-homed.
+    size_t optimizer = 0;
+    // working_set + bucket + prefetch_window + optimizer: what the preflight reports as the
+    // working set.
+    size_t transient() const { return working_set + bucket + prefetch_window + optimizer; }
     size_t total() const { return activations + resident_state + transient(); }
   };
   struct HostNeed {

@@ -7,6 +7,7 @@
 #include <set>
 #include <string_view>
 
+#include "src/tiers/device_optimizer.h"
 #include "strata/cpu_optim.h"
 
 namespace strata {
@@ -214,10 +215,14 @@ Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyp
     }
     const auto [k, j] = units[i];
     Module& m = homes_.module(k);
+    // Device-resident state is stepped by the device's optimizer kernel (device_optimizer.h),
+    // the whole module once its last sub-group's slot is taken; with the delayed update
+    // (host-addressable devices only) every step stays on the host.
+    const bool on_device = !shadows && !opt_.delayed_update && steps_on_device(m);
     const float* grad = nullptr;
     void* shadow = nullptr;
     if (shadows) grad = static_cast<const float*>(m.gacc2.ptr());
-    if (j == 0) {
+    if (j == 0 && !on_device) {
       if (shadows) {
         STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
                                 homes_.host_buf(m.p.bytes, "delayed update: shadow"),
@@ -230,6 +235,14 @@ Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyp
     Slot s;
     STRATA_RETURN_IF_ERROR(take(k, j, &s), "stepping " + m.name);
     if (before) before(s);
+    if (on_device) {
+      if (j + 1 == sub_groups(k)) {
+        // A prefetch of these parameters may still be copying from their home.
+        STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "stepping " + m.name);
+        STRATA_RETURN_IF_ERROR(step_on_device(k, hyper, grad_mult), "");  // names m itself
+      }
+      continue;
+    }
     step_sub_group(k, s, hyper, grad_mult, grad, t.lp);
     STRATA_RETURN_IF_ERROR(retire_writes(max_writes()), "after stepping " + m.name);
     if (j + 1 == sub_groups(k) && !shadows) {

@@ -153,6 +153,8 @@ class OptimizerPipeline {
   // The sub-groups of `order`, in order, with the pass over them (run() and step()).
   Status pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
               std::vector<std::shared_ptr<PinnedBuffer>>* shadows, const BeforeStep& before);
+  // step() for a module whose state is device-resident (device_optimizer.cc).
+  Status step_on_device(int k, const OptimizerHyper& hyper, float grad_mult);
 
   Homes& homes_;
   Device& dev_;

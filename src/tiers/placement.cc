@@ -80,11 +80,23 @@ bool needs_device_optimizer(const Placement& p) {
 }
 
 Status check_placement(const Placement& p, const Device& device) {
-  if (needs_device_optimizer(p) && !device.host_addressable()) {
-    return invalid_argument(
-        "optimizer state or gradients on the device need the optimizer step to run on the "
-        "device, which this backend cannot do yet: set zero_optimization.offload_optimizer."
-        "device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1)");
+  return check_placement(p, device.host_addressable(), device.name());
+}
+
+Status check_placement(const Placement& p, bool host_addressable, const std::string& device) {
+  if (host_addressable) return Status::ok();  // the host steps whatever it can reach
+  // The device's optimizer steps a module whose master weights, moments and gradients are all
+  // in its memory; with some of them offloaded the host would need to reach the others.
+  const bool master = p.master == Tier::kDevice, mom = p.moments == Tier::kDevice,
+             grads = p.grads == Tier::kDevice;
+  if (master != mom || master != grads) {
+    return invalid_argument(fmt::format(
+        "optimizer state split between the device and the host (master weights {}, moments {}, "
+        "gradients {}): on device '{}' the optimizer steps a module on the device only when all "
+        "three are there; set strata.placement.master, .moments and .grads to the same side (or "
+        "leave them unset: zero_optimization.offload_optimizer.device and .ratio place them "
+        "together)",
+        tier_name(p.master), tier_name(p.moments), tier_name(p.grads), device));
   }
   return Status::ok();
 }

@@ -42,11 +42,16 @@ struct Placement {
 // for machines it does not run on.
 Result<Placement> parse_placement(const Config& cfg);
 
-// Whether `device` can run `placement`: optimizer state or gradients on the device (or
-// optimizer_ratio < 1) need the optimizer step on the device, which only a host-addressable
-// device runs for now. kInvalidArgument saying which config keys to change, else OK.
+// Whether `device` can run `placement`. A module whose master weights, moments and gradients
+// are all in device memory is stepped by the device's optimizer kernel (device_optimizer.h);
+// a host-addressable device (the CPU backend) runs any split, but on another device (CUDA) the
+// three must be all on the device or all off it (strata.placement.* can split them;
+// offload_optimizer.device and .ratio never do). kInvalidArgument naming the keys, else OK.
 Status check_placement(const Placement& placement, const Device& device);
-// Whether check_placement refuses `placement` on a device that is not host-addressable.
+// The same for a device that is (or is not) host-addressable, named `device` (the planner's).
+Status check_placement(const Placement& placement, bool host_addressable,
+                       const std::string& device);
+// Whether `placement` keeps optimizer state on the device (some modules stepped there).
 bool needs_device_optimizer(const Placement& placement);
 
 // parse_placement, then check_placement against `device`.

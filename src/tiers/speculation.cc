@@ -6,6 +6,7 @@
 #include <cstring>
 #include <tuple>
 
+#include "src/tiers/device_optimizer.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -100,6 +101,12 @@ Status Speculation::step_ready(bool wait_all) {
     auto [k, ev] = ready_.front();
     if (!wait_all && !dev_.query(*ev)) break;
     if (stopped_ || !step_modules_) {
+      ready_.pop_front();
+      continue;
+    }
+    if (undo_ && !dev_.host_addressable() && steps_on_device(homes_.module(k))) {
+      // Its undo state would be a host copy of device memory: stepped after backward instead
+      // (on the device that takes milliseconds).
       ready_.pop_front();
       continue;
     }
@@ -234,6 +241,8 @@ Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult
           homes_.module(k).name, redo ? "redone" : "skipped (non-finite gradients)"));
     }
   }
+  // The device's optimizer steps (device-resident state) must have run before it is restored.
+  STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.compute_stream()), "before restoring the state");
   // The speculative writes must land before their shadows are freed and before the restored
   // state's writes go to the same extents.
   if (homes_.io()) {

@@ -30,11 +30,15 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
       init(int(i), master);
     }
     std::memset(moments, 0, m.mom.bytes);
-    if (m.gacc.tier != Tier::kNvme) std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    if (m.gacc.tier == Tier::kDevice && I.homes->staged(m.gacc)) {  // the host cannot address it
+      I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
+    } else if (m.gacc.tier != Tier::kNvme) {
+      std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    }
     STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
     STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
   }
-  return Status::ok();
+  return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
 
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
@@ -170,13 +174,23 @@ uint32_t TierManager::weights_crc() {
   uint32_t crc = 0;
   for (size_t i = 0; i < I.homes->modules().size(); ++i) {
     Module& m = I.homes->module(int(i));
-    if (m.master.tier == Tier::kNvme) {
-      auto b = I.homes->host_buf(m.master.bytes, "crc");
-      if (!b.is_ok() || !I.homes->read_master(i, b->as<float>()).is_ok()) return 0;
-      crc = crc32c(crc, b->data(), m.valid * 4);
-    } else {
+    if (!I.homes->staged(m.master)) {
+      if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
+        return 0;  // the device's optimizer step must have run
+      }
       crc = crc32c(crc, m.master.ptr(), m.valid * 4);
+      continue;
     }
+    auto b = I.homes->host_buf(m.master.bytes, "crc");
+    if (!b.is_ok()) return 0;
+    if (m.master.tier == Tier::kNvme) {
+      if (!I.homes->read_master(i, b->as<float>()).is_ok()) return 0;
+    } else {  // device memory the host cannot address
+      I.dev.synchronize(I.dev.compute_stream()).ignore();
+      I.dev.copy_d2h(I.dev.d2h_stream(), b->data(), m.master.dev, m.master.bytes);
+      if (!I.dev.synchronize(I.dev.d2h_stream()).is_ok()) return 0;
+    }
+    crc = crc32c(crc, b->data(), m.valid * 4);
   }
   return crc;
 }

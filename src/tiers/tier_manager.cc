@@ -160,6 +160,17 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
                           module_homes(arch.layout(), options.placement, world, dt, moment_dt,
                                        options.delayed_update, options.sub_group_elems),
                           "tier manager");
+  if (options.delayed_update && !device.host_addressable()) {
+    for (const auto& m : plan) {
+      if (m.master.tier != Tier::kDevice) continue;
+      return invalid_argument(fmt::format(
+          "strata.optimizer.delayed_update steps the optimizer on the host, but {}'s optimizer "
+          "state is on device '{}', which the host cannot address: set "
+          "strata.optimizer.delayed_update false, or offload the optimizer "
+          "(zero_optimization.offload_optimizer.device cpu or nvme, ratio 1)",
+          m.name, device.name()));
+    }
+  }
   // The device's working set: the most the training program holds at once.
   const TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));

@@ -162,6 +162,7 @@ Status Run::create_device() {
     o.threads = cfg_.device.cpu_threads;
     STRATA_ASSIGN_OR_RETURN(dev_, create_cpu_device(o), "creating the cpu device");
   }
+  if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
   log_info("device: {}", dev_->name());
   return Status::ok();
 }

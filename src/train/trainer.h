@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "strata/config.h"
+#include "strata/device.h"
 #include "strata/status.h"
 #include "strata/storage_faults.h"
 
@@ -38,6 +39,8 @@ struct TrainOptions {
   // Tests: called in the middle of step `step` (0-based), after micro-batch `micro`'s
   // backward has been enqueued and before the next micro-batch or the step's reductions.
   std::function<void(int64_t step, int micro)> mid_step;
+  // Tests: replaces the device the run created (e.g. by a wrapper around it).
+  std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> wrap_device;
 };
 
 struct TrainResult {
