@@ -176,9 +176,9 @@ TEST(MpiComm, BytesSentCountsEveryPeerSend) {
   ASSERT_TRUE(g_comm->all_gather_blocking(send.data(), recv.data(), n, DType::kF32).is_ok());
   EXPECT_EQ(g_comm->bytes_sent() - b0, uint64_t(p - 1) * n * 4) << "all_gather";
   b0 = g_comm->bytes_sent();
-  ASSERT_TRUE(g_comm->reduce_scatter_blocking(send.data(), recv.data(), n, DType::kBF16,
-                                              ReduceOp::kSum)
-                  .is_ok());
+  ASSERT_TRUE(
+      g_comm->reduce_scatter_blocking(send.data(), recv.data(), n, DType::kBF16, ReduceOp::kSum)
+          .is_ok());
   EXPECT_EQ(g_comm->bytes_sent() - b0, uint64_t(p - 1) * n * 2) << "reduce_scatter";
   b0 = g_comm->bytes_sent();
   ASSERT_TRUE(g_comm->all_to_all_bytes_blocking(send.data(), recv.data(), 77).is_ok());

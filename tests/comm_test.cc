@@ -265,8 +265,7 @@ TEST(CommProbe, QuantizedCollectivesOnSingle) {
   EXPECT_EQ(r->cases[0].op, "all_gather_q8");
   EXPECT_EQ(r->cases[3].op, "reduce_scatter_q4");
   o.ops = {"all_gather_q8"};
-  EXPECT_EQ(run_comm_probe(o, c, nullptr, nullptr).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(run_comm_probe(o, c, nullptr, nullptr).status().code(), StatusCode::kInvalidArgument);
   // ZeroPP::reduce_scatter on one rank: |out - in| <= max|block| / 14 per element.
   ZeroPPOptions zo;
   zo.quantized_gradients = true;
@@ -283,7 +282,8 @@ TEST(CommProbe, QuantizedCollectivesOnSingle) {
   ASSERT_TRUE(c.synchronize(s).is_ok());
   for (size_t i = 0; i < k; ++i) {
     float amax = 0;
-    for (size_t j = i / kGradBlock * kGradBlock; j < std::min(k, (i / kGradBlock + 1) * kGradBlock); ++j) {
+    for (size_t j = i / kGradBlock * kGradBlock; j < std::min(k, (i / kGradBlock + 1) * kGradBlock);
+         ++j) {
       amax = std::max(amax, std::fabs(g[j]));
     }
     ASSERT_LE(std::fabs(res[i] - g[i]), amax / 14 * 1.0001f) << i;

@@ -623,7 +623,8 @@ TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
         SCOPED_TRACE(fmt::format("bits={} {} n={} block={}", bits, dtype_name(dt), n, block));
         Typed x = random_typed(dt, n, rng, -3.0f, 3.0f);
         // A wide dynamic range across blocks: block b is scaled by 2^(b % 7 - 3).
-        for (size_t i = 0; i < n; ++i) x.set(i, x.get(i) * std::ldexp(1.0f, int(i / block % 7) - 3));
+        for (size_t i = 0; i < n; ++i)
+          x.set(i, x.get(i) * std::ldexp(1.0f, int(i / block % 7) - 3));
         const size_t nb = quantize_blocks(n, block);
         std::vector<uint8_t> q(quantized_bytes(bits, n));
         std::vector<float> scales(nb);
@@ -643,11 +644,10 @@ TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
           const double scale = amax / qmax;
           ASSERT_NEAR(scales[b], scale, 1e-6 * scale) << "block " << b;
           for (size_t i = i0; i < i1; ++i) {
-            const int qi = bits == 8 ? int(int8_t(q[i]))
-                                     : [&] {
-                                         int nib = i % 2 ? q[i / 2] >> 4 : q[i / 2] & 0x0f;
-                                         return nib >= 8 ? nib - 16 : nib;
-                                       }();
+            const int qi = bits == 8 ? int(int8_t(q[i])) : [&] {
+              int nib = i % 2 ? q[i / 2] >> 4 : q[i / 2] & 0x0f;
+              return nib >= 8 ? nib - 16 : nib;
+            }();
             ASSERT_LE(std::abs(qi), qmax) << i;
             ASSERT_LE(std::fabs(qi - x.get(i) / scale), 0.5 + 1e-4) << i;
             if (i == imax) {
@@ -669,8 +669,8 @@ TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
     const int block = 128;
     std::vector<float> x = random_f32(n, rng), back(n);
     for (size_t i = 256; i < 384; ++i) x[i] = 0.0f;  // block 2: zeros
-    x[5] = INFINITY;                                   // block 0
-    x[200] = NAN;                                      // block 1
+    x[5] = INFINITY;                                 // block 0
+    x[200] = NAN;                                    // block 1
     std::vector<uint8_t> q(quantized_bytes(bits, n));
     std::vector<float> scales(4);
     Fixture f;
@@ -678,7 +678,8 @@ TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
     f.k().dequantize(f.s(), bits, DType::kF32, back.data(), q.data(), scales.data(), n, block,
                      false);
     f.sync();
-    for (size_t i = 0; i < 256; ++i) ASSERT_TRUE(std::isnan(back[i])) << "bits " << bits << " " << i;
+    for (size_t i = 0; i < 256; ++i)
+      ASSERT_TRUE(std::isnan(back[i])) << "bits " << bits << " " << i;
     EXPECT_EQ(scales[2], 0.0f);
     for (size_t i = 256; i < 384; ++i) ASSERT_EQ(back[i], 0.0f) << i;
     EXPECT_GT(scales[3], 0.0f);

@@ -57,8 +57,8 @@
 //
 // Sub-groups: split(color, key) makes a communicator of the ranks that pass the same color
 // (ordered by key, then rank), for ZeRO++'s groups within and across nodes. node() says which
-// host a rank is on: the lowest world rank of the ranks sharing this one's host (MPI's
-// shared-memory split), so the ranks of one node agree on it.
+// host a rank is on: the lowest world rank among this communicator's ranks sharing this one's
+// host (MPI's shared-memory split), so the ranks of one node agree on it.
 //
 // Traffic: bytes_sent() counts the payload bytes this rank has handed to the network for other
 // ranks since the communicator was created (mpi: the bytes of every send to a peer; single: 0;
@@ -103,7 +103,7 @@ class Communicator {
   virtual int rank() const = 0;             // 0 .. size()-1
   virtual int size() const = 0;             // number of ranks (world size)
   virtual int local_rank() const = 0;       // rank among the ranks on this host (picks the GPU)
-  virtual int node() const = 0;             // lowest world rank on this host (see Sub-groups)
+  virtual int node() const = 0;             // names this rank's host (see Sub-groups)
   virtual BufferSpace buffer_space() const = 0;
   double timeout_s() const { return timeout_s_; }
 

@@ -189,9 +189,8 @@ class CudaKernels final : public Kernels {
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {
-    run("quantize", s, [&](CudaStream& cs) {
-      return cuda_quantize(cs.handle, bits, dt, q, scales, x, n, block);
-    });
+    run("quantize", s,
+        [&](CudaStream& cs) { return cuda_quantize(cs.handle, bits, dt, q, scales, x, n, block); });
   }
   void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
                   size_t n, int block, bool accumulate) override {

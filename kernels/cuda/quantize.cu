@@ -11,8 +11,7 @@ constexpr int kThreads = 256;
 // One CUDA block per quantization block: a max-reduction of |x| (and a non-finite flag), then
 // each thread quantizes its elements. 4-bit: each thread writes whole bytes (element pairs).
 template <typename T>
-__global__ void quantize_kernel(int bits, void* q, float* scales, const T* x, size_t n,
-                                int block) {
+__global__ void quantize_kernel(int bits, void* q, float* scales, const T* x, size_t n, int block) {
   __shared__ float shared[32];
   __shared__ int shared_bad;
   const size_t i0 = size_t(blockIdx.x) * block;

@@ -105,8 +105,8 @@ Status run_quantized(Communicator& comm, const QuantizedCtx& q, const std::strin
   return q.zeropp ? q.zeropp->health() : Status::ok();
 }
 
-Status run_one(Communicator& comm, const QuantizedCtx& q, const std::string& op,
-               const void* send, void* recv, size_t count, DType dtype) {
+Status run_one(Communicator& comm, const QuantizedCtx& q, const std::string& op, const void* send,
+               void* recv, size_t count, DType dtype) {
   if (quantized_op(op)) return run_quantized(comm, q, op, send, recv, count, dtype);
   if (op == "all_reduce") return comm.all_reduce_blocking(send, recv, count, dtype, ReduceOp::kSum);
   if (op == "all_gather") return comm.all_gather_blocking(send, recv, count, dtype);
@@ -185,10 +185,9 @@ Result<CommProbeReport> run_comm_probe(const CommProbeOptions& o, Communicator& 
       return invalid_argument("probe comm: all_gather_q8 and reduce_scatter_q4 need a device");
     }
     q.device = device;
-    STRATA_ASSIGN_OR_RETURN(q.scratch,
-                            buffers.make(device, comm.buffer_space(), 2 * o.max_bytes + 65536,
-                                         DType::kF32),
-                            "probe comm: quantized scratch");
+    STRATA_ASSIGN_OR_RETURN(
+        q.scratch, buffers.make(device, comm.buffer_space(), 2 * o.max_bytes + 65536, DType::kF32),
+        "probe comm: quantized scratch");
     if (std::find(o.ops.begin(), o.ops.end(), "reduce_scatter_q4") != o.ops.end()) {
       ZeroPPOptions zo;
       zo.quantized_gradients = true;

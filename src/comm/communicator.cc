@@ -42,8 +42,7 @@ Status Communicator::check(const Op& op) const {
 
 Status Communicator::check_args(const Op& op) const {
   const char* name = kind_name(op.kind);
-  if (!op.raw && op.dtype != DType::kF32 && op.dtype != DType::kBF16 &&
-      op.dtype != DType::kF16) {
+  if (!op.raw && op.dtype != DType::kF32 && op.dtype != DType::kBF16 && op.dtype != DType::kF16) {
     return invalid_argument(fmt::format("{}: unknown dtype {}", name, int(op.dtype)));
   }
   if (op.count > 0 && op.recv == nullptr) {

@@ -12,7 +12,8 @@ namespace strata {
 
 namespace {
 float* scales_of(void* packed, int bits, size_t n) {
-  return reinterpret_cast<float*>(static_cast<char*>(packed) + (quantized_bytes(bits, n) + 3) / 4 * 4);
+  return reinterpret_cast<float*>(static_cast<char*>(packed) +
+                                  (quantized_bytes(bits, n) + 3) / 4 * 4);
 }
 }  // namespace
 
@@ -23,8 +24,8 @@ void quantize_packed(Device& dev, Stream& s, int bits, DType dt, void* packed, c
 
 void dequantize_packed(Device& dev, Stream& s, int bits, DType dt, void* x, const void* packed,
                        size_t n, int block, bool accumulate) {
-  dev.kernels().dequantize(s, bits, dt, x, packed, scales_of(const_cast<void*>(packed), bits, n),
-                           n, block, accumulate);
+  dev.kernels().dequantize(s, bits, dt, x, packed, scales_of(const_cast<void*>(packed), bits, n), n,
+                           block, accumulate);
 }
 
 Result<RankGrid> RankGrid::make(Communicator& world, int ranks_per_node) {
@@ -71,8 +72,7 @@ Result<RankGrid> RankGrid::make(Communicator& world, int ranks_per_node) {
 }
 
 Result<std::unique_ptr<ZeroPP>> ZeroPP::create(const ZeroPPOptions& options,
-                                               Communicator& param_comm,
-                                               Communicator& grad_comm) {
+                                               Communicator& param_comm, Communicator& grad_comm) {
   auto z = std::unique_ptr<ZeroPP>(new ZeroPP);
   z->opt_ = options;
   STRATA_ASSIGN_OR_RETURN(z->grid_, RankGrid::make(param_comm, options.ranks_per_node), "ZeRO++");
@@ -113,8 +113,7 @@ ZeroPPTraffic zeropp_traffic(const ZeroPPOptions& o, int world, int per_node, do
   const double P = world, L = per_node > 0 && world % per_node == 0 ? per_node : world;
   const double N = P / L, shard = numel / P;
   // Bytes per element of a gathered unit and of a qgZ chunk (the scales included).
-  const double unit =
-      o.quantized_weights ? 1.0 + 4.0 / kWeightBlock : double(dtype_size(dt));
+  const double unit = o.quantized_weights ? 1.0 + 4.0 / kWeightBlock : double(dtype_size(dt));
   const double q4 = 0.5 + 4.0 / kGradBlock;
   t.gather_forward = (P - 1) * shard * unit;
   const int h = o.hpz_partition_size;
@@ -173,8 +172,7 @@ Status ZeroPP::reduce_scatter(Device& dev, Stream& s, const float* buf, float* o
   STRATA_RETURN_IF_ERROR(cross_comm_->all_to_all_bytes(s, send2, recv2, pc),
                          "qgZ: all-to-all across nodes");
   for (int nq = 0; nq < N; ++nq) {
-    dequantize_packed(dev, s, 4, DType::kF32, out, recv2 + size_t(nq) * pc, k, kGradBlock,
-                      nq > 0);
+    dequantize_packed(dev, s, 4, DType::kF32, out, recv2 + size_t(nq) * pc, k, kGradBlock, nq > 0);
   }
   return Status::ok();
 }

@@ -58,8 +58,8 @@ void dequantize_packed(Device& dev, Stream& s, int bits, DType dt, void* x, cons
 
 // Which node each rank of a communicator is on.
 struct RankGrid {
-  int nodes = 1, per_node = 1;  // N nodes of L ranks
-  std::vector<int> node_of, local_of;   // by rank: node index 0..N-1, index within it 0..L-1
+  int nodes = 1, per_node = 1;            // N nodes of L ranks
+  std::vector<int> node_of, local_of;     // by rank: node index 0..N-1, index within it 0..L-1
   std::vector<std::vector<int>> rank_at;  // [node][local] -> rank
 
   // From world.node() of every rank (an all-gather), or rank / ranks_per_node when it is > 0.
@@ -94,8 +94,7 @@ class ZeroPP {
   // same ranks). kInvalidArgument naming the key when zero_hpz_partition_size does not divide
   // the ranks per node; kUnavailable from a backend that cannot split (nccl).
   static Result<std::unique_ptr<ZeroPP>> create(const ZeroPPOptions& options,
-                                                Communicator& param_comm,
-                                                Communicator& grad_comm);
+                                                Communicator& param_comm, Communicator& grad_comm);
 
   const ZeroPPOptions& options() const { return opt_; }
   const RankGrid& grid() const { return grid_; }

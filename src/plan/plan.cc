@@ -155,8 +155,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (W > 1 && r.zeropp.hpz_partition_size > 1) {
     // hpZ: every module's secondary shard stays on the device for the step.
     const double numel = double(arch->layout().num_params());
-    o.device.buffers += uint64_t(
-        zeropp_traffic(r.zeropp, int(W), int(W), numel, r.dtype).secondary_bytes);
+    o.device.buffers +=
+        uint64_t(zeropp_traffic(r.zeropp, int(W), int(W), numel, r.dtype).secondary_bytes);
   }
   o.device.activations = needs.device.activations;
   o.device.capacity = r.hw.gpu_mem;

@@ -167,8 +167,8 @@ void GradBuckets::flush_bucket() {
   if (opt_.zeropp != nullptr && opt_.zeropp->quantized_gradients()) {
     // qgZ: hierarchical int4 (src/comm/zeropp.h), through a scratch buffer freed after it ran.
     ZeroPP& z = *opt_.zeropp;
-    auto scratch = cache_.allocate(z.reduce_scatter_scratch_bytes(k), "qgZ scratch", -1,
-                                   UINT64_MAX, /*may_block=*/true);
+    auto scratch = cache_.allocate(z.reduce_scatter_scratch_bytes(k), "qgZ scratch", -1, UINT64_MAX,
+                                   /*may_block=*/true);
     st = scratch.status();
     if (st.is_ok()) {
       st = z.reduce_scatter(dev_, d2h, buf, mine, k, *scratch);

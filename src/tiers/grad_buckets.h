@@ -7,9 +7,9 @@
 // reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
 // in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
 // accumulated (with ZeRO++'s qgZ, TierOptions::zeropp, each bucket's reduce-scatter is its
-// hierarchical int4 one). Either way, after the last micro-batch a module's norm² and inf/nan flag are
-// reduced from GACC on the d2h stream, and `on_final(m)` is called once the work that makes
-// its gradients final has been enqueued.
+// hierarchical int4 one). Either way, after the last micro-batch a module's norm² and inf/nan flag
+// are reduced from GACC on the d2h stream, and `on_final(m)` is called once the work that makes its
+// gradients final has been enqueued.
 //
 // A device-homed GACC (the optimizer on the device) on a device the host cannot address is
 // filled on the device (a device copy, then Kernels::add_inplace) and its statistics reduced by
