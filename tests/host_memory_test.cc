@@ -99,8 +99,8 @@ TEST_P(SubGroups, EverySubGroupSizeTrainsBitIdentically) {
     }
     EXPECT_EQ(r.weights_crc, ref.weights_crc) << "final weights differ";
     EXPECT_EQ(r.rollbacks, ref.rollbacks);
-    if (c.nvme_optimizer) {  // the swap files hold one extent per sub-group, each with slack
-      EXPECT_GT(test::tier(r, "nvme").capacity, test::tier(ref, "nvme").capacity);
+    if (c.nvme_optimizer) {  // staging a few sub-groups, not a few blocks
+      EXPECT_LT(test::tier(r, "host").peak, test::tier(ref, "host").peak);
     }
     EXPECT_EQ(r.skipped_steps, ref.skipped_steps);
   }

@@ -285,18 +285,29 @@ TEST(Plan, PlacementOfConfigIsTheEnginesParse) {
   const int best = rep->best;
   auto i = add_placement(*rep, *q);
   ASSERT_TRUE(i.is_ok());
-  EXPECT_EQ(*i, 7);
-  EXPECT_EQ(rep->options[7].placement.name, "config");
+  const size_t n = placement_options().size();
+  EXPECT_EQ(*i, int(n));
+  EXPECT_EQ(rep->options[n].placement.name, "config");
   EXPECT_EQ(rep->best, best);
   auto again = add_placement(*rep, *p);
   ASSERT_TRUE(again.is_ok());
   EXPECT_EQ(rep->options[size_t(*again)].placement.name, "params-host");
   // The config the planner writes for it asks for the same placement.
-  auto back = parse_config(plan_config_json(*rep, rep->options[7]), "plan");
+  auto back = parse_config(plan_config_json(*rep, rep->options[n]), "plan");
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   auto bq = placement_of_config(*back);
   ASSERT_TRUE(bq.is_ok());
   EXPECT_TRUE(bq->where == q->where);
+  // all-nvme (gradients on NVMe too) round-trips through the config it writes.
+  for (size_t k = 0; k < n; ++k) {
+    if (rep->options[k].placement.name != "all-nvme") continue;
+    auto nv = parse_config(plan_config_json(*rep, rep->options[k]), "plan");
+    ASSERT_TRUE(nv.is_ok()) << nv.status().message();
+    auto pn = placement_of_config(*nv);
+    ASSERT_TRUE(pn.is_ok());
+    EXPECT_EQ(pn->name, "all-nvme");
+    EXPECT_EQ(pn->where.grads, Tier::kNvme);
+  }
 }
 
 // Recompute trades device bytes for one more block forward; offload also moves the block inputs

@@ -143,8 +143,8 @@ int cmd_plan(int argc, char** argv) {
     auto c = max_model(req);
     if (!c.is_ok()) return plan_fail(c.status());
     std::printf(
-        "capacity: at a.width %d, %d a.heads, micro-batch %d x %d tokens, the largest model that "
-        "fits has %d a.layers = %.4gB params (one more layer does not fit)\n\n",
+        "capacity: at width %d, %d heads, micro-batch %d x %d tokens, the largest model that "
+        "fits has %d layers = %.4gB params (one more layer does not fit)\n\n",
         c->model.width, c->model.heads, req.micro_batch, req.seq, c->model.layers,
         double(c->params) / 1e9);
     std::fputs(plan_table(c->report).c_str(), stdout);

@@ -95,11 +95,13 @@ std::vector<PlacementOption> placement_options() {
   auto p = [](const char* name, T params, T opt) {
     return PlacementOption{name, {params, opt, opt, opt == T::kDevice ? T::kDevice : T::kHost}};
   };
-  return {
-      p("all-device", T::kDevice, T::kDevice),       p("opt-host", T::kDevice, T::kHost),
-      p("opt-nvme", T::kDevice, T::kNvme),           p("params-host", T::kHost, T::kHost),
-      p("params-host+opt-nvme", T::kHost, T::kNvme), p("params-nvme+opt-host", T::kNvme, T::kHost),
-      p("params-nvme+opt-nvme", T::kNvme, T::kNvme)};
+  return {p("all-device", T::kDevice, T::kDevice), p("opt-host", T::kDevice, T::kHost),
+          p("opt-nvme", T::kDevice, T::kNvme), p("params-host", T::kHost, T::kHost),
+          p("params-host+opt-nvme", T::kHost, T::kNvme),
+          p("params-nvme+opt-host", T::kNvme, T::kHost),
+          p("params-nvme+opt-nvme", T::kNvme, T::kNvme),
+          // strata.placement.grads = nvme: no gradient accumulator in host memory (GradSpill).
+          PlacementOption{"all-nvme", {T::kNvme, T::kNvme, T::kNvme, T::kNvme}}};
 }
 
 // The sub-group size the engine would use for this request (TierOptions::from_config).
@@ -176,6 +178,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
   uint64_t opt_dev_params = 0;    // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
+  uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
   std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
   std::vector<uint64_t> opt_nvme_extents;              // per sub-group, in 4 KiB host buffers
@@ -190,6 +193,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       opt_dev_params += h.shard_numel;
     }
     if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
+    if (h.grads.tier == Tier::kNvme) grads_nvme += h.shard_numel;
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
     }
@@ -339,6 +343,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   double nr = 0, nw = 0;
   nr += double(opt_nvme_bytes);
   nw += double(opt_nvme_bytes);
+  // Gradients on NVMe: every micro-batch writes the fp32 accumulators, the later ones read them
+  // first, and the optimizer reads them once.
+  nw += A * double(grads_nvme) * 4;
+  nr += A * double(grads_nvme) * 4;
   double nvme_param_read = 0;
   if (where.params == Tier::kNvme) {
     nvme_param_read = fetch / double(W);  // this rank's shards

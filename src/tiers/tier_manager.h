@@ -6,7 +6,7 @@
 //   P[m]     low-precision parameters (model dtype)      home: placement.params
 //   MASTER   fp32 master weights                         home: placement.master
 //   MOM      first and second moments, contiguous        home: placement.moments
-//   GACC     fp32 gradient accumulator                   home: placement.grads (host/device)
+//   GACC     fp32 gradient accumulator                   home: placement.grads (device/host/nvme)
 // plus transient device buffers: a cached device copy of P[m] while it is needed, and a fresh
 // gradient buffer per micro-batch that is drained to GACC as soon as the module's backward ends.
 // Each object has a stable id "<module>.<kind>", independent of where it is.
@@ -34,7 +34,8 @@
 // The parts, one concern per file in src/tiers/: placement and options (placement.h), the
 // memory model behind the preflight (memory_model.h), the homes and the host/NVMe tiers
 // (homes.h), the device cache (device_cache.h, with ZeRO-3 gathers in zero3_gather.cc) and its
-// policy (cache_policy.h), gradient drains and reduce-scatter buckets (grad_buckets.h), the
+// policy (cache_policy.h), gradient drains and reduce-scatter buckets (grad_buckets.h) and
+// gradient accumulators on NVMe (grad_spill.h), the
 // optimizer pipeline (optimizer_pipeline.h), the optimizer under backward
 // (speculation.h), the delayed update (delayed_update.h), offloaded activations
 // (activation_stash.h), checkpoints of tier state (tier_checkpoint.cc).
