@@ -73,6 +73,27 @@ GradStats GradBuckets::stats() const {
   return s;
 }
 
+bool GradBuckets::stats_buffers() {
+  const size_t bytes = gstats_.size() * 8;
+  if (!stats_host_) {
+    auto h = dev_.allocate_host(bytes);
+    if (!h.is_ok()) {
+      errors_.set(h.status().with_context("gradient statistics"));
+      return false;
+    }
+    stats_host_ = static_cast<float*>(*h);
+  }
+  if (!stats_dev_) {
+    auto b = dev_.allocate(round_up(bytes, 256), "gradient statistics");
+    if (!b.is_ok()) {
+      errors_.set(b.status().with_context("gradient statistics"));
+      return false;
+    }
+    stats_dev_ = static_cast<float*>(*b);
+  }
+  return true;
+}
+
 bool GradBuckets::gacc_on_device(int m) const {
   return homes_.module(m).gacc.tier == Tier::kDevice && !dev_.host_addressable();
 }
@@ -112,18 +133,11 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
 
 void GradBuckets::finish(int m, float* g, bool last) {
   Stream& d2h = dev_.d2h_stream();
-  if (last && gacc_on_device(m)) {
-    if (!stats_dev_) {
-      auto b = dev_.allocate(round_up(gstats_.size() * 8, 256), "gradient statistics");
-      if (!b.is_ok()) {
-        errors_.set(b.status().with_context("reducing " + homes_.module(m).name + " gradients"));
-        return;
-      }
-      stats_dev_ = static_cast<float*>(*b);
-      stats_host_.assign(gstats_.size() * 2, 0.0f);
-    }
+  if (last && gacc_on_device(m) && !stats_buffers()) {
+    // No room for the statistics: the error ends the step at end_backward.
+  } else if (last && gacc_on_device(m)) {
     float* acc2 = stats_dev_ + 2 * size_t(m);
-    float* host2 = stats_host_.data() + 2 * size_t(m);
+    float* host2 = stats_host_ + 2 * size_t(m);
     dev_.memset_zero(d2h, acc2, 8);
     dev_.kernels().norm_sq_and_nonfinite(
         d2h, acc2, static_cast<const float*>(homes_.module(m).gacc.dev), homes_.module(m).sn);
@@ -232,6 +246,8 @@ void GradBuckets::release_all() {
   bucket_ = nullptr;
   if (stats_dev_) dev_.release(stats_dev_);
   stats_dev_ = nullptr;
+  if (stats_host_) dev_.release_host(stats_host_);
+  stats_host_ = nullptr;
 }
 
 }  // namespace strata

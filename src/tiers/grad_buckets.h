@@ -85,11 +85,13 @@ class GradBuckets {
   size_t open_k_ = 0;              // per-rank elements in it
   GradSpill spill_;                // gradient accumulators on NVMe (unsharded)
   // Device-homed GACC on a device the host cannot address: [2 * m, 2 * m + 2) holds module m's
-  // norm² and inf/nan flag on the device, copied to stats_host_.
+  // norm² and inf/nan flag on the device, copied to stats_host_ (pinned: an asynchronous copy).
   float* stats_dev_ = nullptr;
-  std::vector<float> stats_host_;
+  float* stats_host_ = nullptr;
   // Whether module m's GACC is filled and reduced on the device.
   bool gacc_on_device(int m) const;
+  // Allocates stats_dev_ and stats_host_ once; false (the error set) when there is no room.
+  bool stats_buffers();
 };
 
 }  // namespace strata
