@@ -37,6 +37,25 @@ check "missing nvme_path is named" grep -q "/nonexistent/strata-swap" out.txt
 rc=$?
 check "missing --config exits 2" test "$rc" -eq 2
 
+# A DeepSpeed config with no model (as the Hugging Face Trainer writes them) is refused.
+cat >ds_zero3.json <<'JSON'
+{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+ "train_batch_size": "auto", "bf16": {"enabled": "auto"},
+ "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+JSON
+"$strata" train --config ds_zero3.json >out.txt 2>&1
+rc=$?
+check "a config with no model exits 1" test "$rc" -eq 1
+check "a config with no model says so" grep -q "the config has no model" out.txt
+
+"$strata" --help >out.txt 2>&1
+check "--help lists export" grep -q "export" out.txt
+"$strata" export --help >out.txt 2>&1
+check "export --help documents --checkpoint" grep -q -- "--checkpoint" out.txt
+"$strata" export --config "$repo/configs/tiny-cpu.json" >out.txt 2>&1
+rc=$?
+check "export without --checkpoint/--out exits 2" test "$rc" -eq 2
+
 # A long run, stopped with SIGTERM once it has made progress.
 common=(--config "$repo/configs/tiny-cpu.json" --set train.steps=100000
         --set 'train.checkpoint_dir="ck"' --set steps_per_print=1 --set train.eval_interval=0

@@ -6,3 +6,17 @@ strata_test(hf_config_test ${CMAKE_CURRENT_LIST_DIR}/hf_config_test.cc)
 # loaded and run; losses and every gradient compared with transformers' own; import errors.
 strata_test(hf_compare_test ${CMAKE_CURRENT_LIST_DIR}/hf_compare_test.cc)
 target_compile_definitions(hf_compare_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+# strata export -> transformers' AutoModelForCausalLM.from_pretrained gives the reference losses
+# (tools/check_hf_export.py). Needs torch + transformers: set STRATA_HF_PYTHON to a python that
+# has them; without them the script exits 77 and ctest reports the test as skipped.
+if(DEFINED ENV{STRATA_HF_PYTHON})
+  set(strata_hf_python $ENV{STRATA_HF_PYTHON})
+else()
+  find_program(strata_hf_python NAMES python3)
+endif()
+if(strata_hf_python)
+  add_test(NAME hf_export_transformers
+           COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_hf_export.py
+                   --strata $<TARGET_FILE:strata>)
+  set_tests_properties(hf_export_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()

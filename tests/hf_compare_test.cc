@@ -22,6 +22,7 @@
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
 #include "src/train/checkpoint.h"
+#include "src/train/data.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -523,6 +524,35 @@ TEST(HfExport, RefusesACheckpointOfAnotherModel) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("holds a model of shape"), std::string::npos) << st.message();
   EXPECT_FALSE(fs::exists(dir + "/hf/config.json"));
+}
+
+// Vocabularies past 65,535 (Llama 3: 128,256): llm.c's uint32 token files (magic 20240801,
+// version 7), as tools/prepare_data.py writes them; a short file is refused with the counts.
+TEST(HfData, LlmcUint32TokenFiles) {
+  const std::string dir = test::temp_dir("strata_hf_data", "u32");
+  std::vector<uint32_t> toks;
+  for (uint32_t i = 0; i < 5000; ++i) toks.push_back((i * 2654435761u) % 128256u);
+  int32_t header[256] = {20240801, 7, int32_t(toks.size())};
+  {
+    std::ofstream f(dir + "/train.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    f.write(reinterpret_cast<const char*>(toks.data()), std::streamsize(toks.size() * 4));
+  }
+  DataConfig dc;
+  dc.source = dir + "/train.bin";
+  auto d = Dataset::load(dc, 128256, 1);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_NE(d->description().find("llmc, 5000 tokens"), std::string::npos) << d->description();
+  // A vocabulary that is too small names the token.
+  auto small = Dataset::load(dc, 65536, 1);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_NE(small.status().message().find("outside model.vocab_size 65536"), std::string::npos);
+  fs::resize_file(dc.source, 1024 + 4 * 4999 + 2);
+  auto cut = Dataset::load(dc, 128256, 1);
+  ASSERT_FALSE(cut.is_ok());
+  EXPECT_NE(cut.status().message().find("the llm.c header says 5000 tokens"), std::string::npos)
+      << cut.status().message();
+  EXPECT_NE(cut.status().message().find("truncated"), std::string::npos);
 }
 
 }  // namespace

@@ -71,19 +71,29 @@ int cmd_export(int argc, char** argv) {
                  kUsage);
     return 2;
   }
-  Result<Config> cfg = load_config(config_path, overrides);
-  Status st = cfg.is_ok() ? check_model_given(*cfg) : cfg.status();
-  if (st.is_ok()) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(checkpoint, ec)) {  // a run directory: its latest
-      Result<std::string> latest = latest_checkpoint(checkpoint);
-      if (latest.is_ok()) {
-        checkpoint = *latest;
-      } else {
-        st = latest.status();
-      }
+  Status st;
+  std::error_code ec;
+  if (std::filesystem::is_directory(checkpoint, ec)) {  // a run directory: its latest
+    Result<std::string> latest = latest_checkpoint(checkpoint);
+    if (latest.is_ok()) {
+      checkpoint = *latest;
+    } else {
+      st = latest.status();
     }
   }
+  // The config is read for the world size the checkpoint was written with (its batch sizes
+  // are checked against it).
+  int world = 1;
+  if (st.is_ok()) {
+    Result<ShardManifest> m = read_shard_manifest(checkpoint);
+    if (m.is_ok()) {
+      world = m->world_size;
+    } else {
+      st = m.status();
+    }
+  }
+  Result<Config> cfg = st.is_ok() ? load_config(config_path, overrides, world) : st;
+  if (st.is_ok()) st = cfg.is_ok() ? check_model_given(*cfg) : cfg.status();
   const auto t0 = std::chrono::steady_clock::now();
   if (st.is_ok()) st = export_checkpoint(checkpoint, cfg->model, out);
   if (!st.is_ok()) {

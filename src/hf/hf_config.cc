@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -240,7 +241,21 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
 }
 
 std::string hf_config_json(const ModelConfig& m) {
-  json c;
+  json c = json::object();
+  if (!m.from_pretrained.empty()) {
+    std::ifstream in(m.from_pretrained + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json base = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (base.is_object()) {
+      // What strata writes below, in either transformers spelling, is strata's to say.
+      for (const char* k : {"dtype", "torch_dtype", "rope_parameters", "rope_scaling", "rope_theta",
+                            "architectures", "model_type", "transformers_version"}) {
+        base.erase(k);
+      }
+      c = std::move(base);
+    }
+  }
   c["torch_dtype"] = m.dtype == DType::kBF16  ? "bfloat16"
                      : m.dtype == DType::kF16 ? "float16"
                                               : "float32";
@@ -256,7 +271,10 @@ std::string hf_config_json(const ModelConfig& m) {
     c["num_key_value_heads"] = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.n_head;
     c["head_dim"] = m.n_embd / m.n_head;
     c["intermediate_size"] = m.intermediate_size;
-    c["max_position_embeddings"] = m.context;
+    // Rotary positions have no weights: a model trained at a shorter context keeps the length
+    // its checkpoint had.
+    c["max_position_embeddings"] =
+        std::max<int64_t>(m.context, c.value("max_position_embeddings", int64_t(0)));
     c["rms_norm_eps"] = m.rms_norm_eps;
     c["rope_theta"] = m.rope_theta;
     c["hidden_act"] = "silu";

@@ -29,6 +29,9 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context);
 // with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj), other
 // llamas (Mistral's too: its weights are Llama's) as LlamaForCausalLM, gpt2 as
 // GPT2LMHeadModel with n_positions = model.context; torch_dtype is model.dtype.
+// When model.from_pretrained names a directory, the keys of its config.json that describe
+// neither shape nor dtype (token ids, ...) are kept, and so is a llama's
+// max_position_embeddings when it exceeds model.context.
 std::string hf_config_json(const ModelConfig& model);
 
 }  // namespace strata

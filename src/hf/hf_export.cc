@@ -211,7 +211,9 @@ Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model
   // Shards (one per rank, each a slice of every module): gathered into a scratch file of fp32
   // master weights, then exported module by module from it.
   const std::string scratch = dir + "/.strata-export-scratch.tmp";
-  STRATA_ASSIGN_OR_RETURN(int fd, create_temp_file(scratch, 0600), "export");
+  ::unlink(scratch.c_str());  // a killed export's leftover (or a planted link: never followed)
+  const int fd = ::open(scratch.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return errno_status(errno, scratch + ": creating the export's scratch file");
   struct Closer {
     int fd;
     std::string path;
@@ -234,6 +236,7 @@ Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model
     };
     auto sink = [&](size_t i, const CheckpointBuffers&) -> Status {
       const CheckpointModule& cm = meta.modules[i];
+      if (cm.numel == 0) return Status::ok();  // a shard of padding only (offset past the end)
       if (cm.offset + cm.numel > layout.modules[i].numel) {
         return corrupt(fmt::format("{}: module {} elements [{}, {}) past its {} elements", f,
                                    cm.name, cm.offset, cm.offset + cm.numel,

@@ -14,7 +14,8 @@
 namespace strata {
 namespace {
 
-constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcMagic = 20240520;     // version 1: uint16 tokens (GPT-2)
+constexpr int32_t kLlmcMagicU32 = 20240801;  // version 7: uint32 tokens (Llama 3)
 
 Result<std::vector<char>> read_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -97,7 +98,7 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
         size_t n = std::strlen(suf);
         return cfg.source.size() >= n && cfg.source.compare(cfg.source.size() - n, n, suf) == 0;
       };
-      if (magic == kLlmcMagic) {
+      if (magic == kLlmcMagic || magic == kLlmcMagicU32) {
         fmt_name = "llmc";
       } else if (ends_with(".u16")) {
         fmt_name = "uint16";
@@ -114,26 +115,28 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
       }
       int32_t header[256];
       std::memcpy(header, bytes.data(), sizeof(header));
-      if (header[0] != kLlmcMagic || header[1] != 1) {
+      const bool u32 = header[0] == kLlmcMagicU32 && header[1] == 7;
+      if (!u32 && (header[0] != kLlmcMagic || header[1] != 1)) {
         return corrupt(
             fmt::format("{}: not an llm.c token file (magic {} version {}, expected "
-                        "{} version 1)",
-                        cfg.source, header[0], header[1], kLlmcMagic));
+                        "{} version 1 for uint16 tokens or {} version 7 for uint32)",
+                        cfg.source, header[0], header[1], kLlmcMagic, kLlmcMagicU32));
       }
+      const size_t w = u32 ? 4 : 2;
       size_t n = static_cast<uint32_t>(header[2]);
-      if (bytes.size() != 1024 + 2 * n) {
+      if (bytes.size() != 1024 + w * n) {
         return corrupt(fmt::format(
             "{}: the llm.c header says {} tokens but the file holds {} bytes of tokens ({} "
             "tokens{}); the file is {} (rewrite it, or fix the header's token count)",
-            cfg.source, n, bytes.size() - 1024, (bytes.size() - 1024) / 2,
-            (bytes.size() - 1024) % 2 ? " and a stray byte" : "",
-            bytes.size() < 1024 + 2 * n ? "truncated" : "longer than its header says"));
+            cfg.source, n, bytes.size() - 1024, (bytes.size() - 1024) / w,
+            (bytes.size() - 1024) % w ? " and stray bytes" : "",
+            bytes.size() < 1024 + w * n ? "truncated" : "longer than its header says"));
       }
       d.tokens_.resize(n);
       for (size_t i = 0; i < n; ++i) {
-        uint16_t t;
-        std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
-        d.tokens_[i] = t;
+        uint32_t t = 0;
+        std::memcpy(&t, bytes.data() + 1024 + w * i, w);  // little-endian
+        d.tokens_[i] = int32_t(t);
       }
     } else if (fmt_name == "uint16" || fmt_name == "uint32") {
       size_t w = fmt_name == "uint16" ? 2 : 4;

@@ -5,8 +5,9 @@
 //                 Markov chain over the vocabulary plus periodic copies of earlier tokens, so a
 //                 small model can drive the loss from ln(V) towards ~1.3 nats.
 //   uint16/uint32 raw little-endian token ids.
-//   llmc          llm.c's .bin: 256 x int32 header (magic 20240520, version 1, token count),
-//                 then uint16 tokens.
+//   llmc          llm.c's .bin: 256 x int32 header (magic, version, token count), then the
+//                 tokens: magic 20240520 version 1 uint16 (GPT-2), magic 20240801 version 7
+//                 uint32 (Llama 3's 128,256-token vocabulary; tools/prepare_data.py writes it).
 //   text          any file, tokenized byte-level (token = byte, vocab 256).
 //   auto          by extension/header: llm.c magic -> llmc, .u16/.u32 -> raw, else text.
 // Batches are a pure function of (seed, step, micro-step, rank): resuming at step s yields

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Checks that transformers loads what `strata export` writes, and computes the same losses.
+
+For each fixture of tests/fixtures/hf/ (tools/make_hf_fixtures.py): `strata train` one step
+from model.from_pretrained with learning rate 1e-12 (the weights stay as imported up to fp32 rounding), then
+`strata export` of the run's checkpoint, then transformers' AutoModelForCausalLM.from_pretrained
+on the exported directory: its per-token losses on the fixture's tokens must equal the
+reference ones transformers computed on the original checkpoint (1e-5 relative). That checks
+the exported config.json (architecture, shapes, rope, tied head) and the tensors' names,
+layouts (GPT-2's Conv1D transposes) and dtype, through transformers itself.
+
+Needs torch and transformers (a throwaway venv; never a dependency of the build). Without them
+it prints why and exits 77, which ctest reports as skipped (tests/hf.cmake,
+hf_export_transformers; STRATA_HF_PYTHON names the interpreter that has them).
+
+usage: check_hf_export.py --strata build/tools/strata [--work DIR]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+FIXTURES = ["llama", "llama3", "qwen2", "gpt2"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+        import transformers
+        from safetensors.torch import load_file
+    except ImportError as e:
+        print(f"SKIPPED: {e.name} is not installed for {sys.executable} (set STRATA_HF_PYTHON "
+              "to a python with torch, transformers and safetensors)")
+        return 77
+    work = args.work or tempfile.mkdtemp(prefix="strata_hf_export_check_")
+    with open(os.path.join(ROOT, "configs", "tiny-cpu.json")) as f:
+        base = json.load(f)
+    base.pop("model")
+    failed = 0
+    for name in FIXTURES:
+        src = os.path.join(ROOT, "tests", "fixtures", "hf", name)
+        run = os.path.join(work, name)
+        os.makedirs(os.path.join(run, "swap"), exist_ok=True)
+        cfg = json.loads(json.dumps(base))
+        cfg["model"] = {"from_pretrained": src, "context": 16}
+        cfg["bf16"] = {"enabled": False}
+        cfg["optimizer"]["params"].update({"lr": 1e-12, "weight_decay": 0.0})  # > 0 required
+        cfg["scheduler"]["params"]["warmup_num_steps"] = 1
+        cfg["train"].update({"steps": 1, "eval_interval": 0, "checkpoint_dir": run + "/ckpt"})
+        cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = run + "/swap"
+        cfg_path = os.path.join(run, "config.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        out = os.path.join(run, "hf")
+        for cmd in ([args.strata, "train", "--config", cfg_path, "--quiet"],
+                    [args.strata, "export", "--config", cfg_path, "--checkpoint", run + "/ckpt",
+                     "--out", out]):
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"FAIL {name}: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-2000:]}")
+                return 1
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, output_loading_info=True)
+        model.eval()
+        if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+            print(f"FAIL {name}: transformers' loading info {info}")
+            failed += 1
+            continue
+        ref = load_file(os.path.join(src, "reference.safetensors"))
+        tokens, targets = ref["tokens"].long(), ref["targets"].long()
+        with torch.no_grad():
+            logits = model(input_ids=tokens).logits.float()
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                 reduction="none").reshape(tokens.shape)
+        rel = ((losses - ref["losses"]).abs() / ref["losses"].abs()).max().item()
+        ok = rel <= 1e-5
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {type(model).__name__} loaded from strata's "
+              f"export; loss {losses.mean().item():.6f} vs reference {ref['loss'].item():.6f}, "
+              f"max relative per-token difference {rel:.2e}")
+    print(f"{len(FIXTURES) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
