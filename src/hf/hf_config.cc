@@ -181,12 +181,11 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
         m.rope_scaling.type = "llama3";
         auto& rs = m.rope_scaling;
         STRATA_RETURN_IF_ERROR(real_in(r, where, "factor", 8.0, &rs.factor), "");
-        STRATA_RETURN_IF_ERROR(
-            real_in(r, where, "low_freq_factor", 1.0, &rs.low_freq_factor), "");
-        STRATA_RETURN_IF_ERROR(
-            real_in(r, where, "high_freq_factor", 4.0, &rs.high_freq_factor), "");
-        STRATA_RETURN_IF_ERROR(real_in(r, where, "original_max_position_embeddings",
-                                       8192.0, &rs.original_max_position_embeddings),
+        STRATA_RETURN_IF_ERROR(real_in(r, where, "low_freq_factor", 1.0, &rs.low_freq_factor), "");
+        STRATA_RETURN_IF_ERROR(real_in(r, where, "high_freq_factor", 4.0, &rs.high_freq_factor),
+                               "");
+        STRATA_RETURN_IF_ERROR(real_in(r, where, "original_max_position_embeddings", 8192.0,
+                                       &rs.original_max_position_embeddings),
                                "");
       } else if (type != "default") {
         return bad(rope_key, fmt::format("rope type \"{}\" is not supported (llama3 is)", type));

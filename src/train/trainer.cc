@@ -691,31 +691,32 @@ Result<TrainResult> Run::loop() {
       }
       if (report) {
         jsonl
-            .write_line(nlohmann::json{{"step", step_},
-                                       {"loss", loss},
-                                       {"lr", lr},
-                                       {"grad_norm", last_grad_norm_},
-                                       {"loss_scale", scaler_.scale},
-                                       {"skipped", last_skipped_},
-                                       {"tokens_per_s", tps},
-                                       {"elapsed_s", elapsed},
-                                       {"step_s", win / ws},
-                                       {"fwd_bwd_s", w_fb / ws},
-                                       {"fetch_wait_s", w_cw / ws},
-                                       {"optimizer_s", w_opt / ws},
-                                       {"optimizer_hidden_s", w_hid / ws},
-                                       {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
-                                       {"rollbacks", r.rollbacks},
-                                       {"delayed_update", r.approximate},
-                                       {"io_wait_s", w_io / ws},
-                                       {"comm_s", w_comm / ws},
-                                       {"comm_bytes", double(w_sent[0] + w_sent[1] + w_sent[2]) / ws},
-                                       {"comm_param_bytes", double(w_sent[0]) / ws},
-                                       {"comm_grad_bytes", double(w_sent[1]) / ws},
-                                       {"device_bytes_per_step", dev_mb * 1048576.0},
-                                       {"nvme_bytes_per_step", nvme_mb * 1048576.0},
-                                       {"peak_rss_bytes", peak_rss_bytes()}}
-                            .dump())
+            .write_line(
+                nlohmann::json{{"step", step_},
+                               {"loss", loss},
+                               {"lr", lr},
+                               {"grad_norm", last_grad_norm_},
+                               {"loss_scale", scaler_.scale},
+                               {"skipped", last_skipped_},
+                               {"tokens_per_s", tps},
+                               {"elapsed_s", elapsed},
+                               {"step_s", win / ws},
+                               {"fwd_bwd_s", w_fb / ws},
+                               {"fetch_wait_s", w_cw / ws},
+                               {"optimizer_s", w_opt / ws},
+                               {"optimizer_hidden_s", w_hid / ws},
+                               {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
+                               {"rollbacks", r.rollbacks},
+                               {"delayed_update", r.approximate},
+                               {"io_wait_s", w_io / ws},
+                               {"comm_s", w_comm / ws},
+                               {"comm_bytes", double(w_sent[0] + w_sent[1] + w_sent[2]) / ws},
+                               {"comm_param_bytes", double(w_sent[0]) / ws},
+                               {"comm_grad_bytes", double(w_sent[1]) / ws},
+                               {"device_bytes_per_step", dev_mb * 1048576.0},
+                               {"nvme_bytes_per_step", nvme_mb * 1048576.0},
+                               {"peak_rss_bytes", peak_rss_bytes()}}
+                    .dump())
             .ignore();
       }
       window_t = Clock::now();
