@@ -155,6 +155,10 @@ int run_child(const std::function<int(std::atomic<int>*)>& child,
   EXPECT_EQ(::pipe(ready), 0);
   const pid_t pid = ::fork();
   if (pid == 0) {
+    // Its own process group, whose parent (this test) is in another group of the session: a
+    // group with no such parent is orphaned, and the kernel discards SIGTSTP's stop there (as it
+    // would be under ctest started from a background job), so Ctrl-Z could never stop the child.
+    ::setpgid(0, 0);
     static std::atomic<int> flag{0};
     install_stop_handlers(&flag, ::getppid());
     char c = 1;
