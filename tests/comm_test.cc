@@ -275,10 +275,10 @@ TEST(CommProbe, QuantizedCollectivesOnSingle) {
   std::vector<float> g(k), res(k);
   std::mt19937_64 rng(3);
   for (float& v : g) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-  auto scratch = (*dev)->allocate((*z)->reduce_scatter_scratch_bytes(k), "test");
+  auto scratch = (*dev)->allocate((*z)->shape().qgz_scratch_bytes(k, false), "test");
   ASSERT_TRUE(scratch.is_ok());
   Stream& s = (*dev)->compute_stream();
-  ASSERT_TRUE((*z)->reduce_scatter(**dev, s, g.data(), res.data(), k, *scratch).is_ok());
+  ASSERT_TRUE((*z)->reduce_scatter(**dev, s, g.data(), res.data(), k, *scratch, false).is_ok());
   ASSERT_TRUE(c.synchronize(s).is_ok());
   for (size_t i = 0; i < k; ++i) {
     float amax = 0;

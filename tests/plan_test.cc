@@ -13,6 +13,7 @@
 
 #include "src/model/gpt2.h"
 #include "src/plan/probe_machine.h"
+#include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -133,7 +134,9 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
 
 // ZeRO++ in the planner: on 4 ranks (one node) qwZ halves a bf16 gather (+ the scales), hpZ
 // keeps 1/h of every module on the device, qgZ sends int4 gradients instead of fp32; the
-// collectives' time scales with the bytes, nothing else changes.
+// collectives' time scales with the bytes; the device buffers grow by exactly what the engine
+// allocates for them (ZeroPPShape over the shards: the largest group's qwZ buffer, every
+// module's secondary chunk, one bucket's qgZ scratch), nothing else changes.
 TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
   PlanRequest r = small_request();
   r.hw.gpus = 4;
@@ -161,7 +164,27 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
               (z.gather_forward + z.gather_backward + z.reduce) /
                   (plain.gather_forward + plain.gather_backward + plain.reduce),
               1e-9);
-  EXPECT_NEAR(double(zpp->device.buffers - base->device.buffers), 0.5 * P * unit, 1e-6 * P + 1);
+  auto arch = architecture_of(r.model);
+  ASSERT_TRUE(arch.is_ok());
+  auto homes = module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype, false, 0);
+  ASSERT_TRUE(homes.is_ok());
+  ZeroPPShape shape;
+  shape.quantized_weights = shape.quantized_gradients = true;
+  shape.hpz = 2;
+  shape.world = shape.per_node = 4;
+  size_t qwz = 0, sec = 0, max_sn = 0;
+  for (const auto& h : *homes) {
+    qwz = std::max(qwz, round_up(shape.qwz_buffer_bytes(h.shard_numel, DType::kBF16), 256));
+    sec += round_up(shape.secondary_bytes(h.shard_numel, DType::kBF16), 256);
+    max_sn = std::max(max_sn, h.shard_numel);
+  }
+  const size_t k = std::clamp<size_t>(r.reduce_bucket_elems / 4, 1, max_sn);
+  const size_t scratch = round_up(shape.qgz_scratch_bytes(k, true), 256);
+  EXPECT_GT(qwz * sec * scratch, 0u);
+  EXPECT_EQ(zpp->device.buffers - base->device.buffers, qwz + sec + scratch);
+  // hpZ's secondary chunks: half of every module's packed int8 group (2 of 4 units), padding
+  // included.
+  EXPECT_GE(double(sec), 0.5 * P * unit);
   EXPECT_EQ(zpp->device.state, base->device.state);
   // Two nodes of two: qgZ's second level sends one chunk across.
   const ZeroPPTraffic two = zeropp_traffic(r.zeropp, 4, 2, P, DType::kBF16);

@@ -398,6 +398,74 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
       << tm.status().message();
 }
 
+// ZeRO++'s device buffers in the memory model, per rank of 4 in 2 nodes of 2, against the sizes
+// written out here from the algorithm (not from ZeroPPShape): qwZ's gather buffer is the largest
+// group's 4 packed int8 units (the int8 bytes, then one fp32 scale per 256 elements); hpZ with
+// h = 2 keeps 2 units (model dtype without qwZ) of every module; qgZ's scratch for a bucket of k
+// elements is 2 * 4 packed int4 chunks within the node and 2 * 2 across (the fp32 partial sums
+// reuse the bucket). Without ZeRO++ or on one rank they are 0; they are part of the working set.
+TEST(MemoryModel, ZeroPlusPlusBuffersAreCountedPerSwitch) {
+  ModelConfig mc;
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 64;
+  mc.vocab_size = 100;
+  mc.context = 16;
+  auto arch = GptArchitecture::create(mc);
+  ASSERT_TRUE(arch.is_ok());
+  TierOptions to;
+  to.placement.params = to.placement.master = to.placement.moments = to.placement.grads =
+      Tier::kHost;
+  to.reduce_bucket_elems = 40'000;  // 10'000 per rank, less than the largest group's shard
+  const DType dt = DType::kBF16;
+  auto homes = module_homes((*arch)->layout(), to.placement, 4, dt, DType::kF32, false, 0);
+  ASSERT_TRUE(homes.is_ok());
+  const Program& prog = (*arch)->program(Pass::kTrain);
+  const TierNeeds plain = tier_needs(*homes, to, 4, dt, 0, prog, {});
+  EXPECT_EQ(plain.device.zeropp(), 0u);
+
+  auto r256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  auto int8_unit = [](size_t sn) { return (sn + 3) / 4 * 4 + 4 * ((sn + 255) / 256); };
+  size_t max_qwz = 0, sec8 = 0, sec_bf16 = 0, max_sn = 0;
+  for (const auto& m : *homes) {
+    max_sn = std::max(max_sn, m.shard_numel);
+    max_qwz = std::max(max_qwz, r256(4 * int8_unit(m.shard_numel)));
+    sec8 += r256(2 * int8_unit(m.shard_numel));
+    sec_bf16 += r256(2 * m.shard_numel * 2);
+  }
+  ASSERT_GT(max_sn, 10'000u);
+  const size_t k = 10'000, pc = (k / 2 + 3) / 4 * 4 + 4 * ((k + 127) / 128);
+  const size_t scratch = r256(2 * 4 * pc + 2 * 2 * pc);
+
+  ZeroPPShape z;
+  z.world = 4;
+  z.nodes = 2;
+  z.per_node = 2;
+  for (int sw = 0; sw < 4; ++sw) {
+    z.quantized_weights = sw == 0 || sw == 3;
+    z.hpz = sw == 1 || sw == 3 ? 2 : 1;
+    z.quantized_gradients = sw == 2 || sw == 3;
+    const TierNeeds n = tier_needs(*homes, to, 4, dt, 0, prog, z);
+    SCOPED_TRACE(
+        fmt::format("qwZ {} hpZ {} qgZ {}", z.quantized_weights, z.hpz, z.quantized_gradients));
+    EXPECT_EQ(n.bucket_shard_elems, k);
+    EXPECT_EQ(n.device.qwz_buffer, z.quantized_weights ? max_qwz : 0u);
+    EXPECT_EQ(n.device.hpz_secondary, z.hpz == 1 ? 0u : z.quantized_weights ? sec8 : sec_bf16);
+    EXPECT_EQ(n.device.qgz_scratch, z.quantized_gradients ? scratch : 0u);
+    EXPECT_EQ(n.device.transient(), plain.device.transient() + n.device.zeropp());
+    EXPECT_EQ(n.host.total(), plain.host.total());
+  }
+  // Four nodes of one rank: the 4 partial sums take k floats each of the scratch.
+  z.nodes = 4;
+  z.per_node = 1;
+  EXPECT_EQ(tier_needs(*homes, to, 4, dt, 0, prog, z).device.qgz_scratch,
+            r256(2 * 4 * pc + 2 * 4 * pc + 4 * k * 4));
+  // One rank: ZeRO++ is off whatever the shape says.
+  auto one = module_homes((*arch)->layout(), to.placement, 1, dt, DType::kF32, false, 0);
+  ASSERT_TRUE(one.is_ok());
+  EXPECT_EQ(tier_needs(*one, to, 1, dt, 0, prog, z).device.zeropp(), 0u);
+}
+
 // The replayer and the tier manager run one DeviceCachePolicy: on a cyclic trace A B C with room
 // for two objects, Belady keeps the object used soonest and the prefetch never evicts it.
 TEST(CachePolicy, BeladyVictimAndPrefetchHorizon) {

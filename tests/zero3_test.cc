@@ -43,8 +43,13 @@
 #include <thread>
 #include <vector>
 
+#include "src/comm/zeropp.h"
+#include "src/model/architecture.h"
+#include "src/tiers/memory_model.h"
+#include "src/tiers/placement.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
+#include "strata/device.h"
 #include "strata/log.h"
 
 #ifndef STRATA_MPIEXEC
@@ -79,6 +84,7 @@ struct WorkerArgs {
   std::string resume;             // checkpoint (manifest) path
   int hang_at = -1, die_at = -1;  // rank 1 hangs / kills itself in step N+1 (0-based N)
   std::vector<std::string> set;   // extra config overrides KEY=VALUE (--set)
+  std::string config = "configs/tiny-cpu.json";  // relative to the source dir (--config)
 };
 
 Result<Config> worker_config(const WorkerArgs& a, int world) {
@@ -86,7 +92,6 @@ Result<Config> worker_config(const WorkerArgs& a, int world) {
   fs::create_directories(swap);
   std::vector<std::string> ov = {
       fmt::format("train.steps={}", a.steps),
-      "scheduler.params.warmup_num_steps=10",
       "train.eval_interval=10",
       "steps_per_print=1000",
       "train_batch_size=12",
@@ -96,6 +101,10 @@ Result<Config> worker_config(const WorkerArgs& a, int world) {
       "strata.log_level=\"warn\"",
       "device.cpu_threads=1",
   };
+  // tiny-cpu's scheduler warms up over 10 steps (fewer in a shorter run); bench-25m has none.
+  if (a.config == WorkerArgs{}.config) {
+    ov.push_back(fmt::format("scheduler.params.warmup_num_steps={}", std::min(10, a.steps)));
+  }
   for (const auto& kv : a.set) ov.push_back(kv);
   if (a.placement == "device") {  // everything on the device: the device's optimizer steps
     ov.push_back("zero_optimization.offload_param.device=\"none\"");
@@ -110,7 +119,7 @@ Result<Config> worker_config(const WorkerArgs& a, int world) {
     ov.push_back("zero_optimization.offload_param.device=\"cpu\"");
     ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
   }
-  const std::string path = std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json";
+  const std::string path = std::string(STRATA_SOURCE_DIR) + "/" + a.config;
   return parse_config(read_file(path), path, ov, world);
 }
 
@@ -176,7 +185,7 @@ Status run_worker(const WorkerArgs& a) {
 
 int worker_main(int argc, char** argv) {
   // zero3_test --worker OUT PLACEMENT STEPS [--stop-at N] [--resume PATH] [--hang-at N]
-  //            [--die-at N] [--set KEY=VALUE]...
+  //            [--die-at N] [--config PATH] [--set KEY=VALUE]...
   if (argc < 5) return 2;
   WorkerArgs a;
   a.out = argv[2];
@@ -189,6 +198,7 @@ int worker_main(int argc, char** argv) {
     if (f == "--hang-at") a.hang_at = std::atoi(argv[i + 1]);
     if (f == "--die-at") a.die_at = std::atoi(argv[i + 1]);
     if (f == "--set") a.set.push_back(argv[i + 1]);
+    if (f == "--config") a.config = argv[i + 1];
   }
   Status s = run_worker(a);
   if (!s.is_ok()) {
@@ -461,6 +471,135 @@ TEST(Zero3PlusPlus, QuantizedAndHierarchicalCollectivesOnTwoNodesOfTwo) {
       "%.0f; hpZ %.0f; qwZ+hpZ %.0f; qgZ %.0f; all three %.0f | %.0f (%.3f, %.3f of default)\n",
       param(base), grad(base), param(w), param(h), param(wh), grad(g), param(all), grad(all),
       param(all) / param(base), grad(all) / grad(base));
+  fs::remove_all(dir);
+}
+
+// The device need TierManager::create's preflight computes for the worker run `a` on each of
+// `world` ranks with ZeRO++ shaped as `z`, from the pieces the trainer passes it (its config,
+// TierOptions::from_config, the placement, the activation plan).
+Result<TierNeeds> worker_needs(const WorkerArgs& a, int world, const ZeroPPShape& z) {
+  STRATA_ASSIGN_OR_RETURN(Config cfg, worker_config(a, world), "worker config");
+  STRATA_ASSIGN_OR_RETURN(auto dev, create_cpu_device({.capacity = size_t{1} << 30, .threads = 1}),
+                          "");
+  STRATA_ASSIGN_OR_RETURN(auto arch, create_architecture(cfg.model), "");
+  TierOptions to = TierOptions::from_config(cfg, cfg.model.dtype);
+  STRATA_ASSIGN_OR_RETURN(to.placement, placement_from_config(cfg, *dev), "");
+  STRATA_ASSIGN_OR_RETURN(const ActivationMode mode, parse_activation_mode(cfg.strata.activations),
+                          "");
+  const int T = cfg.data.seq_len > 0 ? int(cfg.data.seq_len) : int(cfg.model.context);
+  const ActivationSizes acts =
+      arch->activation_plan(int(cfg.train_micro_batch_size_per_gpu), T, cfg.model.dtype, mode);
+  to.stash_layers = acts.stash_layers;
+  to.stash_bytes = acts.stash_bytes;
+  return tier_needs(*arch, to, world, cfg.model.dtype, cfg.strata.moment_dtype, acts.bytes, z);
+}
+
+// The preflight counts what each ZeRO++ switch allocates on the device (4 ranks, 2 nodes of
+// 2, params and optimizer on the host): with device.memory_limit one byte below the memory
+// model's need the run stops before its first step, naming the switch's buffer and key; at
+// exactly the need it trains 4 steps with an eval (hpZ's secondary partition is rebuilt in
+// each phase, qwZ's buffer is freed after each gather and waited for, qgZ's scratch is
+// allocated once).
+TEST(Zero3PlusPlus, PreflightCountsEachSwitchsDeviceBuffers) {
+  STRATA_NEEDS_MPI();
+  const int np = 4;
+  const std::string dir = temp_dir("zeropp_preflight");
+  struct Variant {
+    const char* tag;
+    bool qwz;
+    int hpz;
+    bool qgz;
+    std::vector<std::string> names;  // what the message names
+  };
+  const std::string qwz_name = "qwZ gather buffer (zero_optimization.zero_quantized_weights)";
+  const std::string hpz_name =
+      "hpZ secondary partition (zero_optimization.zero_hpz_partition_size)";
+  const std::string qgz_name = "qgZ scratch (zero_optimization.zero_quantized_gradients)";
+  const std::vector<Variant> variants = {
+      {"qwz", true, 1, false, {qwz_name}},
+      {"hpz", false, 2, false, {hpz_name}},
+      {"qgz", false, 1, true, {qgz_name}},
+      {"all", true, 2, true, {qwz_name, hpz_name, qgz_name}},
+  };
+  for (const Variant& v : variants) {
+    WorkerArgs a;
+    a.out = dir + "/" + v.tag;
+    a.steps = 4;
+    a.set = {"train_batch_size=8",
+             "train_micro_batch_size_per_gpu=1",
+             "strata.comm.ranks_per_node=2",
+             "train.eval_interval=2",
+             "zero_optimization.stage3_prefetch_bucket_size=100000",
+             "zero_optimization.reduce_bucket_size=200000",
+             fmt::format("zero_optimization.zero_quantized_weights={}", v.qwz),
+             fmt::format("zero_optimization.zero_hpz_partition_size={}", v.hpz),
+             fmt::format("zero_optimization.zero_quantized_gradients={}", v.qgz)};
+    ZeroPPShape z;
+    z.quantized_weights = v.qwz;
+    z.hpz = v.hpz;
+    z.quantized_gradients = v.qgz;
+    z.world = np;
+    z.nodes = z.per_node = 2;
+    auto need = worker_needs(a, np, z);
+    ASSERT_TRUE(need.is_ok()) << need.status().to_string();
+    EXPECT_EQ(need->device.qwz_buffer > 0, v.qwz) << v.tag;
+    EXPECT_EQ(need->device.hpz_secondary > 0, v.hpz > 1) << v.tag;
+    EXPECT_EQ(need->device.qgz_scratch > 0, v.qgz) << v.tag;
+    const size_t total = need->device.total();
+    for (const size_t limit : {total - 1, total}) {
+      std::string args = fmt::format("{} host {}", a.out, a.steps);
+      for (const auto& kv : a.set) args += " --set " + kv;
+      args += fmt::format(" --set device.memory_limit={}", limit);
+      fs::create_directories(a.out);
+      Launch l = launch(np, args, 300);
+      if (limit < total) {
+        EXPECT_NE(l.exit_code, 0) << v.tag << ": one byte short trained";
+        EXPECT_NE(l.output.find("preflight: this run does not fit"), std::string::npos)
+            << v.tag << ":\n"
+            << l.output;
+        EXPECT_NE(l.output.find(fmt::format("ZeRO++ buffers {}",
+                                            format_bytes(double(need->device.zeropp())))),
+                  std::string::npos)
+            << v.tag << ":\n"
+            << l.output;
+        for (const auto& name : v.names) {
+          EXPECT_NE(l.output.find(name), std::string::npos) << v.tag << ": " << name;
+        }
+        EXPECT_FALSE(fs::exists(a.out + "/rank0.json")) << v.tag << ": one byte short trained";
+      } else {
+        EXPECT_EQ(l.exit_code, 0) << v.tag << " at exactly " << total << " bytes:\n" << l.output;
+        const json r = rank_result(a.out, 0);
+        ASSERT_TRUE(r.is_object()) << v.tag;
+        EXPECT_EQ(r["losses"].size(), 4u) << v.tag;
+        EXPECT_GE(r["eval"].size(), 2u) << v.tag;  // steps 2 and 4 (and more)
+        EXPECT_LE(r["tiers"]["device"]["peak"].get<double>(), double(total)) << v.tag;
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// bench-25m's ZeRO++ run at its 100 MiB device limit (4 ranks, 2 nodes of 2): the preflight
+// refuses it before the first step and names the ZeRO++ buffers, where it used to pass and
+// fail at the first eval.
+TEST(Zero3PlusPlus, Bench25mWithAllSwitchesAt100MiBFailsBeforeTheFirstStep) {
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("zeropp_25m");
+  Launch l = launch(4, fmt::format("{} nvme 2 --config configs/bench-25m.json --set "
+                                   "train_batch_size=8 --set train_micro_batch_size_per_gpu=1 "
+                                   "--set train.eval_interval=1 --set strata.comm.ranks_per_node=2 "
+                                   "--set zero_optimization.zero_quantized_weights=true --set "
+                                   "zero_optimization.zero_hpz_partition_size=2 --set "
+                                   "zero_optimization.zero_quantized_gradients=true",
+                                   dir));
+  EXPECT_NE(l.exit_code, 0) << l.output;
+  EXPECT_NE(l.output.find("preflight: this run does not fit"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("but has 100.00 MiB"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("ZeRO++ buffers"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("hpZ secondary partition (zero_optimization.zero_hpz_partition_size)"),
+            std::string::npos)
+      << l.output;
+  EXPECT_FALSE(fs::exists(dir + "/rank0.json")) << "the run trained";
   fs::remove_all(dir);
 }
 

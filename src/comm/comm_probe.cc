@@ -97,9 +97,11 @@ Status run_quantized(Communicator& comm, const QuantizedCtx& q, const std::strin
                         units + size_t(r) * unit, count, kWeightBlock, false);
     }
   } else {
-    STRATA_RETURN_IF_ERROR(q.zeropp->reduce_scatter(dev, s, static_cast<const float*>(send),
-                                                    static_cast<float*>(recv), count, q.scratch),
-                           "");
+    // The send buffer is sent again: the partial sums go to the scratch.
+    STRATA_RETURN_IF_ERROR(
+        q.zeropp->reduce_scatter(dev, s, static_cast<float*>(const_cast<void*>(send)),
+                                 static_cast<float*>(recv), count, q.scratch, /*reuse_buf=*/false),
+        "");
   }
   STRATA_RETURN_IF_ERROR(comm.synchronize(s), "");
   return q.zeropp ? q.zeropp->health() : Status::ok();

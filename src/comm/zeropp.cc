@@ -119,7 +119,6 @@ ZeroPPTraffic zeropp_traffic(const ZeroPPOptions& o, int world, int per_node, do
   const int h = o.hpz_partition_size;
   if (h > 1) {
     t.gather_backward = (h - 1) * (P / h) * shard * unit;  // h-1 peers, a chunk of P/h units
-    t.secondary_bytes = (P / h) * shard * unit;
   } else {
     t.gather_backward = t.gather_forward;
   }
@@ -128,22 +127,34 @@ ZeroPPTraffic zeropp_traffic(const ZeroPPOptions& o, int world, int per_node, do
   return t;
 }
 
-size_t ZeroPP::reduce_scatter_scratch_bytes(size_t k) const {
-  const size_t pc = packed_bytes(4, k, kGradBlock);
-  const size_t L = size_t(grid_.per_node), N = size_t(grid_.nodes);
-  return 2 * L * N * pc + N * k * 4 + 2 * N * pc;
+ZeroPPShape ZeroPP::shape() const {
+  ZeroPPShape s;
+  s.quantized_weights = quantized_weights();
+  s.hpz = hpz_size();
+  s.quantized_gradients = quantized_gradients();
+  s.world = int(grid_.node_of.size());
+  s.nodes = grid_.nodes;
+  s.per_node = grid_.per_node;
+  return s;
 }
 
-Status ZeroPP::reduce_scatter(Device& dev, Stream& s, const float* buf, float* out, size_t k,
-                              void* scratch) {
+Status ZeroPP::reduce_scatter(Device& dev, Stream& s, float* buf, float* out, size_t k,
+                              void* scratch, bool reuse_buf) {
   STRATA_CHECK(node_comm_ != nullptr, "ZeroPP::reduce_scatter without qgZ");
   const size_t pc = packed_bytes(4, k, kGradBlock);
-  const int L = grid_.per_node, N = grid_.nodes;
+  const int L = grid_.per_node, N = grid_.nodes, P = L * N;
+  // The layout of shape().qgz_scratch_bytes(k, reuse_buf).
   char* send1 = static_cast<char*>(scratch);
   char* recv1 = send1 + size_t(L) * N * pc;
-  float* acc = reinterpret_cast<float*>(recv1 + size_t(L) * N * pc);
-  char* send2 = reinterpret_cast<char*>(acc + size_t(N) * k);
+  char* send2 = recv1 + size_t(L) * N * pc;
   char* recv2 = send2 + size_t(N) * pc;
+  // The node's partial sums (several nodes): the scratch's, or N blocks of buf other than this
+  // rank's, whose values are dead once quantized (P >= 2N).
+  float* acc = reinterpret_cast<float*>(recv2 + size_t(N) * pc);
+  if (reuse_buf && L > 1) {
+    const int rank = grid_.rank_at[size_t(cross_comm_->rank())][size_t(node_comm_->rank())];
+    acc = buf + size_t(rank < N ? P - N : 0) * k;
+  }
   // 1. Quantize every rank's block, grouped by the node peer that reduces it: peer l' gets the
   //    blocks of the ranks with local index l' on every node, in node order.
   for (int lp = 0; lp < L; ++lp) {

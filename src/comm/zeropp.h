@@ -76,14 +76,51 @@ struct ZeroPPOptions {
   bool any() const { return quantized_weights || hpz_partition_size > 1 || quantized_gradients; }
 };
 
+// ZeRO++'s device memory on one rank, from the switches and the node grid alone: what
+// DeviceCache::gather_zeropp and GradBuckets allocate, and what the memory model
+// (tier_needs) counts, so the preflight, the planner and the allocations cannot drift.
+// ZeroPP::shape() gives the engine's; the planner builds one from its request.
+struct ZeroPPShape {
+  bool quantized_weights = false;    // qwZ
+  int hpz = 1;                       // ranks per hpZ secondary partition (1: no hpZ)
+  bool quantized_gradients = false;  // qgZ
+  int world = 1, nodes = 1, per_node = 1;
+
+  // The device buffers of one gather of a group whose shards hold `shard_numel` elements of
+  // `dt`: one rank's unit (its packed int8 chunk with qwZ, else its shard), the P units a qwZ
+  // gather receives before dequantizing (0 without qwZ), and the secondary chunk of P/h units
+  // that hpZ keeps until the phase ends (0 without hpZ).
+  size_t unit_bytes(size_t shard_numel, DType dt) const {
+    return quantized_weights ? packed_bytes(8, shard_numel, kWeightBlock)
+                             : shard_numel * dtype_size(dt);
+  }
+  size_t qwz_buffer_bytes(size_t shard_numel, DType dt) const {
+    return quantized_weights ? size_t(world) * unit_bytes(shard_numel, dt) : 0;
+  }
+  size_t secondary_bytes(size_t shard_numel, DType dt) const {
+    return hpz > 1 ? size_t(world / hpz) * unit_bytes(shard_numel, dt) : 0;
+  }
+  // qgZ's scratch for one reduce-scatter of k elements per rank (ZeroPP::reduce_scatter): the
+  // packed chunks sent and received within the node (P each); with several nodes the
+  // re-quantized chunks sent and received across them (N each) and the node's fp32 partial
+  // sums (N * k), unless `reuse_buf` lets them overwrite the gradient buffer's blocks of other
+  // ranks (possible with more than one rank per node). 0 without qgZ.
+  size_t qgz_scratch_bytes(size_t k, bool reuse_buf) const {
+    if (!quantized_gradients) return 0;
+    const size_t pc = packed_bytes(4, k, kGradBlock);
+    const size_t L = size_t(per_node), N = size_t(nodes);
+    if (N == 1) return 2 * L * pc;
+    return 2 * L * N * pc + 2 * N * pc + (reuse_buf && L > 1 ? 0 : N * k * 4);
+  }
+};
+
 // The bytes one rank sends for one group of `numel` elements (model dtype `dt`) over `world`
 // ranks in nodes of `per_node`: its forward gather, its backward gather and its gradient
-// reduce-scatter, as the engine moves them (mpi: every rank sends its unit to each peer), and
-// hpZ's secondary shard kept on the device. The planner's model of ZeRO++ (and of plain ZeRO-3
-// when the options are all off); the engine's comm_bytes measures the same quantities.
+// reduce-scatter, as the engine moves them (mpi: every rank sends its unit to each peer). The
+// planner's model of ZeRO++'s traffic (and of plain ZeRO-3 when the options are all off); the
+// engine's comm_bytes measures the same quantities. Its device memory is ZeroPPShape's.
 struct ZeroPPTraffic {
   double gather_forward = 0, gather_backward = 0, reduce = 0;  // bytes sent
-  double secondary_bytes = 0;                                  // hpZ device memory
 };
 ZeroPPTraffic zeropp_traffic(const ZeroPPOptions& options, int world, int per_node, double numel,
                              DType dt);
@@ -105,14 +142,19 @@ class ZeroPP {
   int hpz_index() const { return hpz_comm_ ? hpz_comm_->rank() : 0; }  // which secondary chunk
   Communicator* hpz_comm() const { return hpz_comm_.get(); }
 
+  // The device memory the switches take on this rank's grid (ZeroPPShape).
+  ZeroPPShape shape() const;
+
   // The qgZ reduce-scatter, enqueued on `s`: buf holds P*k fp32 gradients laid out as
-  // Communicator::reduce_scatter's send (block r for rank r); `out` (k floats) gets this rank's
-  // block summed over the ranks. `scratch` is device memory of reduce_scatter_scratch_bytes(k)
-  // that stays untouched until the stream has run the call. Failures of the collectives are
-  // kept by the node and cross communicators (health()).
-  size_t reduce_scatter_scratch_bytes(size_t k) const;
-  Status reduce_scatter(Device& dev, Stream& s, const float* buf, float* out, size_t k,
-                        void* scratch);
+  // Communicator::reduce_scatter's send (block r for rank r); `out` (k floats: this rank's
+  // block of buf, or memory apart from it) gets this rank's block summed over the ranks.
+  // `scratch` is device memory of at least shape().qgz_scratch_bytes(k, reuse_buf) that stays
+  // untouched until the stream has run the call. With `reuse_buf` the blocks of buf other than
+  // this rank's may be overwritten (the engine's gradient buckets; not the probe's buffer, which
+  // it sends again). Failures of the collectives are kept by the node and cross communicators
+  // (health()).
+  Status reduce_scatter(Device& dev, Stream& s, float* buf, float* out, size_t k, void* scratch,
+                        bool reuse_buf);
   Status health() const;
 
   // Over the sub-communicators (the trainer adds them to comm_s and comm_bytes); `param` picks

@@ -150,16 +150,17 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   to.undo_copies = r.overlap_optimizer && r.undo_copies;
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
+  // ZeRO++'s buffers (qwZ's gather buffer, hpZ's secondary chunks, qgZ's scratch) on the
+  // planner's grid: its ranks are one node's.
+  ZeroPPShape zeropp;
+  zeropp.quantized_weights = r.zeropp.quantized_weights;
+  zeropp.hpz = std::max(1, r.zeropp.hpz_partition_size);
+  zeropp.quantized_gradients = r.zeropp.quantized_gradients;
+  zeropp.world = zeropp.per_node = r.hw.gpus;
   const TierNeeds needs =
-      tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain));
+      tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain), zeropp);
   o.device.state = needs.device.resident_state;
   o.device.buffers = needs.device.transient();
-  if (W > 1 && r.zeropp.hpz_partition_size > 1) {
-    // hpZ: every module's secondary shard stays on the device for the step.
-    const double numel = double(arch->layout().num_params());
-    o.device.buffers +=
-        uint64_t(zeropp_traffic(r.zeropp, int(W), int(W), numel, r.dtype).secondary_bytes);
-  }
   o.device.activations = needs.device.activations;
   o.device.capacity = r.hw.gpu_mem;
   // The host tier of one node holds every local rank's state and staging.

@@ -178,8 +178,9 @@ struct PlanRequest {
   // round trip to the link.
   ActivationMode activations = ActivationMode::kKeep;
   // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): the
-  // collectives' bytes per zeropp_traffic() (src/comm/zeropp.h), and hpZ's secondary shards on
-  // the device. The planner's ranks are one node's, so qgZ's levels collapse into one.
+  // collectives' bytes per zeropp_traffic() (src/comm/zeropp.h), and the device buffers the
+  // memory model counts for them (ZeroPPShape: qwZ's gather buffer, hpZ's secondary chunks,
+  // qgZ's scratch). The planner's ranks are one node's, so qgZ's levels collapse into one.
   ZeroPPOptions zeropp;
   Hardware hw;
   MachineProfile profile;

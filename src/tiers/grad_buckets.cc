@@ -31,6 +31,13 @@ Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
                           "device tier: zero_optimization.reduce_bucket_size");
   bucket_ = static_cast<float*>(b);
   bucket_kc_ = shard_elems;
+  if (opt_.zeropp != nullptr && opt_.zeropp->quantized_gradients()) {
+    // qgZ: one scratch for the largest bucket; the reductions run one after another on d2h.
+    STRATA_ASSIGN_OR_RETURN(
+        qgz_scratch_,
+        dev_.allocate(opt_.zeropp->shape().qgz_scratch_bytes(shard_elems, true), "qgZ scratch"),
+        "device tier: zero_optimization.zero_quantized_gradients' scratch");
+  }
   return Status::ok();
 }
 
@@ -179,17 +186,9 @@ void GradBuckets::flush_bucket() {
   float* mine = buf + size_t(rank) * k;
   Status st;
   if (opt_.zeropp != nullptr && opt_.zeropp->quantized_gradients()) {
-    // qgZ: hierarchical int4 (src/comm/zeropp.h), through a scratch buffer freed after it ran.
-    ZeroPP& z = *opt_.zeropp;
-    auto scratch = cache_.allocate(z.reduce_scatter_scratch_bytes(k), "qgZ scratch", -1, UINT64_MAX,
-                                   /*may_block=*/true);
-    st = scratch.status();
-    if (st.is_ok()) {
-      st = z.reduce_scatter(dev_, d2h, buf, mine, k, *scratch);
-      Device* dev = &dev_;
-      void* p = *scratch;
-      dev_.host_fn(d2h, [dev, p] { dev->release(p); });
-    }
+    // qgZ: hierarchical int4 (src/comm/zeropp.h), through the scratch (k <= bucket_kc_); the
+    // node's partial sums overwrite buf's blocks of other ranks, which nothing reads after.
+    st = opt_.zeropp->reduce_scatter(dev_, d2h, buf, mine, k, qgz_scratch_, /*reuse_buf=*/true);
   } else {
     st = opt_.grad_comm->reduce_scatter(d2h, buf, mine, k, DType::kF32, ReduceOp::kSum);
   }
@@ -244,6 +243,8 @@ void GradBuckets::release_all() {
   }
   if (bucket_) dev_.release(bucket_);
   bucket_ = nullptr;
+  if (qgz_scratch_) dev_.release(qgz_scratch_);
+  qgz_scratch_ = nullptr;
   if (stats_dev_) dev_.release(stats_dev_);
   stats_dev_ = nullptr;
   if (stats_host_) dev_.release_host(stats_host_);

@@ -36,7 +36,8 @@ class GradBuckets {
   GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& options, bool sharded,
               TierCounters& counters, AsyncError& errors, std::function<void(int)> on_final);
 
-  // Sharded: allocates the device bucket of `shard_elems` elements per rank (`bytes`).
+  // Sharded: allocates the device bucket of `shard_elems` elements per rank (`bytes`), and with
+  // qgZ the scratch of its reduce-scatter (ZeroPPShape::qgz_scratch_bytes(shard_elems, true)).
   Status init_bucket(size_t shard_elems, size_t bytes);
 
   // A zeroed device buffer for module m's gradients (the whole padded group) this micro-batch.
@@ -81,6 +82,7 @@ class GradBuckets {
   std::vector<GradStats> gstats_;  // written by the d2h stream
   float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
   size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
+  void* qgz_scratch_ = nullptr;    // device: qgZ's scratch for a bucket of bucket_kc_
   std::vector<Piece> open_;        // the bucket being filled
   size_t open_k_ = 0;              // per-rank elements in it
   GradSpill spill_;                // gradient accumulators on NVMe (unsharded)

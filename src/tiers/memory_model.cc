@@ -59,7 +59,7 @@ size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
 
 TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
                      int world_size, DType dt, size_t activation_bytes,
-                     const Program& train_program) {
+                     const Program& train_program, const ZeroPPShape& zeropp) {
   const Placement& pl = options.placement;
   const size_t es = dtype_size(dt);
   const bool sharded = world_size > 1;
@@ -143,6 +143,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
         std::clamp<size_t>(options.reduce_bucket_elems / size_t(world_size), 1, max_sn);
     n.device.bucket = round_up(n.bucket_shard_elems * size_t(world_size) * 4, 256);
     n.device.prefetch_window = std::min<size_t>(options.prefetch_bytes, all_gathered);
+    // ZeRO++: the sizes DeviceCache::gather_zeropp and GradBuckets allocate (ZeroPPShape).
+    for (const auto& m : homes) {
+      n.device.qwz_buffer =
+          std::max(n.device.qwz_buffer, round_up(zeropp.qwz_buffer_bytes(m.shard_numel, dt), 256));
+      n.device.hpz_secondary += round_up(zeropp.secondary_bytes(m.shard_numel, dt), 256);
+    }
+    n.device.qgz_scratch = round_up(zeropp.qgz_scratch_bytes(n.bucket_shard_elems, true), 256);
   }
 
   // Host: NVMe parameter fetches stage through the host tier (the prefetch bytes and a few
@@ -187,12 +194,14 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
 }
 
 Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
-                             DType dt, DType moment_dt, size_t activation_bytes) {
+                             DType dt, DType moment_dt, size_t activation_bytes,
+                             const ZeroPPShape& zeropp) {
   STRATA_ASSIGN_OR_RETURN(auto homes,
                           module_homes(arch.layout(), options.placement, world_size, dt, moment_dt,
                                        options.delayed_update, options.sub_group_elems),
                           "memory model");
-  return tier_needs(homes, options, world_size, dt, activation_bytes, arch.program(Pass::kTrain));
+  return tier_needs(homes, options, world_size, dt, activation_bytes, arch.program(Pass::kTrain),
+                    zeropp);
 }
 
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "src/comm/zeropp.h"
 #include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "strata/dtype.h"
@@ -85,9 +86,19 @@ struct TierNeeds {
     // gradient statistics (8 bytes per module), and the new parameters of one module whose
     // parameters are not device-homed.
     size_t optimizer = 0;
-    // working_set + bucket + prefetch_window + optimizer: what the preflight reports as the
-    // working set.
-    size_t transient() const { return working_set + bucket + prefetch_window + optimizer; }
+    // ZeRO++ (ZeroPPShape), sharded: qwZ's gather buffer (the largest group's P packed units:
+    // one gather's at a time, a later one waits for the earlier one's free), hpZ's secondary
+    // chunks (every module's: each is kept from the module's first gather in a phase to the
+    // phase's end), and qgZ's reduce-scatter scratch (one bucket's, allocated once).
+    size_t qwz_buffer = 0;
+    size_t hpz_secondary = 0;
+    size_t qgz_scratch = 0;
+    size_t zeropp() const { return qwz_buffer + hpz_secondary + qgz_scratch; }
+    // working_set + bucket + prefetch_window + optimizer + zeropp(): what the preflight reports
+    // as the working set.
+    size_t transient() const {
+      return working_set + bucket + prefetch_window + optimizer + zeropp();
+    }
     size_t total() const { return activations + resident_state + transient(); }
   };
   struct HostNeed {
@@ -122,16 +133,19 @@ struct TierNeeds {
 
 // Each tier's need for `homes` (module_homes()) under `options` (its placement, pipeline
 // depth, prefetch bytes, bucket size, undo copies, stash, nvme paths; not its communicators or
-// capacities), `world_size` ranks, an activation arena of `activation_bytes`, and the model's
-// training program (its working set).
+// capacities), `world_size` ranks, an activation arena of `activation_bytes`, the model's
+// training program (its working set), and ZeRO++'s switches on the ranks' grid (`zeropp`:
+// ZeroPP::shape() of TierOptions::zeropp, or a default ZeroPPShape without ZeRO++; counted only
+// with world_size > 1).
 TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
                      int world_size, DType dt, size_t activation_bytes,
-                     const Program& train_program);
+                     const Program& train_program, const ZeroPPShape& zeropp);
 
 // The same from the architecture: module_homes of its layout under options.placement, and its
 // Pass::kTrain program.
 Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& options, int world_size,
-                             DType dt, DType moment_dt, size_t activation_bytes);
+                             DType dt, DType moment_dt, size_t activation_bytes,
+                             const ZeroPPShape& zeropp = {});
 
 // The host tier's arena: the host need, plus room for the undo copies when options.undo_copies
 // (less the NVMe-homed ones when the swap files hold shadow extents), plus slack for

@@ -30,7 +30,7 @@ std::string host_hint(const Architecture& arch, const TierOptions& options, int 
         module_homes(arch.layout(), p, world, dt, moment_dt, o.delayed_update, o.sub_group_elems);
     if (!homes.is_ok()) return;
     const TierNeeds n =
-        tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain));
+        tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain), {});
     hint += fmt::format("; {} it would need {}{}", what, format_bytes(double(n.host.total())),
                         n.host.total() <= options.host_capacity ? " (fits)" : "");
   };
@@ -43,6 +43,21 @@ std::string host_hint(const Architecture& arch, const TierOptions& options, int 
   return hint;
 }
 
+// ", ZeRO++ buffers X (qwZ gather buffer a, ...)" naming the switches that take device memory,
+// with their keys; empty without ZeRO++.
+std::string zeropp_parts(const TierNeeds::DeviceNeed& d) {
+  if (d.zeropp() == 0) return "";
+  std::string parts;
+  auto add = [&](size_t bytes, const char* what) {
+    if (bytes == 0) return;
+    parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", what, format_bytes(double(bytes)));
+  };
+  add(d.qwz_buffer, "qwZ gather buffer (zero_optimization.zero_quantized_weights)");
+  add(d.hpz_secondary, "hpZ secondary partition (zero_optimization.zero_hpz_partition_size)");
+  add(d.qgz_scratch, "qgZ scratch (zero_optimization.zero_quantized_gradients)");
+  return fmt::format(", ZeRO++ buffers {}: {}", format_bytes(double(d.zeropp())), parts);
+}
+
 Status preflight(Device& device, const TierOptions& options, const TierNeeds& need, bool sharded,
                  const std::string& host_hint, SwapOptions* swap, bool* shadow_extents) {
   std::vector<std::string> short_of;
@@ -50,9 +65,10 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
   const size_t dev_need = need.device.total();
   if (dev_need > dev_cap) {
     short_of.push_back(fmt::format(
-        "device tier needs {} (activations {}, resident state {}, working set {}{}) but has {}: "
-        "raise device.memory_limit, offload more state (zero_optimization.offload_param.device "
-        "/ offload_optimizer.device), or lower train_micro_batch_size_per_gpu{}",
+        "device tier needs {} (activations {}, resident state {}, working set {}{}{}) but has "
+        "{}: raise device.memory_limit, offload more state "
+        "(zero_optimization.offload_param.device / offload_optimizer.device), or lower "
+        "train_micro_batch_size_per_gpu{}{}",
         format_bytes(double(dev_need)), format_bytes(double(need.device.activations)),
         format_bytes(double(need.device.resident_state)),
         format_bytes(double(need.device.transient())),
@@ -60,8 +76,9 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
                               format_bytes(double(need.device.bucket)),
                               format_bytes(double(need.device.prefetch_window)))
                 : std::string(),
-        format_bytes(double(dev_cap)),
-        sharded ? ", zero_optimization.reduce_bucket_size or stage3_prefetch_bucket_size" : ""));
+        zeropp_parts(need.device), format_bytes(double(dev_cap)),
+        sharded ? ", zero_optimization.reduce_bucket_size or stage3_prefetch_bucket_size" : "",
+        need.device.zeropp() ? " (or turn off the ZeRO++ switches named)" : ""));
   }
   const size_t host_need = need.host.total();
   const size_t staging = need.host.staging + need.host.param_shadows;
@@ -172,8 +189,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
     }
   }
   // The device's working set: the most the training program holds at once.
+  const ZeroPPShape zeropp = I.sharded && options.zeropp ? options.zeropp->shape() : ZeroPPShape{};
   const TierNeeds need =
-      tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain));
+      tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp);
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.

@@ -43,22 +43,23 @@ Status DeviceCache::gather_zeropp(int m, void* mine) {
   const int P = opt_.param_comm->size(), rank = opt_.param_comm->rank();
   const size_t sn = mod.sn, es = dtype_size(dt_);
   const bool q = z.quantized_weights();
-  const size_t unit = q ? packed_bytes(8, sn, kWeightBlock) : sn * es;  // one rank's shard
-  const size_t per = size_t(P / z.hpz_size());  // units in a secondary chunk
+  // The sizes come from ZeroPPShape, as the memory model's do.
+  const ZeroPPShape shape = z.shape();
+  const size_t unit = shape.unit_bytes(sn, dt_);            // one rank's shard
+  const size_t sec_bytes = shape.secondary_bytes(sn, dt_);  // P/h units
   char* group = static_cast<char*>(c.ptr);
-  Device* dev = &dev_;
   // The P packed chunks (qwZ), or the group buffer itself.
   char* units = group;
   if (q) {
-    STRATA_ASSIGN_OR_RETURN(void* b,
-                            allocate(unit * size_t(P), mod.name + ".qwz", m, UINT64_MAX, true),
-                            "qwZ: the quantized gather buffer");
+    STRATA_ASSIGN_OR_RETURN(
+        void* b, allocate(shape.qwz_buffer_bytes(sn, dt_), mod.name + ".qwz", m, UINT64_MAX, true),
+        "qwZ: the quantized gather buffer");
     units = static_cast<char*>(b);
   }
   void*& sec = secondary_[size_t(m)];
   if (sec != nullptr) {
     // hpZ: the secondary chunks of this rank's group make the whole group.
-    STRATA_RETURN_IF_ERROR(z.hpz_comm()->all_gather_bytes(h2d, sec, units, per * unit),
+    STRATA_RETURN_IF_ERROR(z.hpz_comm()->all_gather_bytes(h2d, sec, units, sec_bytes),
                            "hpZ: gathering the secondary partition");
   } else if (q) {
     quantize_packed(dev_, h2d, 8, dt_, units + size_t(rank) * unit, mine, sn, kWeightBlock);
@@ -75,20 +76,31 @@ Status DeviceCache::gather_zeropp(int m, void* mine) {
     }
   }
   if (z.hpz() && sec == nullptr) {
-    STRATA_ASSIGN_OR_RETURN(sec, allocate(per * unit, mod.name + ".hpz", m, UINT64_MAX, true),
+    STRATA_ASSIGN_OR_RETURN(sec, allocate(sec_bytes, mod.name + ".hpz", m, UINT64_MAX, true),
                             "hpZ: the secondary partition (zero_hpz_partition_size)");
-    dev_.copy_d2d(h2d, sec, units + size_t(z.hpz_index()) * per * unit, per * unit);
+    dev_.copy_d2d(h2d, sec, units + size_t(z.hpz_index()) * sec_bytes, sec_bytes);
   }
-  if (q) dev_.host_fn(h2d, [dev, units] { dev->release(units); });
+  if (q) {
+    // Freed once the h2d stream has dequantized it; a later allocation that needs the room
+    // waits for that (a pending free), so one qwZ buffer is all the preflight counts.
+    auto done = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*done, h2d);
+    pending_.push_back({units, round_up(shape.qwz_buffer_bytes(sn, dt_), 256), std::move(done)});
+  }
   return Status::ok();
 }
 
 void DeviceCache::drop_secondaries() {
-  Device* dev = &dev_;
+  std::shared_ptr<Event> done;
   for (void*& p : secondary_) {
     if (p == nullptr) continue;
-    void* ptr = p;
-    dev_.host_fn(dev_.h2d_stream(), [dev, ptr] { dev->release(ptr); });
+    if (!done) {
+      // After the gathers enqueued so far, as pending frees an allocation can wait for.
+      done = std::shared_ptr<Event>(dev_.create_event());
+      dev_.record(*done, dev_.h2d_stream());
+    }
+    const size_t sn = homes_.module(int(&p - secondary_.data())).sn;
+    pending_.push_back({p, round_up(opt_.zeropp->shape().secondary_bytes(sn, dt_), 256), done});
     p = nullptr;
   }
 }
