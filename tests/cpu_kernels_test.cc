@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -684,6 +685,64 @@ TEST(CpuKernels, QuantizeDequantizeBlockwiseAgainstReference) {
     for (size_t i = 256; i < 384; ++i) ASSERT_EQ(back[i], 0.0f) << i;
     EXPECT_GT(scales[3], 0.0f);
     for (size_t i = 384; i < n; ++i) ASSERT_TRUE(std::isfinite(back[i])) << i;
+  }
+}
+
+// The quantize kernels' fast path (AVX2) gives the scalar reference's bits: q bytes, scales and
+// dequantized values (fresh and accumulated), every dtype, 8 and 4 bits, blocks that are and are
+// not multiples of 8, sizes with partial blocks and odd tails, values spread over 2^-12..2^12,
+// exact ties (x / scale = k + 1/2), a block with inf, one with nan, one of zeros, denormals.
+TEST(CpuKernels, QuantizeFastPathMatchesTheScalarReferenceBitForBit) {
+  if (std::string(cpu::quantize_isa()) == "scalar") {
+    GTEST_SKIP() << "this CPU has no AVX2/F16C: the scalar reference is the only path";
+  }
+  std::mt19937_64 rng(test_seed(12));
+  for (int bits : {8, 4}) {
+    for (DType dt : kAllTypes) {
+      for (auto [n, block] : std::vector<std::pair<size_t, int>>{{1, 256},
+                                                                 {31, 256},
+                                                                 {33, 8},
+                                                                 {255, 256},
+                                                                 {1000, 64},
+                                                                 {1000, 100},
+                                                                 {7 * 256 + 3, 256},
+                                                                 {70001, 128},
+                                                                 {100000, 30}}) {
+        SCOPED_TRACE(fmt::format("bits={} {} n={} block={}", bits, dtype_name(dt), n, block));
+        Typed x = random_typed(dt, n, rng, -3.0f, 3.0f);
+        std::uniform_int_distribution<int> e(-12, 12);
+        for (size_t i = 0; i < n; ++i) x.set(i, x.get(i) * std::ldexp(1.0f, e(rng)));
+        const size_t nb = quantize_blocks(n, block);
+        if (nb > 4) {
+          // Block 1: a tie for every element (max 2 * qmax + 1 halves: x / scale = k + 1/2).
+          const size_t b1 = size_t(block), e1 = std::min(n, 2 * b1);
+          const int qmax = quantize_qmax(bits);
+          for (size_t i = b1; i < e1; ++i) x.set(i, float(int(i % (2 * qmax + 1)) - qmax) * 0.5f);
+          x.set(b1, float(qmax));
+          x.set(2 * b1, INFINITY);                                               // block 2
+          x.set(3 * b1 + 1, NAN);                                                // block 3
+          for (size_t i = 4 * b1; i < std::min(n, 5 * b1); ++i) x.set(i, 0.0f);  // block 4
+          x.set(5 * b1 + 2, 1e-40f);  // a denormal (rounds to 0 in bf16 / fp16 or not)
+        }
+        std::vector<uint8_t> q(quantized_bytes(bits, n), 0xa5), qr = q;
+        std::vector<float> sc(nb, -1.0f), scr = sc;
+        cpu::quantize(bits, dt, q.data(), sc.data(), x.data(), n, block);
+        cpu::quantize_reference(bits, dt, qr.data(), scr.data(), x.data(), n, block);
+        ASSERT_EQ(0, std::memcmp(q.data(), qr.data(), q.size())) << "q bytes";
+        ASSERT_EQ(0, std::memcmp(sc.data(), scr.data(), nb * 4)) << "scales";
+        for (bool accumulate : {false, true}) {
+          Typed y = random_typed(dt, n, rng, -2.0f, 2.0f), yr = y;
+          cpu::dequantize(bits, dt, y.data(), q.data(), sc.data(), n, block, accumulate);
+          cpu::dequantize_reference(bits, dt, yr.data(), q.data(), sc.data(), n, block, accumulate);
+          const size_t es = dtype_size(dt);
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(0, std::memcmp(y.bytes.data() + i * es, yr.bytes.data() + i * es, es))
+                << "element " << i << " accumulate " << accumulate << ": " << y.get(i) << " vs "
+                << yr.get(i);
+          }
+        }
+      }
+    }
   }
 }
 

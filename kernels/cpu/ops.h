@@ -109,9 +109,15 @@ void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 void norm_sq_and_nonfinite(float* acc, const float* x, size_t n);
 void scale(float* x, float factor, size_t n);
 
-// Block-wise quantization (Kernels::quantize / dequantize): the scalar reference.
+// Block-wise quantization (Kernels::quantize / dequantize): the AVX2 path when the CPU has it
+// (quantize_isa(): "avx2" or "scalar"), bit for bit the scalar reference's results.
 void quantize(int bits, DType dt, void* q, float* scales, const void* x, size_t n, int block);
 void dequantize(int bits, DType dt, void* x, const void* q, const float* scales, size_t n,
                 int block, bool accumulate);
+const char* quantize_isa();
+void quantize_reference(int bits, DType dt, void* q, float* scales, const void* x, size_t n,
+                        int block);
+void dequantize_reference(int bits, DType dt, void* x, const void* q, const float* scales, size_t n,
+                          int block, bool accumulate);
 
 }  // namespace strata::cpu
