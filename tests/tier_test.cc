@@ -106,15 +106,20 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
     SCOPED_TRACE(cases[i].name);
     TrainOptions o;
     o.progress = false;
-    auto r = train(tiny(dir + "/" + std::to_string(i), cases[i].ov), o);
+    // 15 steps (the loss falls by ~1.0 by then): enough steps for every module to be
+    // fetched, evicted and stepped many times, at half the time of tiny's 30.
+    auto r =
+        train(tiny(dir + "/" + std::to_string(i),
+                   join(cases[i].ov, {"train.steps=15", "scheduler.params.warmup_num_steps=4"})),
+              o);
     ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    ASSERT_EQ(r->losses.size(), 30u);
+    ASSERT_EQ(r->losses.size(), 15u);
     for (const auto& t : r->tiers) {
       EXPECT_LE(t.peak, t.capacity) << t.name << " tier exceeded its capacity";
     }
     if (i == 0) {
       ref = *r;
-      EXPECT_LT(ref.losses.back(), ref.losses.front() - 1.0);
+      EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5);  // it learns (5.56 -> 4.58)
       continue;
     }
     for (size_t s = 0; s < ref.losses.size(); ++s) {
@@ -122,7 +127,7 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
     }
     EXPECT_EQ(r->weights_crc, ref.weights_crc) << "final weights differ";
     if (i == 2 || i == 5) {  // parameters on nvme: fetched to the device every step
-      EXPECT_GT(r->tiers[0].bytes_in, 30 * (*arch)->layout().num_params() * 2);
+      EXPECT_GT(r->tiers[0].bytes_in, 15 * (*arch)->layout().num_params() * 2);
       EXPECT_GT(r->tiers[2].bytes_out, 0u);
     }
     if (i == 5) {

@@ -2,8 +2,8 @@
 # tools/gpu_check.sh: strata's first run on an NVIDIA GPU, in one command (about 10 minutes on
 # one H100). Builds for the GPU's architecture, runs every CUDA test, runs compute-sanitizer
 # (memcheck, racecheck, synccheck) over the CUDA tests, and measures GEMM TFLOP/s, host<->device
-# copies, attention (plain vs fused) and training tokens/s and MFU for a GPT-2 124M shape with
-# the state in three places. Writes one Markdown report (for docs/GPU.md) and one JSON file and
+# copies, attention (plain vs fused) and training tokens/s and MFU for a GPT-2 124M shape (five
+# placements) and a ~1B Llama shape (three: on the device, in host RAM, optimizer on NVMe). Writes one Markdown report (for docs/GPU.md) and one JSON file and
 # prints where they are.
 #
 #   tools/gpu_check.sh [options]
@@ -472,58 +472,23 @@ phase_attention() {
   result ok "$(grep -c '| fused |' "$R/md/attention.md") fused and $(grep -c '| plain |' "$R/md/attention.md") plain cases measured"
 }
 
-# GPT-2 124M (or, in a dry run, a tiny GPT on the CPU backend) for five placements.
-phase_train() {
-  local exe
-  exe=$(bin_path strata)
-  [[ -x $exe ]] || { result failed "strata not built"; return; }
-  local L=12 NH=12 C=768 V=50257 Vp=50304 T=1024 micro=8 accum=2 steps=12 backend=cuda
-  ((QUICK)) && steps=6
-  if [[ $DRY = 1 ]]; then L=2 NH=2 C=64 V=256 Vp=256 T=64 micro=2 accum=1 steps=3 backend=cpu; fi
-  local dir="$R/train" nvme=${NVME:-$R/swap}
-  mkdir -p "$dir" "$nvme"
-  cat >"$dir/gpt.json" <<EOF
-{
-  "train_batch_size": $((micro * accum)), "train_micro_batch_size_per_gpu": $micro,
-  "gradient_accumulation_steps": $accum, "steps_per_print": 1, "gradient_clipping": 1.0,
-  "bf16": {"enabled": true},
-  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
-  "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true},
-                        "offload_optimizer": {"device": "cpu", "pin_memory": true}},
-  "model": {"n_layer": $L, "n_head": $NH, "n_embd": $C, "vocab_size": $V,
-            "padded_vocab_size": $Vp, "context": $T},
-  "data": {"source": "synthetic", "eval_batches": 0},
-  "device": {"backend": "$backend"},
-  "train": {"steps": $steps, "eval_interval": 0, "seed": 1}
-}
-EOF
-  # Parameters: wte [Vp,C] + wpe [T,C] + L blocks (12C^2 + 13C) + final norm (2C); tied head.
-  # FLOPs per token: 6 N + 6 L C T (llm.c's estimate: causal attention at half of 12 L C T).
-  local params flops_tok
-  params=$(awk -v Vp=$Vp -v C=$C -v T=$T -v L=$L 'BEGIN{printf "%.0f", Vp*C + T*C + L*(12*C*C + 13*C) + 2*C}')
-  flops_tok=$(awk -v N="$params" -v L=$L -v C=$C -v T=$T 'BEGIN{printf "%.0f", 6*N + 6*L*C*T}')
-  md "Model: GPT-2 shape L=$L, heads=$NH, C=$C, T=$T, vocab $V (padded $Vp): $params parameters; micro-batch $micro x $T, $accum micro-batches per step, $steps steps, bf16, AdamW; synthetic data. Backend: $backend."
-  md ""
-  md "MFU = tokens/s x (6 N + 6 L C T = $flops_tok FLOPs per token) / peak (${PEAK_SEL:-unknown} TFLOP/s). tokens/s is the median of the per-step values after the first 2 steps."
-  md ""
+# train_table KEY CONFIG FLOPS_PER_TOKEN ROW...: trains CONFIG once per row
+# ("name|offload_param|offload_optimizer|offload_optimizer.ratio|what"), appends the table to
+# the report and sets TABLE_JSON (the rows as a JSON object) and TABLE_BAD (the failed rows).
+train_table() {
+  local key=$1 cfg=$2 flops_tok=$3
+  shift 3
+  local dir nvme=${NVME:-$R/swap} row
+  dir=$(dirname "$cfg")
   md "| row | parameters | optimizer state | tokens/s | MFU | step ms | fwd/bwd ms | optimizer ms | result |"
   md "|---|---|---|---|---|---|---|---|---|"
-  # name|offload_param|offload_optimizer|offload_optimizer.ratio|what
-  local rows=(
-    "device|none|none|1|everything on the device, the optimizer stepped by the device's kernel"
-    "device-opt-host|none|cpu|1|parameters on the device, optimizer in host RAM"
-    "ratio|none|cpu|0.5|parameters on the device, optimizer ratio 0.5 (half on the device, half in host RAM)"
-    "host|cpu|cpu|1|parameters and optimizer in host RAM"
-    "nvme|cpu|nvme|1|parameters in host RAM, optimizer on NVMe ($nvme)"
-  )
-  local json="" bad=() row
-  for row in "${rows[@]}"; do
+  TABLE_JSON="" TABLE_BAD=()
+  for row in "$@"; do
     local name pdev odev ratio what
     IFS='|' read -r name pdev odev ratio what <<<"$row"
-    local rdir="$dir/$name" log="$R/logs/train-$name.log" t0=$SECONDS rc
+    local rdir="$dir/$key-$name" log="$R/logs/train-$key-$name.log" t0=$SECONDS rc
     rm -rf "$rdir"
-    run 300 "$exe" train --config "$dir/gpt.json" --quiet \
-      --set "device.backend=\"$backend\"" \
+    run 300 "$exe" train --config "$cfg" --quiet \
       --set "zero_optimization.offload_param.device=\"$pdev\"" \
       --set "zero_optimization.offload_optimizer.device=\"$odev\"" \
       --set "zero_optimization.offload_optimizer.ratio=$ratio" \
@@ -544,17 +509,102 @@ EOF
     else
       local why
       why=$(grep -m1 'strata train:' "$log" | head -c 300)
-      md "| $name: $what | $pdev | $odev | | | | | | FAILED (exit $rc): ${why:-see logs/train-$name.log} |"
-      bad+=("$name: exit $rc")
+      md "| $name: $what | $pdev | $odev | | | | | | FAILED (exit $rc): ${why:-see logs/train-$key-$name.log} |"
+      TABLE_BAD+=("$key $name: exit $rc")
     fi
-    json+="$(json_str "$name"): {\"offload_param\": \"$pdev\", \"offload_optimizer\": \"$odev\", \"ratio\": $ratio, \"exit\": $rc, \"tokens_per_s\": $(json_num "$tps"), \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"mfu\": $(json_str "$mfu")},"
+    TABLE_JSON+="$(json_str "$name"): {\"offload_param\": \"$pdev\", \"offload_optimizer\": \"$odev\", \"ratio\": $ratio, \"exit\": $rc, \"tokens_per_s\": $(json_num "$tps"), \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"mfu\": $(json_str "$mfu")},"
   done
-  printf '{"params": %s, "flops_per_token": %s, "backend": "%s", "steps": %d, "rows": {%s}}\n' \
-    "$params" "$flops_tok" "$backend" "$steps" "${json%,}" >"$R/json/train.json"
+  TABLE_JSON="{${TABLE_JSON%,}}"
+}
+
+# train_config FILE MICRO ACCUM ACTIVATIONS MODEL_JSON STEPS: a training config for phase_train.
+train_config() {
+  cat >"$1" <<EOF
+{
+  "train_batch_size": $(($2 * $3)), "train_micro_batch_size_per_gpu": $2,
+  "gradient_accumulation_steps": $3, "steps_per_print": 1, "gradient_clipping": 1.0,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+  "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true},
+                        "offload_optimizer": {"device": "cpu", "pin_memory": true}},
+  "model": $5,
+  "data": {"source": "synthetic", "eval_batches": 0},
+  "device": {"backend": "$TRAIN_BACKEND"},
+  "strata": {"activations": "$4"},
+  "train": {"steps": $6, "eval_interval": 0, "seed": 1}
+}
+EOF
+}
+
+# GPT-2 124M in five placements and a ~1B Llama (TinyLlama-1.1B's shape) in three; in a dry
+# run, tiny shapes of both on the CPU backend.
+phase_train() {
+  exe=$(bin_path strata)
+  [[ -x $exe ]] || { result failed "strata not built"; return; }
+  TRAIN_BACKEND=cuda TRAIN_STEPS=12
+  ((QUICK)) && TRAIN_STEPS=6
+  [[ $DRY = 1 ]] && TRAIN_BACKEND=cpu TRAIN_STEPS=3
+  local dir="$R/train" bad=() nvme=${NVME:-$R/swap}
+  mkdir -p "$dir" "$nvme"
+
+  # GPT-2 124M. Parameters: wte [Vp,C] + wpe [T,C] + L blocks (12C^2 + 13C) + final norm (2C);
+  # tied head. FLOPs per token: 6 N + 6 L C T (llm.c's estimate: causal attention at half of
+  # 12 L C T).
+  local L=12 NH=12 C=768 V=50257 Vp=50304 T=1024 micro=8 accum=2
+  if [[ $DRY = 1 ]]; then L=2 NH=2 C=64 V=256 Vp=256 T=64 micro=2 accum=1; fi
+  train_config "$dir/gpt.json" $micro $accum keep \
+    "{\"n_layer\": $L, \"n_head\": $NH, \"n_embd\": $C, \"vocab_size\": $V, \"padded_vocab_size\": $Vp, \"context\": $T}" \
+    "$TRAIN_STEPS"
+  local params flops_tok
+  params=$(awk -v Vp=$Vp -v C=$C -v T=$T -v L=$L 'BEGIN{printf "%.0f", Vp*C + T*C + L*(12*C*C + 13*C) + 2*C}')
+  flops_tok=$(awk -v N="$params" -v L=$L -v C=$C -v T=$T 'BEGIN{printf "%.0f", 6*N + 6*L*C*T}')
+  md "### GPT-2 124M"
+  md ""
+  md "Model: GPT-2 shape L=$L, heads=$NH, C=$C, T=$T, vocab $V (padded $Vp): $params parameters; micro-batch $micro x $T, $accum micro-batches per step, $TRAIN_STEPS steps, bf16, AdamW; synthetic data. Backend: $TRAIN_BACKEND."
+  md ""
+  md "MFU = tokens/s x (6 N + 6 L C T = $flops_tok FLOPs per token) / peak (${PEAK_SEL:-unknown} TFLOP/s). tokens/s is the median of the per-step values after the first 2 steps."
+  md ""
+  train_table gpt2 "$dir/gpt.json" "$flops_tok" \
+    "device|none|none|1|everything on the device, the optimizer stepped by the device's kernel" \
+    "device-opt-host|none|cpu|1|parameters on the device, optimizer in host RAM" \
+    "ratio|none|cpu|0.5|parameters on the device, optimizer ratio 0.5 (half on the device, half in host RAM)" \
+    "host|cpu|cpu|1|parameters and optimizer in host RAM" \
+    "nvme|cpu|nvme|1|parameters in host RAM, optimizer on NVMe ($nvme)"
+  local gpt="{\"params\": $params, \"flops_per_token\": $flops_tok, \"steps\": $TRAIN_STEPS, \"rows\": $TABLE_JSON}"
+  bad+=(${TABLE_BAD[@]+"${TABLE_BAD[@]}"})
+
+  # A ~1B Llama: TinyLlama-1.1B's shape (22 layers, width 2048, 32 query and 4 key-value heads,
+  # SwiGLU 5632, vocab 32000, untied head), activations recomputed. Parameters: 2 V C
+  # (embedding, head) + L (2 C^2 + 2 C (C KV/NH) + 3 C I + 2 C) + C. FLOPs per token:
+  # 6 (N - V C) (every weight but the embedding lookup) + 6 L C T. Five steps (three measured):
+  # with the optimizer on NVMe a step moves ~40 GB (the planner predicts ~12 s at 3 GB/s).
+  local KV=4 I=5632 steps=5
+  L=22 NH=32 C=2048 V=32000 T=2048 micro=4 accum=1
+  if [[ $DRY = 1 ]]; then L=2 NH=4 KV=2 I=176 C=64 V=256 T=64 micro=2 accum=1 steps=3; fi
+  train_config "$dir/llama.json" $micro $accum recompute \
+    "{\"type\": \"llama\", \"n_layer\": $L, \"n_head\": $NH, \"num_key_value_heads\": $KV, \"n_embd\": $C, \"intermediate_size\": $I, \"vocab_size\": $V, \"context\": $T, \"tied_embeddings\": false}" \
+    "$steps"
+  params=$(awk -v V=$V -v C=$C -v L=$L -v I=$I -v NH=$NH -v KV=$KV 'BEGIN{printf "%.0f", 2*V*C + L*(2*C*C + 2*C*(C*KV/NH) + 3*C*I + 2*C) + C}')
+  flops_tok=$(awk -v N="$params" -v V=$V -v L=$L -v C=$C -v T=$T 'BEGIN{printf "%.0f", 6*(N - V*C) + 6*L*C*T}')
+  md ""
+  md "### Llama ~1B"
+  md ""
+  md "Model: Llama (TinyLlama-1.1B's shape) L=$L, heads=$NH (key-value $KV), C=$C, SwiGLU $I, T=$T, vocab $V, untied head: $params parameters; micro-batch $micro x $T, $accum micro-batches per step, $steps steps, bf16, AdamW, activations recomputed; synthetic data. Backend: $TRAIN_BACKEND."
+  md ""
+  md "MFU = tokens/s x (6 (N - V C) + 6 L C T = $flops_tok FLOPs per token) / peak (${PEAK_SEL:-unknown} TFLOP/s)."
+  md ""
+  train_table llama "$dir/llama.json" "$flops_tok" \
+    "device|none|none|1|everything on the device, the optimizer stepped by the device's kernel" \
+    "host|cpu|cpu|1|parameters and optimizer in host RAM" \
+    "nvme|cpu|nvme|1|parameters in host RAM, optimizer on NVMe ($nvme)"
+  local llama="{\"params\": $params, \"flops_per_token\": $flops_tok, \"steps\": $steps, \"rows\": $TABLE_JSON}"
+  bad+=(${TABLE_BAD[@]+"${TABLE_BAD[@]}"})
+  printf '{"backend": "%s", "models": {"gpt2-124m": %s, "llama-1b": %s}}\n' \
+    "$TRAIN_BACKEND" "$gpt" "$llama" >"$R/json/train.json"
   if ((${#bad[@]})); then
     result failed "$(IFS=';'; echo "${bad[*]}")"
   else
-    result ok "${#rows[@]} placements trained ($backend)"
+    result ok "8 runs trained ($TRAIN_BACKEND): GPT-2 124M in 5 placements, Llama ~1B in 3"
   fi
 }
 
@@ -692,16 +742,18 @@ self_test() {
   check "report.json is valid JSON with every phase" "$validator" validate-json "$r/report.json" \
     magic version phases/env/status phases/build/status phases/tests/status \
     phases/sanitizer/status phases/gemm/result/shapes phases/copy/result/cases \
-    phases/attention/result/shapes phases/train/result/rows/device \
-    phases/train/result/rows/device-opt-host phases/train/result/rows/ratio \
-    phases/train/result/rows/host phases/train/result/rows/nvme
+    phases/attention/result/shapes phases/train/result/models/gpt2-124m/rows/device \
+    phases/train/result/models/gpt2-124m/rows/device-opt-host \
+    phases/train/result/models/gpt2-124m/rows/ratio phases/train/result/models/gpt2-124m/rows/host \
+    phases/train/result/models/gpt2-124m/rows/nvme phases/train/result/models/llama-1b/rows/device \
+    phases/train/result/models/llama-1b/rows/host phases/train/result/models/llama-1b/rows/nvme
   for p in "${ALL_PHASES[@]}"; do
     check "report.md has a section for $p" grep -q "^## $p\$" "$r/report.md"
     check "phase $p is ok or skipped" grep -Eq "^\| $p \| (ok|skipped) \|" "$r/report.md"
   done
   check "the report says it was a dry run" grep -q "Dry run: no GPU was used" "$r/report.md"
   check "the fused attention ran in the attention benchmark" grep -q '| fused |' "$r/report.md"
-  check "the training table has 5 rows" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 5
+  check "the training tables have 8 rows (5 GPT, 3 Llama)" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 8
   check "the paths are printed" grep -q "^report: $r/report.md" "$tmp/dry.log"
   # A failing phase is recorded and the script goes on: a build dir without binaries.
   "$SELF" --dry-run --phases build,gemm,train --results "$tmp/broken" --build-dir "$tmp/nobuild" \
