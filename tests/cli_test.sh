@@ -56,6 +56,25 @@ check "export --help documents --checkpoint" grep -q -- "--checkpoint" out.txt
 rc=$?
 check "export without --checkpoint/--out exits 2" test "$rc" -eq 2
 
+"$strata" eval --help >out.txt 2>&1
+check "eval --help documents --json and --checkpoint" \
+  bash -c 'grep -q -- "--json" out.txt && grep -q -- "--checkpoint" out.txt'
+# --json: exactly one line on stdout, {"loss": L, "perplexity": P, "tokens": N}.
+"$strata" eval --config "$repo/configs/tiny-cpu.json" --json --set data.synthetic_tokens=4096 \
+  --set 'zero_optimization.offload_optimizer.nvme_path="swap"' >out.txt 2>err.txt
+rc=$?
+check "eval --json exits 0" test "$rc" -eq 0
+check "eval --json prints one JSON line" test "$(wc -l <out.txt)" -eq 1
+check "eval --json line has loss, perplexity, tokens" grep -Eq \
+  '^\{"loss":[0-9.e+-]+,"perplexity":[0-9.e+-]+,"tokens":4032\}$' out.txt
+# A corpus shorter than model.context + 1 tokens: exit 1, naming data.source and the sizes.
+printf 'too short' >short.txt
+"$strata" eval --config "$repo/configs/tiny-cpu.json" --set data.source=\"short.txt\" >out.txt 2>&1
+rc=$?
+check "eval of a too-short file exits 1" test "$rc" -eq 1
+check "eval of a too-short file says why" grep -q "short.txt holds 9 tokens; eval needs at least" \
+  out.txt
+
 # A long run, stopped with SIGTERM once it has made progress.
 common=(--config "$repo/configs/tiny-cpu.json" --set train.steps=100000
         --set 'train.checkpoint_dir="ck"' --set steps_per_print=1 --set train.eval_interval=0

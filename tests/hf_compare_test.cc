@@ -1,11 +1,11 @@
 // Hugging Face checkpoints against transformers itself: the fixtures under tests/fixtures/hf/
 // (written by tools/make_hf_fixtures.py with transformers; see its header) are loaded through
 // model.from_pretrained, and strata's forward and backward on the fixture's tokens must give
-// transformers' per-token losses (1e-5 relative), mean loss, and every parameter's gradient
-// (1e-4: norm of the difference over the norm) in fp32; in bf16 the loss within bf16's
-// tolerance. Then every way an import can go wrong is an error naming the tensor, file and
-// offset; a DeepSpeed config without a model is refused; and a from_pretrained model trains
-// bit-identically whether its weights stream into the device, host memory or NVMe.
+// transformers' logits (1e-4), per-token losses (1e-5 relative), mean loss, and every
+// parameter's gradient (1e-4: norm of the difference over the norm) in fp32; in bf16 the logits
+// and the loss within bf16's tolerance. Then every way an import can go wrong is an error naming
+// the tensor, file and offset; a DeepSpeed config without a model is refused; and a from_pretrained
+// model trains bit-identically whether its weights stream into the device, host memory or NVMe.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,6 +70,7 @@ std::map<std::string, std::vector<float>> read_reference(const std::string& dir)
 
 // What one forward + backward of the model gives on the CPU backend.
 struct Pass1 {
+  std::vector<float> logits;              // [B*T, V], fp32
   std::vector<float> losses;              // [B*T]
   std::vector<std::vector<float>> grads;  // per module, fp32
 };
@@ -108,13 +109,25 @@ Pass1 run_one(const std::string& dir, const Architecture& arch, DType dt, int B,
   auto runner = arch.create_runner(d, B, T, dt, ActivationMode::kKeep, nullptr);
   EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
   r.losses.resize(size_t(B) * T);
+  // The head's logits, [B*T, Vp] in the model dtype (MicroBatch::logits_out).
+  // Vp from the token embedding: [V, C] in the checkpoint, [Vp, C] in strata.
+  const HfTensor emb = arch.hf_tensors(0).at(0);
+  const size_t V = size_t(arch.vocab_size()), C = size_t(emb.shape.at(1));
+  const size_t Vp = lay.modules[0].tensors[size_t(emb.tensor)].numel / C;
+  void* logits = *d.allocate_host(size_t(B) * T * Vp * dtype_size(dt));
   const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), r.losses.data()};
+  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), logits};
   (*runner)->begin_batch(tokens.data(), targets.data());
   for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
     if (op.kind == ProgramOp::kCompute) (*runner)->compute(op, bound, mb);
   }
   EXPECT_TRUE(d.synchronize(s).is_ok());
+  r.logits.resize(size_t(B) * T * V);
+  for (size_t i = 0; i < size_t(B) * T; ++i) {
+    convert(static_cast<const char*>(logits) + i * Vp * dtype_size(dt), dt, &r.logits[i * V],
+            DType::kF32, V);
+  }
+  d.release_host(logits);
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     std::vector<float> g(lay.modules[i].numel);
     d.copy_d2h(s, g.data(), grads[i], g.size() * 4);
@@ -182,6 +195,17 @@ TEST_P(HfCompare, LossAndGradientsMatchTransformers) {
     tgt[i] = int32_t(ref["targets"][i]);
   }
   Pass1 r = run_one(dir, **arch, c.dt, B, T, tok, tgt);
+  // Logits: within 1e-4 of transformers' in fp32 (the fixtures' logits reach ~5; measured
+  // max |diff| ~5e-6); in bf16 within 3% of the largest logit.
+  ASSERT_EQ(r.logits.size(), ref["logits"].size());
+  double scale = 0, worst = 0;
+  for (float v : ref["logits"]) scale = std::max(scale, double(std::fabs(v)));
+  for (size_t i = 0; i < r.logits.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(r.logits[i]) - ref["logits"][i]));
+  }
+  EXPECT_LT(worst, c.dt == DType::kF32 ? 1e-4 : 3e-2 * scale)
+      << c.name << ": logits differ from transformers' by up to " << worst << " (max |logit| "
+      << scale << ")";
   ASSERT_EQ(r.losses.size(), ref["losses"].size());
   // Per-token losses: logsumexp(logits) - logits[target], for every position.
   const double tol = c.dt == DType::kF32 ? 1e-5 : 3e-2;

@@ -14,3 +14,9 @@ add_test(NAME plan_cli_stale_profile
                  --profile ${CMAKE_CURRENT_BINARY_DIR}/stale_profile.json)
 set_tests_properties(plan_cli_stale_profile PROPERTIES
                      PASS_REGULAR_EXPRESSION "version 0 is not the version 1.*strata probe")
+# `strata plan --hf DIR`: the shape of a transformers config.json (the llama fixture: 2 layers,
+# grouped-query attention 4/2, SwiGLU 48, untied head), planned with Llama's arithmetic.
+add_test(NAME plan_cli_hf_llama
+         COMMAND strata plan --hf ${CMAKE_SOURCE_DIR}/tests/fixtures/hf/llama --backend cpu)
+set_tests_properties(plan_cli_hf_llama PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+                     "llama 2 layers, width 32, 4 heads \\(2 key/value\\), SwiGLU 48, untied head")

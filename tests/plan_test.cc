@@ -66,9 +66,21 @@ TEST(Plan, PresetParamCounts) {
   auto g = model_preset("gpt3-175b");
   ASSERT_TRUE(g.is_ok());
   EXPECT_NEAR(double(model_params(*g)) / 1e9, 174.6, 0.5);
-  auto l = model_preset("llama-7b");
-  ASSERT_TRUE(l.is_ok());
-  EXPECT_FALSE(l->note.empty());  // says it is the GPT block at llama's shape
+  // The Llama family at their config.json shapes: the parameter counts their publishers give
+  // (the models' safetensors hold exactly these many elements), since their vocabularies are
+  // multiples of 64 (no padding rows).
+  const std::pair<const char*, uint64_t> published[] = {
+      {"llama2-7b", 6'738'415'616},   {"llama2-13b", 13'015'864'320},
+      {"llama2-70b", 68'976'648'192}, {"llama3-8b", 8'030'261'248},
+      {"llama3-70b", 70'553'706'496}, {"llama3.1-405b", 405'853'388'800},
+      {"qwen2.5-7b", 7'615'616'512},  {"qwen2.5-72b", 72'706'203'648},
+      {"mistral-7b", 7'241'732'096}};
+  for (const auto& [name, params] : published) {
+    auto l = model_preset(name);
+    ASSERT_TRUE(l.is_ok()) << name;
+    EXPECT_EQ(l->type, "llama") << name;
+    EXPECT_EQ(model_params(*l), params) << name;
+  }
   auto bad = model_preset("gpt5");
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("gpt2-124m"), std::string::npos);
@@ -330,6 +342,42 @@ TEST(Plan, PlacementOfConfigIsTheEnginesParse) {
     ASSERT_TRUE(pn.is_ok());
     EXPECT_EQ(pn->name, "all-nvme");
     EXPECT_EQ(pn->where.grads, Tier::kNvme);
+  }
+}
+
+// A Llama preset is planned with Llama's own layout and writes a config whose model is that
+// Llama (grouped-query attention, SwiGLU width, untied head, q/k/v biases for Qwen2): the config
+// read back builds an architecture with the preset's parameter count, and the plan's device
+// state for all-device is the memory model's 18 B per parameter (plus 256 B rounding per object).
+TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
+  for (const char* name : {"llama3-8b", "qwen2.5-7b"}) {
+    PlanRequest r = small_request();
+    auto m = model_preset(name);
+    ASSERT_TRUE(m.is_ok());
+    r.model = *m;
+    r.seq = 256;
+    r.hw.gpu_mem = uint64_t{1} << 40;
+    r.hw.host_mem = uint64_t{1} << 40;
+    auto rep = make_plan(r);
+    ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+    const double P = double(model_params(r.model));
+    EXPECT_EQ(uint64_t(P), rep->params);
+    const PlanOption& all = rep->options[0];
+    ASSERT_EQ(all.placement.name, "all-device");
+    EXPECT_NEAR(double(all.device.state), 18 * P, 4 * 256 * 40.0) << name;
+    auto cfg = parse_config(plan_config_json(*rep, all), "plan");
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
+    EXPECT_EQ(cfg->model.type, "llama");
+    EXPECT_EQ(cfg->model.num_key_value_heads, m->kv_heads);
+    EXPECT_EQ(cfg->model.intermediate_size, m->intermediate);
+    EXPECT_EQ(cfg->model.attention_bias, m->qkv_bias);
+    EXPECT_FALSE(cfg->model.tied_embeddings);
+    auto arch = create_architecture(cfg->model);
+    ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+    EXPECT_EQ(double((*arch)->layout().num_params()), P) << name;
+    // The FLOPs are the architecture's: SwiGLU's three matrices and the narrow K/V projections.
+    const FlopsPerToken f = (*arch)->flops_per_token(256, ActivationMode::kKeep);
+    EXPECT_EQ(all.flops, uint64_t(f.train() * 256 * r.micro_batch * r.accumulation));
   }
 }
 

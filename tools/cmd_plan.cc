@@ -3,6 +3,7 @@
 // docs/PLANNER.md). Arguments: plan_args.cc; --validate: plan_validate.cc.
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "src/hf/hf_config.h"
 #include "src/model/architecture.h"
 #include "strata/log.h"
 #include "tools/commands.h"
@@ -109,7 +111,7 @@ int cmd_plan(int argc, char** argv) {
   }
 
   PlanRequest req;
-  if (!a.config_path.empty() && a.model_name.empty() && a.layers == 0) {
+  if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
     req = request_from_config(*cfg, hw, prof);
     req.model.name = a.config_path;
   } else {
@@ -117,6 +119,12 @@ int cmd_plan(int argc, char** argv) {
       auto m = model_preset(a.model_name);
       if (!m.is_ok()) return plan_fail(m.status());
       req.model = *m;
+    } else if (!a.hf_dir.empty()) {
+      auto mc = model_config_from_hf(a.hf_dir, a.seq);
+      if (!mc.is_ok()) {
+        return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
+      }
+      req.model = shape_of(*mc, a.hf_dir);
     } else {
       req.model = {"custom", a.layers, a.width, a.heads, a.vocab, a.context, ""};
     }
@@ -133,8 +141,8 @@ int cmd_plan(int argc, char** argv) {
   if (a.accum > 1 || a.config_path.empty()) req.accumulation = a.accum;
   if (a.seq > 0) {
     req.seq = a.seq;
-  } else if (a.config_path.empty() || !a.model_name.empty()) {
-    req.seq = req.model.context;
+  } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
+    req.seq = std::min(req.model.context, 8192);
   }
   if (a.have_dtype) req.dtype = a.dt;
   if (!a.activations.empty()) req.activations = *parse_activation_mode(a.activations);

@@ -9,5 +9,6 @@ int cmd_probe(int argc, char** argv);
 int cmd_trace(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_export(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 
 }  // namespace strata::tools

@@ -9,6 +9,11 @@ computes for fixed tokens:
   losses           [B, T] per-token next-token cross-entropy
   loss             [1]    their mean
   grad.<name>      d(loss)/d(parameter) for every parameter, under its Hugging Face name
+  eval_tokens      [E] a token corpus for `strata eval` (E = 5*T + 7: five windows of T and a
+                   tail too short for a sixth)
+  eval_loss        [1] `strata eval`'s number by transformers: the mean next-token
+                   cross-entropy over the windows starting at 0, T, 2T, ... while
+                   start + T + 1 <= E (inputs [s, s+T), targets [s+1, s+T+1))
 
 Fixtures:
   llama      LlamaForCausalLM: grouped-query attention (4 heads, 2 key/value), untied head,
@@ -39,6 +44,7 @@ import transformers
 from safetensors.torch import save_file
 
 B, T = 2, 16
+E = 5 * T + 7
 
 
 def randomize(model, seed):
@@ -70,7 +76,22 @@ def reference(model, vocab, seed):
     }
     for name, p in model.named_parameters():
         out["grad." + name] = p.grad.detach().float().contiguous()
+    out.update(eval_reference(model, vocab, seed))
     return out
+
+
+def eval_reference(model, vocab, seed):
+    g = torch.Generator().manual_seed(seed + 2)
+    corpus = torch.randint(0, vocab, (E,), generator=g)
+    total, count, s = 0.0, 0, 0
+    with torch.no_grad():
+        while s + T + 1 <= E:
+            logits = model(input_ids=corpus[s:s + T][None]).logits.float()[0]
+            total += F.cross_entropy(logits.double(), corpus[s + 1:s + T + 1],
+                                     reduction="sum").item()
+            count += T
+            s += T
+    return {"eval_tokens": corpus.float(), "eval_loss": torch.tensor([total / count])}
 
 
 def write(out_dir, name, model, vocab, seed, shard=None):

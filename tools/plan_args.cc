@@ -10,22 +10,26 @@ namespace strata::tools {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: strata plan (--model NAME | --layers L --width C --heads H [--vocab V] [--context T]\n"
-    "                    | --config FILE) [options]\n\n"
+    "usage: strata plan (--model NAME | --hf DIR | --layers L --width C --heads H [--vocab V]\n"
+    "                    [--context T] | --config FILE) [options]\n\n"
     "For each placement of params / gradients / optimizer state over device, host and NVMe:\n"
     "the bytes each tier needs (state + buffers + activations), whether it fits, the predicted\n"
     "step time split by resource and the bottleneck. The fastest placement that fits is\n"
     "written as a config `strata train` runs as is. The model: docs/PLANNER.md.\n\n"
     "model:\n"
     "  --model NAME         gpt2-124m gpt2-350m gpt2-774m gpt2-1.5b gpt3-6.7b gpt3-13b gpt3-175b\n"
-    "                       llama-7b llama-13b llama-70b (llama: its shape, GPT block arithmetic)\n"
+    "                       llama2-7b llama2-13b llama2-70b llama3-8b llama3-70b llama3.1-405b\n"
+    "                       qwen2.5-7b qwen2.5-72b mistral-7b (llama: grouped-query attention,\n"
+    "                       SwiGLU, untied head, as their config.json)\n"
+    "  --hf DIR             the shape of a Hugging Face model directory's config.json (--seq\n"
+    "                       sets its context); a written config names DIR as from_pretrained\n"
     "  --layers/--width/--heads/--vocab/--context N   an explicit shape (vocab 50257, context\n"
     "                       1024 by default)\n"
     "  --config FILE        take model, batch and placement from a config and evaluate it too\n"
     "  --set KEY=VALUE      override a config key (with --config), repeatable\n"
     "batch:\n"
     "  --batch B            sequences per micro-batch per GPU (default 1)\n"
-    "  --seq T              tokens per sequence (default: the model's context)\n"
+    "  --seq T              tokens per sequence (default: the model's context, at most 8192)\n"
     "  --accum A            micro-batches per step (default 1)\n"
     "  --dtype bf16|fp16|fp32   parameter/activation precision (default bf16)\n"
     "  --activations keep|recompute|offload\n"
@@ -106,6 +110,8 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
     bool ok = true;
     if (a == "--model") {
       p.model_name = v;
+    } else if (a == "--hf") {
+      p.hf_dir = v;
     } else if (a == "--config") {
       p.config_path = v;
     } else if (a == "--set") {
@@ -172,9 +178,14 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
     }
     if (!ok) return 2;
   }
-  if (p.model_name.empty() && p.config_path.empty() && p.layers == 0) {
-    std::fprintf(stderr, "strata plan: give --model, --layers/--width/--heads or --config\n\n%s",
+  if (p.model_name.empty() && p.hf_dir.empty() && p.config_path.empty() && p.layers == 0) {
+    std::fprintf(stderr,
+                 "strata plan: give --model, --hf, --layers/--width/--heads or --config\n\n%s",
                  kUsage);
+    return 2;
+  }
+  if (!p.model_name.empty() + !p.hf_dir.empty() + (p.layers > 0) > 1) {
+    std::fprintf(stderr, "strata plan: give one of --model, --hf and --layers/--width/--heads\n");
     return 2;
   }
   if (p.model_name.empty() && p.layers > 0 && (p.width == 0 || p.heads == 0)) {

@@ -15,7 +15,7 @@ namespace strata::tools {
 
 // The command line, as given (defaults are resolved by the run).
 struct PlanArgs {
-  std::string model_name, config_path, json_path, svg_path, cfg_out, profile_path, backend;
+  std::string model_name, hf_dir, config_path, json_path, svg_path, cfg_out, profile_path, backend;
   std::vector<std::string> sets, nvme;
   int layers = 0, width = 0, heads = 0, vocab = 50257, context = 1024;
   int batch = 1, seq = 0, accum = 1, gpus = 1;

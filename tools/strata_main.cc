@@ -20,6 +20,8 @@ constexpr Command kCommands[] = {
      "measure this machine (memory, CPU optimizer, GEMM, link, NVMe, collectives): a profile"},
     {"plan", strata::tools::cmd_plan,
      "per-tier bytes, fit, step time and bottleneck per placement; writes the best config"},
+    {"eval", strata::tools::cmd_eval,
+     "mean next-token loss and perplexity of a model or checkpoint over a token file"},
     {"export", strata::tools::cmd_export,
      "write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors)"},
     {"trace", strata::tools::cmd_trace,

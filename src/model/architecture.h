@@ -154,10 +154,14 @@ struct ModuleBindings {
 
 // Per micro-batch: dloss = loss scale / (tokens of the global batch) multiplies the loss
 // gradient (0 for eval); per-token losses land in losses_out (host [B*T]) once the compute
-// stream has run the step that computes them.
+// stream has run the step that computes them. logits_out (tests and tools; nullptr in
+// training): host memory (allocate_host, for an asynchronous copy) of B*T*Vp elements of the
+// model dtype, Vp the padded vocabulary; the head's forward copies its logits there (row i:
+// position i's, columns >= vocab_size padding) before the loss overwrites them.
 struct MicroBatch {
   float dloss = 0;
   float* losses_out = nullptr;
+  void* logits_out = nullptr;
 };
 
 class ModelRunner {

@@ -119,7 +119,7 @@ class GptRunner final : public ModelRunner {
   void forward_embedding(const void* params);
   void forward_block(int l, const void* params);
   void forward_head(const void* final_norm_params, const void* head_params, float dloss,
-                    float* losses_out);
+                    float* losses_out, void* logits_out);
   void backward_head(const void* final_norm_params, float* final_norm_grads,
                      const void* head_params, float* head_grads);
   void backward_block(int l, const void* params, float* grads);
@@ -457,7 +457,7 @@ void GptRunner::compute(const ProgramOp& op, const ModuleBindings& b, const Micr
       forward_block(op.layer, P(sh_.block(op.layer)));
       break;
     case GptArchitecture::kHeadForward:
-      forward_head(P(F), P(H), mb.dloss, mb.losses_out);
+      forward_head(P(F), P(H), mb.dloss, mb.losses_out, mb.logits_out);
       break;
     case GptArchitecture::kHeadBackward:
       backward_head(P(F), G(F), P(H), G(H));
@@ -584,7 +584,8 @@ void GptRunner::forward_block(int l, const void* p) {
   block_forward(l, p, in, acts(l), output(l), out_slot);
 }
 
-void GptRunner::forward_head(const void* pf, const void* ph, float dloss, float* losses_out) {
+void GptRunner::forward_head(const void* pf, const void* ph, float dloss, float* losses_out,
+                             void* logits_out) {
   Kernels& k = dev_.kernels();
   Stream& s = dev_.compute_stream();
   const int N = B_ * T_, C = sh_.C;
@@ -593,6 +594,7 @@ void GptRunner::forward_head(const void* pf, const void* ph, float dloss, float*
   k.layernorm_forward(s, dt_, buf_.lnf, buf_.lnf_mean, buf_.lnf_rstd, output(sh_.L - 1),
                       PARAM(F, pf, 0), PARAM(F, pf, 1), N, C);
   k.matmul_forward(s, dt_, buf_.logits, buf_.lnf, PARAM(H, ph, 0), nullptr, N, C, sh_.Vp);
+  if (logits_out) dev_.copy_d2h(s, logits_out, buf_.logits, size_t(N) * sh_.Vp * es);
   k.crossentropy_forward_backward(s, dt_, buf_.losses, buf_.logits, buf_.targets, dloss, N, sh_.V,
                                   sh_.Vp);
   dev_.copy_d2h(s, host_losses_, buf_.losses, size_t(N) * 4);

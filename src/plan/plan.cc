@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "src/model/gpt2.h"
 #include "src/tiers/memory_model.h"
 #include "strata/log.h"
 
@@ -19,43 +18,80 @@ using json = nlohmann::json;
 
 struct Preset {
   const char* name;
+  const char* type;
   int layers, width, heads, vocab, context;
+  int kv_heads, intermediate;  // llama
+  bool tied, qkv_bias;
+  double rope_theta;
   const char* note;
 };
 
-// Shapes from the GPT-2 release, the GPT-3 paper (Table 2.1) and the Llama / Llama 2 papers.
+// GPT shapes from the GPT-2 release and the GPT-3 paper (Table 2.1). Llama-family shapes from
+// their Hugging Face config.json (meta-llama/Llama-2-*-hf, Meta-Llama-3-*, Llama-3.1-405B,
+// Qwen/Qwen2.5-*, mistralai/Mistral-7B-v0.1); the parameter counts they give are the published
+// ones exactly (Plan.PresetParamCounts). context: the longest sequence strata trains them at as
+// the checkpoint defines them (Mistral: its 4096-token sliding window; strata's attention is
+// full, so no more).
 constexpr Preset kPresets[] = {
-    {"gpt2-124m", 12, 768, 12, 50257, 1024, ""},
-    {"gpt2-350m", 24, 1024, 16, 50257, 1024, ""},
-    {"gpt2-774m", 36, 1280, 20, 50257, 1024, ""},
-    {"gpt2-1.5b", 48, 1600, 25, 50257, 1024, ""},
-    {"gpt3-6.7b", 32, 4096, 32, 50257, 2048, ""},
-    {"gpt3-13b", 40, 5140, 40, 50257, 2048, ""},
-    {"gpt3-175b", 96, 12288, 96, 50257, 2048, ""},
-    {"llama-7b", 32, 4096, 32, 32000, 4096,
-     "llama shape (width/layers/heads/vocab) computed with strata's GPT block (4x MLP, "
-     "LayerNorm, learned positions, tied embeddings): ~6.5B params, not llama's 6.7B"},
-    {"llama-13b", 40, 5120, 40, 32000, 4096,
-     "llama shape computed with strata's GPT block: ~12.7B params, not llama's 13.0B"},
-    {"llama-70b", 80, 8192, 64, 32000, 4096,
-     "llama shape computed with strata's GPT block (no GQA, 4x MLP): ~64.7B params, not "
-     "llama's 69B"},
+    {"gpt2-124m", "gpt2", 12, 768, 12, 50257, 1024, 0, 0, true, false, 0, ""},
+    {"gpt2-350m", "gpt2", 24, 1024, 16, 50257, 1024, 0, 0, true, false, 0, ""},
+    {"gpt2-774m", "gpt2", 36, 1280, 20, 50257, 1024, 0, 0, true, false, 0, ""},
+    {"gpt2-1.5b", "gpt2", 48, 1600, 25, 50257, 1024, 0, 0, true, false, 0, ""},
+    {"gpt3-6.7b", "gpt2", 32, 4096, 32, 50257, 2048, 0, 0, true, false, 0, ""},
+    {"gpt3-13b", "gpt2", 40, 5140, 40, 50257, 2048, 0, 0, true, false, 0, ""},
+    {"gpt3-175b", "gpt2", 96, 12288, 96, 50257, 2048, 0, 0, true, false, 0, ""},
+    {"llama2-7b", "llama", 32, 4096, 32, 32000, 4096, 32, 11008, false, false, 1e4, ""},
+    {"llama2-13b", "llama", 40, 5120, 40, 32000, 4096, 40, 13824, false, false, 1e4, ""},
+    {"llama2-70b", "llama", 80, 8192, 64, 32000, 4096, 8, 28672, false, false, 1e4, ""},
+    {"llama3-8b", "llama", 32, 4096, 32, 128256, 8192, 8, 14336, false, false, 5e5, ""},
+    {"llama3-70b", "llama", 80, 8192, 64, 128256, 8192, 8, 28672, false, false, 5e5, ""},
+    {"llama3.1-405b", "llama", 126, 16384, 128, 128256, 131072, 8, 53248, false, false, 5e5,
+     "context 131072 (rope_scaling llama3); --seq picks the trained length"},
+    {"qwen2.5-7b", "llama", 28, 3584, 28, 152064, 32768, 4, 18944, false, true, 1e6, ""},
+    {"qwen2.5-72b", "llama", 80, 8192, 64, 152064, 32768, 8, 29568, false, true, 1e6, ""},
+    {"mistral-7b", "llama", 32, 4096, 32, 32000, 4096, 8, 14336, false, false, 1e4,
+     "context 4096: Mistral's sliding window (strata's attention is full)"},
 };
 
 std::string gb(double bytes) { return format_bytes(bytes); }
 
 }  // namespace
 
-// strata's GPT architecture at a planner shape (vocabulary padded to 64).
-Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m) {
+ModelConfig model_config_of(const ModelShape& m) {
   ModelConfig mc;
+  mc.type = m.type;
+  mc.from_pretrained = m.from_pretrained;
   mc.tied_embeddings = m.tied_embeddings;
   mc.n_layer = m.layers;
   mc.n_head = m.heads;
   mc.n_embd = m.width;
   mc.vocab_size = m.vocab;
   mc.context = m.context;
-  return GptArchitecture::create(mc);
+  if (m.type == "llama") {
+    mc.num_key_value_heads = m.kv_heads;
+    mc.intermediate_size = m.intermediate;
+    mc.attention_bias = m.qkv_bias;
+    mc.rope_theta = m.rope_theta;
+  }
+  return mc;
+}
+
+ModelShape shape_of(const ModelConfig& mc, const std::string& name) {
+  ModelShape m{name,          mc.n_layer, mc.n_embd, mc.n_head,
+               mc.vocab_size, mc.context, "",        mc.tied_embeddings};
+  m.type = mc.type == "gpt" ? "gpt2" : mc.type;
+  m.from_pretrained = mc.from_pretrained;
+  if (m.type == "llama") {
+    m.kv_heads = mc.num_key_value_heads;
+    m.intermediate = mc.intermediate_size;
+    m.qkv_bias = mc.attention_bias;
+    m.rope_theta = mc.rope_theta;
+  }
+  return m;
+}
+
+Result<std::unique_ptr<Architecture>> architecture_of(const ModelShape& m) {
+  return create_architecture(model_config_of(m));
 }
 
 ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode) {
@@ -65,8 +101,14 @@ ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, Acti
 
 Result<ModelShape> model_preset(const std::string& name) {
   for (const auto& p : kPresets) {
-    if (name == p.name)
-      return ModelShape{p.name, p.layers, p.width, p.heads, p.vocab, p.context, p.note};
+    if (name != p.name) continue;
+    ModelShape m{p.name, p.layers, p.width, p.heads, p.vocab, p.context, p.note, p.tied};
+    m.type = p.type;
+    m.kv_heads = p.kv_heads;
+    m.intermediate = p.intermediate;
+    m.qkv_bias = p.qkv_bias;
+    if (p.rope_theta > 0) m.rope_theta = p.rope_theta;
+    return m;
   }
   std::string known;
   for (const auto& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
@@ -494,14 +536,7 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& p) {
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile) {
   PlanRequest r;
-  r.model = {"config",
-             cfg.model.n_layer,
-             cfg.model.n_embd,
-             cfg.model.n_head,
-             cfg.model.vocab_size,
-             cfg.model.context,
-             "",
-             cfg.model.tied_embeddings};
+  r.model = shape_of(cfg.model, "config");
   r.micro_batch = int(cfg.train_micro_batch_size_per_gpu);
   r.seq = cfg.data.seq_len > 0 ? cfg.data.seq_len : cfg.model.context;
   r.accumulation = int(cfg.gradient_accumulation_steps);

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "src/comm/zeropp.h"
-#include "src/model/gpt2.h"
+#include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "strata/config.h"
 #include "strata/status.h"
@@ -46,22 +46,42 @@ namespace strata {
 
 // ---- models -------------------------------------------------------------------------------
 
+// A model as the planner sees it: the architecture (model.type) and its shape. Every byte and
+// FLOP the planner counts comes from the architecture strata would build from it
+// (architecture_of): its module layout, activation carve and FLOPs per token.
 struct ModelShape {
-  std::string name;  // preset name or "custom"
+  std::string name;  // preset name, "custom", the config's or the --hf directory's path
   int layers = 12, width = 768, heads = 12, vocab = 50257, context = 1024;
-  std::string note;             // e.g. "llama shape, computed with GPT block arithmetic"
+  std::string note;             // printed beside the plan
   bool tied_embeddings = true;  // model.tied_embeddings: false adds an output head module
+  std::string type = "gpt2";    // model.type: gpt2 | llama
+  // llama (src/model/llama.h): grouped-query attention's key/value heads (0 = heads), the
+  // SwiGLU MLP's width, q/k/v biases (Qwen2), rope_theta (carried into a written config).
+  int kv_heads = 0;
+  int intermediate = 0;
+  bool qkv_bias = false;
+  double rope_theta = 10000.0;
+  // `strata plan --hf DIR`: a written config names the checkpoint (model.from_pretrained).
+  std::string from_pretrained{};
 };
 
-// gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama-7b,
-// llama-13b, llama-70b. Unknown names are kNotFound listing the known ones.
+// GPT: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, gpt3-13b, gpt3-175b. Llama
+// (their config.json shapes: grouped-query attention, SwiGLU, untied head): llama2-7b,
+// llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-7b, qwen2.5-72b (q/k/v
+// biases), mistral-7b. Unknown names are kNotFound listing the known ones.
 Result<ModelShape> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
-// Parameter count of strata's GPT at this shape: its architecture's layout (0 for a shape that
-// is not a valid model).
+// The planner shape of a config's model section (or of a Hugging Face config.json read by
+// model_config_from_hf), named `name`.
+ModelShape shape_of(const ModelConfig& model, const std::string& name);
+// The model section that builds this shape (from_pretrained and its context when set).
+ModelConfig model_config_of(const ModelShape& m);
+// Parameter count of strata's model at this shape: its architecture's layout (0 for a shape
+// that is not a valid model).
 uint64_t model_params(const ModelShape& m);
-// strata's GPT architecture at a planner shape (vocabulary padded to 64).
-Result<std::unique_ptr<GptArchitecture>> architecture_of(const ModelShape& m);
+// strata's architecture at a planner shape (vocabulary padded to 64). Errors name the model.*
+// key that is wrong.
+Result<std::unique_ptr<Architecture>> architecture_of(const ModelShape& m);
 // Activations of a micro-batch at a planner shape: the runner's own carve (zero for a shape that
 // is not a valid model; evaluate_placement reports that).
 ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode);

@@ -61,12 +61,24 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
   if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
-  c["model"] = {{"n_layer", r.model.layers},
-                {"n_head", r.model.heads},
-                {"n_embd", r.model.width},
-                {"vocab_size", r.model.vocab},
-                {"context", r.model.context}};
-  if (!r.model.tied_embeddings) c["model"]["tied_embeddings"] = false;
+  const ModelShape& m = r.model;
+  if (!m.from_pretrained.empty()) {
+    c["model"] = {{"from_pretrained", m.from_pretrained}, {"context", m.context}};
+  } else {
+    c["model"] = {{"n_layer", m.layers},
+                  {"n_head", m.heads},
+                  {"n_embd", m.width},
+                  {"vocab_size", m.vocab},
+                  {"context", m.context}};
+    if (!m.tied_embeddings) c["model"]["tied_embeddings"] = false;
+    if (m.type == "llama") {
+      c["model"]["type"] = "llama";
+      c["model"]["num_key_value_heads"] = m.kv_heads > 0 ? m.kv_heads : m.heads;
+      c["model"]["intermediate_size"] = m.intermediate;
+      c["model"]["rope_theta"] = m.rope_theta;
+      if (m.qkv_bias) c["model"]["attention_bias"] = true;
+    }
+  }
   c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
@@ -88,7 +100,13 @@ std::string plan_json(const PlanReport& rep) {
   j["version"] = 1;
   j["model"] = {{"name", r.model.name},   {"layers", r.model.layers}, {"width", r.model.width},
                 {"heads", r.model.heads}, {"vocab", r.model.vocab},   {"context", r.model.context},
-                {"params", rep.params},   {"note", r.model.note}};
+                {"params", rep.params},   {"note", r.model.note},     {"type", r.model.type}};
+  if (r.model.type == "llama") {
+    j["model"]["kv_heads"] = r.model.kv_heads > 0 ? r.model.kv_heads : r.model.heads;
+    j["model"]["intermediate"] = r.model.intermediate;
+    j["model"]["qkv_bias"] = r.model.qkv_bias;
+    j["model"]["tied_embeddings"] = r.model.tied_embeddings;
+  }
   j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
   {
     json a;
@@ -157,9 +175,16 @@ std::string plan_json(const PlanReport& rep) {
 
 std::string plan_table(const PlanReport& rep) {
   const PlanRequest& r = rep.request;
+  const ModelShape& m = r.model;
+  const std::string llama =
+      m.type != "llama"
+          ? std::string()
+          : fmt::format(" ({} key/value), SwiGLU {}{}{}", m.kv_heads > 0 ? m.kv_heads : m.heads,
+                        m.intermediate, m.qkv_bias ? ", q/k/v biases" : "",
+                        m.tied_embeddings ? ", tied embeddings" : ", untied head");
   std::string s = fmt::format(
-      "model {}: {} layers, width {}, {} heads, vocab {}, context {} = {:.3g}B params\n",
-      r.model.name, r.model.layers, r.model.width, r.model.heads, r.model.vocab, r.model.context,
+      "model {}: {} {} layers, width {}, {} heads{}, vocab {}, context {} = {:.3g}B params\n",
+      m.name, m.type, m.layers, m.width, m.heads, llama, m.vocab, m.context,
       double(rep.params) / 1e9);
   if (!r.model.note.empty()) s += "  note: " + r.model.note + "\n";
   s += fmt::format(

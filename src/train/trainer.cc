@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -70,7 +71,10 @@ OptimizerKind optimizer_kind(const OptimizerConfig& o) {
 
 class Run {
  public:
-  Run(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
+  // eval_only: set up for evaluate() (strata eval): the whole of data.source is the eval
+  // corpus, train.checkpoint_dir is left alone, opts.resume names the checkpoint to evaluate.
+  Run(const Config& cfg, const TrainOptions& opts, bool eval_only = false)
+      : cfg_(cfg), opts_(opts), eval_only_(eval_only) {}
   ~Run() {
     if (dev_) {
       // Stream-ordered collectives refer to the communicators: join every stream first.
@@ -84,6 +88,7 @@ class Run {
 
   Status setup();
   Result<TrainResult> loop();
+  Result<EvalResult> evaluate();
   const TierManager& tiers() const { return *tm_; }
 
  private:
@@ -92,6 +97,7 @@ class Run {
   // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
   Status reduce(float* v, size_t n, ReduceOp op);
   Status init_or_resume();
+  Status load_for_eval(const std::string& path);
   Result<double> run_step();
   Result<double> eval_loss();
   // Runs one micro-batch's program: its state steps through the tier manager, its compute
@@ -103,6 +109,7 @@ class Run {
 
   const Config& cfg_;
   const TrainOptions& opts_;
+  const bool eval_only_;
   std::unique_ptr<Architecture> arch_;
   DType dt_ = DType::kBF16;
   int B_ = 0, T_ = 0, accum_ = 1;
@@ -216,9 +223,18 @@ Status Run::setup() {
   for (const auto& line : cfg_.resolved_auto) log_info("config: {}", line);
   for (const auto& line : cfg_.not_acted_on) log_info("config: {}", line);
 
-  STRATA_ASSIGN_OR_RETURN(Dataset d, Dataset::load(cfg_.data, arch_->vocab_size(), cfg_.train.seed),
+  DataConfig data_cfg = cfg_.data;
+  if (eval_only_) data_cfg.eval_fraction = 1.0;  // all of it is held out: eval_batch's windows
+  STRATA_ASSIGN_OR_RETURN(Dataset d, Dataset::load(data_cfg, arch_->vocab_size(), cfg_.train.seed),
                           "data");
-  if (d.train_tokens() < size_t(T_) + 2 || d.eval_tokens() < size_t(T_) + 2) {
+  if (eval_only_ && d.eval_tokens() < size_t(T_) + 1) {
+    return invalid_argument(fmt::format(
+        "data.source: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
+        "longer token file, or a shorter data.seq_len",
+        cfg_.data.source, d.eval_tokens(), T_ + 1,
+        cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
+  }
+  if (!eval_only_ && (d.train_tokens() < size_t(T_) + 2 || d.eval_tokens() < size_t(T_) + 2)) {
     return invalid_argument(fmt::format(
         "data: {} train and {} eval tokens; each split needs at least seq_len+2 = {} (use a "
         "larger corpus or change data.eval_fraction)",
@@ -231,10 +247,12 @@ Status Run::setup() {
   STRATA_RETURN_IF_ERROR(create_comms(), "");
   // train.checkpoint_dir is checked before anything is trained; a failure is reported together
   // with the tiers' preflight below.
-  const Status ckpt_dir =
-      prepare_checkpoint_dir(cfg_.train.checkpoint_dir, checkpoint_file_bytes(checkpoint_meta(0)),
-                             /*remove_temporaries=*/rank_ == 0);
-  if (cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
+  const Status ckpt_dir = eval_only_
+                              ? Status::ok()
+                              : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
+                                                       checkpoint_file_bytes(checkpoint_meta(0)),
+                                                       /*remove_temporaries=*/rank_ == 0);
+  if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
         "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
@@ -292,6 +310,10 @@ Status Run::setup() {
   tok_.resize(size_t(B_) * T_);
   tgt_.resize(size_t(B_) * T_);
   losses_.resize(size_t(accum_) * B_ * T_);
+  if (eval_only_) {
+    if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
+    return init_or_resume();
+  }
   STRATA_RETURN_IF_ERROR(init_or_resume(), "");
   return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps);
 }
@@ -376,6 +398,27 @@ Status Run::init_or_resume() {
   STRATA_RETURN_IF_ERROR(read, "");
   log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
            double(hf->bytes()) / 1e6, seconds_since(t0));
+  return Status::ok();
+}
+
+Status Run::load_for_eval(const std::string& path) {
+  // The model, the module layout and the moment dtype must match; train.seed and train.steps
+  // only steer training, so the checkpoint's own are taken.
+  STRATA_ASSIGN_OR_RETURN(ShardManifest man, read_shard_manifest(path), "--checkpoint");
+  STRATA_ASSIGN_OR_RETURN(CheckpointMeta first, read_checkpoint_meta(man.files.at(0)),
+                          "--checkpoint");
+  CheckpointMeta mine = checkpoint_meta(0);
+  mine.seed = first.seed;
+  STRATA_ASSIGN_OR_RETURN(ResumePlan plan,
+                          check_resume(path, mine, std::numeric_limits<int64_t>::max()),
+                          "--checkpoint");
+  const auto t0 = Clock::now();
+  if (plan.whole && world_ == 1) {
+    STRATA_RETURN_IF_ERROR(tm_->load(path), "--checkpoint");
+  } else {
+    STRATA_RETURN_IF_ERROR(tm_->load_shards(plan.files), "--checkpoint");
+  }
+  log_info("loaded {} (step {}) in {:.2f} s", path, plan.meta.step, seconds_since(t0));
   return Status::ok();
 }
 
@@ -519,6 +562,45 @@ Result<double> Run::eval_loss() {
   float total = static_cast<float>(sum / (double(n) * B_ * T_));
   STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
   return world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_);
+}
+
+Result<EvalResult> Run::evaluate() {
+  EvalResult r;
+  r.rank = rank_;
+  r.world_size = world_;
+  r.T = T_;
+  r.corpus_tokens = int64_t(data_->eval_tokens());
+  // eval_batch(i) gives rank r rows [r*B, (r+1)*B) of the i-th run of B*world windows; the
+  // last run's rows past the end wrap around to the start and are computed but not counted.
+  const size_t windows = (data_->eval_tokens() - 1) / size_t(T_);
+  const size_t rows = size_t(B_) * size_t(world_);
+  const size_t batches = (windows + rows - 1) / rows;
+  STRATA_CHECK(batches <= size_t(std::numeric_limits<int>::max()), "eval: too many batches");
+  log_info("eval: {} windows of {} tokens, {} batch(es) of {} x {} rank(s)", windows, T_, batches,
+           B_, world_);
+  const auto t0 = Clock::now();
+  double sum = 0;
+  for (size_t i = 0; i < batches; ++i) {
+    tm_->begin_phase("eval");
+    data_->eval_batch(int(i), B_, T_, tok_.data(), tgt_.data(), rank_, world_);
+    model_->begin_batch(tok_.data(), tgt_.data());
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}),
+                           fmt::format("eval batch {}", i));
+    STRATA_RETURN_IF_ERROR(tm_->end_backward(), fmt::format("eval batch {}", i));
+    STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
+    for (size_t b = 0; b < size_t(B_); ++b) {
+      if (i * rows + size_t(rank_) * size_t(B_) + b >= windows) break;
+      for (size_t t = 0; t < size_t(T_); ++t) sum += losses_[b * size_t(T_) + t];
+    }
+  }
+  r.windows = int64_t(windows);
+  r.tokens = int64_t(windows) * T_;
+  float total = static_cast<float>(sum);
+  STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
+  r.loss = (world_ > 1 ? double(total) : sum) / double(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  log_info("eval: {} tokens in {:.2f} s", r.tokens, seconds_since(t0));
+  return r;
 }
 
 Status Run::save_checkpoint(int64_t step, std::string* path_out) {
@@ -784,6 +866,16 @@ Result<TrainResult> Run::loop() {
 }
 
 }  // namespace
+
+Result<EvalResult> evaluate(const Config& cfg, const EvalOptions& opts) {
+  STRATA_RETURN_IF_ERROR(check_model_given(cfg), "");
+  TrainOptions to;
+  to.resume = opts.checkpoint;
+  to.progress = false;
+  Run run(cfg, to, /*eval_only=*/true);
+  STRATA_RETURN_IF_ERROR(run.setup(), "");
+  return run.evaluate();
+}
 
 int launcher_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",

@@ -103,6 +103,37 @@ struct TrainResult {
 // the rank; train() then returns that Status.
 Result<TrainResult> train(const Config& cfg, const TrainOptions& opts);
 
+// `strata eval`: the mean next-token cross-entropy of the model over every window of the token
+// file data.source (the whole file: data.eval_fraction plays no part). With T = model.context
+// (data.seq_len when set) and N tokens, windows start at token 0, T, 2T, ... while
+// start + T + 1 <= N; each scores inputs [s, s+T) against targets [s+1, s+T+1). Batches of
+// train_micro_batch_size_per_gpu windows per rank; under mpirun the ranks share the windows
+// (ZeRO-3 sharded parameters gathered as in training). The model, its placement and its tiers
+// are set up exactly as train() sets them up, so any placement evaluates (NVMe-homed
+// parameters included), with the same forward kernels; no gradients are made and nothing is
+// written (train.checkpoint_dir is not touched).
+struct EvalOptions {
+  // "" the initial weights (model.from_pretrained's, else train.seed's initialization); else a
+  // checkpoint file or a sharded checkpoint's manifest. Its model must be the config's; its
+  // train.seed and step need not match.
+  std::string checkpoint;
+};
+
+struct EvalResult {
+  int rank = 0;  // this process's rank, and the number of ranks
+  int world_size = 1;
+  double loss = 0;        // mean cross-entropy over every target token, nats
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;     // target tokens scored: windows * T
+  int64_t windows = 0;
+  int T = 0;                  // tokens per window
+  int64_t corpus_tokens = 0;  // N
+};
+
+// Every rank calls evaluate() with the same config; every rank gets the global result. A file
+// shorter than T + 1 tokens is kInvalidArgument naming data.source, its length and T.
+Result<EvalResult> evaluate(const Config& cfg, const EvalOptions& opts);
+
 // The world size the launcher (mpirun, srun) announces in the environment, before MPI is
 // initialised (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE, SLURM_NTASKS...); 1 when none.
 // The CLI resolves the config's batch triple with it.

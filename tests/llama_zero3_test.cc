@@ -1,0 +1,204 @@
+// A Llama under ZeRO-3 across real MPI ranks, through the `strata` command as a user runs it:
+// `mpirun -np 2 strata train` with its state sharded (parameters and optimizer in host memory,
+// or on NVMe), then `strata export` and `strata eval` of the sharded checkpoint.
+//
+// What is checked:
+//   - Two ranks train to the same losses bit for bit whether the state lives in host memory, on
+//     NVMe or on the device, and along the one-rank curve within the tolerance of
+//     tests/zero3_test.cc (the same sequences, a different fp32 summation order: GEMMs over fewer
+//     rows, the reduce-scatter summing two partial gradients; see there).
+//   - The sharded checkpoint's export (its shards gathered through a scratch file) has the same
+//     bytes as the export of the same weights re-sharded onto one rank (--resume on one rank,
+//     which loads each rank's part of the old shards and saves one whole checkpoint).
+//   - `strata eval` of the sharded checkpoint on one rank equals, bit for bit, the eval of its
+//     export as model.from_pretrained (bf16 -> fp32 -> bf16 is exact); on two ranks (each its
+//     share of the windows, ZeRO-3 gathers) within float rounding of the sum.
+// Without MPI the test reports skipped.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/test_util.h"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must point at the repository"
+#endif
+#ifndef STRATA_BIN
+#error "STRATA_BIN must point at the strata binary"
+#endif
+#ifndef STRATA_MPIEXEC
+#define STRATA_MPIEXEC ""
+#endif
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr double kLossTolerance = 5e-3;  // tests/zero3_test.cc's, with its reasoning
+constexpr int kSteps = 8;
+
+struct Cmd {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `args` with the strata binary, under `mpirun -np N` when np > 0; stdout and stderr
+// together in output (stderr only when `stdout_only` is false).
+Cmd strata(int np, const std::string& args, bool stdout_only = false) {
+  std::string cmd = std::string(STRATA_BIN) + " " + args;
+  if (np > 0) {
+    cmd = fmt::format(
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 {} --allow-run-as-root "
+        "--oversubscribe -np {} -x STRATA_COMM_TIMEOUT_S=120 {}",
+        STRATA_MPIEXEC, np, cmd);
+  }
+  cmd += stdout_only ? " 2>/dev/null" : " 2>&1";
+  Cmd r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = ::pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// configs/tiny-cpu.json with a tiny Llama (grouped-query attention, untied head) and `model`
+// replacing its model section when given; written to dir/<name>.json.
+std::string write_config(const std::string& dir, const std::string& name,
+                         const json& model = nullptr) {
+  json c = json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  c["model"] = model.is_null() ? json{{"type", "llama"},     {"n_layer", 2},
+                                      {"n_head", 4},         {"num_key_value_heads", 2},
+                                      {"n_embd", 64},        {"intermediate_size", 96},
+                                      {"vocab_size", 256},   {"tied_embeddings", false},
+                                      {"rope_theta", 50000}, {"context", 32}}
+                               : model;
+  c["train_batch_size"] = 8;
+  c["train_micro_batch_size_per_gpu"] = "auto";
+  c["gradient_accumulation_steps"] = 2;
+  c["steps_per_print"] = 1;
+  c["scheduler"]["params"]["warmup_num_steps"] = 2;
+  c["data"] = {{"source", "synthetic"}, {"synthetic_tokens", 16384}};
+  c["device"] = {{"backend", "cpu"}, {"memory_limit", "64MiB"}, {"cpu_threads", 1}};
+  c["train"] = {{"steps", kSteps}, {"eval_interval", 0}, {"seed", 7}};
+  c["zero_optimization"]["offload_optimizer"]["nvme_path"] = dir + "/swap";
+  c["zero_optimization"]["offload_param"]["nvme_path"] = dir + "/swap";
+  const std::string path = dir + "/" + name + ".json";
+  std::ofstream(path) << c.dump(2);
+  return path;
+}
+
+// Parameters and optimizer state in host memory ("cpu"), on NVMe ("nvme") or on the device
+// ("none").
+std::string placement(const std::string& where) {
+  return fmt::format(
+      "--set 'zero_optimization.offload_param.device=\"{0}\"' "
+      "--set 'zero_optimization.offload_optimizer.device=\"{0}\"'",
+      where);
+}
+
+// The per-step losses rank 0 logged (steps_per_print = 1).
+std::vector<double> logged_losses(const std::string& ckpt_dir) {
+  std::vector<double> out;
+  std::ifstream f(ckpt_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    json e = json::parse(line, nullptr, false);
+    if (e.is_object() && e.contains("loss")) out.push_back(e["loss"].get<double>());
+  }
+  return out;
+}
+
+double eval_loss(const Cmd& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output, nullptr, false);
+  EXPECT_TRUE(j.is_object() && j.contains("loss")) << r.output;
+  return j.is_object() && j.contains("loss") ? j["loss"].get<double>() : NAN;
+}
+
+TEST(LlamaZero3, TwoRanksTrainExportAndEvaluateAsOne) {
+  if (std::string(STRATA_MPIEXEC).empty()) {
+    GTEST_SKIP() << "built without MPI (STRATA_WITH_MPI=OFF or Open MPI not found): no "
+                    "multi-rank run possible";
+  }
+  const std::string dir = test::temp_dir("strata_llama_zero3", "run");
+  fs::create_directories(dir + "/swap");
+  const std::string cfg = write_config(dir, "llama");
+
+  // Training: one rank in host memory; two ranks in host memory, on NVMe and on the device.
+  std::vector<std::vector<double>> curves;
+  for (const auto& [np, where] :
+       std::vector<std::pair<int, std::string>>{{0, "cpu"}, {2, "cpu"}, {2, "nvme"}, {2, "none"}}) {
+    const std::string ckpt = fmt::format("{}/ckpt_np{}_{}", dir, np, where);
+    Cmd r =
+        strata(np, fmt::format("train --config {} --quiet --set 'train.checkpoint_dir=\"{}\"' {}",
+                               cfg, ckpt, placement(where)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    curves.push_back(logged_losses(ckpt));
+    ASSERT_EQ(curves.back().size(), size_t(kSteps)) << r.output;
+  }
+  double worst = 0;
+  for (size_t s = 0; s < size_t(kSteps); ++s) {
+    EXPECT_EQ(curves[2][s], curves[1][s]) << "2 ranks, nvme vs host, step " << s + 1;
+    EXPECT_EQ(curves[3][s], curves[1][s]) << "2 ranks, device vs host, step " << s + 1;
+    EXPECT_NEAR(curves[1][s], curves[0][s], kLossTolerance) << "2 ranks vs 1, step " << s + 1;
+    worst = std::max(worst, std::fabs(curves[1][s] - curves[0][s]));
+  }
+  std::printf("loss %.4f -> %.4f; 2 ranks vs 1: worst |dloss| %.3g\n", curves[0].front(),
+              curves[0].back(), worst);
+  EXPECT_LT(curves[0].back(), curves[0].front() - 0.1) << "the tiny Llama does not learn";
+
+  // The two-rank checkpoint: a manifest and one shard file per rank.
+  const std::string manifest = fmt::format("{}/ckpt_np2_cpu/ckpt-{:08}.bin", dir, kSteps);
+  ASSERT_TRUE(fs::exists(manifest));
+  ASSERT_TRUE(fs::exists(manifest + ".rank1-of-2")) << "no shard file (naming changed?)";
+  Cmd ex = strata(
+      0, fmt::format("export --config {} --checkpoint {} --out {}/hf_sharded", cfg, manifest, dir));
+  ASSERT_EQ(ex.exit_code, 0) << ex.output;
+  // The same weights re-sharded onto one rank (resume at the last step: nothing trained, the
+  // final checkpoint written whole), then exported.
+  Cmd re = strata(0, fmt::format("train --config {} --quiet --resume {} "
+                                 "--set 'train.checkpoint_dir=\"{}/ckpt_resharded\"' {}",
+                                 cfg, manifest, dir, placement("cpu")));
+  ASSERT_EQ(re.exit_code, 0) << re.output;
+  const std::string whole = fmt::format("{}/ckpt_resharded/ckpt-{:08}.bin", dir, kSteps);
+  ex = strata(0,
+              fmt::format("export --config {} --checkpoint {} --out {}/hf_whole", cfg, whole, dir));
+  ASSERT_EQ(ex.exit_code, 0) << ex.output;
+  const std::string a = test::read_file(dir + "/hf_sharded/model.safetensors");
+  const std::string b = test::read_file(dir + "/hf_whole/model.safetensors");
+  ASSERT_GT(a.size(), 100000u);
+  EXPECT_TRUE(a == b) << "the sharded checkpoint's export differs from the gathered weights'";
+  EXPECT_EQ(test::read_file(dir + "/hf_sharded/config.json"),
+            test::read_file(dir + "/hf_whole/config.json"));
+
+  // Eval of the sharded checkpoint: one rank, two ranks, and its export as from_pretrained.
+  const std::string evalset = "--json --set data.synthetic_tokens=4096 " + placement("cpu");
+  const double one = eval_loss(
+      strata(0, fmt::format("eval --config {} --checkpoint {} {}", cfg, manifest, evalset), true));
+  const double two = eval_loss(
+      strata(2, fmt::format("eval --config {} --checkpoint {} {}", cfg, manifest, evalset), true));
+  const std::string from_export = write_config(
+      dir, "from_export", json{{"from_pretrained", dir + "/hf_sharded"}, {"context", 32}});
+  const double exported =
+      eval_loss(strata(0, fmt::format("eval --config {} {}", from_export, evalset), true));
+  EXPECT_EQ(exported, one);
+  EXPECT_NEAR(two, one, 1e-6 * one);
+  std::printf("eval of the sharded checkpoint: 1 rank %.9f, 2 ranks %.9f, its export %.9f\n", one,
+              two, exported);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace strata
