@@ -43,8 +43,8 @@ std::string host_hint(const Architecture& arch, const TierOptions& options, int 
   return hint;
 }
 
-// ", ZeRO++ buffers X (qwZ gather buffer a, ...)" naming the switches that take device memory,
-// with their keys; empty without ZeRO++.
+// ", ZeRO++ buffers X: qwZ gather buffer (key) a, ..." naming the buffers the switches take on
+// the device, with their keys; empty without ZeRO++.
 std::string zeropp_parts(const TierNeeds::DeviceNeed& d) {
   if (d.zeropp() == 0) return "";
   std::string parts;

@@ -14,7 +14,9 @@
 // j = its index in the hpZ group; later gathers all-gather those chunks within the group,
 // which yields the same P units in the same order, hence the same weights bit for bit.
 // Whether a gather is a first one depends only on the (identical) order of gathers, so every
-// rank makes the same choice.
+// rank makes the same choice. The buffers' sizes are ZeroPPShape's (what the memory model
+// counts), and both are freed as pending frees after the h2d stream's work that reads them, so
+// an allocation short of room waits for them instead of failing on timing.
 #include <vector>
 
 #include "src/comm/zeropp.h"
