@@ -105,7 +105,8 @@ TEST_F(ActivationsTest, FusedAttentionCarvesNoTimesTSquare) {
   Config cfg = act_config("unused", "keep");
   const size_t probs = size_t(4) * 4 * 64 * 64 * 4, lse = size_t(4) * 4 * 64 * 4;
   // keep: 4 layers' att + the scratch; recompute and offload: one layer's + the scratch.
-  for (auto [mode, buffers] : {std::pair{ActivationMode::kKeep, 5}, {ActivationMode::kRecompute, 2},
+  for (auto [mode, buffers] : {std::pair{ActivationMode::kKeep, 5},
+                               {ActivationMode::kRecompute, 2},
                                {ActivationMode::kOffload, 2}}) {
     SCOPED_TRACE(activation_mode_name(mode));
     const ActivationSizes fused = sizes_of(cfg, mode, true), plain = sizes_of(cfg, mode, false);

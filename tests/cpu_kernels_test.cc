@@ -702,7 +702,8 @@ TEST(CpuKernels, GemmEveryIsaMatchesReference) {
                     __builtin_cpu_supports("f16c");
   std::vector<std::string> skipped;
   std::mt19937_64 rng(test_seed(20));
-  for (Isa isa : {Isa{"avx2", &cpu::avx2::gemm, has2}, Isa{"baseline", &cpu::baseline::gemm, true}}) {
+  for (Isa isa :
+       {Isa{"avx2", &cpu::avx2::gemm, has2}, Isa{"baseline", &cpu::baseline::gemm, true}}) {
     if (!isa.supported) {
       skipped.push_back(isa.name);
       continue;
@@ -713,8 +714,8 @@ TEST(CpuKernels, GemmEveryIsaMatchesReference) {
           const bool ta = mode & 1, tb = mode & 2, acc = mode & 4;
           // typed operands: A in dt, B in fp32 (and for bf16 both), so mixed pairs run too.
           const DType at = dt, bt = dt == DType::kF16 ? DType::kF32 : dt;
-          SCOPED_TRACE(fmt::format("{} m={} n={} k={} ta={} tb={} acc={} a={} b={}", isa.name, m,
-                                   n, k, ta, tb, acc, dtype_name(at), dtype_name(bt)));
+          SCOPED_TRACE(fmt::format("{} m={} n={} k={} ta={} tb={} acc={} a={} b={}", isa.name, m, n,
+                                   k, ta, tb, acc, dtype_name(at), dtype_name(bt)));
           // Stored with padded row strides (ld = cols + 3) to exercise the strides.
           const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 3;
           Typed a = random_typed(at, size_t(ta ? k : m) * lda, rng);

@@ -197,7 +197,8 @@ void gemm_typed(const GemmArgs& g) {
       // op(B)[pc.., jc + j]: B[p, j] at b[p * ldb + j], or b[j * ldb + p] when trans_b.
       for (int j = 0; j < nc; j += kNr) {
         const int w = std::min(kNr, nc - j);
-        const TB* src = g.trans_b ? B + size_t(jc + j) * g.ldb + pc : B + size_t(pc) * g.ldb + jc + j;
+        const TB* src =
+            g.trans_b ? B + size_t(jc + j) * g.ldb + pc : B + size_t(pc) * g.ldb + jc + j;
         pack_strip<kNr>(src, g.ldb, g.trans_b, w, kc, pb + size_t(j) * kc);
       }
       for (int ic = 0; ic < g.m; ic += kMc) {

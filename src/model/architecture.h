@@ -241,10 +241,10 @@ class Architecture {
   virtual bool hf_ignorable(const std::string& name) const = 0;
 
   // Allocates a runner's activations on `device` for micro-batches of B sequences of T tokens,
-  // as activation_plan(B, T, dt, mode, fused_attention(device.kernels(), dt)).bytes says. kOffload needs `store` (which must outlive
-  // the runner). Under kRecompute and kOffload the parameters a block's backward reads must
-  // hold the values its forward read (no optimizer step between them; the trainer's schedules,
-  // delayed update included, only change parameters between steps).
+  // as activation_plan(B, T, dt, mode, fused_attention(device.kernels(), dt)).bytes says. kOffload
+  // needs `store` (which must outlive the runner). Under kRecompute and kOffload the parameters a
+  // block's backward reads must hold the values its forward read (no optimizer step between them;
+  // the trainer's schedules, delayed update included, only change parameters between steps).
   virtual Result<std::unique_ptr<ModelRunner>> create_runner(
       Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
       ActivationStore* store = nullptr) const = 0;

@@ -59,8 +59,8 @@ struct Buffers {
 
 // The one carve of the activation arena: activation_plan() measures it, the runner allocates
 // what it measured and carves again for real.
-void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMode mode,
-           bool fused, Buffers* m) {
+void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMode mode, bool fused,
+           Buffers* m) {
   const bool keep = mode == ActivationMode::kKeep;
   const int L = sh.L;
   m->layers.resize(size_t(keep ? L : 1));

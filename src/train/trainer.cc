@@ -266,8 +266,7 @@ Status Run::setup() {
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
       tm.status().message().find("device tier needs") != std::string::npos) {
     // Name the activation modes that need less device memory, with their bytes.
-    const size_t rec =
-        arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
+    const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
     const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload, fused).bytes;
     return out_of_memory(fmt::format(
         "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
