@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/model/gpt2.h"
+#include "src/model/llama.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -17,6 +18,7 @@
 #include "strata/log.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
+#include "tests/wrapped_device.h"
 
 namespace strata {
 namespace {
@@ -56,11 +58,22 @@ using test::must_train;
 
 using test::tier;
 
-ActivationSizes sizes_of(const Config& cfg, ActivationMode mode) {
+ActivationSizes sizes_of(const Config& cfg, ActivationMode mode, bool fused_attention = true) {
   auto arch = GptArchitecture::create(cfg.model);
   EXPECT_TRUE(arch.is_ok());
   return (*arch)->activation_plan(int(cfg.train_micro_batch_size_per_gpu), cfg.data.seq_len,
-                                  cfg.model.dtype, mode);
+                                  cfg.model.dtype, mode, fused_attention);
+}
+
+// Trains cfg on a CPU device whose kernels claim no fused attention: the models' plain path.
+TrainResult train_plain_attention(const Config& cfg) {
+  TrainOptions o;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    auto w = std::make_unique<test::WrappedDevice>(std::move(d), /*host_addressable=*/true);
+    w->disable_fused_attention();
+    return w;
+  };
+  return must_train(cfg, o);
 }
 
 class ActivationsTest : public ::testing::Test {
@@ -83,6 +96,61 @@ TEST_F(ActivationsTest, DeviceBytesShrinkWithEachMode) {
   EXPECT_EQ(off.host_bytes, 3 * input);
   EXPECT_EQ(keep.host_bytes, 0u);
   EXPECT_EQ(rec.host_bytes, 0u);
+}
+
+// With the fused attention a layer keeps each row's log-sum-exp [B, heads, T] instead of the
+// probabilities [B, heads, T, T], and so does the backward's scratch: one carve says so for
+// the runner, the trainer's preflight and the planner. tiny: B 4, 4 heads, T 64.
+TEST_F(ActivationsTest, FusedAttentionCarvesNoTimesTSquare) {
+  Config cfg = act_config("unused", "keep");
+  const size_t probs = size_t(4) * 4 * 64 * 64 * 4, lse = size_t(4) * 4 * 64 * 4;
+  // keep: 4 layers' att + the scratch; recompute and offload: one layer's + the scratch.
+  for (auto [mode, buffers] : {std::pair{ActivationMode::kKeep, 5},
+                               {ActivationMode::kRecompute, 2},
+                               {ActivationMode::kOffload, 2}}) {
+    SCOPED_TRACE(activation_mode_name(mode));
+    const ActivationSizes fused = sizes_of(cfg, mode, true), plain = sizes_of(cfg, mode, false);
+    EXPECT_EQ(plain.bytes - fused.bytes, buffers * (probs - lse));
+    EXPECT_EQ(plain.host_bytes, fused.host_bytes);
+  }
+  // Llama's carve the same way (grouped heads: the probabilities are per query head).
+  cfg.model.type = "llama";
+  cfg.model.num_key_value_heads = 2;
+  cfg.model.intermediate_size = 256;
+  auto arch = LlamaArchitecture::create(cfg.model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  const auto fused = (*arch)->activation_plan(4, 64, DType::kBF16, ActivationMode::kKeep, true);
+  const auto plain = (*arch)->activation_plan(4, 64, DType::kBF16, ActivationMode::kKeep, false);
+  EXPECT_EQ(plain.bytes - fused.bytes, 5 * (probs - lse));
+}
+
+// The fused attention computes the plain one's numbers in another order: GPT and Llama train to
+// the same losses within fp32 rounding (the fused path is what the CPU backend runs; the plain
+// one is forced through a device whose kernels report the fused op unsupported), and the fused
+// path is still bit-identical across keep / recompute.
+TEST_F(ActivationsTest, FusedAndPlainAttentionTrainAlike) {
+  for (const char* model : {"gpt2", "llama"}) {
+    SCOPED_TRACE(model);
+    std::vector<std::string> ov = {"bf16.enabled=false", "train.steps=6",
+                                   std::string("model.type=\"") + model + "\""};
+    if (std::string(model) == "llama") {
+      ov.push_back("model.num_key_value_heads=2");
+      ov.push_back("model.intermediate_size=256");
+    }
+    auto dir = temp_dir(std::string("fused_") + model);
+    const TrainResult fused = must_train(act_config(dir + "/f", "keep", ov));
+    const TrainResult fused_rec = must_train(act_config(dir + "/r", "recompute", ov));
+    const TrainResult plain = train_plain_attention(act_config(dir + "/p", "keep", ov));
+    fs::remove_all(dir);
+    ASSERT_EQ(fused.losses.size(), 6u);
+    ASSERT_EQ(plain.losses.size(), 6u);
+    EXPECT_EQ(fused_rec.losses, fused.losses);
+    EXPECT_EQ(fused_rec.weights_crc, fused.weights_crc);
+    for (size_t s = 0; s < 6; ++s) {
+      EXPECT_NEAR(fused.losses[s], plain.losses[s], 1e-4 * std::abs(plain.losses[s])) << s;
+    }
+    EXPECT_LT(fused.losses.back(), fused.losses.front());  // it trained
+  }
 }
 
 // Recompute re-runs the same deterministic kernels on the same block inputs; offload moves

@@ -78,10 +78,23 @@ void BM_EigenPlainForward(benchmark::State& state) {
       benchmark::Counter(2.0 * N * C * OC * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The tiny model's shapes: N = B*T, C channels, OC in {C, 3C (qkv), 4C (mlp)}.
+// The linear layers of configs/tiny-cpu.json (N = 4 x 64 tokens, C = 128) and
+// configs/bench-25m.json (N = 2 x 128, C = 512): qkv (OC = 3C), attention projection (C),
+// MLP up (4C) and down (C = 4C in, C out) and the head (OC = padded vocab 256); then two larger
+// GPT-2 small shapes.
 void shapes(benchmark::internal::Benchmark* b, bool with_threads) {
-  for (auto [N, C, OC] :
-       {std::tuple{512, 128, 384}, {1024, 256, 1024}, {2048, 768, 768}, {2048, 768, 3072}}) {
+  for (auto [N, C, OC] : {std::tuple{256, 128, 384},
+                          {256, 128, 128},
+                          {256, 128, 512},
+                          {256, 512, 128},
+                          {256, 128, 256},
+                          {256, 512, 1536},
+                          {256, 512, 512},
+                          {256, 512, 2048},
+                          {256, 2048, 512},
+                          {256, 512, 256},
+                          {2048, 768, 768},
+                          {2048, 768, 3072}}) {
     for (int t : {1, 2}) {
       if (!with_threads && t == 2) continue;
       b->Args({N, C, OC, t});

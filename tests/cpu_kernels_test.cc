@@ -746,8 +746,10 @@ TEST(CpuKernels, QuantizeFastPathMatchesTheScalarReferenceBitForBit) {
   }
 }
 
-// Every compiled ISA copy of the internal GEMM, every transposition, with and without
-// accumulation, against a double reference. Copies the CPU cannot run are skipped by name.
+// Every GEMM implementation the CPU can run, every transposition, with and without
+// accumulation, fp32 and bf16/fp16 operands (the AVX2 one widens them while packing), against a
+// double reference. The shapes cross the AVX2 kernel's blocks: k = 300 > its 256-step inner
+// block, m = 100 > its 96-row panel, and edge micro-tiles in both directions.
 TEST(CpuKernels, GemmEveryIsaMatchesReference) {
   struct Isa {
     const char* name;
@@ -755,62 +757,109 @@ TEST(CpuKernels, GemmEveryIsaMatchesReference) {
     bool supported;
   };
   __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("fma");
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
   std::vector<std::string> skipped;
   std::mt19937_64 rng(test_seed(20));
-  for (Isa isa : {Isa{"avx512", &cpu::avx512::gemm, has512}, Isa{"avx2", &cpu::avx2::gemm, has2},
-                  Isa{"baseline", &cpu::baseline::gemm, true}}) {
+  for (Isa isa :
+       {Isa{"avx2", &cpu::avx2::gemm, has2}, Isa{"baseline", &cpu::baseline::gemm, true}}) {
     if (!isa.supported) {
       skipped.push_back(isa.name);
       continue;
     }
-    for (auto [m, n, k] : {std::tuple{1, 1, 1}, {5, 3, 7}, {67, 45, 131}}) {
+    for (auto [m, n, k] : {std::tuple{1, 1, 1}, {5, 3, 7}, {67, 45, 131}, {100, 37, 300}}) {
       for (int mode = 0; mode < 8; ++mode) {
-        const bool ta = mode & 1, tb = mode & 2, acc = mode & 4;
-        SCOPED_TRACE(
-            fmt::format("{} m={} n={} k={} ta={} tb={} acc={}", isa.name, m, n, k, ta, tb, acc));
-        // Stored with padded row strides (ld = cols + 3) to exercise the strides.
-        const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 3;
-        auto a = random_f32(size_t(ta ? k : m) * lda, rng);
-        auto b = random_f32(size_t(tb ? n : k) * ldb, rng);
-        auto c = random_f32(size_t(m) * ldc, rng);
-        Vec want(size_t(m) * n);
-        for (int i = 0; i < m; ++i)
-          for (int j = 0; j < n; ++j) {
-            double s = acc ? c[size_t(i) * ldc + j] : 0.0;
-            for (int l = 0; l < k; ++l) {
-              double av = ta ? a[size_t(l) * lda + i] : a[size_t(i) * lda + l];
-              double bv = tb ? b[size_t(j) * ldb + l] : b[size_t(l) * ldb + j];
-              s += av * bv;
+        for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+          const bool ta = mode & 1, tb = mode & 2, acc = mode & 4;
+          // typed operands: A in dt, B in fp32 (and for bf16 both), so mixed pairs run too.
+          const DType at = dt, bt = dt == DType::kF16 ? DType::kF32 : dt;
+          SCOPED_TRACE(fmt::format("{} m={} n={} k={} ta={} tb={} acc={} a={} b={}", isa.name, m, n,
+                                   k, ta, tb, acc, dtype_name(at), dtype_name(bt)));
+          // Stored with padded row strides (ld = cols + 3) to exercise the strides.
+          const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 3;
+          Typed a = random_typed(at, size_t(ta ? k : m) * lda, rng);
+          Typed b = random_typed(bt, size_t(tb ? n : k) * ldb, rng);
+          auto c = random_f32(size_t(m) * ldc, rng);
+          Vec want(size_t(m) * n);
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < n; ++j) {
+              double s = acc ? c[size_t(i) * ldc + j] : 0.0;
+              for (int l = 0; l < k; ++l) {
+                double av = ta ? a.get(size_t(l) * lda + i) : a.get(size_t(i) * lda + l);
+                double bv = tb ? b.get(size_t(j) * ldb + l) : b.get(size_t(l) * ldb + j);
+                s += av * bv;
+              }
+              want[size_t(i) * n + j] = s;
             }
-            want[size_t(i) * n + j] = s;
-          }
-        isa.fn({.m = m,
-                .n = n,
-                .k = k,
-                .a = a.data(),
-                .lda = lda,
-                .trans_a = ta,
-                .b = b.data(),
-                .ldb = ldb,
-                .trans_b = tb,
-                .c = c.data(),
-                .ldc = ldc,
-                .accumulate = acc});
-        Vec got(size_t(m) * n);
-        for (int i = 0; i < m; ++i)
-          for (int j = 0; j < n; ++j) got[size_t(i) * n + j] = c[size_t(i) * ldc + j];
-        expect_close(got, want, 1e-5, "C");
+          isa.fn({.m = m,
+                  .n = n,
+                  .k = k,
+                  .a = a.data(),
+                  .a_type = at,
+                  .lda = lda,
+                  .trans_a = ta,
+                  .b = b.data(),
+                  .b_type = bt,
+                  .ldb = ldb,
+                  .trans_b = tb,
+                  .c = c.data(),
+                  .ldc = ldc,
+                  .accumulate = acc});
+          Vec got(size_t(m) * n);
+          for (int i = 0; i < m; ++i)
+            for (int j = 0; j < n; ++j) got[size_t(i) * n + j] = c[size_t(i) * ldc + j];
+          expect_close(got, want, 1e-5, "C");
+        }
       }
     }
   }
   if (!skipped.empty()) {
-    GTEST_SKIP() << "this CPU cannot run the GEMM copies for: "
+    GTEST_SKIP() << "this CPU cannot run the GEMM implementations: "
                  << fmt::format("{}", fmt::join(skipped, ", "))
                  << " (checked the others; dispatch uses " << cpu::gemm_isa() << ")";
+  }
+}
+
+// The bits of an output element do not depend on how the caller tiles the output (what makes
+// matmul and attention independent of the thread count): the whole product equals, bit for
+// bit, the same product computed as uneven row x column tiles, with and without accumulation.
+TEST(CpuKernels, GemmBitsDoNotDependOnTiling) {
+  std::mt19937_64 rng(test_seed(21));
+  const int m = 131, n = 1100, k = 520;  // more than one block of every kind
+  for (bool tb : {false, true}) {
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(fmt::format("tb={} acc={}", tb, acc));
+      Typed a = random_typed(DType::kBF16, size_t(m) * k, rng);
+      Typed b = random_typed(DType::kBF16, size_t(k) * n, rng);
+      auto c0 = random_f32(size_t(m) * n, rng);
+      auto whole = c0, tiled = c0;
+      cpu::GemmArgs g{.m = m,
+                      .n = n,
+                      .k = k,
+                      .a = a.data(),
+                      .a_type = DType::kBF16,
+                      .lda = k,
+                      .b = b.data(),
+                      .b_type = DType::kBF16,
+                      .ldb = tb ? k : n,
+                      .trans_b = tb,
+                      .c = whole.data(),
+                      .ldc = n,
+                      .accumulate = acc};
+      cpu::gemm(g);
+      for (int r0 = 0; r0 < m; r0 += 37) {
+        for (int c0i = 0; c0i < n; c0i += 301) {
+          cpu::GemmArgs t = g;
+          t.m = std::min(37, m - r0);
+          t.n = std::min(301, n - c0i);
+          t.a = static_cast<const uint16_t*>(a.data()) + size_t(r0) * k;
+          t.b = static_cast<const uint16_t*>(b.data()) + (tb ? size_t(c0i) * k : size_t(c0i));
+          t.c = tiled.data() + size_t(r0) * n + c0i;
+          cpu::gemm(t);
+        }
+      }
+      ASSERT_EQ(0, std::memcmp(whole.data(), tiled.data(), whole.size() * sizeof(float)));
+    }
   }
 }
 

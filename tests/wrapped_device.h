@@ -23,9 +23,13 @@ struct KernelCounts {
   std::atomic<long> optimizer_elements{0};
 };
 
-// Forwards every op to `inner`, counting optimizer_step calls and their elements.
+// Forwards every op to `inner`, counting optimizer_step calls and their elements. With
+// fused_attention false it reports the fused attention unsupported, so that models take the
+// plain attention (the reference the fused one is compared with).
 class CountingKernels final : public Kernels {
  public:
+  bool fused_attention = true;
+
   CountingKernels(Kernels& inner, std::shared_ptr<KernelCounts> counts)
       : inner_(inner), counts_(std::move(counts)) {}
 
@@ -64,7 +68,7 @@ class CountingKernels final : public Kernels {
     inner_.attention_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
   }
   bool fused_attention_supported(DType dt, int hs) const override {
-    return inner_.fused_attention_supported(dt, hs);
+    return fused_attention && inner_.fused_attention_supported(dt, hs);
   }
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
                                int T, int NH, int NKV, int hs) override {
@@ -166,6 +170,8 @@ class WrappedDevice final : public Device {
 
   DeviceKind kind() const override { return inner_->kind(); }
   bool host_addressable() const override { return addressable_; }
+  // Models on this device use the plain attention (see CountingKernels::fused_attention).
+  void disable_fused_attention() { kernels_.fused_attention = false; }
   std::string name() const override {
     return inner_->name() + (addressable_ ? "" : " [not host-addressable]");
   }

@@ -7,7 +7,7 @@
 // kernels produce the bits the CUDA kernels are tested against.
 //
 // The span helpers convert whole rows into caller-owned fp32 scratch and back; they are what
-// the GEMM-based ops use to feed Eigen fp32 operands. They are synchronous and single-threaded:
+// the attention ops use to gather fp32 operands. They are synchronous and single-threaded:
 // callers parallelise over rows or chunks.
 #pragma once
 

@@ -1,5 +1,14 @@
-// GELU, tanh approximation (GPT-2; llm.c gelu_forward / gelu_backward).
+// GELU, tanh approximation (GPT-2; llm.c gelu_forward / gelu_backward), written through the
+// logistic function so that it vectorizes: with u = sqrt(2/pi) (v + 0.044715 v^3),
+//   0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)),   gelu(v) = v s,
+//   gelu'(v) = s + v * 2 s (1 - s) * du/dv        (0.5 sech^2(u) = 2 s (1 - s)).
+// exp is exp_fast below (about 1 ulp over fp32's range), not the C library's: plain
+// arithmetic the compiler turns into vector code. Elements go through fp32 scratch in blocks of
+// kBlock, so the typed loads/stores and the arithmetic are separate simple loops.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/ops.h"
@@ -7,7 +16,39 @@
 namespace strata::cpu {
 namespace {
 
-const float kGeluScale = std::sqrt(2.0f / float(M_PI));
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr size_t kBlock = 512;
+
+// exp(x): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact product), a
+// degree-6 polynomial for exp(r) (Cephes' expf), and 2^n put into the exponent bits. Inputs
+// are clamped to [-87, 88] (results that underflow to the smallest normals or round up to
+// 2^127-scale values; gelu only needs exp(-2u) saturating); NaN stays NaN.
+inline float exp_fast(float x) {
+  x = x > 88.0f ? 88.0f : x;
+  x = x < -87.0f ? -87.0f : x;
+  // Round x / ln2 to the nearest integer with the 1.5 * 2^23 trick (exact for |t| < 2^22).
+  const float t = x * 1.44269504088896341f;
+  float n = (t + 12582912.0f) - 12582912.0f;
+  n = n == n ? n : 0.0f;  // NaN: any n; the polynomial carries the NaN
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return e * scale;
+}
+
+// s = 0.5 (1 + tanh(u)) for v.
+inline float gelu_gate(float v) {
+  const float u = kGeluScale * (v + 0.044715f * v * v * v);
+  return 1.0f / (1.0f + exp_fast(-2.0f * u));
+}
 
 }  // namespace
 
@@ -17,10 +58,12 @@ void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
     auto* y = static_cast<Tp*>(out);
     auto* x = static_cast<const Tp*>(inp);
     parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) {
-        float v = to_float(x[i]);
-        float cube = 0.044715f * v * v * v;
-        y[i] = from_float<Tp>(0.5f * v * (1.0f + std::tanh(kGeluScale * (v + cube))));
+      float buf[kBlock];
+      for (size_t b = i0; b < i1; b += kBlock) {
+        const size_t m = std::min(kBlock, i1 - b);
+        load_span(x + b, buf, m);
+        for (size_t i = 0; i < m; ++i) buf[i] = buf[i] * gelu_gate(buf[i]);
+        store_span(buf, y + b, m);
       }
     });
   });
@@ -33,16 +76,17 @@ void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size
     auto* x = static_cast<const Tp*>(inp);
     auto* dy = static_cast<const Tp*>(dout);
     parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) {
-        float v = to_float(x[i]);
-        float cube = 0.044715f * v * v * v;
-        float arg = kGeluScale * (v + cube);
-        float th = std::tanh(arg);
-        float ch = std::cosh(arg);
-        float sech2 = 1.0f / (ch * ch);
-        float grad =
-            0.5f * (1.0f + th) + v * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[i] = from_float<Tp>(to_float(dx[i]) + grad * to_float(dy[i]));
+      float v[kBlock], g[kBlock];
+      for (size_t b = i0; b < i1; b += kBlock) {
+        const size_t m = std::min(kBlock, i1 - b);
+        load_span(x + b, v, m);
+        load_span(dy + b, g, m);
+        for (size_t i = 0; i < m; ++i) {
+          const float s = gelu_gate(v[i]);
+          const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * v[i] * v[i]);
+          g[i] *= s + v[i] * 2.0f * s * (1.0f - s) * du;
+        }
+        accumulate_span(g, dx + b, m);
       }
     });
   });

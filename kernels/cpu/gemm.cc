@@ -1,4 +1,4 @@
-// Run-time choice of the GEMM copy (see gemm.h).
+// Run-time choice of the GEMM implementation (see gemm.h).
 #include "kernels/cpu/gemm.h"
 
 namespace strata::cpu {
@@ -13,12 +13,8 @@ struct Choice {
 
 Choice choose() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("fma")) {
-    return {&avx512::gemm, "avx512"};
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
     return {&avx2::gemm, "avx2"};
   }
   return {&baseline::gemm, "baseline"};

@@ -1,10 +1,11 @@
 // Linear layer: out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias (llm.c matmul_forward/backward).
 //
-// GEMMs run in Eigen (gemm.h: dispatched to the CPU's vector ISA) on fp32 operands: bf16/fp16
-// operands are first widened into fp32 scratch, products accumulate in fp32, and results are
-// rounded to the storage type once. Each GEMM is split into fixed output tiles (kTileRows x
-// kTileCols, bounds from the shapes alone) computed in parallel; every tile sums over the whole
-// inner dimension itself, so the result does not depend on the thread count.
+// The GEMMs (gemm.h) read the bf16/fp16/fp32 operands where they are -- the GEMM widens them to
+// fp32 as it packs them, so no call makes a full-size fp32 copy of a weight or an activation --
+// accumulate in fp32 and round the result to the storage type once. Each GEMM is split into
+// fixed output tiles (kTileRows x kTileCols, bounds from the shapes alone) computed in parallel;
+// every tile sums over the whole inner dimension itself, so the result does not depend on the
+// thread count. A tile's fp32 result lives in a per-task buffer of kTileRows x kTileCols.
 #include <algorithm>
 #include <vector>
 
@@ -15,33 +16,10 @@
 namespace strata::cpu {
 namespace {
 
-constexpr size_t kTileRows = 128;
-constexpr size_t kTileCols = 1024;
-
-// An fp32 view of a typed [n] buffer: the buffer itself for fp32, else a widened copy.
-class F32View {
- public:
-  F32View(DType dt, const void* p, size_t n) {
-    if (dt == DType::kF32) {
-      ptr_ = static_cast<const float*>(p);
-      return;
-    }
-    copy_.resize(n);
-    dispatch_dtype(dt, [&](auto tag) {
-      using Tp = decltype(tag);
-      auto* src = static_cast<const Tp*>(p);
-      parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
-        load_span(src + i0, copy_.data() + i0, i1 - i0);
-      });
-    });
-    ptr_ = copy_.data();
-  }
-  const float* get() const { return ptr_; }
-
- private:
-  const float* ptr_ = nullptr;
-  std::vector<float> copy_;
-};
+// Tall tiles: the GEMM packs a tile's slice of op(B) once and reuses it over all the tile's
+// rows, so a tile of a micro-batch's N rows x 256 columns packs each weight element once.
+constexpr size_t kTileRows = 512;
+constexpr size_t kTileCols = 256;
 
 // Calls f(r0, r1, c0, c1) for every tile of a rows x cols output, in parallel.
 template <typename F>
@@ -59,17 +37,12 @@ void for_each_tile(size_t rows, size_t cols, F&& f) {
 
 void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias,
                     int N, int C, int OC) {
-  F32View x(dt, inp, size_t(N) * C), w(dt, weight, size_t(OC) * C);
-  std::vector<float> b;
-  if (bias) {
-    b.resize(OC);
-    dispatch_dtype(
-        dt, [&](auto tag) { load_span(static_cast<const decltype(tag)*>(bias), b.data(), OC); });
-  }
-  const float *X = x.get(), *W = w.get();
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
+    auto* x = static_cast<const Tp*>(inp);
+    auto* w = static_cast<const Tp*>(weight);
+    auto* bs = static_cast<const Tp*>(bias);
     for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
       // fp32 output: the tile is computed in place; else in fp32 scratch, then rounded.
@@ -86,17 +59,21 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
       gemm({.m = rn,
             .n = cn,
             .k = C,
-            .a = X + r0 * C,
+            .a = x + r0 * C,
+            .a_type = dt,
             .lda = C,
-            .b = W + c0 * C,
+            .b = w + c0 * C,
+            .b_type = dt,
             .ldb = C,
             .trans_b = true,
             .c = t,
             .ldc = ldt});
+      float b[kTileCols];
+      if (bias) load_span(bs + c0, b, cn);
       for (int r = 0; r < rn; ++r) {
         float* row = t + size_t(r) * ldt;
         if (bias) {
-          for (int c = 0; c < cn; ++c) row[c] += b[c0 + c];
+          for (int c = 0; c < cn; ++c) row[c] += b[c];
         }
         if constexpr (!std::is_same_v<Tp, float>) store_span(row, y + (r0 + r) * OC + c0, cn);
       }
@@ -106,16 +83,25 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* inp, const void* weight, int N, int C, int OC) {
-  F32View g(dt, dout, size_t(N) * OC), x(dt, inp, size_t(N) * C), w(dt, weight, size_t(OC) * C);
-  const float *G = g.get(), *X = x.get(), *W = w.get();
-
-  // dinp[N,C] += dout[N,OC] @ weight[OC,C]
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dinp);
+    auto* g = static_cast<const Tp*>(dout);
+    auto* x = static_cast<const Tp*>(inp);
+    auto* w = static_cast<const Tp*>(weight);
+
+    // dinp[N,C] += dout[N,OC] @ weight[OC,C]
     for_each_tile(N, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
-      GemmArgs a{.m = rn, .n = cn, .k = OC, .a = G + r0 * OC, .lda = OC, .b = W + c0, .ldb = C};
+      GemmArgs a{.m = rn,
+                 .n = cn,
+                 .k = OC,
+                 .a = g + r0 * OC,
+                 .a_type = dt,
+                 .lda = OC,
+                 .b = w + c0,
+                 .b_type = dt,
+                 .ldb = C};
       if constexpr (std::is_same_v<Tp, float>) {
         a.c = dx + r0 * C + c0;
         a.ldc = C;
@@ -131,34 +117,36 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
         }
       }
     });
-  });
 
-  // dweight[OC,C] += dout^T[OC,N] @ inp[N,C]
-  for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-    gemm({.m = int(r1 - r0),
-          .n = int(c1 - c0),
-          .k = N,
-          .a = G + r0,
-          .lda = OC,
-          .trans_a = true,
-          .b = X + c0,
-          .ldb = C,
-          .c = dweight + r0 * C + c0,
-          .ldc = C,
-          .accumulate = true});
-  });
-
-  // dbias[OC] += column sums of dout, each column summed over rows in order.
-  if (dbias) {
-    parallel_ranges(size_t(OC), 256, [&](size_t o0, size_t o1) {
-      std::vector<float> sum(o1 - o0, 0.0f);
-      for (int n = 0; n < N; ++n) {
-        const float* row = G + size_t(n) * OC + o0;
-        for (size_t o = 0; o < o1 - o0; ++o) sum[o] += row[o];
-      }
-      for (size_t o = o0; o < o1; ++o) dbias[o] += sum[o - o0];
+    // dweight[OC,C] += dout^T[OC,N] @ inp[N,C]
+    for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+      gemm({.m = int(r1 - r0),
+            .n = int(c1 - c0),
+            .k = N,
+            .a = g + r0,
+            .a_type = dt,
+            .lda = OC,
+            .trans_a = true,
+            .b = x + c0,
+            .b_type = dt,
+            .ldb = C,
+            .c = dweight + r0 * C + c0,
+            .ldc = C,
+            .accumulate = true});
     });
-  }
+
+    // dbias[OC] += column sums of dout, each column summed over rows in order.
+    if (dbias) {
+      parallel_ranges(size_t(OC), 256, [&](size_t o0, size_t o1) {
+        std::vector<float> sum(o1 - o0, 0.0f), row(o1 - o0);
+        for (int n = 0; n < N; ++n) {
+          load_span(g + size_t(n) * OC + o0, row.data(), o1 - o0);
+          for (size_t o = 0; o < o1 - o0; ++o) sum[o] += row[o];
+        }
+        for (size_t o = o0; o < o1; ++o) dbias[o] += sum[o - o0];
+      });
+    }
+  });
 }
 
 }  // namespace strata::cpu

@@ -220,7 +220,18 @@ class Architecture {
 
   // The program of one micro-batch. It is the same for every micro-batch and every step.
   virtual const Program& program(Pass pass) const = 0;
-  virtual ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode) const = 0;
+  // Whether a runner on `kernels` runs the fused attention (Kernels::fused_attention_*, no
+  // [B, heads, T, T] probabilities) for dt: kernels.fused_attention_supported at this model's
+  // head size. create_runner decides with it; the activation plan of that runner is
+  // activation_plan(..., fused_attention(kernels, dt)).
+  virtual bool fused_attention(const Kernels& kernels, DType dt) const = 0;
+  // The device bytes of a runner's activations (and, for kOffload, its host stash). With
+  // fused_attention a layer keeps each attention row's log-sum-exp ([B, heads, T] fp32) instead
+  // of the probabilities ([B, heads, T, T] fp32), and the backward's scratch shrinks the same
+  // way. The default, true, is what every CPU backend and a CUDA one in bf16/fp16 with head size
+  // 64 or 128 run (the planner's assumption).
+  virtual ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode,
+                                          bool fused_attention = true) const = 0;
   virtual FlopsPerToken flops_per_token(int T, ActivationMode mode) const = 0;
   // Fills `master` (fp32, module m's numel) with the initial weights, deterministically from
   // (seed, m).
@@ -234,10 +245,10 @@ class Architecture {
   virtual bool hf_ignorable(const std::string& name) const = 0;
 
   // Allocates a runner's activations on `device` for micro-batches of B sequences of T tokens,
-  // as activation_plan(B, T, dt, mode).bytes says. kOffload needs `store` (which must outlive
-  // the runner). Under kRecompute and kOffload the parameters a block's backward reads must
-  // hold the values its forward read (no optimizer step between them; the trainer's schedules,
-  // delayed update included, only change parameters between steps).
+  // as activation_plan(B, T, dt, mode, fused_attention(device.kernels(), dt)).bytes says. kOffload
+  // needs `store` (which must outlive the runner). Under kRecompute and kOffload the parameters a
+  // block's backward reads must hold the values its forward read (no optimizer step between them;
+  // the trainer's schedules, delayed update included, only change parameters between steps).
   virtual Result<std::unique_ptr<ModelRunner>> create_runner(
       Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
       ActivationStore* store = nullptr) const = 0;

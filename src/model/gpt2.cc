@@ -29,7 +29,9 @@ class Carver {
 };
 
 // A block's intermediates (dt unless noted). kKeep: one per layer, and res3 is the next block's
-// input. kRecompute/kOffload: one scratch (res3 unused: outputs go to inputs/out).
+// input. kRecompute/kOffload: one scratch (res3 unused: outputs go to inputs/out). att (fp32):
+// the attention probabilities [B,NH,T,T], or with the fused attention each row's log-sum-exp
+// [B,NH,T].
 struct Layer {
   void *ln1, *qkv, *atty, *attproj, *res2, *ln2, *fch, *fch_gelu, *fcproj, *res3;
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att;
@@ -51,12 +53,13 @@ struct Buffers {
   // at the current layer boundary, carried from one backward step to the next.
   void *dA = nullptr, *dB = nullptr, *dln = nullptr, *dqkv = nullptr, *datty = nullptr,
        *dfch = nullptr, *dfch_gelu = nullptr;
-  float* datt_scratch = nullptr;
+  float* datt_scratch = nullptr;  // the attention backward's scratch, att's size
 };
 
 // The one carve of the activation arena: activation_plan() measures it, the runner allocates
 // what it measured and carves again for real.
-void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode mode, Buffers* m) {
+void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode mode, bool fused,
+           Buffers* m) {
   const bool keep = mode == ActivationMode::kKeep;
   const int L = sh.L;
   m->layers.resize(size_t(keep ? L : 1));
@@ -65,6 +68,7 @@ void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode
                                                                : std::min(L, 2)),
                    nullptr);
   const size_t N = size_t(B) * T, C = sh.C, es = dtype_size(dt), NH = sh.NH;
+  const size_t att_bytes = size_t(B) * NH * T * (fused ? 1 : size_t(T)) * 4;
   m->tokens = static_cast<int32_t*>(c.take(N * 4));
   m->targets = static_cast<int32_t*>(c.take(N * 4));
   m->losses = static_cast<float*>(c.take(N * 4));
@@ -83,7 +87,7 @@ void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode
     y.ln1_rstd = static_cast<float*>(c.take(N * 4));
     y.ln2_mean = static_cast<float*>(c.take(N * 4));
     y.ln2_rstd = static_cast<float*>(c.take(N * 4));
-    y.att = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+    y.att = static_cast<float*>(c.take(att_bytes));
   }
   for (void*& in : m->inputs) in = c.take(N * C * es);
   m->encoded = keep ? c.take(N * C * es) : m->inputs[0];
@@ -99,15 +103,23 @@ void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode
   m->dqkv = c.take(N * 3 * C * es);
   m->dfch = c.take(N * 4 * C * es);
   m->dfch_gelu = c.take(N * 4 * C * es);
-  m->datt_scratch = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+  m->datt_scratch = static_cast<float*>(c.take(att_bytes));
 }
 
 // One batch shape's device state and GPT's compute steps.
 class GptRunner final : public ModelRunner {
  public:
   GptRunner(Device& d, const ModelLayout& layout, const GptShape& sh, int B, int T, DType dt,
-            ActivationMode mode, ActivationStore* store)
-      : dev_(d), layout_(layout), sh_(sh), B_(B), T_(T), dt_(dt), mode_(mode), store_(store) {}
+            ActivationMode mode, bool fused, ActivationStore* store)
+      : dev_(d),
+        layout_(layout),
+        sh_(sh),
+        B_(B),
+        T_(T),
+        dt_(dt),
+        mode_(mode),
+        fused_(fused),
+        store_(store) {}
   ~GptRunner() override;
   Status allocate();
 
@@ -143,6 +155,7 @@ class GptRunner final : public ModelRunner {
   int B_, T_;
   DType dt_;
   ActivationMode mode_;
+  bool fused_;  // fused attention (Kernels::fused_attention_*): att holds the log-sum-exp
   ActivationStore* store_;
   Status error_;
   void* arena_ = nullptr;  // one device allocation for everything in buf_
@@ -380,11 +393,15 @@ void GptArchitecture::init_module(int module, uint64_t seed, float* master) cons
   }
 }
 
-ActivationSizes GptArchitecture::activation_plan(int B, int T, DType dt,
-                                                 ActivationMode mode) const {
+bool GptArchitecture::fused_attention(const Kernels& kernels, DType dt) const {
+  return kernels.fused_attention_supported(dt, shape_.C / shape_.NH);
+}
+
+ActivationSizes GptArchitecture::activation_plan(int B, int T, DType dt, ActivationMode mode,
+                                                 bool fused_attention) const {
   Carver measure(nullptr);
   Buffers b;
-  carve(measure, shape_, B, T, dt, mode, &b);
+  carve(measure, shape_, B, T, dt, mode, fused_attention, &b);
   ActivationSizes s;
   s.bytes = measure.used();
   if (mode == ActivationMode::kOffload) {
@@ -417,7 +434,8 @@ Result<std::unique_ptr<ModelRunner>> GptArchitecture::create_runner(Device& devi
     return invalid_argument(
         "strata.activations: offload needs an activation store (the tier manager's host tier)");
   }
-  auto r = std::make_unique<GptRunner>(device, layout_, shape_, B, T, dt, mode, store);
+  auto r = std::make_unique<GptRunner>(device, layout_, shape_, B, T, dt, mode,
+                                       fused_attention(device.kernels(), dt), store);
   STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
                                                     activation_mode_name(mode), B, T));
   return std::unique_ptr<ModelRunner>(std::move(r));
@@ -427,10 +445,10 @@ namespace {
 
 Status GptRunner::allocate() {
   Carver measure(nullptr);
-  carve(measure, sh_, B_, T_, dt_, mode_, &buf_);
+  carve(measure, sh_, B_, T_, dt_, mode_, fused_, &buf_);
   STRATA_ASSIGN_OR_RETURN(arena_, dev_.allocate(measure.used(), "activations"), "device");
   Carver real(static_cast<char*>(arena_));
-  carve(real, sh_, B_, T_, dt_, mode_, &buf_);
+  carve(real, sh_, B_, T_, dt_, mode_, fused_, &buf_);
   restored_.assign(size_t(sh_.L), false);
   const size_t N = size_t(B_) * T_;
   STRATA_ASSIGN_OR_RETURN(void* h, dev_.allocate_host(N * 8 + N * 4), "host staging");
@@ -552,7 +570,11 @@ void GptRunner::block_forward(int l, const void* p, const void* residual, Layer&
   k.layernorm_forward(s, dt_, y.ln1, y.ln1_mean, y.ln1_rstd, residual, PARAM(m, p, kLn1w),
                       PARAM(m, p, kLn1b), N, C);
   k.matmul_forward(s, dt_, y.qkv, y.ln1, PARAM(m, p, kQkvw), PARAM(m, p, kQkvb), N, C, 3 * C);
-  k.attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, C, NH);
+  if (fused_) {
+    k.fused_attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, NH, NH, C / NH);
+  } else {
+    k.attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, C, NH);
+  }
   k.matmul_forward(s, dt_, y.attproj, y.atty, PARAM(m, p, kAttprojw), PARAM(m, p, kAttprojb), N, C,
                    C);
   k.residual_forward(s, dt_, y.res2, residual, y.attproj, size_t(N) * C);
@@ -666,7 +688,13 @@ void GptRunner::backward_block(int l, const void* p, float* g) {
   k.matmul_backward(s, dt_, buf_.datty, GRAD(m, g, kAttprojw), GRAD(m, g, kAttprojb), buf_.dB,
                     y.atty, PARAM(m, p, kAttprojw), N, C, C);
   dev_.memset_zero(s, buf_.dqkv, NC * 3 * es);
-  k.attention_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.att, B, T, C, NH);
+  if (fused_) {
+    k.fused_attention_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.atty,
+                               y.att, B, T, NH, NH, C / NH);
+  } else {
+    k.attention_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.att, B, T, C,
+                         NH);
+  }
   dev_.memset_zero(s, buf_.dln, NC * es);
   k.matmul_backward(s, dt_, buf_.dln, GRAD(m, g, kQkvw), GRAD(m, g, kQkvb), buf_.dqkv, y.ln1,
                     PARAM(m, p, kQkvw), N, C, 3 * C);

@@ -30,7 +30,9 @@ class Carver {
 
 // A block's intermediates (dt unless noted). kKeep: one per layer, and res3 is the next block's
 // input. kRecompute/kOffload: one scratch (res3 unused: outputs go to inputs/out).
-// qkv holds the projections after the rotary embedding (the attention's input).
+// qkv holds the projections after the rotary embedding (the attention's input). att (fp32): the
+// attention probabilities [B,NH,T,T], or with the fused attention each row's log-sum-exp
+// [B,NH,T].
 struct Layer {
   void *ln1, *qkv, *atty, *attproj, *res2, *ln2, *gu, *act, *down, *res3;
   float *ln1_rstd, *ln2_rstd, *att;
@@ -52,12 +54,12 @@ struct Buffers {
   // at the current layer boundary, carried from one backward step to the next.
   void *dA = nullptr, *dB = nullptr, *dln = nullptr, *dqkv = nullptr, *datty = nullptr,
        *dgu = nullptr, *dact = nullptr;
-  float* datt_scratch = nullptr;
+  float* datt_scratch = nullptr;  // the attention backward's scratch, att's size
 };
 
 // The one carve of the activation arena: activation_plan() measures it, the runner allocates
 // what it measured and carves again for real.
-void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMode mode,
+void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMode mode, bool fused,
            Buffers* m) {
   const bool keep = mode == ActivationMode::kKeep;
   const int L = sh.L;
@@ -68,6 +70,7 @@ void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMo
                    nullptr);
   const size_t N = size_t(B) * T, C = sh.C, es = dtype_size(dt), NH = sh.NH;
   const size_t W = sh.qkv_width(), A = size_t(sh.NH) * sh.hs(), I = sh.I;
+  const size_t att_bytes = size_t(B) * NH * T * (fused ? 1 : size_t(T)) * 4;
   m->tokens = static_cast<int32_t*>(c.take(N * 4));
   m->targets = static_cast<int32_t*>(c.take(N * 4));
   m->losses = static_cast<float*>(c.take(N * 4));
@@ -84,7 +87,7 @@ void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMo
     y.res3 = keep ? c.take(N * C * es) : nullptr;
     y.ln1_rstd = static_cast<float*>(c.take(N * 4));
     y.ln2_rstd = static_cast<float*>(c.take(N * 4));
-    y.att = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+    y.att = static_cast<float*>(c.take(att_bytes));
   }
   for (void*& in : m->inputs) in = c.take(N * C * es);
   m->encoded = keep ? c.take(N * C * es) : m->inputs[0];
@@ -99,15 +102,23 @@ void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMo
   m->dqkv = c.take(N * W * es);
   m->dgu = c.take(N * 2 * I * es);
   m->dact = c.take(N * I * es);
-  m->datt_scratch = static_cast<float*>(c.take(size_t(B) * NH * T * T * 4));
+  m->datt_scratch = static_cast<float*>(c.take(att_bytes));
 }
 
 // One batch shape's device state and Llama's compute steps.
 class LlamaRunner final : public ModelRunner {
  public:
   LlamaRunner(Device& d, const ModelLayout& layout, const LlamaShape& sh, int B, int T, DType dt,
-              ActivationMode mode, ActivationStore* store)
-      : dev_(d), layout_(layout), sh_(sh), B_(B), T_(T), dt_(dt), mode_(mode), store_(store) {}
+              ActivationMode mode, bool fused, ActivationStore* store)
+      : dev_(d),
+        layout_(layout),
+        sh_(sh),
+        B_(B),
+        T_(T),
+        dt_(dt),
+        mode_(mode),
+        fused_(fused),
+        store_(store) {}
   ~LlamaRunner() override;
   Status allocate();
 
@@ -141,6 +152,7 @@ class LlamaRunner final : public ModelRunner {
   int B_, T_;
   DType dt_;
   ActivationMode mode_;
+  bool fused_;  // fused attention (Kernels::fused_attention_*): att holds the log-sum-exp
   ActivationStore* store_;
   Status error_;
   void* arena_ = nullptr;  // one device allocation for everything in buf_
@@ -390,11 +402,15 @@ void LlamaArchitecture::init_module(int module, uint64_t seed, float* master) co
   }
 }
 
-ActivationSizes LlamaArchitecture::activation_plan(int B, int T, DType dt,
-                                                   ActivationMode mode) const {
+bool LlamaArchitecture::fused_attention(const Kernels& kernels, DType dt) const {
+  return kernels.fused_attention_supported(dt, shape_.hs());
+}
+
+ActivationSizes LlamaArchitecture::activation_plan(int B, int T, DType dt, ActivationMode mode,
+                                                   bool fused_attention) const {
   Carver measure(nullptr);
   Buffers b;
-  carve(measure, shape_, B, T, dt, mode, &b);
+  carve(measure, shape_, B, T, dt, mode, fused_attention, &b);
   ActivationSizes s;
   s.bytes = measure.used();
   if (mode == ActivationMode::kOffload) {
@@ -427,7 +443,8 @@ Result<std::unique_ptr<ModelRunner>> LlamaArchitecture::create_runner(
     return invalid_argument(
         "strata.activations: offload needs an activation store (the tier manager's host tier)");
   }
-  auto r = std::make_unique<LlamaRunner>(device, layout_, shape_, B, T, dt, mode, store);
+  auto r = std::make_unique<LlamaRunner>(device, layout_, shape_, B, T, dt, mode,
+                                         fused_attention(device.kernels(), dt), store);
   STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
                                                     activation_mode_name(mode), B, T));
   return std::unique_ptr<ModelRunner>(std::move(r));
@@ -437,10 +454,10 @@ namespace {
 
 Status LlamaRunner::allocate() {
   Carver measure(nullptr);
-  carve(measure, sh_, B_, T_, dt_, mode_, &buf_);
+  carve(measure, sh_, B_, T_, dt_, mode_, fused_, &buf_);
   STRATA_ASSIGN_OR_RETURN(arena_, dev_.allocate(measure.used(), "activations"), "device");
   Carver real(static_cast<char*>(arena_));
-  carve(real, sh_, B_, T_, dt_, mode_, &buf_);
+  carve(real, sh_, B_, T_, dt_, mode_, fused_, &buf_);
   restored_.assign(size_t(sh_.L), false);
   const size_t N = size_t(B_) * T_;
   STRATA_ASSIGN_OR_RETURN(void* h, dev_.allocate_host(N * 8 + N * 4), "host staging");
@@ -568,7 +585,11 @@ void LlamaRunner::block_forward(int l, const void* p, const void* residual, Laye
   k.matmul_forward(s, dt_, y.qkv, y.ln1, pb + o.qkvw * es, o.bias ? pb + o.qkvb * es : nullptr, N,
                    C, W);
   k.rope_forward(s, dt_, y.qkv, sh_.rope, B, T, NH, KVH, hs);
-  k.attention_gqa_forward(s, dt_, y.atty, y.att, y.qkv, B, T, NH, KVH, hs);
+  if (fused_) {
+    k.fused_attention_forward(s, dt_, y.atty, y.att, y.qkv, B, T, NH, KVH, hs);
+  } else {
+    k.attention_gqa_forward(s, dt_, y.atty, y.att, y.qkv, B, T, NH, KVH, hs);
+  }
   k.matmul_forward(s, dt_, y.attproj, y.atty, pb + o.ow * es, nullptr, N, A, C);
   k.residual_forward(s, dt_, y.res2, residual, y.attproj, size_t(N) * C);
   k.rmsnorm_forward(s, dt_, y.ln2, y.ln2_rstd, y.res2, pb + o.ln2w * es, sh_.eps, N, C);
@@ -675,8 +696,13 @@ void LlamaRunner::backward_block(int l, const void* p, float* g) {
   k.matmul_backward(s, dt_, buf_.datty, g + o.ow, nullptr, buf_.dB, y.atty, pb + o.ow * es, N, A,
                     C);
   dev_.memset_zero(s, buf_.dqkv, size_t(N) * W * es);
-  k.attention_gqa_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.att, B, T, NH,
-                           KVH, hs);
+  if (fused_) {
+    k.fused_attention_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.atty,
+                               y.att, B, T, NH, KVH, hs);
+  } else {
+    k.attention_gqa_backward(s, dt_, buf_.dqkv, buf_.datt_scratch, buf_.datty, y.qkv, y.att, B, T,
+                             NH, KVH, hs);
+  }
   // From the rotated q/k back to the projections' outputs.
   k.rope_backward(s, dt_, buf_.dqkv, sh_.rope, B, T, NH, KVH, hs);
   dev_.memset_zero(s, buf_.dln, NC * es);

@@ -59,7 +59,9 @@ class LlamaArchitecture final : public Architecture {
   int vocab_size() const override { return shape_.V; }
   int context() const override { return shape_.maxT; }
   const Program& program(Pass pass) const override { return pass == Pass::kTrain ? train_ : eval_; }
-  ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode) const override;
+  bool fused_attention(const Kernels& kernels, DType dt) const override;
+  ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode,
+                                  bool fused_attention = true) const override;
   FlopsPerToken flops_per_token(int T, ActivationMode mode) const override;
   // Hugging Face's LlamaPreTrainedModel initialization: every matrix normal(0, 0.02), norms'
   // weights one, biases zero; the vocabulary's padding rows (V..Vp-1) zero.

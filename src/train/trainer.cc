@@ -271,7 +271,9 @@ Status Run::setup() {
   to.zeropp = zeropp_.get();
   STRATA_ASSIGN_OR_RETURN(const ActivationMode act_mode,
                           parse_activation_mode(cfg_.strata.activations), "");
-  const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode);
+  // The runner's own choice of attention (create_runner asks the same question).
+  const bool fused = arch_->fused_attention(dev_->kernels(), dt_);
+  const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode, fused);
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
   auto tm = TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
@@ -282,8 +284,8 @@ Status Run::setup() {
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
       tm.status().message().find("device tier needs") != std::string::npos) {
     // Name the activation modes that need less device memory, with their bytes.
-    const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute).bytes;
-    const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload).bytes;
+    const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
+    const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload, fused).bytes;
     return out_of_memory(fmt::format(
         "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
         "(one extra block forward in backward), offload {} (block inputs in host memory)",

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# strata's CPU backend against PyTorch on the CPU, same model shape, alternated runs (issue #19).
+#
+#   tests/bench_cpu_vs_torch.sh build/tools/strata PYTHON [ROUNDS] [STEPS] [SHAPE...]
+#
+# PYTHON is an interpreter with torch installed (a throwaway virtual environment: PyTorch is
+# never a dependency of strata). For each of the bench-25m and tiny-cpu shapes, ROUNDS times
+# (default 3): one strata run of STEPS steps (default 8) with everything on the device, then one
+# PyTorch run of the same shape (tests/bench_torch_gpt.py: bf16 autocast, fused AdamW, the same
+# micro-batch and accumulation, 2 threads). Alternating makes both see the same machine load.
+# Per run it reports steady tokens/s (the steps after the first two) and tokens per CPU-second
+# of the whole process (start-up included: on a machine shared with other work, wall-clock
+# rates move with the load, CPU time much less). SHAPE... limits the run to those shapes
+# (bench-25m, tiny-cpu). The runs' files stay in the directory printed at the start.
+set -euo pipefail
+bin=${1:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
+py=${2:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
+rounds=${3:-3}
+steps=${4:-8}
+shift $(( $# < 4 ? $# : 4 ))
+only=" $* "
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+out=$(mktemp -d /tmp/strata_bench_torch.XXXXXX)
+echo "runs in $out" >&2
+# name config layers heads width vocab context micro accum (tiny-cpu's warm-up is cut to fit)
+shapes=("bench-25m configs/bench-25m.json 8 8 512 256 128 2 2"
+        "tiny-cpu configs/tiny-cpu.json 4 4 128 256 64 4 4 scheduler.params.warmup_num_steps=1")
+for r in $(seq 1 "$rounds"); do
+  for s in "${shapes[@]}"; do
+    read -r name cfg L H C V T mb acc extra <<< "$s"
+    [[ "$only" == "  " || "$only" == *" $name "* ]] || continue
+    sets=()
+    [[ -n "${extra:-}" ]] && sets=(--set "$extra")
+    echo "round $r: $name strata" >&2
+    /usr/bin/time -f "%U %S" -o "$out/$name-strata-$r.time" "$bin" train --config "$repo/$cfg" \
+      --set 'zero_optimization.offload_param.device="none"' \
+      --set 'zero_optimization.offload_optimizer.device="none"' \
+      --set 'device.memory_limit="2GiB"' --set train.steps="$steps" --set train.eval_interval=0 \
+      --set train.checkpoint_dir="\"$out/ckpt-$name-$r\"" \
+      --set train.log_file="\"$out/$name-strata-$r.jsonl\"" --set steps_per_print=1 \
+      "${sets[@]}" > "$out/$name-strata-$r.out" 2>&1 || { cat "$out/$name-strata-$r.out"; exit 1; }
+    echo "round $r: $name torch" >&2
+    /usr/bin/time -f "%U %S" -o "$out/$name-torch-$r.time" "$py" "$here/bench_torch_gpt.py" \
+      --layers "$L" --heads "$H" --width "$C" --vocab "$V" --context "$T" --micro-batch "$mb" \
+      --accum "$acc" --steps $((steps - 2)) --warmup 2 > "$out/$name-torch-$r.out"
+  done
+done
+python3 - "$out" "$rounds" "$steps" <<'PY'
+import json, statistics, sys
+out, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+shapes = {"bench-25m": 2 * 2 * 128, "tiny-cpu": 4 * 4 * 64}  # tokens per step
+def cpu_s(f):
+    u, s = open(f).read().split()[-2:]
+    return float(u) + float(s)
+print("| shape | round | strata tok/s | torch tok/s | ratio | strata tok/CPU-s | torch tok/CPU-s | ratio |")
+print("|---|---|---|---|---|---|---|---|")
+import os
+for name, tps in shapes.items():
+    for r in range(1, rounds + 1):
+        if not os.path.exists(f"{out}/{name}-torch-{r}.out"):
+            continue
+        rows = [json.loads(l) for l in open(f"{out}/{name}-strata-{r}.jsonl") if '"loss"' in l]
+        s_tok = tps / statistics.median(x["step_s"] for x in rows[2:])
+        s_cpu = tps * steps / cpu_s(f"{out}/{name}-strata-{r}.time")
+        t = open(f"{out}/{name}-torch-{r}.out").read().split()
+        t_tok = float(t[t.index("tokens/s") + 1])
+        t_cpu = tps * steps / cpu_s(f"{out}/{name}-torch-{r}.time")
+        print(f"| {name} | {r} | {s_tok:.0f} | {t_tok:.0f} | {s_tok / t_tok:.2f}x | {s_cpu:.0f} | "
+              f"{t_cpu:.0f} | {s_cpu / t_cpu:.2f}x |")
+PY
