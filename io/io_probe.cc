@@ -45,8 +45,8 @@ Result<double> one_pass(Storage& st, const std::vector<std::string>& paths,
   uint64_t next = 0;  // the next request to issue
   std::vector<IoRequest> reqs;
   auto issue = [&](uint64_t slot) {  // request `next` into `slot` (its cookie)
-    reqs.push_back({op, files[next % files.size()], (next / files.size()) * bs, bs,
-                    buf + slot * bs, slot});
+    reqs.push_back(
+        {op, files[next % files.size()], (next / files.size()) * bs, bs, buf + slot * bs, slot});
     ++next;
   };
   const auto t0 = std::chrono::steady_clock::now();
