@@ -31,7 +31,9 @@ void flush_and_drop_cache(const std::vector<std::string>& paths) {
   }
 }
 
-// One pass over all files: block-size requests, striped over the files, all submitted at once.
+// One pass over all files: block-size requests, striped over the files, `slots` in flight, each
+// with its own slot of `buf` (a slot is reused only once its request has completed: two reads
+// in flight into one slot would race, as ThreadSanitizer found with the posix backend).
 // Buffered backends also flush and drop the cache inside the timed region after writes.
 Result<double> one_pass(Storage& st, const std::vector<std::string>& paths,
                         const std::vector<FileId>& files, IoOp op, size_t bs, uint64_t file_bytes,
@@ -40,23 +42,35 @@ Result<double> one_pass(Storage& st, const std::vector<std::string>& paths,
   if (buffered) flush_and_drop_cache(paths);
   const uint64_t blocks_per_file = file_bytes / bs;
   const uint64_t total = blocks_per_file * files.size();
-  std::vector<IoRequest> reqs(total);
-  for (uint64_t i = 0; i < total; ++i) {
-    reqs[i] = {op, files[i % files.size()], (i / files.size()) * bs, bs, buf + (i % slots) * bs, i};
-  }
+  uint64_t next = 0;  // the next request to issue
+  std::vector<IoRequest> reqs;
+  auto issue = [&](uint64_t slot) {  // request `next` into `slot` (its cookie)
+    reqs.push_back(
+        {op, files[next % files.size()], (next / files.size()) * bs, bs, buf + slot * bs, slot});
+    ++next;
+  };
   const auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t slot = 0; slot < slots && next < total; ++slot) issue(slot);
   STRATA_RETURN_IF_ERROR(st.submit(reqs), "probe pass");
   std::vector<IoCompletion> done(256);
   uint64_t got = 0;
   while (got < total) {
     const size_t n = st.reap(done, 1);
-    for (size_t i = 0; i < n; ++i)
+    reqs.clear();
+    for (size_t i = 0; i < n; ++i) {
       if (!done[i].status.is_ok()) {
         // Drain the rest so no I/O targets the buffer after we return.
         while (st.pending() > 0) st.reap(done, st.pending());
         return done[i].status;
       }
+      if (next < total) issue(done[i].cookie);
+    }
     got += n;
+    if (reqs.empty()) continue;
+    if (Status s = st.submit(reqs); !s.is_ok()) {
+      while (st.pending() > 0) st.reap(done, st.pending());
+      return s.with_context("probe pass");
+    }
   }
   if (buffered && op == IoOp::kWrite) flush_and_drop_cache(paths);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -106,8 +106,12 @@ fuzz_run() {
     { echo "== FAILED: a fuzz target found a crash or did not run (see above)"; return 1; }
 }
 
-# Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA) of the concurrent code's tests.
-# `sanitize [asan|tsan]`: one of them, or both.
+# Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA, no benchmarks) of the concurrent code's
+# tests, only those five targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
+# to a file under build-<kind>/sanitizer-logs (log_path), from the test binary and from every
+# process it starts (zero3_test's mpirun ranks inherit the environment): a report in a rank,
+# whose exit status the test may only see as "a rank failed", is still found and printed, and
+# any report fails the step. GTEST_FILTER narrows a run (gtest reads it).
 sanitize() {
   local targets=(tier_test overlap_test storage_test io_worker_test zero3_test)
   local fail=0 kind flags kinds=("$@")
@@ -125,17 +129,29 @@ sanitize() {
     echo "== $kind: $flags"
     configure "build-$kind" "${args[@]}" || return 1
     build_targets "build-$kind" "${targets[@]}" || return 1
+    local logs="$PWD/build-$kind/sanitizer-logs"
+    rm -rf "$logs"
+    mkdir -p "$logs"
     for t in "${targets[@]}"; do
       echo "== $kind: $t"
-      # Open MPI's own shared-memory transport is not instrumented: suppressed (tools/tsan.supp).
-      if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-           TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp:halt_on_error=0:exitcode=66" \
-           OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-           "build-$kind/tests/$t"; then
-        echo "== $kind: $t clean"
+      local rc=0 t0=$SECONDS
+      # Suppressions: tools/tsan.supp and tools/lsan.supp, each entry with why it is not a bug.
+      ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:log_path=$logs/$t" \
+        LSAN_OPTIONS="suppressions=$PWD/tools/lsan.supp:print_suppressions=0" \
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$logs/$t" \
+        TSAN_OPTIONS="suppressions=$PWD/tools/tsan.supp:halt_on_error=0:exitcode=66:log_path=$logs/$t" \
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        "build-$kind/tests/$t" || rc=$?
+      local reports=("$logs/$t".*)
+      [ -e "${reports[0]}" ] || reports=()
+      for r in "${reports[@]}"; do
+        echo "== $kind: $t: sanitizer report $r"
+        cat "$r"
+      done
+      if ((rc == 0 && ${#reports[@]} == 0)); then
+        echo "== $kind: $t clean ($((SECONDS - t0)) s)"
       else
-        echo "== FAILED: $kind: $t (exit $?)"
+        echo "== FAILED: $kind: $t (exit $rc, ${#reports[@]} sanitizer report files, $((SECONDS - t0)) s)"
         fail=1
       fi
     done
