@@ -300,7 +300,7 @@ TEST(GradsDefault, TheEnginePutsThemOnNvmeUnderASmallBudget) {
   };
   const size_t with_host = needs(Tier::kHost), with_nvme = needs(Tier::kNvme);
   ASSERT_GT(with_host, with_nvme);
-  const size_t budget = (with_host + with_nvme) / 2;
+  const size_t budget = (with_host + with_nvme) / 2 / 4096 * 4096;  // the arena is whole pages
   const int steps = 3;
   TrainResult roomy, tight;
   for (size_t limit : {size_t(1) << 30, budget}) {
