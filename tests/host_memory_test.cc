@@ -11,6 +11,7 @@
 
 #include "src/model/gpt2.h"
 #include "src/tiers/memory_model.h"
+#include "src/tiers/placement.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
@@ -253,6 +254,89 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   EXPECT_EQ(max_sub_group_elems(size_t(256) << 20, 4), 309248u);
   EXPECT_EQ(max_sub_group_elems(size_t(128) << 30, 4), 159072256u);
   EXPECT_EQ(max_sub_group_elems(0, 4), kSubGroupAlign);
+}
+
+// With strata.placement.grads unset and the optimizer state on NVMe, the gradients go to NVMe
+// exactly when the host budget cannot hold them (one rank, no delayed update), else stay on the
+// host.
+TEST(GradsDefault, NvmeOnlyWhenTheHostBudgetIsShort) {
+  const Placement opt_nvme{Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0};
+  EXPECT_EQ(auto_grads_placement(opt_nvme, 100, 50, 99, false, false), Tier::kNvme);
+  EXPECT_EQ(auto_grads_placement(opt_nvme, 100, 50, 100, false, false), Tier::kHost);  // fits
+  EXPECT_EQ(auto_grads_placement(opt_nvme, 100, 100, 99, false, false), Tier::kHost);  // no gain
+  EXPECT_EQ(auto_grads_placement(opt_nvme, 100, 50, 99, true, false), Tier::kHost);    // ranks
+  EXPECT_EQ(auto_grads_placement(opt_nvme, 100, 50, 99, false, true), Tier::kHost);    // delayed
+  Placement opt_host = opt_nvme;
+  opt_host.master = opt_host.moments = Tier::kHost;
+  EXPECT_EQ(auto_grads_placement(opt_host, 100, 50, 99, false, false), Tier::kHost);
+  Placement on_device = opt_nvme;
+  on_device.grads = Tier::kDevice;
+  EXPECT_EQ(auto_grads_placement(on_device, 100, 50, 99, false, false), Tier::kDevice);
+}
+
+// The engine applies it: the tiny model with its optimizer on NVMe and a host budget between
+// the host tier's need with gradients on NVMe and with them on the host trains with them on
+// NVMe (the accumulators' NVMe traffic, a smaller host peak), to the same numbers as a budget
+// that holds them on the host.
+TEST(GradsDefault, TheEnginePutsThemOnNvmeUnderASmallBudget) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("grads_default");
+  // The smallest sub-groups, so the budget does not change the sub-group size; width 256, so
+  // the whole model's fp32 gradients (13 MB) outweigh the NVMe gradients' staging.
+  std::vector<std::string> base = on_nvme(dir, true, true);
+  base.push_back("zero_optimization.sub_group_size=2048");
+  base.push_back("model.n_embd=256");
+  base.push_back("device.memory_limit=\"64MiB\"");
+  auto needs = [&](Tier grads) {
+    Config cfg = tiny(dir + "/probe", 3, base);
+    auto arch = GptArchitecture::create(cfg.model);
+    EXPECT_TRUE(arch.is_ok());
+    TierOptions to = TierOptions::from_config(cfg, DType::kBF16);
+    to.placement = {Tier::kNvme, Tier::kNvme, Tier::kNvme, grads, 1.0};
+    const size_t acts = (*arch)->activation_plan(4, 64, DType::kBF16, ActivationMode::kKeep).bytes;
+    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, acts);
+    EXPECT_TRUE(n.is_ok()) << n.status().to_string();
+    return n->host.total();
+  };
+  const size_t with_host = needs(Tier::kHost), with_nvme = needs(Tier::kNvme);
+  ASSERT_GT(with_host, with_nvme);
+  const size_t budget = (with_host + with_nvme) / 2 / 4096 * 4096;  // the arena is whole pages
+  const int steps = 3;
+  TrainResult roomy, tight;
+  for (size_t limit : {size_t(1) << 30, budget}) {
+    std::vector<std::string> ov = base;
+    ov.push_back(fmt::format("strata.host_memory_limit={}", limit));
+    const TrainResult r = test::must_train(tiny(fmt::format("{}/{}", dir, limit), steps, ov));
+    ASSERT_EQ(r.losses.size(), size_t(steps));
+    (limit == budget ? tight : roomy) = r;
+  }
+  EXPECT_LE(test::tier(tight, "host").capacity, budget);
+  EXPECT_LT(test::tier(tight, "host").peak, test::tier(roomy, "host").peak);
+  EXPECT_GT(test::tier(tight, "nvme").bytes_in, test::tier(roomy, "nvme").bytes_in);
+  for (size_t s = 0; s < size_t(steps); ++s) {
+    ASSERT_EQ(tight.losses[s], roomy.losses[s]) << "loss differs at step " << s + 1;
+  }
+  EXPECT_EQ(tight.weights_crc, roomy.weights_crc);
+  fs::remove_all(dir);
+}
+
+// train.final_checkpoint = false (the benchmark whose state would not fit on the disk twice,
+// configs/hostmem-2b.json): the run ends without writing a checkpoint.
+TEST(FinalCheckpoint, FalseWritesNoneAtTheEnd) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("no_final");
+  const TrainResult r = test::must_train(tiny(dir, 2, {"train.final_checkpoint=false"}));
+  ASSERT_EQ(r.losses.size(), 2u);
+  EXPECT_TRUE(r.last_checkpoint.empty()) << r.last_checkpoint;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt")) {
+    EXPECT_EQ(e.path().filename().string().rfind("ckpt-", 0), std::string::npos) << e.path();
+  }
+  // The export needs the final checkpoint: refused before training.
+  auto cfg = tiny(dir, 2, {"train.final_checkpoint=false", "train.export_dir=\"" + dir + "/hf\""});
+  auto bad = train(cfg, {});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("train.final_checkpoint"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace

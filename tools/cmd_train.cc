@@ -1,4 +1,7 @@
 // `strata train --config FILE [--set key=value]... [--resume [PATH]]`
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -129,7 +132,23 @@ int cmd_train(int argc, char** argv) {
                 res.world_size > 1 ? " (rank 0's share)" : "");
   }
   if (res.peak_rss > 0) {
-    std::printf("host memory: peak RSS (VmHWM) %s\n", format_bytes(double(res.peak_rss)).c_str());
+    // What the RSS is made of: the host tier's arena (resident whole: mlocked, or touched over
+    // the run), the device's peak where device memory is host memory (the CPU backend), and the
+    // rest (binary, libraries, threads, kernel scratch, the data): it does not grow with depth.
+    size_t host = 0, device_peak = 0, device_cap = 0;
+    for (const auto& t : res.tiers) {
+      if (t.name == "host") host = t.capacity;
+      if (t.name == "device" && res.device_in_rss) device_peak = t.peak, device_cap = t.capacity;
+    }
+    const double rest = std::max(0.0, double(res.peak_rss) - double(host) - double(device_peak));
+    std::printf("host memory: peak RSS (VmHWM) %s = host tier %s%s + the rest %s (%s at start)\n",
+                format_bytes(double(res.peak_rss)).c_str(), format_bytes(double(host)).c_str(),
+                device_cap
+                    ? fmt::format(" + device peak {} (arena {})", format_bytes(double(device_peak)),
+                                  format_bytes(double(device_cap)))
+                          .c_str()
+                    : "",
+                format_bytes(rest).c_str(), format_bytes(double(res.base_rss)).c_str());
   }
   if (res.optimizer_s > 0) {
     std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
@@ -140,7 +159,9 @@ int cmd_train(int argc, char** argv) {
   }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
-              res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s, res.last_checkpoint.c_str());
+              res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s,
+              res.last_checkpoint.empty() ? "none (train.final_checkpoint false)"
+                                          : res.last_checkpoint.c_str());
   if (!res.metrics_error.empty()) {
     std::fprintf(stderr, "strata train: %s (training itself finished; checkpoint %s)\n",
                  res.metrics_error.c_str(), res.last_checkpoint.c_str());

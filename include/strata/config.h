@@ -164,6 +164,9 @@ struct TrainConfig {
   int64_t eval_interval = 50;
   std::string checkpoint_dir = "runs/default";
   int64_t checkpoint_interval = 0;  // 0 = only at the end and on SIGINT/SIGTERM
+  // false: no checkpoint at the end of the run (a benchmark whose state would not fit on the
+  // disk twice); checkpoint_interval's and a stop's checkpoints are still written.
+  bool final_checkpoint = true;
   uint64_t seed = 1234;
   std::string log_file;  // JSONL metrics; "" = <checkpoint_dir>/metrics.jsonl
   // After the final checkpoint, rank 0 exports it here as a Hugging Face checkpoint

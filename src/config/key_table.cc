@@ -469,6 +469,9 @@ std::vector<Key> build_table() {
         "(config.json + safetensors in the model dtype); \"\" = none"));
   add(F("train.checkpoint_interval", Int(0, kMaxInt), STRATA_M(train.checkpoint_interval),
         "steps between checkpoints; 0 = at the end and on SIGINT/SIGTERM"));
+  add(F("train.final_checkpoint", Bool(), STRATA_M(train.final_checkpoint),
+        "write a checkpoint when the run ends (false: none at the end, for a benchmark whose "
+        "state would not fit on the disk twice; interval and stop checkpoints still are)"));
   add(F("train.seed", Int(0, kMaxInt), STRATA_M(train.seed), "initialization and data seed"));
   add(F("train.log_file", Str(), STRATA_M(train.log_file),
         "JSONL metrics; \"\" = <checkpoint_dir>/metrics.jsonl"));
@@ -506,9 +509,10 @@ std::vector<Key> build_table() {
         "home tier of parameters (overrides offload_param.device)"));
   add(F("strata.placement.grads", Enum("device|host|nvme"), STRATA_M(strata.placement_grads),
         "where the fp32 gradient accumulators live between backward and the optimizer step "
-        "(default: with the optimizer, host when that is nvme); nvme: one swap extent per "
-        "optimizer sub-group, so no whole-model gradient is held in host memory (one rank, "
-        "no delayed update)"));
+        "(default: with the optimizer, else host; nvme when the optimizer state is on nvme and "
+        "host accumulators would exceed the host budget); nvme: one swap extent per optimizer "
+        "sub-group, so no whole-model gradient is held in host memory (one rank, no delayed "
+        "update)"));
   add(F("strata.placement.master", Enum("device|host|nvme"), STRATA_M(strata.placement_master),
         "home tier of fp32 master weights (overrides offload_optimizer.device)"));
   add(F("strata.placement.moments", Enum("device|host|nvme"), STRATA_M(strata.placement_moments),

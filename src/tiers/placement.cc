@@ -114,6 +114,16 @@ uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count) {
   return std::max<uint64_t>(g, kSubGroupAlign);
 }
 
+Tier auto_grads_placement(const Placement& p, size_t host_need_with_host_grads,
+                          size_t host_need_with_nvme_grads, size_t host_capacity, bool sharded,
+                          bool delayed_update) {
+  const bool may_spill = p.grads == Tier::kHost && p.master == Tier::kNvme &&
+                         p.moments == Tier::kNvme && !sharded && !delayed_update;
+  const bool helps = host_need_with_host_grads > host_capacity &&
+                     host_need_with_nvme_grads < host_need_with_host_grads;
+  return may_spill && helps ? Tier::kNvme : p.grads;
+}
+
 TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   TierOptions o;
   const auto& zp = cfg.zero.offload_param;
@@ -137,6 +147,7 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   o.overlap_comm = cfg.zero.overlap_comm;
   o.optimizer_threads = cfg.device.cpu_threads;
   o.delayed_update = cfg.strata.delayed_update;
+  o.grads_auto = cfg.strata.placement_grads.empty();
   o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit

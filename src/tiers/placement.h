@@ -68,6 +68,18 @@ inline constexpr uint64_t kSubGroupAlign = 2048;
 // sub-groups without knowing the key, and one with much RAM gets DeepSpeed's behaviour.
 uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count);
 
+// The default home of the gradient accumulators, for a user with little RAM. With
+// strata.placement.grads unset they stay on the host (parse_placement), except where the
+// optimizer state is on NVMe, the run is one rank without the delayed update (what gradients
+// on NVMe support), and the host tier's need with host gradients (`host_need_with_host_grads`:
+// the whole model's fp32 accumulators) exceeds its budget while the need with them on NVMe
+// (`host_need_with_nvme_grads`: a few sub-groups of staging) is smaller: then NVMe, where the
+// gradients cost disk traffic (written by each micro-batch, read by the next and by the
+// optimizer) instead of RAM. A run that fits keeps them on the host, the faster place.
+Tier auto_grads_placement(const Placement& placement, size_t host_need_with_host_grads,
+                          size_t host_need_with_nvme_grads, size_t host_capacity, bool sharded,
+                          bool delayed_update);
+
 struct TierOptions {
   Placement placement;
   size_t host_capacity = 0;             // host tier budget, bytes
@@ -128,6 +140,9 @@ struct TierOptions {
   // strata.optimizer.delayed_update: a second gradient accumulator per module and host
   // shadows of the parameters (see start_delayed_update), counted in the preflight.
   bool delayed_update = false;
+  // strata.placement.grads unset: TierManager::create may move the gradient accumulators from
+  // the host to NVMe (auto_grads_placement).
+  bool grads_auto = false;
   // The optimizer under backward keeps undo state (clipping or fp16): shadow extents on the
   // swap files for NVMe-homed state when the disks have room, else host copies; the host
   // tier's arena is sized for the copies when its budget allows.

@@ -147,10 +147,11 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
 
 Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const Architecture& arch,
                                                          DType dt, DType moment_dt,
-                                                         const TierOptions& options,
+                                                         const TierOptions& requested,
                                                          size_t activation_bytes) {
-  auto impl = std::make_unique<Impl>(device, options, dt, moment_dt);
+  auto impl = std::make_unique<Impl>(device, requested, dt, moment_dt);
   Impl& I = *impl;
+  const TierOptions& options = I.opt;  // the request, with the gradients' default decided
   int world = 1, rank = 0;
   if (options.param_comm && options.grad_comm && options.param_comm->size() > 1) {
     world = options.param_comm->size();
@@ -170,6 +171,33 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
     return invalid_argument(
         "strata.placement.grads: nvme runs on one rank without strata.optimizer.delayed_update "
         "for now: set it to host, or run one rank without the delayed update");
+  }
+
+  if (options.grads_auto && options.placement.grads == Tier::kHost) {
+    // The host tier's need with the gradients on `grads` (0 when that placement is invalid).
+    auto host_need = [&](Tier grads) -> size_t {
+      TierOptions o = options;
+      o.placement.grads = grads;
+      auto homes = module_homes(arch.layout(), o.placement, world, dt, moment_dt, o.delayed_update,
+                                o.sub_group_elems);
+      if (!homes.is_ok()) return 0;
+      return tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain))
+          .host.total();
+    };
+    const size_t with_host = host_need(Tier::kHost);
+    const size_t with_nvme = with_host > options.host_capacity ? host_need(Tier::kNvme) : 0;
+    if (with_nvme > 0) {
+      const Tier g = auto_grads_placement(options.placement, with_host, with_nvme,
+                                          options.host_capacity, I.sharded, options.delayed_update);
+      if (g != options.placement.grads) {
+        log_info(
+            "tier manager: gradients on {} (strata.placement.grads unset; on the host they "
+            "would take the host tier to {} of its {} budget, on nvme {})",
+            tier_name(g), format_bytes(double(with_host)),
+            format_bytes(double(options.host_capacity)), format_bytes(double(with_nvme)));
+        I.opt.placement.grads = g;
+      }
+    }
   }
 
   // Every tier's need against its capacity, before anything is allocated or written.

@@ -92,6 +92,10 @@ struct TrainResult {
   // strata.host_memory_limit bounds, plus the device arena on the CPU backend, the model's
   // host-side buffers and the binary's own footprint.
   size_t peak_rss = 0;
+  // VmRSS when train() was called (the binary, its libraries, the config), and whether the
+  // device's memory is host memory (the CPU backend: its arena counts in the RSS).
+  size_t base_rss = 0;
+  bool device_in_rss = false;
 };
 
 // Trains on every rank of the communicator strata.comm.backend gives (mpirun -np N: N ranks,
