@@ -181,7 +181,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
       auto homes = module_homes(arch.layout(), o.placement, world, dt, moment_dt, o.delayed_update,
                                 o.sub_group_elems);
       if (!homes.is_ok()) return 0;
-      return tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain))
+      // ZeRO++'s buffers are device memory: they do not change the host need.
+      return tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain), {})
           .host.total();
     };
     const size_t with_host = host_need(Tier::kHost);

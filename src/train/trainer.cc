@@ -1,7 +1,6 @@
 #include "src/train/trainer.h"
 
 #include <fmt/format.h>
-#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +26,7 @@
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"
+#include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
 #include "src/train/schedule.h"
 #include "strata/checksum.h"
@@ -37,42 +37,6 @@
 
 namespace strata {
 namespace {
-
-// A "Vm...:" line of /proc/self/status in bytes (0 where there is none).
-size_t proc_status_bytes(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(f, line)) {
-    if (line.compare(0, n, key) == 0)
-      return size_t(std::strtoull(line.c_str() + n, nullptr, 10)) * 1024;
-  }
-  return 0;
-}
-size_t peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
-
-// Keeps the process's malloc heap to what is live. glibc's default mmap threshold rises to the
-// size of each large block freed (up to 32 MiB), after which blocks of that size come from the
-// heap and its per-thread arenas; the CPU backend's device buffers and kernel scratch (modules
-// of tens of MiB, allocated and freed as they are fetched) then fragment the heap, whose freed
-// pages stay resident: a 190M-parameter run on a 640 MiB device arena and a 256 MiB host tier
-// peaked at 2.0 GiB resident for 0.95 GiB live. A fixed threshold of 1 MiB makes every larger
-// block its own mapping, returned to the system when freed (at the cost of faulting its pages
-// in afresh: ~5% more CPU time on that run). MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES in the
-// environment take precedence.
-void bound_malloc_heap() {
-#ifdef M_MMAP_THRESHOLD
-  const char* tunables = std::getenv("GLIBC_TUNABLES");
-  if (std::getenv("MALLOC_MMAP_THRESHOLD_") ||
-      (tunables && std::strstr(tunables, "mmap_threshold"))) {
-    return;
-  }
-  constexpr int kMmapThreshold = 1 << 20;
-  if (mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1) {
-    log_warn("trainer: mallopt(M_MMAP_THRESHOLD) failed; the malloc heap may hold freed pages");
-  }
-#endif
-}
 
 using Clock = std::chrono::steady_clock;
 
