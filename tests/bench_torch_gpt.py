@@ -57,6 +57,8 @@ def main():
                           ("context", 128), ("micro-batch", 2), ("accum", 2), ("steps", 12),
                           ("warmup", 2), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                   help="bf16: autocast to bfloat16 (the issue's peer); fp32: no autocast")
     a = p.parse_args()
     torch.manual_seed(1)
     torch.set_num_threads(a.threads)
@@ -69,7 +71,7 @@ def main():
         if step == a.warmup:
             t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(a.accum):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
                 loss = model(data[:, :-1], data[:, 1:]) / a.accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
