@@ -41,6 +41,19 @@ TEST(Schedule, MatchesDeepSpeedFormulas) {
   EXPECT_NEAR(learning_rate(d, 60), 1e-4 + 9e-4 * (50.0 / 100.0), 1e-15);
   EXPECT_DOUBLE_EQ(learning_rate(d, 200), 1e-4);
 
+  // DeepSpeed warms up over at least 2 steps: warmup_num_steps 0 or 1 acts as 2 (log warm-up:
+  // min at step 0, max at step 1), and the decay never starts above warmup_max_lr.
+  for (int64_t warm : {0, 1}) {
+    Config z = with_scheduler("WarmupDecayLR");
+    z.scheduler.warmup_num_steps = warm;
+    z.scheduler.total_num_steps = 6;
+    EXPECT_DOUBLE_EQ(learning_rate(z, 0), 1e-4) << warm;
+    EXPECT_DOUBLE_EQ(learning_rate(z, 1), 1e-3) << warm;
+    EXPECT_DOUBLE_EQ(learning_rate(z, 2), 1e-3) << warm;  // (6 - 2) / (6 - 2)
+    EXPECT_NEAR(learning_rate(z, 4), 1e-4 + 9e-4 * 0.5, 1e-15) << warm;
+    for (int64_t t = 0; t < 8; ++t) EXPECT_LE(learning_rate(z, t), 1e-3) << warm << " " << t;
+  }
+
   Config c = with_scheduler("WarmupCosineLR");
   c.scheduler.warmup_type = "linear";
   c.scheduler.cos_min_ratio = 0.1;

@@ -1,6 +1,5 @@
 // `strata eval --config FILE [--checkpoint PATH] [--json] [--set key=value]...`
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -8,7 +7,7 @@
 #include "src/train/checkpoint.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
-#include "strata/log.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
@@ -42,69 +41,28 @@ int cmd_eval(int argc, char** argv) {
   std::string config_path, checkpoint, log_level;
   std::vector<std::string> overrides;
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](std::string* dst) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "strata eval: %s needs a value\n\n%s", a.c_str(), kUsage);
-        return false;
-      }
-      *dst = argv[++i];
-      return true;
-    };
-    std::string set;
-    if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--config") {
-      if (!value(&config_path)) return 2;
-    } else if (a == "--checkpoint") {
-      if (!value(&checkpoint)) return 2;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--set") {
-      if (!value(&set)) return 2;
-      overrides.push_back(set);
-    } else if (a == "--log-level") {
-      if (!value(&log_level)) return 2;
-    } else {
-      std::fprintf(stderr, "strata eval: unknown option '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
+  CliOptions cli("eval", kUsage);
+  cli.value("--config", &config_path)
+      .value("--checkpoint", &checkpoint)
+      .flag("--json", &json)
+      .repeated("--set", &overrides)
+      .value("--log-level", &log_level);
+  if (auto rc = cli.parse(argc, argv)) return *rc;
+  if (config_path.empty()) return cli.usage_error("--config FILE is required");
+  Config cfg;
+  if (auto rc = load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level,
+                                &cfg)) {
+    return *rc;
   }
-  if (config_path.empty()) {
-    std::fprintf(stderr, "strata eval: --config FILE is required\n\n%s", kUsage);
-    return 2;
-  }
-  Result<Config> cfg = load_config(config_path, overrides, launcher_world_size());
-  if (!cfg.is_ok()) {
-    std::fprintf(stderr, "strata eval: %s\n", cfg.status().message().c_str());
-    return 1;
-  }
-  LogLevel level;
-  const std::string& lvl = log_level.empty() ? cfg->strata.log_level : log_level;
-  if (!parse_log_level(lvl, &level)) {
-    std::fprintf(stderr, "strata eval: --log-level: '%s' is not debug|info|warn|error|off\n",
-                 lvl.c_str());
-    return 2;
-  }
-  set_log_level(level);
-  std::error_code ec;
-  if (!checkpoint.empty() && std::filesystem::is_directory(checkpoint, ec)) {
-    Result<std::string> latest = latest_checkpoint(checkpoint);  // a run directory: its latest
-    if (!latest.is_ok()) {
-      std::fprintf(stderr, "strata eval: --checkpoint: %s\n", latest.status().message().c_str());
-      return 1;
-    }
-    checkpoint = *latest;
+  if (!checkpoint.empty()) {
+    Result<std::string> path = resolve_checkpoint(checkpoint);
+    if (!path.is_ok()) return cli.fail("--checkpoint: " + path.status().message());
+    checkpoint = *path;
   }
   EvalOptions opts;
   opts.checkpoint = checkpoint;
-  Result<EvalResult> r = evaluate(*cfg, opts);
-  if (!r.is_ok()) {
-    std::fprintf(stderr, "strata eval: %s\n", r.status().message().c_str());
-    return 1;
-  }
+  Result<EvalResult> r = evaluate(cfg, opts);
+  if (!r.is_ok()) return cli.fail(r.status().message());
   if (r->rank != 0) return 0;  // rank 0 reports
   if (json) {
     const nlohmann::json line{
@@ -112,14 +70,14 @@ int cmd_eval(int argc, char** argv) {
     std::printf("%s\n", line.dump().c_str());
   } else {
     const std::string what = !checkpoint.empty() ? "checkpoint " + checkpoint
-                             : cfg->model.from_pretrained.empty()
+                             : cfg.model.from_pretrained.empty()
                                  ? std::string("initial weights (train.seed)")
-                                 : "weights of " + cfg->model.from_pretrained;
+                                 : "weights of " + cfg.model.from_pretrained;
     std::printf(
         "eval loss %.6f | perplexity %.4f | %lld tokens (%lld windows of %d) of %s (%lld "
         "tokens) | %s\n",
         r->loss, r->perplexity, (long long)r->tokens, (long long)r->windows, r->T,
-        cfg->data.source.c_str(), (long long)r->corpus_tokens, what.c_str());
+        cfg.data.source.c_str(), (long long)r->corpus_tokens, what.c_str());
   }
   return 0;
 }

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,6 +11,7 @@
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
@@ -51,57 +51,21 @@ int cmd_train(int argc, char** argv) {
   std::string config_path, log_level;
   std::vector<std::string> overrides;
   TrainOptions opts;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto need_value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "strata train: %s needs a value\n\n%s", flag, kUsage);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--config") {
-      const char* v = need_value("--config");
-      if (!v) return 2;
-      config_path = v;
-    } else if (a == "--set") {
-      const char* v = need_value("--set");
-      if (!v) return 2;
-      overrides.push_back(v);
-    } else if (a == "--resume") {
-      opts.resume = "latest";
-      if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) opts.resume = argv[++i];
-    } else if (a == "--quiet") {
-      opts.progress = false;
-    } else if (a == "--log-level") {
-      const char* v = need_value("--log-level");
-      if (!v) return 2;
-      log_level = v;
-    } else {
-      std::fprintf(stderr, "strata train: unknown option '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
+  bool quiet = false;
+  CliOptions cli("train", kUsage);
+  cli.value("--config", &config_path)
+      .repeated("--set", &overrides)
+      .optional_value("--resume", &opts.resume, "latest")
+      .flag("--quiet", &quiet)
+      .value("--log-level", &log_level);
+  if (auto rc = cli.parse(argc, argv)) return *rc;
+  if (quiet) opts.progress = false;
+  if (config_path.empty()) return cli.usage_error("--config FILE is required");
+  Config cfg;
+  if (auto rc = load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level,
+                                &cfg)) {
+    return *rc;
   }
-  if (config_path.empty()) {
-    std::fprintf(stderr, "strata train: --config FILE is required\n\n%s", kUsage);
-    return 2;
-  }
-  Result<Config> cfg = load_config(config_path, overrides, launcher_world_size());
-  if (!cfg.is_ok()) {
-    std::fprintf(stderr, "strata train: %s\n", cfg.status().message().c_str());
-    return 1;
-  }
-  LogLevel level;
-  const std::string& lvl = log_level.empty() ? cfg->strata.log_level : log_level;
-  if (!parse_log_level(lvl, &level)) {
-    std::fprintf(stderr, "strata train: --log-level: '%s' is not debug|info|warn|error|off\n",
-                 lvl.c_str());
-    return 2;
-  }
-  set_log_level(level);
 
   install_stop_handlers(&g_stop_signal, open_mpi_launcher_pid());
   opts.stop_signal = &g_stop_signal;
@@ -111,11 +75,8 @@ int cmd_train(int argc, char** argv) {
     log_warn("{}", w);
   }
 
-  Result<TrainResult> r = train(*cfg, opts);
-  if (!r.is_ok()) {
-    std::fprintf(stderr, "strata train: %s\n", r.status().message().c_str());
-    return 1;
-  }
+  Result<TrainResult> r = train(cfg, opts);
+  if (!r.is_ok()) return cli.fail(r.status().message());
   const TrainResult& res = *r;
   const int sig = g_stop_signal.load();
   if (res.rank != 0) return res.stopped_early && sig != 0 ? 128 + sig : 0;  // rank 0 reports

@@ -196,7 +196,9 @@ std::vector<Key> build_table() {
         STRATA_M(scheduler.warmup_max_lr), "WarmupLR/WarmupDecayLR: lr after warmup", nullptr,
         kAuto, "optimizer.params.lr"));
   add(F("scheduler.params.warmup_num_steps", Int(0, kMaxInt), STRATA_M(scheduler.warmup_num_steps),
-        "warmup length (auto: train.steps / 10)", nullptr, kAuto));
+        "warmup length (WarmupLR/WarmupDecayLR: at least 2, as in DeepSpeed; auto: train.steps / "
+        "10)",
+        nullptr, kAuto));
   add(F("scheduler.params.warmup_type", Enum("log|linear"), STRATA_M(scheduler.warmup_type),
         "warmup curve"));
   add(F("scheduler.params.total_num_steps", Int(1, kMaxInt), STRATA_M(scheduler.total_num_steps),

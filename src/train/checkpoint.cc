@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "src/base/json_depth.h"
@@ -397,6 +398,12 @@ Result<std::string> latest_checkpoint(const std::string& dir) {
   std::string name(buf, size_t(n));
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   return dir + "/" + name;
+}
+
+Result<std::string> resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  return latest_checkpoint(path);
 }
 
 Status set_latest_checkpoint(const std::string& dir, const std::string& file_name) {

@@ -122,6 +122,9 @@ Status read_checkpoint(const std::string& path, const std::vector<CheckpointBuff
 // The checkpoint `dir`/latest names, or kNotFound (see resolve_latest in
 // src/train/checkpoint_dir.h for the fallbacks when it is missing or damaged).
 Result<std::string> latest_checkpoint(const std::string& dir);
+// A checkpoint file or a sharded checkpoint's manifest as given; a run directory: the
+// checkpoint its `latest` names.
+Result<std::string> resolve_checkpoint(const std::string& path);
 // Atomically points `dir`/latest at `file_name` (latest.tmp, never through a link).
 Status set_latest_checkpoint(const std::string& dir, const std::string& file_name);
 

@@ -15,14 +15,18 @@ double learning_rate(const Config& cfg, int64_t step) {
     return std::log(t + 1.0) / std::log(std::max(warm, 2.0));
   };
   if (s.type == "WarmupLR" || s.type == "WarmupDecayLR") {
+    // DeepSpeed's WarmupLR warms up over at least 2 steps (warmup_num_steps = max(2, given)):
+    // with 0 or 1 the decay would otherwise start above warmup_max_lr.
+    const int64_t warm_steps = std::max<int64_t>(s.warmup_num_steps, 2);
+    const double w = static_cast<double>(warm_steps);
     double gamma;
-    if (step < s.warmup_num_steps) {
-      gamma = warm_gamma();
+    if (step < warm_steps) {
+      gamma = s.warmup_type == "linear" ? t / w : std::log(t + 1.0) / std::log(w);
     } else if (s.type == "WarmupLR") {
       gamma = 1.0;
     } else {
       double total = static_cast<double>(s.total_num_steps);
-      gamma = std::max(0.0, (total - t) / std::max(1.0, total - warm));
+      gamma = std::max(0.0, (total - t) / std::max(1.0, total - w));
     }
     return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
   }
