@@ -18,7 +18,7 @@ class CliOptions {
   // on stdout for -h/--help and after each usage error on stderr.
   CliOptions(std::string command, const char* usage);
 
-  CliOptions& value(std::string flag, std::string* dst);                // --flag VALUE
+  CliOptions& value(std::string flag, std::string* dst);                  // --flag VALUE
   CliOptions& repeated(std::string flag, std::vector<std::string>* dst);  // repeatable
   // --flag [VALUE]: `bare` when no value follows (the next argument starts with "--").
   CliOptions& optional_value(std::string flag, std::string* dst, std::string bare);

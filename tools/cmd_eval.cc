@@ -50,8 +50,8 @@ int cmd_eval(int argc, char** argv) {
   if (auto rc = cli.parse(argc, argv)) return *rc;
   if (config_path.empty()) return cli.usage_error("--config FILE is required");
   Config cfg;
-  if (auto rc = load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level,
-                                &cfg)) {
+  if (auto rc =
+          load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level, &cfg)) {
     return *rc;
   }
   if (!checkpoint.empty()) {

@@ -62,8 +62,8 @@ int cmd_train(int argc, char** argv) {
   if (quiet) opts.progress = false;
   if (config_path.empty()) return cli.usage_error("--config FILE is required");
   Config cfg;
-  if (auto rc = load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level,
-                                &cfg)) {
+  if (auto rc =
+          load_cli_config(cli, config_path, overrides, launcher_world_size(), log_level, &cfg)) {
     return *rc;
   }
 
