@@ -29,6 +29,7 @@
 #include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
 #include "src/train/schedule.h"
+#include "src/train/step_report.h"
 #include "strata/checksum.h"
 #include "strata/comm.h"
 #include "strata/device.h"
@@ -42,12 +43,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string hms(double s) {
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, (t / 60) % 60, t % 60);
-  return fmt::format("{:02}:{:02}", t / 60, t % 60);
 }
 
 OptimizerKind optimizer_kind(const OptimizerConfig& o) {
@@ -658,11 +653,9 @@ Result<TrainResult> Run::loop() {
   const auto t0 = Clock::now();
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
   auto window_t = Clock::now();
-  int64_t window_steps = 0;
-  double w_fb = 0, w_opt = 0, w_io = 0, w_cw = 0, w_comm = 0, w_hid = 0;
-  // Time in collectives (comm_s): parameter gathers (h2d stream) and gradient reduce-scatters
-  // (d2h stream) overlap compute; the main thread's reductions block it. Summed over the three
-  // communicators, so with overlap it can exceed the step's share it actually costs.
+  StepWindow w;
+  // Time in collectives: parameter gathers (h2d stream) and gradient reduce-scatters (d2h
+  // stream) overlap compute; the main thread's reductions block it.
   auto comm_now = [&]() {
     double t = 0;
     for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
@@ -672,8 +665,6 @@ Result<TrainResult> Run::loop() {
     return t;
   };
   double comm_mark = comm_now();
-  // Bytes this rank sent (comm_bytes): [0] parameter gathers (hpZ's included), [1] gradient
-  // reductions (qgZ's included), [2] the main thread's reductions.
   auto sent_now = [&]() {
     std::array<uint64_t, 3> b{0, 0, 0};
     if (param_comm_) b[0] = param_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(true) : 0);
@@ -682,32 +673,32 @@ Result<TrainResult> Run::loop() {
     return b;
   };
   auto sent_mark = sent_now();
-  std::array<uint64_t, 3> w_sent{0, 0, 0};
+  // Bytes moved to and from the device, and to and from NVMe.
   auto bytes_now = [&]() {
-    return std::array<uint64_t, 3>{
-        tm_->stats(Tier::kDevice).bytes_in, tm_->stats(Tier::kDevice).bytes_out,
+    return std::array<uint64_t, 2>{
+        tm_->stats(Tier::kDevice).bytes_in + tm_->stats(Tier::kDevice).bytes_out,
         tm_->stats(Tier::kNvme).bytes_out + tm_->stats(Tier::kNvme).bytes_in};
   };
-  auto w_bytes = bytes_now();
+  auto bytes_mark = bytes_now();
   tm_->take_times();
   while (step_ < total) {
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
     const TierTimes tt = tm_->take_times();
     const double comm_step = comm_now() - comm_mark;
     comm_mark += comm_step;
-    w_comm += comm_step;
+    w.comm_s += comm_step;
     const auto sent = sent_now();
-    for (int i = 0; i < 3; ++i) {
-      w_sent[size_t(i)] += sent[size_t(i)] - sent_mark[size_t(i)];
-      r.comm_bytes += sent[size_t(i)] - sent_mark[size_t(i)];
+    for (size_t i = 0; i < 3; ++i) {
+      w.sent[i] += sent[i] - sent_mark[i];
+      r.comm_bytes += sent[i] - sent_mark[i];
     }
     sent_mark = sent;
     r.comm_s += comm_step;
-    w_fb += last_fwd_bwd_s_;
-    w_opt += tt.optimizer_s;
-    w_io += tt.io_wait_s;
-    w_cw += tt.compute_wait_s;
-    w_hid += tt.optimizer_hidden_s;
+    w.fwd_bwd_s += last_fwd_bwd_s_;
+    w.optimizer_s += tt.optimizer_s;
+    w.io_wait_s += tt.io_wait_s;
+    w.fetch_wait_s += tt.compute_wait_s;
+    w.optimizer_hidden_s += tt.optimizer_hidden_s;
     r.optimizer_hidden_s += tt.optimizer_hidden_s;
     r.rollbacks += int64_t(tt.rollbacks);
     r.modules_redone += int64_t(tt.modules_redone);
@@ -725,7 +716,7 @@ Result<TrainResult> Run::loop() {
                                                                            : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
-    ++window_steps;
+    ++w.steps;
     if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
       return internal_error(
           fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "
@@ -734,72 +725,34 @@ Result<TrainResult> Run::loop() {
     }
     const bool last = step_ == total;
     if (step_ % print_every == 0 || last || step_ == r.start_step + 1) {
-      const double win = seconds_since(window_t);
-      const double tps = double(tokens_per_step * window_steps) / std::max(win, 1e-9);
-      const double elapsed = seconds_since(t0);
-      const double per_step = elapsed / double(step_ - r.start_step);
-      const double eta = per_step * double(total - step_);
-      const double lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
-      const double ws = double(std::max<int64_t>(window_steps, 1));
+      StepReport rep;
+      rep.step = step_;
+      rep.total = total;
+      rep.loss = loss;
+      rep.lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
+      rep.grad_norm = last_grad_norm_;
+      rep.fp16 = cfg_.fp16.enabled;
+      rep.loss_scale = scaler_.scale;
+      rep.skipped = last_skipped_;
+      rep.rollbacks = r.rollbacks;
+      rep.approximate = r.approximate;
+      rep.world_size = world_;
+      rep.window_s = seconds_since(window_t);
+      rep.tokens_per_s = double(tokens_per_step * w.steps) / std::max(rep.window_s, 1e-9);
+      rep.elapsed_s = seconds_since(t0);
+      rep.eta_s = rep.elapsed_s / double(step_ - r.start_step) * double(total - step_);
+      rep.peak_rss = peak_rss_bytes();
       const auto b = bytes_now();
-      const double dev_mb = double(b[0] - w_bytes[0] + b[1] - w_bytes[1]) / ws / 1048576.0;
-      const double nvme_mb = double(b[2] - w_bytes[2]) / ws / 1048576.0;
+      w.device_bytes = b[0] - bytes_mark[0];
+      w.nvme_bytes = b[1] - bytes_mark[1];
       if (opts_.progress && report) {
-        // Comm time only means something with several ranks.
-        const std::string comm =
-            world_ > 1 ? fmt::format(", comm {:.0f} ({:.2f} MiB sent)", 1e3 * w_comm / ws,
-                                     double(w_sent[0] + w_sent[1] + w_sent[2]) / ws / 1048576.0)
-                       : std::string();
-        std::printf(
-            "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %s%.0f tok/s | step %.0f ms: "
-            "fwd/bwd %.0f (fetch wait %.0f) opt %.0f (%.0f%% hidden%s), io wait %.0f%s | "
-            "moved/step: device %.1f MiB, nvme %.1f MiB | %s elapsed, ETA %s%s\n",
-            (long long)step_, (long long)total, loss, lr, last_grad_norm_,
-            cfg_.fp16.enabled ? fmt::format("scale {:g} | ", scaler_.scale).c_str() : "", tps,
-            1e3 * win / ws, 1e3 * w_fb / ws, 1e3 * w_cw / ws, 1e3 * w_opt / ws,
-            w_opt > 0 ? 100.0 * w_hid / w_opt : 0.0,
-            r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks).c_str()
-            : r.approximate ? ", delayed: approximate"
-                            : "",
-            1e3 * w_io / ws, comm.c_str(), dev_mb, nvme_mb, hms(elapsed).c_str(), hms(eta).c_str(),
-            last_skipped_ ? " | overflow: step skipped" : "");
+        std::fputs(progress_line(rep, w).c_str(), stdout);
         std::fflush(stdout);
       }
-      if (report) {
-        jsonl
-            .write_line(
-                nlohmann::json{{"step", step_},
-                               {"loss", loss},
-                               {"lr", lr},
-                               {"grad_norm", last_grad_norm_},
-                               {"loss_scale", scaler_.scale},
-                               {"skipped", last_skipped_},
-                               {"tokens_per_s", tps},
-                               {"elapsed_s", elapsed},
-                               {"step_s", win / ws},
-                               {"fwd_bwd_s", w_fb / ws},
-                               {"fetch_wait_s", w_cw / ws},
-                               {"optimizer_s", w_opt / ws},
-                               {"optimizer_hidden_s", w_hid / ws},
-                               {"optimizer_hidden_share", w_opt > 0 ? w_hid / w_opt : 0.0},
-                               {"rollbacks", r.rollbacks},
-                               {"delayed_update", r.approximate},
-                               {"io_wait_s", w_io / ws},
-                               {"comm_s", w_comm / ws},
-                               {"comm_bytes", double(w_sent[0] + w_sent[1] + w_sent[2]) / ws},
-                               {"comm_param_bytes", double(w_sent[0]) / ws},
-                               {"comm_grad_bytes", double(w_sent[1]) / ws},
-                               {"device_bytes_per_step", dev_mb * 1048576.0},
-                               {"nvme_bytes_per_step", nvme_mb * 1048576.0},
-                               {"peak_rss_bytes", peak_rss_bytes()}}
-                    .dump())
-            .ignore();
-      }
+      if (report) jsonl.write_line(metrics_record(rep, w)).ignore();
       window_t = Clock::now();
-      window_steps = 0;
-      w_fb = w_opt = w_io = w_cw = w_comm = w_hid = 0;
-      w_sent = {0, 0, 0};
-      w_bytes = bytes_now();
+      w = StepWindow{};
+      bytes_mark = bytes_now();
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");

@@ -1,0 +1,54 @@
+// The trainer's progress reports: every steps_per_print steps (and the first and last), one
+// progress line on stdout and one JSONL record (train.log_file) with the per-step means of the
+// steps since the last report. The Run's loop adds each step's times and bytes to a StepWindow;
+// this file only formats.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace strata {
+
+// What the steps since the last report add up to.
+struct StepWindow {
+  int64_t steps = 0;
+  double fwd_bwd_s = 0, fetch_wait_s = 0, optimizer_s = 0, optimizer_hidden_s = 0, io_wait_s = 0;
+  // Time in collectives, summed over the communicators (with overlap it can exceed the share
+  // of the step it costs), and the bytes this rank sent: [0] parameter gathers (hpZ's
+  // included), [1] gradient reductions (qgZ's included), [2] the main thread's reductions.
+  double comm_s = 0;
+  std::array<uint64_t, 3> sent{0, 0, 0};
+  uint64_t device_bytes = 0, nvme_bytes = 0;  // moved to and from the device, and NVMe
+
+  // Per-step means (steps counted as at least 1).
+  double per_step(double total) const { return total / double(steps > 0 ? steps : 1); }
+  uint64_t sent_total() const { return sent[0] + sent[1] + sent[2]; }
+};
+
+// The state of the run at the report.
+struct StepReport {
+  int64_t step = 0, total = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  bool fp16 = false;  // show the loss scale
+  double loss_scale = 1;
+  bool skipped = false;      // fp16 overflow: the step was skipped
+  int64_t rollbacks = 0;     // over the run so far
+  bool approximate = false;  // the delayed update is on
+  int world_size = 1;
+  double window_s = 0;  // wall time of the window
+  double elapsed_s = 0, eta_s = 0, tokens_per_s = 0;
+  size_t peak_rss = 0;
+};
+
+// "1:02:03" or "02:03".
+std::string hms(double seconds);
+
+// The progress line, with its newline.
+std::string progress_line(const StepReport& r, const StepWindow& w);
+
+// The JSONL record (no newline).
+std::string metrics_record(const StepReport& r, const StepWindow& w);
+
+}  // namespace strata
