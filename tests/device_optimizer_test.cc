@@ -13,6 +13,7 @@
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 #include "tests/wrapped_device.h"
 
 #ifndef STRATA_SOURCE_DIR
@@ -25,20 +26,12 @@ namespace {
 namespace fs = std::filesystem;
 
 // configs/tiny-cpu.json, 12 steps, everything but the optimizer's placement on the device.
-Config tiny(const std::string& dir, std::vector<std::string> extra) {
-  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
-                                 "train.steps=12",
-                                 "scheduler.params.warmup_num_steps=4",
-                                 "train.eval_interval=0",
-                                 "steps_per_print=1000",
-                                 "device.memory_limit=\"256MiB\"",
-                                 "zero_optimization.offload_param.device=\"none\""};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg =
-      parse_config(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-                   "configs/tiny-cpu.json", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
+Config tiny(const std::string& dir, const std::vector<std::string>& extra) {
+  return test::tiny_cpu(
+      dir,
+      {"train.steps=12", "scheduler.params.warmup_num_steps=4", "device.memory_limit=\"256MiB\"",
+       "zero_optimization.offload_param.device=\"none\""},
+      extra);
 }
 
 struct Outcome {

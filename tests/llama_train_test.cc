@@ -14,6 +14,7 @@
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -25,32 +26,18 @@ namespace {
 namespace fs = std::filesystem;
 
 // configs/tiny-cpu.json's job with a tiny Llama in place of its GPT, and overrides.
-Config tiny_llama(const std::string& dir, std::vector<std::string> extra) {
-  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
-                                 "train.steps=30",
-                                 "train.eval_interval=0",
-                                 "steps_per_print=1000",
-                                 "device.memory_limit=\"256MiB\"",
-                                 "zero_optimization.offload_param.device=\"none\"",
-                                 "zero_optimization.offload_optimizer.device=\"none\"",
-                                 "model.type=\"llama\"",
-                                 "model.n_layer=3",
-                                 "model.n_head=4",
-                                 "model.num_key_value_heads=2",
-                                 "model.n_embd=64",
-                                 "model.intermediate_size=176",
-                                 "model.tied_embeddings=false",
-                                 "model.rope_theta=500000",
-                                 "model.rope_scaling.type=\"llama3\"",
-                                 "model.rope_scaling.original_max_position_embeddings=16",
-                                 "model.rms_norm_eps=1e-6",
-                                 "model.context=32"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg =
-      parse_config(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-                   "configs/tiny-cpu.json", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
+Config tiny_llama(const std::string& dir, const std::vector<std::string>& extra) {
+  return test::tiny_cpu(
+      dir,
+      {"train.steps=30", "device.memory_limit=\"256MiB\"",
+       "zero_optimization.offload_param.device=\"none\"",
+       "zero_optimization.offload_optimizer.device=\"none\"", "model.type=\"llama\"",
+       "model.n_layer=3", "model.n_head=4", "model.num_key_value_heads=2", "model.n_embd=64",
+       "model.intermediate_size=176", "model.tied_embeddings=false", "model.rope_theta=500000",
+       "model.rope_scaling.type=\"llama3\"",
+       "model.rope_scaling.original_max_position_embeddings=16", "model.rms_norm_eps=1e-6",
+       "model.context=32"},
+      extra);
 }
 
 TEST(LlamaArchitecture, LayoutProgramAndPlan) {

@@ -31,13 +31,7 @@ using test::read_file;
 
 // configs/tiny-cpu.json (README's default job, clipping 1.0) for 30 steps, with overrides.
 Config tiny(const std::string& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"", "train.steps=30",
-                                 "train.eval_interval=0", "steps_per_print=1000"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg = parse_config(read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-                          "configs/tiny-cpu.json", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
+  return test::tiny_cpu(dir, {"train.steps=30"}, extra);
 }
 
 using test::must_train;
