@@ -1,3 +1,2 @@
 strata_test(config_test ${CMAKE_CURRENT_LIST_DIR}/config_test.cc)
 # The test reads configs/ and docs/CONFIG.md from the source tree.
-target_compile_definitions(config_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

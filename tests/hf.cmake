@@ -5,11 +5,9 @@ strata_test(hf_config_test ${CMAKE_CURRENT_LIST_DIR}/hf_config_test.cc)
 # model.from_pretrained against transformers: tests/fixtures/hf/ (tools/make_hf_fixtures.py)
 # loaded and run; losses and every gradient compared with transformers' own; import errors.
 strata_test(hf_compare_test ${CMAKE_CURRENT_LIST_DIR}/hf_compare_test.cc)
-target_compile_definitions(hf_compare_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # strata eval against transformers' loss over the fixtures' token corpora; any placement; a
 # checkpoint evaluates as its export; a corpus shorter than one window is an error.
 strata_test(hf_eval_test ${CMAKE_CURRENT_LIST_DIR}/hf_eval_test.cc)
-target_compile_definitions(hf_eval_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # strata export -> transformers' AutoModelForCausalLM.from_pretrained gives the reference losses
 # (tools/check_hf_export.py). Needs torch + transformers: set STRATA_HF_PYTHON to a python that
 # has them; without them the script exits 77 and ctest reports the test as skipped.

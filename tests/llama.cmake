@@ -7,13 +7,11 @@ if(STRATA_HAVE_CUDA)
 endif()
 # model.type llama through the trainer: bit-identical losses across placements and modes.
 strata_test(llama_train_test ${CMAKE_CURRENT_LIST_DIR}/llama_train_test.cc)
-target_compile_definitions(llama_train_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # A Llama under ZeRO-3 on 2 MPI ranks through the strata command (train on host and NVMe, export
 # and eval of the sharded checkpoint) against one rank; reports skipped without MPI.
 strata_test(llama_zero3_test ${CMAKE_CURRENT_LIST_DIR}/llama_zero3_test.cc)
 add_dependencies(llama_zero3_test strata)
-target_compile_definitions(llama_zero3_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-                                                    STRATA_BIN="$<TARGET_FILE:strata>")
+target_compile_definitions(llama_zero3_test PRIVATE STRATA_BIN="$<TARGET_FILE:strata>")
 if(STRATA_HAVE_MPI)
   target_compile_definitions(llama_zero3_test PRIVATE STRATA_MPIEXEC="${MPIEXEC_EXECUTABLE}")
 endif()

@@ -1,7 +1,4 @@
 strata_test(tier_test ${CMAKE_CURRENT_LIST_DIR}/tier_test.cc)
-target_compile_definitions(tier_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 strata_test(host_memory_test ${CMAKE_CURRENT_LIST_DIR}/host_memory_test.cc)
-target_compile_definitions(host_memory_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 # The optimizer on the device, on the CPU backend and on a device the host cannot address.
 strata_test(device_optimizer_test ${CMAKE_CURRENT_LIST_DIR}/device_optimizer_test.cc)
-target_compile_definitions(device_optimizer_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -756,9 +756,11 @@ Result<TrainResult> Run::loop() {
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");
-      tm_->take_times();  // eval's fetch waits and collectives are not the step's
+      // The eval's fetch waits, collectives and bytes moved are not the next step's.
+      tm_->take_times();
       comm_mark = comm_now();
       sent_mark = sent_now();
+      bytes_mark = bytes_now();
       window_t = Clock::now();
     }
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
