@@ -7,26 +7,11 @@
 #include <cstring>
 
 #include "src/base/rng.h"
+#include "src/model/decoder_runner.h"
 #include "strata/kernels.h"
 
 namespace strata {
 namespace {
-
-// Bump allocator over one arena: 256-byte aligned slices. With base == nullptr it only measures.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  void* take(size_t bytes) {
-    void* p = base_ ? base_ + off_ : nullptr;
-    off_ += (bytes + 255) / 256 * 256;
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  char* base_;
-  size_t off_ = 0;
-};
 
 // A block's intermediates (dt unless noted). kKeep: one per layer, and res3 is the next block's
 // input. kRecompute/kOffload: one scratch (res3 unused: outputs go to inputs/out). att (fp32):
@@ -107,25 +92,11 @@ void carve(Carver& c, const GptShape& sh, int B, int T, DType dt, ActivationMode
 }
 
 // One batch shape's device state and GPT's compute steps.
-class GptRunner final : public ModelRunner {
+class GptRunner final : public DecoderRunner<GptShape, Buffers> {
  public:
-  GptRunner(Device& d, const ModelLayout& layout, const GptShape& sh, int B, int T, DType dt,
-            ActivationMode mode, bool fused, ActivationStore* store)
-      : dev_(d),
-        layout_(layout),
-        sh_(sh),
-        B_(B),
-        T_(T),
-        dt_(dt),
-        mode_(mode),
-        fused_(fused),
-        store_(store) {}
-  ~GptRunner() override;
-  Status allocate();
+  using DecoderRunner::DecoderRunner;
 
-  void begin_batch(const int32_t* tokens, const int32_t* targets) override;
   void compute(const ProgramOp& op, const ModuleBindings& bound, const MicroBatch& mb) override;
-  Status status() const override { return error_; }
 
  private:
   void forward_embedding(const void* params);
@@ -136,37 +107,11 @@ class GptRunner final : public ModelRunner {
                      const void* head_params, float* head_grads);
   void backward_block(int l, const void* params, float* grads);
   void backward_embedding(float* grads);
-  // Block l's input, its output (the next block's input or the head's), its intermediates.
-  void* input(int l) const;
-  void* output(int l) const;
-  Layer& acts(int l);
   // Enqueues block l's forward from `in` into `y`; writes the residual output to `out` unless
   // it is nullptr (a recompute, whose output is not needed). With kOffload, the compute stream
   // first waits for any stash still reading input slot `wait_slot_before_out` (-1: none).
   void block_forward(int l, const void* p, const void* in, Layer& y, void* out,
                      int wait_slot_before_out);
-  // kOffload: the compute stream waits for the stash still reading input slot `slot`, if any.
-  void wait_slot(int slot);
-  void note(const Status& s);
-
-  Device& dev_;
-  const ModelLayout& layout_;
-  GptShape sh_;
-  int B_, T_;
-  DType dt_;
-  ActivationMode mode_;
-  bool fused_;  // fused attention (Kernels::fused_attention_*): att holds the log-sum-exp
-  ActivationStore* store_;
-  Status error_;
-  void* arena_ = nullptr;  // one device allocation for everything in buf_
-  Buffers buf_;
-  // kOffload: the layer whose stash last read each slot (-1: none pending), and whether a
-  // layer's restore has been enqueued and not yet consumed by its backward.
-  int slot_stash_[2] = {-1, -1};
-  std::vector<bool> restored_;
-  // host staging for tokens/targets/losses (the copy engines need stable host memory)
-  int32_t* host_io_ = nullptr;
-  float* host_losses_ = nullptr;
 };
 
 }  // namespace
@@ -436,32 +381,13 @@ Result<std::unique_ptr<ModelRunner>> GptArchitecture::create_runner(Device& devi
   }
   auto r = std::make_unique<GptRunner>(device, layout_, shape_, B, T, dt, mode,
                                        fused_attention(device.kernels(), dt), store);
-  STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
-                                                    activation_mode_name(mode), B, T));
+  STRATA_RETURN_IF_ERROR(
+      r->allocate(carve),
+      fmt::format("allocating activations ({}) for batch {}x{}", activation_mode_name(mode), B, T));
   return std::unique_ptr<ModelRunner>(std::move(r));
 }
 
 namespace {
-
-Status GptRunner::allocate() {
-  Carver measure(nullptr);
-  carve(measure, sh_, B_, T_, dt_, mode_, fused_, &buf_);
-  STRATA_ASSIGN_OR_RETURN(arena_, dev_.allocate(measure.used(), "activations"), "device");
-  Carver real(static_cast<char*>(arena_));
-  carve(real, sh_, B_, T_, dt_, mode_, fused_, &buf_);
-  restored_.assign(size_t(sh_.L), false);
-  const size_t N = size_t(B_) * T_;
-  STRATA_ASSIGN_OR_RETURN(void* h, dev_.allocate_host(N * 8 + N * 4), "host staging");
-  host_io_ = static_cast<int32_t*>(h);
-  host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N);
-  return Status::ok();
-}
-
-GptRunner::~GptRunner() {
-  dev_.synchronize(dev_.compute_stream()).ignore();
-  if (arena_) dev_.release(arena_);
-  if (host_io_) dev_.release_host(host_io_);
-}
 
 void GptRunner::compute(const ProgramOp& op, const ModuleBindings& b, const MicroBatch& mb) {
   const int E = sh_.embedding(), F = sh_.final_norm(), H = sh_.head();
@@ -491,17 +417,6 @@ void GptRunner::compute(const ProgramOp& op, const ModuleBindings& b, const Micr
   }
 }
 
-void GptRunner::begin_batch(const int32_t* tokens, const int32_t* targets) {
-  const size_t N = size_t(B_) * T_;
-  Stream& s = dev_.compute_stream();
-  // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
-  dev_.synchronize(s).ignore();
-  std::memcpy(host_io_, tokens, N * 4);
-  std::memcpy(host_io_ + N, targets, N * 4);
-  dev_.copy_h2d(s, buf_.tokens, host_io_, N * 4);
-  dev_.copy_h2d(s, buf_.targets, host_io_ + N, N * 4);
-}
-
 // Tensor views inside a module's flat buffer: parameters (dt) and gradients (fp32).
 #define PARAM(mod, params, idx) \
   (static_cast<const char*>(params) + layout_.modules[mod].tensors[idx].offset * es)
@@ -520,37 +435,6 @@ enum BlockTensor {
   kFcprojw,
   kFcprojb
 };
-
-void* GptRunner::input(int l) const {
-  switch (mode_) {
-    case ActivationMode::kKeep:
-      return l == 0 ? buf_.encoded : buf_.layers[size_t(l) - 1].res3;
-    case ActivationMode::kRecompute:
-      return buf_.inputs[size_t(l)];
-    case ActivationMode::kOffload:
-      return buf_.inputs[size_t(l % 2)];
-  }
-  return nullptr;
-}
-
-void* GptRunner::output(int l) const {
-  if (mode_ == ActivationMode::kKeep) return buf_.layers[size_t(l)].res3;
-  return l + 1 < sh_.L ? input(l + 1) : buf_.out;
-}
-
-Layer& GptRunner::acts(int l) {
-  return mode_ == ActivationMode::kKeep ? buf_.layers[size_t(l)] : buf_.layers[0];
-}
-
-void GptRunner::note(const Status& s) {
-  if (!s.is_ok() && error_.is_ok()) error_ = s;
-}
-
-void GptRunner::wait_slot(int slot) {
-  if (mode_ != ActivationMode::kOffload || slot < 0 || slot_stash_[slot] < 0) return;
-  store_->compute_waits_activation(slot_stash_[slot]);
-  slot_stash_[slot] = -1;
-}
 
 void GptRunner::forward_embedding(const void* p) {
   const size_t es = dtype_size(dt_);

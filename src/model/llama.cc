@@ -7,26 +7,11 @@
 #include <cstring>
 
 #include "src/base/rng.h"
+#include "src/model/decoder_runner.h"
 #include "strata/kernels.h"
 
 namespace strata {
 namespace {
-
-// Bump allocator over one arena: 256-byte aligned slices. With base == nullptr it only measures.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  void* take(size_t bytes) {
-    void* p = base_ ? base_ + off_ : nullptr;
-    off_ += (bytes + 255) / 256 * 256;
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  char* base_;
-  size_t off_ = 0;
-};
 
 // A block's intermediates (dt unless noted). kKeep: one per layer, and res3 is the next block's
 // input. kRecompute/kOffload: one scratch (res3 unused: outputs go to inputs/out).
@@ -106,25 +91,11 @@ void carve(Carver& c, const LlamaShape& sh, int B, int T, DType dt, ActivationMo
 }
 
 // One batch shape's device state and Llama's compute steps.
-class LlamaRunner final : public ModelRunner {
+class LlamaRunner final : public DecoderRunner<LlamaShape, Buffers> {
  public:
-  LlamaRunner(Device& d, const ModelLayout& layout, const LlamaShape& sh, int B, int T, DType dt,
-              ActivationMode mode, bool fused, ActivationStore* store)
-      : dev_(d),
-        layout_(layout),
-        sh_(sh),
-        B_(B),
-        T_(T),
-        dt_(dt),
-        mode_(mode),
-        fused_(fused),
-        store_(store) {}
-  ~LlamaRunner() override;
-  Status allocate();
+  using DecoderRunner::DecoderRunner;
 
-  void begin_batch(const int32_t* tokens, const int32_t* targets) override;
   void compute(const ProgramOp& op, const ModuleBindings& bound, const MicroBatch& mb) override;
-  Status status() const override { return error_; }
 
  private:
   void forward_embedding(const void* params);
@@ -135,32 +106,11 @@ class LlamaRunner final : public ModelRunner {
                      const void* head_params, float* head_grads);
   void backward_block(int l, const void* params, float* grads);
   void backward_embedding(float* grads);
-  void* input(int l) const;
-  void* output(int l) const;
-  Layer& acts(int l);
   // Enqueues block l's forward from `in` into `y`; writes the residual output to `out` unless
   // it is nullptr (a recompute). With kOffload, the compute stream first waits for any stash
   // still reading input slot `wait_slot_before_out` (-1: none).
   void block_forward(int l, const void* p, const void* in, Layer& y, void* out,
                      int wait_slot_before_out);
-  void wait_slot(int slot);
-  void note(const Status& s);
-
-  Device& dev_;
-  const ModelLayout& layout_;
-  LlamaShape sh_;
-  int B_, T_;
-  DType dt_;
-  ActivationMode mode_;
-  bool fused_;  // fused attention (Kernels::fused_attention_*): att holds the log-sum-exp
-  ActivationStore* store_;
-  Status error_;
-  void* arena_ = nullptr;  // one device allocation for everything in buf_
-  Buffers buf_;
-  int slot_stash_[2] = {-1, -1};
-  std::vector<bool> restored_;
-  int32_t* host_io_ = nullptr;
-  float* host_losses_ = nullptr;
 };
 
 }  // namespace
@@ -445,32 +395,13 @@ Result<std::unique_ptr<ModelRunner>> LlamaArchitecture::create_runner(
   }
   auto r = std::make_unique<LlamaRunner>(device, layout_, shape_, B, T, dt, mode,
                                          fused_attention(device.kernels(), dt), store);
-  STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
-                                                    activation_mode_name(mode), B, T));
+  STRATA_RETURN_IF_ERROR(
+      r->allocate(carve),
+      fmt::format("allocating activations ({}) for batch {}x{}", activation_mode_name(mode), B, T));
   return std::unique_ptr<ModelRunner>(std::move(r));
 }
 
 namespace {
-
-Status LlamaRunner::allocate() {
-  Carver measure(nullptr);
-  carve(measure, sh_, B_, T_, dt_, mode_, fused_, &buf_);
-  STRATA_ASSIGN_OR_RETURN(arena_, dev_.allocate(measure.used(), "activations"), "device");
-  Carver real(static_cast<char*>(arena_));
-  carve(real, sh_, B_, T_, dt_, mode_, fused_, &buf_);
-  restored_.assign(size_t(sh_.L), false);
-  const size_t N = size_t(B_) * T_;
-  STRATA_ASSIGN_OR_RETURN(void* h, dev_.allocate_host(N * 8 + N * 4), "host staging");
-  host_io_ = static_cast<int32_t*>(h);
-  host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N);
-  return Status::ok();
-}
-
-LlamaRunner::~LlamaRunner() {
-  dev_.synchronize(dev_.compute_stream()).ignore();
-  if (arena_) dev_.release(arena_);
-  if (host_io_) dev_.release_host(host_io_);
-}
 
 void LlamaRunner::compute(const ProgramOp& op, const ModuleBindings& b, const MicroBatch& mb) {
   const int E = sh_.embedding(), F = sh_.final_norm(), H = sh_.head();
@@ -500,17 +431,6 @@ void LlamaRunner::compute(const ProgramOp& op, const ModuleBindings& b, const Mi
   }
 }
 
-void LlamaRunner::begin_batch(const int32_t* tokens, const int32_t* targets) {
-  const size_t N = size_t(B_) * T_;
-  Stream& s = dev_.compute_stream();
-  // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
-  dev_.synchronize(s).ignore();
-  std::memcpy(host_io_, tokens, N * 4);
-  std::memcpy(host_io_ + N, targets, N * 4);
-  dev_.copy_h2d(s, buf_.tokens, host_io_, N * 4);
-  dev_.copy_h2d(s, buf_.targets, host_io_ + N, N * 4);
-}
-
 // Where a block's tensors start in its flat buffer (elements), found by name: parameters are
 // at params + offset * dtype size, gradients (fp32) at grads + offset.
 struct BlockOffsets {
@@ -533,37 +453,6 @@ BlockOffsets block_offsets(const ModuleSpec& m) {
     if (t.name == "down_proj") o.downw = t.offset;
   }
   return o;
-}
-
-void* LlamaRunner::input(int l) const {
-  switch (mode_) {
-    case ActivationMode::kKeep:
-      return l == 0 ? buf_.encoded : buf_.layers[size_t(l) - 1].res3;
-    case ActivationMode::kRecompute:
-      return buf_.inputs[size_t(l)];
-    case ActivationMode::kOffload:
-      return buf_.inputs[size_t(l % 2)];
-  }
-  return nullptr;
-}
-
-void* LlamaRunner::output(int l) const {
-  if (mode_ == ActivationMode::kKeep) return buf_.layers[size_t(l)].res3;
-  return l + 1 < sh_.L ? input(l + 1) : buf_.out;
-}
-
-Layer& LlamaRunner::acts(int l) {
-  return mode_ == ActivationMode::kKeep ? buf_.layers[size_t(l)] : buf_.layers[0];
-}
-
-void LlamaRunner::note(const Status& s) {
-  if (!s.is_ok() && error_.is_ok()) error_ = s;
-}
-
-void LlamaRunner::wait_slot(int slot) {
-  if (mode_ != ActivationMode::kOffload || slot < 0 || slot_stash_[slot] < 0) return;
-  store_->compute_waits_activation(slot_stash_[slot]);
-  slot_stash_[slot] = -1;
 }
 
 void LlamaRunner::forward_embedding(const void* p) {
