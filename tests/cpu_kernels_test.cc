@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 #include "strata/device.h"
@@ -371,6 +372,33 @@ TEST(CpuKernels, GeluForwardAndBackward) {
       expect_close(dx.to_double(), g, tol_for(dt), "dinp");
     }
   }
+}
+
+// GELU's AVX2 lanes compute the scalar loop's bits (what keeps training's losses the same on
+// every x86-64 CPU): random inputs over GELU's whole interesting range, large and tiny
+// magnitudes, signed zeros, infinities and NaN, at lengths that leave every tail size.
+TEST(CpuKernels, GeluAvx2MatchesScalarBits) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2"))
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar GELU runs";
+  std::mt19937_64 rng(test_seed(22));
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{13}, size_t{4096 + 5}}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    std::vector<float> x = random_f32(n, rng, -12.0f, 12.0f), g = random_f32(n, rng);
+    const float special[] = {0.0f,     -0.0f,     1e-30f, -1e-42f, 50.0f, -50.0f, 1e30f,  -1e30f,
+                             INFINITY, -INFINITY, NAN,    -NAN,    88.5f, -87.5f, 3.0e38f};
+    for (size_t i = 0; i < n && i < std::size(special); ++i) x[(i * 7) % n] = special[i];
+    auto xs = x, xv = x, gs = g, gv = g;
+    cpu::scalar::gelu_forward_f32(xs.data(), n);
+    cpu::avx2::gelu_forward_f32(xv.data(), n);
+    cpu::scalar::gelu_backward_f32(x.data(), gs.data(), n);
+    cpu::avx2::gelu_backward_f32(x.data(), gv.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(f32_bits(xs[i]), f32_bits(xv[i])) << "forward at x = " << x[i];
+      ASSERT_EQ(f32_bits(gs[i]), f32_bits(gv[i])) << "backward at x = " << x[i];
+    }
+  }
+  EXPECT_STREQ(cpu::gelu_isa(), "avx2");
 }
 
 TEST(CpuKernels, ResidualAndAddInplace) {
