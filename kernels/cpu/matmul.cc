@@ -6,7 +6,7 @@
 // output tiles (at most kTileRows x kTileCols, smaller when that gives the arena's threads too
 // few tiles: choose_tiles) computed in parallel; every tile sums over the whole inner dimension
 // itself and the GEMM's bits do not depend on the tiling, so the result does not depend on the
-// thread count. A tile's fp32 result lives in a per-task buffer of at most one tile.
+// thread count. A tile's fp32 result lives in a per-thread buffer of at most one tile.
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -84,14 +84,13 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
     for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
       // fp32 output: the tile is computed in place; else in fp32 scratch, then rounded.
-      std::vector<float> scratch;
       float* t = nullptr;
       int ldt = OC;
       if constexpr (std::is_same_v<Tp, float>) {
         t = y + r0 * OC + c0;
       } else {
-        scratch.resize(size_t(rn) * cn);
-        t = scratch.data();
+        thread_local ThreadScratch scratch;
+        t = scratch.get(size_t(rn) * cn);
         ldt = cn;
       }
       gemm({.m = rn,
@@ -146,12 +145,13 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
         a.accumulate = true;
         gemm(a);
       } else {
-        std::vector<float> tile(size_t(rn) * cn);
-        a.c = tile.data();
+        thread_local ThreadScratch scratch;
+        float* tile = scratch.get(size_t(rn) * cn);
+        a.c = tile;
         a.ldc = cn;
         gemm(a);
         for (int r = 0; r < rn; ++r) {
-          accumulate_span(tile.data() + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
+          accumulate_span(tile + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
         }
       }
     });
