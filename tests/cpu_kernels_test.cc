@@ -5,7 +5,7 @@
 //   - backward ops start from non-zero gradients, so the accumulate (+=) contract is checked;
 //   - finite-difference checks of every backward op against its forward (fp32 kernels, central
 //     differences evaluated in double);
-//   - determinism: the same inputs give the same bits on every run and for 1 or 2 threads;
+//   - determinism: the same inputs give the same bits on every run and for 1, 2 or 3 threads;
 //   - asynchrony: a call only enqueues; nothing is computed before the stream reaches it.
 // The CPU backend's device memory is host memory, so host vectors serve as device buffers.
 // Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
@@ -1001,10 +1001,12 @@ TEST(CpuKernels, DeterministicAcrossRunsAndThreadCounts) {
     auto a = run_chain(2, dt, test_seed(17));
     auto b = run_chain(2, dt, test_seed(17));
     auto c = run_chain(1, dt, test_seed(17));
+    auto d = run_chain(3, dt, test_seed(17));  // matmul splits its tiles per thread count
     auto other = run_chain(2, dt, test_seed(18));
     ASSERT_EQ(a.size(), b.size());
     EXPECT_TRUE(a == b) << "two runs with the same inputs differ";
     EXPECT_TRUE(a == c) << "1 and 2 threads differ";
+    EXPECT_TRUE(a == d) << "2 and 3 threads differ";
     EXPECT_FALSE(a == other) << "different inputs gave the same bits: the chain computes nothing";
   }
 }
