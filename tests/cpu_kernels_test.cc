@@ -25,6 +25,7 @@
 
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/ops.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
@@ -399,6 +400,32 @@ TEST(CpuKernels, GeluAvx2MatchesScalarBits) {
     }
   }
   EXPECT_STREQ(cpu::gelu_isa(), "avx2");
+}
+
+// LayerNorm's eight-rows-at-once statistics compute the scalar loop's bits, for widths with and
+// without a tail past the last 8x8 block, rows of very different scale, and an offset mean.
+TEST(CpuKernels, LayerNormStatsAvx2MatchesScalarBits) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) {
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar LayerNorm statistics run";
+  }
+  std::mt19937_64 rng(test_seed(23));
+  for (int C : {1, 5, 8, 13, 96, 128, 1000}) {
+    SCOPED_TRACE(fmt::format("C={}", C));
+    std::vector<float> rows = random_f32(8 * size_t(C), rng, -3.0f, 3.0f);
+    for (int i = 0; i < C; ++i) {
+      rows[size_t(1) * C + i] *= 1e-3f;                                      // a small row
+      rows[size_t(2) * C + i] = rows[size_t(2) * C + i] * 100.0f + 1000.0f;  // large, offset
+    }
+    float ms[8], ss[8], mv[8], sv[8];
+    cpu::scalar::layernorm_stats8(rows.data(), C, ms, ss);
+    cpu::avx2::layernorm_stats8(rows.data(), C, mv, sv);
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_EQ(f32_bits(ms[r]), f32_bits(mv[r])) << "mean of row " << r;
+      EXPECT_EQ(f32_bits(ss[r]), f32_bits(sv[r])) << "rstd of row " << r;
+    }
+  }
+  EXPECT_STREQ(cpu::layernorm_isa(), "avx2");
 }
 
 TEST(CpuKernels, ResidualAndAddInplace) {
