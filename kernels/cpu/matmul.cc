@@ -25,14 +25,14 @@ namespace {
 constexpr size_t kTileRows = 512;
 constexpr size_t kTileCols = 256;
 
-// Tile sizes of a rows x cols output on `threads` threads: the largest
-// tiles (fewest packings), split further while there are fewer tiles than threads, or an odd
-// count of tiles that the threads share unevenly (a small GEMM -- width 128 -- is otherwise one
-// tile on one core). A split along the columns re-packs the tile's op(A) rows (rows x k
-// elements), a split along the rows re-packs its op(B) columns (cols x k): each step splits the
-// dimension whose extra packing is smaller, and stops once a tile would drop below one
-// micro-tile strip's worth of work (kMinRows x kMinCols). Bits do not depend on the tiles (see
-// gemm.h), so neither on the thread count.
+// Tile sizes of a rows x cols output on `threads` threads: the largest tiles (fewest packings),
+// split further while there are fewer tiles than threads, or a count of tiles that the threads
+// share unevenly (a small GEMM -- width 128 -- is otherwise one tile on one core). A split along
+// the columns re-packs the tile's op(A) rows (rows x k elements), a split along the rows
+// re-packs its op(B) columns (cols x k): each step splits the dimension whose extra packing is
+// smaller, and stops before a tile would drop below kMinRows x kMinCols (4 x 2 micro-tiles).
+// Tiles are rounded up to whole micro-tiles (6 rows, 16 columns). Bits do not depend on the
+// tiles (see gemm.h), so neither on the thread count.
 constexpr size_t kMinRows = 24;  // 4 micro-tile rows of 6
 constexpr size_t kMinCols = 32;  // 2 micro-tile columns of 16
 
