@@ -6,17 +6,23 @@
 # PYTHON is an interpreter with torch installed (a throwaway virtual environment: PyTorch is
 # never a dependency of strata). For each of the bench-25m and tiny-cpu shapes, ROUNDS times
 # (default 3): one strata run of STEPS steps (default 8) with everything on the device, then one
-# PyTorch run of the same shape (tests/bench_torch_gpt.py: bf16 autocast, fused AdamW, the same
-# micro-batch and accumulation, 2 threads). Alternating makes both see the same machine load.
-# Per run it reports steady tokens/s (the steps after the first two) and tokens per CPU-second
-# of the whole process (start-up included: on a machine shared with other work, wall-clock
-# rates move with the load, CPU time much less). SHAPE... limits the run to those shapes
-# (bench-25m, tiny-cpu). The runs' files stay in the directory printed at the start.
+# PyTorch run of the same shape per dtype in TORCH_DTYPES (default "bf16 fp32";
+# tests/bench_torch_gpt.py: bf16 autocast or plain fp32, fused AdamW, the same micro-batch and
+# accumulation, 2 threads). Alternating makes all of them see the same machine load; on a CPU
+# without native bf16 (AVX2 only) the bf16 autocast runs are very slow at bench-25m's shape
+# (minutes), TORCH_DTYPES=fp32 leaves them out.
+# Per run it reports steady tokens/s (tokens over the wall time of the steps after the first
+# two, for strata from its per-step log, for PyTorch the same from its own timer) and tokens
+# per CPU-second of the whole process (start-up included: on a machine shared with other work,
+# wall-clock rates move with the load, CPU time much less), and the load average at the end of
+# each round. SHAPE... limits the run to those shapes (bench-25m, tiny-cpu). The runs' files
+# stay in the directory printed at the start.
 set -euo pipefail
 bin=${1:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
 py=${2:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
 rounds=${3:-3}
 steps=${4:-8}
+dtypes=${TORCH_DTYPES:-bf16 fp32}
 shift $(( $# < 4 ? $# : 4 ))
 only=" $* "
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,32 +46,41 @@ for r in $(seq 1 "$rounds"); do
       --set train.checkpoint_dir="\"$out/ckpt-$name-$r\"" \
       --set train.log_file="\"$out/$name-strata-$r.jsonl\"" --set steps_per_print=1 \
       "${sets[@]}" > "$out/$name-strata-$r.out" 2>&1 || { cat "$out/$name-strata-$r.out"; exit 1; }
-    echo "round $r: $name torch" >&2
-    /usr/bin/time -f "%U %S" -o "$out/$name-torch-$r.time" "$py" "$here/bench_torch_gpt.py" \
-      --layers "$L" --heads "$H" --width "$C" --vocab "$V" --context "$T" --micro-batch "$mb" \
-      --accum "$acc" --steps $((steps - 2)) --warmup 2 > "$out/$name-torch-$r.out"
+    for dt in $dtypes; do
+      echo "round $r: $name torch $dt" >&2
+      /usr/bin/time -f "%U %S" -o "$out/$name-torch-$dt-$r.time" "$py" "$here/bench_torch_gpt.py" \
+        --layers "$L" --heads "$H" --width "$C" --vocab "$V" --context "$T" --micro-batch "$mb" \
+        --accum "$acc" --steps $((steps - 2)) --warmup 2 --dtype "$dt" > "$out/$name-torch-$dt-$r.out"
+    done
+    cut -d' ' -f1-3 /proc/loadavg > "$out/$name-load-$r.txt"
   done
 done
-python3 - "$out" "$rounds" "$steps" <<'PY'
-import json, statistics, sys
-out, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+python3 - "$out" "$rounds" "$steps" "$dtypes" <<'PY'
+import json, os, sys
+out, rounds, steps, dtypes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
 shapes = {"bench-25m": 2 * 2 * 128, "tiny-cpu": 4 * 4 * 64}  # tokens per step
 def cpu_s(f):
     u, s = open(f).read().split()[-2:]
     return float(u) + float(s)
-print("| shape | round | strata tok/s | torch tok/s | ratio | strata tok/CPU-s | torch tok/CPU-s | ratio |")
-print("|---|---|---|---|---|---|---|---|")
-import os
+head = "| shape | round | load avg | strata tok/s |"
+for dt in dtypes:
+    head += f" torch {dt} tok/s | ratio |"
+head += " strata tok/CPU-s |" + "".join(f" torch {dt} tok/CPU-s |" for dt in dtypes)
+print(head)
+print("|---" * (head.count("|") - 1) + "|")
 for name, tps in shapes.items():
     for r in range(1, rounds + 1):
-        if not os.path.exists(f"{out}/{name}-torch-{r}.out"):
+        if not os.path.exists(f"{out}/{name}-load-{r}.txt"):
             continue
         rows = [json.loads(l) for l in open(f"{out}/{name}-strata-{r}.jsonl") if '"loss"' in l]
-        s_tok = tps / statistics.median(x["step_s"] for x in rows[2:])
+        s_tok = tps * len(rows[2:]) / sum(x["step_s"] for x in rows[2:])
         s_cpu = tps * steps / cpu_s(f"{out}/{name}-strata-{r}.time")
-        t = open(f"{out}/{name}-torch-{r}.out").read().split()
-        t_tok = float(t[t.index("tokens/s") + 1])
-        t_cpu = tps * steps / cpu_s(f"{out}/{name}-torch-{r}.time")
-        print(f"| {name} | {r} | {s_tok:.0f} | {t_tok:.0f} | {s_tok / t_tok:.2f}x | {s_cpu:.0f} | "
-              f"{t_cpu:.0f} | {s_cpu / t_cpu:.2f}x |")
+        load = open(f"{out}/{name}-load-{r}.txt").read().split()[0]
+        line, cpus = f"| {name} | {r} | {load} | {s_tok:.0f} |", ""
+        for dt in dtypes:
+            t = open(f"{out}/{name}-torch-{dt}-{r}.out").read().split()
+            t_tok = float(t[t.index("tokens/s") + 1])
+            line += f" {t_tok:.0f} | {s_tok / t_tok:.2f}x |"
+            cpus += f" {tps * steps / cpu_s(f'{out}/{name}-torch-{dt}-{r}.time'):.0f} |"
+        print(line + f" {s_cpu:.0f} |" + cpus)
 PY

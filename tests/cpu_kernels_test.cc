@@ -5,7 +5,7 @@
 //   - backward ops start from non-zero gradients, so the accumulate (+=) contract is checked;
 //   - finite-difference checks of every backward op against its forward (fp32 kernels, central
 //     differences evaluated in double);
-//   - determinism: the same inputs give the same bits on every run and for 1 or 2 threads;
+//   - determinism: the same inputs give the same bits on every run and for 1, 2 or 3 threads;
 //   - asynchrony: a call only enqueues; nothing is computed before the stream reaches it.
 // The CPU backend's device memory is host memory, so host vectors serve as device buffers.
 // Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
@@ -23,7 +23,9 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/ops.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
@@ -371,6 +373,59 @@ TEST(CpuKernels, GeluForwardAndBackward) {
       expect_close(dx.to_double(), g, tol_for(dt), "dinp");
     }
   }
+}
+
+// GELU's AVX2 lanes compute the scalar loop's bits (what keeps training's losses the same on
+// every x86-64 CPU): random inputs over GELU's whole interesting range, large and tiny
+// magnitudes, signed zeros, infinities and NaN, at lengths that leave every tail size.
+TEST(CpuKernels, GeluAvx2MatchesScalarBits) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2"))
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar GELU runs";
+  std::mt19937_64 rng(test_seed(22));
+  for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{13}, size_t{4096 + 5}}) {
+    SCOPED_TRACE(fmt::format("n={}", n));
+    std::vector<float> x = random_f32(n, rng, -12.0f, 12.0f), g = random_f32(n, rng);
+    const float special[] = {0.0f,     -0.0f,     1e-30f, -1e-42f, 50.0f, -50.0f, 1e30f,  -1e30f,
+                             INFINITY, -INFINITY, NAN,    -NAN,    88.5f, -87.5f, 3.0e38f};
+    for (size_t i = 0; i < n && i < std::size(special); ++i) x[(i * 7) % n] = special[i];
+    auto xs = x, xv = x, gs = g, gv = g;
+    cpu::scalar::gelu_forward_f32(xs.data(), n);
+    cpu::avx2::gelu_forward_f32(xv.data(), n);
+    cpu::scalar::gelu_backward_f32(x.data(), gs.data(), n);
+    cpu::avx2::gelu_backward_f32(x.data(), gv.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(f32_bits(xs[i]), f32_bits(xv[i])) << "forward at x = " << x[i];
+      ASSERT_EQ(f32_bits(gs[i]), f32_bits(gv[i])) << "backward at x = " << x[i];
+    }
+  }
+  EXPECT_STREQ(cpu::gelu_isa(), "avx2");
+}
+
+// LayerNorm's eight-rows-at-once statistics compute the scalar loop's bits, for widths with and
+// without a tail past the last 8x8 block, rows of very different scale, and an offset mean.
+TEST(CpuKernels, LayerNormStatsAvx2MatchesScalarBits) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2")) {
+    GTEST_SKIP() << "this CPU has no AVX2: only the scalar LayerNorm statistics run";
+  }
+  std::mt19937_64 rng(test_seed(23));
+  for (int C : {1, 5, 8, 13, 96, 128, 1000}) {
+    SCOPED_TRACE(fmt::format("C={}", C));
+    std::vector<float> rows = random_f32(8 * size_t(C), rng, -3.0f, 3.0f);
+    for (int i = 0; i < C; ++i) {
+      rows[size_t(1) * C + i] *= 1e-3f;                                      // a small row
+      rows[size_t(2) * C + i] = rows[size_t(2) * C + i] * 100.0f + 1000.0f;  // large, offset
+    }
+    float ms[8], ss[8], mv[8], sv[8];
+    cpu::scalar::layernorm_stats8(rows.data(), C, ms, ss);
+    cpu::avx2::layernorm_stats8(rows.data(), C, mv, sv);
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_EQ(f32_bits(ms[r]), f32_bits(mv[r])) << "mean of row " << r;
+      EXPECT_EQ(f32_bits(ss[r]), f32_bits(sv[r])) << "rstd of row " << r;
+    }
+  }
+  EXPECT_STREQ(cpu::layernorm_isa(), "avx2");
 }
 
 TEST(CpuKernels, ResidualAndAddInplace) {
@@ -973,10 +1028,12 @@ TEST(CpuKernels, DeterministicAcrossRunsAndThreadCounts) {
     auto a = run_chain(2, dt, test_seed(17));
     auto b = run_chain(2, dt, test_seed(17));
     auto c = run_chain(1, dt, test_seed(17));
+    auto d = run_chain(3, dt, test_seed(17));  // matmul splits its tiles per thread count
     auto other = run_chain(2, dt, test_seed(18));
     ASSERT_EQ(a.size(), b.size());
     EXPECT_TRUE(a == b) << "two runs with the same inputs differ";
     EXPECT_TRUE(a == c) << "1 and 2 threads differ";
+    EXPECT_TRUE(a == d) << "2 and 3 threads differ";
     EXPECT_FALSE(a == other) << "different inputs gave the same bits: the chain computes nothing";
   }
 }

@@ -61,8 +61,9 @@ void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
     const int group = NH / NKV;
     const float scale = 1.0f / std::sqrt(float(hs));
     parallel_ranges(size_t(B) * NH, 1, [&](size_t p0, size_t p1) {
-      std::vector<float> buf(4 * th + size_t(kBlock) * T);
-      float *Q = buf.data(), *K = Q + th, *V = K + th, *O = V + th, *S = O + th;
+      thread_local ThreadScratch buf;
+      float *Q = buf.get(4 * th + size_t(kBlock) * T), *K = Q + th, *V = K + th, *O = V + th,
+            *S = O + th;
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NH), h = int(p % NH), g = h / group;
         const Tp* base = in + size_t(b) * T * W;
@@ -119,8 +120,8 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
     const float scale = 1.0f / std::sqrt(float(hs));
     parallel_ranges(size_t(B) * NKV, 1, [&](size_t p0, size_t p1) {
       const size_t sb = size_t(kBlock) * T;
-      std::vector<float> buf(8 * th + 2 * sb);
-      float *Q = buf.data(), *K = Q + th, *V = K + th, *dO = V + th, *O = dO + th;
+      thread_local ThreadScratch buf;
+      float *Q = buf.get(8 * th + 2 * sb), *K = Q + th, *V = K + th, *dO = V + th, *O = dO + th;
       float *dQ = O + th, *dK = dQ + th, *dV = dK + th, *P = dV + th, *dS = P + sb;
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NKV), g = int(p % NKV);

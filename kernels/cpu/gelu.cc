@@ -3,8 +3,12 @@
 //   0.5 (1 + tanh(u)) = s = 1 / (1 + exp(-2u)),   gelu(v) = v s,
 //   gelu'(v) = s + v * 2 s (1 - s) * du/dv        (0.5 sech^2(u) = 2 s (1 - s)).
 // exp is exp_fast below (about 1 ulp over fp32's range), not the C library's: plain
-// arithmetic the compiler turns into vector code. Elements go through fp32 scratch in blocks of
-// kBlock, so the typed loads/stores and the arithmetic are separate simple loops.
+// arithmetic with no library call. Elements go through fp32 scratch in blocks of kBlock, so the
+// typed loads/stores and the arithmetic are separate simple loops. GCC leaves the arithmetic
+// scalar at baseline x86-64 (-O3), so on CPUs with AVX2 it runs eight lanes at a time in
+// gelu_avx2.cc, computing the same bits; the scalar loop here is the reference and the fallback.
+#include "kernels/cpu/gelu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,7 +20,6 @@
 namespace strata::cpu {
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr size_t kBlock = 512;
 
 // exp(x): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact product), a
@@ -50,7 +53,38 @@ inline float gelu_gate(float v) {
   return 1.0f / (1.0f + exp_fast(-2.0f * u));
 }
 
+struct Impl {
+  void (*forward)(float*, size_t);
+  void (*backward)(const float*, float*, size_t);
+};
+
+const Impl& impl() {
+  static const Impl i = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+      return Impl{&avx2::gelu_forward_f32, &avx2::gelu_backward_f32};
+    }
+    return Impl{&scalar::gelu_forward_f32, &scalar::gelu_backward_f32};
+  }();
+  return i;
+}
+
 }  // namespace
+
+namespace scalar {
+void gelu_forward_f32(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = x[i] * gelu_gate(x[i]);
+}
+void gelu_backward_f32(const float* v, float* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float s = gelu_gate(v[i]);
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * v[i] * v[i]);
+    g[i] *= s + v[i] * 2.0f * s * (1.0f - s) * du;
+  }
+}
+}  // namespace scalar
+
+const char* gelu_isa() { return impl().forward == &avx2::gelu_forward_f32 ? "avx2" : "scalar"; }
 
 void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
   dispatch_dtype(dt, [&](auto tag) {
@@ -62,7 +96,7 @@ void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
       for (size_t b = i0; b < i1; b += kBlock) {
         const size_t m = std::min(kBlock, i1 - b);
         load_span(x + b, buf, m);
-        for (size_t i = 0; i < m; ++i) buf[i] = buf[i] * gelu_gate(buf[i]);
+        impl().forward(buf, m);
         store_span(buf, y + b, m);
       }
     });
@@ -81,11 +115,7 @@ void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size
         const size_t m = std::min(kBlock, i1 - b);
         load_span(x + b, v, m);
         load_span(dy + b, g, m);
-        for (size_t i = 0; i < m; ++i) {
-          const float s = gelu_gate(v[i]);
-          const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * v[i] * v[i]);
-          g[i] *= s + v[i] * 2.0f * s * (1.0f - s) * du;
-        }
+        impl().backward(v, g, m);
         accumulate_span(g, dx + b, m);
       }
     });

@@ -1,4 +1,8 @@
 // LayerNorm over the last dimension (llm.c layernorm_forward / layernorm_backward), eps 1e-5.
+// The forward's row statistics go eight rows at a time (layernorm.h): on AVX2 CPUs one row per
+// lane (layernorm_avx2.cc), else the scalar loop below, with the same bits.
+#include "kernels/cpu/layernorm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -9,11 +13,39 @@
 namespace strata::cpu {
 namespace {
 
-constexpr float kEps = 1e-5f;
+constexpr float kEps = kLayerNormEps;
 // Rows per chunk of the dweight/dbias reduction (fixed: the sums must not depend on threads).
 constexpr size_t kRowChunk = 32;
 
+using StatsFn = void (*)(const float*, int, float*, float*);
+
+StatsFn stats_fn() {
+  static const StatsFn f = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") ? &avx2::layernorm_stats8 : &scalar::layernorm_stats8;
+  }();
+  return f;
+}
+
 }  // namespace
+
+namespace scalar {
+void layernorm_stats8(const float* rows, int C, float* mean, float* rstd) {
+  for (int r = 0; r < 8; ++r) {
+    const float* row = rows + size_t(r) * C;
+    float m = 0.0f;
+    for (int i = 0; i < C; ++i) m += row[i];
+    m /= C;
+    float v = 0.0f;
+    for (int i = 0; i < C; ++i) v += (row[i] - m) * (row[i] - m);
+    v /= C;
+    mean[r] = m;
+    rstd[r] = 1.0f / std::sqrt(v + kEps);
+  }
+}
+}  // namespace scalar
+
+const char* layernorm_isa() { return stats_fn() == &avx2::layernorm_stats8 ? "avx2" : "scalar"; }
 
 void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
                        const void* weight, const void* bias, int N, int C) {
@@ -26,20 +58,21 @@ void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void
     load_span(static_cast<const Tp*>(bias), b.data(), C);
     size_t grain = std::max<size_t>(1, kElementGrain / 4 / std::max(C, 1));
     parallel_ranges(size_t(N), grain, [&](size_t r0, size_t r1) {
-      std::vector<float> row(C);
-      for (size_t r = r0; r < r1; ++r) {
-        load_span(x + r * C, row.data(), C);
-        float m = 0.0f;
-        for (int i = 0; i < C; ++i) m += row[i];
-        m /= C;
-        float v = 0.0f;
-        for (int i = 0; i < C; ++i) v += (row[i] - m) * (row[i] - m);
-        v /= C;
-        float s = 1.0f / std::sqrt(v + kEps);
-        Tp* yr = y + r * C;
-        for (int i = 0; i < C; ++i) yr[i] = from_float<Tp>((row[i] - m) * s * w[i] + b[i]);
-        mean[r] = m;
-        rstd[r] = s;
+      // Eight rows at a time; a last group of fewer rows is padded with copies of its first.
+      std::vector<float> rows(8 * size_t(C));
+      float m8[8], s8[8];
+      for (size_t g = r0; g < r1; g += 8) {
+        const size_t n = std::min<size_t>(8, r1 - g);
+        for (size_t r = 0; r < 8; ++r) load_span(x + (g + (r < n ? r : 0)) * C, &rows[r * C], C);
+        stats_fn()(rows.data(), C, m8, s8);
+        for (size_t r = 0; r < n; ++r) {
+          const float* row = &rows[r * C];
+          const float m = m8[r], s = s8[r];
+          Tp* yr = y + (g + r) * C;
+          for (int i = 0; i < C; ++i) yr[i] = from_float<Tp>((row[i] - m) * s * w[i] + b[i]);
+          mean[g + r] = m;
+          rstd[g + r] = s;
+        }
       }
     });
   });

@@ -3,9 +3,12 @@
 // The GEMMs (gemm.h) read the bf16/fp16/fp32 operands where they are -- the GEMM widens them to
 // fp32 as it packs them, so no call makes a full-size fp32 copy of a weight or an activation --
 // accumulate in fp32 and round the result to the storage type once. Each GEMM is split into
-// fixed output tiles (kTileRows x kTileCols, bounds from the shapes alone) computed in parallel;
-// every tile sums over the whole inner dimension itself, so the result does not depend on the
-// thread count. A tile's fp32 result lives in a per-task buffer of kTileRows x kTileCols.
+// output tiles (at most kTileRows x kTileCols, smaller when that gives the arena's threads too
+// few tiles: choose_tiles) computed in parallel; every tile sums over the whole inner dimension
+// itself and the GEMM's bits do not depend on the tiling, so the result does not depend on the
+// thread count. A tile's fp32 result lives in a per-thread buffer of at most one tile.
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -16,19 +19,54 @@
 namespace strata::cpu {
 namespace {
 
-// Tall tiles: the GEMM packs a tile's slice of op(B) once and reuses it over all the tile's
-// rows, so a tile of a micro-batch's N rows x 256 columns packs each weight element once.
+// Tiles at most kTileRows x kTileCols. Tall tiles: the GEMM packs a tile's slice of op(B) once
+// and reuses it over all the tile's rows, so a tile of a micro-batch's N rows x 256 columns
+// packs each weight element once.
 constexpr size_t kTileRows = 512;
 constexpr size_t kTileCols = 256;
 
-// Calls f(r0, r1, c0, c1) for every tile of a rows x cols output, in parallel.
+// Tile sizes of a rows x cols output on `threads` threads: the largest tiles (fewest packings),
+// split further while there are fewer tiles than threads, or a count of tiles that the threads
+// share unevenly (a small GEMM -- width 128 -- is otherwise one tile on one core). A split along
+// the columns re-packs the tile's op(A) rows (rows x k elements), a split along the rows
+// re-packs its op(B) columns (cols x k): each step splits the dimension whose extra packing is
+// smaller, and stops before a tile would drop below kMinRows x kMinCols (4 x 2 micro-tiles).
+// Tiles are rounded up to whole micro-tiles (6 rows, 16 columns). Bits do not depend on the
+// tiles (see gemm.h), so neither on the thread count.
+constexpr size_t kMinRows = 24;  // 4 micro-tile rows of 6
+constexpr size_t kMinCols = 32;  // 2 micro-tile columns of 16
+
+struct Tiles {
+  size_t rows, cols;  // tile extent; the edge tiles are smaller
+};
+
+Tiles choose_tiles(size_t rows, size_t cols, int threads) {
+  auto round_up = [](size_t x, size_t m) { return (x + m - 1) / m * m; };
+  size_t tr = (rows + kTileRows - 1) / kTileRows, tc = (cols + kTileCols - 1) / kTileCols;
+  const size_t want = size_t(std::max(threads, 1));
+  while (tr * tc < want || (want > 1 && (tr * tc) % want != 0 && tr * tc < 4 * want)) {
+    const bool can_rows = rows / (tr + 1) >= kMinRows, can_cols = cols / (tc + 1) >= kMinCols;
+    if (!can_rows && !can_cols) break;
+    // One more column tile re-packs `rows` more A lines; one more row tile `cols` B lines.
+    if (can_cols && (!can_rows || rows <= cols)) {
+      ++tc;
+    } else {
+      ++tr;
+    }
+  }
+  return {round_up((rows + tr - 1) / tr, 6), round_up((cols + tc - 1) / tc, 16)};
+}
+
+// Calls f(r0, r1, c0, c1) for every tile of a rows x cols output, in parallel on the threads of
+// the calling arena.
 template <typename F>
 void for_each_tile(size_t rows, size_t cols, F&& f) {
-  size_t tr = (rows + kTileRows - 1) / kTileRows, tc = (cols + kTileCols - 1) / kTileCols;
+  const Tiles t = choose_tiles(rows, cols, tbb::this_task_arena::max_concurrency());
+  size_t tr = (rows + t.rows - 1) / t.rows, tc = (cols + t.cols - 1) / t.cols;
   parallel_ranges(tr * tc, 1, [&](size_t t0, size_t t1) {
-    for (size_t t = t0; t < t1; ++t) {
-      size_t r0 = (t / tc) * kTileRows, c0 = (t % tc) * kTileCols;
-      f(r0, std::min(rows, r0 + kTileRows), c0, std::min(cols, c0 + kTileCols));
+    for (size_t i = t0; i < t1; ++i) {
+      size_t r0 = (i / tc) * t.rows, c0 = (i % tc) * t.cols;
+      f(r0, std::min(rows, r0 + t.rows), c0, std::min(cols, c0 + t.cols));
     }
   });
 }
@@ -46,14 +84,13 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
     for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
       // fp32 output: the tile is computed in place; else in fp32 scratch, then rounded.
-      std::vector<float> scratch;
       float* t = nullptr;
       int ldt = OC;
       if constexpr (std::is_same_v<Tp, float>) {
         t = y + r0 * OC + c0;
       } else {
-        scratch.resize(size_t(rn) * cn);
-        t = scratch.data();
+        thread_local ThreadScratch scratch;
+        t = scratch.get(size_t(rn) * cn);
         ldt = cn;
       }
       gemm({.m = rn,
@@ -108,12 +145,13 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
         a.accumulate = true;
         gemm(a);
       } else {
-        std::vector<float> tile(size_t(rn) * cn);
-        a.c = tile.data();
+        thread_local ThreadScratch scratch;
+        float* tile = scratch.get(size_t(rn) * cn);
+        a.c = tile;
         a.ldc = cn;
         gemm(a);
         for (int r = 0; r < rn; ++r) {
-          accumulate_span(tile.data() + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
+          accumulate_span(tile + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
         }
       }
     });

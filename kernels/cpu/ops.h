@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -49,6 +50,27 @@ void parallel_ranges(size_t n, size_t grain, F&& f) {
       },
       tbb::simple_partitioner());
 }
+
+// A thread's reusable float scratch, uninitialised: for a task body's buffers that it writes
+// before it reads them, so a call neither allocates nor zero-fills them (a zeroed std::vector
+// per tile or per attention task cost a memset -- and past glibc's mmap threshold, page faults
+// -- per call). Declare one per call site as a function-local `thread_local`; the buffer stays
+// valid until the same thread calls get() on it again, so a task body must not call into TBB
+// (which could run another task of the same call site on this thread) while it uses it.
+class ThreadScratch {
+ public:
+  float* get(size_t n) {
+    if (n > n_) {
+      buf_ = std::make_unique_for_overwrite<float[]>(n);
+      n_ = n;
+    }
+    return buf_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> buf_;
+  size_t n_ = 0;
+};
 
 // Elements per task of an elementwise op: large enough to amortise the scheduling.
 constexpr size_t kElementGrain = 1 << 15;
