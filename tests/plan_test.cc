@@ -345,6 +345,61 @@ TEST(Plan, PlacementOfConfigIsTheEnginesParse) {
   }
 }
 
+// A config that leaves strata.placement.grads unset gets the engine's default: with params and
+// the optimizer on NVMe and a host budget that cannot hold the whole model's fp32 gradients,
+// the gradients go to NVMe (the all-nvme row, which fits), as TierManager::create puts them;
+// with strata.placement.grads = host the config asks for exactly that, which does not fit.
+TEST(Plan, ConfigWithoutGradsPlacementGetsTheEnginesDefault) {
+  const std::string base = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3,
+        "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+      "model": {"n_layer": 8, "n_head": 8, "n_embd": 1024, "vocab_size": 256, "context": 64},
+      "device": {"backend": "cpu", "memory_limit": "512MiB"},
+      "strata": {"host_memory_limit": "256MiB" GRADS}})";
+  auto plan_for = [&](const std::string& grads) -> std::pair<std::string, bool> {
+    std::string text = base;
+    text.replace(text.find("GRADS"), 5, grads);
+    auto cfg = parse_config(text, "t");
+    EXPECT_TRUE(cfg.is_ok()) << cfg.status().message();
+    Hardware hw;
+    hw.gpu_mem = cfg->device.memory_limit;
+    hw.host_mem = cfg->strata.host_memory_limit;
+    hw.nvme_paths = {"/tmp"};
+    PlanRequest r = request_from_config(*cfg, hw, default_profile(true));
+    auto rep = make_plan(r);
+    EXPECT_TRUE(rep.is_ok()) << rep.status().message();
+    auto p = placement_of_config(*cfg);
+    EXPECT_TRUE(p.is_ok());
+    EXPECT_EQ(p->grads_auto, grads.empty());
+    auto i = add_placement(*rep, *p);
+    EXPECT_TRUE(i.is_ok()) << i.status().message();
+    const PlanOption& o = rep->options[size_t(*i)];
+    return {o.placement.name, o.fits};
+  };
+  // 100M parameters: 400 MB of fp32 gradients against a 256 MiB budget.
+  const auto unset = plan_for("");
+  EXPECT_EQ(unset.first, "all-nvme");
+  EXPECT_TRUE(unset.second);
+  const auto host = plan_for(R"(, "placement": {"grads": "host"})");
+  EXPECT_EQ(host.first, "params-nvme+opt-nvme");
+  EXPECT_FALSE(host.second);
+  // The same config with a budget that holds the gradients keeps them on the host.
+  std::string roomy = base;
+  roomy.replace(roomy.find("256MiB"), 6, "64GiB");
+  roomy.replace(roomy.find("GRADS"), 5, "");
+  auto cfg = parse_config(roomy, "t");
+  ASSERT_TRUE(cfg.is_ok());
+  Hardware hw;
+  hw.gpu_mem = cfg->device.memory_limit;
+  hw.host_mem = cfg->strata.host_memory_limit;
+  auto rep = make_plan(request_from_config(*cfg, hw, default_profile(true)));
+  ASSERT_TRUE(rep.is_ok());
+  auto i = add_placement(*rep, *placement_of_config(*cfg));
+  ASSERT_TRUE(i.is_ok());
+  EXPECT_EQ(rep->options[size_t(*i)].placement.name, "params-nvme+opt-nvme");
+}
+
 // A Llama preset is planned with Llama's own layout and writes a config whose model is that
 // Llama (grouped-query attention, SwiGLU width, untied head, q/k/v biases for Qwen2): the config
 // read back builds an architecture with the preset's parameter count, and the plan's device

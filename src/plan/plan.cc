@@ -517,13 +517,41 @@ Result<PlanReport> make_plan(const PlanRequest& request) {
 Result<PlacementOption> placement_of_config(const Config& cfg) {
   // parse_placement's message names the key; no context to add.
   STRATA_ASSIGN_OR_RETURN(Placement where, parse_placement(cfg), "");
-  for (const auto& o : placement_options()) {
+  const bool grads_auto = cfg.strata.placement_grads.empty();
+  for (auto o : placement_options()) {
+    o.grads_auto = grads_auto;
     if (o.where == where) return o;
   }
-  return PlacementOption{"config", where};
+  return PlacementOption{"config", where, grads_auto};
 }
 
-Result<int> add_placement(PlanReport& report, const PlacementOption& p) {
+Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
+  PlacementOption p = asked;
+  if (p.grads_auto && p.where.grads == Tier::kHost) {
+    // The host need with the gradients on the host and on NVMe, as the engine's preflight
+    // weighs them (the planner's host numbers are per node: W ranks' worth, as its budget).
+    auto host_need = [&](Tier grads) -> Result<uint64_t> {
+      PlacementOption q = p;
+      q.where.grads = grads;
+      STRATA_ASSIGN_OR_RETURN(PlanOption o, evaluate_placement(report.request, q),
+                              "planning the placement " + p.name);
+      return o.host.total();
+    };
+    STRATA_ASSIGN_OR_RETURN(const uint64_t with_host, host_need(Tier::kHost), "");
+    const uint64_t cap = report.request.hw.host_mem;
+    if (cap > 0 && with_host > cap) {
+      STRATA_ASSIGN_OR_RETURN(const uint64_t with_nvme, host_need(Tier::kNvme), "");
+      const Tier g = auto_grads_placement(p.where, with_host, with_nvme, cap,
+                                          report.request.hw.gpus > 1, report.request.delayed_update);
+      if (g != p.where.grads) {
+        p.where.grads = g;
+        p.name = "config";
+        for (const auto& o : placement_options()) {
+          if (o.where == p.where) p.name = o.name;
+        }
+      }
+    }
+  }
   for (size_t i = 0; i < report.options.size(); ++i) {
     if (report.options[i].placement.where == p.where) return int(i);
   }
