@@ -500,11 +500,16 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   ASSERT_TRUE(c.is_ok());
   EXPECT_TRUE(c->fits);
   EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
-  // Params on the device: the host also stages every module's new bf16 params.
+  // Params on the device (no undo copies): the host stages their new bf16 values a few
+  // sub-groups at a time (publish_staging_pieces(4) = 5 pieces of 65536 x 2 bytes), never every
+  // module's; and lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes,
+  // 3,162,112 rounded to pages).
   r.hw.gpu_mem = uint64_t{1} << 30;
+  r.undo_copies = false;
+  r.sub_group_elems = 65536;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
-  EXPECT_GE(d->host.peak, d->host.state + P * 2);
+  EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 5 * 131'072);
 }
 
 TEST(Plan, NonFittingPlanIsReportedAsSuch) {
@@ -631,6 +636,8 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   r.hw.host_mem = uint64_t{8} << 30;
   r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
   r.profile.optimizer_pps.value = 2e7;
+  // Sub-groups (and the parameters' staging pieces) that the budgets below do not shrink.
+  r.sub_group_elems = 65536;
   {  // and a GEMM rate at which compute takes as long as the CPU Adam
     auto f = evaluate_placement(r, find("opt-host"));
     ASSERT_TRUE(f.is_ok());

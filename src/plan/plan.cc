@@ -280,8 +280,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.device.peak = o.device.total() + Pf * 4;
   if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
+  // Parameter pieces: the NVMe fetch ring, held from the first fetch, and the new parameters'
+  // staging pieces.
   uint64_t host_peak = needs.host.state + needs.host.param_shadows + 2 * round_up(max_g, 4096) +
-                       2 * round_up(max_p, 4096);
+                       needs.host.param_fetch_staging + needs.host.param_publish_staging;
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
@@ -290,10 +292,6 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
     for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
   }
-  if (where.params == Tier::kNvme) host_peak += 2 * round_up(max_p, 4096);  // fetch staging
-  // Params homed on the device: the optimizer writes every module's new low-precision params
-  // through host staging buffers, all alive until the copies are done.
-  if (where.params == Tier::kDevice) host_peak += opt_host_params * es;
   host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
   // master + moments until the step is validated (TierManager::take_undo): NVMe-homed state as
@@ -338,9 +336,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       std::sort(slot.rbegin(), slot.rend());
       const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
       for (size_t i = 0; i < k; ++i) spec += slot[i];
-      if (where.params == Tier::kNvme) spec += round_up(max_p, 4096);  // the module published
     }
-    if (where.params == Tier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
+    if (where.params == Tier::kNvme) {  // the fetch ring, and the pieces being published
+      spec += needs.host.param_fetch_staging + needs.host.param_publish_staging;
+    }
     host_peak = std::max(host_peak, spec);
   }
   o.host.peak = host_peak * W;
