@@ -14,13 +14,22 @@ namespace strata {
 
 Status TierManager::init_state(const std::function<void(int, float*)>& init) {
   Impl& I = *impl_;
-  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
-    Module& m = I.homes->module(int(i));
-    HostState hs;
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/false, "init", &hs),
-                           "initializing " + m.name);
-    float* master = hs.master;
-    char* moments = hs.moments;
+  Homes& H = *I.homes;
+  for (size_t i = 0; i < H.modules().size(); ++i) {
+    Module& m = H.module(int(i));
+    const std::string what = "initializing " + m.name;
+    if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
+    }
+    // The master weights whole (the model initializes a module at once): in their home when the
+    // host can address it, else in a staging buffer written to the home below.
+    PinnedBuffer staged_master;
+    float* master = static_cast<float*>(m.master.ptr());
+    if (H.staged(m.master)) {
+      STRATA_ASSIGN_OR_RETURN(staged_master, H.host_buf(m.master.bytes, "init"),
+                              what + " (staging its master weights)");
+      master = staged_master.as<float>();
+    }
     if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
       std::vector<float> full(m.numel);
       init(int(i), full.data());
@@ -29,14 +38,37 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
     } else {
       init(int(i), master);
     }
-    std::memset(moments, 0, m.mom.bytes);
-    if (m.gacc.tier == Tier::kDevice && I.homes->staged(m.gacc)) {  // the host cannot address it
+    if (m.master.tier == Tier::kNvme) {
+      for (size_t j = 0; j < m.master.subs.size(); ++j) {  // sub-groups start on 4 KiB
+        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
+                               what + " (writing its master weights)");
+      }
+    } else if (H.staged(m.master)) {  // device memory the host cannot address
+      I.dev.copy_h2d(I.dev.h2d_stream(), m.master.dev, master, m.master.bytes);
+      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
+    }
+    // Moments start at zero: NVMe extents are written a sub-group at a time from one zeroed
+    // piece.
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
+                              H.host_buf(piece_bytes(m.sub_len(0), m.mom_elem()), "init"),
+                              what + " (staging its moments)");
+      std::memset(zeros.data(), 0, zeros.size());
+      for (const SwapExtent& e : m.mom.subs) {
+        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(e, zeros.data())),
+                               what + " (writing its moments)");
+      }
+    } else if (H.staged(m.mom)) {
+      I.dev.memset_zero(I.dev.compute_stream(), m.mom.dev, m.mom.bytes);
+    } else {
+      std::memset(m.mom.ptr(), 0, m.mom.bytes);
+    }
+    if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
       I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
     } else if (m.gacc.tier != Tier::kNvme) {
       std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
     }
-    STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
-    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
+    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
   }
   return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
