@@ -283,9 +283,9 @@ TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
 }
 
 // The optimizer pipeline's host staging is 2 * buffer_count + 1 sub-groups, not modules, and the
-// parameters' is kFetchStagingPieces + buffer_count + 1 pieces: with sub-groups smaller than a
-// block they stay the same when the blocks grow, and the NVMe tier holds one extent per
-// sub-group of parameters, master weights and moments.
+// NVMe-homed parameters' is kFetchStagingPieces + buffer_count + 1 pieces: with sub-groups
+// smaller than a block they stay the same when the blocks grow, and the NVMe tier holds one
+// extent per sub-group of parameters, master weights and moments.
 TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   const int mc_layers = 2;
   auto need = [&](int n_embd, uint64_t sub_group) {
@@ -317,7 +317,7 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
     EXPECT_GT(whole.host.optimizer_staging, sub.host.optimizer_staging);
     // Parameter pieces: the NVMe fetch ring and the new parameters' staging, bf16 sub-groups.
     EXPECT_EQ(sub.host.param_fetch_staging, kFetchStagingPieces * g * 2);
-    EXPECT_EQ(sub.host.param_publish_staging, 5 * g * 2);
+    EXPECT_EQ(sub.host.param_publish_staging, (4 + 1) * g * 2);  // buffer_count + 1
     EXPECT_GT(whole.host.param_fetch_staging, sub.host.param_fetch_staging);
     // The same bytes on NVMe: every sub-group but a module's last is 4096-aligned (a module's
     // master and moments each round up once more).

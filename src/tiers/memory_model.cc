@@ -71,7 +71,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
   };
   size_t max_opt = 0, max_g = 0, max_gsub = 0;
-  size_t max_nvme_piece = 0, max_offhost_piece = 0;  // parameter pieces (piece_bytes)
+  size_t max_nvme_piece = 0, max_staged_piece = 0;  // parameter pieces (piece_bytes)
   for (const auto& m : homes) {
     if (options.delayed_update) n.host.param_shadows += round_up(m.params.bytes, 4096);
     n.host.undo += round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096);
@@ -101,7 +101,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
     const size_t p_piece = piece_bytes(m.sub_group_len(0), es);  // the first is the largest
     if (m.params.tier == Tier::kNvme) max_nvme_piece = std::max(max_nvme_piece, p_piece);
-    if (m.params.tier != Tier::kHost) max_offhost_piece = std::max(max_offhost_piece, p_piece);
+    // New parameters staged: the device's optimizer writes device-homed ones in place, the
+    // host's host-homed ones (and device-homed ones on a host-addressable device).
+    const bool dev_opt_m = m.master.tier == Tier::kDevice && m.moments.tier == Tier::kDevice &&
+                           m.grads.tier == Tier::kDevice && m.master.bytes > 0;
+    if (dev_opt_m ? m.params.tier != Tier::kDevice : m.params.tier != Tier::kHost) {
+      max_staged_piece = std::max(max_staged_piece, p_piece);
+    }
     if (m.grads.tier != Tier::kNvme) max_g = std::max(max_g, m.grads.bytes);
     if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
       const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
@@ -155,7 +161,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   // pipeline holds `buffer_count` sub-groups being read and as many being written, one being
   // stepped; gradient landing buffers.
   n.host.param_fetch_staging = kFetchStagingPieces * max_nvme_piece;
-  n.host.param_publish_staging = publish_staging_pieces(options.buffer_count) * max_offhost_piece;
+  n.host.param_publish_staging =
+      publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
   n.host.staging += n.host.optimizer_staging;

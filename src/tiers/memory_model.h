@@ -59,9 +59,13 @@ struct ModuleHomes {
 // that are not written in place (NVMe homes, device memory the host cannot address) are
 // staged a piece at a time, at most publish_staging_pieces() pieces at once (the optimizer
 // pipeline). So the host staging for parameters is a few sub-groups whatever a module's size.
-inline constexpr size_t kFetchStagingPieces = 4;
-inline size_t publish_staging_pieces(int buffer_count) {
-  return size_t(std::max(1, buffer_count)) + 1;  // buffer_count being written, one being stepped
+// The ring: one piece being copied to the device while the next two are read.
+inline constexpr size_t kFetchStagingPieces = 3;
+// NVMe-homed parameters: buffer_count pieces being written behind (as deep as the optimizer
+// state's writes) and one being stepped; else (copies to the device) one being copied and one
+// being stepped.
+inline size_t publish_staging_pieces(int buffer_count, bool nvme_params) {
+  return nvme_params ? size_t(std::max(1, buffer_count)) + 1 : 2;
 }
 // Host bytes of one staging piece for sub-groups of `elems` elements of `elem_bytes` each (a
 // host-tier buffer, whole pages).
@@ -123,8 +127,9 @@ struct TierNeeds {
     size_t optimizer_staging = 0;  // of staging: the optimizer pipeline's sub-groups
     size_t grad_staging = 0;       // of staging: gradients on NVMe (landing, add, optimizer)
     // Of staging: parameter pieces, the NVMe fetch ring (kFetchStagingPieces pieces, with
-    // NVMe-homed parameters) and the new parameters' staging (publish_staging_pieces(), with
-    // parameters homed off the host).
+    // NVMe-homed parameters) and the new parameters' staging (publish_staging_pieces(), for
+    // parameters the optimizer cannot write in place: NVMe-homed, or device-homed and stepped
+    // on the host, or off the device and stepped by the device's optimizer).
     size_t param_fetch_staging = 0;
     size_t param_publish_staging = 0;
     size_t param_shadows = 0;      // delayed update: one parameter copy per module

@@ -168,7 +168,7 @@ Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const
   }
   // At most publish_staging_pieces() in use: the oldest write (or, with none, the h2d stream's
   // copies) gives one back.
-  const size_t limit = publish_staging_pieces(opt_.buffer_count);
+  const size_t limit = publish_staging_pieces(opt_.buffer_count, m.p.tier == Tier::kNvme);
   for (;;) {
     std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
     if (pieces_.size() < limit) break;

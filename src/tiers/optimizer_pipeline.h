@@ -20,7 +20,7 @@
 // (the memory model): buffer_count being read, as many being written, one being stepped.
 // New low-precision parameters that cannot be written in place (NVMe homes, a device that is
 // not host-addressable) are staged a sub-group at a time, at most
-// publish_staging_pieces(buffer_count) pieces at once (piece() waits for the oldest write or
+// publish_staging_pieces() pieces at once (piece() waits for the oldest write or
 // copy to free one), counted apart in the memory model (param_publish_staging).
 //
 // Thread safety: one thread at a time: the host thread, or the delayed update's thread while
