@@ -346,15 +346,19 @@ Status OptimizerPipeline::publish(int k, const void* lp, std::shared_ptr<PinnedB
 
 Status OptimizerPipeline::write_params(int k, const float* master) {
   Module& m = homes_.module(k);
-  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "deriving " + m.name + " parameters");
-  const Target t = {host_visible_params(m)};
   for (size_t j = 0; j < m.sub_groups(); ++j) {
-    STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, t), "deriving " + m.name + " parameters");
-    convert(master + m.sub_start(j), DType::kF32, p.dst, dt_, m.sub_len(j));
-    STRATA_RETURN_IF_ERROR(publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/true),
-                           "deriving " + m.name + " parameters");
+    STRATA_RETURN_IF_ERROR(write_params(k, j, master + m.sub_start(j)), "");
   }
   return Status::ok();
+}
+
+Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
+  Module& m = homes_.module(k);
+  const std::string what = "deriving " + m.name + " parameters";
+  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), what);
+  STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, Target{host_visible_params(m)}), what);
+  convert(master, DType::kF32, p.dst, dt_, m.sub_len(j));
+  return publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/true).with_context(what);
 }
 
 // ---- writes ------------------------------------------------------------------------------------

@@ -141,6 +141,8 @@ class OptimizerPipeline {
   Status publish(int k, const void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait);
   // Derives module k's parameters from fp32 `master` and publishes them, synchronously.
   Status write_params(int k, const float* master);
+  // The same for sub-group j alone, from its fp32 master weights `master` (sub_len(j) floats).
+  Status write_params(int k, size_t j, const float* master);
 
   // ---- writes ------------------------------------------------------------------------
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the
