@@ -128,10 +128,8 @@ INSTANTIATE_TEST_SUITE_P(
         // The delayed update's thread runs the same pass over the second accumulator.
         Schedule{"delayed_update_nvme", false, true, {"strata.optimizer.delayed_update=true"}},
         // ... and its parameter shadows are published to NVMe-homed parameters piece by piece.
-        Schedule{"delayed_update_params_nvme",
-                 true,
-                 true,
-                 {"strata.optimizer.delayed_update=true"}}),
+        Schedule{
+            "delayed_update_params_nvme", true, true, {"strata.optimizer.delayed_update=true"}}),
     [](const ::testing::TestParamInfo<Schedule>& i) { return std::string(i.param.name); });
 
 // On a device the host cannot address (the CPU backend wrapped as one), new parameters reach
@@ -154,8 +152,8 @@ TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
       std::vector<std::string> ov = on_nvme(dir, nvme_params, true);
       if (!nvme_params) ov[0] = "zero_optimization.offload_param.device=\"none\"";
       ov.push_back(fmt::format("zero_optimization.sub_group_size={}", g));
-      const TrainResult r = test::must_train(
-          tiny(fmt::format("{}/{}_{}", dir, nvme_params, g), steps, ov), o);
+      const TrainResult r =
+          test::must_train(tiny(fmt::format("{}/{}_{}", dir, nvme_params, g), steps, ov), o);
       ASSERT_EQ(r.losses.size(), size_t(steps));
       if (g == 1'000'000'000) {
         ref = r;

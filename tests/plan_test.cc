@@ -501,8 +501,9 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   EXPECT_TRUE(c->fits);
   EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
   // Params on the device (no undo copies): the host stages their new bf16 values a sub-group
-  // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes,
-  // 3,162,112 rounded to pages).
+  // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and
+  // lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes, 3,162,112 rounded
+  // to pages).
   r.hw.gpu_mem = uint64_t{1} << 30;
   r.undo_copies = false;
   r.sub_group_elems = 65536;

@@ -540,8 +540,9 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
     const uint64_t cap = report.request.hw.host_mem;
     if (cap > 0 && with_host > cap) {
       STRATA_ASSIGN_OR_RETURN(const uint64_t with_nvme, host_need(Tier::kNvme), "");
-      const Tier g = auto_grads_placement(p.where, with_host, with_nvme, cap,
-                                          report.request.hw.gpus > 1, report.request.delayed_update);
+      const Tier g =
+          auto_grads_placement(p.where, with_host, with_nvme, cap, report.request.hw.gpus > 1,
+                               report.request.delayed_update);
       if (g != p.where.grads) {
         p.where.grads = g;
         p.name = "config";

@@ -174,7 +174,8 @@ Status DeviceCache::fetch_from_nvme(Module& mod, char* mine) {
     ring->io = homes_.io();
     size_t piece = 0;  // the largest NVMe-homed parameters' first (largest) sub-group
     for (const Module& m : homes_.modules()) {
-      if (m.p.tier == Tier::kNvme) piece = std::max(piece, piece_bytes(m.sub_len(0), dtype_size(dt_)));
+      if (m.p.tier == Tier::kNvme)
+        piece = std::max(piece, piece_bytes(m.sub_len(0), dtype_size(dt_)));
     }
     for (size_t i = 0; i < kFetchStagingPieces; ++i) {
       STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(piece, "parameter fetch staging"),

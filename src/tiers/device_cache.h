@@ -3,9 +3,9 @@
 //
 // acquire(m) returns a device pointer to module m's parameters: the home itself when it is on
 // the device (unsharded), else a cached copy, fetched on demand from the host or NVMe home on
-// the h2d stream, or, with several ranks, this rank's shard gathered with the others' into the whole
-// group (zero3_gather.cc). The compute stream waits on the fetch's event; memory is freed only
-// after the last use's event.
+// the h2d stream, or, with several ranks, this rank's shard gathered with the others' into the
+// whole group (zero3_gather.cc). The compute stream waits on the fetch's event; memory is freed
+// only after the last use's event.
 //
 // What stays, what is evicted and what is fetched ahead is DeviceCachePolicy's decision
 // (src/tiers/cache_policy.h), the same code `strata trace replay` runs. The first step of each

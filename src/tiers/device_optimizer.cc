@@ -67,8 +67,7 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
       st = p.status();
       break;
     }
-    dev_.copy_d2h(d2h, p->dst, static_cast<char*>(lp_dev) + m.sub_start(j) * es,
-                  m.sub_len(j) * es);
+    dev_.copy_d2h(d2h, p->dst, static_cast<char*>(lp_dev) + m.sub_start(j) * es, m.sub_len(j) * es);
     st = dev_.synchronize(d2h).with_context("copying " + m.name + " new parameters down");
     if (st.is_ok()) st = publish_piece(k, j, p->dst, std::move(p->keep), /*wait=*/false);
   }

@@ -89,9 +89,9 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
     for (size_t j = 0; j < m.sub_groups(); ++j) {
       const size_t len = m.sub_group_len(j);
-      for (auto [h, e] : {std::pair{&m.params, es}, std::pair{&m.master, mst_e},
-                          std::pair{&m.moments, mom_e}, std::pair{&m.grads, size_t{4}},
-                          std::pair{&m.grads2, size_t{4}}}) {
+      for (auto [h, e] :
+           {std::pair{&m.params, es}, std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
+            std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
         if (h->tier != Tier::kNvme || h->bytes == 0) continue;
         n.nvme.state += round_up(len * e, 4096);
         n.nvme.objects += striped(len * e);

@@ -132,8 +132,8 @@ struct TierNeeds {
     // on the host, or off the device and stepped by the device's optimizer).
     size_t param_fetch_staging = 0;
     size_t param_publish_staging = 0;
-    size_t param_shadows = 0;      // delayed update: one parameter copy per module
-    size_t stash = 0;              // strata.activations = offload: the block-input buffers
+    size_t param_shadows = 0;  // delayed update: one parameter copy per module
+    size_t stash = 0;          // strata.activations = offload: the block-input buffers
     // Not in total(): undo copies of every module's master weights and moments (the optimizer
     // under backward), of which `undo_nvme` is NVMe-homed state (shadow extents when the swap
     // files have room). The arena is sized for them when the budget allows; without room,

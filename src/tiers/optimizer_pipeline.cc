@@ -173,7 +173,8 @@ Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const
     std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
     if (pieces_.size() < limit) break;
     if (!writes_.empty()) {
-      STRATA_RETURN_IF_ERROR(retire_writes(writes_.size() - 1), "staging " + m.name + " parameters");
+      STRATA_RETURN_IF_ERROR(retire_writes(writes_.size() - 1),
+                             "staging " + m.name + " parameters");
       continue;
     }
     STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()),

@@ -182,7 +182,7 @@ class OptimizerPipeline {
   DType dt_, mdt_;
   bool sharded_;
   std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
-  std::deque<Write> writes_;     // optimizer/parameter writes draining behind later work
+  std::deque<Write> writes_;  // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
   std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
   std::vector<int> order_;       // this step: modules in the order their gradients became final

@@ -1,7 +1,8 @@
 // The tier manager's state in and out: fresh initialization, checkpoints (whole or one shard
-// per rank) and the weights' checksum. State is moved module by module through the host tier
-// (NVMe homes are staged, never all in RAM); the parameters are always derived from the
-// master weights.
+// per rank) and the weights' checksum. Checkpoints move state a sub-group at a time through the
+// host tier (NVMe homes are staged a sub-group extent at a time, never a module whole); the
+// init stages one module's master weights (the model initializes a module at once), resharding
+// (load_shards) one module's shard; the parameters are always derived from the master weights.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -40,8 +41,9 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
     }
     if (m.master.tier == Tier::kNvme) {
       for (size_t j = 0; j < m.master.subs.size(); ++j) {  // sub-groups start on 4 KiB
-        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
-                               what + " (writing its master weights)");
+        STRATA_RETURN_IF_ERROR(
+            H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
+            what + " (writing its master weights)");
       }
     } else if (H.staged(m.master)) {  // device memory the host cannot address
       I.dev.copy_h2d(I.dev.h2d_stream(), m.master.dev, master, m.master.bytes);
@@ -105,10 +107,9 @@ Status state_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t 
   const size_t j = off / m.sub_group, len = m.sub_len(j);
   STRATA_CHECK(off == m.sub_start(j) && count <= len, "a checkpoint range spans sub-groups");
   const size_t in = part == CheckpointPart::kSecondMoment ? len : 0;  // the extent's layout
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
-                          H.host_buf(piece_bytes(len, master ? 4 : m.mom_elem()),
-                                     "checkpoint staging"),
-                          "staging a sub-group");
+  STRATA_ASSIGN_OR_RETURN(
+      PinnedBuffer b, H.host_buf(piece_bytes(len, master ? 4 : m.mom_elem()), "checkpoint staging"),
+      "staging a sub-group");
   IoWorker* io = H.io();
   const SwapExtent& e = h.subs[j];
   if (!store || count < len || part == CheckpointPart::kSecondMoment) {

@@ -410,8 +410,7 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
   return Status::ok();
 }
 
-Status read_checkpoint_ranges(const std::string& path,
-                              const std::function<size_t(size_t)>& range,
+Status read_checkpoint_ranges(const std::string& path, const std::function<size_t(size_t)>& range,
                               const CheckpointRangeFn& write) {
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
@@ -449,9 +448,9 @@ Status read_checkpoint_ranges(const std::string& path,
         buf.resize(c * eb);
         STRATA_RETURN_IF_ERROR(read_all(f.fd, buf.data(), c * eb, path, off), "");
         off += c * eb;
-        STRATA_RETURN_IF_ERROR(write(i, part, o, c, buf.data()),
-                               fmt::format("storing elements [{}, {}) of module {}", o, o + c,
-                                           meta.modules[i].name));
+        STRATA_RETURN_IF_ERROR(
+            write(i, part, o, c, buf.data()),
+            fmt::format("storing elements [{}, {}) of module {}", o, o + c, meta.modules[i].name));
       }
     }
   }

@@ -119,8 +119,7 @@ using CheckpointRangeFn = std::function<Status(size_t module, CheckpointPart par
 Status write_checkpoint_ranges(const std::string& path, const CheckpointMeta& meta,
                                const std::function<size_t(size_t)>& range,
                                const CheckpointRangeFn& read);
-Status read_checkpoint_ranges(const std::string& path,
-                              const std::function<size_t(size_t)>& range,
+Status read_checkpoint_ranges(const std::string& path, const std::function<size_t(size_t)>& range,
                               const CheckpointRangeFn& write);
 
 // Reads and verifies the metadata only (cheap; checks magic, version, sizes, metadata CRC).
