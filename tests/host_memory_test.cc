@@ -1,9 +1,9 @@
 // Host memory that does not grow with the model: the optimizer pipeline steps sub-groups of
-// zero_optimization.sub_group_size elements, so its host staging is a few sub-groups whatever
-// a module's size, and the numbers do not depend on the sub-group size (the optimizer is
-// elementwise): every schedule (the plain step, the optimizer under backward with rollbacks
-// redone or skipped, the delayed update) trains bit-identically from one sub-group per module to
-// ~100 per module.
+// zero_optimization.sub_group_size elements, and parameters are fetched from NVMe and published
+// in the same pieces, so the host staging is a few sub-groups whatever a module's size, and the
+// numbers do not depend on the sub-group size (the optimizer is elementwise): every schedule
+// (the plain step, the optimizer under backward with rollbacks redone or skipped, the delayed
+// update) trains bit-identically from one sub-group per module to ~100 per module.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include "strata/log.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
+#include "tests/wrapped_device.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -125,8 +126,80 @@ INSTANTIATE_TEST_SUITE_P(
         // Host-homed state: sub-groups point into the homes; undo state is host copies.
         Schedule{"overlap_clip_host", false, false, {"strata.optimizer.overlap=true"}},
         // The delayed update's thread runs the same pass over the second accumulator.
-        Schedule{"delayed_update_nvme", false, true, {"strata.optimizer.delayed_update=true"}}),
+        Schedule{"delayed_update_nvme", false, true, {"strata.optimizer.delayed_update=true"}},
+        // ... and its parameter shadows are published to NVMe-homed parameters piece by piece.
+        Schedule{
+            "delayed_update_params_nvme", true, true, {"strata.optimizer.delayed_update=true"}}),
     [](const ::testing::TestParamInfo<Schedule>& i) { return std::string(i.param.name); });
+
+// On a device the host cannot address (the CPU backend wrapped as one), new parameters reach
+// their NVMe home and the cached device copy through staging pieces, and the device's own
+// parameters (offload_param none) through pieces copied up: bit-identical whatever the piece
+// size.
+TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("unaddressable");
+  TrainOptions o;
+  o.progress = false;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(d), false);
+  };
+  const int steps = 6;
+  for (bool nvme_params : {true, false}) {
+    SCOPED_TRACE(nvme_params ? "params on nvme" : "params on the device");
+    TrainResult ref;
+    for (uint64_t g : {uint64_t{1'000'000'000}, uint64_t{2048}}) {
+      std::vector<std::string> ov = on_nvme(dir, nvme_params, true);
+      if (!nvme_params) ov[0] = "zero_optimization.offload_param.device=\"none\"";
+      ov.push_back(fmt::format("zero_optimization.sub_group_size={}", g));
+      const TrainResult r =
+          test::must_train(tiny(fmt::format("{}/{}_{}", dir, nvme_params, g), steps, ov), o);
+      ASSERT_EQ(r.losses.size(), size_t(steps));
+      if (g == 1'000'000'000) {
+        ref = r;
+        continue;
+      }
+      for (size_t s = 0; s < ref.losses.size(); ++s) {
+        ASSERT_EQ(r.losses[s], ref.losses[s]) << "loss differs at step " << s + 1;
+      }
+      EXPECT_EQ(r.weights_crc, ref.weights_crc);
+      EXPECT_LT(test::tier(r, "host").peak, test::tier(ref, "host").peak);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// A checkpoint of NVMe-homed state with parameters in ~100 pieces per block: a run stopped at
+// step 4 and resumed (parameters re-derived piece by piece from the loaded master weights)
+// equals the uninterrupted run bit for bit.
+TEST(ParameterPieces, CheckpointResumesBitIdentically) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("resume");
+  const int steps = 8;
+  auto cfg = [&](const std::string& sub) {
+    std::vector<std::string> ov = on_nvme(dir, true, true);
+    ov.push_back("zero_optimization.sub_group_size=2048");
+    return tiny(dir + "/" + sub, steps, ov);
+  };
+  TrainOptions quiet;
+  quiet.progress = false;
+  const TrainResult whole = test::must_train(cfg("whole"), quiet);
+  ASSERT_EQ(whole.losses.size(), size_t(steps));
+  TrainOptions stop = quiet;
+  stop.stop_at_step = 4;
+  const TrainResult first = test::must_train(cfg("split"), stop);
+  ASSERT_EQ(first.end_step, 4);
+  TrainOptions resume = quiet;
+  resume.resume = "latest";
+  const TrainResult second = test::must_train(cfg("split"), resume);
+  ASSERT_EQ(second.start_step, 4);
+  ASSERT_EQ(second.losses.size(), size_t(steps - 4));
+  for (size_t s = 0; s < second.losses.size(); ++s) {
+    EXPECT_EQ(second.losses[s], whole.losses[4 + s]) << "step " << 5 + s;
+  }
+  EXPECT_EQ(second.weights_crc, whole.weights_crc);
+  fs::remove_all(dir);
+}
 
 // Gradient accumulators on NVMe (strata.placement.grads = nvme): written and read back
 // sub-group by sub-group (4 micro-batches: copied, then read-added-written three times), their
@@ -207,9 +280,10 @@ TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
   }
 }
 
-// The optimizer pipeline's host staging is 2 * buffer_count + 1 sub-groups, not modules: with
-// sub-groups smaller than a block it stays the same when the blocks grow, and the NVMe tier
-// holds one extent per sub-group of master weights and of moments.
+// The optimizer pipeline's host staging is 2 * buffer_count + 1 sub-groups, not modules, and the
+// NVMe-homed parameters' is kFetchStagingPieces + buffer_count + 1 pieces: with sub-groups
+// smaller than a block they stay the same when the blocks grow, and the NVMe tier holds one
+// extent per sub-group of parameters, master weights and moments.
 TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   const int mc_layers = 2;
   auto need = [&](int n_embd, uint64_t sub_group) {
@@ -239,10 +313,14 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
     const TierNeeds whole = need(w, 0), sub = need(w, g);
     EXPECT_EQ(sub.host.optimizer_staging, 9 * per_sub_group);
     EXPECT_GT(whole.host.optimizer_staging, sub.host.optimizer_staging);
+    // Parameter pieces: the NVMe fetch ring and the new parameters' staging, bf16 sub-groups.
+    EXPECT_EQ(sub.host.param_fetch_staging, kFetchStagingPieces * g * 2);
+    EXPECT_EQ(sub.host.param_publish_staging, (4 + 1) * g * 2);  // buffer_count + 1
+    EXPECT_GT(whole.host.param_fetch_staging, sub.host.param_fetch_staging);
     // The same bytes on NVMe: every sub-group but a module's last is 4096-aligned (a module's
     // master and moments each round up once more).
     EXPECT_GE(sub.nvme.state, whole.nvme.state);
-    EXPECT_LE(sub.nvme.state - whole.nvme.state, 2 * 2 * 4096 * size_t(mc_layers + 3));
+    EXPECT_LE(sub.nvme.state - whole.nvme.state, 3 * 2 * 4096 * size_t(mc_layers + 3));
   }
   // A sub-group size that is not a multiple of 2048 is rounded down to one.
   EXPECT_EQ(sub_group_elems(1'000'000, 5000), 4096u);

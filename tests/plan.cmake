@@ -20,3 +20,10 @@ add_test(NAME plan_cli_hf_llama
          COMMAND strata plan --hf ${CMAKE_SOURCE_DIR}/tests/fixtures/hf/llama --backend cpu)
 set_tests_properties(plan_cli_hf_llama PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
                      "llama 2 layers, width 32, 4 heads \\(2 key/value\\), SwiGLU 48, untied head")
+# A config that leaves strata.placement.grads unset is planned with the engine's default for
+# the gradients: hostmem-2b's 2B-parameter fp32 gradients do not fit its 2 GiB host budget, so
+# they go to NVMe, and the config's placement (all-nvme) fits.
+add_test(NAME plan_cli_grads_default
+         COMMAND strata plan --config ${CMAKE_SOURCE_DIR}/configs/hostmem-2b.json)
+set_tests_properties(plan_cli_grads_default PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+                     "asks for all-nvme: fits")

@@ -345,6 +345,61 @@ TEST(Plan, PlacementOfConfigIsTheEnginesParse) {
   }
 }
 
+// A config that leaves strata.placement.grads unset gets the engine's default: with params and
+// the optimizer on NVMe and a host budget that cannot hold the whole model's fp32 gradients,
+// the gradients go to NVMe (the all-nvme row, which fits), as TierManager::create puts them;
+// with strata.placement.grads = host the config asks for exactly that, which does not fit.
+TEST(Plan, ConfigWithoutGradsPlacementGetsTheEnginesDefault) {
+  const std::string base = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3,
+        "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+      "model": {"n_layer": 8, "n_head": 8, "n_embd": 1024, "vocab_size": 256, "context": 64},
+      "device": {"backend": "cpu", "memory_limit": "512MiB"},
+      "strata": {"host_memory_limit": "256MiB" GRADS}})";
+  auto plan_for = [&](const std::string& grads) -> std::pair<std::string, bool> {
+    std::string text = base;
+    text.replace(text.find("GRADS"), 5, grads);
+    auto cfg = parse_config(text, "t");
+    EXPECT_TRUE(cfg.is_ok()) << cfg.status().message();
+    Hardware hw;
+    hw.gpu_mem = cfg->device.memory_limit;
+    hw.host_mem = cfg->strata.host_memory_limit;
+    hw.nvme_paths = {"/tmp"};
+    PlanRequest r = request_from_config(*cfg, hw, default_profile(true));
+    auto rep = make_plan(r);
+    EXPECT_TRUE(rep.is_ok()) << rep.status().message();
+    auto p = placement_of_config(*cfg);
+    EXPECT_TRUE(p.is_ok());
+    EXPECT_EQ(p->grads_auto, grads.empty());
+    auto i = add_placement(*rep, *p);
+    EXPECT_TRUE(i.is_ok()) << i.status().message();
+    const PlanOption& o = rep->options[size_t(*i)];
+    return {o.placement.name, o.fits};
+  };
+  // 100M parameters: 400 MB of fp32 gradients against a 256 MiB budget.
+  const auto unset = plan_for("");
+  EXPECT_EQ(unset.first, "all-nvme");
+  EXPECT_TRUE(unset.second);
+  const auto host = plan_for(R"(, "placement": {"grads": "host"})");
+  EXPECT_EQ(host.first, "params-nvme+opt-nvme");
+  EXPECT_FALSE(host.second);
+  // The same config with a budget that holds the gradients keeps them on the host.
+  std::string roomy = base;
+  roomy.replace(roomy.find("256MiB"), 6, "64GiB");
+  roomy.replace(roomy.find("GRADS"), 5, "");
+  auto cfg = parse_config(roomy, "t");
+  ASSERT_TRUE(cfg.is_ok());
+  Hardware hw;
+  hw.gpu_mem = cfg->device.memory_limit;
+  hw.host_mem = cfg->strata.host_memory_limit;
+  auto rep = make_plan(request_from_config(*cfg, hw, default_profile(true)));
+  ASSERT_TRUE(rep.is_ok());
+  auto i = add_placement(*rep, *placement_of_config(*cfg));
+  ASSERT_TRUE(i.is_ok());
+  EXPECT_EQ(rep->options[size_t(*i)].placement.name, "params-nvme+opt-nvme");
+}
+
 // A Llama preset is planned with Llama's own layout and writes a config whose model is that
 // Llama (grouped-query attention, SwiGLU width, untied head, q/k/v biases for Qwen2): the config
 // read back builds an architecture with the preset's parameter count, and the plan's device
@@ -445,11 +500,16 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   ASSERT_TRUE(c.is_ok());
   EXPECT_TRUE(c->fits);
   EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
-  // Params on the device: the host also stages every module's new bf16 params.
+  // Params on the device (no undo copies): the host stages their new bf16 values a sub-group
+  // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and
+  // lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes, 3,162,112 rounded
+  // to pages).
   r.hw.gpu_mem = uint64_t{1} << 30;
+  r.undo_copies = false;
+  r.sub_group_elems = 65536;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
-  EXPECT_GE(d->host.peak, d->host.state + P * 2);
+  EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
 }
 
 TEST(Plan, NonFittingPlanIsReportedAsSuch) {
@@ -576,6 +636,8 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   r.hw.host_mem = uint64_t{8} << 30;
   r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
   r.profile.optimizer_pps.value = 2e7;
+  // Sub-groups (and the parameters' staging pieces) that the budgets below do not shrink.
+  r.sub_group_elems = 65536;
   {  // and a GEMM rate at which compute takes as long as the CPU Adam
     auto f = evaluate_placement(r, find("opt-host"));
     ASSERT_TRUE(f.is_ok());

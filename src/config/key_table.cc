@@ -49,7 +49,8 @@ constexpr const char* kResume = "resume restores the step from the checkpoint";
 constexpr const char* kAlwaysPipelined =
     "strata always pipelines optimizer-state reads and writes (depth: buffer_count)";
 constexpr const char* kOwnStaging =
-    "strata sizes parameter staging from stage3_prefetch_bucket_size and the host tier budget";
+    "strata stages parameters in zero_optimization.sub_group_size pieces: 3 host buffers for "
+    "NVMe reads, offload_optimizer.buffer_count + 1 for writes";
 
 Type Bool() { return {Kind::kBool}; }
 Type Int(double lo, double hi) { return {Kind::kInt, lo, hi}; }

@@ -280,8 +280,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.device.peak = o.device.total() + Pf * 4;
   if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
+  // Parameter pieces: the NVMe fetch ring, held from the first fetch, and the new parameters'
+  // staging pieces.
   uint64_t host_peak = needs.host.state + needs.host.param_shadows + 2 * round_up(max_g, 4096) +
-                       2 * round_up(max_p, 4096);
+                       needs.host.param_fetch_staging + needs.host.param_publish_staging;
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
@@ -290,10 +292,6 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
     for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
   }
-  if (where.params == Tier::kNvme) host_peak += 2 * round_up(max_p, 4096);  // fetch staging
-  // Params homed on the device: the optimizer writes every module's new low-precision params
-  // through host staging buffers, all alive until the copies are done.
-  if (where.params == Tier::kDevice) host_peak += opt_host_params * es;
   host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
   // master + moments until the step is validated (TierManager::take_undo): NVMe-homed state as
@@ -338,9 +336,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       std::sort(slot.rbegin(), slot.rend());
       const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
       for (size_t i = 0; i < k; ++i) spec += slot[i];
-      if (where.params == Tier::kNvme) spec += round_up(max_p, 4096);  // the module published
     }
-    if (where.params == Tier::kNvme) spec += 2 * round_up(max_p, 4096);  // fetch staging
+    if (where.params == Tier::kNvme) {  // the fetch ring, and the pieces being published
+      spec += needs.host.param_fetch_staging + needs.host.param_publish_staging;
+    }
     host_peak = std::max(host_peak, spec);
   }
   o.host.peak = host_peak * W;
@@ -517,13 +516,42 @@ Result<PlanReport> make_plan(const PlanRequest& request) {
 Result<PlacementOption> placement_of_config(const Config& cfg) {
   // parse_placement's message names the key; no context to add.
   STRATA_ASSIGN_OR_RETURN(Placement where, parse_placement(cfg), "");
-  for (const auto& o : placement_options()) {
+  const bool grads_auto = cfg.strata.placement_grads.empty();
+  for (auto o : placement_options()) {
+    o.grads_auto = grads_auto;
     if (o.where == where) return o;
   }
-  return PlacementOption{"config", where};
+  return PlacementOption{"config", where, grads_auto};
 }
 
-Result<int> add_placement(PlanReport& report, const PlacementOption& p) {
+Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
+  PlacementOption p = asked;
+  if (p.grads_auto && p.where.grads == Tier::kHost) {
+    // The host need with the gradients on the host and on NVMe, as the engine's preflight
+    // weighs them (the planner's host numbers are per node: W ranks' worth, as its budget).
+    auto host_need = [&](Tier grads) -> Result<uint64_t> {
+      PlacementOption q = p;
+      q.where.grads = grads;
+      STRATA_ASSIGN_OR_RETURN(PlanOption o, evaluate_placement(report.request, q),
+                              "planning the placement " + p.name);
+      return o.host.total();
+    };
+    STRATA_ASSIGN_OR_RETURN(const uint64_t with_host, host_need(Tier::kHost), "");
+    const uint64_t cap = report.request.hw.host_mem;
+    if (cap > 0 && with_host > cap) {
+      STRATA_ASSIGN_OR_RETURN(const uint64_t with_nvme, host_need(Tier::kNvme), "");
+      const Tier g =
+          auto_grads_placement(p.where, with_host, with_nvme, cap, report.request.hw.gpus > 1,
+                               report.request.delayed_update);
+      if (g != p.where.grads) {
+        p.where.grads = g;
+        p.name = "config";
+        for (const auto& o : placement_options()) {
+          if (o.where == p.where) p.name = o.name;
+        }
+      }
+    }
+  }
   for (size_t i = 0; i < report.options.size(); ++i) {
     if (report.options[i].placement.where == p.where) return int(i);
   }

@@ -163,6 +163,9 @@ struct Hardware {
 struct PlacementOption {
   std::string name;  // "all-device", "opt-host", ..., or "config" for a config's own placement
   Placement where;
+  // A config that leaves strata.placement.grads unset: add_placement moves the gradients as
+  // the engine would (auto_grads_placement against the request's host budget).
+  bool grads_auto = false;
 };
 // The seven options the planner compares, fastest-first in intent: params on device, host or
 // NVMe; master and moments together on device, host or NVMe; gradients on the device with them,
@@ -267,9 +270,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& request, const Placemen
 // The placement a parsed config asks for: the engine's parse_placement (zero_optimization.
 // offload_* + strata.placement, the optimizer ratio), named after the option of
 // placement_options() it equals, else "config". An unknown tier name is the engine's error.
+// With strata.placement.grads unset, grads_auto is set (the gradients' home is decided against
+// the host budget, which only the request knows: add_placement).
 Result<PlacementOption> placement_of_config(const Config& cfg);
 // The index in report.options of `p`'s placement: the named option with the same Placement, else
-// `p` evaluated and appended (report.best still chooses among the named options only).
+// `p` evaluated and appended (report.best still chooses among the named options only). With
+// p.grads_auto the gradients first go where TierManager::create would put them: to NVMe when
+// the host need with them on the host exceeds report.request.hw.host_mem and the need with them
+// on NVMe is smaller (auto_grads_placement), which may name another option (all-nvme).
 Result<int> add_placement(PlanReport& report, const PlacementOption& p);
 // A PlanRequest from a config: model, batch, dtype, buffer counts, device memory limit.
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,

@@ -2,9 +2,30 @@
 
 #include <fmt/format.h>
 
+#include <map>
+#include <mutex>
+
 #include "strata/log.h"
 
 namespace strata {
+
+// Piece g of all NVMe fetches uses bufs[g % size]; its read starts once piece g - size has
+// been copied out of that buffer (by the host thread when enqueued, else by the h2d stream's
+// callback after that copy). Tickets and the waiting reads are handed between the host thread
+// and the h2d stream's callbacks under `mu`.
+struct DeviceCache::FetchRing {
+  IoWorker* io = nullptr;
+  std::vector<PinnedBuffer> bufs;
+  uint64_t next = 0;  // the host thread's next piece number
+  std::mutex mu;
+  uint64_t copied = 0;                            // pieces copied out of their buffer
+  std::map<uint64_t, const SwapExtent*> waiting;  // pieces whose buffer is still in use
+  std::map<uint64_t, IoWorker::Ticket> reading;   // pieces whose read was started
+
+  void start(uint64_t g, const SwapExtent* e) {  // under mu
+    reading[g] = io->read(*e, bufs[g % bufs.size()].data());
+  }
+};
 
 namespace {
 
@@ -126,26 +147,12 @@ Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fet
   } else if (mod.p.tier == Tier::kHost) {
     dev_.copy_h2d(h2d, mine, mod.p.host.data(), mod.p.bytes);
   } else {
-    auto staging = homes_.host_buf(mod.p.bytes, "staging a parameter fetch");
-    if (!staging.is_ok()) {
+    Status st = fetch_from_nvme(mod, mine);
+    if (!st.is_ok()) {
       dev_.release(c.ptr);
       c.ptr = nullptr;
-      return may_block ? staging.status() : Status::ok();
+      return may_block ? st : Status::ok();
     }
-    auto sp = std::make_shared<PinnedBuffer>(std::move(staging).value());
-    IoWorker* iow = homes_.io();
-    IoWorker::Ticket t = iow->read(mod.p.ext, sp->data());
-    AsyncError* errors = &errors_;
-    dev_.host_fn(h2d, [errors, iow, t] {
-      Status s = iow->wait(t);
-      if (!s.is_ok()) errors->set(s);
-    });
-    dev_.copy_h2d(h2d, mine, sp->data(), mod.p.bytes);
-    dev_.host_fn(h2d, [sp] { sp->reset(); });
-    counters_.update([&](TierCounts& n) {
-      n.host_in += mod.p.bytes;
-      n.host_out += mod.p.bytes;
-    });
   }
   if (sharded_) all_gather(m, mine);
   c.ready = std::shared_ptr<Event>(dev_.create_event());
@@ -158,6 +165,67 @@ Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fet
     if (need_before != UINT64_MAX) ++n.prefetches;  // a prefetch (demand fetches pass MAX)
   });
   *fetched = true;
+  return Status::ok();
+}
+
+Status DeviceCache::fetch_from_nvme(Module& mod, char* mine) {
+  if (!ring_) {
+    auto ring = std::make_shared<FetchRing>();
+    ring->io = homes_.io();
+    size_t piece = 0;  // the largest NVMe-homed parameters' first (largest) sub-group
+    for (const Module& m : homes_.modules()) {
+      if (m.p.tier == Tier::kNvme)
+        piece = std::max(piece, piece_bytes(m.sub_len(0), dtype_size(dt_)));
+    }
+    for (size_t i = 0; i < kFetchStagingPieces; ++i) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(piece, "parameter fetch staging"),
+                              "staging parameter fetches from nvme");
+      ring->bufs.push_back(std::move(b));
+    }
+    ring_ = std::move(ring);
+  }
+  const size_t K = ring_->bufs.size(), es = dtype_size(dt_);
+  Stream& h2d = dev_.h2d_stream();
+  AsyncError* errors = &errors_;
+  for (size_t j = 0; j < mod.sub_groups(); ++j) {
+    const uint64_t g = ring_->next++;
+    const SwapExtent* ext = &mod.p.subs[j];
+    {
+      std::lock_guard<std::mutex> l(ring_->mu);
+      if (g < ring_->copied + K) {
+        ring_->start(g, ext);
+      } else {
+        ring_->waiting[g] = ext;
+      }
+    }
+    std::shared_ptr<FetchRing> ring = ring_;
+    dev_.host_fn(h2d, [ring, g, errors] {
+      IoWorker::Ticket t;
+      {
+        std::lock_guard<std::mutex> l(ring->mu);
+        auto it = ring->reading.find(g);
+        STRATA_CHECK(it != ring->reading.end(), "a parameter piece's read was never started");
+        t = it->second;
+        ring->reading.erase(it);
+      }
+      Status s = ring->io->wait(t);
+      if (!s.is_ok()) errors->set(s);
+    });
+    dev_.copy_h2d(h2d, mine + mod.sub_start(j) * es, ring_->bufs[g % K].data(),
+                  mod.sub_len(j) * es);
+    dev_.host_fn(h2d, [ring, g, K] {
+      std::lock_guard<std::mutex> l(ring->mu);
+      ring->copied = g + 1;
+      auto it = ring->waiting.find(g + K);
+      if (it == ring->waiting.end()) return;
+      ring->start(g + K, it->second);
+      ring->waiting.erase(it);
+    });
+  }
+  counters_.update([&](TierCounts& n) {
+    n.host_in += mod.p.bytes;
+    n.host_out += mod.p.bytes;
+  });
   return Status::ok();
 }
 
@@ -280,10 +348,10 @@ Status DeviceCache::wait_fetch(int m) {
   return Status::ok();
 }
 
-void DeviceCache::write_through(int m, const void* lp, size_t bytes) {
+void DeviceCache::write_through(int m, size_t offset, const void* lp, size_t bytes) {
   Entry& c = cache_[size_t(m)];
   Stream& h2d = dev_.h2d_stream();
-  dev_.copy_h2d(h2d, c.ptr, lp, bytes);
+  dev_.copy_h2d(h2d, static_cast<char*>(c.ptr) + offset, lp, bytes);
   // Under backward the copy may be evicted before the h2d stream runs this write: its memory
   // is freed only after it (the compute stream's last use of it came earlier, or this module's
   // gradients would not be final).
@@ -303,6 +371,12 @@ void DeviceCache::release_all() {
     if (c.resident) dev_.release(c.ptr);
     c.resident = false;
   }
+  // The ring's buffers go back to the host tier now, whatever callbacks still hold the ring.
+  if (ring_) {
+    std::lock_guard<std::mutex> l(ring_->mu);
+    ring_->bufs.clear();
+  }
+  ring_.reset();
 }
 
 }  // namespace strata

@@ -3,16 +3,24 @@
 //
 // acquire(m) returns a device pointer to module m's parameters: the home itself when it is on
 // the device (unsharded), else a cached copy, fetched on demand from the host or NVMe home on
-// the h2d stream (an NVMe fetch first waits on that stream for its read into a staging
-// buffer), or, with several ranks, this rank's shard gathered with the others' into the whole
-// group (zero3_gather.cc). The compute stream waits on the fetch's event; memory is freed only
-// after the last use's event.
+// the h2d stream, or, with several ranks, this rank's shard gathered with the others' into the
+// whole group (zero3_gather.cc). The compute stream waits on the fetch's event; memory is freed
+// only after the last use's event.
 //
 // What stays, what is evicted and what is fetched ahead is DeviceCachePolicy's decision
 // (src/tiers/cache_policy.h), the same code `strata trace replay` runs. The first step of each
 // phase ("train", "eval") records the order of acquires; later steps give the policy that
 // trace. A changed order is logged, served on demand and re-recorded. Modules under
 // persistence_threshold elements stay once fetched (unsharded).
+//
+// An NVMe fetch moves the module's parameters a sub-group (one swap extent) at a time through
+// a ring of kFetchStagingPieces host-tier buffers that every fetch shares, taken from the host
+// tier at the first NVMe fetch: piece g (counting every fetch's pieces in the order they are
+// enqueued) is read into buffer g % kFetchStagingPieces as soon as the h2d stream has copied
+// piece g - kFetchStagingPieces out of it, then the h2d stream waits for its read and copies
+// it into the cached copy. So the host staging for fetches is kFetchStagingPieces sub-groups
+// (the memory model's param_fetch_staging) whatever the modules' size or the prefetch depth,
+// and the host thread never waits for a buffer.
 //
 // Thread safety: the host thread calls everything; stream callbacks only touch the counters
 // and the async error.
@@ -66,9 +74,9 @@ class DeviceCache final : public CacheState {
   // Waits until a fetch of module m's cached copy (which reads its home) has landed, so the
   // home may be overwritten.
   Status wait_fetch(int m);
-  // Write-through: copies `bytes` of new parameters at host `lp` to module m's cached copy on
-  // the h2d stream; the copy is not freed before that ran.
-  void write_through(int m, const void* lp, size_t bytes);
+  // Write-through: copies `bytes` of new parameters at host `lp` to module m's cached copy at
+  // byte `offset` on the h2d stream; the copy is not freed before that ran.
+  void write_through(int m, size_t offset, const void* lp, size_t bytes);
   // Forgets module m's cached copy; its memory is freed after its last use.
   void drop(int m);
 
@@ -102,6 +110,10 @@ class DeviceCache final : public CacheState {
     size_t bytes;
     std::shared_ptr<Event> after;
   };
+  // The NVMe fetch ring (see above), shared with the h2d stream's callbacks.
+  struct FetchRing;
+  // Enqueues the NVMe read of module m's shard, piece by piece, into `mine` on the h2d stream.
+  Status fetch_from_nvme(Module& mod, char* mine);
   // Device bytes of a gathered (cached) parameter group.
   size_t cache_bytes(const Module& m) const { return m.padded * dtype_size(dt_); }
   bool trace_known() const { return cur_ && !mismatch_; }
@@ -132,6 +144,7 @@ class DeviceCache final : public CacheState {
   DeviceCachePolicy policy_;
   std::vector<Entry> cache_;
   std::deque<PendingFree> pending_;
+  std::shared_ptr<FetchRing> ring_;  // null until the first NVMe fetch
   // hpZ: module m's secondary shard (device memory) while this phase holds one, else null.
   std::vector<void*> secondary_;
   // The trace of each phase; the current phase's recording and position.

@@ -52,24 +52,28 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
     }
     return Status::ok();
   }
-  // Parameters homed on the host or NVMe: down through a host buffer, then published.
-  std::shared_ptr<PinnedBuffer> lp_buf;
-  void* lp = host_visible_params(m);
-  if (!lp) {
-    STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(m.p.bytes, "parameter staging"),
-                            "stepping " + m.name);
-    lp_buf = std::make_shared<PinnedBuffer>(std::move(b));
-    lp = lp_buf->data();
-  }
+  // Parameters homed on the host or NVMe: down into their host-visible home, or a sub-group at a
+  // time through staging pieces, then published.
   auto stepped = std::shared_ptr<Event>(dev_.create_event());
   dev_.record(*stepped, compute);
   dev_.wait(d2h, *stepped);
-  dev_.copy_d2h(d2h, lp, lp_dev, m.p.bytes);
-  Device* dev = &dev_;
-  dev_.host_fn(d2h, [dev, lp_dev] { dev->release(lp_dev); });
-  STRATA_RETURN_IF_ERROR(dev_.synchronize(d2h), "copying " + m.name + " new parameters down");
   STRATA_CHECK(!sharded_ || !cache_.resident(k), "sharded: a gathered group outlived its use");
-  return publish(k, lp, lp_buf, /*wait=*/false).with_context("stepping " + m.name);
+  const Target t = {host_visible_params(m)};
+  const size_t es = dtype_size(dt_);
+  Status st;
+  for (size_t j = 0; j < m.sub_groups() && st.is_ok(); ++j) {
+    auto p = piece(k, j, t);
+    if (!p.is_ok()) {
+      st = p.status();
+      break;
+    }
+    dev_.copy_d2h(d2h, p->dst, static_cast<char*>(lp_dev) + m.sub_start(j) * es, m.sub_len(j) * es);
+    st = dev_.synchronize(d2h).with_context("copying " + m.name + " new parameters down");
+    if (st.is_ok()) st = publish_piece(k, j, p->dst, std::move(p->keep), /*wait=*/false);
+  }
+  dev_.synchronize(d2h).ignore();
+  dev_.release(lp_dev);
+  return st.with_context("stepping " + m.name);
 }
 
 }  // namespace strata

@@ -33,11 +33,11 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
     m.padded = mh.padded_numel;
     m.off = world_size > 1 ? size_t(rank) * m.sn : 0;
     m.valid = m.off >= m.numel ? 0 : std::min(m.numel - m.off, m.sn);
-    m.p = {mh.params.tier, mh.params.bytes, {}, nullptr, {}, {}};
-    m.master = {mh.master.tier, mh.master.bytes, {}, nullptr, {}, {}};
-    m.mom = {mh.moments.tier, mh.moments.bytes, {}, nullptr, {}, {}};
-    m.gacc = {mh.grads.tier, mh.grads.bytes, {}, nullptr, {}, {}};
-    m.gacc2 = {mh.grads2.tier, mh.grads2.bytes, {}, nullptr, {}, {}};
+    m.p = {mh.params.tier, mh.params.bytes, {}, nullptr, {}};
+    m.master = {mh.master.tier, mh.master.bytes, {}, nullptr, {}};
+    m.mom = {mh.moments.tier, mh.moments.bytes, {}, nullptr, {}};
+    m.gacc = {mh.grads.tier, mh.grads.bytes, {}, nullptr, {}};
+    m.gacc2 = {mh.grads2.tier, mh.grads2.bytes, {}, nullptr, {}};
     m.sub_group = std::max<size_t>(1, mh.sub_group);
   }
   for (auto& m : h->mods_) {
@@ -53,15 +53,13 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
                                 "device tier: " + tag);
       } else if (home->tier == Tier::kHost) {
         STRATA_ASSIGN_OR_RETURN(home->host, h->pool_->acquire(home->bytes), "host tier: " + tag);
-      } else if (home != &m.p) {  // master, moments, gradients: one extent per sub-group
+      } else {  // one extent per sub-group
         const size_t e = home->bytes / m.sn;
         for (size_t j = 0; j < m.sub_groups(); ++j) {
           STRATA_ASSIGN_OR_RETURN(SwapExtent x, h->allocate_extent(m.sub_len(j) * e),
                                   fmt::format("nvme tier: {} sub-group {}", tag, j));
           home->subs.push_back(std::move(x));
         }
-      } else {
-        STRATA_ASSIGN_OR_RETURN(home->ext, h->allocate_extent(home->bytes), "nvme tier: " + tag);
       }
     }
   }

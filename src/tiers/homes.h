@@ -37,9 +37,8 @@ struct Home {
   size_t bytes = 0;
   PinnedBuffer host;    // tier == host
   void* dev = nullptr;  // tier == device
-  SwapExtent ext;       // tier == nvme, params
-  // tier == nvme, master weights, moments and gradients: one extent per sub-group of the module
-  // (its moments: the sub-group's first moments, then its second).
+  // tier == nvme: one extent per sub-group of the module (moments: the sub-group's first
+  // moments, then its second).
   std::vector<SwapExtent> subs;
   // Host-visible pointer for host homes, and device homes on a host-addressable device.
   void* ptr() const { return tier == Tier::kHost ? host.data() : dev; }

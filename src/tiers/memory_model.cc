@@ -70,7 +70,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   auto striped = [&](size_t bytes) -> size_t {
     return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
   };
-  size_t max_p = 0, max_opt = 0, max_g = 0, max_gsub = 0;
+  size_t max_opt = 0, max_g = 0, max_gsub = 0;
+  size_t max_nvme_piece = 0, max_staged_piece = 0;  // parameter pieces (piece_bytes)
   for (const auto& m : homes) {
     if (options.delayed_update) n.host.param_shadows += round_up(m.params.bytes, 4096);
     n.host.undo += round_up(m.master.bytes, 4096) + round_up(m.moments.bytes, 4096);
@@ -81,20 +82,16 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       if (h->bytes == 0) continue;
       if (h->tier == Tier::kDevice) n.device.resident_state += round_up(h->bytes, 256);
       if (h->tier == Tier::kHost) n.host.state += round_up(h->bytes, 4096);
-      if (h->tier == Tier::kNvme && h != &m.master && h != &m.moments && h != &m.grads &&
-          h != &m.grads2) {
-        n.nvme.state += round_up(h->bytes, 4096);
-        n.nvme.objects += striped(h->bytes);
-      }
     }
-    // NVMe-homed master weights and moments: one extent per sub-group; the pipeline stages
-    // the largest sub-group's.
+    // NVMe-homed parameters, master weights, moments and gradients: one extent per sub-group;
+    // the pipeline stages the largest sub-group's.
     const size_t mst_e = m.shard_numel ? m.master.bytes / m.shard_numel : 0;
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
     for (size_t j = 0; j < m.sub_groups(); ++j) {
       const size_t len = m.sub_group_len(j);
-      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
-                          std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
+      for (auto [h, e] :
+           {std::pair{&m.params, es}, std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
+            std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
         if (h->tier != Tier::kNvme || h->bytes == 0) continue;
         n.nvme.state += round_up(len * e, 4096);
         n.nvme.objects += striped(len * e);
@@ -102,7 +99,15 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     }
     if (m.grads.tier == Tier::kNvme)
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
-    max_p = std::max(max_p, m.params.bytes);
+    const size_t p_piece = piece_bytes(m.sub_group_len(0), es);  // the first is the largest
+    if (m.params.tier == Tier::kNvme) max_nvme_piece = std::max(max_nvme_piece, p_piece);
+    // New parameters staged: the device's optimizer writes device-homed ones in place, the
+    // host's host-homed ones (and device-homed ones on a host-addressable device).
+    const bool dev_opt_m = m.master.tier == Tier::kDevice && m.moments.tier == Tier::kDevice &&
+                           m.grads.tier == Tier::kDevice && m.master.bytes > 0;
+    if (dev_opt_m ? m.params.tier != Tier::kDevice : m.params.tier != Tier::kHost) {
+      max_staged_piece = std::max(max_staged_piece, p_piece);
+    }
     if (m.grads.tier != Tier::kNvme) max_g = std::max(max_g, m.grads.bytes);
     if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
       const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
@@ -152,18 +157,20 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     n.device.qgz_scratch = round_up(zeropp.qgz_scratch_bytes(n.bucket_shard_elems, true), 256);
   }
 
-  // Host: NVMe parameter fetches stage through the host tier (the prefetch bytes and a few
-  // modules); the optimizer pipeline holds `buffer_count` modules being read and as many being
-  // written; gradient landing and low-precision staging buffers.
-  if (pl.params == Tier::kNvme)
-    n.host.staging += options.prefetch_bytes + 3 * round_up(max_p, 4096);
+  // Host: parameter pieces (the NVMe fetch ring, the new parameters' staging); the optimizer
+  // pipeline holds `buffer_count` sub-groups being read and as many being written, one being
+  // stepped; gradient landing buffers.
+  n.host.param_fetch_staging = kFetchStagingPieces * max_nvme_piece;
+  n.host.param_publish_staging =
+      publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
+  n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
   n.host.staging += n.host.optimizer_staging;
   // Gradients on NVMe: GradSpill's landing and staging buffers, and the sub-group the optimizer
   // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
   n.host.grad_staging = 3 * max_gsub;
   n.host.staging += n.host.grad_staging;
-  n.host.staging += 2 * round_up(max_g, 4096) + 2 * round_up(max_p, 4096);
+  n.host.staging += 2 * round_up(max_g, 4096);
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
 
   // NVMe: the state spread over the paths, each object possibly wasting a stripe, plus slack;

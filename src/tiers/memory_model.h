@@ -47,11 +47,31 @@ struct ModuleHomes {
   // The optimizer's sub-groups: elements [j * sub_group, min((j + 1) * sub_group,
   // shard_numel)) of the shard, j < sub_groups(). NVMe-homed master weights and moments have
   // one swap extent per sub-group (its moments: first then second, contiguous), and so do
-  // NVMe-homed gradient accumulators.
+  // NVMe-homed gradient accumulators and parameters.
   size_t sub_group = 0;
   size_t sub_groups() const { return sub_group ? (shard_numel + sub_group - 1) / sub_group : 1; }
   size_t sub_group_len(size_t j) const { return std::min(sub_group, shard_numel - j * sub_group); }
 };
+
+// Parameters move in pieces, one per sub-group of the shard: NVMe-homed parameters have one
+// swap extent per sub-group; a fetch from NVMe reads them through a ring of
+// kFetchStagingPieces host buffers that every fetch shares (DeviceCache), and new parameters
+// that are not written in place (NVMe homes, device memory the host cannot address) are
+// staged a piece at a time, at most publish_staging_pieces() pieces at once (the optimizer
+// pipeline). So the host staging for parameters is a few sub-groups whatever a module's size.
+// The ring: one piece being copied to the device while the next two are read.
+inline constexpr size_t kFetchStagingPieces = 3;
+// NVMe-homed parameters: buffer_count pieces being written behind (as deep as the optimizer
+// state's writes) and one being stepped; else (copies to the device) one being copied and one
+// being stepped.
+inline size_t publish_staging_pieces(int buffer_count, bool nvme_params) {
+  return nvme_params ? size_t(std::max(1, buffer_count)) + 1 : 2;
+}
+// Host bytes of one staging piece for sub-groups of `elems` elements of `elem_bytes` each (a
+// host-tier buffer, whole pages).
+inline size_t piece_bytes(size_t elems, size_t elem_bytes) {
+  return (elems * elem_bytes + 4095) / 4096 * 4096;
+}
 
 // Elements per sub-group of a shard of `shard_numel` elements under
 // TierOptions::sub_group_elems (0: one sub-group), a multiple of `align` (kSubGroupAlign; with
@@ -106,8 +126,14 @@ struct TierNeeds {
     size_t staging = 0;            // NVMe fetch staging, optimizer pipeline, gradient landing
     size_t optimizer_staging = 0;  // of staging: the optimizer pipeline's sub-groups
     size_t grad_staging = 0;       // of staging: gradients on NVMe (landing, add, optimizer)
-    size_t param_shadows = 0;      // delayed update: one parameter copy per module
-    size_t stash = 0;              // strata.activations = offload: the block-input buffers
+    // Of staging: parameter pieces, the NVMe fetch ring (kFetchStagingPieces pieces, with
+    // NVMe-homed parameters) and the new parameters' staging (publish_staging_pieces(), for
+    // parameters the optimizer cannot write in place: NVMe-homed, or device-homed and stepped
+    // on the host, or off the device and stepped by the device's optimizer).
+    size_t param_fetch_staging = 0;
+    size_t param_publish_staging = 0;
+    size_t param_shadows = 0;  // delayed update: one parameter copy per module
+    size_t stash = 0;          // strata.activations = offload: the block-input buffers
     // Not in total(): undo copies of every module's master weights and moments (the optimizer
     // under backward), of which `undo_nvme` is NVMe-homed state (shadow extents when the swap
     // files have room). The arena is sized for them when the budget allows; without room,

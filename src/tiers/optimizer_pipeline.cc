@@ -155,13 +155,41 @@ Result<OptimizerPipeline::Target> OptimizerPipeline::target(int k, void* shadow)
   // (publishing then replaces the cached copy).
   STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "stepping " + m.name);
   t.lp = host_visible_params(m);
-  if (!t.lp) {
-    STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(m.p.bytes, "parameter staging"),
-                            "stepping " + m.name);
-    t.keep = std::make_shared<PinnedBuffer>(std::move(b));
-    t.lp = t.keep->data();
-  }
   return t;
+}
+
+Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const Target& t) {
+  Module& m = homes_.module(k);
+  const size_t es = dtype_size(dt_);
+  Piece p;
+  if (t.lp) {
+    p.dst = static_cast<char*>(t.lp) + m.sub_start(j) * es;
+    return p;
+  }
+  // At most publish_staging_pieces() in use: the oldest write (or, with none, the h2d stream's
+  // copies) gives one back.
+  const size_t limit = publish_staging_pieces(opt_.buffer_count, m.p.tier == Tier::kNvme);
+  for (;;) {
+    std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
+    if (pieces_.size() < limit) break;
+    if (!writes_.empty()) {
+      STRATA_RETURN_IF_ERROR(retire_writes(writes_.size() - 1),
+                             "staging " + m.name + " parameters");
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()),
+                           "staging " + m.name + " parameters");
+    std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
+    STRATA_CHECK(pieces_.size() < limit, "parameter staging pieces held past their writes");
+    break;
+  }
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
+                          homes_.host_buf(piece_bytes(m.sub_len(j), es), "parameter staging"),
+                          "stepping " + m.name);
+  p.keep = std::make_shared<PinnedBuffer>(std::move(b));
+  p.dst = p.keep->data();
+  pieces_.push_back(p.keep);
+  return p;
 }
 
 void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
@@ -176,7 +204,7 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   sh.m = s.m;
   sh.v = s.v;
   sh.moment_dtype = mdt_;
-  sh.lp_out = static_cast<char*>(lp) + s.a * dtype_size(dt_);
+  sh.lp_out = lp;
   sh.lp_dtype = dt_;
   strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
   const std::string what =
@@ -191,7 +219,7 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
 
 void OptimizerPipeline::derive(int k, const Slot& s, void* lp) const {
   (void)k;
-  convert(s.master, DType::kF32, static_cast<char*>(lp) + s.a * dtype_size(dt_), dt_, s.len);
+  convert(s.master, DType::kF32, lp, dt_, s.len);
 }
 
 Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyper& hyper,
@@ -243,13 +271,14 @@ Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyp
       }
       continue;
     }
-    step_sub_group(k, s, hyper, grad_mult, grad, t.lp);
+    STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, t), "");
+    step_sub_group(k, s, hyper, grad_mult, grad, p.dst);
     STRATA_RETURN_IF_ERROR(retire_writes(max_writes()), "after stepping " + m.name);
-    if (j + 1 == sub_groups(k) && !shadows) {
-      STRATA_CHECK(!sharded_ || !cache_.resident(k), "sharded: a gathered group outlived its use");
-      STRATA_RETURN_IF_ERROR(publish(k, t.lp, std::move(t.keep), /*wait=*/false),
+    if (!shadows) {
+      STRATA_CHECK(!sharded_ || !cache_.resident(k) || j > 0,
+                   "sharded: a gathered group outlived its use");
+      STRATA_RETURN_IF_ERROR(publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/false),
                              "stepping " + m.name);
-      t = Target{};
     }
   }
   return Status::ok();
@@ -268,50 +297,69 @@ Status OptimizerPipeline::run(const std::vector<int>& order, const OptimizerHype
 
 // ---- publishing parameters ---------------------------------------------------------------------
 
-Status OptimizerPipeline::publish(int k, void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait) {
+Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
+                                        std::shared_ptr<PinnedBuffer> keep, bool wait) {
   Module& m = homes_.module(k);
   Stream& h2d = dev_.h2d_stream();
-  if (m.p.tier == Tier::kHost && lp != m.p.host.data()) {
-    std::memcpy(m.p.host.data(), lp, m.p.bytes);
-  } else if (m.p.tier == Tier::kDevice && lp != m.p.dev) {
+  const size_t off = m.sub_start(j) * dtype_size(dt_), bytes = m.sub_len(j) * dtype_size(dt_);
+  if (m.p.tier == Tier::kHost && src != m.p.host.as<char>() + off) {
+    std::memcpy(m.p.host.as<char>() + off, src, bytes);
+  } else if (m.p.tier == Tier::kDevice && src != static_cast<char*>(m.p.dev) + off) {
     if (dev_.host_addressable()) {
-      std::memcpy(m.p.dev, lp, m.p.bytes);
+      std::memcpy(static_cast<char*>(m.p.dev) + off, src, bytes);
     } else {
-      dev_.copy_h2d(h2d, m.p.dev, lp, m.p.bytes);
+      dev_.copy_h2d(h2d, static_cast<char*>(m.p.dev) + off, src, bytes);
     }
   }
   if (cache_.resident(k)) {
     if (sharded_) {
       cache_.drop(k);  // a gathered group is never updated in place: the next use gathers anew
     } else {
-      cache_.write_through(k, lp, m.p.bytes);
+      cache_.write_through(k, off, src, bytes);
     }
   }
   if (keep) dev_.host_fn(h2d, [keep] {});  // alive until the copies from it ran
+  const std::string what =
+      m.sub_groups() > 1 ? fmt::format("{} parameters (sub-group {})", m.name, j) : m.name;
   if (!wait) {
-    if (m.p.tier == Tier::kNvme) queue_write(m.p.ext, lp, std::move(keep), m.name);
+    if (m.p.tier == Tier::kNvme) queue_write(m.p.subs[j], src, std::move(keep), what);
     return Status::ok();
   }
-  STRATA_RETURN_IF_ERROR(dev_.synchronize(h2d), "copying " + m.name + " parameters");
+  STRATA_RETURN_IF_ERROR(dev_.synchronize(h2d), "copying " + what);
   if (m.p.tier == Tier::kNvme) {
-    STRATA_RETURN_IF_ERROR(homes_.io()->wait(homes_.io()->write(m.p.ext, lp)),
-                           "writing " + m.name + " parameters");
+    STRATA_RETURN_IF_ERROR(homes_.io()->wait(homes_.io()->write(m.p.subs[j], src)),
+                           "writing " + what);
+  }
+  return Status::ok();
+}
+
+Status OptimizerPipeline::publish(int k, const void* lp, std::shared_ptr<PinnedBuffer> keep,
+                                  bool wait) {
+  Module& m = homes_.module(k);
+  for (size_t j = 0; j < m.sub_groups(); ++j) {
+    STRATA_RETURN_IF_ERROR(
+        publish_piece(k, j, static_cast<const char*>(lp) + m.sub_start(j) * dtype_size(dt_), keep,
+                      wait),
+        "");
   }
   return Status::ok();
 }
 
 Status OptimizerPipeline::write_params(int k, const float* master) {
   Module& m = homes_.module(k);
-  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), "deriving " + m.name + " parameters");
-  PinnedBuffer lp;
-  void* dst = host_visible_params(m);
-  if (!dst) {
-    STRATA_ASSIGN_OR_RETURN(lp, homes_.host_buf(m.p.bytes, "parameter staging"),
-                            "deriving " + m.name + " parameters");
-    dst = lp.data();
+  for (size_t j = 0; j < m.sub_groups(); ++j) {
+    STRATA_RETURN_IF_ERROR(write_params(k, j, master + m.sub_start(j)), "");
   }
-  convert(master, DType::kF32, dst, dt_, m.sn);
-  return publish(k, dst, nullptr, /*wait=*/true);
+  return Status::ok();
+}
+
+Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
+  Module& m = homes_.module(k);
+  const std::string what = "deriving " + m.name + " parameters";
+  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), what);
+  STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, Target{host_visible_params(m)}), what);
+  convert(master, DType::kF32, p.dst, dt_, m.sub_len(j));
+  return publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/true).with_context(what);
 }
 
 // ---- writes ------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@
 // into host-tier staging buffers that NVMe reads of the sub-group's own extents fill
 // (prepare() starts the reads, take() waits for them). step_sub_group() runs the optimizer over
 // the slot with GACC * grad_mult into the module's low-precision parameters and queues NVMe
-// writes of the state it changed; once every sub-group of a module is stepped its parameters
-// are published (publish(): to their home and to a cached device copy, write-through). The
-// optimizer is elementwise, so the numbers do not depend on the sub-group size. Writes drain
+// writes of the state it changed; each sub-group's new parameters are then published
+// (publish_piece(): to their home and to a cached device copy, write-through). The optimizer
+// is elementwise, so the numbers do not depend on the sub-group size. Writes drain
 // behind later work (a later read of the same extent is ordered after them by the IoWorker);
 // retire_writes() bounds how many are in flight and frees the finished ones' buffers. run() is
 // the pass over a list of modules with buffer_count sub-groups read ahead; the step after
@@ -18,8 +18,10 @@
 //
 // The host tier's staging for the pipeline is reserved for 2 * buffer_count + 1 sub-groups
 // (the memory model): buffer_count being read, as many being written, one being stepped.
-// Publishing stages a module's low-precision parameters (NVMe-homed or on a device that is not
-// host-addressable), counted apart in the memory model.
+// New low-precision parameters that cannot be written in place (NVMe homes, a device that is
+// not host-addressable) are staged a sub-group at a time, at most
+// publish_staging_pieces() pieces at once (piece() waits for the oldest write or
+// copy to free one), counted apart in the memory model (param_publish_staging).
 //
 // Thread safety: one thread at a time: the host thread, or the delayed update's thread while
 // it runs (the host thread then stays out).
@@ -60,9 +62,14 @@ class OptimizerPipeline {
     const float* grad = nullptr;
   };
   // Where a module's new low-precision parameters go while its sub-groups are stepped: its
-  // home when host-visible, a shadow (the delayed update), else a staging buffer (`keep`).
+  // home when host-visible, a shadow (the delayed update), else (null) a staging piece per
+  // sub-group.
   struct Target {
     void* lp = nullptr;
+  };
+  // Where one sub-group's new parameters go: into the target, or a staging piece (`keep`).
+  struct Piece {
+    void* dst = nullptr;
     std::shared_ptr<PinnedBuffer> keep;
   };
   // Called with each sub-group's slot (its reads done) just before it is stepped.
@@ -99,13 +106,19 @@ class OptimizerPipeline {
 
   // ---- stepping ----------------------------------------------------------------------
   // Where module k's new parameters go: `shadow` when given, else (after a prefetch of them
-  // has landed) their host-visible home or a staging buffer.
+  // has landed) their host-visible home, else staging pieces (lp null).
   Result<Target> target(int k, void* shadow);
+  // Where sub-group j of module k's new parameters go under `t`: t.lp at the sub-group's
+  // offset, or a staging piece (waiting for the oldest write or copy while
+  // publish_staging_pieces() of them are in use).
+  Result<Piece> piece(int k, size_t j, const Target& t);
   // Steps sub-group `s` of module k with `grad` (the module's; default GACC) * grad_mult, its
-  // new parameters into the module's `lp`; queues NVMe writes of its state behind later work.
+  // new parameters into `lp` (the sub-group's: piece().dst); queues NVMe writes of its state
+  // behind later work.
   void step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
                       const float* grad, void* lp);
-  // Derives sub-group `s`'s low-precision parameters from its master weights into `lp`.
+  // Derives sub-group `s`'s low-precision parameters from its master weights into `lp` (the
+  // sub-group's).
   void derive(int k, const Slot& s, void* lp) const;
   // Steps every sub-group of module k (reading the next ones ahead as the reservation allows;
   // `before` sees each slot first) and publishes its new parameters.
@@ -117,13 +130,19 @@ class OptimizerPipeline {
              std::vector<std::shared_ptr<PinnedBuffer>>* shadows);
 
   // ---- publishing parameters ---------------------------------------------------------
-  // New low-precision parameters of module k at host `lp` go to their home (unless `lp` is the
-  // home) and to a cached device copy (write-through; a gathered group, sharded, is dropped
-  // instead). `keep` is held until the copies from it ran. With `wait`, returns after
-  // everything landed (the h2d stream and the NVMe write); else the NVMe write is queued.
-  Status publish(int k, void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait);
+  // New low-precision parameters of sub-group j of module k at host `src` go to their home
+  // (unless `src` is in the home; NVMe: the sub-group's extent) and to a cached device copy
+  // (write-through; a gathered group, sharded, is dropped instead). `keep` is held until the
+  // copies and the write from it ran. With `wait`, returns after everything landed (the h2d
+  // stream and the NVMe write); else the NVMe write is queued.
+  Status publish_piece(int k, size_t j, const void* src, std::shared_ptr<PinnedBuffer> keep,
+                       bool wait);
+  // publish_piece() of every sub-group of a whole module's new parameters at host `lp`.
+  Status publish(int k, const void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait);
   // Derives module k's parameters from fp32 `master` and publishes them, synchronously.
   Status write_params(int k, const float* master);
+  // The same for sub-group j alone, from its fp32 master weights `master` (sub_len(j) floats).
+  Status write_params(int k, size_t j, const float* master);
 
   // ---- writes ------------------------------------------------------------------------
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the
@@ -163,7 +182,9 @@ class OptimizerPipeline {
   DType dt_, mdt_;
   bool sharded_;
   std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
-  std::deque<Write> writes_;     // optimizer/parameter writes draining behind later work
+  std::deque<Write> writes_;  // optimizer/parameter writes draining behind later work
+  // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
+  std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
   std::vector<int> order_;       // this step: modules in the order their gradients became final
   std::vector<int> last_order_;  // the last step's order_
 };

@@ -308,12 +308,16 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
         std::memcpy(s.v, c + (m.sn + s.a) * b, s.len * b);
       }
     }
+    STRATA_ASSIGN_OR_RETURN(OptimizerPipeline::Piece p, pipeline_.piece(k, j, t),
+                            (redo ? "redoing " : "restoring ") + what);
     if (redo) {
       STRATA_RETURN_IF_ERROR(pipeline_.load_grad(&s), "redoing " + what);
-      pipeline_.step_sub_group(k, s, hyper, grad_mult, nullptr, t.lp);
+      pipeline_.step_sub_group(k, s, hyper, grad_mult, nullptr, p.dst);
       // Within the pipeline's reservation next to the sub-groups read ahead.
       if (io)
         STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(pipeline_.max_writes()), "redoing " + what);
+      STRATA_RETURN_IF_ERROR(pipeline_.publish_piece(k, j, p.dst, std::move(p.keep), false),
+                             "redoing " + what);
       continue;
     }
     // A skipped step: NVMe homes get their host copies back (shadowed ones never changed).
@@ -325,11 +329,11 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
       STRATA_RETURN_IF_ERROR(io->wait(io->write(m.mom.subs[j], s.m)),
                              "restoring the moments of " + what);
     }
-    pipeline_.derive(k, s, t.lp);
+    pipeline_.derive(k, s, p.dst);
+    STRATA_RETURN_IF_ERROR(pipeline_.publish_piece(k, j, p.dst, std::move(p.keep), true),
+                           "restoring " + what);
   }
   counters_.update([](TierCounts& n) { ++n.modules_redone; });
-  STRATA_RETURN_IF_ERROR(pipeline_.publish(k, t.lp, std::move(t.keep), /*wait=*/!redo),
-                         (redo ? "redoing " : "restoring ") + m.name);
   return Status::ok();
 }
 

@@ -1,7 +1,8 @@
 // The tier manager's state in and out: fresh initialization, checkpoints (whole or one shard
-// per rank) and the weights' checksum. State is moved module by module through the host tier
-// (NVMe homes are staged, never all in RAM); the parameters are always derived from the
-// master weights.
+// per rank) and the weights' checksum. Checkpoints move state a sub-group at a time through the
+// host tier (NVMe homes are staged a sub-group extent at a time, never a module whole); the
+// init stages one module's master weights (the model initializes a module at once), resharding
+// (load_shards) one module's shard; the parameters are always derived from the master weights.
 #include <fmt/format.h>
 
 #include <cstring>
@@ -14,13 +15,22 @@ namespace strata {
 
 Status TierManager::init_state(const std::function<void(int, float*)>& init) {
   Impl& I = *impl_;
-  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
-    Module& m = I.homes->module(int(i));
-    HostState hs;
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/false, "init", &hs),
-                           "initializing " + m.name);
-    float* master = hs.master;
-    char* moments = hs.moments;
+  Homes& H = *I.homes;
+  for (size_t i = 0; i < H.modules().size(); ++i) {
+    Module& m = H.module(int(i));
+    const std::string what = "initializing " + m.name;
+    if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
+    }
+    // The master weights whole (the model initializes a module at once): in their home when the
+    // host can address it, else in a staging buffer written to the home below.
+    PinnedBuffer staged_master;
+    float* master = static_cast<float*>(m.master.ptr());
+    if (H.staged(m.master)) {
+      STRATA_ASSIGN_OR_RETURN(staged_master, H.host_buf(m.master.bytes, "init"),
+                              what + " (staging its master weights)");
+      master = staged_master.as<float>();
+    }
     if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
       std::vector<float> full(m.numel);
       init(int(i), full.data());
@@ -29,58 +39,142 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
     } else {
       init(int(i), master);
     }
-    std::memset(moments, 0, m.mom.bytes);
-    if (m.gacc.tier == Tier::kDevice && I.homes->staged(m.gacc)) {  // the host cannot address it
+    if (m.master.tier == Tier::kNvme) {
+      for (size_t j = 0; j < m.master.subs.size(); ++j) {  // sub-groups start on 4 KiB
+        STRATA_RETURN_IF_ERROR(
+            H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
+            what + " (writing its master weights)");
+      }
+    } else if (H.staged(m.master)) {  // device memory the host cannot address
+      I.dev.copy_h2d(I.dev.h2d_stream(), m.master.dev, master, m.master.bytes);
+      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
+    }
+    // Moments start at zero: NVMe extents are written a sub-group at a time from one zeroed
+    // piece.
+    if (m.mom.tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
+                              H.host_buf(piece_bytes(m.sub_len(0), m.mom_elem()), "init"),
+                              what + " (staging its moments)");
+      std::memset(zeros.data(), 0, zeros.size());
+      for (const SwapExtent& e : m.mom.subs) {
+        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(e, zeros.data())),
+                               what + " (writing its moments)");
+      }
+    } else if (H.staged(m.mom)) {
+      I.dev.memset_zero(I.dev.compute_stream(), m.mom.dev, m.mom.bytes);
+    } else {
+      std::memset(m.mom.ptr(), 0, m.mom.bytes);
+    }
+    if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
       I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
     } else if (m.gacc.tier != Tier::kNvme) {
       std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
     }
-    STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "initializing " + m.name);
-    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), "initializing " + m.name);
+    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
   }
   return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
 
+namespace {
+
+// Elements [off, off + count) of `part` of module m's state (a range within one sub-group) from
+// its home into `data`, or with `store` from `data` into its home. NVMe homes go through a
+// host-tier piece of the sub-group's extent (read first unless the whole first half of a
+// sub-group's moments or its whole master weights are stored); device memory the host cannot
+// address is copied.
+Status state_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t count, void* data,
+                   bool store) {
+  Device& dev = H.device();
+  const bool master = part == CheckpointPart::kMaster;
+  Home& h = master ? m.master : m.mom;
+  const size_t eb = master ? 4 : m.mom_elem() / 2;
+  const size_t whole = (part == CheckpointPart::kSecondMoment ? m.sn : 0) + off;  // home layout
+  char* bytes = static_cast<char*>(data);
+  if (!H.staged(h)) {
+    char* p = static_cast<char*>(h.ptr()) + whole * eb;
+    std::memcpy(store ? p : bytes, store ? bytes : p, count * eb);
+    return Status::ok();
+  }
+  if (h.tier == Tier::kDevice) {
+    char* p = static_cast<char*>(h.dev) + whole * eb;
+    if (store) {
+      dev.copy_h2d(dev.h2d_stream(), p, bytes, count * eb);
+      return dev.synchronize(dev.h2d_stream());
+    }
+    dev.copy_d2h(dev.d2h_stream(), bytes, p, count * eb);
+    return dev.synchronize(dev.d2h_stream());
+  }
+  const size_t j = off / m.sub_group, len = m.sub_len(j);
+  STRATA_CHECK(off == m.sub_start(j) && count <= len, "a checkpoint range spans sub-groups");
+  const size_t in = part == CheckpointPart::kSecondMoment ? len : 0;  // the extent's layout
+  STRATA_ASSIGN_OR_RETURN(
+      PinnedBuffer b, H.host_buf(piece_bytes(len, master ? 4 : m.mom_elem()), "checkpoint staging"),
+      "staging a sub-group");
+  IoWorker* io = H.io();
+  const SwapExtent& e = h.subs[j];
+  if (!store || count < len || part == CheckpointPart::kSecondMoment) {
+    STRATA_RETURN_IF_ERROR(io->wait(io->read(e, b.data())), "reading its home");
+  }
+  if (!store) {
+    std::memcpy(bytes, b.as<char>() + in * eb, count * eb);
+    return Status::ok();
+  }
+  std::memcpy(b.as<char>() + in * eb, bytes, count * eb);
+  return io->wait(io->write(e, b.data())).with_context("writing its home");
+}
+
+const char* part_name(CheckpointPart p) {
+  return p == CheckpointPart::kMaster        ? "master weights"
+         : p == CheckpointPart::kFirstMoment ? "first moments"
+                                             : "second moments";
+}
+
+}  // namespace
+
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(flush_writes(), "before the checkpoint");
-  const size_t mb = dtype_size(I.mdt);
-  HostState hs;
-  auto source = [&](size_t i, CheckpointBuffers* out) -> Status {
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/true, "checkpoint staging", &hs),
-                           "saving " + I.homes->modules()[i].name);
-    *out = {hs.master, hs.moments, hs.moments + I.homes->modules()[i].sn * mb, mb};
-    return Status::ok();
+  // Device-resident state may still be stepped by the device's optimizer (compute stream).
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before the checkpoint");
+  Homes& H = *I.homes;
+  // A sub-group at a time, so no module's state is ever staged whole.
+  auto range = [&](size_t i) { return H.modules()[i].sub_group; };
+  auto read = [&](size_t i, CheckpointPart part, size_t off, size_t count, void* out) -> Status {
+    Module& m = H.module(int(i));
+    return state_range(H, m, part, off, count, out, /*store=*/false)
+        .with_context(fmt::format("saving {} {}", m.name, part_name(part)));
   };
-  if (!I.sharded) return write_checkpoint(path, meta, source);
+  if (!I.sharded) return write_checkpoint_ranges(path, meta, range, read);
   // A shard file: this rank's real elements of each module (its shard's head; the padding is
   // not saved), with where they start.
   CheckpointMeta shard = meta;
   shard.world_size = opt_.param_comm->size();
   shard.rank = opt_.param_comm->rank();
-  for (size_t i = 0; i < I.homes->modules().size(); ++i) {
-    shard.modules[i].numel = I.homes->modules()[i].valid;
-    shard.modules[i].offset = I.homes->modules()[i].off;
+  for (size_t i = 0; i < H.modules().size(); ++i) {
+    shard.modules[i].numel = H.modules()[i].valid;
+    shard.modules[i].offset = H.modules()[i].off;
   }
-  return write_checkpoint(path, shard, source);
+  return write_checkpoint_ranges(path, shard, range, read);
 }
 
 Status TierManager::load(const std::string& path) {
   Impl& I = *impl_;
-  const size_t mb = dtype_size(I.mdt);
-  HostState hs;
-  auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, /*read=*/false, "checkpoint staging", &hs),
-                           "loading " + I.homes->modules()[i].name);
-    *out = {hs.master, hs.moments, hs.moments + I.homes->modules()[i].sn * mb, mb};
-    return Status::ok();
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before loading");
+  Homes& H = *I.homes;
+  // A sub-group at a time into the homes; each sub-group's parameters are derived from its
+  // master weights as they arrive.
+  auto range = [&](size_t i) { return H.modules()[i].sub_group; };
+  auto write = [&](size_t i, CheckpointPart part, size_t off, size_t count, void* in) -> Status {
+    Module& m = H.module(int(i));
+    const std::string what = fmt::format("loading {} {}", m.name, part_name(part));
+    STRATA_RETURN_IF_ERROR(state_range(H, m, part, off, count, in, /*store=*/true), what);
+    if (part != CheckpointPart::kMaster) return Status::ok();
+    STRATA_CHECK(off % m.sub_group == 0 && count == m.sub_len(off / m.sub_group),
+                 "an unsharded checkpoint range is one whole sub-group");
+    return I.pipeline->write_params(int(i), off / m.sub_group, static_cast<const float*>(in))
+        .with_context(what);
   };
-  auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
-    STRATA_CHECK(b.master == hs.master, "the sink gets the buffers staging handed out");
-    STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "loading " + I.homes->modules()[i].name);
-    return I.pipeline->write_params(int(i), b.master);
-  };
-  return read_checkpoint(path, staging, sink);
+  return read_checkpoint_ranges(path, range, write);
 }
 
 Status TierManager::load_shards(const std::vector<std::string>& paths) {

@@ -243,8 +243,16 @@ Status check_space(const std::string& path, uint64_t need) {
 
 }  // namespace
 
-Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
-                        const CheckpointSource& source) {
+namespace {
+
+// The payload of one module, in file order: emit(bytes) appends the next bytes and their CRC.
+using EmitFn = std::function<Status(const void* data, size_t bytes)>;
+using ModuleWriter = std::function<Status(size_t module, const EmitFn& emit)>;
+
+// The whole write (see the header): temp file, metadata, each module's payload through
+// `write_module`, header last, fsync, rename.
+Status write_checkpoint_with(const std::string& path, const CheckpointMeta& meta,
+                             const ModuleWriter& write_module) {
   const size_t mb = moment_bytes_of(meta.moment_dtype);
   const std::string js = meta_json(meta);
   const std::string tmp = path + ".tmp";
@@ -258,27 +266,13 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
   Status st = write_fully(f.fd, h, kFixedHeader, tmp, &off);
   if (st.is_ok()) st = write_fully(f.fd, js.data(), js.size(), tmp, &off);
   uint32_t pcrc = 0;
-  std::vector<char> zeros;
+  const EmitFn emit = [&](const void* data, size_t bytes) -> Status {
+    pcrc = crc32c(pcrc, data, bytes);
+    return write_fully(f.fd, data, bytes, tmp, &off);
+  };
   for (size_t i = 0; st.is_ok() && i < meta.modules.size(); ++i) {
-    const size_t n = meta.modules[i].numel;
-    CheckpointBuffers b{};
-    st = source(i, &b);
-    if (!st.is_ok()) {
-      st = st.with_context(fmt::format("reading state of module {}", meta.modules[i].name));
-      break;
-    }
-    pcrc = crc32c(pcrc, b.master, n * 4);
-    st = write_fully(f.fd, b.master, n * 4, tmp, &off);
-    for (void* mom : {b.m, b.v}) {
-      if (!st.is_ok()) break;
-      const void* src = mom;
-      if (!src) {
-        zeros.assign(n * mb, 0);
-        src = zeros.data();
-      }
-      pcrc = crc32c(pcrc, src, n * mb);
-      st = write_fully(f.fd, src, n * mb, tmp, &off);
-    }
+    st = write_module(i, emit);
+    if (!st.is_ok()) st = st.with_context(fmt::format("module {}", meta.modules[i].name));
   }
   if (st.is_ok()) {
     std::memcpy(h, kMagic, 8);
@@ -305,6 +299,51 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
     return st.with_context("writing checkpoint");
   }
   return fsync_directory(directory_of(path));
+}
+
+}  // namespace
+
+Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
+                        const CheckpointSource& source) {
+  const size_t mb = moment_bytes_of(meta.moment_dtype);
+  std::vector<char> zeros;
+  return write_checkpoint_with(path, meta, [&](size_t i, const EmitFn& emit) -> Status {
+    const size_t n = meta.modules[i].numel;
+    CheckpointBuffers b{};
+    STRATA_RETURN_IF_ERROR(source(i, &b), "reading its state");
+    STRATA_RETURN_IF_ERROR(emit(b.master, n * 4), "");
+    for (void* mom : {b.m, b.v}) {
+      const void* src = mom;
+      if (!src) {
+        zeros.assign(n * mb, 0);
+        src = zeros.data();
+      }
+      STRATA_RETURN_IF_ERROR(emit(src, n * mb), "");
+    }
+    return Status::ok();
+  });
+}
+
+Status write_checkpoint_ranges(const std::string& path, const CheckpointMeta& meta,
+                               const std::function<size_t(size_t)>& range,
+                               const CheckpointRangeFn& read) {
+  const size_t mb = moment_bytes_of(meta.moment_dtype);
+  std::vector<char> buf;
+  return write_checkpoint_with(path, meta, [&](size_t i, const EmitFn& emit) -> Status {
+    const size_t n = meta.modules[i].numel, r = std::max<size_t>(1, range(i));
+    for (CheckpointPart part :
+         {CheckpointPart::kMaster, CheckpointPart::kFirstMoment, CheckpointPart::kSecondMoment}) {
+      const size_t eb = part == CheckpointPart::kMaster ? 4 : mb;
+      for (size_t o = 0; o < n; o += r) {
+        const size_t c = std::min(r, n - o);
+        buf.resize(c * eb);
+        STRATA_RETURN_IF_ERROR(read(i, part, o, c, buf.data()),
+                               fmt::format("reading elements [{}, {}) of its state", o, o + c));
+        STRATA_RETURN_IF_ERROR(emit(buf.data(), c * eb), "");
+      }
+    }
+    return Status::ok();
+  });
 }
 
 Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
@@ -368,6 +407,53 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
       off += n * mb;
     }
     STRATA_RETURN_IF_ERROR(sink(i, b), "storing module " + meta.modules[i].name);
+  }
+  return Status::ok();
+}
+
+Status read_checkpoint_ranges(const std::string& path, const std::function<size_t(size_t)>& range,
+                              const CheckpointRangeFn& write) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
+  uint64_t plen, start;
+  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f.fd, path, &plen, &start), "reading checkpoint");
+  const CheckpointMeta& meta = mh.first;
+  const size_t mb = moment_bytes_of(meta.moment_dtype);
+  // Pass 1: verify the payload checksum without touching any state.
+  {
+    std::vector<char> chunk(size_t{8} << 20);
+    uint32_t crc = 0;
+    for (uint64_t off = start; off < start + plen;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), start + plen - off));
+      STRATA_RETURN_IF_ERROR(read_all(f.fd, chunk.data(), n, path, off), "");
+      crc = crc32c(crc, chunk.data(), n);
+      off += n;
+    }
+    if (crc != mh.second) {
+      return corrupt(
+          fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
+                      "damaged; resume from an earlier checkpoint",
+                      path, start, start + plen));
+    }
+  }
+  // Pass 2: range by range to `write`.
+  uint64_t off = start;
+  std::vector<char> buf;
+  for (size_t i = 0; i < meta.modules.size(); ++i) {
+    const size_t n = meta.modules[i].numel, r = std::max<size_t>(1, range(i));
+    for (CheckpointPart part :
+         {CheckpointPart::kMaster, CheckpointPart::kFirstMoment, CheckpointPart::kSecondMoment}) {
+      const size_t eb = part == CheckpointPart::kMaster ? 4 : mb;
+      for (size_t o = 0; o < n; o += r) {
+        const size_t c = std::min(r, n - o);
+        buf.resize(c * eb);
+        STRATA_RETURN_IF_ERROR(read_all(f.fd, buf.data(), c * eb, path, off), "");
+        off += c * eb;
+        STRATA_RETURN_IF_ERROR(
+            write(i, part, o, c, buf.data()),
+            fmt::format("storing elements [{}, {}) of module {}", o, o + c, meta.modules[i].name));
+      }
+    }
   }
   return Status::ok();
 }

@@ -108,6 +108,20 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
 Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
                         const std::vector<CheckpointBuffers>& buffers);
 
+// Ranged streaming, so no module has to be in memory whole either: module i's state is three
+// arrays in file order (fp32 master weights, first moments, second moments, `numel` elements
+// each), moved in ranges [offset, offset + count) of at most range(i) elements. The writer asks
+// `read` to fill `data` with each range; the reader verifies the whole checksum first (as
+// read_checkpoint), then hands each range to `write`. Same file format.
+enum class CheckpointPart { kMaster, kFirstMoment, kSecondMoment };
+using CheckpointRangeFn = std::function<Status(size_t module, CheckpointPart part, size_t offset,
+                                               size_t count, void* data)>;
+Status write_checkpoint_ranges(const std::string& path, const CheckpointMeta& meta,
+                               const std::function<size_t(size_t)>& range,
+                               const CheckpointRangeFn& read);
+Status read_checkpoint_ranges(const std::string& path, const std::function<size_t(size_t)>& range,
+                              const CheckpointRangeFn& write);
+
 // Reads and verifies the metadata only (cheap; checks magic, version, sizes, metadata CRC).
 Result<CheckpointMeta> read_checkpoint_meta(const std::string& path);
 
