@@ -32,15 +32,8 @@ std::string temp_dir(const std::string& name) { return test::temp_dir("strata_ho
 
 // configs/tiny-cpu.json (clipping 1.0, AdamW, bf16) for `steps` steps, with overrides.
 Config tiny(const std::string& dir, int steps, const std::vector<std::string>& extra) {
-  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
-                                 "train.steps=" + std::to_string(steps), "train.eval_interval=0",
-                                 "steps_per_print=1000", "scheduler.params.warmup_num_steps=2"};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg =
-      parse_config(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-                   "configs/tiny-cpu.json", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
+  return test::tiny_cpu(
+      dir, {"train.steps=" + std::to_string(steps), "scheduler.params.warmup_num_steps=2"}, extra);
 }
 
 std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optimizer) {

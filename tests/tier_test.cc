@@ -19,6 +19,7 @@
 #include "strata/log.h"
 #include "strata/storage_faults.h"
 #include "tests/test_util.h"
+#include "tests/train_util.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -34,20 +35,13 @@ std::string temp_dir(const std::string& name) { return test::temp_dir("strata_ti
 using test::read_file;
 
 // configs/tiny-cpu.json (README's default job) with overrides.
-Config tiny(const std::string& dir, std::vector<std::string> extra) {
+Config tiny(const std::string& dir, const std::vector<std::string>& extra) {
   // Every case states its placement; the base keeps everything on a roomy device.
-  std::vector<std::string> ov = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
-                                 "train.steps=30",
-                                 "train.eval_interval=0",
-                                 "steps_per_print=1000",
-                                 "device.memory_limit=\"256MiB\"",
-                                 "zero_optimization.offload_param.device=\"none\"",
-                                 "zero_optimization.offload_optimizer.device=\"none\""};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg = parse_config(read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"),
-                          "configs/tiny-cpu.json", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
+  return test::tiny_cpu(dir,
+                        {"train.steps=30", "device.memory_limit=\"256MiB\"",
+                         "zero_optimization.offload_param.device=\"none\"",
+                         "zero_optimization.offload_optimizer.device=\"none\""},
+                        extra);
 }
 
 std::vector<std::string> nvme(const std::string& dir, bool params, bool optimizer) {
