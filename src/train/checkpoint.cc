@@ -363,31 +363,42 @@ Result<CheckpointMeta> read_checkpoint_meta(const std::string& path) {
   return std::move(mh.first);
 }
 
+namespace {
+
+// Opens checkpoint `path` and verifies its payload checksum (pass 1 of the readers: a damaged
+// file is refused before any state changes). `start`: the payload's offset.
+Status open_verified(const std::string& path, Fd* f, CheckpointMeta* meta, uint64_t* start) {
+  f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f->fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
+  uint64_t plen;
+  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f->fd, path, &plen, start), "reading checkpoint");
+  *meta = std::move(mh.first);
+  std::vector<char> chunk(size_t{8} << 20);
+  uint32_t crc = 0;
+  for (uint64_t off = *start; off < *start + plen;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), *start + plen - off));
+    STRATA_RETURN_IF_ERROR(read_all(f->fd, chunk.data(), n, path, off), "");
+    crc = crc32c(crc, chunk.data(), n);
+    off += n;
+  }
+  if (crc != mh.second) {
+    return corrupt(
+        fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
+                    "damaged; resume from an earlier checkpoint",
+                    path, *start, *start + plen));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
                        const CheckpointSink& sink) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
-  uint64_t plen, start;
-  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f.fd, path, &plen, &start), "reading checkpoint");
-  const CheckpointMeta& meta = mh.first;
+  Fd f;
+  CheckpointMeta meta;
+  uint64_t start = 0;
+  STRATA_RETURN_IF_ERROR(open_verified(path, &f, &meta, &start), "");
   const size_t mb = moment_bytes_of(meta.moment_dtype);
-  // Pass 1: verify the payload checksum without touching any state.
-  {
-    std::vector<char> chunk(size_t{8} << 20);
-    uint32_t crc = 0;
-    for (uint64_t off = start; off < start + plen;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), start + plen - off));
-      STRATA_RETURN_IF_ERROR(read_all(f.fd, chunk.data(), n, path, off), "");
-      crc = crc32c(crc, chunk.data(), n);
-      off += n;
-    }
-    if (crc != mh.second) {
-      return corrupt(
-          fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
-                      "damaged; resume from an earlier checkpoint",
-                      path, start, start + plen));
-    }
-  }
   // Pass 2: module by module into staging, then to the sink.
   uint64_t off = start;
   std::vector<char> sinkhole;
@@ -413,29 +424,11 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
 
 Status read_checkpoint_ranges(const std::string& path, const std::function<size_t(size_t)>& range,
                               const CheckpointRangeFn& write) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) return errno_status(errno, fmt::format("opening checkpoint {}", path));
-  uint64_t plen, start;
-  STRATA_ASSIGN_OR_RETURN(auto mh, read_header(f.fd, path, &plen, &start), "reading checkpoint");
-  const CheckpointMeta& meta = mh.first;
+  Fd f;
+  CheckpointMeta meta;
+  uint64_t start = 0;
+  STRATA_RETURN_IF_ERROR(open_verified(path, &f, &meta, &start), "");
   const size_t mb = moment_bytes_of(meta.moment_dtype);
-  // Pass 1: verify the payload checksum without touching any state.
-  {
-    std::vector<char> chunk(size_t{8} << 20);
-    uint32_t crc = 0;
-    for (uint64_t off = start; off < start + plen;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), start + plen - off));
-      STRATA_RETURN_IF_ERROR(read_all(f.fd, chunk.data(), n, path, off), "");
-      crc = crc32c(crc, chunk.data(), n);
-      off += n;
-    }
-    if (crc != mh.second) {
-      return corrupt(
-          fmt::format("{}: payload checksum mismatch (bytes {}..{}): the file is "
-                      "damaged; resume from an earlier checkpoint",
-                      path, start, start + plen));
-    }
-  }
   // Pass 2: range by range to `write`.
   uint64_t off = start;
   std::vector<char> buf;
