@@ -1,5 +1,7 @@
 # The planner and the machine probe (issue #8).
 strata_test(plan_test ${CMAKE_CURRENT_LIST_DIR}/plan_test.cc)
+# The planner against the tier manager's preflight and the trainer's reading of a config.
+strata_test(plan_engine_test ${CMAKE_CURRENT_LIST_DIR}/plan_engine_test.cc)
 # `strata plan` for GPT-3 175B on 8 x 80 GiB answers (a placement or why none fits) at once.
 add_test(NAME plan_cli_gpt3_175b
          COMMAND strata plan --model gpt3-175b --gpus 8 --gpu-mem 80GiB --host-mem 1TiB
