@@ -30,9 +30,9 @@ PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       liburing-dev libaio-dev libopenmpi-dev openmpi-bin
       clang libclang-rt-dev)  # libFuzzer and the sanitizer runtimes for clang
 
-deps() {
+deps() {  # deps [extra packages]: PKGS and these
   local missing=()
-  for p in "${PKGS[@]}"; do
+  for p in "${PKGS[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -107,6 +107,35 @@ fuzz_run() {
     { echo "== FAILED: a fuzz target found a crash or did not run (see above)"; return 1; }
 }
 
+# ThreadSanitizer only sees synchronisation in instrumented code. Debian's libtbb is not: a task
+# that one TBB worker hands to another (parallel_for's range splits, its pooled task objects, the
+# kernels' disjoint slices) looks like a data race, hundreds per test (tier_test's first minute:
+# 150 reports, every one through libtbb.so; no suppression can drop them without also dropping
+# every race inside a parallel kernel). So the TSan build links a libtbb built with
+# -fsanitize=thread from the same oneTBB release as the system's (Debian 12: 2021.8.0; the
+# upstream tarball from Debian's archive, its checksum checked), installed in build-tsan/tbb.
+TBB_VERSION=2021.8.0
+TBB_SHA256=7e9111b8bb59c8800bf6d0b06afe7b0891937443d2dae1ee1101c8e2ede6a7ef
+TBB_URL=http://deb.debian.org/debian/pool/main/o/onetbb/onetbb_${TBB_VERSION}.orig.tar.xz
+tsan_tbb() {
+  local root=$1 src=$1/tbb-src prefix=$1/tbb
+  [ -e "$prefix/lib/cmake/TBB/TBBConfig.cmake" ] && return 0
+  echo "== building oneTBB $TBB_VERSION with -fsanitize=thread into $prefix"
+  rm -rf "$src" "$prefix"
+  mkdir -p "$src"
+  curl -fsSL -o "$src/tbb.tar.xz" "$TBB_URL" || { echo "== FAILED: downloading $TBB_URL"; return 1; }
+  echo "$TBB_SHA256  $src/tbb.tar.xz" | sha256sum -c --quiet - ||
+    { echo "== FAILED: $TBB_URL does not have the expected sha256 $TBB_SHA256"; return 1; }
+  tar -xJf "$src/tbb.tar.xz" -C "$src" --strip-components=1
+  local args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTBB_SANITIZE=thread -DTBB_TEST=OFF
+              -DTBB_STRICT=OFF -DTBBMALLOC_BUILD=OFF -DTBB_DISABLE_HWLOC_AUTOMATIC_SEARCH=ON
+              "-DCMAKE_INSTALL_PREFIX=$prefix")
+  command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  (cd "$src" && configure build "${args[@]}") || return 1
+  build_targets "$src/build" || return 1
+  cmake --install "$src/build" >/dev/null || { echo "== FAILED: installing oneTBB into $prefix"; return 1; }
+}
+
 # Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA, no benchmarks) of the concurrent code's
 # tests, only those five targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
 # to a file under build-<kind>/sanitizer-logs (log_path), from the test binary and from every
@@ -134,6 +163,10 @@ sanitize() {
                 "-DCMAKE_EXE_LINKER_FLAGS=$flags")
     command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     echo "== $kind: $flags"
+    if [ "$kind" = tsan ]; then
+      tsan_tbb "$PWD/build-tsan" || return 1
+      args+=("-DTBB_DIR=$PWD/build-tsan/tbb/lib/cmake/TBB")
+    fi
     configure "build-$kind" "${args[@]}" || return 1
     build_targets "build-$kind" "${targets[@]}" || return 1
     local logs="$PWD/build-$kind/sanitizer-logs" preload=()
@@ -225,7 +258,7 @@ case "$cmd" in
   fuzz)
     deps; fuzz_build "${1:-60}"; fuzz_run "${1:-60}" ;;
   sanitize)
-    deps; sanitize "$@" ;;
+    deps curl xz-utils; sanitize "$@" ;;
   *)
     sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
