@@ -13,7 +13,7 @@
 
 namespace strata {
 
-Status TierManager::init_state(const std::function<void(int, float*)>& init) {
+Status TierManager::init_state(const InitFn& init) {
   Impl& I = *impl_;
   Homes& H = *I.homes;
   for (size_t i = 0; i < H.modules().size(); ++i) {
@@ -22,35 +22,8 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
     if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
     }
-    // The master weights whole (the model initializes a module at once): in their home when the
-    // host can address it, else in a staging buffer written to the home below.
-    PinnedBuffer staged_master;
-    float* master = static_cast<float*>(m.master.ptr());
-    if (H.staged(m.master)) {
-      STRATA_ASSIGN_OR_RETURN(staged_master, H.host_buf(m.master.bytes, "init"),
-                              what + " (staging its master weights)");
-      master = staged_master.as<float>();
-    }
-    if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
-      std::vector<float> full(m.numel);
-      init(int(i), full.data());
-      std::memset(master, 0, m.master.bytes);
-      std::memcpy(master, full.data() + m.off, m.valid * sizeof(float));
-    } else {
-      init(int(i), master);
-    }
-    if (m.master.tier == Tier::kNvme) {
-      for (size_t j = 0; j < m.master.subs.size(); ++j) {  // sub-groups start on 4 KiB
-        STRATA_RETURN_IF_ERROR(
-            H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
-            what + " (writing its master weights)");
-      }
-    } else if (H.staged(m.master)) {  // device memory the host cannot address
-      I.dev.copy_h2d(I.dev.h2d_stream(), m.master.dev, master, m.master.bytes);
-      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
-    }
     // Moments start at zero: NVMe extents are written a sub-group at a time from one zeroed
-    // piece.
+    // piece (returned before the master weights' piece is taken).
     if (m.mom.tier == Tier::kNvme) {
       STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
                               H.host_buf(piece_bytes(m.sub_len(0), m.mom_elem()), "init"),
@@ -70,7 +43,35 @@ Status TierManager::init_state(const std::function<void(int, float*)>& init) {
     } else if (m.gacc.tier != Tier::kNvme) {
       std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
     }
-    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
+    // The master weights: this rank's real elements [m.off, m.off + m.valid) of the module
+    // from `init`, the shard's padding zero. A home the host can address is filled in place;
+    // else a sub-group at a time through one host piece, each written to its home and its
+    // parameters derived before the next.
+    if (!H.staged(m.master)) {
+      float* master = static_cast<float*>(m.master.ptr());
+      if (m.valid > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off, m.valid, master), what);
+      std::fill(master + m.valid, master + m.sn, 0.0f);
+      STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "init"),
+                            what + " (staging its master weights)");
+    float* master = piece.as<float>();
+    for (size_t j = 0; j < m.sub_groups(); ++j) {
+      const size_t a = m.sub_start(j), len = m.sub_len(j);
+      const size_t real = a < m.valid ? std::min(len, m.valid - a) : 0;
+      if (real > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off + a, real, master), what);
+      std::fill(master + real, master + len, 0.0f);
+      if (m.master.tier == Tier::kNvme) {  // a sub-group's extent, from the whole piece
+        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master)),
+                               what + " (writing its master weights)");
+      } else {  // device memory the host cannot address
+        I.dev.copy_h2d(I.dev.h2d_stream(), static_cast<float*>(m.master.dev) + a, master,
+                       len * 4);
+        STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
+      }
+      STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), j, master), what);
+    }
   }
   return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
@@ -265,26 +266,32 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
 uint32_t TierManager::weights_crc() {
   Impl& I = *impl_;
   if (!flush_writes().is_ok()) return 0;
-  uint32_t crc = 0;
+  uint32_t crc = 0;  // CRC32C chains: the real elements in order, whatever the pieces
   for (size_t i = 0; i < I.homes->modules().size(); ++i) {
     Module& m = I.homes->module(int(i));
+    if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
+      return 0;  // the device's optimizer step must have run
+    }
     if (!I.homes->staged(m.master)) {
-      if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
-        return 0;  // the device's optimizer step must have run
-      }
       crc = crc32c(crc, m.master.ptr(), m.valid * 4);
       continue;
     }
-    auto b = I.homes->host_buf(m.master.bytes, "crc");
+    // A sub-group at a time through one host piece.
+    auto b = I.homes->host_buf(piece_bytes(m.sub_len(0), 4), "crc");
     if (!b.is_ok()) return 0;
-    if (m.master.tier == Tier::kNvme) {
-      if (!I.homes->read_master(i, b->as<float>()).is_ok()) return 0;
-    } else {  // device memory the host cannot address
-      I.dev.synchronize(I.dev.compute_stream()).ignore();
-      I.dev.copy_d2h(I.dev.d2h_stream(), b->data(), m.master.dev, m.master.bytes);
-      if (!I.dev.synchronize(I.dev.d2h_stream()).is_ok()) return 0;
+    for (size_t j = 0; j < m.sub_groups() && m.sub_start(j) < m.valid; ++j) {
+      const size_t a = m.sub_start(j), len = m.sub_len(j);
+      if (m.master.tier == Tier::kNvme) {
+        if (!I.homes->io()->wait(I.homes->io()->read(m.master.subs[j], b->data())).is_ok()) {
+          return 0;
+        }
+      } else {  // device memory the host cannot address
+        I.dev.copy_d2h(I.dev.d2h_stream(), b->data(), static_cast<float*>(m.master.dev) + a,
+                       len * 4);
+        if (!I.dev.synchronize(I.dev.d2h_stream()).is_ok()) return 0;
+      }
+      crc = crc32c(crc, b->data(), std::min(len, m.valid - a) * 4);
     }
-    crc = crc32c(crc, b->data(), m.valid * 4);
   }
   return crc;
 }
