@@ -335,7 +335,7 @@ bool LlamaArchitecture::hf_ignorable(const std::string& name) const {
 }
 
 void LlamaArchitecture::init_range(int module, uint64_t seed, size_t begin, size_t count,
-                                 float* out) const {
+                                   float* out) const {
   const ModuleSpec& m = layout_.modules[size_t(module)];
   // Padding rows of the vocabulary (V..Vp-1) start at zero: they never receive gradient.
   const bool vocab = m.name == "embedding" || m.name == "head";

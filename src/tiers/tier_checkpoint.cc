@@ -1,8 +1,12 @@
 // The tier manager's state in and out: fresh initialization, checkpoints (whole or one shard
-// per rank) and the weights' checksum. Checkpoints move state a sub-group at a time through the
-// host tier (NVMe homes are staged a sub-group extent at a time, never a module whole); the
-// init stages one module's master weights (the model initializes a module at once), resharding
-// (load_shards) one module's shard; the parameters are always derived from the master weights.
+// per rank, and resharding the shards of another world size) and the weights' checksum. All of
+// it moves a sub-group at a time: state whose home the host reaches only through staging (NVMe,
+// device memory the host cannot address) goes through one host-tier piece of a sub-group,
+// never a module or a shard whole, so the host need does not grow with a module's width either
+// (the memory model counts the piece: TierNeeds::HostNeed::state_io_staging). The init asks the
+// model for a range of a module's weights at a time (Architecture::init_range,
+// HfCheckpointReader::read_range); the parameters are always derived from the master weights,
+// a sub-group at a time.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -172,8 +176,7 @@ Status TierManager::init_state(const InitFn& init) {
         STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master)),
                                what + " (writing its master weights)");
       } else {  // device memory the host cannot address
-        I.dev.copy_h2d(I.dev.h2d_stream(), static_cast<float*>(m.master.dev) + a, master,
-                       len * 4);
+        I.dev.copy_h2d(I.dev.h2d_stream(), static_cast<float*>(m.master.dev) + a, master, len * 4);
         STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
       }
       STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), j, master), what);
@@ -181,7 +184,6 @@ Status TierManager::init_state(const InitFn& init) {
   }
   return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
 }
-
 
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   Impl& I = *impl_;
