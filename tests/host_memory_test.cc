@@ -329,6 +329,47 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   EXPECT_EQ(max_sub_group_elems(0, 4), kSubGroupAlign);
 }
 
+// State moving in and out of its homes (init, checkpoints, resharding, the weights' checksum)
+// is one sub-group piece, whatever the width: the larger of a sub-group of master weights not
+// homed in host memory and one of NVMe-homed moments; with optimizer state on NVMe it fits in
+// the idle optimizer pipeline's room, else (a GPU's device-homed master weights) it is counted
+// on its own; host-homed state needs none.
+TEST(HostMemoryModel, StateInAndOutIsOneSubGroupPiece) {
+  const uint64_t g = 8192;
+  auto need = [&](int n_embd, Tier master, Tier moments) {
+    ModelConfig mc;
+    mc.n_layer = 2;
+    mc.n_head = 4;
+    mc.n_embd = n_embd;
+    mc.vocab_size = 256;
+    mc.context = 32;
+    auto arch = GptArchitecture::create(mc);
+    EXPECT_TRUE(arch.is_ok());
+    TierOptions to;
+    to.placement = {Tier::kHost, master, moments, Tier::kHost, 1.0};
+    to.nvme_paths = {"/nonexistent"};
+    to.sub_group_elems = g;
+    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    EXPECT_TRUE(n.is_ok()) << n.status().to_string();
+    return *n;
+  };
+  for (int w : {128, 512}) {
+    SCOPED_TRACE(fmt::format("n_embd {}", w));
+    const TierNeeds nvme = need(w, Tier::kNvme, Tier::kNvme);
+    EXPECT_EQ(nvme.host.state_io_staging, g * 8);  // fp32 moments: 8 bytes per element
+    EXPECT_GE(nvme.host.optimizer_staging, nvme.host.state_io_staging);
+    const TierNeeds device = need(w, Tier::kDevice, Tier::kDevice);
+    EXPECT_EQ(device.host.state_io_staging, g * 4);
+    EXPECT_EQ(device.host.optimizer_staging, 0u);
+    const TierNeeds host = need(w, Tier::kHost, Tier::kHost);
+    EXPECT_EQ(host.host.state_io_staging, 0u);
+    // Counted in the staging: the device-homed master weights' piece on top of what host-homed
+    // state needs; inside the optimizer's room with NVMe state.
+    EXPECT_EQ(device.host.staging, host.host.staging + g * 4);
+    EXPECT_EQ(nvme.host.staging - nvme.host.optimizer_staging, host.host.staging);
+  }
+}
+
 // With strata.placement.grads unset and the optimizer state on NVMe, the gradients go to NVMe
 // exactly when the host budget cannot hold them (one rank, no delayed update), else stay on the
 // host.
