@@ -300,7 +300,12 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   to.host_capacity = 64 << 20;
   auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, 0);
   ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
-  ASSERT_TRUE((*tm)->init_state([](int, float* m) { m[0] = 1.0f; }).is_ok());
+  ASSERT_TRUE((*tm)
+                  ->init_state([](int, size_t, size_t n, float* m) {
+                    std::fill(m, m + n, 1.0f);
+                    return Status::ok();
+                  })
+                  .is_ok());
   auto run = [&](std::vector<int> order) {
     (*tm)->begin_phase("x");
     for (int m : order) {

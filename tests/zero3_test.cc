@@ -659,6 +659,48 @@ TEST(Zero3Reshard, ThreeRanksResumeOnThreeTwoAndOne) {
   fs::remove_all(dir);
 }
 
+// Resharding in pieces: a 2-rank checkpoint of a model whose blocks are larger than the host
+// tier (width 512: a block's fp32 master weights are 12.6 MB), resumed on one rank with
+// everything on NVMe under a 10 MiB host budget. Each old shard's ranges are stored a sub-group
+// at a time (64K elements, ~48 per block) and the parameters derived so; the run goes on bit
+// for bit as the same resume under a 1 GiB budget. (Staging this rank's whole shard of master
+// weights and moments, the resume failed: "asking for 12.03 MiB ... of its 10.00 MiB budget".)
+TEST(Zero3Reshard, ModulesLargerThanTheHostBudgetReshardInPieces) {
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("reshard_wide");
+  const std::vector<std::string> wide = {"model.n_embd=512", "device.memory_limit=\"64MiB\"",
+                                         "zero_optimization.sub_group_size=2048"};
+  std::string sets;
+  for (const auto& kv : wide) sets += " --set '" + kv + "'";
+  const std::string two = dir + "/two";
+  fs::create_directories(two);
+  const int steps = 4, stop = 2;
+  Launch l = launch(2, fmt::format("{} nvme {} --stop-at {}{}", two, steps, stop, sets));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  const std::string ckpt = rank_result(two, 0)["checkpoint"].get<std::string>();
+  ASSERT_TRUE(fs::exists(ckpt + ".rank1-of-2")) << ckpt;
+  std::vector<json> runs;
+  for (const char* limit : {"1GiB", "10MiB"}) {
+    WorkerArgs a;
+    a.out = dir + "/one_" + limit;
+    a.placement = "nvme";
+    a.steps = steps;
+    a.resume = ckpt;
+    a.set = wide;
+    a.set.push_back("strata.placement.grads=\"nvme\"");
+    a.set.push_back(fmt::format("strata.host_memory_limit=\"{}\"", limit));
+    fs::create_directories(a.out);
+    Status s = run_worker(a);
+    ASSERT_TRUE(s.is_ok()) << limit << ": " << s.to_string();
+    runs.push_back(rank_result(a.out, 0));
+  }
+  ASSERT_EQ(runs[0]["start_step"], stop);
+  ASSERT_EQ(runs[0]["losses"].size(), size_t(steps - stop));
+  EXPECT_EQ(runs[1]["losses"], runs[0]["losses"]);  // bit for bit: the same doubles
+  EXPECT_LE(runs[1]["tiers"]["host"]["peak"].get<size_t>(), size_t(10) << 20);
+  fs::remove_all(dir);
+}
+
 // A rank that stops answering: the others fail their next collective after the timeout with a
 // message naming the silent rank, exit non-zero, and mpirun ends the job.
 TEST(Zero3Fault, RankThatHangsMakesTheOthersExitWithinTheTimeout) {

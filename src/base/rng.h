@@ -13,7 +13,15 @@ class Rng {
  public:
   Rng(uint64_t seed, uint64_t stream) : state_(mix(seed ^ mix(stream + 0x632be59bd9b4e019ull))) {}
 
-  uint64_t next_u64() { return mix(state_ += 0x9e3779b97f4a7c15ull); }
+  uint64_t next_u64() { return mix(state_ += kGamma); }
+  // Advances the stream as if next_u64() had been called n times (O(1): SplitMix64's state
+  // moves by a constant per draw), and drops a spare normal. normal() draws two uniforms per
+  // pair of values, so the k-th normal of a fresh stream is: discard(k / 2 * 2), then for an
+  // odd k one normal() thrown away.
+  void discard(uint64_t n) {
+    state_ += n * kGamma;
+    has_spare_ = false;
+  }
   // Uniform in [0, 1) with 53 bits.
   double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
   // Uniform integer in [0, n).
@@ -38,6 +46,7 @@ class Rng {
   }
 
  private:
+  static constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
   uint64_t state_;
   double spare_ = 0.0;
   bool has_spare_ = false;

@@ -156,28 +156,61 @@ Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::
   return r;
 }
 
-Status HfCheckpointReader::read_module(int m, float* master) const {
+namespace {
+
+// Elements [first, first + n) of tensor t, as a tensor of their own (a byte range of its data).
+SafetensorsTensor elements(const SafetensorsTensor& t, size_t first, size_t n) {
+  SafetensorsTensor r = t;
+  const uint64_t eb = dtype_size(t.dtype);
+  r.offset += first * eb;
+  r.bytes = n * eb;
+  r.shape = {int64_t(n)};
+  return r;
+}
+
+}  // namespace
+
+Status HfCheckpointReader::read_range(int m, size_t begin, size_t count, float* out) const {
   const ModuleSpec& spec = arch_->layout().modules[size_t(m)];
+  STRATA_CHECK(begin + count <= spec.numel, "a range past the module's end");
   // Padding rows and anything not in the checkpoint are zero.
-  std::fill(master, master + spec.numel, 0.0f);
+  std::fill(out, out + count, 0.0f);
+  const size_t end = begin + count;
   std::vector<float> tmp;
   for (const Located& loc : modules_[size_t(m)]) {
-    float* dst = master + spec.tensors[size_t(loc.hf.tensor)].offset;
+    const size_t t0 = spec.tensors[size_t(loc.hf.tensor)].offset, n = loc.tensor.numel();
+    const size_t lo = std::max(begin, t0), hi = std::min(end, t0 + n);
+    if (lo >= hi) continue;
+    float* dst = out + (lo - begin);
     if (!loc.hf.transposed) {
-      STRATA_RETURN_IF_ERROR(loc.file->read_as(loc.tensor, DType::kF32, dst),
-                             "model.from_pretrained");
+      STRATA_RETURN_IF_ERROR(
+          loc.file->read_as(elements(loc.tensor, lo - t0, hi - lo), DType::kF32, dst),
+          "model.from_pretrained");
       continue;
     }
-    // Stored [in, out]; strata keeps [out, in].
-    const size_t in = size_t(loc.tensor.shape[0]), out = size_t(loc.tensor.shape[1]);
-    tmp.resize(in * out);
-    STRATA_RETURN_IF_ERROR(loc.file->read_as(loc.tensor, DType::kF32, tmp.data()),
-                           "model.from_pretrained");
-    for (size_t i = 0; i < in; ++i) {
-      for (size_t o = 0; o < out; ++o) dst[o * in + i] = tmp[i * out + o];
+    // Stored [in, out]; strata keeps [out, in]: element o * in + i is stored at i * out + o. The
+    // range needs strata's rows [o0, o1), columns [o0, o1) of every stored row.
+    const size_t in = size_t(loc.tensor.shape[0]), cols = size_t(loc.tensor.shape[1]);
+    const size_t e0 = lo - t0, e1 = hi - t0, o0 = e0 / in, o1 = (e1 - 1) / in + 1;
+    const size_t rows = o1 - o0;
+    tmp.resize(in * rows);  // tmp[i * rows + (o - o0)]
+    if (rows == cols) {
+      STRATA_RETURN_IF_ERROR(loc.file->read_as(loc.tensor, DType::kF32, tmp.data()),
+                             "model.from_pretrained");
+    } else {
+      for (size_t i = 0; i < in; ++i) {
+        STRATA_RETURN_IF_ERROR(loc.file->read_as(elements(loc.tensor, i * cols + o0, rows),
+                                                 DType::kF32, tmp.data() + i * rows),
+                               "model.from_pretrained");
+      }
     }
+    for (size_t e = e0; e < e1; ++e) dst[e - e0] = tmp[(e % in) * rows + (e / in - o0)];
   }
   return Status::ok();
+}
+
+Status HfCheckpointReader::read_module(int m, float* master) const {
+  return read_range(m, 0, arch_->layout().modules[size_t(m)].numel, master);
 }
 
 }  // namespace strata

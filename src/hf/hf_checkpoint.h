@@ -9,12 +9,13 @@
 // BF16), and that no file holds a tensor the model does not read (other than the buffers
 // Architecture::hf_ignorable names). Each error names the tensor, the file and the byte offset.
 //
-// read_module() then reads one module's tensors, converts them to fp32, transposes GPT-2's
-// Conv1D weights and zero-fills the vocabulary's padding rows: a model streams module by module
-// into its homes (device, host or NVMe) through TierManager::init_state, and never needs more
-// than one module in memory.
+// read_range() then reads a range of one module's elements from its tensors' bytes (safetensors
+// data is random access: pread of the range), converts them to fp32, transposes GPT-2's Conv1D
+// weights and zero-fills the vocabulary's padding rows: a model streams a sub-group at a time
+// into its homes (device, host or NVMe) through TierManager::init_state, and never needs a
+// whole module in memory.
 //
-// Thread safety: after open(), read_module() may be called from several threads at once.
+// Thread safety: after open(), read_range() may be called from several threads at once.
 #pragma once
 
 #include <memory>
@@ -35,7 +36,11 @@ class HfCheckpointReader {
   static Result<std::unique_ptr<HfCheckpointReader>> open(const std::string& dir,
                                                           const Architecture& arch);
 
-  // Fills module m's master weights (fp32, the module's numel elements).
+  // Fills out[0, count) with elements [begin, begin + count) of module m's master weights
+  // (fp32, in strata's layout: a transposed tensor's range is gathered from the stored columns,
+  // one read per stored row unless the range covers the whole tensor).
+  Status read_range(int m, size_t begin, size_t count, float* out) const;
+  // The whole module (its numel elements).
   Status read_module(int m, float* master) const;
 
   // The bytes of weights the checkpoint holds (all files, the tensors read).

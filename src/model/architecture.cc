@@ -5,10 +5,41 @@
 #include <algorithm>
 #include <vector>
 
+#include "src/base/rng.h"
 #include "src/model/gpt2.h"
 #include "src/model/llama.h"
 
 namespace strata {
+
+void Architecture::init_module(int m, uint64_t seed, float* master) const {
+  init_range(m, seed, 0, layout().modules[size_t(m)].numel, master);
+}
+
+void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, size_t zero_begin,
+                       size_t zero_end, size_t begin, size_t count, float* out) {
+  const size_t end = begin + count;
+  std::fill(out, out + count, 0.0f);
+  uint64_t normals = 0;  // drawn by the tensors before t
+  for (const TensorSpec& t : spec.tensors) {
+    const size_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo < hi) {
+      float* p = out + (lo - begin);
+      if (t.init_kind == 0) {
+        // The k-th normal of the stream: pairs of uniforms give a cos and a sin value.
+        const uint64_t k = normals + (lo - t.offset);
+        Rng rng(seed, stream);
+        rng.discard(k / 2 * 2);
+        if (k % 2) rng.normal();
+        for (size_t i = 0; i < hi - lo; ++i) p[i] = static_cast<float>(rng.normal()) * t.init_std;
+      } else {
+        std::fill(p, p + (hi - lo), t.init_kind == 2 ? 1.0f : 0.0f);
+      }
+    }
+    if (t.init_kind == 0) normals += t.numel;
+  }
+  const size_t zlo = std::max(begin, zero_begin), zhi = std::min(end, zero_end);
+  if (zlo < zhi) std::fill(out + (zlo - begin), out + (zhi - begin), 0.0f);
+}
 
 size_t program_peak_bytes(const Program& program, const std::function<size_t(int)>& param_bytes,
                           const std::function<size_t(int)>& grad_bytes, int* live_modules) {

@@ -233,9 +233,14 @@ class Architecture {
   virtual ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode,
                                           bool fused_attention = true) const = 0;
   virtual FlopsPerToken flops_per_token(int T, ActivationMode mode) const = 0;
-  // Fills `master` (fp32, module m's numel) with the initial weights, deterministically from
-  // (seed, m).
-  virtual void init_module(int m, uint64_t seed, float* master) const = 0;
+  // Fills out[0, count) with elements [begin, begin + count) of module m's initial fp32 master
+  // weights, deterministically from (seed, m): the same values whatever ranges a module is
+  // filled in and in whatever order, at the cost of the range's own elements (the random
+  // streams skip ahead), so a module much larger than host memory's share for it is initialized
+  // a piece at a time (TierManager::init_state).
+  virtual void init_range(int m, uint64_t seed, size_t begin, size_t count, float* out) const = 0;
+  // The whole module: init_range(m, seed, 0, numel, master).
+  void init_module(int m, uint64_t seed, float* master) const;
 
   // The Hugging Face tensors module m is made of, in the module's order.
   virtual std::vector<HfTensor> hf_tensors(int m) const = 0;
@@ -253,6 +258,14 @@ class Architecture {
       Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
       ActivationStore* store = nullptr) const = 0;
 };
+
+// init_range for a module whose init_kind 0 tensors draw, in the module's tensor order, from one
+// stream of normals Rng(seed, stream) (the stream continues from one tensor into the next),
+// kind 1 tensors are zeros and kind 2 ones, and elements [zero_begin, zero_end) are then zero
+// (a vocabulary's padding rows, drawn and overwritten). Elements no tensor covers are zero. The
+// implementation GptArchitecture and LlamaArchitecture share.
+void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, size_t zero_begin,
+                       size_t zero_end, size_t begin, size_t count, float* out);
 
 // The architecture model.type names ("gpt2", "gpt" its alias; "llama"), with the config's
 // shape.

@@ -56,7 +56,7 @@ class GptArchitecture final : public Architecture {
   // GPT-2's initialization: normal(0, 0.02); projections feeding the residual stream
   // (attprojw, fcprojw) std 0.02/sqrt(2L); norms' weights one, biases zero; the padding rows of
   // the vocabulary (V..Vp-1) zero (they never receive gradient).
-  void init_module(int m, uint64_t seed, float* master) const override;
+  void init_range(int m, uint64_t seed, size_t begin, size_t count, float* out) const override;
   // Hugging Face's GPT2LMHeadModel names ("transformer.h.<i>.attn.c_attn.weight", or without the
   // "transformer." prefix); its Conv1D weights are stored transposed. wpe holds model.context
   // rows: a checkpoint's positions beyond it are not read.

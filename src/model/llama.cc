@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "src/base/rng.h"
 #include "src/model/decoder_runner.h"
 #include "strata/kernels.h"
 
@@ -335,21 +334,15 @@ bool LlamaArchitecture::hf_ignorable(const std::string& name) const {
   return shape_.tied && name == "lm_head.weight";
 }
 
-void LlamaArchitecture::init_module(int module, uint64_t seed, float* master) const {
+void LlamaArchitecture::init_range(int module, uint64_t seed, size_t begin, size_t count,
+                                   float* out) const {
   const ModuleSpec& m = layout_.modules[size_t(module)];
-  Rng rng(seed, 0x11a3a + static_cast<uint64_t>(module));
-  for (const TensorSpec& t : m.tensors) {
-    float* p = master + t.offset;
-    if (t.init_kind == 0) {
-      for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<float>(rng.normal()) * t.init_std;
-    } else {
-      std::fill(p, p + t.numel, t.init_kind == 2 ? 1.0f : 0.0f);
-    }
-  }
-  if (m.name == "embedding" || m.name == "head") {
-    const size_t C = shape_.C;
-    std::fill(master + size_t(shape_.V) * C, master + size_t(shape_.Vp) * C, 0.0f);
-  }
+  // Padding rows of the vocabulary (V..Vp-1) start at zero: they never receive gradient.
+  const bool vocab = m.name == "embedding" || m.name == "head";
+  const size_t C = shape_.C;
+  init_module_range(m, seed, 0x11a3a + static_cast<uint64_t>(module),
+                    vocab ? size_t(shape_.V) * C : 0, vocab ? size_t(shape_.Vp) * C : 0, begin,
+                    count, out);
 }
 
 bool LlamaArchitecture::fused_attention(const Kernels& kernels, DType dt) const {

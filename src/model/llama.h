@@ -65,7 +65,7 @@ class LlamaArchitecture final : public Architecture {
   FlopsPerToken flops_per_token(int T, ActivationMode mode) const override;
   // Hugging Face's LlamaPreTrainedModel initialization: every matrix normal(0, 0.02), norms'
   // weights one, biases zero; the vocabulary's padding rows (V..Vp-1) zero.
-  void init_module(int m, uint64_t seed, float* master) const override;
+  void init_range(int m, uint64_t seed, size_t begin, size_t count, float* out) const override;
   // Hugging Face's names (model.embed_tokens.weight, model.layers.<i>.self_attn.q_proj.weight,
   // ..., model.norm.weight, lm_head.weight), all stored as strata keeps them.
   std::vector<HfTensor> hf_tensors(int m) const override;

@@ -12,7 +12,7 @@
 //
 // The step is asynchronous: it runs in compute-stream order, so the next forward sees the new
 // parameters and the next step's drains wait for it; anything that reads the state on the host
-// first synchronizes the compute stream (Homes::host_state, Speculation::undo).
+// first synchronizes the compute stream (checkpoints, the weights' checksum, Speculation::undo).
 //
 // On a device the host cannot address (CUDA), the optimizer under backward leaves such modules
 // to the pass after backward when it would need undo state (clipping or fp16: the host copy of

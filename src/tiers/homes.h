@@ -63,14 +63,6 @@ struct Module {
   size_t mom_elem() const { return sn ? mom.bytes / sn : 0; }
 };
 
-// Module i's master weights and moments in host memory: their homes when host-visible, else
-// staging buffers from the host tier.
-struct HostState {
-  PinnedBuffer mst, mom;  // staging, when the home is NVMe
-  float* master = nullptr;
-  char* moments = nullptr;
-};
-
 class Homes {
  public:
   // Builds the host tier (an arena of `arena_bytes`), the NVMe tier when `swap` is given, and
@@ -93,17 +85,8 @@ class Homes {
   // buffers come back as copies and writes finish) and tries again, twice.
   Result<PinnedBuffer> host_buf(size_t bytes, const char* what);
 
-  // Module i's master and moments in host memory (`out`, the whole module: moments first then
-  // second); NVMe homes, and device homes on a device the host cannot address, are staged
-  // through the host tier, and read first when `read`. Device-homed state is read after the
-  // compute stream's work so far (the device's optimizer step). write_back() stores staged
-  // state to its NVMe or device homes. Sub-groups are gathered from and scattered to their
-  // extents.
-  Status host_state(size_t i, bool read, const char* what, HostState* out);
-  Status write_back(size_t i, const HostState& st);
-  // Reads module i's NVMe-homed master weights (all sub-groups) into `master` (sn floats).
-  Status read_master(size_t i, float* master);
-  // Whether `h` is reached through a host staging buffer (host_state).
+  // Whether `h` is reached through a host staging buffer (an NVMe home, or device memory the
+  // host cannot address): such state moves through the host a sub-group piece at a time.
   bool staged(const Home& h) const {
     return h.tier == Tier::kNvme || (h.tier == Tier::kDevice && !dev_.host_addressable());
   }

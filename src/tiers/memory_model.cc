@@ -113,6 +113,14 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
       max_opt = std::max(max_opt, round_up(len * mst_e, 4096) + round_up(len * mom_e, 4096));
     }
+    if (m.master.tier != Tier::kHost && m.master.bytes > 0) {
+      n.host.state_io_staging =
+          std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), mst_e));
+    }
+    if (m.moments.tier == Tier::kNvme && m.moments.bytes > 0) {
+      n.host.state_io_staging =
+          std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), mom_e));
+    }
   }
 
   // Device: the most parameter-cache copies (none for device-homed parameters
@@ -159,13 +167,14 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
 
   // Host: parameter pieces (the NVMe fetch ring, the new parameters' staging); the optimizer
   // pipeline holds `buffer_count` sub-groups being read and as many being written, one being
-  // stepped; gradient landing buffers.
+  // stepped (or, while it is idle, state moving in or out holds one piece); gradient landing
+  // buffers.
   n.host.param_fetch_staging = kFetchStagingPieces * max_nvme_piece;
   n.host.param_publish_staging =
       publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
-  n.host.staging += n.host.optimizer_staging;
+  n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
   // Gradients on NVMe: GradSpill's landing and staging buffers, and the sub-group the optimizer
   // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
   n.host.grad_staging = 3 * max_gsub;

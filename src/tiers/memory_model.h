@@ -132,6 +132,13 @@ struct TierNeeds {
     // on the host, or off the device and stepped by the device's optimizer).
     size_t param_fetch_staging = 0;
     size_t param_publish_staging = 0;
+    // Of staging: state moving in and out of its homes (init, checkpoint save and load,
+    // resharding, the weights' checksum) a sub-group at a time through one host piece: master
+    // weights not homed in host memory (NVMe, or device memory the host may not address: a
+    // GPU's; the CPU backend's needs none), moments on NVMe. These run while the optimizer
+    // pipeline is idle and share its room: staging counts the larger of optimizer_staging and
+    // this.
+    size_t state_io_staging = 0;
     size_t param_shadows = 0;  // delayed update: one parameter copy per module
     size_t stash = 0;          // strata.activations = offload: the block-input buffers
     // Not in total(): undo copies of every module's master weights and moments (the optimizer

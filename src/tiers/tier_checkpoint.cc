@@ -1,10 +1,15 @@
 // The tier manager's state in and out: fresh initialization, checkpoints (whole or one shard
-// per rank) and the weights' checksum. Checkpoints move state a sub-group at a time through the
-// host tier (NVMe homes are staged a sub-group extent at a time, never a module whole); the
-// init stages one module's master weights (the model initializes a module at once), resharding
-// (load_shards) one module's shard; the parameters are always derived from the master weights.
+// per rank, and resharding the shards of another world size) and the weights' checksum. All of
+// it moves a sub-group at a time: state whose home the host reaches only through staging (NVMe,
+// device memory the host cannot address) goes through one host-tier piece of a sub-group,
+// never a module or a shard whole, so the host need does not grow with a module's width either
+// (the memory model counts the piece: TierNeeds::HostNeed::state_io_staging). The init asks the
+// model for a range of a module's weights at a time (Architecture::init_range,
+// HfCheckpointReader::read_range); the parameters are always derived from the master weights,
+// a sub-group at a time.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -13,75 +18,14 @@
 
 namespace strata {
 
-Status TierManager::init_state(const std::function<void(int, float*)>& init) {
-  Impl& I = *impl_;
-  Homes& H = *I.homes;
-  for (size_t i = 0; i < H.modules().size(); ++i) {
-    Module& m = H.module(int(i));
-    const std::string what = "initializing " + m.name;
-    if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
-      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
-    }
-    // The master weights whole (the model initializes a module at once): in their home when the
-    // host can address it, else in a staging buffer written to the home below.
-    PinnedBuffer staged_master;
-    float* master = static_cast<float*>(m.master.ptr());
-    if (H.staged(m.master)) {
-      STRATA_ASSIGN_OR_RETURN(staged_master, H.host_buf(m.master.bytes, "init"),
-                              what + " (staging its master weights)");
-      master = staged_master.as<float>();
-    }
-    if (I.sharded) {  // the whole module's init, of which this rank keeps its shard
-      std::vector<float> full(m.numel);
-      init(int(i), full.data());
-      std::memset(master, 0, m.master.bytes);
-      std::memcpy(master, full.data() + m.off, m.valid * sizeof(float));
-    } else {
-      init(int(i), master);
-    }
-    if (m.master.tier == Tier::kNvme) {
-      for (size_t j = 0; j < m.master.subs.size(); ++j) {  // sub-groups start on 4 KiB
-        STRATA_RETURN_IF_ERROR(
-            H.io()->wait(H.io()->write(m.master.subs[j], master + m.sub_start(j))),
-            what + " (writing its master weights)");
-      }
-    } else if (H.staged(m.master)) {  // device memory the host cannot address
-      I.dev.copy_h2d(I.dev.h2d_stream(), m.master.dev, master, m.master.bytes);
-      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
-    }
-    // Moments start at zero: NVMe extents are written a sub-group at a time from one zeroed
-    // piece.
-    if (m.mom.tier == Tier::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
-                              H.host_buf(piece_bytes(m.sub_len(0), m.mom_elem()), "init"),
-                              what + " (staging its moments)");
-      std::memset(zeros.data(), 0, zeros.size());
-      for (const SwapExtent& e : m.mom.subs) {
-        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(e, zeros.data())),
-                               what + " (writing its moments)");
-      }
-    } else if (H.staged(m.mom)) {
-      I.dev.memset_zero(I.dev.compute_stream(), m.mom.dev, m.mom.bytes);
-    } else {
-      std::memset(m.mom.ptr(), 0, m.mom.bytes);
-    }
-    if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
-      I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
-    } else if (m.gacc.tier != Tier::kNvme) {
-      std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
-    }
-    STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
-  }
-  return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
-}
-
 namespace {
 
 // Elements [off, off + count) of `part` of module m's state (a range within one sub-group) from
 // its home into `data`, or with `store` from `data` into its home. NVMe homes go through a
-// host-tier piece of the sub-group's extent (read first unless the whole first half of a
-// sub-group's moments or its whole master weights are stored); device memory the host cannot
-// address is copied.
+// host-tier piece of the sub-group's extent, read first unless a sub-group's whole master
+// weights or whole first moments are stored (the second half of the extent is then not kept:
+// a caller storing whole first moments stores the same sub-group's second moments next, as
+// the checkpoint files' order has it); device memory the host cannot address is copied.
 Status state_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t count, void* data,
                    bool store) {
   Device& dev = H.device();
@@ -104,9 +48,10 @@ Status state_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t 
     dev.copy_d2h(dev.d2h_stream(), bytes, p, count * eb);
     return dev.synchronize(dev.d2h_stream());
   }
-  const size_t j = off / m.sub_group, len = m.sub_len(j);
-  STRATA_CHECK(off == m.sub_start(j) && count <= len, "a checkpoint range spans sub-groups");
-  const size_t in = part == CheckpointPart::kSecondMoment ? len : 0;  // the extent's layout
+  const size_t j = off / m.sub_group, len = m.sub_len(j), r = off - m.sub_start(j);
+  STRATA_CHECK(r + count <= len, "a state range spans sub-groups");
+  // The extent's layout: the sub-group's first moments, then its second.
+  const size_t in = (part == CheckpointPart::kSecondMoment ? len : 0) + r;
   STRATA_ASSIGN_OR_RETURN(
       PinnedBuffer b, H.host_buf(piece_bytes(len, master ? 4 : m.mom_elem()), "checkpoint staging"),
       "staging a sub-group");
@@ -123,6 +68,66 @@ Status state_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t 
   return io->wait(io->write(e, b.data())).with_context("writing its home");
 }
 
+// Stores `part` for elements [off, off + count) of the shard, any range: state_range per
+// sub-group it touches.
+Status store_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t count,
+                   const void* data) {
+  const size_t eb = part == CheckpointPart::kMaster ? 4 : m.mom_elem() / 2;
+  const char* bytes = static_cast<const char*>(data);
+  for (size_t x = off; x < off + count;) {
+    const size_t j = x / m.sub_group, e = std::min(off + count, m.sub_start(j) + m.sub_len(j));
+    STRATA_RETURN_IF_ERROR(state_range(H, m, part, x, e - x,
+                                       const_cast<char*>(bytes + (x - off) * eb), /*store=*/true),
+                           fmt::format("sub-group {}", j));
+    x = e;
+  }
+  return Status::ok();
+}
+
+// Home h of module m (elem_bytes per element) all zero: NVMe extents written a sub-group at a
+// time from one zeroed host piece; device memory the host cannot address cleared on the
+// compute stream (ordered before any later use of it there).
+Status zero_home(Homes& H, Module& m, Home& h, size_t elem_bytes) {
+  Device& dev = H.device();
+  if (h.tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
+                            H.host_buf(piece_bytes(m.sub_len(0), elem_bytes), "zeroing state"),
+                            "staging zeros");
+    std::memset(zeros.data(), 0, zeros.size());
+    for (const SwapExtent& e : h.subs) {
+      STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(e, zeros.data())), "writing zeros");
+    }
+  } else if (H.staged(h)) {
+    dev.memset_zero(dev.compute_stream(), h.dev, h.bytes);
+  } else {
+    std::memset(h.ptr(), 0, h.bytes);
+  }
+  return Status::ok();
+}
+
+// Sub-group j's master weights in host memory: in their home when the host can address it,
+// else read (NVMe) or copied (device memory) into `piece` (a host-tier buffer of one
+// sub-group, taken on first use).
+Result<const float*> master_sub_group(Homes& H, Module& m, size_t j, PinnedBuffer* piece) {
+  const size_t a = m.sub_start(j), len = m.sub_len(j);
+  if (!H.staged(m.master)) return static_cast<const float*>(m.master.ptr()) + a;
+  if (piece->size() == 0) {
+    STRATA_ASSIGN_OR_RETURN(*piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "master staging"),
+                            "staging " + m.name + " master weights");
+  }
+  if (m.master.tier == Tier::kNvme) {
+    STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->read(m.master.subs[j], piece->data())),
+                           fmt::format("reading {} master weights (sub-group {})", m.name, j));
+  } else {  // device memory the host cannot address
+    Device& dev = H.device();
+    STRATA_RETURN_IF_ERROR(dev.synchronize(dev.compute_stream()), "");
+    dev.copy_d2h(dev.d2h_stream(), piece->data(), static_cast<float*>(m.master.dev) + a, len * 4);
+    STRATA_RETURN_IF_ERROR(dev.synchronize(dev.d2h_stream()),
+                           "copying " + m.name + " master weights from the device");
+  }
+  return piece->as<float>();
+}
+
 const char* part_name(CheckpointPart p) {
   return p == CheckpointPart::kMaster        ? "master weights"
          : p == CheckpointPart::kFirstMoment ? "first moments"
@@ -130,6 +135,55 @@ const char* part_name(CheckpointPart p) {
 }
 
 }  // namespace
+
+Status TierManager::init_state(const InitFn& init) {
+  Impl& I = *impl_;
+  Homes& H = *I.homes;
+  for (size_t i = 0; i < H.modules().size(); ++i) {
+    Module& m = H.module(int(i));
+    const std::string what = "initializing " + m.name;
+    if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
+      STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
+    }
+    // Moments start at zero (NVMe: from one zeroed piece, returned before the master weights'
+    // piece is taken).
+    STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem()), what + " (its moments)");
+    if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
+      I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
+    } else if (m.gacc.tier != Tier::kNvme) {
+      std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+    }
+    // The master weights: this rank's real elements [m.off, m.off + m.valid) of the module
+    // from `init`, the shard's padding zero. A home the host can address is filled in place;
+    // else a sub-group at a time through one host piece, each written to its home and its
+    // parameters derived before the next.
+    if (!H.staged(m.master)) {
+      float* master = static_cast<float*>(m.master.ptr());
+      if (m.valid > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off, m.valid, master), what);
+      std::fill(master + m.valid, master + m.sn, 0.0f);
+      STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(PinnedBuffer piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "init"),
+                            what + " (staging its master weights)");
+    float* master = piece.as<float>();
+    for (size_t j = 0; j < m.sub_groups(); ++j) {
+      const size_t a = m.sub_start(j), len = m.sub_len(j);
+      const size_t real = a < m.valid ? std::min(len, m.valid - a) : 0;
+      if (real > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off + a, real, master), what);
+      std::fill(master + real, master + len, 0.0f);
+      if (m.master.tier == Tier::kNvme) {  // a sub-group's extent, from the whole piece
+        STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master)),
+                               what + " (writing its master weights)");
+      } else {  // device memory the host cannot address
+        I.dev.copy_h2d(I.dev.h2d_stream(), static_cast<float*>(m.master.dev) + a, master, len * 4);
+        STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), what);
+      }
+      STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), j, master), what);
+    }
+  }
+  return I.dev.synchronize(I.dev.compute_stream()).with_context("initializing the state");
+}
 
 Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   Impl& I = *impl_;
@@ -179,38 +233,27 @@ Status TierManager::load(const std::string& path) {
 
 Status TierManager::load_shards(const std::vector<std::string>& paths) {
   Impl& I = *impl_;
-  std::vector<Module>& mods = I.homes->modules();
-  const size_t M = mods.size(), mb = dtype_size(I.mdt);
+  Homes& H = *I.homes;
+  std::vector<Module>& mods = H.modules();
+  const size_t M = mods.size();
   std::vector<size_t> covered(M, 0);
-  // This rank's master and moments of module i in host memory (NVMe homes are read into
-  // staging and written back: read-modify-write per old file).
-  auto with_state = [&](size_t i, bool read, bool write,
-                        const std::function<void(float*, char*)>& fn) -> Status {
-    HostState hs;
-    STRATA_RETURN_IF_ERROR(I.homes->host_state(i, read, "checkpoint staging", &hs),
-                           read ? "reading the shard" : "staging the shard");
-    fn(hs.master, hs.moments);
-    if (write) STRATA_RETURN_IF_ERROR(I.homes->write_back(i, hs), "writing the shard back");
-    return Status::ok();
-  };
   STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
-  for (size_t i = 0; i < M; ++i) {  // padding and anything not covered start at zero
-    STRATA_RETURN_IF_ERROR(with_state(i, false, true,
-                                      [&](float* master, char* moments) {
-                                        std::memset(master, 0, mods[i].master.bytes);
-                                        std::memset(moments, 0, mods[i].mom.bytes);
-                                      }),
-                           "clearing " + mods[i].name);
+  // Device-resident state may still be stepped by the device's optimizer (compute stream).
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before loading");
+  // Padding and anything not covered start at zero.
+  for (Module& m : mods) {
+    STRATA_RETURN_IF_ERROR(zero_home(H, m, m.master, 4), "clearing " + m.name + " master weights");
+    STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem()), "clearing " + m.name + " moments");
   }
+  // Device memory is cleared on the compute stream; the loads below copy on the h2d stream.
+  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "clearing the state");
   for (const auto& path : paths) {
     STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(path), "loading shards");
     if (meta.modules.size() != M) {
       return invalid_argument(
           fmt::format("{}: {} modules, the model has {}", path, meta.modules.size(), M));
     }
-    std::vector<float> st_master;
-    std::vector<char> st_m, st_v;
-    auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
+    for (size_t i = 0; i < M; ++i) {
       const size_t n = meta.modules[i].numel;
       // n == 0: a shard that is all padding (its offset may lie past the end).
       if (meta.modules[i].name != mods[i].name ||
@@ -220,44 +263,39 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
             i, meta.modules[i].name, meta.modules[i].offset, meta.modules[i].offset + n,
             mods[i].name, mods[i].numel));
       }
-      st_master.resize(n);
-      st_m.resize(n * mb);
-      st_v.resize(n * mb);
-      *out = {st_master.data(), st_m.data(), st_v.data(), mb};
-      return Status::ok();
-    };
-    auto sink = [&](size_t i, const CheckpointBuffers& b) -> Status {
+    }
+    // Each range of the old shard (a sub-group's worth of elements at a time) goes to the
+    // part of it this rank owns: the overlap of [o_lo, o_hi) with [m.off, m.off + m.valid).
+    auto range = [&](size_t i) { return mods[i].sub_group; };
+    auto write = [&](size_t i, CheckpointPart part, size_t off, size_t count, void* in) -> Status {
       Module& m = mods[i];
-      const size_t o_lo = meta.modules[i].offset, o_hi = o_lo + meta.modules[i].numel;
-      const size_t lo = std::max(o_lo, m.off), hi = std::min(o_hi, m.off + m.valid);
+      const size_t eb = part == CheckpointPart::kMaster ? 4 : m.mom_elem() / 2;
+      const size_t o_lo = meta.modules[i].offset + off;  // module elements [o_lo, o_lo + count)
+      const size_t lo = std::max(o_lo, m.off), hi = std::min(o_lo + count, m.off + m.valid);
       if (lo >= hi) return Status::ok();
-      covered[i] += hi - lo;
-      return with_state(
-                 i, true, true,
-                 [&](float* master, char* moments) {
-                   std::memcpy(master + (lo - m.off), b.master + (lo - o_lo), (hi - lo) * 4);
-                   std::memcpy(moments + (lo - m.off) * mb,
-                               static_cast<const char*>(b.m) + (lo - o_lo) * mb, (hi - lo) * mb);
-                   std::memcpy(moments + (m.sn + lo - m.off) * mb,
-                               static_cast<const char*>(b.v) + (lo - o_lo) * mb, (hi - lo) * mb);
-                 })
-          .with_context("loading " + m.name);
+      if (part == CheckpointPart::kMaster) covered[i] += hi - lo;
+      return store_range(H, m, part, lo - m.off, hi - lo,
+                         static_cast<const char*>(in) + (lo - o_lo) * eb)
+          .with_context(fmt::format("loading {} {}", m.name, part_name(part)));
     };
-    STRATA_RETURN_IF_ERROR(read_checkpoint(path, staging, sink), "");  // names the path
+    STRATA_RETURN_IF_ERROR(read_checkpoint_ranges(path, range, write), "");  // names the path
   }
   for (size_t i = 0; i < M; ++i) {
-    if (covered[i] != mods[i].valid) {
+    Module& m = mods[i];
+    if (covered[i] != m.valid) {
       return invalid_argument(fmt::format(
           "checkpoint files {} hold {} of the {} elements of {} this rank owns; a shard file "
           "is missing or duplicated (resume from the manifest strata train wrote)",
-          paths.front(), covered[i], mods[i].valid, mods[i].name));
+          paths.front(), covered[i], m.valid, m.name));
     }
-    Status ws;
-    STRATA_RETURN_IF_ERROR(
-        with_state(i, true, false,
-                   [&](float* master, char*) { ws = I.pipeline->write_params(int(i), master); }),
-        "reading " + mods[i].name);
-    STRATA_RETURN_IF_ERROR(ws, "deriving " + mods[i].name + " parameters");
+    // The parameters, derived a sub-group at a time from the loaded master weights.
+    PinnedBuffer piece;
+    for (size_t j = 0; j < m.sub_groups(); ++j) {
+      STRATA_ASSIGN_OR_RETURN(const float* master, master_sub_group(H, m, j, &piece),
+                              "reading " + m.name);
+      STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), j, master),
+                             "deriving " + m.name + " parameters");
+    }
   }
   return Status::ok();
 }
@@ -265,26 +303,22 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
 uint32_t TierManager::weights_crc() {
   Impl& I = *impl_;
   if (!flush_writes().is_ok()) return 0;
-  uint32_t crc = 0;
+  uint32_t crc = 0;  // CRC32C chains: the real elements in order, whatever the pieces
   for (size_t i = 0; i < I.homes->modules().size(); ++i) {
     Module& m = I.homes->module(int(i));
+    if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
+      return 0;  // the device's optimizer step must have run
+    }
     if (!I.homes->staged(m.master)) {
-      if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
-        return 0;  // the device's optimizer step must have run
-      }
       crc = crc32c(crc, m.master.ptr(), m.valid * 4);
       continue;
     }
-    auto b = I.homes->host_buf(m.master.bytes, "crc");
-    if (!b.is_ok()) return 0;
-    if (m.master.tier == Tier::kNvme) {
-      if (!I.homes->read_master(i, b->as<float>()).is_ok()) return 0;
-    } else {  // device memory the host cannot address
-      I.dev.synchronize(I.dev.compute_stream()).ignore();
-      I.dev.copy_d2h(I.dev.d2h_stream(), b->data(), m.master.dev, m.master.bytes);
-      if (!I.dev.synchronize(I.dev.d2h_stream()).is_ok()) return 0;
+    PinnedBuffer piece;  // a sub-group at a time
+    for (size_t j = 0; j < m.sub_groups() && m.sub_start(j) < m.valid; ++j) {
+      auto master = master_sub_group(*I.homes, m, j, &piece);
+      if (!master.is_ok()) return 0;
+      crc = crc32c(crc, *master, std::min(m.sub_len(j), m.valid - m.sub_start(j)) * 4);
     }
-    crc = crc32c(crc, b->data(), m.valid * 4);
   }
   return crc;
 }

@@ -102,9 +102,16 @@ class TierManager : public ActivationStore {
                                                      size_t activation_bytes);
   ~TierManager();
 
-  // Fresh state: init(m, master) fills module m's fp32 master weights; moments start at zero;
-  // the low-precision parameters are derived and written to their homes.
-  Status init_state(const std::function<void(int, float*)>& init);
+  // Fresh state: init(m, begin, count, out) fills out[0, count) with elements [begin, begin +
+  // count) of module m's fp32 master weights (Architecture::init_range,
+  // HfCheckpointReader::read_range), and its failure ends the init. It is asked for this
+  // rank's real elements of each module only (its shard's, sharded), modules in order and
+  // ranges in increasing order: the whole shard at once into a home the host can address, else
+  // one sub-group at a time into one host piece (so the host never holds a module's master
+  // weights whole). The shard's padding is zero; moments start at zero; the low-precision
+  // parameters are derived (a sub-group at a time) and written to their homes.
+  using InitFn = std::function<Status(int m, size_t begin, size_t count, float* out)>;
+  Status init_state(const InitFn& init);
 
   // --- one step -------------------------------------------------------------------------
   void begin_phase(const std::string& phase);  // "train" or "eval": one trace per phase
@@ -178,7 +185,8 @@ class TierManager : public ActivationStore {
   // the old ranks' files in rank order), reading each once and copying the overlap of each
   // old shard with this rank's shard, so 3 ranks can resume on 2 or on 1.
   Status load_shards(const std::vector<std::string>& paths);
-  // CRC32C of this rank's fp32 master weights (its shards' real elements).
+  // CRC32C of this rank's fp32 master weights (its shards' real elements), read a sub-group at
+  // a time from homes the host cannot address; 0 when they cannot be read.
   uint32_t weights_crc();
   int world_size() const;
   int rank() const;

@@ -372,19 +372,19 @@ Status Run::init_or_resume() {
   }
   if (!opts_.resume.empty()) return Status::ok();
   if (cfg_.model.from_pretrained.empty()) {
-    return tm_->init_state(
-        [&](int m, float* master) { arch_->init_module(m, cfg_.train.seed, master); });
+    return tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
+      arch_->init_range(m, cfg_.train.seed, begin, count, out);
+      return Status::ok();
+    });
   }
-  // Hugging Face weights, validated first, then streamed module by module into their homes.
+  // Hugging Face weights, validated first, then streamed range by range into their homes.
   const auto t0 = Clock::now();
   STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_),
                           "");
-  Status read;
-  STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, float* master) {
-    if (read.is_ok()) read = hf->read_module(m, master);
+  STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
+    return hf->read_range(m, begin, count, out);
   }),
                          "model.from_pretrained");
-  STRATA_RETURN_IF_ERROR(read, "");
   log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
            double(hf->bytes()) / 1e6, seconds_since(t0));
   return Status::ok();
