@@ -274,7 +274,8 @@ std::vector<Key> build_table() {
         "and moments in pieces of at most this many (rounded down to a multiple of 2048), and "
         "at most what keeps its host staging (2 x offload_optimizer.buffer_count + 1 pieces) "
         "within 1/8 of the host budget (strata.host_memory_limit); parameter fetches, their "
-        "write-back and checkpoints move in pieces of the same size"));
+        "write-back, the initial weights (random or model.from_pretrained), checkpoints, "
+        "resharding and the weights' checksum move in pieces of the same size"));
   add(F("zero_optimization.stage3_prefetch_bucket_size", Size(),
         STRATA_M(zero.stage3_prefetch_bucket_size),
         "elements fetched ahead of use (auto: 0.9 n_embd^2)", nullptr, kAuto));
