@@ -8,7 +8,8 @@
 #   tools/dev.sh fuzz [SECONDS]                libFuzzer+ASan+UBSan (clang) targets of the parsers
 #                                              in build-fuzz, each run SECONDS (default 60)
 #   tools/dev.sh sanitize [asan|tsan]          tier, overlap, storage, I/O worker and ZeRO-3 tests
-#                                              under ASan+UBSan (build-asan) and TSan (build-tsan)
+#                                              under ASan+UBSan (build-asan) and TSan (build-tsan;
+#                                              its libtbb built with TSan: downloaded once)
 #   tools/dev.sh deps | build                  just that step
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
