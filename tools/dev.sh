@@ -261,7 +261,7 @@ case "$cmd" in
   sanitize)
     deps curl xz-utils; sanitize "$@" ;;
   *)
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
