@@ -9,6 +9,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "src/base/rng.h"
 #include "src/model/gpt2.h"
@@ -55,6 +58,27 @@ std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optim
     ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
   }
   return ov;
+}
+
+// Trains `steps` steps of `tiny` with `base` under a roomy host limit (1 GiB) and under
+// `budget`, in subdirectories of `dir`, and expects the same loss at every step and the same
+// final weights: {roomy, tight}.
+std::pair<TrainResult, TrainResult> roomy_and_tight(const std::string& dir, int steps,
+                                                    const std::vector<std::string>& base,
+                                                    size_t budget) {
+  TrainResult roomy, tight;
+  for (size_t limit : {size_t(1) << 30, budget}) {
+    std::vector<std::string> ov = base;
+    ov.push_back(fmt::format("strata.host_memory_limit={}", limit));
+    const TrainResult r = test::must_train(tiny(fmt::format("{}/{}", dir, limit), steps, ov));
+    EXPECT_EQ(r.losses.size(), size_t(steps));
+    (limit == budget ? tight : roomy) = r;
+  }
+  for (size_t s = 0; s < size_t(steps) && s < tight.losses.size() && s < roomy.losses.size(); ++s) {
+    EXPECT_EQ(tight.losses[s], roomy.losses[s]) << "loss differs at step " << s + 1;
+  }
+  EXPECT_EQ(tight.weights_crc, roomy.weights_crc) << "0: the checksum could not read them";
+  return {roomy, tight};
 }
 
 struct Schedule {
@@ -415,22 +439,10 @@ TEST(GradsDefault, TheEnginePutsThemOnNvmeUnderASmallBudget) {
   const size_t with_host = needs(Tier::kHost), with_nvme = needs(Tier::kNvme);
   ASSERT_GT(with_host, with_nvme);
   const size_t budget = (with_host + with_nvme) / 2 / 4096 * 4096;  // the arena is whole pages
-  const int steps = 3;
-  TrainResult roomy, tight;
-  for (size_t limit : {size_t(1) << 30, budget}) {
-    std::vector<std::string> ov = base;
-    ov.push_back(fmt::format("strata.host_memory_limit={}", limit));
-    const TrainResult r = test::must_train(tiny(fmt::format("{}/{}", dir, limit), steps, ov));
-    ASSERT_EQ(r.losses.size(), size_t(steps));
-    (limit == budget ? tight : roomy) = r;
-  }
+  const auto [roomy, tight] = roomy_and_tight(dir, 3, base, budget);
   EXPECT_LE(test::tier(tight, "host").capacity, budget);
   EXPECT_LT(test::tier(tight, "host").peak, test::tier(roomy, "host").peak);
   EXPECT_GT(test::tier(tight, "nvme").bytes_in, test::tier(roomy, "nvme").bytes_in);
-  for (size_t s = 0; s < size_t(steps); ++s) {
-    ASSERT_EQ(tight.losses[s], roomy.losses[s]) << "loss differs at step " << s + 1;
-  }
-  EXPECT_EQ(tight.weights_crc, roomy.weights_crc);
   fs::remove_all(dir);
 }
 
@@ -514,23 +526,11 @@ TEST(ModulePieces, ModuleLargerThanTheHostBudgetInitializesAndTrainsBitIdentical
   base.push_back("model.n_embd=512");
   base.push_back("device.memory_limit=\"64MiB\"");
   const size_t budget = size_t(10) << 20;
-  const int steps = 2;
-  TrainResult roomy, tight;
-  for (size_t limit : {size_t(1) << 30, budget}) {
-    std::vector<std::string> ov = base;
-    ov.push_back(fmt::format("strata.host_memory_limit={}", limit));
-    const TrainResult r = test::must_train(tiny(fmt::format("{}/{}", dir, limit), steps, ov));
-    ASSERT_EQ(r.losses.size(), size_t(steps));
-    (limit == budget ? tight : roomy) = r;
-  }
+  const auto [roomy, tight] = roomy_and_tight(dir, 2, base, budget);
   const size_t block_master = size_t(12) * 512 * 512 * 4;
   EXPECT_LE(test::tier(tight, "host").capacity, budget);
   EXPECT_LT(test::tier(tight, "host").peak, block_master);
-  for (size_t s = 0; s < size_t(steps); ++s) {
-    ASSERT_EQ(tight.losses[s], roomy.losses[s]) << "loss differs at step " << s + 1;
-  }
   EXPECT_NE(roomy.weights_crc, 0u);
-  EXPECT_EQ(tight.weights_crc, roomy.weights_crc) << "0: the checksum could not read them";
   fs::remove_all(dir);
 }
 
