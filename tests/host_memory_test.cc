@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,19 @@ std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optim
     ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
   }
   return ov;
+}
+
+// A small GPT for the memory model's tests (nothing is trained): 4 heads.
+std::unique_ptr<GptArchitecture> small_gpt(int layers, int n_embd, int vocab, int context) {
+  ModelConfig mc;
+  mc.n_layer = layers;
+  mc.n_head = 4;
+  mc.n_embd = n_embd;
+  mc.vocab_size = vocab;
+  mc.context = context;
+  auto arch = GptArchitecture::create(mc);
+  EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
+  return arch.is_ok() ? std::move(*arch) : nullptr;
 }
 
 // Trains `steps` steps of `tiny` with `base` under a roomy host limit (1 GiB) and under
@@ -276,19 +290,13 @@ TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
   size_t host = 0, nvme = 0;
   for (int layers : {2, 8, 32}) {
     SCOPED_TRACE(fmt::format("{} layers", layers));
-    ModelConfig mc;
-    mc.n_layer = layers;
-    mc.n_head = 4;
-    mc.n_embd = 256;
-    mc.vocab_size = 512;
-    mc.context = 64;
-    auto arch = GptArchitecture::create(mc);
-    ASSERT_TRUE(arch.is_ok());
+    auto arch = small_gpt(layers, 256, 512, 64);
+    ASSERT_NE(arch, nullptr);
     TierOptions to;
     to.placement = {Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme, 1.0};
     to.nvme_paths = {"/nonexistent"};
     to.sub_group_elems = 65536;
-    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    auto n = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
     ASSERT_TRUE(n.is_ok()) << n.status().to_string();
     EXPECT_EQ(n->host.state, 0u);
     EXPECT_GT(n->host.grad_staging, 0u);
@@ -306,14 +314,7 @@ TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
 TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   const int mc_layers = 2;
   auto need = [&](int n_embd, uint64_t sub_group) {
-    ModelConfig mc;
-    mc.n_layer = mc_layers;
-    mc.n_head = 4;
-    mc.n_embd = n_embd;
-    mc.vocab_size = 256;
-    mc.context = 32;
-    auto arch = GptArchitecture::create(mc);
-    EXPECT_TRUE(arch.is_ok());
+    auto arch = small_gpt(mc_layers, n_embd, 256, 32);
     TierOptions to;
     to.placement.params = Tier::kNvme;
     to.placement.master = to.placement.moments = Tier::kNvme;
@@ -321,7 +322,7 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
     to.nvme_paths = {"/nonexistent"};
     to.buffer_count = 4;
     to.sub_group_elems = sub_group;
-    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    auto n = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
     EXPECT_TRUE(n.is_ok()) << n.status().to_string();
     return *n;
   };
@@ -361,19 +362,12 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
 TEST(HostMemoryModel, StateInAndOutIsOneSubGroupPiece) {
   const uint64_t g = 8192;
   auto need = [&](int n_embd, Tier master, Tier moments) {
-    ModelConfig mc;
-    mc.n_layer = 2;
-    mc.n_head = 4;
-    mc.n_embd = n_embd;
-    mc.vocab_size = 256;
-    mc.context = 32;
-    auto arch = GptArchitecture::create(mc);
-    EXPECT_TRUE(arch.is_ok());
+    auto arch = small_gpt(2, n_embd, 256, 32);
     TierOptions to;
     to.placement = {Tier::kHost, master, moments, Tier::kHost, 1.0};
     to.nvme_paths = {"/nonexistent"};
     to.sub_group_elems = g;
-    auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+    auto n = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
     EXPECT_TRUE(n.is_ok()) << n.status().to_string();
     return *n;
   };
