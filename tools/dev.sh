@@ -71,8 +71,10 @@ build_targets() {
 
 build() {
   local args=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+  command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   if [ -x /usr/local/cuda/bin/nvcc ]; then
     args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+    command -v ccache >/dev/null && args+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     [ "${CI:-}" = "true" ] && args+=(-DSTRATA_CUDA_ARCHITECTURES=90)
   fi
   # shellcheck disable=SC2206
