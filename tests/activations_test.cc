@@ -59,7 +59,7 @@ using test::must_train;
 using test::tier;
 
 ActivationSizes sizes_of(const Config& cfg, ActivationMode mode, bool fused_attention = true) {
-  auto arch = GptArchitecture::create(cfg.model);
+  auto arch = create_gpt2(cfg.model);
   EXPECT_TRUE(arch.is_ok());
   return (*arch)->activation_plan(int(cfg.train_micro_batch_size_per_gpu), cfg.data.seq_len,
                                   cfg.model.dtype, mode, fused_attention);
@@ -117,7 +117,7 @@ TEST_F(ActivationsTest, FusedAttentionCarvesNoTimesTSquare) {
   cfg.model.type = "llama";
   cfg.model.num_key_value_heads = 2;
   cfg.model.intermediate_size = 256;
-  auto arch = LlamaArchitecture::create(cfg.model);
+  auto arch = create_llama(cfg.model);
   ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
   const auto fused = (*arch)->activation_plan(4, 64, DType::kBF16, ActivationMode::kKeep, true);
   const auto plain = (*arch)->activation_plan(4, 64, DType::kBF16, ActivationMode::kKeep, false);
@@ -262,7 +262,7 @@ TEST(ActivationStore, RoundTripCountsAndRefusals) {
   mc.n_embd = 32;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;

@@ -62,14 +62,14 @@ std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optim
 }
 
 // A small GPT for the memory model's tests (nothing is trained): 4 heads.
-std::unique_ptr<GptArchitecture> small_gpt(int layers, int n_embd, int vocab, int context) {
+std::unique_ptr<Architecture> small_gpt(int layers, int n_embd, int vocab, int context) {
   ModelConfig mc;
   mc.n_layer = layers;
   mc.n_head = 4;
   mc.n_embd = n_embd;
   mc.vocab_size = vocab;
   mc.context = context;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
   return arch.is_ok() ? std::move(*arch) : nullptr;
 }
@@ -421,7 +421,7 @@ TEST(GradsDefault, TheEnginePutsThemOnNvmeUnderASmallBudget) {
   base.push_back("device.memory_limit=\"64MiB\"");
   auto needs = [&](Tier grads) {
     Config cfg = tiny(dir + "/probe", 3, base);
-    auto arch = GptArchitecture::create(cfg.model);
+    auto arch = create_gpt2(cfg.model);
     EXPECT_TRUE(arch.is_ok());
     TierOptions to = TierOptions::from_config(cfg, DType::kBF16);
     to.placement = {Tier::kNvme, Tier::kNvme, Tier::kNvme, grads, 1.0};

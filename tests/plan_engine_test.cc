@@ -76,7 +76,7 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
       mc.vocab_size = 100;
       mc.context = 32;
       mc.tied_embeddings = c.tied;
-      auto arch = GptArchitecture::create(mc);
+      auto arch = create_gpt2(mc);
       ASSERT_TRUE(arch.is_ok());
       PlanRequest r = small_request();
       r.model = {"t", 2, 64, 2, 100, 32, "", c.tied};

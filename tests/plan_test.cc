@@ -51,7 +51,7 @@ TEST(Plan, ParamCountMatchesModelLayoutOnRandomShapes) {
     mc.n_layer = 1 + int(rng() % 6);
     mc.vocab_size = 2 + int(rng() % 1000);
     mc.context = 1 + int(rng() % 300);
-    auto arch = GptArchitecture::create(mc);
+    auto arch = create_gpt2(mc);
     ASSERT_TRUE(arch.is_ok());
     ModelShape m{"r", mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, mc.context, ""};
     EXPECT_EQ(model_params(m), (*arch)->layout().num_params()) << mc.n_layer << "x" << mc.n_embd;
@@ -106,7 +106,7 @@ TEST(Plan, HandComputedDeviceBytesOneLayer) {
   mc.n_embd = 64;
   mc.vocab_size = 64;
   mc.context = 64;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   EXPECT_EQ(o->device.activations,
             (*arch)->activation_plan(1, 64, DType::kBF16, ActivationMode::kKeep).bytes);

@@ -139,16 +139,16 @@ TEST(Model, LayoutIsFlatPerModule) {
   mc.n_embd = 64;
   mc.vocab_size = 100;
   mc.context = 16;
-  auto a = GptArchitecture::create(mc);
+  auto a = create_gpt2(mc);
   ASSERT_TRUE(a.is_ok());
-  EXPECT_EQ((*a)->shape().Vp, 128);
+  EXPECT_EQ((*a)->shape().padded_vocab_size, 128);
   const ModelLayout& l = (*a)->layout();
   EXPECT_EQ(l.modules.size(), 5u);  // embedding, 3 blocks, final norm (tied head)
   const size_t C = 64;
   EXPECT_EQ(l.modules[1].numel, 12 * C * C + 13 * C);
   EXPECT_EQ(l.num_params(), 128 * C + 16 * C + 3 * (12 * C * C + 13 * C) + 2 * C);
   mc.n_head = 5;
-  EXPECT_FALSE(GptArchitecture::create(mc).is_ok());
+  EXPECT_FALSE(create_gpt2(mc).is_ok());
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ TEST_F(TierTest, PlacementsTrainBitIdenticallyWithinCapacity) {
   // A device limit where only two modules' parameters and gradients fit beside the
   // activations: every block must be fetched and evicted again each pass.
   Config base = tiny(dir, {});
-  auto arch = GptArchitecture::create(base.model);
+  auto arch = create_gpt2(base.model);
   ASSERT_TRUE(arch.is_ok());
   const int B = int(base.train_micro_batch_size_per_gpu), T = base.model.context;
   const size_t block = (*arch)->layout().modules[1].numel;
@@ -292,7 +292,7 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   mc.n_embd = 32;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
@@ -354,7 +354,7 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
   mc.n_embd = 64;
   mc.vocab_size = 64;
   mc.context = 16;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = Tier::kHost;
@@ -415,7 +415,7 @@ TEST(MemoryModel, ZeroPlusPlusBuffersAreCountedPerSwitch) {
   mc.n_embd = 64;
   mc.vocab_size = 100;
   mc.context = 16;
-  auto arch = GptArchitecture::create(mc);
+  auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
   to.placement.params = to.placement.master = to.placement.moments = to.placement.grads =

@@ -11,6 +11,12 @@
 
 namespace strata {
 
+size_t ModelLayout::num_params() const {
+  size_t n = 0;
+  for (const auto& m : modules) n += m.numel;
+  return n;
+}
+
 void Architecture::init_module(int m, uint64_t seed, float* master) const {
   init_range(m, seed, 0, layout().modules[size_t(m)].numel, master);
 }
@@ -111,12 +117,12 @@ Result<ActivationMode> parse_activation_mode(const std::string& name) {
 
 Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& config) {
   if (config.type == "gpt2" || config.type == "gpt") {
-    STRATA_ASSIGN_OR_RETURN(auto a, GptArchitecture::create(config), "model");
-    return std::unique_ptr<Architecture>(std::move(a));
+    STRATA_ASSIGN_OR_RETURN(auto a, create_gpt2(config), "model");
+    return a;
   }
   if (config.type == "llama") {
-    STRATA_ASSIGN_OR_RETURN(auto a, LlamaArchitecture::create(config), "model");
-    return std::unique_ptr<Architecture>(std::move(a));
+    STRATA_ASSIGN_OR_RETURN(auto a, create_llama(config), "model");
+    return a;
   }
   return invalid_argument(
       fmt::format("model.type: \"{}\" is not a known architecture (gpt2, llama)", config.type));

@@ -12,7 +12,8 @@
 //   ModelRunner    one batch shape's device state (activations, token buffers) and the compute
 //                  steps of the program, enqueued on the device's compute stream.
 //
-// gpt2.h and llama.h implement it. create_architecture() picks one from model.type.
+// Every model so far is a decoder: src/model/decoder.h is the skeleton, gpt2.h and llama.h its
+// block definitions. create_architecture() picks one from model.type.
 //
 // Thread safety: an Architecture is immutable after creation and may be shared. A ModelRunner
 // is driven by one host thread; its compute steps only enqueue work.
@@ -210,6 +211,10 @@ class Architecture {
   virtual ~Architecture() = default;
   virtual const std::string& name() const = 0;  // model.type: "gpt2", "llama"
   virtual const ModelLayout& layout() const = 0;
+  // The model's shape: the config's model section with what it leaves to "auto" resolved
+  // (padded_vocab_size, num_key_value_heads). The one description of a shape the config, the
+  // planner and the models share.
+  virtual const ModelConfig& shape() const = 0;
   // A one-line human description for the log ("GPT 4 layers, ...: 0.83M params in 6 modules").
   virtual std::string describe() const = 0;
   // The shape as a string that a checkpoint records and a resume compares (stable across
@@ -262,8 +267,7 @@ class Architecture {
 // init_range for a module whose init_kind 0 tensors draw, in the module's tensor order, from one
 // stream of normals Rng(seed, stream) (the stream continues from one tensor into the next),
 // kind 1 tensors are zeros and kind 2 ones, and elements [zero_begin, zero_end) are then zero
-// (a vocabulary's padding rows, drawn and overwritten). Elements no tensor covers are zero. The
-// implementation GptArchitecture and LlamaArchitecture share.
+// (a vocabulary's padding rows, drawn and overwritten). Elements no tensor covers are zero.
 void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, size_t zero_begin,
                        size_t zero_end, size_t begin, size_t count, float* out);
 

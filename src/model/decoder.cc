@@ -1,0 +1,124 @@
+#include "src/model/decoder.h"
+
+#include <fmt/format.h>
+
+namespace strata {
+
+void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
+  const int E = s.embedding(), F = s.final_norm(), H = s.head();
+  using K = ProgramOp;
+  auto state = [](Program& p, ProgramOp::Kind k, int m) { p.ops.push_back({k, m, -1, -1}); };
+  auto run = [](Program& p, int fn, int layer = -1) {
+    p.ops.push_back({ProgramOp::kCompute, -1, fn, layer});
+  };
+  for (Program* p : {train, eval}) {
+    state(*p, K::kAcquireParams, E);
+    run(*p, kEmbeddingForward);
+    state(*p, K::kReleaseParams, E);
+    for (int l = 0; l < s.L; ++l) {
+      state(*p, K::kAcquireParams, s.block(l));
+      run(*p, kBlockForward, l);
+      state(*p, K::kReleaseParams, s.block(l));
+    }
+    // The head keeps the final norm and the (tied) embedding acquired through its backward.
+    state(*p, K::kAcquireParams, F);
+    state(*p, K::kAcquireParams, H);
+    run(*p, kHeadForward);
+  }
+  state(*eval, K::kReleaseParams, F);
+  state(*eval, K::kReleaseParams, H);
+
+  // Backward: each module's gradients leave the device as soon as its backward is done. A tied
+  // embedding's gradient buffer collects the head's and the embedding's parts.
+  Program& p = *train;
+  state(p, K::kAcquireGrads, F);
+  state(p, K::kAcquireGrads, H);
+  run(p, kHeadBackward);
+  state(p, K::kReleaseParams, F);
+  state(p, K::kReleaseParams, H);
+  state(p, K::kDrainGrads, F);
+  if (H != E) state(p, K::kDrainGrads, H);
+  for (int l = s.L - 1; l >= 0; --l) {
+    state(p, K::kAcquireParams, s.block(l));
+    state(p, K::kAcquireGrads, s.block(l));
+    run(p, kBlockBackward, l);
+    state(p, K::kReleaseParams, s.block(l));
+    state(p, K::kDrainGrads, s.block(l));
+  }
+  if (H != E) state(p, K::kAcquireGrads, E);
+  run(p, kEmbeddingBackward);
+  state(p, K::kDrainGrads, E);
+}
+
+Result<ModelConfig> decoder_shape(const ModelConfig& config) {
+  ModelConfig s = config;
+  if (s.padded_vocab_size <= 0) s.padded_vocab_size = (s.vocab_size + 63) / 64 * 64;
+  if (s.num_key_value_heads <= 0) s.num_key_value_heads = s.n_head;
+  if (s.n_layer < 1 || s.n_head < 1 || s.n_embd < 1 || s.vocab_size < 2 || s.context < 1) {
+    return invalid_argument("model: n_layer, n_head, n_embd, context must be >= 1, vocab >= 2");
+  }
+  if (s.n_embd % s.n_head != 0) {
+    return invalid_argument(
+        fmt::format("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head));
+  }
+  if (s.padded_vocab_size < s.vocab_size) {
+    return invalid_argument(
+        fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size {}",
+                    s.padded_vocab_size, s.vocab_size));
+  }
+  return s;
+}
+
+ModelLayout decoder_layout(const ModelConfig& s, const std::function<void(ModuleSpec&)>& embedding,
+                           const std::function<void(ModuleSpec&)>& block,
+                           const std::function<void(ModuleSpec&)>& final_norm) {
+  ModelLayout layout;
+  ModuleSpec emb{"embedding", {}, 0};
+  embedding(emb);
+  layout.modules.push_back(std::move(emb));
+  for (int i = 0; i < s.n_layer; ++i) {
+    ModuleSpec b{fmt::format("block.{}", i), {}, 0};
+    block(b);
+    layout.modules.push_back(std::move(b));
+  }
+  ModuleSpec fn{"final_norm", {}, 0};
+  final_norm(fn);
+  layout.modules.push_back(std::move(fn));
+  if (!s.tied_embeddings) {
+    ModuleSpec h{"head", {}, 0};
+    add_tensor(h, "lm_head", size_t(s.padded_vocab_size) * size_t(s.n_embd), 0);
+    layout.modules.push_back(std::move(h));
+  }
+  return layout;
+}
+
+void decoder_init_range(const ModelConfig& s, const ModuleSpec& m, uint64_t stream, uint64_t seed,
+                        size_t begin, size_t count, float* out) {
+  // Padding rows of the vocabulary (V..Vp-1) start at zero: they never receive gradient.
+  const bool vocab = m.name == "embedding" || m.name == "head";
+  const size_t C = size_t(s.n_embd);
+  init_module_range(m, seed, stream, vocab ? size_t(s.vocab_size) * C : 0,
+                    vocab ? size_t(s.padded_vocab_size) * C : 0, begin, count, out);
+}
+
+Status check_decoder_runner(const ModelConfig& s, int T, ActivationMode mode,
+                            const ActivationStore* store) {
+  if (T > s.context) {
+    return invalid_argument(fmt::format("data.seq_len: {} exceeds model.context {}", T, s.context));
+  }
+  if (mode == ActivationMode::kOffload && store == nullptr) {
+    return invalid_argument(
+        "strata.activations: offload needs an activation store (the tier manager's host tier)");
+  }
+  return Status::ok();
+}
+
+size_t tensor_offset(const ModuleSpec& m, const std::string& name) {
+  for (const TensorSpec& t : m.tensors) {
+    if (t.name == name) return t.offset;
+  }
+  STRATA_CHECK(false, "a decoder block without the tensor its part reads");
+  return 0;
+}
+
+}  // namespace strata

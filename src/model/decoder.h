@@ -1,0 +1,546 @@
+// The decoder skeleton: what every decoder-only model in strata is, with the parts that differ
+// left to a block definition. A model (src/model/gpt2.h, src/model/llama.h) is a `Blocks` type
+// plugged into `Decoder<Blocks>`; the skeleton owns everything else:
+//
+//   modules     "embedding", "block.<i>" (i < model.n_layer), "final_norm", and "head" (the
+//               output projection lm_head [Vp, C], normal(0, 0.02)) unless model.tied_embeddings
+//               (DecoderModules gives their indices)
+//   programs    the training and eval program over those modules (decoder_programs)
+//   a block     pre-norm residual: x + attention(norm1(x)), then that + mlp(norm2(that))
+//   the head    final norm, logits = lm_head x, fused cross-entropy and its gradient
+//   activations one device arena carved per batch shape, the block inputs kept, recomputed or
+//               offloaded per strata.activations (the offload stash and restore slots)
+//   runner      compute dispatch, token upload, the loss copy, create_runner
+//   init        init_module_range over the model's tensors, one random stream per module
+//
+// A block definition says what a norm, an attention and an MLP are (their tensors, their
+// activations, their kernels), what the embedding is, its Hugging Face names and its FLOPs. A
+// third architecture is a third `Blocks` type (see docs/ARCHITECTURE.md for the files it
+// touches). The requirements, as `Decoder` uses them (BatchDims and DecoderStep below):
+//
+//   static constexpr const char* kType;       model.type ("gpt2", "llama")
+//   static constexpr uint64_t kInitStream;    module m draws from random stream kInitStream + m
+//   static Status check(const ModelConfig&);  shape checks beyond the skeleton's (L, NH, C, V,
+//                                             context >= 1; C % NH == 0; Vp >= V), naming keys
+//   explicit Blocks(const ModelConfig&);      the resolved shape (decoder_shape)
+//   void embedding_tensors(ModuleSpec&), block_tensors(ModuleSpec&), final_norm_tensors(...)
+//                                             the modules' tensors, in flat-buffer order
+//   int head_size() const;                    attention's head size (fused_attention asks it)
+//   double blocks_flops(int T) const;         forward FLOPs per token of all L blocks
+//   std::string describe(const ModelLayout&), shape_string()
+//   std::vector<HfTensor> hf_tensors(const ModuleSpec&); bool hf_ignorable(const std::string&)
+//   struct NormStats, AttentionActs, MlpActs, AttentionScratch, MlpScratch and, for each,
+//     void carve(Carver&, const BatchDims&, X*) const   its device buffers (one carve measures,
+//                                             the same carve places them)
+//   void embedding_forward(const DecoderStep&, const void* p, const int32_t* tokens, void* out)
+//   void embedding_backward(const DecoderStep&, float* g, const void* dout, const int32_t* tokens)
+//   void norm_forward(st, NormSite, const void* p, const void* in, void* out, const NormStats&)
+//   void norm_backward(st, NormSite, p, float* g, void* din (+=), const void* dout, const void* in,
+//                      const NormStats&)
+//   void attention_forward(st, p, const void* in, const AttentionActs&, void* out)
+//   void attention_backward(st, p, float* g, const void* dout, const void* in,
+//                           const AttentionActs&, const AttentionScratch&, void* din (zeroed
+//                           here, then written))
+//   void mlp_forward / mlp_backward           the same for the MLP
+// p and g are the flat parameter (model dtype) and gradient (fp32) buffers of the module the
+// part lives in (the block, or final_norm for NormSite::kFinal); the part knows its tensors'
+// offsets. Every compute function only enqueues kernels on st.s.
+//
+// Thread safety: as architecture.h (immutable architecture; a runner driven by one thread).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/model/architecture.h"
+#include "strata/kernels.h"
+
+namespace strata {
+
+// Bump allocator over one arena: 256-byte aligned slices. With base == nullptr it only measures.
+// The arena's size is the sum of its slices, whatever their order.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  void* take(size_t bytes) {
+    void* p = base_ ? base_ + off_ : nullptr;
+    off_ += (bytes + 255) / 256 * 256;
+    return p;
+  }
+  float* take_f32(size_t n) { return static_cast<float*>(take(n * 4)); }
+  size_t used() const { return off_; }
+
+ private:
+  char* base_;
+  size_t off_ = 0;
+};
+
+// Module indices of a decoder of L blocks.
+struct DecoderModules {
+  int L = 0;
+  bool tied = true;
+  int embedding() const { return 0; }
+  int block(int l) const { return 1 + l; }
+  int final_norm() const { return 1 + L; }
+  int head() const { return tied ? 0 : 2 + L; }  // the module holding the output projection
+};
+
+// The compute functions of a decoder's program (ProgramOp::fn).
+enum DecoderFn : int {
+  kEmbeddingForward,
+  kBlockForward,
+  kHeadForward,  // final norm, output projection, fused cross-entropy (+ its gradient)
+  kHeadBackward,
+  kBlockBackward,
+  kEmbeddingBackward
+};
+
+// The programs of a decoder (P = acquire params, R = release params, G = acquire gradients,
+// D = drain gradients; H is the head module, the embedding when tied):
+//   P(emb) embedding_fwd R(emb); per block l: P(l) block_fwd(l) R(l); P(final) P(H) head_fwd
+//   G(final) G(H) head_bwd R(final) R(H) D(final) [D(H) untied];
+//   per block l, last first: P(l) G(l) block_bwd(l) R(l) D(l);  [G(emb) untied] embedding_bwd
+//   D(emb)
+// Eval runs the forward and releases the head's modules.
+void decoder_programs(const DecoderModules& m, Program* train, Program* eval);
+
+// The shape a decoder is built from: `config` with padded_vocab_size (0: vocab_size rounded up
+// to 64) and num_key_value_heads (0: n_head) resolved, checked against what every decoder needs
+// (errors name the model.* key). The block definition checks the rest.
+Result<ModelConfig> decoder_shape(const ModelConfig& config);
+
+// Which norm of a model: a block's first (before attention) or second (before the MLP), or the
+// final one (its own module, before the head).
+enum class NormSite : uint8_t { kBlockIn, kBlockMid, kFinal };
+
+// A batch shape: B sequences of T tokens in dtype dt, attention fused or not.
+struct BatchDims {
+  int B = 0, T = 0;
+  DType dt = DType::kF32;
+  bool fused = true;  // fused attention (Kernels::fused_attention_*): att holds the log-sum-exp
+  size_t N() const { return size_t(B) * size_t(T); }
+  size_t es() const { return dtype_size(dt); }
+};
+
+// What a compute function sees: the device, its kernels and compute stream, the batch shape.
+struct DecoderStep : BatchDims {
+  Device* dev = nullptr;
+  Kernels* k = nullptr;
+  Stream* s = nullptr;
+  void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
+};
+
+// The modules of a decoder, each filled by its tensor function; the head module (lm_head) when
+// the embeddings are not tied.
+ModelLayout decoder_layout(const ModelConfig& shape,
+                           const std::function<void(ModuleSpec&)>& embedding,
+                           const std::function<void(ModuleSpec&)>& block,
+                           const std::function<void(ModuleSpec&)>& final_norm);
+
+// init_module_range for a decoder's module `spec`, from stream `stream`: the vocabulary's
+// padding rows (V..Vp-1) of "embedding" and "head" start at zero (they never receive gradient).
+void decoder_init_range(const ModelConfig& shape, const ModuleSpec& spec, uint64_t stream,
+                        uint64_t seed, size_t begin, size_t count, float* out);
+
+// create_runner's checks: T within the context, a store for kOffload.
+Status check_decoder_runner(const ModelConfig& shape, int T, ActivationMode mode,
+                            const ActivationStore* store);
+
+// Appends tensor `name` of n elements to module m (init kind 0 normal(0, std), 1 zeros, 2 ones).
+inline void add_tensor(ModuleSpec& m, const char* name, size_t n, int kind, float std = 0.02f) {
+  m.tensors.push_back({name, m.numel, n, kind, std});
+  m.numel += n;
+}
+
+// The offset (elements) of module m's tensor `name`; a missing name is a bug.
+size_t tensor_offset(const ModuleSpec& m, const std::string& name);
+
+// One batch shape's device state and the compute steps of Decoder<Blocks>.
+template <class Blocks>
+class DecoderRunner final : public ModelRunner {
+ public:
+  // A block's activations (dt unless noted). kKeep: one per layer, and `out` is the next block's
+  // input. kRecompute/kOffload: one scratch (out unused: outputs go to inputs/out).
+  struct Layer {
+    void *ln1 = nullptr, *att_out = nullptr, *res2 = nullptr, *ln2 = nullptr, *mlp_out = nullptr,
+         *out = nullptr;
+    typename Blocks::NormStats n1, n2;
+    typename Blocks::AttentionActs att;
+    typename Blocks::MlpActs mlp;
+  };
+  // Every activation buffer of a micro-batch, carved from one device arena.
+  struct Buffers {
+    int32_t* tokens = nullptr;
+    int32_t* targets = nullptr;
+    float* losses = nullptr;
+    std::vector<Layer> layers;
+    // kRecompute: every block's input (inputs[0] == encoded); kOffload: two slots, block l's
+    // input in inputs[l % 2]. out: the last block's output, the head's input (not kKeep).
+    std::vector<void*> inputs;
+    void* out = nullptr;
+    void *encoded = nullptr, *lnf = nullptr, *logits = nullptr;
+    typename Blocks::NormStats nf;
+    // activation-gradient scratch, reused by every layer. dA: gradient w.r.t. the residual
+    // stream at the current layer boundary, carried from one backward step to the next.
+    void *dA = nullptr, *dB = nullptr, *dln = nullptr;
+    typename Blocks::AttentionScratch datt;
+    typename Blocks::MlpScratch dmlp;
+  };
+
+  // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
+  // what it measured and carves again for real.
+  static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
+                    ActivationMode mode, Buffers* m) {
+    const bool keep = mode == ActivationMode::kKeep;
+    const int L = sh.n_layer;
+    const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
+    m->layers.resize(size_t(keep ? L : 1));
+    m->inputs.assign(size_t(keep                                 ? 0
+                            : mode == ActivationMode::kRecompute ? L
+                                                                 : std::min(L, 2)),
+                     nullptr);
+    m->tokens = static_cast<int32_t*>(c.take(N * 4));
+    m->targets = static_cast<int32_t*>(c.take(N * 4));
+    m->losses = c.take_f32(N);
+    for (Layer& y : m->layers) {
+      y.ln1 = c.take(NC);
+      y.att_out = c.take(NC);
+      y.res2 = c.take(NC);
+      y.ln2 = c.take(NC);
+      y.mlp_out = c.take(NC);
+      y.out = keep ? c.take(NC) : nullptr;
+      blocks.carve(c, d, &y.n1);
+      blocks.carve(c, d, &y.n2);
+      blocks.carve(c, d, &y.att);
+      blocks.carve(c, d, &y.mlp);
+    }
+    for (void*& in : m->inputs) in = c.take(NC);
+    m->encoded = keep ? c.take(NC) : m->inputs[0];
+    m->out = keep ? nullptr : c.take(NC);
+    m->lnf = c.take(NC);
+    m->logits = c.take(N * size_t(sh.padded_vocab_size) * d.es());
+    blocks.carve(c, d, &m->nf);
+    m->dA = c.take(NC);
+    m->dB = c.take(NC);
+    m->dln = c.take(NC);
+    blocks.carve(c, d, &m->datt);
+    blocks.carve(c, d, &m->dmlp);
+  }
+
+  DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const BatchDims& dims,
+                ActivationMode mode, ActivationStore* store)
+      : blocks_(blocks),
+        sh_(sh),
+        mods_{sh.n_layer, sh.tied_embeddings},
+        mode_(mode),
+        store_(store) {
+    static_cast<BatchDims&>(st_) = dims;
+    st_.dev = &d;
+    st_.k = &d.kernels();
+    st_.s = &d.compute_stream();
+  }
+  ~DecoderRunner() override {
+    st_.dev->synchronize(*st_.s).ignore();
+    if (arena_) st_.dev->release(arena_);
+    if (host_io_) st_.dev->release_host(host_io_);
+  }
+
+  Status allocate() {
+    Carver measure(nullptr);
+    carve(measure, blocks_, sh_, st_, mode_, &buf_);
+    STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used(), "activations"), "device");
+    Carver real(static_cast<char*>(arena_));
+    carve(real, blocks_, sh_, st_, mode_, &buf_);
+    restored_.assign(size_t(sh_.n_layer), false);
+    const size_t N = st_.N();
+    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 + N * 4), "host staging");
+    host_io_ = static_cast<int32_t*>(h);
+    host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N);
+    return Status::ok();
+  }
+
+  void begin_batch(const int32_t* tokens, const int32_t* targets) override {
+    const size_t N = st_.N();
+    Device& dev = *st_.dev;
+    // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
+    dev.synchronize(*st_.s).ignore();
+    std::memcpy(host_io_, tokens, N * 4);
+    std::memcpy(host_io_ + N, targets, N * 4);
+    dev.copy_h2d(*st_.s, buf_.tokens, host_io_, N * 4);
+    dev.copy_h2d(*st_.s, buf_.targets, host_io_ + N, N * 4);
+  }
+
+  void compute(const ProgramOp& op, const ModuleBindings& b, const MicroBatch& mb) override {
+    const int E = mods_.embedding(), F = mods_.final_norm(), H = mods_.head();
+    const auto P = [&](int m) { return b.params[size_t(m)]; };
+    const auto G = [&](int m) { return b.grads[size_t(m)]; };
+    switch (op.fn) {
+      case kEmbeddingForward:
+        wait_slot(0);  // buf_.encoded is input slot 0 under kOffload
+        blocks_.embedding_forward(st_, P(E), buf_.tokens, buf_.encoded);
+        break;
+      case kBlockForward:
+        forward_block(op.layer, P(mods_.block(op.layer)));
+        break;
+      case kHeadForward:
+        forward_head(P(F), P(H), mb);
+        break;
+      case kHeadBackward:
+        backward_head(P(F), G(F), P(H), G(H));
+        break;
+      case kBlockBackward:
+        backward_block(op.layer, P(mods_.block(op.layer)), G(mods_.block(op.layer)));
+        break;
+      case kEmbeddingBackward:
+        blocks_.embedding_backward(st_, G(E), buf_.dA, buf_.tokens);
+        break;
+      default:
+        STRATA_CHECK(false, "decoder: unknown compute step");
+    }
+  }
+
+  Status status() const override { return error_; }
+
+ private:
+  size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
+  // Block l's input, its output (the next block's input or the head's), its intermediates.
+  void* input(int l) const {
+    switch (mode_) {
+      case ActivationMode::kKeep:
+        return l == 0 ? buf_.encoded : buf_.layers[size_t(l) - 1].out;
+      case ActivationMode::kRecompute:
+        return buf_.inputs[size_t(l)];
+      case ActivationMode::kOffload:
+        return buf_.inputs[size_t(l % 2)];
+    }
+    return nullptr;
+  }
+  void* output(int l) const {
+    if (mode_ == ActivationMode::kKeep) return buf_.layers[size_t(l)].out;
+    return l + 1 < sh_.n_layer ? input(l + 1) : buf_.out;
+  }
+  Layer& acts(int l) {
+    return mode_ == ActivationMode::kKeep ? buf_.layers[size_t(l)] : buf_.layers[0];
+  }
+  // kOffload: the compute stream waits for the stash still reading input slot `slot`, if any.
+  void wait_slot(int slot) {
+    if (mode_ != ActivationMode::kOffload || slot < 0 || slot_stash_[slot] < 0) return;
+    store_->compute_waits_activation(slot_stash_[slot]);
+    slot_stash_[slot] = -1;
+  }
+  void note(const Status& s) {
+    if (!s.is_ok() && error_.is_ok()) error_ = s;
+  }
+
+  // Enqueues block l's forward from `in` into `y`; writes the residual output to `out` unless
+  // it is nullptr (a recompute, whose output is not needed). With kOffload, the compute stream
+  // first waits for any stash still reading input slot `wait_slot_before_out` (-1: none).
+  void block_forward(const void* p, const void* in, Layer& y, void* out, int wait_slot_before_out) {
+    Kernels& k = *st_.k;
+    blocks_.norm_forward(st_, NormSite::kBlockIn, p, in, y.ln1, y.n1);
+    blocks_.attention_forward(st_, p, y.ln1, y.att, y.att_out);
+    k.residual_forward(*st_.s, st_.dt, y.res2, in, y.att_out, st_.N() * size_t(sh_.n_embd));
+    blocks_.norm_forward(st_, NormSite::kBlockMid, p, y.res2, y.ln2, y.n2);
+    blocks_.mlp_forward(st_, p, y.ln2, y.mlp, y.mlp_out);
+    if (out == nullptr) return;  // a recompute: backward needs no block output
+    wait_slot(wait_slot_before_out);
+    k.residual_forward(*st_.s, st_.dt, out, y.res2, y.mlp_out, st_.N() * size_t(sh_.n_embd));
+  }
+
+  void forward_block(int l, const void* p) {
+    const int L = sh_.n_layer;
+    const void* in = input(l);
+    int out_slot = -1;
+    if (mode_ == ActivationMode::kOffload) {
+      // Block l's input leaves as soon as it is complete (it overlaps this block's forward); the
+      // last block's input stays for the backward that follows the head.
+      if (l + 1 < L) {
+        note(store_->stash_activation(l, in, residual_bytes()));
+        slot_stash_[l % 2] = l;
+        restored_[size_t(l)] = false;
+      }
+      if (l + 1 < L) out_slot = (l + 1) % 2;  // still being stashed from block l-1
+    }
+    block_forward(p, in, acts(l), output(l), out_slot);
+  }
+
+  void forward_head(const void* pf, const void* ph, const MicroBatch& mb) {
+    Kernels& k = *st_.k;
+    Stream& s = *st_.s;
+    const int N = int(st_.N()), C = sh_.n_embd, Vp = sh_.padded_vocab_size;
+    blocks_.norm_forward(st_, NormSite::kFinal, pf, output(sh_.n_layer - 1), buf_.lnf, buf_.nf);
+    k.matmul_forward(s, st_.dt, buf_.logits, buf_.lnf, ph, nullptr, N, C, Vp);
+    if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_.logits, size_t(N) * Vp * st_.es());
+    k.crossentropy_forward_backward(s, st_.dt, buf_.losses, buf_.logits, buf_.targets, mb.dloss, N,
+                                    sh_.vocab_size, Vp);
+    st_.dev->copy_d2h(s, host_losses_, buf_.losses, size_t(N) * 4);
+    float* src = host_losses_;
+    float* dst = mb.losses_out;
+    st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
+  }
+
+  void backward_head(const void* pf, float* gf, const void* ph, float* gh) {
+    const int N = int(st_.N()), C = sh_.n_embd;
+    // logits now hold dlogits.
+    st_.zero(buf_.dln, residual_bytes());
+    st_.k->matmul_backward(*st_.s, st_.dt, buf_.dln, gh, nullptr, buf_.logits, buf_.lnf, ph, N, C,
+                           sh_.padded_vocab_size);
+    st_.zero(buf_.dA, residual_bytes());
+    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_.dA, buf_.dln, output(sh_.n_layer - 1),
+                          buf_.nf);
+  }
+
+  void backward_block(int l, const void* p, float* g) {
+    Kernels& k = *st_.k;
+    Stream& s = *st_.s;
+    const int L = sh_.n_layer;
+    const size_t NC = st_.N() * size_t(sh_.n_embd);
+    const void* residual = input(l);
+    if (mode_ == ActivationMode::kOffload) {
+      // Block l's input comes back into its slot (prefetched by backward_block(l + 1)); block
+      // l-1's is fetched into the other slot now, behind backward l+1 (its slot's last user),
+      // so the copy overlaps this block's recompute and backward.
+      if (l + 1 < L && !restored_[size_t(l)]) {
+        note(store_->restore_activation(l, input(l)));
+        restored_[size_t(l)] = true;
+      }
+      if (l >= 1 && !restored_[size_t(l) - 1]) {
+        note(store_->restore_activation(l - 1, input(l - 1)));
+        restored_[size_t(l) - 1] = true;
+        slot_stash_[(l - 1) % 2] = l - 1;  // forward waits for this copy before reusing the slot
+      }
+      if (l + 1 < L) {
+        store_->compute_waits_activation(l);
+        restored_[size_t(l)] = false;
+        if (slot_stash_[l % 2] == l) slot_stash_[l % 2] = -1;
+      }
+    }
+    if (mode_ != ActivationMode::kKeep) block_forward(p, residual, acts(l), nullptr, -1);
+    Layer& y = acts(l);
+    // out = res2 + mlp_out: dres2 = dA (+ the norm2 path below); dmlp_out = dA.
+    st_.zero(buf_.dB, residual_bytes());
+    k.add_inplace(s, st_.dt, buf_.dB, buf_.dA, NC);
+    blocks_.mlp_backward(st_, p, g, buf_.dA, y.ln2, y.mlp, buf_.dmlp, buf_.dln);
+    blocks_.norm_backward(st_, NormSite::kBlockMid, p, g, buf_.dB, buf_.dln, y.res2, y.n2);
+    // res2 = residual + att_out: dresidual = dB (+ the norm1 path below); datt_out = dB.
+    st_.zero(buf_.dA, residual_bytes());
+    k.add_inplace(s, st_.dt, buf_.dA, buf_.dB, NC);
+    blocks_.attention_backward(st_, p, g, buf_.dB, y.ln1, y.att, buf_.datt, buf_.dln);
+    blocks_.norm_backward(st_, NormSite::kBlockIn, p, g, buf_.dA, buf_.dln, residual, y.n1);
+  }
+
+  const Blocks& blocks_;
+  const ModelConfig& sh_;
+  DecoderModules mods_;
+  DecoderStep st_;
+  ActivationMode mode_;
+  ActivationStore* store_;
+  Status error_;
+  void* arena_ = nullptr;  // one device allocation for everything in buf_
+  Buffers buf_;
+  // kOffload: the layer whose stash last read each slot (-1: none pending), and whether a
+  // layer's restore has been enqueued and not yet consumed by its backward.
+  int slot_stash_[2] = {-1, -1};
+  std::vector<bool> restored_;
+  // host staging for tokens/targets/losses (the copy engines need stable host memory)
+  int32_t* host_io_ = nullptr;
+  float* host_losses_ = nullptr;
+};
+
+// A decoder model: the skeleton above with the block definition `Blocks`.
+template <class Blocks>
+class Decoder final : public Architecture {
+ public:
+  // Checks the shape (errors name the model.* key) and builds the layout and programs.
+  static Result<std::unique_ptr<Architecture>> create(const ModelConfig& config) {
+    STRATA_ASSIGN_OR_RETURN(ModelConfig shape, decoder_shape(config), "");
+    STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
+    return std::unique_ptr<Architecture>(new Decoder(shape));
+  }
+
+  const std::string& name() const override { return name_; }
+  const ModelLayout& layout() const override { return layout_; }
+  const ModelConfig& shape() const override { return shape_; }
+  std::string describe() const override { return blocks_.describe(layout_); }
+  std::string shape_string() const override { return blocks_.shape_string(); }
+  int vocab_size() const override { return shape_.vocab_size; }
+  int context() const override { return shape_.context; }
+  const Program& program(Pass pass) const override { return pass == Pass::kTrain ? train_ : eval_; }
+  bool fused_attention(const Kernels& kernels, DType dt) const override {
+    return kernels.fused_attention_supported(dt, blocks_.head_size());
+  }
+
+  ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode,
+                                  bool fused_attention = true) const override {
+    Carver measure(nullptr);
+    typename DecoderRunner<Blocks>::Buffers b;
+    DecoderRunner<Blocks>::carve(measure, blocks_, shape_, BatchDims{B, T, dt, fused_attention},
+                                 mode, &b);
+    ActivationSizes s;
+    s.bytes = measure.used();
+    if (mode == ActivationMode::kOffload) {
+      s.stash_layers = shape_.n_layer - 1;
+      s.stash_bytes = size_t(B) * T * shape_.n_embd * dtype_size(dt);
+      s.host_bytes = size_t(s.stash_layers) * ((s.stash_bytes + 4095) / 4096 * 4096);
+    }
+    return s;
+  }
+
+  FlopsPerToken flops_per_token(int T, ActivationMode mode) const override {
+    // The blocks' GEMMs and attention, plus 2 FLOPs per weight of the Vp x C head; the
+    // recompute re-runs the blocks only.
+    const double blocks = blocks_.blocks_flops(T);
+    FlopsPerToken f;
+    f.forward = blocks + 2.0 * double(shape_.padded_vocab_size) * double(shape_.n_embd);
+    f.recompute = mode == ActivationMode::kKeep ? 0.0 : blocks;
+    return f;
+  }
+
+  void init_range(int m, uint64_t seed, size_t begin, size_t count, float* out) const override {
+    decoder_init_range(shape_, layout_.modules[size_t(m)], Blocks::kInitStream + uint64_t(m), seed,
+                       begin, count, out);
+  }
+
+  std::vector<HfTensor> hf_tensors(int m) const override {
+    return blocks_.hf_tensors(layout_.modules[size_t(m)]);
+  }
+  bool hf_ignorable(const std::string& name) const override {
+    return blocks_.hf_ignorable(name) || (shape_.tied_embeddings && name == "lm_head.weight");
+  }
+
+  Result<std::unique_ptr<ModelRunner>> create_runner(Device& device, int B, int T, DType dt,
+                                                     ActivationMode mode,
+                                                     ActivationStore* store) const override {
+    STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store), "");
+    auto r = std::make_unique<DecoderRunner<Blocks>>(
+        device, blocks_, shape_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode,
+        store);
+    STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
+                                                      activation_mode_name(mode), B, T));
+    return std::unique_ptr<ModelRunner>(std::move(r));
+  }
+
+ private:
+  explicit Decoder(const ModelConfig& shape)
+      : name_(Blocks::kType), shape_(shape), blocks_(shape_) {
+    layout_ = decoder_layout(
+        shape_, [this](ModuleSpec& m) { blocks_.embedding_tensors(m); },
+        [this](ModuleSpec& m) { blocks_.block_tensors(m); },
+        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); });
+    decoder_programs(DecoderModules{shape_.n_layer, shape_.tied_embeddings}, &train_, &eval_);
+  }
+  std::string name_;
+  ModelConfig shape_;
+  Blocks blocks_;
+  ModelLayout layout_;
+  Program train_, eval_;
+};
+
+}  // namespace strata
