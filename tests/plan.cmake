@@ -21,7 +21,7 @@ set_tests_properties(plan_cli_stale_profile PROPERTIES
 add_test(NAME plan_cli_hf_llama
          COMMAND strata plan --hf ${CMAKE_SOURCE_DIR}/tests/fixtures/hf/llama --backend cpu)
 set_tests_properties(plan_cli_hf_llama PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
-                     "llama 2 layers, width 32, 4 heads \\(2 key/value\\), SwiGLU 48, untied head")
+                     "Llama 2 layers, 4 heads \\(2 key/value\\), width 32, MLP 48, vocab 100")
 # A config that leaves strata.placement.grads unset is planned with the engine's default for
 # the gradients: hostmem-2b's 2B-parameter fp32 gradients do not fit its 2 GiB host budget, so
 # they go to NVMe, and the config's placement (all-nvme) fits.

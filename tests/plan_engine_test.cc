@@ -30,7 +30,7 @@ PlacementOption find(const std::string& name) {
 
 PlanRequest small_request() {
   PlanRequest r;
-  r.model = {"t", 1, 64, 1, 64, 64, ""};
+  r.model = gpt_model("t", 1, 64, 1, 64, 64);
   r.micro_batch = 1;
   r.seq = 64;
   r.hw.gpu_mem = uint64_t{1} << 30;
@@ -79,7 +79,7 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
       auto arch = create_gpt2(mc);
       ASSERT_TRUE(arch.is_ok());
       PlanRequest r = small_request();
-      r.model = {"t", 2, 64, 2, 100, 32, "", c.tied};
+      r.model = gpt_model("t", 2, 64, 2, 100, 32, c.tied);
       r.seq = 32;
       r.micro_batch = 2;
       r.activations = mode;

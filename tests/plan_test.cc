@@ -32,7 +32,7 @@ PlacementOption find(const std::string& name) {
 
 PlanRequest small_request() {
   PlanRequest r;
-  r.model = {"t", 1, 64, 1, 64, 64, ""};
+  r.model = gpt_model("t", 1, 64, 1, 64, 64);
   r.micro_batch = 1;
   r.seq = 64;
   r.hw.gpu_mem = uint64_t{1} << 30;
@@ -53,8 +53,7 @@ TEST(Plan, ParamCountMatchesModelLayoutOnRandomShapes) {
     mc.context = 1 + int(rng() % 300);
     auto arch = create_gpt2(mc);
     ASSERT_TRUE(arch.is_ok());
-    ModelShape m{"r", mc.n_layer, mc.n_embd, mc.n_head, mc.vocab_size, mc.context, ""};
-    EXPECT_EQ(model_params(m), (*arch)->layout().num_params()) << mc.n_layer << "x" << mc.n_embd;
+    EXPECT_EQ(model_params(mc), (*arch)->layout().num_params()) << mc.n_layer << "x" << mc.n_embd;
   }
 }
 
@@ -62,10 +61,10 @@ TEST(Plan, PresetParamCounts) {
   // GPT-2 124M with the vocab padded to 50304 (llm.c): 124,475,904 parameters.
   auto m = model_preset("gpt2-124m");
   ASSERT_TRUE(m.is_ok());
-  EXPECT_EQ(model_params(*m), 124'475'904u);
+  EXPECT_EQ(model_params(m->shape), 124'475'904u);
   auto g = model_preset("gpt3-175b");
   ASSERT_TRUE(g.is_ok());
-  EXPECT_NEAR(double(model_params(*g)) / 1e9, 174.6, 0.5);
+  EXPECT_NEAR(double(model_params(g->shape)) / 1e9, 174.6, 0.5);
   // The Llama family at their config.json shapes: the parameter counts their publishers give
   // (the models' safetensors hold exactly these many elements), since their vocabularies are
   // multiples of 64 (no padding rows).
@@ -78,8 +77,8 @@ TEST(Plan, PresetParamCounts) {
   for (const auto& [name, params] : published) {
     auto l = model_preset(name);
     ASSERT_TRUE(l.is_ok()) << name;
-    EXPECT_EQ(l->type, "llama") << name;
-    EXPECT_EQ(model_params(*l), params) << name;
+    EXPECT_EQ(l->shape.type, "llama") << name;
+    EXPECT_EQ(model_params(l->shape), params) << name;
   }
   auto bad = model_preset("gpt5");
   ASSERT_FALSE(bad.is_ok());
@@ -117,10 +116,10 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
   // fp32 moments 8. strata keeps fp32 gradients: 2 + 4 + 4 + 8 = 18 B/param (14 with bf16
   // moments). A large model makes the per-object rounding negligible.
   PlanRequest r = small_request();
-  r.model = {"m", 8, 1024, 16, 50257, 1024, ""};
+  r.model = gpt_model("m", 8, 1024, 16, 50257, 1024);
   r.seq = 128;
   r.hw.gpu_mem = uint64_t{64} << 30;
-  const double P = double(model_params(r.model));
+  const double P = double(model_params(r.model.shape));
   auto all = evaluate_placement(r, find("all-device"));
   ASSERT_TRUE(all.is_ok());
   EXPECT_NEAR(double(all->device.state) / P, 18.0, 0.001);
@@ -157,7 +156,7 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
   auto base = evaluate_placement(r, p);
   ASSERT_TRUE(base.is_ok());
   ASSERT_GT(base->time.collectives_s, 0);
-  const double P = double(model_params(r.model));
+  const double P = double(model_params(r.model.shape));
   // Plain ZeRO-3: 3/4 of the model twice in bf16 and once in fp32 per micro-batch.
   const ZeroPPTraffic plain = zeropp_traffic({}, 4, 4, P, DType::kBF16);
   EXPECT_NEAR(plain.gather_forward, 0.75 * P * 2, 1e-6 * P);
@@ -176,7 +175,7 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
               (z.gather_forward + z.gather_backward + z.reduce) /
                   (plain.gather_forward + plain.gather_backward + plain.reduce),
               1e-9);
-  auto arch = architecture_of(r.model);
+  auto arch = create_architecture(r.model.shape);
   ASSERT_TRUE(arch.is_ok());
   auto homes = module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype, false, 0);
   ASSERT_TRUE(homes.is_ok());
@@ -218,7 +217,7 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
     r.hw.host_mem = uint64_t{1} << 40;
     auto rep = make_plan(r);
     ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
-    const double P = double(model_params(r.model));
+    const double P = double(model_params(r.model.shape));
     EXPECT_EQ(uint64_t(P), rep->params);
     const PlanOption& all = rep->options[0];
     ASSERT_EQ(all.placement.name, "all-device");
@@ -226,9 +225,9 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
     auto cfg = parse_config(plan_config_json(*rep, all), "plan");
     ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
     EXPECT_EQ(cfg->model.type, "llama");
-    EXPECT_EQ(cfg->model.num_key_value_heads, m->kv_heads);
-    EXPECT_EQ(cfg->model.intermediate_size, m->intermediate);
-    EXPECT_EQ(cfg->model.attention_bias, m->qkv_bias);
+    EXPECT_EQ(cfg->model.num_key_value_heads, m->shape.num_key_value_heads);
+    EXPECT_EQ(cfg->model.intermediate_size, m->shape.intermediate_size);
+    EXPECT_EQ(cfg->model.attention_bias, m->shape.attention_bias);
     EXPECT_FALSE(cfg->model.tied_embeddings);
     auto arch = create_architecture(cfg->model);
     ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
@@ -243,7 +242,7 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
 // over the link and holds them in the host tier. The table and the JSON list every mode.
 TEST(Plan, ActivationModesTradeMemoryForWork) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   r.micro_batch = 4;
   r.accumulation = 2;
@@ -281,9 +280,9 @@ TEST(Plan, ActivationModesTradeMemoryForWork) {
 
 TEST(Plan, ExpectedPeaksFollowTheirRules) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
-  const uint64_t P = model_params(r.model);
+  const uint64_t P = model_params(r.model.shape);
   // Room for everything: device peak = reservation + every module's fp32 gradient buffer
   // + the cache of offloaded bf16 params.
   r.hw.gpu_mem = uint64_t{1} << 30;
@@ -340,7 +339,7 @@ TEST(Plan, NonFittingPlanIsReportedAsSuch) {
 
 TEST(Plan, FittingPlanPicksTheFastestFeasible) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   r.hw.gpu_mem = uint64_t{1} << 30;
   auto rep = make_plan(r);
@@ -355,7 +354,7 @@ TEST(Plan, FittingPlanPicksTheFastestFeasible) {
 
 TEST(Plan, TimeTermsAreBytesOverRates) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   r.accumulation = 3;
   r.profile = default_profile(false);
@@ -367,7 +366,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.undo_copies = false;  // no clipping, no fp16: no undo copies (see UndoCopies below)
   auto o = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(o.is_ok());
-  const double P = double(model_params(r.model));
+  const double P = double(model_params(r.model.shape));
   // 3 micro-batches x 128 tokens x 3 x (2 x (12 C^2 L + Vp C) + 4 T C L), Vp = 1024.
   const double C = 256, fwd = 2 * (12 * C * C * 4 + 1024 * C) + 4 * 128 * C * 4;
   EXPECT_NEAR(o->time.compute_s, 3 * 128 * 3 * fwd / 1e12, 1e-9);
@@ -432,7 +431,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
 // host budget has room for only part of them, that share of the optimizer is hidden.
 TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};  // embedding 1024x256 + 128x256, blocks 789,760
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);  // embedding 1024x256 + 128x256, blocks 789,760
   r.seq = 128;
   r.moment_dtype = DType::kF32;
   r.hw.gpu_mem = uint64_t{1} << 30;
@@ -444,7 +443,7 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   {  // and a GEMM rate at which compute takes as long as the CPU Adam
     auto f = evaluate_placement(r, find("opt-host"));
     ASSERT_TRUE(f.is_ok());
-    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model)) / 2e7);
+    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model.shape)) / 2e7);
   }
   ASSERT_TRUE(r.overlap_optimizer && r.undo_copies);  // the defaults: clipping at 1.0
   auto o = evaluate_placement(r, find("opt-host"));
@@ -565,7 +564,7 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
 
 TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   r.micro_batch = 2;
   r.accumulation = 2;
@@ -595,7 +594,7 @@ TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
 
 TEST(Plan, CapacityModeFindsTheBoundary) {
   PlanRequest r = small_request();
-  r.model = {"m", 1, 512, 8, 1000, 128, ""};
+  r.model = gpt_model("m", 1, 512, 8, 1000, 128);
   r.seq = 128;
   r.hw.gpu_mem = uint64_t{256} << 20;
   r.hw.host_mem = uint64_t{512} << 20;
@@ -604,7 +603,7 @@ TEST(Plan, CapacityModeFindsTheBoundary) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_GE(c->report.best, 0);
   PlanRequest more = r;
-  more.model.layers = c->model.layers + 1;
+  more.model.shape.n_layer = c->model.shape.n_layer + 1;
   auto rep = make_plan(more);
   ASSERT_TRUE(rep.is_ok());
   EXPECT_EQ(rep->best, -1) << "one more layer should not fit";
@@ -615,7 +614,7 @@ TEST(Plan, CapacityModeFindsTheBoundary) {
 
 TEST(Plan, SvgHasOneBarGroupPerPlacement) {
   PlanRequest r = small_request();
-  r.model = {"m", 4, 256, 4, 1000, 128, ""};
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   auto rep = make_plan(r);
   ASSERT_TRUE(rep.is_ok());
@@ -636,4 +635,30 @@ TEST(Plan, SvgHasOneBarGroupPerPlacement) {
 }
 
 }  // namespace
+// The model section the planner writes reads back to the shape it was written from, for any
+// model.* key (here Llama 3.1's rope scaling and a Qwen2's biases), with the defaults left out.
+TEST(Plan, ModelSectionReadsBackToItsShape) {
+  ModelConfig m;
+  m.type = "llama";
+  m.n_layer = 3;
+  m.n_head = 8;
+  m.n_embd = 256;
+  m.vocab_size = 1000;
+  m.context = 512;
+  m.num_key_value_heads = 2;
+  m.intermediate_size = 704;
+  m.attention_bias = true;
+  m.tied_embeddings = false;
+  m.rope_scaling.type = "llama3";
+  m.rope_scaling.factor = 32;
+  const std::string section = model_section_json(m);
+  EXPECT_EQ(section.find("rms_norm_eps"), std::string::npos) << section;  // a default
+  auto cfg = parse_config("{\"train_batch_size\": 1, \"model\": " + section + "}", "section");
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto a = create_architecture(m), b = create_architecture(cfg->model);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ((*a)->shape_string(), (*b)->shape_string());
+  EXPECT_EQ(cfg->model.rope_scaling.factor, 32.0);
+}
+
 }  // namespace strata

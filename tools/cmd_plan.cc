@@ -124,9 +124,9 @@ int cmd_plan(int argc, char** argv) {
       if (!mc.is_ok()) {
         return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
       }
-      req.model = shape_of(*mc, a.hf_dir);
+      req.model = {a.hf_dir, *mc, ""};
     } else {
-      req.model = {"custom", a.layers, a.width, a.heads, a.vocab, a.context, ""};
+      req.model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
     }
     if (!a.config_path.empty()) {
       PlanRequest c = request_from_config(*cfg, hw, prof);
@@ -142,7 +142,7 @@ int cmd_plan(int argc, char** argv) {
   if (a.seq > 0) {
     req.seq = a.seq;
   } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
-    req.seq = std::min(req.model.context, 8192);
+    req.seq = std::min(req.model.shape.context, 8192);
   }
   if (a.have_dtype) req.dtype = a.dt;
   if (!a.activations.empty()) req.activations = *parse_activation_mode(a.activations);
@@ -153,8 +153,8 @@ int cmd_plan(int argc, char** argv) {
     std::printf(
         "capacity: at width %d, %d heads, micro-batch %d x %d tokens, the largest model that "
         "fits has %d layers = %.4gB params (one more layer does not fit)\n\n",
-        c->model.width, c->model.heads, req.micro_batch, req.seq, c->model.layers,
-        double(c->params) / 1e9);
+        c->model.shape.n_embd, c->model.shape.n_head, req.micro_batch, req.seq,
+        c->model.shape.n_layer, double(c->params) / 1e9);
     std::fputs(plan_table(c->report).c_str(), stdout);
     return 0;
   }

@@ -240,6 +240,12 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
 // and `export` call it; configs built in code always describe one.
 Status check_model_given(const Config& config);
 
+// The "model" section of a config that builds `model`, as JSON text (an object): model.type,
+// n_layer, n_head, n_embd, vocab_size and context always, and every other model.* key whose
+// value differs from its default. parse_config reads it back to `model` (but model.dtype, which
+// the precision sections set). `strata plan` writes it into the configs it plans.
+std::string model_section_json(const ModelConfig& model);
+
 // Reads and parses a file; `path` is the origin. A missing file is kNotFound naming the path.
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                            int world_size = 1);

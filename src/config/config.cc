@@ -639,6 +639,24 @@ Status check_model_given(const Config& config) {
       "(e.g. the Hugging Face Trainer's ZeRO-3 one) describes the engine, not the model");
 }
 
+std::string model_section_json(const ModelConfig& model) {
+  static const std::set<std::string> kAlways = {"model.type",       "model.n_layer",
+                                                "model.n_head",     "model.n_embd",
+                                                "model.vocab_size", "model.context"};
+  Config given, defaults;
+  given.model = model;
+  json section = json::object();
+  for (const Key& k : schema().keys) {
+    if (k.path.rfind("model.", 0) != 0 || k.get == nullptr || !k.alias_of.empty()) continue;
+    const json v = k.get(given);
+    if (kAlways.count(k.path) == 0 && v == k.get(defaults)) continue;
+    std::string pointer = "/" + k.path.substr(6);
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    section[json::json_pointer(pointer)] = v;
+  }
+  return section.dump();
+}
+
 Result<Config> load_config(const std::string& path, const std::vector<std::string>& overrides,
                            int world_size) {
   std::error_code ec;

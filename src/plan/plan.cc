@@ -57,57 +57,35 @@ std::string gb(double bytes) { return format_bytes(bytes); }
 
 }  // namespace
 
-ModelConfig model_config_of(const ModelShape& m) {
-  ModelConfig mc;
-  mc.type = m.type;
-  mc.from_pretrained = m.from_pretrained;
-  mc.tied_embeddings = m.tied_embeddings;
-  mc.n_layer = m.layers;
-  mc.n_head = m.heads;
-  mc.n_embd = m.width;
-  mc.vocab_size = m.vocab;
-  mc.context = m.context;
-  if (m.type == "llama") {
-    mc.num_key_value_heads = m.kv_heads;
-    mc.intermediate_size = m.intermediate;
-    mc.attention_bias = m.qkv_bias;
-    mc.rope_theta = m.rope_theta;
-  }
-  return mc;
-}
-
-ModelShape shape_of(const ModelConfig& mc, const std::string& name) {
-  ModelShape m{name,          mc.n_layer, mc.n_embd, mc.n_head,
-               mc.vocab_size, mc.context, "",        mc.tied_embeddings};
-  m.type = mc.type == "gpt" ? "gpt2" : mc.type;
-  m.from_pretrained = mc.from_pretrained;
-  if (m.type == "llama") {
-    m.kv_heads = mc.num_key_value_heads;
-    m.intermediate = mc.intermediate_size;
-    m.qkv_bias = mc.attention_bias;
-    m.rope_theta = mc.rope_theta;
-  }
+PlanModel gpt_model(std::string name, int layers, int width, int heads, int vocab, int context,
+                    bool tied_embeddings) {
+  PlanModel m{std::move(name), ModelConfig{}, ""};
+  m.shape.type = "gpt2";
+  m.shape.n_layer = layers;
+  m.shape.n_embd = width;
+  m.shape.n_head = heads;
+  m.shape.vocab_size = vocab;
+  m.shape.context = context;
+  m.shape.tied_embeddings = tied_embeddings;
   return m;
 }
 
-Result<std::unique_ptr<Architecture>> architecture_of(const ModelShape& m) {
-  return create_architecture(model_config_of(m));
-}
-
-ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode) {
-  auto arch = architecture_of(m);
+ActivationSizes activations_of(const ModelConfig& shape, int B, int T, DType dt,
+                               ActivationMode mode) {
+  auto arch = create_architecture(shape);
   return arch.is_ok() ? (*arch)->activation_plan(B, T, dt, mode) : ActivationSizes{};
 }
 
-Result<ModelShape> model_preset(const std::string& name) {
+Result<PlanModel> model_preset(const std::string& name) {
   for (const auto& p : kPresets) {
     if (name != p.name) continue;
-    ModelShape m{p.name, p.layers, p.width, p.heads, p.vocab, p.context, p.note, p.tied};
-    m.type = p.type;
-    m.kv_heads = p.kv_heads;
-    m.intermediate = p.intermediate;
-    m.qkv_bias = p.qkv_bias;
-    if (p.rope_theta > 0) m.rope_theta = p.rope_theta;
+    PlanModel m = gpt_model(p.name, p.layers, p.width, p.heads, p.vocab, p.context, p.tied);
+    m.note = p.note;
+    m.shape.type = p.type;
+    m.shape.num_key_value_heads = p.kv_heads;
+    m.shape.intermediate_size = p.intermediate;
+    m.shape.attention_bias = p.qkv_bias;
+    if (p.rope_theta > 0) m.shape.rope_theta = p.rope_theta;
     return m;
   }
   std::string known;
@@ -124,8 +102,8 @@ std::vector<std::string> model_preset_names() {
   return v;
 }
 
-uint64_t model_params(const ModelShape& m) {
-  auto arch = architecture_of(m);
+uint64_t model_params(const ModelConfig& shape) {
+  auto arch = create_architecture(shape);
   return arch.is_ok() ? uint64_t((*arch)->layout().num_params()) : 0;
 }
 
@@ -153,13 +131,13 @@ static uint64_t sub_group_of(const PlanRequest& r) {
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
-  const ModelShape& m = r.model;
-  if (m.layers < 1 || m.width < 1 || m.heads < 1 || m.width % m.heads != 0 || m.vocab < 2 ||
-      m.context < 1) {
+  const ModelConfig& m = r.model.shape;
+  if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.n_embd % m.n_head != 0 ||
+      m.vocab_size < 2 || m.context < 1) {
     return invalid_argument(fmt::format(
         "model {}: layers {}, width {}, heads {}, vocab {}, context {}: all must be >= 1 and "
         "width divisible by heads",
-        m.name, m.layers, m.width, m.heads, m.vocab, m.context));
+        r.model.name, m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.context));
   }
   if (r.micro_batch < 1 || r.seq < 1 || r.accumulation < 1 || r.hw.gpus < 1) {
     return invalid_argument("--batch, --seq, accumulation and --gpus must be >= 1");
@@ -173,14 +151,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   const Placement& where = pl.where;
   const uint64_t W = uint64_t(r.hw.gpus);
   const uint64_t es = dtype_size(r.dtype);
-  STRATA_ASSIGN_OR_RETURN(const auto arch, architecture_of(m), "model " + m.name);
+  STRATA_ASSIGN_OR_RETURN(const auto arch, create_architecture(m), "model " + r.model.name);
   const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
 
   // ---- memory: the memory model, per rank (what TierManager::create's preflight checks) ----
   STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> homes,
                           module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype,
                                        r.delayed_update, sub_group_of(r)),
-                          "model " + m.name);
+                          "model " + r.model.name);
   TierOptions to;
   to.placement = where;
   to.nvme_paths = r.hw.nvme_paths;
@@ -358,7 +336,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   const FlopsPerToken fpt = arch->flops_per_token(r.seq, r.activations);
   o.flops = uint64_t(fpt.train() * tokens * A);
   TimeTerms& t = o.time;
-  t.gemm_flops = gemm_rate_at(pf, m.width, r.micro_batch * r.seq);
+  t.gemm_flops = gemm_rate_at(pf, m.n_embd, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
   const double P = double(P_local), Pfull = double(Pf);
@@ -499,7 +477,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
 Result<PlanReport> make_plan(const PlanRequest& request) {
   PlanReport rep;
   rep.request = request;
-  rep.params = model_params(request.model);
+  if (auto arch = create_architecture(request.model.shape); arch.is_ok()) {
+    rep.params = (*arch)->layout().num_params();
+    rep.model = (*arch)->describe();
+  }
   for (const auto& pl : placement_options()) {
     STRATA_ASSIGN_OR_RETURN(PlanOption o, evaluate_placement(request, pl), "planning");
     rep.options.push_back(std::move(o));
@@ -564,7 +545,7 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile) {
   PlanRequest r;
-  r.model = shape_of(cfg.model, "config");
+  r.model = {"config", cfg.model, ""};
   r.micro_batch = int(cfg.train_micro_batch_size_per_gpu);
   r.seq = cfg.data.seq_len > 0 ? cfg.data.seq_len : cfg.model.context;
   r.accumulation = int(cfg.gradient_accumulation_steps);
@@ -604,7 +585,7 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
   // need grows with it), so a doubling search then a bisection finds the boundary.
   auto fits = [&](int layers, PlanReport* out) -> Result<bool> {
     PlanRequest r = request;
-    r.model.layers = layers;
+    r.model.shape.n_layer = layers;
     r.model.name = fmt::format("{}-{}L", request.model.name, layers);
     STRATA_ASSIGN_OR_RETURN(PlanReport rep, make_plan(r), "");
     const bool ok = rep.best >= 0;
@@ -615,7 +596,7 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
   if (!one) {
     return out_of_memory(
         fmt::format("capacity: even 1 layer of width {} does not fit at micro-batch {} x {} tokens",
-                    request.model.width, request.micro_batch, request.seq));
+                    request.model.shape.n_embd, request.micro_batch, request.seq));
   }
   int lo = 1, hi = 2;
   while (hi < (1 << 20)) {

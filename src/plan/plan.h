@@ -46,45 +46,32 @@ namespace strata {
 
 // ---- models -------------------------------------------------------------------------------
 
-// A model as the planner sees it: the architecture (model.type) and its shape. Every byte and
-// FLOP the planner counts comes from the architecture strata would build from it
-// (architecture_of): its module layout, activation carve and FLOPs per token.
-struct ModelShape {
-  std::string name;  // preset name, "custom", the config's or the --hf directory's path
-  int layers = 12, width = 768, heads = 12, vocab = 50257, context = 1024;
-  std::string note;             // printed beside the plan
-  bool tied_embeddings = true;  // model.tied_embeddings: false adds an output head module
-  std::string type = "gpt2";    // model.type: gpt2 | llama
-  // llama (src/model/llama.h): grouped-query attention's key/value heads (0 = heads), the
-  // SwiGLU MLP's width, q/k/v biases (Qwen2), rope_theta (carried into a written config).
-  int kv_heads = 0;
-  int intermediate = 0;
-  bool qkv_bias = false;
-  double rope_theta = 10000.0;
-  // `strata plan --hf DIR`: a written config names the checkpoint (model.from_pretrained).
-  std::string from_pretrained{};
+// A model as the planner sees it: a name to print and the shape, the config's own model
+// section (one type for the config, the planner and the models). Every byte and FLOP the
+// planner counts comes from the architecture strata builds from `shape`
+// (create_architecture): its module layout, activation carve and FLOPs per token.
+struct PlanModel {
+  std::string name;   // preset name, "custom", the config's or the --hf directory's path
+  ModelConfig shape;  // model.type and the model.* shape keys (model.from_pretrained with --hf)
+  std::string note;   // printed beside the plan
 };
+// A GPT-2 of this shape (the other model.* keys at their defaults), named `name`.
+PlanModel gpt_model(std::string name, int layers, int width, int heads, int vocab, int context,
+                    bool tied_embeddings = true);
 
 // GPT: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-6.7b, gpt3-13b, gpt3-175b. Llama
 // (their config.json shapes: grouped-query attention, SwiGLU, untied head): llama2-7b,
 // llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-7b, qwen2.5-72b (q/k/v
 // biases), mistral-7b. Unknown names are kNotFound listing the known ones.
-Result<ModelShape> model_preset(const std::string& name);
+Result<PlanModel> model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
-// The planner shape of a config's model section (or of a Hugging Face config.json read by
-// model_config_from_hf), named `name`.
-ModelShape shape_of(const ModelConfig& model, const std::string& name);
-// The model section that builds this shape (from_pretrained and its context when set).
-ModelConfig model_config_of(const ModelShape& m);
 // Parameter count of strata's model at this shape: its architecture's layout (0 for a shape
 // that is not a valid model).
-uint64_t model_params(const ModelShape& m);
-// strata's architecture at a planner shape (vocabulary padded to 64). Errors name the model.*
-// key that is wrong.
-Result<std::unique_ptr<Architecture>> architecture_of(const ModelShape& m);
-// Activations of a micro-batch at a planner shape: the runner's own carve (zero for a shape that
-// is not a valid model; evaluate_placement reports that).
-ActivationSizes activations_of(const ModelShape& m, int B, int T, DType dt, ActivationMode mode);
+uint64_t model_params(const ModelConfig& shape);
+// Activations of a micro-batch at this shape: the runner's own carve (zero for a shape that is
+// not a valid model; evaluate_placement reports that).
+ActivationSizes activations_of(const ModelConfig& shape, int B, int T, DType dt,
+                               ActivationMode mode);
 
 // ---- the machine --------------------------------------------------------------------------
 
@@ -173,7 +160,7 @@ struct PlacementOption {
 std::vector<PlacementOption> placement_options();
 
 struct PlanRequest {
-  ModelShape model;
+  PlanModel model;
   int micro_batch = 1;  // sequences per micro-batch per rank
   int seq = 1024;       // tokens per sequence
   int accumulation = 1;
@@ -258,6 +245,7 @@ struct PlanOption {
 struct PlanReport {
   PlanRequest request;
   uint64_t params = 0;
+  std::string model;  // the architecture's describe(): its type and shape, in its own words
   std::vector<PlanOption> options;
   int best = -1;  // index of the fastest feasible option; -1 when none fits
 };
@@ -295,7 +283,7 @@ std::string plan_svg(const PlanReport& report);
 // with layers fixed) whose best placement still fits. Returns the largest fitting shape, or
 // kOutOfMemory when even one layer does not fit.
 struct CapacityResult {
-  ModelShape model;
+  PlanModel model;
   uint64_t params = 0;
   PlanReport report;  // the plan at that size
 };

@@ -61,24 +61,10 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
   if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
-  const ModelShape& m = r.model;
-  if (!m.from_pretrained.empty()) {
-    c["model"] = {{"from_pretrained", m.from_pretrained}, {"context", m.context}};
-  } else {
-    c["model"] = {{"n_layer", m.layers},
-                  {"n_head", m.heads},
-                  {"n_embd", m.width},
-                  {"vocab_size", m.vocab},
-                  {"context", m.context}};
-    if (!m.tied_embeddings) c["model"]["tied_embeddings"] = false;
-    if (m.type == "llama") {
-      c["model"]["type"] = "llama";
-      c["model"]["num_key_value_heads"] = m.kv_heads > 0 ? m.kv_heads : m.heads;
-      c["model"]["intermediate_size"] = m.intermediate;
-      c["model"]["rope_theta"] = m.rope_theta;
-      if (m.qkv_bias) c["model"]["attention_bias"] = true;
-    }
-  }
+  const ModelConfig& m = r.model.shape;
+  c["model"] = m.from_pretrained.empty()
+                   ? json::parse(model_section_json(m))
+                   : json{{"from_pretrained", m.from_pretrained}, {"context", m.context}};
   c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
@@ -98,22 +84,25 @@ std::string plan_json(const PlanReport& rep) {
   json j;
   j["magic"] = "strata-plan";
   j["version"] = 1;
-  j["model"] = {{"name", r.model.name},   {"layers", r.model.layers}, {"width", r.model.width},
-                {"heads", r.model.heads}, {"vocab", r.model.vocab},   {"context", r.model.context},
-                {"params", rep.params},   {"note", r.model.note},     {"type", r.model.type}};
-  if (r.model.type == "llama") {
-    j["model"]["kv_heads"] = r.model.kv_heads > 0 ? r.model.kv_heads : r.model.heads;
-    j["model"]["intermediate"] = r.model.intermediate;
-    j["model"]["qkv_bias"] = r.model.qkv_bias;
-    j["model"]["tied_embeddings"] = r.model.tied_embeddings;
-  }
+  const ModelConfig& m = r.model.shape;
+  j["model"] = {{"name", r.model.name},
+                {"type", m.type},
+                {"layers", m.n_layer},
+                {"width", m.n_embd},
+                {"heads", m.n_head},
+                {"vocab", m.vocab_size},
+                {"context", m.context},
+                {"params", rep.params},
+                {"note", r.model.note},
+                {"description", rep.model},
+                {"config", json::parse(model_section_json(m))}};
   j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
   {
     json a;
     a["mode"] = activation_mode_name(r.activations);
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      const ActivationSizes x = activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, mode);
       a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
     }
     j["activations"] = a;
@@ -175,17 +164,7 @@ std::string plan_json(const PlanReport& rep) {
 
 std::string plan_table(const PlanReport& rep) {
   const PlanRequest& r = rep.request;
-  const ModelShape& m = r.model;
-  const std::string llama =
-      m.type != "llama"
-          ? std::string()
-          : fmt::format(" ({} key/value), SwiGLU {}{}{}", m.kv_heads > 0 ? m.kv_heads : m.heads,
-                        m.intermediate, m.qkv_bias ? ", q/k/v biases" : "",
-                        m.tied_embeddings ? ", tied embeddings" : ", untied head");
-  std::string s = fmt::format(
-      "model {}: {} {} layers, width {}, {} heads{}, vocab {}, context {} = {:.3g}B params\n",
-      m.name, m.type, m.layers, m.width, m.heads, llama, m.vocab, m.context,
-      double(rep.params) / 1e9);
+  std::string s = fmt::format("model {}: {}\n", r.model.name, rep.model);
   if (!r.model.note.empty()) s += "  note: " + r.model.note + "\n";
   s += fmt::format(
       "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
@@ -198,7 +177,7 @@ std::string plan_table(const PlanReport& rep) {
       p.gemm_by_width.empty() || rep.options.empty()
           ? std::string()
           : fmt::format(" (model step at width {}, {} tokens per micro-batch: {:.3g})",
-                        r.model.width, r.micro_batch * r.seq,
+                        r.model.shape.n_embd, r.micro_batch * r.seq,
                         rep.options[0].time.gemm_flops / 1e12),
       p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
       p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
@@ -212,7 +191,7 @@ std::string plan_table(const PlanReport& rep) {
     std::string line = "activations (strata.activations):";
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model, r.micro_batch, r.seq, r.dtype, mode);
+      const ActivationSizes x = activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, mode);
       line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
                           mode == r.activations ? " [this plan]" : "", gb(double(x.bytes)),
                           x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
@@ -273,11 +252,11 @@ std::string plan_table(const PlanReport& rep) {
     s += "no placement fits this machine at this batch";
     // Which activation mode would need less device memory (the table above has the numbers).
     const ActivationSizes now =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, r.activations);
+        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, r.activations);
     const ActivationSizes rec =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
+        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
     const ActivationSizes off =
-        activations_of(r.model, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
+        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
     bool device_short = false;  // some placement failed on the device (not only host/nvme)
     for (const auto& o : rep.options) {
       for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
