@@ -13,6 +13,7 @@
 #include "src/plan/probe_machine.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
+#include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
@@ -40,10 +41,41 @@ PlanRequest small_request() {
   return r;
 }
 
-// The planner's device and host needs are exactly what TierManager::create's preflight demands,
-// for every placement the planner names and for strata.placement-style ones it evaluates as a
-// config's: at the predicted bytes it builds, a page less and it refuses.
-TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
+// A communicator that only says its shape: rank `rank` of `size` on one node, host buffers. What
+// TierManager::create reads of its communicators; every collective fails.
+class ShapeComm final : public Communicator {
+ public:
+  ShapeComm(int rank, int size) : Communicator(300.0), rank_(rank), size_(size) {}
+  const char* backend() const override { return "shape"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return rank_; }
+  int node() const override { return 0; }
+  BufferSpace buffer_space() const override { return BufferSpace::kHost; }
+  Status synchronize(Stream&) override { return unavailable("shape-only communicator"); }
+  Status health() const override { return Status::ok(); }
+  double busy_seconds() override { return 0; }
+  uint64_t bytes_sent() const override { return 0; }
+  Result<std::unique_ptr<Communicator>> split(int, int) override {
+    return unavailable("shape-only communicator");
+  }
+  Status enqueue(Stream&, const Op&) override { return unavailable("shape-only communicator"); }
+  Status run_blocking(const Op&) override { return unavailable("shape-only communicator"); }
+
+ private:
+  int rank_, size_;
+};
+
+// The planner is the engine's preflight, through the config path: the planner writes the config
+// of a placement (plan_config_json); from it the planner plans (request_from_config,
+// placement_of_config, add_placement: the engine's TierOptions::from_config with each rank's
+// share of the host, the engine's default for unset gradients) and the engine builds
+// (TierOptions::from_config, parse_placement, TierManager::create). For every placement the
+// planner names and strata.placement-style ones, every activation mode, with and without the
+// delayed update, on 1 and 2 ranks: at the planner's device and host needs both say it fits,
+// and a page less on either tier both say the same (no fit, or — a host budget too small for
+// the gradients with the optimizer on NVMe — both move them to NVMe and fit).
+TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
   set_log_level(LogLevel::kError);
   char tmpl[] = "/tmp/strata_plan_preflight_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -51,79 +83,114 @@ TEST(Plan, DeviceAndHostNeedsMatchTierManagerPreflight) {
   struct Case {
     PlacementOption option;
     bool tied = true;
-    bool delayed = false;
   };
   std::vector<Case> cases;
   for (const auto& p : placement_options()) cases.push_back({p});
   using T = Tier;
   // strata.placement variants: master on the host with moments on NVMe; gradients on the device
-  // with the optimizer on the host; half the optimizer state kept on the device; an untied head;
-  // the delayed update's second accumulator and parameter shadows.
+  // with the optimizer on the host; half the optimizer state kept on the device; an untied head.
   cases.push_back({{"config", {T::kDevice, T::kHost, T::kNvme, T::kHost, 1.0}}});
   cases.push_back({{"config", {T::kHost, T::kHost, T::kHost, T::kDevice, 1.0}}});
   cases.push_back({{"config", {T::kDevice, T::kHost, T::kHost, T::kHost, 0.5}}});
   cases.push_back({{"config", {T::kNvme, T::kNvme, T::kNvme, T::kHost, 0.5}}});
   cases.push_back({find("params-host"), /*tied=*/false});
   cases.push_back({find("opt-nvme"), /*tied=*/false});
-  cases.push_back({find("params-nvme+opt-host"), true, /*delayed=*/true});
-  for (const Case& c : cases)
-    for (const ActivationMode mode :
-         {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      ModelConfig mc;
-      mc.n_layer = 2;
-      mc.n_head = 2;
-      mc.n_embd = 64;
-      mc.vocab_size = 100;
-      mc.context = 32;
-      mc.tied_embeddings = c.tied;
-      auto arch = create_gpt2(mc);
-      ASSERT_TRUE(arch.is_ok());
-      PlanRequest r = small_request();
-      r.model = gpt_model("t", 2, 64, 2, 100, 32, c.tied);
-      r.seq = 32;
-      r.micro_batch = 2;
-      r.activations = mode;
-      r.delayed_update = c.delayed;
-      r.overlap_optimizer = !c.delayed;  // request_from_config: no overlap with the delayed update
-      r.hw.nvme_paths = {swap_dir};
-      const Placement& w = c.option.where;
-      const std::string what =
-          fmt::format("{} (params {} master {} moments {} grads {} ratio {}{}{}) {}", c.option.name,
-                      tier_name(w.params), tier_name(w.master), tier_name(w.moments),
-                      tier_name(w.grads), w.optimizer_ratio, c.tied ? "" : ", untied",
-                      c.delayed ? ", delayed" : "", activation_mode_name(mode));
-      auto o = evaluate_placement(r, c.option);
-      ASSERT_TRUE(o.is_ok()) << what << ": " << o.status().message();
-      const size_t act = o->device.activations;
-      const ActivationSizes sizes = (*arch)->activation_plan(2, 32, DType::kBF16, mode);
-      EXPECT_EQ(act, sizes.bytes);
-      EXPECT_EQ(o->host.activations, sizes.host_bytes);
-      TierOptions to;
-      to.placement = w;
-      to.nvme_paths = {swap_dir};
-      to.delayed_update = c.delayed;
-      to.undo_copies = r.overlap_optimizer && r.undo_copies;
-      to.stash_layers = sizes.stash_layers;
-      to.stash_bytes = sizes.stash_bytes;
-      for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
-        {
-          auto dev = create_cpu_device(
-              {.capacity = size_t(int64_t(o->device.total()) + slack), .threads = 1});
-          ASSERT_TRUE(dev.is_ok());
-          to.host_capacity = size_t(o->host.total() + uint64_t(1 << 20));
-          auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, act);
-          EXPECT_EQ(tm.is_ok(), slack == 0) << what << " device slack " << slack << ": "
-                                            << (tm.is_ok() ? "" : tm.status().message());
+  int checked = 0;
+  for (const int world : {1, 2})
+    for (const bool delayed : {false, true})
+      for (const Case& c : cases)
+        for (const ActivationMode mode :
+             {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
+          const Placement& w = c.option.where;
+          // Gradients on NVMe run on one rank without the delayed update (the engine refuses).
+          if (w.grads == T::kNvme && (world > 1 || delayed)) continue;
+          const std::string what = fmt::format(
+              "{} (params {} master {} moments {} grads {} ratio {}{}{}) {}, {} rank(s)",
+              c.option.name, tier_name(w.params), tier_name(w.master), tier_name(w.moments),
+              tier_name(w.grads), w.optimizer_ratio, c.tied ? "" : ", untied",
+              delayed ? ", delayed update" : "", activation_mode_name(mode), world);
+          // The config the planner writes for this placement.
+          PlanReport written;
+          written.request = small_request();
+          written.request.model = gpt_model("t", 2, 64, 2, 100, 32, c.tied);
+          written.request.seq = 32;
+          written.request.micro_batch = 2;
+          written.request.activations = mode;
+          written.request.engine.strata.delayed_update = delayed;
+          written.request.hw.gpus = world;
+          written.request.hw.nvme_paths = {swap_dir};
+          PlanOption as_option;
+          as_option.placement = c.option;
+          auto cfg = parse_config(plan_config_json(written, as_option), "plan", {}, world);
+          ASSERT_TRUE(cfg.is_ok()) << what << ": " << cfg.status().message();
+          auto arch = create_architecture(cfg->model);
+          ASSERT_TRUE(arch.is_ok());
+          const ActivationSizes acts = (*arch)->activation_plan(2, 32, DType::kBF16, mode);
+
+          // The planner's verdict and needs (per node) on a machine of these capacities.
+          auto plan = [&](uint64_t gpu_mem, uint64_t host_mem) -> PlanOption {
+            Hardware hw;
+            hw.gpus = world;
+            hw.gpu_mem = gpu_mem;
+            hw.host_mem = host_mem;
+            hw.nvme_paths = {swap_dir};
+            PlanReport rep;
+            rep.request = request_from_config(*cfg, hw, default_profile(true));
+            auto p = placement_of_config(*cfg);
+            EXPECT_TRUE(p.is_ok()) << what;
+            auto i = add_placement(rep, *p);
+            EXPECT_TRUE(i.is_ok()) << what << ": " << i.status().message();
+            return i.is_ok() ? rep.options[size_t(*i)] : PlanOption{};
+          };
+          // The engine's verdict: rank 0 of `world` on a device of `device_cap` with a host
+          // budget of `host_cap` per rank.
+          auto build = [&](size_t device_cap, size_t host_cap) -> Status {
+            auto dev = create_cpu_device({.capacity = device_cap, .threads = 1});
+            if (!dev.is_ok()) return dev.status();
+            Config ec = *cfg;
+            ec.strata.host_memory_limit = host_cap;
+            TierOptions to = TierOptions::from_config(ec, DType::kBF16);
+            auto where = parse_placement(ec);
+            if (!where.is_ok()) return where.status();
+            to.placement = *where;
+            to.stash_layers = acts.stash_layers;
+            to.stash_bytes = acts.stash_bytes;
+            ShapeComm pc(0, world), gc(0, world);
+            if (world > 1) {
+              to.param_comm = &pc;
+              to.grad_comm = &gc;
+            }
+            auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts.bytes);
+            return tm.is_ok() ? Status::ok() : tm.status();
+          };
+
+          const PlanOption roomy = plan(uint64_t{1} << 30, uint64_t{1} << 32);
+          ASSERT_TRUE(roomy.fits) << what;
+          EXPECT_EQ(roomy.device.activations, acts.bytes) << what;
+          EXPECT_EQ(roomy.host.activations, acts.host_bytes * uint64_t(world)) << what;
+          const uint64_t dev_need = roomy.device.total();
+          const uint64_t host_need = roomy.host.total() / uint64_t(world);  // per rank
+          for (const int64_t slack : {int64_t{0}, int64_t{-4096}}) {
+            const uint64_t d = uint64_t(int64_t(dev_need) + slack);
+            const uint64_t h = uint64_t(int64_t(host_need) + slack);
+            // Device short (the host with room).
+            const PlanOption pd = plan(d, (host_need + (1 << 20)) * uint64_t(world));
+            const Status ed = build(size_t(d), size_t(host_need + (1 << 20)));
+            EXPECT_EQ(pd.fits, ed.is_ok())
+                << what << " device slack " << slack << ": " << ed.message()
+                << " | planner: " << (pd.why.empty() ? std::string("fits") : pd.why[0]);
+            EXPECT_EQ(ed.is_ok(), slack == 0) << what << " device slack " << slack;
+            // Host short (the device at its need).
+            const PlanOption ph = plan(dev_need, h * uint64_t(world));
+            const Status eh = build(size_t(dev_need), size_t(h));
+            EXPECT_EQ(ph.fits, eh.is_ok())
+                << what << " host slack " << slack << ": " << eh.message()
+                << " | planner: " << (ph.why.empty() ? std::string("fits") : ph.why[0]);
+            if (slack == 0) EXPECT_TRUE(eh.is_ok()) << what << ": " << eh.message();
+            ++checked;
+          }
         }
-        // Host: the same at the host budget.
-        auto dev2 = create_cpu_device({.capacity = size_t(o->device.total()), .threads = 1});
-        ASSERT_TRUE(dev2.is_ok());
-        to.host_capacity = size_t(int64_t(o->host.total()) + slack);
-        auto tm2 = TierManager::create(**dev2, **arch, DType::kBF16, DType::kF32, to, act);
-        EXPECT_EQ(tm2.is_ok(), slack == 0) << what << " host slack " << slack << ": "
-                                           << (tm2.is_ok() ? "" : tm2.status().message());
-      }
-    }
+  EXPECT_GT(checked, 100);
   std::filesystem::remove_all(swap_dir);
 }
 

@@ -189,7 +189,7 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
     sec += round_up(shape.secondary_bytes(h.shard_numel, DType::kBF16), 256);
     max_sn = std::max(max_sn, h.shard_numel);
   }
-  const size_t k = std::clamp<size_t>(r.reduce_bucket_elems / 4, 1, max_sn);
+  const size_t k = std::clamp<size_t>(r.engine.zero.reduce_bucket_size / 4, 1, max_sn);
   const size_t scratch = round_up(shape.qgz_scratch_bytes(k, true), 256);
   EXPECT_GT(qwz * sec * scratch, 0u);
   EXPECT_EQ(zpp->device.buffers - base->device.buffers, qwz + sec + scratch);
@@ -307,8 +307,8 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   // lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes, 3,162,112 rounded
   // to pages).
   r.hw.gpu_mem = uint64_t{1} << 30;
-  r.undo_copies = false;
-  r.sub_group_elems = 65536;
+  r.engine.gradient_clipping = 0;
+  r.engine.zero.sub_group_size = 65536;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
@@ -362,8 +362,9 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.profile.optimizer_pps.value = 1e8;
   r.profile.nvme_read_gbps.value = 2.0;
   r.profile.nvme_write_gbps.value = 1.0;
-  r.buffer_count = 1;     // the optimizer reads ahead only the final norm (2C params)
-  r.undo_copies = false;  // no clipping, no fp16: no undo copies (see UndoCopies below)
+  r.engine.zero.offload_optimizer.buffer_count =
+      1;                           // the optimizer reads ahead only the final norm (2C params)
+  r.engine.gradient_clipping = 0;  // no clipping, no fp16: no undo copies (see UndoCopies below)
   auto o = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(o.is_ok());
   const double P = double(model_params(r.model.shape));
@@ -388,7 +389,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   EXPECT_EQ(o->time.step_after_s, o->time.step_s);
   {  // With clipping, a step after a clipped one reads ahead under backward and steps after it.
     PlanRequest rc = r;
-    rc.undo_copies = true;
+    rc.engine.gradient_clipping = 1.0;
     auto q = evaluate_placement(rc, find("opt-nvme"));
     ASSERT_TRUE(q.is_ok());
     EXPECT_NEAR(q->time.step_after_s,
@@ -399,7 +400,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     EXPECT_GE(q->time.step_after_s, q->time.step_s);
   }
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
-  r.overlap_optimizer = false;
+  r.engine.strata.optimizer_overlap = false;
   auto p = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(p.is_ok());
   EXPECT_NEAR(
@@ -416,7 +417,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   const auto& t = c->time;
   EXPECT_NEAR(t.step_s,
               t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s, 1e-9);
-  r.overlap_optimizer = true;
+  r.engine.strata.optimizer_overlap = true;
   auto co = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(co.is_ok());
   const auto& u = co->time;
@@ -439,13 +440,14 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
   r.profile.optimizer_pps.value = 2e7;
   // Sub-groups (and the parameters' staging pieces) that the budgets below do not shrink.
-  r.sub_group_elems = 65536;
+  r.engine.zero.sub_group_size = 65536;
   {  // and a GEMM rate at which compute takes as long as the CPU Adam
     auto f = evaluate_placement(r, find("opt-host"));
     ASSERT_TRUE(f.is_ok());
     r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model.shape)) / 2e7);
   }
-  ASSERT_TRUE(r.overlap_optimizer && r.undo_copies);  // the defaults: clipping at 1.0
+  ASSERT_TRUE(r.engine.strata.optimizer_overlap &&
+              r.engine.gradient_clipping > 0);  // the defaults: clipping at 1.0
   auto o = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(o.is_ok());
   // Per module, 4 KiB-rounded master (4 B/param) + moments (8 B/param): embedding 294,912
@@ -464,9 +466,9 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->host.undo, undo / 2);
   EXPECT_NEAR(h->time.hidden_share, 0.5, 1e-6);
-  r.overlap_optimizer = false;
+  r.engine.strata.optimizer_overlap = false;
   auto plain = evaluate_placement(r, find("opt-host"));
-  r.overlap_optimizer = true;
+  r.engine.strata.optimizer_overlap = true;
   r.hw.host_mem = uint64_t{8} << 30;
   auto full = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(plain.is_ok() && full.is_ok());
@@ -475,7 +477,7 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   EXPECT_LT(h->time.step_s, plain->time.step_s);
 
   // No clipping and no fp16: no copies.
-  r.undo_copies = false;
+  r.engine.gradient_clipping = 0;
   auto n = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(n->host.undo, 0u);
@@ -588,7 +590,8 @@ TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
     EXPECT_EQ(again.micro_batch, 2);
     EXPECT_EQ(again.accumulation, 2);
     EXPECT_EQ(again.seq, 128);
-    EXPECT_EQ(again.prefetch_bytes, r.prefetch_bytes);
+    EXPECT_EQ(again.engine.zero.stage3_prefetch_bucket_size,
+              r.engine.zero.stage3_prefetch_bucket_size);
   }
 }
 

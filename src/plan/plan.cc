@@ -124,10 +124,22 @@ std::vector<PlacementOption> placement_options() {
           PlacementOption{"all-nvme", {T::kNvme, T::kNvme, T::kNvme, T::kNvme}}};
 }
 
-// The sub-group size the engine would use for this request (TierOptions::from_config).
-static uint64_t sub_group_of(const PlanRequest& r) {
-  return std::min<uint64_t>(r.sub_group_elems,
-                            max_sub_group_elems(r.hw.host_mem, std::max(1, r.buffer_count)));
+Config plan_default_config() {
+  Config c;
+  c.gradient_clipping = 1.0;
+  return c;
+}
+
+TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
+                            const ActivationSizes& acts) {
+  Config c = r.engine;
+  c.strata.host_memory_limit = size_t(r.hw.host_mem / uint64_t(std::max(1, r.hw.gpus)));
+  TierOptions to = TierOptions::from_config(c, r.dtype);
+  to.placement = placement;
+  to.nvme_paths = r.hw.nvme_paths;
+  to.stash_layers = acts.stash_layers;
+  to.stash_bytes = acts.stash_bytes;
+  return to;
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
@@ -155,21 +167,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
 
   // ---- memory: the memory model, per rank (what TierManager::create's preflight checks) ----
+  const TierOptions to = tier_options_of(r, where, acts);
   STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> homes,
                           module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype,
-                                       r.delayed_update, sub_group_of(r)),
+                                       to.delayed_update, to.sub_group_elems),
                           "model " + r.model.name);
-  TierOptions to;
-  to.placement = where;
-  to.nvme_paths = r.hw.nvme_paths;
-  to.buffer_count = std::max(1, r.buffer_count);
-  to.sub_group_elems = sub_group_of(r);
-  to.prefetch_bytes = r.prefetch_bytes;
-  to.reduce_bucket_elems = r.reduce_bucket_elems;
-  to.delayed_update = r.delayed_update;
-  to.undo_copies = r.overlap_optimizer && r.undo_copies;
-  to.stash_layers = acts.stash_layers;
-  to.stash_bytes = acts.stash_bytes;
   // ZeRO++'s buffers (qwZ's gather buffer, hpZ's secondary chunks, qgZ's scratch) on the
   // planner's grid: its ranks are one node's.
   ZeroPPShape zeropp;
@@ -229,21 +231,24 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     opt_nvme_bytes += opt_nvme_of[i];
   }
 
-  // Fits?
-  if (o.device.capacity > 0 && o.device.total() > o.device.capacity) {
+  // Fits? The preflight's decision (tier_shortfall) for one rank; a capacity of 0 is unknown.
+  TierShortfall short_of =
+      tier_shortfall(needs, to, r.hw.gpu_mem > 0 ? size_t(r.hw.gpu_mem) : SIZE_MAX);
+  if (r.hw.host_mem == 0) short_of.host = false;
+  if (short_of.device) {
     o.why.push_back(fmt::format("device needs {} (activations {}, state {}, working set {}) > {}",
                                 gb(double(o.device.total())), gb(double(o.device.activations)),
                                 gb(double(o.device.state)), gb(double(o.device.buffers)),
                                 gb(double(o.device.capacity))));
   }
-  if (o.host.capacity > 0 && o.host.total() > o.host.capacity) {
+  if (short_of.host) {
     o.why.push_back(fmt::format(
         "host needs {} (state {}, staging {}{}) > {}", gb(double(o.host.total())),
         gb(double(o.host.state)), gb(double(o.host.buffers)),
         o.host.activations ? ", offloaded activations " + gb(double(o.host.activations)) : "",
         gb(double(o.host.capacity))));
   }
-  if (o.nvme.state > 0 && r.hw.nvme_paths.empty()) {
+  if (short_of.nvme_paths) {
     o.why.push_back("nvme: state placed on nvme but no --nvme path given");
   } else if (o.nvme.capacity > 0 && o.nvme.total() > o.nvme.capacity) {
     o.why.push_back(fmt::format("nvme needs {} > {} free", gb(double(o.nvme.total())),
@@ -267,7 +272,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // than the model has: the largest ones.
     std::vector<uint64_t> opt_bytes = opt_nvme_extents;
     std::sort(opt_bytes.rbegin(), opt_bytes.rend());
-    const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
+    const size_t k = std::min(opt_bytes.size(), size_t(2 * to.buffer_count + 1));
     for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
   }
   host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
@@ -312,7 +317,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     if (opt_nvme_bytes > 0) {
       std::vector<uint64_t> slot = opt_nvme_extents;
       std::sort(slot.rbegin(), slot.rend());
-      const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
+      const size_t k = std::min(slot.size(), size_t(to.buffer_count + 1));
       for (size_t i = 0; i < k; ++i) spec += slot[i];
     }
     if (where.params == Tier::kNvme) {  // the fetch ring, and the pieces being published
@@ -396,6 +401,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
+  // The optimizer under backward in the steady state (the trainer does not speculate under
+  // the delayed update), and whether a step can fall back to stepping after backward (clipping
+  // or fp16 make the speculative step wrong).
+  const bool overlap = r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update;
+  const bool may_fall_back = r.engine.gradient_clipping > 0 || r.engine.fp16.enabled;
   // Combination (docs/PLANNER.md, "Step time"). Plain schedule: the optimizer pass (CPU Adam
   // pipelined with its NVMe traffic) follows backward. GPU: transfers and collectives overlap
   // compute (prefetch). CPU backend: compute, copies and the optimizer share the same cores, so
@@ -408,7 +418,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
           : std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
   t.hidden_share = 0;
   t.step_s = plain;
-  if (r.overlap_optimizer) {
+  if (overlap) {
     // The optimizer under backward starts with the last micro-batch's backward: each micro-batch
     // is a forward (1) and a backward (2, plus 1 when blocks are recomputed) in compute units.
     const double rc = fpt.recompute / fpt.forward;
@@ -420,7 +430,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     if (opt_nvme_bytes > 0) {
       // The modules read ahead: the last buffer_count in module order (backward's first).
       double ahead = 0;
-      const size_t k = std::min(homes.size(), size_t(std::max(1, r.buffer_count)));
+      const size_t k = std::min(homes.size(), size_t(to.buffer_count));
       for (size_t i = 0; i < k; ++i) ahead += double(opt_nvme_of[homes.size() - 1 - i]);
       const double opt = double(opt_nvme_bytes);
       window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
@@ -435,7 +445,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
     // predicts the next will clip too) and steps after it: the plain schedule less the reads
     // done ahead.
-    t.step_after_s = r.undo_copies
+    t.step_after_s = may_fall_back
                          ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
                                                     : std::max({comp, t.link_s, t.collectives_s})) +
                                         std::max(t.cpu_optim_s, window_opt),
@@ -454,7 +464,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Modules without room for their undo copies are stepped after backward.
     t.hidden_share = o.host.undo < undo_want ? double(o.host.undo) / double(undo_want) : 1.0;
     t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
-    if (!r.undo_copies) t.step_after_s = t.step_s;  // nothing can make it fall back
+    if (!may_fall_back) t.step_after_s = t.step_s;  // nothing can make it fall back
   } else {
     t.step_after_s = plain;
   }
@@ -508,28 +518,21 @@ Result<PlacementOption> placement_of_config(const Config& cfg) {
 Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
   PlacementOption p = asked;
   if (p.grads_auto && p.where.grads == Tier::kHost) {
-    // The host need with the gradients on the host and on NVMe, as the engine's preflight
-    // weighs them (the planner's host numbers are per node: W ranks' worth, as its budget).
-    auto host_need = [&](Tier grads) -> Result<uint64_t> {
-      PlacementOption q = p;
-      q.where.grads = grads;
-      STRATA_ASSIGN_OR_RETURN(PlanOption o, evaluate_placement(report.request, q),
-                              "planning the placement " + p.name);
-      return o.host.total();
-    };
-    STRATA_ASSIGN_OR_RETURN(const uint64_t with_host, host_need(Tier::kHost), "");
-    const uint64_t cap = report.request.hw.host_mem;
-    if (cap > 0 && with_host > cap) {
-      STRATA_ASSIGN_OR_RETURN(const uint64_t with_nvme, host_need(Tier::kNvme), "");
-      const Tier g =
-          auto_grads_placement(p.where, with_host, with_nvme, cap, report.request.hw.gpus > 1,
-                               report.request.delayed_update);
-      if (g != p.where.grads) {
-        p.where.grads = g;
-        p.name = "config";
-        for (const auto& o : placement_options()) {
-          if (o.where == p.where) p.name = o.name;
-        }
+    // The gradients go where TierManager::create would put them, by the same function over the
+    // same options (one rank's).
+    const PlanRequest& r = report.request;
+    STRATA_ASSIGN_OR_RETURN(const auto arch, create_architecture(r.model.shape),
+                            "model " + r.model.name);
+    const ActivationSizes acts =
+        arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
+    TierOptions to = tier_options_of(r, p.where, acts);
+    to.grads_auto = true;
+    const Tier g = default_grads_tier(*arch, to, r.hw.gpus, r.dtype, r.moment_dtype, acts.bytes);
+    if (g != p.where.grads) {
+      p.where.grads = g;
+      p.name = "config";
+      for (const auto& o : placement_options()) {
+        if (o.where == p.where) p.name = o.name;
       }
     }
   }
@@ -551,13 +554,7 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.accumulation = int(cfg.gradient_accumulation_steps);
   r.dtype = cfg.model.dtype;
   r.moment_dtype = cfg.strata.moment_dtype;
-  r.buffer_count = std::max(1, cfg.zero.offload_optimizer.buffer_count);
-  r.sub_group_elems = cfg.zero.sub_group_size;
-  r.overlap_optimizer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update;
-  r.undo_copies = cfg.gradient_clipping > 0 || cfg.fp16.enabled;
-  r.prefetch_bytes = cfg.zero.stage3_prefetch_bucket_size * dtype_size(cfg.model.dtype);
-  r.reduce_bucket_elems = cfg.zero.reduce_bucket_size;
-  r.delayed_update = cfg.strata.delayed_update;
+  r.engine = cfg;
   r.zeropp.quantized_weights = cfg.zero.zero_quantized_weights;
   r.zeropp.hpz_partition_size = cfg.zero.zero_hpz_partition_size;
   r.zeropp.quantized_gradients = cfg.zero.zero_quantized_gradients;

@@ -6,9 +6,10 @@
 // Memory. The reservations are the memory model's (src/tiers/memory_model.h): module_homes()
 // of the architecture's layout under the option's Placement (ShardLayout's 4 KiB shards with
 // several GPUs, the optimizer ratio, the delayed update's second accumulator) and tier_needs()
-// over TierOptions filled from the request — the very function TierManager::create's preflight
-// checks, so a plan that the tier manager would refuse is reported here as not fitting, with the
-// same numbers. Host and NVMe needs are per node: the memory model's per-rank need times the
+// over the engine's own TierOptions::from_config of the request's config (tier_options_of),
+// judged by tier_shortfall() — the very functions TierManager::create's preflight calls, so a
+// plan that the tier manager would refuse is reported here as not fitting, with the same
+// numbers. Host and NVMe needs are per node: the memory model's per-rank need times the
 // GPUs. Per parameter, strata holds params (2 B in bf16/fp16), an fp32 gradient (4 B), fp32
 // master weights (4 B) and two moments (8 B fp32, 4 B bf16): 18 B/param with fp32 moments,
 // where the ZeRO paper counts 16 (it keeps fp16 gradients). The expected peaks and the time
@@ -159,6 +160,10 @@ struct PlacementOption {
 // else on the host (what zero_optimization.offload_* alone says); optimizer_ratio 1.
 std::vector<PlacementOption> placement_options();
 
+// The engine options a plan assumes when no config gives them: the config defaults, with
+// gradient clipping at 1.0 (what plan_config_json writes).
+Config plan_default_config();
+
 struct PlanRequest {
   PlanModel model;
   int micro_batch = 1;  // sequences per micro-batch per rank
@@ -166,23 +171,15 @@ struct PlanRequest {
   int accumulation = 1;
   DType dtype = DType::kBF16;
   DType moment_dtype = DType::kF32;
-  int buffer_count = 4;  // optimizer pipeline depth (offload_optimizer)
-  // zero_optimization.sub_group_size (elements), capped as the engine caps it for hw.host_mem
-  // (max_sub_group_elems).
-  uint64_t sub_group_elems = 1'000'000'000;
-  uint64_t prefetch_bytes = 50'000'000;  // params in flight ahead (bytes)
-  // zero_optimization.reduce_bucket_size (elements): the sharded gradient bucket on the device.
-  uint64_t reduce_bucket_elems = 500'000'000;
-  // strata.optimizer.delayed_update: a second gradient accumulator per module and host shadows
-  // of the parameters.
-  bool delayed_update = false;
-  // strata.optimizer.overlap: the CPU optimizer steps each module under the rest of backward
-  // (its NVMe reads start with the step), instead of after it.
-  bool overlap_optimizer = true;
-  // The optimizer under backward keeps undo copies of each stepped module's master + moments in
-  // the host tier (gradient clipping or fp16 may make the speculative step wrong): true when
-  // either is on. The planner's configs clip at 1.0, so this defaults to true.
-  bool undo_copies = true;
+  // The engine's options the run is configured with: zero_optimization's buffer_count,
+  // sub_group_size, stage3_prefetch_bucket_size and reduce_bucket_size; strata.optimizer.overlap
+  // and .delayed_update (a second gradient accumulator per module and host shadows of the
+  // parameters); gradient_clipping and fp16 (with the overlap, the optimizer under backward
+  // keeps undo copies of each stepped module's master + moments). The planner builds the tier
+  // manager's options from them with the engine's own TierOptions::from_config
+  // (tier_options_of); its zero_optimization offload sections, model and strata.activations
+  // are not read (the placement, `model` and `activations` say those).
+  Config engine = plan_default_config();
   // strata.activations: device bytes per activation_bytes(); kRecompute/kOffload add one block
   // forward per block to compute, kOffload adds its block inputs to the host tier and their
   // round trip to the link.
@@ -206,7 +203,7 @@ struct TierBytes {
   // fills free device memory; the host optimizer pipeline holds fewer modules than it reserves;
   // NVMe counts allocated extents, not swap-file slack. docs/PLANNER.md gives each rule.
   uint64_t peak = 0;
-  // What the optimizer under backward keeps to undo a step (PlanRequest::undo_copies; every
+  // What the optimizer under backward keeps to undo a step (TierOptions::undo_copies; every
   // module's master + moments): host copies of host/device-homed state, taken when the budget
   // has room; NVMe-homed state's old extents on the swap paths (the step goes to fresh ones).
   // Not part of total(): a run fits without them (host: steps the modules they do not cover
@@ -267,9 +264,17 @@ Result<PlacementOption> placement_of_config(const Config& cfg);
 // the host need with them on the host exceeds report.request.hw.host_mem and the need with them
 // on NVMe is smaller (auto_grads_placement), which may name another option (all-nvme).
 Result<int> add_placement(PlanReport& report, const PlacementOption& p);
-// A PlanRequest from a config: model, batch, dtype, buffer counts, device memory limit.
+// A PlanRequest from a config: model, batch, dtype, its engine options (the config itself),
+// activations, ZeRO++ switches.
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile);
+// The tier manager's options for one rank of `request` under `placement`: the engine's
+// TierOptions::from_config of request.engine with each rank's share of the node's host memory
+// (hw.host_mem / hw.gpus) as strata.host_memory_limit, the swap paths hw.nvme_paths, and the
+// activation stash of `acts`. What evaluate_placement weighs and TierManager::create would
+// check for the same config on that machine.
+TierOptions tier_options_of(const PlanRequest& request, const Placement& placement,
+                            const ActivationSizes& acts);
 
 // The config (JSON text) `strata train` runs as is for `option`: model, batch, precision,
 // zero_optimization offload sections (nvme_path from hw.nvme_paths), aio block, prefetch.

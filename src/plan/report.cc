@@ -24,14 +24,19 @@ std::string gb(double bytes) { return format_bytes(bytes); }
 std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const PlanRequest& r = rep.request;
   const std::string nvme = r.hw.nvme_paths.empty() ? "runs/swap" : r.hw.nvme_paths.front();
+  const Placement& w = o.placement.where;
+  // Optimizer state or gradients on NVMe through strata.placement need a swap path even when
+  // offload_optimizer.device does not say nvme.
+  const bool opt_nvme =
+      w.master == Tier::kNvme || w.moments == Tier::kNvme || w.grads == Tier::kNvme;
   auto offload = [&](Tier t, bool opt) {
     json j;
     j["device"] = t == Tier::kDevice ? "none" : t == Tier::kHost ? "cpu" : "nvme";
-    if (t == Tier::kNvme) {
+    if (t == Tier::kNvme || (opt && opt_nvme)) {
       j["nvme_path"] = r.hw.nvme_paths.empty() ? json(nvme) : json(r.hw.nvme_paths);
     }
     if (t != Tier::kDevice) j["pin_memory"] = true;
-    if (opt && t == Tier::kNvme) j["buffer_count"] = r.buffer_count;
+    if (opt && t == Tier::kNvme) j["buffer_count"] = r.engine.zero.offload_optimizer.buffer_count;
     return j;
   };
   json c;
@@ -47,7 +52,6 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   z["stage"] = 3;
   // offload_* say params and the optimizer's tier (master); strata.placement says what differs
   // from what they imply (parse_placement's rules), so the config asks for exactly this option.
-  const Placement& w = o.placement.where;
   z["offload_param"] = offload(w.params, false);
   z["offload_optimizer"] = offload(w.master, true);
   if (w.optimizer_ratio < 1.0) z["offload_optimizer"]["ratio"] = w.optimizer_ratio;
@@ -55,8 +59,8 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
       w.grads != (w.master == Tier::kDevice ? Tier::kDevice : Tier::kHost)) {
     c["strata"]["placement"] = {{"moments", tier_name(w.moments)}, {"grads", tier_name(w.grads)}};
   }
-  z["stage3_prefetch_bucket_size"] = r.prefetch_bytes / dtype_size(r.dtype);
-  z["reduce_bucket_size"] = r.reduce_bucket_elems;
+  z["stage3_prefetch_bucket_size"] = r.engine.zero.stage3_prefetch_bucket_size;
+  z["reduce_bucket_size"] = r.engine.zero.reduce_bucket_size;
   c["zero_optimization"] = z;
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
@@ -71,7 +75,7 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
   c["device"] = dev;
   if (r.hw.host_mem > 0) c["strata"]["host_memory_limit"] = r.hw.host_mem / uint64_t(world);
-  if (r.delayed_update) c["strata"]["optimizer"]["delayed_update"] = true;
+  if (r.engine.strata.delayed_update) c["strata"]["optimizer"]["delayed_update"] = true;
   if (r.activations != ActivationMode::kKeep) {
     c["strata"]["activations"] = activation_mode_name(r.activations);
   }

@@ -220,6 +220,39 @@ Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& option
                     zeropp);
 }
 
+TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
+                             size_t device_capacity) {
+  TierShortfall s;
+  s.device = need.device.total() > device_capacity;
+  s.host = need.host.total() > options.host_capacity;
+  s.nvme_paths = need.nvme.state > 0 && options.nvme_paths.empty();
+  return s;
+}
+
+Tier default_grads_tier(const Architecture& arch, const TierOptions& options, int world_size,
+                        DType dt, DType moment_dt, size_t activation_bytes, size_t* with_host,
+                        size_t* with_nvme) {
+  if (with_host) *with_host = 0;
+  if (with_nvme) *with_nvme = 0;
+  if (!options.grads_auto || options.placement.grads != Tier::kHost) {
+    return options.placement.grads;
+  }
+  // The host tier's need with the gradients on `grads` (0 when that placement is invalid).
+  auto host_need = [&](Tier grads) -> size_t {
+    TierOptions o = options;
+    o.placement.grads = grads;
+    auto n = tier_needs(arch, o, world_size, dt, moment_dt, activation_bytes);
+    return n.is_ok() ? n->host.total() : 0;
+  };
+  const size_t host = host_need(Tier::kHost);
+  const size_t nvme = host > options.host_capacity ? host_need(Tier::kNvme) : 0;
+  if (with_host) *with_host = host;
+  if (with_nvme) *with_nvme = nvme;
+  if (nvme == 0) return options.placement.grads;
+  return auto_grads_placement(options.placement, host, nvme, options.host_capacity, world_size > 1,
+                              options.delayed_update);
+}
+
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
   const size_t want =
       needs.host.total() +

@@ -180,6 +180,29 @@ Result<TierNeeds> tier_needs(const Architecture& arch, const TierOptions& option
                              DType dt, DType moment_dt, size_t activation_bytes,
                              const ZeroPPShape& zeropp = {});
 
+// Which tiers a need does not fit: the device over `device_capacity` bytes, the host tier over
+// options.host_capacity, state placed on NVMe without a swap path. TierManager::create's
+// preflight and the planner decide "fits" with it (the preflight then also checks the swap
+// paths on disk; the planner the free bytes it was told).
+struct TierShortfall {
+  bool device = false;
+  bool host = false;
+  bool nvme_paths = false;  // state on nvme but options.nvme_paths is empty
+  bool any() const { return device || host || nvme_paths; }
+};
+TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
+                             size_t device_capacity);
+
+// The gradient accumulators' home TierManager::create gives `options` (and the planner a
+// config's placement with strata.placement.grads unset): auto_grads_placement of the host need
+// with them on the host and on NVMe (each tier_needs of the architecture, ZeRO++ aside: its
+// buffers are device memory) against options.host_capacity, when options.grads_auto and they
+// are on the host; else options.placement.grads. `with_host` and `with_nvme` receive the two
+// needs (with_nvme 0 when not weighed).
+Tier default_grads_tier(const Architecture& arch, const TierOptions& options, int world_size,
+                        DType dt, DType moment_dt, size_t activation_bytes,
+                        size_t* with_host = nullptr, size_t* with_nvme = nullptr);
+
 // The host tier's arena: the host need, plus room for the undo copies when options.undo_copies
 // (less the NVMe-homed ones when the swap files hold shadow extents), plus slack for
 // fragmentation; at most options.host_capacity.

@@ -59,11 +59,13 @@ std::string zeropp_parts(const TierNeeds::DeviceNeed& d) {
 }
 
 Status preflight(Device& device, const TierOptions& options, const TierNeeds& need, bool sharded,
-                 const std::string& host_hint, SwapOptions* swap, bool* shadow_extents) {
+                 const std::string& host_hint, SwapOptions* swap, bool* shadow_extents,
+                 TierShortfall* shortfall) {
   std::vector<std::string> short_of;
   const size_t dev_cap = device.memory_stats().capacity;
   const size_t dev_need = need.device.total();
-  if (dev_need > dev_cap) {
+  *shortfall = tier_shortfall(need, options, dev_cap);
+  if (shortfall->device) {
     short_of.push_back(fmt::format(
         "device tier needs {} (activations {}, resident state {}, working set {}{}{}) but has "
         "{}: raise device.memory_limit, offload more state "
@@ -83,7 +85,7 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
   const size_t host_need = need.host.total();
   const size_t staging = need.host.staging + need.host.param_shadows;
   const size_t act_host = need.host.stash;
-  if (host_need > options.host_capacity) {
+  if (shortfall->host) {
     short_of.push_back(fmt::format(
         "host tier needs {} (state {}, staging buffers {}{}{}) but its budget is {}: set "
         "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
@@ -102,7 +104,7 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
   }
   swap->paths = options.nvme_paths;
   swap->rank = options.rank;
-  if (need.nvme.state > 0 && options.nvme_paths.empty()) {
+  if (shortfall->nvme_paths) {
     short_of.push_back(
         "nvme tier: state is placed on nvme but no swap directory is configured: set "
         "zero_optimization.offload_param.nvme_path or offload_optimizer.nvme_path");
@@ -148,7 +150,9 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
 Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const Architecture& arch,
                                                          DType dt, DType moment_dt,
                                                          const TierOptions& requested,
-                                                         size_t activation_bytes) {
+                                                         size_t activation_bytes,
+                                                         TierShortfall* shortfall) {
+  if (shortfall) *shortfall = TierShortfall{};
   auto impl = std::make_unique<Impl>(device, requested, dt, moment_dt);
   Impl& I = *impl;
   const TierOptions& options = I.opt;  // the request, with the gradients' default decided
@@ -173,32 +177,16 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
         "for now: set it to host, or run one rank without the delayed update");
   }
 
-  if (options.grads_auto && options.placement.grads == Tier::kHost) {
-    // The host tier's need with the gradients on `grads` (0 when that placement is invalid).
-    auto host_need = [&](Tier grads) -> size_t {
-      TierOptions o = options;
-      o.placement.grads = grads;
-      auto homes = module_homes(arch.layout(), o.placement, world, dt, moment_dt, o.delayed_update,
-                                o.sub_group_elems);
-      if (!homes.is_ok()) return 0;
-      // ZeRO++'s buffers are device memory: they do not change the host need.
-      return tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain), {})
-          .host.total();
-    };
-    const size_t with_host = host_need(Tier::kHost);
-    const size_t with_nvme = with_host > options.host_capacity ? host_need(Tier::kNvme) : 0;
-    if (with_nvme > 0) {
-      const Tier g = auto_grads_placement(options.placement, with_host, with_nvme,
-                                          options.host_capacity, I.sharded, options.delayed_update);
-      if (g != options.placement.grads) {
-        log_info(
-            "tier manager: gradients on {} (strata.placement.grads unset; on the host they "
-            "would take the host tier to {} of its {} budget, on nvme {})",
-            tier_name(g), format_bytes(double(with_host)),
-            format_bytes(double(options.host_capacity)), format_bytes(double(with_nvme)));
-        I.opt.placement.grads = g;
-      }
-    }
+  size_t with_host = 0, with_nvme = 0;
+  const Tier grads = default_grads_tier(arch, options, world, dt, moment_dt, activation_bytes,
+                                        &with_host, &with_nvme);
+  if (grads != options.placement.grads) {
+    log_info(
+        "tier manager: gradients on {} (strata.placement.grads unset; on the host they would "
+        "take the host tier to {} of its {} budget, on nvme {})",
+        tier_name(grads), format_bytes(double(with_host)),
+        format_bytes(double(options.host_capacity)), format_bytes(double(with_nvme)));
+    I.opt.placement.grads = grads;
   }
 
   // Every tier's need against its capacity, before anything is allocated or written.
@@ -227,8 +215,11 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   const std::string hint = need.host.total() > options.host_capacity
                                ? host_hint(arch, options, world, dt, moment_dt, activation_bytes)
                                : std::string();
-  STRATA_RETURN_IF_ERROR(preflight(device, options, need, I.sharded, hint, &so, &shadow_extents),
-                         "");
+  TierShortfall short_of;
+  const Status fits =
+      preflight(device, options, need, I.sharded, hint, &so, &shadow_extents, &short_of);
+  if (shortfall) *shortfall = short_of;
+  STRATA_RETURN_IF_ERROR(fits, "");
 
   // The tiers and the homes; then the parts that borrow from them.
   STRATA_ASSIGN_OR_RETURN(

@@ -89,17 +89,22 @@ struct TierTimes {
   uint64_t modules_stepped_under_backward = 0;
 };
 
+struct TierShortfall;  // src/tiers/memory_model.h
+
 // Also the ActivationStore of strata.activations = offload (the functions at the end).
 class TierManager : public ActivationStore {
  public:
   // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
   // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
   // The device's working set is the most that the architecture's training program holds at
-  // once (program_peak_bytes).
+  // once (program_peak_bytes). `shortfall`, if given, receives which tiers did not fit (all
+  // false when the preflight passed or failed on something else), so a caller can advise
+  // without reading the message.
   static Result<std::unique_ptr<TierManager>> create(Device& device, const Architecture& arch,
                                                      DType dt, DType moment_dt,
                                                      const TierOptions& options,
-                                                     size_t activation_bytes);
+                                                     size_t activation_bytes,
+                                                     TierShortfall* shortfall = nullptr);
   ~TierManager();
 
   // Fresh state: init(m, begin, count, out) fills out[0, count) with elements [begin, begin +

@@ -21,6 +21,7 @@
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/hf_export.h"
 #include "src/model/architecture.h"
+#include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint.h"
 #include "src/train/checkpoint_dir.h"
@@ -263,13 +264,14 @@ Status Run::setup() {
   const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode, fused);
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
-  auto tm = TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes);
+  TierShortfall short_of;
+  auto tm =
+      TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes, &short_of);
   if (!ckpt_dir.is_ok()) {
     if (tm.is_ok()) return ckpt_dir.with_context("preflight");
     return Status(tm.status().code(), tm.status().message() + "\n  - " + ckpt_dir.message());
   }
-  if (!tm.is_ok() && act_mode != ActivationMode::kOffload &&
-      tm.status().message().find("device tier needs") != std::string::npos) {
+  if (!tm.is_ok() && act_mode != ActivationMode::kOffload && short_of.device) {
     // Name the activation modes that need less device memory, with their bytes.
     const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
     const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload, fused).bytes;
