@@ -115,6 +115,8 @@ class Run {
   LossScaler scaler_;
   int64_t step_ = 0, opt_steps_ = 0;
   std::string run_id_;  // the checkpoints' lineage (src/train/checkpoint_dir.h)
+  // The damaged checkpoints --resume passed over (paths): this run may replace them.
+  std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_;
   std::vector<float> losses_;  // [accum][B*T]
@@ -232,13 +234,20 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   STRATA_RETURN_IF_ERROR(create_comms(), "");
-  // train.checkpoint_dir is checked before anything is trained; a failure is reported together
-  // with the tiers' preflight below.
-  const Status ckpt_dir = eval_only_
-                              ? Status::ok()
-                              : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
-                                                       checkpoint_file_bytes(checkpoint_meta(0)),
-                                                       /*remove_temporaries=*/rank_ == 0);
+  // train.checkpoint_dir is checked before anything is trained; a failure is reported
+  // together with the tiers' preflight below. The checkpoint directory needs room for the
+  // checkpoints the run will hold at its peak (no more than it saves: one per
+  // train.checkpoint_interval, the final one, or the one a stop writes).
+  const int64_t interval = cfg_.train.checkpoint_interval;
+  const int64_t saves = std::max<int64_t>(
+      1, (interval > 0 ? cfg_.train.steps / interval : 0) + (cfg_.train.final_checkpoint ? 1 : 0));
+  const int to_come =
+      int(std::min<int64_t>(saves, checkpoints_to_come(cfg_.train.checkpoint_dir, opts_.resume)));
+  const Status ckpt_dir =
+      eval_only_ ? Status::ok()
+                 : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
+                                          checkpoint_file_bytes(checkpoint_meta(0)), to_come,
+                                          /*remove_temporaries=*/rank_ == 0);
   if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
@@ -304,7 +313,8 @@ Status Run::setup() {
     return init_or_resume();
   }
   STRATA_RETURN_IF_ERROR(init_or_resume(), "");
-  return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps);
+  return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps,
+                                    passed_over_);
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -349,6 +359,7 @@ Status Run::init_or_resume() {
     }
     STRATA_ASSIGN_OR_RETURN(std::string path, resume_first_intact(candidates, load, agree),
                             "--resume");
+    passed_over_.assign(candidates.begin(), std::find(candidates.begin(), candidates.end(), path));
     const CheckpointMeta& meta = plan.meta;
     if (meta.world_size != world_) {
       log_info("resharded the checkpoint of {} rank(s) onto {} rank(s)", meta.world_size, world_);
@@ -637,7 +648,10 @@ Result<TrainResult> Run::loop() {
   // lost checkpoint.
   const bool report = rank_ == 0;
   MetricsLog jsonl;
-  if (report) STRATA_RETURN_IF_ERROR(jsonl.open(log_path, step_ > 0), "");
+  if (report) {
+    STRATA_RETURN_IF_ERROR(jsonl.open(log_path), "");
+    jsonl.write_line(nlohmann::json{{"run_id", run_id_}, {"start_step", step_}}.dump()).ignore();
+  }
 
   auto do_eval = [&](int64_t step) -> Status {
     STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
