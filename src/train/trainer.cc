@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "src/comm/zeropp.h"
+#include "src/hf/export_dir.h"
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/hf_export.h"
 #include "src/model/architecture.h"
@@ -92,6 +93,16 @@ class Run {
   Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
+  // train.export_dir, written by this run's lineage with the checkpoint of `step`.
+  ExportTarget export_target(int64_t step) const {
+    return {cfg_.train.export_dir,
+            "train.export_dir",
+            run_id_,
+            step,
+            cfg_.model.from_pretrained,
+            /*force=*/false,
+            ""};
+  }
 
   const Config& cfg_;
   const TrainOptions& opts_;
@@ -234,20 +245,23 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   STRATA_RETURN_IF_ERROR(create_comms(), "");
-  // train.checkpoint_dir is checked before anything is trained; a failure is reported
-  // together with the tiers' preflight below. The checkpoint directory needs room for the
-  // checkpoints the run will hold at its peak (no more than it saves: one per
-  // train.checkpoint_interval, the final one, or the one a stop writes).
+  // train.checkpoint_dir and train.export_dir are checked before anything is trained; a
+  // failure is reported together with the tiers' preflight below. The checkpoint directory
+  // needs room for the checkpoints the run will hold at its peak (no more than it saves: one
+  // per train.checkpoint_interval, the final one, or the one a stop writes).
   const int64_t interval = cfg_.train.checkpoint_interval;
   const int64_t saves = std::max<int64_t>(
       1, (interval > 0 ? cfg_.train.steps / interval : 0) + (cfg_.train.final_checkpoint ? 1 : 0));
   const int to_come =
       int(std::min<int64_t>(saves, checkpoints_to_come(cfg_.train.checkpoint_dir, opts_.resume)));
-  const Status ckpt_dir =
-      eval_only_ ? Status::ok()
-                 : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
-                                          checkpoint_file_bytes(checkpoint_meta(0)), to_come,
-                                          /*remove_temporaries=*/rank_ == 0);
+  Status ckpt_dir = eval_only_
+                        ? Status::ok()
+                        : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
+                                                 checkpoint_file_bytes(checkpoint_meta(0)), to_come,
+                                                 /*remove_temporaries=*/rank_ == 0);
+  if (ckpt_dir.is_ok() && !eval_only_ && !cfg_.train.export_dir.empty()) {
+    ckpt_dir = check_export_dir(export_target(0));
+  }
   if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
@@ -313,8 +327,11 @@ Status Run::setup() {
     return init_or_resume();
   }
   STRATA_RETURN_IF_ERROR(init_or_resume(), "");
-  return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps,
-                                    passed_over_);
+  STRATA_RETURN_IF_ERROR(check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_,
+                                                    cfg_.train.steps, passed_over_),
+                         "");
+  if (cfg_.train.export_dir.empty()) return Status::ok();
+  return check_export_owner(export_target(step_));
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -804,9 +821,17 @@ Result<TrainResult> Run::loop() {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
     if (!cfg_.train.export_dir.empty() && rank_ == 0) {
       const auto te = Clock::now();
-      STRATA_RETURN_IF_ERROR(
-          export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir),
-          "train.export_dir");
+      Status st = export_as_owner(export_target(step_), [&] {
+        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir);
+      });
+      if (!st.is_ok()) {
+        return Status(
+            st.code(),
+            fmt::format("exporting to train.export_dir failed: {}\n  the training is done and its "
+                        "checkpoint {} is saved; once the cause is fixed, finish the export "
+                        "with: strata export --config <this run's config> --checkpoint {} --out {}",
+                        st.message(), r.last_checkpoint, r.last_checkpoint, cfg_.train.export_dir));
+      }
       log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
                cfg_.train.export_dir, seconds_since(te));
     }
