@@ -196,6 +196,23 @@ Status Run::create_comms() {
       STRATA_ASSIGN_OR_RETURN(zeropp_, ZeroPP::create(zo, *param_comm_, *grad_comm_), "");
     }
   }
+  if (world_ == 1) {
+    // ZeRO++ compresses what ranks send each other: on one rank there is nothing to compress.
+    std::string keys;
+    for (const auto& [on, key] :
+         {std::pair{cfg_.zero.zero_quantized_weights, "zero_quantized_weights"},
+          {cfg_.zero.zero_hpz_partition_size > 1, "zero_hpz_partition_size"},
+          {cfg_.zero.zero_quantized_gradients, "zero_quantized_gradients"}}) {
+      if (on) keys += fmt::format("{}zero_optimization.{}", keys.empty() ? "" : ", ", key);
+    }
+    if (!keys.empty()) {
+      log_warn(
+          "{}: ZeRO++ compresses the collectives between ranks, and this run has one rank, "
+          "so it does nothing here; launch with mpirun -np N (N > 1) for it to act, or "
+          "remove the key(s)",
+          keys);
+    }
+  }
   log_info("comm: {} backend, rank {} of {}, timeout {:g} s", comm_->backend(), rank_, world_,
            comm_->timeout_s());
   return Status::ok();
