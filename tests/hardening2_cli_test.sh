@@ -76,4 +76,26 @@ PY
 rc=$?
 check "a billion layers exits 1 (not killed)" test "$rc" -eq 1
 check "a billion layers names num_hidden_layers" grep -q "num_hidden_layers" huge.txt
+
+# The largest model the ranges allow (4096 layers, width 65536, MLP 2^24, vocab 2^24): sized by
+# the planner in closed form (it used to walk each of ~10^9 optimizer sub-groups: 9 GB and
+# minutes, bad_alloc under a memory limit), and refused by the train preflight.
+python3 - "$repo/tests/fixtures/hf/llama/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(num_hidden_layers=4096, hidden_size=65536, num_attention_heads=512,
+         num_key_value_heads=8, head_dim=128, intermediate_size=1 << 24, vocab_size=1 << 24,
+         max_position_embeddings=1 << 24)
+json.dump(c, open("huge/config.json", "w"))
+PY
+sed -i 's/"from_pretrained": "huge"}/"from_pretrained": "huge", "context": 4096}/' huge.json
+(ulimit -v 4000000; timeout 120 "$strata" plan --config huge.json >plan-huge.txt 2>&1)
+rc=$?
+check "the largest model plans within 4 GB and 120 s (rc $rc)" test "$rc" -eq 0
+check "the largest model does not fit" grep -q "does NOT fit" plan-huge.txt
+(ulimit -v 4000000; timeout 120 "$strata" train --config huge.json \
+  --set 'train.checkpoint_dir="ck-huge"' >train-huge.txt 2>&1)
+rc=$?
+check "the largest model is refused by the preflight (rc $rc)" test "$rc" -eq 1
+check "the preflight names the host tier" grep -q "host tier needs" train-huge.txt
 exit $fail
