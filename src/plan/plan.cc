@@ -224,7 +224,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
   std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
-  std::vector<uint64_t> opt_nvme_extents;              // per sub-group, in 4 KiB host buffers
+  // Per sub-group, in 4 KiB host buffers: (bytes, how many sub-groups have them), two entries
+  // per module (its full sub-groups and its last).
+  std::vector<std::pair<uint64_t, uint64_t>> opt_nvme_extents;
   for (size_t i = 0; i < homes.size(); ++i) {
     const ModuleHomes& h = homes[i];
     P_local += h.shard_numel;
@@ -240,16 +242,30 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
     }
-    for (size_t j = 0; j < h.sub_groups() && opt_nvme_of[i] > 0; ++j) {
+    auto sub_bytes = [&](size_t len) {
       uint64_t sub = 0;
       for (const auto* x : {&h.master, &h.moments}) {
-        if (x->tier == Tier::kNvme)
-          sub += round_up(h.sub_group_len(j) * (x->bytes / h.shard_numel), 4096);
+        if (x->tier == Tier::kNvme) sub += round_up(len * (x->bytes / h.shard_numel), 4096);
       }
-      opt_nvme_extents.push_back(sub);
+      return sub;
+    };
+    if (const size_t n = h.sub_groups(); opt_nvme_of[i] > 0 && n > 0) {
+      opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(0)), n - 1});
+      opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(n - 1)), 1});
     }
     opt_nvme_bytes += opt_nvme_of[i];
   }
+  // The bytes of the k largest sub-groups' NVMe master + moments.
+  std::sort(opt_nvme_extents.rbegin(), opt_nvme_extents.rend());
+  auto largest_extents = [&](uint64_t k) {
+    uint64_t sum = 0;
+    for (const auto& [bytes, count] : opt_nvme_extents) {
+      const uint64_t take = std::min(k, count);
+      sum += take * bytes;
+      k -= take;
+    }
+    return sum;
+  };
 
   // Fits?
   if (o.device.capacity > 0 && o.device.total() > o.device.capacity) {
@@ -287,10 +303,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
-    std::vector<uint64_t> opt_bytes = opt_nvme_extents;
-    std::sort(opt_bytes.rbegin(), opt_bytes.rend());
-    const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
-    for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
+    host_peak += largest_extents(uint64_t(2 * r.buffer_count + 1));
   }
   host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
@@ -331,12 +344,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // gradient landing and write-back staging are free by then. Measured: docs/PLANNER.md.
     uint64_t spec =
         needs.host.state + needs.host.param_shadows + needs.host.stash + o.host.undo / W;
-    if (opt_nvme_bytes > 0) {
-      std::vector<uint64_t> slot = opt_nvme_extents;
-      std::sort(slot.rbegin(), slot.rend());
-      const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
-      for (size_t i = 0; i < k; ++i) spec += slot[i];
-    }
+    if (opt_nvme_bytes > 0) spec += largest_extents(uint64_t(r.buffer_count + 1));
     if (where.params == Tier::kNvme) {  // the fetch ring, and the pieces being published
       spec += needs.host.param_fetch_staging + needs.host.param_publish_staging;
     }
