@@ -18,16 +18,6 @@
 
 namespace strata {
 
-StorageOptions StorageOptions::from_config(const Config& config) {
-  StorageOptions o;
-  o.backend = config.aio.backend;
-  o.block_size = config.aio.block_size;
-  o.queue_depth = config.aio.queue_depth;
-  o.posix_threads = std::max(4, config.aio.intra_op_parallelism);
-  o.checksum = config.strata.io_checksum;
-  return o;
-}
-
 namespace io {
 namespace {
 

@@ -220,25 +220,6 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
   return Status::ok();
 }
 
-Status check_nvme_config(const Config& config, uint64_t bytes_per_path) {
-  const bool direct = config.aio.backend != "posix";
-  const std::pair<const char*, const OffloadConfig*> offloads[] = {
-      {"zero_optimization.offload_param", &config.zero.offload_param},
-      {"zero_optimization.offload_optimizer", &config.zero.offload_optimizer}};
-  for (const auto& [key, off] : offloads) {
-    if (off->device != "nvme") continue;
-    if (off->nvme_path.empty())
-      return invalid_argument(fmt::format(
-          "{}.device is \"nvme\" but {}.nvme_path is empty; set it to a directory (or a list "
-          "of directories, one per drive) on NVMe",
-          key, key));
-    for (const std::string& p : off->nvme_path)
-      STRATA_RETURN_IF_ERROR(check_nvme_path(p, bytes_per_path + kSwapHeaderBytes, direct),
-                             fmt::format("{}.nvme_path", key));
-  }
-  return Status::ok();
-}
-
 Result<std::unique_ptr<SwapSpace>> SwapSpace::create(Storage* storage, const SwapOptions& options) {
   if (options.paths.empty())
     return invalid_argument("swap space: nvme_path is empty; give at least one directory");

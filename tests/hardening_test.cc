@@ -21,7 +21,7 @@
 
 #include "src/base/safe_file.h"
 #include "src/plan/plan.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"

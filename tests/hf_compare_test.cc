@@ -22,7 +22,7 @@
 #include "src/hf/hf_export.h"
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/train/data.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"

@@ -467,19 +467,6 @@ TEST(StorageSelect, AutoPicksAWorkingBackendAndSaysWhich) {
   EXPECT_FALSE(open_storage(o).is_ok());
 }
 
-TEST(StorageSelect, OptionsFromConfig) {
-  Config c;
-  c.aio.backend = "libaio";
-  c.aio.block_size = 2 << 20;
-  c.aio.queue_depth = 32;
-  c.strata.io_checksum = true;
-  StorageOptions o = StorageOptions::from_config(c);
-  EXPECT_EQ(o.backend, "libaio");
-  EXPECT_EQ(o.block_size, size_t(2) << 20);
-  EXPECT_EQ(o.queue_depth, 32);
-  EXPECT_TRUE(o.checksum);
-}
-
 // ExtentAllocator against a byte-map model: random allocs and frees never overlap, stay
 // aligned, account exactly, and coalesce back to one free range.
 TEST(ExtentAllocatorTest, RandomAgainstModel) {
@@ -714,27 +701,6 @@ TEST(NvmePathTest, TooLittleSpaceNamesNeedAndFree) {
   ASSERT_FALSE(sw.is_ok());
   EXPECT_NE(sw.status().message().find("preflight"), std::string::npos);
   EXPECT_FALSE(fs::exists(swap_file_path(d.path(), 0)));
-}
-
-TEST(NvmePathTest, ConfigPreflightNamesKeyAndPath) {
-  TempDir d;
-  Config c;
-  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());  // nothing on nvme: nothing to check
-  c.zero.offload_optimizer.device = "nvme";
-  Status empty = check_nvme_config(c, 1 << 20);
-  ASSERT_FALSE(empty.is_ok());
-  EXPECT_NE(empty.message().find("offload_optimizer.nvme_path is empty"), std::string::npos);
-  c.zero.offload_optimizer.nvme_path = {d.sub("ok"), d.path() + "/missing"};
-  Status missing = check_nvme_config(c, 1 << 20);
-  ASSERT_FALSE(missing.is_ok());
-  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.message().find("zero_optimization.offload_optimizer.nvme_path: nvme_path " +
-                                   d.path() + "/missing does not exist"),
-            std::string::npos)
-      << missing.message();
-  c.zero.offload_optimizer.nvme_path = {d.sub("ok")};
-  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());
-  EXPECT_FALSE(check_nvme_config(c, uint64_t{1} << 50).is_ok());
 }
 
 TEST(SwapSpaceTest, HeaderReclaimAfterCrashAndForeignFiles) {

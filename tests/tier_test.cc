@@ -506,5 +506,42 @@ TEST(CachePolicy, BeladyVictimAndPrefetchHorizon) {
   EXPECT_TRUE(drop.drop_after_use(0));  // 20 bytes of others before A comes back
 }
 
+// The adapters from the config to io/'s own options live above io/ (src/tiers/placement.h).
+TEST(TierOptions, StorageOptionsFromConfig) {
+  Config c;
+  c.aio.backend = "libaio";
+  c.aio.block_size = 2 << 20;
+  c.aio.queue_depth = 32;
+  c.strata.io_checksum = true;
+  StorageOptions o = storage_options_from_config(c);
+  EXPECT_EQ(o.backend, "libaio");
+  EXPECT_EQ(o.block_size, size_t(2) << 20);
+  EXPECT_EQ(o.queue_depth, 32);
+  EXPECT_TRUE(o.checksum);
+}
+
+TEST(TierOptions, NvmeConfigPreflightNamesKeyAndPath) {
+  const std::string dir = test::temp_dir("strata_tier", "nvme_config");
+  std::filesystem::create_directories(dir + "/ok");
+  Config c;
+  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());  // nothing on nvme: nothing to check
+  c.zero.offload_optimizer.device = "nvme";
+  Status empty = check_nvme_config(c, 1 << 20);
+  ASSERT_FALSE(empty.is_ok());
+  EXPECT_NE(empty.message().find("offload_optimizer.nvme_path is empty"), std::string::npos);
+  c.zero.offload_optimizer.nvme_path = {dir + "/ok", dir + "/missing"};
+  Status missing = check_nvme_config(c, 1 << 20);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("zero_optimization.offload_optimizer.nvme_path: nvme_path " +
+                                   dir + "/missing does not exist"),
+            std::string::npos)
+      << missing.message();
+  c.zero.offload_optimizer.nvme_path = {dir + "/ok"};
+  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());
+  EXPECT_FALSE(check_nvme_config(c, uint64_t{1} << 50).is_ok());
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <random>
 
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "tests/test_util.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "tools/cli.h"

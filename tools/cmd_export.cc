@@ -6,7 +6,7 @@
 
 #include "src/hf/export_dir.h"
 #include "src/hf/hf_export.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "strata/config.h"
 #include "tools/cli.h"
 #include "tools/commands.h"

@@ -42,7 +42,6 @@
 #include <string>
 #include <vector>
 
-#include "strata/config.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -61,10 +60,6 @@ struct StorageOptions {
   // Optional faults injected under the engine (tests only). Shared so the test can change the
   // plan and read its counters while the Storage runs.
   std::shared_ptr<FaultPlan> faults;
-
-  // From the config: aio.backend, aio.block_size, aio.queue_depth, aio.intra_op_parallelism
-  // (posix threads) and strata.io_checksum.
-  static StorageOptions from_config(const Config& config);
 };
 
 // What the chosen backend can do.

@@ -43,7 +43,6 @@
 #include <string>
 #include <vector>
 
-#include "strata/config.h"
 #include "strata/extent_allocator.h"
 #include "strata/status.h"
 #include "strata/storage.h"
@@ -77,12 +76,6 @@ struct SwapExtent {
 // already holds, if given). The Status names the path and the fix.
 Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_direct,
                        const std::string& reusable_file = "");
-
-// Start-up preflight from the config: for each of zero_optimization.offload_param and
-// offload_optimizer whose device is "nvme", checks every nvme_path (as check_nvme_path, O_DIRECT
-// required unless aio.backend is "posix") for `bytes_per_path` free. An nvme offload with an
-// empty nvme_path is an error too. The Status names the config key, the path and the fix.
-Status check_nvme_config(const Config& config, uint64_t bytes_per_path);
 
 // Who created a swap file, as its header records it.
 struct SwapOwner {

@@ -12,7 +12,7 @@
 
 #include "src/base/safe_file.h"
 #include "src/hf/hf_config.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 
 namespace strata {
 namespace {

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <set>
 
+#include "strata/swap_space.h"
+
 namespace strata {
 
 const char* tier_name(Tier t) {
@@ -124,6 +126,35 @@ Tier auto_grads_placement(const Placement& p, size_t host_need_with_host_grads,
   return may_spill && helps ? Tier::kNvme : p.grads;
 }
 
+StorageOptions storage_options_from_config(const Config& config) {
+  StorageOptions o;
+  o.backend = config.aio.backend;
+  o.block_size = config.aio.block_size;
+  o.queue_depth = config.aio.queue_depth;
+  o.posix_threads = std::max(4, config.aio.intra_op_parallelism);
+  o.checksum = config.strata.io_checksum;
+  return o;
+}
+
+Status check_nvme_config(const Config& config, uint64_t bytes_per_path) {
+  const bool direct = config.aio.backend != "posix";
+  const std::pair<const char*, const OffloadConfig*> offloads[] = {
+      {"zero_optimization.offload_param", &config.zero.offload_param},
+      {"zero_optimization.offload_optimizer", &config.zero.offload_optimizer}};
+  for (const auto& [key, off] : offloads) {
+    if (off->device != "nvme") continue;
+    if (off->nvme_path.empty())
+      return invalid_argument(fmt::format(
+          "{}.device is \"nvme\" but {}.nvme_path is empty; set it to a directory (or a list "
+          "of directories, one per drive) on NVMe",
+          key, key));
+    for (const std::string& p : off->nvme_path)
+      STRATA_RETURN_IF_ERROR(check_nvme_path(p, bytes_per_path + kSwapHeaderBytes, direct),
+                             fmt::format("{}.nvme_path", key));
+  }
+  return Status::ok();
+}
+
 TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   TierOptions o;
   const auto& zp = cfg.zero.offload_param;
@@ -134,7 +165,7 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
       if (seen.insert(p).second) o.nvme_paths.push_back(p);
     }
   }
-  o.storage = StorageOptions::from_config(cfg);
+  o.storage = storage_options_from_config(cfg);
   o.pin_memory = zp.pin_memory || zo.pin_memory;
   o.buffer_count = std::max(1, zo.buffer_count);
   const size_t es = dtype_size(dt);

@@ -80,6 +80,16 @@ Tier auto_grads_placement(const Placement& placement, size_t host_need_with_host
                           size_t host_need_with_nvme_grads, size_t host_capacity, bool sharded,
                           bool delayed_update);
 
+// The adapters from the config to io/'s own options (io/ never reads the Config):
+// aio.backend, aio.block_size, aio.queue_depth, aio.intra_op_parallelism (posix threads) and
+// strata.io_checksum.
+StorageOptions storage_options_from_config(const Config& config);
+// Start-up preflight from the config: for each of zero_optimization.offload_param and
+// offload_optimizer whose device is "nvme", checks every nvme_path (as check_nvme_path, O_DIRECT
+// required unless aio.backend is "posix") for `bytes_per_path` free. An nvme offload with an
+// empty nvme_path is an error too. The Status names the config key, the path and the fix.
+Status check_nvme_config(const Config& config, uint64_t bytes_per_path);
+
 struct TierOptions {
   Placement placement;
   size_t host_capacity = 0;             // host tier budget, bytes

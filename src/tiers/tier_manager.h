@@ -50,7 +50,7 @@
 #include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "src/tiers/trace.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "strata/buffer_pool.h"
 #include "strata/comm.h"
 #include "strata/config.h"

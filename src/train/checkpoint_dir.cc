@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "src/base/safe_file.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "strata/log.h"
 
 namespace strata {

@@ -1,6 +1,6 @@
 // Every value a checkpoint's metadata holds, checked against the run before any of it is used.
 //
-// The reader (src/train/checkpoint.h) already refuses values of the wrong type or range; this
+// The reader (src/checkpoint/checkpoint.h) already refuses values of the wrong type or range; this
 // compares what is left with the run that resumes: the model (shape, module names and element
 // counts), the moment dtype, train.seed, train.steps, and, for a sharded checkpoint, that the
 // manifest, the shard files' world_size and rank, and their (offset, numel) ranges agree and
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "strata/status.h"
 
 namespace strata {

@@ -24,7 +24,7 @@
 #include "src/model/architecture.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"

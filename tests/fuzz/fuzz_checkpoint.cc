@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 #include "src/train/resume_check.h"
 #include "strata/log.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -1,4 +1,4 @@
-#include "src/train/checkpoint.h"
+#include "src/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
