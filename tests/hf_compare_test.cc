@@ -499,7 +499,9 @@ TEST(HfExport, ImportThenExportGivesTheSameTensorBytes) {
     auto reader = HfCheckpointReader::open(src, **arch);
     ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
     const std::string out = test::temp_dir("strata_hf_export", std::to_string(shard));
-    auto w = HfCheckpointWriter::create(out, cfg->model, **arch, shard);
+    HfExportOptions options;
+    options.shard_bytes = shard;
+    auto w = HfCheckpointWriter::create(out, cfg->model, **arch, options);
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
     for (size_t m = 0; m < (*arch)->layout().modules.size(); ++m) {
       std::vector<float> master((*arch)->layout().modules[m].numel);
@@ -556,17 +558,68 @@ TEST(HfExport, TrainedWeightsExportAsTheCheckpointHoldsThem) {
         convert(v.data(), DType::kF32, b.data(), DType::kBF16, v.size());
         ASSERT_TRUE(exported.count(h.name)) << h.name;
         const std::string& e = exported[h.name];
-        EXPECT_EQ(e.substr(e.size() - b.size()), b) << name << " " << h.name;
+        const std::string data = e.substr(e.find(']') + 1);
+        EXPECT_EQ(data.substr(0, b.size()), b) << name << " " << h.name;
         EXPECT_EQ(e.rfind("bf16[", 0), 0u) << h.name;
+        if (h.more_rows_ok) {
+          // GPT-2's position table: the fixture's 32 rows, not model.context's 16; the rows past
+          // the context are the fixture's, unchanged (in the model dtype).
+          auto src = SafetensorsFile::open(fixture(name) + "/model.safetensors");
+          ASSERT_TRUE(src.is_ok());
+          const SafetensorsTensor* t = (*src)->find(h.name);
+          ASSERT_NE(t, nullptr);
+          ASSERT_EQ(t->shape[0], 32);
+          EXPECT_EQ(e.substr(0, e.find(']') + 1), "bf16[32,32,]");
+          std::vector<float> stored(t->numel());
+          ASSERT_TRUE((*src)->read_as(*t, DType::kF32, stored.data()).is_ok());
+          std::string tail((stored.size() - v.size()) * 2, '\0');
+          convert(stored.data() + v.size(), DType::kF32, tail.data(), DType::kBF16,
+                  stored.size() - v.size());
+          EXPECT_EQ(data.substr(b.size()), tail);
+        } else {
+          EXPECT_EQ(data.size(), b.size()) << h.name;
+        }
         ++n;
       }
     }
     EXPECT_EQ(n, exported.size());
+    if (std::string(name) == "gpt2") {
+      auto again = config_for({{"from_pretrained", dir + "/hf"}});
+      ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+      EXPECT_EQ(again->model.context, 32) << "n_positions is the stored table's";
+    }
+    // The tokenizer and generation files of the fixture, byte for byte.
+    int copied = 0;
+    for (const char* f : kHfTokenizerFiles) {
+      const std::string from = fixture(name) + "/" + f;
+      if (!fs::exists(from)) continue;
+      EXPECT_EQ(test::read_file(dir + "/hf/" + f), test::read_file(from)) << f;
+      ++copied;
+    }
+    EXPECT_GE(copied, 3) << "the fixture's tokenizer.json, tokenizer_config.json and "
+                            "generation_config.json (tools/make_hf_fixtures.py)";
     // The same through `strata export`'s function, from the run directory's checkpoint.
     ASSERT_TRUE(export_checkpoint(r.last_checkpoint, cfg->model, dir + "/hf2").is_ok());
     EXPECT_EQ(tensor_bytes(dir + "/hf2"), exported);
     EXPECT_EQ(test::read_file(dir + "/hf2/config.json"), test::read_file(dir + "/hf/config.json"));
   }
+}
+
+// --tokenizer naming a directory with no tokenizer is refused before anything is written.
+TEST(HfExport, TokenizerDirectoryWithoutATokenizerIsRefused) {
+  const std::string dir = test::temp_dir("strata_hf_export", "tokenizer");
+  auto cfg = config_for({{"from_pretrained", fixture("llama")}});
+  ASSERT_TRUE(cfg.is_ok());
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  HfExportOptions options;
+  options.tokenizer_dir = dir;
+  auto w = HfCheckpointWriter::create(dir + "/hf", cfg->model, **arch, options);
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_NE(w.status().message().find("no tokenizer.json, tokenizer.model or vocab.json"),
+            std::string::npos)
+      << w.status().message();
+  EXPECT_FALSE(fs::exists(dir + "/hf"));
 }
 
 // A checkpoint of another shape is refused, naming both shapes.
