@@ -21,6 +21,10 @@ if(strata_hf_python)
            COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_hf_export.py
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(hf_export_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # tools/prepare_data.py: errors as one line with the file and line, bounded memory on a 16 MB
+  # line, empty outputs refused, the input never overwritten (a test double of transformers).
+  add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)
+  set_tests_properties(prepare_data PROPERTIES TIMEOUT 600)
 endif()
 # The fine-tuning path through the CLI: plan --hf --write-config trains from the checkpoint
 # (first-step loss == strata eval), metrics every step to JSONL, TensorBoard (read back with
