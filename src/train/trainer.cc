@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -382,8 +383,22 @@ Status Run::init_or_resume() {
   const auto t0 = Clock::now();
   STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_),
                           "");
+  // Progress every 10 s for a large model (ranges may be read from several threads).
+  size_t total = 0;
+  for (const ModuleSpec& m : arch_->layout().modules) total += m.numel;
+  std::atomic<size_t> done{0};
+  std::atomic<double> last{0.0};
   STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
-    return hf->read_range(m, begin, count, out);
+    STRATA_RETURN_IF_ERROR(hf->read_range(m, begin, count, out),
+                           fmt::format("module {}", arch_->layout().modules[size_t(m)].name));
+    const size_t now = done += count;
+    double seen = last.load();
+    const double t = seconds_since(t0);
+    if (rank_ == 0 && t - seen >= 10.0 && last.compare_exchange_strong(seen, t)) {
+      log_info("model.from_pretrained: {:.0f}% of {:.2f} G parameters read ({:.0f} s)",
+               100.0 * double(now) / double(total), double(total) / 1e9, t);
+    }
+    return Status::ok();
   }),
                          "model.from_pretrained");
   log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
