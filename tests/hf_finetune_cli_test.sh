@@ -6,7 +6,7 @@
 #   the metrics: a record every step (train.log_interval 1) in metrics.jsonl, TensorBoard event
 #   files (read back with TensorBoard's own reader where it is installed for $STRATA_HF_PYTHON),
 #   CSV; wandb refused with the way to upload;
-#   a missing nvme_path is created.
+#   a missing nvme_path is created; strata generate (greedy == transformers' tokens).
 # usage: hf_finetune_cli_test.sh STRATA_BINARY REPO_DIR
 set -uo pipefail
 strata=$1
@@ -103,6 +103,36 @@ PY
     check "$name: TensorBoard's reader reads the scalars metrics.jsonl has" test $? -eq 0
   else
     echo "skipped: $name: TensorBoard's reader check (tensorboard is not installed for $py; set STRATA_HF_PYTHON)"
+  fi
+done
+
+# strata generate: greedy from model.from_pretrained gives transformers' tokens (greedy.json);
+# from the run directory's checkpoint too (3 steps at lr 2e-5 on 18 tokens: a different model,
+# so only that it runs and stops where asked); the prompt as text where $py can tokenize.
+for name in llama gpt2; do
+  fixture="$repo/tests/fixtures/hf/$name"
+  want=$(json "$fixture/greedy.json" "','.join(map(str, d['ids']))")
+  pids=$(json "$fixture/greedy.json" "','.join(map(str, d['prompt_ids']))")
+  # (model.context 32, the fixtures' length: the written config trains at 16)
+  "$strata" generate --config "$name.json" --set model.context=32 --prompt-ids "$pids" \
+    --max-new-tokens 20 --ignore-eos --json >"gen-$name.json" 2>"gen-$name.err"
+  check "$name: generate --prompt-ids exits 0" test $? -eq 0
+  check "$name: greedy generate == transformers' greedy ($want)" \
+    test "$(json "gen-$name.json" "','.join(map(str, d['ids']))")" = "$want"
+  "$strata" generate --config "$name.json" --checkpoint "run-$name" --prompt-ids "$pids" \
+    --max-new-tokens 5 --temperature 0.7 --top-p 0.9 --seed 1 --ignore-eos --json \
+    >"gen-ck-$name.json" 2>"gen-ck-$name.err"
+  check "$name: generate --checkpoint (sampled) gives 5 tokens" \
+    test "$(json "gen-ck-$name.json" "len(d['ids'])")" -eq 5
+  if "$py" -c "import transformers" 2>/dev/null; then
+    STRATA_PYTHON=$py "$strata" generate --config "$name.json" --set model.context=32 \
+      --prompt "the model writes" --max-new-tokens 20 --ignore-eos --json >"gen-text-$name.json" 2>"gen-text-$name.err"
+    check "$name: generate --prompt (tokenized by $py) == transformers' greedy" \
+      test "$(json "gen-text-$name.json" "','.join(map(str, d['ids']))")" = "$want"
+    check "$name: the completion is decoded text" \
+      test -n "$(json "gen-text-$name.json" "d['text']")"
+  else
+    echo "skipped: $name: generate --prompt (transformers is not installed for $py)"
   fi
 done
 
