@@ -255,8 +255,8 @@ Result<bool> create_nvme_path(const std::string& path) {
     ::close(fd);
     if (next < 0) {
       struct stat st {};
-      const bool link = ::fstatat(AT_FDCWD, sofar.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                        S_ISLNK(st.st_mode);
+      const bool link =
+          ::fstatat(AT_FDCWD, sofar.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
       if (link) {
         return invalid_argument(fmt::format(
             "nvme_path {}: {} is a link to a missing or non-directory target; strata does not "

@@ -358,29 +358,27 @@ std::vector<Case> cases() {
   // The same config for a bf16 checkpoint trains in bf16, as the Hugging Face Trainer run with
   // --bf16 for it would; a short run still warms up (at least one step).
   const std::string hf = std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/";
-  good(
-      "auto_hf_zero3_bf16_checkpoint", kHfZero3,
-      [](const Config& g) {
-        EXPECT_TRUE(g.bf16.enabled);
-        EXPECT_FALSE(g.fp16.enabled);
-        EXPECT_EQ(g.model.dtype, DType::kBF16);
-        EXPECT_EQ(g.scheduler.warmup_num_steps, 1);
-        for (const char* line :
-             {"bf16.enabled = true (model.from_pretrained's dtype is bf16) (auto)",
-              "fp16.enabled = false (model.from_pretrained's dtype is bf16) (auto)",
-              "scheduler.params.warmup_num_steps = 1 (10% of train.steps 5, rounded up) (auto)"}) {
-          EXPECT_TRUE(has_line(g.resolved_auto, line)) << line;
-        }
-      },
-      {"model.from_pretrained=\"" + hf + "llama-bf16\"", "train.steps=5"});
-  good(
-      "auto_hf_zero3_fp32_checkpoint", kHfZero3,
-      [](const Config& g) {
-        EXPECT_FALSE(g.bf16.enabled);
-        EXPECT_FALSE(g.fp16.enabled);
-        EXPECT_EQ(g.model.dtype, DType::kF32);
-      },
-      {"model.from_pretrained=\"" + hf + "llama\""});
+  good("auto_hf_zero3_bf16_checkpoint", kHfZero3,
+       [](const Config& g) {
+         EXPECT_TRUE(g.bf16.enabled);
+         EXPECT_FALSE(g.fp16.enabled);
+         EXPECT_EQ(g.model.dtype, DType::kBF16);
+         EXPECT_EQ(g.scheduler.warmup_num_steps, 1);
+         for (const char* line :
+              {"bf16.enabled = true (model.from_pretrained's dtype is bf16) (auto)",
+               "fp16.enabled = false (model.from_pretrained's dtype is bf16) (auto)",
+               "scheduler.params.warmup_num_steps = 1 (10% of train.steps 5, rounded up) (auto)"}) {
+           EXPECT_TRUE(has_line(g.resolved_auto, line)) << line;
+         }
+       },
+       {"model.from_pretrained=\"" + hf + "llama-bf16\"", "train.steps=5"});
+  good("auto_hf_zero3_fp32_checkpoint", kHfZero3,
+       [](const Config& g) {
+         EXPECT_FALSE(g.bf16.enabled);
+         EXPECT_FALSE(g.fp16.enabled);
+         EXPECT_EQ(g.model.dtype, DType::kF32);
+       },
+       {"model.from_pretrained=\"" + hf + "llama\""});
   good("auto_lr_from_warmup_max", J(R"("optimizer": {"type": "Adam", "params": {"lr": "auto"}},
             "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 3e-4}})"),
        [](const Config& g) { EXPECT_DOUBLE_EQ(g.optimizer.lr, 3e-4); });

@@ -671,11 +671,11 @@ TEST(HfGenerate, GreedyMatchesTransformers) {
 TEST(HfGenerate, FromACheckpoint) {
   const std::string dir = test::temp_dir("strata_hf_generate", "ckpt");
   fs::create_directories(dir + "/swap");
-  auto cfg = config_for({{"from_pretrained", fixture("qwen2")}},
-                        {"train.checkpoint_dir=\"" + dir + "/ckpt\"", "train.steps=1",
-                         "train.eval_interval=0", "optimizer.params.lr=1e-12",
-                         "device.memory_limit=\"64MiB\"",
-                         "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""});
+  auto cfg = config_for(
+      {{"from_pretrained", fixture("qwen2")}},
+      {"train.checkpoint_dir=\"" + dir + "/ckpt\"", "train.steps=1", "train.eval_interval=0",
+       "optimizer.params.lr=1e-12", "device.memory_limit=\"64MiB\"",
+       "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""});
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   TrainResult r = test::must_train(*cfg);
   auto arch = create_architecture(cfg->model);

@@ -139,8 +139,9 @@ std::vector<Key> build_table() {
 
   // --- fp16 / bf16 ----------------------------------------------------------------------------
   group("DeepSpeed: fp16 / bf16");
-  add(F("fp16.enabled", Bool(), STRATA_M(fp16.enabled), "fp16 params/activations (auto: model.from_pretrained's dtype is float16)",
-        nullptr, kAuto));
+  add(F("fp16.enabled", Bool(), STRATA_M(fp16.enabled),
+        "fp16 params/activations (auto: model.from_pretrained's dtype is float16)", nullptr,
+        kAuto));
   add(F("fp16.loss_scale", Real(0, kInf, false, true), STRATA_M(fp16.loss_scale),
         "static loss scale; 0 = dynamic"));
   add(F("fp16.initial_scale_power", Int(0, 62), STRATA_M(fp16.initial_scale_power),
@@ -157,8 +158,9 @@ std::vector<Key> build_table() {
   add(F("fp16.min_loss_scale", Real(0, kInf, true, true), STRATA_M(fp16.min_loss_scale),
         "dynamic: floor of the scale"));
   add(F("fp16.auto_cast", Bool(), STRATA_M(fp16.auto_cast), "cast module inputs to fp16", kNoCast));
-  add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled), "bf16 params/activations (auto: model.from_pretrained's dtype is bfloat16)",
-        nullptr, kAuto));
+  add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled),
+        "bf16 params/activations (auto: model.from_pretrained's dtype is bfloat16)", nullptr,
+        kAuto));
 
   // --- optimizer --------------------------------------------------------------------------------
   group("DeepSpeed: optimizer");
@@ -398,8 +400,7 @@ std::vector<Key> build_table() {
   add(F("csv_monitor.job_name", Str(), STRATA_M(csv_monitor.job_name),
         "their directory under output_path"));
   add(U("wandb.enabled", Bool(), "false",
-        "true is refused: no network; tensorboard's files upload with `wandb sync DIR`",
-        kMonitor));
+        "true is refused: no network; tensorboard's files upload with `wandb sync DIR`", kMonitor));
   add(U("wandb.group", Str(), "null", "", kMonitor));
   add(U("wandb.team", Str(), "null", "", kMonitor));
   add(U("wandb.project", Str(), "\"deepspeed\"", "", kMonitor));

@@ -256,7 +256,9 @@ std::string hf_config_json(const ModelConfig& m) {
     }
   }
   // Both spellings: "dtype" (transformers 5 on), "torch_dtype" (the versions before).
-  c["dtype"] = m.dtype == DType::kBF16 ? "bfloat16" : m.dtype == DType::kF16 ? "float16" : "float32";
+  c["dtype"] = m.dtype == DType::kBF16  ? "bfloat16"
+               : m.dtype == DType::kF16 ? "float16"
+                                        : "float32";
   c["torch_dtype"] = c["dtype"];
   c["vocab_size"] = m.vocab_size;
   c["tie_word_embeddings"] = m.tied_embeddings;

@@ -48,8 +48,7 @@ bool is_regular_file(const std::string& path) {  // through a link (the Hugging 
 }
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -79,10 +78,9 @@ HfCheckpointWriter::~HfCheckpointWriter() {
   }
 }
 
-Result<std::unique_ptr<HfCheckpointWriter>> HfCheckpointWriter::create(const std::string& dir,
-                                                                       const ModelConfig& model,
-                                                                       const Architecture& arch,
-                                                                       const HfExportOptions& options) {
+Result<std::unique_ptr<HfCheckpointWriter>> HfCheckpointWriter::create(
+    const std::string& dir, const ModelConfig& model, const Architecture& arch,
+    const HfExportOptions& options) {
   std::unique_ptr<HfCheckpointWriter> w(new HfCheckpointWriter());
   w->dir_ = dir;
   w->options_ = options;
@@ -185,7 +183,7 @@ Status HfCheckpointWriter::write_module(int m, const float* master) {
     const size_t es = dtype_size(dt_);
     const size_t row = p.bytes / es / size_t(p.hf.shape[0]);
     const size_t n = size_t(p.model_rows) * row;  // from the master weights
-    if (p.hf.transposed) {  // strata's [out, in] -> stored [in, out]
+    if (p.hf.transposed) {                        // strata's [out, in] -> stored [in, out]
       const size_t in = size_t(p.hf.shape[0]), o = size_t(p.hf.shape[1]);
       tmp.resize(n);
       for (size_t i = 0; i < in; ++i) {
@@ -197,9 +195,9 @@ Status HfCheckpointWriter::write_module(int m, const float* master) {
     convert(src, DType::kF32, out.data(), dt_, n);
     if (p.hf.shape[0] > p.model_rows) {  // the stored rows past the model's, unchanged
       tmp.resize(size_t(p.hf.shape[0] - p.model_rows) * row);
-      STRATA_RETURN_IF_ERROR(source_->read_stored_rows(m, p.index, p.model_rows, p.hf.shape[0],
-                                                       tmp.data()),
-                             fmt::format("exporting tensor \"{}\"", p.hf.name));
+      STRATA_RETURN_IF_ERROR(
+          source_->read_stored_rows(m, p.index, p.model_rows, p.hf.shape[0], tmp.data()),
+          fmt::format("exporting tensor \"{}\"", p.hf.name));
       convert(tmp.data(), DType::kF32, out.data() + n * es, dt_, tmp.size());
     }
     const int fd = fds_[size_t(p.file)];
@@ -255,9 +253,10 @@ Status HfCheckpointWriter::finish() {
   if (!tok.empty()) {
     STRATA_ASSIGN_OR_RETURN(int copied, copy_tokenizer_files(tok, dir_), "exporting");
     if (copied == 0) {
-      log_warn("export: {} holds no tokenizer files; {} has none (give strata export "
-               "--tokenizer DIR)",
-               tok, dir_);
+      log_warn(
+          "export: {} holds no tokenizer files; {} has none (give strata export "
+          "--tokenizer DIR)",
+          tok, dir_);
     }
   }
   return fsync_directory(dir_);
@@ -277,8 +276,7 @@ Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model
           f, meta.model_shape, arch->shape_string()));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(auto w, HfCheckpointWriter::create(dir, model, *arch, options),
-                          "export");
+  STRATA_ASSIGN_OR_RETURN(auto w, HfCheckpointWriter::create(dir, model, *arch, options), "export");
   std::vector<float> master;
   if (files.size() == 1) {  // a whole-model checkpoint: module by module
     auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {

@@ -44,11 +44,16 @@ inline constexpr uint64_t kHfShardBytes = 5'000'000'000;
 // The files of a Hugging Face model directory that are not weights or config.json: the
 // tokenizer (fast tokenizer.json, sentencepiece tokenizer.model, GPT-2's vocab.json +
 // merges.txt), its config and special tokens, the chat template, generation defaults.
-inline constexpr const char* kHfTokenizerFiles[] = {
-    "tokenizer.json",     "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json",  "tokenizer.model",       "vocab.json",
-    "merges.txt",         "chat_template.jinja",   "chat_template.json",
-    "generation_config.json"};
+inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",
+                                                    "tokenizer_config.json",
+                                                    "special_tokens_map.json",
+                                                    "added_tokens.json",
+                                                    "tokenizer.model",
+                                                    "vocab.json",
+                                                    "merges.txt",
+                                                    "chat_template.jinja",
+                                                    "chat_template.json",
+                                                    "generation_config.json"};
 
 struct HfExportOptions {
   // Where the tokenizer and generation files come from: "" = model.from_pretrained (a model
@@ -88,7 +93,7 @@ class HfCheckpointWriter {
 
  private:
   struct Planned {
-    HfTensor hf;     // shape: as written (the stored rows included)
+    HfTensor hf;  // shape: as written (the stored rows included)
     int file = 0;
     uint64_t offset = 0;  // in the file's data region
     uint64_t bytes = 0;

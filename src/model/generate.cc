@@ -96,8 +96,8 @@ class DecoderBase : public Decoder {
           pos_, T_));
     }
     if (token < 0 || token >= V_) {
-      return invalid_argument(fmt::format("generate: token {} is outside the vocabulary ({})",
-                                          token, V_));
+      return invalid_argument(
+          fmt::format("generate: token {} is outside the vocabulary ({})", token, V_));
     }
     return Status::ok();
   }
@@ -218,8 +218,7 @@ class GptDecoder final : public DecoderBase {
       matvec(t(m, "fcprojw"), t(m, "fcprojb"), f.data(), C, 4 * C, o.data());
       for (int i = 0; i < C; ++i) x[size_t(i)] += o[size_t(i)];
     }
-    layer_norm(x.data(), t(s_.final_norm(), "lnfw"), t(s_.final_norm(), "lnfb"), 1e-5, C,
-               h.data());
+    layer_norm(x.data(), t(s_.final_norm(), "lnfw"), t(s_.final_norm(), "lnfb"), 1e-5, C, h.data());
     logits_.resize(size_t(V_));
     const float* head = s_.tied ? t(E, "wte") : t(s_.head(), "lm_head");
     matvec(head, nullptr, h.data(), V_, C, logits_.data());
@@ -252,8 +251,7 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
     }
     return w;
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint),
-                          "generate");
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "generate");
   std::vector<float> slice;
   for (const std::string& f : files) {
     STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(f), "generate");
@@ -274,7 +272,8 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
         return corrupt(fmt::format("{}: module {} elements [{}, {}) past its {} elements", f,
                                    cm.name, cm.offset, cm.offset + cm.numel, w[i].size()));
       }
-      std::copy(slice.begin(), slice.begin() + ptrdiff_t(cm.numel), w[i].begin() + ptrdiff_t(cm.offset));
+      std::copy(slice.begin(), slice.begin() + ptrdiff_t(cm.numel),
+                w[i].begin() + ptrdiff_t(cm.offset));
       return Status::ok();
     };
     STRATA_RETURN_IF_ERROR(read_checkpoint(f, staging, sink), "generate");

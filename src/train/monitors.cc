@@ -8,13 +8,13 @@
 #include <filesystem>
 
 #include "strata/checksum.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
 
 double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Protocol buffer encoding: the few wire types an Event needs.
@@ -91,8 +91,7 @@ Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::open(const std::st
   const double now = wall_now();
   w->path_ =
       fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now), host, int(::getpid()));
-  STRATA_RETURN_IF_ERROR(w->file_.open(w->path_, /*append=*/false, "tensorboard.output_path"),
-                         "");
+  STRATA_RETURN_IF_ERROR(w->file_.open(w->path_, /*append=*/false, "tensorboard.output_path"), "");
   STRATA_RETURN_IF_ERROR(w->file_.write_bytes(tensorboard_record(now, 0, nullptr)), "");
   return w;
 }
@@ -124,7 +123,10 @@ Status CsvMonitor::add(int64_t step, const Scalars& scalars) {
       Status st = f->open(path, append_, "csv_monitor.output_path");
       if (st.is_ok() && !had) st = f->write_line("step," + name);
       if (!st.is_ok()) {
-        if (error_.is_ok()) error_ = st;
+        if (error_.is_ok()) {
+          error_ = st;
+          log_warn("{}; training goes on, and strata train will exit 1", st.message());
+        }
         continue;
       }
     }

@@ -1,8 +1,8 @@
 // The trainer's progress reports: every steps_per_print steps (and the first and last) one
 // progress line on stdout, and every train.log_interval steps (and the first and last) one
 // metrics record (train.log_file's JSONL, and the monitors': src/train/monitors.h), each with
-// the per-step means of the steps since the last one. The Run's loop adds each step's times and bytes to a StepWindow;
-// this file only formats.
+// the per-step means of the steps since the last one. The Run's loop adds each step's times and
+// bytes to a StepWindow; this file only formats.
 #pragma once
 
 #include <array>
