@@ -28,7 +28,8 @@ cd "$work"
 
 for name in llama gpt2; do
   fixture="$repo/tests/fixtures/hf/$name"
-  "$strata" plan --hf "$fixture" --seq 16 --write-config "$name.json" >"plan-$name.txt" 2>&1
+  "$strata" plan --hf "$fixture" --seq 16 --backend cpu --write-config "$name.json" \
+    >"plan-$name.txt" 2>&1
   check "$name: plan --hf --write-config exits 0" test $? -eq 0
   check "$name: the config names the checkpoint" \
     test "$(json "$name.json" "d['model'].get('from_pretrained')")" = "$fixture"
@@ -56,8 +57,7 @@ PY
         --set 'train.export_dir=""' --set steps_per_print=100
         --set tensorboard.enabled=true --set csv_monitor.enabled=true
         --set 'zero_optimization.offload_optimizer.device="nvme"'
-        --set "zero_optimization.offload_optimizer.nvme_path=\"new/swap-$name\""
-        --set 'device.backend="cpu"' --set 'device.memory_limit="256MiB"')
+        --set "zero_optimization.offload_optimizer.nvme_path=\"new/swap-$name\"")
   for e in 0 1; do
     "$strata" eval --config "$name.json" "${sets[@]}" --set "data.source=\"$name-e$e.bin\"" \
       --json >"eval-$name-$e.json" 2>"eval-$name-$e.err"
