@@ -1,0 +1,58 @@
+# The CUDA backend without a GPU (issue #32): every kernels/cuda/*.cu file, translated
+# (tests/cuda_emu/translate.cmake) and compiled as C++ against the CPU emulation of CUDA
+# (tests/cuda_emu.h), with the real backend's host code (kernels/cuda/cuda_device.cc,
+# cuda_kernels.cc, unchanged) over a CPU stand-in for the CUDA runtime and cuBLASLt
+# (tests/cuda_emu/runtime.cc, cublaslt.cc). Needs no CUDA toolkit: the stand-in's headers
+# (tests/cuda_emu/include) replace the toolkit's. Built and run everywhere.
+set(strata_emu_dir ${CMAKE_CURRENT_LIST_DIR}/cuda_emu)
+file(GLOB strata_emu_cu CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
+set(strata_emu_generated)
+foreach(cu ${strata_emu_cu})
+  get_filename_component(name ${cu} NAME_WE)
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/cuda_emu/${name}.cc)
+  add_custom_command(
+    OUTPUT ${out}
+    COMMAND ${CMAKE_COMMAND} -DIN=${cu} -DOUT=${out} -P ${strata_emu_dir}/translate.cmake
+    DEPENDS ${cu} ${strata_emu_dir}/translate.cmake
+    COMMENT "cuda_emu: translating ${name}.cu" VERBATIM)
+  list(APPEND strata_emu_generated ${out})
+endforeach()
+
+# The emulated backend. The kernels' 16-byte copies read 16-bit data through a vector type, as
+# CUDA code does (no strict aliasing); nothing is contracted into fused multiply-adds, as nvcc
+# is told for adamw.cu (--fmad=false).
+add_library(strata_cuda_emu OBJECT ${strata_emu_generated} ${strata_emu_dir}/runtime.cc
+            ${strata_emu_dir}/cublaslt.cc ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_device.cc
+            ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_kernels.cc)
+target_include_directories(strata_cuda_emu BEFORE PUBLIC ${strata_emu_dir}/include)
+target_compile_options(strata_cuda_emu PRIVATE -fno-strict-aliasing -ffp-contract=off)
+target_link_libraries(strata_cuda_emu PUBLIC strata_options)
+
+# The communicators without NCCL (unavailable.cc reports it so).
+get_target_property(strata_emu_comm_sources strata_comm SOURCES)
+list(FILTER strata_emu_comm_sources EXCLUDE REGEX "nccl_comm")
+list(TRANSFORM strata_emu_comm_sources PREPEND ${CMAKE_SOURCE_DIR}/src/comm/ REGEX "^[^/]")
+add_library(strata_comm_emu OBJECT ${strata_emu_comm_sources})
+target_link_libraries(strata_comm_emu PUBLIC strata_options nlohmann_json::nlohmann_json)
+if(STRATA_HAVE_MPI)
+  target_link_libraries(strata_comm_emu PUBLIC MPI::MPI_CXX)
+endif()
+
+# libstrata with the emulated CUDA backend in place of the real one (or of no_cuda.cc).
+add_library(libstrata_cuda_emu STATIC)
+target_link_libraries(libstrata_cuda_emu PUBLIC strata_base strata_io strata_cpu_optim
+                                                strata_kernels_cpu strata_cuda_emu strata_core
+                                                strata_comm_emu)
+
+# strata_emu_test(NAME src...): strata_test's twin linked with the emulated backend.
+function(strata_emu_test name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE libstrata_cuda_emu GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  target_compile_options(${name} PRIVATE -fno-strict-aliasing -ffp-contract=off)
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+                       PROPERTIES TIMEOUT 900 LABELS cuda_emu)
+endfunction()
+
+# Every kernel file's launchers, in both thread orders, against the CPU backend's kernels.
+strata_emu_test(cuda_emu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_kernels_test.cc)
