@@ -28,11 +28,14 @@ target_include_directories(strata_cuda_emu BEFORE PUBLIC ${strata_emu_dir}/inclu
 target_compile_options(strata_cuda_emu PRIVATE -fno-strict-aliasing -ffp-contract=off)
 target_link_libraries(strata_cuda_emu PUBLIC strata_options)
 
-# The communicators without NCCL (unavailable.cc reports it so).
+# The communicators, the nccl one on the NCCL stand-in (tests/cuda_emu/nccl.cc).
 get_target_property(strata_emu_comm_sources strata_comm SOURCES)
 list(FILTER strata_emu_comm_sources EXCLUDE REGEX "nccl_comm")
 list(TRANSFORM strata_emu_comm_sources PREPEND ${CMAKE_SOURCE_DIR}/src/comm/ REGEX "^[^/]")
-add_library(strata_comm_emu OBJECT ${strata_emu_comm_sources})
+add_library(strata_comm_emu OBJECT ${strata_emu_comm_sources} ${CMAKE_SOURCE_DIR}/src/comm/nccl_comm.cc
+            ${strata_emu_dir}/nccl.cc)
+target_include_directories(strata_comm_emu BEFORE PRIVATE ${strata_emu_dir}/include)
+target_compile_definitions(strata_comm_emu PRIVATE STRATA_HAVE_CUDA=1 STRATA_HAVE_NCCL=1)
 target_link_libraries(strata_comm_emu PUBLIC strata_options nlohmann_json::nlohmann_json)
 if(STRATA_HAVE_MPI)
   target_link_libraries(strata_comm_emu PUBLIC MPI::MPI_CXX)
@@ -56,3 +59,12 @@ endfunction()
 
 # Every kernel file's launchers, in both thread orders, against the CPU backend's kernels.
 strata_emu_test(cuda_emu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_kernels_test.cc)
+
+# The GPU tests themselves, unchanged, on the emulated backend: create_cuda_device finds the
+# emulated GPU, so nothing skips.
+strata_emu_test(cuda_backend_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc)
+strata_emu_test(cuda_flash_attention_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_flash_attention_test.cc)
+strata_emu_test(llama_cuda_emu_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
+strata_emu_test(cuda_train_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_train_test.cc)
+# The emulation's own checks, each shown to fire.
+strata_emu_test(cuda_emu_checks_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_checks_test.cc)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -35,12 +36,17 @@ struct CUstream_st {
 };
 
 // An event: records are numbered when issued; a record completes when its stream reaches it.
-struct CUevent_st {
+// The state is shared with the records and waits still queued: CUDA lets an event be destroyed
+// while streams still hold them.
+struct EventState {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
   bool timing = true;
   std::chrono::steady_clock::time_point when;
+};
+struct CUevent_st {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
 };
 
 namespace strata::emu {
@@ -555,8 +561,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   drain(resolve(s));
   return sticky();
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
-  if (!e) return cudaErrorInvalidResourceHandle;
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventState> e = event->state;
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(e->mu);
@@ -576,21 +583,17 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   *event = new CUevent_st;
-  (*event)->timing = (flags & cudaEventDisableTiming) == 0;
+  (*event)->state->timing = (flags & cudaEventDisableTiming) == 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  if (!e) return cudaErrorInvalidResourceHandle;
-  // CUDA lets an event be destroyed with records pending; ours must outlive them.
-  {
-    std::unique_lock<std::mutex> lock(e->mu);
-    e->cv.wait(lock, [&] { return e->completed >= e->recorded; });
-  }
-  delete e;
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  delete event;  // queued records and waits keep the state alive
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  if (!e) return cudaErrorInvalidResourceHandle;
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventState> e = event->state;
   uint64_t gen;
   {
     std::lock_guard<std::mutex> lock(e->mu);
@@ -606,29 +609,31 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   });
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t e) {
-  if (!e) return cudaErrorInvalidResourceHandle;
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
   if (state().failed) return cudaErrorLaunchFailure;
-  std::lock_guard<std::mutex> lock(e->mu);
-  return e->completed >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+  EventState& e = *event->state;
+  std::lock_guard<std::mutex> lock(e.mu);
+  return e.completed >= e.recorded ? cudaSuccess : cudaErrorNotReady;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  if (!e) return cudaErrorInvalidResourceHandle;
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  EventState& e = *event->state;
   {
-    std::unique_lock<std::mutex> lock(e->mu);
-    const uint64_t target = e->recorded;
-    e->cv.wait(lock, [&] { return e->completed >= target; });
+    std::unique_lock<std::mutex> lock(e.mu);
+    const uint64_t target = e.recorded;
+    e.cv.wait(lock, [&] { return e.completed >= target; });
   }
   return sticky();
 }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  if (!start || !end || !start->timing || !end->timing) return cudaErrorInvalidResourceHandle;
-  std::scoped_lock lock(start->mu, end->mu);
-  if (start->completed < start->recorded || end->completed < end->recorded) {
-    return cudaErrorNotReady;
-  }
-  if (start->recorded == 0 || end->recorded == 0) return cudaErrorInvalidResourceHandle;
-  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start_event, cudaEvent_t end_event) {
+  if (!start_event || !end_event) return cudaErrorInvalidResourceHandle;
+  EventState &start = *start_event->state, &end = *end_event->state;
+  if (!start.timing || !end.timing) return cudaErrorInvalidResourceHandle;
+  std::scoped_lock lock(start.mu, end.mu);
+  if (start.completed < start.recorded || end.completed < end.recorded) return cudaErrorNotReady;
+  if (start.recorded == 0 || end.recorded == 0) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end.when - start.when).count();
   return cudaSuccess;
 }
 
