@@ -18,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "tests/cuda_emu/control.h"
 
@@ -650,15 +651,25 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   const bool want_src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   if (want_dst_dev != dst_dev || want_src_dev != src_dev) return cudaErrorInvalidValue;
   if (sticky() != cudaSuccess) return sticky();
-  // Pageable host memory: CUDA stages the copy and returns once the host side is done with,
-  // after the stream's earlier work. Pinned or registered memory: truly asynchronous.
+  // Pageable host memory, as the CUDA documentation describes it: host to device waits for
+  // the stream's earlier work, copies the source to staging memory and returns, the transfer
+  // to the device still to come on the stream; device to host returns once the copy is done.
+  // Pinned or registered memory: truly asynchronous.
   const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
   const bool pageable = (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) &&
                         !is_host_registered(host, count);
-  if (pageable || kind == cudaMemcpyHostToHost) {
-    cudaStream_t s = resolve(stream);
-    drain(s);
+  if (kind == cudaMemcpyHostToHost || (pageable && kind == cudaMemcpyDeviceToHost)) {
+    drain(resolve(stream));
     std::memcpy(dst, src, count);
+    return cudaSuccess;
+  }
+  if (pageable) {
+    drain(resolve(stream));
+    auto staging = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                       static_cast<const char*>(src) + count);
+    enqueue(stream, "cudaMemcpyAsync (staged)", [dst, staging] {
+      if (!state().failed) std::memcpy(dst, staging->data(), staging->size());
+    });
     return cudaSuccess;
   }
   enqueue(stream, "cudaMemcpyAsync", [dst, src, count] {
