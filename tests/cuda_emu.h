@@ -58,6 +58,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -106,16 +107,8 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __int_as_float(int x) {
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
 
 namespace strata::emu {
 
