@@ -15,19 +15,19 @@ MetricsLog::~MetricsLog() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status MetricsLog::open(const std::string& path, bool append) {
+Status MetricsLog::open(const std::string& path) {
   path_ = path;
   const auto parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  auto fd = open_for_writing(path, append, 0644);
+  auto fd = open_for_writing(path, /*append=*/true, 0644);
   if (!fd.is_ok()) {
     return fd.status().with_context(
         fmt::format("train.log_file: cannot open the metrics log '{}'", path));
   }
   fd_ = *fd;
   struct stat st {};
-  if (append && ::fstat(fd_, &st) == 0) offset_ = uint64_t(st.st_size);
+  if (::fstat(fd_, &st) == 0) offset_ = uint64_t(st.st_size);
   return Status::ok();
 }
 
