@@ -77,6 +77,15 @@ struct SwapExtent {
 Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_direct,
                        const std::string& reusable_file = "");
 
+// Creates the directory `path` and any missing parents, as DeepSpeed creates its swap folder
+// (mode 0755). Existing parts of the path are followed as `mkdir -p` follows them (a mount
+// point may be a link); from the first part it creates on, each directory is made with mkdirat
+// and entered with O_NOFOLLOW, so nothing is created through a link strata did not make: a
+// dangling link, a file or a link planted at a name it creates is an error naming the part and
+// the fix. Another rank creating the same path at once is fine. Returns whether it created
+// anything.
+Result<bool> create_nvme_path(const std::string& path);
+
 // Who created a swap file, as its header records it.
 struct SwapOwner {
   std::string host;

@@ -1,6 +1,6 @@
 // The decoder skeleton: what every decoder-only model in strata is, with the parts that differ
 // left to a block definition. A model (src/model/gpt2.h, src/model/llama.h) is a `Blocks` type
-// plugged into `Decoder<Blocks>`; the skeleton owns everything else:
+// plugged into `DecoderArchitecture<Blocks>`; the skeleton owns everything else:
 //
 //   modules     "embedding", "block.<i>" (i < model.n_layer), "final_norm", and "head" (the
 //               output projection lm_head [Vp, C], normal(0, 0.02)) unless model.tied_embeddings
@@ -16,7 +16,8 @@
 // A block definition says what a norm, an attention and an MLP are (their tensors, their
 // activations, their kernels), what the embedding is, its Hugging Face names and its FLOPs. A
 // third architecture is a third `Blocks` type (see docs/ARCHITECTURE.md for the files it
-// touches). The requirements, as `Decoder` uses them (BatchDims and DecoderStep below):
+// touches). The requirements, as `DecoderArchitecture` uses them (BatchDims and DecoderStep
+// below):
 //
 //   static constexpr const char* kType;       model.type ("gpt2", "llama")
 //   static constexpr uint64_t kInitStream;    module m draws from random stream kInitStream + m
@@ -162,7 +163,7 @@ inline void add_tensor(ModuleSpec& m, const char* name, size_t n, int kind, floa
 // The offset (elements) of module m's tensor `name`; a missing name is a bug.
 size_t tensor_offset(const ModuleSpec& m, const std::string& name);
 
-// One batch shape's device state and the compute steps of Decoder<Blocks>.
+// One batch shape's device state and the compute steps of DecoderArchitecture<Blocks>.
 template <class Blocks>
 class DecoderRunner final : public ModelRunner {
  public:
@@ -456,13 +457,13 @@ class DecoderRunner final : public ModelRunner {
 
 // A decoder model: the skeleton above with the block definition `Blocks`.
 template <class Blocks>
-class Decoder final : public Architecture {
+class DecoderArchitecture final : public Architecture {
  public:
   // Checks the shape (errors name the model.* key) and builds the layout and programs.
   static Result<std::unique_ptr<Architecture>> create(const ModelConfig& config) {
     STRATA_ASSIGN_OR_RETURN(ModelConfig shape, decoder_shape(config), "");
     STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
-    return std::unique_ptr<Architecture>(new Decoder(shape));
+    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape));
   }
 
   const std::string& name() const override { return name_; }
@@ -528,7 +529,7 @@ class Decoder final : public Architecture {
   }
 
  private:
-  explicit Decoder(const ModelConfig& shape)
+  explicit DecoderArchitecture(const ModelConfig& shape)
       : name_(Blocks::kType), shape_(shape), blocks_(shape_) {
     layout_ = decoder_layout(
         shape_, [this](ModuleSpec& m) { blocks_.embedding_tensors(m); },

@@ -298,7 +298,7 @@ std::vector<HfTensor> Gpt2Blocks::hf_tensors(const ModuleSpec& m) const {
 }  // namespace
 
 Result<std::unique_ptr<Architecture>> create_gpt2(const ModelConfig& config) {
-  return Decoder<Gpt2Blocks>::create(config);
+  return DecoderArchitecture<Gpt2Blocks>::create(config);
 }
 
 }  // namespace strata

@@ -5,9 +5,8 @@
 #include "src/model/decoder.h"
 
 namespace strata {
-namespace {
 
-RopeParams rope_of(const ModelConfig& mc) {
+RopeParams llama_rope(const ModelConfig& mc) {
   RopeParams rope;
   rope.theta = mc.rope_theta;
   if (mc.rope_scaling.type == "llama3") {
@@ -19,6 +18,8 @@ RopeParams rope_of(const ModelConfig& mc) {
   }
   return rope;
 }
+
+namespace {
 
 // Llama's parts of a decoder: RMSNorm, grouped-query attention with rotary positions over one
 // packed q|k|v matmul (biases when model.attention_bias), a SwiGLU MLP over one packed gate|up
@@ -54,7 +55,7 @@ class LlamaBlocks {
     if (!(float(mc.rms_norm_eps) > 0.0f)) {
       return invalid_argument(fmt::format("model.rms_norm_eps: {} must be > 0", mc.rms_norm_eps));
     }
-    const RopeParams rope = rope_of(mc);
+    const RopeParams rope = llama_rope(mc);
     if (!(rope.theta > 1.0)) {
       return invalid_argument(fmt::format("model.rope_theta: {} must be > 1", mc.rope_theta));
     }
@@ -79,7 +80,7 @@ class LlamaBlocks {
         tied_(s.tied_embeddings),
         bias_(s.attention_bias),
         eps_(float(s.rms_norm_eps)),
-        rope_(rope_of(s)) {
+        rope_(llama_rope(s)) {
     ModuleSpec b;
     block_tensors(b);
     ln1w_ = tensor_offset(b, "input_layernorm");
@@ -331,7 +332,7 @@ std::vector<HfTensor> LlamaBlocks::hf_tensors(const ModuleSpec& m) const {
 }  // namespace
 
 Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config) {
-  return Decoder<LlamaBlocks>::create(config);
+  return DecoderArchitecture<LlamaBlocks>::create(config);
 }
 
 }  // namespace strata

@@ -24,8 +24,12 @@
 #include <memory>
 
 #include "src/model/architecture.h"
+#include "strata/kernels.h"
 
 namespace strata {
+
+// The rotary positions of `config`: model.rope_theta and model.rope_scaling (llama3 or none).
+RopeParams llama_rope(const ModelConfig& config);
 
 // Llama at `config`'s shape (model.type llama). Errors name the model.* key.
 Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config);

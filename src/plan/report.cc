@@ -47,7 +47,13 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   c["gradient_clipping"] = 1.0;
   if (r.dtype == DType::kBF16) c["bf16"] = {{"enabled", true}};
   if (r.dtype == DType::kF16) c["fp16"] = {{"enabled", true}};
-  c["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}};
+  const ModelConfig& m = r.model.shape;
+  const bool finetune = !m.from_pretrained.empty();
+  // Fine-tuning a checkpoint: a small learning rate and no weight decay (the usual starting
+  // point, as the Hugging Face Trainer's defaults); pretraining: GPT-3's.
+  c["optimizer"] = {{"type", "AdamW"},
+                    {"params", finetune ? json{{"lr", 2e-5}, {"weight_decay", 0.0}}
+                                        : json{{"lr", 3e-4}, {"weight_decay", 0.1}}}};
   json z;
   z["stage"] = 3;
   // offload_* say params and the optimizer's tier (master); strata.placement says what differs
@@ -65,11 +71,13 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
   if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
-  const ModelConfig& m = r.model.shape;
-  c["model"] = m.from_pretrained.empty()
-                   ? json::parse(model_section_json(m))
-                   : json{{"from_pretrained", m.from_pretrained}, {"context", m.context}};
-  c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
+  // A fine-tune: the shape, norms' epsilon, rope and dtype all come from the checkpoint's
+  // config.json; else the model section that builds this shape.
+  c["model"] = finetune ? json{{"from_pretrained", m.from_pretrained}, {"context", r.seq}}
+                        : json::parse(model_section_json(m));
+  // A fine-tune's data: the token file tools/prepare_data.py writes with the checkpoint's
+  // tokenizer (the `strata plan` message says how).
+  c["data"] = {{"source", finetune ? "runs/train.bin" : "synthetic"}, {"seq_len", r.seq}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
@@ -80,6 +88,7 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
     c["strata"]["activations"] = activation_mode_name(r.activations);
   }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
+  if (finetune) c["train"]["export_dir"] = "runs/planned-hf";
   return c.dump(2) + "\n";
 }
 
