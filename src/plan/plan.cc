@@ -446,31 +446,48 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Its NVMe traffic from then on: the optimizer state's reads (less the buffer_count modules
     // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
-    double window = 0;
+    double window = 0, window_deferred = 0;
     if (opt_nvme_bytes > 0) {
-      // The modules read ahead: the last buffer_count in module order (backward's first).
-      double ahead = 0;
+      // The modules read ahead: the last buffer_count in module order (backward's first); for a
+      // step deferred to the next forward, the first buffer_count (the forward's first).
+      double ahead = 0, ahead_fwd = 0;
       const size_t k = std::min(homes.size(), size_t(std::max(1, r.buffer_count)));
-      for (size_t i = 0; i < k; ++i) ahead += double(opt_nvme_of[homes.size() - 1 - i]);
+      for (size_t i = 0; i < k; ++i) {
+        ahead += double(opt_nvme_of[homes.size() - 1 - i]);
+        ahead_fwd += double(opt_nvme_of[i]);
+      }
       const double opt = double(opt_nvme_bytes);
       window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
       window += opt / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
+      window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
     }
-    if (where.params == Tier::kNvme) window += P * es / (pf.nvme_write_gbps.value * 1e9);
-    const double window_opt = window * double(W);  // the optimizer's own traffic
+    if (where.params == Tier::kNvme) {
+      window += P * es / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += P * es / (pf.nvme_write_gbps.value * 1e9);
+    }
+    window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
     }
     window *= double(W);  // every local rank shares the node's NVMe bandwidth
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
-    // predicts the next will clip too) and steps after it: the plain schedule less the reads
-    // done ahead.
-    t.step_after_s = r.undo_copies
-                         ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
-                                                    : std::max({comp, t.link_s, t.collectives_s})) +
-                                        std::max(t.cpu_optim_s, window_opt),
-                                    t.nvme_s)
-                         : 0.0;
+    // predicts the next will clip too) and defers its optimizer to the next forward, which
+    // steps module i just before module i's forward: it overlaps the first micro-batch's
+    // forward, the share f0 = 1 / (A·(3 + r)) of compute, and no more (the backward needs every
+    // module's forward). On the CPU backend the optimizer's CPU work shares the cores.
+    const double f0 = 1.0 / (A * (3.0 + rc));
+    if (pf.cpu_backend) {
+      const double cl = comp + t.link_s;
+      t.step_after_s = std::max(
+          {cl + t.collectives_s + t.cpu_optim_s,
+           cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
+    } else {
+      const double dev = std::max({comp, t.link_s, t.collectives_s});
+      t.step_after_s = std::max(
+          dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+    }
+    if (!r.undo_copies) t.step_after_s = 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer

@@ -136,7 +136,10 @@ class Run {
   std::vector<float*> grads_;
   double last_grad_norm_ = 0;
   bool last_skipped_ = false;
-  bool last_clipped_ = false;  // the last step's clip coefficient was < 1
+  // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
+  // (early gradients are the largest, so the first step is expected to clip: it is deferred,
+  // not speculated and rolled back).
+  bool last_clipped_ = cfg_.gradient_clipping > 0;
   double last_fwd_bwd_s_ = 0;
 };
 
@@ -559,8 +562,10 @@ Result<double> Run::run_step() {
     if (delayed) {
       STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
     } else {
-      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it.
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult), "");
+      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
+      // with the overlap, the modules not stepped yet are stepped as the next forward needs
+      // them (deferred: exact whatever the clipping).
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate), "");
     }
     ++opt_steps_;
   } else {
@@ -581,7 +586,7 @@ Result<double> Run::run_step() {
 }
 
 Result<double> Run::eval_loss() {
-  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "before eval");
+  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
   for (int i = 0; i < n; ++i) {
@@ -730,7 +735,9 @@ Result<TrainResult> Run::loop() {
   auto bytes_mark = bytes_now();
   tm_->take_times();
   while (step_ < total) {
+    const uint64_t nvme_before = bytes_now()[1];
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
+    r.step_nvme_bytes.push_back(bytes_now()[1] - nvme_before);
     const TierTimes tt = tm_->take_times();
     const double comm_step = comm_now() - comm_mark;
     comm_mark += comm_step;
@@ -751,6 +758,7 @@ Result<TrainResult> Run::loop() {
     r.rollbacks += int64_t(tt.rollbacks);
     r.modules_redone += int64_t(tt.modules_redone);
     r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
+    r.modules_deferred += int64_t(tt.modules_deferred);
     if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
       r.approximate = true;
     }
@@ -761,6 +769,7 @@ Result<TrainResult> Run::loop() {
     r.losses.push_back(loss);
     r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
                                    : tt.modules_stepped_under_backward > 0 ? 1
+                                   : tt.modules_deferred > 0               ? 3
                                                                            : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
@@ -834,6 +843,8 @@ Result<TrainResult> Run::loop() {
       comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
     }
   }
+  // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
+  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
   if (!r.stopped_early && cfg_.train.final_checkpoint) {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
     if (!cfg_.train.export_dir.empty() && rank_ == 0) {
