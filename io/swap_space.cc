@@ -220,6 +220,64 @@ Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_d
   return Status::ok();
 }
 
+Result<bool> create_nvme_path(const std::string& path) {
+  if (path.empty()) return invalid_argument("nvme_path is empty; name a directory");
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < path.size();) {
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    if (j > i) parts.push_back(path.substr(i, j - i));
+    i = j + 1;
+  }
+  int fd = ::open(path[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, fmt::format("nvme_path {}: opening its root", path));
+  bool created = false;
+  std::string sofar = path[0] == '/' ? "" : ".";
+  for (const std::string& part : parts) {
+    sofar += "/" + part;
+    // Before the first directory strata makes: links are followed (the user's); after: never.
+    const int follow = created ? O_NOFOLLOW : 0;
+    int next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | follow);
+    if (next < 0 && errno == ENOENT) {
+      if (::mkdirat(fd, part.c_str(), 0755) == 0) {
+        created = true;
+      } else if (errno != EEXIST) {  // EEXIST: another rank made it (checked below)
+        const int err = errno;
+        ::close(fd);
+        return errno_status(
+            err, fmt::format("nvme_path {}: cannot create {} ({}); create it yourself or point "
+                             "nvme_path at a directory you can write",
+                             path, sofar, std::strerror(err)));
+      }
+      next = ::openat(fd, part.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    }
+    const int err = errno;
+    ::close(fd);
+    if (next < 0) {
+      struct stat st {};
+      const bool link =
+          ::fstatat(AT_FDCWD, sofar.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+      if (link) {
+        return invalid_argument(fmt::format(
+            "nvme_path {}: {} is a link to a missing or non-directory target; strata does not "
+            "create directories through a link it did not make: create the target or fix the "
+            "link",
+            path, sofar));
+      }
+      if (err == ENOTDIR) {
+        return invalid_argument(fmt::format(
+            "nvme_path {}: {} is a file, not a directory; nvme_path must name a directory "
+            "(move the file or pick another path)",
+            path, sofar));
+      }
+      return errno_status(err, fmt::format("nvme_path {}: cannot open {}", path, sofar));
+    }
+    fd = next;
+  }
+  ::close(fd);
+  return created;
+}
+
 Status check_nvme_config(const Config& config, uint64_t bytes_per_path) {
   const bool direct = config.aio.backend != "posix";
   const std::pair<const char*, const OffloadConfig*> offloads[] = {

@@ -27,11 +27,12 @@ rc=$?
 check "unknown key exits 1" test "$rc" -eq 1
 check "unknown key suggests the right one" grep -q "did you mean offload_param" out.txt
 
+echo x >afile
 "$strata" train --config "$repo/configs/tiny-cpu.json" \
-  --set 'zero_optimization.offload_optimizer.nvme_path="/nonexistent/strata-swap"' >out.txt 2>&1
+  --set 'zero_optimization.offload_optimizer.nvme_path="afile/strata-swap"' >out.txt 2>&1
 rc=$?
-check "missing nvme_path exits 1" test "$rc" -eq 1
-check "missing nvme_path is named" grep -q "/nonexistent/strata-swap" out.txt
+check "nvme_path under a file exits 1" test "$rc" -eq 1
+check "nvme_path under a file is named" grep -q "afile is a file" out.txt
 
 "$strata" train >out.txt 2>&1
 rc=$?

@@ -339,7 +339,7 @@ std::vector<Case> cases() {
     EXPECT_DOUBLE_EQ(g.gradient_clipping, 1.0);
     EXPECT_DOUBLE_EQ(g.scheduler.warmup_max_lr, 1e-3);
     EXPECT_EQ(g.scheduler.total_num_steps, g.train.steps);
-    EXPECT_EQ(g.scheduler.warmup_num_steps, g.train.steps / 10);
+    EXPECT_EQ(g.scheduler.warmup_num_steps, 20);  // 10% of 200 steps
     const size_t h = static_cast<size_t>(g.model.n_embd);
     EXPECT_EQ(g.zero.reduce_bucket_size, h * h);
     EXPECT_EQ(g.zero.stage3_prefetch_bucket_size, h * h * 9 / 10);
@@ -350,10 +350,35 @@ std::vector<Case> cases() {
           "scheduler.params.warmup_max_lr = 0.001 (auto)", "fp16.enabled = false (auto)",
           "bf16.enabled = false (auto)", "gradient_clipping = 1 (auto)",
           "zero_optimization.reduce_bucket_size = 16384 (auto)",
-          "scheduler.params.total_num_steps = 200 (auto)", "train_batch_size = 1 (auto)"}) {
+          "scheduler.params.total_num_steps = 200 (auto)", "train_batch_size = 1 (auto)",
+          "scheduler.params.warmup_num_steps = 20 (10% of train.steps 200, rounded up) (auto)"}) {
       EXPECT_TRUE(has_line(g.resolved_auto, line)) << line;
     }
   });
+  // The same config for a bf16 checkpoint trains in bf16, as the Hugging Face Trainer run with
+  // --bf16 for it would; a short run still warms up (at least one step).
+  const std::string hf = std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/";
+  good("auto_hf_zero3_bf16_checkpoint", kHfZero3,
+       [](const Config& g) {
+         EXPECT_TRUE(g.bf16.enabled);
+         EXPECT_FALSE(g.fp16.enabled);
+         EXPECT_EQ(g.model.dtype, DType::kBF16);
+         EXPECT_EQ(g.scheduler.warmup_num_steps, 1);
+         for (const char* line :
+              {"bf16.enabled = true (model.from_pretrained's dtype is bf16) (auto)",
+               "fp16.enabled = false (model.from_pretrained's dtype is bf16) (auto)",
+               "scheduler.params.warmup_num_steps = 1 (10% of train.steps 5, rounded up) (auto)"}) {
+           EXPECT_TRUE(has_line(g.resolved_auto, line)) << line;
+         }
+       },
+       {"model.from_pretrained=\"" + hf + "llama-bf16\"", "train.steps=5"});
+  good("auto_hf_zero3_fp32_checkpoint", kHfZero3,
+       [](const Config& g) {
+         EXPECT_FALSE(g.bf16.enabled);
+         EXPECT_FALSE(g.fp16.enabled);
+         EXPECT_EQ(g.model.dtype, DType::kF32);
+       },
+       {"model.from_pretrained=\"" + hf + "llama\""});
   good("auto_lr_from_warmup_max", J(R"("optimizer": {"type": "Adam", "params": {"lr": "auto"}},
             "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 3e-4}})"),
        [](const Config& g) { EXPECT_DOUBLE_EQ(g.optimizer.lr, 3e-4); });
@@ -445,6 +470,18 @@ std::vector<Case> cases() {
        J(R"("zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true})"),
        [](const Config& g) { EXPECT_TRUE(g.zero.stage3_gather_16bit_weights_on_model_save); });
 
+  bad("wandb_refused", J(R"("wandb": {"enabled": true, "project": "p"})"),
+      "wandb.enabled: true is not supported");
+  good("metrics_keys", J(R"("train": {"log_interval": 5}, "csv_monitor": {"enabled": true,
+            "job_name": "j"})"),
+       [](const Config& g) {
+         EXPECT_EQ(g.train.log_interval, 5);
+         EXPECT_TRUE(g.csv_monitor.enabled);
+         EXPECT_EQ(g.csv_monitor.job_name, "j");
+         EXPECT_EQ(g.csv_monitor.output_path, "");
+         EXPECT_FALSE(g.tensorboard.enabled);
+       });
+
   // --- not acted on ------------------------------------------------------------------------
   good("not_acted_on_lines",
        J(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
@@ -463,8 +500,10 @@ std::vector<Case> cases() {
          EXPECT_TRUE(has_line(n, "zero_optimization.stage = 3: accepted;"));
          EXPECT_TRUE(has_line(n, "aio.single_submit = true: accepted;"));
          EXPECT_TRUE(has_line(n, "wall_clock_breakdown = true: accepted;"));
-         EXPECT_TRUE(has_line(n, "tensorboard.enabled = true: accepted;"));
-         EXPECT_TRUE(has_line(n, "tensorboard.output_path = tb/: accepted;"));
+         // Acted on: the trainer writes TensorBoard event files there.
+         EXPECT_FALSE(has_line(n, "tensorboard."));
+         EXPECT_TRUE(g.tensorboard.enabled);
+         EXPECT_EQ(g.tensorboard.output_path, "tb/");
          // Acted on: partition_activations turns on recompute (and says so).
          EXPECT_FALSE(has_line(n, "partition_activations"));
          EXPECT_EQ(g.strata.activations, "recompute");

@@ -372,9 +372,27 @@ TEST_F(Hardening, MetricsWriteFailureIsReportedNotSilent) {
   EXPECT_EQ(r.end_step, 3);  // training went on and saved
   EXPECT_TRUE(fs::exists(r.last_checkpoint));
   MetricsLog log;
-  ASSERT_TRUE(log.open("/dev/full").is_ok());
+  ASSERT_TRUE(log.open("/dev/full", /*append=*/true).is_ok());
   EXPECT_EQ(log.write_line("{}").code(), StatusCode::kNoSpace);
   EXPECT_FALSE(log.error().is_ok());
+  fs::remove_all(dir);
+}
+
+// A monitor file that cannot be written (a link planted at the CSV's name: refused, never
+// followed) is reported like the JSONL log's failure: training goes on, the CLI exits 1.
+TEST_F(Hardening, MonitorWriteFailureIsReportedNotSilent) {
+  const auto dir = temp_dir("monitor");
+  fs::create_directories(dir + "/mon/j");
+  fs::create_symlink("/dev/null", dir + "/mon/j/loss.csv");
+  TrainResult r = must_train(small_config(
+      dir, {"train.steps=3", "csv_monitor.enabled=true",
+            "csv_monitor.output_path=\"" + dir + "/mon\"", "csv_monitor.job_name=\"j\"",
+            "tensorboard.enabled=true", "tensorboard.output_path=\"" + dir + "/mon\""}));
+  EXPECT_TRUE(contains(r.metrics_error, "csv_monitor.output_path")) << r.metrics_error;
+  EXPECT_EQ(r.end_step, 3);
+  EXPECT_TRUE(fs::is_symlink(dir + "/mon/j/loss.csv"));
+  EXPECT_TRUE(fs::exists(dir + "/mon/j/lr.csv"));             // the other metrics still written
+  EXPECT_FALSE(fs::is_empty(dir + "/mon/DeepSpeedJobName"));  // tensorboard's event file
   fs::remove_all(dir);
 }
 

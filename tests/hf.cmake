@@ -21,4 +21,14 @@ if(strata_hf_python)
            COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_hf_export.py
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(hf_export_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # tools/prepare_data.py: errors as one line with the file and line, bounded memory on a 16 MB
+  # line, empty outputs refused, the input never overwritten (a test double of transformers).
+  add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)
+  set_tests_properties(prepare_data PROPERTIES TIMEOUT 600)
 endif()
+# The fine-tuning path through the CLI: plan --hf --write-config trains from the checkpoint
+# (first-step loss == strata eval), metrics every step to JSONL, TensorBoard (read back with
+# TensorBoard's reader where STRATA_HF_PYTHON has it) and CSV, a missing nvme_path created.
+add_test(NAME hf_finetune_cli COMMAND ${CMAKE_CURRENT_LIST_DIR}/hf_finetune_cli_test.sh
+                                      $<TARGET_FILE:strata> ${CMAKE_SOURCE_DIR})
+set_tests_properties(hf_finetune_cli PROPERTIES TIMEOUT 600)

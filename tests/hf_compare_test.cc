@@ -22,6 +22,7 @@
 #include "src/hf/hf_export.h"
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
+#include "src/model/generate.h"
 #include "src/train/checkpoint.h"
 #include "src/train/data.h"
 #include "src/train/trainer.h"
@@ -499,7 +500,9 @@ TEST(HfExport, ImportThenExportGivesTheSameTensorBytes) {
     auto reader = HfCheckpointReader::open(src, **arch);
     ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
     const std::string out = test::temp_dir("strata_hf_export", std::to_string(shard));
-    auto w = HfCheckpointWriter::create(out, cfg->model, **arch, shard);
+    HfExportOptions options;
+    options.shard_bytes = shard;
+    auto w = HfCheckpointWriter::create(out, cfg->model, **arch, options);
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
     for (size_t m = 0; m < (*arch)->layout().modules.size(); ++m) {
       std::vector<float> master((*arch)->layout().modules[m].numel);
@@ -556,17 +559,68 @@ TEST(HfExport, TrainedWeightsExportAsTheCheckpointHoldsThem) {
         convert(v.data(), DType::kF32, b.data(), DType::kBF16, v.size());
         ASSERT_TRUE(exported.count(h.name)) << h.name;
         const std::string& e = exported[h.name];
-        EXPECT_EQ(e.substr(e.size() - b.size()), b) << name << " " << h.name;
+        const std::string data = e.substr(e.find(']') + 1);
+        EXPECT_EQ(data.substr(0, b.size()), b) << name << " " << h.name;
         EXPECT_EQ(e.rfind("bf16[", 0), 0u) << h.name;
+        if (h.more_rows_ok) {
+          // GPT-2's position table: the fixture's 32 rows, not model.context's 16; the rows past
+          // the context are the fixture's, unchanged (in the model dtype).
+          auto src = SafetensorsFile::open(fixture(name) + "/model.safetensors");
+          ASSERT_TRUE(src.is_ok());
+          const SafetensorsTensor* t = (*src)->find(h.name);
+          ASSERT_NE(t, nullptr);
+          ASSERT_EQ(t->shape[0], 32);
+          EXPECT_EQ(e.substr(0, e.find(']') + 1), "bf16[32,32,]");
+          std::vector<float> stored(t->numel());
+          ASSERT_TRUE((*src)->read_as(*t, DType::kF32, stored.data()).is_ok());
+          std::string tail((stored.size() - v.size()) * 2, '\0');
+          convert(stored.data() + v.size(), DType::kF32, tail.data(), DType::kBF16,
+                  stored.size() - v.size());
+          EXPECT_EQ(data.substr(b.size()), tail);
+        } else {
+          EXPECT_EQ(data.size(), b.size()) << h.name;
+        }
         ++n;
       }
     }
     EXPECT_EQ(n, exported.size());
+    if (std::string(name) == "gpt2") {
+      auto again = config_for({{"from_pretrained", dir + "/hf"}});
+      ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+      EXPECT_EQ(again->model.context, 32) << "n_positions is the stored table's";
+    }
+    // The tokenizer and generation files of the fixture, byte for byte.
+    int copied = 0;
+    for (const char* f : kHfTokenizerFiles) {
+      const std::string from = fixture(name) + "/" + f;
+      if (!fs::exists(from)) continue;
+      EXPECT_EQ(test::read_file(dir + "/hf/" + f), test::read_file(from)) << f;
+      ++copied;
+    }
+    EXPECT_GE(copied, 3) << "the fixture's tokenizer.json, tokenizer_config.json and "
+                            "generation_config.json (tools/make_hf_fixtures.py)";
     // The same through `strata export`'s function, from the run directory's checkpoint.
     ASSERT_TRUE(export_checkpoint(r.last_checkpoint, cfg->model, dir + "/hf2").is_ok());
     EXPECT_EQ(tensor_bytes(dir + "/hf2"), exported);
     EXPECT_EQ(test::read_file(dir + "/hf2/config.json"), test::read_file(dir + "/hf/config.json"));
   }
+}
+
+// --tokenizer naming a directory with no tokenizer is refused before anything is written.
+TEST(HfExport, TokenizerDirectoryWithoutATokenizerIsRefused) {
+  const std::string dir = test::temp_dir("strata_hf_export", "tokenizer");
+  auto cfg = config_for({{"from_pretrained", fixture("llama")}});
+  ASSERT_TRUE(cfg.is_ok());
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  HfExportOptions options;
+  options.tokenizer_dir = dir;
+  auto w = HfCheckpointWriter::create(dir + "/hf", cfg->model, **arch, options);
+  ASSERT_FALSE(w.is_ok());
+  EXPECT_NE(w.status().message().find("no tokenizer.json, tokenizer.model or vocab.json"),
+            std::string::npos)
+      << w.status().message();
+  EXPECT_FALSE(fs::exists(dir + "/hf"));
 }
 
 // A checkpoint of another shape is refused, naming both shapes.
@@ -585,6 +639,80 @@ TEST(HfExport, RefusesACheckpointOfAnotherModel) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("holds a model of shape"), std::string::npos) << st.message();
   EXPECT_FALSE(fs::exists(dir + "/hf/config.json"));
+}
+
+// strata generate's decoder, greedy, token for token against transformers' greedy decode of
+// each fixture (greedy.json: 20 tokens after "the model writes", written by
+// tools/make_hf_fixtures.py), from model.from_pretrained; the bf16 fixture included.
+TEST(HfGenerate, GreedyMatchesTransformers) {
+  for (const char* name : {"llama", "llama3", "qwen2", "gpt2", "llama-bf16"}) {
+    SCOPED_TRACE(name);
+    auto cfg = config_for({{"from_pretrained", fixture(name)}});
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    auto arch = create_architecture(cfg->model);
+    ASSERT_TRUE(arch.is_ok());
+    auto w = load_master_weights(**arch, cfg->model, "");
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    auto dec = Decoder::create(**arch, std::move(*w));
+    ASSERT_TRUE(dec.is_ok()) << dec.status().to_string();
+    const json g = json::parse(test::read_file(fixture(name) + "/greedy.json"));
+    SampleOptions opt;
+    opt.max_new_tokens = int(g["ids"].size());
+    auto out = generate(**dec, g["prompt_ids"].get<std::vector<int32_t>>(), opt);
+    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+    EXPECT_EQ(*out, g["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ((*dec)->position(), int(g["prompt_ids"].size() + g["ids"].size()) - 1);
+  }
+}
+
+// From a strata checkpoint (train.steps 1 at lr 1e-12: the fixture's weights up to rounding):
+// the same tokens; a checkpoint of another model is refused naming both shapes; the context's
+// end stops generation.
+TEST(HfGenerate, FromACheckpoint) {
+  const std::string dir = test::temp_dir("strata_hf_generate", "ckpt");
+  fs::create_directories(dir + "/swap");
+  auto cfg = config_for(
+      {{"from_pretrained", fixture("qwen2")}},
+      {"train.checkpoint_dir=\"" + dir + "/ckpt\"", "train.steps=1", "train.eval_interval=0",
+       "optimizer.params.lr=1e-12", "device.memory_limit=\"64MiB\"",
+       "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  TrainResult r = test::must_train(*cfg);
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  auto w = load_master_weights(**arch, cfg->model, r.last_checkpoint);
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto dec = Decoder::create(**arch, std::move(*w));
+  ASSERT_TRUE(dec.is_ok());
+  const json g = json::parse(test::read_file(fixture("qwen2") + "/greedy.json"));
+  SampleOptions opt;
+  opt.max_new_tokens = 1000;  // more than the context holds
+  auto out = generate(**dec, g["prompt_ids"].get<std::vector<int32_t>>(), opt);
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  ASSERT_EQ(out->size(), 32u - g["prompt_ids"].size() + 1) << "stops at model.context (32)";
+  out->resize(g["ids"].size());
+  EXPECT_EQ(*out, g["ids"].get<std::vector<int32_t>>());
+  auto other = config_for({{"from_pretrained", fixture("llama")}});
+  auto arch2 = create_architecture(other->model);
+  auto bad = load_master_weights(**arch2, other->model, r.last_checkpoint);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("holds a model of shape"), std::string::npos);
+}
+
+// Sampling: temperature 0 is the first largest logit; top_p keeps the fewest most likely
+// tokens whose probability reaches it; a draw walks the nucleus in order of probability.
+TEST(HfGenerate, PickToken) {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f, -1.0f};
+  EXPECT_EQ(pick_token(logits, 0.0, 1.0, 0.7), 1);
+  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(pick_token(logits, 1.0, 0.01, u), 1);
+  // p = [0.054, 0.397, 0.397, 0.146, 0.007]: the nucleus at 0.85 is {1, 2, 3} (0.794 < 0.85),
+  // at 0.6 {1, 2}.
+  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.0), 1);
+  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.5), 2);
+  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.999), 3);
+  EXPECT_EQ(pick_token(logits, 1.0, 0.6, 0.999), 2);
+  // A high temperature flattens: the last token becomes reachable.
+  EXPECT_EQ(pick_token(logits, 100.0, 1.0, 0.9999), 4);
 }
 
 // Vocabularies past 65,535 (Llama 3: 128,256): llm.c's uint32 token files (magic 20240801,

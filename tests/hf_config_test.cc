@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,48 @@ TEST(HfConfig, Qwen2AndGpt2) {
   EXPECT_EQ(g->context, 64);
   EXPECT_TRUE(g->tied_embeddings);
   EXPECT_TRUE(create_architecture(*g).is_ok());
+}
+
+// The config.json an export writes: both transformers spellings of the dtype and the rope
+// (transformers 5's dtype and rope_parameters, the older torch_dtype, rope_theta and
+// rope_scaling), GPT-2's n_positions kept at the checkpoint's when the model trained at a
+// shorter context, and what it writes reads back as the same model.
+TEST(HfConfig, ExportedConfigHasBothSpellings) {
+  const std::string llama = dir_with("llama_out", R"({"architectures":["LlamaForCausalLM"],
+        "hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+        "intermediate_size":176,"vocab_size":300,"max_position_embeddings":128,
+        "rope_theta":500000.0,"torch_dtype":"bfloat16","bos_token_id":7,
+        "rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+          "high_freq_factor":4.0,"original_max_position_embeddings":64}})");
+  auto m = model_config_from_hf(llama, 32);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  m->from_pretrained = llama;
+  const nlohmann::json c = nlohmann::json::parse(hf_config_json(*m));
+  EXPECT_EQ(c["dtype"], "bfloat16");
+  EXPECT_EQ(c["torch_dtype"], "bfloat16");
+  EXPECT_EQ(c["rope_theta"], 500000.0);
+  EXPECT_EQ(c["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(c["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(c["rope_parameters"]["rope_theta"], 500000.0);
+  EXPECT_EQ(c["rope_parameters"]["factor"], 8.0);
+  EXPECT_EQ(c["max_position_embeddings"], 128) << "the checkpoint's, not model.context's 32";
+  EXPECT_EQ(c["bos_token_id"], 7);
+  const std::string back = dir_with("llama_back", c.dump());
+  auto again = model_config_from_hf(back, 32);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->rope_scaling.factor, 8.0);
+  EXPECT_EQ(again->rope_theta, 500000.0);
+
+  const std::string gpt2 = dir_with("gpt2_out", R"({"architectures":["GPT2LMHeadModel"],
+        "n_embd":32,"n_layer":2,"n_head":2,"vocab_size":100,"n_positions":1024})");
+  auto g = model_config_from_hf(gpt2, 256);
+  ASSERT_TRUE(g.is_ok());
+  g->from_pretrained = gpt2;
+  const nlohmann::json gc = nlohmann::json::parse(hf_config_json(*g));
+  EXPECT_EQ(gc["n_positions"], 1024) << "the stored table's rows, not model.context's 256";
+  EXPECT_EQ(gc["dtype"], "float32");
+  g->from_pretrained.clear();  // a model trained from scratch: its own context
+  EXPECT_EQ(nlohmann::json::parse(hf_config_json(*g))["n_positions"], 256);
 }
 
 TEST(HfConfig, RefusalsNameTheKeyAndTheFix) {

@@ -641,6 +641,46 @@ TEST(NvmePathTest, MissingPath) {
   EXPECT_NE(s.message().find("mkdir -p"), std::string::npos) << s.message();
 }
 
+// A missing nvme_path is created with its parents (as DeepSpeed creates its swap folder); an
+// existing one is left as it is.
+TEST(NvmePathTest, CreatedWhenMissing) {
+  TempDir d;
+  const std::string p = d.path() + "/no/such/dir";
+  Result<bool> made = create_nvme_path(p);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  EXPECT_TRUE(*made);
+  struct stat st {};
+  ASSERT_EQ(::lstat(p.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_TRUE(check_nvme_path(p, 4096, false).is_ok());
+  made = create_nvme_path(p + "/");
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  EXPECT_FALSE(*made);
+  // Through a link the user made to an existing directory: followed, as mkdir -p does.
+  ASSERT_EQ(::symlink(p.c_str(), (d.path() + "/mnt").c_str()), 0);
+  made = create_nvme_path(d.path() + "/mnt/swap");
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  EXPECT_EQ(::lstat((p + "/swap").c_str(), &st), 0);
+}
+
+// A file in the way, and a dangling link (strata never creates through a link it did not
+// make), are errors naming the part of the path; nothing is created.
+TEST(NvmePathTest, CreateRefusesAFileOrADanglingLink) {
+  TempDir d;
+  std::ofstream(d.path() + "/file") << "x";
+  Result<bool> made = create_nvme_path(d.path() + "/file/swap");
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find(d.path() + "/file is a file"), std::string::npos)
+      << made.status().message();
+  ASSERT_EQ(::symlink((d.path() + "/elsewhere").c_str(), (d.path() + "/link").c_str()), 0);
+  made = create_nvme_path(d.path() + "/link/swap");
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find(d.path() + "/link is a link"), std::string::npos)
+      << made.status().message();
+  struct stat st {};
+  EXPECT_NE(::lstat((d.path() + "/elsewhere").c_str(), &st), 0) << "created through the link";
+}
+
 TEST(NvmePathTest, NotADirectory) {
   TempDir d;
   const std::string p = d.path() + "/file";

@@ -26,6 +26,34 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FIXTURES = ["llama", "llama3", "qwen2", "gpt2"]
 
 
+def check_generate(transformers, torch, src, out, model):
+    """The export is a complete model directory: AutoTokenizer loads it and encodes as the
+    original's tokenizer does, and greedy generate() past model.context (16; the fixtures hold
+    32 positions: GPT-2's table must come back whole) gives the original checkpoint's tokens.
+    Returns why not, or ""."""
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(out)
+    except Exception as e:  # noqa: BLE001 (any failure is the finding)
+        return f"AutoTokenizer.from_pretrained(export) failed: {e}"
+    orig_tok = transformers.AutoTokenizer.from_pretrained(src)
+    text = "the model writes a fine tune"
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    if ids.tolist() != orig_tok(text, return_tensors="pt")["input_ids"].tolist():
+        return "the export's tokenizer encodes differently from the original's"
+    orig = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    new_tokens = 28 - ids.shape[1]
+    with torch.no_grad():
+        got = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False)
+        want = orig.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False)
+    if got.tolist() != want.tolist():
+        return f"generate() on the export gave {got.tolist()}, the original {want.tolist()}"
+    if not tok.decode(got[0], skip_special_tokens=True):
+        return "the generated tokens decode to nothing"
+    return ""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
@@ -82,10 +110,16 @@ def main():
                                  reduction="none").reshape(tokens.shape)
         rel = ((losses - ref["losses"]).abs() / ref["losses"].abs()).max().item()
         ok = rel <= 1e-5
-        failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {type(model).__name__} loaded from strata's "
               f"export; loss {losses.mean().item():.6f} vs reference {ref['loss'].item():.6f}, "
               f"max relative per-token difference {rel:.2e}")
+        why = check_generate(transformers, torch, src, out, model)
+        if why:
+            print(f"FAIL {name}: {why}")
+        else:
+            print(f"ok   {name}: AutoTokenizer loads the export, generate() gives the original's "
+                  f"tokens past model.context (16)")
+        failed += not ok or bool(why)
     print(f"{len(FIXTURES) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -20,9 +20,14 @@ const char kUsage[] =
     "Writes the model of a strata checkpoint as a Hugging Face checkpoint directory:\n"
     "config.json and the weights in the model dtype (bf16.enabled / fp16.enabled) as\n"
     "model.safetensors, or as 5 GB shards with model.safetensors.index.json, which\n"
-    "transformers' AutoModelForCausalLM.from_pretrained(DIR) loads. FILE is the config the\n"
-    "checkpoint was trained with (its model section, e.g. model.from_pretrained). Files are\n"
-    "written as temporaries and renamed into place once complete.\n"
+    "transformers' AutoModelForCausalLM.from_pretrained(DIR) loads, and the tokenizer and\n"
+    "generation files (tokenizer.json, tokenizer_config.json, special_tokens_map.json,\n"
+    "generation_config.json, ...) of model.from_pretrained or --tokenizer, for\n"
+    "AutoTokenizer.from_pretrained(DIR). FILE is the config the checkpoint was trained with\n"
+    "(its model section, e.g. model.from_pretrained). A tensor model.from_pretrained stores\n"
+    "more rows of than the model trained (GPT-2's positions past model.context) is written\n"
+    "whole: the trained rows, then the stored ones. Files are written as temporaries and\n"
+    "renamed into place once complete; progress is printed every 10 s.\n"
     "\n"
     "options:\n"
     "  --config FILE        the training config (required)\n"
@@ -34,6 +39,7 @@ const char kUsage[] =
     "                       model.from_pretrained's directory is never written\n"
     "  --force              replace the model DIR holds: its model files that the export\n"
     "                       does not rewrite are removed once the export is complete\n"
+    "  --tokenizer DIR      copy the tokenizer files from DIR (default: model.from_pretrained)\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
     "  -h, --help           this text\n"
     "\n"
@@ -43,6 +49,8 @@ const char kUsage[] =
 
 int cmd_export(int argc, char** argv) {
   std::string config_path, checkpoint, out;
+  HfExportOptions options;
+  options.progress = true;
   std::vector<std::string> overrides;
   bool force = false;
   CliOptions cli("export", kUsage);
@@ -50,6 +58,7 @@ int cmd_export(int argc, char** argv) {
       .value("--checkpoint", &checkpoint)
       .value("--out", &out)
       .flag("--force", &force)
+      .value("--tokenizer", &options.tokenizer_dir)
       .repeated("--set", &overrides);
   if (auto rc = cli.parse(argc, argv)) return *rc;
   if (config_path.empty() || checkpoint.empty() || out.empty()) {
@@ -75,8 +84,8 @@ int cmd_export(int argc, char** argv) {
                             force,
                             ", or add --force to replace it"};
   const auto t0 = std::chrono::steady_clock::now();
-  if (Status st =
-          export_as_owner(target, [&] { return export_checkpoint(checkpoint, cfg->model, out); });
+  if (Status st = export_as_owner(
+          target, [&] { return export_checkpoint(checkpoint, cfg->model, out, options); });
       !st.is_ok()) {
     return cli.fail(st.message());
   }

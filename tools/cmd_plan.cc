@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,7 @@ int cmd_plan(int argc, char** argv) {
   }
 
   PlanRequest req;
+  std::optional<DType> hf_dtype;
   if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
     req = request_from_config(*cfg, hw, prof);
     req.model.name = a.config_path;
@@ -124,7 +126,9 @@ int cmd_plan(int argc, char** argv) {
       if (!mc.is_ok()) {
         return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
       }
+      mc->from_pretrained = a.hf_dir;  // a written config fine-tunes this checkpoint
       req.model = shape_of(*mc, a.hf_dir);
+      hf_dtype = mc->dtype;
     } else {
       req.model = {"custom", a.layers, a.width, a.heads, a.vocab, a.context, ""};
     }
@@ -144,7 +148,11 @@ int cmd_plan(int argc, char** argv) {
   } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
     req.seq = std::min(req.model.context, 8192);
   }
-  if (a.have_dtype) req.dtype = a.dt;
+  if (a.have_dtype) {
+    req.dtype = a.dt;
+  } else if (hf_dtype) {
+    req.dtype = *hf_dtype;  // the checkpoint's own precision
+  }
   if (!a.activations.empty()) req.activations = *parse_activation_mode(a.activations);
 
   if (a.max_mode) {
@@ -195,6 +203,13 @@ int cmd_plan(int argc, char** argv) {
     std::printf("config for %s written to %s (run: strata train --config %s)\n",
                 rep->options[size_t(rep->best)].placement.name.c_str(), a.cfg_out.c_str(),
                 a.cfg_out.c_str());
+    if (!a.hf_dir.empty()) {
+      std::printf(
+          "it fine-tunes %s (model.from_pretrained) on runs/train.bin (data.source); make that "
+          "with its tokenizer: python3 tools/prepare_data.py --model %s --input corpus.jsonl "
+          "--out runs/train.bin\n",
+          a.hf_dir.c_str(), a.hf_dir.c_str());
+    }
   }
 
   if (a.validate) {

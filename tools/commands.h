@@ -10,5 +10,6 @@ int cmd_trace(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_export(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
 
 }  // namespace strata::tools

@@ -25,6 +25,17 @@ Fixtures:
   llama-bf16 the llama fixture's weights in bfloat16 (the import -> export byte-identity test);
              its reference is computed in fp32 from the bf16 weights
 
+Each fixture also holds a real tokenizer (tools/make_hf_fixtures.py --tokenizers-only writes just
+these, leaving the weights and references as they are): a 100-token BPE trained with the
+`tokenizers` library on a fixed English text (the models' vocabulary is 100), saved as
+tokenizer.json with tokenizer_config.json, special_tokens_map.json and generation_config.json,
+in each family's conventions: Llama sentencepiece-style, <unk> <s> </s> (ids 0, 1, 2; BOS
+added); byte-level (over the text's bytes only) Qwen2
+<|endoftext|> <|im_start|> <|im_end|> (no BOS; EOS and padding <|endoftext|>), GPT-2
+<|endoftext|> (id 0: BOS, EOS and unknown). AutoTokenizer loads them, so an export's tokenizer
+and generate() are tested on them. greedy.json: transformers' greedy continuation (20 tokens) of
+"the model writes" from the fixture's weights, which `strata generate` must reproduce.
+
 Weights are drawn wider than transformers' default initialization (std 0.2, norm weights and
 biases random too) so that every tensor, the norms' included, changes the loss measurably.
 
@@ -94,6 +105,82 @@ def eval_reference(model, vocab, seed):
     return {"eval_tokens": corpus.float(), "eval_loss": torch.tensor([total / count])}
 
 
+CORPUS = """strata trains large language models on one machine with tiered memory. The model
+weights live on the device, in host memory or on a fast disk, and the optimizer state moves
+between them while the next layer computes. A fine tune starts from a checkpoint that another
+library saved, reads its tokenizer and its configuration, and writes the result back so that
+the same library loads it again. The quick brown fox jumps over the lazy dog; the five boxing
+wizards jump quickly. Every error names the file, the offset and the fix, and nothing that was
+written halfway looks complete. Tokens, losses, gradients and learning rates are logged at every
+step, and a small model can be asked what it says now.
+"""
+
+# Special tokens (ids 0, 1, ...), the BOS a template adds ("" none), and the token names of
+# tokenizer_config.json, per family.
+TOKENIZERS = {
+    "llama": (["<unk>", "<s>", "</s>"], "<s>",
+              {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "",
+              {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}),
+    "gpt2": (["<|endoftext|>"], "",
+             {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+              "unk_token": "<|endoftext|>"}),
+}
+
+
+def write_tokenizer(d, family, vocab=100):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    specials, bos, names = TOKENIZERS[family]
+    unk = names.get("unk_token")
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    if family == "llama":  # sentencepiece-style
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+    else:  # byte-level, as GPT-2's and Qwen2's (the corpus's bytes only: 100 tokens)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([CORPUS] * 4, trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, specials.index(bos))])
+    assert tok.get_vocab_size() <= vocab, tok.get_vocab_size()
+    tok.save(os.path.join(d, "tokenizer.json"))
+    ids = {k: specials.index(v) for k, v in names.items()}
+    config = dict(names, tokenizer_class="PreTrainedTokenizerFast", model_max_length=32,
+                  clean_up_tokenization_spaces=False)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        json.dump(names, f, indent=2)
+        f.write("\n")
+    gen = {"bos_token_id": ids.get("bos_token"), "eos_token_id": ids["eos_token"],
+           "pad_token_id": ids.get("pad_token")}
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump({k: v for k, v in gen.items() if v is not None}, f, indent=2)
+        f.write("\n")
+
+
+def write_greedy(d, new_tokens=20):
+    """greedy.json: transformers' greedy continuation of a tokenized prompt from the fixture's
+    weights (`strata generate` must give the same tokens), in fp32."""
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    prompt = tok("the model writes", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)
+    with open(os.path.join(d, "greedy.json"), "w") as f:
+        json.dump({"prompt": "the model writes", "prompt_ids": prompt[0].tolist(),
+                   "ids": out[0, prompt.shape[1]:].tolist()}, f)
+        f.write("\n")
+
+
+FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "qwen2",
+          "gpt2": "gpt2"}
+
+
 def write(out_dir, name, model, vocab, seed, shard=None):
     d = os.path.join(out_dir, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -107,6 +194,8 @@ def write(out_dir, name, model, vocab, seed, shard=None):
             os.remove(p)
     ref_model = model if next(model.parameters()).dtype == torch.float32 else model.float()
     save_file(reference(ref_model, vocab, seed), os.path.join(d, "reference.safetensors"))
+    write_tokenizer(d, FAMILY[name])
+    write_greedy(d)
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     print(f"{d}: {sorted(os.listdir(d))} {size} bytes")
 
@@ -115,7 +204,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                   "fixtures", "hf"))
+    ap.add_argument("--tokenizers-only", action="store_true",
+                    help="write only the tokenizer files and greedy.json into the existing "
+                    "fixtures")
     args = ap.parse_args()
+    if args.tokenizers_only:
+        for name, family in FAMILY.items():
+            write_tokenizer(os.path.join(args.out, name), family)
+            write_greedy(os.path.join(args.out, name))
+        return
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
     common = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

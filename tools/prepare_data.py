@@ -10,50 +10,261 @@ block), or .jsonl with one object per line whose --field (default "text") holds 
 Each document is encoded with the tokenizer (with its BOS token when the tokenizer adds one)
 and followed by the EOS token when it has one, so documents never run together.
 
+Streams: memory stays constant whatever the corpus size (a document is encoded in pieces of
+about 1 MB cut before a whitespace, so a 16 MB line costs no more than a short one), a progress
+line goes to stderr every 2 seconds, and tokens go straight to the output. With --val-out, one
+document in every 1/val-fraction (spread over the corpus, not its tail) goes to the validation
+file instead.
+
 Output: llm.c's token file layout, which strata's data reader detects (data.format auto):
 a 256 x int32 header (magic, version, token count) then the tokens, little-endian —
-uint16 (magic 20240520, version 1) when every id fits, else uint32 (magic 20240801, version 7:
-Llama 3's 128,256-token vocabulary). Off the hot path: needs `transformers` (pip install
-transformers), never a dependency of the build.
+uint16 (magic 20240520, version 1) when the vocabulary fits, else uint32 (magic 20240801,
+version 7: Llama 3's 128,256-token vocabulary). Each file is written as <out>.tmp and renamed
+over <out> only when complete; a failed run leaves no file that looks valid.
+
+Errors are one line naming the file, the line and the fix (exit 1): a line that is not UTF-8 or
+not JSON, a document without the field, an empty training or validation file, an --out or
+--val-out that is the input. Off the hot path: needs `transformers` (pip install transformers),
+never a dependency of the build.
 """
 import argparse
+import codecs
 import json
+import os
 import struct
 import sys
+import time
+
+HEADER_INTS = 256
+CHUNK_CHARS = 1 << 20  # a document is encoded in pieces of about this many characters
+MAX_TOKENS = 2**31 - 1  # the header's int32 count
 
 
-def documents(path, field):
-    if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
+class Error(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+def documents(path, field, progress=None):
+    """The documents of a .txt or .jsonl file as a stream of events: ("text", str) pieces of the
+    current document, then ("end", None). A .txt file is read in pieces of at most CHUNK_CHARS
+    bytes, so no line, however long, is held whole; a JSONL line is (it is parsed whole). Reads
+    bytes, so every error names its line; `progress(bytes_read)` is called as the file is read."""
+    jsonl = path.endswith(".jsonl")
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    with open(path, "rb") as f:
+        lineno = 1  # of the line `raw` is (part of)
+        column = 0  # .txt: bytes of this line before `raw`
+        in_doc = False
+        blank = True  # .txt: the line so far is whitespace only
+        pending = []  # .txt: whitespace-only pieces of the current line, held until it ends
+        while True:
+            raw = f.readline() if jsonl else f.readline(CHUNK_CHARS)
+            if progress:
+                progress(f.tell())
+            if not raw:
+                break
+            try:
+                text = decoder.decode(raw, final=False)
+            except UnicodeDecodeError as e:
+                raise Error(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                            f"{column + e.start} of the line); re-encode the file as UTF-8 "
+                            "(e.g. iconv -f latin1 -t utf-8)")
+            ends = raw.endswith(b"\n")
+            if jsonl:
+                if text.strip():
+                    try:
+                        obj = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        raise Error(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
+                                    f"{e.colno}); each line of a .jsonl file must be one JSON "
+                                    "object")
+                    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+                        has = f"keys {sorted(obj)}" if isinstance(obj, dict) else "no object"
+                        raise Error(f"{path}:{lineno}: no string field \"{field}\" (the line "
+                                    f"has {has}); name the field with --field")
+                    yield "text", obj[field]
+                    yield "end", None
+            else:
+                # Paragraph blocks: a whitespace-only line ends a document.
+                if blank and not text.strip():
+                    pending.append(text)
+                else:
+                    blank = False
+                    in_doc = True
+                    for t in pending + [text]:
+                        yield "text", t
+                    pending = []
+                if ends:
+                    if blank and in_doc:
+                        yield "end", None
+                        in_doc = False
+                    blank, pending = True, []
+            if ends:
+                lineno += 1
+                column = 0
+            else:
+                column += len(raw)
+        if in_doc:
+            yield "end", None
+
+
+def pieces(text, size=CHUNK_CHARS):
+    """`text` in pieces of at most `size` characters, each but the first starting with a
+    whitespace (cut before one, where the tokenizers strata reads split words anyway), so that
+    encoding the pieces gives the ids of encoding the whole."""
+    start = 0
+    while len(text) - start > size:
+        cut = start + size
+        while cut > start and not text[cut].isspace():
+            cut -= 1
+        if cut == start:  # no whitespace in a whole piece: cut anyway
+            cut = start + size
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+class TokenFile:
+    """An llm.c token file written as it streams: <path>.tmp, renamed over <path> by close()."""
+
+    def __init__(self, path, u32):
+        self.path, self.tmp, self.u32, self.count = path, path + ".tmp", u32, 0
+        if os.path.lexists(self.tmp):
+            os.unlink(self.tmp)  # a killed run's leftover (or a planted link: never followed)
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        self.f = os.fdopen(fd, "wb")
+        self.f.write(b"\0" * (4 * HEADER_INTS))
+        self.fmt = "<{}I" if u32 else "<{}H"
+
+    def write(self, tokens):
+        if self.count + len(tokens) > MAX_TOKENS:
+            raise Error(f"{self.path}: more than {MAX_TOKENS} tokens (the llm.c header's limit); "
+                        "split the corpus and prepare the parts separately")
+        self.f.write(struct.pack(self.fmt.format(len(tokens)), *tokens))
+        self.count += len(tokens)
+
+    def close(self):
+        header = [0] * HEADER_INTS
+        header[0], header[1] = (20240801, 7) if self.u32 else (20240520, 1)
+        header[2] = self.count
+        self.f.seek(0)
+        self.f.write(struct.pack(f"<{HEADER_INTS}i", *header))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        if not self.f.closed:
+            self.f.close()
+        if os.path.lexists(self.tmp):
+            os.unlink(self.tmp)
+
+
+class Progress:
+    """A progress line on stderr every `every` seconds (and at the end)."""
+
+    def __init__(self, total_bytes, every=2.0, stream=sys.stderr):
+        self.total, self.every, self.stream = total_bytes, every, stream
+        self.start = self.last = time.monotonic()
+        self.bytes = self.tokens = self.docs = 0
+
+    def line(self):
+        dt = max(time.monotonic() - self.start, 1e-9)
+        pct = f" ({100.0 * self.bytes / self.total:.0f}%)" if self.total else ""
+        return (f"prepare_data: {self.bytes / 1e6:.1f} of {self.total / 1e6:.1f} MB{pct} | "
+                f"{self.docs:,} documents | {self.tokens:,} tokens | "
+                f"{self.bytes / 1e6 / dt:.1f} MB/s")
+
+    def update(self, nbytes=None, tokens=0, docs=0):
+        if nbytes is not None:
+            self.bytes = nbytes
+        self.tokens += tokens
+        self.docs += docs
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            print(self.line(), file=self.stream, flush=True)
+
+
+def special_ids(encode):
+    """The ids `encode(text, True)` puts before and after the text's own (BOS, ...)."""
+    core = encode("a", False)
+    full = encode("a", True)
+    for i in range(len(full) - len(core) + 1):
+        if full[i:i + len(core)] == core:
+            return full[:i], full[i + len(core):]
+    return [], []
+
+
+def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None,
+            val_fraction=0.01, progress_every=2.0):
+    """Streams `input_path` into `out` (and `val_out`). `encode(text, add_special_tokens)`
+    returns a list of ids. Returns {path: token count}."""
+    outputs = [p for p in (out, val_out) if p]
+    for p in outputs:
+        if os.path.exists(p) and os.path.samefile(p, input_path) or \
+                os.path.abspath(p) == os.path.abspath(input_path):
+            raise Error(f"{p} is the input file; give --out/--val-out another path (the input "
+                        "would be overwritten)")
+    if val_out and os.path.abspath(val_out) == os.path.abspath(out):
+        raise Error(f"--out and --val-out are both {out}; give them different paths")
+    if val_out and not 0 < val_fraction < 1:
+        raise Error(f"--val-fraction {val_fraction} is not between 0 and 1")
+    if not os.path.isfile(input_path):
+        raise Error(f"{input_path}: no such file")
+    u32 = vocab_size > 65536
+    before, after = special_ids(encode)
+    tail = after + ([eos] if eos is not None and eos not in after[-1:] else [])
+    progress = Progress(os.path.getsize(input_path), progress_every)
+    files = [TokenFile(out, u32)]
+    if val_out:
+        files.append(TokenFile(val_out, u32))
+    try:
+        doc, buf, dst, n = 0, "", None, 0
+        for kind, text in documents(input_path, field, lambda b: progress.update(b)):
+            if dst is None:  # a document starts
+                # Document i goes to validation when i * fraction crosses an integer: one in
+                # every 1/fraction, spread over the corpus.
+                to_val = val_out and int((doc + 1) * val_fraction) > int(doc * val_fraction)
+                dst = files[1] if to_val else files[0]
+                dst.write(before)
+                n = len(before)
+            if kind == "text":
+                buf += text
+                if len(buf) < 2 * CHUNK_CHARS:
                     continue
-                obj = json.loads(line)
-                if field not in obj or not isinstance(obj[field], str):
-                    sys.exit(f"{path}:{n}: no string field \"{field}\" (use --field)")
-                yield obj[field]
-    else:
-        with open(path, encoding="utf-8") as f:
-            block = []
-            for line in f:
-                if line.strip():
-                    block.append(line)
-                elif block:
-                    yield "".join(block)
-                    block = []
-            if block:
-                yield "".join(block)
-
-
-def write_tokens(path, tokens):
-    u32 = max(tokens, default=0) > 65535
-    header = [0] * 256
-    header[0], header[1], header[2] = (20240801, 7, len(tokens)) if u32 else (20240520, 1,
-                                                                              len(tokens))
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header))
-        f.write(struct.pack(f"<{len(tokens)}{'I' if u32 else 'H'}", *tokens))
-    print(f"{path}: {len(tokens)} tokens, {'uint32' if u32 else 'uint16'}")
+                # Encode the whole pieces; the last (it may end inside a word) waits for more.
+                parts = list(pieces(buf))
+                buf = parts.pop()
+            else:
+                parts, buf = [buf], ""
+            for part in parts:
+                ids = encode(part, False)
+                dst.write(ids)
+                n += len(ids)
+            if kind == "end":
+                dst.write(tail)
+                progress.update(tokens=n + len(tail), docs=1)
+                doc, dst = doc + 1, None
+        for f in files:
+            if f.count == 0:
+                what = "validation" if f is not files[0] else "training"
+                hint = ("raise --val-fraction or give more documents" if what == "validation"
+                        else "the input has no documents" if progress.docs == 0
+                        else "lower --val-fraction")
+                raise Error(f"{f.path}: the {what} file would hold 0 tokens "
+                            f"({progress.docs} documents in {input_path}); {hint}")
+        for f in files:
+            f.close()
+    except BaseException:
+        for f in files:
+            f.discard()
+        raise
+    print(progress.line(), file=sys.stderr)
+    for f in files:
+        print(f"{f.path}: {f.count} tokens, {'uint32' if u32 else 'uint16'}")
+    return {f.path: f.count for f in files}
 
 
 def main():
@@ -62,23 +273,31 @@ def main():
     ap.add_argument("--input", required=True, help=".txt or .jsonl")
     ap.add_argument("--out", required=True)
     ap.add_argument("--field", default="text", help="JSONL field holding the text")
-    ap.add_argument("--val-out", default=None, help="also write the last documents here")
+    ap.add_argument("--val-out", default=None, help="also write one document in 1/fraction here")
     ap.add_argument("--val-fraction", type=float, default=0.01)
     args = ap.parse_args()
     try:
         from transformers import AutoTokenizer
     except ImportError:
         sys.exit("prepare_data.py needs transformers: pip install transformers")
-    tok = AutoTokenizer.from_pretrained(args.model)
-    docs = [tok(d)["input_ids"] + ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-            for d in documents(args.input, args.field)]
-    if not docs:
-        sys.exit(f"{args.input}: no documents")
-    n_val = int(len(docs) * args.val_fraction) if args.val_out else 0
-    train = [t for d in docs[:len(docs) - n_val] for t in d]
-    write_tokens(args.out, train)
-    if args.val_out:
-        write_tokens(args.val_out, [t for d in docs[len(docs) - n_val:] for t in d])
+    try:
+        tok = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as e:
+        sys.exit(f"{args.model}: cannot load its tokenizer ({e}); --model must name a Hugging "
+                 "Face model directory with tokenizer.json or tokenizer.model")
+
+    def encode(text, specials):
+        return tok(text, add_special_tokens=specials)["input_ids"]
+
+    try:
+        prepare(encode, tok.eos_token_id, len(tok), args.input, args.out, args.field,
+                args.val_out, args.val_fraction)
+    except Error as e:
+        sys.exit(f"prepare_data: {e}")
+    except OSError as e:
+        sys.exit(f"prepare_data: {e.filename or ''}: {e.strerror}")
+    except KeyboardInterrupt:
+        sys.exit("prepare_data: interrupted; no output written")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ constexpr Command kCommands[] = {
      "mean next-token loss and perplexity of a model or checkpoint over a token file"},
     {"export", strata::tools::cmd_export,
      "write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors)"},
+    {"generate", strata::tools::cmd_generate,
+     "a quick look at what a model says: greedy or sampled text from a prompt"},
     {"trace", strata::tools::cmd_trace,
      "replay a recorded access trace against cache policies (trace replay)"},
 };

@@ -169,9 +169,21 @@ struct TrainConfig {
   bool final_checkpoint = true;
   uint64_t seed = 1234;
   std::string log_file;  // JSONL metrics; "" = <checkpoint_dir>/metrics.jsonl
+  // Steps between metrics records (train.log_file, tensorboard, csv_monitor): each holds the
+  // per-step means since the last one. steps_per_print paces the progress lines on stdout.
+  int64_t log_interval = 1;
   // After the final checkpoint, rank 0 exports it here as a Hugging Face checkpoint
   // (src/hf/hf_export.h); "" = no export. Not after a stop (Ctrl-C): the run is not finished.
   std::string export_dir;
+};
+
+// DeepSpeed's "tensorboard" and "csv_monitor" sections: the trainer's metrics records also go
+// to <output_path>/<job_name>/ as TensorBoard event files (events.out.tfevents.*) or as one
+// CSV file per metric.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // "" = train.checkpoint_dir
+  std::string job_name = "DeepSpeedJobName";
 };
 
 // strata's own extensions, under "strata": {...}.
@@ -214,6 +226,7 @@ struct Config {
   DeviceConfig device;
   TrainConfig train;
   StrataConfig strata;
+  MonitorConfig tensorboard, csv_monitor;
 
   // Filled by the parser: "path = value: accepted; <reason>" lines for settings that are
   // accepted but not acted on yet, and "path = value (auto)" lines for resolved "auto" values.

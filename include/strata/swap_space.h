@@ -78,6 +78,15 @@ struct SwapExtent {
 Status check_nvme_path(const std::string& path, uint64_t need_bytes, bool need_direct,
                        const std::string& reusable_file = "");
 
+// Creates the directory `path` and any missing parents, as DeepSpeed creates its swap folder
+// (mode 0755). Existing parts of the path are followed as `mkdir -p` follows them (a mount
+// point may be a link); from the first part it creates on, each directory is made with mkdirat
+// and entered with O_NOFOLLOW, so nothing is created through a link strata did not make: a
+// dangling link, a file or a link planted at a name it creates is an error naming the part and
+// the fix. Another rank creating the same path at once is fine. Returns whether it created
+// anything.
+Result<bool> create_nvme_path(const std::string& path);
+
 // Start-up preflight from the config: for each of zero_optimization.offload_param and
 // offload_optimizer whose device is "nvme", checks every nvme_path (as check_nvme_path, O_DIRECT
 // required unless aio.backend is "posix") for `bytes_per_path` free. An nvme offload with an

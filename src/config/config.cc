@@ -268,9 +268,27 @@ Status resolve(Ctx* ctx, int world_size) {
                                         c.data.seq_len, c.model.context));
   }
 
-  // precision
-  if (is_auto(*ctx, "fp16.enabled")) note_auto(ctx, "fp16.enabled", "false");
-  if (is_auto(*ctx, "bf16.enabled")) note_auto(ctx, "bf16.enabled", "false");
+  if (auto it = ctx->given.find("wandb.enabled"); it != ctx->given.end() && it->second == true) {
+    return invalid_argument(
+        "wandb.enabled: true is not supported: strata does not talk to Weights & Biases (no "
+        "network access from the trainer); set tensorboard.enabled true and upload its event "
+        "files with `wandb sync <tensorboard.output_path>/<tensorboard.job_name>`");
+  }
+
+  // precision: "auto" is the checkpoint's dtype (config.json's dtype / torch_dtype) where
+  // model.from_pretrained names one, as the Hugging Face Trainer's --bf16 / --fp16 would be set
+  // for it; false without one.
+  const bool pretrained = is_given(*ctx, "model.from_pretrained");
+  auto precision_auto = [&](const char* path, DType dt, bool* enabled, bool other) {
+    if (!is_auto(*ctx, path)) return;
+    *enabled = pretrained && c.model.dtype == dt && !other;
+    note_auto(ctx, path,
+              pretrained ? fmt::format("{} (model.from_pretrained's dtype is {})", *enabled,
+                                       dtype_name(c.model.dtype))
+                         : "false");
+  };
+  precision_auto("fp16.enabled", DType::kF16, &c.fp16.enabled, c.bf16.enabled);
+  precision_auto("bf16.enabled", DType::kBF16, &c.bf16.enabled, c.fp16.enabled);
   if (c.fp16.enabled && c.bf16.enabled) {
     return invalid_argument(
         "fp16.enabled and bf16.enabled are both true; enable one of them (bf16 needs no loss "
@@ -350,8 +368,13 @@ Status resolve(Ctx* ctx, int world_size) {
     note_auto(ctx, "scheduler.params.warmup_min_lr", "0");
   }
   if (is_auto(*ctx, "scheduler.params.warmup_num_steps")) {
-    sc.warmup_num_steps = c.train.steps / 10;
-    note_auto(ctx, "scheduler.params.warmup_num_steps", std::to_string(sc.warmup_num_steps));
+    // The Hugging Face integration's get_warmup_steps: ceil(steps * warmup_ratio), with a
+    // warmup ratio of 0.1 (the Trainer's is an argument strata does not have). At least one
+    // step: a run of fewer than 10 steps still warms up, and never past its length.
+    sc.warmup_num_steps = std::max<int64_t>(1, (c.train.steps + 9) / 10);
+    note_auto(
+        ctx, "scheduler.params.warmup_num_steps",
+        fmt::format("{} (10% of train.steps {}, rounded up)", sc.warmup_num_steps, c.train.steps));
   }
   if (!is_given(*ctx, "scheduler.params.total_num_steps")) {
     sc.total_num_steps = c.train.steps;

@@ -34,7 +34,9 @@ constexpr const char* kFp32Grads =
 constexpr const char* kTimers = "the trainer prints its own time split with each log line";
 constexpr const char* kNoCast = "inputs are token ids; there is nothing to cast";
 constexpr const char* kOneAdam = "strata has one Adam implementation per backend";
-constexpr const char* kMonitor = "strata writes JSONL metrics (train.log_file)";
+constexpr const char* kMonitor =
+    "strata writes JSONL metrics (train.log_file), TensorBoard event files (tensorboard) and CSV "
+    "(csv_monitor)";
 constexpr const char* kActCkptCount =
     "strata saves every block's input whatever the count (any value > 0 turns on "
     "strata.activations = recompute)";
@@ -137,8 +139,9 @@ std::vector<Key> build_table() {
 
   // --- fp16 / bf16 ----------------------------------------------------------------------------
   group("DeepSpeed: fp16 / bf16");
-  add(F("fp16.enabled", Bool(), STRATA_M(fp16.enabled), "fp16 params/activations (auto: false)",
-        nullptr, kAuto));
+  add(F("fp16.enabled", Bool(), STRATA_M(fp16.enabled),
+        "fp16 params/activations (auto: model.from_pretrained's dtype is float16)", nullptr,
+        kAuto));
   add(F("fp16.loss_scale", Real(0, kInf, false, true), STRATA_M(fp16.loss_scale),
         "static loss scale; 0 = dynamic"));
   add(F("fp16.initial_scale_power", Int(0, 62), STRATA_M(fp16.initial_scale_power),
@@ -155,8 +158,9 @@ std::vector<Key> build_table() {
   add(F("fp16.min_loss_scale", Real(0, kInf, true, true), STRATA_M(fp16.min_loss_scale),
         "dynamic: floor of the scale"));
   add(F("fp16.auto_cast", Bool(), STRATA_M(fp16.auto_cast), "cast module inputs to fp16", kNoCast));
-  add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled), "bf16 params/activations (auto: false)",
-        nullptr, kAuto));
+  add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled),
+        "bf16 params/activations (auto: model.from_pretrained's dtype is bfloat16)", nullptr,
+        kAuto));
 
   // --- optimizer --------------------------------------------------------------------------------
   group("DeepSpeed: optimizer");
@@ -197,8 +201,8 @@ std::vector<Key> build_table() {
         STRATA_M(scheduler.warmup_max_lr), "WarmupLR/WarmupDecayLR: lr after warmup", nullptr,
         kAuto, "optimizer.params.lr"));
   add(F("scheduler.params.warmup_num_steps", Int(0, kMaxInt), STRATA_M(scheduler.warmup_num_steps),
-        "warmup length (WarmupLR/WarmupDecayLR: at least 2, as in DeepSpeed; auto: train.steps / "
-        "10)",
+        "warmup length (WarmupLR/WarmupDecayLR: at least 2, as in DeepSpeed; auto: 10% of "
+        "train.steps, rounded up)",
         nullptr, kAuto));
   add(F("scheduler.params.warmup_type", Enum("log|linear"), STRATA_M(scheduler.warmup_type),
         "warmup curve"));
@@ -383,12 +387,20 @@ std::vector<Key> build_table() {
   add(U("flops_profiler.top_modules", Int(0, kMaxInt), "1", "", kDsOnly));
   add(U("flops_profiler.detailed", Bool(), "true", "", kDsOnly));
   add(U("flops_profiler.output_file", Str(), "null", "", kDsOnly));
-  for (const char* m : {"tensorboard", "csv_monitor"}) {
-    add(U(fmt::format("{}.enabled", m).c_str(), Bool(), "false", "", kMonitor));
-    add(U(fmt::format("{}.output_path", m).c_str(), Str(), "\"\"", "", kMonitor));
-    add(U(fmt::format("{}.job_name", m).c_str(), Str(), "\"DeepSpeedJobName\"", "", kMonitor));
-  }
-  add(U("wandb.enabled", Bool(), "false", "", kMonitor));
+  add(F("tensorboard.enabled", Bool(), STRATA_M(tensorboard.enabled),
+        "also write the metrics records as TensorBoard event files"));
+  add(F("tensorboard.output_path", Str(), STRATA_M(tensorboard.output_path),
+        "their directory's parent; \"\" = train.checkpoint_dir"));
+  add(F("tensorboard.job_name", Str(), STRATA_M(tensorboard.job_name),
+        "their directory under output_path"));
+  add(F("csv_monitor.enabled", Bool(), STRATA_M(csv_monitor.enabled),
+        "also write the metrics records as CSV, one <metric>.csv of step,value rows each"));
+  add(F("csv_monitor.output_path", Str(), STRATA_M(csv_monitor.output_path),
+        "their directory's parent; \"\" = train.checkpoint_dir"));
+  add(F("csv_monitor.job_name", Str(), STRATA_M(csv_monitor.job_name),
+        "their directory under output_path"));
+  add(U("wandb.enabled", Bool(), "false",
+        "true is refused: no network; tensorboard's files upload with `wandb sync DIR`", kMonitor));
   add(U("wandb.group", Str(), "null", "", kMonitor));
   add(U("wandb.team", Str(), "null", "", kMonitor));
   add(U("wandb.project", Str(), "\"deepspeed\"", "", kMonitor));
@@ -483,6 +495,9 @@ std::vector<Key> build_table() {
   add(F("train.log_file", Str(), STRATA_M(train.log_file),
         "JSONL metrics; \"\" = <checkpoint_dir>/metrics.jsonl; appended to, each run's "
         "lines after one naming its run_id and start_step"));
+  add(F("train.log_interval", Int(1, kMaxInt), STRATA_M(train.log_interval),
+        "steps between metrics records (train.log_file, tensorboard, csv_monitor), each the "
+        "per-step means since the last (steps_per_print paces the lines on stdout)"));
 
   // --- strata: engine knobs ---------------------------------------------------------------------
   group("strata: strata");

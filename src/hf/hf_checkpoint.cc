@@ -115,6 +115,7 @@ Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::
       Located loc;
       loc.file = f;
       loc.tensor = t;
+      loc.stored = t;
       if (t.shape[0] != hf.shape[0]) {  // read only the leading rows
         const uint64_t row_bytes = t.bytes / uint64_t(t.shape[0]);
         loc.tensor.shape[0] = hf.shape[0];
@@ -205,6 +206,20 @@ Status HfCheckpointReader::read_range(int m, size_t begin, size_t count, float* 
     for (size_t e = e0; e < e1; ++e) dst[e - e0] = tmp[(e % in) * rows + (e / in - o0)];
   }
   return Status::ok();
+}
+
+int64_t HfCheckpointReader::stored_rows(int m, size_t i) const {
+  return modules_[size_t(m)][i].stored.shape[0];
+}
+
+Status HfCheckpointReader::read_stored_rows(int m, size_t i, int64_t row0, int64_t row1,
+                                            float* out) const {
+  const SafetensorsTensor& t = modules_[size_t(m)][i].stored;
+  STRATA_CHECK(!modules_[size_t(m)][i].hf.transposed, "rows of a tensor stored as strata's");
+  STRATA_CHECK(0 <= row0 && row0 <= row1 && row1 <= t.shape[0], "rows within the tensor");
+  const size_t row = t.numel() / size_t(t.shape[0]);
+  return modules_[size_t(m)][i].file->read_as(
+      tensor_elements(t, size_t(row0) * row, size_t(row1 - row0) * row), DType::kF32, out);
 }
 
 Status HfCheckpointReader::read_module(int m, float* master) const {

@@ -48,11 +48,20 @@ class HfCheckpointReader {
   // The bytes of weights the checkpoint holds (all files, the tensors read).
   uint64_t bytes() const { return bytes_; }
 
+  // The rows the checkpoint stores for module m's i-th Hugging Face tensor (hf_tensors order):
+  // more than its shape[0] where HfTensor::more_rows_ok let the import read only the leading
+  // ones (GPT-2's positions beyond model.context). The export writes them back unchanged.
+  int64_t stored_rows(int m, size_t i) const;
+  // Rows [row0, row1) of that tensor as stored, converted to fp32 into out[0, (row1 - row0) *
+  // row length).
+  Status read_stored_rows(int m, size_t i, int64_t row0, int64_t row1, float* out) const;
+
  private:
   struct Located {
     HfTensor hf;
     const SafetensorsFile* file = nullptr;
     SafetensorsTensor tensor;  // the part read (the leading rows when more_rows_ok)
+    SafetensorsTensor stored;  // the whole tensor in the file
   };
   HfCheckpointReader() = default;
 

@@ -335,9 +335,11 @@ std::string hf_config_json(const ModelConfig& m) {
       c = std::move(base);
     }
   }
-  c["torch_dtype"] = m.dtype == DType::kBF16  ? "bfloat16"
-                     : m.dtype == DType::kF16 ? "float16"
-                                              : "float32";
+  // Both spellings: "dtype" (transformers 5 on), "torch_dtype" (the versions before).
+  c["dtype"] = m.dtype == DType::kBF16  ? "bfloat16"
+               : m.dtype == DType::kF16 ? "float16"
+                                        : "float32";
+  c["torch_dtype"] = c["dtype"];
   c["vocab_size"] = m.vocab_size;
   c["tie_word_embeddings"] = m.tied_embeddings;
   if (m.type == "llama") {
@@ -366,6 +368,9 @@ std::string hf_config_json(const ModelConfig& m) {
       c["attention_bias"] = false;
       c["mlp_bias"] = false;
     }
+    // The rope in both spellings: transformers 5's "rope_parameters" (rope_theta inside), and
+    // rope_theta + rope_scaling for the versions before.
+    json rope = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
     if (m.rope_scaling.type == "llama3") {
       c["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", m.rope_scaling.factor},
@@ -373,17 +378,22 @@ std::string hf_config_json(const ModelConfig& m) {
                            {"high_freq_factor", m.rope_scaling.high_freq_factor},
                            {"original_max_position_embeddings",
                             int64_t(m.rope_scaling.original_max_position_embeddings)}};
+      rope = c["rope_scaling"];
+      rope["rope_theta"] = m.rope_theta;
     } else {
       c["rope_scaling"] = nullptr;
     }
+    c["rope_parameters"] = rope;
   } else {
     c["architectures"] = {"GPT2LMHeadModel"};
     c["model_type"] = "gpt2";
     c["n_embd"] = m.n_embd;
     c["n_layer"] = m.n_layer;
     c["n_head"] = m.n_head;
-    c["n_positions"] = m.context;
-    c["n_ctx"] = m.context;
+    // The position table as the checkpoint stored it (the export writes every row back): a
+    // model trained at a shorter context keeps the length it had.
+    c["n_positions"] = std::max<int64_t>(m.context, c.value("n_positions", int64_t(0)));
+    c["n_ctx"] = c["n_positions"];
     c["activation_function"] = "gelu_new";
     c["layer_norm_epsilon"] = 1e-5;
   }

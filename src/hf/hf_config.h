@@ -33,10 +33,12 @@ std::string hf_config_key(const std::string& type, const std::string& strata_key
 // The config.json that describes `model` to transformers (the inverse of the above): a llama
 // with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj), other
 // llamas (Mistral's too: its weights are Llama's) as LlamaForCausalLM, gpt2 as
-// GPT2LMHeadModel with n_positions = model.context; torch_dtype is model.dtype.
+// GPT2LMHeadModel with n_positions = model.context; dtype and torch_dtype are model.dtype, the
+// rope both as transformers 5's rope_parameters and as rope_theta + rope_scaling.
 // When model.from_pretrained names a directory, the keys of its config.json that describe
-// neither shape nor dtype (token ids, ...) are kept, and so is a llama's
-// max_position_embeddings when it exceeds model.context.
+// neither shape nor dtype (token ids, ...) are kept, and so are a llama's
+// max_position_embeddings and GPT-2's n_positions when they exceed model.context (the export
+// writes GPT-2's whole stored position table).
 std::string hf_config_json(const ModelConfig& model);
 
 }  // namespace strata

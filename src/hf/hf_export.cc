@@ -6,13 +6,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "src/base/safe_file.h"
 #include "src/hf/hf_config.h"
 #include "src/train/checkpoint.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
@@ -38,7 +42,32 @@ Status pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std
   return Status::ok();
 }
 
+bool is_regular_file(const std::string& path) {  // through a link (the Hugging Face cache's)
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
+
+Result<int> copy_tokenizer_files(const std::string& from, const std::string& dir) {
+  int copied = 0;
+  for (const char* name : kHfTokenizerFiles) {
+    const std::string src = from + "/" + name;
+    if (!is_regular_file(src)) continue;
+    std::ifstream in(src, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in.good() && !in.eof()) return io_error(fmt::format("{}: cannot read", src));
+    STRATA_RETURN_IF_ERROR(write_file_atomically(dir + "/" + name, ss.str(), 0644),
+                           fmt::format("copying {}", src));
+    ++copied;
+  }
+  return copied;
+}
 
 HfCheckpointWriter::~HfCheckpointWriter() {
   for (size_t i = 0; i < fds_.size(); ++i) {
@@ -49,39 +78,68 @@ HfCheckpointWriter::~HfCheckpointWriter() {
   }
 }
 
-Result<std::unique_ptr<HfCheckpointWriter>> HfCheckpointWriter::create(const std::string& dir,
-                                                                       const ModelConfig& model,
-                                                                       const Architecture& arch,
-                                                                       uint64_t shard_bytes) {
+Result<std::unique_ptr<HfCheckpointWriter>> HfCheckpointWriter::create(
+    const std::string& dir, const ModelConfig& model, const Architecture& arch,
+    const HfExportOptions& options) {
   std::unique_ptr<HfCheckpointWriter> w(new HfCheckpointWriter());
   w->dir_ = dir;
+  w->options_ = options;
   w->model_ = model;
   w->arch_ = &arch;
   w->dt_ = model.dtype;
+  const ModelLayout& layout = arch.layout();
+  if (!options.tokenizer_dir.empty() &&
+      !is_regular_file(options.tokenizer_dir + "/tokenizer.json") &&
+      !is_regular_file(options.tokenizer_dir + "/tokenizer.model") &&
+      !is_regular_file(options.tokenizer_dir + "/vocab.json")) {
+    return not_found(fmt::format(
+        "export: --tokenizer {}: no tokenizer.json, tokenizer.model or vocab.json there; name "
+        "the Hugging Face model directory whose tokenizer the model uses",
+        options.tokenizer_dir));
+  }
+  // The stored rows past the model's (GPT-2's positions past model.context) come from the
+  // checkpoint the model was imported from.
+  bool more_rows = false;
+  for (size_t m = 0; m < layout.modules.size(); ++m) {
+    for (const HfTensor& hf : arch.hf_tensors(int(m))) more_rows |= hf.more_rows_ok;
+  }
+  if (more_rows && !model.from_pretrained.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        w->source_, HfCheckpointReader::open(model.from_pretrained, arch),
+        fmt::format("export: the rows past model.context are copied from model.from_pretrained "
+                    "({})",
+                    model.from_pretrained));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return io_error(fmt::format("{}: creating the export directory: {}", dir, ec.message()));
   // Plan: tensors in module order, a new shard when the next tensor would pass shard_bytes.
   const size_t es = dtype_size(w->dt_);
   std::vector<uint64_t> file_bytes = {0};
-  const ModelLayout& layout = arch.layout();
   w->modules_.resize(layout.modules.size());
   for (size_t m = 0; m < layout.modules.size(); ++m) {
-    for (HfTensor& hf : arch.hf_tensors(int(m))) {
+    std::vector<HfTensor> tensors = arch.hf_tensors(int(m));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      HfTensor& hf = tensors[i];
+      Planned p;
+      p.index = i;
+      p.model_rows = hf.shape[0];
+      if (hf.more_rows_ok && w->source_) hf.shape[0] = w->source_->stored_rows(int(m), i);
       uint64_t n = 1;
       for (int64_t d : hf.shape) n *= uint64_t(d);
-      Planned p;
       p.bytes = n * es;
-      if (file_bytes.back() > 0 && file_bytes.back() + p.bytes > shard_bytes) {
+      if (file_bytes.back() > 0 && file_bytes.back() + p.bytes > options.shard_bytes) {
         file_bytes.push_back(0);
       }
       p.file = int(file_bytes.size() - 1);
       p.offset = file_bytes.back();
       file_bytes.back() += p.bytes;
+      w->total_bytes_ += p.bytes;
       p.hf = std::move(hf);
       w->modules_[m].push_back(std::move(p));
     }
   }
+  w->last_progress_ = now_s();
   const size_t nf = file_bytes.size();
   for (size_t f = 0; f < nf; ++f) {
     w->names_.push_back(nf == 1 ? "model.safetensors"
@@ -122,8 +180,10 @@ Status HfCheckpointWriter::write_module(int m, const float* master) {
   std::vector<char> out;
   for (const Planned& p : modules_[size_t(m)]) {
     const float* src = master + spec.tensors[size_t(p.hf.tensor)].offset;
-    const size_t n = p.bytes / dtype_size(dt_);
-    if (p.hf.transposed) {  // strata's [out, in] -> stored [in, out]
+    const size_t es = dtype_size(dt_);
+    const size_t row = p.bytes / es / size_t(p.hf.shape[0]);
+    const size_t n = size_t(p.model_rows) * row;  // from the master weights
+    if (p.hf.transposed) {                        // strata's [out, in] -> stored [in, out]
       const size_t in = size_t(p.hf.shape[0]), o = size_t(p.hf.shape[1]);
       tmp.resize(n);
       for (size_t i = 0; i < in; ++i) {
@@ -133,6 +193,13 @@ Status HfCheckpointWriter::write_module(int m, const float* master) {
     }
     out.resize(p.bytes);
     convert(src, DType::kF32, out.data(), dt_, n);
+    if (p.hf.shape[0] > p.model_rows) {  // the stored rows past the model's, unchanged
+      tmp.resize(size_t(p.hf.shape[0] - p.model_rows) * row);
+      STRATA_RETURN_IF_ERROR(
+          source_->read_stored_rows(m, p.index, p.model_rows, p.hf.shape[0], tmp.data()),
+          fmt::format("exporting tensor \"{}\"", p.hf.name));
+      convert(tmp.data(), DType::kF32, out.data() + n * es, dt_, tmp.size());
+    }
     const int fd = fds_[size_t(p.file)];
     const std::string path = dir_ + "/" + names_[size_t(p.file)] + ".tmp";
     uint64_t off = written_[size_t(p.file)];
@@ -140,6 +207,11 @@ Status HfCheckpointWriter::write_module(int m, const float* master) {
                            fmt::format("exporting tensor \"{}\"", p.hf.name));
     written_[size_t(p.file)] = off;
     bytes_ += p.bytes;
+  }
+  if (options_.progress && now_s() - last_progress_ >= 10.0) {
+    last_progress_ = now_s();
+    log_info("export: {:.2f} of {:.2f} GB written ({} of {} modules)", double(bytes_) / 1e9,
+             double(total_bytes_) / 1e9, m + 1, modules_.size());
   }
   return Status::ok();
 }
@@ -176,11 +248,22 @@ Status HfCheckpointWriter::finish() {
   }
   STRATA_RETURN_IF_ERROR(write_file_atomically(dir_ + "/config.json", hf_config_json(model_), 0644),
                          "exporting");
+  const std::string tok =
+      options_.tokenizer_dir.empty() ? model_.from_pretrained : options_.tokenizer_dir;
+  if (!tok.empty()) {
+    STRATA_ASSIGN_OR_RETURN(int copied, copy_tokenizer_files(tok, dir_), "exporting");
+    if (copied == 0) {
+      log_warn(
+          "export: {} holds no tokenizer files; {} has none (give strata export "
+          "--tokenizer DIR)",
+          tok, dir_);
+    }
+  }
   return fsync_directory(dir_);
 }
 
 Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model,
-                         const std::string& dir, uint64_t shard_bytes) {
+                         const std::string& dir, const HfExportOptions& options) {
   STRATA_ASSIGN_OR_RETURN(auto arch, create_architecture(model), "export");
   const ModelLayout& layout = arch->layout();
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "export");
@@ -193,8 +276,7 @@ Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model
           f, meta.model_shape, arch->shape_string()));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(auto w, HfCheckpointWriter::create(dir, model, *arch, shard_bytes),
-                          "export");
+  STRATA_ASSIGN_OR_RETURN(auto w, HfCheckpointWriter::create(dir, model, *arch, options), "export");
   std::vector<float> master;
   if (files.size() == 1) {  // a whole-model checkpoint: module by module
     auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {

@@ -42,7 +42,13 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   c["gradient_clipping"] = 1.0;
   if (r.dtype == DType::kBF16) c["bf16"] = {{"enabled", true}};
   if (r.dtype == DType::kF16) c["fp16"] = {{"enabled", true}};
-  c["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}};
+  const ModelShape& m = r.model;
+  const bool finetune = !m.from_pretrained.empty();
+  // Fine-tuning a checkpoint: a small learning rate and no weight decay (the usual starting
+  // point, as the Hugging Face Trainer's defaults); pretraining: GPT-3's.
+  c["optimizer"] = {{"type", "AdamW"},
+                    {"params", finetune ? json{{"lr", 2e-5}, {"weight_decay", 0.0}}
+                                        : json{{"lr", 3e-4}, {"weight_decay", 0.1}}}};
   json z;
   z["stage"] = 3;
   // offload_* say params and the optimizer's tier (master); strata.placement says what differs
@@ -61,9 +67,9 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
   if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
-  const ModelShape& m = r.model;
-  if (!m.from_pretrained.empty()) {
-    c["model"] = {{"from_pretrained", m.from_pretrained}, {"context", m.context}};
+  if (finetune) {
+    // The shape, norms' epsilon, rope and dtype all come from the checkpoint's config.json.
+    c["model"] = {{"from_pretrained", m.from_pretrained}, {"context", r.seq}};
   } else {
     c["model"] = {{"n_layer", m.layers},
                   {"n_head", m.heads},
@@ -79,7 +85,9 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
       if (m.qkv_bias) c["model"]["attention_bias"] = true;
     }
   }
-  c["data"] = {{"source", "synthetic"}, {"seq_len", r.seq}};
+  // A fine-tune's data: the token file tools/prepare_data.py writes with the checkpoint's
+  // tokenizer (the `strata plan` message says how).
+  c["data"] = {{"source", finetune ? "runs/train.bin" : "synthetic"}, {"seq_len", r.seq}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
@@ -90,6 +98,7 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
     c["strata"]["activations"] = activation_mode_name(r.activations);
   }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
+  if (finetune) c["train"]["export_dir"] = "runs/planned-hf";
   return c.dump(2) + "\n";
 }
 

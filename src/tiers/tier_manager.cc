@@ -112,6 +112,12 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
     swap->bytes_per_path = need.nvme.bytes_per_path;
     const bool direct = options.storage.backend != "posix";
     for (const auto& path : swap->paths) {
+      Result<bool> made = create_nvme_path(path);  // as DeepSpeed makes its swap folder
+      if (!made.is_ok()) {
+        short_of.push_back("nvme tier: " + made.status().message());
+        continue;
+      }
+      if (*made) log_info("nvme tier: created nvme_path {}", path);
       Status s = check_nvme_path(path, swap->bytes_per_path + kSwapHeaderBytes, direct,
                                  swap_file_path(path, options.rank));
       if (!s.is_ok()) short_of.push_back("nvme tier: " + s.message());

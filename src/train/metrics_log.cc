@@ -15,15 +15,16 @@ MetricsLog::~MetricsLog() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status MetricsLog::open(const std::string& path) {
+Status MetricsLog::open(const std::string& path, bool append, const std::string& key) {
   path_ = path;
+  key_ = key;
   const auto parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  auto fd = open_for_writing(path, /*append=*/true, 0644);
+  auto fd = open_for_writing(path, append, 0644);
   if (!fd.is_ok()) {
     return fd.status().with_context(
-        fmt::format("train.log_file: cannot open the metrics log '{}'", path));
+        fmt::format("{}: cannot open the metrics file '{}'", key, path));
   }
   fd_ = *fd;
   struct stat st {};
@@ -31,12 +32,11 @@ Status MetricsLog::open(const std::string& path) {
   return Status::ok();
 }
 
-Status MetricsLog::write_line(const std::string& line) {
+Status MetricsLog::write_bytes(const std::string& text) {
   if (fd_ < 0 || !error_.is_ok()) return Status::ok();
-  const std::string text = line + "\n";
   Status st = write_fully(fd_, text.data(), text.size(), path_, &offset_);
   if (!st.is_ok()) {
-    error_ = st.with_context("train.log_file: the metrics log could not be written");
+    error_ = st.with_context(key_ + ": the metrics file could not be written");
     log_warn("{}; training goes on, no more metrics are written, and strata train will exit 1",
              error_.message());
     return error_;

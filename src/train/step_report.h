@@ -1,7 +1,8 @@
-// The trainer's progress reports: every steps_per_print steps (and the first and last), one
-// progress line on stdout and one JSONL record (train.log_file) with the per-step means of the
-// steps since the last report. The Run's loop adds each step's times and bytes to a StepWindow;
-// this file only formats.
+// The trainer's progress reports: every steps_per_print steps (and the first and last) one
+// progress line on stdout, and every train.log_interval steps (and the first and last) one
+// metrics record (train.log_file's JSONL, and the monitors': src/train/monitors.h), each with
+// the per-step means of the steps since the last one. The Run's loop adds each step's times and
+// bytes to a StepWindow; this file only formats.
 #pragma once
 
 #include <array>
@@ -21,6 +22,20 @@ struct StepWindow {
   double comm_s = 0;
   std::array<uint64_t, 3> sent{0, 0, 0};
   uint64_t device_bytes = 0, nvme_bytes = 0;  // moved to and from the device, and NVMe
+
+  StepWindow& operator+=(const StepWindow& o) {
+    steps += o.steps;
+    fwd_bwd_s += o.fwd_bwd_s;
+    fetch_wait_s += o.fetch_wait_s;
+    optimizer_s += o.optimizer_s;
+    optimizer_hidden_s += o.optimizer_hidden_s;
+    io_wait_s += o.io_wait_s;
+    comm_s += o.comm_s;
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] += o.sent[i];
+    device_bytes += o.device_bytes;
+    nvme_bytes += o.nvme_bytes;
+    return *this;
+  }
 
   // Per-step means (steps counted as at least 1).
   double per_step(double total) const { return total / double(steps > 0 ? steps : 1); }

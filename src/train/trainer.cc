@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"
+#include "src/train/monitors.h"
 #include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
 #include "src/train/schedule.h"
@@ -429,8 +431,22 @@ Status Run::init_or_resume() {
   const auto t0 = Clock::now();
   STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_),
                           "");
+  // Progress every 10 s for a large model (ranges may be read from several threads).
+  size_t total = 0;
+  for (const ModuleSpec& m : arch_->layout().modules) total += m.numel;
+  std::atomic<size_t> done{0};
+  std::atomic<double> last{0.0};
   STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
-    return hf->read_range(m, begin, count, out);
+    STRATA_RETURN_IF_ERROR(hf->read_range(m, begin, count, out),
+                           fmt::format("module {}", arch_->layout().modules[size_t(m)].name));
+    const size_t now = done += count;
+    double seen = last.load();
+    const double t = seconds_since(t0);
+    if (rank_ == 0 && t - seen >= 10.0 && last.compare_exchange_strong(seen, t)) {
+      log_info("model.from_pretrained: {:.0f}% of {:.2f} G parameters read ({:.0f} s)",
+               100.0 * double(now) / double(total), double(total) / 1e9, t);
+    }
+    return Status::ok();
   }),
                          "model.from_pretrained");
   log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
@@ -687,10 +703,14 @@ Result<TrainResult> Run::loop() {
   // lost checkpoint.
   const bool report = rank_ == 0;
   MetricsLog jsonl;
+  Monitors monitors;
   if (report) {
-    STRATA_RETURN_IF_ERROR(jsonl.open(log_path), "");
+    // Appended to, never truncated: each run's lines follow one naming its lineage.
+    STRATA_RETURN_IF_ERROR(jsonl.open(log_path, /*append=*/true), "");
     jsonl.write_line(nlohmann::json{{"run_id", run_id_}, {"start_step", step_}}.dump()).ignore();
+    STRATA_ASSIGN_OR_RETURN(monitors, Monitors::open(cfg_, step_ > 0), "");
   }
+  const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
 
   auto do_eval = [&](int64_t step) -> Status {
     STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
@@ -699,14 +719,17 @@ Result<TrainResult> Run::loop() {
     if (opts_.progress)
       std::printf("step %5lld/%lld | eval loss %.4f\n", (long long)step, (long long)total, el);
     jsonl.write_line(nlohmann::json{{"step", step}, {"eval_loss", el}}.dump()).ignore();
+    monitors.add(step, {{"eval_loss", el}});
     return Status::ok();
   };
   if (step_ == 0 && cfg_.train.eval_interval > 0) STRATA_RETURN_IF_ERROR(do_eval(0), "");
 
   const auto t0 = Clock::now();
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
-  auto window_t = Clock::now();
-  StepWindow w;
+  // Two windows of steps: the progress line's (steps_per_print) and the metrics record's
+  // (train.log_interval), each with the time it started.
+  StepWindow w, wl;
+  auto window_t = Clock::now(), log_window_t = window_t;
   // Time in collectives: parameter gathers (h2d stream) and gradient reduce-scatters (d2h
   // stream) overlap compute; the main thread's reductions block it.
   auto comm_now = [&]() {
@@ -739,21 +762,29 @@ Result<TrainResult> Run::loop() {
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
     r.step_nvme_bytes.push_back(bytes_now()[1] - nvme_before);
     const TierTimes tt = tm_->take_times();
+    StepWindow s;  // this step
+    s.steps = 1;
     const double comm_step = comm_now() - comm_mark;
     comm_mark += comm_step;
-    w.comm_s += comm_step;
+    s.comm_s = comm_step;
     const auto sent = sent_now();
     for (size_t i = 0; i < 3; ++i) {
-      w.sent[i] += sent[i] - sent_mark[i];
+      s.sent[i] = sent[i] - sent_mark[i];
       r.comm_bytes += sent[i] - sent_mark[i];
     }
     sent_mark = sent;
     r.comm_s += comm_step;
-    w.fwd_bwd_s += last_fwd_bwd_s_;
-    w.optimizer_s += tt.optimizer_s;
-    w.io_wait_s += tt.io_wait_s;
-    w.fetch_wait_s += tt.compute_wait_s;
-    w.optimizer_hidden_s += tt.optimizer_hidden_s;
+    s.fwd_bwd_s = last_fwd_bwd_s_;
+    s.optimizer_s = tt.optimizer_s;
+    s.io_wait_s = tt.io_wait_s;
+    s.fetch_wait_s = tt.compute_wait_s;
+    s.optimizer_hidden_s = tt.optimizer_hidden_s;
+    const auto b = bytes_now();
+    s.device_bytes = b[0] - bytes_mark[0];
+    s.nvme_bytes = b[1] - bytes_mark[1];
+    bytes_mark = b;
+    w += s;
+    wl += s;
     r.optimizer_hidden_s += tt.optimizer_hidden_s;
     r.rollbacks += int64_t(tt.rollbacks);
     r.modules_redone += int64_t(tt.modules_redone);
@@ -773,7 +804,6 @@ Result<TrainResult> Run::loop() {
                                                                            : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
-    ++w.steps;
     if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
       return internal_error(
           fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "
@@ -781,7 +811,8 @@ Result<TrainResult> Run::loop() {
                       step_, loss));
     }
     const bool last = step_ == total;
-    if (step_ % print_every == 0 || last || step_ == r.start_step + 1) {
+    // The state at this step, over the window `win` that started at `since`.
+    auto report_of = [&](const StepWindow& win, Clock::time_point since) {
       StepReport rep;
       rep.step = step_;
       rep.total = total;
@@ -794,22 +825,36 @@ Result<TrainResult> Run::loop() {
       rep.rollbacks = r.rollbacks;
       rep.approximate = r.approximate;
       rep.world_size = world_;
-      rep.window_s = seconds_since(window_t);
-      rep.tokens_per_s = double(tokens_per_step * w.steps) / std::max(rep.window_s, 1e-9);
+      rep.window_s = seconds_since(since);
+      rep.tokens_per_s = double(tokens_per_step * win.steps) / std::max(rep.window_s, 1e-9);
       rep.elapsed_s = seconds_since(t0);
       rep.eta_s = rep.elapsed_s / double(step_ - r.start_step) * double(total - step_);
       rep.peak_rss = peak_rss_bytes();
-      const auto b = bytes_now();
-      w.device_bytes = b[0] - bytes_mark[0];
-      w.nvme_bytes = b[1] - bytes_mark[1];
-      if (opts_.progress && report) {
-        std::fputs(progress_line(rep, w).c_str(), stdout);
+      return rep;
+    };
+    if (report && (step_ % print_every == 0 || last || step_ == r.start_step + 1)) {
+      if (opts_.progress) {
+        std::fputs(progress_line(report_of(w, window_t), w).c_str(), stdout);
         std::fflush(stdout);
       }
-      if (report) jsonl.write_line(metrics_record(rep, w)).ignore();
+    }
+    if (step_ % print_every == 0 || last || step_ == r.start_step + 1) {
       window_t = Clock::now();
       w = StepWindow{};
-      bytes_mark = bytes_now();
+    }
+    if (step_ % log_every == 0 || last || step_ == r.start_step + 1) {
+      if (report) {
+        const std::string line = metrics_record(report_of(wl, log_window_t), wl);
+        jsonl.write_line(line).ignore();
+        const nlohmann::json rec = nlohmann::json::parse(line);
+        Scalars scalars;
+        for (const auto& [key, value] : rec.items()) {
+          if (value.is_number() && key != "step") scalars.emplace_back(key, value.get<double>());
+        }
+        monitors.add(step_, scalars);
+      }
+      log_window_t = Clock::now();
+      wl = StepWindow{};
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
       STRATA_RETURN_IF_ERROR(do_eval(step_), "");
@@ -818,7 +863,7 @@ Result<TrainResult> Run::loop() {
       comm_mark = comm_now();
       sent_mark = sent_now();
       bytes_mark = bytes_now();
-      window_t = Clock::now();
+      window_t = log_window_t = Clock::now();
     }
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
                 (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
@@ -849,8 +894,10 @@ Result<TrainResult> Run::loop() {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
     if (!cfg_.train.export_dir.empty() && rank_ == 0) {
       const auto te = Clock::now();
+      HfExportOptions options;
+      options.progress = true;
       Status st = export_as_owner(export_target(step_), [&] {
-        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir);
+        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options);
       });
       if (!st.is_ok()) {
         return Status(
@@ -865,7 +912,9 @@ Result<TrainResult> Run::loop() {
     }
   }
   r.end_step = step_;
-  r.metrics_error = jsonl.error().is_ok() ? "" : jsonl.error().message();
+  r.metrics_error = !jsonl.error().is_ok()      ? jsonl.error().message()
+                    : !monitors.error().is_ok() ? monitors.error().message()
+                                                : "";
   r.weights_crc = tm_->weights_crc();
   r.param_fetches = tm_->stats(Tier::kDevice).fetches;
   r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""tools/prepare_data.py as a user meets it: every bad input is one line naming the file and the
+line (exit 1, no traceback), memory stays bounded on a 16 MB line, an empty training or
+validation file is refused (no exit 0), the input is never overwritten; the output is the
+llm.c token file strata reads.
+
+The command runs with a test double of `transformers` (a byte-level AutoTokenizer: id = byte
++ 3, BOS 1, EOS 2) put first on PYTHONPATH, so these run wherever Python 3 does. With the real
+transformers installed (STRATA_HF_PYTHON), one more test checks that encoding a document in
+pieces gives the whole document's ids with the fixtures' real tokenizer.
+
+usage: prepare_data_test.py  (unittest; ctest prepare_data)
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TOOL = os.path.join(ROOT, "tools", "prepare_data.py")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import prepare_data  # noqa: E402
+
+FAKE_TRANSFORMERS = '''
+class _Tok:
+    bos_token_id, eos_token_id = 1, 2
+    def __len__(self):
+        return 259
+    def __call__(self, text, add_special_tokens=True):
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return {"input_ids": [1] + ids if add_special_tokens else ids}
+class AutoTokenizer:
+    @staticmethod
+    def from_pretrained(path):
+        return _Tok()
+'''
+
+# Runs the tool and reports its peak resident memory (KiB) on stderr's last line.
+# (VmHWM, this process's own peak: getrusage's ru_maxrss keeps the forking parent's across exec.)
+WRAPPER = '''
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    hwm = [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")]
+    print("maxrss_kib", hwm[0] if hwm else -1, file=sys.stderr)
+'''
+
+
+def read_tokens(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, n = struct.unpack("<3i", data[:12])
+    fmt = "H" if magic == 20240520 else "I"
+    return list(struct.unpack(f"<{n}{fmt}", data[1024:]))
+
+
+class PrepareData(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="strata_prepare_data_")
+        fake = os.path.join(self.dir, "fake", "transformers")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "__init__.py"), "w") as f:
+            f.write(FAKE_TRANSFORMERS)
+        with open(os.path.join(self.dir, "wrapper.py"), "w") as f:
+            f.write(WRAPPER)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def write(self, name, data):
+        with open(self.path(name), "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        return self.path(name)
+
+    def run_tool(self, *args):
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+        p = subprocess.run([sys.executable, self.path("wrapper.py"), TOOL, "--model", "unused",
+                            *args], capture_output=True, text=True, env=env)
+        lines = p.stderr.strip().split("\n")
+        rss = [int(l.split()[1]) for l in lines if l.startswith("maxrss_kib")]
+        err = "\n".join(l for l in lines if not l.startswith("maxrss_kib"))
+        return p.returncode, err, rss[0] if rss else -1
+
+    def assert_fails(self, args, message):
+        rc, err, _ = self.run_tool(*args)
+        self.assertEqual(rc, 1, err)
+        self.assertIn(message, err)
+        self.assertNotIn("Traceback", err)
+
+    def test_output_is_the_token_file_strata_reads(self):
+        src = self.write("c.jsonl", '{"text": "ab"}\n\n{"text": "c"}\n')
+        rc, err, _ = self.run_tool("--input", src, "--out", self.path("t.bin"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(read_tokens(self.path("t.bin")), [1, 100, 101, 2, 1, 102, 2])
+        self.assertFalse(os.path.exists(self.path("t.bin.tmp")))
+
+    def test_non_utf8_names_the_file_and_line(self):
+        src = self.write("c.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+        self.assert_fails(["--input", src, "--out", self.path("t.bin")],
+                          f"{src}:2: not UTF-8 (byte 0xe9")
+        txt = self.write("c.txt", b"fine\n\nstill fine\nbad \xff here\n")
+        self.assert_fails(["--input", txt, "--out", self.path("t.bin")], f"{txt}:4: not UTF-8")
+        self.assertFalse(os.path.exists(self.path("t.bin")), "no output from a failed run")
+
+    def test_invalid_jsonl_lines_name_the_file_and_line(self):
+        src = self.write("c.jsonl", '{"text": "a"}\n{"text": "b"\n')
+        self.assert_fails(["--input", src, "--out", self.path("t.bin")],
+                          f"{src}:2: not valid JSON")
+        src = self.write("d.jsonl", '{"text": "a"}\n\n["a list"]\n')
+        self.assert_fails(["--input", src, "--out", self.path("t.bin")],
+                          f"{src}:3: no string field \"text\"")
+        src = self.write("e.jsonl", '{"body": "a"}\n')
+        self.assert_fails(["--input", src, "--out", self.path("t.bin")], "--field")
+
+    def test_memory_is_bounded_on_a_16mb_line(self):
+        line = ("word " * ((16 << 20) // 5 + 1))[:16 << 20]
+        for name, data, n in (("big.jsonl", json.dumps({"text": line}) + "\n", len(line) + 2),
+                              ("big.txt", line + "\n", len(line) + 3)):  # + its newline
+            src = self.write(name, data)
+            rc, err, rss = self.run_tool("--input", src, "--out", self.path("t.bin"))
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(len(read_tokens(self.path("t.bin"))), n)
+            # The line's bytes, its text and (JSONL) its parsed string: about 3 x 16 MB. Holding
+            # its ids as Python lists, as a whole-document encode does, costs over 300 MB.
+            self.assertLess(rss, 200 * 1024, f"{name}: peak RSS {rss} KiB")
+
+    def test_empty_validation_or_training_file_is_refused(self):
+        src = self.write("c.jsonl", "".join(json.dumps({"text": f"doc {i}"}) + "\n"
+                                            for i in range(3)))
+        self.assert_fails(["--input", src, "--out", self.path("t.bin"), "--val-out",
+                           self.path("v.bin"), "--val-fraction", "0.01"],
+                          "the validation file would hold 0 tokens (3 documents")
+        self.assertFalse(os.path.exists(self.path("t.bin")))
+        self.assertFalse(os.path.exists(self.path("v.bin")))
+        empty = self.write("empty.txt", "\n\n   \n")
+        self.assert_fails(["--input", empty, "--out", self.path("t.bin")],
+                          "the training file would hold 0 tokens")
+        rc, err, _ = self.run_tool("--input", src, "--out", self.path("t.bin"), "--val-out",
+                                   self.path("v.bin"), "--val-fraction", "0.34")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(read_tokens(self.path("v.bin"))), 1 + 5 + 1)  # one document
+
+    def test_never_overwrites_the_input(self):
+        src = self.write("c.txt", "some text\n")
+        self.assert_fails(["--input", src, "--out", src], "is the input file")
+        self.assert_fails(["--input", src, "--out", self.path("t.bin"), "--val-out", src],
+                          "is the input file")
+        os.symlink(src, self.path("link.txt"))
+        self.assert_fails(["--input", self.path("link.txt"), "--out", src], "is the input file")
+        with open(src) as f:
+            self.assertEqual(f.read(), "some text\n")
+
+    def test_progress_line(self):
+        lines = []
+
+        class Stream:
+            def write(self, s):
+                lines.append(s)
+
+            def flush(self):
+                pass
+
+        p = prepare_data.Progress(100, every=0.0, stream=Stream())
+        p.update(50, tokens=7, docs=1)
+        self.assertIn("50%", "".join(lines))
+        self.assertIn("7 tokens", "".join(lines))
+
+    def test_pieces_cut_before_whitespace(self):
+        text = "alpha beta\ngamma " * 1000
+        parts = list(prepare_data.pieces(text, size=64))
+        self.assertEqual("".join(parts), text)
+        self.assertTrue(all(len(p) <= 64 for p in parts))
+        self.assertTrue(all(p[0].isspace() for p in parts[1:]))
+
+    def test_pieces_encode_as_the_whole_with_a_real_tokenizer(self):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            self.skipTest("transformers is not installed for this python (STRATA_HF_PYTHON)")
+        words = ["strata", "trains", "the", "model", "on", "tokens", ",", "again", "\n"]
+        text = " ".join(words[(i * 7) % len(words)] for i in range(30000))
+        for name in ("llama", "qwen2", "gpt2"):
+            tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests", "fixtures", "hf",
+                                                             name))
+            whole = tok(text, add_special_tokens=False)["input_ids"]
+            parts = [i for p in prepare_data.pieces(text, size=4096)
+                     for i in tok(p, add_special_tokens=False)["input_ids"]]
+            self.assertEqual(parts, whole, name)
+
+
+if __name__ == "__main__":
+    unittest.main()

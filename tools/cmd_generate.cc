@@ -1,0 +1,247 @@
+// `strata generate --config FILE [--checkpoint PATH] (--prompt TEXT | --prompt-file FILE |
+// --prompt-ids IDS) [options]`
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/model/architecture.h"
+#include "src/model/generate.h"
+#include "src/train/checkpoint.h"
+#include "strata/config.h"
+#include "tools/cli.h"
+#include "tools/commands.h"
+
+namespace strata::tools {
+namespace {
+
+const char kUsage[] =
+    "usage: strata generate --config FILE (--prompt TEXT | --prompt-file FILE | --prompt-ids IDS)\n"
+    "                       [options]\n"
+    "\n"
+    "A quick look at what a model says: the prompt, tokenized with the model's tokenizer, then\n"
+    "up to --max-new-tokens tokens, greedy (the default) or sampled with --temperature and\n"
+    "--top-p, stopping at the end-of-sequence token (generation_config.json's eos_token_id) or\n"
+    "at model.context. The weights are --checkpoint's, else model.from_pretrained's; they are\n"
+    "held in host memory in fp32 (4 bytes a parameter) and run on the CPU with a key/value\n"
+    "cache. Greedy decoding gives transformers' tokens. Tokenizing runs tools/hf_tokenizer.py\n"
+    "with $STRATA_PYTHON (default python3; it needs transformers or tokenizers).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE          the config (required): its model section\n"
+    "  --checkpoint PATH      a checkpoint file, a sharded checkpoint's manifest, or a run\n"
+    "                         directory (its latest checkpoint)\n"
+    "  --prompt TEXT          the prompt\n"
+    "  --prompt-file FILE     the prompt, from a file\n"
+    "  --prompt-ids IDS       the prompt as token ids: 1,2,3 (no tokenizer needed to encode)\n"
+    "  --max-new-tokens N     at most this many tokens (default 64)\n"
+    "  --temperature T        0 = greedy (default); > 0 samples from softmax(logits / T)\n"
+    "  --top-p P              sample from the fewest most likely tokens reaching P (default 1)\n"
+    "  --seed S               the sampling seed (default 0)\n"
+    "  --tokenizer DIR        the tokenizer's directory (default model.from_pretrained)\n"
+    "  --ignore-eos           do not stop at the end-of-sequence token\n"
+    "  --json                 print one line {\"prompt_ids\", \"ids\", \"text\"}\n"
+    "  --set KEY=VALUE        override a config key, as for strata train; repeatable\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "exit status: 0 generated; 1 error (the message says what and how to fix it); 2 bad usage.\n";
+
+// Runs tools/hf_tokenizer.py MODE DIR with `input` on its stdin; returns its stdout (JSON).
+Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir,
+                                 const std::string& input) {
+  const char* env = std::getenv("STRATA_PYTHON");
+  const std::string python = env && *env ? env : "python3";
+  const std::string script = std::string(STRATA_TOOLS_DIR) + "/hf_tokenizer.py";
+  char in_path[] = "/tmp/strata-generate-XXXXXX";
+  const int in_fd = ::mkstemp(in_path);
+  if (in_fd < 0) return errno_status(errno, "generate: a temporary file for the tokenizer");
+  ::unlink(in_path);  // open, nameless: nothing left behind
+  if (::write(in_fd, input.data(), input.size()) != ssize_t(input.size()) ||
+      ::lseek(in_fd, 0, SEEK_SET) != 0) {
+    ::close(in_fd);
+    return io_error("generate: writing the tokenizer's input");
+  }
+  int out[2];
+  if (::pipe(out) != 0) {
+    ::close(in_fd);
+    return errno_status(errno, "generate: pipe");
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in_fd, 0);
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::execlp(python.c_str(), python.c_str(), script.c_str(), mode.c_str(), dir.c_str(),
+             static_cast<char*>(nullptr));
+    std::fprintf(stderr, "strata generate: cannot run %s: %s\n", python.c_str(),
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(in_fd);
+  ::close(out[1]);
+  if (pid < 0) {
+    ::close(out[0]);
+    return errno_status(errno, "generate: fork");
+  }
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buf, size_t(n));
+  }
+  ::close(out[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return unavailable(fmt::format(
+        "the tokenizer ({} {} {} {}) failed (its message is above); set STRATA_PYTHON to a "
+        "python with transformers or tokenizers, or give --prompt-ids",
+        python, script, mode, dir));
+  }
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return internal_error("the tokenizer printed no JSON: " + text);
+  return j;
+}
+
+bool parse_number(const std::string& s, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtod(s.c_str(), &end);
+  return !s.empty() && end && *end == '\0' && errno == 0;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  std::string config_path, checkpoint, prompt, prompt_file, prompt_ids, tok_dir;
+  std::string max_new = "64", temperature = "0", top_p = "1", seed = "0";
+  std::vector<std::string> overrides;
+  bool json = false, ignore_eos = false;
+  CliOptions cli("generate", kUsage);
+  cli.value("--config", &config_path)
+      .value("--checkpoint", &checkpoint)
+      .value("--prompt", &prompt)
+      .value("--prompt-file", &prompt_file)
+      .value("--prompt-ids", &prompt_ids)
+      .value("--max-new-tokens", &max_new)
+      .value("--temperature", &temperature)
+      .value("--top-p", &top_p)
+      .value("--seed", &seed)
+      .value("--tokenizer", &tok_dir)
+      .flag("--ignore-eos", &ignore_eos)
+      .flag("--json", &json)
+      .repeated("--set", &overrides);
+  if (auto rc = cli.parse(argc, argv)) return *rc;
+  if (config_path.empty()) return cli.usage_error("--config FILE is required");
+  if (!prompt.empty() + !prompt_file.empty() + !prompt_ids.empty() != 1) {
+    return cli.usage_error("give one of --prompt, --prompt-file and --prompt-ids");
+  }
+  SampleOptions opt;
+  double n = 0, s = 0;
+  if (!parse_number(max_new, &n) || n < 1 || n > 1e9 || n != double(int64_t(n))) {
+    return cli.usage_error("--max-new-tokens: " + max_new + " is not a positive integer");
+  }
+  opt.max_new_tokens = int(n);
+  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0)) {
+    return cli.usage_error("--temperature: " + temperature + " is not a number >= 0");
+  }
+  if (!parse_number(top_p, &opt.top_p) || !(opt.top_p > 0 && opt.top_p <= 1)) {
+    return cli.usage_error("--top-p: " + top_p + " is not in (0, 1]");
+  }
+  if (!parse_number(seed, &s) || s < 0 || s != double(uint64_t(s))) {
+    return cli.usage_error("--seed: " + seed + " is not a non-negative integer");
+  }
+  opt.seed = uint64_t(s);
+
+  Result<Config> cfg = load_config(config_path, overrides);
+  if (!cfg.is_ok()) return cli.fail(cfg.status().message());
+  if (Status st = check_model_given(*cfg); !st.is_ok()) return cli.fail(st.message());
+  if (!checkpoint.empty()) {
+    Result<std::string> path = resolve_checkpoint(checkpoint);
+    if (!path.is_ok()) return cli.fail("--checkpoint: " + path.status().message());
+    checkpoint = *path;
+  }
+  if (tok_dir.empty()) tok_dir = cfg->model.from_pretrained;
+  const bool have_tokenizer = !tok_dir.empty();
+  if (!have_tokenizer && prompt_ids.empty()) {
+    return cli.fail(
+        "no tokenizer: the model has no model.from_pretrained; give --tokenizer DIR (a Hugging "
+        "Face model directory) or --prompt-ids");
+  }
+
+  std::vector<int32_t> ids;
+  if (!prompt_ids.empty()) {
+    std::stringstream ss(prompt_ids);
+    for (std::string item; std::getline(ss, item, ',');) {
+      double v = 0;
+      if (!parse_number(item, &v) || v < 0 || v > 2147483647.0 || v != double(int64_t(v))) {
+        return cli.usage_error("--prompt-ids: \"" + item + "\" is not a token id");
+      }
+      ids.push_back(int32_t(v));
+    }
+  } else {
+    if (!prompt_file.empty()) {
+      std::ifstream in(prompt_file, std::ios::binary);
+      if (!in) return cli.fail("--prompt-file: cannot open " + prompt_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      prompt = ss.str();
+    }
+    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, prompt);
+    if (!enc.is_ok()) return cli.fail(enc.status().message());
+    ids = (*enc)["ids"].get<std::vector<int32_t>>();
+    if (!ignore_eos) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
+  }
+  if (!ignore_eos && opt.stop.empty() && have_tokenizer && !prompt_ids.empty()) {
+    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, "");
+    if (enc.is_ok()) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
+  }
+
+  auto arch = create_architecture(cfg->model);
+  if (!arch.is_ok()) return cli.fail(arch.status().message());
+  auto weights = load_master_weights(**arch, cfg->model, checkpoint);
+  if (!weights.is_ok()) return cli.fail(weights.status().message());
+  auto decoder = Decoder::create(**arch, std::move(*weights));
+  if (!decoder.is_ok()) return cli.fail(decoder.status().message());
+  Result<std::vector<int32_t>> out = generate(**decoder, ids, opt);
+  if (!out.is_ok()) return cli.fail(out.status().message());
+
+  std::string text;
+  bool decoded = false;
+  if (have_tokenizer) {
+    Result<nlohmann::json> dec = tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}}.dump());
+    if (dec.is_ok()) {
+      text = (*dec)["text"].get<std::string>();
+      decoded = true;
+    } else if (prompt_ids.empty()) {
+      return cli.fail(dec.status().message());
+    } else {  // ids in, ids out: the numbers are still the answer
+      std::fprintf(stderr, "strata generate: %s; printing token ids\n",
+                   dec.status().message().c_str());
+    }
+  }
+  if (json) {
+    std::printf("%s\n",
+                nlohmann::json{{"prompt_ids", ids}, {"ids", *out}, {"text", text}}.dump().c_str());
+  } else if (decoded) {
+    std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  } else {
+    for (size_t i = 0; i < out->size(); ++i) std::printf("%s%d", i ? "," : "", (*out)[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace strata::tools
