@@ -281,6 +281,19 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
   return w;
 }
 
+uint64_t decoder_bytes(const Architecture& arch) {
+  uint64_t kv_width = 0, layers = 0, context = 0;
+  if (const auto* llama = dynamic_cast<const LlamaArchitecture*>(&arch)) {
+    const LlamaShape& s = llama->shape();
+    kv_width = uint64_t(s.KVH) * uint64_t(s.hs()), layers = uint64_t(s.L),
+    context = uint64_t(s.maxT);
+  } else if (const auto* gpt = dynamic_cast<const GptArchitecture*>(&arch)) {
+    const GptShape& s = gpt->shape();
+    kv_width = uint64_t(s.C), layers = uint64_t(s.L), context = uint64_t(s.maxT);
+  }
+  return uint64_t(arch.layout().num_params()) * 4 + 2 * layers * context * kv_width * 4;
+}
+
 Result<std::unique_ptr<Decoder>> Decoder::create(const Architecture& arch,
                                                  std::vector<std::vector<float>> weights) {
   if (const auto* llama = dynamic_cast<const LlamaArchitecture*>(&arch)) {
