@@ -53,6 +53,13 @@ check "export --force wrote GPT2LMHeadModel's config" grep -q GPT2LMHeadModel ba
 check "the same run exports again without --force" test $? -eq 0
 check "export --help lists --force" grep -q -- "--force" <("$strata" export --help 2>&1)
 
+# --temperature inf sampled uniformly at random (softmax(logits / inf)): refused.
+"$strata" generate --config "$repo/configs/tiny-cpu.json" --checkpoint ck --prompt-ids 1,2 \
+  --temperature inf >temp-inf.txt 2>&1
+rc=$?
+check "generate --temperature inf is bad usage (rc $rc)" test "$rc" -eq 2
+check "generate --temperature inf is named" grep -q "inf is not a finite number" temp-inf.txt
+
 # A failed export leaves no empty directory behind.
 cp ck/ckpt-00000001.bin damaged.bin
 size=$(stat -c %s damaged.bin)

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -159,8 +160,9 @@ int cmd_generate(int argc, char** argv) {
     return cli.usage_error("--max-new-tokens: " + max_new + " is not a positive integer");
   }
   opt.max_new_tokens = int(n);
-  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0)) {
-    return cli.usage_error("--temperature: " + temperature + " is not a number >= 0");
+  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0) ||
+      !std::isfinite(opt.temperature)) {
+    return cli.usage_error("--temperature: " + temperature + " is not a finite number >= 0");
   }
   if (!parse_number(top_p, &opt.top_p) || !(opt.top_p > 0 && opt.top_p <= 1)) {
     return cli.usage_error("--top-p: " + top_p + " is not in (0, 1]");
