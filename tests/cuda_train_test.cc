@@ -2,6 +2,7 @@
 // config, same seed; losses and final weights must agree within mixed-precision tolerance.
 // Without a visible GPU the test reports SKIPPED with the reason.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -41,11 +42,19 @@ Config config(const std::string& backend, const std::string& dir,
   return *cfg;
 }
 
+// A fresh directory of this process (the GPU and the emulated builds of this test may run at
+// the same time; a failed run leaves its checkpoints behind).
+std::string scratch_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (name + "." + std::to_string(getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
 TEST(CudaTraining, MatchesTheCpuBackend) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
   set_log_level(LogLevel::kWarn);
-  const std::string dir = (fs::temp_directory_path() / "strata_cuda_train").string();
+  const std::string dir = scratch_dir("strata_cuda_train");
   TrainOptions o;
   o.progress = false;
   auto cpu = train(config("cpu", dir + "/cpu"), o);
@@ -74,7 +83,7 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
   set_log_level(LogLevel::kWarn);
-  const std::string dir = (fs::temp_directory_path() / "strata_cuda_devopt").string();
+  const std::string dir = scratch_dir("strata_cuda_devopt");
   const std::vector<std::pair<std::string, std::vector<std::string>>> placements = {
       {"all on the device",
        {"zero_optimization.offload_param.device=\"none\"",

@@ -1,6 +1,13 @@
 # Adversarial cases (docs/RELIABILITY.md): hardening_test (in-process) and the command-line
 # cases that need the binary, a real mpirun and signals (hardening_cli_test.sh).
 strata_test(hardening_test ${CMAKE_CURRENT_LIST_DIR}/hardening_test.cc)
+# Round 2: the Hugging Face import and export, the metrics log, the checkpoint directory
+# (hardening2_test), and their command-line cases (hardening2_cli_test.sh).
+strata_test(hardening2_test ${CMAKE_CURRENT_LIST_DIR}/hardening2_test.cc)
+add_test(NAME hardening2_cli_test
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/hardening2_cli_test.sh $<TARGET_FILE:strata>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(hardening2_cli_test PROPERTIES TIMEOUT 300)
 add_test(NAME hardening_cli_test
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/hardening_cli_test.sh $<TARGET_FILE:strata>
                  ${CMAKE_SOURCE_DIR} "${MPIEXEC_EXECUTABLE}")

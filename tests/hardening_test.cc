@@ -47,41 +47,9 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-// A small GPT on the synthetic corpus with its optimizer state on "NVMe" (a temp directory).
-Config small_config(const std::string& dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> ov = {
-      "train.checkpoint_dir=\"" + dir + "\"",
-      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""};
-  ov.insert(ov.end(), extra.begin(), extra.end());
-  fs::create_directories(dir + "/swap");
-  const char* json = R"({
-    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
-    "gradient_clipping": 1.0, "bf16": {"enabled": true},
-    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
-    "aio": {"backend": "posix"},
-    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64, "context": 32},
-    "data": {"synthetic_tokens": 65536, "eval_batches": 1},
-    "device": {"backend": "cpu", "memory_limit": "256MiB", "cpu_threads": 2},
-    "train": {"steps": 10, "eval_interval": 0, "seed": 42}
-  })";
-  auto cfg = parse_config(json, "<test>", ov);
-  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  return *cfg;
-}
-
-Status train_status(const Config& cfg, const std::string& resume = "") {
-  TrainOptions o;
-  o.progress = false;
-  o.resume = resume;
-  return train(cfg, o).status();
-}
-
-std::string name_of(int64_t step) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "ckpt-%08lld.bin", static_cast<long long>(step));
-  return b;
-}
+using test::name_of;
+using test::small_config;
+using test::train_status;
 
 // Rewrites a checkpoint's metadata JSON with `edit` and recomputes its length and CRC, as a
 // tool (or an attacker) would: the checksum then says nothing, the values must be checked.
@@ -404,7 +372,7 @@ TEST_F(Hardening, MetricsWriteFailureIsReportedNotSilent) {
   EXPECT_EQ(r.end_step, 3);  // training went on and saved
   EXPECT_TRUE(fs::exists(r.last_checkpoint));
   MetricsLog log;
-  ASSERT_TRUE(log.open("/dev/full", false).is_ok());
+  ASSERT_TRUE(log.open("/dev/full", /*append=*/true).is_ok());
   EXPECT_EQ(log.write_line("{}").code(), StatusCode::kNoSpace);
   EXPECT_FALSE(log.error().is_ok());
   fs::remove_all(dir);

@@ -147,17 +147,25 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // The plain schedule, optimizer state on NVMe (and params).
         Schedule{"plain_nvme", true, true, {"strata.optimizer.overlap=false"}},
-        // Under backward with clipping: the first steps roll back and are redone from shadow
-        // extents on the disk.
-        Schedule{"overlap_clip_nvme", true, true, {"strata.optimizer.overlap=true"}},
+        // Under backward with clipping (2.0: step 7 does not clip, so step 8 is speculated,
+        // clips, and is rolled back and redone from shadow extents on the disk; the steps
+        // after clipped ones are deferred to the next forward).
+        Schedule{"overlap_clip_nvme",
+                 true,
+                 true,
+                 {"strata.optimizer.overlap=true", "gradient_clipping=2.0"}},
         // fp16 with forced overflows: speculative steps are undone and skipped.
         Schedule{"overlap_fp16_nvme",
                  false,
                  true,
-                 {"strata.optimizer.overlap=true", "bf16.enabled=false", "fp16.enabled=true",
-                  "fp16.initial_scale_power=24", "fp16.hysteresis=1", "fp16.loss_scale_window=4"}},
+                 {"strata.optimizer.overlap=true", "gradient_clipping=2.0", "bf16.enabled=false",
+                  "fp16.enabled=true", "fp16.initial_scale_power=24", "fp16.hysteresis=1",
+                  "fp16.loss_scale_window=4"}},
         // Host-homed state: sub-groups point into the homes; undo state is host copies.
-        Schedule{"overlap_clip_host", false, false, {"strata.optimizer.overlap=true"}},
+        Schedule{"overlap_clip_host",
+                 false,
+                 false,
+                 {"strata.optimizer.overlap=true", "gradient_clipping=2.0"}},
         // The delayed update's thread runs the same pass over the second accumulator.
         Schedule{"delayed_update_nvme", false, true, {"strata.optimizer.delayed_update=true"}},
         // ... and its parameter shadows are published to NVMe-homed parameters piece by piece.

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,45 @@ inline TrainResult must_train(const Config& cfg, TrainOptions opts = {}) {
   auto r = train(cfg, opts);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   return r.is_ok() ? *r : TrainResult{};
+}
+
+// A small GPT on the synthetic corpus with its optimizer state on "NVMe" (`dir`/swap) and its
+// checkpoints in `dir`, then `extra` overrides.
+inline Config small_config(const std::string& dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> ov = {
+      "train.checkpoint_dir=\"" + dir + "\"",
+      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""};
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  std::filesystem::create_directories(dir + "/swap");
+  const char* json = R"({
+    "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+    "gradient_clipping": 1.0, "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
+    "aio": {"backend": "posix"},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64, "context": 32},
+    "data": {"synthetic_tokens": 65536, "eval_batches": 1},
+    "device": {"backend": "cpu", "memory_limit": "256MiB", "cpu_threads": 2},
+    "train": {"steps": 10, "eval_interval": 0, "seed": 42}
+  })";
+  auto cfg = parse_config(json, "<test>", ov);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  return cfg.is_ok() ? *cfg : Config{};
+}
+
+// train(cfg) without progress lines, from `resume` ("" fresh, "latest" or a path): its status.
+inline Status train_status(const Config& cfg, const std::string& resume = "") {
+  TrainOptions o;
+  o.progress = false;
+  o.resume = resume;
+  return train(cfg, o).status();
+}
+
+// "ckpt-<step, 8 digits>.bin".
+inline std::string name_of(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "ckpt-%08lld.bin", static_cast<long long>(step));
+  return b;
 }
 
 // The result's use of tier `name` (device | host | nvme); a missing tier is a test failure.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "src/hf/export_dir.h"
 #include "src/hf/hf_export.h"
 #include "src/train/checkpoint.h"
 #include "strata/config.h"
@@ -32,7 +33,12 @@ const char kUsage[] =
     "  --config FILE        the training config (required)\n"
     "  --checkpoint PATH    a checkpoint file, a sharded checkpoint's manifest, or a run\n"
     "                       directory (its latest checkpoint) (required)\n"
-    "  --out DIR            the output directory, created if missing (required)\n"
+    "  --out DIR            the output directory, created if missing (required); one that\n"
+    "                       holds another model (a base model, another run's export) is\n"
+    "                       refused, an earlier export of the same run is replaced;\n"
+    "                       model.from_pretrained's directory is never written\n"
+    "  --force              replace the model DIR holds: its model files that the export\n"
+    "                       does not rewrite are removed once the export is complete\n"
     "  --tokenizer DIR      copy the tokenizer files from DIR (default: model.from_pretrained)\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
     "  -h, --help           this text\n"
@@ -46,10 +52,12 @@ int cmd_export(int argc, char** argv) {
   HfExportOptions options;
   options.progress = true;
   std::vector<std::string> overrides;
+  bool force = false;
   CliOptions cli("export", kUsage);
   cli.value("--config", &config_path)
       .value("--checkpoint", &checkpoint)
       .value("--out", &out)
+      .flag("--force", &force)
       .value("--tokenizer", &options.tokenizer_dir)
       .repeated("--set", &overrides);
   if (auto rc = cli.parse(argc, argv)) return *rc;
@@ -66,8 +74,19 @@ int cmd_export(int argc, char** argv) {
   Result<Config> cfg = load_config(config_path, overrides, manifest->world_size);
   if (!cfg.is_ok()) return cli.fail(cfg.status().message());
   if (Status st = check_model_given(*cfg); !st.is_ok()) return cli.fail(st.message());
+  Result<CheckpointMeta> meta = read_checkpoint_meta(manifest->files.at(0));
+  if (!meta.is_ok()) return cli.fail(meta.status().message());
+  const ExportTarget target{out,
+                            "--out",
+                            meta->run_id,
+                            meta->step,
+                            cfg->model.from_pretrained,
+                            force,
+                            ", or add --force to replace it"};
   const auto t0 = std::chrono::steady_clock::now();
-  if (Status st = export_checkpoint(checkpoint, cfg->model, out, options); !st.is_ok()) {
+  if (Status st = export_as_owner(
+          target, [&] { return export_checkpoint(checkpoint, cfg->model, out, options); });
+      !st.is_ok()) {
     return cli.fail(st.message());
   }
   std::printf("exported %s to %s in %.2f s\n", checkpoint.c_str(), out.c_str(),

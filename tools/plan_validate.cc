@@ -64,7 +64,8 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
   if (o.time.step_after_s != o.time.step_s) {
     std::printf(
         "  schedule: %zu of %zu measured steps stepped the optimizer under backward (predicted "
-        "%.0f ms), the rest after it because the step before clipped or overflowed (%.0f ms)\n",
+        "%.0f ms), the rest deferred to the next forward because the step before clipped or "
+        "overflowed (%.0f ms)\n",
         under, sched.size(), o.time.step_s * 1e3, o.time.step_after_s * 1e3);
   }
   for (const bool f : {false, true}) {
@@ -90,6 +91,15 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
       "ms, io wait %.0f ms\n",
       1e3 * r->fwd_bwd_s / double(steps), 1e3 * r->compute_wait_s / double(steps),
       1e3 * r->optimizer_s / double(steps), 1e3 * r->io_wait_s / double(steps));
+  if (o.nvme_read_bytes + o.nvme_write_bytes > 0 && r->step_nvme_bytes.size() > 2) {
+    // The placement's minimum for its accumulation steps (each byte the step must move, once)
+    // against what the measured steps moved (after the first two: the trace recording).
+    std::vector<double> b(r->step_nvme_bytes.begin() + 2, r->step_nvme_bytes.end());
+    const double min_bytes = double(o.nvme_read_bytes + o.nvme_write_bytes);
+    std::printf("  nvme bytes per step: measured median %s, the placement's minimum %s (%+.1f%%)\n",
+                format_bytes(median(b)).c_str(), format_bytes(min_bytes).c_str(),
+                100.0 * (median(b) - min_bytes) / min_bytes);
+  }
   for (const auto& t : r->tiers) {
     const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;
     const double pred = double(b.peak);

@@ -69,11 +69,12 @@ Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardS
   if (st.moment_dtype == DType::kF16) {
     return invalid_argument("optimizer: moments must be fp32 or bf16, got fp16");
   }
-  // Bias correction on the host, exactly as the reference computes it.
+  // Bias correction on the host, exactly as the reference computes it: 1 - beta^t in fp64,
+  // rounded once (in fp32 the cancellation amplifies pow's rounding error).
   float bc1 = 1.0f, bc2 = 1.0f;
   if (h.bias_correction) {
-    bc1 = 1.0f - std::pow(h.beta1, static_cast<float>(h.step));
-    bc2 = 1.0f - std::pow(h.beta2, static_cast<float>(h.step));
+    bc1 = static_cast<float>(1.0 - std::pow(double(h.beta1), double(h.step)));
+    bc2 = static_cast<float>(1.0 - std::pow(double(h.beta2), double(h.step)));
   }
   StepArgs a{int(h.kind),  h.lr,           h.beta1,         h.beta2,
              h.eps,        h.weight_decay, h.lr / bc1,      1.0f / std::sqrt(bc2),

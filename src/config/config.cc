@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "src/base/json_depth.h"
+#include "src/base/json_text.h"
 #include "src/config/key_table.h"
 #include "src/config/leaf.h"
 #include "src/hf/hf_config.h"
@@ -199,6 +200,25 @@ Status resolve_batch(Ctx* ctx, int world_size) {
   return Status::ok();
 }
 
+// A config.json's shape against the same ranges a native model section has (the key table's),
+// before anything is sized from it: a billion layers must be an error, not an OOM kill.
+Status check_pretrained_ranges(const Config& c, const std::string& dir) {
+  for (const Key& k : schema().keys) {
+    if (k.path.rfind("model.", 0) != 0 || !k.alias_of.empty() || !k.get) continue;
+    if (k.type.kind != Kind::kInt && k.type.kind != Kind::kReal) continue;
+    Result<json> v = check_value(k.type, k.get(c), k.path);
+    if (v.is_ok()) continue;
+    const std::string hf_key = hf_config_key(c.model.type, k.path);
+    return invalid_argument(
+        fmt::format("{}/config.json: {}is beyond what strata trains ({}){}", dir,
+                    hf_key.empty() ? "" : hf_key + " ", v.status().message(),
+                    k.path == "model.context" ? "; give a shorter model.context beside "
+                                                "from_pretrained"
+                                              : ""));
+  }
+  return Status::ok();
+}
+
 Status resolve(Ctx* ctx, int world_size) {
   Config& c = ctx->cfg;
   auto num = [](double x) { return fmt::format("{}", x); };
@@ -223,6 +243,7 @@ Status resolve(Ctx* ctx, int world_size) {
         "model.from_pretrained");
     m.from_pretrained = dir;
     c.model = m;
+    STRATA_RETURN_IF_ERROR(check_pretrained_ranges(c, dir), "model.from_pretrained");
   }
   if (c.model.n_embd % c.model.n_head != 0) {
     return invalid_argument(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})",
@@ -526,19 +547,6 @@ class DuplicateKeyFinder : public json::json_sax_t {
   std::vector<Frame> frames_;
 };
 
-std::string line_col(const std::string& text, size_t byte) {
-  size_t line = 1, col = 1;
-  for (size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return fmt::format("line {} column {}", line, col);
-}
-
 }  // namespace
 
 Result<size_t> parse_size(const std::string& text) {
@@ -602,28 +610,7 @@ Result<size_t> parse_size(const std::string& text) {
 
 Result<Config> parse_config(const std::string& json_text, const std::string& origin,
                             const std::vector<std::string>& overrides, int world_size) {
-  // Deep nesting would overflow the stack in the value's destructor and dump().
-  Status depth = check_json_depth(json_text, kMaxJsonDepth, /*comments=*/true);
-  if (!depth.is_ok()) return depth.with_context(origin);
-  json doc;
-  try {
-    doc = json::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::out_of_range& e) {
-    // 406: a number that does not fit a double (1e400).
-    std::string what = e.what();
-    const size_t at = what.find("] ");
-    return invalid_argument(
-        fmt::format("{}: invalid JSON: {}; numbers must fit a double (about 1.8e308)", origin,
-                    at == std::string::npos ? what : what.substr(at + 2)));
-  } catch (const json::parse_error& e) {
-    // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 1: <detail>".
-    std::string what = e.what();
-    size_t at = what.find("column");
-    at = at == std::string::npos ? std::string::npos : what.find(": ", at);
-    std::string detail = at == std::string::npos ? what : what.substr(at + 2);
-    return invalid_argument(fmt::format("{}: invalid JSON at {}: {}", origin,
-                                        line_col(json_text, e.byte == 0 ? 0 : e.byte - 1), detail));
-  }
+  STRATA_ASSIGN_OR_RETURN(json doc, parse_json_text(json_text, origin, /*comments=*/true), "");
   DuplicateKeyFinder dups;
   (void)json::sax_parse(json_text, &dups, json::input_format_t::json, /*strict=*/true,
                         /*ignore_comments=*/true);

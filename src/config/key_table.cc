@@ -483,7 +483,9 @@ std::vector<Key> build_table() {
   add(F("train.checkpoint_dir", Str(), STRATA_M(train.checkpoint_dir), "run directory"));
   add(F("train.export_dir", Str(), STRATA_M(train.export_dir),
         "after the final checkpoint, write the model here as a Hugging Face checkpoint "
-        "(config.json + safetensors in the model dtype); \"\" = none"));
+        "(config.json + safetensors in the model dtype); \"\" = none. Checked before training: "
+        "never model.from_pretrained's directory, nor one holding another model or another "
+        "run's export"));
   add(F("train.checkpoint_interval", Int(0, kMaxInt), STRATA_M(train.checkpoint_interval),
         "steps between checkpoints; 0 = at the end and on SIGINT/SIGTERM"));
   add(F("train.final_checkpoint", Bool(), STRATA_M(train.final_checkpoint),
@@ -491,7 +493,8 @@ std::vector<Key> build_table() {
         "state would not fit on the disk twice; interval and stop checkpoints still are)"));
   add(F("train.seed", Int(0, kMaxInt), STRATA_M(train.seed), "initialization and data seed"));
   add(F("train.log_file", Str(), STRATA_M(train.log_file),
-        "JSONL metrics; \"\" = <checkpoint_dir>/metrics.jsonl"));
+        "JSONL metrics; \"\" = <checkpoint_dir>/metrics.jsonl; appended to, each run's "
+        "lines after one naming its run_id and start_step"));
   add(F("train.log_interval", Int(1, kMaxInt), STRATA_M(train.log_interval),
         "steps between metrics records (train.log_file, tensorboard, csv_monitor), each the "
         "per-step means since the last (steps_per_print paces the lines on stdout)"));

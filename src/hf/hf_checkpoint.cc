@@ -5,12 +5,16 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include "src/base/json_text.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
@@ -26,33 +30,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
-// The index's weight map: tensor -> shard file name (a plain name in `dir`).
-Result<std::map<std::string, std::string>> read_index(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return io_error(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return corrupt(path + ": not a JSON object");
-  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
-    return corrupt(path + ": weight_map: missing or not an object of tensor -> file name");
-  }
-  std::map<std::string, std::string> map;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) {
-      return corrupt(fmt::format("{}: weight_map.{}: not a file name", path, name));
-    }
-    const std::string f = file.get<std::string>();
-    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
-      return corrupt(
-          fmt::format("{}: weight_map.{}: \"{}\" is not a file name in the checkpoint's directory",
-                      path, name, f));
-    }
-    map[name] = f;
-  }
-  return map;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::string& dir,
@@ -64,8 +41,16 @@ Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::
   // tensor name -> the file that holds it
   std::map<std::string, const SafetensorsFile*> where;
   std::string layout_name;  // for messages: what was looked in
-  if (is_file(index)) {
-    STRATA_ASSIGN_OR_RETURN(auto map, read_index(index), "model.from_pretrained");
+  // transformers reads model.safetensors when a directory has it, the index only when not.
+  if (is_file(single) && is_file(index)) {
+    log_warn(
+        "model.from_pretrained: {} holds both model.safetensors and model.safetensors.index.json; "
+        "reading model.safetensors, as transformers does (the index and the shards it names are "
+        "not read): remove the set that is not the model's",
+        dir);
+  }
+  if (!is_file(single) && is_file(index)) {
+    STRATA_ASSIGN_OR_RETURN(auto map, read_safetensors_index(index), "model.from_pretrained");
     std::map<std::string, const SafetensorsFile*> by_file;
     for (const auto& [name, file] : map) {
       if (by_file.count(file) == 0) {
@@ -159,14 +144,21 @@ Result<std::unique_ptr<HfCheckpointReader>> HfCheckpointReader::open(const std::
 
 namespace {
 
-// Elements [first, first + n) of tensor t, as a tensor of their own (a byte range of its data).
-SafetensorsTensor elements(const SafetensorsTensor& t, size_t first, size_t n) {
-  SafetensorsTensor r = t;
-  const uint64_t eb = dtype_size(t.dtype);
-  r.offset += first * eb;
-  r.bytes = n * eb;
-  r.shape = {int64_t(n)};
-  return r;
+// A non-finite element among the `n` values read from tensor `t` is an error naming it, the file
+// and the byte offset; `stored(k)` is the k-th value's element index in the stored tensor.
+template <typename StoredIndex>
+Status check_finite(const float* v, size_t n, const SafetensorsTensor& t, const std::string& file,
+                    StoredIndex stored) {
+  for (size_t k = 0; k < n; ++k) {
+    if (std::isfinite(v[k])) continue;
+    const uint64_t e = stored(k);
+    return corrupt(fmt::format(
+        "model.from_pretrained: {}: tensor \"{}\" element {} (byte offset {}) is {}: the "
+        "checkpoint's weights must be finite (training from them diverges at the first step); "
+        "re-download or re-save the checkpoint",
+        file, t.name, e, t.offset + e * dtype_size(t.dtype), v[k]));
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -185,8 +177,11 @@ Status HfCheckpointReader::read_range(int m, size_t begin, size_t count, float* 
     float* dst = out + (lo - begin);
     if (!loc.hf.transposed) {
       STRATA_RETURN_IF_ERROR(
-          loc.file->read_as(elements(loc.tensor, lo - t0, hi - lo), DType::kF32, dst),
+          loc.file->read_as(tensor_elements(loc.tensor, lo - t0, hi - lo), DType::kF32, dst),
           "model.from_pretrained");
+      STRATA_RETURN_IF_ERROR(check_finite(dst, hi - lo, loc.tensor, loc.file->path(),
+                                          [&](size_t k) { return lo - t0 + k; }),
+                             "");
       continue;
     }
     // Stored [in, out]; strata keeps [out, in]: element o * in + i is stored at i * out + o. The
@@ -200,11 +195,14 @@ Status HfCheckpointReader::read_range(int m, size_t begin, size_t count, float* 
                              "model.from_pretrained");
     } else {
       for (size_t i = 0; i < in; ++i) {
-        STRATA_RETURN_IF_ERROR(loc.file->read_as(elements(loc.tensor, i * cols + o0, rows),
+        STRATA_RETURN_IF_ERROR(loc.file->read_as(tensor_elements(loc.tensor, i * cols + o0, rows),
                                                  DType::kF32, tmp.data() + i * rows),
                                "model.from_pretrained");
       }
     }
+    STRATA_RETURN_IF_ERROR(check_finite(tmp.data(), in * rows, loc.tensor, loc.file->path(),
+                                        [&](size_t k) { return k / rows * cols + o0 + k % rows; }),
+                           "");
     for (size_t e = e0; e < e1; ++e) dst[e - e0] = tmp[(e % in) * rows + (e / in - o0)];
   }
   return Status::ok();
@@ -221,7 +219,7 @@ Status HfCheckpointReader::read_stored_rows(int m, size_t i, int64_t row0, int64
   STRATA_CHECK(0 <= row0 && row0 <= row1 && row1 <= t.shape[0], "rows within the tensor");
   const size_t row = t.numel() / size_t(t.shape[0]);
   return modules_[size_t(m)][i].file->read_as(
-      elements(t, size_t(row0) * row, size_t(row1 - row0) * row), DType::kF32, out);
+      tensor_elements(t, size_t(row0) * row, size_t(row1 - row0) * row), DType::kF32, out);
 }
 
 Status HfCheckpointReader::read_module(int m, float* master) const {

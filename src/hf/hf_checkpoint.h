@@ -1,13 +1,15 @@
 // Reading a Hugging Face checkpoint directory into strata's modules (model.from_pretrained).
 //
 // The directory holds model.safetensors, or model.safetensors.index.json ({"weight_map":
-// {"<tensor>": "<file>", ...}}) naming the shard files beside it. open() validates everything
+// {"<tensor>": "<file>", ...}}) naming the shard files beside it; when it holds both,
+// model.safetensors is read (as transformers reads it), with a warning. open() validates everything
 // before a weight is read, against the architecture's Hugging Face tensor list
 // (Architecture::hf_tensors): every file's header (src/hf/safetensors.h: header length, JSON,
 // dtype, sizes, truncation, overlaps), that every tensor the model needs is present — in the
 // file the index names — with the shape config.json implies and a dtype strata reads (F32, F16,
 // BF16), and that no file holds a tensor the model does not read (other than the buffers
 // Architecture::hf_ignorable names). Each error names the tensor, the file and the byte offset.
+// read_range() refuses a weight that is not finite (NaN, inf), naming it the same way.
 //
 // read_range() then reads a range of one module's elements from its tensors' bytes (safetensors
 // data is random access: pread of the range), converts them to fp32, transposes GPT-2's Conv1D

@@ -1,21 +1,66 @@
 #include "src/hf/hf_config.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
-#include "src/base/json_depth.h"
+#include "src/base/json_text.h"
+#include "src/hf/safetensors.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
 
 using json = nlohmann::json;
+
+// Whether the checkpoint in `dir` holds a `head` tensor whose values differ from `embedding`'s,
+// read from the files HfCheckpointReader reads (model.safetensors, else the index's shards).
+// False when either is absent or cannot be read: the reader reports those.
+bool head_differs(const std::string& dir, const std::string& head, const std::string& embedding) {
+  // The file that holds each tensor, as HfCheckpointReader::open picks the files.
+  std::string head_file, embedding_file;
+  const std::string single = dir + "/model.safetensors";
+  struct stat st {};
+  if (::stat(single.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    head_file = embedding_file = single;
+  } else {
+    auto map = read_safetensors_index(dir + "/model.safetensors.index.json");
+    if (!map.is_ok() || !map->count(head) || !map->count(embedding)) return false;
+    head_file = dir + "/" + map->at(head);
+    embedding_file = dir + "/" + map->at(embedding);
+  }
+  auto fh = SafetensorsFile::open(head_file);
+  auto fe = SafetensorsFile::open(embedding_file);
+  if (!fh.is_ok() || !fe.is_ok()) return false;
+  const SafetensorsTensor* h = (*fh)->find(head);
+  const SafetensorsTensor* e = (*fe)->find(embedding);
+  if (!h || !e) return false;
+  if (h->shape != e->shape) return true;
+  // Compared as fp32 values, a chunk at a time (a distinct head differs in its first chunk).
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<float> x, y;
+  for (size_t first = 0; first < h->numel(); first += kChunk) {
+    const size_t n = std::min<size_t>(kChunk, h->numel() - first);
+    x.resize(n);
+    y.resize(n);
+    if (!(*fh)->read_as(tensor_elements(*h, first, n), DType::kF32, x.data()).is_ok() ||
+        !(*fe)->read_as(tensor_elements(*e, first, n), DType::kF32, y.data()).is_ok()) {
+      return false;
+    }
+    if (std::memcmp(x.data(), y.data(), n * sizeof(float)) != 0) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -29,10 +74,10 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  // Bounded nesting first: walking or destroying a deeply nested value recurses.
-  if (Status d = check_json_depth(text); !d.is_ok()) return corrupt(path + ": " + d.message());
-  json c = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (c.is_discarded() || !c.is_object()) return corrupt(path + ": not a JSON object");
+  Result<json> parsed = parse_json_text(text, path);
+  if (!parsed.is_ok()) return corrupt(parsed.status().message());
+  json c = std::move(parsed).value();
+  if (!c.is_object()) return corrupt(path + ": not a JSON object");
   auto bad = [&](const std::string& key, const std::string& why) {
     return invalid_argument(fmt::format("{}: {}: {}", path, key, why));
   };
@@ -230,6 +275,17 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   } else {
     return bad(dt_key, fmt::format("\"{}\" is not bfloat16, float16 or float32", dt));
   }
+  // transformers ties the head to the embedding only when the weights agree: a checkpoint with
+  // its own, different lm_head.weight is loaded untied, whatever config.json says.
+  const char* embedding = m.type == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  if (m.tied_embeddings && head_differs(dir, "lm_head.weight", embedding)) {
+    log_warn(
+        "{}: tie_word_embeddings is true, but the weights hold an lm_head.weight that differs "
+        "from {}; the model is trained untied, as transformers loads it (set "
+        "tie_word_embeddings to false there to silence this)",
+        path, embedding);
+    m.tied_embeddings = false;
+  }
   const int64_t padded = (int64_t{m.vocab_size} + 63) / 64 * 64;
   if (padded > INT_MAX) {
     return bad("vocab_size",
@@ -237,6 +293,30 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   }
   m.padded_vocab_size = int(padded);
   return m;
+}
+
+std::string hf_config_key(const std::string& type, const std::string& strata_key) {
+  static const std::map<std::string, std::pair<const char*, const char*>> kKeys = {
+      // strata key: {llama's, gpt2's}
+      {"model.n_layer", {"num_hidden_layers", "n_layer"}},
+      {"model.n_head", {"num_attention_heads", "n_head"}},
+      {"model.n_embd", {"hidden_size", "n_embd"}},
+      {"model.vocab_size", {"vocab_size", "vocab_size"}},
+      {"model.padded_vocab_size", {"vocab_size", "vocab_size"}},
+      {"model.context", {"max_position_embeddings", "n_positions"}},
+      {"model.intermediate_size", {"intermediate_size", ""}},
+      {"model.num_key_value_heads", {"num_key_value_heads", ""}},
+      {"model.rope_theta", {"rope_theta", ""}},
+      {"model.rms_norm_eps", {"rms_norm_eps", ""}},
+      {"model.rope_scaling.factor", {"rope_scaling.factor", ""}},
+      {"model.rope_scaling.low_freq_factor", {"rope_scaling.low_freq_factor", ""}},
+      {"model.rope_scaling.high_freq_factor", {"rope_scaling.high_freq_factor", ""}},
+      {"model.rope_scaling.original_max_position_embeddings",
+       {"rope_scaling.original_max_position_embeddings", ""}},
+  };
+  auto it = kKeys.find(strata_key);
+  if (it == kKeys.end()) return "";
+  return type == "gpt2" ? it->second.second : it->second.first;
 }
 
 std::string hf_config_json(const ModelConfig& m) {

@@ -6,12 +6,13 @@
 // Shapes: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 // intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps, rope_theta,
 // rope_scaling (rope_type/type "llama3" or "default"), attention_bias (Qwen2: always q/k/v
-// biases), tie_word_embeddings, torch_dtype (bfloat16, float16, float32); GPT-2's n_embd,
-// n_layer, n_head, n_positions, layer_norm_epsilon.
-// Refused with an error naming the file and the key, and what to do: a sliding-window attention
-// (Mistral, Qwen2 with use_sliding_window) whose window is shorter than the context, a head_dim
-// other than hidden_size / num_attention_heads, an activation other than silu (Llama) or
-// gelu_new (GPT-2), a rope scaling other than llama3, a GPT-2 layer_norm_epsilon other than 1e-5.
+// biases), tie_word_embeddings (false when the weights hold an lm_head.weight that differs from
+// the embedding, as transformers loads them, with a warning), torch_dtype (bfloat16, float16,
+// float32); GPT-2's n_embd, n_layer, n_head, n_positions, layer_norm_epsilon. Refused with an error
+// naming the file and the key, and what to do: a sliding-window attention (Mistral, Qwen2 with
+// use_sliding_window) whose window is shorter than the context, a head_dim other than hidden_size /
+// num_attention_heads, an activation other than silu (Llama) or gelu_new (GPT-2), a rope scaling
+// other than llama3, a GPT-2 layer_norm_epsilon other than 1e-5.
 #pragma once
 
 #include <string>
@@ -24,6 +25,10 @@ namespace strata {
 // The ModelConfig of `dir`/config.json. `context` > 0 sets model.context (it may not exceed
 // max_position_embeddings); 0 takes max_position_embeddings.
 Result<ModelConfig> model_config_from_hf(const std::string& dir, int context);
+
+// The config.json key model_config_from_hf reads strata's `strata_key` ("model.n_layer") from
+// for a model of `type` (gpt2 or llama): "num_hidden_layers"; "" when none does.
+std::string hf_config_key(const std::string& type, const std::string& strata_key);
 
 // The config.json that describes `model` to transformers (the inverse of the above): a llama
 // with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj), other

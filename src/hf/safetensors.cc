@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <utility>
 
 #include "src/base/json_depth.h"
+#include "src/base/json_text.h"
 
 namespace strata {
 namespace {
@@ -194,6 +197,43 @@ Status SafetensorsFile::read_as(const SafetensorsTensor& t, DType dst_dtype, voi
   STRATA_RETURN_IF_ERROR(read(t, raw.data()), "reading before converting");
   convert(raw.data(), t.dtype, dst, dst_dtype, t.numel());
   return Status::ok();
+}
+
+SafetensorsTensor tensor_elements(const SafetensorsTensor& t, size_t first, size_t n) {
+  SafetensorsTensor r = t;
+  const uint64_t eb = dtype_size(t.dtype);
+  r.offset += first * eb;
+  r.bytes = n * eb;
+  r.shape = {int64_t(n)};
+  return r;
+}
+
+Result<std::map<std::string, std::string>> read_safetensors_index(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return io_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Result<json> parsed = parse_json_text(ss.str(), path);
+  if (!parsed.is_ok()) return corrupt(parsed.status().message());
+  json j = std::move(parsed).value();
+  if (!j.is_object()) return corrupt(path + ": not a JSON object");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return corrupt(path + ": weight_map: missing or not an object of tensor -> file name");
+  }
+  std::map<std::string, std::string> map;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) {
+      return corrupt(fmt::format("{}: weight_map.{}: not a file name", path, name));
+    }
+    const std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+      return corrupt(
+          fmt::format("{}: weight_map.{}: \"{}\" is not a file name in the checkpoint's directory",
+                      path, name, f));
+    }
+    map[name] = f;
+  }
+  return map;
 }
 
 }  // namespace strata

@@ -34,6 +34,16 @@ struct SafetensorsTensor {
   uint64_t numel() const;
 };
 
+// Elements [first, first + n) of tensor t, as a tensor of their own (a byte range of its data,
+// shape [n]): what read() and read_as() take to read part of a tensor.
+SafetensorsTensor tensor_elements(const SafetensorsTensor& t, size_t first, size_t n);
+
+// The weight map of a sharded checkpoint's index (model.safetensors.index.json: {"weight_map":
+// {"<tensor>": "<file>", ...}}): tensor -> shard file name, a plain name in the index's
+// directory. kCorrupt naming the file (and the line and column of invalid JSON) when it is not
+// such a map; kIoError when it cannot be read.
+Result<std::map<std::string, std::string>> read_safetensors_index(const std::string& path);
+
 class SafetensorsFile {
  public:
   ~SafetensorsFile();

@@ -224,7 +224,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
   std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
-  std::vector<uint64_t> opt_nvme_extents;              // per sub-group, in 4 KiB host buffers
+  // Per sub-group, in 4 KiB host buffers: (bytes, how many sub-groups have them), two entries
+  // per module (its full sub-groups and its last).
+  std::vector<std::pair<uint64_t, uint64_t>> opt_nvme_extents;
   for (size_t i = 0; i < homes.size(); ++i) {
     const ModuleHomes& h = homes[i];
     P_local += h.shard_numel;
@@ -240,16 +242,30 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
     }
-    for (size_t j = 0; j < h.sub_groups() && opt_nvme_of[i] > 0; ++j) {
+    auto sub_bytes = [&](size_t len) {
       uint64_t sub = 0;
       for (const auto* x : {&h.master, &h.moments}) {
-        if (x->tier == Tier::kNvme)
-          sub += round_up(h.sub_group_len(j) * (x->bytes / h.shard_numel), 4096);
+        if (x->tier == Tier::kNvme) sub += round_up(len * (x->bytes / h.shard_numel), 4096);
       }
-      opt_nvme_extents.push_back(sub);
+      return sub;
+    };
+    if (const size_t n = h.sub_groups(); opt_nvme_of[i] > 0 && n > 0) {
+      opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(0)), n - 1});
+      opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(n - 1)), 1});
     }
     opt_nvme_bytes += opt_nvme_of[i];
   }
+  // The bytes of the k largest sub-groups' NVMe master + moments.
+  std::sort(opt_nvme_extents.rbegin(), opt_nvme_extents.rend());
+  auto largest_extents = [&](uint64_t k) {
+    uint64_t sum = 0;
+    for (const auto& [bytes, count] : opt_nvme_extents) {
+      const uint64_t take = std::min(k, count);
+      sum += take * bytes;
+      k -= take;
+    }
+    return sum;
+  };
 
   // Fits?
   if (o.device.capacity > 0 && o.device.total() > o.device.capacity) {
@@ -287,10 +303,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
-    std::vector<uint64_t> opt_bytes = opt_nvme_extents;
-    std::sort(opt_bytes.rbegin(), opt_bytes.rend());
-    const size_t k = std::min(opt_bytes.size(), size_t(2 * r.buffer_count + 1));
-    for (size_t i = 0; i < k; ++i) host_peak += opt_bytes[i];
+    host_peak += largest_extents(uint64_t(2 * r.buffer_count + 1));
   }
   host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
@@ -331,12 +344,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // gradient landing and write-back staging are free by then. Measured: docs/PLANNER.md.
     uint64_t spec =
         needs.host.state + needs.host.param_shadows + needs.host.stash + o.host.undo / W;
-    if (opt_nvme_bytes > 0) {
-      std::vector<uint64_t> slot = opt_nvme_extents;
-      std::sort(slot.rbegin(), slot.rend());
-      const size_t k = std::min(slot.size(), size_t(r.buffer_count + 1));
-      for (size_t i = 0; i < k; ++i) spec += slot[i];
-    }
+    if (opt_nvme_bytes > 0) spec += largest_extents(uint64_t(r.buffer_count + 1));
     if (where.params == Tier::kNvme) {  // the fetch ring, and the pieces being published
       spec += needs.host.param_fetch_staging + needs.host.param_publish_staging;
     }
@@ -438,31 +446,48 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Its NVMe traffic from then on: the optimizer state's reads (less the buffer_count modules
     // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
-    double window = 0;
+    double window = 0, window_deferred = 0;
     if (opt_nvme_bytes > 0) {
-      // The modules read ahead: the last buffer_count in module order (backward's first).
-      double ahead = 0;
+      // The modules read ahead: the last buffer_count in module order (backward's first); for a
+      // step deferred to the next forward, the first buffer_count (the forward's first).
+      double ahead = 0, ahead_fwd = 0;
       const size_t k = std::min(homes.size(), size_t(std::max(1, r.buffer_count)));
-      for (size_t i = 0; i < k; ++i) ahead += double(opt_nvme_of[homes.size() - 1 - i]);
+      for (size_t i = 0; i < k; ++i) {
+        ahead += double(opt_nvme_of[homes.size() - 1 - i]);
+        ahead_fwd += double(opt_nvme_of[i]);
+      }
       const double opt = double(opt_nvme_bytes);
       window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
       window += opt / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
+      window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
     }
-    if (where.params == Tier::kNvme) window += P * es / (pf.nvme_write_gbps.value * 1e9);
-    const double window_opt = window * double(W);  // the optimizer's own traffic
+    if (where.params == Tier::kNvme) {
+      window += P * es / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += P * es / (pf.nvme_write_gbps.value * 1e9);
+    }
+    window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
     }
     window *= double(W);  // every local rank shares the node's NVMe bandwidth
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
-    // predicts the next will clip too) and steps after it: the plain schedule less the reads
-    // done ahead.
-    t.step_after_s = r.undo_copies
-                         ? std::max((pf.cpu_backend ? comp + t.link_s + t.collectives_s
-                                                    : std::max({comp, t.link_s, t.collectives_s})) +
-                                        std::max(t.cpu_optim_s, window_opt),
-                                    t.nvme_s)
-                         : 0.0;
+    // predicts the next will clip too) and defers its optimizer to the next forward, which
+    // steps module i just before module i's forward: it overlaps the first micro-batch's
+    // forward, the share f0 = 1 / (A·(3 + r)) of compute, and no more (the backward needs every
+    // module's forward). On the CPU backend the optimizer's CPU work shares the cores.
+    const double f0 = 1.0 / (A * (3.0 + rc));
+    if (pf.cpu_backend) {
+      const double cl = comp + t.link_s;
+      t.step_after_s = std::max(
+          {cl + t.collectives_s + t.cpu_optim_s,
+           cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
+    } else {
+      const double dev = std::max({comp, t.link_s, t.collectives_s});
+      t.step_after_s = std::max(
+          dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+    }
+    if (!r.undo_copies) t.step_after_s = 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer

@@ -135,6 +135,14 @@ Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fet
   Module& mod = homes_.module(m);
   Entry& c = cache_[size_t(m)];
   *fetched = false;
+  if (before_fetch_) {
+    Status s = before_fetch_(m);
+    if (!s.is_ok()) {
+      if (may_block) return s;
+      errors_.set(s.with_context("prefetching " + mod.name + " parameters"));
+      return Status::ok();
+    }
+  }
   const size_t full = cache_bytes(mod);
   auto r = allocate(full, mod.name + ".params", m, need_before, may_block);
   if (!r.is_ok()) return may_block ? r.status() : Status::ok();
@@ -357,6 +365,8 @@ void DeviceCache::write_through(int m, size_t offset, const void* lp, size_t byt
   // gradients would not be final).
   c.last_use = std::shared_ptr<Event>(dev_.create_event());
   dev_.record(*c.last_use, h2d);
+  // The next use waits for it too (the deferred step publishes while the forward runs).
+  c.ready = c.last_use;
   counters_.update([bytes](TierCounts& n) { n.dev_in += bytes; });
 }
 

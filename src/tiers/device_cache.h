@@ -27,6 +27,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,10 @@ class DeviceCache final : public CacheState {
   void write_through(int m, size_t offset, const void* lp, size_t bytes);
   // Forgets module m's cached copy; its memory is freed after its last use.
   void drop(int m);
+  // Called with module m before any fetch of its parameters (demand or prefetch): the deferred
+  // optimizer step publishes them first. Its failure fails a demand fetch; a prefetch's is
+  // kept for end_backward and the prefetch skipped.
+  void set_before_fetch(std::function<Status(int)> f) { before_fetch_ = std::move(f); }
 
   // ---- ZeRO-3 (zero3_gather.cc) --------------------------------------------------------
   // At the end of backward: every gathered group nobody holds is dropped (the optimizer is
@@ -150,6 +155,7 @@ class DeviceCache final : public CacheState {
   // The trace of each phase; the current phase's recording and position.
   std::map<std::string, Trace> traces_;
   std::string phase_;
+  std::function<Status(int)> before_fetch_;
   std::vector<Access> rec_;
   bool mismatch_ = false;
   uint64_t pos_ = 0;

@@ -87,15 +87,12 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     // the pipeline stages the largest sub-group's.
     const size_t mst_e = m.shard_numel ? m.master.bytes / m.shard_numel : 0;
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
-    for (size_t j = 0; j < m.sub_groups(); ++j) {
-      const size_t len = m.sub_group_len(j);
-      for (auto [h, e] :
-           {std::pair{&m.params, es}, std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
-            std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
-        if (h->tier != Tier::kNvme || h->bytes == 0) continue;
-        n.nvme.state += round_up(len * e, 4096);
-        n.nvme.objects += striped(len * e);
-      }
+    for (auto [h, e] :
+         {std::pair{&m.params, es}, std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
+          std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
+      if (h->tier != Tier::kNvme || h->bytes == 0) continue;
+      n.nvme.state += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
+      n.nvme.objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
     }
     if (m.grads.tier == Tier::kNvme)
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
@@ -193,12 +190,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   for (const auto& m : homes) {
     const size_t mst_e = m.shard_numel ? m.master.bytes / m.shard_numel : 0;
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
-    for (size_t j = 0; j < m.sub_groups(); ++j) {
-      for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
-        if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
-        n.nvme.shadows += round_up(m.sub_group_len(j) * e, 4096);
-        n.nvme.shadow_objects += striped(m.sub_group_len(j) * e);
-      }
+    for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
+      if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
+      n.nvme.shadows += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
+      n.nvme.shadow_objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
     }
   }
   if (n.nvme.shadows > 0 && n.nvme.paths > 0) {

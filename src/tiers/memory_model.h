@@ -51,6 +51,14 @@ struct ModuleHomes {
   size_t sub_group = 0;
   size_t sub_groups() const { return sub_group ? (shard_numel + sub_group - 1) / sub_group : 1; }
   size_t sub_group_len(size_t j) const { return std::min(sub_group, shard_numel - j * sub_group); }
+  // f(sub_group_len(j)) summed over the sub-groups, in constant time (all but the last have the
+  // first one's length): a model of a billion sub-groups is sized without a billion steps.
+  template <typename F>
+  uint64_t sum_over_sub_groups(F f) const {
+    const size_t n = sub_groups();
+    if (n == 0) return 0;
+    return uint64_t(n - 1) * uint64_t(f(sub_group_len(0))) + uint64_t(f(sub_group_len(n - 1)));
+  }
 };
 
 // Parameters move in pieces, one per sub-group of the shard: NVMe-homed parameters have one

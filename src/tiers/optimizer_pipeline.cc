@@ -222,17 +222,30 @@ void OptimizerPipeline::derive(int k, const Slot& s, void* lp) const {
   convert(s.master, DType::kF32, lp, dt_, s.len);
 }
 
-Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyper& hyper,
-                               float grad_mult, std::vector<std::shared_ptr<PinnedBuffer>>* shadows,
-                               const BeforeStep& before) {
-  std::vector<std::pair<int, size_t>> units;
+OptimizerPipeline::Pass OptimizerPipeline::begin_pass(
+    const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
+    std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before) const {
+  Pass p;
   for (int k : order) {
-    for (size_t j = 0; j < sub_groups(k); ++j) units.emplace_back(k, j);
+    for (size_t j = 0; j < sub_groups(k); ++j) p.units.emplace_back(k, j);
   }
+  p.hyper = hyper;
+  p.grad_mult = grad_mult;
+  p.shadows = shadows;
+  p.before = std::move(before);
+  return p;
+}
+
+Status OptimizerPipeline::advance(Pass& ps, size_t until) {
   const size_t depth = this->depth();
-  size_t next = 0;
-  Target t;
-  for (size_t i = 0; i < units.size(); ++i) {
+  const auto& units = ps.units;
+  const OptimizerHyper& hyper = ps.hyper;
+  const float grad_mult = ps.grad_mult;
+  std::vector<std::shared_ptr<PinnedBuffer>>* shadows = ps.shadows;
+  const BeforeStep& before = ps.before;
+  size_t& next = ps.next;
+  Target& t = ps.t;
+  for (size_t& i = ps.i; i < std::min(until, units.size()); ++i) {
     // Read ahead while the reservation allows (the speculation may hold slots of its own).
     for (next = std::max(next, i + 1); next < units.size() && next <= i + depth; ++next) {
       auto [nk, nj] = units[next];
@@ -284,15 +297,25 @@ Status OptimizerPipeline::pass(const std::vector<int>& order, const OptimizerHyp
   return Status::ok();
 }
 
+size_t OptimizerPipeline::Pass::end_of(int k) const {
+  size_t end = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].first == k) end = u + 1;
+  }
+  return end;
+}
+
 Status OptimizerPipeline::step(int k, const OptimizerHyper& hyper, float grad_mult,
                                const BeforeStep& before) {
-  return pass({k}, hyper, grad_mult, nullptr, before);
+  Pass p = begin_pass({k}, hyper, grad_mult, nullptr, before);
+  return advance(p, SIZE_MAX);
 }
 
 Status OptimizerPipeline::run(const std::vector<int>& order, const OptimizerHyper& hyper,
                               float grad_mult,
                               std::vector<std::shared_ptr<PinnedBuffer>>* shadows) {
-  return pass(order, hyper, grad_mult, shadows, {});
+  Pass p = begin_pass(order, hyper, grad_mult, shadows, {});
+  return advance(p, SIZE_MAX);
 }
 
 // ---- publishing parameters ---------------------------------------------------------------------

@@ -129,6 +129,27 @@ class OptimizerPipeline {
   Status run(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
              std::vector<std::shared_ptr<PinnedBuffer>>* shadows);
 
+  // A pass that may run in parts (run() and step() are one advance to its end; the deferred
+  // step, TierManager::optimizer_step with `defer`, advances it module by module as the next
+  // forward needs them). Its read-ahead goes on into the units after the ones advanced through.
+  struct Pass {
+    std::vector<std::pair<int, size_t>> units;  // (module, sub-group), in order
+    size_t i = 0;                               // the next unit to step
+    size_t next = 0;                            // the read-ahead's position
+    Target t;                                   // the current module's target
+    OptimizerHyper hyper;
+    float grad_mult = 1.0f;
+    std::vector<std::shared_ptr<PinnedBuffer>>* shadows = nullptr;
+    BeforeStep before;
+    bool done() const { return i == units.size(); }
+    // One past module k's last unit (0 when k is not in the pass).
+    size_t end_of(int k) const;
+  };
+  Pass begin_pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
+                  std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before) const;
+  // Steps the pass's units up to (not including) `until`, as run() does.
+  Status advance(Pass& p, size_t until);
+
   // ---- publishing parameters ---------------------------------------------------------
   // New low-precision parameters of sub-group j of module k at host `src` go to their home
   // (unless `src` is in the home; NVMe: the sub-group's extent) and to a cached device copy
@@ -169,9 +190,6 @@ class OptimizerPipeline {
   void* host_visible_params(const Module& m) const;
   // Waits for a slot's reads; the first failure.
   Status wait_reads(Slot& s);
-  // The sub-groups of `order`, in order, with the pass over them (run() and step()).
-  Status pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
-              std::vector<std::shared_ptr<PinnedBuffer>>* shadows, const BeforeStep& before);
   // step() for a module whose state is device-resident (device_optimizer.cc).
   Status step_on_device(int k, const OptimizerHyper& hyper, float grad_mult);
 

@@ -36,10 +36,13 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
     bwd_end_ = {};
   }
   // Gradients become final in the order the last step's did (first step: reverse module
-  // order, which is backward's); read that order's optimizer state ahead.
-  std::vector<int> order = pipeline_.last_order();
+  // order, which is backward's); read that order's optimizer state ahead. Without stepping,
+  // the step after backward is deferred to the next forward, which steps the modules in module
+  // order: read that order ahead.
+  std::vector<int> order = step_modules ? pipeline_.last_order() : std::vector<int>{};
   if (order.empty()) {
     for (int k = int(homes_.modules().size()) - 1; k >= 0; --k) order.push_back(k);
+    if (!step_modules) std::reverse(order.begin(), order.end());
   }
   expected_.clear();
   for (int k : order) {

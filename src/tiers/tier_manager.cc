@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "src/comm/zeropp.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager_impl.h"
@@ -257,6 +259,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
     STRATA_RETURN_IF_ERROR(I.grads->init_bucket(need.bucket_shard_elems, need.device.bucket),
                            "tier manager");
   }
+  I.cache->set_before_fetch([ip](int m) { return ip->step_deferred(m); });
   I.dpu = std::make_unique<DelayedUpdate>(*I.homes, *I.cache, *I.pipeline, I.counters);
   I.acts = std::make_unique<ActivationStash>(*I.homes, *I.cache, I.counters, I.errors);
   STRATA_RETURN_IF_ERROR(I.acts->reserve(options.stash_layers, options.stash_bytes),
@@ -307,17 +310,25 @@ void TierManager::begin_phase(const std::string& phase) { impl_->cache->begin_ph
 Result<const void*> TierManager::acquire_params(int m) {
   // A bucket left open by the last backward is reduced before the next forward starts.
   if (impl_->sharded) impl_->grads->flush_bucket();
+  // The deferred step publishes module m's new parameters first (its forward waits only for
+  // its own update).
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(m), "");
   return impl_->cache->acquire(m);
 }
 
 void TierManager::release_params(int m) { impl_->cache->release(m); }
 
-Result<float*> TierManager::acquire_grads(int m) { return impl_->grads->acquire(m); }
+Result<float*> TierManager::acquire_grads(int m) {
+  // A gradient accumulator is overwritten from here: the deferred step must have read it.
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "");
+  return impl_->grads->acquire(m);
+}
 
 void TierManager::drain_grads(int m, int micro, bool last) { impl_->grads->drain(m, micro, last); }
 
 Status TierManager::end_backward() {
   Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "");
   if (I.sharded) I.grads->flush_bucket();
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "the compute stream");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "the gradient drains");
@@ -352,8 +363,9 @@ std::string TierManager::object_name(int object) const {
 
 // ---- the optimizer -----------------------------------------------------------------------------
 
-Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult) {
+Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult, bool defer) {
   Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "the last deferred optimizer step");
   const auto t0 = TierClock::now();
   STRATA_RETURN_IF_ERROR(I.errors.take(), "before the optimizer step");
   Status st;
@@ -364,7 +376,21 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
   }
   const std::vector<bool> done = I.spec->stepped_mask();
   if (st.is_ok()) st = I.pipeline->retire_writes(SIZE_MAX);
-  if (st.is_ok()) st = I.pipeline->run(I.pipeline->step_order(done), hyper, grad_mult, nullptr);
+  std::vector<int> order = I.pipeline->step_order(done);
+  if (st.is_ok() && defer && !order.empty()) {
+    // The rest runs as the next forward needs it, in module order (the forward's).
+    std::sort(order.begin(), order.end());
+    I.spec->end();
+    I.deferred = I.pipeline->begin_pass(order, hyper, grad_mult, nullptr, {});
+    const double s = seconds_between(t0, TierClock::now());
+    const uint64_t n_deferred = order.size();
+    I.counters.update([&](TierCounts& n) {
+      n.optimizer_s += s;
+      n.modules_deferred += n_deferred;
+    });
+    return Status::ok();
+  }
+  if (st.is_ok()) st = I.pipeline->run(order, hyper, grad_mult, nullptr);
   I.spec->end();
   I.pipeline->end_step();
   if (!st.is_ok()) I.pipeline->retire_writes(0).ignore();
@@ -376,19 +402,66 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult)
 }
 
 Status TierManager::flush_writes() {
-  STRATA_RETURN_IF_ERROR(finish_delayed_update(), "flushing writes");
+  STRATA_RETURN_IF_ERROR(finish_pending_step(), "flushing writes");
   return impl_->pipeline->retire_writes(0);
+}
+
+Status TierManager::finish_pending_step() {
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "");
+  return finish_delayed_update();
+}
+
+Status TierManager::Impl::step_deferred(int m) {
+  if (!deferred) return Status::ok();
+  OptimizerPipeline::Pass& p = *deferred;
+  const size_t until = m < 0 ? p.units.size() : p.end_of(m);
+  if (until <= p.i) return Status::ok();
+  const auto t0 = TierClock::now();
+  // When the compute stream has run what was enqueued before now: the interval's part before
+  // that is hidden under its work.
+  auto caught_up = std::make_shared<std::atomic<int64_t>>(0);
+  dev.host_fn(dev.compute_stream(),
+              [caught_up] { caught_up->store(TierClock::now().time_since_epoch().count()); });
+  Status st = pipeline->advance(p, until);
+  if (!dev.host_addressable()) {
+    // New parameters of device-homed modules were copied up on the h2d stream (a host-visible
+    // device takes them by memcpy, at once): the forward that follows reads them.
+    auto published = std::shared_ptr<Event>(dev.create_event());
+    dev.record(*published, dev.h2d_stream());
+    dev.wait(dev.compute_stream(), *published);
+    dev.host_fn(dev.compute_stream(), [published] {});  // alive until the wait ran
+  }
+  const auto t1 = TierClock::now();
+  deferred_intervals.push_back({t0, t1, std::move(caught_up)});
+  counters.update([&](TierCounts& n) { n.optimizer_s += seconds_between(t0, t1); });
+  if (st.is_ok() && !p.done()) return Status::ok();
+  deferred.reset();
+  pipeline->end_step();
+  if (!st.is_ok()) pipeline->retire_writes(0).ignore();
+  if (st.is_ok() && spec_pending) {
+    const SpecArgs a = *spec_pending;
+    spec->begin(a.hyper, a.grad_mult, a.keep_undo, a.step_modules);
+  }
+  spec_pending.reset();
+  return st.with_context("optimizer step (deferred to the next forward)");
 }
 
 void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult, bool keep_undo,
                                     bool step_modules) {
-  impl_->spec->begin(hyper, grad_mult, keep_undo, step_modules);
+  Impl& I = *impl_;
+  if (I.deferred) {
+    // Its read-ahead would take the host staging the deferred step is still using.
+    I.spec_pending = Impl::SpecArgs{hyper, grad_mult, keep_undo, step_modules};
+    return;
+  }
+  I.spec->begin(hyper, grad_mult, keep_undo, step_modules);
 }
 
 Status TierManager::step_ready(bool wait_all) { return impl_->spec->step_ready(wait_all); }
 
 Status TierManager::skip_step() {
   Impl& I = *impl_;
+  STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "the last deferred optimizer step");
   Status st;
   if (I.spec->active() && I.spec->stepped_any()) {
     st = I.spec->undo(/*redo=*/false, I.spec->hyper(), 0.0f);
@@ -400,7 +473,7 @@ Status TierManager::skip_step() {
 
 Status TierManager::start_delayed_update(const OptimizerHyper& hyper, float grad_mult) {
   Impl& I = *impl_;
-  STRATA_RETURN_IF_ERROR(finish_delayed_update(), "the last delayed update");
+  STRATA_RETURN_IF_ERROR(finish_pending_step(), "the last optimizer step");
   STRATA_RETURN_IF_ERROR(I.errors.take(), "before the delayed update");
   STRATA_CHECK(!I.homes->modules().empty() && I.homes->modules()[0].gacc2.bytes > 0,
                "start_delayed_update without TierOptions::delayed_update");
@@ -448,6 +521,18 @@ TierTimes TierManager::take_times() {
   Impl& I = *impl_;
   IoWorker* io = I.homes->io();
   const double io_total = io ? io->wait_seconds() : 0.0;
+  // The deferred step's hidden part: each interval up to when the compute stream caught up
+  // with what was enqueued before it (intervals whose marker has not run yet wait for the next
+  // call).
+  double deferred_hidden = 0;
+  std::erase_if(I.deferred_intervals, [&](const Impl::Interval& v) {
+    const int64_t c = v.compute_caught_up->load();
+    if (c == 0) return false;
+    const auto caught = TierClock::time_point(TierClock::duration(c));
+    if (caught > v.t0) deferred_hidden += seconds_between(v.t0, std::min(caught, v.t1));
+    return true;
+  });
+  I.counters.update([&](TierCounts& n) { n.optimizer_hidden_s += deferred_hidden; });
   const TierCounts c = I.counters.take_times();
   TierTimes t;
   t.compute_wait_s = c.compute_wait_s;
@@ -456,6 +541,7 @@ TierTimes TierManager::take_times() {
   t.rollbacks = c.rollbacks;
   t.modules_redone = c.modules_redone;
   t.modules_stepped_under_backward = c.modules_stepped_under_backward;
+  t.modules_deferred = c.modules_deferred;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;
   return t;

@@ -87,6 +87,9 @@ struct TierTimes {
   uint64_t rollbacks = 0;       // steps whose speculative updates were undone
   uint64_t modules_redone = 0;  // modules restored from undo state (and redone or skipped)
   uint64_t modules_stepped_under_backward = 0;
+  // Modules whose step after backward was deferred to the next forward (optimizer_step with
+  // `defer`), counted when deferred.
+  uint64_t modules_deferred = 0;
 };
 
 // Also the ActivationStore of strata.activations = offload (the functions at the end).
@@ -130,8 +133,19 @@ class TierManager : public ActivationStore {
   // reads/writes, writing the new parameters to their homes (and cached device copies).
   // NVMe writes are left draining behind later work (reads of the same extent wait for them);
   // flush_writes() waits for them all and returns the first failure.
-  Status optimizer_step(const OptimizerHyper& hyper, float grad_mult);
+  // With `defer` (the exact overlap whatever the clipping), the modules not already stepped
+  // under backward are stepped later, in module order, each just before its parameters are
+  // next acquired or fetched: the next forward's acquire of module m (or a prefetch of it)
+  // steps the pass through m on the host thread while the device runs the forward of the
+  // modules before it, so module m's forward waits only for module m's update. The numbers are
+  // those of the plain step. finish_pending_step() completes it; so do acquire_grads,
+  // end_backward, the next optimizer_step/skip_step, flush_writes (and so save, load,
+  // weights_crc) and start_delayed_update. A speculation begun meanwhile starts when it
+  // completes.
+  Status optimizer_step(const OptimizerHyper& hyper, float grad_mult, bool defer = false);
   Status flush_writes();
+  // Completes a deferred optimizer step and a pending delayed update (call before evaluating).
+  Status finish_pending_step();
 
   // --- the optimizer under backward -----------------------------------------------------
   // Before the step's last micro-batch's backward: each module whose gradients become final

@@ -6,7 +6,10 @@
 // every part borrows from those above it, and is destroyed before them.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "src/tiers/activation_stash.h"
 #include "src/tiers/counters.h"
@@ -38,6 +41,30 @@ struct TierManager::Impl {
   std::unique_ptr<DelayedUpdate> dpu;
   std::unique_ptr<ActivationStash> acts;
   double io_wait_base = 0;  // the IoWorker's wait seconds at the last take_times()
+
+  // The deferred optimizer step (optimizer_step with `defer`): its pass, advanced module by
+  // module just before each module's parameters are next acquired or fetched; empty when none
+  // is pending.
+  std::optional<OptimizerPipeline::Pass> deferred;
+  // A speculation asked for while a deferred step was pending: begun when that step completes.
+  struct SpecArgs {
+    OptimizerHyper hyper;
+    float grad_mult;
+    bool keep_undo, step_modules;
+  };
+  std::optional<SpecArgs> spec_pending;
+  // The deferred step's intervals on the host thread, each with when the compute stream ran
+  // out of the work enqueued before it (set by a host_fn; zero until then): the part of an
+  // interval before that is hidden under the compute stream's work.
+  struct Interval {
+    TierClock::time_point t0, t1;
+    std::shared_ptr<std::atomic<int64_t>> compute_caught_up;  // TierClock ticks
+  };
+  std::vector<Interval> deferred_intervals;
+
+  // Steps the deferred pass through module m (m < 0: to its end), then completes the step
+  // when the pass is done (its bookkeeping, a speculation asked for meanwhile).
+  Status step_deferred(int m);
 };
 
 }  // namespace strata

@@ -88,7 +88,7 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-Status check_checkpoint_dir(const std::string& dir, uint64_t need_bytes) {
+Status check_checkpoint_dir(const std::string& dir, uint64_t checkpoint_bytes, int count) {
   const std::string key = fmt::format("train.checkpoint_dir '{}'", dir);
   if (dir.empty()) return invalid_argument("train.checkpoint_dir is empty; give a directory");
   struct stat st {};
@@ -124,18 +124,46 @@ Status check_checkpoint_dir(const std::string& dir, uint64_t need_bytes) {
   struct statvfs vfs {};
   if (::statvfs(dir.c_str(), &vfs) != 0) return errno_status(errno, key + ": statvfs");
   const uint64_t avail = uint64_t(vfs.f_bavail) * vfs.f_frsize;
+  const uint64_t need_bytes = checkpoint_bytes * uint64_t(std::max(count, 0));
   if (avail < need_bytes) {
     return no_space(fmt::format(
-        "{}: a checkpoint needs {} bytes ({}), its file system has {} bytes ({}) free; free "
-        "space there or point train.checkpoint_dir at a larger file system",
-        key, need_bytes, format_bytes(double(need_bytes)), avail, format_bytes(double(avail))));
+        "{}: {} needs {} bytes ({}), its file system has {} bytes ({}) free; free space there "
+        "or point train.checkpoint_dir at a larger file system",
+        key,
+        count == 1 ? std::string("a checkpoint")
+                   : fmt::format("this run writes {} more checkpoints of {} bytes before it "
+                                 "prunes (it keeps {} and saves the next before removing the "
+                                 "oldest), which",
+                                 count, checkpoint_bytes, kKeepCheckpoints),
+        need_bytes, format_bytes(double(need_bytes)), avail, format_bytes(double(avail))));
   }
   return Status::ok();
 }
 
-Status prepare_checkpoint_dir(const std::string& dir, uint64_t need_bytes,
+int checkpoints_to_come(const std::string& dir, const std::string& resume, int keep) {
+  if (resume.empty()) return keep + 1;
+  std::string name;
+  if (resume == "latest") {
+    auto latest = latest_checkpoint(dir);
+    if (!latest.is_ok()) return keep + 1;
+    name = std::filesystem::path(*latest).filename();
+  } else {
+    name = std::filesystem::path(resume).filename();
+  }
+  const std::vector<CheckpointEntry> all = list_checkpoints(dir);
+  std::string lineage;
+  for (const CheckpointEntry& e : all) {
+    if (e.name == name && e.readable) lineage = e.run_id;
+  }
+  if (lineage.empty()) return keep + 1;
+  const int mine = int(std::count_if(
+      all.begin(), all.end(), [&](const CheckpointEntry& e) { return e.run_id == lineage; }));
+  return keep + 1 - std::min(mine, keep);
+}
+
+Status prepare_checkpoint_dir(const std::string& dir, uint64_t checkpoint_bytes, int count,
                               bool remove_temporaries) {
-  STRATA_RETURN_IF_ERROR(check_checkpoint_dir(dir, need_bytes), "");
+  STRATA_RETURN_IF_ERROR(check_checkpoint_dir(dir, checkpoint_bytes, count), "");
   if (remove_temporaries) {
     for (const std::string& name : remove_stale_temporaries(dir)) {
       log_info("checkpoint dir: removed {}/{}, left by a run that was killed while saving", dir,
@@ -156,10 +184,15 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
 }
 
 Status check_no_foreign_overwrite(const std::string& dir, const std::string& run_id,
-                                  int64_t first_step, int64_t last_step) {
+                                  int64_t first_step, int64_t last_step,
+                                  const std::vector<std::string>& passed_over) {
   for (const CheckpointEntry& e : list_checkpoints(dir)) {
     if (e.step <= first_step || e.step > last_step) continue;
     if (!run_id.empty() && e.run_id == run_id) continue;
+    const bool damaged = std::any_of(passed_over.begin(), passed_over.end(), [&](auto& p) {
+      return std::filesystem::path(p).filename() == e.name;
+    });
+    if (damaged && !e.readable) continue;
     return invalid_argument(fmt::format(
         "train.checkpoint_dir '{}' holds {} from another run ({}), which this run would "
         "overwrite at step {}: continue that run with --resume, give this run another "

@@ -159,12 +159,15 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
     }
     d.description_ = fmt::format("{} ({}, {} tokens)", cfg.source, fmt_name, d.tokens_.size());
   }
+  // Every file's tokens are unsigned (a uint32 past 2^31 is stored negative): compared and
+  // named as the file holds them.
   for (size_t i = 0; i < d.tokens_.size(); ++i) {
-    if (d.tokens_[i] < 0 || d.tokens_[i] >= vocab_size) {
+    const uint32_t t = static_cast<uint32_t>(d.tokens_[i]);
+    if (t >= static_cast<uint32_t>(vocab_size)) {
       return invalid_argument(fmt::format(
           "{}: token {} at index {} is outside model.vocab_size {} (a byte-level text file "
           "needs vocab_size >= 256)",
-          cfg.source, d.tokens_[i], i, vocab_size));
+          cfg.source, t, i, vocab_size));
     }
   }
   size_t eval = static_cast<size_t>(double(d.tokens_.size()) * cfg.eval_fraction);

@@ -28,7 +28,7 @@ Status MetricsLog::open(const std::string& path, bool append, const std::string&
   }
   fd_ = *fd;
   struct stat st {};
-  if (append && ::fstat(fd_, &st) == 0) offset_ = uint64_t(st.st_size);
+  if (::fstat(fd_, &st) == 0) offset_ = uint64_t(st.st_size);
   return Status::ok();
 }
 

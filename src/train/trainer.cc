@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "src/comm/zeropp.h"
+#include "src/hf/export_dir.h"
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/hf_export.h"
 #include "src/model/architecture.h"
@@ -94,6 +95,16 @@ class Run {
   Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
+  // train.export_dir, written by this run's lineage with the checkpoint of `step`.
+  ExportTarget export_target(int64_t step) const {
+    return {cfg_.train.export_dir,
+            "train.export_dir",
+            run_id_,
+            step,
+            cfg_.model.from_pretrained,
+            /*force=*/false,
+            ""};
+  }
 
   const Config& cfg_;
   const TrainOptions& opts_;
@@ -117,6 +128,8 @@ class Run {
   LossScaler scaler_;
   int64_t step_ = 0, opt_steps_ = 0;
   std::string run_id_;  // the checkpoints' lineage (src/train/checkpoint_dir.h)
+  // The damaged checkpoints --resume passed over (paths): this run may replace them.
+  std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_;
   std::vector<float> losses_;  // [accum][B*T]
@@ -125,7 +138,10 @@ class Run {
   std::vector<float*> grads_;
   double last_grad_norm_ = 0;
   bool last_skipped_ = false;
-  bool last_clipped_ = false;  // the last step's clip coefficient was < 1
+  // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
+  // (early gradients are the largest, so the first step is expected to clip: it is deferred,
+  // not speculated and rolled back).
+  bool last_clipped_ = cfg_.gradient_clipping > 0;
   double last_fwd_bwd_s_ = 0;
 };
 
@@ -185,6 +201,23 @@ Status Run::create_comms() {
       STRATA_ASSIGN_OR_RETURN(zeropp_, ZeroPP::create(zo, *param_comm_, *grad_comm_), "");
     }
   }
+  if (world_ == 1) {
+    // ZeRO++ compresses what ranks send each other: on one rank there is nothing to compress.
+    std::string keys;
+    for (const auto& [on, key] :
+         {std::pair{cfg_.zero.zero_quantized_weights, "zero_quantized_weights"},
+          {cfg_.zero.zero_hpz_partition_size > 1, "zero_hpz_partition_size"},
+          {cfg_.zero.zero_quantized_gradients, "zero_quantized_gradients"}}) {
+      if (on) keys += fmt::format("{}zero_optimization.{}", keys.empty() ? "" : ", ", key);
+    }
+    if (!keys.empty()) {
+      log_warn(
+          "{}: ZeRO++ compresses the collectives between ranks, and this run has one rank, "
+          "so it does nothing here; launch with mpirun -np N (N > 1) for it to act, or "
+          "remove the key(s)",
+          keys);
+    }
+  }
   log_info("comm: {} backend, rank {} of {}, timeout {:g} s", comm_->backend(), rank_, world_,
            comm_->timeout_s());
   return Status::ok();
@@ -234,13 +267,23 @@ Status Run::setup() {
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
   STRATA_RETURN_IF_ERROR(create_comms(), "");
-  // train.checkpoint_dir is checked before anything is trained; a failure is reported together
-  // with the tiers' preflight below.
-  const Status ckpt_dir = eval_only_
-                              ? Status::ok()
-                              : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
-                                                       checkpoint_file_bytes(checkpoint_meta(0)),
-                                                       /*remove_temporaries=*/rank_ == 0);
+  // train.checkpoint_dir and train.export_dir are checked before anything is trained; a
+  // failure is reported together with the tiers' preflight below. The checkpoint directory
+  // needs room for the checkpoints the run will hold at its peak (no more than it saves: one
+  // per train.checkpoint_interval, the final one, or the one a stop writes).
+  const int64_t interval = cfg_.train.checkpoint_interval;
+  const int64_t saves = std::max<int64_t>(
+      1, (interval > 0 ? cfg_.train.steps / interval : 0) + (cfg_.train.final_checkpoint ? 1 : 0));
+  const int to_come =
+      int(std::min<int64_t>(saves, checkpoints_to_come(cfg_.train.checkpoint_dir, opts_.resume)));
+  Status ckpt_dir = eval_only_
+                        ? Status::ok()
+                        : prepare_checkpoint_dir(cfg_.train.checkpoint_dir,
+                                                 checkpoint_file_bytes(checkpoint_meta(0)), to_come,
+                                                 /*remove_temporaries=*/rank_ == 0);
+  if (ckpt_dir.is_ok() && !eval_only_ && !cfg_.train.export_dir.empty()) {
+    ckpt_dir = check_export_dir(export_target(0));
+  }
   if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
@@ -306,7 +349,11 @@ Status Run::setup() {
     return init_or_resume();
   }
   STRATA_RETURN_IF_ERROR(init_or_resume(), "");
-  return check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_, cfg_.train.steps);
+  STRATA_RETURN_IF_ERROR(check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_,
+                                                    cfg_.train.steps, passed_over_),
+                         "");
+  if (cfg_.train.export_dir.empty()) return Status::ok();
+  return check_export_owner(export_target(step_));
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -351,6 +398,7 @@ Status Run::init_or_resume() {
     }
     STRATA_ASSIGN_OR_RETURN(std::string path, resume_first_intact(candidates, load, agree),
                             "--resume");
+    passed_over_.assign(candidates.begin(), std::find(candidates.begin(), candidates.end(), path));
     const CheckpointMeta& meta = plan.meta;
     if (meta.world_size != world_) {
       log_info("resharded the checkpoint of {} rank(s) onto {} rank(s)", meta.world_size, world_);
@@ -530,8 +578,10 @@ Result<double> Run::run_step() {
     if (delayed) {
       STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
     } else {
-      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it.
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult), "");
+      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
+      // with the overlap, the modules not stepped yet are stepped as the next forward needs
+      // them (deferred: exact whatever the clipping).
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate), "");
     }
     ++opt_steps_;
   } else {
@@ -552,7 +602,7 @@ Result<double> Run::run_step() {
 }
 
 Result<double> Run::eval_loss() {
-  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "before eval");
+  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
   for (int i = 0; i < n; ++i) {
@@ -655,7 +705,9 @@ Result<TrainResult> Run::loop() {
   MetricsLog jsonl;
   Monitors monitors;
   if (report) {
-    STRATA_RETURN_IF_ERROR(jsonl.open(log_path, step_ > 0), "");
+    // Appended to, never truncated: each run's lines follow one naming its lineage.
+    STRATA_RETURN_IF_ERROR(jsonl.open(log_path, /*append=*/true), "");
+    jsonl.write_line(nlohmann::json{{"run_id", run_id_}, {"start_step", step_}}.dump()).ignore();
     STRATA_ASSIGN_OR_RETURN(monitors, Monitors::open(cfg_, step_ > 0), "");
   }
   const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
@@ -706,7 +758,9 @@ Result<TrainResult> Run::loop() {
   auto bytes_mark = bytes_now();
   tm_->take_times();
   while (step_ < total) {
+    const uint64_t nvme_before = bytes_now()[1];
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
+    r.step_nvme_bytes.push_back(bytes_now()[1] - nvme_before);
     const TierTimes tt = tm_->take_times();
     StepWindow s;  // this step
     s.steps = 1;
@@ -735,6 +789,7 @@ Result<TrainResult> Run::loop() {
     r.rollbacks += int64_t(tt.rollbacks);
     r.modules_redone += int64_t(tt.modules_redone);
     r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
+    r.modules_deferred += int64_t(tt.modules_deferred);
     if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
       r.approximate = true;
     }
@@ -745,6 +800,7 @@ Result<TrainResult> Run::loop() {
     r.losses.push_back(loss);
     r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
                                    : tt.modules_stepped_under_backward > 0 ? 1
+                                   : tt.modules_deferred > 0               ? 3
                                                                            : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
@@ -832,15 +888,25 @@ Result<TrainResult> Run::loop() {
       comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
     }
   }
+  // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
+  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
   if (!r.stopped_early && cfg_.train.final_checkpoint) {
     STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
     if (!cfg_.train.export_dir.empty() && rank_ == 0) {
       const auto te = Clock::now();
       HfExportOptions options;
       options.progress = true;
-      STRATA_RETURN_IF_ERROR(
-          export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options),
-          "train.export_dir");
+      Status st = export_as_owner(export_target(step_), [&] {
+        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options);
+      });
+      if (!st.is_ok()) {
+        return Status(
+            st.code(),
+            fmt::format("exporting to train.export_dir failed: {}\n  the training is done and its "
+                        "checkpoint {} is saved; once the cause is fixed, finish the export "
+                        "with: strata export --config <this run's config> --checkpoint {} --out {}",
+                        st.message(), r.last_checkpoint, r.last_checkpoint, cfg_.train.export_dir));
+      }
       log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
                cfg_.train.export_dir, seconds_since(te));
     }

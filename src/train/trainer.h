@@ -49,9 +49,14 @@ struct TrainResult {
   int64_t start_step = 0;      // first step run here (0, or resumed)
   int64_t end_step = 0;        // steps completed at the end
   std::vector<double> losses;  // train loss of each step run here
+  // NVMe bytes read + written during each step run here (what a deferred optimizer step moves
+  // counts in the step that ran it; evals and checkpoints between steps are not counted).
+  std::vector<uint64_t> step_nvme_bytes;
   // How each step run here ran its optimizer: 0 after backward (strata.optimizer.overlap off,
-  // or only read ahead because the step before clipped or overflowed), 1 under backward and
-  // kept, 2 under backward and rolled back (restored, then redone or skipped).
+  // or a skipped step), 1 under backward and kept (the modules whose gradients were final last
+  // deferred to the next forward), 2 under backward and rolled back (restored, then redone or
+  // skipped), 3 nothing under backward (the step before clipped or overflowed: the state was
+  // read ahead), all of it deferred to the next forward.
   std::vector<uint8_t> optimizer_schedule;
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
@@ -69,6 +74,7 @@ struct TrainResult {
   // skipped, and the modules that took; whether a delayed (one step stale) update ran.
   double optimizer_hidden_s = 0;
   int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
+  int64_t modules_deferred = 0;  // stepped under the next forward (the exact overlap)
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block

@@ -1,0 +1,770 @@
+// The CPU stand-in for the CUDA runtime (tests/cuda_emu/control.h says what it promises).
+// Test-only. One emulated GPU (ordinal 0) per process.
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tests/cuda_emu/control.h"
+
+// A stream: a worker thread running its operations in order.
+struct CUstream_st {
+  struct Op {
+    const char* what;
+    std::function<void()> fn;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Op> queue;
+  uint64_t enqueued = 0, completed = 0;
+  bool stop = false;
+  std::thread worker;
+};
+
+// An event: records are numbered when issued; a record completes when its stream reaches it.
+// The state is shared with the records and waits still queued: CUDA lets an event be destroyed
+// while streams still hold them.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0, completed = 0;
+  bool timing = true;
+  std::chrono::steady_clock::time_point when;
+};
+struct CUevent_st {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+
+namespace strata::emu {
+namespace {
+
+constexpr size_t kPage = 4096, kChunk = 64 << 10, kAlign = 256;
+constexpr size_t kMaxRegions = 4096;
+
+// A device allocation: [guard page][body: chunks][guard page]. The body is a memfd mapped twice:
+// `user` is what kernels see, inaccessible until a chunk is first touched, when the fault
+// handler fills the chunk with 0xFF through `alias` and opens it (lazy poisoning: a large arena
+// costs memory only where it is used). `ptr` is placed so that the allocation ends as close to
+// the trailing guard page as 256-byte alignment allows.
+struct Region {
+  std::atomic<bool> live{false};
+  char* map = nullptr;  // the reservation, guard pages included
+  size_t map_bytes = 0;
+  char* user = nullptr;   // body start
+  char* alias = nullptr;  // the same body, always writable
+  size_t body = 0;
+  char* ptr = nullptr;  // what cudaMalloc returned
+  size_t bytes = 0;
+  std::atomic<uint8_t>* chunks = nullptr;  // 0 untouched, 1 being filled, 2 open
+};
+Region g_regions[kMaxRegions];
+
+struct HostRange {
+  size_t bytes;
+  bool pinned;  // cudaHostAlloc (else cudaHostRegister)
+};
+
+struct State {
+  std::mutex mu;  // host_, attrs_, total, failure
+  std::map<uintptr_t, HostRange> host;
+  std::unordered_map<const void*, int> max_dynamic_smem;
+  size_t allocated = 0;
+  std::string failure;  // stays valid while set: cudaGetErrorString returns its c_str
+  std::atomic<bool> failed{false};
+  std::mutex streams_mu;
+  std::vector<cudaStream_t> streams;
+  cudaStream_t legacy = nullptr;
+  std::atomic<int> order{int(Order::kForward)};
+  std::atomic<unsigned> delay_us{50}, delay_percent{20};
+  uint64_t seed = 0;
+};
+State& state() {
+  static State* s = [] {
+    auto* st = new State;  // never destroyed: streams may outlive static destruction
+    const char* us = std::getenv("STRATA_EMU_DELAY_US");
+    const char* pc = std::getenv("STRATA_EMU_DELAY_PERCENT");
+    const char* seed = std::getenv("STRATA_EMU_SEED");
+    if (us) st->delay_us = unsigned(std::strtoul(us, nullptr, 10));
+    if (pc) st->delay_percent = unsigned(std::strtoul(pc, nullptr, 10));
+    st->seed = seed ? std::strtoull(seed, nullptr, 10) : std::random_device{}();
+    return st;
+  }();
+  return *s;
+}
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+size_t total_memory() {
+  const char* env = std::getenv("STRATA_EMU_GPU_MEMORY_MIB");
+  return (env ? std::strtoull(env, nullptr, 10) : 8192) << 20;
+}
+
+// --- the fault handler: lazy poisoning and guard pages ----------------------------------------
+
+struct sigaction g_previous_segv;
+
+void write_str(const char* s) {
+  ssize_t r = write(2, s, std::strlen(s));
+  static_cast<void>(r);
+}
+void write_num(uintptr_t v) {
+  char buf[32];
+  int n = 0;
+  do {
+    buf[n++] = char('0' + v % 10);
+    v /= 10;
+  } while (v);
+  char out[32];
+  for (int i = 0; i < n; ++i) out[i] = buf[n - 1 - i];
+  out[n] = 0;
+  write_str(out);
+}
+
+void on_segv(int sig, siginfo_t* info, void* ctx) {
+  char* a = static_cast<char*>(info->si_addr);
+  for (Region& r : g_regions) {
+    if (!r.live.load(std::memory_order_acquire)) continue;
+    if (a < r.map || a >= r.map + r.map_bytes) continue;
+    if (a >= r.user && a < r.user + r.body) {
+      const size_t c = size_t(a - r.user) / kChunk;
+      uint8_t expect = 0;
+      if (r.chunks[c].compare_exchange_strong(expect, 1)) {
+        const size_t n = std::min(kChunk, r.body - c * kChunk);
+        std::memset(r.alias + c * kChunk, 0xFF, n);
+        mprotect(r.user + c * kChunk, n, PROT_READ | PROT_WRITE);
+        r.chunks[c].store(2, std::memory_order_release);
+      } else {
+        while (r.chunks[c].load(std::memory_order_acquire) != 2) {
+        }
+      }
+      return;  // the access is retried
+    }
+    write_str("cuda_emu: out-of-bounds access to device memory: address ");
+    if (a < r.ptr) {
+      write_num(uintptr_t(r.ptr - a));
+      write_str(" bytes before");
+    } else {
+      write_num(uintptr_t(a - (r.ptr + r.bytes)));
+      write_str(" bytes past the end of");
+    }
+    write_str(" an allocation of ");
+    write_num(r.bytes);
+    write_str(" bytes\n");
+    std::abort();
+  }
+  // Not ours: the previous handler (or the default action).
+  if (g_previous_segv.sa_flags & SA_SIGINFO) {
+    g_previous_segv.sa_sigaction(sig, info, ctx);
+  } else if (g_previous_segv.sa_handler != SIG_DFL && g_previous_segv.sa_handler != SIG_IGN) {
+    g_previous_segv.sa_handler(sig);
+  } else {
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+  }
+}
+
+void install_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+  });
+}
+
+Region* find_region(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (Region& r : g_regions) {
+    if (!r.live.load(std::memory_order_acquire)) continue;
+    if (c >= r.ptr && c + bytes <= r.ptr + r.bytes) return &r;
+  }
+  return nullptr;
+}
+
+// The slack bytes around an allocation that the guard pages do not cover must still be 0xFF
+// (checked through the alias, only in chunks already opened).
+std::string check_slack(const Region& r) {
+  auto check = [&](size_t from, size_t to) -> bool {
+    for (size_t i = from; i < to; ++i) {
+      if (r.chunks[i / kChunk].load(std::memory_order_acquire) != 2) {
+        i = (i / kChunk + 1) * kChunk - 1;
+        continue;
+      }
+      if (static_cast<unsigned char>(r.alias[i]) != 0xFF) return false;
+    }
+    return true;
+  };
+  const size_t start = size_t(r.ptr - r.user), end = start + r.bytes;
+  if (!check(0, start) || !check(end, r.body)) {
+    return "a write outside an allocation of " + std::to_string(r.bytes) +
+           " bytes (its guard zone was overwritten)";
+  }
+  return "";
+}
+std::string check_all_slack() {
+  for (Region& r : g_regions) {
+    if (!r.live.load(std::memory_order_acquire)) continue;
+    std::string bad = check_slack(r);
+    if (!bad.empty()) return bad;
+  }
+  return "";
+}
+
+// --- streams ----------------------------------------------------------------------------------
+
+void sleep_maybe(std::mt19937_64& rng) {
+  State& st = state();
+  const unsigned us = st.delay_us, pc = st.delay_percent;
+  if (us == 0 || pc == 0) return;
+  if (rng() % 100 >= pc) return;
+  std::this_thread::sleep_for(std::chrono::microseconds(rng() % (us + 1)));
+}
+
+void worker(cudaStream_t s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (;;) {
+    CUstream_st::Op op;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
+      if (s->queue.empty()) return;
+      op = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    sleep_maybe(rng);
+    try {
+      op.fn();
+    } catch (const std::exception& e) {
+      fail_context(std::string(op.what) + ": " + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      ++s->completed;
+    }
+    s->cv.notify_all();
+  }
+}
+
+cudaStream_t new_stream() {
+  static std::atomic<uint64_t> count{0};
+  auto* s = new CUstream_st;
+  s->worker = std::thread(worker, s, state().seed * 1000003 + count++);
+  std::lock_guard<std::mutex> lock(state().streams_mu);
+  state().streams.push_back(s);
+  return s;
+}
+
+cudaStream_t resolve(cudaStream_t s) {
+  if (s) return s;
+  State& st = state();
+  static std::once_flag once;
+  std::call_once(once, [&] { st.legacy = new_stream(); });
+  return st.legacy;
+}
+
+void drain(cudaStream_t s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  const uint64_t target = s->enqueued;
+  s->cv.wait(lock, [&] { return s->completed >= target; });
+}
+
+void drain_all() {
+  std::vector<cudaStream_t> all;
+  {
+    std::lock_guard<std::mutex> lock(state().streams_mu);
+    all = state().streams;
+  }
+  for (cudaStream_t s : all) drain(s);
+}
+
+cudaError_t sticky() { return state().failed ? cudaErrorLaunchFailure : cudaSuccess; }
+
+bool is_host_registered(const void* p, size_t bytes) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.host.upper_bound(uintptr_t(p));
+  if (it == st.host.begin()) return false;
+  --it;
+  return uintptr_t(p) + bytes <= it->first + it->second.bytes;
+}
+
+}  // namespace
+
+void set_order(Order o) { state().order = int(o); }
+Order order() { return Order(state().order.load()); }
+void set_delay(unsigned max_us, unsigned percent) {
+  state().delay_us = max_us;
+  state().delay_percent = percent;
+}
+
+std::string failure() {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.failed ? st.failure : std::string();
+}
+void clear_failure() {
+  drain_all();
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.failed = false;
+}
+
+void fail_context(const std::string& report) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.failed) return;
+  st.failure = "unspecified launch failure (cuda_emu: " + report +
+               "; STRATA_EMU_SEED=" + std::to_string(st.seed) + ")";
+  st.failed = true;
+  std::fprintf(stderr, "%s\n", st.failure.c_str());
+}
+
+bool is_device_memory(const void* p, size_t bytes) { return find_region(p, bytes) != nullptr; }
+
+void enqueue(cudaStream_t stream, const char* what, std::function<void()> op) {
+  cudaStream_t s = resolve(stream);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->queue.push_back({what, std::move(op)});
+    ++s->enqueued;
+  }
+  s->cv.notify_all();
+}
+
+void enqueue_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const void* kernel,
+                    std::function<void()> body, std::string bad_argument) {
+  const size_t threads = size_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    t_last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  int max_smem = 48 << 10;
+  {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.max_dynamic_smem.find(kernel);
+    if (it != st.max_dynamic_smem.end()) max_smem = std::max(max_smem, it->second);
+  }
+  if (smem > size_t(max_smem)) {
+    t_last_error = cudaErrorInvalidValue;  // cudaFuncSetAttribute was not called for this much
+    return;
+  }
+  const Order o = order();
+  enqueue(stream, "kernel", [=, body = std::move(body)] {
+    if (state().failed) return;
+    if (!bad_argument.empty()) throw std::runtime_error("kernel launched with " + bad_argument);
+    Runtime::get().launch({grid.x, grid.y, grid.z}, Index{block.x, block.y, block.z}, smem, o,
+                          body);
+    std::string bad = check_all_slack();
+    if (!bad.empty()) throw std::runtime_error("after a kernel: " + bad);
+  });
+}
+
+}  // namespace strata::emu
+
+using namespace strata::emu;  // NOLINT: the C API below is global
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = {};
+  std::snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU emulation of an sm_90 GPU)");
+  prop->totalGlobalMem = total_memory();
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->sharedMemPerBlockOptin = 227 << 10;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 4;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  drain_all();
+  return sticky();
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  *total = total_memory();
+  *free_bytes = *total > st.allocated ? *total - st.allocated : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  install_handler();
+  State& st = state();
+  const size_t bytes = std::max<size_t>(size, 1);
+  const size_t body = (bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t body_pages = (body + kPage - 1) / kPage * kPage;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.allocated + body_pages > total_memory()) return cudaErrorMemoryAllocation;
+    st.allocated += body_pages;
+  }
+  const size_t map_bytes = body_pages + 2 * kPage;
+  char* map = static_cast<char*>(
+      mmap(nullptr, map_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  const int fd = memfd_create("cuda_emu", MFD_CLOEXEC);
+  if (map == MAP_FAILED || fd < 0 || ftruncate(fd, off_t(body_pages)) != 0) {
+    if (fd >= 0) close(fd);
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.allocated -= body_pages;
+    return cudaErrorMemoryAllocation;
+  }
+  char* user =
+      static_cast<char*>(mmap(map + kPage, body_pages, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0));
+  char* alias = static_cast<char*>(
+      mmap(nullptr, body_pages, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0));
+  close(fd);
+  if (user == MAP_FAILED || alias == MAP_FAILED) return cudaErrorMemoryAllocation;
+  const size_t nchunks = (body_pages + kChunk - 1) / kChunk;
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (Region& r : g_regions) {
+    if (r.live.load()) continue;
+    r.map = map;
+    r.map_bytes = map_bytes;
+    r.user = user;
+    r.alias = alias;
+    r.body = body_pages;
+    r.ptr = user + (body_pages - body);
+    r.bytes = bytes;
+    r.chunks = new std::atomic<uint8_t>[nchunks];
+    for (size_t i = 0; i < nchunks; ++i) r.chunks[i] = 0;
+    r.live.store(true, std::memory_order_release);
+    *ptr = r.ptr;
+    return cudaSuccess;
+  }
+  return cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  drain_all();  // cudaFree synchronizes the device
+  State& st = state();
+  Region* r = nullptr;
+  for (Region& x : g_regions) {
+    if (x.live.load() && x.ptr == ptr) r = &x;
+  }
+  if (!r) return cudaErrorInvalidValue;
+  std::string bad = check_slack(*r);
+  if (!bad.empty()) fail_context("at cudaFree: " + bad);
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    r->live.store(false, std::memory_order_release);
+    st.allocated -= r->body;
+  }
+  munmap(r->alias, r->body);
+  munmap(r->map, r->map_bytes);
+  delete[] r->chunks;
+  r->chunks = nullptr;
+  return sticky();
+}
+
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  const size_t n = (std::max<size_t>(size, 1) + kPage - 1) / kPage * kPage;
+  void* p = std::aligned_alloc(kPage, n);
+  if (!p) return cudaErrorMemoryAllocation;
+  std::memset(p, 0xFF, n);  // uninitialized, as cudaHostAlloc's memory is
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.host[uintptr_t(p)] = {n, true};
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+cudaError_t cudaFreeHost(void* ptr) {
+  State& st = state();
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.host.find(uintptr_t(ptr));
+    if (it == st.host.end() || !it->second.pinned) return cudaErrorInvalidValue;
+    st.host.erase(it);
+  }
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  if (!ptr || size == 0 || is_device_memory(ptr, 1)) return cudaErrorInvalidValue;
+  if (is_host_registered(ptr, 1)) return cudaErrorHostMemoryAlreadyRegistered;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.host[uintptr_t(ptr)] = {size, false};
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* ptr) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.host.find(uintptr_t(ptr));
+  if (it == st.host.end() || it->second.pinned) return cudaErrorHostMemoryNotRegistered;
+  st.host.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new_stream();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  return cudaStreamCreate(stream);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return cudaErrorInvalidResourceHandle;
+  drain(s);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->stop = true;
+  }
+  s->cv.notify_all();
+  s->worker.join();
+  {
+    std::lock_guard<std::mutex> lock(state().streams_mu);
+    auto& v = state().streams;
+    v.erase(std::remove(v.begin(), v.end(), s), v.end());
+  }
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  drain(resolve(s));
+  return sticky();
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventState> e = event->state;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    target = e->recorded;
+  }
+  if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for
+  enqueue(s, "cudaStreamWaitEvent", [e, target] {
+    std::unique_lock<std::mutex> lock(e->mu);
+    e->cv.wait(lock, [&] { return e->completed >= target; });
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  *event = new CUevent_st;
+  (*event)->state->timing = (flags & cudaEventDisableTiming) == 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  delete event;  // queued records and waits keep the state alive
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventState> e = event->state;
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    gen = ++e->recorded;
+  }
+  enqueue(s, "cudaEventRecord", [e, gen] {
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      e->completed = std::max(e->completed, gen);
+      e->when = std::chrono::steady_clock::now();
+    }
+    e->cv.notify_all();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  if (state().failed) return cudaErrorLaunchFailure;
+  EventState& e = *event->state;
+  std::lock_guard<std::mutex> lock(e.mu);
+  return e.completed >= e.recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  EventState& e = *event->state;
+  {
+    std::unique_lock<std::mutex> lock(e.mu);
+    const uint64_t target = e.recorded;
+    e.cv.wait(lock, [&] { return e.completed >= target; });
+  }
+  return sticky();
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start_event, cudaEvent_t end_event) {
+  if (!start_event || !end_event) return cudaErrorInvalidResourceHandle;
+  EventState &start = *start_event->state, &end = *end_event->state;
+  if (!start.timing || !end.timing) return cudaErrorInvalidResourceHandle;
+  std::scoped_lock lock(start.mu, end.mu);
+  if (start.completed < start.recorded || end.completed < end.recorded) return cudaErrorNotReady;
+  if (start.recorded == 0 || end.recorded == 0) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end.when - start.when).count();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const bool dst_dev = is_device_memory(dst, count), src_dev = is_device_memory(src, count);
+  if (kind == cudaMemcpyDefault) {
+    kind = dst_dev ? (src_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                   : (src_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  }
+  // Each side must be what `kind` says: a host pointer given as device memory faults on a GPU.
+  const bool want_dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool want_src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if (want_dst_dev != dst_dev || want_src_dev != src_dev) return cudaErrorInvalidValue;
+  if (sticky() != cudaSuccess) return sticky();
+  // Pageable host memory, as the CUDA documentation describes it: host to device waits for
+  // the stream's earlier work, copies the source to staging memory and returns, the transfer
+  // to the device still to come on the stream; device to host returns once the copy is done.
+  // Pinned or registered memory: truly asynchronous.
+  const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
+  const bool pageable = (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) &&
+                        !is_host_registered(host, count);
+  if (kind == cudaMemcpyHostToHost || (pageable && kind == cudaMemcpyDeviceToHost)) {
+    drain(resolve(stream));
+    std::memcpy(dst, src, count);
+    return cudaSuccess;
+  }
+  if (pageable) {
+    drain(resolve(stream));
+    auto staging = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                       static_cast<const char*>(src) + count);
+    enqueue(stream, "cudaMemcpyAsync (staged)", [dst, staging] {
+      if (!state().failed) std::memcpy(dst, staging->data(), staging->size());
+    });
+    return cudaSuccess;
+  }
+  enqueue(stream, "cudaMemcpyAsync", [dst, src, count] {
+    if (!state().failed) std::memcpy(dst, src, count);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  cudaError_t err = cudaMemcpyAsync(dst, src, count, kind, nullptr);
+  if (err != cudaSuccess) return err;
+  return cudaStreamSynchronize(nullptr);
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (!is_device_memory(dst, count)) return cudaErrorInvalidValue;
+  enqueue(stream, "cudaMemsetAsync", [dst, value, count] {
+    if (!state().failed) std::memset(dst, value, count);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
+  if (!fn) return cudaErrorInvalidValue;
+  enqueue(stream, "cudaLaunchHostFunc", [fn, user_data] { fn(user_data); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > (227 << 10)) {
+    return cudaErrorInvalidValue;
+  }
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.max_dynamic_smem[func] = value;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  if (sticky() != cudaSuccess) return sticky();
+  return std::exchange(t_last_error, cudaSuccess);
+}
+cudaError_t cudaPeekAtLastError(void) {
+  if (sticky() != cudaSuccess) return sticky();
+  return t_last_error;
+}
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  if (error == cudaErrorLaunchFailure) {
+    State& st = state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.failed) return st.failure.c_str();
+    return "unspecified launch failure";
+  }
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorNotReady:
+      return "device not ready";
+    default:
+      return cudaGetErrorName(error);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,642 @@
+// Every kernel file of the CUDA backend (kernels/cuda/*.cu), its launchers unchanged, on the CPU
+// emulation of CUDA (tests/cuda_emu/): each op runs in both thread orders (blocks, warps and
+// lanes forward, then reversed, which exposes a missing barrier or a block that reads another's
+// output) on fresh device buffers between guard pages, poisoned with NaN, and is compared with
+// the CPU backend's kernel on the same inputs: bit for bit where the two do the same arithmetic,
+// else within the stated tolerance. Sizes are odd on purpose (not multiples of a block, of 8 or
+// of 64). The two orders must agree bit for bit, except where a kernel sums with atomics (their
+// order is the hardware's choice): there within the tolerance.
+//
+// What this cannot prove (the GPU's own math functions and fp32 summation order, timing, the
+// real memory model) is left to tests/cuda_backend_test.cc on a GPU; docs/GPU.md has the list.
+#include <cublasLt.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "strata/device.h"
+#include "strata/kernels.h"
+#include "strata/optimizer.h"
+#include "tests/cuda_emu/control.h"
+#include "tests/cuda_twin.h"
+
+namespace strata {
+namespace {
+
+using cuda_test::expect_close;
+using cuda_test::random_floats;
+using cuda_test::to_bytes;
+
+// A buffer of an op: its bytes before the op and, for the comparison, its dtype.
+struct Buf {
+  std::vector<uint8_t> bytes;
+  DType dt = DType::kF32;
+};
+
+// How an output is compared: rtol 0 means bit for bit with the CPU backend; `atomic` means the
+// two thread orders may differ within rtol (the kernel sums with atomicAdd).
+struct Check {
+  int index;
+  const char* name;
+  double rtol = 0.0;
+  bool atomic = false;
+};
+
+using CpuOp = std::function<void(Kernels&, Stream&, void* const*)>;
+using CudaOp = std::function<Status(cudaStream_t, void* const*)>;
+
+class EmulatedKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cpu = create_cpu_device({.capacity = 256 << 20, .threads = 2});
+    ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+    cpu_ = std::move(cpu).value();
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cublasLtCreate(&blas_.handle), CUBLAS_STATUS_SUCCESS);
+    blas_.workspace_bytes = 1 << 20;
+    ASSERT_EQ(cudaMalloc(&blas_.workspace, blas_.workspace_bytes), cudaSuccess);
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    emu::set_order(emu::Order::kForward);
+    cudaFree(blas_.workspace);
+    cublasLtDestroy(blas_.handle);
+    cudaStreamDestroy(stream_);
+    EXPECT_EQ(emu::failure(), "");
+    emu::clear_failure();
+  }
+
+  Buf floats(size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
+    return {to_bytes(random_floats(rng_, n, lo, hi), dt), dt};
+  }
+  Buf ints(size_t n, int lo, int hi) {
+    std::uniform_int_distribution<int32_t> u(lo, hi);
+    std::vector<int32_t> v(n);
+    for (int32_t& x : v) x = u(rng_);
+    Buf b{std::vector<uint8_t>(n * 4), DType::kF32};
+    std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+    return b;
+  }
+
+  // Runs the op on the CPU backend and, in both orders, on the emulation; compares `checks`.
+  void check_op(const std::string& what, const std::vector<Buf>& bufs, const CpuOp& cpu,
+                const CudaOp& cuda, const std::vector<Check>& checks) {
+    SCOPED_TRACE(what + " (seed " + std::to_string(seed_) + ")");
+    std::vector<std::vector<uint8_t>> want(bufs.size());
+    std::vector<void*> cp(bufs.size());
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      want[i] = bufs[i].bytes;
+      cp[i] = want[i].empty() ? nullptr : want[i].data();
+    }
+    cpu(cpu_->kernels(), cpu_->compute_stream(), cp.data());
+    ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
+
+    std::vector<std::vector<uint8_t>> got[2];
+    for (int o = 0; o < 2; ++o) {
+      emu::set_order(o == 0 ? emu::Order::kForward : emu::Order::kReverse);
+      std::vector<void*> dp(bufs.size(), nullptr);
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        if (bufs[i].bytes.empty()) continue;
+        ASSERT_EQ(cudaMalloc(&dp[i], bufs[i].bytes.size()), cudaSuccess);
+        ASSERT_EQ(
+            cudaMemcpy(dp[i], bufs[i].bytes.data(), bufs[i].bytes.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+      }
+      Status st = cuda(stream_, dp.data());
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      const cudaError_t err = cudaStreamSynchronize(stream_);
+      ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+      got[o].resize(bufs.size());
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        if (!dp[i]) continue;
+        got[o][i].resize(bufs[i].bytes.size());
+        ASSERT_EQ(cudaMemcpy(got[o][i].data(), dp[i], got[o][i].size(), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaFree(dp[i]), cudaSuccess) << emu::failure();
+      }
+    }
+    for (const Check& c : checks) {
+      const DType dt = bufs[c.index].dt;
+      const std::vector<float> w = values(want[c.index], dt);
+      const std::vector<float> g0 = values(got[0][c.index], dt), g1 = values(got[1][c.index], dt);
+      if (c.atomic) {
+        expect_close(std::string(c.name) + ": reverse order against forward", g1, g0, c.rtol);
+      } else {
+        EXPECT_EQ(first_difference(got[0][c.index], got[1][c.index], dt), "")
+            << c.name << ": the thread order changed the result";
+      }
+      if (c.rtol == 0.0) {
+        EXPECT_EQ(first_difference(got[0][c.index], want[c.index], dt), "")
+            << c.name << ": not bit for bit the CPU backend's";
+      } else {
+        expect_close(std::string(c.name) + " against the CPU backend", g0, w, c.rtol);
+      }
+    }
+  }
+
+  static std::vector<float> values(const std::vector<uint8_t>& b, DType dt) {
+    std::vector<float> v(b.size() / dtype_size(dt));
+    convert(b.data(), dt, v.data(), DType::kF32, v.size());
+    return v;
+  }
+  static std::string first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b,
+                                      DType dt) {
+    if (a == b) return "";
+    const size_t es = dtype_size(dt);
+    for (size_t i = 0; i < a.size(); i += es) {
+      if (std::memcmp(&a[i], &b[i], es) == 0) continue;
+      float x, y;
+      convert(&a[i], dt, &x, DType::kF32, 1);
+      convert(&b[i], dt, &y, DType::kF32, 1);
+      return "element " + std::to_string(i / es) + ": " + std::to_string(x) + " vs " +
+             std::to_string(y);
+    }
+    return "sizes differ";
+  }
+
+  std::unique_ptr<Device> cpu_;
+  cudaStream_t stream_ = nullptr;
+  CudaBlas blas_;
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+};
+
+const DType kDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+std::string name(const char* op, DType dt) { return std::string(op) + " " + dtype_name(dt); }
+// Tolerance for ops whose CPU twin sums in another order or uses other math functions.
+double tol(DType dt, double f32) { return cuda_test::tol(dt, f32); }
+
+TEST_F(EmulatedKernels, Encoder) {
+  const int B = 3, T = 37, C = 45, V = 29;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("encoder_forward", dt),
+        {floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1), floats(size_t(V) * C, dt),
+         floats(size_t(T) * C, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), p[2], p[3], B, T, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), p[2], p[3], B, T,
+                                      C);
+        },
+        {{0, "out"}});
+    check_op(
+        name("encoder_backward", dt),
+        {floats(size_t(V) * C, DType::kF32), floats(size_t(T) * C, DType::kF32),
+         floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
+                             static_cast<int32_t*>(p[3]), B, T, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]),
+                                       p[2], static_cast<int32_t*>(p[3]), B, T, C);
+        },
+        {{0, "dwte", 1e-5, true}, {1, "dwpe", 1e-5}});
+  }
+}
+
+TEST_F(EmulatedKernels, LayerNorm) {
+  const int N = 37, C = 83;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("layernorm_forward", dt),
+        {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(N, DType::kF32),
+         floats(size_t(N) * C, dt, -2, 2), floats(C, dt), floats(C, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
+                              p[3], p[4], p[5], N, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]),
+                                        static_cast<float*>(p[2]), p[3], p[4], p[5], N, C);
+        },
+        {{0, "out", tol(dt, 1e-5)}, {1, "mean", 1e-5}, {2, "rstd", 1e-5}});
+    // Rows past one 256-row chunk of the parameter gradient's grid.
+    const int N2 = 300;
+    std::vector<float> mean(N2), rstd(N2);
+    for (int i = 0; i < N2; ++i) {
+      mean[i] = 0.1f * float(i % 7) - 0.3f;
+      rstd[i] = 0.5f + 0.01f * float(i % 13);
+    }
+    check_op(
+        name("layernorm_backward", dt),
+        {floats(size_t(N2) * C, dt),
+         floats(C, DType::kF32),
+         floats(C, DType::kF32),
+         floats(size_t(N2) * C, dt),
+         floats(size_t(N2) * C, dt, -2, 2),
+         floats(C, dt),
+         {to_bytes(mean, DType::kF32), DType::kF32},
+         {to_bytes(rstd, DType::kF32), DType::kF32}},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.layernorm_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
+                               p[3], p[4], p[5], static_cast<float*>(p[6]),
+                               static_cast<float*>(p[7]), N2, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_layernorm_backward(
+              s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3], p[4], p[5],
+              static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
+        },
+        {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}, {2, "dbias", 5e-5, true}});
+  }
+}
+
+TEST_F(EmulatedKernels, RmsNorm) {
+  const int N = 300, C = 77;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("rmsnorm_forward", dt),
+        {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(size_t(N) * C, dt, -2, 2),
+         floats(C, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f, N, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f, N,
+                                      C);
+        },
+        {{0, "out", tol(dt, 1e-5)}, {1, "rstd", 1e-5}});
+    std::vector<float> rstd(N);
+    for (int i = 0; i < N; ++i) rstd[i] = 0.5f + 0.01f * float(i % 13);
+    check_op(
+        name("rmsnorm_backward", dt),
+        {floats(size_t(N) * C, dt),
+         floats(C, DType::kF32),
+         floats(size_t(N) * C, dt),
+         floats(size_t(N) * C, dt, -2, 2),
+         floats(C, dt),
+         {to_bytes(rstd, DType::kF32), DType::kF32}},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.rmsnorm_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+                             static_cast<float*>(p[5]), N, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_rmsnorm_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+                                       static_cast<float*>(p[5]), N, C);
+        },
+        {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}});
+  }
+}
+
+TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
+  const int N = 37, C = 45, OC = 29;
+  for (DType dt : kDtypes) {
+    const double t = tol(dt, 5e-5);
+    check_op(
+        name("matmul_forward", dt),
+        {floats(size_t(N) * OC, dt), floats(size_t(N) * C, dt), floats(size_t(OC) * C, dt),
+         floats(OC, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.matmul_forward(s, dt, p[0], p[1], p[2], p[3], N, C, OC);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_matmul_forward(s, blas_, dt, p[0], p[1], p[2], p[3], N, C, OC);
+        },
+        {{0, "out", t}});
+    check_op(
+        name("matmul_backward", dt),
+        {floats(size_t(N) * C, dt), floats(size_t(OC) * C, DType::kF32), floats(OC, DType::kF32),
+         floats(size_t(N) * OC, dt), floats(size_t(N) * C, dt), floats(size_t(OC) * C, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.matmul_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3],
+                            p[4], p[5], N, C, OC);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_matmul_backward(s, blas_, dt, p[0], static_cast<float*>(p[1]),
+                                      static_cast<float*>(p[2]), p[3], p[4], p[5], N, C, OC);
+        },
+        {{0, "dinp", t}, {1, "dweight", t}, {2, "dbias", 5e-5, true}});
+  }
+}
+
+TEST_F(EmulatedKernels, AttentionWithGroupedQueryHeads) {
+  const int B = 2, T = 37, NH = 6, KVH = 2, hs = 10;
+  const size_t W = size_t(NH + 2 * KVH) * hs, att = size_t(B) * NH * T * T;
+  for (DType dt : kDtypes) {
+    const Buf qkv = floats(size_t(B) * T * W, dt, -2, 2);
+    check_op(
+        name("attention_gqa_forward", dt),
+        {floats(size_t(B) * T * NH * hs, dt), floats(att, DType::kF32), qkv},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH, KVH, hs);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH,
+                                            KVH, hs);
+        },
+        {{0, "out", tol(dt, 5e-5)}, {1, "att", 5e-5}});
+    // The backward from the CPU's probabilities (a valid softmax), so both start alike.
+    std::vector<uint8_t> out(size_t(B) * T * NH * hs * dtype_size(dt));
+    std::vector<float> probs(att);
+    cpu_->kernels().attention_gqa_forward(cpu_->compute_stream(), dt, out.data(), probs.data(),
+                                          qkv.bytes.data(), B, T, NH, KVH, hs);
+    ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
+    check_op(
+        name("attention_gqa_backward", dt),
+        {floats(size_t(B) * T * W, dt),
+         floats(att, DType::kF32),
+         floats(size_t(B) * T * NH * hs, dt),
+         qkv,
+         {to_bytes(probs, DType::kF32), DType::kF32}},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.attention_gqa_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
+                                   static_cast<float*>(p[4]), B, T, NH, KVH, hs);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_attention_gqa_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
+                                             static_cast<float*>(p[4]), B, T, NH, KVH, hs);
+        },
+        {{0, "dqkv", tol(dt, 5e-5)}});
+  }
+}
+
+TEST_F(EmulatedKernels, FusedAttention) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int hs : {64, 128}) {
+      const int B = 1, T = 77, NH = 4, NKV = 2;
+      const size_t W = size_t(NH + 2 * NKV) * hs, rows = size_t(B) * NH * T;
+      const Buf qkv = floats(size_t(B) * T * W, dt, -2, 2);
+      const double t = dt == DType::kBF16 ? 2e-2 : 4e-3;  // tensor-core rounding of P and dS
+      check_op(
+          name("fused_attention_forward", dt) + " hs " + std::to_string(hs),
+          {floats(size_t(B) * T * NH * hs, dt), floats(rows, DType::kF32), qkv},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH, NKV,
+                                      hs);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T,
+                                                NH, NKV, hs);
+          },
+          {{0, "out", t}, {1, "lse", 1e-4}});
+      std::vector<uint8_t> out(size_t(B) * T * NH * hs * dtype_size(dt));
+      std::vector<float> lse(rows);
+      cpu_->kernels().fused_attention_forward(cpu_->compute_stream(), dt, out.data(), lse.data(),
+                                              qkv.bytes.data(), B, T, NH, NKV, hs);
+      ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
+      check_op(
+          name("fused_attention_backward", dt) + " hs " + std::to_string(hs),
+          {floats(size_t(B) * T * W, dt),
+           floats(rows, DType::kF32),
+           floats(size_t(B) * T * NH * hs, dt),
+           qkv,
+           {out, dt},
+           {to_bytes(lse, DType::kF32), DType::kF32}},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+                                       static_cast<float*>(p[5]), B, T, NH, NKV, hs);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
+                                                 p[4], static_cast<float*>(p[5]), B, T, NH, NKV,
+                                                 hs);
+          },
+          {{0, "dqkv", t}});
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, SwiGluRopeGelu) {
+  const int N = 37, H = 45;
+  const size_t n = 1001;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("swiglu_forward", dt),
+        {floats(size_t(N) * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3)},
+        [&](Kernels& k, Stream& s, void* const* p) { k.swiglu_forward(s, dt, p[0], p[1], N, H); },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_swiglu_forward(s, dt, p[0], p[1], N, H);
+        },
+        {{0, "out", tol(dt, 1e-5)}});
+    check_op(
+        name("swiglu_backward", dt),
+        {floats(size_t(N) * 2 * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3),
+         floats(size_t(N) * H, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.swiglu_backward(s, dt, p[0], p[1], p[2], N, H);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_swiglu_backward(s, dt, p[0], p[1], p[2], N, H);
+        },
+        {{0, "dinp", tol(dt, 1e-5)}});
+    for (bool llama3 : {false, true}) {
+      const int B = 2, T = 37, NH = 6, KVH = 2, hs = 18;
+      RopeParams rope;
+      rope.llama3 = llama3;
+      rope.original_max_position = 16;
+      const size_t qkv = size_t(B) * T * (NH + 2 * KVH) * hs;
+      check_op(
+          name("rope_forward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.rope_forward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_rope_forward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+          },
+          {{0, "qkv", tol(dt, 1e-5)}});
+      check_op(
+          name("rope_backward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.rope_backward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_rope_backward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+          },
+          {{0, "dqkv", tol(dt, 1e-5)}});
+    }
+    check_op(
+        name("gelu_forward", dt), {floats(n, dt), floats(n, dt, -4, 4)},
+        [&](Kernels& k, Stream& s, void* const* p) { k.gelu_forward(s, dt, p[0], p[1], n); },
+        [&](cudaStream_t s, void* const* p) { return cuda_gelu_forward(s, dt, p[0], p[1], n); },
+        {{0, "out", tol(dt, 1e-5)}});
+    check_op(
+        name("gelu_backward", dt), {floats(n, dt), floats(n, dt, -4, 4), floats(n, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) { k.gelu_backward(s, dt, p[0], p[1], p[2], n); },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_gelu_backward(s, dt, p[0], p[1], p[2], n);
+        },
+        {{0, "dinp", tol(dt, 1e-5)}});
+  }
+}
+
+TEST_F(EmulatedKernels, ResidualCastAndScaleAreExact) {
+  const size_t n = 100003;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("residual_forward", dt), {floats(n, dt), floats(n, dt), floats(n, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.residual_forward(s, dt, p[0], p[1], p[2], n);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_residual_forward(s, dt, p[0], p[1], p[2], n);
+        },
+        {{0, "out"}});
+    check_op(
+        name("add_inplace", dt), {floats(n, dt), floats(n, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) { k.add_inplace(s, dt, p[0], p[1], n); },
+        [&](cudaStream_t s, void* const* p) { return cuda_add_inplace(s, dt, p[0], p[1], n); },
+        {{0, "dst"}});
+    for (DType to : kDtypes) {
+      check_op(
+          name("cast", dt) + " to " + dtype_name(to), {floats(n, to), floats(n, dt, -70000, 70000)},
+          [&](Kernels& k, Stream& s, void* const* p) { k.cast(s, p[0], to, p[1], dt, n); },
+          [&](cudaStream_t s, void* const* p) { return cuda_cast(s, p[0], to, p[1], dt, n); },
+          {{0, "dst"}});
+    }
+  }
+  check_op(
+      "scale", {floats(n, DType::kF32)},
+      [&](Kernels& k, Stream& s, void* const* p) {
+        k.scale(s, static_cast<float*>(p[0]), 0.37f, n);
+      },
+      [&](cudaStream_t s, void* const* p) {
+        return cuda_scale(s, static_cast<float*>(p[0]), 0.37f, n);
+      },
+      {{0, "x"}});
+}
+
+TEST_F(EmulatedKernels, CrossEntropy) {
+  const int N = 37, V = 1001, Vp = 1024;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("crossentropy_forward_backward", dt),
+        {floats(N, DType::kF32), floats(size_t(N) * Vp, dt, -4, 4), ints(N, 0, V - 1)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
+                                          static_cast<int32_t*>(p[2]), 1.0f / N, N, V, Vp);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
+                                                    static_cast<int32_t*>(p[2]), 1.0f / N, N, V,
+                                                    Vp);
+        },
+        {{0, "losses", 1e-5}, {1, "dlogits", tol(dt, 1e-5)}});
+  }
+}
+
+TEST_F(EmulatedKernels, NormAndNonFiniteFlag) {
+  for (size_t n : {size_t(1), size_t(1001), size_t(300007)}) {
+    for (bool bad : {false, true}) {
+      Buf x = floats(n, DType::kF32, -3, 3);
+      if (bad) {
+        const float inf = INFINITY;
+        std::memcpy(&x.bytes[(n / 2) * 4], &inf, 4);
+      }
+      std::vector<float> acc0 = {0.5f, 0.0f};
+      check_op(
+          "norm_sq_and_nonfinite n=" + std::to_string(n) + (bad ? " with an inf" : ""),
+          {{to_bytes(acc0, DType::kF32), DType::kF32},
+           x,
+           {std::vector<uint8_t>(kCudaReduceBlocks * 8), DType::kF32}},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.norm_sq_and_nonfinite(s, static_cast<float*>(p[0]), static_cast<float*>(p[1]), n);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_norm_sq_and_nonfinite(s, static_cast<double*>(p[2]),
+                                              static_cast<float*>(p[0]), static_cast<float*>(p[1]),
+                                              n);
+          },
+          {{0, "acc", bad ? 0.0 : 1e-6}});  // inf and the flag: exact
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, QuantizeIsBitExact) {
+  const size_t n = 1001;
+  for (int bits : {8, 4}) {
+    for (int block : {64, 100}) {
+      for (DType dt : kDtypes) {
+        const std::string what = name("quantize", dt) + " " + std::to_string(bits) +
+                                 " bits, block " + std::to_string(block);
+        Buf x = floats(n, dt, -5, 5);
+        if (block == 100) {  // a block with a nan: its scale is nan and its q zero
+          const std::vector<uint8_t> nan = to_bytes({NAN}, dt);
+          std::memcpy(&x.bytes[150 * dtype_size(dt)], nan.data(), nan.size());
+        }
+        const size_t nb = quantize_blocks(n, block);
+        check_op(
+            what,
+            {{std::vector<uint8_t>(quantized_bytes(bits, n), 0x5A), DType::kF32},
+             floats(nb, DType::kF32),
+             x},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.quantize(s, bits, dt, p[0], static_cast<float*>(p[1]), p[2], n, block);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_quantize(s, bits, dt, p[0], static_cast<float*>(p[1]), p[2], n, block);
+            },
+            {{1, "scales"}});
+        // q compared as bytes (Buf's dtype is only for reading values: fp32 words, exact).
+        std::vector<uint8_t> q(quantized_bytes(bits, n));
+        std::vector<float> scales(nb);
+        cpu_->kernels().quantize(cpu_->compute_stream(), bits, dt, q.data(), scales.data(),
+                                 x.bytes.data(), n, block);
+        ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
+        for (bool acc : {false, true}) {
+          check_op(
+              "de" + what + (acc ? " accumulating" : ""),
+              {floats(n, dt), {q, DType::kF32}, {to_bytes(scales, DType::kF32), DType::kF32}},
+              [&](Kernels& k, Stream& s, void* const* p) {
+                k.dequantize(s, bits, dt, p[0], p[1], static_cast<float*>(p[2]), n, block, acc);
+              },
+              [&](cudaStream_t s, void* const* p) {
+                return cuda_dequantize(s, bits, dt, p[0], p[1], static_cast<float*>(p[2]), n, block,
+                                       acc);
+              },
+              {{0, "x"}});
+        }
+      }
+    }
+  }
+}
+
+TEST_F(EmulatedKernels, OptimizerStepIsBitExact) {
+  const size_t n = 1001;
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdagrad,
+                             OptimizerKind::kLion}) {
+    for (DType moments : {DType::kF32, DType::kBF16}) {
+      for (DType grad : kDtypes) {
+        OptimizerHyper h;
+        h.kind = kind;
+        h.lr = 1e-2f;
+        h.weight_decay = 0.1f;
+        h.step = 3;
+        Buf v = floats(n, moments, 0.0f, 0.01f);
+        auto shard = [&](void* const* p) {
+          ShardState s;
+          s.n = n;
+          s.grad = p[0];
+          s.grad_dtype = grad;
+          s.grad_mult = 0.5f;
+          s.master = static_cast<float*>(p[1]);
+          s.m = p[2];
+          s.v = p[3];
+          s.moment_dtype = moments;
+          s.lp_out = p[4];
+          s.lp_dtype = DType::kBF16;
+          return s;
+        };
+        check_op(
+            std::string(optimizer_kind_name(kind)) + " moments " + dtype_name(moments) + " grad " +
+                dtype_name(grad),
+            {floats(n, grad), floats(n, DType::kF32), floats(n, moments, -0.1f, 0.1f), v,
+             floats(n, DType::kBF16)},
+            [&](Kernels& k, Stream& s, void* const* p) { k.optimizer_step(s, h, shard(p)); },
+            [&](cudaStream_t s, void* const* p) { return cuda_optimizer_step(s, h, shard(p)); },
+            {{1, "master"}, {2, "m"}, {3, "v"}, {4, "lp"}});
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Adversarial cases, round 2, that need the strata binary (docs/RELIABILITY.md): `strata export`
+# over another model's directory (refused, naming it; --force replaces it whole), an export that
+# fails leaving no empty directory, a config.json of a billion layers (an error, not an OOM
+# kill), and ZeRO++ keys on one rank (a warning naming them).
+# usage: hardening2_cli_test.sh STRATA_BINARY REPO_DIR
+set -uo pipefail
+strata=$1
+repo=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+check() {  # check NAME CONDITION...
+  local name=$1
+  shift
+  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
+}
+cd "$work"
+mkdir -p swap
+common=(--config "$repo/configs/tiny-cpu.json" --set 'train.checkpoint_dir="ck"'
+        --set 'zero_optimization.offload_optimizer.nvme_path="swap"' --set train.eval_interval=0
+        --set scheduler.params.warmup_num_steps=1 --set train.steps=1)
+"$strata" train "${common[@]}" --quiet >train.txt 2>&1
+check "a 1-step run trains" test -f ck/ckpt-00000001.bin
+
+# ZeRO++ keys on one rank: trained, with a warning naming them.
+check "ZeRO++ keys on one rank warn, naming the key" \
+  grep -q "zero_optimization.zero_quantized_weights.*one rank" \
+  <("$strata" train "${common[@]}" --quiet --set zero_optimization.zero_quantized_weights=true \
+      --set 'train.checkpoint_dir="ck-zpp"' 2>&1)
+
+# `strata export --out` over another model: refused, naming it, nothing changed.
+cp -r "$repo/tests/fixtures/hf/llama" base
+echo '{}' >base/generation_config.json
+sum_before=$(cat base/* | md5sum)
+"$strata" export "${common[@]}" --checkpoint ck --out base >over.txt 2>&1
+rc=$?
+check "export over another model exits 1" test "$rc" -eq 1
+check "export over another model names it" grep -q "holds a model (\"LlamaForCausalLM\")" over.txt
+check "export over another model says --force" grep -q -- "--force" over.txt
+check "export over another model changed nothing" test "$(cat base/* | md5sum)" = "$sum_before"
+# --force: one model in the directory, the new one.
+"$strata" export "${common[@]}" --checkpoint ck --out base --force >force.txt 2>&1
+rc=$?
+check "export --force exits 0" test "$rc" -eq 0
+check "export --force wrote the new weights" test -f base/model.safetensors
+check "export --force left none of the old shards" test -z "$(ls base | grep -e '-of-' -e index)"
+check "export --force removed the old generation_config.json" test ! -e base/generation_config.json
+check "export --force wrote GPT2LMHeadModel's config" grep -q GPT2LMHeadModel base/config.json
+# The same run's export again: no --force needed.
+"$strata" export "${common[@]}" --checkpoint ck --out base >again.txt 2>&1
+check "the same run exports again without --force" test $? -eq 0
+check "export --help lists --force" grep -q -- "--force" <("$strata" export --help 2>&1)
+
+# A failed export leaves no empty directory behind.
+cp ck/ckpt-00000001.bin damaged.bin
+size=$(stat -c %s damaged.bin)
+printf '\x5a\x5a\x5a\x5a' | dd of=damaged.bin bs=1 seek=$((size - 64)) conv=notrunc 2>/dev/null
+"$strata" export "${common[@]}" --checkpoint damaged.bin --out new/hf >failed.txt 2>&1
+rc=$?
+check "export of a damaged checkpoint exits 1" test "$rc" -eq 1
+check "a failed export leaves no directory" test ! -e new
+
+# A billion layers in a config.json: an error naming the key (before: the OOM killer).
+mkdir -p huge
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 1000000000/' \
+  "$repo/tests/fixtures/hf/llama/config.json" >huge/config.json
+python3 - "$repo/configs/tiny-cpu.json" >huge.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["model"] = {"from_pretrained": "huge"}
+print(json.dumps(c))
+PY
+(ulimit -v 4000000; "$strata" train --config huge.json --set 'train.checkpoint_dir="ck-huge"' \
+  >huge.txt 2>&1)
+rc=$?
+check "a billion layers exits 1 (not killed)" test "$rc" -eq 1
+check "a billion layers names num_hidden_layers" grep -q "num_hidden_layers" huge.txt
+
+# The largest model the ranges allow (4096 layers, width 65536, MLP 2^24, vocab 2^24): sized by
+# the planner in closed form (it used to walk each of ~10^9 optimizer sub-groups: 9 GB and
+# minutes, bad_alloc under a memory limit), and refused by the train preflight.
+python3 - "$repo/tests/fixtures/hf/llama/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(num_hidden_layers=4096, hidden_size=65536, num_attention_heads=512,
+         num_key_value_heads=8, head_dim=128, intermediate_size=1 << 24, vocab_size=1 << 24,
+         max_position_embeddings=1 << 24)
+json.dump(c, open("huge/config.json", "w"))
+PY
+sed -i 's/"from_pretrained": "huge"}/"from_pretrained": "huge", "context": 4096}/' huge.json
+(ulimit -v 4000000; timeout 120 "$strata" plan --config huge.json >plan-huge.txt 2>&1)
+rc=$?
+check "the largest model plans within 4 GB and 120 s (rc $rc)" test "$rc" -eq 0
+check "the largest model does not fit" grep -q "does NOT fit" plan-huge.txt
+(ulimit -v 4000000; timeout 120 "$strata" train --config huge.json \
+  --set 'train.checkpoint_dir="ck-huge"' >train-huge.txt 2>&1)
+rc=$?
+check "the largest model is refused by the preflight (rc $rc)" test "$rc" -eq 1
+check "the preflight names the host tier" grep -q "host tier needs" train-huge.txt
+exit $fail
