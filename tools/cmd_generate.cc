@@ -247,7 +247,8 @@ int cmd_generate(int argc, char** argv) {
   std::string text;
   bool decoded = false;
   if (have_tokenizer) {
-    Result<nlohmann::json> dec = tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}}.dump());
+    Result<nlohmann::json> dec =
+        tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}, {"prefix", ids}}.dump());
     if (dec.is_ok()) {
       text = (*dec)["text"].get<std::string>();
       decoded = true;
