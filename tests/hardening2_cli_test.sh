@@ -2,7 +2,8 @@
 # Adversarial cases, round 2, that need the strata binary (docs/RELIABILITY.md): `strata export`
 # over another model's directory (refused, naming it; --force replaces it whole), an export that
 # fails leaving no empty directory, a config.json of a billion layers (an error, not an OOM
-# kill), and ZeRO++ keys on one rank (a warning naming them).
+# kill), the largest model the ranges allow (planned, refused by the preflight and by generate
+# before allocating), and ZeRO++ keys on one rank (a warning naming them).
 # usage: hardening2_cli_test.sh STRATA_BINARY REPO_DIR
 set -uo pipefail
 strata=$1
@@ -52,6 +53,13 @@ check "export --force wrote GPT2LMHeadModel's config" grep -q GPT2LMHeadModel ba
 check "the same run exports again without --force" test $? -eq 0
 check "export --help lists --force" grep -q -- "--force" <("$strata" export --help 2>&1)
 
+# --temperature inf sampled uniformly at random (softmax(logits / inf)): refused.
+"$strata" generate --config "$repo/configs/tiny-cpu.json" --checkpoint ck --prompt-ids 1,2 \
+  --temperature inf >temp-inf.txt 2>&1
+rc=$?
+check "generate --temperature inf is bad usage (rc $rc)" test "$rc" -eq 2
+check "generate --temperature inf is named" grep -q "inf is not a finite number" temp-inf.txt
+
 # A failed export leaves no empty directory behind.
 cp ck/ckpt-00000001.bin damaged.bin
 size=$(stat -c %s damaged.bin)
@@ -98,4 +106,10 @@ check "the largest model does not fit" grep -q "does NOT fit" plan-huge.txt
 rc=$?
 check "the largest model is refused by the preflight (rc $rc)" test "$rc" -eq 1
 check "the preflight names the host tier" grep -q "host tier needs" train-huge.txt
+# strata generate holds the model in host memory: checked before it allocates (was bad_alloc).
+(ulimit -v 4000000; timeout 120 "$strata" generate --config huge.json --prompt-ids 1,2 \
+  >gen-huge.txt 2>&1)
+rc=$?
+check "generate of the largest model exits 1 (rc $rc)" test "$rc" -eq 1
+check "generate says the model does not fit in memory" grep -q "in host memory" gen-huge.txt
 exit $fail

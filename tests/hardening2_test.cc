@@ -276,6 +276,26 @@ TEST_F(Hardening2, FreshRunKeepsAnotherRunsMetrics) {
   fs::remove_all(dir);
 }
 
+TEST_F(Hardening2, FreshRunKeepsAnotherRunsCsvMetrics) {
+  const auto dir = temp_dir("csv");
+  const std::vector<std::string> csv = {"csv_monitor.enabled=true",
+                                        "csv_monitor.output_path=\"" + dir + "/mon\"",
+                                        "csv_monitor.job_name=\"j\""};
+  auto with = [&](std::vector<std::string> ov) {
+    ov.insert(ov.end(), csv.begin(), csv.end());
+    return ov;
+  };
+  must_train(small_config(dir + "/a", with({"train.steps=3"})));
+  must_train(small_config(dir + "/b", with({"train.steps=2"})));
+  // As DeepSpeed's csv_monitor ("a+"): each run appends its header and its rows.
+  std::ifstream f(dir + "/mon/j/loss.csv");
+  int headers = 0, rows = 0;
+  for (std::string line; std::getline(f, line);) (line == "step,loss" ? headers : rows) += 1;
+  EXPECT_EQ(headers, 2);
+  EXPECT_EQ(rows, 3 + 2) << "the first run's rows were lost";
+  fs::remove_all(dir);
+}
+
 // ---- WEAK: every kind of damage to the newest checkpoint falls back -----------------------------
 
 TEST_F(Hardening2, EveryDamageOfTheNewestCheckpointFallsBack) {
@@ -437,8 +457,8 @@ TEST_F(Hardening2, TiedConfigWithADistinctHeadLoadsUntiedAsInTransformers) {
       ASSERT_TRUE((*f)->read_as(*t, DType::kF32, embed.data()).is_ok());
     }
     std::vector<float> head = embed;
-    if (distinct) {
-      for (float& v : head) v += 0.5f;
+    if (distinct) {  // not a constant shift (the softmax would not see it)
+      for (size_t i = 0; i < head.size(); ++i) head[i] += 0.01f * float(i % 7);
     }
     add_tensor(base + "/model.safetensors", "lm_head.weight", {100, 32}, head);
     Config cfg = pretrained_config(dir, base);

@@ -2,10 +2,12 @@
 // --prompt-ids IDS) [options]`
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +20,10 @@
 #include "src/checkpoint/checkpoint.h"
 #include "src/model/architecture.h"
 #include "src/model/generate.h"
+#include "src/tiers/placement.h"
+#include "src/train/process_memory.h"
 #include "strata/config.h"
+#include "strata/log.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 
@@ -33,8 +38,9 @@ const char kUsage[] =
     "up to --max-new-tokens tokens, greedy (the default) or sampled with --temperature and\n"
     "--top-p, stopping at the end-of-sequence token (generation_config.json's eos_token_id) or\n"
     "at model.context. The weights are --checkpoint's, else model.from_pretrained's; they are\n"
-    "held in host memory in fp32 (4 bytes a parameter) and run on the CPU with a key/value\n"
-    "cache. Greedy decoding gives transformers' tokens. Tokenizing runs tools/hf_tokenizer.py\n"
+    "held in host memory in fp32 (4 bytes a parameter; a model that does not fit is refused\n"
+    "before anything is allocated) and run on the CPU with a key/value cache. Greedy decoding "
+    "gives transformers' tokens. Tokenizing runs tools/hf_tokenizer.py\n"
     "with $STRATA_PYTHON (default python3; it needs transformers or tokenizers).\n"
     "\n"
     "options:\n"
@@ -154,8 +160,9 @@ int cmd_generate(int argc, char** argv) {
     return cli.usage_error("--max-new-tokens: " + max_new + " is not a positive integer");
   }
   opt.max_new_tokens = int(n);
-  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0)) {
-    return cli.usage_error("--temperature: " + temperature + " is not a number >= 0");
+  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0) ||
+      !std::isfinite(opt.temperature)) {
+    return cli.usage_error("--temperature: " + temperature + " is not a finite number >= 0");
   }
   if (!parse_number(top_p, &opt.top_p) || !(opt.top_p > 0 && opt.top_p <= 1)) {
     return cli.usage_error("--top-p: " + top_p + " is not in (0, 1]");
@@ -211,6 +218,25 @@ int cmd_generate(int argc, char** argv) {
 
   auto arch = create_architecture(cfg->model);
   if (!arch.is_ok()) return cli.fail(arch.status().message());
+  // The weights and the cache must fit in memory before any of it is allocated (a model too
+  // large was a bad_alloc abort, or the OOM killer).
+  const uint64_t need = decoder_bytes(**arch);
+  uint64_t avail = host_available_bytes();
+  const char* limit = "MemAvailable";
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    const uint64_t used = proc_status_bytes("VmSize:");
+    const uint64_t room = rl.rlim_cur > used ? rl.rlim_cur - used : 0;
+    if (avail == 0 || room < avail) avail = room, limit = "the address-space limit (ulimit -v)";
+  }
+  if (avail > 0 && need > avail) {
+    return cli.fail(fmt::format(
+        "the model's fp32 weights and key/value cache take {} ({} parameters, context {}); "
+        "{} leaves {}: strata generate holds the whole model in host memory: use a smaller "
+        "model, or a shorter model.context for the cache",
+        format_bytes(double(need)), (*arch)->layout().num_params(), cfg->model.context, limit,
+        format_bytes(double(avail))));
+  }
   auto weights = load_master_weights(**arch, cfg->model, checkpoint);
   if (!weights.is_ok()) return cli.fail(weights.status().message());
   auto decoder = Decoder::create(**arch, std::move(*weights));
@@ -221,7 +247,8 @@ int cmd_generate(int argc, char** argv) {
   std::string text;
   bool decoded = false;
   if (have_tokenizer) {
-    Result<nlohmann::json> dec = tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}}.dump());
+    Result<nlohmann::json> dec =
+        tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}, {"prefix", ids}}.dump());
     if (dec.is_ok()) {
       text = (*dec)["text"].get<std::string>();
       decoded = true;

@@ -2,11 +2,12 @@
 """The model's tokenizer for `strata generate` (which runs this; off the hot path).
 
     hf_tokenizer.py encode DIR   < text          -> {"ids": [...], "eos": [...]}
-    hf_tokenizer.py decode DIR   < {"ids": [...]} -> {"text": "..."}
+    hf_tokenizer.py decode DIR   < {"ids": [...], "prefix": [...]} -> {"text": "..."}
 
 DIR is a Hugging Face model directory (model.from_pretrained, an export, or --tokenizer).
 encode adds the special tokens the tokenizer adds (Llama's BOS) and reports the ids generation
-stops at (generation_config.json's eos_token_id, else the tokenizer's EOS). Uses transformers'
+stops at (generation_config.json's eos_token_id, else the tokenizer's EOS); decode gives the
+text of `ids` as it reads after `prefix` (the prompt's ids). Uses transformers'
 AutoTokenizer when installed, else the `tokenizers` library on tokenizer.json. A failure is one
 line on stderr and exit 1.
 """
@@ -60,7 +61,13 @@ def main():
             text = sys.stdin.read()
             print(json.dumps({"ids": encode(text), "eos": stop_ids(d, eos)}))
         else:
-            print(json.dumps({"text": decode(json.load(sys.stdin)["ids"])}))
+            req = json.load(sys.stdin)
+            ids, prefix = req["ids"], req.get("prefix", [])
+            # The continuation as it reads after the prefix (a sentencepiece decode of the new
+            # ids alone drops the space their first token starts with).
+            whole, head = decode(prefix + ids), decode(prefix)
+            text = whole[len(head):] if whole.startswith(head) else decode(ids)
+            print(json.dumps({"text": text}))
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"hf_tokenizer.py {mode} {d}: {e}")
 

@@ -23,7 +23,7 @@ constexpr Command kCommands[] = {
     {"eval", strata::tools::cmd_eval,
      "mean next-token loss and perplexity of a model or checkpoint over a token file"},
     {"export", strata::tools::cmd_export,
-     "write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors)"},
+     "write a checkpoint's model as a Hugging Face model directory (weights, tokenizer)"},
     {"generate", strata::tools::cmd_generate,
      "a quick look at what a model says: greedy or sampled text from a prompt"},
     {"trace", strata::tools::cmd_trace,

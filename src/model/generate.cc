@@ -293,6 +293,14 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
   return w;
 }
 
+uint64_t decoder_bytes(const Architecture& arch) {
+  // Keys and values of num_key_value_heads heads (n_head for GPT-2) per layer and position.
+  const ModelConfig& s = arch.shape();
+  const uint64_t kv_width = uint64_t(s.num_key_value_heads) * uint64_t(s.n_embd / s.n_head);
+  return uint64_t(arch.layout().num_params()) * 4 +
+         2 * uint64_t(s.n_layer) * uint64_t(s.context) * kv_width * 4;
+}
+
 Result<std::unique_ptr<Decoder>> Decoder::create(const Architecture& arch,
                                                  std::vector<std::vector<float>> weights) {
   if (arch.name() == "llama") {

@@ -36,6 +36,11 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
                                                             const ModelConfig& model,
                                                             const std::string& checkpoint);
 
+// The host memory a decoder of `arch` holds: every module's fp32 master weights (what
+// load_master_weights allocates) and its cache (2 x layers x context x key/value width floats,
+// what Decoder::create allocates). For a check before either allocates.
+uint64_t decoder_bytes(const Architecture& arch);
+
 class Decoder {
  public:
   virtual ~Decoder() = default;

@@ -32,6 +32,8 @@ Result<Tier> parse_tier(const std::string& key, const std::string& v, bool allow
       fmt::format("{}: '{}' is not one of device, host{}", key, v, allow_nvme ? ", nvme" : ""));
 }
 
+}  // namespace
+
 size_t host_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key, unit;
@@ -41,8 +43,6 @@ size_t host_available_bytes() {
   }
   return 0;
 }
-
-}  // namespace
 
 Result<Placement> parse_placement(const Config& cfg) {
   Placement p;

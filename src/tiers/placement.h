@@ -68,6 +68,10 @@ inline constexpr uint64_t kSubGroupAlign = 2048;
 // sub-groups without knowing the key, and one with much RAM gets DeepSpeed's behaviour.
 uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count);
 
+// MemAvailable of /proc/meminfo, in bytes (0 when it cannot be read): what a new allocation
+// can take without pushing other processes out (the host tier's default budget is 90% of it).
+size_t host_available_bytes();
+
 // The default home of the gradient accumulators, for a user with little RAM. With
 // strata.placement.grads unset they stay on the host (parse_placement), except where the
 // optimizer state is on NVMe, the run is one rank without the delayed update (what gradients

@@ -100,10 +100,9 @@ Status TensorBoardWriter::add(int64_t step, const Scalars& scalars) {
   return file_.write_bytes(tensorboard_record(wall_now(), step, &scalars));
 }
 
-Result<std::unique_ptr<CsvMonitor>> CsvMonitor::open(const std::string& dir, bool append) {
+Result<std::unique_ptr<CsvMonitor>> CsvMonitor::open(const std::string& dir) {
   std::unique_ptr<CsvMonitor> m(new CsvMonitor());
   m->dir_ = dir;
-  m->append_ = append;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -119,9 +118,8 @@ Status CsvMonitor::add(int64_t step, const Scalars& scalars) {
     if (!f) {
       f = std::make_unique<MetricsLog>();
       const std::string path = dir_ + "/" + file_name_of(name) + ".csv";
-      const bool had = append_ && std::filesystem::exists(path);
-      Status st = f->open(path, append_, "csv_monitor.output_path");
-      if (st.is_ok() && !had) st = f->write_line("step," + name);
+      Status st = f->open(path, /*append=*/true, "csv_monitor.output_path");
+      if (st.is_ok()) st = f->write_line("step," + name);
       if (!st.is_ok()) {
         if (error_.is_ok()) {
           error_ = st;
@@ -138,7 +136,7 @@ Status CsvMonitor::add(int64_t step, const Scalars& scalars) {
 
 const Status& CsvMonitor::error() const { return error_; }
 
-Result<Monitors> Monitors::open(const Config& config, bool resumed) {
+Result<Monitors> Monitors::open(const Config& config) {
   Monitors m;
   auto dir_of = [&](const MonitorConfig& mc) {
     return (mc.output_path.empty() ? config.train.checkpoint_dir : mc.output_path) + "/" +
@@ -149,8 +147,7 @@ Result<Monitors> Monitors::open(const Config& config, bool resumed) {
                             "tensorboard");
   }
   if (config.csv_monitor.enabled) {
-    STRATA_ASSIGN_OR_RETURN(m.csv, CsvMonitor::open(dir_of(config.csv_monitor), resumed),
-                            "csv_monitor");
+    STRATA_ASSIGN_OR_RETURN(m.csv, CsvMonitor::open(dir_of(config.csv_monitor)), "csv_monitor");
   }
   return m;
 }

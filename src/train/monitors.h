@@ -12,8 +12,9 @@
 // {wall_time, step, summary {value {tag, simple_value}}...}. A new file per run (a resumed run
 // adds one; TensorBoard reads every file in the directory).
 //
-// CsvMonitor writes one <dir>/<metric>.csv per scalar ("step,<metric>" then a "step,value" row
-// per record; a resumed run appends), as DeepSpeed's csv_monitor does.
+// CsvMonitor writes one <dir>/<metric>.csv per scalar: each run (fresh or resumed) appends a
+// "step,<metric>" header, then a "step,value" row per record, as DeepSpeed's csv_monitor does
+// (its files are opened "a+"); a file is never truncated, so another run's rows are kept.
 //
 // Failures are never silent and never stop training: the first failed write of a file is a
 // warning naming the config key and the path, kept in error() for the CLI's exit status
@@ -55,14 +56,12 @@ class TensorBoardWriter {
 
 class CsvMonitor {
  public:
-  // `append`: a resumed run's rows go after the files' old ones.
-  static Result<std::unique_ptr<CsvMonitor>> open(const std::string& dir, bool append);
+  static Result<std::unique_ptr<CsvMonitor>> open(const std::string& dir);
   Status add(int64_t step, const Scalars& scalars);
   const Status& error() const;
 
  private:
   std::string dir_;
-  bool append_ = false;
   std::map<std::string, std::unique_ptr<MetricsLog>> files_;  // metric -> its file
   Status error_;
 };
@@ -72,7 +71,7 @@ struct Monitors {
   std::unique_ptr<TensorBoardWriter> tensorboard;
   std::unique_ptr<CsvMonitor> csv;
 
-  static Result<Monitors> open(const Config& config, bool resumed);
+  static Result<Monitors> open(const Config& config);
   // Writes the record to each; the first failure (also kept in error()).
   void add(int64_t step, const Scalars& scalars);
   // The first failure of any monitor, OK if none.

@@ -710,7 +710,7 @@ Result<TrainResult> Run::loop() {
     // Appended to, never truncated: each run's lines follow one naming its lineage.
     STRATA_RETURN_IF_ERROR(jsonl.open(log_path, /*append=*/true), "");
     jsonl.write_line(nlohmann::json{{"run_id", run_id_}, {"start_step", step_}}.dump()).ignore();
-    STRATA_ASSIGN_OR_RETURN(monitors, Monitors::open(cfg_, step_ > 0), "");
+    STRATA_ASSIGN_OR_RETURN(monitors, Monitors::open(cfg_), "");
   }
   const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
 
