@@ -311,14 +311,15 @@ Status write_checkpoint(const std::string& path, const CheckpointMeta& meta,
     const size_t n = meta.modules[i].numel;
     CheckpointBuffers b{};
     STRATA_RETURN_IF_ERROR(source(i, &b), "reading its state");
-    STRATA_RETURN_IF_ERROR(emit(b.master, n * 4), "");
+    STRATA_RETURN_IF_ERROR(emit(b.master, n * 4), "writing its master weights");
     for (void* mom : {b.m, b.v}) {
       const void* src = mom;
       if (!src) {
         zeros.assign(n * mb, 0);
         src = zeros.data();
       }
-      STRATA_RETURN_IF_ERROR(emit(src, n * mb), "");
+      STRATA_RETURN_IF_ERROR(emit(src, n * mb), mom == b.m ? "writing its first moments"
+                                                           : "writing its second moments");
     }
     return Status::ok();
   });
@@ -339,7 +340,8 @@ Status write_checkpoint_ranges(const std::string& path, const CheckpointMeta& me
         buf.resize(c * eb);
         STRATA_RETURN_IF_ERROR(read(i, part, o, c, buf.data()),
                                fmt::format("reading elements [{}, {}) of its state", o, o + c));
-        STRATA_RETURN_IF_ERROR(emit(buf.data(), c * eb), "");
+        STRATA_RETURN_IF_ERROR(emit(buf.data(), c * eb),
+                               fmt::format("writing elements [{}, {}) of its state", o, o + c));
       }
     }
     return Status::ok();
@@ -377,7 +379,7 @@ Status open_verified(const std::string& path, Fd* f, CheckpointMeta* meta, uint6
   uint32_t crc = 0;
   for (uint64_t off = *start; off < *start + plen;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), *start + plen - off));
-    STRATA_RETURN_IF_ERROR(read_all(f->fd, chunk.data(), n, path, off), "");
+    STRATA_RETURN_IF_ERROR(read_all(f->fd, chunk.data(), n, path, off), "verifying the payload");
     crc = crc32c(crc, chunk.data(), n);
     off += n;
   }
@@ -406,7 +408,8 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
     const size_t n = meta.modules[i].numel;
     CheckpointBuffers b{};
     STRATA_RETURN_IF_ERROR(staging(i, &b), "staging module " + meta.modules[i].name);
-    STRATA_RETURN_IF_ERROR(read_all(f.fd, b.master, n * 4, path, off), "");
+    STRATA_RETURN_IF_ERROR(read_all(f.fd, b.master, n * 4, path, off),
+                           "reading module " + meta.modules[i].name + " master weights");
     off += n * 4;
     for (void* mom : {b.m, b.v}) {
       void* dst = mom;
@@ -414,7 +417,8 @@ Status read_checkpoint(const std::string& path, const CheckpointSource& staging,
         sinkhole.resize(n * mb);
         dst = sinkhole.data();
       }
-      STRATA_RETURN_IF_ERROR(read_all(f.fd, dst, n * mb, path, off), "");
+      STRATA_RETURN_IF_ERROR(read_all(f.fd, dst, n * mb, path, off),
+                             "reading module " + meta.modules[i].name + " moments");
       off += n * mb;
     }
     STRATA_RETURN_IF_ERROR(sink(i, b), "storing module " + meta.modules[i].name);
@@ -558,7 +562,7 @@ Result<ShardManifest> read_shard_manifest(const std::string& path) {
 }
 
 Result<std::vector<std::string>> checkpoint_files(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(ShardManifest m, read_shard_manifest(path), "");
+  STRATA_ASSIGN_OR_RETURN(ShardManifest m, read_shard_manifest(path), "listing the shard set");
   return std::move(m.files);
 }
 

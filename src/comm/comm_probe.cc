@@ -91,7 +91,7 @@ Status run_quantized(Communicator& comm, const QuantizedCtx& q, const std::strin
     char* units = static_cast<char*>(q.scratch);
     char* mine = units + size_t(comm.rank()) * unit;
     quantize_packed(dev, s, 8, dtype, mine, send, count, kWeightBlock);
-    STRATA_RETURN_IF_ERROR(comm.all_gather_bytes(s, mine, units, unit), "");
+    STRATA_RETURN_IF_ERROR(comm.all_gather_bytes(s, mine, units, unit), "qwZ all_gather probe");
     for (int r = 0; r < comm.size(); ++r) {
       dequantize_packed(dev, s, 8, dtype, static_cast<char*>(recv) + size_t(r) * count * es,
                         units + size_t(r) * unit, count, kWeightBlock, false);
@@ -101,9 +101,9 @@ Status run_quantized(Communicator& comm, const QuantizedCtx& q, const std::strin
     STRATA_RETURN_IF_ERROR(
         q.zeropp->reduce_scatter(dev, s, static_cast<float*>(const_cast<void*>(send)),
                                  static_cast<float*>(recv), count, q.scratch, /*reuse_buf=*/false),
-        "");
+        "qgZ reduce_scatter probe");
   }
-  STRATA_RETURN_IF_ERROR(comm.synchronize(s), "");
+  STRATA_RETURN_IF_ERROR(comm.synchronize(s), "probe " + op);
   return q.zeropp ? q.zeropp->health() : Status::ok();
 }
 

@@ -609,7 +609,7 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
     PlanRequest r = request;
     r.model.shape.n_layer = layers;
     r.model.name = fmt::format("{}-{}L", request.model.name, layers);
-    STRATA_ASSIGN_OR_RETURN(PlanReport rep, make_plan(r), "");
+    STRATA_ASSIGN_OR_RETURN(PlanReport rep, make_plan(r), fmt::format("{} layers", layers));
     const bool ok = rep.best >= 0;
     if (out) *out = std::move(rep);
     return ok;

@@ -317,7 +317,7 @@ Result<std::string> run_machine_probe(
     STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(co), "machine probe");
   }
   json d;
-  STRATA_RETURN_IF_ERROR(probe_gemm(*dev, o, &d), "");
+  STRATA_RETURN_IF_ERROR(probe_gemm(*dev, o, &d), "probe: device GEMM rate");
   // The rate at smaller widths too: small GEMMs run far below the headline rate on CPUs, and
   // the planner interpolates this table at the model's width.
   json by = json::array();
@@ -348,7 +348,7 @@ Result<std::string> run_machine_probe(
   step(3, "host<->device bandwidth");
   if (dev->kind() == DeviceKind::kCuda) {
     json l;
-    STRATA_RETURN_IF_ERROR(probe_link(*dev, o, &l), "");
+    STRATA_RETURN_IF_ERROR(probe_link(*dev, o, &l), "probe: host<->device link");
     j["link"] = l;
   } else {
     j["link"] = no_gpu + "; the CPU backend's copies are host memcpy (host.copy_gbps)";

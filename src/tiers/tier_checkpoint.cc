@@ -120,7 +120,8 @@ Result<const float*> master_sub_group(Homes& H, Module& m, size_t j, PinnedBuffe
                            fmt::format("reading {} master weights (sub-group {})", m.name, j));
   } else {  // device memory the host cannot address
     Device& dev = H.device();
-    STRATA_RETURN_IF_ERROR(dev.synchronize(dev.compute_stream()), "");
+    STRATA_RETURN_IF_ERROR(dev.synchronize(dev.compute_stream()),
+                           fmt::format("waiting for {} master weights on the device", m.name));
     dev.copy_d2h(dev.d2h_stream(), piece->data(), static_cast<float*>(m.master.dev) + a, len * 4);
     STRATA_RETURN_IF_ERROR(dev.synchronize(dev.d2h_stream()),
                            "copying " + m.name + " master weights from the device");

@@ -69,7 +69,8 @@ Status DeviceCache::gather_zeropp(int m, void* mine) {
         opt_.param_comm->all_gather_bytes(h2d, units + size_t(rank) * unit, units, unit),
         "qwZ: gathering the int8 shards");
   } else {
-    STRATA_RETURN_IF_ERROR(opt_.param_comm->all_gather(h2d, mine, group, sn, dt_), "");
+    STRATA_RETURN_IF_ERROR(opt_.param_comm->all_gather(h2d, mine, group, sn, dt_),
+                           "gathering the parameter shards");
   }
   if (q) {
     for (int r = 0; r < P; ++r) {

@@ -92,7 +92,8 @@ Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::open(const std::st
   w->path_ =
       fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now), host, int(::getpid()));
   STRATA_RETURN_IF_ERROR(w->file_.open(w->path_, /*append=*/false, "tensorboard.output_path"), "");
-  STRATA_RETURN_IF_ERROR(w->file_.write_bytes(tensorboard_record(now, 0, nullptr)), "");
+  STRATA_RETURN_IF_ERROR(w->file_.write_bytes(tensorboard_record(now, 0, nullptr)),
+                         "tensorboard.output_path: the event file's first record");
   return w;
 }
 

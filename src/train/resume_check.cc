@@ -10,7 +10,7 @@ namespace strata {
 
 Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& mine,
                                 int64_t train_steps) {
-  STRATA_ASSIGN_OR_RETURN(ShardManifest man, read_shard_manifest(path), "");
+  STRATA_ASSIGN_OR_RETURN(ShardManifest man, read_shard_manifest(path), "resume check");
   ResumePlan plan;
   plan.files = man.files;
   plan.whole = man.step < 0;
@@ -19,7 +19,7 @@ Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& m
   std::vector<std::vector<std::pair<size_t, size_t>>> ranges(M);
   for (size_t f = 0; f < man.files.size(); ++f) {
     const std::string& file = man.files[f];
-    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(file), "");
+    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(file), "resume check");
     auto bad = [&](const std::string& what) {
       return invalid_argument(fmt::format("{}: {}", file, what));
     };

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "src/checkpoint/checkpoint.h"
 #include "src/comm/zeropp.h"
 #include "src/hf/export_dir.h"
 #include "src/hf/hf_checkpoint.h"
@@ -25,7 +26,6 @@
 #include "src/model/architecture.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
-#include "src/checkpoint/checkpoint.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"
@@ -350,7 +350,7 @@ Status Run::setup() {
     if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
     return init_or_resume();
   }
-  STRATA_RETURN_IF_ERROR(init_or_resume(), "");
+  STRATA_RETURN_IF_ERROR(init_or_resume(), "initial state");
   STRATA_RETURN_IF_ERROR(check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_,
                                                     cfg_.train.steps, passed_over_),
                          "");
@@ -394,7 +394,7 @@ Status Run::init_or_resume() {
     if (world_ > 1) {
       agree = [&](ResumeOutcome mine) -> Result<ResumeOutcome> {
         float worst = float(mine);
-        STRATA_RETURN_IF_ERROR(reduce(&worst, 1, ReduceOp::kMax), "");
+        STRATA_RETURN_IF_ERROR(reduce(&worst, 1, ReduceOp::kMax), "ranks agreeing on the resume");
         return ResumeOutcome(int(worst));
       };
     }
@@ -611,7 +611,8 @@ Result<double> Run::eval_loss() {
     tm_->begin_phase("eval");
     data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_);
     model_->begin_batch(tok_.data(), tgt_.data());
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}), "");
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}),
+                           "eval batch");
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
@@ -724,7 +725,9 @@ Result<TrainResult> Run::loop() {
     monitors.add(step, {{"eval_loss", el}});
     return Status::ok();
   };
-  if (step_ == 0 && cfg_.train.eval_interval > 0) STRATA_RETURN_IF_ERROR(do_eval(0), "");
+  if (step_ == 0 && cfg_.train.eval_interval > 0) {
+    STRATA_RETURN_IF_ERROR(do_eval(0), "eval before step 1");
+  }
 
   const auto t0 = Clock::now();
   const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
@@ -859,7 +862,7 @@ Result<TrainResult> Run::loop() {
       wl = StepWindow{};
     }
     if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
-      STRATA_RETURN_IF_ERROR(do_eval(step_), "");
+      STRATA_RETURN_IF_ERROR(do_eval(step_), fmt::format("eval at step {}", step_));
       // The eval's fetch waits, collectives and bytes moved are not the next step's.
       tm_->take_times();
       comm_mark = comm_now();
@@ -886,7 +889,8 @@ Result<TrainResult> Run::loop() {
     }
     if (cfg_.train.checkpoint_interval > 0 && step_ % cfg_.train.checkpoint_interval == 0 &&
         !last) {
-      STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "");
+      STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint),
+                             fmt::format("checkpoint at step {}", step_));
       comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
     }
   }
