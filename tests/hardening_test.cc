@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "src/base/safe_file.h"
-#include "src/plan/plan.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/plan/plan.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
 #include "src/train/metrics_log.h"

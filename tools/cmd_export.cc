@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "src/checkpoint/checkpoint.h"
 #include "src/hf/export_dir.h"
 #include "src/hf/hf_export.h"
-#include "src/checkpoint/checkpoint.h"
 #include "strata/config.h"
 #include "tools/cli.h"
 #include "tools/commands.h"

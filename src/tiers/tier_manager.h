@@ -47,10 +47,10 @@
 #include <string>
 #include <vector>
 
+#include "src/checkpoint/checkpoint.h"
 #include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "src/tiers/trace.h"
-#include "src/checkpoint/checkpoint.h"
 #include "strata/buffer_pool.h"
 #include "strata/comm.h"
 #include "strata/config.h"
