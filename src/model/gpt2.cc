@@ -17,14 +17,7 @@ class Gpt2Blocks {
   static constexpr uint64_t kInitStream = 0x9e11;
   static Status check(const ModelConfig&) { return Status::ok(); }
 
-  explicit Gpt2Blocks(const ModelConfig& s)
-      : L_(s.n_layer),
-        NH_(s.n_head),
-        C_(s.n_embd),
-        V_(s.vocab_size),
-        Vp_(s.padded_vocab_size),
-        maxT_(s.context),
-        tied_(s.tied_embeddings) {
+  explicit Gpt2Blocks(const ModelConfig& s) : s_(s) {
     ModuleSpec b;
     block_tensors(b);
     for (const char* n : {"ln1w", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "fcw", "fcb",
@@ -35,12 +28,12 @@ class Gpt2Blocks {
 
   // ---- layout ---------------------------------------------------------------------------------
   void embedding_tensors(ModuleSpec& m) const {
-    add_tensor(m, "wte", size_t(Vp_) * C_, 0);
-    add_tensor(m, "wpe", size_t(maxT_) * C_, 0, 0.01f);
+    add_tensor(m, "wte", size_t(s_.padded_vocab_size) * s_.n_embd, 0);
+    add_tensor(m, "wpe", size_t(s_.context) * s_.n_embd, 0, 0.01f);
   }
   void block_tensors(ModuleSpec& b) const {
-    const size_t C = size_t(C_);
-    const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L_));
+    const size_t C = size_t(s_.n_embd);
+    const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(s_.n_layer));
     add_tensor(b, "ln1w", C, 2);
     add_tensor(b, "ln1b", C, 1);
     add_tensor(b, "qkvw", 3 * C * C, 0);
@@ -55,12 +48,12 @@ class Gpt2Blocks {
     add_tensor(b, "fcprojb", C, 1);
   }
   void final_norm_tensors(ModuleSpec& m) const {
-    add_tensor(m, "lnfw", size_t(C_), 2);
-    add_tensor(m, "lnfb", size_t(C_), 1);
+    add_tensor(m, "lnfw", size_t(s_.n_embd), 2);
+    add_tensor(m, "lnfb", size_t(s_.n_embd), 1);
   }
-  int head_size() const { return C_ / NH_; }
+  int head_size() const { return s_.n_embd / s_.n_head; }
   double blocks_flops(int T) const {
-    const double C = C_, L = L_;
+    const double C = s_.n_embd, L = s_.n_layer;
     // 2 FLOPs per weight of each GEMM (12C^2 per block) + attention's QK^T and AV over the
     // whole T x T square (4TC per block).
     return 2.0 * 12.0 * C * C * L + 4.0 * T * C * L;
@@ -69,12 +62,13 @@ class Gpt2Blocks {
     return fmt::format(
         "GPT {} layers, {} heads, width {}, vocab {} (padded {}), context {}{}: {:.2f}M params "
         "in {} modules",
-        L_, NH_, C_, V_, Vp_, maxT_, tied_ ? "" : ", untied head",
-        double(layout.num_params()) / 1e6, layout.modules.size());
+        s_.n_layer, s_.n_head, s_.n_embd, s_.vocab_size, s_.padded_vocab_size, s_.context,
+        s_.tied_embeddings ? "" : ", untied head", double(layout.num_params()) / 1e6,
+        layout.modules.size());
   }
   std::string shape_string() const {
-    return fmt::format("L={} NH={} C={} V={} Vp={} T={} tied={}", L_, NH_, C_, V_, Vp_, maxT_,
-                       tied_);
+    return fmt::format("L={} NH={} C={} V={} Vp={} T={} tied={}", s_.n_layer, s_.n_head, s_.n_embd,
+                       s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
   bool hf_ignorable(const std::string& name) const {
@@ -112,51 +106,53 @@ class Gpt2Blocks {
     n->rstd = c.take_f32(d.N());
   }
   void carve(Carver& c, const BatchDims& d, AttentionActs* a) const {
-    a->qkv = c.take(d.N() * 3 * C_ * d.es());
-    a->atty = c.take(d.N() * C_ * d.es());
+    a->qkv = c.take(d.N() * 3 * s_.n_embd * d.es());
+    a->atty = c.take(d.N() * s_.n_embd * d.es());
     a->att = static_cast<float*>(c.take(att_bytes(d)));
   }
   void carve(Carver& c, const BatchDims& d, MlpActs* a) const {
-    a->fch = c.take(d.N() * 4 * C_ * d.es());
-    a->fch_gelu = c.take(d.N() * 4 * C_ * d.es());
+    a->fch = c.take(d.N() * 4 * s_.n_embd * d.es());
+    a->fch_gelu = c.take(d.N() * 4 * s_.n_embd * d.es());
   }
   void carve(Carver& c, const BatchDims& d, AttentionScratch* a) const {
-    a->datty = c.take(d.N() * C_ * d.es());
-    a->dqkv = c.take(d.N() * 3 * C_ * d.es());
+    a->datty = c.take(d.N() * s_.n_embd * d.es());
+    a->dqkv = c.take(d.N() * 3 * s_.n_embd * d.es());
     a->datt = static_cast<float*>(c.take(att_bytes(d)));
   }
   void carve(Carver& c, const BatchDims& d, MlpScratch* a) const {
-    a->dfch = c.take(d.N() * 4 * C_ * d.es());
-    a->dfch_gelu = c.take(d.N() * 4 * C_ * d.es());
+    a->dfch = c.take(d.N() * 4 * s_.n_embd * d.es());
+    a->dfch_gelu = c.take(d.N() * 4 * s_.n_embd * d.es());
   }
 
   // ---- compute --------------------------------------------------------------------------------
   void embedding_forward(const DecoderStep& st, const void* p, const int32_t* tokens,
                          void* out) const {
     const char* pb = static_cast<const char*>(p);
-    st.k->encoder_forward(*st.s, st.dt, out, tokens, pb, pb + size_t(Vp_) * C_ * st.es(), st.B,
-                          st.T, C_);
+    st.k->encoder_forward(*st.s, st.dt, out, tokens, pb,
+                          pb + size_t(s_.padded_vocab_size) * s_.n_embd * st.es(), st.B, st.T,
+                          s_.n_embd);
   }
   void embedding_backward(const DecoderStep& st, float* g, const void* dout,
                           const int32_t* tokens) const {
-    st.k->encoder_backward(*st.s, st.dt, g, g + size_t(Vp_) * C_, dout, tokens, st.B, st.T, C_);
+    st.k->encoder_backward(*st.s, st.dt, g, g + size_t(s_.padded_vocab_size) * s_.n_embd, dout,
+                           tokens, st.B, st.T, s_.n_embd);
   }
   void norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* in, void* out,
                     const NormStats& n) const {
     const char* w = param(p, st, norm_at(site));
-    st.k->layernorm_forward(*st.s, st.dt, out, n.mean, n.rstd, in, w, w + size_t(C_) * st.es(),
-                            int(st.N()), C_);
+    st.k->layernorm_forward(*st.s, st.dt, out, n.mean, n.rstd, in, w,
+                            w + size_t(s_.n_embd) * st.es(), int(st.N()), s_.n_embd);
   }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
-    st.k->layernorm_backward(*st.s, st.dt, din, g + at, g + at + C_, dout, in, param(p, st, at),
-                             n.mean, n.rstd, int(st.N()), C_);
+    st.k->layernorm_backward(*st.s, st.dt, din, g + at, g + at + s_.n_embd, dout, in,
+                             param(p, st, at), n.mean, n.rstd, int(st.N()), s_.n_embd);
   }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
                          const AttentionActs& a, void* out) const {
     Kernels& k = *st.k;
-    const int N = int(st.N()), C = C_, NH = NH_;
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
     k.matmul_forward(*st.s, st.dt, a.qkv, in, param(p, st, at_[kQkvw]), param(p, st, at_[kQkvb]), N,
                      C, 3 * C);
     if (st.fused) {
@@ -172,7 +168,7 @@ class Gpt2Blocks {
                           void* din) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_, NH = NH_;
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
     const size_t NC = size_t(N) * C, es = st.es();
     st.zero(d.datty, NC * es);
     k.matmul_backward(s, st.dt, d.datty, g + at_[kAttprojw], g + at_[kAttprojb], dout, a.atty,
@@ -191,7 +187,7 @@ class Gpt2Blocks {
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
                    void* out) const {
     Kernels& k = *st.k;
-    const int N = int(st.N()), C = C_;
+    const int N = int(st.N()), C = s_.n_embd;
     k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
                      C, 4 * C);
     k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
@@ -202,7 +198,7 @@ class Gpt2Blocks {
                     const void* in, const MlpActs& a, const MlpScratch& d, void* din) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_;
+    const int N = int(st.N()), C = s_.n_embd;
     const size_t NC = size_t(N) * C, es = st.es();
     st.zero(d.dfch_gelu, NC * 4 * es);
     k.matmul_backward(s, st.dt, d.dfch_gelu, g + at_[kFcprojw], g + at_[kFcprojb], dout, a.fch_gelu,
@@ -225,16 +221,15 @@ class Gpt2Blocks {
     return site == NormSite::kBlockIn ? at_[kLn1w] : site == NormSite::kBlockMid ? at_[kLn2w] : 0;
   }
   size_t att_bytes(const BatchDims& d) const {
-    return size_t(d.B) * size_t(NH_) * size_t(d.T) * (d.fused ? 1 : size_t(d.T)) * 4;
+    return size_t(d.B) * size_t(s_.n_head) * size_t(d.T) * (d.fused ? 1 : size_t(d.T)) * 4;
   }
 
-  int L_, NH_, C_, V_, Vp_, maxT_;
-  bool tied_;
+  ModelConfig s_;  // the resolved shape (decoder_shape)
   std::vector<size_t> at_;
 };
 
 std::vector<HfTensor> Gpt2Blocks::hf_tensors(const ModuleSpec& m) const {
-  const int64_t C = C_, V = V_, T = maxT_;
+  const int64_t C = s_.n_embd, V = s_.vocab_size, T = s_.context;
   const std::string block =
       m.name.rfind("block.", 0) == 0 ? "h." + m.name.substr(6) + "." : std::string();
   struct Name {

@@ -69,23 +69,12 @@ class LlamaBlocks {
   }
 
   explicit LlamaBlocks(const ModelConfig& s)
-      : L_(s.n_layer),
-        NH_(s.n_head),
-        KVH_(s.num_key_value_heads),
-        C_(s.n_embd),
-        I_(s.intermediate_size),
-        V_(s.vocab_size),
-        Vp_(s.padded_vocab_size),
-        maxT_(s.context),
-        tied_(s.tied_embeddings),
-        bias_(s.attention_bias),
-        eps_(float(s.rms_norm_eps)),
-        rope_(llama_rope(s)) {
+      : s_(s), eps_(float(s.rms_norm_eps)), rope_(llama_rope(s)) {
     ModuleSpec b;
     block_tensors(b);
     ln1w_ = tensor_offset(b, "input_layernorm");
     qkvw_ = tensor_offset(b, "q_proj");
-    qkvb_ = bias_ ? tensor_offset(b, "q_bias") : 0;
+    qkvb_ = s_.attention_bias ? tensor_offset(b, "q_bias") : 0;
     ow_ = tensor_offset(b, "o_proj");
     ln2w_ = tensor_offset(b, "post_attention_layernorm");
     guw_ = tensor_offset(b, "gate_proj");
@@ -94,15 +83,16 @@ class LlamaBlocks {
 
   // ---- layout ---------------------------------------------------------------------------------
   void embedding_tensors(ModuleSpec& m) const {
-    add_tensor(m, "embed_tokens", size_t(Vp_) * C_, 0);
+    add_tensor(m, "embed_tokens", size_t(s_.padded_vocab_size) * s_.n_embd, 0);
   }
   void block_tensors(ModuleSpec& b) const {
-    const size_t C = C_, I = I_, Q = size_t(NH_) * hs(), KV = size_t(KVH_) * hs();
+    const size_t C = s_.n_embd, I = s_.intermediate_size, Q = size_t(s_.n_head) * hs(),
+                 KV = size_t(s_.num_key_value_heads) * hs();
     add_tensor(b, "input_layernorm", C, 2);
     add_tensor(b, "q_proj", Q * C, 0);
     add_tensor(b, "k_proj", KV * C, 0);
     add_tensor(b, "v_proj", KV * C, 0);
-    if (bias_) {
+    if (s_.attention_bias) {
       add_tensor(b, "q_bias", Q, 1);
       add_tensor(b, "k_bias", KV, 1);
       add_tensor(b, "v_bias", KV, 1);
@@ -113,10 +103,11 @@ class LlamaBlocks {
     add_tensor(b, "up_proj", I * C, 0);
     add_tensor(b, "down_proj", C * I, 0);
   }
-  void final_norm_tensors(ModuleSpec& m) const { add_tensor(m, "norm", size_t(C_), 2); }
+  void final_norm_tensors(ModuleSpec& m) const { add_tensor(m, "norm", size_t(s_.n_embd), 2); }
   int head_size() const { return hs(); }
   double blocks_flops(int T) const {
-    const double C = C_, L = L_, W = qkv_width(), A = double(NH_) * hs(), I = I_;
+    const double C = s_.n_embd, L = s_.n_layer, W = qkv_width(), A = double(s_.n_head) * hs(),
+                 I = s_.intermediate_size;
     // 2 FLOPs per weight of each GEMM (qkv C x W, o_proj A x C, gate/up/down 3 C x I) +
     // attention's QK^T and AV over the whole T x T square (4 T A per block).
     return 2.0 * (C * W + A * C + 3.0 * C * I) * L + 4.0 * T * A * L;
@@ -125,16 +116,20 @@ class LlamaBlocks {
     return fmt::format(
         "Llama {} layers, {} heads ({} key/value), width {}, MLP {}, vocab {} (padded {}), "
         "context {}, rope theta {}{}{}{}: {:.2f}M params in {} modules",
-        L_, NH_, KVH_, C_, I_, V_, Vp_, maxT_, rope_.theta, rope_.llama3 ? " (llama3 scaling)" : "",
-        bias_ ? ", qkv bias" : "", tied_ ? ", tied head" : "", double(layout.num_params()) / 1e6,
+        s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
+        s_.vocab_size, s_.padded_vocab_size, s_.context, rope_.theta,
+        rope_.llama3 ? " (llama3 scaling)" : "", s_.attention_bias ? ", qkv bias" : "",
+        s_.tied_embeddings ? ", tied head" : "", double(layout.num_params()) / 1e6,
         layout.modules.size());
   }
   std::string shape_string() const {
     return fmt::format(
         "llama L={} NH={} KVH={} C={} I={} V={} Vp={} T={} tied={} qkv_bias={} eps={} theta={} "
         "llama3={} factor={} low={} high={} orig={}",
-        L_, NH_, KVH_, C_, I_, V_, Vp_, maxT_, tied_, bias_, eps_, rope_.theta, rope_.llama3,
-        rope_.factor, rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
+        s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
+        s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings, s_.attention_bias,
+        eps_, rope_.theta, rope_.llama3, rope_.factor, rope_.low_freq_factor,
+        rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
   bool hf_ignorable(const std::string& name) const {
@@ -167,51 +162,52 @@ class LlamaBlocks {
   void carve(Carver& c, const BatchDims& d, NormStats* n) const { n->rstd = c.take_f32(d.N()); }
   void carve(Carver& c, const BatchDims& d, AttentionActs* a) const {
     a->qkv = c.take(d.N() * size_t(qkv_width()) * d.es());
-    a->atty = c.take(d.N() * size_t(NH_) * hs() * d.es());
+    a->atty = c.take(d.N() * size_t(s_.n_head) * hs() * d.es());
     a->att = static_cast<float*>(c.take(att_bytes(d)));
   }
   void carve(Carver& c, const BatchDims& d, MlpActs* a) const {
-    a->gu = c.take(d.N() * 2 * size_t(I_) * d.es());
-    a->act = c.take(d.N() * size_t(I_) * d.es());
+    a->gu = c.take(d.N() * 2 * size_t(s_.intermediate_size) * d.es());
+    a->act = c.take(d.N() * size_t(s_.intermediate_size) * d.es());
   }
   void carve(Carver& c, const BatchDims& d, AttentionScratch* a) const {
-    a->datty = c.take(d.N() * size_t(NH_) * hs() * d.es());
+    a->datty = c.take(d.N() * size_t(s_.n_head) * hs() * d.es());
     a->dqkv = c.take(d.N() * size_t(qkv_width()) * d.es());
     a->datt = static_cast<float*>(c.take(att_bytes(d)));
   }
   void carve(Carver& c, const BatchDims& d, MlpScratch* a) const {
-    a->dgu = c.take(d.N() * 2 * size_t(I_) * d.es());
-    a->dact = c.take(d.N() * size_t(I_) * d.es());
+    a->dgu = c.take(d.N() * 2 * size_t(s_.intermediate_size) * d.es());
+    a->dact = c.take(d.N() * size_t(s_.intermediate_size) * d.es());
   }
 
   // ---- compute --------------------------------------------------------------------------------
   void embedding_forward(const DecoderStep& st, const void* p, const int32_t* tokens,
                          void* out) const {
-    st.k->encoder_forward(*st.s, st.dt, out, tokens, p, nullptr, st.B, st.T, C_);
+    st.k->encoder_forward(*st.s, st.dt, out, tokens, p, nullptr, st.B, st.T, s_.n_embd);
   }
   void embedding_backward(const DecoderStep& st, float* g, const void* dout,
                           const int32_t* tokens) const {
-    st.k->encoder_backward(*st.s, st.dt, g, nullptr, dout, tokens, st.B, st.T, C_);
+    st.k->encoder_backward(*st.s, st.dt, g, nullptr, dout, tokens, st.B, st.T, s_.n_embd);
   }
   void norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* in, void* out,
                     const NormStats& n) const {
     st.k->rmsnorm_forward(*st.s, st.dt, out, n.rstd, in, param(p, st, norm_at(site)), eps_,
-                          int(st.N()), C_);
+                          int(st.N()), s_.n_embd);
   }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
     st.k->rmsnorm_backward(*st.s, st.dt, din, g + at, dout, in, param(p, st, at), n.rstd,
-                           int(st.N()), C_);
+                           int(st.N()), s_.n_embd);
   }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
                          const AttentionActs& a, void* out) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_, NH = NH_, KVH = KVH_, hs = this->hs();
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head, KVH = s_.num_key_value_heads,
+              hs = this->hs();
     const int W = qkv_width(), A = NH * hs;
     k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
-                     bias_ ? param(p, st, qkvb_) : nullptr, N, C, W);
+                     s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
     k.rope_forward(s, st.dt, a.qkv, rope_, st.B, st.T, NH, KVH, hs);
     if (st.fused) {
       k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
@@ -225,7 +221,8 @@ class LlamaBlocks {
                           void* din) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_, NH = NH_, KVH = KVH_, hs = this->hs();
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head, KVH = s_.num_key_value_heads,
+              hs = this->hs();
     const int W = qkv_width(), A = NH * hs;
     const size_t es = st.es();
     st.zero(d.datty, size_t(N) * A * es);
@@ -242,14 +239,14 @@ class LlamaBlocks {
     // From the rotated q/k back to the projections' outputs.
     k.rope_backward(s, st.dt, d.dqkv, rope_, st.B, st.T, NH, KVH, hs);
     st.zero(din, size_t(N) * C * es);
-    k.matmul_backward(s, st.dt, din, g + qkvw_, bias_ ? g + qkvb_ : nullptr, d.dqkv, in,
+    k.matmul_backward(s, st.dt, din, g + qkvw_, s_.attention_bias ? g + qkvb_ : nullptr, d.dqkv, in,
                       param(p, st, qkvw_), N, C, W);
   }
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
                    void* out) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_, I = I_;
+    const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
     k.matmul_forward(s, st.dt, a.gu, in, param(p, st, guw_), nullptr, N, C, 2 * I);
     k.swiglu_forward(s, st.dt, a.act, a.gu, N, I);
     k.matmul_forward(s, st.dt, out, a.act, param(p, st, downw_), nullptr, N, I, C);
@@ -258,7 +255,7 @@ class LlamaBlocks {
                     const void* in, const MlpActs& a, const MlpScratch& d, void* din) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
-    const int N = int(st.N()), C = C_, I = I_;
+    const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
     const size_t es = st.es();
     st.zero(d.dact, size_t(N) * I * es);
     k.matmul_backward(s, st.dt, d.dact, g + downw_, nullptr, dout, a.act, param(p, st, downw_), N,
@@ -270,8 +267,8 @@ class LlamaBlocks {
   }
 
  private:
-  int hs() const { return C_ / NH_; }
-  int qkv_width() const { return (NH_ + 2 * KVH_) * hs(); }  // W
+  int hs() const { return s_.n_embd / s_.n_head; }
+  int qkv_width() const { return (s_.n_head + 2 * s_.num_key_value_heads) * hs(); }  // W
   static const char* param(const void* p, const DecoderStep& st, size_t at) {
     return static_cast<const char*>(p) + at * st.es();
   }
@@ -279,11 +276,10 @@ class LlamaBlocks {
     return site == NormSite::kBlockIn ? ln1w_ : site == NormSite::kBlockMid ? ln2w_ : 0;
   }
   size_t att_bytes(const BatchDims& d) const {
-    return size_t(d.B) * size_t(NH_) * size_t(d.T) * (d.fused ? 1 : size_t(d.T)) * 4;
+    return size_t(d.B) * size_t(s_.n_head) * size_t(d.T) * (d.fused ? 1 : size_t(d.T)) * 4;
   }
 
-  int L_, NH_, KVH_, C_, I_, V_, Vp_, maxT_;
-  bool tied_, bias_;
+  ModelConfig s_;  // the resolved shape (decoder_shape)
   float eps_;
   RopeParams rope_;
   // The block tensors' offsets (elements) in its flat buffer.
@@ -291,7 +287,8 @@ class LlamaBlocks {
 };
 
 std::vector<HfTensor> LlamaBlocks::hf_tensors(const ModuleSpec& m) const {
-  const int64_t C = C_, V = V_, I = I_, Q = int64_t(NH_) * hs(), KV = int64_t(KVH_) * hs();
+  const int64_t C = s_.n_embd, V = s_.vocab_size, I = s_.intermediate_size,
+                Q = int64_t(s_.n_head) * hs(), KV = int64_t(s_.num_key_value_heads) * hs();
   std::vector<HfTensor> out;
   const std::string block =
       m.name.rfind("block.", 0) == 0 ? "model.layers." + m.name.substr(6) + "." : std::string();
