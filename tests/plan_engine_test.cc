@@ -144,7 +144,8 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
           };
           // The engine's verdict: rank 0 of `world` on a device of `device_cap` with a host
           // budget of `host_cap` per rank.
-          auto build = [&](size_t device_cap, size_t host_cap) -> Status {
+          // `shortfall` receives which tiers the preflight found short.
+          auto build = [&](size_t device_cap, size_t host_cap, TierShortfall* shortfall) -> Status {
             auto dev = create_cpu_device({.capacity = device_cap, .threads = 1});
             if (!dev.is_ok()) return dev.status();
             Config ec = *cfg;
@@ -160,7 +161,8 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
               to.param_comm = &pc;
               to.grad_comm = &gc;
             }
-            auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts.bytes);
+            auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, acts.bytes,
+                                          shortfall);
             return tm.is_ok() ? Status::ok() : tm.status();
           };
 
@@ -175,18 +177,24 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
             const uint64_t h = uint64_t(int64_t(host_need) + slack);
             // Device short (the host with room).
             const PlanOption pd = plan(d, (host_need + (1 << 20)) * uint64_t(world));
-            const Status ed = build(size_t(d), size_t(host_need + (1 << 20)));
+            TierShortfall sd, sh;
+            const Status ed = build(size_t(d), size_t(host_need + (1 << 20)), &sd);
             EXPECT_EQ(pd.fits, ed.is_ok())
                 << what << " device slack " << slack << ": " << ed.message()
                 << " | planner: " << (pd.why.empty() ? std::string("fits") : pd.why[0]);
             EXPECT_EQ(ed.is_ok(), slack == 0) << what << " device slack " << slack;
+            // The preflight says which tier was short (the trainer's advice reads it).
+            EXPECT_EQ(sd.device, slack != 0) << what;
+            EXPECT_FALSE(sd.host) << what;
             // Host short (the device at its need).
             const PlanOption ph = plan(dev_need, h * uint64_t(world));
-            const Status eh = build(size_t(dev_need), size_t(h));
+            const Status eh = build(size_t(dev_need), size_t(h), &sh);
             EXPECT_EQ(ph.fits, eh.is_ok())
                 << what << " host slack " << slack << ": " << eh.message()
                 << " | planner: " << (ph.why.empty() ? std::string("fits") : ph.why[0]);
             if (slack == 0) EXPECT_TRUE(eh.is_ok()) << what << ": " << eh.message();
+            EXPECT_EQ(sh.host, !eh.is_ok()) << what;
+            EXPECT_FALSE(sh.device) << what;
             ++checked;
           }
         }
