@@ -17,29 +17,13 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/plan_util.h"
 
 namespace strata {
 namespace {
 
-PlacementOption find(const std::string& name) {
-  for (const auto& p : placement_options()) {
-    if (p.name == name) return p;
-  }
-  ADD_FAILURE() << "no placement " << name;
-  return {};
-}
-
-PlanRequest small_request() {
-  PlanRequest r;
-  r.model = gpt_model("t", 1, 64, 1, 64, 64);
-  r.micro_batch = 1;
-  r.seq = 64;
-  r.hw.gpu_mem = uint64_t{1} << 30;
-  r.hw.host_mem = uint64_t{1} << 30;
-  r.hw.nvme_paths = {"/tmp"};
-  r.profile = default_profile(true);
-  return r;
-}
+using test::small_request;
+PlacementOption find(const std::string& name) { return test::find_placement(name); }
 
 // A communicator that only says its shape: rank `rank` of `size` on one node, host buffers. What
 // TierManager::create reads of its communicators; every collective fails.
