@@ -507,7 +507,8 @@ std::vector<Key> build_table() {
         "dtype of Adam moments", nullptr));
   add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),
         "step each module's optimizer state under the rest of backward, exact (rolled back and "
-        "redone when clipping or an overflow says so)",
+        "redone when clipping or an overflow says so); while clipping bites, each step is "
+        "deferred to the next forward instead (module i stepped just before its forward)",
         nullptr));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1's forward and backward (one step stale: changes "
