@@ -8,14 +8,8 @@
 set -uo pipefail
 strata=$1
 repo=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
-check() {  # check NAME CONDITION...
-  local name=$1
-  shift
-  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
-}
+# shellcheck source=tests/cli_lib.sh
+. "$(dirname "$0")/cli_lib.sh"
 cd "$work"
 mkdir -p swap
 common=(--config "$repo/configs/tiny-cpu.json" --set 'train.checkpoint_dir="ck"'

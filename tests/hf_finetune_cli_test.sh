@@ -12,15 +12,8 @@ set -uo pipefail
 strata=$1
 repo=$2
 py=${STRATA_HF_PYTHON:-python3}
-work=$(mktemp -d)
-[ -n "${KEEP:-}" ] && echo "work dir: $work"
-trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-fail=0
-check() {  # check NAME CONDITION...
-  local name=$1
-  shift
-  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; fail=1; fi
-}
+# shellcheck source=tests/cli_lib.sh
+. "$(dirname "$0")/cli_lib.sh"
 json() {  # json FILE EXPR: a value of the JSON document in FILE (`d` in EXPR)
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"
 }
