@@ -277,9 +277,9 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
   uint64_t read[2] = {0, 0};
   for (int pf = 0; pf < 2; ++pf) {
     auto ov = nvme(dir + std::to_string(pf), true, false);
-    for (std::string s : {"train.steps=12", "scheduler.params.warmup_num_steps=2",
-                          "device.memory_limit=\"8MiB\"",
-                          "zero_optimization.offload_optimizer.device=\"cpu\""}) {
+    for (std::string s :
+         {"train.steps=12", "scheduler.params.warmup_num_steps=2", "device.memory_limit=\"8MiB\"",
+          "zero_optimization.offload_optimizer.device=\"cpu\""}) {
       ov.push_back(s);
     }
     ov.push_back(fmt::format("zero_optimization.stage3_prefetch_bucket_size={}", pf ? 1000000 : 0));
@@ -291,8 +291,8 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
     EXPECT_GT(nv.bytes_out, 4 * nv.bytes_in) << "prefetch " << pf;
     fs::remove_all(dir + std::to_string(pf));
   }
-  std::printf("nvme bytes read: on demand %llu, with prefetch %llu\n",
-              (unsigned long long)read[0], (unsigned long long)read[1]);
+  std::printf("nvme bytes read: on demand %llu, with prefetch %llu\n", (unsigned long long)read[0],
+              (unsigned long long)read[1]);
   // Which copies a prefetch saves depends on timing; 5% is far below the waste it had.
   EXPECT_LE(double(read[1]), 1.05 * double(read[0]));
 }
