@@ -402,6 +402,33 @@ TEST(HfImport, DeepSpeedConfigWithoutAModelIsRefused) {
   EXPECT_TRUE(with->model.given);
 }
 
+// A mixture's checkpoint: more experts than the files hold is named at the router's tensor; what
+// strata's mixtures do not do (Qwen3-MoE's and OLMoE's q/k norms, a sparse step, router jitter) is
+// refused naming the key.
+TEST(HfImport, MixtureMismatchesNameTheExpertOrTheKey) {
+  std::string e =
+      open_error(copy_fixture("mixtral", "experts", [](json& c) { c["num_local_experts"] = 5; }));
+  EXPECT_NE(e.find("tensor \"model.layers.0.block_sparse_moe.gate.weight\" at offset"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("has shape [4, 32], but config.json (and model.context) make it [5, 32]"),
+            std::string::npos)
+      << e;
+  e = open_error(copy_fixture("qwen2-moe", "qwen3",
+                              [](json& c) { c["architectures"] = {"Qwen3MoeForCausalLM"}; }));
+  EXPECT_NE(e.find("q_norm"), std::string::npos) << e;
+  e = open_error(
+      copy_fixture("qwen2-moe", "sparse_step", [](json& c) { c["decoder_sparse_step"] = 2; }));
+  EXPECT_NE(e.find("decoder_sparse_step"), std::string::npos) << e;
+  e = open_error(
+      copy_fixture("mixtral", "jitter", [](json& c) { c["router_jitter_noise"] = 0.1; }));
+  EXPECT_NE(e.find("router_jitter_noise"), std::string::npos) << e;
+  e = open_error(copy_fixture("mixtral", "top_k", [](json& c) { c["num_experts_per_tok"] = 9; }));
+  EXPECT_NE(e.find("model.num_experts_per_tok: 9 must be in [1, model.num_experts = 4]"),
+            std::string::npos)
+      << e;
+}
+
 // Any range of a module reads as the same range of the whole module, bit for bit: GPT-2's
 // transposed Conv1D weights (a range gathers columns of the stored rows), bf16 converted per
 // range, Qwen2's biases; pieces of odd sizes that cut rows and tensors anywhere.

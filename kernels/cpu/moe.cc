@@ -6,8 +6,8 @@
 
 namespace strata::cpu {
 
-void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale,
-                 int n, int C) {
+void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
+                 int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
@@ -35,7 +35,8 @@ void scatter_add_rows(DType dt, void* out, const void* in, const int32_t* idx, c
         const float f = scale ? scale[r] : 1.0f;
         const Tp* src = x + r * C;
         Tp* dst = y + size_t(idx[r]) * C;
-        for (int c = 0; c < C; ++c) dst[c] = from_float<Tp>(to_float(dst[c]) + to_float(src[c]) * f);
+        for (int c = 0; c < C; ++c)
+          dst[c] = from_float<Tp>(to_float(dst[c]) + to_float(src[c]) * f);
       }
     });
   });

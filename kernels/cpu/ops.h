@@ -125,8 +125,8 @@ void residual_forward(DType dt, void* out, const void* a, const void* b, size_t 
 void add_inplace(DType dt, void* dst, const void* src, size_t n);
 
 // Kernels::gather_rows, scatter_add_rows, row_dots (moe.cc).
-void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale,
-                 int n, int C);
+void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
+                 int C);
 void scatter_add_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale,
                       int n, int C);
 void row_dots(DType dt, float* out, const void* a, const int32_t* idx, const void* b, int n, int C);

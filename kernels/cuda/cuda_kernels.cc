@@ -170,9 +170,8 @@ class CudaKernels final : public Kernels {
   }
   void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
                    const float* scale, int n, int C) override {
-    run("gather_rows", s, [&](CudaStream& cs) {
-      return cuda_gather_rows(cs.handle, dt, out, in, idx, scale, n, C);
-    });
+    run("gather_rows", s,
+        [&](CudaStream& cs) { return cuda_gather_rows(cs.handle, dt, out, in, idx, scale, n, C); });
   }
   void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
                         const float* scale, int n, int C) override {

@@ -18,8 +18,8 @@ __global__ void gather_rows_kernel(T* out, const T* in, const int32_t* idx, cons
 
 // idx's entries are distinct: no two threads write one element.
 template <typename T>
-__global__ void scatter_add_rows_kernel(T* out, const T* in, const int32_t* idx,
-                                        const float* scale, size_t n, int C) {
+__global__ void scatter_add_rows_kernel(T* out, const T* in, const int32_t* idx, const float* scale,
+                                        size_t n, int C) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / C, c = i % C;
@@ -48,9 +48,9 @@ Status cuda_gather_rows(cudaStream_t s, DType dt, void* out, const void* in, con
                         const float* scale, int n, int C) {
   const size_t total = size_t(n) * C;
   if (total == 0) return Status::ok();
-  STRATA_DISPATCH_DT(dt, gather_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
-                             static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx,
-                             scale, total, C));
+  STRATA_DISPATCH_DT(
+      dt, gather_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
+              static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx, scale, total, C));
   STRATA_CUDA_LAUNCH_CHECK("launching gather_rows");
   return Status::ok();
 }
@@ -59,9 +59,9 @@ Status cuda_scatter_add_rows(cudaStream_t s, DType dt, void* out, const void* in
                              const int32_t* idx, const float* scale, int n, int C) {
   const size_t total = size_t(n) * C;
   if (total == 0) return Status::ok();
-  STRATA_DISPATCH_DT(dt, scatter_add_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
-                             static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx,
-                             scale, total, C));
+  STRATA_DISPATCH_DT(
+      dt, scatter_add_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
+              static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx, scale, total, C));
   STRATA_CUDA_LAUNCH_CHECK("launching scatter_add_rows");
   return Status::ok();
 }
@@ -69,9 +69,9 @@ Status cuda_scatter_add_rows(cudaStream_t s, DType dt, void* out, const void* in
 Status cuda_row_dots(cudaStream_t s, DType dt, float* out, const void* a, const int32_t* idx,
                      const void* b, int n, int C) {
   if (n == 0) return Status::ok();
-  STRATA_DISPATCH_DT(dt, row_dots_kernel<scalar_t><<<grid_for(size_t(n), 128), 128, 0, s>>>(
-                             out, static_cast<const scalar_t*>(a), idx,
-                             static_cast<const scalar_t*>(b), n, C));
+  STRATA_DISPATCH_DT(
+      dt, row_dots_kernel<scalar_t><<<grid_for(size_t(n), 128), 128, 0, s>>>(
+              out, static_cast<const scalar_t*>(a), idx, static_cast<const scalar_t*>(b), n, C));
   STRATA_CUDA_LAUNCH_CHECK("launching row_dots");
   return Status::ok();
 }

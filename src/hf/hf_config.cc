@@ -168,9 +168,8 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     STRATA_RETURN_IF_ERROR(get_int("moe_intermediate_size", -1, &m->moe_intermediate_size), "");
     if (c.contains("shared_expert_intermediate_size") &&
         c["shared_expert_intermediate_size"] != 0) {
-      STRATA_RETURN_IF_ERROR(get_int("shared_expert_intermediate_size", 0,
-                                     &m->shared_expert_intermediate_size),
-                             "");
+      STRATA_RETURN_IF_ERROR(
+          get_int("shared_expert_intermediate_size", 0, &m->shared_expert_intermediate_size), "");
     }
     STRATA_RETURN_IF_ERROR(get_bool("norm_topk_prob", false, &m->norm_topk_prob), "");
     int step = 1;
@@ -430,14 +429,14 @@ std::string hf_config_json(const ModelConfig& m) {
     }
     if (mixtral) {
       c["num_local_experts"] = m.num_experts;
-      c["intermediate_size"] = m.moe_intermediate_size > 0 ? m.moe_intermediate_size
-                                                           : m.intermediate_size;
+      c["intermediate_size"] =
+          m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
       c["router_jitter_noise"] = 0.0;
       c["sliding_window"] = nullptr;
     } else if (qwen2_moe) {
       c["num_experts"] = m.num_experts;
-      c["moe_intermediate_size"] = m.moe_intermediate_size > 0 ? m.moe_intermediate_size
-                                                               : m.intermediate_size;
+      c["moe_intermediate_size"] =
+          m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
       c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
       c["norm_topk_prob"] = m.norm_topk_prob;
       c["qkv_bias"] = m.attention_bias;

@@ -124,13 +124,15 @@ Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& con
   if (config.type == "llama") {
     STRATA_ASSIGN_OR_RETURN(auto a, create_llama(config), "model");
     return a;
-  }  if (config.type == "mixtral" || config.type == "qwen2_moe") {
+  }
+  if (config.type == "mixtral" || config.type == "qwen2_moe") {
     STRATA_ASSIGN_OR_RETURN(auto a, create_moe(config), "model");
     return a;
   }
 
-  return invalid_argument(
-      fmt::format("model.type: \"{}\" is not a known architecture (gpt2, llama, mixtral, qwen2_moe)", config.type));
+  return invalid_argument(fmt::format(
+      "model.type: \"{}\" is not a known architecture (gpt2, llama, mixtral, qwen2_moe)",
+      config.type));
 }
 
 }  // namespace strata

@@ -151,17 +151,18 @@ struct DecoderStep : BatchDims {
 };
 
 // A block definition's optional per-runner host state: `struct RunnerState` (default
-// constructible, with a `Status error` the runner's status() reports), prepared once by `Status prepare(const DecoderStep&, RunnerState&) const` when
-// the runner allocates its activations, and handed to every compute function as
-// DecoderStep::state. After the head's forward, `void end_forward(const DecoderStep&, const
-// MicroBatch&) const` runs (a mixture reports its auxiliary loss there). Dense blocks have none.
+// constructible, with a `Status error` the runner's status() reports), prepared once by `Status
+// prepare(const DecoderStep&, RunnerState&) const` when the runner allocates its activations, and
+// handed to every compute function as DecoderStep::state. After the head's forward, `void
+// end_forward(const DecoderStep&, const MicroBatch&) const` runs (a mixture reports its auxiliary
+// loss there). Dense blocks have none.
 template <class B>
 struct RunnerStateOf {
   struct type {};
   static constexpr bool kHas = false;
 };
 template <class B>
-  requires requires { typename B::RunnerState; }
+requires requires { typename B::RunnerState; }
 struct RunnerStateOf<B> {
   using type = typename B::RunnerState;
   static constexpr bool kHas = true;
@@ -182,12 +183,12 @@ int extra_modules_of(const B& b) {
 // the embeddings are not tied.
 // With X > 0 each block is followed by its X extra modules, named extra_name(l, j) and filled
 // by extra(j, spec).
-ModelLayout decoder_layout(
-    const ModelConfig& shape, const std::function<void(ModuleSpec&)>& embedding,
-    const std::function<void(ModuleSpec&)>& block,
-    const std::function<void(ModuleSpec&)>& final_norm, int X = 0,
-    const std::function<std::string(int, int)>& extra_name = nullptr,
-    const std::function<void(int, ModuleSpec&)>& extra = nullptr);
+ModelLayout decoder_layout(const ModelConfig& shape,
+                           const std::function<void(ModuleSpec&)>& embedding,
+                           const std::function<void(ModuleSpec&)>& block,
+                           const std::function<void(ModuleSpec&)>& final_norm, int X = 0,
+                           const std::function<std::string(int, int)>& extra_name = nullptr,
+                           const std::function<void(int, ModuleSpec&)>& extra = nullptr);
 
 // init_module_range for a decoder's module `spec`, from stream `stream`: the vocabulary's
 // padding rows (V..Vp-1) of "embedding" and "head" start at zero (they never receive gradient).

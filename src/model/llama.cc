@@ -53,7 +53,6 @@ Status LlamaBlocks::check_attention(const ModelConfig& mc) {
   return Status::ok();
 }
 
-
 std::vector<HfTensor> LlamaBlocks::hf_tensors(const ModuleSpec& m) const {
   std::vector<HfTensor> out;
   const std::string block =
@@ -61,7 +60,8 @@ std::vector<HfTensor> LlamaBlocks::hf_tensors(const ModuleSpec& m) const {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     HfTensor h;
     h.tensor = int(i);
-    STRATA_CHECK(hf_tensor(block, m.tensors[i].name, &h), "llama tensor without a Hugging Face name");
+    STRATA_CHECK(hf_tensor(block, m.tensors[i].name, &h),
+                 "llama tensor without a Hugging Face name");
     out.push_back(std::move(h));
   }
   return out;
@@ -97,7 +97,6 @@ bool LlamaBlocks::hf_tensor(const std::string& block, const std::string& n, HfTe
   }
   return true;
 }
-
 
 Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config) {
   return DecoderArchitecture<LlamaBlocks>::create(config);

@@ -14,13 +14,13 @@ namespace {
 // The host's part of a block's routing for one micro-batch (filled by the forward, read by the
 // backward; a recompute fills it again with the same values).
 struct LayerRouting {
-  std::vector<float> probs;     // [N, E] softmax of the router's logits
-  std::vector<int> expert;      // [N, K] token t's j-th pick
-  std::vector<int> row;         // [N, K] ... its row in the expert-grouped order
-  std::vector<int> offsets;     // [E + 1] expert e's rows: offsets[e] .. offsets[e + 1]
-  std::vector<float> gate;      // [N] the shared expert's sigmoid gate (qwen2_moe)
-  std::vector<double> count;    // [E] tokens routed to each expert
-  std::vector<double> psum;     // [E] summed probabilities
+  std::vector<float> probs;   // [N, E] softmax of the router's logits
+  std::vector<int> expert;    // [N, K] token t's j-th pick
+  std::vector<int> row;       // [N, K] ... its row in the expert-grouped order
+  std::vector<int> offsets;   // [E + 1] expert e's rows: offsets[e] .. offsets[e + 1]
+  std::vector<float> gate;    // [N] the shared expert's sigmoid gate (qwen2_moe)
+  std::vector<double> count;  // [E] tokens routed to each expert
+  std::vector<double> psum;   // [E] summed probabilities
 };
 
 // A mixture's block: Llama's attention, then a router and its experts in place of the MLP.
@@ -45,8 +45,8 @@ class MoeBlocks : public LlamaBlocks {
           "model.intermediate_size)");
     }
     if (!(mc.router_aux_loss_coef >= 0)) {
-      return invalid_argument(fmt::format("model.router_aux_loss_coef: {} must be >= 0",
-                                          mc.router_aux_loss_coef));
+      return invalid_argument(
+          fmt::format("model.router_aux_loss_coef: {} must be >= 0", mc.router_aux_loss_coef));
     }
     return Status::ok();
   }
@@ -108,8 +108,8 @@ class MoeBlocks : public LlamaBlocks {
         "{} {} layers, {} heads ({} key/value), width {}, {} experts of width {} (top {}{}){}, "
         "vocab {} (padded {}), context {}, rope theta {}{}: {:.2f}M params ({:.2f}M active per "
         "token) in {} modules",
-        s_.type == "mixtral" ? "Mixtral" : "Qwen2-MoE", s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, E_, Ie_, K_,
-        s_.norm_topk_prob ? ", renormalized" : "",
+        s_.type == "mixtral" ? "Mixtral" : "Qwen2-MoE", s_.n_layer, s_.n_head,
+        s_.num_key_value_heads, s_.n_embd, E_, Ie_, K_, s_.norm_topk_prob ? ", renormalized" : "",
         Is_ > 0 ? fmt::format(", shared expert {}", Is_) : std::string(), s_.vocab_size,
         s_.padded_vocab_size, s_.context, rope_.theta, s_.attention_bias ? ", qkv bias" : "",
         total / 1e6, active / 1e6, layout.modules.size());
@@ -119,9 +119,9 @@ class MoeBlocks : public LlamaBlocks {
         "{} L={} NH={} KVH={} C={} E={} K={} Ie={} Is={} norm_topk={} aux={} V={} Vp={} T={} "
         "tied={} qkv_bias={} eps={} theta={} llama3={} factor={} low={} high={} orig={}",
         s_.type, s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, E_, K_, Ie_, Is_,
-        s_.norm_topk_prob, s_.router_aux_loss_coef, s_.vocab_size, s_.padded_vocab_size,
-        s_.context, s_.tied_embeddings, s_.attention_bias, eps_, rope_.theta, rope_.llama3,
-        rope_.factor, rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
+        s_.norm_topk_prob, s_.router_aux_loss_coef, s_.vocab_size, s_.padded_vocab_size, s_.context,
+        s_.tied_embeddings, s_.attention_bias, eps_, rope_.theta, rope_.llama3, rope_.factor,
+        rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
 
@@ -129,12 +129,12 @@ class MoeBlocks : public LlamaBlocks {
   // Per block (R = N*K routed rows, grouped by expert): the router's logits, each row's token
   // and weight, the experts' inputs/SwiGLU/outputs over their rows; the shared expert's.
   struct MlpActs {
-    void* logits = nullptr;    // [N, E]
-    int32_t* idx = nullptr;    // [R] token of each row
-    float* w = nullptr;        // [R] its routing weight
-    int32_t* iota = nullptr;   // [N] 0..N-1 (the shared expert's rows)
-    float* sg = nullptr;       // [N] the shared expert's gate, sigmoid'ed (fp32)
-    void *x = nullptr, *gu = nullptr, *act = nullptr, *y = nullptr;  // [R, C|2Ie|Ie|C]
+    void* logits = nullptr;   // [N, E]
+    int32_t* idx = nullptr;   // [R] token of each row
+    float* w = nullptr;       // [R] its routing weight
+    int32_t* iota = nullptr;  // [N] 0..N-1 (the shared expert's rows)
+    float* sg = nullptr;      // [N] the shared expert's gate, sigmoid'ed (fp32)
+    void *x = nullptr, *gu = nullptr, *act = nullptr, *y = nullptr;       // [R, C|2Ie|Ie|C]
     void *sgl = nullptr, *sgu = nullptr, *sact = nullptr, *sh = nullptr;  // [N, 1|2Is|Is|C]
   };
   struct MlpScratch {
@@ -290,8 +290,8 @@ void MoeBlocks::route(const DecoderStep& st, LayerRouting& r) const {
   }
 }
 
-void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in,
-                            const MlpActs& a, void* out) const {
+void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
+                            void* out) const {
   Kernels& k = *st.k;
   Stream& s = *st.s;
   Device& dev = *st.dev;
@@ -395,8 +395,8 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.row_dots(s, st.dt, d.dsg, dout, a.iota, a.sh, N, C);
     k.gather_rows(s, st.dt, d.dsh, dout, a.iota, a.sg, N, C);
     st.zero(d.dsact, size_t(N) * Is_ * es);
-    k.matmul_backward(s, st.dt, d.dsact, g + sdownw_, nullptr, d.dsh, a.sact,
-                      param(p, st, sdownw_), N, Is_, C);
+    k.matmul_backward(s, st.dt, d.dsact, g + sdownw_, nullptr, d.dsh, a.sact, param(p, st, sdownw_),
+                      N, Is_, C);
     st.zero(d.dsgu, size_t(N) * 2 * Is_ * es);
     k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);
     k.matmul_backward(s, st.dt, din, g + sguw_, nullptr, d.dsgu, in, param(p, st, sguw_), N, C,
