@@ -22,17 +22,15 @@ tools/make_moe_fixtures.py [--out tests/fixtures/hf].
 """
 import argparse
 import os
-import shutil
 import sys
 
 import torch
 import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_hf_fixtures import B, T, eval_reference, randomize  # noqa: E402
+from make_hf_fixtures import B, T, eval_reference, randomize, write  # noqa: E402
 
 COEF = 0.1
 
@@ -97,18 +95,6 @@ def reference(d, model, vocab, seed, kind):
     return ref
 
 
-def write(out_dir, name, model, vocab, seed, kind):
-    d = os.path.join(out_dir, name)
-    shutil.rmtree(d, ignore_errors=True)
-    model.save_pretrained(d, safe_serialization=True)
-    p = os.path.join(d, "generation_config.json")
-    if os.path.exists(p):
-        os.remove(p)
-    save_file(reference(d, model, vocab, seed, kind), os.path.join(d, "reference.safetensors"))
-    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-    print(f"{d}: {sorted(os.listdir(d))} {size} bytes")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
@@ -123,13 +109,15 @@ def main():
         intermediate_size=48, num_local_experts=4, rope_theta=1e6, sliding_window=None,
         **common))
     randomize(mixtral, 11)
-    write(args.out, "mixtral", mixtral, 100, 11, "mixtral")
+    write(args.out, "mixtral", mixtral, 100, 11,
+          reference_fn=lambda d, m, v, s: reference(d, m, v, s, "mixtral"))
     qwen = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
         intermediate_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=40,
         num_experts=6, norm_topk_prob=False, rope_theta=1e6, use_sliding_window=False,
         **common))
     randomize(qwen, 12)
-    write(args.out, "qwen2-moe", qwen, 100, 12, "qwen2_moe")
+    write(args.out, "qwen2-moe", qwen, 100, 12,
+          reference_fn=lambda d, m, v, s: reference(d, m, v, s, "qwen2_moe"))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,13 @@
 
 namespace strata::cpu {
 
-void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
-                 int C) {
+namespace {
+
+// out row o(r) = in row i(r) * scale[r] (gather: o = r, i = idx[r]), or += (scatter: o = idx[r],
+// i = r; idx's entries are distinct, so rows may be written in parallel).
+template <bool kScatter>
+void move_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
+               int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
@@ -15,31 +20,27 @@ void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const 
     parallel_ranges(size_t(n), 1, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
         const float f = scale ? scale[r] : 1.0f;
-        const Tp* src = x + size_t(idx[r]) * C;
-        Tp* dst = y + r * C;
-        for (int c = 0; c < C; ++c) dst[c] = from_float<Tp>(to_float(src[c]) * f);
+        const Tp* src = x + (kScatter ? r : size_t(idx[r])) * C;
+        Tp* dst = y + (kScatter ? size_t(idx[r]) : r) * C;
+        for (int c = 0; c < C; ++c) {
+          const float v = to_float(src[c]) * f;
+          dst[c] = from_float<Tp>(kScatter ? to_float(dst[c]) + v : v);
+        }
       }
     });
   });
 }
 
+}  // namespace
+
+void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
+                 int C) {
+  move_rows<false>(dt, out, in, idx, scale, n, C);
+}
+
 void scatter_add_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale,
                       int n, int C) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using Tp = decltype(tag);
-    auto* y = static_cast<Tp*>(out);
-    auto* x = static_cast<const Tp*>(in);
-    // idx's entries are distinct: rows may be written in parallel.
-    parallel_ranges(size_t(n), 1, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r) {
-        const float f = scale ? scale[r] : 1.0f;
-        const Tp* src = x + r * C;
-        Tp* dst = y + size_t(idx[r]) * C;
-        for (int c = 0; c < C; ++c)
-          dst[c] = from_float<Tp>(to_float(dst[c]) + to_float(src[c]) * f);
-      }
-    });
-  });
+  move_rows<true>(dt, out, in, idx, scale, n, C);
 }
 
 void row_dots(DType dt, float* out, const void* a, const int32_t* idx, const void* b, int n,

@@ -5,27 +5,18 @@
 namespace strata {
 namespace {
 
-template <typename T>
-__global__ void gather_rows_kernel(T* out, const T* in, const int32_t* idx, const float* scale,
-                                   size_t n, int C) {
+// out row o(r) = in row i(r) * scale[r] (gather: o = r, i = idx[r]), or += (scatter: o = idx[r],
+// i = r; idx's entries are distinct: no two threads write one element).
+template <typename T, bool kScatter>
+__global__ void move_rows_kernel(T* out, const T* in, const int32_t* idx, const float* scale,
+                                 size_t n, int C) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t r = i / C, c = i % C;
     const float f = scale ? scale[r] : 1.0f;
-    out[i] = from_f32<T>(to_f32(in[size_t(idx[r]) * C + c]) * f);
-  }
-}
-
-// idx's entries are distinct: no two threads write one element.
-template <typename T>
-__global__ void scatter_add_rows_kernel(T* out, const T* in, const int32_t* idx, const float* scale,
-                                        size_t n, int C) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t r = i / C, c = i % C;
-    const float f = scale ? scale[r] : 1.0f;
-    T* dst = out + size_t(idx[r]) * C + c;
-    *dst = from_f32<T>(to_f32(*dst) + to_f32(in[i]) * f);
+    const float v = to_f32(in[(kScatter ? r : size_t(idx[r])) * C + c]) * f;
+    T* dst = out + (kScatter ? size_t(idx[r]) : r) * C + c;
+    *dst = from_f32<T>(kScatter ? to_f32(*dst) + v : v);
   }
 }
 
@@ -49,7 +40,7 @@ Status cuda_gather_rows(cudaStream_t s, DType dt, void* out, const void* in, con
   const size_t total = size_t(n) * C;
   if (total == 0) return Status::ok();
   STRATA_DISPATCH_DT(
-      dt, gather_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
+      dt, move_rows_kernel<scalar_t, false><<<grid_for(total, 256), 256, 0, s>>>(
               static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx, scale, total, C));
   STRATA_CUDA_LAUNCH_CHECK("launching gather_rows");
   return Status::ok();
@@ -60,7 +51,7 @@ Status cuda_scatter_add_rows(cudaStream_t s, DType dt, void* out, const void* in
   const size_t total = size_t(n) * C;
   if (total == 0) return Status::ok();
   STRATA_DISPATCH_DT(
-      dt, scatter_add_rows_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
+      dt, move_rows_kernel<scalar_t, true><<<grid_for(total, 256), 256, 0, s>>>(
               static_cast<scalar_t*>(out), static_cast<const scalar_t*>(in), idx, scale, total, C));
   STRATA_CUDA_LAUNCH_CHECK("launching scatter_add_rows");
   return Status::ok();

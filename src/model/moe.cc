@@ -233,6 +233,16 @@ class MoeBlocks : public LlamaBlocks {
     return s * E_;
   }
   void route(const DecoderStep& st, LayerRouting& r) const;
+  // An expert's rows r0.. of the four per-row buffers (input [., C], gate|up [., 2Ie], SwiGLU
+  // [., Ie], output [., C]) of the activations or of their gradients.
+  struct ExpertRows {
+    char *x, *gu, *act, *y;
+  };
+  ExpertRows expert_rows(void* x, void* gu, void* act, void* y, int r0, size_t es) const {
+    const size_t C = size_t(s_.n_embd), I = size_t(Ie_), o = size_t(r0) * es;
+    auto at = [o](void* b, size_t w) { return static_cast<char*>(b) + o * w; };
+    return {at(x, C), at(gu, 2 * I), at(act, I), at(y, C)};
+  }
   const char* expert_param(const DecoderStep& st, int e, size_t at) const {
     return static_cast<const char*>(st.extra_params[size_t(e)]) + at * st.es();
   }
@@ -335,10 +345,7 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
   for (int e = 0; e < E_; ++e) {
     const int r0 = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - r0;
     if (n == 0) continue;  // acquired and released like the others; nothing to compute
-    char* x = static_cast<char*>(a.x) + size_t(r0) * C * es;
-    char* gu = static_cast<char*>(a.gu) + size_t(r0) * 2 * Ie_ * es;
-    char* act = static_cast<char*>(a.act) + size_t(r0) * Ie_ * es;
-    char* y = static_cast<char*>(a.y) + size_t(r0) * C * es;
+    const auto [x, gu, act, y] = expert_rows(a.x, a.gu, a.act, a.y, r0, es);
     k.gather_rows(s, st.dt, x, in, a.idx + r0, nullptr, n, C);
     k.matmul_forward(s, st.dt, gu, x, expert_param(st, e, 0), nullptr, n, C, 2 * Ie_);
     k.swiglu_forward(s, st.dt, act, gu, n, Ie_);
@@ -368,15 +375,8 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
   for (int e = 0; e < E_; ++e) {
     const int r0 = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - r0;
     if (n == 0) continue;  // its gradient stays the zeros it was acquired as
-    const size_t o = size_t(r0);
-    char* x = static_cast<char*>(a.x) + o * C * es;
-    char* gu = static_cast<char*>(a.gu) + o * 2 * Ie_ * es;
-    char* act = static_cast<char*>(a.act) + o * Ie_ * es;
-    char* y = static_cast<char*>(a.y) + o * C * es;
-    char* dy = static_cast<char*>(d.dy) + o * C * es;
-    char* dact = static_cast<char*>(d.dact) + o * Ie_ * es;
-    char* dgu = static_cast<char*>(d.dgu) + o * 2 * Ie_ * es;
-    char* dx = static_cast<char*>(d.dx) + o * C * es;
+    const auto [x, gu, act, y] = expert_rows(a.x, a.gu, a.act, a.y, r0, es);
+    const auto [dx, dgu, dact, dy] = expert_rows(d.dx, d.dgu, d.dact, d.dy, r0, es);
     float* ge = st.extra_grads[size_t(e)];
     // out += w * y: dw = dout . y, dy = w * dout.
     k.row_dots(s, st.dt, d.dw + r0, dout, a.idx + r0, y, n, C);
