@@ -51,6 +51,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/sft_util.h"
 
 #ifndef STRATA_MPIEXEC
 #define STRATA_MPIEXEC ""
@@ -411,6 +412,35 @@ TEST_P(Zero3Variants, BucketsOverlapAndPrefetchGiveTheSameLosses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Zero3Variants, ::testing::Values(2, 3));
+
+// Chat data with a loss mask (tests/sft_util.h): the loss is the mean over the targets that
+// count in the whole global batch (every rank divides by the global count, as transformers'
+// Trainer with average_tokens_across_devices), so 2 ranks give one rank's curve and eval
+// losses. A per-rank mean averaged over ranks would not: the ranks' rows hold different counts.
+TEST(Zero3Masked, MaskedLossIsTheGlobalMeanOverRanks) {
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("masked");
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  test::chat_corpus(2000, 256, 5, &tokens, &mask);
+  const std::string data = test::write_masked(dir + "/chat.bin", tokens, mask);
+  WorkerArgs a;
+  a.out = dir + "/np1";
+  a.steps = 10;
+  a.set = {"data.source=\"" + data + "\""};
+  fs::create_directories(a.out);
+  ASSERT_TRUE(run_worker(a).is_ok());
+  const json ref = rank_result(a.out, 0);
+  const std::string out = dir + "/np2";
+  fs::create_directories(out);
+  Launch l = launch(2, fmt::format("{} host 10 --set data.source={}", out, data));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  for (int r = 0; r < 2; ++r) {
+    expect_same_curve(ref, rank_result(out, r), 0, fmt::format("masked np=2 rank {}", r),
+                      kLossTolerance);
+  }
+  fs::remove_all(dir);
+}
 
 // ZeRO++ on 4 ranks grouped as 2 nodes of 2 (strata.comm.ranks_per_node=2):
 //   - hpZ alone gives the default run's losses bit for bit (the secondary partition holds the
