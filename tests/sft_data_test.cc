@@ -273,5 +273,72 @@ TEST(SftTrain, HeldOutLossOnAssistantTurnsFalls) {
   EXPECT_LT(masked->tokens, plain->tokens);
 }
 
+// Gradient accumulation: the step's loss is the sum of every micro-batch's assistant-token
+// losses over their total count (transformers' Trainer: num_items_in_batch over the
+// accumulated micro-batches), not the mean of per-micro-batch means. Two conversations that
+// pack into a window each, one with 3 assistant tokens and one with 40: the 4 micro-batches of
+// one row pick among them, and each window's summed loss comes from strata eval on it alone.
+TEST(SftTrain, AccumulatedLossIsTheMeanOverAllAssistantTokens) {
+  const std::string dir = test::temp_dir("strata_sft", "accumulation");
+  const auto conversation = [](int prompt, int reply, int base, std::vector<int32_t>* tokens,
+                               std::vector<uint8_t>* mask) {
+    for (int i = 0; i < prompt + reply; ++i) {
+      tokens->push_back((base + 7 * i) % kVocab);
+      mask->push_back(i == 0 ? kMaskStart : i >= prompt ? kMaskLoss : 0);
+    }
+  };
+  std::vector<int32_t> both, a, b;
+  std::vector<uint8_t> both_mask, a_mask, b_mask;
+  conversation(20, 3, 5, &a, &a_mask);
+  conversation(10, 40, 11, &b, &b_mask);
+  conversation(20, 3, 5, &both, &both_mask);
+  conversation(10, 40, 11, &both, &both_mask);
+  const std::string train_file = test::write_masked(dir + "/both.bin", both, both_mask);
+  const std::string a_file = test::write_masked(dir + "/a.bin", a, a_mask);
+  const std::string b_file = test::write_masked(dir + "/b.bin", b, b_mask);
+  auto cfg = test::tiny_cpu(
+      dir, {"train.steps=1", "scheduler.params.warmup_num_steps=1", "train_batch_size=4",
+            "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=4",
+            "data.source=\"" + train_file + "\"", "data.eval_source=\"" + a_file + "\""});
+  // Each window's loss sum at the initial weights (the step's losses are taken before its
+  // update): strata eval of the window alone (the same tokens, padding and positions).
+  double sum[2], count[2];
+  for (int w = 0; w < 2; ++w) {
+    Config one = cfg;
+    one.data.source = w == 0 ? a_file : b_file;
+    one.data.eval_source = "";
+    auto r = evaluate(one, EvalOptions{});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    count[w] = double(r->tokens);
+    sum[w] = r->loss * count[w];
+  }
+  ASSERT_EQ(count[0], 3);
+  ASSERT_EQ(count[1], 40);
+  // The windows the step's 4 micro-batches take (a pure function of the seed and step).
+  DataConfig dc = data_config(train_file);
+  dc.eval_source = a_file;
+  auto d = Dataset::load(dc, kVocab, cfg.train.seed);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  double want_sum = 0, want_count = 0, mean_of_means = 0;
+  int picked[2] = {0, 0};
+  for (int micro = 0; micro < 4; ++micro) {
+    std::vector<int32_t> tk(64), tg(64);
+    d->train_batch(cfg.train.seed, 0, micro, 0, 1, 64, tk.data(), tg.data());
+    const int w = tk[0] == a[0] ? 0 : 1;
+    ASSERT_EQ(tk[0], w == 0 ? a[0] : b[0]);
+    ++picked[w];
+    want_sum += sum[w];
+    want_count += count[w];
+    mean_of_means += sum[w] / count[w] / 4;
+  }
+  ASSERT_GT(picked[0], 0) << "the seed picks one window only: the test shows nothing";
+  ASSERT_GT(picked[1], 0) << "the seed picks one window only: the test shows nothing";
+  TrainResult r = test::must_train(cfg);
+  ASSERT_EQ(r.losses.size(), 1u);
+  EXPECT_NEAR(r.losses[0], want_sum / want_count, 1e-5 * want_sum / want_count);
+  EXPECT_GT(std::fabs(r.losses[0] - mean_of_means), 1e-3)
+      << "indistinguishable from the mean of per-micro-batch means";
+}
+
 }  // namespace
 }  // namespace strata
