@@ -33,12 +33,19 @@ DataConfig data_config(const std::string& source, int T = 64) {
   return dc;
 }
 
-std::string chat_file(const std::string& dir, const std::string& name, int conversations,
-                      uint64_t seed) {
+// A chat corpus of `conversations` (test::chat_corpus) written as `dir`/`name` and its mask.
+struct ChatFile {
+  std::string path;
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
-  test::chat_corpus(conversations, kVocab, seed, &tokens, &mask);
-  return test::write_masked(dir + "/" + name, tokens, mask);
+};
+
+ChatFile chat_file(const std::string& dir, const std::string& name, int conversations,
+                   uint64_t seed) {
+  ChatFile c;
+  test::chat_corpus(conversations, kVocab, seed, &c.tokens, &c.mask);
+  c.path = test::write_masked(dir + "/" + name, c.tokens, c.mask);
+  return c;
 }
 
 // Mask bytes of the windows' tokens, conversation by conversation: lengths 5 and 4 fit one
@@ -69,12 +76,10 @@ TEST(PackWindows, WholeConversationsPerWindowLongOnesCut) {
 // Every row of a masked batch starts at a conversation start; its targets are the tokens that
 // follow where the mask says so, -1 elsewhere; the counts the trainer divides by are theirs.
 TEST(SftData, BatchesStartAtConversationsAndCountTheirTargets) {
-  const std::string dir = test::temp_dir("strata_sft", "batches");
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> mask;
-  test::chat_corpus(300, kVocab, 7, &tokens, &mask);
-  const std::string path = test::write_masked(dir + "/chat.bin", tokens, mask);
-  auto d = Dataset::load(data_config(path), kVocab, 1);
+  const ChatFile c = chat_file(test::temp_dir("strata_sft", "batches"), "chat.bin", 300, 7);
+  const std::vector<int32_t>& tokens = c.tokens;
+  const std::vector<uint8_t>& mask = c.mask;
+  auto d = Dataset::load(data_config(c.path), kVocab, 1);
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   ASSERT_TRUE(d->masked());
   EXPECT_NE(d->description().find("loss mask"), std::string::npos) << d->description();
@@ -119,10 +124,10 @@ TEST(SftData, BatchesStartAtConversationsAndCountTheirTargets) {
 // data.loss_mask = "none" trains on every token instead.
 TEST(SftData, BadMaskFilesAreRefusedNamingTheFile) {
   const std::string dir = test::temp_dir("strata_sft", "bad_masks");
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> mask;
-  test::chat_corpus(20, kVocab, 3, &tokens, &mask);
-  const std::string path = test::write_masked(dir + "/chat.bin", tokens, mask);
+  const ChatFile c = chat_file(dir, "chat.bin", 20, 3);
+  const std::vector<int32_t>& tokens = c.tokens;
+  const std::vector<uint8_t>& mask = c.mask;
+  const std::string& path = c.path;
   const std::string good = test::read_file(path + ".mask");
   struct Case {
     const char* what;
@@ -203,9 +208,10 @@ TEST(SftData, BadMaskFilesAreRefusedNamingTheFile) {
 // evaluates it.
 TEST(SftData, EvalSourceIsTheHeldOutFile) {
   const std::string dir = test::temp_dir("strata_sft", "eval_source");
-  const std::string a = chat_file(dir, "a.bin", 200, 1);
-  const std::string b = chat_file(dir, "b.bin", 200, 2);
-  const std::string held = chat_file(dir, "held.bin", 40, 3);
+  const std::string a = chat_file(dir, "a.bin", 200, 1).path;
+  const std::string b = chat_file(dir, "b.bin", 200, 2).path;
+  const ChatFile held_file = chat_file(dir, "held.bin", 40, 3);
+  const std::string& held = held_file.path;
   DataConfig dc = data_config(a);
   dc.eval_source = held;
   auto d = Dataset::load(dc, kVocab, 1);
@@ -242,11 +248,8 @@ TEST(SftData, EvalSourceIsTheHeldOutFile) {
   EXPECT_EQ(with_held->loss, direct->loss);
   EXPECT_EQ(with_held->tokens, direct->tokens);
   // The tokens counted are the held-out file's loss targets.
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> mask;
-  test::chat_corpus(40, kVocab, 3, &tokens, &mask);
   int64_t loss_tokens = 0;
-  for (uint8_t m : mask) loss_tokens += m & kMaskLoss;
+  for (uint8_t m : held_file.mask) loss_tokens += m & kMaskLoss;
   EXPECT_EQ(direct->tokens, loss_tokens);
 }
 
@@ -255,8 +258,8 @@ TEST(SftData, EvalSourceIsTheHeldOutFile) {
 // tokens differs).
 TEST(SftTrain, HeldOutLossOnAssistantTurnsFalls) {
   const std::string dir = test::temp_dir("strata_sft", "train");
-  const std::string train_file = chat_file(dir, "train.bin", 600, 11);
-  const std::string held = chat_file(dir, "held.bin", 60, 12);
+  const std::string train_file = chat_file(dir, "train.bin", 600, 11).path;
+  const std::string held = chat_file(dir, "held.bin", 60, 12).path;
   auto cfg = test::tiny_cpu(
       dir, {"train.steps=40", "train.eval_interval=20", "data.source=\"" + train_file + "\"",
             "data.eval_source=\"" + held + "\""});

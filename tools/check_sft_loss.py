@@ -16,13 +16,13 @@ exits 77, which ctest reports as skipped (tests/hf.cmake, sft_loss_transformers)
 
 usage: check_sft_loss.py --strata build/tools/strata [--work DIR]
 """
-import argparse
 import json
 import os
 import struct
 import subprocess
 import sys
-import tempfile
+
+from check_hf_export import start  # tools/, beside this script
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 T = 32
@@ -61,18 +61,10 @@ def windows(mask, T):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--strata", required=True)
-    ap.add_argument("--work", default=None)
-    args = ap.parse_args()
-    try:
-        import torch
-        import transformers
-    except ImportError as e:
-        print(f"SKIPPED: {e.name} is not installed for {sys.executable} (set STRATA_HF_PYTHON "
-              "to a python with torch and transformers)")
+    started = start("sft", ["torch", "transformers"])
+    if started is None:
         return 77
-    work = args.work or tempfile.mkdtemp(prefix="strata_sft_check_")
+    args, work, (torch, transformers) = started
     model_dir = os.path.join(ROOT, "tests", "fixtures", "hf", "llama")
     chat = os.path.join(ROOT, "tests", "fixtures", "chat")
     data = os.path.join(work, "chat.bin")

@@ -325,7 +325,8 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
     files = [TokenFile(out, u32, mask=True)]
     if val_out:
         files.append(TokenFile(val_out, u32, mask=True))
-    try:
+
+    def fill():
         for n, (lineno, msgs) in enumerate(conversations(input_path,
                                                          lambda b: progress.update(b))):
             to_val = val_out and int((n + 1) * val_fraction) > int(n * val_fraction)
@@ -338,14 +339,8 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
                             f"{type(e).__name__}: {e}")
             (files[1] if to_val else files[0]).write(ids, mask)
             progress.update(tokens=len(ids), docs=1)
-        check_not_empty(files, progress.docs, input_path)
-        for f in files:
-            f.close()
-    except BaseException:
-        for f in files:
-            f.discard()
-        raise
-    return report(files, progress, u32)
+
+    return write_outputs(files, fill, input_path, progress, u32)
 
 
 def check_paths(input_path, out, val_out, val_fraction):
@@ -374,6 +369,21 @@ def check_not_empty(files, docs, input_path):
                         f"({docs} documents in {input_path}); {hint}")
 
 
+def write_outputs(files, fill, input_path, progress, u32):
+    """Runs fill() (it writes `files`), then refuses an empty one and closes them all (each
+    renamed into place), or discards them all on any failure. Returns {path: token count}."""
+    try:
+        fill()
+        check_not_empty(files, progress.docs, input_path)
+        for f in files:
+            f.close()
+    except BaseException:
+        for f in files:
+            f.discard()
+        raise
+    return report(files, progress, u32)
+
+
 def report(files, progress, u32):
     print(progress.line(), file=sys.stderr)
     for f in files:
@@ -394,7 +404,8 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
     files = [TokenFile(out, u32)]
     if val_out:
         files.append(TokenFile(val_out, u32))
-    try:
+
+    def fill():
         doc, buf, dst, n = 0, "", None, 0
         for kind, text in documents(input_path, field, lambda b: progress.update(b)):
             if dst is None:  # a document starts
@@ -421,14 +432,8 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
                 dst.write(tail)
                 progress.update(tokens=n + len(tail), docs=1)
                 doc, dst = doc + 1, None
-        check_not_empty(files, progress.docs, input_path)
-        for f in files:
-            f.close()
-    except BaseException:
-        for f in files:
-            f.discard()
-        raise
-    return report(files, progress, u32)
+
+    return write_outputs(files, fill, input_path, progress, u32)
 
 
 def main():
