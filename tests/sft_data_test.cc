@@ -202,6 +202,8 @@ TEST(SftData, BadMaskFilesAreRefusedNamingTheFile) {
   auto ok = Dataset::load(none, kVocab, 1);
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
   EXPECT_FALSE(ok->masked());
+  EXPECT_NE(ok->description().find("not read (data.loss_mask = \"none\")"), std::string::npos)
+      << ok->description();
 }
 
 // data.eval_source: the eval runs on that file, not on the tail of data.source; strata eval

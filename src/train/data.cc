@@ -175,7 +175,11 @@ Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
   }
   const std::string mask_path = path + ".mask";
   struct stat st {};
-  if (cfg.loss_mask == "auto" && ::stat(mask_path.c_str(), &st) == 0) {
+  const bool has_mask = ::stat(mask_path.c_str(), &st) == 0;
+  if (has_mask && cfg.loss_mask == "none") {
+    d.description += fmt::format(", loss mask {} not read (data.loss_mask = \"none\")", mask_path);
+  }
+  if (has_mask && cfg.loss_mask == "auto") {
     STRATA_ASSIGN_OR_RETURN(std::vector<char> mb, read_file(mask_path, key + "'s loss mask"),
                             "loading data");
     const uint32_t crc = crc32_ieee(0, bytes.data() + header, bytes.size() - header);
