@@ -57,7 +57,8 @@ function(strata_emu_test name)
   endif()
   add_executable(${name} ${emu_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE libstrata_cuda_emu GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${name} PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  target_compile_definitions(${name} PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                                             STRATA_CUDA_EMU=1)
   target_compile_options(${name} PRIVATE -fno-strict-aliasing -ffp-contract=off)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60 ${filter}
                        PROPERTIES TIMEOUT 900 LABELS cuda_emu)
