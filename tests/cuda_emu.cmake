@@ -76,5 +76,11 @@ strata_emu_test(cuda_flash_attention_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_fla
                 FILTER "-*AtALongSequence")
 strata_emu_test(llama_cuda_emu_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
 strata_emu_test(cuda_train_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_train_test.cc)
+# The CUDA backend on 2 ranks under mpirun, the NCCL stand-in's collectives over MPI, against one
+# rank (tests/zero3_test.cc's worker mode).
+if(STRATA_HAVE_MPI)
+  strata_emu_test(zero3_emu_test ${CMAKE_CURRENT_LIST_DIR}/zero3_test.cc FILTER "Zero3Cuda.*")
+  target_compile_definitions(zero3_emu_test PRIVATE STRATA_MPIEXEC="${MPIEXEC_EXECUTABLE}")
+endif()
 # The emulation's own checks, each shown to fire.
 strata_emu_test(cuda_emu_checks_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_checks_test.cc)

@@ -1,7 +1,8 @@
 // The CPU stand-in for a GPU (tests/cuda_emu/runtime.cc): what tests set and read beyond the CUDA
 // API itself. Test-only.
 //
-// The stand-in behaves like one GPU:
+// The stand-in behaves like one GPU (STRATA_EMU_GPU_COUNT makes it show that many ordinals, each
+// the same emulated GPU: one per rank under mpirun):
 //   - device memory (cudaMalloc) lies between inaccessible guard pages; the bytes between the
 //     allocation and the guard pages (256-byte alignment) are checked after every kernel and at
 //     cudaFree. An access into a guard page stops the process with a report naming the
@@ -68,6 +69,9 @@ void enqueue_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, con
 // Runs `op` on `stream`'s worker in order with the stream's other work (cuBLASLt and NCCL use
 // it). A thrown std::exception fails the context with its message.
 void enqueue(cudaStream_t stream, const char* what, std::function<void()> op);
+
+// Releases every operation issued so far (as a synchronization does, without waiting).
+void release();
 
 // Fails the context with `report` (from a stream's worker).
 void fail_context(const std::string& report);

@@ -124,6 +124,13 @@ State& state() {
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
 
+// GPUs visible: STRATA_EMU_GPU_COUNT (default 1). This process emulates one of them, whichever
+// ordinal it binds (under mpirun each rank binds its local rank's).
+int gpu_count() {
+  const char* env = std::getenv("STRATA_EMU_GPU_COUNT");
+  return env ? std::max(1, std::atoi(env)) : 1;
+}
+
 size_t total_memory() {
   const char* env = std::getenv("STRATA_EMU_GPU_MEMORY_MIB");
   return (env ? std::strtoull(env, nullptr, 10) : 8192) << 20;
@@ -411,6 +418,7 @@ void set_lazy(bool lazy) {
   state().lazy = lazy;
 }
 bool lazy() { return state().lazy; }
+void release() { release_all(); }
 void set_delay(unsigned max_us, unsigned percent) {
   state().delay_us = max_us;
   state().delay_percent = percent;
@@ -484,11 +492,11 @@ using namespace strata::emu;  // NOLINT: the C API below is global
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = gpu_count();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
   t_device = device;
   return cudaSuccess;
 }
@@ -497,7 +505,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
   *prop = {};
   std::snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU emulation of an sm_90 GPU)");
   prop->totalGlobalMem = total_memory();
