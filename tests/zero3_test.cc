@@ -783,6 +783,39 @@ TEST(Zero3Fault, RankKilledMidRunMakesTheOthersExitNonZero) {
   fs::remove_all(dir);
 }
 
+// The CUDA backend on 2 ranks: one emulated GPU per process, the nccl communicator over the
+// NCCL stand-in, whose collectives MPI carries between the ranks (tests/cuda_emu/nccl.cc).
+// Against the one-rank run of the same backend, at the data-parallel tolerance above. Only the
+// emulated build (zero3_emu_test, tests/cuda_emu.cmake) runs it: on a real machine 2 ranks need
+// 2 GPUs (tools/gpu_check.sh runs one).
+TEST(Zero3Cuda, TwoRanksOverNcclMatchOneRank) {
+#ifndef STRATA_CUDA_EMU
+  GTEST_SKIP() << "runs in the emulated build (zero3_emu_test): 2 ranks need 2 GPUs here";
+#else
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("cuda2");
+  WorkerArgs a;
+  a.placement = "host";
+  a.steps = 4;
+  a.set = {"device.backend=\"cuda\"", "model.n_layer=2", "model.n_embd=64"};
+  a.out = dir + "/np1";
+  ASSERT_TRUE(run_worker(a).is_ok());
+  const json ref = rank_result(a.out, 0);
+  ASSERT_TRUE(ref.is_object());
+  std::string args = fmt::format("{}/np2 {} {}", dir, a.placement, a.steps);
+  for (const std::string& kv : a.set) args += " --set '" + kv + "'";
+  args += " --set 'strata.comm.backend=\"nccl\"'";
+  ::setenv("STRATA_EMU_GPU_COUNT", "2", 1);  // one emulated GPU per rank (local ranks 0, 1)
+  const Launch l = launch(2, args, 300);
+  ::unsetenv("STRATA_EMU_GPU_COUNT");
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  for (int r = 0; r < 2; ++r) {
+    expect_same_curve(ref, rank_result(dir + "/np2", r), 0, fmt::format("cuda rank {}", r), 5e-3);
+  }
+  fs::remove_all(dir);
+#endif
+}
+
 }  // namespace
 }  // namespace strata
 
