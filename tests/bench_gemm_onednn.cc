@@ -14,6 +14,8 @@
 // largest relative difference between the two results, whether oneDNN gave the same bits
 // on two calls, and whether its bits at 2 OpenMP threads equal those at 1 (issue #26: strata's
 // onednn GEMM path runs oneDNN at 1 OpenMP thread per TBB worker; see gemm_onednn.cc).
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,8 +24,6 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <omp.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <vector>
