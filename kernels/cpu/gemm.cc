@@ -32,7 +32,12 @@ GemmPath decided_path() {
                               : "widened to fp32: no bf16 matmul on this CPU");
     }
 #endif
-    log_info("kernels: GEMM on the {} path: {}", gemm_path_name(path), note);
+    // A value that was refused (a level this CPU lacks, no oneDNN, a typo) is a warning.
+    if (env != nullptr && *env != '\0' && note.rfind("forced by", 0) != 0) {
+      log_warn("kernels: GEMM on the {} path: {}", gemm_path_name(path), note);
+    } else {
+      log_info("kernels: GEMM on the {} path: {}", gemm_path_name(path), note);
+    }
     return path;
   }();
   return p;
