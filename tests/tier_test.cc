@@ -205,6 +205,46 @@ TEST_F(TierTest, InjectedEioEndsTheRunAndKeepsTheLastCheckpoint) {
   fs::remove_all(dir);
 }
 
+// A failed read of optimizer state in the step deferred to the next forward says where it
+// happened: the step, the micro-batch, the module whose forward waited for it, the deferred
+// step, the module stepped, the read.
+TEST_F(TierTest, InjectedEioInTheDeferredStepNamesItsTrail) {
+  auto dir = temp_dir("eio_deferred");
+  auto ov = nvme(dir, /*params=*/false, /*optimizer=*/true);  // the only I/O: optimizer state
+  for (const char* k : {"train.steps=10", "scheduler.params.warmup_num_steps=2"}) ov.push_back(k);
+  TrainOptions o;
+  o.progress = false;
+  auto probe = std::make_shared<FaultPlan>();
+  uint64_t end7 = 0;
+  {
+    TrainOptions p = o;
+    p.storage_faults = probe;
+    p.on_step_end = [&](int64_t step) {
+      if (step == 7) end7 = probe->pieces.load();
+    };
+    auto r = train(tiny(dir + "/probe", ov), p);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    // Clipping at 1.0 bites in these steps: each one's optimizer step was deferred.
+    ASSERT_EQ(r->optimizer_schedule.size(), 10u);
+    ASSERT_EQ(r->optimizer_schedule[7], 3) << "step 8 was not deferred";
+  }
+  auto faults = std::make_shared<FaultPlan>();
+  faults->fail_nth = end7 + 1;  // the first piece after step 7: the deferred pass's
+  faults->fail_nth_errno = 5;   // EIO
+  o.storage_faults = faults;
+  auto r = train(tiny(dir, ov), o);
+  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
+  const std::string& msg = r.status().message();
+  // (A read of the state it steps, or a write behind of the state it stepped before.)
+  for (const std::string part :
+       {std::string("step 8: micro-batch 1 of 4: forward/backward: before "),
+        std::string(" forward: optimizer step (deferred to the next forward): "),
+        std::string("stepping "), dir + "/swap/", std::string("Input/output error")}) {
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " | " << msg;
+  }
+  fs::remove_all(dir);
+}
+
 TEST_F(TierTest, NvmeShortOfSpaceIsCaughtInPreflight) {
   auto dir = temp_dir("nospace");
   // ~800 billion parameters on NVMe: far more than any test machine's disk.

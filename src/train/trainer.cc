@@ -542,13 +542,14 @@ Result<double> Run::run_step() {
     data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
     model_->begin_batch(tok_.data(), tgt_.data());
     const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_};
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb), "");
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb),
+                           fmt::format("micro-batch {} of {}", micro + 1, accum_));
     if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
   if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
   // The last step's delayed update lands before the next forward.
-  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "");
+  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "the last step's delayed update");
   last_fwd_bwd_s_ = seconds_since(t0);
   double loss_sum = 0;
   for (float l : losses_) loss_sum += l;
@@ -578,18 +579,19 @@ Result<double> Run::run_step() {
     const float mult = static_cast<float>(coef / scale);
     last_clipped_ = coef < 1.0;
     if (delayed) {
-      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
+      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "starting the delayed update");
     } else {
       // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
       // with the overlap, the modules not stepped yet are stepped as the next forward needs
       // them (deferred: exact whatever the clipping).
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate), "");
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate),
+                             "");  // says "optimizer step" itself
     }
     ++opt_steps_;
   } else {
-    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "");
+    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
   }
-  STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
+  STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
     for (size_t m = 0; m < arch_->layout().modules.size(); ++m) {
