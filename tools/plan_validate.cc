@@ -102,13 +102,13 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
   }
   // The peaks are the whole run's: the rule of the schedule its steps ran (every step deferred
   // to the next forward holds no undo state, one step under backward may).
-  const bool all_deferred =
-      !r->optimizer_schedule.empty() &&
-      std::all_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
-                  [](uint8_t k) { return k == 3; });
+  const bool all_deferred = !r->optimizer_schedule.empty() &&
+                            std::all_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
+                                        [](uint8_t k) { return k == 3; });
   if (all_deferred) {
-    std::printf("  peaks: every step deferred its optimizer step to the next forward: no undo "
-                "state, predicted as such\n");
+    std::printf(
+        "  peaks: every step deferred its optimizer step to the next forward: no undo "
+        "state, predicted as such\n");
   }
   for (const auto& t : r->tiers) {
     const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;

@@ -289,8 +289,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // memory, sub-groups for gradients on NVMe) and the optimizer pipeline's staging.
   // Gradients in host or device memory land through the landing buffers from the second
   // micro-batch on (the first is copied into the accumulator).
-  const uint64_t homes_and_pieces = needs.host.state + needs.host.param_shadows +
-                                    needs.host.stash + needs.host.param_fetch_staging;
+  const uint64_t homes_and_pieces = needs.host.state + needs.host.param_shadows + needs.host.stash +
+                                    needs.host.param_fetch_staging;
   const uint64_t landing =
       (r.accumulation > 1 ? needs.host.grad_landing : 0) + needs.host.grad_staging;
   uint64_t host_peak = homes_and_pieces + needs.host.param_publish_staging + landing;
@@ -305,10 +305,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // writes behind (pipeline_sub_groups_held) and the new parameters' pieces.
   const uint64_t deferred_bwd =
       homes_and_pieces + landing + largest_extents(uint64_t(std::max(1, to.buffer_count)));
-  const uint64_t deferred_fwd =
-      homes_and_pieces + needs.host.param_publish_staging + needs.host.grad_staging +
-      largest_extents(pipeline_sub_groups_held(to.buffer_count, opt_nvme_writes,
-                                               where.params == Tier::kNvme));
+  const uint64_t deferred_fwd = homes_and_pieces + needs.host.param_publish_staging +
+                                needs.host.grad_staging +
+                                largest_extents(pipeline_sub_groups_held(
+                                    to.buffer_count, opt_nvme_writes, where.params == Tier::kNvme));
   o.host.peak_deferred = std::max(deferred_bwd, deferred_fwd) * W;
   o.device.peak_deferred = o.device.peak;
   o.nvme.peak_deferred = o.nvme.state;  // no shadow extents: nothing is stepped under backward

@@ -579,7 +579,8 @@ Result<double> Run::run_step() {
     const float mult = static_cast<float>(coef / scale);
     last_clipped_ = coef < 1.0;
     if (delayed) {
-      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "starting the delayed update");
+      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult),
+                             "starting the delayed update");
     } else {
       // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
       // with the overlap, the modules not stepped yet are stepped as the next forward needs
