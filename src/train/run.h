@@ -141,6 +141,9 @@ class Run {
   std::vector<const void*> params_;
   std::vector<float*> grads_;
   double last_grad_norm_ = 0;
+  // The last step's mean load-balancing loss over its micro-batches and ranks (a mixture of
+  // experts; -1 for other models), reported apart from the loss.
+  double last_aux_loss_ = -1;
   bool last_skipped_ = false;
   // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
   // (early gradients are the largest, so the first step is expected to clip: it is deferred,

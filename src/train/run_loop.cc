@@ -154,6 +154,7 @@ Result<TrainResult> Run::loop() {
       rep.loss = loss;
       rep.lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
       rep.grad_norm = last_grad_norm_;
+      rep.aux_loss = last_aux_loss_;
       rep.fp16 = cfg_.fp16.enabled;
       rep.loss_scale = scaler_.scale;
       rep.skipped = last_skipped_;
