@@ -23,6 +23,12 @@
 namespace strata {
 namespace {
 
+// The optimizer's swap files in the test's own directory (tiny-cpu's runs/swap is shared by
+// every test that ctest runs beside this one: a second run there is refused as in use).
+std::string own_swap(const std::string& dir) {
+  return "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"";
+}
+
 constexpr int kVocab = 256;  // configs/tiny-cpu.json's
 
 DataConfig data_config(const std::string& source, int T = 64) {
@@ -191,8 +197,9 @@ TEST(SftData, BadMaskFilesAreRefusedNamingTheFile) {
     EXPECT_NE(d.status().message().find(expect), std::string::npos) << d.status().message();
   }
   // Before training, through the trainer; and "none" reads the tokens alone.
-  auto cfg = test::tiny_cpu(dir, {"train.steps=1", "scheduler.params.warmup_num_steps=1",
-                                  "data.source=\"" + dir + "/other.bin\""});
+  auto cfg =
+      test::tiny_cpu(dir, {own_swap(dir), "train.steps=1", "scheduler.params.warmup_num_steps=1",
+                           "data.source=\"" + dir + "/other.bin\""});
   Status s = test::train_status(cfg);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find(dir + "/other.bin.mask"), std::string::npos) << s.message();
@@ -228,10 +235,11 @@ TEST(SftData, EvalSourceIsTheHeldOutFile) {
   // not the training file's tail.
   int run = 0;
   auto eval_at_0 = [&](const std::string& source, const std::string& eval_source) {
-    auto cfg = test::tiny_cpu(
-        dir + "/run" + std::to_string(run++),
-        {"train.steps=1", "train.eval_interval=1", "scheduler.params.warmup_num_steps=1",
-         "data.source=\"" + source + "\"", "data.eval_source=\"" + eval_source + "\""});
+    const std::string d = dir + "/run" + std::to_string(run++);
+    auto cfg =
+        test::tiny_cpu(d, {own_swap(d), "train.steps=1", "train.eval_interval=1",
+                           "scheduler.params.warmup_num_steps=1", "data.source=\"" + source + "\"",
+                           "data.eval_source=\"" + eval_source + "\""});
     TrainResult r = test::must_train(cfg);
     return r.eval_losses.empty() ? NAN : r.eval_losses.front().second;
   };
@@ -239,8 +247,8 @@ TEST(SftData, EvalSourceIsTheHeldOutFile) {
   EXPECT_EQ(on_a, on_b);
   EXPECT_NE(on_a, tail);
   // strata eval: data.eval_source when set, as if it were data.source.
-  auto cfg =
-      test::tiny_cpu(dir, {"data.source=\"" + a + "\"", "data.eval_source=\"" + held + "\""});
+  auto cfg = test::tiny_cpu(
+      dir, {own_swap(dir), "data.source=\"" + a + "\"", "data.eval_source=\"" + held + "\""});
   auto with_held = evaluate(cfg, EvalOptions{});
   ASSERT_TRUE(with_held.is_ok()) << with_held.status().to_string();
   cfg.data.source = held;
@@ -263,8 +271,8 @@ TEST(SftTrain, HeldOutLossOnAssistantTurnsFalls) {
   const std::string train_file = chat_file(dir, "train.bin", 600, 11).path;
   const std::string held = chat_file(dir, "held.bin", 60, 12).path;
   auto cfg = test::tiny_cpu(
-      dir, {"train.steps=40", "train.eval_interval=20", "data.source=\"" + train_file + "\"",
-            "data.eval_source=\"" + held + "\""});
+      dir, {own_swap(dir), "train.steps=40", "train.eval_interval=20",
+            "data.source=\"" + train_file + "\"", "data.eval_source=\"" + held + "\""});
   TrainResult r = test::must_train(cfg);
   ASSERT_EQ(r.eval_losses.size(), 3u);
   EXPECT_LT(r.eval_losses.back().second, r.eval_losses.front().second - 0.3)
@@ -301,10 +309,11 @@ TEST(SftTrain, AccumulatedLossIsTheMeanOverAllAssistantTokens) {
   const std::string train_file = test::write_masked(dir + "/both.bin", both, both_mask);
   const std::string a_file = test::write_masked(dir + "/a.bin", a, a_mask);
   const std::string b_file = test::write_masked(dir + "/b.bin", b, b_mask);
-  auto cfg = test::tiny_cpu(
-      dir, {"train.steps=1", "scheduler.params.warmup_num_steps=1", "train_batch_size=4",
-            "train_micro_batch_size_per_gpu=1", "gradient_accumulation_steps=4",
-            "data.source=\"" + train_file + "\"", "data.eval_source=\"" + a_file + "\""});
+  auto cfg =
+      test::tiny_cpu(dir, {own_swap(dir), "train.steps=1", "scheduler.params.warmup_num_steps=1",
+                           "train_batch_size=4", "train_micro_batch_size_per_gpu=1",
+                           "gradient_accumulation_steps=4", "data.source=\"" + train_file + "\"",
+                           "data.eval_source=\"" + a_file + "\""});
   // Each window's loss sum at the initial weights (the step's losses are taken before its
   // update): strata eval of the window alone (the same tokens, padding and positions).
   double sum[2], count[2];
