@@ -30,6 +30,10 @@
 //   double blocks_flops(int T) const;         forward FLOPs per token of all L blocks
 //   std::string describe(const ModelLayout&), shape_string()
 //   std::vector<HfTensor> hf_tensors(const ModuleSpec&); bool hf_ignorable(const std::string&)
+//   std::string hf_block_prefix(int l)        block l's Hugging Face prefix ("model.layers.3.")
+//   std::vector<LoraSite> lora_sites()        its linear layers as PEFT names them (lora.h); its
+//                                             parts call st.lora_forward / st.lora_backward
+//                                             after each matmul, with the site's matmul id
 //   struct NormStats, AttentionActs, MlpActs, AttentionScratch, MlpScratch and, for each,
 //     void carve(Carver&, const BatchDims&, X*) const   its device buffers (one carve measures,
 //                                             the same carve places them)
@@ -61,6 +65,7 @@
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/model/lora.h"
 #include "strata/kernels.h"
 
 namespace strata {
@@ -83,14 +88,18 @@ class Carver {
   size_t off_ = 0;
 };
 
-// Module indices of a decoder of L blocks.
+// Module indices of a decoder of L blocks. With LoRA adapters (`lora`), the base's modules are
+// frozen and block l's adapter module "lora.<l>" follows all of them.
 struct DecoderModules {
   int L = 0;
   bool tied = true;
+  bool lora = false;
   int embedding() const { return 0; }
   int block(int l) const { return 1 + l; }
   int final_norm() const { return 1 + L; }
   int head() const { return tied ? 0 : 2 + L; }  // the module holding the output projection
+  int base_modules() const { return tied ? 2 + L : 3 + L; }
+  int adapter(int l) const { return lora ? base_modules() + l : -1; }  // -1: none
 };
 
 // The compute functions of a decoder's program (ProgramOp::fn).
@@ -109,7 +118,10 @@ enum DecoderFn : int {
 //   G(final) G(H) head_bwd R(final) R(H) D(final) [D(H) untied];
 //   per block l, last first: P(l) G(l) block_bwd(l) R(l) D(l);  [G(emb) untied] embedding_bwd
 //   D(emb)
-// Eval runs the forward and releases the head's modules.
+// Eval runs the forward and releases the head's modules. With LoRA adapters (a = block l's
+// adapter module) the blocks' steps become P(l) P(a) block_fwd(l) R(l) R(a) and
+// P(l) P(a) G(a) block_bwd(l) R(l) R(a) D(a); the frozen base acquires no gradients and the
+// embedding's backward is not run.
 void decoder_programs(const DecoderModules& m, Program* train, Program* eval);
 
 // The shape a decoder is built from: `config` with padded_vocab_size (0: vocab_size rounded up
@@ -131,19 +143,39 @@ struct BatchDims {
 };
 
 // What a compute function sees: the device, its kernels and compute stream, the batch shape.
+// A frozen module (LoRA's base) is bound without a gradient buffer (g == nullptr): its matmuls
+// skip the weight gradient (wgrad gives nullptr) and its norms' weight gradients land in
+// `discard` (norm_grad), 2 x n_embd fp32 of scratch. `lora`: the adapters of the block being
+// computed (nullptr without adapters); a block definition calls lora_forward / lora_backward
+// after each of its matmuls.
 struct DecoderStep : BatchDims {
   Device* dev = nullptr;
   Kernels* k = nullptr;
   Stream* s = nullptr;
+  float* discard = nullptr;
+  const LoraRun* lora = nullptr;
   void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
+  static float* wgrad(float* g, size_t at) { return g ? g + at : nullptr; }
+  // A norm's weight gradient at `at` (slot 0) or its bias's (slot 1, the n_embd after it).
+  float* norm_grad(float* g, size_t at, int slot = 0, size_t C = 0) const {
+    return g ? g + at + size_t(slot) * C : discard + size_t(slot) * C;
+  }
+  void lora_forward(int matmul, const void* x, void* y) const {
+    if (lora) strata::lora_forward(*this, *lora, matmul, x, y);
+  }
+  void lora_backward(int matmul, const void* x, const void* dy, void* dx) const {
+    if (lora && lora->g) strata::lora_backward(*this, *lora, matmul, x, dy, dx);
+  }
 };
 
 // The modules of a decoder, each filled by its tensor function; the head module (lm_head) when
-// the embeddings are not tied.
+// the embeddings are not tied; with adapters (`lora` not empty) every base module frozen and
+// one adapter module "lora.<i>" per block after them.
 ModelLayout decoder_layout(const ModelConfig& shape,
                            const std::function<void(ModuleSpec&)>& embedding,
                            const std::function<void(ModuleSpec&)>& block,
-                           const std::function<void(ModuleSpec&)>& final_norm);
+                           const std::function<void(ModuleSpec&)>& final_norm,
+                           const LoraLayout& lora);
 
 // init_module_range for a decoder's module `spec`, from stream `stream`: the vocabulary's
 // padding rows (V..Vp-1) of "embedding" and "head" start at zero (they never receive gradient).
@@ -193,12 +225,14 @@ class DecoderRunner final : public ModelRunner {
     void *dA = nullptr, *dB = nullptr, *dln = nullptr;
     typename Blocks::AttentionScratch datt;
     typename Blocks::MlpScratch dmlp;
+    float* discard = nullptr;  // 2C fp32: a frozen norm's weight gradients (DecoderStep)
+    LoraRun lora;              // the adapters' scratch (layout nullptr: none)
   };
 
   // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
   // what it measured and carves again for real.
   static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
-                    ActivationMode mode, Buffers* m) {
+                    ActivationMode mode, const LoraLayout& lora, Buffers* m) {
     const bool keep = mode == ActivationMode::kKeep;
     const int L = sh.n_layer;
     const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
@@ -233,13 +267,19 @@ class DecoderRunner final : public ModelRunner {
     m->dln = c.take(NC);
     blocks.carve(c, d, &m->datt);
     blocks.carve(c, d, &m->dmlp);
+    if (!lora.empty()) {
+      m->discard = c.take_f32(2 * size_t(sh.n_embd));
+      m->lora.layout = &lora;
+      m->lora.carve(c, N, d.es());
+    }
   }
 
-  DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const BatchDims& dims,
-                ActivationMode mode, ActivationStore* store)
+  DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const LoraLayout& lora,
+                const BatchDims& dims, ActivationMode mode, ActivationStore* store)
       : blocks_(blocks),
         sh_(sh),
-        mods_{sh.n_layer, sh.tied_embeddings},
+        lora_(lora),
+        mods_{sh.n_layer, sh.tied_embeddings, !lora.empty()},
         mode_(mode),
         store_(store) {
     static_cast<BatchDims&>(st_) = dims;
@@ -255,10 +295,11 @@ class DecoderRunner final : public ModelRunner {
 
   Status allocate() {
     Carver measure(nullptr);
-    carve(measure, blocks_, sh_, st_, mode_, &buf_);
+    carve(measure, blocks_, sh_, st_, mode_, lora_, &buf_);
     STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used(), "activations"), "device");
     Carver real(static_cast<char*>(arena_));
-    carve(real, blocks_, sh_, st_, mode_, &buf_);
+    carve(real, blocks_, sh_, st_, mode_, lora_, &buf_);
+    st_.discard = buf_.discard;
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
     STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 + N * 4), "host staging");
@@ -288,6 +329,7 @@ class DecoderRunner final : public ModelRunner {
         blocks_.embedding_forward(st_, P(E), buf_.tokens, buf_.encoded);
         break;
       case kBlockForward:
+        bind_lora(op.layer, b);
         forward_block(op.layer, P(mods_.block(op.layer)));
         break;
       case kHeadForward:
@@ -297,6 +339,7 @@ class DecoderRunner final : public ModelRunner {
         backward_head(P(F), G(F), P(H), G(H));
         break;
       case kBlockBackward:
+        bind_lora(op.layer, b);
         backward_block(op.layer, P(mods_.block(op.layer)), G(mods_.block(op.layer)));
         break;
       case kEmbeddingBackward:
@@ -310,6 +353,14 @@ class DecoderRunner final : public ModelRunner {
   Status status() const override { return error_; }
 
  private:
+  // Block l's adapters, when the model has them.
+  void bind_lora(int l, const ModuleBindings& b) {
+    if (lora_.empty()) return;
+    const int a = mods_.adapter(l);
+    buf_.lora.p = b.params[size_t(a)];
+    buf_.lora.g = b.grads[size_t(a)];
+    st_.lora = &buf_.lora;
+  }
   size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
   // Block l's input, its output (the next block's input or the head's), its intermediates.
   void* input(int l) const {
@@ -391,6 +442,7 @@ class DecoderRunner final : public ModelRunner {
     const int N = int(st_.N()), C = sh_.n_embd;
     // logits now hold dlogits.
     st_.zero(buf_.dln, residual_bytes());
+    // gh == nullptr: a frozen head (no weight gradient).
     st_.k->matmul_backward(*st_.s, st_.dt, buf_.dln, gh, nullptr, buf_.logits, buf_.lnf, ph, N, C,
                            sh_.padded_vocab_size);
     st_.zero(buf_.dA, residual_bytes());
@@ -439,6 +491,7 @@ class DecoderRunner final : public ModelRunner {
 
   const Blocks& blocks_;
   const ModelConfig& sh_;
+  const LoraLayout& lora_;
   DecoderModules mods_;
   DecoderStep st_;
   ActivationMode mode_;
@@ -463,14 +516,20 @@ class DecoderArchitecture final : public Architecture {
   static Result<std::unique_ptr<Architecture>> create(const ModelConfig& config) {
     STRATA_ASSIGN_OR_RETURN(ModelConfig shape, decoder_shape(config), "");
     STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
-    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape));
+    STRATA_ASSIGN_OR_RETURN(LoraLayout lora,
+                            lora_layout(shape.lora, Blocks::kType, Blocks(shape).lora_sites()), "");
+    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape, std::move(lora)));
   }
 
   const std::string& name() const override { return name_; }
   const ModelLayout& layout() const override { return layout_; }
   const ModelConfig& shape() const override { return shape_; }
-  std::string describe() const override { return blocks_.describe(layout_); }
-  std::string shape_string() const override { return blocks_.shape_string(); }
+  std::string describe() const override {
+    return blocks_.describe(layout_) + lora_describe(lora_, shape_.n_layer);
+  }
+  std::string shape_string() const override {
+    return blocks_.shape_string() + lora_shape_string(lora_);
+  }
   int vocab_size() const override { return shape_.vocab_size; }
   int context() const override { return shape_.context; }
   const Program& program(Pass pass) const override { return pass == Pass::kTrain ? train_ : eval_; }
@@ -483,7 +542,7 @@ class DecoderArchitecture final : public Architecture {
     Carver measure(nullptr);
     typename DecoderRunner<Blocks>::Buffers b;
     DecoderRunner<Blocks>::carve(measure, blocks_, shape_, BatchDims{B, T, dt, fused_attention},
-                                 mode, &b);
+                                 mode, lora_, &b);
     ActivationSizes s;
     s.bytes = measure.used();
     if (mode == ActivationMode::kOffload) {
@@ -510,8 +569,17 @@ class DecoderArchitecture final : public Architecture {
   }
 
   std::vector<HfTensor> hf_tensors(int m) const override {
-    return blocks_.hf_tensors(layout_.modules[size_t(m)]);
+    if (!layout_.modules[size_t(m)].trainable || lora_.empty() || m < mods().base_modules()) {
+      return blocks_.hf_tensors(layout_.modules[size_t(m)]);
+    }
+    return {};  // an adapter: not in the base's checkpoint (hf_adapter_tensors)
   }
+  std::vector<HfTensor> hf_adapter_tensors(int m) const override {
+    const DecoderModules d = mods();
+    if (lora_.empty() || m < d.base_modules()) return {};
+    return lora_hf_tensors(lora_, blocks_.hf_block_prefix(m - d.base_modules()));
+  }
+  const LoraLayout* lora() const override { return lora_.empty() ? nullptr : &lora_; }
   bool hf_ignorable(const std::string& name) const override {
     return blocks_.hf_ignorable(name) || (shape_.tied_embeddings && name == "lm_head.weight");
   }
@@ -521,25 +589,29 @@ class DecoderArchitecture final : public Architecture {
                                                      ActivationStore* store) const override {
     STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store), "");
     auto r = std::make_unique<DecoderRunner<Blocks>>(
-        device, blocks_, shape_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode,
-        store);
+        device, blocks_, shape_, lora_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)},
+        mode, store);
     STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
                                                       activation_mode_name(mode), B, T));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
  private:
-  explicit DecoderArchitecture(const ModelConfig& shape)
-      : name_(Blocks::kType), shape_(shape), blocks_(shape_) {
+  DecoderModules mods() const {
+    return DecoderModules{shape_.n_layer, shape_.tied_embeddings, !lora_.empty()};
+  }
+  DecoderArchitecture(const ModelConfig& shape, LoraLayout lora)
+      : name_(Blocks::kType), shape_(shape), blocks_(shape_), lora_(std::move(lora)) {
     layout_ = decoder_layout(
         shape_, [this](ModuleSpec& m) { blocks_.embedding_tensors(m); },
         [this](ModuleSpec& m) { blocks_.block_tensors(m); },
-        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); });
-    decoder_programs(DecoderModules{shape_.n_layer, shape_.tied_embeddings}, &train_, &eval_);
+        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, lora_);
+    decoder_programs(mods(), &train_, &eval_);
   }
   std::string name_;
   ModelConfig shape_;
   Blocks blocks_;
+  LoraLayout lora_;
   ModelLayout layout_;
   Program train_, eval_;
 };
