@@ -13,6 +13,9 @@
 
 #include "src/base/json_text.h"
 #include "src/base/safe_file.h"
+#include "src/checkpoint/checkpoint.h"
+#include "src/hf/hf_checkpoint.h"
+#include "src/hf/hf_export.h"
 #include "src/model/lora.h"
 
 namespace strata {
@@ -179,6 +182,92 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
               {"modules_to_save", nullptr}};
   STRATA_RETURN_IF_ERROR(write_file_atomically(dir + "/adapter_model.safetensors", file, 0644), "");
   return write_file_atomically(dir + "/adapter_config.json", cfg.dump(2) + "\n", 0644);
+}
+
+Result<std::vector<std::vector<float>>> read_checkpoint_adapters(const std::string& checkpoint,
+                                                                 const Architecture& arch) {
+  const ModelLayout& layout = arch.layout();
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "");
+  std::vector<std::vector<float>> out(layout.modules.size());
+  for (size_t i = 0; i < layout.modules.size(); ++i) {
+    if (layout.modules[i].trainable) out[i].assign(layout.modules[i].numel, 0.0f);
+  }
+  std::vector<float> piece;
+  for (const std::string& f : files) {
+    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(f), "");
+    if (meta.model_shape != arch.shape_string() || meta.modules.size() != layout.modules.size()) {
+      return invalid_argument(fmt::format(
+          "{} holds a model of shape \"{}\", but the config describes \"{}\"; give the config "
+          "the checkpoint was trained with (its lora section too)",
+          f, meta.model_shape, arch.shape_string()));
+    }
+    auto staging = [&](size_t i, CheckpointBuffers* b) -> Status {
+      piece.assign(meta.modules[i].numel, 0.0f);
+      *b = {piece.data(), nullptr, nullptr, 4};
+      return Status::ok();
+    };
+    auto sink = [&](size_t i, const CheckpointBuffers&) -> Status {
+      const CheckpointModule& cm = meta.modules[i];
+      if (cm.numel == 0 || out[i].empty()) return Status::ok();
+      if (cm.offset + cm.numel > out[i].size()) {
+        return corrupt(fmt::format("{}: module {} elements [{}, {}) past its {} elements", f,
+                                   cm.name, cm.offset, cm.offset + cm.numel, out[i].size()));
+      }
+      std::copy(piece.begin(), piece.end(), out[i].begin() + long(cm.offset));
+      return Status::ok();
+    };
+    STRATA_RETURN_IF_ERROR(read_checkpoint(f, staging, sink), "");
+  }
+  return out;
+}
+
+Status export_adapter(const std::string& checkpoint, const ModelConfig& model,
+                      const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(auto arch, create_architecture(model), "export --adapter");
+  if (arch->lora() == nullptr) {
+    return invalid_argument(
+        "export --adapter: the config has no lora section, so its checkpoints hold no adapters "
+        "(give the config the run was trained with)");
+  }
+  STRATA_ASSIGN_OR_RETURN(auto adapters, read_checkpoint_adapters(checkpoint, *arch),
+                          "export --adapter");
+  return write_hf_adapter(dir, *arch, model.from_pretrained, [&](int m, float* out) {
+    std::copy(adapters[size_t(m)].begin(), adapters[size_t(m)].end(), out);
+    return Status::ok();
+  });
+}
+
+Status export_merged(const std::string& checkpoint, const ModelConfig& model,
+                     const Architecture& arch, HfCheckpointWriter& writer) {
+  const ModelLayout& layout = arch.layout();
+  STRATA_ASSIGN_OR_RETURN(auto adapters, read_checkpoint_adapters(checkpoint, arch), "export");
+  std::unique_ptr<HfCheckpointReader> base;
+  if (!model.from_pretrained.empty()) {
+    STRATA_ASSIGN_OR_RETURN(base, HfCheckpointReader::open(model.from_pretrained, arch),
+                            "export: the base model");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "export");
+  STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(files.at(0)), "export");
+  const int first = first_adapter(arch);
+  std::vector<float> w;
+  for (size_t m = 0; m < layout.modules.size(); ++m) {
+    w.assign(layout.modules[m].numel, 0.0f);
+    if (layout.modules[m].trainable) {
+      std::copy(adapters[m].begin(), adapters[m].end(), w.begin());
+    } else if (base) {
+      STRATA_RETURN_IF_ERROR(base->read_module(int(m), w.data()), "export: the base model");
+    } else {
+      arch.init_module(int(m), meta.seed, w.data());
+    }
+    // Block l (module 1 + l) gets adapter module first + l merged in.
+    const std::string& name = layout.modules[m].name;
+    if (name.rfind("block.", 0) == 0) {
+      const size_t l = std::stoul(name.substr(6));
+      lora_merge(*arch.lora(), layout.modules[m], adapters[size_t(first) + l].data(), w.data());
+    }
+    STRATA_RETURN_IF_ERROR(writer.write_module(int(m), w.data()), "export");
+  }
+  return Status::ok();
 }
 
 }  // namespace strata

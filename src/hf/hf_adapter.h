@@ -45,4 +45,21 @@ class HfAdapterReader {
 Status write_hf_adapter(const std::string& dir, const Architecture& arch, const std::string& base,
                         const std::function<Status(int m, float* out)>& values);
 
+// Each adapter module's fp32 master weights from strata checkpoint `checkpoint` (a checkpoint
+// file or a sharded checkpoint's manifest; its shards' slices gathered), indexed by module
+// (empty for the frozen base). The checkpoint's model shape must be `arch`'s.
+Result<std::vector<std::vector<float>>> read_checkpoint_adapters(const std::string& checkpoint,
+                                                                 const Architecture& arch);
+
+// `strata export --adapter DIR`: the adapters of `checkpoint` as a PEFT adapter directory.
+Status export_adapter(const std::string& checkpoint, const ModelConfig& model,
+                      const std::string& dir);
+
+// `strata export` of a LoRA run: the base (model.from_pretrained's weights, else its
+// initialization from `seed`) with every block's adapters merged (lora_merge), written through
+// `writer` module by module (the adapter modules have no tensors there).
+class HfCheckpointWriter;
+Status export_merged(const std::string& checkpoint, const ModelConfig& model,
+                     const Architecture& arch, HfCheckpointWriter& writer);
+
 }  // namespace strata

@@ -76,10 +76,10 @@ class Gpt2Blocks {
   enum Matmul { kQkv, kAttProj, kFc, kFcProj };
   std::vector<LoraSite> lora_sites() const {
     const int C = s_.n_embd;
-    return {{"attn.c_attn", kQkv, C, 3 * C, 0, 3 * C},
-            {"attn.c_proj", kAttProj, C, C, 0, C},
-            {"mlp.c_fc", kFc, C, 4 * C, 0, 4 * C},
-            {"mlp.c_proj", kFcProj, 4 * C, C, 0, C}};
+    return {{"attn.c_attn", kQkv, C, 3 * C, 0, 3 * C, "qkvw"},
+            {"attn.c_proj", kAttProj, C, C, 0, C, "attprojw"},
+            {"mlp.c_fc", kFc, C, 4 * C, 0, 4 * C, "fcw"},
+            {"mlp.c_proj", kFcProj, 4 * C, C, 0, C, "fcprojw"}};
   }
   bool hf_ignorable(const std::string& name) const {
     auto ends_with = [&](const std::string& tail) {

@@ -138,10 +138,13 @@ class LlamaBlocks {
   std::vector<LoraSite> lora_sites() const {
     const int C = s_.n_embd, I = s_.intermediate_size, Q = s_.n_head * hs(),
               KV = s_.num_key_value_heads * hs(), W = qkv_width();
-    return {{"self_attn.q_proj", kQkv, C, Q, 0, W},       {"self_attn.k_proj", kQkv, C, KV, Q, W},
-            {"self_attn.v_proj", kQkv, C, KV, Q + KV, W}, {"self_attn.o_proj", kO, Q, C, 0, C},
-            {"mlp.gate_proj", kGateUp, C, I, 0, 2 * I},   {"mlp.up_proj", kGateUp, C, I, I, 2 * I},
-            {"mlp.down_proj", kDown, I, C, 0, C}};
+    return {{"self_attn.q_proj", kQkv, C, Q, 0, W, "q_proj"},
+            {"self_attn.k_proj", kQkv, C, KV, Q, W, "q_proj"},
+            {"self_attn.v_proj", kQkv, C, KV, Q + KV, W, "q_proj"},
+            {"self_attn.o_proj", kO, Q, C, 0, C, "o_proj"},
+            {"mlp.gate_proj", kGateUp, C, I, 0, 2 * I, "gate_proj"},
+            {"mlp.up_proj", kGateUp, C, I, I, 2 * I, "gate_proj"},
+            {"mlp.down_proj", kDown, I, C, 0, C, "down_proj"}};
   }
   bool hf_ignorable(const std::string& name) const {
     // A buffer older checkpoints saved.

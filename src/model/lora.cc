@@ -101,6 +101,23 @@ std::vector<HfTensor> lora_hf_tensors(const LoraLayout& L, const std::string& pr
   return out;
 }
 
+void lora_merge(const LoraLayout& L, const ModuleSpec& block, const float* adapter, float* w) {
+  const size_t r = size_t(L.r);
+  for (const LoraLayout::Target& t : L.targets) {
+    const size_t in = size_t(t.site.in);
+    float* W = w + tensor_offset(block, t.site.weight) + size_t(t.site.col0) * in;
+    const float* A = adapter + t.a;
+    const float* B = adapter + t.b;
+    for (size_t o = 0; o < size_t(t.site.out); ++o) {
+      for (size_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (size_t k = 0; k < r; ++k) d += double(B[o * r + k]) * double(A[k * in + i]);
+        W[o * in + i] += float(double(L.scaling) * d);
+      }
+    }
+  }
+}
+
 void LoraRun::carve(Carver& c, size_t N, size_t es) {
   const size_t r = size_t(layout->r), W = size_t(layout->max_width);
   u = c.take(N * r * es);

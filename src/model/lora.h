@@ -40,6 +40,9 @@ struct LoraSite {
   int in = 0, out = 0;
   int col0 = 0;   // its output columns [col0, col0 + out) of the matmul's ...
   int width = 0;  // ... `width` outputs
+  // The block tensor that starts the matmul's weight ([width, in], strata's [out, in] order):
+  // the site's own weight is its rows [col0, col0 + out) (merging adds s * B A there).
+  std::string weight;
 };
 
 // The adapted sites of a block and where their tensors sit in the adapter module.
@@ -74,6 +77,11 @@ std::string lora_shape_string(const LoraLayout& layout);
 // An adapter module's tensors under PEFT's names, block prefix `prefix` ("model.layers.3."):
 // "base_model.model.<prefix><site>.lora_A.weight" [r, in], "...lora_B.weight" [out, r].
 std::vector<HfTensor> lora_hf_tensors(const LoraLayout& layout, const std::string& prefix);
+
+// Merges block l's adapters into its weights: W[rows of a site] += s * B A, in fp32. `block` is
+// the block module's values (spec: its tensors), `adapter` the adapter module's.
+void lora_merge(const LoraLayout& layout, const ModuleSpec& block, const float* adapter,
+                float* block_values);
 
 // One runner's adapters: the layout, its scratch on the device, and the current block's
 // adapter parameters and gradients (bound by the runner before each block's compute).
