@@ -197,7 +197,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.nvme.capacity = r.hw.nvme_bytes;
 
   // Sizes per module on this rank, for the peaks and the time model (module_homes' shards).
-  uint64_t P_local = 0, max_p = 0, max_g = 0;
+  uint64_t max_p = 0, max_g = 0;
+  uint64_t P_trained = 0;  // elements with gradients and an optimizer step (not a frozen base)
   uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
   uint64_t opt_dev_params = 0;    // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
@@ -209,16 +210,18 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   std::vector<std::pair<uint64_t, uint64_t>> opt_nvme_extents;
   for (size_t i = 0; i < homes.size(); ++i) {
     const ModuleHomes& h = homes[i];
-    P_local += h.shard_numel;
     max_p = std::max<uint64_t>(max_p, h.params.bytes);
     max_g = std::max<uint64_t>(max_g, h.grads.bytes);
+    // A frozen module (LoRA's base) has no gradients and no optimizer step.
+    const size_t trained = h.master.bytes > 0 ? h.shard_numel : 0;
+    P_trained += trained;
     if (h.master.tier != Tier::kDevice || h.moments.tier != Tier::kDevice) {
-      opt_host_params += h.shard_numel;
+      opt_host_params += trained;
     } else {
-      opt_dev_params += h.shard_numel;
+      opt_dev_params += trained;
     }
-    if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
-    if (h.grads.tier == Tier::kNvme) grads_nvme += h.shard_numel;
+    if (h.grads.tier != Tier::kDevice) grads_off_device += trained;
+    if (h.grads.tier == Tier::kNvme) grads_nvme += trained;
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
     }
@@ -276,7 +279,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Device: every module's per-micro-batch gradient buffer (fp32, full module) is alive at the
   // end of backward while the drains run; offloaded params are cached in what is left.
   const uint64_t Pf = arch->layout().num_params();
-  o.device.peak = o.device.total() + Pf * 4;
+  uint64_t Pf_trained = 0;
+  for (const ModuleSpec& m : arch->layout().modules) Pf_trained += m.trainable ? m.numel : 0;
+  o.device.peak = o.device.total() + Pf_trained * 4;
   if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
   // Parameter pieces: the NVMe fetch ring, held from the first fetch, and the new parameters'
@@ -352,7 +357,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.gemm_flops = gemm_rate_at(pf, m.n_embd, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
-  const double P = double(P_local), Pfull = double(Pf);
+  const double Pfull = double(Pf);
   // Params fetched to the device per step: a fwd and a bwd pass per micro-batch, less what the
   // device can keep cached (its free bytes), at least once per step (the optimizer changed
   // them). Params resident on the device are fetched never, but written once after the step.
@@ -384,7 +389,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (where.params == Tier::kNvme) {
     nvme_param_read = fetch / double(W);  // this rank's shards
     nr += nvme_param_read;
-    nw += P * es;
+    nw += double(P_trained) * es;  // the stepped parameters written back
   }
   o.nvme_read_bytes = uint64_t(nr) * W;
   o.nvme_write_bytes = uint64_t(nw) * W;
@@ -451,8 +456,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
     }
     if (where.params == Tier::kNvme) {
-      window += P * es / (pf.nvme_write_gbps.value * 1e9);
-      window_deferred += P * es / (pf.nvme_write_gbps.value * 1e9);
+      window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
     }
     window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
