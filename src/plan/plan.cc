@@ -358,17 +358,27 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.compute_s = double(o.flops) / t.gemm_flops;
 
   const double Pfull = double(Pf);
-  // Params fetched to the device per step: a fwd and a bwd pass per micro-batch, less what the
-  // device can keep cached (its free bytes), at least once per step (the optimizer changed
-  // them). Params resident on the device are fetched never, but written once after the step.
+  // Params fetched to the device per step: what the device cannot keep cached, once in each
+  // backward and again in each forward (what backward evicted); a cached copy is updated in
+  // place by the optimizer (write-through over the link), never fetched again. The room is the
+  // device's free bytes during backward, where the working set's gradient buffer is joined by
+  // the previous module's, still draining (one more of the largest). Sharded: every gathered
+  // group is dropped after its use, so each pass fetches every parameter. Params resident on
+  // the device are fetched never, but written once after the step.
   double link = 0, fetch = 0;
   if (where.params != Tier::kDevice) {
-    const double free_dev =
-        o.device.capacity > o.device.total() ? double(o.device.capacity - o.device.total()) : 0.0;
+    uint64_t largest_grad_buffer = 0;  // a module's fp32 gradients on the device, whole
+    for (const ModuleHomes& h : homes) {
+      if (h.grads.bytes == 0) continue;  // a frozen module has no gradient buffer
+      largest_grad_buffer = std::max<uint64_t>(largest_grad_buffer, uint64_t(h.padded_numel) * 4);
+    }
+    const uint64_t busy = o.device.total() + largest_grad_buffer;
+    const double free_dev = o.device.capacity > busy ? double(o.device.capacity - busy) : 0.0;
     const double pbytes = Pfull * es;
-    const double cached = std::min(1.0, free_dev / pbytes);
-    fetch = pbytes * (1.0 + (2.0 * A - 1.0) * (1.0 - cached));
-    link += fetch;
+    const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
+    fetch = pbytes * 2.0 * A * (1.0 - cached);
+    // The fetches and the write-through (of the stepped parameters: not a frozen base's).
+    link += fetch + double(P_trained) * es * cached;
   } else {
     link += double(opt_host_params) * es;  // new low-precision params back to the device
   }

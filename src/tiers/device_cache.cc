@@ -49,7 +49,12 @@ DeviceCache::DeviceCache(Homes& homes, const TierOptions& options, DType dt, boo
       errors_(errors),
       policy_(policy_options(options)),
       cache_(homes.modules().size()),
-      secondary_(homes.modules().size(), nullptr) {}
+      secondary_(homes.modules().size(), nullptr) {
+  // Backward holds a module's fp32 gradient buffer while the one before it drains.
+  for (const Module& m : homes.modules()) {
+    prefetch_reserve_ = std::max(prefetch_reserve_, 2 * round_up(m.padded * 4, 256));
+  }
+}
 
 // ---- phases --------------------------------------------------------------------------------
 
@@ -311,10 +316,28 @@ Result<void*> DeviceCache::allocate(size_t bytes, const std::string& tag, int ke
                                     uint64_t need_before, bool may_block) {
   // Waits for pending frees as often as there are any, then for the gradient drains twice
   // (counted apart: how many frees were pending depends on timing, the outcome must not).
+  const bool prefetch = need_before != UINT64_MAX;
   for (int drain_waits = 0;;) {
     reclaim(false);
-    auto r = dev_.allocate(bytes, tag);
+    // A prefetch leaves room for the gradient buffers backward allocates before the prefetched
+    // copy is used: the trace does not hold them, and taking their room would only have the
+    // next gradient buffer evict the copy again before its use.
+    Result<void*> r = out_of_memory("the gradient buffers' room");
+    const DeviceMemoryStats ms = dev_.memory_stats();
+    if (!prefetch || sharded_ || ms.used + bytes + prefetch_reserve_ <= ms.capacity) {
+      r = dev_.allocate(bytes, tag);
+    }
     if (r.is_ok()) return r;
+    // Frees already on their way (evicted copies whose last use has not run yet) make the room:
+    // evicting another object now would throw away a copy that is still wanted and fetch it
+    // again later. A prefetch gives up until they ran; a demand fetch waits for the oldest.
+    size_t on_the_way = 0;
+    for (const PendingFree& f : pending_) on_the_way += f.bytes;
+    if (on_the_way >= bytes) {
+      if (!may_block) return r.status();
+      reclaim(true);
+      continue;
+    }
     // Sharded: never evict for room (whether an allocation fails depends on timing; an
     // eviction would change which gathers follow, and every rank must issue the same ones).
     if (!sharded_) {

@@ -149,6 +149,8 @@ class DeviceCache final : public CacheState {
   DeviceCachePolicy policy_;
   std::vector<Entry> cache_;
   std::deque<PendingFree> pending_;
+  // Device bytes a prefetch leaves free for the gradient buffers (two of the largest).
+  size_t prefetch_reserve_ = 0;
   std::shared_ptr<FetchRing> ring_;  // null until the first NVMe fetch
   // hpZ: module m's secondary shard (device memory) while this phase holds one, else null.
   std::vector<void*> secondary_;
