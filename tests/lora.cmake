@@ -13,3 +13,6 @@ if(strata_hf_python)
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(lora_export_peft PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 endif()
+# NF4 (QLoRA's 4-bit NormalFloat, src/base/nf4.h) bit for bit against bitsandbytes'
+# (tests/fixtures/nf4, tools/make_nf4_fixture.py).
+strata_test(nf4_test ${CMAKE_CURRENT_LIST_DIR}/nf4_test.cc)
