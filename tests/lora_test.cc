@@ -26,6 +26,7 @@
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
+#include "tests/hf_test_util.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 
@@ -53,27 +54,8 @@ Result<Config> lora_config(const std::string& base, const json& lora,
   return parse_config(doc.dump(), "<lora test>", extra);
 }
 
-std::map<std::string, std::vector<float>> read_all(const std::string& path) {
-  std::map<std::string, std::vector<float>> out;
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return out;
-  for (const SafetensorsTensor& t : (*f)->tensors()) {
-    std::vector<float> v(t.numel());
-    EXPECT_TRUE((*f)->read_as(t, DType::kF32, v.data()).is_ok());
-    out[t.name] = std::move(v);
-  }
-  return out;
-}
-
-double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& ref) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    n += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
-}
+using test::rel_norm_diff;
+const auto& read_all = test::read_safetensors_f32;
 
 // One training micro-batch of `arch` (fp32) on the CPU backend: the base modules from
 // `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers.

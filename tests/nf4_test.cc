@@ -14,23 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "src/hf/safetensors.h"
+#include "tests/hf_test_util.h"
 
 namespace strata {
 namespace {
 
 std::map<std::string, std::vector<float>> reference() {
-  std::map<std::string, std::vector<float>> out;
-  auto f = SafetensorsFile::open(std::string(STRATA_SOURCE_DIR) +
-                                 "/tests/fixtures/nf4/reference.safetensors");
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return out;
-  for (const SafetensorsTensor& t : (*f)->tensors()) {
-    std::vector<float> v(t.numel());
-    EXPECT_TRUE((*f)->read_as(t, DType::kF32, v.data()).is_ok());
-    out[t.name] = std::move(v);
-  }
-  return out;
+  return test::read_safetensors_f32(std::string(STRATA_SOURCE_DIR) +
+                                    "/tests/fixtures/nf4/reference.safetensors");
 }
 
 uint32_t bits(float f) {
