@@ -18,10 +18,10 @@ IoWorker::~IoWorker() {
   thread_.join();
 }
 
-IoWorker::Ticket IoWorker::read(const SwapExtent& extent, void* buffer) {
+IoWorker::Ticket IoWorker::read(const SwapExtent& extent, void* buffer, bool urgent) {
   std::lock_guard<std::mutex> l(mu_);
   Ticket t = next_++;
-  queue_.push_back({t, IoOp::kRead, extent, buffer});
+  queue_.push_back({t, IoOp::kRead, extent, buffer, urgent});
   cv_.notify_all();
   return t;
 }
@@ -114,6 +114,7 @@ void IoWorker::run() {
     for (Job& j : jobs) {
       reqs.clear();
       size_t n = swap_->requests(j.extent, j.op, j.buffer, j.ticket, &reqs);
+      for (IoRequest& r : reqs) r.urgent = j.urgent;
       Status s = storage_->submit(reqs);
       std::lock_guard<std::mutex> l(mu_);
       if (!s.is_ok()) {

@@ -32,7 +32,9 @@ class IoWorker {
   ~IoWorker();  // waits for queued work, then stops
 
   using Ticket = uint64_t;
-  Ticket read(const SwapExtent& extent, void* buffer);
+  // `urgent`: the compute waits for it (a parameter fetch); its pieces go to the disk before
+  // those of every transfer queued that is not urgent (IoRequest::urgent).
+  Ticket read(const SwapExtent& extent, void* buffer, bool urgent = false);
   Ticket write(const SwapExtent& extent, const void* buffer);
   // Blocks until the transfer is done. Each ticket is waited for exactly once.
   Status wait(Ticket t);
@@ -49,6 +51,7 @@ class IoWorker {
     IoOp op;
     SwapExtent extent;
     void* buffer;
+    bool urgent = false;
   };
   void run();
 

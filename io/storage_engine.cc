@@ -221,7 +221,14 @@ class Engine final : public Storage {
     q.seq = next_seq_++;
     q.live = true;
     if (options_.checksum && r.op == IoOp::kWrite) q.crc = crc32c(0, r.buffer, r.length);
-    waiting_.push_back(idx);
+    // An urgent request goes after the urgent ones still waiting, before the rest.
+    auto at = waiting_.begin();
+    if (r.urgent) {
+      while (at != waiting_.end() && requests_[*at].req.urgent) ++at;
+    } else {
+      at = waiting_.end();
+    }
+    waiting_.insert(at, idx);
     ++active_;
   }
 

@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -465,6 +466,58 @@ TEST_F(EmulatedKernels, SwiGluRopeGelu) {
           return cuda_gelu_backward(s, dt, p[0], p[1], p[2], n);
         },
         {{0, "dinp", tol(dt, 1e-5)}});
+  }
+}
+
+// A mixture of experts' row dispatch (moe.cu): gather with and without a per-row scale, the
+// scaled scatter-add into distinct rows (other rows untouched), the row dots.
+TEST_F(EmulatedKernels, MixtureDispatchIsBitExact) {
+  const int M = 53, n = 29, C = 45;
+  std::vector<int32_t> perm(M);
+  for (int i = 0; i < M; ++i) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), rng_);
+  Buf idx{std::vector<uint8_t>(size_t(n) * 4), DType::kF32};
+  std::memcpy(idx.bytes.data(), perm.data(), idx.bytes.size());  // n distinct rows of M
+  for (DType dt : kDtypes) {
+    for (bool scaled : {false, true}) {
+      Buf scale = scaled ? floats(size_t(n), DType::kF32, -2, 2) : Buf{};
+      check_op(
+          name(scaled ? "gather_rows scaled" : "gather_rows", dt),
+          {floats(size_t(n) * C, dt), floats(size_t(M) * C, dt), idx, scale},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.gather_rows(s, dt, p[0], p[1], static_cast<const int32_t*>(p[2]),
+                          static_cast<const float*>(p[3]), n, C);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_gather_rows(s, dt, p[0], p[1], static_cast<const int32_t*>(p[2]),
+                                    static_cast<const float*>(p[3]), n, C);
+          },
+          {{0, "out"}});
+      check_op(
+          name(scaled ? "scatter_add_rows scaled" : "scatter_add_rows", dt),
+          {floats(size_t(M) * C, dt), floats(size_t(n) * C, dt), idx, scale},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.scatter_add_rows(s, dt, p[0], p[1], static_cast<const int32_t*>(p[2]),
+                               static_cast<const float*>(p[3]), n, C);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_scatter_add_rows(s, dt, p[0], p[1], static_cast<const int32_t*>(p[2]),
+                                         static_cast<const float*>(p[3]), n, C);
+          },
+          {{0, "out"}});
+    }
+    check_op(
+        name("row_dots", dt),
+        {floats(size_t(n), DType::kF32), floats(size_t(M) * C, dt), idx, floats(size_t(n) * C, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.row_dots(s, dt, static_cast<float*>(p[0]), p[1], static_cast<const int32_t*>(p[2]),
+                     p[3], n, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_row_dots(s, dt, static_cast<float*>(p[0]), p[1],
+                               static_cast<const int32_t*>(p[2]), p[3], n, C);
+        },
+        {{0, "out"}});
   }
 }
 

@@ -1,5 +1,6 @@
 // Hugging Face checkpoints against transformers itself: the fixtures under tests/fixtures/hf/
-// (written by tools/make_hf_fixtures.py with transformers; see its header) are loaded through
+// (written by tools/make_hf_fixtures.py and, the mixtures of experts, make_moe_fixtures.py with
+// transformers; see their headers) are loaded through
 // model.from_pretrained, and strata's forward and backward on the fixture's tokens must give
 // transformers' logits (1e-4), per-token losses (1e-5 relative), mean loss, and every
 // parameter's gradient (1e-4: norm of the difference over the norm) in fp32; in bf16 the logits
@@ -67,6 +68,7 @@ struct Pass1 {
   std::vector<float> logits;              // [B*T, V], fp32
   std::vector<float> losses;              // [B*T]
   std::vector<std::vector<float>> grads;  // per module, fp32
+  float aux_loss = -1;                    // a mixture's load-balancing loss (-1: none)
 };
 
 // Loads `dir` through from_pretrained and runs one training micro-batch's program on `tokens`
@@ -110,7 +112,7 @@ Pass1 run_one(const std::string& dir, const Architecture& arch, DType dt, int B,
   const size_t Vp = lay.modules[0].tensors[size_t(emb.tensor)].numel / C;
   void* logits = *d.allocate_host(size_t(B) * T * Vp * dtype_size(dt));
   const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), logits};
+  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), logits, &r.aux_loss};
   (*runner)->begin_batch(tokens.data(), targets.data());
   for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
     if (op.kind == ProgramOp::kCompute) (*runner)->compute(op, bound, mb);
@@ -204,6 +206,13 @@ TEST_P(HfCompare, LossAndGradientsMatchTransformers) {
   }
   mean /= double(r.losses.size());
   EXPECT_NEAR(mean, ref["loss"][0], tol * ref["loss"][0]) << c.name;
+  // A mixture's load-balancing loss, reported apart from the loss (its gradient, weighted by
+  // router_aux_loss_coef, is in the reference gradients below).
+  if (ref.count("aux_loss")) {
+    EXPECT_NEAR(r.aux_loss, ref["aux_loss"][0], tol * ref["aux_loss"][0]) << c.name;
+  } else {
+    EXPECT_EQ(r.aux_loss, -1.0f) << c.name << ": a dense model reports no auxiliary loss";
+  }
   if (c.dt != DType::kF32) return;
   // Every parameter's gradient, each transformers parameter exactly once.
   size_t compared = 0;
@@ -232,6 +241,8 @@ TEST_P(HfCompare, LossAndGradientsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfCompare,
                          ::testing::Values(Case{"llama", DType::kF32}, Case{"llama3", DType::kF32},
                                            Case{"qwen2", DType::kF32}, Case{"gpt2", DType::kF32},
+                                           Case{"mixtral", DType::kF32},
+                                           Case{"qwen2-moe", DType::kF32},
                                            Case{"llama-bf16", DType::kBF16},
                                            Case{"llama", DType::kBF16}),
                          [](const auto& info) {
@@ -374,6 +385,33 @@ TEST(HfImport, DeepSpeedConfigWithoutAModelIsRefused) {
                            {"model.from_pretrained=\"" + fixture("llama") + "\""});
   ASSERT_TRUE(with.is_ok()) << with.status().to_string();
   EXPECT_TRUE(with->model.given);
+}
+
+// A mixture's checkpoint: more experts than the files hold is named at the router's tensor; what
+// strata's mixtures do not do (Qwen3-MoE's and OLMoE's q/k norms, a sparse step, router jitter) is
+// refused naming the key.
+TEST(HfImport, MixtureMismatchesNameTheExpertOrTheKey) {
+  std::string e =
+      open_error(copy_fixture("mixtral", "experts", [](json& c) { c["num_local_experts"] = 5; }));
+  EXPECT_NE(e.find("tensor \"model.layers.0.block_sparse_moe.gate.weight\" at offset"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("has shape [4, 32], but config.json (and model.context) make it [5, 32]"),
+            std::string::npos)
+      << e;
+  e = open_error(copy_fixture("qwen2-moe", "qwen3",
+                              [](json& c) { c["architectures"] = {"Qwen3MoeForCausalLM"}; }));
+  EXPECT_NE(e.find("q_norm"), std::string::npos) << e;
+  e = open_error(
+      copy_fixture("qwen2-moe", "sparse_step", [](json& c) { c["decoder_sparse_step"] = 2; }));
+  EXPECT_NE(e.find("decoder_sparse_step"), std::string::npos) << e;
+  e = open_error(
+      copy_fixture("mixtral", "jitter", [](json& c) { c["router_jitter_noise"] = 0.1; }));
+  EXPECT_NE(e.find("router_jitter_noise"), std::string::npos) << e;
+  e = open_error(copy_fixture("mixtral", "top_k", [](json& c) { c["num_experts_per_tok"] = 9; }));
+  EXPECT_NE(e.find("model.num_experts_per_tok: 9 must be in [1, model.num_experts = 4]"),
+            std::string::npos)
+      << e;
 }
 
 // Any range of a module reads as the same range of the whole module, bit for bit: GPT-2's

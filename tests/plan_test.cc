@@ -69,6 +69,35 @@ TEST(Plan, PresetParamCounts) {
   EXPECT_NE(bad.status().message().find("gpt2-124m"), std::string::npos);
 }
 
+TEST(Plan, MixturePresetsCountTotalAndActiveParameters) {
+  // Mixtral 8x7B: embeddings 2 * 32000 * 4096; per layer attention 2 * 4096^2 + 2 * 1024 * 4096,
+  // two norms, a router 8 * 4096 and 8 experts of 3 * 4096 * 14336: 46,702,792,704, the
+  // published count. 8x22B likewise at its shape: 140,630,071,296.
+  const std::pair<const char*, uint64_t> published[] = {{"mixtral-8x7b", 46'702'792'704},
+                                                        {"mixtral-8x22b", 140'630'071'296}};
+  for (const auto& [name, params] : published) {
+    auto m = model_preset(name);
+    ASSERT_TRUE(m.is_ok()) << name;
+    EXPECT_EQ(m->shape.type, "mixtral") << name;
+    EXPECT_EQ(model_params(m->shape), params) << name;
+  }
+  // Qwen3-30B-A3B (30.5B published) planned with a 2048-wide attention: 0.45B fewer.
+  auto q = model_preset("qwen3-30b-a3b");
+  ASSERT_TRUE(q.is_ok());
+  EXPECT_NEAR(double(model_params(q->shape)) / 1e9, 30.53 - 0.45, 0.02);
+  // FLOPs per token from the ACTIVE weights: 2 experts of 8 (2 * 3 * 4096 * 14336 per layer),
+  // the attention, the router and the head, plus attention's 4 T A per layer.
+  auto m = model_preset("mixtral-8x7b");
+  auto arch = create_architecture(m->shape);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  const double C = 4096, L = 32, per_layer = 2 * C * C + 2 * 1024 * C + 8 * C + 2 * 3 * C * 14336;
+  const double T = 512;
+  EXPECT_DOUBLE_EQ((*arch)->flops_per_token(int(T), ActivationMode::kKeep).forward,
+                   2 * per_layer * L + 4 * T * C * L + 2 * 32000 * C);
+  EXPECT_NE((*arch)->describe().find("12879.93M active per token"), std::string::npos)
+      << (*arch)->describe();
+}
+
 TEST(Plan, HandComputedDeviceBytesOneLayer) {
   // L=1, C=64, V=64 (padded 64), T=64: embedding 64*64 + 64*64 = 8192 elements, the block
   // 12*64^2 + 13*64 = 49984, final norm 128. All on the device, each object rounded to 256 B:

@@ -181,7 +181,9 @@ FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "
           "gpt2": "gpt2"}
 
 
-def write(out_dir, name, model, vocab, seed, shard=None):
+def write(out_dir, name, model, vocab, seed, shard=None, reference_fn=None):
+    """Saves `model` as fixture `name` with its reference (reference_fn(d, model, vocab, seed),
+    default reference()); a family of FAMILY also gets its tokenizer and greedy.json."""
     d = os.path.join(out_dir, name)
     shutil.rmtree(d, ignore_errors=True)
     kwargs = {"safe_serialization": True}
@@ -193,9 +195,12 @@ def write(out_dir, name, model, vocab, seed, shard=None):
         if os.path.exists(p):
             os.remove(p)
     ref_model = model if next(model.parameters()).dtype == torch.float32 else model.float()
-    save_file(reference(ref_model, vocab, seed), os.path.join(d, "reference.safetensors"))
-    write_tokenizer(d, FAMILY[name])
-    write_greedy(d)
+    ref = reference_fn(d, ref_model, vocab, seed) if reference_fn else reference(ref_model, vocab,
+                                                                                 seed)
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    if name in FAMILY:
+        write_tokenizer(d, FAMILY[name])
+        write_greedy(d)
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     print(f"{d}: {sorted(os.listdir(d))} {size} bytes")
 

@@ -21,6 +21,8 @@ constexpr const char* kUsage =
     "                       llama2-7b llama2-13b llama2-70b llama3-8b llama3-70b llama3.1-405b\n"
     "                       qwen2.5-7b qwen2.5-72b mistral-7b (llama: grouped-query attention,\n"
     "                       SwiGLU, untied head, as their config.json)\n"
+    "                       mixtral-8x7b mixtral-8x22b qwen3-30b-a3b (mixtures of experts;\n"
+    "                       FLOPs from the active experts)\n"
     "  --hf DIR             the shape of a Hugging Face model directory's config.json (--seq\n"
     "                       sets its context); a written config names DIR as from_pretrained\n"
     "  --layers/--width/--heads/--vocab/--context N   an explicit shape (vocab 50257, context\n"

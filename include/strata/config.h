@@ -127,7 +127,8 @@ struct LoraConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt2";  // architecture (src/model/): gpt2 ("gpt" is accepted) | llama
+  // architecture (src/model/): gpt2 ("gpt" is accepted) | llama | mixtral | qwen2_moe
+  std::string type = "gpt2";
   // A Hugging Face model directory (config.json + safetensors): the shape above comes from its
   // config.json (src/hf/hf_config.h) and the initial weights from its safetensors
   // (src/hf/hf_checkpoint.h). "" = the shape keys and a random initialization.
@@ -156,6 +157,13 @@ struct ModelConfig {
     double high_freq_factor = 4.0;
     double original_max_position_embeddings = 8192.0;
   } rope_scaling;
+  // mixtral and qwen2_moe only (src/model/moe.h): every block's MLP is a mixture of experts.
+  int num_experts = 0;                      // routed experts per layer (>= 1 for a mixture)
+  int num_experts_per_tok = 2;              // top-k: experts each token is routed to
+  int moe_intermediate_size = 0;            // an expert's SwiGLU width; 0 = intermediate_size
+  int shared_expert_intermediate_size = 0;  // qwen2_moe: the shared expert's width (0: none)
+  bool norm_topk_prob = true;               // the top-k probabilities renormalized to sum 1
+  double router_aux_loss_coef = 0.001;      // load-balancing loss weight, added in training
   DType dtype = DType::kBF16;  // resolved from fp16/bf16 sections; fp32 when neither enabled
   // The top-level "lora" section (not a model.* key): adapters are modules of the architecture.
   LoraConfig lora;

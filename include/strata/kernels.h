@@ -199,6 +199,20 @@ class Kernels {
   // dst += src.
   virtual void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) = 0;
 
+  // Rows of [*, C] matrices picked by index, for a mixture of experts' dispatch and combine
+  // (src/model/moe.h). idx and scale are device arrays of n entries; scale == nullptr means 1.
+  // Accumulation is in fp32, one rounding to dt per element written.
+  //   gather_rows:      out[i,:] = in[idx[i],:] * scale[i]
+  //   scatter_add_rows: out[idx[i],:] += in[i,:] * scale[i]; idx's entries are distinct (one
+  //                     call writes each row of out at most once, so no two threads race)
+  //   row_dots:         out[i] = sum_c a[idx[i],c] * b[i,c]  (fp32 out)
+  virtual void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                           const float* scale, int n, int C) = 0;
+  virtual void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                                const float* scale, int n, int C) = 0;
+  virtual void row_dots(Stream& s, DType dt, float* out, const void* a, const int32_t* idx,
+                        const void* b, int n, int C) = 0;
+
   // Fused softmax cross-entropy over logits [N,Vp] (columns >= V are padding and ignored):
   // losses[i] = -log softmax(logits[i,:V])[targets[i]]; then logits is overwritten with
   // dlogits = (softmax - onehot(target)) * dloss (padding columns set to 0).

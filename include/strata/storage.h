@@ -84,6 +84,9 @@ struct IoRequest {
   uint64_t length = 0;
   void* buffer = nullptr;  // for writes the data is read from here; for reads written here
   uint64_t cookie = 0;     // returned in the completion; the engine does not interpret it
+  // Cut into pieces before every request that is not urgent (after the urgent ones queued
+  // earlier): what the compute is about to wait for, ahead of traffic that can wait.
+  bool urgent = false;
 };
 
 struct IoCompletion {

@@ -130,6 +130,18 @@ class CpuKernels final : public Kernels {
   void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
     run(s, [=] { cpu::add_inplace(dt, dst, src, n); });
   }
+  void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                   const float* scale, int n, int C) override {
+    run(s, [=] { cpu::gather_rows(dt, out, in, idx, scale, n, C); });
+  }
+  void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                        const float* scale, int n, int C) override {
+    run(s, [=] { cpu::scatter_add_rows(dt, out, in, idx, scale, n, C); });
+  }
+  void row_dots(Stream& s, DType dt, float* out, const void* a, const int32_t* idx, const void* b,
+                int n, int C) override {
+    run(s, [=] { cpu::row_dots(dt, out, a, idx, b, n, C); });
+  }
 
   void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
                                      const int32_t* targets, float dloss, int N, int V,

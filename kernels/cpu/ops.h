@@ -124,6 +124,13 @@ void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size
 void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n);
 void add_inplace(DType dt, void* dst, const void* src, size_t n);
 
+// Kernels::gather_rows, scatter_add_rows, row_dots (moe.cc).
+void gather_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale, int n,
+                 int C);
+void scatter_add_rows(DType dt, void* out, const void* in, const int32_t* idx, const float* scale,
+                      int n, int C);
+void row_dots(DType dt, float* out, const void* a, const int32_t* idx, const void* b, int n, int C);
+
 void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
                                    const int32_t* targets, float dloss, int N, int V, int Vp);
 

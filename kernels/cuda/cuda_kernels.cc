@@ -168,6 +168,22 @@ class CudaKernels final : public Kernels {
     run("add_inplace", s,
         [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n); });
   }
+  void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                   const float* scale, int n, int C) override {
+    run("gather_rows", s,
+        [&](CudaStream& cs) { return cuda_gather_rows(cs.handle, dt, out, in, idx, scale, n, C); });
+  }
+  void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                        const float* scale, int n, int C) override {
+    run("scatter_add_rows", s, [&](CudaStream& cs) {
+      return cuda_scatter_add_rows(cs.handle, dt, out, in, idx, scale, n, C);
+    });
+  }
+  void row_dots(Stream& s, DType dt, float* out, const void* a, const int32_t* idx, const void* b,
+                int n, int C) override {
+    run("row_dots", s,
+        [&](CudaStream& cs) { return cuda_row_dots(cs.handle, dt, out, a, idx, b, n, C); });
+  }
   void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
                                      const int32_t* targets, float dloss, int N, int V,
                                      int Vp) override {

@@ -130,6 +130,13 @@ Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp,
 Status cuda_residual_forward(cudaStream_t s, DType dt, void* out, const void* a, const void* b,
                              size_t n);
 Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n);
+// moe.cu
+Status cuda_gather_rows(cudaStream_t s, DType dt, void* out, const void* in, const int32_t* idx,
+                        const float* scale, int n, int C);
+Status cuda_scatter_add_rows(cudaStream_t s, DType dt, void* out, const void* in,
+                             const int32_t* idx, const float* scale, int n, int C);
+Status cuda_row_dots(cudaStream_t s, DType dt, float* out, const void* a, const int32_t* idx,
+                     const void* b, int n, int C);
 // crossentropy.cu
 Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losses,
                                           void* logits_inout, const int32_t* targets, float dloss,

@@ -412,8 +412,9 @@ std::vector<Key> build_table() {
 
   // --- strata: model ----------------------------------------------------------------------------
   group("strata: model");
-  add(F("model.type", Enum("gpt2|gpt|llama"), STRATA_M(model.type),
-        "architecture: gpt2 (gpt is gpt2) or llama (Llama, Mistral, Qwen2 shapes)"));
+  add(F("model.type", Enum("gpt2|gpt|llama|mixtral|qwen2_moe"), STRATA_M(model.type),
+        "architecture: gpt2 (gpt is gpt2), llama (Llama, Mistral, Qwen2 shapes), mixtral or "
+        "qwen2_moe (a llama whose MLP is a mixture of experts)"));
   add(F("model.from_pretrained", Str(), STRATA_M(model.from_pretrained),
         "a Hugging Face model directory (config.json + model.safetensors or its sharded index): "
         "shape from config.json, initial weights from the safetensors; the model section may "
@@ -451,6 +452,20 @@ std::vector<Key> build_table() {
         STRATA_M(model.rope_scaling.original_max_position_embeddings),
         "llama3 scaling: the context the model was pre-trained at"));
 
+  add(F("model.num_experts", Int(0, 1 << 16), STRATA_M(model.num_experts),
+        "mixtral/qwen2_moe: routed experts per layer"));
+  add(F("model.num_experts_per_tok", Int(1, 1 << 16), STRATA_M(model.num_experts_per_tok),
+        "mixtral/qwen2_moe: experts each token is routed to (top-k), <= num_experts"));
+  add(F("model.moe_intermediate_size", Int(0, 1 << 24), STRATA_M(model.moe_intermediate_size),
+        "mixtral/qwen2_moe: an expert's SwiGLU width; 0: intermediate_size"));
+  add(F("model.shared_expert_intermediate_size", Int(0, 1 << 24),
+        STRATA_M(model.shared_expert_intermediate_size),
+        "qwen2_moe: the shared expert's SwiGLU width (its output gated by a sigmoid); 0: none"));
+  add(F("model.norm_topk_prob", Bool(), STRATA_M(model.norm_topk_prob),
+        "mixtral/qwen2_moe: renormalize the top-k routing probabilities to sum to 1"));
+  add(F("model.router_aux_loss_coef", Real(0, kInf, false, true),
+        STRATA_M(model.router_aux_loss_coef),
+        "mixtral/qwen2_moe: weight of the load-balancing loss added in training (reported apart)"));
   // --- LoRA (PEFT's LoraConfig) ---------------------------------------------------------------
   group("LoRA adapters (PEFT's LoraConfig keys)");
   add(F("lora.r", Int(1, 65536), STRATA_M(model.lora.r),

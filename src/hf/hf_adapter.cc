@@ -261,7 +261,7 @@ Status export_merged(const std::string& checkpoint, const ModelConfig& model,
     }
     // Block l (module 1 + l) gets adapter module first + l merged in.
     const std::string& name = layout.modules[m].name;
-    if (name.rfind("block.", 0) == 0) {
+    if (name.rfind("block.", 0) == 0 && name.find('.', 6) == std::string::npos) {
       const size_t l = std::stoul(name.substr(6));
       lora_merge(*arch.lora(), layout.modules[m], adapters[size_t(first) + l].data(), w.data());
     }

@@ -138,6 +138,51 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     return Status::ok();
   };
 
+  // A mixture's keys (src/model/moe.h): Mixtral's num_local_experts (its experts' width is
+  // intermediate_size; its top-k always renormalized), Qwen2-MoE's num_experts,
+  // moe_intermediate_size, shared expert and norm_topk_prob (every layer sparse).
+  auto read_moe = [&](const std::string& arch, ModelConfig* m) -> Status {
+    const bool mixtral = arch == "MixtralForCausalLM";
+    STRATA_RETURN_IF_ERROR(
+        get_int(mixtral ? "num_local_experts" : "num_experts", -1, &m->num_experts), "");
+    STRATA_RETURN_IF_ERROR(get_int("num_experts_per_tok", 2, &m->num_experts_per_tok), "");
+    const char* coef = "router_aux_loss_coef";
+    if (c.contains(coef) && !c[coef].is_null()) {
+      if (!c[coef].is_number() || !(c[coef].get<double>() >= 0)) {
+        return bad(coef, fmt::format("{} is not a number >= 0", c[coef].dump()));
+      }
+      m->router_aux_loss_coef = c[coef].get<double>();
+    }
+    if (mixtral) {
+      m->norm_topk_prob = true;
+      if (c.contains("router_jitter_noise") && c["router_jitter_noise"].is_number() &&
+          c["router_jitter_noise"].get<double>() != 0.0) {
+        return bad("router_jitter_noise",
+                   fmt::format("{}: strata's router does not jitter its input; set it to 0",
+                               c["router_jitter_noise"].dump()));
+      }
+      return Status::ok();
+    }
+    m->attention_bias = true;  // qkv_bias, true unless said otherwise
+    STRATA_RETURN_IF_ERROR(get_bool("qkv_bias", true, &m->attention_bias), "");
+    STRATA_RETURN_IF_ERROR(get_int("moe_intermediate_size", -1, &m->moe_intermediate_size), "");
+    if (c.contains("shared_expert_intermediate_size") &&
+        c["shared_expert_intermediate_size"] != 0) {
+      STRATA_RETURN_IF_ERROR(
+          get_int("shared_expert_intermediate_size", 0, &m->shared_expert_intermediate_size), "");
+    }
+    STRATA_RETURN_IF_ERROR(get_bool("norm_topk_prob", false, &m->norm_topk_prob), "");
+    int step = 1;
+    STRATA_RETURN_IF_ERROR(get_int("decoder_sparse_step", 1, &step), "");
+    if (step != 1 || (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array() &&
+                      !c["mlp_only_layers"].empty())) {
+      return bad(step != 1 ? "decoder_sparse_step" : "mlp_only_layers",
+                 "strata's qwen2_moe has a mixture in every layer (decoder_sparse_step 1, no "
+                 "mlp_only_layers)");
+    }
+    return Status::ok();
+  };
+
   if (!c.contains("architectures") || !c["architectures"].is_array() ||
       c["architectures"].empty() || !c["architectures"][0].is_string()) {
     return bad("architectures", "missing (expected e.g. [\"LlamaForCausalLM\"])");
@@ -179,8 +224,11 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
                              c["activation_function"].dump()));
     }
   } else if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
-             arch == "Qwen2ForCausalLM") {
-    m.type = "llama";
+             arch == "Qwen2ForCausalLM" || arch == "MixtralForCausalLM" ||
+             arch == "Qwen2MoeForCausalLM") {
+    m.type = arch == "MixtralForCausalLM"    ? "mixtral"
+             : arch == "Qwen2MoeForCausalLM" ? "qwen2_moe"
+                                             : "llama";
     STRATA_RETURN_IF_ERROR(get_int("hidden_size", -1, &m.n_embd), "");
     STRATA_RETURN_IF_ERROR(get_int("num_hidden_layers", -1, &m.n_layer), "");
     STRATA_RETURN_IF_ERROR(get_int("num_attention_heads", -1, &m.n_head), "");
@@ -204,6 +252,7 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
     STRATA_RETURN_IF_ERROR(get_bool("tie_word_embeddings", false, &m.tied_embeddings), "");
     STRATA_RETURN_IF_ERROR(get_bool("attention_bias", false, &m.attention_bias), "");
     if (arch == "Qwen2ForCausalLM") m.attention_bias = true;  // Qwen2 always has q/k/v biases
+    if (m.type != "llama") STRATA_RETURN_IF_ERROR(read_moe(arch, &m), "");
     if (c.contains("head_dim") && !c["head_dim"].is_null() && m.n_head > 0 &&
         c["head_dim"] != m.n_embd / m.n_head) {
       return bad("head_dim", fmt::format("{} differs from hidden_size / num_attention_heads = {}; "
@@ -236,10 +285,17 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
         return bad(rope_key, fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
       }
     }
+  } else if (arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM") {
+    return bad("architectures",
+               fmt::format("\"{}\" normalizes its queries and keys (q_norm, k_norm), which "
+                           "strata's attention does not; MixtralForCausalLM and "
+                           "Qwen2MoeForCausalLM are the mixtures it trains",
+                           arch));
   } else {
     return bad("architectures",
                fmt::format("\"{}\" is not one strata trains (LlamaForCausalLM, "
-                           "MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel)",
+                           "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, "
+                           "Qwen2MoeForCausalLM, GPT2LMHeadModel)",
                            arch));
   }
   if (context > max_pos) {
@@ -250,10 +306,11 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   m.context = context > 0 ? context : max_pos;
   // Sliding-window attention would need a banded mask strata does not have.
   bool use_sliding_window = false;
-  if (arch == "Qwen2ForCausalLM") {
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
     STRATA_RETURN_IF_ERROR(get_bool("use_sliding_window", false, &use_sliding_window), "");
   }
-  const bool sliding = arch == "MistralForCausalLM" || use_sliding_window;
+  const bool sliding =
+      arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || use_sliding_window;
   if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer() &&
       c["sliding_window"].get<double>() < m.context) {  // double: any integer compares right
     const std::string w = c["sliding_window"].dump();
@@ -342,10 +399,14 @@ std::string hf_config_json(const ModelConfig& m) {
   c["torch_dtype"] = c["dtype"];
   c["vocab_size"] = m.vocab_size;
   c["tie_word_embeddings"] = m.tied_embeddings;
-  if (m.type == "llama") {
-    const bool qwen2 = m.attention_bias;
-    c["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    c["model_type"] = qwen2 ? "qwen2" : "llama";
+  if (m.type == "llama" || m.type == "mixtral" || m.type == "qwen2_moe") {
+    const bool mixtral = m.type == "mixtral", qwen2_moe = m.type == "qwen2_moe";
+    const bool qwen2 = m.type == "llama" && m.attention_bias;
+    c["architectures"] = {mixtral     ? "MixtralForCausalLM"
+                          : qwen2_moe ? "Qwen2MoeForCausalLM"
+                          : qwen2     ? "Qwen2ForCausalLM"
+                                      : "LlamaForCausalLM"};
+    c["model_type"] = mixtral ? "mixtral" : qwen2_moe ? "qwen2_moe" : qwen2 ? "qwen2" : "llama";
     c["hidden_size"] = m.n_embd;
     c["num_hidden_layers"] = m.n_layer;
     c["num_attention_heads"] = m.n_head;
@@ -361,7 +422,29 @@ std::string hf_config_json(const ModelConfig& m) {
     c["hidden_act"] = "silu";
     c["initializer_range"] = 0.02;
     c["use_cache"] = true;
-    if (qwen2) {
+    if (mixtral || qwen2_moe) {
+      c["num_experts_per_tok"] = m.num_experts_per_tok;
+      c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+      c["output_router_logits"] = false;
+    }
+    if (mixtral) {
+      c["num_local_experts"] = m.num_experts;
+      c["intermediate_size"] =
+          m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
+      c["router_jitter_noise"] = 0.0;
+      c["sliding_window"] = nullptr;
+    } else if (qwen2_moe) {
+      c["num_experts"] = m.num_experts;
+      c["moe_intermediate_size"] =
+          m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
+      c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+      c["norm_topk_prob"] = m.norm_topk_prob;
+      c["qkv_bias"] = m.attention_bias;
+      c["decoder_sparse_step"] = 1;
+      c["mlp_only_layers"] = json::array();
+      c["use_sliding_window"] = false;
+      c["sliding_window"] = nullptr;
+    } else if (qwen2) {
       c["use_sliding_window"] = false;
       c["sliding_window"] = nullptr;
     } else {

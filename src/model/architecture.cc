@@ -8,6 +8,7 @@
 #include "src/base/rng.h"
 #include "src/model/gpt2.h"
 #include "src/model/llama.h"
+#include "src/model/moe.h"
 
 namespace strata {
 
@@ -131,8 +132,14 @@ Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& con
     STRATA_ASSIGN_OR_RETURN(auto a, create_llama(config), "model");
     return a;
   }
-  return invalid_argument(
-      fmt::format("model.type: \"{}\" is not a known architecture (gpt2, llama)", config.type));
+  if (config.type == "mixtral" || config.type == "qwen2_moe") {
+    STRATA_ASSIGN_OR_RETURN(auto a, create_moe(config), "model");
+    return a;
+  }
+
+  return invalid_argument(fmt::format(
+      "model.type: \"{}\" is not a known architecture (gpt2, llama, mixtral, qwen2_moe)",
+      config.type));
 }
 
 }  // namespace strata

@@ -165,10 +165,14 @@ struct ModuleBindings {
 // training): host memory (allocate_host, for an asynchronous copy) of B*T*Vp elements of the
 // model dtype, Vp the padded vocabulary; the head's forward copies its logits there (row i:
 // position i's, columns >= vocab_size padding) before the loss overwrites them.
+// aux_loss_out (host, nullptr: not wanted): a mixture of experts writes its micro-batch's
+// load-balancing loss there (unweighted, as transformers' aux_loss) when the head's forward is
+// enqueued; other models leave it untouched.
 struct MicroBatch {
   float dloss = 0;
   float* losses_out = nullptr;
   void* logits_out = nullptr;
+  float* aux_loss_out = nullptr;
 };
 
 class ModelRunner {

@@ -14,15 +14,21 @@ void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
   auto run = [](Program& p, int fn, int layer = -1) {
     p.ops.push_back({ProgramOp::kCompute, -1, fn, layer});
   };
+  // Block l and its extra modules, every one of them (each rank runs the same collectives,
+  // whatever its tokens were routed to).
+  auto block_state = [&](Program& p, ProgramOp::Kind k, int l) {
+    state(p, k, s.block(l));
+    for (int j = 0; j < s.X; ++j) state(p, k, s.extra(l, j));
+  };
   for (Program* p : {train, eval}) {
     state(*p, K::kAcquireParams, E);
     run(*p, kEmbeddingForward);
     state(*p, K::kReleaseParams, E);
     for (int l = 0; l < s.L; ++l) {
-      state(*p, K::kAcquireParams, s.block(l));
+      block_state(*p, K::kAcquireParams, l);
       state(*p, K::kAcquireParams, s.adapter(l));
       run(*p, kBlockForward, l);
-      state(*p, K::kReleaseParams, s.block(l));
+      block_state(*p, K::kReleaseParams, l);
       state(*p, K::kReleaseParams, s.adapter(l));
     }
     // The head keeps the final norm and the (tied) embedding acquired through its backward.
@@ -48,14 +54,15 @@ void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
     if (H != E) state(p, K::kDrainGrads, H);
   }
   for (int l = s.L - 1; l >= 0; --l) {
-    state(p, K::kAcquireParams, s.block(l));
+    block_state(p, K::kAcquireParams, l);
     state(p, K::kAcquireParams, s.adapter(l));
-    if (!frozen) state(p, K::kAcquireGrads, s.block(l));
+    if (!frozen) block_state(p, K::kAcquireGrads, l);
     state(p, K::kAcquireGrads, s.adapter(l));
     run(p, kBlockBackward, l);
-    state(p, K::kReleaseParams, s.block(l));
+    block_state(p, K::kReleaseParams, l);
     state(p, K::kReleaseParams, s.adapter(l));
-    state(p, K::kDrainGrads, frozen ? s.adapter(l) : s.block(l));
+    if (!frozen) block_state(p, K::kDrainGrads, l);
+    state(p, K::kDrainGrads, s.adapter(l));
   }
   if (frozen) return;
   if (H != E) state(p, K::kAcquireGrads, E);
@@ -84,7 +91,9 @@ Result<ModelConfig> decoder_shape(const ModelConfig& config) {
 
 ModelLayout decoder_layout(const ModelConfig& s, const std::function<void(ModuleSpec&)>& embedding,
                            const std::function<void(ModuleSpec&)>& block,
-                           const std::function<void(ModuleSpec&)>& final_norm,
+                           const std::function<void(ModuleSpec&)>& final_norm, int X,
+                           const std::function<std::string(int, int)>& extra_name,
+                           const std::function<void(int, ModuleSpec&)>& extra,
                            const LoraLayout& lora) {
   ModelLayout layout;
   ModuleSpec emb{"embedding", {}, 0};
@@ -94,6 +103,11 @@ ModelLayout decoder_layout(const ModelConfig& s, const std::function<void(Module
     ModuleSpec b{fmt::format("block.{}", i), {}, 0};
     block(b);
     layout.modules.push_back(std::move(b));
+    for (int j = 0; j < X; ++j) {
+      ModuleSpec e{extra_name(i, j), {}, 0};
+      extra(j, e);
+      layout.modules.push_back(std::move(e));
+    }
   }
   ModuleSpec fn{"final_norm", {}, 0};
   final_norm(fn);

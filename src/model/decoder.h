@@ -61,6 +61,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,17 +89,20 @@ class Carver {
   size_t off_ = 0;
 };
 
-// Module indices of a decoder of L blocks. With LoRA adapters (`lora`), the base's modules are
-// frozen and block l's adapter module "lora.<l>" follows all of them.
+// Module indices of a decoder of L blocks, each block followed by X extra modules of its own
+// (a mixture of experts' experts; X = 0 for a dense block). With LoRA adapters (`lora`) the
+// base's modules are frozen and block l's adapter module "lora.<l>" follows all of them.
 struct DecoderModules {
   int L = 0;
   bool tied = true;
+  int X = 0;
   bool lora = false;
   int embedding() const { return 0; }
-  int block(int l) const { return 1 + l; }
-  int final_norm() const { return 1 + L; }
-  int head() const { return tied ? 0 : 2 + L; }  // the module holding the output projection
-  int base_modules() const { return tied ? 2 + L : 3 + L; }
+  int block(int l) const { return 1 + l * (1 + X); }
+  int extra(int l, int j) const { return block(l) + 1 + j; }  // j < X
+  int final_norm() const { return 1 + L * (1 + X); }
+  int head() const { return tied ? 0 : 2 + L * (1 + X); }  // the module holding the output head
+  int base_modules() const { return tied ? 2 + L * (1 + X) : 3 + L * (1 + X); }
   int adapter(int l) const { return lora ? base_modules() + l : -1; }  // -1: none
 };
 
@@ -113,14 +117,15 @@ enum DecoderFn : int {
 };
 
 // The programs of a decoder (P = acquire params, R = release params, G = acquire gradients,
-// D = drain gradients; H is the head module, the embedding when tied):
-//   P(emb) embedding_fwd R(emb); per block l: P(l) block_fwd(l) R(l); P(final) P(H) head_fwd
+// D = drain gradients; H is the head module, the embedding when tied; l+ is block l with its X
+// extra modules, acquired, released and drained together, every one of them every time):
+//   P(emb) embedding_fwd R(emb); per block l: P(l+) block_fwd(l) R(l+); P(final) P(H) head_fwd
 //   G(final) G(H) head_bwd R(final) R(H) D(final) [D(H) untied];
-//   per block l, last first: P(l) G(l) block_bwd(l) R(l) D(l);  [G(emb) untied] embedding_bwd
-//   D(emb)
+//   per block l, last first: P(l+) G(l+) block_bwd(l) R(l+) D(l+);  [G(emb) untied]
+//   embedding_bwd D(emb)
 // Eval runs the forward and releases the head's modules. With LoRA adapters (a = block l's
-// adapter module) the blocks' steps become P(l) P(a) block_fwd(l) R(l) R(a) and
-// P(l) P(a) G(a) block_bwd(l) R(l) R(a) D(a); the frozen base acquires no gradients and the
+// adapter module) the blocks' steps become P(l+) P(a) block_fwd(l) R(l+) R(a) and
+// P(l+) P(a) G(a) block_bwd(l) R(l+) R(a) D(a); the frozen base acquires no gradients and the
 // embedding's backward is not run.
 void decoder_programs(const DecoderModules& m, Program* train, Program* eval);
 
@@ -142,7 +147,9 @@ struct BatchDims {
   size_t es() const { return dtype_size(dt); }
 };
 
-// What a compute function sees: the device, its kernels and compute stream, the batch shape.
+// What a compute function sees: the device, its kernels and compute stream, the batch shape;
+// in a block's step, the block's index and its extra modules' buffers; the step's loss scale;
+// the block definition's per-runner state, if it declares one.
 // A frozen module (LoRA's base) is bound without a gradient buffer (g == nullptr): its matmuls
 // skip the weight gradient (wgrad gives nullptr) and its norms' weight gradients land in
 // `discard` (norm_grad), 2 x n_embd fp32 of scratch. `lora`: the adapters of the block being
@@ -152,6 +159,11 @@ struct DecoderStep : BatchDims {
   Device* dev = nullptr;
   Kernels* k = nullptr;
   Stream* s = nullptr;
+  int layer = -1;                             // the block computed, -1 outside a block
+  std::span<const void* const> extra_params;  // the block's X extra modules (model dtype)
+  std::span<float* const> extra_grads;        // ... and their gradients (backward only)
+  float dloss = 0;                            // MicroBatch::dloss of the step
+  void* state = nullptr;                      // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;
   const LoraRun* lora = nullptr;
   void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
@@ -168,13 +180,46 @@ struct DecoderStep : BatchDims {
   }
 };
 
+// A block definition's optional per-runner host state: `struct RunnerState` (default
+// constructible, with a `Status error` the runner's status() reports), prepared once by `Status
+// prepare(const DecoderStep&, RunnerState&) const` when the runner allocates its activations, and
+// handed to every compute function as DecoderStep::state. After the head's forward, `void
+// end_forward(const DecoderStep&, const MicroBatch&) const` runs (a mixture reports its auxiliary
+// loss there). Dense blocks have none.
+template <class B>
+struct RunnerStateOf {
+  struct type {};
+  static constexpr bool kHas = false;
+};
+template <class B>
+requires requires { typename B::RunnerState; }
+struct RunnerStateOf<B> {
+  using type = typename B::RunnerState;
+  static constexpr bool kHas = true;
+};
+
+// A block definition's extra modules per block (`int extra_modules() const`; 0 without it),
+// with `void extra_tensors(int j, ModuleSpec&) const` and `std::string extra_name(int l, int j)`.
+template <class B>
+int extra_modules_of(const B& b) {
+  if constexpr (requires { b.extra_modules(); }) {
+    return b.extra_modules();
+  } else {
+    return 0;
+  }
+}
+
 // The modules of a decoder, each filled by its tensor function; the head module (lm_head) when
-// the embeddings are not tied; with adapters (`lora` not empty) every base module frozen and
-// one adapter module "lora.<i>" per block after them.
+// the embeddings are not tied.
+// With X > 0 each block is followed by its X extra modules, named extra_name(l, j) and filled
+// by extra(j, spec). With adapters (`lora` not empty) every base module is frozen and one
+// adapter module "lora.<i>" per block follows them.
 ModelLayout decoder_layout(const ModelConfig& shape,
                            const std::function<void(ModuleSpec&)>& embedding,
                            const std::function<void(ModuleSpec&)>& block,
-                           const std::function<void(ModuleSpec&)>& final_norm,
+                           const std::function<void(ModuleSpec&)>& final_norm, int X,
+                           const std::function<std::string(int, int)>& extra_name,
+                           const std::function<void(int, ModuleSpec&)>& extra,
                            const LoraLayout& lora);
 
 // init_module_range for a decoder's module `spec`, from stream `stream`: the vocabulary's
@@ -279,13 +324,14 @@ class DecoderRunner final : public ModelRunner {
       : blocks_(blocks),
         sh_(sh),
         lora_(lora),
-        mods_{sh.n_layer, sh.tied_embeddings, !lora.empty()},
+        mods_{sh.n_layer, sh.tied_embeddings, extra_modules_of(blocks), !lora.empty()},
         mode_(mode),
         store_(store) {
     static_cast<BatchDims&>(st_) = dims;
     st_.dev = &d;
     st_.k = &d.kernels();
     st_.s = &d.compute_stream();
+    st_.state = &state_;
   }
   ~DecoderRunner() override {
     st_.dev->synchronize(*st_.s).ignore();
@@ -305,6 +351,9 @@ class DecoderRunner final : public ModelRunner {
     STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 + N * 4), "host staging");
     host_io_ = static_cast<int32_t*>(h);
     host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N);
+    if constexpr (RunnerStateOf<Blocks>::kHas) {
+      STRATA_RETURN_IF_ERROR(blocks_.prepare(st_, state_), "the block's runner state");
+    }
     return Status::ok();
   }
 
@@ -329,7 +378,7 @@ class DecoderRunner final : public ModelRunner {
         blocks_.embedding_forward(st_, P(E), buf_.tokens, buf_.encoded);
         break;
       case kBlockForward:
-        bind_lora(op.layer, b);
+        enter_block(op.layer, b, mb, false);
         forward_block(op.layer, P(mods_.block(op.layer)));
         break;
       case kHeadForward:
@@ -339,7 +388,7 @@ class DecoderRunner final : public ModelRunner {
         backward_head(P(F), G(F), P(H), G(H));
         break;
       case kBlockBackward:
-        bind_lora(op.layer, b);
+        enter_block(op.layer, b, mb, true);
         backward_block(op.layer, P(mods_.block(op.layer)), G(mods_.block(op.layer)));
         break;
       case kEmbeddingBackward:
@@ -350,16 +399,28 @@ class DecoderRunner final : public ModelRunner {
     }
   }
 
-  Status status() const override { return error_; }
+  Status status() const override {
+    if constexpr (RunnerStateOf<Blocks>::kHas) {
+      if (error_.is_ok()) return state_.error;
+    }
+    return error_;
+  }
 
  private:
-  // Block l's adapters, when the model has them.
-  void bind_lora(int l, const ModuleBindings& b) {
-    if (lora_.empty()) return;
-    const int a = mods_.adapter(l);
-    buf_.lora.p = b.params[size_t(a)];
-    buf_.lora.g = b.grads[size_t(a)];
-    st_.lora = &buf_.lora;
+  // The step's view of block l: its index, its extra modules' buffers, the loss scale, and its
+  // adapters when the model has them.
+  void enter_block(int l, const ModuleBindings& b, const MicroBatch& mb, bool backward) {
+    st_.layer = l;
+    st_.dloss = mb.dloss;
+    const size_t first = size_t(mods_.extra(l, 0)), X = size_t(mods_.X);
+    st_.extra_params = X ? b.params.subspan(first, X) : std::span<const void* const>();
+    st_.extra_grads = X && backward ? b.grads.subspan(first, X) : std::span<float* const>();
+    if (!lora_.empty()) {
+      const int a = mods_.adapter(l);
+      buf_.lora.p = b.params[size_t(a)];
+      buf_.lora.g = b.grads[size_t(a)];
+      st_.lora = &buf_.lora;
+    }
   }
   size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
   // Block l's input, its output (the next block's input or the head's), its intermediates.
@@ -436,6 +497,7 @@ class DecoderRunner final : public ModelRunner {
     float* src = host_losses_;
     float* dst = mb.losses_out;
     st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
+    if constexpr (RunnerStateOf<Blocks>::kHas) blocks_.end_forward(st_, mb);
   }
 
   void backward_head(const void* pf, float* gf, const void* ph, float* gh) {
@@ -503,6 +565,7 @@ class DecoderRunner final : public ModelRunner {
   // layer's restore has been enqueued and not yet consumed by its backward.
   int slot_stash_[2] = {-1, -1};
   std::vector<bool> restored_;
+  typename RunnerStateOf<Blocks>::type state_;
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
@@ -598,14 +661,22 @@ class DecoderArchitecture final : public Architecture {
 
  private:
   DecoderModules mods() const {
-    return DecoderModules{shape_.n_layer, shape_.tied_embeddings, !lora_.empty()};
+    return DecoderModules{shape_.n_layer, shape_.tied_embeddings, extra_modules_of(blocks_),
+                          !lora_.empty()};
   }
   DecoderArchitecture(const ModelConfig& shape, LoraLayout lora)
       : name_(Blocks::kType), shape_(shape), blocks_(shape_), lora_(std::move(lora)) {
+    const int X = extra_modules_of(blocks_);
+    std::function<std::string(int, int)> extra_name;
+    std::function<void(int, ModuleSpec&)> extra;
+    if constexpr (requires { blocks_.extra_modules(); }) {
+      extra_name = [this](int l, int j) { return blocks_.extra_name(l, j); };
+      extra = [this](int j, ModuleSpec& m) { blocks_.extra_tensors(j, m); };
+    }
     layout_ = decoder_layout(
         shape_, [this](ModuleSpec& m) { blocks_.embedding_tensors(m); },
         [this](ModuleSpec& m) { blocks_.block_tensors(m); },
-        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, lora_);
+        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, X, extra_name, extra, lora_);
     decoder_programs(mods(), &train_, &eval_);
   }
   std::string name_;

@@ -27,6 +27,12 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
                                const std::vector<LoraSite>& sites) {
   LoraLayout out;
   if (!lora.enabled) return out;
+  if (sites.empty()) {
+    return invalid_argument(fmt::format(
+        "lora: adapters on a {} model are not supported (its blocks have no adapter sites); "
+        "remove the lora section",
+        type));
+  }
   if (lora.r < 1) {
     return invalid_argument(fmt::format("lora.r: {} must be >= 1", lora.r));
   }

@@ -24,6 +24,10 @@ struct Preset {
   bool tied, qkv_bias;
   double rope_theta;
   const char* note;
+  // mixtures of experts (type mixtral / qwen2_moe): experts per layer, top-k, an expert's width,
+  // the shared expert's (0: none), whether the top-k weights are renormalized
+  int experts = 0, top_k = 0, expert_width = 0, shared_width = 0;
+  bool norm_topk = true;
 };
 
 // GPT shapes from the GPT-2 release and the GPT-3 paper (Table 2.1). Llama-family shapes from
@@ -51,6 +55,18 @@ constexpr Preset kPresets[] = {
     {"qwen2.5-72b", "llama", 80, 8192, 64, 152064, 32768, 8, 29568, false, true, 1e6, ""},
     {"mistral-7b", "llama", 32, 4096, 32, 32000, 4096, 8, 14336, false, false, 1e4,
      "context 4096: Mistral's sliding window (strata's attention is full)"},
+    // Mixtures of experts (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B):
+    // 46.7B (12.9B active per token), 140.6B (39.2B active), 30.5B (3.3B active) as published;
+    // FLOPs per token count the active experts only.
+    {"mixtral-8x7b", "mixtral", 32, 4096, 32, 32000, 32768, 8, 14336, false, false, 1e6, "", 8, 2,
+     14336},
+    {"mixtral-8x22b", "mixtral", 56, 6144, 48, 32768, 65536, 8, 16384, false, false, 1e6, "", 8, 2,
+     16384},
+    {"qwen3-30b-a3b", "qwen2_moe", 48, 2048, 32, 151936, 40960, 4, 6144, false, false, 1e6,
+     "Qwen3-MoE: its head_dim 128 (attention 4096 wide) and q/k norms are planned as a 2048-wide "
+     "attention (0.45B fewer parameters of 30.5B); strata trains qwen2_moe, not Qwen3's "
+     "attention",
+     128, 8, 768, 0, true},
 };
 
 std::string gb(double bytes) { return format_bytes(bytes); }
@@ -86,6 +102,13 @@ Result<PlanModel> model_preset(const std::string& name) {
     m.shape.intermediate_size = p.intermediate;
     m.shape.attention_bias = p.qkv_bias;
     if (p.rope_theta > 0) m.shape.rope_theta = p.rope_theta;
+    m.shape.num_experts = p.experts;
+    if (p.experts > 0) {
+      m.shape.num_experts_per_tok = p.top_k;
+      m.shape.moe_intermediate_size = p.expert_width;
+      m.shape.shared_expert_intermediate_size = p.shared_width;
+      m.shape.norm_topk_prob = p.norm_topk;
+    }
     return m;
   }
   std::string known;

@@ -23,7 +23,7 @@ struct DeviceCache::FetchRing {
   std::map<uint64_t, IoWorker::Ticket> reading;   // pieces whose read was started
 
   void start(uint64_t g, const SwapExtent* e) {  // under mu
-    reading[g] = io->read(*e, bufs[g % bufs.size()].data());
+    reading[g] = io->read(*e, bufs[g % bufs.size()].data(), /*urgent=*/true);
   }
 };
 

@@ -19,15 +19,17 @@ std::string progress_line(const StepReport& r, const StepWindow& w) {
       r.world_size > 1 ? fmt::format(", comm {:.0f} ({:.2f} MiB sent)", 1e3 * w.per_step(w.comm_s),
                                      w.per_step(double(w.sent_total())) / kMiB)
                        : std::string();
+  const std::string aux =
+      r.aux_loss >= 0 ? fmt::format("aux {:.4f} | ", r.aux_loss) : std::string();
   const std::string scale = r.fp16 ? fmt::format("scale {:g} | ", r.loss_scale) : std::string();
   const std::string optimizer_note = r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks)
                                      : r.approximate ? ", delayed: approximate"
                                                      : "";
   return fmt::format(
-      "step {:5d}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} ms: "
+      "step {:5d}/{} | loss {:.4f} | {}lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} ms: "
       "fwd/bwd {:.0f} (fetch wait {:.0f}) opt {:.0f} ({:.0f}% hidden{}), io wait {:.0f}{} | "
       "moved/step: device {:.1f} MiB, nvme {:.1f} MiB | {} elapsed, ETA {}{}\n",
-      r.step, r.total, r.loss, r.lr, r.grad_norm, scale, r.tokens_per_s,
+      r.step, r.total, r.loss, aux, r.lr, r.grad_norm, scale, r.tokens_per_s,
       1e3 * w.per_step(r.window_s), 1e3 * w.per_step(w.fwd_bwd_s), 1e3 * w.per_step(w.fetch_wait_s),
       1e3 * w.per_step(w.optimizer_s),
       w.optimizer_s > 0 ? 100.0 * w.optimizer_hidden_s / w.optimizer_s : 0.0, optimizer_note,
@@ -37,7 +39,7 @@ std::string progress_line(const StepReport& r, const StepWindow& w) {
 }
 
 std::string metrics_record(const StepReport& r, const StepWindow& w) {
-  return nlohmann::json{
+  nlohmann::json j{
       {"step", r.step},
       {"loss", r.loss},
       {"lr", r.lr},
@@ -61,8 +63,9 @@ std::string metrics_record(const StepReport& r, const StepWindow& w) {
       {"comm_grad_bytes", w.per_step(double(w.sent[1]))},
       {"device_bytes_per_step", w.per_step(double(w.device_bytes))},
       {"nvme_bytes_per_step", w.per_step(double(w.nvme_bytes))},
-      {"peak_rss_bytes", r.peak_rss}}
-      .dump();
+      {"peak_rss_bytes", r.peak_rss}};
+  if (r.aux_loss >= 0) j["aux_loss"] = r.aux_loss;
+  return j.dump();
 }
 
 }  // namespace strata

@@ -46,7 +46,8 @@ struct StepWindow {
 struct StepReport {
   int64_t step = 0, total = 0;
   double loss = 0, lr = 0, grad_norm = 0;
-  bool fp16 = false;  // show the loss scale
+  double aux_loss = -1;  // a mixture of experts' load-balancing loss (-1: the model has none)
+  bool fp16 = false;     // show the loss scale
   double loss_scale = 1;
   bool skipped = false;      // fp16 overflow: the step was skipped
   int64_t rollbacks = 0;     // over the run so far

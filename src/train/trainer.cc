@@ -139,6 +139,9 @@ class Run {
   std::vector<const void*> params_;
   std::vector<float*> grads_;
   double last_grad_norm_ = 0;
+  // The last step's mean load-balancing loss over its micro-batches and ranks (a mixture of
+  // experts; -1 for other models), reported apart from the loss.
+  double last_aux_loss_ = -1;
   bool last_skipped_ = false;
   // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
   // (early gradients are the largest, so the first step is expected to clip: it is deferred,
@@ -552,11 +555,13 @@ Result<double> Run::run_step() {
                            /*step_modules=*/!last_clipped_ && !last_skipped_);
   }
   tm_->begin_phase("train");
+  std::vector<float> aux(size_t(accum_), -1.0f);
   for (int micro = 0; micro < accum_; ++micro) {
     const bool last = micro == accum_ - 1;
     data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
     model_->begin_batch(tok_.data(), tgt_.data());
-    const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_};
+    const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr,
+                        &aux[size_t(micro)]};
     STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb), "");
     if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
@@ -568,13 +573,18 @@ Result<double> Run::run_step() {
   double loss_sum = 0;
   for (float l : losses_) loss_sum += l;
   double loss = loss_sum / (double(B_) * T_ * accum_);
+  double aux_sum = 0;
+  for (float a : aux) aux_sum += a;
+  last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
 
   GradStats stats = tm_->grad_stats();
   if (world_ > 1) {
     // Each rank's norm² covers its own shards; the loss its own rows.
-    float sums[2] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq)};
+    float sums[3] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq),
+                     static_cast<float>(last_aux_loss_)};
     float flag = stats.nonfinite ? 1.0f : 0.0f;
-    STRATA_RETURN_IF_ERROR(reduce(sums, 2, ReduceOp::kSum), "reducing the loss and grad norm");
+    STRATA_RETURN_IF_ERROR(reduce(sums, 3, ReduceOp::kSum), "reducing the loss and grad norm");
+    if (last_aux_loss_ >= 0) last_aux_loss_ = double(sums[2]) / world_;
     STRATA_RETURN_IF_ERROR(reduce(&flag, 1, ReduceOp::kMax), "reducing the overflow flag");
     loss = double(sums[0]) / world_;
     stats.norm_sq = sums[1];
@@ -839,6 +849,7 @@ Result<TrainResult> Run::loop() {
       rep.loss = loss;
       rep.lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
       rep.grad_norm = last_grad_norm_;
+      rep.aux_loss = last_aux_loss_;
       rep.fp16 = cfg_.fp16.enabled;
       rep.loss_scale = scaler_.scale;
       rep.skipped = last_skipped_;
