@@ -57,7 +57,8 @@ function(strata_emu_test name)
   endif()
   add_executable(${name} ${emu_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE libstrata_cuda_emu GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${name} PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  target_compile_definitions(${name} PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                                             STRATA_CUDA_EMU=1)
   target_compile_options(${name} PRIVATE -fno-strict-aliasing -ffp-contract=off)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60 ${filter}
                        PROPERTIES TIMEOUT 900 LABELS cuda_emu)
@@ -75,5 +76,11 @@ strata_emu_test(cuda_flash_attention_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_fla
                 FILTER "-*AtALongSequence")
 strata_emu_test(llama_cuda_emu_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
 strata_emu_test(cuda_train_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_train_test.cc)
+# The CUDA backend on 2 ranks under mpirun, the NCCL stand-in's collectives over MPI, against one
+# rank (tests/zero3_test.cc's worker mode).
+if(STRATA_HAVE_MPI)
+  strata_emu_test(zero3_emu_test ${CMAKE_CURRENT_LIST_DIR}/zero3_test.cc FILTER "Zero3Cuda.*")
+  target_compile_definitions(zero3_emu_test PRIVATE STRATA_MPIEXEC="${MPIEXEC_EXECUTABLE}")
+endif()
 # The emulation's own checks, each shown to fire.
 strata_emu_test(cuda_emu_checks_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_checks_test.cc)

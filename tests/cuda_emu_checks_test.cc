@@ -146,21 +146,42 @@ TEST_F(EmulationChecks, BadLaunchConfigurationsAreRefusedAtTheLaunch) {
   EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
 }
 
-// A stream waits for an event recorded on another: without the wait, the copy on the second
-// stream reads the buffer before the first stream's kernel has written it. The first stream is
-// held back by a host function until the copy is done, so the outcome does not depend on timing.
-TEST_F(EmulationChecks, AMissingEventWaitReadsTooEarly) {
+// A second stream, an event for it to wait for, and a pinned host buffer of n floats.
+struct SecondStream {
   cudaStream_t other = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
   cudaEvent_t ready = nullptr;
-  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  float* host = nullptr;
+  explicit SecondStream(int n) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+    void* h = nullptr;
+    EXPECT_EQ(cudaHostAlloc(&h, size_t(n) * 4, cudaHostAllocPortable), cudaSuccess);
+    host = static_cast<float*>(h);
+  }
+  ~SecondStream() {
+    cudaFreeHost(host);
+    cudaEventDestroy(ready);
+    cudaStreamDestroy(other);
+  }
+};
+
+// Concurrent streams (not lazy): a stream waits for an event recorded on another: without the
+// wait, the copy on the second stream reads the buffer before the first stream's kernel has
+// written it. The first stream is held back by a host function until the copy is done, so the
+// outcome does not depend on timing. (Lazy streams run one operation at a time: the spinning
+// host function would hold up the copy it waits for.)
+TEST_F(EmulationChecks, AMissingEventWaitReadsTooEarly) {
+  emu::set_lazy(false);
+  struct Restore {
+    ~Restore() { emu::set_lazy(true); }
+  } restore;
   const int n = 4096;
+  SecondStream two(n);
+  auto& [other, ready, host] = two;
   float* src = alloc(n);
   float* dst = alloc(n);
   std::vector<float> ones(n, 1.0f);
   ASSERT_EQ(cudaMemcpy(src, ones.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  void* host = nullptr;
-  ASSERT_EQ(cudaHostAlloc(&host, n * 4, cudaHostAllocPortable), cudaSuccess);
   for (bool wait : {true, false}) {
     ASSERT_EQ(cudaMemsetAsync(dst, 0, n * 4, other), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
@@ -178,14 +199,44 @@ TEST_F(EmulationChecks, AMissingEventWaitReadsTooEarly) {
     if (wait) ASSERT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
     ASSERT_EQ(cudaMemcpyAsync(host, dst, n * 4, cudaMemcpyDeviceToHost, other), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
-    EXPECT_EQ(static_cast<float*>(host)[n - 1], wait ? 1.0f : 0.0f)
-        << (wait ? "with" : "without") << " the wait";
+    EXPECT_EQ(host[n - 1], wait ? 1.0f : 0.0f) << (wait ? "with" : "without") << " the wait";
     go = true;
     ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
   }
-  cudaFreeHost(host);
-  cudaEventDestroy(ready);
-  cudaStreamDestroy(other);
+}
+
+// Lazy streams (the default): nothing runs before the host synchronizes, then released work
+// runs in a drawn order. With the event wait, the copy always reads the kernel's output; without
+// it, the copy runs before the kernel in some of the draws and reads the buffer as it was, and
+// which draws is fixed by the seed: the same every run. Nothing here depends on timing.
+TEST_F(EmulationChecks, LazyStreamsMakeAMissingEventWaitReadStaleData) {
+  ASSERT_TRUE(emu::lazy());
+  const int n = 1000;
+  SecondStream two(n);
+  auto& [other, ready, host] = two;
+  float* src = alloc(n);
+  float* dst = alloc(n);
+  auto run = [&](bool wait, float value) {
+    std::vector<float> v(n, value);
+    EXPECT_EQ(cudaMemcpy(src, v.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(dst, 0, n * 4, other), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    copy_kernel | Launch((n + 255) / 256, 256, 0, s_)(dst, src, n);
+    EXPECT_EQ(cudaEventRecord(ready, s_), cudaSuccess);
+    if (wait) EXPECT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(host, dst, n * 4, cudaMemcpyDeviceToHost, other), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return host[n - 1];
+  };
+  int stale = 0;
+  for (int i = 1; i <= 32; ++i) {
+    EXPECT_EQ(run(true, float(i)), float(i)) << "with the wait, round " << i;
+    const float got = run(false, float(i));
+    EXPECT_TRUE(got == float(i) || got == 0.0f) << got;
+    stale += got == 0.0f;
+  }
+  EXPECT_GT(stale, 0) << "without the wait, the copy never ran before the kernel";
+  EXPECT_LT(stale, 32) << "without the wait, the copy always ran before the kernel";
 }
 
 }  // namespace

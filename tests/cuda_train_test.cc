@@ -21,6 +21,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The losses' tolerance relative to the CPU backend's. On a GPU: bf16 activations with other
+// summation orders and tensor-core accumulation agree to ~1e-2. Under the emulation
+// (tests/cuda_emu.cmake) the arithmetic is the host's: the backends agree within 2.2e-5 over
+// the 10 steps of every placement here (measured), and an ordering bug moves the losses more
+// than 2e-4 (the deferred step's forward without its wait for the h2d copies: 5.5e-4 by step
+// 3; the gradient drains without their wait for the backward: 2.3e-2 at step 1).
+#ifdef STRATA_CUDA_EMU
+constexpr double kLossTol = 2e-4;
+#else
+constexpr double kLossTol = 2e-2;
+#endif
+
 Config config(const std::string& backend, const std::string& dir,
               std::vector<std::string> extra = {}) {
   const char* json = R"({
@@ -50,6 +62,18 @@ std::string scratch_dir(const std::string& name) {
   return dir.string();
 }
 
+// Every step's loss and the last eval loss within kLossTol, the first step (before any update)
+// within 2e-3.
+void expect_losses_match(const TrainResult& cpu, const TrainResult& gpu) {
+  ASSERT_EQ(cpu.losses.size(), gpu.losses.size());
+  EXPECT_NEAR(gpu.losses[0], cpu.losses[0], 2e-3 * std::fabs(cpu.losses[0]));
+  for (size_t i = 0; i < cpu.losses.size(); ++i) {
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], kLossTol * std::fabs(cpu.losses[i])) << "step " << i;
+  }
+  EXPECT_NEAR(gpu.eval_losses.back().second, cpu.eval_losses.back().second,
+              kLossTol * cpu.eval_losses.back().second);
+}
+
 TEST(CudaTraining, MatchesTheCpuBackend) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
@@ -61,15 +85,27 @@ TEST(CudaTraining, MatchesTheCpuBackend) {
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   auto gpu = train(config("cuda", dir + "/cuda"), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  ASSERT_EQ(cpu->losses.size(), gpu->losses.size());
-  // bf16 activations with different summation orders: losses agree to ~1e-2 relative, and the
-  // first step (before any update) much closer.
-  EXPECT_NEAR(gpu->losses[0], cpu->losses[0], 2e-3 * std::fabs(cpu->losses[0]));
-  for (size_t i = 0; i < cpu->losses.size(); ++i) {
-    EXPECT_NEAR(gpu->losses[i], cpu->losses[i], 2e-2 * std::fabs(cpu->losses[i])) << "step " << i;
-  }
-  EXPECT_NEAR(gpu->eval_losses.back().second, cpu->eval_losses.back().second,
-              2e-2 * cpu->eval_losses.back().second);
+  expect_losses_match(*cpu, *gpu);
+  fs::remove_all(dir);
+}
+
+// Parameters on the device, the optimizer in host RAM, the step deferred to the next forward
+// (strata.optimizer.overlap, on by default, with clipping biting): the new parameters go up on
+// the h2d stream while the forward runs, and each module's forward must wait for its copies.
+TEST(CudaTraining, DeferredStepIntoDeviceParametersMatchesTheCpuBackend) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_deferred");
+  const std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"none\""};
+  TrainOptions o;
+  o.progress = false;
+  auto cpu = train(config("cpu", dir + "/cpu", ov), o);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto gpu = train(config("cuda", dir + "/cuda", ov), o);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  EXPECT_GT(gpu->modules_deferred, 0) << "no optimizer step was deferred";
+  expect_losses_match(*cpu, *gpu);
   fs::remove_all(dir);
 }
 
@@ -103,14 +139,8 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
     ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
     auto gpu = train(config("cuda", dir + "/cuda", ov), o);
     ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-    ASSERT_EQ(cpu->losses.size(), gpu->losses.size());
-    EXPECT_NEAR(gpu->losses[0], cpu->losses[0], 2e-3 * std::fabs(cpu->losses[0]));
-    for (size_t i = 0; i < cpu->losses.size(); ++i) {
-      EXPECT_NEAR(gpu->losses[i], cpu->losses[i], 2e-2 * std::fabs(cpu->losses[i])) << "step " << i;
-    }
+    expect_losses_match(*cpu, *gpu);
     EXPECT_LT(gpu->losses.back(), gpu->losses.front()) << "the GPU run did not learn";
-    EXPECT_NEAR(gpu->eval_losses.back().second, cpu->eval_losses.back().second,
-                2e-2 * cpu->eval_losses.back().second);
     EXPECT_FALSE(gpu->last_checkpoint.empty());
     EXPECT_NE(gpu->weights_crc, 0u) << "the weights' checksum could not read the device state";
     fs::remove_all(dir);

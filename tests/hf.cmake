@@ -21,6 +21,12 @@ if(strata_hf_python)
            COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_hf_export.py
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(hf_export_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # The masked (SFT) loss: prepare_data --chat + strata eval against transformers' loss with
+  # labels = -100 on the same packed windows (tools/check_sft_loss.py; skipped without them).
+  add_test(NAME sft_loss_transformers
+           COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_sft_loss.py
+                   --strata $<TARGET_FILE:strata>)
+  set_tests_properties(sft_loss_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
   # tools/prepare_data.py: errors as one line with the file and line, bounded memory on a 16 MB
   # line, empty outputs refused, the input never overwritten (a test double of transformers).
   add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)

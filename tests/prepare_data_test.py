@@ -19,20 +19,34 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zlib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOOL = os.path.join(ROOT, "tools", "prepare_data.py")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import prepare_data  # noqa: E402
 
+# ChatML, as Qwen2's tokenizers carry it (the fixtures' tokenizers have no template).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 FAKE_TRANSFORMERS = '''
 class _Tok:
     bos_token_id, eos_token_id = 1, 2
     def __len__(self):
         return 259
-    def __call__(self, text, add_special_tokens=True):
+    chat_template = "fake"
+    def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False):
         ids = [b + 3 for b in text.encode("utf-8")]
-        return {"input_ids": [1] + ids if add_special_tokens else ids}
+        out = {"input_ids": [1] + ids if add_special_tokens else ids}
+        if return_offsets_mapping:  # each byte's character
+            out["offset_mapping"] = [(i, i + 1) for i, ch in enumerate(text)
+                                     for _ in ch.encode("utf-8")]
+        return out
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join("<" + m["role"] + ">" + m["content"] + "|" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
 class AutoTokenizer:
     @staticmethod
     def from_pretrained(path):
@@ -58,6 +72,27 @@ def read_tokens(path):
     magic, version, n = struct.unpack("<3i", data[:12])
     fmt = "H" if magic == 20240520 else "I"
     return list(struct.unpack(f"<{n}{fmt}", data[1024:]))
+
+
+def read_mask(path):
+    """(header ints [magic, version, count, token crc, mask crc, conversations], mask bytes)
+    of a loss mask, checked against its token file's bytes."""
+    with open(path + ".mask", "rb") as f:
+        data = f.read()
+    header = list(struct.unpack("<6I", data[:24]))
+    with open(path, "rb") as f:
+        tokens = f.read()[1024:]
+    assert header[3] == zlib.crc32(tokens), "the mask names other tokens"
+    assert header[4] == zlib.crc32(data[1024:]), "the mask's own CRC-32"
+    return header, list(data[1024:])
+
+
+CHATS = [
+    {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "ab"}, {"role": "user", "content": "r"},
+                  {"role": "assistant", "content": "c"}]},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+]
 
 
 class PrepareData(unittest.TestCase):
@@ -158,6 +193,92 @@ class PrepareData(unittest.TestCase):
         self.assert_fails(["--input", self.path("link.txt"), "--out", src], "is the input file")
         with open(src) as f:
             self.assertEqual(f.read(), "some text\n")
+
+    def test_chat_masks_the_assistant_turns_and_marks_conversation_starts(self):
+        src = self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in CHATS))
+        rc, err, _ = self.run_tool("--chat", "--input", src, "--out", self.path("t.bin"))
+        self.assertEqual(rc, 0, err)
+        tokens = read_tokens(self.path("t.bin"))
+        text = "".join(chr(t - 3) for t in tokens)
+        # The fake template: "<role>content|" per message; the generation prompt "<assistant>".
+        self.assertEqual(text, "<system>s|<user>q|<assistant>ab|<user>r|<assistant>c|"
+                               "<user>hi|<assistant>yo|")
+        header, mask = read_mask(self.path("t.bin"))
+        self.assertEqual(header[:3], [20261125, 1, len(tokens)])
+        self.assertEqual(header[5], 2)
+        # Loss on each assistant turn's text after its generation prompt: content and "|".
+        self.assertEqual("".join(ch if m & 1 else "." for ch, m in zip(text, mask)),
+                         "." * 29 + "ab|" + "." * 19 + "c|" + "." * 20 + "yo|")
+        self.assertEqual([i for i, m in enumerate(mask) if m & 2], [0, text.index("<user>hi")])
+        # A plain run over the same --out removes the mask that is no longer its.
+        plain = self.write("c.jsonl", '{"text": "ab"}\n')
+        rc, err, _ = self.run_tool("--input", plain, "--out", self.path("t.bin"))
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(self.path("t.bin.mask")))
+
+    def test_chat_validation_split_has_its_own_mask(self):
+        chats = [{"messages": [{"role": "user", "content": f"q{i}"},
+                               {"role": "assistant", "content": f"a{i}"}]} for i in range(4)]
+        src = self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in chats))
+        rc, err, _ = self.run_tool("--chat", "--input", src, "--out", self.path("t.bin"),
+                                   "--val-out", self.path("v.bin"), "--val-fraction", "0.25")
+        self.assertEqual(rc, 0, err)
+        for name, convs in (("t.bin", 3), ("v.bin", 1)):
+            header, mask = read_mask(self.path(name))
+            self.assertEqual(header[5], convs, name)
+            self.assertEqual(sum(m & 1 for m in mask), 3 * convs, name)  # "aN|" each
+
+    def test_chat_errors_name_the_line(self):
+        cases = [
+            ('{"messages": [{"role": "user", "content": "q"}]}', "no \"assistant\" message"),
+            ('{"text": "not a chat"}', "needs \"messages\""),
+            ('{"messages": [{"role": "user", "content": 3}]}', "needs \"messages\""),
+            ('{"messages": [', "not valid JSON"),
+        ]
+        good = json.dumps(CHATS[1])
+        for line, message in cases:
+            src = self.write("bad.jsonl", good + "\n" + line + "\n")
+            self.assert_fails(["--chat", "--input", src, "--out", self.path("t.bin")],
+                              f"{src}:2: {message}")
+            self.assertFalse(os.path.exists(self.path("t.bin")))
+            self.assertFalse(os.path.exists(self.path("t.bin.mask")))
+
+    def test_chat_template_that_rewrites_earlier_turns_is_refused(self):
+        def render(messages, add_generation_prompt):  # drops every turn but the last two
+            return "".join(m["content"] for m in messages[-2:]) + ("|" if add_generation_prompt
+                                                                    else "")
+
+        def encode_offsets(text):
+            return [ord(c) for c in text], [(i, i + 1) for i in range(len(text))]
+
+        with self.assertRaisesRegex(ValueError, "message 2 \\(assistant\\)"):
+            prepare_data.chat_tokens(render, encode_offsets, CHATS[0]["messages"])
+
+    def test_chat_with_a_real_tokenizer_matches_apply_chat_template(self):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            self.skipTest("transformers is not installed for this python (STRATA_HF_PYTHON)")
+        d = os.path.join(self.dir, "model")
+        shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "hf", "qwen2"), d)
+        with open(os.path.join(self.dir, "t.jinja"), "w") as f:
+            f.write(CHAT_TEMPLATE)
+        src = self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in CHATS))
+        p = subprocess.run([sys.executable, TOOL, "--chat", "--model", d, "--chat-template",
+                            self.path("t.jinja"), "--input", src, "--out", self.path("t.bin")],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        tok = AutoTokenizer.from_pretrained(d)
+        tok.chat_template = CHAT_TEMPLATE
+        want = []
+        for c in CHATS:
+            ids = tok.apply_chat_template(c["messages"], tokenize=True)
+            want += list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # 5.x: a dict
+        tokens = read_tokens(self.path("t.bin"))
+        self.assertEqual(tokens, want)
+        _, mask = read_mask(self.path("t.bin"))
+        got = tok.decode([t for t, m in zip(tokens, mask) if m & 1])
+        self.assertEqual(got, "ab<|im_end|>\nc<|im_end|>\nyo<|im_end|>\n")
 
     def test_progress_line(self):
         lines = []

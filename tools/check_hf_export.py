@@ -17,6 +17,7 @@ hf_export_transformers; STRATA_HF_PYTHON names the interpreter that has them).
 usage: check_hf_export.py --strata build/tools/strata [--work DIR]
 """
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -55,21 +56,30 @@ def check_generate(transformers, torch, src, out, model):
     return ""
 
 
-def main():
+def start(tag, modules):
+    """A check script's start: its --strata and --work arguments, the work directory (--work,
+    else a new temporary one named after `tag`), and `modules` imported (a list of names), or
+    None after saying which is missing (the caller exits 77: skipped)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
     try:
-        import torch
-        import torch.nn.functional as F
-        import transformers
-        from safetensors.torch import load_file
+        imported = [importlib.import_module(m) for m in modules]
     except ImportError as e:
         print(f"SKIPPED: {e.name} is not installed for {sys.executable} (set STRATA_HF_PYTHON "
-              "to a python with torch, transformers and safetensors)")
+              f"to a python with {', '.join(modules)})")
+        return None
+    return args, args.work or tempfile.mkdtemp(prefix=f"strata_{tag}_check_"), imported
+
+
+def main():
+    started = start("hf_export", ["torch", "torch.nn.functional", "transformers",
+                                  "safetensors.torch"])
+    if started is None:
         return 77
-    work = args.work or tempfile.mkdtemp(prefix="strata_hf_export_check_")
+    args, work, (torch, F, transformers, st) = started
+    load_file = st.load_file
     with open(os.path.join(ROOT, "configs", "tiny-cpu.json")) as f:
         base = json.load(f)
     base.pop("model")

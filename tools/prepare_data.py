@@ -3,6 +3,8 @@
 
     python tools/prepare_data.py --model DIR --input corpus.jsonl --out train.bin \\
         [--field text] [--val-out val.bin --val-fraction 0.01]
+    python tools/prepare_data.py --chat --model DIR --input chats.jsonl --out train.bin \\
+        [--chat-template FILE] [--val-out val.bin --val-fraction 0.05]
 
 DIR is the model directory model.from_pretrained names (its tokenizer.json /
 tokenizer_config.json). Input: a .txt file (one document per blank-line-separated paragraph
@@ -22,9 +24,24 @@ uint16 (magic 20240520, version 1) when the vocabulary fits, else uint32 (magic 
 version 7: Llama 3's 128,256-token vocabulary). Each file is written as <out>.tmp and renamed
 over <out> only when complete; a failed run leaves no file that looks valid.
 
+--chat: chat / SFT data. Each JSONL line is {"messages": [{"role": ..., "content": ...}, ...]}
+(one conversation), rendered with the model tokenizer's own chat template (transformers'
+apply_chat_template; --chat-template FILE gives a Jinja template instead) and tokenized as
+apply_chat_template(tokenize=True) does (no special tokens added beyond the template's). The loss
+mask marks the assistant turns: the text each assistant message adds after the generation prompt
+(its content and the template's end-of-turn text), found by rendering the conversation up to
+each assistant message with add_generation_prompt=True; only those tokens are loss targets, as
+transformers' labels = -100 elsewhere (TRL's assistant_only_loss). The mask goes to <out>.mask
+(and <val-out>.mask): a 256 x int32 header (magic 20261125, version 1, token count, the token
+bytes' CRC-32, the mask bytes' CRC-32, conversations), then one byte per token: bit 0 = loss
+target, bit 1 = first token of a conversation (src/train/loss_mask.h; strata packs whole
+conversations into its windows with it). A plain run removes a stale <out>.mask.
+
 Errors are one line naming the file, the line and the fix (exit 1): a line that is not UTF-8 or
 not JSON, a document without the field, an empty training or validation file, an --out or
---val-out that is the input. Off the hot path: needs `transformers` (pip install transformers),
+--val-out that is the input; with --chat, a line without a messages list of role/content
+strings, a conversation without an assistant turn, a template that cannot render it or whose
+rendering of the first messages is not the start of the whole conversation's. Off the hot path: needs `transformers` (pip install transformers),
 never a dependency of the build.
 """
 import argparse
@@ -34,10 +51,13 @@ import os
 import struct
 import sys
 import time
+import zlib
 
 HEADER_INTS = 256
 CHUNK_CHARS = 1 << 20  # a document is encoded in pieces of about this many characters
 MAX_TOKENS = 2**31 - 1  # the header's int32 count
+MASK_MAGIC, MASK_VERSION = 20261125, 1
+MASK_LOSS, MASK_START = 1, 2  # a mask byte's bits: loss target, first token of a conversation
 
 
 class Error(Exception):
@@ -124,41 +144,75 @@ def pieces(text, size=CHUNK_CHARS):
     yield text[start:]
 
 
-class TokenFile:
-    """An llm.c token file written as it streams: <path>.tmp, renamed over <path> by close()."""
+def i32(x):
+    """An unsigned 32-bit value as the int32 a header holds."""
+    return x - (1 << 32) if x >= 1 << 31 else x
 
-    def __init__(self, path, u32):
+
+def create_temp(path):
+    """`path` created afresh for writing (a killed run's leftover or a planted link at it is
+    removed, never followed), with a zeroed header."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    f = os.fdopen(fd, "wb")
+    f.write(b"\0" * (4 * HEADER_INTS))
+    return f
+
+
+def finish(f, header, tmp, path):
+    """Writes `header` (ints) at the start of `f`, syncs it and renames `tmp` over `path`."""
+    f.seek(0)
+    f.write(struct.pack(f"<{HEADER_INTS}i", *(header + [0] * (HEADER_INTS - len(header)))))
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    os.replace(tmp, path)
+
+
+class TokenFile:
+    """An llm.c token file written as it streams: <path>.tmp, renamed over <path> by close().
+    With `mask`, its loss mask too: <path>.mask.tmp, renamed over <path>.mask first (a run
+    killed between the two renames leaves a mask whose token CRC-32 names other tokens)."""
+
+    def __init__(self, path, u32, mask=False):
         self.path, self.tmp, self.u32, self.count = path, path + ".tmp", u32, 0
-        if os.path.lexists(self.tmp):
-            os.unlink(self.tmp)  # a killed run's leftover (or a planted link: never followed)
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        self.f = os.fdopen(fd, "wb")
-        self.f.write(b"\0" * (4 * HEADER_INTS))
+        self.mask_path = path + ".mask"
+        self.crc = self.mask_crc = self.conversations = 0
+        self.f = create_temp(self.tmp)
+        self.m = create_temp(self.mask_path + ".tmp") if mask else None
         self.fmt = "<{}I" if u32 else "<{}H"
 
-    def write(self, tokens):
+    def write(self, tokens, mask=None):
         if self.count + len(tokens) > MAX_TOKENS:
             raise Error(f"{self.path}: more than {MAX_TOKENS} tokens (the llm.c header's limit); "
                         "split the corpus and prepare the parts separately")
-        self.f.write(struct.pack(self.fmt.format(len(tokens)), *tokens))
+        data = struct.pack(self.fmt.format(len(tokens)), *tokens)
+        self.f.write(data)
+        self.crc = zlib.crc32(data, self.crc)
         self.count += len(tokens)
+        if self.m:
+            m = bytes(mask)
+            self.m.write(m)
+            self.mask_crc = zlib.crc32(m, self.mask_crc)
+            self.conversations += sum(1 for b in m if b & MASK_START)
 
     def close(self):
-        header = [0] * HEADER_INTS
-        header[0], header[1] = (20240801, 7) if self.u32 else (20240520, 1)
-        header[2] = self.count
-        self.f.seek(0)
-        self.f.write(struct.pack(f"<{HEADER_INTS}i", *header))
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
+        if self.m:
+            finish(self.m, [MASK_MAGIC, MASK_VERSION, self.count, i32(self.crc),
+                            i32(self.mask_crc), self.conversations],
+                   self.mask_path + ".tmp", self.mask_path)
+        elif os.path.lexists(self.mask_path):
+            os.unlink(self.mask_path)  # another run's mask: not this file's
+        finish(self.f, [20240801, 7, self.count] if self.u32 else [20240520, 1, self.count],
+               self.tmp, self.path)
 
     def discard(self):
-        if not self.f.closed:
-            self.f.close()
-        if os.path.lexists(self.tmp):
-            os.unlink(self.tmp)
+        for f, tmp in ((self.f, self.tmp), (self.m, self.mask_path + ".tmp")):
+            if f and not f.closed:
+                f.close()
+            if f and os.path.lexists(tmp):
+                os.unlink(tmp)
 
 
 class Progress:
@@ -197,12 +251,101 @@ def special_ids(encode):
     return [], []
 
 
-def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None,
-            val_fraction=0.01, progress_every=2.0):
-    """Streams `input_path` into `out` (and `val_out`). `encode(text, add_special_tokens)`
-    returns a list of ids. Returns {path: token count}."""
-    outputs = [p for p in (out, val_out) if p]
-    for p in outputs:
+def conversations(path, progress=None):
+    """(line number, messages) for each conversation of a chat JSONL file: one object a line
+    with a "messages" list of {"role": str, "content": str}. Reads bytes, so errors name the
+    line; `progress(bytes_read)` is called as the file is read."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if progress:
+                progress(f.tell())
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise Error(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                            f"{e.start} of the line); re-encode the file as UTF-8")
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise Error(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
+                            "each line of a chat .jsonl file must be one JSON object")
+            msgs = obj.get("messages") if isinstance(obj, dict) else None
+            if not isinstance(msgs, list) or not msgs or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and
+                    isinstance(m.get("content"), str) for m in msgs):
+                raise Error(f"{path}:{lineno}: needs \"messages\": a non-empty list of "
+                            "{\"role\": str, \"content\": str} (--chat reads one conversation "
+                            "a line)")
+            if not any(m["role"] == "assistant" for m in msgs):
+                raise Error(f"{path}:{lineno}: no \"assistant\" message: nothing to train on "
+                            "(the loss covers the assistant turns only); drop the line")
+            yield lineno, msgs
+
+
+def chat_tokens(render, encode_offsets, messages):
+    """(ids, mask) of one conversation. `render(messages, add_generation_prompt)` is the chat
+    template's text; `encode_offsets(text)` the ids of that text (no special tokens added)
+    with each one's (start, end) character offsets. An assistant message's span is the text
+    rendering it adds after the generation prompt; a token starting in a span is a loss target.
+    Raises ValueError saying why not."""
+    whole = render(messages, False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(messages[:i], True) if i else ""
+        through = render(messages[:i + 1], False)
+        if not (whole.startswith(before) and whole.startswith(through) and
+                len(through) > len(before) and through.startswith(before)):
+            raise ValueError(f"message {i} (assistant): the template's rendering of the "
+                             "conversation up to it is not the start of the whole "
+                             "conversation's, so its turn cannot be located (a template that "
+                             "rewrites earlier turns); give --chat-template FILE")
+        spans.append((len(before), len(through)))
+    ids, offsets = encode_offsets(whole)
+    mask, k = [], 0
+    for start, _ in offsets:
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        mask.append(MASK_LOSS if k < len(spans) and spans[k][0] <= start else 0)
+    if mask:
+        mask[0] |= MASK_START
+    return ids, mask
+
+
+def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=None,
+                 val_fraction=0.01, progress_every=2.0):
+    """Streams the conversations of `input_path` into `out` (and `val_out`) with their loss
+    masks (chat_tokens). Returns {path: token count}."""
+    check_paths(input_path, out, val_out, val_fraction)
+    u32 = vocab_size > 65536
+    progress = Progress(os.path.getsize(input_path), progress_every)
+    files = [TokenFile(out, u32, mask=True)]
+    if val_out:
+        files.append(TokenFile(val_out, u32, mask=True))
+
+    def fill():
+        for n, (lineno, msgs) in enumerate(conversations(input_path,
+                                                         lambda b: progress.update(b))):
+            to_val = val_out and int((n + 1) * val_fraction) > int(n * val_fraction)
+            try:
+                ids, mask = chat_tokens(render, encode_offsets, msgs)
+            except ValueError as e:
+                raise Error(f"{input_path}:{lineno}: {e}")
+            except Exception as e:  # noqa: BLE001 (a Jinja template's own error, any type)
+                raise Error(f"{input_path}:{lineno}: the chat template failed: "
+                            f"{type(e).__name__}: {e}")
+            (files[1] if to_val else files[0]).write(ids, mask)
+            progress.update(tokens=len(ids), docs=1)
+
+    return write_outputs(files, fill, input_path, progress, u32)
+
+
+def check_paths(input_path, out, val_out, val_fraction):
+    """Refuses an output that is the input, --out == --val-out, a bad fraction, no input."""
+    for p in [p for p in (out, val_out) if p]:
         if os.path.exists(p) and os.path.samefile(p, input_path) or \
                 os.path.abspath(p) == os.path.abspath(input_path):
             raise Error(f"{p} is the input file; give --out/--val-out another path (the input "
@@ -213,6 +356,47 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
         raise Error(f"--val-fraction {val_fraction} is not between 0 and 1")
     if not os.path.isfile(input_path):
         raise Error(f"{input_path}: no such file")
+
+
+def check_not_empty(files, docs, input_path):
+    for f in files:
+        if f.count == 0:
+            what = "validation" if f is not files[0] else "training"
+            hint = ("raise --val-fraction or give more documents" if what == "validation"
+                    else "the input has no documents" if docs == 0
+                    else "lower --val-fraction")
+            raise Error(f"{f.path}: the {what} file would hold 0 tokens "
+                        f"({docs} documents in {input_path}); {hint}")
+
+
+def write_outputs(files, fill, input_path, progress, u32):
+    """Runs fill() (it writes `files`), then refuses an empty one and closes them all (each
+    renamed into place), or discards them all on any failure. Returns {path: token count}."""
+    try:
+        fill()
+        check_not_empty(files, progress.docs, input_path)
+        for f in files:
+            f.close()
+    except BaseException:
+        for f in files:
+            f.discard()
+        raise
+    return report(files, progress, u32)
+
+
+def report(files, progress, u32):
+    print(progress.line(), file=sys.stderr)
+    for f in files:
+        print(f"{f.path}: {f.count} tokens, {'uint32' if u32 else 'uint16'}"
+              + (f", loss mask {f.mask_path}" if f.m else ""))
+    return {f.path: f.count for f in files}
+
+
+def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None,
+            val_fraction=0.01, progress_every=2.0):
+    """Streams `input_path` into `out` (and `val_out`). `encode(text, add_special_tokens)`
+    returns a list of ids. Returns {path: token count}."""
+    check_paths(input_path, out, val_out, val_fraction)
     u32 = vocab_size > 65536
     before, after = special_ids(encode)
     tail = after + ([eos] if eos is not None and eos not in after[-1:] else [])
@@ -220,7 +404,8 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
     files = [TokenFile(out, u32)]
     if val_out:
         files.append(TokenFile(val_out, u32))
-    try:
+
+    def fill():
         doc, buf, dst, n = 0, "", None, 0
         for kind, text in documents(input_path, field, lambda b: progress.update(b)):
             if dst is None:  # a document starts
@@ -247,24 +432,8 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
                 dst.write(tail)
                 progress.update(tokens=n + len(tail), docs=1)
                 doc, dst = doc + 1, None
-        for f in files:
-            if f.count == 0:
-                what = "validation" if f is not files[0] else "training"
-                hint = ("raise --val-fraction or give more documents" if what == "validation"
-                        else "the input has no documents" if progress.docs == 0
-                        else "lower --val-fraction")
-                raise Error(f"{f.path}: the {what} file would hold 0 tokens "
-                            f"({progress.docs} documents in {input_path}); {hint}")
-        for f in files:
-            f.close()
-    except BaseException:
-        for f in files:
-            f.discard()
-        raise
-    print(progress.line(), file=sys.stderr)
-    for f in files:
-        print(f"{f.path}: {f.count} tokens, {'uint32' if u32 else 'uint16'}")
-    return {f.path: f.count for f in files}
+
+    return write_outputs(files, fill, input_path, progress, u32)
 
 
 def main():
@@ -275,6 +444,11 @@ def main():
     ap.add_argument("--field", default="text", help="JSONL field holding the text")
     ap.add_argument("--val-out", default=None, help="also write one document in 1/fraction here")
     ap.add_argument("--val-fraction", type=float, default=0.01)
+    ap.add_argument("--chat", action="store_true",
+                    help="JSONL {\"messages\": [...]} conversations: the tokenizer's chat "
+                    "template, and a loss mask on the assistant turns (<out>.mask)")
+    ap.add_argument("--chat-template", default=None,
+                    help="with --chat: a Jinja chat template file instead of the tokenizer's")
     args = ap.parse_args()
     try:
         from transformers import AutoTokenizer
@@ -286,12 +460,33 @@ def main():
         sys.exit(f"{args.model}: cannot load its tokenizer ({e}); --model must name a Hugging "
                  "Face model directory with tokenizer.json or tokenizer.model")
 
+    tok.model_max_length = MAX_TOKENS  # documents are longer than a window: no warning
+
     def encode(text, specials):
         return tok(text, add_special_tokens=specials)["input_ids"]
 
+    def render(messages, add_generation_prompt):
+        return tok.apply_chat_template(messages, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
+
+    def encode_offsets(text):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return enc["input_ids"], enc["offset_mapping"]
+
     try:
-        prepare(encode, tok.eos_token_id, len(tok), args.input, args.out, args.field,
-                args.val_out, args.val_fraction)
+        if args.chat:
+            if args.chat_template:
+                with open(args.chat_template) as f:
+                    tok.chat_template = f.read()
+            if not getattr(tok, "chat_template", None):
+                raise Error(f"{args.model}: its tokenizer has no chat template (tokenizer_config."
+                            "json's chat_template or chat_template.jinja); give --chat-template "
+                            "FILE (a Jinja template)")
+            prepare_chat(render, encode_offsets, len(tok), args.input, args.out, args.val_out,
+                         args.val_fraction)
+        else:
+            prepare(encode, tok.eos_token_id, len(tok), args.input, args.out, args.field,
+                    args.val_out, args.val_fraction)
     except Error as e:
         sys.exit(f"prepare_data: {e}")
     except OSError as e:

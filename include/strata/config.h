@@ -174,6 +174,8 @@ struct DataConfig {
   std::string format = "auto";       // auto | uint16 | uint32 | llmc | text
   int seq_len = 0;                   // 0 / "auto": model.context
   double eval_fraction = 0.05;       // held-out tail of the corpus for eval loss
+  std::string eval_source;           // "": the eval_fraction tail; else a held-out token file
+  std::string loss_mask = "auto";    // auto: <token file>.mask when it exists | none
   int eval_batches = 4;
   size_t synthetic_tokens = 1 << 20;  // size of the built-in corpus
 };

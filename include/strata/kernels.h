@@ -215,7 +215,8 @@ class Kernels {
 
   // Fused softmax cross-entropy over logits [N,Vp] (columns >= V are padding and ignored):
   // losses[i] = -log softmax(logits[i,:V])[targets[i]]; then logits is overwritten with
-  // dlogits = (softmax - onehot(target)) * dloss (padding columns set to 0).
+  // dlogits = (softmax - onehot(target)) * dloss (padding columns set to 0). A negative target
+  // (-1: the data's loss mask, as transformers' labels = -100) is ignored: loss 0, gradient 0.
   virtual void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
                                              const int32_t* targets, float dloss, int N, int V,
                                              int Vp) = 0;

@@ -1,6 +1,7 @@
 // Fused softmax + cross-entropy forward and backward over padded-vocabulary logits
 // (llm.c crossentropy_forward + crossentropy_softmax_backward in one pass). Rows are
 // independent; each row is widened to fp32 once, reduced, and overwritten with its gradient.
+// A negative target masks its row out: loss 0, gradient 0 (transformers' labels = -100).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,6 +21,11 @@ void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
       std::vector<float> row(V);
       for (size_t r = r0; r < r1; ++r) {
         Tp* lr = logits + r * Vp;
+        if (targets[r] < 0) {  // masked out (a loss mask): no loss, no gradient
+          losses[r] = 0.0f;
+          for (int k = 0; k < Vp; ++k) lr[k] = from_float<Tp>(0.0f);
+          continue;
+        }
         load_span(lr, row.data(), V);
         float maxval = -INFINITY;
         for (int i = 0; i < V; ++i) maxval = std::max(maxval, row[i]);

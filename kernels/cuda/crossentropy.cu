@@ -7,13 +7,19 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// One block per row of logits [N,Vp]; columns >= V are padding (gradient 0).
+// One block per row of logits [N,Vp]; columns >= V are padding (gradient 0); a row whose
+// target is negative is masked out (loss and gradient 0).
 template <typename T>
 __global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss,
                                     int V, int Vp) {
   __shared__ float shared[32];
   T* x = logits + size_t(blockIdx.x) * Vp;
   const int target = targets[blockIdx.x];
+  if (target < 0) {  // masked out (a loss mask): no loss, no gradient
+    if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+    for (int c = threadIdx.x; c < Vp; c += blockDim.x) x[c] = from_f32<T>(0.0f);
+    return;
+  }
   // Every read of x[target] happens before the reductions' barriers, so before any write.
   const float xt = to_f32(x[target]);
   float mx = -INFINITY;

@@ -19,4 +19,9 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   return ~reg;
 }
 
+uint32_t crc32_ieee(uint32_t crc, const void* data, size_t n) {
+  // crc32_gzip_refl takes and returns the standard (inverted) value: zlib.crc32's, chained.
+  return crc32_gzip_refl(crc, static_cast<const unsigned char*>(data), n);
+}
+
 }  // namespace strata

@@ -175,19 +175,48 @@ class NcclCommunicator final : public Communicator {
     return health();
   }
 
+  // The blocking forms take host buffers (the trainer's scalars): NCCL reads and writes only
+  // device memory, so they go through a device buffer on the NCCL stream, in and out.
   Status run_blocking(const Op& op) override {
     if (group_depth_ > 0) {
       return invalid_argument(
           fmt::format("rank {}: nccl: {}_blocking inside a group", rank_, kind_name(op.kind)));
     }
-    Status st = timed_launch(op);
+    const size_t b = op.count * op.elem_size(), all = op_bytes(op, size_);
+    if (op.kind == Kind::kBarrier || all == 0) return finish_blocking(op, op);
+    const size_t send_b = op.kind == Kind::kBroadcast ? 0 : op.kind == Kind::kAllGather ? b : all;
+    const size_t recv_b = op.kind == Kind::kReduceScatter ? b : all;
+    STRATA_ASSIGN_OR_RETURN(void* buf, device_->allocate(send_b + recv_b, "nccl staging"),
+                            fmt::format("rank {}: nccl: staging {}", rank_, describe(op, size_)));
+    Op staged = op;
+    staged.send = send_b ? buf : nullptr;
+    staged.recv = static_cast<char*>(buf) + send_b;
+    const void* in = op.kind == Kind::kBroadcast ? op.recv : op.send;
+    void* in_dst = op.kind == Kind::kBroadcast ? staged.recv : buf;
+    Status st = cuda(cudaMemcpyAsync(in_dst, in, op.kind == Kind::kBroadcast ? recv_b : send_b,
+                                     cudaMemcpyDefault, stream_),
+                     "staging the input");
+    if (st.is_ok()) st = finish_blocking(op, staged);
+    if (st.is_ok()) {
+      st = cuda(cudaMemcpyAsync(op.recv, staged.recv, recv_b, cudaMemcpyDefault, stream_),
+                "copying the result out");
+    }
+    if (st.is_ok()) st = cuda(cudaStreamSynchronize(stream_), "copying the result out");
+    device_->release(buf);
+    if (!st.is_ok()) fail(st);
+    return st;
+  }
+
+ private:
+  // Launches `staged` (op with device buffers) and waits for it.
+  Status finish_blocking(const Op& op, const Op& staged) {
+    Status st = timed_launch(staged);
     if (st.is_ok()) st = cuda(cudaEventRecord(ev_wait_, stream_), "recording the done event");
     if (st.is_ok()) st = wait_event(ev_wait_, describe(op, size_));
     if (!st.is_ok()) fail(st);
     return st;
   }
 
- private:
   Status cuda(cudaError_t err, const char* what) const {
     if (err == cudaSuccess) return Status::ok();
     return internal_error(fmt::format("rank {}: nccl: {}: {}: {}", rank_, what,

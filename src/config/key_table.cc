@@ -488,7 +488,11 @@ std::vector<Key> build_table() {
   add(F("data.seq_len", Int(0, 1 << 24), STRATA_M(data.seq_len),
         "tokens per sequence, <= model.context; 0/auto: model.context", nullptr, kAuto));
   add(F("data.eval_fraction", Real(0, 1, false, true), STRATA_M(data.eval_fraction),
-        "held-out tail for eval loss"));
+        "held-out tail for eval loss (unused with data.eval_source)"));
+  add(F("data.eval_source", Str(), STRATA_M(data.eval_source),
+        "a held-out token file for eval (and strata eval); \"\": the eval_fraction tail"));
+  add(F("data.loss_mask", Enum("auto|none"), STRATA_M(data.loss_mask),
+        "auto: <token file>.mask (prepare_data --chat) when it exists; none: every token"));
   add(F("data.eval_batches", Int(0, kMaxI32), STRATA_M(data.eval_batches),
         "batches per evaluation"));
   add(F("data.synthetic_tokens", Size(1), STRATA_M(data.synthetic_tokens),

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "src/base/rng.h"
+#include "strata/checksum.h"
 
 namespace strata {
 namespace {
@@ -17,23 +18,22 @@ namespace {
 constexpr int32_t kLlmcMagic = 20240520;     // version 1: uint16 tokens (GPT-2)
 constexpr int32_t kLlmcMagicU32 = 20240801;  // version 7: uint32 tokens (Llama 3)
 
-Result<std::vector<char>> read_file(const std::string& path) {
+// `key`: the config key that names `path`, for the messages.
+Result<std::vector<char>> read_file(const std::string& path, const std::string& key) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return errno_status(errno, fmt::format("data.source: cannot open '{}' (give a token file, "
-                                           "or \"synthetic\")",
-                                           path));
+    return errno_status(errno, fmt::format("{}: cannot open '{}' (give a token file{})", key, path,
+                                           key == "data.source" ? ", or \"synthetic\"" : ""));
   }
   std::vector<char> bytes;
   struct stat st {};
   Status err;
   if (::fstat(fd, &st) != 0) {
-    err = errno_status(errno, fmt::format("data.source: stat '{}'", path));
+    err = errno_status(errno, fmt::format("{}: stat '{}'", key, path));
   } else if (S_ISDIR(st.st_mode)) {
     err = invalid_argument(fmt::format(
-        "data.source: '{}' is a directory; give a token file in it (.bin from llm.c, .u16, .u32, "
-        "or text)",
-        path));
+        "{}: '{}' is a directory; give a token file in it (.bin from llm.c, .u16, .u32, or text)",
+        key, path));
   } else {
     bytes.reserve(S_ISREG(st.st_mode) ? size_t(st.st_size) : 0);
     char buf[1 << 16];
@@ -42,7 +42,7 @@ Result<std::vector<char>> read_file(const std::string& path) {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         err = errno_status(errno,
-                           fmt::format("data.source: reading '{}' at byte {}", path, bytes.size()));
+                           fmt::format("{}: reading '{}' at byte {}", key, path, bytes.size()));
         break;
       }
       if (n == 0) break;
@@ -80,99 +80,194 @@ std::vector<int32_t> synthetic_corpus(size_t n, int V, uint64_t seed) {
   return out;
 }
 
-}  // namespace
+// One token file: its tokens (checked against vocab_size), its loss mask when data.loss_mask
+// is "auto" and <path>.mask exists (else empty), and a description. `key` names it.
+struct TokenFile {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::string description;
+};
 
-Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t seed) {
-  Dataset d;
+Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
+                              const DataConfig& cfg, int vocab_size) {
+  TokenFile d;
   std::string fmt_name = cfg.format;
-  if (cfg.source == "synthetic") {
-    d.tokens_ = synthetic_corpus(cfg.synthetic_tokens, vocab_size, seed);
-    d.description_ =
-        fmt::format("synthetic Markov corpus, {} tokens, vocab {}", d.tokens_.size(), vocab_size);
-  } else {
-    STRATA_ASSIGN_OR_RETURN(std::vector<char> bytes, read_file(cfg.source), "loading data");
-    if (fmt_name == "auto") {
-      int32_t magic = 0;
-      if (bytes.size() >= 1024) std::memcpy(&magic, bytes.data(), 4);
-      auto ends_with = [&](const char* suf) {
-        size_t n = std::strlen(suf);
-        return cfg.source.size() >= n && cfg.source.compare(cfg.source.size() - n, n, suf) == 0;
-      };
-      if (magic == kLlmcMagic || magic == kLlmcMagicU32) {
-        fmt_name = "llmc";
-      } else if (ends_with(".u16")) {
-        fmt_name = "uint16";
-      } else if (ends_with(".u32")) {
-        fmt_name = "uint32";
-      } else {
-        fmt_name = "text";
-      }
-    }
-    if (fmt_name == "llmc") {
-      if (bytes.size() < 1024) {
-        return corrupt(fmt::format("{}: llm.c .bin needs a 1024-byte header, file has {} bytes",
-                                   cfg.source, bytes.size()));
-      }
-      int32_t header[256];
-      std::memcpy(header, bytes.data(), sizeof(header));
-      const bool u32 = header[0] == kLlmcMagicU32 && header[1] == 7;
-      if (!u32 && (header[0] != kLlmcMagic || header[1] != 1)) {
-        return corrupt(
-            fmt::format("{}: not an llm.c token file (magic {} version {}, expected "
-                        "{} version 1 for uint16 tokens or {} version 7 for uint32)",
-                        cfg.source, header[0], header[1], kLlmcMagic, kLlmcMagicU32));
-      }
-      const size_t w = u32 ? 4 : 2;
-      size_t n = static_cast<uint32_t>(header[2]);
-      if (bytes.size() != 1024 + w * n) {
-        return corrupt(fmt::format(
-            "{}: the llm.c header says {} tokens but the file holds {} bytes of tokens ({} "
-            "tokens{}); the file is {} (rewrite it, or fix the header's token count)",
-            cfg.source, n, bytes.size() - 1024, (bytes.size() - 1024) / w,
-            (bytes.size() - 1024) % w ? " and stray bytes" : "",
-            bytes.size() < 1024 + w * n ? "truncated" : "longer than its header says"));
-      }
-      d.tokens_.resize(n);
-      for (size_t i = 0; i < n; ++i) {
-        uint32_t t = 0;
-        std::memcpy(&t, bytes.data() + 1024 + w * i, w);  // little-endian
-        d.tokens_[i] = int32_t(t);
-      }
-    } else if (fmt_name == "uint16" || fmt_name == "uint32") {
-      size_t w = fmt_name == "uint16" ? 2 : 4;
-      if (bytes.size() % w) {
-        return corrupt(fmt::format("{}: size {} is not a multiple of {} bytes ({} tokens)",
-                                   cfg.source, bytes.size(), w, fmt_name));
-      }
-      d.tokens_.resize(bytes.size() / w);
-      for (size_t i = 0; i < d.tokens_.size(); ++i) {
-        uint32_t t = 0;
-        std::memcpy(&t, bytes.data() + w * i, w);
-        d.tokens_[i] = static_cast<int32_t>(t);
-      }
-    } else if (fmt_name == "text") {
-      d.tokens_.resize(bytes.size());
-      for (size_t i = 0; i < bytes.size(); ++i) d.tokens_[i] = static_cast<uint8_t>(bytes[i]);
+  STRATA_ASSIGN_OR_RETURN(std::vector<char> bytes, read_file(path, key), "loading data");
+  if (fmt_name == "auto") {
+    int32_t magic = 0;
+    if (bytes.size() >= 1024) std::memcpy(&magic, bytes.data(), 4);
+    auto ends_with = [&](const char* suf) {
+      size_t n = std::strlen(suf);
+      return path.size() >= n && path.compare(path.size() - n, n, suf) == 0;
+    };
+    if (magic == kLlmcMagic || magic == kLlmcMagicU32) {
+      fmt_name = "llmc";
+    } else if (ends_with(".u16")) {
+      fmt_name = "uint16";
+    } else if (ends_with(".u32")) {
+      fmt_name = "uint32";
     } else {
-      return invalid_argument(fmt::format(
-          "data.format: '{}' is not one of auto, uint16, uint32, llmc, text", fmt_name));
+      fmt_name = "text";
     }
-    d.description_ = fmt::format("{} ({}, {} tokens)", cfg.source, fmt_name, d.tokens_.size());
   }
+  size_t header = 0;  // bytes before the tokens
+  if (fmt_name == "llmc") {
+    if (bytes.size() < 1024) {
+      return corrupt(fmt::format("{}: llm.c .bin needs a 1024-byte header, file has {} bytes", path,
+                                 bytes.size()));
+    }
+    int32_t h[256];
+    std::memcpy(h, bytes.data(), sizeof(h));
+    const bool u32 = h[0] == kLlmcMagicU32 && h[1] == 7;
+    if (!u32 && (h[0] != kLlmcMagic || h[1] != 1)) {
+      return corrupt(
+          fmt::format("{}: not an llm.c token file (magic {} version {}, expected "
+                      "{} version 1 for uint16 tokens or {} version 7 for uint32)",
+                      path, h[0], h[1], kLlmcMagic, kLlmcMagicU32));
+    }
+    const size_t w = u32 ? 4 : 2;
+    size_t n = static_cast<uint32_t>(h[2]);
+    if (bytes.size() != 1024 + w * n) {
+      return corrupt(fmt::format(
+          "{}: the llm.c header says {} tokens but the file holds {} bytes of tokens ({} "
+          "tokens{}); the file is {} (rewrite it, or fix the header's token count)",
+          path, n, bytes.size() - 1024, (bytes.size() - 1024) / w,
+          (bytes.size() - 1024) % w ? " and stray bytes" : "",
+          bytes.size() < 1024 + w * n ? "truncated" : "longer than its header says"));
+    }
+    header = 1024;
+    d.tokens.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t t = 0;
+      std::memcpy(&t, bytes.data() + 1024 + w * i, w);  // little-endian
+      d.tokens[i] = int32_t(t);
+    }
+  } else if (fmt_name == "uint16" || fmt_name == "uint32") {
+    size_t w = fmt_name == "uint16" ? 2 : 4;
+    if (bytes.size() % w) {
+      return corrupt(fmt::format("{}: size {} is not a multiple of {} bytes ({} tokens)", path,
+                                 bytes.size(), w, fmt_name));
+    }
+    d.tokens.resize(bytes.size() / w);
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+      uint32_t t = 0;
+      std::memcpy(&t, bytes.data() + w * i, w);
+      d.tokens[i] = static_cast<int32_t>(t);
+    }
+  } else if (fmt_name == "text") {
+    d.tokens.resize(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i) d.tokens[i] = static_cast<uint8_t>(bytes[i]);
+  } else {
+    return invalid_argument(
+        fmt::format("data.format: '{}' is not one of auto, uint16, uint32, llmc, text", fmt_name));
+  }
+  d.description = fmt::format("{} ({}, {} tokens)", path, fmt_name, d.tokens.size());
   // Every file's tokens are unsigned (a uint32 past 2^31 is stored negative): compared and
   // named as the file holds them.
-  for (size_t i = 0; i < d.tokens_.size(); ++i) {
-    const uint32_t t = static_cast<uint32_t>(d.tokens_[i]);
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    const uint32_t t = static_cast<uint32_t>(d.tokens[i]);
     if (t >= static_cast<uint32_t>(vocab_size)) {
       return invalid_argument(fmt::format(
           "{}: token {} at index {} is outside model.vocab_size {} (a byte-level text file "
           "needs vocab_size >= 256)",
-          cfg.source, t, i, vocab_size));
+          path, t, i, vocab_size));
     }
   }
-  size_t eval = static_cast<size_t>(double(d.tokens_.size()) * cfg.eval_fraction);
-  d.split_ = d.tokens_.size() - eval;
+  const std::string mask_path = path + ".mask";
+  struct stat st {};
+  const bool has_mask = ::stat(mask_path.c_str(), &st) == 0;
+  if (has_mask && cfg.loss_mask == "none") {
+    d.description += fmt::format(", loss mask {} not read (data.loss_mask = \"none\")", mask_path);
+  }
+  if (has_mask && cfg.loss_mask == "auto") {
+    STRATA_ASSIGN_OR_RETURN(std::vector<char> mb, read_file(mask_path, key + "'s loss mask"),
+                            "loading data");
+    const uint32_t crc = crc32_ieee(0, bytes.data() + header, bytes.size() - header);
+    STRATA_ASSIGN_OR_RETURN(d.mask, parse_loss_mask(mb, mask_path, path, d.tokens.size(), crc),
+                            key + "'s loss mask (data.loss_mask = \"auto\")");
+    size_t loss = 0, starts = 0;
+    for (uint8_t m : d.mask) {
+      loss += m & kMaskLoss;
+      starts += (m & kMaskStart) ? 1 : 0;
+    }
+    d.description +=
+        fmt::format(", loss mask {}: {} conversations, loss on {} tokens", mask_path, starts, loss);
+  }
   return d;
+}
+
+}  // namespace
+
+Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t seed) {
+  Dataset d;
+  TokenFile train;
+  if (cfg.source == "synthetic") {
+    train.tokens = synthetic_corpus(cfg.synthetic_tokens, vocab_size, seed);
+    train.description = fmt::format("synthetic Markov corpus, {} tokens, vocab {}",
+                                    train.tokens.size(), vocab_size);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(train, read_tokens(cfg.source, "data.source", cfg, vocab_size), "");
+  }
+  d.description_ = std::move(train.description);
+  d.tokens_ = std::move(train.tokens);
+  const int T = cfg.seq_len;
+  if (!cfg.eval_source.empty()) {
+    STRATA_ASSIGN_OR_RETURN(TokenFile eval,
+                            read_tokens(cfg.eval_source, "data.eval_source", cfg, vocab_size), "");
+    d.split_ = d.tokens_.size();
+    d.train_packed_ = !train.mask.empty();
+    d.eval_packed_ = !eval.mask.empty();
+    if (d.masked()) {
+      // The split without a mask keeps its plain windows; its mask bytes only keep the indices.
+      if (train.mask.empty()) train.mask.assign(d.split_, kMaskLoss);
+      if (eval.mask.empty()) eval.mask.assign(eval.tokens.size(), kMaskLoss);
+      d.mask_ = std::move(train.mask);
+      d.mask_.insert(d.mask_.end(), eval.mask.begin(), eval.mask.end());
+    }
+    d.tokens_.insert(d.tokens_.end(), eval.tokens.begin(), eval.tokens.end());
+    d.description_ += "; held out: " + eval.description;
+  } else {
+    size_t eval = static_cast<size_t>(double(d.tokens_.size()) * cfg.eval_fraction);
+    d.split_ = d.tokens_.size() - eval;
+    if (!train.mask.empty()) {
+      // The held-out tail starts at a conversation start.
+      while (d.split_ < d.tokens_.size() && !(train.mask[d.split_] & kMaskStart)) ++d.split_;
+      d.mask_ = std::move(train.mask);
+      d.train_packed_ = d.eval_packed_ = true;
+    }
+  }
+  if (d.train_packed_ && T > 0) d.train_windows_ = pack_windows(d.mask_, 0, d.split_, T);
+  if (d.eval_packed_ && T > 0) {
+    d.eval_windows_ = pack_windows(d.mask_, d.split_, d.tokens_.size(), T);
+  }
+  // A packed split with tokens needs a loss target somewhere.
+  const auto no_target = [](const std::string& key, const std::string& path, const char* part) {
+    return invalid_argument(fmt::format(
+        "{}: {}.mask marks no loss target in the {} (no assistant turn after a window's first "
+        "token): give conversations with assistant replies, or set data.loss_mask = \"none\"",
+        key, path, part));
+  };
+  if (d.train_packed_ && T > 0 && d.split_ > 0 && d.train_windows_.empty()) {
+    return no_target("data.source", cfg.source, "training split");
+  }
+  if (d.eval_packed_ && T > 0 && d.eval_windows_.empty()) {
+    return cfg.eval_source.empty() ? no_target("data.source", cfg.source, "held-out tail")
+                                   : no_target("data.eval_source", cfg.eval_source, "file");
+  }
+  return d;
+}
+
+size_t Dataset::pick(uint64_t seed, int64_t step, int micro, uint64_t row, size_t n) {
+  Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 32) ^ (uint64_t(micro) << 20) ^ row);
+  return rng.below(n);
+}
+
+void Dataset::fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_t* targets) const {
+  for (size_t t = 0; t < size_t(T); ++t) {
+    tokens[t] = t < len ? tokens_[off + t] : 0;  // past the window: padding, never a target
+    const bool target = t + 1 < len && (mask_[off + t + 1] & kMaskLoss);
+    targets[t] = target ? tokens_[off + t + 1] : -1;
+  }
 }
 
 void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
@@ -180,21 +275,59 @@ void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int 
   const size_t span = split_ - size_t(T) - 1;
   for (int b = 0; b < B; ++b) {
     const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
-    Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 32) ^ (uint64_t(micro) << 20) ^ row);
-    size_t off = rng.below(span + 1);
+    int32_t* tk = tokens + size_t(b) * T;
+    int32_t* tg = targets + size_t(b) * T;
+    if (train_packed_) {
+      const PackedWindow& w = train_windows_[pick(seed, step, micro, row, train_windows_.size())];
+      fill_window(w.off, w.len, T, tk, tg);
+      continue;
+    }
+    const size_t off = pick(seed, step, micro, row, span + 1);
     for (int t = 0; t < T; ++t) {
-      tokens[size_t(b) * T + t] = tokens_[off + t];
-      targets[size_t(b) * T + t] = tokens_[off + t + 1];
+      tk[t] = tokens_[off + t];
+      tg[t] = tokens_[off + t + 1];
     }
   }
 }
 
+int64_t Dataset::train_batch_targets(uint64_t seed, int64_t step, int micro, int rank, int B,
+                                     int T) const {
+  if (!train_packed_) return int64_t(B) * T;
+  int64_t n = 0;
+  for (int b = 0; b < B; ++b) {
+    const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
+    n += train_windows_[pick(seed, step, micro, row, train_windows_.size())].targets;
+  }
+  return n;
+}
+
+size_t Dataset::eval_windows(int T) const {
+  return eval_packed_ ? eval_windows_.size() : (eval_tokens() - 1) / size_t(T);
+}
+
+int64_t Dataset::eval_window_targets(size_t w, int T) const {
+  return eval_packed_ ? int64_t(eval_windows_[w].targets) : int64_t(T);
+}
+
+int64_t Dataset::eval_batch_targets(int i, int B, int T, int world) const {
+  const size_t windows = eval_windows(T);
+  int64_t n = 0;
+  for (size_t r = 0; r < size_t(B) * size_t(world); ++r) {
+    n += eval_window_targets((size_t(i) * B * world + r) % windows, T);
+  }
+  return n;
+}
+
 void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank,
                          int world) const {
-  const size_t n = eval_tokens();
-  const size_t windows = (n - 1) / size_t(T);
+  const size_t windows = eval_windows(T);
   for (int b = 0; b < B; ++b) {
     size_t w = (size_t(i) * B * world + size_t(rank) * B + b) % windows;
+    if (eval_packed_) {
+      fill_window(eval_windows_[w].off, eval_windows_[w].len, T, tokens + size_t(b) * T,
+                  targets + size_t(b) * T);
+      continue;
+    }
     size_t off = split_ + w * T;
     for (int t = 0; t < T; ++t) {
       tokens[size_t(b) * T + t] = tokens_[off + t];

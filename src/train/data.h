@@ -12,12 +12,19 @@
 //   auto          by extension/header: llm.c magic -> llmc, .u16/.u32 -> raw, else text.
 // Batches are a pure function of (seed, step, micro-step, rank): resuming at step s yields
 // exactly the batches an uninterrupted run would have seen, without saving loader state.
+//
+// Held out: data.eval_source's file when set, else the data.eval_fraction tail of data.source.
+// A loss mask (src/train/loss_mask.h: <file>.mask beside a token file, data.loss_mask "auto")
+// makes a split "packed": its windows start at conversation starts and hold whole
+// conversations (pack_windows), targets outside the assistant turns are -1 (ignored by the
+// loss: transformers' labels = -100), and the loss is the mean over the targets that count.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "src/train/loss_mask.h"
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -25,7 +32,8 @@ namespace strata {
 
 class Dataset {
  public:
-  // Loads or generates the corpus; checks every token id against vocab_size.
+  // Loads or generates the corpus (and data.eval_source, and the loss masks); checks every
+  // token id against vocab_size. A masked split is packed into windows of cfg.seq_len inputs.
   static Result<Dataset> load(const DataConfig& cfg, int vocab_size, uint64_t seed);
 
   // Fills tokens/targets [B*T] for one training micro-batch: B windows at random offsets of
@@ -44,9 +52,31 @@ class Dataset {
   size_t eval_tokens() const { return tokens_.size() - split_; }
   const std::string& description() const { return description_; }
 
+  // Whether a loss mask applies (to either split): the loss is then the mean over the targets
+  // that count, which the counts below give (without a mask, every target counts).
+  bool masked() const { return train_packed_ || eval_packed_; }
+  bool train_packed() const { return train_packed_; }
+  bool eval_packed() const { return eval_packed_; }
+  size_t train_windows() const { return train_windows_.size(); }  // packed: those with a target
+  // Targets that count in train_batch(seed, step, micro, rank, B, T)'s rows.
+  int64_t train_batch_targets(uint64_t seed, int64_t step, int micro, int rank, int B, int T) const;
+  // Eval windows of T inputs (packed, or (eval_tokens - 1) / T consecutive ones), and the
+  // targets that count in window w / in eval_batch(i)'s rows of every rank.
+  size_t eval_windows(int T) const;
+  int64_t eval_window_targets(size_t w, int T) const;
+  int64_t eval_batch_targets(int i, int B, int T, int world) const;
+
  private:
+  // Window w of the split: its tokens at `off`, `len` of them (<= T + 1), into the rows.
+  void fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_t* targets) const;
+  // Row `row`'s draw in [0, n) for (seed, step, micro).
+  static size_t pick(uint64_t seed, int64_t step, int micro, uint64_t row, size_t n);
+
   std::vector<int32_t> tokens_;
-  size_t split_ = 0;  // tokens_[0, split_) train, [split_, end) eval
+  std::vector<uint8_t> mask_;  // per token kMaskLoss | kMaskStart when masked(), else empty
+  size_t split_ = 0;           // tokens_[0, split_) train, [split_, end) eval
+  bool train_packed_ = false, eval_packed_ = false;
+  std::vector<PackedWindow> train_windows_, eval_windows_;  // packed splits' windows
   std::string description_;
 };
 

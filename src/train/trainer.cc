@@ -17,6 +17,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "src/checkpoint/checkpoint.h"
 #include "src/comm/zeropp.h"
@@ -91,6 +92,16 @@ class Run {
   Status load_for_eval(const std::string& path);
   Result<double> run_step();
   Result<double> eval_loss();
+  // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
+  int64_t global_train_targets() const {
+    int64_t n = 0;
+    for (int micro = 0; micro < accum_; ++micro) {
+      for (int r = 0; r < world_; ++r) {
+        n += data_->train_batch_targets(cfg_.train.seed, step_, micro, r, B_, T_);
+      }
+    }
+    return n;
+  }
   // Runs one micro-batch's program: its state steps through the tier manager, its compute
   // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
   // whose gradients are final after each run of drains.
@@ -251,17 +262,24 @@ Status Run::setup() {
   for (const auto& line : cfg_.not_acted_on) log_info("config: {}", line);
 
   DataConfig data_cfg = cfg_.data;
-  if (eval_only_) data_cfg.eval_fraction = 1.0;  // all of it is held out: eval_batch's windows
+  data_cfg.seq_len = T_;
+  if (eval_only_) {
+    data_cfg.eval_fraction = 1.0;  // all of it is held out: eval_batch's windows
+    // strata eval evaluates the held-out file when there is one.
+    if (!data_cfg.eval_source.empty()) data_cfg.source = std::exchange(data_cfg.eval_source, "");
+  }
   STRATA_ASSIGN_OR_RETURN(Dataset d, Dataset::load(data_cfg, arch_->vocab_size(), cfg_.train.seed),
                           "data");
-  if (eval_only_ && d.eval_tokens() < size_t(T_) + 1) {
+  // (A packed split has a window with a loss target: Dataset::load checks it.)
+  if (eval_only_ && !d.eval_packed() && d.eval_tokens() < size_t(T_) + 1) {
     return invalid_argument(fmt::format(
         "data.source: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
         "longer token file, or a shorter data.seq_len",
-        cfg_.data.source, d.eval_tokens(), T_ + 1,
+        data_cfg.source, d.eval_tokens(), T_ + 1,
         cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
   }
-  if (!eval_only_ && (d.train_tokens() < size_t(T_) + 2 || d.eval_tokens() < size_t(T_) + 2)) {
+  if (!eval_only_ && ((!d.train_packed() && d.train_tokens() < size_t(T_) + 2) ||
+                      (!d.eval_packed() && d.eval_tokens() < size_t(T_) + 2))) {
     return invalid_argument(fmt::format(
         "data: {} train and {} eval tokens; each split needs at least seq_len+2 = {} (use a "
         "larger corpus or change data.eval_fraction)",
@@ -536,8 +554,12 @@ Result<double> Run::run_step() {
   const auto t0 = Clock::now();
   const double scale = scaler_.scale;
   // The loss is the mean over the GLOBAL batch: each rank's gradients are 1/world of the
-  // average, and the reduce-scatter sums them.
-  const float dloss = static_cast<float>(scale / (double(B_) * T_ * accum_ * world_));
+  // average, and the reduce-scatter sums them. With a loss mask, the mean over the targets that
+  // count in the whole global batch (every micro-batch of every rank: transformers' Trainer's
+  // num_items_in_batch with average_tokens_across_devices); every rank counts them itself (the
+  // batches are a function of the step).
+  const int64_t targets = global_train_targets();
+  const float dloss = static_cast<float>(scale / double(targets));
   // The optimizer's schedule for this step (docs/ARCHITECTURE.md, "The optimizer under
   // backward"): delayed (one step stale) after the warm-up, else exact — stepped module by
   // module under the last micro-batch's backward as if no clipping applies and no overflow
@@ -571,8 +593,9 @@ Result<double> Run::run_step() {
   STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "");
   last_fwd_bwd_s_ = seconds_since(t0);
   double loss_sum = 0;
-  for (float l : losses_) loss_sum += l;
-  double loss = loss_sum / (double(B_) * T_ * accum_);
+  for (float l : losses_) loss_sum += l;  // masked-out targets' losses are 0
+  const bool masked = data_->train_packed();
+  double loss = masked ? loss_sum / double(targets) : loss_sum / (double(B_) * T_ * accum_);
   double aux_sum = 0;
   for (float a : aux) aux_sum += a;
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
@@ -586,7 +609,7 @@ Result<double> Run::run_step() {
     STRATA_RETURN_IF_ERROR(reduce(sums, 3, ReduceOp::kSum), "reducing the loss and grad norm");
     if (last_aux_loss_ >= 0) last_aux_loss_ = double(sums[2]) / world_;
     STRATA_RETURN_IF_ERROR(reduce(&flag, 1, ReduceOp::kMax), "reducing the overflow flag");
-    loss = double(sums[0]) / world_;
+    loss = masked ? double(sums[0]) : double(sums[0]) / world_;
     stats.norm_sq = sums[1];
     stats.nonfinite = flag != 0.0f || !std::isfinite(sums[1]);
   }
@@ -642,6 +665,14 @@ Result<double> Run::eval_loss() {
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
   }
+  if (data_->eval_packed()) {
+    // The mean over the targets that count in the n global batches.
+    int64_t targets = 0;
+    for (int i = 0; i < n; ++i) targets += data_->eval_batch_targets(i, B_, T_, world_);
+    float total = static_cast<float>(sum);
+    STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
+    return (world_ > 1 ? double(total) : sum) / double(targets);
+  }
   float total = static_cast<float>(sum / (double(n) * B_ * T_));
   STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
   return world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_);
@@ -655,7 +686,7 @@ Result<EvalResult> Run::evaluate() {
   r.corpus_tokens = int64_t(data_->eval_tokens());
   // eval_batch(i) gives rank r rows [r*B, (r+1)*B) of the i-th run of B*world windows; the
   // last run's rows past the end wrap around to the start and are computed but not counted.
-  const size_t windows = (data_->eval_tokens() - 1) / size_t(T_);
+  const size_t windows = data_->eval_windows(T_);
   const size_t rows = size_t(B_) * size_t(world_);
   const size_t batches = (windows + rows - 1) / rows;
   STRATA_CHECK(batches <= size_t(std::numeric_limits<int>::max()), "eval: too many batches");
@@ -677,7 +708,8 @@ Result<EvalResult> Run::evaluate() {
     }
   }
   r.windows = int64_t(windows);
-  r.tokens = int64_t(windows) * T_;
+  r.tokens = 0;  // the targets that count (every one of each window's T without a loss mask)
+  for (size_t w = 0; w < windows; ++w) r.tokens += data_->eval_window_targets(w, T_);
   float total = static_cast<float>(sum);
   STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
   r.loss = (world_ > 1 ? double(total) : sum) / double(r.tokens);

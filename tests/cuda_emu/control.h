@@ -1,15 +1,24 @@
 // The CPU stand-in for a GPU (tests/cuda_emu/runtime.cc): what tests set and read beyond the CUDA
 // API itself. Test-only.
 //
-// The stand-in behaves like one GPU:
+// The stand-in behaves like one GPU (STRATA_EMU_GPU_COUNT makes it show that many ordinals, each
+// the same emulated GPU: one per rank under mpirun):
 //   - device memory (cudaMalloc) lies between inaccessible guard pages; the bytes between the
 //     allocation and the guard pages (256-byte alignment) are checked after every kernel and at
 //     cudaFree. An access into a guard page stops the process with a report naming the
 //     allocation. Fresh device memory reads as 0xFF bytes (NaN in every float type) until written.
 //   - every stream is a worker thread; kernels, copies, memsets, host functions, event records
-//     and waits run there in order. Before each operation a stream may sleep a random while
-//     (set_delay), so that work on different streams overlaps in ever different ways: an
-//     operation that lacks the event it needs reads or overwrites data at the wrong time.
+//     and waits run there in order. Streams are lazy (set_lazy): work runs only once the host
+//     synchronizes with something (a stream, an event, the device, cudaFree, a pageable copy,
+//     or the 64th cudaEventQuery that finds a record not done; one query only looks). Such a
+//     release lets everything issued so far run, one operation at a time: the work of an earlier
+//     release first, and within a release the streams in an order drawn for that release from
+//     the seed (a stream waiting for an event steps aside until the record is done). So every
+//     run is one schedule a GPU could have run, chosen deterministically, with copies and
+//     kernels late: a consumer that lacks the event it needs reads what was there before its
+//     producer's work (stale or never-written 0xFF bytes) whenever the draw puts its stream
+//     first, and the host that reuses a buffer before the copy from it ran overwrites its data.
+//     Over the releases of a run both orders of every pair of streams come up.
 //   - a kernel that breaks a rule (deadlock, WMMA misuse, a pointer argument outside device
 //     memory, a guard zone written) or a cuBLASLt call with bad arguments makes the context
 //     fail as a GPU's does: every later synchronize returns cudaErrorLaunchFailure, whose
@@ -17,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -29,9 +39,16 @@ namespace strata::emu {
 void set_order(Order order);
 Order order();
 
+// Lazy streams (the default; STRATA_EMU_STREAMS=concurrent starts without): the file comment.
+// Not lazy: every operation runs as soon as its stream reaches it, streams truly concurrent,
+// each operation after a random sleep (set_delay): races show at random, not every time.
+void set_lazy(bool lazy);
+bool lazy();
+
 // Each stream operation sleeps for a random time in [0, max_us] microseconds with probability
-// `percent`/100. Defaults: STRATA_EMU_DELAY_US (50) and STRATA_EMU_DELAY_PERCENT (20);
-// STRATA_EMU_SEED seeds the draws (else random, printed with any failure).
+// `percent`/100, with streams not lazy. Defaults: STRATA_EMU_DELAY_US (50) and
+// STRATA_EMU_DELAY_PERCENT (20). STRATA_EMU_SEED (default 1, printed with any failure) seeds
+// these draws and the lazy streams' orders.
 void set_delay(unsigned max_us, unsigned percent);
 
 // The report of the failure that broke the context, or "" if none; clear_failure() makes the
@@ -52,6 +69,9 @@ void enqueue_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, con
 // Runs `op` on `stream`'s worker in order with the stream's other work (cuBLASLt and NCCL use
 // it). A thrown std::exception fails the context with its message.
 void enqueue(cudaStream_t stream, const char* what, std::function<void()> op);
+
+// Releases every operation issued so far (as a synchronization does, without waiting).
+void release();
 
 // Fails the context with `report` (from a stream's worker).
 void fail_context(const std::string& report);

@@ -22,20 +22,6 @@
 
 #include "tests/cuda_emu/control.h"
 
-// A stream: a worker thread running its operations in order.
-struct CUstream_st {
-  struct Op {
-    const char* what;
-    std::function<void()> fn;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Op> queue;
-  uint64_t enqueued = 0, completed = 0;
-  bool stop = false;
-  std::thread worker;
-};
-
 // An event: records are numbered when issued; a record completes when its stream reaches it.
 // The state is shared with the records and waits still queued: CUDA lets an event be destroyed
 // while streams still hold them.
@@ -43,6 +29,7 @@ struct EventState {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t recorded = 0, completed = 0;
+  unsigned polls = 0;  // cudaEventQuery calls that found the latest record not done
   bool timing = true;
   std::chrono::steady_clock::time_point when;
 };
@@ -50,11 +37,30 @@ struct CUevent_st {
   std::shared_ptr<EventState> state = std::make_shared<EventState>();
 };
 
+// A stream: a worker thread running its operations in order, each once the scheduler lets it
+// (tests/cuda_emu/control.h). Guarded by the scheduler's mutex.
+struct CUstream_st {
+  struct Op {
+    const char* what;
+    std::function<void()> fn;
+    uint64_t seq = 0;                  // issue number, over all streams
+    uint64_t round = 0;                // the release that let it run (0: not yet released)
+    std::shared_ptr<EventState> wait;  // cudaStreamWaitEvent: runnable once record `target` is
+    uint64_t target = 0;               // done
+  };
+  uint64_t id = 0;  // creation number
+  std::deque<Op> queue;
+  uint64_t enqueued = 0, completed = 0;
+  bool stop = false;
+  std::thread worker;
+};
+
 namespace strata::emu {
 namespace {
 
 constexpr size_t kPage = 4096, kChunk = 64 << 10, kAlign = 256;
 constexpr size_t kMaxRegions = 4096;
+constexpr unsigned kPollsBeforeProgress = 64;
 
 // A device allocation: [guard page][body: chunks][guard page]. The body is a memfd mapped twice:
 // `user` is what kernels see, inaccessible until a chunk is first touched, when the fault
@@ -86,11 +92,17 @@ struct State {
   size_t allocated = 0;
   std::string failure;  // stays valid while set: cudaGetErrorString returns its c_str
   std::atomic<bool> failed{false};
-  std::mutex streams_mu;
+  // The scheduler (control.h): the streams in creation order, operations issued and released
+  // (by issue number), release rounds, and whether a lazy-mode operation is running.
+  std::mutex sched_mu;
+  std::condition_variable sched_cv;
   std::vector<cudaStream_t> streams;
+  uint64_t issued = 0, released = 0, rounds = 0, stream_ids = 0, ran = 0;
+  bool running = false;
   cudaStream_t legacy = nullptr;
   std::atomic<int> order{int(Order::kForward)};
   std::atomic<unsigned> delay_us{50}, delay_percent{20};
+  std::atomic<bool> lazy{true};
   uint64_t seed = 0;
 };
 State& state() {
@@ -99,9 +111,11 @@ State& state() {
     const char* us = std::getenv("STRATA_EMU_DELAY_US");
     const char* pc = std::getenv("STRATA_EMU_DELAY_PERCENT");
     const char* seed = std::getenv("STRATA_EMU_SEED");
+    const char* streams = std::getenv("STRATA_EMU_STREAMS");
+    if (streams && std::strcmp(streams, "concurrent") == 0) st->lazy = false;
     if (us) st->delay_us = unsigned(std::strtoul(us, nullptr, 10));
     if (pc) st->delay_percent = unsigned(std::strtoul(pc, nullptr, 10));
-    st->seed = seed ? std::strtoull(seed, nullptr, 10) : std::random_device{}();
+    st->seed = seed ? std::strtoull(seed, nullptr, 10) : 1;
     return st;
   }();
   return *s;
@@ -109,6 +123,13 @@ State& state() {
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
+
+// GPUs visible: STRATA_EMU_GPU_COUNT (default 1). This process emulates one of them, whichever
+// ordinal it binds (under mpirun each rank binds its local rank's).
+int gpu_count() {
+  const char* env = std::getenv("STRATA_EMU_GPU_COUNT");
+  return env ? std::max(1, std::atoi(env)) : 1;
+}
 
 size_t total_memory() {
   const char* env = std::getenv("STRATA_EMU_GPU_MEMORY_MIB");
@@ -238,37 +259,82 @@ void sleep_maybe(std::mt19937_64& rng) {
   std::this_thread::sleep_for(std::chrono::microseconds(rng() % (us + 1)));
 }
 
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Whether `s`'s next operation may run: released, and a wait's record done. Under sched_mu.
+bool runnable(cudaStream_t s) {
+  if (s->queue.empty() || s->queue.front().round == 0) return false;
+  const CUstream_st::Op& op = s->queue.front();
+  if (!op.wait) return true;
+  std::lock_guard<std::mutex> lock(op.wait->mu);
+  return op.wait->completed >= op.target;
+}
+
+// Lazy: the one stream whose next operation runs now. Work of an earlier release first; among
+// the streams with work of the same release, one drawn from the seed and the number of
+// operations run so far. Under sched_mu.
+cudaStream_t pick() {
+  State& st = state();
+  cudaStream_t best = nullptr;
+  uint64_t best_round = 0, best_key = 0;
+  for (cudaStream_t s : st.streams) {
+    if (!runnable(s)) continue;
+    const uint64_t round = s->queue.front().round;
+    const uint64_t key = mix(st.seed ^ mix(st.ran) ^ mix(s->id + 0x51ed));
+    if (!best || round < best_round || (round == best_round && key < best_key)) {
+      best = s;
+      best_round = round;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
 void worker(cudaStream_t s, uint64_t seed) {
   std::mt19937_64 rng(seed);
+  State& st = state();
+  std::unique_lock<std::mutex> lock(st.sched_mu);
   for (;;) {
-    CUstream_st::Op op;
-    {
-      std::unique_lock<std::mutex> lock(s->mu);
-      s->cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
-      if (s->queue.empty()) return;
-      op = std::move(s->queue.front());
-      s->queue.pop_front();
+    st.sched_cv.wait(lock, [&] {
+      if (s->stop && s->queue.empty()) return true;
+      return st.lazy ? !st.running && pick() == s : runnable(s);
+    });
+    if (s->queue.empty()) return;
+    CUstream_st::Op op = std::move(s->queue.front());
+    s->queue.pop_front();
+    const bool lazy = st.lazy;
+    if (lazy) {
+      st.running = true;
+      ++st.ran;
     }
-    sleep_maybe(rng);
-    try {
-      op.fn();
-    } catch (const std::exception& e) {
-      fail_context(std::string(op.what) + ": " + e.what());
+    lock.unlock();
+    if (!lazy) sleep_maybe(rng);
+    if (op.fn) {
+      try {
+        op.fn();
+      } catch (const std::exception& e) {
+        fail_context(std::string(op.what) + ": " + e.what());
+      }
     }
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      ++s->completed;
-    }
-    s->cv.notify_all();
+    lock.lock();
+    ++s->completed;
+    if (lazy) st.running = false;
+    st.sched_cv.notify_all();
   }
 }
 
 cudaStream_t new_stream() {
-  static std::atomic<uint64_t> count{0};
+  State& st = state();
   auto* s = new CUstream_st;
-  s->worker = std::thread(worker, s, state().seed * 1000003 + count++);
-  std::lock_guard<std::mutex> lock(state().streams_mu);
-  state().streams.push_back(s);
+  std::lock_guard<std::mutex> lock(st.sched_mu);
+  s->id = st.stream_ids++;
+  s->worker = std::thread(worker, s, st.seed * 1000003 + s->id);
+  st.streams.push_back(s);
   return s;
 }
 
@@ -280,19 +346,56 @@ cudaStream_t resolve(cudaStream_t s) {
   return st.legacy;
 }
 
+// Releases every operation issued so far, as round `rounds + 1`. Under sched_mu.
+void release_all_locked() {
+  State& st = state();
+  if (st.released == st.issued) return;
+  st.released = st.issued;
+  ++st.rounds;
+  for (cudaStream_t s : st.streams) {
+    for (CUstream_st::Op& op : s->queue) {
+      if (op.round == 0) op.round = st.rounds;
+    }
+  }
+  st.sched_cv.notify_all();
+}
+void release_all() {
+  std::lock_guard<std::mutex> lock(state().sched_mu);
+  release_all_locked();
+}
+
 void drain(cudaStream_t s) {
-  std::unique_lock<std::mutex> lock(s->mu);
+  State& st = state();
+  std::unique_lock<std::mutex> lock(st.sched_mu);
   const uint64_t target = s->enqueued;
-  s->cv.wait(lock, [&] { return s->completed >= target; });
+  release_all_locked();
+  st.sched_cv.wait(lock, [&] { return s->completed >= target; });
 }
 
 void drain_all() {
-  std::vector<cudaStream_t> all;
+  State& st = state();
+  std::unique_lock<std::mutex> lock(st.sched_mu);
+  release_all_locked();
+  st.sched_cv.wait(lock, [&] {
+    return std::all_of(st.streams.begin(), st.streams.end(),
+                       [](cudaStream_t s) { return s->completed >= s->enqueued; });
+  });
+}
+
+// Puts `op` on `s`'s queue (released at once unless lazy).
+void push(cudaStream_t s, CUstream_st::Op op) {
+  State& st = state();
   {
-    std::lock_guard<std::mutex> lock(state().streams_mu);
-    all = state().streams;
+    std::lock_guard<std::mutex> lock(st.sched_mu);
+    op.seq = ++st.issued;
+    s->queue.push_back(std::move(op));
+    ++s->enqueued;
+    if (!st.lazy) {
+      st.released = st.issued;
+      s->queue.back().round = ++st.rounds;
+    }
   }
-  for (cudaStream_t s : all) drain(s);
+  st.sched_cv.notify_all();
 }
 
 cudaError_t sticky() { return state().failed ? cudaErrorLaunchFailure : cudaSuccess; }
@@ -310,6 +413,12 @@ bool is_host_registered(const void* p, size_t bytes) {
 
 void set_order(Order o) { state().order = int(o); }
 Order order() { return Order(state().order.load()); }
+void set_lazy(bool lazy) {
+  drain_all();
+  state().lazy = lazy;
+}
+bool lazy() { return state().lazy; }
+void release() { release_all(); }
 void set_delay(unsigned max_us, unsigned percent) {
   state().delay_us = max_us;
   state().delay_percent = percent;
@@ -340,13 +449,10 @@ void fail_context(const std::string& report) {
 bool is_device_memory(const void* p, size_t bytes) { return find_region(p, bytes) != nullptr; }
 
 void enqueue(cudaStream_t stream, const char* what, std::function<void()> op) {
-  cudaStream_t s = resolve(stream);
-  {
-    std::lock_guard<std::mutex> lock(s->mu);
-    s->queue.push_back({what, std::move(op)});
-    ++s->enqueued;
-  }
-  s->cv.notify_all();
+  CUstream_st::Op o;
+  o.what = what;
+  o.fn = std::move(op);
+  push(resolve(stream), std::move(o));
 }
 
 void enqueue_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const void* kernel,
@@ -386,11 +492,11 @@ using namespace strata::emu;  // NOLINT: the C API below is global
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = gpu_count();
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
   t_device = device;
   return cudaSuccess;
 }
@@ -399,7 +505,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
   *prop = {};
   std::snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU emulation of an sm_90 GPU)");
   prop->totalGlobalMem = total_memory();
@@ -544,16 +650,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return cudaErrorInvalidResourceHandle;
   drain(s);
+  State& st = state();
   {
-    std::lock_guard<std::mutex> lock(s->mu);
+    std::lock_guard<std::mutex> lock(st.sched_mu);
     s->stop = true;
   }
-  s->cv.notify_all();
+  st.sched_cv.notify_all();
   s->worker.join();
   {
-    std::lock_guard<std::mutex> lock(state().streams_mu);
-    auto& v = state().streams;
-    v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    std::lock_guard<std::mutex> lock(st.sched_mu);
+    st.streams.erase(std::remove(st.streams.begin(), st.streams.end(), s), st.streams.end());
   }
   delete s;
   return cudaSuccess;
@@ -565,16 +671,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
   if (!event) return cudaErrorInvalidResourceHandle;
   std::shared_ptr<EventState> e = event->state;
-  uint64_t target;
+  CUstream_st::Op op;
   {
     std::lock_guard<std::mutex> lock(e->mu);
-    target = e->recorded;
+    op.target = e->recorded;
   }
-  if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for
-  enqueue(s, "cudaStreamWaitEvent", [e, target] {
-    std::unique_lock<std::mutex> lock(e->mu);
-    e->cv.wait(lock, [&] { return e->completed >= target; });
-  });
+  if (op.target == 0) return cudaSuccess;  // never recorded: nothing to wait for
+  // The stream's next operations run once the record is done (the scheduler sees to it).
+  op.what = "cudaStreamWaitEvent";
+  op.wait = std::move(e);
+  push(resolve(s), std::move(op));
   return cudaSuccess;
 }
 
@@ -599,6 +705,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
   {
     std::lock_guard<std::mutex> lock(e->mu);
     gen = ++e->recorded;
+    e->polls = 0;
   }
   enqueue(s, "cudaEventRecord", [e, gen] {
     {
@@ -614,15 +721,27 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return cudaErrorInvalidResourceHandle;
   if (state().failed) return cudaErrorLaunchFailure;
   EventState& e = *event->state;
-  std::lock_guard<std::mutex> lock(e.mu);
-  return e.completed >= e.recorded ? cudaSuccess : cudaErrorNotReady;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (e.completed >= e.recorded) return cudaSuccess;
+    // A query only looks: the work stays late. A host that keeps polling is waiting for it,
+    // and a GPU gets there in the end: everything is released after kPollsBeforeProgress.
+    if (++e.polls < kPollsBeforeProgress) return cudaErrorNotReady;
+  }
+  release_all();
+  return cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return cudaErrorInvalidResourceHandle;
   EventState& e = *event->state;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    target = e.recorded;
+  }
+  release_all();
   {
     std::unique_lock<std::mutex> lock(e.mu);
-    const uint64_t target = e.recorded;
     e.cv.wait(lock, [&] { return e.completed >= target; });
   }
   return sticky();
