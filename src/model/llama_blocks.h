@@ -216,8 +216,8 @@ class LlamaBlocks {
     const int W = qkv_width(), A = NH * hs;
     const size_t es = st.es();
     st.zero(d.datty, size_t(N) * A * es);
-    k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, ow_), nullptr, dout, a.atty,
-                      param(p, st, ow_), N, A, C);
+    k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, ow_), nullptr, dout, a.atty, param(p, st, ow_),
+                      N, A, C);
     st.lora_backward(kO, a.atty, dout, d.datty);
     st.zero(d.dqkv, size_t(N) * W * es);
     if (st.fused) {
