@@ -161,10 +161,17 @@ CpuIsa active_cpu_isa() {
                cpu_isa_name(detected));
       return detected;
     }
+    if (std::string_view(env) == "onednn") {  // a GEMM path (kernels/cpu/gemm.h), not ours
+      log_info(
+          "cpu_optim: using the {} path (detected by CPUID; STRATA_CPU_ISA=onednn names "
+          "the kernels' GEMM path)",
+          cpu_isa_name(detected));
+      return detected;
+    }
     CpuIsa forced;
     if (!parse_cpu_isa(env, &forced)) {
       log_warn(
-          "cpu_optim: STRATA_CPU_ISA={} is not one of scalar|avx2|avx512|avx512bf16; "
+          "cpu_optim: STRATA_CPU_ISA={} is not one of scalar|avx2|avx512|avx512bf16|onednn; "
           "using the detected {} path",
           env, cpu_isa_name(detected));
       return detected;

@@ -17,6 +17,8 @@
 # wall-clock rates move with the load, CPU time much less), and the load average at the end of
 # each round. SHAPE... limits the run to those shapes (bench-25m, tiny-cpu). The runs' files
 # stay in the directory printed at the start.
+# STRATA_CPU_ISA (docs/ARCHITECTURE.md: the CPU GEMM path, e.g. onednn or avx2) is passed to
+# strata as set; each strata run's GEMM path, from its log, is printed under the table.
 set -euo pipefail
 bin=${1:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
 py=${2:?usage: bench_cpu_vs_torch.sh STRATA_BIN PYTHON [ROUNDS] [STEPS]}
@@ -53,6 +55,7 @@ for r in $(seq 1 "$rounds"); do
         --accum "$acc" --steps $((steps - 2)) --warmup 2 --dtype "$dt" > "$out/$name-torch-$dt-$r.out"
     done
     cut -d' ' -f1-3 /proc/loadavg > "$out/$name-load-$r.txt"
+    grep -m1 -o 'GEMM on the .*' "$out/$name-strata-$r.out" > "$out/$name-gemm-$r.txt" || true
   done
 done
 python3 - "$out" "$rounds" "$steps" "$dtypes" <<'PY'
@@ -83,4 +86,7 @@ for name, tps in shapes.items():
             line += f" {t_tok:.0f} | {s_tok / t_tok:.2f}x |"
             cpus += f" {tps * steps / cpu_s(f'{out}/{name}-torch-{dt}-{r}.time'):.0f} |"
         print(line + f" {s_cpu:.0f} |" + cpus)
+paths = sorted({open(f"{out}/{f}").read().strip() for f in os.listdir(out) if "-gemm-" in f})
+print(f"\nSTRATA_CPU_ISA={os.environ.get('STRATA_CPU_ISA', '(unset)')}; strata's " +
+      ("; ".join(paths) if paths else "GEMM path: not in its log"))
 PY

@@ -4,15 +4,18 @@
 // built by hand where oneDNN is installed (Debian: libdnnl-dev), against an existing build:
 //
 //   g++ -O3 -std=c++20 -I. -Iinclude tests/bench_gemm_onednn.cc \
-//       -o /tmp/bench_gemm_onednn build/libstrata.a -ldnnl -lfmt -ltbb -lpthread
+//       -o /tmp/bench_gemm_onednn build/libstrata.a -ldnnl -lgomp -lfmt -ltbb -lpthread
 //   OMP_NUM_THREADS=1 DNNL_VERBOSE=0 /tmp/bench_gemm_onednn [seconds per case, default 1]
 //
 // Each case: C = op(A) @ op(B) with the layouts matmul_forward/backward use (forward: x[N,C] @
 // W[OC,C]^T; dinp: dout[N,OC] @ W[OC,C]; dweight: dout^T[OC,N] @ x[N,C]); fp32 operands for
 // both, plus the hand kernel on bf16 operands (what training runs: widened while packing).
 // Reports GFLOP per CPU-second of the process (fair on a loaded machine) and wall GFLOP/s, the
-// largest relative difference between the two results, and whether oneDNN gave the same bits
-// on two calls.
+// largest relative difference between the two results, whether oneDNN gave the same bits
+// on two calls, and whether its bits at 2 OpenMP threads equal those at 1 (issue #26: strata's
+// onednn GEMM path runs oneDNN at 1 OpenMP thread per TBB worker; see gemm_onednn.cc).
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -83,7 +86,7 @@ int main(int argc, char** argv) {
               strata::cpu::gemm_isa());
   std::printf(
       "| case | oneDNN fp32 | strata fp32 | strata bf16 | max rel diff | oneDNN "
-      "repeatable |\n|---|---|---|---|---|---|\n");
+      "repeatable | oneDNN 2 threads = 1 |\n|---|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     std::vector<float> a(size_t(c.m) * c.k), b(size_t(c.k) * c.n);
     for (auto& x : a) x = u(rng);
@@ -130,6 +133,15 @@ int main(int argc, char** argv) {
     run_dnnl();
     std::memcpy(c_dnnl2.data(), c_dnnl.data(), c_dnnl.size() * 4);
     run_dnnl();
+    const int omp_threads = omp_get_max_threads();
+    std::vector<float> c_one(c_dnnl.size());
+    omp_set_num_threads(1);
+    run_dnnl();
+    std::memcpy(c_one.data(), c_dnnl.data(), c_one.size() * 4);
+    omp_set_num_threads(2);
+    run_dnnl();
+    const bool same_threads = std::memcmp(c_one.data(), c_dnnl.data(), c_one.size() * 4) == 0;
+    omp_set_num_threads(omp_threads);
     strata::cpu::gemm(g);
     double maxrel = 0;
     for (size_t i = 0; i < c_hand.size(); ++i) {
@@ -137,9 +149,9 @@ int main(int argc, char** argv) {
           maxrel, std::fabs(double(c_dnnl[i]) - c_hand[i]) / (std::fabs(double(c_hand[i])) + 1e-3));
     }
     bool same = std::memcmp(c_dnnl.data(), c_dnnl2.data(), c_dnnl.size() * 4) == 0;
-    std::printf("| %s | %.1f (%.1f) | %.1f (%.1f) | %.1f (%.1f) | %.1e | %s |\n", c.name,
+    std::printf("| %s | %.1f (%.1f) | %.1f (%.1f) | %.1f (%.1f) | %.1e | %s | %s |\n", c.name,
                 td.cpu_gflops, td.wall_gflops, th.cpu_gflops, th.wall_gflops, t16.cpu_gflops,
-                t16.wall_gflops, maxrel, same ? "yes" : "no");
+                t16.wall_gflops, maxrel, same ? "yes" : "no", same_threads ? "yes" : "no");
   }
   return 0;
 }

@@ -12,6 +12,8 @@
 #   PYTHON=/path/to/venv/bin/python [WARMUP=2] [IMPORT_RUNS=3] \
 #     tests/bench_llama_vs_torch.sh [ROUNDS] [STEPS]
 # PYTHON must have torch and transformers (a throwaway venv; never a dependency of strata).
+# STRATA_CPU_ISA (docs/ARCHITECTURE.md: the CPU GEMM path, e.g. onednn or avx2) is passed to
+# strata as set and printed with each round's result.
 set -euo pipefail
 rounds=${1:-3}
 steps=${2:-6}
@@ -108,6 +110,8 @@ strata_run() {
   rm -rf "$work/ckpt"
   "$strata" train --config "$work/strata.json" --quiet "$@" >/dev/null 2>"$work/strata.err" ||
     { cat "$work/strata.err"; exit 1; }
+  echo "  STRATA_CPU_ISA=${STRATA_CPU_ISA:-(unset)}:" \
+    "$(grep -m1 -o 'GEMM on the [a-z0-9]* path' "$work/strata.err" || echo 'GEMM path not logged')"
   "$py" - "$work/ckpt/metrics.jsonl" "$B" "$T" "$warmup" <<'PY'
 import sys, json, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]

@@ -1,18 +1,24 @@
-// CPU matmul throughput through the Kernels table (what training uses: tiles over TBB, Eigen GEMM
-// dispatched to the CPU's vector ISA, bf16 widened to fp32) against Eigen's own plain
-// single-threaded GEMM built with the project's baseline flags, at the tiny model's shapes.
+// CPU matmul throughput through the Kernels table (what training uses: tiles over TBB, the GEMM
+// path of kernels/cpu/gemm.h, bf16 operands read as they are) against Eigen's own plain
+// single-threaded GEMM built with the project's baseline flags, at the tiny model's shapes; and
+// the CPU's fp32 FMA peak (BM_FmaPeak*: independent register-only FMA chains) to compare with.
 //
 //   bench_matmul --benchmark_min_time=0.2
+//   STRATA_CPU_ISA=onednn bench_matmul ...   # the same cases on another GEMM path (gemm.h)
 //
 // Each case reports GFLOP/s per wall-clock second and CPU/GFLOP/s per core-second of process CPU
 // time (fair on a loaded machine): forward 2*N*C*OC flops, backward 4*N*C*OC (dinp and dweight;
 // dbias is O(N*OC)). Args: N (= B*T), C, OC, threads.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
+#include <immintrin.h>
 
 #include <Eigen/Core>
 #include <random>
+#include <string_view>
 #include <vector>
 
+#include "strata/cpu_optim.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -77,6 +83,48 @@ void BM_EigenPlainForward(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * N * C * OC * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
+
+// The CPU's fp32 FMA peak per core: 12 independent chains of `lanes`-wide FMAs on registers
+// (no memory operands), so the loop is bound by the FMA ports alone. 2 * lanes FLOP per FMA.
+// (One function per ISA, each compiled for its ISA whole, so the FMAs are inlined.)
+__attribute__((target("avx2,fma"))) double fma_chains_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(1.0f + 1e-7f * float(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  double sum = 0;
+  for (int i = 0; i < 12; ++i) sum += _mm256_cvtss_f32(acc[i]);
+  return sum;
+}
+__attribute__((target("avx512f"))) double fma_chains_avx512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1.0f + 1e-7f * float(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  double sum = 0;
+  for (int i = 0; i < 12; ++i) sum += _mm512_cvtss_f32(acc[i]);
+  return sum;
+}
+
+void run_fma_peak(benchmark::State& state, const char* isa, int lanes, double (*chains)(int64_t)) {
+  if (!cpu_isa_supported(std::string_view(isa) == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kAvx512)) {
+    state.SkipWithError(fmt::format("this CPU has no {}", isa).c_str());
+    return;
+  }
+  const int64_t iters = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(chains(iters));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * lanes * 12 * iters * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_FmaPeakAvx2(benchmark::State& s) { run_fma_peak(s, "avx2", 8, fma_chains_avx2); }
+void BM_FmaPeakAvx512(benchmark::State& s) { run_fma_peak(s, "avx512", 16, fma_chains_avx512); }
+BENCHMARK(BM_FmaPeakAvx2)->MeasureProcessCPUTime()->UseRealTime();
+BENCHMARK(BM_FmaPeakAvx512)->MeasureProcessCPUTime()->UseRealTime();
 
 // The linear layers of configs/tiny-cpu.json (N = 4 x 64 tokens, C = 128) and
 // configs/bench-25m.json (N = 2 x 128, C = 512): qkv (OC = 3C), attention projection (C),

@@ -211,6 +211,16 @@ Vec ref_attention_grad(const Vec& dout, const Vec& qkv, const Vec& att, int B, i
 // ---------------------------------------------------------------------------------------------
 // Forward ops and the accumulate (+=) semantics of the backward ops, against the references.
 
+// Every GEMM path (gemm.h) this build and CPU can run: the ops that call the GEMM are checked
+// on each (a ScopedGemmPath forces it), whatever STRATA_CPU_ISA picked for the process.
+std::vector<cpu::GemmPath> available_gemm_paths() {
+  std::vector<cpu::GemmPath> out;
+  for (cpu::GemmPath p : {cpu::GemmPath::kAvx2, cpu::GemmPath::kOneDnn, cpu::GemmPath::kBaseline}) {
+    if (cpu::gemm_path_available(p)) out.push_back(p);
+  }
+  return out;
+}
+
 TEST(CpuKernels, EncoderForwardAndBackward) {
   struct Shape {
     int B, T, C, Vp;
@@ -288,38 +298,43 @@ TEST(CpuKernels, MatmulForwardAndBackward) {
     int N, C, OC;
   };
   // Includes shapes that cross the 128-row and 1024-column output tiles.
-  for (DType dt : kAllTypes) {
-    for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{64, 96, 288}, Shape{130, 70, 1030},
-                     Shape{3, 1030, 5}}) {
-      for (bool with_bias : {true, false}) {
-        const int N = sh.N, C = sh.C, OC = sh.OC;
-        SCOPED_TRACE(
-            fmt::format("{} N={} C={} OC={} bias={}", dtype_name(dt), N, C, OC, with_bias));
-        std::mt19937_64 rng(test_seed(3));
-        Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
-        Typed b = random_typed(dt, OC, rng);
-        Typed out(dt, size_t(N) * OC), dout = random_typed(dt, out.n, rng);
-        Typed dx = random_typed(dt, x.n, rng);
-        Vec dx0 = dx.to_double();
-        auto dw = random_f32(w.n, rng), db = random_f32(OC, rng);
-        Vec dw0 = as_double(dw), db0 = as_double(db);
-        Fixture f;
-        f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(),
-                             with_bias ? b.data() : nullptr, N, C, OC);
-        f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), with_bias ? db.data() : nullptr,
-                              dout.data(), x.data(), w.data(), N, C, OC);
-        f.sync();
-        Vec bd = b.to_double();
-        expect_close(out.to_double(),
-                     ref_matmul(x.to_double(), w.to_double(), with_bias ? &bd : nullptr, N, C, OC),
-                     tol_for(dt), "out");
-        MmGrad g = ref_matmul_grad(dout.to_double(), x.to_double(), w.to_double(), N, C, OC);
-        for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] += dx0[i];
-        for (size_t i = 0; i < g.dw.size(); ++i) g.dw[i] += dw0[i];
-        for (int o = 0; o < OC; ++o) g.db[o] = with_bias ? g.db[o] + db0[o] : db0[o];
-        expect_close(dx.to_double(), g.dx, tol_for(dt), "dinp");
-        expect_close(as_double(dw), g.dw, 1e-5, "dweight");
-        expect_close(as_double(db), g.db, 1e-5, "dbias");
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    SCOPED_TRACE(cpu::gemm_path_name(path));
+    for (DType dt : kAllTypes) {
+      for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{64, 96, 288}, Shape{130, 70, 1030},
+                       Shape{3, 1030, 5}}) {
+        for (bool with_bias : {true, false}) {
+          const int N = sh.N, C = sh.C, OC = sh.OC;
+          SCOPED_TRACE(
+              fmt::format("{} N={} C={} OC={} bias={}", dtype_name(dt), N, C, OC, with_bias));
+          std::mt19937_64 rng(test_seed(3));
+          Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+          Typed b = random_typed(dt, OC, rng);
+          Typed out(dt, size_t(N) * OC), dout = random_typed(dt, out.n, rng);
+          Typed dx = random_typed(dt, x.n, rng);
+          Vec dx0 = dx.to_double();
+          auto dw = random_f32(w.n, rng), db = random_f32(OC, rng);
+          Vec dw0 = as_double(dw), db0 = as_double(db);
+          Fixture f;
+          f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(),
+                               with_bias ? b.data() : nullptr, N, C, OC);
+          f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), with_bias ? db.data() : nullptr,
+                                dout.data(), x.data(), w.data(), N, C, OC);
+          f.sync();
+          Vec bd = b.to_double();
+          expect_close(
+              out.to_double(),
+              ref_matmul(x.to_double(), w.to_double(), with_bias ? &bd : nullptr, N, C, OC),
+              tol_for(dt), "out");
+          MmGrad g = ref_matmul_grad(dout.to_double(), x.to_double(), w.to_double(), N, C, OC);
+          for (size_t i = 0; i < g.dx.size(); ++i) g.dx[i] += dx0[i];
+          for (size_t i = 0; i < g.dw.size(); ++i) g.dw[i] += dw0[i];
+          for (int o = 0; o < OC; ++o) g.db[o] = with_bias ? g.db[o] + db0[o] : db0[o];
+          expect_close(dx.to_double(), g.dx, tol_for(dt), "dinp");
+          expect_close(as_double(dw), g.dw, 1e-5, "dweight");
+          expect_close(as_double(db), g.db, 1e-5, "dbias");
+        }
       }
     }
   }
@@ -329,28 +344,32 @@ TEST(CpuKernels, AttentionForwardAndBackward) {
   struct Shape {
     int B, T, C, NH;
   };
-  for (DType dt : kAllTypes) {
-    for (Shape sh :
-         {Shape{1, 1, 4, 1}, Shape{2, 7, 12, 3}, Shape{3, 17, 32, 4}, Shape{1, 64, 64, 2}}) {
-      const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH;
-      SCOPED_TRACE(fmt::format("{} B={} T={} C={} NH={}", dtype_name(dt), B, T, C, NH));
-      std::mt19937_64 rng(test_seed(4));
-      Typed qkv = random_typed(dt, size_t(B) * T * 3 * C, rng, -2.0f, 2.0f);
-      Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, out.n, rng);
-      Typed dqkv = random_typed(dt, qkv.n, rng);
-      Vec dqkv0 = dqkv.to_double();
-      std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
-      Fixture f;
-      f.k().attention_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, C, NH);
-      f.k().attention_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
-                               att.data(), B, T, C, NH);
-      f.sync();
-      AttRef r = ref_attention(qkv.to_double(), B, T, C, NH);
-      expect_close(out.to_double(), r.out, tol_for(dt), "out");
-      expect_close(as_double(att), r.att, 1e-5, "att");
-      Vec g = ref_attention_grad(dout.to_double(), qkv.to_double(), r.att, B, T, C, NH);
-      for (size_t i = 0; i < g.size(); ++i) g[i] += dqkv0[i];
-      expect_close(dqkv.to_double(), g, tol_for(dt), "dqkv");
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    SCOPED_TRACE(cpu::gemm_path_name(path));
+    for (DType dt : kAllTypes) {
+      for (Shape sh :
+           {Shape{1, 1, 4, 1}, Shape{2, 7, 12, 3}, Shape{3, 17, 32, 4}, Shape{1, 64, 64, 2}}) {
+        const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH;
+        SCOPED_TRACE(fmt::format("{} B={} T={} C={} NH={}", dtype_name(dt), B, T, C, NH));
+        std::mt19937_64 rng(test_seed(4));
+        Typed qkv = random_typed(dt, size_t(B) * T * 3 * C, rng, -2.0f, 2.0f);
+        Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, out.n, rng);
+        Typed dqkv = random_typed(dt, qkv.n, rng);
+        Vec dqkv0 = dqkv.to_double();
+        std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
+        Fixture f;
+        f.k().attention_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, C, NH);
+        f.k().attention_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
+                                 att.data(), B, T, C, NH);
+        f.sync();
+        AttRef r = ref_attention(qkv.to_double(), B, T, C, NH);
+        expect_close(out.to_double(), r.out, tol_for(dt), "out");
+        expect_close(as_double(att), r.att, 1e-5, "att");
+        Vec g = ref_attention_grad(dout.to_double(), qkv.to_double(), r.att, B, T, C, NH);
+        for (size_t i = 0; i < g.size(); ++i) g[i] += dqkv0[i];
+        expect_close(dqkv.to_double(), g, tol_for(dt), "dqkv");
+      }
     }
   }
 }
@@ -698,26 +717,24 @@ TEST(CpuKernels, QuantizeFastPathMatchesTheScalarReferenceBitForBit) {
 }
 
 // Every GEMM implementation the CPU can run, every transposition, with and without
-// accumulation, fp32 and bf16/fp16 operands (the AVX2 one widens them while packing), against a
-// double reference. The shapes cross the AVX2 kernel's blocks: k = 300 > its 256-step inner
-// block, m = 100 > its 96-row panel, and edge micro-tiles in both directions.
+// accumulation, fp32 and bf16/fp16 operands (the AVX2 one widens them while packing; oneDNN reads
+// bf16 pairs as they are where it can, else widens them), against a double reference. The
+// shapes cross the AVX2 kernel's blocks: k = 300 > its 256-step inner block, m = 100 > its
+// 96-row panel, and edge micro-tiles in both directions.
 TEST(CpuKernels, GemmEveryIsaMatchesReference) {
   struct Isa {
     const char* name;
-    void (*fn)(const cpu::GemmArgs&);
-    bool supported;
+    cpu::GemmPath path;
   };
-  __builtin_cpu_init();
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
   std::vector<std::string> skipped;
   std::mt19937_64 rng(test_seed(20));
-  for (Isa isa :
-       {Isa{"avx2", &cpu::avx2::gemm, has2}, Isa{"baseline", &cpu::baseline::gemm, true}}) {
-    if (!isa.supported) {
+  for (Isa isa : {Isa{"avx2", cpu::GemmPath::kAvx2}, Isa{"onednn", cpu::GemmPath::kOneDnn},
+                  Isa{"baseline", cpu::GemmPath::kBaseline}}) {
+    if (!cpu::gemm_path_available(isa.path)) {
       skipped.push_back(isa.name);
       continue;
     }
+    cpu::ScopedGemmPath force(isa.path);
     for (auto [m, n, k] : {std::tuple{1, 1, 1}, {5, 3, 7}, {67, 45, 131}, {100, 37, 300}}) {
       for (int mode = 0; mode < 8; ++mode) {
         for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -742,20 +759,20 @@ TEST(CpuKernels, GemmEveryIsaMatchesReference) {
               }
               want[size_t(i) * n + j] = s;
             }
-          isa.fn({.m = m,
-                  .n = n,
-                  .k = k,
-                  .a = a.data(),
-                  .a_type = at,
-                  .lda = lda,
-                  .trans_a = ta,
-                  .b = b.data(),
-                  .b_type = bt,
-                  .ldb = ldb,
-                  .trans_b = tb,
-                  .c = c.data(),
-                  .ldc = ldc,
-                  .accumulate = acc});
+          cpu::gemm({.m = m,
+                     .n = n,
+                     .k = k,
+                     .a = a.data(),
+                     .a_type = at,
+                     .lda = lda,
+                     .trans_a = ta,
+                     .b = b.data(),
+                     .b_type = bt,
+                     .ldb = ldb,
+                     .trans_b = tb,
+                     .c = c.data(),
+                     .ldc = ldc,
+                     .accumulate = acc});
           Vec got(size_t(m) * n);
           for (int i = 0; i < m; ++i)
             for (int j = 0; j < n; ++j) got[size_t(i) * n + j] = c[size_t(i) * ldc + j];
@@ -765,16 +782,22 @@ TEST(CpuKernels, GemmEveryIsaMatchesReference) {
     }
   }
   if (!skipped.empty()) {
-    GTEST_SKIP() << "this CPU cannot run the GEMM implementations: "
+    GTEST_SKIP() << "this CPU or build cannot run the GEMM implementations: "
                  << fmt::format("{}", fmt::join(skipped, ", "))
-                 << " (checked the others; dispatch uses " << cpu::gemm_isa() << ")";
+                 << " (checked the others; dispatch uses " << cpu::gemm_isa()
+                 << "; onednn needs a build with libdnnl-dev)";
   }
 }
 
 // The bits of an output element do not depend on how the caller tiles the output (what makes
 // matmul and attention independent of the thread count): the whole product equals, bit for
 // bit, the same product computed as uneven row x column tiles, with and without accumulation.
+// Checked on the avx2 path (the baseline one where the CPU lacks AVX2); the onednn path does not
+// promise it (gemm.h), and matmul.cc tiles its outputs independently of the thread count there.
 TEST(CpuKernels, GemmBitsDoNotDependOnTiling) {
+  cpu::ScopedGemmPath force(cpu::gemm_path_available(cpu::GemmPath::kAvx2)
+                                ? cpu::GemmPath::kAvx2
+                                : cpu::GemmPath::kBaseline);
   std::mt19937_64 rng(test_seed(21));
   const int m = 131, n = 1100, k = 520;  // more than one block of every kind
   for (bool tb : {false, true}) {
@@ -1024,20 +1047,95 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   return all;
 }
 
+// On every GEMM path: a path's bits are the same run to run and for 1, 2 or 3 threads.
 TEST(CpuKernels, DeterministicAcrossRunsAndThreadCounts) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    auto a = run_chain(2, dt, test_seed(17));
-    auto b = run_chain(2, dt, test_seed(17));
-    auto c = run_chain(1, dt, test_seed(17));
-    auto d = run_chain(3, dt, test_seed(17));  // matmul splits its tiles per thread count
-    auto other = run_chain(2, dt, test_seed(18));
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_TRUE(a == b) << "two runs with the same inputs differ";
-    EXPECT_TRUE(a == c) << "1 and 2 threads differ";
-    EXPECT_TRUE(a == d) << "2 and 3 threads differ";
-    EXPECT_FALSE(a == other) << "different inputs gave the same bits: the chain computes nothing";
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("{} {}", cpu::gemm_path_name(path), dtype_name(dt)));
+      auto a = run_chain(2, dt, test_seed(17));
+      auto b = run_chain(2, dt, test_seed(17));
+      auto c = run_chain(1, dt, test_seed(17));
+      auto d = run_chain(3, dt, test_seed(17));  // matmul splits its tiles per thread count
+      auto other = run_chain(2, dt, test_seed(18));
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_TRUE(a == b) << "two runs with the same inputs differ";
+      EXPECT_TRUE(a == c) << "1 and 2 threads differ";
+      EXPECT_TRUE(a == d) << "2 and 3 threads differ";
+      EXPECT_FALSE(a == other) << "different inputs gave the same bits: the chain computes nothing";
+    }
   }
+}
+
+// The linear layer at bench-25m's shapes (N = 2 x 128 tokens, width 512) on 1 to 6 threads, on
+// every GEMM path: the output tiles change with the thread count (matmul.cc's choose_tiles),
+// and on the onednn path, whose bits depend on a call's shape, they must not -- this is the
+// check that fails when matmul tiles by thread count there.
+TEST(CpuKernels, MatmulBitsDoNotDependOnThreadCountOnEveryPath) {
+  struct Shape {
+    int N, C, OC;
+  };
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    for (Shape sh : {Shape{256, 512, 1536}, Shape{256, 2048, 512}, Shape{200, 96, 1100}}) {
+      const int N = sh.N, C = sh.C, OC = sh.OC;
+      SCOPED_TRACE(fmt::format("{} N={} C={} OC={}", cpu::gemm_path_name(path), N, C, OC));
+      std::mt19937_64 rng(test_seed(23));
+      const DType dt = DType::kBF16;
+      Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+      Typed dout = random_typed(dt, size_t(N) * OC, rng);
+      std::vector<unsigned char> first;
+      for (int threads : {1, 2, 3, 4, 6}) {
+        Typed out(dt, size_t(N) * OC), dx(dt, x.n);
+        std::vector<float> dw(w.n, 0.0f);
+        Fixture f(threads);
+        f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+        f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), nullptr, dout.data(), x.data(),
+                              w.data(), N, C, OC);
+        f.sync();
+        std::vector<unsigned char> bytes(out.n * 2 + dx.n * 2 + dw.size() * 4);
+        std::memcpy(bytes.data(), out.data(), out.n * 2);
+        std::memcpy(bytes.data() + out.n * 2, dx.data(), dx.n * 2);
+        std::memcpy(bytes.data() + out.n * 2 + dx.n * 2, dw.data(), dw.size() * 4);
+        if (first.empty()) {
+          first = std::move(bytes);
+        } else {
+          EXPECT_TRUE(bytes == first) << threads << " threads differ from 1";
+        }
+      }
+    }
+  }
+}
+
+// STRATA_CPU_ISA's values (shared with cpu_optim) map to GEMM paths: by CPUID when unset, a
+// forced level only where the CPU has it, onednn only where the build has oneDNN.
+TEST(CpuKernels, GemmPathFromStrataCpuIsa) {
+  using cpu::gemm_path_for;
+  using cpu::GemmPath;
+  const CpuIsa avx2 = CpuIsa::kAvx2, avx512 = CpuIsa::kAvx512, bf16 = CpuIsa::kAvx512Bf16;
+  // Unset: oneDNN on AVX-512 CPUs only, and only when built in.
+  EXPECT_EQ(gemm_path_for("", avx2, true), GemmPath::kAvx2);
+  EXPECT_EQ(gemm_path_for("", avx512, true), GemmPath::kOneDnn);
+  EXPECT_EQ(gemm_path_for("", bf16, true), GemmPath::kOneDnn);
+  EXPECT_EQ(gemm_path_for("", bf16, false), GemmPath::kAvx2);
+  EXPECT_EQ(gemm_path_for("", CpuIsa::kScalar, true), GemmPath::kBaseline);
+  // Forced levels.
+  EXPECT_EQ(gemm_path_for("avx2", bf16, true), GemmPath::kAvx2);
+  EXPECT_EQ(gemm_path_for("scalar", avx2, true), GemmPath::kBaseline);
+  EXPECT_EQ(gemm_path_for("avx512", bf16, true), GemmPath::kOneDnn);
+  EXPECT_EQ(gemm_path_for("avx512bf16", bf16, false), GemmPath::kAvx2);
+  EXPECT_EQ(gemm_path_for("onednn", avx2, true), GemmPath::kOneDnn);
+  EXPECT_EQ(gemm_path_for("onednn", CpuIsa::kScalar, true), GemmPath::kOneDnn);
+  // Refused, with the reason in the note: the CPU's choice instead.
+  std::string note;
+  EXPECT_EQ(gemm_path_for("avx512", avx2, true, &note), GemmPath::kAvx2);
+  EXPECT_NE(note.find("supports at most avx2"), std::string::npos) << note;
+  EXPECT_EQ(gemm_path_for("onednn", avx2, false, &note), GemmPath::kAvx2);
+  EXPECT_NE(note.find("libdnnl-dev"), std::string::npos) << note;
+  EXPECT_EQ(gemm_path_for("AVX2", avx2, true, &note), GemmPath::kAvx2);
+  EXPECT_NE(note.find("is not one of"), std::string::npos) << note;
+  EXPECT_EQ(gemm_path_for("amx", bf16, true, &note), GemmPath::kOneDnn);
+  EXPECT_NE(note.find("is not one of"), std::string::npos) << note;
 }
 
 TEST(CpuKernels, CallsOnlyEnqueue) {

@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/dtype.h"
@@ -570,6 +571,9 @@ TEST(CpuOptim, IsaNamesDetectionAndActivePath) {
   if (env && parse_cpu_isa(env, &x) && cpu_isa_supported(x)) {
     EXPECT_EQ(active_cpu_isa(), x);
   }
+  // `onednn` names a GEMM path of the kernels (kernels/cpu/gemm.h): the optimizer keeps the
+  // detected one.
+  if (env && std::string_view(env) == "onednn") EXPECT_EQ(active_cpu_isa(), detect_cpu_isa());
 }
 
 }  // namespace

@@ -17,7 +17,12 @@
 # is the contract). Every case must run: a missing launcher (no mpirun) fails the script under
 # CI (CI=true) and otherwise exits 77 (ctest's SKIP_RETURN_CODE: reported skipped, not passed)
 # after running the others.
+#
+# The runs are taken on a forced CPU path, STRATA_CPU_ISA=avx2 (the hand AVX2 GEMM; see
+# kernels/cpu/gemm.h), so that the recording holds on AVX2 CPUs and on AVX-512/AMX ones, whose
+# default GEMM path (oneDNN) rounds differently. The optimizer's bits are the same on every path.
 set -euo pipefail
+export STRATA_CPU_ISA=avx2
 strata=$(realpath "$1")
 record=${2:-}
 src=$(cd "$(dirname "$0")/.." && pwd)

@@ -316,15 +316,67 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   EXPECT_TRUE(c->fits);
   EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
   // Params on the device (no undo copies): the host stages their new bf16 values a sub-group
-  // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and
-  // lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes, 3,162,112 rounded
-  // to pages).
+  // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and,
+  // from the second micro-batch on, lands 2 of the largest module's fp32 gradients (a block:
+  // 789,760 x 4 bytes, 3,162,112 rounded to pages) before adding them.
   r.hw.gpu_mem = uint64_t{1} << 30;
   r.engine.gradient_clipping = 0;
   r.engine.zero.sub_group_size = 65536;
+  r.accumulation = 2;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
+  r.accumulation = 1;  // one micro-batch is copied into the accumulator: no landing buffers
+  auto d1 = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(d1.is_ok());
+  EXPECT_EQ(d1->host.peak, d1->host.state + 2 * 131'072);
+}
+
+// The optimizer pipeline's sub-groups in host memory at once (OptimizerPipeline::advance):
+// buffer_count read ahead, and those with writes in flight (at most 2 x buffer_count writes
+// after a step, the new parameters' write queued after that bound).
+TEST(Plan, PipelineSubGroupsHeldCountTheWritesInFlight) {
+  // Master, moments and parameters on NVMe: 4 read + the stepped one's 2 writes + 6 more
+  // writes of 3 each = 4 + 1 + 2.
+  EXPECT_EQ(pipeline_sub_groups_held(4, 2, true), 7u);
+  EXPECT_EQ(pipeline_sub_groups_held(4, 2, false), 8u);  // 4 + 1 + 6 / 2
+  EXPECT_EQ(pipeline_sub_groups_held(1, 2, true), 2u);   // 1 read, the stepped one's 2 writes
+  EXPECT_EQ(pipeline_sub_groups_held(4, 0, true), 0u);   // no NVMe optimizer state
+}
+
+// Every step deferred to the next forward (the overlap after a step that clipped): no undo
+// state; the host holds the read-ahead under backward, and under the next forward the pass's
+// reads and writes in flight with the new parameters' pieces. Hand-computed: sub-groups of
+// 65536 elements, fp32 master + moments 786,432 bytes, bf16 pieces 131,072; buffer_count 4.
+TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
+  PlanRequest r = small_request();
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
+  r.seq = 128;
+  r.moment_dtype = DType::kF32;
+  r.engine.zero.sub_group_size = 65536;
+  ASSERT_EQ(r.engine.zero.offload_optimizer.buffer_count, 4);
+  ASSERT_TRUE(r.engine.strata.optimizer_overlap && r.engine.gradient_clipping > 0);
+  auto o = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_GT(o->nvme.undo, 0u);
+  EXPECT_EQ(o->nvme.peak, o->nvme.state + o->nvme.undo);
+  EXPECT_EQ(o->nvme.peak_deferred, o->nvme.state);  // no shadow extents
+  EXPECT_EQ(o->device.peak_deferred, o->device.peak);
+  // One micro-batch: no landing buffers. Under the forward: the fetch ring (3 pieces), the
+  // publish staging (buffer_count + 1 = 5 pieces) and 7 sub-groups (4 read, 3 writing).
+  const uint64_t sub = 786'432, piece = 131'072;
+  EXPECT_EQ(o->host.peak_deferred, o->host.state + 3 * piece + 5 * piece + 7 * sub);
+  // Two: under backward the 2 landing buffers of a block's gradients (3,162,112 bytes each)
+  // with the fetch ring and 4 sub-groups read ahead, more than under the forward.
+  r.accumulation = 2;
+  auto a = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(a->host.peak_deferred, a->host.state + 3 * piece + 2 * 3'162'112 + 4 * sub);
+  // Parameters in host memory, stepped in place: no pieces, no parameter writes: 8 sub-groups.
+  r.accumulation = 1;
+  auto h = evaluate_placement(r, find("params-host+opt-nvme"));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->host.peak_deferred, h->host.state + 8 * sub);
 }
 
 TEST(Plan, NonFittingPlanIsReportedAsSuch) {

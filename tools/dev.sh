@@ -29,6 +29,7 @@ PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       libeigen3-dev libtbb-dev nlohmann-json3-dev libfmt-dev libisal-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev
       liburing-dev libaio-dev libopenmpi-dev openmpi-bin
+      libdnnl-dev  # oneDNN: the GEMM path of AVX-512/AMX CPUs (optional to the build)
       clang libclang-rt-dev)  # libFuzzer and the sanitizer runtimes for clang
 
 deps() {  # deps [extra packages]: PKGS and these

@@ -100,9 +100,19 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
                 format_bytes(median(b)).c_str(), format_bytes(min_bytes).c_str(),
                 100.0 * (median(b) - min_bytes) / min_bytes);
   }
+  // The peaks are the whole run's: the rule of the schedule its steps ran (every step deferred
+  // to the next forward holds no undo state, one step under backward may).
+  const bool all_deferred = !r->optimizer_schedule.empty() &&
+                            std::all_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
+                                        [](uint8_t k) { return k == 3; });
+  if (all_deferred) {
+    std::printf(
+        "  peaks: every step deferred its optimizer step to the next forward: no undo "
+        "state, predicted as such\n");
+  }
   for (const auto& t : r->tiers) {
     const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;
-    const double pred = double(b.peak);
+    const double pred = double(all_deferred ? b.peak_deferred : b.peak);
     std::printf("  %-6s peak: predicted %s (reserved %s), measured %s (%+.1f%%)\n", t.name.c_str(),
                 format_bytes(pred).c_str(), format_bytes(double(b.total())).c_str(),
                 format_bytes(double(t.peak)).c_str(),

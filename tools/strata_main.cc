@@ -36,6 +36,11 @@ void usage(FILE* out) {
                "usage: strata <command> [options]   (strata <command> --help for its options)\n\n"
                "commands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.help);
+  std::fprintf(out,
+               "\nenvironment:\n"
+               "  STRATA_CPU_ISA  force the CPU code path (optimizer and GEMM): "
+               "scalar|avx2|avx512|avx512bf16|onednn\n"
+               "                  (default: chosen by CPUID and logged; docs/ARCHITECTURE.md)\n");
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 // its own target flags (never -march=native), and the best one the CPU supports is chosen by
 // CPUID on first use and logged once. The environment variable STRATA_CPU_ISA=
 // scalar|avx2|avx512|avx512bf16 forces a path (a path the CPU lacks is refused with a warning
-// and the detected one is used). Tests force paths with the *_isa() variants below.
+// and the detected one is used). The same variable picks the CPU kernels' GEMM path
+// (kernels/cpu/gemm.h), which also accepts `onednn`; for the optimizer, `onednn` means the
+// detected path. Tests force paths with the *_isa() variants below.
 //
 // Threads: work is split into fixed tiles of kOptimizerTileElems elements (kStatsTileElems for
 // grad_stats) and run with oneTBB. `threads` > 0 runs in a private arena of that many threads;

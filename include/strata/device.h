@@ -118,6 +118,9 @@ struct CpuDeviceOptions {
   int threads = 0;                    // compute threads for kernels; 0 = all cores
 };
 Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& options);
+// The CPU backend's GEMM path: "avx2", "onednn" or "baseline" (kernels/cpu/gemm.h), from
+// CPUID and STRATA_CPU_ISA; decided and logged once, when the first CPU device is created.
+const char* cpu_gemm_path();
 
 struct CudaDeviceOptions {
   int ordinal = 0;                   // which GPU (the local rank under mpirun)

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/gemm.h"
 #include "strata/device.h"
 #include "strata/log.h"
 
@@ -222,7 +223,10 @@ Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& option
   if (options.capacity == 0) {
     return invalid_argument("device.memory_limit: must be > 0 for the cpu backend");
   }
+  cpu_gemm_path();  // decided and logged at start, not at the first GEMM
   return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options));
 }
+
+const char* cpu_gemm_path() { return cpu::gemm_isa(); }
 
 }  // namespace strata

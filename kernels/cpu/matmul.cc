@@ -6,7 +6,10 @@
 // output tiles (at most kTileRows x kTileCols, smaller when that gives the arena's threads too
 // few tiles: choose_tiles) computed in parallel; every tile sums over the whole inner dimension
 // itself and the GEMM's bits do not depend on the tiling, so the result does not depend on the
-// thread count. A tile's fp32 result lives in a per-thread buffer of at most one tile.
+// thread count. On the onednn GEMM path (gemm.h), whose bits may depend on a call's shape, the
+// tiles are those of kFixedTileThreads threads whatever the arena's size, so again the thread
+// count only decides which thread computes which tile. A tile's fp32 result lives in a per-thread
+// buffer of at most one tile.
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -57,11 +60,16 @@ Tiles choose_tiles(size_t rows, size_t cols, int threads) {
   return {round_up((rows + tr - 1) / tr, 6), round_up((cols + tc - 1) / tc, 16)};
 }
 
+// The thread count the tiles are chosen for when the GEMM's bits may depend on the tiling.
+constexpr int kFixedTileThreads = 4;
+
 // Calls f(r0, r1, c0, c1) for every tile of a rows x cols output, in parallel on the threads of
 // the calling arena.
 template <typename F>
 void for_each_tile(size_t rows, size_t cols, F&& f) {
-  const Tiles t = choose_tiles(rows, cols, tbb::this_task_arena::max_concurrency());
+  const int threads =
+      gemm_tiles_follow_threads() ? tbb::this_task_arena::max_concurrency() : kFixedTileThreads;
+  const Tiles t = choose_tiles(rows, cols, threads);
   size_t tr = (rows + t.rows - 1) / t.rows, tc = (cols + t.cols - 1) / t.cols;
   parallel_ranges(tr * tc, 1, [&](size_t t0, size_t t1) {
     for (size_t i = t0; i < t1; ++i) {

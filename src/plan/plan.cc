@@ -227,6 +227,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
   uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe
   uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
+  size_t opt_nvme_writes = 0;     // NVMe writes of master + moments per sub-group (0, 1 or 2)
   std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
   // Per sub-group, in 4 KiB host buffers: (bytes, how many sub-groups have them), two entries
   // per module (its full sub-groups and its last).
@@ -245,9 +246,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     }
     if (h.grads.tier != Tier::kDevice) grads_off_device += trained;
     if (h.grads.tier == Tier::kNvme) grads_nvme += trained;
+    size_t writes = 0;  // the pipeline's NVMe writes of this module's state per sub-group
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
+      if (x->tier == Tier::kNvme && x->bytes > 0) ++writes;
     }
+    opt_nvme_writes = std::max(opt_nvme_writes, writes);
     auto sub_bytes = [&](size_t len) {
       uint64_t sub = 0;
       for (const auto* x : {&h.master, &h.moments}) {
@@ -307,16 +311,35 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.device.peak = o.device.total() + Pf_trained * 4;
   if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
-  // Parameter pieces: the NVMe fetch ring, held from the first fetch, and the new parameters'
-  // staging pieces.
-  uint64_t host_peak = needs.host.state + needs.host.param_shadows + 2 * round_up(max_g, 4096) +
-                       needs.host.param_fetch_staging + needs.host.param_publish_staging;
+  // Host, a step after backward (overlap off) or under it: the homes, the parameter pieces (the
+  // NVMe fetch ring, held from the first fetch, and the new parameters' staging), the gradients'
+  // landing buffers (the memory model's: a module's size for gradients in host or device
+  // memory, sub-groups for gradients on NVMe) and the optimizer pipeline's staging.
+  // Gradients in host or device memory land through the landing buffers from the second
+  // micro-batch on (the first is copied into the accumulator).
+  const uint64_t homes_and_pieces = needs.host.state + needs.host.param_shadows + needs.host.stash +
+                                    needs.host.param_fetch_staging;
+  const uint64_t landing =
+      (r.accumulation > 1 ? needs.host.grad_landing : 0) + needs.host.grad_staging;
+  uint64_t host_peak = homes_and_pieces + needs.host.param_publish_staging + landing;
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
     host_peak += largest_extents(uint64_t(2 * to.buffer_count + 1));
   }
-  host_peak += needs.host.stash;  // offloaded block inputs: reserved once, always held
+  // Host, every step deferred to the next forward (the overlap with a step that clipped: no
+  // undo state): under backward the state is read ahead (buffer_count sub-groups) while the
+  // gradients land; the pass under the next forward holds the sub-groups it reads ahead and
+  // writes behind (pipeline_sub_groups_held) and the new parameters' pieces.
+  const uint64_t deferred_bwd =
+      homes_and_pieces + landing + largest_extents(uint64_t(std::max(1, to.buffer_count)));
+  const uint64_t deferred_fwd = homes_and_pieces + needs.host.param_publish_staging +
+                                needs.host.grad_staging +
+                                largest_extents(pipeline_sub_groups_held(
+                                    to.buffer_count, opt_nvme_writes, where.params == Tier::kNvme));
+  o.host.peak_deferred = std::max(deferred_bwd, deferred_fwd) * W;
+  o.device.peak_deferred = o.device.peak;
+  o.nvme.peak_deferred = o.nvme.state;  // no shadow extents: nothing is stepped under backward
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
   // master + moments until the step is validated (TierManager::take_undo): NVMe-homed state as
   // its old extents, the step written to fresh ones (nvme.undo: on the swap paths when they
@@ -392,7 +415,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (where.params != Tier::kDevice) {
     uint64_t largest_grad_buffer = 0;  // a module's fp32 gradients on the device, whole
     for (const ModuleHomes& h : homes) {
-      if (h.grads.bytes == 0) continue;  // a frozen module has no gradient buffer
+      if (h.grads.bytes == 0) continue;   // a frozen module has no gradient buffer
+      if (h.master.bytes == 0) continue;  // a frozen module (LoRA's base) has no gradients
       largest_grad_buffer = std::max<uint64_t>(largest_grad_buffer, uint64_t(h.padded_numel) * 4);
     }
     const uint64_t busy = o.device.total() + largest_grad_buffer;

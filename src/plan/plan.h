@@ -203,6 +203,10 @@ struct TierBytes {
   // fills free device memory; the host optimizer pipeline holds fewer modules than it reserves;
   // NVMe counts allocated extents, not swap-file slack. docs/PLANNER.md gives each rule.
   uint64_t peak = 0;
+  // The peak of a run whose every step defers its optimizer step to the next forward (the
+  // overlap, when each step clipped or overflowed, as step_after_s): nothing is stepped under
+  // backward, so no undo state; the host holds the deferred pass's staging instead.
+  uint64_t peak_deferred = 0;
   // What the optimizer under backward keeps to undo a step (TierOptions::undo_copies; every
   // module's master + moments): host copies of host/device-homed state, taken when the budget
   // has room; NVMe-homed state's old extents on the swap paths (the step goes to fresh ones).

@@ -343,6 +343,7 @@ Result<std::string> run_machine_probe(
       }
     }
   }
+  if (dev->kind() == DeviceKind::kCpu) d["gemm_isa"] = cpu_gemm_path();
   d["gemm_by_width"] = by;
   j["device"] = d;
   step(3, "host<->device bandwidth");

@@ -181,7 +181,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
   n.host.grad_staging = 3 * max_gsub;
   n.host.staging += n.host.grad_staging;
-  n.host.staging += 2 * round_up(max_g, 4096);
+  n.host.grad_landing = 2 * round_up(max_g, 4096);
+  n.host.staging += n.host.grad_landing;
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
 
   // NVMe: the state spread over the paths, each object possibly wasting a stripe, plus slack;

@@ -75,6 +75,21 @@ inline constexpr size_t kFetchStagingPieces = 3;
 inline size_t publish_staging_pieces(int buffer_count, bool nvme_params) {
   return nvme_params ? size_t(std::max(1, buffer_count)) + 1 : 2;
 }
+// The optimizer pipeline's sub-groups of NVMe-homed master weights and moments in host memory
+// at once while a pass runs (OptimizerPipeline::advance): buffer_count read ahead (the next to
+// step among them), and every sub-group with a write still in flight. After each step at most
+// 2 * buffer_count writes stay queued (max_writes): the stepped sub-group's `state_writes`
+// (master weights, moments: those NVMe-homed) and, before them, earlier sub-groups' state
+// writes plus, with `nvme_params`, their new parameters' write (queued after that bound is
+// applied). With both master weights and moments on NVMe it is at most the reservation's
+// 2 * buffer_count + 1 sub-groups.
+inline size_t pipeline_sub_groups_held(int buffer_count, size_t state_writes, bool nvme_params) {
+  if (state_writes == 0) return 0;
+  const size_t depth = size_t(std::max(1, buffer_count));
+  const size_t per = state_writes + (nvme_params ? 1 : 0);
+  const size_t earlier = 2 * depth > state_writes ? 2 * depth - state_writes : 0;
+  return depth + 1 + (earlier + per - 1) / per;
+}
 // Host bytes of one staging piece for sub-groups of `elems` elements of `elem_bytes` each (a
 // host-tier buffer, whole pages).
 inline size_t piece_bytes(size_t elems, size_t elem_bytes) {
@@ -134,6 +149,10 @@ struct TierNeeds {
     size_t staging = 0;            // NVMe fetch staging, optimizer pipeline, gradient landing
     size_t optimizer_staging = 0;  // of staging: the optimizer pipeline's sub-groups
     size_t grad_staging = 0;       // of staging: gradients on NVMe (landing, add, optimizer)
+    // Of staging: the 2 landing buffers (the largest module's gradients not homed on NVMe) that
+    // a micro-batch after the first lands its gradients through before adding them (held
+    // during backward only).
+    size_t grad_landing = 0;
     // Of staging: parameter pieces, the NVMe fetch ring (kFetchStagingPieces pieces, with
     // NVMe-homed parameters) and the new parameters' staging (publish_staging_pieces(), for
     // parameters the optimizer cannot write in place: NVMe-homed, or device-homed and stepped

@@ -303,7 +303,8 @@ Result<const void*> TierManager::acquire_params(int m) {
   if (impl_->sharded) impl_->grads->flush_bucket();
   // The deferred step publishes module m's new parameters first (its forward waits only for
   // its own update).
-  STRATA_RETURN_IF_ERROR(impl_->step_deferred(m), "");
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(m),
+                         "before " + impl_->homes->module(m).name + " forward");
   return impl_->cache->acquire(m);
 }
 
@@ -311,7 +312,8 @@ void TierManager::release_params(int m) { impl_->cache->release(m); }
 
 Result<float*> TierManager::acquire_grads(int m) {
   // A gradient accumulator is overwritten from here: the deferred step must have read it.
-  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "");
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1),
+                         "before " + impl_->homes->module(m).name + " backward");
   return impl_->grads->acquire(m);
 }
 
@@ -319,7 +321,7 @@ void TierManager::drain_grads(int m, int micro, bool last) { impl_->grads->drain
 
 Status TierManager::end_backward() {
   Impl& I = *impl_;
-  STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "");
+  STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "end of backward");
   if (I.sharded) I.grads->flush_bucket();
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "the compute stream");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "the gradient drains");
@@ -332,7 +334,7 @@ Status TierManager::end_backward() {
     // gradients or parameters that never arrived.
     STRATA_RETURN_IF_ERROR(opt_.param_comm->health(), "gathering parameters");
     STRATA_RETURN_IF_ERROR(opt_.grad_comm->health(), "reducing gradients");
-    if (opt_.zeropp) STRATA_RETURN_IF_ERROR(opt_.zeropp->health(), "");
+    if (opt_.zeropp) STRATA_RETURN_IF_ERROR(opt_.zeropp->health(), "ZeRO++ collectives");
   }
   return Status::ok();
 }
@@ -341,7 +343,7 @@ GradStats TierManager::grad_stats() const { return impl_->grads->stats(); }
 
 Status TierManager::end_phase() {
   impl_->cache->end_phase();
-  return impl_->errors.take();
+  return impl_->errors.take();  // each kept error says where it happened
 }
 
 const Trace* TierManager::trace(const std::string& phase) const {
@@ -398,7 +400,7 @@ Status TierManager::flush_writes() {
 }
 
 Status TierManager::finish_pending_step() {
-  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "");
+  STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "finishing the pending step");
   return finish_delayed_update();
 }
 

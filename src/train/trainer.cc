@@ -33,6 +33,7 @@
 #include "src/train/monitors.h"
 #include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
+#include "src/train/run.h"
 #include "src/train/schedule.h"
 #include "src/train/step_report.h"
 #include "strata/checksum.h"
@@ -41,125 +42,7 @@
 #include "strata/log.h"
 #include "strata/optimizer.h"
 
-namespace strata {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-OptimizerKind optimizer_kind(const OptimizerConfig& o) {
-  std::string t = o.type;
-  for (auto& c : t) c = static_cast<char>(std::tolower(c));
-  if (t == "adagrad") return OptimizerKind::kAdagrad;
-  if (t == "lion") return OptimizerKind::kLion;
-  if (t == "adam" && !o.adam_w_mode) return OptimizerKind::kAdam;
-  return OptimizerKind::kAdamW;
-}
-
-class Run {
- public:
-  // eval_only: set up for evaluate() (strata eval): the whole of data.source is the eval
-  // corpus, train.checkpoint_dir is left alone, opts.resume names the checkpoint to evaluate.
-  // base_rss: VmRSS when train() was called (the summary's "rest").
-  Run(const Config& cfg, const TrainOptions& opts, size_t base_rss, bool eval_only = false)
-      : cfg_(cfg), opts_(opts), eval_only_(eval_only), base_rss_(base_rss) {}
-  ~Run() {
-    if (dev_) {
-      // Stream-ordered collectives refer to the communicators: join every stream first.
-      dev_->synchronize(dev_->compute_stream()).ignore();
-      dev_->synchronize(dev_->h2d_stream()).ignore();
-      dev_->synchronize(dev_->d2h_stream()).ignore();
-    }
-    model_.reset();
-    tm_.reset();
-  }
-
-  Status setup();
-  Result<TrainResult> loop();
-  Result<EvalResult> evaluate();
-  const TierManager& tiers() const { return *tm_; }
-
- private:
-  Status create_device();
-  Status create_comms();
-  // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
-  Status reduce(float* v, size_t n, ReduceOp op);
-  Status init_or_resume();
-  Status init_weights();  // the initial weights: from_pretrained's, else drawn from train.seed
-  Status load_for_eval(const std::string& path);
-  Result<double> run_step();
-  Result<double> eval_loss();
-  // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
-  int64_t global_train_targets() const {
-    int64_t n = 0;
-    for (int micro = 0; micro < accum_; ++micro) {
-      for (int r = 0; r < world_; ++r) {
-        n += data_->train_batch_targets(cfg_.train.seed, step_, micro, r, B_, T_);
-      }
-    }
-    return n;
-  }
-  // Runs one micro-batch's program: its state steps through the tier manager, its compute
-  // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
-  // whose gradients are final after each run of drains.
-  Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
-  Status save_checkpoint(int64_t step, std::string* path_out);
-  CheckpointMeta checkpoint_meta(int64_t step) const;
-  // train.export_dir, written by this run's lineage with the checkpoint of `step`.
-  ExportTarget export_target(int64_t step) const {
-    return {cfg_.train.export_dir,
-            "train.export_dir",
-            run_id_,
-            step,
-            cfg_.model.from_pretrained,
-            /*force=*/false,
-            ""};
-  }
-
-  const Config& cfg_;
-  const TrainOptions& opts_;
-  const bool eval_only_;
-  size_t base_rss_ = 0;  // VmRSS when train() was called
-  std::unique_ptr<Architecture> arch_;
-  DType dt_ = DType::kBF16;
-  int B_ = 0, T_ = 0, accum_ = 1;
-  std::unique_ptr<Device> dev_;
-  // comm_: blocking collectives of the main thread (loss, grad norm, overflow, barriers);
-  // param_comm_ / grad_comm_: the tier manager's gathers (h2d stream) and reduce-scatters (d2h
-  // stream), only when world_ > 1. Declared before tm_ so they outlive it.
-  std::unique_ptr<Communicator> comm_, param_comm_, grad_comm_;
-  // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): its
-  // sub-groups of param_comm_ / grad_comm_; null when none of the keys is on.
-  std::unique_ptr<ZeroPP> zeropp_;
-  int world_ = 1, rank_ = 0;
-  std::unique_ptr<TierManager> tm_;
-  std::unique_ptr<ModelRunner> model_;
-  std::optional<Dataset> data_;
-  LossScaler scaler_;
-  int64_t step_ = 0, opt_steps_ = 0;
-  std::string run_id_;  // the checkpoints' lineage (src/train/checkpoint_dir.h)
-  // The damaged checkpoints --resume passed over (paths): this run may replace them.
-  std::vector<std::string> passed_over_;
-  OptimizerHyper hyper_;
-  std::vector<int32_t> tok_, tgt_;
-  std::vector<float> losses_;  // [accum][B*T]
-  // The device pointers of the modules the program holds at this point, by module.
-  std::vector<const void*> params_;
-  std::vector<float*> grads_;
-  double last_grad_norm_ = 0;
-  // The last step's mean load-balancing loss over its micro-batches and ranks (a mixture of
-  // experts; -1 for other models), reported apart from the loss.
-  double last_aux_loss_ = -1;
-  bool last_skipped_ = false;
-  // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
-  // (early gradients are the largest, so the first step is expected to clip: it is deferred,
-  // not speculated and rolled back).
-  bool last_clipped_ = cfg_.gradient_clipping > 0;
-  double last_fwd_bwd_s_ = 0;
-};
+namespace strata::run_detail {
 
 Status Run::create_device() {
   std::string backend = cfg_.device.backend;
@@ -584,13 +467,14 @@ Result<double> Run::run_step() {
     model_->begin_batch(tok_.data(), tgt_.data());
     const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr,
                         &aux[size_t(micro)]};
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb), "");
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb),
+                           fmt::format("micro-batch {} of {}", micro + 1, accum_));
     if (opts_.mid_step) opts_.mid_step(step_, micro);
   }
   if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
   // The last step's delayed update lands before the next forward.
-  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "");
+  STRATA_RETURN_IF_ERROR(tm_->finish_delayed_update(), "the last step's delayed update");
   last_fwd_bwd_s_ = seconds_since(t0);
   double loss_sum = 0;
   for (float l : losses_) loss_sum += l;  // masked-out targets' losses are 0
@@ -626,18 +510,20 @@ Result<double> Run::run_step() {
     const float mult = static_cast<float>(coef / scale);
     last_clipped_ = coef < 1.0;
     if (delayed) {
-      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult), "");
+      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult),
+                             "starting the delayed update");
     } else {
       // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
       // with the overlap, the modules not stepped yet are stepped as the next forward needs
       // them (deferred: exact whatever the clipping).
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate), "");
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate),
+                             "");  // says "optimizer step" itself
     }
     ++opt_steps_;
   } else {
-    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "");
+    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
   }
-  STRATA_RETURN_IF_ERROR(tm_->end_phase(), "");
+  STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
     for (size_t m = 0; m < arch_->layout().modules.size(); ++m) {
@@ -749,254 +635,11 @@ Status Run::save_checkpoint(int64_t step, std::string* path_out) {
   return Status::ok();
 }
 
-Result<TrainResult> Run::loop() {
-  TrainResult r;
-  r.rank = rank_;
-  r.world_size = world_;
-  r.start_step = step_;
-  const int64_t total = cfg_.train.steps;
-  const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);
-  std::string log_path = cfg_.train.log_file.empty() ? cfg_.train.checkpoint_dir + "/metrics.jsonl"
-                                                     : cfg_.train.log_file;
-  // Only rank 0 reports: progress lines and the JSONL log (every rank's numbers are global).
-  // A failed metrics write is a loud warning and r.metrics_error (the CLI exits 1), never a
-  // lost checkpoint.
-  const bool report = rank_ == 0;
-  MetricsLog jsonl;
-  Monitors monitors;
-  if (report) {
-    // Appended to, never truncated: each run's lines follow one naming its lineage.
-    STRATA_RETURN_IF_ERROR(jsonl.open(log_path, /*append=*/true), "");
-    jsonl.write_line(nlohmann::json{{"run_id", run_id_}, {"start_step", step_}}.dump()).ignore();
-    STRATA_ASSIGN_OR_RETURN(monitors, Monitors::open(cfg_), "");
-  }
-  const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
+}  // namespace strata::run_detail
 
-  auto do_eval = [&](int64_t step) -> Status {
-    STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
-    r.eval_losses.emplace_back(step, el);
-    if (!report) return Status::ok();
-    if (opts_.progress)
-      std::printf("step %5lld/%lld | eval loss %.4f\n", (long long)step, (long long)total, el);
-    jsonl.write_line(nlohmann::json{{"step", step}, {"eval_loss", el}}.dump()).ignore();
-    monitors.add(step, {{"eval_loss", el}});
-    return Status::ok();
-  };
-  if (step_ == 0 && cfg_.train.eval_interval > 0) {
-    STRATA_RETURN_IF_ERROR(do_eval(0), "eval before step 1");
-  }
+namespace strata {
 
-  const auto t0 = Clock::now();
-  const int64_t tokens_per_step = int64_t(B_) * T_ * accum_ * world_;
-  // Two windows of steps: the progress line's (steps_per_print) and the metrics record's
-  // (train.log_interval), each with the time it started.
-  StepWindow w, wl;
-  auto window_t = Clock::now(), log_window_t = window_t;
-  // Time in collectives: parameter gathers (h2d stream) and gradient reduce-scatters (d2h
-  // stream) overlap compute; the main thread's reductions block it.
-  auto comm_now = [&]() {
-    double t = 0;
-    for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
-      if (c) t += c->busy_seconds();
-    }
-    if (zeropp_) t += zeropp_->busy_seconds();
-    return t;
-  };
-  double comm_mark = comm_now();
-  auto sent_now = [&]() {
-    std::array<uint64_t, 3> b{0, 0, 0};
-    if (param_comm_) b[0] = param_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(true) : 0);
-    if (grad_comm_) b[1] = grad_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(false) : 0);
-    b[2] = comm_->bytes_sent();
-    return b;
-  };
-  auto sent_mark = sent_now();
-  // Bytes moved to and from the device, and to and from NVMe.
-  auto bytes_now = [&]() {
-    return std::array<uint64_t, 2>{
-        tm_->stats(Tier::kDevice).bytes_in + tm_->stats(Tier::kDevice).bytes_out,
-        tm_->stats(Tier::kNvme).bytes_out + tm_->stats(Tier::kNvme).bytes_in};
-  };
-  auto bytes_mark = bytes_now();
-  tm_->take_times();
-  while (step_ < total) {
-    const uint64_t nvme_before = bytes_now()[1];
-    STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
-    r.step_nvme_bytes.push_back(bytes_now()[1] - nvme_before);
-    const TierTimes tt = tm_->take_times();
-    StepWindow s;  // this step
-    s.steps = 1;
-    const double comm_step = comm_now() - comm_mark;
-    comm_mark += comm_step;
-    s.comm_s = comm_step;
-    const auto sent = sent_now();
-    for (size_t i = 0; i < 3; ++i) {
-      s.sent[i] = sent[i] - sent_mark[i];
-      r.comm_bytes += sent[i] - sent_mark[i];
-    }
-    sent_mark = sent;
-    r.comm_s += comm_step;
-    s.fwd_bwd_s = last_fwd_bwd_s_;
-    s.optimizer_s = tt.optimizer_s;
-    s.io_wait_s = tt.io_wait_s;
-    s.fetch_wait_s = tt.compute_wait_s;
-    s.optimizer_hidden_s = tt.optimizer_hidden_s;
-    const auto b = bytes_now();
-    s.device_bytes = b[0] - bytes_mark[0];
-    s.nvme_bytes = b[1] - bytes_mark[1];
-    bytes_mark = b;
-    w += s;
-    wl += s;
-    r.optimizer_hidden_s += tt.optimizer_hidden_s;
-    r.rollbacks += int64_t(tt.rollbacks);
-    r.modules_redone += int64_t(tt.modules_redone);
-    r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
-    r.modules_deferred += int64_t(tt.modules_deferred);
-    if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
-      r.approximate = true;
-    }
-    r.fwd_bwd_s += last_fwd_bwd_s_;
-    r.optimizer_s += tt.optimizer_s;
-    r.io_wait_s += tt.io_wait_s;
-    r.compute_wait_s += tt.compute_wait_s;
-    r.losses.push_back(loss);
-    r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
-                                   : tt.modules_stepped_under_backward > 0 ? 1
-                                   : tt.modules_deferred > 0               ? 3
-                                                                           : 0);
-    if (opts_.on_step_end) opts_.on_step_end(step_);
-    if (last_skipped_) ++r.skipped_steps;
-    if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
-      return internal_error(
-          fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "
-                      "gradient_clipping",
-                      step_, loss));
-    }
-    const bool last = step_ == total;
-    // The state at this step, over the window `win` that started at `since`.
-    auto report_of = [&](const StepWindow& win, Clock::time_point since) {
-      StepReport rep;
-      rep.step = step_;
-      rep.total = total;
-      rep.loss = loss;
-      rep.lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
-      rep.grad_norm = last_grad_norm_;
-      rep.aux_loss = last_aux_loss_;
-      rep.fp16 = cfg_.fp16.enabled;
-      rep.loss_scale = scaler_.scale;
-      rep.skipped = last_skipped_;
-      rep.rollbacks = r.rollbacks;
-      rep.approximate = r.approximate;
-      rep.world_size = world_;
-      rep.window_s = seconds_since(since);
-      rep.tokens_per_s = double(tokens_per_step * win.steps) / std::max(rep.window_s, 1e-9);
-      rep.elapsed_s = seconds_since(t0);
-      rep.eta_s = rep.elapsed_s / double(step_ - r.start_step) * double(total - step_);
-      rep.peak_rss = peak_rss_bytes();
-      return rep;
-    };
-    if (report && (step_ % print_every == 0 || last || step_ == r.start_step + 1)) {
-      if (opts_.progress) {
-        std::fputs(progress_line(report_of(w, window_t), w).c_str(), stdout);
-        std::fflush(stdout);
-      }
-    }
-    if (step_ % print_every == 0 || last || step_ == r.start_step + 1) {
-      window_t = Clock::now();
-      w = StepWindow{};
-    }
-    if (step_ % log_every == 0 || last || step_ == r.start_step + 1) {
-      if (report) {
-        const std::string line = metrics_record(report_of(wl, log_window_t), wl);
-        jsonl.write_line(line).ignore();
-        const nlohmann::json rec = nlohmann::json::parse(line);
-        Scalars scalars;
-        for (const auto& [key, value] : rec.items()) {
-          if (value.is_number() && key != "step") scalars.emplace_back(key, value.get<double>());
-        }
-        monitors.add(step_, scalars);
-      }
-      log_window_t = Clock::now();
-      wl = StepWindow{};
-    }
-    if (cfg_.train.eval_interval > 0 && (step_ % cfg_.train.eval_interval == 0 || last)) {
-      STRATA_RETURN_IF_ERROR(do_eval(step_), fmt::format("eval at step {}", step_));
-      // The eval's fetch waits, collectives and bytes moved are not the next step's.
-      tm_->take_times();
-      comm_mark = comm_now();
-      sent_mark = sent_now();
-      bytes_mark = bytes_now();
-      window_t = log_window_t = Clock::now();
-    }
-    bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
-                (opts_.stop_at_step >= 0 && step_ >= opts_.stop_at_step);
-    if (world_ > 1) {
-      // A stop reaches the ranks (src/train/stop_signals.h), but not at the same step: all
-      // ranks stop after the step in which any of them saw it, so the checkpoint's collectives
-      // line up.
-      float any = stop ? 1.0f : 0.0f;
-      STRATA_RETURN_IF_ERROR(reduce(&any, 1, ReduceOp::kMax), "agreeing on a stop");
-      stop = any != 0.0f;
-    }
-    if (stop && !last) {
-      r.stopped_early = true;
-      STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "stopping");
-      log_info("stopped at step {}: checkpoint {} written; continue with --resume", step_,
-               r.last_checkpoint);
-      break;
-    }
-    if (cfg_.train.checkpoint_interval > 0 && step_ % cfg_.train.checkpoint_interval == 0 &&
-        !last) {
-      STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint),
-                             fmt::format("checkpoint at step {}", step_));
-      comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
-    }
-  }
-  // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
-  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
-  if (!r.stopped_early && cfg_.train.final_checkpoint) {
-    STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
-    if (!cfg_.train.export_dir.empty() && rank_ == 0) {
-      const auto te = Clock::now();
-      HfExportOptions options;
-      options.progress = true;
-      Status st = export_as_owner(export_target(step_), [&] {
-        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options);
-      });
-      if (!st.is_ok()) {
-        return Status(
-            st.code(),
-            fmt::format("exporting to train.export_dir failed: {}\n  the training is done and its "
-                        "checkpoint {} is saved; once the cause is fixed, finish the export "
-                        "with: strata export --config <this run's config> --checkpoint {} --out {}",
-                        st.message(), r.last_checkpoint, r.last_checkpoint, cfg_.train.export_dir));
-      }
-      log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
-               cfg_.train.export_dir, seconds_since(te));
-    }
-  }
-  r.end_step = step_;
-  r.metrics_error = !jsonl.error().is_ok()      ? jsonl.error().message()
-                    : !monitors.error().is_ok() ? monitors.error().message()
-                                                : "";
-  r.weights_crc = tm_->weights_crc();
-  r.param_fetches = tm_->stats(Tier::kDevice).fetches;
-  r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;
-  r.grad_reductions = tm_->stats(Tier::kDevice).grad_reductions;
-  r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const TierStats ts = tm_->stats(t);
-    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
-  }
-  r.peak_rss = peak_rss_bytes();
-  r.base_rss = base_rss_;
-  r.device_in_rss = dev_->host_addressable();
-  const double secs = seconds_since(t0);
-  r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
-  return r;
-}
-
-}  // namespace
+using run_detail::Run;
 
 Result<EvalResult> evaluate(const Config& cfg, const EvalOptions& opts) {
   STRATA_RETURN_IF_ERROR(check_model_given(cfg), "");

@@ -1,0 +1,166 @@
+// The trainer's run: setup, the step, evaluation and checkpoints (trainer.cc) and the run loop
+// with its progress, metrics and monitors (run_loop.cc). Internal to src/train/: the public
+// entry points are train() and evaluate() (trainer.h).
+#pragma once
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "src/checkpoint/checkpoint.h"
+#include "src/comm/zeropp.h"
+#include "src/hf/export_dir.h"
+#include "src/hf/hf_checkpoint.h"
+#include "src/hf/hf_export.h"
+#include "src/model/architecture.h"
+#include "src/tiers/memory_model.h"
+#include "src/tiers/tier_manager.h"
+#include "src/train/checkpoint_dir.h"
+#include "src/train/data.h"
+#include "src/train/metrics_log.h"
+#include "src/train/monitors.h"
+#include "src/train/process_memory.h"
+#include "src/train/resume_check.h"
+#include "src/train/schedule.h"
+#include "src/train/step_report.h"
+#include "src/train/trainer.h"
+#include "strata/checksum.h"
+#include "strata/comm.h"
+#include "strata/device.h"
+#include "strata/log.h"
+#include "strata/optimizer.h"
+
+namespace strata::run_detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+inline OptimizerKind optimizer_kind(const OptimizerConfig& o) {
+  std::string t = o.type;
+  for (auto& c : t) c = static_cast<char>(std::tolower(c));
+  if (t == "adagrad") return OptimizerKind::kAdagrad;
+  if (t == "lion") return OptimizerKind::kLion;
+  if (t == "adam" && !o.adam_w_mode) return OptimizerKind::kAdam;
+  return OptimizerKind::kAdamW;
+}
+
+class Run {
+ public:
+  // eval_only: set up for evaluate() (strata eval): the whole of data.source is the eval
+  // corpus, train.checkpoint_dir is left alone, opts.resume names the checkpoint to evaluate.
+  // base_rss: VmRSS when train() was called (the summary's "rest").
+  Run(const Config& cfg, const TrainOptions& opts, size_t base_rss, bool eval_only = false)
+      : cfg_(cfg), opts_(opts), eval_only_(eval_only), base_rss_(base_rss) {}
+  ~Run() {
+    if (dev_) {
+      // Stream-ordered collectives refer to the communicators: join every stream first.
+      dev_->synchronize(dev_->compute_stream()).ignore();
+      dev_->synchronize(dev_->h2d_stream()).ignore();
+      dev_->synchronize(dev_->d2h_stream()).ignore();
+    }
+    model_.reset();
+    tm_.reset();
+  }
+
+  Status setup();
+  Result<TrainResult> loop();
+  Result<EvalResult> evaluate();
+  const TierManager& tiers() const { return *tm_; }
+
+ private:
+  Status create_device();
+  Status create_comms();
+  // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
+  Status reduce(float* v, size_t n, ReduceOp op);
+  Status init_or_resume();
+  Status init_weights();  // the initial weights: from_pretrained's, else drawn from train.seed
+  Status load_for_eval(const std::string& path);
+  Result<double> run_step();
+  Result<double> eval_loss();
+  // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
+  int64_t global_train_targets() const {
+    int64_t n = 0;
+    for (int micro = 0; micro < accum_; ++micro) {
+      for (int r = 0; r < world_; ++r) {
+        n += data_->train_batch_targets(cfg_.train.seed, step_, micro, r, B_, T_);
+      }
+    }
+    return n;
+  }
+  // Runs one micro-batch's program: its state steps through the tier manager, its compute
+  // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
+  // whose gradients are final after each run of drains.
+  Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
+  Status save_checkpoint(int64_t step, std::string* path_out);
+  CheckpointMeta checkpoint_meta(int64_t step) const;
+  // train.export_dir, written by this run's lineage with the checkpoint of `step`.
+  ExportTarget export_target(int64_t step) const {
+    return {cfg_.train.export_dir,
+            "train.export_dir",
+            run_id_,
+            step,
+            cfg_.model.from_pretrained,
+            /*force=*/false,
+            ""};
+  }
+
+  const Config& cfg_;
+  const TrainOptions& opts_;
+  const bool eval_only_;
+  size_t base_rss_ = 0;  // VmRSS when train() was called
+  std::unique_ptr<Architecture> arch_;
+  DType dt_ = DType::kBF16;
+  int B_ = 0, T_ = 0, accum_ = 1;
+  std::unique_ptr<Device> dev_;
+  // comm_: blocking collectives of the main thread (loss, grad norm, overflow, barriers);
+  // param_comm_ / grad_comm_: the tier manager's gathers (h2d stream) and reduce-scatters (d2h
+  // stream), only when world_ > 1. Declared before tm_ so they outlive it.
+  std::unique_ptr<Communicator> comm_, param_comm_, grad_comm_;
+  // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): its
+  // sub-groups of param_comm_ / grad_comm_; null when none of the keys is on.
+  std::unique_ptr<ZeroPP> zeropp_;
+  int world_ = 1, rank_ = 0;
+  std::unique_ptr<TierManager> tm_;
+  std::unique_ptr<ModelRunner> model_;
+  std::optional<Dataset> data_;
+  LossScaler scaler_;
+  int64_t step_ = 0, opt_steps_ = 0;
+  std::string run_id_;  // the checkpoints' lineage (src/train/checkpoint_dir.h)
+  // The damaged checkpoints --resume passed over (paths): this run may replace them.
+  std::vector<std::string> passed_over_;
+  OptimizerHyper hyper_;
+  std::vector<int32_t> tok_, tgt_;
+  std::vector<float> losses_;  // [accum][B*T]
+  // The device pointers of the modules the program holds at this point, by module.
+  std::vector<const void*> params_;
+  std::vector<float*> grads_;
+  double last_grad_norm_ = 0;
+  // The last step's mean load-balancing loss over its micro-batches and ranks (a mixture of
+  // experts; -1 for other models), reported apart from the loss.
+  double last_aux_loss_ = -1;
+  bool last_skipped_ = false;
+  // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
+  // (early gradients are the largest, so the first step is expected to clip: it is deferred,
+  // not speculated and rolled back).
+  bool last_clipped_ = cfg_.gradient_clipping > 0;
+  double last_fwd_bwd_s_ = 0;
+};
+
+}  // namespace strata::run_detail

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The CPU GEMM paths (kernels/cpu/gemm.h) against the CPU's fp32 FMA peak, at the linear layers
+# of configs/bench-25m.json (N = 2 x 128 tokens, width 512; bf16 operands, what training runs),
+# forward and backward, 1 and 2 threads, through the Kernels table (bench_matmul). Issue #26.
+#
+#   tests/bench_gemm_paths.sh [BENCH_MATMUL] [ROUNDS] [PATHS]
+#
+# BENCH_MATMUL defaults to build/tests/bench_matmul, ROUNDS to 2, PATHS to "avx2 onednn" (each
+# forced with STRATA_CPU_ISA; on an AVX-512/AMX CPU add "avx512bf16", which is the onednn path
+# with oneDNN reading bf16 where it can -- the same as "onednn" there). Rounds alternate the
+# paths. Reports GFLOP per CPU-second of the process (fairer than wall time on a shared
+# machine) per case and round, and that as a share of BM_FmaPeakAvx2 (12 independent register
+# FMA chains, one core) measured the same way in the same run; on AVX-512 CPUs the
+# BM_FmaPeakAvx512 figure is printed as well. A path this build or CPU lacks is reported by
+# strata's log line (the path it fell back to) and left out of the table.
+set -euo pipefail
+bin=${1:-build/tests/bench_matmul}
+rounds=${2:-2}
+paths=${3:-avx2 onednn}
+out=$(mktemp -d /tmp/strata_bench_gemm.XXXXXX)
+filter='FmaPeak|Kernels(Forward|Backward)BF16/N:256/C:(512/OC:(1536|512|2048|256)|2048/OC:512)/'
+for r in $(seq 1 "$rounds"); do
+  for p in $paths; do
+    STRATA_CPU_ISA=$p "$bin" --benchmark_filter="$filter" --benchmark_min_time=0.5 \
+      --benchmark_format=json >"$out/$p-$r.json" 2>"$out/$p-$r.err"
+    echo "round $r $p: $(grep -m1 -o 'GEMM on the .*' "$out/$p-$r.err" || echo 'no GEMM log line')"
+  done
+done
+python3 - "$out" $paths <<'PY'
+import collections, json, os, sys
+out, paths = sys.argv[1], sys.argv[2:]
+rate, peak = collections.defaultdict(list), collections.defaultdict(list)
+for f in sorted(os.listdir(out)):
+    if not f.endswith(".json"):
+        continue
+    path = f.rsplit("-", 1)[0]
+    for b in json.load(open(os.path.join(out, f)))["benchmarks"]:
+        if b.get("error_occurred"):
+            continue
+        cpu = b["cpu_time"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
+        name = b["name"].replace("/process_time/real_time", "").replace("BM_Kernels", "")
+        if name.startswith("BM_FmaPeak"):
+            lanes = 16 if "Avx512" in name else 8
+            peak[(path, name[10:])].append(2 * lanes * 12 * (1 << 20) / cpu * 1e-9)
+        else:
+            rate[(name, path)].append(b["flops"] / cpu * 1e-9)
+for (path, isa), v in sorted(peak.items()):
+    print(f"{path}: FMA peak {isa} " + " / ".join(f"{x:.1f}" for x in v) + " GFLOP per CPU-s")
+print("\n| case (bf16, N/C/OC/threads) |" + "".join(f" {p} GFLOP/CPU-s | % of peak |" for p in paths))
+print("|---" * (1 + 2 * len(paths)) + "|")
+for name in sorted({n for n, _ in rate}):
+    line = f"| {name} |"
+    for p in paths:
+        v, pk = rate.get((name, p), []), peak.get((p, "Avx2"), [])
+        if not v or not pk:
+            line += " - | - |"
+            continue
+        share = 100 * (sum(v) / len(v)) / (sum(pk) / len(pk))
+        line += " " + " / ".join(f"{x:.1f}" for x in v) + f" | {share:.0f}% |"
+    print(line)
+PY
+echo "runs in $out"
