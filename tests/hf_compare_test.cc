@@ -30,6 +30,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/hf_test_util.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 
@@ -59,16 +60,7 @@ Result<Config> config_for(const json& model, std::vector<std::string> extra = {}
 
 // The fixture's reference tensors (tools/make_hf_fixtures.py), as fp32.
 std::map<std::string, std::vector<float>> read_reference(const std::string& dir) {
-  std::map<std::string, std::vector<float>> out;
-  auto f = SafetensorsFile::open(dir + "/reference.safetensors");
-  EXPECT_TRUE(f.is_ok()) << f.status().to_string();
-  if (!f.is_ok()) return out;
-  for (const SafetensorsTensor& t : (*f)->tensors()) {
-    std::vector<float> v(t.numel());
-    EXPECT_TRUE((*f)->read_as(t, DType::kF32, v.data()).is_ok());
-    out[t.name] = std::move(v);
-  }
-  return out;
+  return test::read_safetensors_f32(dir + "/reference.safetensors");
 }
 
 // What one forward + backward of the model gives on the CPU backend.
@@ -146,14 +138,7 @@ Pass1 run_one(const std::string& dir, const Architecture& arch, DType dt, int B,
   return r;
 }
 
-double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& ref) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    d += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
-    n += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
-}
+using test::rel_norm_diff;
 
 // strata's gradient of Hugging Face tensor `h` of module m, in Hugging Face's layout.
 std::vector<float> hf_view(const Architecture& arch, int m, const HfTensor& h,

@@ -698,6 +698,49 @@ TEST(Zero3Reshard, ThreeRanksResumeOnThreeTwoAndOne) {
   fs::remove_all(dir);
 }
 
+// LoRA over a frozen base under ZeRO-3: the base modules' parameters are sharded like any
+// module's (and have no other state), the adapters are sharded with their optimizer state. Two
+// ranks train along the one-rank curve; a 2-rank run stopped at step 10 resumes on 2 ranks bit
+// for bit and on 1 rank along the curve (the frozen base re-initialized, the adapters resharded).
+TEST(Zero3Lora, TwoRanksTrainTheAdaptersAsOneRankAndResumeOnOne) {
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("lora");
+  const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
+                                         "lora.target_modules=[\"c_attn\",\"c_fc\"]"};
+  std::string sets;
+  for (const std::string& kv : lora) sets += " --set '" + kv + "'";
+  WorkerArgs a;
+  a.out = dir + "/np1";
+  a.placement = "nvme";
+  a.set = lora;
+  fs::create_directories(a.out);
+  ASSERT_TRUE(run_worker(a).is_ok());
+  const json ref = rank_result(a.out, 0);
+  ASSERT_TRUE(ref.is_object());
+  const std::string full2 = dir + "/full2", part2 = dir + "/part2", res2 = dir + "/res2";
+  for (const auto& d : {full2, part2, res2}) fs::create_directories(d);
+  Launch l = launch(2, fmt::format("{} nvme {}{}", full2, kSteps, sets));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  for (int r = 0; r < 2; ++r) {
+    expect_same_curve(ref, rank_result(full2, r), 0, fmt::format("lora np=2 rank {}", r),
+                      kLossTolerance);
+  }
+  EXPECT_LT(ref["losses"].back().get<double>(), ref["losses"].front().get<double>() - 0.05);
+  l = launch(2, fmt::format("{} nvme {} --stop-at 10{}", part2, kSteps, sets));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  const std::string ckpt = rank_result(part2, 0)["checkpoint"].get<std::string>();
+  l = launch(2, fmt::format("{} nvme {} --resume {}{}", res2, kSteps, ckpt, sets));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  expect_same_curve(rank_result(full2, 0), rank_result(res2, 0), 10, "lora resume 2 -> 2", 0.0);
+  WorkerArgs b = a;
+  b.out = dir + "/res1";
+  b.resume = ckpt;
+  fs::create_directories(b.out);
+  ASSERT_TRUE(run_worker(b).is_ok());
+  expect_same_curve(ref, rank_result(b.out, 0), 10, "lora resume 2 -> 1", kLossTolerance);
+  fs::remove_all(dir);
+}
+
 // Resharding in pieces: a 2-rank checkpoint of a model whose blocks are larger than the host
 // tier (width 512: a block's fp32 master weights are 12.6 MB), resumed on one rank with
 // everything on NVMe under a 10 MiB host budget. Each old shard's ranges are stored a sub-group

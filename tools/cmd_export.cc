@@ -1,11 +1,13 @@
-// `strata export --config FILE --checkpoint PATH --out DIR [--set key=value]...`
+// `strata export --config FILE --checkpoint PATH (--out DIR | --adapter DIR) [--set key=value]...`
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "src/checkpoint/checkpoint.h"
 #include "src/hf/export_dir.h"
+#include "src/hf/hf_adapter.h"
 #include "src/hf/hf_export.h"
 #include "strata/config.h"
 #include "tools/cli.h"
@@ -15,7 +17,7 @@ namespace strata::tools {
 namespace {
 
 const char kUsage[] =
-    "usage: strata export --config FILE --checkpoint PATH --out DIR [options]\n"
+    "usage: strata export --config FILE --checkpoint PATH (--out DIR | --adapter DIR) [options]\n"
     "\n"
     "Writes the model of a strata checkpoint as a Hugging Face checkpoint directory:\n"
     "config.json and the weights in the model dtype (bf16.enabled / fp16.enabled) as\n"
@@ -27,7 +29,11 @@ const char kUsage[] =
     "(its model section, e.g. model.from_pretrained). A tensor model.from_pretrained stores\n"
     "more rows of than the model trained (GPT-2's positions past model.context) is written\n"
     "whole: the trained rows, then the stored ones. Files are written as temporaries and\n"
-    "renamed into place once complete; progress is printed every 10 s.\n"
+    "renamed into place once complete; progress is printed every 10 s. A LoRA run's\n"
+    "checkpoint (a config with a lora section) exports as the base with its adapters\n"
+    "merged (W += lora_alpha/r * B A); --adapter DIR writes its adapters alone as a PEFT\n"
+    "adapter directory (adapter_config.json + adapter_model.safetensors, fp32) that\n"
+    "peft.PeftModel.from_pretrained(base, DIR) loads.\n"
     "\n"
     "options:\n"
     "  --config FILE        the training config (required)\n"
@@ -37,6 +43,9 @@ const char kUsage[] =
     "                       holds another model (a base model, another run's export) is\n"
     "                       refused, an earlier export of the same run is replaced;\n"
     "                       model.from_pretrained's directory is never written\n"
+    "  --adapter DIR        a LoRA run: write its adapters as a PEFT adapter directory\n"
+    "                       instead of a merged model (DIR created if missing; its two\n"
+    "                       files replaced; never model.from_pretrained's directory)\n"
     "  --force              replace the model DIR holds: its model files that the export\n"
     "                       does not rewrite are removed once the export is complete\n"
     "  --tokenizer DIR      copy the tokenizer files from DIR (default: model.from_pretrained)\n"
@@ -48,7 +57,7 @@ const char kUsage[] =
 }  // namespace
 
 int cmd_export(int argc, char** argv) {
-  std::string config_path, checkpoint, out;
+  std::string config_path, checkpoint, out, adapter;
   HfExportOptions options;
   options.progress = true;
   std::vector<std::string> overrides;
@@ -57,12 +66,13 @@ int cmd_export(int argc, char** argv) {
   cli.value("--config", &config_path)
       .value("--checkpoint", &checkpoint)
       .value("--out", &out)
+      .value("--adapter", &adapter)
       .flag("--force", &force)
       .value("--tokenizer", &options.tokenizer_dir)
       .repeated("--set", &overrides);
   if (auto rc = cli.parse(argc, argv)) return *rc;
-  if (config_path.empty() || checkpoint.empty() || out.empty()) {
-    return cli.usage_error("--config, --checkpoint and --out are required");
+  if (config_path.empty() || checkpoint.empty() || out.empty() == adapter.empty()) {
+    return cli.usage_error("--config, --checkpoint and one of --out and --adapter are required");
   }
   Result<std::string> path = resolve_checkpoint(checkpoint);
   if (!path.is_ok()) return cli.fail(path.status().message());
@@ -76,6 +86,22 @@ int cmd_export(int argc, char** argv) {
   if (Status st = check_model_given(*cfg); !st.is_ok()) return cli.fail(st.message());
   Result<CheckpointMeta> meta = read_checkpoint_meta(manifest->files.at(0));
   if (!meta.is_ok()) return cli.fail(meta.status().message());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!adapter.empty()) {
+    if (!cfg->model.from_pretrained.empty() &&
+        std::filesystem::weakly_canonical(adapter) ==
+            std::filesystem::weakly_canonical(cfg->model.from_pretrained)) {
+      return cli.fail("--adapter: " + adapter +
+                      " is model.from_pretrained's directory; give another directory");
+    }
+    if (Status st = export_adapter(checkpoint, cfg->model, adapter); !st.is_ok()) {
+      return cli.fail(st.message());
+    }
+    std::printf("exported the adapters of %s to %s in %.2f s\n", checkpoint.c_str(),
+                adapter.c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return 0;
+  }
   const ExportTarget target{out,
                             "--out",
                             meta->run_id,
@@ -83,7 +109,6 @@ int cmd_export(int argc, char** argv) {
                             cfg->model.from_pretrained,
                             force,
                             ", or add --force to replace it"};
-  const auto t0 = std::chrono::steady_clock::now();
   if (Status st = export_as_owner(
           target, [&] { return export_checkpoint(checkpoint, cfg->model, out, options); });
       !st.is_ok()) {

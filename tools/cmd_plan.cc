@@ -141,6 +141,20 @@ int cmd_plan(int argc, char** argv) {
       req.profile = prof;
     }
   }
+  if (a.lora_r > 0) {
+    LoraConfig& l = req.model.shape.lora;
+    l.enabled = true;
+    l.r = a.lora_r;
+    l.alpha = 2.0 * a.lora_r;
+    for (size_t b = 0; b < a.lora_targets.size();) {
+      const size_t e = std::min(a.lora_targets.find(',', b), a.lora_targets.size());
+      if (e > b) l.target_modules.push_back(a.lora_targets.substr(b, e - b));
+      b = e + 1;
+    }
+    if (auto arch = create_architecture(req.model.shape); !arch.is_ok()) {
+      return plan_fail(arch.status().with_context("--lora"));
+    }
+  }
   if (a.have_batch || a.config_path.empty()) req.micro_batch = a.batch;
   if (a.accum > 1 || a.config_path.empty()) req.accumulation = a.accum;
   if (a.seq > 0) {

@@ -29,6 +29,10 @@ constexpr const char* kUsage =
     "                       1024 by default)\n"
     "  --config FILE        take model, batch and placement from a config and evaluate it too\n"
     "  --set KEY=VALUE      override a config key (with --config), repeatable\n"
+    "  --lora R             LoRA adapters of rank R over a frozen base (the base has\n"
+    "                       parameters only: no master weights, moments or gradients)\n"
+    "  --lora-targets LIST  comma-separated PEFT layer names (default q_proj,v_proj; GPT:\n"
+    "                       c_attn); lora_alpha is 2R\n"
     "batch:\n"
     "  --batch B            sequences per micro-batch per GPU (default 1)\n"
     "  --seq T              tokens per sequence (default: the model's context, at most 8192)\n"
@@ -118,6 +122,10 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
       p.config_path = v;
     } else if (a == "--set") {
       p.sets.push_back(v);
+    } else if (a == "--lora") {
+      ok = num(&p.lora_r);
+    } else if (a == "--lora-targets") {
+      p.lora_targets = v;
     } else if (a == "--layers") {
       ok = num(&p.layers);
     } else if (a == "--width") {

@@ -24,6 +24,8 @@ struct PlanArgs {
   DType dt = DType::kBF16;
   bool have_dtype = false, have_batch = false;
   std::string activations;
+  int lora_r = 0;            // --lora: adapters of this rank over a frozen base (0: none)
+  std::string lora_targets;  // --lora-targets, comma-separated ("": PEFT's default)
 };
 
 // Parses argv into `out`. Returns -1 to go on, or the exit code to return now (0 after --help,

@@ -109,6 +109,23 @@ struct AioConfig {
   bool use_gds = false;
 };
 
+// LoRA adapters over a frozen base (the top-level "lora" section: PEFT's LoraConfig keys;
+// src/model/lora.h). Given at all, the section turns adapters on: every base parameter is
+// frozen (parameters only, no master weights, moments or gradients) and each block's targeted
+// linear layers gain y += (lora_alpha / r) * B(A(x)), A [r, in] kaiming-uniform (a = sqrt(5),
+// PEFT's default), B [out, r] zero.
+struct LoraConfig {
+  bool enabled = false;  // set by the parser when any lora.* key is given
+  int r = 8;
+  double alpha = 8.0;    // lora_alpha; scaling = alpha / r
+  double dropout = 0.0;  // lora_dropout: only 0 (no dropout) is implemented
+  // PEFT's module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2's
+  // c_attn, c_proj, c_fc); empty: PEFT's default for the model type (q_proj, v_proj; c_attn).
+  std::vector<std::string> target_modules;
+  std::string bias = "none";  // only "none": biases stay frozen
+  float scaling() const { return float(alpha / double(r)); }
+};
+
 struct ModelConfig {
   // architecture (src/model/): gpt2 ("gpt" is accepted) | llama | mixtral | qwen2_moe
   std::string type = "gpt2";
@@ -148,6 +165,8 @@ struct ModelConfig {
   bool norm_topk_prob = true;               // the top-k probabilities renormalized to sum 1
   double router_aux_loss_coef = 0.001;      // load-balancing loss weight, added in training
   DType dtype = DType::kBF16;  // resolved from fp16/bf16 sections; fp32 when neither enabled
+  // The top-level "lora" section (not a model.* key): adapters are modules of the architecture.
+  LoraConfig lora;
 };
 
 struct DataConfig {

@@ -101,7 +101,8 @@ class Kernels {
   // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null).
   virtual void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
                               const void* bias, int N, int C, int OC) = 0;
-  // dinp += dout @ weight; dweight += dout^T @ inp; dbias += column sums of dout (if non-null).
+  // dinp += dout @ weight; dweight += dout^T @ inp (if non-null: nullptr for a frozen weight);
+  // dbias += column sums of dout (if non-null).
   virtual void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                                const void* dout, const void* inp, const void* weight, int N, int C,
                                int OC) = 0;

@@ -164,22 +164,24 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
       }
     });
 
-    // dweight[OC,C] += dout^T[OC,N] @ inp[N,C]
-    for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
-      gemm({.m = int(r1 - r0),
-            .n = int(c1 - c0),
-            .k = N,
-            .a = g + r0,
-            .a_type = dt,
-            .lda = OC,
-            .trans_a = true,
-            .b = x + c0,
-            .b_type = dt,
-            .ldb = C,
-            .c = dweight + r0 * C + c0,
-            .ldc = C,
-            .accumulate = true});
-    });
+    // dweight[OC,C] += dout^T[OC,N] @ inp[N,C] (nullptr: a frozen weight, no gradient)
+    if (dweight) {
+      for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+        gemm({.m = int(r1 - r0),
+              .n = int(c1 - c0),
+              .k = N,
+              .a = g + r0,
+              .a_type = dt,
+              .lda = OC,
+              .trans_a = true,
+              .b = x + c0,
+              .b_type = dt,
+              .ldb = C,
+              .c = dweight + r0 * C + c0,
+              .ldc = C,
+              .accumulate = true});
+      });
+    }
 
     // dbias[OC] += column sums of dout, each column summed over rows in order.
     if (dbias) {

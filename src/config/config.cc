@@ -242,6 +242,7 @@ Status resolve(Ctx* ctx, int world_size) {
         model_config_from_hf(dir, is_given(*ctx, "model.context") ? c.model.context : 0),
         "model.from_pretrained");
     m.from_pretrained = dir;
+    m.lora = c.model.lora;
     c.model = m;
     STRATA_RETURN_IF_ERROR(check_pretrained_ranges(c, dir), "model.from_pretrained");
   }
@@ -258,6 +259,13 @@ Status resolve(Ctx* ctx, int world_size) {
     return invalid_argument(
         fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size ({})",
                     c.model.padded_vocab_size, c.model.vocab_size));
+  }
+  for (const auto& [path, v] : ctx->given) c.model.lora.enabled |= path.rfind("lora.", 0) == 0;
+  if (c.model.lora.enabled && c.model.lora.dropout > 0) {
+    return invalid_argument(fmt::format(
+        "lora.lora_dropout: {} is not implemented (strata's adapters run without dropout); set "
+        "it to 0",
+        c.model.lora.dropout));
   }
   if (c.data.seq_len == 0) {
     c.data.seq_len = c.model.context;

@@ -466,6 +466,19 @@ std::vector<Key> build_table() {
   add(F("model.router_aux_loss_coef", Real(0, kInf, false, true),
         STRATA_M(model.router_aux_loss_coef),
         "mixtral/qwen2_moe: weight of the load-balancing loss added in training (reported apart)"));
+  // --- LoRA (PEFT's LoraConfig) ---------------------------------------------------------------
+  group("LoRA adapters (PEFT's LoraConfig keys)");
+  add(F("lora.r", Int(1, 65536), STRATA_M(model.lora.r),
+        "adapter rank; giving any lora.* key turns adapters on and freezes the whole base"));
+  add(F("lora.lora_alpha", Real(0, kInf, true, true), STRATA_M(model.lora.alpha),
+        "scaling = lora_alpha / r"));
+  add(F("lora.lora_dropout", Real(0, 1, false, true), STRATA_M(model.lora.dropout),
+        "dropout on the adapters' input: only 0 is implemented (a value > 0 is refused)"));
+  add(F("lora.target_modules", StrList(), STRATA_M(model.lora.target_modules),
+        "linear layers to adapt, PEFT's names (q_proj k_proj v_proj o_proj gate_proj up_proj "
+        "down_proj; GPT-2: c_attn c_proj c_fc); []: PEFT's default (q_proj, v_proj; c_attn)"));
+  add(F("lora.bias", Enum("none"), STRATA_M(model.lora.bias),
+        "which biases train: none (PEFT's default; all and lora_only are not implemented)"));
 
   // --- strata: data -----------------------------------------------------------------------------
   group("strata: data");

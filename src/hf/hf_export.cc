@@ -15,6 +15,7 @@
 
 #include "src/base/safe_file.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/hf/hf_adapter.h"
 #include "src/hf/hf_config.h"
 #include "strata/log.h"
 
@@ -277,6 +278,10 @@ Status export_checkpoint(const std::string& checkpoint, const ModelConfig& model
     }
   }
   STRATA_ASSIGN_OR_RETURN(auto w, HfCheckpointWriter::create(dir, model, *arch, options), "export");
+  if (arch->lora()) {  // a LoRA run: the base with the adapters merged in
+    STRATA_RETURN_IF_ERROR(export_merged(checkpoint, model, *arch, *w), "");
+    return w->finish();
+  }
   std::vector<float> master;
   if (files.size() == 1) {  // a whole-model checkpoint: module by module
     auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {

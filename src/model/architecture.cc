@@ -38,11 +38,18 @@ void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, s
         rng.discard(k / 2 * 2);
         if (k % 2) rng.normal();
         for (size_t i = 0; i < hi - lo; ++i) p[i] = static_cast<float>(rng.normal()) * t.init_std;
+      } else if (t.init_kind == kInitUniform) {
+        // The k-th uniform of the stream, scaled to (-std, std).
+        Rng rng(seed, stream);
+        rng.discard(normals + (lo - t.offset));
+        for (size_t i = 0; i < hi - lo; ++i) {
+          p[i] = static_cast<float>((2.0 * rng.uniform() - 1.0) * double(t.init_std));
+        }
       } else {
         std::fill(p, p + (hi - lo), t.init_kind == 2 ? 1.0f : 0.0f);
       }
     }
-    if (t.init_kind == 0) normals += t.numel;
+    if (t.init_kind == kInitNormal || t.init_kind == kInitUniform) normals += t.numel;
   }
   const size_t zlo = std::max(begin, zero_begin), zhi = std::min(end, zero_end);
   if (zlo < zhi) std::fill(out + (zlo - begin), out + (zhi - begin), 0.0f);

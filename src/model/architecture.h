@@ -32,15 +32,18 @@
 
 namespace strata {
 
+struct LoraLayout;  // src/model/lora.h
+
 // One named tensor inside a module's flat buffer.
 struct TensorSpec {
   std::string name;
   size_t offset = 0;  // elements from the module's start
   size_t numel = 0;
-  // Initialization: kind 0 = normal(0, std), 1 = zeros, 2 = ones.
+  // Initialization: kind 0 = normal(0, std), 1 = zeros, 2 = ones, 3 = uniform(-std, std).
   int init_kind = 0;
   float init_std = 0.02f;
 };
+inline constexpr int kInitNormal = 0, kInitZeros = 1, kInitOnes = 2, kInitUniform = 3;
 
 // A module: the unit that is sharded (ZeRO-3), offloaded and prefetched — one flat buffer of
 // parameters (model dtype) and one of gradients (fp32) with the same layout; one transfer per
@@ -49,6 +52,9 @@ struct ModuleSpec {
   std::string name;  // a stable id, e.g. "embedding", "block.3"
   std::vector<TensorSpec> tensors;
   size_t numel = 0;  // total elements in the flat buffer
+  // False for a frozen module (a LoRA run's base): it has parameters only — no master weights,
+  // moments or gradients — and the program never acquires its gradients.
+  bool trainable = true;
 };
 
 // The modules of a model, in the order its forward first touches them.
@@ -253,6 +259,12 @@ class Architecture {
 
   // The Hugging Face tensors module m is made of, in the module's order.
   virtual std::vector<HfTensor> hf_tensors(int m) const = 0;
+  // LoRA: the adapters (model.lora), nullptr without. An adapter module's tensors under PEFT's
+  // names in adapter_model.safetensors ("base_model.model.model.layers.3.self_attn.q_proj.
+  // lora_A.weight", [r, in] / [out, r]); empty for every other module (whose hf_tensors are
+  // the base checkpoint's; an adapter module has none there).
+  virtual const LoraLayout* lora() const { return nullptr; }
+  virtual std::vector<HfTensor> hf_adapter_tensors(int /*m*/) const { return {}; }
   // Whether `name`, a tensor in a Hugging Face checkpoint that no hf_tensors() entry reads, is a
   // buffer or a duplicate import may skip (GPT-2's causal-mask "h.<i>.attn.bias", rotary
   // "inv_freq", a tied model's saved "lm_head.weight"). Any other unread tensor is an error.

@@ -6,8 +6,11 @@ namespace strata {
 
 void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
   const int E = s.embedding(), F = s.final_norm(), H = s.head();
+  const bool frozen = s.lora;  // the base trains no parameter of its own
   using K = ProgramOp;
-  auto state = [](Program& p, ProgramOp::Kind k, int m) { p.ops.push_back({k, m, -1, -1}); };
+  auto state = [](Program& p, ProgramOp::Kind k, int m) {
+    if (m >= 0) p.ops.push_back({k, m, -1, -1});
+  };
   auto run = [](Program& p, int fn, int layer = -1) {
     p.ops.push_back({ProgramOp::kCompute, -1, fn, layer});
   };
@@ -23,8 +26,10 @@ void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
     state(*p, K::kReleaseParams, E);
     for (int l = 0; l < s.L; ++l) {
       block_state(*p, K::kAcquireParams, l);
+      state(*p, K::kAcquireParams, s.adapter(l));
       run(*p, kBlockForward, l);
       block_state(*p, K::kReleaseParams, l);
+      state(*p, K::kReleaseParams, s.adapter(l));
     }
     // The head keeps the final norm and the (tied) embedding acquired through its backward.
     state(*p, K::kAcquireParams, F);
@@ -37,20 +42,29 @@ void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
   // Backward: each module's gradients leave the device as soon as its backward is done. A tied
   // embedding's gradient buffer collects the head's and the embedding's parts.
   Program& p = *train;
-  state(p, K::kAcquireGrads, F);
-  state(p, K::kAcquireGrads, H);
+  if (!frozen) {
+    state(p, K::kAcquireGrads, F);
+    state(p, K::kAcquireGrads, H);
+  }
   run(p, kHeadBackward);
   state(p, K::kReleaseParams, F);
   state(p, K::kReleaseParams, H);
-  state(p, K::kDrainGrads, F);
-  if (H != E) state(p, K::kDrainGrads, H);
+  if (!frozen) {
+    state(p, K::kDrainGrads, F);
+    if (H != E) state(p, K::kDrainGrads, H);
+  }
   for (int l = s.L - 1; l >= 0; --l) {
     block_state(p, K::kAcquireParams, l);
-    block_state(p, K::kAcquireGrads, l);
+    state(p, K::kAcquireParams, s.adapter(l));
+    if (!frozen) block_state(p, K::kAcquireGrads, l);
+    state(p, K::kAcquireGrads, s.adapter(l));
     run(p, kBlockBackward, l);
     block_state(p, K::kReleaseParams, l);
-    block_state(p, K::kDrainGrads, l);
+    state(p, K::kReleaseParams, s.adapter(l));
+    if (!frozen) block_state(p, K::kDrainGrads, l);
+    state(p, K::kDrainGrads, s.adapter(l));
   }
+  if (frozen) return;
   if (H != E) state(p, K::kAcquireGrads, E);
   run(p, kEmbeddingBackward);
   state(p, K::kDrainGrads, E);
@@ -79,7 +93,8 @@ ModelLayout decoder_layout(const ModelConfig& s, const std::function<void(Module
                            const std::function<void(ModuleSpec&)>& block,
                            const std::function<void(ModuleSpec&)>& final_norm, int X,
                            const std::function<std::string(int, int)>& extra_name,
-                           const std::function<void(int, ModuleSpec&)>& extra) {
+                           const std::function<void(int, ModuleSpec&)>& extra,
+                           const LoraLayout& lora) {
   ModelLayout layout;
   ModuleSpec emb{"embedding", {}, 0};
   embedding(emb);
@@ -101,6 +116,13 @@ ModelLayout decoder_layout(const ModelConfig& s, const std::function<void(Module
     ModuleSpec h{"head", {}, 0};
     add_tensor(h, "lm_head", size_t(s.padded_vocab_size) * size_t(s.n_embd), 0);
     layout.modules.push_back(std::move(h));
+  }
+  if (lora.empty()) return layout;
+  for (ModuleSpec& m : layout.modules) m.trainable = false;
+  for (int i = 0; i < s.n_layer; ++i) {
+    ModuleSpec a{fmt::format("lora.{}", i), {}, 0};
+    lora_tensors(lora, a);
+    layout.modules.push_back(std::move(a));
   }
   return layout;
 }

@@ -30,6 +30,10 @@
 //   double blocks_flops(int T) const;         forward FLOPs per token of all L blocks
 //   std::string describe(const ModelLayout&), shape_string()
 //   std::vector<HfTensor> hf_tensors(const ModuleSpec&); bool hf_ignorable(const std::string&)
+//   std::string hf_block_prefix(int l)        block l's Hugging Face prefix ("model.layers.3.")
+//   std::vector<LoraSite> lora_sites()        its linear layers as PEFT names them (lora.h); its
+//                                             parts call st.lora_forward / st.lora_backward
+//                                             after each matmul, with the site's matmul id
 //   struct NormStats, AttentionActs, MlpActs, AttentionScratch, MlpScratch and, for each,
 //     void carve(Carver&, const BatchDims&, X*) const   its device buffers (one carve measures,
 //                                             the same carve places them)
@@ -62,6 +66,7 @@
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/model/lora.h"
 #include "strata/kernels.h"
 
 namespace strata {
@@ -85,16 +90,20 @@ class Carver {
 };
 
 // Module indices of a decoder of L blocks, each block followed by X extra modules of its own
-// (a mixture of experts' experts; X = 0 for a dense block).
+// (a mixture of experts' experts; X = 0 for a dense block). With LoRA adapters (`lora`) the
+// base's modules are frozen and block l's adapter module "lora.<l>" follows all of them.
 struct DecoderModules {
   int L = 0;
   bool tied = true;
   int X = 0;
+  bool lora = false;
   int embedding() const { return 0; }
   int block(int l) const { return 1 + l * (1 + X); }
   int extra(int l, int j) const { return block(l) + 1 + j; }  // j < X
   int final_norm() const { return 1 + L * (1 + X); }
   int head() const { return tied ? 0 : 2 + L * (1 + X); }  // the module holding the output head
+  int base_modules() const { return tied ? 2 + L * (1 + X) : 3 + L * (1 + X); }
+  int adapter(int l) const { return lora ? base_modules() + l : -1; }  // -1: none
 };
 
 // The compute functions of a decoder's program (ProgramOp::fn).
@@ -114,7 +123,10 @@ enum DecoderFn : int {
 //   G(final) G(H) head_bwd R(final) R(H) D(final) [D(H) untied];
 //   per block l, last first: P(l+) G(l+) block_bwd(l) R(l+) D(l+);  [G(emb) untied]
 //   embedding_bwd D(emb)
-// Eval runs the forward and releases the head's modules.
+// Eval runs the forward and releases the head's modules. With LoRA adapters (a = block l's
+// adapter module) the blocks' steps become P(l+) P(a) block_fwd(l) R(l+) R(a) and
+// P(l+) P(a) G(a) block_bwd(l) R(l+) R(a) D(a); the frozen base acquires no gradients and the
+// embedding's backward is not run.
 void decoder_programs(const DecoderModules& m, Program* train, Program* eval);
 
 // The shape a decoder is built from: `config` with padded_vocab_size (0: vocab_size rounded up
@@ -138,6 +150,11 @@ struct BatchDims {
 // What a compute function sees: the device, its kernels and compute stream, the batch shape;
 // in a block's step, the block's index and its extra modules' buffers; the step's loss scale;
 // the block definition's per-runner state, if it declares one.
+// A frozen module (LoRA's base) is bound without a gradient buffer (g == nullptr): its matmuls
+// skip the weight gradient (wgrad gives nullptr) and its norms' weight gradients land in
+// `discard` (norm_grad), 2 x n_embd fp32 of scratch. `lora`: the adapters of the block being
+// computed (nullptr without adapters); a block definition calls lora_forward / lora_backward
+// after each of its matmuls.
 struct DecoderStep : BatchDims {
   Device* dev = nullptr;
   Kernels* k = nullptr;
@@ -147,7 +164,20 @@ struct DecoderStep : BatchDims {
   std::span<float* const> extra_grads;        // ... and their gradients (backward only)
   float dloss = 0;                            // MicroBatch::dloss of the step
   void* state = nullptr;                      // Blocks::RunnerState (see DecoderRunner)
+  float* discard = nullptr;
+  const LoraRun* lora = nullptr;
   void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
+  static float* wgrad(float* g, size_t at) { return g ? g + at : nullptr; }
+  // A norm's weight gradient at `at` (slot 0) or its bias's (slot 1, the n_embd after it).
+  float* norm_grad(float* g, size_t at, int slot = 0, size_t C = 0) const {
+    return g ? g + at + size_t(slot) * C : discard + size_t(slot) * C;
+  }
+  void lora_forward(int matmul, const void* x, void* y) const {
+    if (lora) strata::lora_forward(*this, *lora, matmul, x, y);
+  }
+  void lora_backward(int matmul, const void* x, const void* dy, void* dx) const {
+    if (lora && lora->g) strata::lora_backward(*this, *lora, matmul, x, dy, dx);
+  }
 };
 
 // A block definition's optional per-runner host state: `struct RunnerState` (default
@@ -182,13 +212,15 @@ int extra_modules_of(const B& b) {
 // The modules of a decoder, each filled by its tensor function; the head module (lm_head) when
 // the embeddings are not tied.
 // With X > 0 each block is followed by its X extra modules, named extra_name(l, j) and filled
-// by extra(j, spec).
+// by extra(j, spec). With adapters (`lora` not empty) every base module is frozen and one
+// adapter module "lora.<i>" per block follows them.
 ModelLayout decoder_layout(const ModelConfig& shape,
                            const std::function<void(ModuleSpec&)>& embedding,
                            const std::function<void(ModuleSpec&)>& block,
-                           const std::function<void(ModuleSpec&)>& final_norm, int X = 0,
-                           const std::function<std::string(int, int)>& extra_name = nullptr,
-                           const std::function<void(int, ModuleSpec&)>& extra = nullptr);
+                           const std::function<void(ModuleSpec&)>& final_norm, int X,
+                           const std::function<std::string(int, int)>& extra_name,
+                           const std::function<void(int, ModuleSpec&)>& extra,
+                           const LoraLayout& lora);
 
 // init_module_range for a decoder's module `spec`, from stream `stream`: the vocabulary's
 // padding rows (V..Vp-1) of "embedding" and "head" start at zero (they never receive gradient).
@@ -238,12 +270,14 @@ class DecoderRunner final : public ModelRunner {
     void *dA = nullptr, *dB = nullptr, *dln = nullptr;
     typename Blocks::AttentionScratch datt;
     typename Blocks::MlpScratch dmlp;
+    float* discard = nullptr;  // 2C fp32: a frozen norm's weight gradients (DecoderStep)
+    LoraRun lora;              // the adapters' scratch (layout nullptr: none)
   };
 
   // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
   // what it measured and carves again for real.
   static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
-                    ActivationMode mode, Buffers* m) {
+                    ActivationMode mode, const LoraLayout& lora, Buffers* m) {
     const bool keep = mode == ActivationMode::kKeep;
     const int L = sh.n_layer;
     const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
@@ -278,13 +312,19 @@ class DecoderRunner final : public ModelRunner {
     m->dln = c.take(NC);
     blocks.carve(c, d, &m->datt);
     blocks.carve(c, d, &m->dmlp);
+    if (!lora.empty()) {
+      m->discard = c.take_f32(2 * size_t(sh.n_embd));
+      m->lora.layout = &lora;
+      m->lora.carve(c, N, d.es());
+    }
   }
 
-  DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const BatchDims& dims,
-                ActivationMode mode, ActivationStore* store)
+  DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const LoraLayout& lora,
+                const BatchDims& dims, ActivationMode mode, ActivationStore* store)
       : blocks_(blocks),
         sh_(sh),
-        mods_{sh.n_layer, sh.tied_embeddings, extra_modules_of(blocks)},
+        lora_(lora),
+        mods_{sh.n_layer, sh.tied_embeddings, extra_modules_of(blocks), !lora.empty()},
         mode_(mode),
         store_(store) {
     static_cast<BatchDims&>(st_) = dims;
@@ -301,10 +341,11 @@ class DecoderRunner final : public ModelRunner {
 
   Status allocate() {
     Carver measure(nullptr);
-    carve(measure, blocks_, sh_, st_, mode_, &buf_);
+    carve(measure, blocks_, sh_, st_, mode_, lora_, &buf_);
     STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used(), "activations"), "device");
     Carver real(static_cast<char*>(arena_));
-    carve(real, blocks_, sh_, st_, mode_, &buf_);
+    carve(real, blocks_, sh_, st_, mode_, lora_, &buf_);
+    st_.discard = buf_.discard;
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
     STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 + N * 4), "host staging");
@@ -366,13 +407,20 @@ class DecoderRunner final : public ModelRunner {
   }
 
  private:
-  // The step's view of block l: its index, its extra modules' buffers, the loss scale.
+  // The step's view of block l: its index, its extra modules' buffers, the loss scale, and its
+  // adapters when the model has them.
   void enter_block(int l, const ModuleBindings& b, const MicroBatch& mb, bool backward) {
     st_.layer = l;
     st_.dloss = mb.dloss;
     const size_t first = size_t(mods_.extra(l, 0)), X = size_t(mods_.X);
     st_.extra_params = X ? b.params.subspan(first, X) : std::span<const void* const>();
     st_.extra_grads = X && backward ? b.grads.subspan(first, X) : std::span<float* const>();
+    if (!lora_.empty()) {
+      const int a = mods_.adapter(l);
+      buf_.lora.p = b.params[size_t(a)];
+      buf_.lora.g = b.grads[size_t(a)];
+      st_.lora = &buf_.lora;
+    }
   }
   size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
   // Block l's input, its output (the next block's input or the head's), its intermediates.
@@ -456,6 +504,7 @@ class DecoderRunner final : public ModelRunner {
     const int N = int(st_.N()), C = sh_.n_embd;
     // logits now hold dlogits.
     st_.zero(buf_.dln, residual_bytes());
+    // gh == nullptr: a frozen head (no weight gradient).
     st_.k->matmul_backward(*st_.s, st_.dt, buf_.dln, gh, nullptr, buf_.logits, buf_.lnf, ph, N, C,
                            sh_.padded_vocab_size);
     st_.zero(buf_.dA, residual_bytes());
@@ -504,6 +553,7 @@ class DecoderRunner final : public ModelRunner {
 
   const Blocks& blocks_;
   const ModelConfig& sh_;
+  const LoraLayout& lora_;
   DecoderModules mods_;
   DecoderStep st_;
   ActivationMode mode_;
@@ -529,14 +579,20 @@ class DecoderArchitecture final : public Architecture {
   static Result<std::unique_ptr<Architecture>> create(const ModelConfig& config) {
     STRATA_ASSIGN_OR_RETURN(ModelConfig shape, decoder_shape(config), "");
     STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
-    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape));
+    STRATA_ASSIGN_OR_RETURN(LoraLayout lora,
+                            lora_layout(shape.lora, Blocks::kType, Blocks(shape).lora_sites()), "");
+    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape, std::move(lora)));
   }
 
   const std::string& name() const override { return name_; }
   const ModelLayout& layout() const override { return layout_; }
   const ModelConfig& shape() const override { return shape_; }
-  std::string describe() const override { return blocks_.describe(layout_); }
-  std::string shape_string() const override { return blocks_.shape_string(); }
+  std::string describe() const override {
+    return blocks_.describe(layout_) + lora_describe(lora_, shape_.n_layer);
+  }
+  std::string shape_string() const override {
+    return blocks_.shape_string() + lora_shape_string(lora_);
+  }
   int vocab_size() const override { return shape_.vocab_size; }
   int context() const override { return shape_.context; }
   const Program& program(Pass pass) const override { return pass == Pass::kTrain ? train_ : eval_; }
@@ -549,7 +605,7 @@ class DecoderArchitecture final : public Architecture {
     Carver measure(nullptr);
     typename DecoderRunner<Blocks>::Buffers b;
     DecoderRunner<Blocks>::carve(measure, blocks_, shape_, BatchDims{B, T, dt, fused_attention},
-                                 mode, &b);
+                                 mode, lora_, &b);
     ActivationSizes s;
     s.bytes = measure.used();
     if (mode == ActivationMode::kOffload) {
@@ -576,8 +632,17 @@ class DecoderArchitecture final : public Architecture {
   }
 
   std::vector<HfTensor> hf_tensors(int m) const override {
-    return blocks_.hf_tensors(layout_.modules[size_t(m)]);
+    if (!layout_.modules[size_t(m)].trainable || lora_.empty() || m < mods().base_modules()) {
+      return blocks_.hf_tensors(layout_.modules[size_t(m)]);
+    }
+    return {};  // an adapter: not in the base's checkpoint (hf_adapter_tensors)
   }
+  std::vector<HfTensor> hf_adapter_tensors(int m) const override {
+    const DecoderModules d = mods();
+    if (lora_.empty() || m < d.base_modules()) return {};
+    return lora_hf_tensors(lora_, blocks_.hf_block_prefix(m - d.base_modules()));
+  }
+  const LoraLayout* lora() const override { return lora_.empty() ? nullptr : &lora_; }
   bool hf_ignorable(const std::string& name) const override {
     return blocks_.hf_ignorable(name) || (shape_.tied_embeddings && name == "lm_head.weight");
   }
@@ -587,16 +652,20 @@ class DecoderArchitecture final : public Architecture {
                                                      ActivationStore* store) const override {
     STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store), "");
     auto r = std::make_unique<DecoderRunner<Blocks>>(
-        device, blocks_, shape_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode,
-        store);
+        device, blocks_, shape_, lora_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)},
+        mode, store);
     STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
                                                       activation_mode_name(mode), B, T));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 
  private:
-  explicit DecoderArchitecture(const ModelConfig& shape)
-      : name_(Blocks::kType), shape_(shape), blocks_(shape_) {
+  DecoderModules mods() const {
+    return DecoderModules{shape_.n_layer, shape_.tied_embeddings, extra_modules_of(blocks_),
+                          !lora_.empty()};
+  }
+  DecoderArchitecture(const ModelConfig& shape, LoraLayout lora)
+      : name_(Blocks::kType), shape_(shape), blocks_(shape_), lora_(std::move(lora)) {
     const int X = extra_modules_of(blocks_);
     std::function<std::string(int, int)> extra_name;
     std::function<void(int, ModuleSpec&)> extra;
@@ -607,12 +676,13 @@ class DecoderArchitecture final : public Architecture {
     layout_ = decoder_layout(
         shape_, [this](ModuleSpec& m) { blocks_.embedding_tensors(m); },
         [this](ModuleSpec& m) { blocks_.block_tensors(m); },
-        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, X, extra_name, extra);
-    decoder_programs(DecoderModules{shape_.n_layer, shape_.tied_embeddings, X}, &train_, &eval_);
+        [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, X, extra_name, extra, lora_);
+    decoder_programs(mods(), &train_, &eval_);
   }
   std::string name_;
   ModelConfig shape_;
   Blocks blocks_;
+  LoraLayout lora_;
   ModelLayout layout_;
   Program train_, eval_;
 };

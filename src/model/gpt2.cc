@@ -71,6 +71,16 @@ class Gpt2Blocks {
                        s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
+  std::string hf_block_prefix(int l) const { return fmt::format("transformer.h.{}.", l); }
+  // The matmuls of a block: c_attn (qkv), attn.c_proj, c_fc, mlp.c_proj.
+  enum Matmul { kQkv, kAttProj, kFc, kFcProj };
+  std::vector<LoraSite> lora_sites() const {
+    const int C = s_.n_embd;
+    return {{"attn.c_attn", kQkv, C, 3 * C, 0, 3 * C, "qkvw"},
+            {"attn.c_proj", kAttProj, C, C, 0, C, "attprojw"},
+            {"mlp.c_fc", kFc, C, 4 * C, 0, 4 * C, "fcw"},
+            {"mlp.c_proj", kFcProj, 4 * C, C, 0, C, "fcprojw"}};
+  }
   bool hf_ignorable(const std::string& name) const {
     auto ends_with = [&](const std::string& tail) {
       return name.size() >= tail.size() &&
@@ -146,8 +156,10 @@ class Gpt2Blocks {
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
-    st.k->layernorm_backward(*st.s, st.dt, din, g + at, g + at + s_.n_embd, dout, in,
-                             param(p, st, at), n.mean, n.rstd, int(st.N()), s_.n_embd);
+    const size_t C = size_t(s_.n_embd);
+    st.k->layernorm_backward(*st.s, st.dt, din, st.norm_grad(g, at, 0, C),
+                             st.norm_grad(g, at, 1, C), dout, in, param(p, st, at), n.mean, n.rstd,
+                             int(st.N()), s_.n_embd);
   }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
                          const AttentionActs& a, void* out) const {
@@ -155,6 +167,7 @@ class Gpt2Blocks {
     const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
     k.matmul_forward(*st.s, st.dt, a.qkv, in, param(p, st, at_[kQkvw]), param(p, st, at_[kQkvb]), N,
                      C, 3 * C);
+    st.lora_forward(kQkv, in, a.qkv);
     if (st.fused) {
       k.fused_attention_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, NH, C / NH);
     } else {
@@ -162,6 +175,7 @@ class Gpt2Blocks {
     }
     k.matmul_forward(*st.s, st.dt, out, a.atty, param(p, st, at_[kAttprojw]),
                      param(p, st, at_[kAttprojb]), N, C, C);
+    st.lora_forward(kAttProj, a.atty, out);
   }
   void attention_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                           const void* in, const AttentionActs& a, const AttentionScratch& d,
@@ -171,8 +185,9 @@ class Gpt2Blocks {
     const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
     const size_t NC = size_t(N) * C, es = st.es();
     st.zero(d.datty, NC * es);
-    k.matmul_backward(s, st.dt, d.datty, g + at_[kAttprojw], g + at_[kAttprojb], dout, a.atty,
-                      param(p, st, at_[kAttprojw]), N, C, C);
+    k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, at_[kAttprojw]), st.wgrad(g, at_[kAttprojb]),
+                      dout, a.atty, param(p, st, at_[kAttprojw]), N, C, C);
+    st.lora_backward(kAttProj, a.atty, dout, d.datty);
     st.zero(d.dqkv, NC * 3 * es);
     if (st.fused) {
       k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.B,
@@ -181,8 +196,9 @@ class Gpt2Blocks {
       k.attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.B, st.T, C, NH);
     }
     st.zero(din, NC * es);
-    k.matmul_backward(s, st.dt, din, g + at_[kQkvw], g + at_[kQkvb], d.dqkv, in,
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kQkvw]), st.wgrad(g, at_[kQkvb]), d.dqkv, in,
                       param(p, st, at_[kQkvw]), N, C, 3 * C);
+    st.lora_backward(kQkv, in, d.dqkv, din);
   }
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
                    void* out) const {
@@ -190,9 +206,11 @@ class Gpt2Blocks {
     const int N = int(st.N()), C = s_.n_embd;
     k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
                      C, 4 * C);
+    st.lora_forward(kFc, in, a.fch);
     k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
     k.matmul_forward(*st.s, st.dt, out, a.fch_gelu, param(p, st, at_[kFcprojw]),
                      param(p, st, at_[kFcprojb]), N, 4 * C, C);
+    st.lora_forward(kFcProj, a.fch_gelu, out);
   }
   void mlp_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                     const void* in, const MlpActs& a, const MlpScratch& d, void* din) const {
@@ -201,13 +219,15 @@ class Gpt2Blocks {
     const int N = int(st.N()), C = s_.n_embd;
     const size_t NC = size_t(N) * C, es = st.es();
     st.zero(d.dfch_gelu, NC * 4 * es);
-    k.matmul_backward(s, st.dt, d.dfch_gelu, g + at_[kFcprojw], g + at_[kFcprojb], dout, a.fch_gelu,
-                      param(p, st, at_[kFcprojw]), N, 4 * C, C);
+    k.matmul_backward(s, st.dt, d.dfch_gelu, st.wgrad(g, at_[kFcprojw]), st.wgrad(g, at_[kFcprojb]),
+                      dout, a.fch_gelu, param(p, st, at_[kFcprojw]), N, 4 * C, C);
+    st.lora_backward(kFcProj, a.fch_gelu, dout, d.dfch_gelu);
     st.zero(d.dfch, NC * 4 * es);
     k.gelu_backward(s, st.dt, d.dfch, a.fch, d.dfch_gelu, NC * 4);
     st.zero(din, NC * es);
-    k.matmul_backward(s, st.dt, din, g + at_[kFcw], g + at_[kFcb], d.dfch, in,
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kFcw]), st.wgrad(g, at_[kFcb]), d.dfch, in,
                       param(p, st, at_[kFcw]), N, C, 4 * C);
+    st.lora_backward(kFc, in, d.dfch, din);
   }
 
  private:

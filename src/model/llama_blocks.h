@@ -103,6 +103,20 @@ class LlamaBlocks {
         rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
+  std::string hf_block_prefix(int l) const { return fmt::format("model.layers.{}.", l); }
+  // The matmuls of a block: q|k|v, o_proj, gate|up, down_proj (LoRA's sites, src/model/lora.h).
+  enum Matmul { kQkv, kO, kGateUp, kDown };
+  std::vector<LoraSite> lora_sites() const {
+    const int C = s_.n_embd, I = s_.intermediate_size, Q = s_.n_head * hs(),
+              KV = s_.num_key_value_heads * hs(), W = qkv_width();
+    return {{"self_attn.q_proj", kQkv, C, Q, 0, W, "q_proj"},
+            {"self_attn.k_proj", kQkv, C, KV, Q, W, "q_proj"},
+            {"self_attn.v_proj", kQkv, C, KV, Q + KV, W, "q_proj"},
+            {"self_attn.o_proj", kO, Q, C, 0, C, "o_proj"},
+            {"mlp.gate_proj", kGateUp, C, I, 0, 2 * I, "gate_proj"},
+            {"mlp.up_proj", kGateUp, C, I, I, 2 * I, "gate_proj"},
+            {"mlp.down_proj", kDown, I, C, 0, C, "down_proj"}};
+  }
   // Tensor `n` of a module as Hugging Face names it (`block`: "model.layers.<i>." in a block,
   // else ""); false for a name a llama does not have.
   bool hf_tensor(const std::string& block, const std::string& n, HfTensor* h) const;
@@ -170,8 +184,8 @@ class LlamaBlocks {
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
-    st.k->rmsnorm_backward(*st.s, st.dt, din, g + at, dout, in, param(p, st, at), n.rstd,
-                           int(st.N()), s_.n_embd);
+    st.k->rmsnorm_backward(*st.s, st.dt, din, st.norm_grad(g, at), dout, in, param(p, st, at),
+                           n.rstd, int(st.N()), s_.n_embd);
   }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
                          const AttentionActs& a, void* out) const {
@@ -182,6 +196,7 @@ class LlamaBlocks {
     const int W = qkv_width(), A = NH * hs;
     k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
                      s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
+    st.lora_forward(kQkv, in, a.qkv);
     k.rope_forward(s, st.dt, a.qkv, rope_, st.B, st.T, NH, KVH, hs);
     if (st.fused) {
       k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
@@ -189,6 +204,7 @@ class LlamaBlocks {
       k.attention_gqa_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
     }
     k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
+    st.lora_forward(kO, a.atty, out);
   }
   void attention_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                           const void* in, const AttentionActs& a, const AttentionScratch& d,
@@ -200,8 +216,9 @@ class LlamaBlocks {
     const int W = qkv_width(), A = NH * hs;
     const size_t es = st.es();
     st.zero(d.datty, size_t(N) * A * es);
-    k.matmul_backward(s, st.dt, d.datty, g + ow_, nullptr, dout, a.atty, param(p, st, ow_), N, A,
-                      C);
+    k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, ow_), nullptr, dout, a.atty, param(p, st, ow_),
+                      N, A, C);
+    st.lora_backward(kO, a.atty, dout, d.datty);
     st.zero(d.dqkv, size_t(N) * W * es);
     if (st.fused) {
       k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.B,
@@ -213,8 +230,10 @@ class LlamaBlocks {
     // From the rotated q/k back to the projections' outputs.
     k.rope_backward(s, st.dt, d.dqkv, rope_, st.B, st.T, NH, KVH, hs);
     st.zero(din, size_t(N) * C * es);
-    k.matmul_backward(s, st.dt, din, g + qkvw_, s_.attention_bias ? g + qkvb_ : nullptr, d.dqkv, in,
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, qkvw_),
+                      s_.attention_bias ? st.wgrad(g, qkvb_) : nullptr, d.dqkv, in,
                       param(p, st, qkvw_), N, C, W);
+    st.lora_backward(kQkv, in, d.dqkv, din);
   }
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
                    void* out) const {
@@ -222,8 +241,10 @@ class LlamaBlocks {
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
     k.matmul_forward(s, st.dt, a.gu, in, param(p, st, guw_), nullptr, N, C, 2 * I);
+    st.lora_forward(kGateUp, in, a.gu);
     k.swiglu_forward(s, st.dt, a.act, a.gu, N, I);
     k.matmul_forward(s, st.dt, out, a.act, param(p, st, downw_), nullptr, N, I, C);
+    st.lora_forward(kDown, a.act, out);
   }
   void mlp_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                     const void* in, const MlpActs& a, const MlpScratch& d, void* din) const {
@@ -232,12 +253,15 @@ class LlamaBlocks {
     const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
     const size_t es = st.es();
     st.zero(d.dact, size_t(N) * I * es);
-    k.matmul_backward(s, st.dt, d.dact, g + downw_, nullptr, dout, a.act, param(p, st, downw_), N,
-                      I, C);
+    k.matmul_backward(s, st.dt, d.dact, st.wgrad(g, downw_), nullptr, dout, a.act,
+                      param(p, st, downw_), N, I, C);
+    st.lora_backward(kDown, a.act, dout, d.dact);
     st.zero(d.dgu, size_t(N) * 2 * I * es);
     k.swiglu_backward(s, st.dt, d.dgu, a.gu, d.dact, N, I);
     st.zero(din, size_t(N) * C * es);
-    k.matmul_backward(s, st.dt, din, g + guw_, nullptr, d.dgu, in, param(p, st, guw_), N, C, 2 * I);
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, guw_), nullptr, d.dgu, in, param(p, st, guw_), N,
+                      C, 2 * I);
+    st.lora_backward(kGateUp, in, d.dgu, din);
   }
 
  protected:

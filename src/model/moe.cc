@@ -124,6 +124,8 @@ class MoeBlocks : public LlamaBlocks {
         rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
+  // LoRA is not built for a mixture's blocks (its router and experts have no adapter sites).
+  std::vector<LoraSite> lora_sites() const { return {}; }
 
   // ---- activations ----------------------------------------------------------------------------
   // Per block (R = N*K routed rows, grouped by expert): the router's logits, each row's token

@@ -220,7 +220,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   o.nvme.capacity = r.hw.nvme_bytes;
 
   // Sizes per module on this rank, for the peaks and the time model (module_homes' shards).
-  uint64_t P_local = 0, max_p = 0, max_g = 0;
+  uint64_t max_p = 0, max_g = 0;
+  uint64_t P_trained = 0;  // elements with gradients and an optimizer step (not a frozen base)
   uint64_t opt_host_params = 0;   // elements whose optimizer step runs on the CPU
   uint64_t opt_dev_params = 0;    // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
@@ -233,16 +234,18 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   std::vector<std::pair<uint64_t, uint64_t>> opt_nvme_extents;
   for (size_t i = 0; i < homes.size(); ++i) {
     const ModuleHomes& h = homes[i];
-    P_local += h.shard_numel;
     max_p = std::max<uint64_t>(max_p, h.params.bytes);
     max_g = std::max<uint64_t>(max_g, h.grads.bytes);
+    // A frozen module (LoRA's base) has no gradients and no optimizer step.
+    const size_t trained = h.master.bytes > 0 ? h.shard_numel : 0;
+    P_trained += trained;
     if (h.master.tier != Tier::kDevice || h.moments.tier != Tier::kDevice) {
-      opt_host_params += h.shard_numel;
+      opt_host_params += trained;
     } else {
-      opt_dev_params += h.shard_numel;
+      opt_dev_params += trained;
     }
-    if (h.grads.tier != Tier::kDevice) grads_off_device += h.shard_numel;
-    if (h.grads.tier == Tier::kNvme) grads_nvme += h.shard_numel;
+    if (h.grads.tier != Tier::kDevice) grads_off_device += trained;
+    if (h.grads.tier == Tier::kNvme) grads_nvme += trained;
     size_t writes = 0;  // the pipeline's NVMe writes of this module's state per sub-group
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
@@ -303,7 +306,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Device: every module's per-micro-batch gradient buffer (fp32, full module) is alive at the
   // end of backward while the drains run; offloaded params are cached in what is left.
   const uint64_t Pf = arch->layout().num_params();
-  o.device.peak = o.device.total() + Pf * 4;
+  uint64_t Pf_trained = 0;
+  for (const ModuleSpec& m : arch->layout().modules) Pf_trained += m.trainable ? m.numel : 0;
+  o.device.peak = o.device.total() + Pf_trained * 4;
   if (where.params != Tier::kDevice) o.device.peak += Pf * es;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
   // Host, a step after backward (overlap off) or under it: the homes, the parameter pieces (the
@@ -398,7 +403,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.gemm_flops = gemm_rate_at(pf, m.n_embd, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
-  const double P = double(P_local), Pfull = double(Pf);
+  const double Pfull = double(Pf);
   // Params fetched to the device per step: what the device cannot keep cached, once in each
   // backward and again in each forward (what backward evicted); a cached copy is updated in
   // place by the optimizer (write-through over the link), never fetched again. The room is the
@@ -410,6 +415,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (where.params != Tier::kDevice) {
     uint64_t largest_grad_buffer = 0;  // a module's fp32 gradients on the device, whole
     for (const ModuleHomes& h : homes) {
+      if (h.grads.bytes == 0) continue;   // a frozen module has no gradient buffer
+      if (h.master.bytes == 0) continue;  // a frozen module (LoRA's base) has no gradients
       largest_grad_buffer = std::max<uint64_t>(largest_grad_buffer, uint64_t(h.padded_numel) * 4);
     }
     const uint64_t busy = o.device.total() + largest_grad_buffer;
@@ -417,7 +424,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const double pbytes = Pfull * es;
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     fetch = pbytes * 2.0 * A * (1.0 - cached);
-    link += fetch + pbytes * cached;  // the fetches and the write-through
+    // The fetches and the write-through (of the stepped parameters: not a frozen base's).
+    link += fetch + double(P_trained) * es * cached;
   } else {
     link += double(opt_host_params) * es;  // new low-precision params back to the device
   }
@@ -438,7 +446,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (where.params == Tier::kNvme) {
     nvme_param_read = fetch / double(W);  // this rank's shards
     nr += nvme_param_read;
-    nw += P * es;
+    nw += double(P_trained) * es;  // the stepped parameters written back
   }
   o.nvme_read_bytes = uint64_t(nr) * W;
   o.nvme_write_bytes = uint64_t(nw) * W;
@@ -505,8 +513,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
     }
     if (where.params == Tier::kNvme) {
-      window += P * es / (pf.nvme_write_gbps.value * 1e9);
-      window_deferred += P * es / (pf.nvme_write_gbps.value * 1e9);
+      window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
+      window_deferred += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
     }
     window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {

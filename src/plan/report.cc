@@ -75,6 +75,10 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   // config.json; else the model section that builds this shape.
   c["model"] = finetune ? json{{"from_pretrained", m.from_pretrained}, {"context", r.seq}}
                         : json::parse(model_section_json(m));
+  if (m.lora.enabled) {
+    c["lora"] = {{"r", m.lora.r}, {"lora_alpha", m.lora.alpha}};
+    if (!m.lora.target_modules.empty()) c["lora"]["target_modules"] = m.lora.target_modules;
+  }
   // A fine-tune's data: the token file tools/prepare_data.py writes with the checkpoint's
   // tokenizer (the `strata plan` message says how).
   c["data"] = {{"source", finetune ? "runs/train.bin" : "synthetic"}, {"seq_len", r.seq}};

@@ -52,6 +52,7 @@ DeviceCache::DeviceCache(Homes& homes, const TierOptions& options, DType dt, boo
       secondary_(homes.modules().size(), nullptr) {
   // Backward holds a module's fp32 gradient buffer while the one before it drains.
   for (const Module& m : homes.modules()) {
+    if (m.frozen()) continue;  // LoRA's base: no gradients
     prefetch_reserve_ = std::max(prefetch_reserve_, 2 * round_up(m.padded * 4, 256));
   }
 }

@@ -61,6 +61,8 @@ struct Module {
   // Bytes per element of the master weights (4) and of the moments (2 x moment dtype).
   size_t master_elem() const { return sn ? master.bytes / sn : 0; }
   size_t mom_elem() const { return sn ? mom.bytes / sn : 0; }
+  // A frozen module (LoRA's base): parameters only, never stepped, saved or drained.
+  bool frozen() const { return master.bytes == 0; }
 };
 
 class Homes {

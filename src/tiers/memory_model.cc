@@ -21,7 +21,8 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
   const size_t world = size_t(std::max(1, world_size));
   // The optimizer ratio keeps the first (1 - ratio) of the optimizer bytes on the device.
   size_t total_opt = 0;
-  for (const auto& m : layout.modules) total_opt += m.numel * (4 + 2 * mb) / world;
+  for (const auto& m : layout.modules)
+    total_opt += m.trainable ? m.numel * (4 + 2 * mb) / world : 0;
   const double keep_on_device = (1.0 - placement.optimizer_ratio) * double(total_opt);
   double acc_opt = 0;
   std::vector<ModuleHomes> homes(layout.modules.size());
@@ -37,12 +38,15 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
       m.padded_numel = sl.padded_numel;
     }
     const size_t sn = m.shard_numel;
-    const bool opt_on_device = acc_opt < keep_on_device;
-    acc_opt += double(sn * (4 + 2 * mb));
+    // A frozen module (ModuleSpec::trainable false) has parameters only: its other objects
+    // exist with 0 bytes, where the placement would put them.
+    const size_t t = layout.modules[i].trainable ? sn : 0;
+    const bool opt_on_device = t > 0 && acc_opt < keep_on_device;
+    acc_opt += double(t * (4 + 2 * mb));
     m.params = {placement.params, sn * es};
-    m.master = {opt_on_device ? Tier::kDevice : placement.master, sn * 4};
-    m.moments = {opt_on_device ? Tier::kDevice : placement.moments, sn * 2 * mb};
-    m.grads = {opt_on_device ? Tier::kDevice : placement.grads, sn * 4};
+    m.master = {opt_on_device ? Tier::kDevice : placement.master, t * 4};
+    m.moments = {opt_on_device ? Tier::kDevice : placement.moments, t * 2 * mb};
+    m.grads = {opt_on_device ? Tier::kDevice : placement.grads, t * 4};
     if (delayed_update) m.grads2 = m.grads;
     m.sub_group = strata::sub_group_elems(
         sn, sub_group_elems, m.grads.tier == Tier::kNvme ? kStatsTileElems : kSubGroupAlign);
@@ -94,7 +98,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       n.nvme.state += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
       n.nvme.objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
     }
-    if (m.grads.tier == Tier::kNvme)
+    if (m.grads.tier == Tier::kNvme && m.grads.bytes > 0)
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
     const size_t p_piece = piece_bytes(m.sub_group_len(0), es);  // the first is the largest
     if (m.params.tier == Tier::kNvme) max_nvme_piece = std::max(max_nvme_piece, p_piece);
@@ -102,7 +106,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     // host's host-homed ones (and device-homed ones on a host-addressable device).
     const bool dev_opt_m = m.master.tier == Tier::kDevice && m.moments.tier == Tier::kDevice &&
                            m.grads.tier == Tier::kDevice && m.master.bytes > 0;
-    if (dev_opt_m ? m.params.tier != Tier::kDevice : m.params.tier != Tier::kHost) {
+    if (m.master.bytes > 0 &&
+        (dev_opt_m ? m.params.tier != Tier::kDevice : m.params.tier != Tier::kHost)) {
       max_staged_piece = std::max(max_staged_piece, p_piece);
     }
     if (m.grads.tier != Tier::kNvme) max_g = std::max(max_g, m.grads.bytes);

@@ -26,6 +26,7 @@ OptimizerPipeline::OptimizerPipeline(Homes& homes, DeviceCache& cache, const Tie
 
 std::vector<int> OptimizerPipeline::step_order(std::vector<bool> skip) const {
   std::vector<int> order;
+  for (size_t k = 0; k < skip.size(); ++k) skip[k] = skip[k] || homes_.module(int(k)).frozen();
   for (int k : order_) {
     if (!skip[size_t(k)]) order.push_back(k);
     skip[size_t(k)] = true;  // a skipped (overflow) step may leave duplicates behind

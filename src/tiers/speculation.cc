@@ -41,7 +41,9 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
   // order: read that order ahead.
   std::vector<int> order = step_modules ? pipeline_.last_order() : std::vector<int>{};
   if (order.empty()) {
-    for (int k = int(homes_.modules().size()) - 1; k >= 0; --k) order.push_back(k);
+    for (int k = int(homes_.modules().size()) - 1; k >= 0; --k) {
+      if (!homes_.module(k).frozen()) order.push_back(k);
+    }
     if (!step_modules) std::reverse(order.begin(), order.end());
   }
   expected_.clear();

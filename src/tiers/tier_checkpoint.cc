@@ -135,6 +135,23 @@ const char* part_name(CheckpointPart p) {
                                              : "second moments";
 }
 
+// A frozen module's parameters (it has no master weights): `init`'s fp32 values a sub-group at a
+// time through one host piece, converted into its parameter home.
+Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManager::InitFn& init) {
+  Module& m = H.module(i);
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "init"),
+                          "staging its parameters");
+  float* w = piece.as<float>();
+  for (size_t j = 0; j < m.sub_groups(); ++j) {
+    const size_t a = m.sub_start(j), len = m.sub_len(j);
+    const size_t real = a < m.valid ? std::min(len, m.valid - a) : 0;
+    if (real > 0) STRATA_RETURN_IF_ERROR(init(i, m.off + a, real, w), "");
+    std::fill(w + real, w + len, 0.0f);
+    STRATA_RETURN_IF_ERROR(pipeline.write_params(i, j, w), "");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status TierManager::init_state(const InitFn& init) {
@@ -143,6 +160,10 @@ Status TierManager::init_state(const InitFn& init) {
   for (size_t i = 0; i < H.modules().size(); ++i) {
     Module& m = H.module(int(i));
     const std::string what = "initializing " + m.name;
+    if (m.frozen()) {  // parameters only: from `init` a sub-group at a time through one piece
+      STRATA_RETURN_IF_ERROR(init_frozen(H, *I.pipeline, int(i), init), what);
+      continue;
+    }
     if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
     }
@@ -206,8 +227,9 @@ Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
   shard.world_size = opt_.param_comm->size();
   shard.rank = opt_.param_comm->rank();
   for (size_t i = 0; i < H.modules().size(); ++i) {
-    shard.modules[i].numel = H.modules()[i].valid;
-    shard.modules[i].offset = H.modules()[i].off;
+    const Module& m = H.modules()[i];
+    shard.modules[i].numel = m.frozen() ? 0 : m.valid;  // a frozen module saves nothing
+    shard.modules[i].offset = m.frozen() ? 0 : m.off;
   }
   return write_checkpoint_ranges(path, shard, range, read);
 }
@@ -243,6 +265,7 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before loading");
   // Padding and anything not covered start at zero.
   for (Module& m : mods) {
+    if (m.frozen()) continue;
     STRATA_RETURN_IF_ERROR(zero_home(H, m, m.master, 4), "clearing " + m.name + " master weights");
     STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem()), "clearing " + m.name + " moments");
   }
@@ -283,6 +306,7 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
   }
   for (size_t i = 0; i < M; ++i) {
     Module& m = mods[i];
+    if (m.frozen()) continue;  // its parameters are the base's, from init_state
     if (covered[i] != m.valid) {
       return invalid_argument(fmt::format(
           "checkpoint files {} hold {} of the {} elements of {} this rank owns; a shard file "
@@ -307,6 +331,7 @@ uint32_t TierManager::weights_crc() {
   uint32_t crc = 0;  // CRC32C chains: the real elements in order, whatever the pieces
   for (size_t i = 0; i < I.homes->modules().size(); ++i) {
     Module& m = I.homes->module(int(i));
+    if (m.frozen()) continue;  // never changes
     if (m.master.tier == Tier::kDevice && !I.dev.synchronize(I.dev.compute_stream()).is_ok()) {
       return 0;  // the device's optimizer step must have run
     }

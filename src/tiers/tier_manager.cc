@@ -468,7 +468,8 @@ Status TierManager::start_delayed_update(const OptimizerHyper& hyper, float grad
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(finish_pending_step(), "the last optimizer step");
   STRATA_RETURN_IF_ERROR(I.errors.take(), "before the delayed update");
-  STRATA_CHECK(!I.homes->modules().empty() && I.homes->modules()[0].gacc2.bytes > 0,
+  STRATA_CHECK(std::any_of(I.homes->modules().begin(), I.homes->modules().end(),
+                           [](const Module& m) { return m.gacc2.bytes > 0; }),
                "start_delayed_update without TierOptions::delayed_update");
   std::vector<int> order =
       I.pipeline->step_order(std::vector<bool>(I.homes->modules().size(), false));

@@ -90,6 +90,7 @@ class Run {
   // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
   Status reduce(float* v, size_t n, ReduceOp op);
   Status init_or_resume();
+  Status init_weights();  // the initial weights: from_pretrained's, else drawn from train.seed
   Status load_for_eval(const std::string& path);
   Result<double> run_step();
   Result<double> eval_loss();

@@ -275,11 +275,16 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.moment_dtype = dtype_name(cfg_.strata.moment_dtype);
   meta.seed = cfg_.train.seed;
   meta.run_id = run_id_;
-  for (const ModuleSpec& m : arch_->layout().modules) meta.modules.push_back({m.name, m.numel});
+  // A frozen module (LoRA's base) has no state of its own to save: 0 elements.
+  for (const ModuleSpec& m : arch_->layout().modules) {
+    meta.modules.push_back({m.name, m.trainable ? m.numel : 0});
+  }
   return meta;
 }
 
 Status Run::init_or_resume() {
+  // A frozen base (LoRA) is not in the checkpoints: it is initialized (read) before one loads.
+  if (!opts_.resume.empty() && arch_->lora()) STRATA_RETURN_IF_ERROR(init_weights(), "");
   if (opts_.resume.empty()) {
     run_id_ = new_run_id();
   } else {
@@ -328,6 +333,10 @@ Status Run::init_or_resume() {
                           uint64_t(parts[0]) | uint64_t(parts[1]) << 24 | uint64_t(parts[2]) << 48);
   }
   if (!opts_.resume.empty()) return Status::ok();
+  return init_weights();
+}
+
+Status Run::init_weights() {
   if (cfg_.model.from_pretrained.empty()) {
     return tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
       arch_->init_range(m, cfg_.train.seed, begin, count, out);
@@ -344,6 +353,10 @@ Status Run::init_or_resume() {
   std::atomic<size_t> done{0};
   std::atomic<double> last{0.0};
   STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
+    if (arch_->hf_tensors(m).empty()) {  // a LoRA adapter: not in the base's checkpoint
+      arch_->init_range(m, cfg_.train.seed, begin, count, out);
+      return Status::ok();
+    }
     STRATA_RETURN_IF_ERROR(hf->read_range(m, begin, count, out),
                            fmt::format("module {}", arch_->layout().modules[size_t(m)].name));
     const size_t now = done += count;
@@ -373,6 +386,7 @@ Status Run::load_for_eval(const std::string& path) {
                           check_resume(path, mine, std::numeric_limits<int64_t>::max()),
                           "--checkpoint");
   const auto t0 = Clock::now();
+  if (arch_->lora()) STRATA_RETURN_IF_ERROR(init_weights(), "the frozen base");
   if (plan.whole && world_ == 1) {
     STRATA_RETURN_IF_ERROR(tm_->load(path), "--checkpoint");
   } else {

@@ -1,0 +1,33 @@
+// QLoRA's 4-bit NormalFloat (NF4): blocks of kNf4Block elements, each scaled by its absolute
+// maximum (fp32) and rounded to the nearest of 16 code values (kNf4Code, the quantiles of a
+// normal distribution normalized to [-1, 1] with an exact zero; Dettmers et al. 2023), two
+// 4-bit indices per byte, the first element in the high nibble. The layout and the arithmetic
+// are bitsandbytes' (0.50, its CPU path): quantize multiplies by the fp32 reciprocal of the
+// block's absmax, clamps to [-1, 1] and takes the code whose interval between midpoints holds
+// the value (a value on a midpoint takes the lower code); dequantize is code[q] * absmax in
+// fp32. A block of zeros has absmax 0 and dequantizes to zeros. The last block may be partial.
+// tests/nf4_test.cc checks the code book, the bytes, the scales and the dequantized bits against
+// bitsandbytes' own output (tests/fixtures/nf4, tools/make_nf4_fixture.py).
+//
+// These are the host reference and the import-time quantizer; nothing in the engine stores a
+// quantized base yet (lora.base_quantization is not built).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata {
+
+inline constexpr size_t kNf4Block = 64;
+extern const float kNf4Code[16];
+
+// Bytes of the packed indices and number of absmax scales for n elements.
+inline size_t nf4_packed_bytes(size_t n) { return (n + 1) / 2; }
+inline size_t nf4_blocks(size_t n) { return (n + kNf4Block - 1) / kNf4Block; }
+
+// x[0, n) -> q[nf4_packed_bytes(n)], absmax[nf4_blocks(n)].
+void nf4_quantize(const float* x, size_t n, uint8_t* q, float* absmax);
+// q, absmax -> out[0, n).
+void nf4_dequantize(const uint8_t* q, const float* absmax, size_t n, float* out);
+
+}  // namespace strata

@@ -1,0 +1,106 @@
+// LoRA adapters on a decoder's linear layers (model.lora, the config's "lora" section).
+//
+// A block definition names its linear layers as PEFT does (LoraSite: "self_attn.q_proj",
+// "mlp.c_fc", ...) and says which of its matmuls computes each and at which output columns (q,
+// k and v are column ranges of one packed matmul in Llama). With adapters on, the skeleton
+// (decoder.h) appends one adapter module per block, "lora.<i>", after the base's modules: for
+// each targeted site, in the block's site order, the tensors "<site>.lora_A" [r, in] (PEFT's
+// kaiming_uniform_(a = sqrt(5)): uniform(-1/sqrt(in), 1/sqrt(in))) and "<site>.lora_B" [out, r]
+// (zeros). Every base module is frozen (ModuleSpec::trainable false): only its parameters exist.
+//
+// The compute, with s = lora_alpha / r, for a site whose matmul computes y = x W^T (+ b):
+//   forward   y[:, cols] += s * (x A^T) B^T
+//   backward  dB += s * dy[:, cols]^T (x A^T);  du = s * dy[:, cols] B;  dA += du^T x;
+//             dx += du A
+// built from the kernel table's matmul, cast, scale and add calls only (so every backend that
+// has those runs it): u = x A^T is recomputed in backward (N x r, small) rather than kept, and B
+// is scattered, times s, into the site's rows of a zero [width, r] matrix so that one matmul
+// writes the whole packed output's delta.
+//
+// Thread safety: LoraLayout is immutable; a LoraRun is owned by one runner's thread.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "src/model/architecture.h"
+#include "strata/config.h"
+#include "strata/kernels.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct DecoderStep;
+class Carver;
+
+// One linear layer of a block an adapter can wrap.
+struct LoraSite {
+  std::string name;  // PEFT's path within the block: "self_attn.q_proj", "attn.c_proj"
+  int matmul = 0;    // which matmul of the block computes it (the block definition's id)
+  int in = 0, out = 0;
+  int col0 = 0;   // its output columns [col0, col0 + out) of the matmul's ...
+  int width = 0;  // ... `width` outputs
+  // The block tensor that starts the matmul's weight ([width, in], strata's [out, in] order):
+  // the site's own weight is its rows [col0, col0 + out) (merging adds s * B A there).
+  std::string weight;
+};
+
+// The adapted sites of a block and where their tensors sit in the adapter module.
+struct LoraLayout {
+  struct Target {
+    LoraSite site;
+    size_t a = 0, b = 0;  // offsets (elements) of lora_A [r, in] and lora_B [out, r]
+  };
+  int r = 0;
+  float scaling = 0;
+  std::vector<Target> targets;
+  size_t numel = 0;
+  int max_width = 0;  // the widest adapted matmul
+  bool empty() const { return targets.empty(); }
+};
+
+// PEFT's default target_modules for a model type (llama: q_proj, v_proj; gpt2: c_attn).
+std::vector<std::string> lora_default_targets(const std::string& type);
+
+// The adapters `lora` asks for over a block of `sites`: every target_modules entry must name a
+// site (its last component, or its whole path); kInvalidArgument naming lora.target_modules
+// and the sites the model has otherwise, and lora.r.
+Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
+                               const std::vector<LoraSite>& sites);
+
+// The adapter module's tensors (for ModuleSpec): A uniform(+-1/sqrt(in)) (init kind 3), B zero.
+void lora_tensors(const LoraLayout& layout, ModuleSpec& m);
+
+// describe()'s and shape_string()'s suffixes ("" without adapters).
+std::string lora_describe(const LoraLayout& layout, int n_layer);
+std::string lora_shape_string(const LoraLayout& layout);
+// An adapter module's tensors under PEFT's names, block prefix `prefix` ("model.layers.3."):
+// "base_model.model.<prefix><site>.lora_A.weight" [r, in], "...lora_B.weight" [out, r].
+std::vector<HfTensor> lora_hf_tensors(const LoraLayout& layout, const std::string& prefix);
+
+// Merges block l's adapters into its weights: W[rows of a site] += s * B A, in fp32. `block` is
+// the block module's values (spec: its tensors), `adapter` the adapter module's.
+void lora_merge(const LoraLayout& layout, const ModuleSpec& block, const float* adapter,
+                float* block_values);
+
+// One runner's adapters: the layout, its scratch on the device, and the current block's
+// adapter parameters and gradients (bound by the runner before each block's compute).
+struct LoraRun {
+  const LoraLayout* layout = nullptr;
+  void *u = nullptr, *du = nullptr;  // [N, r] dt
+  void* bpad = nullptr;              // [max_width, r] dt: s * B scattered into its rows
+  float* bf32 = nullptr;             // [max_width * r] fp32: B's staging, then dB's
+  void* delta = nullptr;             // [N, max_width] dt
+  const void* p = nullptr;           // this block's adapter parameters (dt)
+  float* g = nullptr;                // its gradient (fp32); nullptr in eval
+  void carve(Carver& c, size_t N, size_t es);
+};
+
+// y (the output of the block's matmul `matmul`, [N, width]) += each adapted site's delta.
+void lora_forward(const DecoderStep& st, const LoraRun& run, int matmul, const void* x, void* y);
+// After the base matmul's backward of `matmul` (x its input, dy its output's gradient):
+// accumulates the adapters' gradients into run.g and their part of dx into `dx`.
+void lora_backward(const DecoderStep& st, const LoraRun& run, int matmul, const void* x,
+                   const void* dy, void* dx);
+
+}  // namespace strata

@@ -1,0 +1,18 @@
+# LoRA adapters over a frozen base: forward loss and adapter gradients against peft's on the
+# tiny Llama, Qwen2 and GPT-2 fixtures (tests/fixtures/hf/lora-*, tools/make_lora_fixtures.py),
+# bad lora sections and adapters refused, training with the base frozen on every placement,
+# exact resume.
+strata_test(lora_test ${CMAKE_CURRENT_LIST_DIR}/lora_test.cc)
+# strata export --adapter -> peft.PeftModel.from_pretrained gives strata eval's loss, and the
+# merged export -> transformers the same (tools/check_lora_export.py). Needs torch, transformers
+# and peft in STRATA_HF_PYTHON's interpreter (tests/hf.cmake sets strata_hf_python); without
+# them the script exits 77 and ctest reports the test as skipped.
+if(strata_hf_python)
+  add_test(NAME lora_export_peft
+           COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_lora_export.py
+                   --strata $<TARGET_FILE:strata>)
+  set_tests_properties(lora_export_peft PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()
+# NF4 (QLoRA's 4-bit NormalFloat, src/base/nf4.h) bit for bit against bitsandbytes'
+# (tests/fixtures/nf4, tools/make_nf4_fixture.py).
+strata_test(nf4_test ${CMAKE_CURRENT_LIST_DIR}/nf4_test.cc)

@@ -1,0 +1,363 @@
+// LoRA over a frozen base (src/model/lora.h) against peft itself: the fixtures under
+// tests/fixtures/hf/lora-<base>/ (tools/make_lora_fixtures.py: peft's adapter directory with
+// random A and B, and what peft computes on the base fixture's tokens) are loaded into a model
+// with the same lora section; strata's per-token losses must be peft's within 1e-5 (relative)
+// and every adapter tensor's gradient within 1e-4 (norm of the difference over the norm), fp32.
+// Then: the config errors (a target the model lacks, r < 1, dropout, bias), an adapter saved
+// for another base refused by name, and training through the tier manager: only the adapters
+// change, on every placement, and a resumed run equals the uninterrupted one bit for bit.
+#include "src/model/lora.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/checkpoint/checkpoint.h"
+#include "src/hf/hf_adapter.h"
+#include "src/hf/hf_checkpoint.h"
+#include "src/hf/safetensors.h"
+#include "src/model/architecture.h"
+#include "src/tiers/memory_model.h"
+#include "src/train/trainer.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "tests/hf_test_util.h"
+#include "tests/test_util.h"
+#include "tests/train_util.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string fixture(const std::string& name) {
+  return std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+}
+
+// configs/tiny-cpu.json with model.from_pretrained = `base`, fp32, and `lora` as its lora
+// section, then `extra` overrides.
+Result<Config> lora_config(const std::string& base, const json& lora,
+                           std::vector<std::string> extra = {}) {
+  json doc =
+      json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  doc.erase("model");
+  doc["model"] = {{"from_pretrained", base}, {"context", 16}};
+  doc["scheduler"]["params"]["warmup_num_steps"] = 1;
+  if (!lora.is_null()) doc["lora"] = lora;
+  extra.insert(extra.begin(), "bf16.enabled=false");
+  return parse_config(doc.dump(), "<lora test>", extra);
+}
+
+using test::rel_norm_diff;
+const auto& read_all = test::read_safetensors_f32;
+
+// One training micro-batch of `arch` (fp32) on the CPU backend: the base modules from
+// `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers.
+struct Pass1 {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> grads;  // per module (empty for a frozen one)
+};
+Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::string& adapter_dir,
+              int B, int T, const std::vector<int32_t>& tokens,
+              const std::vector<int32_t>& targets) {
+  Pass1 r;
+  auto hf = HfCheckpointReader::open(base_dir, arch);
+  EXPECT_TRUE(hf.is_ok()) << hf.status().to_string();
+  auto ad = HfAdapterReader::open(adapter_dir, arch);
+  EXPECT_TRUE(ad.is_ok()) << ad.status().to_string();
+  if (!hf.is_ok() || !ad.is_ok()) return r;
+  CpuDeviceOptions o;
+  o.capacity = size_t{256} << 20;
+  auto dev = create_cpu_device(o);
+  EXPECT_TRUE(dev.is_ok());
+  Device& d = **dev;
+  Stream& s = d.compute_stream();
+  const ModelLayout& lay = arch.layout();
+  std::vector<const void*> params;
+  std::vector<float*> grads;
+  for (size_t i = 0; i < lay.modules.size(); ++i) {
+    const size_t n = lay.modules[i].numel;
+    std::vector<float> w(n);
+    const bool adapter = lay.modules[i].trainable;
+    EXPECT_TRUE(
+        (adapter ? (*ad)->read_module(int(i), w.data()) : (*hf)->read_module(int(i), w.data()))
+            .is_ok());
+    void* p = *d.allocate(n * 4, "test.params");
+    d.copy_h2d(s, p, w.data(), n * 4);
+    float* g = nullptr;
+    if (adapter) {
+      g = static_cast<float*>(*d.allocate(n * 4, "test.grads"));
+      d.memset_zero(s, g, n * 4);
+    }
+    EXPECT_TRUE(d.synchronize(s).is_ok());
+    params.push_back(p);
+    grads.push_back(g);
+  }
+  auto runner = arch.create_runner(d, B, T, DType::kF32, ActivationMode::kKeep, nullptr);
+  EXPECT_TRUE(runner.is_ok()) << runner.status().to_string();
+  if (!runner.is_ok()) return r;
+  r.losses.resize(size_t(B) * T);
+  const ModuleBindings bound{params, grads};
+  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), nullptr};
+  (*runner)->begin_batch(tokens.data(), targets.data());
+  for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
+    // The program never asks for a frozen module's gradients.
+    if (op.kind == ProgramOp::kAcquireGrads) {
+      EXPECT_TRUE(lay.modules[size_t(op.module)].trainable);
+    }
+    if (op.kind == ProgramOp::kCompute) (*runner)->compute(op, bound, mb);
+  }
+  EXPECT_TRUE(d.synchronize(s).is_ok());
+  for (size_t i = 0; i < lay.modules.size(); ++i) {
+    std::vector<float> g;
+    if (grads[i]) {
+      g.resize(lay.modules[i].numel);
+      d.copy_d2h(s, g.data(), grads[i], g.size() * 4);
+    }
+    r.grads.push_back(std::move(g));
+  }
+  EXPECT_TRUE(d.synchronize(s).is_ok());
+  runner->reset();
+  for (size_t i = 0; i < params.size(); ++i) {
+    d.release(const_cast<void*>(params[i]));
+    if (grads[i]) d.release(grads[i]);
+  }
+  return r;
+}
+
+// The fixture's lora section: what tools/make_lora_fixtures.py gave peft.
+json fixture_lora(const std::string& base) {
+  if (base == "gpt2")
+    return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
+  return {{"r", 4},
+          {"lora_alpha", 8},
+          {"target_modules",
+           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}};
+}
+
+class PeftCompare : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
+  const std::string base = GetParam();
+  const std::string adir = fixture("lora-" + base);
+  auto ref = read_all(adir + "/reference.safetensors");
+  auto base_ref = read_all(fixture(base) + "/reference.safetensors");
+  ASSERT_TRUE(ref.count("loss") && base_ref.count("tokens"));
+  const int T = 16, B = int(base_ref["tokens"].size()) / T;
+  auto cfg = lora_config(fixture(base), fixture_lora(base));
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  ASSERT_NE((*arch)->lora(), nullptr);
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(base_ref["tokens"][i]);
+    tgt[i] = int32_t(base_ref["targets"][i]);
+  }
+  Pass1 r = run_one(**arch, fixture(base), adir, B, T, tok, tgt);
+  ASSERT_EQ(r.losses.size(), ref["losses"].size());
+  double mean = 0;
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    EXPECT_NEAR(r.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7)
+        << base << " token " << i;
+    mean += r.losses[i];
+  }
+  mean /= double(r.losses.size());
+  EXPECT_NEAR(mean, ref["loss"][0], 1e-5 * ref["loss"][0]);
+  // The adapters move the loss: the base's own differs.
+  EXPECT_GT(std::fabs(mean - base_ref["loss"][0]), 1e-3);
+  size_t compared = 0;
+  const ModelLayout& lay = (*arch)->layout();
+  for (size_t m = 0; m < lay.modules.size(); ++m) {
+    for (const HfTensor& h : (*arch)->hf_adapter_tensors(int(m))) {
+      const std::string key = "grad." + h.name;
+      ASSERT_TRUE(ref.count(key)) << "no peft gradient for " << h.name;
+      const TensorSpec& t = lay.modules[m].tensors[size_t(h.tensor)];
+      std::vector<float> g(r.grads[m].begin() + long(t.offset),
+                           r.grads[m].begin() + long(t.offset + t.numel));
+      ASSERT_EQ(g.size(), ref[key].size()) << key;
+      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << base << " " << key;
+      ++compared;
+    }
+  }
+  size_t want = 0;
+  for (const auto& [k, v] : ref) want += k.rfind("grad.", 0) == 0;
+  EXPECT_EQ(compared, want) << "strata and peft adapt different layers";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare, ::testing::Values("llama", "qwen2", "gpt2"));
+
+// ---- what can go wrong ------------------------------------------------------------------------
+
+Status arch_status(Result<Config> cfg) {
+  if (!cfg.is_ok()) return cfg.status();
+  return create_architecture(cfg->model).status();
+}
+
+TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
+  struct Bad {
+    json lora;
+    const char* base;
+    const char* names;
+  };
+  const Bad cases[] = {
+      {{{"target_modules", {"q_proj", "c_attn"}}}, "llama", "lora.target_modules"},
+      {{{"target_modules", {"q_proj"}}}, "gpt2", "lora.target_modules"},
+      {{{"r", 0}}, "llama", "lora.r"},
+      {{{"r", -4}}, "llama", "lora.r"},
+      {{{"lora_dropout", 0.05}}, "llama", "lora.lora_dropout"},
+      {{{"bias", "all"}}, "llama", "lora.bias"},
+      {{{"rank", 8}}, "llama", "lora.rank"},
+  };
+  for (const Bad& b : cases) {
+    const Status s = arch_status(lora_config(fixture(b.base), b.lora));
+    EXPECT_FALSE(s.is_ok()) << b.lora.dump();
+    EXPECT_NE(s.message().find(b.names), std::string::npos) << s.message();
+  }
+  // "c_attn" on GPT-2 names the layers it has.
+  const Status s = arch_status(lora_config(fixture("gpt2"), {{"target_modules", {"q_proj"}}}));
+  EXPECT_NE(s.message().find("attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj"), std::string::npos)
+      << s.message();
+  // PEFT's defaults: q_proj and v_proj; c_attn.
+  auto cfg = lora_config(fixture("llama"), json::object({{"r", 2}}));
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  ASSERT_EQ((*arch)->lora()->targets.size(), 2u);
+  EXPECT_EQ((*arch)->lora()->targets[0].site.name, "self_attn.q_proj");
+  EXPECT_EQ((*arch)->lora()->targets[1].site.name, "self_attn.v_proj");
+}
+
+TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
+  // The llama fixture's adapter on a wider Llama with the same lora section.
+  json doc =
+      json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  doc["model"] = {{"type", "llama"},
+                  {"n_layer", 2},
+                  {"n_head", 4},
+                  {"n_embd", 64},
+                  {"vocab_size", 100},
+                  {"context", 16},
+                  {"intermediate_size", 96},
+                  {"num_key_value_heads", 2}};
+  doc["lora"] = fixture_lora("llama");
+  auto cfg = parse_config(doc.dump(), "<lora test>", {"bf16.enabled=false"});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  auto ad = HfAdapterReader::open(fixture("lora-llama"), **arch);
+  ASSERT_FALSE(ad.is_ok());
+  EXPECT_NE(ad.status().message().find("another base model"), std::string::npos)
+      << ad.status().message();
+  EXPECT_NE(ad.status().message().find("lora_A.weight has shape"), std::string::npos)
+      << ad.status().message();
+  // Another rank: the config's lora.r named.
+  doc["lora"]["r"] = 8;
+  cfg = parse_config(doc.dump(), "<lora test>", {"bf16.enabled=false"});
+  arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  ad = HfAdapterReader::open(fixture("lora-llama"), **arch);
+  ASSERT_FALSE(ad.is_ok());
+  EXPECT_NE(ad.status().message().find("lora.r"), std::string::npos) << ad.status().message();
+}
+
+// ---- training: only the adapters move ------------------------------------------------------
+
+// The llama fixture with every block linear layer adapted, trained `steps` steps from the
+// fixture's weights with checkpoints in `dir`, then `extra`.
+Config lora_run(const std::string& dir, int steps, std::vector<std::string> extra = {}) {
+  fs::create_directories(dir + "/swap");
+  std::vector<std::string> ov = {
+      "train.checkpoint_dir=\"" + dir + "/ckpt\"",
+      "train.steps=" + std::to_string(steps),
+      "train.eval_interval=0",
+      "steps_per_print=1000",
+      "train_batch_size=4",
+      "train_micro_batch_size_per_gpu=2",
+      "gradient_accumulation_steps=2",
+      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+      "zero_optimization.offload_param.nvme_path=\"" + dir + "/swap\"",
+      "optimizer.params.lr=1e-2",
+      "data.synthetic_tokens=20000"};
+  ov.insert(ov.end(), extra.begin(), extra.end());
+  auto cfg = lora_config(fixture("llama"), fixture_lora("llama"), ov);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  return cfg.is_ok() ? *cfg : Config{};
+}
+
+TEST(LoraTrain, TheBaseHasNoOptimizerStateAndEveryPlacementTrainsAlike) {
+  const std::string dir = test::temp_dir("strata_lora", "placements");
+  // The memory model: a frozen module has parameters only.
+  const Config c0 = lora_run(dir + "/a", 8);
+  auto arch = create_architecture(c0.model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  auto homes = module_homes((*arch)->layout(), Placement{}, 1, DType::kF32, DType::kF32, false, 0);
+  ASSERT_TRUE(homes.is_ok());
+  size_t adapters = 0;
+  for (size_t m = 0; m < homes->size(); ++m) {
+    const ModuleHomes& h = (*homes)[m];
+    const bool trainable = (*arch)->layout().modules[m].trainable;
+    EXPECT_EQ(trainable, h.name.rfind("lora.", 0) == 0) << h.name;
+    EXPECT_EQ(h.params.bytes, h.numel * 4) << h.name;
+    EXPECT_EQ(h.master.bytes, trainable ? h.numel * 4 : 0) << h.name;
+    EXPECT_EQ(h.moments.bytes, trainable ? h.numel * 8 : 0) << h.name;
+    EXPECT_EQ(h.grads.bytes, trainable ? h.numel * 4 : 0) << h.name;
+    adapters += trainable;
+  }
+  EXPECT_EQ(adapters, 2u);  // one per block
+  // The same losses whether the base and the adapters' state live on the device, in host
+  // memory or on NVMe; the loss falls; the checkpoint holds the adapters only.
+  const std::vector<std::vector<std::string>> placements = {
+      {"zero_optimization.offload_param.device=\"none\"",
+       "zero_optimization.offload_optimizer.device=\"none\"", "device.memory_limit=\"64MiB\""},
+      {"zero_optimization.offload_param.device=\"cpu\"",
+       "zero_optimization.offload_optimizer.device=\"cpu\""},
+      {"zero_optimization.offload_param.device=\"nvme\"",
+       "zero_optimization.offload_optimizer.device=\"nvme\"", "aio.backend=\"posix\""},
+  };
+  std::vector<double> first;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    std::vector<std::string> ov = placements[i];
+    ov.insert(ov.end(), {"train.eval_interval=16", "data.eval_batches=4"});
+    const TrainResult r = test::must_train(lora_run(dir + "/p" + std::to_string(i), 16, ov));
+    ASSERT_EQ(r.losses.size(), 16u);
+    ASSERT_EQ(r.eval_losses.size(), 2u);  // at steps 0 and 16
+    EXPECT_LT(r.eval_losses[1].second, r.eval_losses[0].second - 0.05)
+        << "placement " << i << " " << ::testing::PrintToString(r.eval_losses);
+    if (i == 0) {
+      first = r.losses;
+    } else {
+      EXPECT_EQ(r.losses, first) << "placement " << i;
+    }
+    auto meta = read_checkpoint_meta(r.last_checkpoint);
+    ASSERT_TRUE(meta.is_ok()) << meta.status().to_string();
+    for (const CheckpointModule& m : meta->modules) {
+      EXPECT_EQ(m.numel == 0, m.name.rfind("lora.", 0) != 0) << m.name;
+    }
+  }
+}
+
+TEST(LoraTrain, AResumedRunEqualsTheUninterruptedOne) {
+  const std::string dir = test::temp_dir("strata_lora", "resume");
+  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12));
+  TrainOptions stop;
+  stop.stop_at_step = 6;
+  const TrainResult a = test::must_train(lora_run(dir + "/half", 12), stop);
+  ASSERT_EQ(a.losses.size(), 6u);
+  TrainOptions o;
+  o.resume = "latest";
+  const TrainResult b = test::must_train(lora_run(dir + "/half", 12), o);
+  std::vector<double> joined = a.losses;
+  joined.insert(joined.end(), b.losses.begin(), b.losses.end());
+  EXPECT_EQ(joined, whole.losses);
+  EXPECT_EQ(b.weights_crc, whole.weights_crc);
+}
+
+}  // namespace
+}  // namespace strata
