@@ -626,6 +626,18 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
   j = good;
   j["device"].erase("gemm_flops");
   expect_refused(j, "device.gemm_flops");
+  // Found by fuzz_profile: a width beyond int was converted unchecked (undefined behaviour).
+  j = good;
+  j["device"]["gemm_by_width"] = {{{"C", 1.3e31}, {"gemm_flops", 5e10}}};
+  expect_refused(j, "C, B and T must be integers");
+  j["device"]["gemm_by_width"] = {{{"C", 512}, {"B", -4}, {"gemm_flops", 5e10}}};
+  expect_refused(j, "C, B and T must be integers");
+  j = good;
+  j["nvme"] = {{"read_gbps", 2.0},
+               {"write_gbps", 2.0},
+               {"io_probe",
+                {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
+  expect_refused(j, "block_size must be an integer");
   auto p = parse_machine_profile("{not json", "m.json");
   ASSERT_FALSE(p.is_ok());
   EXPECT_NE(p.status().message().find("strata probe"), std::string::npos);

@@ -215,6 +215,17 @@ TEST(SftData, BadMaskFilesAreRefusedNamingTheFile) {
 
 // data.eval_source: the eval runs on that file, not on the tail of data.source; strata eval
 // evaluates it.
+// Found by fuzz_loss_mask: the mask of zero tokens (a header alone) copied from a null pointer.
+TEST(SftData, MaskOfNoTokensParsesToNothing) {
+  std::vector<char> header(1024, 0);
+  const int32_t h[3] = {kMaskMagic, kMaskVersion, 0};
+  std::memcpy(header.data(), h, sizeof(h));
+  auto m = parse_loss_mask(header, "empty.mask", "empty.bin", 0, 0);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_TRUE(m->empty());
+  EXPECT_TRUE(pack_windows(*m, 0, 0, 8).empty());
+}
+
 TEST(SftData, EvalSourceIsTheHeldOutFile) {
   const std::string dir = test::temp_dir("strata_sft", "eval_source");
   const std::string a = chat_file(dir, "a.bin", 200, 1).path;

@@ -44,4 +44,17 @@ Result<nlohmann::json> parse_json_text(const std::string& text, const std::strin
   }
 }
 
+std::optional<int64_t> json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) return std::nullopt;
+  // (nlohmann parses a non-negative literal as unsigned, a negative one as signed.)
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (hi < 0 || u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) return std::nullopt;
+    return int64_t(u);
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
 }  // namespace strata

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -19,6 +21,10 @@ namespace strata {
 // kInvalidArgument: "<origin>: invalid JSON at line L column C: <what>".
 Result<nlohmann::json> parse_json_text(const std::string& text, const std::string& origin,
                                        bool comments = false);
+
+// `v` as an integer in [lo, hi], or nothing when it is not an integer (a float, a string, ...)
+// or lies outside: converting such a value with get<int>() is undefined behaviour in nlohmann.
+std::optional<int64_t> json_int_in(const nlohmann::json& v, int64_t lo, int64_t hi);
 
 // "line L column C" of byte offset `byte` in `text` (both from 1).
 std::string line_col(std::string_view text, size_t byte);

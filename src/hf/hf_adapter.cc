@@ -67,17 +67,26 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
   }
   const std::string cfg_path = dir + "/adapter_config.json";
   STRATA_ASSIGN_OR_RETURN(json cfg, read_json(cfg_path), "");
-  if (!cfg.is_object() || cfg.value("peft_type", std::string()) != "LORA") {
+  if (!cfg.is_object() || cfg.value("peft_type", json()) != "LORA") {
     return invalid_argument(
         fmt::format("{}: not a LoRA adapter (peft_type must be \"LORA\")", cfg_path));
   }
   for (const char* k : {"use_dora", "use_rslora"}) {
-    if (cfg.value(k, false)) {
-      return invalid_argument(fmt::format("{}: {} is not supported", cfg_path, k));
+    const json v = cfg.value(k, json());
+    if (!v.is_null() && v != false) {
+      return invalid_argument(
+          fmt::format("{}: {} is {}: only plain LoRA is supported", cfg_path, k, v.dump()));
     }
   }
-  const int r = cfg.value("r", 0);
-  const double alpha = cfg.value("lora_alpha", 0.0);
+  const auto r_in = json_int_in(cfg.value("r", json()), 1, 1 << 20);
+  const json alpha_in = cfg.value("lora_alpha", json());
+  if (!r_in || !alpha_in.is_number()) {
+    return invalid_argument(fmt::format(
+        "{}: r must be a positive integer and lora_alpha a number (they are {} and {})", cfg_path,
+        cfg.value("r", json()).dump().substr(0, 40), alpha_in.dump().substr(0, 40)));
+  }
+  const int r = int(*r_in);
+  const double alpha = alpha_in.get<double>();
   if (r != L->r || float(alpha / r) != L->scaling) {
     return invalid_argument(fmt::format(
         "{}: r {} and lora_alpha {} differ from the config's lora.r {} and scaling {} (set "
@@ -86,7 +95,13 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
   }
   std::set<std::string> targets;
   if (cfg.contains("target_modules") && cfg["target_modules"].is_array()) {
-    for (const json& t : cfg["target_modules"]) targets.insert(t.get<std::string>());
+    for (const json& t : cfg["target_modules"]) {
+      if (!t.is_string()) {
+        return invalid_argument(fmt::format("{}: target_modules holds {}, not a module name",
+                                            cfg_path, t.dump().substr(0, 40)));
+      }
+      targets.insert(t.get<std::string>());
+    }
   }
   if (targets != target_names(*L)) {
     std::string want;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "src/base/json_depth.h"
+#include "src/base/json_text.h"
 #include "src/plan/plan.h"
 #include "strata/log.h"
 
@@ -104,9 +105,18 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
             "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
       }
       const double med = e["gemm_flops"].get<double>();
+      // Widths and shapes a probe measures: 1 .. 2^20 each (version-1 profiles: B 4, T 128).
+      const auto C = json_int_in(e["C"], 1, 1 << 20);
+      const auto B = e.contains("B") ? json_int_in(e["B"], 1, 1 << 20) : 4;
+      const auto T = e.contains("T") ? json_int_in(e["T"], 1, 1 << 20) : 128;
+      if (!C || !B || !T) {
+        return invalid_argument(fmt::format(
+            "{}: device.gemm_by_width entry {}: C, B and T must be integers from 1 to {}{}",
+            origin, e.dump().substr(0, 200), 1 << 20, regen));
+      }
       MachineProfile::GemmPoint g;
-      g.width = e["C"].get<int>();
-      g.tokens = e.value("B", 4) * e.value("T", 128);  // version-1 profiles: 4 x 128
+      g.width = int(*C);
+      g.tokens = *B * *T;
       g.flops = fastest ? e.value("gemm_flops_max", med) : med;
       p.gemm_by_width.push_back(g);
     }
@@ -141,8 +151,8 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     for (const auto& c : j["nvme"]["io_probe"].value("cases", json::array())) {
       if (c.value("op", "") == (read ? "read" : "write") &&
           c.value("backend", "") == a.value("backend", "") &&
-          c.value("block_size", 0) == a.value("block_size", 0) &&
-          c.value("queue_depth", 0) == a.value("queue_depth", 0)) {
+          c.value("block_size", json()) == a.value("block_size", json()) &&
+          c.value("queue_depth", json()) == a.value("queue_depth", json())) {
         return c.value("gbps_max", median);
       }
     }
@@ -158,8 +168,16 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
       for (const auto& c : n["io_probe"].value("cases", json::array())) {
         MachineProfile::NvmeCase k;
         k.backend = c.value("backend", "");
-        k.block_size = c.value("block_size", size_t{0});
-        k.queue_depth = c.value("queue_depth", 0);
+        const auto bs = json_int_in(c.value("block_size", json()), 512, int64_t{1} << 30);
+        const auto qd = json_int_in(c.value("queue_depth", json()), 1, 4096);
+        if (!bs || !qd) {
+          return invalid_argument(fmt::format(
+              "{}: nvme.io_probe case {}: block_size must be an integer from 512 to 2^30 and "
+              "queue_depth from 1 to 4096{}",
+              origin, c.dump().substr(0, 200), regen));
+        }
+        k.block_size = size_t(*bs);
+        k.queue_depth = int(*qd);
         const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
         auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
           return x.backend == k.backend && x.block_size == k.block_size &&

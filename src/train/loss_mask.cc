@@ -57,8 +57,7 @@ Result<std::vector<uint8_t>> parse_loss_mask(const std::vector<char>& bytes,
                     "16) says {:08x}; {}",
                     path, crc, static_cast<uint32_t>(h[4]), fix));
   }
-  std::vector<uint8_t> mask(count);
-  std::memcpy(mask.data(), bytes.data() + 1024, count);
+  const std::vector<uint8_t> mask(bytes.begin() + 1024, bytes.end());
   for (size_t i = 0; i < count; ++i) {
     if (mask[i] & ~(kMaskLoss | kMaskStart)) {
       return corrupt(
