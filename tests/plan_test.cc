@@ -633,10 +633,10 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
   j["device"]["gemm_by_width"] = {{{"C", 512}, {"B", -4}, {"gemm_flops", 5e10}}};
   expect_refused(j, "C, B and T must be integers");
   j = good;
-  j["nvme"] = {{"read_gbps", 2.0},
-               {"write_gbps", 2.0},
-               {"io_probe",
-                {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
+  j["nvme"] = {
+      {"read_gbps", 2.0},
+      {"write_gbps", 2.0},
+      {"io_probe", {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
   expect_refused(j, "block_size must be an integer");
   auto p = parse_machine_profile("{not json", "m.json");
   ASSERT_FALSE(p.is_ok());

@@ -111,8 +111,8 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
       const auto T = e.contains("T") ? json_int_in(e["T"], 1, 1 << 20) : 128;
       if (!C || !B || !T) {
         return invalid_argument(fmt::format(
-            "{}: device.gemm_by_width entry {}: C, B and T must be integers from 1 to {}{}",
-            origin, e.dump().substr(0, 200), 1 << 20, regen));
+            "{}: device.gemm_by_width entry {}: C, B and T must be integers from 1 to {}{}", origin,
+            e.dump().substr(0, 200), 1 << 20, regen));
       }
       MachineProfile::GemmPoint g;
       g.width = int(*C);
