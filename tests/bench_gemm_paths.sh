@@ -9,16 +9,17 @@
 # forced with STRATA_CPU_ISA; on an AVX-512/AMX CPU add "avx512bf16", which is the onednn path
 # with oneDNN reading bf16 where it can -- the same as "onednn" there). Rounds alternate the
 # paths. Reports GFLOP per CPU-second of the process (fairer than wall time on a shared
-# machine) per case and round, and that as a share of BM_FmaPeakAvx2 (12 independent register
-# FMA chains, one core) measured the same way in the same run; on AVX-512 CPUs the
-# BM_FmaPeakAvx512 figure is printed as well. A path this build or CPU lacks is reported by
+# machine) per case and round, and that as a share of the peak of the instructions the path
+# runs, measured the same way in the same run (12 independent register-only chains, one core):
+# BM_FmaPeakAvx2 for avx2; for onednn BM_Bf16DotPeakAvx512 (vdpbf16ps) on CPUs with
+# AVX512_BF16, else BM_FmaPeakAvx512 on AVX-512 CPUs, else the AVX2 FMA. A path this build or CPU lacks is reported by
 # strata's log line (the path it fell back to) and left out of the table.
 set -euo pipefail
 bin=${1:-build/tests/bench_matmul}
 rounds=${2:-2}
 paths=${3:-avx2 onednn}
 out=$(mktemp -d /tmp/strata_bench_gemm.XXXXXX)
-filter='FmaPeak|Kernels(Forward|Backward)BF16/N:256/C:(512/OC:(1536|512|2048|256)|2048/OC:512)/'
+filter='Peak|Kernels(Forward|Backward)BF16/N:256/C:(512/OC:(1536|512|2048|256)|2048/OC:512)/'
 for r in $(seq 1 "$rounds"); do
   for p in $paths; do
     STRATA_CPU_ISA=$p "$bin" --benchmark_filter="$filter" --benchmark_min_time=0.5 \
@@ -39,19 +40,31 @@ for f in sorted(os.listdir(out)):
             continue
         cpu = b["cpu_time"] * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b["time_unit"]]
         name = b["name"].replace("/process_time/real_time", "").replace("BM_Kernels", "")
-        if name.startswith("BM_FmaPeak"):
-            lanes = 16 if "Avx512" in name else 8
-            peak[(path, name[10:])].append(2 * lanes * 12 * (1 << 20) / cpu * 1e-9)
+        if "Peak" in name:  # BM_FmaPeakAvx2, BM_FmaPeakAvx512, BM_Bf16DotPeakAvx512
+            isa = {"BM_FmaPeakAvx2": "fma-avx2", "BM_FmaPeakAvx512": "fma-avx512",
+                   "BM_Bf16DotPeakAvx512": "bf16dot-avx512"}[name]
+            lanes = {"fma-avx2": 8, "fma-avx512": 16, "bf16dot-avx512": 32}[isa]
+            peak[(path, isa)].append(2 * lanes * 12 * (1 << 20) / cpu * 1e-9)
         else:
             rate[(name, path)].append(b["flops"] / cpu * 1e-9)
 for (path, isa), v in sorted(peak.items()):
-    print(f"{path}: FMA peak {isa} " + " / ".join(f"{x:.1f}" for x in v) + " GFLOP per CPU-s")
-print("\n| case (bf16, N/C/OC/threads) |" + "".join(f" {p} GFLOP/CPU-s | % of peak |" for p in paths))
+    print(f"{path}: peak {isa} " + " / ".join(f"{x:.1f}" for x in v) + " GFLOP per CPU-s")
+# Each path against the peak of the instructions it runs: avx2 (and baseline) the AVX2 FMA; the
+# onednn path (bf16 operands) the AVX512_BF16 dot product where the CPU has it, else the
+# widest FMA it has.
+def peak_of(p):
+    order = ["fma-avx2"] if p in ("avx2", "scalar") else ["bf16dot-avx512", "fma-avx512", "fma-avx2"]
+    for isa in order:
+        if peak.get((p, isa)):
+            return isa, peak[(p, isa)]
+    return None, []
+print("\n| case (bf16, N/C/OC/threads) |" +
+      "".join(f" {p} GFLOP/CPU-s | % of {peak_of(p)[0]} peak |" for p in paths))
 print("|---" * (1 + 2 * len(paths)) + "|")
 for name in sorted({n for n, _ in rate}):
     line = f"| {name} |"
     for p in paths:
-        v, pk = rate.get((name, p), []), peak.get((p, "Avx2"), [])
+        v, pk = rate.get((name, p), []), peak_of(p)[1]
         if not v or not pk:
             line += " - | - |"
             continue

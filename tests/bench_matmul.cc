@@ -110,8 +110,28 @@ __attribute__((target("avx512f"))) double fma_chains_avx512(int64_t iters) {
   return sum;
 }
 
+// The bf16 dot-product peak (AVX512_BF16's vdpbf16ps: per fp32 lane, two bf16 products added
+// to the accumulator, 4 FLOP), the instruction oneDNN's bf16 matmul runs on such CPUs without
+// AMX: `lanes` = 32 counts it as 16 lanes x 2 FMAs.
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_chains(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(1e-7f * float(i));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  double sum = 0;
+  for (int i = 0; i < 12; ++i) sum += _mm512_cvtss_f32(acc[i]);
+  return sum;
+}
+
 void run_fma_peak(benchmark::State& state, const char* isa, int lanes, double (*chains)(int64_t)) {
-  if (!cpu_isa_supported(std::string_view(isa) == "avx2" ? CpuIsa::kAvx2 : CpuIsa::kAvx512)) {
+  const std::string_view name(isa);
+  const CpuIsa need = name == "avx2"     ? CpuIsa::kAvx2
+                      : name == "avx512" ? CpuIsa::kAvx512
+                                         : CpuIsa::kAvx512Bf16;
+  if (!cpu_isa_supported(need)) {
     state.SkipWithError(fmt::format("this CPU has no {}", isa).c_str());
     return;
   }
@@ -124,7 +144,11 @@ void run_fma_peak(benchmark::State& state, const char* isa, int lanes, double (*
 void BM_FmaPeakAvx2(benchmark::State& s) { run_fma_peak(s, "avx2", 8, fma_chains_avx2); }
 void BM_FmaPeakAvx512(benchmark::State& s) { run_fma_peak(s, "avx512", 16, fma_chains_avx512); }
 BENCHMARK(BM_FmaPeakAvx2)->MeasureProcessCPUTime()->UseRealTime();
+void BM_Bf16DotPeakAvx512(benchmark::State& s) {
+  run_fma_peak(s, "avx512bf16", 32, bf16_dot_chains);
+}
 BENCHMARK(BM_FmaPeakAvx512)->MeasureProcessCPUTime()->UseRealTime();
+BENCHMARK(BM_Bf16DotPeakAvx512)->MeasureProcessCPUTime()->UseRealTime();
 
 // The linear layers of configs/tiny-cpu.json (N = 4 x 64 tokens, C = 128) and
 // configs/bench-25m.json (N = 2 x 128, C = 512): qkv (OC = 3C), attention projection (C),
