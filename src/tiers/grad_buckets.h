@@ -2,7 +2,8 @@
 // accumulator GACC on the d2h stream as soon as its backward is done.
 //
 // Unsharded, each module is drained alone: copied to GACC for the first micro-batch, added
-// for the later ones (through a host landing buffer), the same on every placement. With
+// for the later ones (through a host landing buffer; read in place where the host can address
+// the device, as the CPU backend), the same on every placement. With
 // several ranks the drained buffers go into buckets of reduce_bucket_size elements that are
 // reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
 // in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
