@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "src/train/defer_choice.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
@@ -168,6 +169,7 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
                         "strata.placement.grads=\"nvme\"", "strata.host_memory_limit=\"64MiB\""}) {
     ov.push_back(s);
   }
+  ov.push_back("strata.optimizer.defer=\"always\"");
   const auto [plain, over] = train_both(dir, ov, 12);
   auto over_ov = ov;
   over_ov.push_back("strata.optimizer.overlap=true");
@@ -194,6 +196,55 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
   ASSERT_EQ(r2.losses.size(), 7u);
   for (size_t s = 0; s < 7; ++s) EXPECT_EQ(r2.losses[s], plain.losses[5 + s]) << "step " << 6 + s;
   EXPECT_EQ(r2.weights_crc, plain.weights_crc);
+  fs::remove_all(dir);
+}
+
+TEST(DeferChoice, AutoTimesBothSchedulesThenKeepsTheFaster) {
+  for (const bool deferral_faster : {true, false}) {
+    DeferChoice c(DeferChoice::parse("auto"));
+    std::vector<bool> defers;
+    for (int i = 0; i < 3 * DeferChoice::kTrial; ++i) {
+      defers.push_back(c.defer());
+      const bool timed_deferred = i >= DeferChoice::kTrial && i < 2 * DeferChoice::kTrial;
+      // The untimed steps (warm-up, the first after the switch) are the slowest of all.
+      const double s = i < DeferChoice::kTrial || i == 2 * DeferChoice::kTrial ? 9.0
+                       : timed_deferred == deferral_faster                     ? 1.0
+                                                                               : 2.0;
+      EXPECT_EQ(c.record(s), i == 3 * DeferChoice::kTrial - 1) << i;
+    }
+    for (int i = 0; i < 3 * DeferChoice::kTrial; ++i) {
+      EXPECT_EQ(defers[size_t(i)], i < 2 * DeferChoice::kTrial) << "trial step " << i;
+    }
+    EXPECT_DOUBLE_EQ(c.deferred_median(), deferral_faster ? 1.0 : 2.0);
+    EXPECT_DOUBLE_EQ(c.plain_median(), deferral_faster ? 2.0 : 1.0);
+    c.decide(c.deferred_median(), c.plain_median());
+    EXPECT_EQ(c.defer(), deferral_faster);
+    EXPECT_FALSE(c.record(0.5)) << "decided once";
+    EXPECT_EQ(c.defer(), deferral_faster);
+  }
+  EXPECT_TRUE(DeferChoice(DeferChoice::parse("always")).defer());
+  EXPECT_FALSE(DeferChoice(DeferChoice::parse("never")).defer());
+}
+
+// "auto" switches schedules in the middle of a run that clips at every step: 8 steps deferred,
+// 4 after backward, then the faster; the losses and weights stay the plain schedule's.
+TEST(DeferChoice, AutoSwitchesMidRunWithTheSameBits) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("defer_auto");
+  std::vector<std::string> ov = placement(dir, /*nvme=*/true);
+  for (const char* s : {"gradient_clipping=0.01", "gradient_accumulation_steps=2",
+                        "scheduler.params.warmup_num_steps=2", "train_batch_size=8",
+                        "train.steps=16", "strata.optimizer.defer=\"auto\""}) {
+    ov.push_back(s);
+  }
+  const auto [plain, over] = train_both(dir, ov, 16);
+  ASSERT_EQ(over.optimizer_schedule.size(), 16u);
+  // Step 0 clips as expected (deferred), and every later step follows a clipped one.
+  for (size_t s = 0; s < 8; ++s) EXPECT_EQ(over.optimizer_schedule[s], 3) << "step " << s;
+  for (size_t s = 8; s < 12; ++s) EXPECT_EQ(over.optimizer_schedule[s], 0) << "step " << s;
+  for (size_t s = 13; s < 16; ++s) {
+    EXPECT_EQ(over.optimizer_schedule[s], over.optimizer_schedule[12]) << "decided at 12";
+  }
   fs::remove_all(dir);
 }
 

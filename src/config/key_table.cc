@@ -543,6 +543,12 @@ std::vector<Key> build_table() {
         "redone when clipping or an overflow says so); while clipping bites, each step is "
         "deferred to the next forward instead (module i stepped just before its forward)",
         nullptr));
+  add(F("strata.optimizer.defer", Enum("auto|always|never"), STRATA_M(strata.optimizer_defer),
+        "with strata.optimizer.overlap, where a step that clipping or an overflow keeps from "
+        "being stepped under backward runs: deferred into the next forward (always), after "
+        "backward (never), or auto: both timed on the first steps that clip (8 deferred, 4 "
+        "after backward) and the faster kept; the same bits either way",
+        nullptr));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1's forward and backward (one step stale: changes "
         "the numbers)",

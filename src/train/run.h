@@ -31,6 +31,7 @@
 #include "src/tiers/tier_manager.h"
 #include "src/train/checkpoint_dir.h"
 #include "src/train/data.h"
+#include "src/train/defer_choice.h"
 #include "src/train/metrics_log.h"
 #include "src/train/monitors.h"
 #include "src/train/process_memory.h"
@@ -108,6 +109,8 @@ class Run {
   // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
   // whose gradients are final after each run of drains.
   Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb);
+  // Settles strata.optimizer.defer = "auto" once its trial steps are timed (every rank alike).
+  Status settle_defer_choice();
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
   // train.export_dir, written by this run's lineage with the checkpoint of `step`.
@@ -160,6 +163,8 @@ class Run {
   // (early gradients are the largest, so the first step is expected to clip: it is deferred,
   // not speculated and rolled back).
   bool last_clipped_ = cfg_.gradient_clipping > 0;
+  // Whether such a step (not stepped under backward) defers into the next forward.
+  DeferChoice defer_choice_{DeferChoice::parse(cfg_.strata.optimizer_defer)};
   double last_fwd_bwd_s_ = 0;
 };
 

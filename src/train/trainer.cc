@@ -459,6 +459,8 @@ Result<double> Run::run_step() {
     tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
                            /*step_modules=*/!last_clipped_ && !last_skipped_);
   }
+  // Nothing is stepped under backward this step: where its optimizer runs is defer_choice_'s.
+  const bool not_under_backward = speculate && (last_clipped_ || last_skipped_);
   tm_->begin_phase("train");
   std::vector<float> aux(size_t(accum_), -1.0f);
   for (int micro = 0; micro < accum_; ++micro) {
@@ -516,7 +518,8 @@ Result<double> Run::run_step() {
       // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
       // with the overlap, the modules not stepped yet are stepped as the next forward needs
       // them (deferred: exact whatever the clipping).
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, /*defer=*/speculate),
+      const bool defer = speculate && (!not_under_backward || defer_choice_.defer());
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, defer),
                              "");  // says "optimizer step" itself
     }
     ++opt_steps_;
@@ -524,6 +527,9 @@ Result<double> Run::run_step() {
     STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
   }
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
+  if (not_under_backward && defer_choice_.record(seconds_since(t0))) {
+    STRATA_RETURN_IF_ERROR(settle_defer_choice(), "choosing where the optimizer runs");
+  }
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
     for (size_t m = 0; m < arch_->layout().modules.size(); ++m) {
@@ -535,6 +541,22 @@ Result<double> Run::run_step() {
   }
   ++step_;
   return loss;
+}
+
+// The same choice on every rank: the slowest rank's medians decide.
+Status Run::settle_defer_choice() {
+  float m[2] = {static_cast<float>(defer_choice_.deferred_median()),
+                static_cast<float>(defer_choice_.plain_median())};
+  if (world_ > 1) STRATA_RETURN_IF_ERROR(reduce(m, 2, ReduceOp::kMax), "");
+  defer_choice_.decide(m[0], m[1]);
+  if (rank_ == 0) {
+    log_info(
+        "optimizer: steps that clip ran in {:.2f} s deferred into the next forward and {:.2f} s "
+        "stepped after backward: {} from now on (strata.optimizer.defer = \"auto\"; the same "
+        "bits either way)",
+        m[0], m[1], defer_choice_.defer() ? "deferring" : "stepping after backward");
+  }
+  return Status::ok();
 }
 
 Result<double> Run::eval_loss() {
