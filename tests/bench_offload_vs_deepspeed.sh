@@ -15,6 +15,9 @@
 # in its faster precision on this CPU: bf16 where the CPU has avx512_bf16 or amx_bf16, else fp32
 # (PyTorch emulates bf16 on AVX2-only CPUs); DS_DTYPE overrides. strata runs bf16 (its kernels
 # are the same speed either way; the bytes it moves are the bf16 ones).
+# STRATA_SET=KEY=VALUE adds one --set to both strata runs (e.g. 'strata.optimizer.defer="never"',
+# the schedule strata.optimizer.defer "auto" settles on after 12 clipped steps on a machine where
+# stepping after backward measures faster, for runs too short to reach that point).
 # Every run trains STEPS steps (default 6); s/step is the median of the steps after the first
 # two (strata: from its metrics log; DeepSpeed: its own timer, 2 warm-up steps); peak RSS is the
 # process's VmHWM (/usr/bin/time's maximum resident set). Both write their swap files under
@@ -49,7 +52,8 @@ strata_run() {  # strata_run NAME ROUND [--set k=v]...
     --set "zero_optimization.offload_optimizer.nvme_path=\"$nvme/strata\"" \
     --set train.steps="$steps" --set train.final_checkpoint=false \
     --set "train.checkpoint_dir=\"$out/ckpt-$name-$r\"" \
-    --set "train.log_file=\"$out/$name-$r.jsonl\"" "$@" > "$out/$name-$r.out" 2>&1 ||
+    --set "train.log_file=\"$out/$name-$r.jsonl\"" ${STRATA_SET:+--set "$STRATA_SET"} "$@" \
+    > "$out/$name-$r.out" 2>&1 ||
     { cat "$out/$name-$r.out"; exit 1; }
 }
 for r in $(seq 1 "$rounds"); do
