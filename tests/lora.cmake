@@ -16,3 +16,7 @@ endif()
 # NF4 (QLoRA's 4-bit NormalFloat, src/base/nf4.h) bit for bit against bitsandbytes'
 # (tests/fixtures/nf4, tools/make_nf4_fixture.py).
 strata_test(nf4_test ${CMAKE_CURRENT_LIST_DIR}/nf4_test.cc)
+# A quantized base (lora.base_quantization nf4 / int8, src/model/base_quant.h): the stored layout
+# and its fill, the device's dequantization, losses equal to those over the dequantized weights,
+# the stored size in the tiers, every placement alike, exact resume, bad sections refused.
+strata_test(qlora_test ${CMAKE_CURRENT_LIST_DIR}/qlora_test.cc)
