@@ -658,7 +658,7 @@ TEST_F(EmulatedKernels, QuantizeIsBitExact) {
 TEST_F(EmulatedKernels, DequantizeNf4IsBitExact) {
   for (size_t n : {size_t(1001), size_t(4096)}) {  // an odd count: a half-used last byte
     std::vector<uint8_t> q((n + 1) / 2);
-    std::mt19937 g(uint32_t(n));
+    std::mt19937 g{uint32_t(n)};
     for (uint8_t& b : q) b = uint8_t(g());  // every code, both nibbles
     const size_t nb = (n + 63) / 64;
     for (DType dt : kDtypes) {
