@@ -20,3 +20,12 @@ strata_test(nf4_test ${CMAKE_CURRENT_LIST_DIR}/nf4_test.cc)
 # and its fill, the device's dequantization, losses equal to those over the dequantized weights,
 # the stored size in the tiers, every placement alike, exact resume, bad sections refused.
 strata_test(qlora_test ${CMAKE_CURRENT_LIST_DIR}/qlora_test.cc)
+# QLoRA against bitsandbytes + peft: strata eval's loss of an nf4-base LoRA run equals peft's over
+# transformers' 4-bit NF4 model with the exported adapter (tools/check_qlora_bnb.py; skipped,
+# exit 77, without torch, transformers, peft and bitsandbytes).
+if(strata_hf_python)
+  add_test(NAME qlora_bnb_peft
+           COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_qlora_bnb.py
+                   --strata $<TARGET_FILE:strata>)
+  set_tests_properties(qlora_bnb_peft PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()
