@@ -655,6 +655,29 @@ TEST_F(EmulatedKernels, QuantizeIsBitExact) {
   }
 }
 
+TEST_F(EmulatedKernels, DequantizeNf4IsBitExact) {
+  for (size_t n : {size_t(1001), size_t(4096)}) {  // an odd count: a half-used last byte
+    std::vector<uint8_t> q((n + 1) / 2);
+    std::mt19937 g{uint32_t(n)};
+    for (uint8_t& b : q) b = uint8_t(g());  // every code, both nibbles
+    const size_t nb = (n + 63) / 64;
+    for (DType dt : kDtypes) {
+      check_op(
+          name("dequantize_nf4", dt) + " n " + std::to_string(n),
+          {floats(n, dt), {q, DType::kF32}, floats(nb, DType::kF32, 0.0f, 3.0f)},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.dequantize_nf4(s, dt, p[0], static_cast<const uint8_t*>(p[1]),
+                             static_cast<const float*>(p[2]), n);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_dequantize_nf4(s, dt, p[0], static_cast<const uint8_t*>(p[1]),
+                                       static_cast<const float*>(p[2]), n);
+          },
+          {{0, "x"}});
+    }
+  }
+}
+
 TEST_F(EmulatedKernels, OptimizerStepIsBitExact) {
   const size_t n = 1001;
   for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdagrad,

@@ -89,6 +89,27 @@ TEST(CudaTraining, MatchesTheCpuBackend) {
   fs::remove_all(dir);
 }
 
+// A LoRA run over an nf4 base (lora.base_quantization): the quantized blocks travel from host
+// memory to the device as bytes and are dequantized there by Kernels::dequantize_nf4 before
+// each block's compute (GPT-2: its biases and LayerNorms as fp32 segments, cast to bf16).
+TEST(CudaTraining, QloraNf4BaseMatchesTheCpuBackend) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_train_qlora");
+  const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
+                                         "lora.target_modules=[\"c_attn\",\"c_fc\"]",
+                                         "lora.base_quantization=\"nf4\""};
+  TrainOptions o;
+  o.progress = false;
+  auto cpu = train(config("cpu", dir + "/cpu", lora), o);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto gpu = train(config("cuda", dir + "/cuda", lora), o);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  expect_losses_match(*cpu, *gpu);
+  fs::remove_all(dir);
+}
+
 // Parameters on the device, the optimizer in host RAM, the step deferred to the next forward
 // (strata.optimizer.overlap, on by default, with clipping biting): the new parameters go up on
 // the h2d stream while the forward runs, and each module's forward must wait for its copies.

@@ -16,3 +16,16 @@ endif()
 # NF4 (QLoRA's 4-bit NormalFloat, src/base/nf4.h) bit for bit against bitsandbytes'
 # (tests/fixtures/nf4, tools/make_nf4_fixture.py).
 strata_test(nf4_test ${CMAKE_CURRENT_LIST_DIR}/nf4_test.cc)
+# A quantized base (lora.base_quantization nf4 / int8, src/model/base_quant.h): the stored layout
+# and its fill, the device's dequantization, losses equal to those over the dequantized weights,
+# the stored size in the tiers, every placement alike, exact resume, bad sections refused.
+strata_test(qlora_test ${CMAKE_CURRENT_LIST_DIR}/qlora_test.cc)
+# QLoRA against bitsandbytes + peft: strata eval's loss of an nf4-base LoRA run equals peft's over
+# transformers' 4-bit NF4 model with the exported adapter (tools/check_qlora_bnb.py; skipped,
+# exit 77, without torch, transformers, peft and bitsandbytes).
+if(strata_hf_python)
+  add_test(NAME qlora_bnb_peft
+           COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_qlora_bnb.py
+                   --strata $<TARGET_FILE:strata>)
+  set_tests_properties(qlora_bnb_peft PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+endif()

@@ -160,6 +160,10 @@ class CountingKernels final : public Kernels {
                   size_t n, int block, bool accumulate) override {
     inner_.dequantize(s, bits, dt, x, q, scales, n, block, accumulate);
   }
+  void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                      size_t n) override {
+    inner_.dequantize_nf4(s, dt, x, q, absmax, n);
+  }
   void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
     counts_->optimizer_steps.fetch_add(1);
     counts_->optimizer_elements.fetch_add(long(shard.n));

@@ -741,6 +741,37 @@ TEST(Zero3Lora, TwoRanksTrainTheAdaptersAsOneRankAndResumeOnOne) {
   fs::remove_all(dir);
 }
 
+// A quantized base (lora.base_quantization nf4) sharded over two ranks: each rank holds half of
+// every block's stored bytes, the gathers put them back together bit for bit, and the curve is
+// one rank's (GPT-2: its biases and LayerNorms are the stored module's fp32 segments).
+TEST(Zero3Lora, AnNf4BaseShardedOverTwoRanksTrainsAsOnOne) {
+  STRATA_NEEDS_MPI();
+  const std::string dir = temp_dir("qlora");
+  const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
+                                         "lora.target_modules=[\"c_attn\",\"c_fc\"]",
+                                         "lora.base_quantization=\"nf4\""};
+  std::string sets;
+  for (const std::string& kv : lora) sets += " --set '" + kv + "'";
+  WorkerArgs a;
+  a.out = dir + "/np1";
+  a.placement = "nvme";
+  a.set = lora;
+  fs::create_directories(a.out);
+  ASSERT_TRUE(run_worker(a).is_ok());
+  const json ref = rank_result(a.out, 0);
+  ASSERT_TRUE(ref.is_object());
+  const std::string two = dir + "/np2";
+  fs::create_directories(two);
+  const Launch l = launch(2, fmt::format("{} nvme {}{}", two, kSteps, sets));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
+  for (int r = 0; r < 2; ++r) {
+    expect_same_curve(ref, rank_result(two, r), 0, fmt::format("qlora np=2 rank {}", r),
+                      kLossTolerance);
+  }
+  EXPECT_LT(ref["losses"].back().get<double>(), ref["losses"].front().get<double>() - 0.05);
+  fs::remove_all(dir);
+}
+
 // Resharding in pieces: a 2-rank checkpoint of a model whose blocks are larger than the host
 // tier (width 512: a block's fp32 master weights are 12.6 MB), resumed on one rank with
 // everything on NVMe under a 10 MiB host budget. Each old shard's ranges are stored a sub-group

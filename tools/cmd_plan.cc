@@ -1,6 +1,7 @@
 // `strata plan`: bytes per tier, fit, predicted step time and bottleneck for each placement of
 // the training state; the fastest feasible one written as a config (src/plan/plan.h,
 // docs/PLANNER.md). Arguments: plan_args.cc; --validate: plan_validate.cc.
+#include <fmt/format.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "src/hf/hf_config.h"
 #include "src/model/architecture.h"
+#include "src/model/base_quant.h"
 #include "strata/log.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
@@ -139,6 +141,18 @@ int cmd_plan(int argc, char** argv) {
     } else {
       req.hw = hw;
       req.profile = prof;
+    }
+  }
+  if (!a.base_quant.empty() && a.base_quant != "none" && a.lora_r <= 0 &&
+      !req.model.shape.lora.enabled) {
+    return plan_fail(invalid_argument(
+        "--base-quantization quantizes a frozen LoRA base: give --lora R as well"));
+  }
+  if (!a.base_quant.empty()) {
+    req.model.shape.lora.base_quantization = a.base_quant;
+    if (auto k = parse_base_quantization(a.base_quant); !k.is_ok()) {
+      return plan_fail(invalid_argument(fmt::format(
+          "--base-quantization: unknown value \"{}\"; use none, int8 or nf4", a.base_quant)));
     }
   }
   if (a.lora_r > 0) {

@@ -33,6 +33,9 @@ constexpr const char* kUsage =
     "                       parameters only: no master weights, moments or gradients)\n"
     "  --lora-targets LIST  comma-separated PEFT layer names (default q_proj,v_proj; GPT:\n"
     "                       c_attn); lora_alpha is 2R\n"
+    "  --base-quantization none|int8|nf4   with --lora: the frozen base's linear-layer\n"
+    "                       weights stored quantized (lora.base_quantization: int8 1 B +\n"
+    "                       a scale per row, nf4 0.5 B + a scale per 64) in every tier\n"
     "batch:\n"
     "  --batch B            sequences per micro-batch per GPU (default 1)\n"
     "  --seq T              tokens per sequence (default: the model's context, at most 8192)\n"
@@ -126,6 +129,8 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
       ok = num(&p.lora_r);
     } else if (a == "--lora-targets") {
       p.lora_targets = v;
+    } else if (a == "--base-quantization") {
+      p.base_quant = v;
     } else if (a == "--layers") {
       ok = num(&p.layers);
     } else if (a == "--width") {

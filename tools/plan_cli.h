@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string activations;
   int lora_r = 0;            // --lora: adapters of this rank over a frozen base (0: none)
   std::string lora_targets;  // --lora-targets, comma-separated ("": PEFT's default)
+  std::string base_quant;    // --base-quantization none|int8|nf4 ("": none)
 };
 
 // Parses argv into `out`. Returns -1 to go on, or the exit code to return now (0 after --help,

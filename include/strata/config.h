@@ -123,6 +123,11 @@ struct LoraConfig {
   // c_attn, c_proj, c_fc); empty: PEFT's default for the model type (q_proj, v_proj; c_attn).
   std::vector<std::string> target_modules;
   std::string bias = "none";  // only "none": biases stay frozen
+  // How the frozen base's linear-layer weights are stored (QLoRA; src/model/base_quant.h):
+  // "none" (the model dtype), "int8" (one byte per weight and an fp32 scale per row), "nf4"
+  // (QLoRA's 4-bit NormalFloat, blocks of 64 with an fp32 absmax each, as bitsandbytes).
+  std::string base_quantization = "none";
+  bool double_quant = false;  // nf4's absmax quantized again (bitsandbytes'): not implemented
   float scaling() const { return float(alpha / double(r)); }
 };
 

@@ -245,6 +245,13 @@ class Kernels {
   // q[i] * scales[i / block] (fp32 multiply, then fp32 add, then one rounding to `dt`).
   virtual void dequantize(Stream& s, int bits, DType dt, void* x, const void* q,
                           const float* scales, size_t n, int block, bool accumulate) = 0;
+  // QLoRA's 4-bit NormalFloat (a quantized LoRA base, src/model/base_quant.h): x[i] =
+  // code[c_i] * absmax[i / 64] (one fp32 multiply), rounded to `dt`, where c_i is element i's
+  // 4-bit index (byte i/2's high nibble for even i, its low nibble for odd i: bitsandbytes'
+  // layout) and code the 16 NF4 values (src/base/nf4.h's kNf4Code, bitsandbytes' fp32 bits).
+  // The same bits on every backend, and src/base/nf4.h's nf4_dequantize's before the rounding.
+  virtual void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                              size_t n) = 0;
   // The optimizer step on a shard whose state lives in this device's memory: every pointer in
   // `shard` (grad, master, m, v, lp_out) is device memory; the numbers are
   // optimizer_step_reference()'s (strata/optimizer.h), element for element, on every backend

@@ -168,6 +168,10 @@ class CpuKernels final : public Kernels {
                   size_t n, int block, bool accumulate) override {
     run(s, [=] { cpu::dequantize(bits, dt, x, q, scales, n, block, accumulate); });
   }
+  void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                      size_t n) override {
+    run(s, [=] { cpu::dequantize_nf4(dt, x, q, absmax, n); });
+  }
   void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
     // threads 0: the fused optimizer runs in the arena this task runs in (the device's).
     run(s, [=] { strata::optimizer_step(hyper, shard, /*threads=*/0); });

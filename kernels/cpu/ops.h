@@ -5,7 +5,7 @@
 // cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
 // the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
 // matmul.cc, attention.cc, flash_attention.cc, rmsnorm.cc, swiglu.cc, rope.cc, gelu.cc,
-// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc.
+// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc, nf4.cc.
 //
 // Threading: the functions use tbb::parallel_for and run on whatever arena they are called
 // from. They may be called from any thread; concurrent calls must not write the same memory.
@@ -148,5 +148,8 @@ void quantize_reference(int bits, DType dt, void* q, float* scales, const void* 
                         int block);
 void dequantize_reference(int bits, DType dt, void* x, const void* q, const float* scales, size_t n,
                           int block, bool accumulate);
+
+// NF4 dequantization (Kernels::dequantize_nf4; nf4.cc).
+void dequantize_nf4(DType dt, void* x, const uint8_t* q, const float* absmax, size_t n);
 
 }  // namespace strata::cpu

@@ -214,6 +214,11 @@ class CudaKernels final : public Kernels {
       return cuda_dequantize(cs.handle, bits, dt, x, q, scales, n, block, accumulate);
     });
   }
+  void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                      size_t n) override {
+    run("dequantize_nf4", s,
+        [&](CudaStream& cs) { return cuda_dequantize_nf4(cs.handle, dt, x, q, absmax, n); });
+  }
   void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
     run("optimizer_step", s,
         [&](CudaStream& cs) { return cuda_optimizer_step(cs.handle, hyper, shard); });

@@ -152,6 +152,9 @@ Status cuda_quantize(cudaStream_t s, int bits, DType dt, void* q, float* scales,
                      size_t n, int block);
 Status cuda_dequantize(cudaStream_t s, int bits, DType dt, void* x, const void* q,
                        const float* scales, size_t n, int block, bool accumulate);
+// nf4.cu
+Status cuda_dequantize_nf4(cudaStream_t s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                           size_t n);
 // adamw.cu: optimizer_step_reference's numbers on a shard whose pointers are device memory.
 Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardState& st);
 

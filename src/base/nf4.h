@@ -9,8 +9,10 @@
 // tests/nf4_test.cc checks the code book, the bytes, the scales and the dequantized bits against
 // bitsandbytes' own output (tests/fixtures/nf4, tools/make_nf4_fixture.py).
 //
-// These are the host reference and the import-time quantizer; nothing in the engine stores a
-// quantized base yet (lora.base_quantization is not built).
+// These are the host reference and the import-time quantizer of a quantized LoRA base
+// (lora.base_quantization nf4, src/model/base_quant.h: the tier manager quantizes the base with
+// nf4_quantize when it initializes the state); the device dequantizes with
+// Kernels::dequantize_nf4, which computes nf4_dequantize's values.
 #pragma once
 
 #include <cstddef>

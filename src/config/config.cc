@@ -260,7 +260,36 @@ Status resolve(Ctx* ctx, int world_size) {
         fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size ({})",
                     c.model.padded_vocab_size, c.model.vocab_size));
   }
-  for (const auto& [path, v] : ctx->given) c.model.lora.enabled |= path.rfind("lora.", 0) == 0;
+  // Any lora.* key turns adapters on, except how the base is stored: that alone would train
+  // adapters nobody asked for.
+  for (const auto& [path, v] : ctx->given) {
+    c.model.lora.enabled |= path.rfind("lora.", 0) == 0 && path != "lora.base_quantization" &&
+                            path != "lora.double_quant";
+  }
+  const LoraConfig& lq = c.model.lora;
+  if (lq.base_quantization != "none" && !lq.enabled) {
+    return invalid_argument(fmt::format(
+        "lora.base_quantization: {} quantizes a frozen LoRA base, but no adapters are configured; "
+        "give the lora section its adapters (e.g. lora.r and lora.target_modules) or set "
+        "lora.base_quantization to none",
+        lq.base_quantization));
+  }
+  if (lq.double_quant && lq.base_quantization != "nf4") {
+    return invalid_argument(
+        "lora.double_quant: true applies to lora.base_quantization nf4 only; remove it");
+  }
+  if (lq.double_quant) {
+    return invalid_argument(
+        "lora.double_quant: true (bitsandbytes' double quantization of nf4's absmax) is not "
+        "implemented; set it to false (nf4 keeps one fp32 absmax per 64 weights: 0.0625 B/param)");
+  }
+  if (lq.base_quantization != "none" && c.zero.zero_quantized_weights) {
+    return invalid_argument(fmt::format(
+        "lora.base_quantization: {} stores the frozen base quantized already; "
+        "zero_optimization.zero_quantized_weights would quantize those bytes again; set it to "
+        "false",
+        lq.base_quantization));
+  }
   if (c.model.lora.enabled && c.model.lora.dropout > 0) {
     return invalid_argument(fmt::format(
         "lora.lora_dropout: {} is not implemented (strata's adapters run without dropout); set "

@@ -469,7 +469,8 @@ std::vector<Key> build_table() {
   // --- LoRA (PEFT's LoraConfig) ---------------------------------------------------------------
   group("LoRA adapters (PEFT's LoraConfig keys)");
   add(F("lora.r", Int(1, 65536), STRATA_M(model.lora.r),
-        "adapter rank; giving any lora.* key turns adapters on and freezes the whole base"));
+        "adapter rank; giving any lora.* key (but base_quantization and double_quant) turns "
+        "adapters on and freezes the whole base"));
   add(F("lora.lora_alpha", Real(0, kInf, true, true), STRATA_M(model.lora.alpha),
         "scaling = lora_alpha / r"));
   add(F("lora.lora_dropout", Real(0, 1, false, true), STRATA_M(model.lora.dropout),
@@ -479,6 +480,13 @@ std::vector<Key> build_table() {
         "down_proj; GPT-2: c_attn c_proj c_fc); []: PEFT's default (q_proj, v_proj; c_attn)"));
   add(F("lora.bias", Enum("none"), STRATA_M(model.lora.bias),
         "which biases train: none (PEFT's default; all and lora_only are not implemented)"));
+  add(F("lora.base_quantization", Enum("none|int8|nf4"), STRATA_M(model.lora.base_quantization),
+        "how the frozen base's linear-layer weights are stored, moved and read: none (model "
+        "dtype), int8 (1 byte + an fp32 scale per row), nf4 (QLoRA's NormalFloat: 0.5 byte + an "
+        "fp32 absmax per 64); dequantized on the device per block just before use"));
+  add(F("lora.double_quant", Bool(), STRATA_M(model.lora.double_quant),
+        "nf4's absmax quantized again (bitsandbytes' bnb_4bit_use_double_quant): not implemented "
+        "(true is refused)"));
 
   // --- strata: data -----------------------------------------------------------------------------
   group("strata: data");

@@ -33,6 +33,7 @@
 namespace strata {
 
 struct LoraLayout;  // src/model/lora.h
+struct BaseQuant;   // src/model/base_quant.h
 
 // One named tensor inside a module's flat buffer.
 struct TensorSpec {
@@ -55,6 +56,10 @@ struct ModuleSpec {
   // False for a frozen module (a LoRA run's base): it has parameters only — no master weights,
   // moments or gradients — and the program never acquires its gradients.
   bool trainable = true;
+  // A frozen module stored quantized (lora.base_quantization; src/model/base_quant.h): its
+  // parameters in the tiers are these bytes (held as ceil(stored_bytes / es) model-dtype
+  // elements), dequantized on the device before use. 0: numel elements of the model dtype.
+  size_t stored_bytes = 0;
 };
 
 // The modules of a model, in the order its forward first touches them.
@@ -264,6 +269,11 @@ class Architecture {
   // lora_A.weight", [r, in] / [out, r]); empty for every other module (whose hf_tensors are
   // the base checkpoint's; an adapter module has none there).
   virtual const LoraLayout* lora() const { return nullptr; }
+  // How module m's parameters are stored when the base is quantized (lora.base_quantization),
+  // nullptr when they are plain model-dtype elements. The tier manager fills a quantized
+  // module's homes through it (base_quant_fill) from the same fp32 values init_range or an
+  // import gives; the runner dequantizes it before each of the module's compute steps.
+  virtual std::shared_ptr<const BaseQuant> base_quant(int /*m*/) const { return nullptr; }
   virtual std::vector<HfTensor> hf_adapter_tensors(int /*m*/) const { return {}; }
   // Whether `name`, a tensor in a Hugging Face checkpoint that no hf_tensors() entry reads, is a
   // buffer or a duplicate import may skip (GPT-2's causal-mask "h.<i>.attn.bias", rotary

@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/model/base_quant.h"
 #include "src/model/lora.h"
 #include "strata/kernels.h"
 
@@ -270,14 +271,16 @@ class DecoderRunner final : public ModelRunner {
     void *dA = nullptr, *dB = nullptr, *dln = nullptr;
     typename Blocks::AttentionScratch datt;
     typename Blocks::MlpScratch dmlp;
-    float* discard = nullptr;  // 2C fp32: a frozen norm's weight gradients (DecoderStep)
-    LoraRun lora;              // the adapters' scratch (layout nullptr: none)
+    float* discard = nullptr;      // 2C fp32: a frozen norm's weight gradients (DecoderStep)
+    LoraRun lora;                  // the adapters' scratch (layout nullptr: none)
+    void* block_params = nullptr;  // a quantized base: the block being computed, dequantized
   };
 
   // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
   // what it measured and carves again for real.
   static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
-                    ActivationMode mode, const LoraLayout& lora, Buffers* m) {
+                    ActivationMode mode, const LoraLayout& lora, const BaseQuant* quant,
+                    Buffers* m) {
     const bool keep = mode == ActivationMode::kKeep;
     const int L = sh.n_layer;
     const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
@@ -317,13 +320,16 @@ class DecoderRunner final : public ModelRunner {
       m->lora.layout = &lora;
       m->lora.carve(c, N, d.es());
     }
+    if (quant) m->block_params = c.take(quant->numel * d.es());
   }
 
   DecoderRunner(Device& d, const Blocks& blocks, const ModelConfig& sh, const LoraLayout& lora,
-                const BatchDims& dims, ActivationMode mode, ActivationStore* store)
+                const BaseQuant* quant, const BatchDims& dims, ActivationMode mode,
+                ActivationStore* store)
       : blocks_(blocks),
         sh_(sh),
         lora_(lora),
+        quant_(quant),
         mods_{sh.n_layer, sh.tied_embeddings, extra_modules_of(blocks), !lora.empty()},
         mode_(mode),
         store_(store) {
@@ -341,10 +347,10 @@ class DecoderRunner final : public ModelRunner {
 
   Status allocate() {
     Carver measure(nullptr);
-    carve(measure, blocks_, sh_, st_, mode_, lora_, &buf_);
+    carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &buf_);
     STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used(), "activations"), "device");
     Carver real(static_cast<char*>(arena_));
-    carve(real, blocks_, sh_, st_, mode_, lora_, &buf_);
+    carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &buf_);
     st_.discard = buf_.discard;
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
@@ -379,7 +385,7 @@ class DecoderRunner final : public ModelRunner {
         break;
       case kBlockForward:
         enter_block(op.layer, b, mb, false);
-        forward_block(op.layer, P(mods_.block(op.layer)));
+        forward_block(op.layer, block_params(P(mods_.block(op.layer))));
         break;
       case kHeadForward:
         forward_head(P(F), P(H), mb);
@@ -389,7 +395,7 @@ class DecoderRunner final : public ModelRunner {
         break;
       case kBlockBackward:
         enter_block(op.layer, b, mb, true);
-        backward_block(op.layer, P(mods_.block(op.layer)), G(mods_.block(op.layer)));
+        backward_block(op.layer, block_params(P(mods_.block(op.layer))), G(mods_.block(op.layer)));
         break;
       case kEmbeddingBackward:
         blocks_.embedding_backward(st_, G(E), buf_.dA, buf_.tokens);
@@ -421,6 +427,14 @@ class DecoderRunner final : public ModelRunner {
       buf_.lora.g = b.grads[size_t(a)];
       st_.lora = &buf_.lora;
     }
+  }
+  // A block's parameters as its compute reads them: a quantized base's stored module is first
+  // dequantized into the one scratch buffer (enqueued ahead of the block's compute; the next
+  // block's dequantization follows it on the same stream).
+  const void* block_params(const void* p) {
+    if (!quant_) return p;
+    base_quant_dequantize(*quant_, *st_.k, *st_.s, st_.dt, p, buf_.block_params);
+    return buf_.block_params;
   }
   size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
   // Block l's input, its output (the next block's input or the head's), its intermediates.
@@ -554,6 +568,7 @@ class DecoderRunner final : public ModelRunner {
   const Blocks& blocks_;
   const ModelConfig& sh_;
   const LoraLayout& lora_;
+  const BaseQuant* quant_;  // nullptr: the base is stored in the model dtype
   DecoderModules mods_;
   DecoderStep st_;
   ActivationMode mode_;
@@ -581,17 +596,22 @@ class DecoderArchitecture final : public Architecture {
     STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
     STRATA_ASSIGN_OR_RETURN(LoraLayout lora,
                             lora_layout(shape.lora, Blocks::kType, Blocks(shape).lora_sites()), "");
-    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape, std::move(lora)));
+    STRATA_ASSIGN_OR_RETURN(
+        BaseQuantKind quant,
+        lora_base_quant_kind(shape.lora, Blocks::kType, lora, Blocks(shape).lora_sites()), "");
+    return std::unique_ptr<Architecture>(new DecoderArchitecture(shape, std::move(lora), quant));
   }
 
   const std::string& name() const override { return name_; }
   const ModelLayout& layout() const override { return layout_; }
   const ModelConfig& shape() const override { return shape_; }
   std::string describe() const override {
-    return blocks_.describe(layout_) + lora_describe(lora_, shape_.n_layer);
+    return blocks_.describe(layout_) + lora_describe(lora_, shape_.n_layer) +
+           base_quant_describe(quant_.get(), shape_.n_layer);
   }
   std::string shape_string() const override {
-    return blocks_.shape_string() + lora_shape_string(lora_);
+    return blocks_.shape_string() + lora_shape_string(lora_) +
+           (quant_ ? fmt::format(" base_quantization={}", base_quant_name(quant_->kind)) : "");
   }
   int vocab_size() const override { return shape_.vocab_size; }
   int context() const override { return shape_.context; }
@@ -605,7 +625,7 @@ class DecoderArchitecture final : public Architecture {
     Carver measure(nullptr);
     typename DecoderRunner<Blocks>::Buffers b;
     DecoderRunner<Blocks>::carve(measure, blocks_, shape_, BatchDims{B, T, dt, fused_attention},
-                                 mode, lora_, &b);
+                                 mode, lora_, quant_.get(), &b);
     ActivationSizes s;
     s.bytes = measure.used();
     if (mode == ActivationMode::kOffload) {
@@ -643,6 +663,13 @@ class DecoderArchitecture final : public Architecture {
     return lora_hf_tensors(lora_, blocks_.hf_block_prefix(m - d.base_modules()));
   }
   const LoraLayout* lora() const override { return lora_.empty() ? nullptr : &lora_; }
+  std::shared_ptr<const BaseQuant> base_quant(int m) const override {
+    const DecoderModules d = mods();
+    for (int l = 0; quant_ && l < shape_.n_layer; ++l) {
+      if (m == d.block(l)) return quant_;
+    }
+    return nullptr;
+  }
   bool hf_ignorable(const std::string& name) const override {
     return blocks_.hf_ignorable(name) || (shape_.tied_embeddings && name == "lm_head.weight");
   }
@@ -652,8 +679,8 @@ class DecoderArchitecture final : public Architecture {
                                                      ActivationStore* store) const override {
     STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store), "");
     auto r = std::make_unique<DecoderRunner<Blocks>>(
-        device, blocks_, shape_, lora_, BatchDims{B, T, dt, fused_attention(device.kernels(), dt)},
-        mode, store);
+        device, blocks_, shape_, lora_, quant_.get(),
+        BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode, store);
     STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
                                                       activation_mode_name(mode), B, T));
     return std::unique_ptr<ModelRunner>(std::move(r));
@@ -664,7 +691,7 @@ class DecoderArchitecture final : public Architecture {
     return DecoderModules{shape_.n_layer, shape_.tied_embeddings, extra_modules_of(blocks_),
                           !lora_.empty()};
   }
-  DecoderArchitecture(const ModelConfig& shape, LoraLayout lora)
+  DecoderArchitecture(const ModelConfig& shape, LoraLayout lora, BaseQuantKind quant)
       : name_(Blocks::kType), shape_(shape), blocks_(shape_), lora_(std::move(lora)) {
     const int X = extra_modules_of(blocks_);
     std::function<std::string(int, int)> extra_name;
@@ -678,11 +705,19 @@ class DecoderArchitecture final : public Architecture {
         [this](ModuleSpec& m) { blocks_.block_tensors(m); },
         [this](ModuleSpec& m) { blocks_.final_norm_tensors(m); }, X, extra_name, extra, lora_);
     decoder_programs(mods(), &train_, &eval_);
+    if (quant != BaseQuantKind::kNone) {  // every block has the same layout: one description
+      quant_ = std::make_shared<const BaseQuant>(
+          lora_base_quant(quant, layout_.modules[size_t(mods().block(0))], blocks_.lora_sites()));
+      for (int l = 0; l < shape_.n_layer; ++l) {
+        layout_.modules[size_t(mods().block(l))].stored_bytes = quant_->bytes;
+      }
+    }
   }
   std::string name_;
   ModelConfig shape_;
   Blocks blocks_;
   LoraLayout lora_;
+  std::shared_ptr<const BaseQuant> quant_;  // the blocks' stored format; nullptr: not quantized
   ModelLayout layout_;
   Program train_, eval_;
 };

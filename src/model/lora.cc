@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "src/model/decoder.h"
@@ -79,6 +80,38 @@ void lora_tensors(const LoraLayout& layout, ModuleSpec& m) {
         {t.site.name + ".lora_B", t.b, size_t(t.site.out) * size_t(layout.r), kInitZeros, 0.0f});
   }
   m.numel = layout.numel;
+}
+
+Result<BaseQuantKind> lora_base_quant_kind(const LoraConfig& lora, const std::string& type,
+                                           const LoraLayout& layout,
+                                           const std::vector<LoraSite>& sites) {
+  STRATA_ASSIGN_OR_RETURN(BaseQuantKind kind, parse_base_quantization(lora.base_quantization), "");
+  if (kind == BaseQuantKind::kNone) return kind;
+  if (layout.empty()) {
+    return invalid_argument(fmt::format(
+        "lora.base_quantization: {} quantizes a frozen LoRA base, but the model has no adapters; "
+        "configure the lora section's adapters or set lora.base_quantization to none",
+        lora.base_quantization));
+  }
+  if (sites.empty()) {
+    return invalid_argument(fmt::format(
+        "lora.base_quantization: {} is not implemented for model.type {} (its blocks list no "
+        "linear layers to quantize); set it to none",
+        lora.base_quantization, type));
+  }
+  return kind;
+}
+
+BaseQuant lora_base_quant(BaseQuantKind kind, const ModuleSpec& block,
+                          const std::vector<LoraSite>& sites) {
+  std::vector<QuantWeight> weights;
+  std::vector<int> seen;
+  for (const LoraSite& s : sites) {
+    if (std::find(seen.begin(), seen.end(), s.matmul) != seen.end()) continue;
+    seen.push_back(s.matmul);
+    weights.push_back({tensor_offset(block, s.weight), size_t(s.width), size_t(s.in)});
+  }
+  return base_quant_layout(kind, block.numel, std::move(weights));
 }
 
 std::string lora_describe(const LoraLayout& L, int n_layer) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/model/base_quant.h"
 #include "strata/config.h"
 #include "strata/kernels.h"
 #include "strata/status.h"
@@ -67,6 +68,17 @@ std::vector<std::string> lora_default_targets(const std::string& type);
 // and the sites the model has otherwise, and lora.r.
 Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
                                const std::vector<LoraSite>& sites);
+
+// lora.base_quantization of a model whose adapters are `layout`: kNone when "none"; an error
+// naming the key for an unknown value, for a quantized base without adapters, or for a model
+// type whose blocks list no linear layers (`sites`).
+Result<BaseQuantKind> lora_base_quant_kind(const LoraConfig& lora, const std::string& type,
+                                           const LoraLayout& layout,
+                                           const std::vector<LoraSite>& sites);
+// The stored layout of a block module `block` whose linear layers are `sites`: the weight of
+// every distinct matmul ([width, in] from its `weight` tensor) quantized as `kind`.
+BaseQuant lora_base_quant(BaseQuantKind kind, const ModuleSpec& block,
+                          const std::vector<LoraSite>& sites);
 
 // The adapter module's tensors (for ModuleSpec): A uniform(+-1/sqrt(in)) (init kind 3), B zero.
 void lora_tensors(const LoraLayout& layout, ModuleSpec& m);

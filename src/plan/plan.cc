@@ -305,11 +305,15 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Expected peaks (what the run reports), beside the reservations above.
   // Device: every module's per-micro-batch gradient buffer (fp32, full module) is alive at the
   // end of backward while the drains run; offloaded params are cached in what is left.
-  const uint64_t Pf = arch->layout().num_params();
   uint64_t Pf_trained = 0;
-  for (const ModuleSpec& m : arch->layout().modules) Pf_trained += m.trainable ? m.numel : 0;
+  // The parameters' bytes as the tiers hold them (a quantized base: its stored bytes).
+  uint64_t P_bytes = 0;
+  for (const ModuleSpec& m : arch->layout().modules) {
+    Pf_trained += m.trainable ? m.numel : 0;
+    P_bytes += m.stored_bytes ? m.stored_bytes : m.numel * es;
+  }
   o.device.peak = o.device.total() + Pf_trained * 4;
-  if (where.params != Tier::kDevice) o.device.peak += Pf * es;
+  if (where.params != Tier::kDevice) o.device.peak += P_bytes;
   if (o.device.capacity > 0) o.device.peak = std::min(o.device.peak, o.device.capacity);
   // Host, a step after backward (overlap off) or under it: the homes, the parameter pieces (the
   // NVMe fetch ring, held from the first fetch, and the new parameters' staging), the gradients'
@@ -403,7 +407,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.gemm_flops = gemm_rate_at(pf, m.n_embd, r.micro_batch * r.seq);
   t.compute_s = double(o.flops) / t.gemm_flops;
 
-  const double Pfull = double(Pf);
+  const double Pfull = double(P_bytes) / double(es);  // in model-dtype elements, as gathered
   // Params fetched to the device per step: what the device cannot keep cached, once in each
   // backward and again in each forward (what backward evicted); a cached copy is updated in
   // place by the optimizer (write-through over the link), never fetched again. The room is the
@@ -421,7 +425,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     }
     const uint64_t busy = o.device.total() + largest_grad_buffer;
     const double free_dev = o.device.capacity > busy ? double(o.device.capacity - busy) : 0.0;
-    const double pbytes = Pfull * es;
+    const double pbytes = double(P_bytes);
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     fetch = pbytes * 2.0 * A * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).

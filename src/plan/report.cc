@@ -78,6 +78,9 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   if (m.lora.enabled) {
     c["lora"] = {{"r", m.lora.r}, {"lora_alpha", m.lora.alpha}};
     if (!m.lora.target_modules.empty()) c["lora"]["target_modules"] = m.lora.target_modules;
+    if (m.lora.base_quantization != "none") {
+      c["lora"]["base_quantization"] = m.lora.base_quantization;
+    }
   }
   // A fine-tune's data: the token file tools/prepare_data.py writes with the checkpoint's
   // tokenizer (the `strata plan` message says how).

@@ -29,7 +29,10 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
   for (size_t i = 0; i < homes.size(); ++i) {
     ModuleHomes& m = homes[i];
     m.name = layout.modules[i].name;
-    m.numel = layout.modules[i].numel;
+    // A quantized frozen module (ModuleSpec::stored_bytes) is held as model-dtype elements
+    // enough for its bytes: every tier, shard and sub-group moves those.
+    const size_t stored = layout.modules[i].stored_bytes;
+    m.numel = stored ? (stored + es - 1) / es : layout.modules[i].numel;
     m.shard_numel = m.padded_numel = m.numel;
     if (world > 1) {
       STRATA_ASSIGN_OR_RETURN(ShardLayout sl, ShardLayout::make(m.numel, int(world), 4096, dt),

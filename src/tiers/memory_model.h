@@ -36,7 +36,8 @@ struct ModuleHomes {
     size_t bytes = 0;  // 0: the object does not exist (grads2 without the delayed update)
   };
   std::string name;
-  size_t numel = 0;         // the module's real elements
+  size_t numel = 0;         // the module's real elements (a quantized module's: its stored
+                            // bytes as model-dtype elements, ModuleSpec::stored_bytes)
   size_t shard_numel = 0;   // elements per rank, padding included (numel when unsharded)
   size_t padded_numel = 0;  // world_size * shard_numel (numel when unsharded)
   Object params;            // low-precision parameters, model dtype

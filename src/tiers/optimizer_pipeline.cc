@@ -386,6 +386,15 @@ Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
   return publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/true).with_context(what);
 }
 
+Status OptimizerPipeline::write_stored_params(int k, size_t j, const void* params) {
+  Module& m = homes_.module(k);
+  const std::string what = "writing " + m.name + " parameters";
+  STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), what);
+  STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, Target{host_visible_params(m)}), what);
+  std::memcpy(p.dst, params, m.sub_len(j) * dtype_size(dt_));
+  return publish_piece(k, j, p.dst, std::move(p.keep), /*wait=*/true).with_context(what);
+}
+
 // ---- writes ------------------------------------------------------------------------------------
 
 void OptimizerPipeline::queue_write(const SwapExtent& ext, const void* src,

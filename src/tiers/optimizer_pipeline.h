@@ -164,6 +164,9 @@ class OptimizerPipeline {
   Status write_params(int k, const float* master);
   // The same for sub-group j alone, from its fp32 master weights `master` (sub_len(j) floats).
   Status write_params(int k, size_t j, const float* master);
+  // Publishes sub-group j's parameters as given (sub_len(j) elements of the model dtype, copied
+  // bit for bit: a quantized module's stored bytes), synchronously.
+  Status write_stored_params(int k, size_t j, const void* params);
 
   // ---- writes ------------------------------------------------------------------------
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the

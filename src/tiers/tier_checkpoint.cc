@@ -136,14 +136,25 @@ const char* part_name(CheckpointPart p) {
 }
 
 // A frozen module's parameters (it has no master weights): `init`'s fp32 values a sub-group at a
-// time through one host piece, converted into its parameter home.
-Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManager::InitFn& init) {
+// time through one host piece, converted into its parameter home. A quantized module (`quant`)
+// is its stored bytes instead, quantized from `init`'s values by base_quant_fill.
+Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManager::InitFn& init,
+                   const BaseQuant* quant, DType dt) {
   Module& m = H.module(i);
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "init"),
                           "staging its parameters");
   float* w = piece.as<float>();
+  const size_t es = dtype_size(dt);
   for (size_t j = 0; j < m.sub_groups(); ++j) {
     const size_t a = m.sub_start(j), len = m.sub_len(j);
+    if (quant) {
+      auto values = [&](size_t b, size_t c, float* out) { return init(i, b, c, out); };
+      STRATA_RETURN_IF_ERROR(
+          base_quant_fill(*quant, (m.off + a) * es, len * es, piece.as<uint8_t>(), values),
+          fmt::format("quantizing its {} bytes", base_quant_name(quant->kind)));
+      STRATA_RETURN_IF_ERROR(pipeline.write_stored_params(i, j, piece.data()), "");
+      continue;
+    }
     const size_t real = a < m.valid ? std::min(len, m.valid - a) : 0;
     if (real > 0) STRATA_RETURN_IF_ERROR(init(i, m.off + a, real, w), "");
     std::fill(w + real, w + len, 0.0f);
@@ -161,7 +172,8 @@ Status TierManager::init_state(const InitFn& init) {
     Module& m = H.module(int(i));
     const std::string what = "initializing " + m.name;
     if (m.frozen()) {  // parameters only: from `init` a sub-group at a time through one piece
-      STRATA_RETURN_IF_ERROR(init_frozen(H, *I.pipeline, int(i), init), what);
+      STRATA_RETURN_IF_ERROR(init_frozen(H, *I.pipeline, int(i), init, I.quant[i].get(), I.dt),
+                             what);
       continue;
     }
     if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
