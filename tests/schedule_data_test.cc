@@ -61,6 +61,11 @@ TEST(Schedule, MatchesDeepSpeedFormulas) {
   EXPECT_NEAR(learning_rate(c, 10), 1e-3, 1e-15);
   EXPECT_NEAR(learning_rate(c, 60), 1e-3 * (0.1 + 0.9 * 0.5), 1e-15);  // halfway: cos = 0
   EXPECT_NEAR(learning_rate(c, 110), 1e-4, 1e-15);
+  // One step without warm-up: a finite rate (was NaN, and the optimizer aborted on it).
+  c.scheduler.warmup_num_steps = 0;
+  c.scheduler.total_num_steps = 1;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0), 1e-3);
+  EXPECT_TRUE(std::isfinite(learning_rate(c, 1)));
 }
 
 TEST(LossScaler, DeepSpeedHysteresisAndWindow) {

@@ -36,7 +36,8 @@ double learning_rate(const Config& cfg, int64_t step) {
     ratio = s.warmup_min_ratio + (1.0 - s.warmup_min_ratio) * warm_gamma();
   } else {
     double total = static_cast<double>(std::max(s.total_num_steps, s.warmup_num_steps + 1));
-    double progress = std::min(1.0, (t - warm) / (total - warm));
+    // No warm-up and one step in all: no span to decay over (0 / 0 made the rate NaN).
+    double progress = total > warm ? std::min(1.0, (t - warm) / (total - warm)) : t < warm ? 0 : 1;
     ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
   return cfg.optimizer.lr * ratio;
