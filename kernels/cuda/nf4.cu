@@ -2,30 +2,16 @@
 // model dtype, one thread per byte (two elements). CPU twin: kernels/cpu/nf4.cc, whose bits
 // this kernel reproduces (one _rn multiply, then the dtype's rounding).
 #include "kernels/cuda/cuda_common.cuh"
+#include "src/base/nf4.h"
 
 namespace strata {
 namespace {
 
 constexpr int kThreads = 256;
 
-// bitsandbytes' NF4 code book (src/base/nf4.cc's kNf4Code, the same fp32 values).
+// bitsandbytes' NF4 code book (src/base/nf4.h's STRATA_NF4_CODE_VALUES, as kNf4Code).
 __device__ inline float nf4_code(int c) {
-  const float code[16] = {-1.0f,
-                          -0.6961928009986877f,
-                          -0.5250730514526367f,
-                          -0.39491748809814453f,
-                          -0.28444138169288635f,
-                          -0.18477343022823334f,
-                          -0.09105003625154495f,
-                          0.0f,
-                          0.07958029955625534f,
-                          0.16093020141124725f,
-                          0.24611230194568634f,
-                          0.33791524171829224f,
-                          0.44070982933044434f,
-                          0.5626170039176941f,
-                          0.7229568362236023f,
-                          1.0f};
+  const float code[16] = {STRATA_NF4_CODE_VALUES};
   return code[c];
 }
 

@@ -21,6 +21,13 @@
 namespace strata {
 
 inline constexpr size_t kNf4Block = 64;
+// bitsandbytes' NF4 code book, bit for bit (its fp32 values). A macro of the literals so that
+// device code (kernels/cuda/nf4.cu) builds its own copy from the same text.
+#define STRATA_NF4_CODE_VALUES                                                                     \
+  -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f, \
+      -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f,                    \
+      0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f,      \
+      0.5626170039176941f, 0.7229568362236023f, 1.0f
 extern const float kNf4Code[16];
 
 // Bytes of the packed indices and number of absmax scales for n elements.
