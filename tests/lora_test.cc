@@ -267,6 +267,39 @@ TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
   EXPECT_NE(ad.status().message().find("lora.r"), std::string::npos) << ad.status().message();
 }
 
+// The planner's FLOPs of a LoRA run: the frozen base's GEMMs lose their weight gradients (one
+// product per weight per token, 2 FLOPs, in backward) and the adapters' products are trained.
+TEST(LoraConfig, TrainFlopsLeaveOutTheFrozenBasesWeightGradients) {
+  json doc =
+      json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  doc["model"] = {{"type", "llama"},
+                  {"n_layer", 2},
+                  {"n_head", 4},
+                  {"n_embd", 64},
+                  {"vocab_size", 128},
+                  {"context", 16},
+                  {"intermediate_size", 96},
+                  {"num_key_value_heads", 2}};
+  auto full_cfg = parse_config(doc.dump(), "<full>", {});
+  doc["lora"] = {{"r", 4}, {"target_modules", {"q_proj", "v_proj"}}};
+  auto lora_cfg = parse_config(doc.dump(), "<lora>", {});
+  ASSERT_TRUE(full_cfg.is_ok() && lora_cfg.is_ok());
+  auto full = create_architecture(full_cfg->model);
+  auto lora = create_architecture(lora_cfg->model);
+  ASSERT_TRUE(full.is_ok() && lora.is_ok());
+  const int T = 16;
+  const FlopsPerToken f = (*full)->flops_per_token(T, ActivationMode::kKeep);
+  const FlopsPerToken l = (*lora)->flops_per_token(T, ActivationMode::kKeep);
+  // Weights: per layer q 64x64, k and v 64x32 each, o 64x64, gate/up/down 3 x 64x96; the head
+  // 128x64. Adapters per layer: q (64 in, 64 out) and v (64 in, 32 out) at r = 4.
+  const double weights = 2 * (64.0 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 96) + 128.0 * 64;
+  const double adapters = 2 * 4.0 * ((64 + 64) + (64 + 32));
+  EXPECT_DOUBLE_EQ(l.frozen, 2 * weights);
+  EXPECT_DOUBLE_EQ(l.forward, f.forward + 2 * adapters);
+  EXPECT_DOUBLE_EQ(l.train(), f.train() - 2 * weights + 3 * 2 * adapters);
+  EXPECT_DOUBLE_EQ(f.frozen, 0.0);
+}
+
 // ---- training: only the adapters move ------------------------------------------------------
 
 // The llama fixture with every block linear layer adapted, trained `steps` steps from the

@@ -200,7 +200,10 @@ class ModelRunner {
 struct FlopsPerToken {
   double forward = 0;    // 2 per weight of each GEMM + attention's QK^T and AV
   double recompute = 0;  // re-running the blocks' forward in backward (kRecompute/kOffload)
-  double train() const { return 3.0 * forward + recompute; }
+  // The forward FLOPs of weights that get no gradient (a LoRA run's frozen base): backward
+  // computes their input gradient only, one product per weight instead of two.
+  double frozen = 0;
+  double train() const { return 3.0 * forward + recompute - frozen; }
 };
 
 // ---- Hugging Face checkpoints ----------------------------------------------------------------

@@ -641,8 +641,21 @@ class DecoderArchitecture final : public Architecture {
     // recompute re-runs the blocks only.
     const double blocks = blocks_.blocks_flops(T);
     FlopsPerToken f;
-    f.forward = blocks + 2.0 * double(shape_.padded_vocab_size) * double(shape_.n_embd);
+    const double head = 2.0 * double(shape_.padded_vocab_size) * double(shape_.n_embd);
+    f.forward = blocks + head;
     f.recompute = mode == ActivationMode::kKeep ? 0.0 : blocks;
+    if (!lora_.empty()) {
+      // The frozen base: every weight GEMM (the blocks' at T = 0 leave attention's T x T
+      // products out) and the head get no weight gradient. The adapters: u = x A^T and
+      // u B^T per site and token, 2 r (in + out), trained as any weight (x 3).
+      f.frozen = blocks_.blocks_flops(0) + head;
+      double adapters = 0;
+      for (const LoraLayout::Target& t : lora_.targets) {
+        adapters += 2.0 * lora_.r * double(t.site.in + t.site.out);
+      }
+      f.forward += adapters * shape_.n_layer;
+      if (mode != ActivationMode::kKeep) f.recompute += adapters * shape_.n_layer;
+    }
     return f;
   }
 
