@@ -1,0 +1,269 @@
+// Config parser, the key table as a whole: every key's typo and type errors, the origin prefix,
+// the batch triple and sizes against straightforward references, DeepSpeed's defaults, the
+// shipped DeepSpeed config, and docs/CONFIG.md against the key table. (The table of good and
+// bad configs is config_test.cc.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+
+namespace strata {
+namespace {
+
+// Every key path in the reference table (read back from config_reference_markdown()).
+std::vector<std::string> all_key_paths() {
+  std::vector<std::string> paths;
+  std::istringstream in(config_reference_markdown());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    size_t end = line.find('`', 3);
+    paths.push_back(line.substr(3, end - 3));
+  }
+  return paths;
+}
+
+// {"a": {"b": {"c": value}}} for "a.b.c", inside a document that has a batch size.
+std::string nest(const std::string& path, const std::string& value) {
+  std::vector<std::string> segs;
+  std::stringstream ss(path);
+  std::string seg;
+  while (std::getline(ss, seg, '.')) segs.push_back(seg);
+  std::string doc = value;
+  for (size_t i = segs.size(); i-- > 0;) doc = "{\"" + segs[i] + "\": " + doc + "}";
+  const char* batch = path == "train_micro_batch_size_per_gpu" ? "train_batch_size"
+                                                               : "train_micro_batch_size_per_gpu";
+  return "{\"" + std::string(batch) + "\": 1, " + doc.substr(1);
+}
+
+// For every key of the table, at its own depth: a typo is refused with the key as suggestion
+// (in the file and as an override), and a value of the wrong type is refused naming the path.
+TEST(Config, EveryKeyTypoSuggestsItAndWrongTypeIsRefused) {
+  const std::vector<std::string> paths = all_key_paths();
+  ASSERT_GT(paths.size(), 150u);
+  std::mt19937 rng(std::random_device{}());
+  for (const std::string& path : paths) {
+    SCOPED_TRACE(path);
+    const size_t dot = path.rfind('.');
+    const std::string name = dot == std::string::npos ? path : path.substr(dot + 1);
+    const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+    // Typo: drop one random interior or final character (never the first); a one-letter name
+    // (PEFT's lora.r) has none to drop.
+    if (name.size() < 2) continue;
+    std::string typo = name;
+    typo.erase(1 + rng() % (typo.size() - 1), 1);
+    const std::string want = parent + typo + ": unknown key; did you mean " + name + "?";
+    Result<Config> r = parse_config(nest(parent + typo, "1"), "f.json");
+    ASSERT_FALSE(r.is_ok());
+    // Several keys may be one edit from the typo (pipeline_read/pipeline_write, aliases): then
+    // any of them is a right answer; check the message names an unknown key and its parent.
+    const std::string& m = r.status().message();
+    if (m.find(want) == std::string::npos) {
+      EXPECT_NE(m.find("f.json: " + parent + typo + ": unknown key; did you mean "),
+                std::string::npos)
+          << m;
+      ADD_FAILURE() << "suggestion is not " << name << ": " << m;
+    }
+    Result<Config> o = parse_config(R"({"train_batch_size": 1})", "f.json", {parent + typo + "=1"});
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_NE(o.status().message().find(want), std::string::npos) << o.status().message();
+
+    if (path == "amp") continue;  // free-form: any JSON is accepted
+    Result<Config> w = parse_config(nest(path, "{\"x\": 1}"), "f.json");
+    ASSERT_FALSE(w.is_ok());
+    EXPECT_NE(w.status().message().find("f.json: " + path + ": expected "), std::string::npos)
+        << w.status().message();
+  }
+}
+
+TEST(Config, OriginPrefixesMessage) {
+  Result<Config> r = parse_config(R"({"train_batch_size": 8, "zero_optimization": {"stage": 4}})",
+                                  "configs/x.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().message(), "configs/x.json: zero_optimization.stage: 4 out of range [0, 3]");
+}
+
+// The batch triple against the rule itself, on random values and random subsets of given keys.
+TEST(Config, BatchTripleRandomized) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> small(1, 9);
+  for (int iter = 0; iter < 300; ++iter) {
+    const int64_t m = small(rng), g = small(rng), ws = small(rng) % 4 + 1;
+    const int64_t t = m * g * ws;
+    const int mask = std::uniform_int_distribution<int>(1, 7)(rng);
+    std::vector<std::string> parts;
+    if (mask & 1) parts.push_back("\"train_batch_size\": " + std::to_string(t));
+    if (mask & 2) parts.push_back("\"train_micro_batch_size_per_gpu\": " + std::to_string(m));
+    if (mask & 4) parts.push_back("\"gradient_accumulation_steps\": " + std::to_string(g));
+    std::string doc = "{";
+    for (size_t i = 0; i < parts.size(); ++i) doc += (i ? ", " : "") + parts[i];
+    doc += "}";
+    Result<Config> r = parse_config(doc, "<random>", {}, static_cast<int>(ws));
+    SCOPED_TRACE(doc + " world_size " + std::to_string(ws));
+    if (mask == 4) {  // accumulation alone: DeepSpeed refuses
+      EXPECT_FALSE(r.is_ok());
+      continue;
+    }
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    // With one of train/micro missing accumulation defaults to 1 (DeepSpeed).
+    const int64_t want_g = (mask == 1 || mask == 2) ? 1 : g;
+    const int64_t want_m = (mask == 1) ? t / ws : m;
+    EXPECT_EQ(r->gradient_accumulation_steps, want_g);
+    EXPECT_EQ(r->train_micro_batch_size_per_gpu, want_m);
+    EXPECT_EQ(r->train_batch_size,
+              r->train_micro_batch_size_per_gpu * r->gradient_accumulation_steps * ws);
+    // Perturbing one of three given values must break consistency.
+    if (mask == 7) {
+      std::string broken = "{\"train_batch_size\": " + std::to_string(t + 1) +
+                           ", \"train_micro_batch_size_per_gpu\": " + std::to_string(m) +
+                           ", \"gradient_accumulation_steps\": " + std::to_string(g) + "}";
+      Result<Config> b = parse_config(broken, "<random>", {}, static_cast<int>(ws));
+      ASSERT_FALSE(b.is_ok());
+      EXPECT_NE(b.status().message().find("train_batch_size (" + std::to_string(t + 1) + ")"),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(Config, ParseSizeTable) {
+  struct S {
+    const char* text;
+    size_t want;
+  };
+  for (const S& s : std::vector<S>{{"0", 0},
+                                   {"512", 512},
+                                   {"1e8", 100'000'000},
+                                   {"4k", 4000},
+                                   {"4K", 4000},
+                                   {"4KiB", 4096},
+                                   {"512MB", 512'000'000},
+                                   {"100 MiB", 100u << 20},
+                                   {"1.5GB", 1'500'000'000},
+                                   {"16GiB", size_t{16} << 30},
+                                   {"2 TiB", size_t{2} << 40},
+                                   {"  3 gb ", 3'000'000'000},
+                                   {"1.5k", 1500},
+                                   {"7b", 7}}) {
+    Result<size_t> r = parse_size(s.text);
+    ASSERT_TRUE(r.is_ok()) << s.text << ": " << r.status().to_string();
+    EXPECT_EQ(*r, s.want) << s.text;
+  }
+  struct B {
+    const char* text;
+    const char* error;
+  };
+  for (const B& b : std::vector<B>{{"-1", "negative"},
+                                   {"-4GiB", "negative"},
+                                   {"", "not a size"},
+                                   {"GiB", "not a size"},
+                                   {"abc", "not a size"},
+                                   {"4 XB", "unknown unit \"XB\""},
+                                   {"4GiBs", "unknown unit"},
+                                   {"1.5", "not a whole number of bytes"},
+                                   {"1e30", "too large"},
+                                   {"nan", "not a size"},
+                                   {"inf", "not a size"}}) {
+    Result<size_t> r = parse_size(b.text);
+    ASSERT_FALSE(r.is_ok()) << b.text;
+    EXPECT_NE(r.status().message().find(b.error), std::string::npos)
+        << b.text << ": " << r.status().message();
+  }
+}
+
+// Random integer x unit round trips against the arithmetic reference.
+TEST(Config, ParseSizeRandomized) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<std::pair<std::string, uint64_t>> units = {{"", 1},
+                                                               {"k", 1000},
+                                                               {"MB", 1000000},
+                                                               {"G", 1000000000},
+                                                               {"KiB", 1024},
+                                                               {"MiB", 1 << 20},
+                                                               {"GiB", uint64_t{1} << 30},
+                                                               {" TiB", uint64_t{1} << 40}};
+  for (int i = 0; i < 500; ++i) {
+    const auto& [unit, mult] = units[rng() % units.size()];
+    const uint64_t n = rng() % 100000;
+    Result<size_t> r = parse_size(std::to_string(n) + unit);
+    ASSERT_TRUE(r.is_ok()) << n << unit;
+    EXPECT_EQ(*r, n * mult) << n << unit;
+  }
+}
+
+TEST(Config, DefaultsMatchDeepSpeed) {
+  Result<Config> r = parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "<s>");
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  const Config& c = *r;
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(c.zero.sub_group_size, size_t{1'000'000'000});
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.aio.block_size, size_t{1} << 20);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  EXPECT_EQ(c.model.padded_vocab_size, 256);
+  EXPECT_EQ(c.data.seq_len, c.model.context);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, c.optimizer.lr);
+  EXPECT_TRUE(c.not_acted_on.empty());
+  EXPECT_TRUE(c.resolved_auto.empty());
+}
+
+TEST(Config, LoadFileErrorsNameThePath) {
+  Result<Config> r = load_config("/nonexistent/strata/cfg.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/strata/cfg.json"), std::string::npos);
+  Result<Config> d = load_config(std::string(STRATA_SOURCE_DIR) + "/configs");
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_NE(d.status().message().find("configs: is a directory"), std::string::npos)
+      << d.status().message();
+}
+
+TEST(Config, ShippedDeepSpeedZero3NvmeConfigParses) {
+  const std::string path = std::string(STRATA_SOURCE_DIR) + "/configs/deepspeed-zero3-nvme.json";
+  Result<Config> r = load_config(path, {}, 1);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->zero.stage, 3);
+  EXPECT_EQ(r->zero.offload_param.device, "nvme");
+  EXPECT_EQ(r->zero.offload_optimizer.device, "nvme");
+  EXPECT_FALSE(r->not_acted_on.empty());
+  // And with an override, as the CLI passes them.
+  Result<Config> o = load_config(path, {"zero_optimization.offload_optimizer.device=cpu"}, 1);
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  EXPECT_EQ(o->zero.offload_optimizer.device, "cpu");
+}
+
+// docs/CONFIG.md embeds config_reference_markdown() verbatim, so the docs list exactly the keys,
+// defaults and ranges the parser has. Regenerate with STRATA_UPDATE_CONFIG_DOC=1 ./config_test.
+TEST(Config, DocsMatchTheKeyTable) {
+  const std::string path = std::string(STRATA_SOURCE_DIR) + "/docs/CONFIG.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string doc = ss.str();
+  const std::string begin = "<!-- BEGIN GENERATED: config_reference_markdown() -->\n";
+  const std::string end = "<!-- END GENERATED -->";
+  size_t b = doc.find(begin), e = doc.find(end);
+  ASSERT_NE(b, std::string::npos) << path << " lacks the marker " << begin;
+  ASSERT_NE(e, std::string::npos) << path << " lacks the marker " << end;
+  std::string want = config_reference_markdown();
+  std::string have = doc.substr(b + begin.size(), e - b - begin.size());
+  if (have != want && std::getenv("STRATA_UPDATE_CONFIG_DOC")) {
+    doc.replace(b + begin.size(), e - b - begin.size(), want);
+    std::ofstream(path) << doc;
+    have = want;
+  }
+  EXPECT_EQ(have, want) << path
+                        << " is out of date; run STRATA_UPDATE_CONFIG_DOC=1 config_test to "
+                           "regenerate its tables";
+}
+
+}  // namespace
+}  // namespace strata
