@@ -2,7 +2,8 @@
 # serves as its own MPI worker (`zero3_test --worker ...`): the tests launch it under
 # `mpirun -np 2|3` (oversubscribed, --allow-run-as-root) and compare with a one-rank run
 # in-process. Without MPI the multi-rank tests report skipped.
-add_executable(zero3_test ${CMAKE_CURRENT_LIST_DIR}/zero3_test.cc)
+add_executable(zero3_test ${CMAKE_CURRENT_LIST_DIR}/zero3_test.cc
+                          ${CMAKE_CURRENT_LIST_DIR}/zero3_finetune_test.cc)
 target_link_libraries(zero3_test PRIVATE libstrata GTest::gtest)
 target_compile_definitions(zero3_test PRIVATE STRATA_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 if(STRATA_HAVE_MPI)
