@@ -234,18 +234,24 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
   EXPECT_EQ((*arch)->lora()->targets[1].site.name, "self_attn.v_proj");
 }
 
-TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
-  // The llama fixture's adapter on a wider Llama with the same lora section.
+// configs/tiny-cpu.json with a 2-layer Llama of width 64 (MLP 96, 4 heads / 2 key-value).
+json small_llama_doc(int vocab) {
   json doc =
       json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
   doc["model"] = {{"type", "llama"},
                   {"n_layer", 2},
                   {"n_head", 4},
                   {"n_embd", 64},
-                  {"vocab_size", 100},
+                  {"vocab_size", vocab},
                   {"context", 16},
                   {"intermediate_size", 96},
                   {"num_key_value_heads", 2}};
+  return doc;
+}
+
+TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
+  // The llama fixture's adapter on a wider Llama with the same lora section.
+  json doc = small_llama_doc(100);
   doc["lora"] = fixture_lora("llama");
   auto cfg = parse_config(doc.dump(), "<lora test>", {"bf16.enabled=false"});
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -270,16 +276,7 @@ TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
 // The planner's FLOPs of a LoRA run: the frozen base's GEMMs lose their weight gradients (one
 // product per weight per token, 2 FLOPs, in backward) and the adapters' products are trained.
 TEST(LoraConfig, TrainFlopsLeaveOutTheFrozenBasesWeightGradients) {
-  json doc =
-      json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
-  doc["model"] = {{"type", "llama"},
-                  {"n_layer", 2},
-                  {"n_head", 4},
-                  {"n_embd", 64},
-                  {"vocab_size", 128},
-                  {"context", 16},
-                  {"intermediate_size", 96},
-                  {"num_key_value_heads", 2}};
+  json doc = small_llama_doc(128);
   auto full_cfg = parse_config(doc.dump(), "<full>", {});
   doc["lora"] = {{"r", 4}, {"target_modules", {"q_proj", "v_proj"}}};
   auto lora_cfg = parse_config(doc.dump(), "<lora>", {});
