@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# tools/gpu_lease.sh: run tools/gpu_check.sh on a lent GPU machine that has the CUDA toolkit but
+# none of strata's other build dependencies (no liburing, TBB, oneDNN, Open MPI, ... and no
+# network to install them), without spending the lease on a build.
+#
+#   tools/gpu_lease.sh pack [--build-dir DIR]      here: bundle the CUDA-enabled binaries that
+#                                                  gpu_check.sh runs, and the shared libraries
+#                                                  they need that a CUDA image lacks, into
+#                                                  build-lease/bundle.tar.xz (~15 MB)
+#   tools/gpu_lease.sh run [gpu_check options]     there: unpack the bundle, find the CUDA
+#                                                  libraries (cuBLASLt, NCCL) on that machine,
+#                                                  check that every binary loads, then run
+#                                                  tools/gpu_check.sh --build-dir build-lease
+#                                                  with the options given; the results go to
+#                                                  build-lease-results/gpu-check (a later call
+#                                                  adds to them) and, as one tarball of the logs
+#                                                  and tables and report.md, to $OUT when set
+#
+# The build directory must be configured with the CUDA backend (STRATA_WITH_CUDA AUTO finds
+# nvcc) for the GPU's architecture (STRATA_CUDA_ARCHITECTURES, 90 for H100/H200). The binaries
+# carry the source directory they were built from (tests read fixtures through it); "run" links
+# that path to this checkout when it does not exist. Under the device tool:
+#
+#   tools/gpu_lease.sh pack
+#   device run, carry ["build-lease"]:
+#     tools/gpu_lease.sh run --deadline 200 --phases env,tests,copy
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LEASE="$ROOT/build-lease"
+BINS=(tools/strata tests/bench_device_ops tests/cuda_backend_test tests/cuda_train_test
+      tests/cuda_flash_attention_test tests/flash_attention_test tests/llama_cuda_test)
+# Libraries the GPU machine provides (glibc, the C++ runtime, the CUDA driver, cuBLAS(Lt), NCCL:
+# too large to carry and matched to its driver) are not bundled; libcudart is (small, and the
+# exact runtime the binaries were built with).
+SYSTEM_LIBS='^(libc|libm|libdl|libpthread|librt|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|linux-vdso)\.so'
+
+pack() {
+  local build=$ROOT/build
+  while (($#)); do
+    case "$1" in
+      --build-dir) build=$2; shift 2 ;;
+      *) echo "gpu_lease pack: unknown option '$1'" >&2; exit 2 ;;
+    esac
+  done
+  grep -q '^STRATA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
+    { echo "gpu_lease pack: $build is not a configured strata build" >&2; exit 2; }
+  local b missing=()
+  for b in "${BINS[@]}"; do [[ -x $build/$b ]] || missing+=("$b"); done
+  if ((${#missing[@]})); then
+    echo "gpu_lease pack: not built in $build: ${missing[*]}" >&2
+    echo "  (cmake --build $build --target $(printf '%s ' "${missing[@]##*/}"))" >&2
+    exit 2
+  fi
+  if ! grep -q 'cudaMalloc' <(strings "$build/tools/strata"); then
+    echo "gpu_lease pack: $build/tools/strata has no CUDA backend (configure with nvcc found)" >&2
+    exit 2
+  fi
+  local stage
+  stage=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lease.XXXXXX")
+  mkdir -p "$stage/tools" "$stage/tests" "$stage/lib"
+  for b in "${BINS[@]}"; do cp "$build/$b" "$stage/$b"; done
+  local lib
+  while read -r lib; do
+    cp -L "$lib" "$stage/lib/"
+  done < <(for b in "${BINS[@]}"; do ldd "$build/$b"; done | awk '/=>/ && $3 ~ /^\// {print $3}' |
+           sort -u | while read -r l; do
+             [[ $(basename "$l") =~ $SYSTEM_LIBS && ! $(basename "$l") =~ ^libcudart ]] || echo "$l"
+           done)
+  echo "$ROOT" >"$stage/SOURCE_DIR"
+  (cd "$ROOT" && git rev-parse HEAD 2>/dev/null && git status --short | head -20) >"$stage/COMMIT"
+  grep -E '^(STRATA_CUDA_ARCHITECTURES|CMAKE_BUILD_TYPE)' "$build/CMakeCache.txt" >>"$stage/COMMIT"
+  mkdir -p "$LEASE"
+  tar -C "$stage" -cJf "$LEASE/bundle.tar.xz.tmp" . && mv "$LEASE/bundle.tar.xz.tmp" "$LEASE/bundle.tar.xz"
+  rm -rf "$stage"
+  echo "gpu_lease: $LEASE/bundle.tar.xz ($(du -h "$LEASE/bundle.tar.xz" | cut -f1)): ${#BINS[@]} binaries, $(tar -tJf "$LEASE/bundle.tar.xz" | grep -c '^./lib/.') libraries"
+}
+
+run_there() {
+  [[ -f $LEASE/bundle.tar.xz ]] || { echo "gpu_lease run: no $LEASE/bundle.tar.xz (pack it first)" >&2; exit 2; }
+  tar -C "$LEASE" -xJf "$LEASE/bundle.tar.xz" || exit 1
+  cat "$LEASE/COMMIT"
+  # The source directory the binaries were built in (their fixtures are read through it).
+  local src
+  src=$(cat "$LEASE/SOURCE_DIR")
+  if [[ ! -e $src ]]; then
+    mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src" && echo "gpu_lease: linked $src -> $ROOT"
+  fi
+  # cuBLASLt and NCCL from this machine: the system's, the CUDA toolkit's, or a Python wheel's.
+  local dirs="$LEASE/lib" lib d
+  for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+    if ldconfig -p 2>/dev/null | grep -q "$lib "; then continue; fi
+    d=""
+    for cand in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+      [[ -e $cand/$lib ]] && { d=$cand; break; }
+    done
+    [[ -n $d ]] || d=$(find /usr /opt -name "$lib" -print -quit 2>/dev/null | xargs -r dirname)
+    if [[ -n $d ]]; then
+      [[ :$dirs: == *:$d:* ]] || dirs="$dirs:$d"
+      echo "gpu_lease: $lib from $d"
+    else
+      echo "gpu_lease: $lib not found on this machine"
+    fi
+  done
+  export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local b bad=0
+  for b in "${BINS[@]}"; do
+    if ldd "$LEASE/$b" | grep -q 'not found'; then
+      echo "gpu_lease: $b cannot load: $(ldd "$LEASE/$b" | grep 'not found' | tr -s ' \t' ' ')"
+      bad=1
+    fi
+  done
+  ((bad)) && echo "gpu_lease: going on; the phases that need those binaries will fail"
+  # Outside build-lease, which the device tool replaces on every call that carries it: a later
+  # call on the same warm machine adds its phases to the same report.
+  local results=$ROOT/build-lease-results/gpu-check
+  "$ROOT/tools/gpu_check.sh" --build-dir "$LEASE" --results "$results" "$@"
+  local rc=$?
+  if [[ -n ${OUT:-} ]]; then
+    cp "$results/report.md" "$OUT/" 2>/dev/null
+    # Logs, tables and JSON; not the training runs' checkpoints and swap files (gigabytes).
+    tar -C "$(dirname "$results")" -czf "$OUT/gpu-check.tar.gz" --exclude=gpu-check/train \
+      --exclude=gpu-check/swap gpu-check
+  fi
+  return $rc
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run_there "$@" ;;
+  -h | --help | "") sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
+  *) echo "gpu_lease: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
+esac
