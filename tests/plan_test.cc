@@ -461,10 +461,25 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     ASSERT_TRUE(q.is_ok());
     const double dev = std::max(q->time.compute_s, q->time.link_s);
     const double window_deferred = (P - (1024 + 128) * C) * 12 / 2e9 + 12 * P / 1e9;
-    EXPECT_NEAR(q->time.step_after_s,
+    EXPECT_NEAR(q->time.step_deferred_s,
                 std::max(dev * 8 / 9 + std::max({q->time.cpu_optim_s, window_deferred, dev / 9}),
                          q->time.nvme_s),
                 1e-9);
+    // Stepped after backward instead: the plain schedule. strata.optimizer.defer "auto" (the
+    // default) is predicted to keep the faster of the two, as the trainer does; "always" and
+    // "never" run the one they name.
+    EXPECT_NEAR(q->time.step_plain_s, dev + std::max(q->time.cpu_optim_s, q->time.nvme_s), 1e-9);
+    EXPECT_EQ(q->time.clipped_deferred, q->time.step_deferred_s <= q->time.step_plain_s);
+    EXPECT_EQ(q->time.step_after_s, std::min(q->time.step_deferred_s, q->time.step_plain_s));
+    for (const std::string mode : {"always", "never"}) {
+      rc.engine.strata.optimizer_defer = mode;
+      auto m = evaluate_placement(rc, find("opt-nvme"));
+      ASSERT_TRUE(m.is_ok());
+      EXPECT_EQ(m->time.clipped_deferred, mode == "always") << mode;
+      EXPECT_EQ(m->time.step_after_s,
+                mode == "always" ? m->time.step_deferred_s : m->time.step_plain_s)
+          << mode;
+    }
   }
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
   r.engine.strata.optimizer_overlap = false;

@@ -45,9 +45,13 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
   // Which schedule each measured step ran is decided by the data (a step after one that
   // clipped steps its optimizer after backward): each step is predicted with its own.
   const size_t under = size_t(std::count(sched.begin(), sched.end(), uint8_t{1}));
+  // 0: after backward (overlap off, or strata.optimizer.defer chose it after a clipped step);
+  // 1: under backward; 2: rolled back, redone (predicted as deferred); 3: deferred.
   auto predicted = [&](const TimeTerms& t, bool fastest_pass) {
     std::vector<double> p;
-    for (uint8_t k : sched) p.push_back(k == 1 ? t.step_s : t.step_after_s);
+    for (uint8_t k : sched) {
+      p.push_back(k == 1 ? t.step_s : k == 0 ? t.step_plain_s : t.step_deferred_s);
+    }
     if (p.empty()) return t.step_s;
     return fastest_pass ? *std::min_element(p.begin(), p.end()) : median(p);
   };
@@ -61,12 +65,16 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
       step_s.empty() ? 0.0 : *std::max_element(step_s.begin(), step_s.end()) * 1e3, step_s.size());
   // Median rates predict the median step; fastest-pass rates the fastest step (the machine
   // without the other work that shares it).
-  if (o.time.step_after_s != o.time.step_s) {
+  if (o.time.step_deferred_s != o.time.step_plain_s) {
+    const size_t after = size_t(std::count(sched.begin(), sched.end(), uint8_t{0}));
     std::printf(
-        "  schedule: %zu of %zu measured steps stepped the optimizer under backward (predicted "
-        "%.0f ms), the rest deferred to the next forward because the step before clipped or "
-        "overflowed (%.0f ms)\n",
-        under, sched.size(), o.time.step_s * 1e3, o.time.step_after_s * 1e3);
+        "  schedule: of %zu measured steps, %zu stepped the optimizer under backward (predicted "
+        "%.0f ms), %zu after backward (%.0f ms) and %zu deferred to the next forward (%.0f ms), "
+        "the last two because the step before clipped or overflowed; strata.optimizer.defer %s "
+        "was predicted to run such steps %s\n",
+        sched.size(), under, o.time.step_s * 1e3, after, o.time.step_plain_s * 1e3,
+        sched.size() - under - after, o.time.step_deferred_s * 1e3,
+        cfg.strata.optimizer_defer.c_str(), o.time.clipped_deferred ? "deferred" : "after backward");
   }
   for (const bool f : {false, true}) {
     double pred = predicted(o.time, f);

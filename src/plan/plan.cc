@@ -533,15 +533,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const double f0 = 1.0 / (A * (3.0 + rc));
     if (pf.cpu_backend) {
       const double cl = comp + t.link_s;
-      t.step_after_s = std::max(
+      t.step_deferred_s = std::max(
           {cl + t.collectives_s + t.cpu_optim_s,
            cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
     } else {
       const double dev = std::max({comp, t.link_s, t.collectives_s});
-      t.step_after_s = std::max(
+      t.step_deferred_s = std::max(
           dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
     }
-    if (!may_fall_back) t.step_after_s = 0.0;
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
@@ -555,10 +554,21 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Modules without room for their undo copies are stepped after backward.
     t.hidden_share = o.host.undo < undo_want ? double(o.host.undo) / double(undo_want) : 1.0;
     t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
-    if (!may_fall_back) t.step_after_s = t.step_s;  // nothing can make it fall back
+    // strata.optimizer.defer: which of the two a step after one that clipped runs ("auto" times
+    // both on the run's first such steps and keeps the faster: predicted as the faster here).
+    const std::string& defer = r.engine.strata.optimizer_defer;
+    t.clipped_deferred = defer == "always"  ? true
+                         : defer == "never" ? false
+                                            : t.step_deferred_s <= plain;
+    t.step_after_s = t.clipped_deferred ? t.step_deferred_s : plain;
+    if (!may_fall_back) {  // nothing can make a step fall back
+      t.step_after_s = t.step_deferred_s = t.step_s;
+      t.clipped_deferred = false;
+    }
   } else {
-    t.step_after_s = plain;
+    t.step_after_s = t.step_deferred_s = plain;
   }
+  t.step_plain_s = plain;
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
                                                   {"host<->device link", t.link_s},
                                                   {"nvme", t.nvme_s},

@@ -226,10 +226,14 @@ struct TimeTerms {
   // budget (or none are needed), less by the share of them that does not; 0 without overlap.
   double hidden_share = 0;
   double step_s = 0;  // combined (see docs/PLANNER.md)
-  // A step whose optimizer runs after backward although the overlap is on: the trainer does
-  // this after a step that clipped or overflowed (its state read ahead under backward). Equal
-  // to step_s when the overlap is off or nothing can make a step fall back.
+  // A step after one that clipped or overflowed, as the run will step it (strata.optimizer.
+  // defer: "always" deferred into the next forward, "never" after backward, "auto" the faster of
+  // the two predicted here, as the trainer keeps the faster it measures). Equal to step_s when
+  // the overlap is off or nothing can make a step fall back.
   double step_after_s = 0;
+  double step_deferred_s = 0;  // such a step deferred into the next forward
+  double step_plain_s = 0;     // the optimizer after backward (the plain schedule)
+  bool clipped_deferred = false;  // step_after_s is step_deferred_s
   std::string bottleneck;  // name of the largest term
 };
 

@@ -174,7 +174,10 @@ std::string plan_json(const PlanReport& rep) {
                       {"collectives", o.time.collectives_s},
                       {"step", o.time.step_s},
                       {"step_after_backward", o.time.step_after_s},
+                      {"step_clipped_deferred", o.time.step_deferred_s},
+                      {"step_clipped_plain", o.time.step_plain_s},
                       {"optimizer_hidden_share", o.time.hidden_share}}},
+                    {"clipped_schedule", o.time.clipped_deferred ? "deferred" : "after backward"},
                     {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
@@ -246,11 +249,12 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
-    if (b.time.step_after_s > b.time.step_s * 1.005) {
+    if (b.time.step_deferred_s != b.time.step_plain_s) {
       s += fmt::format(
-          "  a step after one that clipped (or overflowed) steps the optimizer after backward: "
-          "{:.3g} s\n",
-          b.time.step_after_s);
+          "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
+          "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
+          b.time.step_deferred_s, b.time.step_plain_s, r.engine.strata.optimizer_defer,
+          b.time.clipped_deferred ? "deferred" : "after backward");
     }
     if (b.nvme.undo > 0) {
       s += fmt::format(

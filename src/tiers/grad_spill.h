@@ -2,24 +2,33 @@
 // one swap extent per optimizer sub-group (Module::sub_group), never whole in host memory.
 //
 // accumulate() enqueues on the d2h stream, for each sub-group of a module's gradient buffer: a
-// device-to-host copy into the landing buffer, then a callback that stores it to the
-// sub-group's extent (the first micro-batch) or reads the extent, adds and writes it back (the
-// later ones); the callback waits for its I/O, so the d2h stream's order is the disk's. With
-// `last` it also reduces the module's norm² and inf/nan flag over the final values, tile by
-// tile (kStatsTileElems; sub-groups are whole tiles when gradients are on NVMe, see
-// module_homes) and summed in tile order, exactly as grad_stats() over the whole accumulator,
-// so the clipping coefficient and the losses are bit-identical to host-homed gradients.
+// callback that frees a slot of the ring (waits for the write that last used it) and, for a
+// later micro-batch, starts reading the sub-group's extent into the slot's staging buffer; a
+// device-to-host copy into the slot's landing buffer; and a callback that adds the landing
+// buffer into the staging one (later micro-batches) and starts the write of the result. So the
+// read of a sub-group runs under its copy, and its write under the next sub-groups' copies,
+// reads and adds: the disk sees reads and writes at once instead of one transfer at a time.
+// A read of an extent waits for a write in flight to it (IoWorker), so the order of the
+// micro-batches is the disk's. With `last` it also reduces the module's norm² and inf/nan flag
+// over the final values, tile by tile (kStatsTileElems; sub-groups are whole tiles when
+// gradients are on NVMe, see module_homes) and summed in tile order, exactly as grad_stats()
+// over the whole accumulator, so the clipping coefficient and the losses are bit-identical to
+// host-homed gradients; its last callback waits for the module's writes, so a failed write is
+// reported before the statistics (and the optimizer's reads) are used.
 //
-// Host memory: one landing and one staging buffer of the largest sub-group, taken from the
-// host tier at the first accumulate and held until destruction (the memory model counts them).
+// Host memory: kSlots landing and staging buffers of the largest sub-group, taken from the host
+// tier at the first accumulate and held until destruction (the memory model counts them:
+// kGradSpillBuffers).
 //
 // Thread safety: the host thread calls accumulate(); the callbacks run on the d2h stream's
-// thread, one at a time, and report failures to the AsyncError.
+// thread, one at a time (they alone touch the slots' tickets), and report failures to the
+// AsyncError. Destruction waits for the writes still in flight; the d2h stream must be idle.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "io/io_worker.h"
 #include "src/tiers/counters.h"
 #include "src/tiers/homes.h"
 #include "strata/optimizer.h"
@@ -28,8 +37,14 @@ namespace strata {
 
 class GradSpill {
  public:
+  // Sub-groups in flight: each has a landing and a staging buffer.
+  static constexpr int kSlots = 3;
+
   GradSpill(Homes& homes, TierCounters& counters, AsyncError& errors)
       : homes_(homes), dev_(homes.device()), counters_(counters), errors_(errors) {}
+  ~GradSpill();
+  GradSpill(const GradSpill&) = delete;
+  GradSpill& operator=(const GradSpill&) = delete;
 
   // Module m's whole gradient (its sn elements at device `src`) into its NVMe accumulator on
   // the d2h stream: copied for micro 0, added for later ones; with `last`, *stats is written
@@ -41,7 +56,15 @@ class GradSpill {
   Device& dev_;
   TierCounters& counters_;
   AsyncError& errors_;
-  std::shared_ptr<PinnedBuffer> landing_, stage_;
+  struct Slot {
+    std::shared_ptr<PinnedBuffer> landing, stage;
+    IoWorker::Ticket read = 0, write = 0;  // in flight (0: none); only callbacks touch them
+  };
+  // Waits for slot s's write in flight, if any (on the d2h thread, or at destruction).
+  void finish_write(Slot& s);
+
+  std::vector<Slot> slots_;
+  size_t next_slot_ = 0;  // the slot of the next sub-group (host thread)
   std::vector<std::vector<double>> tiles_;  // per module: the last micro-batch's tile sums
 };
 

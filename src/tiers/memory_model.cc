@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "src/tiers/grad_spill.h"
 #include "strata/comm.h"
 #include "strata/cpu_optim.h"
 #include "strata/swap_space.h"
@@ -180,9 +181,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
   n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
-  // Gradients on NVMe: GradSpill's landing and staging buffers, and the sub-group the optimizer
-  // steps (a module with host gradients still lands through 2 buffers of its size: max_g).
-  n.host.grad_staging = 3 * max_gsub;
+  // Gradients on NVMe: GradSpill's landing and staging buffers (a pair per slot), and the
+  // sub-group the optimizer steps (a module with host gradients still lands through 2 buffers of
+  // its size: max_g).
+  n.host.grad_staging = (2 * size_t(GradSpill::kSlots) + 1) * max_gsub;
   n.host.staging += n.host.grad_staging;
   n.host.grad_landing = 2 * round_up(max_g, 4096);
   n.host.staging += n.host.grad_landing;

@@ -149,7 +149,7 @@ struct TierNeeds {
     size_t state = 0;              // host-homed P, MASTER, MOM, GACC
     size_t staging = 0;            // NVMe fetch staging, optimizer pipeline, gradient landing
     size_t optimizer_staging = 0;  // of staging: the optimizer pipeline's sub-groups
-    size_t grad_staging = 0;       // of staging: gradients on NVMe (landing, add, optimizer)
+    size_t grad_staging = 0;       // of staging: gradients on NVMe (GradSpill's slots, optimizer)
     // Of staging: the 2 landing buffers (the largest module's gradients not homed on NVMe) that
     // a micro-batch after the first lands its gradients through before adding them (held
     // during backward only).
