@@ -74,7 +74,8 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
         "was predicted to run such steps %s\n",
         sched.size(), under, o.time.step_s * 1e3, after, o.time.step_plain_s * 1e3,
         sched.size() - under - after, o.time.step_deferred_s * 1e3,
-        cfg.strata.optimizer_defer.c_str(), o.time.clipped_deferred ? "deferred" : "after backward");
+        cfg.strata.optimizer_defer.c_str(),
+        o.time.clipped_deferred ? "deferred" : "after backward");
   }
   for (const bool f : {false, true}) {
     double pred = predicted(o.time, f);

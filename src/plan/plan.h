@@ -231,10 +231,10 @@ struct TimeTerms {
   // the two predicted here, as the trainer keeps the faster it measures). Equal to step_s when
   // the overlap is off or nothing can make a step fall back.
   double step_after_s = 0;
-  double step_deferred_s = 0;  // such a step deferred into the next forward
-  double step_plain_s = 0;     // the optimizer after backward (the plain schedule)
+  double step_deferred_s = 0;     // such a step deferred into the next forward
+  double step_plain_s = 0;        // the optimizer after backward (the plain schedule)
   bool clipped_deferred = false;  // step_after_s is step_deferred_s
-  std::string bottleneck;  // name of the largest term
+  std::string bottleneck;         // name of the largest term
 };
 
 struct PlanOption {

@@ -64,7 +64,7 @@ class GradSpill {
   void finish_write(Slot& s);
 
   std::vector<Slot> slots_;
-  size_t next_slot_ = 0;  // the slot of the next sub-group (host thread)
+  size_t next_slot_ = 0;                    // the slot of the next sub-group (host thread)
   std::vector<std::vector<double>> tiles_;  // per module: the last micro-batch's tile sums
 };
 
