@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/log.h"
+#include "strata/storage_faults.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 #include "tests/wrapped_device.h"
@@ -288,6 +290,49 @@ TEST(GradsOnNvme, TrainBitIdenticallyToGradsInHostMemory) {
       EXPECT_LT(test::tier(r, "host").peak, test::tier(ref, "host").peak);
     }
   }
+  fs::remove_all(dir);
+}
+
+// A failed write of a gradient accumulator (the ring keeps writes in flight under the next
+// sub-groups' copies) ends the run at the step it belongs to, naming the module and sub-group,
+// before the optimizer reads what was not written.
+TEST(GradsOnNvme, AFailedWriteEndsTheRunNamingTheSubGroup) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("grads_eio");
+  fs::create_directories(dir + "/swap");
+  // Only the accumulators on NVMe, the optimizer after backward: step 3's first NVMe piece is
+  // its first micro-batch's first gradient write.
+  const std::vector<std::string> ov = {
+      "zero_optimization.offload_param.device=\"cpu\"",
+      "zero_optimization.offload_optimizer.device=\"cpu\"",
+      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+      "strata.placement.grads=\"nvme\"",
+      "strata.optimizer.overlap=false",
+      "zero_optimization.sub_group_size=65536"};
+  TrainOptions o;
+  o.progress = false;
+  auto probe = std::make_shared<FaultPlan>();
+  uint64_t end2 = 0;
+  {
+    TrainOptions p = o;
+    p.storage_faults = probe;
+    p.on_step_end = [&](int64_t step) {
+      if (step == 2) end2 = probe->pieces.load();
+    };
+    test::must_train(tiny(dir + "/probe", 4, ov), p);
+    ASSERT_GT(end2, 0u);
+  }
+  auto faults = std::make_shared<FaultPlan>();
+  faults->fail_nth = end2 + 1;
+  faults->fail_nth_errno = 5;  // EIO
+  o.storage_faults = faults;
+  auto r = train(tiny(dir + "/run", 4, ov), o);
+  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
+  const std::string& msg = r.status().message();
+  EXPECT_TRUE(std::regex_search(
+      msg, std::regex("^step 3: .*writing (embedding|block\\.[0-9]|final_norm) gradients "
+                      "\\(sub-group [0-9]+\\).*Input/output error")))
+      << msg;
   fs::remove_all(dir);
 }
 

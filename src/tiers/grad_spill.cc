@@ -20,7 +20,7 @@ void GradSpill::finish_write(Slot& s) {
   if (s.write == 0) return;
   Status st = homes_.io()->wait(s.write);
   s.write = 0;
-  if (!st.is_ok()) errors_.set(st.with_context("writing gradients to nvme"));
+  if (!st.is_ok()) errors_.set(st.with_context("writing " + s.what));
 }
 
 void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradStats* stats) {
@@ -74,6 +74,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
         for (size_t i = 0; i < len; ++i) acc[i] += in[i];
         out = acc;
       }
+      slot->what = what;
       slot->write = io->write(*ext, out);
       if (tiles) {  // sub-groups are whole tiles (module_homes); reads what is being written
         for (size_t t = 0; t * kStatsTileElems < len; ++t) {

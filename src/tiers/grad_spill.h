@@ -26,6 +26,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "io/io_worker.h"
@@ -59,6 +60,7 @@ class GradSpill {
   struct Slot {
     std::shared_ptr<PinnedBuffer> landing, stage;
     IoWorker::Ticket read = 0, write = 0;  // in flight (0: none); only callbacks touch them
+    std::string what;                      // the write's module and sub-group, for its error
   };
   // Waits for slot s's write in flight, if any (on the d2h thread, or at destruction).
   void finish_write(Slot& s);
