@@ -62,6 +62,20 @@ check "eval --json exits 0" test "$rc" -eq 0
 check "eval --json prints one JSON line" test "$(wc -l <out.txt)" -eq 1
 check "eval --json line has loss, perplexity, tokens" grep -Eq \
   '^\{"loss":[0-9.e+-]+,"perplexity":[0-9.e+-]+,"tokens":4032\}$' out.txt
+# The summary puts the bytes each step moved beside the placement's minimum (the planner's):
+# tiny-cpu with parameters and optimizer on NVMe, 4 steps (the median of steps 3-4).
+"$strata" train --config "$repo/configs/tiny-cpu.json" --quiet --set train.steps=4 \
+  --set scheduler.params.warmup_num_steps=1 --set train.final_checkpoint=false \
+  --set 'train.checkpoint_dir="bytes_run"' --set 'zero_optimization.offload_param.device="nvme"' \
+  --set 'zero_optimization.offload_param.nvme_path="swap"' \
+  --set 'zero_optimization.offload_optimizer.device="nvme"' \
+  --set 'zero_optimization.offload_optimizer.nvme_path="swap"' >out.txt 2>err.txt
+rc=$?
+check "a 4-step NVMe run exits 0" test "$rc" -eq 0
+check "its summary gives NVMe bytes per step against the placement's minimum" grep -Eq \
+  "^nvme bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
+check "and host<->device bytes the same way" grep -Eq \
+  "^host<->device bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
 # A corpus shorter than model.context + 1 tokens: exit 1, naming data.source and the sizes.
 printf 'too short' >short.txt
 "$strata" eval --config "$repo/configs/tiny-cpu.json" --set data.source=\"short.txt\" >out.txt 2>&1

@@ -24,17 +24,6 @@
 namespace strata::tools {
 namespace {
 
-size_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string k;
-  size_t v = 0;
-  std::string unit;
-  while (in >> k >> v >> unit) {
-    if (k == "MemAvailable:") return v * 1024;
-  }
-  return 0;
-}
-
 bool write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -110,7 +99,7 @@ int cmd_plan(int argc, char** argv) {
   if (hw.host_mem == 0) {
     hw.host_mem = !a.config_path.empty() && cfg->strata.host_memory_limit > 0
                       ? cfg->strata.host_memory_limit
-                      : uint64_t(double(mem_available()) * 0.9);
+                      : default_host_budget();
   }
 
   PlanRequest req;

@@ -13,6 +13,7 @@
 #include "strata/log.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/plan_cli.h"
 
 namespace strata::tools {
 namespace {
@@ -113,6 +114,8 @@ int cmd_train(int argc, char** argv) {
                     : "",
                 format_bytes(rest).c_str(), format_bytes(double(res.base_rss)).c_str());
   }
+  // Bytes per step against the placement's minimum (one rank's, as the tiers above).
+  std::fputs(bytes_against_minimum(cfg, res).c_str(), stdout);
   if (res.optimizer_s > 0) {
     std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
                 res.optimizer_s, 100.0 * res.optimizer_hidden_s / res.optimizer_s,

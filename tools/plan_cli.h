@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "src/plan/plan.h"
+#include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/dtype.h"
 #include "strata/status.h"
@@ -42,5 +43,15 @@ int plan_fail(const Status& s);
 // the other rate set (median / fastest pass) is evaluated too. Returns the exit code.
 int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& req,
                   const PlanOption& planned);
+
+// 90% of /proc/meminfo's MemAvailable: strata.host_memory_limit's default, as the engine has it.
+uint64_t default_host_budget();
+
+// A run's bytes per step against the placement's minimum (the planner's bytes for the config's
+// placement on this run's device, host budget and ranks: docs/PLANNER.md): one line each for
+// NVMe and host<->device, medians over the steps after the first two (the trace recording), or
+// nothing when there are fewer than 3 steps, nothing moved, or the planner cannot evaluate the
+// config. The summary of `strata train` prints it; so does --validate.
+std::string bytes_against_minimum(const Config& cfg, const TrainResult& res);
 
 }  // namespace strata::tools

@@ -1,7 +1,11 @@
 // `strata plan --validate`: trains the config and compares the plan with what it measured.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "src/train/trainer.h"
@@ -17,7 +21,58 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// The lines of bytes_against_minimum for the planner's option `o`.
+std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
+  if (res.step_nvme_bytes.size() < 3 || res.step_device_bytes.size() < 3) return "";
+  auto line = [](const char* what, const std::vector<uint64_t>& per_step, double minimum) {
+    const double got = median(std::vector<double>(per_step.begin() + 2, per_step.end()));
+    if (got == 0 && minimum == 0) return std::string();
+    return fmt::format(
+        "{} bytes per step: {} (median of steps 3-{}), the placement's minimum {}{}\n", what,
+        format_bytes(got), per_step.size(), format_bytes(minimum),
+        minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum)
+                    : std::string());
+  };
+  // The planner's NVMe bytes are the node's (its ranks share the disks); each rank reports its
+  // own, as it does its host<->device bytes.
+  const double W = double(std::max(1, res.world_size));
+  return line("nvme", res.step_nvme_bytes, double(o.nvme_read_bytes + o.nvme_write_bytes) / W) +
+         line("host<->device", res.step_device_bytes, double(o.link_bytes));
+}
+
 }  // namespace
+
+uint64_t default_host_budget() {
+  std::ifstream in("/proc/meminfo");
+  std::string k, unit;
+  uint64_t v = 0;
+  while (in >> k >> v >> unit) {
+    if (k == "MemAvailable:") return uint64_t(double(v) * 1024 * 0.9);
+  }
+  return 0;
+}
+
+std::string bytes_against_minimum(const Config& cfg, const TrainResult& res) {
+  if (res.step_nvme_bytes.size() < 3 || res.step_device_bytes.size() < 3) return "";
+  // The machine as the run had it: the device tier's capacity, the host budget, the ranks.
+  Hardware hw;
+  hw.gpus = res.world_size;
+  for (const auto& t : res.tiers) {
+    if (t.name == "device") hw.gpu_mem = t.capacity;
+  }
+  hw.host_mem = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
+                                                 : default_host_budget() * uint64_t(hw.gpus);
+  hw.nvme_paths = cfg.zero.offload_optimizer.nvme_path;
+  if (hw.nvme_paths.empty()) hw.nvme_paths = cfg.zero.offload_param.nvme_path;
+  // The bytes do not depend on the rates: the default profile of the run's backend will do.
+  PlanRequest req = request_from_config(cfg, hw, default_profile(res.device_in_rss));
+  auto rep = make_plan(req);
+  auto p = placement_of_config(cfg);
+  if (!rep.is_ok() || !p.is_ok()) return "";
+  auto i = add_placement(*rep, *p);
+  if (!i.is_ok()) return "";
+  return bytes_lines(res, rep->options[size_t(*i)]);
+}
 
 int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& req,
                   const PlanOption& o) {
@@ -100,14 +155,13 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
       "ms, io wait %.0f ms\n",
       1e3 * r->fwd_bwd_s / double(steps), 1e3 * r->compute_wait_s / double(steps),
       1e3 * r->optimizer_s / double(steps), 1e3 * r->io_wait_s / double(steps));
-  if (o.nvme_read_bytes + o.nvme_write_bytes > 0 && r->step_nvme_bytes.size() > 2) {
-    // The placement's minimum for its accumulation steps (each byte the step must move, once)
-    // against what the measured steps moved (after the first two: the trace recording).
-    std::vector<double> b(r->step_nvme_bytes.begin() + 2, r->step_nvme_bytes.end());
-    const double min_bytes = double(o.nvme_read_bytes + o.nvme_write_bytes);
-    std::printf("  nvme bytes per step: measured median %s, the placement's minimum %s (%+.1f%%)\n",
-                format_bytes(median(b)).c_str(), format_bytes(min_bytes).c_str(),
-                100.0 * (median(b) - min_bytes) / min_bytes);
+  // The placement's minimum for its accumulation steps (each byte the step must move, once)
+  // against what the measured steps moved (after the first two: the trace recording).
+  const std::string lines = bytes_lines(*r, o);  // each line ends in '\n'
+  for (size_t a = 0; a < lines.size();) {
+    const size_t b = lines.find('\n', a);
+    std::printf("  %s\n", lines.substr(a, b - a).c_str());
+    a = b + 1;
   }
   // The peaks are the whole run's: the rule of the schedule its steps ran (every step deferred
   // to the next forward holds no undo state, one step under backward may).

@@ -93,9 +93,10 @@ Result<TrainResult> Run::loop() {
   auto bytes_mark = bytes_now();
   tm_->take_times();
   while (step_ < total) {
-    const uint64_t nvme_before = bytes_now()[1];
+    const auto before = bytes_now();
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
-    r.step_nvme_bytes.push_back(bytes_now()[1] - nvme_before);
+    r.step_nvme_bytes.push_back(bytes_now()[1] - before[1]);
+    r.step_device_bytes.push_back(bytes_now()[0] - before[0]);
     const TierTimes tt = tm_->take_times();
     StepWindow s;  // this step
     s.steps = 1;
