@@ -292,16 +292,25 @@ void DeviceCache::compute_waits_for(const std::shared_ptr<Event>& ev) {
 // ---- device memory ---------------------------------------------------------------------------
 
 void DeviceCache::reclaim(bool block_oldest) {
-  while (!pending_.empty()) {
-    PendingFree& f = pending_.front();
-    if (f.after && !dev_.query(*f.after)) {
-      if (!block_oldest) break;
-      dev_.synchronize(*f.after).ignore();
-      block_oldest = false;
-    }
-    dev_.release(f.ptr);
-    pending_.pop_front();
+  if (block_oldest && !pending_.empty()) {
+    const PendingFree& f = pending_.front();
+    if (f.after && !dev_.query(*f.after)) dev_.synchronize(*f.after).ignore();
   }
+  // Every free whose event has run, not only up to the first that has not: the pending frees
+  // wait on different streams (a cached copy's last use on compute, a gradient buffer's drain
+  // on d2h), and a drain still queued must not hold back memory that is already free.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->after && !dev_.query(*it->after)) {
+      ++it;
+      continue;
+    }
+    dev_.release(it->ptr);
+    it = pending_.erase(it);
+  }
+}
+
+void DeviceCache::release_after(void* ptr, size_t bytes, std::shared_ptr<Event> after) {
+  pending_.push_back({ptr, round_up(bytes, 256), std::move(after)});
 }
 
 void DeviceCache::drop(int m) {
@@ -329,12 +338,16 @@ Result<void*> DeviceCache::allocate(size_t bytes, const std::string& tag, int ke
       r = dev_.allocate(bytes, tag);
     }
     if (r.is_ok()) return r;
-    // Frees already on their way (evicted copies whose last use has not run yet) make the room:
-    // evicting another object now would throw away a copy that is still wanted and fetch it
-    // again later. A prefetch gives up until they ran; a demand fetch waits for the oldest.
+    // Frees already on their way (evicted copies whose last use has not run yet, gradient
+    // buffers still draining) make the room: evicting another object now would throw away a
+    // copy that is still wanted and fetch it again later. A prefetch gives up until they ran; a
+    // demand fetch waits for the oldest. The room they make is what they add to the free bytes
+    // (a prefetch's reserve counted), so the shortfall is what they must cover.
     size_t on_the_way = 0;
     for (const PendingFree& f : pending_) on_the_way += f.bytes;
-    if (on_the_way >= bytes) {
+    const size_t want = bytes + (prefetch && !sharded_ ? prefetch_reserve_ : 0);
+    const size_t shortfall = ms.used + want > ms.capacity ? ms.used + want - ms.capacity : want;
+    if (on_the_way > 0 && on_the_way >= std::min(shortfall, bytes)) {
       if (!may_block) return r.status();
       reclaim(true);
       continue;

@@ -163,8 +163,10 @@ void GradBuckets::finish(int m, float* g, bool last) {
     const size_t n = homes_.module(m).sn;
     dev_.host_fn(d2h, [out, acc, n] { *out = strata::grad_stats(acc, DType::kF32, n); });
   }
-  Device* dev = &dev_;
-  dev_.host_fn(d2h, [dev, g] { dev->release(g); });
+  // Freed once the drain has run (the cache counts it as room on its way meanwhile).
+  auto drained = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*drained, d2h);
+  cache_.release_after(g, homes_.module(m).padded * 4, std::move(drained));
   if (last) on_final_(m);
 }
 

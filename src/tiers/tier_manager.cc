@@ -327,6 +327,7 @@ Status TierManager::end_backward() {
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "the compute stream");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "the gradient drains");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), "the parameter fetches");
+  I.cache->reclaim(false);  // the drained gradient buffers
   if (I.sharded) I.cache->drop_unheld();
   STRATA_RETURN_IF_ERROR(I.errors.take(), "");  // each kept error says where it happened
   if (I.sharded) {
