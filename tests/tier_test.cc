@@ -170,16 +170,8 @@ TEST_F(TierTest, InjectedEioEndsTheRunAndKeepsTheLastCheckpoint) {
   // Count the I/O pieces of a clean run at the ends of steps 7 and 8, then fail the piece in
   // the middle of step 8 of an identical run (the I/O sequence is deterministic).
   {
-    auto probe = std::make_shared<FaultPlan>();
-    uint64_t end7 = 0, end8 = 0;
-    TrainOptions p = o;
-    p.storage_faults = probe;
-    p.on_step_end = [&](int64_t step) {
-      if (step == 7) end7 = probe->pieces.load();
-      if (step == 8) end8 = probe->pieces.load();
-    };
-    auto r = train(tiny(dir + "/probe", ov), p);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const auto ends = test::io_pieces_at_step_ends(tiny(dir + "/probe", ov), {7, 8});
+    const uint64_t end7 = ends[0], end8 = ends[1];
     ASSERT_GT(end8, end7);
     auto faults = std::make_shared<FaultPlan>();
     faults->fail_nth = end7 + (end8 - end7) / 2;
@@ -215,20 +207,11 @@ TEST_F(TierTest, InjectedEioInTheOptimizersIoNamesItsTrail) {
   for (const char* k : {"train.steps=10", "scheduler.params.warmup_num_steps=2"}) ov.push_back(k);
   TrainOptions o;
   o.progress = false;
-  auto probe = std::make_shared<FaultPlan>();
-  uint64_t end7 = 0;
-  {
-    TrainOptions p = o;
-    p.storage_faults = probe;
-    p.on_step_end = [&](int64_t step) {
-      if (step == 7) end7 = probe->pieces.load();
-    };
-    auto r = train(tiny(dir + "/probe", ov), p);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    // Clipping at 1.0 bites in these steps: each one's optimizer step was deferred.
-    ASSERT_EQ(r->optimizer_schedule.size(), 10u);
-    ASSERT_EQ(r->optimizer_schedule[7], 3) << "step 8 was not deferred";
-  }
+  TrainResult clean;
+  const uint64_t end7 = test::io_pieces_at_step_ends(tiny(dir + "/probe", ov), {7}, &clean)[0];
+  // Clipping at 1.0 bites in these steps: each one's optimizer step was deferred.
+  ASSERT_EQ(clean.optimizer_schedule.size(), 10u);
+  ASSERT_EQ(clean.optimizer_schedule[7], 3) << "step 8 was not deferred";
   // About the first piece after step 7 (the storage engine's lanes may reorder pieces by a
   // few): the deferred pass's, or a write behind of the state it stepped.
   auto faults = std::make_shared<FaultPlan>();

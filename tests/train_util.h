@@ -5,11 +5,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "src/train/trainer.h"
 #include "strata/config.h"
+#include "strata/storage_faults.h"
 #include "tests/test_util.h"
 
 #ifndef STRATA_SOURCE_DIR
@@ -39,6 +41,26 @@ inline TrainResult must_train(const Config& cfg, TrainOptions opts = {}) {
   auto r = train(cfg, opts);
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
   return r.is_ok() ? *r : TrainResult{};
+}
+
+// The storage pieces a clean run of `cfg` has issued by the end of each of `steps` (one count
+// each): the I/O sequence is deterministic, so an identical run with a FaultPlan's fail_nth can
+// fail a piece of a chosen step. `result`, if given, gets the clean run's result.
+inline std::vector<uint64_t> io_pieces_at_step_ends(const Config& cfg,
+                                                    const std::vector<int64_t>& steps,
+                                                    TrainResult* result = nullptr) {
+  auto probe = std::make_shared<FaultPlan>();
+  std::vector<uint64_t> at(steps.size(), 0);
+  TrainOptions p;
+  p.storage_faults = probe;
+  p.on_step_end = [&](int64_t step) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (step == steps[i]) at[i] = probe->pieces.load();
+    }
+  };
+  TrainResult r = must_train(cfg, p);
+  if (result) *result = std::move(r);
+  return at;
 }
 
 // A small GPT on the synthetic corpus with its optimizer state on "NVMe" (`dir`/swap) and its
