@@ -6,3 +6,12 @@ target_link_libraries(bench_device_ops PRIVATE libstrata nlohmann_json::nlohmann
 add_test(NAME gpu_check_self_test
          COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_check.sh --self-test --build-dir ${CMAKE_BINARY_DIR})
 set_tests_properties(gpu_check_self_test PROPERTIES TIMEOUT 600)
+
+# tools/gpu_lease.sh (gpu_check on a lent GPU machine without strata's build dependencies):
+# packs this build's CUDA binaries and libraries, then runs the bundle dry (about 35 s, most of
+# it xz). Only where the CUDA binaries are built.
+if(STRATA_HAVE_CUDA)
+  add_test(NAME gpu_lease_self_test
+           COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_lease.sh --self-test ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_lease_self_test PROPERTIES TIMEOUT 600)
+endif()

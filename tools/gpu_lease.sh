@@ -7,6 +7,8 @@
 #                                                  gpu_check.sh runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
 #                                                  build-lease/bundle.tar.xz (~15 MB)
+#   tools/gpu_lease.sh --self-test BUILD_DIR       pack into a temporary directory and run the
+#                                                  bundle dry (no GPU; ctest gpu_lease_self_test)
 #   tools/gpu_lease.sh run [gpu_check options]     there: unpack the bundle, find the CUDA
 #                                                  libraries (cuBLASLt, NCCL) on that machine,
 #                                                  check that every binary loads, then run
@@ -27,7 +29,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-LEASE="$ROOT/build-lease"
+# GPU_LEASE_DIR moves the bundle (its self-test packs into a temporary directory).
+LEASE=${GPU_LEASE_DIR:-$ROOT/build-lease}
 BINS=(tools/strata tests/bench_device_ops tests/cuda_backend_test tests/cuda_train_test
       tests/cuda_flash_attention_test tests/flash_attention_test tests/llama_cuda_test)
 # Libraries the GPU machine provides (glibc, the C++ runtime, the CUDA driver, cuBLAS(Lt), NCCL:
@@ -113,7 +116,7 @@ run_there() {
   ((bad)) && echo "gpu_lease: going on; the phases that need those binaries will fail"
   # Outside build-lease, which the device tool replaces on every call that carries it: a later
   # call on the same warm machine adds its phases to the same report.
-  local results=$ROOT/build-lease-results/gpu-check
+  local results=$LEASE-results/gpu-check
   "$ROOT/tools/gpu_check.sh" --build-dir "$LEASE" --results "$results" "$@"
   local rc=$?
   if [[ -n ${OUT:-} ]]; then
@@ -125,9 +128,37 @@ run_there() {
   return $rc
 }
 
+# Packs from BUILD into a temporary directory, checks the bundle's contents, then runs it as
+# "run" would on a GPU machine, dry (gpu_check --dry-run: the CPU backend, no GPU needed).
+self_test() {
+  local build=${1:?build directory} tmp rc=0
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lease_selftest.XXXXXX")
+  export GPU_LEASE_DIR=$tmp/lease
+  LEASE=$GPU_LEASE_DIR
+  fail() { echo "gpu_lease self-test: FAIL: $*"; rc=1; }
+  ( pack --build-dir "$build" ) || fail "pack exited non-zero"
+  local listing
+  listing=$(tar -tJf "$LEASE/bundle.tar.xz" 2>/dev/null)
+  for b in "${BINS[@]}"; do grep -qx "./$b" <<<"$listing" || fail "the bundle lacks $b"; done
+  for l in liburing.so.2 libtbb.so.12 libcudart.so.13; do
+    grep -q "^./lib/$l\$" <<<"$listing" || fail "the bundle lacks $l"
+  done
+  grep -q '^./lib/libcublasLt' <<<"$listing" && fail "the bundle carries cuBLASLt (the machine's is used)"
+  ( OUT=$tmp/out; mkdir -p "$OUT"; export OUT
+    run_there --dry-run --phases env,copy ) >"$tmp/run.log" 2>&1 || fail "run --dry-run exited non-zero (see $tmp/run.log)"
+  [[ -s $tmp/out/report.md && -s $tmp/out/gpu-check.tar.gz ]] || fail "run left no report in \$OUT"
+  grep -q '| copy | ok |' "$tmp/out/report.md" 2>/dev/null || fail "the dry run's copy phase did not pass"
+  if ((rc == 0)); then
+    echo "gpu_lease self-test: OK ($(du -h "$LEASE/bundle.tar.xz" | cut -f1) bundle)"
+    rm -rf "$tmp"
+  fi
+  return $rc
+}
+
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run_there "$@" ;;
-  -h | --help | "") sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
+  --self-test) shift; self_test "$@" ;;
+  -h | --help | "") sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
   *) echo "gpu_lease: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
 esac
