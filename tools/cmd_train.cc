@@ -29,6 +29,8 @@ const char kUsage[] =
     "<train.checkpoint_dir>/metrics.jsonl; each run's lines after one naming its run_id) and\n"
     "writes checkpoints to train.checkpoint_dir (and, with train.export_dir, the final one\n"
     "as a Hugging Face directory: checked before training, see strata export --help).\n"
+    "At the end: each tier's peak and traffic, the peak RSS, and the NVMe and host<->device\n"
+    "bytes per step beside the placement's minimum (the planner's; docs/PLANNER.md).\n"
     "Ctrl-C / SIGTERM: finishes the current step, writes a checkpoint and exits (a second\n"
     "signal exits at once). Under mpirun, launch with --mca odls_base_sigkill_timeout 60 so\n"
     "mpirun waits for the checkpoint before it kills the ranks.\n"
