@@ -411,19 +411,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // Params fetched to the device per step: what the device cannot keep cached, once in each
   // backward and again in each forward (what backward evicted); a cached copy is updated in
   // place by the optimizer (write-through over the link), never fetched again. The room is the
-  // device's free bytes during backward, where the working set's gradient buffer is joined by
-  // the previous module's, still draining (one more of the largest). Sharded: every gathered
+  // device's free bytes beside the working set: a gradient buffer still draining when the next
+  // is allocated is waited for, not made room for by evicting a copy (DeviceCache::
+  // release_after), so it takes none of the cache's room. Sharded: every gathered
   // group is dropped after its use, so each pass fetches every parameter. Params resident on
   // the device are fetched never, but written once after the step.
   double link = 0, fetch = 0;
   if (where.params != Tier::kDevice) {
-    uint64_t largest_grad_buffer = 0;  // a module's fp32 gradients on the device, whole
-    for (const ModuleHomes& h : homes) {
-      if (h.grads.bytes == 0) continue;   // a frozen module has no gradient buffer
-      if (h.master.bytes == 0) continue;  // a frozen module (LoRA's base) has no gradients
-      largest_grad_buffer = std::max<uint64_t>(largest_grad_buffer, uint64_t(h.padded_numel) * 4);
-    }
-    const uint64_t busy = o.device.total() + largest_grad_buffer;
+    const uint64_t busy = o.device.total();
     const double free_dev = o.device.capacity > busy ? double(o.device.capacity - busy) : 0.0;
     const double pbytes = double(P_bytes);
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
