@@ -37,6 +37,26 @@ TEST(Zero3Masked, MaskedLossIsTheGlobalMeanOverRanks) {
   fs::remove_all(dir);
 }
 
+// A LoRA config's one-rank reference under `dir`/np1 (parameters on NVMe): the worker's
+// arguments (for a resume), its result, and the config's pairs as mpirun --set arguments.
+struct LoraReference {
+  WorkerArgs args;
+  json result;
+  std::string sets;
+};
+LoraReference lora_reference(const std::string& dir, const std::vector<std::string>& lora) {
+  LoraReference ref;
+  for (const std::string& kv : lora) ref.sets += " --set '" + kv + "'";
+  ref.args.out = dir + "/np1";
+  ref.args.placement = "nvme";
+  ref.args.set = lora;
+  fs::create_directories(ref.args.out);
+  const Status st = run_worker(ref.args);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  if (st.is_ok()) ref.result = rank_result(ref.args.out, 0);
+  return ref;
+}
+
 // LoRA over a frozen base under ZeRO-3: the base modules' parameters are sharded like any
 // module's (and have no other state), the adapters are sharded with their optimizer state. Two
 // ranks train along the one-rank curve; a 2-rank run stopped at step 10 resumes on 2 ranks bit
@@ -46,15 +66,9 @@ TEST(Zero3Lora, TwoRanksTrainTheAdaptersAsOneRankAndResumeOnOne) {
   const std::string dir = temp_dir("lora");
   const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
                                          "lora.target_modules=[\"c_attn\",\"c_fc\"]"};
-  std::string sets;
-  for (const std::string& kv : lora) sets += " --set '" + kv + "'";
-  WorkerArgs a;
-  a.out = dir + "/np1";
-  a.placement = "nvme";
-  a.set = lora;
-  fs::create_directories(a.out);
-  ASSERT_TRUE(run_worker(a).is_ok());
-  const json ref = rank_result(a.out, 0);
+  const LoraReference one = lora_reference(dir, lora);
+  const json& ref = one.result;
+  const std::string& sets = one.sets;
   ASSERT_TRUE(ref.is_object());
   const std::string full2 = dir + "/full2", part2 = dir + "/part2", res2 = dir + "/res2";
   for (const auto& d : {full2, part2, res2}) fs::create_directories(d);
@@ -71,7 +85,7 @@ TEST(Zero3Lora, TwoRanksTrainTheAdaptersAsOneRankAndResumeOnOne) {
   l = launch(2, fmt::format("{} nvme {} --resume {}{}", res2, kSteps, ckpt, sets));
   ASSERT_EQ(l.exit_code, 0) << l.output;
   expect_same_curve(rank_result(full2, 0), rank_result(res2, 0), 10, "lora resume 2 -> 2", 0.0);
-  WorkerArgs b = a;
+  WorkerArgs b = one.args;
   b.out = dir + "/res1";
   b.resume = ckpt;
   fs::create_directories(b.out);
@@ -89,15 +103,9 @@ TEST(Zero3Lora, AnNf4BaseShardedOverTwoRanksTrainsAsOnOne) {
   const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
                                          "lora.target_modules=[\"c_attn\",\"c_fc\"]",
                                          "lora.base_quantization=\"nf4\""};
-  std::string sets;
-  for (const std::string& kv : lora) sets += " --set '" + kv + "'";
-  WorkerArgs a;
-  a.out = dir + "/np1";
-  a.placement = "nvme";
-  a.set = lora;
-  fs::create_directories(a.out);
-  ASSERT_TRUE(run_worker(a).is_ok());
-  const json ref = rank_result(a.out, 0);
+  const LoraReference one = lora_reference(dir, lora);
+  const json& ref = one.result;
+  const std::string& sets = one.sets;
   ASSERT_TRUE(ref.is_object());
   const std::string two = dir + "/np2";
   fs::create_directories(two);
