@@ -347,7 +347,7 @@ Result<void*> DeviceCache::allocate(size_t bytes, const std::string& tag, int ke
     for (const PendingFree& f : pending_) on_the_way += f.bytes;
     const size_t want = bytes + (prefetch && !sharded_ ? prefetch_reserve_ : 0);
     const size_t shortfall = ms.used + want > ms.capacity ? ms.used + want - ms.capacity : want;
-    if (on_the_way > 0 && on_the_way >= std::min(shortfall, bytes)) {
+    if (on_the_way >= std::min(shortfall, bytes)) {
       if (!may_block) return r.status();
       reclaim(true);
       continue;
