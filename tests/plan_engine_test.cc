@@ -319,7 +319,9 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
               "train.final_checkpoint=false", "zero_optimization.offload_param.device=\"nvme\"",
               "zero_optimization.offload_param.nvme_path=" + swap,
               "zero_optimization.offload_optimizer.nvme_path=" + swap,
-              "strata.placement.grads=\"nvme\"", "device.memory_limit=\"10MiB\"", schedule});
+              "strata.placement.grads=\"nvme\"", "device.memory_limit=\"10MiB\"",
+              // No prefetch: which fetches a prefetch saves depends on timing.
+              "zero_optimization.stage3_prefetch_bucket_size=0", schedule});
     const TrainResult r = test::must_train(cfg);
     ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
     ASSERT_EQ(r.step_device_bytes.size(), 6u);
@@ -338,13 +340,18 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
     const double link_min = double(o.link_bytes);
     ASSERT_GT(nvme_min, 0);
     ASSERT_GT(link_min, 0);
-    // Within 1% (the planner's byte count is not exact to the last small tensor: +0.3% here).
+    // Steps 3-6 together, within 1% (the planner's byte count is not exact to the last small
+    // tensor: +0.3% here). Together: a write behind that lands after its step's end counts in
+    // the next step (on a busy machine one step showed -5% and the next +5%), the sum not.
+    double nvme = 0, link = 0;
     for (size_t s = 2; s < 6; ++s) {
-      EXPECT_LE(double(r.step_nvme_bytes[s]), 1.01 * nvme_min) << "step " << s + 1;
-      EXPECT_GE(double(r.step_nvme_bytes[s]), 0.99 * nvme_min) << "step " << s + 1;
-      EXPECT_LE(double(r.step_device_bytes[s]), 1.01 * link_min) << "step " << s + 1;
-      EXPECT_GE(double(r.step_device_bytes[s]), 0.99 * link_min) << "step " << s + 1;
+      nvme += double(r.step_nvme_bytes[s]);
+      link += double(r.step_device_bytes[s]);
     }
+    EXPECT_LE(nvme, 4 * 1.01 * nvme_min);
+    EXPECT_GE(nvme, 4 * 0.99 * nvme_min);
+    EXPECT_LE(link, 4 * 1.01 * link_min);
+    EXPECT_GE(link, 4 * 0.99 * link_min);
   }
   std::filesystem::remove_all(dir);
 }
