@@ -22,6 +22,7 @@ IoWorker::Ticket IoWorker::read(const SwapExtent& extent, void* buffer, bool urg
   std::lock_guard<std::mutex> l(mu_);
   Ticket t = next_++;
   queue_.push_back({t, IoOp::kRead, extent, buffer, urgent});
+  bytes_queued_ += extent.bytes;
   cv_.notify_all();
   return t;
 }
@@ -30,6 +31,7 @@ IoWorker::Ticket IoWorker::write(const SwapExtent& extent, const void* buffer) {
   std::lock_guard<std::mutex> l(mu_);
   Ticket t = next_++;
   queue_.push_back({t, IoOp::kWrite, extent, const_cast<void*>(buffer)});
+  bytes_queued_ += extent.bytes;
   cv_.notify_all();
   return t;
 }
@@ -60,6 +62,10 @@ uint64_t IoWorker::bytes_read() const {
 uint64_t IoWorker::bytes_written() const {
   std::lock_guard<std::mutex> l(mu_);
   return bytes_written_;
+}
+uint64_t IoWorker::bytes_queued() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return bytes_queued_;
 }
 
 namespace {

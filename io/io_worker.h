@@ -42,8 +42,12 @@ class IoWorker {
   bool done(Ticket t) const;
   // Seconds callers spent blocked in wait() (the "waiting on I/O" time).
   double wait_seconds() const;
+  // Bytes of transfers done (counted as each completes).
   uint64_t bytes_read() const;
   uint64_t bytes_written() const;
+  // Bytes of transfers asked for, reads and writes (counted as each is queued): what a caller's
+  // span of work asked of the disk, wherever a write behind it lands.
+  uint64_t bytes_queued() const;
 
  private:
   struct Job {
@@ -69,7 +73,7 @@ class IoWorker {
   Ticket next_ = 1;
   bool stop_ = false;
   double wait_s_ = 0;
-  uint64_t bytes_read_ = 0, bytes_written_ = 0;
+  uint64_t bytes_read_ = 0, bytes_written_ = 0, bytes_queued_ = 0;
   std::thread thread_;
 };
 

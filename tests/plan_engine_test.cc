@@ -340,18 +340,18 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
     const double link_min = double(o.link_bytes);
     ASSERT_GT(nvme_min, 0);
     ASSERT_GT(link_min, 0);
-    // Steps 3-6 together, within 1% (the planner's byte count is not exact to the last small
-    // tensor: +0.3% here). Together: a write behind that lands after its step's end counts in
-    // the next step (on a busy machine one step showed -5% and the next +5%), the sum not.
-    double nvme = 0, link = 0;
+    // Each step after the first two, within 1% (the planner's byte count is not exact to the
+    // last small tensor: +0.3% here). NVMe bytes are counted as they are asked for: counted as
+    // they landed, a write behind one step's end fell in the next (on a busy machine one step
+    // showed -5% and the next +5%; CI saw steps 3-6 together at -2.6%).
     for (size_t s = 2; s < 6; ++s) {
-      nvme += double(r.step_nvme_bytes[s]);
-      link += double(r.step_device_bytes[s]);
+      SCOPED_TRACE("step " + std::to_string(s + 1));
+      const double nvme = double(r.step_nvme_bytes[s]), link = double(r.step_device_bytes[s]);
+      EXPECT_LE(nvme, 1.01 * nvme_min);
+      EXPECT_GE(nvme, 0.99 * nvme_min);
+      EXPECT_LE(link, 1.01 * link_min);
+      EXPECT_GE(link, 0.99 * link_min);
     }
-    EXPECT_LE(nvme, 4 * 1.01 * nvme_min);
-    EXPECT_GE(nvme, 4 * 0.99 * nvme_min);
-    EXPECT_LE(link, 4 * 1.01 * link_min);
-    EXPECT_GE(link, 4 * 0.99 * link_min);
   }
   std::filesystem::remove_all(dir);
 }

@@ -507,6 +507,7 @@ TierStats TierManager::stats(Tier t) const {
       IoWorker* io = I.homes->io();
       s = {I.homes->nvme_capacity(), I.homes->nvme_used(), I.homes->nvme_peak(),
            io ? io->bytes_written() : 0, io ? io->bytes_read() : 0};
+      s.bytes_queued = io ? io->bytes_queued() : 0;
       break;
     }
   }

@@ -75,6 +75,9 @@ struct TierStats {
   // of them carried the gradients of more than one module.
   uint64_t grad_reductions = 0;
   uint64_t grad_shared_reductions = 0;
+  // NVMe tier only: bytes of reads and writes asked for (bytes_in/out count them as they
+  // complete; a write behind a step may land in the next).
+  uint64_t bytes_queued = 0;
 };
 
 // Time split of the work since the last take_times() call, seconds.

@@ -84,11 +84,12 @@ Result<TrainResult> Run::loop() {
     return b;
   };
   auto sent_mark = sent_now();
-  // Bytes moved to and from the device, and to and from NVMe.
+  // Bytes moved to and from the device, and asked of NVMe (counted when queued: a write behind
+  // the step's end counts in the step that wrote it, not in the one during which it lands).
   auto bytes_now = [&]() {
     return std::array<uint64_t, 2>{
         tm_->stats(Tier::kDevice).bytes_in + tm_->stats(Tier::kDevice).bytes_out,
-        tm_->stats(Tier::kNvme).bytes_out + tm_->stats(Tier::kNvme).bytes_in};
+        tm_->stats(Tier::kNvme).bytes_queued};
   };
   auto bytes_mark = bytes_now();
   tm_->take_times();
