@@ -24,20 +24,27 @@ double median(std::vector<double> v) {
 // The lines of bytes_against_minimum for the planner's option `o`.
 std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
   if (res.step_nvme_bytes.size() < 3 || res.step_device_bytes.size() < 3) return "";
-  auto line = [](const char* what, const std::vector<uint64_t>& per_step, double minimum) {
+  auto line = [](const char* what, const std::vector<uint64_t>& per_step, double minimum,
+                 const char* below = "") {
     const double got = median(std::vector<double>(per_step.begin() + 2, per_step.end()));
     if (got == 0 && minimum == 0) return std::string();
     return fmt::format(
-        "{} bytes per step: {} (median of steps 3-{}), the placement's minimum {}{}\n", what,
+        "{} bytes per step: {} (median of steps 3-{}), the placement's minimum {}{}{}\n", what,
         format_bytes(got), per_step.size(), format_bytes(minimum),
         minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum)
-                    : std::string());
+                    : std::string(),
+        got < 0.99 * minimum ? below : "");
   };
   // The planner's NVMe bytes are the node's (its ranks share the disks); each rank reports its
   // own, as it does its host<->device bytes.
   const double W = double(std::max(1, res.world_size));
   return line("nvme", res.step_nvme_bytes, double(o.nvme_read_bytes + o.nvme_write_bytes) / W) +
-         line("host<->device", res.step_device_bytes, double(o.link_bytes));
+         line("host<->device", res.step_device_bytes, double(o.link_bytes),
+              // The planner's link bytes are a GPU's; the host steps and reads the CPU
+              // backend's device memory in place.
+              res.device_in_rss ? "; the CPU backend's device is host memory, which the host "
+                                  "reads and writes in place"
+                                : "");
 }
 
 }  // namespace

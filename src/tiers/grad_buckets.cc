@@ -141,7 +141,12 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
       lb->reset();
     });
   }
-  counters_.update([bytes](TierCounts& n) { n.dev_out += bytes; });
+  // A device-tier accumulator on a host-addressable device (the CPU backend keeps it where the
+  // host steps it) is the device's own memory: the copy crosses no link, as on a GPU, where it
+  // stays on the device (above).
+  if (homes_.module(m).gacc.tier != Tier::kDevice) {
+    counters_.update([bytes](TierCounts& n) { n.dev_out += bytes; });
+  }
 }
 
 void GradBuckets::finish(int m, float* g, bool last) {
