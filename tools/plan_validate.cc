@@ -31,8 +31,7 @@ std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
     return fmt::format(
         "{} bytes per step: {} (median of steps 3-{}), the placement's minimum {}{}{}\n", what,
         format_bytes(got), per_step.size(), format_bytes(minimum),
-        minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum)
-                    : std::string(),
+        minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum) : std::string(),
         got < 0.99 * minimum ? below : "");
   };
   // The planner's NVMe bytes are the node's (its ranks share the disks); each rank reports its
