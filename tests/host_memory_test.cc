@@ -398,6 +398,61 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
   EXPECT_EQ(max_sub_group_elems(0, 4), kSubGroupAlign);
 }
 
+// The optimizer's read-ahead during backward (strata.optimizer.read_ahead) is what the host
+// budget leaves after the arena's other parts, in whole sub-groups of NVMe-homed master weights
+// and moments: auto at most half the budget, a given size at most that, never more than the
+// sub-groups beyond buffer_count; none without NVMe-homed optimizer state. The arena holds it.
+TEST(HostMemoryModel, ReadAheadIsWhatTheBudgetLeavesInWholeSubGroups) {
+  const uint64_t g = 8192;
+  const size_t unit = g * 4 + g * 8;  // master + two fp32 moments
+  auto arch = small_gpt(2, 256, 256, 32);
+  ASSERT_NE(arch, nullptr);
+  TierOptions to;
+  to.placement = {Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0};
+  to.nvme_paths = {"/nonexistent"};
+  to.buffer_count = 4;
+  to.sub_group_elems = g;
+  auto n = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  EXPECT_EQ(n->host.optimizer_sub_group, unit);
+  // Every trainable module's sub-groups: 2 blocks of 12 * 256^2 (+ biases and norms), the
+  // embeddings and the final norm.
+  ASSERT_GT(n->host.optimizer_sub_groups, 80u);
+  const size_t all_but_depth = n->host.optimizer_sub_groups - 4;
+  to.read_ahead_bytes = 0;
+  to.host_capacity = size_t(1) << 30;
+  const size_t base = host_arena_bytes(*n, to, false);
+  EXPECT_EQ(read_ahead_sub_groups(*n, to, false), 0u);
+  // A budget with room for everything: auto reads all but buffer_count ahead, the arena grows by
+  // as much, within the budget.
+  to.read_ahead_bytes = SIZE_MAX;
+  EXPECT_EQ(read_ahead_sub_groups(*n, to, false), all_but_depth);
+  EXPECT_EQ(host_arena_bytes(*n, to, false), base + all_but_depth * unit);
+  EXPECT_LE(host_arena_bytes(*n, to, false), to.host_capacity);
+  // A given size: its whole sub-groups.
+  to.read_ahead_bytes = 10 * unit + unit / 2;
+  EXPECT_EQ(read_ahead_sub_groups(*n, to, false), 10u);
+  // The budget's arithmetic on a made-up need: the arena's other parts are 64 MiB (no state,
+  // no staging: the slack alone). Auto takes at most half the budget; a small budget, what it
+  // leaves, in whole sub-groups.
+  TierNeeds big;
+  big.host.optimizer_sub_group = unit;
+  big.host.optimizer_sub_groups = 100000;
+  to.read_ahead_bytes = SIZE_MAX;
+  to.host_capacity = size_t(1) << 30;
+  EXPECT_EQ(read_ahead_sub_groups(big, to, false), (size_t(512) << 20) / unit);
+  to.host_capacity = (size_t(64) << 20) + 7 * unit + 100;
+  EXPECT_EQ(read_ahead_sub_groups(big, to, false), 7u);
+  EXPECT_LE(host_arena_bytes(big, to, false), to.host_capacity);
+  to.host_capacity = size_t(32) << 20;  // short of even the slack
+  EXPECT_EQ(read_ahead_sub_groups(big, to, false), 0u);
+  // No NVMe-homed optimizer state, nothing to read ahead.
+  to.placement = {Tier::kNvme, Tier::kHost, Tier::kHost, Tier::kHost, 1.0};
+  auto h = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(read_ahead_sub_groups(*h, to, false), 0u);
+}
+
 // State moving in and out of its homes (init, checkpoints, resharding, the weights' checksum)
 // is one sub-group piece, whatever the width: the larger of a sub-group of master weights not
 // homed in host memory and one of NVMe-homed moments; with optimizer state on NVMe it fits in

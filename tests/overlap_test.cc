@@ -199,6 +199,51 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
   fs::remove_all(dir);
 }
 
+// The optimizer's read-ahead (strata.optimizer.read_ahead, issue #25): with a host budget that
+// holds the optimizer state besides the tier's needs, each step's master weights and moments are
+// read during backward instead of while the next forward waits for its update. The numbers and
+// the NVMe bytes are those of reading buffer_count sub-groups ahead and of the plain schedule;
+// the arena grows by the read-ahead and stays within the budget.
+TEST(DeferredStep, ReadAheadDuringBackwardIsBitIdentical) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("read_ahead");
+  std::vector<std::string> ov = placement(dir, /*nvme=*/true);
+  for (const char* s :
+       {"gradient_clipping=0.01", "train.steps=8", "gradient_accumulation_steps=2",
+        "train_batch_size=8", "scheduler.params.warmup_num_steps=2",
+        "zero_optimization.stage3_prefetch_bucket_size=0", "device.memory_limit=\"256MiB\"",
+        "zero_optimization.sub_group_size=8192", "strata.host_memory_limit=\"256MiB\"",
+        "strata.optimizer.defer=\"always\""}) {
+    ov.push_back(s);
+  }
+  const auto [plain, over] = train_both(dir, ov, 8);  // read_ahead unset: auto
+  auto zero_ov = ov;
+  zero_ov.push_back("strata.optimizer.overlap=true");
+  zero_ov.push_back("strata.optimizer.read_ahead=0");
+  const TrainResult zero = must_train(tiny(dir + "/zero", zero_ov));
+  ASSERT_EQ(zero.losses.size(), 8u);
+  for (size_t s = 0; s < 8; ++s) EXPECT_EQ(zero.losses[s], plain.losses[s]) << "step " << s + 1;
+  EXPECT_EQ(zero.weights_crc, plain.weights_crc);
+  // Deferred every step after the first; buffer_count (4) sub-groups read ahead per step without
+  // the read-ahead, every one of the ~100 with it.
+  EXPECT_EQ(over.modules_stepped_under_backward, 0);
+  EXPECT_EQ(zero.modules_stepped_under_backward, 0);
+  EXPECT_GT(zero.sub_groups_read_ahead, 0);
+  EXPECT_LE(zero.sub_groups_read_ahead, 4 * 8);
+  EXPECT_GT(over.sub_groups_read_ahead, 50 * 7);
+  const auto zh = tier(zero, "host"), oh = tier(over, "host");
+  EXPECT_GT(oh.capacity, zh.capacity);
+  EXPECT_LE(oh.capacity, size_t(256) << 20);
+  EXPECT_LE(oh.peak, oh.capacity);
+  // Nothing read or written twice.
+  const auto pn = tier(plain, "nvme"), zn = tier(zero, "nvme"), on = tier(over, "nvme");
+  EXPECT_EQ(on.bytes_out, pn.bytes_out);
+  EXPECT_EQ(on.bytes_in, pn.bytes_in);
+  EXPECT_EQ(zn.bytes_out, pn.bytes_out);
+  EXPECT_EQ(zn.bytes_in, pn.bytes_in);
+  fs::remove_all(dir);
+}
+
 TEST(DeferChoice, AutoTimesBothSchedulesThenKeepsTheFaster) {
   for (const bool deferral_faster : {true, false}) {
     DeferChoice c(DeferChoice::parse("auto"));

@@ -354,6 +354,7 @@ TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
   r.seq = 128;
   r.moment_dtype = DType::kF32;
   r.engine.zero.sub_group_size = 65536;
+  r.engine.strata.optimizer_read_ahead = 0;  // buffer_count only (ReadAhead... below)
   ASSERT_EQ(r.engine.zero.offload_optimizer.buffer_count, 4);
   ASSERT_TRUE(r.engine.strata.optimizer_overlap && r.engine.gradient_clipping > 0);
   auto o = evaluate_placement(r, find("params-nvme+opt-nvme"));
@@ -377,6 +378,46 @@ TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
   auto h = evaluate_placement(r, find("params-host+opt-nvme"));
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->host.peak_deferred, h->host.state + 8 * sub);
+}
+
+// strata.optimizer.read_ahead: what the host budget leaves is read during backward, in whole
+// sub-groups (the memory model's read_ahead_sub_groups(), as the engine sizes its arena): the
+// deferred step reads that much less under the next forward, and the host holds it from
+// backward into the pass; the reservation that decides fit is unchanged.
+TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
+  PlanRequest r = small_request();
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
+  r.seq = 128;
+  r.moment_dtype = DType::kF32;
+  r.engine.zero.sub_group_size = 65536;
+  r.profile = default_profile(false);
+  // Slow reads, and compute comparable to the disk's time: the deferred step is the part of
+  // compute the pass cannot overlap plus the pass's own traffic.
+  r.profile.nvme_read_gbps.value = 0.5;
+  r.profile.gemm_flops.value = 2e10;
+  const uint64_t sub = 786'432;
+  r.engine.strata.optimizer_read_ahead = 0;
+  auto o0 = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o0.is_ok());
+  EXPECT_EQ(o0->host.read_ahead, 0u);
+  r.engine.strata.optimizer_read_ahead = 3 * sub + 1;
+  auto o3 = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o3.is_ok());
+  EXPECT_EQ(o3->host.read_ahead, 3 * sub);
+  EXPECT_EQ(o3->host.peak_deferred, o0->host.peak_deferred + 3 * sub);
+  EXPECT_EQ(o3->host.total(), o0->host.total());
+  ASSERT_GT(o0->time.step_deferred_s, o0->time.nvme_s);
+  // Three more sub-groups read before the pass: their reads leave the pass (in the planner's
+  // per-module average sub-group, at most the largest one's bytes).
+  const double saved = o0->time.step_deferred_s - o3->time.step_deferred_s;
+  EXPECT_GT(saved, 0.8 * 3 * double(sub) / 0.5e9);
+  EXPECT_LE(saved, 3 * double(sub) / 0.5e9 + 1e-12);
+  r.engine.strata.optimizer_read_ahead = SIZE_MAX;  // auto: the small model's whole state
+  auto oa = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(oa.is_ok());
+  EXPECT_GT(oa->host.read_ahead, 3 * sub);
+  EXPECT_EQ(oa->host.read_ahead % sub, 0u);
+  EXPECT_LT(oa->time.step_deferred_s, o3->time.step_deferred_s);
 }
 
 TEST(Plan, NonFittingPlanIsReportedAsSuch) {
@@ -427,6 +468,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.profile.optimizer_pps.value = 1e8;
   r.profile.nvme_read_gbps.value = 2.0;
   r.profile.nvme_write_gbps.value = 1.0;
+  r.engine.strata.optimizer_read_ahead = 0;  // buffer_count only
   r.engine.zero.offload_optimizer.buffer_count =
       1;                           // the optimizer reads ahead only the final norm (2C params)
   r.engine.gradient_clipping = 0;  // no clipping, no fp16: no undo copies (see UndoCopies below)

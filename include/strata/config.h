@@ -226,13 +226,16 @@ struct StrataConfig {
   DType moment_dtype = DType::kF32;      // strata.optimizer.moment_dtype
   bool optimizer_overlap = true;         // strata.optimizer.overlap: step under backward
   std::string optimizer_defer = "auto";  // strata.optimizer.defer: auto | always | never
-  bool delayed_update = false;           // strata.optimizer.delayed_update
-  int64_t delayed_update_warmup = 10;    // strata.optimizer.delayed_update_warmup: exact steps
-  std::string comm_backend = "auto";     // strata.comm.backend
-  double comm_timeout_s = 300.0;         // strata.comm.timeout_s: a collective's wait for peers
-  int comm_ranks_per_node = 0;           // strata.comm.ranks_per_node: ZeRO++ nodes; 0 = hosts
-  std::string activations = "keep";      // strata.activations: keep | recompute | offload
-  std::string log_level = "info";        // strata.log_level
+  // strata.optimizer.read_ahead: host bytes of NVMe-homed optimizer state read during backward
+  // beyond offload_optimizer.buffer_count sub-groups; SIZE_MAX = auto (TierOptions).
+  size_t optimizer_read_ahead = SIZE_MAX;
+  bool delayed_update = false;         // strata.optimizer.delayed_update
+  int64_t delayed_update_warmup = 10;  // strata.optimizer.delayed_update_warmup: exact steps
+  std::string comm_backend = "auto";   // strata.comm.backend
+  double comm_timeout_s = 300.0;       // strata.comm.timeout_s: a collective's wait for peers
+  int comm_ranks_per_node = 0;         // strata.comm.ranks_per_node: ZeRO++ nodes; 0 = hosts
+  std::string activations = "keep";    // strata.activations: keep | recompute | offload
+  std::string log_level = "info";      // strata.log_level
   // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from
   // zero_optimization.offload_param / offload_optimizer (DeepSpeed cannot split these).
   std::string placement_params, placement_grads, placement_master, placement_moments;

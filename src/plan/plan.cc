@@ -375,6 +375,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
         o.host.capacity > o.host.total() ? o.host.capacity - o.host.total() : uint64_t{0};
     o.host.undo = std::min(undo_want, room);
   }
+  // The optimizer's read-ahead during backward: what the budget leaves after the arena's other
+  // parts (the engine's TierManager::create sizes it the same way), held from backward into
+  // the deferred pass.
+  const uint64_t read_ahead =
+      uint64_t(read_ahead_sub_groups(needs, to, o.nvme.undo > 0)) * needs.host.optimizer_sub_group;
+  o.host.read_ahead = read_ahead * W;
+  o.host.peak_deferred += o.host.read_ahead;
   if (o.host.undo > 0) {
     // With undo copies the peak comes at the end of the speculative pass instead: the homes, the
     // undo copies, and the NVMe optimizer pipeline's buffer_count + 1 modules (read ahead or
@@ -492,19 +499,32 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // is a forward (1) and a backward (2, plus 1 when blocks are recomputed) in compute units.
     const double rc = fpt.recompute / fpt.forward;
     const double start_share = (A * (3.0 + rc) - (2.0 + rc)) / (A * (3.0 + rc));
-    // Its NVMe traffic from then on: the optimizer state's reads (less the buffer_count modules
-    // read ahead from the step's start, in backward order: final norm, last blocks, ...), its
+    // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
+    // ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
     double window = 0, window_deferred = 0;
     if (opt_nvme_bytes > 0) {
-      // The modules read ahead: the last buffer_count in module order (backward's first); for a
-      // step deferred to the next forward, the first buffer_count (the forward's first).
-      double ahead = 0, ahead_fwd = 0;
-      const size_t k = std::min(homes.size(), size_t(to.buffer_count));
-      for (size_t i = 0; i < k; ++i) {
-        ahead += double(opt_nvme_of[homes.size() - 1 - i]);
-        ahead_fwd += double(opt_nvme_of[i]);
-      }
+      // The sub-groups read ahead: buffer_count and strata.optimizer.read_ahead's, the last in
+      // module order (backward's first); for a step deferred to the next forward, the first
+      // (the forward's first).
+      const size_t n_ahead =
+          size_t(std::max(1, to.buffer_count)) +
+          (needs.host.optimizer_sub_group ? o.host.read_ahead / W / needs.host.optimizer_sub_group
+                                          : 0);
+      auto first_sub_groups = [&](bool backward) {
+        double bytes = 0;
+        size_t left = n_ahead;
+        for (size_t u = 0; u < homes.size() && left > 0; ++u) {
+          const size_t i = backward ? homes.size() - 1 - u : u;
+          const size_t n = homes[i].sub_groups();
+          if (opt_nvme_of[i] == 0 || n == 0) continue;
+          const size_t take = std::min(left, n);
+          bytes += double(opt_nvme_of[i]) * double(take) / double(n);
+          left -= take;
+        }
+        return bytes;
+      };
+      const double ahead = first_sub_groups(true), ahead_fwd = first_sub_groups(false);
       const double opt = double(opt_nvme_bytes);
       window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
       window += opt / (pf.nvme_write_gbps.value * 1e9);

@@ -213,6 +213,10 @@ struct TierBytes {
   // Not part of total(): a run fits without them (host: steps the modules they do not cover
   // after backward; NVMe: copies to the host instead).
   uint64_t undo = 0;
+  // Host: NVMe-homed optimizer state read ahead during backward beyond buffer_count sub-groups
+  // (strata.optimizer.read_ahead: read_ahead_sub_groups() of the memory model), in the peaks.
+  // Not part of total(): what the budget leaves.
+  uint64_t read_ahead = 0;
   uint64_t total() const { return state + buffers + activations; }
 };
 

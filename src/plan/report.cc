@@ -144,9 +144,15 @@ std::string plan_json(const PlanReport& rep) {
   json opts = json::array();
   for (const auto& o : rep.options) {
     auto tb = [](const TierBytes& b) {
-      return json{{"state", b.state},   {"buffers", b.buffers},  {"activations", b.activations},
-                  {"total", b.total()}, {"peak", b.peak},        {"peak_deferred", b.peak_deferred},
-                  {"undo", b.undo},     {"capacity", b.capacity}};
+      return json{{"state", b.state},
+                  {"buffers", b.buffers},
+                  {"activations", b.activations},
+                  {"total", b.total()},
+                  {"peak", b.peak},
+                  {"peak_deferred", b.peak_deferred},
+                  {"undo", b.undo},
+                  {"read_ahead", b.read_ahead},
+                  {"capacity", b.capacity}};
     };
     opts.push_back({{"name", o.placement.name},
                     {"params", tier_name(o.placement.where.params)},

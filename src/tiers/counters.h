@@ -28,6 +28,8 @@ struct TierCounts {
   double optimizer_hidden_s = 0;  // of it, the part under backward (or the next step)
   uint64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
   uint64_t modules_deferred = 0;  // stepped under the next forward (optimizer_step `defer`)
+  // Sub-groups of optimizer state whose reads started during backward (Speculation).
+  uint64_t sub_groups_read_ahead = 0;
 };
 
 // Thread-safe: any thread may call any member.
@@ -49,7 +51,7 @@ class TierCounters {
     TierCounts t = c_;
     c_.compute_wait_s = c_.optimizer_s = c_.optimizer_hidden_s = 0;
     c_.rollbacks = c_.modules_redone = c_.modules_stepped_under_backward = 0;
-    c_.modules_deferred = 0;
+    c_.modules_deferred = c_.sub_groups_read_ahead = 0;
     return t;
   }
 

@@ -118,6 +118,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     if (m.master.tier == Tier::kNvme || m.moments.tier == Tier::kNvme) {
       const size_t len = m.sub_group_len(0);  // the first sub-group is the largest
       max_opt = std::max(max_opt, round_up(len * mst_e, 4096) + round_up(len * mom_e, 4096));
+      if (m.master.bytes > 0) n.host.optimizer_sub_groups += m.sub_groups();
     }
     if (m.master.tier != Tier::kHost && m.master.bytes > 0) {
       n.host.state_io_staging =
@@ -180,6 +181,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
+  n.host.optimizer_sub_group = max_opt;
   n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
   // Gradients on NVMe: GradSpill's landing and staging buffers (a pair per slot), and the
   // sub-group the optimizer steps (a module with host gradients still lands through 2 buffers of
@@ -259,11 +261,31 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
                               options.delayed_update);
 }
 
-size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
+namespace {
+// The arena without the read-ahead.
+size_t host_arena_base(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
   const size_t want =
       needs.host.total() +
       (options.undo_copies ? needs.host.undo - (shadow_extents ? needs.host.undo_nvme : 0) : 0);
   return std::min(options.host_capacity, want + want / 8 + (64u << 20));
+}
+}  // namespace
+
+size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
+                             bool shadow_extents) {
+  const size_t unit = needs.host.optimizer_sub_group;
+  const size_t depth = size_t(std::max(1, options.buffer_count));
+  if (unit == 0 || needs.host.optimizer_sub_groups <= depth) return 0;
+  const size_t base = host_arena_base(needs, options, shadow_extents);
+  const size_t left = options.host_capacity > base ? options.host_capacity - base : 0;
+  const size_t want =
+      options.read_ahead_bytes == SIZE_MAX ? options.host_capacity / 2 : options.read_ahead_bytes;
+  return std::min(std::min(want, left) / unit, needs.host.optimizer_sub_groups - depth);
+}
+
+size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
+  return host_arena_base(needs, options, shadow_extents) +
+         read_ahead_sub_groups(needs, options, shadow_extents) * needs.host.optimizer_sub_group;
 }
 
 }  // namespace strata

@@ -175,6 +175,11 @@ struct TierNeeds {
     // speculation stops early.
     size_t undo = 0;
     size_t undo_nvme = 0;
+    // One sub-group of NVMe-homed master weights and moments in the optimizer pipeline's
+    // staging (the largest), and how many sub-groups of them there are: the unit and the most
+    // of the optimizer's read-ahead beyond buffer_count (read_ahead_sub_groups()).
+    size_t optimizer_sub_group = 0;
+    size_t optimizer_sub_groups = 0;
     size_t total() const { return state + staging + param_shadows + stash; }
   };
   struct NvmeNeed {
@@ -233,7 +238,14 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
 
 // The host tier's arena: the host need, plus room for the undo copies when options.undo_copies
 // (less the NVMe-homed ones when the swap files hold shadow extents), plus slack for
-// fragmentation; at most options.host_capacity.
+// fragmentation, plus the optimizer's read-ahead (read_ahead_sub_groups()); at most
+// options.host_capacity.
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
+// Sub-groups of NVMe-homed optimizer state read ahead during backward beyond buffer_count
+// (strata.optimizer.read_ahead): options.read_ahead_bytes (auto: half the budget) of what the
+// budget leaves after the arena's other parts, in whole sub-groups, at most all but
+// buffer_count of them.
+size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
+                             bool shadow_extents);
 
 }  // namespace strata

@@ -180,6 +180,10 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   o.delayed_update = cfg.strata.delayed_update;
   o.grads_auto = cfg.strata.placement_grads.empty();
   o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
+  // Read ahead during backward by the overlap's Speculation, which the delayed update does not run.
+  o.read_ahead_bytes = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update
+                           ? cfg.strata.optimizer_read_ahead
+                           : 0;
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);

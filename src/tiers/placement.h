@@ -161,6 +161,11 @@ struct TierOptions {
   // swap files for NVMe-homed state when the disks have room, else host copies; the host
   // tier's arena is sized for the copies when its budget allows.
   bool undo_copies = false;
+  // strata.optimizer.read_ahead: host bytes of NVMe-homed master weights and moments the
+  // optimizer reads ahead during backward beyond buffer_count sub-groups (Speculation), taken
+  // from what the host budget leaves after the tier's needs (read_ahead_sub_groups());
+  // SIZE_MAX: auto, at most half of host_capacity.
+  size_t read_ahead_bytes = SIZE_MAX;
   // strata.activations = offload: host-tier buffers for `stash_layers` block inputs of
   // `stash_bytes` each (activation_bytes()'s stash_*), reserved at create and counted in the
   // host preflight. 0: none (keep, recompute).

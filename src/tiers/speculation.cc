@@ -12,11 +12,12 @@
 namespace strata {
 
 Speculation::Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
-                         TierCounters& counters, AsyncError& errors)
+                         size_t extra_read_ahead, TierCounters& counters, AsyncError& errors)
     : homes_(homes),
       dev_(homes.device()),
       pipeline_(pipeline),
       shadow_extents_(shadow_extents),
+      extra_read_ahead_(extra_read_ahead),
       counters_(counters),
       errors_(errors) {}
 
@@ -70,19 +71,23 @@ void Speculation::grads_final(int m) {
   ready_.emplace_back(m, std::move(done));
 }
 
-// Starts the reads of the next sub-groups the speculative pass expects, `depth` ahead.
+// Starts the reads of the next sub-groups the speculative pass expects, `depth` ahead plus the
+// extra read-ahead.
 void Speculation::read_ahead() {
-  const size_t depth = pipeline_.depth();
+  const size_t depth = pipeline_.depth() + extra_read_ahead_;
   size_t inflight = pipeline_.prepared_count();
   // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 sub-groups (the
-  // memory model): the last pass's writes still draining count against it.
+  // memory model), and the arena holds the extra read-ahead's besides: the last pass's writes
+  // still draining count against it.
   const size_t writing = pipeline_.sub_groups_writing();
-  while (next_prep_ < expected_.size() && inflight < depth && inflight + writing < 2 * depth + 1) {
+  while (next_prep_ < expected_.size() && inflight < depth &&
+         inflight + writing < depth + pipeline_.depth() + 1) {
     const auto [k, j] = expected_[next_prep_++];
     if (pipeline_.prepared(k, j) || stepped_.count(k)) continue;
     auto r = pipeline_.prepare(k, j, /*try_only=*/true);
     if (!r.is_ok() || !*r) break;  // the host tier is busy: read on demand instead
     ++inflight;
+    counters_.update([](TierCounts& n) { ++n.sub_groups_read_ahead; });
   }
 }
 

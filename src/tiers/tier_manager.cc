@@ -239,8 +239,16 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   I.cache = std::make_unique<DeviceCache>(*I.homes, I.opt, dt, I.sharded, I.counters, I.errors);
   I.pipeline =
       std::make_unique<OptimizerPipeline>(*I.homes, *I.cache, I.opt, dt, moment_dt, I.sharded);
-  I.spec =
-      std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, I.counters, I.errors);
+  const size_t read_ahead = read_ahead_sub_groups(need, options, shadow_extents);
+  if (read_ahead > 0) {
+    log_info(
+        "tier manager: optimizer read-ahead {} sub-groups ({}) of the next step's state during "
+        "backward, besides buffer_count {} (strata.optimizer.read_ahead)",
+        read_ahead, format_bytes(double(read_ahead * need.host.optimizer_sub_group)),
+        options.buffer_count);
+  }
+  I.spec = std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, read_ahead,
+                                         I.counters, I.errors);
   Impl* ip = &I;
   I.grads = std::make_unique<GradBuckets>(*I.homes, *I.cache, I.opt, I.sharded, I.counters,
                                           I.errors, [ip](int m) {
@@ -539,6 +547,7 @@ TierTimes TierManager::take_times() {
   t.modules_redone = c.modules_redone;
   t.modules_stepped_under_backward = c.modules_stepped_under_backward;
   t.modules_deferred = c.modules_deferred;
+  t.sub_groups_read_ahead = c.sub_groups_read_ahead;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;
   return t;

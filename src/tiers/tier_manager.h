@@ -93,6 +93,8 @@ struct TierTimes {
   // Modules whose step after backward was deferred to the next forward (optimizer_step with
   // `defer`), counted when deferred.
   uint64_t modules_deferred = 0;
+  // Sub-groups of optimizer state whose reads started during backward, counted when started.
+  uint64_t sub_groups_read_ahead = 0;
 };
 
 struct TierShortfall;  // src/tiers/memory_model.h

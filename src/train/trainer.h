@@ -76,6 +76,9 @@ struct TrainResult {
   double optimizer_hidden_s = 0;
   int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
   int64_t modules_deferred = 0;  // stepped under the next forward (the exact overlap)
+  // Sub-groups of optimizer state whose reads started during backward (buffer_count and
+  // strata.optimizer.read_ahead), over the steps run here.
+  int64_t sub_groups_read_ahead = 0;
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
