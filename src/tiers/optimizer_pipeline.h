@@ -175,9 +175,14 @@ class OptimizerPipeline {
   // Distinct sub-groups with writes in flight.
   size_t sub_groups_writing() const;
   size_t depth() const { return size_t(std::max(1, opt_.buffer_count)); }
+  // Sub-groups read ahead during backward beyond depth() (read_ahead_sub_groups(), in room of
+  // their own in the host arena): once stepped, their buffers are written from, so as many
+  // more sub-groups may drain behind.
+  void set_read_ahead(size_t extra) { extra_ = extra; }
   // The most writes run() and step() leave in flight: a sub-group's are at most two (master
-  // weights, moments), so their buffers stay within buffer_count sub-groups.
-  size_t max_writes() const { return 2 * depth(); }
+  // weights, moments), so their buffers stay within buffer_count sub-groups, plus the
+  // read-ahead's: a deferred pass's writes then drain behind the forward into the backward.
+  size_t max_writes() const { return 2 * (depth() + extra_); }
 
  private:
   // A write to NVMe still in flight, with the buffer it reads from.
@@ -202,6 +207,7 @@ class OptimizerPipeline {
   const TierOptions& opt_;
   DType dt_, mdt_;
   bool sharded_;
+  size_t extra_ = 0;
   std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
   std::deque<Write> writes_;  // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.

@@ -247,6 +247,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
         read_ahead, format_bytes(double(read_ahead * need.host.optimizer_sub_group)),
         options.buffer_count);
   }
+  I.pipeline->set_read_ahead(read_ahead);
   I.spec = std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, read_ahead,
                                          I.counters, I.errors);
   Impl* ip = &I;

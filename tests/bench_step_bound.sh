@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue #25's two ratios for one config, every term measured in the same sitting, alternated
+# ROUNDS times so a noisy disk's drift hits all alike:
+#
+#   step / max(fwd+bwd, optimizer)   the overlapped run's step against the plain schedule's
+#                                    (strata.optimizer.overlap false) fwd+bwd and optimizer
+#   step / bound                     bound = max(compute alone, NVMe bytes / fio, optimizer
+#                                    compute alone)
+#
+# Per round: fio on the config's swap directory with the step's read/write mix (the planner's
+# bytes for the config's placement; 1 MiB, QD 32, O_DIRECT, io_uring, on hugetlb pages with
+# registered buffers when reserved: docs/STORAGE.md); compute alone and the optimizer's compute
+# alone (one run: parameters and gradients on the device, master weights and moments in host
+# memory, the plain schedule: its fwd/bwd and its optimizer; with everything on the device the
+# device's optimizer would run inside fwd/bwd); the plain schedule; the config as given (clipping 1.0 bites every step of hostmem-190m:
+# every step deferred or after backward, strata.optimizer.defer). Medians of steps 3-STEPS.
+#
+# usage: tests/bench_step_bound.sh STRATA_BIN CONFIG [ROUNDS=3] [STEPS=6] [--set KEY=VALUE]...
+#   e.g. tests/bench_step_bound.sh build/tools/strata configs/hostmem-190m.json 3 6 \
+#          --set 'strata.host_memory_limit="4GiB"' --set 'strata.placement.grads="host"'
+set -euo pipefail
+bin=${1:?strata binary}
+config=${2:?config}
+rounds=${3:-3}
+steps=${4:-6}
+shift $(($# < 4 ? $# : 4))
+sets=("$@")
+"$(dirname "$0")/../../shared/tools/bench-env" true 2>/dev/null || true
+work=$(mktemp -d "${TMPDIR:-/tmp}/bench_bound.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# The placement's bytes per step and the swap directory.
+"$bin" plan --config "$config" "${sets[@]}" --json "$work/plan.json" >"$work/plan.txt"
+placement=$(sed -nE 's/^config .* asks for ([^:]+):.*/\1/p' "$work/plan.txt")
+read -r rbytes wbytes < <(python3 -c "
+import json, sys
+j = json.load(open('$work/plan.json'))
+o = [o for o in j['options'] if o['name'] == '$placement'][0]
+print(o['nvme_read_bytes'], o['nvme_write_bytes'])")
+swap=$(python3 -c "
+import json
+c = json.load(open('$config'))
+z = c.get('zero_optimization', {})
+print((z.get('offload_optimizer', {}).get('nvme_path') or z.get('offload_param', {}).get('nvme_path') or 'runs/swap'))")
+mkdir -p "$swap"
+mix=$(python3 -c "print(round(100 * $rbytes / max(1, $rbytes + $wbytes)))")
+echo "config $config, placement $placement: NVMe per step read $rbytes + write $wbytes bytes" \
+  "(read $mix%), swap directory $swap"
+
+huge_free=$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)
+fio_mem=()
+[[ ${huge_free:-0} -ge 64 ]] && fio_mem=(--mem=mmaphuge)
+fio_file="$swap/strata-bench-bound.dat"
+fio --name=lay --filename="$fio_file" --size=4G --rw=write --bs=1M --direct=1 \
+  --ioengine=io_uring >/dev/null 2>&1
+fio_mixed() {  # -> GB/s, reads and writes together
+  fio --name=mix --filename="$fio_file" --size=4G --rw=rw --rwmixread="$mix" --bs=1M \
+    --iodepth=32 --iodepth_batch_submit=32 --iodepth_batch_complete_min=1 "${fio_mem[@]}" \
+    --direct=1 --ioengine=io_uring --fixedbufs --registerfiles --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
+print('%.3f' % ((j['read']['bw_bytes'] + j['write']['bw_bytes']) / 1e9))"
+}
+# One run: "step fwd/bwd optimizer" medians (ms) of steps 3.. from the progress lines.
+run() {  # name, --set arguments...
+  local name=$1
+  shift
+  "$bin" train --config "$config" "${sets[@]}" --set "train.steps=$steps" \
+    --set train.final_checkpoint=false --set "train.checkpoint_dir=\"$work/$name\"" "$@" \
+    >"$work/$name.out" 2>&1 || { tail -5 "$work/$name.out"; exit 1; }
+  grep -E '^step ' "$work/$name.out" | tail -n +3 |
+    sed -E 's/.*step ([0-9]+) ms: fwd\/bwd ([0-9]+).* opt ([0-9]+).*/\1 \2 \3/' |
+    python3 -c "
+import statistics, sys
+rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
+print(' '.join('%.0f' % statistics.median(r[i] for r in rows) for i in range(3)))"
+  rm -rf "${work:?}/$name"
+}
+opt_host=(--set 'zero_optimization.offload_param.device="none"'
+  --set 'zero_optimization.offload_optimizer.device="cpu"' --set 'strata.placement.grads="device"'
+  --set 'device.memory_limit="16GiB"' --set 'strata.host_memory_limit="16GiB"'
+  --set strata.optimizer.overlap=false)
+
+printf "%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %s\n" round "fio GB/s" "compute ms" \
+  "opt alone" "plain fwd+bwd / opt ms" "overlapped step ms" "step/max(f+b,opt)  step/bound"
+for r in $(seq 1 "$rounds"); do
+  gbps=$(fio_mixed)
+  read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
+  read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
+  read -r step _ _ < <(run overlapped)
+  python3 -c "
+disk = ($rbytes + $wbytes) / ($gbps * 1e9) * 1e3
+bound = max($compute, disk, $opt_alone)
+print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms: %s)' % (
+    $r, '$gbps', '$compute', '$opt_alone', '$pfb / $popt', '$step',
+    $step / max($pfb, $popt), $step / bound, bound,
+    'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer')))"
+done
+rm -f "$fio_file"
