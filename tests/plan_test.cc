@@ -344,16 +344,22 @@ TEST(Plan, PipelineSubGroupsHeldCountTheWritesInFlight) {
   EXPECT_EQ(pipeline_sub_groups_held(4, 0, true), 0u);   // no NVMe optimizer state
 }
 
-// Every step deferred to the next forward (the overlap after a step that clipped): no undo
-// state; the host holds the read-ahead under backward, and under the next forward the pass's
-// reads and writes in flight with the new parameters' pieces. Hand-computed: sub-groups of
-// 65536 elements, fp32 master + moments 786,432 bytes, bf16 pieces 131,072; buffer_count 4.
-TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
+// A 4-layer model of width 256 with fp32 moments in sub-groups of 65536 elements.
+PlanRequest sub_group_request() {
   PlanRequest r = small_request();
   r.model = gpt_model("m", 4, 256, 4, 1000, 128);
   r.seq = 128;
   r.moment_dtype = DType::kF32;
   r.engine.zero.sub_group_size = 65536;
+  return r;
+}
+
+// Every step deferred to the next forward (the overlap after a step that clipped): no undo
+// state; the host holds the read-ahead under backward, and under the next forward the pass's
+// reads and writes in flight with the new parameters' pieces. Hand-computed: sub-groups of
+// 65536 elements, fp32 master + moments 786,432 bytes, bf16 pieces 131,072; buffer_count 4.
+TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
+  PlanRequest r = sub_group_request();
   r.engine.strata.optimizer_read_ahead = 0;  // buffer_count only (ReadAhead... below)
   ASSERT_EQ(r.engine.zero.offload_optimizer.buffer_count, 4);
   ASSERT_TRUE(r.engine.strata.optimizer_overlap && r.engine.gradient_clipping > 0);
@@ -385,11 +391,7 @@ TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
 // deferred step reads that much less under the next forward, and the host holds it from
 // backward into the pass; the reservation that decides fit is unchanged.
 TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
-  PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  r.moment_dtype = DType::kF32;
-  r.engine.zero.sub_group_size = 65536;
+  PlanRequest r = sub_group_request();
   r.profile = default_profile(false);
   // Slow reads, and compute comparable to the disk's time: the deferred step is the part of
   // compute the pass cannot overlap plus the pass's own traffic.
