@@ -378,9 +378,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // The optimizer's read-ahead during backward: what the budget leaves after the arena's other
   // parts (the engine's TierManager::create sizes it the same way), held from backward into
   // the deferred pass.
-  const uint64_t read_ahead =
-      uint64_t(read_ahead_sub_groups(needs, to, o.nvme.undo > 0)) * needs.host.optimizer_sub_group;
-  o.host.read_ahead = read_ahead * W;
+  const size_t read_ahead_subs = read_ahead_sub_groups(needs, to, o.nvme.undo > 0);
+  o.host.read_ahead = uint64_t(read_ahead_subs) * needs.host.optimizer_sub_group * W;
   o.host.peak_deferred += o.host.read_ahead;
   if (o.host.undo > 0) {
     // With undo copies the peak comes at the end of the speculative pass instead: the homes, the
@@ -507,10 +506,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       // The sub-groups read ahead: buffer_count and strata.optimizer.read_ahead's, the last in
       // module order (backward's first); for a step deferred to the next forward, the first
       // (the forward's first).
-      const size_t n_ahead =
-          size_t(std::max(1, to.buffer_count)) +
-          (needs.host.optimizer_sub_group ? o.host.read_ahead / W / needs.host.optimizer_sub_group
-                                          : 0);
+      const size_t n_ahead = size_t(std::max(1, to.buffer_count)) + read_ahead_subs;
       auto first_sub_groups = [&](bool backward) {
         double bytes = 0;
         size_t left = n_ahead;

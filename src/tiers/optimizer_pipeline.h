@@ -179,6 +179,7 @@ class OptimizerPipeline {
   // their own in the host arena): once stepped, their buffers are written from, so as many
   // more sub-groups may drain behind.
   void set_read_ahead(size_t extra) { extra_ = extra; }
+  size_t read_ahead() const { return extra_; }
   // The most writes run() and step() leave in flight: a sub-group's are at most two (master
   // weights, moments), so their buffers stay within buffer_count sub-groups, plus the
   // read-ahead's: a deferred pass's writes then drain behind the forward into the backward.

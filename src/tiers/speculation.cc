@@ -12,12 +12,11 @@
 namespace strata {
 
 Speculation::Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
-                         size_t extra_read_ahead, TierCounters& counters, AsyncError& errors)
+                         TierCounters& counters, AsyncError& errors)
     : homes_(homes),
       dev_(homes.device()),
       pipeline_(pipeline),
       shadow_extents_(shadow_extents),
-      extra_read_ahead_(extra_read_ahead),
       counters_(counters),
       errors_(errors) {}
 
@@ -72,9 +71,9 @@ void Speculation::grads_final(int m) {
 }
 
 // Starts the reads of the next sub-groups the speculative pass expects, `depth` ahead plus the
-// extra read-ahead.
+// pipeline's read-ahead (strata.optimizer.read_ahead).
 void Speculation::read_ahead() {
-  const size_t depth = pipeline_.depth() + extra_read_ahead_;
+  const size_t depth = pipeline_.depth() + pipeline_.read_ahead();
   size_t inflight = pipeline_.prepared_count();
   // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 sub-groups (the
   // memory model), and the arena holds the extra read-ahead's besides: the last pass's writes

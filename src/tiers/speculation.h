@@ -37,10 +37,8 @@ namespace strata {
 class Speculation {
  public:
   // `shadow_extents`: the swap files have room for a shadow of every NVMe-homed MASTER and MOM.
-  // `extra_read_ahead`: sub-groups of state read ahead beyond the pipeline's depth, in host
-  // room reserved for them (read_ahead_sub_groups()).
   Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
-              size_t extra_read_ahead, TierCounters& counters, AsyncError& errors);
+              TierCounters& counters, AsyncError& errors);
 
   // Opens the step's speculation (see TierManager::begin_speculation) and starts reading the
   // optimizer state of the modules expected first.
@@ -88,7 +86,6 @@ class Speculation {
   Device& dev_;
   OptimizerPipeline& pipeline_;
   bool shadow_extents_;
-  size_t extra_read_ahead_;
   TierCounters& counters_;
   AsyncError& errors_;
 

@@ -248,8 +248,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
         options.buffer_count);
   }
   I.pipeline->set_read_ahead(read_ahead);
-  I.spec = std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, read_ahead,
-                                         I.counters, I.errors);
+  I.spec =
+      std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, I.counters, I.errors);
   Impl* ip = &I;
   I.grads = std::make_unique<GradBuckets>(*I.homes, *I.cache, I.opt, I.sharded, I.counters,
                                           I.errors, [ip](int m) {
