@@ -1,5 +1,7 @@
 # The planner and the machine probe (issue #8).
 strata_test(plan_test ${CMAKE_CURRENT_LIST_DIR}/plan_test.cc)
+# Its model of the optimizer pass: pipeline sub-groups, deferred peaks, read-ahead, time, undo.
+strata_test(plan_optimizer_test ${CMAKE_CURRENT_LIST_DIR}/plan_optimizer_test.cc)
 # The planner against the tier manager's preflight and the trainer's reading of a config.
 strata_test(plan_engine_test ${CMAKE_CURRENT_LIST_DIR}/plan_engine_test.cc)
 # `strata plan` for GPT-3 175B on 8 x 80 GiB answers (a placement or why none fits) at once.

@@ -1,0 +1,261 @@
+// The planner's model of the optimizer pass (the overlap of issues #9 and #25): the sub-groups
+// its pipeline holds, the peaks of a step deferred to the next forward, the read-ahead during
+// backward, the time terms of each schedule and the undo copies (the rest of the planner:
+// tests/plan_test.cc).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "src/plan/plan.h"
+#include "src/tiers/memory_model.h"
+#include "strata/config.h"
+#include "tests/plan_util.h"
+
+namespace strata {
+namespace {
+
+using test::small_request;
+PlacementOption find(const std::string& name) { return test::find_placement(name); }
+
+// The optimizer pipeline's sub-groups in host memory at once (OptimizerPipeline::advance):
+// buffer_count read ahead, and those with writes in flight (at most 2 x buffer_count writes
+// after a step, the new parameters' write queued after that bound).
+TEST(Plan, PipelineSubGroupsHeldCountTheWritesInFlight) {
+  // Master, moments and parameters on NVMe: 4 read + the stepped one's 2 writes + 6 more
+  // writes of 3 each = 4 + 1 + 2.
+  EXPECT_EQ(pipeline_sub_groups_held(4, 2, true), 7u);
+  EXPECT_EQ(pipeline_sub_groups_held(4, 2, false), 8u);  // 4 + 1 + 6 / 2
+  EXPECT_EQ(pipeline_sub_groups_held(1, 2, true), 2u);   // 1 read, the stepped one's 2 writes
+  EXPECT_EQ(pipeline_sub_groups_held(4, 0, true), 0u);   // no NVMe optimizer state
+}
+
+// A 4-layer model of width 256 with fp32 moments in sub-groups of 65536 elements.
+PlanRequest sub_group_request() {
+  PlanRequest r = small_request();
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
+  r.seq = 128;
+  r.moment_dtype = DType::kF32;
+  r.engine.zero.sub_group_size = 65536;
+  return r;
+}
+
+// Every step deferred to the next forward (the overlap after a step that clipped): no undo
+// state; the host holds the read-ahead under backward, and under the next forward the pass's
+// reads and writes in flight with the new parameters' pieces. Hand-computed: sub-groups of
+// 65536 elements, fp32 master + moments 786,432 bytes, bf16 pieces 131,072; buffer_count 4.
+TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
+  PlanRequest r = sub_group_request();
+  r.engine.strata.optimizer_read_ahead = 0;  // buffer_count only (ReadAhead... below)
+  ASSERT_EQ(r.engine.zero.offload_optimizer.buffer_count, 4);
+  ASSERT_TRUE(r.engine.strata.optimizer_overlap && r.engine.gradient_clipping > 0);
+  auto o = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o.is_ok());
+  EXPECT_GT(o->nvme.undo, 0u);
+  EXPECT_EQ(o->nvme.peak, o->nvme.state + o->nvme.undo);
+  EXPECT_EQ(o->nvme.peak_deferred, o->nvme.state);  // no shadow extents
+  EXPECT_EQ(o->device.peak_deferred, o->device.peak);
+  // One micro-batch: no landing buffers. Under the forward: the fetch ring (3 pieces), the
+  // publish staging (buffer_count + 1 = 5 pieces) and 7 sub-groups (4 read, 3 writing).
+  const uint64_t sub = 786'432, piece = 131'072;
+  EXPECT_EQ(o->host.peak_deferred, o->host.state + 3 * piece + 5 * piece + 7 * sub);
+  // Two: under backward the 2 landing buffers of a block's gradients (3,162,112 bytes each)
+  // with the fetch ring and 4 sub-groups read ahead, more than under the forward.
+  r.accumulation = 2;
+  auto a = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(a->host.peak_deferred, a->host.state + 3 * piece + 2 * 3'162'112 + 4 * sub);
+  // Parameters in host memory, stepped in place: no pieces, no parameter writes: 8 sub-groups.
+  r.accumulation = 1;
+  auto h = evaluate_placement(r, find("params-host+opt-nvme"));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->host.peak_deferred, h->host.state + 8 * sub);
+}
+
+// strata.optimizer.read_ahead: what the host budget leaves is read during backward, in whole
+// sub-groups (the memory model's read_ahead_sub_groups(), as the engine sizes its arena): the
+// deferred step reads that much less under the next forward, and the host holds it from
+// backward into the pass; the reservation that decides fit is unchanged.
+TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
+  PlanRequest r = sub_group_request();
+  r.profile = default_profile(false);
+  // Slow reads, and compute comparable to the disk's time: the deferred step is the part of
+  // compute the pass cannot overlap plus the pass's own traffic.
+  r.profile.nvme_read_gbps.value = 0.5;
+  r.profile.gemm_flops.value = 2e10;
+  const uint64_t sub = 786'432;
+  r.engine.strata.optimizer_read_ahead = 0;
+  auto o0 = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o0.is_ok());
+  EXPECT_EQ(o0->host.read_ahead, 0u);
+  r.engine.strata.optimizer_read_ahead = 3 * sub + 1;
+  auto o3 = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(o3.is_ok());
+  EXPECT_EQ(o3->host.read_ahead, 3 * sub);
+  EXPECT_EQ(o3->host.peak_deferred, o0->host.peak_deferred + 3 * sub);
+  EXPECT_EQ(o3->host.total(), o0->host.total());
+  ASSERT_GT(o0->time.step_deferred_s, o0->time.nvme_s);
+  // Three more sub-groups read before the pass: their reads leave the pass (in the planner's
+  // per-module average sub-group, at most the largest one's bytes).
+  const double saved = o0->time.step_deferred_s - o3->time.step_deferred_s;
+  EXPECT_GT(saved, 0.8 * 3 * double(sub) / 0.5e9);
+  EXPECT_LE(saved, 3 * double(sub) / 0.5e9 + 1e-12);
+  r.engine.strata.optimizer_read_ahead = SIZE_MAX;  // auto: the small model's whole state
+  auto oa = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(oa.is_ok());
+  EXPECT_GT(oa->host.read_ahead, 3 * sub);
+  EXPECT_EQ(oa->host.read_ahead % sub, 0u);
+  EXPECT_LT(oa->time.step_deferred_s, o3->time.step_deferred_s);
+}
+
+TEST(Plan, TimeTermsAreBytesOverRates) {
+  PlanRequest r = small_request();
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
+  r.seq = 128;
+  r.accumulation = 3;
+  r.profile = default_profile(false);
+  r.profile.gemm_flops.value = 1e12;
+  r.profile.optimizer_pps.value = 1e8;
+  r.profile.nvme_read_gbps.value = 2.0;
+  r.profile.nvme_write_gbps.value = 1.0;
+  r.engine.strata.optimizer_read_ahead = 0;  // buffer_count only
+  r.engine.zero.offload_optimizer.buffer_count =
+      1;                           // the optimizer reads ahead only the final norm (2C params)
+  r.engine.gradient_clipping = 0;  // no clipping, no fp16: no undo copies (see UndoCopies below)
+  auto o = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(o.is_ok());
+  const double P = double(model_params(r.model.shape));
+  // 3 micro-batches x 128 tokens x 3 x (2 x (12 C^2 L + Vp C) + 4 T C L), Vp = 1024.
+  const double C = 256, fwd = 2 * (12 * C * C * 4 + 1024 * C) + 4 * 128 * C * 4;
+  EXPECT_NEAR(o->time.compute_s, 3 * 128 * 3 * fwd / 1e12, 1e-9);
+  EXPECT_NEAR(o->time.cpu_optim_s, P / 1e8, 1e-9);
+  // Optimizer state on NVMe: 12 B/param read at 2 GB/s and written at 1 GB/s.
+  EXPECT_NEAR(o->time.nvme_s, 12 * P / 2e9 + 12 * P / 1e9, 1e-6);
+  // GPU, optimizer under backward (default): it starts with the last micro-batch's backward,
+  // 7/9 of compute in (3 micro-batches of fwd 1 + bwd 2); its NVMe traffic from then on is the
+  // state's reads less the final norm read ahead, and its writes.
+  const double window = (P - 2 * C) * 12 / 2e9 + 12 * P / 1e9;
+  EXPECT_NEAR(
+      o->time.step_s,
+      std::max({o->time.compute_s, o->time.link_s,
+                o->time.compute_s * 7 / 9 + std::max(o->time.cpu_optim_s, window), o->time.nvme_s}),
+      1e-9);
+  EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
+  EXPECT_EQ(o->time.bottleneck, "nvme");
+  // Nothing can make a step fall back to stepping after backward without clipping or fp16.
+  EXPECT_EQ(o->time.step_after_s, o->time.step_s);
+  {  // With clipping, a step after a clipped one reads ahead under backward (in module order:
+     // the embedding, (Vp + T) C params) and is deferred to the next forward, which it
+     // overlaps for the first micro-batch's forward: 1/9 of compute.
+    PlanRequest rc = r;
+    rc.engine.gradient_clipping = 1.0;
+    auto q = evaluate_placement(rc, find("opt-nvme"));
+    ASSERT_TRUE(q.is_ok());
+    const double dev = std::max(q->time.compute_s, q->time.link_s);
+    const double window_deferred = (P - (1024 + 128) * C) * 12 / 2e9 + 12 * P / 1e9;
+    EXPECT_NEAR(q->time.step_deferred_s,
+                std::max(dev * 8 / 9 + std::max({q->time.cpu_optim_s, window_deferred, dev / 9}),
+                         q->time.nvme_s),
+                1e-9);
+    // Stepped after backward instead: the plain schedule. strata.optimizer.defer "auto" (the
+    // default) is predicted to keep the faster of the two, as the trainer does; "always" and
+    // "never" run the one they name.
+    EXPECT_NEAR(q->time.step_plain_s, dev + std::max(q->time.cpu_optim_s, q->time.nvme_s), 1e-9);
+    EXPECT_EQ(q->time.clipped_deferred, q->time.step_deferred_s <= q->time.step_plain_s);
+    EXPECT_EQ(q->time.step_after_s, std::min(q->time.step_deferred_s, q->time.step_plain_s));
+    for (const std::string mode : {"always", "never"}) {
+      rc.engine.strata.optimizer_defer = mode;
+      auto m = evaluate_placement(rc, find("opt-nvme"));
+      ASSERT_TRUE(m.is_ok());
+      EXPECT_EQ(m->time.clipped_deferred, mode == "always") << mode;
+      EXPECT_EQ(m->time.step_after_s,
+                mode == "always" ? m->time.step_deferred_s : m->time.step_plain_s)
+          << mode;
+    }
+  }
+  // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
+  r.engine.strata.optimizer_overlap = false;
+  auto p = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(p.is_ok());
+  EXPECT_NEAR(
+      p->time.step_s,
+      std::max(p->time.compute_s, p->time.link_s) + std::max(p->time.cpu_optim_s, p->time.nvme_s),
+      1e-9);
+  EXPECT_GT(p->time.step_s, o->time.step_s);
+  // CPU backend: compute, copies and CPU Adam share the cores; NVMe runs under the whole step
+  // (and the optimizer's share of it after the last backward starts) when overlapped, only
+  // under the optimizer pass when not.
+  r.profile.cpu_backend = true;
+  auto c = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(c.is_ok());
+  const auto& t = c->time;
+  EXPECT_NEAR(t.step_s,
+              t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s, 1e-9);
+  r.engine.strata.optimizer_overlap = true;
+  auto co = evaluate_placement(r, find("opt-nvme"));
+  ASSERT_TRUE(co.is_ok());
+  const auto& u = co->time;
+  EXPECT_NEAR(u.step_s,
+              std::max({u.compute_s + u.link_s + u.cpu_optim_s + u.collectives_s,
+                        (u.compute_s + u.link_s) * 7 / 9 + window, u.nvme_s}),
+              1e-9);
+}
+
+// The optimizer under backward with clipping keeps an undo copy of every module's master +
+// moments in the host tier: in the peak (not the reservation), hand-computed here; when the
+// host budget has room for only part of them, that share of the optimizer is hidden.
+TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
+  PlanRequest r = small_request();
+  r.model = gpt_model("m", 4, 256, 4, 1000, 128);  // embedding 1024x256 + 128x256, blocks 789,760
+  r.seq = 128;
+  r.moment_dtype = DType::kF32;
+  r.hw.gpu_mem = uint64_t{1} << 30;
+  r.hw.host_mem = uint64_t{8} << 30;
+  r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
+  r.profile.optimizer_pps.value = 2e7;
+  // Sub-groups (and the parameters' staging pieces) that the budgets below do not shrink.
+  r.engine.zero.sub_group_size = 65536;
+  {  // and a GEMM rate at which compute takes as long as the CPU Adam
+    auto f = evaluate_placement(r, find("opt-host"));
+    ASSERT_TRUE(f.is_ok());
+    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model.shape)) / 2e7);
+  }
+  ASSERT_TRUE(r.engine.strata.optimizer_overlap &&
+              r.engine.gradient_clipping > 0);  // the defaults: clipping at 1.0
+  auto o = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(o.is_ok());
+  // Per module, 4 KiB-rounded master (4 B/param) + moments (8 B/param): embedding 294,912
+  // params: 1,179,648 + 2,359,296; each block 789,760: 3,162,112 + 6,320,128; final norm 512:
+  // 4,096 + 4,096.
+  const uint64_t undo = 1'179'648 + 2'359'296 + 4 * (3'162'112 + 6'320'128) + 8'192;
+  EXPECT_EQ(o->host.undo, undo);
+  EXPECT_EQ(o->host.total(), o->host.state + o->host.buffers);  // not in the reservation
+  // At the end of the speculative pass: the host homes (master, moments, grads) + the copies.
+  EXPECT_EQ(o->host.peak, o->host.state + undo);
+  EXPECT_DOUBLE_EQ(o->time.hidden_share, 1.0);
+
+  // Room for half of them: half the optimizer runs under backward, half after it.
+  r.hw.host_mem = o->host.total() + undo / 2;
+  auto h = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(h.is_ok());
+  EXPECT_EQ(h->host.undo, undo / 2);
+  EXPECT_NEAR(h->time.hidden_share, 0.5, 1e-6);
+  r.engine.strata.optimizer_overlap = false;
+  auto plain = evaluate_placement(r, find("opt-host"));
+  r.engine.strata.optimizer_overlap = true;
+  r.hw.host_mem = uint64_t{8} << 30;
+  auto full = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(plain.is_ok() && full.is_ok());
+  EXPECT_EQ(plain->host.undo, 0u);
+  EXPECT_GT(h->time.step_s, full->time.step_s);
+  EXPECT_LT(h->time.step_s, plain->time.step_s);
+
+  // No clipping and no fp16: no copies.
+  r.engine.gradient_clipping = 0;
+  auto n = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(n.is_ok());
+  EXPECT_EQ(n->host.undo, 0u);
+  EXPECT_LT(n->host.peak, o->host.peak);
+}
+
+}  // namespace
+}  // namespace strata
