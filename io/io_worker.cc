@@ -1,5 +1,7 @@
 #include "io/io_worker.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <vector>
 
@@ -7,6 +9,7 @@ namespace strata {
 
 IoWorker::IoWorker(Storage* storage, SwapSpace* swap) : storage_(storage), swap_(swap) {
   thread_ = std::thread([this] { run(); });
+  pthread_setname_np(thread_.native_handle(), "strata-io");  // top -H, perf, gdb
 }
 
 IoWorker::~IoWorker() {

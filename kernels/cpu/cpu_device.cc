@@ -1,28 +1,38 @@
 // The CPU device backend: an emulated GPU on the host.
 //
-// Device memory is a capacity-accounted host arena (allocations beyond the capacity fail with a
-// Status, exactly as cudaMalloc would on a full GPU). A released block is kept for the next
-// allocation of the same size (as a GPU caching allocator keeps its blocks): a training step
-// allocates and frees the same buffers every step, and giving them back to malloc, which maps
-// and unmaps blocks this large, made every step fault in and clear its pages again (a fifth of
-// bench-25m's step in the kernel on a CPU whose GEMM is fast). Kept blocks are free memory to
-// the capacity's accounting; when a new block would make in-use + kept exceed the capacity,
-// kept ones are returned to malloc first, so the device never holds more than its capacity
-// (device.memory_limit, the arena the host-memory summary counts).
+// Device memory is one mapping carved up as the CUDA backend carves its one cudaMalloc
+// (kernels/device_arena.h: first fit, neighbours merged on release), so the hot path never
+// calls malloc and a training step's buffers land on pages touched once: with malloc, which
+// maps and unmaps blocks this large, a step on a tight device (bench-25m's 100 MiB) faulted in
+// and cleared ~100 MiB of pages again every step, a sixth of its kernel time. The capacity
+// (device.memory_limit, the arena the host-memory summary counts) bounds the bytes in use, as
+// cudaMalloc's would; the mapping is twice that, reserved but not committed, so that a block
+// fits wherever malloc's would have (the capacity decides what fails, not the layout), and the
+// pages of a free block beyond the capacity are given back, so the arena holds at most its
+// capacity plus what is live beyond it. Under ASan every block is followed by a poisoned gap
+// and a released block is poisoned, as malloc's blocks were.
 // Each stream is an in-order task queue
 // drained by its own thread; an event is a (stream, sequence number) pair that completes when
 // the stream has run that far.
+#include <pthread.h>
+#include <sanitizer/asan_interface.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/device_arena.h"
 #include "strata/device.h"
 #include "strata/log.h"
 
@@ -30,11 +40,24 @@ namespace strata {
 namespace {
 
 constexpr size_t kAlign = 256;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kRedzone = kAlign;  // ASan: a poisoned gap after every device block
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr size_t kRedzone = kAlign;
+#else
+constexpr size_t kRedzone = 0;
+#endif
+#else
+constexpr size_t kRedzone = 0;
+#endif
 
 class CpuStream final : public Stream {
  public:
   explicit CpuStream(std::string name) : name_(std::move(name)) {
     thread_ = std::thread([this] { run(); });
+    // "strata-compute", "strata-h2d", "strata-d2h" in top -H, perf and gdb (15 bytes at most)
+    pthread_setname_np(thread_.native_handle(), ("strata-" + name_).substr(0, 15).c_str());
   }
   ~CpuStream() override {
     {
@@ -103,8 +126,11 @@ class CpuEvent final : public Event {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(const CpuDeviceOptions& o)
+  // base: a mapping of `span` bytes (> capacity) the device owns from now on.
+  CpuDevice(const CpuDeviceOptions& o, char* base, size_t span)
       : capacity_(o.capacity), threads_(o.threads), compute_("compute"), h2d_("h2d"), d2h_("d2h") {
+    arena_.reset(base, span, span);  // the capacity is checked here, on the bytes asked for
+    ASAN_POISON_MEMORY_REGION(base, span);
     kernels_ = create_cpu_kernels(*this, o.threads);
   }
   ~CpuDevice() override {
@@ -112,8 +138,9 @@ class CpuDevice final : public Device {
                       static_cast<Stream*>(&d2h_)}) {
       synchronize(*s).ignore();
     }
-    for (auto& [p, n] : allocs_) std::free(p);
-    drop_kept(0);
+    kernels_.reset();
+    ASAN_UNPOISON_MEMORY_REGION(arena_.base(), arena_.span());
+    ::munmap(arena_.base(), arena_.span());
   }
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
@@ -124,7 +151,7 @@ class CpuDevice final : public Device {
   }
 
   Result<void*> allocate(size_t bytes, std::string_view tag) override {
-    size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    const size_t n = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
     if (used_ + n > capacity_) {
       return out_of_memory(fmt::format(
@@ -133,21 +160,15 @@ class CpuDevice final : public Device {
           format_bytes(double(n)), tag, format_bytes(double(used_)),
           format_bytes(double(capacity_)), format_bytes(double(capacity_ - used_))));
     }
-    void* p = nullptr;
-    auto k = kept_.find(n);
-    if (k != kept_.end()) {
-      p = k->second.back();
-      k->second.pop_back();
-      if (k->second.empty()) kept_.erase(k);
-      kept_bytes_ -= n;
-    } else {
-      drop_kept(used_ + n > capacity_ ? 0 : capacity_ - used_ - n);
-      p = std::aligned_alloc(kAlign, n);
-      if (!p) {
-        return out_of_memory(fmt::format("host malloc of {} failed", format_bytes(double(n))));
-      }
+    void* p = arena_.allocate(n + kRedzone);
+    if (!p) {  // the free bytes of twice the capacity in pieces smaller than n: not seen so far
+      return out_of_memory(fmt::format(
+          "device memory: cannot place {} for '{}': {} of {} in use, but the arena's free space "
+          "is in pieces of at most {}; raise device.memory_limit",
+          format_bytes(double(n)), tag, format_bytes(double(used_)),
+          format_bytes(double(capacity_)), format_bytes(double(arena_.largest_free()))));
     }
-    allocs_[p] = n;
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
     used_ += n;
     peak_ = std::max(peak_, used_);
     return p;
@@ -155,12 +176,16 @@ class CpuDevice final : public Device {
   void release(void* ptr) override {
     if (!ptr) return;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocs_.find(ptr);
-    STRATA_CHECK(it != allocs_.end(), "release of a pointer this device did not allocate");
-    used_ -= it->second;
-    kept_[it->second].push_back(ptr);
-    kept_bytes_ += it->second;
-    allocs_.erase(it);
+    const std::optional<DeviceArena::Released> r = arena_.release(ptr);
+    STRATA_CHECK(r.has_value(), "release of a pointer this device did not allocate");
+    used_ -= r->bytes - kRedzone;
+    ASAN_POISON_MEMORY_REGION(ptr, r->bytes);
+    // Pages of free space beyond the capacity go back: the arena keeps at most its capacity
+    // touched, plus what is live beyond it.
+    const size_t page = page_bytes();
+    const size_t lo = (std::max(r->merged.offset, capacity_) + page - 1) / page * page;
+    const size_t hi = (r->merged.offset + r->merged.bytes) / page * page;
+    if (hi > lo) ::madvise(arena_.base() + lo, hi - lo, MADV_DONTNEED);
   }
   DeviceMemoryStats memory_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -231,25 +256,16 @@ class CpuDevice final : public Device {
     static_cast<CpuStream&>(s).enqueue([dst, src, n] { std::memcpy(dst, src, n); });
   }
 
-  const size_t capacity_;
-  const int threads_;
-  mutable std::mutex mu_;
-  // Returns kept blocks to malloc until at most `keep` bytes are kept. Caller holds mu_ (or is
-  // the destructor).
-  void drop_kept(size_t keep) {
-    for (auto it = kept_.begin(); it != kept_.end() && kept_bytes_ > keep;) {
-      while (!it->second.empty() && kept_bytes_ > keep) {
-        std::free(it->second.back());
-        it->second.pop_back();
-        kept_bytes_ -= it->first;
-      }
-      it = it->second.empty() ? kept_.erase(it) : std::next(it);
-    }
+  static size_t page_bytes() {
+    static const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    return page;
   }
 
-  std::unordered_map<void*, size_t> allocs_;
-  std::unordered_map<size_t, std::vector<void*>> kept_;  // released blocks by size
-  size_t used_ = 0, peak_ = 0, kept_bytes_ = 0;
+  const size_t capacity_;
+  const int threads_;
+  mutable std::mutex mu_;  // arena_, used_, peak_
+  DeviceArena arena_;
+  size_t used_ = 0, peak_ = 0;  // bytes asked for (rounded to kAlign), without redzones
   CpuStream compute_, h2d_, d2h_;
   std::unique_ptr<Kernels> kernels_;
 };
@@ -260,8 +276,28 @@ Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& option
   if (options.capacity == 0) {
     return invalid_argument("device.memory_limit: must be > 0 for the cpu backend");
   }
-  cpu_gemm_path();  // decided and logged at start, not at the first GEMM
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options));
+  // Twice the capacity, reserved but not committed (DeviceArena: what fails is decided by the
+  // capacity, not by the layout), on 2 MiB pages where the kernel gives them.
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (options.capacity > (SIZE_MAX >> 2)) {
+    return invalid_argument(
+        fmt::format("device.memory_limit: {} bytes is more than this "
+                    "machine can address; give a size such as \"8GiB\"",
+                    options.capacity));
+  }
+  const size_t span = (2 * options.capacity + kHuge - 1) / kHuge * kHuge;
+  void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    return out_of_memory(fmt::format(
+        "device.memory_limit: cannot reserve {} of address space for the cpu backend's arena of "
+        "{}: {}; lower device.memory_limit",
+        format_bytes(double(span)), format_bytes(double(options.capacity)), std::strerror(errno)));
+  }
+  ::madvise(base, span, MADV_HUGEPAGE);  // a hint: 4 KiB pages where refused
+  cpu_gemm_path();                       // decided and logged at start, not at the first GEMM
+  return std::unique_ptr<Device>(
+      std::make_unique<CpuDevice>(options, static_cast<char*>(base), span));
 }
 
 const char* cpu_gemm_path() { return cpu::gemm_isa(); }

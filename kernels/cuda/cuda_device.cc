@@ -21,13 +21,12 @@
 // from cudaStreamSynchronize / cudaEventSynchronize there too.
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_optimizer.h"
+#include "kernels/device_arena.h"
 #include "strata/device.h"
 #include "strata/log.h"
 
@@ -66,73 +65,6 @@ class CudaEvent final : public Event {
   ~CudaEvent() override {
     if (handle) cudaEventDestroy(handle);
   }
-};
-
-// First-fit allocator over [0, capacity) of one cudaMalloc'd block. Not thread-safe by itself:
-// the device holds its mutex around every call.
-class Arena {
- public:
-  void reset(char* base, size_t capacity) {
-    base_ = base;
-    capacity_ = capacity;
-    free_.clear();
-    if (capacity > 0) free_[0] = capacity;
-  }
-  char* base() const { return base_; }
-  size_t capacity() const { return capacity_; }
-  size_t used() const { return used_; }
-  size_t peak() const { return peak_; }
-  void reset_peak() { peak_ = used_; }
-
-  // Returns null if no free block holds n bytes.
-  void* allocate(size_t n) {
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < n) continue;
-      const size_t off = it->first, rest = it->second - n;
-      free_.erase(it);
-      if (rest > 0) free_[off + n] = rest;
-      live_[off] = n;
-      used_ += n;
-      peak_ = std::max(peak_, used_);
-      return base_ + off;
-    }
-    return nullptr;
-  }
-  // False if p is not a live block.
-  bool release(void* p) {
-    const size_t off = static_cast<size_t>(static_cast<char*>(p) - base_);
-    auto it = live_.find(off);
-    if (it == live_.end()) return false;
-    size_t start = off, size = it->second;
-    used_ -= size;
-    live_.erase(it);
-    auto next = free_.lower_bound(off);
-    if (next != free_.end() && next->first == off + size) {
-      size += next->second;
-      next = free_.erase(next);
-    }
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == start) {
-        start = prev->first;
-        size += prev->second;
-        free_.erase(prev);
-      }
-    }
-    free_[start] = size;
-    return true;
-  }
-  size_t largest_free() const {
-    size_t best = 0;
-    for (const auto& [off, size] : free_) best = std::max(best, size);
-    return best;
-  }
-
- private:
-  char* base_ = nullptr;
-  size_t capacity_ = 0, used_ = 0, peak_ = 0;
-  std::map<size_t, size_t> free_;            // offset -> bytes, no two adjacent
-  std::unordered_map<size_t, size_t> live_;  // offset -> bytes
 };
 
 class CudaDevice final : public Device {
@@ -195,7 +127,7 @@ class CudaDevice final : public Device {
     void* base = nullptr;
     STRATA_CUDA_CHECK(cudaMalloc(&base, cap),
                       fmt::format("reserving the device arena ({})", format_bytes(double(cap))));
-    arena_.reset(static_cast<char*>(base), cap);
+    arena_.reset(static_cast<char*>(base), cap, cap);
     kernels_ = create_cuda_kernels(ordinal_, blas_, &errors_);
     return Status::ok();
   }
@@ -203,7 +135,7 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override {
     return fmt::format("{} (sm_{}, GPU {}, arena {})", gpu_name_, sm_, ordinal_,
-                       format_bytes(double(arena_.capacity())));
+                       format_bytes(double(arena_.span())));
   }
   int ordinal() const { return ordinal_; }
 
@@ -213,7 +145,7 @@ class CudaDevice final : public Device {
     std::lock_guard<std::mutex> lock(mu_);
     void* p = arena_.allocate(n);
     if (!p) {
-      const size_t cap = arena_.capacity(), used = arena_.used();
+      const size_t cap = arena_.span(), used = arena_.used();
       return out_of_memory(fmt::format(
           "device memory (GPU {}): cannot allocate {} for '{}': {} of {} in use ({} free, "
           "largest free block {}); raise device.memory_limit, lower device.reserve, or offload "
@@ -227,11 +159,12 @@ class CudaDevice final : public Device {
   void release(void* ptr) override {
     if (!ptr) return;
     std::lock_guard<std::mutex> lock(mu_);
-    STRATA_CHECK(arena_.release(ptr), "release of a pointer this device did not allocate");
+    STRATA_CHECK(arena_.release(ptr).has_value(),
+                 "release of a pointer this device did not allocate");
   }
   DeviceMemoryStats memory_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return {arena_.capacity(), arena_.used(), arena_.peak()};
+    return {arena_.span(), arena_.used(), arena_.peak()};
   }
   void reset_peak() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -399,7 +332,7 @@ class CudaDevice final : public Device {
   std::string gpu_name_;
   int sm_ = 0;
   mutable std::mutex mu_;  // arena_, pinned_, pageable_, registered_
-  Arena arena_;
+  DeviceArena arena_;
   std::unordered_set<void*> pinned_, pageable_, registered_;
   CudaStream compute_, h2d_, d2h_;
   cublasLtHandle_t blas_ = nullptr;

@@ -1,5 +1,7 @@
 #include "src/tiers/delayed_update.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 namespace strata {
@@ -23,6 +25,7 @@ void DelayedUpdate::start(std::vector<int> order, const OptimizerHyper& hyper, f
   status_ = Status::ok();
   pending_ = true;
   thread_ = std::thread(&DelayedUpdate::run, this, hyper, grad_mult, std::move(order));
+  pthread_setname_np(thread_.native_handle(), "strata-delayed");
 }
 
 // The thread: the optimizer pass over gacc2, into the parameter shadows.
