@@ -16,11 +16,9 @@
 // the TBB workers (no oversubscription) and a call's bits cannot depend on a team size.
 //
 // Primitives are created once per shape and cached per thread (a primitive descriptor takes
-// tens of microseconds to create; attention calls the GEMM thousands of times per step). Their
-// scratchpads (packed copies of the operands) are one buffer per thread that only grows: in
-// oneDNN's default mode each call allocated and freed its own, and malloc gave those pages back
-// and faulted them in again on the next call (half of bench-25m's page faults per step).
-#include <cstdlib>
+// tens of microseconds to create; attention calls the GEMM thousands of times per step).
+// oneDNN allocates its scratchpad and packing buffers inside each call: the strata binary has
+// malloc keep what it frees (tools/strata_main.cc), or each call would fault their pages in.
 #include <cstring>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -83,8 +81,6 @@ struct KeyHash {
 struct Prim {
   dnnl::matmul matmul;
   dnnl::memory a, b, c;  // descriptors bound to the engine; handles set per call
-  dnnl::memory scratch;  // the same for the scratchpad, when it needs one
-  size_t scratch_bytes = 0;
 };
 
 // Creates the matmul for `key`; nullopt-like empty pointer when oneDNN has no implementation
@@ -96,7 +92,6 @@ std::unique_ptr<Prim> create(const Key& key) {
   dnnl::memory::desc bd({key.k, key.n}, t, key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
   dnnl::memory::desc cd({key.m, key.n}, dt::f32, dims{key.ldc, 1});
   dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.accumulate) {
     dnnl::post_ops po;
     po.append_sum(1.0f);
@@ -109,10 +104,6 @@ std::unique_ptr<Prim> create(const Key& key) {
     p->a = dnnl::memory(ad, engine(), DNNL_MEMORY_NONE);
     p->b = dnnl::memory(bd, engine(), DNNL_MEMORY_NONE);
     p->c = dnnl::memory(cd, engine(), DNNL_MEMORY_NONE);
-    p->scratch_bytes = pd.scratchpad_desc().get_size();
-    if (p->scratch_bytes > 0) {
-      p->scratch = dnnl::memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
-    }
     return p;
   } catch (const dnnl::error& e) {
     if (e.status == dnnl_unimplemented) return nullptr;
@@ -141,16 +132,6 @@ class ThreadState {
 
   dnnl::stream& stream() { return stream_; }
 
-  // This thread's scratchpad, at least n bytes; it only grows.
-  void* scratch(size_t n) {
-    if (n > scratch_bytes_) {
-      scratch_bytes_ = (n + 4095) / 4096 * 4096;
-      scratch_.reset(static_cast<char*>(std::aligned_alloc(4096, scratch_bytes_)));
-      STRATA_CHECK(scratch_ != nullptr, fmt::format("oneDNN scratchpad of {} bytes", n));
-    }
-    return scratch_.get();
-  }
-
   // An fp32 copy of the rows x cols matrix at p (row stride ld), or p itself when fp32.
   const float* widened(int which, const void* p, DType t, int rows, int cols, int ld) {
     if (t == DType::kF32) return static_cast<const float*>(p);
@@ -169,11 +150,6 @@ class ThreadState {
   std::unordered_map<Key, std::unique_ptr<Prim>, KeyHash> prims_;
   dnnl::stream stream_;
   std::vector<float> widen_[2];
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> scratch_;
-  size_t scratch_bytes_ = 0;
 };
 
 ThreadState& state() {
@@ -185,13 +161,8 @@ void run(ThreadState& ts, Prim& p, const void* a, const void* b, float* c) {
   p.a.set_data_handle(const_cast<void*>(a));
   p.b.set_data_handle(const_cast<void*>(b));
   p.c.set_data_handle(c);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}};
-  if (p.scratch_bytes > 0) {
-    p.scratch.set_data_handle(ts.scratch(p.scratch_bytes));
-    args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch);
-  }
-  p.matmul.execute(ts.stream(), args);
+  p.matmul.execute(ts.stream(),
+                   {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
   ts.stream().wait();
 }
 
