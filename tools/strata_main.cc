@@ -1,6 +1,4 @@
 // strata: train models larger than GPU memory. A thin dispatcher over the subcommands.
-#include <malloc.h>
-
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -48,14 +46,6 @@ void usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // malloc keeps what a step frees for the next step: oneDNN allocates and frees its packing
-  // buffers (MiBs) inside every GEMM call, and glibc's defaults gave those pages back to the
-  // kernel and faulted them in again on the next call (bench-25m: 80-500 thousand page faults
-  // in 14 steps, sys time 1.1-2.8 s; with these ~32 thousand, all at start). Blocks of 32 MiB
-  // and more are still mapped apart and returned on free; a heap's free top is returned past
-  // 64 MiB.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     usage(argc < 2 ? stderr : stdout);

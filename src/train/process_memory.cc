@@ -34,6 +34,12 @@ void bound_malloc_heap() {
   if (mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1) {
     log_warn("trainer: mallopt(M_MMAP_THRESHOLD) failed; the malloc heap may hold freed pages");
   }
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") ||
+      (tunables && std::strstr(tunables, "trim_threshold"))) {
+    return;
+  }
+  constexpr int kTrimThreshold = 8 << 20;
+  mallopt(M_TRIM_THRESHOLD, kTrimThreshold);  // fails only where the first did (ASan's malloc)
 #endif
 }
 

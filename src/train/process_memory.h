@@ -18,9 +18,13 @@ inline size_t peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
 // pages stay resident: a 190M-parameter run on a 640 MiB device arena and a 256 MiB host tier
 // peaked at 2.0 GiB resident for 0.95 GiB live. A fixed threshold of 1 MiB makes every larger
 // block its own mapping, returned to the system when freed (at the cost of faulting its pages
-// in afresh: 5-12% more CPU time, measured on that run and a 4-layer A/B). MALLOC_MMAP_THRESHOLD_
-// or GLIBC_TUNABLES in the
-// environment take precedence.
+// in afresh: 5-12% more CPU time, measured on that run and a 4-layer A/B). Setting a threshold
+// also freezes the trim threshold at glibc's 128 KiB: each per-thread heap gave back its free
+// top past 128 KiB and faulted it in again, inside every oneDNN GEMM call (its scratchpad and
+// packing buffers under 1 MiB): bench-25m on a 100 MiB device faulted 0.5-0.75 million pages
+// in 14 steps. The trim threshold is 8 MiB: ~31 thousand faults, all at start (8 and 64 MiB
+// alike, hostmem-190m too; session 14, docs/BENCHMARKS.md). MALLOC_MMAP_THRESHOLD_ /
+// MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment take precedence.
 void bound_malloc_heap();
 
 }  // namespace strata
