@@ -90,6 +90,29 @@ TEST(CpuDevice, ReleasedRoomIsReusedAndOnlyTheCapacityBoundsAllocation) {
   EXPECT_EQ(dev->memory_stats().peak, size_t(1) << 20);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+
+// Under ASan the arena poisons a gap after every block and every released block, as malloc's
+// redzones did: a kernel that writes past its buffer or into a released one is reported.
+TEST(CpuDevice, AsanSeesWritesPastABlockAndIntoAReleasedOne) {
+  if (!kAsan) GTEST_SKIP() << "needs an ASan build (tools/dev.sh sanitize asan)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto dev = make(1 << 20);
+  auto a = dev->allocate(1000, "a");
+  ASSERT_TRUE(a.is_ok());
+  char* p = static_cast<char*>(*a);
+  p[1023] = 1;  // the block is rounded up to 1024 bytes: still its own
+  volatile char* past = p + 1024;
+  EXPECT_DEATH(*past = 1, "AddressSanitizer");
+  dev->release(p);
+  volatile char* freed = p;
+  EXPECT_DEATH(*freed = 1, "AddressSanitizer");
+}
+
 TEST(CpuDevice, StreamsRunInOrderAndEventsJoinThem) {
   auto dev = make(1 << 20);
   std::vector<int> order;
