@@ -156,6 +156,20 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
                 std::max(dev * 8 / 9 + std::max({q->time.cpu_optim_s, window_deferred, dev / 9}),
                          q->time.nvme_s),
                 1e-9);
+    {  // Gradients accumulated on NVMe: the deferred pass also reads each (fp32) once. A
+       // slower GEMM makes that window the step's binding term (not the step's NVMe total).
+      PlacementOption g = find("opt-nvme");
+      g.where.grads = Tier::kNvme;
+      PlanRequest rg = rc;
+      rg.profile.gemm_flops.value = 4e10;
+      auto qg = evaluate_placement(rg, g);
+      ASSERT_TRUE(qg.is_ok());
+      const double dg = std::max(qg->time.compute_s, qg->time.link_s);
+      const double wg = window_deferred + 4 * P / 2e9;
+      ASSERT_GT(wg, std::max(qg->time.cpu_optim_s, dg / 9));
+      ASSERT_GT(dg * 8 / 9 + wg, qg->time.nvme_s);
+      EXPECT_NEAR(qg->time.step_deferred_s, dg * 8 / 9 + wg, 1e-9);
+    }
     // Stepped after backward instead: the plain schedule. strata.optimizer.defer "auto" (the
     // default) is predicted to keep the faster of the two, as the trainer does; "always" and
     // "never" run the one they name.

@@ -531,6 +531,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
       window_deferred += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
     }
+    // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
+    window += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
+    window_deferred += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
     window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
