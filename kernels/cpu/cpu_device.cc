@@ -285,9 +285,16 @@ Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& option
                     "machine can address; give a size such as \"8GiB\"",
                     options.capacity));
   }
-  const size_t span = (2 * options.capacity + kHuge - 1) / kHuge * kHuge;
-  void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  size_t span = (2 * options.capacity + kHuge - 1) / kHuge * kHuge;
+  auto reserve = [&] {
+    return ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  };
+  void* base = reserve();
+  if (base == MAP_FAILED) {  // strict overcommit (vm.overcommit_memory 2) commits it all: the
+    span = (options.capacity + kHuge - 1) / kHuge * kHuge;  // capacity alone, as cudaMalloc's
+    base = reserve();
+  }
   if (base == MAP_FAILED) {
     return out_of_memory(fmt::format(
         "device.memory_limit: cannot reserve {} of address space for the cpu backend's arena of "
