@@ -42,6 +42,17 @@ void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
   auto a = allocated_.find(offset);
   STRATA_CHECK(a != allocated_.end() && a->second == size,
                fmt::format("{}: free of [{}, +{}) that was not allocated so", name_, offset, size));
+  release(a);
+}
+
+std::optional<ExtentAllocator::Freed> ExtentAllocator::free_at(uint64_t offset) {
+  auto a = allocated_.find(offset);
+  if (a == allocated_.end()) return std::nullopt;
+  return release(a);
+}
+
+ExtentAllocator::Freed ExtentAllocator::release(std::map<uint64_t, uint64_t>::iterator a) {
+  const uint64_t offset = a->first, size = a->second;
   allocated_.erase(a);
   free_bytes_ += size;
   uint64_t start = offset, length = size;
@@ -59,6 +70,7 @@ void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
     free_.erase(next);
   }
   free_[start] = length;
+  return {size, start, length};
 }
 
 uint64_t ExtentAllocator::largest_free() const {

@@ -524,6 +524,28 @@ TEST(ExtentAllocatorTest, ExhaustionNamesSizes) {
   EXPECT_TRUE(a.allocate(8 * 4096).is_ok());
 }
 
+// free_at (the devices' arenas: they know a block's offset, not its size) frees whatever was
+// allocated there and says which free range it joined.
+TEST(ExtentAllocatorTest, FreeAtReturnsTheSizeAndTheMergedRange) {
+  ExtentAllocator a(8 * 4096, 4096, "arena");
+  auto x = a.allocate(4096), y = a.allocate(3 * 4096), z = a.allocate(4096);
+  ASSERT_TRUE(x.is_ok() && y.is_ok() && z.is_ok());
+  EXPECT_FALSE(a.free_at(*x + 4096 * 2).has_value()) << "no range starts there";
+  auto fy = a.free_at(*y);  // between two live ranges: merges with nothing
+  ASSERT_TRUE(fy.has_value());
+  EXPECT_EQ(fy->bytes, 3u * 4096);
+  EXPECT_EQ(fy->merged_offset, *y);
+  EXPECT_EQ(fy->merged_length, 3u * 4096);
+  auto fz = a.free_at(*z);  // joins y's range before it and the free tail after it
+  ASSERT_TRUE(fz.has_value());
+  EXPECT_EQ(fz->bytes, 4096u);
+  EXPECT_EQ(fz->merged_offset, *y);
+  EXPECT_EQ(fz->merged_length, 7u * 4096);
+  EXPECT_FALSE(a.free_at(*z).has_value()) << "freed twice";
+  a.free(*x, 4096);
+  EXPECT_EQ(a.free_ranges(), 1u);
+}
+
 TEST(BufferPoolTest, AlignedBudgetEnforcedAndReused) {
   auto pool = BufferPool::create(4 << 20);
   ASSERT_TRUE(pool.is_ok());

@@ -1,10 +1,11 @@
 // ExtentAllocator: hands out aligned byte ranges of a fixed-size space and takes them back,
 // merging neighbours so free space does not splinter.
 //
-// Used for swap files (one allocator per file, offsets within its data area) and for the pinned
-// buffer pool (offsets within its arena). Policy: first fit by address, which keeps allocations
-// packed toward the start of the space; freeing coalesces with the free ranges on both sides.
-// Every size is rounded up to `alignment`, and every offset handed out is a multiple of it.
+// Used for swap files (one allocator per file, offsets within its data area), for the pinned
+// buffer pool (offsets within its arena) and for the devices' memory (kernels/device_arena.h).
+// Policy: first fit by address, which keeps allocations packed toward the start of the space;
+// freeing coalesces with the free ranges on both sides. Every size is rounded up to `alignment`,
+// and every offset handed out is a multiple of it.
 //
 // Errors: allocate() fails with kNoSpace, naming the request, the free total and the largest
 // free range (so fragmentation is visible). free() of a range that was not allocated is a bug
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "strata/status.h"
@@ -31,6 +33,12 @@ class ExtentAllocator {
   Result<uint64_t> allocate(uint64_t bytes);
   // Returns [offset, offset + round_up(bytes)), which must have been allocated exactly so.
   void free(uint64_t offset, uint64_t bytes);
+  // Returns the range allocated at offset, whatever its size: its size and the free range it is
+  // now part of (merged with its free neighbours); nothing if no range was allocated there.
+  struct Freed {
+    uint64_t bytes = 0, merged_offset = 0, merged_length = 0;
+  };
+  std::optional<Freed> free_at(uint64_t offset);
 
   uint64_t capacity() const { return capacity_; }
   uint64_t alignment() const { return alignment_; }
@@ -42,6 +50,8 @@ class ExtentAllocator {
   uint64_t round_up(uint64_t bytes) const { return (bytes + alignment_ - 1) & ~(alignment_ - 1); }
 
  private:
+  Freed release(std::map<uint64_t, uint64_t>::iterator allocated);
+
   uint64_t capacity_;
   uint64_t alignment_;
   uint64_t free_bytes_;
