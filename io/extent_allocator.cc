@@ -16,7 +16,7 @@ ExtentAllocator::ExtentAllocator(uint64_t capacity, uint64_t alignment, std::str
   if (capacity_ > 0) free_[0] = capacity_;
 }
 
-Result<uint64_t> ExtentAllocator::allocate(uint64_t bytes) {
+std::optional<uint64_t> ExtentAllocator::try_allocate(uint64_t bytes) {
   STRATA_CHECK(bytes > 0);
   const uint64_t size = round_up(bytes);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -29,6 +29,12 @@ Result<uint64_t> ExtentAllocator::allocate(uint64_t bytes) {
     allocated_[offset] = size;
     return offset;
   }
+  return std::nullopt;
+}
+
+Result<uint64_t> ExtentAllocator::allocate(uint64_t bytes) {
+  if (const std::optional<uint64_t> offset = try_allocate(bytes)) return *offset;
+  const uint64_t size = round_up(bytes);
   return no_space(fmt::format(
       "{}: cannot allocate {} ({} bytes): {} free of {}, largest free range {}; give it more "
       "space or free extents first",

@@ -3,11 +3,10 @@
 //
 // The ranges are an ExtentAllocator's (strata/extent_allocator.h: first fit by address,
 // neighbours merged on release, 256-byte granules), the swap files' and the pinned pool's
-// allocator. `limit` bounds the bytes in use: the CUDA arena's limit is its span; the CPU
-// arena's span is larger than its limit, so that a block fits wherever malloc's would (the
-// capacity, not the layout, decides what fails), while first fit keeps the blocks of a steady
-// state low in the span, on pages touched once. Not thread-safe by itself: each device holds
-// its mutex around every call.
+// allocator; the arena adds the base address and the peak. What may be in use is the device's
+// to decide (the CPU arena spans twice its capacity, so that a block fits wherever malloc's
+// would, while first fit keeps a steady state's blocks low in the span, on pages touched once).
+// Not thread-safe by itself: each device holds its mutex around every call.
 #pragma once
 
 #include <algorithm>
@@ -22,26 +21,22 @@ class DeviceArena {
  public:
   static constexpr size_t kGranule = 256;  // every block's size and offset a multiple of it
 
-  void reset(char* base, size_t span, size_t limit) {
+  void reset(char* base, size_t span) {
     base_ = base;
     ranges_.emplace(span, kGranule, "device arena");
-    limit_ = std::min(limit, size_t(ranges_->capacity()));
     peak_ = 0;
   }
   char* base() const { return base_; }
   size_t span() const { return ranges_ ? ranges_->capacity() : 0; }
-  size_t limit() const { return limit_; }
   size_t used() const { return ranges_ ? ranges_->used_bytes() : 0; }
   size_t peak() const { return peak_; }
   void reset_peak() { peak_ = used(); }
   size_t largest_free() const { return ranges_ ? ranges_->largest_free() : 0; }
 
-  // Returns null if n bytes more (rounded up to kGranule) would pass the limit or no free
-  // block holds them.
+  // Null if no free block holds n bytes (rounded up to kGranule).
   void* allocate(size_t n) {
-    if (!ranges_ || used() + ranges_->round_up(n) > limit_) return nullptr;
-    Result<uint64_t> off = ranges_->allocate(n);
-    if (!off.is_ok()) return nullptr;
+    const std::optional<uint64_t> off = ranges_ ? ranges_->try_allocate(n) : std::nullopt;
+    if (!off) return nullptr;
     peak_ = std::max(peak_, used());
     return base_ + *off;
   }
@@ -64,7 +59,7 @@ class DeviceArena {
  private:
   char* base_ = nullptr;
   std::optional<ExtentAllocator> ranges_;
-  size_t limit_ = 0, peak_ = 0;
+  size_t peak_ = 0;
 };
 
 }  // namespace strata

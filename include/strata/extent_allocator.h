@@ -31,6 +31,8 @@ class ExtentAllocator {
 
   // An offset o with [o, o + round_up(bytes)) free and now allocated. bytes must be > 0.
   Result<uint64_t> allocate(uint64_t bytes);
+  // The same, without the error's message (a device's allocation that fails and is retried).
+  std::optional<uint64_t> try_allocate(uint64_t bytes);
   // Returns [offset, offset + round_up(bytes)), which must have been allocated exactly so.
   void free(uint64_t offset, uint64_t bytes);
   // Returns the range allocated at offset, whatever its size: its size and the free range it is

@@ -129,7 +129,7 @@ class CpuDevice final : public Device {
   // base: a mapping of `span` bytes (> capacity) the device owns from now on.
   CpuDevice(const CpuDeviceOptions& o, char* base, size_t span)
       : capacity_(o.capacity), threads_(o.threads), compute_("compute"), h2d_("h2d"), d2h_("d2h") {
-    arena_.reset(base, span, span);  // the capacity is checked here, on the bytes asked for
+    arena_.reset(base, span);  // the capacity is checked here, on the bytes asked for
     ASAN_POISON_MEMORY_REGION(base, span);
     kernels_ = create_cpu_kernels(*this, o.threads);
   }

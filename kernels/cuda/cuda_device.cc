@@ -127,7 +127,7 @@ class CudaDevice final : public Device {
     void* base = nullptr;
     STRATA_CUDA_CHECK(cudaMalloc(&base, cap),
                       fmt::format("reserving the device arena ({})", format_bytes(double(cap))));
-    arena_.reset(static_cast<char*>(base), cap, cap);
+    arena_.reset(static_cast<char*>(base), cap);
     kernels_ = create_cuda_kernels(ordinal_, blas_, &errors_);
     return Status::ok();
   }
