@@ -404,7 +404,8 @@ TEST(HostMemoryModel, OptimizerStagingIsSubGroupsNotModules) {
 // sub-groups beyond buffer_count; none without NVMe-homed optimizer state. The arena holds it.
 TEST(HostMemoryModel, ReadAheadIsWhatTheBudgetLeavesInWholeSubGroups) {
   const uint64_t g = 8192;
-  const size_t unit = g * 4 + g * 8;  // master + two fp32 moments
+  // master + two fp32 moments, and the new bf16 parameters' piece (NVMe-homed)
+  const size_t unit = g * 4 + g * 8 + piece_bytes(g, 2);
   auto arch = small_gpt(2, 256, 256, 32);
   ASSERT_NE(arch, nullptr);
   TierOptions to;

@@ -82,16 +82,18 @@ TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
   // compute the pass cannot overlap plus the pass's own traffic.
   r.profile.nvme_read_gbps.value = 0.5;
   r.profile.gemm_flops.value = 2e10;
-  const uint64_t sub = 786'432;
+  const uint64_t sub = 786'432;  // a sub-group's master weights and moments
+  // The read-ahead's unit: with its new (NVMe-homed) bf16 parameters' staging piece.
+  const uint64_t unit = sub + 131'072;
   r.engine.strata.optimizer_read_ahead = 0;
   auto o0 = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(o0.is_ok());
   EXPECT_EQ(o0->host.read_ahead, 0u);
-  r.engine.strata.optimizer_read_ahead = 3 * sub + 1;
+  r.engine.strata.optimizer_read_ahead = 3 * unit + 1;
   auto o3 = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(o3.is_ok());
-  EXPECT_EQ(o3->host.read_ahead, 3 * sub);
-  EXPECT_EQ(o3->host.peak_deferred, o0->host.peak_deferred + 3 * sub);
+  EXPECT_EQ(o3->host.read_ahead, 3 * unit);
+  EXPECT_EQ(o3->host.peak_deferred, o0->host.peak_deferred + 3 * unit);
   EXPECT_EQ(o3->host.total(), o0->host.total());
   ASSERT_GT(o0->time.step_deferred_s, o0->time.nvme_s);
   // Three more sub-groups read before the pass: their reads leave the pass (in the planner's
@@ -102,8 +104,8 @@ TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
   r.engine.strata.optimizer_read_ahead = SIZE_MAX;  // auto: the small model's whole state
   auto oa = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(oa.is_ok());
-  EXPECT_GT(oa->host.read_ahead, 3 * sub);
-  EXPECT_EQ(oa->host.read_ahead % sub, 0u);
+  EXPECT_GT(oa->host.read_ahead, 3 * unit);
+  EXPECT_EQ(oa->host.read_ahead % unit, 0u);
   EXPECT_LT(oa->time.step_deferred_s, o3->time.step_deferred_s);
 }
 

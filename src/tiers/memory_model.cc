@@ -181,7 +181,9 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
       publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
-  n.host.optimizer_sub_group = max_opt;
+  // A read-ahead sub-group, once stepped, drains behind with its new parameters' piece when
+  // they are NVMe-homed (OptimizerPipeline::piece): the unit holds both.
+  n.host.optimizer_sub_group = max_opt > 0 ? max_opt + max_nvme_piece : 0;
   n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
   // Gradients on NVMe: GradSpill's landing and staging buffers (a pair per slot), and the
   // sub-group the optimizer steps (a module with host gradients still lands through 2 buffers of

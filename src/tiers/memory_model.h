@@ -71,8 +71,9 @@ struct ModuleHomes {
 // The ring: one piece being copied to the device while the next two are read.
 inline constexpr size_t kFetchStagingPieces = 3;
 // NVMe-homed parameters: buffer_count pieces being written behind (as deep as the optimizer
-// state's writes) and one being stepped; else (copies to the device) one being copied and one
-// being stepped.
+// state's writes) and one being stepped, plus one per sub-group of the optimizer's read-ahead
+// (OptimizerPipeline::piece; its room is in HostNeed::optimizer_sub_group); else (copies to the
+// device) one being copied and one being stepped.
 inline size_t publish_staging_pieces(int buffer_count, bool nvme_params) {
   return nvme_params ? size_t(std::max(1, buffer_count)) + 1 : 2;
 }
@@ -176,8 +177,10 @@ struct TierNeeds {
     size_t undo = 0;
     size_t undo_nvme = 0;
     // One sub-group of NVMe-homed master weights and moments in the optimizer pipeline's
-    // staging (the largest), and how many sub-groups of them there are: the unit and the most
-    // of the optimizer's read-ahead beyond buffer_count (read_ahead_sub_groups()).
+    // staging (the largest; with NVMe-homed parameters, plus its new parameters' staging piece,
+    // which drains behind with the state's writes), and how many sub-groups of them there are:
+    // the unit and the most of the optimizer's read-ahead beyond buffer_count
+    // (read_ahead_sub_groups()).
     size_t optimizer_sub_group = 0;
     size_t optimizer_sub_groups = 0;
     size_t total() const { return state + staging + param_shadows + stash; }

@@ -167,9 +167,12 @@ Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const
     p.dst = static_cast<char*>(t.lp) + m.sub_start(j) * es;
     return p;
   }
-  // At most publish_staging_pieces() in use: the oldest write (or, with none, the h2d stream's
-  // copies) gives one back.
-  const size_t limit = publish_staging_pieces(opt_.buffer_count, m.p.tier == Tier::kNvme);
+  // At most publish_staging_pieces() in use, and with NVMe homes one more per sub-group read
+  // ahead (their state's writes drain behind as deep: waiting here for the oldest write would
+  // hold the pass to the disk's write speed): the oldest write (or, with none, the h2d
+  // stream's copies) gives one back.
+  const bool nvme = m.p.tier == Tier::kNvme;
+  const size_t limit = publish_staging_pieces(opt_.buffer_count, nvme) + (nvme ? extra_ : 0);
   for (;;) {
     std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
     if (pieces_.size() < limit) break;
