@@ -204,19 +204,24 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
 // holds the optimizer state besides the tier's needs, each step's master weights and moments are
 // read during backward instead of while the next forward waits for its update. The numbers and
 // the NVMe bytes are those of reading buffer_count sub-groups ahead and of the plain schedule;
-// the arena grows by the read-ahead and stays within the budget.
-TEST(DeferredStep, ReadAheadDuringBackwardIsBitIdentical) {
+// the arena grows by the read-ahead and stays within the budget. The same whether the pass is
+// deferred into the next forward or runs after backward (which steps the sub-groups it holds
+// first and reads the rest ahead as deep as the read-ahead's room, its reads before the writes
+// draining behind).
+class ReadAhead : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   set_log_level(LogLevel::kWarn);
-  auto dir = temp_dir("read_ahead");
+  auto dir = temp_dir(std::string("read_ahead_") + GetParam());
   std::vector<std::string> ov = placement(dir, /*nvme=*/true);
   for (const char* s :
        {"gradient_clipping=0.01", "train.steps=8", "gradient_accumulation_steps=2",
         "train_batch_size=8", "scheduler.params.warmup_num_steps=2",
         "zero_optimization.stage3_prefetch_bucket_size=0", "device.memory_limit=\"256MiB\"",
-        "zero_optimization.sub_group_size=8192", "strata.host_memory_limit=\"256MiB\"",
-        "strata.optimizer.defer=\"always\""}) {
+        "zero_optimization.sub_group_size=8192", "strata.host_memory_limit=\"256MiB\""}) {
     ov.push_back(s);
   }
+  ov.push_back(std::string("strata.optimizer.defer=\"") + GetParam() + "\"");
   const auto [plain, over] = train_both(dir, ov, 8);  // read_ahead unset: auto
   auto zero_ov = ov;
   zero_ov.push_back("strata.optimizer.overlap=true");
@@ -225,7 +230,7 @@ TEST(DeferredStep, ReadAheadDuringBackwardIsBitIdentical) {
   ASSERT_EQ(zero.losses.size(), 8u);
   for (size_t s = 0; s < 8; ++s) EXPECT_EQ(zero.losses[s], plain.losses[s]) << "step " << s + 1;
   EXPECT_EQ(zero.weights_crc, plain.weights_crc);
-  // Deferred every step after the first; at most buffer_count (4) sub-groups read ahead per step
+  // Deferred (or stepped after backward) every step after the first; at most buffer_count (4) sub-groups read ahead per step
   // without the read-ahead; with it, up to every one of the ~100 (how many depends on how soon
   // the last pass's writes behind free their buffers: more than buffer_count's on any machine).
   EXPECT_EQ(over.modules_stepped_under_backward, 0);
@@ -247,6 +252,8 @@ TEST(DeferredStep, ReadAheadDuringBackwardIsBitIdentical) {
   EXPECT_EQ(zn.bytes_in, pn.bytes_in);
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(DeferredStep, ReadAhead, ::testing::Values("always", "never"));
 
 TEST(DeferChoice, AutoTimesBothSchedulesThenKeepsTheFaster) {
   for (const bool deferral_faster : {true, false}) {

@@ -24,6 +24,16 @@ OptimizerPipeline::OptimizerPipeline(Homes& homes, DeviceCache& cache, const Tie
 
 // ---- the order modules become ready ----------------------------------------------------------
 
+std::vector<int> OptimizerPipeline::prepared_first(std::vector<int> order) const {
+  std::stable_partition(order.begin(), order.end(), [this](int k) {
+    for (size_t j = 0; j < sub_groups(k); ++j) {
+      if (prepared(k, j)) return true;
+    }
+    return false;
+  });
+  return order;
+}
+
 std::vector<int> OptimizerPipeline::step_order(std::vector<bool> skip) const {
   std::vector<int> order;
   for (size_t k = 0; k < skip.size(); ++k) skip[k] = skip[k] || homes_.module(int(k)).frozen();
@@ -45,7 +55,7 @@ void OptimizerPipeline::end_step() {
 
 // ---- slots -------------------------------------------------------------------------------------
 
-Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only) {
+Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urgent) {
   Module& m = homes_.module(k);
   Slot s;
   s.k = k;
@@ -83,12 +93,12 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only) {
   IoWorker* io = homes_.io();
   if (s.master_buf) {
     s.master = s.master_buf->as<float>();
-    s.rm = io->read(m.master.subs[j], s.master);
+    s.rm = io->read(m.master.subs[j], s.master, urgent);
   }
   if (s.mom_buf) {
     s.m = s.mom_buf->data();
     s.v = static_cast<char*>(s.m) + s.len * mb;
-    s.rmo = io->read(m.mom.subs[j], s.m);
+    s.rmo = io->read(m.mom.subs[j], s.m, urgent);
   }
   prepared_[{k, j}] = std::move(s);
   return true;
@@ -110,7 +120,7 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
   const std::string what = "reading " + m.name + " optimizer state" +
                            (m.sub_groups() > 1 ? fmt::format(" (sub-group {})", j) : "");
   if (!prepared(k, j)) {
-    STRATA_ASSIGN_OR_RETURN(bool ok, prepare(k, j, /*try_only=*/false), what);
+    STRATA_ASSIGN_OR_RETURN(bool ok, prepare(k, j, /*try_only=*/false, /*urgent=*/true), what);
     (void)ok;
   }
   auto it = prepared_.find({k, j});
@@ -250,13 +260,25 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
   size_t& next = ps.next;
   Target& t = ps.t;
   for (size_t& i = ps.i; i < std::min(until, units.size()); ++i) {
-    // Read ahead while the reservation allows (the speculation may hold slots of its own).
-    for (next = std::max(next, i + 1); next < units.size() && next <= i + depth; ++next) {
+    // Read ahead while the reservation allows (the speculation may hold slots of its own):
+    // buffer_count sub-groups, and beyond them into the read-ahead's room (what the host
+    // arena holds for it, counting the sub-groups still being written: as the speculation
+    // reads ahead) when the pool has it free.
+    const size_t writing = extra_ > 0 ? sub_groups_writing() : 0;
+    for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_;
+         ++next) {
       auto [nk, nj] = units[next];
       if (prepared(nk, nj)) continue;
-      if (prepared_count() >= depth) break;
-      STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false).status(),
-                             "reading " + homes_.module(nk).name + " optimizer state");
+      const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
+      if (prepared_count() < depth) {
+        STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(),
+                               what);
+        continue;
+      }
+      if (prepared_count() + writing >= 2 * depth + extra_) break;
+      STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true),
+                              what);
+      if (!room) break;
     }
     const auto [k, j] = units[i];
     Module& m = homes_.module(k);

@@ -84,6 +84,10 @@ class OptimizerPipeline {
   // This step's modules in the order their gradients became final (whose state may already be
   // read ahead), then any not drained in index order; none marked in `skip`.
   std::vector<int> step_order(std::vector<bool> skip) const;
+  // `order` with the modules whose state is read ahead (any sub-group) first, each part in
+  // its given order: the pass after backward steps what it already holds while it reads the
+  // rest (modules are independent: the same numbers in any order).
+  std::vector<int> prepared_first(std::vector<int> order) const;
   // The last step's order (empty before the first step).
   const std::vector<int>& last_order() const { return last_order_; }
   // The step's optimizer work is over: waits for the reads of slots prepared but never stepped
@@ -93,8 +97,10 @@ class OptimizerPipeline {
   // ---- slots -------------------------------------------------------------------------
   size_t sub_groups(int k) const { return homes_.module(k).sub_groups(); }
   // Points a slot at sub-group j of module k, starting NVMe reads into staging buffers. With
-  // `try_only`, returns false instead of waiting when the host tier is full.
-  Result<bool> prepare(int k, size_t j, bool try_only);
+  // `try_only`, returns false instead of waiting when the host tier is full. `urgent`: a pass
+  // is waiting for it (the reads go to the disk before the writes draining behind; the
+  // speculation's read-ahead under backward is not, leaving the disk to backward's fetches).
+  Result<bool> prepare(int k, size_t j, bool try_only, bool urgent = false);
   bool prepared(int k, size_t j) const { return prepared_.count({k, j}) > 0; }
   size_t prepared_count() const { return prepared_.size(); }
   // Takes sub-group j of module k (preparing it if needed) and waits for its reads.
