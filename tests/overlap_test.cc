@@ -230,9 +230,10 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   ASSERT_EQ(zero.losses.size(), 8u);
   for (size_t s = 0; s < 8; ++s) EXPECT_EQ(zero.losses[s], plain.losses[s]) << "step " << s + 1;
   EXPECT_EQ(zero.weights_crc, plain.weights_crc);
-  // Deferred (or stepped after backward) every step after the first; at most buffer_count (4) sub-groups read ahead per step
-  // without the read-ahead; with it, up to every one of the ~100 (how many depends on how soon
-  // the last pass's writes behind free their buffers: more than buffer_count's on any machine).
+  // Deferred (or stepped after backward) every step after the first; at most buffer_count (4)
+  // sub-groups read ahead per step without the read-ahead; with it, up to every one of the ~100
+  // (how many depends on how soon the last pass's writes behind free their buffers: more than
+  // buffer_count's on any machine).
   EXPECT_EQ(over.modules_stepped_under_backward, 0);
   EXPECT_EQ(zero.modules_stepped_under_backward, 0);
   EXPECT_GT(zero.sub_groups_read_ahead, 0);

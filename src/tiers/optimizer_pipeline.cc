@@ -265,19 +265,16 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
     // arena holds for it, counting the sub-groups still being written: as the speculation
     // reads ahead) when the pool has it free.
     const size_t writing = extra_ > 0 ? sub_groups_writing() : 0;
-    for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_;
-         ++next) {
+    for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_; ++next) {
       auto [nk, nj] = units[next];
       if (prepared(nk, nj)) continue;
       const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
       if (prepared_count() < depth) {
-        STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(),
-                               what);
+        STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(), what);
         continue;
       }
       if (prepared_count() + writing >= 2 * depth + extra_) break;
-      STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true),
-                              what);
+      STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true), what);
       if (!room) break;
     }
     const auto [k, j] = units[i];

@@ -394,7 +394,8 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
     });
     return Status::ok();
   }
-  if (st.is_ok()) st = I.pipeline->run(I.pipeline->prepared_first(order), hyper, grad_mult, nullptr);
+  if (st.is_ok())
+    st = I.pipeline->run(I.pipeline->prepared_first(order), hyper, grad_mult, nullptr);
   I.spec->end();
   I.pipeline->end_step();
   if (!st.is_ok()) I.pipeline->retire_writes(0).ignore();
