@@ -126,7 +126,7 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
       step_s.empty() ? 0.0 : *std::max_element(step_s.begin(), step_s.end()) * 1e3, step_s.size());
   // Median rates predict the median step; fastest-pass rates the fastest step (the machine
   // without the other work that shares it).
-  if (o.time.step_deferred_s != o.time.step_plain_s) {
+  if (o.time.falls_back) {
     const size_t after = size_t(std::count(sched.begin(), sched.end(), uint8_t{0}));
     std::printf(
         "  schedule: of %zu measured steps, %zu stepped the optimizer under backward (predicted "

@@ -501,7 +501,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
     // ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
-    double window = 0, window_deferred = 0;
+    double window = 0, window_deferred = 0, reads_after = 0;
     if (opt_nvme_bytes > 0) {
       // The sub-groups read ahead: buffer_count and strata.optimizer.read_ahead's, the last in
       // module order (backward's first); for a step deferred to the next forward, the first
@@ -526,6 +526,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window += opt / (pf.nvme_write_gbps.value * 1e9);
       window_deferred += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
       window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
+      // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
+      // pass steps the sub-groups read ahead under backward (in module order) first and waits
+      // only for the reads of the rest; its writes drain behind into the next step.
+      reads_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
     }
     if (where.params == Tier::kNvme) {
       window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
@@ -534,6 +538,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
     window += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
     window_deferred += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
+    reads_after += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
+    reads_after *= double(W);
     window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
@@ -555,6 +561,15 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       t.step_deferred_s = std::max(
           dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
     }
+    double after_backward = 0;
+    if (pf.cpu_backend) {
+      after_backward = std::max(
+          comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, reads_after), t.nvme_s);
+    } else {
+      after_backward = std::max(
+          std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, reads_after),
+          t.nvme_s);
+    }
     double overlapped = 0;
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
@@ -573,16 +588,18 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const std::string& defer = r.engine.strata.optimizer_defer;
     t.clipped_deferred = defer == "always"  ? true
                          : defer == "never" ? false
-                                            : t.step_deferred_s <= plain;
-    t.step_after_s = t.clipped_deferred ? t.step_deferred_s : plain;
+                                            : t.step_deferred_s <= after_backward;
+    t.step_after_s = t.clipped_deferred ? t.step_deferred_s : after_backward;
+    t.step_plain_s = after_backward;
+    t.falls_back = may_fall_back;
     if (!may_fall_back) {  // nothing can make a step fall back
       t.step_after_s = t.step_deferred_s = t.step_s;
+      t.step_plain_s = plain;
       t.clipped_deferred = false;
     }
   } else {
-    t.step_after_s = t.step_deferred_s = plain;
+    t.step_after_s = t.step_deferred_s = t.step_plain_s = plain;
   }
-  t.step_plain_s = plain;
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
                                                   {"host<->device link", t.link_s},
                                                   {"nvme", t.nvme_s},

@@ -235,10 +235,15 @@ struct TimeTerms {
   // the two predicted here, as the trainer keeps the faster it measures). Equal to step_s when
   // the overlap is off or nothing can make a step fall back.
   double step_after_s = 0;
-  double step_deferred_s = 0;     // such a step deferred into the next forward
-  double step_plain_s = 0;        // the optimizer after backward (the plain schedule)
+  double step_deferred_s = 0;  // such a step deferred into the next forward
+  // Such a step with the optimizer after backward: the plain schedule's (overlap off), or with
+  // the overlap the state read ahead under backward stepped first, the pass waiting only for
+  // the reads of the rest (its writes drain behind), within the step's NVMe time.
+  double step_plain_s = 0;
   bool clipped_deferred = false;  // step_after_s is step_deferred_s
-  std::string bottleneck;         // name of the largest term
+  // The overlap is on and clipping or fp16 can make a step fall back: step_after_s applies.
+  bool falls_back = false;
+  std::string bottleneck;  // name of the largest term
 };
 
 struct PlanOption {

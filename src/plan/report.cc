@@ -255,7 +255,7 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
-    if (b.time.step_deferred_s != b.time.step_plain_s) {
+    if (b.time.falls_back) {
       s += fmt::format(
           "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
           "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
