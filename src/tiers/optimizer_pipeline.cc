@@ -138,7 +138,8 @@ Status OptimizerPipeline::load_grad(Slot* s) {
   s->grad_buf = std::make_shared<PinnedBuffer>(std::move(b));
   s->grad = s->grad_buf->as<float>();
   IoWorker* io = homes_.io();
-  return io->wait(io->read(m.gacc.subs[s->j], s->grad_buf->data()))
+  // Urgent: the pass waits for it (behind the writes draining it would wait for them too).
+  return io->wait(io->read(m.gacc.subs[s->j], s->grad_buf->data(), /*urgent=*/true))
       .with_context("reading " + m.name + " gradients");
 }
 
