@@ -501,7 +501,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
     // ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
-    double window = 0, window_deferred = 0, reads_after = 0;
+    double window = 0, window_deferred = 0, window_after = 0;
+    // The share of the pass's writes that drain behind it into the next step: the sub-groups
+    // it leaves writing (buffer_count and the read-ahead's, OptimizerPipeline::max_writes).
+    double drained = 0;
     if (opt_nvme_bytes > 0) {
       // The sub-groups read ahead: buffer_count and strata.optimizer.read_ahead's, the last in
       // module order (backward's first); for a step deferred to the next forward, the first
@@ -528,18 +531,22 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
       // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
       // pass steps the sub-groups read ahead under backward (in module order) first and waits
-      // only for the reads of the rest; its writes drain behind into the next step.
-      reads_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
+      // for the reads of the rest and for its writes but the last ones, which drain behind.
+      drained = std::min(
+          1.0, double(n_ahead) / double(std::max<size_t>(1, needs.host.optimizer_sub_groups)));
+      window_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
+      window_after += opt * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);
     }
     if (where.params == Tier::kNvme) {
       window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
       window_deferred += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
+      window_after += double(P_trained) * es * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);
     }
     // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
     window += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
     window_deferred += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
-    reads_after += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
-    reads_after *= double(W);
+    window_after += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
+    window_after *= double(W);
     window_deferred *= double(W);  // the deferred step's own traffic
     if (where.params == Tier::kNvme) {
       window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
@@ -564,10 +571,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     double after_backward = 0;
     if (pf.cpu_backend) {
       after_backward = std::max(
-          comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, reads_after), t.nvme_s);
+          comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, window_after), t.nvme_s);
     } else {
       after_backward = std::max(
-          std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, reads_after),
+          std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, window_after),
           t.nvme_s);
     }
     double overlapped = 0;
