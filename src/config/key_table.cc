@@ -560,10 +560,11 @@ std::vector<Key> build_table() {
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "
         "step's master weights and moments read during backward (besides "
-        "offload_optimizer.buffer_count sub-groups), so a step deferred into the next forward "
-        "reads less while the forward waits; at most what the host budget leaves after the "
-        "host tier's needs. auto: that, at most half the budget (strata.host_memory_limit); 0: "
-        "buffer_count sub-groups only",
+        "offload_optimizer.buffer_count sub-groups; with parameters on nvme each also holds "
+        "its new parameters' staging piece), so the optimizer pass, deferred into the next "
+        "forward or after backward, reads less while the step waits; at most what the host "
+        "budget leaves after the host tier's needs. auto: that, at most half the budget "
+        "(strata.host_memory_limit); 0: buffer_count sub-groups only",
         nullptr, kAuto, "auto"));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1's forward and backward (one step stale: changes "
