@@ -169,19 +169,23 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
     std::printf("  %s\n", lines.substr(a, b - a).c_str());
     a = b + 1;
   }
-  // The peaks are the whole run's: the rule of the schedule its steps ran (every step deferred
-  // to the next forward holds no undo state, one step under backward may).
-  const bool all_deferred = !r->optimizer_schedule.empty() &&
-                            std::all_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
-                                        [](uint8_t k) { return k == 3; });
-  if (all_deferred) {
+  // The peaks are the whole run's: the rule of the schedule its steps ran. With the overlap on,
+  // a run none of whose steps stepped under backward (each deferred to the next forward, or
+  // after backward when strata.optimizer.defer chose it) holds no undo state and holds the
+  // read-ahead into the pass either way: peak_deferred. One step under backward may hold undo
+  // state: peak.
+  const bool none_under = cfg.strata.optimizer_overlap && !r->optimizer_schedule.empty() &&
+                          std::all_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
+                                      [](uint8_t k) { return k == 0 || k == 3; });
+  if (none_under) {
     std::printf(
-        "  peaks: every step deferred its optimizer step to the next forward: no undo "
-        "state, predicted as such\n");
+        "  peaks: no step stepped its optimizer under backward (each deferred to the next "
+        "forward or stepped after backward, the state read ahead): no undo state, predicted as "
+        "such\n");
   }
   for (const auto& t : r->tiers) {
     const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;
-    const double pred = double(all_deferred ? b.peak_deferred : b.peak);
+    const double pred = double(none_under ? b.peak_deferred : b.peak);
     std::printf("  %-6s peak: predicted %s (reserved %s), measured %s (%+.1f%%)\n", t.name.c_str(),
                 format_bytes(pred).c_str(), format_bytes(double(b.total())).c_str(),
                 format_bytes(double(t.peak)).c_str(),
