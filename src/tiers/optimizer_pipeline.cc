@@ -262,10 +262,8 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
   Target& t = ps.t;
   for (size_t& i = ps.i; i < std::min(until, units.size()); ++i) {
     // Read ahead while the reservation allows (the speculation may hold slots of its own):
-    // buffer_count sub-groups, and beyond them into the read-ahead's room (what the host
-    // arena holds for it, counting the sub-groups still being written: as the speculation
-    // reads ahead) when the pool has it free.
-    const size_t writing = extra_ > 0 ? sub_groups_writing() : 0;
+    // buffer_count sub-groups, and beyond them into the read-ahead's room (read_ahead_room(),
+    // as the speculation reads ahead) when the pool has it free.
     for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_; ++next) {
       auto [nk, nj] = units[next];
       if (prepared(nk, nj)) continue;
@@ -274,7 +272,7 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
         STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(), what);
         continue;
       }
-      if (prepared_count() + writing >= 2 * depth + extra_) break;
+      if (read_ahead_room() == 0) break;
       STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true), what);
       if (!room) break;
     }
@@ -435,6 +433,13 @@ Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
     if (!s.is_ok() && first.is_ok()) first = s.with_context("writing " + w.what);
   }
   return first;
+}
+
+size_t OptimizerPipeline::read_ahead_room() const {
+  const size_t held = prepared_count(), cap = depth() + extra_;
+  if (held >= cap) return 0;
+  const size_t busy = held + sub_groups_writing(), total = 2 * depth() + 1 + extra_;
+  return busy >= total ? 0 : std::min(cap - held, total - busy);
 }
 
 size_t OptimizerPipeline::sub_groups_writing() const {

@@ -180,12 +180,16 @@ class OptimizerPipeline {
   Status retire_writes(size_t keep_at_most);
   // Distinct sub-groups with writes in flight.
   size_t sub_groups_writing() const;
+  // How many more sub-groups may be read ahead now: those held (prepared) stay within
+  // buffer_count plus the read-ahead's, and with the sub-groups still being written within the
+  // staging the memory model reserves (2 * buffer_count + 1) plus the read-ahead's room. The
+  // speculation under backward and a pass reading beyond buffer_count share this rule.
+  size_t read_ahead_room() const;
   size_t depth() const { return size_t(std::max(1, opt_.buffer_count)); }
   // Sub-groups read ahead during backward beyond depth() (read_ahead_sub_groups(), in room of
   // their own in the host arena): once stepped, their buffers are written from, so as many
   // more sub-groups may drain behind.
   void set_read_ahead(size_t extra) { extra_ = extra; }
-  size_t read_ahead() const { return extra_; }
   // The most writes run() and step() leave in flight: a sub-group's are at most two (master
   // weights, moments), so their buffers stay within buffer_count sub-groups, plus the
   // read-ahead's: a deferred pass's writes then drain behind the forward into the backward.

@@ -73,19 +73,13 @@ void Speculation::grads_final(int m) {
 // Starts the reads of the next sub-groups the speculative pass expects, `depth` ahead plus the
 // pipeline's read-ahead (strata.optimizer.read_ahead).
 void Speculation::read_ahead() {
-  const size_t depth = pipeline_.depth() + pipeline_.read_ahead();
-  size_t inflight = pipeline_.prepared_count();
-  // The optimizer pipeline's staging is reserved for 2 * buffer_count + 1 sub-groups (the
-  // memory model), and the arena holds the extra read-ahead's besides: the last pass's writes
-  // still draining count against it.
-  const size_t writing = pipeline_.sub_groups_writing();
-  while (next_prep_ < expected_.size() && inflight < depth &&
-         inflight + writing < depth + pipeline_.depth() + 1) {
+  // Within the pipeline's reservation, the last pass's writes still draining counted against
+  // it (OptimizerPipeline::read_ahead_room).
+  while (next_prep_ < expected_.size() && pipeline_.read_ahead_room() > 0) {
     const auto [k, j] = expected_[next_prep_++];
     if (pipeline_.prepared(k, j) || stepped_.count(k)) continue;
     auto r = pipeline_.prepare(k, j, /*try_only=*/true);
     if (!r.is_ok() || !*r) break;  // the host tier is busy: read on demand instead
-    ++inflight;
     counters_.update([](TierCounts& n) { ++n.sub_groups_read_ahead; });
   }
 }
