@@ -208,11 +208,19 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
 // deferred into the next forward or runs after backward (which steps the sub-groups it holds
 // first and reads the rest ahead as deep as the read-ahead's room, its reads before the writes
 // draining behind).
-class ReadAhead : public ::testing::TestWithParam<const char*> {};
+// With the gradients on NVMe the pass reads each sub-group's accumulator with its state, within
+// the read-ahead's room: the same numbers and bytes.
+struct ReadAheadCase {
+  const char* defer;
+  const char* grads;
+};
+
+class ReadAhead : public ::testing::TestWithParam<ReadAheadCase> {};
 
 TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   set_log_level(LogLevel::kWarn);
-  auto dir = temp_dir(std::string("read_ahead_") + GetParam());
+  const ReadAheadCase c = GetParam();
+  auto dir = temp_dir(std::string("read_ahead_") + c.defer + "_" + c.grads);
   std::vector<std::string> ov = placement(dir, /*nvme=*/true);
   for (const char* s :
        {"gradient_clipping=0.01", "train.steps=8", "gradient_accumulation_steps=2",
@@ -221,7 +229,8 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
         "zero_optimization.sub_group_size=8192", "strata.host_memory_limit=\"256MiB\""}) {
     ov.push_back(s);
   }
-  ov.push_back(std::string("strata.optimizer.defer=\"") + GetParam() + "\"");
+  ov.push_back(std::string("strata.placement.grads=\"") + c.grads + "\"");
+  ov.push_back(std::string("strata.optimizer.defer=\"") + c.defer + "\"");
   const auto [plain, over] = train_both(dir, ov, 8);  // read_ahead unset: auto
   auto zero_ov = ov;
   zero_ov.push_back("strata.optimizer.overlap=true");
@@ -241,6 +250,13 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   EXPECT_GT(over.sub_groups_read_ahead, 4 * 8);
   std::printf("sub-groups read ahead in 8 steps: %lld with read_ahead auto, %lld with 0\n",
               (long long)over.sub_groups_read_ahead, (long long)zero.sub_groups_read_ahead);
+  // Gradient accumulators on NVMe are read with the state in the pass, within the read-ahead's
+  // room (which only the overlap has): none without it.
+  const bool nvme_grads = std::string(c.grads) == "nvme";
+  EXPECT_EQ(over.grad_sub_groups_read_ahead > 0, nvme_grads);
+  EXPECT_EQ(zero.grad_sub_groups_read_ahead, 0);
+  std::printf("gradient sub-groups read ahead in 8 steps: %lld\n",
+              (long long)over.grad_sub_groups_read_ahead);
   const auto zh = tier(zero, "host"), oh = tier(over, "host");
   EXPECT_GT(oh.capacity, zh.capacity);
   EXPECT_LE(oh.capacity, size_t(256) << 20);
@@ -254,7 +270,14 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(DeferredStep, ReadAhead, ::testing::Values("always", "never"));
+INSTANTIATE_TEST_SUITE_P(DeferredStep, ReadAhead,
+                         ::testing::Values(ReadAheadCase{"always", "host"},
+                                           ReadAheadCase{"never", "host"},
+                                           ReadAheadCase{"always", "nvme"},
+                                           ReadAheadCase{"never", "nvme"}),
+                         [](const ::testing::TestParamInfo<ReadAheadCase>& i) {
+                           return std::string(i.param.defer) + "_grads_" + i.param.grads;
+                         });
 
 TEST(DeferChoice, AutoTimesBothSchedulesThenKeepsTheFaster) {
   for (const bool deferral_faster : {true, false}) {

@@ -561,7 +561,8 @@ std::vector<Key> build_table() {
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "
         "step's master weights and moments read during backward (besides "
         "offload_optimizer.buffer_count sub-groups; with parameters on nvme each also holds "
-        "its new parameters' staging piece), so the optimizer pass, deferred into the next "
+        "its new parameters' staging piece, and with gradients on nvme the pass reads their "
+        "accumulator into it with the state), so the optimizer pass, deferred into the next "
         "forward or after backward, reads less while the step waits; at most what the host "
         "budget leaves after the host tier's needs. auto: that, at most half the budget "
         "(strata.host_memory_limit); 0: buffer_count sub-groups only",

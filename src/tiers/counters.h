@@ -30,6 +30,9 @@ struct TierCounts {
   uint64_t modules_deferred = 0;  // stepped under the next forward (optimizer_step `defer`)
   // Sub-groups of optimizer state whose reads started during backward (Speculation).
   uint64_t sub_groups_read_ahead = 0;
+  // Sub-groups whose NVMe gradient accumulator a pass read together with their state, before
+  // stepping them (OptimizerPipeline::prepare_grad), rather than when it stepped them.
+  uint64_t grad_sub_groups_read_ahead = 0;
 };
 
 // Thread-safe: any thread may call any member.
@@ -51,7 +54,7 @@ class TierCounters {
     TierCounts t = c_;
     c_.compute_wait_s = c_.optimizer_s = c_.optimizer_hidden_s = 0;
     c_.rollbacks = c_.modules_redone = c_.modules_stepped_under_backward = 0;
-    c_.modules_deferred = c_.sub_groups_read_ahead = 0;
+    c_.modules_deferred = c_.sub_groups_read_ahead = c_.grad_sub_groups_read_ahead = 0;
     return t;
   }
 

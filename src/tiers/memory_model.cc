@@ -182,8 +182,9 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
   n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
   // A read-ahead sub-group, once stepped, drains behind with its new parameters' piece when
-  // they are NVMe-homed (OptimizerPipeline::piece): the unit holds both.
-  n.host.optimizer_sub_group = max_opt > 0 ? max_opt + max_nvme_piece : 0;
+  // they are NVMe-homed (OptimizerPipeline::piece), and holds its gradients' while read ahead
+  // in a pass when they are on NVMe: the unit holds all three.
+  n.host.optimizer_sub_group = max_opt > 0 ? max_opt + max_nvme_piece + max_gsub : 0;
   n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
   // Gradients on NVMe: GradSpill's landing and staging buffers (a pair per slot), and the
   // sub-group the optimizer steps (a module with host gradients still lands through 2 buffers of

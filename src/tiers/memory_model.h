@@ -178,7 +178,8 @@ struct TierNeeds {
     size_t undo_nvme = 0;
     // One sub-group of NVMe-homed master weights and moments in the optimizer pipeline's
     // staging (the largest; with NVMe-homed parameters, plus its new parameters' staging piece,
-    // which drains behind with the state's writes), and how many sub-groups of them there are:
+    // which drains behind with the state's writes; with gradients on NVMe, plus its gradients',
+    // which a pass reads with the state), and how many sub-groups of them there are:
     // the unit and the most of the optimizer's read-ahead beyond buffer_count
     // (read_ahead_sub_groups()).
     size_t optimizer_sub_group = 0;

@@ -13,10 +13,12 @@
 namespace strata {
 
 OptimizerPipeline::OptimizerPipeline(Homes& homes, DeviceCache& cache, const TierOptions& options,
-                                     DType dt, DType moment_dt, bool sharded)
+                                     DType dt, DType moment_dt, bool sharded,
+                                     TierCounters& counters)
     : homes_(homes),
       dev_(homes.device()),
       cache_(cache),
+      counters_(counters),
       opt_(options),
       dt_(dt),
       mdt_(moment_dt),
@@ -104,14 +106,32 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urg
   return true;
 }
 
+void OptimizerPipeline::prepare_grad(int k, size_t j) {
+  Module& m = homes_.module(k);
+  if (m.gacc.tier != Tier::kNvme) return;
+  Slot& s = prepared_.at({k, j});
+  if (s.grad_buf) return;
+  // Within the read-ahead's room, which the memory model sizes with a gradient sub-group per
+  // read-ahead sub-group: at most extra_ slots hold gradients (with no read-ahead, none do).
+  size_t holding = 0;
+  for (const auto& [key, slot] : prepared_) holding += slot.grad_buf != nullptr;
+  if (holding >= extra_) return;
+  auto b = homes_.pool().acquire(s.len * 4);
+  if (!b.is_ok()) return;  // no room now: take() reads them when it steps the sub-group
+  s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
+  s.grad = s.grad_buf->as<float>();
+  s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), /*urgent=*/true);
+  counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_ahead; });
+}
+
 Status OptimizerPipeline::wait_reads(Slot& s) {
   Status st;
-  if (s.rm) st = homes_.io()->wait(s.rm);
-  if (s.rmo) {
-    Status s2 = homes_.io()->wait(s.rmo);
-    if (st.is_ok()) st = s2;
+  for (IoWorker::Ticket t : {s.rm, s.rmo, s.rg}) {
+    if (!t) continue;
+    Status r = homes_.io()->wait(t);
+    if (st.is_ok()) st = r;
   }
-  s.rm = s.rmo = 0;
+  s.rm = s.rmo = s.rg = 0;
   return st;
 }
 
@@ -132,7 +152,7 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
 
 Status OptimizerPipeline::load_grad(Slot* s) {
   Module& m = homes_.module(s->k);
-  if (m.gacc.tier != Tier::kNvme) return Status::ok();
+  if (m.gacc.tier != Tier::kNvme || s->grad_buf) return Status::ok();
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(s->len * 4, "optimizer pipeline"),
                           "staging " + m.name + " gradients");
   s->grad_buf = std::make_shared<PinnedBuffer>(std::move(b));
@@ -266,15 +286,20 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
     // as the speculation reads ahead) when the pool has it free.
     for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_; ++next) {
       auto [nk, nj] = units[next];
-      if (prepared(nk, nj)) continue;
+      if (prepared(nk, nj)) {  // read ahead during backward: its gradients are final now
+        if (!shadows) prepare_grad(nk, nj);
+        continue;
+      }
       const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
       if (prepared_count() < depth) {
         STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(), what);
+        if (!shadows) prepare_grad(nk, nj);
         continue;
       }
       if (read_ahead_room() == 0) break;
       STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true), what);
       if (!room) break;
+      if (!shadows) prepare_grad(nk, nj);
     }
     const auto [k, j] = units[i];
     Module& m = homes_.module(k);
@@ -294,6 +319,11 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
         shadow = (*shadows)[size_t(k)]->data();
       }
       STRATA_ASSIGN_OR_RETURN(t, target(k, shadow), "");
+    }
+    if (!shadows && !prepared(k, j)) {  // its state and gradients read together
+      STRATA_RETURN_IF_ERROR(prepare(k, j, /*try_only=*/false, /*urgent=*/true).status(),
+                             "reading " + m.name + " optimizer state");
+      prepare_grad(k, j);
     }
     Slot s;
     STRATA_RETURN_IF_ERROR(take(k, j, &s), "stepping " + m.name);

@@ -237,8 +237,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
       "tier manager");
   for (size_t m = 0; m < plan.size(); ++m) I.quant.push_back(arch.base_quant(int(m)));
   I.cache = std::make_unique<DeviceCache>(*I.homes, I.opt, dt, I.sharded, I.counters, I.errors);
-  I.pipeline =
-      std::make_unique<OptimizerPipeline>(*I.homes, *I.cache, I.opt, dt, moment_dt, I.sharded);
+  I.pipeline = std::make_unique<OptimizerPipeline>(*I.homes, *I.cache, I.opt, dt, moment_dt,
+                                                   I.sharded, I.counters);
   const size_t read_ahead = read_ahead_sub_groups(need, options, shadow_extents);
   if (read_ahead > 0) {
     log_info(
@@ -550,6 +550,7 @@ TierTimes TierManager::take_times() {
   t.modules_stepped_under_backward = c.modules_stepped_under_backward;
   t.modules_deferred = c.modules_deferred;
   t.sub_groups_read_ahead = c.sub_groups_read_ahead;
+  t.grad_sub_groups_read_ahead = c.grad_sub_groups_read_ahead;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;
   return t;

@@ -95,6 +95,8 @@ struct TierTimes {
   uint64_t modules_deferred = 0;
   // Sub-groups of optimizer state whose reads started during backward, counted when started.
   uint64_t sub_groups_read_ahead = 0;
+  // Sub-groups whose NVMe gradients a pass read ahead with their state, counted when started.
+  uint64_t grad_sub_groups_read_ahead = 0;
 };
 
 struct TierShortfall;  // src/tiers/memory_model.h

@@ -79,6 +79,8 @@ struct TrainResult {
   // Sub-groups of optimizer state whose reads started during backward (buffer_count and
   // strata.optimizer.read_ahead), over the steps run here.
   int64_t sub_groups_read_ahead = 0;
+  // Sub-groups whose gradients (on NVMe) the optimizer read ahead with their state.
+  int64_t grad_sub_groups_read_ahead = 0;
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
