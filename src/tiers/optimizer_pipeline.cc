@@ -113,11 +113,10 @@ void OptimizerPipeline::prepare_grad(int k, size_t j) {
   if (s.grad_buf) return;
   // Within the read-ahead's room, which the memory model sizes with a gradient sub-group per
   // read-ahead sub-group: at most extra_ slots hold gradients (with no read-ahead, none do).
-  size_t holding = 0;
-  for (const auto& [key, slot] : prepared_) holding += slot.grad_buf != nullptr;
-  if (holding >= extra_) return;
+  if (grads_held_ >= extra_) return;
   auto b = homes_.pool().acquire(s.len * 4);
   if (!b.is_ok()) return;  // no room now: take() reads them when it steps the sub-group
+  ++grads_held_;
   s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
   s.grad = s.grad_buf->as<float>();
   s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), /*urgent=*/true);
@@ -146,6 +145,7 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
   auto it = prepared_.find({k, j});
   *out = std::move(it->second);
   prepared_.erase(it);
+  if (out->grad_buf) --grads_held_;
   STRATA_RETURN_IF_ERROR(wait_reads(*out), what);
   return load_grad(out).with_context(what);
 }
@@ -166,6 +166,7 @@ Status OptimizerPipeline::load_grad(Slot* s) {
 void OptimizerPipeline::drain_prepared() {
   for (auto& [k, slot] : prepared_) wait_reads(slot).ignore();
   prepared_.clear();
+  grads_held_ = 0;
 }
 
 // ---- stepping ----------------------------------------------------------------------------------
@@ -286,19 +287,19 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
     // as the speculation reads ahead) when the pool has it free.
     for (next = std::max(next, i + 1); next < units.size() && next <= i + depth + extra_; ++next) {
       auto [nk, nj] = units[next];
-      if (prepared(nk, nj)) {  // read ahead during backward: its gradients are final now
-        if (!shadows) prepare_grad(nk, nj);
-        continue;
+      if (!prepared(nk, nj)) {
+        const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
+        if (prepared_count() < depth) {
+          STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(),
+                                 what);
+        } else {
+          if (read_ahead_room() == 0) break;
+          STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true),
+                                  what);
+          if (!room) break;
+        }
       }
-      const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
-      if (prepared_count() < depth) {
-        STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(), what);
-        if (!shadows) prepare_grad(nk, nj);
-        continue;
-      }
-      if (read_ahead_room() == 0) break;
-      STRATA_ASSIGN_OR_RETURN(bool room, prepare(nk, nj, /*try_only=*/true, /*urgent=*/true), what);
-      if (!room) break;
+      // A pass's gradients are final (also those of slots read ahead during backward).
       if (!shadows) prepare_grad(nk, nj);
     }
     const auto [k, j] = units[i];

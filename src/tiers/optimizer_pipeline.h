@@ -230,6 +230,7 @@ class OptimizerPipeline {
   bool sharded_;
   size_t extra_ = 0;
   std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
+  size_t grads_held_ = 0;     // of prepared_, slots holding gradients read ahead (prepare_grad)
   std::deque<Write> writes_;  // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
   std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
