@@ -30,10 +30,10 @@ IoWorker::Ticket IoWorker::read(const SwapExtent& extent, void* buffer, bool urg
   return t;
 }
 
-IoWorker::Ticket IoWorker::write(const SwapExtent& extent, const void* buffer) {
+IoWorker::Ticket IoWorker::write(const SwapExtent& extent, const void* buffer, bool urgent) {
   std::lock_guard<std::mutex> l(mu_);
   Ticket t = next_++;
-  queue_.push_back({t, IoOp::kWrite, extent, const_cast<void*>(buffer)});
+  queue_.push_back({t, IoOp::kWrite, extent, const_cast<void*>(buffer), urgent});
   bytes_queued_ += extent.bytes;
   cv_.notify_all();
   return t;

@@ -35,7 +35,9 @@ class IoWorker {
   // `urgent`: the compute waits for it (a parameter fetch); its pieces go to the disk before
   // those of every transfer queued that is not urgent (IoRequest::urgent).
   Ticket read(const SwapExtent& extent, void* buffer, bool urgent = false);
-  Ticket write(const SwapExtent& extent, const void* buffer);
+  // `urgent` as for read(); the caller orders an urgent write after any earlier write of the
+  // same extent (the pipeline's state writes follow a read of their extent or its last write).
+  Ticket write(const SwapExtent& extent, const void* buffer, bool urgent = false);
   // Blocks until the transfer is done. Each ticket is waited for exactly once.
   Status wait(Ticket t);
   // True once the transfer is done (wait() will not block).

@@ -443,6 +443,25 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   double nr = 0, nw = 0;
   nr += double(opt_nvme_bytes);
   nw += double(opt_nvme_bytes);
+  // With the overlap, a pass keeps the staging of the first read-ahead's-room sub-groups in
+  // module order for the next step (OptimizerPipeline::Pass::keep): written, never read back.
+  if (r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update) {
+    size_t left = read_ahead_subs;
+    for (size_t i = 0; i < homes.size() && left > 0; ++i) {
+      const size_t n = homes[i].sub_groups();
+      if (opt_nvme_of[i] == 0 || n == 0) continue;
+      const size_t take = std::min(left, n);
+      // Elements of its first `take` sub-groups (all but the last are the first's length).
+      const double elems = take < n ? double(take) * double(homes[i].sub_group_len(0))
+                                    : double(homes[i].shard_numel);
+      for (const auto* x : {&homes[i].master, &homes[i].moments}) {
+        if (x->tier == Tier::kNvme && x->bytes > 0) {
+          nr -= elems * double(x->bytes / homes[i].shard_numel);
+        }
+      }
+      left -= take;
+    }
+  }
   // Gradients on NVMe: every micro-batch writes the fp32 accumulators, the later ones read them
   // first, and the optimizer reads them once.
   nw += A * double(grads_nvme) * 4;

@@ -146,6 +146,11 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
   *out = std::move(it->second);
   prepared_.erase(it);
   if (out->grad_buf) --grads_held_;
+  if (out->kept) {
+    --kept_;
+    out->kept = false;
+    STRATA_RETURN_IF_ERROR(wait_writes_from(*out), what);
+  }
   STRATA_RETURN_IF_ERROR(wait_reads(*out), what);
   return load_grad(out).with_context(what);
 }
@@ -164,9 +169,67 @@ Status OptimizerPipeline::load_grad(Slot* s) {
 }
 
 void OptimizerPipeline::drain_prepared() {
-  for (auto& [k, slot] : prepared_) wait_reads(slot).ignore();
-  prepared_.clear();
+  for (auto it = prepared_.begin(); it != prepared_.end();) {
+    Slot& s = it->second;
+    wait_reads(s).ignore();
+    if (!s.kept) {
+      it = prepared_.erase(it);
+      continue;
+    }
+    s.grad_buf.reset();  // gradients are read anew each pass
+    s.grad = nullptr;
+    ++it;
+  }
   grads_held_ = 0;
+}
+
+void OptimizerPipeline::drop_kept() {
+  std::erase_if(prepared_, [](const auto& e) { return e.second.kept; });
+  kept_ = 0;
+}
+
+Status OptimizerPipeline::wait_writes_from(const Slot& s) {
+  size_t last = 0;  // one past the newest write from the slot's buffers
+  for (size_t w = 0; w < writes_.size(); ++w) {
+    const auto& keep = writes_[w].keep;
+    if (keep && (keep == s.master_buf || keep == s.mom_buf)) last = w + 1;
+  }
+  return last ? retire_writes(writes_.size() - last) : Status::ok();
+}
+
+void OptimizerPipeline::set_read_ahead(size_t extra) {
+  extra_ = extra;
+  keep_before_.assign(homes_.modules().size(), 0);
+  size_t n = 0;
+  for (size_t k = 0; k < keep_before_.size(); ++k) {
+    keep_before_[k] = n;
+    const Module& m = homes_.modules()[k];
+    if (!m.frozen() && (m.master.tier == Tier::kNvme || m.mom.tier == Tier::kNvme)) {
+      n += m.sub_groups();
+    }
+  }
+}
+
+bool OptimizerPipeline::keeps(const Slot& s) const {
+  return (s.master_buf || s.mom_buf) && size_t(s.k) < keep_before_.size() &&
+         keep_before_[size_t(s.k)] + s.j < extra_ && kept_ < extra_;
+}
+
+void OptimizerPipeline::keep_slot(Slot&& s) {
+  s.grad_buf.reset();
+  s.grad = nullptr;
+  s.rm = s.rmo = s.rg = 0;
+  s.kept = true;
+  ++kept_;
+  for (Write& w : writes_) {  // its writes hold no memory of their own now
+    if (!w.kept && w.keep && (w.keep == s.master_buf || w.keep == s.mom_buf)) {
+      w.kept = true;
+      if (w.counted) --unkept_state_writes_;
+      w.counted = false;
+    }
+  }
+  prepared_[{s.k, s.j}] = std::move(s);
+  counters_.update([](TierCounts& n) { ++n.sub_groups_kept; });
 }
 
 // ---- stepping ----------------------------------------------------------------------------------
@@ -229,7 +292,7 @@ Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const
 }
 
 void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
-                                       const float* grad, void* lp) {
+                                       const float* grad, void* lp, bool urgent_writes) {
   Module& m = homes_.module(k);
   ShardState sh;
   sh.n = s.len;  // the padding's grads, master and moments are zero and stay zero
@@ -245,11 +308,13 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
   const std::string what =
       m.sub_groups() > 1 ? fmt::format("{} (sub-group {})", m.name, s.j) : m.name;
-  if (m.master.tier == Tier::kNvme) queue_write(m.master.subs[s.j], s.master, s.master_buf, what);
+  if (m.master.tier == Tier::kNvme) {
+    queue_write(m.master.subs[s.j], s.master, s.master_buf, what, /*state=*/true, urgent_writes);
+  }
   if (m.mom.tier == Tier::kNvme) {
     STRATA_CHECK(s.v == static_cast<char*>(s.m) + s.len * dtype_size(mdt_),
                  "NVMe-homed moments are staged first then second");
-    queue_write(m.mom.subs[s.j], s.m, s.mom_buf, what);
+    queue_write(m.mom.subs[s.j], s.m, s.mom_buf, what, /*state=*/true, urgent_writes);
   }
 }
 
@@ -260,8 +325,9 @@ void OptimizerPipeline::derive(int k, const Slot& s, void* lp) const {
 
 OptimizerPipeline::Pass OptimizerPipeline::begin_pass(
     const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
-    std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before) const {
+    std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before, bool keep) const {
   Pass p;
+  p.keep = keep && !shadows;
   for (int k : order) {
     for (size_t j = 0; j < sub_groups(k); ++j) p.units.emplace_back(k, j);
   }
@@ -289,7 +355,7 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
       auto [nk, nj] = units[next];
       if (!prepared(nk, nj)) {
         const std::string what = "reading " + homes_.module(nk).name + " optimizer state";
-        if (prepared_count() < depth) {
+        if (prepared_count() - kept_ < depth) {
           STRATA_RETURN_IF_ERROR(prepare(nk, nj, /*try_only=*/false, /*urgent=*/true).status(),
                                  what);
         } else {
@@ -338,8 +404,12 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, t), "");
-    step_sub_group(k, s, hyper, grad_mult, grad, p.dst);
-    STRATA_RETURN_IF_ERROR(retire_writes(max_writes()), "after stepping " + m.name);
+    const bool keep = ps.keep && keeps(s);
+    // A pass that keeps slots waits for the writes of those it does not keep (bound_writes):
+    // they go before the kept ones' (which hold no memory of their own).
+    step_sub_group(k, s, hyper, grad_mult, grad, p.dst, /*urgent_writes=*/ps.keep && !keep);
+    if (keep) keep_slot(std::move(s));
+    STRATA_RETURN_IF_ERROR(bound_writes(), "after stepping " + m.name);
     if (!shadows) {
       STRATA_CHECK(!sharded_ || !cache_.resident(k) || j > 0,
                    "sharded: a gathered group outlived its use");
@@ -359,15 +429,15 @@ size_t OptimizerPipeline::Pass::end_of(int k) const {
 }
 
 Status OptimizerPipeline::step(int k, const OptimizerHyper& hyper, float grad_mult,
-                               const BeforeStep& before) {
-  Pass p = begin_pass({k}, hyper, grad_mult, nullptr, before);
+                               const BeforeStep& before, bool keep) {
+  Pass p = begin_pass({k}, hyper, grad_mult, nullptr, before, keep);
   return advance(p, SIZE_MAX);
 }
 
 Status OptimizerPipeline::run(const std::vector<int>& order, const OptimizerHyper& hyper,
-                              float grad_mult,
-                              std::vector<std::shared_ptr<PinnedBuffer>>* shadows) {
-  Pass p = begin_pass(order, hyper, grad_mult, shadows, {});
+                              float grad_mult, std::vector<std::shared_ptr<PinnedBuffer>>* shadows,
+                              bool keep) {
+  Pass p = begin_pass(order, hyper, grad_mult, shadows, {}, keep);
   return advance(p, SIZE_MAX);
 }
 
@@ -398,7 +468,9 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
   const std::string what =
       m.sub_groups() > 1 ? fmt::format("{} parameters (sub-group {})", m.name, j) : m.name;
   if (!wait) {
-    if (m.p.tier == Tier::kNvme) queue_write(m.p.subs[j], src, std::move(keep), what);
+    if (m.p.tier == Tier::kNvme) {
+      queue_write(m.p.subs[j], src, std::move(keep), what, /*state=*/false);
+    }
     return Status::ok();
   }
   STRATA_RETURN_IF_ERROR(dev_.synchronize(h2d), "copying " + what);
@@ -450,8 +522,10 @@ Status OptimizerPipeline::write_stored_params(int k, size_t j, const void* param
 // ---- writes ------------------------------------------------------------------------------------
 
 void OptimizerPipeline::queue_write(const SwapExtent& ext, const void* src,
-                                    std::shared_ptr<PinnedBuffer> keep, const std::string& what) {
-  writes_.push_back({homes_.io()->write(ext, src), std::move(keep), what});
+                                    std::shared_ptr<PinnedBuffer> keep, const std::string& what,
+                                    bool state, bool urgent) {
+  writes_.push_back({homes_.io()->write(ext, src, urgent), std::move(keep), what, false, state});
+  if (state) ++unkept_state_writes_;
 }
 
 Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
@@ -460,6 +534,7 @@ Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
          (writes_.size() > keep_at_most || homes_.io()->done(writes_.front().t))) {
     Write w = std::move(writes_.front());
     writes_.pop_front();
+    if (w.counted) --unkept_state_writes_;
     Status s = homes_.io()->wait(w.t);
     if (!s.is_ok() && first.is_ok()) first = s.with_context("writing " + w.what);
   }
@@ -473,9 +548,26 @@ size_t OptimizerPipeline::read_ahead_room() const {
   return busy >= total ? 0 : std::min(cap - held, total - busy);
 }
 
+Status OptimizerPipeline::bound_writes() {
+  Status first;
+  // The oldest counted write first (older writes from kept slots may still be in flight).
+  while (unkept_state_writes_ > max_writes()) {
+    auto w = std::find_if(writes_.begin(), writes_.end(), [](const Write& x) { return x.counted; });
+    STRATA_CHECK(w != writes_.end(), "state writes counted but not queued");
+    Status s = homes_.io()->wait(w->t);
+    if (!s.is_ok() && first.is_ok()) first = s.with_context("writing " + w->what);
+    writes_.erase(w);
+    --unkept_state_writes_;
+  }
+  Status rest = retire_writes(SIZE_MAX);  // and whatever else has finished
+  return first.is_ok() ? rest : first;
+}
+
 size_t OptimizerPipeline::sub_groups_writing() const {
   std::set<std::string_view> writing;
-  for (const auto& w : writes_) writing.insert(w.what);
+  for (const auto& w : writes_) {
+    if (!w.kept) writing.insert(w.what);
+  }
   return writing.size();
 }
 

@@ -62,6 +62,9 @@ class OptimizerPipeline {
     std::shared_ptr<PinnedBuffer> grad_buf;
     const float* grad = nullptr;
     IoWorker::Ticket rg = 0;
+    // Kept from the last pass (its staging, written from, stays as the next step's slot): no
+    // reads; its writes must land before it is stepped again.
+    bool kept = false;
   };
   // Where a module's new low-precision parameters go while its sub-groups are stepped: its
   // home when host-visible, a shadow (the delayed update), else (null) a staging piece per
@@ -105,6 +108,8 @@ class OptimizerPipeline {
   Result<bool> prepare(int k, size_t j, bool try_only, bool urgent = false);
   bool prepared(int k, size_t j) const { return prepared_.count({k, j}) > 0; }
   size_t prepared_count() const { return prepared_.size(); }
+  // Of the prepared slots, those kept from the last pass (Pass::keep).
+  size_t kept_count() const { return kept_; }
   // Takes sub-group j of module k (preparing it if needed) and waits for its reads.
   Status take(int k, size_t j, Slot* out);
   // With gradients on NVMe: reads the slot's sub-group of the accumulator into s->grad, unless
@@ -116,8 +121,11 @@ class OptimizerPipeline {
   // stepping it does not wait for its state's read and then its gradients' alone (issue #25:
   // hostmem-190m's pass at 256 MiB had waited 1.6-1.8 s on 738 one-at-a-time gradient reads).
   void prepare_grad(int k, size_t j);
-  // Waits for every prepared slot's reads and drops the slots.
+  // Waits for every prepared slot's reads and drops the slots, but the kept ones.
   void drain_prepared();
+  // Drops the kept slots: call before anything but a pass writes the state's homes (init, a
+  // checkpoint's load, the speculation's undo).
+  void drop_kept();
 
   // ---- stepping ----------------------------------------------------------------------
   // Where module k's new parameters go: `shadow` when given, else (after a prefetch of them
@@ -130,19 +138,23 @@ class OptimizerPipeline {
   // Steps sub-group `s` of module k with `grad` (the module's; default GACC) * grad_mult, its
   // new parameters into `lp` (the sub-group's: piece().dst); queues NVMe writes of its state
   // behind later work.
+  // With `urgent_writes` the state's writes go to the disk before those queued that are not
+  // urgent (a pass waits for them to free its staging: bound_writes()).
   void step_sub_group(int k, Slot& s, const OptimizerHyper& hyper, float grad_mult,
-                      const float* grad, void* lp);
+                      const float* grad, void* lp, bool urgent_writes = false);
   // Derives sub-group `s`'s low-precision parameters from its master weights into `lp` (the
   // sub-group's).
   void derive(int k, const Slot& s, void* lp) const;
   // Steps every sub-group of module k (reading the next ones ahead as the reservation allows;
   // `before` sees each slot first) and publishes its new parameters.
-  Status step(int k, const OptimizerHyper& hyper, float grad_mult, const BeforeStep& before = {});
+  Status step(int k, const OptimizerHyper& hyper, float grad_mult, const BeforeStep& before = {},
+              bool keep = false);
   // The pipeline over `order`: buffer_count sub-groups read ahead while one is stepped, writes
   // draining behind. With `shadows` (indexed by module): gradients from the second
   // accumulator, parameters into a fresh shadow per module (the delayed update).
+  // With `keep`, see Pass::keep.
   Status run(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
-             std::vector<std::shared_ptr<PinnedBuffer>>* shadows);
+             std::vector<std::shared_ptr<PinnedBuffer>>* shadows, bool keep = false);
 
   // A pass that may run in parts (run() and step() are one advance to its end; the deferred
   // step, TierManager::optimizer_step with `defer`, advances it module by module as the next
@@ -156,12 +168,19 @@ class OptimizerPipeline {
     float grad_mult = 1.0f;
     std::vector<std::shared_ptr<PinnedBuffer>>* shadows = nullptr;
     BeforeStep before;
+    // A stepped sub-group's staging (NVMe-homed state: the buffers its writes go from) stays
+    // as a prepared slot for the next step when it is one of the read-ahead's room's (the
+    // first set_read_ahead() in module order): the next step reads back none of its state (issue
+    // #25: hostmem-190m at 4 GiB had read 1.94 GiB a step that it had just written). For passes
+    // whose steps are final (not the speculation's, which may be undone).
+    bool keep = false;
     bool done() const { return i == units.size(); }
     // One past module k's last unit (0 when k is not in the pass).
     size_t end_of(int k) const;
   };
   Pass begin_pass(const std::vector<int>& order, const OptimizerHyper& hyper, float grad_mult,
-                  std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before) const;
+                  std::vector<std::shared_ptr<PinnedBuffer>>* shadows, BeforeStep before,
+                  bool keep = false) const;
   // Steps the pass's units up to (not including) `until`, as run() does.
   Status advance(Pass& p, size_t until);
 
@@ -187,7 +206,11 @@ class OptimizerPipeline {
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the
   // buffers of every finished one; the first failure, naming what was written.
   Status retire_writes(size_t keep_at_most);
-  // Distinct sub-groups with writes in flight.
+  // Waits for the oldest writes until at most max_writes() of the state's from buffers not
+  // kept (Pass::keep) are in flight: a kept slot's writes hold no memory of their own, and the
+  // new parameters' pieces are bounded apart (piece()).
+  Status bound_writes();
+  // Distinct sub-groups with writes in flight from buffers not kept.
   size_t sub_groups_writing() const;
   // How many more sub-groups may be read ahead now: those held (prepared) stay within
   // buffer_count plus the read-ahead's, and with the sub-groups still being written within the
@@ -198,11 +221,15 @@ class OptimizerPipeline {
   // Sub-groups read ahead during backward beyond depth() (read_ahead_sub_groups(), in room of
   // their own in the host arena): once stepped, their buffers are written from, so as many
   // more sub-groups may drain behind.
-  void set_read_ahead(size_t extra) { extra_ = extra; }
-  // The most writes run() and step() leave in flight: a sub-group's are at most two (master
-  // weights, moments), so their buffers stay within buffer_count sub-groups, plus the
-  // read-ahead's: a deferred pass's writes then drain behind the forward into the backward.
-  size_t max_writes() const { return 2 * (depth() + extra_); }
+  // The same room holds the kept slots (Pass::keep): the first `extra` sub-groups of
+  // NVMe-homed state in module order, whatever the pass's order, so which state stays is
+  // fixed (the planner counts those sub-groups' reads saved).
+  void set_read_ahead(size_t extra);
+  // The most state writes from buffers not kept that a pass leaves in flight (bound_writes):
+  // a sub-group's are at most two (master weights, moments), so their buffers stay within
+  // buffer_count sub-groups, plus the read-ahead's room less the slots kept in it: a deferred
+  // pass's writes then drain behind the forward into the backward.
+  size_t max_writes() const { return 2 * (depth() + extra_ - std::min(extra_, kept_)); }
 
  private:
   // A write to NVMe still in flight, with the buffer it reads from.
@@ -210,14 +237,25 @@ class OptimizerPipeline {
     IoWorker::Ticket t;
     std::shared_ptr<PinnedBuffer> keep;
     std::string what;
+    bool kept = false;     // from a kept slot's buffer
+    bool counted = false;  // in unkept_state_writes_: state, not from a kept slot's buffer
   };
+  // `state`: master weights or moments (bound_writes() bounds those; new parameters' staging
+  // pieces are bounded by piece()).
   void queue_write(const SwapExtent& ext, const void* src, std::shared_ptr<PinnedBuffer> keep,
-                   const std::string& what);
+                   const std::string& what, bool state, bool urgent = false);
   // Host-visible home of module k's parameters, or null (NVMe, or a device that is not
   // host-addressable).
   void* host_visible_params(const Module& m) const;
   // Waits for a slot's reads; the first failure.
   Status wait_reads(Slot& s);
+  // A kept slot: retires the writes in flight from its buffers (the oldest first).
+  Status wait_writes_from(const Slot& s);
+  // Whether a pass with Pass::keep keeps slot `s` once stepped: one of the first extra_
+  // sub-groups of NVMe-homed state in module order (keep_before_).
+  bool keeps(const Slot& s) const;
+  // Keeps stepped slot `s` as a prepared slot (keeps(s)).
+  void keep_slot(Slot&& s);
   // step() for a module whose state is device-resident (device_optimizer.cc).
   Status step_on_device(int k, const OptimizerHyper& hyper, float grad_mult);
 
@@ -230,8 +268,11 @@ class OptimizerPipeline {
   bool sharded_;
   size_t extra_ = 0;
   std::map<std::pair<int, size_t>, Slot> prepared_;  // state read ahead (during backward)
-  size_t grads_held_ = 0;     // of prepared_, slots holding gradients read ahead (prepare_grad)
-  std::deque<Write> writes_;  // optimizer/parameter writes draining behind later work
+  size_t grads_held_ = 0;  // of prepared_, slots holding gradients read ahead (prepare_grad)
+  size_t kept_ = 0;        // of prepared_, slots kept from the last pass (Slot::kept)
+  std::vector<size_t> keep_before_;  // [k]: sub-groups of NVMe-homed state before module k
+  size_t unkept_state_writes_ = 0;   // of writes_, the state's not from a kept slot's buffer
+  std::deque<Write> writes_;         // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
   std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
   std::vector<int> order_;       // this step: modules in the order their gradients became final

@@ -127,13 +127,15 @@ Status Speculation::step_ready(bool wait_all) {
     }
     OptimizerPipeline::BeforeStep keep;
     if (undo_) keep = [&](const OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
-    st = pipeline_.step(k, hyper_, mult_, keep);
+    // Without undo state the step is final (a step that must differ fails the run: undo()),
+    // so its staging may stay for the next step.
+    st = pipeline_.step(k, hyper_, mult_, keep, /*keep=*/!undo_);
     if (st.is_ok()) {
       stepped_[k] = std::move(undo);
       counters_.update([](TierCounts& n) { ++n.modules_stepped_under_backward; });
     }
     if (st.is_ok() && io) {
-      st = pipeline_.retire_writes(pipeline_.max_writes());
+      st = pipeline_.bound_writes();
       read_ahead();
     }
     const auto t1 = TierClock::now();
@@ -251,6 +253,7 @@ Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult
   if (homes_.io()) {
     STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(0), "before restoring the optimizer state");
   }
+  pipeline_.drop_kept();  // the restores below write the homes
   for (auto& [k, u] : stepped_) {
     STRATA_RETURN_IF_ERROR(restore(k, u, redo, hyper, grad_mult), "");  // names the module
   }
@@ -317,8 +320,7 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
       STRATA_RETURN_IF_ERROR(pipeline_.load_grad(&s), "redoing " + what);
       pipeline_.step_sub_group(k, s, hyper, grad_mult, nullptr, p.dst);
       // Within the pipeline's reservation next to the sub-groups read ahead.
-      if (io)
-        STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(pipeline_.max_writes()), "redoing " + what);
+      if (io) STRATA_RETURN_IF_ERROR(pipeline_.bound_writes(), "redoing " + what);
       STRATA_RETURN_IF_ERROR(pipeline_.publish_piece(k, j, p.dst, std::move(p.keep), false),
                              "redoing " + what);
       continue;

@@ -168,6 +168,7 @@ Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManag
 Status TierManager::init_state(const InitFn& init) {
   Impl& I = *impl_;
   Homes& H = *I.homes;
+  I.pipeline->drop_kept();  // the homes are written here
   for (size_t i = 0; i < H.modules().size(); ++i) {
     Module& m = H.module(int(i));
     const std::string what = "initializing " + m.name;
@@ -249,6 +250,8 @@ Status TierManager::save(const std::string& path, const CheckpointMeta& meta) {
 Status TierManager::load(const std::string& path) {
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before loading");
+  STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
+  I.pipeline->drop_kept();  // the homes are written here
   Homes& H = *I.homes;
   // A sub-group at a time into the homes; each sub-group's parameters are derived from its
   // master weights as they arrive.
@@ -273,6 +276,7 @@ Status TierManager::load_shards(const std::vector<std::string>& paths) {
   const size_t M = mods.size();
   std::vector<size_t> covered(M, 0);
   STRATA_RETURN_IF_ERROR(flush_writes(), "before loading a checkpoint");
+  I.pipeline->drop_kept();  // the homes are written here
   // Device-resident state may still be stepped by the device's optimizer (compute stream).
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "before loading");
   // Padding and anything not covered start at zero.

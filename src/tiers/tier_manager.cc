@@ -276,6 +276,7 @@ TierManager::~TierManager() {
   I.dpu.reset();  // joins a running delayed update
   I.pipeline->retire_writes(0).ignore();
   I.pipeline->drain_prepared();
+  I.pipeline->drop_kept();
   I.dev.synchronize(I.dev.compute_stream()).ignore();
   I.dev.synchronize(I.dev.h2d_stream()).ignore();
   I.dev.synchronize(I.dev.d2h_stream()).ignore();
@@ -385,7 +386,7 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
     // The rest runs as the next forward needs it, in module order (the forward's).
     std::sort(order.begin(), order.end());
     I.spec->end();
-    I.deferred = I.pipeline->begin_pass(order, hyper, grad_mult, nullptr, {});
+    I.deferred = I.pipeline->begin_pass(order, hyper, grad_mult, nullptr, {}, /*keep=*/true);
     const double s = seconds_between(t0, TierClock::now());
     const uint64_t n_deferred = order.size();
     I.counters.update([&](TierCounts& n) {
@@ -395,7 +396,8 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
     return Status::ok();
   }
   if (st.is_ok())
-    st = I.pipeline->run(I.pipeline->prepared_first(order), hyper, grad_mult, nullptr);
+    st = I.pipeline->run(I.pipeline->prepared_first(order), hyper, grad_mult, nullptr,
+                         /*keep=*/true);
   I.spec->end();
   I.pipeline->end_step();
   if (!st.is_ok()) I.pipeline->retire_writes(0).ignore();
@@ -551,6 +553,7 @@ TierTimes TierManager::take_times() {
   t.modules_deferred = c.modules_deferred;
   t.sub_groups_read_ahead = c.sub_groups_read_ahead;
   t.grad_sub_groups_read_ahead = c.grad_sub_groups_read_ahead;
+  t.sub_groups_kept = c.sub_groups_kept;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;
   return t;

@@ -97,6 +97,9 @@ struct TierTimes {
   uint64_t sub_groups_read_ahead = 0;
   // Sub-groups whose NVMe gradients a pass read ahead with their state, counted when started.
   uint64_t grad_sub_groups_read_ahead = 0;
+  // Sub-groups of NVMe-homed optimizer state kept in host memory from one pass to the next (not
+  // read back: OptimizerPipeline::Pass::keep).
+  uint64_t sub_groups_kept = 0;
 };
 
 struct TierShortfall;  // src/tiers/memory_model.h

@@ -81,6 +81,9 @@ struct TrainResult {
   int64_t sub_groups_read_ahead = 0;
   // Sub-groups whose gradients (on NVMe) the optimizer read ahead with their state.
   int64_t grad_sub_groups_read_ahead = 0;
+  // Sub-groups of NVMe-homed optimizer state a pass kept in host memory for the next step (the
+  // read-ahead's room; not read back), over the steps run here.
+  int64_t sub_groups_kept = 0;
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
