@@ -565,8 +565,9 @@ std::vector<Key> build_table() {
         "accumulator into it with the state), so the optimizer pass, deferred into the next "
         "forward or after backward, reads less while the step waits; a pass keeps the "
         "sub-groups it steps in the same room for the next step (written, not read back); at "
-        "most what the host budget leaves after the host tier's needs. auto: that, at most "
-        "half the budget (strata.host_memory_limit); 0: buffer_count sub-groups only",
+        "most what the host budget leaves after the host tier's needs. auto: all of that "
+        "(strata.host_memory_limit; without it 90% of MemAvailable); 0: buffer_count "
+        "sub-groups only",
         nullptr, kAuto, "auto"));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),
         "overlap step t's update with step t+1's forward and backward (one step stale: changes "

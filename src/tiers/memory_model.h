@@ -246,7 +246,7 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
 // options.host_capacity.
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
 // Sub-groups of NVMe-homed optimizer state read ahead during backward beyond buffer_count
-// (strata.optimizer.read_ahead): options.read_ahead_bytes (auto: half the budget) of what the
+// (strata.optimizer.read_ahead): options.read_ahead_bytes (auto: all) of what the
 // budget leaves after the arena's other parts, in whole sub-groups, at most all but
 // buffer_count of them.
 size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,

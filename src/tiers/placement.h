@@ -164,7 +164,7 @@ struct TierOptions {
   // strata.optimizer.read_ahead: host bytes of NVMe-homed master weights and moments the
   // optimizer reads ahead during backward beyond buffer_count sub-groups (Speculation), taken
   // from what the host budget leaves after the tier's needs (read_ahead_sub_groups());
-  // SIZE_MAX: auto, at most half of host_capacity.
+  // SIZE_MAX: auto, all of it.
   size_t read_ahead_bytes = SIZE_MAX;
   // strata.activations = offload: host-tier buffers for `stash_layers` block inputs of
   // `stash_bytes` each (activation_bytes()'s stash_*), reserved at create and counted in the
