@@ -242,8 +242,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   const size_t read_ahead = read_ahead_sub_groups(need, options, shadow_extents);
   if (read_ahead > 0) {
     log_info(
-        "tier manager: optimizer read-ahead {} sub-groups ({}) of the next step's state during "
-        "backward, besides buffer_count {} (strata.optimizer.read_ahead)",
+        "tier manager: optimizer read-ahead room {} sub-groups ({}), besides buffer_count {} "
+        "(strata.optimizer.read_ahead): a pass keeps them in host memory for the next step "
+        "(written to NVMe, not read back)",
         read_ahead, format_bytes(double(read_ahead * need.host.optimizer_sub_group)),
         options.buffer_count);
   }
