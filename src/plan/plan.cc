@@ -443,24 +443,24 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   double nr = 0, nw = 0;
   nr += double(opt_nvme_bytes);
   nw += double(opt_nvme_bytes);
+  // NVMe-homed master + moments of the first `count` sub-groups with such state, in module
+  // order or (backward) from the last module (each module's bytes shared over its sub-groups).
+  auto state_of_first_sub_groups = [&](size_t count, bool backward) {
+    double bytes = 0;
+    for (size_t u = 0; u < homes.size() && count > 0; ++u) {
+      const size_t i = backward ? homes.size() - 1 - u : u;
+      const size_t n = homes[i].sub_groups();
+      if (opt_nvme_of[i] == 0 || n == 0) continue;
+      const size_t take = std::min(count, n);
+      bytes += double(opt_nvme_of[i]) * double(take) / double(n);
+      count -= take;
+    }
+    return bytes;
+  };
   // With the overlap, a pass keeps the staging of the first read-ahead's-room sub-groups in
   // module order for the next step (OptimizerPipeline::Pass::keep): written, never read back.
   if (r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update) {
-    size_t left = read_ahead_subs;
-    for (size_t i = 0; i < homes.size() && left > 0; ++i) {
-      const size_t n = homes[i].sub_groups();
-      if (opt_nvme_of[i] == 0 || n == 0) continue;
-      const size_t take = std::min(left, n);
-      // Elements of its first `take` sub-groups (all but the last are the first's length).
-      const double elems = take < n ? double(take) * double(homes[i].sub_group_len(0))
-                                    : double(homes[i].shard_numel);
-      for (const auto* x : {&homes[i].master, &homes[i].moments}) {
-        if (x->tier == Tier::kNvme && x->bytes > 0) {
-          nr -= elems * double(x->bytes / homes[i].shard_numel);
-        }
-      }
-      left -= take;
-    }
+    nr -= state_of_first_sub_groups(read_ahead_subs, /*backward=*/false);
   }
   // Gradients on NVMe: every micro-batch writes the fp32 accumulators, the later ones read them
   // first, and the optimizer reads them once.
@@ -529,20 +529,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       // module order (backward's first); for a step deferred to the next forward, the first
       // (the forward's first).
       const size_t n_ahead = size_t(std::max(1, to.buffer_count)) + read_ahead_subs;
-      auto first_sub_groups = [&](bool backward) {
-        double bytes = 0;
-        size_t left = n_ahead;
-        for (size_t u = 0; u < homes.size() && left > 0; ++u) {
-          const size_t i = backward ? homes.size() - 1 - u : u;
-          const size_t n = homes[i].sub_groups();
-          if (opt_nvme_of[i] == 0 || n == 0) continue;
-          const size_t take = std::min(left, n);
-          bytes += double(opt_nvme_of[i]) * double(take) / double(n);
-          left -= take;
-        }
-        return bytes;
-      };
-      const double ahead = first_sub_groups(true), ahead_fwd = first_sub_groups(false);
+      const double ahead = state_of_first_sub_groups(n_ahead, true),
+                   ahead_fwd = state_of_first_sub_groups(n_ahead, false);
       const double opt = double(opt_nvme_bytes);
       window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
       window += opt / (pf.nvme_write_gbps.value * 1e9);
