@@ -330,6 +330,39 @@ TEST(GradsOnNvme, AFailedWriteEndsTheRunNamingTheSubGroup) {
   fs::remove_all(dir);
 }
 
+// A failed read of a gradient accumulator in a later micro-batch (read 3 sub-groups ahead of its
+// add, GradSpill::kReadAhead) ends the run at that step, naming the module and sub-group; the
+// reads still in flight ahead of it are waited for, not left writing into freed buffers.
+TEST(GradsOnNvme, AFailedReadEndsTheRunNamingTheSubGroup) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("grads_read_eio");
+  fs::create_directories(dir + "/swap");
+  // Only the accumulators on NVMe: the reads are theirs (a later micro-batch's, and the
+  // optimizer's after backward). The 5th read: inside the first module's read-ahead window.
+  const std::vector<std::string> ov = {
+      "zero_optimization.offload_param.device=\"cpu\"",
+      "zero_optimization.offload_optimizer.device=\"cpu\"",
+      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+      "strata.placement.grads=\"nvme\"",
+      "strata.optimizer.overlap=false",
+      "zero_optimization.sub_group_size=65536"};
+  TrainOptions o;
+  o.progress = false;
+  auto faults = std::make_shared<FaultPlan>();
+  faults->fail_nth = 5;
+  faults->fail_nth_kind = 1;   // reads
+  faults->fail_nth_errno = 5;  // EIO
+  o.storage_faults = faults;
+  auto r = train(tiny(dir + "/run", 4, ov), o);
+  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
+  const std::string& msg = r.status().message();
+  EXPECT_TRUE(std::regex_search(
+      msg, std::regex("^step 1: .*reading (embedding|block\\.[0-9]|final_norm|lm_head) "
+                      "gradients \\(sub-group [0-9]+\\).*Input/output error")))
+      << msg;
+  fs::remove_all(dir);
+}
+
 // The preflight's host need does not grow with the model: with parameters, optimizer state and
 // gradients on NVMe it is the same for 2, 8 and 32 layers (the staging of a sub-group-sized
 // pipeline, a module's parameter fetches and the gradient landing), while the NVMe need grows.

@@ -23,6 +23,14 @@ void GradSpill::finish_write(Slot& s) {
   if (!st.is_ok()) errors_.set(st.with_context("writing " + s.what));
 }
 
+void GradSpill::start_read(Slot& s, int64_t key, const SwapExtent& ext) {
+  if (s.read_of == key) return;
+  if (s.read != 0) (void)homes_.io()->wait(s.read);  // left by a step given up half-way
+  finish_write(s);
+  s.read = homes_.io()->read(ext, s.stage->data());
+  s.read_of = key;
+}
+
 void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradStats* stats) {
   Module& mod = homes_.module(m);
   if (slots_.empty()) {
@@ -30,17 +38,19 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
     for (const auto& x : homes_.modules()) {
       if (x.gacc.tier == Tier::kNvme) most = std::max(most, x.sub_len(0) * 4);
     }
+    auto buf = [&]() -> std::shared_ptr<PinnedBuffer> {
+      auto r = homes_.host_buf(most, "gradient landing buffer");
+      if (!r.is_ok()) {
+        errors_.set(r.status().with_context("accumulating " + mod.name + " gradients on nvme"));
+        return nullptr;
+      }
+      return std::make_shared<PinnedBuffer>(std::move(r).value());
+    };
     std::vector<Slot> slots(kSlots);
     for (Slot& s : slots) {
-      for (auto* b : {&s.landing, &s.stage}) {
-        auto r = homes_.host_buf(most, "gradient landing buffer");
-        if (!r.is_ok()) {
-          errors_.set(r.status().with_context("accumulating " + mod.name + " gradients on nvme"));
-          return;
-        }
-        *b = std::make_shared<PinnedBuffer>(std::move(r).value());
-      }
+      if (!(s.stage = buf())) return;
     }
+    if (!(landing_ = buf())) return;
     slots_ = std::move(slots);
     tiles_.resize(homes_.modules().size());
   }
@@ -48,31 +58,48 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
   if (last) tiles_[size_t(m)].assign((mod.sn + kStatsTileElems - 1) / kStatsTileElems, 0.0);
   IoWorker* io = homes_.io();
   AsyncError* errors = &errors_;
-  for (size_t j = 0; j < mod.sub_groups(); ++j) {
+  const size_t first_slot = next_slot_, n = mod.sub_groups();
+  next_slot_ += n;
+  const int64_t call = ++calls_;  // a read's key: this call and its sub-group, never reused
+  auto key = [call](size_t j) { return (call << 24) | int64_t(j); };
+  for (size_t j = 0; j < n; ++j) {
     const size_t a = mod.sub_start(j), len = mod.sub_len(j);
-    Slot* slot = &slots_[next_slot_++ % slots_.size()];
+    Slot* slot = &slots_[(first_slot + j) % slots_.size()];
     const SwapExtent* ext = &mod.gacc.subs[j];
-    float* in = slot->landing->as<float>();
+    // The first micro-batch lands in the slot's buffer and is written from there; a later one
+    // lands in the one landing buffer (free again: its add ran before this copy, in stream
+    // order) and is added into the slot's.
     float* acc = slot->stage->as<float>();
-    // Free the slot; the sum of the earlier micro-batches comes in under the copy.
-    dev_.host_fn(d2h, [this, slot, io, ext, acc, micro] {
-      finish_write(*slot);
-      if (micro > 0) slot->read = io->read(*ext, acc);
+    float* in = micro == 0 ? acc : landing_->as<float>();
+    // Free the slot (micro 0); or start reading the sum of the earlier micro-batches under the
+    // copy, and the next kReadAhead sub-groups' sums too (their slots' writes were issued
+    // kSlots - kReadAhead sub-groups ago or more).
+    dev_.host_fn(d2h, [this, slot, &mod, first_slot, key, j, n, micro] {
+      if (micro == 0) {
+        if (slot->read != 0) (void)homes_.io()->wait(slot->read);  // a step given up half-way
+        slot->read = 0;
+        slot->read_of = -1;
+        finish_write(*slot);
+        return;
+      }
+      for (size_t r = j; r < std::min(n, j + 1 + size_t(kReadAhead)); ++r) {
+        start_read(slots_[(first_slot + r) % slots_.size()], key(r), mod.gacc.subs[r]);
+      }
     });
     dev_.copy_d2h(d2h, in, src + a, len * 4);
     std::vector<double>* tiles = last ? &tiles_[size_t(m)] : nullptr;
     const std::string what = fmt::format("{} gradients (sub-group {})", mod.name, j);
     dev_.host_fn(d2h, [=] {
-      const float* out = in;
+      const float* out = acc;
       if (micro > 0) {
         Status s = io->wait(slot->read);
         slot->read = 0;
+        slot->read_of = -1;
         if (!s.is_ok()) {
           errors->set(s.with_context("reading " + what));
           return;
         }
         for (size_t i = 0; i < len; ++i) acc[i] += in[i];
-        out = acc;
       }
       slot->what = what;
       slot->write = io->write(*ext, out);

@@ -2,12 +2,15 @@
 // one swap extent per optimizer sub-group (Module::sub_group), never whole in host memory.
 //
 // accumulate() enqueues on the d2h stream, for each sub-group of a module's gradient buffer: a
-// callback that frees a slot of the ring (waits for the write that last used it) and, for a
-// later micro-batch, starts reading the sub-group's extent into the slot's staging buffer; a
-// device-to-host copy into the slot's landing buffer; and a callback that adds the landing
-// buffer into the staging one (later micro-batches) and starts the write of the result. So the
-// read of a sub-group runs under its copy, and its write under the next sub-groups' copies,
-// reads and adds: the disk sees reads and writes at once instead of one transfer at a time.
+// callback that frees the sub-group's slot (waits for the write that last used it) or, for a
+// later micro-batch, starts reading the sub-group's extent into the slot's staging buffer, and
+// those of the module's next kReadAhead sub-groups into theirs (each slot freed first); a
+// device-to-host copy, into the slot's staging buffer for the first micro-batch, into the one
+// landing buffer for later ones; and a callback that adds the landing buffer into the staging
+// one (later micro-batches) and starts the write of the result. So the reads run kReadAhead
+// sub-groups ahead of the adds, and the writes drain under the next sub-groups' copies, reads
+// and adds: the disk sees reads and writes at once, several deep, instead of one read at a
+// time whose latency each add would wait out.
 // A read of an extent waits for a write in flight to it (IoWorker), so the order of the
 // micro-batches is the disk's. With `last` it also reduces the module's norm² and inf/nan flag
 // over the final values, tile by tile (kStatsTileElems; sub-groups are whole tiles when
@@ -16,9 +19,9 @@
 // host-homed gradients; its last callback waits for the module's writes, so a failed write is
 // reported before the statistics (and the optimizer's reads) are used.
 //
-// Host memory: kSlots landing and staging buffers of the largest sub-group, taken from the host
-// tier at the first accumulate and held until destruction (the memory model counts them:
-// kGradSpillBuffers).
+// Host memory: kSlots staging buffers and a landing one of the largest sub-group, taken from
+// the host tier at the first accumulate and held until destruction (the memory model counts
+// them: host.grad_staging).
 //
 // Thread safety: the host thread calls accumulate(); the callbacks run on the d2h stream's
 // thread, one at a time (they alone touch the slots' tickets), and report failures to the
@@ -38,8 +41,11 @@ namespace strata {
 
 class GradSpill {
  public:
-  // Sub-groups in flight: each has a landing and a staging buffer.
-  static constexpr int kSlots = 3;
+  // Sub-groups in flight, each in a staging buffer of its own; one landing buffer besides.
+  static constexpr int kSlots = 6;
+  // A later micro-batch's reads run this many sub-groups ahead of its adds (within a module);
+  // the rest of the slots are the writes draining behind.
+  static constexpr int kReadAhead = 3;
 
   GradSpill(Homes& homes, TierCounters& counters, AsyncError& errors)
       : homes_(homes), dev_(homes.device()), counters_(counters), errors_(errors) {}
@@ -58,15 +64,21 @@ class GradSpill {
   TierCounters& counters_;
   AsyncError& errors_;
   struct Slot {
-    std::shared_ptr<PinnedBuffer> landing, stage;
+    std::shared_ptr<PinnedBuffer> stage;
     IoWorker::Ticket read = 0, write = 0;  // in flight (0: none); only callbacks touch them
+    int64_t read_of = -1;                  // the key of the sub-group `read` is for
     std::string what;                      // the write's module and sub-group, for its error
   };
   // Waits for slot s's write in flight, if any (on the d2h thread, or at destruction).
   void finish_write(Slot& s);
+  // On the d2h thread: frees slot s and starts reading `ext` into its staging buffer, unless
+  // that read (`key`) is already in flight there.
+  void start_read(Slot& s, int64_t key, const SwapExtent& ext);
 
   std::vector<Slot> slots_;
+  std::shared_ptr<PinnedBuffer> landing_;   // a later micro-batch's copy, before its add
   size_t next_slot_ = 0;                    // the slot of the next sub-group (host thread)
+  int64_t calls_ = 0;                       // accumulate() calls so far (host thread)
   std::vector<std::vector<double>> tiles_;  // per module: the last micro-batch's tile sums
 };
 

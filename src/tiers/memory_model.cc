@@ -186,10 +186,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   // in a pass when they are on NVMe: the unit holds all three.
   n.host.optimizer_sub_group = max_opt > 0 ? max_opt + max_nvme_piece + max_gsub : 0;
   n.host.staging += std::max(n.host.optimizer_staging, n.host.state_io_staging);
-  // Gradients on NVMe: GradSpill's landing and staging buffers (a pair per slot), and the
-  // sub-group the optimizer steps (a module with host gradients still lands through 2 buffers of
-  // its size: max_g).
-  n.host.grad_staging = (2 * size_t(GradSpill::kSlots) + 1) * max_gsub;
+  // Gradients on NVMe: GradSpill's staging buffers (one per slot) and its landing buffer, and
+  // the sub-group the optimizer steps (a module with host gradients still lands through 2
+  // buffers of its size: max_g).
+  n.host.grad_staging = (size_t(GradSpill::kSlots) + 2) * max_gsub;
   n.host.staging += n.host.grad_staging;
   n.host.grad_landing = 2 * round_up(max_g, 4096);
   n.host.staging += n.host.grad_landing;
