@@ -50,7 +50,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
     for (Slot& s : slots) {
       if (!(s.stage = buf())) return;
     }
-    if (!(landing_ = buf())) return;
+    if (!dev_.host_addressable() && !(landing_ = buf())) return;
     slots_ = std::move(slots);
     tiles_.resize(homes_.modules().size());
   }
@@ -68,9 +68,11 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
     const SwapExtent* ext = &mod.gacc.subs[j];
     // The first micro-batch lands in the slot's buffer and is written from there; a later one
     // lands in the one landing buffer (free again: its add ran before this copy, in stream
-    // order) and is added into the slot's.
+    // order) and is added into the slot's — or, where the host reads device memory, is added
+    // from the device buffer in place (released after this, in stream order), no copy first.
     float* acc = slot->stage->as<float>();
-    float* in = micro == 0 ? acc : landing_->as<float>();
+    const bool in_place = micro > 0 && dev_.host_addressable();
+    const float* in = micro == 0 ? acc : in_place ? src + a : landing_->as<float>();
     // Free the slot (micro 0); or start reading the sum of the earlier micro-batches under the
     // copy, and the next kReadAhead sub-groups' sums too (their slots' writes were issued
     // kSlots - kReadAhead sub-groups ago or more).
@@ -86,7 +88,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
         start_read(slots_[(first_slot + r) % slots_.size()], key(r), mod.gacc.subs[r]);
       }
     });
-    dev_.copy_d2h(d2h, in, src + a, len * 4);
+    if (!in_place) dev_.copy_d2h(d2h, const_cast<float*>(in), src + a, len * 4);
     std::vector<double>* tiles = last ? &tiles_[size_t(m)] : nullptr;
     const std::string what = fmt::format("{} gradients (sub-group {})", mod.name, j);
     dev_.host_fn(d2h, [=] {

@@ -6,8 +6,9 @@
 // later micro-batch, starts reading the sub-group's extent into the slot's staging buffer, and
 // those of the module's next kReadAhead sub-groups into theirs (each slot freed first); a
 // device-to-host copy, into the slot's staging buffer for the first micro-batch, into the one
-// landing buffer for later ones; and a callback that adds the landing buffer into the staging
-// one (later micro-batches) and starts the write of the result. So the reads run kReadAhead
+// landing buffer for later ones (none on a host-addressable device: the add reads the device
+// buffer in place); and a callback that adds the landing buffer into the staging one (later
+// micro-batches) and starts the write of the result. So the reads run kReadAhead
 // sub-groups ahead of the adds, and the writes drain under the next sub-groups' copies, reads
 // and adds: the disk sees reads and writes at once, several deep, instead of one read at a
 // time whose latency each add would wait out.
@@ -76,7 +77,8 @@ class GradSpill {
   void start_read(Slot& s, int64_t key, const SwapExtent& ext);
 
   std::vector<Slot> slots_;
-  std::shared_ptr<PinnedBuffer> landing_;   // a later micro-batch's copy, before its add
+  std::shared_ptr<PinnedBuffer> landing_;   // a later micro-batch's copy, before its add (none
+                                            // where the host reads device memory)
   size_t next_slot_ = 0;                    // the slot of the next sub-group (host thread)
   int64_t calls_ = 0;                       // accumulate() calls so far (host thread)
   std::vector<std::vector<double>> tiles_;  // per module: the last micro-batch's tile sums
