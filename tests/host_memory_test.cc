@@ -296,33 +296,44 @@ TEST(GradsOnNvme, TrainBitIdenticallyToGradsInHostMemory) {
   fs::remove_all(dir);
 }
 
+// Only the gradient accumulators on NVMe (4 sub-groups per block), the optimizer after
+// backward: every NVMe piece is theirs.
+std::vector<std::string> only_grads_on_nvme(const std::string& dir) {
+  fs::create_directories(dir + "/swap");
+  return {"zero_optimization.offload_param.device=\"cpu\"",
+          "zero_optimization.offload_optimizer.device=\"cpu\"",
+          "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+          "strata.placement.grads=\"nvme\"",
+          "strata.optimizer.overlap=false",
+          "zero_optimization.sub_group_size=65536"};
+}
+
+// The error of a 4-step run of only_grads_on_nvme() whose `nth` NVMe piece of `kind` (FaultPlan:
+// 0 any, 1 reads, 2 writes) fails with EIO.
+std::string error_of_failed_piece(const std::string& dir, uint64_t nth, int kind) {
+  TrainOptions o;
+  o.progress = false;
+  auto faults = std::make_shared<FaultPlan>();
+  faults->fail_nth = nth;
+  faults->fail_nth_kind = kind;
+  faults->fail_nth_errno = 5;  // EIO
+  o.storage_faults = faults;
+  auto r = train(tiny(dir + "/run", 4, only_grads_on_nvme(dir)), o);
+  EXPECT_FALSE(r.is_ok()) << "an injected EIO must end the run";
+  return r.is_ok() ? std::string() : r.status().message();
+}
+
 // A failed write of a gradient accumulator (the ring keeps writes in flight under the next
 // sub-groups' copies) ends the run at the step it belongs to, naming the module and sub-group,
 // before the optimizer reads what was not written.
 TEST(GradsOnNvme, AFailedWriteEndsTheRunNamingTheSubGroup) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("grads_eio");
-  fs::create_directories(dir + "/swap");
-  // Only the accumulators on NVMe, the optimizer after backward: step 3's first NVMe piece is
-  // its first micro-batch's first gradient write.
-  const std::vector<std::string> ov = {
-      "zero_optimization.offload_param.device=\"cpu\"",
-      "zero_optimization.offload_optimizer.device=\"cpu\"",
-      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
-      "strata.placement.grads=\"nvme\"",
-      "strata.optimizer.overlap=false",
-      "zero_optimization.sub_group_size=65536"};
-  const uint64_t end2 = test::io_pieces_at_step_ends(tiny(dir + "/probe", 4, ov), {2})[0];
+  // Step 3's first NVMe piece is its first micro-batch's first gradient write.
+  const uint64_t end2 =
+      test::io_pieces_at_step_ends(tiny(dir + "/probe", 4, only_grads_on_nvme(dir)), {2})[0];
   ASSERT_GT(end2, 0u);
-  TrainOptions o;
-  o.progress = false;
-  auto faults = std::make_shared<FaultPlan>();
-  faults->fail_nth = end2 + 1;
-  faults->fail_nth_errno = 5;  // EIO
-  o.storage_faults = faults;
-  auto r = train(tiny(dir + "/run", 4, ov), o);
-  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
-  const std::string& msg = r.status().message();
+  const std::string msg = error_of_failed_piece(dir, end2 + 1, 0);
   EXPECT_TRUE(std::regex_search(
       msg, std::regex("^step 3: .*writing (embedding|block\\.[0-9]|final_norm) gradients "
                       "\\(sub-group [0-9]+\\).*Input/output error")))
@@ -336,26 +347,9 @@ TEST(GradsOnNvme, AFailedWriteEndsTheRunNamingTheSubGroup) {
 TEST(GradsOnNvme, AFailedReadEndsTheRunNamingTheSubGroup) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("grads_read_eio");
-  fs::create_directories(dir + "/swap");
-  // Only the accumulators on NVMe: the reads are theirs (a later micro-batch's, and the
-  // optimizer's after backward). The 5th read: inside the first module's read-ahead window.
-  const std::vector<std::string> ov = {
-      "zero_optimization.offload_param.device=\"cpu\"",
-      "zero_optimization.offload_optimizer.device=\"cpu\"",
-      "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
-      "strata.placement.grads=\"nvme\"",
-      "strata.optimizer.overlap=false",
-      "zero_optimization.sub_group_size=65536"};
-  TrainOptions o;
-  o.progress = false;
-  auto faults = std::make_shared<FaultPlan>();
-  faults->fail_nth = 5;
-  faults->fail_nth_kind = 1;   // reads
-  faults->fail_nth_errno = 5;  // EIO
-  o.storage_faults = faults;
-  auto r = train(tiny(dir + "/run", 4, ov), o);
-  ASSERT_FALSE(r.is_ok()) << "an injected EIO must end the run";
-  const std::string& msg = r.status().message();
+  // The reads are the accumulators' (a later micro-batch's, and the optimizer's after
+  // backward): the 5th is inside the first module's read-ahead window.
+  const std::string msg = error_of_failed_piece(dir, 5, /*reads=*/1);
   EXPECT_TRUE(std::regex_search(
       msg, std::regex("^step 1: .*reading (embedding|block\\.[0-9]|final_norm|lm_head) "
                       "gradients \\(sub-group [0-9]+\\).*Input/output error")))
