@@ -20,11 +20,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/bench_disk.XXXXXX")
 sampler=
 trap '[[ -n $sampler ]] && kill "$sampler" 2>/dev/null; rm -rf "$work"' EXIT
 
-swap=$(python3 -c "
-import json
-c = json.load(open('$config'))
-z = c.get('zero_optimization', {})
-print((z.get('offload_optimizer', {}).get('nvme_path') or z.get('offload_param', {}).get('nvme_path') or 'runs/swap'))")
+swap=$(python3 "$(dirname "$0")/bench_swap_dir.py" "$config")
 mkdir -p "$swap"
 # The whole disk behind the swap directory's filesystem (a partition's parent, if any).
 src=$(df --output=source "$swap" | tail -1)
@@ -51,11 +47,15 @@ while True:
 PY
 sampler=$!
 "$bin" train --config "$config" --set "train.steps=$steps" --set train.final_checkpoint=false \
-  --set "train.checkpoint_dir=\"$work/run\"" "${sets[@]}" 2>&1 | grep --line-buffered -E '^step ' |
+  --set "train.checkpoint_dir=\"$work/run\"" "${sets[@]}" >"$work/out" 2>&1 &
+run=$!
+# Each progress line stamped as it comes out (the step's end).
+tail -n +1 -f --pid=$run "$work/out" | grep --line-buffered -E '^step +[0-9]+/[0-9]+ \| loss' |
   while IFS= read -r line; do
     echo "$(date +%s.%N) $line" >>"$work/steps"
     echo "${line:0:160}"
-  done
+  done || true
+wait $run || { echo "strata train failed:" >&2; tail -5 "$work/out" >&2; exit 1; }
 kill "$sampler" 2>/dev/null || true
 wait "$sampler" 2>/dev/null || true
 sampler=

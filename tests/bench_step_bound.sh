@@ -37,11 +37,7 @@ import json, sys
 j = json.load(open('$work/plan.json'))
 o = [o for o in j['options'] if o['name'] == '$placement'][0]
 print(o['nvme_read_bytes'], o['nvme_write_bytes'])")
-swap=$(python3 -c "
-import json
-c = json.load(open('$config'))
-z = c.get('zero_optimization', {})
-print((z.get('offload_optimizer', {}).get('nvme_path') or z.get('offload_param', {}).get('nvme_path') or 'runs/swap'))")
+swap=$(python3 "$(dirname "$0")/bench_swap_dir.py" "$config")
 mkdir -p "$swap"
 mix=$(python3 -c "print(round(100 * $rbytes / max(1, $rbytes + $wbytes)))")
 echo "config $config, placement $placement: NVMe per step read $rbytes + write $wbytes bytes" \

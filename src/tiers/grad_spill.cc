@@ -23,9 +23,15 @@ void GradSpill::finish_write(Slot& s) {
   if (!st.is_ok()) errors_.set(st.with_context("writing " + s.what));
 }
 
+void GradSpill::drop_read(Slot& s) {
+  if (s.read != 0) (void)homes_.io()->wait(s.read);  // left by a step given up half-way
+  s.read = 0;
+  s.read_of = -1;
+}
+
 void GradSpill::start_read(Slot& s, int64_t key, const SwapExtent& ext) {
   if (s.read_of == key) return;
-  if (s.read != 0) (void)homes_.io()->wait(s.read);  // left by a step given up half-way
+  drop_read(s);
   finish_write(s);
   s.read = homes_.io()->read(ext, s.stage->data());
   s.read_of = key;
@@ -78,9 +84,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
     // kSlots - kReadAhead sub-groups ago or more).
     dev_.host_fn(d2h, [this, slot, &mod, first_slot, key, j, n, micro] {
       if (micro == 0) {
-        if (slot->read != 0) (void)homes_.io()->wait(slot->read);  // a step given up half-way
-        slot->read = 0;
-        slot->read_of = -1;
+        drop_read(*slot);
         finish_write(*slot);
         return;
       }

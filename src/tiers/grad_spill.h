@@ -72,6 +72,8 @@ class GradSpill {
   };
   // Waits for slot s's write in flight, if any (on the d2h thread, or at destruction).
   void finish_write(Slot& s);
+  // On the d2h thread: waits for a read into slot s that no add took (a step given up half-way).
+  void drop_read(Slot& s);
   // On the d2h thread: frees slot s and starts reading `ext` into its staging buffer, unless
   // that read (`key`) is already in flight there.
   void start_read(Slot& s, int64_t key, const SwapExtent& ext);
