@@ -6,6 +6,11 @@
 #                                    (strata.optimizer.overlap false) fwd+bwd and optimizer
 #   step / bound                     bound = max(compute alone, NVMe bytes / fio, optimizer
 #                                    compute alone)
+#   step / shared-core bound         only where the config's device is the CPU backend: its
+#                                    compute and the optimizer then run on the same cores, so
+#                                    their times add where the bound above takes the larger
+#                                    (each term of that max is one processor: the GPU, the
+#                                    disk, the host CPU): max(compute + optimizer alone, disk)
 #
 # Per round: fio on the config's swap directory with the step's read/write mix (the planner's
 # bytes for the config's placement; 1 MiB, QD 32, O_DIRECT, io_uring, on hugetlb pages with
@@ -63,6 +68,7 @@ run() {  # name, --set arguments...
   "$bin" train --config "$config" "${sets[@]}" --set "train.steps=$steps" \
     --set train.final_checkpoint=false --set "train.checkpoint_dir=\"$work/$name\"" "$@" \
     >"$work/$name.out" 2>&1 || { tail -5 "$work/$name.out"; exit 1; }
+  [[ $name = overlapped ]] && grep -q '^\[.*\] device: cpu ' "$work/$name.out" && touch "$work/cpu"
   grep -E '^step ' "$work/$name.out" | tail -n +3 |
     sed -E 's/.*step ([0-9]+) ms: fwd\/bwd ([0-9]+).* opt ([0-9]+).*/\1 \2 \3/' |
     python3 -c "
@@ -77,18 +83,23 @@ opt_host=(--set 'zero_optimization.offload_param.device="none"'
   --set strata.optimizer.overlap=false)
 
 printf "%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %s\n" round "fio GB/s" "compute ms" \
-  "opt alone" "plain fwd+bwd / opt ms" "overlapped step ms" "step/max(f+b,opt)  step/bound"
+  "opt alone" "plain fwd+bwd / opt ms" "overlapped step ms" \
+  "step/max(f+b,opt)  step/bound  [step/shared-core bound on the CPU backend]"
 for r in $(seq 1 "$rounds"); do
   gbps=$(fio_mixed)
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
+  cpu=0
+  [[ -e $work/cpu ]] && cpu=1
   python3 -c "
 disk = ($rbytes + $wbytes) / ($gbps * 1e9) * 1e3
 bound = max($compute, disk, $opt_alone)
-print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms: %s)' % (
+shared = max($compute + $opt_alone, disk)
+print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms: %s)%s' % (
     $r, '$gbps', '$compute', '$opt_alone', '$pfb / $popt', '$step',
     $step / max($pfb, $popt), $step / bound, bound,
-    'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer')))"
+    'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer'),
+    '  [%.2f: %.0f ms]' % ($step / shared, shared) if $cpu else ''))"
 done
 rm -f "$fio_file"

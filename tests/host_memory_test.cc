@@ -374,7 +374,9 @@ TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
     ASSERT_TRUE(n.is_ok()) << n.status().to_string();
     EXPECT_EQ(n->host.state, 0u);
     EXPECT_GT(n->host.grad_staging, 0u);
-    if (host) EXPECT_EQ(n->host.total(), host);
+    if (host) {
+      EXPECT_EQ(n->host.total(), host);
+    }
     EXPECT_GT(n->nvme.state, nvme);
     host = n->host.total();
     nvme = n->nvme.state;

@@ -14,7 +14,7 @@
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
 # JOBS (parallel build jobs, default: all cores), STRATA_SKIP_FUZZ=1 (test without the fuzz
-# step), SANITIZE_TARGETS (`sanitize`: only these of its six test binaries). Under CI
+# step), SANITIZE_TARGETS (`sanitize`: only these of its seven test binaries). Under CI
 # (CI=true) CUDA is built for one architecture (sm_90) to keep the build short.
 # Every step fails loudly: a configure or build that fails prints its output, names the step and
 # makes the script exit non-zero; a test step that finds no tests is a failure.
@@ -141,14 +141,15 @@ tsan_tbb() {
 }
 
 # Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA, no benchmarks) of the concurrent code's
-# tests, only those six targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
+# tests, only those seven targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
 # to a file under build-<kind>/sanitizer-logs (log_path), from the test binary and from every
 # process it starts (zero3_test's mpirun ranks inherit the environment): a report in a rank,
 # whose exit status the test may only see as "a rank failed", is still found and printed, and
 # any report fails the step. GTEST_FILTER narrows a run (gtest reads it); SANITIZE_TARGETS (a
-# space-separated subset of the six) builds and runs only those binaries, in that order.
+# space-separated subset of the seven) builds and runs only those binaries, in that order.
 sanitize() {
-  local all=(tier_test overlap_test storage_test io_worker_test zero3_test cpu_device_test) targets=() t
+  local all=(tier_test overlap_test storage_test io_worker_test zero3_test cpu_device_test
+              host_memory_test) targets=() t
   # shellcheck disable=SC2206
   targets=(${SANITIZE_TARGETS:-${all[*]}})
   for t in "${targets[@]}"; do
