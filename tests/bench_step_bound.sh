@@ -37,6 +37,8 @@ trap 'rm -rf "$work"' EXIT
 # The placement's bytes per step and the swap directory.
 "$bin" plan --config "$config" "${sets[@]}" --json "$work/plan.json" >"$work/plan.txt"
 placement=$(sed -nE 's/^config .* asks for ([^:]+):.*/\1/p' "$work/plan.txt")
+cpu=0  # the CPU backend: compute and optimizer share the cores (the shared-core bound)
+grep -qE '^batch: .*; cpu backend$' "$work/plan.txt" && cpu=1
 read -r rbytes wbytes < <(python3 -c "
 import json, sys
 j = json.load(open('$work/plan.json'))
@@ -68,7 +70,6 @@ run() {  # name, --set arguments...
   "$bin" train --config "$config" "${sets[@]}" --set "train.steps=$steps" \
     --set train.final_checkpoint=false --set "train.checkpoint_dir=\"$work/$name\"" "$@" \
     >"$work/$name.out" 2>&1 || { tail -5 "$work/$name.out"; exit 1; }
-  [[ $name = overlapped ]] && grep -q '^\[.*\] device: cpu ' "$work/$name.out" && touch "$work/cpu"
   grep -E '^step ' "$work/$name.out" | tail -n +3 |
     sed -E 's/.*step ([0-9]+) ms: fwd\/bwd ([0-9]+).* opt ([0-9]+).*/\1 \2 \3/' |
     python3 -c "
@@ -90,8 +91,6 @@ for r in $(seq 1 "$rounds"); do
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
-  cpu=0
-  [[ -e $work/cpu ]] && cpu=1
   python3 -c "
 disk = ($rbytes + $wbytes) / ($gbps * 1e9) * 1e3
 bound = max($compute, disk, $opt_alone)
