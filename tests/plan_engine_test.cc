@@ -179,7 +179,9 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
             EXPECT_EQ(ph.fits, eh.is_ok())
                 << what << " host slack " << slack << ": " << eh.message()
                 << " | planner: " << (ph.why.empty() ? std::string("fits") : ph.why[0]);
-            if (slack == 0) EXPECT_TRUE(eh.is_ok()) << what << ": " << eh.message();
+            if (slack == 0) {
+              EXPECT_TRUE(eh.is_ok()) << what << ": " << eh.message();
+            }
             EXPECT_EQ(sh.host, !eh.is_ok()) << what;
             EXPECT_FALSE(sh.device) << what;
             ++checked;
@@ -304,53 +306,57 @@ TEST(Plan, ConfigWithoutGradsPlacementGetsTheEnginesDefault) {
 // buffers of backward drain to NVMe on time. An allocation that needs their room waits for the
 // drains instead of evicting a cached parameter copy (fetched again from NVMe later: +9.7%
 // NVMe bytes before). Every step after the first two moves the planner's bytes for the
-// placement, NVMe and host<->device, on the plain schedule, deferred and after backward.
+// placement, NVMe and host<->device, on the plain schedule, deferred and after backward. With
+// the gradient accumulators in host memory instead, the first of the 4 micro-batches writes them
+// in place (GradBuckets::in_place): 3 of 4 micro-batches' gradients cross, planner and run alike.
 TEST(Plan, StepBytesAreThePlacementsMinimum) {
   set_log_level(LogLevel::kWarn);
   const std::string dir = test::temp_dir("plan", "bytes");
   std::filesystem::create_directories(dir + "/swap");
   const std::string swap = "\"" + dir + "/swap\"";
-  for (const char* schedule :
-       {"strata.optimizer.overlap=false", "strata.optimizer.defer=\"always\"",
-        "strata.optimizer.defer=\"never\""}) {
-    SCOPED_TRACE(schedule);
-    const Config cfg = test::tiny_cpu(
-        dir, {"train.steps=6", "scheduler.params.warmup_num_steps=1",
-              "train.final_checkpoint=false", "zero_optimization.offload_param.device=\"nvme\"",
-              "zero_optimization.offload_param.nvme_path=" + swap,
-              "zero_optimization.offload_optimizer.nvme_path=" + swap,
-              "strata.placement.grads=\"nvme\"", "device.memory_limit=\"10MiB\"",
-              // No prefetch: which fetches a prefetch saves depends on timing.
-              "zero_optimization.stage3_prefetch_bucket_size=0", schedule});
-    const TrainResult r = test::must_train(cfg);
-    ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
-    ASSERT_EQ(r.step_device_bytes.size(), 6u);
-    Hardware hw;
-    hw.gpu_mem = cfg.device.memory_limit;
-    hw.host_mem = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit : 64ull << 30;
-    hw.nvme_paths = {dir + "/swap"};
-    auto rep = make_plan(request_from_config(cfg, hw, default_profile(true)));
-    ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
-    auto p = placement_of_config(cfg);
-    ASSERT_TRUE(p.is_ok());
-    auto i = add_placement(*rep, *p);
-    ASSERT_TRUE(i.is_ok());
-    const PlanOption& o = rep->options[size_t(*i)];
-    const double nvme_min = double(o.nvme_read_bytes + o.nvme_write_bytes);
-    const double link_min = double(o.link_bytes);
-    ASSERT_GT(nvme_min, 0);
-    ASSERT_GT(link_min, 0);
-    // Each step after the first two, within 1% (the planner's byte count is not exact to the
-    // last small tensor: +0.3% here). NVMe bytes are counted as they are asked for: counted as
-    // they landed, a write behind one step's end fell in the next (on a busy machine one step
-    // showed -5% and the next +5%; CI saw steps 3-6 together at -2.6%).
-    for (size_t s = 2; s < 6; ++s) {
-      SCOPED_TRACE("step " + std::to_string(s + 1));
-      const double nvme = double(r.step_nvme_bytes[s]), link = double(r.step_device_bytes[s]);
-      EXPECT_LE(nvme, 1.01 * nvme_min);
-      EXPECT_GE(nvme, 0.99 * nvme_min);
-      EXPECT_LE(link, 1.01 * link_min);
-      EXPECT_GE(link, 0.99 * link_min);
+  for (const char* grads : {"strata.placement.grads=\"nvme\"", "strata.placement.grads=\"host\""}) {
+    for (const char* schedule :
+         {"strata.optimizer.overlap=false", "strata.optimizer.defer=\"always\"",
+          "strata.optimizer.defer=\"never\""}) {
+      SCOPED_TRACE(std::string(grads) + ", " + schedule);
+      const Config cfg = test::tiny_cpu(
+          dir, {"train.steps=6", "scheduler.params.warmup_num_steps=1",
+                "train.final_checkpoint=false", "zero_optimization.offload_param.device=\"nvme\"",
+                "zero_optimization.offload_param.nvme_path=" + swap,
+                "zero_optimization.offload_optimizer.nvme_path=" + swap, grads,
+                "device.memory_limit=\"10MiB\"",
+                // No prefetch: which fetches a prefetch saves depends on timing.
+                "zero_optimization.stage3_prefetch_bucket_size=0", schedule});
+      const TrainResult r = test::must_train(cfg);
+      ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
+      ASSERT_EQ(r.step_device_bytes.size(), 6u);
+      Hardware hw;
+      hw.gpu_mem = cfg.device.memory_limit;
+      hw.host_mem = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit : 64ull << 30;
+      hw.nvme_paths = {dir + "/swap"};
+      auto rep = make_plan(request_from_config(cfg, hw, default_profile(true)));
+      ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+      auto p = placement_of_config(cfg);
+      ASSERT_TRUE(p.is_ok());
+      auto i = add_placement(*rep, *p);
+      ASSERT_TRUE(i.is_ok());
+      const PlanOption& o = rep->options[size_t(*i)];
+      const double nvme_min = double(o.nvme_read_bytes + o.nvme_write_bytes);
+      const double link_min = double(o.link_bytes);
+      ASSERT_GT(nvme_min, 0);
+      ASSERT_GT(link_min, 0);
+      // Each step after the first two, within 1% (the planner's byte count is not exact to the
+      // last small tensor: +0.3% here). NVMe bytes are counted as they are asked for: counted as
+      // they landed, a write behind one step's end fell in the next (on a busy machine one step
+      // showed -5% and the next +5%; CI saw steps 3-6 together at -2.6%).
+      for (size_t s = 2; s < 6; ++s) {
+        SCOPED_TRACE("step " + std::to_string(s + 1));
+        const double nvme = double(r.step_nvme_bytes[s]), link = double(r.step_device_bytes[s]);
+        EXPECT_LE(nvme, 1.01 * nvme_min);
+        EXPECT_GE(nvme, 0.99 * nvme_min);
+        EXPECT_LE(link, 1.01 * link_min);
+        EXPECT_GE(link, 0.99 * link_min);
+      }
     }
   }
   std::filesystem::remove_all(dir);

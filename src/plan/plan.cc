@@ -434,7 +434,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   } else {
     link += double(opt_host_params) * es;  // new low-precision params back to the device
   }
-  link += A * double(grads_off_device) * 4;  // fp32 grads to the host tier
+  // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
+  // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.
+  const double in_place = pf.cpu_backend && W == 1 ? double(grads_off_device - grads_nvme) : 0.0;
+  link += (A * double(grads_off_device) - in_place) * 4;
   // Offloaded block inputs: out after each block's forward, back before its backward.
   link += A * 2.0 * double(acts.stash_layers) * double(acts.stash_bytes);
   o.link_bytes = uint64_t(link);

@@ -47,6 +47,9 @@ class DeviceCache final : public CacheState {
 
   // ---- phases and their traces ---------------------------------------------------------
   void begin_phase(const std::string& phase);
+  // Device bytes a prefetch leaves free for the gradient buffers the coming backward allocates
+  // (GradBuckets::device_reserve; by default the largest).
+  void set_prefetch_reserve(size_t bytes) { prefetch_reserve_ = bytes; }
   // Keeps this step's order as the phase's trace when it had none or the order changed.
   void end_phase();
   const Trace* trace(const std::string& phase) const;
@@ -153,7 +156,7 @@ class DeviceCache final : public CacheState {
   DeviceCachePolicy policy_;
   std::vector<Entry> cache_;
   std::deque<PendingFree> pending_;
-  // Device bytes a prefetch leaves free for the gradient buffers (two of the largest).
+  // Device bytes a prefetch leaves free for the gradient buffer backward allocates next.
   size_t prefetch_reserve_ = 0;
   std::shared_ptr<FetchRing> ring_;  // null until the first NVMe fetch
   // hpZ: module m's secondary shard (device memory) while this phase holds one, else null.

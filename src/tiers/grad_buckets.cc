@@ -23,6 +23,7 @@ GradBuckets::GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& op
       errors_(errors),
       on_final_(std::move(on_final)),
       gdev_(homes.modules().size(), nullptr),
+      in_place_(homes.modules().size(), 0),
       gstats_(homes.modules().size()),
       spill_(homes, counters, errors) {}
 
@@ -41,10 +42,34 @@ Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
   return Status::ok();
 }
 
-Result<float*> GradBuckets::acquire(int m) {
+bool GradBuckets::in_place(int m, int micro) const {
+  return micro == 0 && !sharded_ && dev_.host_addressable() &&
+         homes_.module(m).gacc.tier != Tier::kNvme;
+}
+
+size_t GradBuckets::device_reserve(int micro) const {
+  size_t r = 0;
+  for (size_t m = 0; m < homes_.modules().size(); ++m) {
+    const Module& mod = homes_.module(int(m));
+    if (mod.frozen() || in_place(int(m), micro)) continue;  // LoRA's base: no gradients
+    r = std::max(r, round_up(mod.padded * 4, 256));
+  }
+  return r;
+}
+
+Result<float*> GradBuckets::acquire(int m, int micro) {
   if (gdev_[size_t(m)]) return gdev_[size_t(m)];
   const Module& mod = homes_.module(m);
   const size_t bytes = mod.padded * 4;  // the whole (padded) group
+  if (in_place(m, micro)) {
+    // In compute-stream order, as a device buffer's zeroing: the accumulator's last reader
+    // (the optimizer pass of the step before) is done (TierManager::acquire_grads).
+    auto* acc = static_cast<float*>(mod.gacc.ptr());
+    dev_.memset_zero(dev_.compute_stream(), acc, bytes);
+    gdev_[size_t(m)] = acc;
+    in_place_[size_t(m)] = 1;
+    return acc;
+  }
   STRATA_ASSIGN_OR_RETURN(
       void* p, cache_.allocate(bytes, mod.name + ".grad", -1, UINT64_MAX, /*may_block=*/true),
       "gradients of " + mod.name);
@@ -66,12 +91,16 @@ void GradBuckets::drain(int m, int micro, bool last) {
     drain_sharded(m, g, micro, last);
     return;
   }
-  if (homes_.module(m).gacc.tier == Tier::kNvme) {  // strata.placement.grads = nvme
+  const bool own = !in_place_[size_t(m)];
+  in_place_[size_t(m)] = 0;
+  if (!own) {
+    // GACC holds this micro-batch's gradients already.
+  } else if (homes_.module(m).gacc.tier == Tier::kNvme) {  // strata.placement.grads = nvme
     spill_.accumulate(m, g, micro, last, &gstats_[size_t(m)]);
   } else {
     accumulate(m, g, 0, homes_.module(m).sn, micro);
   }
-  finish(m, g, last);
+  finish(m, own ? g : nullptr, last);
 }
 
 GradStats GradBuckets::stats() const {
@@ -169,9 +198,11 @@ void GradBuckets::finish(int m, float* g, bool last) {
     dev_.host_fn(d2h, [out, acc, n] { *out = strata::grad_stats(acc, DType::kF32, n); });
   }
   // Freed once the drain has run (the cache counts it as room on its way meanwhile).
-  auto drained = std::shared_ptr<Event>(dev_.create_event());
-  dev_.record(*drained, d2h);
-  cache_.release_after(g, homes_.module(m).padded * 4, std::move(drained));
+  if (g) {
+    auto drained = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*drained, d2h);
+    cache_.release_after(g, homes_.module(m).padded * 4, std::move(drained));
+  }
   if (last) on_final_(m);
 }
 
@@ -250,9 +281,10 @@ void GradBuckets::drain_sharded(int m, float* g, int micro, bool last) {
 }
 
 void GradBuckets::release_all() {
-  for (auto& g : gdev_) {
-    if (g) dev_.release(g);
-    g = nullptr;
+  for (size_t m = 0; m < gdev_.size(); ++m) {
+    if (gdev_[m] && !in_place_[m]) dev_.release(gdev_[m]);
+    gdev_[m] = nullptr;
+    in_place_[m] = 0;
   }
   if (bucket_) dev_.release(bucket_);
   bucket_ = nullptr;

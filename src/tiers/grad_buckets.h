@@ -3,7 +3,10 @@
 //
 // Unsharded, each module is drained alone: copied to GACC for the first micro-batch, added
 // for the later ones (through a host landing buffer; read in place where the host can address
-// the device, as the CPU backend), the same on every placement. With
+// the device, as the CPU backend), the same on every placement. Where the device's kernels
+// address GACC (the CPU backend, GACC not on NVMe), the first micro-batch's backward writes
+// GACC itself instead: the same zeroing and kernels, so the same bits, without the copy and
+// without a device buffer the next module's backward would wait for (in_place). With
 // several ranks the drained buffers go into buckets of reduce_bucket_size elements that are
 // reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
 // in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
@@ -41,10 +44,17 @@ class GradBuckets {
   // qgZ the scratch of its reduce-scatter (ZeroPPShape::qgz_scratch_bytes(shard_elems, true)).
   Status init_bucket(size_t shard_elems, size_t bytes);
 
-  // A zeroed device buffer for module m's gradients (the whole padded group) this micro-batch.
-  Result<float*> acquire(int m);
+  // A zeroed buffer for module m's gradients (the whole padded group) in micro-batch `micro`:
+  // a device buffer, or GACC[m] itself where backward can write it in place (in_place).
+  Result<float*> acquire(int m, int micro);
   // After module m's backward: drains its buffer into GACC[m] (and frees it) on the d2h stream.
   void drain(int m, int micro, bool last);
+  // The device bytes a prefetch leaves free in micro-batch `micro` for the gradient buffer its
+  // backward allocates next: the largest not acquired in place; 0 where every one is. (Two,
+  // room for one still draining too, read 1.21-1.59x the on-demand NVMe bytes of TierTest's
+  // tight device once the first micro-batch's were in place; one reads 0.95-0.98x, and
+  // bench-25m and hostmem-190m at 4 GiB step as fast: docs/RELIABILITY.md.)
+  size_t device_reserve(int micro) const;
   // Sharded: reduce-scatters the open bucket now (before a forward, at the end of backward).
   void flush_bucket();
   // The step's gradient norm² and inf/nan flag over this rank's modules; valid after the d2h
@@ -67,7 +77,8 @@ class GradBuckets {
   // GACC[m][a, a + len) <- (micro 0) or += (later) `len` floats at device `src`, on d2h.
   void accumulate(int m, const float* src, size_t a, size_t len, int micro);
   // After module m's gradient buffer g has been accumulated: its grad stats (last), its
-  // buffer freed, and on_final (last), all in d2h stream order.
+  // buffer freed (g null: written in place, nothing to free), and on_final (last), all in d2h
+  // stream order.
   void finish(int m, float* g, bool last);
   void drain_sharded(int m, float* g, int micro, bool last);
 
@@ -80,6 +91,7 @@ class GradBuckets {
   AsyncError& errors_;
   std::function<void(int)> on_final_;
   std::vector<float*> gdev_;       // this micro-batch's device buffers
+  std::vector<char> in_place_;     // gdev_[m] is GACC[m] (acquired in place)
   std::vector<GradStats> gstats_;  // written by the d2h stream
   float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
   size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
@@ -93,6 +105,11 @@ class GradBuckets {
   float* stats_host_ = nullptr;
   // Whether module m's GACC is filled and reduced on the device.
   bool gacc_on_device(int m) const;
+  // Whether backward writes module m's gradients of micro-batch `micro` straight into GACC[m]:
+  // the first micro-batch, one rank, GACC in memory the device's kernels address (the CPU
+  // backend: host and device memory are one). Zeroed and written by the same kernels as a
+  // device buffer, it holds the same bits as the copy it replaces; nothing crosses a link.
+  bool in_place(int m, int micro) const;
   // Allocates stats_dev_ and stats_host_ once; false (the error set) when there is no room.
   bool stats_buffers();
 };

@@ -310,6 +310,10 @@ std::string TierManager::describe() const {
 
 void TierManager::begin_phase(const std::string& phase) { impl_->cache->begin_phase(phase); }
 
+void TierManager::begin_micro(int micro) {
+  impl_->cache->set_prefetch_reserve(impl_->grads->device_reserve(micro));
+}
+
 Result<const void*> TierManager::acquire_params(int m) {
   // A bucket left open by the last backward is reduced before the next forward starts.
   if (impl_->sharded) impl_->grads->flush_bucket();
@@ -322,11 +326,11 @@ Result<const void*> TierManager::acquire_params(int m) {
 
 void TierManager::release_params(int m) { impl_->cache->release(m); }
 
-Result<float*> TierManager::acquire_grads(int m) {
+Result<float*> TierManager::acquire_grads(int m, int micro) {
   // A gradient accumulator is overwritten from here: the deferred step must have read it.
   STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1),
                          "before " + impl_->homes->module(m).name + " backward");
-  return impl_->grads->acquire(m);
+  return impl_->grads->acquire(m, micro);
 }
 
 void TierManager::drain_grads(int m, int micro, bool last) { impl_->grads->drain(m, micro, last); }

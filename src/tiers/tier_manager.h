@@ -133,11 +133,14 @@ class TierManager : public ActivationStore {
 
   // --- one step -------------------------------------------------------------------------
   void begin_phase(const std::string& phase);  // "train" or "eval": one trace per phase
+  // Before each training micro-batch: the device room prefetches leave for its gradients.
+  void begin_micro(int micro);
   // Device pointer to P[m], valid for work enqueued on the compute stream until release.
   Result<const void*> acquire_params(int m);
   void release_params(int m);
-  // A zeroed device gradient buffer for module m for this micro-batch.
-  Result<float*> acquire_grads(int m);
+  // A zeroed gradient buffer for module m for micro-batch `micro` (device memory, or on the CPU
+  // backend the first micro-batch's accumulator itself: GradBuckets::acquire).
+  Result<float*> acquire_grads(int m, int micro);
   // After module m's backward: drain its gradient buffer into GACC[m] (copy for micro 0, add
   // for later ones) on the d2h stream; with `last`, also reduce its norm and inf/nan flag.
   void drain_grads(int m, int micro, bool last);

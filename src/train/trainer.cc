@@ -413,7 +413,7 @@ Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const M
         params_[size_t(m)] = nullptr;
         break;
       case ProgramOp::kAcquireGrads: {
-        STRATA_ASSIGN_OR_RETURN(grads_[size_t(m)], tm_->acquire_grads(m), "backward");
+        STRATA_ASSIGN_OR_RETURN(grads_[size_t(m)], tm_->acquire_grads(m, micro), "backward");
         break;
       }
       case ProgramOp::kDrainGrads:
@@ -467,6 +467,7 @@ Result<double> Run::run_step() {
     const bool last = micro == accum_ - 1;
     data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
     model_->begin_batch(tok_.data(), tgt_.data());
+    tm_->begin_micro(micro);
     const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr,
                         &aux[size_t(micro)]};
     STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb),
