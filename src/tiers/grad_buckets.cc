@@ -43,8 +43,9 @@ Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
 }
 
 bool GradBuckets::in_place(int m, int micro) const {
-  return micro == 0 && !sharded_ && dev_.host_addressable() &&
-         homes_.module(m).gacc.tier != Tier::kNvme;
+  const Home& acc = homes_.module(m).gacc;
+  return micro == 0 && !sharded_ && dev_.host_addressable() && acc.tier != Tier::kNvme &&
+         acc.ptr() != nullptr;
 }
 
 size_t GradBuckets::device_reserve(int micro) const {
