@@ -458,6 +458,19 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
       {"write_gbps", 2.0},
       {"io_probe", {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
   expect_refused(j, "block_size must be an integer");
+  // Found by fuzz_profile (session 20): nvme.aio's block size was converted unchecked too.
+  j = good;
+  j["nvme"] = {{"read_gbps", 2.0},
+               {"write_gbps", 2.0},
+               {"aio", {{"backend", "io_uring"}, {"block_size", 4.4e23}}}};
+  expect_refused(j, "nvme.aio: block_size must be an integer");
+  j["nvme"]["aio"] = {{"queue_depth", 0}};
+  expect_refused(j, "nvme.aio: block_size must be an integer");
+  j["nvme"]["aio"] = {{"block_size", 1048576}, {"queue_depth", 32}};
+  auto ok = parse_machine_profile(j.dump(), "m.json");
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->aio_block_size, 1048576u);
+  EXPECT_EQ(ok->aio_queue_depth, 32);
   auto p = parse_machine_profile("{not json", "m.json");
   ASSERT_FALSE(p.is_ok());
   EXPECT_NE(p.status().message().find("strata probe"), std::string::npos);

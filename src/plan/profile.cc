@@ -66,8 +66,8 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
         "alone is not a machine profile){}",
         origin, j.is_object() && j.contains("magic") ? j["magic"].dump() : "missing", regen));
   }
-  if (!j.contains("version") || !j["version"].is_number_integer() ||
-      j["version"].get<int>() != kMachineProfileVersion) {
+  if (!j.contains("version") ||
+      json_int_in(j["version"], 0, int64_t{1} << 30) != int64_t{kMachineProfileVersion}) {
     return invalid_argument(
         fmt::format("{}: profile version {} is not the version {} this strata "
                     "reads{}",
@@ -189,8 +189,19 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     }
     if (n.contains("aio") && n["aio"].is_object()) {
       p.aio_backend = n["aio"].value("backend", p.aio_backend);
-      p.aio_block_size = n["aio"].value("block_size", p.aio_block_size);
-      p.aio_queue_depth = n["aio"].value("queue_depth", p.aio_queue_depth);
+      // Integers in range, or the run would convert an out-of-range number (undefined).
+      const json& a = n["aio"];
+      const auto bs =
+          json_int_in(a.value("block_size", json(p.aio_block_size)), 512, int64_t{1} << 30);
+      const auto qd = json_int_in(a.value("queue_depth", json(p.aio_queue_depth)), 1, 4096);
+      if (!bs || !qd) {
+        return invalid_argument(fmt::format(
+            "{}: nvme.aio: block_size must be an integer from 512 to 2^30 and queue_depth from 1 "
+            "to 4096 (got {}){}",
+            origin, a.dump().substr(0, 200), regen));
+      }
+      p.aio_block_size = size_t(*bs);
+      p.aio_queue_depth = int(*qd);
     }
   }
   if (j.contains("collectives") && j["collectives"].is_object()) {
