@@ -164,20 +164,29 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
     p.nvme_write_gbps = {nvme_best(false, v), src};
     const json& n = j["nvme"];
+    // An I/O shape's block size and queue depth: integers in range (converting an out-of-range
+    // number would be undefined), required in a probe case, else keeping *bs and *qd.
+    auto io_shape = [&](const json& o, const char* where, bool required, size_t* bs,
+                        int* qd) -> Status {
+      const auto b =
+          json_int_in(o.value("block_size", required ? json() : json(*bs)), 512, int64_t{1} << 30);
+      const auto q = json_int_in(o.value("queue_depth", required ? json() : json(*qd)), 1, 4096);
+      if (!b || !q) {
+        return invalid_argument(fmt::format(
+            "{}: {}: block_size must be an integer from 512 to 2^30 and queue_depth from 1 to "
+            "4096 (got {}){}",
+            origin, where, o.dump().substr(0, 200), regen));
+      }
+      *bs = size_t(*b);
+      *qd = int(*q);
+      return Status::ok();
+    };
     if (n.contains("io_probe") && n["io_probe"].is_object()) {
       for (const auto& c : n["io_probe"].value("cases", json::array())) {
         MachineProfile::NvmeCase k;
         k.backend = c.value("backend", "");
-        const auto bs = json_int_in(c.value("block_size", json()), 512, int64_t{1} << 30);
-        const auto qd = json_int_in(c.value("queue_depth", json()), 1, 4096);
-        if (!bs || !qd) {
-          return invalid_argument(fmt::format(
-              "{}: nvme.io_probe case {}: block_size must be an integer from 512 to 2^30 and "
-              "queue_depth from 1 to 4096{}",
-              origin, c.dump().substr(0, 200), regen));
-        }
-        k.block_size = size_t(*bs);
-        k.queue_depth = int(*qd);
+        STRATA_RETURN_IF_ERROR(
+            io_shape(c, "nvme.io_probe case", true, &k.block_size, &k.queue_depth), "");
         const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
         auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
           return x.backend == k.backend && x.block_size == k.block_size &&
@@ -189,19 +198,8 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     }
     if (n.contains("aio") && n["aio"].is_object()) {
       p.aio_backend = n["aio"].value("backend", p.aio_backend);
-      // Integers in range, or the run would convert an out-of-range number (undefined).
-      const json& a = n["aio"];
-      const auto bs =
-          json_int_in(a.value("block_size", json(p.aio_block_size)), 512, int64_t{1} << 30);
-      const auto qd = json_int_in(a.value("queue_depth", json(p.aio_queue_depth)), 1, 4096);
-      if (!bs || !qd) {
-        return invalid_argument(fmt::format(
-            "{}: nvme.aio: block_size must be an integer from 512 to 2^30 and queue_depth from 1 "
-            "to 4096 (got {}){}",
-            origin, a.dump().substr(0, 200), regen));
-      }
-      p.aio_block_size = size_t(*bs);
-      p.aio_queue_depth = int(*qd);
+      STRATA_RETURN_IF_ERROR(
+          io_shape(n["aio"], "nvme.aio", false, &p.aio_block_size, &p.aio_queue_depth), "");
     }
   }
   if (j.contains("collectives") && j["collectives"].is_object()) {
