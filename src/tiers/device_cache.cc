@@ -49,14 +49,7 @@ DeviceCache::DeviceCache(Homes& homes, const TierOptions& options, DType dt, boo
       errors_(errors),
       policy_(policy_options(options)),
       cache_(homes.modules().size()),
-      secondary_(homes.modules().size(), nullptr) {
-  // Room for backward's next fp32 gradient buffer, until the trainer sets each micro-batch's
-  // (TierManager::begin_micro: none where its gradients are written in place).
-  for (const Module& m : homes.modules()) {
-    if (m.frozen()) continue;  // LoRA's base: no gradients
-    prefetch_reserve_ = std::max(prefetch_reserve_, round_up(m.padded * 4, 256));
-  }
-}
+      secondary_(homes.modules().size(), nullptr) {}
 
 // ---- phases --------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class DeviceCache final : public CacheState {
   // ---- phases and their traces ---------------------------------------------------------
   void begin_phase(const std::string& phase);
   // Device bytes a prefetch leaves free for the gradient buffers the coming backward allocates
-  // (GradBuckets::device_reserve; by default the largest).
+  // (GradBuckets::device_reserve: set by the TierManager).
   void set_prefetch_reserve(size_t bytes) { prefetch_reserve_ = bytes; }
   // Keeps this step's order as the phase's trace when it had none or the order changed.
   void end_phase();

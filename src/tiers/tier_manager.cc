@@ -257,6 +257,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
                                             ip->pipeline->grads_final(m);
                                             ip->spec->grads_final(m);
                                           });
+  // Until the trainer sets each micro-batch's (begin_micro): a later micro-batch's room.
+  I.cache->set_prefetch_reserve(I.grads->device_reserve(1));
   if (I.sharded) {
     STRATA_RETURN_IF_ERROR(I.grads->init_bucket(need.bucket_shard_elems, need.device.bucket),
                            "tier manager");
