@@ -560,13 +560,14 @@ std::vector<Key> build_table() {
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "
         "step's master weights and moments read during backward (besides "
-        "offload_optimizer.buffer_count sub-groups; with parameters on nvme each also holds "
+        "the optimizer pipeline's staging, 2 x offload_optimizer.buffer_count + 1 sub-groups; "
+        "with parameters on nvme each also holds "
         "its new parameters' staging piece, and with gradients on nvme the pass reads their "
         "accumulator into it with the state), so the optimizer pass, deferred into the next "
         "forward or after backward, reads less while the step waits; a pass keeps the "
         "sub-groups it steps in the same room for the next step (written, not read back); at "
         "most what the host budget leaves after the host tier's needs. auto: all of that "
-        "(strata.host_memory_limit; without it 90% of MemAvailable); 0: buffer_count "
+        "(strata.host_memory_limit; without it 90% of MemAvailable); 0: the staging's "
         "sub-groups only",
         nullptr, kAuto, "auto"));
   add(F("strata.optimizer.delayed_update", Bool(), STRATA_M(strata.delayed_update),

@@ -332,11 +332,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     host_peak += largest_extents(uint64_t(2 * to.buffer_count + 1));
   }
   // Host, every step deferred to the next forward (the overlap with a step that clipped: no
-  // undo state): under backward the state is read ahead (buffer_count sub-groups) while the
-  // gradients land; the pass under the next forward holds the sub-groups it reads ahead and
-  // writes behind (pipeline_sub_groups_held) and the new parameters' pieces.
+  // undo state): under backward the state is read ahead (the pipeline's whole staging, 2 *
+  // buffer_count + 1 sub-groups, once the last pass's writes drained:
+  // OptimizerPipeline::read_ahead_room) while the gradients land; the pass under the next
+  // forward holds the sub-groups it reads ahead and writes behind (pipeline_sub_groups_held) and
+  // the new parameters' pieces.
   const uint64_t deferred_bwd =
-      homes_and_pieces + landing + largest_extents(uint64_t(std::max(1, to.buffer_count)));
+      homes_and_pieces + landing + largest_extents(uint64_t(2 * std::max(1, to.buffer_count) + 1));
   const uint64_t deferred_fwd = homes_and_pieces + needs.host.param_publish_staging +
                                 needs.host.grad_staging +
                                 largest_extents(pipeline_sub_groups_held(
@@ -528,10 +530,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // it leaves writing (buffer_count and the read-ahead's, OptimizerPipeline::max_writes).
     double drained = 0;
     if (opt_nvme_bytes > 0) {
-      // The sub-groups read ahead: buffer_count and strata.optimizer.read_ahead's, the last in
-      // module order (backward's first); for a step deferred to the next forward, the first
-      // (the forward's first).
-      const size_t n_ahead = size_t(std::max(1, to.buffer_count)) + read_ahead_subs;
+      // The sub-groups read ahead: the pipeline's staging (2 * buffer_count + 1, its writes
+      // drained under backward: OptimizerPipeline::read_ahead_room) and
+      // strata.optimizer.read_ahead's, the last in module order (backward's first); for a step
+      // deferred to the next forward, the first (the forward's first).
+      const size_t depth = size_t(std::max(1, to.buffer_count));
+      const size_t n_ahead = 2 * depth + 1 + read_ahead_subs;
       const double ahead = state_of_first_sub_groups(n_ahead, true),
                    ahead_fwd = state_of_first_sub_groups(n_ahead, false);
       const double opt = double(opt_nvme_bytes);
@@ -542,8 +546,8 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
       // pass steps the sub-groups read ahead under backward (in module order) first and waits
       // for the reads of the rest and for its writes but the last ones, which drain behind.
-      drained = std::min(
-          1.0, double(n_ahead) / double(std::max<size_t>(1, needs.host.optimizer_sub_groups)));
+      drained = std::min(1.0, double(depth + read_ahead_subs) /
+                                  double(std::max<size_t>(1, needs.host.optimizer_sub_groups)));
       window_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
       window_after += opt * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);
     }

@@ -542,10 +542,8 @@ Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
 }
 
 size_t OptimizerPipeline::read_ahead_room() const {
-  const size_t held = prepared_count(), cap = depth() + extra_;
-  if (held >= cap) return 0;
-  const size_t busy = held + sub_groups_writing(), total = 2 * depth() + 1 + extra_;
-  return busy >= total ? 0 : std::min(cap - held, total - busy);
+  const size_t busy = prepared_count() + sub_groups_writing(), total = 2 * depth() + 1 + extra_;
+  return busy >= total ? 0 : total - busy;
 }
 
 Status OptimizerPipeline::bound_writes() {

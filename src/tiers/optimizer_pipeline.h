@@ -212,10 +212,14 @@ class OptimizerPipeline {
   Status bound_writes();
   // Distinct sub-groups with writes in flight from buffers not kept.
   size_t sub_groups_writing() const;
-  // How many more sub-groups may be read ahead now: those held (prepared) stay within
-  // buffer_count plus the read-ahead's, and with the sub-groups still being written within the
-  // staging the memory model reserves (2 * buffer_count + 1) plus the read-ahead's room. The
-  // speculation under backward and a pass reading beyond buffer_count share this rule.
+  // How many more sub-groups may be read ahead now: those held (prepared, the kept among them)
+  // and those still being written stay within the staging the memory model reserves
+  // (2 * buffer_count + 1) plus the read-ahead's room. Once the last pass's writes have
+  // drained, the read-ahead under backward fills all of it, not only buffer_count: stepping a
+  // prepared sub-group turns it into one being written, so a pass needs no more room than it
+  // holds (issue #25: hostmem-190m's deferred pass had read 5 sub-groups at 4 GiB, with the
+  // forward waiting, that the idle disk could have read under backward). The speculation
+  // under backward and a pass reading beyond buffer_count share this rule.
   size_t read_ahead_room() const;
   size_t depth() const { return size_t(std::max(1, opt_.buffer_count)); }
   // Sub-groups read ahead during backward beyond depth() (read_ahead_sub_groups(), in room of
