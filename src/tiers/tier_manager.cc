@@ -242,11 +242,11 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   const size_t read_ahead = read_ahead_sub_groups(need, options, shadow_extents);
   if (read_ahead > 0) {
     log_info(
-        "tier manager: optimizer read-ahead room {} sub-groups ({}), besides buffer_count {} "
-        "(strata.optimizer.read_ahead): a pass keeps them in host memory for the next step "
-        "(written to NVMe, not read back)",
+        "tier manager: optimizer read-ahead room {} sub-groups ({}), besides the pipeline's "
+        "staging of {} (2 x buffer_count + 1) (strata.optimizer.read_ahead): a pass keeps them "
+        "in host memory for the next step (written to NVMe, not read back)",
         read_ahead, format_bytes(double(read_ahead * need.host.optimizer_sub_group)),
-        options.buffer_count);
+        2 * std::max(1, options.buffer_count) + 1);
   }
   I.pipeline->set_read_ahead(read_ahead);
   I.spec =
