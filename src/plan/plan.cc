@@ -329,7 +329,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (opt_nvme_bytes > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more
     // than the model has: the largest ones.
-    host_peak += largest_extents(uint64_t(2 * to.buffer_count + 1));
+    host_peak += largest_extents(pipeline_staging_sub_groups(to.buffer_count));
   }
   // Host, every step deferred to the next forward (the overlap with a step that clipped: no
   // undo state): under backward the state is read ahead (the pipeline's whole staging, 2 *
@@ -338,7 +338,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // forward holds the sub-groups it reads ahead and writes behind (pipeline_sub_groups_held) and
   // the new parameters' pieces.
   const uint64_t deferred_bwd =
-      homes_and_pieces + landing + largest_extents(uint64_t(2 * std::max(1, to.buffer_count) + 1));
+      homes_and_pieces + landing + largest_extents(pipeline_staging_sub_groups(to.buffer_count));
   const uint64_t deferred_fwd = homes_and_pieces + needs.host.param_publish_staging +
                                 needs.host.grad_staging +
                                 largest_extents(pipeline_sub_groups_held(
@@ -534,8 +534,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       // drained under backward: OptimizerPipeline::read_ahead_room) and
       // strata.optimizer.read_ahead's, the last in module order (backward's first); for a step
       // deferred to the next forward, the first (the forward's first).
-      const size_t depth = size_t(std::max(1, to.buffer_count));
-      const size_t n_ahead = 2 * depth + 1 + read_ahead_subs;
+      const size_t n_ahead = pipeline_staging_sub_groups(to.buffer_count) + read_ahead_subs;
       const double ahead = state_of_first_sub_groups(n_ahead, true),
                    ahead_fwd = state_of_first_sub_groups(n_ahead, false);
       const double opt = double(opt_nvme_bytes);
@@ -546,7 +545,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
       // pass steps the sub-groups read ahead under backward (in module order) first and waits
       // for the reads of the rest and for its writes but the last ones, which drain behind.
-      drained = std::min(1.0, double(depth + read_ahead_subs) /
+      drained = std::min(1.0, double(size_t(std::max(1, to.buffer_count)) + read_ahead_subs) /
                                   double(std::max<size_t>(1, needs.host.optimizer_sub_groups)));
       window_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
       window_after += opt * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);

@@ -180,7 +180,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   n.host.param_publish_staging =
       publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
   n.host.staging += n.host.param_fetch_staging + n.host.param_publish_staging;
-  n.host.optimizer_staging = size_t(2 * options.buffer_count + 1) * max_opt;
+  n.host.optimizer_staging = pipeline_staging_sub_groups(options.buffer_count) * max_opt;
   // A read-ahead sub-group, once stepped, drains behind with its new parameters' piece when
   // they are NVMe-homed (OptimizerPipeline::piece), and holds its gradients' while read ahead
   // in a pass when they are on NVMe: the unit holds all three.

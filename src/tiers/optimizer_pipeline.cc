@@ -542,7 +542,8 @@ Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
 }
 
 size_t OptimizerPipeline::read_ahead_room() const {
-  const size_t busy = prepared_count() + sub_groups_writing(), total = 2 * depth() + 1 + extra_;
+  const size_t busy = prepared_count() + sub_groups_writing(),
+               total = pipeline_staging_sub_groups(opt_.buffer_count) + extra_;
   return busy >= total ? 0 : total - busy;
 }
 

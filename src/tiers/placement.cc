@@ -111,7 +111,7 @@ Result<Placement> placement_from_config(const Config& cfg, const Device& device)
 }
 
 uint64_t max_sub_group_elems(size_t host_capacity, int buffer_count) {
-  const uint64_t per_elem = uint64_t(2 * std::max(1, buffer_count) + 1) * 12;
+  const uint64_t per_elem = uint64_t(pipeline_staging_sub_groups(buffer_count)) * 12;
   const uint64_t g = uint64_t(host_capacity) / 8 / per_elem / kSubGroupAlign * kSubGroupAlign;
   return std::max<uint64_t>(g, kSubGroupAlign);
 }

@@ -61,6 +61,13 @@ Result<Placement> placement_from_config(const Config& cfg, const Device& device)
 // bytes start on a 4096-byte boundary (O_DIRECT transfers into a whole module's buffer).
 inline constexpr uint64_t kSubGroupAlign = 2048;
 
+// The optimizer pipeline's host staging in sub-groups: buffer_count being read, as many being
+// written, one being stepped (memory_model.cc reserves it; under backward the read-ahead may
+// fill all of it: OptimizerPipeline::read_ahead_room).
+inline size_t pipeline_staging_sub_groups(int buffer_count) {
+  return 2 * size_t(buffer_count > 1 ? buffer_count : 1) + 1;
+}
+
 // The largest sub-group whose optimizer staging ((2 * buffer_count + 1) sub-groups of fp32
 // master weights and two fp32 moments) takes at most an eighth of the host budget (at least
 // kSubGroupAlign). The sub-group size is zero_optimization.sub_group_size (DeepSpeed's 1e9 by

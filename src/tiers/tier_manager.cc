@@ -246,7 +246,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
         "staging of {} (2 x buffer_count + 1) (strata.optimizer.read_ahead): a pass keeps them "
         "in host memory for the next step (written to NVMe, not read back)",
         read_ahead, format_bytes(double(read_ahead * need.host.optimizer_sub_group)),
-        2 * std::max(1, options.buffer_count) + 1);
+        pipeline_staging_sub_groups(options.buffer_count));
   }
   I.pipeline->set_read_ahead(read_ahead);
   I.spec =
