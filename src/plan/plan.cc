@@ -433,8 +433,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     fetch = pbytes * 2.0 * A * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
     link += fetch + double(P_trained) * es * cached;
-  } else {
-    link += double(opt_host_params) * es;  // new low-precision params back to the device
+  } else if (!pf.cpu_backend) {
+    // New low-precision params back to the device (the CPU backend's host-stepped optimizer
+    // writes a host-addressable device's parameters in place: nothing crosses).
+    link += double(opt_host_params) * es;
   }
   // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
   // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.

@@ -456,6 +456,10 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
     } else {
       dev_.copy_h2d(h2d, static_cast<char*>(m.p.dev) + off, src, bytes);
     }
+    // Host-stepped parameters of a device-homed module cross the link as a cached copy's
+    // write-through does (the planner counts both; these had gone uncounted: -20% of the
+    // minimum with the optimizer in host RAM, session 22's GPU run).
+    counters_.update([bytes](TierCounts& n) { n.dev_in += bytes; });
   }
   if (cache_.resident(k)) {
     if (sharded_) {
