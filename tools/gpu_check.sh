@@ -13,7 +13,8 @@
 #   --results DIR      where the report goes (default: <build dir>/gpu-check-<UTC date-time>)
 #   --build-dir DIR    build directory (default: build-gpu; an existing build is reused)
 #   --jobs N           parallel build jobs (default: all cores)
-#   --phases LIST      comma-separated subset of: env,build,tests,sanitizer,gemm,copy,attention,train
+#   --phases LIST      comma-separated subset of:
+#                      env,build,tests,sanitizer,gemm,copy,attention,train,offload
 #   --arch SM          CUDA architecture, e.g. 90 (default: from nvidia-smi's compute_cap)
 #   --peak-tflops X    the GPU's dense bf16 peak, for GEMM share and MFU (default: from its name)
 #   --nvme-path DIR    swap directory of the "optimizer on NVMe" row (default: <results>/swap)
@@ -34,7 +35,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF="$ROOT/tools/gpu_check.sh"
-ALL_PHASES=(env build tests sanitizer gemm copy attention train)
+ALL_PHASES=(env build tests sanitizer gemm copy attention train offload)
 
 usage() { sed -n '2,32p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
@@ -211,11 +212,15 @@ phase_env() {
   md "| missing packages | ${missing[*]:-none} |"
   local problems=()
   [[ -z $name && $DRY -eq 0 ]] && problems+=("no NVIDIA GPU (nvidia-smi ${smi:-not found})")
-  [[ -z $nvcc ]] && problems+=("no nvcc")
-  [[ -z $cmake ]] && problems+=("no cmake")
-  [[ -z $cxx ]] && problems+=("no C++ compiler")
-  [[ -z $ninja && -z $make ]] && problems+=("neither ninja nor make")
-  ((${#missing[@]})) && problems+=("missing packages: ${missing[*]} (tools/dev.sh deps needs network)")
+  # The build's tools and packages matter only to a run that builds (tools/gpu_lease.sh carries
+  # binaries built elsewhere: its machines lack them, and that is no failure).
+  if [[ " ${SELECTED[*]} " == *" build "* ]]; then
+    [[ -z $nvcc ]] && problems+=("no nvcc")
+    [[ -z $cmake ]] && problems+=("no cmake")
+    [[ -z $cxx ]] && problems+=("no C++ compiler")
+    [[ -z $ninja && -z $make ]] && problems+=("neither ninja nor make")
+    ((${#missing[@]})) && problems+=("missing packages: ${missing[*]} (tools/dev.sh deps needs network)")
+  fi
   if [[ -n $cuda_drv && -n $nvcc_ver && ${cuda_drv%%.*} -lt ${nvcc_ver%%.*} ]]; then
     problems+=("the driver supports CUDA $cuda_drv but nvcc is $nvcc_ver: binaries will fail with cudaErrorInsufficientDriver")
   fi
@@ -479,13 +484,26 @@ phase_attention() {
 # train_table KEY CONFIG FLOPS_PER_TOKEN ROW...: trains CONFIG once per row
 # ("name|offload_param|offload_optimizer|offload_optimizer.ratio|what"), appends the table to
 # the report and sets TABLE_JSON (the rows as a JSON object) and TABLE_BAD (the failed rows).
+# bytes_vs_min LOG: a run summary's bytes per step beside the placement's minimum, e.g.
+# "nvme 1.62 GiB (1.62 GiB, +0.0%); link 1.16 GiB (1.16 GiB, +0.0%)"; "" when it printed none.
+bytes_vs_min() {
+  local out=() t line
+  for t in nvme 'host<->device'; do
+    line=$(grep -m1 "^$t bytes per step" "$1" 2>/dev/null) || continue
+    line=$(sed 's/^[^:]*: //; s/ (median of steps [0-9-]*)//; s/, the placement.s minimum \([^(]*\) (\(.*\))$/ (\1, \2)/' <<<"$line")
+    out+=("${t/host<->device/link} $line")
+  done
+  local IFS=';'
+  echo "${out[*]}" | sed 's/;/; /g'
+}
+
 train_table() {
   local key=$1 cfg=$2 flops_tok=$3
   shift 3
   local dir nvme=${NVME:-$R/swap} row
   dir=$(dirname "$cfg")
-  md "| row | parameters | optimizer state | tokens/s | MFU | step ms | fwd/bwd ms | optimizer ms | result |"
-  md "|---|---|---|---|---|---|---|---|---|"
+  md "| row | parameters | optimizer state | tokens/s | MFU | step ms | fwd/bwd ms | optimizer ms | bytes per step (the placement's minimum) | result |"
+  md "|---|---|---|---|---|---|---|---|---|---|"
   TABLE_JSON="" TABLE_BAD=()
   for row in "$@"; do
     local name pdev odev ratio what
@@ -509,11 +527,11 @@ train_table() {
         mfu=$(awk -v t="$tps" -v f="$flops_tok" -v p="$PEAK_SEL" 'BEGIN{printf "%.1f%%", 100*t*f/(p*1e12)}')
       fi
       ms() { [[ -n $1 ]] && awk -v s="$1" 'BEGIN{printf "%.0f", s*1000}' || echo "?"; }
-      md "| $name: $what | $pdev | $odev | $(printf '%.0f' "${tps:-0}") | $mfu | $(ms "$step") | $(ms "$fb") | $(ms "$opt") | ok ($((SECONDS - t0)) s) |"
+      md "| $name: $what | $pdev | $odev | $(printf '%.0f' "${tps:-0}") | $mfu | $(ms "$step") | $(ms "$fb") | $(ms "$opt") | $(bytes_vs_min "$log") | ok ($((SECONDS - t0)) s) |"
     else
       local why
       why=$(grep -m1 'strata train:' "$log" | head -c 300)
-      md "| $name: $what | $pdev | $odev | | | | | | FAILED (exit $rc): ${why:-see logs/train-$key-$name.log} |"
+      md "| $name: $what | $pdev | $odev | | | | | | | FAILED (exit $rc): ${why:-see logs/train-$key-$name.log} |"
       TABLE_BAD+=("$key $name: exit $rc")
     fi
     TABLE_JSON+="$(json_str "$name"): {\"offload_param\": \"$pdev\", \"offload_optimizer\": \"$odev\", \"ratio\": $ratio, \"exit\": $rc, \"tokens_per_s\": $(json_num "$tps"), \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"mfu\": $(json_str "$mfu")},"
@@ -609,6 +627,84 @@ phase_train() {
     result failed "$(IFS=';'; echo "${bad[*]}")"
   else
     result ok "8 runs trained ($TRAIN_BACKEND): GPT-2 124M in 5 placements, Llama ~1B in 3"
+  fi
+}
+
+# Issue #25's shape on the GPU: configs/hostmem-190m.json (15 x 1024, bf16, clipping 1.0 biting
+# every step, parameters and optimizer state on NVMe) in four schedules and budgets. Every row
+# must give the same losses bit for bit (the metrics' losses compared as written); each row's
+# step (median after the first two), optimizer, NVMe bytes per step against the placement's
+# minimum, and peak RSS. In a dry run, a 2-layer shape of it on the CPU backend.
+phase_offload() {
+  exe=$(bin_path strata)
+  [[ -x $exe ]] || { result failed "strata not built"; return; }
+  local cfg="$ROOT/configs/hostmem-190m.json" steps=8 backend=cuda
+  ((QUICK)) && steps=6
+  local shape=()
+  if [[ $DRY = 1 ]]; then
+    backend=cpu steps=3
+    shape=(--set model.n_layer=2 --set model.n_embd=64 --set model.n_head=2)
+  fi
+  local dir="$R/offload" nvme=${NVME:-$R/swap}/offload bad=() json="" ref="" row
+  mkdir -p "$dir" "$nvme"
+  md "configs/hostmem-190m.json on the $backend backend, $steps steps, swap in $nvme."
+  md ""
+  md "| row | step ms | fwd/bwd ms | optimizer ms | bytes per step (the placement's minimum) | peak RSS | losses | result |"
+  md "|---|---|---|---|---|---|---|---|"
+  for row in "plain|the plain schedule (strata.optimizer.overlap false)|strata.optimizer.overlap=false" \
+             "auto|as shipped (256 MiB host budget, gradients on NVMe, defer auto)|" \
+             "never|the pass after backward (defer never)|strata.optimizer.defer=\"never\"" \
+             "host-4g|4 GiB host budget, gradients in host RAM, defer auto|strata.host_memory_limit=\"4GiB\";strata.placement.grads=\"host\""; do
+    local name what sets
+    IFS='|' read -r name what sets <<<"$row"
+    local rdir="$dir/$name" log="$R/logs/offload-$name.log" t0=$SECONDS rc extra=()
+    local IFS_SAVE=$IFS
+    IFS=';'
+    for kv in $sets; do extra+=(--set "$kv"); done
+    IFS=$IFS_SAVE
+    rm -rf "$rdir" "${nvme:?}"/*
+    run 240 "$exe" train --config "$cfg" "${shape[@]}" --set "device.backend=\"$backend\"" \
+      --set "train.steps=$steps" --set "train.checkpoint_dir=\"$rdir\"" \
+      --set "train.final_checkpoint=false" \
+      --set "zero_optimization.offload_param.nvme_path=\"$nvme\"" \
+      --set "zero_optimization.offload_optimizer.nvme_path=\"$nvme\"" \
+      ${extra[@]+"${extra[@]}"} >"$log" 2>&1
+    rc=$?
+    local m="$rdir/metrics.jsonl" step="" fb="" opt="" losses="" nv="" rss="" same="?"
+    if ((rc == 0)) && [[ -f $m ]]; then
+      med() { grep -o "\"$1\":[0-9.e+-]*" "$m" | cut -d: -f2 | tail -n +3 | sort -g |
+                awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]}'; }
+      ms() { [[ -n $1 ]] && awk -v s="$1" 'BEGIN{printf "%.0f", s*1000}' || echo "?"; }
+      step=$(med step_s) fb=$(med fwd_bwd_s) opt=$(med optimizer_s)
+      losses=$(grep -o '"loss":[0-9.e+-]*' "$m" | cut -d: -f2 | paste -sd, -)
+      nv=$(bytes_vs_min "$log")
+      rss=$(grep -m1 'peak RSS (VmHWM)' "$log" | sed 's/.*peak RSS (VmHWM) \([0-9.]* [KMG]iB\).*/\1/')
+      if [[ -z $ref ]]; then
+        ref=$losses same="reference"
+      elif [[ $losses == "$ref" ]]; then
+        same="same bits"
+      else
+        same="DIFFER"
+        bad+=("$name: losses differ from plain")
+      fi
+      md "| $name: $what | $(ms "$step") | $(ms "$fb") | $(ms "$opt") | ${nv:-?} | ${rss:-?} | $same | ok ($((SECONDS - t0)) s) |"
+    else
+      local why
+      why=$(grep -m1 'strata train:' "$log" | head -c 300)
+      md "| $name: $what | | | | | | | FAILED (exit $rc): ${why:-see logs/offload-$name.log} |"
+      bad+=("$name: exit $rc")
+    fi
+    json+="$(json_str "$name"): {\"exit\": $rc, \"step_s\": $(json_num "$step"), \"fwd_bwd_s\": $(json_num "$fb"), \"optimizer_s\": $(json_num "$opt"), \"bytes\": $(json_str "$nv"), \"peak_rss\": $(json_str "$rss"), \"losses\": [${losses}], \"same_as_plain\": $(json_str "$same")},"
+  done
+  rm -rf "${nvme:?}"
+  md ""
+  md "Losses (plain): ${ref:-none}"
+  printf '{"backend": "%s", "steps": %s, "rows": {%s}}\n' "$backend" "$steps" "${json%,}" \
+    >"$R/json/offload.json"
+  if ((${#bad[@]})); then
+    result failed "$(IFS=';'; echo "${bad[*]}")"
+  else
+    result ok "hostmem-190m ($backend): 4 schedules, the same losses bit for bit"
   fi
 }
 
@@ -755,7 +851,9 @@ self_test() {
     phases/train/result/models/gpt2-124m/rows/device-opt-host \
     phases/train/result/models/gpt2-124m/rows/ratio phases/train/result/models/gpt2-124m/rows/host \
     phases/train/result/models/gpt2-124m/rows/nvme phases/train/result/models/llama-1b/rows/device \
-    phases/train/result/models/llama-1b/rows/host phases/train/result/models/llama-1b/rows/nvme
+    phases/train/result/models/llama-1b/rows/host phases/train/result/models/llama-1b/rows/nvme \
+    phases/offload/result/rows/plain phases/offload/result/rows/auto \
+    phases/offload/result/rows/never phases/offload/result/rows/host-4g
   for p in "${ALL_PHASES[@]}"; do
     check "report.md has a section for $p" grep -q "^## $p\$" "$r/report.md"
     check "phase $p is ok or skipped" grep -Eq "^\| $p \| (ok|skipped) \|" "$r/report.md"
@@ -763,6 +861,8 @@ self_test() {
   check "the report says it was a dry run" grep -q "Dry run: no GPU was used" "$r/report.md"
   check "the fused attention ran in the attention benchmark" grep -q '| fused |' "$r/report.md"
   check "the training tables have 8 rows (5 GPT, 3 Llama)" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 8
+  check "the offload rows have the plain schedule's losses" test "$(grep -c '| same bits | ok' "$r/report.md")" -eq 3
+  check "the offload rows show NVMe bytes against the minimum" grep -q '| plain: .*| nvme [0-9.]* [KMG]iB ([0-9.]* [KMG]iB, [-+][0-9.]*%)' "$r/report.md"
   check "the paths are printed" grep -q "^report: $r/report.md" "$tmp/dry.log"
   # A failing phase is recorded and the script goes on: a build dir without binaries.
   "$SELF" --dry-run --phases build,gemm,train --results "$tmp/broken" --build-dir "$tmp/nobuild" \
