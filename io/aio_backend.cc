@@ -48,9 +48,13 @@ class AioBackend final : public Backend {
       cb->data = reinterpret_cast<void*>(op.tag);
       batch.push_back(cb);
     }
+    // Runs of small requests in one system call; a large one alone, unmerged (kUnbatchedBytes).
     size_t done = 0;
     while (done < batch.size()) {
-      int rc = io_submit(ctx_, static_cast<long>(batch.size() - done), batch.data() + done);
+      size_t end = done;
+      while (end < batch.size() && ops[end].length < kUnbatchedBytes) ++end;
+      if (end == done) ++end;  // a large request
+      int rc = io_submit(ctx_, static_cast<long>(end - done), batch.data() + done);
       if (rc > 0) {
         done += rc;
       } else if (rc != -EINTR && rc != -EAGAIN) {

@@ -95,9 +95,16 @@ class UringBackend final : public Backend {
       }
       if (fixed_files_) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, op.tag);
+      // A large request goes alone (with the small ones before it), unmerged (kUnbatchedBytes).
+      if (op.length >= kUnbatchedBytes) STRATA_RETURN_IF_ERROR(flush(), "");
     }
-    // One syscall for the whole batch; retry if interrupted.
+    return flush();  // the rest in one system call
+  }
+
+  // Submits every prepared entry; retries if interrupted.
+  Status flush() {
     for (;;) {
+      if (io_uring_sq_ready(&ring_) == 0) return Status::ok();
       int rc = io_uring_submit(&ring_);
       if (rc >= 0) return Status::ok();
       if (rc != -EINTR && rc != -EAGAIN) return errno_status(-rc, "io_uring_submit");
