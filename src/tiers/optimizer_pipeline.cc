@@ -429,8 +429,8 @@ size_t OptimizerPipeline::Pass::end_of(int k) const {
 }
 
 Status OptimizerPipeline::step(int k, const OptimizerHyper& hyper, float grad_mult,
-                               const BeforeStep& before, bool keep) {
-  Pass p = begin_pass({k}, hyper, grad_mult, nullptr, before, keep);
+                               const BeforeStep& before) {
+  Pass p = begin_pass({k}, hyper, grad_mult, nullptr, before, /*keep=*/true);
   return advance(p, SIZE_MAX);
 }
 

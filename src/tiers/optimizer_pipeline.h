@@ -146,9 +146,9 @@ class OptimizerPipeline {
   // sub-group's).
   void derive(int k, const Slot& s, void* lp) const;
   // Steps every sub-group of module k (reading the next ones ahead as the reservation allows;
-  // `before` sees each slot first) and publishes its new parameters.
-  Status step(int k, const OptimizerHyper& hyper, float grad_mult, const BeforeStep& before = {},
-              bool keep = false);
+  // `before` sees each slot first) and publishes its new parameters, keeping its sub-groups for
+  // the next step as a pass does (Pass::keep).
+  Status step(int k, const OptimizerHyper& hyper, float grad_mult, const BeforeStep& before = {});
   // The pipeline over `order`: buffer_count sub-groups read ahead while one is stepped, writes
   // draining behind. With `shadows` (indexed by module): gradients from the second
   // accumulator, parameters into a fresh shadow per module (the delayed update).

@@ -132,7 +132,7 @@ Status Speculation::step_ready(bool wait_all) {
     // only without undo state had every step that clipping could roll back, bitten or not,
     // read its whole state again (session 22: GPT-2 124M with the optimizer on NVMe, 2.78 GiB
     // of NVMe a step where a pass that keeps moves 1.63).
-    st = pipeline_.step(k, hyper_, mult_, keep, /*keep=*/true);
+    st = pipeline_.step(k, hyper_, mult_, keep);
     if (st.is_ok()) {
       stepped_[k] = std::move(undo);
       counters_.update([](TierCounts& n) { ++n.modules_stepped_under_backward; });
