@@ -11,6 +11,14 @@
 #                                    their times add where the bound above takes the larger
 #                                    (each term of that max is one processor: the GPU, the
 #                                    disk, the host CPU): max(compute + optimizer alone, disk)
+#   step / schedule bound            the schedule bound: what the exact schedules a clipped step
+#                                    can run (its pass deferred into the next forward, or after
+#                                    backward; the faster) allow with these terms: the bytes of
+#                                    the pass the step waits on (the planner's
+#                                    clipped_pass_bytes) at fio's rate for their mix, beside the
+#                                    compute they cannot overlap. schedule / bound above 1.2
+#                                    says the issue's 1.2x is beyond those schedules on this disk
+#                                    and host budget.
 #
 # Per round: fio on the config's swap directory with the step's read/write mix (the planner's
 # bytes for the config's placement; 1 MiB, QD 32, O_DIRECT, io_uring, on hugetlb pages with
@@ -39,11 +47,16 @@ trap 'rm -rf "$work"' EXIT
 placement=$(sed -nE 's/^config .* asks for ([^:]+):.*/\1/p' "$work/plan.txt")
 cpu=0  # the CPU backend: compute and optimizer share the cores (the shared-core bound)
 grep -qE '^batch: .*; cpu backend$' "$work/plan.txt" && cpu=1
-read -r rbytes wbytes < <(python3 -c "
+# The step's bytes, and those of the optimizer's pass that a step whose clipping bites waits on
+# (deferred into the next forward, or after backward) with the share of compute a deferred pass
+# overlaps (the first micro-batch's forward).
+read -r rbytes wbytes dr dw ar aw f0 < <(python3 -c "
 import json, sys
 j = json.load(open('$work/plan.json'))
 o = [o for o in j['options'] if o['name'] == '$placement'][0]
-print(o['nvme_read_bytes'], o['nvme_write_bytes'])")
+p = o['clipped_pass_bytes']
+print(o['nvme_read_bytes'], o['nvme_write_bytes'], p['deferred']['read'], p['deferred']['write'],
+      p['after_backward']['read'], p['after_backward']['write'], o['first_forward_share'])")
 swap=$(python3 "$(dirname "$0")/bench_swap_dir.py" "$config")
 mkdir -p "$swap"
 mix=$(python3 -c "print(round(100 * $rbytes / max(1, $rbytes + $wbytes)))")
@@ -63,8 +76,9 @@ fi
 fio_file="$swap/strata-bench-bound.dat"
 fio --name=lay --filename="$fio_file" --size=4G --rw=write --bs=1M --direct=1 \
   --ioengine=io_uring >/dev/null 2>&1
-fio_mixed() {  # -> GB/s, reads and writes together
-  fio --name=mix --filename="$fio_file" --size=4G --rw=rw --rwmixread="$mix" --bs=1M \
+pass_mix=$(python3 -c "print(round(100 * $dr / max(1, $dr + $dw)))")
+fio_mixed() {  # [read %] -> GB/s, reads and writes together
+  fio --name=mix --filename="$fio_file" --size=4G --rw=rw --rwmixread="${1:-$mix}" --bs=1M \
     --iodepth=32 --iodepth_batch_submit=32 --iodepth_batch_complete_min=1 "${fio_mem[@]}" \
     --direct=1 --ioengine=io_uring --fixedbufs --registerfiles --output-format=json 2>/dev/null |
     python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]; \
@@ -90,11 +104,19 @@ opt_host=(--set 'zero_optimization.offload_param.device="none"'
   --set 'device.memory_limit="16GiB"' --set 'strata.host_memory_limit="16GiB"'
   --set strata.optimizer.overlap=false)
 
+echo "the optimizer's pass when clipping bites: deferred read $dr + write $dw bytes" \
+  "(read $pass_mix%), after backward read $ar + write $aw bytes; a deferred pass overlaps" \
+  "$f0 of compute"
 printf "%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %s\n" round "fio GB/s" "compute ms" \
   "opt alone" "plain fwd+bwd / opt ms" "overlapped step ms" \
   "step/max(f+b,opt)  step/bound  [step/shared-core bound on the CPU backend]"
+echo "      schedule bound: the faster exact schedule a clipped step can run, with these terms and"
+echo "      fio at the pass's mix (fio GB/s there in brackets); schedule/bound > 1.2 means no run"
+echo "      of that schedule can be within 1.2x the bound on this disk"
 for r in $(seq 1 "$rounds"); do
   gbps=$(fio_mixed)
+  pass_gbps=$gbps
+  [[ $pass_mix != "$mix" ]] && pass_gbps=$(fio_mixed "$pass_mix")
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
@@ -106,6 +128,23 @@ print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms:
     $r, '$gbps', '$compute', '$opt_alone', '$pfb / $popt', '$step',
     $step / max($pfb, $popt), $step / bound, bound,
     'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer'),
-    '  [%.2f: %.0f ms]' % ($step / shared, shared) if $cpu else ''))"
+    '  [%.2f: %.0f ms]' % ($step / shared, shared) if $cpu else ''))
+# The schedule bound (the planner's step_clipped_deferred / step_clipped_plain with these terms):
+# a deferred pass's bytes gate the compute after the first forward's share f0, whose compute it
+# overlaps; after backward, the pass's bytes follow all of compute. On the CPU backend the
+# optimizer's arithmetic shares the cores with compute.
+c, o, f0 = $compute, $opt_alone, $f0
+pd = ($dr + $dw) / ($pass_gbps * 1e9) * 1e3
+pa = ($ar + $aw) / ($pass_gbps * 1e9) * 1e3
+if $cpu:
+    deferred = max(c + o, c * (1 - f0) + max(pd, c * f0), disk)
+else:
+    deferred = max(c * (1 - f0) + max(o, pd, c * f0), disk)
+after = max(c + max(o, pa), disk)
+sched = min(deferred, after)
+print('      [pass fio %s GB/s] schedule bound %.0f ms (%s; pass %.0f ms): step/schedule %.2f,'
+      ' schedule/bound %.2f' % ('$pass_gbps', sched,
+      'deferred' if deferred <= after else 'after backward', pd if deferred <= after else pa,
+      $step / sched, sched / bound))"
 done
 rm -f "$fio_file"

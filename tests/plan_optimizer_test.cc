@@ -176,6 +176,15 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       ASSERT_GT(wg, std::max(qg->time.cpu_optim_s, dg / 9));
       ASSERT_GT(dg * 8 / 9 + wg, qg->time.nvme_s);
       EXPECT_NEAR(qg->time.step_deferred_s, dg * 8 / 9 + wg, 1e-9);
+      // The pass's bytes, exported for tests/bench_step_bound.sh to put fio's rate on: the
+      // state's reads less the read-ahead's and the gradients' reads; the state's writes (after
+      // backward, less the last sub-group's, which drains behind).
+      const double ahead = double((1024 + 128) * C + 2 * block) * 12;
+      EXPECT_NEAR(double(qg->deferred_pass.read), (P * 12 - ahead) + 4 * P, 1.0);
+      EXPECT_NEAR(double(qg->deferred_pass.write), 12 * P, 1.0);
+      EXPECT_NEAR(double(qg->after_backward_pass.read), (P * 12 - ahead) + 4 * P, 1.0);
+      EXPECT_NEAR(double(qg->after_backward_pass.write), 12 * P * 5 / 6, 1.0);
+      EXPECT_DOUBLE_EQ(qg->first_forward_share, 1.0 / 9);
     }
     // Stepped after backward instead: the state read ahead under backward (the embedding's,
     // the first 2 blocks') is stepped first, the pass waits for the rest's reads and for its
@@ -204,6 +213,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   r.engine.strata.optimizer_overlap = false;
   auto p = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->deferred_pass.read + p->deferred_pass.write, 0u);  // no pass to wait on
   EXPECT_NEAR(
       p->time.step_s,
       std::max(p->time.compute_s, p->time.link_s) + std::max(p->time.cpu_optim_s, p->time.nvme_s),

@@ -527,7 +527,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
     // ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
-    double window = 0, window_deferred = 0, window_after = 0;
+    // Each as bytes read and written (per rank, then per node), over the disk's rates.
+    struct Bytes {
+      double read = 0, write = 0;
+      double seconds(const MachineProfile& p) const {
+        return read / (p.nvme_read_gbps.value * 1e9) + write / (p.nvme_write_gbps.value * 1e9);
+      }
+    } window, deferred, after;
     // The share of the pass's writes that drain behind it into the next step: the sub-groups
     // it leaves writing (buffer_count and the read-ahead's, OptimizerPipeline::max_writes).
     double drained = 0;
@@ -540,39 +546,41 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       const double ahead = state_of_first_sub_groups(n_ahead, true),
                    ahead_fwd = state_of_first_sub_groups(n_ahead, false);
       const double opt = double(opt_nvme_bytes);
-      window += (opt - std::min(opt, ahead)) / (pf.nvme_read_gbps.value * 1e9);
-      window += opt / (pf.nvme_write_gbps.value * 1e9);
-      window_deferred += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
-      window_deferred += opt / (pf.nvme_write_gbps.value * 1e9);
+      window.read += opt - std::min(opt, ahead);
+      window.write += opt;
+      deferred.read += opt - std::min(opt, ahead_fwd);
+      deferred.write += opt;
       // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
       // pass steps the sub-groups read ahead under backward (in module order) first and waits
       // for the reads of the rest and for its writes but the last ones, which drain behind.
       drained = std::min(1.0, double(size_t(std::max(1, to.buffer_count)) + read_ahead_subs) /
                                   double(std::max<size_t>(1, needs.host.optimizer_sub_groups)));
-      window_after += (opt - std::min(opt, ahead_fwd)) / (pf.nvme_read_gbps.value * 1e9);
-      window_after += opt * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);
+      after.read += opt - std::min(opt, ahead_fwd);
+      after.write += opt * (1.0 - drained);
     }
     if (where.params == Tier::kNvme) {
-      window += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
-      window_deferred += double(P_trained) * es / (pf.nvme_write_gbps.value * 1e9);
-      window_after += double(P_trained) * es * (1.0 - drained) / (pf.nvme_write_gbps.value * 1e9);
+      window.write += double(P_trained) * es;
+      deferred.write += double(P_trained) * es;
+      after.write += double(P_trained) * es * (1.0 - drained);
     }
     // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
-    window += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
-    window_deferred += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
-    window_after += double(grads_nvme) * 4 / (pf.nvme_read_gbps.value * 1e9);
-    window_after *= double(W);
-    window_deferred *= double(W);  // the deferred step's own traffic
-    if (where.params == Tier::kNvme) {
-      window += nvme_param_read / (2.0 * A) / (pf.nvme_read_gbps.value * 1e9);
-    }
-    window *= double(W);  // every local rank shares the node's NVMe bandwidth
+    window.read += double(grads_nvme) * 4;
+    deferred.read += double(grads_nvme) * 4;
+    after.read += double(grads_nvme) * 4;
+    if (where.params == Tier::kNvme) window.read += nvme_param_read / (2.0 * A);
+    // Every local rank shares the node's NVMe bandwidth.
+    o.deferred_pass = {uint64_t(deferred.read) * W, uint64_t(deferred.write) * W};
+    o.after_backward_pass = {uint64_t(after.read) * W, uint64_t(after.write) * W};
+    const double window_s = double(W) * window.seconds(pf);
+    const double window_deferred = double(W) * deferred.seconds(pf);
+    const double window_after = double(W) * after.seconds(pf);
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
     // predicts the next will clip too) and defers its optimizer to the next forward, which
     // steps module i just before module i's forward: it overlaps the first micro-batch's
     // forward, the share f0 = 1 / (A·(3 + r)) of compute, and no more (the backward needs every
     // module's forward). On the CPU backend the optimizer's CPU work shares the cores.
     const double f0 = 1.0 / (A * (3.0 + rc));
+    o.first_forward_share = f0;
     if (pf.cpu_backend) {
       const double cl = comp + t.link_s;
       t.step_deferred_s = std::max(
@@ -596,11 +604,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     if (pf.cpu_backend) {
       const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
       overlapped =
-          std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window, t.nvme_s});
+          std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window_s, t.nvme_s});
     } else {
       const double dev = std::max({comp, t.link_s, t.collectives_s});
       const double start = t.compute_s * start_share;  // before the device optimizer
-      overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window), t.nvme_s});
+      overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window_s), t.nvme_s});
     }
     // Modules without room for their undo copies are stepped after backward.
     t.hidden_share = o.host.undo < undo_want ? double(o.host.undo) / double(undo_want) : 1.0;

@@ -254,6 +254,17 @@ struct PlanOption {
   std::vector<std::string> why;  // each shortfall, with needed vs available
   TimeTerms time;
   uint64_t nvme_read_bytes = 0, nvme_write_bytes = 0, link_bytes = 0, flops = 0;
+  // With the overlap and clipping or fp16 (a step may fall back), the NVMe bytes of the
+  // optimizer's pass that such a step waits on, per node: deferred into the next forward (the
+  // first micro-batch's forward waits module by module on them), or after backward (what the
+  // read-ahead under backward and the writes that drain behind leave). step_deferred_s and
+  // step_plain_s are these over the disk's rates; tests/bench_step_bound.sh puts fio's rate on
+  // the same bytes (the schedule's own bound). Zero without the overlap.
+  struct PassBytes {
+    uint64_t read = 0, write = 0;
+  } deferred_pass, after_backward_pass;
+  // The share of compute a deferred pass overlaps: the first micro-batch's forward.
+  double first_forward_share = 0;
 };
 
 struct PlanReport {

@@ -184,6 +184,13 @@ std::string plan_json(const PlanReport& rep) {
                       {"step_clipped_plain", o.time.step_plain_s},
                       {"optimizer_hidden_share", o.time.hidden_share}}},
                     {"clipped_schedule", o.time.clipped_deferred ? "deferred" : "after backward"},
+                    {"clipped_pass_bytes",
+                     {{"deferred",
+                       {{"read", o.deferred_pass.read}, {"write", o.deferred_pass.write}}},
+                      {"after_backward",
+                       {{"read", o.after_backward_pass.read},
+                        {"write", o.after_backward_pass.write}}}}},
+                    {"first_forward_share", o.first_forward_share},
                     {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
