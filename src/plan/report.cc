@@ -267,6 +267,16 @@ std::string plan_table(const PlanReport& rep) {
           "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
           b.time.step_deferred_s, b.time.step_plain_s, r.engine.strata.optimizer_defer,
           b.time.clipped_deferred ? "deferred" : "after backward");
+      const auto& pass = b.time.clipped_deferred ? b.deferred_pass : b.after_backward_pass;
+      if (pass.read + pass.write > 0) {
+        s += fmt::format(
+            "    its optimizer pass moves {} of NVMe ({} read, {} written) that the step waits "
+            "on{}\n",
+            gb(double(pass.read + pass.write)), gb(double(pass.read)), gb(double(pass.write)),
+            b.time.clipped_deferred ? fmt::format(", beside the first forward ({:.0f}% of compute)",
+                                                  100 * b.first_forward_share)
+                                    : "");
+      }
     }
     if (b.nvme.undo > 0) {
       s += fmt::format(
