@@ -630,6 +630,21 @@ phase_train() {
   fi
 }
 
+# The planner's NVMe terms for a config (and --set arguments): "read write deferred_read
+# deferred_write after_read after_write first_forward_share" of the placement it asks for, per
+# step (plan --json; no Python on the lent machine, so the JSON is flattened and grepped).
+plan_terms() {  # plan_terms OUT_PREFIX strata train args... (--config FILE --set ...)
+  local out=$1
+  shift
+  "$exe" plan "$@" --json "$out.json" >"$out.txt" 2>&1 || return 1
+  local placement flat
+  placement=$(sed -nE 's/^config .* asks for ([^:]+):.*/\1/p' "$out.txt")
+  [[ -n $placement ]] || return 1
+  flat=$(tr -d ' \n' <"$out.json" | sed 's/{"bottleneck"/\n&/g' | grep -m1 "\"name\":\"$placement\"")
+  g() { grep -o "$1" <<<"$flat" | head -1 | grep -o '[0-9][0-9.e+-]*' | tr '\n' ' '; }
+  echo "$(g '"nvme_read_bytes":[0-9]*')$(g '"nvme_write_bytes":[0-9]*')$(g '"deferred":{"read":[0-9]*,"write":[0-9]*}')$(g '"after_backward":{"read":[0-9]*,"write":[0-9]*}')$(g '"first_forward_share":[0-9.e+-]*')"
+}
+
 # Issue #25's shape on the GPU: configs/hostmem-190m.json (15 x 1024, bf16, clipping 1.0 biting
 # every step, parameters and optimizer state on NVMe) in four schedules and budgets. Every row
 # must give the same losses bit for bit (the metrics' losses compared as written); each row's
@@ -649,6 +664,40 @@ phase_offload() {
   mkdir -p "$dir" "$nvme"
   md "configs/hostmem-190m.json on the $backend backend, $steps steps, swap in $nvme."
   md ""
+  # Issue #25's bound's terms on this machine: the swap disk by strata's own engine (1 MiB,
+  # QD 32, io_uring; >= 0.95x fio where both ran, docs/STORAGE.md: fio is not on the lent
+  # machine), and compute and the optimizer alone (parameters and gradients on the device,
+  # master + moments in host memory, the plain schedule: its fwd/bwd and its optimizer).
+  local rgb="" wgb="" comp="" optalone=""
+  if run 90 "$exe" probe io --path "$nvme" --size "$( ((DRY)) && echo 64MiB || echo 2GiB)" \
+      --backends io_uring --block-sizes 1MiB --queue-depths 32 --repeats 3 \
+      --json "$dir/io.json" >"$R/logs/offload-io.log" 2>&1; then
+    local flat
+    flat=$(tr -d ' \n' <"$dir/io.json" | sed 's/},{/}\n{/g')
+    rgb=$(grep '"op":"read"' <<<"$flat" | grep -o '"gbps_median":[0-9.e+-]*' | cut -d: -f2)
+    wgb=$(grep '"op":"write"' <<<"$flat" | grep -o '"gbps_median":[0-9.e+-]*' | cut -d: -f2)
+  fi
+  rm -rf "${nvme:?}"/*
+  if run 240 "$exe" train --config "$cfg" "${shape[@]}" --set "device.backend=\"$backend\"" \
+      --set "train.steps=$steps" --set "train.checkpoint_dir=\"$dir/alone\"" \
+      --set "train.final_checkpoint=false" \
+      --set 'zero_optimization.offload_param.device="none"' \
+      --set 'zero_optimization.offload_optimizer.device="cpu"' \
+      --set 'strata.placement.grads="device"' --set 'device.memory_limit="16GiB"' \
+      --set 'strata.host_memory_limit="16GiB"' --set strata.optimizer.overlap=false \
+      >"$R/logs/offload-alone.log" 2>&1 && [[ -f $dir/alone/metrics.jsonl ]]; then
+    local m="$dir/alone/metrics.jsonl"
+    comp=$(grep -o '"fwd_bwd_s":[0-9.e+-]*' "$m" | cut -d: -f2 | tail -n +3 | sort -g |
+             awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]}')
+    optalone=$(grep -o '"optimizer_s":[0-9.e+-]*' "$m" | cut -d: -f2 | tail -n +3 | sort -g |
+             awk '{v[NR]=$1} END{if (NR) print v[int((NR+1)/2)]}')
+  fi
+  local r3 w3
+  r3=$([[ -n $rgb ]] && awk -v x="$rgb" 'BEGIN{printf "%.2f", x}' || echo "?")
+  w3=$([[ -n $wgb ]] && awk -v x="$wgb" 'BEGIN{printf "%.2f", x}' || echo "?")
+  md "Bound terms: disk read $r3 / write $w3 GB/s (\`strata probe io\`, 1 MiB, QD 32, io_uring); compute alone ${comp:-?} s, optimizer alone ${optalone:-?} s (parameters and gradients on the device, master + moments in host memory, plain schedule)."
+  md ""
+  local -A row_step row_fb row_opt row_sets
   md "| row | step ms | fwd/bwd ms | optimizer ms | bytes per step (the placement's minimum) | peak RSS | losses | result |"
   md "|---|---|---|---|---|---|---|---|"
   for row in "plain|the plain schedule (strata.optimizer.overlap false)|strata.optimizer.overlap=false" \
@@ -687,6 +736,8 @@ phase_offload() {
         same="DIFFER"
         bad+=("$name: losses differ from plain")
       fi
+      row_step[$name]=$step row_fb[$name]=$fb row_opt[$name]=$opt
+      row_sets[$name]=$sets
       md "| $name: $what | $(ms "$step") | $(ms "$fb") | $(ms "$opt") | ${nv:-?} | ${rss:-?} | $same | ok ($((SECONDS - t0)) s) |"
     else
       local why
@@ -699,8 +750,51 @@ phase_offload() {
   rm -rf "${nvme:?}"
   md ""
   md "Losses (plain): ${ref:-none}"
-  printf '{"backend": "%s", "steps": %s, "rows": {%s}}\n' "$backend" "$steps" "${json%,}" \
-    >"$R/json/offload.json"
+  # Issue #25's ratios per overlapped row: step / max(the plain schedule's fwd/bwd, optimizer);
+  # step / bound, bound = max(compute alone, the planner's NVMe bytes for the row over the disk's
+  # read and write rates, optimizer alone); and step / the schedule bound (the faster exact
+  # schedule a clipped step runs: its pass's bytes gate the compute after the first forward's
+  # share f0 when deferred, all of it after backward; tests/bench_step_bound.sh on the CPU).
+  local ratios=""
+  if [[ -n $rgb && -n $wgb && -n $comp && -n $optalone && -n ${row_fb[plain]:-} ]]; then
+    md ""
+    md "| row | step ms | step / max(plain fwd+bwd, plain opt) | disk ms (planner bytes / probe) | bound ms | step / bound | schedule bound ms | step / schedule bound |"
+    md "|---|---|---|---|---|---|---|---|"
+    for name in auto never host-4g; do
+      [[ -n ${row_step[$name]:-} ]] || continue
+      local targs=(--config "$cfg" "${shape[@]}" --set "device.backend=\"$backend\"") terms
+      local IFS_SAVE=$IFS
+      IFS=';'
+      for kv in ${row_sets[$name]}; do targs+=(--set "$kv"); done
+      IFS=$IFS_SAVE
+      terms=$(plan_terms "$dir/plan-$name" "${targs[@]}") || terms=""
+      [[ -n $terms ]] || { md "| $name | planner failed: see $dir/plan-$name.txt |"; continue; }
+      local line
+      line=$(awk -v t="$terms" -v r="$rgb" -v w="$wgb" -v c="$comp" -v o="$optalone" \
+        -v s="${row_step[$name]}" -v fb="${row_fb[plain]}" -v po="${row_opt[plain]}" \
+        -v cpu="$([[ $backend == cpu ]] && echo 1 || echo 0)" 'BEGIN {
+          split(t, a, " "); disk = a[1] / (r * 1e9) + a[2] / (w * 1e9)
+          pd = a[3] / (r * 1e9) + a[4] / (w * 1e9); pa = a[5] / (r * 1e9) + a[6] / (w * 1e9)
+          f0 = a[7]; bound = c; if (disk > bound) bound = disk; if (o > bound) bound = o
+          m = fb; if (po > m) m = po
+          if (cpu) { d = c + o; x = c * (1 - f0) + (pd > c * f0 ? pd : c * f0); if (x > d) d = x }
+          else { y = o; if (pd > y) y = pd; if (c * f0 > y) y = c * f0; d = c * (1 - f0) + y }
+          if (disk > d) d = disk
+          af = c + (o > pa ? o : pa); if (disk > af) af = disk
+          sch = d < af ? d : af
+          printf "%.0f|%.2f|%.0f|%.0f|%.2f|%.0f (%s)|%.2f", s * 1e3, s / m, disk * 1e3, bound * 1e3,
+            s / bound, sch * 1e3, d < af ? "deferred" : "after backward", s / sch }')
+      IFS='|' read -r a1 a2 a3 a4 a5 a6 a7 <<<"$line"
+      md "| $name | $a1 | $a2 | $a3 | $a4 | $a5 | $a6 | $a7 |"
+      ratios+="$(json_str "$name"): {\"step_over_max\": $(json_num "$a2"), \"disk_s\": $(json_num "$(awk -v x="$a3" 'BEGIN{print x/1e3}')"), \"step_over_bound\": $(json_num "$a5"), \"step_over_schedule_bound\": $(json_num "$a7")},"
+    done
+  else
+    md ""
+    md "No bound: the disk probe or the compute-alone run failed (logs/offload-io.log, logs/offload-alone.log)."
+  fi
+  printf '{"backend": "%s", "steps": %s, "disk_read_gbps": %s, "disk_write_gbps": %s, "compute_alone_s": %s, "optimizer_alone_s": %s, "rows": {%s}, "ratios": {%s}}\n' \
+    "$backend" "$steps" "$(json_num "$rgb")" "$(json_num "$wgb")" "$(json_num "$comp")" \
+    "$(json_num "$optalone")" "${json%,}" "${ratios%,}" >"$R/json/offload.json"
   if ((${#bad[@]})); then
     result failed "$(IFS=';'; echo "${bad[*]}")"
   else
@@ -853,7 +947,11 @@ self_test() {
     phases/train/result/models/gpt2-124m/rows/nvme phases/train/result/models/llama-1b/rows/device \
     phases/train/result/models/llama-1b/rows/host phases/train/result/models/llama-1b/rows/nvme \
     phases/offload/result/rows/plain phases/offload/result/rows/auto \
-    phases/offload/result/rows/never phases/offload/result/rows/host-4g
+    phases/offload/result/rows/never phases/offload/result/rows/host-4g \
+    phases/offload/result/disk_read_gbps phases/offload/result/compute_alone_s \
+    phases/offload/result/ratios/auto/step_over_bound \
+    phases/offload/result/ratios/auto/step_over_schedule_bound \
+    phases/offload/result/ratios/host-4g/step_over_bound
   for p in "${ALL_PHASES[@]}"; do
     check "report.md has a section for $p" grep -q "^## $p\$" "$r/report.md"
     check "phase $p is ok or skipped" grep -Eq "^\| $p \| (ok|skipped) \|" "$r/report.md"
@@ -863,6 +961,7 @@ self_test() {
   check "the training tables have 8 rows (5 GPT, 3 Llama)" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 8
   check "the offload rows have the plain schedule's losses" test "$(grep -c '| same bits | ok' "$r/report.md")" -eq 3
   check "the offload rows show NVMe bytes against the minimum" grep -q '| plain: .*| nvme [0-9.]* [KMG]iB ([0-9.]* [KMG]iB, [-+][0-9.]*%)' "$r/report.md"
+  check "the offload phase has issue #25's ratios for 3 rows" test "$(grep -cE '^\| (auto|never|host-4g) \| [0-9]+ \| [0-9.]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \| [0-9]+ \((deferred|after backward)\) \| [0-9.]+ \|$' "$r/report.md")" -eq 3
   check "the paths are printed" grep -q "^report: $r/report.md" "$tmp/dry.log"
   # A failing phase is recorded and the script goes on: a build dir without binaries.
   "$SELF" --dry-run --phases build,gemm,train --results "$tmp/broken" --build-dir "$tmp/nobuild" \
