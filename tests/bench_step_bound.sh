@@ -18,7 +18,8 @@
 #                                    clipped_pass_bytes) at fio's rate for their mix, beside the
 #                                    compute they cannot overlap. schedule / bound above 1.2
 #                                    says the issue's 1.2x is beyond those schedules on this disk
-#                                    and host budget.
+#                                    and host budget; disk / max(f+b, opt) above 1.10 says no
+#                                    schedule moving the placement's bytes meets the issue's 1.10x.
 #
 # Per round: fio on the config's swap directory with the step's read/write mix (the planner's
 # bytes for the config's placement; 1 MiB, QD 32, O_DIRECT, io_uring, on hugetlb pages with
@@ -143,8 +144,8 @@ else:
 after = max(c + max(o, pa), disk)
 sched = min(deferred, after)
 print('      [pass fio %s GB/s] schedule bound %.0f ms (%s; pass %.0f ms): step/schedule %.2f,'
-      ' schedule/bound %.2f' % ('$pass_gbps', sched,
+      ' schedule/bound %.2f, disk/max(f+b,opt) %.2f' % ('$pass_gbps', sched,
       'deferred' if deferred <= after else 'after backward', pd if deferred <= after else pa,
-      $step / sched, sched / bound))"
+      $step / sched, sched / bound, disk / max($pfb, $popt)))"
 done
 rm -f "$fio_file"
