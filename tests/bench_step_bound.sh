@@ -21,7 +21,8 @@
 #                                    and host budget; disk / max(f+b, opt) above 1.10 says no
 #                                    schedule moving the placement's bytes meets the issue's 1.10x.
 #
-# Per round: fio on the config's swap directory with the step's read/write mix (the planner's
+# Per round: fio on the config's swap directory (before the runs and again after them: the mean)
+# with the step's read/write mix (the planner's
 # bytes for the config's placement; 1 MiB, QD 32, O_DIRECT, io_uring, on hugetlb pages with
 # registered buffers when reserved: docs/STORAGE.md); compute alone and the optimizer's compute
 # alone (one run: parameters and gradients on the device, master weights and moments in host
@@ -121,6 +122,14 @@ for r in $(seq 1 "$rounds"); do
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
+  # The disk drifts within minutes (session 23: 1.7-2.9 GB/s): fio again right after the
+  # overlapped run, and the two measurements' mean (both printed).
+  gbps_after=$(fio_mixed)
+  pass_after=$gbps_after
+  [[ $pass_mix != "$mix" ]] && pass_after=$(fio_mixed "$pass_mix")
+  gbps_before=$gbps pass_before=$pass_gbps
+  gbps=$(python3 -c "print('%.3f' % (($gbps_before + $gbps_after) / 2))")
+  pass_gbps=$(python3 -c "print('%.3f' % (($pass_before + $pass_after) / 2))")
   python3 -c "
 disk = ($rbytes + $wbytes) / ($gbps * 1e9) * 1e3
 bound = max($compute, disk, $opt_alone)
@@ -143,6 +152,8 @@ else:
     deferred = max(c * (1 - f0) + max(o, pd, c * f0), disk)
 after = max(c + max(o, pa), disk)
 sched = min(deferred, after)
+print('      [fio before / after the runs: step mix $gbps_before / $gbps_after, pass mix'
+      ' $pass_before / $pass_after GB/s; the means used]')
 print('      [pass fio %s GB/s] schedule bound %.0f ms (%s; pass %.0f ms): step/schedule %.2f,'
       ' schedule/bound %.2f, disk/max(f+b,opt) %.2f' % ('$pass_gbps', sched,
       'deferred' if deferred <= after else 'after backward', pd if deferred <= after else pa,
