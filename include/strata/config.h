@@ -235,6 +235,7 @@ struct StrataConfig {
   double comm_timeout_s = 300.0;       // strata.comm.timeout_s: a collective's wait for peers
   int comm_ranks_per_node = 0;         // strata.comm.ranks_per_node: ZeRO++ nodes; 0 = hosts
   std::string activations = "keep";    // strata.activations: keep | recompute | offload
+  int64_t grouped_forwards = 0;        // strata.grouped_forwards: 0 = auto (resolved at setup)
   std::string log_level = "info";      // strata.log_level
   // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from
   // zero_optimization.offload_param / offload_optimizer (DeepSpeed cannot split these).

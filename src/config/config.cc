@@ -458,6 +458,20 @@ Status resolve(Ctx* ctx, int world_size) {
     }
   }
 
+  if (c.strata.grouped_forwards > c.gradient_accumulation_steps) {
+    return invalid_argument(fmt::format(
+        "strata.grouped_forwards: {} is more than gradient_accumulation_steps ({}); a forward "
+        "group holds at most one step's micro-batches (set it to {} or less, or \"auto\")",
+        c.strata.grouped_forwards, c.gradient_accumulation_steps, c.gradient_accumulation_steps));
+  }
+  if (c.strata.grouped_forwards > 1 && c.strata.activations == "offload") {
+    return invalid_argument(fmt::format(
+        "strata.grouped_forwards: {} under strata.activations = offload, which keeps one set of "
+        "block inputs; set strata.grouped_forwards to 1 (or \"auto\"), or activations to keep "
+        "or recompute",
+        c.strata.grouped_forwards));
+  }
+
   // zero
   ZeroConfig& z = c.zero;
   const size_t h = static_cast<size_t>(c.model.n_embd);

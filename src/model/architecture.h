@@ -90,8 +90,14 @@ struct ProgramOp {
 // every gradient buffer drained by the end. kEval: forward and the loss only (no gradients).
 enum class Pass : uint8_t { kTrain, kEval };
 
+// kTrain's ops [0, forward_end) are the forward up to the head: parameter acquires, releases
+// and forward computes only, so a forward group runs them once with each compute run for every
+// micro-batch of the group in turn (module i's parameters acquired once for all of them); the
+// rest (the head's forward with the loss, and backward) then runs per micro-batch. 0: the
+// program has no such prefix (every micro-batch runs it whole).
 struct Program {
   std::vector<ProgramOp> ops;
+  size_t forward_end = 0;
 };
 
 // The most bytes live at once while `program` runs, given what holding one module's parameters
@@ -183,8 +189,12 @@ struct MicroBatch {
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  // Uploads tokens/targets (host arrays [B*T]); blocks until the previous batch's upload has
-  // been consumed (the host staging buffer is reused).
+  // Makes activation set `slot` (< create_runner's slots) the one begin_batch and compute use
+  // from here: a micro-batch's forward and its backward must run on the same slot, and a
+  // slot's activations are only overwritten by the next forward run on it. Slot 0 at first.
+  virtual void select(int slot) = 0;
+  // Uploads tokens/targets (host arrays [B*T]) into the selected slot; blocks until the
+  // compute stream has run everything enqueued so far (the slot's host staging is reused).
   virtual void begin_batch(const int32_t* tokens, const int32_t* targets) = 0;
   // Enqueues one kCompute step of the program on the compute stream. The steps of a pass must
   // be run in the program's order.
@@ -288,9 +298,12 @@ class Architecture {
   // needs `store` (which must outlive the runner). Under kRecompute and kOffload the parameters a
   // block's backward reads must hold the values its forward read (no optimizer step between them;
   // the trainer's schedules, delayed update included, only change parameters between steps).
+  // `slots` activation sets (each activation_plan's bytes) let a forward group's micro-batches
+  // each keep theirs from its forward to its backward (ModelRunner::select); more than one only
+  // under kKeep and kRecompute.
   virtual Result<std::unique_ptr<ModelRunner>> create_runner(
       Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
-      ActivationStore* store = nullptr) const = 0;
+      ActivationStore* store = nullptr, int slots = 1) const = 0;
 };
 
 // init_range for a module whose init_kind 0 tensors draw, in the module's tensor order, from one

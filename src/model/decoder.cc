@@ -31,6 +31,7 @@ void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
       block_state(*p, K::kReleaseParams, l);
       state(*p, K::kReleaseParams, s.adapter(l));
     }
+    p->forward_end = p->ops.size();
     // The head keeps the final norm and the (tied) embedding acquired through its backward.
     state(*p, K::kAcquireParams, F);
     state(*p, K::kAcquireParams, H);
@@ -137,13 +138,20 @@ void decoder_init_range(const ModelConfig& s, const ModuleSpec& m, uint64_t stre
 }
 
 Status check_decoder_runner(const ModelConfig& s, int T, ActivationMode mode,
-                            const ActivationStore* store) {
+                            const ActivationStore* store, int slots) {
   if (T > s.context) {
     return invalid_argument(fmt::format("data.seq_len: {} exceeds model.context {}", T, s.context));
   }
   if (mode == ActivationMode::kOffload && store == nullptr) {
     return invalid_argument(
         "strata.activations: offload needs an activation store (the tier manager's host tier)");
+  }
+  if (slots < 1 || (slots > 1 && mode == ActivationMode::kOffload)) {
+    return invalid_argument(fmt::format(
+        "strata.grouped_forwards: {} activation sets under strata.activations = {}; offload keeps "
+        "one set of block inputs (set strata.grouped_forwards to 1, or activations to keep or "
+        "recompute)",
+        slots, activation_mode_name(mode)));
   }
   return Status::ok();
 }

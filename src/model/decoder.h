@@ -228,9 +228,10 @@ ModelLayout decoder_layout(const ModelConfig& shape,
 void decoder_init_range(const ModelConfig& shape, const ModuleSpec& spec, uint64_t stream,
                         uint64_t seed, size_t begin, size_t count, float* out);
 
-// create_runner's checks: T within the context, a store for kOffload.
+// create_runner's checks: T within the context, a store for kOffload, one slot under kOffload
+// (its store keeps one stash per layer).
 Status check_decoder_runner(const ModelConfig& shape, int T, ActivationMode mode,
-                            const ActivationStore* store);
+                            const ActivationStore* store, int slots);
 
 // Appends tensor `name` of n elements to module m (init kind 0 normal(0, std), 1 zeros, 2 ones).
 inline void add_tensor(ModuleSpec& m, const char* name, size_t n, int kind, float std = 0.02f) {
@@ -337,7 +338,6 @@ class DecoderRunner final : public ModelRunner {
     st_.dev = &d;
     st_.k = &d.kernels();
     st_.s = &d.compute_stream();
-    st_.state = &state_;
   }
   ~DecoderRunner() override {
     st_.dev->synchronize(*st_.s).ignore();
@@ -345,33 +345,55 @@ class DecoderRunner final : public ModelRunner {
     if (host_io_) st_.dev->release_host(host_io_);
   }
 
-  Status allocate() {
+  // `slots` activation sets (one per micro-batch of a forward group, see select()), each as
+  // one carve measures it, in one device allocation.
+  Status allocate(int slots) {
     Carver measure(nullptr);
-    carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &buf_);
-    STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used(), "activations"), "device");
+    Buffers probe;
+    carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &probe);
+    STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used() * size_t(slots), "activations"),
+                            "device");
     Carver real(static_cast<char*>(arena_));
-    carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &buf_);
-    st_.discard = buf_.discard;
+    slots_.resize(size_t(slots));
+    for (Buffers& b : slots_) carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &b);
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
-    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 + N * 4), "host staging");
+    // Per slot: its tokens and targets (N * 8 bytes); then one losses buffer (N * 4) that every
+    // slot's head copies through in stream order.
+    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 * size_t(slots) + N * 4),
+                            "host staging");
     host_io_ = static_cast<int32_t*>(h);
-    host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N);
+    host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N * size_t(slots));
+    for (int i = 0; i < slots; ++i) states_.push_back(std::make_unique<State>());
     if constexpr (RunnerStateOf<Blocks>::kHas) {
-      STRATA_RETURN_IF_ERROR(blocks_.prepare(st_, state_), "the block's runner state");
+      for (int i = 0; i < slots; ++i) {
+        select(i);
+        STRATA_RETURN_IF_ERROR(blocks_.prepare(st_, *states_[size_t(i)]),
+                               "the block's runner state");
+      }
     }
+    select(0);
     return Status::ok();
+  }
+
+  void select(int slot) override {
+    STRATA_CHECK(slot >= 0 && size_t(slot) < slots_.size(), "decoder: activation slot out of range");
+    slot_ = slot;
+    buf_ = &slots_[size_t(slot)];
+    st_.discard = buf_->discard;
+    st_.state = states_[size_t(slot)].get();
   }
 
   void begin_batch(const int32_t* tokens, const int32_t* targets) override {
     const size_t N = st_.N();
     Device& dev = *st_.dev;
-    // The staging buffer is reused per micro-batch: wait until the last upload consumed it.
+    // The slot's staging is reused each step: wait until its last upload was consumed.
     dev.synchronize(*st_.s).ignore();
-    std::memcpy(host_io_, tokens, N * 4);
-    std::memcpy(host_io_ + N, targets, N * 4);
-    dev.copy_h2d(*st_.s, buf_.tokens, host_io_, N * 4);
-    dev.copy_h2d(*st_.s, buf_.targets, host_io_ + N, N * 4);
+    int32_t* io = host_io_ + 2 * N * size_t(slot_);
+    std::memcpy(io, tokens, N * 4);
+    std::memcpy(io + N, targets, N * 4);
+    dev.copy_h2d(*st_.s, buf_->tokens, io, N * 4);
+    dev.copy_h2d(*st_.s, buf_->targets, io + N, N * 4);
   }
 
   void compute(const ProgramOp& op, const ModuleBindings& b, const MicroBatch& mb) override {
@@ -380,8 +402,8 @@ class DecoderRunner final : public ModelRunner {
     const auto G = [&](int m) { return b.grads[size_t(m)]; };
     switch (op.fn) {
       case kEmbeddingForward:
-        wait_slot(0);  // buf_.encoded is input slot 0 under kOffload
-        blocks_.embedding_forward(st_, P(E), buf_.tokens, buf_.encoded);
+        wait_slot(0);  // buf_->encoded is input slot 0 under kOffload
+        blocks_.embedding_forward(st_, P(E), buf_->tokens, buf_->encoded);
         break;
       case kBlockForward:
         enter_block(op.layer, b, mb, false);
@@ -398,7 +420,7 @@ class DecoderRunner final : public ModelRunner {
         backward_block(op.layer, block_params(P(mods_.block(op.layer))), G(mods_.block(op.layer)));
         break;
       case kEmbeddingBackward:
-        blocks_.embedding_backward(st_, G(E), buf_.dA, buf_.tokens);
+        blocks_.embedding_backward(st_, G(E), buf_->dA, buf_->tokens);
         break;
       default:
         STRATA_CHECK(false, "decoder: unknown compute step");
@@ -407,7 +429,11 @@ class DecoderRunner final : public ModelRunner {
 
   Status status() const override {
     if constexpr (RunnerStateOf<Blocks>::kHas) {
-      if (error_.is_ok()) return state_.error;
+      if (error_.is_ok()) {
+        for (const auto& st : states_) {
+          if (!st->error.is_ok()) return st->error;
+        }
+      }
     }
     return error_;
   }
@@ -423,9 +449,9 @@ class DecoderRunner final : public ModelRunner {
     st_.extra_grads = X && backward ? b.grads.subspan(first, X) : std::span<float* const>();
     if (!lora_.empty()) {
       const int a = mods_.adapter(l);
-      buf_.lora.p = b.params[size_t(a)];
-      buf_.lora.g = b.grads[size_t(a)];
-      st_.lora = &buf_.lora;
+      buf_->lora.p = b.params[size_t(a)];
+      buf_->lora.g = b.grads[size_t(a)];
+      st_.lora = &buf_->lora;
     }
   }
   // A block's parameters as its compute reads them: a quantized base's stored module is first
@@ -433,28 +459,28 @@ class DecoderRunner final : public ModelRunner {
   // block's dequantization follows it on the same stream).
   const void* block_params(const void* p) {
     if (!quant_) return p;
-    base_quant_dequantize(*quant_, *st_.k, *st_.s, st_.dt, p, buf_.block_params);
-    return buf_.block_params;
+    base_quant_dequantize(*quant_, *st_.k, *st_.s, st_.dt, p, buf_->block_params);
+    return buf_->block_params;
   }
   size_t residual_bytes() const { return st_.N() * size_t(sh_.n_embd) * st_.es(); }
   // Block l's input, its output (the next block's input or the head's), its intermediates.
   void* input(int l) const {
     switch (mode_) {
       case ActivationMode::kKeep:
-        return l == 0 ? buf_.encoded : buf_.layers[size_t(l) - 1].out;
+        return l == 0 ? buf_->encoded : buf_->layers[size_t(l) - 1].out;
       case ActivationMode::kRecompute:
-        return buf_.inputs[size_t(l)];
+        return buf_->inputs[size_t(l)];
       case ActivationMode::kOffload:
-        return buf_.inputs[size_t(l % 2)];
+        return buf_->inputs[size_t(l % 2)];
     }
     return nullptr;
   }
   void* output(int l) const {
-    if (mode_ == ActivationMode::kKeep) return buf_.layers[size_t(l)].out;
-    return l + 1 < sh_.n_layer ? input(l + 1) : buf_.out;
+    if (mode_ == ActivationMode::kKeep) return buf_->layers[size_t(l)].out;
+    return l + 1 < sh_.n_layer ? input(l + 1) : buf_->out;
   }
   Layer& acts(int l) {
-    return mode_ == ActivationMode::kKeep ? buf_.layers[size_t(l)] : buf_.layers[0];
+    return mode_ == ActivationMode::kKeep ? buf_->layers[size_t(l)] : buf_->layers[0];
   }
   // kOffload: the compute stream waits for the stash still reading input slot `slot`, if any.
   void wait_slot(int slot) {
@@ -502,12 +528,12 @@ class DecoderRunner final : public ModelRunner {
     Kernels& k = *st_.k;
     Stream& s = *st_.s;
     const int N = int(st_.N()), C = sh_.n_embd, Vp = sh_.padded_vocab_size;
-    blocks_.norm_forward(st_, NormSite::kFinal, pf, output(sh_.n_layer - 1), buf_.lnf, buf_.nf);
-    k.matmul_forward(s, st_.dt, buf_.logits, buf_.lnf, ph, nullptr, N, C, Vp);
-    if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_.logits, size_t(N) * Vp * st_.es());
-    k.crossentropy_forward_backward(s, st_.dt, buf_.losses, buf_.logits, buf_.targets, mb.dloss, N,
+    blocks_.norm_forward(st_, NormSite::kFinal, pf, output(sh_.n_layer - 1), buf_->lnf, buf_->nf);
+    k.matmul_forward(s, st_.dt, buf_->logits, buf_->lnf, ph, nullptr, N, C, Vp);
+    if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_->logits, size_t(N) * Vp * st_.es());
+    k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets, mb.dloss, N,
                                     sh_.vocab_size, Vp);
-    st_.dev->copy_d2h(s, host_losses_, buf_.losses, size_t(N) * 4);
+    st_.dev->copy_d2h(s, host_losses_, buf_->losses, size_t(N) * 4);
     float* src = host_losses_;
     float* dst = mb.losses_out;
     st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
@@ -517,13 +543,13 @@ class DecoderRunner final : public ModelRunner {
   void backward_head(const void* pf, float* gf, const void* ph, float* gh) {
     const int N = int(st_.N()), C = sh_.n_embd;
     // logits now hold dlogits.
-    st_.zero(buf_.dln, residual_bytes());
+    st_.zero(buf_->dln, residual_bytes());
     // gh == nullptr: a frozen head (no weight gradient).
-    st_.k->matmul_backward(*st_.s, st_.dt, buf_.dln, gh, nullptr, buf_.logits, buf_.lnf, ph, N, C,
+    st_.k->matmul_backward(*st_.s, st_.dt, buf_->dln, gh, nullptr, buf_->logits, buf_->lnf, ph, N, C,
                            sh_.padded_vocab_size);
-    st_.zero(buf_.dA, residual_bytes());
-    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_.dA, buf_.dln, output(sh_.n_layer - 1),
-                          buf_.nf);
+    st_.zero(buf_->dA, residual_bytes());
+    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_->dA, buf_->dln, output(sh_.n_layer - 1),
+                          buf_->nf);
   }
 
   void backward_block(int l, const void* p, float* g) {
@@ -554,15 +580,15 @@ class DecoderRunner final : public ModelRunner {
     if (mode_ != ActivationMode::kKeep) block_forward(p, residual, acts(l), nullptr, -1);
     Layer& y = acts(l);
     // out = res2 + mlp_out: dres2 = dA (+ the norm2 path below); dmlp_out = dA.
-    st_.zero(buf_.dB, residual_bytes());
-    k.add_inplace(s, st_.dt, buf_.dB, buf_.dA, NC);
-    blocks_.mlp_backward(st_, p, g, buf_.dA, y.ln2, y.mlp, buf_.dmlp, buf_.dln);
-    blocks_.norm_backward(st_, NormSite::kBlockMid, p, g, buf_.dB, buf_.dln, y.res2, y.n2);
+    st_.zero(buf_->dB, residual_bytes());
+    k.add_inplace(s, st_.dt, buf_->dB, buf_->dA, NC);
+    blocks_.mlp_backward(st_, p, g, buf_->dA, y.ln2, y.mlp, buf_->dmlp, buf_->dln);
+    blocks_.norm_backward(st_, NormSite::kBlockMid, p, g, buf_->dB, buf_->dln, y.res2, y.n2);
     // res2 = residual + att_out: dresidual = dB (+ the norm1 path below); datt_out = dB.
-    st_.zero(buf_.dA, residual_bytes());
-    k.add_inplace(s, st_.dt, buf_.dA, buf_.dB, NC);
-    blocks_.attention_backward(st_, p, g, buf_.dB, y.ln1, y.att, buf_.datt, buf_.dln);
-    blocks_.norm_backward(st_, NormSite::kBlockIn, p, g, buf_.dA, buf_.dln, residual, y.n1);
+    st_.zero(buf_->dA, residual_bytes());
+    k.add_inplace(s, st_.dt, buf_->dA, buf_->dB, NC);
+    blocks_.attention_backward(st_, p, g, buf_->dB, y.ln1, y.att, buf_->datt, buf_->dln);
+    blocks_.norm_backward(st_, NormSite::kBlockIn, p, g, buf_->dA, buf_->dln, residual, y.n1);
   }
 
   const Blocks& blocks_;
@@ -574,13 +600,19 @@ class DecoderRunner final : public ModelRunner {
   ActivationMode mode_;
   ActivationStore* store_;
   Status error_;
-  void* arena_ = nullptr;  // one device allocation for everything in buf_
-  Buffers buf_;
+  void* arena_ = nullptr;  // one device allocation for every slot's buffers
+  // One activation set per micro-batch of a forward group; buf_ is the selected one.
+  std::vector<Buffers> slots_;
+  Buffers* buf_ = nullptr;
+  int slot_ = 0;
   // kOffload: the layer whose stash last read each slot (-1: none pending), and whether a
   // layer's restore has been enqueued and not yet consumed by its backward.
   int slot_stash_[2] = {-1, -1};
   std::vector<bool> restored_;
-  typename RunnerStateOf<Blocks>::type state_;
+  // The block definition's runner state, one per slot (a mixture's routing of each layer is
+  // kept from a micro-batch's forward to its backward).
+  using State = typename RunnerStateOf<Blocks>::type;
+  std::vector<std::unique_ptr<State>> states_;
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
@@ -688,13 +720,13 @@ class DecoderArchitecture final : public Architecture {
   }
 
   Result<std::unique_ptr<ModelRunner>> create_runner(Device& device, int B, int T, DType dt,
-                                                     ActivationMode mode,
-                                                     ActivationStore* store) const override {
-    STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store), "");
+                                                     ActivationMode mode, ActivationStore* store,
+                                                     int slots) const override {
+    STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store, slots), "");
     auto r = std::make_unique<DecoderRunner<Blocks>>(
         device, blocks_, shape_, lora_, quant_.get(),
         BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode, store);
-    STRATA_RETURN_IF_ERROR(r->allocate(), fmt::format("allocating activations ({}) for batch {}x{}",
+    STRATA_RETURN_IF_ERROR(r->allocate(slots), fmt::format("allocating activations ({}) for batch {}x{}",
                                                       activation_mode_name(mode), B, T));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }

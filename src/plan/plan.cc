@@ -162,6 +162,14 @@ TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
   to.nvme_paths = r.hw.nvme_paths;
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
+  // strata.grouped_forwards for the request's accumulation and activations.
+  const bool may_defer = c.strata.optimizer_overlap && !c.strata.delayed_update &&
+                         (c.gradient_clipping > 0 || c.fp16.enabled);
+  to.forward_group_max =
+      may_defer && r.activations != ActivationMode::kOffload ? std::max(1, r.accumulation) : 1;
+  if (to.forward_group > r.accumulation || r.activations == ActivationMode::kOffload) {
+    to.forward_group = r.activations == ActivationMode::kOffload ? 1 : r.accumulation;
+  }
   return to;
 }
 
@@ -190,7 +198,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   const ActivationSizes acts = arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
 
   // ---- memory: the memory model, per rank (what TierManager::create's preflight checks) ----
-  const TierOptions to = tier_options_of(r, where, acts);
+  TierOptions to = tier_options_of(r, where, acts);
   STRATA_ASSIGN_OR_RETURN(const std::vector<ModuleHomes> homes,
                           module_homes(arch->layout(), where, r.hw.gpus, r.dtype, r.moment_dtype,
                                        to.delayed_update, to.sub_group_elems),
@@ -202,8 +210,24 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   zeropp.hpz = std::max(1, r.zeropp.hpz_partition_size);
   zeropp.quantized_gradients = r.zeropp.quantized_gradients;
   zeropp.world = zeropp.per_node = r.hw.gpus;
-  const TierNeeds needs =
+  TierNeeds needs =
       tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain), zeropp);
+  // strata.grouped_forwards: TierManager::create's choice, and the device's sets.
+  const uint64_t dev_cap = r.hw.gpu_mem > 0 ? uint64_t(r.hw.gpu_mem) : UINT64_MAX;
+  if (to.forward_group == 0) {
+    uint64_t param_cache = 0;
+    for (const ModuleHomes& h : homes) {
+      if (h.params.tier != Tier::kDevice) param_cache += h.params.bytes;
+    }
+    to.forward_group =
+        auto_forward_group(to.forward_group_max, needs, acts.bytes, dev_cap, param_cache, W > 1);
+  }
+  const int K = std::max(1, to.forward_group);
+  o.forward_group = K;
+  if (K > 1) {
+    needs = tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes * size_t(K),
+                       arch->program(Pass::kTrain), zeropp);
+  }
   o.device.state = needs.device.resident_state;
   o.device.buffers = needs.device.transient();
   o.device.activations = needs.device.activations;
@@ -425,12 +449,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // group is dropped after its use, so each pass fetches every parameter. Params resident on
   // the device are fetched never, but written once after the step.
   double link = 0, fetch = 0;
+  // Each forward group's forward fetches once (strata.grouped_forwards), each backward once.
+  const double forward_groups = std::ceil(A / double(K));
   if (where.params != Tier::kDevice) {
     const uint64_t busy = o.device.total();
     const double free_dev = o.device.capacity > busy ? double(o.device.capacity - busy) : 0.0;
     const double pbytes = double(P_bytes);
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
-    fetch = pbytes * 2.0 * A * (1.0 - cached);
+    fetch = pbytes * (forward_groups + A) * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
     link += fetch + double(P_trained) * es * cached;
   } else if (!pf.cpu_backend) {
@@ -567,7 +593,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     window.read += double(grads_nvme) * 4;
     deferred.read += double(grads_nvme) * 4;
     after.read += double(grads_nvme) * 4;
-    if (where.params == Tier::kNvme) window.read += nvme_param_read / (2.0 * A);
+    if (where.params == Tier::kNvme) window.read += nvme_param_read / (forward_groups + A);
     // Every local rank shares the node's NVMe bandwidth.
     o.deferred_pass = {uint64_t(deferred.read) * W, uint64_t(deferred.write) * W};
     o.after_backward_pass = {uint64_t(after.read) * W, uint64_t(after.write) * W};
@@ -576,10 +602,11 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     const double window_after = double(W) * after.seconds(pf);
     // A step after one that clipped or overflowed only reads ahead under backward (the trainer
     // predicts the next will clip too) and defers its optimizer to the next forward, which
-    // steps module i just before module i's forward: it overlaps the first micro-batch's
-    // forward, the share f0 = 1 / (A·(3 + r)) of compute, and no more (the backward needs every
-    // module's forward). On the CPU backend the optimizer's CPU work shares the cores.
-    const double f0 = 1.0 / (A * (3.0 + rc));
+    // steps module i just before module i's forward: it overlaps the first forward group's
+    // forwards (K micro-batches, strata.grouped_forwards), the share f0 = K / (A·(3 + r)) of
+    // compute, and no more (the backward needs every module's forward). On the CPU backend the
+    // optimizer's CPU work shares the cores.
+    const double f0 = double(std::min<uint64_t>(uint64_t(K), uint64_t(A))) / (A * (3.0 + rc));
     o.first_forward_share = f0;
     if (pf.cpu_backend) {
       const double cl = comp + t.link_s;

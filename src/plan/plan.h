@@ -263,8 +263,10 @@ struct PlanOption {
   struct PassBytes {
     uint64_t read = 0, write = 0;
   } deferred_pass, after_backward_pass;
-  // The share of compute a deferred pass overlaps: the first micro-batch's forward.
+  // The share of compute a deferred pass overlaps: the forwards of the first forward group
+  // (strata.grouped_forwards, `forward_group` micro-batches; 1: the first micro-batch's).
   double first_forward_share = 0;
+  int forward_group = 1;
 };
 
 struct PlanReport {

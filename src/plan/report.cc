@@ -190,6 +190,7 @@ std::string plan_json(const PlanReport& rep) {
            {"after_backward",
             {{"read", o.after_backward_pass.read}, {"write", o.after_backward_pass.write}}}}},
          {"first_forward_share", o.first_forward_share},
+         {"forward_group", o.forward_group},
          {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
@@ -273,9 +274,13 @@ std::string plan_table(const PlanReport& rep) {
             "    its optimizer pass moves {} of NVMe ({} read, {} written) that the step waits "
             "on{}\n",
             gb(double(pass.read + pass.write)), gb(double(pass.read)), gb(double(pass.write)),
-            b.time.clipped_deferred ? fmt::format(", beside the first forward ({:.0f}% of compute)",
-                                                  100 * b.first_forward_share)
-                                    : "");
+            !b.time.clipped_deferred ? std::string()
+            : b.forward_group > 1
+                ? fmt::format(", beside the first {} micro-batches' forwards ({:.0f}% of compute, "
+                              "strata.grouped_forwards)",
+                              b.forward_group, 100 * b.first_forward_share)
+                : fmt::format(", beside the first forward ({:.0f}% of compute)",
+                              100 * b.first_forward_share));
       }
     }
     if (b.nvme.undo > 0) {

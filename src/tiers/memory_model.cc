@@ -240,6 +240,24 @@ TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
   return s;
 }
 
+int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t device_capacity,
+                       uint64_t param_cache_bytes, bool sharded) {
+  if (max <= 1) return 1;
+  const uint64_t busy1 = one.device.total();
+  const uint64_t busyK = busy1 + uint64_t(max - 1) * set_bytes;
+  if (busyK > device_capacity) return 1;
+  if (param_cache_bytes == 0) return max;  // every parameter is homed on the device
+  const auto cached = [&](uint64_t busy) {
+    if (sharded) return 0.0;
+    const double free_dev = device_capacity > busy ? double(device_capacity - busy) : 0.0;
+    return std::min(1.0, free_dev / double(param_cache_bytes));
+  };
+  const double A = max;
+  const double fetch1 = 2.0 * A * (1.0 - cached(busy1));
+  const double fetchK = (1.0 + A) * (1.0 - cached(busyK));
+  return fetchK <= fetch1 ? max : 1;
+}
+
 Tier default_grads_tier(const Architecture& arch, const TierOptions& options, int world_size,
                         DType dt, DType moment_dt, size_t activation_bytes, size_t* with_host,
                         size_t* with_nvme) {

@@ -230,6 +230,16 @@ struct TierShortfall {
 TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
                              size_t device_capacity);
 
+// strata.grouped_forwards = auto: `max` activation sets (one per micro-batch of a forward group;
+// `max` = the accumulation steps, TierOptions::forward_group_max) when the device holds the
+// max - 1 more sets of `set_bytes` beside `one` (the need with one set) and, by the planner's
+// cache model, they cost no parameter fetches: of the `param_cache_bytes` not homed on the
+// device, the share min(1, free / param_cache_bytes) stays cached (none when `sharded`: every
+// gathered group is dropped after its use), and the rest is fetched A / K + A times a step for
+// A micro-batches in groups of K (once per group's forward, once per backward). Else 1.
+int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t device_capacity,
+                       uint64_t param_cache_bytes, bool sharded);
+
 // The gradient accumulators' home TierManager::create gives `options` (and the planner a
 // config's placement with strata.placement.grads unset): auto_grads_placement of the host need
 // with them on the host and on NVMe (each tier_needs of the architecture, ZeRO++ aside: its

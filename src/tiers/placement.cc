@@ -184,6 +184,12 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   o.read_ahead_bytes = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update
                            ? cfg.strata.optimizer_read_ahead
                            : 0;
+  o.forward_group = int(cfg.strata.grouped_forwards);
+  const bool may_defer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update &&
+                         (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
+  o.forward_group_max = may_defer && cfg.strata.activations != "offload"
+                            ? int(std::max<int64_t>(1, cfg.gradient_accumulation_steps))
+                            : 1;
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);

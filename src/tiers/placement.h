@@ -178,6 +178,14 @@ struct TierOptions {
   // host preflight. 0: none (keep, recompute).
   int stash_layers = 0;
   size_t stash_bytes = 0;
+  // strata.grouped_forwards: the activation sets the device holds, one per micro-batch of a
+  // forward group (TierManager::create's activation_bytes is one set's); 0: auto, decided by
+  // create (auto_forward_group), at most forward_group_max: gradient_accumulation_steps where
+  // a step's optimizer can be deferred into the next forward (strata.optimizer.overlap with
+  // gradient_clipping or fp16, no delayed update) and activations are kept or recomputed,
+  // else 1.
+  int forward_group = 1;
+  int forward_group_max = 1;
   // Everything above but the placement, the communicators and the stash from the config; the
   // host budget defaults to 90% of MemAvailable.
   static TierOptions from_config(const Config& cfg, DType dt);

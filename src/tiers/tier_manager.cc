@@ -215,8 +215,21 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   }
   // The device's working set: the most the training program holds at once.
   const ZeroPPShape zeropp = I.sharded && options.zeropp ? options.zeropp->shape() : ZeroPPShape{};
-  const TierNeeds need =
+  TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp);
+  if (options.forward_group == 0) {
+    uint64_t param_cache = 0;  // parameters the device caches (not homed there)
+    for (const ModuleHomes& m : plan) {
+      if (m.params.tier != Tier::kDevice) param_cache += m.params.bytes;
+    }
+    I.opt.forward_group =
+        auto_forward_group(options.forward_group_max, need, activation_bytes,
+                           device.memory_stats().capacity, param_cache, I.sharded);
+  }
+  if (options.forward_group > 1) {
+    need = tier_needs(plan, options, world, dt, activation_bytes * size_t(options.forward_group),
+                      arch.program(Pass::kTrain), zeropp);
+  }
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.

@@ -108,7 +108,9 @@ struct TierShortfall;  // src/tiers/memory_model.h
 class TierManager : public ActivationStore {
  public:
   // Builds the tiers and checks that the plan fits BEFORE allocating anything: every tier's
-  // need (state + buffers + working set; device also `activation_bytes`) against its capacity.
+  // need (state + buffers + working set; device also the activations: `activation_bytes` per
+  // set, options.forward_group sets, or as many as auto_forward_group decides for 0) against
+  // its capacity.
   // The device's working set is the most that the architecture's training program holds at
   // once (program_peak_bytes). `shortfall`, if given, receives which tiers did not fit (all
   // false when the preflight passed or failed on something else), so a caller can advise
@@ -229,6 +231,9 @@ class TierManager : public ActivationStore {
   TierStats stats(Tier t) const;
   TierTimes take_times();
   const Placement& placement() const { return opt_.placement; }
+  // The activation sets counted for the device (strata.grouped_forwards, auto decided): the
+  // micro-batches a forward group may hold.
+  int forward_group() const { return opt_.forward_group; }
   std::string describe() const;  // one line per tier: capacity and what lives there
   const Trace* trace(const std::string& phase) const;
   std::string object_name(int object) const;

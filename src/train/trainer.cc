@@ -225,21 +225,33 @@ Status Run::setup() {
     // Name the activation modes that need less device memory, with their bytes.
     const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
     const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload, fused).bytes;
+    const int sets = std::max(1, to.forward_group);
     return out_of_memory(fmt::format(
-        "{}\n  - activations ({}) take {} of the device: strata.activations = recompute needs {} "
-        "(one extra block forward in backward), offload {} (block inputs in host memory)",
-        tm.status().message(), cfg_.strata.activations, format_bytes(double(acts.bytes)),
+        "{}\n  - activations ({}) take {} of the device{}: strata.activations = recompute needs "
+        "{} (one extra block forward in backward), offload {} (block inputs in host memory)",
+        tm.status().message(), cfg_.strata.activations, format_bytes(double(acts.bytes) * sets),
+        sets > 1 ? fmt::format(" ({} sets of {}: strata.grouped_forwards = {}; 1 holds one)", sets,
+                               format_bytes(double(acts.bytes)), sets)
+                 : std::string(),
         format_bytes(double(rec)), format_bytes(double(off))));
   }
   STRATA_ASSIGN_OR_RETURN(tm_, std::move(tm), "");
   log_info("tiers: {}", tm_->describe());
-  log_info("activations: {}, {} on the device{}", cfg_.strata.activations,
-           format_bytes(double(acts.bytes)),
+  const int sets = tm_->forward_group();
+  log_info("activations: {}, {} on the device{}{}", cfg_.strata.activations,
+           format_bytes(double(acts.bytes) * sets),
+           sets > 1 ? fmt::format(" ({} micro-batches' forwards grouped, a set of {} each: "
+                                  "strata.grouped_forwards{})",
+                                  sets, format_bytes(double(acts.bytes)),
+                                  to.forward_group == 0 ? " auto" : "")
+                    : std::string(),
            acts.host_bytes
                ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
                : "");
-  STRATA_ASSIGN_OR_RETURN(model_, arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get()),
-                          "model");
+  STRATA_ASSIGN_OR_RETURN(
+      model_,
+      arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get(), tm_->forward_group()),
+      "model");
 
   hyper_.kind = optimizer_kind(cfg_.optimizer);
   hyper_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
@@ -396,10 +408,39 @@ Status Run::load_for_eval(const std::string& path) {
   return Status::ok();
 }
 
-Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb) {
+Status Run::run_forward_group(int n, const MicroBatch* mbs) {
+  const Program& program = arch_->program(Pass::kTrain);
+  const ModuleBindings bound{params_, grads_};
+  for (size_t i = 0; i < program.forward_end; ++i) {
+    const ProgramOp& op = program.ops[i];
+    const int m = op.module;
+    switch (op.kind) {
+      case ProgramOp::kAcquireParams: {
+        STRATA_ASSIGN_OR_RETURN(params_[size_t(m)], tm_->acquire_params(m), "forward");
+        break;
+      }
+      case ProgramOp::kReleaseParams:
+        tm_->release_params(m);
+        params_[size_t(m)] = nullptr;
+        break;
+      case ProgramOp::kCompute:
+        for (int k = 0; k < n; ++k) {
+          model_->select(k);
+          model_->compute(op, bound, mbs[k]);
+        }
+        break;
+      default:
+        return internal_error("the program's forward prefix holds a gradient step");
+    }
+  }
+  return Status::ok();
+}
+
+Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb,
+                        size_t begin) {
   const std::vector<ProgramOp>& ops = arch_->program(pass).ops;
   const ModuleBindings bound{params_, grads_};
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i = begin; i < ops.size(); ++i) {
     const ProgramOp& op = ops[i];
     const int m = op.module;
     switch (op.kind) {
@@ -463,17 +504,40 @@ Result<double> Run::run_step() {
   const bool not_under_backward = speculate && (last_clipped_ || last_skipped_);
   tm_->begin_phase("train");
   std::vector<float> aux(size_t(accum_), -1.0f);
+  std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
-    const bool last = micro == accum_ - 1;
-    data_->train_batch(cfg_.train.seed, step_, micro, rank_, B_, T_, tok_.data(), tgt_.data());
-    model_->begin_batch(tok_.data(), tgt_.data());
-    tm_->begin_micro(micro);
-    const MicroBatch mb{dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr,
-                        &aux[size_t(micro)]};
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mb),
-                           fmt::format("micro-batch {} of {}", micro + 1, accum_));
-    if (opts_.mid_step) opts_.mid_step(step_, micro);
+    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)]});
   }
+  // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
+  // together, module by module, each on its own activation slot; then each its head and
+  // backward, in order, as an ungrouped step would (the same bits).
+  const size_t forward_end = arch_->program(Pass::kTrain).forward_end;
+  const int group = forward_end > 0 ? std::max(1, tm_->forward_group()) : 1;
+  for (int first = 0; first < accum_; first += group) {
+    const int n = std::min(group, accum_ - first);
+    for (int k = 0; k < n; ++k) {
+      data_->train_batch(cfg_.train.seed, step_, first + k, rank_, B_, T_, tok_.data(),
+                         tgt_.data());
+      model_->select(k);
+      model_->begin_batch(tok_.data(), tgt_.data());
+    }
+    tm_->begin_micro(first);
+    if (n > 1) {
+      STRATA_RETURN_IF_ERROR(run_forward_group(n, &mbs[size_t(first)]),
+                             fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_));
+    }
+    for (int k = 0; k < n; ++k) {
+      const int micro = first + k;
+      const bool last = micro == accum_ - 1;
+      model_->select(k);
+      if (k > 0) tm_->begin_micro(micro);
+      STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mbs[size_t(micro)],
+                                         n > 1 ? forward_end : 0),
+                             fmt::format("micro-batch {} of {}", micro + 1, accum_));
+      if (opts_.mid_step) opts_.mid_step(step_, micro);
+    }
+  }
+  model_->select(0);
   if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
   // The last step's delayed update lands before the next forward.
