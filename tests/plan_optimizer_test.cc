@@ -155,6 +155,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
      // forward, which it overlaps for the first micro-batch's forward: 1/9 of compute.
     PlanRequest rc = r;
     rc.engine.gradient_clipping = 1.0;
+    rc.engine.strata.grouped_forwards = 1;  // one micro-batch's forward at a time (below: 3)
     auto q = evaluate_placement(rc, find("opt-nvme"));
     ASSERT_TRUE(q.is_ok());
     const double dev = std::max(q->time.compute_s, q->time.link_s);
@@ -185,6 +186,24 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       EXPECT_NEAR(double(qg->after_backward_pass.read), (P * 12 - ahead) + 4 * P, 1.0);
       EXPECT_NEAR(double(qg->after_backward_pass.write), 12 * P * 5 / 6, 1.0);
       EXPECT_DOUBLE_EQ(qg->first_forward_share, 1.0 / 9);
+      EXPECT_EQ(qg->forward_group, 1);
+      // The three micro-batches' forwards grouped (strata.grouped_forwards auto: the 1 GiB
+      // device holds three activation sets and every parameter): the pass overlaps all three,
+      // 3/9 of compute; the bytes do not change.
+      PlanRequest rk = rg;
+      rk.engine.strata.grouped_forwards = 0;
+      auto qk = evaluate_placement(rk, g);
+      ASSERT_TRUE(qk.is_ok());
+      EXPECT_EQ(qk->forward_group, 3);
+      EXPECT_DOUBLE_EQ(qk->first_forward_share, 3.0 / 9);
+      EXPECT_EQ(qk->deferred_pass.read, qg->deferred_pass.read);
+      EXPECT_EQ(qk->deferred_pass.write, qg->deferred_pass.write);
+      EXPECT_EQ(qk->device.activations, 3 * qg->device.activations);
+      EXPECT_NEAR(
+          qk->time.step_deferred_s,
+          std::max(dg * 6 / 9 + std::max({qk->time.cpu_optim_s, wg, dg * 3 / 9}), qk->time.nvme_s),
+          1e-9);
+      EXPECT_LT(qk->time.step_deferred_s, qg->time.step_deferred_s);
     }
     // Stepped after backward instead: the state read ahead under backward (the embedding's,
     // the first 2 blocks') is stepped first, the pass waits for the rest's reads and for its

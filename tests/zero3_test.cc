@@ -97,13 +97,26 @@ TEST_P(Zero3Variants, BucketsOverlapAndPrefetchGiveTheSameLosses) {
   const json nopf = run("no_prefetch", " --set zero_optimization.stage3_prefetch_bucket_size=0");
   // The optimizer stepped after backward instead of under it (issue #9): also bit for bit.
   const json plain_opt = run("no_opt_overlap", " --set strata.optimizer.overlap=false");
+  // Both micro-batches' forwards grouped, module by module (strata.grouped_forwards, issue #25):
+  // each group gathered once for the two, the same bits.
+  // (Two sets of tiny-cpu's activations need a device larger than its 12 MiB.)
+  const std::string roomy = " --set device.memory_limit=33554432";
+  const json grouped = run("grouped", " --set strata.grouped_forwards=2" + roomy);
+  const json one_at_a_time = run("ungrouped", " --set strata.grouped_forwards=1" + roomy);
+  EXPECT_EQ(grouped["forward_group"].get<int>(), 2);
+  EXPECT_EQ(one_at_a_time["forward_group"].get<int>(), 1);
   for (const auto& [what, got] : {std::pair<const char*, const json*>{"bucket 4096", &b4k},
                                   {"bucket 100000", &b100k},
                                   {"overlap_comm false", &serial},
                                   {"no prefetch", &nopf},
-                                  {"optimizer after backward", &plain_opt}}) {
+                                  {"optimizer after backward", &plain_opt},
+                                  {"forwards grouped", &grouped},
+                                  {"forwards one at a time", &one_at_a_time}}) {
     expect_same_curve(base, *got, 0, fmt::format("np={} {}", np, what), 0.0);
   }
+  // Sharded, every forward gathers every group: two forwards grouped gather once.
+  EXPECT_LT(grouped["param_fetches"].get<uint64_t>(),
+            one_at_a_time["param_fetches"].get<uint64_t>());
   // Buckets. tiny-cpu drains, per micro-batch, the final norm, 4 blocks and the embedding (the
   // head is tied), in that order: no two small modules are adjacent, so the default bucket
   // (the largest module) reduces each module alone, in place: per-module reduction, one

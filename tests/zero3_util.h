@@ -167,6 +167,7 @@ inline Status run_worker(const WorkerArgs& a) {
   j["comm_s"] = r.comm_s;
   j["param_fetches"] = r.param_fetches;
   j["param_prefetches"] = r.param_prefetches;
+  j["forward_group"] = r.forward_group;
   j["grad_reductions"] = r.grad_reductions;
   j["grad_shared_reductions"] = r.grad_shared_reductions;
   j["comm_bytes"] = r.comm_bytes;

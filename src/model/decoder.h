@@ -351,8 +351,8 @@ class DecoderRunner final : public ModelRunner {
     Carver measure(nullptr);
     Buffers probe;
     carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &probe);
-    STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(measure.used() * size_t(slots), "activations"),
-                            "device");
+    STRATA_ASSIGN_OR_RETURN(
+        arena_, st_.dev->allocate(measure.used() * size_t(slots), "activations"), "device");
     Carver real(static_cast<char*>(arena_));
     slots_.resize(size_t(slots));
     for (Buffers& b : slots_) carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &b);
@@ -377,7 +377,8 @@ class DecoderRunner final : public ModelRunner {
   }
 
   void select(int slot) override {
-    STRATA_CHECK(slot >= 0 && size_t(slot) < slots_.size(), "decoder: activation slot out of range");
+    STRATA_CHECK(slot >= 0 && size_t(slot) < slots_.size(),
+                 "decoder: activation slot out of range");
     slot_ = slot;
     buf_ = &slots_[size_t(slot)];
     st_.discard = buf_->discard;
@@ -531,8 +532,8 @@ class DecoderRunner final : public ModelRunner {
     blocks_.norm_forward(st_, NormSite::kFinal, pf, output(sh_.n_layer - 1), buf_->lnf, buf_->nf);
     k.matmul_forward(s, st_.dt, buf_->logits, buf_->lnf, ph, nullptr, N, C, Vp);
     if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_->logits, size_t(N) * Vp * st_.es());
-    k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets, mb.dloss, N,
-                                    sh_.vocab_size, Vp);
+    k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets, mb.dloss,
+                                    N, sh_.vocab_size, Vp);
     st_.dev->copy_d2h(s, host_losses_, buf_->losses, size_t(N) * 4);
     float* src = host_losses_;
     float* dst = mb.losses_out;
@@ -545,11 +546,11 @@ class DecoderRunner final : public ModelRunner {
     // logits now hold dlogits.
     st_.zero(buf_->dln, residual_bytes());
     // gh == nullptr: a frozen head (no weight gradient).
-    st_.k->matmul_backward(*st_.s, st_.dt, buf_->dln, gh, nullptr, buf_->logits, buf_->lnf, ph, N, C,
-                           sh_.padded_vocab_size);
+    st_.k->matmul_backward(*st_.s, st_.dt, buf_->dln, gh, nullptr, buf_->logits, buf_->lnf, ph, N,
+                           C, sh_.padded_vocab_size);
     st_.zero(buf_->dA, residual_bytes());
-    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_->dA, buf_->dln, output(sh_.n_layer - 1),
-                          buf_->nf);
+    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_->dA, buf_->dln,
+                          output(sh_.n_layer - 1), buf_->nf);
   }
 
   void backward_block(int l, const void* p, float* g) {
@@ -726,8 +727,9 @@ class DecoderArchitecture final : public Architecture {
     auto r = std::make_unique<DecoderRunner<Blocks>>(
         device, blocks_, shape_, lora_, quant_.get(),
         BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode, store);
-    STRATA_RETURN_IF_ERROR(r->allocate(slots), fmt::format("allocating activations ({}) for batch {}x{}",
-                                                      activation_mode_name(mode), B, T));
+    STRATA_RETURN_IF_ERROR(r->allocate(slots),
+                           fmt::format("allocating activations ({}) for batch {}x{}",
+                                       activation_mode_name(mode), B, T));
     return std::unique_ptr<ModelRunner>(std::move(r));
   }
 

@@ -26,6 +26,7 @@ Result<TrainResult> Run::loop() {
   TrainResult r;
   r.rank = rank_;
   r.world_size = world_;
+  r.forward_group = tm_->forward_group();
   r.start_step = step_;
   const int64_t total = cfg_.train.steps;
   const int64_t print_every = std::max<int64_t>(1, cfg_.steps_per_print);

@@ -249,8 +249,7 @@ Status Run::setup() {
                ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
                : "");
   STRATA_ASSIGN_OR_RETURN(
-      model_,
-      arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get(), tm_->forward_group()),
+      model_, arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get(), tm_->forward_group()),
       "model");
 
   hyper_.kind = optimizer_kind(cfg_.optimizer);
@@ -523,8 +522,9 @@ Result<double> Run::run_step() {
     }
     tm_->begin_micro(first);
     if (n > 1) {
-      STRATA_RETURN_IF_ERROR(run_forward_group(n, &mbs[size_t(first)]),
-                             fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_));
+      STRATA_RETURN_IF_ERROR(
+          run_forward_group(n, &mbs[size_t(first)]),
+          fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_));
     }
     for (int k = 0; k < n; ++k) {
       const int micro = first + k;

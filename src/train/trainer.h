@@ -46,6 +46,8 @@ struct TrainOptions {
 struct TrainResult {
   int rank = 0;  // this process's rank, and the number of ranks
   int world_size = 1;
+  // The micro-batches whose forwards ran together (strata.grouped_forwards, auto decided).
+  int forward_group = 1;
   int64_t start_step = 0;      // first step run here (0, or resumed)
   int64_t end_step = 0;        // steps completed at the end
   std::vector<double> losses;  // train loss of each step run here

@@ -1,0 +1,236 @@
+// strata.grouped_forwards (issue #25): a step's micro-batches run their forwards together,
+// module by module, each on its own activation slot, then each its head and backward in the
+// usual order. A step deferred into the next forward (clipping biting) overlaps its optimizer
+// pass with all of these forwards. The same kernels run on the same inputs and the gradients
+// accumulate in the same order, so every loss and weight is the one-at-a-time run's bit for bit:
+// dense GPT and Llama, a mixture of experts (its routing kept per slot), LoRA, kept and
+// recomputed activations, state in host memory and on NVMe, fp16 overflows, groups that do not
+// divide the accumulation, and a resume. The auto choice and the config's errors are checked
+// here too; ranks in zero3_test (Zero3Variants), the planner in plan_test.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "src/tiers/memory_model.h"
+#include "src/train/trainer.h"
+#include "strata/config.h"
+#include "strata/log.h"
+#include "tests/test_util.h"
+#include "tests/train_util.h"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must point at the repository"
+#endif
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) { return test::temp_dir("strata_grouped", name); }
+
+// tiny-cpu with clipping biting at every step (each step deferred into the next forward), a
+// device that holds every parameter and up to 4 activation sets, no prefetch (which fetches a
+// prefetch saves depends on timing, so the bytes would differ run to run), 8 steps.
+std::vector<std::string> base(const std::string& dir, int accum, bool nvme) {
+  std::vector<std::string> ov = {"train.steps=8",
+                                 "gradient_clipping=0.01",
+                                 "scheduler.params.warmup_num_steps=2",
+                                 "train_micro_batch_size_per_gpu=2",
+                                 "gradient_accumulation_steps=" + std::to_string(accum),
+                                 "train_batch_size=" + std::to_string(2 * accum),
+                                 "device.memory_limit=\"256MiB\"",
+                                 "zero_optimization.stage3_prefetch_bucket_size=0",
+                                 "strata.optimizer.defer=\"always\""};
+  if (nvme) {
+    fs::create_directories(dir + "/swap");
+    const std::string path = "\"" + dir + "/swap\"";
+    for (const std::string& s :
+         std::vector<std::string>{"zero_optimization.offload_param.device=\"nvme\"",
+                                  "zero_optimization.offload_param.nvme_path=" + path,
+                                  "zero_optimization.offload_optimizer.device=\"nvme\"",
+                                  "zero_optimization.offload_optimizer.nvme_path=" + path}) {
+      ov.push_back(s);
+    }
+  } else {
+    ov.push_back("zero_optimization.offload_param.device=\"cpu\"");
+    ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
+  }
+  return ov;
+}
+
+std::vector<std::string> model_overrides(const std::string& model) {
+  if (model == "llama") {
+    return {"model.type=\"llama\"", "model.num_key_value_heads=2", "model.intermediate_size=256"};
+  }
+  if (model == "mixtral") {
+    return {"model.type=\"mixtral\"",         "model.num_key_value_heads=2",
+            "model.intermediate_size=64",     "model.num_experts=4",
+            "model.num_experts_per_tok=2",    "model.tied_embeddings=false",
+            "model.router_aux_loss_coef=0.01"};
+  }
+  if (model == "lora") {
+    return {"lora.r=8", "lora.lora_alpha=16", "lora.target_modules=[\"c_attn\",\"c_fc\"]"};
+  }
+  return {};
+}
+
+struct Case {
+  const char* name;
+  const char* model;        // gpt2 | llama | mixtral | lora
+  const char* activations;  // keep | recompute
+  bool nvme, fp16;
+  int accum, group;
+};
+
+class GroupedForwards : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { set_log_level(LogLevel::kWarn); }
+};
+
+TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
+  const Case c = GetParam();
+  const std::string dir = temp_dir(c.name);
+  std::vector<std::string> ov = base(dir, c.accum, c.nvme);
+  for (const std::string& s : model_overrides(c.model)) ov.push_back(s);
+  ov.push_back(std::string("strata.activations=\"") + c.activations + "\"");
+  if (c.fp16) {
+    // 2^24 overflows fp16 gradients at first: the scaler skips and halves.
+    for (const char* s : {"bf16.enabled=false", "fp16.enabled=true", "fp16.initial_scale_power=24",
+                          "fp16.hysteresis=1", "fp16.loss_scale_window=4"}) {
+      ov.push_back(s);
+    }
+  }
+  auto one_ov = ov, grouped_ov = ov;
+  one_ov.push_back("strata.grouped_forwards=1");
+  grouped_ov.push_back("strata.grouped_forwards=" + std::to_string(c.group));
+  const TrainResult one = test::must_train(test::tiny_cpu(dir + "/one", one_ov));
+  const TrainResult grouped = test::must_train(test::tiny_cpu(dir + "/grouped", grouped_ov));
+  EXPECT_EQ(one.forward_group, 1);
+  EXPECT_EQ(grouped.forward_group, c.group);
+  ASSERT_EQ(one.losses.size(), 8u);
+  ASSERT_EQ(grouped.losses.size(), 8u);
+  for (size_t s = 0; s < 8; ++s) EXPECT_EQ(grouped.losses[s], one.losses[s]) << "step " << s + 1;
+  EXPECT_EQ(grouped.weights_crc, one.weights_crc) << "final weights differ";
+  EXPECT_EQ(grouped.skipped_steps, one.skipped_steps);
+  if (c.fp16) EXPECT_GT(one.skipped_steps, 0) << "the test meant to force overflows";
+  EXPECT_GT(grouped.modules_deferred, 0) << "no step was deferred into the forwards";
+  EXPECT_NE(one.losses.front(), one.losses.back()) << "the reference did not train";
+  // No byte read or written twice: the NVMe bytes are the one-at-a-time run's; parameters the
+  // device holds are not fetched again by the later forwards of a group.
+  const auto& on = test::tier(one, "nvme");
+  const auto& gn = test::tier(grouped, "nvme");
+  EXPECT_EQ(gn.bytes_in, on.bytes_in);
+  EXPECT_EQ(gn.bytes_out, on.bytes_out);
+  EXPECT_LE(test::tier(grouped, "device").bytes_in, test::tier(one, "device").bytes_in);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, GroupedForwards,
+    ::testing::Values(Case{"gpt2_keep_host", "gpt2", "keep", false, false, 2, 2},
+                      Case{"gpt2_keep_nvme", "gpt2", "keep", true, false, 2, 2},
+                      Case{"gpt2_recompute_nvme", "gpt2", "recompute", true, false, 4, 4},
+                      Case{"gpt2_three_in_twos", "gpt2", "keep", false, false, 3, 2},
+                      Case{"gpt2_fp16_nvme", "gpt2", "keep", true, true, 2, 2},
+                      Case{"llama_keep_nvme", "llama", "keep", true, false, 2, 2},
+                      Case{"mixtral_keep_host", "mixtral", "keep", false, false, 2, 2},
+                      Case{"lora_recompute_host", "lora", "recompute", false, false, 2, 2}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// Stopped after step 3 and resumed, grouped: the uninterrupted one-at-a-time run's losses.
+TEST(GroupedForwardsResume, ResumedRunFollowsTheUngroupedCurve) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = temp_dir("resume");
+  const std::vector<std::string> ov = base(dir, 2, /*nvme=*/true);
+  auto one_ov = ov, grouped_ov = ov;
+  one_ov.push_back("strata.grouped_forwards=1");
+  grouped_ov.push_back("strata.grouped_forwards=2");
+  const TrainResult one = test::must_train(test::tiny_cpu(dir + "/one", one_ov));
+  Config first = test::tiny_cpu(dir + "/resume", grouped_ov);
+  first.train.checkpoint_interval = 3;
+  TrainOptions to;
+  to.stop_at_step = 3;
+  const TrainResult r1 = test::must_train(first, to);
+  EXPECT_TRUE(r1.stopped_early);
+  TrainOptions again;
+  again.resume = "latest";
+  const TrainResult r2 = test::must_train(first, again);
+  ASSERT_EQ(r2.losses.size(), 5u);
+  for (size_t s = 0; s < 5; ++s) EXPECT_EQ(r2.losses[s], one.losses[3 + s]) << "step " << 4 + s;
+  EXPECT_EQ(r2.weights_crc, one.weights_crc);
+  EXPECT_EQ(r2.forward_group, 2);
+  fs::remove_all(dir);
+}
+
+// auto: the accumulation's micro-batches where the optimizer can be deferred and the device
+// holds their activation sets without losing cached parameters; else 1.
+TEST(GroupedForwardsAuto, GroupsWhereADeferredPassCanUseItAndTheDeviceHoldsIt) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = temp_dir("auto");
+  auto group_of = [&](const std::string& tag, std::vector<std::string> extra) {
+    std::vector<std::string> ov = base(dir + "/" + tag, 2, /*nvme=*/false);
+    ov.push_back("train.steps=2");
+    for (const auto& s : extra) ov.push_back(s);
+    return test::must_train(test::tiny_cpu(dir + "/" + tag, ov)).forward_group;
+  };
+  EXPECT_EQ(group_of("clipping", {}), 2);
+  EXPECT_EQ(group_of("recompute", {"strata.activations=\"recompute\""}), 2);
+  EXPECT_EQ(group_of("fp16", {"gradient_clipping=0", "bf16.enabled=false", "fp16.enabled=true"}),
+            2);
+  EXPECT_EQ(group_of("no_clipping", {"gradient_clipping=0"}), 1) << "nothing is ever deferred";
+  EXPECT_EQ(group_of("no_overlap", {"strata.optimizer.overlap=false"}), 1);
+  EXPECT_EQ(group_of("offload", {"strata.activations=\"offload\""}), 1);
+  // 8 MiB: one set (2.9 MiB) and the working set leave room for every parameter; a second set
+  // fits (7 MiB in all) but would take the parameter cache's room.
+  EXPECT_EQ(group_of("tight", {"device.memory_limit=\"8MiB\""}), 1);
+  EXPECT_EQ(group_of("roomy", {"device.memory_limit=\"10MiB\""}), 2);
+  fs::remove_all(dir);
+}
+
+// The rule itself: a second set must fit and cost no parameter fetches (the planner's cache
+// model); sharded, nothing is cached, so a group only saves gathers.
+TEST(GroupedForwardsAuto, TheCacheModel) {
+  TierNeeds one;
+  one.device.activations = 10;
+  one.device.working_set = 40;  // total 50
+  const uint64_t params = 100;
+  EXPECT_EQ(auto_forward_group(1, one, 10, 1000, params, false), 1);
+  EXPECT_EQ(auto_forward_group(4, one, 10, 1000, params, false), 4);  // all cached either way
+  EXPECT_EQ(auto_forward_group(4, one, 10, 79, params, false), 1);    // does not fit
+  // 150 of capacity: one set leaves 100 (all cached), four leave 70: 30% fetched 5 times.
+  EXPECT_EQ(auto_forward_group(4, one, 10, 150, params, false), 1);
+  // 100 of capacity: one set leaves 50 (50% fetched 8 times = 4), four leave 20 (80% x 5 = 4).
+  EXPECT_EQ(auto_forward_group(4, one, 10, 100, params, false), 4);
+  EXPECT_EQ(auto_forward_group(2, one, 10, 100, params, true), 2);  // sharded: gathers saved
+  EXPECT_EQ(auto_forward_group(2, one, 10, 100, 0, false), 2);      // every parameter on device
+}
+
+// Bad values name the key and the fix.
+TEST(GroupedForwardsConfig, ErrorsNameTheKeyAndTheFix) {
+  const std::string tiny =
+      test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json");
+  auto more = parse_config(tiny, "tiny", {"strata.grouped_forwards=5"});
+  ASSERT_FALSE(more.is_ok());
+  EXPECT_NE(more.status().message().find("strata.grouped_forwards: 5 is more than "
+                                         "gradient_accumulation_steps (4)"),
+            std::string::npos)
+      << more.status().message();
+  auto off =
+      parse_config(tiny, "tiny", {"strata.grouped_forwards=2", "strata.activations=\"offload\""});
+  ASSERT_FALSE(off.is_ok());
+  EXPECT_NE(off.status().message().find("strata.grouped_forwards: 2 under strata.activations = "
+                                        "offload"),
+            std::string::npos)
+      << off.status().message();
+  auto zero = parse_config(tiny, "tiny", {"strata.grouped_forwards=0"});
+  EXPECT_FALSE(zero.is_ok());
+  auto ok = parse_config(tiny, "tiny", {"strata.grouped_forwards=\"auto\""});
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->strata.grouped_forwards, 0);
+}
+
+}  // namespace
+}  // namespace strata
