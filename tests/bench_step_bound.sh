@@ -140,7 +140,8 @@ print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms:
     'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer'),
     '  [%.2f: %.0f ms]' % ($step / shared, shared) if $cpu else ''))
 # The schedule bound (the planner's step_clipped_deferred / step_clipped_plain with these terms):
-# a deferred pass's bytes gate the compute after the first forward's share f0, whose compute it
+# a deferred pass's bytes gate the compute after the first forward group's share f0 (the plan's
+# first_forward_share: K micro-batches' forwards of A, strata.grouped_forwards), whose compute it
 # overlaps; after backward, the pass's bytes follow all of compute. On the CPU backend the
 # optimizer's arithmetic shares the cores with compute.
 c, o, f0 = $compute, $opt_alone, $f0

@@ -214,6 +214,7 @@ Status Run::setup() {
   const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode, fused);
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
+  if (eval_only_) to.forward_group = 1;  // eval runs one forward at a time
   TierShortfall short_of;
   auto tm =
       TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes, &short_of);
