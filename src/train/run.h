@@ -105,15 +105,13 @@ class Run {
     }
     return n;
   }
-  // Runs one micro-batch's program: its state steps through the tier manager, its compute
-  // steps on the runner. Training under the last micro-batch (`speculate`) steps the modules
-  // whose gradients are final after each run of drains.
-  // From op `begin` (a forward group's micro-batch starts after the forward prefix).
-  Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb,
-                     size_t begin = 0);
-  // The kTrain program's forward prefix (Program::forward_end) for the n micro-batches of a
-  // forward group: each module acquired once, its forward run for each on its slot (mbs[k]).
-  Status run_forward_group(int n, const MicroBatch* mbs);
+  // Runs ops [begin, end) of one micro-batch's program (mbs[0]): its state steps through the tier
+  // manager, its compute steps on the runner. Training under the last micro-batch
+  // (`speculate`) steps the modules whose gradients are final after each run of drains. With
+  // n > 1, the forward prefix of a forward group (Program::forward_end): each compute step is
+  // run for mbs[0..n) in turn, each on its activation slot k.
+  Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch* mbs,
+                     int n = 1, size_t begin = 0, size_t end = SIZE_MAX);
   // Settles strata.optimizer.defer = "auto" once its trial steps are timed (every rank alike).
   Status settle_defer_choice();
   Status save_checkpoint(int64_t step, std::string* path_out);

@@ -408,39 +408,11 @@ Status Run::load_for_eval(const std::string& path) {
   return Status::ok();
 }
 
-Status Run::run_forward_group(int n, const MicroBatch* mbs) {
-  const Program& program = arch_->program(Pass::kTrain);
-  const ModuleBindings bound{params_, grads_};
-  for (size_t i = 0; i < program.forward_end; ++i) {
-    const ProgramOp& op = program.ops[i];
-    const int m = op.module;
-    switch (op.kind) {
-      case ProgramOp::kAcquireParams: {
-        STRATA_ASSIGN_OR_RETURN(params_[size_t(m)], tm_->acquire_params(m), "forward");
-        break;
-      }
-      case ProgramOp::kReleaseParams:
-        tm_->release_params(m);
-        params_[size_t(m)] = nullptr;
-        break;
-      case ProgramOp::kCompute:
-        for (int k = 0; k < n; ++k) {
-          model_->select(k);
-          model_->compute(op, bound, mbs[k]);
-        }
-        break;
-      default:
-        return internal_error("the program's forward prefix holds a gradient step");
-    }
-  }
-  return Status::ok();
-}
-
-Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch& mb,
-                        size_t begin) {
+Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch* mbs,
+                        int n, size_t begin, size_t end) {
   const std::vector<ProgramOp>& ops = arch_->program(pass).ops;
   const ModuleBindings bound{params_, grads_};
-  for (size_t i = begin; i < ops.size(); ++i) {
+  for (size_t i = begin; i < std::min(end, ops.size()); ++i) {
     const ProgramOp& op = ops[i];
     const int m = op.module;
     switch (op.kind) {
@@ -467,7 +439,14 @@ Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const M
         }
         break;
       case ProgramOp::kCompute:
-        model_->compute(op, bound, mb);
+        if (n == 1) {
+          model_->compute(op, bound, mbs[0]);
+          break;
+        }
+        for (int k = 0; k < n; ++k) {  // a forward group's prefix: each on its slot
+          model_->select(k);
+          model_->compute(op, bound, mbs[k]);
+        }
         break;
     }
   }
@@ -524,7 +503,8 @@ Result<double> Run::run_step() {
     tm_->begin_micro(first);
     if (n > 1) {
       STRATA_RETURN_IF_ERROR(
-          run_forward_group(n, &mbs[size_t(first)]),
+          run_program(Pass::kTrain, first, false, speculate, &mbs[size_t(first)], n, 0,
+                      forward_end),
           fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_));
     }
     for (int k = 0; k < n; ++k) {
@@ -532,8 +512,8 @@ Result<double> Run::run_step() {
       const bool last = micro == accum_ - 1;
       model_->select(k);
       if (k > 0) tm_->begin_micro(micro);
-      STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, mbs[size_t(micro)],
-                                         n > 1 ? forward_end : 0),
+      STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, micro, last, speculate, &mbs[size_t(micro)],
+                                         1, n > 1 ? forward_end : 0),
                              fmt::format("micro-batch {} of {}", micro + 1, accum_));
       if (opts_.mid_step) opts_.mid_step(step_, micro);
     }
@@ -629,12 +609,12 @@ Result<double> Run::eval_loss() {
   STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
+  const MicroBatch eval_mb{0.0f, losses_.data()};
   for (int i = 0; i < n; ++i) {
     tm_->begin_phase("eval");
     data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_);
     model_->begin_batch(tok_.data(), tgt_.data());
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}),
-                           "eval batch");
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &eval_mb), "eval batch");
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
@@ -668,11 +648,12 @@ Result<EvalResult> Run::evaluate() {
            B_, world_);
   const auto t0 = Clock::now();
   double sum = 0;
+  const MicroBatch eval_mb{0.0f, losses_.data()};
   for (size_t i = 0; i < batches; ++i) {
     tm_->begin_phase("eval");
     data_->eval_batch(int(i), B_, T_, tok_.data(), tgt_.data(), rank_, world_);
     model_->begin_batch(tok_.data(), tgt_.data());
-    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, {0.0f, losses_.data()}),
+    STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &eval_mb),
                            fmt::format("eval batch {}", i));
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), fmt::format("eval batch {}", i));
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
