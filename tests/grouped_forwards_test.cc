@@ -119,10 +119,13 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
   EXPECT_GT(grouped.modules_deferred, 0) << "no step was deferred into the forwards";
   EXPECT_NE(one.losses.front(), one.losses.back()) << "the reference did not train";
   // No byte read or written twice: the NVMe bytes are the one-at-a-time run's; parameters the
-  // device holds are not fetched again by the later forwards of a group. (With fp16 overflows
-  // skipping steps, the bytes written differed by 8 KiB, one small module's master + moments
-  // extents, in about half of the runs on a loaded machine (session 24): not yet explained, so
-  // not asserted there; the bytes read were equal.)
+  // device holds are not fetched again by the later forwards of a group. The NVMe tier's
+  // bytes_in are the bytes written to it, bytes_out those read. (With fp16 overflows skipping
+  // steps the bytes read differed by 8 KiB, one small module's master + moments, in about half
+  // of the runs on a loaded machine (session 24), with 38 against 40 sub-groups read ahead —
+  // likely because a skipped step drops what was read ahead under its backward, and whether
+  // that sub-group was read before the skip depends on timing. So the reads are not asserted
+  // there.)
   const auto& on = test::tier(one, "nvme");
   const auto& gn = test::tier(grouped, "nvme");
   EXPECT_EQ(gn.bytes_in, on.bytes_in);
