@@ -3,7 +3,7 @@
 // usual order. A step deferred into the next forward (clipping biting) overlaps its optimizer
 // pass with all of these forwards. The same kernels run on the same inputs and the gradients
 // accumulate in the same order, so every loss and weight is the one-at-a-time run's bit for bit:
-// dense GPT and Llama, a mixture of experts (its routing kept per slot), LoRA, kept and
+// dense GPT and Llama, a mixture of experts (its routing kept per slot), LoRA and QLoRA, kept and
 // recomputed activations, state in host memory and on NVMe, fp16 overflows, groups that do not
 // divide the accumulation, and a resume. The auto choice and the config's errors are checked
 // here too; ranks in zero3_test (Zero3Variants), the planner in plan_test.
@@ -71,8 +71,12 @@ std::vector<std::string> model_overrides(const std::string& model) {
             "model.num_experts_per_tok=2",    "model.tied_embeddings=false",
             "model.router_aux_loss_coef=0.01"};
   }
-  if (model == "lora") {
-    return {"lora.r=8", "lora.lora_alpha=16", "lora.target_modules=[\"c_attn\",\"c_fc\"]"};
+  if (model == "lora" || model == "qlora") {
+    std::vector<std::string> ov = {"lora.r=8", "lora.lora_alpha=16",
+                                   "lora.target_modules=[\"c_attn\",\"c_fc\"]"};
+    // nf4: each block is dequantized into one scratch the group's slots share
+    if (model == "qlora") ov.push_back("lora.base_quantization=\"nf4\"");
+    return ov;
   }
   return {};
 }
@@ -143,7 +147,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2_fp16_nvme", "gpt2", "keep", true, true, 2, 2},
                       Case{"llama_keep_nvme", "llama", "keep", true, false, 2, 2},
                       Case{"mixtral_keep_host", "mixtral", "keep", false, false, 2, 2},
-                      Case{"lora_recompute_host", "lora", "recompute", false, false, 2, 2}),
+                      Case{"lora_recompute_host", "lora", "recompute", false, false, 2, 2},
+                      Case{"qlora_keep_host", "qlora", "keep", false, false, 2, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Stopped after step 3 and resumed, grouped: the uninterrupted one-at-a-time run's losses.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "src/model/architecture.h"
 #include "src/plan/plan.h"
 #include "src/tiers/memory_model.h"
 #include "strata/config.h"
@@ -188,7 +189,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       EXPECT_DOUBLE_EQ(qg->first_forward_share, 1.0 / 9);
       EXPECT_EQ(qg->forward_group, 1);
       // The three micro-batches' forwards grouped (strata.grouped_forwards auto: the 1 GiB
-      // device holds three activation sets and every parameter): the pass overlaps all three,
+      // device holds their activations and every parameter): the pass overlaps all three,
       // 3/9 of compute; the bytes do not change.
       PlanRequest rk = rg;
       rk.engine.strata.grouped_forwards = 0;
@@ -198,7 +199,16 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       EXPECT_DOUBLE_EQ(qk->first_forward_share, 3.0 / 9);
       EXPECT_EQ(qk->deferred_pass.read, qg->deferred_pass.read);
       EXPECT_EQ(qk->deferred_pass.write, qg->deferred_pass.write);
-      EXPECT_EQ(qk->device.activations, 3 * qg->device.activations);
+      // The device holds one whole activation set and, for each further micro-batch, only
+      // what its forward keeps to its backward (the head's and the gradients' buffers shared).
+      auto arch = create_architecture(rk.model.shape);
+      ASSERT_TRUE(arch.is_ok());
+      const ActivationSizes a =
+          (*arch)->activation_plan(rk.micro_batch, rk.seq, rk.dtype, rk.activations);
+      EXPECT_EQ(qg->device.activations, a.bytes);
+      EXPECT_EQ(qk->device.activations, a.bytes + 2 * a.slot_bytes);
+      EXPECT_GT(a.slot_bytes, 0u);
+      EXPECT_LT(a.slot_bytes, a.bytes);
       EXPECT_NEAR(
           qk->time.step_deferred_s,
           std::max(dg * 6 / 9 + std::max({qk->time.cpu_optim_s, wg, dg * 3 / 9}), qk->time.nvme_s),

@@ -462,7 +462,8 @@ TEST(Zero3Fault, RankThatHangsMakesTheOthersExitWithinTheTimeout) {
   EXPECT_NE(l.output.find("rank(s) 1"), std::string::npos) << l.output;
   // In a micro-batch's program, or at the end of backward.
   EXPECT_TRUE(std::regex_search(
-      l.output, std::regex("step 4: (micro-batch [0-9]+ of [0-9]+: )?forward/backward")))
+      l.output,
+      std::regex("step 4: (micro-batch(es)? [0-9]+(-[0-9]+)? of [0-9]+: )?forward/backward")))
       << l.output;
   // The rank is named once (the comm layer once wrapped a broken communicator's failure in a
   // second "rank R: ").

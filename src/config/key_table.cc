@@ -589,15 +589,16 @@ std::vector<Key> build_table() {
         "each block's saved input, or offload the inputs to the host tier too"));
   add(F("strata.grouped_forwards", Int(1, kMaxInt), STRATA_M(strata.grouped_forwards),
         "micro-batches of a step whose forwards run together, module by module (each module's "
-        "parameters acquired once for all of them; each micro-batch keeps its own activations, "
-        "x this many on the device, until its backward); their backwards then run one by one as "
+        "parameters acquired once for all of them; each micro-batch keeps what its forward "
+        "leaves for its backward on the device, the rest of the activations shared); their "
+        "backwards then run one by one as "
         "before: the same bits. A step deferred into the next forward (clipping biting) overlaps "
         "its optimizer pass with all of these forwards instead of the first one's. At most "
         "gradient_accumulation_steps; 1 under strata.activations = offload. auto: "
         "gradient_accumulation_steps when the optimizer can be deferred (strata.optimizer.overlap "
         "with gradient_clipping or fp16), the activations are kept or recomputed, the device "
-        "holds the extra activation sets and they cost no parameter fetches (the planner's "
-        "cache model); else 1",
+        "holds the further micro-batches' activations and they cost no parameter fetches (the "
+        "planner's cache model); else 1",
         nullptr, kAuto, "auto"));
   add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),
         "logger level"));

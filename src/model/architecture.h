@@ -136,7 +136,10 @@ Result<ActivationMode> parse_activation_mode(const std::string& name);
 // the tier manager reserves for block inputs: stash_layers buffers of stash_bytes, each rounded
 // to 4 KiB.
 struct ActivationSizes {
-  size_t bytes = 0;        // device: activations + activation gradients (+ block inputs)
+  size_t bytes = 0;  // device: activations + activation gradients (+ block inputs)
+  // device: what each further micro-batch of a forward group adds (strata.grouped_forwards):
+  // its tokens, targets and what its forward keeps to its backward; the rest is shared.
+  size_t slot_bytes = 0;
   size_t host_bytes = 0;   // host tier: offloaded block inputs (kOffload), else 0
   int stash_layers = 0;    // kOffload: blocks whose input leaves the device
   size_t stash_bytes = 0;  // one block input

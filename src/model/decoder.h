@@ -278,36 +278,60 @@ class DecoderRunner final : public ModelRunner {
   };
 
   // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
-  // what it measured and carves again for real.
+  // what it measured and carves again for real. With `shared` (a forward group's slot after the
+  // first) only what a micro-batch keeps from its forward to its backward is carved — its
+  // tokens and targets, and its blocks' activations (kKeep) or inputs and last output — and the
+  // rest, used by one micro-batch at a time (the head's buffers, the losses, the gradient
+  // scratch, a recompute's layer scratch, the adapters' and a quantized base's scratch), is
+  // `shared`'s.
   static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
-                    ActivationMode mode, const LoraLayout& lora, const BaseQuant* quant,
-                    Buffers* m) {
+                    ActivationMode mode, const LoraLayout& lora, const BaseQuant* quant, Buffers* m,
+                    const Buffers* shared = nullptr) {
     const bool keep = mode == ActivationMode::kKeep;
     const int L = sh.n_layer;
     const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
-    m->layers.resize(size_t(keep ? L : 1));
     m->inputs.assign(size_t(keep                                 ? 0
                             : mode == ActivationMode::kRecompute ? L
                                                                  : std::min(L, 2)),
                      nullptr);
     m->tokens = static_cast<int32_t*>(c.take(N * 4));
     m->targets = static_cast<int32_t*>(c.take(N * 4));
-    m->losses = c.take_f32(N);
-    for (Layer& y : m->layers) {
-      y.ln1 = c.take(NC);
-      y.att_out = c.take(NC);
-      y.res2 = c.take(NC);
-      y.ln2 = c.take(NC);
-      y.mlp_out = c.take(NC);
-      y.out = keep ? c.take(NC) : nullptr;
-      blocks.carve(c, d, &y.n1);
-      blocks.carve(c, d, &y.n2);
-      blocks.carve(c, d, &y.att);
-      blocks.carve(c, d, &y.mlp);
+    if (shared && !keep) {
+      m->layers = shared->layers;
+    } else {
+      m->layers.resize(size_t(keep ? L : 1));
+      for (Layer& y : m->layers) {
+        y.ln1 = c.take(NC);
+        y.att_out = c.take(NC);
+        y.res2 = c.take(NC);
+        y.ln2 = c.take(NC);
+        y.mlp_out = c.take(NC);
+        y.out = keep ? c.take(NC) : nullptr;
+        blocks.carve(c, d, &y.n1);
+        blocks.carve(c, d, &y.n2);
+        blocks.carve(c, d, &y.att);
+        blocks.carve(c, d, &y.mlp);
+      }
     }
     for (void*& in : m->inputs) in = c.take(NC);
     m->encoded = keep ? c.take(NC) : m->inputs[0];
     m->out = keep ? nullptr : c.take(NC);
+    if (shared) {
+      m->losses = shared->losses;
+      m->lnf = shared->lnf;
+      m->logits = shared->logits;
+      m->nf = shared->nf;
+      m->dA = shared->dA;
+      m->dB = shared->dB;
+      m->dln = shared->dln;
+      m->datt = shared->datt;
+      m->dmlp = shared->dmlp;
+      m->discard = shared->discard;
+      m->lora = shared->lora;
+      m->block_params = shared->block_params;
+      return;
+    }
+    m->losses = c.take_f32(N);
     m->lnf = c.take(NC);
     m->logits = c.take(N * size_t(sh.padded_vocab_size) * d.es());
     blocks.carve(c, d, &m->nf);
@@ -349,13 +373,17 @@ class DecoderRunner final : public ModelRunner {
   // one carve measures it, in one device allocation.
   Status allocate(int slots) {
     Carver measure(nullptr);
-    Buffers probe;
+    Buffers probe, probe_slot;
     carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &probe);
-    STRATA_ASSIGN_OR_RETURN(
-        arena_, st_.dev->allocate(measure.used() * size_t(slots), "activations"), "device");
+    const size_t first = measure.used();
+    carve(measure, blocks_, sh_, st_, mode_, lora_, quant_, &probe_slot, &probe);
+    const size_t bytes = first + (measure.used() - first) * size_t(slots - 1);
+    STRATA_ASSIGN_OR_RETURN(arena_, st_.dev->allocate(bytes, "activations"), "device");
     Carver real(static_cast<char*>(arena_));
     slots_.resize(size_t(slots));
-    for (Buffers& b : slots_) carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &b);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      carve(real, blocks_, sh_, st_, mode_, lora_, quant_, &slots_[i], i ? &slots_[0] : nullptr);
+    }
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
     // Per slot: its tokens and targets (N * 8 bytes); then one losses buffer (N * 4) that every
@@ -661,6 +689,10 @@ class DecoderArchitecture final : public Architecture {
                                  mode, lora_, quant_.get(), &b);
     ActivationSizes s;
     s.bytes = measure.used();
+    typename DecoderRunner<Blocks>::Buffers slot;
+    DecoderRunner<Blocks>::carve(measure, blocks_, shape_, BatchDims{B, T, dt, fused_attention},
+                                 mode, lora_, quant_.get(), &slot, &b);
+    s.slot_bytes = measure.used() - s.bytes;
     if (mode == ActivationMode::kOffload) {
       s.stash_layers = shape_.n_layer - 1;
       s.stash_bytes = size_t(B) * T * shape_.n_embd * dtype_size(dt);

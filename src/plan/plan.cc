@@ -162,6 +162,7 @@ TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
   to.nvme_paths = r.hw.nvme_paths;
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
+  to.activation_slot_bytes = acts.slot_bytes;
   // strata.grouped_forwards for the request's accumulation and activations.
   const bool may_defer = c.strata.optimizer_overlap && !c.strata.delayed_update &&
                          (c.gradient_clipping > 0 || c.fp16.enabled);
@@ -219,13 +220,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     for (const ModuleHomes& h : homes) {
       if (h.params.tier != Tier::kDevice) param_cache += h.params.bytes;
     }
-    to.forward_group =
-        auto_forward_group(to.forward_group_max, needs, acts.bytes, dev_cap, param_cache, W > 1);
+    to.forward_group = auto_forward_group(to.forward_group_max, needs, acts.slot_bytes, dev_cap,
+                                          param_cache, W > 1);
   }
   const int K = std::max(1, to.forward_group);
   o.forward_group = K;
   if (K > 1) {
-    needs = tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes * size_t(K),
+    needs = tier_needs(homes, to, r.hw.gpus, r.dtype, acts.bytes + acts.slot_bytes * size_t(K - 1),
                        arch->program(Pass::kTrain), zeropp);
   }
   o.device.state = needs.device.resident_state;

@@ -186,6 +186,9 @@ struct TierOptions {
   // else 1.
   int forward_group = 1;
   int forward_group_max = 1;
+  // What each activation set after the first adds on the device (ActivationSizes::slot_bytes:
+  // the rest of a set is shared by the group); 0: a whole set (create's activation_bytes).
+  size_t activation_slot_bytes = 0;
   // Everything above but the placement, the communicators and the stash from the config; the
   // host budget defaults to 90% of MemAvailable.
   static TierOptions from_config(const Config& cfg, DType dt);

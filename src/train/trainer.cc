@@ -214,6 +214,7 @@ Status Run::setup() {
   const ActivationSizes acts = arch_->activation_plan(B_, T_, dt_, act_mode, fused);
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
+  to.activation_slot_bytes = acts.slot_bytes;
   if (eval_only_) to.forward_group = 1;  // eval runs one forward at a time
   TierShortfall short_of;
   auto tm =
@@ -230,25 +231,30 @@ Status Run::setup() {
     return out_of_memory(fmt::format(
         "{}\n  - activations ({}) take {} of the device{}: strata.activations = recompute needs "
         "{} (one extra block forward in backward), offload {} (block inputs in host memory)",
-        tm.status().message(), cfg_.strata.activations, format_bytes(double(acts.bytes) * sets),
-        sets > 1 ? fmt::format(" ({} sets of {}: strata.grouped_forwards = {}; 1 holds one)", sets,
-                               format_bytes(double(acts.bytes)), sets)
+        tm.status().message(), cfg_.strata.activations,
+        format_bytes(double(acts.bytes + acts.slot_bytes * size_t(sets - 1))),
+        sets > 1 ? fmt::format(" ({} micro-batches' forwards grouped, {} and {} for each further "
+                               "one: strata.grouped_forwards = {}; 1 holds {})",
+                               sets, format_bytes(double(acts.bytes)),
+                               format_bytes(double(acts.slot_bytes)), sets,
+                               format_bytes(double(acts.bytes)))
                  : std::string(),
         format_bytes(double(rec)), format_bytes(double(off))));
   }
   STRATA_ASSIGN_OR_RETURN(tm_, std::move(tm), "");
   log_info("tiers: {}", tm_->describe());
   const int sets = tm_->forward_group();
-  log_info("activations: {}, {} on the device{}{}", cfg_.strata.activations,
-           format_bytes(double(acts.bytes) * sets),
-           sets > 1 ? fmt::format(" ({} micro-batches' forwards grouped, a set of {} each: "
-                                  "strata.grouped_forwards{})",
-                                  sets, format_bytes(double(acts.bytes)),
-                                  to.forward_group == 0 ? " auto" : "")
-                    : std::string(),
-           acts.host_bytes
-               ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
-               : "");
+  log_info(
+      "activations: {}, {} on the device{}{}", cfg_.strata.activations,
+      format_bytes(double(acts.bytes + acts.slot_bytes * size_t(sets - 1))),
+      sets > 1
+          ? fmt::format(" ({} micro-batches' forwards grouped: {} for one, {} for "
+                        "each further one; strata.grouped_forwards{})",
+                        sets, format_bytes(double(acts.bytes)),
+                        format_bytes(double(acts.slot_bytes)), to.forward_group == 0 ? " auto" : "")
+          : std::string(),
+      acts.host_bytes ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
+                      : "");
   STRATA_ASSIGN_OR_RETURN(
       model_, arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get(), tm_->forward_group()),
       "model");
