@@ -5,8 +5,12 @@
 // accumulate in the same order, so every loss and weight is the one-at-a-time run's bit for bit:
 // dense GPT and Llama, a mixture of experts (its routing kept per slot), LoRA and QLoRA, kept and
 // recomputed activations, state in host memory and on NVMe, fp16 overflows, groups that do not
-// divide the accumulation, and a resume. The auto choice and the config's errors are checked
-// here too; ranks in zero3_test (Zero3Variants), the planner in plan_test.
+// divide the accumulation, and a resume. With strata.grouped_backwards (the default) the
+// first group's backwards run together too, each further micro-batch's gradients in a part
+// added to the first's on the device: each schedule runs one at a time, with the forwards
+// grouped, and with both, the same bits, and with gradients on NVMe fewer bytes moved. The auto
+// choice and the config's errors are checked here too; ranks in zero3_test (Zero3Variants), the
+// planner in plan_test and plan_optimizer_test.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -87,6 +91,7 @@ struct Case {
   const char* activations;  // keep | recompute
   bool nvme, fp16;
   int accum, group;
+  bool grads_nvme = false;  // strata.placement.grads = nvme (GradSpill)
 };
 
 class GroupedForwards : public ::testing::TestWithParam<Case> {
@@ -107,34 +112,64 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
       ov.push_back(s);
     }
   }
-  auto one_ov = ov, grouped_ov = ov;
+  if (c.grads_nvme) ov.push_back("strata.placement.grads=\"nvme\"");
+  auto one_ov = ov, forwards_ov = ov, grouped_ov = ov;
   one_ov.push_back("strata.grouped_forwards=1");
+  forwards_ov.push_back("strata.grouped_forwards=" + std::to_string(c.group));
+  forwards_ov.push_back("strata.grouped_backwards=false");
   grouped_ov.push_back("strata.grouped_forwards=" + std::to_string(c.group));
   const TrainResult one = test::must_train(test::tiny_cpu(dir + "/one", one_ov));
+  const TrainResult forwards = test::must_train(test::tiny_cpu(dir + "/forwards", forwards_ov));
   const TrainResult grouped = test::must_train(test::tiny_cpu(dir + "/grouped", grouped_ov));
   EXPECT_EQ(one.forward_group, 1);
+  EXPECT_EQ(forwards.forward_group, c.group);
   EXPECT_EQ(grouped.forward_group, c.group);
   ASSERT_EQ(one.losses.size(), 8u);
-  ASSERT_EQ(grouped.losses.size(), 8u);
-  for (size_t s = 0; s < 8; ++s) EXPECT_EQ(grouped.losses[s], one.losses[s]) << "step " << s + 1;
-  EXPECT_EQ(grouped.weights_crc, one.weights_crc) << "final weights differ";
-  EXPECT_EQ(grouped.skipped_steps, one.skipped_steps);
-  if (c.fp16) EXPECT_GT(one.skipped_steps, 0) << "the test meant to force overflows";
-  EXPECT_GT(grouped.modules_deferred, 0) << "no step was deferred into the forwards";
+  for (const TrainResult* r : {&forwards, &grouped}) {
+    const char* which = r == &grouped ? "backwards grouped too" : "forwards grouped";
+    ASSERT_EQ(r->losses.size(), 8u);
+    for (size_t s = 0; s < 8; ++s) {
+      EXPECT_EQ(r->losses[s], one.losses[s]) << which << ": step " << s + 1;
+    }
+    EXPECT_EQ(r->weights_crc, one.weights_crc) << which << ": final weights differ";
+    EXPECT_EQ(r->skipped_steps, one.skipped_steps) << which;
+    EXPECT_GT(r->modules_deferred, 0) << which << ": no step was deferred into the forwards";
+  }
+  if (c.fp16) {
+    EXPECT_GT(one.skipped_steps, 0) << "the test meant to force overflows";
+  }
   EXPECT_NE(one.losses.front(), one.losses.back()) << "the reference did not train";
-  // No byte read or written twice: the NVMe bytes are the one-at-a-time run's; parameters the
-  // device holds are not fetched again by the later forwards of a group. The NVMe tier's
-  // bytes_in are the bytes written to it, bytes_out those read. (With fp16 overflows skipping
-  // steps the bytes read differed by 8 KiB, one small module's master + moments, in about half
-  // of the runs on a loaded machine (session 24), with 38 against 40 sub-groups read ahead —
-  // likely because a skipped step drops what was read ahead under its backward, and whether
-  // that sub-group was read before the skip depends on timing. So the reads are not asserted
-  // there.)
+  // No byte read or written twice: with forwards grouped, the NVMe bytes are the one-at-a-time
+  // run's; parameters the device holds are not fetched again by the later forwards of a group.
+  // The NVMe tier's bytes_in are the bytes written to it, bytes_out those read. (With fp16
+  // overflows skipping steps the bytes read differed by 8 KiB, one small module's master +
+  // moments, in about half of the runs on a loaded machine (session 24), with 38 against 40
+  // sub-groups read ahead — likely because a skipped step drops what was read ahead under its
+  // backward, and whether that sub-group was read before the skip depends on timing. So the
+  // reads are not asserted there.)
   const auto& on = test::tier(one, "nvme");
+  const auto& fn = test::tier(forwards, "nvme");
   const auto& gn = test::tier(grouped, "nvme");
-  EXPECT_EQ(gn.bytes_in, on.bytes_in);
-  if (!c.fp16) EXPECT_EQ(gn.bytes_out, on.bytes_out);
-  EXPECT_LE(test::tier(grouped, "device").bytes_in, test::tier(one, "device").bytes_in);
+  EXPECT_EQ(fn.bytes_in, on.bytes_in);
+  if (!c.fp16) {
+    EXPECT_EQ(fn.bytes_out, on.bytes_out);
+  }
+  EXPECT_LE(test::tier(forwards, "device").bytes_in, test::tier(one, "device").bytes_in);
+  // With the backwards grouped too, the first group's gradients on NVMe are written once (not
+  // written, then read and written again, by each further micro-batch): as many fewer bytes
+  // read as written, (group - 1) accumulators' worth a step. Else the same bytes.
+  if (c.grads_nvme) {
+    EXPECT_GT(on.bytes_in, gn.bytes_in);
+    if (!c.fp16) {
+      EXPECT_EQ(on.bytes_in - gn.bytes_in, on.bytes_out - gn.bytes_out);
+    }
+  } else {
+    EXPECT_EQ(gn.bytes_in, on.bytes_in);
+    if (!c.fp16) {
+      EXPECT_EQ(gn.bytes_out, on.bytes_out);
+    }
+  }
+  EXPECT_LE(test::tier(grouped, "device").bytes_in, test::tier(forwards, "device").bytes_in);
   fs::remove_all(dir);
 }
 
@@ -148,7 +183,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_keep_nvme", "llama", "keep", true, false, 2, 2},
                       Case{"mixtral_keep_host", "mixtral", "keep", false, false, 2, 2},
                       Case{"lora_recompute_host", "lora", "recompute", false, false, 2, 2},
-                      Case{"qlora_keep_host", "qlora", "keep", false, false, 2, 2}),
+                      Case{"qlora_keep_host", "qlora", "keep", false, false, 2, 2},
+                      Case{"gpt2_keep_nvme_grads", "gpt2", "keep", true, false, 2, 2, true},
+                      Case{"llama_recompute_nvme_grads_twos", "llama", "recompute", true, false, 4,
+                           2, true},
+                      Case{"gpt2_fp16_nvme_grads", "gpt2", "keep", true, true, 2, 2, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Stopped after step 3 and resumed, grouped: the uninterrupted one-at-a-time run's losses.
@@ -176,8 +215,9 @@ TEST(GroupedForwardsResume, ResumedRunFollowsTheUngroupedCurve) {
   fs::remove_all(dir);
 }
 
-// auto: the accumulation's micro-batches where the optimizer can be deferred and the device
-// holds their activation sets without losing cached parameters; else 1.
+// auto: the accumulation's micro-batches where the optimizer can be deferred or the backwards
+// grouped, and the device holds their activation sets (and the gradient parts) without losing
+// cached parameters; else 1.
 TEST(GroupedForwardsAuto, GroupsWhereADeferredPassCanUseItAndTheDeviceHoldsIt) {
   set_log_level(LogLevel::kWarn);
   const std::string dir = temp_dir("auto");
@@ -191,8 +231,18 @@ TEST(GroupedForwardsAuto, GroupsWhereADeferredPassCanUseItAndTheDeviceHoldsIt) {
   EXPECT_EQ(group_of("recompute", {"strata.activations=\"recompute\""}), 2);
   EXPECT_EQ(group_of("fp16", {"gradient_clipping=0", "bf16.enabled=false", "fp16.enabled=true"}),
             2);
-  EXPECT_EQ(group_of("no_clipping", {"gradient_clipping=0"}), 1) << "nothing is ever deferred";
-  EXPECT_EQ(group_of("no_overlap", {"strata.optimizer.overlap=false"}), 1);
+  // Nothing deferred: a group still runs its backwards together (one fetch, one drain).
+  EXPECT_EQ(group_of("no_clipping", {"gradient_clipping=0"}), 2);
+  EXPECT_EQ(group_of("no_overlap", {"strata.optimizer.overlap=false"}), 2);
+  EXPECT_EQ(group_of("no_clipping_one_backward",
+                     {"gradient_clipping=0", "strata.grouped_backwards=false"}),
+            1)
+      << "nothing is ever deferred and the backwards run one at a time";
+  EXPECT_EQ(group_of("no_overlap_one_backward",
+                     {"strata.optimizer.overlap=false", "strata.grouped_backwards=false"}),
+            1);
+  EXPECT_EQ(group_of("delayed", {"gradient_clipping=0", "strata.optimizer.delayed_update=true"}),
+            1);
   EXPECT_EQ(group_of("offload", {"strata.activations=\"offload\""}), 1);
   // 8 MiB: one set (2.9 MiB) and the working set leave room for every parameter; a second set
   // fits (7 MiB in all) but would take the parameter cache's room.
@@ -208,15 +258,21 @@ TEST(GroupedForwardsAuto, TheCacheModel) {
   one.device.activations = 10;
   one.device.working_set = 40;  // total 50
   const uint64_t params = 100;
-  EXPECT_EQ(auto_forward_group(1, one, 10, 1000, params, false), 1);
-  EXPECT_EQ(auto_forward_group(4, one, 10, 1000, params, false), 4);  // all cached either way
-  EXPECT_EQ(auto_forward_group(4, one, 10, 79, params, false), 1);    // does not fit
+  EXPECT_EQ(auto_forward_group(1, one, 10, 0, 1000, params, false), 1);
+  EXPECT_EQ(auto_forward_group(4, one, 10, 0, 1000, params, false), 4);  // all cached either way
+  EXPECT_EQ(auto_forward_group(4, one, 10, 0, 79, params, false), 1);    // does not fit
   // 150 of capacity: one set leaves 100 (all cached), four leave 70: 30% fetched 5 times.
-  EXPECT_EQ(auto_forward_group(4, one, 10, 150, params, false), 1);
+  EXPECT_EQ(auto_forward_group(4, one, 10, 0, 150, params, false), 1);
   // 100 of capacity: one set leaves 50 (50% fetched 8 times = 4), four leave 20 (80% x 5 = 4).
-  EXPECT_EQ(auto_forward_group(4, one, 10, 100, params, false), 4);
-  EXPECT_EQ(auto_forward_group(2, one, 10, 100, params, true), 2);  // sharded: gathers saved
-  EXPECT_EQ(auto_forward_group(2, one, 10, 100, 0, false), 2);      // every parameter on device
+  EXPECT_EQ(auto_forward_group(4, one, 10, 0, 100, params, false), 4);
+  EXPECT_EQ(auto_forward_group(2, one, 10, 0, 100, params, true), 2);  // sharded: gathers saved
+  EXPECT_EQ(auto_forward_group(2, one, 10, 0, 100, 0, false), 2);      // every parameter on device
+  // Backward groups (part_bytes > 0) fetch twice a step, not A + 1 times. 120 of capacity: one
+  // set leaves 70 (30% fetched 8 times = 2.4); four sets without backward groups leave 40
+  // (60% x 5 = 3: not grouped); with them and 10 of parts, 30 (70% x 2 = 1.4: grouped).
+  EXPECT_EQ(auto_forward_group(4, one, 10, 0, 120, params, false), 1);
+  EXPECT_EQ(auto_forward_group(4, one, 10, 10, 120, params, false), 4);
+  EXPECT_EQ(auto_forward_group(4, one, 10, 41, 120, params, false), 1);  // 121: does not fit
 }
 
 // Bad values name the key and the fix.

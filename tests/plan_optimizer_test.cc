@@ -214,6 +214,21 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
           std::max(dg * 6 / 9 + std::max({qk->time.cpu_optim_s, wg, dg * 3 / 9}), qk->time.nvme_s),
           1e-9);
       EXPECT_LT(qk->time.step_deferred_s, qg->time.step_deferred_s);
+      // ... and their backwards (strata.grouped_backwards, the default): the gradients on NVMe
+      // are written once a step instead of three times, and read by the optimizer alone (not
+      // by the second and third micro-batches' accumulations first): 2 x 4P fewer bytes each
+      // way; the device holds the further micro-batches' gradient parts. Without it, the
+      // one-at-a-time bytes.
+      PlanRequest rf = rk;
+      rf.engine.strata.grouped_backwards = false;
+      auto qf = evaluate_placement(rf, g);
+      ASSERT_TRUE(qf.is_ok());
+      EXPECT_EQ(qf->forward_group, 3);
+      EXPECT_EQ(qf->nvme_write_bytes, qg->nvme_write_bytes);
+      EXPECT_EQ(qf->nvme_read_bytes, qg->nvme_read_bytes);
+      EXPECT_NEAR(double(qg->nvme_write_bytes - qk->nvme_write_bytes), 8 * P, 64 * 1024);
+      EXPECT_NEAR(double(qg->nvme_read_bytes - qk->nvme_read_bytes), 8 * P, 64 * 1024);
+      EXPECT_GT(qk->device.buffers, qf->device.buffers);
     }
     // Stepped after backward instead: the state read ahead under backward (the embedding's,
     // the first 2 blocks') is stepped first, the pass waits for the rest's reads and for its

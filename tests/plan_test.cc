@@ -260,6 +260,9 @@ TEST(Plan, ActivationModesTradeMemoryForWork) {
   r.seq = 128;
   r.micro_batch = 4;
   r.accumulation = 2;
+  // One micro-batch at a time in every mode (offload cannot group): the link bytes compared are
+  // the activations' alone, not a backward group's gradient drains.
+  r.engine.strata.grouped_forwards = 1;
   std::vector<PlanOption> o;
   for (const ActivationMode mode :
        {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {

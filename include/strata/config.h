@@ -236,6 +236,7 @@ struct StrataConfig {
   int comm_ranks_per_node = 0;         // strata.comm.ranks_per_node: ZeRO++ nodes; 0 = hosts
   std::string activations = "keep";    // strata.activations: keep | recompute | offload
   int64_t grouped_forwards = 0;        // strata.grouped_forwards: 0 = auto (resolved at setup)
+  bool grouped_backwards = true;       // strata.grouped_backwards: a forward group's backwards too
   std::string log_level = "info";      // strata.log_level
   // strata.placement.{params,grads,master,moments}: device | host | nvme; "" = derived from
   // zero_optimization.offload_param / offload_optimizer (DeepSpeed cannot split these).

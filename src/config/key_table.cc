@@ -591,15 +591,30 @@ std::vector<Key> build_table() {
         "micro-batches of a step whose forwards run together, module by module (each module's "
         "parameters acquired once for all of them; each micro-batch keeps what its forward "
         "leaves for its backward on the device, the rest of the activations shared); their "
-        "backwards then run one by one as "
-        "before: the same bits. A step deferred into the next forward (clipping biting) overlaps "
+        "backwards then run one by one as before, or together too (strata.grouped_backwards): "
+        "the same bits. A step deferred into the next forward (clipping biting) overlaps "
         "its optimizer pass with all of these forwards instead of the first one's. At most "
         "gradient_accumulation_steps; 1 under strata.activations = offload. auto: "
         "gradient_accumulation_steps when the optimizer can be deferred (strata.optimizer.overlap "
-        "with gradient_clipping or fp16), the activations are kept or recomputed, the device "
-        "holds the further micro-batches' activations and they cost no parameter fetches (the "
-        "planner's cache model); else 1",
+        "with gradient_clipping or fp16) or the backwards grouped (strata.grouped_backwards), "
+        "without the delayed update, the activations are kept or recomputed, the device "
+        "holds the further micro-batches' activations (and, with strata.grouped_backwards, the "
+        "gradient parts) and they cost no parameter fetches (the planner's cache model, which "
+        "counts a backward group's one fetch); else 1",
         nullptr, kAuto, "auto"));
+  add(F("strata.grouped_backwards", Bool(), STRATA_M(strata.grouped_backwards),
+        "with a forward group of more than one micro-batch (strata.grouped_forwards) on one "
+        "rank: the step's first group's backwards run together too, module by module after each "
+        "one's head: each module's parameters acquired once for the group, each further "
+        "micro-batch's gradients computed into a device buffer of their own and added to the "
+        "first's on the device (the same sums, in the same order, as the host's accumulation: "
+        "the same bits), then drained once: one gradient drain and one backward parameter "
+        "fetch per group instead of per micro-batch (with gradients on NVMe, one write of the "
+        "accumulators per group instead of a write, then a read and a write). Costs the "
+        "device one module's gradient buffer (and, for gradients held from the head to the "
+        "embedding's backward, one per further micro-batch). A later group's backwards, and a "
+        "sharded run's, run one at a time (their sums must reach the accumulator one "
+        "micro-batch at a time; each micro-batch's reduce-scatter is its own)"));
   add(F("strata.log_level", Enum("debug|info|warn|error|off"), STRATA_M(strata.log_level),
         "logger level"));
   add(F("strata.placement.params", Enum("device|host|nvme"), STRATA_M(strata.placement_params),

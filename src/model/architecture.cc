@@ -55,6 +55,41 @@ void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, s
   if (zlo < zhi) std::fill(out + (zlo - begin), out + (zhi - begin), 0.0f);
 }
 
+bool segment_starts(const Program& program, size_t i, size_t begin) {
+  if (i == begin) return true;
+  const auto ends = [&](size_t j) {
+    const auto k = program.ops[j].kind;
+    return k == ProgramOp::kReleaseParams || k == ProgramOp::kDrainGrads;
+  };
+  return !ends(i) && ends(i - 1);
+}
+
+size_t grad_part_bytes(const Program& program, const std::function<size_t(int)>& grad_bytes,
+                       int group) {
+  if (group <= 1) return 0;
+  std::vector<int> acquired_in;  // per module: the segment of its kAcquireGrads, -1 none
+  size_t held = 0, one = 0;
+  int segment = -1;
+  for (size_t i = 0; i < program.ops.size(); ++i) {
+    if (segment_starts(program, i, 0)) ++segment;
+    const ProgramOp& op = program.ops[i];
+    if (op.kind != ProgramOp::kAcquireGrads && op.kind != ProgramOp::kDrainGrads) continue;
+    if (size_t(op.module) >= acquired_in.size()) acquired_in.resize(size_t(op.module) + 1, -1);
+    int& at = acquired_in[size_t(op.module)];
+    if (op.kind == ProgramOp::kAcquireGrads) {
+      if (at < 0) at = segment;
+    } else if (at >= 0) {
+      if (at == segment) {
+        one = std::max(one, grad_bytes(op.module));
+      } else {
+        held += grad_bytes(op.module);
+      }
+      at = -1;
+    }
+  }
+  return held * size_t(group - 1) + one;
+}
+
 size_t program_peak_bytes(const Program& program, const std::function<size_t(int)>& param_bytes,
                           const std::function<size_t(int)>& grad_bytes, int* live_modules) {
   std::vector<int> params_held, grads_held;  // per module: acquire count / held flag

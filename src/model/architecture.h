@@ -109,6 +109,22 @@ size_t program_peak_bytes(const Program& program, const std::function<size_t(int
                           const std::function<size_t(int)>& grad_bytes,
                           int* live_modules = nullptr);
 
+// A group's segments (Run::run_program): a segment of ops [begin, end) starts at `begin` and
+// at each op that follows a release or drain and is neither; it ends where the next starts. A
+// group of micro-batches runs each segment once per micro-batch, in order: parameters acquired
+// on the first run and released on the last, the first micro-batch's gradient buffers from
+// kAcquireGrads and each further one's in a part of its own (TierManager::acquire_grad_part),
+// added to the first's at each kDrainGrads and drained on the last run. (A backward group is
+// a step's first group: its sums, ((g0 + g1) + g2)..., are what the accumulator's would be.)
+bool segment_starts(const Program& program, size_t i, size_t begin);
+
+// The device bytes a backward group of `group` micro-batches adds for its gradient parts: one
+// part at a time of a module acquired and drained in one segment (the largest), and one per
+// further micro-batch of each module whose gradients are held across segments (a tied
+// embedding's, acquired by the head and drained after the embedding's backward).
+size_t grad_part_bytes(const Program& program, const std::function<size_t(int)>& grad_bytes,
+                       int group);
+
 // ---- activations --------------------------------------------------------------------------
 
 // What happens to a block's activations between its forward and its backward

@@ -280,10 +280,11 @@ class DecoderRunner final : public ModelRunner {
   // The one carve of the activation arena: activation_plan() measures it, allocate() allocates
   // what it measured and carves again for real. With `shared` (a forward group's slot after the
   // first) only what a micro-batch keeps from its forward to its backward is carved — its
-  // tokens and targets, and its blocks' activations (kKeep) or inputs and last output — and the
-  // rest, used by one micro-batch at a time (the head's buffers, the losses, the gradient
-  // scratch, a recompute's layer scratch, the adapters' and a quantized base's scratch), is
-  // `shared`'s.
+  // tokens and targets, its blocks' activations (kKeep) or inputs and last output, and the
+  // residual stream's gradient dA (carried from one backward step to the next, which a
+  // backward group interleaves with the group's other micro-batches') — and the rest, used by
+  // one micro-batch at a time (the head's buffers, the losses, the other gradient scratch, a
+  // recompute's layer scratch, the adapters' and a quantized base's scratch), is `shared`'s.
   static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, const BatchDims& d,
                     ActivationMode mode, const LoraLayout& lora, const BaseQuant* quant, Buffers* m,
                     const Buffers* shared = nullptr) {
@@ -321,7 +322,7 @@ class DecoderRunner final : public ModelRunner {
       m->lnf = shared->lnf;
       m->logits = shared->logits;
       m->nf = shared->nf;
-      m->dA = shared->dA;
+      m->dA = c.take(NC);  // carried from one backward step to the next: a backward group's own
       m->dB = shared->dB;
       m->dln = shared->dln;
       m->datt = shared->datt;

@@ -164,10 +164,9 @@ TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
   to.stash_bytes = acts.stash_bytes;
   to.activation_slot_bytes = acts.slot_bytes;
   // strata.grouped_forwards for the request's accumulation and activations.
-  const bool may_defer = c.strata.optimizer_overlap && !c.strata.delayed_update &&
-                         (c.gradient_clipping > 0 || c.fp16.enabled);
+  c.gradient_accumulation_steps = std::max(1, r.accumulation);
   to.forward_group_max =
-      may_defer && r.activations != ActivationMode::kOffload ? std::max(1, r.accumulation) : 1;
+      r.activations != ActivationMode::kOffload ? strata::forward_group_max(c) : 1;
   if (to.forward_group > r.accumulation || r.activations == ActivationMode::kOffload) {
     to.forward_group = r.activations == ActivationMode::kOffload ? 1 : r.accumulation;
   }
@@ -220,8 +219,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     for (const ModuleHomes& h : homes) {
       if (h.params.tier != Tier::kDevice) param_cache += h.params.bytes;
     }
-    to.forward_group = auto_forward_group(to.forward_group_max, needs, acts.slot_bytes, dev_cap,
-                                          param_cache, W > 1);
+    TierOptions most = to;
+    most.forward_group = to.forward_group_max;
+    const size_t parts =
+        tier_needs(homes, most, r.hw.gpus, r.dtype, acts.bytes, arch->program(Pass::kTrain), zeropp)
+            .device.grad_parts;
+    to.forward_group = auto_forward_group(to.forward_group_max, needs, acts.slot_bytes, parts,
+                                          dev_cap, param_cache, W > 1);
   }
   const int K = std::max(1, to.forward_group);
   o.forward_group = K;
@@ -450,14 +454,18 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // group is dropped after its use, so each pass fetches every parameter. Params resident on
   // the device are fetched never, but written once after the step.
   double link = 0, fetch = 0;
-  // Each forward group's forward fetches once (strata.grouped_forwards), each backward once.
+  // Each forward group's forward fetches once (strata.grouped_forwards), each backward once,
+  // the first group's backwards once for the group (strata.grouped_backwards, one rank), which
+  // drains its gradients once too; a later group's run one at a time.
   const double forward_groups = std::ceil(A / double(K));
+  const bool grouped_backward = K > 1 && to.grouped_backward && W == 1;
+  const double backwards = grouped_backward ? 1.0 + (A - std::min(A, double(K))) : A;
   if (where.params != Tier::kDevice) {
     const uint64_t busy = o.device.total();
     const double free_dev = o.device.capacity > busy ? double(o.device.capacity - busy) : 0.0;
     const double pbytes = double(P_bytes);
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
-    fetch = pbytes * (forward_groups + A) * (1.0 - cached);
+    fetch = pbytes * (forward_groups + backwards) * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
     link += fetch + double(P_trained) * es * cached;
   } else if (!pf.cpu_backend) {
@@ -468,7 +476,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
   // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.
   const double in_place = pf.cpu_backend && W == 1 ? double(grads_off_device - grads_nvme) : 0.0;
-  link += (A * double(grads_off_device) - in_place) * 4;
+  link += (backwards * double(grads_off_device) - in_place) * 4;
   // Offloaded block inputs: out after each block's forward, back before its backward.
   link += A * 2.0 * double(acts.stash_layers) * double(acts.stash_bytes);
   o.link_bytes = uint64_t(link);
@@ -496,10 +504,10 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   if (r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update) {
     nr -= state_of_first_sub_groups(read_ahead_subs, /*backward=*/false);
   }
-  // Gradients on NVMe: every micro-batch writes the fp32 accumulators, the later ones read them
-  // first, and the optimizer reads them once.
-  nw += A * double(grads_nvme) * 4;
-  nr += A * double(grads_nvme) * 4;
+  // Gradients on NVMe: every backward (a group's: one) writes the fp32 accumulators, the later
+  // ones read them first, and the optimizer reads them once.
+  nw += backwards * double(grads_nvme) * 4;
+  nr += backwards * double(grads_nvme) * 4;
   double nvme_param_read = 0;
   if (where.params == Tier::kNvme) {
     nvme_param_read = fetch / double(W);  // this rank's shards
@@ -547,10 +555,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   t.hidden_share = 0;
   t.step_s = plain;
   if (overlap) {
-    // The optimizer under backward starts with the last micro-batch's backward: each micro-batch
-    // is a forward (1) and a backward (2, plus 1 when blocks are recomputed) in compute units.
+    // The optimizer under backward starts with the last micro-batch's backward (a backward
+    // group's: the last group's backwards): each micro-batch is a forward (1) and a backward (2,
+    // plus 1 when blocks are recomputed) in compute units.
     const double rc = fpt.recompute / fpt.forward;
-    const double start_share = (A * (3.0 + rc) - (2.0 + rc)) / (A * (3.0 + rc));
+    const double last_backwards = grouped_backward && forward_groups == 1.0 ? A : 1.0;
+    const double start_share = (A * (3.0 + rc) - last_backwards * (2.0 + rc)) / (A * (3.0 + rc));
     // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
     // ahead from the step's start, in backward order: final norm, last blocks, ...), its
     // writes, the new params' writes, and the last backward pass's param reads.
@@ -594,7 +604,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     window.read += double(grads_nvme) * 4;
     deferred.read += double(grads_nvme) * 4;
     after.read += double(grads_nvme) * 4;
-    if (where.params == Tier::kNvme) window.read += nvme_param_read / (forward_groups + A);
+    if (where.params == Tier::kNvme) window.read += nvme_param_read / (forward_groups + backwards);
     // Every local rank shares the node's NVMe bandwidth.
     o.deferred_pass = {uint64_t(deferred.read) * W, uint64_t(deferred.write) * W};
     o.after_backward_pass = {uint64_t(after.read) * W, uint64_t(after.write) * W};

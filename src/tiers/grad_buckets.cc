@@ -49,13 +49,14 @@ bool GradBuckets::in_place(int m, int micro) const {
 }
 
 size_t GradBuckets::device_reserve(int micro) const {
-  size_t r = 0;
+  size_t r = 0, part = 0;
   for (size_t m = 0; m < homes_.modules().size(); ++m) {
     const Module& mod = homes_.module(int(m));
-    if (mod.frozen() || in_place(int(m), micro)) continue;  // LoRA's base: no gradients
-    r = std::max(r, round_up(mod.padded * 4, 256));
+    if (mod.frozen()) continue;  // LoRA's base: no gradients
+    part = std::max(part, round_up(mod.padded * 4, 256));
+    if (!in_place(int(m), micro)) r = std::max(r, round_up(mod.padded * 4, 256));
   }
-  return r;
+  return parts_ ? r + part : r;
 }
 
 Result<float*> GradBuckets::acquire(int m, int micro) {
@@ -77,6 +78,27 @@ Result<float*> GradBuckets::acquire(int m, int micro) {
   dev_.memset_zero(dev_.compute_stream(), p, bytes);
   gdev_[size_t(m)] = static_cast<float*>(p);
   return static_cast<float*>(p);
+}
+
+Result<float*> GradBuckets::acquire_part(int m) {
+  const Module& mod = homes_.module(m);
+  const size_t bytes = mod.padded * 4;
+  STRATA_ASSIGN_OR_RETURN(
+      void* p, cache_.allocate(bytes, mod.name + ".grad part", -1, UINT64_MAX, /*may_block=*/true),
+      "gradients of " + mod.name + " (a backward group's further micro-batch)");
+  dev_.memset_zero(dev_.compute_stream(), p, bytes);
+  return static_cast<float*>(p);
+}
+
+void GradBuckets::add_part(int m, float* part) {
+  float* g = gdev_[size_t(m)];
+  STRATA_CHECK(g != nullptr && part != nullptr, "add_part without acquire and acquire_part");
+  const size_t bytes = homes_.module(m).padded * 4;
+  Stream& s = dev_.compute_stream();
+  dev_.kernels().add_inplace(s, DType::kF32, g, part, homes_.module(m).padded);
+  auto added = std::shared_ptr<Event>(dev_.create_event());
+  dev_.record(*added, s);
+  cache_.release_after(part, bytes, std::move(added));
 }
 
 void GradBuckets::drain(int m, int micro, bool last) {

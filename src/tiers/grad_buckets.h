@@ -49,6 +49,14 @@ class GradBuckets {
   Result<float*> acquire(int m, int micro);
   // After module m's backward: drains its buffer into GACC[m] (and frees it) on the d2h stream.
   void drain(int m, int micro, bool last);
+  // A backward group (TierManager::acquire_grad_part): a zeroed device buffer for a further
+  // micro-batch's gradients of module m, and its add to module m's acquired buffer on the
+  // compute stream (Kernels::add_inplace: the fp32 sum the drain's accumulation would make),
+  // after which it is freed in stream order.
+  Result<float*> acquire_part(int m);
+  void add_part(int m, float* part);
+  // Backward groups: the prefetches leave room for a part beside each gradient buffer.
+  void set_parts(bool on) { parts_ = on; }
   // The device bytes a prefetch leaves free in micro-batch `micro` for the gradient buffer its
   // backward allocates next: the largest not acquired in place; 0 where every one is. (Two,
   // room for one still draining too, read 1.21-1.59x the on-demand NVMe bytes of TierTest's
@@ -92,6 +100,7 @@ class GradBuckets {
   std::function<void(int)> on_final_;
   std::vector<float*> gdev_;       // this micro-batch's device buffers
   std::vector<char> in_place_;     // gdev_[m] is GACC[m] (acquired in place)
+  bool parts_ = false;             // backward groups: device_reserve counts a part too
   std::vector<GradStats> gstats_;  // written by the d2h stream
   float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
   size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements

@@ -151,6 +151,10 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   if (dev_opt) n.device.optimizer = round_up(homes.size() * 8, 256) + round_up(max_dev_opt_p, 256);
   n.device.activations = activation_bytes;
   n.device.working_set = working_set_bytes(pc, g, train_program);
+  if (options.forward_group > 1 && options.grouped_backward && !sharded) {
+    n.device.grad_parts = grad_part_bytes(
+        train_program, [&](int m) { return g[size_t(m)]; }, options.forward_group);
+  }
   // Sharded: the gradient bucket (reduce_bucket_size over the padded groups, capped at the
   // largest group), and the prefetch window's gathered groups (nothing is evicted for room).
   if (sharded) {
@@ -240,11 +244,11 @@ TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
   return s;
 }
 
-int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t device_capacity,
-                       uint64_t param_cache_bytes, bool sharded) {
+int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t part_bytes,
+                       size_t device_capacity, uint64_t param_cache_bytes, bool sharded) {
   if (max <= 1) return 1;
   const uint64_t busy1 = one.device.total();
-  const uint64_t busyK = busy1 + uint64_t(max - 1) * set_bytes;
+  const uint64_t busyK = busy1 + uint64_t(max - 1) * set_bytes + part_bytes;
   if (busyK > device_capacity) return 1;
   if (param_cache_bytes == 0) return max;  // every parameter is homed on the device
   const auto cached = [&](uint64_t busy) {
@@ -254,7 +258,7 @@ int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t d
   };
   const double A = max;
   const double fetch1 = 2.0 * A * (1.0 - cached(busy1));
-  const double fetchK = (1.0 + A) * (1.0 - cached(busyK));
+  const double fetchK = (part_bytes > 0 ? 2.0 : 1.0 + A) * (1.0 - cached(busyK));
   return fetchK <= fetch1 ? max : 1;
 }
 

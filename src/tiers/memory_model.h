@@ -138,11 +138,14 @@ struct TierNeeds {
     size_t qwz_buffer = 0;
     size_t hpz_secondary = 0;
     size_t qgz_scratch = 0;
+    // A backward group (TierOptions::grouped_backward, forward_group > 1, one rank): its
+    // further micro-batches' gradient parts (grad_part_bytes).
+    size_t grad_parts = 0;
     size_t zeropp() const { return qwz_buffer + hpz_secondary + qgz_scratch; }
-    // working_set + bucket + prefetch_window + optimizer + zeropp(): what the preflight reports
-    // as the working set.
+    // working_set + grad_parts + bucket + prefetch_window + optimizer + zeropp(): what the
+    // preflight reports as the working set.
     size_t transient() const {
-      return working_set + bucket + prefetch_window + optimizer + zeropp();
+      return working_set + grad_parts + bucket + prefetch_window + optimizer + zeropp();
     }
     size_t total() const { return activations + resident_state + transient(); }
   };
@@ -236,9 +239,11 @@ TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
 // cache model, they cost no parameter fetches: of the `param_cache_bytes` not homed on the
 // device, the share min(1, free / param_cache_bytes) stays cached (none when `sharded`: every
 // gathered group is dropped after its use), and the rest is fetched A / K + A times a step for
-// A micro-batches in groups of K (once per group's forward, once per backward). Else 1.
-int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t device_capacity,
-                       uint64_t param_cache_bytes, bool sharded);
+// A micro-batches in groups of K (once per group's forward, once per backward: once per group's
+// where the group's backwards run together, strata.grouped_backwards, which adds `part_bytes`,
+// the group's gradient parts, to the device's need; 0: backwards one at a time). Else 1.
+int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t part_bytes,
+                       size_t device_capacity, uint64_t param_cache_bytes, bool sharded);
 
 // The gradient accumulators' home TierManager::create gives `options` (and the planner a
 // config's placement with strata.placement.grads unset): auto_grads_placement of the host need

@@ -155,6 +155,15 @@ Status check_nvme_config(const Config& config, uint64_t bytes_per_path) {
   return Status::ok();
 }
 
+int forward_group_max(const Config& cfg) {
+  const bool may_defer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update &&
+                         (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
+  const bool groups_backward = cfg.strata.grouped_backwards && !cfg.strata.delayed_update;
+  return (may_defer || groups_backward) && cfg.strata.activations != "offload"
+             ? int(std::max<int64_t>(1, cfg.gradient_accumulation_steps))
+             : 1;
+}
+
 TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   TierOptions o;
   const auto& zp = cfg.zero.offload_param;
@@ -185,11 +194,8 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
                            ? cfg.strata.optimizer_read_ahead
                            : 0;
   o.forward_group = int(cfg.strata.grouped_forwards);
-  const bool may_defer = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update &&
-                         (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
-  o.forward_group_max = may_defer && cfg.strata.activations != "offload"
-                            ? int(std::max<int64_t>(1, cfg.gradient_accumulation_steps))
-                            : 1;
+  o.grouped_backward = cfg.strata.grouped_backwards;
+  o.forward_group_max = strata::forward_group_max(cfg);
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);

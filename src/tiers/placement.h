@@ -101,6 +101,13 @@ StorageOptions storage_options_from_config(const Config& config);
 // empty nvme_path is an error too. The Status names the config key, the path and the fix.
 Status check_nvme_config(const Config& config, uint64_t bytes_per_path);
 
+// The most micro-batches auto groups (TierOptions::forward_group_max):
+// gradient_accumulation_steps where the activations are kept or recomputed and a group pays
+// off — a step's optimizer can be deferred into the next forward (strata.optimizer.overlap
+// with gradient_clipping or fp16), or the group's backwards run together
+// (strata.grouped_backwards) — without the delayed update; else 1.
+int forward_group_max(const Config& cfg);
+
 struct TierOptions {
   Placement placement;
   size_t host_capacity = 0;             // host tier budget, bytes
@@ -180,12 +187,13 @@ struct TierOptions {
   size_t stash_bytes = 0;
   // strata.grouped_forwards: the activation sets the device holds, one per micro-batch of a
   // forward group (TierManager::create's activation_bytes is one set's); 0: auto, decided by
-  // create (auto_forward_group), at most forward_group_max: gradient_accumulation_steps where
-  // a step's optimizer can be deferred into the next forward (strata.optimizer.overlap with
-  // gradient_clipping or fp16, no delayed update) and activations are kept or recomputed,
-  // else 1.
+  // create (auto_forward_group), at most forward_group_max (strata::forward_group_max).
   int forward_group = 1;
   int forward_group_max = 1;
+  // strata.grouped_backwards: a forward group of more than one micro-batch on one rank runs
+  // its backwards together too, module by module (TierManager::backward_grouped): each further
+  // micro-batch's gradients go to a part buffer added to the first's on the device.
+  bool grouped_backward = true;
   // What each activation set after the first adds on the device (ActivationSizes::slot_bytes:
   // the rest of a set is shared by the group); 0: a whole set (create's activation_bytes).
   size_t activation_slot_bytes = 0;

@@ -224,8 +224,14 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
     for (const ModuleHomes& m : plan) {
       if (m.params.tier != Tier::kDevice) param_cache += m.params.bytes;
     }
+    // The gradient parts a group of forward_group_max would add (grouped backwards).
+    TierOptions most = options;
+    most.forward_group = options.forward_group_max;
+    const size_t parts =
+        tier_needs(plan, most, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp)
+            .device.grad_parts;
     I.opt.forward_group =
-        auto_forward_group(options.forward_group_max, need, slot_bytes,
+        auto_forward_group(options.forward_group_max, need, slot_bytes, parts,
                            device.memory_stats().capacity, param_cache, I.sharded);
   }
   if (options.forward_group > 1) {
@@ -273,6 +279,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
                                             ip->pipeline->grads_final(m);
                                             ip->spec->grads_final(m);
                                           });
+  I.grads->set_parts(I.opt.forward_group > 1 && I.opt.grouped_backward && !I.sharded);
   // Until the trainer sets each micro-batch's (begin_micro): a later micro-batch's room.
   I.cache->set_prefetch_reserve(I.grads->device_reserve(1));
   if (I.sharded) {
@@ -352,6 +359,14 @@ Result<float*> TierManager::acquire_grads(int m, int micro) {
 }
 
 void TierManager::drain_grads(int m, int micro, bool last) { impl_->grads->drain(m, micro, last); }
+
+bool TierManager::backward_grouped() const {
+  return opt_.forward_group > 1 && opt_.grouped_backward && !impl_->sharded;
+}
+
+Result<float*> TierManager::acquire_grad_part(int m) { return impl_->grads->acquire_part(m); }
+
+void TierManager::add_grad_part(int m, float* part) { impl_->grads->add_part(m, part); }
 
 Status TierManager::end_backward() {
   Impl& I = *impl_;

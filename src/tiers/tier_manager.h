@@ -146,6 +146,13 @@ class TierManager : public ActivationStore {
   // After module m's backward: drain its gradient buffer into GACC[m] (copy for micro 0, add
   // for later ones) on the d2h stream; with `last`, also reduce its norm and inf/nan flag.
   void drain_grads(int m, int micro, bool last);
+  // A backward group (backward_grouped()): a zeroed device buffer for module m's gradients of a
+  // further micro-batch of the group, its backward computed into it as into acquire_grads'
+  // buffer; add_grad_part then adds it to that buffer on the compute stream (the same fp32 sums,
+  // in micro-batch order, as the host's accumulation) and frees it. The group's one
+  // drain_grads follows the last part's add.
+  Result<float*> acquire_grad_part(int m);
+  void add_grad_part(int m, float* part);
   // Waits for every drain; returns the first asynchronous error; then grad_stats() is valid.
   Status end_backward();
   GradStats grad_stats() const;
@@ -234,6 +241,9 @@ class TierManager : public ActivationStore {
   // The activation sets counted for the device (strata.grouped_forwards, auto decided): the
   // micro-batches a forward group may hold.
   int forward_group() const { return opt_.forward_group; }
+  // Whether a forward group's backwards run together, module by module
+  // (strata.grouped_backwards): a group of more than one micro-batch, one rank.
+  bool backward_grouped() const;
   std::string describe() const;  // one line per tier: capacity and what lives there
   const Trace* trace(const std::string& phase) const;
   std::string object_name(int object) const;

@@ -105,11 +105,14 @@ class Run {
     }
     return n;
   }
-  // Runs ops [begin, end) of one micro-batch's program (mbs[0]): its state steps through the tier
-  // manager, its compute steps on the runner. Training under the last micro-batch
-  // (`speculate`) steps the modules whose gradients are final after each run of drains. With
-  // n > 1, the forward prefix of a forward group (Program::forward_end): each compute step is
-  // run for mbs[0..n) in turn, each on its activation slot k.
+  // Runs ops [begin, end) of the program for micro-batches mbs[0..n) (n > 1: a group, each on
+  // its activation slot k; `micro` is the first's index): its state steps through the tier
+  // manager, its compute steps on the runner, segment by segment (segment_starts), each run for
+  // every micro-batch in turn — parameters acquired on the first run and released on the last,
+  // the further micro-batches' gradients in parts (parts_) added to the first's at each drain,
+  // drained on the last. Training under the last micro-batch (`speculate`) steps the modules
+  // whose gradients are final after each run of drains. A forward group's prefix is
+  // [0, Program::forward_end); a backward group runs the whole program.
   Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch* mbs,
                      int n = 1, size_t begin = 0, size_t end = SIZE_MAX);
   // Settles strata.optimizer.defer = "auto" once its trial steps are timed (every rank alike).
@@ -157,6 +160,8 @@ class Run {
   // The device pointers of the modules the program holds at this point, by module.
   std::vector<const void*> params_;
   std::vector<float*> grads_;
+  // A backward group's further micro-batches' gradient parts: parts_[k][m] (k >= 1).
+  std::vector<std::vector<float*>> parts_;
   double last_grad_norm_ = 0;
   // The last step's mean load-balancing loss over its micro-batches and ranks (a mixture of
   // experts; -1 for other models), reported apart from the loss.

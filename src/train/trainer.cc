@@ -249,9 +249,12 @@ Status Run::setup() {
       format_bytes(double(acts.bytes + acts.slot_bytes * size_t(sets - 1))),
       sets > 1
           ? fmt::format(" ({} micro-batches' forwards grouped: {} for one, {} for "
-                        "each further one; strata.grouped_forwards{})",
+                        "each further one; strata.grouped_forwards{}{})",
                         sets, format_bytes(double(acts.bytes)),
-                        format_bytes(double(acts.slot_bytes)), to.forward_group == 0 ? " auto" : "")
+                        format_bytes(double(acts.slot_bytes)), to.forward_group == 0 ? " auto" : "",
+                        tm_->backward_grouped()
+                            ? "; the first group's backwards too, strata.grouped_backwards"
+                            : "")
           : std::string(),
       acts.host_bytes ? fmt::format(", {} in the host tier", format_bytes(double(acts.host_bytes)))
                       : "");
@@ -416,45 +419,64 @@ Status Run::load_for_eval(const std::string& path) {
 
 Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch* mbs,
                         int n, size_t begin, size_t end) {
-  const std::vector<ProgramOp>& ops = arch_->program(pass).ops;
-  const ModuleBindings bound{params_, grads_};
-  for (size_t i = begin; i < std::min(end, ops.size()); ++i) {
-    const ProgramOp& op = ops[i];
-    const int m = op.module;
-    switch (op.kind) {
-      case ProgramOp::kAcquireParams: {
-        STRATA_ASSIGN_OR_RETURN(params_[size_t(m)], tm_->acquire_params(m),
-                                pass == Pass::kTrain ? "forward/backward" : "eval forward");
-        break;
+  const Program& program = arch_->program(pass);
+  const std::vector<ProgramOp>& ops = program.ops;
+  end = std::min(end, ops.size());
+  if (n > 1 && parts_.size() < size_t(n))
+    parts_.resize(size_t(n), std::vector<float*>(grads_.size()));
+  const char* what = pass == Pass::kTrain ? "forward/backward" : "eval forward";
+  // Segment by segment (segment_starts), each run once per micro-batch of the group.
+  for (size_t s = begin; s < end;) {
+    size_t e = s + 1;
+    while (e < end && !segment_starts(program, e, begin)) ++e;
+    for (int k = 0; k < n; ++k) {
+      const bool first = k == 0, final = k == n - 1;
+      if (n > 1) model_->select(k);
+      std::vector<float*>& grads = first ? grads_ : parts_[size_t(k)];
+      const ModuleBindings bound{params_, grads};
+      for (size_t i = s; i < e; ++i) {
+        const ProgramOp& op = ops[i];
+        const int m = op.module;
+        switch (op.kind) {
+          case ProgramOp::kAcquireParams:
+            if (first) {
+              STRATA_ASSIGN_OR_RETURN(params_[size_t(m)], tm_->acquire_params(m), what);
+            }
+            break;
+          case ProgramOp::kReleaseParams:
+            if (final) {
+              tm_->release_params(m);
+              params_[size_t(m)] = nullptr;
+            }
+            break;
+          case ProgramOp::kAcquireGrads:
+            if (first) {
+              STRATA_ASSIGN_OR_RETURN(grads_[size_t(m)], tm_->acquire_grads(m, micro), "backward");
+            } else if (grads[size_t(m)] == nullptr) {
+              STRATA_ASSIGN_OR_RETURN(grads[size_t(m)], tm_->acquire_grad_part(m), "backward");
+            }
+            break;
+          case ProgramOp::kDrainGrads:
+            if (!first) {  // a backward group's further micro-batch: into the first's buffer
+              tm_->add_grad_part(m, grads[size_t(m)]);
+              grads[size_t(m)] = nullptr;
+            }
+            if (!final) break;
+            tm_->drain_grads(m, micro, last);
+            grads_[size_t(m)] = nullptr;
+            // Under the last micro-batch's backward, step the modules whose gradients are final.
+            if (speculate && last &&
+                (i + 1 == ops.size() || ops[i + 1].kind != ProgramOp::kDrainGrads)) {
+              STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/false), what);
+            }
+            break;
+          case ProgramOp::kCompute:
+            model_->compute(op, bound, mbs[k]);
+            break;
+        }
       }
-      case ProgramOp::kReleaseParams:
-        tm_->release_params(m);
-        params_[size_t(m)] = nullptr;
-        break;
-      case ProgramOp::kAcquireGrads: {
-        STRATA_ASSIGN_OR_RETURN(grads_[size_t(m)], tm_->acquire_grads(m, micro), "backward");
-        break;
-      }
-      case ProgramOp::kDrainGrads:
-        tm_->drain_grads(m, micro, last);
-        grads_[size_t(m)] = nullptr;
-        // Under the last micro-batch's backward, step the modules whose gradients are final.
-        if (speculate && last &&
-            (i + 1 == ops.size() || ops[i + 1].kind != ProgramOp::kDrainGrads)) {
-          STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/false), "forward/backward");
-        }
-        break;
-      case ProgramOp::kCompute:
-        if (n == 1) {
-          model_->compute(op, bound, mbs[0]);
-          break;
-        }
-        for (int k = 0; k < n; ++k) {  // a forward group's prefix: each on its slot
-          model_->select(k);
-          model_->compute(op, bound, mbs[k]);
-        }
-        break;
     }
+    s = e;
   }
   return Status::ok();
 }
@@ -495,7 +517,8 @@ Result<double> Run::run_step() {
   }
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
   // together, module by module, each on its own activation slot; then each its head and
-  // backward, in order, as an ungrouped step would (the same bits).
+  // backward, in order, as an ungrouped step would (the same bits) — or, with backward groups,
+  // its heads and then their backwards together, module by module.
   const size_t forward_end = arch_->program(Pass::kTrain).forward_end;
   const int group = forward_end > 0 ? std::max(1, tm_->forward_group()) : 1;
   for (int first = 0; first < accum_; first += group) {
@@ -507,11 +530,26 @@ Result<double> Run::run_step() {
       model_->begin_batch(tok_.data(), tgt_.data());
     }
     tm_->begin_micro(first);
-    if (n > 1) {
+    const std::string group_name =
+        fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_);
+    if (n > 1 && first == 0 && tm_->backward_grouped()) {
+      // A backward group (strata.grouped_backwards): the whole program, segment by segment,
+      // each segment run for every micro-batch of the group in turn; the further micro-batches'
+      // gradients in parts added to the first's on the device, drained once. Only the first
+      // group's: a later group's sums must be added to the accumulator one micro-batch at a
+      // time (((g0 + g1) + g2) + g3, not (g0 + g1) + (g2 + g3)), so its backwards run one by one.
       STRATA_RETURN_IF_ERROR(
-          run_program(Pass::kTrain, first, false, speculate, &mbs[size_t(first)], n, 0,
-                      forward_end),
-          fmt::format("micro-batches {}-{} of {}", first + 1, first + n, accum_));
+          run_program(Pass::kTrain, first, first + n == accum_, speculate, &mbs[size_t(first)], n),
+          group_name);
+      for (int k = 0; k < n; ++k) {
+        if (opts_.mid_step) opts_.mid_step(step_, first + k);
+      }
+      continue;
+    }
+    if (n > 1) {
+      STRATA_RETURN_IF_ERROR(run_program(Pass::kTrain, first, false, speculate, &mbs[size_t(first)],
+                                         n, 0, forward_end),
+                             group_name);
     }
     for (int k = 0; k < n; ++k) {
       const int micro = first + k;
