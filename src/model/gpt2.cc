@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "src/model/decoder.h"
+#include "src/model/decoder_architecture.h"
 
 namespace strata {
 namespace {

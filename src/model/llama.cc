@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "src/model/decoder_architecture.h"
 #include "src/model/llama_blocks.h"
 
 namespace strata {

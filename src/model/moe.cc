@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "src/model/decoder_architecture.h"
 #include "src/model/llama_blocks.h"
 
 namespace strata {
