@@ -224,6 +224,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       auto qf = evaluate_placement(rf, g);
       ASSERT_TRUE(qf.is_ok());
       EXPECT_EQ(qf->forward_group, 3);
+      EXPECT_TRUE(qk->backward_grouped);
+      EXPECT_FALSE(qf->backward_grouped);
       EXPECT_EQ(qf->nvme_write_bytes, qg->nvme_write_bytes);
       EXPECT_EQ(qf->nvme_read_bytes, qg->nvme_read_bytes);
       EXPECT_NEAR(double(qg->nvme_write_bytes - qk->nvme_write_bytes), 8 * P, 64 * 1024);

@@ -355,6 +355,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // drains its gradients once too; a later group's run one at a time.
   const double forward_groups = std::ceil(A / double(K));
   const bool grouped_backward = K > 1 && to.grouped_backward && W == 1;
+  o.backward_grouped = grouped_backward;
   const double backwards = grouped_backward ? 1.0 + (A - std::min(A, double(K))) : A;
   if (where.params != Tier::kDevice) {
     const uint64_t busy = o.device.total();

@@ -267,6 +267,9 @@ struct PlanOption {
   // (strata.grouped_forwards, `forward_group` micro-batches; 1: the first micro-batch's).
   double first_forward_share = 0;
   int forward_group = 1;
+  // Whether the first forward group's backwards run together too (strata.grouped_backwards:
+  // one rank, forward_group > 1): one parameter fetch and one gradient drain per module for it.
+  bool backward_grouped = false;
 };
 
 struct PlanReport {

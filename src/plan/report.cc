@@ -191,6 +191,7 @@ std::string plan_json(const PlanReport& rep) {
             {{"read", o.after_backward_pass.read}, {"write", o.after_backward_pass.write}}}}},
          {"first_forward_share", o.first_forward_share},
          {"forward_group", o.forward_group},
+         {"backward_grouped", o.backward_grouped},
          {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
@@ -262,6 +263,14 @@ std::string plan_table(const PlanReport& rep) {
     const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+    if (b.forward_group > 1) {
+      s += fmt::format("  micro-batches: {} forwards run together (strata.grouped_forwards){}\n",
+                       b.forward_group,
+                       b.backward_grouped
+                           ? ", and their backwards: each module fetched and its gradients "
+                             "drained once for them (strata.grouped_backwards)"
+                           : "");
+    }
     if (b.time.falls_back) {
       s += fmt::format(
           "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
