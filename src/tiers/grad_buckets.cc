@@ -72,22 +72,26 @@ Result<float*> GradBuckets::acquire(int m, int micro) {
     in_place_[size_t(m)] = 1;
     return acc;
   }
-  STRATA_ASSIGN_OR_RETURN(
-      void* p, cache_.allocate(bytes, mod.name + ".grad", -1, UINT64_MAX, /*may_block=*/true),
-      "gradients of " + mod.name);
+  STRATA_ASSIGN_OR_RETURN(float* p, zeroed_buffer(m, ".grad"), "gradients of " + mod.name);
+  gdev_[size_t(m)] = p;
+  return p;
+}
+
+Result<float*> GradBuckets::zeroed_buffer(int m, const char* tag) {
+  const size_t bytes = homes_.module(m).padded * 4;  // the whole (padded) group
+  STRATA_ASSIGN_OR_RETURN(void* p,
+                          cache_.allocate(bytes, homes_.module(m).name + tag, -1, UINT64_MAX,
+                                          /*may_block=*/true),
+                          "");
   dev_.memset_zero(dev_.compute_stream(), p, bytes);
-  gdev_[size_t(m)] = static_cast<float*>(p);
   return static_cast<float*>(p);
 }
 
 Result<float*> GradBuckets::acquire_part(int m) {
-  const Module& mod = homes_.module(m);
-  const size_t bytes = mod.padded * 4;
   STRATA_ASSIGN_OR_RETURN(
-      void* p, cache_.allocate(bytes, mod.name + ".grad part", -1, UINT64_MAX, /*may_block=*/true),
-      "gradients of " + mod.name + " (a backward group's further micro-batch)");
-  dev_.memset_zero(dev_.compute_stream(), p, bytes);
-  return static_cast<float*>(p);
+      float* p, zeroed_buffer(m, ".grad part"),
+      "gradients of " + homes_.module(m).name + " (a backward group's further micro-batch)");
+  return p;
 }
 
 void GradBuckets::add_part(int m, float* part) {

@@ -89,6 +89,8 @@ class GradBuckets {
   // stream order.
   void finish(int m, float* g, bool last);
   void drain_sharded(int m, float* g, int micro, bool last);
+  // A zeroed device buffer for module m's whole (padded) gradient group, named <module><tag>.
+  Result<float*> zeroed_buffer(int m, const char* tag);
 
   Homes& homes_;
   Device& dev_;
