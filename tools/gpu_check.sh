@@ -490,7 +490,7 @@ bytes_vs_min() {
   local out=() t line
   for t in nvme 'host<->device'; do
     line=$(grep -m1 "^$t bytes per step" "$1" 2>/dev/null) || continue
-    line=$(sed 's/^[^:]*: //; s/ (median of steps [0-9-]*)//; s/, the placement.s minimum \([^(]*\) (\(.*\))$/ (\1, \2)/' <<<"$line")
+    line=$(sed 's/^[^:]*: //; s/ (median of steps [^)]*)//; s/, the placement.s minimum \([^(]*\) (\(.*\))$/ (\1, \2)/' <<<"$line")
     out+=("${t/host<->device/link} $line")
   done
   local IFS=';'

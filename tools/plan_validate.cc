@@ -21,16 +21,31 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// The lines of bytes_against_minimum for the planner's option `o`.
+// The lines of bytes_against_minimum for the planner's option `o`: the median of steps 3 on,
+// leaving out the steps an fp16 overflow skipped and those after them (whose optimizer pass,
+// deferred into them, did not run): they move less than a step that updates the weights.
 std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
   if (res.step_nvme_bytes.size() < 3 || res.step_device_bytes.size() < 3) return "";
-  auto line = [](const char* what, const std::vector<uint64_t>& per_step, double minimum,
-                 const char* below = "") {
-    const double got = median(std::vector<double>(per_step.begin() + 2, per_step.end()));
+  auto skipped = [&](size_t s) { return s < res.step_skipped.size() && res.step_skipped[s]; };
+  std::vector<size_t> steps;  // 0-based
+  for (size_t s = 2; s < res.step_nvme_bytes.size(); ++s) {
+    if (!skipped(s) && !skipped(s - 1)) steps.push_back(s);
+  }
+  const size_t left_out = res.step_nvme_bytes.size() - 2 - steps.size();
+  if (steps.empty()) return "";
+  const std::string which =
+      fmt::format("median of steps 3-{}{}", res.step_nvme_bytes.size(),
+                  left_out ? fmt::format(" but {} skipped by fp16 overflow or after one", left_out)
+                           : std::string());
+  auto line = [&](const char* what, const std::vector<uint64_t>& per_step, double minimum,
+                  const char* below = "") {
+    std::vector<double> v;
+    for (size_t s : steps) v.push_back(double(per_step[s]));
+    const double got = median(std::move(v));
     if (got == 0 && minimum == 0) return std::string();
     return fmt::format(
-        "{} bytes per step: {} (median of steps 3-{}), the placement's minimum {}{}{}\n", what,
-        format_bytes(got), per_step.size(), format_bytes(minimum),
+        "{} bytes per step: {} ({}), the placement's minimum {}{}{}\n", what, format_bytes(got),
+        which, format_bytes(minimum),
         minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum) : std::string(),
         got < 0.99 * minimum ? below : "");
   };

@@ -55,6 +55,24 @@ void OptimizerPipeline::end_step() {
   order_.clear();
 }
 
+void OptimizerPipeline::end_skipped_step() {
+  for (auto it = prepared_.begin(); it != prepared_.end();) {
+    Slot& s = it->second;
+    if (!wait_reads(s).is_ok()) {  // read again, and the error met again, when stepped
+      if (s.kept) --kept_;
+      it = prepared_.erase(it);
+      continue;
+    }
+    s.grad_buf.reset();
+    s.grad = nullptr;
+    if (!s.kept) s.retained = true;
+    ++it;
+  }
+  grads_held_ = 0;
+  if (!order_.empty()) last_order_ = order_;
+  order_.clear();
+}
+
 // ---- slots -------------------------------------------------------------------------------------
 
 Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urgent) {
@@ -145,6 +163,7 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
   auto it = prepared_.find({k, j});
   *out = std::move(it->second);
   prepared_.erase(it);
+  out->retained = false;
   if (out->grad_buf) --grads_held_;
   if (out->kept) {
     --kept_;
@@ -183,9 +202,13 @@ void OptimizerPipeline::drain_prepared() {
   grads_held_ = 0;
 }
 
-void OptimizerPipeline::drop_kept() {
-  std::erase_if(prepared_, [](const auto& e) { return e.second.kept; });
-  kept_ = 0;
+void OptimizerPipeline::drop_kept(const std::vector<bool>* modules) {
+  std::erase_if(prepared_, [&](const auto& e) {
+    const Slot& s = e.second;
+    const bool drop = (s.kept || s.retained) && (!modules || (*modules)[size_t(s.k)]);
+    if (drop && s.kept) --kept_;
+    return drop;
+  });
 }
 
 Status OptimizerPipeline::wait_writes_from(const Slot& s) {

@@ -65,6 +65,9 @@ class OptimizerPipeline {
     // Kept from the last pass (its staging, written from, stays as the next step's slot): no
     // reads; its writes must land before it is stepped again.
     bool kept = false;
+    // Read ahead for a step an fp16 overflow skipped (end_skipped_step): the state as it is,
+    // for the next step; dropped with the kept slots (drop_kept), else like a slot just read.
+    bool retained = false;
   };
   // Where a module's new low-precision parameters go while its sub-groups are stepped: its
   // home when host-visible, a shadow (the delayed update), else (null) a staging piece per
@@ -96,8 +99,12 @@ class OptimizerPipeline {
   // The last step's order (empty before the first step).
   const std::vector<int>& last_order() const { return last_order_; }
   // The step's optimizer work is over: waits for the reads of slots prepared but never stepped
-  // (an error, or a skipped step) and remembers this step's order.
+  // (an error) and remembers this step's order.
   void end_step();
+  // The same for a step skipped (fp16 overflow) with its state unchanged: the slots read ahead
+  // under its backward stay for the next step (Slot::retained), which would read the same
+  // bytes again (issue #25: no byte read twice). Their gradients are dropped.
+  void end_skipped_step();
 
   // ---- slots -------------------------------------------------------------------------
   size_t sub_groups(int k) const { return homes_.module(k).sub_groups(); }
@@ -124,8 +131,9 @@ class OptimizerPipeline {
   // Waits for every prepared slot's reads and drops the slots, but the kept ones.
   void drain_prepared();
   // Drops the kept slots: call before anything but a pass writes the state's homes (init, a
-  // checkpoint's load, the speculation's undo).
-  void drop_kept();
+  // checkpoint's load); with `modules` (indexed by module), only theirs (the speculation's
+  // undo restores the modules it stepped, the others' state is as their kept slots hold it).
+  void drop_kept(const std::vector<bool>* modules = nullptr);
 
   // ---- stepping ----------------------------------------------------------------------
   // Where module k's new parameters go: `shadow` when given, else (after a prefetch of them

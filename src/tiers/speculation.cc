@@ -256,7 +256,11 @@ Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult
   if (homes_.io()) {
     STRATA_RETURN_IF_ERROR(pipeline_.retire_writes(0), "before restoring the optimizer state");
   }
-  pipeline_.drop_kept();  // the restores below write the homes
+  // The restores below write the stepped modules' homes; their kept slots hold the
+  // speculative state. Other modules' kept slots (the last pass's, or read ahead before a
+  // skipped step) hold their state as it is.
+  const std::vector<bool> stepped = stepped_mask();
+  pipeline_.drop_kept(&stepped);
   for (auto& [k, u] : stepped_) {
     STRATA_RETURN_IF_ERROR(restore(k, u, redo, hyper, grad_mult), "");  // names the module
   }

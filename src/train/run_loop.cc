@@ -145,6 +145,7 @@ Result<TrainResult> Run::loop() {
                                                                            : 0);
     if (opts_.on_step_end) opts_.on_step_end(step_);
     if (last_skipped_) ++r.skipped_steps;
+    r.step_skipped.push_back(last_skipped_ ? 1 : 0);
     if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
       return internal_error(
           fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "

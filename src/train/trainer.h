@@ -61,6 +61,8 @@ struct TrainResult {
   // skipped), 3 nothing under backward (the step before clipped or overflowed: the state was
   // read ahead), all of it deferred to the next forward.
   std::vector<uint8_t> optimizer_schedule;
+  // Per step run here: 1 when an fp16 overflow skipped it.
+  std::vector<uint8_t> step_skipped;
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
   bool stopped_early = false;                           // by signal or stop_at_step
