@@ -76,6 +76,21 @@ check "its summary gives NVMe bytes per step against the placement's minimum" gr
   "^nvme bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
 check "and host<->device bytes the same way" grep -Eq \
   "^host<->device bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
+# fp16 from a loss scale of 2^24 (hysteresis 1): the first steps overflow and are skipped; the
+# median leaves them out, and the ones after them (their deferred pass did not run).
+"$strata" train --config "$repo/configs/tiny-cpu.json" --quiet --set train.steps=8 \
+  --set scheduler.params.warmup_num_steps=1 --set train.final_checkpoint=false \
+  --set 'train.checkpoint_dir="fp16_run"' --set 'zero_optimization.offload_param.device="nvme"' \
+  --set 'zero_optimization.offload_param.nvme_path="swap"' \
+  --set 'zero_optimization.offload_optimizer.device="nvme"' \
+  --set 'zero_optimization.offload_optimizer.nvme_path="swap"' --set bf16.enabled=false \
+  --set fp16.enabled=true --set fp16.initial_scale_power=24 --set fp16.hysteresis=1 \
+  >out.txt 2>err.txt
+rc=$?
+check "an fp16 run with overflows exits 0" test "$rc" -eq 0
+check "its summary leaves the skipped steps out of the bytes per step" grep -Eq \
+  "^nvme bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-8 but [1-5] skipped by fp16 overflow or after one\), the placement's minimum" \
+  out.txt
 # A corpus shorter than model.context + 1 tokens: exit 1, naming data.source and the sizes.
 printf 'too short' >short.txt
 "$strata" eval --config "$repo/configs/tiny-cpu.json" --set data.source=\"short.txt\" >out.txt 2>&1
