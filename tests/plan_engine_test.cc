@@ -301,6 +301,25 @@ TEST(Plan, ConfigWithoutGradsPlacementGetsTheEnginesDefault) {
   EXPECT_EQ(rep->options[size_t(*i)].placement.name, "params-nvme+opt-nvme");
 }
 
+// The planner's bytes per step (NVMe read + written, host<->device) for the config's placement.
+std::pair<double, double> minimum_bytes(const Config& cfg, const std::string& swap) {
+  Hardware hw;
+  hw.gpu_mem = cfg.device.memory_limit;
+  hw.host_mem = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit : 64ull << 30;
+  hw.nvme_paths = {swap};
+  auto rep = make_plan(request_from_config(cfg, hw, default_profile(true)));
+  EXPECT_TRUE(rep.is_ok()) << rep.status().to_string();
+  if (!rep.is_ok()) return {0, 0};
+  auto p = placement_of_config(cfg);
+  EXPECT_TRUE(p.is_ok());
+  if (!p.is_ok()) return {0, 0};
+  auto i = add_placement(*rep, *p);
+  EXPECT_TRUE(i.is_ok());
+  if (!i.is_ok()) return {0, 0};
+  const PlanOption& o = rep->options[size_t(*i)];
+  return {double(o.nvme_read_bytes + o.nvme_write_bytes), double(o.link_bytes)};
+}
+
 // Bytes per step at the placement's minimum (#25): tiny-cpu with parameters, optimizer state and
 // gradients on NVMe on a device (10 MiB) that holds every parameter only while the gradient
 // buffers of backward drain to NVMe on time. An allocation that needs their room waits for the
@@ -334,19 +353,7 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
       const TrainResult r = test::must_train(cfg);
       ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
       ASSERT_EQ(r.step_device_bytes.size(), 6u);
-      Hardware hw;
-      hw.gpu_mem = cfg.device.memory_limit;
-      hw.host_mem = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit : 64ull << 30;
-      hw.nvme_paths = {dir + "/swap"};
-      auto rep = make_plan(request_from_config(cfg, hw, default_profile(true)));
-      ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
-      auto p = placement_of_config(cfg);
-      ASSERT_TRUE(p.is_ok());
-      auto i = add_placement(*rep, *p);
-      ASSERT_TRUE(i.is_ok());
-      const PlanOption& o = rep->options[size_t(*i)];
-      const double nvme_min = double(o.nvme_read_bytes + o.nvme_write_bytes);
-      const double link_min = double(o.link_bytes);
+      const auto [nvme_min, link_min] = minimum_bytes(cfg, dir + "/swap");
       ASSERT_GT(nvme_min, 0);
       ASSERT_GT(link_min, 0);
       // Each step after the first two, within 1% (the planner's byte count is not exact to the
@@ -362,6 +369,40 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
         EXPECT_GE(link, 0.99 * link_min);
       }
     }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A device that caches only part of the parameters (tiny-cpu's 1.6 MiB of bf16 parameters on NVMe,
+// an 8 MiB device of which activations and gradient buffers take most): the planner's room for
+// the cache counts the parameters in use, which are cached copies themselves. Counted beside the
+// room, the minimum was 10-14% above what the run moves (and lora-hostmem-350m's 93% above,
+// session 26); the cache model (a share of every pass cached) stays a few percent under the
+// engine's Belady eviction here. Each step after the first two: at or above the minimum, within
+// 5% of it.
+TEST(Plan, StepBytesOnADeviceThatCachesPartOfTheParameters) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = test::temp_dir("plan", "bytes_tight");
+  std::filesystem::create_directories(dir + "/swap");
+  const std::string swap = "\"" + dir + "/swap\"";
+  const Config cfg = test::tiny_cpu(
+      dir, {"train.steps=6", "scheduler.params.warmup_num_steps=1", "train.final_checkpoint=false",
+            "zero_optimization.offload_param.device=\"nvme\"",
+            "zero_optimization.offload_param.nvme_path=" + swap,
+            "zero_optimization.offload_optimizer.nvme_path=" + swap, "device.memory_limit=\"8MiB\"",
+            "zero_optimization.stage3_prefetch_bucket_size=0"});
+  const TrainResult r = test::must_train(cfg);
+  ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
+  const auto [nvme_min, link_min] = minimum_bytes(cfg, dir + "/swap");
+  ASSERT_GT(nvme_min, 0);
+  ASSERT_GT(link_min, 0);
+  for (size_t s = 2; s < 6; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s + 1));
+    const double nvme = double(r.step_nvme_bytes[s]), link = double(r.step_device_bytes[s]);
+    EXPECT_GE(nvme, 0.99 * nvme_min);
+    EXPECT_LE(nvme, 1.05 * nvme_min);
+    EXPECT_GE(link, 0.99 * link_min);
+    EXPECT_LE(link, 1.05 * link_min);
   }
   std::filesystem::remove_all(dir);
 }
