@@ -124,7 +124,14 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urg
   return true;
 }
 
-void OptimizerPipeline::prepare_grad(int k, size_t j) {
+void OptimizerPipeline::prepare_grads_of(int k) {
+  if (homes_.module(k).gacc.tier != Tier::kNvme) return;
+  for (size_t j = 0; j < sub_groups(k); ++j) {
+    if (prepared(k, j)) prepare_grad(k, j, /*urgent=*/false);
+  }
+}
+
+void OptimizerPipeline::prepare_grad(int k, size_t j, bool urgent) {
   Module& m = homes_.module(k);
   if (m.gacc.tier != Tier::kNvme) return;
   Slot& s = prepared_.at({k, j});
@@ -137,7 +144,7 @@ void OptimizerPipeline::prepare_grad(int k, size_t j) {
   ++grads_held_;
   s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
   s.grad = s.grad_buf->as<float>();
-  s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), /*urgent=*/true);
+  s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), urgent);
   counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_ahead; });
 }
 

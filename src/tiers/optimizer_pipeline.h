@@ -57,8 +57,9 @@ class OptimizerPipeline {
     void* m = nullptr;
     void* v = nullptr;
     // Gradients on NVMe: the sub-group's accumulator, read by a pass with the state
-    // (prepare_grad) or else by take() — only once the gradients are final, so never during
-    // backward's read-ahead; else null (the module's GACC home is used).
+    // (prepare_grad), under the rest of backward once the module's are final and written
+    // (prepare_grads_of), or else by take() — never before they are final; else null (the
+    // module's GACC home is used).
     std::shared_ptr<PinnedBuffer> grad_buf;
     const float* grad = nullptr;
     IoWorker::Ticket rg = 0;
@@ -127,7 +128,13 @@ class OptimizerPipeline {
   // counts a gradient sub-group in its unit; at most set_read_ahead() slots hold one), so that
   // stepping it does not wait for its state's read and then its gradients' alone (issue #25:
   // hostmem-190m's pass at 256 MiB had waited 1.6-1.8 s on 738 one-at-a-time gradient reads).
-  void prepare_grad(int k, size_t j);
+  void prepare_grad(int k, size_t j, bool urgent = true);
+  // prepare_grad() for every prepared sub-group of module k, whose gradients are final and
+  // written to NVMe (the speculation, under the rest of backward, when it does not step them):
+  // the pass then steps them without reading (issue #25: hostmem-190m at 4 GiB with gradients
+  // on NVMe read them all in the next forward's window, the disk idle under the backward).
+  // Not urgent: backward's fetches go first.
+  void prepare_grads_of(int k);
   // Waits for every prepared slot's reads and drops the slots, but the kept ones.
   void drain_prepared();
   // Drops the kept slots: call before anything but a pass writes the state's homes (init, a

@@ -104,6 +104,10 @@ Status Speculation::step_ready(bool wait_all) {
     auto [k, ev] = ready_.front();
     if (!wait_all && !dev_.query(*ev)) break;
     if (stopped_ || !step_modules_) {
+      // Stepped after backward or deferred: with gradients on NVMe, the sub-groups read ahead
+      // read the module's final gradients now, under the rest of backward. The event has run,
+      // so have the spill's writes (GradSpill's last callback waits for them).
+      if (io && (!wait_all || dev_.query(*ev))) pipeline_.prepare_grads_of(k);
       ready_.pop_front();
       continue;
     }
