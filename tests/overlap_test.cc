@@ -256,8 +256,14 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   const bool nvme_grads = std::string(c.grads) == "nvme";
   EXPECT_EQ(over.grad_sub_groups_read_ahead > 0, nvme_grads);
   EXPECT_EQ(zero.grad_sub_groups_read_ahead, 0);
-  std::printf("gradient sub-groups read ahead in 8 steps: %lld\n",
-              (long long)over.grad_sub_groups_read_ahead);
+  // Those of sub-groups read ahead whose module's gradients became final before backward ended
+  // (the later modules): read under the rest of backward (prepare_grads_of), not in the pass.
+  EXPECT_EQ(over.grad_sub_groups_read_under_backward > 0, nvme_grads);
+  EXPECT_LE(over.grad_sub_groups_read_under_backward, over.grad_sub_groups_read_ahead);
+  EXPECT_EQ(zero.grad_sub_groups_read_under_backward, 0);
+  std::printf("gradient sub-groups read ahead in 8 steps: %lld, %lld of them under backward\n",
+              (long long)over.grad_sub_groups_read_ahead,
+              (long long)over.grad_sub_groups_read_under_backward);
   const auto zh = tier(zero, "host"), oh = tier(over, "host");
   EXPECT_GT(oh.capacity, zh.capacity);
   EXPECT_LE(oh.capacity, size_t(256) << 20);

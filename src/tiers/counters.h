@@ -33,6 +33,9 @@ struct TierCounts {
   // Sub-groups whose NVMe gradient accumulator a pass read together with their state, before
   // stepping them (OptimizerPipeline::prepare_grad), rather than when it stepped them.
   uint64_t grad_sub_groups_read_ahead = 0;
+  // Of those, the ones read under the rest of backward once their module's gradients were final
+  // (OptimizerPipeline::prepare_grads_of).
+  uint64_t grad_sub_groups_read_under_backward = 0;
   // Sub-groups of NVMe-homed optimizer state a pass kept in host memory for the next step
   // (OptimizerPipeline Pass::keep): the next pass reads none of them.
   uint64_t sub_groups_kept = 0;
@@ -58,6 +61,7 @@ class TierCounters {
     c_.compute_wait_s = c_.optimizer_s = c_.optimizer_hidden_s = 0;
     c_.rollbacks = c_.modules_redone = c_.modules_stepped_under_backward = 0;
     c_.modules_deferred = c_.sub_groups_read_ahead = c_.grad_sub_groups_read_ahead = 0;
+    c_.grad_sub_groups_read_under_backward = 0;
     c_.sub_groups_kept = 0;
     return t;
   }

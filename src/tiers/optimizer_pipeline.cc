@@ -127,25 +127,28 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urg
 void OptimizerPipeline::prepare_grads_of(int k) {
   if (homes_.module(k).gacc.tier != Tier::kNvme) return;
   for (size_t j = 0; j < sub_groups(k); ++j) {
-    if (prepared(k, j)) prepare_grad(k, j, /*urgent=*/false);
+    if (prepared(k, j) && prepare_grad(k, j, /*urgent=*/false)) {
+      counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_under_backward; });
+    }
   }
 }
 
-void OptimizerPipeline::prepare_grad(int k, size_t j, bool urgent) {
+bool OptimizerPipeline::prepare_grad(int k, size_t j, bool urgent) {
   Module& m = homes_.module(k);
-  if (m.gacc.tier != Tier::kNvme) return;
+  if (m.gacc.tier != Tier::kNvme) return false;
   Slot& s = prepared_.at({k, j});
-  if (s.grad_buf) return;
+  if (s.grad_buf) return false;
   // Within the read-ahead's room, which the memory model sizes with a gradient sub-group per
   // read-ahead sub-group: at most extra_ slots hold gradients (with no read-ahead, none do).
-  if (grads_held_ >= extra_) return;
+  if (grads_held_ >= extra_) return false;
   auto b = homes_.pool().acquire(s.len * 4);
-  if (!b.is_ok()) return;  // no room now: take() reads them when it steps the sub-group
+  if (!b.is_ok()) return false;  // no room now: take() reads them when it steps the sub-group
   ++grads_held_;
   s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
   s.grad = s.grad_buf->as<float>();
   s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), urgent);
   counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_ahead; });
+  return true;
 }
 
 Status OptimizerPipeline::wait_reads(Slot& s) {

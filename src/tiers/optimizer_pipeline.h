@@ -128,7 +128,8 @@ class OptimizerPipeline {
   // counts a gradient sub-group in its unit; at most set_read_ahead() slots hold one), so that
   // stepping it does not wait for its state's read and then its gradients' alone (issue #25:
   // hostmem-190m's pass at 256 MiB had waited 1.6-1.8 s on 738 one-at-a-time gradient reads).
-  void prepare_grad(int k, size_t j, bool urgent = true);
+  // True when it started a read.
+  bool prepare_grad(int k, size_t j, bool urgent = true);
   // prepare_grad() for every prepared sub-group of module k, whose gradients are final and
   // written to NVMe (the speculation, under the rest of backward, when it does not step them):
   // the pass then steps them without reading (issue #25: hostmem-190m at 4 GiB with gradients

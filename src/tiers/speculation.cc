@@ -105,9 +105,10 @@ Status Speculation::step_ready(bool wait_all) {
     if (!wait_all && !dev_.query(*ev)) break;
     if (stopped_ || !step_modules_) {
       // Stepped after backward or deferred: with gradients on NVMe, the sub-groups read ahead
-      // read the module's final gradients now, under the rest of backward. The event has run,
-      // so have the spill's writes (GradSpill's last callback waits for them).
-      if (io && (!wait_all || dev_.query(*ev))) pipeline_.prepare_grads_of(k);
+      // read the module's final gradients now, under the rest of backward (or, at its end,
+      // before the pass). Once the event has run, so have the spill's writes (GradSpill's last
+      // callback waits for them); at the end, end_backward waits for the drains anyway.
+      if (io && (!wait_all || dev_.synchronize(*ev).is_ok())) pipeline_.prepare_grads_of(k);
       ready_.pop_front();
       continue;
     }

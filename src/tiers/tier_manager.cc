@@ -595,6 +595,7 @@ TierTimes TierManager::take_times() {
   t.modules_deferred = c.modules_deferred;
   t.sub_groups_read_ahead = c.sub_groups_read_ahead;
   t.grad_sub_groups_read_ahead = c.grad_sub_groups_read_ahead;
+  t.grad_sub_groups_read_under_backward = c.grad_sub_groups_read_under_backward;
   t.sub_groups_kept = c.sub_groups_kept;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;

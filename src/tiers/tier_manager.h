@@ -97,6 +97,8 @@ struct TierTimes {
   uint64_t sub_groups_read_ahead = 0;
   // Sub-groups whose NVMe gradients a pass read ahead with their state, counted when started.
   uint64_t grad_sub_groups_read_ahead = 0;
+  // Of those, read under the rest of backward (their module's gradients final), when started.
+  uint64_t grad_sub_groups_read_under_backward = 0;
   // Sub-groups of NVMe-homed optimizer state kept in host memory from one pass to the next (not
   // read back: OptimizerPipeline::Pass::keep).
   uint64_t sub_groups_kept = 0;

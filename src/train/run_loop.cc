@@ -130,6 +130,7 @@ Result<TrainResult> Run::loop() {
     r.modules_deferred += int64_t(tt.modules_deferred);
     r.sub_groups_read_ahead += int64_t(tt.sub_groups_read_ahead);
     r.grad_sub_groups_read_ahead += int64_t(tt.grad_sub_groups_read_ahead);
+    r.grad_sub_groups_read_under_backward += int64_t(tt.grad_sub_groups_read_under_backward);
     r.sub_groups_kept += int64_t(tt.sub_groups_kept);
     if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
       r.approximate = true;

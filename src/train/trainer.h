@@ -85,6 +85,8 @@ struct TrainResult {
   int64_t sub_groups_read_ahead = 0;
   // Sub-groups whose gradients (on NVMe) the optimizer read ahead with their state.
   int64_t grad_sub_groups_read_ahead = 0;
+  // Of those, read under the rest of backward once their module's gradients were final.
+  int64_t grad_sub_groups_read_under_backward = 0;
   // Sub-groups of NVMe-homed optimizer state a pass kept in host memory for the next step (the
   // read-ahead's room; not read back), over the steps run here.
   int64_t sub_groups_kept = 0;
