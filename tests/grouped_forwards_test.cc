@@ -139,7 +139,7 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
   if (c.fp16) {
     EXPECT_GT(one.skipped_steps, 0) << "the test meant to force overflows";
     // A skipped step keeps the state read ahead under it for the next step
-    // (OptimizerPipeline::end_skipped_step): a second skipped step in a row reads none of it
+    // (OptimizerPipeline::end_step(skipped)): a second skipped step in a row reads none of it
     // again (the room holds tiny-cpu's 6 sub-groups; the device holds the parameters and,
     // unless on NVMe, the gradients stay on the host: nothing else crosses). Before, each
     // such step read the whole state again.
@@ -162,7 +162,7 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
   // overflows skipping steps the bytes read had differed by 8 KiB in about half of the runs,
   // session 24: a skipped step dropped what was read ahead under its backward, and whether a
   // sub-group had been read before the skip depended on timing. The read-ahead now stays for
-  // the next step, OptimizerPipeline::end_skipped_step.)
+  // the next step, OptimizerPipeline::end_step(skipped).)
   const auto& on = test::tier(one, "nvme");
   const auto& fn = test::tier(forwards, "nvme");
   const auto& gn = test::tier(grouped, "nvme");

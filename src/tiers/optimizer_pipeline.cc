@@ -49,26 +49,8 @@ std::vector<int> OptimizerPipeline::step_order(std::vector<bool> skip) const {
   return order;
 }
 
-void OptimizerPipeline::end_step() {
-  drain_prepared();
-  if (!order_.empty()) last_order_ = order_;
-  order_.clear();
-}
-
-void OptimizerPipeline::end_skipped_step() {
-  for (auto it = prepared_.begin(); it != prepared_.end();) {
-    Slot& s = it->second;
-    if (!wait_reads(s).is_ok()) {  // read again, and the error met again, when stepped
-      if (s.kept) --kept_;
-      it = prepared_.erase(it);
-      continue;
-    }
-    s.grad_buf.reset();
-    s.grad = nullptr;
-    if (!s.kept) s.retained = true;
-    ++it;
-  }
-  grads_held_ = 0;
+void OptimizerPipeline::end_step(bool skipped) {
+  drain_prepared(skipped);
   if (!order_.empty()) last_order_ = order_;
   order_.clear();
 }
@@ -197,16 +179,17 @@ Status OptimizerPipeline::load_grad(Slot* s) {
       .with_context("reading " + m.name + " gradients");
 }
 
-void OptimizerPipeline::drain_prepared() {
+void OptimizerPipeline::drain_prepared(bool retain) {
   for (auto it = prepared_.begin(); it != prepared_.end();) {
     Slot& s = it->second;
-    wait_reads(s).ignore();
-    if (!s.kept) {
+    const bool read = wait_reads(s).is_ok();  // a failed one is read again when stepped
+    if (!s.kept && !(retain && read)) {
       it = prepared_.erase(it);
       continue;
     }
     s.grad_buf.reset();  // gradients are read anew each pass
     s.grad = nullptr;
+    if (!s.kept) s.retained = true;
     ++it;
   }
   grads_held_ = 0;

@@ -66,7 +66,7 @@ class OptimizerPipeline {
     // Kept from the last pass (its staging, written from, stays as the next step's slot): no
     // reads; its writes must land before it is stepped again.
     bool kept = false;
-    // Read ahead for a step an fp16 overflow skipped (end_skipped_step): the state as it is,
+    // Read ahead for a step an fp16 overflow skipped (end_step `skipped`): the state as it is,
     // for the next step; dropped with the kept slots (drop_kept), else like a slot just read.
     bool retained = false;
   };
@@ -100,12 +100,10 @@ class OptimizerPipeline {
   // The last step's order (empty before the first step).
   const std::vector<int>& last_order() const { return last_order_; }
   // The step's optimizer work is over: waits for the reads of slots prepared but never stepped
-  // (an error) and remembers this step's order.
-  void end_step();
-  // The same for a step skipped (fp16 overflow) with its state unchanged: the slots read ahead
-  // under its backward stay for the next step (Slot::retained), which would read the same
-  // bytes again (issue #25: no byte read twice). Their gradients are dropped.
-  void end_skipped_step();
+  // and remembers this step's order. `skipped` (fp16 overflow, the state unchanged): the slots
+  // read ahead under its backward stay for the next step (drain_prepared's `retain`), which
+  // would read the same bytes again (issue #25: no byte read twice).
+  void end_step(bool skipped = false);
 
   // ---- slots -------------------------------------------------------------------------
   size_t sub_groups(int k) const { return homes_.module(k).sub_groups(); }
@@ -136,8 +134,9 @@ class OptimizerPipeline {
   // on NVMe read them all in the next forward's window, the disk idle under the backward).
   // Not urgent: backward's fetches go first.
   void prepare_grads_of(int k);
-  // Waits for every prepared slot's reads and drops the slots, but the kept ones.
-  void drain_prepared();
+  // Waits for every prepared slot's reads and drops the slots, but the kept ones and, with
+  // `retain`, those whose reads succeeded (Slot::retained); their gradients are dropped.
+  void drain_prepared(bool retain = false);
   // Drops the kept slots: call before anything but a pass writes the state's homes (init, a
   // checkpoint's load); with `modules` (indexed by module), only theirs (the speculation's
   // undo restores the modules it stepped, the others' state is as their kept slots hold it).

@@ -512,11 +512,7 @@ Status TierManager::skip_step() {
     st = I.spec->undo(/*redo=*/false, I.spec->hyper(), 0.0f);
   }
   I.spec->end();
-  if (st.is_ok()) {
-    I.pipeline->end_skipped_step();  // the state read ahead is the next step's
-  } else {
-    I.pipeline->end_step();
-  }
+  I.pipeline->end_step(/*skipped=*/st.is_ok());  // the state read ahead is the next step's
   return st.with_context("rolling back the optimizer step taken under backward");
 }
 
