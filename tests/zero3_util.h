@@ -119,7 +119,7 @@ inline Result<Config> worker_config(const WorkerArgs& a, int world) {
     ov.push_back("zero_optimization.offload_param.nvme_path=\"" + swap + "\"");
     ov.push_back("zero_optimization.offload_optimizer.device=\"nvme\"");
     ov.push_back("zero_optimization.offload_optimizer.nvme_path=\"" + swap + "\"");
-  } else {
+  } else if (a.placement != "sets") {  // "sets": as the --set options place it
     ov.push_back("zero_optimization.offload_param.device=\"cpu\"");
     ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
   }
@@ -171,6 +171,10 @@ inline Status run_worker(const WorkerArgs& a) {
   j["grad_reductions"] = r.grad_reductions;
   j["grad_shared_reductions"] = r.grad_shared_reductions;
   j["comm_bytes"] = r.comm_bytes;
+  j["weights_crc"] = r.weights_crc;
+  j["step_skipped"] = r.step_skipped;
+  j["modules_deferred"] = r.modules_deferred;
+  j["rollbacks"] = r.rollbacks;
   // Rank 0's JSONL log: the comm_s of each logged step, and the last line's bytes per step.
   if (rank == 0) {
     json logged = json::array();
