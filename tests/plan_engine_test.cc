@@ -19,6 +19,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/plan_util.h"
+#include "tests/schedule_fuzz.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
 
@@ -405,6 +406,129 @@ TEST(Plan, StepBytesOnADeviceThatCachesPartOfTheParameters) {
   ASSERT_GT(link_min, 0);
   expect_steps_near(r, nvme_min, link_min, 1.05);
   std::filesystem::remove_all(dir);
+}
+
+// Sub-groups that split the modules unevenly (zero_optimization.sub_group_size 30000 over a small
+// Llama's modules: whole sub-groups and a short last one each): the state a pass keeps for the
+// next step is the first sub-groups of each module in order, whole. The planner had given each
+// kept sub-group a share of its module's state, so the short last ones' deficit fell on the
+// kept ones and the minimum to read was too large (found by PlanBytesExplore: the run moved
+// 3.1% less than the "minimum"). Each step after the first two: within 1% (and the extents'
+// 4 KiB blocks) above the minimum, never below it; deferred and after backward.
+TEST(Plan, StepBytesWithUnevenSubGroups) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = test::temp_dir("plan", "bytes_subgroups");
+  std::filesystem::create_directories(dir + "/swap");
+  const std::string swap = "\"" + dir + "/swap\"";
+  for (const char* defer :
+       {"strata.optimizer.defer=\"always\"", "strata.optimizer.defer=\"never\""}) {
+    SCOPED_TRACE(defer);
+    const Config cfg = test::tiny_cpu(
+        dir,
+        {"train.steps=6", "scheduler.params.warmup_num_steps=1", "train.final_checkpoint=false",
+         "model.type=\"llama\"", "model.n_layer=3", "model.num_key_value_heads=2",
+         "model.intermediate_size=192", "train_micro_batch_size_per_gpu=1",
+         "gradient_accumulation_steps=1", "train_batch_size=1", "gradient_clipping=0.01",
+         "strata.activations=\"offload\"", "zero_optimization.offload_param.device=\"none\"",
+         "zero_optimization.offload_optimizer.nvme_path=" + swap,
+         "zero_optimization.sub_group_size=30000",
+         "zero_optimization.offload_optimizer.buffer_count=2",
+         "zero_optimization.stage3_prefetch_bucket_size=0", defer});
+    const TrainResult r = test::must_train(cfg);
+    ASSERT_EQ(r.step_nvme_bytes.size(), 6u);
+    const auto [nvme_min, link_min] = minimum_bytes(cfg, dir + "/swap");
+    ASSERT_GT(nvme_min, 0);
+    expect_steps_near(r, nvme_min, link_min, 1.01);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Bytes per step against the planner's minimum on the schedule fuzz's configurations
+// (tests/schedule_fuzz.h; the prefetch off: which fetches it saves depends on timing): prints
+// each case's median NVMe and host<->device bytes per step (steps 3 on, steps an fp16 overflow
+// skipped and the two after left out) over the placement's minimum, and fails where either is
+// more than 1% and 128 KiB from it (nothing read or written twice; the planner's count exact but
+// for the 4 KiB blocks each extent is padded to). On demand:
+// STRATA_BYTES_FUZZ_CASES=N [STRATA_BYTES_FUZZ_SEED=S].
+TEST(PlanBytesExplore, BytesPerStepAgainstTheMinimum) {
+  const char* n = std::getenv("STRATA_BYTES_FUZZ_CASES");
+  if (!n) GTEST_SKIP() << "set STRATA_BYTES_FUZZ_CASES (and STRATA_BYTES_FUZZ_SEED) to run";
+  set_log_level(LogLevel::kError);
+  const char* s = std::getenv("STRATA_BYTES_FUZZ_SEED");
+  int ran = 0;
+  for (uint64_t seed = s ? std::strtoull(s, nullptr, 10) : 1000000; ran < std::atoi(n); ++seed) {
+    const std::string dir = test::temp_dir("plan_bytes_fuzz", std::to_string(seed));
+    test::FuzzCase c = test::draw_case(seed, dir, /*across=*/false);
+    std::vector<std::string> ov = c.shared;
+    ov.insert(ov.end(), c.schedule.begin(), c.schedule.end());
+    ov.push_back("zero_optimization.stage3_prefetch_bucket_size=0");
+    ov.push_back("train.final_checkpoint=false");
+    auto cfg = parse_config(
+        test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"), "tiny-cpu",
+        [&] {
+          std::vector<std::string> all = {"train.checkpoint_dir=\"" + dir + "/ckpt\"",
+                                          "train.eval_interval=0", "steps_per_print=1000"};
+          all.insert(all.end(), ov.begin(), ov.end());
+          return all;
+        }());
+    TrainOptions quiet;
+    quiet.progress = false;
+    auto r = cfg.is_ok() ? train(*cfg, quiet) : Result<TrainResult>(cfg.status());
+    if (!r.is_ok()) {
+      std::filesystem::remove_all(dir);
+      continue;
+    }
+    ++ran;
+    const auto [nvme_min, link_min] = minimum_bytes(*cfg, dir + "/swap");
+    // A step after a skipped or rolled-back one defers its pass into the next step, whose bytes
+    // then carry two passes (so does the step where defer's auto choice turns to stepping after
+    // backward): the two after either are left out, and the median needs 5 steps (a shifted
+    // pass moves one of them). A rollback's redo reads its state again: the speculation's cost.
+    std::vector<double> nv, ln;
+    for (size_t i = 2; i < r->step_nvme_bytes.size(); ++i) {
+      bool near_skip = false;
+      for (size_t j = i >= 2 ? i - 2 : 0; j <= i; ++j) {
+        near_skip |= j < r->step_skipped.size() && r->step_skipped[j];
+        near_skip |= j < r->optimizer_schedule.size() && r->optimizer_schedule[j] == 2;
+      }
+      if (near_skip) continue;
+      nv.push_back(double(r->step_nvme_bytes[i]));
+      ln.push_back(double(r->step_device_bytes[i]));
+    }
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      // Even: the middle two's mean (a write landing every other step alternates the bytes).
+      return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    const double nvr = nvme_min > 0 ? median(nv) / nvme_min : (median(nv) == 0 ? 1.0 : 99.0);
+    const double lnr = link_min > 0 ? median(ln) / link_min : (median(ln) == 0 ? 1.0 : 99.0);
+    // Off: more than 1% and 128 KiB from the minimum. Each extent on NVMe moves in whole 4 KiB
+    // blocks (O_DIRECT), which the planner's count leaves out: a few KiB a step on these models.
+    auto apart = [](double got, double want) {
+      return std::fabs(got - want) > std::max(0.01 * want, 131072.0);
+    };
+    const bool off = nv.size() >= 5 && (apart(median(nv), nvme_min) || apart(median(ln), link_min));
+    std::printf(
+        "seed %llu: nvme %.3f (%.1f KiB, minimum %.1f) link %.3f (%.1f KiB, minimum %.1f), "
+        "median of %zu steps%s\n",
+        (unsigned long long)seed, nvr, median(nv) / 1024, nvme_min / 1024, lnr, median(ln) / 1024,
+        link_min / 1024, nv.size(),
+        off             ? "  <-- off"
+        : nv.size() < 5 ? " (too few to judge)"
+                        : "");
+    if (off) ADD_FAILURE() << "seed " << seed << "\n" << c.describe();
+    if (off && std::getenv("STRATA_BYTES_FUZZ_VERBOSE")) {
+      for (size_t i = 0; i < r->step_nvme_bytes.size(); ++i) {
+        std::printf("  step %zu: nvme %.3f MiB link %.3f MiB%s schedule %d\n", i + 1,
+                    double(r->step_nvme_bytes[i]) / 1048576.0,
+                    double(r->step_device_bytes[i]) / 1048576.0,
+                    i < r->step_skipped.size() && r->step_skipped[i] ? " skipped" : "",
+                    i < r->optimizer_schedule.size() ? int(r->optimizer_schedule[i]) : -1);
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace

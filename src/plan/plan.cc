@@ -395,15 +395,20 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   nr += double(opt_nvme_bytes);
   nw += double(opt_nvme_bytes);
   // NVMe-homed master + moments of the first `count` sub-groups with such state, in module
-  // order or (backward) from the last module (each module's bytes shared over its sub-groups).
+  // order or (backward) from the last module; within a module its first sub-groups, as the
+  // pipeline keeps and reads them ahead: whole sub-groups unless the module's last, shorter one
+  // is taken too (a share of the sub-groups had put the short one's deficit on the first ones).
   auto state_of_first_sub_groups = [&](size_t count, bool backward) {
     double bytes = 0;
     for (size_t u = 0; u < homes.size() && count > 0; ++u) {
       const size_t i = backward ? homes.size() - 1 - u : u;
-      const size_t n = homes[i].sub_groups();
-      if (opt_nvme_of[i] == 0 || n == 0) continue;
+      const ModuleHomes& h = homes[i];
+      const size_t n = h.sub_groups();
+      if (opt_nvme_of[i] == 0 || n == 0 || h.shard_numel == 0) continue;
       const size_t take = std::min(count, n);
-      bytes += double(opt_nvme_of[i]) * double(take) / double(n);
+      const double elems =
+          take == n ? double(h.shard_numel) : double(take) * double(h.sub_group_len(0));
+      bytes += double(opt_nvme_of[i]) * elems / double(h.shard_numel);
       count -= take;
     }
     return bytes;
