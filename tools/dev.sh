@@ -7,15 +7,15 @@
 #                                              then a short fuzz of every parser (clang)
 #   tools/dev.sh fuzz [SECONDS]                libFuzzer+ASan+UBSan (clang) targets of the parsers
 #                                              in build-fuzz, each run SECONDS (default 60)
-#   tools/dev.sh sanitize [asan|tsan]          tier, overlap, grouped-forward, storage, I/O worker
-#                                              and ZeRO-3 tests
+#   tools/dev.sh sanitize [asan|tsan]          tier, overlap, grouped-forward, schedule fuzz,
+#                                              storage, I/O worker and ZeRO-3 tests
 #                                              under ASan+UBSan (build-asan) and TSan (build-tsan;
 #                                              its libtbb built with TSan: downloaded once)
 #   tools/dev.sh deps | build                  just that step
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
 # JOBS (parallel build jobs, default: all cores), STRATA_SKIP_FUZZ=1 (test without the fuzz
-# step), SANITIZE_TARGETS (`sanitize`: only these of its eight test binaries). Under CI
+# step), SANITIZE_TARGETS (`sanitize`: only these of its nine test binaries). Under CI
 # (CI=true) CUDA is built for one architecture (sm_90) to keep the build short.
 # Every step fails loudly: a configure or build that fails prints its output, names the step and
 # makes the script exit non-zero; a test step that finds no tests is a failure.
@@ -142,15 +142,15 @@ tsan_tbb() {
 }
 
 # Sanitizers: ASan+UBSan and TSan builds (gcc, no CUDA, no benchmarks) of the concurrent code's
-# tests, only those eight targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
+# tests, only those nine targets. `sanitize [asan|tsan]`: one of them, or both. Every report goes
 # to a file under build-<kind>/sanitizer-logs (log_path), from the test binary and from every
 # process it starts (zero3_test's mpirun ranks inherit the environment): a report in a rank,
 # whose exit status the test may only see as "a rank failed", is still found and printed, and
 # any report fails the step. GTEST_FILTER narrows a run (gtest reads it); SANITIZE_TARGETS (a
-# space-separated subset of the eight) builds and runs only those binaries, in that order.
+# space-separated subset of the nine) builds and runs only those binaries, in that order.
 sanitize() {
   local all=(tier_test overlap_test storage_test io_worker_test zero3_test cpu_device_test
-              host_memory_test grouped_forwards_test) targets=() t
+              host_memory_test grouped_forwards_test schedule_fuzz_test) targets=() t
   # shellcheck disable=SC2206
   targets=(${SANITIZE_TARGETS:-${all[*]}})
   for t in "${targets[@]}"; do
