@@ -38,3 +38,6 @@ endif()
 add_test(NAME hf_finetune_cli COMMAND ${CMAKE_CURRENT_LIST_DIR}/hf_finetune_cli_test.sh
                                       $<TARGET_FILE:strata> ${CMAKE_SOURCE_DIR})
 set_tests_properties(hf_finetune_cli PROPERTIES TIMEOUT 600)
+# The round trip on shapes drawn at random (GPT-2, Llama with GQA/biases/rope scaling, Mixtral,
+# Qwen2-MoE; one file or shards): config.json and every weight back bit for bit.
+strata_test(hf_roundtrip_fuzz_test ${CMAKE_CURRENT_LIST_DIR}/hf_roundtrip_fuzz_test.cc)
