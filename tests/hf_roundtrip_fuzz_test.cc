@@ -143,7 +143,9 @@ bool run_case(uint64_t seed) {
   EXPECT_EQ(b.tied_embeddings, a.tied_embeddings);
   if (a.type != "gpt2") {
     // A mixture's MLPs are its experts: Mixtral's config.json has their width only.
-    if (a.num_experts == 0) EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    if (a.num_experts == 0) {
+      EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+    }
     EXPECT_EQ(b.num_key_value_heads ? b.num_key_value_heads : b.n_head,
               a.num_key_value_heads ? a.num_key_value_heads : a.n_head);
     EXPECT_EQ(b.rope_theta, a.rope_theta);
@@ -219,16 +221,12 @@ TEST_P(HfRoundTrip, ExportThenImportGivesTheSameModel) {
 INSTANTIATE_TEST_SUITE_P(Seeds, HfRoundTrip, ::testing::Range(1, kCases + 1));
 
 TEST(HfRoundTripExplore, Explore) {
-  const char* n = std::getenv("STRATA_HF_FUZZ_CASES");
-  if (!n) GTEST_SKIP() << "set STRATA_HF_FUZZ_CASES (and STRATA_HF_FUZZ_SEED) to run";
   set_log_level(LogLevel::kError);
-  const char* s = std::getenv("STRATA_HF_FUZZ_SEED");
-  int ran = 0, refused = 0;
-  for (uint64_t seed = s ? std::strtoull(s, nullptr, 10) : 1000000;
-       ran < std::atoi(n) && refused < 100 * std::atoi(n) && !HasFailure(); ++seed) {
-    run_case(seed) ? ++ran : ++refused;
+  test::Explored e;
+  if (!test::explore_seeds("STRATA_HF_FUZZ", run_case, &e)) {
+    GTEST_SKIP() << "set STRATA_HF_FUZZ_CASES (and STRATA_HF_FUZZ_SEED) to run";
   }
-  std::printf("%d shapes round-tripped, %d refused\n", ran, refused);
+  std::printf("%d shapes round-tripped, %d refused\n", e.ran, e.refused);
 }
 
 }  // namespace

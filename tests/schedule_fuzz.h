@@ -2,8 +2,12 @@
 // ranks): a seeded draw of what decides the numbers and of the schedule's knobs.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,4 +149,24 @@ inline FuzzCase draw_case(uint64_t seed, const std::string& dir, bool across, bo
 
 // Runs case `seed`: false when the combination was refused (the config, or a budget it does not
 // fit), so the caller draws another; the comparison's failures are test failures.
+// The Explore tests' seeds: from $<env>_SEED (default 1000000) until $<env>_CASES were accepted
+// (`run` returns false for a drawn combination that was refused: not counted) or 100 times as
+// many refused, stopping at the first failure. False, running nothing, when $<env>_CASES is
+// unset (the caller skips, saying which variable to set).
+struct Explored {
+  int ran = 0, refused = 0;
+};
+inline bool explore_seeds(const std::string& env, const std::function<bool(uint64_t)>& run,
+                          Explored* out) {
+  const char* n = std::getenv((env + "_CASES").c_str());
+  if (!n) return false;
+  const char* s = std::getenv((env + "_SEED").c_str());
+  const int cases = std::atoi(n);
+  for (uint64_t seed = s ? std::strtoull(s, nullptr, 10) : 1000000;
+       out->ran < cases && out->refused < 100 * cases && !::testing::Test::HasFailure(); ++seed) {
+    run(seed) ? ++out->ran : ++out->refused;
+  }
+  return true;
+}
+
 }  // namespace strata::test

@@ -192,30 +192,19 @@ INSTANTIATE_TEST_SUITE_P(Case, ScheduleFuzz, ::testing::Range(1, kCases + 1));
 
 // Further seeds on demand (not in ctest: it skips without STRATA_SCHEDULE_FUZZ_CASES).
 TEST(ScheduleFuzzExplore, Explore) {
-  const char* n = std::getenv("STRATA_SCHEDULE_FUZZ_CASES");
-  if (!n) GTEST_SKIP() << "set STRATA_SCHEDULE_FUZZ_CASES (and STRATA_SCHEDULE_FUZZ_SEED) to run";
   set_log_level(LogLevel::kError);
-  const char* s = std::getenv("STRATA_SCHEDULE_FUZZ_SEED");
-  const uint64_t seed0 = s ? std::strtoull(s, nullptr, 10) : 1000000;
-  const int cases = std::atoi(n);
-  int ran = 0, refused = 0;
-  for (uint64_t seed = seed0; ran < cases && refused < 100 * cases; ++seed) {
-    if (run_case(seed, std::getenv("STRATA_SCHEDULE_FUZZ_ACROSS") != nullptr)) {
-      ++ran;
-      if (::testing::Test::HasFailure()) {
-        ADD_FAILURE() << "stopping at seed " << seed;
-        return;
-      }
-    } else {
-      ++refused;
-    }
+  const bool across = std::getenv("STRATA_SCHEDULE_FUZZ_ACROSS") != nullptr;
+  test::Explored e;
+  if (!test::explore_seeds(
+          "STRATA_SCHEDULE_FUZZ", [&](uint64_t seed) { return run_case(seed, across); }, &e)) {
+    GTEST_SKIP() << "set STRATA_SCHEDULE_FUZZ_CASES (and STRATA_SCHEDULE_FUZZ_SEED) to run";
   }
   printf(
       "%d cases run, %d combinations refused; cases with: a deferred pass %d, a rollback %d, "
       "modules stepped under backward %d, fp16 skips %d, state read ahead %d, forwards "
       "grouped %d, a resume %d\n",
-      ran, refused, reached.deferred, reached.rolled_back, reached.under_backward, reached.skipped,
-      reached.read_ahead, reached.grouped, reached.resumed);
+      e.ran, e.refused, reached.deferred, reached.rolled_back, reached.under_backward,
+      reached.skipped, reached.read_ahead, reached.grouped, reached.resumed);
 }
 
 }  // namespace

@@ -214,20 +214,14 @@ TEST_P(Zero3ScheduleFuzz, SameBitsAsThePlainSchedule) {
 // the first): 2 ranks for even seeds, 3 for odd.
 TEST(Zero3ScheduleFuzzExplore, Explore) {
   STRATA_NEEDS_MPI();
-  const char* n = std::getenv("STRATA_SCHEDULE_FUZZ_CASES");
-  if (!n) GTEST_SKIP() << "set STRATA_SCHEDULE_FUZZ_CASES (and STRATA_SCHEDULE_FUZZ_SEED) to run";
-  const char* s = std::getenv("STRATA_SCHEDULE_FUZZ_SEED");
   const std::string dir = temp_dir("fuzz_explore");
-  int ran = 0, refused = 0;
-  for (uint64_t seed = s ? std::strtoull(s, nullptr, 10) : 1000000;
-       ran < std::atoi(n) && refused < 20 * std::atoi(n) && !HasFailure(); ++seed) {
-    if (run_rank_fuzz_case(seed, 2 + int(seed % 2), dir)) {
-      ++ran;
-    } else {
-      ++refused;
-    }
+  test::Explored e;
+  if (!test::explore_seeds(
+          "STRATA_SCHEDULE_FUZZ",
+          [&](uint64_t seed) { return run_rank_fuzz_case(seed, 2 + int(seed % 2), dir); }, &e)) {
+    GTEST_SKIP() << "set STRATA_SCHEDULE_FUZZ_CASES (and STRATA_SCHEDULE_FUZZ_SEED) to run";
   }
-  std::printf("%d cases run on 2 and 3 ranks, %d combinations refused\n", ran, refused);
+  std::printf("%d cases run on 2 and 3 ranks, %d combinations refused\n", e.ran, e.refused);
   fs::remove_all(dir);
 }
 
