@@ -211,11 +211,8 @@ class HfRoundTrip : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(HfRoundTrip, ExportThenImportGivesTheSameModel) {
-  const uint64_t first = 100 * uint64_t(GetParam());
-  for (uint64_t seed = first; seed < first + 100; ++seed) {
-    if (run_case(seed)) return;
-  }
-  FAIL() << "no shape from seed " << first << " was accepted: the drawing is broken";
+  EXPECT_TRUE(test::run_first_accepted(100 * uint64_t(GetParam()), 100, run_case))
+      << "no shape from seed " << 100 * GetParam() << " was accepted: the drawing is broken";
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, HfRoundTrip, ::testing::Range(1, kCases + 1));

@@ -149,6 +149,16 @@ inline FuzzCase draw_case(uint64_t seed, const std::string& dir, bool across, bo
 
 // Runs case `seed`: false when the combination was refused (the config, or a budget it does not
 // fit), so the caller draws another; the comparison's failures are test failures.
+// A ctest case's seed: the first of the `span` seeds from `first` whose drawn combination `run`
+// accepts (false from `run`: refused, the next seed). False when none was: the drawing is broken.
+inline bool run_first_accepted(uint64_t first, uint64_t span,
+                               const std::function<bool(uint64_t)>& run) {
+  for (uint64_t seed = first; seed < first + span; ++seed) {
+    if (run(seed)) return true;
+  }
+  return false;
+}
+
 // The Explore tests' seeds: from $<env>_SEED (default 1000000) until $<env>_CASES were accepted
 // (`run` returns false for a drawn combination that was refused: not counted) or 100 times as
 // many refused, stopping at the first failure. False, running nothing, when $<env>_CASES is

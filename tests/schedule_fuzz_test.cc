@@ -181,11 +181,10 @@ class ScheduleFuzz : public ::testing::TestWithParam<int> {
 
 // Case N runs the first combination at or after seed 100 * N that the config accepts and fits.
 TEST_P(ScheduleFuzz, SameBitsAsThePlainSchedule) {
-  const uint64_t first = 100 * uint64_t(GetParam());
-  for (uint64_t seed = first; seed < first + 100; ++seed) {
-    if (run_case(seed, /*across=*/GetParam() % 2 == 0)) return;
-  }
-  FAIL() << "no combination from seed " << first << " was accepted: the drawing is broken";
+  const bool across = GetParam() % 2 == 0;
+  EXPECT_TRUE(test::run_first_accepted(100 * uint64_t(GetParam()), 100,
+                                       [&](uint64_t seed) { return run_case(seed, across); }))
+      << "no combination from seed " << 100 * GetParam() << " was accepted: the drawing is broken";
 }
 
 INSTANTIATE_TEST_SUITE_P(Case, ScheduleFuzz, ::testing::Range(1, kCases + 1));

@@ -200,14 +200,11 @@ TEST_P(Zero3ScheduleFuzz, SameBitsAsThePlainSchedule) {
   STRATA_NEEDS_MPI();
   const int np = 2 + GetParam() % 2;
   const std::string dir = temp_dir(fmt::format("fuzz{}", GetParam()));
-  const uint64_t first = 100 * uint64_t(GetParam());
-  for (uint64_t seed = first; seed < first + 20; ++seed) {
-    if (run_rank_fuzz_case(seed, np, dir)) {
-      fs::remove_all(dir);
-      return;
-    }
-  }
-  FAIL() << "no combination from seed " << first << " was accepted: the drawing is broken";
+  EXPECT_TRUE(
+      test::run_first_accepted(100 * uint64_t(GetParam()), 20,
+                               [&](uint64_t seed) { return run_rank_fuzz_case(seed, np, dir); }))
+      << "no combination from seed " << 100 * GetParam() << " was accepted: the drawing is broken";
+  fs::remove_all(dir);
 }
 
 // Further seeds on demand (skips without STRATA_SCHEDULE_FUZZ_CASES; STRATA_SCHEDULE_FUZZ_SEED
