@@ -151,9 +151,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   uint64_t opt_dev_params = 0;    // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
   uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe
-  uint64_t opt_nvme_bytes = 0;    // NVMe-homed master + moments, bytes (what the optimizer moves)
-  size_t opt_nvme_writes = 0;     // NVMe writes of master + moments per sub-group (0, 1 or 2)
-  std::vector<uint64_t> opt_nvme_of(homes.size(), 0);  // the same per module
+  uint64_t grads_nvme_bytes = 0;  // their fp32 accumulators' NVMe extents, bytes
+  // NVMe-homed parameters: their bytes, and their extents' (one per sub-group, whole 4 KiB
+  // blocks; a quantized base's as stored), all and the trained ones'.
+  uint64_t params_nvme_raw = 0, params_nvme_extents = 0, trained_params_nvme_extents = 0;
+  uint64_t opt_nvme_bytes = 0;  // NVMe-homed master + moments, bytes (what the optimizer moves)
+  size_t opt_nvme_writes = 0;   // NVMe writes of master + moments per sub-group (0, 1 or 2)
+  std::vector<uint64_t> opt_nvme_of(homes.size(), 0);        // the same per module
+  std::vector<uint64_t> opt_nvme_sub_full(homes.size(), 0);  // ... of one of its whole sub-groups
   // Per sub-group, in 4 KiB host buffers: (bytes, how many sub-groups have them), two entries
   // per module (its full sub-groups and its last).
   std::vector<std::pair<uint64_t, uint64_t>> opt_nvme_extents;
@@ -170,7 +175,20 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       opt_dev_params += trained;
     }
     if (h.grads.tier != Tier::kDevice) grads_off_device += trained;
-    if (h.grads.tier == Tier::kNvme) grads_nvme += trained;
+    if (h.grads.tier == Tier::kNvme && trained > 0) {
+      grads_nvme += trained;
+      // GradSpill's extents: one per sub-group, in whole 4 KiB blocks (O_DIRECT).
+      grads_nvme_bytes += h.sum_over_sub_groups([](size_t len) { return round_up(len * 4, 4096); });
+    }
+    if (h.params.tier == Tier::kNvme) {
+      const uint64_t stored = arch->layout().modules[i].stored_bytes;
+      const uint64_t raw = stored ? stored : h.params.bytes;
+      const uint64_t extents =
+          stored ? stored : h.sum_over_sub_groups([&](size_t len) { return piece_bytes(len, es); });
+      params_nvme_raw += raw;
+      params_nvme_extents += extents;
+      if (trained > 0) trained_params_nvme_extents += extents;
+    }
     size_t writes = 0;  // the pipeline's NVMe writes of this module's state per sub-group
     for (const auto* x : {&h.master, &h.moments}) {
       if (x->tier == Tier::kNvme) opt_nvme_of[i] += x->bytes;
@@ -184,9 +202,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       }
       return sub;
     };
-    if (const size_t n = h.sub_groups(); opt_nvme_of[i] > 0 && n > 0) {
+    if (const size_t n = h.sub_groups(); opt_nvme_of[i] > 0 && n > 0 && h.sub_group > 0) {
       opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(0)), n - 1});
       opt_nvme_extents.push_back({sub_bytes(h.sub_group_len(n - 1)), 1});
+      // What the optimizer moves: each sub-group's extents in whole 4 KiB blocks (O_DIRECT).
+      opt_nvme_sub_full[i] = sub_bytes(h.sub_group_len(0));
+      opt_nvme_of[i] = (n - 1) * opt_nvme_sub_full[i] + sub_bytes(h.sub_group_len(n - 1));
     }
     opt_nvme_bytes += opt_nvme_of[i];
   }
@@ -406,9 +427,9 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       const size_t n = h.sub_groups();
       if (opt_nvme_of[i] == 0 || n == 0 || h.shard_numel == 0) continue;
       const size_t take = std::min(count, n);
-      const double elems =
-          take == n ? double(h.shard_numel) : double(take) * double(h.sub_group_len(0));
-      bytes += double(opt_nvme_of[i]) * elems / double(h.shard_numel);
+      bytes += take == n || opt_nvme_sub_full[i] == 0
+                   ? double(opt_nvme_of[i]) * double(take) / double(n)
+                   : double(take) * double(opt_nvme_sub_full[i]);
       count -= take;
     }
     return bytes;
@@ -420,13 +441,16 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   }
   // Gradients on NVMe: every backward (a group's: one) writes the fp32 accumulators, the later
   // ones read them first, and the optimizer reads them once.
-  nw += backwards * double(grads_nvme) * 4;
-  nr += backwards * double(grads_nvme) * 4;
+  nw += backwards * double(grads_nvme_bytes);
+  nr += backwards * double(grads_nvme_bytes);
   double nvme_param_read = 0;
   if (where.params == Tier::kNvme) {
-    nvme_param_read = fetch / double(W);  // this rank's shards
+    // This rank's shards, each fetched extent in whole blocks.
+    nvme_param_read =
+        fetch / double(W) *
+        (params_nvme_raw ? double(params_nvme_extents) / double(params_nvme_raw) : 1.0);
     nr += nvme_param_read;
-    nw += double(P_trained) * es;  // the stepped parameters written back
+    nw += double(trained_params_nvme_extents);  // the stepped parameters written back
   }
   o.nvme_read_bytes = uint64_t(nr) * W;
   o.nvme_write_bytes = uint64_t(nw) * W;
@@ -510,14 +534,14 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
       after.write += opt * (1.0 - drained);
     }
     if (where.params == Tier::kNvme) {
-      window.write += double(P_trained) * es;
-      deferred.write += double(P_trained) * es;
-      after.write += double(P_trained) * es * (1.0 - drained);
+      window.write += double(trained_params_nvme_extents);
+      deferred.write += double(trained_params_nvme_extents);
+      after.write += double(trained_params_nvme_extents) * (1.0 - drained);
     }
     // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
-    window.read += double(grads_nvme) * 4;
-    deferred.read += double(grads_nvme) * 4;
-    after.read += double(grads_nvme) * 4;
+    window.read += double(grads_nvme_bytes);
+    deferred.read += double(grads_nvme_bytes);
+    after.read += double(grads_nvme_bytes);
     if (where.params == Tier::kNvme) window.read += nvme_param_read / (forward_groups + backwards);
     // Every local rank shares the node's NVMe bandwidth.
     o.deferred_pass = {uint64_t(deferred.read) * W, uint64_t(deferred.write) * W};
