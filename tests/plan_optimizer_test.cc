@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "src/model/architecture.h"
 #include "src/plan/plan.h"
@@ -136,12 +138,23 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   EXPECT_NEAR(o->time.compute_s, 3 * 128 * 3 * fwd / 1e12, 1e-9);
   EXPECT_NEAR(o->time.cpu_optim_s, P / 1e8, 1e-9);
   // Optimizer state on NVMe: 12 B/param read at 2 GB/s and written at 1 GB/s.
-  EXPECT_NEAR(o->time.nvme_s, 12 * P / 2e9 + 12 * P / 1e9, 1e-6);
+  // NVMe moves whole 4 KiB blocks: each module's master weights (4 B/param), moments (8) and
+  // gradient accumulator (4) are an extent each (one sub-group a module here): S and G bytes.
+  const double block = 12 * C * C + 13 * C;  // 789,760
+  const std::vector<double> modules = {(1024 + 128) * C, block, block, block, block, 2 * C};
+  auto blocks = [](double bytes) { return std::ceil(bytes / 4096) * 4096; };
+  auto state = [&](double n) { return blocks(4 * n) + blocks(8 * n); };
+  double S = 0, G = 0;
+  for (double n : modules) {
+    S += state(n);
+    G += blocks(4 * n);
+  }
+  EXPECT_NEAR(S, 12 * P, 64 * 1024);
+  EXPECT_NEAR(o->time.nvme_s, S / 2e9 + S / 1e9, 1e-9);
   // GPU, optimizer under backward (default): it starts with the last micro-batch's backward,
   // 7/9 of compute in (3 micro-batches of fwd 1 + bwd 2); its NVMe traffic from then on is the
   // state's reads less the final norm and the last 2 blocks read ahead, and its writes.
-  const double block = 12 * C * C + 13 * C;  // 789,760
-  const double window = (P - 2 * C - 2 * block) * 12 / 2e9 + 12 * P / 1e9;
+  const double window = (S - state(2 * C) - 2 * state(block)) / 2e9 + S / 1e9;
   EXPECT_NEAR(
       o->time.step_s,
       std::max({o->time.compute_s, o->time.link_s,
@@ -160,7 +173,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     auto q = evaluate_placement(rc, find("opt-nvme"));
     ASSERT_TRUE(q.is_ok());
     const double dev = std::max(q->time.compute_s, q->time.link_s);
-    const double window_deferred = (P - (1024 + 128) * C - 2 * block) * 12 / 2e9 + 12 * P / 1e9;
+    const double ahead = state((1024 + 128) * C) + 2 * state(block);
+    const double window_deferred = (S - ahead) / 2e9 + S / 1e9;
     EXPECT_NEAR(q->time.step_deferred_s,
                 std::max(dev * 8 / 9 + std::max({q->time.cpu_optim_s, window_deferred, dev / 9}),
                          q->time.nvme_s),
@@ -174,18 +188,17 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       auto qg = evaluate_placement(rg, g);
       ASSERT_TRUE(qg.is_ok());
       const double dg = std::max(qg->time.compute_s, qg->time.link_s);
-      const double wg = window_deferred + 4 * P / 2e9;
+      const double wg = window_deferred + G / 2e9;
       ASSERT_GT(wg, std::max(qg->time.cpu_optim_s, dg / 9));
       ASSERT_GT(dg * 8 / 9 + wg, qg->time.nvme_s);
       EXPECT_NEAR(qg->time.step_deferred_s, dg * 8 / 9 + wg, 1e-9);
       // The pass's bytes, exported for tests/bench_step_bound.sh to put fio's rate on: the
       // state's reads less the read-ahead's and the gradients' reads; the state's writes (after
       // backward, less the last sub-group's, which drains behind).
-      const double ahead = double((1024 + 128) * C + 2 * block) * 12;
-      EXPECT_NEAR(double(qg->deferred_pass.read), (P * 12 - ahead) + 4 * P, 1.0);
-      EXPECT_NEAR(double(qg->deferred_pass.write), 12 * P, 1.0);
-      EXPECT_NEAR(double(qg->after_backward_pass.read), (P * 12 - ahead) + 4 * P, 1.0);
-      EXPECT_NEAR(double(qg->after_backward_pass.write), 12 * P * 5 / 6, 1.0);
+      EXPECT_NEAR(double(qg->deferred_pass.read), (S - ahead) + G, 1.0);
+      EXPECT_NEAR(double(qg->deferred_pass.write), S, 1.0);
+      EXPECT_NEAR(double(qg->after_backward_pass.read), (S - ahead) + G, 1.0);
+      EXPECT_NEAR(double(qg->after_backward_pass.write), S * 5 / 6, 1.0);
       EXPECT_DOUBLE_EQ(qg->first_forward_share, 1.0 / 9);
       EXPECT_EQ(qg->forward_group, 1);
       // The three micro-batches' forwards grouped (strata.grouped_forwards auto: the 1 GiB
@@ -238,8 +251,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     // embedding, 4 blocks, final norm), which drain behind, within the step's NVMe time.
     // strata.optimizer.defer "auto" (the default) is predicted to keep the faster of the two,
     // as the trainer does; "always" and "never" run the one they name.
-    const double window_after =
-        (P - (1024 + 128) * C - 2 * block) * 12 / 2e9 + 12 * P * (5.0 / 6) / 1e9;
+    const double window_after = (S - ahead) / 2e9 + S * (5.0 / 6) / 1e9;
     EXPECT_NEAR(q->time.step_plain_s,
                 std::max(dev + std::max(q->time.cpu_optim_s, window_after), q->time.nvme_s), 1e-9);
     EXPECT_LT(q->time.step_plain_s, dev + std::max(q->time.cpu_optim_s, q->time.nvme_s));
