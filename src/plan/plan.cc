@@ -178,13 +178,12 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     if (h.grads.tier == Tier::kNvme && trained > 0) {
       grads_nvme += trained;
       // GradSpill's extents: one per sub-group, in whole 4 KiB blocks (O_DIRECT).
-      grads_nvme_bytes += h.sum_over_sub_groups([](size_t len) { return round_up(len * 4, 4096); });
+      grads_nvme_bytes += extent_bytes(h, 4);
     }
     if (h.params.tier == Tier::kNvme) {
       const uint64_t stored = arch->layout().modules[i].stored_bytes;
       const uint64_t raw = stored ? stored : h.params.bytes;
-      const uint64_t extents =
-          stored ? stored : h.sum_over_sub_groups([&](size_t len) { return piece_bytes(len, es); });
+      const uint64_t extents = stored ? stored : extent_bytes(h, es);
       params_nvme_raw += raw;
       params_nvme_extents += extents;
       if (trained > 0) trained_params_nvme_extents += extents;

@@ -99,7 +99,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
          {std::pair{&m.params, es}, std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e},
           std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
       if (h->tier != Tier::kNvme || h->bytes == 0) continue;
-      n.nvme.state += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
+      n.nvme.state += extent_bytes(m, e);
       n.nvme.objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
     }
     if (m.grads.tier == Tier::kNvme && m.grads.bytes > 0)

@@ -97,6 +97,11 @@ inline size_t pipeline_sub_groups_held(int buffer_count, size_t state_writes, bo
 inline size_t piece_bytes(size_t elems, size_t elem_bytes) {
   return (elems * elem_bytes + 4095) / 4096 * 4096;
 }
+// Bytes of a module's NVMe extents of an object of `elem_bytes` per element: one extent per
+// sub-group, in whole 4 KiB blocks (O_DIRECT) — what the swap file holds and a pass moves.
+inline uint64_t extent_bytes(const ModuleHomes& m, size_t elem_bytes) {
+  return m.sum_over_sub_groups([&](size_t len) { return piece_bytes(len, elem_bytes); });
+}
 
 // Elements per sub-group of a shard of `shard_numel` elements under
 // TierOptions::sub_group_elems (0: one sub-group), a multiple of `align` (kSubGroupAlign; with
