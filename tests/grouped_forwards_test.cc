@@ -152,7 +152,9 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
         ++runs;
         EXPECT_EQ(r->step_nvme_bytes[s], 0u) << "step " << s + 1 << " read again";
       }
-      if (!c.grads_nvme) EXPECT_GT(runs, 0) << "the test meant two skips in a row";
+      if (!c.grads_nvme) {
+        EXPECT_GT(runs, 0) << "the test meant two skips in a row";
+      }
     }
   }
   EXPECT_NE(one.losses.front(), one.losses.back()) << "the reference did not train";
