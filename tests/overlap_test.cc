@@ -134,6 +134,9 @@ TEST_P(OverlapTest, OverlappedScheduleIsBitIdentical) {
   EXPECT_GT(over.optimizer_s, 0.0);
   EXPECT_LE(over.optimizer_hidden_s, over.optimizer_s);
   EXPECT_FALSE(over.approximate);
+  // Undo state without copies: host-homed state is stepped into a shadow buffer swapped in,
+  // NVMe-homed state into fresh extents (the swap files have room here).
+  EXPECT_EQ(over.undo_copy_bytes, 0) << "the speculation copied optimizer state for its undo";
   fs::remove_all(dir);
 }
 

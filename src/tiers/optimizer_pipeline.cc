@@ -318,6 +318,9 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   sh.master = s.master;
   sh.m = s.m;
   sh.v = s.v;
+  sh.master_src = s.master_src;
+  sh.m_src = s.m_src;
+  sh.v_src = s.v_src;
   sh.moment_dtype = mdt_;
   sh.lp_out = lp;
   sh.lp_dtype = dt_;

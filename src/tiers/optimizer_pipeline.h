@@ -56,6 +56,11 @@ class OptimizerPipeline {
     float* master = nullptr;
     void* m = nullptr;
     void* v = nullptr;
+    // Stepped out of place (the speculation's undo, a BeforeStep): the pre-step state is read
+    // from these and the new written to master/m/v (ShardState's *_src); null: in place.
+    const float* master_src = nullptr;
+    const void* m_src = nullptr;
+    const void* v_src = nullptr;
     // Gradients on NVMe: the sub-group's accumulator, read by a pass with the state
     // (prepare_grad), under the rest of backward once the module's are final and written
     // (prepare_grads_of), or else by take() — never before they are final; else null (the
@@ -81,8 +86,9 @@ class OptimizerPipeline {
     void* dst = nullptr;
     std::shared_ptr<PinnedBuffer> keep;
   };
-  // Called with each sub-group's slot (its reads done) just before it is stepped.
-  using BeforeStep = std::function<void(const Slot&)>;
+  // Called with each sub-group's slot (its reads done) just before it is stepped; it may point
+  // the step's output elsewhere (Slot::master_src and the others).
+  using BeforeStep = std::function<void(Slot&)>;
 
   OptimizerPipeline(Homes& homes, DeviceCache& cache, const TierOptions& options, DType dt,
                     DType moment_dt, bool sharded, TierCounters& counters);

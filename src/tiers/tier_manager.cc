@@ -587,6 +587,7 @@ TierTimes TierManager::take_times() {
   t.optimizer_hidden_s = c.optimizer_hidden_s;
   t.rollbacks = c.rollbacks;
   t.modules_redone = c.modules_redone;
+  t.undo_copy_bytes = c.undo_copy_bytes;
   t.modules_stepped_under_backward = c.modules_stepped_under_backward;
   t.modules_deferred = c.modules_deferred;
   t.sub_groups_read_ahead = c.sub_groups_read_ahead;
