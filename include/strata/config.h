@@ -191,6 +191,17 @@ struct DeviceConfig {
   size_t reserve = size_t{1} << 30;  // cuda: HBM left free for libraries
   int cpu_threads = 0;               // 0 = all cores
   int ordinal = -1;                  // cuda: -1 = local rank
+  // A fast device simulated on the CPU backend (strata/device.h, SimulatedDeviceOptions):
+  // "" = none, else a preset (h200 | h100 | a100) whose rates the simulate_* keys override
+  // (0 = the preset's). The gradient norm the trainer sees is simulate_grad_norm.
+  std::string simulate;
+  double simulate_grad_norm = 0.5;
+  double simulate_gemm_tflops = 0;
+  double simulate_attention_fwd_tflops = 0;
+  double simulate_attention_bwd_tflops = 0;
+  double simulate_hbm_gbps = 0;
+  double simulate_link_gbps = 0;
+  double simulate_launch_us = -1;  // < 0: the preset's
 };
 
 struct TrainConfig {

@@ -515,6 +515,28 @@ std::vector<Key> build_table() {
   add(F("device.reserve", Size(), STRATA_M(device.reserve), "cuda: HBM left for libraries"));
   add(F("device.cpu_threads", Int(0, 4096), STRATA_M(device.cpu_threads), "0 = all cores"));
   add(F("device.ordinal", Int(-1, 1024), STRATA_M(device.ordinal), "cuda: -1 = local rank"));
+  add(F("device.simulate", Str(), STRATA_M(device.simulate),
+        "h200 | h100 | a100: a fast device simulated on the CPU backend: kernels do no arithmetic "
+        "and each takes the "
+        "preset GPU's modeled time; copies, the optimizer, the tiers and I/O are real (times and "
+        "bytes are, losses are not); \"\" = none"));
+  add(F("device.simulate_grad_norm", Real(0, kInf, true), STRATA_M(device.simulate_grad_norm),
+        "simulate: the gradient norm the trainer sees (under or over gradient_clipping)"));
+  add(F("device.simulate_gemm_tflops", Real(0, kInf), STRATA_M(device.simulate_gemm_tflops),
+        "simulate: GEMM TFLOP/s achieved; 0 = the preset's"));
+  add(F("device.simulate_attention_fwd_tflops", Real(0, kInf),
+        STRATA_M(device.simulate_attention_fwd_tflops),
+        "simulate: fused attention forward TFLOP/s; 0 = the preset's"));
+  add(F("device.simulate_attention_bwd_tflops", Real(0, kInf),
+        STRATA_M(device.simulate_attention_bwd_tflops),
+        "simulate: fused attention backward TFLOP/s; 0 = the preset's"));
+  add(F("device.simulate_hbm_gbps", Real(0, kInf), STRATA_M(device.simulate_hbm_gbps),
+        "simulate: GB/s the elementwise kernels achieve; 0 = the preset's"));
+  add(F("device.simulate_link_gbps", Real(0, kInf), STRATA_M(device.simulate_link_gbps),
+        "simulate: pinned host<->device GB/s each way (copies are no faster than the host's "
+        "memcpy); 0 = the preset's"));
+  add(F("device.simulate_launch_us", Real(-1, kInf), STRATA_M(device.simulate_launch_us),
+        "simulate: microseconds a kernel adds (launch and gap); -1 = the preset's"));
 
   // --- strata: train ----------------------------------------------------------------------------
   group("strata: train");

@@ -46,6 +46,34 @@ namespace strata::run_detail {
 
 Status Run::create_device() {
   std::string backend = cfg_.device.backend;
+  if (!cfg_.device.simulate.empty()) {
+    if (backend == "cuda") {
+      return invalid_argument(
+          "device.simulate runs on the CPU backend: set device.backend to cpu or auto, or "
+          "device.simulate to \"\" to train on the GPU");
+    }
+    const DeviceConfig& d = cfg_.device;
+    STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_preset(d.simulate),
+                            "device.simulate");
+    for (auto [v, field] : {std::pair{d.simulate_gemm_tflops, &sim.gemm_tflops},
+                            std::pair{d.simulate_attention_fwd_tflops, &sim.attention_fwd_tflops},
+                            std::pair{d.simulate_attention_bwd_tflops, &sim.attention_bwd_tflops},
+                            std::pair{d.simulate_hbm_gbps, &sim.hbm_gbps},
+                            std::pair{d.simulate_link_gbps, &sim.link_gbps}}) {
+      if (v > 0) *field = v;
+    }
+    if (d.simulate_launch_us >= 0) sim.launch_us = d.simulate_launch_us;
+    CpuDeviceOptions o;
+    o.capacity = d.memory_limit > 0 ? std::min(d.memory_limit, sim.memory) : sim.memory;
+    o.threads = d.cpu_threads;
+    STRATA_ASSIGN_OR_RETURN(dev_, create_simulated_device(o, sim), "creating the simulated device");
+    if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+    log_info(
+        "device: {}; losses are not real (device.simulate), times and bytes are; gradient "
+        "norm {} (device.simulate_grad_norm)",
+        dev_->name(), d.simulate_grad_norm);
+    return Status::ok();
+  }
   if (backend == "auto") {
     std::string why;
     backend = cuda_device_available(&why) ? "cuda" : "cpu";
@@ -577,6 +605,12 @@ Result<double> Run::run_step() {
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
 
   GradStats stats = tm_->grad_stats();
+  if (!cfg_.device.simulate.empty()) {
+    // The simulated device computes nothing: its norm is the configured one, on every rank.
+    const double g = cfg_.device.simulate_grad_norm * scale;
+    stats.norm_sq = g * g / world_;
+    stats.nonfinite = false;
+  }
   if (world_ > 1) {
     // Each rank's norm² covers its own shards; the loss its own rows.
     float sums[3] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq),
