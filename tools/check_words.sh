@@ -6,7 +6,8 @@
 #
 # What it looks for (case-insensitive):
 #   - a numbered work period: the word for one followed by a number;
-#   - issue references used as explanations: "issue #N", "(#N)", a bare "#N", "the issue's";
+#   - issue references used as explanations: "issue #N", "(#N)", a bare "#N" (write "step 3",
+#     not "step #3"; "#include" and colours in quotes pass), "the issue's";
 #   - the words for a borrowed machine and the tool that lent it (whole words only, so "release"
 #     and "please" pass; "gpu_<word>" and "build-<word>" do not);
 #   - absolute paths of a development machine: /work/..., /root/..., /home/<user>/...,
