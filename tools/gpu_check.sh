@@ -632,7 +632,7 @@ phase_train() {
 
 # The planner's NVMe terms for a config (and --set arguments): "read write deferred_read
 # deferred_write after_read after_write first_forward_share" of the placement it asks for, per
-# step (plan --json; no Python on the lent machine, so the JSON is flattened and grepped).
+# step (plan --json; no Python on the GPU machine, so the JSON is flattened and grepped).
 plan_terms() {  # plan_terms OUT_PREFIX strata train args... (--config FILE --set ...)
   local out=$1
   shift
