@@ -4,13 +4,13 @@
 # network to install them), without spending the GPU machine's time on a build: the binaries are
 # built elsewhere and carried over as one bundle.
 #
-#   tools/gpu_bundle.sh pack [--build-dir DIR]      here: bundle the CUDA-enabled binaries that
+#   tools/gpu_bundle.sh pack [--build-dir DIR]     here: bundle the CUDA-enabled binaries that
 #                                                  gpu_check.sh runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
 #                                                  build-gpu-bundle/bundle.tar.xz (~15 MB)
-#   tools/gpu_bundle.sh --self-test BUILD_DIR       pack into a temporary directory and run the
+#   tools/gpu_bundle.sh --self-test BUILD_DIR      pack into a temporary directory and run the
 #                                                  bundle dry (no GPU; ctest gpu_bundle_self_test)
-#   tools/gpu_bundle.sh run [gpu_check options]     there: unpack the bundle, find the CUDA
+#   tools/gpu_bundle.sh run [gpu_check options]    there: unpack the bundle, find the CUDA
 #                                                  libraries (cuBLASLt, NCCL) on that machine,
 #                                                  check that every binary loads, then run
 #                                                  tools/gpu_check.sh --build-dir build-gpu-bundle
