@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #25's two ratios for one config, every term measured in the same sitting, alternated
+# The step-time bound's two ratios for one config, every term measured in the same sitting, alternated
 # ROUNDS times so a noisy disk's drift hits all alike:
 #
 #   step / max(fwd+bwd, optimizer)   the overlapped run's step against the plain schedule's
@@ -17,9 +17,9 @@
 #                                    the pass the step waits on (the planner's
 #                                    clipped_pass_bytes) at fio's rate for their mix, beside the
 #                                    compute they cannot overlap. schedule / bound above 1.2
-#                                    says the issue's 1.2x is beyond those schedules on this disk
+#                                    says the 1.2x target is beyond those schedules on this disk
 #                                    and host budget; disk / max(f+b, opt) above 1.10 says no
-#                                    schedule moving the placement's bytes meets the issue's 1.10x.
+#                                    schedule moving the placement's bytes meets the 1.10x target.
 #
 # Per round: fio on the config's swap directory (before the runs and again after them: the mean)
 # with the step's read/write mix (the planner's
@@ -70,7 +70,7 @@ fio_mem=()
 if [[ ${huge_free:-0} -ge 64 ]]; then
   fio_mem=(--mem=mmaphuge)
 else
-  # fio on 4 KiB pages runs at a fraction of the disk (session 22: 1.5-1.9 against 2.4-3.6 GB/s),
+  # fio on 4 KiB pages runs at a fraction of the disk (measured: 1.5-1.9 against 2.4-3.6 GB/s),
   # which makes the disk term of the bound too slow and a disk-bound ratio look better than it is.
   echo "WARNING: no hugetlb pages reserved: fio runs on 4 KiB pages, the disk bound is too slow;"
   echo "         reserve them first: echo 128 > /proc/sys/vm/nr_hugepages"
@@ -122,7 +122,7 @@ for r in $(seq 1 "$rounds"); do
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
-  # The disk drifts within minutes (session 23: 1.7-2.9 GB/s): fio again right after the
+  # The disk drifts within minutes (measured: 1.7-2.9 GB/s): fio again right after the
   # overlapped run, and the two measurements' mean (both printed).
   gbps_after=$(fio_mixed)
   pass_after=$gbps_after

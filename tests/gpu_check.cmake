@@ -7,11 +7,11 @@ add_test(NAME gpu_check_self_test
          COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_check.sh --self-test --build-dir ${CMAKE_BINARY_DIR})
 set_tests_properties(gpu_check_self_test PROPERTIES TIMEOUT 600)
 
-# tools/gpu_lease.sh (gpu_check on a lent GPU machine without strata's build dependencies):
-# packs this build's CUDA binaries and libraries, then runs the bundle dry (about 35 s, most of
-# it xz). Only where the CUDA binaries are built.
+# tools/gpu_bundle.sh (gpu_check on a GPU machine that has the CUDA toolkit but none of strata's
+# other build dependencies): packs this build's CUDA binaries and libraries, then runs the bundle
+# dry (about 35 s, most of it xz). Only where the CUDA binaries are built.
 if(STRATA_HAVE_CUDA)
-  add_test(NAME gpu_lease_self_test
-           COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_lease.sh --self-test ${CMAKE_BINARY_DIR})
-  set_tests_properties(gpu_lease_self_test PROPERTIES TIMEOUT 600)
+  add_test(NAME gpu_bundle_self_test
+           COMMAND ${CMAKE_SOURCE_DIR}/tools/gpu_bundle.sh --self-test ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_bundle_self_test PROPERTIES TIMEOUT 600)
 endif()

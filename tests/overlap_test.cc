@@ -1,4 +1,4 @@
-// The optimizer under backward (issue #9): stepping each module's optimizer state as soon as its
+// The optimizer under backward: stepping each module's optimizer state as soon as its
 // gradients are final, speculatively, must give bit-identical losses and weights to the plain
 // schedule (all of backward, then the optimizer) — with clipping on and off, bf16 and fp16 with
 // forced overflows, and optimizer state in host memory and on NVMe. The delayed update trains
@@ -154,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, OverlapTest,
 
 using test::tier;
 
-// Clipping that bites at every step (issue #25): after the first step (speculated, rolled back)
+// Clipping that bites at every step: after the first step (speculated, rolled back)
 // nothing is stepped under backward; each step's whole optimizer pass is deferred to the next
 // forward, module by module, and the numbers are the plain schedule's bit for bit — with
 // gradient accumulation, all state on NVMe (gradients too), a checkpoint and a resume in the
@@ -203,7 +203,7 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
   fs::remove_all(dir);
 }
 
-// The optimizer's read-ahead (strata.optimizer.read_ahead, issue #25): with a host budget that
+// The optimizer's read-ahead (strata.optimizer.read_ahead): with a host budget that
 // holds the optimizer state besides the tier's needs, each step's master weights and moments are
 // read during backward instead of while the next forward waits for its update. The numbers and
 // the NVMe bytes are those of reading the pipeline's staging ahead and of the plain schedule;
@@ -346,7 +346,7 @@ TEST(DeferChoice, AutoSwitchesMidRunWithTheSameBits) {
 }
 
 // The speculation under backward keeps the sub-groups it steps in the read-ahead's room for the
-// next step, as a pass does, whether or not it holds undo state (session 22: with clipping on
+// next step, as a pass does, whether or not it holds undo state (without it, with clipping on
 // but not biting, every step had read its whole state again — GPT-2 124M with the optimizer on
 // NVMe moved 2.78 GiB a step where the minimum is 1.63). Clipping at 1000 never bites (every
 // step after the first is speculated and kept: the same NVMe writes as the plain schedule,

@@ -1,4 +1,4 @@
-// The planner's model of the optimizer pass (the overlap of issues #9 and #25): the sub-groups
+// The planner's model of the optimizer pass (under backward, or deferred): the sub-groups
 // its pipeline holds, the peaks of a step deferred to the next forward, the read-ahead during
 // backward, the time terms of each schedule and the undo copies (the rest of the planner:
 // tests/plan_test.cc).

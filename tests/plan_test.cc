@@ -461,7 +461,7 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
       {"write_gbps", 2.0},
       {"io_probe", {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
   expect_refused(j, "block_size must be an integer");
-  // Found by fuzz_profile (session 20): nvme.aio's block size was converted unchecked too.
+  // Found by fuzz_profile: nvme.aio's block size was converted unchecked too.
   j = good;
   j["nvme"] = {{"read_gbps", 2.0},
                {"write_gbps", 2.0},

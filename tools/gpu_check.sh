@@ -20,8 +20,8 @@
 #   --nvme-path DIR    swap directory of the "optimizer on NVMe" row (default: <results>/swap)
 #   --quick            fewer repeats and training steps
 #   --deadline S       finish within S seconds: every command's time limit is cut to what is
-#                      left, phases that cannot start are recorded as skipped (for a 10-minute
-#                      machine lease: --deadline 560). The report is rewritten after each phase,
+#                      left, phases that cannot start are recorded as skipped (for 10 minutes
+#                      on the machine: --deadline 560). The report is rewritten after each phase,
 #                      and a later run with the same --results adds its phases to it.
 #   --dry-run          run every phase without a GPU: the build is checked (not run), the tests
 #                      run and skip, the benchmarks and the training run on the CPU backend at
@@ -212,7 +212,7 @@ phase_env() {
   md "| missing packages | ${missing[*]:-none} |"
   local problems=()
   [[ -z $name && $DRY -eq 0 ]] && problems+=("no NVIDIA GPU (nvidia-smi ${smi:-not found})")
-  # The build's tools and packages matter only to a run that builds (tools/gpu_lease.sh carries
+  # The build's tools and packages matter only to a run that builds (tools/gpu_bundle.sh carries
   # binaries built elsewhere: its machines lack them, and that is no failure).
   if [[ " ${SELECTED[*]} " == *" build "* ]]; then
     [[ -z $nvcc ]] && problems+=("no nvcc")
@@ -632,7 +632,7 @@ phase_train() {
 
 # The planner's NVMe terms for a config (and --set arguments): "read write deferred_read
 # deferred_write after_read after_write first_forward_share" of the placement it asks for, per
-# step (plan --json; no Python on the lent machine, so the JSON is flattened and grepped).
+# step (plan --json; no Python on the GPU machine, so the JSON is flattened and grepped).
 plan_terms() {  # plan_terms OUT_PREFIX strata train args... (--config FILE --set ...)
   local out=$1
   shift
@@ -645,7 +645,7 @@ plan_terms() {  # plan_terms OUT_PREFIX strata train args... (--config FILE --se
   echo "$(g '"nvme_read_bytes":[0-9]*')$(g '"nvme_write_bytes":[0-9]*')$(g '"deferred":{"read":[0-9]*,"write":[0-9]*}')$(g '"after_backward":{"read":[0-9]*,"write":[0-9]*}')$(g '"first_forward_share":[0-9.e+-]*')"
 }
 
-# Issue #25's shape on the GPU: configs/hostmem-190m.json (15 x 1024, bf16, clipping 1.0 biting
+# The offload shape on the GPU: configs/hostmem-190m.json (15 x 1024, bf16, clipping 1.0 biting
 # every step, parameters and optimizer state on NVMe) in four schedules and budgets. Every row
 # must give the same losses bit for bit (the metrics' losses compared as written); each row's
 # step (median after the first two), optimizer, NVMe bytes per step against the placement's
@@ -664,8 +664,8 @@ phase_offload() {
   mkdir -p "$dir" "$nvme"
   md "configs/hostmem-190m.json on the $backend backend, $steps steps, swap in $nvme."
   md ""
-  # Issue #25's bound's terms on this machine: the swap disk by strata's own engine (1 MiB,
-  # QD 32, io_uring; >= 0.95x fio where both ran, docs/STORAGE.md: fio is not on the lent
+  # The step-time bound's terms on this machine: the swap disk by strata's own engine (1 MiB,
+  # QD 32, io_uring; >= 0.95x fio where both ran, docs/STORAGE.md: fio is not on the GPU
   # machine), and compute and the optimizer alone (parameters and gradients on the device,
   # master + moments in host memory, the plain schedule: its fwd/bwd and its optimizer).
   local rgb="" wgb="" comp="" optalone=""
@@ -750,7 +750,7 @@ phase_offload() {
   rm -rf "${nvme:?}"
   md ""
   md "Losses (plain): ${ref:-none}"
-  # Issue #25's ratios per overlapped row: step / max(the plain schedule's fwd/bwd, optimizer);
+  # The step-time ratios per overlapped row: step / max(the plain schedule's fwd/bwd, optimizer);
   # step / bound, bound = max(compute alone, the planner's NVMe bytes for the row over the disk's
   # read and write rates, optimizer alone); and step / the schedule bound (the faster exact
   # schedule a clipped step runs: its pass's bytes gate the compute after the first forward's
@@ -961,7 +961,7 @@ self_test() {
   check "the training tables have 8 rows (5 GPT, 3 Llama)" test "$(grep -c '^| \(device\|device-opt-host\|ratio\|host\|nvme\): ' "$r/report.md")" -eq 8
   check "the offload rows have the plain schedule's losses" test "$(grep -c '| same bits | ok' "$r/report.md")" -eq 3
   check "the offload rows show NVMe bytes against the minimum" grep -q '| plain: .*| nvme [0-9.]* [KMG]iB ([0-9.]* [KMG]iB, [-+][0-9.]*%)' "$r/report.md"
-  check "the offload phase has issue #25's ratios for 3 rows" test "$(grep -cE '^\| (auto|never|host-4g) \| [0-9]+ \| [0-9.]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \| [0-9]+ \((deferred|after backward)\) \| [0-9.]+ \|$' "$r/report.md")" -eq 3
+  check "the offload phase has the step-time ratios for 3 rows" test "$(grep -cE '^\| (auto|never|host-4g) \| [0-9]+ \| [0-9.]+ \| [0-9]+ \| [0-9]+ \| [0-9.]+ \| [0-9]+ \((deferred|after backward)\) \| [0-9.]+ \|$' "$r/report.md")" -eq 3
   check "the paths are printed" grep -q "^report: $r/report.md" "$tmp/dry.log"
   # A failing phase is recorded and the script goes on: a build dir without binaries.
   "$SELF" --dry-run --phases build,gemm,train --results "$tmp/broken" --build-dir "$tmp/nobuild" \
@@ -977,7 +977,7 @@ self_test() {
     >"$tmp/late.log" 2>&1
   check "--deadline: phases past it are skipped as out of time" \
     grep -Eq '^\| gemm \| skipped \| [0-9]+ \| out of time' "$tmp/late/report.md"
-  # A second run with the same --results adds its phases to the report (a lease cut in parts).
+  # A second run with the same --results adds its phases to the report (a machine's time cut in parts).
   "$SELF" --dry-run --phases env --results "$tmp/parts" --build-dir "$BUILD" >/dev/null 2>&1
   "$SELF" --dry-run --phases copy --results "$tmp/parts" --build-dir "$BUILD" >/dev/null 2>&1
   check "runs with the same --results add up in one report" \

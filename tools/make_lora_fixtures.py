@@ -13,7 +13,7 @@ peft computes on the base fixture's tokens:
   eval_loss        [1]  the mean over the base fixture's eval_tokens windows (as its own)
 
 Off the hot path and never a dependency of the build: run it by hand with torch, transformers
-and peft installed (`/work/venv-hf/bin/python tools/make_lora_fixtures.py`). The tests read only
+and peft installed (`VENV/bin/python tools/make_lora_fixtures.py`). The tests read only
 the committed files.
 """
 import argparse

@@ -9,8 +9,8 @@
 //     cache, o_proj, SwiGLU MLP, final RMSNorm, the head (tied: the embedding);
 //   gpt2: token + position embeddings, LayerNorm, fused q/k/v with bias, attention, GELU (tanh)
 //     MLP, final LayerNorm, the tied head.
-// Token for token it gives transformers' greedy decode (tests/generate_test.cc against the
-// fixtures' greedy.json, written by transformers).
+// Token for token it gives transformers' greedy decode (HfGenerate.GreedyMatchesTransformers in
+// tests/hf_compare_test.cc, against the fixtures' greedy.json, written by transformers).
 //
 // Memory: the whole model's fp32 master weights (4 bytes a parameter) plus the cache (2 x
 // layers x context x key/value width floats): a quick look, not a serving engine.

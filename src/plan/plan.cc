@@ -383,7 +383,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
     // The parameters in use are cached copies themselves (DeviceCache: what is acquired is
     // resident), so the working set's parameter part is the cache's room, not beside it: counted
     // beside it, lora-hostmem-350m's minimum was 367.59 MiB a step against 190.62 measured (its
-    // head alone is 93 MiB in use), bench-25m's 478.58 against 460.04 (session 26).
+    // head alone is 93 MiB in use), bench-25m's 478.58 against 460.04.
     std::vector<size_t> copies(homes.size()), no_grads(homes.size(), 0);
     for (size_t i = 0; i < homes.size(); ++i) {
       copies[i] = round_up(homes[i].padded_numel * es, 256);

@@ -303,7 +303,7 @@ size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
   if (unit == 0 || needs.host.optimizer_sub_groups <= depth) return 0;
   const size_t base = host_arena_base(needs, options, shadow_extents);
   const size_t left = options.host_capacity > base ? options.host_capacity - base : 0;
-  // auto: all of it (session 17: a pass keeps what the room holds for the next step, so the
+  // auto: all of it (a pass keeps what the room holds for the next step, so the
   // room saves the disk those bytes each step; it had been at most half the budget).
   const size_t want = options.read_ahead_bytes == SIZE_MAX ? left : options.read_ahead_bytes;
   return std::min(std::min(want, left) / unit, needs.host.optimizer_sub_groups - depth);

@@ -135,7 +135,7 @@ Status Speculation::step_ready(bool wait_all) {
     // Its staging may stay for the next step (Pass::keep), undo state or not: a step that is
     // rolled back drops every kept slot before its restore writes the homes (undo()). Keeping
     // only without undo state had every step that clipping could roll back, bitten or not,
-    // read its whole state again (session 22: GPT-2 124M with the optimizer on NVMe, 2.78 GiB
+    // read its whole state again (GPT-2 124M with the optimizer on NVMe on an H200: 2.78 GiB
     // of NVMe a step where a pass that keeps moves 1.63).
     st = pipeline_.step(k, hyper_, mult_, keep);
     if (st.is_ok()) {
