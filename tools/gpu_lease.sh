@@ -117,7 +117,7 @@ run_there() {
   # Outside build-lease, which the device tool replaces on every call that carries it: a later
   # call on the same warm machine adds its phases to the same report.
   local results=$LEASE-results/gpu-check
-  "$ROOT/tools/gpu_check.sh" --build-dir "$LEASE" --results "$results" "$@"
+  python3 "$ROOT/tools/gpu_check.py" --build-dir "$LEASE" --results "$results" "$@"
   local rc=$?
   if [[ -n ${OUT:-} ]]; then
     cp "$results/report.md" "$OUT/" 2>/dev/null
