@@ -72,9 +72,9 @@ def main():
     import deepspeed
 
     torch.manual_seed(1)
-    deepspeed.init_distributed(dist_backend="nccl")
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
+    deepspeed.init_distributed(dist_backend="nccl")
 
     class Block(nn.Module):
         def __init__(self, d, h):
