@@ -124,19 +124,43 @@ def _missing_requirements(python, extra_ok=()):
     return [l for l in lines if not any((" %s" % n) in l.lower() for n in extra_ok)]
 
 
-def install(peers, venv, log=print):
-    """Installs DeepSpeed from the bundle into a new virtual environment at venv that sees this
-    machine's site packages (its PyTorch and CUDA), with no network. Returns (python, error)."""
+def install(peers, venv, base_python=None, log=print):
+    """Installs DeepSpeed from the bundle into a new virtual environment at venv that sees the
+    site packages of base_python (default: this interpreter), its PyTorch and CUDA, with no
+    network. Returns (python, error).
+
+    --system-site-packages shows the base interpreter's packages, which is not enough where the
+    PyTorch environment is itself a virtual environment (a venv made from a venv sees the
+    interpreter's, not the outer venv's): a .pth file adds base_python's own site directories,
+    after the new environment's (DeepSpeed's dependencies from the bundle come first)."""
     peers, venv = Path(peers), Path(venv)
+    base = str(base_python or sys.executable)
     wheels = peers / "wheels"
     if not wheels.is_dir():
         return None, "no %s (pack it with tools/gpu_peers.py pack)" % wheels
     shutil.rmtree(venv, ignore_errors=True)
-    r = _run([sys.executable, "-m", "venv", "--system-site-packages", venv],
-             capture_output=True, text=True)
+    r = _run([base, "-m", "venv", "--system-site-packages", venv], capture_output=True, text=True)
     if r.returncode:
-        return None, "python3 -m venv failed: %s" % (r.stdout + r.stderr).strip()[-300:]
+        return None, "%s -m venv failed: %s" % (base, (r.stdout + r.stderr).strip()[-300:])
     python = venv / "bin" / "python"
+    code = ("import site, sys, json; p = site.getsitepackages() + "
+            "([site.getusersitepackages()] if site.ENABLE_USER_SITE else []); "
+            "print(json.dumps([x for x in p + sys.path if x.endswith(('site-packages', "
+            "'dist-packages'))]))")
+    try:
+        dirs = json.loads(subprocess.run([base, "-c", code], capture_output=True, text=True,
+                                         timeout=60).stdout)
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                                  "get_paths()['purelib'])"], capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+        seen = []
+        for d in dirs:
+            if d not in seen and os.path.isdir(d):
+                seen.append(d)
+        Path(purelib, "_strata_gpu_peers_base.pth").write_text("\n".join(seen) + "\n")
+        log("site directories of %s added: %s" % (base, seen))
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        log("the base interpreter's site directories were not added: %s" % e)
     r = _run([python, "-m", "pip", "install", "--no-index", "--find-links", wheels,
               "--disable-pip-version-check", "deepspeed"], capture_output=True, text=True)
     log(r.stdout + r.stderr)

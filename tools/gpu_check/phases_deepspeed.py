@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .common import ROOT, fmt, median, metric_median
 from .peers_bundle import install
-from .phases_train import peak_rss, why_failed
+from .phases_train import peak_rss, torch_python, why_failed
 
 DRIVER = ROOT / "tools" / "peers" / "ds_zero_gpu.py"
 # The pairs: strata's placement (--set on configs/hostmem-190m.json) and DeepSpeed's mode.
@@ -71,7 +71,8 @@ def phase_deepspeed(ctx):
     # results (not in them: the results are what a machine sends back), and a later call on the
     # same machine reuses the ops.
     t0 = time.time()
-    python, err = install(peers, ctx.R.parent / "deepspeed-venv", log=ctx.log)
+    python, err = install(peers, ctx.R.parent / "deepspeed-venv", base_python=torch_python(ctx),
+                          log=ctx.log)
     if err:
         return ctx.result("failed", "install: " + err)
     t_install = time.time() - t0
