@@ -108,6 +108,14 @@ def phase_deepspeed(ctx):
     # 3. The rows, alternated: strata, DeepSpeed, strata, DeepSpeed, ... per pair; two rounds
     # unless --quick (the median of the rounds is reported).
     cfg = ROOT / "configs" / "hostmem-190m.json"
+    # DeepSpeed's shape from the same config strata trains (one description of the shape).
+    c = json.loads(cfg.read_text())
+    m = c["model"]
+    shape = ["--n-layer", m["n_layer"], "--n-head", m["n_head"], "--n-embd", m["n_embd"],
+             "--vocab", m["vocab_size"], "--context", m["context"],
+             "--micro-batch", c["train_micro_batch_size_per_gpu"],
+             "--grad-accum", c["gradient_accumulation_steps"]]
+    shape = [str(x) for x in shape]
     steps = 6 if ctx.quick else 8
     rounds = 1 if ctx.quick else 2
     nvme = os.path.join(ctx.opts.nvme_path or str(ctx.R / "swap"), "deepspeed")
@@ -140,7 +148,7 @@ def phase_deepspeed(ctx):
             shutil.rmtree(nvme, ignore_errors=True)
             log = ctx.log_path("deepspeed-ds-%s-%d" % (name, rnd))
             rc, out = _capture_json(ctx, [python, DRIVER, "--mode", name, "--steps", str(steps - 2),
-                                          "--warmup", "2", "--nvme-path", nvme], log, env)
+                                          "--warmup", "2", "--nvme-path", nvme] + shape, log, env)
             if out:
                 res[name]["deepspeed"].append(out)
             else:
