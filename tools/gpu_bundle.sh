@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# tools/gpu_bundle.sh: run tools/gpu_check.sh on a GPU machine that has the CUDA toolkit but
+# tools/gpu_bundle.sh: run tools/gpu_check.py on a GPU machine that has the CUDA toolkit but
 # none of strata's other build dependencies (no liburing, TBB, oneDNN, Open MPI, ... and no
 # network to install them), without spending the GPU machine's time on a build: the binaries are
 # built elsewhere and carried over as one bundle.
 #
 #   tools/gpu_bundle.sh pack [--build-dir DIR]     here: bundle the CUDA-enabled binaries that
-#                                                  gpu_check.sh runs, and the shared libraries
+#                                                  gpu_check.py runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
 #                                                  build-gpu-bundle/bundle.tar.xz (~15 MB)
 #   tools/gpu_bundle.sh --self-test BUILD_DIR      pack into a temporary directory and run the
@@ -13,7 +13,7 @@
 #   tools/gpu_bundle.sh run [gpu_check options]    there: unpack the bundle, find the CUDA
 #                                                  libraries (cuBLASLt, NCCL) on that machine,
 #                                                  check that every binary loads, then run
-#                                                  tools/gpu_check.sh --build-dir build-gpu-bundle
+#                                                  tools/gpu_check.py --build-dir build-gpu-bundle
 #                                                  with the options given; the results go to
 #                                                  build-gpu-bundle-results/gpu-check (a later call
 #                                                  adds to them) and, as one tarball of the logs
@@ -120,7 +120,7 @@ run_there() {
   # Outside build-gpu-bundle, which a fresh copy of the bundle replaces: a later call on the
   # same machine adds its phases to the same report.
   local results=$BUNDLE-results/gpu-check
-  "$ROOT/tools/gpu_check.sh" --build-dir "$BUNDLE" --results "$results" "$@"
+  python3 "$ROOT/tools/gpu_check.py" --build-dir "$BUNDLE" --results "$results" "$@"
   local rc=$?
   if [[ -n ${OUT:-} ]]; then
     cp "$results/report.md" "$OUT/" 2>/dev/null
