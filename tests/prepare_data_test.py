@@ -194,6 +194,30 @@ class PrepareData(unittest.TestCase):
         with open(src) as f:
             self.assertEqual(f.read(), "some text\n")
 
+    def test_never_removes_or_overwrites_an_input_named_as_a_mask(self):
+        # The input is <out>.mask: a plain run removed it as a stale mask, --chat overwrote it;
+        # likewise for --val-out's mask, the temporaries, a hard link and the chat template.
+        chat = "".join(json.dumps(c) + "\n" for c in CHATS)
+        src = self.write("t.bin.mask", chat)
+        out = self.path("t.bin")
+        for args in (["--input", src, "--out", out],
+                     ["--chat", "--input", src, "--out", out],
+                     ["--input", src, "--out", self.path("o.bin"), "--val-out", out],
+                     ["--chat", "--input", src, "--out", self.path("o.bin"), "--val-out", out]):
+            self.assert_fails(args, "is the input file")
+        tmp = self.write("u.bin.tmp", chat)
+        self.assert_fails(["--input", tmp, "--out", self.path("u.bin")], "is the input file")
+        os.link(src, self.path("hard.bin"))
+        self.assert_fails(["--input", src, "--out", self.path("hard.bin")], "is the input file")
+        tpl = self.write("tpl.jinja", "x")
+        self.assert_fails(["--chat", "--chat-template", tpl, "--input", self.path("c.jsonl"),
+                           "--out", self.path("w.bin"), "--val-out", tpl], "is the input file")
+        self.assert_fails(["--input", src, "--out", self.path("x.bin"),
+                           "--val-out", self.path("x.bin.mask")], "collide")
+        for p, text in ((src, chat), (tmp, chat), (tpl, "x")):
+            with open(p) as f:
+                self.assertEqual(f.read(), text, p)
+
     def test_chat_masks_the_assistant_turns_and_marks_conversation_starts(self):
         src = self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in CHATS))
         rc, err, _ = self.run_tool("--chat", "--input", src, "--out", self.path("t.bin"))

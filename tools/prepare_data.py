@@ -39,7 +39,8 @@ conversations into its windows with it). A plain run removes a stale <out>.mask.
 
 Errors are one line naming the file, the line and the fix (exit 1): a line that is not UTF-8 or
 not JSON, a document without the field, an empty training or validation file, an --out or
---val-out that is the input; with --chat, a line without a messages list of role/content
+--val-out whose file, .mask or their .tmp is an input (the corpus, the chat template; also
+through a link or a hard link), or an --out and --val-out that collide; with --chat, a line without a messages list of role/content
 strings, a conversation without an assistant turn, a template that cannot render it or whose
 rendering of the first messages is not the start of the whole conversation's. Off the hot path: needs `transformers` (pip install transformers),
 never a dependency of the build.
@@ -343,15 +344,37 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
     return write_outputs(files, fill, input_path, progress, u32)
 
 
-def check_paths(input_path, out, val_out, val_fraction):
-    """Refuses an output that is the input, --out == --val-out, a bad fraction, no input."""
-    for p in [p for p in (out, val_out) if p]:
-        if os.path.exists(p) and os.path.samefile(p, input_path) or \
-                os.path.abspath(p) == os.path.abspath(input_path):
-            raise Error(f"{p} is the input file; give --out/--val-out another path (the input "
-                        "would be overwritten)")
-    if val_out and os.path.abspath(val_out) == os.path.abspath(out):
-        raise Error(f"--out and --val-out are both {out}; give them different paths")
+def output_paths(out, val_out):
+    """Every path a run writes or removes: each output, its mask and their temporaries."""
+    return [q for p in (out, val_out) if p
+            for q in (p, p + ".tmp", p + ".mask", p + ".mask.tmp")]
+
+
+def same_file(a, b):
+    """True when `a` and `b` name one file: the same path, the same target through links, or
+    the same inode (a hard link)."""
+    if os.path.abspath(a) == os.path.abspath(b) or os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_paths(input_path, out, val_out, val_fraction, inputs=()):
+    """Refuses an output (or its mask, or a temporary of either) that is an input (the corpus,
+    `inputs` such as a chat template), outputs that collide, a bad fraction, no input."""
+    outputs = output_paths(out, val_out)
+    for src in [p for p in (input_path, *inputs) if p]:
+        for p in outputs:
+            if same_file(p, src):
+                raise Error(f"{p} is the input file {src}; give --out/--val-out another path "
+                            "(writing the output, its .mask or their .tmp would overwrite or "
+                            "remove the input)")
+    if val_out and any(same_file(a, b) for a in output_paths(out, None)
+                       for b in output_paths(val_out, None)):
+        raise Error(f"--out {out} and --val-out {val_out} collide (one is the other or its "
+                    ".mask); give them different paths")
     if val_out and not 0 < val_fraction < 1:
         raise Error(f"--val-fraction {val_fraction} is not between 0 and 1")
     if not os.path.isfile(input_path):
@@ -474,6 +497,8 @@ def main():
         return enc["input_ids"], enc["offset_mapping"]
 
     try:
+        check_paths(args.input, args.out, args.val_out, args.val_fraction,
+                    inputs=[args.chat_template] if args.chat else [])
         if args.chat:
             if args.chat_template:
                 with open(args.chat_template) as f:
