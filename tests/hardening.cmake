@@ -18,3 +18,9 @@ add_test(NAME crash_test COMMAND ${CMAKE_CURRENT_LIST_DIR}/crash_test.sh $<TARGE
                                  ${CMAKE_SOURCE_DIR} "${MPIEXEC_EXECUTABLE}")
 set_tests_properties(crash_test PROPERTIES TIMEOUT 300 ENVIRONMENT
                      "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+# Round 3: generate of a LoRA checkpoint, export --adapter's guards and its two files landing
+# together, plan --write-config's guard (hardening3_cli_test.sh).
+add_test(NAME hardening3_cli_test
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/hardening3_cli_test.sh $<TARGET_FILE:strata>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(hardening3_cli_test PROPERTIES TIMEOUT 300)

@@ -34,6 +34,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 // generation defaults.
 bool is_model_file(const std::string& name) {
   return name == "config.json" || name == "generation_config.json" ||
+         name == "adapter_config.json" || name == "adapter_model.bin" ||
          ends_with(name, ".safetensors") || ends_with(name, ".index.json") ||
          (name.rfind("pytorch_model", 0) == 0 && ends_with(name, ".bin"));
 }
@@ -129,6 +130,15 @@ Status check_export_owner(const ExportTarget& t) {
     what =
         fmt::format("the export of another run (lineage {}{})", owner,
                     marker.contains("step") ? fmt::format(", step {}", marker["step"].dump()) : "");
+  } else if (files.count("adapter_config.json")) {
+    const json adapter = read_json(t.dir + "/adapter_config.json");
+    const json base = adapter.is_object() ? adapter.value("base_model_name_or_path", json()) : json();
+    what = fmt::format("a PEFT adapter (of {}{})",
+                       base.is_string() && !base.get<std::string>().empty() ? base.dump()
+                                                                             : "an unnamed base",
+                       adapter.is_object() && adapter.contains("r")
+                           ? fmt::format(", r {}", adapter["r"].dump())
+                           : "");
   } else {
     const json config = read_json(t.dir + "/config.json");
     const bool arch = config.is_object() && config.contains("architectures") &&

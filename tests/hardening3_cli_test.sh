@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Adversarial cases, round 3, that need the strata binary (docs/RELIABILITY.md): a LoRA run's
+# checkpoint generates the tokens of its merged export (plain, int8 and nf4 bases); `export
+# --adapter` has `--out`'s guards (another model, another run's adapter, a missing parent) and
+# lands its two files together; `plan --write-config` never writes over a file it did not make.
+# usage: hardening3_cli_test.sh STRATA_BINARY REPO_DIR
+set -uo pipefail
+strata=$1
+repo=$2
+# shellcheck source=tests/cli_lib.sh
+. "$(dirname "$0")/cli_lib.sh"
+cd "$work"
+mkdir -p swap
+fixture="$repo/tests/fixtures/hf/llama"
+
+# lora.json: a LoRA run (r 4) over the llama fixture; plain.json: a config without adapters
+# whose model.from_pretrained is $2 (the merged export).
+python3 - "$repo" "$fixture" <<'PY'
+import json, sys
+repo, fixture = sys.argv[1:3]
+cfg = json.load(open(repo + "/configs/tiny-cpu.json"))
+cfg["model"] = {"from_pretrained": fixture, "context": 32}
+cfg["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+cfg["bf16"] = {"enabled": False}
+cfg["optimizer"]["params"]["lr"] = 3e-2
+cfg["scheduler"]["params"]["warmup_num_steps"] = 1
+cfg["train_batch_size"], cfg["gradient_accumulation_steps"] = 8, 2
+cfg["train"].update({"steps": 4, "eval_interval": 0, "checkpoint_dir": "ck"})
+cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = "swap"
+json.dump(cfg, open("lora.json", "w"), indent=1)
+del cfg["lora"]
+json.dump(cfg, open("plain.json", "w"), indent=1)
+PY
+ids() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['ids'])" "$1"; }
+
+# A LoRA checkpoint generates what its merged export generates (it generated token 0 forever:
+# the decoder read the base modules from the checkpoint, which holds only the adapters).
+for quant in none int8 nf4; do
+  sets=(--set "lora.base_quantization=\"$quant\"" --set "train.checkpoint_dir=\"ck-$quant\"")
+  [ "$quant" = int8 ] && sets+=(--set 'zero_optimization.offload_param.device="none"')
+  "$strata" train --config lora.json "${sets[@]}" --quiet >"train-$quant.txt" 2>&1
+  check "lora $quant: trains" test $? -eq 0
+  "$strata" generate --config lora.json "${sets[@]}" --checkpoint "ck-$quant" --prompt-ids 1,2,3 \
+    --max-new-tokens 8 --ignore-eos --json >"gen-$quant.json" 2>"gen-$quant.err"
+  check "lora $quant: generate --checkpoint exits 0" test $? -eq 0
+  "$strata" export --config lora.json "${sets[@]}" --checkpoint "ck-$quant" --out "merged-$quant" \
+    >"export-$quant.txt" 2>&1
+  check "lora $quant: export (merged) exits 0" test $? -eq 0
+  "$strata" generate --config plain.json --set "model.from_pretrained=\"merged-$quant\"" \
+    --prompt-ids 1,2,3 --max-new-tokens 8 --ignore-eos --json >"gen-merged-$quant.json" \
+    2>"gen-merged-$quant.err"
+  check "lora $quant: generate of the merged export exits 0" test $? -eq 0
+  got=$(ids "gen-$quant.json")
+  want=$(ids "gen-merged-$quant.json")
+  check "lora $quant: the checkpoint generates the merged export's tokens ($got == $want)" \
+    test "$got" = "$want"
+  check "lora $quant: not token 0 throughout ($got)" test "$got" != "[0, 0, 0, 0, 0, 0, 0, 0]"
+done
+
+# pair DIR: "r<R>" when adapter_config.json's r is the rank of every lora_A in
+# adapter_model.safetensors, "none" when neither file is there, else what is mixed.
+pair() {
+  python3 - "$1" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+c, w = d + "/adapter_config.json", d + "/adapter_model.safetensors"
+if not os.path.exists(c) and not os.path.exists(w):
+    sys.exit(print("none"))
+if not (os.path.exists(c) and os.path.exists(w)):
+    sys.exit(print("one file of two"))
+r = json.load(open(c))["r"]
+with open(w, "rb") as f:
+    h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+ranks = sorted({v["shape"][0] for k, v in h.items() if k.endswith("lora_A.weight")})
+print(f"r{r}" if ranks == [r] else f"mixed: config r {r}, weights of rank {ranks}")
+PY
+}
+
+# export --adapter has --out's guards.
+ex() { "$strata" export --config lora.json "$@"; }
+cp -r "$fixture" model-copy
+sum_before=$(cat model-copy/* | md5sum)
+ex --checkpoint ck-none --adapter model-copy >a-model.txt 2>&1
+check "--adapter into a copy of another model exits 1" test $? -eq 1
+check "--adapter into another model names it" grep -q 'holds a model ("LlamaForCausalLM")' a-model.txt
+check "--adapter into another model says --force" grep -q -- "--force" a-model.txt
+check "--adapter into another model changed nothing" test "$(cat model-copy/* | md5sum)" = "$sum_before"
+check "--adapter into another model wrote no adapter" test ! -e model-copy/adapter_config.json
+ex --checkpoint ck-none --adapter model-copy --force >a-force.txt 2>&1
+check "--adapter --force into another model exits 0" test $? -eq 0
+check "--adapter --force leaves the adapter alone (no config.json, no model.safetensors)" \
+  test ! -e model-copy/config.json -a ! -e model-copy/model.safetensors -a "$(pair model-copy)" = r4
+ex --checkpoint ck-none --adapter deep/er/adapter >a-parent.txt 2>&1
+check "--adapter with missing parents exits 0 (created, as --out does)" test $? -eq 0
+check "--adapter with missing parents wrote the pair" test "$(pair deep/er/adapter)" = r4
+ex --checkpoint ck-none --adapter deep/er/adapter >a-again.txt 2>&1
+check "--adapter of the same run again needs no --force" test $? -eq 0
+# Another run's adapter (rank 16 over the same base): refused, then replaced with --force.
+r16=(--set lora.r=16 --set lora.lora_alpha=32 --set 'train.checkpoint_dir="ck-r16"' --set train.steps=1)
+"$strata" train --config lora.json "${r16[@]}" --quiet >train-r16.txt 2>&1
+check "a rank-16 run trains" test $? -eq 0
+ex "${r16[@]}" --checkpoint ck-r16 --adapter deep/er/adapter >a-other.txt 2>&1
+check "--adapter over another run's adapter exits 1" test $? -eq 1
+check "--adapter over another run's adapter names it" grep -q "the export of another run" a-other.txt
+check "--adapter over another run's adapter changed nothing" test "$(pair deep/er/adapter)" = r4
+rm deep/er/adapter/.strata-export.json  # as peft saved it: no lineage
+ex "${r16[@]}" --checkpoint ck-r16 --adapter deep/er/adapter >a-peft.txt 2>&1
+check "--adapter over a PEFT adapter names it" grep -q "holds a PEFT adapter (of .*, r 4)" a-peft.txt
+ex "${r16[@]}" --checkpoint ck-r16 --adapter deep/er/adapter --force >a-force2.txt 2>&1
+check "--adapter --force over another run's adapter exits 0" test $? -eq 0
+check "--adapter --force wrote the new pair" test "$(pair deep/er/adapter)" = r16
+ex --checkpoint ck-none --adapter "$fixture" >a-base.txt 2>&1
+check "--adapter into model.from_pretrained's directory is refused" \
+  grep -q "model.from_pretrained's directory" a-base.txt
+
+# The pair lands together: killed (SIGKILL, strace's fault injection) just before each rename,
+# exchange or removal an export makes, over the other run's adapter, the directory holds the old
+# pair or the new one.
+if strace -f -o /dev/null -e trace=rename -e inject=rename:signal=KILL:when=1 true 2>/dev/null; then
+  mixes=0 points=0
+  for sc in rename renameat renameat2 unlink unlinkat rmdir; do
+    for k in $(seq 1 12); do
+      ex --checkpoint ck-none --adapter pairs --force >/dev/null 2>&1  # the old pair: r4
+      strace -f -o /dev/null -e trace=$sc -e "inject=$sc:signal=KILL:when=$k" \
+        "$strata" export --config lora.json "${r16[@]}" --checkpoint ck-r16 --adapter pairs \
+        --force >/dev/null 2>&1 &
+      { wait $!; } 2>/dev/null
+      rc=$?
+      got=$(pair pairs)
+      case "$got" in
+        r4 | r16) ;;
+        *) mixes=$((mixes + 1)); echo "  killed before $sc #$k: $got" ;;
+      esac
+      [ $rc -eq 0 ] && break
+      points=$((points + 1))
+    done
+  done
+  check "killed before each of $points renames and removals: the old pair or the new one" \
+    test $mixes -eq 0
+else
+  echo "skipped: killing export --adapter before each rename (strace cannot trace here)"
+fi
+
+exit $fail
