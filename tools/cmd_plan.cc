@@ -9,14 +9,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/base/safe_file.h"
 #include "src/hf/hf_config.h"
 #include "src/model/architecture.h"
 #include "src/model/base_quant.h"
+#include "src/plan/plan.h"
 #include "strata/log.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
@@ -30,11 +35,62 @@ bool write_file(const std::string& path, const std::string& text) {
   return bool(out);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec);
+}
+
+// May --write-config write `a.cfg_out`? Never into --hf's model directory, nor over an input
+// (--config, --profile) or a file strata plan did not write (no strata.written_by mark) unless
+// --force.
+Status check_config_out(const PlanArgs& a) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string& out = a.cfg_out;
+  if (!a.hf_dir.empty()) {
+    const fs::path dir = fs::weakly_canonical(a.hf_dir, ec);
+    const fs::path parent = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
+    if (!dir.empty() && parent == dir) {
+      return invalid_argument(fmt::format(
+          "--write-config {} is in --hf's model directory {} (its config.json is the model's): "
+          "write the training config elsewhere",
+          out, a.hf_dir));
+    }
+  }
+  if (!fs::exists(out, ec)) return Status::ok();
+  for (const auto& [input, flag] : {std::pair{a.config_path, "--config"},
+                                    std::pair{a.profile_path, "--profile"}}) {
+    if (!same_file(out, input)) continue;
+    if (a.force && std::string(flag) == "--config") return Status::ok();
+    return invalid_argument(fmt::format(
+        "--write-config {} is the {} input; write the new config elsewhere{}", out, flag,
+        std::string(flag) == "--config" ? " (or add --force to replace it)" : ""));
+  }
+  if (a.force) return Status::ok();
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
+                                       /*ignore_comments=*/true);
+  const bool ours = j.is_object() && j.contains("strata") && j["strata"].is_object() &&
+                    j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
+  if (!ours) {
+    return invalid_argument(fmt::format(
+        "--write-config {} exists and was not written by strata plan (no strata.written_by "
+        "\"{}\"); give another path, or add --force to replace it",
+        out, kPlanWrittenBy));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
   PlanArgs a;
   if (const int rc = parse_plan_args(argc, argv, &a); rc >= 0) return rc;
+  if (!a.cfg_out.empty()) {
+    if (Status st = check_config_out(a); !st.is_ok()) return plan_fail(st);
+  }
 
   // The machine: a profile, else defaults for the a.backend.
   MachineProfile prof;
@@ -214,8 +270,10 @@ int cmd_plan(int argc, char** argv) {
                    a.cfg_out.c_str());
       return 1;
     }
-    if (!write_file(a.cfg_out, plan_config_json(*rep, rep->options[size_t(rep->best)]))) {
-      return plan_fail(io_error("writing " + a.cfg_out + ": " + std::strerror(errno)));
+    if (Status st = write_file_atomically(
+            a.cfg_out, plan_config_json(*rep, rep->options[size_t(rep->best)]), 0644);
+        !st.is_ok()) {
+      return plan_fail(st);
     }
     std::printf("config for %s written to %s (run: strata train --config %s)\n",
                 rep->options[size_t(rep->best)].placement.name.c_str(), a.cfg_out.c_str(),

@@ -96,6 +96,8 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
   if (finetune) c["train"]["export_dir"] = "runs/planned-hf";
+  // The mark by which `strata plan --write-config` knows a file it may replace.
+  c["strata"]["written_by"] = kPlanWrittenBy;
   return c.dump(2) + "\n";
 }
 
