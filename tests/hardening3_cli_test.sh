@@ -57,24 +57,8 @@ for quant in none int8 nf4; do
   check "lora $quant: not token 0 throughout ($got)" test "$got" != "[0, 0, 0, 0, 0, 0, 0, 0]"
 done
 
-# pair DIR: "r<R>" when adapter_config.json's r is the rank of every lora_A in
-# adapter_model.safetensors, "none" when neither file is there, else what is mixed.
-pair() {
-  python3 - "$1" <<'PY'
-import json, os, struct, sys
-d = sys.argv[1]
-c, w = d + "/adapter_config.json", d + "/adapter_model.safetensors"
-if not os.path.exists(c) and not os.path.exists(w):
-    sys.exit(print("none"))
-if not (os.path.exists(c) and os.path.exists(w)):
-    sys.exit(print("one file of two"))
-r = json.load(open(c))["r"]
-with open(w, "rb") as f:
-    h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-ranks = sorted({v["shape"][0] for k, v in h.items() if k.endswith("lora_A.weight")})
-print(f"r{r}" if ranks == [r] else f"mixed: config r {r}, weights of rank {ranks}")
-PY
-}
+# pair DIR: the adapter pair DIR holds (r<R>, none, or what is mixed).
+pair() { python3 "$repo/tests/adapter_pair.py" "$1"; }
 
 # export --adapter has --out's guards.
 ex() { "$strata" export --config lora.json "$@"; }
@@ -140,5 +124,47 @@ if strace -f -o /dev/null -e trace=rename -e inject=rename:signal=KILL:when=1 tr
 else
   echo "skipped: killing export --adapter before each rename (strace cannot trace here)"
 fi
+
+# plan --write-config writes over no input and no file it did not write (unless --force).
+plan=("$strata" plan --seq 16 --backend cpu)
+cp -r "$fixture" model-plan
+sum_before=$(md5sum <model-plan/config.json)
+"${plan[@]}" --hf model-plan --write-config model-plan/config.json >p-model.txt 2>&1
+check "plan --write-config over the --hf model's config.json exits 1" test $? -eq 1
+check "plan --write-config over the --hf model's config.json names it" \
+  grep -q "in --hf's model directory" p-model.txt
+check "plan --write-config left the model's config.json alone" \
+  test "$(md5sum <model-plan/config.json)" = "$sum_before"
+"${plan[@]}" --hf model-plan --write-config model-plan/config.json --force >p-model-f.txt 2>&1
+check "plan --write-config into --hf's directory is refused even with --force" test $? -eq 1
+cp lora.json input.json
+sum_before=$(md5sum <input.json)
+"${plan[@]}" --config input.json --write-config input.json >p-input.txt 2>&1
+check "plan --write-config over its --config input exits 1" test $? -eq 1
+check "plan --write-config over its --config input names it" grep -q "is the --config input" p-input.txt
+check "plan --write-config left its input alone" test "$(md5sum <input.json)" = "$sum_before"
+echo "notes" >notes.txt
+"${plan[@]}" --hf model-plan --write-config notes.txt >p-notes.txt 2>&1
+check "plan --write-config over a file it did not write exits 1" test $? -eq 1
+check "plan --write-config over a file it did not write says --force" grep -q -- "--force" p-notes.txt
+check "plan --write-config left that file alone" test "$(cat notes.txt)" = notes
+"${plan[@]}" --hf model-plan --write-config notes.txt --force >p-notes-f.txt 2>&1
+check "plan --write-config --force replaces it" grep -q '"written_by": "strata plan"' notes.txt
+"${plan[@]}" --hf model-plan --write-config planned.json >p-1.txt 2>&1 &&
+  "${plan[@]}" --hf model-plan --write-config planned.json >p-2.txt 2>&1
+check "plan --write-config replaces its own config without --force" test $? -eq 0
+check "plan's config loads as written (strata.written_by is a key)" \
+  "$strata" plan --config planned.json >p-load.txt 2>&1
+check "plan --help documents the mark and --force" grep -q "written_by" <("$strata" plan --help)
+
+# A token file whose prepare_data journal is still there is refused, naming the way out.
+python3 -c "
+import struct
+with open('tok.bin', 'wb') as f:
+    f.write(struct.pack('<256i', 20240520, 1, 64, *([0] * 253)) + struct.pack('<64H', *range(64)))"
+echo '{}' >tok.bin.commit
+"$strata" eval --config lora.json --set 'data.source="tok.bin"' >journal.txt 2>&1
+check "a token file beside its prepare_data journal is refused (rc 1)" test $? -eq 1
+check "the journal's message says to run prepare_data again" grep -q "run prepare_data.py again" journal.txt
 
 exit $fail
