@@ -167,4 +167,22 @@ echo '{}' >tok.bin.commit
 check "a token file beside its prepare_data journal is refused (rc 1)" test $? -eq 1
 check "the journal's message says to run prepare_data again" grep -q "run prepare_data.py again" journal.txt
 
+# Tokenizer failures name the real problem; only a missing library blames STRATA_PYTHON.
+gen=("$strata" generate --config lora.json --checkpoint ck-none)
+printf 'ab\xffc' >bad-utf8.txt
+"${gen[@]}" --prompt-file bad-utf8.txt >g-utf8.txt 2>&1
+check "generate: a prompt that is not UTF-8 is named (byte 2)" grep -q "not valid UTF-8: byte 2" g-utf8.txt
+check "generate: ... and STRATA_PYTHON is not blamed" test -z "$(grep STRATA_PYTHON g-utf8.txt)"
+mkdir -p no-tokenizer truncated
+"${gen[@]}" --prompt hi --tokenizer no-tokenizer >g-none.txt 2>&1
+check "generate: a directory without tokenizer files is named" grep -q "holds no tokenizer files" g-none.txt
+check "generate: ... and STRATA_PYTHON is not blamed" test -z "$(grep STRATA_PYTHON g-none.txt)"
+head -c 100 "$fixture/tokenizer.json" >truncated/tokenizer.json
+"${gen[@]}" --prompt hi --tokenizer truncated >g-trunc.txt 2>&1
+check "generate: a truncated tokenizer.json is named" grep -q "tokenizer.json is not valid JSON" g-trunc.txt
+check "generate: ... and STRATA_PYTHON is not blamed" test -z "$(grep STRATA_PYTHON g-trunc.txt)"
+"${gen[@]}" --prompt-ids "$(seq -s, 1 40)" >g-long.txt 2>&1
+check "generate: a prompt past the context gives its own length" \
+  grep -q "the prompt has 40 tokens, more than model.context 32" g-long.txt
+
 exit $fail
