@@ -185,4 +185,30 @@ check "generate: ... and STRATA_PYTHON is not blamed" test -z "$(grep STRATA_PYT
 check "generate: a prompt past the context gives its own length" \
   grep -q "the prompt has 40 tokens, more than model.context 32" g-long.txt
 
+# Absurd LoRA scaling and ranks are refused where they are given.
+"$strata" train --config lora.json --set lora.lora_alpha=1e30 --set 'train.checkpoint_dir="x-alpha"' \
+  >alpha.txt 2>&1
+check "lora_alpha 1e30 is refused (rc 1)" test $? -eq 1
+check "lora_alpha 1e30 is refused naming the scaling" grep -q "scaling 2.5e+29" alpha.txt
+"$strata" plan --hf "$fixture" --seq 16 --backend cpu --lora 100000 --write-config big-r.json \
+  >plan-r.txt 2>&1
+check "plan --lora 100000 is refused (rc 1)" test $? -eq 1
+check "plan --lora 100000 names lora.r's range" grep -q "lora.r: 100000 out of range" plan-r.txt
+check "plan --lora 100000 wrote no config" test ! -e big-r.json
+
+# data.eval_source: a short one is named as such; data.source's own file warns.
+python3 -c "
+import struct
+def w(p, n):
+    open(p, 'wb').write(struct.pack('<256i', 20240520, 1, n, *([0] * 253)) +
+                        struct.pack(f'<{n}H', *[i % 100 for i in range(n)]))
+w('big.bin', 4000); w('short.bin', 10)"
+ev=(--config lora.json --set 'data.source="big.bin"' --set 'train.checkpoint_dir="x-ev"')
+"$strata" train "${ev[@]}" --set 'data.eval_source="short.bin"' >ev-train.txt 2>&1
+check "train: a short data.eval_source is named" grep -q "data.eval_source: 'short.bin' holds 10 tokens" ev-train.txt
+"$strata" eval "${ev[@]}" --set 'data.eval_source="short.bin"' >ev-eval.txt 2>&1
+check "eval: a short data.eval_source is named" grep -q "data.eval_source: short.bin holds 10 tokens" ev-eval.txt
+"$strata" train "${ev[@]}" --set 'data.eval_source="big.bin"' --set train.steps=1 >ev-same.txt 2>&1
+check "data.eval_source = data.source warns" grep -q "data.eval_source 'big.bin' is data.source's file" ev-same.txt
+
 exit $fail

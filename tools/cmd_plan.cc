@@ -201,6 +201,14 @@ int cmd_plan(int argc, char** argv) {
     }
   }
   if (a.lora_r > 0) {
+    // The key table's ranges (lora.r at most 65536): the config written must be one strata
+    // train takes.
+    if (auto c = parse_config(
+            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
+            "--lora");
+        !c.is_ok()) {
+      return plan_fail(c.status());
+    }
     LoraConfig& l = req.model.shape.lora;
     l.enabled = true;
     l.r = a.lora_r;
@@ -270,9 +278,12 @@ int cmd_plan(int argc, char** argv) {
                    a.cfg_out.c_str());
       return 1;
     }
-    if (Status st = write_file_atomically(
-            a.cfg_out, plan_config_json(*rep, rep->options[size_t(rep->best)]), 0644);
-        !st.is_ok()) {
+    const std::string text = plan_config_json(*rep, rep->options[size_t(rep->best)]);
+    if (auto c = parse_config(text, a.cfg_out, {}, a.gpus); !c.is_ok()) {
+      return plan_fail(c.status().with_context(
+          "the config strata plan would write is one strata train refuses; change the flags"));
+    }
+    if (Status st = write_file_atomically(a.cfg_out, text, 0644); !st.is_ok()) {
       return plan_fail(st);
     }
     std::printf("config for %s written to %s (run: strata train --config %s)\n",
