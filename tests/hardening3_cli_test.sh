@@ -211,4 +211,22 @@ check "eval: a short data.eval_source is named" grep -q "data.eval_source: short
 "$strata" train "${ev[@]}" --set 'data.eval_source="big.bin"' --set train.steps=1 >ev-same.txt 2>&1
 check "data.eval_source = data.source warns" grep -q "data.eval_source 'big.bin' is data.source's file" ev-same.txt
 
+# Monitors: a directory that cannot be made is named with the errno text; an empty job_name
+# without an output_path is refused (the files would land among the checkpoints).
+tr1=(--config lora.json --set train.steps=1)
+echo x >afile
+"$strata" train "${tr1[@]}" --set 'train.checkpoint_dir="x-tb"' --set tensorboard.enabled=true \
+  --set 'tensorboard.output_path="afile/sub"' >tb-bad.txt 2>&1
+check "tensorboard: an output_path that cannot be made says why" \
+  grep -q "tensorboard.output_path: cannot create 'afile/sub/DeepSpeedJobName': Not a directory" tb-bad.txt
+"$strata" train "${tr1[@]}" --set 'train.checkpoint_dir="x-tb2"' --set tensorboard.enabled=true \
+  --set 'tensorboard.output_path="tb-new/deeper"' >tb-new.txt 2>&1
+check "tensorboard: a new output_path is created with its parents" \
+  test -n "$(ls tb-new/deeper/DeepSpeedJobName 2>/dev/null | grep tfevents)"
+"$strata" train "${tr1[@]}" --set 'train.checkpoint_dir="x-csv"' --set csv_monitor.enabled=true \
+  --set 'csv_monitor.job_name=""' >csv-empty.txt 2>&1
+check "csv_monitor.job_name \"\" without output_path is refused" \
+  grep -q "csv_monitor.job_name is empty" csv-empty.txt
+check "... and no CSV lands among the checkpoints" test -z "$(ls x-csv 2>/dev/null | grep csv)"
+
 exit $fail
