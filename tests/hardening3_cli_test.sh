@@ -229,4 +229,16 @@ check "csv_monitor.job_name \"\" without output_path is refused" \
   grep -q "csv_monitor.job_name is empty" csv-empty.txt
 check "... and no CSV lands among the checkpoints" test -z "$(ls x-csv 2>/dev/null | grep csv)"
 
+# A mixture's sizes from config.json are named by their config.json key.
+cp -r "$repo/tests/fixtures/hf/mixtral" mixtral
+python3 -c "
+import json
+c = json.load(open('mixtral/config.json')); c['num_local_experts'] = 70000
+json.dump(c, open('mixtral/config.json', 'w'))
+c = json.load(open('plain.json')); c['model'] = {'from_pretrained': 'mixtral', 'context': 16}
+json.dump(c, open('mixtral.json', 'w'))"
+"$strata" train --config mixtral.json >moe.txt 2>&1
+check "num_local_experts out of range is named as config.json names it" \
+  grep -q "mixtral/config.json: num_local_experts is beyond what strata trains" moe.txt
+
 exit $fail
