@@ -241,4 +241,10 @@ json.dump(c, open('mixtral.json', 'w'))"
 check "num_local_experts out of range is named as config.json names it" \
   grep -q "mixtral/config.json: num_local_experts is beyond what strata trains" moe.txt
 
+# strata.optimizer.defer without the overlap it applies to: a warning naming both keys.
+"$strata" plan --config lora.json --set strata.optimizer.overlap=false \
+  --set 'strata.optimizer.defer="always"' >defer.txt 2>&1
+check "defer with overlap off warns" \
+  grep -q "strata.optimizer.defer = always has no effect with strata.optimizer.overlap = false" defer.txt
+
 exit $fail
