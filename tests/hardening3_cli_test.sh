@@ -247,4 +247,16 @@ check "num_local_experts out of range is named as config.json names it" \
 check "defer with overlap off warns" \
   grep -q "strata.optimizer.defer = always has no effect with strata.optimizer.overlap = false" defer.txt
 
+# Resuming with another model: the differing field, and the way from a full fine-tune to LoRA.
+"$strata" train --config plain.json --set 'train.checkpoint_dir="full"' --set train.steps=2 \
+  >full.txt 2>&1
+"$strata" train --config lora.json --set 'train.checkpoint_dir="full"' --set train.steps=3 \
+  --resume >full-lora.txt 2>&1
+check "resuming a full fine-tune as LoRA says how (export, then from_pretrained)" \
+  grep -q "the checkpoint is a full fine-tune and the config adds LoRA adapters.*strata export --out DIR" full-lora.txt
+"$strata" train --config lora.json --set 'train.checkpoint_dir="ck-none"' --set train.steps=6 \
+  --set model.context=16 --resume >ctx.txt 2>&1
+check "resuming with another context names the one field" \
+  grep -q "differs from the config's: T 32 in the checkpoint, 16 in the config" ctx.txt
+
 exit $fail
