@@ -130,9 +130,10 @@ Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir
     if (code == 5) {
       return invalid_argument("the prompt cannot be tokenized (its message is above)");
     }
-    return unavailable(fmt::format("the tokenizer ({}) failed with status {} (its message is "
-                                   "above)",
-                                   cmd, code));
+    return unavailable(
+        fmt::format("the tokenizer ({}) failed with status {} (its message is "
+                    "above)",
+                    cmd, code));
   }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return internal_error("the tokenizer printed no JSON: " + text);

@@ -58,8 +58,8 @@ Status check_config_out(const PlanArgs& a) {
     }
   }
   if (!fs::exists(out, ec)) return Status::ok();
-  for (const auto& [input, flag] : {std::pair{a.config_path, "--config"},
-                                    std::pair{a.profile_path, "--profile"}}) {
+  for (const auto& [input, flag] :
+       {std::pair{a.config_path, "--config"}, std::pair{a.profile_path, "--profile"}}) {
     if (!same_file(out, input)) continue;
     if (a.force && std::string(flag) == "--config") return Status::ok();
     return invalid_argument(fmt::format(

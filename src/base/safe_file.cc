@@ -1,13 +1,12 @@
 #include "src/base/safe_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -168,8 +167,8 @@ Status write_directory_atomically(const std::string& dir, const std::vector<std:
       if (::lstat(from.c_str(), &es) == 0 && S_ISDIR(es.st_mode)) {
         subdirs.push_back(n);
       } else if (::link(from.c_str(), (tmp / n).c_str()) != 0) {  // a link itself, not followed
-        return fail(errno_status(errno, fmt::format("{}: keeping {} beside the new files", dir,
-                                                    from.string())));
+        return fail(errno_status(
+            errno, fmt::format("{}: keeping {} beside the new files", dir, from.string())));
       }
     }
   }

@@ -132,13 +132,13 @@ Status check_export_owner(const ExportTarget& t) {
                     marker.contains("step") ? fmt::format(", step {}", marker["step"].dump()) : "");
   } else if (files.count("adapter_config.json")) {
     const json adapter = read_json(t.dir + "/adapter_config.json");
-    const json base = adapter.is_object() ? adapter.value("base_model_name_or_path", json()) : json();
-    what = fmt::format("a PEFT adapter (of {}{})",
-                       base.is_string() && !base.get<std::string>().empty() ? base.dump()
-                                                                             : "an unnamed base",
-                       adapter.is_object() && adapter.contains("r")
-                           ? fmt::format(", r {}", adapter["r"].dump())
-                           : "");
+    const json base =
+        adapter.is_object() ? adapter.value("base_model_name_or_path", json()) : json();
+    what = fmt::format(
+        "a PEFT adapter (of {}{})",
+        base.is_string() && !base.get<std::string>().empty() ? base.dump() : "an unnamed base",
+        adapter.is_object() && adapter.contains("r") ? fmt::format(", r {}", adapter["r"].dump())
+                                                     : "");
   } else {
     const json config = read_json(t.dir + "/config.json");
     const bool arch = config.is_object() && config.contains("architectures") &&

@@ -267,13 +267,13 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
   if (arch.lora() != nullptr) {
     // A LoRA checkpoint holds the adapters alone: the base comes from model.from_pretrained
     // with the adapters merged in, exactly as `strata export` writes the model.
-    STRATA_RETURN_IF_ERROR(
-        merged_lora_modules(checkpoint, model, arch,
-                            [&](int m, const float* values) {
-                              std::copy(values, values + w[size_t(m)].size(), w[size_t(m)].begin());
-                              return Status::ok();
-                            }),
-        "generate");
+    STRATA_RETURN_IF_ERROR(merged_lora_modules(checkpoint, model, arch,
+                                               [&](int m, const float* values) {
+                                                 std::copy(values, values + w[size_t(m)].size(),
+                                                           w[size_t(m)].begin());
+                                                 return Status::ok();
+                                               }),
+                           "generate");
     return w;
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "generate");

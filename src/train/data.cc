@@ -96,7 +96,7 @@ Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
   std::string fmt_name = cfg.format;
   // tools/prepare_data.py's journal: a run killed while moving this file and its mask into
   // place (the pair may be mixed until the move is finished).
-  if (struct stat js {}; ::lstat((path + ".commit").c_str(), &js) == 0) {
+  if (struct stat js{}; ::lstat((path + ".commit").c_str(), &js) == 0) {
     return invalid_argument(fmt::format(
         "{}: '{}.commit' is there: tools/prepare_data.py was killed while moving '{}' and its "
         "mask into place; run prepare_data.py again with --out '{}' (it finishes the move first)",
