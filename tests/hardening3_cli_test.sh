@@ -156,6 +156,15 @@ check "plan --write-config replaces its own config without --force" test $? -eq 
 check "plan's config loads as written (strata.written_by is a key)" \
   "$strata" plan --config planned.json >p-load.txt 2>&1
 check "plan --help documents the mark and --force" grep -q "written_by" <("$strata" plan --help)
+# --json and --svg likewise: their own earlier output is replaced, nothing else.
+"${plan[@]}" --hf model-plan --json report.json --svg chart.svg >p-js1.txt 2>&1 &&
+  "${plan[@]}" --hf model-plan --json report.json --svg chart.svg >p-js2.txt 2>&1
+check "plan --json/--svg replace their own earlier output" test $? -eq 0
+"${plan[@]}" --hf model-plan --json notes.txt >p-json.txt 2>&1
+check "plan --json over a file it did not write exits 1" test $? -eq 1
+"${plan[@]}" --config input.json --svg input.json >p-svg.txt 2>&1
+check "plan --svg over its --config input exits 1" test $? -eq 1
+check "plan --svg left its input alone" test "$(md5sum <input.json)" = "$sum_before"
 
 # A token file whose prepare_data journal is still there is refused, naming the way out.
 python3 -c "

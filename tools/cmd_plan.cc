@@ -40,47 +40,59 @@ bool same_file(const std::string& a, const std::string& b) {
   return !a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec);
 }
 
-// May --write-config write `a.cfg_out`? Never into --hf's model directory, nor over an input
-// (--config, --profile) or a file strata plan did not write (no strata.written_by mark) unless
-// --force.
-Status check_config_out(const PlanArgs& a) {
+// The text of `path` ("" when it cannot be read).
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Was `text` (the file at an output path) written by strata plan as `flag`? --write-config's
+// config holds strata.written_by, --json's report the magic "strata-plan", --svg's chart
+// kPlanSvgMark.
+bool written_by_plan(const std::string& flag, const std::string& text) {
+  if (flag == "--svg") return text.find(kPlanSvgMark) != std::string::npos;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false,
+                                       /*ignore_comments=*/true);
+  if (!j.is_object()) return false;
+  if (flag == "--json") return j.value("magic", nlohmann::json()) == "strata-plan";
+  return j.contains("strata") && j["strata"].is_object() &&
+         j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
+}
+
+// May `flag` (--write-config, --json, --svg) write `out`? Never into --hf's model directory,
+// nor over an input (--config, --profile; --write-config over its --config with --force), nor
+// over a file strata plan did not write unless --force.
+Status check_plan_output(const PlanArgs& a, const std::string& out, const std::string& flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const std::string& out = a.cfg_out;
   if (!a.hf_dir.empty()) {
     const fs::path dir = fs::weakly_canonical(a.hf_dir, ec);
     const fs::path parent = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
     if (!dir.empty() && parent == dir) {
       return invalid_argument(fmt::format(
-          "--write-config {} is in --hf's model directory {} (its config.json is the model's): "
-          "write the training config elsewhere",
-          out, a.hf_dir));
+          "{} {} is in --hf's model directory {} (its config.json is the model's): write it "
+          "elsewhere",
+          flag, out, a.hf_dir));
     }
   }
   if (!fs::exists(out, ec)) return Status::ok();
-  for (const auto& [input, flag] :
+  for (const auto& [input, in_flag] :
        {std::pair{a.config_path, "--config"}, std::pair{a.profile_path, "--profile"}}) {
     if (!same_file(out, input)) continue;
-    if (a.force && std::string(flag) == "--config") return Status::ok();
-    return invalid_argument(fmt::format(
-        "--write-config {} is the {} input; write the new config elsewhere{}", out, flag,
-        std::string(flag) == "--config" ? " (or add --force to replace it)" : ""));
+    const bool may = flag == "--write-config" && std::string(in_flag) == "--config";
+    if (a.force && may) return Status::ok();
+    return invalid_argument(fmt::format("{} {} is the {} input; write it elsewhere{}", flag, out,
+                                        in_flag, may ? " (or add --force to replace it)" : ""));
   }
-  if (a.force) return Status::ok();
-  std::ifstream in(out);
-  std::stringstream text;
-  text << in.rdbuf();
-  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false,
-                                       /*ignore_comments=*/true);
-  const bool ours = j.is_object() && j.contains("strata") && j["strata"].is_object() &&
-                    j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
-  if (!ours) {
-    return invalid_argument(fmt::format(
-        "--write-config {} exists and was not written by strata plan (no strata.written_by "
-        "\"{}\"); give another path, or add --force to replace it",
-        out, kPlanWrittenBy));
-  }
-  return Status::ok();
+  if (a.force || written_by_plan(flag, read_text(out))) return Status::ok();
+  return invalid_argument(fmt::format(
+      "{} {} exists and was not written by strata plan{}; give another path, or add --force to "
+      "replace it",
+      flag, out,
+      flag == "--write-config" ? fmt::format(" (no strata.written_by \"{}\")", kPlanWrittenBy)
+                               : ""));
 }
 
 }  // namespace
@@ -88,8 +100,10 @@ Status check_config_out(const PlanArgs& a) {
 int cmd_plan(int argc, char** argv) {
   PlanArgs a;
   if (const int rc = parse_plan_args(argc, argv, &a); rc >= 0) return rc;
-  if (!a.cfg_out.empty()) {
-    if (Status st = check_config_out(a); !st.is_ok()) return plan_fail(st);
+  for (const auto& [out, flag] : {std::pair{a.cfg_out, "--write-config"},
+                                  std::pair{a.json_path, "--json"}, std::pair{a.svg_path, "--svg"}}) {
+    if (out.empty()) continue;
+    if (Status st = check_plan_output(a, out, flag); !st.is_ok()) return plan_fail(st);
   }
 
   // The machine: a profile, else defaults for the a.backend.

@@ -63,8 +63,9 @@ constexpr const char* kUsage =
     "                       plan\"); an existing FILE is replaced only when it holds that\n"
     "                       mark and is not an input (--config, --profile); never a file\n"
     "                       in --hf's directory\n"
-    "  --force              --write-config may replace a file it did not write, or its\n"
-    "                       --config input\n"
+    "  --force              --write-config, --json and --svg may replace a file strata\n"
+    "                       plan did not write (--write-config also its --config input);\n"
+    "                       without it an existing FILE is replaced only when plan wrote it\n"
     "  --max-model          capacity mode: the most layers (at this width) that still fit\n"
     "  --validate           with --config: train it, print predicted vs measured step time and\n"
     "                       peak bytes per tier\n";
