@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/prepare_data.py as a user meets it: every bad input is one line naming the file and the
 line (exit 1, no traceback), memory stays bounded on a 16 MB line, an empty training or
-validation file is refused (no exit 0), the input is never overwritten; the output is the
+validation file is refused (no exit 0), the input is never overwritten (nor removed as a stale
+mask), a run killed at any moment leaves the old outputs or the new ones; the output is the
 llm.c token file strata reads.
 
 The command runs with a test double of `transformers` (a byte-level AutoTokenizer: id = byte
