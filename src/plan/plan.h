@@ -315,9 +315,9 @@ std::string plan_config_json(const PlanReport& report, const PlanOption& option)
 // The value of strata.written_by in every config plan_config_json writes: `strata plan
 // --write-config` replaces an existing file only when it holds this mark (or with --force).
 inline constexpr const char* kPlanWrittenBy = "strata plan";
-// The comment every chart plan_svg draws starts with: `strata plan --svg` replaces an existing
+// The description every chart plan_svg draws holds: `strata plan --svg` replaces an existing
 // file only when it holds it (or with --force).
-inline constexpr const char* kPlanSvgMark = "<!-- written by strata plan -->";
+inline constexpr const char* kPlanSvgMark = "<desc>written by strata plan</desc>";
 std::string plan_json(const PlanReport& report);
 std::string plan_table(const PlanReport& report);
 // Stacked bars (one per placement) of the time terms, the step time marked; standalone SVG.
