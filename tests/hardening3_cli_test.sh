@@ -93,6 +93,11 @@ check "--adapter over a PEFT adapter names it" grep -q "holds a PEFT adapter (of
 ex "${r16[@]}" --checkpoint ck-r16 --adapter deep/er/adapter --force >a-force2.txt 2>&1
 check "--adapter --force over another run's adapter exits 0" test $? -eq 0
 check "--adapter --force wrote the new pair" test "$(pair deep/er/adapter)" = r16
+# A merged export and an adapter do not share a directory, even of the same run.
+ex --checkpoint ck-none --out merged-none/../shared >a-out.txt 2>&1
+ex --checkpoint ck-none --adapter shared >a-shared.txt 2>&1
+check "--adapter into this run's merged export is refused" grep -q "this run's merged export" a-shared.txt
+check "... and the merged export is still there" test -e shared/config.json -a -e shared/model.safetensors
 ex --checkpoint ck-none --adapter "$fixture" >a-base.txt 2>&1
 check "--adapter into model.from_pretrained's directory is refused" \
   grep -q "model.from_pretrained's directory" a-base.txt

@@ -99,7 +99,8 @@ int cmd_export(int argc, char** argv) {
                               meta->step,
                               cfg->model.from_pretrained,
                               force,
-                              ", or add --force to replace it"};
+                              ", or add --force to replace it",
+                              /*adapter=*/true};
     if (Status st = export_as_owner(
             target, [&] { return export_adapter(checkpoint, cfg->model, adapter); });
         !st.is_ok()) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -118,7 +119,12 @@ Status check_export_owner(const ExportTarget& t) {
       marker.is_object() && marker.contains("run_id") && marker["run_id"].is_string()
           ? marker["run_id"].get<std::string>()
           : "";
-  if (!owner.empty() && owner == t.run_id) return Status::ok();  // this lineage's export
+  // A merged model and an adapter do not share a directory: replacing one with the other
+  // would remove the other's files, even when both are this lineage's.
+  const bool other_kind = std::any_of(files.begin(), files.end(), [&](const auto& f) {
+    return (f.first.rfind("adapter_", 0) == 0) != t.adapter;
+  });
+  if (!owner.empty() && owner == t.run_id && !other_kind) return Status::ok();  // this lineage's
   std::string names;
   int listed = 0;
   for (const auto& [name, id] : files) {
@@ -126,7 +132,9 @@ Status check_export_owner(const ExportTarget& t) {
   }
   if (files.size() > 4) names += fmt::format(" and {} more", files.size() - 4);
   std::string what;
-  if (!owner.empty()) {
+  if (!owner.empty() && owner == t.run_id) {
+    what = t.adapter ? "this run's merged export" : "this run's adapter";
+  } else if (!owner.empty()) {
     what =
         fmt::format("the export of another run (lineage {}{})", owner,
                     marker.contains("step") ? fmt::format(", step {}", marker["step"].dump()) : "");

@@ -37,6 +37,8 @@ struct ExportTarget {
   std::string from_pretrained;  // model.from_pretrained ("" none): never written
   bool force = false;           // replace whatever model is there
   std::string force_hint;       // appended to a refusal: how to force it ("" none)
+  bool adapter = false;         // a PEFT adapter (export --adapter), not a merged model: the
+                                // two never share a directory without `force`
 };
 
 // The checks that need no lineage, for a preflight before any training: the directory is not
