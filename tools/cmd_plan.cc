@@ -9,14 +9,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/base/safe_file.h"
 #include "src/hf/hf_config.h"
 #include "src/model/architecture.h"
 #include "src/model/base_quant.h"
+#include "src/plan/plan.h"
 #include "strata/log.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
@@ -30,11 +35,76 @@ bool write_file(const std::string& path, const std::string& text) {
   return bool(out);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec);
+}
+
+// The text of `path` ("" when it cannot be read).
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Was `text` (the file at an output path) written by strata plan as `flag`? --write-config's
+// config holds strata.written_by, --json's report the magic "strata-plan", --svg's chart
+// kPlanSvgMark.
+bool written_by_plan(const std::string& flag, const std::string& text) {
+  if (flag == "--svg") return text.find(kPlanSvgMark) != std::string::npos;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false,
+                                       /*ignore_comments=*/true);
+  if (!j.is_object()) return false;
+  if (flag == "--json") return j.value("magic", nlohmann::json()) == "strata-plan";
+  return j.contains("strata") && j["strata"].is_object() &&
+         j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
+}
+
+// May `flag` (--write-config, --json, --svg) write `out`? Never into --hf's model directory,
+// nor over an input (--config, --profile; --write-config over its --config with --force), nor
+// over a file strata plan did not write unless --force.
+Status check_plan_output(const PlanArgs& a, const std::string& out, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!a.hf_dir.empty()) {
+    const fs::path dir = fs::weakly_canonical(a.hf_dir, ec);
+    const fs::path parent = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
+    if (!dir.empty() && parent == dir) {
+      return invalid_argument(fmt::format(
+          "{} {} is in --hf's model directory {} (its config.json is the model's): write it "
+          "elsewhere",
+          flag, out, a.hf_dir));
+    }
+  }
+  if (!fs::exists(out, ec)) return Status::ok();
+  for (const auto& [input, in_flag] :
+       {std::pair{a.config_path, "--config"}, std::pair{a.profile_path, "--profile"}}) {
+    if (!same_file(out, input)) continue;
+    const bool may = flag == "--write-config" && std::string(in_flag) == "--config";
+    if (a.force && may) return Status::ok();
+    return invalid_argument(fmt::format("{} {} is the {} input; write it elsewhere{}", flag, out,
+                                        in_flag, may ? " (or add --force to replace it)" : ""));
+  }
+  if (a.force || written_by_plan(flag, read_text(out))) return Status::ok();
+  return invalid_argument(fmt::format(
+      "{} {} exists and was not written by strata plan{}; give another path, or add --force to "
+      "replace it",
+      flag, out,
+      flag == "--write-config" ? fmt::format(" (no strata.written_by \"{}\")", kPlanWrittenBy)
+                               : ""));
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
   PlanArgs a;
   if (const int rc = parse_plan_args(argc, argv, &a); rc >= 0) return rc;
+  for (const auto& [out, flag] : {std::pair{a.cfg_out, "--write-config"},
+                                  std::pair{a.json_path, "--json"}, std::pair{a.svg_path, "--svg"}}) {
+    if (out.empty()) continue;
+    if (Status st = check_plan_output(a, out, flag); !st.is_ok()) return plan_fail(st);
+  }
 
   // The machine: a profile, else defaults for the a.backend.
   MachineProfile prof;
@@ -145,6 +215,14 @@ int cmd_plan(int argc, char** argv) {
     }
   }
   if (a.lora_r > 0) {
+    // The key table's ranges (lora.r at most 65536): the config written must be one strata
+    // train takes.
+    if (auto c = parse_config(
+            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
+            "--lora");
+        !c.is_ok()) {
+      return plan_fail(c.status());
+    }
     LoraConfig& l = req.model.shape.lora;
     l.enabled = true;
     l.r = a.lora_r;
@@ -214,8 +292,13 @@ int cmd_plan(int argc, char** argv) {
                    a.cfg_out.c_str());
       return 1;
     }
-    if (!write_file(a.cfg_out, plan_config_json(*rep, rep->options[size_t(rep->best)]))) {
-      return plan_fail(io_error("writing " + a.cfg_out + ": " + std::strerror(errno)));
+    const std::string text = plan_config_json(*rep, rep->options[size_t(rep->best)]);
+    if (auto c = parse_config(text, a.cfg_out, {}, a.gpus); !c.is_ok()) {
+      return plan_fail(c.status().with_context(
+          "the config strata plan would write is one strata train refuses; change the flags"));
+    }
+    if (Status st = write_file_atomically(a.cfg_out, text, 0644); !st.is_ok()) {
+      return plan_fail(st);
     }
     std::printf("config for %s written to %s (run: strata train --config %s)\n",
                 rep->options[size_t(rep->best)].placement.name.c_str(), a.cfg_out.c_str(),

@@ -687,6 +687,16 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
   if (st.is_ok()) st = resolve(&ctx, world_size);
   if (!st.is_ok()) return st.with_context(origin);
   list_not_acted_on(&ctx);
+  // strata.optimizer.defer says where an overlapped step that clipping holds back runs: without
+  // the overlap there is no such step, and the key does nothing.
+  if (ctx.given.count("strata.optimizer.defer") && !ctx.cfg.strata.optimizer_overlap &&
+      ctx.cfg.strata.optimizer_defer != "auto") {
+    log_warn(
+        "{}: strata.optimizer.defer = {} has no effect with strata.optimizer.overlap = false "
+        "(every step runs after backward); set strata.optimizer.overlap = true to use it, or "
+        "remove it",
+        origin, ctx.cfg.strata.optimizer_defer);
+  }
   return std::move(ctx.cfg);
 }
 

@@ -566,6 +566,10 @@ std::vector<Key> build_table() {
   group("strata: strata");
   add(F("strata.io.checksum", Bool(), STRATA_M(strata.io_checksum), "CRC32C per swapped extent",
         nullptr));
+  add(U("strata.written_by", Str(), "null",
+        "what wrote this config: `strata plan --write-config` writes \"strata plan\" and replaces "
+        "an existing file only when it holds that mark (else --force)",
+        nullptr));
   add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
         "dtype of Adam moments", nullptr));
   add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),

@@ -155,9 +155,6 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
   if (L == nullptr) {
     return invalid_argument("--adapter: the model has no LoRA adapters (no \"lora\" section)");
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return errno_status(errno, dir);
-  }
   // safetensors: u64 header length, the JSON header, the data (fp32, in the header's order).
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
@@ -195,8 +192,15 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
               {"use_dora", false},
               {"use_rslora", false},
               {"modules_to_save", nullptr}};
-  STRATA_RETURN_IF_ERROR(write_file_atomically(dir + "/adapter_model.safetensors", file, 0644), "");
-  return write_file_atomically(dir + "/adapter_config.json", cfg.dump(2) + "\n", 0644);
+  // PEFT reads adapter_config.json, then adapter_model.safetensors (else adapter_model.bin): the
+  // three are replaced together, so a reader never pairs one run's config with another's weights.
+  return write_directory_atomically(
+      dir, {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"},
+      [&](const std::string& tmp) -> Status {
+        STRATA_RETURN_IF_ERROR(
+            write_file_atomically(tmp + "/adapter_model.safetensors", file, 0644), "");
+        return write_file_atomically(tmp + "/adapter_config.json", cfg.dump(2) + "\n", 0644);
+      });
 }
 
 Result<std::vector<std::vector<float>>> read_checkpoint_adapters(const std::string& checkpoint,
@@ -252,9 +256,11 @@ Status export_adapter(const std::string& checkpoint, const ModelConfig& model,
   });
 }
 
-Status export_merged(const std::string& checkpoint, const ModelConfig& model,
-                     const Architecture& arch, HfCheckpointWriter& writer) {
+Status merged_lora_modules(const std::string& checkpoint, const ModelConfig& model,
+                           const Architecture& arch,
+                           const std::function<Status(int m, const float* values)>& sink) {
   const ModelLayout& layout = arch.layout();
+  STRATA_CHECK(arch.lora() != nullptr, "merged_lora_modules of a model without adapters");
   STRATA_ASSIGN_OR_RETURN(auto adapters, read_checkpoint_adapters(checkpoint, arch), "export");
   std::unique_ptr<HfCheckpointReader> base;
   if (!model.from_pretrained.empty()) {
@@ -280,9 +286,16 @@ Status export_merged(const std::string& checkpoint, const ModelConfig& model,
       const size_t l = std::stoul(name.substr(6));
       lora_merge(*arch.lora(), layout.modules[m], adapters[size_t(first) + l].data(), w.data());
     }
-    STRATA_RETURN_IF_ERROR(writer.write_module(int(m), w.data()), "export");
+    STRATA_RETURN_IF_ERROR(sink(int(m), w.data()), layout.modules[m].name);
   }
   return Status::ok();
+}
+
+Status export_merged(const std::string& checkpoint, const ModelConfig& model,
+                     const Architecture& arch, HfCheckpointWriter& writer) {
+  return merged_lora_modules(checkpoint, model, arch, [&](int m, const float* values) {
+    return writer.write_module(m, values);
+  });
 }
 
 }  // namespace strata

@@ -37,6 +37,16 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
   if (lora.r < 1) {
     return invalid_argument(fmt::format("lora.r: {} must be >= 1", lora.r));
   }
+  // The adapters' update is multiplied by lora_alpha / r: 0 learns nothing, and past
+  // kMaxLoraScaling one step moves the model by that many times the learning rate (it trains
+  // a dead model without a word).
+  const double scaling = lora.scaling();
+  if (!(scaling > 0) || !(scaling <= kMaxLoraScaling)) {
+    return invalid_argument(fmt::format(
+        "lora.lora_alpha {:g} / lora.r {} = scaling {:g}: the adapters' update is multiplied by "
+        "it, so it must be in (0, {:g}]; PEFT's usual lora_alpha is r to 2r (scaling 1 to 2)",
+        lora.alpha, lora.r, scaling, kMaxLoraScaling));
+  }
   const std::vector<std::string> targets =
       lora.target_modules.empty() ? lora_default_targets(type) : lora.target_modules;
   std::vector<bool> chosen(sites.size(), false);

@@ -60,6 +60,11 @@ struct LoraLayout {
   bool empty() const { return targets.empty(); }
 };
 
+// The largest lora_alpha / r lora_layout accepts: past it one step moves the model by that many
+// times the learning rate (PEFT's usual scaling is 1 to 2; rsLoRA's alpha / sqrt(r) stays far
+// below it too).
+inline constexpr double kMaxLoraScaling = 1000;
+
 // PEFT's default target_modules for a model type (llama: q_proj, v_proj; gpt2: c_attn).
 std::vector<std::string> lora_default_targets(const std::string& type);
 

@@ -312,6 +312,12 @@ TierOptions tier_options_of(const PlanRequest& request, const Placement& placeme
 // The config (JSON text) `strata train` runs as is for `option`: model, batch, precision,
 // zero_optimization offload sections (nvme_path from hw.nvme_paths), aio block, prefetch.
 std::string plan_config_json(const PlanReport& report, const PlanOption& option);
+// The value of strata.written_by in every config plan_config_json writes: `strata plan
+// --write-config` replaces an existing file only when it holds this mark (or with --force).
+inline constexpr const char* kPlanWrittenBy = "strata plan";
+// The description every chart plan_svg draws holds: `strata plan --svg` replaces an existing
+// file only when it holds it (or with --force).
+inline constexpr const char* kPlanSvgMark = "<desc>written by strata plan</desc>";
 std::string plan_json(const PlanReport& report);
 std::string plan_table(const PlanReport& report);
 // Stacked bars (one per placement) of the time terms, the step time marked; standalone SVG.

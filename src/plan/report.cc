@@ -96,6 +96,8 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
   if (finetune) c["train"]["export_dir"] = "runs/planned-hf";
+  // The mark by which `strata plan --write-config` knows a file it may replace.
+  c["strata"]["written_by"] = kPlanWrittenBy;
   return c.dump(2) + "\n";
 }
 
@@ -353,10 +355,10 @@ std::string plan_svg(const PlanReport& rep) {
                          "collectives"};
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n{}\n<rect width=\"100%\" height=\"100%\" "
       "fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">strata "
       "plan: {} ({:.3g}B params), {} x {} tokens x {} micro-batches, {} rank(s)</text>\n",
-      W, H, rep.request.model.name, double(rep.params) / 1e9, rep.request.micro_batch,
+      W, H, kPlanSvgMark, rep.request.model.name, double(rep.params) / 1e9, rep.request.micro_batch,
       rep.request.seq, rep.request.accumulation, rep.request.hw.gpus);
   for (int k = 0; k < 5; ++k) {
     s += fmt::format(

@@ -184,10 +184,10 @@ Status Run::setup() {
   // (A packed split has a window with a loss target: Dataset::load checks it.)
   if (eval_only_ && !d.eval_packed() && d.eval_tokens() < size_t(T_) + 1) {
     return invalid_argument(fmt::format(
-        "data.source: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
+        "{}: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
         "longer token file, or a shorter data.seq_len",
-        data_cfg.source, d.eval_tokens(), T_ + 1,
-        cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
+        cfg_.data.eval_source.empty() ? "data.source" : "data.eval_source", data_cfg.source,
+        d.eval_tokens(), T_ + 1, cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
   }
   if (!eval_only_ && ((!d.train_packed() && d.train_tokens() < size_t(T_) + 2) ||
                       (!d.eval_packed() && d.eval_tokens() < size_t(T_) + 2))) {
