@@ -69,24 +69,20 @@ TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
 }
 
 Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOption& pl) {
-  const ModelConfig& m = r.model.shape;
-  if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.n_embd % m.n_head != 0 ||
-      m.vocab_size < 2 || m.context < 1) {
-    return invalid_argument(fmt::format(
-        "model {}: layers {}, width {}, heads {}, vocab {}, context {}: all must be >= 1 and "
-        "width divisible by heads",
-        r.model.name, m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.context));
-  }
+  // The shape is the model's to check (create_architecture: the decoder skeleton's checks and
+  // its blocks'); the batch and the machine are the request's.
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const Architecture> arch,
+                          create_architecture(r.model.shape), "model " + r.model.name);
   if (r.micro_batch < 1 || r.seq < 1 || r.accumulation < 1 || r.hw.gpus < 1) {
     return invalid_argument("--batch, --seq, accumulation and --gpus must be >= 1");
   }
-  if (r.seq > m.context) {
+  if (r.seq > r.model.shape.context) {
     return invalid_argument(
-        fmt::format("--seq {} exceeds the model's context {}", r.seq, m.context));
+        fmt::format("--seq {} exceeds the model's context {}", r.seq, r.model.shape.context));
   }
   const Placement& where = pl.where;
   // plan_memory names the model in its errors.
-  STRATA_ASSIGN_OR_RETURN(PlanMemory mem, plan_memory(r, where), "");
+  STRATA_ASSIGN_OR_RETURN(PlanMemory mem, plan_memory(r, where, std::move(arch)), "");
   const PlanPeaks peaks = plan_peaks(r, where, mem);
   PlanTime time = plan_time(r, where, mem, peaks);
 

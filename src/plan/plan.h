@@ -282,7 +282,9 @@ struct PlanReport {
 
 // Evaluates every placement option. Fails only on a malformed request (kInvalidArgument).
 Result<PlanReport> make_plan(const PlanRequest& request);
-// Evaluates one placement.
+// Evaluates one placement: the request's checks (the model's shape by create_architecture's
+// own, the batch, the sequence within the context), then plan_memory, plan_peaks and plan_time
+// (src/plan/plan_parts.h). A malformed request is kInvalidArgument.
 Result<PlanOption> evaluate_placement(const PlanRequest& request, const PlacementOption& p);
 
 // The placement a parsed config asks for: the engine's parse_placement (zero_optimization.

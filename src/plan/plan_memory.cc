@@ -105,11 +105,10 @@ StateBytes state_bytes_of(const std::vector<ModuleHomes>& homes, const ModelLayo
   return s;
 }
 
-Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where) {
+Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where,
+                               std::shared_ptr<const Architecture> arch) {
   PlanMemory mem;
   const uint64_t W = uint64_t(r.hw.gpus);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Architecture> arch, create_architecture(r.model.shape),
-                          "model " + r.model.name);
   mem.arch = std::move(arch);
   const Architecture& a = *mem.arch;
   mem.acts = a.activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
@@ -130,28 +129,11 @@ Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where) {
   TierNeeds& needs = mem.needs;
   needs = tier_needs(mem.homes, to, r.hw.gpus, r.dtype, mem.acts.bytes, a.program(Pass::kTrain),
                      mem.zeropp);
-  // strata.grouped_forwards: TierManager::create's choice, and the device's sets.
-  const uint64_t dev_cap = r.hw.gpu_mem > 0 ? uint64_t(r.hw.gpu_mem) : UINT64_MAX;
-  if (to.forward_group == 0) {
-    uint64_t param_cache = 0;
-    for (const ModuleHomes& h : mem.homes) {
-      if (h.params.tier != Tier::kDevice) param_cache += h.params.bytes;
-    }
-    TierOptions most = to;
-    most.forward_group = to.forward_group_max;
-    const size_t parts = tier_needs(mem.homes, most, r.hw.gpus, r.dtype, mem.acts.bytes,
-                                    a.program(Pass::kTrain), mem.zeropp)
-                             .device.grad_parts;
-    to.forward_group = auto_forward_group(to.forward_group_max, needs, mem.acts.slot_bytes, parts,
-                                          dev_cap, param_cache, W > 1);
-  }
-  const int K = std::max(1, to.forward_group);
-  mem.forward_group = K;
-  if (K > 1) {
-    needs = tier_needs(mem.homes, to, r.hw.gpus, r.dtype,
-                       mem.acts.bytes + mem.acts.slot_bytes * size_t(K - 1),
-                       a.program(Pass::kTrain), mem.zeropp);
-  }
+  // strata.grouped_forwards as TierManager::create resolves it, and the device's sets.
+  to.forward_group = resolve_forward_group(
+      mem.homes, to, r.hw.gpus, r.dtype, mem.acts.bytes, a.program(Pass::kTrain), mem.zeropp,
+      r.hw.gpu_mem > 0 ? size_t(r.hw.gpu_mem) : SIZE_MAX, W > 1, &needs);
+  mem.forward_group = std::max(1, to.forward_group);
 
   // The node's bytes per tier: the host tier of one node holds every local rank's state and
   // staging, and so do its NVMe paths.

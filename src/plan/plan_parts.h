@@ -78,8 +78,10 @@ struct PlanMemory {
   std::vector<std::string> why;     // each shortfall, with needed vs available
   StateBytes state;                 // sizes per kind and tier, for the peaks and the time
 };
-// Fails on a model the architecture refuses or a placement module_homes refuses.
-Result<PlanMemory> plan_memory(const PlanRequest& request, const Placement& where);
+// `arch` is create_architecture of request.model.shape. Fails on a placement module_homes
+// refuses (naming the model).
+Result<PlanMemory> plan_memory(const PlanRequest& request, const Placement& where,
+                               std::shared_ptr<const Architecture> arch);
 
 // ---- peaks -----------------------------------------------------------------------------------
 
