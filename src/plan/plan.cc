@@ -45,25 +45,48 @@ std::vector<PlacementOption> placement_options() {
 Config plan_default_config() {
   Config c;
   c.gradient_clipping = 1.0;
+  c.train_micro_batch_size_per_gpu = 1;
+  c.gradient_accumulation_steps = 1;
   return c;
+}
+
+void PlanRequest::set_model(const PlanModel& m) {
+  const DType dt = config.model.dtype;
+  model_name = m.name;
+  model_note = m.note;
+  config.model = m.shape;
+  config.model.dtype = dt;
+}
+
+ActivationMode PlanRequest::activations() const {
+  auto mode = parse_activation_mode(config.strata.activations);  // the parser checked the name
+  return mode.is_ok() ? *mode : ActivationMode::kKeep;
+}
+
+ZeroPPOptions PlanRequest::zeropp() const {
+  ZeroPPOptions z;
+  z.quantized_weights = config.zero.zero_quantized_weights;
+  z.hpz_partition_size = config.zero.zero_hpz_partition_size;
+  z.quantized_gradients = config.zero.zero_quantized_gradients;
+  return z;
 }
 
 TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
                             const ActivationSizes& acts) {
-  Config c = r.engine;
+  Config c = r.config;
   c.strata.host_memory_limit = size_t(r.hw.host_mem / uint64_t(std::max(1, r.hw.gpus)));
-  TierOptions to = TierOptions::from_config(c, r.dtype);
+  TierOptions to = TierOptions::from_config(c, r.dtype());
   to.placement = placement;
   to.nvme_paths = r.hw.nvme_paths;
   to.stash_layers = acts.stash_layers;
   to.stash_bytes = acts.stash_bytes;
   to.activation_slot_bytes = acts.slot_bytes;
   // strata.grouped_forwards for the request's accumulation and activations.
-  c.gradient_accumulation_steps = std::max(1, r.accumulation);
+  c.gradient_accumulation_steps = std::max(1, r.accumulation());
   to.forward_group_max =
-      r.activations != ActivationMode::kOffload ? strata::forward_group_max(c) : 1;
-  if (to.forward_group > r.accumulation || r.activations == ActivationMode::kOffload) {
-    to.forward_group = r.activations == ActivationMode::kOffload ? 1 : r.accumulation;
+      r.activations() != ActivationMode::kOffload ? strata::forward_group_max(c) : 1;
+  if (to.forward_group > r.accumulation() || r.activations() == ActivationMode::kOffload) {
+    to.forward_group = r.activations() == ActivationMode::kOffload ? 1 : r.accumulation();
   }
   return to;
 }
@@ -72,13 +95,13 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
   // The shape is the model's to check (create_architecture: the decoder skeleton's checks and
   // its blocks'); the batch and the machine are the request's.
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const Architecture> arch,
-                          create_architecture(r.model.shape), "model " + r.model.name);
-  if (r.micro_batch < 1 || r.seq < 1 || r.accumulation < 1 || r.hw.gpus < 1) {
+                          create_architecture(r.config.model), "model " + r.model_name);
+  if (r.micro_batch() < 1 || r.seq() < 1 || r.accumulation() < 1 || r.hw.gpus < 1) {
     return invalid_argument("--batch, --seq, accumulation and --gpus must be >= 1");
   }
-  if (r.seq > r.model.shape.context) {
+  if (r.seq() > r.config.model.context) {
     return invalid_argument(
-        fmt::format("--seq {} exceeds the model's context {}", r.seq, r.model.shape.context));
+        fmt::format("--seq {} exceeds the model's context {}", r.seq(), r.config.model.context));
   }
   const Placement& where = pl.where;
   // plan_memory names the model in its errors.
@@ -123,7 +146,7 @@ Result<PlanOption> evaluate_placement(const PlanRequest& r, const PlacementOptio
 Result<PlanReport> make_plan(const PlanRequest& request) {
   PlanReport rep;
   rep.request = request;
-  if (auto arch = create_architecture(request.model.shape); arch.is_ok()) {
+  if (auto arch = create_architecture(request.config.model); arch.is_ok()) {
     rep.params = (*arch)->layout().num_params();
     rep.model = (*arch)->describe();
   }
@@ -157,13 +180,13 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
     // The gradients go where TierManager::create would put them, by the same function over the
     // same options (one rank's).
     const PlanRequest& r = report.request;
-    STRATA_ASSIGN_OR_RETURN(const auto arch, create_architecture(r.model.shape),
-                            "model " + r.model.name);
+    STRATA_ASSIGN_OR_RETURN(const auto arch, create_architecture(r.config.model),
+                            "model " + r.model_name);
     const ActivationSizes acts =
-        arch->activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
+        arch->activation_plan(r.micro_batch(), r.seq(), r.dtype(), r.activations());
     TierOptions to = tier_options_of(r, p.where, acts);
     to.grads_auto = true;
-    const Tier g = default_grads_tier(*arch, to, r.hw.gpus, r.dtype, r.moment_dtype, acts.bytes);
+    const Tier g = default_grads_tier(*arch, to, r.hw.gpus, r.dtype(), r.moment_dtype(), acts.bytes);
     if (g != p.where.grads) {
       p.where.grads = g;
       p.name = "config";
@@ -184,18 +207,9 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile) {
   PlanRequest r;
-  r.model = {"config", cfg.model, ""};
-  r.micro_batch = int(cfg.train_micro_batch_size_per_gpu);
-  r.seq = cfg.data.seq_len > 0 ? cfg.data.seq_len : cfg.model.context;
-  r.accumulation = int(cfg.gradient_accumulation_steps);
-  r.dtype = cfg.model.dtype;
-  r.moment_dtype = cfg.strata.moment_dtype;
-  r.engine = cfg;
-  r.zeropp.quantized_weights = cfg.zero.zero_quantized_weights;
-  r.zeropp.hpz_partition_size = cfg.zero.zero_hpz_partition_size;
-  r.zeropp.quantized_gradients = cfg.zero.zero_quantized_gradients;
-  auto mode = parse_activation_mode(cfg.strata.activations);  // the parser checked the name
-  r.activations = mode.is_ok() ? *mode : ActivationMode::kKeep;
+  r.model_name = "config";
+  r.config = cfg;
+  r.config.data.seq_len = r.seq();  // "auto": the config's model's context, whatever model follows
   r.hw = hw;
   r.profile = profile;
   // The NVMe rates of the aio case this config runs (aio.backend "auto" is io_uring where it
@@ -218,8 +232,8 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
   // need grows with it), so a doubling search then a bisection finds the boundary.
   auto fits = [&](int layers, PlanReport* out) -> Result<bool> {
     PlanRequest r = request;
-    r.model.shape.n_layer = layers;
-    r.model.name = fmt::format("{}-{}L", request.model.name, layers);
+    r.config.model.n_layer = layers;
+    r.model_name = fmt::format("{}-{}L", request.model_name, layers);
     STRATA_ASSIGN_OR_RETURN(PlanReport rep, make_plan(r), fmt::format("{} layers", layers));
     const bool ok = rep.best >= 0;
     if (out) *out = std::move(rep);
@@ -229,7 +243,7 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
   if (!one) {
     return out_of_memory(
         fmt::format("capacity: even 1 layer of width {} does not fit at micro-batch {} x {} tokens",
-                    request.model.shape.n_embd, request.micro_batch, request.seq));
+                    request.config.model.n_embd, request.micro_batch(), request.seq()));
   }
   int lo = 1, hi = 2;
   while (hi < (1 << 20)) {
@@ -246,7 +260,7 @@ Result<CapacityResult> max_model(const PlanRequest& request) {
   CapacityResult c;
   STRATA_ASSIGN_OR_RETURN(bool f, fits(lo, &c.report), "capacity search");
   (void)f;
-  c.model = c.report.request.model;
+  c.model = c.report.request.model();
   c.params = c.report.params;
   return c;
 }

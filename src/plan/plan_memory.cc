@@ -111,27 +111,27 @@ Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where,
   const uint64_t W = uint64_t(r.hw.gpus);
   mem.arch = std::move(arch);
   const Architecture& a = *mem.arch;
-  mem.acts = a.activation_plan(r.micro_batch, r.seq, r.dtype, r.activations);
+  mem.acts = a.activation_plan(r.micro_batch(), r.seq(), r.dtype(), r.activations());
 
   // The memory model, per rank (what TierManager::create's preflight checks).
   TierOptions& to = mem.options;
   to = tier_options_of(r, where, mem.acts);
   STRATA_ASSIGN_OR_RETURN(mem.homes,
-                          module_homes(a.layout(), where, r.hw.gpus, r.dtype, r.moment_dtype,
+                          module_homes(a.layout(), where, r.hw.gpus, r.dtype(), r.moment_dtype(),
                                        to.delayed_update, to.sub_group_elems),
-                          "model " + r.model.name);
+                          "model " + r.model_name);
   // ZeRO++'s buffers (qwZ's gather buffer, hpZ's secondary chunks, qgZ's scratch) on the
   // planner's grid: its ranks are one node's.
-  mem.zeropp.quantized_weights = r.zeropp.quantized_weights;
-  mem.zeropp.hpz = std::max(1, r.zeropp.hpz_partition_size);
-  mem.zeropp.quantized_gradients = r.zeropp.quantized_gradients;
+  mem.zeropp.quantized_weights = r.zeropp().quantized_weights;
+  mem.zeropp.hpz = std::max(1, r.zeropp().hpz_partition_size);
+  mem.zeropp.quantized_gradients = r.zeropp().quantized_gradients;
   mem.zeropp.world = mem.zeropp.per_node = r.hw.gpus;
   TierNeeds& needs = mem.needs;
-  needs = tier_needs(mem.homes, to, r.hw.gpus, r.dtype, mem.acts.bytes, a.program(Pass::kTrain),
+  needs = tier_needs(mem.homes, to, r.hw.gpus, r.dtype(), mem.acts.bytes, a.program(Pass::kTrain),
                      mem.zeropp);
   // strata.grouped_forwards as TierManager::create resolves it, and the device's sets.
   to.forward_group = resolve_forward_group(
-      mem.homes, to, r.hw.gpus, r.dtype, mem.acts.bytes, a.program(Pass::kTrain), mem.zeropp,
+      mem.homes, to, r.hw.gpus, r.dtype(), mem.acts.bytes, a.program(Pass::kTrain), mem.zeropp,
       r.hw.gpu_mem > 0 ? size_t(r.hw.gpu_mem) : SIZE_MAX, W > 1, &needs);
   mem.forward_group = std::max(1, to.forward_group);
 
@@ -150,7 +150,7 @@ Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where,
     mem.nvme.buffers = (needs.nvme.bytes_per_path * needs.nvme.paths - needs.nvme.state) * W;
   }
   mem.nvme.capacity = r.hw.nvme_bytes;
-  mem.state = state_bytes_of(mem.homes, a.layout(), r.dtype);
+  mem.state = state_bytes_of(mem.homes, a.layout(), r.dtype());
 
   // Fits? The preflight's decision (tier_shortfall) for one rank; a capacity of 0 is unknown.
   TierShortfall short_of =
@@ -199,7 +199,7 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
   const uint64_t homes_and_pieces = needs.host.state + needs.host.param_shadows + needs.host.stash +
                                     needs.host.param_fetch_staging;
   const uint64_t landing =
-      (r.accumulation > 1 ? needs.host.grad_landing : 0) + needs.host.grad_staging;
+      (r.accumulation() > 1 ? needs.host.grad_landing : 0) + needs.host.grad_staging;
   uint64_t host_peak = homes_and_pieces + needs.host.param_publish_staging + landing;
   if (s.opt_nvme > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more

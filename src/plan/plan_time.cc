@@ -27,8 +27,8 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   const MachineProfile& pf = r.profile;
   const StateBytes& s = mem.state;
   const uint64_t W = uint64_t(r.hw.gpus);
-  const uint64_t es = dtype_size(r.dtype);
-  const double A = double(r.accumulation), tokens = double(r.micro_batch) * r.seq;
+  const uint64_t es = dtype_size(r.dtype());
+  const double A = double(r.accumulation()), tokens = double(r.micro_batch()) * r.seq();
   const int K = mem.forward_group;
   x.flops = double(uint64_t(fpt.train() * tokens * A));
   // Params fetched to the device per step: what the device cannot keep cached, once in each
@@ -84,7 +84,7 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   x.nvme_write += double(s.opt_nvme);
   // With the overlap, a pass keeps the staging of the first read-ahead's-room sub-groups in
   // module order for the next step (OptimizerPipeline::Pass::keep): written, never read back.
-  if (r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update) {
+  if (r.config.strata.optimizer_overlap && !r.config.strata.delayed_update) {
     x.nvme_read -= s.first_sub_groups(mem.homes, peaks.read_ahead_sub_groups, /*backward=*/false);
   }
   // Gradients on NVMe: every backward (a group's: one) writes the fp32 accumulators, the later
@@ -108,8 +108,8 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   const MachineProfile& pf = r.profile;
   const StateBytes& s = mem.state;
   const uint64_t W = uint64_t(r.hw.gpus);
-  const uint64_t es = dtype_size(r.dtype);
-  t.gemm_flops = gemm_rate_at(pf, r.model.shape.n_embd, r.micro_batch * r.seq);
+  const uint64_t es = dtype_size(r.dtype());
+  t.gemm_flops = gemm_rate_at(pf, r.config.model.n_embd, r.micro_batch() * r.seq());
   t.compute_s = x.flops / t.gemm_flops;
   t.link_s = x.link / (pf.link_gbps.value * 1e9);
   // Every local rank shares the node's NVMe bandwidth.
@@ -122,15 +122,15 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   if (pf.cpu_backend) {
     t.device_optim_s = double(W) * double(s.opt_device) / pf.optimizer_pps.value;
   } else {
-    const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype)) + double(es);
+    const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype())) + double(es);
     t.device_optim_s = double(s.opt_device) * per_param / (pf.device_mem_gbps.value * 1e9);
   }
   // The optimizer thread also copies each module's master + moments into its undo copy.
   t.cpu_optim_s += double(peaks.host.undo) / (pf.host_copy_gbps.value * 1e9);
   if (W > 1) {
     const double Pfull = double(s.param_bytes) / double(es);  // model-dtype elements, as gathered
-    const ZeroPPTraffic z = zeropp_traffic(r.zeropp, int(W), int(W), Pfull, r.dtype);
-    const double bytes = double(r.accumulation) * (z.gather_forward + z.gather_backward + z.reduce);
+    const ZeroPPTraffic z = zeropp_traffic(r.zeropp(), int(W), int(W), Pfull, r.dtype());
+    const double bytes = double(r.accumulation()) * (z.gather_forward + z.gather_backward + z.reduce);
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
@@ -223,8 +223,8 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   PlanTime out;
   const MachineProfile& pf = r.profile;
   const uint64_t W = uint64_t(r.hw.gpus);
-  const double A = double(r.accumulation);
-  const FlopsPerToken fpt = mem.arch->flops_per_token(r.seq, r.activations);
+  const double A = double(r.accumulation());
+  const FlopsPerToken fpt = mem.arch->flops_per_token(r.seq(), r.activations());
   const StepTraffic x = step_traffic(r, where, mem, peaks, fpt);
   out.flops = uint64_t(x.flops);
   out.link_bytes = uint64_t(x.link);
@@ -237,8 +237,8 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   // The optimizer under backward in the steady state (the trainer does not speculate under
   // the delayed update), and whether a step can fall back to stepping after backward (clipping
   // or fp16 make the speculative step wrong).
-  const bool overlap = r.engine.strata.optimizer_overlap && !r.engine.strata.delayed_update;
-  const bool may_fall_back = r.engine.gradient_clipping > 0 || r.engine.fp16.enabled;
+  const bool overlap = r.config.strata.optimizer_overlap && !r.config.strata.delayed_update;
+  const bool may_fall_back = r.config.gradient_clipping > 0 || r.config.fp16.enabled;
   // Combination (docs/PLANNER.md, "Step time"). Plain schedule: the optimizer pass (CPU Adam
   // pipelined with its NVMe traffic) follows backward. GPU: transfers and collectives overlap
   // compute (prefetch). CPU backend: compute, copies and the optimizer share the same cores, so
@@ -318,7 +318,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
   // strata.optimizer.defer: which of the two a step after one that clipped runs ("auto" times
   // both on the run's first such steps and keeps the faster: predicted as the faster here).
-  const std::string& defer = r.engine.strata.optimizer_defer;
+  const std::string& defer = r.config.strata.optimizer_defer;
   t.clipped_deferred = defer == "always"  ? true
                        : defer == "never" ? false
                                           : t.step_deferred_s <= after_backward;
