@@ -301,7 +301,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
 // host budget has room for only part of them, that share of the optimizer is hidden.
 TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   PlanRequest r = small_request();
-  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));  // embedding 1024x256 + 128x256, blocks 789,760
+  r.set_model(
+      gpt_model("m", 4, 256, 4, 1000, 128));  // embedding 1024x256 + 128x256, blocks 789,760
   r.config.data.seq_len = 128;
   r.config.strata.moment_dtype = DType::kF32;
   r.hw.gpu_mem = uint64_t{1} << 30;

@@ -191,7 +191,8 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
               1e-9);
   auto arch = create_architecture(r.config.model);
   ASSERT_TRUE(arch.is_ok());
-  auto homes = module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype(), false, 0);
+  auto homes =
+      module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype(), false, 0);
   ASSERT_TRUE(homes.is_ok());
   ZeroPPShape shape;
   shape.quantized_weights = shape.quantized_gradients = true;
@@ -330,7 +331,8 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
-  r.config.gradient_accumulation_steps = 1;  // one micro-batch is copied into the accumulator: no landing buffers
+  r.config.gradient_accumulation_steps =
+      1;  // one micro-batch is copied into the accumulator: no landing buffers
   auto d1 = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d1.is_ok());
   EXPECT_EQ(d1->host.peak, d1->host.state + 2 * 131'072);

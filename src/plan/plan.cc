@@ -186,7 +186,8 @@ Result<int> add_placement(PlanReport& report, const PlacementOption& asked) {
         arch->activation_plan(r.micro_batch(), r.seq(), r.dtype(), r.activations());
     TierOptions to = tier_options_of(r, p.where, acts);
     to.grads_auto = true;
-    const Tier g = default_grads_tier(*arch, to, r.hw.gpus, r.dtype(), r.moment_dtype(), acts.bytes);
+    const Tier g =
+        default_grads_tier(*arch, to, r.hw.gpus, r.dtype(), r.moment_dtype(), acts.bytes);
     if (g != p.where.grads) {
       p.where.grads = g;
       p.name = "config";

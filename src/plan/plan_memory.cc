@@ -164,17 +164,17 @@ Result<PlanMemory> plan_memory(const PlanRequest& r, const Placement& where,
                                   gb(double(d.capacity))));
   }
   if (short_of.host) {
-    mem.why.push_back(fmt::format(
-        "host needs {} (state {}, staging {}{}) > {}", gb(double(h.total())), gb(double(h.state)),
-        gb(double(h.buffers)),
-        h.activations ? ", offloaded activations " + gb(double(h.activations)) : "",
-        gb(double(h.capacity))));
+    mem.why.push_back(
+        fmt::format("host needs {} (state {}, staging {}{}) > {}", gb(double(h.total())),
+                    gb(double(h.state)), gb(double(h.buffers)),
+                    h.activations ? ", offloaded activations " + gb(double(h.activations)) : "",
+                    gb(double(h.capacity))));
   }
   if (short_of.nvme_paths) {
     mem.why.push_back("nvme: state placed on nvme but no --nvme path given");
   } else if (n.capacity > 0 && n.total() > n.capacity) {
-    mem.why.push_back(fmt::format("nvme needs {} > {} free", gb(double(n.total())),
-                                  gb(double(n.capacity))));
+    mem.why.push_back(
+        fmt::format("nvme needs {} > {} free", gb(double(n.total())), gb(double(n.capacity))));
   }
   return mem;
 }
@@ -216,8 +216,8 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
       homes_and_pieces + landing + s.largest_extents(pipeline_staging_sub_groups(to.buffer_count));
   const uint64_t deferred_fwd =
       homes_and_pieces + needs.host.param_publish_staging + needs.host.grad_staging +
-      s.largest_extents(
-          pipeline_sub_groups_held(to.buffer_count, s.opt_nvme_writes, where.params == Tier::kNvme));
+      s.largest_extents(pipeline_sub_groups_held(to.buffer_count, s.opt_nvme_writes,
+                                                 where.params == Tier::kNvme));
   p.host.peak_deferred = std::max(deferred_bwd, deferred_fwd) * W;
   p.device.peak_deferred = p.device.peak;
   p.nvme.peak_deferred = mem.nvme.state;  // no shadow extents: nothing is stepped under backward
@@ -248,9 +248,8 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
   p.undo_wanted = undo_host;
   p.host.undo = undo_host;
   if (mem.host.capacity > 0) {
-    const uint64_t room = mem.host.capacity > mem.host.total()
-                              ? mem.host.capacity - mem.host.total()
-                              : uint64_t{0};
+    const uint64_t room =
+        mem.host.capacity > mem.host.total() ? mem.host.capacity - mem.host.total() : uint64_t{0};
     p.host.undo = std::min(undo_host, room);
   }
   // The optimizer's read-ahead during backward: what the budget leaves after the arena's other

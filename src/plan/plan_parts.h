@@ -57,8 +57,7 @@ struct StateBytes {
   // order or (backward) from the last module; within a module its first sub-groups, as the
   // pipeline keeps and reads them ahead: whole sub-groups unless the module's last, shorter one
   // is taken too.
-  double first_sub_groups(const std::vector<ModuleHomes>& homes, size_t count,
-                          bool backward) const;
+  double first_sub_groups(const std::vector<ModuleHomes>& homes, size_t count, bool backward) const;
 };
 StateBytes state_bytes_of(const std::vector<ModuleHomes>& homes, const ModelLayout& layout,
                           DType dtype);
@@ -68,17 +67,17 @@ StateBytes state_bytes_of(const std::vector<ModuleHomes>& homes, const ModelLayo
 // The memory model of one placement for one rank, and the node's bytes per tier it reserves.
 struct PlanMemory {
   std::shared_ptr<const Architecture> arch;
-  ActivationSizes acts;             // the micro-batch's activations under request.activations
-  TierOptions options;              // tier_options_of, its forward_group resolved
-  std::vector<ModuleHomes> homes;   // module_homes of the placement
-  ZeroPPShape zeropp;               // ZeRO++'s buffers on the planner's grid (one node)
-  TierNeeds needs;                  // tier_needs at the forward group
-  int forward_group = 1;            // K >= 1: strata.grouped_forwards as the run resolves it
-  TierBytes device, host, nvme;     // the reservations (state, buffers, activations, capacity)
-  std::vector<std::string> why;     // each shortfall, with needed vs available
-  StateBytes state;                 // sizes per kind and tier, for the peaks and the time
+  ActivationSizes acts;            // the micro-batch's activations under request.activations()
+  TierOptions options;             // tier_options_of, its forward_group resolved
+  std::vector<ModuleHomes> homes;  // module_homes of the placement
+  ZeroPPShape zeropp;              // ZeRO++'s buffers on the planner's grid (one node)
+  TierNeeds needs;                 // tier_needs at the forward group
+  int forward_group = 1;           // K >= 1: strata.grouped_forwards as the run resolves it
+  TierBytes device, host, nvme;    // the reservations (state, buffers, activations, capacity)
+  std::vector<std::string> why;    // each shortfall, with needed vs available
+  StateBytes state;                // sizes per kind and tier, for the peaks and the time
 };
-// `arch` is create_architecture of request.model.shape. Fails on a placement module_homes
+// `arch` is create_architecture of request.config.model. Fails on a placement module_homes
 // refuses (naming the model).
 Result<PlanMemory> plan_memory(const PlanRequest& request, const Placement& where,
                                std::shared_ptr<const Architecture> arch);

@@ -56,9 +56,9 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     for (size_t i = 0; i < mem.homes.size(); ++i) {
       copies[i] = round_up(mem.homes[i].padded_numel * es, 256);
     }
-    const uint64_t in_use = std::min<uint64_t>(
-        mem.needs.device.working_set,
-        working_set_bytes(copies, no_grads, mem.arch->program(Pass::kTrain)));
+    const uint64_t in_use =
+        std::min<uint64_t>(mem.needs.device.working_set,
+                           working_set_bytes(copies, no_grads, mem.arch->program(Pass::kTrain)));
     const uint64_t others = busy - in_use;
     const double free_dev =
         mem.device.capacity > others ? double(mem.device.capacity - others) : 0.0;
@@ -130,7 +130,8 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   if (W > 1) {
     const double Pfull = double(s.param_bytes) / double(es);  // model-dtype elements, as gathered
     const ZeroPPTraffic z = zeropp_traffic(r.zeropp(), int(W), int(W), Pfull, r.dtype());
-    const double bytes = double(r.accumulation()) * (z.gather_forward + z.gather_backward + z.reduce);
+    const double bytes =
+        double(r.accumulation()) * (z.gather_forward + z.gather_backward + z.reduce);
     const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
     t.collectives_s = bytes / (bw * 1e9);
   }
@@ -150,9 +151,8 @@ struct OptimizerWindows {
   RwBytes after_backward;  // a pass after backward, its last writes draining behind
 };
 
-OptimizerWindows optimizer_windows(const Placement& where,
-                                   const PlanMemory& mem, const PlanPeaks& peaks,
-                                   const StepTraffic& x) {
+OptimizerWindows optimizer_windows(const Placement& where, const PlanMemory& mem,
+                                   const PlanPeaks& peaks, const StepTraffic& x) {
   OptimizerWindows w;
   const StateBytes& s = mem.state;
   // The share of the pass's writes that drain behind it into the next step: the sub-groups
@@ -175,9 +175,9 @@ OptimizerWindows optimizer_windows(const Placement& where,
     // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
     // pass steps the sub-groups read ahead under backward (in module order) first and waits
     // for the reads of the rest and for its writes but the last ones, which drain behind.
-    drained = std::min(1.0, double(size_t(std::max(1, mem.options.buffer_count)) +
-                                   peaks.read_ahead_sub_groups) /
-                                double(std::max<size_t>(1, mem.needs.host.optimizer_sub_groups)));
+    drained = std::min(
+        1.0, double(size_t(std::max(1, mem.options.buffer_count)) + peaks.read_ahead_sub_groups) /
+                 double(std::max<size_t>(1, mem.needs.host.optimizer_sub_groups)));
     w.after_backward.read += opt - std::min(opt, ahead_fwd);
     w.after_backward.write += opt * (1.0 - drained);
   }
@@ -289,8 +289,8 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
          cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
   } else {
     const double dev = std::max({comp, t.link_s, t.collectives_s});
-    t.step_deferred_s = std::max(
-        dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+    t.step_deferred_s =
+        std::max(dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
   }
   double after_backward = 0;
   if (pf.cpu_backend) {

@@ -116,13 +116,15 @@ std::string plan_json(const PlanReport& rep) {
                 {"note", r.model_note},
                 {"description", rep.model},
                 {"config", json::parse(model_section_json(m))}};
-  j["batch"] = {{"micro_batch", r.micro_batch()}, {"seq", r.seq()}, {"accumulation", r.accumulation()}};
+  j["batch"] = {
+      {"micro_batch", r.micro_batch()}, {"seq", r.seq()}, {"accumulation", r.accumulation()}};
   {
     json a;
     a["mode"] = activation_mode_name(r.activations());
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
+      const ActivationSizes x =
+          activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
       a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
     }
     j["activations"] = a;
@@ -205,7 +207,8 @@ std::string plan_table(const PlanReport& rep) {
   if (!r.model_note.empty()) s += "  note: " + r.model_note + "\n";
   s += fmt::format(
       "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
-      r.micro_batch(), r.seq(), r.accumulation(), r.hw.gpus, r.profile.cpu_backend ? "cpu" : "cuda");
+      r.micro_batch(), r.seq(), r.accumulation(), r.hw.gpus,
+      r.profile.cpu_backend ? "cpu" : "cuda");
   const MachineProfile& p = r.profile;
   s += fmt::format(
       "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
@@ -228,7 +231,8 @@ std::string plan_table(const PlanReport& rep) {
     std::string line = "activations (strata.activations):";
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
+      const ActivationSizes x =
+          activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
       line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
                           mode == r.activations() ? " [this plan]" : "", gb(double(x.bytes)),
                           x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
@@ -313,10 +317,10 @@ std::string plan_table(const PlanReport& rep) {
     // Which activation mode would need less device memory (the table above has the numbers).
     const ActivationSizes now =
         activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), r.activations());
-    const ActivationSizes rec =
-        activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), ActivationMode::kRecompute);
-    const ActivationSizes off =
-        activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), ActivationMode::kOffload);
+    const ActivationSizes rec = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
+                                               ActivationMode::kRecompute);
+    const ActivationSizes off = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
+                                               ActivationMode::kOffload);
     bool device_short = false;  // some placement failed on the device (not only host/nvme)
     for (const auto& o : rep.options) {
       for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;

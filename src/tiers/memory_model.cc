@@ -280,8 +280,8 @@ int resolve_forward_group(const std::vector<ModuleHomes>& homes, const TierOptio
     const size_t parts =
         tier_needs(homes, most, world_size, dt, activation_bytes, train_program, zeropp)
             .device.grad_parts;
-    group = auto_forward_group(options.forward_group_max, *need, slot_bytes, parts,
-                               device_capacity, param_cache, sharded);
+    group = auto_forward_group(options.forward_group_max, *need, slot_bytes, parts, device_capacity,
+                               param_cache, sharded);
   }
   if (group > 1) {
     TierOptions grouped = options;

@@ -217,9 +217,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   const ZeroPPShape zeropp = I.sharded && options.zeropp ? options.zeropp->shape() : ZeroPPShape{};
   TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp);
-  I.opt.forward_group = resolve_forward_group(plan, options, world, dt, activation_bytes,
-                                              arch.program(Pass::kTrain), zeropp,
-                                              device.memory_stats().capacity, I.sharded, &need);
+  I.opt.forward_group =
+      resolve_forward_group(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain),
+                            zeropp, device.memory_stats().capacity, I.sharded, &need);
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.
