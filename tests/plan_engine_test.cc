@@ -100,11 +100,11 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
           // The config the planner writes for this placement.
           PlanReport written;
           written.request = small_request();
-          written.request.model = gpt_model("t", 2, 64, 2, 100, 32, c.tied);
-          written.request.seq = 32;
-          written.request.micro_batch = 2;
-          written.request.activations = mode;
-          written.request.engine.strata.delayed_update = delayed;
+          written.request.set_model(gpt_model("t", 2, 64, 2, 100, 32, c.tied));
+          written.request.config.data.seq_len = 32;
+          written.request.config.train_micro_batch_size_per_gpu = 2;
+          written.request.config.strata.activations = activation_mode_name(mode);
+          written.request.config.strata.delayed_update = delayed;
           written.request.hw.gpus = world;
           written.request.hw.nvme_paths = {swap_dir};
           PlanOption as_option;

@@ -176,39 +176,39 @@ int cmd_plan(int argc, char** argv) {
   std::optional<DType> hf_dtype;
   if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
     req = request_from_config(*cfg, hw, prof);
-    req.model.name = a.config_path;
+    req.model_name = a.config_path;
   } else {
+    PlanModel model;
     if (!a.model_name.empty()) {
       auto m = model_preset(a.model_name);
       if (!m.is_ok()) return plan_fail(m.status());
-      req.model = *m;
+      model = *m;
     } else if (!a.hf_dir.empty()) {
       auto mc = model_config_from_hf(a.hf_dir, a.seq);
       if (!mc.is_ok()) {
         return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
       }
       mc->from_pretrained = a.hf_dir;  // a written config fine-tunes this checkpoint
-      req.model = {a.hf_dir, *mc, ""};
+      model = {a.hf_dir, *mc, ""};
       hf_dtype = mc->dtype;
     } else {
-      req.model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
+      model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
     }
     if (!a.config_path.empty()) {
-      PlanRequest c = request_from_config(*cfg, hw, prof);
-      c.model = req.model;
-      req = c;
+      req = request_from_config(*cfg, hw, prof);  // the config's engine options, a new model
     } else {
       req.hw = hw;
       req.profile = prof;
     }
+    req.set_model(model);
   }
   if (!a.base_quant.empty() && a.base_quant != "none" && a.lora_r <= 0 &&
-      !req.model.shape.lora.enabled) {
+      !req.config.model.lora.enabled) {
     return plan_fail(invalid_argument(
         "--base-quantization quantizes a frozen LoRA base: give --lora R as well"));
   }
   if (!a.base_quant.empty()) {
-    req.model.shape.lora.base_quantization = a.base_quant;
+    req.config.model.lora.base_quantization = a.base_quant;
     if (auto k = parse_base_quantization(a.base_quant); !k.is_ok()) {
       return plan_fail(invalid_argument(fmt::format(
           "--base-quantization: unknown value \"{}\"; use none, int8 or nf4", a.base_quant)));
@@ -223,7 +223,7 @@ int cmd_plan(int argc, char** argv) {
         !c.is_ok()) {
       return plan_fail(c.status());
     }
-    LoraConfig& l = req.model.shape.lora;
+    LoraConfig& l = req.config.model.lora;
     l.enabled = true;
     l.r = a.lora_r;
     l.alpha = 2.0 * a.lora_r;
@@ -232,23 +232,24 @@ int cmd_plan(int argc, char** argv) {
       if (e > b) l.target_modules.push_back(a.lora_targets.substr(b, e - b));
       b = e + 1;
     }
-    if (auto arch = create_architecture(req.model.shape); !arch.is_ok()) {
+    if (auto arch = create_architecture(req.config.model); !arch.is_ok()) {
       return plan_fail(arch.status().with_context("--lora"));
     }
   }
-  if (a.have_batch || a.config_path.empty()) req.micro_batch = a.batch;
-  if (a.accum > 1 || a.config_path.empty()) req.accumulation = a.accum;
+  // The flags set the request's config, as --set would the run's.
+  if (a.have_batch || a.config_path.empty()) req.config.train_micro_batch_size_per_gpu = a.batch;
+  if (a.accum > 1 || a.config_path.empty()) req.config.gradient_accumulation_steps = a.accum;
   if (a.seq > 0) {
-    req.seq = a.seq;
+    req.config.data.seq_len = a.seq;
   } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
-    req.seq = std::min(req.model.shape.context, 8192);
+    req.config.data.seq_len = std::min(req.config.model.context, 8192);
   }
   if (a.have_dtype) {
-    req.dtype = a.dt;
+    req.config.model.dtype = a.dt;
   } else if (hf_dtype) {
-    req.dtype = *hf_dtype;  // the checkpoint's own precision
+    req.config.model.dtype = *hf_dtype;  // the checkpoint's own precision
   }
-  if (!a.activations.empty()) req.activations = *parse_activation_mode(a.activations);
+  if (!a.activations.empty()) req.config.strata.activations = a.activations;
 
   if (a.max_mode) {
     auto c = max_model(req);
@@ -256,7 +257,7 @@ int cmd_plan(int argc, char** argv) {
     std::printf(
         "capacity: at width %d, %d heads, micro-batch %d x %d tokens, the largest model that "
         "fits has %d layers = %.4gB params (one more layer does not fit)\n\n",
-        c->model.shape.n_embd, c->model.shape.n_head, req.micro_batch, req.seq,
+        c->model.shape.n_embd, c->model.shape.n_head, req.micro_batch(), req.seq(),
         c->model.shape.n_layer, double(c->params) / 1e9);
     std::fputs(plan_table(c->report).c_str(), stdout);
     return 0;
