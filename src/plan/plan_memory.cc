@@ -228,12 +228,14 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
   // while the host budget has room beyond the reservation; modules without room are stepped
   // after backward instead). On a GPU device-resident state takes no undo copy: with clipping
   // or fp16 its modules are stepped by the device's optimizer after backward (Speculation).
-  uint64_t undo_host = 0, undo_nvme = 0;
+  uint64_t undo_host = 0, undo_nvme = 0, undo_copied = 0;
   if (to.undo_copies) {
     for (const ModuleHomes& h : mem.homes) {
       for (const auto* x : {&h.master, &h.moments}) {
         if (x->tier == Tier::kDevice && !r.profile.cpu_backend) continue;
-        (x->tier == Tier::kNvme ? undo_nvme : undo_host) += round_up(x->bytes, 4096) * W;
+        const uint64_t b = round_up(x->bytes, 4096) * W;
+        (x->tier == Tier::kNvme ? undo_nvme : undo_host) += b;
+        if (x->tier == Tier::kDevice) undo_copied += b;
       }
     }
   }
@@ -243,8 +245,10 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
       p.nvme.undo = undo_nvme;
     } else {
       undo_host += undo_nvme;  // no room on the disks: host copies instead
+      undo_copied += undo_nvme;
     }
   }
+  p.undo_copied = undo_copied;
   p.undo_wanted = undo_host;
   p.host.undo = undo_host;
   if (mem.host.capacity > 0) {

@@ -93,6 +93,10 @@ struct PlanPeaks {
   // The host undo copies the optimizer under backward would take with room for all of them
   // (host.undo is what the budget leaves room for).
   uint64_t undo_wanted = 0;
+  // Of undo_wanted, the bytes the optimizer copies (state in a host-addressable device's memory,
+  // NVMe state without room for shadow extents); host-tier state is stepped into a shadow
+  // buffer swapped in, with no copy (Speculation).
+  uint64_t undo_copied = 0;
   size_t read_ahead_sub_groups = 0;  // strata.optimizer.read_ahead's sub-groups (per rank)
 };
 PlanPeaks plan_peaks(const PlanRequest& request, const Placement& where, const PlanMemory& mem);

@@ -125,8 +125,12 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
     const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype())) + double(es);
     t.device_optim_s = double(s.opt_device) * per_param / (pf.device_mem_gbps.value * 1e9);
   }
-  // The optimizer thread also copies each module's master + moments into its undo copy.
-  t.cpu_optim_s += double(peaks.host.undo) / (pf.host_copy_gbps.value * 1e9);
+  // The optimizer thread also copies the master + moments that keep their undo state as a copy
+  // (of what has room for undo state: peaks.host.undo of undo_wanted).
+  if (peaks.undo_wanted > 0) {
+    t.cpu_optim_s += double(peaks.undo_copied) * double(peaks.host.undo) /
+                     double(peaks.undo_wanted) / (pf.host_copy_gbps.value * 1e9);
+  }
   if (W > 1) {
     const double Pfull = double(s.param_bytes) / double(es);  // model-dtype elements, as gathered
     const ZeroPPTraffic z = zeropp_traffic(r.zeropp(), int(W), int(W), Pfull, r.dtype());
