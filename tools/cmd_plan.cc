@@ -100,8 +100,9 @@ Status check_plan_output(const PlanArgs& a, const std::string& out, const std::s
 int cmd_plan(int argc, char** argv) {
   PlanArgs a;
   if (const int rc = parse_plan_args(argc, argv, &a); rc >= 0) return rc;
-  for (const auto& [out, flag] : {std::pair{a.cfg_out, "--write-config"},
-                                  std::pair{a.json_path, "--json"}, std::pair{a.svg_path, "--svg"}}) {
+  for (const auto& [out, flag] :
+       {std::pair{a.cfg_out, "--write-config"}, std::pair{a.json_path, "--json"},
+        std::pair{a.svg_path, "--svg"}}) {
     if (out.empty()) continue;
     if (Status st = check_plan_output(a, out, flag); !st.is_ok()) return plan_fail(st);
   }

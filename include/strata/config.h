@@ -237,6 +237,9 @@ struct StrataConfig {
   DType moment_dtype = DType::kF32;      // strata.optimizer.moment_dtype
   bool optimizer_overlap = true;         // strata.optimizer.overlap: step under backward
   std::string optimizer_defer = "auto";  // strata.optimizer.defer: auto | always | never
+  // strata.optimizer.speculate: always | never | auto — whether a step after one that did not
+  // clip is stepped under backward (speculatively) or handled as a clipped one (`defer`).
+  std::string optimizer_speculate = "auto";
   // strata.optimizer.read_ahead: host bytes of NVMe-homed optimizer state read during backward
   // beyond offload_optimizer.buffer_count sub-groups; SIZE_MAX = auto (TierOptions).
   size_t optimizer_read_ahead = SIZE_MAX;

@@ -583,6 +583,14 @@ std::vector<Key> build_table() {
         "backward (never), or auto: both timed on the first steps that clip (8 deferred, 4 "
         "after backward) and the faster kept; the same bits either way",
         nullptr));
+  add(F("strata.optimizer.speculate", Enum("always|never|auto"),
+        STRATA_M(strata.optimizer_speculate),
+        "with strata.optimizer.overlap, whether a step after one that did not clip is stepped "
+        "under backward as if it will not clip (always), or runs where strata.optimizer.defer "
+        "puts a step that clips (never), or auto: on a GPU (or device.simulate) both timed on "
+        "the first such steps (8 under backward, 4 not) and the faster kept, on the CPU backend "
+        "always; the same bits either way",
+        nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "
         "step's master weights and moments read during backward (besides "

@@ -362,8 +362,9 @@ std::string plan_svg(const PlanReport& rep) {
       "font-family=\"sans-serif\" font-size=\"12\">\n{}\n<rect width=\"100%\" height=\"100%\" "
       "fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">strata "
       "plan: {} ({:.3g}B params), {} x {} tokens x {} micro-batches, {} rank(s)</text>\n",
-      W, H, kPlanSvgMark, rep.request.model_name, double(rep.params) / 1e9, rep.request.micro_batch(),
-      rep.request.seq(), rep.request.accumulation(), rep.request.hw.gpus);
+      W, H, kPlanSvgMark, rep.request.model_name, double(rep.params) / 1e9,
+      rep.request.micro_batch(), rep.request.seq(), rep.request.accumulation(),
+      rep.request.hw.gpus);
   for (int k = 0; k < 5; ++k) {
     s += fmt::format(
         "<rect x=\"{}\" y=\"36\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" "
