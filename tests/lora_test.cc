@@ -3,9 +3,11 @@
 // random A and B, and what peft computes on the base fixture's tokens) are loaded into a model
 // with the same lora section; strata's per-token losses must be peft's within 1e-5 (relative)
 // and every adapter tensor's gradient within 1e-4 (norm of the difference over the norm), fp32.
-// Then: the config errors (a target the model lacks, r < 1, dropout, bias), an adapter saved
-// for another base refused by name, and training through the tier manager: only the adapters
-// change, on every placement, and a resumed run equals the uninterrupted one bit for bit.
+// Then: the config errors (a target the model lacks, r < 1, dropout 1, bias, modules_to_save),
+// target_modules as PEFT reads it (names, "all-linear", a regular expression), use_rslora's
+// scaling, lora_dropout's op against a scalar reference, an adapter saved for another base
+// refused by name, and training through the tier manager: only the adapters change, on every
+// placement, and a resumed run equals the uninterrupted one bit for bit (with dropout too).
 #include "src/model/lora.h"
 
 #include <gtest/gtest.h>
@@ -14,7 +16,9 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "src/checkpoint/checkpoint.h"
@@ -22,6 +26,7 @@
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
+#include "src/model/decoder.h"
 #include "src/tiers/memory_model.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -211,8 +216,16 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
       {{{"target_modules", {"q_proj"}}}, "gpt2", "lora.target_modules"},
       {{{"r", 0}}, "llama", "lora.r"},
       {{{"r", -4}}, "llama", "lora.r"},
-      {{{"lora_dropout", 0.05}}, "llama", "lora.lora_dropout"},
+      {{{"lora_dropout", 1.0}}, "llama", "lora.lora_dropout"},
+      {{{"lora_dropout", -0.1}}, "llama", "lora.lora_dropout"},
       {{{"bias", "all"}}, "llama", "lora.bias"},
+      {{{"bias", "lora_only"}}, "gpt2", "lora.bias"},
+      {{{"bias", "some"}}, "gpt2", "lora.bias"},
+      {{{"modules_to_save", {"lm_head"}}}, "llama", "lora.modules_to_save"},
+      {{{"target_modules", "q_proj"}}, "llama", "lora.target_modules"},
+      {{{"target_modules", ".*layers\\.0\\..*q_proj"}}, "llama", "lora.target_modules"},
+      {{{"target_modules", "(unclosed"}}, "llama", "lora.target_modules"},
+      {{{"use_rslora", "yes"}}, "llama", "lora.use_rslora"},
       {{{"rank", 8}}, "llama", "lora.rank"},
   };
   for (const Bad& b : cases) {
@@ -224,6 +237,12 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
   const Status s = arch_status(lora_config(fixture("gpt2"), {{"target_modules", {"q_proj"}}}));
   EXPECT_NE(s.message().find("attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj"), std::string::npos)
       << s.message();
+  // A pattern that matches nothing says what a string means and lists the full names.
+  const Status p = arch_status(lora_config(fixture("llama"), {{"target_modules", "q_proj"}}));
+  EXPECT_NE(p.message().find("re.fullmatch"), std::string::npos) << p.message();
+  EXPECT_NE(p.message().find("model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj"),
+            std::string::npos)
+      << p.message();
   // PEFT's defaults: q_proj and v_proj; c_attn.
   auto cfg = lora_config(fixture("llama"), json::object({{"r", 2}}));
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -232,6 +251,186 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
   ASSERT_EQ((*arch)->lora()->targets.size(), 2u);
   EXPECT_EQ((*arch)->lora()->targets[0].site.name, "self_attn.q_proj");
   EXPECT_EQ((*arch)->lora()->targets[1].site.name, "self_attn.v_proj");
+}
+
+// The adapted sites' names of `base` with lora section `lora`.
+std::vector<std::string> adapted(const std::string& base, const json& lora) {
+  auto cfg = lora_config(fixture(base), lora);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  if (!cfg.is_ok()) return {};
+  auto arch = create_architecture(cfg->model);
+  EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
+  if (!arch.is_ok()) return {};
+  std::vector<std::string> out;
+  for (const LoraLayout::Target& t : (*arch)->lora()->targets) out.push_back(t.site.name);
+  return out;
+}
+
+TEST(LoraConfig, TargetModulesAsPeftReadsThem) {
+  using V = std::vector<std::string>;
+  const V llama_all = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                       "mlp.down_proj"};
+  // "all-linear": every linear layer but the output head.
+  EXPECT_EQ(adapted("llama", {{"target_modules", "all-linear"}}), llama_all);
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", "all-linear"}}),
+            (V{"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
+  // A string is a regular expression over the whole name (re.fullmatch).
+  EXPECT_EQ(
+      adapted("llama", {{"target_modules", "model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj"}}),
+      (V{"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_EQ(adapted("llama", {{"target_modules", ".*(down|up)_proj"}}),
+            (V{"mlp.up_proj", "mlp.down_proj"}));
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", ".*mlp\\.c_proj"}}), (V{"mlp.c_proj"}));
+  // A list: names matched as the whole name or its last parts.
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", {"c_proj"}}}), (V{"attn.c_proj", "mlp.c_proj"}));
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", {"mlp.c_proj"}}}), (V{"mlp.c_proj"}));
+  // The string form survives the config's round trip (plan writes configs back).
+  auto cfg = lora_config(fixture("llama"), {{"target_modules", ".*q_proj"}});
+  ASSERT_TRUE(cfg.is_ok());
+  EXPECT_EQ(cfg->model.lora.target_pattern, ".*q_proj");
+  EXPECT_TRUE(cfg->model.lora.target_modules.empty());
+}
+
+TEST(LoraConfig, RsLoraScalesByTheRootOfTheRank) {
+  auto plain = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}});
+  auto rs = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}, {"use_rslora", true}});
+  ASSERT_TRUE(plain.is_ok() && rs.is_ok());
+  auto a = create_architecture(plain->model), b = create_architecture(rs->model);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ((*a)->lora()->scaling, 0.5f);
+  EXPECT_EQ((*b)->lora()->scaling, 2.0f);
+}
+
+// ---- lora_dropout: the op against a scalar reference -----------------------------------------
+
+// Two sites on one packed matmul of width 10 (columns [2, 6) and [6, 9)), N = 6 rows of 8
+// inputs, r = 2, fp32: lora_forward and lora_backward against double loops that draw the same
+// masks (dropout_uniform of lora_dropout_key); then the same with key 0 (eval): no dropout.
+TEST(LoraDropout, ForwardAndBackwardMatchAScalarReference) {
+  const int N = 6, C = 8, W = 10, r = 2;
+  LoraLayout L;
+  L.r = r;
+  L.scaling = 1.5f;
+  L.dropout = 0.3f;
+  L.max_width = W;
+  L.max_in = C;
+  for (auto [name, out, col0] : {std::tuple{"x.q", 4, 2}, std::tuple{"x.v", 3, 6}}) {
+    LoraLayout::Target t;
+    t.site = {name, 0, C, out, col0, W, "w"};
+    t.a = L.numel;
+    L.numel += size_t(r * C);
+    t.b = L.numel;
+    L.numel += size_t(out * r);
+    L.targets.push_back(t);
+  }
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> U(-1, 1);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = U(gen);
+    return v;
+  };
+  const std::vector<float> x = random(N * C), y0 = random(N * W), dy = random(N * W),
+                           params = random(L.numel);
+  CpuDeviceOptions o;
+  o.capacity = size_t{16} << 20;
+  auto dev = create_cpu_device(o);
+  ASSERT_TRUE(dev.is_ok());
+  Device& d = **dev;
+  Stream& s = d.compute_stream();
+  auto put = [&](const std::vector<float>& v) {
+    void* p = *d.allocate(v.size() * 4, "test");
+    d.copy_h2d(s, p, v.data(), v.size() * 4);
+    return p;
+  };
+  for (const uint64_t key : {uint64_t{0x1234567}, uint64_t{0}}) {
+    SCOPED_TRACE(key);
+    void* dx_ = put(std::vector<float>(N * C, 0.0f));
+    void* y_ = put(y0);
+    void* x_ = put(x);
+    void* dy_ = put(dy);
+    void* p_ = put(params);
+    float* g_ = static_cast<float*>(put(std::vector<float>(L.numel, 0.0f)));
+    LoraRun run;
+    run.layout = &L;
+    Carver measure(nullptr);
+    run.carve(measure, N, 4);
+    char* arena = static_cast<char*>(*d.allocate(measure.used(), "test.arena"));
+    Carver carver(arena);
+    run.carve(carver, N, 4);
+    run.p = p_;
+    run.g = g_;
+    DecoderStep st;
+    st.B = 2;
+    st.T = 3;
+    st.dt = DType::kF32;
+    st.dev = &d;
+    st.k = &d.kernels();
+    st.s = &s;
+    st.layer = 3;
+    st.dropout_key = key;
+    st.lora = &run;
+    lora_forward(st, run, 0, x_, y_);
+    lora_backward(st, run, 0, x_, dy_, dx_);
+    std::vector<float> y(N * W), dx(N * C), g(L.numel);
+    d.copy_d2h(s, y.data(), y_, y.size() * 4);
+    d.copy_d2h(s, dx.data(), dx_, dx.size() * 4);
+    d.copy_d2h(s, g.data(), g_, g.size() * 4);
+    ASSERT_TRUE(d.synchronize(s).is_ok());
+    // The reference.
+    std::vector<double> yr(y0.begin(), y0.end()), dxr(N * C, 0.0), gr(L.numel, 0.0);
+    size_t dropped = 0;
+    for (size_t i = 0; i < L.targets.size(); ++i) {
+      const LoraLayout::Target& t = L.targets[i];
+      const float* A = params.data() + t.a;
+      const float* B = params.data() + t.b;
+      std::vector<double> m(N * C, 1.0);
+      if (key != 0) {
+        const uint64_t k = lora_dropout_key(key, 3, int(i));
+        for (int e = 0; e < N * C; ++e) {
+          m[e] = dropout_uniform(k, size_t(e)) >= L.dropout ? 1.0 / (1.0 - L.dropout) : 0.0;
+          dropped += m[e] == 0;
+        }
+      }
+      for (int n = 0; n < N; ++n) {
+        std::vector<double> u(r, 0.0), du(r, 0.0);
+        for (int k = 0; k < r; ++k)
+          for (int c = 0; c < C; ++c) u[k] += double(A[k * C + c]) * m[n * C + c] * x[n * C + c];
+        for (int o2 = 0; o2 < t.site.out; ++o2) {
+          const size_t col = size_t(n * W + t.site.col0 + o2);
+          for (int k = 0; k < r; ++k) {
+            yr[col] += L.scaling * double(B[o2 * r + k]) * u[k];
+            gr[t.b + size_t(o2 * r + k)] += L.scaling * double(dy[col]) * u[k];
+            du[k] += L.scaling * double(dy[col]) * double(B[o2 * r + k]);
+          }
+        }
+        for (int k = 0; k < r; ++k) {
+          for (int c = 0; c < C; ++c) {
+            gr[t.a + size_t(k * C + c)] += du[k] * m[n * C + c] * x[n * C + c];
+            dxr[size_t(n * C + c)] += m[n * C + c] * du[k] * double(A[k * C + c]);
+          }
+        }
+      }
+    }
+    if (key != 0) {
+      // p = 0.3 of 96 elements per site: some dropped, most kept.
+      EXPECT_GT(dropped, 20u);
+      EXPECT_LT(dropped, 100u);
+    }
+    auto near = [](const std::vector<float>& got, const std::vector<double>& want,
+                   const char* what) {
+      for (size_t e = 0; e < got.size(); ++e) {
+        EXPECT_NEAR(got[e], want[e], 1e-5 * (1 + std::fabs(want[e]))) << what << "[" << e << "]";
+      }
+    };
+    near(y, yr, "y");
+    near(dx, dxr, "dx");
+    near(g, gr, "grad");
+    for (void* q : {dx_, y_, x_, dy_, p_, static_cast<void*>(g_), static_cast<void*>(arena)}) {
+      d.release(q);
+    }
+  }
 }
 
 // configs/tiny-cpu.json with a 2-layer Llama of width 64 (MLP 96, 4 heads / 2 key-value).
@@ -373,20 +572,44 @@ TEST(LoraTrain, TheBaseHasNoOptimizerStateAndEveryPlacementTrainsAlike) {
   }
 }
 
-TEST(LoraTrain, AResumedRunEqualsTheUninterruptedOne) {
-  const std::string dir = test::temp_dir("strata_lora", "resume");
-  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12));
+// With `extra` (lora_dropout's too): 12 steps whole, and 6 + 6 resumed from the checkpoint.
+std::vector<double> resumed_equals_whole(const std::string& dir,
+                                         const std::vector<std::string>& extra) {
+  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra));
   TrainOptions stop;
   stop.stop_at_step = 6;
-  const TrainResult a = test::must_train(lora_run(dir + "/half", 12), stop);
-  ASSERT_EQ(a.losses.size(), 6u);
+  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra), stop);
+  EXPECT_EQ(a.losses.size(), 6u);
   TrainOptions o;
   o.resume = "latest";
-  const TrainResult b = test::must_train(lora_run(dir + "/half", 12), o);
+  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra), o);
   std::vector<double> joined = a.losses;
   joined.insert(joined.end(), b.losses.begin(), b.losses.end());
   EXPECT_EQ(joined, whole.losses);
   EXPECT_EQ(b.weights_crc, whole.weights_crc);
+  return whole.losses;
+}
+
+TEST(LoraTrain, AResumedRunEqualsTheUninterruptedOne) {
+  resumed_equals_whole(test::temp_dir("strata_lora", "resume"), {});
+}
+
+// lora_dropout's masks are a function of the seed, the step, the micro-batch and the site: a
+// resumed run draws the uninterrupted run's, bit for bit; recomputing the blocks in backward
+// draws the forward's again; and the dropout is in effect (other losses than without it).
+TEST(LoraTrain, WithDropoutAResumedRunEqualsTheUninterruptedOne) {
+  const std::string dir = test::temp_dir("strata_lora", "resume_dropout");
+  const std::vector<double> plain = resumed_equals_whole(dir + "/plain", {});
+  const std::vector<double> dropped =
+      resumed_equals_whole(dir + "/dropout", {"lora.lora_dropout=0.1"});
+  ASSERT_EQ(plain.size(), dropped.size());
+  // Step 0's loss is the base's (B starts at zero); the later ones move with the masks.
+  EXPECT_EQ(plain[0], dropped[0]);
+  EXPECT_NE(plain.back(), dropped.back()) << ::testing::PrintToString(plain) << "\n"
+                                          << ::testing::PrintToString(dropped);
+  const TrainResult recompute = test::must_train(lora_run(
+      dir + "/recompute", 12, {"lora.lora_dropout=0.1", "strata.activations=\"recompute\""}));
+  EXPECT_EQ(recompute.losses, dropped);
 }
 
 }  // namespace
