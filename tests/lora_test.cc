@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -300,6 +301,84 @@ TEST(LoraConfig, RsLoraScalesByTheRootOfTheRank) {
   ASSERT_TRUE(a.is_ok() && b.is_ok());
   EXPECT_EQ((*a)->lora()->scaling, 0.5f);
   EXPECT_EQ((*b)->lora()->scaling, 2.0f);
+}
+
+// export --adapter's adapter_config.json carries the section as peft saves it, and reading the
+// directory back checks it: use_rslora in the scaling, a pattern as given, all-linear as the
+// layers' names; what strata cannot load is refused by name.
+TEST(LoraConfig, AdapterConfigCarriesPeftsFieldsBothWays) {
+  const std::string dir = test::temp_dir("strata_lora", "adapter_fields");
+  const std::string pattern = "model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj";
+  auto cfg = lora_config(fixture("llama"), {{"r", 4},
+                                            {"lora_alpha", 8},
+                                            {"use_rslora", true},
+                                            {"lora_dropout", 0.1},
+                                            {"target_modules", pattern}});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  auto fill = [](int m, float* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = float(m) + float(i) * 1e-3f;
+  };
+  const ModelLayout& lay = (*arch)->layout();
+  ASSERT_TRUE(write_hf_adapter(dir + "/a", **arch, "base", [&](int m, float* out) {
+                fill(m, out, lay.modules[size_t(m)].numel);
+                return Status::ok();
+              }).is_ok());
+  const std::string cfg_path = dir + "/a/adapter_config.json";
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+  };
+  const json written = json::parse(test::read_file(cfg_path));
+  EXPECT_EQ(written["lora_alpha"], 8.0);
+  EXPECT_EQ(written["lora_dropout"], 0.1);
+  EXPECT_EQ(written["use_rslora"], true);
+  EXPECT_EQ(written["target_modules"], pattern);
+  EXPECT_EQ(written["bias"], "none");
+  {
+    auto ad = HfAdapterReader::open(dir + "/a", **arch);
+    ASSERT_TRUE(ad.is_ok()) << ad.status().to_string();
+    const int m = int(lay.modules.size()) - 1;
+    std::vector<float> got(lay.modules[size_t(m)].numel), want(got.size());
+    ASSERT_TRUE((*ad)->read_module(m, got.data()).is_ok());
+    fill(m, want.data(), want.size());
+    EXPECT_EQ(got, want);
+  }
+  // Each edit of the written config refused, naming the field.
+  const std::vector<std::pair<json, const char*>> edits = {
+      {{{"use_rslora", false}}, "use_rslora"},
+      {{{"bias", "all"}}, "bias"},
+      {{{"modules_to_save", {"lm_head"}}}, "modules_to_save"},
+      {{{"rank_pattern", {{"q_proj", 8}}}}, "rank_pattern"},
+      {{{"lora_bias", true}}, "lora_bias"},
+      {{{"use_dora", true}}, "use_dora"},
+      {{{"lora_dropout", 1.5}}, "lora_dropout"},
+      {{{"target_modules", ".*q_proj"}}, "target_modules"},
+  };
+  for (const auto& [edit, name] : edits) {
+    json c = written;
+    c.update(edit);
+    write(cfg_path, c.dump());
+    auto ad = HfAdapterReader::open(dir + "/a", **arch);
+    ASSERT_FALSE(ad.is_ok()) << edit.dump();
+    EXPECT_NE(ad.status().message().find(name), std::string::npos) << ad.status().message();
+  }
+  // "all-linear": written as the layers' names (what peft saves), read back either way.
+  cfg = lora_config(fixture("llama"), {{"r", 4}, {"target_modules", "all-linear"}});
+  ASSERT_TRUE(cfg.is_ok());
+  arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  ASSERT_TRUE(write_hf_adapter(dir + "/b", **arch, "base", [&](int m, float* out) {
+                fill(m, out, (*arch)->layout().modules[size_t(m)].numel);
+                return Status::ok();
+              }).is_ok());
+  json b = json::parse(test::read_file(dir + "/b/adapter_config.json"));
+  EXPECT_EQ(b["target_modules"].size(), 7u) << b["target_modules"].dump();
+  EXPECT_TRUE(HfAdapterReader::open(dir + "/b", **arch).is_ok());
+  b["target_modules"] = "all-linear";
+  write(dir + "/b/adapter_config.json", b.dump());
+  auto ad = HfAdapterReader::open(dir + "/b", **arch);
+  EXPECT_TRUE(ad.is_ok()) << ad.status().to_string();
 }
 
 // ---- lora_dropout: the op against a scalar reference -----------------------------------------

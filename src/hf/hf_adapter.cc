@@ -99,6 +99,18 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
         "LoRA base cannot take (only bias \"none\" adapters load)",
         cfg_path, bias.dump().substr(0, 40)));
   }
+  // What would give some layers other ranks, scalings or no adapter, or lora_B a bias: each
+  // absent, false or empty in an adapter strata reads.
+  for (const char* k : {"lora_bias", "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
+    const json v = cfg.value(k, json());
+    if (!v.is_null() && v != false && !(v.is_object() && v.empty()) &&
+        !(v.is_array() && v.empty())) {
+      return invalid_argument(fmt::format(
+          "{}: {} is {}: strata's adapters are one rank and scaling on every block, lora_B "
+          "without a bias; such an adapter does not load",
+          cfg_path, k, v.dump().substr(0, 80)));
+    }
+  }
   const json to_save = cfg.value("modules_to_save", json());
   if (!to_save.is_null() && !(to_save.is_array() && to_save.empty())) {
     return invalid_argument(fmt::format(
