@@ -479,7 +479,7 @@ std::vector<Key> build_table() {
         "rank-stabilized LoRA: scaling = lora_alpha / sqrt(r)"));
   add(F("lora.lora_dropout", Real(0, 1, false, true), STRATA_M(model.lora.dropout),
         "dropout on each adapter's input in training (PEFT's lora_B(lora_A(dropout(x)))), masks "
-        "drawn from train.seed, the step and the site, so a resumed run is exact; CPU backend"));
+        "drawn from train.seed, the step and the site, so a resumed run is exact"));
   add(F(
       "lora.target_modules", StrOrList(),
       [](Config& c, const json& v) {

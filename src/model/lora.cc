@@ -150,8 +150,8 @@ Status lora_check_backend(const LoraLayout& layout, const Kernels& kernels) {
   if (layout.empty() || layout.dropout == 0 || kernels.dropout_supported()) return Status::ok();
   return unavailable(fmt::format(
       "lora.lora_dropout: {:g} needs the dropout op, which this device's backend does not have "
-      "yet (the CPU backend has it); set lora.lora_dropout to 0 on this device, or train on the "
-      "CPU backend",
+      "(the CPU and CUDA backends have it); set lora.lora_dropout to 0 on this device, or train "
+      "on the CPU backend",
       layout.dropout));
 }
 
