@@ -421,6 +421,7 @@ TEST(LoraDropout, ForwardAndBackwardMatchAScalarReference) {
   auto put = [&](const std::vector<float>& v) {
     void* p = *d.allocate(v.size() * 4, "test");
     d.copy_h2d(s, p, v.data(), v.size() * 4);
+    EXPECT_TRUE(d.synchronize(s).is_ok());  // the copy reads `v`, which may be a temporary
     return p;
   };
   for (const uint64_t key : {uint64_t{0x1234567}, uint64_t{0}}) {
