@@ -64,14 +64,15 @@ using test::rel_norm_diff;
 const auto& read_all = test::read_safetensors_f32;
 
 // One training micro-batch of `arch` (fp32) on the CPU backend: the base modules from
-// `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers.
+// `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers;
+// `dropout_key` its MicroBatch's (0: no dropout, as in eval).
 struct Pass1 {
   std::vector<float> losses;
   std::vector<std::vector<float>> grads;  // per module (empty for a frozen one)
 };
 Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::string& adapter_dir,
-              int B, int T, const std::vector<int32_t>& tokens,
-              const std::vector<int32_t>& targets) {
+              int B, int T, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+              uint64_t dropout_key = 0) {
   Pass1 r;
   auto hf = HfCheckpointReader::open(base_dir, arch);
   EXPECT_TRUE(hf.is_ok()) << hf.status().to_string();
@@ -110,7 +111,7 @@ Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::
   if (!runner.is_ok()) return r;
   r.losses.resize(size_t(B) * T);
   const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), nullptr};
+  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), nullptr, nullptr, dropout_key};
   (*runner)->begin_batch(tokens.data(), targets.data());
   for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
     // The program never asks for a frozen module's gradients.
@@ -198,6 +199,36 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare, ::testing::Values("llama", "qwen2", "gpt2"));
+
+// A section with lora_dropout computes peft's numbers (dropout off, as peft's eval()) when the
+// micro-batch has no dropout key (eval, generate), and other ones in training.
+TEST(LoraDropout, OnlyTrainingDropsTheAdaptersInput) {
+  auto ref = read_all(fixture("lora-llama") + "/reference.safetensors");
+  auto base_ref = read_all(fixture("llama") + "/reference.safetensors");
+  const int T = 16, B = int(base_ref["tokens"].size()) / T;
+  json lora = fixture_lora("llama");
+  lora["lora_dropout"] = 0.1;
+  auto cfg = lora_config(fixture("llama"), lora);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(base_ref["tokens"][i]);
+    tgt[i] = int32_t(base_ref["targets"][i]);
+  }
+  const Pass1 eval = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt);
+  ASSERT_EQ(eval.losses.size(), ref["losses"].size());
+  for (size_t i = 0; i < eval.losses.size(); ++i) {
+    EXPECT_NEAR(eval.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7);
+  }
+  const uint64_t key = training_dropout_key(1234, 0, 0, 0);
+  const Pass1 a = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt, key);
+  const Pass1 b = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt, key);
+  EXPECT_NE(a.losses, eval.losses);
+  EXPECT_EQ(a.losses, b.losses);  // the key decides the masks
+  EXPECT_EQ(a.grads, b.grads);
+}
 
 // ---- what can go wrong ------------------------------------------------------------------------
 
