@@ -5,9 +5,10 @@
 // and every adapter tensor's gradient within 1e-4 (norm of the difference over the norm), fp32.
 // Then: the config errors (a target the model lacks, r < 1, dropout 1, bias, modules_to_save),
 // target_modules as PEFT reads it (names, "all-linear", a regular expression), use_rslora's
-// scaling, lora_dropout's op against a scalar reference, an adapter saved for another base
-// refused by name, and training through the tier manager: only the adapters change, on every
-// placement, and a resumed run equals the uninterrupted one bit for bit (with dropout too).
+// scaling, lora_dropout's op against a scalar reference and a training pass against peft's with
+// the same masks, an adapter saved for another base refused by name, and training through the
+// tier manager: only the adapters change, on every placement, and a resumed run equals the
+// uninterrupted one bit for bit (with dropout too).
 #include "src/model/lora.h"
 
 #include <gtest/gtest.h>
@@ -199,6 +200,52 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare, ::testing::Values("llama", "qwen2", "gpt2"));
+
+// Training with lora_dropout against peft: tests/fixtures/hf/lora-llama/reference_dropout
+// .safetensors is peft's loss and adapter gradients with each adapter's dropout drawing strata's
+// mask (tools/make_lora_fixtures.py: dropout_uniform of lora_dropout_key(0x5EED1234, block,
+// site)), so this checks everything around the draw — which input is dropped, the 1 / (1 - p)
+// scaling, the backward through the mask — against peft's own arithmetic.
+TEST(LoraDropout, TrainingPassMatchesPeftWithTheSameMasks) {
+  const std::string adir = fixture("lora-llama");
+  auto ref = read_all(adir + "/reference_dropout.safetensors");
+  auto plain = read_all(adir + "/reference.safetensors");
+  auto base_ref = read_all(fixture("llama") + "/reference.safetensors");
+  ASSERT_TRUE(ref.count("loss") && base_ref.count("tokens"));
+  const int T = 16, B = int(base_ref["tokens"].size()) / T;
+  json lora = fixture_lora("llama");
+  lora["lora_dropout"] = 0.1;
+  auto cfg = lora_config(fixture("llama"), lora);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(base_ref["tokens"][i]);
+    tgt[i] = int32_t(base_ref["targets"][i]);
+  }
+  Pass1 r = run_one(**arch, fixture("llama"), adir, B, T, tok, tgt, 0x5EED1234);
+  ASSERT_EQ(r.losses.size(), ref["losses"].size());
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    EXPECT_NEAR(r.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7)
+        << "token " << i;
+  }
+  EXPECT_GT(std::fabs(ref["loss"][0] - plain["loss"][0]), 1e-3);  // the masks move the loss
+  size_t compared = 0;
+  const ModelLayout& lay = (*arch)->layout();
+  for (size_t m = 0; m < lay.modules.size(); ++m) {
+    for (const HfTensor& h : (*arch)->hf_adapter_tensors(int(m))) {
+      const std::string key = "grad." + h.name;
+      ASSERT_TRUE(ref.count(key)) << "no peft gradient for " << h.name;
+      const TensorSpec& t = lay.modules[m].tensors[size_t(h.tensor)];
+      std::vector<float> g(r.grads[m].begin() + long(t.offset),
+                           r.grads[m].begin() + long(t.offset + t.numel));
+      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << key;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 28u);
+}
 
 // A section with lora_dropout computes peft's numbers (dropout off, as peft's eval()) when the
 // micro-batch has no dropout key (eval, generate), and other ones in training.
