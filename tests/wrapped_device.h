@@ -152,6 +152,11 @@ class CountingKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     inner_.scale(s, x, factor, n);
   }
+  bool dropout_supported() const override { return inner_.dropout_supported(); }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    inner_.dropout(s, dt, out, in, n, p, key);
+  }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {
     inner_.quantize(s, bits, dt, q, scales, x, n, block);

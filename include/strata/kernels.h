@@ -22,6 +22,7 @@
 
 #include "strata/dtype.h"
 #include "strata/optimizer.h"
+#include "strata/status.h"
 
 namespace strata {
 
@@ -77,6 +78,26 @@ inline size_t quantize_blocks(size_t n, int block) {
 }
 // The largest quantized magnitude for `bits` (8 or 4).
 inline int quantize_qmax(int bits) { return bits == 8 ? 127 : 7; }
+
+// Dropout's mask, the same on every backend: element i of a call with key `key` is kept when
+// dropout_uniform(key, i) >= p, where dropout_uniform is the top 24 bits of a SplitMix64 hash of
+// key + (i + 1) * golden ratio, over 2^24 (a counter-based stream: no state, any element
+// computable alone, so the backward regenerates the forward's mask from the same key). Host and
+// device code (kernels/cpu/dropout.cc, kernels/cuda/dropout.cu) call these same functions.
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif
+STRATA_HOST_DEVICE inline uint64_t dropout_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+STRATA_HOST_DEVICE inline float dropout_uniform(uint64_t key, size_t i) {
+  const uint64_t h = dropout_mix(key + (uint64_t(i) + 1) * 0x9e3779b97f4a7c15ull);
+  return float(h >> 40) * (1.0f / 16777216.0f);
+}
 
 class Kernels {
  public:
@@ -228,6 +249,17 @@ class Kernels {
   virtual void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) = 0;
   // x[i] *= factor.
   virtual void scale(Stream& s, float* x, float factor, size_t n) = 0;
+
+  // Inverted dropout (torch.nn.Dropout in training): out[i] = in[i] * (1 / (1 - p)) (an fp32
+  // multiply, one rounding to dt) where dropout_uniform(key, i) >= p, else 0; 0 <= p < 1. out may
+  // be in. Its backward is the same call on the output's gradient with the same key.
+  // dropout_supported(): whether this backend has the op (the CPU and CUDA backends: yes).
+  // A caller checks it once when it is built (a LoRA runner with lora.lora_dropout > 0 refuses
+  // to be created without it); calling dropout() where it is unsupported is a bug.
+  virtual bool dropout_supported() const { return false; }
+  virtual void dropout(Stream&, DType, void*, const void*, size_t, float, uint64_t) {
+    STRATA_CHECK(false, "Kernels::dropout on a backend without it (check dropout_supported())");
+  }
 
   // Block-wise symmetric quantization (ZeRO++: parameters gathered as 8 bits, gradients
   // reduce-scattered as 4 bits). x has n elements of `dt` in blocks of `block` elements (the last

@@ -160,6 +160,11 @@ class CpuKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
   }
+  bool dropout_supported() const override { return true; }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });
+  }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {
     run(s, [=] { cpu::quantize(bits, dt, q, scales, x, n, block); });

@@ -284,11 +284,20 @@ Status resolve(Ctx* ctx, int world_size) {
         "false",
         lq.base_quantization));
   }
-  if (c.model.lora.enabled && c.model.lora.dropout > 0) {
+  if (lq.enabled && lq.bias != "none") {
     return invalid_argument(fmt::format(
-        "lora.lora_dropout: {} is not implemented (strata's adapters run without dropout); set "
-        "it to 0",
-        c.model.lora.dropout));
+        "lora.bias: \"{}\" (training the base's {}biases beside the adapters) is not "
+        "implemented: a LoRA run's base is frozen whole (parameters only, no gradients or "
+        "optimizer state); set it to \"none\", or train without the lora section to train every "
+        "parameter",
+        lq.bias, lq.bias == "lora_only" ? "targeted layers' " : ""));
+  }
+  if (lq.enabled && !lq.modules_to_save.empty()) {
+    return invalid_argument(fmt::format(
+        "lora.modules_to_save: [{}] (whole modules trained beside the adapters) is not "
+        "implemented: a LoRA run's base is frozen whole; remove it, or train without the lora "
+        "section to train every parameter",
+        fmt::join(lq.modules_to_save, ", ")));
   }
   if (c.data.seq_len == 0) {
     c.data.seq_len = c.model.context;

@@ -553,7 +553,8 @@ Result<double> Run::run_step() {
   std::vector<float> aux(size_t(accum_), -1.0f);
   std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
-    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)]});
+    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)],
+                   training_dropout_key(cfg_.train.seed, step_, micro, rank_)});
   }
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
   // together, module by module, each on its own activation slot; then each its head and
