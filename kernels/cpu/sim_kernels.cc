@@ -152,6 +152,10 @@ class SimKernels final : public Kernels {
     mem(s, 4.0 * n);  // the trainer takes the norm from device.simulate_grad_norm
   }
   void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }
+  bool dropout_supported() const override { return true; }
+  void dropout(Stream& s, DType dt, void*, const void*, size_t n, float, uint64_t) override {
+    mem(s, 2.0 * n * es(dt));
+  }
   void quantize(Stream& s, int bits, DType dt, void*, float*, const void*, size_t n,
                 int block) override {
     mem(s, double(n) * es(dt) + double(quantized_bytes(bits, n)) + 4.0 * quantize_blocks(n, block));
