@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "src/base/json_text.h"
+#include "src/hf/adapter_config.h"
 #include "src/base/safe_file.h"
 #include "src/checkpoint/checkpoint.h"
 #include "src/hf/hf_checkpoint.h"
@@ -39,12 +39,12 @@ std::set<std::string> target_names(const LoraLayout& L) {
   return out;
 }
 
-Result<json> read_json(const std::string& path) {
+Result<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found(fmt::format("{}: cannot open (not a PEFT adapter directory)", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_json_text(ss.str(), path);
+  return ss.str();
 }
 
 int first_adapter(const Architecture& arch) {
@@ -66,51 +66,9 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
         dir));
   }
   const std::string cfg_path = dir + "/adapter_config.json";
-  STRATA_ASSIGN_OR_RETURN(json cfg, read_json(cfg_path), "");
-  if (!cfg.is_object() || cfg.value("peft_type", json()) != "LORA") {
-    return invalid_argument(
-        fmt::format("{}: not a LoRA adapter (peft_type must be \"LORA\")", cfg_path));
-  }
-  for (const char* k : {"use_dora", "use_rslora"}) {
-    const json v = cfg.value(k, json());
-    if (!v.is_null() && v != false) {
-      return invalid_argument(
-          fmt::format("{}: {} is {}: only plain LoRA is supported", cfg_path, k, v.dump()));
-    }
-  }
-  const auto r_in = json_int_in(cfg.value("r", json()), 1, 1 << 20);
-  const json alpha_in = cfg.value("lora_alpha", json());
-  if (!r_in || !alpha_in.is_number()) {
-    return invalid_argument(fmt::format(
-        "{}: r must be a positive integer and lora_alpha a number (they are {} and {})", cfg_path,
-        cfg.value("r", json()).dump().substr(0, 40), alpha_in.dump().substr(0, 40)));
-  }
-  const int r = int(*r_in);
-  const double alpha = alpha_in.get<double>();
-  if (r != L->r || float(alpha / r) != L->scaling) {
-    return invalid_argument(fmt::format(
-        "{}: r {} and lora_alpha {} differ from the config's lora.r {} and scaling {} (set "
-        "lora.r and lora.lora_alpha to the adapter's)",
-        cfg_path, r, alpha, L->r, L->scaling));
-  }
-  std::set<std::string> targets;
-  if (cfg.contains("target_modules") && cfg["target_modules"].is_array()) {
-    for (const json& t : cfg["target_modules"]) {
-      if (!t.is_string()) {
-        return invalid_argument(fmt::format("{}: target_modules holds {}, not a module name",
-                                            cfg_path, t.dump().substr(0, 40)));
-      }
-      targets.insert(t.get<std::string>());
-    }
-  }
-  if (targets != target_names(*L)) {
-    std::string want;
-    for (const std::string& t : target_names(*L)) want += (want.empty() ? "" : ", ") + t;
-    return invalid_argument(
-        fmt::format("{}: target_modules differ from the model's adapted layers ({}): set "
-                    "lora.target_modules to the adapter's",
-                    cfg_path, want));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::string cfg_text, read_text(cfg_path), "");
+  STRATA_RETURN_IF_ERROR(
+      check_adapter_config(cfg_text, cfg_path, {L->r, L->scaling, target_names(*L)}), "");
   auto r_ = std::unique_ptr<HfAdapterReader>(new HfAdapterReader());
   r_->arch_ = &arch;
   r_->dir_ = dir;
