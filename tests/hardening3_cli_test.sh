@@ -198,6 +198,25 @@ check "generate: ... and STRATA_PYTHON is not blamed" test -z "$(grep STRATA_PYT
 "${gen[@]}" --prompt-ids "$(seq -s, 1 40)" >g-long.txt 2>&1
 check "generate: a prompt past the context gives its own length" \
   grep -q "the prompt has 40 tokens, more than model.context 32" g-long.txt
+# A 5 MB prompt is refused after a piece of it is tokenized (a byte-level test double of
+# transformers: the tokenizer's peak memory is that of the piece, not of 5 MB of ids).
+mkdir -p fake-transformers
+cat >fake-transformers/transformers.py <<'PY'
+class _Tok:
+    eos_token_id = 2
+    def __call__(self, text, add_special_tokens=True):
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return {"input_ids": [1] + ids if add_special_tokens else ids}
+class AutoTokenizer:
+    @staticmethod
+    def from_pretrained(path):
+        return _Tok()
+PY
+python3 -c "import sys; sys.stdout.write('lorem ipsum dolor sit amet ' * 200000)" >huge-prompt.txt
+PYTHONPATH=$PWD/fake-transformers "${gen[@]}" --prompt-file huge-prompt.txt >g-huge.txt 2>&1
+check "generate: a 5 MB prompt is refused (rc 1)" test $? -eq 1
+check "generate: ... naming the context and the count of its first piece" \
+  grep -q "the prompt has more tokens than model.context 32 (its first 65534 characters alone are 65535 tokens)" g-huge.txt
 
 # Absurd LoRA scaling and ranks are refused where they are given.
 "$strata" train --config lora.json --set lora.lora_alpha=1e30 --set 'train.checkpoint_dir="x-alpha"' \

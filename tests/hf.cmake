@@ -32,6 +32,10 @@ if(strata_hf_python)
   # random moments the old set or the new one (PREPARE_KILLS; a test double of transformers).
   add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)
   set_tests_properties(prepare_data PROPERTIES TIMEOUT 600)
+  # tools/hf_tokenizer.py encode DIR MAX (strata generate): a prompt past the context refused
+  # after a piece of it is encoded, in bounded memory; within it, the whole prompt's ids.
+  add_test(NAME hf_tokenizer COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/hf_tokenizer_test.py)
+  set_tests_properties(hf_tokenizer PROPERTIES TIMEOUT 300)
 endif()
 # The fine-tuning path through the CLI: plan --hf --write-config trains from the checkpoint
 # (first-step loss == strata eval), metrics every step to JSONL, TensorBoard (read back with

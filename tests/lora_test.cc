@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "src/checkpoint/checkpoint.h"
+#include "src/hf/adapter_config.h"
 #include "src/hf/hf_adapter.h"
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/safetensors.h"
@@ -632,6 +633,38 @@ TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
 
 // The planner's FLOPs of a LoRA run: the frozen base's GEMMs lose their weight gradients (one
 // product per weight per token, 2 FLOPs, in backward) and the adapters' products are trained.
+// adapter_config.json of any shape is a Status naming the file, never a crash: the values
+// fuzz_adapter_config's seeds start from (an alpha whose alpha / r is past a float was an
+// unchecked float conversion, undefined behaviour).
+TEST(LoraConfig, AdapterConfigOfAnyShapeIsAnErrorNamingTheFile) {
+  const AdapterExpectation want{4, 2.0f, {"q_proj", "v_proj"}};
+  const std::string ok =
+      R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
+          "use_dora": false, "use_rslora": null})";
+  EXPECT_TRUE(check_adapter_config(ok, "a/adapter_config.json", want).is_ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"peft_type": "LORA", "r": 4, "lora_alpha": 1e300, "target_modules": ["q_proj", "v_proj"]})",
+       "differ from the config's lora.r 4"},
+      {R"({"peft_type": "LORA", "r": 1e31, "lora_alpha": 8})", "r must be a positive integer"},
+      {R"({"peft_type": "LORA", "r": 4, "lora_alpha": "8"})", "lora_alpha a number"},
+      {R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": "yes"})",
+       "use_dora is \"yes\""},
+      {R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", 7]})",
+       "target_modules holds 7"},
+      {R"({"peft_type": 3})", "not a LoRA adapter"},
+      {R"([1, 2])", "not a LoRA adapter"},
+      {std::string(100000, '['), "nested deeper than 64 levels"},
+      {R"({"peft_type": "LORA", "r": 4,)", "invalid JSON"},
+      {"{\"peft_type\": \"LO\xff\"}", "invalid JSON"},
+  };
+  for (const auto& [text, what] : bad) {
+    const Status st = check_adapter_config(text, "a/adapter_config.json", want);
+    EXPECT_FALSE(st.is_ok()) << text.substr(0, 80);
+    EXPECT_NE(st.message().find("a/adapter_config.json"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+  }
+}
+
 TEST(LoraConfig, TrainFlopsLeaveOutTheFrozenBasesWeightGradients) {
   json doc = small_llama_doc(128);
   auto full_cfg = parse_config(doc.dump(), "<full>", {});

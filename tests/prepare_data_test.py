@@ -303,6 +303,19 @@ class PrepareData(unittest.TestCase):
         self.assertEqual(sorted(n for n in os.listdir(self.dir) if n.startswith(("t.bin", "v.bin"))),
                          ["t.bin", "v.bin"])
 
+    def test_a_plain_run_removes_a_killed_chat_runs_mask_temporaries(self):
+        # A chat run killed while writing leaves <out>.mask.tmp; a plain run after it writes no
+        # mask, and left it there for good (found by PREPARE_KILLS=50).
+        src = self.write("c.jsonl", "".join(json.dumps({"text": "p" * 50 + str(i)}) + "\n"
+                                             for i in range(40)))
+        for name in ("t.bin.mask.tmp", "v.bin.mask.tmp"):
+            self.write(name, b"half a mask")
+        rc, err, _ = self.run_tool("--input", src, "--out", self.path("t.bin"), "--val-out",
+                                   self.path("v.bin"), "--val-fraction", "0.1")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(sorted(n for n in os.listdir(self.dir) if n.startswith(("t.bin", "v.bin"))),
+                         ["t.bin", "v.bin"])
+
     def test_killed_before_any_rename_or_removal_leaves_the_old_set_or_the_new_one(self):
         # Deterministic: the run kills itself (SIGKILL) just before its k-th rename or removal,
         # for every k, alternating chat and plain runs over the same --out and --val-out.

@@ -62,9 +62,10 @@ const char kUsage[] =
     "\n"
     "exit status: 0 generated; 1 error (the message says what and how to fix it); 2 bad usage.\n";
 
-// Runs tools/hf_tokenizer.py MODE DIR with `input` on its stdin; returns its stdout (JSON).
+// Runs tools/hf_tokenizer.py MODE DIR [MAX] with `input` on its stdin; returns its stdout (JSON).
+// `max_ids` (>= 0): encode stops counting past that many ids (its "more_than" reply).
 Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir,
-                                 const std::string& input) {
+                                 const std::string& input, int64_t max_ids = -1) {
   const char* env = std::getenv("STRATA_PYTHON");
   const std::string python = env && *env ? env : "python3";
   const std::string script = std::string(STRATA_TOOLS_DIR) + "/hf_tokenizer.py";
@@ -87,7 +88,9 @@ Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir
     ::dup2(in_fd, 0);
     ::dup2(out[1], 1);
     ::close(out[0]);
+    const std::string max_text = std::to_string(max_ids);
     ::execlp(python.c_str(), python.c_str(), script.c_str(), mode.c_str(), dir.c_str(),
+             max_ids >= 0 ? max_text.c_str() : static_cast<char*>(nullptr),
              static_cast<char*>(nullptr));
     std::fprintf(stderr, "strata generate: cannot run %s: %s\n", python.c_str(),
                  std::strerror(errno));
@@ -207,6 +210,9 @@ int cmd_generate(int argc, char** argv) {
         "Face model directory) or --prompt-ids");
   }
 
+  auto arch = create_architecture(cfg->model);
+  if (!arch.is_ok()) return cli.fail(arch.status().message());
+  const int64_t context = (*arch)->shape().context;
   std::vector<int32_t> ids;
   if (!prompt_ids.empty()) {
     std::stringstream ss(prompt_ids);
@@ -225,8 +231,17 @@ int cmd_generate(int argc, char** argv) {
       ss << in.rdbuf();
       prompt = ss.str();
     }
-    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, prompt);
+    // The tokenizer stops counting past the context: a prompt of megabytes is refused after a
+    // piece of it is encoded, not the whole.
+    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, prompt, context);
     if (!enc.is_ok()) return cli.fail(enc.status().message());
+    if ((*enc)["ids"].is_null()) {
+      return cli.fail(fmt::format(
+          "the prompt has more tokens than model.context {} (its first {} characters alone are "
+          "{} tokens): shorten it, or raise model.context (--set model.context=N, at most the "
+          "model's max_position_embeddings)",
+          context, (*enc).value("chars", int64_t(0)), (*enc).value("counted", int64_t(0))));
+    }
     ids = (*enc)["ids"].get<std::vector<int32_t>>();
     if (!ignore_eos) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
   }
@@ -236,10 +251,8 @@ int cmd_generate(int argc, char** argv) {
     if (enc.is_ok()) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
   }
 
-  auto arch = create_architecture(cfg->model);
-  if (!arch.is_ok()) return cli.fail(arch.status().message());
   // A prompt past the context: refused with its own length before any weight is loaded.
-  if (int64_t(ids.size()) > (*arch)->shape().context) {
+  if (int64_t(ids.size()) > context) {
     return cli.fail(fmt::format(
         "the prompt has {} tokens, more than model.context {}: shorten it, or raise "
         "model.context (--set model.context=N, at most the model's max_position_embeddings)",

@@ -25,6 +25,7 @@
 #include "strata/log.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
+#include "tools/plan_mark.h"
 
 namespace strata::tools {
 namespace {
@@ -46,19 +47,6 @@ std::string read_text(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-// Was `text` (the file at an output path) written by strata plan as `flag`? --write-config's
-// config holds strata.written_by, --json's report the magic "strata-plan", --svg's chart
-// kPlanSvgMark.
-bool written_by_plan(const std::string& flag, const std::string& text) {
-  if (flag == "--svg") return text.find(kPlanSvgMark) != std::string::npos;
-  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false,
-                                       /*ignore_comments=*/true);
-  if (!j.is_object()) return false;
-  if (flag == "--json") return j.value("magic", nlohmann::json()) == "strata-plan";
-  return j.contains("strata") && j["strata"].is_object() &&
-         j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
 }
 
 // May `flag` (--write-config, --json, --svg) write `out`? Never into --hf's model directory,

@@ -25,7 +25,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 # Every libFuzzer target in tests/fuzz (fuzz_<name>); `fuzz` and `test` build and run all of them.
-FUZZ_TARGETS=(config checkpoint tokens profile safetensors hf_config loss_mask)
+FUZZ_TARGETS=(config checkpoint tokens profile safetensors hf_config loss_mask adapter_config
+              export_dir plan_mark)
 PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       libeigen3-dev libtbb-dev nlohmann-json3-dev libfmt-dev libisal-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev

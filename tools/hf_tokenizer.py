@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The model's tokenizer for `strata generate` (which runs this; off the hot path).
 
-    hf_tokenizer.py encode DIR   < text          -> {"ids": [...], "eos": [...]}
+    hf_tokenizer.py encode DIR [MAX] < text       -> {"ids": [...], "eos": [...]}
     hf_tokenizer.py decode DIR   < {"ids": [...], "prefix": [...]} -> {"text": "..."}
 
 DIR is a Hugging Face model directory (model.from_pretrained, an export, or --tokenizer).
 encode adds the special tokens the tokenizer adds (Llama's BOS) and reports the ids generation
 stops at (generation_config.json's eos_token_id, else the tokenizer's EOS); decode gives the
-text of `ids` as it reads after `prefix` (the prompt's ids). Uses transformers'
+text of `ids` as it reads after `prefix` (the prompt's ids). With MAX (generate's model.context),
+encode stops counting once the prompt has more than MAX ids and prints {"ids": null, "eos":
+[...], "more_than": MAX, "counted": N, "chars": C} (its first C characters alone are N ids), so
+a prompt of megabytes costs the memory of a piece of it, not of its whole encoding. Uses transformers'
 AutoTokenizer when installed, else the `tokenizers` library on tokenizer.json. A failure is one
 line on stderr naming the real problem, and an exit status that says whose it is (strata
 generate words its advice by it): 3 neither library is installed for this python (the
@@ -18,8 +21,14 @@ import json
 import os
 import sys
 
+from prepare_data import pieces, special_ids
+
 
 NO_LIBRARY, BAD_TOKENIZER, BAD_INPUT = 3, 4, 5
+# A prompt longer than this many characters is encoded in pieces of this size, each but the first
+# cut before a whitespace (prepare_data.pieces: the tokenizers strata reads split words there, so
+# the pieces' ids are the whole's), and counting stops past MAX ids.
+PIECE_CHARS = 1 << 16
 # The files a Hugging Face tokenizer is loaded from (fast: tokenizer.json; sentencepiece:
 # tokenizer.model; GPT-2's BPE: vocab.json + merges.txt).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
@@ -56,7 +65,7 @@ def load(d):
             tok = AutoTokenizer.from_pretrained(d)
         except Exception as e:  # the library's own errors are not all OSError / ValueError
             fail(BAD_TOKENIZER, f"{d}: transformers cannot load its tokenizer: {e}")
-        return (lambda text: tok(text)["input_ids"],
+        return (lambda text, specials=True: tok(text, add_special_tokens=specials)["input_ids"],
                 lambda ids: tok.decode(ids, skip_special_tokens=True), tok.eos_token_id)
     except ImportError:
         pass
@@ -78,8 +87,27 @@ def load(d):
         name = json.load(open(cfg)).get("eos_token")
         name = name.get("content") if isinstance(name, dict) else name
         eos = tok.token_to_id(name) if name else None
-    return (lambda text: tok.encode(text).ids,
+    return (lambda text, specials=True: tok.encode(text, add_special_tokens=specials).ids,
             lambda ids: tok.decode(ids, skip_special_tokens=True), eos)
+
+
+def encode_bounded(encode, text, limit):
+    """(ids, None) of `text` with the tokenizer's special tokens, or (None, (n, chars)) once it
+    has more than `limit` ids: its first `chars` characters alone are n > limit ids. A text of
+    at most PIECE_CHARS characters is encoded whole; a longer one piece by piece (the pieces'
+    ids are the whole's), keeping only the ids so far."""
+    if len(text) <= PIECE_CHARS:
+        ids = encode(text)
+        return (None, (len(ids), len(text))) if limit is not None and len(ids) > limit else (ids,
+                                                                                            None)
+    before, after = special_ids(encode)
+    ids, chars = list(before), 0
+    for piece in pieces(text, PIECE_CHARS):
+        ids += encode(piece, False)
+        chars += len(piece)
+        if limit is not None and len(ids) + len(after) > limit:
+            return None, (len(ids) + len(after), chars)
+    return ids + after, None
 
 
 def stop_ids(d, eos):
@@ -92,9 +120,11 @@ def stop_ids(d, eos):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("encode", "decode"):
+    if (len(sys.argv) not in (3, 4) or sys.argv[1] not in ("encode", "decode") or
+            (len(sys.argv) == 4 and (sys.argv[1] != "encode" or not sys.argv[3].isdigit()))):
         sys.exit(__doc__.strip().split("\n\n")[1])
     mode, d = sys.argv[1], sys.argv[2]
+    limit = int(sys.argv[3]) if len(sys.argv) == 4 else None
     raw = sys.stdin.buffer.read()
     try:
         text = raw.decode("utf-8")
@@ -105,7 +135,11 @@ def main():
     try:
         encode, decode, eos = load(d)
         if mode == "encode":
-            print(json.dumps({"ids": encode(text), "eos": stop_ids(d, eos)}))
+            ids, over = encode_bounded(encode, text, limit)
+            out = {"ids": ids, "eos": stop_ids(d, eos)}
+            if over:
+                out.update({"more_than": limit, "counted": over[0], "chars": over[1]})
+            print(json.dumps(out))
         else:
             req = json.loads(text)
             ids, prefix = req["ids"], req.get("prefix", [])

@@ -243,6 +243,8 @@ class TokenFile:
         self.crc = self.mask_crc = self.conversations = 0
         self.f = create_temp(self.tmp)
         self.m = create_temp(self.mask_path + ".tmp") if mask else None
+        if not mask and os.path.lexists(self.mask_path + ".tmp"):
+            os.unlink(self.mask_path + ".tmp")  # a killed chat run's: no run will move it
         self.fmt = "<{}I" if u32 else "<{}H"
 
     def write(self, tokens, mask=None):

@@ -12,9 +12,9 @@
 #include <sstream>
 #include <vector>
 
-#include "src/base/json_text.h"
 #include "src/base/safe_file.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/hf/adapter_config.h"
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/hf_export.h"
 #include "src/model/lora.h"
@@ -40,12 +40,12 @@ std::set<std::string> target_names(const LoraLayout& L) {
   return out;
 }
 
-Result<json> read_json(const std::string& path) {
+Result<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found(fmt::format("{}: cannot open (not a PEFT adapter directory)", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_json_text(ss.str(), path);
+  return ss.str();
 }
 
 int first_adapter(const Architecture& arch) {
@@ -67,105 +67,11 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
         dir));
   }
   const std::string cfg_path = dir + "/adapter_config.json";
-  STRATA_ASSIGN_OR_RETURN(json cfg, read_json(cfg_path), "");
-  if (!cfg.is_object() || cfg.value("peft_type", json()) != "LORA") {
-    return invalid_argument(
-        fmt::format("{}: not a LoRA adapter (peft_type must be \"LORA\")", cfg_path));
-  }
-  const json dora = cfg.value("use_dora", json());
-  if (!dora.is_null() && dora != false) {
-    return invalid_argument(
-        fmt::format("{}: use_dora is {}: DoRA adapters are not supported (only LoRA and rsLoRA)",
-                    cfg_path, dora.dump().substr(0, 40)));
-  }
-  const json rslora_in = cfg.value("use_rslora", json());
-  if (!rslora_in.is_null() && !rslora_in.is_boolean()) {
-    return invalid_argument(fmt::format("{}: use_rslora is {}, not true or false", cfg_path,
-                                        rslora_in.dump().substr(0, 40)));
-  }
-  const bool rslora = rslora_in == true;
-  // lora_dropout shapes training only (the config's lora.lora_dropout decides a run's): read
-  // and checked, not compared.
-  const json dropout_in = cfg.value("lora_dropout", json());
-  if (!dropout_in.is_null() &&
-      !(dropout_in.is_number() && dropout_in.get<double>() >= 0 && dropout_in.get<double>() < 1)) {
-    return invalid_argument(fmt::format("{}: lora_dropout is {}, not a number in [0, 1)", cfg_path,
-                                        dropout_in.dump().substr(0, 40)));
-  }
-  const json bias = cfg.value("bias", json());
-  if (!bias.is_null() && bias != "none") {
-    return invalid_argument(fmt::format(
-        "{}: bias is {}: the adapter carries trained biases of the base, which strata's frozen "
-        "LoRA base cannot take (only bias \"none\" adapters load)",
-        cfg_path, bias.dump().substr(0, 40)));
-  }
-  // What would give some layers other ranks, scalings or no adapter, or lora_B a bias: each
-  // absent, false or empty in an adapter strata reads.
-  for (const char* k : {"lora_bias", "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
-    const json v = cfg.value(k, json());
-    if (!v.is_null() && v != false && !(v.is_object() && v.empty()) &&
-        !(v.is_array() && v.empty())) {
-      return invalid_argument(fmt::format(
-          "{}: {} is {}: strata's adapters are one rank and scaling on every block, lora_B "
-          "without a bias; such an adapter does not load",
-          cfg_path, k, v.dump().substr(0, 80)));
-    }
-  }
-  const json to_save = cfg.value("modules_to_save", json());
-  if (!to_save.is_null() && !(to_save.is_array() && to_save.empty())) {
-    return invalid_argument(fmt::format(
-        "{}: modules_to_save is {}: the adapter carries whole trained modules beside its LoRA "
-        "weights, which strata's frozen LoRA base cannot take",
-        cfg_path, to_save.dump().substr(0, 80)));
-  }
-  const auto r_in = json_int_in(cfg.value("r", json()), 1, 1 << 20);
-  const json alpha_in = cfg.value("lora_alpha", json());
-  if (!r_in || !alpha_in.is_number()) {
-    return invalid_argument(fmt::format(
-        "{}: r must be a positive integer and lora_alpha a number (they are {} and {})", cfg_path,
-        cfg.value("r", json()).dump().substr(0, 40), alpha_in.dump().substr(0, 40)));
-  }
-  const int r = int(*r_in);
-  const double alpha = alpha_in.get<double>();
-  const float scaling = float(rslora ? alpha / std::sqrt(double(r)) : alpha / r);
-  if (r != L->r || scaling != L->scaling) {
-    return invalid_argument(fmt::format(
-        "{}: r {}, lora_alpha {} and use_rslora {} (scaling {}) differ from the config's lora.r "
-        "{} and scaling {} (set lora.r, lora.lora_alpha and lora.use_rslora to the adapter's)",
-        cfg_path, r, alpha, rslora, scaling, L->r, L->scaling));
-  }
-  const json targets_in = cfg.value("target_modules", json());
-  if (targets_in.is_string()) {
-    // A string: "all-linear", or a pattern the config must give too (the same selection).
-    const std::string t = targets_in.get<std::string>();
-    const bool same = t == "all-linear" ? L->all_sites : t == arch.shape().lora.target_pattern;
-    if (!same) {
-      return invalid_argument(fmt::format(
-          "{}: target_modules \"{}\" selects other layers than the config's lora.target_modules: "
-          "set lora.target_modules to the adapter's",
-          cfg_path, t));
-    }
-  }
-  std::set<std::string> targets;
-  if (targets_in.is_string()) {
-    targets = target_names(*L);
-  } else if (targets_in.is_array()) {
-    for (const json& t : targets_in) {
-      if (!t.is_string()) {
-        return invalid_argument(fmt::format("{}: target_modules holds {}, not a module name",
-                                            cfg_path, t.dump().substr(0, 40)));
-      }
-      targets.insert(t.get<std::string>());
-    }
-  }
-  if (targets != target_names(*L)) {
-    std::string want;
-    for (const std::string& t : target_names(*L)) want += (want.empty() ? "" : ", ") + t;
-    return invalid_argument(
-        fmt::format("{}: target_modules differ from the model's adapted layers ({}): set "
-                    "lora.target_modules to the adapter's",
-                    cfg_path, want));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::string cfg_text, read_text(cfg_path), "");
+  STRATA_RETURN_IF_ERROR(check_adapter_config(cfg_text, cfg_path,
+                                              {L->r, L->scaling, target_names(*L), L->all_sites,
+                                               arch.shape().lora.target_pattern}),
+                         "");
   auto r_ = std::unique_ptr<HfAdapterReader>(new HfAdapterReader());
   r_->arch_ = &arch;
   r_->dir_ = dir;
