@@ -54,15 +54,14 @@ class CpuKernels final : public Kernels {
     run(s, [=] { cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
   }
 
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    run(s, [=] { cpu::attention_forward(dt, out, att, qkv, B, T, C, NH); });
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:  // the twin of the CUDA kernels: every dtype and head size
+        if (shape.hs < 0) return {false, "negative head size"};
+        return {true, "cpu"};
+    }
+    return {false, "unknown op"};
   }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    run(s, [=] { cpu::attention_backward(dt, dqkv, scratch, dout, qkv, att, B, T, C, NH); });
-  }
-  bool fused_attention_supported(DType, int hs) const override { return hs > 0; }
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
                                int T, int NH, int NKV, int hs) override {
     check_heads(NH, NKV, hs);

@@ -73,20 +73,15 @@ class CudaKernels final : public Kernels {
                                   N, C, OC);
     });
   }
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    run("attention_forward", s, [&](CudaStream& cs) {
-      return cuda_attention_forward(cs.handle, dt, out, att, qkv, B, T, C, NH);
-    });
-  }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    run("attention_backward", s, [&](CudaStream& cs) {
-      return cuda_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
-    });
-  }
-  bool fused_attention_supported(DType dt, int hs) const override {
-    return cuda_fused_attention_supported(dt, hs);
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:
+        if (!cuda_fused_attention_supported(shape.dt, shape.hs)) {
+          return {false, "the CUDA fused attention runs bf16 and fp16 with head size 64 or 128"};
+        }
+        return {true, "cuda wmma"};
+    }
+    return {false, "unknown op"};
   }
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
                                int T, int NH, int NKV, int hs) override {

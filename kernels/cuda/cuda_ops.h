@@ -91,11 +91,6 @@ Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void
                             float* dweight, float* dbias, const void* dout, const void* inp,
                             const void* weight, int N, int C, int OC);
 // attention.cu
-Status cuda_attention_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
-                              int B, int T, int C, int NH);
-Status cuda_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
-                               const void* dout, const void* qkv, const float* att, int B, int T,
-                               int C, int NH);
 // flash_attention.cu (tensor cores: bf16/fp16, hs 64 or 128; other arguments are rejected)
 bool cuda_fused_attention_supported(DType dt, int hs);
 Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* lse,
