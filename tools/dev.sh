@@ -12,6 +12,10 @@
 #                                              under ASan+UBSan (build-asan) and TSan (build-tsan;
 #                                              its libtbb built with TSan: downloaded once)
 #   tools/dev.sh deps | build                  just that step
+#   tools/dev.sh cudnn                         cuDNN 9 and cudnn-frontend from PyPI into
+#                                              build-deps/python (not part of deps: ~520 MB of
+#                                              download, ~1 GB installed); the next configure
+#                                              finds them and builds the cuDNN fused attention
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
 # JOBS (parallel build jobs, default: all cores), STRATA_SKIP_FUZZ=1 (test without the fuzz
@@ -49,6 +53,21 @@ deps() {  # deps [extra packages]: PKGS and these
   if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
     echo "== no CUDA toolkit found: building without the CUDA backend (CPU backend only)"
   fi
+}
+
+# cuDNN for the CUDA backend's fused attention (kernels/cuda/cudnn_attention.cc): the wheels'
+# headers are what the build needs (the frontend is header-only; libcudnn is dlopened at run
+# time, first from where CMake found it). Pinned to the versions the code was written against.
+CUDNN_WHEELS=(nvidia-cudnn-cu13==9.28.1.4 nvidia-cudnn-frontend==1.32.0)
+cudnn() {
+  local dir=build-deps/python
+  if [ -e "$dir/nvidia/cudnn/include/cudnn.h" ] && [ -e "$dir/include/cudnn_frontend.h" ]; then
+    echo "== cuDNN already in $dir"
+    return 0
+  fi
+  echo "== installing ${CUDNN_WHEELS[*]} into $dir"
+  python3 -m pip install --quiet --no-deps --target "$dir" "${CUDNN_WHEELS[@]}" ||
+    { echo "== FAILED: pip install of ${CUDNN_WHEELS[*]}"; return 1; }
 }
 
 # configure DIR [cmake args]: cmake -S . -B DIR; on failure its output, the step, and return 1.
@@ -238,6 +257,7 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   deps) deps ;;
+  cudnn) cudnn ;;
   build) deps; build ;;
   train)
     deps; build

@@ -6,11 +6,13 @@
 #   tools/gpu_lease.sh pack [--build-dir DIR]      here: bundle the CUDA-enabled binaries that
 #                                                  gpu_check.sh runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
-#                                                  build-lease/bundle.tar.xz (~15 MB)
+#                                                  build-lease/bundle.tar.xz (~15 MB; cuDNN
+#                                                  is not carried: "run" finds it there)
 #   tools/gpu_lease.sh --self-test BUILD_DIR       pack into a temporary directory and run the
 #                                                  bundle dry (no GPU; ctest gpu_lease_self_test)
 #   tools/gpu_lease.sh run [gpu_check options]     there: unpack the bundle, find the CUDA
-#                                                  libraries (cuBLASLt, NCCL) on that machine,
+#                                                  libraries (cuBLASLt, NCCL, cuDNN from a
+#                                                  Python environment) on that machine,
 #                                                  check that every binary loads, then run
 #                                                  tools/gpu_check.sh --build-dir build-lease
 #                                                  with the options given; the results go to
@@ -105,6 +107,28 @@ run_there() {
       echo "gpu_lease: $lib not found on this machine"
     fi
   done
+  # cuDNN (the fused attention's library path; too large to carry: ~1 GB): dlopened by the
+  # binaries at run time. STRATA_CUDNN_LIB when set, else a Python environment's wheel (PyTorch
+  # ships nvidia-cudnn-cu12/-cu13), whose neighbours (cuBLAS, NVRTC) cuDNN's engines load too.
+  if [[ -z ${STRATA_CUDNN_LIB:-} ]]; then
+    local sp py
+    for py in python3 python; do
+      command -v "$py" >/dev/null || continue
+      for sp in $("$py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null); do
+        if [[ -e $sp/nvidia/cudnn/lib/libcudnn.so.9 ]]; then
+          export STRATA_CUDNN_LIB=$sp/nvidia/cudnn/lib/libcudnn.so.9
+          for d in "$sp"/nvidia/{cudnn,cublas,cuda_nvrtc}/lib; do
+            [[ -d $d && :$dirs: != *:$d:* ]] && dirs="$dirs:$d"
+          done
+          break 2
+        fi
+      done
+    done
+  fi
+  [[ -z ${STRATA_CUDNN_LIB:-} ]] &&
+    STRATA_CUDNN_LIB=$(find /usr /opt /root -name libcudnn.so.9 -print -quit 2>/dev/null) &&
+    [[ -n $STRATA_CUDNN_LIB ]] && export STRATA_CUDNN_LIB
+  echo "gpu_lease: cuDNN: ${STRATA_CUDNN_LIB:-not found on this machine (fused attention on the own kernels)}"
   export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local b bad=0
   for b in "${BINS[@]}"; do
@@ -159,6 +183,6 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run_there "$@" ;;
   --self-test) shift; self_test "$@" ;;
-  -h | --help | "") sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
+  -h | --help | "") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
   *) echo "gpu_lease: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
 esac

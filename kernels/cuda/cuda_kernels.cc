@@ -1,8 +1,12 @@
 // The CUDA backend's kernel table: each Kernels method binds the calling thread to the GPU,
 // enqueues the op's launcher (one .cu file per op) on the caller's stream, and hands an enqueue
-// failure to the device's error sink, from which the next synchronize() returns it.
+// failure to the device's error sink, from which the next synchronize() returns it. The table
+// the device hands out wraps these in LibraryAttentionKernels (cuDNN's fused attention where it
+// supports the shape; attention_library.h).
+#include <string>
 #include <utility>
 
+#include "kernels/cuda/attention_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_optimizer.h"
@@ -241,7 +245,11 @@ class CudaKernels final : public Kernels {
 
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
                                              CudaErrorSink* errors) {
-  return std::make_unique<CudaKernels>(ordinal, handle, errors);
+  std::string why;
+  std::unique_ptr<AttentionLibrary> library = attention_library_from_env(ordinal, &why);
+  return std::make_unique<LibraryAttentionKernels>(
+      std::make_unique<CudaKernels>(ordinal, handle, errors), std::move(library), std::move(why),
+      ordinal, errors);
 }
 
 }  // namespace strata
