@@ -394,6 +394,31 @@ TEST(CpuKernels, GeluForwardAndBackward) {
   }
 }
 
+// matmul_gelu_forward on the CPU backend is matmul_forward then gelu_forward, bit for bit (the
+// contract: GPT-2's losses do not move when its MLP calls the fused op).
+TEST(CpuKernels, MatmulGeluIsMatmulThenGeluBitForBit) {
+  for (DType dt : kAllTypes) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} bias={}", dtype_name(dt), with_bias));
+      const int N = 37, C = 48, OC = 200;
+      std::mt19937_64 rng(test_seed(11));
+      Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+      Typed b = random_typed(dt, OC, rng);
+      Typed pre(dt, size_t(N) * OC), out(dt, pre.n), pre2(dt, pre.n), out2(dt, pre.n);
+      Fixture f;
+      EXPECT_TRUE(f.k().supports(KernelOp::kMatmulGelu, {.dt = dt, .OC = OC}).supported);
+      const void* bias = with_bias ? b.data() : nullptr;
+      f.k().matmul_gelu_forward(f.s(), dt, out.data(), pre.data(), x.data(), w.data(), bias, N, C,
+                                OC);
+      f.k().matmul_forward(f.s(), dt, pre2.data(), x.data(), w.data(), bias, N, C, OC);
+      f.k().gelu_forward(f.s(), dt, out2.data(), pre2.data(), pre2.n);
+      f.sync();
+      EXPECT_EQ(pre.bytes, pre2.bytes);
+      EXPECT_EQ(out.bytes, out2.bytes);
+    }
+  }
+}
+
 // GELU's AVX2 lanes compute the scalar loop's bits (what keeps training's losses the same on
 // every x86-64 CPU): random inputs over GELU's whole interesting range, large and tiny
 // magnitudes, signed zeros, infinities and NaN, at lengths that leave every tail size.

@@ -86,6 +86,8 @@ inline int quantize_qmax(int bits) { return bits == 8 ? 127 : 7; }
 enum class KernelOp {
   // fused_attention_forward/backward. Fallback: attention_gqa_forward/backward.
   kFusedAttention,
+  // matmul_gelu_forward. Fallback: matmul_forward, then gelu_forward.
+  kMatmulGelu,
 };
 
 // The call a query is about. A field left 0 means "any value": a query with only dt and hs set
@@ -93,8 +95,9 @@ enum class KernelOp {
 // memory); a query with every field set asks about that one call (a library's per-shape limits).
 struct OpShape {
   DType dt = DType::kF32;
-  int hs = 0;  // head size
+  int hs = 0;  // head size (attention)
   int B = 0, T = 0, NH = 0, KVH = 0;
+  int N = 0, C = 0, OC = 0;  // rows, input and output channels (matmul)
 };
 
 // The answer: whether the call runs on this backend, and which implementation runs it (for logs
@@ -132,6 +135,14 @@ class Kernels {
   // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null).
   virtual void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
                               const void* bias, int N, int C, int OC) = 0;
+  // A linear layer and the GELU after it (GPT-2's MLP up-projection), an optional op
+  // (KernelOp::kMatmulGelu): pre[N,OC] = inp @ weight^T + bias (bias may be null), saved for
+  // gelu_backward; out[N,OC] = gelu(pre). The CPU backend computes exactly matmul_forward then
+  // gelu_forward (the same bits); the CUDA backend fuses the GELU into the GEMM's epilogue
+  // (cuBLASLt GELU_AUX_BIAS), which applies it to the fp32 sum before rounding, so out may
+  // differ from gelu(rounded pre) by one rounding of dt.
+  virtual void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                                   const void* weight, const void* bias, int N, int C, int OC) = 0;
   // dinp += dout @ weight; dweight += dout^T @ inp (if non-null: nullptr for a frozen weight);
   // dbias += column sums of dout (if non-null).
   virtual void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,

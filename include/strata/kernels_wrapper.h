@@ -45,6 +45,10 @@ class KernelsWrapper : public Kernels {
                       const void* bias, int N, int C, int OC) override {
     k_->matmul_forward(s, dt, out, inp, weight, bias, N, C, OC);
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    k_->matmul_gelu_forward(s, dt, out, pre, inp, weight, bias, N, C, OC);
+  }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                        const void* dout, const void* inp, const void* weight, int N, int C,
                        int OC) override {

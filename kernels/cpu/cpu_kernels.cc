@@ -48,6 +48,13 @@ class CpuKernels final : public Kernels {
                       const void* bias, int N, int C, int OC) override {
     run(s, [=] { cpu::matmul_forward(dt, out, inp, weight, bias, N, C, OC); });
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    run(s, [=] {
+      cpu::matmul_forward(dt, pre, inp, weight, bias, N, C, OC);
+      cpu::gelu_forward(dt, out, pre, size_t(N) * OC);
+    });
+  }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                        const void* dout, const void* inp, const void* weight, int N, int C,
                        int OC) override {
@@ -59,6 +66,8 @@ class CpuKernels final : public Kernels {
       case KernelOp::kFusedAttention:  // the twin of the CUDA kernels: every dtype and head size
         if (shape.hs < 0) return {false, "negative head size"};
         return {true, "cpu"};
+      case KernelOp::kMatmulGelu:
+        return {true, "cpu (matmul_forward, then gelu_forward)"};
     }
     return {false, "unknown op"};
   }

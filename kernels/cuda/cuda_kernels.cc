@@ -69,6 +69,13 @@ class CudaKernels final : public Kernels {
       return cuda_matmul_forward(cs.handle, blas(cs), dt, out, inp, weight, bias, N, C, OC);
     });
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    run("matmul_gelu_forward", s, [&](CudaStream& cs) {
+      return cuda_matmul_gelu_forward(cs.handle, blas(cs), dt, out, pre, inp, weight, bias, N, C,
+                                      OC);
+    });
+  }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                        const void* dout, const void* inp, const void* weight, int N, int C,
                        int OC) override {
@@ -84,6 +91,11 @@ class CudaKernels final : public Kernels {
           return {false, "the CUDA fused attention runs bf16 and fp16 with head size 64 or 128"};
         }
         return {true, "cuda wmma"};
+      case KernelOp::kMatmulGelu:
+        if (!cuda_matmul_gelu_supported(shape.OC)) {
+          return {false, "cuBLASLt's GELU epilogue needs the output channels a multiple of 8"};
+        }
+        return {true, "cublaslt gelu_aux_bias epilogue"};
     }
     return {false, "unknown op"};
   }

@@ -88,6 +88,13 @@ Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dwei
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
                            int OC);
+// out = gelu(pre), pre = inp @ weight^T + bias, in one cuBLASLt call (GELU_AUX_BIAS epilogue;
+// GELU_AUX without a bias): the epilogue's aux output is pre. OC must be a multiple of 8 (the
+// aux matrix's leading dimension): cuda_matmul_gelu_supported.
+bool cuda_matmul_gelu_supported(int OC);
+Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
+                                void* pre, const void* inp, const void* weight, const void* bias,
+                                int N, int C, int OC);
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
                             const void* weight, int N, int C, int OC);

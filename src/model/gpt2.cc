@@ -205,10 +205,19 @@ class Gpt2Blocks {
                    void* out) const {
     Kernels& k = *st.k;
     const int N = int(st.N()), C = s_.n_embd;
-    k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
-                     C, 4 * C);
-    st.lora_forward(kFc, in, a.fch);
-    k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    // The up-projection and its GELU in one call where the kernels fuse them (cuBLASLt's
+    // epilogue; the CPU backend computes the two ops' bits). An adapter adds to fch between the
+    // two, so with LoRA they stay apart.
+    const OpShape up{.dt = st.dt, .N = N, .C = C, .OC = 4 * C};
+    if (st.lora == nullptr && k.supports(KernelOp::kMatmulGelu, up).supported) {
+      k.matmul_gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, in, param(p, st, at_[kFcw]),
+                            param(p, st, at_[kFcb]), N, C, 4 * C);
+    } else {
+      k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
+                       C, 4 * C);
+      st.lora_forward(kFc, in, a.fch);
+      k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    }
     k.matmul_forward(*st.s, st.dt, out, a.fch_gelu, param(p, st, at_[kFcprojw]),
                      param(p, st, at_[kFcprojb]), N, 4 * C, C);
     st.lora_forward(kFcProj, a.fch_gelu, out);
