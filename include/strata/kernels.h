@@ -90,9 +90,11 @@ enum class KernelOp {
   kMatmulGelu,
 };
 
-// The call a query is about. A field left 0 means "any value": a query with only dt and hs set
-// asks whether every B, T, NH, KVH runs (the question a model asks once, before it plans its
-// memory); a query with every field set asks about that one call (a library's per-shape limits).
+// The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
+// KVH; matmul: dt, N, C, OC). A field left 0 means "any value": an attention query with only dt
+// and hs set asks whether every B, T, NH, KVH runs (the question a model asks once, before it
+// plans its memory); a query with every field set asks about that one call (a library's
+// per-shape limits).
 struct OpShape {
   DType dt = DType::kF32;
   int hs = 0;  // head size (attention)
