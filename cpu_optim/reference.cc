@@ -31,15 +31,18 @@ void optimizer_step_reference(const OptimizerHyper& h, const ShardState& s) {
   const float step_size = h.lr / bc1;
   // 1/sqrt(bc2) once per step: the per-element denominator is then a multiply, not a divide.
   const float inv_bc2_sqrt = 1.0f / std::sqrt(bc2);
+  const float* master_src = s.master_src ? s.master_src : s.master;
+  const void* m_src = s.m_src ? s.m_src : s.m;
+  const void* v_src = s.v_src ? s.v_src : s.v;
   for (size_t i = 0; i < s.n; ++i) {
     float g = load_f32(s.grad, s.grad_dtype, i) * s.grad_mult;
-    float p = s.master[i];
+    float p = master_src[i];
     switch (h.kind) {
       case OptimizerKind::kAdam:
       case OptimizerKind::kAdamW: {
         if (h.kind == OptimizerKind::kAdam && h.weight_decay != 0.0f) g += h.weight_decay * p;
-        float m = load_f32(s.m, s.moment_dtype, i);
-        float v = load_f32(s.v, s.moment_dtype, i);
+        float m = load_f32(m_src, s.moment_dtype, i);
+        float v = load_f32(v_src, s.moment_dtype, i);
         m = b1 * m + (1.0f - b1) * g;
         v = b2 * v + (1.0f - b2) * g * g;
         float denom = std::sqrt(v) * inv_bc2_sqrt + h.eps;
@@ -53,13 +56,13 @@ void optimizer_step_reference(const OptimizerHyper& h, const ShardState& s) {
       }
       case OptimizerKind::kAdagrad: {
         if (h.weight_decay != 0.0f) g += h.weight_decay * p;
-        float v = load_f32(s.v, s.moment_dtype, i) + g * g;
+        float v = load_f32(v_src, s.moment_dtype, i) + g * g;
         p -= h.lr * g / (std::sqrt(v) + h.eps);
         store_f32(s.v, s.moment_dtype, i, v);
         break;
       }
       case OptimizerKind::kLion: {
-        float m = load_f32(s.m, s.moment_dtype, i);
+        float m = load_f32(m_src, s.moment_dtype, i);
         float c = b1 * m + (1.0f - b1) * g;
         float sgn = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : 0.0f);
         p -= h.lr * (sgn + h.weight_decay * p);

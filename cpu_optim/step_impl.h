@@ -245,6 +245,10 @@ size_t step_loop(const VConsts<O>& k, const StepConsts& c, const ShardState& s, 
   float* const master = s.master;
   void* const m = s.m;
   void* const v = s.v;
+  // The pre-step state: in place, or out of place from *_src (ShardState).
+  const float* const master_src = s.master_src ? s.master_src : master;
+  const void* const m_src = s.m_src ? s.m_src : m;
+  const void* const v_src = s.v_src ? s.v_src : v;
   void* const lp = s.lp_out;
   const bool has_wd = c.has_wd, stream = c.lp_stream;
   using MT = typename Storage<kMomBf16 ? DType::kBF16 : DType::kF32>::type;
@@ -256,19 +260,22 @@ size_t step_loop(const VConsts<O>& k, const StepConsts& c, const ShardState& s, 
       const size_t a = i + O::kPrefetchElems;
       if (a + U * W <= end) {
         prefetch_span<O>(grad, a, U * W);
-        prefetch_span<O>(master, a, U * W);
-        if (K != OptimizerKind::kAdagrad) prefetch_span<O>(static_cast<const MT*>(m), a, U * W);
-        if (K != OptimizerKind::kLion) prefetch_span<O>(static_cast<const MT*>(v), a, U * W);
+        prefetch_span<O>(master_src, a, U * W);
+        if (K != OptimizerKind::kAdagrad) {
+          prefetch_span<O>(static_cast<const MT*>(m_src), a, U * W);
+        }
+        if (K != OptimizerKind::kLion) prefetch_span<O>(static_cast<const MT*>(v_src), a, U * W);
       }
     }
     BlockOut<O> o[U];
     for (int u = 0; u < U; ++u) {
-      o[u] = step_block<O, K, G, kMomBf16>(k, has_wd, grad, master, m, v, i + u * W);
+      o[u] = step_block<O, K, G, kMomBf16>(k, has_wd, grad, master_src, m_src, v_src, i + u * W);
     }
     store_group<O, K, kMomBf16, kLp, U>(o, master, m, v, lp, stream, i);
   }
   for (; i + W <= end; i += W) {
-    BlockOut<O> o[1] = {step_block<O, K, G, kMomBf16>(k, has_wd, grad, master, m, v, i)};
+    BlockOut<O> o[1] = {
+        step_block<O, K, G, kMomBf16>(k, has_wd, grad, master_src, m_src, v_src, i)};
     store_group<O, K, kMomBf16, kLp, 1>(o, master, m, v, lp, stream, i);
   }
   return i;
@@ -300,9 +307,12 @@ void step_range(const StepConsts& c, const ShardState& s, size_t begin, size_t e
   alignas(64) MT vb[W] = {};
   alignas(64) float lb[W] = {};  // room for W fp32 / bf16 / fp16 values
   std::memcpy(gb, grad + i, t * sizeof(GT));
-  std::memcpy(pb, s.master + i, t * sizeof(float));
-  if (s.m) std::memcpy(mb, static_cast<const MT*>(s.m) + i, t * sizeof(MT));
-  if (s.v) std::memcpy(vb, static_cast<const MT*>(s.v) + i, t * sizeof(MT));
+  const float* master_src = s.master_src ? s.master_src : s.master;
+  const void* m_src = s.m_src ? s.m_src : s.m;
+  const void* v_src = s.v_src ? s.v_src : s.v;
+  std::memcpy(pb, master_src + i, t * sizeof(float));
+  if (s.m) std::memcpy(mb, static_cast<const MT*>(m_src) + i, t * sizeof(MT));
+  if (s.v) std::memcpy(vb, static_cast<const MT*>(v_src) + i, t * sizeof(MT));
   const BlockOut<O> o[1] = {step_block<O, K, G, kMomBf16>(k, c.has_wd, gb, pb, mb, vb, 0)};
   size_t es = 2;
   if (s.lp_out == nullptr) {

@@ -35,8 +35,9 @@ struct RawOp {
 // two goes to the block layer under a plug, which merges neighbouring requests of one file into
 // larger ones: 1 MiB writes at QD 8 reached a virtio disk as 4 MiB requests, fewer in flight, and
 // moved 3.1-3.6 GB/s where the same writes one per call moved 4.4 (reads 3.0-3.2 -> 3.5; QD 32
-// reads 2.7-2.8 -> 3.1-3.3; session 22, `strata probe io`, fio 3.7-4.1 / 3.45 there). Below it
-// a system call per request would cost more than the merge saves.
+// reads 2.7-2.8 -> 3.1-3.3; `strata probe io` on a 2-core Intel Xeon VM, fio 3.7-4.1 / 3.45
+// there; docs/BENCHMARKS.md, storage). Below it a system call per request would cost more than
+// the merge saves.
 inline constexpr uint32_t kUnbatchedBytes = 256u << 10;
 
 struct RawResult {

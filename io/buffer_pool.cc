@@ -45,7 +45,7 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
   // pages before any page is touched (mlock below faults them in). With 4 KiB pages a 1 MiB
   // O_DIRECT transfer is 256 scattered pages; a virtio disk takes at most 254 segments per
   // request (/sys/block/*/queue/max_segments), so the block layer split every 1 MiB read into
-  // 1016 KiB + 8 KiB and the disk saw twice the requests (measured: docs/BENCHMARKS.md, #3).
+  // 1016 KiB + 8 KiB and the disk saw twice the requests (measured: docs/BENCHMARKS.md, storage).
   // Inside a 2 MiB page a piece is one physically contiguous segment.
   const size_t align = cap >= kHugePage ? kHugePage : kStorageAlignment;
   void* p = nullptr;

@@ -191,7 +191,7 @@ TEST_F(ActivationsTest, KeepRecomputeOffloadTrainBitIdentically) {
   EXPECT_GE(host_off.peak, host_keep.peak + off.host_bytes);
 }
 
-// The optimizer schedules of issue #9 (plain, and the one-step-stale delayed update) leave the
+// The optimizer schedules (plain, and the one-step-stale delayed update) leave the
 // parameters unchanged between a block's forward and its recompute, so the modes still agree.
 TEST_F(ActivationsTest, ModesAgreeUnderEveryOptimizerSchedule) {
   const std::vector<std::vector<std::string>> schedules = {

@@ -12,7 +12,7 @@
 // After the runs a summary prints params/s, GB/s, the ratio to the limit and the bf16-moment
 // speed-up per size and thread count.
 //
-// bench_cpu_optim --pairs=N instead prints the interleaved fastest-pass table (docs/BENCHMARKS.md);
+// bench_cpu_optim --pairs=N instead prints the interleaved fastest-pass table;
 // bench_cpu_optim --ab=N instead prints the bf16-vs-fp32-moment A/B table (median of N rounds);
 // bench_cpu_optim --accuracy=1 instead prints the bf16-moment accuracy experiment (CPU_OPTIM.md).
 // Run: build-optim/tests/bench_cpu_optim [--sizes=1,16,64,256] [--threads=1,2] [--rounds=3]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# strata's CPU backend against PyTorch on the CPU, same model shape, alternated runs (issue #19).
+# strata's CPU backend against PyTorch on the CPU, same model shape, alternated runs.
 #
 #   tests/bench_cpu_vs_torch.sh build/tools/strata PYTHON [ROUNDS] [STEPS] [SHAPE...]
 #

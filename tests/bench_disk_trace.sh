@@ -4,7 +4,7 @@
 # last SHOWN steps in 100 ms buckets — read and write GB/s and the mean number of requests in
 # flight (the disk's queue depth as the kernel sees it), each step's end marked where its
 # progress line came out — so a phase that leaves the disk idle or one request deep shows up
-# (docs/BENCHMARKS.md, sessions 17 and 18: "What the disk did").
+# (docs/BENCHMARKS.md, "The optimizer under backward and the step's bound").
 #
 # usage: tests/bench_disk_trace.sh STRATA_BIN CONFIG [STEPS=6] [SHOWN=2] [--set KEY=VALUE]...
 #   e.g. tests/bench_disk_trace.sh build/tools/strata configs/hostmem-190m.json 6 2

@@ -1,6 +1,6 @@
 // oneDNN's fp32 matmul against strata's hand AVX2 GEMM (kernels/cpu/gemm_avx2.cc) at the
 // linear-layer shapes of configs/bench-25m.json (N = 2 x 128 rows, width 512), one thread.
-// A measurement for issue #19's choice of GEMM library, not a test and not a dependency: it is
+// A measurement for the choice of GEMM library, not a test and not a dependency: it is
 // built by hand where oneDNN is installed (Debian: libdnnl-dev), against an existing build:
 //
 //   g++ -O3 -std=c++20 -I. -Iinclude tests/bench_gemm_onednn.cc \
@@ -12,7 +12,7 @@
 // both, plus the hand kernel on bf16 operands (what training runs: widened while packing).
 // Reports GFLOP per CPU-second of the process (fair on a loaded machine) and wall GFLOP/s, the
 // largest relative difference between the two results, whether oneDNN gave the same bits
-// on two calls, and whether its bits at 2 OpenMP threads equal those at 1 (issue #26: strata's
+// on two calls, and whether its bits at 2 OpenMP threads equal those at 1 (strata's
 // onednn GEMM path runs oneDNN at 1 OpenMP thread per TBB worker; see gemm_onednn.cc).
 #include <omp.h>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU GEMM paths (kernels/cpu/gemm.h) against the CPU's fp32 FMA peak, at the linear layers
 # of configs/bench-25m.json (N = 2 x 128 tokens, width 512; bf16 operands, what training runs),
-# forward and backward, 1 and 2 threads, through the Kernels table (bench_matmul). Issue #26.
+# forward and backward, 1 and 2 threads, through the Kernels table (bench_matmul).
 #
 #   tests/bench_gemm_paths.sh [BENCH_MATMUL] [ROUNDS] [PATHS]
 #

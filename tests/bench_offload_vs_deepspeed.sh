@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# strata against DeepSpeed ZeRO-Infinity on its own job, alternated (issue #25).
+# strata against DeepSpeed ZeRO-Infinity on its own job, alternated.
 #
 #   tests/bench_offload_vs_deepspeed.sh STRATA_BIN PYTHON [ROUNDS] [STEPS] [NVME_DIR]
 #

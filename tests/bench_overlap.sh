@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The optimizer under backward (issue #9): step time of the plain schedule (all of backward,
+# The optimizer under backward: step time of the plain schedule (all of backward,
 # then the optimizer) against the overlapped one, on the CPU backend, in one invocation.
 #
 #   tests/bench_overlap.sh build/tools/strata [CONFIG] [ROUNDS] [--set key=value ...]
@@ -8,7 +8,7 @@
 # (default 2) with strata.optimizer.overlap=false and =true, alternating, and reads the JSONL
 # logs. Per schedule it reports medians over every step after the first two of each run: step
 # time, fwd+bwd, optimizer (its I/O included) and the share of it hidden under backward. Target
-# (issue #9, CPU backend): overlapped step <= 1.25 x max(fwd+bwd, optimizer) of the plain run.
+# (CPU backend): overlapped step <= 1.25 x max(fwd+bwd, optimizer) of the plain run.
 set -euo pipefail
 bin=${1:?usage: bench_overlap.sh STRATA_BIN [CONFIG] [ROUNDS] [--set k=v ...]}
 cfg=${2:-configs/bench-25m.json}

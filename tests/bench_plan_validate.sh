@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The planner against the trainer (issue #8): predicted vs measured step time and peak bytes per
+# The planner against the trainer: predicted vs measured step time and peak bytes per
 # tier, for the seven CPU-backend configs of docs/PLANNER.md ("Validation on the CPU backend").
 #
 #   tests/bench_plan_validate.sh build/tools/strata [ROUNDS] [SWAP_DIR]

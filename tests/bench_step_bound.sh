@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #25's two ratios for one config, every term measured in the same sitting, alternated
+# The step-time bound's two ratios for one config, every term measured in the same sitting, alternated
 # ROUNDS times so a noisy disk's drift hits all alike:
 #
 #   step / max(fwd+bwd, optimizer)   the overlapped run's step against the plain schedule's
@@ -13,13 +13,16 @@
 #                                    disk, the host CPU): max(compute + optimizer alone, disk)
 #   step / schedule bound            the schedule bound: what the exact schedules a clipped step
 #                                    can run (its pass deferred into the next forward, or after
-#                                    backward; the faster) allow with these terms: the bytes of
-#                                    the pass the step waits on (the planner's
-#                                    clipped_pass_bytes) at fio's rate for their mix, beside the
-#                                    compute they cannot overlap. schedule / bound above 1.2
-#                                    says the issue's 1.2x is beyond those schedules on this disk
+#                                    backward; the faster) allow with these terms: the planner's
+#                                    own step_clipped_deferred and step_clipped_plain (strata plan
+#                                    --json) with a profile of the measured rates — compute alone,
+#                                    the optimizer alone, fio at the pass's mix for the disk (its
+#                                    clipped_pass_bytes, and the step's whole NVMe term), copies
+#                                    free — so the bytes the pass waits on are the planner's and
+#                                    so is the formula. schedule / bound above 1.2
+#                                    says a 1.2x target is beyond those schedules on this disk
 #                                    and host budget; disk / max(f+b, opt) above 1.10 says no
-#                                    schedule moving the placement's bytes meets the issue's 1.10x.
+#                                    schedule moving the placement's bytes meets the 1.10x target.
 #
 # Per round: fio on the config's swap directory (before the runs and again after them: the mean)
 # with the step's read/write mix (the planner's
@@ -59,6 +62,35 @@ o = [o for o in j['options'] if o['name'] == '$placement'][0]
 p = o['clipped_pass_bytes']
 print(o['nvme_read_bytes'], o['nvme_write_bytes'], p['deferred']['read'], p['deferred']['write'],
       p['after_backward']['read'], p['after_backward']['write'], o['first_forward_share'])")
+# The planner with the rates of one round: a machine profile (strata probe's format) whose
+# compute rate gives the step's FLOPs in the measured compute time, whose optimizer rate gives
+# the placement's optimizer in the measured time, whose disk reads and writes at fio's rate for
+# the pass's mix, and whose copies (the link, the undo copies) are free: the measured terms
+# stand alone, as in the bound. Prints the option's step_clipped_deferred and step_clipped_plain
+# in ms.
+backend=cuda
+[[ $cpu == 1 ]] && backend=cpu
+profile() {  # gemm_flops optimizer_params_per_s nvme_gbps -> $work/profile.json
+  cat >"$work/profile.json" <<JSON
+{"magic": "strata-machine-profile", "version": 1,
+ "device": {"backend": "$backend", "gemm_flops": $1}, "host": {"copy_gbps": 1e9},
+ "link": {"h2d_pinned_gbps": 1e9}, "cpu_optimizer": {"params_per_s": $2},
+ "nvme": {"read_gbps": $3, "write_gbps": $3}}
+JSON
+}
+planned() {  # gemm_flops optimizer_params_per_s nvme_gbps -> "flops cpu_optimizer_s deferred_ms plain_ms"
+  profile "$@"
+  "$bin" plan --config "$config" "${sets[@]}" --profile "$work/profile.json" \
+    --json "$work/rated.json" >/dev/null
+  python3 -c "
+import json
+o = [o for o in json.load(open('$work/rated.json'))['options'] if o['name'] == '$placement'][0]
+t = o['time_s']
+print(o['flops'], t['cpu_optimizer'], t['step_clipped_deferred'] * 1e3, t['step_clipped_plain'] * 1e3)"
+}
+# The optimizer's parameters per step (over the node): its time at 1e9 parameters per second.
+read -r flops opt_params _ _ < <(planned 1e12 1e9 1)
+opt_params=$(python3 -c "print(round($opt_params * 1e9))")  # 0: no optimizer on the CPU
 swap=$(python3 "$(dirname "$0")/bench_swap_dir.py" "$config")
 mkdir -p "$swap"
 mix=$(python3 -c "print(round(100 * $rbytes / max(1, $rbytes + $wbytes)))")
@@ -70,7 +102,7 @@ fio_mem=()
 if [[ ${huge_free:-0} -ge 64 ]]; then
   fio_mem=(--mem=mmaphuge)
 else
-  # fio on 4 KiB pages runs at a fraction of the disk (session 22: 1.5-1.9 against 2.4-3.6 GB/s),
+  # fio on 4 KiB pages runs at a fraction of the disk (measured: 1.5-1.9 against 2.4-3.6 GB/s),
   # which makes the disk term of the bound too slow and a disk-bound ratio look better than it is.
   echo "WARNING: no hugetlb pages reserved: fio runs on 4 KiB pages, the disk bound is too slow;"
   echo "         reserve them first: echo 128 > /proc/sys/vm/nr_hugepages"
@@ -122,7 +154,7 @@ for r in $(seq 1 "$rounds"); do
   read -r _ compute opt_alone < <(run alone "${opt_host[@]}")
   read -r _ pfb popt < <(run plain --set strata.optimizer.overlap=false)
   read -r step _ _ < <(run overlapped)
-  # The disk drifts within minutes (session 23: 1.7-2.9 GB/s): fio again right after the
+  # The disk drifts within minutes (measured: 1.7-2.9 GB/s): fio again right after the
   # overlapped run, and the two measurements' mean (both printed).
   gbps_after=$(fio_mixed)
   pass_after=$gbps_after
@@ -130,6 +162,10 @@ for r in $(seq 1 "$rounds"); do
   gbps_before=$gbps pass_before=$pass_gbps
   gbps=$(python3 -c "print('%.3f' % (($gbps_before + $gbps_after) / 2))")
   pass_gbps=$(python3 -c "print('%.3f' % (($pass_before + $pass_after) / 2))")
+  read -r _ _ deferred after < <(planned \
+    "$(python3 -c "print($flops / ($compute / 1e3) if $compute > 0 else 1e30)")" \
+    "$(python3 -c "print($opt_params / ($opt_alone / 1e3) if $opt_alone * $opt_params > 0 else 1e30)")" \
+    "$pass_gbps")
   python3 -c "
 disk = ($rbytes + $wbytes) / ($gbps * 1e9) * 1e3
 bound = max($compute, disk, $opt_alone)
@@ -139,19 +175,10 @@ print('%-5s | %-8s | %-12s | %-11s | %-26s | %-22s | %.2f  %.2f  (bound %.0f ms:
     $step / max($pfb, $popt), $step / bound, bound,
     'disk %.0f ms' % disk if bound == disk else ('compute' if bound == $compute else 'optimizer'),
     '  [%.2f: %.0f ms]' % ($step / shared, shared) if $cpu else ''))
-# The schedule bound (the planner's step_clipped_deferred / step_clipped_plain with these terms):
-# a deferred pass's bytes gate the compute after the first forward group's share f0 (the plan's
-# first_forward_share: K micro-batches' forwards of A, strata.grouped_forwards), whose compute it
-# overlaps; after backward, the pass's bytes follow all of compute. On the CPU backend the
-# optimizer's arithmetic shares the cores with compute.
-c, o, f0 = $compute, $opt_alone, $f0
+# The schedule bound: the planner's step_clipped_deferred / step_clipped_plain at these rates.
+deferred, after = $deferred, $after
 pd = ($dr + $dw) / ($pass_gbps * 1e9) * 1e3
 pa = ($ar + $aw) / ($pass_gbps * 1e9) * 1e3
-if $cpu:
-    deferred = max(c + o, c * (1 - f0) + max(pd, c * f0), disk)
-else:
-    deferred = max(c * (1 - f0) + max(o, pd, c * f0), disk)
-after = max(c + max(o, pa), disk)
 sched = min(deferred, after)
 print('      [fio before / after the runs: step mix $gbps_before / $gbps_after, pass mix'
       ' $pass_before / $pass_after GB/s; the means used]')

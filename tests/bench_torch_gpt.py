@@ -58,7 +58,7 @@ def main():
                           ("warmup", 2), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
-                   help="bf16: autocast to bfloat16 (the issue's peer); fp32: no autocast")
+                   help="bf16: autocast to bfloat16 (strata's bf16 peer); fp32: no autocast")
     a = p.parse_args()
     torch.manual_seed(1)
     torch.set_num_threads(a.threads)

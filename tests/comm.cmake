@@ -1,4 +1,4 @@
-# Communicator tests (issue #6).
+# Communicator tests.
 #   comm_test:      single backend, shard layout, probe JSON, the rank-order reduction, the nccl
 #                   backend (skipped without a GPU), and the MpiFault tests, which launch
 #                   comm_mpi_test under mpirun with a rank that hangs or dies.

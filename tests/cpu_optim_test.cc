@@ -448,6 +448,64 @@ TEST_P(CpuOptimIsa, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// Out of place (ShardState::*_src, the speculation's undo without copies): the new state in
+// master/m/v has the bits of the in-place step, and the sources are left as they were, for
+// every kind, moment dtype and lp dtype, on the vector loop and the tail.
+TEST_P(CpuOptimIsa, OutOfPlaceStepMatchesInPlaceAndLeavesSourcesUntouched) {
+  const CpuIsa isa = GetParam();
+  std::mt19937_64 rng(123);
+  for (OptimizerKind kind : kAllKinds) {
+    for (DType mt : {DType::kF32, DType::kBF16}) {
+      for (DType lt : {DType::kBF16, DType::kF32}) {
+        const size_t n = 2 * kOptimizerTileElems + 37;
+        Shard base = make_shard(rng, n, DType::kBF16, mt, lt, true, 1);
+        fill_grad(rng, base.grad, 1.0f);
+        OptimizerHyper h;
+        h.kind = kind;
+        h.weight_decay = 0.05f;
+        h.step = 4;
+        Shard in_place = base.clone(0);
+        optimizer_step_isa(isa, h, in_place.state(0.5f), 2);
+        Shard src = base.clone(0);
+        Shard dst = make_shard(rng, n, DType::kBF16, mt, lt, true, 3);  // other values
+        ShardState s = src.state(0.5f);
+        s.master_src = s.master;
+        s.m_src = s.m;
+        s.v_src = s.v;
+        s.master = dst.master.f32();
+        s.m = dst.m.ptr;
+        s.v = dst.v.ptr;
+        s.lp_out = dst.lp.ptr;
+        optimizer_step_isa(isa, h, s, 2);
+        SCOPED_TRACE(::testing::Message() << optimizer_kind_name(kind) << " moments "
+                                          << dtype_name(mt) << " lp " << dtype_name(lt));
+        EXPECT_TRUE(dst.master.same_bits(in_place.master))
+            << first_diff(dst.master, in_place.master);
+        if (kind != OptimizerKind::kAdagrad) EXPECT_TRUE(dst.m.same_bits(in_place.m));
+        if (kind != OptimizerKind::kLion) EXPECT_TRUE(dst.v.same_bits(in_place.v));
+        EXPECT_TRUE(dst.lp.same_bits(in_place.lp)) << first_diff(dst.lp, in_place.lp);
+        EXPECT_TRUE(src.master.same_bits(base.master)) << "the source master weights changed";
+        EXPECT_TRUE(src.m.same_bits(base.m)) << "the source first moments changed";
+        EXPECT_TRUE(src.v.same_bits(base.v)) << "the source second moments changed";
+        // The reference agrees.
+        Shard ref_src = base.clone(0);
+        Shard ref_dst = make_shard(rng, n, DType::kBF16, mt, lt, true, 0);
+        ShardState r = ref_src.state(0.5f);
+        r.master_src = r.master;
+        r.m_src = r.m;
+        r.v_src = r.v;
+        r.master = ref_dst.master.f32();
+        r.m = ref_dst.m.ptr;
+        r.v = ref_dst.v.ptr;
+        r.lp_out = ref_dst.lp.ptr;
+        optimizer_step_reference(h, r);
+        EXPECT_TRUE(ref_dst.master.same_bits(in_place.master));
+        EXPECT_TRUE(ref_src.master.same_bits(base.master));
+      }
+    }
+  }
+}
+
 // grad_stats: equal to the sequential fp64 reference up to summation order, the same bits for
 // every ISA and thread count, and inf/nan found wherever it sits.
 TEST_P(CpuOptimIsa, GradStatsMatchReferenceAndFindNonFinite) {

@@ -4,7 +4,12 @@
 # one rank and with two (mpirun -np 2: both ranks killed at once, or one of them). Every resume
 # must start from a complete checkpoint (never an error), and every loss the killed and resumed
 # runs logged (metrics.jsonl, steps_per_print=1) must equal the uninterrupted run's bit for bit.
-# usage: crash_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]   (env: CRASH_SEED, CRASH_KILLS)
+# Then the writers of user-visible files: `strata export --adapter` killed at random moments
+# while it replaces another run's adapter (another rank) leaves the old pair or the new one,
+# never a mix (tools/prepare_data.py's kills: prepare_data_test.py).
+# usage: crash_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]
+#   env: CRASH_SEED, CRASH_KILLS (training, default 8 per case), CRASH_WRITER_KILLS (export
+#   --adapter, default 15; 50 for a longer check), CRASH_CASES (default "train writers")
 set -uo pipefail
 strata=$1
 repo=$2
@@ -102,10 +107,72 @@ run_case() {
     test "$(losses "$name/run/metrics.jsonl" | cut -d' ' -f1 | sort -un | wc -l)" -eq $steps
 }
 
-run_case one-rank 1
-if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null; then
-  run_case two-ranks 2
-else
-  echo "skipped: two ranks (no mpirun)"
+# export --adapter over another run's adapter, killed at random moments: the old pair or the new.
+writer_case() {
+  local kills=${CRASH_WRITER_KILLS:-15} dir=writers
+  mkdir -p "$dir/swap"
+  python3 - "$repo" "$dir" <<'PY'
+import json, sys
+repo, d = sys.argv[1:3]
+cfg = json.load(open(repo + "/configs/tiny-cpu.json"))
+cfg["model"] = {"from_pretrained": repo + "/tests/fixtures/hf/llama", "context": 32}
+cfg["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+cfg["train"].update({"steps": 1, "eval_interval": 0})
+cfg["scheduler"]["params"]["warmup_num_steps"] = 1
+cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = d + "/swap"
+json.dump(cfg, open(d + "/lora.json", "w"))
+PY
+  local a=(--config "$dir/lora.json" --set "train.checkpoint_dir=\"$dir/ck4\"")
+  local b=(--config "$dir/lora.json" --set "train.checkpoint_dir=\"$dir/ck64\"" --set lora.r=64
+           --set lora.lora_alpha=128)
+  "$strata" train "${a[@]}" --quiet >"$dir/train4.txt" 2>&1 &&
+    "$strata" train "${b[@]}" --quiet >"$dir/train64.txt" 2>&1
+  local rc=$?
+  check "writers: two LoRA runs (rank 4 and 64) train" test $rc -eq 0
+  [ $rc -eq 0 ] || tail -3 "$dir"/train*.txt
+  local t0 t1 ms
+  t0=$(date +%s%N)
+  "$strata" export "${a[@]}" --checkpoint "$dir/ck4" --adapter "$dir/adapter" >/dev/null 2>&1
+  t1=$(date +%s%N)
+  ms=$(((t1 - t0) / 1000000 + 1))
+  local mixes=0 i
+  for i in $(seq 1 "$kills"); do
+    local run=("${a[@]}" --checkpoint "$dir/ck4")
+    [ $((i % 2)) -eq 1 ] && run=("${b[@]}" --checkpoint "$dir/ck64")
+    "$strata" export "${run[@]}" --adapter "$dir/adapter" --force >/dev/null 2>&1 &
+    local pid=$!
+    sleep "$(awk -v r=$RANDOM -v ms=$ms 'BEGIN { printf "%.3f", r / 32768 * ms * 1.2 / 1000 }')"
+    kill -KILL "$pid" 2>/dev/null
+    { wait "$pid"; } 2>/dev/null
+    local got
+    got=$(python3 "$repo/tests/adapter_pair.py" "$dir/adapter")
+    case "$got" in
+      r4 | r64) ;;
+      *) mixes=$((mixes + 1)); echo "  kill $i: $got" ;;
+    esac
+  done
+  check "writers: export --adapter killed $kills times (an export takes ~$ms ms): never a mix" \
+    test $mixes -eq 0
+}
+
+cases=${CRASH_CASES:-train writers}
+skipped=0
+if [[ " $cases " == *" train "* ]]; then
+  run_case one-rank 1
+  # Without a launcher the two-rank case cannot run: the test is skipped (exit 77, ctest's
+  # SKIP_RETURN_CODE) after the other cases, never passed; under CI (CI=true) it fails.
+  if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null; then
+    run_case two-ranks 2
+  elif [ "${CI:-}" = "true" ]; then
+    echo "FAILED: two-ranks: no mpirun ('${mpiexec}' not found; Open MPI: apt-get install" \
+         "openmpi-bin); CI needs every case"
+    fail=1
+  else
+    echo "skipped: two-ranks: no mpirun ('${mpiexec}' not found; Open MPI: apt-get install" \
+         "openmpi-bin); the other cases ran"
+    skipped=1
+  fi
 fi
+if [[ " $cases " == *" writers "* ]]; then writer_case; fi
+[ "$fail" = 0 ] && [ "$skipped" = 1 ] && exit 77
 exit $fail

@@ -314,6 +314,20 @@ TEST_P(CudaOpTest, ResidualAndAddInplace) {
   compare("add_inplace", a, dt, tol(dt, kElementwise));
 }
 
+// The same mask from the same key, one rounded multiply: bit-identical.
+TEST_P(CudaOpTest, Dropout) {
+  const DType dt = GetParam();
+  const size_t n = 70001;
+  Twin x = random(n, dt), out = random(n, dt);
+  run([&](Kernels& k, Stream& s, int i) {
+    EXPECT_TRUE(k.supports(KernelOp::kDropout, {}).supported);
+    k.dropout(s, dt, out.p[i], x.p[i], n, 0.1f, 0x5eed5eedull);
+  });
+  compare("dropout", out, dt, 0.0);
+  run([&](Kernels& k, Stream& s, int i) { k.dropout(s, dt, x.p[i], x.p[i], n, 0.35f, 42); });
+  compare("dropout in place", x, dt, 0.0);
+}
+
 TEST_P(CudaOpTest, CrossEntropy) {
   const DType dt = GetParam();
   const int N = 33, V = 1000, Vp = 1024;

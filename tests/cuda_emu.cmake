@@ -1,4 +1,4 @@
-# The CUDA backend without a GPU (issue #32): every kernels/cuda/*.cu file, translated
+# The CUDA backend without a GPU: every kernels/cuda/*.cu file, translated
 # (tests/cuda_emu/translate.cmake) and compiled as C++ against the CPU emulation of CUDA
 # (tests/cuda_emu.h), with the real backend's host code (kernels/cuda/cuda_device.cc,
 # cuda_kernels.cc, unchanged) over a CPU stand-in for the CUDA runtime and cuBLASLt

@@ -557,6 +557,30 @@ TEST_F(EmulatedKernels, ResidualCastAndScaleAreExact) {
       {{0, "x"}});
 }
 
+// LoRA's dropout: the same mask and the same multiply, so the same bits; out of place and in
+// place (the backward's use).
+TEST_F(EmulatedKernels, DropoutIsBitExact) {
+  const size_t n = 100003;
+  for (DType dt : kDtypes) {
+    check_op(
+        name("dropout", dt), {floats(n, dt), floats(n, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.dropout(s, dt, p[0], p[1], n, 0.1f, 0x5eed5eedull);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_dropout(s, dt, p[0], p[1], n, 0.1f, 0x5eed5eedull);
+        },
+        {{0, "out"}});
+    check_op(
+        name("dropout in place", dt), {floats(n, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) { k.dropout(s, dt, p[0], p[0], n, 0.35f, 42); },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_dropout(s, dt, p[0], p[0], n, 0.35f, 42);
+        },
+        {{0, "x"}});
+  }
+}
+
 TEST_F(EmulatedKernels, CrossEntropy) {
   const int N = 37, V = 1001, Vp = 1024;
   for (DType dt : kDtypes) {

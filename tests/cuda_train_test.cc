@@ -171,8 +171,8 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
 
 // The optimizer state on NVMe, parameters in host RAM: every pass, and every step under backward,
 // keeps the sub-groups of its read-ahead room in host memory for the next step (written to
-// NVMe, not read back), on a device that is not host-addressable as on the CPU backend. The GPU
-// run of session 22 (GPT-2 124M, this placement, clipping on but not biting) read the whole
+// NVMe, not read back), on a device that is not host-addressable as on the CPU backend. Without
+// it a GPU run (H200, GPT-2 124M, this placement, clipping on but not biting) read the whole
 // state every step instead: 2.78 GiB of NVMe a step against the placement's minimum of 1.63.
 // Clipping at 1.0 bites here (passes deferred to the next forward), at 1000 never (each step
 // under backward). The same losses, kept sub-groups and NVMe bytes per step as the CPU backend.
@@ -212,11 +212,11 @@ TEST(CudaTraining, OptimizerOnNvmeKeepsSubGroupsAsTheCpuBackendDoes) {
   }
 }
 
-// Host<->device bytes per step at the planner's minimum for the placement (issue #25), on either
+// Host<->device bytes per step at the planner's minimum for the placement, on either
 // backend: with the parameters on the device and the optimizer in host RAM (whole, or by ratio)
 // the host-stepped parameters cross back to the device (the CPU backend's optimizer writes its
 // host-addressable device in place: nothing crosses); parameters in host RAM with a tiny Llama
-// whose block inputs are recomputed. Session 22's GPU run had counted none of the parameters'
+// whose block inputs are recomputed. A GPU run (H200) had counted none of the parameters'
 // copies back (-20% of the minimum) while the CPU backend's planner counted copies it never
 // makes. Steps 4-6 (a deferred pass's copies fall in the step after the one that ran it in the
 // first steps); no prefetch (what it saves depends on timing).

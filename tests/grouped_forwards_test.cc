@@ -1,4 +1,4 @@
-// strata.grouped_forwards (issue #25): a step's micro-batches run their forwards together,
+// strata.grouped_forwards: a step's micro-batches run their forwards together,
 // module by module, each on its own activation slot, then each its head and backward in the
 // usual order. A step deferred into the next forward (clipping biting) overlaps its optimizer
 // pass with all of these forwards. The same kernels run on the same inputs and the gradients
@@ -162,7 +162,7 @@ TEST_P(GroupedForwards, BitIdenticalToOneMicroBatchAtATime) {
   // run's; parameters the device holds are not fetched again by the later forwards of a group.
   // The NVMe tier's bytes_in are the bytes written to it, bytes_out those read. (With fp16
   // overflows skipping steps the bytes read had differed by 8 KiB in about half of the runs,
-  // session 24: a skipped step dropped what was read ahead under its backward, and whether a
+  // because a skipped step dropped what was read ahead under its backward, and whether a
   // sub-group had been read before the skip depended on timing. The read-ahead now stays for
   // the next step, OptimizerPipeline::end_step(skipped).)
   const auto& on = test::tier(one, "nvme");

@@ -28,7 +28,8 @@ if(strata_hf_python)
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(sft_loss_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
   # tools/prepare_data.py: errors as one line with the file and line, bounded memory on a 16 MB
-  # line, empty outputs refused, the input never overwritten (a test double of transformers).
+  # line, empty outputs refused, the input never overwritten, killed before every rename and at
+  # random moments the old set or the new one (PREPARE_KILLS; a test double of transformers).
   add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)
   set_tests_properties(prepare_data PROPERTIES TIMEOUT 600)
 endif()

@@ -466,7 +466,7 @@ TEST(HostMemoryModel, ReadAheadIsWhatTheBudgetLeavesInWholeSubGroups) {
   to.read_ahead_bytes = 10 * unit + unit / 2;
   EXPECT_EQ(read_ahead_sub_groups(*n, to, false), 10u);
   // The budget's arithmetic on a made-up need: the arena's other parts are 64 MiB (no state,
-  // no staging: the slack alone). Auto takes all the budget leaves (session 17: the room keeps
+  // no staging: the slack alone). Auto takes all the budget leaves (the room keeps
   // state from one pass to the next; it had taken at most half); a small budget, what it leaves,
   // in whole sub-groups.
   TierNeeds big;

@@ -1,4 +1,4 @@
-# Storage engine tests (issue #3): every backend and the fault wrapper, buffer pool, extent
+# Storage engine tests: every backend and the fault wrapper, buffer pool, extent
 # allocator, swap space and nvme_path preflight. Linked against the base and io libraries only
 # (not all of libstrata), so storage tests build and run whatever state other areas are in.
 add_executable(storage_test ${CMAKE_CURRENT_LIST_DIR}/storage_test.cc

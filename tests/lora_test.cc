@@ -3,18 +3,24 @@
 // random A and B, and what peft computes on the base fixture's tokens) are loaded into a model
 // with the same lora section; strata's per-token losses must be peft's within 1e-5 (relative)
 // and every adapter tensor's gradient within 1e-4 (norm of the difference over the norm), fp32.
-// Then: the config errors (a target the model lacks, r < 1, dropout, bias), an adapter saved
-// for another base refused by name, and training through the tier manager: only the adapters
-// change, on every placement, and a resumed run equals the uninterrupted one bit for bit.
+// Then: the config errors (a target the model lacks, r < 1, dropout 1, bias, modules_to_save),
+// target_modules as PEFT reads it (names, "all-linear", a regular expression), use_rslora's
+// scaling, lora_dropout's op against a scalar reference and a training pass against peft's with
+// the same masks, an adapter saved for another base refused by name, and training through the
+// tier manager: only the adapters change, on every placement, and a resumed run equals the
+// uninterrupted one bit for bit (with dropout too).
 #include "src/model/lora.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "src/checkpoint/checkpoint.h"
@@ -22,6 +28,7 @@
 #include "src/hf/hf_checkpoint.h"
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
+#include "src/model/decoder.h"
 #include "src/tiers/memory_model.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -58,14 +65,15 @@ using test::rel_norm_diff;
 const auto& read_all = test::read_safetensors_f32;
 
 // One training micro-batch of `arch` (fp32) on the CPU backend: the base modules from
-// `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers.
+// `base_dir`, the adapters from `adapter_dir`, only the adapters bound with gradient buffers;
+// `dropout_key` its MicroBatch's (0: no dropout, as in eval).
 struct Pass1 {
   std::vector<float> losses;
   std::vector<std::vector<float>> grads;  // per module (empty for a frozen one)
 };
 Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::string& adapter_dir,
-              int B, int T, const std::vector<int32_t>& tokens,
-              const std::vector<int32_t>& targets) {
+              int B, int T, const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+              uint64_t dropout_key = 0) {
   Pass1 r;
   auto hf = HfCheckpointReader::open(base_dir, arch);
   EXPECT_TRUE(hf.is_ok()) << hf.status().to_string();
@@ -104,7 +112,7 @@ Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::
   if (!runner.is_ok()) return r;
   r.losses.resize(size_t(B) * T);
   const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), nullptr};
+  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), nullptr, nullptr, dropout_key};
   (*runner)->begin_batch(tokens.data(), targets.data());
   for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
     // The program never asks for a frozen module's gradients.
@@ -193,6 +201,82 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare, ::testing::Values("llama", "qwen2", "gpt2"));
 
+// Training with lora_dropout against peft: tests/fixtures/hf/lora-llama/reference_dropout
+// .safetensors is peft's loss and adapter gradients with each adapter's dropout drawing strata's
+// mask (tools/make_lora_fixtures.py: dropout_uniform of lora_dropout_key(0x5EED1234, block,
+// site)), so this checks everything around the draw — which input is dropped, the 1 / (1 - p)
+// scaling, the backward through the mask — against peft's own arithmetic.
+TEST(LoraDropout, TrainingPassMatchesPeftWithTheSameMasks) {
+  const std::string adir = fixture("lora-llama");
+  auto ref = read_all(adir + "/reference_dropout.safetensors");
+  auto plain = read_all(adir + "/reference.safetensors");
+  auto base_ref = read_all(fixture("llama") + "/reference.safetensors");
+  ASSERT_TRUE(ref.count("loss") && base_ref.count("tokens"));
+  const int T = 16, B = int(base_ref["tokens"].size()) / T;
+  json lora = fixture_lora("llama");
+  lora["lora_dropout"] = 0.1;
+  auto cfg = lora_config(fixture("llama"), lora);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(base_ref["tokens"][i]);
+    tgt[i] = int32_t(base_ref["targets"][i]);
+  }
+  Pass1 r = run_one(**arch, fixture("llama"), adir, B, T, tok, tgt, 0x5EED1234);
+  ASSERT_EQ(r.losses.size(), ref["losses"].size());
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    EXPECT_NEAR(r.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7)
+        << "token " << i;
+  }
+  EXPECT_GT(std::fabs(ref["loss"][0] - plain["loss"][0]), 1e-3);  // the masks move the loss
+  size_t compared = 0;
+  const ModelLayout& lay = (*arch)->layout();
+  for (size_t m = 0; m < lay.modules.size(); ++m) {
+    for (const HfTensor& h : (*arch)->hf_adapter_tensors(int(m))) {
+      const std::string key = "grad." + h.name;
+      ASSERT_TRUE(ref.count(key)) << "no peft gradient for " << h.name;
+      const TensorSpec& t = lay.modules[m].tensors[size_t(h.tensor)];
+      std::vector<float> g(r.grads[m].begin() + long(t.offset),
+                           r.grads[m].begin() + long(t.offset + t.numel));
+      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << key;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 28u);
+}
+
+// A section with lora_dropout computes peft's numbers (dropout off, as peft's eval()) when the
+// micro-batch has no dropout key (eval, generate), and other ones in training.
+TEST(LoraDropout, OnlyTrainingDropsTheAdaptersInput) {
+  auto ref = read_all(fixture("lora-llama") + "/reference.safetensors");
+  auto base_ref = read_all(fixture("llama") + "/reference.safetensors");
+  const int T = 16, B = int(base_ref["tokens"].size()) / T;
+  json lora = fixture_lora("llama");
+  lora["lora_dropout"] = 0.1;
+  auto cfg = lora_config(fixture("llama"), lora);
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(base_ref["tokens"][i]);
+    tgt[i] = int32_t(base_ref["targets"][i]);
+  }
+  const Pass1 eval = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt);
+  ASSERT_EQ(eval.losses.size(), ref["losses"].size());
+  for (size_t i = 0; i < eval.losses.size(); ++i) {
+    EXPECT_NEAR(eval.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7);
+  }
+  const uint64_t key = training_dropout_key(1234, 0, 0, 0);
+  const Pass1 a = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt, key);
+  const Pass1 b = run_one(**arch, fixture("llama"), fixture("lora-llama"), B, T, tok, tgt, key);
+  EXPECT_NE(a.losses, eval.losses);
+  EXPECT_EQ(a.losses, b.losses);  // the key decides the masks
+  EXPECT_EQ(a.grads, b.grads);
+}
+
 // ---- what can go wrong ------------------------------------------------------------------------
 
 Status arch_status(Result<Config> cfg) {
@@ -211,8 +295,16 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
       {{{"target_modules", {"q_proj"}}}, "gpt2", "lora.target_modules"},
       {{{"r", 0}}, "llama", "lora.r"},
       {{{"r", -4}}, "llama", "lora.r"},
-      {{{"lora_dropout", 0.05}}, "llama", "lora.lora_dropout"},
+      {{{"lora_dropout", 1.0}}, "llama", "lora.lora_dropout"},
+      {{{"lora_dropout", -0.1}}, "llama", "lora.lora_dropout"},
       {{{"bias", "all"}}, "llama", "lora.bias"},
+      {{{"bias", "lora_only"}}, "gpt2", "lora.bias"},
+      {{{"bias", "some"}}, "gpt2", "lora.bias"},
+      {{{"modules_to_save", {"lm_head"}}}, "llama", "lora.modules_to_save"},
+      {{{"target_modules", "q_proj"}}, "llama", "lora.target_modules"},
+      {{{"target_modules", ".*layers\\.0\\..*q_proj"}}, "llama", "lora.target_modules"},
+      {{{"target_modules", "(unclosed"}}, "llama", "lora.target_modules"},
+      {{{"use_rslora", "yes"}}, "llama", "lora.use_rslora"},
       {{{"rank", 8}}, "llama", "lora.rank"},
   };
   for (const Bad& b : cases) {
@@ -224,6 +316,12 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
   const Status s = arch_status(lora_config(fixture("gpt2"), {{"target_modules", {"q_proj"}}}));
   EXPECT_NE(s.message().find("attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj"), std::string::npos)
       << s.message();
+  // A pattern that matches nothing says what a string means and lists the full names.
+  const Status p = arch_status(lora_config(fixture("llama"), {{"target_modules", "q_proj"}}));
+  EXPECT_NE(p.message().find("re.fullmatch"), std::string::npos) << p.message();
+  EXPECT_NE(p.message().find("model.layers.0.self_attn.q_proj, model.layers.0.self_attn.k_proj"),
+            std::string::npos)
+      << p.message();
   // PEFT's defaults: q_proj and v_proj; c_attn.
   auto cfg = lora_config(fixture("llama"), json::object({{"r", 2}}));
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
@@ -232,6 +330,265 @@ TEST(LoraConfig, BadSectionsAreRefusedNamingTheKey) {
   ASSERT_EQ((*arch)->lora()->targets.size(), 2u);
   EXPECT_EQ((*arch)->lora()->targets[0].site.name, "self_attn.q_proj");
   EXPECT_EQ((*arch)->lora()->targets[1].site.name, "self_attn.v_proj");
+}
+
+// The adapted sites' names of `base` with lora section `lora`.
+std::vector<std::string> adapted(const std::string& base, const json& lora) {
+  auto cfg = lora_config(fixture(base), lora);
+  EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  if (!cfg.is_ok()) return {};
+  auto arch = create_architecture(cfg->model);
+  EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
+  if (!arch.is_ok()) return {};
+  std::vector<std::string> out;
+  for (const LoraLayout::Target& t : (*arch)->lora()->targets) out.push_back(t.site.name);
+  return out;
+}
+
+TEST(LoraConfig, TargetModulesAsPeftReadsThem) {
+  using V = std::vector<std::string>;
+  const V llama_all = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                       "mlp.down_proj"};
+  // "all-linear": every linear layer but the output head.
+  EXPECT_EQ(adapted("llama", {{"target_modules", "all-linear"}}), llama_all);
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", "all-linear"}}),
+            (V{"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
+  // A string is a regular expression over the whole name (re.fullmatch).
+  EXPECT_EQ(
+      adapted("llama", {{"target_modules", "model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj"}}),
+      (V{"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_EQ(adapted("llama", {{"target_modules", ".*(down|up)_proj"}}),
+            (V{"mlp.up_proj", "mlp.down_proj"}));
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", ".*mlp\\.c_proj"}}), (V{"mlp.c_proj"}));
+  // A list: names matched as the whole name or its last parts.
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", {"c_proj"}}}), (V{"attn.c_proj", "mlp.c_proj"}));
+  EXPECT_EQ(adapted("gpt2", {{"target_modules", {"mlp.c_proj"}}}), (V{"mlp.c_proj"}));
+  // The string form survives the config's round trip (plan writes configs back).
+  auto cfg = lora_config(fixture("llama"), {{"target_modules", ".*q_proj"}});
+  ASSERT_TRUE(cfg.is_ok());
+  EXPECT_EQ(cfg->model.lora.target_pattern, ".*q_proj");
+  EXPECT_TRUE(cfg->model.lora.target_modules.empty());
+}
+
+TEST(LoraConfig, RsLoraScalesByTheRootOfTheRank) {
+  auto plain = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}});
+  auto rs = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}, {"use_rslora", true}});
+  ASSERT_TRUE(plain.is_ok() && rs.is_ok());
+  auto a = create_architecture(plain->model), b = create_architecture(rs->model);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ((*a)->lora()->scaling, 0.5f);
+  EXPECT_EQ((*b)->lora()->scaling, 2.0f);
+}
+
+// export --adapter's adapter_config.json carries the section as peft saves it, and reading the
+// directory back checks it: use_rslora in the scaling, a pattern as given, all-linear as the
+// layers' names; what strata cannot load is refused by name.
+TEST(LoraConfig, AdapterConfigCarriesPeftsFieldsBothWays) {
+  const std::string dir = test::temp_dir("strata_lora", "adapter_fields");
+  const std::string pattern = "model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj";
+  auto cfg = lora_config(fixture("llama"), {{"r", 4},
+                                            {"lora_alpha", 8},
+                                            {"use_rslora", true},
+                                            {"lora_dropout", 0.1},
+                                            {"target_modules", pattern}});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  auto fill = [](int m, float* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = float(m) + float(i) * 1e-3f;
+  };
+  const ModelLayout& lay = (*arch)->layout();
+  ASSERT_TRUE(write_hf_adapter(dir + "/a", **arch, "base", [&](int m, float* out) {
+                fill(m, out, lay.modules[size_t(m)].numel);
+                return Status::ok();
+              }).is_ok());
+  const std::string cfg_path = dir + "/a/adapter_config.json";
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+  };
+  const json written = json::parse(test::read_file(cfg_path));
+  EXPECT_EQ(written["lora_alpha"], 8.0);
+  EXPECT_EQ(written["lora_dropout"], 0.1);
+  EXPECT_EQ(written["use_rslora"], true);
+  EXPECT_EQ(written["target_modules"], pattern);
+  EXPECT_EQ(written["bias"], "none");
+  {
+    auto ad = HfAdapterReader::open(dir + "/a", **arch);
+    ASSERT_TRUE(ad.is_ok()) << ad.status().to_string();
+    const int m = int(lay.modules.size()) - 1;
+    std::vector<float> got(lay.modules[size_t(m)].numel), want(got.size());
+    ASSERT_TRUE((*ad)->read_module(m, got.data()).is_ok());
+    fill(m, want.data(), want.size());
+    EXPECT_EQ(got, want);
+  }
+  // Each edit of the written config refused, naming the field.
+  const std::vector<std::pair<json, const char*>> edits = {
+      {{{"use_rslora", false}}, "use_rslora"},
+      {{{"bias", "all"}}, "bias"},
+      {{{"modules_to_save", {"lm_head"}}}, "modules_to_save"},
+      {{{"rank_pattern", {{"q_proj", 8}}}}, "rank_pattern"},
+      {{{"lora_bias", true}}, "lora_bias"},
+      {{{"use_dora", true}}, "use_dora"},
+      {{{"lora_dropout", 1.5}}, "lora_dropout"},
+      {{{"target_modules", ".*q_proj"}}, "target_modules"},
+  };
+  for (const auto& [edit, name] : edits) {
+    json c = written;
+    c.update(edit);
+    write(cfg_path, c.dump());
+    auto ad = HfAdapterReader::open(dir + "/a", **arch);
+    ASSERT_FALSE(ad.is_ok()) << edit.dump();
+    EXPECT_NE(ad.status().message().find(name), std::string::npos) << ad.status().message();
+  }
+  // "all-linear": written as the layers' names (what peft saves), read back either way.
+  cfg = lora_config(fixture("llama"), {{"r", 4}, {"target_modules", "all-linear"}});
+  ASSERT_TRUE(cfg.is_ok());
+  arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  ASSERT_TRUE(write_hf_adapter(dir + "/b", **arch, "base", [&](int m, float* out) {
+                fill(m, out, (*arch)->layout().modules[size_t(m)].numel);
+                return Status::ok();
+              }).is_ok());
+  json b = json::parse(test::read_file(dir + "/b/adapter_config.json"));
+  EXPECT_EQ(b["target_modules"].size(), 7u) << b["target_modules"].dump();
+  EXPECT_TRUE(HfAdapterReader::open(dir + "/b", **arch).is_ok());
+  b["target_modules"] = "all-linear";
+  write(dir + "/b/adapter_config.json", b.dump());
+  auto ad = HfAdapterReader::open(dir + "/b", **arch);
+  EXPECT_TRUE(ad.is_ok()) << ad.status().to_string();
+}
+
+// ---- lora_dropout: the op against a scalar reference -----------------------------------------
+
+// Two sites on one packed matmul of width 10 (columns [2, 6) and [6, 9)), N = 6 rows of 8
+// inputs, r = 2, fp32: lora_forward and lora_backward against double loops that draw the same
+// masks (dropout_uniform of lora_dropout_key); then the same with key 0 (eval): no dropout.
+TEST(LoraDropout, ForwardAndBackwardMatchAScalarReference) {
+  const int N = 6, C = 8, W = 10, r = 2;
+  LoraLayout L;
+  L.r = r;
+  L.scaling = 1.5f;
+  L.dropout = 0.3f;
+  L.max_width = W;
+  L.max_in = C;
+  for (auto [name, out, col0] : {std::tuple{"x.q", 4, 2}, std::tuple{"x.v", 3, 6}}) {
+    LoraLayout::Target t;
+    t.site = {name, 0, C, out, col0, W, "w"};
+    t.a = L.numel;
+    L.numel += size_t(r * C);
+    t.b = L.numel;
+    L.numel += size_t(out * r);
+    L.targets.push_back(t);
+  }
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> U(-1, 1);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = U(gen);
+    return v;
+  };
+  const std::vector<float> x = random(N * C), y0 = random(N * W), dy = random(N * W),
+                           params = random(L.numel);
+  CpuDeviceOptions o;
+  o.capacity = size_t{16} << 20;
+  auto dev = create_cpu_device(o);
+  ASSERT_TRUE(dev.is_ok());
+  Device& d = **dev;
+  Stream& s = d.compute_stream();
+  auto put = [&](const std::vector<float>& v) {
+    void* p = *d.allocate(v.size() * 4, "test");
+    d.copy_h2d(s, p, v.data(), v.size() * 4);
+    EXPECT_TRUE(d.synchronize(s).is_ok());  // the copy reads `v`, which may be a temporary
+    return p;
+  };
+  for (const uint64_t key : {uint64_t{0x1234567}, uint64_t{0}}) {
+    SCOPED_TRACE(key);
+    void* dx_ = put(std::vector<float>(N * C, 0.0f));
+    void* y_ = put(y0);
+    void* x_ = put(x);
+    void* dy_ = put(dy);
+    void* p_ = put(params);
+    float* g_ = static_cast<float*>(put(std::vector<float>(L.numel, 0.0f)));
+    LoraRun run;
+    run.layout = &L;
+    Carver measure(nullptr);
+    run.carve(measure, N, 4);
+    char* arena = static_cast<char*>(*d.allocate(measure.used(), "test.arena"));
+    Carver carver(arena);
+    run.carve(carver, N, 4);
+    run.p = p_;
+    run.g = g_;
+    DecoderStep st;
+    st.B = 2;
+    st.T = 3;
+    st.dt = DType::kF32;
+    st.dev = &d;
+    st.k = &d.kernels();
+    st.s = &s;
+    st.layer = 3;
+    st.dropout_key = key;
+    st.lora = &run;
+    lora_forward(st, run, 0, x_, y_);
+    lora_backward(st, run, 0, x_, dy_, dx_);
+    std::vector<float> y(N * W), dx(N * C), g(L.numel);
+    d.copy_d2h(s, y.data(), y_, y.size() * 4);
+    d.copy_d2h(s, dx.data(), dx_, dx.size() * 4);
+    d.copy_d2h(s, g.data(), g_, g.size() * 4);
+    ASSERT_TRUE(d.synchronize(s).is_ok());
+    // The reference.
+    std::vector<double> yr(y0.begin(), y0.end()), dxr(N * C, 0.0), gr(L.numel, 0.0);
+    size_t dropped = 0;
+    for (size_t i = 0; i < L.targets.size(); ++i) {
+      const LoraLayout::Target& t = L.targets[i];
+      const float* A = params.data() + t.a;
+      const float* B = params.data() + t.b;
+      std::vector<double> m(N * C, 1.0);
+      if (key != 0) {
+        const uint64_t k = lora_dropout_key(key, 3, int(i));
+        for (int e = 0; e < N * C; ++e) {
+          m[e] = dropout_uniform(k, size_t(e)) >= L.dropout ? 1.0 / (1.0 - L.dropout) : 0.0;
+          dropped += m[e] == 0;
+        }
+      }
+      for (int n = 0; n < N; ++n) {
+        std::vector<double> u(r, 0.0), du(r, 0.0);
+        for (int k = 0; k < r; ++k)
+          for (int c = 0; c < C; ++c) u[k] += double(A[k * C + c]) * m[n * C + c] * x[n * C + c];
+        for (int o2 = 0; o2 < t.site.out; ++o2) {
+          const size_t col = size_t(n * W + t.site.col0 + o2);
+          for (int k = 0; k < r; ++k) {
+            yr[col] += L.scaling * double(B[o2 * r + k]) * u[k];
+            gr[t.b + size_t(o2 * r + k)] += L.scaling * double(dy[col]) * u[k];
+            du[k] += L.scaling * double(dy[col]) * double(B[o2 * r + k]);
+          }
+        }
+        for (int k = 0; k < r; ++k) {
+          for (int c = 0; c < C; ++c) {
+            gr[t.a + size_t(k * C + c)] += du[k] * m[n * C + c] * x[n * C + c];
+            dxr[size_t(n * C + c)] += m[n * C + c] * du[k] * double(A[k * C + c]);
+          }
+        }
+      }
+    }
+    if (key != 0) {
+      // p = 0.3 of 96 elements per site: some dropped, most kept.
+      EXPECT_GT(dropped, 20u);
+      EXPECT_LT(dropped, 100u);
+    }
+    auto near = [](const std::vector<float>& got, const std::vector<double>& want,
+                   const char* what) {
+      for (size_t e = 0; e < got.size(); ++e) {
+        EXPECT_NEAR(got[e], want[e], 1e-5 * (1 + std::fabs(want[e]))) << what << "[" << e << "]";
+      }
+    };
+    near(y, yr, "y");
+    near(dx, dxr, "dx");
+    near(g, gr, "grad");
+    for (void* q : {dx_, y_, x_, dy_, p_, static_cast<void*>(g_), static_cast<void*>(arena)}) {
+      d.release(q);
+    }
+  }
 }
 
 // configs/tiny-cpu.json with a 2-layer Llama of width 64 (MLP 96, 4 heads / 2 key-value).
@@ -373,20 +730,44 @@ TEST(LoraTrain, TheBaseHasNoOptimizerStateAndEveryPlacementTrainsAlike) {
   }
 }
 
-TEST(LoraTrain, AResumedRunEqualsTheUninterruptedOne) {
-  const std::string dir = test::temp_dir("strata_lora", "resume");
-  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12));
+// With `extra` (lora_dropout's too): 12 steps whole, and 6 + 6 resumed from the checkpoint.
+std::vector<double> resumed_equals_whole(const std::string& dir,
+                                         const std::vector<std::string>& extra) {
+  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra));
   TrainOptions stop;
   stop.stop_at_step = 6;
-  const TrainResult a = test::must_train(lora_run(dir + "/half", 12), stop);
-  ASSERT_EQ(a.losses.size(), 6u);
+  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra), stop);
+  EXPECT_EQ(a.losses.size(), 6u);
   TrainOptions o;
   o.resume = "latest";
-  const TrainResult b = test::must_train(lora_run(dir + "/half", 12), o);
+  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra), o);
   std::vector<double> joined = a.losses;
   joined.insert(joined.end(), b.losses.begin(), b.losses.end());
   EXPECT_EQ(joined, whole.losses);
   EXPECT_EQ(b.weights_crc, whole.weights_crc);
+  return whole.losses;
+}
+
+TEST(LoraTrain, AResumedRunEqualsTheUninterruptedOne) {
+  resumed_equals_whole(test::temp_dir("strata_lora", "resume"), {});
+}
+
+// lora_dropout's masks are a function of the seed, the step, the micro-batch and the site: a
+// resumed run draws the uninterrupted run's, bit for bit; recomputing the blocks in backward
+// draws the forward's again; and the dropout is in effect (other losses than without it).
+TEST(LoraTrain, WithDropoutAResumedRunEqualsTheUninterruptedOne) {
+  const std::string dir = test::temp_dir("strata_lora", "resume_dropout");
+  const std::vector<double> plain = resumed_equals_whole(dir + "/plain", {});
+  const std::vector<double> dropped =
+      resumed_equals_whole(dir + "/dropout", {"lora.lora_dropout=0.1"});
+  ASSERT_EQ(plain.size(), dropped.size());
+  // Step 0's loss is the base's (B starts at zero); the later ones move with the masks.
+  EXPECT_EQ(plain[0], dropped[0]);
+  EXPECT_NE(plain.back(), dropped.back()) << ::testing::PrintToString(plain) << "\n"
+                                          << ::testing::PrintToString(dropped);
+  const TrainResult recompute = test::must_train(lora_run(
+      dir + "/recompute", 12, {"lora.lora_dropout=0.1", "strata.activations=\"recompute\""}));
+  EXPECT_EQ(recompute.losses, dropped);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The optimizer under backward (issue #9): stepping each module's optimizer state as soon as its
+// The optimizer under backward: stepping each module's optimizer state as soon as its
 // gradients are final, speculatively, must give bit-identical losses and weights to the plain
 // schedule (all of backward, then the optimizer) — with clipping on and off, bf16 and fp16 with
 // forced overflows, and optimizer state in host memory and on NVMe. The delayed update trains
@@ -17,6 +17,7 @@
 #include "strata/log.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
+#include "tests/wrapped_device.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -134,6 +135,9 @@ TEST_P(OverlapTest, OverlappedScheduleIsBitIdentical) {
   EXPECT_GT(over.optimizer_s, 0.0);
   EXPECT_LE(over.optimizer_hidden_s, over.optimizer_s);
   EXPECT_FALSE(over.approximate);
+  // Undo state without copies: host-homed state is stepped into a shadow buffer swapped in,
+  // NVMe-homed state into fresh extents (the swap files have room here).
+  EXPECT_EQ(over.undo_copy_bytes, 0) << "the speculation copied optimizer state for its undo";
   fs::remove_all(dir);
 }
 
@@ -151,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, OverlapTest,
 
 using test::tier;
 
-// Clipping that bites at every step (issue #25): after the first step (speculated, rolled back)
+// Clipping that bites at every step: after the first step (speculated, rolled back)
 // nothing is stepped under backward; each step's whole optimizer pass is deferred to the next
 // forward, module by module, and the numbers are the plain schedule's bit for bit — with
 // gradient accumulation, all state on NVMe (gradients too), a checkpoint and a resume in the
@@ -200,7 +204,7 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
   fs::remove_all(dir);
 }
 
-// The optimizer's read-ahead (strata.optimizer.read_ahead, issue #25): with a host budget that
+// The optimizer's read-ahead (strata.optimizer.read_ahead): with a host budget that
 // holds the optimizer state besides the tier's needs, each step's master weights and moments are
 // read during backward instead of while the next forward waits for its update. The numbers and
 // the NVMe bytes are those of reading the pipeline's staging ahead and of the plain schedule;
@@ -342,8 +346,70 @@ TEST(DeferChoice, AutoSwitchesMidRunWithTheSameBits) {
   fs::remove_all(dir);
 }
 
+// strata.optimizer.speculate: with clipping that never bites, "never" runs every step as a
+// clipped one (nothing stepped under backward: deferred into the next forward, or after
+// backward); "auto" on a device the host cannot address (a GPU's paths, through the test
+// double) speculates on the first 8 steps after an unclipped one, not on the next 4, then keeps
+// the faster, and on the CPU backend is "always". Every loss and the weights stay the plain
+// schedule's.
+TEST(SpeculateChoice, NeverAndAutoKeepThePlainBits) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("speculate_choice");
+  struct Run {
+    const char* mode;
+    bool gpu_paths;
+  };
+  for (const Run run : {Run{"never", false}, Run{"auto", true}, Run{"auto", false}}) {
+    const std::string d = dir + "/" + run.mode + (run.gpu_paths ? "_gpu" : "_cpu");
+    std::vector<std::string> ov = placement(d, /*nvme=*/false);
+    for (const char* x :
+         {"gradient_clipping=1000", "scheduler.params.warmup_num_steps=2", "train.steps=16"}) {
+      ov.push_back(x);
+    }
+    ov.push_back(std::string("strata.optimizer.speculate=\"") + run.mode + "\"");
+    TrainOptions o;
+    if (run.gpu_paths) {
+      o.wrap_device = [](std::unique_ptr<Device> dev) -> std::unique_ptr<Device> {
+        return std::make_unique<test::WrappedDevice>(std::move(dev), /*host_addressable=*/false);
+      };
+    }
+    auto plain_ov = ov, over_ov = ov;
+    plain_ov.push_back("strata.optimizer.overlap=false");
+    const TrainResult plain = must_train(tiny(d + "/plain", plain_ov), o);
+    const TrainResult over = must_train(tiny(d + "/over", over_ov), o);
+    std::string sched;
+    for (uint8_t k : over.optimizer_schedule) sched += char('0' + k);
+    SCOPED_TRACE(::testing::Message()
+                 << run.mode << (run.gpu_paths ? " (GPU paths)" : "") << ", schedule " << sched);
+    ASSERT_EQ(over.losses.size(), 16u);
+    ASSERT_EQ(plain.losses.size(), 16u);
+    for (size_t s = 0; s < 16; ++s) EXPECT_EQ(over.losses[s], plain.losses[s]) << "step " << s;
+    EXPECT_EQ(over.weights_crc, plain.weights_crc);
+    ASSERT_EQ(over.optimizer_schedule.size(), 16u);
+    EXPECT_EQ(over.optimizer_schedule[0], 3) << "the first step follows no norm";
+    EXPECT_EQ(over.rollbacks, 0);
+    if (std::string(run.mode) == "never") {
+      // Deferred (3) or after backward (0), as strata.optimizer.defer's trial has it.
+      for (size_t s = 1; s < 16; ++s) {
+        EXPECT_TRUE(over.optimizer_schedule[s] == 3 || over.optimizer_schedule[s] == 0)
+            << "step " << s;
+      }
+      EXPECT_EQ(over.modules_stepped_under_backward, 0);
+    } else if (!run.gpu_paths) {
+      for (size_t s = 1; s < 16; ++s) EXPECT_EQ(over.optimizer_schedule[s], 1) << "step " << s;
+    } else {
+      for (size_t s = 1; s < 9; ++s) EXPECT_EQ(over.optimizer_schedule[s], 1) << "step " << s;
+      for (size_t s = 9; s < 13; ++s) EXPECT_EQ(over.optimizer_schedule[s], 3) << "step " << s;
+      for (size_t s = 14; s < 16; ++s) {
+        EXPECT_EQ(over.optimizer_schedule[s], over.optimizer_schedule[13]) << "decided at 13";
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // The speculation under backward keeps the sub-groups it steps in the read-ahead's room for the
-// next step, as a pass does, whether or not it holds undo state (session 22: with clipping on
+// next step, as a pass does, whether or not it holds undo state (without it, with clipping on
 // but not biting, every step had read its whole state again — GPT-2 124M with the optimizer on
 // NVMe moved 2.78 GiB a step where the minimum is 1.63). Clipping at 1000 never bites (every
 // step after the first is speculated and kept: the same NVMe writes as the plain schedule,

@@ -1,4 +1,4 @@
-# The planner and the machine probe (issue #8).
+# The planner and the machine probe.
 strata_test(plan_test ${CMAKE_CURRENT_LIST_DIR}/plan_test.cc)
 # Its model of the optimizer pass: pipeline sub-groups, deferred peaks, read-ahead, time, undo.
 strata_test(plan_optimizer_test ${CMAKE_CURRENT_LIST_DIR}/plan_optimizer_test.cc)

@@ -100,11 +100,11 @@ TEST(Plan, PlannerIsThePreflightThroughTheConfigPath) {
           // The config the planner writes for this placement.
           PlanReport written;
           written.request = small_request();
-          written.request.model = gpt_model("t", 2, 64, 2, 100, 32, c.tied);
-          written.request.seq = 32;
-          written.request.micro_batch = 2;
-          written.request.activations = mode;
-          written.request.engine.strata.delayed_update = delayed;
+          written.request.set_model(gpt_model("t", 2, 64, 2, 100, 32, c.tied));
+          written.request.config.data.seq_len = 32;
+          written.request.config.train_micro_batch_size_per_gpu = 2;
+          written.request.config.strata.activations = activation_mode_name(mode);
+          written.request.config.strata.delayed_update = delayed;
           written.request.hw.gpus = world;
           written.request.hw.nvme_paths = {swap_dir};
           PlanOption as_option;
@@ -354,7 +354,7 @@ void expect_run_at_minimum(const std::string& dir, const std::vector<std::string
   expect_steps_near(r, nvme_min, link_min, above);
 }
 
-// Bytes per step at the placement's minimum (#25): tiny-cpu with parameters, optimizer state and
+// Bytes per step at the placement's minimum: tiny-cpu with parameters, optimizer state and
 // gradients on NVMe on a device (10 MiB) that holds every parameter only while the gradient
 // buffers of backward drain to NVMe on time. An allocation that needs their room waits for the
 // drains instead of evicting a cached parameter copy (fetched again from NVMe later: +9.7%
@@ -373,7 +373,7 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
          {"strata.optimizer.overlap=false", "strata.optimizer.defer=\"always\"",
           "strata.optimizer.defer=\"never\"",
           // Clipping that never bites: every step after the first speculated under backward
-          // with undo state, its sub-groups kept as a pass keeps them (session 22).
+          // with undo state, its sub-groups kept as a pass keeps them.
           "gradient_clipping=1000"}) {
       SCOPED_TRACE(std::string(grads) + ", " + schedule);
       // Each step after the first two, within 1%. NVMe bytes are counted as they are asked for:
@@ -393,8 +393,8 @@ TEST(Plan, StepBytesAreThePlacementsMinimum) {
 // A device that caches only part of the parameters (tiny-cpu's 1.6 MiB of bf16 parameters on NVMe,
 // an 8 MiB device of which activations and gradient buffers take most): the planner's room for
 // the cache counts the parameters in use, which are cached copies themselves. Counted beside the
-// room, the minimum was 10-14% above what the run moves (and lora-hostmem-350m's 93% above,
-// session 26); the cache model (a share of every pass cached) stays a few percent under the
+// room, the minimum was 10-14% above what the run moves (and lora-hostmem-350m's 93% above);
+// the cache model (a share of every pass cached) stays a few percent under the
 // engine's Belady eviction here. Each step after the first two: at or above the minimum, within
 // 5% of it.
 TEST(Plan, StepBytesOnADeviceThatCachesPartOfTheParameters) {
@@ -502,8 +502,8 @@ TEST(PlanBytesExplore, BytesPerStepAgainstTheMinimum) {
     const double lnr = link_min > 0 ? median(ln) / link_min : (median(ln) == 0 ? 1.0 : 99.0);
     // Off: more than 1% and 128 KiB from the minimum (a median of so few steps can still hold a
     // pass shifted in from the step before, where defer's auto choice turned). Each extent on
-    // NVMe moves in whole 4 KiB blocks (O_DIRECT): the planner counts them since session 27 (it
-    // had left out 0-82 KiB a step on these models).
+    // NVMe moves in whole 4 KiB blocks (O_DIRECT): the planner counts them (leaving them out
+    // had missed 0-82 KiB a step on these models).
     auto apart = [](double got, double want) {
       return std::fabs(got - want) > std::max(0.01 * want, 131072.0);
     };

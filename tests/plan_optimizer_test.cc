@@ -1,4 +1,4 @@
-// The planner's model of the optimizer pass (the overlap of issues #9 and #25): the sub-groups
+// The planner's model of the optimizer pass (under backward, or deferred): the sub-groups
 // its pipeline holds, the peaks of a step deferred to the next forward, the read-ahead during
 // backward, the time terms of each schedule and the undo copies (the rest of the planner:
 // tests/plan_test.cc).
@@ -35,10 +35,10 @@ TEST(Plan, PipelineSubGroupsHeldCountTheWritesInFlight) {
 // A 4-layer model of width 256 with fp32 moments in sub-groups of 65536 elements.
 PlanRequest sub_group_request() {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  r.moment_dtype = DType::kF32;
-  r.engine.zero.sub_group_size = 65536;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
+  r.config.strata.moment_dtype = DType::kF32;
+  r.config.zero.sub_group_size = 65536;
   return r;
 }
 
@@ -48,9 +48,9 @@ PlanRequest sub_group_request() {
 // 65536 elements, fp32 master + moments 786,432 bytes, bf16 pieces 131,072; buffer_count 4.
 TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
   PlanRequest r = sub_group_request();
-  r.engine.strata.optimizer_read_ahead = 0;  // the staging only (ReadAhead... below)
-  ASSERT_EQ(r.engine.zero.offload_optimizer.buffer_count, 4);
-  ASSERT_TRUE(r.engine.strata.optimizer_overlap && r.engine.gradient_clipping > 0);
+  r.config.strata.optimizer_read_ahead = 0;  // the staging only (ReadAhead... below)
+  ASSERT_EQ(r.config.zero.offload_optimizer.buffer_count, 4);
+  ASSERT_TRUE(r.config.strata.optimizer_overlap && r.config.gradient_clipping > 0);
   auto o = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(o.is_ok());
   EXPECT_GT(o->nvme.undo, 0u);
@@ -66,13 +66,13 @@ TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
   EXPECT_EQ(o->host.peak_deferred, o->host.state + 3 * piece + 9 * sub);
   // Two: under backward also the 2 landing buffers of a block's gradients (3,162,112 bytes
   // each).
-  r.accumulation = 2;
+  r.config.gradient_accumulation_steps = 2;
   auto a = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(a.is_ok());
   EXPECT_EQ(a->host.peak_deferred, a->host.state + 3 * piece + 2 * 3'162'112 + 9 * sub);
   // Parameters in host memory, stepped in place: no pieces, no parameter writes: 8 sub-groups
   // under the forward, 9 read ahead under backward.
-  r.accumulation = 1;
+  r.config.gradient_accumulation_steps = 1;
   auto h = evaluate_placement(r, find("params-host+opt-nvme"));
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->host.peak_deferred, h->host.state + 9 * sub);
@@ -92,11 +92,11 @@ TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
   const uint64_t sub = 786'432;  // a sub-group's master weights and moments
   // The read-ahead's unit: with its new (NVMe-homed) bf16 parameters' staging piece.
   const uint64_t unit = sub + 131'072;
-  r.engine.strata.optimizer_read_ahead = 0;
+  r.config.strata.optimizer_read_ahead = 0;
   auto o0 = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(o0.is_ok());
   EXPECT_EQ(o0->host.read_ahead, 0u);
-  r.engine.strata.optimizer_read_ahead = 3 * unit + 1;
+  r.config.strata.optimizer_read_ahead = 3 * unit + 1;
   auto o3 = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(o3.is_ok());
   EXPECT_EQ(o3->host.read_ahead, 3 * unit);
@@ -108,7 +108,7 @@ TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
   const double saved = o0->time.step_deferred_s - o3->time.step_deferred_s;
   EXPECT_GT(saved, 0.8 * 3 * double(sub) / 0.5e9);
   EXPECT_LE(saved, 3 * double(sub) / 0.5e9 + 1e-12);
-  r.engine.strata.optimizer_read_ahead = SIZE_MAX;  // auto: the small model's whole state
+  r.config.strata.optimizer_read_ahead = SIZE_MAX;  // auto: the small model's whole state
   auto oa = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(oa.is_ok());
   EXPECT_GT(oa->host.read_ahead, 3 * unit);
@@ -118,21 +118,21 @@ TEST(Plan, ReadAheadMovesStateReadsIntoBackwardAndCountsInThePeak) {
 
 TEST(Plan, TimeTermsAreBytesOverRates) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  r.accumulation = 3;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
+  r.config.gradient_accumulation_steps = 3;
   r.profile = default_profile(false);
   r.profile.gemm_flops.value = 1e12;
   r.profile.optimizer_pps.value = 1e8;
   r.profile.nvme_read_gbps.value = 2.0;
   r.profile.nvme_write_gbps.value = 1.0;
-  r.engine.strata.optimizer_read_ahead = 0;  // the staging only: 2 x buffer_count + 1
-  r.engine.zero.offload_optimizer.buffer_count =
+  r.config.strata.optimizer_read_ahead = 0;  // the staging only: 2 x buffer_count + 1
+  r.config.zero.offload_optimizer.buffer_count =
       1;  // the optimizer reads ahead 3 sub-groups: the final norm (2C params) and 2 blocks
-  r.engine.gradient_clipping = 0;  // no clipping, no fp16: no undo copies (see UndoCopies below)
+  r.config.gradient_clipping = 0;  // no clipping, no fp16: no undo copies (see UndoCopies below)
   auto o = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(o.is_ok());
-  const double P = double(model_params(r.model.shape));
+  const double P = double(model_params(r.config.model));
   // 3 micro-batches x 128 tokens x 3 x (2 x (12 C^2 L + Vp C) + 4 T C L), Vp = 1024.
   const double C = 256, fwd = 2 * (12 * C * C * 4 + 1024 * C) + 4 * 128 * C * 4;
   EXPECT_NEAR(o->time.compute_s, 3 * 128 * 3 * fwd / 1e12, 1e-9);
@@ -168,8 +168,8 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
      // the embedding, (Vp + T) C params, and the first 2 blocks) and is deferred to the next
      // forward, which it overlaps for the first micro-batch's forward: 1/9 of compute.
     PlanRequest rc = r;
-    rc.engine.gradient_clipping = 1.0;
-    rc.engine.strata.grouped_forwards = 1;  // one micro-batch's forward at a time (below: 3)
+    rc.config.gradient_clipping = 1.0;
+    rc.config.strata.grouped_forwards = 1;  // one micro-batch's forward at a time (below: 3)
     auto q = evaluate_placement(rc, find("opt-nvme"));
     ASSERT_TRUE(q.is_ok());
     const double dev = std::max(q->time.compute_s, q->time.link_s);
@@ -205,7 +205,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       // device holds their activations and every parameter): the pass overlaps all three,
       // 3/9 of compute; the bytes do not change.
       PlanRequest rk = rg;
-      rk.engine.strata.grouped_forwards = 0;
+      rk.config.strata.grouped_forwards = 0;
       auto qk = evaluate_placement(rk, g);
       ASSERT_TRUE(qk.is_ok());
       EXPECT_EQ(qk->forward_group, 3);
@@ -214,10 +214,10 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       EXPECT_EQ(qk->deferred_pass.write, qg->deferred_pass.write);
       // The device holds one whole activation set and, for each further micro-batch, only
       // what its forward keeps to its backward (the head's and the gradients' buffers shared).
-      auto arch = create_architecture(rk.model.shape);
+      auto arch = create_architecture(rk.config.model);
       ASSERT_TRUE(arch.is_ok());
       const ActivationSizes a =
-          (*arch)->activation_plan(rk.micro_batch, rk.seq, rk.dtype, rk.activations);
+          (*arch)->activation_plan(rk.micro_batch(), rk.seq(), rk.dtype(), rk.activations());
       EXPECT_EQ(qg->device.activations, a.bytes);
       EXPECT_EQ(qk->device.activations, a.bytes + 2 * a.slot_bytes);
       EXPECT_GT(a.slot_bytes, 0u);
@@ -233,7 +233,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       // way; the device holds the further micro-batches' gradient parts. Without it, the
       // one-at-a-time bytes.
       PlanRequest rf = rk;
-      rf.engine.strata.grouped_backwards = false;
+      rf.config.strata.grouped_backwards = false;
       auto qf = evaluate_placement(rf, g);
       ASSERT_TRUE(qf.is_ok());
       EXPECT_EQ(qf->forward_group, 3);
@@ -258,7 +258,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     EXPECT_EQ(q->time.clipped_deferred, q->time.step_deferred_s <= q->time.step_plain_s);
     EXPECT_EQ(q->time.step_after_s, std::min(q->time.step_deferred_s, q->time.step_plain_s));
     for (const std::string mode : {"always", "never"}) {
-      rc.engine.strata.optimizer_defer = mode;
+      rc.config.strata.optimizer_defer = mode;
       auto m = evaluate_placement(rc, find("opt-nvme"));
       ASSERT_TRUE(m.is_ok());
       EXPECT_EQ(m->time.clipped_deferred, mode == "always") << mode;
@@ -268,7 +268,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
     }
   }
   // Plain schedule: the optimizer phase (max of CPU Adam and its NVMe) follows backward.
-  r.engine.strata.optimizer_overlap = false;
+  r.config.strata.optimizer_overlap = false;
   auto p = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(p->deferred_pass.read + p->deferred_pass.write, 0u);  // no pass to wait on
@@ -286,7 +286,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
   const auto& t = c->time;
   EXPECT_NEAR(t.step_s,
               t.compute_s + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s, 1e-9);
-  r.engine.strata.optimizer_overlap = true;
+  r.config.strata.optimizer_overlap = true;
   auto co = evaluate_placement(r, find("opt-nvme"));
   ASSERT_TRUE(co.is_ok());
   const auto& u = co->time;
@@ -301,22 +301,23 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
 // host budget has room for only part of them, that share of the optimizer is hidden.
 TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);  // embedding 1024x256 + 128x256, blocks 789,760
-  r.seq = 128;
-  r.moment_dtype = DType::kF32;
+  r.set_model(
+      gpt_model("m", 4, 256, 4, 1000, 128));  // embedding 1024x256 + 128x256, blocks 789,760
+  r.config.data.seq_len = 128;
+  r.config.strata.moment_dtype = DType::kF32;
   r.hw.gpu_mem = uint64_t{1} << 30;
   r.hw.host_mem = uint64_t{8} << 30;
   r.profile = default_profile(false);  // a GPU, where the overlap pays: with a slow CPU Adam
   r.profile.optimizer_pps.value = 2e7;
   // Sub-groups (and the parameters' staging pieces) that the budgets below do not shrink.
-  r.engine.zero.sub_group_size = 65536;
+  r.config.zero.sub_group_size = 65536;
   {  // and a GEMM rate at which compute takes as long as the CPU Adam
     auto f = evaluate_placement(r, find("opt-host"));
     ASSERT_TRUE(f.is_ok());
-    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.model.shape)) / 2e7);
+    r.profile.gemm_flops.value = double(f->flops) / (double(model_params(r.config.model)) / 2e7);
   }
-  ASSERT_TRUE(r.engine.strata.optimizer_overlap &&
-              r.engine.gradient_clipping > 0);  // the defaults: clipping at 1.0
+  ASSERT_TRUE(r.config.strata.optimizer_overlap &&
+              r.config.gradient_clipping > 0);  // the defaults: clipping at 1.0
   auto o = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(o.is_ok());
   // Per module, 4 KiB-rounded master (4 B/param) + moments (8 B/param): embedding 294,912
@@ -335,9 +336,9 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   ASSERT_TRUE(h.is_ok());
   EXPECT_EQ(h->host.undo, undo / 2);
   EXPECT_NEAR(h->time.hidden_share, 0.5, 1e-6);
-  r.engine.strata.optimizer_overlap = false;
+  r.config.strata.optimizer_overlap = false;
   auto plain = evaluate_placement(r, find("opt-host"));
-  r.engine.strata.optimizer_overlap = true;
+  r.config.strata.optimizer_overlap = true;
   r.hw.host_mem = uint64_t{8} << 30;
   auto full = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(plain.is_ok() && full.is_ok());
@@ -346,7 +347,7 @@ TEST(Plan, UndoCopiesAreInTheHostPeakAndLimitTheHiddenShare) {
   EXPECT_LT(h->time.step_s, plain->time.step_s);
 
   // No clipping and no fp16: no copies.
-  r.engine.gradient_clipping = 0;
+  r.config.gradient_clipping = 0;
   auto n = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(n.is_ok());
   EXPECT_EQ(n->host.undo, 0u);

@@ -130,10 +130,10 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
   // fp32 moments 8. strata keeps fp32 gradients: 2 + 4 + 4 + 8 = 18 B/param (14 with bf16
   // moments). A large model makes the per-object rounding negligible.
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 8, 1024, 16, 50257, 1024);
-  r.seq = 128;
+  r.set_model(gpt_model("m", 8, 1024, 16, 50257, 1024));
+  r.config.data.seq_len = 128;
   r.hw.gpu_mem = uint64_t{64} << 30;
-  const double P = double(model_params(r.model.shape));
+  const double P = double(model_params(r.config.model));
   auto all = evaluate_placement(r, find("all-device"));
   ASSERT_TRUE(all.is_ok());
   EXPECT_NEAR(double(all->device.state) / P, 18.0, 0.001);
@@ -145,12 +145,12 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
   ASSERT_TRUE(nv.is_ok());
   EXPECT_NEAR(double(nv->nvme.state) / P, 14.0, 0.01);  // params 2 + master 4 + moments 8
   EXPECT_NEAR(double(nv->host.state) / P, 4.0, 0.01);   // fp32 grads stay on the host
-  r.moment_dtype = DType::kBF16;
+  r.config.strata.moment_dtype = DType::kBF16;
   auto b = evaluate_placement(r, find("all-device"));
   ASSERT_TRUE(b.is_ok());
   EXPECT_NEAR(double(b->device.state) / P, 14.0, 0.001);
   // Sharded over 4 ranks: a quarter of the state per rank on the device.
-  r.moment_dtype = DType::kF32;
+  r.config.strata.moment_dtype = DType::kF32;
   r.hw.gpus = 4;
   auto s = evaluate_placement(r, find("all-device"));
   ASSERT_TRUE(s.is_ok());
@@ -165,22 +165,22 @@ TEST(Plan, BytesPerParamMixedPrecisionAdam) {
 TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
   PlanRequest r = small_request();
   r.hw.gpus = 4;
-  r.dtype = DType::kBF16;
+  r.config.model.dtype = DType::kBF16;
   const PlacementOption p = find("all-device");
   auto base = evaluate_placement(r, p);
   ASSERT_TRUE(base.is_ok());
   ASSERT_GT(base->time.collectives_s, 0);
-  const double P = double(model_params(r.model.shape));
+  const double P = double(model_params(r.config.model));
   // Plain ZeRO-3: 3/4 of the model twice in bf16 and once in fp32 per micro-batch.
   const ZeroPPTraffic plain = zeropp_traffic({}, 4, 4, P, DType::kBF16);
   EXPECT_NEAR(plain.gather_forward, 0.75 * P * 2, 1e-6 * P);
   EXPECT_NEAR(plain.reduce, 0.75 * P * 4, 1e-6 * P);
-  r.zeropp.quantized_weights = true;
-  r.zeropp.quantized_gradients = true;
-  r.zeropp.hpz_partition_size = 2;
+  r.config.zero.zero_quantized_weights = true;
+  r.config.zero.zero_quantized_gradients = true;
+  r.config.zero.zero_hpz_partition_size = 2;
   auto zpp = evaluate_placement(r, p);
   ASSERT_TRUE(zpp.is_ok());
-  const ZeroPPTraffic z = zeropp_traffic(r.zeropp, 4, 4, P, DType::kBF16);
+  const ZeroPPTraffic z = zeropp_traffic(r.zeropp(), 4, 4, P, DType::kBF16);
   const double unit = 1.0 + 4.0 / kWeightBlock, q4 = 0.5 + 4.0 / kGradBlock;
   EXPECT_NEAR(z.gather_forward, 0.75 * P * unit, 1e-6 * P);
   EXPECT_NEAR(z.gather_backward, 0.5 * P * unit, 1e-6 * P);  // 1 peer, half the model
@@ -189,9 +189,10 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
               (z.gather_forward + z.gather_backward + z.reduce) /
                   (plain.gather_forward + plain.gather_backward + plain.reduce),
               1e-9);
-  auto arch = create_architecture(r.model.shape);
+  auto arch = create_architecture(r.config.model);
   ASSERT_TRUE(arch.is_ok());
-  auto homes = module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype, false, 0);
+  auto homes =
+      module_homes((*arch)->layout(), p.where, 4, DType::kBF16, r.moment_dtype(), false, 0);
   ASSERT_TRUE(homes.is_ok());
   ZeroPPShape shape;
   shape.quantized_weights = shape.quantized_gradients = true;
@@ -203,7 +204,7 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
     sec += round_up(shape.secondary_bytes(h.shard_numel, DType::kBF16), 256);
     max_sn = std::max(max_sn, h.shard_numel);
   }
-  const size_t k = std::clamp<size_t>(r.engine.zero.reduce_bucket_size / 4, 1, max_sn);
+  const size_t k = std::clamp<size_t>(r.config.zero.reduce_bucket_size / 4, 1, max_sn);
   const size_t scratch = round_up(shape.qgz_scratch_bytes(k, true), 256);
   EXPECT_GT(qwz * sec * scratch, 0u);
   EXPECT_EQ(zpp->device.buffers - base->device.buffers, qwz + sec + scratch);
@@ -212,7 +213,7 @@ TEST(Plan, ZeroPlusPlusShrinksTheCollectivesAndAddsHpzMemory) {
   EXPECT_GE(double(sec), 0.5 * P * unit);
   EXPECT_EQ(zpp->device.state, base->device.state);
   // Two nodes of two: qgZ's second level sends one chunk across.
-  const ZeroPPTraffic two = zeropp_traffic(r.zeropp, 4, 2, P, DType::kBF16);
+  const ZeroPPTraffic two = zeropp_traffic(r.zeropp(), 4, 2, P, DType::kBF16);
   EXPECT_NEAR(two.reduce, (1 * 2 + 1) * P / 4 * q4, 1e-6 * P);
 }
 
@@ -225,13 +226,13 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
     PlanRequest r = small_request();
     auto m = model_preset(name);
     ASSERT_TRUE(m.is_ok());
-    r.model = *m;
-    r.seq = 256;
+    r.set_model(*m);
+    r.config.data.seq_len = 256;
     r.hw.gpu_mem = uint64_t{1} << 40;
     r.hw.host_mem = uint64_t{1} << 40;
     auto rep = make_plan(r);
     ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
-    const double P = double(model_params(r.model.shape));
+    const double P = double(model_params(r.config.model));
     EXPECT_EQ(uint64_t(P), rep->params);
     const PlanOption& all = rep->options[0];
     ASSERT_EQ(all.placement.name, "all-device");
@@ -248,7 +249,7 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
     EXPECT_EQ(double((*arch)->layout().num_params()), P) << name;
     // The FLOPs are the architecture's: SwiGLU's three matrices and the narrow K/V projections.
     const FlopsPerToken f = (*arch)->flops_per_token(256, ActivationMode::kKeep);
-    EXPECT_EQ(all.flops, uint64_t(f.train() * 256 * r.micro_batch * r.accumulation));
+    EXPECT_EQ(all.flops, uint64_t(f.train() * 256 * r.micro_batch() * r.accumulation()));
   }
 }
 
@@ -256,17 +257,17 @@ TEST(Plan, LlamaPresetsPlanTheirOwnArchitecture) {
 // over the link and holds them in the host tier. The table and the JSON list every mode.
 TEST(Plan, ActivationModesTradeMemoryForWork) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  r.micro_batch = 4;
-  r.accumulation = 2;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
+  r.config.train_micro_batch_size_per_gpu = 4;
+  r.config.gradient_accumulation_steps = 2;
   // One micro-batch at a time in every mode (offload cannot group): the link bytes compared are
   // the activations' alone, not a backward group's gradient drains.
-  r.engine.strata.grouped_forwards = 1;
+  r.config.strata.grouped_forwards = 1;
   std::vector<PlanOption> o;
   for (const ActivationMode mode :
        {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-    r.activations = mode;
+    r.config.strata.activations = activation_mode_name(mode);
     auto x = evaluate_placement(r, find("params-host"));
     ASSERT_TRUE(x.is_ok());
     o.push_back(*x);
@@ -297,9 +298,9 @@ TEST(Plan, ActivationModesTradeMemoryForWork) {
 
 TEST(Plan, ExpectedPeaksFollowTheirRules) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  const uint64_t P = model_params(r.model.shape);
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
+  const uint64_t P = model_params(r.config.model);
   // Room for everything: device peak = reservation + every module's fp32 gradient buffer
   // + the cache of offloaded bf16 params.
   r.hw.gpu_mem = uint64_t{1} << 30;
@@ -324,13 +325,14 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   // from the second micro-batch on, lands 2 of the largest module's fp32 gradients (a block:
   // 789,760 x 4 bytes, 3,162,112 rounded to pages) before adding them.
   r.hw.gpu_mem = uint64_t{1} << 30;
-  r.engine.gradient_clipping = 0;
-  r.engine.zero.sub_group_size = 65536;
-  r.accumulation = 2;
+  r.config.gradient_clipping = 0;
+  r.config.zero.sub_group_size = 65536;
+  r.config.gradient_accumulation_steps = 2;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
-  r.accumulation = 1;  // one micro-batch is copied into the accumulator: no landing buffers
+  r.config.gradient_accumulation_steps =
+      1;  // one micro-batch is copied into the accumulator: no landing buffers
   auto d1 = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d1.is_ok());
   EXPECT_EQ(d1->host.peak, d1->host.state + 2 * 131'072);
@@ -340,8 +342,8 @@ TEST(Plan, NonFittingPlanIsReportedAsSuch) {
   PlanRequest r = small_request();
   auto m = model_preset("gpt2-1.5b");
   ASSERT_TRUE(m.is_ok());
-  r.model = *m;
-  r.seq = 1024;
+  r.set_model(*m);
+  r.config.data.seq_len = 1024;
   r.hw.gpu_mem = uint64_t{1} << 30;   // 1 GiB device
   r.hw.host_mem = uint64_t{2} << 30;  // 2 GiB host
   r.hw.nvme_paths = {};               // no NVMe
@@ -361,8 +363,8 @@ TEST(Plan, NonFittingPlanIsReportedAsSuch) {
 
 TEST(Plan, FittingPlanPicksTheFastestFeasible) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
   r.hw.gpu_mem = uint64_t{1} << 30;
   auto rep = make_plan(r);
   ASSERT_TRUE(rep.is_ok());
@@ -461,7 +463,7 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
       {"write_gbps", 2.0},
       {"io_probe", {{"cases", {{{"op", "read"}, {"block_size", 2.5e40}, {"queue_depth", 8}}}}}}};
   expect_refused(j, "block_size must be an integer");
-  // Found by fuzz_profile (session 20): nvme.aio's block size was converted unchecked too.
+  // Found by fuzz_profile: nvme.aio's block size was converted unchecked too.
   j = good;
   j["nvme"] = {{"read_gbps", 2.0},
                {"write_gbps", 2.0},
@@ -481,10 +483,10 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
 
 TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
-  r.micro_batch = 2;
-  r.accumulation = 2;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
+  r.config.train_micro_batch_size_per_gpu = 2;
+  r.config.gradient_accumulation_steps = 2;
   r.profile.aio_block_size = 4 << 20;
   r.profile.aio_queue_depth = 32;
   auto rep = make_plan(r);
@@ -502,18 +504,18 @@ TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
     EXPECT_EQ(cfg->train_micro_batch_size_per_gpu, 2);
     // The planner's view of that config is the same request.
     PlanRequest again = request_from_config(*cfg, r.hw, r.profile);
-    EXPECT_EQ(again.micro_batch, 2);
-    EXPECT_EQ(again.accumulation, 2);
-    EXPECT_EQ(again.seq, 128);
-    EXPECT_EQ(again.engine.zero.stage3_prefetch_bucket_size,
-              r.engine.zero.stage3_prefetch_bucket_size);
+    EXPECT_EQ(again.micro_batch(), 2);
+    EXPECT_EQ(again.accumulation(), 2);
+    EXPECT_EQ(again.seq(), 128);
+    EXPECT_EQ(again.config.zero.stage3_prefetch_bucket_size,
+              r.config.zero.stage3_prefetch_bucket_size);
   }
 }
 
 TEST(Plan, CapacityModeFindsTheBoundary) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 1, 512, 8, 1000, 128);
-  r.seq = 128;
+  r.set_model(gpt_model("m", 1, 512, 8, 1000, 128));
+  r.config.data.seq_len = 128;
   r.hw.gpu_mem = uint64_t{256} << 20;
   r.hw.host_mem = uint64_t{512} << 20;
   r.hw.nvme_paths = {};
@@ -521,7 +523,7 @@ TEST(Plan, CapacityModeFindsTheBoundary) {
   ASSERT_TRUE(c.is_ok()) << c.status().to_string();
   EXPECT_GE(c->report.best, 0);
   PlanRequest more = r;
-  more.model.shape.n_layer = c->model.shape.n_layer + 1;
+  more.config.model.n_layer = c->model.shape.n_layer + 1;
   auto rep = make_plan(more);
   ASSERT_TRUE(rep.is_ok());
   EXPECT_EQ(rep->best, -1) << "one more layer should not fit";
@@ -532,8 +534,8 @@ TEST(Plan, CapacityModeFindsTheBoundary) {
 
 TEST(Plan, SvgHasOneBarGroupPerPlacement) {
   PlanRequest r = small_request();
-  r.model = gpt_model("m", 4, 256, 4, 1000, 128);
-  r.seq = 128;
+  r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));
+  r.config.data.seq_len = 128;
   auto rep = make_plan(r);
   ASSERT_TRUE(rep.is_ok());
   const std::string svg = plan_svg(*rep);

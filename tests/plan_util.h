@@ -24,9 +24,9 @@ inline PlacementOption find_placement(const std::string& name) {
 // rates.
 inline PlanRequest small_request() {
   PlanRequest r;
-  r.model = gpt_model("t", 1, 64, 1, 64, 64);
-  r.micro_batch = 1;
-  r.seq = 64;
+  r.set_model(gpt_model("t", 1, 64, 1, 64, 64));
+  r.config.train_micro_batch_size_per_gpu = 1;
+  r.config.data.seq_len = 64;
   r.hw.gpu_mem = uint64_t{1} << 30;
   r.hw.host_mem = uint64_t{1} << 30;
   r.hw.nvme_paths = {"/tmp"};

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/prepare_data.py as a user meets it: every bad input is one line naming the file and the
 line (exit 1, no traceback), memory stays bounded on a 16 MB line, an empty training or
-validation file is refused (no exit 0), the input is never overwritten; the output is the
+validation file is refused (no exit 0), the input is never overwritten (nor removed as a stale
+mask), a run killed at any moment leaves the old outputs or the new ones; the output is the
 llm.c token file strata reads.
 
 The command runs with a test double of `transformers` (a byte-level AutoTokenizer: id = byte
@@ -13,11 +14,14 @@ usage: prepare_data_test.py  (unittest; ctest prepare_data)
 """
 import json
 import os
+import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zlib
 
@@ -72,6 +76,23 @@ def read_tokens(path):
     magic, version, n = struct.unpack("<3i", data[:12])
     fmt = "H" if magic == 20240520 else "I"
     return list(struct.unpack(f"<{n}{fmt}", data[1024:]))
+
+
+# Runs the tool and SIGKILLs it just before its k-th os.replace / os.rename / os.unlink (k = 0:
+# never): every point at which a run moves or removes a file.
+KILLER = '''
+import os, runpy, signal, sys
+k, count = int(sys.argv[1]), [0]
+for name in ("replace", "rename", "unlink"):
+    def wrapped(*a, _real=getattr(os, name), **kw):
+        count[0] += 1
+        if count[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _real(*a, **kw)
+    setattr(os, name, wrapped)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
 
 
 def read_mask(path):
@@ -193,6 +214,136 @@ class PrepareData(unittest.TestCase):
         self.assert_fails(["--input", self.path("link.txt"), "--out", src], "is the input file")
         with open(src) as f:
             self.assertEqual(f.read(), "some text\n")
+
+    def test_never_removes_or_overwrites_an_input_named_as_a_mask(self):
+        # The input is <out>.mask: a plain run removed it as a stale mask, --chat overwrote it;
+        # likewise for --val-out's mask, the temporaries, a hard link and the chat template.
+        chat = "".join(json.dumps(c) + "\n" for c in CHATS)
+        src = self.write("t.bin.mask", chat)
+        out = self.path("t.bin")
+        for args in (["--input", src, "--out", out],
+                     ["--chat", "--input", src, "--out", out],
+                     ["--input", src, "--out", self.path("o.bin"), "--val-out", out],
+                     ["--chat", "--input", src, "--out", self.path("o.bin"), "--val-out", out]):
+            self.assert_fails(args, "is the input file")
+        tmp = self.write("u.bin.tmp", chat)
+        self.assert_fails(["--input", tmp, "--out", self.path("u.bin")], "is the input file")
+        os.link(src, self.path("hard.bin"))
+        self.assert_fails(["--input", src, "--out", self.path("hard.bin")], "is the input file")
+        tpl = self.write("tpl.jinja", "x")
+        self.assert_fails(["--chat", "--chat-template", tpl, "--input", self.path("c.jsonl"),
+                           "--out", self.path("w.bin"), "--val-out", tpl], "is the input file")
+        self.assert_fails(["--input", src, "--out", self.path("x.bin"),
+                           "--val-out", self.path("x.bin.mask")], "collide")
+        for p, text in ((src, chat), (tmp, chat), (tpl, "x")):
+            with open(p) as f:
+                self.assertEqual(f.read(), text, p)
+
+    def test_killed_at_any_moment_leaves_the_old_set_or_the_new_one(self):
+        # SIGKILL at random moments while runs alternate between a chat corpus (tokens + masks,
+        # training and validation) and a plain one (no masks: the old masks must go): after each
+        # kill the four files are one run's set, or a journal whose completion gives the new set.
+        # PREPARE_KILLS sets the count (default 12; 50 for a longer check), PREPARE_SEED the
+        # kill times.
+        kills = int(os.environ.get("PREPARE_KILLS", "12"))
+        seed = int(os.environ.get("PREPARE_SEED", str(int(time.time()))))
+        rng = random.Random(seed)
+        chats = [{"messages": [{"role": "user", "content": "q" * 200 + str(i)},
+                               {"role": "assistant", "content": "a" * 300 + str(i)}]}
+                 for i in range(600)]
+        corpora = {"chat": self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in chats)),
+                   "plain": self.write("plain.jsonl", "".join(
+                       json.dumps({"text": "p" * 500 + str(i)}) + "\n" for i in range(600)))}
+        out, val = self.path("t.bin"), self.path("v.bin")
+        names = (out, out + ".mask", val, val + ".mask")
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+
+        def command(kind):
+            return [sys.executable, TOOL, "--model", "unused", "--input", corpora[kind],
+                    "--out", out, "--val-out", val, "--val-fraction", "0.1"] + \
+                   (["--chat"] if kind == "chat" else [])
+
+        def state():  # each file's CRC-32 (None: missing)
+            return tuple(zlib.crc32(open(n, "rb").read()) if os.path.exists(n) else None
+                         for n in names)
+
+        sets, took = {}, {}
+        for kind in ("chat", "plain"):
+            t0 = time.monotonic()
+            p = subprocess.run(command(kind), capture_output=True, text=True, env=env)
+            took[kind] = time.monotonic() - t0
+            self.assertEqual(p.returncode, 0, p.stderr)
+            sets[kind] = state()
+        self.assertIsNotNone(sets["chat"][1])
+        self.assertIsNone(sets["plain"][1])
+        current, mixed, journaled = "plain", 0, 0
+        for i in range(kills):
+            new = "chat" if current == "plain" else "plain"
+            p = subprocess.Popen(command(new), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env=env)
+            time.sleep(rng.uniform(0.0, 1.1 * took[new]))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            got = state()
+            if os.path.lexists(out + ".commit"):
+                journaled += 1
+                prepare_data.complete_pending(out)
+                self.assertEqual(state(), sets[new], f"seed {seed}, kill {i}: the journal's set")
+                got = state()
+            if got == sets[new]:
+                current = new
+            elif got != sets[current]:
+                mixed += 1
+        self.assertEqual(mixed, 0, f"seed {seed}: {mixed} of {kills} kills left a mix")
+        # The next run finishes a killed move and leaves no temporaries.
+        rc, err, _ = self.run_tool("--input", corpora["plain"], "--out", out, "--val-out", val,
+                                   "--val-fraction", "0.1")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(state(), sets["plain"])
+        self.assertEqual(sorted(n for n in os.listdir(self.dir) if n.startswith(("t.bin", "v.bin"))),
+                         ["t.bin", "v.bin"])
+
+    def test_killed_before_any_rename_or_removal_leaves_the_old_set_or_the_new_one(self):
+        # Deterministic: the run kills itself (SIGKILL) just before its k-th rename or removal,
+        # for every k, alternating chat and plain runs over the same --out and --val-out.
+        chats = [{"messages": [{"role": "user", "content": f"q{i}"},
+                               {"role": "assistant", "content": f"a{i}"}]} for i in range(20)]
+        corpora = {"chat": self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in chats)),
+                   "plain": self.write("plain.jsonl", "".join(
+                       json.dumps({"text": f"p{i}"}) + "\n" for i in range(20)))}
+        with open(self.path("killer.py"), "w") as f:
+            f.write(KILLER)
+        out, val = self.path("t.bin"), self.path("v.bin")
+        names = (out, out + ".mask", val, val + ".mask")
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+
+        def run(kind, k):
+            return subprocess.run(
+                [sys.executable, self.path("killer.py"), str(k), TOOL, "--model", "unused",
+                 "--input", corpora[kind], "--out", out, "--val-out", val, "--val-fraction",
+                 "0.25"] + (["--chat"] if kind == "chat" else []),
+                capture_output=True, text=True, env=env).returncode
+
+        def state():  # each file's CRC-32 (None: missing)
+            return tuple(zlib.crc32(open(n, "rb").read()) if os.path.exists(n) else None
+                         for n in names)
+
+        sets = {}
+        for kind in ("chat", "plain"):
+            self.assertEqual(run(kind, 0), 0)
+            sets[kind] = state()
+        current = "plain"
+        for new in ("chat", "plain"):
+            for k in range(1, 40):
+                if run(new, k) == 0:
+                    break
+                if os.path.lexists(out + ".commit"):
+                    prepare_data.complete_pending(out)
+                    self.assertEqual(state(), sets[new], f"{new} run killed at {k}: journal")
+                self.assertIn(state(), (sets[current], sets[new]),
+                              f"{new} run killed before rename/removal {k}: a mix")
+                self.assertEqual(run(current, 0), 0)  # back to the old set for the next k
+            current = new
 
     def test_chat_masks_the_assistant_turns_and_marks_conversation_starts(self):
         src = self.write("chat.jsonl", "".join(json.dumps(c) + "\n" for c in CHATS))

@@ -1,4 +1,4 @@
-// The exact schedules against the plain one, on configurations drawn at random (issue #25): the
+// The exact schedules against the plain one, on configurations drawn at random: the
 // optimizer under backward, rolled back, deferred into the next forward or run after backward,
 // the state read ahead, forwards and backwards grouped, a resume — every loss, every skipped
 // step and the final weights must be the plain schedule's (overlap off, one micro-batch at a

@@ -520,7 +520,7 @@ void pool_over_memlock_limit() {
 
 // Arenas of 2 MiB or more start on a huge-page boundary and are advised MADV_HUGEPAGE, so a
 // 1 MiB I/O piece is one contiguous segment and a virtio disk's 254-segment limit does not split
-// it in two (docs/BENCHMARKS.md, #3). The advice is accepted unless THP is "never"/absent.
+// it in two (docs/BENCHMARKS.md, storage). The advice is accepted unless THP is "never"/absent.
 TEST(BufferPoolTest, LargeArenaIsHugePageAlignedAndAdvised) {
   std::string thp;
   std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);

@@ -332,10 +332,10 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
   // a device that keeps them all reads.
   EXPECT_GT(read[0], 4 * read[2]);
   // Which copies a prefetch saves depends on timing (when fetches land and gradient buffers
-  // finish draining): measured -8% to +9% of on demand over 9 runs (both 43 MB, where the
-  // session-10 engine read 100 MB and its predecessor 169-176 MB with prefetch), and +20% once
+  // finish draining): measured -8% to +9% of on demand over 9 runs (both 43 MB, where an
+  // earlier engine read 100 MB and the one before it 169-176 MB with prefetch), and +20% once
   // under a full ctest -j2 (52.0 vs 43.3 MB); 25% is far below the waste prefetch had (+70%).
-  // Session 20: the first micro-batch's gradients written in place (no device buffer) read
+  // With the first micro-batch's gradients written in place (no device buffer) the test read
   // 32.8 MB on demand; a prefetch keeping two gradient buffers' room then read 1.21-1.59x that
   // (it evicted for the room copies on demand keeps: docs/RELIABILITY.md), keeping one 0.95-1.00x.
   EXPECT_LE(double(read[1]), 1.25 * double(read[0]));

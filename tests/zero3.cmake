@@ -1,4 +1,4 @@
-# ZeRO-3 across ranks in the trainer (issue #6). zero3_test is a GoogleTest binary that also
+# ZeRO-3 across ranks in the trainer. zero3_test is a GoogleTest binary that also
 # serves as its own MPI worker (`zero3_test --worker ...`): the tests launch it under
 # `mpirun -np 2|3` (oversubscribed, --allow-run-as-root) and compare with a one-rank run
 # in-process. Without MPI the multi-rank tests report skipped.

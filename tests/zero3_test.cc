@@ -1,4 +1,4 @@
-// ZeRO-3 across ranks in the trainer (issue #6): the data-parallel, ZeRO++, resharding, fault
+// ZeRO-3 across ranks in the trainer: the data-parallel, ZeRO++, resharding, fault
 // and CUDA cases; the fine-tuning ones (LoRA, masked loss) are zero3_finetune_test.cc. The
 // worker, the launcher and what is checked: tests/zero3_util.h.
 #include <gtest/gtest.h>
@@ -96,9 +96,9 @@ TEST_P(Zero3Variants, BucketsOverlapAndPrefetchGiveTheSameLosses) {
   const json b100k = run("bucket100k", " --set zero_optimization.reduce_bucket_size=100000");
   const json serial = run("no_overlap", " --set zero_optimization.overlap_comm=false");
   const json nopf = run("no_prefetch", " --set zero_optimization.stage3_prefetch_bucket_size=0");
-  // The optimizer stepped after backward instead of under it (issue #9): also bit for bit.
+  // The optimizer stepped after backward instead of under it: also bit for bit.
   const json plain_opt = run("no_opt_overlap", " --set strata.optimizer.overlap=false");
-  // Both micro-batches' forwards grouped, module by module (strata.grouped_forwards, issue #25):
+  // Both micro-batches' forwards grouped, module by module (strata.grouped_forwards):
   // each group gathered once for the two, the same bits.
   // (Two sets of tiny-cpu's activations need a device larger than its 12 MiB.)
   const std::string roomy = " --set device.memory_limit=33554432";

@@ -1,5 +1,5 @@
 // Shared by tests/zero3_test.cc and tests/zero3_finetune_test.cc (one binary, zero3_test):
-// ZeRO-3 across ranks in the trainer (issue #6), on the CPU backend with the MPI communicator.
+// ZeRO-3 across ranks in the trainer, on the CPU backend with the MPI communicator.
 //
 // The binary has two roles. Run as `zero3_test --worker OUT PLACEMENT STEPS [options]` (under
 // mpirun) it trains configs/tiny-cpu.json with a global batch of 12 sequences (micro 12/2/N x

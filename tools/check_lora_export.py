@@ -2,14 +2,18 @@
 """Checks that peft loads what `strata export --adapter` writes and gives strata's eval loss,
 and that transformers loads a LoRA run's merged `strata export` with the same loss.
 
-For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}): `strata train` a LoRA run (r 4,
-alpha 8, every block linear layer; 6 steps at lr 1e-2, fp32, so B is far from its zero start)
-from model.from_pretrained; `strata eval --json` of its checkpoint over the fixture's
-eval_tokens; then
+For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}) and each lora section of
+RUNS (r 4, alpha 8, every block linear layer; then PEFT's wider vocabulary: lora_dropout,
+use_rslora, target_modules "all-linear" and regular expressions): `strata train` a LoRA run (6
+steps at lr 1e-2, fp32, so B is far from its zero start) from model.from_pretrained; `strata
+eval --json` of its checkpoint over the fixture's eval_tokens (eval runs without dropout, as
+peft's eval()); then
   - `strata export --adapter DIR`, peft.PeftModel.from_pretrained(base, DIR): its mean
     next-token loss over the same windows must be strata's (1e-5 relative);
   - `strata export --out DIR` (the base with the adapters merged), transformers'
-    AutoModelForCausalLM.from_pretrained(DIR): the same loss (1e-5 relative).
+    AutoModelForCausalLM.from_pretrained(DIR): the same loss (1e-5 relative);
+  - the adapter_config.json peft loaded keeps the section's r, lora_alpha, lora_dropout,
+    use_rslora and target_modules (a pattern as given), and peft's loaded LoraConfig has them.
 
 Needs torch, transformers and peft (a throwaway venv; never a dependency of the build).
 Without them it prints why and exits 77, which ctest reports as skipped (tests/lora.cmake,
@@ -26,11 +30,22 @@ import sys
 import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-TARGETS = {
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-}
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# (run name, base fixture, lora section)
+RUNS = [
+    ("llama", "llama", {"r": 4, "lora_alpha": 8, "target_modules": ALL}),
+    ("qwen2", "qwen2", {"r": 4, "lora_alpha": 8, "target_modules": ALL}),
+    ("gpt2", "gpt2", {"r": 4, "lora_alpha": 8, "target_modules": ["c_attn", "c_proj", "c_fc"]}),
+    ("llama-all-linear-rslora-dropout", "llama",
+     {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "use_rslora": True,
+      "lora_dropout": 0.1}),
+    ("qwen2-regex-dropout", "qwen2",
+     {"r": 4, "lora_alpha": 8, "lora_dropout": 0.05,
+      "target_modules": r"model\.layers\.\d+\.(self_attn\.(q|v)_proj|mlp\.down_proj)"}),
+    ("gpt2-regex-rslora", "gpt2",
+     {"r": 4, "lora_alpha": 8, "use_rslora": True,
+      "target_modules": r"transformer\.h\.\d+\.(attn\.c_attn|mlp\.c_fc)"}),
+]
 T = 16
 
 
@@ -66,8 +81,8 @@ def main():
         base_cfg = json.load(f)
     base_cfg.pop("model")
     failed = 0
-    for name, targets in TARGETS.items():
-        src = os.path.join(ROOT, "tests", "fixtures", "hf", name)
+    for name, fixture, lora in RUNS:
+        src = os.path.join(ROOT, "tests", "fixtures", "hf", fixture)
         run = os.path.join(work, name)
         os.makedirs(os.path.join(run, "swap"), exist_ok=True)
         ref = load_file(os.path.join(src, "reference.safetensors"))
@@ -77,7 +92,7 @@ def main():
             f.write(struct.pack(f"<{corpus.numel()}I", *corpus.tolist()))
         cfg = json.loads(json.dumps(base_cfg))
         cfg["model"] = {"from_pretrained": src, "context": T}
-        cfg["lora"] = {"r": 4, "lora_alpha": 8, "target_modules": targets}
+        cfg["lora"] = lora
         cfg["bf16"] = {"enabled": False}
         cfg["optimizer"]["params"].update({"lr": 1e-2})
         cfg["scheduler"]["params"]["warmup_num_steps"] = 1
@@ -106,6 +121,23 @@ def main():
                 strata_loss = json.loads(p.stdout.strip().splitlines()[-1])["loss"]
         base = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         base_loss = windows_loss(torch, F, base.eval(), corpus)
+        with open(os.path.join(adapter, "adapter_config.json")) as f:
+            written = json.load(f)
+        loaded = peft.PeftConfig.from_pretrained(adapter)
+        for key in ("r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules"):
+            want = lora.get(key, {"lora_dropout": 0.0, "use_rslora": False}.get(key))
+            if key == "target_modules" and not isinstance(want, str):
+                want = sorted(want)
+            elif key == "target_modules" and want == "all-linear":
+                want = sorted(ALL)  # peft saves what "all-linear" became: the layers' names
+            for where, got in (("adapter_config.json", written.get(key)),
+                               ("peft's LoraConfig", getattr(loaded, key))):
+                if isinstance(got, (list, set)):
+                    got = sorted(got)
+                if got != want:
+                    print(f"FAIL {name}: {where} has {key} {got!r}, the run's lora section "
+                          f"{want!r}")
+                    failed += 1
         model = peft.PeftModel.from_pretrained(base, adapter).eval()
         peft_loss = windows_loss(torch, F, model, corpus)
         merged_model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -44,10 +44,13 @@ const char kUsage[] =
     "                       refused, an earlier export of the same run is replaced;\n"
     "                       model.from_pretrained's directory is never written\n"
     "  --adapter DIR        a LoRA run: write its adapters as a PEFT adapter directory\n"
-    "                       instead of a merged model (DIR created if missing; its two\n"
-    "                       files replaced; never model.from_pretrained's directory)\n"
-    "  --force              replace the model DIR holds: its model files that the export\n"
-    "                       does not rewrite are removed once the export is complete\n"
+    "                       instead of a merged model, with --out's guards (DIR and its\n"
+    "                       parents created if missing; one holding a model or another\n"
+    "                       run's adapter refused; never model.from_pretrained's directory);\n"
+    "                       the two files are replaced together (a kill leaves the old pair\n"
+    "                       or the new one)\n"
+    "  --force              replace the model (or adapter) DIR holds: its model files that\n"
+    "                       the export does not rewrite are removed once it is complete\n"
     "  --tokenizer DIR      copy the tokenizer files from DIR (default: model.from_pretrained)\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
     "  -h, --help           this text\n"
@@ -88,13 +91,19 @@ int cmd_export(int argc, char** argv) {
   if (!meta.is_ok()) return cli.fail(meta.status().message());
   const auto t0 = std::chrono::steady_clock::now();
   if (!adapter.empty()) {
-    if (!cfg->model.from_pretrained.empty() &&
-        std::filesystem::weakly_canonical(adapter) ==
-            std::filesystem::weakly_canonical(cfg->model.from_pretrained)) {
-      return cli.fail("--adapter: " + adapter +
-                      " is model.from_pretrained's directory; give another directory");
-    }
-    if (Status st = export_adapter(checkpoint, cfg->model, adapter); !st.is_ok()) {
+    // The guards of --out: never model.from_pretrained's directory, another model or another
+    // run's adapter (unless --force); missing parents created (and removed again on failure).
+    const ExportTarget target{adapter,
+                              "--adapter",
+                              meta->run_id,
+                              meta->step,
+                              cfg->model.from_pretrained,
+                              force,
+                              ", or add --force to replace it",
+                              /*adapter=*/true};
+    if (Status st = export_as_owner(
+            target, [&] { return export_adapter(checkpoint, cfg->model, adapter); });
+        !st.is_ok()) {
       return cli.fail(st.message());
     }
     std::printf("exported the adapters of %s to %s in %.2f s\n", checkpoint.c_str(),

@@ -111,10 +111,29 @@ Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return unavailable(fmt::format(
-        "the tokenizer ({} {} {} {}) failed (its message is above); set STRATA_PYTHON to a "
-        "python with transformers or tokenizers, or give --prompt-ids",
-        python, script, mode, dir));
+    // hf_tokenizer.py's exit status says whose the failure is: only a missing library (3) or
+    // an interpreter that cannot run (127) is STRATA_PYTHON's.
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    const std::string cmd = fmt::format("{} {} {} {}", python, script, mode, dir);
+    if (code == 3 || code == 127) {
+      return unavailable(fmt::format(
+          "the tokenizer ({}) cannot run: {} (its message is above); set STRATA_PYTHON to a "
+          "python with transformers or tokenizers, or give --prompt-ids",
+          cmd, code == 3 ? "no transformers or tokenizers library" : "no such interpreter"));
+    }
+    if (code == 4) {
+      return invalid_argument(fmt::format(
+          "the tokenizer of {} cannot be loaded (its message is above): give --tokenizer DIR "
+          "with the model's tokenizer files, or --prompt-ids",
+          dir));
+    }
+    if (code == 5) {
+      return invalid_argument("the prompt cannot be tokenized (its message is above)");
+    }
+    return unavailable(
+        fmt::format("the tokenizer ({}) failed with status {} (its message is "
+                    "above)",
+                    cmd, code));
   }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return internal_error("the tokenizer printed no JSON: " + text);
@@ -211,6 +230,7 @@ int cmd_generate(int argc, char** argv) {
     ids = (*enc)["ids"].get<std::vector<int32_t>>();
     if (!ignore_eos) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
   }
+
   if (!ignore_eos && opt.stop.empty() && have_tokenizer && !prompt_ids.empty()) {
     Result<nlohmann::json> enc = tokenizer("encode", tok_dir, "");
     if (enc.is_ok()) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
@@ -218,6 +238,13 @@ int cmd_generate(int argc, char** argv) {
 
   auto arch = create_architecture(cfg->model);
   if (!arch.is_ok()) return cli.fail(arch.status().message());
+  // A prompt past the context: refused with its own length before any weight is loaded.
+  if (int64_t(ids.size()) > (*arch)->shape().context) {
+    return cli.fail(fmt::format(
+        "the prompt has {} tokens, more than model.context {}: shorten it, or raise "
+        "model.context (--set model.context=N, at most the model's max_position_embeddings)",
+        ids.size(), (*arch)->shape().context));
+  }
   // The weights and the cache must fit in memory before any of it is allocated (a model too
   // large was a bad_alloc abort, or the OOM killer).
   const uint64_t need = decoder_bytes(**arch);

@@ -9,14 +9,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/base/safe_file.h"
 #include "src/hf/hf_config.h"
 #include "src/model/architecture.h"
 #include "src/model/base_quant.h"
+#include "src/plan/plan.h"
 #include "strata/log.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
@@ -30,11 +35,77 @@ bool write_file(const std::string& path, const std::string& text) {
   return bool(out);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec);
+}
+
+// The text of `path` ("" when it cannot be read).
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Was `text` (the file at an output path) written by strata plan as `flag`? --write-config's
+// config holds strata.written_by, --json's report the magic "strata-plan", --svg's chart
+// kPlanSvgMark.
+bool written_by_plan(const std::string& flag, const std::string& text) {
+  if (flag == "--svg") return text.find(kPlanSvgMark) != std::string::npos;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false,
+                                       /*ignore_comments=*/true);
+  if (!j.is_object()) return false;
+  if (flag == "--json") return j.value("magic", nlohmann::json()) == "strata-plan";
+  return j.contains("strata") && j["strata"].is_object() &&
+         j["strata"].value("written_by", nlohmann::json()) == kPlanWrittenBy;
+}
+
+// May `flag` (--write-config, --json, --svg) write `out`? Never into --hf's model directory,
+// nor over an input (--config, --profile; --write-config over its --config with --force), nor
+// over a file strata plan did not write unless --force.
+Status check_plan_output(const PlanArgs& a, const std::string& out, const std::string& flag) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!a.hf_dir.empty()) {
+    const fs::path dir = fs::weakly_canonical(a.hf_dir, ec);
+    const fs::path parent = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
+    if (!dir.empty() && parent == dir) {
+      return invalid_argument(fmt::format(
+          "{} {} is in --hf's model directory {} (its config.json is the model's): write it "
+          "elsewhere",
+          flag, out, a.hf_dir));
+    }
+  }
+  if (!fs::exists(out, ec)) return Status::ok();
+  for (const auto& [input, in_flag] :
+       {std::pair{a.config_path, "--config"}, std::pair{a.profile_path, "--profile"}}) {
+    if (!same_file(out, input)) continue;
+    const bool may = flag == "--write-config" && std::string(in_flag) == "--config";
+    if (a.force && may) return Status::ok();
+    return invalid_argument(fmt::format("{} {} is the {} input; write it elsewhere{}", flag, out,
+                                        in_flag, may ? " (or add --force to replace it)" : ""));
+  }
+  if (a.force || written_by_plan(flag, read_text(out))) return Status::ok();
+  return invalid_argument(fmt::format(
+      "{} {} exists and was not written by strata plan{}; give another path, or add --force to "
+      "replace it",
+      flag, out,
+      flag == "--write-config" ? fmt::format(" (no strata.written_by \"{}\")", kPlanWrittenBy)
+                               : ""));
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
   PlanArgs a;
   if (const int rc = parse_plan_args(argc, argv, &a); rc >= 0) return rc;
+  for (const auto& [out, flag] :
+       {std::pair{a.cfg_out, "--write-config"}, std::pair{a.json_path, "--json"},
+        std::pair{a.svg_path, "--svg"}}) {
+    if (out.empty()) continue;
+    if (Status st = check_plan_output(a, out, flag); !st.is_ok()) return plan_fail(st);
+  }
 
   // The machine: a profile, else defaults for the a.backend.
   MachineProfile prof;
@@ -106,46 +177,54 @@ int cmd_plan(int argc, char** argv) {
   std::optional<DType> hf_dtype;
   if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
     req = request_from_config(*cfg, hw, prof);
-    req.model.name = a.config_path;
+    req.model_name = a.config_path;
   } else {
+    PlanModel model;
     if (!a.model_name.empty()) {
       auto m = model_preset(a.model_name);
       if (!m.is_ok()) return plan_fail(m.status());
-      req.model = *m;
+      model = *m;
     } else if (!a.hf_dir.empty()) {
       auto mc = model_config_from_hf(a.hf_dir, a.seq);
       if (!mc.is_ok()) {
         return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
       }
       mc->from_pretrained = a.hf_dir;  // a written config fine-tunes this checkpoint
-      req.model = {a.hf_dir, *mc, ""};
+      model = {a.hf_dir, *mc, ""};
       hf_dtype = mc->dtype;
     } else {
-      req.model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
+      model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
     }
     if (!a.config_path.empty()) {
-      PlanRequest c = request_from_config(*cfg, hw, prof);
-      c.model = req.model;
-      req = c;
+      req = request_from_config(*cfg, hw, prof);  // the config's engine options, a new model
     } else {
       req.hw = hw;
       req.profile = prof;
     }
+    req.set_model(model);
   }
   if (!a.base_quant.empty() && a.base_quant != "none" && a.lora_r <= 0 &&
-      !req.model.shape.lora.enabled) {
+      !req.config.model.lora.enabled) {
     return plan_fail(invalid_argument(
         "--base-quantization quantizes a frozen LoRA base: give --lora R as well"));
   }
   if (!a.base_quant.empty()) {
-    req.model.shape.lora.base_quantization = a.base_quant;
+    req.config.model.lora.base_quantization = a.base_quant;
     if (auto k = parse_base_quantization(a.base_quant); !k.is_ok()) {
       return plan_fail(invalid_argument(fmt::format(
           "--base-quantization: unknown value \"{}\"; use none, int8 or nf4", a.base_quant)));
     }
   }
   if (a.lora_r > 0) {
-    LoraConfig& l = req.model.shape.lora;
+    // The key table's ranges (lora.r at most 65536): the config written must be one strata
+    // train takes.
+    if (auto c = parse_config(
+            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
+            "--lora");
+        !c.is_ok()) {
+      return plan_fail(c.status());
+    }
+    LoraConfig& l = req.config.model.lora;
     l.enabled = true;
     l.r = a.lora_r;
     l.alpha = 2.0 * a.lora_r;
@@ -154,23 +233,24 @@ int cmd_plan(int argc, char** argv) {
       if (e > b) l.target_modules.push_back(a.lora_targets.substr(b, e - b));
       b = e + 1;
     }
-    if (auto arch = create_architecture(req.model.shape); !arch.is_ok()) {
+    if (auto arch = create_architecture(req.config.model); !arch.is_ok()) {
       return plan_fail(arch.status().with_context("--lora"));
     }
   }
-  if (a.have_batch || a.config_path.empty()) req.micro_batch = a.batch;
-  if (a.accum > 1 || a.config_path.empty()) req.accumulation = a.accum;
+  // The flags set the request's config, as --set would the run's.
+  if (a.have_batch || a.config_path.empty()) req.config.train_micro_batch_size_per_gpu = a.batch;
+  if (a.accum > 1 || a.config_path.empty()) req.config.gradient_accumulation_steps = a.accum;
   if (a.seq > 0) {
-    req.seq = a.seq;
+    req.config.data.seq_len = a.seq;
   } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
-    req.seq = std::min(req.model.shape.context, 8192);
+    req.config.data.seq_len = std::min(req.config.model.context, 8192);
   }
   if (a.have_dtype) {
-    req.dtype = a.dt;
+    req.config.model.dtype = a.dt;
   } else if (hf_dtype) {
-    req.dtype = *hf_dtype;  // the checkpoint's own precision
+    req.config.model.dtype = *hf_dtype;  // the checkpoint's own precision
   }
-  if (!a.activations.empty()) req.activations = *parse_activation_mode(a.activations);
+  if (!a.activations.empty()) req.config.strata.activations = a.activations;
 
   if (a.max_mode) {
     auto c = max_model(req);
@@ -178,7 +258,7 @@ int cmd_plan(int argc, char** argv) {
     std::printf(
         "capacity: at width %d, %d heads, micro-batch %d x %d tokens, the largest model that "
         "fits has %d layers = %.4gB params (one more layer does not fit)\n\n",
-        c->model.shape.n_embd, c->model.shape.n_head, req.micro_batch, req.seq,
+        c->model.shape.n_embd, c->model.shape.n_head, req.micro_batch(), req.seq(),
         c->model.shape.n_layer, double(c->params) / 1e9);
     std::fputs(plan_table(c->report).c_str(), stdout);
     return 0;
@@ -214,8 +294,13 @@ int cmd_plan(int argc, char** argv) {
                    a.cfg_out.c_str());
       return 1;
     }
-    if (!write_file(a.cfg_out, plan_config_json(*rep, rep->options[size_t(rep->best)]))) {
-      return plan_fail(io_error("writing " + a.cfg_out + ": " + std::strerror(errno)));
+    const std::string text = plan_config_json(*rep, rep->options[size_t(rep->best)]);
+    if (auto c = parse_config(text, a.cfg_out, {}, a.gpus); !c.is_ok()) {
+      return plan_fail(c.status().with_context(
+          "the config strata plan would write is one strata train refuses; change the flags"));
+    }
+    if (Status st = write_file_atomically(a.cfg_out, text, 0644); !st.is_ok()) {
+      return plan_fail(st);
     }
     std::printf("config for %s written to %s (run: strata train --config %s)\n",
                 rep->options[size_t(rep->best)].placement.name.c_str(), a.cfg_out.c_str(),

@@ -40,8 +40,8 @@ Weights are drawn wider than transformers' default initialization (std 0.2, norm
 biases random too) so that every tensor, the norms' included, changes the loss measurably.
 
 Off the hot path and never a dependency of the build: run it by hand in a throwaway virtual
-environment (python3 -m venv /tmp/venv && /tmp/venv/bin/pip install torch transformers
-safetensors), then `/tmp/venv/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]`.
+environment (python3 -m venv VENV && VENV/bin/pip install torch transformers safetensors),
+then `VENV/bin/python tools/make_hf_fixtures.py [--out tests/fixtures/hf]`.
 The tests read only the committed files.
 """
 import argparse

@@ -11,9 +11,14 @@ peft computes on the base fixture's tokens:
   losses           [B, T]
   grad.<name>      d(loss)/d(adapter tensor) under its adapter_model.safetensors name
   eval_loss        [1]  the mean over the base fixture's eval_tokens windows (as its own)
+Then, for lora-llama, reference_dropout.safetensors: the same (loss, losses, grad.<name>) of one
+training pass with lora_dropout 0.1, where each adapter's nn.Dropout is replaced by strata's mask
+(strata/kernels.h's dropout_uniform of lora_dropout_key(DROPOUT_KEY, layer, site), the site's
+index in the block's order q, k, v, o, gate, up, down): peft's arithmetic around the dropout,
+strata's draw. `--only-dropout` writes that file alone, from the committed adapter.
 
 Off the hot path and never a dependency of the build: run it by hand with torch, transformers
-and peft installed (`/work/venv-hf/bin/python tools/make_lora_fixtures.py`). The tests read only
+and peft installed (`VENV/bin/python tools/make_lora_fixtures.py`). The tests read only
 the committed files.
 """
 import argparse
@@ -33,13 +38,89 @@ TARGETS = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
 }
 R, ALPHA = 4, 8
+DROPOUT, DROPOUT_KEY = 0.1, 0x5EED1234  # tests/lora_test.cc's PeftCompareWithDropout
+M64 = (1 << 64) - 1
+
+
+def _mix(z):
+    """strata/kernels.h's dropout_mix (SplitMix64's finalizer), on Python integers."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def strata_keep_scale(key, n, p):
+    """Kernels::dropout's factor per element of a call with `key`: 1 / (1 - p) (fp32) or 0."""
+    import numpy as np
+    i = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + i * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    u = (z >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+    scale = np.float32(1.0) / (np.float32(1.0) - np.float32(p))
+    return torch.from_numpy(np.where(u >= np.float32(p), scale, np.float32(0.0)).astype(np.float32))
+
+
+class StrataDropout(torch.nn.Module):
+    """An adapter's input dropout drawing strata's mask for block `layer`, site `site`."""
+
+    def __init__(self, layer, site, p):
+        super().__init__()
+        self.key = _mix((_mix((DROPOUT_KEY + layer) & M64) + site) & M64)
+        self.p = p
+
+    def forward(self, x):
+        m = strata_keep_scale(self.key, x.numel(), self.p).reshape(x.shape)
+        return x * m
+
+
+def dropout_reference(fixtures):
+    """lora-llama's reference_dropout.safetensors (see the module's docstring)."""
+    base_dir = os.path.join(fixtures, "llama")
+    out_dir = os.path.join(fixtures, "lora-llama")
+    ref = load_file(os.path.join(base_dir, "reference.safetensors"))
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, out_dir, is_trainable=True)
+    sites = TARGETS["llama"]
+    replaced = 0
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_dropout") and "default" in module.lora_dropout:
+            parts = name.split(".")
+            layer = int(parts[parts.index("layers") + 1])
+            module.lora_dropout["default"] = StrataDropout(layer, sites.index(parts[-1]), DROPOUT)
+            replaced += 1
+    assert replaced == len(sites) * base.config.num_hidden_layers, replaced
+    model.eval()  # no other dropout; the adapters' is the one above, always on
+    tokens = ref["tokens"].long()
+    logits = model(input_ids=tokens).logits.float()
+    V = logits.shape[-1]
+    losses = F.cross_entropy(logits.reshape(-1, V), ref["targets"].long().reshape(-1),
+                             reduction="none")
+    loss = losses.mean()
+    loss.backward()
+    saved = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+    out = {"loss": loss.detach().reshape(1), "losses": losses.detach().reshape(tokens.shape)}
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        key = n.replace(".default", "")
+        assert key in saved, (key, list(saved)[:4])
+        out["grad." + key] = p.grad.detach().float().contiguous()
+    save_file(out, os.path.join(out_dir, "reference_dropout.safetensors"))
+    print(out_dir, "reference_dropout.safetensors", float(loss), len(out) - 2, "gradients")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixtures", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                        "fixtures", "hf"))
+    ap.add_argument("--only-dropout", action="store_true")
     args = ap.parse_args()
+    if args.only_dropout:
+        dropout_reference(args.fixtures)
+        return
     for seed, (name, targets) in enumerate(TARGETS.items()):
         base_dir = os.path.join(args.fixtures, name)
         ref = load_file(os.path.join(base_dir, "reference.safetensors"))
@@ -94,6 +175,7 @@ def main():
             json.dump(adapter_cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         print(out_dir, sorted(os.listdir(out_dir)), float(loss), len(saved), "tensors")
+    dropout_reference(args.fixtures)
     print("peft", peft.__version__, "transformers", transformers.__version__, "torch",
           torch.__version__)
 

@@ -17,8 +17,8 @@ tests' tolerance):
   qwen2-moe  2 layers, 6 experts of width 24, top 2 not renormalized, a shared expert of width 40
              with its sigmoid gate, q/k/v biases
 
-Off the hot path; run it by hand with the shared venv: /work/venv-hf/bin/python
-tools/make_moe_fixtures.py [--out tests/fixtures/hf].
+Off the hot path; run it by hand in a virtual environment with torch and transformers:
+VENV/bin/python tools/make_moe_fixtures.py [--out tests/fixtures/hf].
 """
 import argparse
 import os

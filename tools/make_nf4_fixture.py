@@ -9,8 +9,8 @@ NormalFloat) on the CPU, for tests/nf4_test.cc:
   absmax   [41]  each block's max |x| (fp32)
   y        [N]   bitsandbytes' dequantize_4bit(q, absmax) in fp32
 
-Off the hot path, never a dependency of the build: `/work/venv-hf/bin/python
-tools/make_nf4_fixture.py` (pip install bitsandbytes torch safetensors).
+Off the hot path, never a dependency of the build: `VENV/bin/python
+tools/make_nf4_fixture.py` in a virtual environment (pip install bitsandbytes torch safetensors).
 """
 import os
 

@@ -59,7 +59,13 @@ constexpr const char* kUsage =
     "output:\n"
     "  --json FILE          the report as JSON\n"
     "  --svg FILE           stacked bars of each placement's time terms\n"
-    "  --write-config FILE  the best placement as a config\n"
+    "  --write-config FILE  the best placement as a config (with strata.written_by \"strata\n"
+    "                       plan\"); an existing FILE is replaced only when it holds that\n"
+    "                       mark and is not an input (--config, --profile); never a file\n"
+    "                       in --hf's directory\n"
+    "  --force              --write-config, --json and --svg may replace a file strata\n"
+    "                       plan did not write (--write-config also its --config input);\n"
+    "                       without it an existing FILE is replaced only when plan wrote it\n"
     "  --max-model          capacity mode: the most layers (at this width) that still fit\n"
     "  --validate           with --config: train it, print predicted vs measured step time and\n"
     "                       peak bytes per tier\n";
@@ -89,6 +95,10 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
     }
     if (a == "--fastest") {
       p.fastest = true;
+      continue;
+    }
+    if (a == "--force") {
+      p.force = true;
       continue;
     }
     if (i + 1 >= argc) {

@@ -22,6 +22,7 @@ struct PlanArgs {
   int batch = 1, seq = 0, accum = 1, gpus = 1;
   uint64_t gpu_mem = 0, host_mem = 0, nvme_free = 0;
   bool max_mode = false, validate = false, fastest = false;
+  bool force = false;  // --force: --write-config may replace a file it did not write
   DType dt = DType::kBF16;
   bool have_dtype = false, have_batch = false;
   std::string activations;

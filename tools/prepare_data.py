@@ -21,8 +21,11 @@ file instead.
 Output: llm.c's token file layout, which strata's data reader detects (data.format auto):
 a 256 x int32 header (magic, version, token count) then the tokens, little-endian —
 uint16 (magic 20240520, version 1) when the vocabulary fits, else uint32 (magic 20240801,
-version 7: Llama 3's 128,256-token vocabulary). Each file is written as <out>.tmp and renamed
-over <out> only when complete; a failed run leaves no file that looks valid.
+version 7: Llama 3's 128,256-token vocabulary). Each file is written as <out>.tmp; once all
+are complete they are moved into place as one set (a journal <out>.commit lists the renames
+first, so a run killed at any moment leaves the old files or the new ones: a killed move is
+finished by the next run, and strata refuses a token file while its journal is there); a failed
+run leaves no file that looks valid.
 
 --chat: chat / SFT data. Each JSONL line is {"messages": [{"role": ..., "content": ...}, ...]}
 (one conversation), rendered with the model tokenizer's own chat template (transformers'
@@ -39,7 +42,8 @@ conversations into its windows with it). A plain run removes a stale <out>.mask.
 
 Errors are one line naming the file, the line and the fix (exit 1): a line that is not UTF-8 or
 not JSON, a document without the field, an empty training or validation file, an --out or
---val-out that is the input; with --chat, a line without a messages list of role/content
+--val-out whose file, .mask or their .tmp is an input (the corpus, the chat template; also
+through a link or a hard link), or an --out and --val-out that collide; with --chat, a line without a messages list of role/content
 strings, a conversation without an assistant turn, a template that cannot render it or whose
 rendering of the first messages is not the start of the whole conversation's. Off the hot path: needs `transformers` (pip install transformers),
 never a dependency of the build.
@@ -160,20 +164,78 @@ def create_temp(path):
     return f
 
 
-def finish(f, header, tmp, path):
-    """Writes `header` (ints) at the start of `f`, syncs it and renames `tmp` over `path`."""
+def finish(f, header):
+    """Writes `header` (ints) at the start of `f`, syncs and closes it."""
     f.seek(0)
     f.write(struct.pack(f"<{HEADER_INTS}i", *(header + [0] * (HEADER_INTS - len(header)))))
     f.flush()
     os.fsync(f.fileno())
     f.close()
-    os.replace(tmp, path)
+
+
+def sync_dir(path):
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete_pending(path):
+    """Finishes the replacement a run killed while moving its files into place left recorded in
+    <path>.commit (every temporary was complete before it was written): its renames and removals
+    are done, then its journals removed. A no-op without the journal."""
+    journal = path + ".commit"
+    if not os.path.lexists(journal):
+        return False
+    with open(journal) as f:
+        record = json.load(f)
+    for op, *paths in record["ops"]:
+        if op == "rename" and os.path.lexists(paths[0]):
+            os.replace(paths[0], paths[1])
+        elif op == "unlink" and os.path.lexists(paths[0]):
+            os.unlink(paths[0])
+    for j in record["journals"]:
+        if os.path.lexists(j):
+            os.unlink(j)
+    sync_dir(path)
+    return True
+
+
+def commit(files):
+    """Moves every file's temporaries into place as one set: a journal (<path>.commit beside
+    each output) lists the renames and removals, then they are done, then the journals removed.
+    A kill before the journals leaves the old set (and temporaries); a kill after them leaves a
+    set complete_pending finishes (the next run, or strata's reader, which refuses the file
+    while its journal is there). Masks are moved before their token files and a stale mask
+    removed after its new token file, so even a reader that ignores the journal sees a mask
+    whose token CRC-32 names other tokens (refused), never a wrong pair it would accept."""
+    ops = []
+    for f in files:
+        if f.m:
+            ops.append(["rename", f.mask_path + ".tmp", f.mask_path])
+        ops.append(["rename", f.tmp, f.path])
+        if not f.m and os.path.lexists(f.mask_path):
+            ops.append(["unlink", f.mask_path])  # another run's mask: not this file's
+    journals = [f.path + ".commit" for f in files]
+    text = json.dumps({"ops": ops, "journals": journals})
+    for j in journals:
+        tmp = j + ".tmp"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as jf:
+            jf.write(text)
+            jf.flush()
+            os.fsync(jf.fileno())
+        os.replace(tmp, j)
+    sync_dir(files[0].path)
+    complete_pending(files[0].path)
 
 
 class TokenFile:
-    """An llm.c token file written as it streams: <path>.tmp, renamed over <path> by close().
-    With `mask`, its loss mask too: <path>.mask.tmp, renamed over <path>.mask first (a run
-    killed between the two renames leaves a mask whose token CRC-32 names other tokens)."""
+    """An llm.c token file written as it streams: <path>.tmp (and with `mask`, its loss mask
+    <path>.mask.tmp), moved into place with the other outputs by commit()."""
 
     def __init__(self, path, u32, mask=False):
         self.path, self.tmp, self.u32, self.count = path, path + ".tmp", u32, 0
@@ -198,14 +260,11 @@ class TokenFile:
             self.conversations += sum(1 for b in m if b & MASK_START)
 
     def close(self):
+        """Completes the temporaries (headers, fsync); commit() moves them into place."""
         if self.m:
             finish(self.m, [MASK_MAGIC, MASK_VERSION, self.count, i32(self.crc),
-                            i32(self.mask_crc), self.conversations],
-                   self.mask_path + ".tmp", self.mask_path)
-        elif os.path.lexists(self.mask_path):
-            os.unlink(self.mask_path)  # another run's mask: not this file's
-        finish(self.f, [20240801, 7, self.count] if self.u32 else [20240520, 1, self.count],
-               self.tmp, self.path)
+                            i32(self.mask_crc), self.conversations])
+        finish(self.f, [20240801, 7, self.count] if self.u32 else [20240520, 1, self.count])
 
     def discard(self):
         for f, tmp in ((self.f, self.tmp), (self.m, self.mask_path + ".tmp")):
@@ -343,15 +402,38 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
     return write_outputs(files, fill, input_path, progress, u32)
 
 
-def check_paths(input_path, out, val_out, val_fraction):
-    """Refuses an output that is the input, --out == --val-out, a bad fraction, no input."""
-    for p in [p for p in (out, val_out) if p]:
-        if os.path.exists(p) and os.path.samefile(p, input_path) or \
-                os.path.abspath(p) == os.path.abspath(input_path):
-            raise Error(f"{p} is the input file; give --out/--val-out another path (the input "
-                        "would be overwritten)")
-    if val_out and os.path.abspath(val_out) == os.path.abspath(out):
-        raise Error(f"--out and --val-out are both {out}; give them different paths")
+def output_paths(out, val_out):
+    """Every path a run writes or removes: each output, its mask and their temporaries."""
+    return [q for p in (out, val_out) if p
+            for q in (p, p + ".tmp", p + ".mask", p + ".mask.tmp", p + ".commit",
+                      p + ".commit.tmp")]
+
+
+def same_file(a, b):
+    """True when `a` and `b` name one file: the same path, the same target through links, or
+    the same inode (a hard link)."""
+    if os.path.abspath(a) == os.path.abspath(b) or os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_paths(input_path, out, val_out, val_fraction, inputs=()):
+    """Refuses an output (or its mask, or a temporary of either) that is an input (the corpus,
+    `inputs` such as a chat template), outputs that collide, a bad fraction, no input."""
+    outputs = output_paths(out, val_out)
+    for src in [p for p in (input_path, *inputs) if p]:
+        for p in outputs:
+            if same_file(p, src):
+                raise Error(f"{p} is the input file {src}; give --out/--val-out another path "
+                            "(writing the output, its .mask or their .tmp would overwrite or "
+                            "remove the input)")
+    if val_out and any(same_file(a, b) for a in output_paths(out, None)
+                       for b in output_paths(val_out, None)):
+        raise Error(f"--out {out} and --val-out {val_out} collide (one is the other or its "
+                    ".mask); give them different paths")
     if val_out and not 0 < val_fraction < 1:
         raise Error(f"--val-fraction {val_fraction} is not between 0 and 1")
     if not os.path.isfile(input_path):
@@ -377,6 +459,7 @@ def write_outputs(files, fill, input_path, progress, u32):
         check_not_empty(files, progress.docs, input_path)
         for f in files:
             f.close()
+        commit(files)
     except BaseException:
         for f in files:
             f.discard()
@@ -474,6 +557,12 @@ def main():
         return enc["input_ids"], enc["offset_mapping"]
 
     try:
+        check_paths(args.input, args.out, args.val_out, args.val_fraction,
+                    inputs=[args.chat_template] if args.chat else [])
+        for p in (args.out, args.val_out):
+            if p and complete_pending(p):
+                print(f"prepare_data: finished moving the files of a killed run into place "
+                      f"({p})", file=sys.stderr)
         if args.chat:
             if args.chat_template:
                 with open(args.chat_template) as f:

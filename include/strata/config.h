@@ -14,6 +14,7 @@
 // Thread safety: a Config is a plain value; parse once, then share const.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -109,26 +110,40 @@ struct AioConfig {
   bool use_gds = false;
 };
 
-// LoRA adapters over a frozen base (the top-level "lora" section: PEFT's LoraConfig keys;
-// src/model/lora.h). Given at all, the section turns adapters on: every base parameter is
-// frozen (parameters only, no master weights, moments or gradients) and each block's targeted
-// linear layers gain y += (lora_alpha / r) * B(A(x)), A [r, in] kaiming-uniform (a = sqrt(5),
-// PEFT's default), B [out, r] zero.
+// LoRA adapters over a frozen base (the top-level "lora" section: PEFT's LoraConfig keys, read
+// as PEFT reads them; src/model/lora.h). Given at all, the section turns adapters on: every base
+// parameter is frozen (parameters only, no master weights, moments or gradients) and each
+// block's targeted linear layers gain y += scaling * B(A(dropout(x))), A [r, in]
+// kaiming-uniform (a = sqrt(5), PEFT's default), B [out, r] zero.
 struct LoraConfig {
   bool enabled = false;  // set by the parser when any lora.* key is given
   int r = 8;
-  double alpha = 8.0;    // lora_alpha; scaling = alpha / r
-  double dropout = 0.0;  // lora_dropout: only 0 (no dropout) is implemented
-  // PEFT's module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2's
-  // c_attn, c_proj, c_fc); empty: PEFT's default for the model type (q_proj, v_proj; c_attn).
+  double alpha = 8.0;       // lora_alpha
+  bool use_rslora = false;  // scaling alpha / sqrt(r) (rank-stabilized LoRA) instead of alpha / r
+  // lora_dropout, in [0, 1): inverted dropout on each adapter's input in training (not in eval
+  // or generate), its masks drawn from train.seed, the step, the micro-batch, the rank, the block
+  // and the site (MicroBatch::dropout_key).
+  double dropout = 0.0;
+  // target_modules as a list: PEFT's module names, each matching a linear layer whose full name
+  // is it or ends in "." + it (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  // GPT-2's c_attn, c_proj, c_fc, or "mlp.c_proj"); empty (and no target_pattern): PEFT's default
+  // for the model type (q_proj, v_proj; c_attn).
   std::vector<std::string> target_modules;
-  std::string bias = "none";  // only "none": biases stay frozen
+  // target_modules as a string (then target_modules is empty): "all-linear" (every linear layer
+  // but the output head) or a regular expression matched against each linear layer's whole
+  // name ("model.layers.0.self_attn.q_proj"), as PEFT's re.fullmatch.
+  std::string target_pattern;
+  std::string bias = "none";  // only "none": biases stay frozen (all / lora_only are refused)
+  // PEFT's modules_to_save (whole modules trained and saved beside the adapters): only empty.
+  std::vector<std::string> modules_to_save;
   // How the frozen base's linear-layer weights are stored (QLoRA; src/model/base_quant.h):
   // "none" (the model dtype), "int8" (one byte per weight and an fp32 scale per row), "nf4"
   // (QLoRA's 4-bit NormalFloat, blocks of 64 with an fp32 absmax each, as bitsandbytes).
   std::string base_quantization = "none";
   bool double_quant = false;  // nf4's absmax quantized again (bitsandbytes'): not implemented
-  float scaling() const { return float(alpha / double(r)); }
+  float scaling() const {
+    return float(use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r));
+  }
 };
 
 struct ModelConfig {
@@ -191,6 +206,17 @@ struct DeviceConfig {
   size_t reserve = size_t{1} << 30;  // cuda: HBM left free for libraries
   int cpu_threads = 0;               // 0 = all cores
   int ordinal = -1;                  // cuda: -1 = local rank
+  // A fast device simulated on the CPU backend (strata/device.h, SimulatedDeviceOptions):
+  // "" = none, else a preset (h200 | h100 | a100) whose rates the simulate_* keys override
+  // (0 = the preset's). The gradient norm the trainer sees is simulate_grad_norm.
+  std::string simulate;
+  double simulate_grad_norm = 0.5;
+  double simulate_gemm_tflops = 0;
+  double simulate_attention_fwd_tflops = 0;
+  double simulate_attention_bwd_tflops = 0;
+  double simulate_hbm_gbps = 0;
+  double simulate_link_gbps = 0;
+  double simulate_launch_us = -1;  // < 0: the preset's
 };
 
 struct TrainConfig {
@@ -226,6 +252,9 @@ struct StrataConfig {
   DType moment_dtype = DType::kF32;      // strata.optimizer.moment_dtype
   bool optimizer_overlap = true;         // strata.optimizer.overlap: step under backward
   std::string optimizer_defer = "auto";  // strata.optimizer.defer: auto | always | never
+  // strata.optimizer.speculate: always | never | auto — whether a step after one that did not
+  // clip is stepped under backward (speculatively) or handled as a clipped one (`defer`).
+  std::string optimizer_speculate = "auto";
   // strata.optimizer.read_ahead: host bytes of NVMe-homed optimizer state read during backward
   // beyond offload_optimizer.buffer_count sub-groups; SIZE_MAX = auto (TierOptions).
   size_t optimizer_read_ahead = SIZE_MAX;

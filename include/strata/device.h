@@ -122,6 +122,31 @@ Result<std::unique_ptr<Device>> create_cpu_device(const CpuDeviceOptions& option
 // CPUID and STRATA_CPU_ISA; decided and logged once, when the first CPU device is created.
 const char* cpu_gemm_path();
 
+// A fast device simulated on the CPU backend (device.simulate): the GPU's regime — compute
+// far faster than the host's optimizer and the disk — on any machine. Its memory, streams,
+// events and copies are the CPU backend's (copies real, and no faster than `link_gbps`); its
+// kernels do no arithmetic and each costs its modeled time on its stream (kernels/cpu/
+// sim_kernels.h: flops over the GEMM or attention rate, bytes over `hbm_gbps`, plus a launch).
+// Like a GPU's, its memory is not host-addressable (the host reaches it through copies), so
+// the tiers take the paths they take on CUDA. Times and bytes moved are real; losses are not
+// (a loss is ln(V); gradients are zeros): the trainer takes the gradient norm from
+// device.simulate_grad_norm, which drives the clipping regime.
+struct SimulatedDeviceOptions {
+  std::string preset;               // "h200", "h100" or "a100": the rates below measured there
+  double gemm_tflops = 0;           // dense bf16/fp16 GEMM rate achieved at training shapes
+  double attention_fwd_tflops = 0;  // the fused attention kernel's forward rate
+  double attention_bwd_tflops = 0;  // and its backward's
+  double hbm_gbps = 0;              // bandwidth the elementwise kernels achieve
+  double link_gbps = 0;             // pinned host<->device copies, each direction
+  double launch_us = 0;             // per kernel: launch and the gap between kernels
+  size_t memory = 0;                // device memory, bytes (device.memory_limit caps it)
+};
+// The preset's rates; kInvalidArgument naming the presets for an unknown name.
+Result<SimulatedDeviceOptions> simulated_device_preset(std::string_view name);
+// A CPU device of `cpu.capacity` bytes whose kernels and copies take `sim`'s modeled times.
+Result<std::unique_ptr<Device>> create_simulated_device(const CpuDeviceOptions& cpu,
+                                                        const SimulatedDeviceOptions& sim);
+
 struct CudaDeviceOptions {
   int ordinal = 0;                   // which GPU (the local rank under mpirun)
   size_t reserve = size_t{1} << 30;  // bytes of free HBM left for CUDA/cuBLASLt/NCCL

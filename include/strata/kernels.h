@@ -23,6 +23,7 @@
 
 #include "strata/dtype.h"
 #include "strata/optimizer.h"
+#include "strata/status.h"
 
 namespace strata {
 
@@ -88,6 +89,9 @@ enum class KernelOp {
   kFusedAttention,
   // matmul_gelu_forward. Fallback: matmul_forward, then gelu_forward.
   kMatmulGelu,
+  // dropout. No fallback: a caller that needs it refuses to start without it (LoRA's
+  // lora_dropout > 0). Reads no shape field.
+  kDropout,
 };
 
 // The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
@@ -109,6 +113,26 @@ struct KernelSupport {
   std::string path;  // the implementation when supported; the reason when not
   explicit operator bool() const { return supported; }
 };
+
+// Dropout's mask, the same on every backend: element i of a call with key `key` is kept when
+// dropout_uniform(key, i) >= p, where dropout_uniform is the top 24 bits of a SplitMix64 hash of
+// key + (i + 1) * golden ratio, over 2^24 (a counter-based stream: no state, any element
+// computable alone, so the backward regenerates the forward's mask from the same key). Host and
+// device code (kernels/cpu/dropout.cc, kernels/cuda/dropout.cu) call these same functions.
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif
+STRATA_HOST_DEVICE inline uint64_t dropout_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+STRATA_HOST_DEVICE inline float dropout_uniform(uint64_t key, size_t i) {
+  const uint64_t h = dropout_mix(key + (uint64_t(i) + 1) * 0x9e3779b97f4a7c15ull);
+  return float(h >> 40) * (1.0f / 16777216.0f);
+}
 
 class Kernels {
  public:
@@ -261,6 +285,16 @@ class Kernels {
   virtual void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) = 0;
   // x[i] *= factor.
   virtual void scale(Stream& s, float* x, float factor, size_t n) = 0;
+
+  // Inverted dropout (torch.nn.Dropout in training): out[i] = in[i] * (1 / (1 - p)) (an fp32
+  // multiply, one rounding to dt) where dropout_uniform(key, i) >= p, else 0; 0 <= p < 1. out may
+  // be in. Its backward is the same call on the output's gradient with the same key.
+  // An optional op (KernelOp::kDropout; the CPU, CUDA and simulated backends have it). A caller
+  // checks supports() once when it is built (a LoRA runner with lora.lora_dropout > 0 refuses to
+  // be created without it); calling dropout() where it is unsupported is a bug.
+  virtual void dropout(Stream&, DType, void*, const void*, size_t, float, uint64_t) {
+    STRATA_CHECK(false, "Kernels::dropout on a backend without it (check supports(kDropout))");
+  }
 
   // Block-wise symmetric quantization (ZeRO++: parameters gathered as 8 bits, gradients
   // reduce-scattered as 4 bits). x has n elements of `dt` in blocks of `block` elements (the last

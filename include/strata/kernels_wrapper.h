@@ -135,6 +135,10 @@ class KernelsWrapper : public Kernels {
     k_->norm_sq_and_nonfinite(s, acc, x, n);
   }
   void scale(Stream& s, float* x, float factor, size_t n) override { k_->scale(s, x, factor, n); }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    k_->dropout(s, dt, out, in, n, p, key);
+  }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {
     k_->quantize(s, bits, dt, q, scales, x, n, block);

@@ -2,10 +2,10 @@
 // (global norm, inf/nan) that decide clipping and overflow skipping.
 //
 // One call steps one shard in place: fp32 master weights and the moments are read and written
-// back; the gradient is read (fp32, bf16 or fp16) and multiplied by `grad_mult` first (the
-// loss-scale unscale times the clip coefficient); the new low-precision parameters, if
-// `lp_out` is set, are written there (round to nearest even). Decoupled weight decay for
-// AdamW, L2 added to the gradient for Adam.
+// back (or, with ShardState's *_src set, read from there and written to master/m/v); the gradient
+// is read (fp32, bf16 or fp16) and multiplied by `grad_mult` first (the loss-scale unscale times
+// the clip coefficient); the new low-precision parameters, if `lp_out` is set, are written there
+// (round to nearest even). Decoupled weight decay for AdamW, L2 added to the gradient for Adam.
 //
 // optimizer_step_reference() is the plain scalar loop: the definition of the numbers. The fast
 // path (cpu_optim/, run-time ISA dispatch) must match it within the tolerances in its tests.
@@ -45,6 +45,12 @@ struct ShardState {
   DType moment_dtype = DType::kF32;  // fp32 or bf16
   void* lp_out = nullptr;            // [n] new low-precision params, or null
   DType lp_dtype = DType::kBF16;
+  // Out of place: when set, the pre-step state is read from these ([n] each, same dtypes) and
+  // the new state written to master/m/v, which must not overlap them; the sources are left as
+  // they were (a speculative step keeps its undo state this way, with no copy). Null: in place.
+  const float* master_src = nullptr;
+  const void* m_src = nullptr;
+  const void* v_src = nullptr;
 };
 
 // Scalar reference step. Never fails: inputs are checked by the caller.

@@ -68,6 +68,8 @@ class CpuKernels final : public Kernels {
         return {true, "cpu"};
       case KernelOp::kMatmulGelu:
         return {true, "cpu (matmul_forward, then gelu_forward)"};
+      case KernelOp::kDropout:
+        return {true, "cpu"};
     }
     return {false, "unknown op"};
   }
@@ -167,6 +169,10 @@ class CpuKernels final : public Kernels {
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
+  }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {

@@ -5,7 +5,7 @@
 // cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
 // the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
 // matmul.cc, attention.cc, flash_attention.cc, rmsnorm.cc, swiglu.cc, rope.cc, gelu.cc,
-// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc, nf4.cc.
+// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc, nf4.cc, dropout.cc.
 //
 // Threading: the functions use tbb::parallel_for and run on whatever arena they are called
 // from. They may be called from any thread; concurrent calls must not write the same memory.
@@ -133,6 +133,7 @@ void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
 void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 void norm_sq_and_nonfinite(float* acc, const float* x, size_t n);
 void scale(float* x, float factor, size_t n);
+void dropout(DType dt, void* out, const void* in, size_t n, float p, uint64_t key);
 
 // Block-wise quantization (Kernels::quantize / dequantize): the AVX2 path when the CPU has it
 // (quantize_isa(): "avx2" or "scalar"), bit for bit the scalar reference's results.

@@ -69,6 +69,10 @@ Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardS
   if (st.moment_dtype == DType::kF16) {
     return invalid_argument("optimizer: moments must be fp32 or bf16, got fp16");
   }
+  if (st.master_src || st.m_src || st.v_src) {
+    // Device-resident state is stepped after backward, never speculated (speculation.cc).
+    return invalid_argument("optimizer: an out-of-place step (ShardState::*_src) is host-only");
+  }
   // Bias correction on the host, exactly as the reference computes it: 1 - beta^t in fp64,
   // rounded once (in fp32 the cancellation amplifies pow's rounding error).
   float bc1 = 1.0f, bc2 = 1.0f;

@@ -96,6 +96,8 @@ class CudaKernels final : public Kernels {
           return {false, "cuBLASLt's GELU epilogue needs the output channels a multiple of 8"};
         }
         return {true, "cublaslt gelu_aux_bias epilogue"};
+      case KernelOp::kDropout:
+        return {true, "cuda"};
     }
     return {false, "unknown op"};
   }
@@ -213,6 +215,11 @@ class CudaKernels final : public Kernels {
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
+  }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    run("dropout", s,
+        [&](CudaStream& cs) { return cuda_dropout(cs.handle, dt, out, in, n, p, key); });
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {

@@ -133,6 +133,9 @@ Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp,
 Status cuda_residual_forward(cudaStream_t s, DType dt, void* out, const void* a, const void* b,
                              size_t n);
 Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n);
+// dropout.cu
+Status cuda_dropout(cudaStream_t s, DType dt, void* out, const void* in, size_t n, float p,
+                    uint64_t key);
 // moe.cu
 Status cuda_gather_rows(cudaStream_t s, DType dt, void* out, const void* in, const int32_t* idx,
                         const float* scale, int n, int C);

@@ -1,11 +1,16 @@
 #include "src/base/safe_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
 
 namespace strata {
 
@@ -91,6 +96,105 @@ Status write_file_atomically(const std::string& path, const std::string& text, m
     return st;
   }
   return fsync_directory(directory_of(path));
+}
+
+namespace {
+
+// The names in directory `path` (without "." and ".."); kIo naming it when it cannot be read.
+Result<std::vector<std::string>> list_directory(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return errno_status(errno, fmt::format("reading the directory {}", path));
+  std::vector<std::string> out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+Status write_directory_atomically(const std::string& dir, const std::vector<std::string>& replaced,
+                                  const std::function<Status(const std::string& tmp)>& fill) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  if (fs::is_symlink(target, ec)) {
+    target = fs::canonical(target, ec);
+    if (ec) return errno_status(ec.value(), fmt::format("{}: following the link", dir));
+  }
+  target = fs::absolute(target, ec);
+  const fs::path parent = target.parent_path();
+  const std::string name = target.filename().string();
+  fs::create_directories(parent, ec);
+  if (ec) return errno_status(ec.value(), fmt::format("{}: creating {}", dir, parent.string()));
+  // A killed writer's directories: removed once their pid is gone.
+  const std::string prefix = "." + name + ".strata-";
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> siblings, list_directory(parent.string()), dir);
+  for (const std::string& s : siblings) {
+    if (s.rfind(prefix, 0) != 0) continue;
+    const size_t dash = s.rfind('-');
+    const long pid = std::strtol(s.c_str() + dash + 1, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) {
+      fs::remove_all(parent / s, ec);
+    }
+  }
+  const std::string pid = std::to_string(::getpid());
+  const fs::path tmp = parent / (prefix + "new-" + pid);
+  const fs::path old = parent / (prefix + "old-" + pid);
+  fs::remove_all(tmp, ec);
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    return errno_status(errno, fmt::format("{}: creating {}", dir, tmp.string()));
+  }
+  auto fail = [&](Status st) {
+    fs::remove_all(tmp, ec);
+    return st;
+  };
+  struct stat st {};
+  const bool exists = ::lstat(target.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode)) {
+    return fail(invalid_argument(fmt::format("{} is not a directory", target.string())));
+  }
+  std::vector<std::string> subdirs;
+  if (exists) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::string> names, list_directory(target.string()), dir);
+    for (const std::string& n : names) {
+      if (std::find(replaced.begin(), replaced.end(), n) != replaced.end()) continue;
+      const fs::path from = target / n;
+      struct stat es {};
+      if (::lstat(from.c_str(), &es) == 0 && S_ISDIR(es.st_mode)) {
+        subdirs.push_back(n);
+      } else if (::link(from.c_str(), (tmp / n).c_str()) != 0) {  // a link itself, not followed
+        return fail(errno_status(
+            errno, fmt::format("{}: keeping {} beside the new files", dir, from.string())));
+      }
+    }
+  }
+  if (Status s = fill(tmp.string()); !s.is_ok()) return fail(s);
+  if (Status s = fsync_directory(tmp.string()); !s.is_ok()) return fail(s);
+  if (!exists) {
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      return fail(errno_status(errno, fmt::format("{}: moving the new directory into place", dir)));
+    }
+    return fsync_directory(parent.string());
+  }
+  for (const std::string& n : subdirs) ::rename((target / n).c_str(), (tmp / n).c_str());
+  if (::syscall(SYS_renameat2, AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(),
+                2 /* RENAME_EXCHANGE */) == 0) {
+    fs::remove_all(tmp, ec);  // the old directory, now at the temporary's name
+    return fsync_directory(parent.string());
+  }
+  // No exchange on this file system: the old directory aside, the new one in.
+  if (::rename(target.c_str(), old.c_str()) != 0 || ::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int err = errno;
+    if (!fs::exists(target, ec)) ::rename(old.c_str(), target.c_str());
+    for (const std::string& n : subdirs) ::rename((tmp / n).c_str(), (target / n).c_str());
+    return fail(errno_status(err, fmt::format("{}: moving the new directory into place", dir)));
+  }
+  fs::remove_all(old, ec);
+  return fsync_directory(parent.string());
 }
 
 }  // namespace strata

@@ -14,7 +14,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "strata/status.h"
 
@@ -45,5 +47,19 @@ std::string directory_of(const std::string& path);
 // Writes `text` to `path` atomically: `path`.tmp (create_temp_file), fsync, rename over `path`,
 // fsync of the directory. A failure removes the temporary.
 Status write_file_atomically(const std::string& path, const std::string& text, mode_t mode);
+
+// Replaces the files `replaced` of directory `dir` together, so that a reader (or a kill -9 at
+// any moment) sees either the old set or the new one, never a mix: `fill(tmp)` writes the new
+// files into a fresh sibling directory `.<name>.strata-new-<pid>`, which also gets a hard link to
+// every other entry of `dir` (a subdirectory is moved into it just before the swap); then the
+// two directories are exchanged in one renameat2(RENAME_EXCHANGE) (where the file system lacks
+// it: `dir` is renamed aside and the new one into place, so a reader sees the old set, no
+// directory, or the new set) and the old one is removed. A missing `dir` is created with its
+// parents; a link at `dir` is followed to the directory it names. The leftovers of a killed
+// writer (`.<name>.strata-new-<pid>` / `-old-<pid>` of a pid that is gone) are removed first.
+// The directory's inode changes; its files written by `fill` must be complete and synced when
+// it returns (write_file_atomically does that).
+Status write_directory_atomically(const std::string& dir, const std::vector<std::string>& replaced,
+                                  const std::function<Status(const std::string& tmp)>& fill);
 
 }  // namespace strata

@@ -32,6 +32,7 @@
 #include "src/base/json_text.h"
 #include "src/config/key_table.h"
 #include "src/config/leaf.h"
+#include "src/config/model_shape.h"
 #include "src/hf/hf_config.h"
 #include "strata/log.h"
 
@@ -246,19 +247,12 @@ Status resolve(Ctx* ctx, int world_size) {
     c.model = m;
     STRATA_RETURN_IF_ERROR(check_pretrained_ranges(c, dir), "model.from_pretrained");
   }
-  if (c.model.n_embd % c.model.n_head != 0) {
-    return invalid_argument(fmt::format("model.n_embd: {} is not divisible by model.n_head ({})",
-                                        c.model.n_embd, c.model.n_head));
-  }
+  STRATA_RETURN_IF_ERROR(check_model_shape(c.model), "");
   if (c.model.padded_vocab_size == 0) {
     c.model.padded_vocab_size = (c.model.vocab_size + 63) / 64 * 64;
     if (is_auto(*ctx, "model.padded_vocab_size")) {
       note_auto(ctx, "model.padded_vocab_size", std::to_string(c.model.padded_vocab_size));
     }
-  } else if (c.model.padded_vocab_size < c.model.vocab_size) {
-    return invalid_argument(
-        fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size ({})",
-                    c.model.padded_vocab_size, c.model.vocab_size));
   }
   // Any lora.* key turns adapters on, except how the base is stored: that alone would train
   // adapters nobody asked for.
@@ -290,11 +284,20 @@ Status resolve(Ctx* ctx, int world_size) {
         "false",
         lq.base_quantization));
   }
-  if (c.model.lora.enabled && c.model.lora.dropout > 0) {
+  if (lq.enabled && lq.bias != "none") {
     return invalid_argument(fmt::format(
-        "lora.lora_dropout: {} is not implemented (strata's adapters run without dropout); set "
-        "it to 0",
-        c.model.lora.dropout));
+        "lora.bias: \"{}\" (training the base's {}biases beside the adapters) is not "
+        "implemented: a LoRA run's base is frozen whole (parameters only, no gradients or "
+        "optimizer state); set it to \"none\", or train without the lora section to train every "
+        "parameter",
+        lq.bias, lq.bias == "lora_only" ? "targeted layers' " : ""));
+  }
+  if (lq.enabled && !lq.modules_to_save.empty()) {
+    return invalid_argument(fmt::format(
+        "lora.modules_to_save: [{}] (whole modules trained beside the adapters) is not "
+        "implemented: a LoRA run's base is frozen whole; remove it, or train without the lora "
+        "section to train every parameter",
+        fmt::join(lq.modules_to_save, ", ")));
   }
   if (c.data.seq_len == 0) {
     c.data.seq_len = c.model.context;
@@ -687,6 +690,16 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
   if (st.is_ok()) st = resolve(&ctx, world_size);
   if (!st.is_ok()) return st.with_context(origin);
   list_not_acted_on(&ctx);
+  // strata.optimizer.defer says where an overlapped step that clipping holds back runs: without
+  // the overlap there is no such step, and the key does nothing.
+  if (ctx.given.count("strata.optimizer.defer") && !ctx.cfg.strata.optimizer_overlap &&
+      ctx.cfg.strata.optimizer_defer != "auto") {
+    log_warn(
+        "{}: strata.optimizer.defer = {} has no effect with strata.optimizer.overlap = false "
+        "(every step runs after backward); set strata.optimizer.overlap = true to use it, or "
+        "remove it",
+        origin, ctx.cfg.strata.optimizer_defer);
+  }
   return std::move(ctx.cfg);
 }
 
@@ -698,6 +711,22 @@ Status check_model_given(const Config& config) {
       "or model.type and its shape keys (n_layer, n_head, n_embd, vocab_size, context; see "
       "docs/CONFIG.md) for a fresh one, or --set model.from_pretrained=DIR. A DeepSpeed config "
       "(e.g. the Hugging Face Trainer's ZeRO-3 one) describes the engine, not the model");
+}
+
+Status check_model_shape(const ModelConfig& m) {
+  if (m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 || m.vocab_size < 2 || m.context < 1) {
+    return invalid_argument("model: n_layer, n_head, n_embd, context must be >= 1, vocab >= 2");
+  }
+  if (m.n_embd % m.n_head != 0) {
+    return invalid_argument(
+        fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", m.n_embd, m.n_head));
+  }
+  if (m.padded_vocab_size != 0 && m.padded_vocab_size < m.vocab_size) {
+    return invalid_argument(
+        fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size ({})",
+                    m.padded_vocab_size, m.vocab_size));
+  }
+  return Status::ok();
 }
 
 std::string model_section_json(const ModelConfig& model) {

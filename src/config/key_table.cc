@@ -65,6 +65,8 @@ Type Size(double lo = 0, double hi = kInf, uint64_t multiple = 0) {
 Type Str() { return {Kind::kString}; }
 Type Enum(const char* values) { return {Kind::kEnum, 0, 0, false, false, values}; }
 Type StrList() { return {Kind::kStringList}; }
+// A string or a list of strings, kept as given (the setter tells them apart).
+Type StrOrList() { return {Kind::kStringOrList}; }
 Type Betas() { return {Kind::kBetas, 0, 1, false, true}; }
 Type DTypeT() { return {Kind::kDType, 0, 0, false, false, "fp32|bf16|fp16"}; }
 Type Any() { return {Kind::kAny}; }
@@ -472,14 +474,40 @@ std::vector<Key> build_table() {
         "adapter rank; giving any lora.* key (but base_quantization and double_quant) turns "
         "adapters on and freezes the whole base"));
   add(F("lora.lora_alpha", Real(0, kInf, true, true), STRATA_M(model.lora.alpha),
-        "scaling = lora_alpha / r"));
+        "scaling = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora)"));
+  add(F("lora.use_rslora", Bool(), STRATA_M(model.lora.use_rslora),
+        "rank-stabilized LoRA: scaling = lora_alpha / sqrt(r)"));
   add(F("lora.lora_dropout", Real(0, 1, false, true), STRATA_M(model.lora.dropout),
-        "dropout on the adapters' input: only 0 is implemented (a value > 0 is refused)"));
-  add(F("lora.target_modules", StrList(), STRATA_M(model.lora.target_modules),
-        "linear layers to adapt, PEFT's names (q_proj k_proj v_proj o_proj gate_proj up_proj "
-        "down_proj; GPT-2: c_attn c_proj c_fc); []: PEFT's default (q_proj, v_proj; c_attn)"));
-  add(F("lora.bias", Enum("none"), STRATA_M(model.lora.bias),
-        "which biases train: none (PEFT's default; all and lora_only are not implemented)"));
+        "dropout on each adapter's input in training (PEFT's lora_B(lora_A(dropout(x)))), masks "
+        "drawn from train.seed, the step and the site, so a resumed run is exact"));
+  add(F(
+      "lora.target_modules", StrOrList(),
+      [](Config& c, const json& v) {
+        LoraConfig& l = c.model.lora;
+        l.target_modules.clear();
+        l.target_pattern.clear();
+        if (v.is_string()) {
+          l.target_pattern = v.get<std::string>();
+        } else {
+          l.target_modules = v.get<std::vector<std::string>>();
+        }
+      },
+      [](const Config& c) -> json {
+        const LoraConfig& l = c.model.lora;
+        return l.target_pattern.empty() ? json(l.target_modules) : json(l.target_pattern);
+      },
+      "linear layers to adapt, as PEFT reads it: a list of names, each a layer's name or its "
+      "last parts (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; GPT-2: c_attn "
+      "c_proj c_fc), or a string: \"all-linear\" (every linear layer but the output head) or a "
+      "regular expression matched against a layer's whole name (model.layers.0.self_attn.q_proj, "
+      "as re.fullmatch); []: PEFT's default (q_proj, v_proj; c_attn)"));
+  add(F("lora.bias", Enum("none|all|lora_only"), STRATA_M(model.lora.bias),
+        "which biases train: none (PEFT's default); all and lora_only are refused (the base is "
+        "frozen whole: train without the lora section to train biases)"));
+  add(F("lora.modules_to_save", StrList(), STRATA_M(model.lora.modules_to_save),
+        "modules trained whole beside the adapters (PEFT's): only [] (a non-empty list is "
+        "refused: train without the lora section to train whole modules)",
+        nullptr, 0, "[]"));
   add(F("lora.base_quantization", Enum("none|int8|nf4"), STRATA_M(model.lora.base_quantization),
         "how the frozen base's linear-layer weights are stored, moved and read: none (model "
         "dtype), int8 (1 byte + an fp32 scale per row), nf4 (QLoRA's NormalFloat: 0.5 byte + an "
@@ -515,6 +543,28 @@ std::vector<Key> build_table() {
   add(F("device.reserve", Size(), STRATA_M(device.reserve), "cuda: HBM left for libraries"));
   add(F("device.cpu_threads", Int(0, 4096), STRATA_M(device.cpu_threads), "0 = all cores"));
   add(F("device.ordinal", Int(-1, 1024), STRATA_M(device.ordinal), "cuda: -1 = local rank"));
+  add(F("device.simulate", Str(), STRATA_M(device.simulate),
+        "h200 | h100 | a100: a fast device simulated on the CPU backend: kernels do no arithmetic "
+        "and each takes the "
+        "preset GPU's modeled time; copies, the optimizer, the tiers and I/O are real (times and "
+        "bytes are, losses are not); \"\" = none"));
+  add(F("device.simulate_grad_norm", Real(0, kInf, true), STRATA_M(device.simulate_grad_norm),
+        "simulate: the gradient norm the trainer sees (under or over gradient_clipping)"));
+  add(F("device.simulate_gemm_tflops", Real(0, kInf), STRATA_M(device.simulate_gemm_tflops),
+        "simulate: GEMM TFLOP/s achieved; 0 = the preset's"));
+  add(F("device.simulate_attention_fwd_tflops", Real(0, kInf),
+        STRATA_M(device.simulate_attention_fwd_tflops),
+        "simulate: fused attention forward TFLOP/s; 0 = the preset's"));
+  add(F("device.simulate_attention_bwd_tflops", Real(0, kInf),
+        STRATA_M(device.simulate_attention_bwd_tflops),
+        "simulate: fused attention backward TFLOP/s; 0 = the preset's"));
+  add(F("device.simulate_hbm_gbps", Real(0, kInf), STRATA_M(device.simulate_hbm_gbps),
+        "simulate: GB/s the elementwise kernels achieve; 0 = the preset's"));
+  add(F("device.simulate_link_gbps", Real(0, kInf), STRATA_M(device.simulate_link_gbps),
+        "simulate: pinned host<->device GB/s each way (copies are no faster than the host's "
+        "memcpy); 0 = the preset's"));
+  add(F("device.simulate_launch_us", Real(-1, kInf), STRATA_M(device.simulate_launch_us),
+        "simulate: microseconds a kernel adds (launch and gap); -1 = the preset's"));
 
   // --- strata: train ----------------------------------------------------------------------------
   group("strata: train");
@@ -544,6 +594,10 @@ std::vector<Key> build_table() {
   group("strata: strata");
   add(F("strata.io.checksum", Bool(), STRATA_M(strata.io_checksum), "CRC32C per swapped extent",
         nullptr));
+  add(U("strata.written_by", Str(), "null",
+        "what wrote this config: `strata plan --write-config` writes \"strata plan\" and replaces "
+        "an existing file only when it holds that mark (else --force)",
+        nullptr));
   add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
         "dtype of Adam moments", nullptr));
   add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),
@@ -556,6 +610,14 @@ std::vector<Key> build_table() {
         "being stepped under backward runs: deferred into the next forward (always), after "
         "backward (never), or auto: both timed on the first steps that clip (8 deferred, 4 "
         "after backward) and the faster kept; the same bits either way",
+        nullptr));
+  add(F("strata.optimizer.speculate", Enum("always|never|auto"),
+        STRATA_M(strata.optimizer_speculate),
+        "with strata.optimizer.overlap, whether a step after one that did not clip is stepped "
+        "under backward as if it will not clip (always), or runs where strata.optimizer.defer "
+        "puts a step that clips (never), or auto: on a GPU (or device.simulate) both timed on "
+        "the first such steps (8 under backward, 4 not) and the faster kept, on the CPU backend "
+        "always; the same bits either way",
         nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "

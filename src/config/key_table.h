@@ -20,7 +20,19 @@ using json = nlohmann::json;
 
 // ---------------------------------------------------------------------------------------------
 // Value types.
-enum class Kind { kBool, kInt, kReal, kSize, kString, kEnum, kStringList, kBetas, kDType, kAny };
+enum class Kind {
+  kBool,
+  kInt,
+  kReal,
+  kSize,
+  kString,
+  kEnum,
+  kStringList,
+  kStringOrList,
+  kBetas,
+  kDType,
+  kAny
+};
 
 struct Type {
   Kind kind;

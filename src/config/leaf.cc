@@ -196,7 +196,8 @@ Result<json> check_value(const Type& t, const json& v, const std::string& path) 
           fmt::format("{}: \"{}\" is not one of {}", path, s, fmt::join(allowed, ", ")));
     }
     case Kind::kStringList:
-      if (v.is_string()) return json::array({v});
+    case Kind::kStringOrList:
+      if (v.is_string()) return t.kind == Kind::kStringList ? json::array({v}) : v;
       if (v.is_array() &&
           std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
         return v;

@@ -52,6 +52,7 @@ std::string config_reference_markdown() {
         allowed = fmt::format("{}", fmt::join(split(k.type.values, '|'), " \\| "));
         break;
       case Kind::kStringList:
+      case Kind::kStringOrList:
         type = "string or list";
         break;
       case Kind::kBetas:

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -34,6 +35,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 // generation defaults.
 bool is_model_file(const std::string& name) {
   return name == "config.json" || name == "generation_config.json" ||
+         name == "adapter_config.json" || name == "adapter_model.bin" ||
          ends_with(name, ".safetensors") || ends_with(name, ".index.json") ||
          (name.rfind("pytorch_model", 0) == 0 && ends_with(name, ".bin"));
 }
@@ -117,7 +119,12 @@ Status check_export_owner(const ExportTarget& t) {
       marker.is_object() && marker.contains("run_id") && marker["run_id"].is_string()
           ? marker["run_id"].get<std::string>()
           : "";
-  if (!owner.empty() && owner == t.run_id) return Status::ok();  // this lineage's export
+  // A merged model and an adapter do not share a directory: replacing one with the other
+  // would remove the other's files, even when both are this lineage's.
+  const bool other_kind = std::any_of(files.begin(), files.end(), [&](const auto& f) {
+    return (f.first.rfind("adapter_", 0) == 0) != t.adapter;
+  });
+  if (!owner.empty() && owner == t.run_id && !other_kind) return Status::ok();  // this lineage's
   std::string names;
   int listed = 0;
   for (const auto& [name, id] : files) {
@@ -125,10 +132,21 @@ Status check_export_owner(const ExportTarget& t) {
   }
   if (files.size() > 4) names += fmt::format(" and {} more", files.size() - 4);
   std::string what;
-  if (!owner.empty()) {
+  if (!owner.empty() && owner == t.run_id) {
+    what = t.adapter ? "this run's merged export" : "this run's adapter";
+  } else if (!owner.empty()) {
     what =
         fmt::format("the export of another run (lineage {}{})", owner,
                     marker.contains("step") ? fmt::format(", step {}", marker["step"].dump()) : "");
+  } else if (files.count("adapter_config.json")) {
+    const json adapter = read_json(t.dir + "/adapter_config.json");
+    const json base =
+        adapter.is_object() ? adapter.value("base_model_name_or_path", json()) : json();
+    what = fmt::format(
+        "a PEFT adapter (of {}{})",
+        base.is_string() && !base.get<std::string>().empty() ? base.dump() : "an unnamed base",
+        adapter.is_object() && adapter.contains("r") ? fmt::format(", r {}", adapter["r"].dump())
+                                                     : "");
   } else {
     const json config = read_json(t.dir + "/config.json");
     const bool arch = config.is_object() && config.contains("architectures") &&

@@ -1,10 +1,12 @@
-// Who may write a Hugging Face export into a directory (train.export_dir, `strata export --out`).
+// Who may write a Hugging Face export into a directory (train.export_dir, `strata export --out`,
+// `strata export --adapter`).
 //
 // An export writes config.json and model*.safetensors over what a directory holds, so it first
 // makes sure the directory is its to write: missing (created, and removed again when the export
 // fails, so a failure leaves no empty directory), holding no model (no config.json,
-// *.safetensors, *.bin, *.index.json), or holding an earlier export of the same lineage (the
-// run_id of the strata checkpoint it came from, recorded in kExportMarker beside the files).
+// *.safetensors, *.bin, *.index.json, a PEFT adapter's adapter_config.json), or holding an
+// earlier export of the same lineage (the run_id of the strata checkpoint it came from,
+// recorded in kExportMarker beside the files).
 // Anything else — a base model, another run's export — is refused with a message naming what is
 // there, unless the caller forces it (`strata export --force`). The directory a run's
 // model.from_pretrained reads is never written.
@@ -35,6 +37,8 @@ struct ExportTarget {
   std::string from_pretrained;  // model.from_pretrained ("" none): never written
   bool force = false;           // replace whatever model is there
   std::string force_hint;       // appended to a refusal: how to force it ("" none)
+  bool adapter = false;         // a PEFT adapter (export --adapter), not a merged model: the
+                                // two never share a directory without `force`
 };
 
 // The checks that need no lineage, for a preflight before any training: the directory is not

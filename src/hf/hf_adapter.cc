@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -71,12 +72,51 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
     return invalid_argument(
         fmt::format("{}: not a LoRA adapter (peft_type must be \"LORA\")", cfg_path));
   }
-  for (const char* k : {"use_dora", "use_rslora"}) {
+  const json dora = cfg.value("use_dora", json());
+  if (!dora.is_null() && dora != false) {
+    return invalid_argument(
+        fmt::format("{}: use_dora is {}: DoRA adapters are not supported (only LoRA and rsLoRA)",
+                    cfg_path, dora.dump().substr(0, 40)));
+  }
+  const json rslora_in = cfg.value("use_rslora", json());
+  if (!rslora_in.is_null() && !rslora_in.is_boolean()) {
+    return invalid_argument(fmt::format("{}: use_rslora is {}, not true or false", cfg_path,
+                                        rslora_in.dump().substr(0, 40)));
+  }
+  const bool rslora = rslora_in == true;
+  // lora_dropout shapes training only (the config's lora.lora_dropout decides a run's): read
+  // and checked, not compared.
+  const json dropout_in = cfg.value("lora_dropout", json());
+  if (!dropout_in.is_null() &&
+      !(dropout_in.is_number() && dropout_in.get<double>() >= 0 && dropout_in.get<double>() < 1)) {
+    return invalid_argument(fmt::format("{}: lora_dropout is {}, not a number in [0, 1)", cfg_path,
+                                        dropout_in.dump().substr(0, 40)));
+  }
+  const json bias = cfg.value("bias", json());
+  if (!bias.is_null() && bias != "none") {
+    return invalid_argument(fmt::format(
+        "{}: bias is {}: the adapter carries trained biases of the base, which strata's frozen "
+        "LoRA base cannot take (only bias \"none\" adapters load)",
+        cfg_path, bias.dump().substr(0, 40)));
+  }
+  // What would give some layers other ranks, scalings or no adapter, or lora_B a bias: each
+  // absent, false or empty in an adapter strata reads.
+  for (const char* k : {"lora_bias", "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
     const json v = cfg.value(k, json());
-    if (!v.is_null() && v != false) {
-      return invalid_argument(
-          fmt::format("{}: {} is {}: only plain LoRA is supported", cfg_path, k, v.dump()));
+    if (!v.is_null() && v != false && !(v.is_object() && v.empty()) &&
+        !(v.is_array() && v.empty())) {
+      return invalid_argument(fmt::format(
+          "{}: {} is {}: strata's adapters are one rank and scaling on every block, lora_B "
+          "without a bias; such an adapter does not load",
+          cfg_path, k, v.dump().substr(0, 80)));
     }
+  }
+  const json to_save = cfg.value("modules_to_save", json());
+  if (!to_save.is_null() && !(to_save.is_array() && to_save.empty())) {
+    return invalid_argument(fmt::format(
+        "{}: modules_to_save is {}: the adapter carries whole trained modules beside its LoRA "
+        "weights, which strata's frozen LoRA base cannot take",
+        cfg_path, to_save.dump().substr(0, 80)));
   }
   const auto r_in = json_int_in(cfg.value("r", json()), 1, 1 << 20);
   const json alpha_in = cfg.value("lora_alpha", json());
@@ -87,15 +127,30 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
   }
   const int r = int(*r_in);
   const double alpha = alpha_in.get<double>();
-  if (r != L->r || float(alpha / r) != L->scaling) {
+  const float scaling = float(rslora ? alpha / std::sqrt(double(r)) : alpha / r);
+  if (r != L->r || scaling != L->scaling) {
     return invalid_argument(fmt::format(
-        "{}: r {} and lora_alpha {} differ from the config's lora.r {} and scaling {} (set "
-        "lora.r and lora.lora_alpha to the adapter's)",
-        cfg_path, r, alpha, L->r, L->scaling));
+        "{}: r {}, lora_alpha {} and use_rslora {} (scaling {}) differ from the config's lora.r "
+        "{} and scaling {} (set lora.r, lora.lora_alpha and lora.use_rslora to the adapter's)",
+        cfg_path, r, alpha, rslora, scaling, L->r, L->scaling));
+  }
+  const json targets_in = cfg.value("target_modules", json());
+  if (targets_in.is_string()) {
+    // A string: "all-linear", or a pattern the config must give too (the same selection).
+    const std::string t = targets_in.get<std::string>();
+    const bool same = t == "all-linear" ? L->all_sites : t == arch.shape().lora.target_pattern;
+    if (!same) {
+      return invalid_argument(fmt::format(
+          "{}: target_modules \"{}\" selects other layers than the config's lora.target_modules: "
+          "set lora.target_modules to the adapter's",
+          cfg_path, t));
+    }
   }
   std::set<std::string> targets;
-  if (cfg.contains("target_modules") && cfg["target_modules"].is_array()) {
-    for (const json& t : cfg["target_modules"]) {
+  if (targets_in.is_string()) {
+    targets = target_names(*L);
+  } else if (targets_in.is_array()) {
+    for (const json& t : targets_in) {
       if (!t.is_string()) {
         return invalid_argument(fmt::format("{}: target_modules holds {}, not a module name",
                                             cfg_path, t.dump().substr(0, 40)));
@@ -155,9 +210,6 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
   if (L == nullptr) {
     return invalid_argument("--adapter: the model has no LoRA adapters (no \"lora\" section)");
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return errno_status(errno, dir);
-  }
   // safetensors: u64 header length, the JSON header, the data (fp32, in the header's order).
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
@@ -181,22 +233,33 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char((n >> (8 * i)) & 0xff);
   file += head;
   file += data;
+  // As peft's LoraConfig saves itself: target_modules a list of last names (what "all-linear"
+  // becomes in peft), or the config's pattern as given.
+  const LoraConfig& lc = arch.shape().lora;
+  const bool pattern = !lc.target_pattern.empty() && lc.target_pattern != "all-linear";
   json cfg = {{"peft_type", "LORA"},
               {"task_type", "CAUSAL_LM"},
               {"base_model_name_or_path", base},
               {"r", L->r},
-              {"lora_alpha", double(L->scaling) * L->r},
-              {"lora_dropout", 0.0},
+              {"lora_alpha", lc.alpha},
+              {"lora_dropout", lc.dropout},
               {"bias", "none"},
               {"fan_in_fan_out", arch.name() == "gpt2"},
-              {"target_modules", target_names(*L)},
+              {"target_modules", pattern ? json(lc.target_pattern) : json(target_names(*L))},
               {"inference_mode", true},
               {"init_lora_weights", true},
               {"use_dora", false},
-              {"use_rslora", false},
+              {"use_rslora", lc.use_rslora},
               {"modules_to_save", nullptr}};
-  STRATA_RETURN_IF_ERROR(write_file_atomically(dir + "/adapter_model.safetensors", file, 0644), "");
-  return write_file_atomically(dir + "/adapter_config.json", cfg.dump(2) + "\n", 0644);
+  // PEFT reads adapter_config.json, then adapter_model.safetensors (else adapter_model.bin): the
+  // three are replaced together, so a reader never pairs one run's config with another's weights.
+  return write_directory_atomically(
+      dir, {"adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"},
+      [&](const std::string& tmp) -> Status {
+        STRATA_RETURN_IF_ERROR(
+            write_file_atomically(tmp + "/adapter_model.safetensors", file, 0644), "");
+        return write_file_atomically(tmp + "/adapter_config.json", cfg.dump(2) + "\n", 0644);
+      });
 }
 
 Result<std::vector<std::vector<float>>> read_checkpoint_adapters(const std::string& checkpoint,
@@ -252,9 +315,11 @@ Status export_adapter(const std::string& checkpoint, const ModelConfig& model,
   });
 }
 
-Status export_merged(const std::string& checkpoint, const ModelConfig& model,
-                     const Architecture& arch, HfCheckpointWriter& writer) {
+Status merged_lora_modules(const std::string& checkpoint, const ModelConfig& model,
+                           const Architecture& arch,
+                           const std::function<Status(int m, const float* values)>& sink) {
   const ModelLayout& layout = arch.layout();
+  STRATA_CHECK(arch.lora() != nullptr, "merged_lora_modules of a model without adapters");
   STRATA_ASSIGN_OR_RETURN(auto adapters, read_checkpoint_adapters(checkpoint, arch), "export");
   std::unique_ptr<HfCheckpointReader> base;
   if (!model.from_pretrained.empty()) {
@@ -280,9 +345,16 @@ Status export_merged(const std::string& checkpoint, const ModelConfig& model,
       const size_t l = std::stoul(name.substr(6));
       lora_merge(*arch.lora(), layout.modules[m], adapters[size_t(first) + l].data(), w.data());
     }
-    STRATA_RETURN_IF_ERROR(writer.write_module(int(m), w.data()), "export");
+    STRATA_RETURN_IF_ERROR(sink(int(m), w.data()), layout.modules[m].name);
   }
   return Status::ok();
+}
+
+Status export_merged(const std::string& checkpoint, const ModelConfig& model,
+                     const Architecture& arch, HfCheckpointWriter& writer) {
+  return merged_lora_modules(checkpoint, model, arch, [&](int m, const float* values) {
+    return writer.write_module(m, values);
+  });
 }
 
 }  // namespace strata

@@ -39,7 +39,9 @@ class HfAdapterReader {
   std::unique_ptr<SafetensorsFile> file_;
 };
 
-// Writes `dir` (created if missing; its two files replaced atomically, written through no link)
+// Writes `dir` (created with its parents if missing; its adapter files replaced together, by
+// write_directory_atomically, so a reader or a kill sees the old pair or the new one, never a
+// mix; written through no link)
 // from each adapter module's fp32 values, which `values(m, out)` fills. `base` is the
 // base_model_name_or_path to record.
 Status write_hf_adapter(const std::string& dir, const Architecture& arch, const std::string& base,
@@ -55,9 +57,18 @@ Result<std::vector<std::vector<float>>> read_checkpoint_adapters(const std::stri
 Status export_adapter(const std::string& checkpoint, const ModelConfig& model,
                       const std::string& dir);
 
-// `strata export` of a LoRA run: the base (model.from_pretrained's weights, else its
-// initialization from `seed`) with every block's adapters merged (lora_merge), written through
-// `writer` module by module (the adapter modules have no tensors there).
+// A LoRA run's model as one set of fp32 weights: the frozen base (model.from_pretrained's
+// weights, else its initialization from the checkpoint's seed; a LoRA checkpoint holds only the
+// adapters) with every block's adapters merged in (lora_merge), handed to `sink` module by
+// module in order (an adapter module's own values are handed on as they are). The one
+// reconstruction `strata export` and `strata generate --checkpoint` share, so both give the
+// same tokens.
+Status merged_lora_modules(const std::string& checkpoint, const ModelConfig& model,
+                           const Architecture& arch,
+                           const std::function<Status(int m, const float* values)>& sink);
+
+// `strata export` of a LoRA run: merged_lora_modules written through `writer` module by module
+// (the adapter modules have no tensors there).
 class HfCheckpointWriter;
 Status export_merged(const std::string& checkpoint, const ModelConfig& model,
                      const Architecture& arch, HfCheckpointWriter& writer);

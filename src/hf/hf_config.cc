@@ -371,6 +371,16 @@ std::string hf_config_key(const std::string& type, const std::string& strata_key
       {"model.rope_scaling.original_max_position_embeddings",
        {"rope_scaling.original_max_position_embeddings", ""}},
   };
+  // A mixture's keys (read_moe): Mixtral counts its experts in num_local_experts.
+  if (strata_key == "model.num_experts") {
+    return type == "mixtral" ? "num_local_experts" : type == "qwen2_moe" ? "num_experts" : "";
+  }
+  for (const char* k : {"num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "router_aux_loss_coef"}) {
+    if (strata_key == std::string("model.") + k && (type == "mixtral" || type == "qwen2_moe")) {
+      return k;
+    }
+  }
   auto it = kKeys.find(strata_key);
   if (it == kKeys.end()) return "";
   return type == "gpt2" ? it->second.second : it->second.first;

@@ -27,7 +27,8 @@ namespace strata {
 Result<ModelConfig> model_config_from_hf(const std::string& dir, int context);
 
 // The config.json key model_config_from_hf reads strata's `strata_key` ("model.n_layer") from
-// for a model of `type` (gpt2 or llama): "num_hidden_layers"; "" when none does.
+// for a model of `type` (gpt2, llama, mixtral or qwen2_moe): "num_hidden_layers", Mixtral's
+// "num_local_experts" for model.num_experts; "" when none does.
 std::string hf_config_key(const std::string& type, const std::string& strata_key);
 
 // The config.json that describes `model` to transformers (the inverse of the above): a llama

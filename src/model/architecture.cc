@@ -9,6 +9,7 @@
 #include "src/model/gpt2.h"
 #include "src/model/llama.h"
 #include "src/model/moe.h"
+#include "strata/kernels.h"
 
 namespace strata {
 
@@ -53,6 +54,14 @@ void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, s
   }
   const size_t zlo = std::max(begin, zero_begin), zhi = std::min(end, zero_end);
   if (zlo < zhi) std::fill(out + (zlo - begin), out + (zhi - begin), 0.0f);
+}
+
+uint64_t training_dropout_key(uint64_t seed, int64_t step, int micro, int rank) {
+  uint64_t k = dropout_mix(seed ^ 0x6c6f72615f64726full);  // "lora_dro"
+  k = dropout_mix(k + uint64_t(step));
+  k = dropout_mix(k + uint64_t(uint32_t(micro)));
+  k = dropout_mix(k + uint64_t(uint32_t(rank)));
+  return k | 1;
 }
 
 bool segment_starts(const Program& program, size_t i, size_t begin) {

@@ -198,12 +198,20 @@ struct ModuleBindings {
 // aux_loss_out (host, nullptr: not wanted): a mixture of experts writes its micro-batch's
 // load-balancing loss there (unweighted, as transformers' aux_loss) when the head's forward is
 // enqueued; other models leave it untouched.
+// dropout_key: the micro-batch's random stream for training's dropout (LoRA's lora_dropout),
+// training_dropout_key(); 0 (eval, generate, a test's plain pass): no dropout.
 struct MicroBatch {
   float dloss = 0;
   float* losses_out = nullptr;
   void* logits_out = nullptr;
   float* aux_loss_out = nullptr;
+  uint64_t dropout_key = 0;
 };
+
+// The dropout key of training micro-batch `micro` of step `step` on rank `rank` of a run seeded
+// `seed`: a function of these only (never 0), so a resumed run draws the uninterrupted run's
+// masks, and every micro-batch and rank its own.
+uint64_t training_dropout_key(uint64_t seed, int64_t step, int micro, int rank);
 
 class ModelRunner {
  public:

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "src/config/model_shape.h"
+
 namespace strata {
 
 void decoder_programs(const DecoderModules& s, Program* train, Program* eval) {
@@ -75,18 +77,7 @@ Result<ModelConfig> decoder_shape(const ModelConfig& config) {
   ModelConfig s = config;
   if (s.padded_vocab_size <= 0) s.padded_vocab_size = (s.vocab_size + 63) / 64 * 64;
   if (s.num_key_value_heads <= 0) s.num_key_value_heads = s.n_head;
-  if (s.n_layer < 1 || s.n_head < 1 || s.n_embd < 1 || s.vocab_size < 2 || s.context < 1) {
-    return invalid_argument("model: n_layer, n_head, n_embd, context must be >= 1, vocab >= 2");
-  }
-  if (s.n_embd % s.n_head != 0) {
-    return invalid_argument(
-        fmt::format("model.n_embd: {} is not divisible by model.n_head {}", s.n_embd, s.n_head));
-  }
-  if (s.padded_vocab_size < s.vocab_size) {
-    return invalid_argument(
-        fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size {}",
-                    s.padded_vocab_size, s.vocab_size));
-  }
+  STRATA_RETURN_IF_ERROR(check_model_shape(s), "");  // the config's own checks
   return s;
 }
 

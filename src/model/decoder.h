@@ -165,6 +165,7 @@ struct DecoderStep : BatchDims {
   std::span<const void* const> extra_params;  // the block's X extra modules (model dtype)
   std::span<float* const> extra_grads;        // ... and their gradients (backward only)
   float dloss = 0;                            // MicroBatch::dloss of the step
+  uint64_t dropout_key = 0;                   // MicroBatch::dropout_key (0: no dropout)
   void* state = nullptr;                      // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;
   const LoraRun* lora = nullptr;

@@ -251,6 +251,7 @@ class DecoderRunner final : public ModelRunner {
   void enter_block(int l, const ModuleBindings& b, const MicroBatch& mb, bool backward) {
     st_.layer = l;
     st_.dloss = mb.dloss;
+    st_.dropout_key = mb.dropout_key;
     const size_t first = size_t(mods_.extra(l, 0)), X = size_t(mods_.X);
     st_.extra_params = X ? b.params.subspan(first, X) : std::span<const void* const>();
     st_.extra_grads = X && backward ? b.grads.subspan(first, X) : std::span<float* const>();
@@ -433,8 +434,11 @@ class DecoderArchitecture final : public Architecture {
   static Result<std::unique_ptr<Architecture>> create(const ModelConfig& config) {
     STRATA_ASSIGN_OR_RETURN(ModelConfig shape, decoder_shape(config), "");
     STRATA_RETURN_IF_ERROR(Blocks::check(shape), "");
-    STRATA_ASSIGN_OR_RETURN(LoraLayout lora,
-                            lora_layout(shape.lora, Blocks::kType, Blocks(shape).lora_sites()), "");
+    const Blocks blocks(shape);
+    std::vector<std::string> prefixes;
+    for (int l = 0; l < shape.n_layer; ++l) prefixes.push_back(blocks.hf_block_prefix(l));
+    STRATA_ASSIGN_OR_RETURN(
+        LoraLayout lora, lora_layout(shape.lora, Blocks::kType, blocks.lora_sites(), prefixes), "");
     STRATA_ASSIGN_OR_RETURN(
         BaseQuantKind quant,
         lora_base_quant_kind(shape.lora, Blocks::kType, lora, Blocks(shape).lora_sites()), "");
@@ -535,6 +539,7 @@ class DecoderArchitecture final : public Architecture {
                                                      ActivationMode mode, ActivationStore* store,
                                                      int slots) const override {
     STRATA_RETURN_IF_ERROR(check_decoder_runner(shape_, T, mode, store, slots), "");
+    STRATA_RETURN_IF_ERROR(lora_check_backend(lora_, device.kernels()), "");
     auto r = std::make_unique<DecoderRunner<Blocks>>(
         device, blocks_, shape_, lora_, quant_.get(),
         BatchDims{B, T, dt, fused_attention(device.kernels(), dt)}, mode, store);

@@ -8,6 +8,7 @@
 
 #include "src/base/rng.h"
 #include "src/checkpoint/checkpoint.h"
+#include "src/hf/hf_adapter.h"
 #include "src/hf/hf_checkpoint.h"
 #include "src/model/decoder.h"
 #include "src/model/llama.h"
@@ -261,6 +262,18 @@ Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& 
     for (size_t m = 0; m < w.size(); ++m) {
       STRATA_RETURN_IF_ERROR(hf->read_module(int(m), w[m].data()), "generate");
     }
+    return w;
+  }
+  if (arch.lora() != nullptr) {
+    // A LoRA checkpoint holds the adapters alone: the base comes from model.from_pretrained
+    // with the adapters merged in, exactly as `strata export` writes the model.
+    STRATA_RETURN_IF_ERROR(merged_lora_modules(checkpoint, model, arch,
+                                               [&](int m, const float* values) {
+                                                 std::copy(values, values + w[size_t(m)].size(),
+                                                           w[size_t(m)].begin());
+                                                 return Status::ok();
+                                               }),
+                           "generate");
     return w;
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "generate");

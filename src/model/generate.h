@@ -9,8 +9,8 @@
 //     cache, o_proj, SwiGLU MLP, final RMSNorm, the head (tied: the embedding);
 //   gpt2: token + position embeddings, LayerNorm, fused q/k/v with bias, attention, GELU (tanh)
 //     MLP, final LayerNorm, the tied head.
-// Token for token it gives transformers' greedy decode (tests/generate_test.cc against the
-// fixtures' greedy.json, written by transformers).
+// Token for token it gives transformers' greedy decode (HfGenerate.GreedyMatchesTransformers in
+// tests/hf_compare_test.cc, against the fixtures' greedy.json, written by transformers).
 //
 // Memory: the whole model's fp32 master weights (4 bytes a parameter) plus the cache (2 x
 // layers x context x key/value width floats): a quick look, not a serving engine.
@@ -32,6 +32,9 @@ namespace strata {
 // Every module's fp32 master weights: from a strata checkpoint (a file, or a sharded
 // checkpoint's manifest: the shards' slices put together), or, when `checkpoint` is "", from
 // model.from_pretrained. The checkpoint's model must be `arch`'s (checked, naming both shapes).
+// A LoRA run's checkpoint (arch has adapters) holds only the adapters: its weights are the base
+// with the adapters merged in (merged_lora_modules, what `strata export` writes), so generate
+// gives the merged export's tokens.
 Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& arch,
                                                             const ModelConfig& model,
                                                             const std::string& checkpoint);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 
 #include "src/model/decoder.h"
 
@@ -24,8 +25,79 @@ bool site_matches(const std::string& site, const std::string& target) {
 
 }  // namespace
 
+namespace {
+
+std::string joined_names(const std::vector<LoraSite>& sites, const std::string& prefix) {
+  std::string names;
+  for (const LoraSite& s : sites) names += (names.empty() ? "" : ", ") + prefix + s.name;
+  return names;
+}
+
+// Which of `sites` lora.target_modules selects (PEFT's check_target_module_exists).
+Result<std::vector<bool>> select_sites(const LoraConfig& lora, const std::string& type,
+                                       const std::vector<LoraSite>& sites,
+                                       const std::vector<std::string>& prefixes) {
+  std::vector<bool> chosen(sites.size(), false);
+  if (lora.target_pattern == "all-linear") {
+    chosen.assign(sites.size(), true);  // the output head is no block's site
+    return chosen;
+  }
+  if (!lora.target_pattern.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(lora.target_pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return invalid_argument(
+          fmt::format("lora.target_modules: \"{}\" is not a valid regular expression ({})",
+                      lora.target_pattern, e.what()));
+    }
+    bool any = false;
+    for (size_t l = 0; l < prefixes.size(); ++l) {
+      for (size_t i = 0; i < sites.size(); ++i) {
+        const bool m = std::regex_match(prefixes[l] + sites[i].name, re);
+        if (l == 0) chosen[i] = m;
+        any |= m;
+        if (m != chosen[i]) {
+          return invalid_argument(fmt::format(
+              "lora.target_modules: \"{}\" matches {} but not {} (or the reverse): strata "
+              "adapts the same linear layers in every block; give a pattern that selects the "
+              "same layers in each",
+              lora.target_pattern, prefixes[0] + sites[i].name, prefixes[l] + sites[i].name));
+        }
+      }
+    }
+    if (!any) {
+      return invalid_argument(fmt::format(
+          "lora.target_modules: the pattern \"{}\" matches no linear layer of this {} model (a "
+          "string is a regular expression matched against a layer's whole name, as PEFT's "
+          "re.fullmatch, or \"all-linear\"; give a list such as [\"q_proj\"] for names); its "
+          "first block's linear layers are {}",
+          lora.target_pattern, type, joined_names(sites, prefixes.empty() ? "" : prefixes[0])));
+    }
+    return chosen;
+  }
+  const std::vector<std::string> targets =
+      lora.target_modules.empty() ? lora_default_targets(type) : lora.target_modules;
+  for (const std::string& t : targets) {
+    bool any = false;
+    for (size_t i = 0; i < sites.size(); ++i) {
+      if (site_matches(sites[i].name, t)) chosen[i] = any = true;
+    }
+    if (!any) {
+      return invalid_argument(fmt::format(
+          "lora.target_modules: \"{}\" is not a linear layer of this {} model; its blocks' "
+          "linear layers are {}",
+          t, type, joined_names(sites, "")));
+    }
+  }
+  return chosen;
+}
+
+}  // namespace
+
 Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
-                               const std::vector<LoraSite>& sites) {
+                               const std::vector<LoraSite>& sites,
+                               const std::vector<std::string>& block_prefixes) {
   LoraLayout out;
   if (!lora.enabled) return out;
   if (sites.empty()) {
@@ -37,26 +109,29 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
   if (lora.r < 1) {
     return invalid_argument(fmt::format("lora.r: {} must be >= 1", lora.r));
   }
-  const std::vector<std::string> targets =
-      lora.target_modules.empty() ? lora_default_targets(type) : lora.target_modules;
-  std::vector<bool> chosen(sites.size(), false);
-  for (const std::string& t : targets) {
-    bool any = false;
-    for (size_t i = 0; i < sites.size(); ++i) {
-      if (site_matches(sites[i].name, t)) chosen[i] = any = true;
-    }
-    if (!any) {
-      std::string names;
-      for (const LoraSite& s : sites) names += (names.empty() ? "" : ", ") + s.name;
-      return invalid_argument(fmt::format(
-          "lora.target_modules: \"{}\" is not a linear layer of this {} model; its blocks' "
-          "linear layers are {}",
-          t, type, names));
-    }
+  // The adapters' update is multiplied by lora_alpha / r (/ sqrt(r) with use_rslora): 0 learns
+  // nothing, and past kMaxLoraScaling one step moves the model by that many times the learning
+  // rate (it trains a dead model without a word).
+  const double scaling = lora.scaling();
+  if (!(scaling > 0) || !(scaling <= kMaxLoraScaling)) {
+    return invalid_argument(fmt::format(
+        "lora.lora_alpha {:g} / {} = scaling {:g}: the adapters' update is multiplied by it, so "
+        "it must be in (0, {:g}]; PEFT's usual lora_alpha is r to 2r (scaling 1 to 2)",
+        lora.alpha,
+        lora.use_rslora ? fmt::format("sqrt(lora.r {})", lora.r) : fmt::format("lora.r {}", lora.r),
+        scaling, kMaxLoraScaling));
   }
+  if (!(lora.dropout >= 0 && lora.dropout < 1)) {
+    return invalid_argument(fmt::format("lora.lora_dropout: {} must be in [0, 1)", lora.dropout));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<bool> chosen, select_sites(lora, type, sites, block_prefixes),
+                          "");
   out.r = lora.r;
   out.scaling = lora.scaling();
+  out.dropout = float(lora.dropout);
+  out.all_sites = true;
   for (size_t i = 0; i < sites.size(); ++i) {
+    out.all_sites = out.all_sites && chosen[i];
     if (!chosen[i]) continue;
     LoraLayout::Target t;
     t.site = sites[i];
@@ -65,9 +140,26 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
     t.b = out.numel;
     out.numel += size_t(t.site.out) * size_t(lora.r);
     out.max_width = std::max(out.max_width, t.site.width);
+    out.max_in = std::max(out.max_in, t.site.in);
     out.targets.push_back(std::move(t));
   }
   return out;
+}
+
+Status lora_check_backend(const LoraLayout& layout, const Kernels& kernels) {
+  if (layout.empty() || layout.dropout == 0 || kernels.supports(KernelOp::kDropout, {}).supported) {
+    return Status::ok();
+  }
+  return unavailable(fmt::format(
+      "lora.lora_dropout: {:g} needs the dropout op, which this device's backend does not have "
+      "(the CPU and CUDA backends have it); set lora.lora_dropout to 0 on this device, or train "
+      "on the CPU backend",
+      layout.dropout));
+}
+
+uint64_t lora_dropout_key(uint64_t micro_key, int layer, int target) {
+  return dropout_mix(dropout_mix(micro_key + uint64_t(uint32_t(layer))) +
+                     uint64_t(uint32_t(target)));
 }
 
 void lora_tensors(const LoraLayout& layout, ModuleSpec& m) {
@@ -164,6 +256,10 @@ void LoraRun::carve(Carver& c, size_t N, size_t es) {
   bpad = c.take(W * r * es);
   bf32 = c.take_f32(W * r);
   delta = c.take(N * W * es);
+  if (layout->dropout > 0) {
+    xd = c.take(N * size_t(layout->max_in) * es);
+    dxd = c.take(N * size_t(layout->max_in) * es);
+  }
 }
 
 namespace {
@@ -183,6 +279,20 @@ void scatter_b(const DecoderStep& st, const LoraRun& run, const LoraLayout::Targ
              DType::kF32, n);
 }
 
+// Whether this pass drops the adapters' input (training with lora_dropout > 0).
+bool dropping(const DecoderStep& st, const LoraRun& run) {
+  return run.layout->dropout > 0 && st.dropout_key != 0;
+}
+
+// The adapter input of target `i`: x, or run.xd = dropout(x) with the site's mask.
+const void* adapter_input(const DecoderStep& st, const LoraRun& run, size_t i, const void* x) {
+  if (!dropping(st, run)) return x;
+  const LoraLayout& L = *run.layout;
+  st.k->dropout(*st.s, st.dt, run.xd, x, st.N() * size_t(L.targets[i].site.in), L.dropout,
+                lora_dropout_key(st.dropout_key, st.layer, int(i)));
+  return run.xd;
+}
+
 }  // namespace
 
 void lora_forward(const DecoderStep& st, const LoraRun& run, int matmul, const void* x, void* y) {
@@ -191,9 +301,11 @@ void lora_forward(const DecoderStep& st, const LoraRun& run, int matmul, const v
   Kernels& k = *st.k;
   const int N = int(st.N()), r = L.r;
   const size_t es = st.es();
-  for (const LoraLayout::Target& t : L.targets) {
+  for (size_t i = 0; i < L.targets.size(); ++i) {
+    const LoraLayout::Target& t = L.targets[i];
     if (t.site.matmul != matmul) continue;
-    k.matmul_forward(*st.s, st.dt, run.u, x, at(run.p, t.a, es), nullptr, N, t.site.in, r);
+    const void* xin = adapter_input(st, run, i, x);
+    k.matmul_forward(*st.s, st.dt, run.u, xin, at(run.p, t.a, es), nullptr, N, t.site.in, r);
     scatter_b(st, run, t);
     k.matmul_forward(*st.s, st.dt, run.delta, run.u, run.bpad, nullptr, N, r, t.site.width);
     k.add_inplace(*st.s, st.dt, y, run.delta, size_t(N) * size_t(t.site.width));
@@ -207,10 +319,12 @@ void lora_backward(const DecoderStep& st, const LoraRun& run, int matmul, const 
   Kernels& k = *st.k;
   const int N = int(st.N()), r = L.r;
   const size_t es = st.es();
-  for (const LoraLayout::Target& t : L.targets) {
+  for (size_t i = 0; i < L.targets.size(); ++i) {
+    const LoraLayout::Target& t = L.targets[i];
     if (t.site.matmul != matmul) continue;
     const size_t W = size_t(t.site.width), nb = size_t(t.site.out) * size_t(r);
-    k.matmul_forward(*st.s, st.dt, run.u, x, at(run.p, t.a, es), nullptr, N, t.site.in, r);
+    const void* xin = adapter_input(st, run, i, x);
+    k.matmul_forward(*st.s, st.dt, run.u, xin, at(run.p, t.a, es), nullptr, N, t.site.in, r);
     scatter_b(st, run, t);
     // du = dy (s B_pad); d(s B_pad) = dy^T u, of which the site's rows, times s, are dB.
     st.zero(run.du, size_t(N) * size_t(r) * es);
@@ -219,9 +333,20 @@ void lora_backward(const DecoderStep& st, const LoraRun& run, int matmul, const 
     float* db = run.bf32 + size_t(t.site.col0) * size_t(r);
     k.scale(*st.s, db, L.scaling, nb);
     k.add_inplace(*st.s, DType::kF32, run.g + t.b, db, nb);
-    // dA += du^T x, dx += du A.
-    k.matmul_backward(*st.s, st.dt, dx, run.g + t.a, nullptr, run.du, x, at(run.p, t.a, es), N,
-                      t.site.in, r);
+    if (xin == x) {
+      // dA += du^T x, dx += du A.
+      k.matmul_backward(*st.s, st.dt, dx, run.g + t.a, nullptr, run.du, x, at(run.p, t.a, es), N,
+                        t.site.in, r);
+      continue;
+    }
+    // dA += du^T xd; dxd = du A; dx += dropout(dxd), the forward's mask.
+    const size_t nx = size_t(N) * size_t(t.site.in);
+    st.zero(run.dxd, nx * es);
+    k.matmul_backward(*st.s, st.dt, run.dxd, run.g + t.a, nullptr, run.du, xin, at(run.p, t.a, es),
+                      N, t.site.in, r);
+    k.dropout(*st.s, st.dt, run.dxd, run.dxd, nx, L.dropout,
+              lora_dropout_key(st.dropout_key, st.layer, int(i)));
+    k.add_inplace(*st.s, st.dt, dx, run.dxd, nx);
   }
 }
 

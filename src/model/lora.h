@@ -8,7 +8,8 @@
 // kaiming_uniform_(a = sqrt(5)): uniform(-1/sqrt(in), 1/sqrt(in))) and "<site>.lora_B" [out, r]
 // (zeros). Every base module is frozen (ModuleSpec::trainable false): only its parameters exist.
 //
-// The compute, with s = lora_alpha / r, for a site whose matmul computes y = x W^T (+ b):
+// The compute, with s = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora), for a site whose
+// matmul computes y = x W^T (+ b):
 //   forward   y[:, cols] += s * (x A^T) B^T
 //   backward  dB += s * dy[:, cols]^T (x A^T);  du = s * dy[:, cols] B;  dA += du^T x;
 //             dx += du A
@@ -16,6 +17,11 @@
 // has those runs it): u = x A^T is recomputed in backward (N x r, small) rather than kept, and B
 // is scattered, times s, into the site's rows of a zero [width, r] matrix so that one matmul
 // writes the whole packed output's delta.
+// With lora_dropout p > 0, in training (DecoderStep::dropout_key != 0), x above is
+// xd = dropout(x) (Kernels::dropout: kept elements times 1 / (1 - p)), a mask of its own per
+// micro-batch, block and site (lora_dropout_key); dA += du^T xd, and dx += dropout(du A) with
+// the same mask. The backward redraws the mask from the key instead of keeping it. Eval,
+// generate and p = 0 take the plain path above, unchanged.
 //
 // Thread safety: LoraLayout is immutable; a LoraRun is owned by one runner's thread.
 #pragma once
@@ -54,20 +60,44 @@ struct LoraLayout {
   };
   int r = 0;
   float scaling = 0;
+  float dropout = 0;  // lora_dropout: p of the adapters' input dropout in training
   std::vector<Target> targets;
   size_t numel = 0;
-  int max_width = 0;  // the widest adapted matmul
+  int max_width = 0;       // the widest adapted matmul
+  int max_in = 0;          // the widest adapted input
+  bool all_sites = false;  // every linear layer of the block is adapted (PEFT's "all-linear")
   bool empty() const { return targets.empty(); }
 };
+
+// The largest lora_alpha / r lora_layout accepts: past it one step moves the model by that many
+// times the learning rate (PEFT's usual scaling is 1 to 2; rsLoRA's alpha / sqrt(r) stays far
+// below it too).
+inline constexpr double kMaxLoraScaling = 1000;
 
 // PEFT's default target_modules for a model type (llama: q_proj, v_proj; gpt2: c_attn).
 std::vector<std::string> lora_default_targets(const std::string& type);
 
-// The adapters `lora` asks for over a block of `sites`: every target_modules entry must name a
-// site (its last component, or its whole path); kInvalidArgument naming lora.target_modules
-// and the sites the model has otherwise, and lora.r.
+// The adapters `lora` asks for over blocks of `sites`, block l's full names prefixed
+// `block_prefixes[l]` ("model.layers.3."), as PEFT selects them: a target_modules list entry
+// must match a site (its whole name, or its last components: "q_proj", "mlp.c_proj"); a string
+// is "all-linear" (every site) or a regular expression (ECMAScript, as std::regex; PEFT's
+// Python patterns of names, alternatives, classes and repetitions read the same) matched
+// against each site's full name as re.fullmatch; its matches must be the same sites in every
+// block (strata adapts each block alike). kInvalidArgument naming lora.target_modules for a
+// name or pattern that matches no site (listing the sites' full names of block 0), a bad
+// pattern, or one that matches unevenly; naming lora.r for r < 1.
 Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
-                               const std::vector<LoraSite>& sites);
+                               const std::vector<LoraSite>& sites,
+                               const std::vector<std::string>& block_prefixes);
+
+// Whether the backend runs `layout`'s adapters: lora_dropout > 0 needs Kernels::dropout
+// (supports(KernelOp::kDropout); the CPU and CUDA backends have it): kUnavailable naming
+// lora.lora_dropout otherwise.
+Status lora_check_backend(const LoraLayout& layout, const Kernels& kernels);
+
+// The dropout key of site `target` (an index into LoraLayout::targets) of block `layer` in a
+// micro-batch whose key is `micro_key` (MicroBatch::dropout_key, not 0).
+uint64_t lora_dropout_key(uint64_t micro_key, int layer, int target);
 
 // lora.base_quantization of a model whose adapters are `layout`: kNone when "none"; an error
 // naming the key for an unknown value, for a quantized base without adapters, or for a model
@@ -99,12 +129,13 @@ void lora_merge(const LoraLayout& layout, const ModuleSpec& block, const float* 
 // adapter parameters and gradients (bound by the runner before each block's compute).
 struct LoraRun {
   const LoraLayout* layout = nullptr;
-  void *u = nullptr, *du = nullptr;  // [N, r] dt
-  void* bpad = nullptr;              // [max_width, r] dt: s * B scattered into its rows
-  float* bf32 = nullptr;             // [max_width * r] fp32: B's staging, then dB's
-  void* delta = nullptr;             // [N, max_width] dt
-  const void* p = nullptr;           // this block's adapter parameters (dt)
-  float* g = nullptr;                // its gradient (fp32); nullptr in eval
+  void *u = nullptr, *du = nullptr;    // [N, r] dt
+  void* bpad = nullptr;                // [max_width, r] dt: s * B scattered into its rows
+  float* bf32 = nullptr;               // [max_width * r] fp32: B's staging, then dB's
+  void* delta = nullptr;               // [N, max_width] dt
+  void *xd = nullptr, *dxd = nullptr;  // [N, max_in] dt: dropout(x), its gradient (dropout > 0)
+  const void* p = nullptr;             // this block's adapter parameters (dt)
+  float* g = nullptr;                  // its gradient (fp32); nullptr in eval
   void carve(Carver& c, size_t N, size_t es);
 };
 

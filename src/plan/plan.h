@@ -160,37 +160,47 @@ struct PlacementOption {
 // else on the host (what zero_optimization.offload_* alone says); optimizer_ratio 1.
 std::vector<PlacementOption> placement_options();
 
-// The engine options a plan assumes when no config gives them: the config defaults, with
-// gradient clipping at 1.0 (what plan_config_json writes).
+// The config a plan assumes when none is given: the config defaults, with gradient clipping
+// at 1.0 (what plan_config_json writes), one sequence per micro-batch and one micro-batch per
+// step.
 Config plan_default_config();
 
+// What the planner is asked: a run's config, the machine and its rates. Every number of the run
+// is read from `config` as `strata train` reads it — the model (model.*, its dtype), the batch
+// (train_micro_batch_size_per_gpu, gradient_accumulation_steps, data.seq_len), the activations
+// (strata.activations), ZeRO++ (zero_optimization.zero_quantized_weights, .zero_hpz_partition_size,
+// .zero_quantized_gradients) and the engine's options, from which tier_options_of builds the tier
+// manager's with the engine's own TierOptions::from_config (zero_optimization's buffer_count,
+// sub_group_size, bucket sizes; strata.optimizer.overlap, .delayed_update, .read_ahead, .defer;
+// gradient_clipping and fp16, which make the optimizer under backward keep undo copies). Its
+// zero_optimization offload sections are not read: the placement evaluated says where the
+// state lives. The accessors below are the values the planner reads, one place each.
 struct PlanRequest {
-  PlanModel model;
-  int micro_batch = 1;  // sequences per micro-batch per rank
-  int seq = 1024;       // tokens per sequence
-  int accumulation = 1;
-  DType dtype = DType::kBF16;
-  DType moment_dtype = DType::kF32;
-  // The engine's options the run is configured with: zero_optimization's buffer_count,
-  // sub_group_size, stage3_prefetch_bucket_size and reduce_bucket_size; strata.optimizer.overlap
-  // and .delayed_update (a second gradient accumulator per module and host shadows of the
-  // parameters); gradient_clipping and fp16 (with the overlap, the optimizer under backward
-  // keeps undo copies of each stepped module's master + moments). The planner builds the tier
-  // manager's options from them with the engine's own TierOptions::from_config
-  // (tier_options_of); its zero_optimization offload sections, model and strata.activations
-  // are not read (the placement, `model` and `activations` say those).
-  Config engine = plan_default_config();
-  // strata.activations: device bytes per activation_bytes(); kRecompute/kOffload add one block
-  // forward per block to compute, kOffload adds its block inputs to the host tier and their
-  // round trip to the link.
-  ActivationMode activations = ActivationMode::kKeep;
-  // ZeRO++ (zero_quantized_weights, zero_hpz_partition_size, zero_quantized_gradients): the
-  // collectives' bytes per zeropp_traffic() (src/comm/zeropp.h), and the device buffers the
-  // memory model counts for them (ZeroPPShape: qwZ's gather buffer, hpZ's secondary chunks,
-  // qgZ's scratch). The planner's ranks are one node's, so qgZ's levels collapse into one.
-  ZeroPPOptions zeropp;
+  std::string model_name = "custom";  // printed: a preset's name, "custom", a config's path
+  std::string model_note;             // printed beside the plan
+  Config config = plan_default_config();
   Hardware hw;
   MachineProfile profile;
+
+  // The model as a PlanModel: model_name, config.model, model_note.
+  PlanModel model() const { return {model_name, config.model, model_note}; }
+  // Names the request's model `m.name` and takes its shape, keeping config.model.dtype (the
+  // precision is the run's: --dtype, a config's fp16/bf16).
+  void set_model(const PlanModel& m);
+  int micro_batch() const { return int(config.train_micro_batch_size_per_gpu); }
+  int accumulation() const { return int(config.gradient_accumulation_steps); }
+  // Tokens per sequence: data.seq_len, or the model's context when it is 0 ("auto").
+  int seq() const { return config.data.seq_len > 0 ? config.data.seq_len : config.model.context; }
+  DType dtype() const { return config.model.dtype; }
+  DType moment_dtype() const { return config.strata.moment_dtype; }
+  // strata.activations: device bytes per activation_plan(); kRecompute/kOffload add one block
+  // forward per block to compute, kOffload adds its block inputs to the host tier and their
+  // round trip to the link. An unknown name (the config parser refuses one) is kKeep.
+  ActivationMode activations() const;
+  // ZeRO++'s switches: the collectives' bytes per zeropp_traffic() (src/comm/zeropp.h), and the
+  // device buffers the memory model counts for them (ZeroPPShape). The planner's ranks are one
+  // node's, so qgZ's levels collapse into one.
+  ZeroPPOptions zeropp() const;
 };
 
 struct TierBytes {
@@ -282,7 +292,9 @@ struct PlanReport {
 
 // Evaluates every placement option. Fails only on a malformed request (kInvalidArgument).
 Result<PlanReport> make_plan(const PlanRequest& request);
-// Evaluates one placement.
+// Evaluates one placement: the request's checks (the model's shape by create_architecture's
+// own, the batch, the sequence within the context), then plan_memory, plan_peaks and plan_time
+// (src/plan/plan_parts.h). A malformed request is kInvalidArgument.
 Result<PlanOption> evaluate_placement(const PlanRequest& request, const PlacementOption& p);
 
 // The placement a parsed config asks for: the engine's parse_placement (zero_optimization.
@@ -297,12 +309,13 @@ Result<PlacementOption> placement_of_config(const Config& cfg);
 // the host need with them on the host exceeds report.request.hw.host_mem and the need with them
 // on NVMe is smaller (auto_grads_placement), which may name another option (all-nvme).
 Result<int> add_placement(PlanReport& report, const PlacementOption& p);
-// A PlanRequest from a config: model, batch, dtype, its engine options (the config itself),
-// activations, ZeRO++ switches.
+// A PlanRequest from a config: the config itself (its sequence length resolved: data.seq_len,
+// else its model's context), named "config", with the NVMe rates of the config's aio case when
+// the profile measured it.
 PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
                                 const MachineProfile& profile);
 // The tier manager's options for one rank of `request` under `placement`: the engine's
-// TierOptions::from_config of request.engine with each rank's share of the node's host memory
+// TierOptions::from_config of request.config with each rank's share of the node's host memory
 // (hw.host_mem / hw.gpus) as strata.host_memory_limit, the swap paths hw.nvme_paths, and the
 // activation stash of `acts`. What evaluate_placement weighs and TierManager::create would
 // check for the same config on that machine.
@@ -312,6 +325,12 @@ TierOptions tier_options_of(const PlanRequest& request, const Placement& placeme
 // The config (JSON text) `strata train` runs as is for `option`: model, batch, precision,
 // zero_optimization offload sections (nvme_path from hw.nvme_paths), aio block, prefetch.
 std::string plan_config_json(const PlanReport& report, const PlanOption& option);
+// The value of strata.written_by in every config plan_config_json writes: `strata plan
+// --write-config` replaces an existing file only when it holds this mark (or with --force).
+inline constexpr const char* kPlanWrittenBy = "strata plan";
+// The description every chart plan_svg draws holds: `strata plan --svg` replaces an existing
+// file only when it holds it (or with --force).
+inline constexpr const char* kPlanSvgMark = "<desc>written by strata plan</desc>";
 std::string plan_json(const PlanReport& report);
 std::string plan_table(const PlanReport& report);
 // Stacked bars (one per placement) of the time terms, the step time marked; standalone SVG.

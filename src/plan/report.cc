@@ -36,18 +36,18 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
       j["nvme_path"] = r.hw.nvme_paths.empty() ? json(nvme) : json(r.hw.nvme_paths);
     }
     if (t != Tier::kDevice) j["pin_memory"] = true;
-    if (opt && t == Tier::kNvme) j["buffer_count"] = r.engine.zero.offload_optimizer.buffer_count;
+    if (opt && t == Tier::kNvme) j["buffer_count"] = r.config.zero.offload_optimizer.buffer_count;
     return j;
   };
   json c;
   const int64_t world = r.hw.gpus;
-  c["train_micro_batch_size_per_gpu"] = r.micro_batch;
-  c["gradient_accumulation_steps"] = r.accumulation;
-  c["train_batch_size"] = int64_t(r.micro_batch) * r.accumulation * world;
+  c["train_micro_batch_size_per_gpu"] = r.micro_batch();
+  c["gradient_accumulation_steps"] = r.accumulation();
+  c["train_batch_size"] = int64_t(r.micro_batch()) * r.accumulation() * world;
   c["gradient_clipping"] = 1.0;
-  if (r.dtype == DType::kBF16) c["bf16"] = {{"enabled", true}};
-  if (r.dtype == DType::kF16) c["fp16"] = {{"enabled", true}};
-  const ModelConfig& m = r.model.shape;
+  if (r.dtype() == DType::kBF16) c["bf16"] = {{"enabled", true}};
+  if (r.dtype() == DType::kF16) c["fp16"] = {{"enabled", true}};
+  const ModelConfig& m = r.config.model;
   const bool finetune = !m.from_pretrained.empty();
   // Fine-tuning a checkpoint: a small learning rate and no weight decay (the usual starting
   // point, as the Hugging Face Trainer's defaults); pretraining: GPT-3's.
@@ -65,37 +65,42 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
       w.grads != (w.master == Tier::kDevice ? Tier::kDevice : Tier::kHost)) {
     c["strata"]["placement"] = {{"moments", tier_name(w.moments)}, {"grads", tier_name(w.grads)}};
   }
-  z["stage3_prefetch_bucket_size"] = r.engine.zero.stage3_prefetch_bucket_size;
-  z["reduce_bucket_size"] = r.engine.zero.reduce_bucket_size;
+  z["stage3_prefetch_bucket_size"] = r.config.zero.stage3_prefetch_bucket_size;
+  z["reduce_bucket_size"] = r.config.zero.reduce_bucket_size;
   c["zero_optimization"] = z;
   const MachineProfile& p = r.profile;
   c["aio"] = {{"block_size", p.aio_block_size}, {"queue_depth", p.aio_queue_depth}};
   if (p.aio_backend != "auto") c["aio"]["backend"] = p.aio_backend;
   // A fine-tune: the shape, norms' epsilon, rope and dtype all come from the checkpoint's
   // config.json; else the model section that builds this shape.
-  c["model"] = finetune ? json{{"from_pretrained", m.from_pretrained}, {"context", r.seq}}
+  c["model"] = finetune ? json{{"from_pretrained", m.from_pretrained}, {"context", r.seq()}}
                         : json::parse(model_section_json(m));
   if (m.lora.enabled) {
     c["lora"] = {{"r", m.lora.r}, {"lora_alpha", m.lora.alpha}};
     if (!m.lora.target_modules.empty()) c["lora"]["target_modules"] = m.lora.target_modules;
+    if (!m.lora.target_pattern.empty()) c["lora"]["target_modules"] = m.lora.target_pattern;
+    if (m.lora.use_rslora) c["lora"]["use_rslora"] = true;
+    if (m.lora.dropout > 0) c["lora"]["lora_dropout"] = m.lora.dropout;
     if (m.lora.base_quantization != "none") {
       c["lora"]["base_quantization"] = m.lora.base_quantization;
     }
   }
   // A fine-tune's data: the token file tools/prepare_data.py writes with the checkpoint's
   // tokenizer (the `strata plan` message says how).
-  c["data"] = {{"source", finetune ? "runs/train.bin" : "synthetic"}, {"seq_len", r.seq}};
+  c["data"] = {{"source", finetune ? "runs/train.bin" : "synthetic"}, {"seq_len", r.seq()}};
   json dev;
   dev["backend"] = p.cpu_backend ? "cpu" : "cuda";
   if (r.hw.gpu_mem > 0) dev["memory_limit"] = r.hw.gpu_mem;
   c["device"] = dev;
   if (r.hw.host_mem > 0) c["strata"]["host_memory_limit"] = r.hw.host_mem / uint64_t(world);
-  if (r.engine.strata.delayed_update) c["strata"]["optimizer"]["delayed_update"] = true;
-  if (r.activations != ActivationMode::kKeep) {
-    c["strata"]["activations"] = activation_mode_name(r.activations);
+  if (r.config.strata.delayed_update) c["strata"]["optimizer"]["delayed_update"] = true;
+  if (r.activations() != ActivationMode::kKeep) {
+    c["strata"]["activations"] = activation_mode_name(r.activations());
   }
   c["train"] = {{"steps", 100}, {"checkpoint_dir", "runs/planned"}};
   if (finetune) c["train"]["export_dir"] = "runs/planned-hf";
+  // The mark by which `strata plan --write-config` knows a file it may replace.
+  c["strata"]["written_by"] = kPlanWrittenBy;
   return c.dump(2) + "\n";
 }
 
@@ -104,8 +109,8 @@ std::string plan_json(const PlanReport& rep) {
   json j;
   j["magic"] = "strata-plan";
   j["version"] = 1;
-  const ModelConfig& m = r.model.shape;
-  j["model"] = {{"name", r.model.name},
+  const ModelConfig& m = r.config.model;
+  j["model"] = {{"name", r.model_name},
                 {"type", m.type},
                 {"layers", m.n_layer},
                 {"width", m.n_embd},
@@ -113,16 +118,18 @@ std::string plan_json(const PlanReport& rep) {
                 {"vocab", m.vocab_size},
                 {"context", m.context},
                 {"params", rep.params},
-                {"note", r.model.note},
+                {"note", r.model_note},
                 {"description", rep.model},
                 {"config", json::parse(model_section_json(m))}};
-  j["batch"] = {{"micro_batch", r.micro_batch}, {"seq", r.seq}, {"accumulation", r.accumulation}};
+  j["batch"] = {
+      {"micro_batch", r.micro_batch()}, {"seq", r.seq()}, {"accumulation", r.accumulation()}};
   {
     json a;
-    a["mode"] = activation_mode_name(r.activations);
+    a["mode"] = activation_mode_name(r.activations());
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, mode);
+      const ActivationSizes x =
+          activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
       a[activation_mode_name(mode)] = {{"device", x.bytes}, {"host", x.host_bytes}};
     }
     j["activations"] = a;
@@ -201,11 +208,12 @@ std::string plan_json(const PlanReport& rep) {
 
 std::string plan_table(const PlanReport& rep) {
   const PlanRequest& r = rep.request;
-  std::string s = fmt::format("model {}: {}\n", r.model.name, rep.model);
-  if (!r.model.note.empty()) s += "  note: " + r.model.note + "\n";
+  std::string s = fmt::format("model {}: {}\n", r.model_name, rep.model);
+  if (!r.model_note.empty()) s += "  note: " + r.model_note + "\n";
   s += fmt::format(
       "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
-      r.micro_batch, r.seq, r.accumulation, r.hw.gpus, r.profile.cpu_backend ? "cpu" : "cuda");
+      r.micro_batch(), r.seq(), r.accumulation(), r.hw.gpus,
+      r.profile.cpu_backend ? "cpu" : "cuda");
   const MachineProfile& p = r.profile;
   s += fmt::format(
       "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
@@ -214,7 +222,7 @@ std::string plan_table(const PlanReport& rep) {
       p.gemm_by_width.empty() || rep.options.empty()
           ? std::string()
           : fmt::format(" (model step at width {}, {} tokens per micro-batch: {:.3g})",
-                        r.model.shape.n_embd, r.micro_batch * r.seq,
+                        r.config.model.n_embd, r.micro_batch() * r.seq(),
                         rep.options[0].time.gemm_flops / 1e12),
       p.gemm_flops.source, p.link_gbps.value, p.link_gbps.source, p.optimizer_pps.value / 1e6,
       p.optimizer_pps.source, p.nvme_read_gbps.value, p.nvme_write_gbps.value,
@@ -228,9 +236,10 @@ std::string plan_table(const PlanReport& rep) {
     std::string line = "activations (strata.activations):";
     for (auto mode :
          {ActivationMode::kKeep, ActivationMode::kRecompute, ActivationMode::kOffload}) {
-      const ActivationSizes x = activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, mode);
+      const ActivationSizes x =
+          activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), mode);
       line += fmt::format(" {}{} {} device{}{}", activation_mode_name(mode),
-                          mode == r.activations ? " [this plan]" : "", gb(double(x.bytes)),
+                          mode == r.activations() ? " [this plan]" : "", gb(double(x.bytes)),
                           x.host_bytes ? " + " + gb(double(x.host_bytes)) + " host" : "",
                           mode == ActivationMode::kOffload ? "" : ",");
     }
@@ -260,7 +269,7 @@ std::string plan_table(const PlanReport& rep) {
   }
   if (rep.best >= 0) {
     const auto& b = rep.options[size_t(rep.best)];
-    const double tok = double(r.micro_batch) * r.seq * r.accumulation * r.hw.gpus;
+    const double tok = double(r.micro_batch()) * r.seq() * r.accumulation() * r.hw.gpus;
     s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
                      b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
     if (b.forward_group > 1) {
@@ -275,7 +284,7 @@ std::string plan_table(const PlanReport& rep) {
       s += fmt::format(
           "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
           "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
-          b.time.step_deferred_s, b.time.step_plain_s, r.engine.strata.optimizer_defer,
+          b.time.step_deferred_s, b.time.step_plain_s, r.config.strata.optimizer_defer,
           b.time.clipped_deferred ? "deferred" : "after backward");
       const auto& pass = b.time.clipped_deferred ? b.deferred_pass : b.after_backward_pass;
       if (pass.read + pass.write > 0) {
@@ -312,24 +321,24 @@ std::string plan_table(const PlanReport& rep) {
     s += "no placement fits this machine at this batch";
     // Which activation mode would need less device memory (the table above has the numbers).
     const ActivationSizes now =
-        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, r.activations);
-    const ActivationSizes rec =
-        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, ActivationMode::kRecompute);
-    const ActivationSizes off =
-        activations_of(r.model.shape, r.micro_batch, r.seq, r.dtype, ActivationMode::kOffload);
+        activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), r.activations());
+    const ActivationSizes rec = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
+                                               ActivationMode::kRecompute);
+    const ActivationSizes off = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
+                                               ActivationMode::kOffload);
     bool device_short = false;  // some placement failed on the device (not only host/nvme)
     for (const auto& o : rep.options) {
       for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
     }
     s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
-                     activation_mode_name(r.activations), gb(double(now.bytes)), r.micro_batch,
-                     r.seq);
+                     activation_mode_name(r.activations()), gb(double(now.bytes)), r.micro_batch(),
+                     r.seq());
     if (!device_short) {
       s += " and fit; host or nvme is short (above)";
-    } else if (r.activations == ActivationMode::kKeep) {
+    } else if (r.activations() == ActivationMode::kKeep) {
       s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
                        gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
-    } else if (r.activations == ActivationMode::kRecompute) {
+    } else if (r.activations() == ActivationMode::kRecompute) {
       s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
                        gb(double(off.host_bytes)));
     }
@@ -353,11 +362,12 @@ std::string plan_svg(const PlanReport& rep) {
                          "collectives"};
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n{}\n<rect width=\"100%\" height=\"100%\" "
       "fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">strata "
       "plan: {} ({:.3g}B params), {} x {} tokens x {} micro-batches, {} rank(s)</text>\n",
-      W, H, rep.request.model.name, double(rep.params) / 1e9, rep.request.micro_batch,
-      rep.request.seq, rep.request.accumulation, rep.request.hw.gpus);
+      W, H, kPlanSvgMark, rep.request.model_name, double(rep.params) / 1e9,
+      rep.request.micro_batch(), rep.request.seq(), rep.request.accumulation(),
+      rep.request.hw.gpus);
   for (int k = 0; k < 5; ++k) {
     s += fmt::format(
         "<rect x=\"{}\" y=\"36\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" "

@@ -39,6 +39,9 @@ struct TierCounts {
   // Sub-groups of NVMe-homed optimizer state a pass kept in host memory for the next step
   // (OptimizerPipeline Pass::keep): the next pass reads none of them.
   uint64_t sub_groups_kept = 0;
+  // Bytes of optimizer state the speculation copied to keep undo state (state in device memory,
+  // or on NVMe with full swap files; host-homed and NVMe-homed state keep theirs without copies).
+  uint64_t undo_copy_bytes = 0;
 };
 
 // Thread-safe: any thread may call any member.
@@ -62,7 +65,7 @@ class TierCounters {
     c_.rollbacks = c_.modules_redone = c_.modules_stepped_under_backward = 0;
     c_.modules_deferred = c_.sub_groups_read_ahead = c_.grad_sub_groups_read_ahead = 0;
     c_.grad_sub_groups_read_under_backward = 0;
-    c_.sub_groups_kept = 0;
+    c_.sub_groups_kept = c_.undo_copy_bytes = 0;
     return t;
   }
 

@@ -262,6 +262,36 @@ int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t p
   return fetchK <= fetch1 ? max : 1;
 }
 
+int resolve_forward_group(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                          int world_size, DType dt, size_t activation_bytes,
+                          const Program& train_program, const ZeroPPShape& zeropp,
+                          size_t device_capacity, bool sharded, TierNeeds* need) {
+  const size_t slot_bytes =
+      options.activation_slot_bytes ? options.activation_slot_bytes : activation_bytes;
+  int group = options.forward_group;
+  if (group == 0) {
+    uint64_t param_cache = 0;  // parameters the device caches (not homed there)
+    for (const ModuleHomes& m : homes) {
+      if (m.params.tier != Tier::kDevice) param_cache += m.params.bytes;
+    }
+    // The gradient parts a group of forward_group_max would add (grouped backwards).
+    TierOptions most = options;
+    most.forward_group = options.forward_group_max;
+    const size_t parts =
+        tier_needs(homes, most, world_size, dt, activation_bytes, train_program, zeropp)
+            .device.grad_parts;
+    group = auto_forward_group(options.forward_group_max, *need, slot_bytes, parts, device_capacity,
+                               param_cache, sharded);
+  }
+  if (group > 1) {
+    TierOptions grouped = options;
+    grouped.forward_group = group;
+    *need = tier_needs(homes, grouped, world_size, dt,
+                       activation_bytes + slot_bytes * size_t(group - 1), train_program, zeropp);
+  }
+  return group;
+}
+
 Tier default_grads_tier(const Architecture& arch, const TierOptions& options, int world_size,
                         DType dt, DType moment_dt, size_t activation_bytes, size_t* with_host,
                         size_t* with_nvme) {
@@ -303,7 +333,7 @@ size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
   if (unit == 0 || needs.host.optimizer_sub_groups <= depth) return 0;
   const size_t base = host_arena_base(needs, options, shadow_extents);
   const size_t left = options.host_capacity > base ? options.host_capacity - base : 0;
-  // auto: all of it (session 17: a pass keeps what the room holds for the next step, so the
+  // auto: all of it (a pass keeps what the room holds for the next step, so the
   // room saves the disk those bytes each step; it had been at most half the budget).
   const size_t want = options.read_ahead_bytes == SIZE_MAX ? left : options.read_ahead_bytes;
   return std::min(std::min(want, left) / unit, needs.host.optimizer_sub_groups - depth);

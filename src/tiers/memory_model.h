@@ -250,6 +250,20 @@ TierShortfall tier_shortfall(const TierNeeds& need, const TierOptions& options,
 int auto_forward_group(int max, const TierNeeds& one, size_t set_bytes, size_t part_bytes,
                        size_t device_capacity, uint64_t param_cache_bytes, bool sharded);
 
+// strata.grouped_forwards as a run resolves it: TierManager::create and the planner both call
+// this, so the group the planner predicts is the one the engine runs. Returns
+// options.forward_group when it is set (> 0); for 0 (auto), auto_forward_group over
+// options.forward_group_max with `need` (in: tier_needs of `homes` at one activation set of
+// `activation_bytes`), each further set options.activation_slot_bytes (activation_bytes when 0),
+// the gradient parts a group of forward_group_max adds (tier_needs' device.grad_parts), the
+// parameters not homed on the device as the cache, against `device_capacity`. When the group K
+// is above 1, `need` becomes tier_needs with its K - 1 more sets. The other arguments are
+// tier_needs'.
+int resolve_forward_group(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                          int world_size, DType dt, size_t activation_bytes,
+                          const Program& train_program, const ZeroPPShape& zeropp,
+                          size_t device_capacity, bool sharded, TierNeeds* need);
+
 // The gradient accumulators' home TierManager::create gives `options` (and the planner a
 // config's placement with strata.placement.grads unset): auto_grads_placement of the host need
 // with them on the host and on NVMe (each tier_needs of the architecture, ZeRO++ aside: its

@@ -318,6 +318,9 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   sh.master = s.master;
   sh.m = s.m;
   sh.v = s.v;
+  sh.master_src = s.master_src;
+  sh.m_src = s.m_src;
+  sh.v_src = s.v_src;
   sh.moment_dtype = mdt_;
   sh.lp_out = lp;
   sh.lp_dtype = dt_;
@@ -474,7 +477,7 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
     }
     // Host-stepped parameters of a device-homed module cross the link as a cached copy's
     // write-through does (the planner counts both; these had gone uncounted: -20% of the
-    // minimum with the optimizer in host RAM, session 22's GPU run).
+    // minimum with the optimizer in host RAM on an H200, docs/GPU.md).
     counters_.update([bytes](TierCounts& n) { n.dev_in += bytes; });
   }
   if (cache_.resident(k)) {

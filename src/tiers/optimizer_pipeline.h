@@ -56,6 +56,11 @@ class OptimizerPipeline {
     float* master = nullptr;
     void* m = nullptr;
     void* v = nullptr;
+    // Stepped out of place (the speculation's undo, a BeforeStep): the pre-step state is read
+    // from these and the new written to master/m/v (ShardState's *_src); null: in place.
+    const float* master_src = nullptr;
+    const void* m_src = nullptr;
+    const void* v_src = nullptr;
     // Gradients on NVMe: the sub-group's accumulator, read by a pass with the state
     // (prepare_grad), under the rest of backward once the module's are final and written
     // (prepare_grads_of), or else by take() — never before they are final; else null (the
@@ -81,8 +86,9 @@ class OptimizerPipeline {
     void* dst = nullptr;
     std::shared_ptr<PinnedBuffer> keep;
   };
-  // Called with each sub-group's slot (its reads done) just before it is stepped.
-  using BeforeStep = std::function<void(const Slot&)>;
+  // Called with each sub-group's slot (its reads done) just before it is stepped; it may point
+  // the step's output elsewhere (Slot::master_src and the others).
+  using BeforeStep = std::function<void(Slot&)>;
 
   OptimizerPipeline(Homes& homes, DeviceCache& cache, const TierOptions& options, DType dt,
                     DType moment_dt, bool sharded, TierCounters& counters);
@@ -102,7 +108,7 @@ class OptimizerPipeline {
   // The step's optimizer work is over: waits for the reads of slots prepared but never stepped
   // and remembers this step's order. `skipped` (fp16 overflow, the state unchanged): the slots
   // read ahead under its backward stay for the next step (drain_prepared's `retain`), which
-  // would read the same bytes again (issue #25: no byte read twice).
+  // would read the same bytes again (no byte is read twice).
   void end_step(bool skipped = false);
 
   // ---- slots -------------------------------------------------------------------------
@@ -124,13 +130,13 @@ class OptimizerPipeline {
   // With gradients on NVMe, for a prepared sub-group of a pass (its gradients final): starts the
   // read of its accumulator beside the state's, within the read-ahead's room (the memory model
   // counts a gradient sub-group in its unit; at most set_read_ahead() slots hold one), so that
-  // stepping it does not wait for its state's read and then its gradients' alone (issue #25:
+  // stepping it does not wait for its state's read and then its gradients' alone (without it,
   // hostmem-190m's pass at 256 MiB had waited 1.6-1.8 s on 738 one-at-a-time gradient reads).
   // True when it started a read.
   bool prepare_grad(int k, size_t j, bool urgent = true);
   // prepare_grad() for every prepared sub-group of module k, whose gradients are final and
   // written to NVMe (the speculation, under the rest of backward, when it does not step them):
-  // the pass then steps them without reading (issue #25: hostmem-190m at 4 GiB with gradients
+  // the pass then steps them without reading (without it, hostmem-190m at 4 GiB with gradients
   // on NVMe read them all in the next forward's window, the disk idle under the backward).
   // Not urgent: backward's fetches go first.
   void prepare_grads_of(int k);
@@ -185,8 +191,8 @@ class OptimizerPipeline {
     BeforeStep before;
     // A stepped sub-group's staging (NVMe-homed state: the buffers its writes go from) stays
     // as a prepared slot for the next step when it is one of the read-ahead's room's (the
-    // first set_read_ahead() in module order): the next step reads back none of its state (issue
-    // #25: hostmem-190m at 4 GiB had read 1.94 GiB a step that it had just written). For passes
+    // first set_read_ahead() in module order): the next step reads back none of its state
+    // (without it, hostmem-190m at 4 GiB read 1.94 GiB a step that it had just written). For passes
     // whose steps are final (not the speculation's, which may be undone).
     bool keep = false;
     bool done() const { return i == units.size(); }
@@ -232,7 +238,7 @@ class OptimizerPipeline {
   // (2 * buffer_count + 1) plus the read-ahead's room. Once the last pass's writes have
   // drained, the read-ahead under backward fills all of it, not only buffer_count: stepping a
   // prepared sub-group turns it into one being written, so a pass needs no more room than it
-  // holds (issue #25: hostmem-190m's deferred pass had read 5 sub-groups at 4 GiB, with the
+  // holds (without it, hostmem-190m's deferred pass read 5 sub-groups at 4 GiB, with the
   // forward waiting, that the idle disk could have read under backward). The speculation
   // under backward and a pass reading beyond buffer_count share this rule.
   size_t read_ahead_room() const;

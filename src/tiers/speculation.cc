@@ -131,14 +131,15 @@ Status Speculation::step_ready(bool wait_all) {
       continue;
     }
     OptimizerPipeline::BeforeStep keep;
-    if (undo_) keep = [&](const OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
+    if (undo_) keep = [&](OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
     // Its staging may stay for the next step (Pass::keep), undo state or not: a step that is
     // rolled back drops every kept slot before its restore writes the homes (undo()). Keeping
     // only without undo state had every step that clipping could roll back, bitten or not,
-    // read its whole state again (session 22: GPT-2 124M with the optimizer on NVMe, 2.78 GiB
+    // read its whole state again (GPT-2 124M with the optimizer on NVMe on an H200: 2.78 GiB
     // of NVMe a step where a pass that keeps moves 1.63).
     st = pipeline_.step(k, hyper_, mult_, keep);
     if (st.is_ok()) {
+      swap_homes(k, &undo);
       stepped_[k] = std::move(undo);
       counters_.update([](TierCounts& n) { ++n.modules_stepped_under_backward; });
     }
@@ -166,11 +167,12 @@ std::vector<bool> Speculation::stepped_mask() const {
 // What a rollback of module k's speculative step restores, set up before the step: for state
 // homed on NVMe fresh extents the step's sub-groups are written to, the old ones kept as they
 // are on the disk (no host memory, no copy; the old extents are freed when the step is kept);
-// for state in host or device memory, or when the swap files are full, a host copy. False when
-// there is room for neither: nothing is taken.
+// for state homed in the host tier a shadow buffer the step writes to out of place, the old
+// home kept (no copy); for state in device memory, or when the swap files are full, a host
+// copy. False when there is room for none: nothing is taken.
 bool Speculation::take_undo(int k, Undo* u) {
   Module& m = homes_.module(k);
-  auto one = [&](Home& h, std::vector<SwapExtent>* fresh, bool* shadow,
+  auto one = [&](Home& h, std::vector<SwapExtent>* fresh, bool* shadow, bool* swap,
                  std::shared_ptr<PinnedBuffer>* copy) {
     if (h.tier == Tier::kNvme && shadow_extents_) {
       bool room = true;
@@ -193,12 +195,17 @@ bool Speculation::take_undo(int k, Undo* u) {
       return false;
     }
     *copy = std::make_shared<PinnedBuffer>(std::move(b).value());
-    // NVMe-homed state is copied from each sub-group's slot (keep_sub_group).
-    if (h.tier != Tier::kNvme) std::memcpy((*copy)->data(), h.ptr(), h.bytes);
+    if (h.tier == Tier::kHost) {
+      *swap = true;  // the step writes here (keep_sub_group), then it becomes the home
+    } else if (h.tier != Tier::kNvme) {
+      // NVMe-homed state is copied from each sub-group's slot (keep_sub_group).
+      std::memcpy((*copy)->data(), h.ptr(), h.bytes);
+      counters_.update([&](TierCounts& n) { n.undo_copy_bytes += h.bytes; });
+    }
     return true;
   };
-  if (one(m.master, &u->fresh_master, &u->master_shadow, &u->master) &&
-      one(m.mom, &u->fresh_mom, &u->mom_shadow, &u->mom)) {
+  if (one(m.master, &u->fresh_master, &u->master_shadow, &u->master_swap, &u->master) &&
+      one(m.mom, &u->fresh_mom, &u->mom_shadow, &u->mom_swap, &u->mom)) {
     return true;
   }
   drop_shadows(k, u);
@@ -206,23 +213,40 @@ bool Speculation::take_undo(int k, Undo* u) {
   return false;
 }
 
-void Speculation::keep_sub_group(int k, const OptimizerPipeline::Slot& s, Undo* u) {
+void Speculation::keep_sub_group(int k, OptimizerPipeline::Slot& s, Undo* u) {
   Module& m = homes_.module(k);
   const size_t b = m.mom_elem() / 2;
-  if (u->master_shadow) {
+  if (u->master_swap) {  // the slot points into the home: the step reads it, writes the shadow
+    s.master_src = s.master;
+    s.master = u->master->as<float>() + s.a;
+  } else if (u->master_shadow) {
     u->old_master.push_back(m.master.subs[s.j]);
     m.master.subs[s.j] = u->fresh_master[s.j];
   } else if (m.master.tier == Tier::kNvme) {
     std::memcpy(u->master->as<float>() + s.a, s.master, s.len * 4);
+    counters_.update([&](TierCounts& n) { n.undo_copy_bytes += s.len * 4; });
   }
-  if (u->mom_shadow) {
+  if (u->mom_swap) {
+    char* c = static_cast<char*>(u->mom->data());
+    s.m_src = s.m;
+    s.v_src = s.v;
+    s.m = c + s.a * b;
+    s.v = c + (m.sn + s.a) * b;
+  } else if (u->mom_shadow) {
     u->old_mom.push_back(m.mom.subs[s.j]);
     m.mom.subs[s.j] = u->fresh_mom[s.j];
   } else if (m.mom.tier == Tier::kNvme) {
     char* c = static_cast<char*>(u->mom->data());
     std::memcpy(c + s.a * b, s.m, s.len * b);
     std::memcpy(c + (m.sn + s.a) * b, s.v, s.len * b);
+    counters_.update([&](TierCounts& n) { n.undo_copy_bytes += 2 * s.len * b; });
   }
+}
+
+void Speculation::swap_homes(int k, Undo* u) {
+  Module& m = homes_.module(k);
+  if (u->master_swap) std::swap(m.master.host, *u->master);
+  if (u->mom_swap) std::swap(m.mom.host, *u->mom);
 }
 
 // Module k's homes go back to the extents its undo kept, and the shadows it was stepped into
@@ -280,9 +304,15 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
   IoWorker* io = homes_.io();
   const bool master_on_disk = u.master_shadow, mom_on_disk = u.mom_shadow;
   drop_shadows(k, &u);  // the homes are the pre-step extents again
-  // State in host or device memory gets its copy back whole.
-  if (m.master.tier != Tier::kNvme) std::memcpy(m.master.ptr(), u.master->data(), m.master.bytes);
-  if (m.mom.tier != Tier::kNvme) std::memcpy(m.mom.ptr(), u.mom->data(), m.mom.bytes);
+  swap_homes(k, &u);    // and the pre-step host buffers
+  // State in device memory gets its copy back whole.
+  if (m.master.tier != Tier::kNvme && !u.master_swap) {
+    std::memcpy(m.master.ptr(), u.master->data(), m.master.bytes);
+  }
+  if (m.mom.tier != Tier::kNvme && !u.mom_swap) {
+    std::memcpy(m.mom.ptr(), u.mom->data(), m.mom.bytes);
+  }
+  u.master_swap = u.mom_swap = false;
   STRATA_ASSIGN_OR_RETURN(OptimizerPipeline::Target t, pipeline_.target(k, nullptr),
                           "restoring " + m.name);
   const size_t b = m.mom_elem() / 2;

@@ -6,9 +6,11 @@
 // device still runs the backward of the modules before it. With undo state, a stepped module
 // first keeps what a rollback restores (take_undo): NVMe-homed master weights and moments stay
 // on the disk — the step is written to fresh shadow extents that become the homes, the old
-// extents are kept — and state in host or device memory (or NVMe state when the swap files
-// have no room) is copied to the host tier; without room for either, speculation stops and the
-// remaining modules are stepped after backward.
+// extents are kept — state homed in the host tier is stepped out of place into a shadow
+// buffer of the tier, which then becomes the home by a swap, the old home kept (no copy: the
+// step reads and writes as many bytes as in place); and state in the device's memory (or NVMe
+// state when the swap files have no room) is copied to the host tier; without room for any of
+// these, speculation stops and the remaining modules are stepped after backward.
 //
 // After backward, the step is validated: kept when (lr, step, multiplier) are the speculated
 // ones (end() frees the old extents), else undo() restores every stepped module and redoes it
@@ -66,19 +68,25 @@ class Speculation {
  private:
   // A stepped module's pre-step master weights and moments: for NVMe-homed state its old
   // extents (each sub-group's step was written to a fresh one, `fresh_*`, which replaced its
-  // home as it was stepped, the old one kept in `old_*`), else a host copy in the whole
-  // module's layout (of NVMe-homed state: filled from each sub-group's slot before its step).
+  // home as it was stepped, the old one kept in `old_*`); for host-homed state (`*_swap`) the
+  // old home buffer (the step wrote into `master`/`mom`, swapped with the home once the module
+  // was stepped); else a host copy in the whole module's layout (of NVMe-homed state: filled
+  // from each sub-group's slot before its step).
   struct Undo {
-    std::shared_ptr<PinnedBuffer> master, mom;  // host copies; null when none
+    std::shared_ptr<PinnedBuffer> master, mom;  // host copies or old homes; null when none
     std::vector<SwapExtent> fresh_master, fresh_mom, old_master, old_mom;
     bool master_shadow = false, mom_shadow = false;
+    bool master_swap = false, mom_swap = false;
     bool kept() const { return master || mom || master_shadow || mom_shadow; }
   };
   void read_ahead();
   // Sets up module k's undo state before its step; false (nothing taken) without room.
   bool take_undo(int k, Undo* u);
-  // Before sub-group `s` is stepped: its pre-step state into the undo state.
-  void keep_sub_group(int k, const OptimizerPipeline::Slot& s, Undo* u);
+  // Before sub-group `s` is stepped: its pre-step state into the undo state, or its step
+  // pointed at the shadow buffers.
+  void keep_sub_group(int k, OptimizerPipeline::Slot& s, Undo* u);
+  // After module k's step: host-tier homes stepped into their shadows swap with them.
+  void swap_homes(int k, Undo* u);
   void drop_shadows(int k, Undo* u);
   Status restore(int k, Undo& u, bool redo, const OptimizerHyper& hyper, float grad_mult);
 

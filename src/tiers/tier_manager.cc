@@ -217,28 +217,9 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   const ZeroPPShape zeropp = I.sharded && options.zeropp ? options.zeropp->shape() : ZeroPPShape{};
   TierNeeds need =
       tier_needs(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp);
-  const size_t slot_bytes =
-      options.activation_slot_bytes ? options.activation_slot_bytes : activation_bytes;
-  if (options.forward_group == 0) {
-    uint64_t param_cache = 0;  // parameters the device caches (not homed there)
-    for (const ModuleHomes& m : plan) {
-      if (m.params.tier != Tier::kDevice) param_cache += m.params.bytes;
-    }
-    // The gradient parts a group of forward_group_max would add (grouped backwards).
-    TierOptions most = options;
-    most.forward_group = options.forward_group_max;
-    const size_t parts =
-        tier_needs(plan, most, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp)
-            .device.grad_parts;
-    I.opt.forward_group =
-        auto_forward_group(options.forward_group_max, need, slot_bytes, parts,
-                           device.memory_stats().capacity, param_cache, I.sharded);
-  }
-  if (options.forward_group > 1) {
-    need = tier_needs(plan, options, world, dt,
-                      activation_bytes + slot_bytes * size_t(options.forward_group - 1),
-                      arch.program(Pass::kTrain), zeropp);
-  }
+  I.opt.forward_group =
+      resolve_forward_group(plan, options, world, dt, activation_bytes, arch.program(Pass::kTrain),
+                            zeropp, device.memory_stats().capacity, I.sharded, &need);
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.
@@ -587,6 +568,7 @@ TierTimes TierManager::take_times() {
   t.optimizer_hidden_s = c.optimizer_hidden_s;
   t.rollbacks = c.rollbacks;
   t.modules_redone = c.modules_redone;
+  t.undo_copy_bytes = c.undo_copy_bytes;
   t.modules_stepped_under_backward = c.modules_stepped_under_backward;
   t.modules_deferred = c.modules_deferred;
   t.sub_groups_read_ahead = c.sub_groups_read_ahead;

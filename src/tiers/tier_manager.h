@@ -87,8 +87,9 @@ struct TierTimes {
   double optimizer_s = 0;     // the optimizer pass, its I/O included (also under backward)
   // Of optimizer_s, the part that ran while the compute stream was still in backward.
   double optimizer_hidden_s = 0;
-  uint64_t rollbacks = 0;       // steps whose speculative updates were undone
-  uint64_t modules_redone = 0;  // modules restored from undo state (and redone or skipped)
+  uint64_t rollbacks = 0;        // steps whose speculative updates were undone
+  uint64_t modules_redone = 0;   // modules restored from undo state (and redone or skipped)
+  uint64_t undo_copy_bytes = 0;  // optimizer state copied for undo (TierCounts)
   uint64_t modules_stepped_under_backward = 0;
   // Modules whose step after backward was deferred to the next forward (optimizer_step with
   // `defer`), counted when deferred.

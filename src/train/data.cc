@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "src/base/rng.h"
 #include "strata/checksum.h"
+#include "strata/log.h"
 
 namespace strata {
 namespace {
@@ -92,6 +94,14 @@ Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
                               const DataConfig& cfg, int vocab_size) {
   TokenFile d;
   std::string fmt_name = cfg.format;
+  // tools/prepare_data.py's journal: a run killed while moving this file and its mask into
+  // place (the pair may be mixed until the move is finished).
+  if (struct stat js{}; ::lstat((path + ".commit").c_str(), &js) == 0) {
+    return invalid_argument(fmt::format(
+        "{}: '{}.commit' is there: tools/prepare_data.py was killed while moving '{}' and its "
+        "mask into place; run prepare_data.py again with --out '{}' (it finishes the move first)",
+        key, path, path, path));
+  }
   STRATA_ASSIGN_OR_RETURN(std::vector<char> bytes, read_file(path, key), "loading data");
   if (fmt_name == "auto") {
     int32_t magic = 0;
@@ -212,8 +222,24 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
   d.tokens_ = std::move(train.tokens);
   const int T = cfg.seq_len;
   if (!cfg.eval_source.empty()) {
+    std::error_code ec;
+    if (cfg.source != "synthetic" && std::filesystem::equivalent(cfg.source, cfg.eval_source, ec)) {
+      log_warn(
+          "data.eval_source '{}' is data.source's file: the held-out loss is measured on the "
+          "training tokens (it says nothing about generalization); give a separate validation "
+          "file (prepare_data.py --val-out), or drop data.eval_source to hold out "
+          "data.eval_fraction of data.source",
+          cfg.eval_source);
+    }
     STRATA_ASSIGN_OR_RETURN(TokenFile eval,
                             read_tokens(cfg.eval_source, "data.eval_source", cfg, vocab_size), "");
+    // A plain held-out file needs one window and its next tokens (seq_len + 2, as each split).
+    if (eval.mask.empty() && T > 0 && eval.tokens.size() < size_t(T) + 2) {
+      return invalid_argument(fmt::format(
+          "data.eval_source: '{}' holds {} tokens; the held-out file needs at least seq_len + 2 "
+          "= {}: give a longer validation file, or a shorter data.seq_len",
+          cfg.eval_source, eval.tokens.size(), T + 2));
+    }
     d.split_ = d.tokens_.size();
     d.train_packed_ = !train.mask.empty();
     d.eval_packed_ = !eval.mask.empty();

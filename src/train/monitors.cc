@@ -84,7 +84,21 @@ std::string tensorboard_record(double wall_time, int64_t step, const Scalars* sc
   return rec;
 }
 
+namespace {
+
+// Creates `dir` with its parents; the error names `key`, the path and the errno text (a
+// read-only file system says so, not "no such file").
+Status create_monitor_dir(const std::string& dir, const char* key) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error(fmt::format("{}: cannot create '{}': {}", key, dir, ec.message()));
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::open(const std::string& dir) {
+  STRATA_RETURN_IF_ERROR(create_monitor_dir(dir, "tensorboard.output_path"), "");
   std::unique_ptr<TensorBoardWriter> w(new TensorBoardWriter());
   char host[256] = "localhost";
   ::gethostname(host, sizeof(host) - 1);
@@ -104,12 +118,7 @@ Status TensorBoardWriter::add(int64_t step, const Scalars& scalars) {
 Result<std::unique_ptr<CsvMonitor>> CsvMonitor::open(const std::string& dir) {
   std::unique_ptr<CsvMonitor> m(new CsvMonitor());
   m->dir_ = dir;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return io_error(
-        fmt::format("csv_monitor.output_path: cannot create '{}': {}", dir, ec.message()));
-  }
+  STRATA_RETURN_IF_ERROR(create_monitor_dir(dir, "csv_monitor.output_path"), "");
   return m;
 }
 
@@ -139,6 +148,18 @@ const Status& CsvMonitor::error() const { return error_; }
 
 Result<Monitors> Monitors::open(const Config& config) {
   Monitors m;
+  // An empty job_name without an output_path would put the monitor's files straight into
+  // train.checkpoint_dir, among the checkpoints.
+  for (const auto& [mc, name] : {std::pair{&config.tensorboard, "tensorboard"},
+                                 std::pair{&config.csv_monitor, "csv_monitor"}}) {
+    if (mc->enabled && mc->job_name.empty() && mc->output_path.empty()) {
+      return invalid_argument(fmt::format(
+          "{0}.job_name is empty and {0}.output_path is not given: its files would go straight "
+          "into train.checkpoint_dir '{1}', among the checkpoints; give {0}.job_name (default "
+          "\"DeepSpeedJobName\") or {0}.output_path",
+          name, config.train.checkpoint_dir));
+    }
+  }
   auto dir_of = [&](const MonitorConfig& mc) {
     return (mc.output_path.empty() ? config.train.checkpoint_dir : mc.output_path) + "/" +
            mc.job_name;

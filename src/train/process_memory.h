@@ -23,7 +23,7 @@ inline size_t peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
 // top past 128 KiB and faulted it in again, inside every oneDNN GEMM call (its scratchpad and
 // packing buffers under 1 MiB): bench-25m on a 100 MiB device faulted 0.5-0.75 million pages
 // in 14 steps. The trim threshold is 8 MiB: ~31 thousand faults, all at start (8 and 64 MiB
-// alike, hostmem-190m too; session 14, docs/BENCHMARKS.md). MALLOC_MMAP_THRESHOLD_ /
+// alike, hostmem-190m too; docs/BENCHMARKS.md, host memory). MALLOC_MMAP_THRESHOLD_ /
 // MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment take precedence.
 void bound_malloc_heap();
 

@@ -7,6 +7,58 @@
 #include <vector>
 
 namespace strata {
+namespace {
+
+// The fields in which two shape strings (Architecture::shape_string: "L=12 NH=12 C=768 ...",
+// then " lora r=8 scaling=2 <sites>" with adapters) differ, as "T 1024 in the checkpoint, 512
+// in the config", or how to go from a full fine-tune to LoRA and back: the message, with what
+// to do.
+std::string shape_difference(const std::string& ckpt, const std::string& mine) {
+  const size_t lc = ckpt.find(" lora "), lm = mine.find(" lora ");
+  if ((lc == std::string::npos) != (lm == std::string::npos)) {
+    return lc == std::string::npos
+               ? "the checkpoint is a full fine-tune and the config adds LoRA adapters (a lora "
+                 "section): a LoRA run cannot resume it; export it (strata export --out DIR) and "
+                 "start the LoRA run from it (model.from_pretrained = DIR), or remove the lora "
+                 "section to resume the full fine-tune"
+               : "the checkpoint is a LoRA run's and the config has no lora section: resume "
+                 "with the run's lora section, or export the merged model (strata export --out "
+                 "DIR) and fine-tune it in full from model.from_pretrained = DIR";
+  }
+  auto fields = [](const std::string& s) {
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t b = 0;
+    while (b < s.size()) {
+      size_t e = s.find(' ', b);
+      if (e == std::string::npos) e = s.size();
+      const std::string tok = s.substr(b, e - b);
+      const size_t eq = tok.find('=');
+      if (eq != std::string::npos) out.emplace_back(tok.substr(0, eq), tok.substr(eq + 1));
+      b = e + 1;
+    }
+    return out;
+  };
+  const auto a = fields(ckpt.substr(0, lc)), b = fields(mine.substr(0, lm));
+  std::string diff;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i] != b[i]) {
+      diff += fmt::format("{}{} {} in the checkpoint, {} in the config", diff.empty() ? "" : "; ",
+                          a[i].first, a[i].second, b[i].second);
+    }
+  }
+  if (lc != std::string::npos && ckpt.substr(lc) != mine.substr(lm)) {
+    diff += fmt::format("{}LoRA{} in the checkpoint,{} in the config", diff.empty() ? "" : "; ",
+                        ckpt.substr(lc + 5), mine.substr(lm + 5));
+  }
+  if (diff.empty() || a.size() != b.size()) {
+    diff = fmt::format("the checkpoint's model ({}) differs from the config's ({})", ckpt, mine);
+  } else {
+    diff = "the checkpoint's model differs from the config's: " + diff;
+  }
+  return diff + "; resume with the config it was trained with";
+}
+
+}  // namespace
 
 Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& mine,
                                 int64_t train_steps) {
@@ -24,10 +76,7 @@ Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& m
       return invalid_argument(fmt::format("{}: {}", file, what));
     };
     if (meta.model_shape != mine.model_shape) {
-      return bad(fmt::format(
-          "the checkpoint's model ({}) differs from the config's ({}); resume with the config "
-          "it was trained with",
-          meta.model_shape, mine.model_shape));
+      return bad(shape_difference(meta.model_shape, mine.model_shape));
     }
     if (meta.moment_dtype != mine.moment_dtype) {
       return bad(

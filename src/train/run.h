@@ -117,6 +117,7 @@ class Run {
                      int n = 1, size_t begin = 0, size_t end = SIZE_MAX);
   // Settles strata.optimizer.defer = "auto" once its trial steps are timed (every rank alike).
   Status settle_defer_choice();
+  Status settle_speculate_choice();
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
   // train.export_dir, written by this run's lineage with the checkpoint of `step`.
@@ -173,6 +174,10 @@ class Run {
   bool last_clipped_ = cfg_.gradient_clipping > 0;
   // Whether such a step (not stepped under backward) defers into the next forward.
   DeferChoice defer_choice_{DeferChoice::parse(cfg_.strata.optimizer_defer)};
+  // The same trial for stepping under backward (strata.optimizer.speculate): its first option
+  // ("defer" in DeferChoice's terms) is to speculate.
+  // Set once the device exists (setup: "auto" is "always" on the CPU backend).
+  DeferChoice speculate_choice_{DeferChoice::Mode::kAlways};
   double last_fwd_bwd_s_ = 0;
 };
 

@@ -126,6 +126,7 @@ Result<TrainResult> Run::loop() {
     r.optimizer_hidden_s += tt.optimizer_hidden_s;
     r.rollbacks += int64_t(tt.rollbacks);
     r.modules_redone += int64_t(tt.modules_redone);
+    r.undo_copy_bytes += int64_t(tt.undo_copy_bytes);
     r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
     r.modules_deferred += int64_t(tt.modules_deferred);
     r.sub_groups_read_ahead += int64_t(tt.sub_groups_read_ahead);

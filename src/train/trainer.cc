@@ -46,6 +46,34 @@ namespace strata::run_detail {
 
 Status Run::create_device() {
   std::string backend = cfg_.device.backend;
+  if (!cfg_.device.simulate.empty()) {
+    if (backend == "cuda") {
+      return invalid_argument(
+          "device.simulate runs on the CPU backend: set device.backend to cpu or auto, or "
+          "device.simulate to \"\" to train on the GPU");
+    }
+    const DeviceConfig& d = cfg_.device;
+    STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_preset(d.simulate),
+                            "device.simulate");
+    for (auto [v, field] : {std::pair{d.simulate_gemm_tflops, &sim.gemm_tflops},
+                            std::pair{d.simulate_attention_fwd_tflops, &sim.attention_fwd_tflops},
+                            std::pair{d.simulate_attention_bwd_tflops, &sim.attention_bwd_tflops},
+                            std::pair{d.simulate_hbm_gbps, &sim.hbm_gbps},
+                            std::pair{d.simulate_link_gbps, &sim.link_gbps}}) {
+      if (v > 0) *field = v;
+    }
+    if (d.simulate_launch_us >= 0) sim.launch_us = d.simulate_launch_us;
+    CpuDeviceOptions o;
+    o.capacity = d.memory_limit > 0 ? std::min(d.memory_limit, sim.memory) : sim.memory;
+    o.threads = d.cpu_threads;
+    STRATA_ASSIGN_OR_RETURN(dev_, create_simulated_device(o, sim), "creating the simulated device");
+    if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+    log_info(
+        "device: {}; losses are not real (device.simulate), times and bytes are; gradient "
+        "norm {} (device.simulate_grad_norm)",
+        dev_->name(), d.simulate_grad_norm);
+    return Status::ok();
+  }
   if (backend == "auto") {
     std::string why;
     backend = cuda_device_available(&why) ? "cuda" : "cpu";
@@ -156,10 +184,10 @@ Status Run::setup() {
   // (A packed split has a window with a loss target: Dataset::load checks it.)
   if (eval_only_ && !d.eval_packed() && d.eval_tokens() < size_t(T_) + 1) {
     return invalid_argument(fmt::format(
-        "data.source: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
+        "{}: {} holds {} tokens; eval needs at least T + 1 = {} (T = {} = {}): give a "
         "longer token file, or a shorter data.seq_len",
-        data_cfg.source, d.eval_tokens(), T_ + 1,
-        cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
+        cfg_.data.eval_source.empty() ? "data.source" : "data.eval_source", data_cfg.source,
+        d.eval_tokens(), T_ + 1, cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
   }
   if (!eval_only_ && ((!d.train_packed() && d.train_tokens() < size_t(T_) + 2) ||
                       (!d.eval_packed() && d.eval_tokens() < size_t(T_) + 2))) {
@@ -172,6 +200,14 @@ Status Run::setup() {
   log_info("data: {}", data_->description());
 
   STRATA_RETURN_IF_ERROR(create_device(), "");
+  // strata.optimizer.speculate "auto" times both schedules where the device is not the host
+  // (a GPU, or the simulated one): there the optimizer under backward competes with nothing on
+  // the device, but the host's copies and memory bandwidth decide whether it hides. On the CPU
+  // backend the device's work and the optimizer share the cores, and stepping under backward
+  // is what the measurements favour: "auto" is "always" there.
+  const std::string& spec = cfg_.strata.optimizer_speculate;
+  speculate_choice_ =
+      DeferChoice(DeferChoice::parse(spec == "auto" && dev_->host_addressable() ? "always" : spec));
   STRATA_RETURN_IF_ERROR(create_comms(), "");
   // train.checkpoint_dir and train.export_dir are checked before anything is trained; a
   // failure is reported together with the tiers' preflight below. The checkpoint directory
@@ -498,22 +534,27 @@ Result<double> Run::run_step() {
   const bool delayed = cfg_.strata.delayed_update && step_ >= cfg_.strata.delayed_update_warmup;
   const bool speculate = cfg_.strata.optimizer_overlap && !delayed;
   const float unclipped_mult = static_cast<float>(1.0 / scale);
+  // A step after one that clipped or overflowed likely does too: then the state is only read
+  // ahead under backward and stepped after validation, instead of stepped twice.
+  // A step after one that did not clip is stepped under backward unless speculate_choice_ says
+  // otherwise; then, as after one that clipped, nothing is stepped under backward and where its
+  // optimizer runs is defer_choice_'s.
+  const bool may_speculate = speculate && !last_clipped_ && !last_skipped_;
+  const bool under_backward = may_speculate && speculate_choice_.defer();
   if (speculate) {
     OptimizerHyper h = hyper_;
     h.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
     h.step = opt_steps_ + 1;
-    // A step after one that clipped or overflowed likely does too: then the state is only read
-    // ahead under backward and stepped after validation, instead of stepped twice.
     tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
-                           /*step_modules=*/!last_clipped_ && !last_skipped_);
+                           /*step_modules=*/under_backward);
   }
-  // Nothing is stepped under backward this step: where its optimizer runs is defer_choice_'s.
-  const bool not_under_backward = speculate && (last_clipped_ || last_skipped_);
+  const bool not_under_backward = speculate && !under_backward;
   tm_->begin_phase("train");
   std::vector<float> aux(size_t(accum_), -1.0f);
   std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
-    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)]});
+    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)],
+                   training_dropout_key(cfg_.train.seed, step_, micro, rank_)});
   }
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
   // together, module by module, each on its own activation slot; then each its head and
@@ -577,6 +618,12 @@ Result<double> Run::run_step() {
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
 
   GradStats stats = tm_->grad_stats();
+  if (!cfg_.device.simulate.empty()) {
+    // The simulated device computes nothing: its norm is the configured one, on every rank.
+    const double g = cfg_.device.simulate_grad_norm * scale;
+    stats.norm_sq = g * g / world_;
+    stats.nonfinite = false;
+  }
   if (world_ > 1) {
     // Each rank's norm² covers its own shards; the loss its own rows.
     float sums[3] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq),
@@ -617,8 +664,12 @@ Result<double> Run::run_step() {
     STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
   }
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
-  if (not_under_backward && defer_choice_.record(seconds_since(t0))) {
+  const double step_s = seconds_since(t0);
+  if (not_under_backward && defer_choice_.record(step_s)) {
     STRATA_RETURN_IF_ERROR(settle_defer_choice(), "choosing where the optimizer runs");
+  }
+  if (may_speculate && speculate_choice_.record(step_s)) {
+    STRATA_RETURN_IF_ERROR(settle_speculate_choice(), "choosing whether to step under backward");
   }
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
     std::vector<std::string> names;
@@ -645,6 +696,22 @@ Status Run::settle_defer_choice() {
         "stepped after backward: {} from now on (strata.optimizer.defer = \"auto\"; the same "
         "bits either way)",
         m[0], m[1], defer_choice_.defer() ? "deferring" : "stepping after backward");
+  }
+  return Status::ok();
+}
+
+// The same choice on every rank: the slowest rank's medians decide.
+Status Run::settle_speculate_choice() {
+  float m[2] = {static_cast<float>(speculate_choice_.deferred_median()),
+                static_cast<float>(speculate_choice_.plain_median())};
+  if (world_ > 1) STRATA_RETURN_IF_ERROR(reduce(m, 2, ReduceOp::kMax), "");
+  speculate_choice_.decide(m[0], m[1]);
+  if (rank_ == 0) {
+    log_info(
+        "optimizer: steps that did not clip ran in {:.2f} s stepped under backward and {:.2f} s "
+        "not: {} from now on (strata.optimizer.speculate = \"auto\"; the same bits either way)",
+        m[0], m[1],
+        speculate_choice_.defer() ? "stepping under backward" : "stepping as clipped steps do");
   }
   return Status::ok();
 }

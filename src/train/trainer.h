@@ -80,6 +80,7 @@ struct TrainResult {
   double optimizer_hidden_s = 0;
   int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
   int64_t modules_deferred = 0;  // stepped under the next forward (the exact overlap)
+  int64_t undo_copy_bytes = 0;   // optimizer state copied to keep undo state (TierTimes)
   // Sub-groups of optimizer state whose reads started during backward (buffer_count and
   // strata.optimizer.read_ahead), over the steps run here.
   int64_t sub_groups_read_ahead = 0;

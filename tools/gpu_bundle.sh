@@ -1,38 +1,41 @@
 #!/usr/bin/env bash
-# tools/gpu_lease.sh: run tools/gpu_check.sh on a lent GPU machine that has the CUDA toolkit but
+# tools/gpu_bundle.sh: run tools/gpu_check.py on a GPU machine that has the CUDA toolkit but
 # none of strata's other build dependencies (no liburing, TBB, oneDNN, Open MPI, ... and no
-# network to install them), without spending the lease on a build.
+# network to install them), without spending the GPU machine's time on a build: the binaries are
+# built elsewhere and carried over as one bundle.
 #
-#   tools/gpu_lease.sh pack [--build-dir DIR]      here: bundle the CUDA-enabled binaries that
-#                                                  gpu_check.sh runs, and the shared libraries
+#   tools/gpu_bundle.sh pack [--build-dir DIR]     here: bundle the CUDA-enabled binaries that
+#                                                  gpu_check.py runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
-#                                                  build-lease/bundle.tar.xz (~15 MB; cuDNN
+#                                                  build-gpu-bundle/bundle.tar.xz (~15 MB; cuDNN
 #                                                  is not carried: "run" finds it there)
-#   tools/gpu_lease.sh --self-test BUILD_DIR       pack into a temporary directory and run the
-#                                                  bundle dry (no GPU; ctest gpu_lease_self_test)
-#   tools/gpu_lease.sh run [gpu_check options]     there: unpack the bundle, find the CUDA
+#   tools/gpu_bundle.sh --self-test BUILD_DIR      pack into a temporary directory and run the
+#                                                  bundle dry (no GPU; ctest gpu_bundle_self_test)
+#   tools/gpu_bundle.sh run [gpu_check options]    there: unpack the bundle, find the CUDA
 #                                                  libraries (cuBLASLt, NCCL, cuDNN from a
 #                                                  Python environment) on that machine,
 #                                                  check that every binary loads, then run
-#                                                  tools/gpu_check.sh --build-dir build-lease
+#                                                  tools/gpu_check.py --build-dir build-gpu-bundle
 #                                                  with the options given; the results go to
-#                                                  build-lease-results/gpu-check (a later call
+#                                                  build-gpu-bundle-results/gpu-check (a later call
 #                                                  adds to them) and, as one tarball of the logs
 #                                                  and tables and report.md, to $OUT when set
+#                                                  (a directory that is copied back from the
+#                                                  GPU machine)
 #
 # The build directory must be configured with the CUDA backend (STRATA_WITH_CUDA AUTO finds
 # nvcc) for the GPU's architecture (STRATA_CUDA_ARCHITECTURES, 90 for H100/H200). The binaries
 # carry the source directory they were built from (tests read fixtures through it); "run" links
-# that path to this checkout when it does not exist. Under the device tool:
+# that path to this checkout when it does not exist. For example:
 #
-#   tools/gpu_lease.sh pack
-#   device run, carry ["build-lease"]:
-#     tools/gpu_lease.sh run --deadline 200 --phases env,tests,copy
+#   tools/gpu_bundle.sh pack                      on the build machine
+#   (copy the checkout with build-gpu-bundle/ to the GPU machine)
+#   tools/gpu_bundle.sh run --deadline 200 --phases env,tests,copy   on the GPU machine
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# GPU_LEASE_DIR moves the bundle (its self-test packs into a temporary directory).
-LEASE=${GPU_LEASE_DIR:-$ROOT/build-lease}
+# GPU_BUNDLE_DIR moves the bundle (its self-test packs into a temporary directory).
+BUNDLE=${GPU_BUNDLE_DIR:-$ROOT/build-gpu-bundle}
 BINS=(tools/strata tests/bench_device_ops tests/cuda_backend_test tests/cuda_train_test
       tests/cuda_flash_attention_test tests/flash_attention_test tests/llama_cuda_test)
 # Libraries the GPU machine provides (glibc, the C++ runtime, the CUDA driver, cuBLAS(Lt), NCCL:
@@ -45,24 +48,24 @@ pack() {
   while (($#)); do
     case "$1" in
       --build-dir) build=$2; shift 2 ;;
-      *) echo "gpu_lease pack: unknown option '$1'" >&2; exit 2 ;;
+      *) echo "gpu_bundle pack: unknown option '$1'" >&2; exit 2 ;;
     esac
   done
   grep -q '^STRATA_CUDA_ARCHITECTURES' "$build/CMakeCache.txt" 2>/dev/null ||
-    { echo "gpu_lease pack: $build is not a configured strata build" >&2; exit 2; }
+    { echo "gpu_bundle pack: $build is not a configured strata build" >&2; exit 2; }
   local b missing=()
   for b in "${BINS[@]}"; do [[ -x $build/$b ]] || missing+=("$b"); done
   if ((${#missing[@]})); then
-    echo "gpu_lease pack: not built in $build: ${missing[*]}" >&2
+    echo "gpu_bundle pack: not built in $build: ${missing[*]}" >&2
     echo "  (cmake --build $build --target $(printf '%s ' "${missing[@]##*/}"))" >&2
     exit 2
   fi
   if ! grep -q 'cudaMalloc' <(strings "$build/tools/strata"); then
-    echo "gpu_lease pack: $build/tools/strata has no CUDA backend (configure with nvcc found)" >&2
+    echo "gpu_bundle pack: $build/tools/strata has no CUDA backend (configure with nvcc found)" >&2
     exit 2
   fi
   local stage
-  stage=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lease.XXXXXX")
+  stage=$(mktemp -d "${TMPDIR:-/tmp}/gpu_bundle.XXXXXX")
   mkdir -p "$stage/tools" "$stage/tests" "$stage/lib"
   for b in "${BINS[@]}"; do cp "$build/$b" "$stage/$b"; done
   local lib
@@ -75,24 +78,24 @@ pack() {
   echo "$ROOT" >"$stage/SOURCE_DIR"
   (cd "$ROOT" && git rev-parse HEAD 2>/dev/null && git status --short | head -20) >"$stage/COMMIT"
   grep -E '^(STRATA_CUDA_ARCHITECTURES|CMAKE_BUILD_TYPE)' "$build/CMakeCache.txt" >>"$stage/COMMIT"
-  mkdir -p "$LEASE"
-  tar -C "$stage" -cJf "$LEASE/bundle.tar.xz.tmp" . && mv "$LEASE/bundle.tar.xz.tmp" "$LEASE/bundle.tar.xz"
+  mkdir -p "$BUNDLE"
+  tar -C "$stage" -cJf "$BUNDLE/bundle.tar.xz.tmp" . && mv "$BUNDLE/bundle.tar.xz.tmp" "$BUNDLE/bundle.tar.xz"
   rm -rf "$stage"
-  echo "gpu_lease: $LEASE/bundle.tar.xz ($(du -h "$LEASE/bundle.tar.xz" | cut -f1)): ${#BINS[@]} binaries, $(tar -tJf "$LEASE/bundle.tar.xz" | grep -c '^./lib/.') libraries"
+  echo "gpu_bundle: $BUNDLE/bundle.tar.xz ($(du -h "$BUNDLE/bundle.tar.xz" | cut -f1)): ${#BINS[@]} binaries, $(tar -tJf "$BUNDLE/bundle.tar.xz" | grep -c '^./lib/.') libraries"
 }
 
 run_there() {
-  [[ -f $LEASE/bundle.tar.xz ]] || { echo "gpu_lease run: no $LEASE/bundle.tar.xz (pack it first)" >&2; exit 2; }
-  tar -C "$LEASE" -xJf "$LEASE/bundle.tar.xz" || exit 1
-  cat "$LEASE/COMMIT"
+  [[ -f $BUNDLE/bundle.tar.xz ]] || { echo "gpu_bundle run: no $BUNDLE/bundle.tar.xz (pack it first)" >&2; exit 2; }
+  tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz" || exit 1
+  cat "$BUNDLE/COMMIT"
   # The source directory the binaries were built in (their fixtures are read through it).
   local src
-  src=$(cat "$LEASE/SOURCE_DIR")
+  src=$(cat "$BUNDLE/SOURCE_DIR")
   if [[ ! -e $src ]]; then
-    mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src" && echo "gpu_lease: linked $src -> $ROOT"
+    mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src" && echo "gpu_bundle: linked $src -> $ROOT"
   fi
   # cuBLASLt and NCCL from this machine: the system's, the CUDA toolkit's, or a Python wheel's.
-  local dirs="$LEASE/lib" lib d
+  local dirs="$BUNDLE/lib" lib d
   for lib in libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
     if ldconfig -p 2>/dev/null | grep -q "$lib "; then continue; fi
     d=""
@@ -102,9 +105,9 @@ run_there() {
     [[ -n $d ]] || d=$(find /usr /opt -name "$lib" -print -quit 2>/dev/null | xargs -r dirname)
     if [[ -n $d ]]; then
       [[ :$dirs: == *:$d:* ]] || dirs="$dirs:$d"
-      echo "gpu_lease: $lib from $d"
+      echo "gpu_bundle: $lib from $d"
     else
-      echo "gpu_lease: $lib not found on this machine"
+      echo "gpu_bundle: $lib not found on this machine"
     fi
   done
   # cuDNN (the fused attention's library path; too large to carry: ~1 GB): dlopened by the
@@ -128,20 +131,20 @@ run_there() {
   [[ -z ${STRATA_CUDNN_LIB:-} ]] &&
     STRATA_CUDNN_LIB=$(find /usr /opt /root -name libcudnn.so.9 -print -quit 2>/dev/null) &&
     [[ -n $STRATA_CUDNN_LIB ]] && export STRATA_CUDNN_LIB
-  echo "gpu_lease: cuDNN: ${STRATA_CUDNN_LIB:-not found on this machine (fused attention on the own kernels)}"
+  echo "gpu_bundle: cuDNN: ${STRATA_CUDNN_LIB:-not found on this machine (fused attention on the own kernels)}"
   export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local b bad=0
   for b in "${BINS[@]}"; do
-    if ldd "$LEASE/$b" | grep -q 'not found'; then
-      echo "gpu_lease: $b cannot load: $(ldd "$LEASE/$b" | grep 'not found' | tr -s ' \t' ' ')"
+    if ldd "$BUNDLE/$b" | grep -q 'not found'; then
+      echo "gpu_bundle: $b cannot load: $(ldd "$BUNDLE/$b" | grep 'not found' | tr -s ' \t' ' ')"
       bad=1
     fi
   done
-  ((bad)) && echo "gpu_lease: going on; the phases that need those binaries will fail"
-  # Outside build-lease, which the device tool replaces on every call that carries it: a later
-  # call on the same warm machine adds its phases to the same report.
-  local results=$LEASE-results/gpu-check
-  "$ROOT/tools/gpu_check.sh" --build-dir "$LEASE" --results "$results" "$@"
+  ((bad)) && echo "gpu_bundle: going on; the phases that need those binaries will fail"
+  # Outside build-gpu-bundle, which a fresh copy of the bundle replaces: a later call on the
+  # same machine adds its phases to the same report.
+  local results=$BUNDLE-results/gpu-check
+  python3 "$ROOT/tools/gpu_check.py" --build-dir "$BUNDLE" --results "$results" "$@"
   local rc=$?
   if [[ -n ${OUT:-} ]]; then
     cp "$results/report.md" "$OUT/" 2>/dev/null
@@ -156,13 +159,13 @@ run_there() {
 # "run" would on a GPU machine, dry (gpu_check --dry-run: the CPU backend, no GPU needed).
 self_test() {
   local build=${1:?build directory} tmp rc=0
-  tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lease_selftest.XXXXXX")
-  export GPU_LEASE_DIR=$tmp/lease
-  LEASE=$GPU_LEASE_DIR
-  fail() { echo "gpu_lease self-test: FAIL: $*"; rc=1; }
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/gpu_bundle_selftest.XXXXXX")
+  export GPU_BUNDLE_DIR=$tmp/bundle
+  BUNDLE=$GPU_BUNDLE_DIR
+  fail() { echo "gpu_bundle self-test: FAIL: $*"; rc=1; }
   ( pack --build-dir "$build" ) || fail "pack exited non-zero"
   local listing
-  listing=$(tar -tJf "$LEASE/bundle.tar.xz" 2>/dev/null)
+  listing=$(tar -tJf "$BUNDLE/bundle.tar.xz" 2>/dev/null)
   for b in "${BINS[@]}"; do grep -qx "./$b" <<<"$listing" || fail "the bundle lacks $b"; done
   for l in liburing.so.2 libtbb.so.12 libcudart.so.13; do
     grep -q "^./lib/$l\$" <<<"$listing" || fail "the bundle lacks $l"
@@ -173,7 +176,7 @@ self_test() {
   [[ -s $tmp/out/report.md && -s $tmp/out/gpu-check.tar.gz ]] || fail "run left no report in \$OUT"
   grep -q '| copy | ok |' "$tmp/out/report.md" 2>/dev/null || fail "the dry run's copy phase did not pass"
   if ((rc == 0)); then
-    echo "gpu_lease self-test: OK ($(du -h "$LEASE/bundle.tar.xz" | cut -f1) bundle)"
+    echo "gpu_bundle self-test: OK ($(du -h "$BUNDLE/bundle.tar.xz" | cut -f1) bundle)"
     rm -rf "$tmp"
   fi
   return $rc
@@ -184,5 +187,5 @@ case "${1:-}" in
   run) shift; run_there "$@" ;;
   --self-test) shift; self_test "$@" ;;
   -h | --help | "") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
-  *) echo "gpu_lease: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
+  *) echo "gpu_bundle: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,210 @@
+// The simulated fast device (strata/device.h, SimulatedDeviceOptions): a CPU device whose
+// kernels cost their modeled time (sim_kernels.h) and whose copies take at least the link's.
+//
+// Its kernels write nothing, so device memory holds only what copies put there. A buffer the
+// model zeroes (gradients before their first accumulation) may have held a copy's bytes — a
+// parameter's bf16, say — which the host would then read back as fp32 gradients; so the device
+// remembers which ranges copies wrote since they were last zeroed, and memset_zero clears
+// those bytes for real, charging the whole range's modeled time. Gradients then reach the
+// host's optimizer as zeros, and its time is the real one.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+
+#include "kernels/cpu/sim_kernels.h"
+#include "strata/device.h"
+
+namespace strata {
+namespace {
+
+// Byte ranges written by copies, disjoint and merged: [first, second).
+class DirtyRanges {
+ public:
+  void add(char* a, size_t n) {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    char* b = a + n;
+    auto it = r_.upper_bound(a);
+    if (it != r_.begin() && std::prev(it)->second >= a) --it;
+    while (it != r_.end() && it->first <= b) {
+      a = std::min(a, it->first);
+      b = std::max(b, it->second);
+      it = r_.erase(it);
+    }
+    r_.emplace(a, b);
+  }
+  // Zeroes the written bytes within [a, a + n) and forgets them.
+  void clear(char* a, size_t n) {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    char* b = a + n;
+    auto it = r_.upper_bound(a);
+    if (it != r_.begin() && std::prev(it)->second > a) --it;
+    while (it != r_.end() && it->first < b) {
+      char* lo = std::max(a, it->first);
+      char* hi = std::min(b, it->second);
+      std::memset(lo, 0, size_t(hi - lo));
+      char* first = it->first;
+      char* second = it->second;
+      it = r_.erase(it);
+      if (first < lo) r_.emplace(first, lo);
+      if (hi < second) {
+        it = r_.emplace(hi, second).first;
+        ++it;
+      }
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<char*, char*> r_;
+};
+
+class SimDevice final : public Device {
+ public:
+  SimDevice(std::unique_ptr<Device> inner, const SimulatedDeviceOptions& p)
+      : inner_(std::move(inner)), p_(p) {
+    kernels_ = create_sim_kernels(*inner_, clocks_, p_);
+  }
+  ~SimDevice() override {
+    // Work still queued on the streams refers to this device's clocks and ranges.
+    for (Stream* s : {&inner_->compute_stream(), &inner_->h2d_stream(), &inner_->d2h_stream()}) {
+      (void)inner_->synchronize(*s);
+    }
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  bool host_addressable() const override { return false; }
+  std::string name() const override {
+    return fmt::format(
+        "simulated {} (GEMM {:.0f} TFLOP/s, attention {:.0f}/{:.0f}, HBM {:.0f} GB/s, link "
+        "{:.0f} GB/s, {:.0f} us a kernel) over {}",
+        p_.preset.empty() ? "device" : p_.preset, p_.gemm_tflops, p_.attention_fwd_tflops,
+        p_.attention_bwd_tflops, p_.hbm_gbps, p_.link_gbps, p_.launch_us, inner_->name());
+  }
+
+  Result<void*> allocate(size_t bytes, std::string_view tag) override {
+    return inner_->allocate(bytes, tag);
+  }
+  void release(void* ptr) override { inner_->release(ptr); }
+  DeviceMemoryStats memory_stats() const override { return inner_->memory_stats(); }
+  void reset_peak() override { inner_->reset_peak(); }
+  Result<void*> allocate_host(size_t bytes) override { return inner_->allocate_host(bytes); }
+  void release_host(void* ptr) override { inner_->release_host(ptr); }
+  Status register_host(void* ptr, size_t bytes) override {
+    return inner_->register_host(ptr, bytes);
+  }
+  void unregister_host(void* ptr) override { inner_->unregister_host(ptr); }
+
+  Stream& compute_stream() override { return inner_->compute_stream(); }
+  Stream& h2d_stream() override { return inner_->h2d_stream(); }
+  Stream& d2h_stream() override { return inner_->d2h_stream(); }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  void record(Event& event, Stream& stream) override { inner_->record(event, stream); }
+  void wait(Stream& stream, const Event& event) override { inner_->wait(stream, event); }
+  Status synchronize(Event& event) override { return inner_->synchronize(event); }
+  Status synchronize(Stream& stream) override { return inner_->synchronize(stream); }
+  bool query(Event& event) override { return inner_->query(event); }
+
+  // Copies are real; the stream's clock then takes at least bytes over the link's rate (a
+  // copy on the compute stream: over the HBM's, read and write), counted from the copy's start.
+  void copy_h2d(Stream& s, void* dst, const void* src, size_t n) override {
+    copy(s, dst, src, n, /*to_device=*/true);
+  }
+  void copy_d2h(Stream& s, void* dst, const void* src, size_t n) override {
+    copy(s, dst, src, n, /*to_device=*/false);
+  }
+  void copy_d2d(Stream& s, void* dst, const void* src, size_t n) override {
+    copy(s, dst, src, n, /*to_device=*/true);
+  }
+  void memset_zero(Stream& s, void* dst, size_t n) override {
+    SimClock* clock = &clocks_.of(*inner_, s);
+    DirtyRanges* dirty = &dirty_;
+    const double t = p_.launch_us * 1e-6 + double(n) / (p_.hbm_gbps * 1e9);
+    inner_->host_fn(s, [clock, dirty, dst, n, t] {
+      const auto t0 = SimClock::Clock::now();
+      dirty->clear(static_cast<char*>(dst), n);
+      clock->run(t, t0);
+    });
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override { inner_->host_fn(s, std::move(fn)); }
+  Kernels& kernels() override { return *kernels_; }
+
+ private:
+  void copy(Stream& s, void* dst, const void* src, size_t n, bool to_device) {
+    SimClock* clock = &clocks_.of(*inner_, s);
+    DirtyRanges* dirty = to_device ? &dirty_ : nullptr;
+    const bool on_compute = &s == &inner_->compute_stream();
+    const double rate = on_compute ? p_.hbm_gbps * 1e9 / 2 : p_.link_gbps * 1e9;
+    const double t = double(n) / rate;
+    inner_->host_fn(s, [clock, dirty, dst, src, n, t] {
+      const auto t0 = SimClock::Clock::now();
+      std::memcpy(dst, src, n);
+      if (dirty) dirty->add(static_cast<char*>(dst), n);
+      clock->run(t, t0);
+    });
+  }
+
+  std::unique_ptr<Device> inner_;
+  const SimulatedDeviceOptions p_;
+  SimClocks clocks_;
+  DirtyRanges dirty_;
+  std::unique_ptr<Kernels> kernels_;
+};
+
+}  // namespace
+
+Result<SimulatedDeviceOptions> simulated_device_preset(std::string_view name) {
+  SimulatedDeviceOptions o;
+  o.preset = std::string(name);
+  if (name == "h200" || name == "h100") {
+    // Measured with bench_device_ops on an H200 (docs/GPU.md): cuBLASLt 413-694 TFLOP/s at
+    // GPT-2 124M's shapes, the fused attention 45-74 forward and 27-40 backward, pinned copies
+    // 55 GB/s each way. The H100 SXM has the same compute peaks and 3.35 TB/s of HBM.
+    o.gemm_tflops = 580;
+    o.attention_fwd_tflops = 55;
+    o.attention_bwd_tflops = 30;
+    o.hbm_gbps = name == "h200" ? 3800 : 2700;
+    o.link_gbps = 55;
+    o.launch_us = 4;
+    o.memory = name == "h200" ? (size_t{140} << 30) : (size_t{79} << 30);
+  } else if (name == "a100") {
+    // The same kernels' share of the A100's peaks (312 TFLOP/s bf16, 2.0 TB/s, PCIe gen 4).
+    o.gemm_tflops = 190;
+    o.attention_fwd_tflops = 18;
+    o.attention_bwd_tflops = 10;
+    o.hbm_gbps = 1600;
+    o.link_gbps = 25;
+    o.launch_us = 5;
+    o.memory = size_t{79} << 30;
+  } else {
+    return invalid_argument(fmt::format(
+        "device.simulate '{}' is not a preset: use h200, h100 or a100 (and device.simulate_* to "
+        "change its rates)",
+        name));
+  }
+  return o;
+}
+
+Result<std::unique_ptr<Device>> create_simulated_device(const CpuDeviceOptions& cpu,
+                                                        const SimulatedDeviceOptions& sim) {
+  for (auto [v, key] : {std::pair{sim.gemm_tflops, "simulate_gemm_tflops"},
+                        std::pair{sim.attention_fwd_tflops, "simulate_attention_fwd_tflops"},
+                        std::pair{sim.attention_bwd_tflops, "simulate_attention_bwd_tflops"},
+                        std::pair{sim.hbm_gbps, "simulate_hbm_gbps"},
+                        std::pair{sim.link_gbps, "simulate_link_gbps"}}) {
+    if (!(v > 0)) {
+      return invalid_argument(fmt::format("device.{} must be > 0 (got {})", key, v));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> inner, create_cpu_device(cpu),
+                          "the simulated device's memory and streams");
+  return std::unique_ptr<Device>(std::make_unique<SimDevice>(std::move(inner), sim));
+}
+
+}  // namespace strata

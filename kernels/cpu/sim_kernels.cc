@@ -1,0 +1,225 @@
+#include "kernels/cpu/sim_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace strata {
+
+void SimClock::run(double seconds, Clock::time_point start) {
+  Clock::time_point until;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const auto begin = std::max(start, busy_until_);
+    busy_until_ = begin + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(std::max(0.0, seconds)));
+    until = busy_until_;
+  }
+  const auto ahead = std::chrono::duration<double, std::micro>(until - Clock::now()).count();
+  if (ahead > kSleepAheadUs) std::this_thread::sleep_until(until);
+}
+
+namespace {
+
+class SimKernels final : public Kernels {
+ public:
+  SimKernels(Device& dev, SimClocks& clocks, const SimulatedDeviceOptions& p)
+      : dev_(dev), clocks_(clocks), p_(p) {}
+
+  void encoder_forward(Stream& s, DType dt, void*, const int32_t*, const void*, const void* wpe,
+                       int B, int T, int C) override {
+    mem(s, double(B) * T * (C * es(dt) * (wpe ? 3 : 2) + 4));
+  }
+  void encoder_backward(Stream& s, DType dt, float*, float* dwpe, const void*, const int32_t*,
+                        int B, int T, int C) override {
+    mem(s, double(B) * T * (C * (es(dt) + 8.0 * (dwpe ? 2 : 1)) + 4));
+  }
+  void layernorm_forward(Stream& s, DType dt, void*, float*, float*, const void*, const void*,
+                         const void*, int N, int C) override {
+    mem(s, double(N) * (2.0 * C * es(dt) + 8));
+  }
+  void layernorm_backward(Stream& s, DType dt, void*, float*, float*, const void*, const void*,
+                          const void*, const float*, const float*, int N, int C) override {
+    mem(s, double(N) * (3.0 * C * es(dt) + 8) + 16.0 * C);
+  }
+  void matmul_forward(Stream& s, DType dt, void*, const void*, const void*, const void*, int N,
+                      int C, int OC) override {
+    gemm(s, 2.0 * N * C * OC, (double(N) * C + double(OC) * C + double(N) * OC) * es(dt));
+  }
+  void matmul_gelu_forward(Stream& s, DType dt, void*, void*, const void*, const void*, const void*,
+                           int N, int C, int OC) override {
+    // One GEMM whose epilogue writes both the pre-activation and the GELU.
+    gemm(s, 2.0 * N * C * OC, (double(N) * C + double(OC) * C + 2.0 * N * OC) * es(dt));
+  }
+  void matmul_backward(Stream& s, DType dt, void*, float* dweight, float* dbias, const void*,
+                       const void*, const void*, int N, int C, int OC) override {
+    const double products = dweight ? 2.0 : 1.0;
+    double bytes = (2.0 * N * C + double(N) * OC + double(OC) * C) * es(dt);
+    if (dweight) bytes += 8.0 * OC * C;  // fp32 accumulate: read and write
+    if (dbias) bytes += double(N) * OC * es(dt);
+    gemm(s, products * 2.0 * N * C * OC, bytes);
+  }
+  // What the CUDA backend's own kernels support (its cuDNN path is a faster rate, not modeled).
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:
+        if (shape.dt == DType::kF32 || (shape.hs != 64 && shape.hs != 128)) {
+          return {false, "simulated: the CUDA fused attention runs bf16/fp16 with hs 64 or 128"};
+        }
+        return {true, "simulated"};
+      case KernelOp::kMatmulGelu:
+        if (shape.OC <= 0 || shape.OC % 8 != 0) {
+          return {false, "simulated: cuBLASLt's GELU epilogue needs OC a multiple of 8"};
+        }
+        return {true, "simulated"};
+      case KernelOp::kDropout:
+        return {true, "simulated"};
+    }
+    return {false, "unknown op"};
+  }
+  void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T,
+                               int NH, int NKV, int hs) override {
+    attention(s, attn_flops(B, T, NH, hs), p_.attention_fwd_tflops,
+              double(B) * T * (NH + 2.0 * NKV + NH) * hs * es(dt));
+  }
+  void fused_attention_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
+                                const void*, const float*, int B, int T, int NH, int NKV,
+                                int hs) override {
+    attention(s, 2.5 * attn_flops(B, T, NH, hs), p_.attention_bwd_tflops,
+              double(B) * T * (2.0 * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
+  }
+  void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T, int NH,
+                             int KVH, int hs) override {
+    // The plain kernels: the [B,NH,T,T] probabilities through memory, ~1/50 of the fused rate.
+    attention(s, attn_flops(B, T, NH, hs), p_.attention_fwd_tflops / kPlainSlowdown,
+              double(B) * T * (NH + 2.0 * KVH + NH) * hs * es(dt) + 4.0 * B * NH * T * T);
+  }
+  void attention_gqa_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
+                              const float*, int B, int T, int NH, int KVH, int hs) override {
+    attention(s, 2.5 * attn_flops(B, T, NH, hs), p_.attention_bwd_tflops / kPlainSlowdown,
+              double(B) * T * (2.0 * (NH + 2.0 * KVH) + NH) * hs * es(dt) + 8.0 * B * NH * T * T);
+  }
+  void rmsnorm_forward(Stream& s, DType dt, void*, float*, const void*, const void*, float, int N,
+                       int C) override {
+    mem(s, double(N) * (2.0 * C * es(dt) + 4));
+  }
+  void rmsnorm_backward(Stream& s, DType dt, void*, float*, const void*, const void*, const void*,
+                        const float*, int N, int C) override {
+    mem(s, double(N) * (3.0 * C * es(dt) + 4) + 8.0 * C);
+  }
+  void swiglu_forward(Stream& s, DType dt, void*, const void*, int N, int H) override {
+    mem(s, 3.0 * N * H * es(dt));
+  }
+  void swiglu_backward(Stream& s, DType dt, void*, const void*, const void*, int N,
+                       int H) override {
+    mem(s, 5.0 * N * H * es(dt));
+  }
+  void rope_forward(Stream& s, DType dt, void*, const RopeParams&, int B, int T, int NH, int KVH,
+                    int hs) override {
+    mem(s, 2.0 * B * T * (NH + KVH) * hs * es(dt));
+  }
+  void rope_backward(Stream& s, DType dt, void*, const RopeParams&, int B, int T, int NH, int KVH,
+                     int hs) override {
+    mem(s, 2.0 * B * T * (NH + KVH) * hs * es(dt));
+  }
+  void gelu_forward(Stream& s, DType dt, void*, const void*, size_t n) override {
+    mem(s, 2.0 * n * es(dt));
+  }
+  void gelu_backward(Stream& s, DType dt, void*, const void*, const void*, size_t n) override {
+    mem(s, 4.0 * n * es(dt));
+  }
+  void residual_forward(Stream& s, DType dt, void*, const void*, const void*, size_t n) override {
+    mem(s, 3.0 * n * es(dt));
+  }
+  void add_inplace(Stream& s, DType dt, void*, const void*, size_t n) override {
+    mem(s, 3.0 * n * es(dt));
+  }
+  void gather_rows(Stream& s, DType dt, void*, const void*, const int32_t*, const float*, int n,
+                   int C) override {
+    mem(s, 2.0 * n * C * es(dt) + 8.0 * n);
+  }
+  void scatter_add_rows(Stream& s, DType dt, void*, const void*, const int32_t*, const float*,
+                        int n, int C) override {
+    mem(s, 3.0 * n * C * es(dt) + 8.0 * n);
+  }
+  void row_dots(Stream& s, DType dt, float*, const void*, const int32_t*, const void*, int n,
+                int C) override {
+    mem(s, 2.0 * n * C * es(dt) + 8.0 * n);
+  }
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void*, const int32_t*,
+                                     float, int N, int V, int Vp) override {
+    // Read the logits, write their gradients; the losses those of a model that knows nothing.
+    const double t = p_.launch_us * 1e-6 + (2.0 * N * Vp * es(dt) + 8.0 * N) / hbm();
+    SimClock* clock = &clocks_.of(dev_, s);
+    const float loss = std::log(float(V));
+    dev_.host_fn(s, [clock, t, losses, N, loss] {
+      std::fill(losses, losses + N, loss);
+      clock->run(t);
+    });
+  }
+  void cast(Stream& s, void*, DType dst_t, const void*, DType src_t, size_t n) override {
+    mem(s, double(n) * (dtype_size(dst_t) + dtype_size(src_t)));
+  }
+  void norm_sq_and_nonfinite(Stream& s, float*, const float*, size_t n) override {
+    mem(s, 4.0 * n);  // the trainer takes the norm from device.simulate_grad_norm
+  }
+  void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }
+  void dropout(Stream& s, DType dt, void*, const void*, size_t n, float, uint64_t) override {
+    mem(s, 2.0 * n * es(dt));
+  }
+  void quantize(Stream& s, int bits, DType dt, void*, float*, const void*, size_t n,
+                int block) override {
+    mem(s, double(n) * es(dt) + double(quantized_bytes(bits, n)) + 4.0 * quantize_blocks(n, block));
+  }
+  void dequantize(Stream& s, int bits, DType dt, void*, const void*, const float*, size_t n,
+                  int block, bool accumulate) override {
+    mem(s, double(n) * es(dt) * (accumulate ? 2 : 1) + double(quantized_bytes(bits, n)) +
+               4.0 * quantize_blocks(n, block));
+  }
+  void dequantize_nf4(Stream& s, DType dt, void*, const uint8_t*, const float*, size_t n) override {
+    mem(s, double(n) * es(dt) + n / 2.0 + n / 16.0);
+  }
+  void optimizer_step(Stream& s, const OptimizerHyper&, const ShardState& st) override {
+    // grad, master, moments read and written, the new parameters written.
+    const double moments = 2.0 * dtype_size(st.moment_dtype);
+    mem(s, double(st.n) * (dtype_size(st.grad_dtype) + 8.0 + 2.0 * moments +
+                           (st.lp_out ? dtype_size(st.lp_dtype) : 0)));
+  }
+
+ private:
+  // The plain attention kernels' rate against the fused ones' (H200: 0.78 vs 44.8 TFLOP/s
+  // forward, 1.49 vs 29.7 backward at GPT-2 124M's shape).
+  static constexpr double kPlainSlowdown = 50.0;
+
+  static double es(DType dt) { return double(dtype_size(dt)); }
+  double hbm() const { return p_.hbm_gbps * 1e9; }
+  // Causal attention's multiply-adds, forward: QK^T and PV over the lower triangle.
+  static double attn_flops(int B, int T, int NH, int hs) {
+    return 4.0 * B * NH * double(T) * T * hs / 2.0;
+  }
+  void charge(Stream& s, double seconds) {
+    SimClock* clock = &clocks_.of(dev_, s);
+    const double t = p_.launch_us * 1e-6 + seconds;
+    dev_.host_fn(s, [clock, t] { clock->run(t); });
+  }
+  void mem(Stream& s, double bytes) { charge(s, bytes / hbm()); }
+  void gemm(Stream& s, double flops, double bytes) {
+    charge(s, std::max(flops / (p_.gemm_tflops * 1e12), bytes / hbm()));
+  }
+  void attention(Stream& s, double flops, double tflops, double bytes) {
+    charge(s, std::max(flops / (tflops * 1e12), bytes / hbm()));
+  }
+
+  Device& dev_;
+  SimClocks& clocks_;
+  const SimulatedDeviceOptions p_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> create_sim_kernels(Device& device, SimClocks& clocks,
+                                            const SimulatedDeviceOptions& peaks) {
+  return std::make_unique<SimKernels>(device, clocks, peaks);
+}
+
+}  // namespace strata

@@ -1,0 +1,340 @@
+// The planner's time part (src/plan/plan_parts.h): the bytes and FLOPs of one step, each over
+// the profile's rate, and how the schedules combine them (docs/PLANNER.md, "Time: one step").
+#include <algorithm>
+#include <cmath>
+
+#include "src/plan/plan_parts.h"
+
+namespace strata {
+namespace {
+
+// What one step moves and computes, per rank, and how its micro-batches run.
+struct StepTraffic {
+  double flops = 0;
+  double fetch = 0;  // parameter bytes fetched to the device
+  double link = 0;   // bytes crossing host<->device
+  double nvme_read = 0, nvme_write = 0;
+  double nvme_param_read = 0;  // of nvme_read: the NVMe-homed parameters' fetches
+  double forward_groups = 1;   // forward passes a step: ceil(A / K)
+  double backwards = 1;        // backward passes a step (a grouped backward counts once)
+  bool grouped_backward = false;
+};
+
+// The step's FLOPs, link bytes and NVMe bytes (the `compute`, `link` and `nvme` rows).
+StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const PlanMemory& mem,
+                         const PlanPeaks& peaks, const FlopsPerToken& fpt) {
+  StepTraffic x;
+  const MachineProfile& pf = r.profile;
+  const StateBytes& s = mem.state;
+  const uint64_t W = uint64_t(r.hw.gpus);
+  const uint64_t es = dtype_size(r.dtype());
+  const double A = double(r.accumulation()), tokens = double(r.micro_batch()) * r.seq();
+  const int K = mem.forward_group;
+  x.flops = double(uint64_t(fpt.train() * tokens * A));
+  // Params fetched to the device per step: what the device cannot keep cached, once in each
+  // backward and again in each forward (what backward evicted); a cached copy is updated in
+  // place by the optimizer (write-through over the link), never fetched again. The room is the
+  // device's free bytes beside the working set's gradient buffers (the parameters in use are
+  // in the room): a gradient buffer still draining when the next is allocated is waited for,
+  // not made room for by evicting a copy (DeviceCache::release_after), so it takes none of the
+  // cache's room. Sharded: every gathered group is dropped after its use, so each pass fetches
+  // every parameter. Params resident on the device are fetched never, but written once after
+  // the step.
+  // Each forward group's forward fetches once (strata.grouped_forwards), each backward once,
+  // the first group's backwards once for the group (strata.grouped_backwards, one rank), which
+  // drains its gradients once too; a later group's run one at a time.
+  x.forward_groups = std::ceil(A / double(K));
+  x.grouped_backward = K > 1 && mem.options.grouped_backward && W == 1;
+  x.backwards = x.grouped_backward ? 1.0 + (A - std::min(A, double(K))) : A;
+  if (where.params != Tier::kDevice) {
+    const uint64_t busy = mem.device.total();
+    // The parameters in use are cached copies themselves (DeviceCache: what is acquired is
+    // resident), so the working set's parameter part is the cache's room, not beside it: counted
+    // beside it, lora-hostmem-350m's minimum was 367.59 MiB a step against 190.62 measured (its
+    // head alone is 93 MiB in use), bench-25m's 478.58 against 460.04.
+    std::vector<size_t> copies(mem.homes.size()), no_grads(mem.homes.size(), 0);
+    for (size_t i = 0; i < mem.homes.size(); ++i) {
+      copies[i] = round_up(mem.homes[i].padded_numel * es, 256);
+    }
+    const uint64_t in_use =
+        std::min<uint64_t>(mem.needs.device.working_set,
+                           working_set_bytes(copies, no_grads, mem.arch->program(Pass::kTrain)));
+    const uint64_t others = busy - in_use;
+    const double free_dev =
+        mem.device.capacity > others ? double(mem.device.capacity - others) : 0.0;
+    const double pbytes = double(s.param_bytes);
+    const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
+    x.fetch = pbytes * (x.forward_groups + x.backwards) * (1.0 - cached);
+    // The fetches and the write-through (of the stepped parameters: not a frozen base's).
+    x.link += x.fetch + double(s.trained) * es * cached;
+  } else if (!pf.cpu_backend) {
+    // New low-precision params back to the device (the CPU backend's host-stepped optimizer
+    // writes a host-addressable device's parameters in place: nothing crosses).
+    x.link += double(s.opt_host) * es;
+  }
+  // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
+  // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.
+  const double in_place =
+      pf.cpu_backend && W == 1 ? double(s.grads_off_device - s.grads_nvme) : 0.0;
+  x.link += (x.backwards * double(s.grads_off_device) - in_place) * 4;
+  // Offloaded block inputs: out after each block's forward, back before its backward.
+  x.link += A * 2.0 * double(mem.acts.stash_layers) * double(mem.acts.stash_bytes);
+
+  x.nvme_read += double(s.opt_nvme);
+  x.nvme_write += double(s.opt_nvme);
+  // With the overlap, a pass keeps the staging of the first read-ahead's-room sub-groups in
+  // module order for the next step (OptimizerPipeline::Pass::keep): written, never read back.
+  if (r.config.strata.optimizer_overlap && !r.config.strata.delayed_update) {
+    x.nvme_read -= s.first_sub_groups(mem.homes, peaks.read_ahead_sub_groups, /*backward=*/false);
+  }
+  // Gradients on NVMe: every backward (a group's: one) writes the fp32 accumulators, the later
+  // ones read them first, and the optimizer reads them once.
+  x.nvme_write += x.backwards * double(s.grads_nvme_bytes);
+  x.nvme_read += x.backwards * double(s.grads_nvme_bytes);
+  if (where.params == Tier::kNvme) {
+    // This rank's shards, each fetched extent in whole blocks.
+    x.nvme_param_read =
+        x.fetch / double(W) *
+        (s.params_nvme_raw ? double(s.params_nvme_extents) / double(s.params_nvme_raw) : 1.0);
+    x.nvme_read += x.nvme_param_read;
+    x.nvme_write += double(s.trained_params_nvme_extents);  // the stepped parameters written back
+  }
+  return x;
+}
+
+// Each term of the step alone: its bytes or FLOPs over the profile's rate.
+void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& peaks,
+                const StepTraffic& x, TimeTerms& t) {
+  const MachineProfile& pf = r.profile;
+  const StateBytes& s = mem.state;
+  const uint64_t W = uint64_t(r.hw.gpus);
+  const uint64_t es = dtype_size(r.dtype());
+  t.gemm_flops = gemm_rate_at(pf, r.config.model.n_embd, r.micro_batch() * r.seq());
+  t.compute_s = x.flops / t.gemm_flops;
+  t.link_s = x.link / (pf.link_gbps.value * 1e9);
+  // Every local rank shares the node's NVMe bandwidth.
+  t.nvme_s = double(W) * (x.nvme_read / (pf.nvme_read_gbps.value * 1e9) +
+                          x.nvme_write / (pf.nvme_write_gbps.value * 1e9));
+  t.cpu_optim_s = double(W) * double(s.opt_host) / pf.optimizer_pps.value;
+  // The device's optimizer, per rank on its own device: the CPU optimizer's rate on the CPU
+  // backend (where the node's ranks share it), else the bytes it streams through device memory:
+  // grad, master (read and write), both moments (read and write), the new parameter.
+  if (pf.cpu_backend) {
+    t.device_optim_s = double(W) * double(s.opt_device) / pf.optimizer_pps.value;
+  } else {
+    const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype())) + double(es);
+    t.device_optim_s = double(s.opt_device) * per_param / (pf.device_mem_gbps.value * 1e9);
+  }
+  // The optimizer thread also copies the master + moments that keep their undo state as a copy
+  // (of what has room for undo state: peaks.host.undo of undo_wanted).
+  if (peaks.undo_wanted > 0) {
+    t.cpu_optim_s += double(peaks.undo_copied) * double(peaks.host.undo) /
+                     double(peaks.undo_wanted) / (pf.host_copy_gbps.value * 1e9);
+  }
+  if (W > 1) {
+    const double Pfull = double(s.param_bytes) / double(es);  // model-dtype elements, as gathered
+    const ZeroPPTraffic z = zeropp_traffic(r.zeropp(), int(W), int(W), Pfull, r.dtype());
+    const double bytes =
+        double(r.accumulation()) * (z.gather_forward + z.gather_backward + z.reduce);
+    const double bw = pf.collective_gbps.value > 0 ? pf.collective_gbps.value : 25.0;
+    t.collectives_s = bytes / (bw * 1e9);
+  }
+}
+
+// Bytes read and written (per rank), over the disk's rates.
+struct RwBytes {
+  double read = 0, write = 0;
+  double seconds(const MachineProfile& p) const {
+    return read / (p.nvme_read_gbps.value * 1e9) + write / (p.nvme_write_gbps.value * 1e9);
+  }
+};
+// The optimizer's NVMe traffic a step waits on, per schedule.
+struct OptimizerWindows {
+  RwBytes under_backward;  // the optimizer under backward, from the last backward on
+  RwBytes deferred;        // a pass deferred into the next forward
+  RwBytes after_backward;  // a pass after backward, its last writes draining behind
+};
+
+OptimizerWindows optimizer_windows(const Placement& where, const PlanMemory& mem,
+                                   const PlanPeaks& peaks, const StepTraffic& x) {
+  OptimizerWindows w;
+  const StateBytes& s = mem.state;
+  // The share of the pass's writes that drain behind it into the next step: the sub-groups
+  // it leaves writing (buffer_count and the read-ahead's, OptimizerPipeline::max_writes).
+  double drained = 0;
+  if (s.opt_nvme > 0) {
+    // The sub-groups read ahead: the pipeline's staging (2 * buffer_count + 1, its writes
+    // drained under backward: OptimizerPipeline::read_ahead_room) and
+    // strata.optimizer.read_ahead's, the last in module order (backward's first); for a step
+    // deferred to the next forward, the first (the forward's first).
+    const size_t n_ahead =
+        pipeline_staging_sub_groups(mem.options.buffer_count) + peaks.read_ahead_sub_groups;
+    const double ahead = s.first_sub_groups(mem.homes, n_ahead, true),
+                 ahead_fwd = s.first_sub_groups(mem.homes, n_ahead, false);
+    const double opt = double(s.opt_nvme);
+    w.under_backward.read += opt - std::min(opt, ahead);
+    w.under_backward.write += opt;
+    w.deferred.read += opt - std::min(opt, ahead_fwd);
+    w.deferred.write += opt;
+    // After backward (a step after one that clipped, strata.optimizer.defer chose it): the
+    // pass steps the sub-groups read ahead under backward (in module order) first and waits
+    // for the reads of the rest and for its writes but the last ones, which drain behind.
+    drained = std::min(
+        1.0, double(size_t(std::max(1, mem.options.buffer_count)) + peaks.read_ahead_sub_groups) /
+                 double(std::max<size_t>(1, mem.needs.host.optimizer_sub_groups)));
+    w.after_backward.read += opt - std::min(opt, ahead_fwd);
+    w.after_backward.write += opt * (1.0 - drained);
+  }
+  if (where.params == Tier::kNvme) {
+    w.under_backward.write += double(s.trained_params_nvme_extents);
+    w.deferred.write += double(s.trained_params_nvme_extents);
+    w.after_backward.write += double(s.trained_params_nvme_extents) * (1.0 - drained);
+  }
+  // Gradients accumulated on NVMe: the pass reads each module's (fp32) once more.
+  w.under_backward.read += double(s.grads_nvme_bytes);
+  w.deferred.read += double(s.grads_nvme_bytes);
+  w.after_backward.read += double(s.grads_nvme_bytes);
+  // The last backward pass's param reads.
+  if (where.params == Tier::kNvme) {
+    w.under_backward.read += x.nvme_param_read / (x.forward_groups + x.backwards);
+  }
+  return w;
+}
+
+// The name of the largest term.
+std::string bottleneck_of(const TimeTerms& t) {
+  const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
+                                                  {"host<->device link", t.link_s},
+                                                  {"nvme", t.nvme_s},
+                                                  {"cpu optimizer", t.cpu_optim_s},
+                                                  {"device optimizer", t.device_optim_s},
+                                                  {"collectives", t.collectives_s}};
+  double best = -1;
+  std::string name;
+  for (const auto& [n, v] : terms) {
+    if (v > best) {
+      best = v;
+      name = n;
+    }
+  }
+  return name;
+}
+
+}  // namespace
+
+PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemory& mem,
+                   const PlanPeaks& peaks) {
+  PlanTime out;
+  const MachineProfile& pf = r.profile;
+  const uint64_t W = uint64_t(r.hw.gpus);
+  const double A = double(r.accumulation());
+  const FlopsPerToken fpt = mem.arch->flops_per_token(r.seq(), r.activations());
+  const StepTraffic x = step_traffic(r, where, mem, peaks, fpt);
+  out.flops = uint64_t(x.flops);
+  out.link_bytes = uint64_t(x.link);
+  out.nvme_read_bytes = uint64_t(x.nvme_read) * W;
+  out.nvme_write_bytes = uint64_t(x.nvme_write) * W;
+  out.backward_grouped = x.grouped_backward;
+  TimeTerms& t = out.time;
+  time_terms(r, mem, peaks, x, t);
+
+  // The optimizer under backward in the steady state (the trainer does not speculate under
+  // the delayed update), and whether a step can fall back to stepping after backward (clipping
+  // or fp16 make the speculative step wrong).
+  const bool overlap = r.config.strata.optimizer_overlap && !r.config.strata.delayed_update;
+  const bool may_fall_back = r.config.gradient_clipping > 0 || r.config.fp16.enabled;
+  // Combination (docs/PLANNER.md, "Step time"). Plain schedule: the optimizer pass (CPU Adam
+  // pipelined with its NVMe traffic) follows backward. GPU: transfers and collectives overlap
+  // compute (prefetch). CPU backend: compute, copies and the optimizer share the same cores, so
+  // they add; NVMe transfers run on I/O threads under the optimizer. The device's optimizer
+  // runs in the compute stream's order: it adds to compute (comp) on either backend.
+  const double comp = t.compute_s + t.device_optim_s;
+  const double plain =
+      pf.cpu_backend
+          ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
+          : std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
+  t.hidden_share = 0;
+  t.step_s = plain;
+  t.bottleneck = bottleneck_of(t);
+  if (!overlap) {
+    t.step_after_s = t.step_deferred_s = t.step_plain_s = plain;
+    return out;
+  }
+  // The optimizer under backward starts with the last micro-batch's backward (a backward
+  // group's: the last group's backwards): each micro-batch is a forward (1) and a backward (2,
+  // plus 1 when blocks are recomputed) in compute units.
+  const double rc = fpt.recompute / fpt.forward;
+  const double last_backwards = x.grouped_backward && x.forward_groups == 1.0 ? A : 1.0;
+  const double start_share = (A * (3.0 + rc) - last_backwards * (2.0 + rc)) / (A * (3.0 + rc));
+  // Its NVMe traffic from then on: the optimizer state's reads (less the sub-groups read
+  // ahead from the step's start, in backward order: final norm, last blocks, ...), its
+  // writes, the new params' writes, and the last backward pass's param reads.
+  const OptimizerWindows w = optimizer_windows(where, mem, peaks, x);
+  // Every local rank shares the node's NVMe bandwidth.
+  out.deferred_pass = {uint64_t(w.deferred.read) * W, uint64_t(w.deferred.write) * W};
+  out.after_backward_pass = {uint64_t(w.after_backward.read) * W,
+                             uint64_t(w.after_backward.write) * W};
+  const double window_s = double(W) * w.under_backward.seconds(pf);
+  const double window_deferred = double(W) * w.deferred.seconds(pf);
+  const double window_after = double(W) * w.after_backward.seconds(pf);
+  // A step after one that clipped or overflowed only reads ahead under backward (the trainer
+  // predicts the next will clip too) and defers its optimizer to the next forward, which
+  // steps module i just before module i's forward: it overlaps the first forward group's
+  // forwards (K micro-batches, strata.grouped_forwards), the share f0 = K / (A·(3 + r)) of
+  // compute, and no more (the backward needs every module's forward). On the CPU backend the
+  // optimizer's CPU work shares the cores.
+  const double f0 =
+      double(std::min<uint64_t>(uint64_t(mem.forward_group), uint64_t(A))) / (A * (3.0 + rc));
+  out.first_forward_share = f0;
+  if (pf.cpu_backend) {
+    const double cl = comp + t.link_s;
+    t.step_deferred_s = std::max(
+        {cl + t.collectives_s + t.cpu_optim_s,
+         cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
+  } else {
+    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    t.step_deferred_s =
+        std::max(dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+  }
+  double after_backward = 0;
+  if (pf.cpu_backend) {
+    after_backward = std::max(
+        comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, window_after), t.nvme_s);
+  } else {
+    after_backward = std::max(
+        std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, window_after),
+        t.nvme_s);
+  }
+  double overlapped = 0;
+  if (pf.cpu_backend) {
+    const double start = (t.compute_s + t.link_s) * start_share;  // before the device optimizer
+    overlapped =
+        std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window_s, t.nvme_s});
+  } else {
+    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    const double start = t.compute_s * start_share;  // before the device optimizer
+    overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window_s), t.nvme_s});
+  }
+  // Modules without room for their undo copies are stepped after backward.
+  t.hidden_share = peaks.host.undo < peaks.undo_wanted
+                       ? double(peaks.host.undo) / double(peaks.undo_wanted)
+                       : 1.0;
+  t.step_s = t.hidden_share * overlapped + (1.0 - t.hidden_share) * plain;
+  // strata.optimizer.defer: which of the two a step after one that clipped runs ("auto" times
+  // both on the run's first such steps and keeps the faster: predicted as the faster here).
+  const std::string& defer = r.config.strata.optimizer_defer;
+  t.clipped_deferred = defer == "always"  ? true
+                       : defer == "never" ? false
+                                          : t.step_deferred_s <= after_backward;
+  t.step_after_s = t.clipped_deferred ? t.step_deferred_s : after_backward;
+  t.step_plain_s = after_backward;
+  t.falls_back = may_fall_back;
+  if (!may_fall_back) {  // nothing can make a step fall back
+    t.step_after_s = t.step_deferred_s = t.step_s;
+    t.step_plain_s = plain;
+    t.clipped_deferred = false;
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,295 @@
+"""The train phase: `strata train` of GPT-2 124M in five placements and a ~1B Llama in three,
+tokens/s and MFU per row, with the PyTorch peers (tools/peers/torch_gpt_gpu.py,
+torch_llama_gpu.py: the same shapes, everything on the device) run between strata's rows and
+strata's all-on-device tokens/s over PyTorch's beside the MFU."""
+import json
+import os
+import re
+import shutil
+import time
+
+from .common import ROOT, metric_median, ms
+
+PEERS = ROOT / "tools" / "peers"
+
+
+def bytes_vs_min(log_text):
+    """A run summary's bytes per step beside the placement's minimum, e.g. "nvme 1.62 GiB
+    (1.62 GiB, +0.0%); link 1.16 GiB (1.16 GiB, +0.0%)"; "" when it printed none."""
+    out = []
+    for what, label in (("nvme", "nvme"), ("host<->device", "link")):
+        m = re.search(r"^%s bytes per step: (.*)$" % re.escape(what), log_text, re.M)
+        if not m:
+            continue
+        s = re.sub(r" \(median of steps [^)]*\)", "", m.group(1))
+        s = re.sub(r", the placement.s minimum ([^(]*?) ?\((.*)\)$", r" (\1, \2)", s)
+        s = re.sub(r", the placement.s minimum (.*)$", r" (\1)", s)
+        out.append("%s %s" % (label, s))
+    return "; ".join(out)
+
+
+def peak_rss(log_text):
+    m = re.search(r"peak RSS \(VmHWM\) ([0-9.]+ [KMG]iB)", log_text)
+    return m.group(1) if m else None
+
+
+def why_failed(log_text):
+    m = re.search(r"^.*strata train:.*$", log_text, re.M)
+    return m.group(0)[:300] if m else ""
+
+
+def train_config(path, micro, accum, activations, model, steps, backend):
+    """A training config for the train phase."""
+    cfg = {
+        "train_batch_size": micro * accum, "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum, "steps_per_print": 1, "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
+                              "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+        "model": model,
+        "data": {"source": "synthetic", "eval_batches": 0},
+        "device": {"backend": backend},
+        "strata": {"activations": activations},
+        "train": {"steps": steps, "eval_interval": 0, "seed": 1, "final_checkpoint": False},
+    }
+    path.write_text(json.dumps(cfg, indent=1) + "\n")
+
+
+def torch_python(ctx):
+    return ctx.opts.torch_python or shutil.which("python3") or "python3"
+
+
+def run_torch_peer(ctx, key, script, args, n):
+    """Runs a PyTorch peer once (the n-th time for this model); returns its JSON line's object,
+    or a dict with "error"."""
+    py = torch_python(ctx)
+    log = ctx.log_path("train-%s-torch-%d" % (key, n))
+    rc = ctx.run(240, [py, PEERS / script] + args, log=log)
+    text = log.read_text(errors="replace")
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("tokens_per_s"), (int, float)):
+                return rec
+    return {"error": "exit %d, no result line (logs/%s)" % (rc, log.name)}
+
+
+def torch_available(ctx):
+    """Whether the PyTorch peers can run here: "" if so, else why not."""
+    rc, out = ctx.capture(120, [torch_python(ctx), "-c",
+                                "import torch; print(torch.__version__, torch.cuda.is_available())"])
+    ctx.log("torch:", rc, out.strip())
+    if rc != 0:
+        return "no PyTorch for %s" % torch_python(ctx)
+    if not out.strip().endswith("True"):
+        return "PyTorch %s sees no GPU" % out.split()[0] if out.split() else "PyTorch sees no GPU"
+    return ""
+
+
+class Table:
+    """One model's rows: strata in several placements, the PyTorch peer between them."""
+
+    def __init__(self, ctx, key, cfg, flops_tok):
+        self.ctx, self.key, self.cfg, self.flops_tok = ctx, key, cfg, flops_tok
+        self.rows, self.bad, self.torch = {}, [], []
+
+    def mfu(self, tps):
+        peak = self.ctx.state.get("peak_tflops")
+        if tps is None or not peak or self.ctx.dry:
+            return None
+        return tps * self.flops_tok / (peak * 1e12)
+
+    def strata_row(self, name, pdev, odev, ratio, what):
+        ctx = self.ctx
+        nvme = ctx.opts.nvme_path or str(ctx.R / "swap")
+        rdir = self.cfg.parent / ("%s-%s" % (self.key, name))
+        log = ctx.log_path("train-%s-%s" % (self.key, name))
+        shutil.rmtree(rdir, ignore_errors=True)
+        t0 = time.time()
+        rc = ctx.run(300, [ctx.bin("strata"), "train", "--config", self.cfg, "--quiet",
+                           "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
+                           "--set", 'zero_optimization.offload_optimizer.device="%s"' % odev,
+                           "--set", "zero_optimization.offload_optimizer.ratio=%s" % ratio,
+                           "--set", 'zero_optimization.offload_optimizer.nvme_path="%s"' % nvme,
+                           "--set", 'train.checkpoint_dir="%s"' % rdir], log=log)
+        text = log.read_text(errors="replace")
+        m = rdir / "metrics.jsonl"
+        row = {"offload_param": pdev, "offload_optimizer": odev, "ratio": ratio, "exit": rc,
+               "what": what}
+        if rc == 0 and m.exists():
+            row.update({k: metric_median(m, k) for k in
+                        ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s")})
+            row["mfu"] = self.mfu(row["tokens_per_s"])
+            row["bytes"] = bytes_vs_min(text)
+            row["seconds"] = int(time.time() - t0)
+        else:
+            row["why"] = why_failed(text) or "see logs/%s" % log.name
+            self.bad.append("%s %s: exit %d" % (self.key, name, rc))
+        self.rows[name] = row
+
+    def torch_run(self, script, args, why_not):
+        if why_not:
+            return
+        self.torch.append(run_torch_peer(self.ctx, self.key, script, args, len(self.torch) + 1))
+
+    def write(self, torch_why_not):
+        ctx = self.ctx
+        best = [t["tokens_per_s"] for t in self.torch if "tokens_per_s" in t]
+        torch_tps = max(best) if best else None
+        ctx.md("| row | parameters | optimizer state | tokens/s | MFU | strata / PyTorch | step ms "
+               "| fwd/bwd ms | optimizer ms | bytes per step (the placement's minimum) | result |")
+        ctx.md("|---|---|---|---|---|---|---|---|---|---|---|")
+        for name, r in self.rows.items():
+            if r["exit"] == 0 and "tokens_per_s" in r:
+                tps = r["tokens_per_s"]
+                ratio = "%.2f" % (tps / torch_tps) if tps and torch_tps else "n/a"
+                r["over_torch"] = tps / torch_tps if tps and torch_tps else None
+                ctx.md("| %s: %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | ok (%d s) |"
+                       % (name, r["what"], r["offload_param"], r["offload_optimizer"], tps or 0,
+                          "n/a" if r["mfu"] is None else "%.1f%%" % (100 * r["mfu"]), ratio,
+                          ms(r["step_s"]), ms(r["fwd_bwd_s"]), ms(r["optimizer_s"]), r["bytes"],
+                          r["seconds"]))
+            else:
+                ctx.md("| %s: %s | %s | %s | | | | | | | | FAILED (exit %d): %s |"
+                       % (name, r["what"], r["offload_param"], r["offload_optimizer"], r["exit"],
+                          r["why"]))
+        ctx.md("")
+        if torch_why_not:
+            ctx.md("PyTorch peer: not run (%s)." % torch_why_not)
+        for i, t in enumerate(self.torch):
+            if "tokens_per_s" in t:
+                mfu = self.mfu(t["tokens_per_s"])
+                ctx.md("PyTorch peer, run %d (%s): %.0f tokens/s, MFU %s, step %s ms, peak device "
+                       "memory %s GiB." % (i + 1, t.get("mode", "eager"), t["tokens_per_s"],
+                                           "n/a" if mfu is None else "%.1f%%" % (100 * mfu),
+                                           t.get("step_ms", "?"), t.get("peak_mem_gib", "?")))
+            else:
+                ctx.md("PyTorch peer, run %d: FAILED (%s)." % (i + 1, t["error"]))
+        if torch_tps:
+            ctx.md("")
+            ctx.md("strata / PyTorch: each row's tokens/s over the faster PyTorch run (%.0f "
+                   "tokens/s; PyTorch keeps everything on the device)." % torch_tps)
+        return {"flops_per_token": self.flops_tok, "rows": self.rows, "torch": self.torch,
+                "torch_tokens_per_s": torch_tps}
+
+
+def phase_train(ctx):
+    exe = ctx.bin("strata")
+    if not os.access(exe, os.X_OK):
+        return ctx.result("failed", "strata not built")
+    backend, steps = "cuda", 12
+    if ctx.quick:
+        steps = 6
+    if ctx.dry:
+        backend, steps = "cpu", 3
+    d = ctx.R / "train"
+    nvme = ctx.opts.nvme_path or str(ctx.R / "swap")
+    d.mkdir(parents=True, exist_ok=True)
+    os.makedirs(nvme, exist_ok=True)
+    why_not = torch_available(ctx)
+    peak = ctx.state.get("peak_tflops")
+    bad = []
+
+    # GPT-2 124M. Parameters: wte [Vp,C] + wpe [T,C] + L blocks (12C^2 + 13C) + final norm (2C);
+    # tied head. FLOPs per token: 6 N + 6 L C T (llm.c's estimate: causal attention at half of
+    # 12 L C T).
+    L, NH, C, V, Vp, T, micro, accum = 12, 12, 768, 50257, 50304, 1024, 8, 2
+    if ctx.dry:
+        L, NH, C, V, Vp, T, micro, accum = 2, 2, 64, 256, 256, 64, 2, 1
+    train_config(d / "gpt.json", micro, accum, "keep",
+                 {"n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V,
+                  "padded_vocab_size": Vp, "context": T}, steps, backend)
+    params = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    flops_tok = 6 * params + 6 * L * C * T
+    ctx.md("### GPT-2 124M")
+    ctx.md("")
+    ctx.md("Model: GPT-2 shape L=%d, heads=%d, C=%d, T=%d, vocab %d (padded %d): %d parameters; "
+           "micro-batch %d x %d, %d micro-batches per step, %d steps, bf16, AdamW; synthetic data. "
+           "Backend: %s." % (L, NH, C, T, V, Vp, params, micro, T, accum, steps, backend))
+    ctx.md("")
+    ctx.md("MFU = tokens/s x (6 N + 6 L C T = %d FLOPs per token) / peak (%s TFLOP/s). tokens/s "
+           "is the median of the per-step values after the first 2 steps. PyTorch: "
+           "tools/peers/torch_gpt_gpu.py, the same shape, eager, fused AdamW, run after strata's "
+           "first row%s." % (flops_tok, peak or "unknown", "" if ctx.quick else " and after its last"))
+    ctx.md("")
+    gpt_args = ["--layers", L, "--heads", NH, "--width", C, "--vocab", Vp, "--context", T,
+                "--micro-batch", micro, "--accum", accum, "--steps", max(steps - 2, 3),
+                "--warmup", 2]
+    gpt_args = [str(x) for x in gpt_args]
+    t = Table(ctx, "gpt2", d / "gpt.json", flops_tok)
+    t.strata_row("device", "none", "none", 1,
+                 "everything on the device, the optimizer stepped by the device's kernel")
+    t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
+    t.strata_row("device-opt-host", "none", "cpu", 1,
+                 "parameters on the device, optimizer in host RAM")
+    t.strata_row("ratio", "none", "cpu", 0.5, "parameters on the device, optimizer ratio 0.5 "
+                 "(half on the device, half in host RAM)")
+    t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
+    t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    if not ctx.quick:
+        t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
+    gpt = t.write(why_not)
+    gpt.update({"params": params, "steps": steps})
+    bad += t.bad
+
+    # A ~1B Llama: TinyLlama-1.1B's shape (22 layers, width 2048, 32 query and 4 key-value heads,
+    # SwiGLU 5632, vocab 32000, untied head), activations recomputed. Parameters: 2 V C
+    # (embedding, head) + L (2 C^2 + 2 C (C KV/NH) + 3 C I + 2 C) + C. FLOPs per token:
+    # 6 (N - V C) (every weight but the embedding lookup) + 6 L C T. Five steps (three measured):
+    # with the optimizer on NVMe a step moves ~40 GB.
+    KV, I, lsteps = 4, 5632, 5
+    L, NH, C, V, T, micro, accum = 22, 32, 2048, 32000, 2048, 4, 1
+    if ctx.dry:
+        L, NH, KV, I, C, V, T, micro, accum, lsteps = 2, 4, 2, 176, 64, 256, 64, 2, 1, 3
+    train_config(d / "llama.json", micro, accum, "recompute",
+                 {"type": "llama", "n_layer": L, "n_head": NH, "num_key_value_heads": KV,
+                  "n_embd": C, "intermediate_size": I, "vocab_size": V, "context": T,
+                  "tied_embeddings": False}, lsteps, backend)
+    params = 2 * V * C + L * (2 * C * C + 2 * C * (C * KV // NH) + 3 * C * I + 2 * C) + C
+    flops_tok = 6 * (params - V * C) + 6 * L * C * T
+    ctx.md("")
+    ctx.md("### Llama ~1B")
+    ctx.md("")
+    ctx.md("Model: Llama (TinyLlama-1.1B's shape) L=%d, heads=%d (key-value %d), C=%d, SwiGLU %d, "
+           "T=%d, vocab %d, untied head: %d parameters; micro-batch %d x %d, %d micro-batches per "
+           "step, %d steps, bf16, AdamW, activations recomputed; synthetic data. Backend: %s."
+           % (L, NH, KV, C, I, T, V, params, micro, T, accum, lsteps, backend))
+    ctx.md("")
+    ctx.md("MFU = tokens/s x (6 (N - V C) + 6 L C T = %d FLOPs per token) / peak (%s TFLOP/s). "
+           "PyTorch: tools/peers/torch_llama_gpu.py (TinyLlama's shape, 4 x 2048, activation "
+           "checkpointing per block), run after strata's first row%s."
+           % (flops_tok, peak or "unknown", "" if ctx.quick else " and after its last"))
+    ctx.md("")
+    t = Table(ctx, "llama", d / "llama.json", flops_tok)
+    t.strata_row("device", "none", "none", 1,
+                 "everything on the device, the optimizer stepped by the device's kernel")
+    t.torch_run("torch_llama_gpu.py", [], why_not)
+    t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
+    t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    if not ctx.quick:
+        t.torch_run("torch_llama_gpu.py", [], why_not)
+    llama = t.write(why_not)
+    llama.update({"params": params, "steps": lsteps})
+    bad += t.bad
+    torch_failed = [k for k, m in (("gpt2", gpt), ("llama", llama))
+                    if any("error" in x for x in m["torch"])]
+    ctx.put_json({"backend": backend, "torch": why_not or "ran",
+                  "models": {"gpt2-124m": gpt, "llama-1b": llama}})
+    # A PyTorch peer that cannot run on a GPU machine is a failure of the comparison; in a dry
+    # run (no GPU) it is expected and reported.
+    if why_not and not ctx.dry:
+        bad.append("PyTorch peers not run: %s" % why_not)
+    bad += ["PyTorch peer failed (%s)" % k for k in torch_failed]
+    if bad:
+        ctx.result("failed", "; ".join(bad))
+    else:
+        ratio = gpt["rows"].get("device", {}).get("over_torch")
+        ctx.result("ok", "8 runs trained (%s): GPT-2 124M in 5 placements, Llama ~1B in 3; PyTorch "
+                   "%s" % (backend, why_not or ("GPT-2 strata/PyTorch %.2f" % ratio if ratio
+                                                else "ran")))

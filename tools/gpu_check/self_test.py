@@ -1,0 +1,203 @@
+"""tools/gpu_check.py --self-test: the check without a GPU (CI runs it: tests/gpu_check.cmake).
+
+Argument parsing, the helpers, then every phase in --dry-run mode against a CPU build (the same
+code path as on a GPU, on the CPU backend at small shapes), the PyTorch peers through a stand-in
+interpreter that prints a result line, and the report and JSON it writes; then a broken build
+directory (phases fail soft, exit 1), --deadline 0 (phases skipped as out of time), and two
+runs adding up in one report."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .common import ALL_PHASES, ROOT, median, metric_median, peak_for
+from .phases_bench import comparison_table
+from .phases_train import bytes_vs_min, peak_rss
+
+TOOL = ROOT / "tools" / "gpu_check.py"
+
+FAKE_TORCH = """#!/bin/sh
+# A stand-in for a Python with PyTorch: the availability probe, then a peer's result line.
+case "$1" in
+  -c) echo "2.9.0+fake True" ;;
+  *) echo '{"peer": "torch", "mode": "eager", "step_ms": 10.0, "tokens_per_s": 1000, "peak_mem_gib": 0.1}' ;;
+esac
+"""
+
+
+def dig(obj, path):
+    for part in path.split("/"):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def self_test(build):
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_selftest."))
+    fails = []
+    checks_log = open(tmp / "checks.log", "w")
+
+    def check(what, ok):
+        print("  %s  %s" % ("ok  " if ok else "FAIL", what), flush=True)
+        if not ok:
+            fails.append(what)
+
+    def tool(*args, log=None):
+        p = subprocess.run([sys.executable, str(TOOL)] + [str(a) for a in args],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (log or checks_log).write(p.stdout)
+        return p.returncode, p.stdout
+
+    print("gpu_check self-test (build dir %s)" % build)
+    check("--help exits 0", tool("--help")[0] == 0)
+    check("an unknown option exits 2", tool("--bogus")[0] == 2)
+    check("an unknown phase exits 2", tool("--phases", "env,nope")[0] == 2)
+    check("a missing value exits 2", tool("--results")[0] == 2)
+    check("a bad --jobs exits 2", tool("--jobs", "zero")[0] == 2)
+    check("a bad --deadline exits 2", tool("--deadline", "soon")[0] == 2)
+    import py_compile
+    ok = True
+    for f in list((ROOT / "tools" / "gpu_check").glob("*.py")) + \
+            list((ROOT / "tools" / "peers").glob("*.py")) + [TOOL, ROOT / "tools" / "gpu_peers.py"]:
+        try:
+            py_compile.compile(str(f), cfile=str(tmp / "pyc"), doraise=True)
+        except py_compile.PyCompileError as e:
+            checks_log.write(str(e))
+            ok = False
+    check("every module compiles (tools/gpu_check, tools/peers)", ok)
+    check("peak table: H100 SXM", peak_for("NVIDIA H100 80GB HBM3") == 989)
+    check("peak table: H100 PCIe", peak_for("NVIDIA H100 PCIe") == 756)
+    check("peak table: H200", peak_for("NVIDIA H200") == 989)
+    check("peak table: A100", peak_for("NVIDIA A100-SXM4-80GB") == 312)
+    check("median: odd, even (lower middle), empty",
+          median([3, 1, 2]) == 2 and median([4, 1, 3, 2]) == 2 and median([]) is None)
+    (tmp / "m.jsonl").write_text("".join('{"step":%d,"step_s":%d}\n' % (i, v)
+                                         for i, v in enumerate([100, 50, 3, 1, 2])))
+    check("metric_median skips the first two steps", metric_median(tmp / "m.jsonl", "step_s") == 2)
+    log = ("nvme bytes per step: 1.62 GiB (median of steps 3-6), the placement's minimum "
+           "1.62 GiB (+0.0%)\nhost<->device bytes per step: 1.16 GiB (median of steps 3-6), the "
+           "placement's minimum 1.10 GiB (+5.5%)\nhost memory: peak RSS (VmHWM) 31.1 GiB = ...\n")
+    check("bytes_vs_min reads a run's summary",
+          bytes_vs_min(log) == "nvme 1.62 GiB (1.62 GiB, +0.0%); link 1.16 GiB (1.10 GiB, +5.5%)")
+    check("peak_rss reads a run's summary", peak_rss(log) == "31.1 GiB")
+    row = {"name": "gpt2", "B": 8, "T": 1024, "NH": 12, "NKV": 12, "hs": 64,
+           "plain": {"forward_s": {"median": 0.002}, "backward_s": {"median": 0.004}},
+           "fused": {"forward_s": {"median": 0.001}, "backward_s": {"median": 0.002}},
+           "cudnn": {"forward_s": {"median": 0.0005}, "backward_s": {"median": 0.002}}}
+    lines, names, cudnn = comparison_table([row, {"name": "long", "fused": {"forward_s": 0.1},
+                                                  "plain": "n/a: slow", "cudnn": "n/a: no"}])
+    check("attention: a cuDNN column is compared with the fused kernel",
+          cudnn == ["cudnn"] and "| 0.50, 1.00 |" in lines[2] and "n/a: slow" in lines[3])
+    check("attention: no cuDNN column, no comparison",
+          comparison_table([{k: v for k, v in row.items() if k != "cudnn"}])[2] == [])
+
+    bench = build / "tests" / "bench_device_ops"
+    strata = build / "tools" / "strata"
+    if not (os.access(bench, os.X_OK) and os.access(strata, os.X_OK)):
+        print("  FAIL  %s or %s is not built (cmake --build %s --target strata bench_device_ops)"
+              % (strata, bench, build))
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 1
+    fake = tmp / "fake_torch_python"
+    fake.write_text(FAKE_TORCH)
+    fake.chmod(0o755)
+    # Every phase, dry: the same code path as on a GPU, on the CPU backend.
+    r = tmp / "results"
+    swap = build / "gpu_check_swap"
+    with open(tmp / "dry.log", "w") as f:
+        rc, out = tool("--dry-run", "--results", r, "--build-dir", build, "--nvme-path", swap,
+                       "--torch-python", fake, log=f)
+    print("".join("    | %s\n" % l for l in out.splitlines()), end="")
+    check("the dry run exits 0 (every phase ok or skipped)", rc == 0)
+    md = (r / "report.md").read_text() if (r / "report.md").exists() else ""
+    check("report.md written", bool(md))
+    try:
+        js = json.loads((r / "report.json").read_text())
+    except (OSError, ValueError):
+        js = {}
+    keys = ["magic", "version", "phases/env/status", "phases/build/status", "phases/tests/status",
+            "phases/sanitizer/status", "phases/gemm/result/shapes", "phases/copy/result/cases",
+            "phases/attention/result/shapes"]
+    for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme"]),
+                        ("llama-1b", ["device", "host", "nvme"])):
+        keys += ["phases/train/result/models/%s/rows/%s/tokens_per_s" % (model, x) for x in rows]
+        keys.append("phases/train/result/models/%s/torch_tokens_per_s" % model)
+    keys += ["phases/train/result/models/gpt2-124m/rows/device/over_torch",
+             "phases/offload/result/disk_read_gbps", "phases/offload/result/all_on_device/step_s"]
+    for x in ("plain", "auto", "never", "host-4g"):
+        keys += ["phases/offload/result/rows/%s/step_s" % x,
+                 "phases/offload/result/ratios/%s/step_over_bound" % x,
+                 "phases/offload/result/ratios/%s/planner_clipped_step_s" % x]
+    missing = [k for k in keys if dig(js, k) is None]
+    checks_log.write("missing keys: %s\n" % missing)
+    check("report.json has every phase's result (%d keys)" % len(keys), not missing)
+    for p in ALL_PHASES[:-1]:
+        check("report.md has a section for %s" % p, re.search(r"^## %s$" % p, md, re.M) is not None)
+        check("phase %s is ok or skipped" % p,
+              re.search(r"^\| %s \| (ok|skipped) \|" % p, md, re.M) is not None)
+    check("the report says it was a dry run", "Dry run: no GPU was used" in md)
+    check("the fused attention ran in the attention benchmark", "| fused |" in md)
+    check("the training tables have 8 rows (5 GPT, 3 Llama) with a strata / PyTorch ratio",
+          len(re.findall(r"^\| (device|device-opt-host|ratio|host|nvme): .*\| n/a \| [0-9.]+ \| "
+                         r"[0-9?]+ \| .*\| ok \(", md, re.M)) == 8)
+    check("the PyTorch peer ran twice per model (before and after strata's rows)",
+          len(re.findall(r"^PyTorch peer, run \d", md, re.M)) == 4)
+    check("the offload rows have the plain schedule's losses",
+          len(re.findall(r"\| same bits \| ok", md)) == 3)
+    check("the offload rows show NVMe bytes against the minimum",
+          re.search(r"\| plain: .*\| nvme [0-9.]+ [KMG]iB \([0-9.]+ [KMG]iB, [-+][0-9.]+%\)", md)
+          is not None)
+    check("the offload phase has step / bound and the planner's step for 4 rows",
+          len(re.findall(r"^\| (plain|auto|never|host-4g) \| [0-9]+ \| [0-9]+ \| [0-9]+ \| "
+                         r"[0-9]+ \| [0-9.]+ \| [0-9.]+ [KMG]iB \| [0-9]+ \((deferred|after "
+                         r"backward)\) \| [0-9.]+ \|$", md, re.M)) == 4)
+    check("the paths are printed", ("report: %s" % (r / "report.md")) in out)
+    # The deepspeed phase, named, without its bundle: skipped with the reason.
+    rc, out = tool("--dry-run", "--phases", "deepspeed", "--results", r, "--build-dir", build,
+                   "--peers-dir", tmp / "nopeers")
+    md = (r / "report.md").read_text()
+    check("deepspeed without its bundle is skipped, saying why",
+          re.search(r"^\| deepspeed \| skipped \| [0-9]+ \| no DeepSpeed bundle", md, re.M)
+          is not None and rc == 0)
+    # A failing phase is recorded and the tool goes on: a build dir without binaries.
+    rc, _ = tool("--dry-run", "--phases", "build,gemm,train", "--results", tmp / "broken",
+                 "--build-dir", tmp / "nobuild")
+    check("failing phases exit 1", rc == 1)
+    bmd = (tmp / "broken" / "report.md").read_text() if (tmp / "broken" / "report.md").exists() else ""
+    check("a failing phase is recorded and later phases still run",
+          re.search(r"^\| train \| failed \|", bmd, re.M) is not None)
+    try:
+        bjs = json.loads((tmp / "broken" / "report.json").read_text())
+    except (OSError, ValueError):
+        bjs = {}
+    check("the failed run's JSON is valid",
+          all(dig(bjs, "phases/%s/status" % p) for p in ("build", "gemm", "train")))
+    # Out of time: phases that cannot start are recorded, not run.
+    tool("--dry-run", "--phases", "env,gemm", "--deadline", "0", "--results", tmp / "late",
+         "--build-dir", build)
+    lmd = (tmp / "late" / "report.md").read_text() if (tmp / "late" / "report.md").exists() else ""
+    check("--deadline: phases past it are skipped as out of time",
+          re.search(r"^\| gemm \| skipped \| [0-9]+ \| out of time", lmd, re.M) is not None)
+    # A second run with the same --results adds its phases to the report.
+    tool("--dry-run", "--phases", "env", "--results", tmp / "parts", "--build-dir", build)
+    tool("--dry-run", "--phases", "copy", "--results", tmp / "parts", "--build-dir", build)
+    try:
+        pjs = json.loads((tmp / "parts" / "report.json").read_text())
+    except (OSError, ValueError):
+        pjs = {}
+    check("runs with the same --results add up in one report",
+          dig(pjs, "phases/env/status") and dig(pjs, "phases/copy/result") is not None)
+    checks_log.close()
+    if fails:
+        print("gpu_check self-test: %d check(s) FAILED (details: %s, %s)"
+              % (len(fails), tmp / "checks.log", tmp / "dry.log"))
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(swap, ignore_errors=True)
+    print("gpu_check self-test: OK")
+    return 0
