@@ -4,9 +4,12 @@
 //   bench_device_ops gemm      [options]  matmul_forward / matmul_backward (cuBLASLt on CUDA) at
 //                                         GPT-2 124M's shapes: TFLOP/s and share of --peak-tflops
 //   bench_device_ops copy      [options]  host<->device copies, pinned and pageable, GB/s
-//   bench_device_ops attention [options]  plain (attention_*) vs fused (fused_attention_*):
-//                                         forward and backward time, TFLOP/s, the attention
-//                                         memory each needs, and how far the two outputs differ
+//   bench_device_ops attention [options]  plain (attention_gqa_*) vs fused (fused_attention_*,
+//                                         the backend's own kernels), and cuDNN's fused attention
+//                                         where the device runs the shape on it ("cudnn" rows,
+//                                         with cuDNN's TFLOP/s over the own kernels'): forward
+//                                         and backward time, TFLOP/s, the attention memory each
+//                                         needs, and how far the plain and fused outputs differ
 //   bench_device_ops validate-json FILE [KEY...]   exit 0 if FILE parses and has every KEY
 //
 // options: --backend cuda|cpu (default cuda; cpu runs the same code on the CPU backend, which is
@@ -35,6 +38,7 @@
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
+#include "strata/kernels_wrapper.h"
 
 namespace strata {
 namespace {
@@ -309,30 +313,56 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
              fmt_num(double(mem) / (1 << 20)) + " MiB |\n";
     };
     Status st;
-    // fused: lse + scratch, [B,NH,T] fp32 each.
-    if (k.fused_attention_supported(dt, sh.hs)) {
+    // fused: lse + scratch, [B,NH,T] fp32 each. Where the device runs this shape on a library
+    // (cuDNN), both that and the backend's own kernels (below the library layer) are timed.
+    auto* layered = dynamic_cast<KernelsWrapper*>(&k);
+    Kernels& own = layered != nullptr ? *layered->wrapped() : k;
+    const KernelSupport lib =
+        k.supports(KernelOp::kFusedAttention, {dt, sh.hs, sh.B, sh.T, sh.NH, sh.NKV});
+    const bool on_library = lib.supported && layered != nullptr && lib.path.rfind("cudnn", 0) == 0;
+    auto time_fused = [&](Kernels& kk, const char* label) -> Status {
       STRATA_ASSIGN_OR_RETURN(void* lse, b.random(rows_n, DType::kF32), sh.name);
       STRATA_ASSIGN_OR_RETURN(void* scr, b.random(rows_n, DType::kF32), sh.name);
       auto* L = static_cast<float*>(lse);
       const Spread f = time_per_call(
           o, 1,
           [&] {
-            k.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            kk.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
             return dev.synchronize(s);
           },
           &st);
       const Spread bw = time_per_call(
           o, 1,
           [&] {
-            k.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused, L,
-                                       sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            kk.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused,
+                                        L, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
             return dev.synchronize(s);
           },
           &st);
-      STRATA_RETURN_IF_ERROR(st, std::string("fused attention ") + sh.name);
-      record("fused", f, bw, 2 * rows_n * 4);
+      STRATA_RETURN_IF_ERROR(st, std::string(label) + " attention " + sh.name);
+      record(label, f, bw, 2 * rows_n * 4);
+      return Status::ok();
+    };
+    if (on_library) {
+      STRATA_RETURN_IF_ERROR(time_fused(k, "cudnn"), lib.path);
+      row["cudnn"]["path"] = lib.path;
+    } else {
+      row["cudnn"] = "n/a: " + lib.path;
+    }
+    if (own.supports(KernelOp::kFusedAttention, {dt, sh.hs}).supported) {
+      STRATA_RETURN_IF_ERROR(time_fused(own, "fused"), "the own fused kernels");
     } else {
       row["fused"] = "n/a: not supported for this dtype and head size";
+    }
+    if (on_library && row["fused"].is_object()) {
+      // cuDNN's TFLOP/s over the own kernels' (> 1: cuDNN is faster).
+      const double fr = row["cudnn"]["forward_tflops"].get<double>() /
+                        row["fused"]["forward_tflops"].get<double>();
+      const double br = row["cudnn"]["backward_tflops"].get<double>() /
+                        row["fused"]["backward_tflops"].get<double>();
+      row["cudnn_over_own"] = {{"forward", fr}, {"backward", br}};
+      *md += std::string("| ") + sh.name + " | | | | | cudnn / own | " + fmt_num(fr, 2) + "x | " +
+             fmt_num(br, 2) + "x | | | |\n";
     }
     // plain: att + scratch, [B,NH,T,T] fp32 each; only GQA-free shapes, and only if it fits.
     const size_t plain_mem = 2 * rows_n * size_t(sh.T) * 4;
@@ -360,15 +390,15 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
       const Spread f = time_per_call(
           o, 1,
           [&] {
-            k.attention_forward(s, dt, y, A, qkv, sh.B, sh.T, int(C), sh.NH);
+            k.attention_gqa_forward(s, dt, y, A, qkv, sh.B, sh.T, sh.NH, sh.NH, (int(C)) / sh.NH);
             return dev.synchronize(s);
           },
           &st);
       const Spread bw = time_per_call(
           o, 1,
           [&] {
-            k.attention_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B, sh.T,
-                                 int(C), sh.NH);
+            k.attention_gqa_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B,
+                                     sh.T, sh.NH, sh.NH, (int(C)) / sh.NH);
             return dev.synchronize(s);
           },
           &st);

@@ -358,9 +358,10 @@ TEST(CpuKernels, AttentionForwardAndBackward) {
         Vec dqkv0 = dqkv.to_double();
         std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
         Fixture f;
-        f.k().attention_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, C, NH);
-        f.k().attention_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
-                                 att.data(), B, T, C, NH);
+        f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, NH, NH,
+                                    C / NH);
+        f.k().attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(),
+                                     qkv.data(), att.data(), B, T, NH, NH, C / NH);
         f.sync();
         AttRef r = ref_attention(qkv.to_double(), B, T, C, NH);
         expect_close(out.to_double(), r.out, tol_for(dt), "out");
@@ -389,6 +390,31 @@ TEST(CpuKernels, GeluForwardAndBackward) {
       Vec g = ref_gelu_grad(x.to_double(), dy.to_double());
       for (size_t i = 0; i < n; ++i) g[i] += dx0[i];
       expect_close(dx.to_double(), g, tol_for(dt), "dinp");
+    }
+  }
+}
+
+// matmul_gelu_forward on the CPU backend is matmul_forward then gelu_forward, bit for bit (the
+// contract: GPT-2's losses do not move when its MLP calls the fused op).
+TEST(CpuKernels, MatmulGeluIsMatmulThenGeluBitForBit) {
+  for (DType dt : kAllTypes) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} bias={}", dtype_name(dt), with_bias));
+      const int N = 37, C = 48, OC = 200;
+      std::mt19937_64 rng(test_seed(11));
+      Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+      Typed b = random_typed(dt, OC, rng);
+      Typed pre(dt, size_t(N) * OC), out(dt, pre.n), pre2(dt, pre.n), out2(dt, pre.n);
+      Fixture f;
+      EXPECT_TRUE(f.k().supports(KernelOp::kMatmulGelu, {.dt = dt, .OC = OC}).supported);
+      const void* bias = with_bias ? b.data() : nullptr;
+      f.k().matmul_gelu_forward(f.s(), dt, out.data(), pre.data(), x.data(), w.data(), bias, N, C,
+                                OC);
+      f.k().matmul_forward(f.s(), dt, pre2.data(), x.data(), w.data(), bias, N, C, OC);
+      f.k().gelu_forward(f.s(), dt, out2.data(), pre2.data(), pre2.n);
+      f.sync();
+      EXPECT_EQ(pre.bytes, pre2.bytes);
+      EXPECT_EQ(out.bytes, out2.bytes);
     }
   }
 }
@@ -858,9 +884,9 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   k.layernorm_forward(f.s(), dt, ln.data(), mean.data(), rstd.data(), x.data(), lw.data(),
                       lb.data(), N, C);
   k.matmul_forward(f.s(), dt, qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
-  k.attention_forward(f.s(), dt, att_out.data(), att.data(), qkv.data(), B, T, C, NH);
-  k.attention_backward(f.s(), dt, dqkv.data(), scratch.data(), att_out.data(), qkv.data(),
-                       att.data(), B, T, C, NH);
+  k.attention_gqa_forward(f.s(), dt, att_out.data(), att.data(), qkv.data(), B, T, NH, NH, C / NH);
+  k.attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), att_out.data(), qkv.data(),
+                           att.data(), B, T, NH, NH, C / NH);
   k.matmul_backward(f.s(), dt, dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(),
                     N, C, OC);
   k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),

@@ -249,21 +249,43 @@ TEST_P(CudaOpTest, Matmul) {
   compare("matmul_backward dbias", db, DType::kF32, kReduction);
 }
 
+// The fused up-projection + GELU (cuBLASLt's GELU_AUX_BIAS epilogue) against the CPU backend's
+// matmul_forward + gelu_forward: pre as a matmul, out within one more rounding of dt.
+TEST_P(CudaOpTest, MatmulGelu) {
+  const DType dt = GetParam();
+  const int N = 96, C = 136, OC = 200;  // OC a multiple of 8: the epilogue's aux matrix
+  KernelSupport sup =
+      dev_[1]->kernels().supports(KernelOp::kMatmulGelu, {.dt = dt, .N = N, .C = C, .OC = OC});
+  if (!sup.supported) GTEST_SKIP() << "matmul_gelu_forward: " << sup.path;
+  EXPECT_FALSE(dev_[1]->kernels().supports(KernelOp::kMatmulGelu, {.dt = dt, .OC = 100}).supported);
+  Twin inp = random(size_t(N) * C, dt), w = random(size_t(OC) * C, dt), b = random(OC, dt);
+  for (bool with_bias : {true, false}) {
+    Twin out = random(size_t(N) * OC, dt), pre = random(size_t(N) * OC, dt);
+    run([&](Kernels& k, Stream& s, int i) {
+      k.matmul_gelu_forward(s, dt, out.p[i], pre.p[i], inp.p[i], w.p[i],
+                            with_bias ? b.p[i] : nullptr, N, C, OC);
+    });
+    const std::string what = with_bias ? " (bias)" : " (no bias)";
+    compare("matmul_gelu_forward pre" + what, pre, dt, tol(dt, kReduction));
+    compare("matmul_gelu_forward out" + what, out, dt, 2 * tol(dt, kReduction));
+  }
+}
+
 TEST_P(CudaOpTest, Attention) {
   const DType dt = GetParam();
   const int B = 2, T = 45, NH = 3, C = 48;  // T not a multiple of the warp width
   Twin qkv = random(size_t(B) * T * 3 * C, dt, -2, 2), out = random(size_t(B) * T * C, dt);
   Twin att = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.attention_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], B, T, C, NH);
+    k.attention_gqa_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], B, T, NH, NH, C / NH);
   });
   compare("attention_forward out", out, dt, tol(dt, kReduction));
   compare("attention_forward att", att, DType::kF32, kReduction);
   Twin dout = random(size_t(B) * T * C, dt), dqkv = random(size_t(B) * T * 3 * C, dt);
   Twin scratch = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.attention_backward(s, dt, dqkv.p[i], scratch.at<float>(i), dout.p[i], qkv.p[i],
-                         att.at<float>(i), B, T, C, NH);
+    k.attention_gqa_backward(s, dt, dqkv.p[i], scratch.at<float>(i), dout.p[i], qkv.p[i],
+                             att.at<float>(i), B, T, NH, NH, C / NH);
   });
   compare("attention_backward dqkv", dqkv, dt, tol(dt, kReduction));
 }
@@ -298,7 +320,7 @@ TEST_P(CudaOpTest, Dropout) {
   const size_t n = 70001;
   Twin x = random(n, dt), out = random(n, dt);
   run([&](Kernels& k, Stream& s, int i) {
-    EXPECT_TRUE(k.dropout_supported());
+    EXPECT_TRUE(k.supports(KernelOp::kDropout, {}).supported);
     k.dropout(s, dt, out.p[i], x.p[i], n, 0.1f, 0x5eed5eedull);
   });
   compare("dropout", out, dt, 0.0);

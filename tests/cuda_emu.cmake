@@ -23,7 +23,9 @@ endforeach()
 # is told for adamw.cu (--fmad=false).
 add_library(strata_cuda_emu OBJECT ${strata_emu_generated} ${strata_emu_dir}/runtime.cc
             ${strata_emu_dir}/cublaslt.cc ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_device.cc
-            ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_kernels.cc)
+            ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_kernels.cc
+            ${CMAKE_SOURCE_DIR}/kernels/cuda/library_attention.cc
+            ${CMAKE_SOURCE_DIR}/kernels/cuda/no_cudnn.cc)
 target_include_directories(strata_cuda_emu BEFORE PUBLIC ${strata_emu_dir}/include)
 target_compile_options(strata_cuda_emu PRIVATE -fno-strict-aliasing -ffp-contract=off)
 target_link_libraries(strata_cuda_emu PUBLIC strata_options)
@@ -74,6 +76,10 @@ strata_emu_test(cuda_backend_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_tes
 # the fused kernels at T up to 257 against the CPU twin and the double reference stay.
 strata_emu_test(cuda_flash_attention_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_flash_attention_test.cc
                 FILTER "-*AtALongSequence")
+# The choice between cuDNN's fused attention and the own kernels (kernels/cuda/attention_library.h):
+# cuDNN absent or turned off, and a test double standing in for it.
+strata_emu_test(cuda_library_attention_emu_test
+                ${CMAKE_CURRENT_LIST_DIR}/cuda_library_attention_test.cc)
 strata_emu_test(llama_cuda_emu_test ${CMAKE_CURRENT_LIST_DIR}/llama_cuda_test.cc)
 strata_emu_test(cuda_train_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_train_test.cc)
 # The CUDA backend on 2 ranks under mpirun, the NCCL stand-in's collectives over MPI, against one

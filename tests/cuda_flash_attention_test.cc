@@ -3,12 +3,17 @@
 // double-precision reference (tests/attention_reference.h); and against the plain CUDA kernels
 // at a long sequence. Fresh random inputs, several shapes: T not a multiple of the tile, head
 // sizes 64 and 128, grouped-query heads; forward (out, lse) and backward (dqkv, accumulated onto
-// a random gradient), bf16 and fp16.
+// a random gradient), bf16 and fp16. These run the own kernels (under the device's cuDNN layer,
+// KernelsWrapper::wrapped()); the Cudnn* tests run the device's kernels as a model does, where
+// cuDNN's fused attention takes the shapes it supports (kernels/cuda/cudnn_attention.cc), and
+// compare it the same way.
 //
-// Without a visible GPU every test reports SKIPPED with the reason.
+// Without a visible GPU every test reports SKIPPED with the reason; without cuDNN (not built
+// with it, not loadable, STRATA_CUDNN=0) the Cudnn* tests report SKIPPED with supports()' reason.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -17,6 +22,7 @@
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
+#include "strata/kernels_wrapper.h"
 #include "tests/attention_reference.h"
 
 namespace strata {
@@ -74,9 +80,22 @@ class CudaFlashAttentionTest : public ::testing::Test {
     Buffer out, dqkv;
     std::vector<float> lse;
   };
-  // Forward then backward of the fused op on `dev`'s kernels. `on_gpu`: buffers are uploaded.
+  // The CUDA backend's own fused attention kernels (below its library layer).
+  Kernels& own() {
+    auto* w = dynamic_cast<KernelsWrapper*>(&gpu_->kernels());
+    return w != nullptr ? *w->wrapped() : gpu_->kernels();
+  }
+  // The path the device's kernels take for this call ("cudnn ..." or "cuda wmma; ...").
+  std::string path(DType dt, const AttnShape& s) {
+    return gpu_->kernels()
+        .supports(KernelOp::kFusedAttention, {dt, s.hs, s.B, s.T, s.NH, s.NKV})
+        .path;
+  }
+
+  // Forward then backward of the fused op. `on_gpu`: buffers are uploaded and `gpu_k` runs
+  // (default: the own kernels); else the CPU backend.
   Result run_fused(bool on_gpu, const AttnShape& s, const Buffer& qkv, const Buffer& dout,
-                   const Buffer& dqkv0) {
+                   const Buffer& dqkv0, Kernels* gpu_k = nullptr) {
     Result r{Buffer(qkv.dt, s.out_elems()), dqkv0, std::vector<float>(s.rows())};
     std::vector<float> scratch(s.rows());
     const DType dt = qkv.dt;
@@ -97,7 +116,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
     void* y = upload(r.out.data(), r.out.bytes.size());
     auto* lse = static_cast<float*>(upload(r.lse.data(), s.rows() * 4));
     auto* sc = static_cast<float*>(upload(scratch.data(), s.rows() * 4));
-    Kernels& k = gpu_->kernels();
+    Kernels& k = gpu_k != nullptr ? *gpu_k : own();
     Stream& st = gpu_->compute_stream();
     k.fused_attention_forward(st, dt, y, lse, x, s.B, s.T, s.NH, s.NKV, s.hs);
     k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, s.B, s.T, s.NH, s.NKV, s.hs);
@@ -120,13 +139,13 @@ class CudaFlashAttentionTest : public ::testing::Test {
 std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 TEST_F(CudaFlashAttentionTest, SupportsBf16AndFp16WithHeadSizes64And128) {
-  Kernels& k = gpu_->kernels();
+  Kernels& k = own();
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    EXPECT_TRUE(k.fused_attention_supported(dt, 64));
-    EXPECT_TRUE(k.fused_attention_supported(dt, 128));
-    EXPECT_FALSE(k.fused_attention_supported(dt, 96));
+    EXPECT_TRUE(k.supports(KernelOp::kFusedAttention, {dt, 64}).supported);
+    EXPECT_TRUE(k.supports(KernelOp::kFusedAttention, {dt, 128}).supported);
+    EXPECT_FALSE(k.supports(KernelOp::kFusedAttention, {dt, 96}).supported);
   }
-  EXPECT_FALSE(k.fused_attention_supported(DType::kF32, 64));
+  EXPECT_FALSE(k.supports(KernelOp::kFusedAttention, {DType::kF32, 64}).supported);
 }
 
 TEST_F(CudaFlashAttentionTest, MatchesTheCpuBackendAndTheReference) {
@@ -185,9 +204,9 @@ TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
   for (void* p : {*y, *att, *scratch}) gpu_bufs_.push_back(p);
   Kernels& k = gpu_->kernels();
   Stream& st = gpu_->compute_stream();
-  k.attention_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, C, s.NH);
-  k.attention_backward(st, dt, dx, static_cast<float*>(*scratch), g, x, static_cast<float*>(*att),
-                       s.B, s.T, C, s.NH);
+  k.attention_gqa_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, s.NH, s.NH, C / s.NH);
+  k.attention_gqa_backward(st, dt, dx, static_cast<float*>(*scratch), g, x,
+                           static_cast<float*>(*att), s.B, s.T, s.NH, s.NH, C / s.NH);
   ASSERT_TRUE(gpu_->synchronize(st).is_ok());
   Buffer out_plain(dt, s.out_elems()), dqkv_plain(dt, s.qkv_elems());
   download(out_plain.data(), *y, out_plain.bytes.size());
@@ -225,6 +244,86 @@ TEST_F(CudaFlashAttentionTest, UnsupportedCallsFailAtTheNextSynchronize) {
   s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("multiple of NKV"), std::string::npos) << s.to_string();
+}
+
+// cuDNN's fused attention, through the device's kernels, against the CPU backend and the double
+// reference: the shapes above plus a longer Llama-like one. Shapes cuDNN does not take are
+// listed, not failed; if it takes none the test is SKIPPED with supports()' reason.
+TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
+  const AttnShape shapes[] = {
+      {2, 64, 2, 2, 64},   {2, 100, 3, 3, 64}, {1, 257, 8, 2, 64},   {2, 130, 4, 4, 128},
+      {1, 200, 4, 1, 128}, {3, 17, 2, 1, 64},  {1, 1024, 8, 2, 128},  // grouped-query heads as
+                                                                      // Llama 3 (4 query heads per
+                                                                      // KV head)
+  };
+  int ran = 0;
+  std::string not_run, first_not_run;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const AttnShape& s : shapes) {
+      const std::string p = path(dt, s);
+      const std::string what = std::string(dtype_name(dt)) + " " + s.name();
+      if (p.rfind("cudnn", 0) != 0) {
+        if (not_run.empty()) first_not_run = what + ": " + p;
+        not_run += "\n  " + what + ": " + p;
+        continue;
+      }
+      ++ran;
+      SCOPED_TRACE(what + " on " + p + seed_text());
+      const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+      const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+      const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+      Result cpu = run_fused(false, s, qkv, dout, dqkv0);
+      Result gpu = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
+      EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
+      EXPECT_EQ(compare_close(as_double(gpu.lse), as_double(cpu.lse), 1e-4), "") << "lse";
+      EXPECT_EQ(compare_close(gpu.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+      if (s.T <= 130) {
+        std::vector<double> out_ref, lse_ref;
+        test::reference_attention_forward(s, qkv.values(), &out_ref, &lse_ref);
+        std::vector<double> d_ref =
+            test::reference_attention_backward(s, qkv.values(), dout.values());
+        const std::vector<double> before = dqkv0.values();
+        for (size_t i = 0; i < d_ref.size(); ++i) d_ref[i] += before[i];
+        EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
+        EXPECT_EQ(compare_close(gpu.dqkv.values(), d_ref, rtol(dt)), "") << "dqkv vs reference";
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "cuDNN ran no shape; the first: " << first_not_run;
+  if (!not_run.empty()) std::printf("cuDNN did not take:%s\n", not_run.c_str());
+}
+
+// cuDNN and the own kernels on one long sequence (bf16, hs 128, grouped-query heads): the same
+// numbers within bf16 rounding.
+TEST_F(CudaFlashAttentionTest, CudnnAgreesWithTheOwnKernelsAtALongSequence) {
+  const DType dt = DType::kBF16;
+  const AttnShape s{2, 2048 + 33, 8, 2, 128};
+  const std::string p = path(dt, s);
+  if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
+  SCOPED_TRACE(s.name() + " on " + p + seed_text());
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result lib = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
+  Result mine = run_fused(true, s, qkv, dout, dqkv0);
+  EXPECT_EQ(compare_close(lib.out.values(), mine.out.values(), rtol(dt)), "") << "out";
+  EXPECT_EQ(compare_close(as_double(lib.lse), as_double(mine.lse), 1e-4), "") << "lse";
+  EXPECT_EQ(compare_close(lib.dqkv.values(), mine.dqkv.values(), rtol(dt)), "") << "dqkv";
+}
+
+// The backward is built with cuDNN's deterministic algorithm: the same inputs give the same bits.
+TEST_F(CudaFlashAttentionTest, CudnnIsDeterministic) {
+  const AttnShape s{2, 300, 8, 2, 64};
+  const DType dt = DType::kBF16;
+  const std::string p = path(dt, s);
+  if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result a = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
+  Result b = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
+  EXPECT_EQ(a.out.bytes, b.out.bytes);
+  EXPECT_EQ(a.dqkv.bytes, b.dqkv.bytes);
 }
 
 }  // namespace

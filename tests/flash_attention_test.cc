@@ -84,7 +84,7 @@ class FusedAttentionCpu : public ::testing::TestWithParam<DType> {
   void run(Case& c, Buffer* out, std::vector<float>* lse, Buffer* dqkv) {
     Kernels& k = dev_->kernels();
     Stream& st = dev_->compute_stream();
-    ASSERT_TRUE(k.fused_attention_supported(c.dt, c.s.hs));
+    ASSERT_TRUE(k.supports(KernelOp::kFusedAttention, {c.dt, c.s.hs}).supported);
     *out = Buffer(c.dt, c.s.out_elems());
     lse->assign(c.s.rows(), 0.0f);
     *dqkv = c.dqkv0;
@@ -129,9 +129,10 @@ TEST_P(FusedAttentionCpu, MatchesThePlainAttention) {
   std::vector<float> att(size_t(s.B) * s.NH * s.T * s.T), scratch(att.size());
   Kernels& k = dev_->kernels();
   Stream& st = dev_->compute_stream();
-  k.attention_forward(st, dt, out_plain.data(), att.data(), c.qkv.data(), s.B, s.T, C, s.NH);
-  k.attention_backward(st, dt, dqkv_plain.data(), scratch.data(), c.dout.data(), c.qkv.data(),
-                       att.data(), s.B, s.T, C, s.NH);
+  k.attention_gqa_forward(st, dt, out_plain.data(), att.data(), c.qkv.data(), s.B, s.T, s.NH, s.NH,
+                          C / s.NH);
+  k.attention_gqa_backward(st, dt, dqkv_plain.data(), scratch.data(), c.dout.data(), c.qkv.data(),
+                           att.data(), s.B, s.T, s.NH, s.NH, C / s.NH);
   ASSERT_TRUE(dev_->synchronize(st).is_ok());
   // Both compute in fp32 from the same inputs; they differ in summation order (and, for the
   // backward, in taking rowsum(dout * out) from the rounded output).

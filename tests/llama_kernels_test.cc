@@ -5,8 +5,7 @@
 //   - backward ops start from non-zero gradients (the accumulate (+=) contract), except
 //     rope_backward, which the contract defines as an in-place rotation;
 //   - finite-difference checks of every backward against its forward (fp32, central
-//     differences evaluated in double);
-//   - grouped-query attention with KVH == NH gives attention_forward/backward's bits.
+//     differences evaluated in double).
 // Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -343,33 +342,6 @@ TEST(LlamaKernels, GroupedQueryAttentionForwardAndBackward) {
       for (size_t i = 0; i < g.size(); ++i) g[i] += dqkv0[i];
       expect_close(dqkv.to_double(), g, dt == DType::kF32 ? 2e-5 : tol_for(dt), "dqkv");
     }
-  }
-}
-
-// Multi-head attention is grouped-query attention with KVH == NH: same bits (GPT-2's numbers
-// must not move when it runs through the general kernel).
-TEST(LlamaKernels, GqaWithAsManyKvHeadsIsMultiHeadAttentionBitForBit) {
-  for (DType dt : kAllTypes) {
-    const int B = 2, T = 67, NH = 4, hs = 8, C = NH * hs;
-    std::mt19937_64 rng(test_seed(5));
-    Typed qkv = random_typed(dt, size_t(B) * T * 3 * C, rng, -2, 2);
-    Typed dout = random_typed(dt, size_t(B) * T * C, rng), d0 = random_typed(dt, qkv.n, rng);
-    Typed out[2] = {Typed(dt, dout.n), Typed(dt, dout.n)}, dqkv[2] = {d0, d0};
-    std::vector<float> att[2], scratch(size_t(B) * NH * T * T);
-    att[0].resize(scratch.size());
-    att[1].resize(scratch.size());
-    Fixture f;
-    f.k().attention_forward(f.s(), dt, out[0].data(), att[0].data(), qkv.data(), B, T, C, NH);
-    f.k().attention_backward(f.s(), dt, dqkv[0].data(), scratch.data(), dout.data(), qkv.data(),
-                             att[0].data(), B, T, C, NH);
-    f.k().attention_gqa_forward(f.s(), dt, out[1].data(), att[1].data(), qkv.data(), B, T, NH, NH,
-                                hs);
-    f.k().attention_gqa_backward(f.s(), dt, dqkv[1].data(), scratch.data(), dout.data(), qkv.data(),
-                                 att[1].data(), B, T, NH, NH, hs);
-    f.sync();
-    EXPECT_EQ(out[0].bytes, out[1].bytes) << dtype_name(dt);
-    EXPECT_EQ(att[0], att[1]) << dtype_name(dt);
-    EXPECT_EQ(dqkv[0].bytes, dqkv[1].bytes) << dtype_name(dt);
   }
 }
 

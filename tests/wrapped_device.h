@@ -14,6 +14,7 @@
 
 #include "strata/device.h"
 #include "strata/kernels.h"
+#include "strata/kernels_wrapper.h"
 
 namespace strata::test {
 
@@ -23,160 +24,29 @@ struct KernelCounts {
   std::atomic<long> optimizer_elements{0};
 };
 
-// Forwards every op to `inner`, counting optimizer_step calls and their elements. With
-// fused_attention false it reports the fused attention unsupported, so that models take the
-// plain attention (the reference the fused one is compared with).
-class CountingKernels final : public Kernels {
+// Forwards every op to `inner` (KernelsWrapper), counting optimizer_step calls and their
+// elements. With fused_attention false it reports the fused attention unsupported, so that
+// models take the plain attention (the reference the fused one is compared with).
+class CountingKernels final : public KernelsWrapper {
  public:
   bool fused_attention = true;
 
   CountingKernels(Kernels& inner, std::shared_ptr<KernelCounts> counts)
-      : inner_(inner), counts_(std::move(counts)) {}
+      : KernelsWrapper(&inner), counts_(std::move(counts)) {}
 
-  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
-                       const void* wpe, int B, int T, int C) override {
-    inner_.encoder_forward(s, dt, out, tokens, wte, wpe, B, T, C);
-  }
-  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
-                        const int32_t* tokens, int B, int T, int C) override {
-    inner_.encoder_backward(s, dt, dwte, dwpe, dout, tokens, B, T, C);
-  }
-  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
-                         const void* weight, const void* bias, int N, int C) override {
-    inner_.layernorm_forward(s, dt, out, mean, rstd, inp, weight, bias, N, C);
-  }
-  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                          const void* dout, const void* inp, const void* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
-    inner_.layernorm_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
-  }
-  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
-                      const void* bias, int N, int C, int OC) override {
-    inner_.matmul_forward(s, dt, out, inp, weight, bias, N, C, OC);
-  }
-  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                       const void* dout, const void* inp, const void* weight, int N, int C,
-                       int OC) override {
-    inner_.matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-  }
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    inner_.attention_forward(s, dt, out, att, qkv, B, T, C, NH);
-  }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    inner_.attention_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
-  }
-  bool fused_attention_supported(DType dt, int hs) const override {
-    return fused_attention && inner_.fused_attention_supported(dt, hs);
-  }
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
-                               int T, int NH, int NKV, int hs) override {
-    inner_.fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
-  }
-  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                const void* qkv, const void* out, const float* lse, int B, int T,
-                                int NH, int NKV, int hs) override {
-    inner_.fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
-  }
-  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
-                             int T, int NH, int KVH, int hs) override {
-    inner_.attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, KVH, hs);
-  }
-  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
-                              int hs) override {
-    inner_.attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs);
-  }
-  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
-                       const void* weight, float eps, int N, int C) override {
-    inner_.rmsnorm_forward(s, dt, out, rstd, inp, weight, eps, N, C);
-  }
-  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
-                        const void* inp, const void* weight, const float* rstd, int N,
-                        int C) override {
-    inner_.rmsnorm_backward(s, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
-  }
-  void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
-    inner_.swiglu_forward(s, dt, out, inp, N, H);
-  }
-  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
-                       int H) override {
-    inner_.swiglu_backward(s, dt, dinp, inp, dout, N, H);
-  }
-  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
-                    int KVH, int hs) override {
-    inner_.rope_forward(s, dt, qkv, rope, B, T, NH, KVH, hs);
-  }
-  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
-                     int KVH, int hs) override {
-    inner_.rope_backward(s, dt, dqkv, rope, B, T, NH, KVH, hs);
-  }
-  void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
-    inner_.gelu_forward(s, dt, out, inp, n);
-  }
-  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
-                     size_t n) override {
-    inner_.gelu_backward(s, dt, dinp, inp, dout, n);
-  }
-  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
-                        size_t n) override {
-    inner_.residual_forward(s, dt, out, a, b, n);
-  }
-  void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
-    inner_.add_inplace(s, dt, dst, src, n);
-  }
-  void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
-                   const float* scale, int n, int C) override {
-    inner_.gather_rows(s, dt, out, in, idx, scale, n, C);
-  }
-  void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
-                        const float* scale, int n, int C) override {
-    inner_.scatter_add_rows(s, dt, out, in, idx, scale, n, C);
-  }
-  void row_dots(Stream& s, DType dt, float* out, const void* a, const int32_t* idx, const void* b,
-                int n, int C) override {
-    inner_.row_dots(s, dt, out, a, idx, b, n, C);
-  }
-  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
-                                     const int32_t* targets, float dloss, int N, int V,
-                                     int Vp) override {
-    inner_.crossentropy_forward_backward(s, dt, losses, logits_inout, targets, dloss, N, V, Vp);
-  }
-  void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
-    inner_.cast(s, dst, dst_t, src, src_t, n);
-  }
-  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
-    inner_.norm_sq_and_nonfinite(s, acc, x, n);
-  }
-  void scale(Stream& s, float* x, float factor, size_t n) override {
-    inner_.scale(s, x, factor, n);
-  }
-  bool dropout_supported() const override { return inner_.dropout_supported(); }
-  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
-               uint64_t key) override {
-    inner_.dropout(s, dt, out, in, n, p, key);
-  }
-  void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
-                int block) override {
-    inner_.quantize(s, bits, dt, q, scales, x, n, block);
-  }
-  void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
-                  size_t n, int block, bool accumulate) override {
-    inner_.dequantize(s, bits, dt, x, q, scales, n, block, accumulate);
-  }
-  void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
-                      size_t n) override {
-    inner_.dequantize_nf4(s, dt, x, q, absmax, n);
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    if (op == KernelOp::kFusedAttention && !fused_attention) {
+      return {false, "fused attention turned off by the test device"};
+    }
+    return KernelsWrapper::supports(op, shape);
   }
   void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
     counts_->optimizer_steps.fetch_add(1);
     counts_->optimizer_elements.fetch_add(long(shard.n));
-    inner_.optimizer_step(s, hyper, shard);
+    KernelsWrapper::optimizer_step(s, hyper, shard);
   }
 
  private:
-  Kernels& inner_;
   std::shared_ptr<KernelCounts> counts_;
 };
 

@@ -12,6 +12,12 @@
 #                                              under ASan+UBSan (build-asan) and TSan (build-tsan;
 #                                              its libtbb built with TSan: downloaded once)
 #   tools/dev.sh deps | build                  just that step
+#   tools/dev.sh cudnn                         cuDNN 9 and cudnn-frontend from PyPI into
+#                                              build-deps/python (not part of deps: ~520 MB of
+#                                              download, ~1 GB installed); the next configure
+#                                              finds them and builds the cuDNN fused attention
+#                                              (deps installs only the frontend, ~11 MB, when
+#                                              the CUDA toolkit has cuDNN)
 #
 # Environment: BUILD_DIR (default build), STRATA_CMAKE_ARGS (extra cmake flags),
 # JOBS (parallel build jobs, default: all cores), STRATA_SKIP_FUZZ=1 (test without the fuzz
@@ -34,6 +40,10 @@ PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       libdnnl-dev  # oneDNN: the GEMM path of AVX-512/AMX CPUs (optional to the build)
       clang libclang-rt-dev)  # libFuzzer and the sanitizer runtimes for clang
 
+# cuDNN's wheels (tools/dev.sh cudnn; deps installs the frontend alone when the CUDA toolkit
+# carries cuDNN), pinned to the versions kernels/cuda/cudnn_attention.cc was written against.
+CUDNN_WHEELS=(nvidia-cudnn-cu13==9.28.1.4 nvidia-cudnn-frontend==1.32.0)
+
 deps() {  # deps [extra packages]: PKGS and these
   local missing=()
   for p in "${PKGS[@]}" "$@"; do
@@ -49,7 +59,27 @@ deps() {  # deps [extra packages]: PKGS and these
   fi
   if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
     echo "== no CUDA toolkit found: building without the CUDA backend (CPU backend only)"
+  elif [ -e /usr/local/cuda/include/cudnn.h ] && [ ! -e build-deps/python/include/cudnn_frontend.h ]; then
+    # The toolkit carries cuDNN: the header-only frontend (~11 MB wheel) is all the cuDNN fused
+    # attention needs to build. Optional: without it the own kernels run.
+    echo "== installing ${CUDNN_WHEELS[1]} into build-deps/python (cuDNN is the toolkit's)"
+    python3 -m pip install --quiet --no-deps --target build-deps/python "${CUDNN_WHEELS[1]}" ||
+      echo "== could not install ${CUDNN_WHEELS[1]}: building without the cuDNN attention"
   fi
+}
+
+# cuDNN for the CUDA backend's fused attention (kernels/cuda/cudnn_attention.cc): the wheels'
+# headers are what the build needs (the frontend is header-only; libcudnn is dlopened at run
+# time, first from where CMake found it).
+cudnn() {
+  local dir=build-deps/python
+  if [ -e "$dir/nvidia/cudnn/include/cudnn.h" ] && [ -e "$dir/include/cudnn_frontend.h" ]; then
+    echo "== cuDNN already in $dir"
+    return 0
+  fi
+  echo "== installing ${CUDNN_WHEELS[*]} into $dir"
+  python3 -m pip install --quiet --no-deps --upgrade --target "$dir" "${CUDNN_WHEELS[@]}" ||
+    { echo "== FAILED: pip install of ${CUDNN_WHEELS[*]}"; return 1; }
 }
 
 # configure DIR [cmake args]: cmake -S . -B DIR; on failure its output, the step, and return 1.
@@ -239,6 +269,7 @@ cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   deps) deps ;;
+  cudnn) cudnn ;;
   build) deps; build ;;
   train)
     deps; build

@@ -7,11 +7,13 @@
 #   tools/gpu_bundle.sh pack [--build-dir DIR]     here: bundle the CUDA-enabled binaries that
 #                                                  gpu_check.py runs, and the shared libraries
 #                                                  they need that a CUDA image lacks, into
-#                                                  build-gpu-bundle/bundle.tar.xz (~15 MB)
+#                                                  build-gpu-bundle/bundle.tar.xz (~15 MB; cuDNN
+#                                                  is not carried: "run" finds it there)
 #   tools/gpu_bundle.sh --self-test BUILD_DIR      pack into a temporary directory and run the
 #                                                  bundle dry (no GPU; ctest gpu_bundle_self_test)
 #   tools/gpu_bundle.sh run [gpu_check options]    there: unpack the bundle, find the CUDA
-#                                                  libraries (cuBLASLt, NCCL) on that machine,
+#                                                  libraries (cuBLASLt, NCCL, cuDNN from a
+#                                                  Python environment) on that machine,
 #                                                  check that every binary loads, then run
 #                                                  tools/gpu_check.py --build-dir build-gpu-bundle
 #                                                  with the options given; the results go to
@@ -108,6 +110,28 @@ run_there() {
       echo "gpu_bundle: $lib not found on this machine"
     fi
   done
+  # cuDNN (the fused attention's library path; too large to carry: ~1 GB): dlopened by the
+  # binaries at run time. STRATA_CUDNN_LIB when set, else a Python environment's wheel (PyTorch
+  # ships nvidia-cudnn-cu12/-cu13), whose neighbours (cuBLAS, NVRTC) cuDNN's engines load too.
+  if [[ -z ${STRATA_CUDNN_LIB:-} ]]; then
+    local sp py
+    for py in python3 python; do
+      command -v "$py" >/dev/null || continue
+      for sp in $("$py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null); do
+        if [[ -e $sp/nvidia/cudnn/lib/libcudnn.so.9 ]]; then
+          export STRATA_CUDNN_LIB=$sp/nvidia/cudnn/lib/libcudnn.so.9
+          for d in "$sp"/nvidia/{cudnn,cublas,cuda_nvrtc}/lib; do
+            [[ -d $d && :$dirs: != *:$d:* ]] && dirs="$dirs:$d"
+          done
+          break 2
+        fi
+      done
+    done
+  fi
+  [[ -z ${STRATA_CUDNN_LIB:-} ]] &&
+    STRATA_CUDNN_LIB=$(find /usr /opt /root -name libcudnn.so.9 -print -quit 2>/dev/null) &&
+    [[ -n $STRATA_CUDNN_LIB ]] && export STRATA_CUDNN_LIB
+  echo "gpu_bundle: cuDNN: ${STRATA_CUDNN_LIB:-not found on this machine (fused attention on the own kernels)}"
   export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local b bad=0
   for b in "${BINS[@]}"; do
@@ -162,6 +186,6 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run_there "$@" ;;
   --self-test) shift; self_test "$@" ;;
-  -h | --help | "") sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
+  -h | --help | "") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
   *) echo "gpu_bundle: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
 esac

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "strata/dtype.h"
 #include "strata/optimizer.h"
@@ -79,6 +80,40 @@ inline size_t quantize_blocks(size_t n, int block) {
 // The largest quantized magnitude for `bits` (8 or 4).
 inline int quantize_qmax(int bits) { return bits == 8 ? 127 : 7; }
 
+// --- Capability query (ggml-backend's supports_op) ---------------------------------------------
+// The ops a backend may lack, or may run on a faster path for some shapes only. Every other op
+// of Kernels is required of every backend. A new optional op or fast path lands on one backend
+// first: the others answer "unsupported" and the caller takes the fallback it names.
+enum class KernelOp {
+  // fused_attention_forward/backward. Fallback: attention_gqa_forward/backward.
+  kFusedAttention,
+  // matmul_gelu_forward. Fallback: matmul_forward, then gelu_forward.
+  kMatmulGelu,
+  // dropout. No fallback: a caller that needs it refuses to start without it (LoRA's
+  // lora_dropout > 0). Reads no shape field.
+  kDropout,
+};
+
+// The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
+// KVH; matmul: dt, N, C, OC). A field left 0 means "any value": an attention query with only dt
+// and hs set asks whether every B, T, NH, KVH runs (the question a model asks once, before it
+// plans its memory); a query with every field set asks about that one call (a library's
+// per-shape limits).
+struct OpShape {
+  DType dt = DType::kF32;
+  int hs = 0;  // head size (attention)
+  int B = 0, T = 0, NH = 0, KVH = 0;
+  int N = 0, C = 0, OC = 0;  // rows, input and output channels (matmul)
+};
+
+// The answer: whether the call runs on this backend, and which implementation runs it (for logs
+// and benchmarks: "cpu", "cuda wmma", "cudnn 9.28.1"), or why not.
+struct KernelSupport {
+  bool supported = false;
+  std::string path;  // the implementation when supported; the reason when not
+  explicit operator bool() const { return supported; }
+};
+
 // Dropout's mask, the same on every backend: element i of a call with key `key` is kept when
 // dropout_uniform(key, i) >= p, where dropout_uniform is the top 24 bits of a SplitMix64 hash of
 // key + (i + 1) * golden ratio, over 2^24 (a counter-based stream: no state, any element
@@ -103,6 +138,10 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
 
+  // Whether `op` runs for `shape` on this backend, and on which path (see KernelOp). Cheap after
+  // the first call for a shape (a library's per-shape check is cached); thread-safe.
+  virtual KernelSupport supports(KernelOp op, const OpShape& shape) const = 0;
+
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].          out [B,T,C], wte [Vp,C], wpe [maxT,C]
   // wpe may be null (models with rotary positions): out = wte[tokens] (dwpe null likewise).
   virtual void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens,
@@ -122,61 +161,58 @@ class Kernels {
   // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null).
   virtual void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
                               const void* bias, int N, int C, int OC) = 0;
+  // A linear layer and the GELU after it (GPT-2's MLP up-projection), an optional op
+  // (KernelOp::kMatmulGelu): pre[N,OC] = inp @ weight^T + bias (bias may be null), saved for
+  // gelu_backward; out[N,OC] = gelu(pre). The CPU backend computes exactly matmul_forward then
+  // gelu_forward (the same bits); the CUDA backend fuses the GELU into the GEMM's epilogue
+  // (cuBLASLt GELU_AUX_BIAS), which applies it to the fp32 sum before rounding, so out may
+  // differ from gelu(rounded pre) by one rounding of dt.
+  virtual void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                                   const void* weight, const void* bias, int N, int C, int OC) = 0;
   // dinp += dout @ weight; dweight += dout^T @ inp (if non-null: nullptr for a frozen weight);
   // dbias += column sums of dout (if non-null).
   virtual void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                                const void* dout, const void* inp, const void* weight, int N, int C,
                                int OC) = 0;
 
-  // Causal multi-head self-attention. qkv [B,T,3C] holds q, k, v for every head (head h uses
-  // channels h*C/NH .. (h+1)*C/NH-1 of each of the three C-wide parts); out [B,T,C];
-  // att [B,NH,T,T] saves the softmax probabilities (entries above the diagonal are 0).
-  virtual void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
-                                 int T, int C, int NH) = 0;
-  // dqkv += gradient w.r.t. qkv. scratch [B,NH,T,T] fp32 is caller-provided working memory.
-  virtual void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                  const void* qkv, const float* att, int B, int T, int C,
-                                  int NH) = 0;
-
-  // Fused (flash-attention style) causal self-attention with grouped-query heads: the same
-  // numbers as attention_forward/attention_backward, computed tile by tile with an online
-  // softmax, so memory is O(T): instead of the [B,NH,T,T] probabilities only each row's
-  // log-sum-exp is kept for the backward, which recomputes the probabilities.
-  //   NH query heads, NKV key/value heads (NH % NKV == 0), head size hs. Query head h attends
-  //   with key/value head h / (NH / NKV) (consecutive query heads share one, as in Llama).
-  //   qkv [B,T,(NH + 2*NKV)*hs]: the NH query heads, then the NKV key heads, then the NKV value
-  //   heads, each hs channels. With NKV == NH this is attention_forward's [B,T,3C], C = NH*hs,
-  //   so a GPT block can switch between the two with no other change.
-  //   out [B,T,NH*hs]; lse [B,NH,T] fp32: log(sum_t2 exp(score[t,t2])) of each row, where
-  //   score = q.k / sqrt(hs) for t2 <= t.
-  // fused_attention_supported(dt, hs): whether this backend runs the fused op for that dtype
-  // and head size (the CPU backend: always; CUDA: bf16 and fp16 with hs 64 or 128, on tensor
-  // cores). A caller checks it once and otherwise uses attention_forward/attention_backward;
-  // an unsupported call is an error returned by the next synchronize of the device.
-  virtual bool fused_attention_supported(DType dt, int hs) const = 0;
-  virtual void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
-                                       int B, int T, int NH, int NKV, int hs) = 0;
-  // dqkv += gradient w.r.t. qkv, given dout [B,T,NH*hs] and the forward's out and lse.
-  // scratch [B,NH,T] fp32 is caller-provided working memory (each row's dot(dout, out)).
-  // Deterministic: the result does not depend on scheduling (no atomics).
-  virtual void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch,
-                                        const void* dout, const void* qkv, const void* out,
-                                        const float* lse, int B, int T, int NH, int NKV,
-                                        int hs) = 0;
-  // Causal self-attention with grouped-query heads (Llama, Mistral, Qwen2): NH query heads share
-  // KVH key/value heads (KVH divides NH; query head h reads key/value head h / (NH/KVH), as
-  // Hugging Face's repeat_kv). qkv [B,T,W], W = (NH + 2*KVH)*hs, packs per position the query
-  // heads (channels [0, NH*hs)), then the key heads ([NH*hs, (NH+KVH)*hs)), then the value
-  // heads; head j of each part uses channels j*hs .. (j+1)*hs-1 of that part. This is the output
-  // of one matmul whose weight stacks q_proj, k_proj and v_proj rows. out [B,T,NH*hs];
-  // att [B,NH,T,T] as above; scale 1/sqrt(hs). With KVH == NH and hs = C/NH this is exactly
-  // attention_forward (same numbers, bit for bit).
+  // Causal self-attention with grouped-query heads (Llama, Mistral, Qwen2; GPT-2 is the case
+  // KVH == NH, hs = C/NH): NH query heads share KVH key/value heads (KVH divides NH; query head h
+  // reads key/value head h / (NH/KVH), as Hugging Face's repeat_kv). qkv [B,T,W],
+  // W = (NH + 2*KVH)*hs, packs per position the query heads (channels [0, NH*hs)), then the key
+  // heads ([NH*hs, (NH+KVH)*hs)), then the value heads; head j of each part uses channels
+  // j*hs .. (j+1)*hs-1 of that part. This is the output of one matmul whose weight stacks
+  // q_proj, k_proj and v_proj rows (GPT-2's c_attn with KVH == NH). out [B,T,NH*hs];
+  // att [B,NH,T,T] saves the softmax probabilities (entries above the diagonal are 0);
+  // scale 1/sqrt(hs). Every backend supports every dtype and head size.
   virtual void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
                                      int B, int T, int NH, int KVH, int hs) = 0;
   // dqkv [B,T,W] += gradient w.r.t. qkv. scratch [B,NH,T,T] fp32 working memory.
   virtual void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch,
                                       const void* dout, const void* qkv, const float* att, int B,
                                       int T, int NH, int KVH, int hs) = 0;
+
+  // Fused (flash-attention style) causal self-attention, an optional op (supports() with
+  // KernelOp::kFusedAttention says where it runs): the same numbers as attention_gqa_forward/
+  // backward up to rounding, computed tile by tile with an online softmax, so memory is O(T):
+  // instead of the [B,NH,T,T] probabilities only each row's log-sum-exp is kept for the
+  // backward, which recomputes the probabilities.
+  //   NH query heads, NKV key/value heads (NH % NKV == 0), head size hs; qkv [B,T,(NH+2*NKV)*hs]
+  //   and out [B,T,NH*hs] as attention_gqa_forward's (with NKV == NH a GPT block switches
+  //   between the two with no other change); lse [B,NH,T] fp32: log(sum_t2 exp(score[t,t2])) of
+  //   each row, natural log, score = q.k / sqrt(hs) for t2 <= t.
+  // A caller asks supports(kFusedAttention, {dt, hs}) once and otherwise uses the plain op;
+  // a call the backend does not support is an error returned by the next synchronize.
+  virtual void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                                       int B, int T, int NH, int NKV, int hs) = 0;
+  // dqkv += gradient w.r.t. qkv, given dout [B,T,NH*hs] and the forward's out and lse (lse from
+  // any implementation of this backend: every one keeps the same log-sum-exp).
+  // scratch [B,NH,T] fp32 is caller-provided working memory (each row's dot(dout, out)).
+  // The own kernels are deterministic (no atomics); a library path may not be (its path name
+  // in supports() says which runs).
+  virtual void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch,
+                                        const void* dout, const void* qkv, const void* out,
+                                        const float* lse, int B, int T, int NH, int NKV,
+                                        int hs) = 0;
 
   // RMSNorm (Llama): out = inp * rstd * weight per row, rstd = 1/sqrt(mean(inp^2) + eps);
   // saves rstd[N]. inp, out [N,C]; weight [C].
@@ -253,12 +289,11 @@ class Kernels {
   // Inverted dropout (torch.nn.Dropout in training): out[i] = in[i] * (1 / (1 - p)) (an fp32
   // multiply, one rounding to dt) where dropout_uniform(key, i) >= p, else 0; 0 <= p < 1. out may
   // be in. Its backward is the same call on the output's gradient with the same key.
-  // dropout_supported(): whether this backend has the op (the CPU and CUDA backends: yes).
-  // A caller checks it once when it is built (a LoRA runner with lora.lora_dropout > 0 refuses
-  // to be created without it); calling dropout() where it is unsupported is a bug.
-  virtual bool dropout_supported() const { return false; }
+  // An optional op (KernelOp::kDropout; the CPU, CUDA and simulated backends have it). A caller
+  // checks supports() once when it is built (a LoRA runner with lora.lora_dropout > 0 refuses to
+  // be created without it); calling dropout() where it is unsupported is a bug.
   virtual void dropout(Stream&, DType, void*, const void*, size_t, float, uint64_t) {
-    STRATA_CHECK(false, "Kernels::dropout on a backend without it (check dropout_supported())");
+    STRATA_CHECK(false, "Kernels::dropout on a backend without it (check supports(kDropout))");
   }
 
   // Block-wise symmetric quantization (ZeRO++: parameters gathered as 8 bits, gradients

@@ -197,14 +197,4 @@ void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* do
   });
 }
 
-void attention_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int C,
-                       int NH) {
-  attention_gqa_forward(dt, out, att, qkv, B, T, NH, NH, C / NH);
-}
-
-void attention_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
-                        const float* att, int B, int T, int C, int NH) {
-  attention_gqa_backward(dt, dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH);
-}
-
 }  // namespace strata::cpu

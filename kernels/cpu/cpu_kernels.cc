@@ -48,21 +48,31 @@ class CpuKernels final : public Kernels {
                       const void* bias, int N, int C, int OC) override {
     run(s, [=] { cpu::matmul_forward(dt, out, inp, weight, bias, N, C, OC); });
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    run(s, [=] {
+      cpu::matmul_forward(dt, pre, inp, weight, bias, N, C, OC);
+      cpu::gelu_forward(dt, out, pre, size_t(N) * OC);
+    });
+  }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                        const void* dout, const void* inp, const void* weight, int N, int C,
                        int OC) override {
     run(s, [=] { cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
   }
 
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    run(s, [=] { cpu::attention_forward(dt, out, att, qkv, B, T, C, NH); });
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:  // the twin of the CUDA kernels: every dtype and head size
+        if (shape.hs < 0) return {false, "negative head size"};
+        return {true, "cpu"};
+      case KernelOp::kMatmulGelu:
+        return {true, "cpu (matmul_forward, then gelu_forward)"};
+      case KernelOp::kDropout:
+        return {true, "cpu"};
+    }
+    return {false, "unknown op"};
   }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    run(s, [=] { cpu::attention_backward(dt, dqkv, scratch, dout, qkv, att, B, T, C, NH); });
-  }
-  bool fused_attention_supported(DType, int hs) const override { return hs > 0; }
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
                                int T, int NH, int NKV, int hs) override {
     check_heads(NH, NKV, hs);
@@ -160,7 +170,6 @@ class CpuKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
   }
-  bool dropout_supported() const override { return true; }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });

@@ -91,10 +91,6 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* inp, const void* weight, int N, int C, int OC);
 
-void attention_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int C,
-                       int NH);
-void attention_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
-                        const float* att, int B, int T, int C, int NH);
 void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, int B, int T, int NH,
                              int NKV, int hs);
 void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* dout,

@@ -46,6 +46,11 @@ class SimKernels final : public Kernels {
                       int C, int OC) override {
     gemm(s, 2.0 * N * C * OC, (double(N) * C + double(OC) * C + double(N) * OC) * es(dt));
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void*, void*, const void*, const void*, const void*,
+                           int N, int C, int OC) override {
+    // One GEMM whose epilogue writes both the pre-activation and the GELU.
+    gemm(s, 2.0 * N * C * OC, (double(N) * C + double(OC) * C + 2.0 * N * OC) * es(dt));
+  }
   void matmul_backward(Stream& s, DType dt, void*, float* dweight, float* dbias, const void*,
                        const void*, const void*, int N, int C, int OC) override {
     const double products = dweight ? 2.0 : 1.0;
@@ -54,16 +59,23 @@ class SimKernels final : public Kernels {
     if (dbias) bytes += double(N) * OC * es(dt);
     gemm(s, products * 2.0 * N * C * OC, bytes);
   }
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, NH, C / NH);
-  }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH);
-  }
-  bool fused_attention_supported(DType dt, int hs) const override {
-    return dt != DType::kF32 && (hs == 64 || hs == 128);  // the CUDA backend's
+  // What the CUDA backend's own kernels support (its cuDNN path is a faster rate, not modeled).
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:
+        if (shape.dt == DType::kF32 || (shape.hs != 64 && shape.hs != 128)) {
+          return {false, "simulated: the CUDA fused attention runs bf16/fp16 with hs 64 or 128"};
+        }
+        return {true, "simulated"};
+      case KernelOp::kMatmulGelu:
+        if (shape.OC <= 0 || shape.OC % 8 != 0) {
+          return {false, "simulated: cuBLASLt's GELU epilogue needs OC a multiple of 8"};
+        }
+        return {true, "simulated"};
+      case KernelOp::kDropout:
+        return {true, "simulated"};
+    }
+    return {false, "unknown op"};
   }
   void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T,
                                int NH, int NKV, int hs) override {
@@ -152,7 +164,6 @@ class SimKernels final : public Kernels {
     mem(s, 4.0 * n);  // the trainer takes the norm from device.simulate_grad_norm
   }
   void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }
-  bool dropout_supported() const override { return true; }
   void dropout(Stream& s, DType dt, void*, const void*, size_t n, float, uint64_t) override {
     mem(s, 2.0 * n * es(dt));
   }

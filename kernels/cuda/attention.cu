@@ -1,6 +1,6 @@
 // Causal self-attention with grouped-query heads, forward and backward, correct first: plain
 // kernels with fp32 math and the probabilities materialized in `att` (as the contract asks), no
-// fused or tensor-core path yet. Multi-head attention (attention_forward/backward) is the case
+// fused or tensor-core path (that is flash_attention.cu). Multi-head attention (GPT-2) is the case
 // KVH == NH, hs = C/NH. CPU twin: kernels/cpu/attention.cc.
 //
 // Layout: qkv [B,T,W], W = (NH+2*KVH)*hs; query head h of position (b,t) reads
@@ -204,25 +204,6 @@ Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* 
   });
   STRATA_CUDA_LAUNCH_CHECK("launching attention_backward");
   return Status::ok();
-}
-
-Status cuda_attention_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
-                              int B, int T, int C, int NH) {
-  if (NH <= 0 || C % NH != 0) {
-    return invalid_argument("attention_forward: C=" + std::to_string(C) +
-                            " is not a multiple of NH=" + std::to_string(NH));
-  }
-  return cuda_attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, NH, C / NH);
-}
-
-Status cuda_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
-                               const void* dout, const void* qkv, const float* att, int B, int T,
-                               int C, int NH) {
-  if (NH <= 0 || C % NH != 0) {
-    return invalid_argument("attention_backward: C=" + std::to_string(C) +
-                            " is not a multiple of NH=" + std::to_string(NH));
-  }
-  return cuda_attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH);
 }
 
 }  // namespace strata

@@ -1,8 +1,12 @@
 // The CUDA backend's kernel table: each Kernels method binds the calling thread to the GPU,
 // enqueues the op's launcher (one .cu file per op) on the caller's stream, and hands an enqueue
-// failure to the device's error sink, from which the next synchronize() returns it.
+// failure to the device's error sink, from which the next synchronize() returns it. The table
+// the device hands out wraps these in LibraryAttentionKernels (cuDNN's fused attention where it
+// supports the shape; attention_library.h).
+#include <string>
 #include <utility>
 
+#include "kernels/cuda/attention_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_optimizer.h"
@@ -65,6 +69,13 @@ class CudaKernels final : public Kernels {
       return cuda_matmul_forward(cs.handle, blas(cs), dt, out, inp, weight, bias, N, C, OC);
     });
   }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    run("matmul_gelu_forward", s, [&](CudaStream& cs) {
+      return cuda_matmul_gelu_forward(cs.handle, blas(cs), dt, out, pre, inp, weight, bias, N, C,
+                                      OC);
+    });
+  }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                        const void* dout, const void* inp, const void* weight, int N, int C,
                        int OC) override {
@@ -73,20 +84,22 @@ class CudaKernels final : public Kernels {
                                   N, C, OC);
     });
   }
-  void attention_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B, int T,
-                         int C, int NH) override {
-    run("attention_forward", s, [&](CudaStream& cs) {
-      return cuda_attention_forward(cs.handle, dt, out, att, qkv, B, T, C, NH);
-    });
-  }
-  void attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                          const void* qkv, const float* att, int B, int T, int C, int NH) override {
-    run("attention_backward", s, [&](CudaStream& cs) {
-      return cuda_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, C, NH);
-    });
-  }
-  bool fused_attention_supported(DType dt, int hs) const override {
-    return cuda_fused_attention_supported(dt, hs);
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    switch (op) {
+      case KernelOp::kFusedAttention:
+        if (!cuda_fused_attention_supported(shape.dt, shape.hs)) {
+          return {false, "the CUDA fused attention runs bf16 and fp16 with head size 64 or 128"};
+        }
+        return {true, "cuda wmma"};
+      case KernelOp::kMatmulGelu:
+        if (!cuda_matmul_gelu_supported(shape.OC)) {
+          return {false, "cuBLASLt's GELU epilogue needs the output channels a multiple of 8"};
+        }
+        return {true, "cublaslt gelu_aux_bias epilogue"};
+      case KernelOp::kDropout:
+        return {true, "cuda"};
+    }
+    return {false, "unknown op"};
   }
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
                                int T, int NH, int NKV, int hs) override {
@@ -203,7 +216,6 @@ class CudaKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
   }
-  bool dropout_supported() const override { return true; }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     run("dropout", s,
@@ -252,7 +264,11 @@ class CudaKernels final : public Kernels {
 
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
                                              CudaErrorSink* errors) {
-  return std::make_unique<CudaKernels>(ordinal, handle, errors);
+  std::string why;
+  std::unique_ptr<AttentionLibrary> library = attention_library_from_env(ordinal, &why);
+  return std::make_unique<LibraryAttentionKernels>(
+      std::make_unique<CudaKernels>(ordinal, handle, errors), std::move(library), std::move(why),
+      ordinal, errors);
 }
 
 }  // namespace strata

@@ -68,7 +68,8 @@ class CudaErrorSink {
 
 // The kernel table of a CUDA device: enqueues the cuda_<op> launchers below on the stream
 // each call names, after binding the calling thread to GPU `ordinal`. Errors go to `errors`.
-// `handle` and `errors` must outlive the table.
+// `handle` and `errors` must outlive the table. The fused attention runs on cuDNN where it
+// supports the call's shape, unless STRATA_CUDNN=0 (kernels/cuda/attention_library.h).
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
                                              CudaErrorSink* errors);
 
@@ -87,15 +88,17 @@ Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dwei
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
                            int OC);
+// out = gelu(pre), pre = inp @ weight^T + bias, in one cuBLASLt call (GELU_AUX_BIAS epilogue;
+// GELU_AUX without a bias): the epilogue's aux output is pre. OC must be a multiple of 8 (the
+// aux matrix's leading dimension): cuda_matmul_gelu_supported.
+bool cuda_matmul_gelu_supported(int OC);
+Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
+                                void* pre, const void* inp, const void* weight, const void* bias,
+                                int N, int C, int OC);
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
                             const void* weight, int N, int C, int OC);
 // attention.cu
-Status cuda_attention_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
-                              int B, int T, int C, int NH);
-Status cuda_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
-                               const void* dout, const void* qkv, const float* att, int B, int T,
-                               int C, int NH);
 // flash_attention.cu (tensor cores: bf16/fp16, hs 64 or 128; other arguments are rejected)
 bool cuda_fused_attention_supported(DType dt, int hs);
 Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* lse,

@@ -1,7 +1,7 @@
 // Fused causal attention with grouped-query heads (Kernels::fused_attention_*): the launchers.
 // The kernels are in flash_attention_kernels.cuh (they also run on a CPU emulation in the tests);
 // CPU twin: kernels/cpu/flash_attention.cc. Tensor cores through WMMA: bf16 and fp16 with head
-// size 64 or 128; anything else is reported unsupported (fused_attention_supported) and the
+// size 64 or 128; anything else is reported unsupported (supports(kFusedAttention)) and the
 // caller keeps the plain kernels of attention.cu.
 #include <cstdint>
 #include <string>
@@ -33,7 +33,7 @@ Status check_args(const char* op, DType dt, int B, int T, int NH, int NKV, int h
     return invalid_argument(std::string(op) + ": dtype " + dtype_name(dt) + " with head size " +
                             std::to_string(hs) +
                             " is not supported by the CUDA fused attention (bf16/fp16, hs 64 or "
-                            "128); check fused_attention_supported and use attention_forward");
+                            "128); check supports(kFusedAttention) and use attention_gqa_forward");
   }
   for (const void* p : ptrs) {
     if (!aligned16(p)) {

@@ -5,6 +5,9 @@
 // transposes (m x n = k-contraction, all column-major):
 //   forward   out[N,OC] = inp[N,C] @ W[OC,C]^T + bias  <=>  D(OCxN) = op_T(W: CxOC) * inp(CxN),
 //             bias[OC] added by the BIAS epilogue.
+//   forward with GELU (matmul_gelu_forward): the same product with the GELU_AUX_BIAS epilogue
+//             (GELU_AUX without a bias): D = gelu(product + bias), the aux matrix (ld OC, the
+//             output's dtype) = product + bias.
 //   dinp      dinp[N,C] += dout[N,OC] @ W[OC,C]        <=>  D(CxN) = W(CxOC) * dout(OCxN), beta 1.
 //   dweight   dweight[OC,C] += dout^T @ inp[N,C]       <=>  D(CxOC) = inp(CxN) * op_T(dout: OCxN),
 //             D in fp32 with beta 1: low-precision operands accumulate straight into fp32.
@@ -48,10 +51,11 @@ struct LtCall {
 
 // D(m x n, ld ldd) = alpha * op(A) * op(B) + beta * D (+ bias[m] if non-null), column-major,
 // fp32 compute. A is stored m x k (ta = N) or k x m (ta = T); B k x n (tb = N) or n x k (T).
+// With gelu_aux: D = gelu(that), and gelu_aux (m x n, ld ldd, D's type) = that.
 Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cublasOperation_t tb,
                  int m, int n, int k, const void* A, cudaDataType_t at, int lda, const void* B,
                  cudaDataType_t bt, int ldb, void* D, cudaDataType_t dtp, int ldd, float beta,
-                 const void* bias) {
+                 const void* bias, void* gelu_aux = nullptr) {
   LtCall c;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                       "creating the matmul descriptor");
@@ -61,8 +65,24 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   STRATA_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
       "setting TRANSB");
+  if (gelu_aux) {
+    const cublasLtEpilogue_t epi =
+        bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+        "setting the GELU epilogue");
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
+                                       sizeof(gelu_aux)),
+        "setting the GELU epilogue's aux pointer");
+    const int64_t aux_ld = ldd;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                       &aux_ld, sizeof(aux_ld)),
+                        "setting the GELU epilogue's aux leading dimension");
+  }
   if (bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cublasLtEpilogue_t epi =
+        gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     STRATA_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
         "setting the bias epilogue");
@@ -148,6 +168,23 @@ Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void*
   return lt_matmul(blas, s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, t, C, inp, t, C, out, t, OC,
                    0.0f, bias)
       .with_context("matmul_forward");
+}
+
+bool cuda_matmul_gelu_supported(int OC) { return OC > 0 && OC % 8 == 0; }
+
+Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
+                                void* pre, const void* inp, const void* weight, const void* bias,
+                                int N, int C, int OC) {
+  if (N == 0 || OC == 0) return Status::ok();
+  if (!cuda_matmul_gelu_supported(OC)) {
+    return invalid_argument("matmul_gelu_forward: OC=" + std::to_string(OC) +
+                            " is not a multiple of 8 (cuBLASLt's GELU epilogue); check "
+                            "supports(kMatmulGelu) and use matmul_forward + gelu_forward");
+  }
+  const cudaDataType_t t = cuda_type(dt);
+  return lt_matmul(blas, s, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, t, C, inp, t, C, out, t, OC,
+                   0.0f, bias, pre)
+      .with_context("matmul_gelu_forward");
 }
 
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,

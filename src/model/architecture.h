@@ -281,9 +281,9 @@ class Architecture {
   // The program of one micro-batch. It is the same for every micro-batch and every step.
   virtual const Program& program(Pass pass) const = 0;
   // Whether a runner on `kernels` runs the fused attention (Kernels::fused_attention_*, no
-  // [B, heads, T, T] probabilities) for dt: kernels.fused_attention_supported at this model's
-  // head size. create_runner decides with it; the activation plan of that runner is
-  // activation_plan(..., fused_attention(kernels, dt)).
+  // [B, heads, T, T] probabilities) for dt: kernels.supports(KernelOp::kFusedAttention) at this
+  // model's head size, for any batch and sequence length. create_runner decides with it; the
+  // activation plan of that runner is activation_plan(..., fused_attention(kernels, dt)).
   virtual bool fused_attention(const Kernels& kernels, DType dt) const = 0;
   // The device bytes of a runner's activations (and, for kOffload, its host stash). With
   // fused_attention a layer keeps each attention row's log-sum-exp ([B, heads, T] fp32) instead

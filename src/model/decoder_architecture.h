@@ -460,7 +460,8 @@ class DecoderArchitecture final : public Architecture {
   int context() const override { return shape_.context; }
   const Program& program(Pass pass) const override { return pass == Pass::kTrain ? train_ : eval_; }
   bool fused_attention(const Kernels& kernels, DType dt) const override {
-    return kernels.fused_attention_supported(dt, blocks_.head_size());
+    return kernels.supports(KernelOp::kFusedAttention, OpShape{.dt = dt, .hs = blocks_.head_size()})
+        .supported;
   }
 
   ActivationSizes activation_plan(int B, int T, DType dt, ActivationMode mode,

@@ -171,7 +171,7 @@ class Gpt2Blocks {
     if (st.fused) {
       k.fused_attention_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, NH, C / NH);
     } else {
-      k.attention_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, C, NH);
+      k.attention_gqa_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, NH, C / NH);
     }
     k.matmul_forward(*st.s, st.dt, out, a.atty, param(p, st, at_[kAttprojw]),
                      param(p, st, at_[kAttprojb]), N, C, C);
@@ -193,7 +193,8 @@ class Gpt2Blocks {
       k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.B,
                                  st.T, NH, NH, C / NH);
     } else {
-      k.attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.B, st.T, C, NH);
+      k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.B, st.T, NH, NH,
+                               C / NH);
     }
     st.zero(din, NC * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kQkvw]), st.wgrad(g, at_[kQkvb]), d.dqkv, in,
@@ -204,10 +205,19 @@ class Gpt2Blocks {
                    void* out) const {
     Kernels& k = *st.k;
     const int N = int(st.N()), C = s_.n_embd;
-    k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
-                     C, 4 * C);
-    st.lora_forward(kFc, in, a.fch);
-    k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    // The up-projection and its GELU in one call where the kernels fuse them (cuBLASLt's
+    // epilogue; the CPU backend computes the two ops' bits). An adapter adds to fch between the
+    // two, so with LoRA they stay apart.
+    const OpShape up{.dt = st.dt, .N = N, .C = C, .OC = 4 * C};
+    if (st.lora == nullptr && k.supports(KernelOp::kMatmulGelu, up).supported) {
+      k.matmul_gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, in, param(p, st, at_[kFcw]),
+                            param(p, st, at_[kFcb]), N, C, 4 * C);
+    } else {
+      k.matmul_forward(*st.s, st.dt, a.fch, in, param(p, st, at_[kFcw]), param(p, st, at_[kFcb]), N,
+                       C, 4 * C);
+      st.lora_forward(kFc, in, a.fch);
+      k.gelu_forward(*st.s, st.dt, a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    }
     k.matmul_forward(*st.s, st.dt, out, a.fch_gelu, param(p, st, at_[kFcprojw]),
                      param(p, st, at_[kFcprojb]), N, 4 * C, C);
     st.lora_forward(kFcProj, a.fch_gelu, out);

@@ -147,7 +147,9 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
 }
 
 Status lora_check_backend(const LoraLayout& layout, const Kernels& kernels) {
-  if (layout.empty() || layout.dropout == 0 || kernels.dropout_supported()) return Status::ok();
+  if (layout.empty() || layout.dropout == 0 || kernels.supports(KernelOp::kDropout, {}).supported) {
+    return Status::ok();
+  }
   return unavailable(fmt::format(
       "lora.lora_dropout: {:g} needs the dropout op, which this device's backend does not have "
       "(the CPU and CUDA backends have it); set lora.lora_dropout to 0 on this device, or train "

@@ -91,7 +91,7 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
                                const std::vector<std::string>& block_prefixes);
 
 // Whether the backend runs `layout`'s adapters: lora_dropout > 0 needs Kernels::dropout
-// (dropout_supported(); the CPU and CUDA backends have it): kUnavailable naming
+// (supports(KernelOp::kDropout); the CPU and CUDA backends have it): kUnavailable naming
 // lora.lora_dropout otherwise.
 Status lora_check_backend(const LoraLayout& layout, const Kernels& kernels);
 

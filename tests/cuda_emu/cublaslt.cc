@@ -5,6 +5,7 @@
 // C and D the same, the pointers' alignment at least what the algorithm was chosen for.
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -21,6 +22,8 @@ struct cublasLtMatmulDescOpaque_t {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
+  void* aux = nullptr;     // the GELU epilogue's input, stored (D's type)
+  int64_t aux_ld = 0;
 };
 struct cublasLtMatrixLayoutOpaque_t {
   cudaDataType type;
@@ -135,6 +138,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
       return take(&d->bias);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
       return take(&d->bias_type);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      return take(&d->aux);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      return take(&d->aux_ld);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;  // not emulated: strata sets no other attribute
   }
@@ -233,8 +240,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   if (workspace_bytes > 0 && !is_device_memory(workspace, workspace_bytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS;
-  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !with_bias) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // Epilogues: BIAS, and GELU_AUX(_BIAS): D = gelu(alpha AB + beta C + bias) with the GELU's
+  // input stored to the aux matrix (ld a multiple of 8, at least m; D's type), as cuBLASLt.
+  const bool with_bias =
+      op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool gelu =
+      op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !with_bias && !gelu) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (gelu && (op->aux_ld % 8 != 0 || op->aux_ld < int64_t(m) || !op->aux ||
+               !is_device_memory(op->aux, ((n - 1) * op->aux_ld + m) * type_size(d->type)))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   const cudaDataType bias_t = op->bias_type < 0 ? d->type : cudaDataType(op->bias_type);
   if (with_bias && (!op->bias || !is_device_memory(op->bias, m * type_size(bias_t)))) {
     return CUBLAS_STATUS_INVALID_VALUE;
@@ -243,6 +261,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
               beta = *static_cast<const float*>(beta_p);
   const auto la = *a, lb = *b, ld = *d;
   const void* bias = with_bias ? op->bias : nullptr;
+  void* aux = gelu ? op->aux : nullptr;
+  const int64_t aux_ld = op->aux_ld;
   strata::emu::enqueue(stream, "cublasLtMatmul", [=] {
     if (!strata::emu::failure().empty()) return;
     // op(A) as m x k rows, op(B) as n columns of k: both read contiguously below.
@@ -267,6 +287,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
         float v = alpha * acc;
         if (beta != 0.0f) v += beta * load(D, ld.type, at);
         if (bias) v += load(bias, bias_t, i);
+        if (aux) {  // the tanh approximation, on the fp32 value; its input rounded to aux
+          store(aux, ld.type, j * aux_ld + i, v);
+          v = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+        }
         store(D, ld.type, at, v);
       }
     }

@@ -1,0 +1,162 @@
+// KernelsWrapper: a Kernels that forwards every call to another one (LevelDB's EnvWrapper).
+//
+// A layer that changes a few ops derives from it and overrides only those: a faster path that
+// handles some calls itself and hands the rest to the kernels it wraps (the CUDA backend's cuDNN
+// attention, kernels/cuda/library_attention.h), a test double that counts or refuses calls
+// (tests/wrapped_device.h). A new op is added here once, and every wrapper forwards it.
+//
+// Ownership: the wrapped Kernels is not owned and must outlive the wrapper. Thread safety: that
+// of the wrapped Kernels (the wrapper adds no state).
+#pragma once
+
+#include "strata/kernels.h"
+
+namespace strata {
+
+class KernelsWrapper : public Kernels {
+ public:
+  explicit KernelsWrapper(Kernels* wrapped) : k_(wrapped) {}
+
+  // The Kernels every call is forwarded to (a benchmark reaches a backend's own kernels under
+  // a faster path through it).
+  Kernels* wrapped() const { return k_; }
+
+  KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    return k_->supports(op, shape);
+  }
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
+                       const void* wpe, int B, int T, int C) override {
+    k_->encoder_forward(s, dt, out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
+                        const int32_t* tokens, int B, int T, int C) override {
+    k_->encoder_backward(s, dt, dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
+                         const void* weight, const void* bias, int N, int C) override {
+    k_->layernorm_forward(s, dt, out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                          const void* dout, const void* inp, const void* weight, const float* mean,
+                          const float* rstd, int N, int C) override {
+    k_->layernorm_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
+                      const void* bias, int N, int C, int OC) override {
+    k_->matmul_forward(s, dt, out, inp, weight, bias, N, C, OC);
+  }
+  void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
+                           const void* weight, const void* bias, int N, int C, int OC) override {
+    k_->matmul_gelu_forward(s, dt, out, pre, inp, weight, bias, N, C, OC);
+  }
+  void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
+                       const void* dout, const void* inp, const void* weight, int N, int C,
+                       int OC) override {
+    k_->matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  }
+
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
+                               int T, int NH, int NKV, int hs) override {
+    k_->fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
+  }
+  void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                                const void* qkv, const void* out, const float* lse, int B, int T,
+                                int NH, int NKV, int hs) override {
+    k_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+  }
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
+                             int T, int NH, int KVH, int hs) override {
+    k_->attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, KVH, hs);
+  }
+  void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    k_->attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs);
+  }
+  void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
+                       const void* weight, float eps, int N, int C) override {
+    k_->rmsnorm_forward(s, dt, out, rstd, inp, weight, eps, N, C);
+  }
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
+                        const void* inp, const void* weight, const float* rstd, int N,
+                        int C) override {
+    k_->rmsnorm_backward(s, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
+    k_->swiglu_forward(s, dt, out, inp, N, H);
+  }
+  void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
+                       int H) override {
+    k_->swiglu_backward(s, dt, dinp, inp, dout, N, H);
+  }
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
+                    int KVH, int hs) override {
+    k_->rope_forward(s, dt, qkv, rope, B, T, NH, KVH, hs);
+  }
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
+                     int KVH, int hs) override {
+    k_->rope_backward(s, dt, dqkv, rope, B, T, NH, KVH, hs);
+  }
+  void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
+    k_->gelu_forward(s, dt, out, inp, n);
+  }
+  void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
+                     size_t n) override {
+    k_->gelu_backward(s, dt, dinp, inp, dout, n);
+  }
+  void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
+                        size_t n) override {
+    k_->residual_forward(s, dt, out, a, b, n);
+  }
+  void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
+    k_->add_inplace(s, dt, dst, src, n);
+  }
+  void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                   const float* scale, int n, int C) override {
+    k_->gather_rows(s, dt, out, in, idx, scale, n, C);
+  }
+  void scatter_add_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
+                        const float* scale, int n, int C) override {
+    k_->scatter_add_rows(s, dt, out, in, idx, scale, n, C);
+  }
+  void row_dots(Stream& s, DType dt, float* out, const void* a, const int32_t* idx, const void* b,
+                int n, int C) override {
+    k_->row_dots(s, dt, out, a, idx, b, n, C);
+  }
+  void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void* logits_inout,
+                                     const int32_t* targets, float dloss, int N, int V,
+                                     int Vp) override {
+    k_->crossentropy_forward_backward(s, dt, losses, logits_inout, targets, dloss, N, V, Vp);
+  }
+  void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
+    k_->cast(s, dst, dst_t, src, src_t, n);
+  }
+  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+    k_->norm_sq_and_nonfinite(s, acc, x, n);
+  }
+  void scale(Stream& s, float* x, float factor, size_t n) override { k_->scale(s, x, factor, n); }
+  void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
+               uint64_t key) override {
+    k_->dropout(s, dt, out, in, n, p, key);
+  }
+  void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
+                int block) override {
+    k_->quantize(s, bits, dt, q, scales, x, n, block);
+  }
+  void dequantize(Stream& s, int bits, DType dt, void* x, const void* q, const float* scales,
+                  size_t n, int block, bool accumulate) override {
+    k_->dequantize(s, bits, dt, x, q, scales, n, block, accumulate);
+  }
+  void dequantize_nf4(Stream& s, DType dt, void* x, const uint8_t* q, const float* absmax,
+                      size_t n) override {
+    k_->dequantize_nf4(s, dt, x, q, absmax, n);
+  }
+  void optimizer_step(Stream& s, const OptimizerHyper& hyper, const ShardState& shard) override {
+    k_->optimizer_step(s, hyper, shard);
+  }
+
+ private:
+  Kernels* const k_;
+};
+
+}  // namespace strata

@@ -1,0 +1,142 @@
+// LibraryAttentionKernels: the fused attention on a vendor library where it supports the shape,
+// on the own kernels elsewhere (kernels/cuda/attention_library.h).
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/attention_library.h"
+#include "kernels/cuda/cuda_check.h"
+#include "strata/log.h"
+
+namespace strata {
+namespace {
+
+bool full_shape(const OpShape& s) {
+  return s.B > 0 && s.T > 0 && s.NH > 0 && s.KVH > 0 && s.hs > 0;
+}
+
+}  // namespace
+
+std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, std::string* why) {
+  const char* env = std::getenv(kCudnnEnv);
+  if (env != nullptr && std::strcmp(env, "0") == 0) {
+    *why = std::string("cudnn turned off by ") + kCudnnEnv + "=0";
+    return nullptr;
+  }
+  return create_cudnn_attention(ordinal, why);
+}
+
+LibraryAttentionKernels::LibraryAttentionKernels(std::unique_ptr<Kernels> own,
+                                                 std::unique_ptr<AttentionLibrary> library,
+                                                 std::string absent_reason, int ordinal,
+                                                 CudaErrorSink* errors)
+    : KernelsWrapper(own.get()),
+      own_(std::move(own)),
+      library_(std::move(library)),
+      absent_reason_(std::move(absent_reason)),
+      ordinal_(ordinal),
+      errors_(errors) {}
+
+LibraryAttentionKernels::~LibraryAttentionKernels() {
+  // The device synchronizes its streams before destroying its kernels; nothing reads these now.
+  for (auto& [stream, buf] : scratch_) {
+    if (buf.ptr != nullptr) cudaFree(buf.ptr);
+  }
+}
+
+bool LibraryAttentionKernels::library_runs(const OpShape& shape, std::string* why) const {
+  std::string reason;
+  bool runs = false;
+  if (library_ == nullptr) {
+    reason = absent_reason_;
+  } else if (!full_shape(shape)) {
+    reason = "the library is asked per call shape (B, T, NH, KVH, hs)";
+  } else {
+    runs = library_->supports(shape, &reason);
+  }
+  if (why != nullptr) *why = std::move(reason);
+  return runs;
+}
+
+KernelSupport LibraryAttentionKernels::supports(KernelOp op, const OpShape& shape) const {
+  if (op != KernelOp::kFusedAttention) return own_->supports(op, shape);
+  std::string why;
+  if (library_runs(shape, &why)) return {true, library_->name()};
+  KernelSupport own = own_->supports(op, shape);
+  own.path += "; library not used: " + why;
+  return own;
+}
+
+void LibraryAttentionKernels::fused_attention_forward(Stream& s, DType dt, void* out, float* lse,
+                                                      const void* qkv, int B, int T, int NH,
+                                                      int NKV, int hs) {
+  const OpShape shape{dt, hs, B, T, NH, NKV};
+  if (!library_runs(shape, nullptr)) {
+    own_->fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
+    return;
+  }
+  CudaStream& cs = cuda_stream(s);
+  Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
+  if (st.is_ok()) st = library_->forward(cs.handle, shape, out, lse, qkv);
+  if (!st.is_ok())
+    errors_->note(st.with_context("fused_attention_forward (" + library_->name() + ")"));
+}
+
+void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void* dqkv,
+                                                       float* scratch, const void* dout,
+                                                       const void* qkv, const void* out,
+                                                       const float* lse, int B, int T, int NH,
+                                                       int NKV, int hs) {
+  const OpShape shape{dt, hs, B, T, NH, NKV};
+  if (!library_runs(shape, nullptr)) {
+    own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    return;
+  }
+  CudaStream& cs = cuda_stream(s);
+  const size_t n = size_t(B) * T * size_t(NH + 2 * NKV) * hs;
+  const std::string where = "fused_attention_backward (" + library_->name() + ")";
+  Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
+  void* grad = nullptr;
+  if (st.is_ok()) {
+    Result<void*> r = gradient_scratch(cs.handle, n * dtype_size(dt));
+    if (r.is_ok()) {
+      grad = *r;
+    } else {
+      st = r.status();
+    }
+  }
+  if (st.is_ok()) st = library_->backward(cs.handle, shape, grad, dout, qkv, out, lse);
+  if (!st.is_ok()) {
+    errors_->note(st.with_context(where));
+    return;
+  }
+  // The library wrote the gradient; the contract accumulates it (one more rounding to dt).
+  own_->add_inplace(s, dt, dqkv, grad, n);
+}
+
+Result<void*> LibraryAttentionKernels::gradient_scratch(cudaStream_t s, size_t bytes) {
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  Scratch& buf = scratch_[s];
+  if (buf.bytes >= bytes) return buf.ptr;
+  if (buf.ptr != nullptr) {
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(s),
+                      "waiting for the stream before growing the "
+                      "library attention's gradient scratch");
+    STRATA_CUDA_CHECK(cudaFree(buf.ptr), "freeing the library attention's gradient scratch");
+    buf = Scratch{};
+  }
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    return out_of_memory("the library attention's gradient scratch of " + std::to_string(bytes) +
+                         " bytes (outside the device arena, from its reserve): cudaMalloc " +
+                         cudaGetErrorName(e) + "; raise device reserve or set " + kCudnnEnv +
+                         "=0 to use the own kernels");
+  }
+  buf = Scratch{p, bytes};
+  log_debug("library attention: gradient scratch of {} bytes for a stream", bytes);
+  return p;
+}
+
+}  // namespace strata
