@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "strata/device.h"
+#include "strata/device_wrapper.h"
 #include "strata/kernels.h"
 #include "strata/kernels_wrapper.h"
 
@@ -50,60 +51,24 @@ class CountingKernels final : public KernelsWrapper {
   std::shared_ptr<KernelCounts> counts_;
 };
 
-class WrappedDevice final : public Device {
+class WrappedDevice final : public DeviceWrapper {
  public:
   // host_addressable: what this device claims (the inner device's memory is host memory).
   WrappedDevice(std::unique_ptr<Device> inner, bool host_addressable,
                 std::shared_ptr<KernelCounts> counts = std::make_shared<KernelCounts>())
-      : inner_(std::move(inner)),
+      : DeviceWrapper(std::move(inner)),
         addressable_(host_addressable),
-        kernels_(inner_->kernels(), std::move(counts)) {}
+        kernels_(wrapped().kernels(), std::move(counts)) {}
 
-  DeviceKind kind() const override { return inner_->kind(); }
   bool host_addressable() const override { return addressable_; }
   // Models on this device use the plain attention (see CountingKernels::fused_attention).
   void disable_fused_attention() { kernels_.fused_attention = false; }
   std::string name() const override {
-    return inner_->name() + (addressable_ ? "" : " [not host-addressable]");
+    return wrapped().name() + (addressable_ ? "" : " [not host-addressable]");
   }
-  Result<void*> allocate(size_t bytes, std::string_view tag) override {
-    return inner_->allocate(bytes, tag);
-  }
-  void release(void* ptr) override { inner_->release(ptr); }
-  DeviceMemoryStats memory_stats() const override { return inner_->memory_stats(); }
-  void reset_peak() override { inner_->reset_peak(); }
-  Result<void*> allocate_host(size_t bytes) override { return inner_->allocate_host(bytes); }
-  void release_host(void* ptr) override { inner_->release_host(ptr); }
-  Status register_host(void* ptr, size_t bytes) override {
-    return inner_->register_host(ptr, bytes);
-  }
-  void unregister_host(void* ptr) override { inner_->unregister_host(ptr); }
-  Stream& compute_stream() override { return inner_->compute_stream(); }
-  Stream& h2d_stream() override { return inner_->h2d_stream(); }
-  Stream& d2h_stream() override { return inner_->d2h_stream(); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  void record(Event& event, Stream& stream) override { inner_->record(event, stream); }
-  void wait(Stream& stream, const Event& event) override { inner_->wait(stream, event); }
-  Status synchronize(Event& event) override { return inner_->synchronize(event); }
-  Status synchronize(Stream& stream) override { return inner_->synchronize(stream); }
-  bool query(Event& event) override { return inner_->query(event); }
-  void copy_h2d(Stream& s, void* dst, const void* src, size_t bytes) override {
-    inner_->copy_h2d(s, dst, src, bytes);
-  }
-  void copy_d2h(Stream& s, void* dst, const void* src, size_t bytes) override {
-    inner_->copy_d2h(s, dst, src, bytes);
-  }
-  void copy_d2d(Stream& s, void* dst, const void* src, size_t bytes) override {
-    inner_->copy_d2d(s, dst, src, bytes);
-  }
-  void memset_zero(Stream& s, void* dst, size_t bytes) override {
-    inner_->memset_zero(s, dst, bytes);
-  }
-  void host_fn(Stream& s, std::function<void()> fn) override { inner_->host_fn(s, std::move(fn)); }
   Kernels& kernels() override { return kernels_; }
 
  private:
-  std::unique_ptr<Device> inner_;
   bool addressable_;
   CountingKernels kernels_;
 };

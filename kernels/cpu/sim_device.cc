@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/sim_kernels.h"
 #include "strata/device.h"
+#include "strata/device_wrapper.h"
 
 namespace strata {
 namespace {
@@ -65,16 +66,16 @@ class DirtyRanges {
   std::map<char*, char*> r_;
 };
 
-class SimDevice final : public Device {
+class SimDevice final : public DeviceWrapper {
  public:
   SimDevice(std::unique_ptr<Device> inner, const SimulatedDeviceOptions& p)
-      : inner_(std::move(inner)), p_(p) {
-    kernels_ = create_sim_kernels(*inner_, clocks_, p_);
+      : DeviceWrapper(std::move(inner)), p_(p) {
+    kernels_ = create_sim_kernels(wrapped(), clocks_, p_);
   }
   ~SimDevice() override {
     // Work still queued on the streams refers to this device's clocks and ranges.
-    for (Stream* s : {&inner_->compute_stream(), &inner_->h2d_stream(), &inner_->d2h_stream()}) {
-      (void)inner_->synchronize(*s);
+    for (Stream* s : {&compute_stream(), &h2d_stream(), &d2h_stream()}) {
+      (void)synchronize(*s);
     }
   }
 
@@ -85,31 +86,8 @@ class SimDevice final : public Device {
         "simulated {} (GEMM {:.0f} TFLOP/s, attention {:.0f}/{:.0f}, HBM {:.0f} GB/s, link "
         "{:.0f} GB/s, {:.0f} us a kernel) over {}",
         p_.preset.empty() ? "device" : p_.preset, p_.gemm_tflops, p_.attention_fwd_tflops,
-        p_.attention_bwd_tflops, p_.hbm_gbps, p_.link_gbps, p_.launch_us, inner_->name());
+        p_.attention_bwd_tflops, p_.hbm_gbps, p_.link_gbps, p_.launch_us, wrapped().name());
   }
-
-  Result<void*> allocate(size_t bytes, std::string_view tag) override {
-    return inner_->allocate(bytes, tag);
-  }
-  void release(void* ptr) override { inner_->release(ptr); }
-  DeviceMemoryStats memory_stats() const override { return inner_->memory_stats(); }
-  void reset_peak() override { inner_->reset_peak(); }
-  Result<void*> allocate_host(size_t bytes) override { return inner_->allocate_host(bytes); }
-  void release_host(void* ptr) override { inner_->release_host(ptr); }
-  Status register_host(void* ptr, size_t bytes) override {
-    return inner_->register_host(ptr, bytes);
-  }
-  void unregister_host(void* ptr) override { inner_->unregister_host(ptr); }
-
-  Stream& compute_stream() override { return inner_->compute_stream(); }
-  Stream& h2d_stream() override { return inner_->h2d_stream(); }
-  Stream& d2h_stream() override { return inner_->d2h_stream(); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  void record(Event& event, Stream& stream) override { inner_->record(event, stream); }
-  void wait(Stream& stream, const Event& event) override { inner_->wait(stream, event); }
-  Status synchronize(Event& event) override { return inner_->synchronize(event); }
-  Status synchronize(Stream& stream) override { return inner_->synchronize(stream); }
-  bool query(Event& event) override { return inner_->query(event); }
 
   // Copies are real; the stream's clock then takes at least bytes over the link's rate (a
   // copy on the compute stream: over the HBM's, read and write), counted from the copy's start.
@@ -123,26 +101,25 @@ class SimDevice final : public Device {
     copy(s, dst, src, n, /*to_device=*/true);
   }
   void memset_zero(Stream& s, void* dst, size_t n) override {
-    SimClock* clock = &clocks_.of(*inner_, s);
+    SimClock* clock = &clocks_.of(wrapped(), s);
     DirtyRanges* dirty = &dirty_;
     const double t = p_.launch_us * 1e-6 + double(n) / (p_.hbm_gbps * 1e9);
-    inner_->host_fn(s, [clock, dirty, dst, n, t] {
+    wrapped().host_fn(s, [clock, dirty, dst, n, t] {
       const auto t0 = SimClock::Clock::now();
       dirty->clear(static_cast<char*>(dst), n);
       clock->run(t, t0);
     });
   }
-  void host_fn(Stream& s, std::function<void()> fn) override { inner_->host_fn(s, std::move(fn)); }
   Kernels& kernels() override { return *kernels_; }
 
  private:
   void copy(Stream& s, void* dst, const void* src, size_t n, bool to_device) {
-    SimClock* clock = &clocks_.of(*inner_, s);
+    SimClock* clock = &clocks_.of(wrapped(), s);
     DirtyRanges* dirty = to_device ? &dirty_ : nullptr;
-    const bool on_compute = &s == &inner_->compute_stream();
+    const bool on_compute = &s == &compute_stream();
     const double rate = on_compute ? p_.hbm_gbps * 1e9 / 2 : p_.link_gbps * 1e9;
     const double t = double(n) / rate;
-    inner_->host_fn(s, [clock, dirty, dst, src, n, t] {
+    wrapped().host_fn(s, [clock, dirty, dst, src, n, t] {
       const auto t0 = SimClock::Clock::now();
       std::memcpy(dst, src, n);
       if (dirty) dirty->add(static_cast<char*>(dst), n);
@@ -150,7 +127,6 @@ class SimDevice final : public Device {
     });
   }
 
-  std::unique_ptr<Device> inner_;
   const SimulatedDeviceOptions p_;
   SimClocks clocks_;
   DirtyRanges dirty_;

@@ -116,6 +116,7 @@ class Run {
   Status run_program(Pass pass, int micro, bool last, bool speculate, const MicroBatch* mbs,
                      int n = 1, size_t begin = 0, size_t end = SIZE_MAX);
   // Settles strata.optimizer.defer = "auto" once its trial steps are timed (every rank alike).
+  Status settle(DeferChoice& choice, float m[2]);
   Status settle_defer_choice();
   Status settle_speculate_choice();
   Status save_checkpoint(int64_t step, std::string* path_out);

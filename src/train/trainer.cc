@@ -684,12 +684,18 @@ Result<double> Run::run_step() {
   return loss;
 }
 
-// The same choice on every rank: the slowest rank's medians decide.
-Status Run::settle_defer_choice() {
-  float m[2] = {static_cast<float>(defer_choice_.deferred_median()),
-                static_cast<float>(defer_choice_.plain_median())};
+// The same choice on every rank: the slowest rank's medians decide; m gets them.
+Status Run::settle(DeferChoice& choice, float m[2]) {
+  m[0] = static_cast<float>(choice.deferred_median());
+  m[1] = static_cast<float>(choice.plain_median());
   if (world_ > 1) STRATA_RETURN_IF_ERROR(reduce(m, 2, ReduceOp::kMax), "");
-  defer_choice_.decide(m[0], m[1]);
+  choice.decide(m[0], m[1]);
+  return Status::ok();
+}
+
+Status Run::settle_defer_choice() {
+  float m[2];
+  STRATA_RETURN_IF_ERROR(settle(defer_choice_, m), "");
   if (rank_ == 0) {
     log_info(
         "optimizer: steps that clip ran in {:.2f} s deferred into the next forward and {:.2f} s "
@@ -700,12 +706,9 @@ Status Run::settle_defer_choice() {
   return Status::ok();
 }
 
-// The same choice on every rank: the slowest rank's medians decide.
 Status Run::settle_speculate_choice() {
-  float m[2] = {static_cast<float>(speculate_choice_.deferred_median()),
-                static_cast<float>(speculate_choice_.plain_median())};
-  if (world_ > 1) STRATA_RETURN_IF_ERROR(reduce(m, 2, ReduceOp::kMax), "");
-  speculate_choice_.decide(m[0], m[1]);
+  float m[2];
+  STRATA_RETURN_IF_ERROR(settle(speculate_choice_, m), "");
   if (rank_ == 0) {
     log_info(
         "optimizer: steps that did not clip ran in {:.2f} s stepped under backward and {:.2f} s "
