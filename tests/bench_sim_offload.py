@@ -12,8 +12,8 @@ host RAM and gradient clipping 1.0, the norm simulated under (0.5) and over (3.0
 
 Per model it runs, alternated within each round: everything on the device (the all-on-device
 step), then the placement with each exact schedule strata chooses among at that norm -- under
-0.5: stepped under backward (strata.optimizer.speculate always) or under the next forward
-(never); over it: under the next forward (strata.optimizer.defer always) or after backward
+0.5: stepped under backward (strata.optimizer.speculate always), under the next forward or
+after backward (never, with strata.optimizer.defer always or never); over it: under the next forward (strata.optimizer.defer always) or after backward
 (never) -- and the plain schedule (strata.optimizer.overlap false: its optimizer time is the
 optimizer alone). The "auto" defaults time these on a run's first steps and keep the faster.
 It prints per row the medians of the steps after the first three (step, forward+backward,
@@ -116,6 +116,8 @@ def main():
                 0.5: [("under backward", ["strata.optimizer.speculate=\"always\""]),
                       ("next forward", ["strata.optimizer.speculate=\"never\"",
                                         "strata.optimizer.defer=\"always\""]),
+                      ("after backward", ["strata.optimizer.speculate=\"never\"",
+                                          "strata.optimizer.defer=\"never\""]),
                       ("plain", ["strata.optimizer.overlap=false"])],
                 3.0: [("next forward", ["strata.optimizer.defer=\"always\""]),
                       ("after backward", ["strata.optimizer.defer=\"never\""]),
