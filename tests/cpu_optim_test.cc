@@ -448,6 +448,19 @@ TEST_P(CpuOptimIsa, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// A step of `src`'s state written to `dst`'s buffers (ShardState::*_src), src left as it is.
+ShardState out_of_place(Shard& src, Shard& dst, float grad_mult) {
+  ShardState s = src.state(grad_mult);
+  s.master_src = s.master;
+  s.m_src = s.m;
+  s.v_src = s.v;
+  s.master = dst.master.f32();
+  s.m = dst.m.ptr;
+  s.v = dst.v.ptr;
+  s.lp_out = dst.lp.ptr;
+  return s;
+}
+
 // Out of place (ShardState::*_src, the speculation's undo without copies): the new state in
 // master/m/v has the bits of the in-place step, and the sources are left as they were, for
 // every kind, moment dtype and lp dtype, on the vector loop and the tail.
@@ -468,15 +481,7 @@ TEST_P(CpuOptimIsa, OutOfPlaceStepMatchesInPlaceAndLeavesSourcesUntouched) {
         optimizer_step_isa(isa, h, in_place.state(0.5f), 2);
         Shard src = base.clone(0);
         Shard dst = make_shard(rng, n, DType::kBF16, mt, lt, true, 3);  // other values
-        ShardState s = src.state(0.5f);
-        s.master_src = s.master;
-        s.m_src = s.m;
-        s.v_src = s.v;
-        s.master = dst.master.f32();
-        s.m = dst.m.ptr;
-        s.v = dst.v.ptr;
-        s.lp_out = dst.lp.ptr;
-        optimizer_step_isa(isa, h, s, 2);
+        optimizer_step_isa(isa, h, out_of_place(src, dst, 0.5f), 2);
         SCOPED_TRACE(::testing::Message() << optimizer_kind_name(kind) << " moments "
                                           << dtype_name(mt) << " lp " << dtype_name(lt));
         EXPECT_TRUE(dst.master.same_bits(in_place.master))
@@ -490,15 +495,7 @@ TEST_P(CpuOptimIsa, OutOfPlaceStepMatchesInPlaceAndLeavesSourcesUntouched) {
         // The reference agrees.
         Shard ref_src = base.clone(0);
         Shard ref_dst = make_shard(rng, n, DType::kBF16, mt, lt, true, 0);
-        ShardState r = ref_src.state(0.5f);
-        r.master_src = r.master;
-        r.m_src = r.m;
-        r.v_src = r.v;
-        r.master = ref_dst.master.f32();
-        r.m = ref_dst.m.ptr;
-        r.v = ref_dst.v.ptr;
-        r.lp_out = ref_dst.lp.ptr;
-        optimizer_step_reference(h, r);
+        optimizer_step_reference(h, out_of_place(ref_src, ref_dst, 0.5f));
         EXPECT_TRUE(ref_dst.master.same_bits(in_place.master));
         EXPECT_TRUE(ref_src.master.same_bits(base.master));
       }

@@ -1,0 +1,125 @@
+// The run's device (the CPU or CUDA backend, or the simulated fast device) and its
+// communicators (ZeRO-3's collectives, ZeRO++'s compression): Run::create_device and
+// Run::create_comms.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "src/comm/zeropp.h"
+#include "src/train/run.h"
+#include "strata/comm.h"
+#include "strata/device.h"
+#include "strata/log.h"
+
+namespace strata::run_detail {
+
+Status Run::create_device() {
+  std::string backend = cfg_.device.backend;
+  if (!cfg_.device.simulate.empty()) {
+    if (backend == "cuda") {
+      return invalid_argument(
+          "device.simulate runs on the CPU backend: set device.backend to cpu or auto, or "
+          "device.simulate to \"\" to train on the GPU");
+    }
+    const DeviceConfig& d = cfg_.device;
+    STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_preset(d.simulate),
+                            "device.simulate");
+    for (auto [v, field] : {std::pair{d.simulate_gemm_tflops, &sim.gemm_tflops},
+                            std::pair{d.simulate_attention_fwd_tflops, &sim.attention_fwd_tflops},
+                            std::pair{d.simulate_attention_bwd_tflops, &sim.attention_bwd_tflops},
+                            std::pair{d.simulate_hbm_gbps, &sim.hbm_gbps},
+                            std::pair{d.simulate_link_gbps, &sim.link_gbps}}) {
+      if (v > 0) *field = v;
+    }
+    if (d.simulate_launch_us >= 0) sim.launch_us = d.simulate_launch_us;
+    CpuDeviceOptions o;
+    o.capacity = d.memory_limit > 0 ? std::min(d.memory_limit, sim.memory) : sim.memory;
+    o.threads = d.cpu_threads;
+    STRATA_ASSIGN_OR_RETURN(dev_, create_simulated_device(o, sim), "creating the simulated device");
+    if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+    log_info(
+        "device: {}; losses are not real (device.simulate), times and bytes are; gradient "
+        "norm {} (device.simulate_grad_norm)",
+        dev_->name(), d.simulate_grad_norm);
+    return Status::ok();
+  }
+  if (backend == "auto") {
+    std::string why;
+    backend = cuda_device_available(&why) ? "cuda" : "cpu";
+    log_info("device.backend = auto: using {}{}", backend,
+             backend == "cpu" ? fmt::format(" ({})", why) : "");
+  }
+  if (backend == "cuda") {
+    CudaDeviceOptions o;
+    o.ordinal = cfg_.device.ordinal < 0 ? 0 : cfg_.device.ordinal;
+    if (cfg_.device.ordinal < 0) {
+      // Several ranks per host: the launcher's local rank picks the GPU.
+      for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+        if (const char* v = std::getenv(var)) {
+          o.ordinal = std::atoi(v);
+          break;
+        }
+      }
+    }
+    o.reserve = cfg_.device.reserve;
+    o.capacity = cfg_.device.memory_limit;
+    STRATA_ASSIGN_OR_RETURN(dev_, create_cuda_device(o), "creating the cuda device");
+  } else {
+    CpuDeviceOptions o;
+    o.capacity = cfg_.device.memory_limit > 0 ? cfg_.device.memory_limit : size_t{1} << 30;
+    o.threads = cfg_.device.cpu_threads;
+    STRATA_ASSIGN_OR_RETURN(dev_, create_cpu_device(o), "creating the cpu device");
+  }
+  if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+  log_info("device: {}", dev_->name());
+  return Status::ok();
+}
+
+Status Run::create_comms() {
+  CommOptions co;
+  co.timeout_s = cfg_.strata.comm_timeout_s;
+  const std::string& b = cfg_.strata.comm_backend;
+  STRATA_ASSIGN_OR_RETURN(comm_, create_communicator(b, dev_.get(), co), "strata.comm.backend");
+  world_ = comm_->size();
+  rank_ = comm_->rank();
+  if (world_ > 1) {
+    set_log_rank(rank_);
+    STRATA_ASSIGN_OR_RETURN(param_comm_, create_communicator(comm_->backend(), dev_.get(), co),
+                            "strata.comm.backend (parameter gathers)");
+    STRATA_ASSIGN_OR_RETURN(grad_comm_, create_communicator(comm_->backend(), dev_.get(), co),
+                            "strata.comm.backend (gradient reduce-scatters)");
+    ZeroPPOptions zo;
+    zo.quantized_weights = cfg_.zero.zero_quantized_weights;
+    zo.hpz_partition_size = cfg_.zero.zero_hpz_partition_size;
+    zo.quantized_gradients = cfg_.zero.zero_quantized_gradients;
+    zo.ranks_per_node = cfg_.strata.comm_ranks_per_node;
+    if (zo.any()) {
+      STRATA_ASSIGN_OR_RETURN(zeropp_, ZeroPP::create(zo, *param_comm_, *grad_comm_), "");
+    }
+  }
+  if (world_ == 1) {
+    // ZeRO++ compresses what ranks send each other: on one rank there is nothing to compress.
+    std::string keys;
+    for (const auto& [on, key] :
+         {std::pair{cfg_.zero.zero_quantized_weights, "zero_quantized_weights"},
+          {cfg_.zero.zero_hpz_partition_size > 1, "zero_hpz_partition_size"},
+          {cfg_.zero.zero_quantized_gradients, "zero_quantized_gradients"}}) {
+      if (on) keys += fmt::format("{}zero_optimization.{}", keys.empty() ? "" : ", ", key);
+    }
+    if (!keys.empty()) {
+      log_warn(
+          "{}: ZeRO++ compresses the collectives between ranks, and this run has one rank, "
+          "so it does nothing here; launch with mpirun -np N (N > 1) for it to act, or "
+          "remove the key(s)",
+          keys);
+    }
+  }
+  log_info("comm: {} backend, rank {} of {}, timeout {:g} s", comm_->backend(), rank_, world_,
+           comm_->timeout_s());
+  return Status::ok();
+}
+
+}  // namespace strata::run_detail
