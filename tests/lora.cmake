@@ -3,6 +3,7 @@
 # bad lora sections and adapters refused, training with the base frozen on every placement,
 # exact resume.
 strata_test(lora_test ${CMAKE_CURRENT_LIST_DIR}/lora_test.cc)
+strata_test(lora_config_test ${CMAKE_CURRENT_LIST_DIR}/lora_config_test.cc)
 # strata export --adapter -> peft.PeftModel.from_pretrained gives strata eval's loss, and the
 # merged export -> transformers the same (tools/check_lora_export.py). Needs torch, transformers
 # and peft in STRATA_HF_PYTHON's interpreter (tests/hf.cmake sets strata_hf_python); without

@@ -1,0 +1,46 @@
+// Shared by the LoRA tests: the Hugging Face fixtures and a LoRA config over one of them.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "tests/test_util.h"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must point at the repository"
+#endif
+
+namespace strata::test {
+
+using json = nlohmann::json;
+
+inline std::string fixture(const std::string& name) {
+  return std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+}
+
+// configs/tiny-cpu.json with model.from_pretrained = `base`, fp32, and `lora` as its lora
+// section, then `extra` overrides.
+inline Result<Config> lora_config(const std::string& base, const json& lora,
+                                  std::vector<std::string> extra = {}) {
+  json doc = json::parse(read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  doc.erase("model");
+  doc["model"] = {{"from_pretrained", base}, {"context", 16}};
+  doc["scheduler"]["params"]["warmup_num_steps"] = 1;
+  if (!lora.is_null()) doc["lora"] = lora;
+  extra.insert(extra.begin(), "bf16.enabled=false");
+  return parse_config(doc.dump(), "<lora test>", extra);
+}
+
+// The fixture's lora section: what tools/make_lora_fixtures.py gave peft.
+inline json fixture_lora(const std::string& base) {
+  if (base == "gpt2")
+    return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
+  return {{"r", 4},
+          {"lora_alpha", 8},
+          {"target_modules",
+           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}};
+}
+
+}  // namespace strata::test
