@@ -26,7 +26,8 @@ Fixtures:
              its reference is computed in fp32 from the bf16 weights
 
 Each fixture also holds a real tokenizer (tools/make_hf_fixtures.py --tokenizers-only writes just
-these, leaving the weights and references as they are): a 100-token BPE trained with the
+these, leaving the weights and references as they are; --only NAME... limits it to those
+fixtures): a 100-token BPE trained with the
 `tokenizers` library on a fixed English text (the models' vocabulary is 100), saved as
 tokenizer.json with tokenizer_config.json, special_tokens_map.json and generation_config.json,
 in each family's conventions: Llama sentencepiece-style, <unk> <s> </s> (ids 0, 1, 2; BOS
@@ -178,7 +179,7 @@ def write_greedy(d, new_tokens=20):
 
 
 FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "qwen2",
-          "gpt2": "gpt2"}
+          "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2"}
 
 
 def write(out_dir, name, model, vocab, seed, shard=None, reference_fn=None):
@@ -212,9 +213,13 @@ def main():
     ap.add_argument("--tokenizers-only", action="store_true",
                     help="write only the tokenizer files and greedy.json into the existing "
                     "fixtures")
+    ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(FAMILY),
+                    help="with --tokenizers-only: these fixtures alone")
     args = ap.parse_args()
     if args.tokenizers_only:
         for name, family in FAMILY.items():
+            if args.only and name not in args.only:
+                continue
             write_tokenizer(os.path.join(args.out, name), family)
             write_greedy(os.path.join(args.out, name))
         return
