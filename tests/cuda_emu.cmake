@@ -72,6 +72,9 @@ strata_emu_test(cuda_emu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_kernels
 # The GPU tests themselves, unchanged, on the emulated backend: create_cuda_device finds the
 # emulated GPU, so nothing skips.
 strata_emu_test(cuda_backend_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_backend_test.cc)
+# strata generate on the CUDA backend: a dense fixture and a mixture, greedy = transformers',
+# the key/value cache (attention_decode.cu) against the whole window's forward.
+strata_emu_test(hf_generate_emu_test ${CMAKE_CURRENT_LIST_DIR}/hf_generate_test.cc)
 # Without the T = 2081 comparison with the plain kernels (O(T^2) per head: ~3 min emulated);
 # the fused kernels at T up to 257 against the CPU twin and the double reference stay.
 strata_emu_test(cuda_flash_attention_emu_test ${CMAKE_CURRENT_LIST_DIR}/cuda_flash_attention_test.cc

@@ -5,6 +5,9 @@ strata_test(hf_config_test ${CMAKE_CURRENT_LIST_DIR}/hf_config_test.cc)
 # model.from_pretrained against transformers: tests/fixtures/hf/ (tools/make_hf_fixtures.py)
 # loaded and run; losses and every gradient compared with transformers' own; import errors.
 strata_test(hf_compare_test ${CMAKE_CURRENT_LIST_DIR}/hf_compare_test.cc)
+# strata generate's decoder: greedy tokens = transformers' for every fixture (the mixtures
+# included), the key/value cache against the whole window's forward, sampling, the context's end.
+strata_test(hf_generate_test ${CMAKE_CURRENT_LIST_DIR}/hf_generate_test.cc)
 # strata eval against transformers' loss over the fixtures' token corpora; any placement; a
 # checkpoint evaluates as its export; a corpus shorter than one window is an error.
 strata_test(hf_eval_test ${CMAKE_CURRENT_LIST_DIR}/hf_eval_test.cc)

@@ -24,7 +24,6 @@
 #include "src/hf/hf_export.h"
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
-#include "src/model/generate.h"
 #include "src/train/data.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -44,19 +43,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string fixture(const std::string& name) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
-}
-
-// configs/tiny-cpu.json without its model section, with `model` and overrides.
-Result<Config> config_for(const json& model, std::vector<std::string> extra = {}) {
-  json doc =
-      json::parse(test::read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
-  doc.erase("model");
-  doc["scheduler"]["params"]["warmup_num_steps"] = 1;
-  if (!model.is_null()) doc["model"] = model;
-  return parse_config(doc.dump(), "<hf test>", extra);
-}
+using test::config_for;
+using test::fixture;
 
 // The fixture's reference tensors (tools/make_hf_fixtures.py), as fp32.
 std::map<std::string, std::vector<float>> read_reference(const std::string& dir) {
@@ -662,80 +650,6 @@ TEST(HfExport, RefusesACheckpointOfAnotherModel) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("holds a model of shape"), std::string::npos) << st.message();
   EXPECT_FALSE(fs::exists(dir + "/hf/config.json"));
-}
-
-// strata generate's decoder, greedy, token for token against transformers' greedy decode of
-// each fixture (greedy.json: 20 tokens after "the model writes", written by
-// tools/make_hf_fixtures.py), from model.from_pretrained; the bf16 fixture included.
-TEST(HfGenerate, GreedyMatchesTransformers) {
-  for (const char* name : {"llama", "llama3", "qwen2", "gpt2", "llama-bf16"}) {
-    SCOPED_TRACE(name);
-    auto cfg = config_for({{"from_pretrained", fixture(name)}});
-    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-    auto arch = create_architecture(cfg->model);
-    ASSERT_TRUE(arch.is_ok());
-    auto w = load_master_weights(**arch, cfg->model, "");
-    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-    auto dec = Decoder::create(**arch, std::move(*w));
-    ASSERT_TRUE(dec.is_ok()) << dec.status().to_string();
-    const json g = json::parse(test::read_file(fixture(name) + "/greedy.json"));
-    SampleOptions opt;
-    opt.max_new_tokens = int(g["ids"].size());
-    auto out = generate(**dec, g["prompt_ids"].get<std::vector<int32_t>>(), opt);
-    ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-    EXPECT_EQ(*out, g["ids"].get<std::vector<int32_t>>());
-    EXPECT_EQ((*dec)->position(), int(g["prompt_ids"].size() + g["ids"].size()) - 1);
-  }
-}
-
-// From a strata checkpoint (train.steps 1 at lr 1e-12: the fixture's weights up to rounding):
-// the same tokens; a checkpoint of another model is refused naming both shapes; the context's
-// end stops generation.
-TEST(HfGenerate, FromACheckpoint) {
-  const std::string dir = test::temp_dir("strata_hf_generate", "ckpt");
-  fs::create_directories(dir + "/swap");
-  auto cfg = config_for(
-      {{"from_pretrained", fixture("qwen2")}},
-      {"train.checkpoint_dir=\"" + dir + "/ckpt\"", "train.steps=1", "train.eval_interval=0",
-       "optimizer.params.lr=1e-12", "device.memory_limit=\"64MiB\"",
-       "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\""});
-  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-  TrainResult r = test::must_train(*cfg);
-  auto arch = create_architecture(cfg->model);
-  ASSERT_TRUE(arch.is_ok());
-  auto w = load_master_weights(**arch, cfg->model, r.last_checkpoint);
-  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
-  auto dec = Decoder::create(**arch, std::move(*w));
-  ASSERT_TRUE(dec.is_ok());
-  const json g = json::parse(test::read_file(fixture("qwen2") + "/greedy.json"));
-  SampleOptions opt;
-  opt.max_new_tokens = 1000;  // more than the context holds
-  auto out = generate(**dec, g["prompt_ids"].get<std::vector<int32_t>>(), opt);
-  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
-  ASSERT_EQ(out->size(), 32u - g["prompt_ids"].size() + 1) << "stops at model.context (32)";
-  out->resize(g["ids"].size());
-  EXPECT_EQ(*out, g["ids"].get<std::vector<int32_t>>());
-  auto other = config_for({{"from_pretrained", fixture("llama")}});
-  auto arch2 = create_architecture(other->model);
-  auto bad = load_master_weights(**arch2, other->model, r.last_checkpoint);
-  ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("holds a model of shape"), std::string::npos);
-}
-
-// Sampling: temperature 0 is the first largest logit; top_p keeps the fewest most likely
-// tokens whose probability reaches it; a draw walks the nucleus in order of probability.
-TEST(HfGenerate, PickToken) {
-  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f, -1.0f};
-  EXPECT_EQ(pick_token(logits, 0.0, 1.0, 0.7), 1);
-  for (double u : {0.0, 0.5, 0.999}) EXPECT_EQ(pick_token(logits, 1.0, 0.01, u), 1);
-  // p = [0.054, 0.397, 0.397, 0.146, 0.007]: the nucleus at 0.85 is {1, 2, 3} (0.794 < 0.85),
-  // at 0.6 {1, 2}.
-  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.0), 1);
-  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.5), 2);
-  EXPECT_EQ(pick_token(logits, 1.0, 0.85, 0.999), 3);
-  EXPECT_EQ(pick_token(logits, 1.0, 0.6, 0.999), 2);
-  // A high temperature flattens: the last token becomes reachable.
-  EXPECT_EQ(pick_token(logits, 100.0, 1.0, 0.9999), 4);
 }
 
 // Vocabularies past 65,535 (Llama 3: 128,256): llm.c's uint32 token files (magic 20240801,

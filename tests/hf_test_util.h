@@ -1,5 +1,5 @@
-// Helpers for the tests that compare with reference tensors written by Python tools (tests
-// include from the repository root).
+// Helpers for the tests that compare with reference tensors written by Python tools and for
+// the tests over the Hugging Face fixtures (tests include from the repository root).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,12 +7,30 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "src/hf/safetensors.h"
+#include "strata/config.h"
+#include "tests/test_util.h"
 
 namespace strata::test {
+
+// The Hugging Face fixture `name` (tests/fixtures/hf/, tools/make_hf_fixtures.py).
+inline std::string fixture(const std::string& name) {
+  return std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
+}
+
+// configs/tiny-cpu.json without its model section, with `model` and overrides.
+inline Result<Config> config_for(const nlohmann::json& model, std::vector<std::string> extra = {}) {
+  nlohmann::json doc = nlohmann::json::parse(
+      read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  doc.erase("model");
+  doc["scheduler"]["params"]["warmup_num_steps"] = 1;
+  if (!model.is_null()) doc["model"] = model;
+  return parse_config(doc.dump(), "<hf test>", extra);
+}
 
 // Every tensor of safetensors file `path`, as fp32, by name (a failure is a test failure and an
 // empty map).

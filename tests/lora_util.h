@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "strata/config.h"
+#include "tests/hf_test_util.h"
 #include "tests/test_util.h"
 
 #ifndef STRATA_SOURCE_DIR
@@ -15,10 +16,6 @@
 namespace strata::test {
 
 using json = nlohmann::json;
-
-inline std::string fixture(const std::string& name) {
-  return std::string(STRATA_SOURCE_DIR) + "/tests/fixtures/hf/" + name;
-}
 
 // configs/tiny-cpu.json with model.from_pretrained = `base`, fp32, and `lora` as its lora
 // section, then `extra` overrides.

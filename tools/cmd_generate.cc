@@ -19,10 +19,12 @@
 
 #include "src/checkpoint/checkpoint.h"
 #include "src/model/architecture.h"
+#include "src/hf/master_weights.h"
 #include "src/model/generate.h"
 #include "src/tiers/placement.h"
 #include "src/train/process_memory.h"
 #include "strata/config.h"
+#include "strata/device.h"
 #include "strata/log.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
@@ -37,10 +39,14 @@ const char kUsage[] =
     "A quick look at what a model says: the prompt, tokenized with the model's tokenizer, then\n"
     "up to --max-new-tokens tokens, greedy (the default) or sampled with --temperature and\n"
     "--top-p, stopping at the end-of-sequence token (generation_config.json's eos_token_id) or\n"
-    "at model.context. The weights are --checkpoint's, else model.from_pretrained's; they are\n"
-    "held in host memory in fp32 (4 bytes a parameter; a model that does not fit is refused\n"
-    "before anything is allocated) and run on the CPU with a key/value cache. Greedy decoding "
-    "gives transformers' tokens. Tokenizing runs tools/hf_tokenizer.py\n"
+    "at model.context. The weights are --checkpoint's, else model.from_pretrained's (a LoRA\n"
+    "run's adapters merged into its base). The model's own forward runs them on the config's\n"
+    "device.backend (cuda, cpu, or auto: cuda where a GPU is visible), every model type alike\n"
+    "(GPT-2, Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE), with the weights on the device in fp32\n"
+    "(4 bytes a parameter, plus the activations of one window of model.context tokens and a\n"
+    "key/value cache; a model that does not fit is refused before anything is allocated). The\n"
+    "prompt runs as one forward, then each token as one token's forward against the cache.\n"
+    "Greedy decoding gives transformers' tokens. Tokenizing runs tools/hf_tokenizer.py\n"
     "with $STRATA_PYTHON (default python3; it needs transformers or tokenizers).\n"
     "\n"
     "options:\n"
@@ -141,6 +147,41 @@ Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return internal_error("the tokenizer printed no JSON: " + text);
   return j;
+}
+
+// The device generation runs on: `backend` (device.backend with auto settled: cuda or cpu).
+// The CPU backend's memory is the host's: device.memory_limit, else `need` bytes. A device with
+// less than `need` is refused, naming what to change.
+Result<std::unique_ptr<Device>> open_device(const Config& cfg, const std::string& backend,
+                                            uint64_t need) {
+  if (!cfg.device.simulate.empty()) {
+    return invalid_argument(
+        "device.simulate computes no real numbers: strata generate runs on device.backend cpu or "
+        "cuda (set device.simulate to \"\")");
+  }
+  std::unique_ptr<Device> dev;
+  if (backend == "cuda") {
+    CudaDeviceOptions o;
+    o.ordinal = std::max(cfg.device.ordinal, 0);
+    o.reserve = cfg.device.reserve;
+    o.capacity = cfg.device.memory_limit;
+    STRATA_ASSIGN_OR_RETURN(dev, create_cuda_device(o), "generate: device.backend cuda");
+  } else {
+    CpuDeviceOptions o;
+    o.capacity = cfg.device.memory_limit > 0 ? cfg.device.memory_limit : size_t(need);
+    o.threads = cfg.device.cpu_threads;
+    STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(o), "generate: device.backend cpu");
+  }
+  const size_t capacity = dev->memory_stats().capacity;
+  if (need > capacity) {
+    return out_of_memory(fmt::format(
+        "generate: the model's fp32 weights, activations and key/value cache take {} on the "
+        "device, which has {} ({}): use a smaller model, a shorter model.context, or raise "
+        "device.memory_limit",
+        format_bytes(double(need)), format_bytes(double(capacity)), dev->name()));
+  }
+  log_info("generate: {}", dev->name());
+  return dev;
 }
 
 bool parse_number(const std::string& s, double* out) {
@@ -258,9 +299,16 @@ int cmd_generate(int argc, char** argv) {
         "model.context (--set model.context=N, at most the model's max_position_embeddings)",
         ids.size(), (*arch)->shape().context));
   }
-  // The weights and the cache must fit in memory before any of it is allocated (a model too
-  // large was a bad_alloc abort, or the OOM killer).
-  const uint64_t need = decoder_bytes(**arch);
+  // The weights, activations and cache must fit before any of it is allocated (a model too
+  // large was a bad_alloc abort, or the OOM killer): the host's share first, then the device's.
+  const DecoderBytes need = decoder_bytes(**arch);
+  std::string backend = cfg->device.backend;
+  if (backend == "auto") {
+    std::string why;
+    backend = cuda_device_available(&why) ? "cuda" : "cpu";
+  }
+  // On the CPU backend the device's memory is the host's.
+  const uint64_t host_need = need.host + (backend == "cpu" ? need.device : 0);
   uint64_t avail = host_available_bytes();
   const char* limit = "MemAvailable";
   struct rlimit rl {};
@@ -269,17 +317,21 @@ int cmd_generate(int argc, char** argv) {
     const uint64_t room = rl.rlim_cur > used ? rl.rlim_cur - used : 0;
     if (avail == 0 || room < avail) avail = room, limit = "the address-space limit (ulimit -v)";
   }
-  if (avail > 0 && need > avail) {
+  if (avail > 0 && host_need > avail) {
     return cli.fail(fmt::format(
-        "the model's fp32 weights and key/value cache take {} ({} parameters, context {}); "
-        "{} leaves {}: strata generate holds the whole model in host memory: use a smaller "
-        "model, or a shorter model.context for the cache",
-        format_bytes(double(need)), (*arch)->layout().num_params(), cfg->model.context, limit,
-        format_bytes(double(avail))));
+        "the model's fp32 weights{} take {} ({} parameters, context {}); {} leaves {}: strata "
+        "generate reads the whole model in fp32 on the host{}: use a smaller model, or a "
+        "shorter model.context",
+        backend == "cpu" ? ", activations and key/value cache" : "",
+        format_bytes(double(host_need)), (*arch)->layout().num_params(), cfg->model.context,
+        limit, format_bytes(double(avail)),
+        backend == "cpu" ? " and runs it there (device.backend cpu)" : ""));
   }
+  auto device = open_device(*cfg, backend, need.device);
+  if (!device.is_ok()) return cli.fail(device.status().message());
   auto weights = load_master_weights(**arch, cfg->model, checkpoint);
   if (!weights.is_ok()) return cli.fail(weights.status().message());
-  auto decoder = Decoder::create(**arch, std::move(*weights));
+  auto decoder = Decoder::create(**arch, **device, std::move(*weights));
   if (!decoder.is_ok()) return cli.fail(decoder.status().message());
   Result<std::vector<int32_t>> out = generate(**decoder, ids, opt);
   if (!out.is_ok()) return cli.fail(out.status().message());

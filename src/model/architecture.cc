@@ -23,6 +23,10 @@ void Architecture::init_module(int m, uint64_t seed, float* master) const {
   init_range(m, seed, 0, layout().modules[size_t(m)].numel, master);
 }
 
+Result<std::unique_ptr<KvDecoder>> Architecture::create_kv_decoder(Device&, DType) const {
+  return unavailable(fmt::format("model.type {} has no key/value cache for generation", name()));
+}
+
 void init_module_range(const ModuleSpec& spec, uint64_t seed, uint64_t stream, size_t zero_begin,
                        size_t zero_end, size_t begin, size_t count, float* out) {
   const size_t end = begin + count;

@@ -261,6 +261,32 @@ struct HfTensor {
                                // positions beyond model.context): the first shape[0] are read
 };
 
+// ---- generation ---------------------------------------------------------------------------------
+
+// Generation's forward with a key/value cache (Architecture::create_kv_decoder): one sequence,
+// each layer's keys and values of every position run so far kept on the device, so that a call
+// runs only its new tokens — a prompt as one call over its tokens, then one token a call. It is
+// made beside the training runner, never instead of it: the trainer and the planner never create
+// one, and nothing it does changes a runner's numbers. Without it (a backend whose kernels lack
+// KernelOp::kAttentionDecode) generation reruns the whole window through a runner's eval
+// program (src/model/generate.h), which gives the same tokens.
+//
+// Thread safety: driven by one host thread.
+class KvDecoder {
+ public:
+  virtual ~KvDecoder() = default;
+  // Runs `tokens` (n >= 1 host ids, each < vocab_size) at positions [position(), position() +
+  // n) over `params` (every module's device pointer, model dtype, indexed as
+  // ModuleBindings::params), appending their keys and values to the cache, and copies the last
+  // token's logits (padded_vocab_size elements of the dtype; columns >= vocab_size are padding)
+  // to `logits_out` (host memory from Device::allocate_host); returns once they are there.
+  // kInvalidArgument, nothing run, for positions past the context or an empty call; a device
+  // failure as Device::synchronize reports it (the cache is then unusable: make a new decoder).
+  virtual Status forward(std::span<const int32_t> tokens, std::span<const void* const> params,
+                         void* logits_out) = 0;
+  virtual int position() const = 0;  // tokens run so far
+};
+
 class Architecture {
  public:
   virtual ~Architecture() = default;
@@ -331,6 +357,17 @@ class Architecture {
   virtual Result<std::unique_ptr<ModelRunner>> create_runner(
       Device& device, int B, int T, DType dt, ActivationMode mode = ActivationMode::kKeep,
       ActivationStore* store = nullptr, int slots = 1) const = 0;
+
+  // Generation's cached forward on `device` in dtype `dt` for one sequence of up to context()
+  // tokens: its activations for context() tokens and its cache (2 x layers x context x
+  // key/value width elements of dt, kv_cache_bytes) allocated here. kUnavailable where
+  // device.kernels() lacks KernelOp::kAttentionDecode at this model's head size (the caller
+  // reruns the window through create_runner's eval program instead), and for a model with LoRA
+  // adapters (generation runs the merged weights on the model without them). The default: the
+  // first kUnavailable.
+  virtual Result<std::unique_ptr<KvDecoder>> create_kv_decoder(Device& device, DType dt) const;
+  // The bytes of create_kv_decoder's cache and activations, for a check before either exists.
+  virtual size_t kv_decoder_bytes(DType /*dt*/) const { return 0; }
 };
 
 // init_range for a module whose init_kind 0 tensors draw, in the module's tensor order, from one

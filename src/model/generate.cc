@@ -4,326 +4,187 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "src/base/rng.h"
-#include "src/checkpoint/checkpoint.h"
-#include "src/hf/hf_adapter.h"
-#include "src/hf/hf_checkpoint.h"
-#include "src/model/decoder.h"
-#include "src/model/llama.h"
-#include "strata/kernels.h"
 
 namespace strata {
 namespace {
 
-// out[r] = sum_c w[r * cols + c] * x[c] (+ b[r]), r < rows: a [rows, cols] weight times x.
-void matvec(const float* w, const float* b, const float* x, int rows, int cols, float* out) {
-  for (int r = 0; r < rows; ++r) {
-    const float* row = w + size_t(r) * size_t(cols);
-    double s = 0;
-    for (int c = 0; c < cols; ++c) s += double(row[c]) * double(x[c]);
-    out[r] = float(s + (b ? double(b[r]) : 0.0));
-  }
+// The model generation runs: `arch` itself, or, for a LoRA architecture, the same model without
+// its adapters (the weights it is given have them merged in; its base modules come first).
+Result<std::unique_ptr<Architecture>> plain_architecture(const Architecture& arch) {
+  if (arch.lora() == nullptr) return std::unique_ptr<Architecture>();
+  ModelConfig shape = arch.shape();
+  shape.lora = LoraConfig{};
+  return create_architecture(shape);
 }
 
-void rms_norm(const float* x, const float* w, double eps, int n, float* out) {
-  double ss = 0;
-  for (int i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-  const float r = float(1.0 / std::sqrt(ss / n + eps));
-  for (int i = 0; i < n; ++i) out[i] = w[i] * (x[i] * r);
-}
-
-void layer_norm(const float* x, const float* w, const float* b, double eps, int n, float* out) {
-  double mean = 0, var = 0;
-  for (int i = 0; i < n; ++i) mean += x[i];
-  mean /= n;
-  for (int i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
-  const double r = 1.0 / std::sqrt(var / n + eps);
-  for (int i = 0; i < n; ++i) out[i] = float((x[i] - mean) * r) * w[i] + b[i];
-}
-
-// Causal attention of one query head over the cached keys/values of positions [0, T).
-// k and v are [T, stride] with this head's hs values at `offset`.
-void attend(const float* q, const std::vector<float>& k, const std::vector<float>& v, int T,
-            int stride, int offset, int hs, float* out) {
-  std::vector<double> p(size_t(T), 0.0);
-  const double scale = 1.0 / std::sqrt(double(hs));
-  double mx = -INFINITY;
-  for (int t = 0; t < T; ++t) {
-    const float* kt = k.data() + size_t(t) * stride + offset;
-    double s = 0;
-    for (int i = 0; i < hs; ++i) s += double(q[i]) * double(kt[i]);
-    p[size_t(t)] = s * scale;
-    mx = std::max(mx, p[size_t(t)]);
-  }
-  double sum = 0;
-  for (double& x : p) sum += (x = std::exp(x - mx));
-  for (int i = 0; i < hs; ++i) {
-    double o = 0;
-    for (int t = 0; t < T; ++t) o += p[size_t(t)] * double(v[size_t(t) * stride + offset + i]);
-    out[i] = float(o / sum);
-  }
-}
-
-// Module m's tensor `name` in the weights.
-const float* tensor(const Architecture& arch, const std::vector<std::vector<float>>& w, int m,
-                    const char* name) {
-  for (const TensorSpec& t : arch.layout().modules[size_t(m)].tensors) {
-    if (t.name == name) return w[size_t(m)].data() + t.offset;
-  }
-  STRATA_CHECK(false, "a tensor the decoder reads is missing from the module");
-  return nullptr;
-}
-
-class DecoderBase : public Decoder {
+class DeviceDecoder final : public Decoder {
  public:
-  int position() const override { return pos_; }
-  int context() const override { return T_; }
-  int vocab_size() const override { return V_; }
-
- protected:
-  DecoderBase(const Architecture& arch, std::vector<std::vector<float>> w, int L, int T, int V,
-              int kv_width)
-      : arch_(arch), w_(std::move(w)), T_(T), V_(V), kv_(kv_width) {
-    k_.assign(size_t(L), std::vector<float>(size_t(T) * size_t(kv_width)));
-    v_.assign(size_t(L), std::vector<float>(size_t(T) * size_t(kv_width)));
+  DeviceDecoder(const Architecture& arch, Device& dev) : arch_(arch), dev_(dev) {}
+  ~DeviceDecoder() override {
+    dev_.synchronize(dev_.compute_stream()).ignore();
+    runner_.reset();
+    kv_.reset();
+    for (const void* p : params_) dev_.release(const_cast<void*>(p));
+    if (logits_) dev_.release_host(logits_);
   }
-  Status check(int32_t token) const {
-    if (pos_ >= T_) {
+
+  // Uploads the weights (each module's host copy freed once it is on the device), then makes
+  // the path's state: the cache, or a runner of one window of the context.
+  Status init(std::vector<std::vector<float>> weights, DecodePath path) {
+    const ModelLayout& layout = arch_.layout();
+    if (weights.size() < layout.modules.size()) {
+      return invalid_argument(fmt::format("generate: {} modules of weights for a model of {}",
+                                          weights.size(), layout.modules.size()));
+    }
+    Stream& s = dev_.compute_stream();
+    for (size_t m = 0; m < layout.modules.size(); ++m) {
+      const size_t n = layout.modules[m].numel;
+      STRATA_CHECK(weights[m].size() == n, "generate: a module's weights are not its size");
+      STRATA_ASSIGN_OR_RETURN(void* p, dev_.allocate(n * 4, "generate weights"),
+                              fmt::format("generate: module {} ({} bytes)", layout.modules[m].name,
+                                          n * 4));
+      params_.push_back(p);
+      dev_.copy_h2d(s, p, weights[m].data(), n * 4);
+      STRATA_RETURN_IF_ERROR(dev_.synchronize(s), "generate: uploading the weights");
+      std::vector<float>().swap(weights[m]);
+    }
+    grads_.assign(params_.size(), nullptr);
+    const int T = arch_.context();
+    const size_t Vp = size_t(arch_.shape().padded_vocab_size);
+    if (path != DecodePath::kWindow) {
+      auto kv = arch_.create_kv_decoder(dev_, DType::kF32);
+      if (kv.is_ok()) {
+        kv_ = std::move(*kv);
+      } else if (path == DecodePath::kCached || kv.status().code() != StatusCode::kUnavailable) {
+        return kv.status().with_context("generate: the key/value cache");
+      }
+    }
+    if (!kv_) {
+      STRATA_ASSIGN_OR_RETURN(runner_,
+                              arch_.create_runner(dev_, 1, T, DType::kF32,
+                                                  ActivationMode::kRecompute),
+                              "generate: the window's runner");
+      window_.assign(size_t(T), 0);
+      targets_.assign(size_t(T), 0);
+      losses_.assign(size_t(T), 0.0f);
+    }
+    const size_t rows = kv_ ? 1 : size_t(T);
+    STRATA_ASSIGN_OR_RETURN(void* h, dev_.allocate_host(rows * Vp * 4), "generate: logits");
+    logits_ = static_cast<float*>(h);
+    return Status::ok();
+  }
+
+  Result<const std::vector<float>*> run(std::span<const int32_t> tokens) override {
+    const int T = arch_.context(), V = arch_.vocab_size();
+    if (tokens.empty()) return invalid_argument("generate: no tokens to run");
+    if (pos_ + int64_t(tokens.size()) > T) {
       return invalid_argument(fmt::format(
           "generate: {} tokens fill the model's context (model.context {}); shorten the prompt "
           "or --max-new-tokens, or raise model.context",
-          pos_, T_));
+          pos_ + int64_t(tokens.size()), T));
     }
-    if (token < 0 || token >= V_) {
-      return invalid_argument(
-          fmt::format("generate: token {} is outside the vocabulary ({})", token, V_));
+    for (int32_t t : tokens) {
+      if (t < 0 || t >= V) {
+        return invalid_argument(
+            fmt::format("generate: token {} is outside the vocabulary ({})", t, V));
+      }
     }
-    return Status::ok();
+    const float* row = nullptr;
+    if (kv_) {
+      STRATA_RETURN_IF_ERROR(kv_->forward(tokens, params_, logits_), "generate");
+      row = logits_;
+    } else {
+      STRATA_RETURN_IF_ERROR(run_window(tokens), "generate");
+      row = logits_ + size_t(pos_ + int(tokens.size()) - 1) * size_t(arch_.shape().padded_vocab_size);
+    }
+    pos_ += int(tokens.size());
+    out_.assign(row, row + V);
+    return &out_;
   }
-  const float* t(int m, const char* name) const { return tensor(arch_, w_, m, name); }
+
+  int position() const override { return pos_; }
+  int context() const override { return arch_.context(); }
+  int vocab_size() const override { return arch_.vocab_size(); }
+  bool cached() const override { return kv_ != nullptr; }
+
+ private:
+  // The eval program over the window so far (the positions after it hold token 0: causal
+  // attention keeps them from every earlier position), every module bound.
+  Status run_window(std::span<const int32_t> tokens) {
+    std::copy(tokens.begin(), tokens.end(), window_.begin() + pos_);
+    runner_->select(0);
+    runner_->begin_batch(window_.data(), targets_.data());
+    MicroBatch mb;
+    mb.losses_out = losses_.data();
+    mb.logits_out = logits_;
+    const ModuleBindings bound{params_, grads_};
+    for (const ProgramOp& op : arch_.program(Pass::kEval).ops) {
+      if (op.kind == ProgramOp::kCompute) runner_->compute(op, bound, mb);
+    }
+    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.compute_stream()), "the window's forward");
+    return runner_->status();
+  }
 
   const Architecture& arch_;
-  std::vector<std::vector<float>> w_;
-  int T_, V_, kv_;
+  Device& dev_;
+  std::vector<const void*> params_;  // every module's fp32 weights on the device
+  std::vector<float*> grads_;        // none: the eval program binds no gradients
+  std::unique_ptr<KvDecoder> kv_;    // the cached path, or
+  std::unique_ptr<ModelRunner> runner_;  // the window's
+  std::vector<int32_t> window_, targets_;
+  std::vector<float> losses_;
+  float* logits_ = nullptr;  // host: the cached path's one row, or the window's rows
   int pos_ = 0;
-  std::vector<std::vector<float>> k_, v_;  // per layer: [T, kv_] keys and values
-  std::vector<float> logits_;
+  std::vector<float> out_;
 };
 
-class LlamaDecoder final : public DecoderBase {
+// A decoder that owns the model it runs (a LoRA architecture's plain twin).
+class OwningDecoder final : public Decoder {
  public:
-  explicit LlamaDecoder(const Architecture& arch, std::vector<std::vector<float>> w)
-      : DecoderBase(arch, std::move(w), arch.shape().n_layer, arch.shape().context,
-                    arch.shape().vocab_size,
-                    arch.shape().num_key_value_heads * (arch.shape().n_embd / arch.shape().n_head)),
-        s_(arch.shape()),
-        mods_{s_.n_layer, s_.tied_embeddings},
-        hs_(s_.n_embd / s_.n_head),
-        eps_(float(s_.rms_norm_eps)) {
-    inv_freq_.resize(size_t(hs_ / 2));
-    rope_inv_freq(llama_rope(s_), hs_, inv_freq_.data());
+  OwningDecoder(std::unique_ptr<Architecture> arch, std::unique_ptr<Decoder> d)
+      : arch_(std::move(arch)), d_(std::move(d)) {}
+  Result<const std::vector<float>*> run(std::span<const int32_t> tokens) override {
+    return d_->run(tokens);
   }
-
-  Result<const std::vector<float>*> step(int32_t token) override {
-    STRATA_RETURN_IF_ERROR(check(token), "");
-    const int C = s_.n_embd, hs = hs_, NH = s_.n_head, KVH = s_.num_key_value_heads, Q = NH * hs,
-              I = s_.intermediate_size;
-    std::vector<float> x(t(mods_.embedding(), "embed_tokens") + size_t(token) * C,
-                         t(mods_.embedding(), "embed_tokens") + size_t(token + 1) * C);
-    std::vector<float> h(static_cast<size_t>(C)), q(static_cast<size_t>(Q)),
-        att(static_cast<size_t>(Q)), o(static_cast<size_t>(C));
-    std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
-    for (int l = 0; l < s_.n_layer; ++l) {
-      const int m = mods_.block(l);
-      rms_norm(x.data(), t(m, "input_layernorm"), eps_, C, h.data());
-      float* k = k_[size_t(l)].data() + size_t(pos_) * kv_;
-      float* v = v_[size_t(l)].data() + size_t(pos_) * kv_;
-      const bool bias = s_.attention_bias;
-      matvec(t(m, "q_proj"), bias ? t(m, "q_bias") : nullptr, h.data(), Q, C, q.data());
-      matvec(t(m, "k_proj"), bias ? t(m, "k_bias") : nullptr, h.data(), kv_, C, k);
-      matvec(t(m, "v_proj"), bias ? t(m, "v_bias") : nullptr, h.data(), kv_, C, v);
-      for (int head = 0; head < NH; ++head) rotate(q.data() + head * hs);
-      for (int head = 0; head < KVH; ++head) rotate(k + head * hs);
-      for (int head = 0; head < NH; ++head) {
-        attend(q.data() + head * hs, k_[size_t(l)], v_[size_t(l)], pos_ + 1, kv_,
-               (head / (NH / KVH)) * hs, hs, att.data() + head * hs);
-      }
-      matvec(t(m, "o_proj"), nullptr, att.data(), C, Q, o.data());
-      for (int i = 0; i < C; ++i) x[size_t(i)] += o[size_t(i)];
-      rms_norm(x.data(), t(m, "post_attention_layernorm"), eps_, C, h.data());
-      matvec(t(m, "gate_proj"), nullptr, h.data(), I, C, g.data());
-      matvec(t(m, "up_proj"), nullptr, h.data(), I, C, u.data());
-      for (int i = 0; i < I; ++i) {
-        const float a = g[size_t(i)];
-        g[size_t(i)] = a / (1.0f + std::exp(-a)) * u[size_t(i)];  // silu(gate) * up
-      }
-      matvec(t(m, "down_proj"), nullptr, g.data(), C, I, o.data());
-      for (int i = 0; i < C; ++i) x[size_t(i)] += o[size_t(i)];
-    }
-    rms_norm(x.data(), t(mods_.final_norm(), "norm"), eps_, C, h.data());
-    logits_.resize(size_t(V_));
-    const float* head =
-        s_.tied_embeddings ? t(mods_.embedding(), "embed_tokens") : t(mods_.head(), "lm_head");
-    matvec(head, nullptr, h.data(), V_, C, logits_.data());
-    ++pos_;
-    return &logits_;
-  }
+  int position() const override { return d_->position(); }
+  int context() const override { return d_->context(); }
+  int vocab_size() const override { return d_->vocab_size(); }
+  bool cached() const override { return d_->cached(); }
 
  private:
-  // Hugging Face's rotate_half: pair (i, i + hs/2) turns by pos * inv_freq[i].
-  void rotate(float* x) const {
-    const int half = hs_ / 2;
-    for (int i = 0; i < half; ++i) {
-      const double a = double(pos_) * inv_freq_[size_t(i)];
-      const float c = float(std::cos(a)), s = float(std::sin(a));
-      const float x1 = x[i], x2 = x[i + half];
-      x[i] = x1 * c - x2 * s;
-      x[i + half] = x2 * c + x1 * s;
-    }
-  }
-
-  ModelConfig s_;
-  DecoderModules mods_;
-  int hs_;
-  float eps_;
-  std::vector<double> inv_freq_;
-};
-
-class GptDecoder final : public DecoderBase {
- public:
-  explicit GptDecoder(const Architecture& arch, std::vector<std::vector<float>> w)
-      : DecoderBase(arch, std::move(w), arch.shape().n_layer, arch.shape().context,
-                    arch.shape().vocab_size, arch.shape().n_embd),
-        s_(arch.shape()),
-        mods_{s_.n_layer, s_.tied_embeddings} {}
-
-  Result<const std::vector<float>*> step(int32_t token) override {
-    STRATA_RETURN_IF_ERROR(check(token), "");
-    const int C = s_.n_embd, NH = s_.n_head, hs = C / NH;
-    const int E = mods_.embedding();
-    const size_t c = static_cast<size_t>(C);
-    std::vector<float> x(c), h(c), qkv(3 * c), att(c), o(c), f(4 * c);
-    const float* wte = t(E, "wte") + size_t(token) * C;
-    const float* wpe = t(E, "wpe") + size_t(pos_) * C;
-    for (int i = 0; i < C; ++i) x[size_t(i)] = wte[i] + wpe[i];
-    for (int l = 0; l < s_.n_layer; ++l) {
-      const int m = mods_.block(l);
-      layer_norm(x.data(), t(m, "ln1w"), t(m, "ln1b"), 1e-5, C, h.data());
-      matvec(t(m, "qkvw"), t(m, "qkvb"), h.data(), 3 * C, C, qkv.data());
-      std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k_[size_t(l)].begin() + size_t(pos_) * C);
-      std::copy(qkv.begin() + 2 * C, qkv.end(), v_[size_t(l)].begin() + size_t(pos_) * C);
-      for (int head = 0; head < NH; ++head) {
-        attend(qkv.data() + head * hs, k_[size_t(l)], v_[size_t(l)], pos_ + 1, C, head * hs, hs,
-               att.data() + head * hs);
-      }
-      matvec(t(m, "attprojw"), t(m, "attprojb"), att.data(), C, C, o.data());
-      for (int i = 0; i < C; ++i) x[size_t(i)] += o[size_t(i)];
-      layer_norm(x.data(), t(m, "ln2w"), t(m, "ln2b"), 1e-5, C, h.data());
-      matvec(t(m, "fcw"), t(m, "fcb"), h.data(), 4 * C, C, f.data());
-      for (float& a : f) {  // GELU, tanh approximation (gelu_new)
-        const double z = a;
-        a = float(0.5 * z * (1.0 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z))));
-      }
-      matvec(t(m, "fcprojw"), t(m, "fcprojb"), f.data(), C, 4 * C, o.data());
-      for (int i = 0; i < C; ++i) x[size_t(i)] += o[size_t(i)];
-    }
-    layer_norm(x.data(), t(mods_.final_norm(), "lnfw"), t(mods_.final_norm(), "lnfb"), 1e-5, C,
-               h.data());
-    logits_.resize(size_t(V_));
-    const float* head = s_.tied_embeddings ? t(E, "wte") : t(mods_.head(), "lm_head");
-    matvec(head, nullptr, h.data(), V_, C, logits_.data());
-    ++pos_;
-    return &logits_;
-  }
-
- private:
-  ModelConfig s_;
-  DecoderModules mods_;
+  std::unique_ptr<Architecture> arch_;  // declared first: destroyed after the decoder
+  std::unique_ptr<Decoder> d_;
 };
 
 }  // namespace
 
-Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& arch,
-                                                            const ModelConfig& model,
-                                                            const std::string& checkpoint) {
-  const ModelLayout& layout = arch.layout();
-  std::vector<std::vector<float>> w(layout.modules.size());
-  for (size_t m = 0; m < w.size(); ++m) w[m].assign(layout.modules[m].numel, 0.0f);
-  if (checkpoint.empty()) {
-    if (model.from_pretrained.empty()) {
-      return invalid_argument(
-          "generate: no weights: give --checkpoint (a strata checkpoint or run directory) or a "
-          "config with model.from_pretrained");
-    }
-    STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(model.from_pretrained, arch),
-                            "generate");
-    for (size_t m = 0; m < w.size(); ++m) {
-      STRATA_RETURN_IF_ERROR(hf->read_module(int(m), w[m].data()), "generate");
-    }
-    return w;
-  }
-  if (arch.lora() != nullptr) {
-    // A LoRA checkpoint holds the adapters alone: the base comes from model.from_pretrained
-    // with the adapters merged in, exactly as `strata export` writes the model.
-    STRATA_RETURN_IF_ERROR(merged_lora_modules(checkpoint, model, arch,
-                                               [&](int m, const float* values) {
-                                                 std::copy(values, values + w[size_t(m)].size(),
-                                                           w[size_t(m)].begin());
-                                                 return Status::ok();
-                                               }),
-                           "generate");
-    return w;
-  }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::string> files, checkpoint_files(checkpoint), "generate");
-  std::vector<float> slice;
-  for (const std::string& f : files) {
-    STRATA_ASSIGN_OR_RETURN(CheckpointMeta meta, read_checkpoint_meta(f), "generate");
-    if (meta.model_shape != arch.shape_string() || meta.modules.size() != w.size()) {
-      return invalid_argument(fmt::format(
-          "generate: {} holds a model of shape \"{}\", but the config describes \"{}\"; give "
-          "the config the checkpoint was trained with",
-          f, meta.model_shape, arch.shape_string()));
-    }
-    auto staging = [&](size_t i, CheckpointBuffers* out) -> Status {
-      slice.assign(meta.modules[i].numel, 0.0f);
-      *out = {slice.data(), nullptr, nullptr, 4};
-      return Status::ok();
-    };
-    auto sink = [&](size_t i, const CheckpointBuffers&) -> Status {
-      const CheckpointModule& cm = meta.modules[i];
-      if (cm.offset + cm.numel > w[i].size()) {
-        return corrupt(fmt::format("{}: module {} elements [{}, {}) past its {} elements", f,
-                                   cm.name, cm.offset, cm.offset + cm.numel, w[i].size()));
-      }
-      std::copy(slice.begin(), slice.begin() + ptrdiff_t(cm.numel),
-                w[i].begin() + ptrdiff_t(cm.offset));
-      return Status::ok();
-    };
-    STRATA_RETURN_IF_ERROR(read_checkpoint(f, staging, sink), "generate");
-  }
-  return w;
+DecoderBytes decoder_bytes(const Architecture& arch) {
+  // Each device allocation counted rounded up to 4 KiB (an allocator's alignment), and 64 KiB
+  // for the few small ones (staging, the cache's token and position buffers).
+  const auto round = [](uint64_t n) { return (n + 4095) / 4096 * 4096; };
+  DecoderBytes b;
+  b.host = arch.layout().num_params() * 4ull;
+  for (const ModuleSpec& m : arch.layout().modules) b.device += round(m.numel * 4ull);
+  const uint64_t window =
+      arch.activation_plan(1, arch.context(), DType::kF32, ActivationMode::kRecompute).bytes;
+  b.device += round(std::max<uint64_t>(window, arch.kv_decoder_bytes(DType::kF32))) + (64 << 10);
+  return b;
 }
 
-uint64_t decoder_bytes(const Architecture& arch) {
-  // Keys and values of num_key_value_heads heads (n_head for GPT-2) per layer and position.
-  const ModelConfig& s = arch.shape();
-  const uint64_t kv_width = uint64_t(s.num_key_value_heads) * uint64_t(s.n_embd / s.n_head);
-  return uint64_t(arch.layout().num_params()) * 4 +
-         2 * uint64_t(s.n_layer) * uint64_t(s.context) * kv_width * 4;
-}
-
-Result<std::unique_ptr<Decoder>> Decoder::create(const Architecture& arch,
-                                                 std::vector<std::vector<float>> weights) {
-  if (arch.name() == "llama") {
-    return std::unique_ptr<Decoder>(new LlamaDecoder(arch, std::move(weights)));
-  }
-  if (arch.name() == "gpt2") {
-    return std::unique_ptr<Decoder>(new GptDecoder(arch, std::move(weights)));
-  }
-  return invalid_argument(
-      fmt::format("generate: model.type {} has no decoder (llama, gpt2 do)", arch.name()));
+Result<std::unique_ptr<Decoder>> Decoder::create(const Architecture& arch, Device& device,
+                                                 std::vector<std::vector<float>> weights,
+                                                 DecodePath path) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Architecture> plain, plain_architecture(arch),
+                          "generate: the model without its adapters");
+  const Architecture& run = plain ? *plain : arch;
+  auto d = std::make_unique<DeviceDecoder>(run, device);
+  STRATA_RETURN_IF_ERROR(d->init(std::move(weights), path), "");
+  if (!plain) return std::unique_ptr<Decoder>(std::move(d));
+  return std::unique_ptr<Decoder>(new OwningDecoder(std::move(plain), std::move(d)));
 }
 
 int32_t pick_token(const std::vector<float>& logits, double temperature, double top_p,
@@ -357,9 +218,7 @@ Result<std::vector<int32_t>> generate(Decoder& decoder, const std::vector<int32_
                                       const SampleOptions& options) {
   if (prompt.empty()) return invalid_argument("generate: the prompt has no tokens");
   const std::vector<float>* logits = nullptr;
-  for (int32_t tok : prompt) {
-    STRATA_ASSIGN_OR_RETURN(logits, decoder.step(tok), "the prompt");
-  }
+  STRATA_ASSIGN_OR_RETURN(logits, decoder.run(prompt), "the prompt");
   std::vector<int32_t> out;
   Rng rng(options.seed, 0x6e6e);  // the same seed draws the same tokens
   while (int(out.size()) < options.max_new_tokens) {

@@ -1,61 +1,77 @@
-// Text generation for a quick look at a model (`strata generate`): a CPU decoder with a KV cache
-// over the model's fp32 master weights, one token at a time, and greedy / temperature + top-p
-// sampling.
+// Text generation for a quick look at a model (`strata generate`): the model's own forward — the
+// program its Architecture runs in training and eval (architecture.h) — on a device (the CPU
+// backend, or CUDA) over its weights held on that device in fp32, one token at a time, and
+// greedy / temperature + top-p sampling. Every model type generates (GPT-2, Llama / Mistral /
+// Qwen2, Mixtral, Qwen2-MoE): nothing here names a model's parts.
 //
-// The decoder runs the forward of the architecture the weights belong to, as transformers
-// computes it (plain loops, fp32 values, double sums; the llm.c habit: a reader can follow it):
-//   llama (Llama, Mistral, Qwen2): RMSNorm, q/k/v (+ biases), rotary positions (rope_inv_freq,
-//     the kernels' one formula, llama3 scaling included), grouped-query attention over the
-//     cache, o_proj, SwiGLU MLP, final RMSNorm, the head (tied: the embedding);
-//   gpt2: token + position embeddings, LayerNorm, fused q/k/v with bias, attention, GELU (tanh)
-//     MLP, final LayerNorm, the tied head.
-// Token for token it gives transformers' greedy decode (HfGenerate.GreedyMatchesTransformers in
-// tests/hf_compare_test.cc, against the fixtures' greedy.json, written by transformers).
+// Two ways to the next token's logits, the same tokens (HfGenerate.* in tests/
+// hf_compare_test.cc):
+//   cached     Architecture::create_kv_decoder: each layer's keys and values stay on the device,
+//              the prompt runs as one forward over its tokens and each further token as one
+//              token's forward. Where the kernels have KernelOp::kAttentionDecode.
+//   window     otherwise (or when asked): a runner of one sequence of model.context tokens
+//              (create_runner, strata.activations recompute) runs the eval program over the
+//              whole window so far for each token, and its head's logits (MicroBatch::
+//              logits_out) give the last position's.
+// Token for token the greedy decode is transformers' (the fixtures' greedy.json, written by
+// transformers in fp32).
 //
-// Memory: the whole model's fp32 master weights (4 bytes a parameter) plus the cache (2 x
-// layers x context x key/value width floats): a quick look, not a serving engine.
+// Memory (decoder_bytes): on the device, every parameter in fp32, the activations of one
+// sequence of model.context tokens and the cache (2 x layers x context x key/value width fp32);
+// on the host, the fp32 weights as they are read, each module freed once it is on the device.
+// A quick look, not a serving engine.
 //
 // Thread safety: a Decoder is used by one thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "src/model/architecture.h"
-#include "strata/config.h"
+#include "strata/device.h"
 #include "strata/status.h"
 
 namespace strata {
 
-// Every module's fp32 master weights: from a strata checkpoint (a file, or a sharded
-// checkpoint's manifest: the shards' slices put together), or, when `checkpoint` is "", from
-// model.from_pretrained. The checkpoint's model must be `arch`'s (checked, naming both shapes).
-// A LoRA run's checkpoint (arch has adapters) holds only the adapters: its weights are the base
-// with the adapters merged in (merged_lora_modules, what `strata export` writes), so generate
-// gives the merged export's tokens.
-Result<std::vector<std::vector<float>>> load_master_weights(const Architecture& arch,
-                                                            const ModelConfig& model,
-                                                            const std::string& checkpoint);
+// What a decoder of `arch` allocates, for a check before anything is: `host`, the fp32 weights
+// of every module as the reader holds them before they reach the device; `device`, the weights in
+// fp32, the window runner's activations for one sequence of model.context tokens (an upper bound
+// of the cached decoder's) and the key/value cache.
+struct DecoderBytes {
+  uint64_t host = 0;
+  uint64_t device = 0;
+};
+DecoderBytes decoder_bytes(const Architecture& arch);
 
-// The host memory a decoder of `arch` holds: every module's fp32 master weights (what
-// load_master_weights allocates) and its cache (2 x layers x context x key/value width floats,
-// what Decoder::create allocates). For a check before either allocates.
-uint64_t decoder_bytes(const Architecture& arch);
+// How a Decoder computes (see the top of this file).
+enum class DecodePath : uint8_t {
+  kAuto,    // the cache where the kernels support it, else the window
+  kCached,  // the cache; kUnavailable where the kernels lack it
+  kWindow,  // the whole window each token
+};
 
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  // A decoder for `arch` (llama or gpt2; which must outlive it) over `weights` (moved in).
-  static Result<std::unique_ptr<Decoder>> create(const Architecture& arch,
-                                                 std::vector<std::vector<float>> weights);
-  // Runs `token` at the next position (cached keys and values of the earlier ones) and returns
-  // the logits of the next token (vocab_size of them). An error past the context.
-  virtual Result<const std::vector<float>*> step(int32_t token) = 0;
+  // A decoder for `arch` (which must outlive it) on `device` (likewise) over `weights`, every
+  // module's fp32 master weights (moved in: each module's host copy is freed once it is on the
+  // device). A LoRA architecture's weights are the base with the adapters merged in (what
+  // load_master_weights gives): they run on the same model without adapters.
+  static Result<std::unique_ptr<Decoder>> create(const Architecture& arch, Device& device,
+                                                 std::vector<std::vector<float>> weights,
+                                                 DecodePath path = DecodePath::kAuto);
+  // Runs `tokens` (at least one) at the next positions and returns the logits of the token
+  // after the last (vocab_size of them). An error past the context or for a token outside the
+  // vocabulary (nothing run).
+  virtual Result<const std::vector<float>*> run(std::span<const int32_t> tokens) = 0;
+  Result<const std::vector<float>*> step(int32_t token) { return run({&token, 1}); }
   virtual int position() const = 0;  // tokens run so far
   virtual int context() const = 0;   // the most positions (model.context)
   virtual int vocab_size() const = 0;
+  virtual bool cached() const = 0;  // which path runs: the cache (true) or the window
 };
 
 struct SampleOptions {
@@ -71,8 +87,8 @@ struct SampleOptions {
 int32_t pick_token(const std::vector<float>& logits, double temperature, double top_p,
                    double uniform);
 
-// Runs `prompt` through `decoder`, then generates up to max_new_tokens (fewer at a stop token
-// or at the context's end). Returns the generated tokens (the prompt not included).
+// Runs `prompt` through `decoder` (one call), then generates up to max_new_tokens (fewer at a
+// stop token or at the context's end). Returns the generated tokens (the prompt not included).
 Result<std::vector<int32_t>> generate(Decoder& decoder, const std::vector<int32_t>& prompt,
                                       const SampleOptions& options);
 
