@@ -360,6 +360,33 @@ TEST_F(EmulatedKernels, AttentionWithGroupedQueryHeads) {
   }
 }
 
+// Generation's attention against a key/value cache: a prompt filling an empty cache, and a few
+// positions after a cache longer than one block's chunk of keys (256); the caches' new rows are
+// the same bits.
+TEST_F(EmulatedKernels, AttentionDecodeAgainstTheCache) {
+  const int B = 2, NH = 6, KVH = 2, hs = 10, maxT = 300;
+  const size_t W = size_t(NH + 2 * KVH) * hs, cache = size_t(B) * maxT * KVH * hs;
+  struct Case {
+    int pos0, T;
+  };
+  for (const Case c : {Case{0, 37}, Case{270, 3}, Case{299, 1}}) {
+    for (DType dt : kDtypes) {
+      check_op(
+          name("attention_decode", dt) + " at " + std::to_string(c.pos0),
+          {floats(size_t(B) * c.T * NH * hs, dt), floats(cache, dt, -2, 2), floats(cache, dt),
+           floats(size_t(B) * c.T * W, dt, -2, 2)},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.attention_decode(s, dt, p[0], p[1], p[2], p[3], B, c.T, c.pos0, maxT, NH, KVH, hs);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_attention_decode(s, dt, p[0], p[1], p[2], p[3], B, c.T, c.pos0, maxT, NH,
+                                         KVH, hs);
+          },
+          {{0, "out", tol(dt, 5e-5)}, {1, "kcache"}, {2, "vcache"}});
+    }
+  }
+}
+
 TEST_F(EmulatedKernels, FusedAttention) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int hs : {64, 128}) {

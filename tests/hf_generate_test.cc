@@ -81,7 +81,7 @@ TEST(HfGenerate, GreedyMatchesTransformers) {
   auto dev = open_device();
   ASSERT_NE(dev, nullptr);
   for (const std::string& name : fixtures()) {
-    for (DecodePath path : {DecodePath::kWindow}) {
+    for (DecodePath path : {DecodePath::kCached, DecodePath::kWindow}) {
       SCOPED_TRACE(name + (path == DecodePath::kCached ? " cached" : " window"));
       std::unique_ptr<Architecture> arch;
       auto dec = decoder_for(*dev, name, path, &arch);

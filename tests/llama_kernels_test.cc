@@ -345,6 +345,66 @@ TEST(LlamaKernels, GroupedQueryAttentionForwardAndBackward) {
   }
 }
 
+// Generation's attention against a key/value cache (Kernels::attention_decode): a prompt of P
+// positions into an empty cache, then one position a call, gives the causal attention of the
+// whole sequence (the double reference), and the caches hold the key and value heads' bits.
+TEST(LlamaKernels, AttentionDecodeIsTheCausalAttention) {
+  struct Shape {
+    int B, T, P, NH, KVH, hs;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh : {Shape{1, 1, 1, 1, 1, 4}, Shape{2, 9, 4, 4, 2, 3}, Shape{1, 40, 1, 6, 2, 16},
+                     Shape{2, 17, 17, 8, 1, 8}}) {
+      const int B = sh.B, T = sh.T, NH = sh.NH, KVH = sh.KVH, hs = sh.hs, maxT = T + 3;
+      SCOPED_TRACE(fmt::format("{} B={} T={} prompt {} NH={} KVH={} hs={}", dtype_name(dt), B, T,
+                               sh.P, NH, KVH, hs));
+      std::mt19937_64 rng(test_seed(5));
+      const size_t W = size_t(NH + 2 * KVH) * hs, Q = size_t(NH) * hs, KV = size_t(KVH) * hs;
+      Typed qkv = random_typed(dt, size_t(B) * T * W, rng, -2, 2);
+      Typed out(dt, size_t(B) * T * Q);
+      Typed kc = random_typed(dt, size_t(B) * maxT * KV, rng), vc = kc;
+      Fixture f;
+      ASSERT_TRUE(f.k().supports(KernelOp::kAttentionDecode, {.dt = dt, .hs = hs}));
+      const size_t es = dtype_size(dt);
+      // Position p's rows of every sequence, packed [B, n, width] as the op reads and writes them.
+      auto rows = [&](const Typed& x, size_t width, int p, int n) {
+        Typed r(dt, size_t(B) * n * width);
+        for (int b = 0; b < B; ++b) {
+          std::memcpy(static_cast<char*>(r.data()) + size_t(b) * n * width * es,
+                      static_cast<const char*>(x.data()) + (size_t(b) * T + p) * width * es,
+                      size_t(n) * width * es);
+        }
+        return r;
+      };
+      for (int p = 0; p < T;) {
+        const int n = p == 0 ? sh.P : 1;
+        Typed in = rows(qkv, W, p, n), o(dt, size_t(B) * n * Q);
+        f.k().attention_decode(f.s(), dt, o.data(), kc.data(), vc.data(), in.data(), B, n, p, maxT,
+                               NH, KVH, hs);
+        f.sync();
+        for (int b = 0; b < B; ++b) {
+          std::memcpy(static_cast<char*>(out.data()) + (size_t(b) * T + p) * Q * es,
+                      static_cast<const char*>(o.data()) + size_t(b) * n * Q * es,
+                      size_t(n) * Q * es);
+        }
+        p += n;
+      }
+      AttRef r = ref_gqa(qkv.to_double(), B, T, NH, KVH, hs);
+      expect_close(out.to_double(), r.out, tol_for(dt), "out");
+      const Vec x = qkv.to_double(), k = kc.to_double(), v = vc.to_double();
+      for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < T; ++t) {
+          for (size_t c = 0; c < KV; ++c) {
+            const size_t at = (size_t(b) * maxT + t) * KV + c, in = (size_t(b) * T + t) * W + Q + c;
+            ASSERT_EQ(k[at], x[in]) << "key " << b << "," << t << "," << c;
+            ASSERT_EQ(v[at], x[in + KV]) << "value " << b << "," << t << "," << c;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(LlamaKernels, DeterministicAcrossThreadCounts) {
   const int B = 2, T = 40, NH = 4, KVH = 2, hs = 8;
   const size_t W = size_t(NH + 2 * KVH) * hs;

@@ -92,6 +92,9 @@ enum class KernelOp {
   // dropout. No fallback: a caller that needs it refuses to start without it (LoRA's
   // lora_dropout > 0). Reads no shape field.
   kDropout,
+  // attention_decode (generation's key/value cache). Fallback: no cache — each token reruns the
+  // whole window's forward (src/model/generate.h). Reads dt and hs.
+  kAttentionDecode,
 };
 
 // The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
@@ -296,6 +299,23 @@ class Kernels {
     STRATA_CHECK(false, "Kernels::dropout on a backend without it (check supports(kDropout))");
   }
 
+  // Generation's attention against a key/value cache, an optional op (KernelOp::
+  // kAttentionDecode): T new positions of each of B sequences, at positions pos0 .. pos0+T-1
+  // (pos0 + T <= maxT). qkv [B,T,W] packs them as attention_gqa_forward's (query and key heads
+  // already rotated); kcache and vcache [B,maxT,KVH*hs] hold the keys and values of positions
+  // [0, pos0). The op first copies the new positions' key and value heads into rows pos0.. of
+  // each cache (the same bits), then position pos0+t's query heads attend causally over rows
+  // [0, pos0+t] (query head h reads key/value head h / (NH/KVH)): out [B,T,NH*hs], scale
+  // 1/sqrt(hs), the softmax and the sums in fp32, one rounding to dt. With pos0 = 0 this is
+  // attention_gqa_forward's attention up to rounding (a prompt filling the cache); with T = 1,
+  // one token's step. Calling it where supports() says no is a bug.
+  virtual void attention_decode(Stream&, DType, void* /*out*/, void* /*kcache*/, void* /*vcache*/,
+                                const void* /*qkv*/, int /*B*/, int /*T*/, int /*pos0*/,
+                                int /*maxT*/, int /*NH*/, int /*KVH*/, int /*hs*/) {
+    STRATA_CHECK(false,
+                 "Kernels::attention_decode on a backend without it (check "
+                 "supports(kAttentionDecode))");
+  }
   // Block-wise symmetric quantization (ZeRO++: parameters gathered as 8 bits, gradients
   // reduce-scattered as 4 bits). x has n elements of `dt` in blocks of `block` elements (the last
   // may be shorter; block > 0, even for 4 bits). Block b gets one fp32 scale

@@ -69,6 +69,7 @@ class CpuKernels final : public Kernels {
       case KernelOp::kMatmulGelu:
         return {true, "cpu (matmul_forward, then gelu_forward)"};
       case KernelOp::kDropout:
+      case KernelOp::kAttentionDecode:
         return {true, "cpu"};
     }
     return {false, "unknown op"};
@@ -173,6 +174,14 @@ class CpuKernels final : public Kernels {
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });
+  }
+  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache,
+                        const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
+                        int hs) override {
+    check_heads(NH, KVH, hs);
+    run(s, [=] {
+      cpu::attention_decode(dt, out, kcache, vcache, qkv, B, T, pos0, maxT, NH, KVH, hs);
+    });
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {

@@ -5,7 +5,8 @@
 // cpu_kernels.cc enqueues a call to it on the stream and runs it inside a TBB arena limited to
 // the device's thread count. One op per file, named as its CUDA twin: encoder.cc, layernorm.cc,
 // matmul.cc, attention.cc, flash_attention.cc, rmsnorm.cc, swiglu.cc, rope.cc, gelu.cc,
-// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc, nf4.cc, dropout.cc.
+// residual.cc, crossentropy.cc, cast.cc, norm.cc, quantize.cc, nf4.cc, dropout.cc,
+// attention_decode.cc.
 //
 // Threading: the functions use tbb::parallel_for and run on whatever arena they are called
 // from. They may be called from any thread; concurrent calls must not write the same memory.
@@ -97,6 +98,8 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
                               const void* qkv, const void* out, const float* lse, int B, int T,
                               int NH, int NKV, int hs);
 
+void attention_decode(DType dt, void* out, void* kcache, void* vcache, const void* qkv, int B,
+                      int T, int pos0, int maxT, int NH, int KVH, int hs);
 void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int NH,
                            int KVH, int hs);
 void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,

@@ -73,6 +73,7 @@ class SimKernels final : public Kernels {
         }
         return {true, "simulated"};
       case KernelOp::kDropout:
+      case KernelOp::kAttentionDecode:
         return {true, "simulated"};
     }
     return {false, "unknown op"};
@@ -166,6 +167,12 @@ class SimKernels final : public Kernels {
   void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }
   void dropout(Stream& s, DType dt, void*, const void*, size_t n, float, uint64_t) override {
     mem(s, 2.0 * n * es(dt));
+  }
+  // Reads every cached key and value up to each new position once per query head group.
+  void attention_decode(Stream& s, DType dt, void*, void*, void*, const void*, int B, int T,
+                        int pos0, int, int NH, int KVH, int hs) override {
+    const double keys = double(B) * T * (pos0 + (T + 1) / 2.0);
+    mem(s, (keys * 2.0 * KVH + double(B) * T * (2.0 * NH + 2.0 * KVH)) * hs * es(dt));
   }
   void quantize(Stream& s, int bits, DType dt, void*, float*, const void*, size_t n,
                 int block) override {

@@ -98,6 +98,11 @@ class CudaKernels final : public Kernels {
         return {true, "cublaslt gelu_aux_bias epilogue"};
       case KernelOp::kDropout:
         return {true, "cuda"};
+      case KernelOp::kAttentionDecode:
+        if (!cuda_attention_decode_supported(shape.hs)) {
+          return {false, "the CUDA cached attention runs head sizes up to 512"};
+        }
+        return {true, "cuda"};
     }
     return {false, "unknown op"};
   }
@@ -220,6 +225,14 @@ class CudaKernels final : public Kernels {
                uint64_t key) override {
     run("dropout", s,
         [&](CudaStream& cs) { return cuda_dropout(cs.handle, dt, out, in, n, p, key); });
+  }
+  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache,
+                        const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
+                        int hs) override {
+    run("attention_decode", s, [&](CudaStream& cs) {
+      return cuda_attention_decode(cs.handle, dt, out, kcache, vcache, qkv, B, T, pos0, maxT, NH,
+                                   KVH, hs);
+    });
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,
                 int block) override {

@@ -98,6 +98,11 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
                             const void* weight, int N, int C, int OC);
+// attention_decode.cu (any dtype, head size up to 2 * kMaxRopePairs)
+bool cuda_attention_decode_supported(int hs);
+Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, void* vcache,
+                             const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
+                             int hs);
 // attention.cu
 // flash_attention.cu (tensor cores: bf16/fp16, hs 64 or 128; other arguments are rejected)
 bool cuda_fused_attention_supported(DType dt, int hs);

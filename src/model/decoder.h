@@ -48,6 +48,11 @@
 //                           const AttentionActs&, const AttentionScratch&, void* din (zeroed
 //                           here, then written))
 //   void mlp_forward / mlp_backward           the same for the MLP
+//   void attention_decode(st, p, const void* in, const AttentionActs&, const KvLayer&, void* out)
+//                                             generation's attention (decoder_kv.h): the
+//                                             projections of st.T new tokens at positions st.pos,
+//                                             then Kernels::attention_decode against the layer's
+//                                             cache
 // p and g are the flat parameter (model dtype) and gradient (fp32) buffers of the module the
 // part lives in (the block, or final_norm for NormSite::kFinal); the part knows its tensors'
 // offsets. Every compute function only enqueues kernels on st.s.
@@ -169,6 +174,9 @@ struct DecoderStep : BatchDims {
   void* state = nullptr;                      // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;
   const LoraRun* lora = nullptr;
+  // Generation (DecoderKv): each token's position, device [B*T]; nullptr (training, eval):
+  // token t of a sequence is at position t.
+  const int32_t* pos = nullptr;
   void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
   static float* wgrad(float* g, size_t at) { return g ? g + at : nullptr; }
   // A norm's weight gradient at `at` (slot 0) or its bias's (slot 1, the n_embd after it).
@@ -181,6 +189,15 @@ struct DecoderStep : BatchDims {
   void lora_backward(int matmul, const void* x, const void* dy, void* dx) const {
     if (lora && lora->g) strata::lora_backward(*this, *lora, matmul, x, dy, dx);
   }
+};
+
+// One layer's key/value cache in generation (DecoderKv, Kernels::attention_decode): keys and
+// values [maxT, KVH * hs] of dt, positions [0, pos0) filled; a call's new tokens go to pos0...
+struct KvLayer {
+  void* k = nullptr;
+  void* v = nullptr;
+  int pos0 = 0;
+  int maxT = 0;
 };
 
 // A block definition's optional per-runner host state: `struct RunnerState` (default

@@ -177,6 +177,17 @@ class Gpt2Blocks {
                      param(p, st, at_[kAttprojb]), N, C, C);
     st.lora_forward(kAttProj, a.atty, out);
   }
+  void attention_decode(const DecoderStep& st, const void* p, const void* in,
+                        const AttentionActs& a, const KvLayer& kv, void* out) const {
+    Kernels& k = *st.k;
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
+    k.matmul_forward(*st.s, st.dt, a.qkv, in, param(p, st, at_[kQkvw]), param(p, st, at_[kQkvb]), N,
+                     C, 3 * C);
+    k.attention_decode(*st.s, st.dt, a.atty, kv.k, kv.v, a.qkv, st.B, st.T, kv.pos0, kv.maxT, NH,
+                       NH, C / NH);
+    k.matmul_forward(*st.s, st.dt, out, a.atty, param(p, st, at_[kAttprojw]),
+                     param(p, st, at_[kAttprojb]), N, C, C);
+  }
   void attention_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                           const void* in, const AttentionActs& a, const AttentionScratch& d,
                           void* din) const {

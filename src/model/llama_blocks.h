@@ -206,6 +206,20 @@ class LlamaBlocks {
     k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
     st.lora_forward(kO, a.atty, out);
   }
+  void attention_decode(const DecoderStep& st, const void* p, const void* in,
+                        const AttentionActs& a, const KvLayer& kv, void* out) const {
+    Kernels& k = *st.k;
+    Stream& s = *st.s;
+    const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head, KVH = s_.num_key_value_heads,
+              hs = this->hs();
+    const int W = qkv_width(), A = NH * hs;
+    k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
+                     s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
+    k.rope_forward(s, st.dt, a.qkv, rope_, st.B, st.T, NH, KVH, hs);
+    k.attention_decode(s, st.dt, a.atty, kv.k, kv.v, a.qkv, st.B, st.T, kv.pos0, kv.maxT, NH, KVH,
+                       hs);
+    k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
+  }
   void attention_backward(const DecoderStep& st, const void* p, float* g, const void* dout,
                           const void* in, const AttentionActs& a, const AttentionScratch& d,
                           void* din) const {
