@@ -110,16 +110,22 @@ class Source:
                 yield f"{self.path}:{lineno}", obj
 
     def parquet_rows(self, columns, progress):
+        # One row group at a time: iter_batches over the whole file reads ahead far past the
+        # batch it yields (a file of small row groups is held whole), over one it does not.
         total = max(self.file.metadata.num_rows, 1)
         size = os.path.getsize(self.path)
         i = 0
         try:
-            for batch in self.file.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-                for row in batch.to_pylist():
-                    yield f"{self.path}: row {i}", row
-                    i += 1
-                if progress:
-                    progress(size * i // total)
+            for group in range(self.file.metadata.num_row_groups):
+                for batch in self.file.iter_batches(batch_size=BATCH_ROWS, row_groups=[group],
+                                                    columns=columns):
+                    rows = batch.to_pylist()
+                    del batch
+                    for row in rows:
+                        yield f"{self.path}: row {i}", row
+                        i += 1
+                    if progress:
+                        progress(size * i // total)
         except self.arrow.ArrowException as e:
             raise Error(f"{self.path}: row {i}: pyarrow cannot read it ({e})") from None
 
@@ -153,7 +159,7 @@ class Shape:
         if not has:
             raise Error(f'{where}: no {self.src.noun} "{name}" ({keys_note(self.src, row)}); '
                         f"the {self.name} format reads {self.label}")
-        wants = "a string" if want is str else "a list of messages" if want is list else want
+        wants = "a string" if want is str else "a string or a list of messages"
         raise Error(f'{where}: {self.src.noun} "{name}" is {describe(v)}, not {wants}; fix or '
                     "drop the row")
 
@@ -169,13 +175,15 @@ class Shape:
         else:
             out = []
             for i, m in enumerate(v):
-                if isinstance(m, dict) and "role" not in m and "from" in m:
-                    m = dict(m, role=ROLE_NAMES.get(m["from"], m["from"]), content=m.get("value"))
-                    del m["from"], m["value"]
                 if not isinstance(m, dict):
                     problem = f"message {i} is {describe(m)}"
                     break
                 m = {k: x for k, x in m.items() if x is not None}
+                if "role" not in m and "from" in m:
+                    role = m.pop("from")
+                    m["role"] = ROLE_NAMES.get(role, role)
+                    if "value" in m:
+                        m["content"] = m.pop("value")
                 bad = [k for k in ("role", "content") if not isinstance(m.get(k), str)]
                 if bad:
                     problem = f"message {i}'s \"{bad[0]}\" is {describe(m.get(bad[0]))}"

@@ -304,8 +304,8 @@ class TokenFile:
 class Progress:
     """A progress line on stderr every `every` seconds (and at the end)."""
 
-    def __init__(self, total_bytes, every=2.0, stream=sys.stderr):
-        self.total, self.every, self.stream = total_bytes, every, stream
+    def __init__(self, total_bytes, every=2.0, stream=None):
+        self.total, self.every, self.stream = total_bytes, every, stream or sys.stderr
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = self.docs = 0
 
