@@ -189,7 +189,7 @@ class Shapes(base.Fixture):
                 f'{src}: no {noun} "instruction", "output" ({has}: id, text); use --format text')
             self.assert_fails_writing_nothing(
                 ["--input", src, "--out", self.path("t.bin"), "--field", "body"],
-                f'{src}: no {noun} "body" ({has}: id, text); use --format text or --field text')
+                f'{src}: no {noun} "body" ({has}: id, text); use --field text')
             self.assert_fails_writing_nothing(
                 ["--input", src2, "--out", self.path("t.bin")],
                 f'{src2}: no {noun}s of a dataset shape ({has}: id, body); expected "text", '

@@ -2,10 +2,11 @@
 tools/prepare_data.py (its docstring is the user's description of the shapes).
 
 A Source reads a file as rows: a .jsonl file one JSON object a line (errors name "path:line"),
-a .parquet file with pyarrow's ParquetFile.iter_batches over the columns a shape needs (errors
-name "path: row N", N counted from 0 as datasets' Dataset[N] does), so memory holds one row
-group of those columns and BATCH_ROWS rows as Python objects, whatever the file's size. pyarrow
-is imported only for a Parquet input; without it the error names `pip install pyarrow`.
+a .parquet file one row group at a time with pyarrow's ParquetFile.iter_batches, only the
+columns a shape needs (errors name "path: row N", N counted from 0 as datasets' Dataset[N]
+does), so memory holds one row group of those columns and BATCH_ROWS rows as Python objects,
+whatever the file's size. pyarrow is imported only for a Parquet input; without it the error
+names `pip install pyarrow`.
 
 detect() picks a Shape from the columns (Parquet: the schema's; JSONL: the first object's keys)
 or checks the one --format names; Shape.example(where, row) turns a row into what
@@ -158,7 +159,7 @@ class Shape:
             return v
         if not has:
             raise Error(f'{where}: no {self.src.noun} "{name}" ({keys_note(self.src, row)}); '
-                        f"the {self.name} format reads {self.label}")
+                        f"every row of --format {self.label} has it")
         wants = "a string" if want is str else "a string or a list of messages"
         raise Error(f'{where}: {self.src.noun} "{name}" is {describe(v)}, not {wants}; fix or '
                     "drop the row")
@@ -282,7 +283,7 @@ def detect(src, fmt="auto", field=None):
     missing = [c for c in min(column_sets(fmt, field), key=len) if c not in cols]
     guess = next((n for n, _ in SHAPES if match(n, cols)), None)
     if guess == "text":
-        fix = "use --format text or --field text"
+        fix = "use --field text" if fmt == "text" else "use --format text or --field text"
     elif guess:
         fix = f"use --format {guess}"
     else:
