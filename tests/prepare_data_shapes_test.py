@@ -10,9 +10,10 @@ a Parquet file of many row groups is read in bounded memory.
 Runs with prepare_data_test.py's test double of `transformers` (a byte-level tokenizer: id =
 byte + 3, BOS 1, EOS 2; its chat template renders "<role>content|" per message and
 "<assistant>" as the generation prompt). The Parquet tests need pyarrow in this python (an
-optional dependency of the tool: pip install pyarrow) and say so when they skip. With the real
-transformers installed (STRATA_HF_PYTHON), the prompt-completion masks are checked against the
-fixtures' real tokenizer.
+optional dependency of the tool: pip install pyarrow) and say so when they skip (the JSONL
+half of a test runs all the same). With the real transformers installed (STRATA_HF_PYTHON), the
+prompt-completion (strings and messages) and alpaca tokens and masks are checked against the
+fixtures' real tokenizers: TRL's tokenization, apply_chat_template's ids.
 
 usage: prepare_data_shapes_test.py  (unittest; ctest prepare_data_shapes)
 """
@@ -96,10 +97,10 @@ class Shapes(base.Fixture):
     def write_jsonl(self, name, rows):
         return self.write(name, "".join(json.dumps(r) + "\n" for r in rows))
 
-    def write_parquet(self, name, rows, row_group_size=None, schema=None):
+    def write_parquet(self, name, rows, row_group_size=None):
         if pyarrow is None:
             self.skipTest(NO_PYARROW)
-        table = pyarrow.Table.from_pylist(rows, schema=schema)
+        table = pyarrow.Table.from_pylist(rows)
         pyarrow.parquet.write_table(table, self.path(name), row_group_size=row_group_size)
         return self.path(name)
 
