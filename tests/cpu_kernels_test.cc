@@ -220,38 +220,47 @@ std::vector<cpu::GemmPath> available_gemm_paths() {
   return out;
 }
 
+// With positions (packed sequences restart them; any value below T), wpe's row and dwpe's row
+// are the token's position instead of t.
 TEST(CpuKernels, EncoderForwardAndBackward) {
   struct Shape {
     int B, T, C, Vp;
   };
   for (DType dt : kAllTypes) {
     for (Shape sh : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 33, 130, 50}}) {
-      SCOPED_TRACE(fmt::format("{} B={} T={} C={}", dtype_name(dt), sh.B, sh.T, sh.C));
-      std::mt19937_64 rng(test_seed(1));
-      const int B = sh.B, T = sh.T, C = sh.C, Vp = sh.Vp;
-      Typed wte = random_typed(dt, size_t(Vp) * C, rng), wpe = random_typed(dt, size_t(T) * C, rng);
-      auto tokens = random_tokens(size_t(B) * T, Vp, rng);  // small vocab: tokens repeat
-      Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, size_t(B) * T * C, rng);
-      auto dwte = random_f32(wte.n, rng), dwpe = random_f32(wpe.n, rng);
-      Vec dwte_ref = as_double(dwte), dwpe_ref = as_double(dwpe);
-      Fixture f;
-      f.k().encoder_forward(f.s(), dt, out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-      f.k().encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
-                             C);
-      f.sync();
-      Vec ref(out.n);
-      for (int b = 0; b < B; ++b)
-        for (int t = 0; t < T; ++t)
-          for (int c = 0; c < C; ++c) {
-            size_t r = size_t(b) * T + t;
-            ref[r * C + c] =
-                double(wte.get(size_t(tokens[r]) * C + c)) + wpe.get(size_t(t) * C + c);
-            dwte_ref[size_t(tokens[r]) * C + c] += dout.get(r * C + c);
-            dwpe_ref[size_t(t) * C + c] += dout.get(r * C + c);
-          }
-      expect_close(out.to_double(), ref, tol_for(dt), "out");
-      expect_close(as_double(dwte), dwte_ref, 1e-5, "dwte");
-      expect_close(as_double(dwpe), dwpe_ref, 1e-5, "dwpe");
+      for (bool with_pos : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} B={} T={} C={} positions={}", dtype_name(dt), sh.B, sh.T, sh.C,
+                                 with_pos));
+        std::mt19937_64 rng(test_seed(1));
+        const int B = sh.B, T = sh.T, C = sh.C, Vp = sh.Vp;
+        Typed wte = random_typed(dt, size_t(Vp) * C, rng);
+        Typed wpe = random_typed(dt, size_t(T) * C, rng);
+        auto tokens = random_tokens(size_t(B) * T, Vp, rng);  // small vocab: tokens repeat
+        auto positions = random_tokens(size_t(B) * T, T, rng);
+        const int32_t* pos = with_pos ? positions.data() : nullptr;
+        Typed out(dt, size_t(B) * T * C), dout = random_typed(dt, size_t(B) * T * C, rng);
+        auto dwte = random_f32(wte.n, rng), dwpe = random_f32(wpe.n, rng);
+        Vec dwte_ref = as_double(dwte), dwpe_ref = as_double(dwpe);
+        Fixture f;
+        f.k().encoder_forward(f.s(), dt, out.data(), tokens.data(), pos, wte.data(), wpe.data(), B,
+                              T, C);
+        f.k().encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dout.data(), tokens.data(), pos,
+                               B, T, C);
+        f.sync();
+        Vec ref(out.n);
+        for (int b = 0; b < B; ++b)
+          for (int t = 0; t < T; ++t)
+            for (int c = 0; c < C; ++c) {
+              size_t r = size_t(b) * T + t;
+              const size_t p = with_pos ? size_t(positions[r]) : size_t(t);
+              ref[r * C + c] = double(wte.get(size_t(tokens[r]) * C + c)) + wpe.get(p * C + c);
+              dwte_ref[size_t(tokens[r]) * C + c] += dout.get(r * C + c);
+              dwpe_ref[p * C + c] += dout.get(r * C + c);
+            }
+        expect_close(out.to_double(), ref, tol_for(dt), "out");
+        expect_close(as_double(dwte), dwte_ref, 1e-5, "dwte");
+        expect_close(as_double(dwpe), dwpe_ref, 1e-5, "dwpe");
+      }
     }
   }
 }
@@ -880,7 +889,7 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   std::vector<float> dwte(wte.n, 0.0f), dwpe(wpe.n, 0.0f), acc(2, 0.0f);
   Fixture f(threads);
   Kernels& k = f.k();
-  k.encoder_forward(f.s(), dt, emb.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  k.encoder_forward(f.s(), dt, emb.data(), tokens.data(), nullptr, wte.data(), wpe.data(), B, T, C);
   k.layernorm_forward(f.s(), dt, ln.data(), mean.data(), rstd.data(), x.data(), lw.data(),
                       lb.data(), N, C);
   k.matmul_forward(f.s(), dt, qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
@@ -891,7 +900,8 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
                     N, C, OC);
   k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),
                        lw.data(), mean.data(), rstd.data(), N, C);
-  k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), B, T, C);
+  k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), nullptr, B, T,
+                     C);
   k.norm_sq_and_nonfinite(f.s(), acc.data(), dw.data(), dw.size());
   f.sync();
   std::vector<unsigned char> all;

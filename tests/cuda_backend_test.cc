@@ -190,13 +190,13 @@ TEST_P(CudaOpTest, Encoder) {
   Twin tok = tokens(size_t(B) * T, V), wte = random(size_t(V) * C, dt), wpe = random(T * C, dt);
   Twin out = random(size_t(B) * T * C, dt);
   run([&](Kernels& k, Stream& s, int i) {
-    k.encoder_forward(s, dt, out.p[i], tok.at<int32_t>(i), wte.p[i], wpe.p[i], B, T, C);
+    k.encoder_forward(s, dt, out.p[i], tok.at<int32_t>(i), nullptr, wte.p[i], wpe.p[i], B, T, C);
   });
   compare("encoder_forward out", out, dt, tol(dt, kElementwise));
   Twin dwte = random(size_t(V) * C, DType::kF32), dwpe = random(T * C, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.encoder_backward(s, dt, dwte.at<float>(i), dwpe.at<float>(i), out.p[i], tok.at<int32_t>(i), B,
-                       T, C);
+    k.encoder_backward(s, dt, dwte.at<float>(i), dwpe.at<float>(i), out.p[i], tok.at<int32_t>(i),
+                       nullptr, B, T, C);
   });
   compare("encoder_backward dwte", dwte, DType::kF32, kReduction);
   compare("encoder_backward dwpe", dwpe, DType::kF32, kReduction);

@@ -181,11 +181,11 @@ TEST_F(EmulatedKernels, Encoder) {
         {floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1), floats(size_t(V) * C, dt),
          floats(size_t(T) * C, dt)},
         [&](Kernels& k, Stream& s, void* const* p) {
-          k.encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), p[2], p[3], B, T, C);
+          k.encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), nullptr, p[2], p[3], B, T, C);
         },
         [&](cudaStream_t s, void* const* p) {
-          return cuda_encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), p[2], p[3], B, T,
-                                      C);
+          return cuda_encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), nullptr, p[2], p[3],
+                                      B, T, C);
         },
         {{0, "out"}});
     check_op(
@@ -194,13 +194,42 @@ TEST_F(EmulatedKernels, Encoder) {
          floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1)},
         [&](Kernels& k, Stream& s, void* const* p) {
           k.encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
-                             static_cast<int32_t*>(p[3]), B, T, C);
+                             static_cast<int32_t*>(p[3]), nullptr, B, T, C);
         },
         [&](cudaStream_t s, void* const* p) {
           return cuda_encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]),
-                                       p[2], static_cast<int32_t*>(p[3]), B, T, C);
+                                       p[2], static_cast<int32_t*>(p[3]), nullptr, B, T, C);
         },
         {{0, "dwte", 1e-5, true}, {1, "dwpe", 1e-5}});
+    // Positions of packed sequences (any value below T, as a window restarting them gives).
+    check_op(
+        name("encoder_forward with positions", dt),
+        {floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1), floats(size_t(V) * C, dt),
+         floats(size_t(T) * C, dt), ints(size_t(B) * T, 0, T - 1)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]), static_cast<int32_t*>(p[4]),
+                            p[2], p[3], B, T, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_encoder_forward(s, dt, p[0], static_cast<int32_t*>(p[1]),
+                                      static_cast<int32_t*>(p[4]), p[2], p[3], B, T, C);
+        },
+        {{0, "out"}});
+    check_op(
+        name("encoder_backward with positions", dt),
+        {floats(size_t(V) * C, DType::kF32), floats(size_t(T) * C, DType::kF32),
+         floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1),
+         ints(size_t(B) * T, 0, T - 1)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
+                             static_cast<int32_t*>(p[3]), static_cast<int32_t*>(p[4]), B, T, C);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]),
+                                       p[2], static_cast<int32_t*>(p[3]),
+                                       static_cast<int32_t*>(p[4]), B, T, C);
+        },
+        {{0, "dwte", 1e-5, true}, {1, "dwpe", 1e-5, true}});
   }
 }
 
@@ -465,21 +494,42 @@ TEST_F(EmulatedKernels, SwiGluRopeGelu) {
       check_op(
           name("rope_forward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
           [&](Kernels& k, Stream& s, void* const* p) {
-            k.rope_forward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+            k.rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
           },
           [&](cudaStream_t s, void* const* p) {
-            return cuda_rope_forward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+            return cuda_rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
           },
           {{0, "qkv", tol(dt, 1e-5)}});
       check_op(
           name("rope_backward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
           [&](Kernels& k, Stream& s, void* const* p) {
-            k.rope_backward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+            k.rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
           },
           [&](cudaStream_t s, void* const* p) {
-            return cuda_rope_backward(s, dt, p[0], rope, B, T, NH, KVH, hs);
+            return cuda_rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
           },
           {{0, "dqkv", tol(dt, 1e-5)}});
+      // Positions of packed sequences or a decode step: any value, past T too.
+      for (bool inverse : {false, true}) {
+        check_op(
+            name(inverse ? "rope_backward with positions" : "rope_forward with positions", dt) +
+                (llama3 ? " llama3" : ""),
+            {floats(qkv, dt, -2, 2), ints(size_t(B) * T, 0, 3 * T)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              const auto* pos = static_cast<const int32_t*>(p[1]);
+              if (inverse) {
+                k.rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
+              } else {
+                k.rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
+              }
+            },
+            [&](cudaStream_t s, void* const* p) {
+              const auto* pos = static_cast<const int32_t*>(p[1]);
+              return inverse ? cuda_rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs)
+                             : cuda_rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
+            },
+            {{0, "qkv", tol(dt, 1e-5)}});
+      }
     }
     check_op(
         name("gelu_forward", dt), {floats(n, dt), floats(n, dt, -4, 4)},

@@ -35,6 +35,14 @@ if(strata_hf_python)
   # random moments the old set or the new one (PREPARE_KILLS; a test double of transformers).
   add_test(NAME prepare_data COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_test.py)
   set_tests_properties(prepare_data PROPERTIES TIMEOUT 600)
+  # prepare_data on the dataset shapes (text, messages, conversations, alpaca, prompt-completion)
+  # from JSONL and Parquet: tokens and masks against a hand-written expectation, the errors
+  # naming file, row and column, bounded memory over many row groups (the Parquet cases need
+  # pyarrow in this python and say so when they skip).
+  add_test(NAME prepare_data_shapes
+           COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_shapes_test.py)
+  set_tests_properties(prepare_data_shapes PROPERTIES TIMEOUT 600 ENVIRONMENT
+                      "PYTHONPATH=${CMAKE_SOURCE_DIR}/build-deps/python-tools")
   # tools/hf_tokenizer.py encode DIR MAX (strata generate): a prompt past the context refused
   # after a piece of it is encoded, in bounded memory; within it, the whole prompt's ids.
   add_test(NAME hf_tokenizer COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/hf_tokenizer_test.py)

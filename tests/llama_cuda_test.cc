@@ -63,10 +63,12 @@ TEST_P(LlamaCudaOpTest, Rope) {
        {RopeParams{.theta = 1e6},
         RopeParams{.theta = 500000.0, .llama3 = true, .original_max_position = 32}}) {
     Twin x = random(n, dt, -2, 2);
-    run([&](Kernels& k, Stream& s, int i) { k.rope_forward(s, dt, x.p[i], p, B, T, NH, KVH, hs); });
+    run([&](Kernels& k, Stream& s, int i) {
+      k.rope_forward(s, dt, x.p[i], p, nullptr, B, T, NH, KVH, hs);
+    });
     compare("rope_forward", x, dt, tol(dt, kElementwise));
     run([&](Kernels& k, Stream& s, int i) {
-      k.rope_backward(s, dt, x.p[i], p, B, T, NH, KVH, hs);
+      k.rope_backward(s, dt, x.p[i], p, nullptr, B, T, NH, KVH, hs);
     });
     compare("rope_backward", x, dt, tol(dt, kElementwise));
   }

@@ -298,19 +298,70 @@ TEST(LlamaKernels, RopeForwardAndBackward) {
         Typed x = random_typed(dt, n, rng, -2, 2);
         Vec x0 = x.to_double();
         Fixture f;
-        f.k().rope_forward(f.s(), dt, x.data(), p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+        f.k().rope_forward(f.s(), dt, x.data(), p, nullptr, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
         f.sync();
         expect_close(x.to_double(), ref_rope(x0, p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs), tol_for(dt),
                      "rope_forward");
         Typed g = random_typed(dt, n, rng, -2, 2);
         Vec g0 = g.to_double();
-        f.k().rope_backward(f.s(), dt, g.data(), p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+        f.k().rope_backward(f.s(), dt, g.data(), p, nullptr, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
         f.sync();
         expect_close(g.to_double(), ref_rope(g0, p, sh.B, sh.T, sh.NH, sh.KVH, sh.hs, -1.0),
                      tol_for(dt), "rope_backward");
       }
     }
   }
+}
+
+// Positions of packed sequences: a row holding sequences of 5, 9 and 3 tokens (positions
+// restarting at each) rotates each exactly as a row of that sequence alone does (the same bits),
+// forward and backward; a decode step's single token at position 40 as the 41st token of a row.
+TEST(LlamaKernels, RopeAtGivenPositions) {
+  const int NH = 4, KVH = 2, hs = 8, W = (NH + 2 * KVH) * hs;
+  const std::vector<int> lens = {5, 9, 3};
+  const int T = 17;
+  for (DType dt : kAllTypes) {
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} inverse={}", dtype_name(dt), inverse));
+      std::mt19937_64 rng(test_seed(5));
+      Typed packed = random_typed(dt, size_t(T) * W, rng, -2, 2);
+      std::vector<int32_t> pos;
+      for (int len : lens) {
+        for (int i = 0; i < len; ++i) pos.push_back(i);
+      }
+      Typed alone = packed;
+      Fixture f;
+      auto rope = [&](void* x, const int32_t* p, int t) {
+        if (inverse) {
+          f.k().rope_backward(f.s(), dt, x, llama3_rope(), p, 1, t, NH, KVH, hs);
+        } else {
+          f.k().rope_forward(f.s(), dt, x, llama3_rope(), p, 1, t, NH, KVH, hs);
+        }
+      };
+      rope(packed.data(), pos.data(), T);
+      size_t at = 0;
+      for (int len : lens) {
+        rope(static_cast<char*>(alone.data()) + at * W * dtype_size(dt), nullptr, len);
+        at += size_t(len);
+      }
+      f.sync();
+      EXPECT_EQ(packed.to_double(), alone.to_double());
+    }
+  }
+  // One token at position 40 against the same token as row 41 of 41.
+  const int T2 = 41;
+  std::mt19937_64 rng(test_seed(6));
+  Typed row = random_typed(DType::kF32, size_t(T2) * W, rng, -2, 2);
+  Typed last = random_typed(DType::kF32, size_t(W), rng, -2, 2);
+  std::copy_n(static_cast<const float*>(last.data()), W,
+              static_cast<float*>(row.data()) + size_t(T2 - 1) * W);
+  const int32_t p40 = T2 - 1;
+  Fixture f;
+  f.k().rope_forward(f.s(), DType::kF32, row.data(), RopeParams{}, nullptr, 1, T2, NH, KVH, hs);
+  f.k().rope_forward(f.s(), DType::kF32, last.data(), RopeParams{}, &p40, 1, 1, NH, KVH, hs);
+  f.sync();
+  const Vec r = row.to_double();
+  EXPECT_EQ(last.to_double(), Vec(r.end() - W, r.end()));
 }
 
 TEST(LlamaKernels, GroupedQueryAttentionForwardAndBackward) {
@@ -416,12 +467,12 @@ TEST(LlamaKernels, DeterministicAcrossThreadCounts) {
     Fixture f(threads);
     Typed x = qkv, dx(DType::kBF16, qkv.n), out(DType::kBF16, dout.n);
     std::vector<float> att(size_t(B) * NH * T * T), scratch(att.size());
-    f.k().rope_forward(f.s(), DType::kBF16, x.data(), llama3_rope(), B, T, NH, KVH, hs);
+    f.k().rope_forward(f.s(), DType::kBF16, x.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
     f.k().attention_gqa_forward(f.s(), DType::kBF16, out.data(), att.data(), x.data(), B, T, NH,
                                 KVH, hs);
     f.k().attention_gqa_backward(f.s(), DType::kBF16, dx.data(), scratch.data(), dout.data(),
                                  x.data(), att.data(), B, T, NH, KVH, hs);
-    f.k().rope_backward(f.s(), DType::kBF16, dx.data(), llama3_rope(), B, T, NH, KVH, hs);
+    f.k().rope_backward(f.s(), DType::kBF16, dx.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
     f.sync();
     got[threads == 1 ? 0 : 1] = dx.bytes;
   }
@@ -516,12 +567,12 @@ TEST(LlamaKernelsGradCheck, Rope) {
   const RopeParams p = llama3_rope();
   auto loss = [&] {
     y = x;
-    f.k().rope_forward(f.s(), DType::kF32, y.data(), p, B, T, NH, KVH, hs);
+    f.k().rope_forward(f.s(), DType::kF32, y.data(), p, nullptr, B, T, NH, KVH, hs);
     f.sync();
     return dot(y, dout);
   };
   std::vector<float> dx = dout;
-  f.k().rope_backward(f.s(), DType::kF32, dx.data(), p, B, T, NH, KVH, hs);
+  f.k().rope_backward(f.s(), DType::kF32, dx.data(), p, nullptr, B, T, NH, KVH, hs);
   f.sync();
   fd_check(loss, {x.data(), x.size(), dx.data(), "dqkv"}, rng, 1e-2, 120);
 }

@@ -116,7 +116,9 @@ CHATS = [
 ]
 
 
-class PrepareData(unittest.TestCase):
+class Fixture(unittest.TestCase):
+    """A scratch directory with the test double of transformers, and the tool run in it."""
+
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="strata_prepare_data_")
         fake = os.path.join(self.dir, "fake", "transformers")
@@ -152,6 +154,8 @@ class PrepareData(unittest.TestCase):
         self.assertIn(message, err)
         self.assertNotIn("Traceback", err)
 
+
+class PrepareData(Fixture):
     def test_output_is_the_token_file_strata_reads(self):
         src = self.write("c.jsonl", '{"text": "ab"}\n\n{"text": "c"}\n')
         rc, err, _ = self.run_tool("--input", src, "--out", self.path("t.bin"))

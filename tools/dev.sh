@@ -66,6 +66,13 @@ deps() {  # deps [extra packages]: PKGS and these
     python3 -m pip install --quiet --no-deps --target build-deps/python "${CUDNN_WHEELS[1]}" ||
       echo "== could not install ${CUDNN_WHEELS[1]}: building without the cuDNN attention"
   fi
+  # pyarrow for tools/prepare_data.py's Parquet input in its tests (ctest prepare_data_shapes
+  # puts build-deps/python-tools on PYTHONPATH); a user's own runs need it in their Python.
+  if ! python3 -c "import pyarrow" 2>/dev/null && [ ! -d build-deps/python-tools/pyarrow ]; then
+    echo "== installing pyarrow into build-deps/python-tools (the Parquet tests of prepare_data)"
+    python3 -m pip install --quiet --target build-deps/python-tools pyarrow ||
+      echo "== could not install pyarrow: prepare_data's Parquet tests will skip"
+  fi
 }
 
 # cuDNN for the CUDA backend's fused attention (kernels/cuda/cudnn_attention.cc): the wheels'

@@ -1,22 +1,53 @@
 #!/usr/bin/env python3
-"""Tokenizes text or JSONL into a strata token file with a Hugging Face model's tokenizer.
+"""Tokenizes text, JSONL or Parquet into a strata token file with a Hugging Face model's tokenizer.
 
     python tools/prepare_data.py --model DIR --input corpus.jsonl --out train.bin \\
         [--field text] [--val-out val.bin --val-fraction 0.01]
-    python tools/prepare_data.py --chat --model DIR --input chats.jsonl --out train.bin \\
+    python tools/prepare_data.py --model DIR --input train-00000-of-00001.parquet \\
+        --out train.bin [--format auto|text|messages|alpaca|prompt-completion] \\
         [--chat-template FILE] [--val-out val.bin --val-fraction 0.05]
 
 DIR is the model directory model.from_pretrained names (its tokenizer.json /
 tokenizer_config.json). Input: a .txt file (one document per blank-line-separated paragraph
-block), or .jsonl with one object per line whose --field (default "text") holds a document.
-Each document is encoded with the tokenizer (with its BOS token when the tokenizer adds one)
-and followed by the EOS token when it has one, so documents never run together.
+block), or a dataset as Hugging Face Hub datasets ship it: .jsonl (one JSON object a line) or
+.parquet (read with pyarrow, an optional dependency of this tool: pip install pyarrow), in one
+of the shapes below, found from the columns (--format auto, the default; the line "--format X"
+on stderr says which) or named with --format. --field NAME reads the text from column NAME
+(--format text); --chat is --format messages.
+
+  --format           columns                          tokens                loss (<out>.mask)
+  text               "text" (or --field NAME)         each document + EOS   (no mask)
+  messages           "messages": [{role, content}]    the chat template     assistant turns
+                     (or "conversations", also
+                     ShareGPT's {from, value})
+  alpaca             "instruction", "input"           the chat template of  the assistant turn
+                     (optional), "output"             a user and an
+                                                      assistant message
+  prompt-completion  "prompt", "completion": strings  BOS + prompt +        the completion's
+                                                      completion + EOS      tokens and EOS
+                     or message lists                 the chat template of  the completion's
+                                                      prompt + completion   assistant turns
+
+Auto detection tries them in that order (a Parquet file's schema, a JSONL file's first object).
+Alpaca rows are converted to a conversation: a user message holding the instruction (followed
+by a blank line and the input when the input is not empty) and an assistant message holding
+the output, then tokenized as messages are. Prompt/completion strings are tokenized as TRL's
+SFTTrainer does (completion_only_loss): the text prompt + completion with the tokenizer's
+special tokens and an EOS after it, the loss on the tokens that start in the completion and on
+the EOS; as message lists (TRL's conversational prompt-completion) they are one conversation,
+the loss on the completion's assistant turns only. ShareGPT's "from"/"value" messages read as
+"role"/"content" ("human" is "user", "gpt" is "assistant", as TRL's maybe_convert_to_chatml);
+a message key whose value is null is left out, as a JSONL line without it reads.
+
+Text: each document is encoded with the tokenizer (with its BOS token when the tokenizer adds
+one) and followed by the EOS token when it has one, so documents never run together.
 
 Streams: memory stays constant whatever the corpus size (a document is encoded in pieces of
-about 1 MB cut before a whitespace, so a 16 MB line costs no more than a short one), a progress
-line goes to stderr every 2 seconds, and tokens go straight to the output. With --val-out, one
-document in every 1/val-fraction (spread over the corpus, not its tail) goes to the validation
-file instead.
+about 1 MB cut before a whitespace, so a 16 MB line costs no more than a short one; a Parquet
+file is read a batch of rows at a time with ParquetFile.iter_batches, only the columns of its
+shape, so memory holds one row group of them), a progress line goes to stderr every 2 seconds,
+and tokens go straight to the output. With --val-out, one document (or conversation) in every
+1/val-fraction (spread over the corpus, not its tail) goes to the validation file instead.
 
 Output: llm.c's token file layout, which strata's data reader detects (data.format auto):
 a 256 x int32 header (magic, version, token count) then the tokens, little-endian —
@@ -27,26 +58,30 @@ first, so a run killed at any moment leaves the old files or the new ones: a kil
 finished by the next run, and strata refuses a token file while its journal is there); a failed
 run leaves no file that looks valid.
 
---chat: chat / SFT data. Each JSONL line is {"messages": [{"role": ..., "content": ...}, ...]}
-(one conversation), rendered with the model tokenizer's own chat template (transformers'
-apply_chat_template; --chat-template FILE gives a Jinja template instead) and tokenized as
-apply_chat_template(tokenize=True) does (no special tokens added beyond the template's). The loss
-mask marks the assistant turns: the text each assistant message adds after the generation prompt
-(its content and the template's end-of-turn text), found by rendering the conversation up to
-each assistant message with add_generation_prompt=True; only those tokens are loss targets, as
-transformers' labels = -100 elsewhere (TRL's assistant_only_loss). The mask goes to <out>.mask
-(and <val-out>.mask): a 256 x int32 header (magic 20261125, version 1, token count, the token
-bytes' CRC-32, the mask bytes' CRC-32, conversations), then one byte per token: bit 0 = loss
-target, bit 1 = first token of a conversation (src/train/loss_mask.h; strata packs whole
-conversations into its windows with it). A plain run removes a stale <out>.mask.
+Chat / SFT data (every shape but text): a conversation is rendered with the model tokenizer's
+own chat template (transformers' apply_chat_template; --chat-template FILE gives a Jinja
+template instead) and tokenized as apply_chat_template(tokenize=True) does (no special tokens
+added beyond the template's). The loss mask marks the assistant turns: the text each assistant
+message adds after the generation prompt (its content and the template's end-of-turn text),
+found by rendering the conversation up to each assistant message with add_generation_prompt=
+True; only those tokens are loss targets, as transformers' labels = -100 elsewhere (TRL's
+assistant_only_loss). The mask goes to <out>.mask (and <val-out>.mask): a 256 x int32 header
+(magic 20261125, version 1, token count, the token bytes' CRC-32, the mask bytes' CRC-32,
+conversations), then one byte per token: bit 0 = loss target, bit 1 = first token of a
+conversation (src/train/loss_mask.h; strata packs whole conversations into its windows with it).
+A text run removes a stale <out>.mask.
 
-Errors are one line naming the file, the line and the fix (exit 1): a line that is not UTF-8 or
-not JSON, a document without the field, an empty training or validation file, an --out or
---val-out whose file, .mask or their .tmp is an input (the corpus, the chat template; also
-through a link or a hard link), or an --out and --val-out that collide; with --chat, a line without a messages list of role/content
-strings, a conversation without an assistant turn, a template that cannot render it or whose
-rendering of the first messages is not the start of the whole conversation's. Off the hot path: needs `transformers` (pip install transformers),
-never a dependency of the build.
+Errors are one line naming the file, the line (JSONL) or row (Parquet, counted from 0) and the
+column, and the fix (exit 1): a line that is not UTF-8 or not JSON, a file without the columns
+of its --format (naming the columns it has and the --format they fit), a row whose column is
+missing, null or not a string (or not a list of role/content strings), a conversation that is
+empty or has no assistant turn, a Parquet input without pyarrow installed or that pyarrow cannot
+read, an empty training or validation file, an --out or --val-out whose file, .mask or their
+.tmp is an input (the corpus, the chat template; also through a link or a hard link), or an
+--out and --val-out that collide; a template that cannot render a conversation or whose
+rendering of the first messages is not the start of the whole conversation's. Nothing is written
+on an error. Off the hot path: needs `transformers` (pip install transformers), and pyarrow for
+Parquet, never dependencies of the build.
 """
 import argparse
 import codecs
@@ -57,32 +92,38 @@ import sys
 import time
 import zlib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when run by runpy
+from dataset_shapes import FORMATS, Error, Source, detect  # noqa: E402
+
 HEADER_INTS = 256
 CHUNK_CHARS = 1 << 20  # a document is encoded in pieces of about this many characters
 MAX_TOKENS = 2**31 - 1  # the header's int32 count
 MASK_MAGIC, MASK_VERSION = 20261125, 1
 MASK_LOSS, MASK_START = 1, 2  # a mask byte's bits: loss target, first token of a conversation
+# --help's table of the dataset shapes: the docstring's.
+SHAPES_TABLE = __doc__[__doc__.index("  --format "):__doc__.index("\n\nAuto detection")]
 
 
-class Error(Exception):
-    """A user-facing error: printed as one line, exit status 1."""
-
-
-def documents(path, field, progress=None):
-    """The documents of a .txt or .jsonl file as a stream of events: ("text", str) pieces of the
-    current document, then ("end", None). A .txt file is read in pieces of at most CHUNK_CHARS
-    bytes, so no line, however long, is held whole; a JSONL line is (it is parsed whole). Reads
-    bytes, so every error names its line; `progress(bytes_read)` is called as the file is read."""
-    jsonl = path.endswith(".jsonl")
+def documents(path, shape, progress=None):
+    """The documents of a .txt, .jsonl or .parquet file as a stream of events: ("text", str)
+    pieces of the current document, then ("end", None). A .txt file is read in pieces of at most
+    CHUNK_CHARS bytes, so no line, however long, is held whole; a JSONL line or a Parquet row is
+    (read whole: `shape`'s rows). Reads bytes, so every error names its line; `progress(bytes_
+    read)` is called as the file is read."""
+    if shape is not None:
+        for where, row in shape.src.rows(shape.columns, progress):
+            yield "text", shape.example(where, row)
+            yield "end", None
+        return
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     with open(path, "rb") as f:
         lineno = 1  # of the line `raw` is (part of)
-        column = 0  # .txt: bytes of this line before `raw`
+        column = 0  # bytes of this line before `raw`
         in_doc = False
-        blank = True  # .txt: the line so far is whitespace only
-        pending = []  # .txt: whitespace-only pieces of the current line, held until it ends
+        blank = True  # the line so far is whitespace only
+        pending = []  # whitespace-only pieces of the current line, held until it ends
         while True:
-            raw = f.readline() if jsonl else f.readline(CHUNK_CHARS)
+            raw = f.readline(CHUNK_CHARS)
             if progress:
                 progress(f.tell())
             if not raw:
@@ -94,36 +135,20 @@ def documents(path, field, progress=None):
                             f"{column + e.start} of the line); re-encode the file as UTF-8 "
                             "(e.g. iconv -f latin1 -t utf-8)")
             ends = raw.endswith(b"\n")
-            if jsonl:
-                if text.strip():
-                    try:
-                        obj = json.loads(text)
-                    except json.JSONDecodeError as e:
-                        raise Error(f"{path}:{lineno}: not valid JSON ({e.msg} at column "
-                                    f"{e.colno}); each line of a .jsonl file must be one JSON "
-                                    "object")
-                    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-                        has = f"keys {sorted(obj)}" if isinstance(obj, dict) else "no object"
-                        raise Error(f"{path}:{lineno}: no string field \"{field}\" (the line "
-                                    f"has {has}); name the field with --field")
-                    yield "text", obj[field]
-                    yield "end", None
+            # Paragraph blocks: a whitespace-only line ends a document.
+            if blank and not text.strip():
+                pending.append(text)
             else:
-                # Paragraph blocks: a whitespace-only line ends a document.
-                if blank and not text.strip():
-                    pending.append(text)
-                else:
-                    blank = False
-                    in_doc = True
-                    for t in pending + [text]:
-                        yield "text", t
-                    pending = []
-                if ends:
-                    if blank and in_doc:
-                        yield "end", None
-                        in_doc = False
-                    blank, pending = True, []
+                blank = False
+                in_doc = True
+                for t in pending + [text]:
+                    yield "text", t
+                pending = []
             if ends:
+                if blank and in_doc:
+                    yield "end", None
+                    in_doc = False
+                blank, pending = True, []
                 lineno += 1
                 column = 0
             else:
@@ -279,8 +304,8 @@ class TokenFile:
 class Progress:
     """A progress line on stderr every `every` seconds (and at the end)."""
 
-    def __init__(self, total_bytes, every=2.0, stream=sys.stderr):
-        self.total, self.every, self.stream = total_bytes, every, stream
+    def __init__(self, total_bytes, every=2.0, stream=None):
+        self.total, self.every, self.stream = total_bytes, every, stream or sys.stderr
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = self.docs = 0
 
@@ -312,49 +337,27 @@ def special_ids(encode):
     return [], []
 
 
-def conversations(path, progress=None):
-    """(line number, messages) for each conversation of a chat JSONL file: one object a line
-    with a "messages" list of {"role": str, "content": str}. Reads bytes, so errors name the
-    line; `progress(bytes_read)` is called as the file is read."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if progress:
-                progress(f.tell())
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise Error(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at byte "
-                            f"{e.start} of the line); re-encode the file as UTF-8")
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise Error(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); "
-                            "each line of a chat .jsonl file must be one JSON object")
-            msgs = obj.get("messages") if isinstance(obj, dict) else None
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and
-                    isinstance(m.get("content"), str) for m in msgs):
-                raise Error(f"{path}:{lineno}: needs \"messages\": a non-empty list of "
-                            "{\"role\": str, \"content\": str} (--chat reads one conversation "
-                            "a line)")
-            if not any(m["role"] == "assistant" for m in msgs):
-                raise Error(f"{path}:{lineno}: no \"assistant\" message: nothing to train on "
-                            "(the loss covers the assistant turns only); drop the line")
-            yield lineno, msgs
+def span_mask(offsets, spans):
+    """The mask bytes of tokens with character `offsets` ((start, end) each): MASK_LOSS on a
+    token starting inside one of `spans` (sorted, disjoint (start, end) character ranges)."""
+    mask, k = [], 0
+    for start, _ in offsets:
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        mask.append(MASK_LOSS if k < len(spans) and spans[k][0] <= start else 0)
+    return mask
 
 
-def chat_tokens(render, encode_offsets, messages):
+def chat_tokens(render, encode_offsets, messages, first=0):
     """(ids, mask) of one conversation. `render(messages, add_generation_prompt)` is the chat
     template's text; `encode_offsets(text)` the ids of that text (no special tokens added)
     with each one's (start, end) character offsets. An assistant message's span is the text
-    rendering it adds after the generation prompt; a token starting in a span is a loss target.
-    Raises ValueError saying why not."""
+    rendering it adds after the generation prompt; a token starting in the span of an assistant
+    message at index >= `first` is a loss target. Raises ValueError saying why not."""
     whole = render(messages, False)
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or i < first:
             continue
         before = render(messages[:i], True) if i else ""
         through = render(messages[:i + 1], False)
@@ -366,21 +369,36 @@ def chat_tokens(render, encode_offsets, messages):
                              "rewrites earlier turns); give --chat-template FILE")
         spans.append((len(before), len(through)))
     ids, offsets = encode_offsets(whole)
-    mask, k = [], 0
-    for start, _ in offsets:
-        while k < len(spans) and start >= spans[k][1]:
-            k += 1
-        mask.append(MASK_LOSS if k < len(spans) and spans[k][0] <= start else 0)
+    mask = span_mask(offsets, spans)
+    if mask:
+        mask[0] |= MASK_START
+    return ids, mask
+
+
+def completion_tokens(encode_offsets, specials, prompt, completion):
+    """(ids, mask) of a prompt / completion pair of strings, as TRL's SFTTrainer tokenizes it:
+    the text prompt + completion with the tokenizer's special tokens (`specials`: the ids before
+    and after a text, EOS last), the loss on the tokens starting in the completion and on the
+    closing specials (the model learns to stop)."""
+    before, after = specials
+    ids, offsets = encode_offsets(prompt + completion)
+    mask = [0] * len(before) + span_mask(offsets, [(len(prompt), len(prompt) + len(completion))])
+    ids = list(before) + list(ids) + list(after)
+    mask += [MASK_LOSS] * len(after)
     if mask:
         mask[0] |= MASK_START
     return ids, mask
 
 
 def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=None,
-                 val_fraction=0.01, progress_every=2.0):
-    """Streams the conversations of `input_path` into `out` (and `val_out`) with their loss
-    masks (chat_tokens). Returns {path: token count}."""
+                 val_fraction=0.01, progress_every=2.0, shape=None, specials=([], [])):
+    """Streams the examples of `input_path` (read as `shape`, a dataset_shapes.Shape; default:
+    the "messages" rows of a JSONL file) into `out` (and `val_out`) with their loss masks:
+    conversations through chat_tokens, prompt / completion strings through completion_tokens
+    (with `specials`). Returns {path: token count}."""
     check_paths(input_path, out, val_out, val_fraction)
+    if shape is None:
+        shape = detect(Source(input_path), "messages")
     u32 = vocab_size > 65536
     progress = Progress(os.path.getsize(input_path), progress_every)
     files = [TokenFile(out, u32, mask=True)]
@@ -388,16 +406,19 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
         files.append(TokenFile(val_out, u32, mask=True))
 
     def fill():
-        for n, (lineno, msgs) in enumerate(conversations(input_path,
-                                                         lambda b: progress.update(b))):
+        rows = shape.src.rows(shape.columns, lambda b: progress.update(b))
+        for n, (where, row) in enumerate(rows):
+            ex = shape.example(where, row)
             to_val = val_out and int((n + 1) * val_fraction) > int(n * val_fraction)
             try:
-                ids, mask = chat_tokens(render, encode_offsets, msgs)
-            except ValueError as e:
-                raise Error(f"{input_path}:{lineno}: {e}")
+                if ex.kind == "chat":
+                    ids, mask = chat_tokens(render, encode_offsets, ex.a, ex.b)
+                else:
+                    ids, mask = completion_tokens(encode_offsets, specials, ex.a, ex.b)
+            except (Error, ValueError) as e:
+                raise Error(f"{where}: {e}")
             except Exception as e:  # noqa: BLE001 (a Jinja template's own error, any type)
-                raise Error(f"{input_path}:{lineno}: the chat template failed: "
-                            f"{type(e).__name__}: {e}")
+                raise Error(f"{where}: the chat template failed: {type(e).__name__}: {e}")
             (files[1] if to_val else files[0]).write(ids, mask)
             progress.update(tokens=len(ids), docs=1)
 
@@ -477,14 +498,24 @@ def report(files, progress, u32):
     return {f.path: f.count for f in files}
 
 
-def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None,
-            val_fraction=0.01, progress_every=2.0):
-    """Streams `input_path` into `out` (and `val_out`). `encode(text, add_special_tokens)`
-    returns a list of ids. Returns {path: token count}."""
-    check_paths(input_path, out, val_out, val_fraction)
-    u32 = vocab_size > 65536
+def document_specials(encode, eos):
+    """(ids before, ids after) a document: the tokenizer's special tokens (BOS, ...) and its
+    EOS last (added when the tokenizer adds none), so documents never run together."""
     before, after = special_ids(encode)
-    tail = after + ([eos] if eos is not None and eos not in after[-1:] else [])
+    return before, after + ([eos] if eos is not None and eos not in after[-1:] else [])
+
+
+def prepare(encode, eos, vocab_size, input_path, out, shape=None, val_out=None,
+            val_fraction=0.01, progress_every=2.0):
+    """Streams `input_path` into `out` (and `val_out`): a .txt file's paragraphs, or the rows of
+    a .jsonl / .parquet file read as `shape` (a "text" dataset_shapes.Shape; default: the "text"
+    field). `encode(text, add_special_tokens)` returns a list of ids. Returns
+    {path: token count}."""
+    check_paths(input_path, out, val_out, val_fraction)
+    if shape is None and input_path.endswith((".jsonl", ".parquet")):
+        shape = detect(Source(input_path), "text")
+    u32 = vocab_size > 65536
+    before, tail = document_specials(encode, eos)
     progress = Progress(os.path.getsize(input_path), progress_every)
     files = [TokenFile(out, u32)]
     if val_out:
@@ -492,7 +523,7 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
 
     def fill():
         doc, buf, dst, n = 0, "", None, 0
-        for kind, text in documents(input_path, field, lambda b: progress.update(b)):
+        for kind, text in documents(input_path, shape, lambda b: progress.update(b)):
             if dst is None:  # a document starts
                 # Document i goes to validation when i * fraction crosses an integer: one in
                 # every 1/fraction, spread over the corpus.
@@ -521,20 +552,44 @@ def prepare(encode, eos, vocab_size, input_path, out, field="text", val_out=None
     return write_outputs(files, fill, input_path, progress, u32)
 
 
+def input_shape(args):
+    """The dataset_shapes.Shape of --input (None: a .txt file) from --format / --chat / --field;
+    says on stderr which shape auto detection found."""
+    fmt = "messages" if args.chat and args.format == "auto" else args.format
+    if args.chat and fmt != "messages":
+        raise Error(f"--chat is --format messages; it cannot go with --format {args.format}")
+    if not args.input.endswith((".jsonl", ".parquet")) and fmt in ("auto", "text"):
+        return None  # plain text: one document a paragraph (any other name reads as JSONL)
+    shape = detect(Source(args.input), fmt, args.field)
+    if args.format == "auto" and not args.chat and args.field is None:
+        print(f"prepare_data: {args.input}: --format {shape.label}", file=sys.stderr)
+    return shape
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="dataset shapes (--format, auto: found from the columns):\n" + SHAPES_TABLE)
     ap.add_argument("--model", required=True, help="Hugging Face model directory (tokenizer)")
-    ap.add_argument("--input", required=True, help=".txt or .jsonl")
+    ap.add_argument("--input", required=True, help=".txt, .jsonl or .parquet")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--field", default="text", help="JSONL field holding the text")
+    ap.add_argument("--format", default="auto", choices=FORMATS,
+                    help="the dataset's shape (table below); auto: found from the columns")
+    ap.add_argument("--field", default=None,
+                    help="the column holding the text (--format text; default \"text\")")
     ap.add_argument("--val-out", default=None, help="also write one document in 1/fraction here")
     ap.add_argument("--val-fraction", type=float, default=0.01)
     ap.add_argument("--chat", action="store_true",
-                    help="JSONL {\"messages\": [...]} conversations: the tokenizer's chat "
-                    "template, and a loss mask on the assistant turns (<out>.mask)")
+                    help="the same as --format messages")
     ap.add_argument("--chat-template", default=None,
-                    help="with --chat: a Jinja chat template file instead of the tokenizer's")
+                    help="a Jinja chat template file instead of the tokenizer's (the chat shapes)")
     args = ap.parse_args()
+    try:
+        check_paths(args.input, args.out, args.val_out, args.val_fraction,
+                    inputs=[args.chat_template] if args.chat_template else [])
+        shape = input_shape(args)
+    except Error as e:
+        sys.exit(f"prepare_data: {e}")
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -546,11 +601,16 @@ def main():
                  "Face model directory with tokenizer.json or tokenizer.model")
 
     tok.model_max_length = MAX_TOKENS  # documents are longer than a window: no warning
+    no_template = Error(f"{args.model}: its tokenizer has no chat template (tokenizer_config."
+                        "json's chat_template or chat_template.jinja); give --chat-template "
+                        "FILE (a Jinja template)")
 
     def encode(text, specials):
         return tok(text, add_special_tokens=specials)["input_ids"]
 
     def render(messages, add_generation_prompt):
+        if not getattr(tok, "chat_template", None):
+            raise no_template
         return tok.apply_chat_template(messages, tokenize=False,
                                        add_generation_prompt=add_generation_prompt)
 
@@ -559,24 +619,21 @@ def main():
         return enc["input_ids"], enc["offset_mapping"]
 
     try:
-        check_paths(args.input, args.out, args.val_out, args.val_fraction,
-                    inputs=[args.chat_template] if args.chat else [])
         for p in (args.out, args.val_out):
             if p and complete_pending(p):
                 print(f"prepare_data: finished moving the files of a killed run into place "
                       f"({p})", file=sys.stderr)
-        if args.chat:
-            if args.chat_template:
-                with open(args.chat_template) as f:
-                    tok.chat_template = f.read()
-            if not getattr(tok, "chat_template", None):
-                raise Error(f"{args.model}: its tokenizer has no chat template (tokenizer_config."
-                            "json's chat_template or chat_template.jinja); give --chat-template "
-                            "FILE (a Jinja template)")
+        if args.chat_template:
+            with open(args.chat_template) as f:
+                tok.chat_template = f.read()
+        if shape is not None and shape.chat:
+            if shape.name != "prompt-completion" and not getattr(tok, "chat_template", None):
+                raise no_template
             prepare_chat(render, encode_offsets, len(tok), args.input, args.out, args.val_out,
-                         args.val_fraction)
+                         args.val_fraction, shape=shape,
+                         specials=document_specials(encode, tok.eos_token_id))
         else:
-            prepare(encode, tok.eos_token_id, len(tok), args.input, args.out, args.field,
+            prepare(encode, tok.eos_token_id, len(tok), args.input, args.out, shape,
                     args.val_out, args.val_fraction)
     except Error as e:
         sys.exit(f"prepare_data: {e}")

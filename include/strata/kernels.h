@@ -145,13 +145,20 @@ class Kernels {
   // the first call for a shape (a library's per-shape check is cached); thread-safe.
   virtual KernelSupport supports(KernelOp op, const OpShape& shape) const = 0;
 
-  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].          out [B,T,C], wte [Vp,C], wpe [maxT,C]
+  // Positions: `pos`, where an op takes it, is a device array [B*T] of each token's position in
+  // its sequence (0 <= pos < the model's context), or nullptr for position t of row b,t (one
+  // sequence per row). Packed windows restart positions at each sequence they hold; a decode
+  // step runs one token at its position in the cache.
+  //
+  // out[b,t,:] = wte[tokens[b,t],:] + wpe[p,:], p = pos[b,t] (t without pos).
+  //                                                      out [B,T,C], wte [Vp,C], wpe [maxT,C]
   // wpe may be null (models with rotary positions): out = wte[tokens] (dwpe null likewise).
   virtual void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens,
-                               const void* wte, const void* wpe, int B, int T, int C) = 0;
-  // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+                               const int32_t* pos, const void* wte, const void* wpe, int B, int T,
+                               int C) = 0;
+  // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[p,:] += dout[b,t,:] (p as in the forward).
   virtual void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
-                                const int32_t* tokens, int B, int T, int C) = 0;
+                                const int32_t* tokens, const int32_t* pos, int B, int T, int C) = 0;
 
   // out = (inp - mean) * rstd * weight + bias per row; saves mean[N], rstd[N]. eps = 1e-5.
   virtual void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd,
@@ -234,19 +241,20 @@ class Kernels {
                                int N, int H) = 0;
 
   // Rotary position embeddings, IN PLACE on the query and key heads of a packed qkv [B,T,W]
-  // (layout of attention_gqa_forward; the value heads are untouched). Position t of each
-  // sequence rotates, in every query and key head, the pairs (x[i], x[i + hs/2]) for i < hs/2
-  // (Hugging Face's rotate_half convention) by the angle t * inv_freq[i] (RopeParams):
+  // (layout of attention_gqa_forward; the value heads are untouched). The token at position p
+  // (pos[b,t], or t without pos: see encoder_forward) rotates, in every query and key head, the
+  // pairs (x[i], x[i + hs/2]) for i < hs/2 (Hugging Face's rotate_half convention) by the angle
+  // p * inv_freq[i] (RopeParams):
   //   x[i] <- x[i] cos - x[i + hs/2] sin;  x[i + hs/2] <- x[i + hs/2] cos + x[i] sin.
   // cos and sin are computed in double and rounded to fp32. hs even, hs/2 <= kMaxRopePairs.
-  virtual void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T,
-                            int NH, int KVH, int hs) = 0;
+  virtual void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope,
+                            const int32_t* pos, int B, int T, int NH, int KVH, int hs) = 0;
   // The gradient of rope_forward, also IN PLACE: rotates the query and key heads of dqkv back
   // by the same angles (the transpose of the rotation). Unlike the other backward ops this
   // replaces its buffer rather than accumulating: the rotation is linear and its input is not
   // needed, so the gradient w.r.t. the rotated qkv becomes the gradient w.r.t. the unrotated.
-  virtual void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T,
-                             int NH, int KVH, int hs) = 0;
+  virtual void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope,
+                             const int32_t* pos, int B, int T, int NH, int KVH, int hs) = 0;
 
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) = 0;

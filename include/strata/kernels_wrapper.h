@@ -24,13 +24,13 @@ class KernelsWrapper : public Kernels {
   KernelSupport supports(KernelOp op, const OpShape& shape) const override {
     return k_->supports(op, shape);
   }
-  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
-                       const void* wpe, int B, int T, int C) override {
-    k_->encoder_forward(s, dt, out, tokens, wte, wpe, B, T, C);
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const int32_t* pos,
+                       const void* wte, const void* wpe, int B, int T, int C) override {
+    k_->encoder_forward(s, dt, out, tokens, pos, wte, wpe, B, T, C);
   }
   void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
-                        const int32_t* tokens, int B, int T, int C) override {
-    k_->encoder_backward(s, dt, dwte, dwpe, dout, tokens, B, T, C);
+                        const int32_t* tokens, const int32_t* pos, int B, int T, int C) override {
+    k_->encoder_backward(s, dt, dwte, dwpe, dout, tokens, pos, B, T, C);
   }
   void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
                          const void* weight, const void* bias, int N, int C) override {
@@ -89,13 +89,13 @@ class KernelsWrapper : public Kernels {
                        int H) override {
     k_->swiglu_backward(s, dt, dinp, inp, dout, N, H);
   }
-  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
-                    int KVH, int hs) override {
-    k_->rope_forward(s, dt, qkv, rope, B, T, NH, KVH, hs);
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, const int32_t* pos,
+                    int B, int T, int NH, int KVH, int hs) override {
+    k_->rope_forward(s, dt, qkv, rope, pos, B, T, NH, KVH, hs);
   }
-  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
-                     int KVH, int hs) override {
-    k_->rope_backward(s, dt, dqkv, rope, B, T, NH, KVH, hs);
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, const int32_t* pos,
+                     int B, int T, int NH, int KVH, int hs) override {
+    k_->rope_backward(s, dt, dqkv, rope, pos, B, T, NH, KVH, hs);
   }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     k_->gelu_forward(s, dt, out, inp, n);

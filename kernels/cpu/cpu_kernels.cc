@@ -23,13 +23,13 @@ class CpuKernels final : public Kernels {
     if (threads > 0) arena_.emplace(threads);
   }
 
-  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
-                       const void* wpe, int B, int T, int C) override {
-    run(s, [=] { cpu::encoder_forward(dt, out, tokens, wte, wpe, B, T, C); });
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const int32_t* pos,
+                       const void* wte, const void* wpe, int B, int T, int C) override {
+    run(s, [=] { cpu::encoder_forward(dt, out, tokens, pos, wte, wpe, B, T, C); });
   }
   void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
-                        const int32_t* tokens, int B, int T, int C) override {
-    run(s, [=] { cpu::encoder_backward(dt, dwte, dwpe, dout, tokens, B, T, C); });
+                        const int32_t* tokens, const int32_t* pos, int B, int T, int C) override {
+    run(s, [=] { cpu::encoder_backward(dt, dwte, dwpe, dout, tokens, pos, B, T, C); });
   }
 
   void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
@@ -117,13 +117,13 @@ class CpuKernels final : public Kernels {
     run(s, [=] { cpu::swiglu_backward(dt, dinp, inp, dout, N, H); });
   }
 
-  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
-                    int KVH, int hs) override {
-    run(s, [=] { cpu::rope(dt, qkv, rope, B, T, NH, KVH, hs, /*inverse=*/false); });
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, const int32_t* pos,
+                    int B, int T, int NH, int KVH, int hs) override {
+    run(s, [=] { cpu::rope(dt, qkv, rope, pos, B, T, NH, KVH, hs, /*inverse=*/false); });
   }
-  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
-                     int KVH, int hs) override {
-    run(s, [=] { cpu::rope(dt, dqkv, rope, B, T, NH, KVH, hs, /*inverse=*/true); });
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, const int32_t* pos,
+                     int B, int T, int NH, int KVH, int hs) override {
+    run(s, [=] { cpu::rope(dt, dqkv, rope, pos, B, T, NH, KVH, hs, /*inverse=*/true); });
   }
 
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {

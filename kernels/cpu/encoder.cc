@@ -1,5 +1,6 @@
 // Token + position embedding (llm.c encoder_forward / encoder_backward); without wpe (null:
-// rotary models) the token embedding alone.
+// rotary models) the token embedding alone. Positions are t, or pos[b,t] where given (packed
+// sequences, a decode step).
 #include <algorithm>
 
 #include "kernels/cpu/convert.h"
@@ -7,8 +8,8 @@
 
 namespace strata::cpu {
 
-void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                     int B, int T, int C) {
+void encoder_forward(DType dt, void* out, const int32_t* tokens, const int32_t* pos,
+                     const void* wte, const void* wpe, int B, int T, int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* o = static_cast<Tp*>(out);
@@ -17,7 +18,7 @@ void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte
     size_t rows = size_t(B) * T, grain = std::max<size_t>(1, kElementGrain / std::max(C, 1));
     parallel_ranges(rows, grain, [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
-        size_t t = r % T;
+        const size_t t = pos ? size_t(pos[r]) : r % T;
         const Tp* e = te + size_t(tokens[r]) * C;
         Tp* y = o + r * C;
         if (pe == nullptr) {
@@ -34,7 +35,7 @@ void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte
 // Several (b,t) may share a token, so rows of dwte are not independent: the work is split by
 // channel instead, and each channel block walks every (b,t) in order (the llm.c order).
 void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
-                      int B, int T, int C) {
+                      const int32_t* pos, int B, int T, int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* d = static_cast<const Tp*>(dout);
@@ -49,7 +50,7 @@ void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, cons
             for (size_t c = c0; c < c1; ++c) we[c] += to_float(g[c]);
             continue;
           }
-          float* pe = dwpe + size_t(t) * C;
+          float* pe = dwpe + size_t(pos ? pos[r] : t) * C;
           for (size_t c = c0; c < c1; ++c) {
             float v = to_float(g[c]);
             we[c] += v;

@@ -76,10 +76,11 @@ class ThreadScratch {
 // Elements per task of an elementwise op: large enough to amortise the scheduling.
 constexpr size_t kElementGrain = 1 << 15;
 
-void encoder_forward(DType dt, void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                     int B, int T, int C);
+// pos: each token's position (nullptr: t), as Kernels::encoder_forward.
+void encoder_forward(DType dt, void* out, const int32_t* tokens, const int32_t* pos,
+                     const void* wte, const void* wpe, int B, int T, int C);
 void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
-                      int B, int T, int C);
+                      const int32_t* pos, int B, int T, int C);
 
 void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
                        const void* weight, const void* bias, int N, int C);
@@ -114,8 +115,8 @@ void swiglu_forward(DType dt, void* out, const void* inp, int N, int H);
 void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, int N, int H);
 
 // inverse: rotate back (rope_backward).
-void rope(DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH, int KVH, int hs,
-          bool inverse);
+void rope(DType dt, void* qkv, const RopeParams& rope, const int32_t* pos, int B, int T, int NH,
+          int KVH, int hs, bool inverse);
 
 void gelu_forward(DType dt, void* out, const void* inp, size_t n);
 void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);

@@ -26,13 +26,13 @@ class SimKernels final : public Kernels {
   SimKernels(Device& dev, SimClocks& clocks, const SimulatedDeviceOptions& p)
       : dev_(dev), clocks_(clocks), p_(p) {}
 
-  void encoder_forward(Stream& s, DType dt, void*, const int32_t*, const void*, const void* wpe,
-                       int B, int T, int C) override {
-    mem(s, double(B) * T * (C * es(dt) * (wpe ? 3 : 2) + 4));
+  void encoder_forward(Stream& s, DType dt, void*, const int32_t*, const int32_t* pos, const void*,
+                       const void* wpe, int B, int T, int C) override {
+    mem(s, double(B) * T * (C * es(dt) * (wpe ? 3 : 2) + (pos ? 8 : 4)));
   }
   void encoder_backward(Stream& s, DType dt, float*, float* dwpe, const void*, const int32_t*,
-                        int B, int T, int C) override {
-    mem(s, double(B) * T * (C * (es(dt) + 8.0 * (dwpe ? 2 : 1)) + 4));
+                        const int32_t* pos, int B, int T, int C) override {
+    mem(s, double(B) * T * (C * (es(dt) + 8.0 * (dwpe ? 2 : 1)) + (pos ? 8 : 4)));
   }
   void layernorm_forward(Stream& s, DType dt, void*, float*, float*, const void*, const void*,
                          const void*, int N, int C) override {
@@ -115,12 +115,12 @@ class SimKernels final : public Kernels {
                        int H) override {
     mem(s, 5.0 * N * H * es(dt));
   }
-  void rope_forward(Stream& s, DType dt, void*, const RopeParams&, int B, int T, int NH, int KVH,
-                    int hs) override {
+  void rope_forward(Stream& s, DType dt, void*, const RopeParams&, const int32_t*, int B, int T,
+                    int NH, int KVH, int hs) override {
     mem(s, 2.0 * B * T * (NH + KVH) * hs * es(dt));
   }
-  void rope_backward(Stream& s, DType dt, void*, const RopeParams&, int B, int T, int NH, int KVH,
-                     int hs) override {
+  void rope_backward(Stream& s, DType dt, void*, const RopeParams&, const int32_t*, int B, int T,
+                     int NH, int KVH, int hs) override {
     mem(s, 2.0 * B * T * (NH + KVH) * hs * es(dt));
   }
   void gelu_forward(Stream& s, DType dt, void*, const void*, size_t n) override {

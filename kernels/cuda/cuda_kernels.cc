@@ -37,16 +37,16 @@ class CudaKernels final : public Kernels {
   CudaKernels(int ordinal, cublasLtHandle_t handle, CudaErrorSink* errors)
       : ordinal_(ordinal), handle_(handle), errors_(errors) {}
 
-  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const void* wte,
-                       const void* wpe, int B, int T, int C) override {
+  void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const int32_t* pos,
+                       const void* wte, const void* wpe, int B, int T, int C) override {
     run("encoder_forward", s, [&](CudaStream& cs) {
-      return cuda_encoder_forward(cs.handle, dt, out, tokens, wte, wpe, B, T, C);
+      return cuda_encoder_forward(cs.handle, dt, out, tokens, pos, wte, wpe, B, T, C);
     });
   }
   void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
-                        const int32_t* tokens, int B, int T, int C) override {
+                        const int32_t* tokens, const int32_t* pos, int B, int T, int C) override {
     run("encoder_backward", s, [&](CudaStream& cs) {
-      return cuda_encoder_backward(cs.handle, dt, dwte, dwpe, dout, tokens, B, T, C);
+      return cuda_encoder_backward(cs.handle, dt, dwte, dwpe, dout, tokens, pos, B, T, C);
     });
   }
   void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
@@ -156,16 +156,16 @@ class CudaKernels final : public Kernels {
     run("swiglu_backward", s,
         [&](CudaStream& cs) { return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H); });
   }
-  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, int B, int T, int NH,
-                    int KVH, int hs) override {
+  void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, const int32_t* pos,
+                    int B, int T, int NH, int KVH, int hs) override {
     run("rope_forward", s, [&](CudaStream& cs) {
-      return cuda_rope_forward(cs.handle, dt, qkv, rope, B, T, NH, KVH, hs);
+      return cuda_rope_forward(cs.handle, dt, qkv, rope, pos, B, T, NH, KVH, hs);
     });
   }
-  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, int B, int T, int NH,
-                     int KVH, int hs) override {
+  void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, const int32_t* pos,
+                     int B, int T, int NH, int KVH, int hs) override {
     run("rope_backward", s, [&](CudaStream& cs) {
-      return cuda_rope_backward(cs.handle, dt, dqkv, rope, B, T, NH, KVH, hs);
+      return cuda_rope_backward(cs.handle, dt, dqkv, rope, pos, B, T, NH, KVH, hs);
     });
   }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {

@@ -75,9 +75,10 @@ std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handl
 
 // encoder.cu
 Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
-                            const void* wte, const void* wpe, int B, int T, int C);
+                            const int32_t* pos, const void* wte, const void* wpe, int B, int T,
+                            int C);
 Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe, const void* dout,
-                             const int32_t* tokens, int B, int T, int C);
+                             const int32_t* tokens, const int32_t* pos, int B, int T, int C);
 // layernorm.cu
 Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
                               const void* inp, const void* weight, const void* bias, int N, int C);
@@ -126,10 +127,10 @@ Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp,
 Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
                             int N, int H);
 // rope.cu
-Status cuda_rope_forward(cudaStream_t s, DType dt, void* qkv, const RopeParams& rope, int B, int T,
-                         int NH, int KVH, int hs);
-Status cuda_rope_backward(cudaStream_t s, DType dt, void* dqkv, const RopeParams& rope, int B,
-                          int T, int NH, int KVH, int hs);
+Status cuda_rope_forward(cudaStream_t s, DType dt, void* qkv, const RopeParams& rope,
+                         const int32_t* pos, int B, int T, int NH, int KVH, int hs);
+Status cuda_rope_backward(cudaStream_t s, DType dt, void* dqkv, const RopeParams& rope,
+                          const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 // gelu.cu
 Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n);
 Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,

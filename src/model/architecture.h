@@ -340,6 +340,15 @@ class Architecture {
   // module's homes through it (base_quant_fill) from the same fp32 values init_range or an
   // import gives; the runner dequantizes it before each of the module's compute steps.
   virtual std::shared_ptr<const BaseQuant> base_quant(int /*m*/) const { return nullptr; }
+  // The fill of a module whose parameters are stored in another form than model-dtype elements
+  // (ModuleSpec::stored_bytes > 0), for the tier manager, which sees stored bytes only: it writes
+  // the stored bytes [begin, begin + count) of module m into out from the module's fp32 values,
+  // which it reads through `values(b, c, out)` (elements [b, b + c), the init's range function).
+  // Its errors name what the stored form is. nullptr for a module of plain elements.
+  using StoredValuesFn = std::function<Status(size_t begin, size_t count, float* out)>;
+  using StoredFillFn =
+      std::function<Status(size_t begin, size_t count, uint8_t* out, const StoredValuesFn& values)>;
+  virtual StoredFillFn stored_fill(int /*m*/) const { return nullptr; }
   virtual std::vector<HfTensor> hf_adapter_tensors(int /*m*/) const { return {}; }
   // Whether `name`, a tensor in a Hugging Face checkpoint that no hf_tensors() entry reads, is a
   // buffer or a duplicate import may skip (GPT-2's causal-mask "h.<i>.attn.bias", rotary

@@ -171,7 +171,10 @@ struct DecoderStep : BatchDims {
   std::span<float* const> extra_grads;        // ... and their gradients (backward only)
   float dloss = 0;                            // MicroBatch::dloss of the step
   uint64_t dropout_key = 0;                   // MicroBatch::dropout_key (0: no dropout)
-  void* state = nullptr;                      // Blocks::RunnerState (see DecoderRunner)
+  // Each token's position in its sequence, a device array [B*T] (Kernels::encoder_forward), or
+  // nullptr: position t of row b,t (the default: one sequence per row).
+  const int32_t* pos = nullptr;
+  void* state = nullptr;  // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;
   const LoraRun* lora = nullptr;
   // Generation (DecoderKv): each token's position, device [B*T]; nullptr (training, eval):

@@ -532,6 +532,14 @@ class DecoderArchitecture final : public Architecture {
     }
     return nullptr;
   }
+  StoredFillFn stored_fill(int m) const override {
+    std::shared_ptr<const BaseQuant> q = base_quant(m);
+    if (!q) return nullptr;
+    return [q](size_t begin, size_t count, uint8_t* out, const StoredValuesFn& values) {
+      return base_quant_fill(*q, begin, count, out, values)
+          .with_context(fmt::format("quantizing its {} bytes", base_quant_name(q->kind)));
+    };
+  }
   bool hf_ignorable(const std::string& name) const override {
     return blocks_.hf_ignorable(name) || (shape_.tied_embeddings && name == "lm_head.weight");
   }

@@ -138,14 +138,14 @@ class Gpt2Blocks {
   void embedding_forward(const DecoderStep& st, const void* p, const int32_t* tokens,
                          void* out) const {
     const char* pb = static_cast<const char*>(p);
-    st.k->encoder_forward(*st.s, st.dt, out, tokens, pb,
+    st.k->encoder_forward(*st.s, st.dt, out, tokens, st.pos, pb,
                           pb + size_t(s_.padded_vocab_size) * s_.n_embd * st.es(), st.B, st.T,
                           s_.n_embd);
   }
   void embedding_backward(const DecoderStep& st, float* g, const void* dout,
                           const int32_t* tokens) const {
     st.k->encoder_backward(*st.s, st.dt, g, g + size_t(s_.padded_vocab_size) * s_.n_embd, dout,
-                           tokens, st.B, st.T, s_.n_embd);
+                           tokens, st.pos, st.B, st.T, s_.n_embd);
   }
   void norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* in, void* out,
                     const NormStats& n) const {

@@ -170,11 +170,11 @@ class LlamaBlocks {
   // ---- compute --------------------------------------------------------------------------------
   void embedding_forward(const DecoderStep& st, const void* p, const int32_t* tokens,
                          void* out) const {
-    st.k->encoder_forward(*st.s, st.dt, out, tokens, p, nullptr, st.B, st.T, s_.n_embd);
+    st.k->encoder_forward(*st.s, st.dt, out, tokens, st.pos, p, nullptr, st.B, st.T, s_.n_embd);
   }
   void embedding_backward(const DecoderStep& st, float* g, const void* dout,
                           const int32_t* tokens) const {
-    st.k->encoder_backward(*st.s, st.dt, g, nullptr, dout, tokens, st.B, st.T, s_.n_embd);
+    st.k->encoder_backward(*st.s, st.dt, g, nullptr, dout, tokens, st.pos, st.B, st.T, s_.n_embd);
   }
   void norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* in, void* out,
                     const NormStats& n) const {
@@ -197,7 +197,7 @@ class LlamaBlocks {
     k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
                      s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
     st.lora_forward(kQkv, in, a.qkv);
-    k.rope_forward(s, st.dt, a.qkv, rope_, st.B, st.T, NH, KVH, hs);
+    k.rope_forward(s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
     if (st.fused) {
       k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
     } else {
@@ -242,7 +242,7 @@ class LlamaBlocks {
                                hs);
     }
     // From the rotated q/k back to the projections' outputs.
-    k.rope_backward(s, st.dt, d.dqkv, rope_, st.B, st.T, NH, KVH, hs);
+    k.rope_backward(s, st.dt, d.dqkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
     st.zero(din, size_t(N) * C * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, qkvw_),
                       s_.attention_bias ? st.wgrad(g, qkvb_) : nullptr, d.dqkv, in,

@@ -136,10 +136,10 @@ const char* part_name(CheckpointPart p) {
 }
 
 // A frozen module's parameters (it has no master weights): `init`'s fp32 values a sub-group at a
-// time through one host piece, converted into its parameter home. A quantized module (`quant`)
-// is its stored bytes instead, quantized from `init`'s values by base_quant_fill.
+// time through one host piece, converted into its parameter home. A module stored in another
+// form (`fill`, Architecture::stored_fill) is its stored bytes instead, made from `init`'s values.
 Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManager::InitFn& init,
-                   const BaseQuant* quant, DType dt) {
+                   const Architecture::StoredFillFn& fill, DType dt) {
   Module& m = H.module(i);
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer piece, H.host_buf(piece_bytes(m.sub_len(0), 4), "init"),
                           "staging its parameters");
@@ -147,11 +147,9 @@ Status init_frozen(Homes& H, OptimizerPipeline& pipeline, int i, const TierManag
   const size_t es = dtype_size(dt);
   for (size_t j = 0; j < m.sub_groups(); ++j) {
     const size_t a = m.sub_start(j), len = m.sub_len(j);
-    if (quant) {
+    if (fill) {
       auto values = [&](size_t b, size_t c, float* out) { return init(i, b, c, out); };
-      STRATA_RETURN_IF_ERROR(
-          base_quant_fill(*quant, (m.off + a) * es, len * es, piece.as<uint8_t>(), values),
-          fmt::format("quantizing its {} bytes", base_quant_name(quant->kind)));
+      STRATA_RETURN_IF_ERROR(fill((m.off + a) * es, len * es, piece.as<uint8_t>(), values), "");
       STRATA_RETURN_IF_ERROR(pipeline.write_stored_params(i, j, piece.data()), "");
       continue;
     }
@@ -173,7 +171,7 @@ Status TierManager::init_state(const InitFn& init) {
     Module& m = H.module(int(i));
     const std::string what = "initializing " + m.name;
     if (m.frozen()) {  // parameters only: from `init` a sub-group at a time through one piece
-      STRATA_RETURN_IF_ERROR(init_frozen(H, *I.pipeline, int(i), init, I.quant[i].get(), I.dt),
+      STRATA_RETURN_IF_ERROR(init_frozen(H, *I.pipeline, int(i), init, I.stored_fill[i], I.dt),
                              what);
       continue;
     }

@@ -238,7 +238,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
       Homes::create(device, plan, rank, world, host_arena_bytes(need, options, shadow_extents),
                     I.opt, need.nvme.state > 0 ? &so : nullptr),
       "tier manager");
-  for (size_t m = 0; m < plan.size(); ++m) I.quant.push_back(arch.base_quant(int(m)));
+  for (size_t m = 0; m < plan.size(); ++m) I.stored_fill.push_back(arch.stored_fill(int(m)));
   I.cache = std::make_unique<DeviceCache>(*I.homes, I.opt, dt, I.sharded, I.counters, I.errors);
   I.pipeline = std::make_unique<OptimizerPipeline>(*I.homes, *I.cache, I.opt, dt, moment_dt,
                                                    I.sharded, I.counters);

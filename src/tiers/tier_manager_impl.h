@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "src/model/base_quant.h"
+#include "src/model/architecture.h"
 #include "src/tiers/activation_stash.h"
 #include "src/tiers/counters.h"
 #include "src/tiers/delayed_update.h"
@@ -34,8 +34,9 @@ struct TierManager::Impl {
   bool sharded = false;  // world size > 1
   TierCounters counters;
   AsyncError errors;
-  // Per module: how its parameters are stored when the base is quantized (nullptr: model dtype).
-  std::vector<std::shared_ptr<const BaseQuant>> quant;
+  // Per module: the fill of its stored bytes when it is not stored as model-dtype elements
+  // (Architecture::stored_fill; nullptr: model dtype).
+  std::vector<Architecture::StoredFillFn> stored_fill;
   std::unique_ptr<Homes> homes;
   std::unique_ptr<DeviceCache> cache;
   std::unique_ptr<OptimizerPipeline> pipeline;
