@@ -177,9 +177,6 @@ struct DecoderStep : BatchDims {
   void* state = nullptr;  // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;
   const LoraRun* lora = nullptr;
-  // Generation (DecoderKv): each token's position, device [B*T]; nullptr (training, eval):
-  // token t of a sequence is at position t.
-  const int32_t* pos = nullptr;
   void zero(void* p, size_t bytes) const { dev->memset_zero(*s, p, bytes); }
   static float* wgrad(float* g, size_t at) { return g ? g + at : nullptr; }
   // A norm's weight gradient at `at` (slot 0) or its bias's (slot 1, the n_embd after it).

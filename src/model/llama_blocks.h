@@ -215,7 +215,7 @@ class LlamaBlocks {
     const int W = qkv_width(), A = NH * hs;
     k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
                      s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
-    k.rope_forward(s, st.dt, a.qkv, rope_, st.B, st.T, NH, KVH, hs);
+    k.rope_forward(s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
     k.attention_decode(s, st.dt, a.atty, kv.k, kv.v, a.qkv, st.B, st.T, kv.pos0, kv.maxT, NH, KVH,
                        hs);
     k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
