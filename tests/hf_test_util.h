@@ -24,8 +24,8 @@ inline std::string fixture(const std::string& name) {
 
 // configs/tiny-cpu.json without its model section, with `model` and overrides.
 inline Result<Config> config_for(const nlohmann::json& model, std::vector<std::string> extra = {}) {
-  nlohmann::json doc = nlohmann::json::parse(
-      read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
+  nlohmann::json doc =
+      nlohmann::json::parse(read_file(std::string(STRATA_SOURCE_DIR) + "/configs/tiny-cpu.json"));
   doc.erase("model");
   doc["scheduler"]["params"]["warmup_num_steps"] = 1;
   if (!model.is_null()) doc["model"] = model;

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "src/checkpoint/checkpoint.h"
-#include "src/model/architecture.h"
 #include "src/hf/master_weights.h"
+#include "src/model/architecture.h"
 #include "src/model/generate.h"
 #include "src/tiers/placement.h"
 #include "src/train/process_memory.h"
@@ -150,8 +150,8 @@ Result<nlohmann::json> tokenizer(const std::string& mode, const std::string& dir
 }
 
 // The device generation runs on: `backend` (device.backend with auto settled: cuda or cpu).
-// The CPU backend's memory is the host's: device.memory_limit, else `need` bytes. A device with
-// less than `need` is refused, naming what to change.
+// The CPU backend's memory is the host's: at least `need` bytes. A GPU with less than `need` is
+// refused, naming what to change.
 Result<std::unique_ptr<Device>> open_device(const Config& cfg, const std::string& backend,
                                             uint64_t need) {
   if (!cfg.device.simulate.empty()) {
@@ -168,7 +168,9 @@ Result<std::unique_ptr<Device>> open_device(const Config& cfg, const std::string
     STRATA_ASSIGN_OR_RETURN(dev, create_cuda_device(o), "generate: device.backend cuda");
   } else {
     CpuDeviceOptions o;
-    o.capacity = cfg.device.memory_limit > 0 ? cfg.device.memory_limit : size_t(need);
+    // Training's device.memory_limit models a GPU's memory; generation's share of the host's
+    // is what it needs (checked against the host's memory before).
+    o.capacity = std::max(cfg.device.memory_limit, size_t(need));
     o.threads = cfg.device.cpu_threads;
     STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(o), "generate: device.backend cpu");
   }
@@ -320,11 +322,11 @@ int cmd_generate(int argc, char** argv) {
   if (avail > 0 && host_need > avail) {
     return cli.fail(fmt::format(
         "the model's fp32 weights{} take {} ({} parameters, context {}); {} leaves {}: strata "
-        "generate reads the whole model in fp32 on the host{}: use a smaller model, or a "
+        "generate reads the whole model in fp32 in host memory{}: use a smaller model, or a "
         "shorter model.context",
         backend == "cpu" ? ", activations and key/value cache" : "",
-        format_bytes(double(host_need)), (*arch)->layout().num_params(), cfg->model.context,
-        limit, format_bytes(double(avail)),
+        format_bytes(double(host_need)), (*arch)->layout().num_params(), cfg->model.context, limit,
+        format_bytes(double(avail)),
         backend == "cpu" ? " and runs it there (device.backend cpu)" : ""));
   }
   auto device = open_device(*cfg, backend, need.device);

@@ -139,9 +139,8 @@ class KernelsWrapper : public Kernels {
                uint64_t key) override {
     k_->dropout(s, dt, out, in, n, p, key);
   }
-  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache,
-                        const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
-                        int hs) override {
+  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache, const void* qkv,
+                        int B, int T, int pos0, int maxT, int NH, int KVH, int hs) override {
     k_->attention_decode(s, dt, out, kcache, vcache, qkv, B, T, pos0, maxT, NH, KVH, hs);
   }
   void quantize(Stream& s, int bits, DType dt, void* q, float* scales, const void* x, size_t n,

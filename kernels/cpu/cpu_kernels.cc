@@ -175,9 +175,8 @@ class CpuKernels final : public Kernels {
                uint64_t key) override {
     run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });
   }
-  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache,
-                        const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
-                        int hs) override {
+  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache, const void* qkv,
+                        int B, int T, int pos0, int maxT, int NH, int KVH, int hs) override {
     check_heads(NH, KVH, hs);
     run(s, [=] {
       cpu::attention_decode(dt, out, kcache, vcache, qkv, B, T, pos0, maxT, NH, KVH, hs);

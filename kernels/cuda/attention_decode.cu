@@ -98,10 +98,10 @@ Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, 
                              int hs) {
   if (!cuda_attention_decode_supported(hs) || KVH < 1 || NH % KVH != 0 || pos0 < 0 ||
       pos0 + T > maxT) {
-    return invalid_argument("attention_decode: NH=" + std::to_string(NH) + " KVH=" +
-                            std::to_string(KVH) + " hs=" + std::to_string(hs) + " positions " +
-                            std::to_string(pos0) + " + " + std::to_string(T) + " of " +
-                            std::to_string(maxT) + " out of range");
+    return invalid_argument("attention_decode: NH=" + std::to_string(NH) +
+                            " KVH=" + std::to_string(KVH) + " hs=" + std::to_string(hs) +
+                            " positions " + std::to_string(pos0) + " + " + std::to_string(T) +
+                            " of " + std::to_string(maxT) + " out of range");
   }
   if (B == 0 || T == 0) return Status::ok();
   const size_t n = size_t(B) * T * KVH * hs;

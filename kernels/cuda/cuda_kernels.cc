@@ -226,9 +226,8 @@ class CudaKernels final : public Kernels {
     run("dropout", s,
         [&](CudaStream& cs) { return cuda_dropout(cs.handle, dt, out, in, n, p, key); });
   }
-  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache,
-                        const void* qkv, int B, int T, int pos0, int maxT, int NH, int KVH,
-                        int hs) override {
+  void attention_decode(Stream& s, DType dt, void* out, void* kcache, void* vcache, const void* qkv,
+                        int B, int T, int pos0, int maxT, int NH, int KVH, int hs) override {
     run("attention_decode", s, [&](CudaStream& cs) {
       return cuda_attention_decode(cs.handle, dt, out, kcache, vcache, qkv, B, T, pos0, maxT, NH,
                                    KVH, hs);

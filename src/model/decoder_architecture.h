@@ -559,15 +559,17 @@ class DecoderArchitecture final : public Architecture {
   }
   Result<std::unique_ptr<KvDecoder>> create_kv_decoder(Device& device, DType dt) const override {
     if (!lora_.empty()) {
-      return unavailable("a model with LoRA adapters has no key/value cache: generation runs the "
-                         "merged weights on the model without them");
+      return unavailable(
+          "a model with LoRA adapters has no key/value cache: generation runs the "
+          "merged weights on the model without them");
     }
     const KernelSupport ks = device.kernels().supports(
         KernelOp::kAttentionDecode, OpShape{.dt = dt, .hs = blocks_.head_size()});
     if (!ks) return unavailable("the kernels have no cached attention: " + ks.path);
     auto d = std::make_unique<DecoderKv<Blocks>>(device, blocks_, shape_, dt);
     STRATA_RETURN_IF_ERROR(d->allocate(), fmt::format("allocating the key/value cache for {} "
-                                                      "positions", shape_.context));
+                                                      "positions",
+                                                      shape_.context));
     return std::unique_ptr<KvDecoder>(std::move(d));
   }
   size_t kv_decoder_bytes(DType dt) const override {

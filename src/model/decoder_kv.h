@@ -37,8 +37,7 @@ class DecoderKv final : public KvDecoder {
     typename Blocks::MlpActs mlp;
     std::vector<void*> k, v;  // per layer [maxT, KVH * hs]
   };
-  static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, DType dt,
-                    Buffers* m) {
+  static void carve(Carver& c, const Blocks& blocks, const ModelConfig& sh, DType dt, Buffers* m) {
     // The fused attention's sizes: a layer keeps no [T, T] probabilities here.
     const BatchDims d{1, sh.context, dt, true};
     const size_t N = d.N(), NC = N * size_t(sh.n_embd) * d.es();
@@ -99,9 +98,9 @@ class DecoderKv final : public KvDecoder {
                  void* logits_out) override {
     const int n = int(tokens.size()), C = sh_.n_embd;
     if (n < 1 || pos_ + int64_t(n) > sh_.context) {
-      return invalid_argument(fmt::format(
-          "the cache holds model.context {} positions: {} already run, {} more asked", sh_.context,
-          pos_, n));
+      return invalid_argument(
+          fmt::format("the cache holds model.context {} positions: {} already run, {} more asked",
+                      sh_.context, pos_, n));
     }
     Device& dev = *st_.dev;
     Kernels& k = *st_.k;
@@ -119,8 +118,8 @@ class DecoderKv final : public KvDecoder {
     for (int l = 0; l < sh_.n_layer; ++l) {
       const void* p = P(mods_.block(l));
       st_.layer = l;
-      st_.extra_params = X ? params.subspan(size_t(mods_.extra(l, 0)), X)
-                           : std::span<const void* const>();
+      st_.extra_params =
+          X ? params.subspan(size_t(mods_.extra(l, 0)), X) : std::span<const void* const>();
       blocks_.norm_forward(st_, NormSite::kBlockIn, p, buf_.x, buf_.ln1, buf_.n1);
       const KvLayer kv{buf_.k[size_t(l)], buf_.v[size_t(l)], pos_, sh_.context};
       blocks_.attention_decode(st_, p, buf_.ln1, buf_.att, kv, buf_.att_out);

@@ -44,9 +44,9 @@ class DeviceDecoder final : public Decoder {
     for (size_t m = 0; m < layout.modules.size(); ++m) {
       const size_t n = layout.modules[m].numel;
       STRATA_CHECK(weights[m].size() == n, "generate: a module's weights are not its size");
-      STRATA_ASSIGN_OR_RETURN(void* p, dev_.allocate(n * 4, "generate weights"),
-                              fmt::format("generate: module {} ({} bytes)", layout.modules[m].name,
-                                          n * 4));
+      STRATA_ASSIGN_OR_RETURN(
+          void* p, dev_.allocate(n * 4, "generate weights"),
+          fmt::format("generate: module {} ({} bytes)", layout.modules[m].name, n * 4));
       params_.push_back(p);
       dev_.copy_h2d(s, p, weights[m].data(), n * 4);
       STRATA_RETURN_IF_ERROR(dev_.synchronize(s), "generate: uploading the weights");
@@ -64,10 +64,9 @@ class DeviceDecoder final : public Decoder {
       }
     }
     if (!kv_) {
-      STRATA_ASSIGN_OR_RETURN(runner_,
-                              arch_.create_runner(dev_, 1, T, DType::kF32,
-                                                  ActivationMode::kRecompute),
-                              "generate: the window's runner");
+      STRATA_ASSIGN_OR_RETURN(
+          runner_, arch_.create_runner(dev_, 1, T, DType::kF32, ActivationMode::kRecompute),
+          "generate: the window's runner");
       window_.assign(size_t(T), 0);
       targets_.assign(size_t(T), 0);
       losses_.assign(size_t(T), 0.0f);
@@ -99,7 +98,8 @@ class DeviceDecoder final : public Decoder {
       row = logits_;
     } else {
       STRATA_RETURN_IF_ERROR(run_window(tokens), "generate");
-      row = logits_ + size_t(pos_ + int(tokens.size()) - 1) * size_t(arch_.shape().padded_vocab_size);
+      row =
+          logits_ + size_t(pos_ + int(tokens.size()) - 1) * size_t(arch_.shape().padded_vocab_size);
     }
     pos_ += int(tokens.size());
     out_.assign(row, row + V);
@@ -131,9 +131,9 @@ class DeviceDecoder final : public Decoder {
 
   const Architecture& arch_;
   Device& dev_;
-  std::vector<const void*> params_;  // every module's fp32 weights on the device
-  std::vector<float*> grads_;        // none: the eval program binds no gradients
-  std::unique_ptr<KvDecoder> kv_;    // the cached path, or
+  std::vector<const void*> params_;      // every module's fp32 weights on the device
+  std::vector<float*> grads_;            // none: the eval program binds no gradients
+  std::unique_ptr<KvDecoder> kv_;        // the cached path, or
   std::unique_ptr<ModelRunner> runner_;  // the window's
   std::vector<int32_t> window_, targets_;
   std::vector<float> losses_;
@@ -162,16 +162,19 @@ class OwningDecoder final : public Decoder {
 
 }  // namespace
 
-DecoderBytes decoder_bytes(const Architecture& arch) {
+DecoderBytes decoder_bytes(const Architecture& arch, DecodePath path) {
   // Each device allocation counted rounded up to 4 KiB (an allocator's alignment), and 64 KiB
   // for the few small ones (staging, the cache's token and position buffers).
   const auto round = [](uint64_t n) { return (n + 4095) / 4096 * 4096; };
   DecoderBytes b;
   b.host = arch.layout().num_params() * 4ull;
   for (const ModuleSpec& m : arch.layout().modules) b.device += round(m.numel * 4ull);
-  const uint64_t window =
-      arch.activation_plan(1, arch.context(), DType::kF32, ActivationMode::kRecompute).bytes;
-  b.device += round(std::max<uint64_t>(window, arch.kv_decoder_bytes(DType::kF32))) + (64 << 10);
+  const uint64_t cached = arch.kv_decoder_bytes(DType::kF32);
+  const uint64_t state =
+      path != DecodePath::kWindow && cached > 0
+          ? cached
+          : arch.activation_plan(1, arch.context(), DType::kF32, ActivationMode::kRecompute).bytes;
+  b.device += round(state) + (64 << 10);
   return b;
 }
 

@@ -36,22 +36,23 @@
 
 namespace strata {
 
-// What a decoder of `arch` allocates, for a check before anything is: `host`, the fp32 weights
-// of every module as the reader holds them before they reach the device; `device`, the weights in
-// fp32, the window runner's activations for one sequence of model.context tokens (an upper bound
-// of the cached decoder's) and the key/value cache.
-struct DecoderBytes {
-  uint64_t host = 0;
-  uint64_t device = 0;
-};
-DecoderBytes decoder_bytes(const Architecture& arch);
-
 // How a Decoder computes (see the top of this file).
 enum class DecodePath : uint8_t {
   kAuto,    // the cache where the kernels support it, else the window
   kCached,  // the cache; kUnavailable where the kernels lack it
   kWindow,  // the whole window each token
 };
+
+// What a decoder of `arch` on `path` allocates, for a check before anything is: `host`, the
+// fp32 weights of every module as the reader holds them before they reach the device; `device`,
+// the weights in fp32 and the path's state: the cached decoder's activations and cache
+// (kv_decoder_bytes; kAuto counts it where the architecture has one), or the window runner's
+// activations for one sequence of model.context tokens.
+struct DecoderBytes {
+  uint64_t host = 0;
+  uint64_t device = 0;
+};
+DecoderBytes decoder_bytes(const Architecture& arch, DecodePath path = DecodePath::kAuto);
 
 class Decoder {
  public:
