@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -309,8 +310,13 @@ int cmd_generate(int argc, char** argv) {
     std::string why;
     backend = cuda_device_available(&why) ? "cuda" : "cpu";
   }
-  // On the CPU backend the device's memory is the host's.
-  const uint64_t host_need = need.host + (backend == "cpu" ? need.device : 0);
+  // On the CPU backend the device's memory is the host's: each module's host copy is freed as
+  // it reaches the device, so at most one module is held twice.
+  uint64_t largest = 0;
+  for (const ModuleSpec& m : (*arch)->layout().modules)
+    largest = std::max<uint64_t>(largest, m.numel);
+  const uint64_t host_need =
+      backend == "cpu" ? std::max(need.host, need.device) + largest * 4 : need.host;
   uint64_t avail = host_available_bytes();
   const char* limit = "MemAvailable";
   struct rlimit rl {};
