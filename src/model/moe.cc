@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "src/model/decoder_architecture.h"
+#include "src/model/family.h"
 #include "src/model/llama_blocks.h"
 
 namespace strata {
@@ -540,6 +541,127 @@ class Qwen2MoeBlocks final : public MoeBlocks {
 Result<std::unique_ptr<Architecture>> create_moe(const ModelConfig& config) {
   if (config.type == "mixtral") return DecoderArchitecture<MixtralBlocks>::create(config);
   return DecoderArchitecture<Qwen2MoeBlocks>::create(config);
+}
+
+namespace {
+
+// A mixture's config.json: Llama's keys, then Mixtral's num_local_experts (its experts' width is
+// intermediate_size; its top-k always renormalized) or Qwen2-MoE's num_experts,
+// moe_intermediate_size, shared expert and norm_topk_prob (every layer sparse).
+Status moe_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
+                   HfShapeExtras* extras) {
+  STRATA_RETURN_IF_ERROR(llama_hf_read(in, arch, m, extras), "");
+  const nlohmann::json& c = in.json();
+  const bool mixtral = arch == "MixtralForCausalLM";
+  m->type = mixtral ? "mixtral" : "qwen2_moe";
+  STRATA_RETURN_IF_ERROR(
+      in.get_int(mixtral ? "num_local_experts" : "num_experts", -1, &m->num_experts), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("num_experts_per_tok", 2, &m->num_experts_per_tok), "");
+  const char* coef = "router_aux_loss_coef";
+  if (in.has(coef)) {
+    if (!c[coef].is_number() || !(c[coef].get<double>() >= 0)) {
+      return in.bad(coef, fmt::format("{} is not a number >= 0", c[coef].dump()));
+    }
+    m->router_aux_loss_coef = c[coef].get<double>();
+  }
+  if (mixtral) {
+    m->norm_topk_prob = true;
+    if (c.contains("router_jitter_noise") && c["router_jitter_noise"].is_number() &&
+        c["router_jitter_noise"].get<double>() != 0.0) {
+      return in.bad("router_jitter_noise",
+                    fmt::format("{}: strata's router does not jitter its input; set it to 0",
+                                c["router_jitter_noise"].dump()));
+    }
+    return Status::ok();
+  }
+  m->attention_bias = true;  // qkv_bias, true unless said otherwise
+  STRATA_RETURN_IF_ERROR(in.get_bool("qkv_bias", true, &m->attention_bias), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("moe_intermediate_size", -1, &m->moe_intermediate_size), "");
+  if (c.contains("shared_expert_intermediate_size") && c["shared_expert_intermediate_size"] != 0) {
+    STRATA_RETURN_IF_ERROR(
+        in.get_int("shared_expert_intermediate_size", 0, &m->shared_expert_intermediate_size), "");
+  }
+  STRATA_RETURN_IF_ERROR(in.get_bool("norm_topk_prob", false, &m->norm_topk_prob), "");
+  int step = 1;
+  STRATA_RETURN_IF_ERROR(in.get_int("decoder_sparse_step", 1, &step), "");
+  if (step != 1 || (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array() &&
+                    !c["mlp_only_layers"].empty())) {
+    return in.bad(step != 1 ? "decoder_sparse_step" : "mlp_only_layers",
+                  "strata's qwen2_moe has a mixture in every layer (decoder_sparse_step 1, no "
+                  "mlp_only_layers)");
+  }
+  return Status::ok();
+}
+
+void moe_hf_write(const ModelConfig& m, nlohmann::json* out) {
+  nlohmann::json& c = *out;
+  const bool mixtral = m.type == "mixtral";
+  c["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM"};
+  c["model_type"] = mixtral ? "mixtral" : "qwen2_moe";
+  llama_hf_write(m, out);
+  c["num_experts_per_tok"] = m.num_experts_per_tok;
+  c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  c["output_router_logits"] = false;
+  const int expert_width =
+      m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
+  if (mixtral) {
+    c["num_local_experts"] = m.num_experts;
+    c["intermediate_size"] = expert_width;
+    c["router_jitter_noise"] = 0.0;
+    c["sliding_window"] = nullptr;
+    return;
+  }
+  c["num_experts"] = m.num_experts;
+  c["moe_intermediate_size"] = expert_width;
+  c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  c["norm_topk_prob"] = m.norm_topk_prob;
+  c["qkv_bias"] = m.attention_bias;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = nlohmann::json::array();
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+}
+
+// Llama's keys, and the mixture's: Mixtral counts its experts in num_local_experts.
+std::string moe_hf_key(const std::string& type, const std::string& strata_key) {
+  if (strata_key == "model.num_experts") {
+    return type == "mixtral" ? "num_local_experts" : "num_experts";
+  }
+  for (const char* k : {"num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "router_aux_loss_coef"}) {
+    if (strata_key == std::string("model.") + k) return k;
+  }
+  return llama_hf_key(strata_key);
+}
+
+}  // namespace
+
+const ModelFamily& mixtral_family() {
+  static const ModelFamily kFamily{
+      .types = {"mixtral"},
+      .hf_architectures = {"MixtralForCausalLM"},
+      .create = create_moe,
+      .lora_default_targets = {"q_proj", "v_proj"},
+      .hf_read = moe_hf_read,
+      .hf_write = moe_hf_write,
+      .hf_key = moe_hf_key,
+      .hf_embedding = "model.embed_tokens.weight",
+  };
+  return kFamily;
+}
+
+const ModelFamily& qwen2_moe_family() {
+  static const ModelFamily kFamily{
+      .types = {"qwen2_moe"},
+      .hf_architectures = {"Qwen2MoeForCausalLM"},
+      .create = create_moe,
+      .lora_default_targets = {"q_proj", "v_proj"},
+      .hf_read = moe_hf_read,
+      .hf_write = moe_hf_write,
+      .hf_key = moe_hf_key,
+      .hf_embedding = "model.embed_tokens.weight",
+  };
+  return kFamily;
 }
 
 }  // namespace strata
