@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Offload on a fast device, simulated: the GPU check's training shapes on `device.simulate`.
 
-    tests/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
+    tests/bench/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
                                 [--models gpt2,llama] [--llama-layers 8] [--set key=value ...]
 
 The CPU backend with a simulated device (docs/ARCHITECTURE.md, "A fast device, simulated"):
