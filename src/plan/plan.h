@@ -268,8 +268,8 @@ struct PlanOption {
   // optimizer's pass that such a step waits on, per node: deferred into the next forward (the
   // first micro-batch's forward waits module by module on them), or after backward (what the
   // read-ahead under backward and the writes that drain behind leave). step_deferred_s and
-  // step_plain_s are these over the disk's rates; tests/bench/bench_step_bound.sh puts fio's rate on
-  // the same bytes (the schedule's own bound). Zero without the overlap.
+  // step_plain_s are these over the disk's rates; tests/bench/bench_step_bound.sh puts fio's rate
+  // on the same bytes (the schedule's own bound). Zero without the overlap.
   struct PassBytes {
     uint64_t read = 0, write = 0;
   } deferred_pass, after_backward_pass;
