@@ -126,8 +126,28 @@ class MoeBlocks : public LlamaBlocks {
         rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
-  // LoRA is not built for a mixture's blocks (its router and experts have no adapter sites).
-  std::vector<LoraSite> lora_sites() const { return {}; }
+  // LoRA's sites: the attention's q|k|v and o_proj, and Qwen2-MoE's shared expert (gate|up,
+  // down_proj, its gate): the linear layers transformers' mixtures have, which PEFT's
+  // target_modules (and "all-linear") select. The router and the experts are parameters of the
+  // block, not linear layers, there: they stay frozen.
+  enum MoeMatmul { kSharedGateUp = kDown + 1, kSharedDown, kSharedGate };
+  std::vector<LoraSite> lora_sites() const {
+    std::vector<LoraSite> sites;
+    for (LoraSite& site : LlamaBlocks::lora_sites()) {
+      if (site.matmul == kQkv || site.matmul == kO) sites.push_back(std::move(site));
+    }
+    if (Is_ > 0) {
+      const int C = s_.n_embd;
+      sites.push_back(
+          {"mlp.shared_expert.gate_proj", kSharedGateUp, C, Is_, 0, 2 * Is_, "shared_gate_proj"});
+      sites.push_back(
+          {"mlp.shared_expert.up_proj", kSharedGateUp, C, Is_, Is_, 2 * Is_, "shared_gate_proj"});
+      sites.push_back(
+          {"mlp.shared_expert.down_proj", kSharedDown, Is_, C, 0, C, "shared_down_proj"});
+      sites.push_back({"mlp.shared_expert_gate", kSharedGate, C, 1, 0, 1, "shared_expert_gate"});
+    }
+    return sites;
+  }
 
   // ---- activations ----------------------------------------------------------------------------
   // Per block (R = N*K routed rows, grouped by expert): the router's logits, each row's token
@@ -318,6 +338,7 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
   dev.copy_d2h(s, rs.staging, a.logits, size_t(N) * E_ * es);
   if (Is_ > 0) {
     k.matmul_forward(s, st.dt, a.sgl, in, param(p, st, sgatew_), nullptr, N, C, 1);
+    st.lora_forward(kSharedGate, in, a.sgl);
     dev.copy_d2h(s, rs.staging + size_t(N) * E_ * es, a.sgl, size_t(N) * es);
   }
   if (Status e = dev.synchronize(s); !e.is_ok()) {
@@ -359,8 +380,10 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
   }
   if (Is_ > 0) {
     k.matmul_forward(s, st.dt, a.sgu, in, param(p, st, sguw_), nullptr, N, C, 2 * Is_);
+    st.lora_forward(kSharedGateUp, in, a.sgu);
     k.swiglu_forward(s, st.dt, a.sact, a.sgu, N, Is_);
     k.matmul_forward(s, st.dt, a.sh, a.sact, param(p, st, sdownw_), nullptr, N, Is_, C);
+    st.lora_forward(kSharedDown, a.sact, a.sh);
     k.scatter_add_rows(s, st.dt, out, a.sh, a.iota, a.sg, N, C);
   }
 }
@@ -386,12 +409,13 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.row_dots(s, st.dt, d.dw + r0, dout, a.idx + r0, y, n, C);
     k.gather_rows(s, st.dt, dy, dout, a.idx + r0, a.w + r0, n, C);
     st.zero(dact, size_t(n) * Ie_ * es);
-    k.matmul_backward(s, st.dt, dact, ge + 2 * size_t(Ie_) * C, nullptr, dy, act,
+    k.matmul_backward(s, st.dt, dact, st.wgrad(ge, 2 * size_t(Ie_) * C), nullptr, dy, act,
                       expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C);
     st.zero(dgu, size_t(n) * 2 * Ie_ * es);
     k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);
     st.zero(dx, size_t(n) * C * es);
-    k.matmul_backward(s, st.dt, dx, ge, nullptr, dgu, x, expert_param(st, e, 0), n, C, 2 * Ie_);
+    k.matmul_backward(s, st.dt, dx, st.wgrad(ge, 0), nullptr, dgu, x, expert_param(st, e, 0), n, C,
+                      2 * Ie_);
     k.scatter_add_rows(s, st.dt, din, dx, a.idx + r0, nullptr, n, C);
   }
   if (Is_ > 0) {
@@ -399,12 +423,14 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.row_dots(s, st.dt, d.dsg, dout, a.iota, a.sh, N, C);
     k.gather_rows(s, st.dt, d.dsh, dout, a.iota, a.sg, N, C);
     st.zero(d.dsact, size_t(N) * Is_ * es);
-    k.matmul_backward(s, st.dt, d.dsact, g + sdownw_, nullptr, d.dsh, a.sact, param(p, st, sdownw_),
-                      N, Is_, C);
+    k.matmul_backward(s, st.dt, d.dsact, st.wgrad(g, sdownw_), nullptr, d.dsh, a.sact,
+                      param(p, st, sdownw_), N, Is_, C);
+    st.lora_backward(kSharedDown, a.sact, d.dsh, d.dsact);
     st.zero(d.dsgu, size_t(N) * 2 * Is_ * es);
     k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);
-    k.matmul_backward(s, st.dt, din, g + sguw_, nullptr, d.dsgu, in, param(p, st, sguw_), N, C,
-                      2 * Is_);
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, sguw_), nullptr, d.dsgu, in, param(p, st, sguw_),
+                      N, C, 2 * Is_);
+    st.lora_backward(kSharedGateUp, in, d.dsgu, din);
   }
   // The routing weights' gradients come to the host, which returns the router logits'.
   float* dw = reinterpret_cast<float*>(rs.staging);
@@ -452,14 +478,15 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
   char* up = rs.staging;
   convert(dlogits.data(), DType::kF32, up, st.dt, dlogits.size());
   dev.copy_h2d(s, d.dlogits, up, dlogits.size() * es);
-  k.matmul_backward(s, st.dt, din, g + routerw_, nullptr, d.dlogits, in, param(p, st, routerw_), N,
-                    C, E_);
+  k.matmul_backward(s, st.dt, din, st.wgrad(g, routerw_), nullptr, d.dlogits, in,
+                    param(p, st, routerw_), N, C, E_);
   if (Is_ > 0) {
     char* up2 = up + dlogits.size() * es;
     convert(dsgl.data(), DType::kF32, up2, st.dt, dsgl.size());
     dev.copy_h2d(s, d.dsgl, up2, dsgl.size() * es);
-    k.matmul_backward(s, st.dt, din, g + sgatew_, nullptr, d.dsgl, in, param(p, st, sgatew_), N, C,
-                      1);
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, sgatew_), nullptr, d.dsgl, in,
+                      param(p, st, sgatew_), N, C, 1);
+    st.lora_backward(kSharedGate, in, d.dsgl, din);
   }
 }
 
