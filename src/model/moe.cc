@@ -663,10 +663,13 @@ std::string moe_hf_key(const std::string& type, const std::string& strata_key) {
 
 }  // namespace
 
-const ModelFamily& mixtral_family() {
-  static const ModelFamily kFamily{
-      .types = {"mixtral"},
-      .hf_architectures = {"MixtralForCausalLM"},
+namespace {
+
+// A mixture's family: Llama's block with experts, read and written by moe_hf_read/write.
+ModelFamily moe_family(const char* type, const char* hf_architecture) {
+  return {
+      .types = {type},
+      .hf_architectures = {hf_architecture},
       .create = create_moe,
       .lora_default_targets = {"q_proj", "v_proj"},
       .hf_read = moe_hf_read,
@@ -674,20 +677,17 @@ const ModelFamily& mixtral_family() {
       .hf_key = moe_hf_key,
       .hf_embedding = "model.embed_tokens.weight",
   };
+}
+
+}  // namespace
+
+const ModelFamily& mixtral_family() {
+  static const ModelFamily kFamily = moe_family("mixtral", "MixtralForCausalLM");
   return kFamily;
 }
 
 const ModelFamily& qwen2_moe_family() {
-  static const ModelFamily kFamily{
-      .types = {"qwen2_moe"},
-      .hf_architectures = {"Qwen2MoeForCausalLM"},
-      .create = create_moe,
-      .lora_default_targets = {"q_proj", "v_proj"},
-      .hf_read = moe_hf_read,
-      .hf_write = moe_hf_write,
-      .hf_key = moe_hf_key,
-      .hf_embedding = "model.embed_tokens.weight",
-  };
+  static const ModelFamily kFamily = moe_family("qwen2_moe", "Qwen2MoeForCausalLM");
   return kFamily;
 }
 
