@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "src/plan/plan_parts.h"
+#include "strata/simulated_device.h"
 
 namespace strata {
 namespace {
@@ -102,6 +103,22 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   return x;
 }
 
+// Compute on the simulated device (MachineProfile::simulated): the GEMMs (the architecture's
+// FLOPs at T = 0, which leave attention's T x T products out) at its GEMM rate, attention's
+// products (the rest: forward, recomputed and backward) at its attention rates, by the rule its
+// kernels charge (simulated_attention_seconds).
+double simulated_compute_s(const PlanRequest& r, const PlanMemory& mem) {
+  const SimulatedDeviceOptions& sim = r.profile.sim;
+  const FlopsPerToken all = mem.arch->flops_per_token(r.seq(), r.activations());
+  const FlopsPerToken gemm = mem.arch->flops_per_token(0, r.activations());
+  const double tokens = double(r.micro_batch()) * r.seq() * r.accumulation();
+  const double square_fwd = (all.forward - gemm.forward) * tokens;
+  const double square_rec = (all.recompute - gemm.recompute) * tokens;
+  return gemm.train() * tokens / (sim.gemm_tflops * 1e12) +
+         simulated_attention_seconds(sim, square_fwd + square_rec, /*backward=*/false) +
+         simulated_attention_seconds(sim, square_fwd, /*backward=*/true);
+}
+
 // Each term of the step alone: its bytes or FLOPs over the profile's rate.
 void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& peaks,
                 const StepTraffic& x, TimeTerms& t) {
@@ -111,6 +128,7 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   const uint64_t es = dtype_size(r.dtype());
   t.gemm_flops = gemm_rate_at(pf, r.config.model.n_embd, r.micro_batch() * r.seq());
   t.compute_s = x.flops / t.gemm_flops;
+  if (pf.simulated) t.compute_s = simulated_compute_s(r, mem);
   t.link_s = x.link / (pf.link_gbps.value * 1e9);
   // Every local rank shares the node's NVMe bandwidth.
   t.nvme_s = double(W) * (x.nvme_read / (pf.nvme_read_gbps.value * 1e9) +
@@ -201,6 +219,21 @@ OptimizerWindows optimizer_windows(const Placement& where, const PlanMemory& mem
   return w;
 }
 
+// TimeTerms::expected_s and schedule, from step_s, step_after_s and clipped_deferred.
+void expected_schedule(const PlanRequest& r, TimeTerms& t) {
+  const std::string after = t.clipped_deferred ? "next forward" : "after backward";
+  const Config& c = r.config;
+  const bool clips = !c.device.simulate.empty() && c.gradient_clipping > 0 &&
+                     c.device.simulate_grad_norm > c.gradient_clipping;
+  const std::string& spec = c.strata.optimizer_speculate;
+  // "auto" speculates on the CPU backend (the device is the host); elsewhere it keeps the faster.
+  const bool under_backward =
+      !clips && (spec == "always" ||
+                 (spec == "auto" && (r.profile.cpu_backend || t.step_s <= t.step_after_s)));
+  t.expected_s = under_backward ? t.step_s : t.step_after_s;
+  t.schedule = under_backward ? "under backward" : after;
+}
+
 // The name of the largest term.
 std::string bottleneck_of(const TimeTerms& t) {
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
@@ -258,6 +291,8 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   t.bottleneck = bottleneck_of(t);
   if (!overlap) {
     t.step_after_s = t.step_deferred_s = t.step_plain_s = plain;
+    t.expected_s = plain;
+    t.schedule = "plain";
     return out;
   }
   // The optimizer under backward starts with the last micro-batch's backward (a backward
@@ -329,6 +364,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   t.step_after_s = t.clipped_deferred ? t.step_deferred_s : after_backward;
   t.step_plain_s = after_backward;
   t.falls_back = may_fall_back;
+  expected_schedule(r, t);
   if (!may_fall_back) {  // nothing can make a step fall back
     t.step_after_s = t.step_deferred_s = t.step_s;
     t.step_plain_s = plain;
