@@ -88,6 +88,15 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   ASSERT_TRUE(under.is_ok());
   EXPECT_EQ(under->time.schedule, "under backward");
   EXPECT_EQ(under->time.expected_s, under->time.step_s);
+  // The simulated copies are the host's memcpys: under backward they share the host with the
+  // optimizer (a GPU's DMA would not), so the step holds both.
+  EXPECT_GE(under->time.step_s, under->time.cpu_optim_s + under->time.link_s);
+  PlanRequest gpu = r;
+  gpu.profile.simulated = false;
+  gpu.config.strata.optimizer_speculate = "always";
+  auto dma = evaluate_placement(gpu, find_placement("opt-host"));
+  ASSERT_TRUE(dma.is_ok());
+  EXPECT_LT(dma->time.step_s, under->time.step_s);
   r.config.strata.optimizer_speculate = "never";
   r.config.strata.optimizer_defer = "always";
   auto deferred = evaluate_placement(r, find_placement("opt-host"));

@@ -13,7 +13,10 @@ namespace {
 struct StepTraffic {
   double flops = 0;
   double fetch = 0;  // parameter bytes fetched to the device
-  double link = 0;   // bytes crossing host<->device
+  // Of link: the new parameters the optimizer's pass copies to the device (params on the
+  // device: those the host steps; elsewhere: the cached copies' write-through).
+  double publish = 0;
+  double link = 0;  // bytes crossing host<->device
   double nvme_read = 0, nvme_write = 0;
   double nvme_param_read = 0;  // of nvme_read: the NVMe-homed parameters' fetches
   double forward_groups = 1;   // forward passes a step: ceil(A / K)
@@ -67,11 +70,13 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     x.fetch = pbytes * (x.forward_groups + x.backwards) * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
-    x.link += x.fetch + double(s.trained) * es * cached;
+    x.publish = double(s.trained) * es * cached;
+    x.link += x.fetch + x.publish;
   } else if (!pf.cpu_backend) {
     // New low-precision params back to the device (the CPU backend's host-stepped optimizer
     // writes a host-addressable device's parameters in place: nothing crosses).
-    x.link += double(s.opt_host) * es;
+    x.publish = double(s.opt_host) * es;
+    x.link += x.publish;
   }
   // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
   // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.
@@ -282,10 +287,18 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   // they add; NVMe transfers run on I/O threads under the optimizer. The device's optimizer
   // runs in the compute stream's order: it adds to compute (comp) on either backend.
   const double comp = t.compute_s + t.device_optim_s;
-  const double plain =
-      pf.cpu_backend
-          ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
-          : std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
+  // A simulated device's copies are the host's memcpys (MachineProfile::simulated), on the
+  // cores and memory the CPU optimizer uses: the pass's own (the new parameters to the device)
+  // follow each module's step, so they add to the optimizer (host_opt); the rest (gradient
+  // drains, fetches) run beside the device's compute (link) and, under backward, beside the
+  // optimizer too (under_bwd). A GPU's DMA copies take none of the host's time.
+  const double publish_s = pf.simulated ? x.publish / (pf.link_gbps.value * 1e9) : 0.0;
+  const double host_opt = t.cpu_optim_s + publish_s;
+  const double link = t.link_s - publish_s;
+  const double under_bwd = pf.simulated ? host_opt + link : t.cpu_optim_s;
+  const double plain = pf.cpu_backend
+                           ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
+                           : std::max({comp, link, t.collectives_s}) + std::max(host_opt, t.nvme_s);
   t.hidden_share = 0;
   t.step_s = plain;
   t.bottleneck = bottleneck_of(t);
@@ -327,9 +340,9 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
         {cl + t.collectives_s + t.cpu_optim_s,
          cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
   } else {
-    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    const double dev = std::max({comp, link, t.collectives_s});
     t.step_deferred_s =
-        std::max(dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+        std::max(dev * (1.0 - f0) + std::max({host_opt, window_deferred, dev * f0}), t.nvme_s);
   }
   double after_backward = 0;
   if (pf.cpu_backend) {
@@ -337,8 +350,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
         comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, window_after), t.nvme_s);
   } else {
     after_backward = std::max(
-        std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, window_after),
-        t.nvme_s);
+        std::max({comp, link, t.collectives_s}) + std::max(host_opt, window_after), t.nvme_s);
   }
   double overlapped = 0;
   if (pf.cpu_backend) {
@@ -346,9 +358,9 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
     overlapped =
         std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window_s, t.nvme_s});
   } else {
-    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    const double dev = std::max({comp, link, t.collectives_s});
     const double start = t.compute_s * start_share;  // before the device optimizer
-    overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window_s), t.nvme_s});
+    overlapped = std::max({dev, start + std::max(under_bwd, window_s), t.nvme_s});
   }
   // Modules without room for their undo copies are stepped after backward.
   t.hidden_share = peaks.host.undo < peaks.undo_wanted
