@@ -192,8 +192,9 @@ Status advise_optimizer_ratio(PlanReport& report, int option) {
     const double b = double(m.master.bytes + m.moments.bytes);
     if (b <= 0) continue;
     const double keep = before + b / 2.0;
-    ratios.push_back(std::round((1.0 - keep / total) * 1e4) / 1e4);
     before += b;
+    // The last: every module's on the device, ratio 0.
+    ratios.push_back(before >= total ? 0.0 : std::round((1.0 - keep / total) * 1e4) / 1e4);
   }
   RatioAdvice advice;
   advice.option = option;
