@@ -3,7 +3,7 @@
 
     tests/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
                                 [--models gpt2,llama] [--llama-layers 8] [--set key=value ...]
-                                [--profile FILE] [--no-ratio]
+                                [--profile FILE] [--fastest] [--no-ratio]
 
 The CPU backend with a simulated device (docs/ARCHITECTURE.md, "A fast device, simulated"):
 every kernel takes the preset GPU's modeled time, while copies, the CPU optimizer, the tiers
@@ -24,8 +24,9 @@ simulated device; the bit-identity of the schedules is the tests' (schedule_fuzz
 
 Beside each row, what `strata plan --config` predicts for the same config (the simulated
 device's rates for compute, the host's profile -- `strata probe`, run first unless --profile
-names one -- for the CPU optimizer and the copies): "planner ms", the step of the schedule the
-row runs (TimeTerms::expected_s), and measured / planned. Then, unless --no-ratio, per norm the
+names one -- for the CPU optimizer and the copies; with --fastest each rate from its fastest
+pass, the host's capability when other work shares it): "planner ms", the step of the
+schedule the row runs (TimeTerms::expected_s), and measured / planned. Then, unless --no-ratio, per norm the
 zero_optimization.offload_optimizer.ratio the planner recommends for the placement (the least
 optimizer state on the device whose expected step is within 5% of the fastest) run with the
 "auto" schedules: its step against max(all on the device, optimizer alone) and the plain one.
@@ -92,12 +93,14 @@ def run(exe, cfg_path, sets, workdir, name):
                                                  "tokens_per_s")}
 
 
-def plan(exe, cfg_path, sets, workdir, name, profile):
+def plan(exe, cfg_path, sets, workdir, name, profile, fastest=False):
     """`strata plan --config` for a row: (expected step s, schedule, the ratio advice or None)."""
     out_json = os.path.join(workdir, name + ".plan.json")
     cmd = [exe, "plan", "--config", cfg_path, "--json", out_json, "--force"]
     if profile:
         cmd += ["--profile", profile]
+    if fastest:
+        cmd += ["--fastest"]
     for s in sets:
         cmd += ["--set", s]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -121,6 +124,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--profile", default="",
                     help="the host's `strata probe --json` profile (default: probe first)")
+    ap.add_argument("--fastest", action="store_true",
+                    help="the profile's rates from their fastest passes (strata plan --fastest)")
     ap.add_argument("--no-ratio", action="store_true",
                     help="skip the rows with the planner's offload_optimizer.ratio")
     a = ap.parse_args()
@@ -144,10 +149,11 @@ def main():
                 sys.stderr.write(out.stdout + out.stderr)
                 raise SystemExit(f"strata probe exited {out.returncode}")
         prof = json.load(open(profile))
-        print(f"host profile: CPU optimizer {prof['cpu_optimizer']['params_per_s'] / 1e6:.0f} "
-              f"Mparam/s, copy {prof['host']['copy_gbps']:.1f} GB/s"
-              if "host" in prof and "copy_gbps" in prof.get("host", {}) else
-              f"host profile: {profile}")
+        opt, copy = prof["cpu_optimizer"], prof["host"]
+        print(f"host profile: CPU optimizer {opt['params_per_s'] / 1e6:.0f} Mparam/s (fastest "
+              f"{max(t['spread']['max'] for t in opt['by_threads']) / 1e6:.0f}), copy "
+              f"{copy['copy_gbps']:.1f} GB/s (fastest {copy['copy_spread']['max']:.1f})"
+              f"{'; the planner takes the fastest' if a.fastest else ''}")
         for key in a.models.split(","):
             title, cfg, placements = models[key]
             cfg_path = os.path.join(work, key + ".json")
@@ -167,7 +173,8 @@ def main():
                       ("plain", ["strata.optimizer.overlap=false"])],
             }
             results = {}
-            planned = {}
+            planned = {"device": plan(exe, cfg_path, a.sets, work, f"{key}-device", profile,
+                                      a.fastest)}
             ratios = {}
             for pname, (pdev, odev) in placements:
                 for norm, scheds in schedules.items():
@@ -177,17 +184,17 @@ def main():
                     for sname, sets in scheds:
                         planned[(pname, norm, sname)] = plan(
                             exe, cfg_path, place + sets + a.sets, work,
-                            f"{key}-{norm}-{sname.replace(' ', '_')}", profile)
+                            f"{key}-{norm}-{sname.replace(' ', '_')}", profile, a.fastest)
                     if not a.no_ratio:
                         _, _, advice = plan(exe, cfg_path, place + a.sets, work,
-                                            f"{key}-{norm}-ratio", profile)
+                                            f"{key}-{norm}-ratio", profile, a.fastest)
                         if advice and advice["ratio"] < 1:
                             rs = [f"zero_optimization.offload_optimizer.ratio={advice['ratio']}"]
                             sname = f"auto, ratio {advice['ratio']:g}"
                             scheds.append((sname, rs))
                             planned[(pname, norm, sname)] = plan(
                                 exe, cfg_path, place + rs + a.sets, work,
-                                f"{key}-{norm}-ratio-run", profile)
+                                f"{key}-{norm}-ratio-run", profile, a.fastest)
                             ratios[(pname, norm)] = advice
             for r in range(a.rounds):
                 jobs = [("device", [])]
@@ -206,7 +213,8 @@ def main():
             med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]}
                    for k, v in results.items()}
             dev = med["device"]["step_s"]
-            print(f"\n{title}: all on the device {dev * 1e3:.0f} ms a step")
+            print(f"\n{title}: all on the device {dev * 1e3:.0f} ms a step (planner "
+                  f"{planned['device'][0] * 1e3:.0f} ms)")
             print("| placement | norm | optimizer runs | step ms | fwd+bwd ms | optimizer ms | "
                   "step / max(device, opt alone) | plain / step | planner ms (schedule) | "
                   "measured / planned |")
