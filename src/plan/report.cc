@@ -377,12 +377,21 @@ std::string plan_table(const PlanReport& rep) {
   }
   for (const RatioAdvice& a : rep.ratio_advice) {
     const PlanOption& o = rep.options[size_t(a.option)];
-    s += fmt::format(
-        "{}: zero_optimization.offload_optimizer.ratio {:g} (the rest of the optimizer on the "
-        "device): expected {:.0f} ms/step {}, against {:.0f} at ratio 1 and {:.0f} the fastest "
-        "(ratio {:g}); {} ratios evaluated\n",
-        o.placement.name, a.ratio, a.time.expected_s * 1e3, a.time.schedule, a.step_at_1_s * 1e3,
-        a.fastest_s * 1e3, a.fastest_ratio, a.candidates);
+    if (a.ratio < 1.0) {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio {:g} (the first {:.0f}% of the "
+          "optimizer state on the device): expected {:.3g} s/step {}, against {:.3g} at ratio 1 "
+          "and {:.3g} the fastest (ratio {:g}); {} ratios evaluated\n",
+          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio), a.time.expected_s, a.time.schedule,
+          a.step_at_1_s, a.fastest_s, a.fastest_ratio, a.candidates);
+    } else {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio 1: optimizer state on the device gains "
+          "under {:.0f}% (the fastest, ratio {:g}: {:.3g} s/step against {:.3g}); {} ratios "
+          "evaluated\n",
+          o.placement.name, (kRatioSlack - 1.0) * 100.0, a.fastest_ratio, a.fastest_s,
+          a.step_at_1_s, a.candidates);
+    }
   }
   return s;
 }
