@@ -209,6 +209,57 @@ TEST_F(DeviceOptimizerTest, UnaddressableDeviceResumesBitIdentically) {
   fs::remove_all(dir);
 }
 
+// offload_optimizer.ratio (what `strata plan` chooses): the first modules stepped on the device,
+// the rest by the host's pipeline, under every exact schedule, on a GPU's paths and the CPU
+// backend's, with clipping that bites on most steps (0.1) and that never does (1000): every loss
+// and the final weights equal the same placement's with the overlap off.
+TEST_F(DeviceOptimizerTest, RatioKeepsThePlainBitsUnderEveryExactSchedule) {
+  const std::string dir = test::temp_dir("strata_devopt", "ratio_schedules");
+  const std::vector<std::vector<std::string>> schedules = {
+      {"strata.optimizer.speculate=\"always\"", "strata.optimizer.defer=\"always\""},
+      {"strata.optimizer.speculate=\"always\"", "strata.optimizer.defer=\"never\""},
+      {"strata.optimizer.speculate=\"never\"", "strata.optimizer.defer=\"always\""},
+      {"strata.optimizer.speculate=\"never\"", "strata.optimizer.defer=\"never\""},
+  };
+  int n = 0;
+  for (const bool addressable : {false, true}) {
+    for (const char* clip : {"gradient_clipping=0.1", "gradient_clipping=1000"}) {
+      const std::vector<std::string> placement = {
+          "zero_optimization.offload_optimizer.device=\"cpu\"",
+          "zero_optimization.offload_optimizer.ratio=0.6", clip};
+      auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), placement.begin(), placement.end());
+        return extra;
+      };
+      Outcome plain = train_wrapped(
+          tiny(dir + "/" + std::to_string(n++), with({"strata.optimizer.overlap=false"})),
+          addressable);
+      ASSERT_EQ(plain.result.losses.size(), 12u);
+      ASSERT_GT(plain.steps, 0) << "some modules stepped on the device";
+      for (const auto& sched : schedules) {
+        SCOPED_TRACE(::testing::Message() << (addressable ? "CPU paths, " : "GPU paths, ") << clip
+                                          << ", " << sched[0] << ", " << sched[1]);
+        Outcome r = train_wrapped(tiny(dir + "/" + std::to_string(n++), with(sched)), addressable);
+        ASSERT_EQ(r.result.losses.size(), 12u);
+        EXPECT_GT(r.steps, 0);
+        int clipped = 0;
+        for (uint8_t k : r.result.optimizer_schedule) clipped += k == 3 || k == 0;
+        // After the first step (which follows no norm), 0.1 clips every step, 1000 none.
+        if (std::string(clip).find("1000") == std::string::npos) {
+          EXPECT_GE(clipped, 11);
+        } else if (sched[0].find("always") != std::string::npos) {
+          EXPECT_EQ(clipped, 1);
+        }
+        for (size_t s = 0; s < 12; ++s) {
+          ASSERT_EQ(r.result.losses[s], plain.result.losses[s]) << "loss differs at step " << s + 1;
+        }
+        EXPECT_EQ(r.result.weights_crc, plain.result.weights_crc) << "final weights differ";
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST_F(DeviceOptimizerTest, UnaddressableDeviceRefusesWhatItCannotStep) {
   const std::string dir = test::temp_dir("strata_devopt", "refuse");
   TrainOptions o;

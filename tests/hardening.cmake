@@ -1,9 +1,12 @@
-# Adversarial cases (docs/RELIABILITY.md): hardening_test (in-process) and the command-line
-# cases that need the binary, a real mpirun and signals (hardening_cli_test.sh).
-strata_test(hardening_test ${CMAKE_CURRENT_LIST_DIR}/hardening_test.cc)
-# Round 2: the Hugging Face import and export, the metrics log, the checkpoint directory
-# (hardening2_test), and their command-line cases (hardening2_cli_test.sh).
-strata_test(hardening2_test ${CMAKE_CURRENT_LIST_DIR}/hardening2_test.cc)
+# Adversarial cases (docs/RELIABILITY.md), each with the unit it breaks (their shared helpers:
+# tests/adversarial_util.h): the checkpoint directory, checkpoint metadata, the stop signals,
+# links and swap files, the metrics log, inputs that crashed, the Hugging Face import and export;
+# and the command-line cases that need the binary, a real mpirun and signals
+# (hardening*_cli_test.sh).
+foreach(unit checkpoint_dir checkpoint_meta stop_signals safe_paths metrics_log input_errors
+        hf_guards)
+  strata_test(${unit}_test ${CMAKE_CURRENT_LIST_DIR}/${unit}_test.cc)
+endforeach()
 add_test(NAME hardening2_cli_test
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/hardening2_cli_test.sh $<TARGET_FILE:strata>
                  ${CMAKE_SOURCE_DIR})

@@ -30,3 +30,14 @@ if(strata_hf_python)
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(qlora_bnb_peft PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 endif()
+# A published-style LoRA recipe end to end (configs/lora-chat-recipe.json, README): Parquet chat
+# data through prepare_data, training, an exact resume, export --adapter (peft loads it where it
+# is installed) and generate, on the tiny Llama and Mixtral (tests/recipe_cli_test.sh; exit 77,
+# skipped, without transformers, jinja2 and pyarrow, which tools/dev.sh deps installs).
+if(strata_hf_python)
+  add_test(NAME lora_recipe
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/recipe_cli_test.sh $<TARGET_FILE:strata>
+                   ${CMAKE_SOURCE_DIR})
+  set_tests_properties(lora_recipe PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 ENVIRONMENT
+                       "STRATA_HF_PYTHON=${strata_hf_python}")
+endif()

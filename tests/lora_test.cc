@@ -174,7 +174,10 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
   EXPECT_EQ(compared, want) << "strata and peft adapt different layers";
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare, ::testing::Values("llama", "qwen2", "gpt2"));
+// The mixtures: the attention's adapters (and Qwen2-MoE's shared expert's), the router and the
+// experts frozen, gradients of the loss plus the router's auxiliary loss.
+INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
+                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe"));
 
 // Training with lora_dropout against peft: tests/fixtures/hf/lora-llama/reference_dropout
 // .safetensors is peft's loss and adapter gradients with each adapter's dropout drawing strata's

@@ -34,6 +34,17 @@ inline Result<Config> lora_config(const std::string& base, const json& lora,
 inline json fixture_lora(const std::string& base) {
   if (base == "gpt2")
     return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
+  if (base == "mixtral") {
+    return {
+        {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj"}}};
+  }
+  if (base == "qwen2-moe") {
+    return {{"r", 4},
+            {"lora_alpha", 8},
+            {"target_modules",
+             {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+              "shared_expert_gate"}}};
+  }
   return {{"r", 4},
           {"lora_alpha", 8},
           {"target_modules",

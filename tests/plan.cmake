@@ -31,3 +31,5 @@ add_test(NAME plan_cli_grads_default
          COMMAND strata plan --config ${CMAKE_SOURCE_DIR}/configs/hostmem-2b.json)
 set_tests_properties(plan_cli_grads_default PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
                      "asks for all-nvme: fits")
+# The planner on a simulated fast device: its compute, the schedule a run picks, the ratio.
+strata_test(plan_sim_test ${CMAKE_CURRENT_LIST_DIR}/plan_sim_test.cc)

@@ -192,7 +192,7 @@ TEST(Plan, TimeTermsAreBytesOverRates) {
       ASSERT_GT(wg, std::max(qg->time.cpu_optim_s, dg / 9));
       ASSERT_GT(dg * 8 / 9 + wg, qg->time.nvme_s);
       EXPECT_NEAR(qg->time.step_deferred_s, dg * 8 / 9 + wg, 1e-9);
-      // The pass's bytes, exported for tests/bench_step_bound.sh to put fio's rate on: the
+      // The pass's bytes, exported for tests/bench/bench_step_bound.sh to put fio's rate on: the
       // state's reads less the read-ahead's and the gradients' reads; the state's writes (after
       // backward, less the last sub-group's, which drains behind).
       EXPECT_NEAR(double(qg->deferred_pass.read), (S - ahead) + G, 1.0);

@@ -2,7 +2,8 @@
 """Checks that peft loads what `strata export --adapter` writes and gives strata's eval loss,
 and that transformers loads a LoRA run's merged `strata export` with the same loss.
 
-For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}) and each lora section of
+For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2,mixtral,qwen2-moe}) and each lora
+section of
 RUNS (r 4, alpha 8, every block linear layer; then PEFT's wider vocabulary: lora_dropout,
 use_rslora, target_modules "all-linear" and regular expressions): `strata train` a LoRA run (6
 steps at lr 1e-2, fp32, so B is far from its zero start) from model.from_pretrained; `strata
@@ -45,7 +46,16 @@ RUNS = [
     ("gpt2-regex-rslora", "gpt2",
      {"r": 4, "lora_alpha": 8, "use_rslora": True,
       "target_modules": r"transformer\.h\.\d+\.(attn\.c_attn|mlp\.c_fc)"}),
+    # The mixtures: "all-linear" is the attention (and Qwen2-MoE's shared expert and its gate);
+    # the router and the experts are not linear layers in transformers.
+    ("mixtral-all-linear-dropout", "mixtral",
+     {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "lora_dropout": 0.05}),
+    ("qwen2-moe-all-linear", "qwen2-moe",
+     {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}),
 ]
+# What peft saves for "all-linear": the names of the layers it became.
+ALL_LINEAR = {"mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+              "qwen2-moe": ALL + ["shared_expert_gate"]}
 T = 16
 
 
@@ -129,7 +139,7 @@ def main():
             if key == "target_modules" and not isinstance(want, str):
                 want = sorted(want)
             elif key == "target_modules" and want == "all-linear":
-                want = sorted(ALL)  # peft saves what "all-linear" became: the layers' names
+                want = sorted(ALL_LINEAR.get(fixture, ALL))
             for where, got in (("adapter_config.json", written.get(key)),
                                ("peft's LoraConfig", getattr(loaded, key))):
                 if isinstance(got, (list, set)):

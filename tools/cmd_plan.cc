@@ -23,6 +23,7 @@
 #include "src/model/base_quant.h"
 #include "src/plan/plan.h"
 #include "strata/log.h"
+#include "strata/simulated_device.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
 #include "tools/plan_mark.h"
@@ -148,6 +149,12 @@ int cmd_plan(int argc, char** argv) {
     }
   }
   hw.nvme_bytes = a.nvme_free;
+  if (!a.config_path.empty() && !cfg->device.simulate.empty()) {
+    // The simulated device's rates over the host's profile (request_from_config), its memory.
+    auto sim = simulated_device_options(cfg->device);
+    if (!sim.is_ok()) return plan_fail(sim.status());
+    if (hw.gpu_mem == 0) hw.gpu_mem = sim->memory;
+  }
   if (hw.gpu_mem == 0) {
     if (!a.config_path.empty() && prof.cpu_backend) {
       hw.gpu_mem = cfg->device.memory_limit > 0 ? cfg->device.memory_limit : size_t{1} << 30;
@@ -262,13 +269,22 @@ int cmd_plan(int argc, char** argv) {
     auto i = add_placement(*rep, *p);
     if (!i.is_ok()) return plan_fail(i.status());
     asked = *i;
+    rep->asked = asked;
+  }
+  // The optimizer ratio for the config's placement and the best (the one --write-config writes).
+  for (int k : {asked, rep->best}) {
+    if (k < 0 || rep->advice_for(k)) continue;
+    if (Status st = advise_optimizer_ratio(*rep, k); !st.is_ok()) return plan_fail(st);
   }
   std::fputs(plan_table(*rep).c_str(), stdout);
   if (asked >= 0) {
     const PlanOption& o = rep->options[size_t(asked)];
-    std::printf("config %s asks for %s: %s, predicted %.0f ms/step (bound by %s)\n",
-                a.config_path.c_str(), o.placement.name.c_str(), o.fits ? "fits" : "does NOT fit",
-                o.time.step_s * 1e3, o.time.bottleneck.c_str());
+    std::printf(
+        "config %s asks for %s: %s, predicted %.0f ms/step (bound by %s); the schedule it runs: "
+        "%s, %.0f ms/step\n",
+        a.config_path.c_str(), o.placement.name.c_str(), o.fits ? "fits" : "does NOT fit",
+        o.time.step_s * 1e3, o.time.bottleneck.c_str(), o.time.schedule.c_str(),
+        o.time.expected_s * 1e3);
   }
   if (!a.json_path.empty() && !write_file(a.json_path, plan_json(*rep))) {
     return plan_fail(io_error("writing " + a.json_path + ": " + std::strerror(errno)));

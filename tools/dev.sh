@@ -66,12 +66,16 @@ deps() {  # deps [extra packages]: PKGS and these
     python3 -m pip install --quiet --no-deps --target build-deps/python "${CUDNN_WHEELS[1]}" ||
       echo "== could not install ${CUDNN_WHEELS[1]}: building without the cuDNN attention"
   fi
-  # pyarrow for tools/prepare_data.py's Parquet input in its tests (ctest prepare_data_shapes
-  # puts build-deps/python-tools on PYTHONPATH); a user's own runs need it in their Python.
-  if ! python3 -c "import pyarrow" 2>/dev/null && [ ! -d build-deps/python-tools/pyarrow ]; then
-    echo "== installing pyarrow into build-deps/python-tools (the Parquet tests of prepare_data)"
-    python3 -m pip install --quiet --target build-deps/python-tools pyarrow ||
-      echo "== could not install pyarrow: prepare_data's Parquet tests will skip"
+  # tools/prepare_data.py's Python dependencies for its tests and the LoRA recipe's (ctest
+  # prepare_data_shapes and lora_recipe put build-deps/python-tools on PYTHONPATH): transformers
+  # (its tokenizers and chat templates; no torch), jinja2 and pyarrow (Parquet), ~450 MB. A
+  # user's own runs need them in their Python.
+  if ! python3 -c "import pyarrow, transformers, jinja2" 2>/dev/null &&
+     [ ! -d build-deps/python-tools/transformers ]; then
+    echo "== installing transformers, jinja2 and pyarrow into build-deps/python-tools (the tests" \
+         "of prepare_data and the LoRA recipe)"
+    python3 -m pip install --quiet --target build-deps/python-tools pyarrow transformers jinja2 ||
+      echo "== could not install them: prepare_data's Parquet tests and the recipe test will skip"
   fi
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the LoRA fixtures of tests/lora_test.cc (tests/fixtures/hf/lora-<base>/) with peft.
 
-For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}, tools/make_hf_fixtures.py) in fp32:
+For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}, tools/make_hf_fixtures.py, and the
+mixtures {mixtral,qwen2-moe}, tools/make_moe_fixtures.py) in fp32:
 peft.get_peft_model(base, LoraConfig(r=4, lora_alpha=8, every linear layer of a block)), its
 lora_A and lora_B drawn at random (std 0.2: B at PEFT's zero would give dA = 0 and the base's
 loss, a test that could not fail), saved with save_pretrained (adapter_config.json +
@@ -36,7 +37,15 @@ TARGETS = {
     "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2": ["c_attn", "c_proj", "c_fc"],
+    # transformers' mixtures hold their router and experts as parameters, not linear layers:
+    # the attention (and Qwen2-MoE's shared expert and its gate) is what target_modules reaches.
+    "mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2-moe": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                  "shared_expert_gate"],
 }
+# The mixtures' gradients are of loss + router_aux_loss_coef * aux_loss, as strata trains them
+# (tools/make_moe_fixtures.py).
+MOE = {"mixtral", "qwen2-moe"}
 R, ALPHA = 4, 8
 DROPOUT, DROPOUT_KEY = 0.1, 0x5EED1234  # tests/lora_test.cc's PeftCompareWithDropout
 M64 = (1 << 64) - 1
@@ -117,11 +126,15 @@ def main():
     ap.add_argument("--fixtures", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                        "fixtures", "hf"))
     ap.add_argument("--only-dropout", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=sorted(TARGETS),
+                    help="write only these fixtures (and not the dropout reference)")
     args = ap.parse_args()
     if args.only_dropout:
         dropout_reference(args.fixtures)
         return
     for seed, (name, targets) in enumerate(TARGETS.items()):
+        if args.only and name not in args.only:
+            continue
         base_dir = os.path.join(args.fixtures, name)
         ref = load_file(os.path.join(base_dir, "reference.safetensors"))
         base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
@@ -136,11 +149,16 @@ def main():
         model.eval()
         tokens = ref["tokens"].long()
         targets_t = ref["targets"].long()
-        logits = model(input_ids=tokens).logits.float()
+        out_fw = model(input_ids=tokens, output_router_logits=True) if name in MOE else \
+            model(input_ids=tokens)
+        logits = out_fw.logits.float()
         V = logits.shape[-1]
         losses = F.cross_entropy(logits.reshape(-1, V), targets_t.reshape(-1), reduction="none")
         loss = losses.mean()
-        loss.backward()
+        if name in MOE:
+            (loss + base.config.router_aux_loss_coef * out_fw.aux_loss).backward()
+        else:
+            loss.backward()
         out_dir = os.path.join(args.fixtures, "lora-" + name)
         shutil.rmtree(out_dir, ignore_errors=True)
         model.save_pretrained(out_dir)
@@ -175,7 +193,8 @@ def main():
             json.dump(adapter_cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         print(out_dir, sorted(os.listdir(out_dir)), float(loss), len(saved), "tensors")
-    dropout_reference(args.fixtures)
+    if not args.only:
+        dropout_reference(args.fixtures)
     print("peft", peft.__version__, "transformers", transformers.__version__, "torch",
           torch.__version__)
 

@@ -17,8 +17,10 @@
 #include <mutex>
 
 #include "kernels/cpu/sim_kernels.h"
+#include "strata/config.h"
 #include "strata/device.h"
 #include "strata/device_wrapper.h"
+#include "strata/simulated_device.h"
 
 namespace strata {
 namespace {
@@ -165,6 +167,28 @@ Result<SimulatedDeviceOptions> simulated_device_preset(std::string_view name) {
         name));
   }
   return o;
+}
+
+Result<SimulatedDeviceOptions> simulated_device_options(const DeviceConfig& d) {
+  STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_preset(d.simulate),
+                          "device.simulate");
+  for (auto [v, field] : {std::pair{d.simulate_gemm_tflops, &sim.gemm_tflops},
+                          std::pair{d.simulate_attention_fwd_tflops, &sim.attention_fwd_tflops},
+                          std::pair{d.simulate_attention_bwd_tflops, &sim.attention_bwd_tflops},
+                          std::pair{d.simulate_hbm_gbps, &sim.hbm_gbps},
+                          std::pair{d.simulate_link_gbps, &sim.link_gbps}}) {
+    if (v > 0) *field = v;
+  }
+  if (d.simulate_launch_us >= 0) sim.launch_us = d.simulate_launch_us;
+  if (d.memory_limit > 0) sim.memory = std::min(d.memory_limit, sim.memory);
+  return sim;
+}
+
+double simulated_attention_seconds(const SimulatedDeviceOptions& p, double square_flops,
+                                   bool backward) {
+  const double causal = square_flops / 2.0;
+  return backward ? 2.5 * causal / (p.attention_bwd_tflops * 1e12)
+                  : causal / (p.attention_fwd_tflops * 1e12);
 }
 
 Result<std::unique_ptr<Device>> create_simulated_device(const CpuDeviceOptions& cpu,

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <thread>
 
+#include "strata/simulated_device.h"
+
 namespace strata {
 
 void SimClock::run(double seconds, Clock::time_point start) {
@@ -80,24 +82,25 @@ class SimKernels final : public Kernels {
   }
   void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T,
                                int NH, int NKV, int hs) override {
-    attention(s, attn_flops(B, T, NH, hs), p_.attention_fwd_tflops,
+    attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
               double(B) * T * (NH + 2.0 * NKV + NH) * hs * es(dt));
   }
   void fused_attention_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
                                 const void*, const float*, int B, int T, int NH, int NKV,
                                 int hs) override {
-    attention(s, 2.5 * attn_flops(B, T, NH, hs), p_.attention_bwd_tflops,
+    attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
               double(B) * T * (2.0 * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
   }
   void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T, int NH,
                              int KVH, int hs) override {
     // The plain kernels: the [B,NH,T,T] probabilities through memory, ~1/50 of the fused rate.
-    attention(s, attn_flops(B, T, NH, hs), p_.attention_fwd_tflops / kPlainSlowdown,
+    attention(s,
+              kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
               double(B) * T * (NH + 2.0 * KVH + NH) * hs * es(dt) + 4.0 * B * NH * T * T);
   }
   void attention_gqa_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
                               const float*, int B, int T, int NH, int KVH, int hs) override {
-    attention(s, 2.5 * attn_flops(B, T, NH, hs), p_.attention_bwd_tflops / kPlainSlowdown,
+    attention(s, kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
               double(B) * T * (2.0 * (NH + 2.0 * KVH) + NH) * hs * es(dt) + 8.0 * B * NH * T * T);
   }
   void rmsnorm_forward(Stream& s, DType dt, void*, float*, const void*, const void*, float, int N,
@@ -200,9 +203,10 @@ class SimKernels final : public Kernels {
 
   static double es(DType dt) { return double(dtype_size(dt)); }
   double hbm() const { return p_.hbm_gbps * 1e9; }
-  // Causal attention's multiply-adds, forward: QK^T and PV over the lower triangle.
-  static double attn_flops(int B, int T, int NH, int hs) {
-    return 4.0 * B * NH * double(T) * T * hs / 2.0;
+  // Attention's multiply-adds, forward: QK^T and PV over the whole T x T square (causal
+  // attention does half: simulated_attention_seconds).
+  static double square_flops(int B, int T, int NH, int hs) {
+    return 4.0 * B * NH * double(T) * T * hs;
   }
   void charge(Stream& s, double seconds) {
     SimClock* clock = &clocks_.of(dev_, s);
@@ -213,8 +217,8 @@ class SimKernels final : public Kernels {
   void gemm(Stream& s, double flops, double bytes) {
     charge(s, std::max(flops / (p_.gemm_tflops * 1e12), bytes / hbm()));
   }
-  void attention(Stream& s, double flops, double tflops, double bytes) {
-    charge(s, std::max(flops / (tflops * 1e12), bytes / hbm()));
+  void attention(Stream& s, double seconds, double bytes) {
+    charge(s, std::max(seconds, bytes / hbm()));
   }
 
   Device& dev_;

@@ -220,11 +220,10 @@ Status check_pretrained_ranges(const Config& c, const std::string& dir) {
   return Status::ok();
 }
 
-Status resolve(Ctx* ctx, int world_size) {
+// The model section: from model.from_pretrained's config.json or as given, checked; the
+// padded vocabulary.
+Status resolve_model(Ctx* ctx) {
   Config& c = ctx->cfg;
-  auto num = [](double x) { return fmt::format("{}", x); };
-
-  // model
   c.model.given = false;
   for (const auto& [path, v] : ctx->given) c.model.given |= path.rfind("model.", 0) == 0;
   if (is_given(*ctx, "model.from_pretrained")) {
@@ -254,6 +253,12 @@ Status resolve(Ctx* ctx, int world_size) {
       note_auto(ctx, "model.padded_vocab_size", std::to_string(c.model.padded_vocab_size));
     }
   }
+  return Status::ok();
+}
+
+// The lora section: on when any adapter key is given; the combinations strata refuses.
+Status resolve_lora(Ctx* ctx) {
+  Config& c = ctx->cfg;
   // Any lora.* key turns adapters on, except how the base is stored: that alone would train
   // adapters nobody asked for.
   for (const auto& [path, v] : ctx->given) {
@@ -299,6 +304,12 @@ Status resolve(Ctx* ctx, int world_size) {
         "section to train every parameter",
         fmt::join(lq.modules_to_save, ", ")));
   }
+  return Status::ok();
+}
+
+// The training window (data.seq_len, at most the context) and the monitors strata refuses.
+Status resolve_data(Ctx* ctx) {
+  Config& c = ctx->cfg;
   if (c.data.seq_len == 0) {
     c.data.seq_len = c.model.context;
     if (is_auto(*ctx, "data.seq_len"))
@@ -314,7 +325,12 @@ Status resolve(Ctx* ctx, int world_size) {
         "network access from the trainer); set tensorboard.enabled true and upload its event "
         "files with `wandb sync <tensorboard.output_path>/<tensorboard.job_name>`");
   }
+  return Status::ok();
+}
 
+// bf16 / fp16 (auto: the checkpoint's dtype) and the clipping default.
+Status resolve_precision(Ctx* ctx) {
+  Config& c = ctx->cfg;
   // precision: "auto" is the checkpoint's dtype (config.json's dtype / torch_dtype) where
   // model.from_pretrained names one, as the Hugging Face Trainer's --bf16 / --fp16 would be set
   // for it; false without one.
@@ -339,10 +355,13 @@ Status resolve(Ctx* ctx, int world_size) {
     c.gradient_clipping = 1.0;
     note_auto(ctx, "gradient_clipping", "1");
   }
+  return Status::ok();
+}
 
-  STRATA_RETURN_IF_ERROR(resolve_batch(ctx, world_size), "");
-
-  // optimizer
+// The optimizer's parameters and the defaults "auto" takes.
+Status resolve_optimizer(Ctx* ctx) {
+  Config& c = ctx->cfg;
+  auto num = [](double x) { return fmt::format("{}", x); };
   bool opt_section = ctx->given.count("optimizer.type") != 0;
   for (const auto& [path, v] : ctx->given) {
     if (path.rfind("optimizer.params.", 0) == 0 && !opt_section) {
@@ -365,8 +384,13 @@ Status resolve(Ctx* ctx, int world_size) {
   if (is_auto(*ctx, "optimizer.params.weight_decay")) {
     note_auto(ctx, "optimizer.params.weight_decay", num(c.optimizer.weight_decay));
   }
+  return Status::ok();
+}
 
-  // scheduler
+// The scheduler: its parameters for its type, warm-up and length defaults.
+Status resolve_scheduler(Ctx* ctx) {
+  Config& c = ctx->cfg;
+  auto num = [](double x) { return fmt::format("{}", x); };
   SchedulerConfig& sc = c.scheduler;
   bool sched_params = false;
   for (const auto& [path, v] : ctx->given) sched_params |= path.rfind("scheduler.params.", 0) == 0;
@@ -433,7 +457,12 @@ Status resolve(Ctx* ctx, int world_size) {
         fmt::format("scheduler.params.warmup_min_lr: {} is above warmup_max_lr ({})",
                     sc.warmup_min_lr, sc.warmup_max_lr));
   }
+  return Status::ok();
+}
 
+// strata.activations from DeepSpeed's activation_checkpointing, and forward groups.
+Status resolve_activations(Ctx* ctx) {
+  Config& c = ctx->cfg;
   // activations: DeepSpeed's activation_checkpointing maps onto strata.activations unless that
   // is given (strata checkpoints at every block boundary).
   if (!is_given(*ctx, "strata.activations")) {
@@ -474,8 +503,12 @@ Status resolve(Ctx* ctx, int world_size) {
         "or recompute",
         c.strata.grouped_forwards));
   }
+  return Status::ok();
+}
 
-  // zero
+// The ZeRO section's size defaults (from the model's width) and offload combinations.
+Status resolve_zero(Ctx* ctx) {
+  Config& c = ctx->cfg;
   ZeroConfig& z = c.zero;
   const size_t h = static_cast<size_t>(c.model.n_embd);
   auto size_auto = [&](const char* path, size_t* field, size_t value) {
@@ -514,6 +547,21 @@ Status resolve(Ctx* ctx, int world_size) {
     }
   }
   return Status::ok();
+}
+
+// Resolves what the parsed config leaves to "auto" and checks the combinations no one key
+// can, a section at a time in the order each depends on the last (the model first: the
+// precision, the batch and the ZeRO sizes read it).
+Status resolve(Ctx* ctx, int world_size) {
+  STRATA_RETURN_IF_ERROR(resolve_model(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_lora(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_data(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_precision(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_batch(ctx, world_size), "");
+  STRATA_RETURN_IF_ERROR(resolve_optimizer(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_scheduler(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_activations(ctx), "");
+  return resolve_zero(ctx);
 }
 
 std::string value_text(const json& v) {

@@ -256,7 +256,9 @@ std::vector<Key> build_table() {
         STRATA_M(zero.offload_optimizer.fast_init), "DeepSpeed: fast swap-file init", kFastInit));
   add(F("zero_optimization.offload_optimizer.ratio", Real(0, 1),
         STRATA_M(zero.offload_optimizer.ratio),
-        "fraction of optimizer state offloaded (< 1 needs stage 3)", nullptr));
+        "fraction of optimizer state offloaded (< 1 needs stage 3; the first modules' state "
+        "stays on the device, stepped there); strata plan recommends one",
+        nullptr));
   add(F("zero_optimization.overlap_comm", Bool(), STRATA_M(zero.overlap_comm),
         "several ranks: gradient reduce-scatters overlap the next module's backward (false: "
         "compute waits for each bucket's reduction)",

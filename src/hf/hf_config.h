@@ -1,7 +1,10 @@
 // A Hugging Face model directory's config.json as strata's ModelConfig.
 //
-// Architectures read (config.json "architectures"[0]):
+// Architectures read (config.json "architectures"[0]), each by its model family
+// (src/model/family.h: the family's block file reads and writes its keys; this file does what
+// every family shares: the file, the context, the sliding window, the dtype, the tied head):
 //   LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM -> model.type llama
+//   MixtralForCausalLM -> mixtral, Qwen2MoeForCausalLM -> qwen2_moe
 //   GPT2LMHeadModel                                         -> model.type gpt2
 // Shapes: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 // intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps, rope_theta,

@@ -6,9 +6,7 @@
 #include <vector>
 
 #include "src/base/rng.h"
-#include "src/model/gpt2.h"
-#include "src/model/llama.h"
-#include "src/model/moe.h"
+#include "src/model/family.h"
 #include "strata/kernels.h"
 
 namespace strata {
@@ -172,22 +170,13 @@ Result<ActivationMode> parse_activation_mode(const std::string& name) {
 }
 
 Result<std::unique_ptr<Architecture>> create_architecture(const ModelConfig& config) {
-  if (config.type == "gpt2" || config.type == "gpt") {
-    STRATA_ASSIGN_OR_RETURN(auto a, create_gpt2(config), "model");
-    return a;
+  const ModelFamily* family = family_for_type(config.type);
+  if (family == nullptr) {
+    return invalid_argument(fmt::format("model.type: \"{}\" is not a known architecture ({})",
+                                        config.type, family_type_names()));
   }
-  if (config.type == "llama") {
-    STRATA_ASSIGN_OR_RETURN(auto a, create_llama(config), "model");
-    return a;
-  }
-  if (config.type == "mixtral" || config.type == "qwen2_moe") {
-    STRATA_ASSIGN_OR_RETURN(auto a, create_moe(config), "model");
-    return a;
-  }
-
-  return invalid_argument(fmt::format(
-      "model.type: \"{}\" is not a known architecture (gpt2, llama, mixtral, qwen2_moe)",
-      config.type));
+  STRATA_ASSIGN_OR_RETURN(auto a, family->create(config), "model");
+  return a;
 }
 
 }  // namespace strata

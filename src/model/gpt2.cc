@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "src/model/decoder_architecture.h"
+#include "src/model/family.h"
 
 namespace strata {
 namespace {
@@ -335,6 +337,93 @@ std::vector<HfTensor> Gpt2Blocks::hf_tensors(const ModuleSpec& m) const {
 
 Result<std::unique_ptr<Architecture>> create_gpt2(const ModelConfig& config) {
   return DecoderArchitecture<Gpt2Blocks>::create(config);
+}
+
+namespace {
+
+// GPT2LMHeadModel's config.json: n_embd, n_layer, n_head, vocab_size, n_positions; what strata's
+// GPT-2 does not have (another epsilon, MLP width, attention scaling or activation) is refused.
+Status gpt2_hf_read(const HfConfigIn& in, const std::string&, ModelConfig* m,
+                    HfShapeExtras* extras) {
+  const nlohmann::json& c = in.json();
+  m->type = "gpt2";
+  STRATA_RETURN_IF_ERROR(in.get_int("n_embd", -1, &m->n_embd), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("n_layer", -1, &m->n_layer), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("n_head", -1, &m->n_head), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("vocab_size", -1, &m->vocab_size), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("n_positions", 1024, &extras->max_positions), "");
+  m->tied_embeddings = true;
+  double eps = 1e-5;
+  STRATA_RETURN_IF_ERROR(in.get_real("layer_norm_epsilon", 1e-5, &eps), "");
+  if (std::fabs(eps - 1e-5) > 1e-12) {
+    return in.bad("layer_norm_epsilon",
+                  fmt::format("{} is not 1e-5, the only one strata's layernorm has", eps));
+  }
+  if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != 4 * m->n_embd) {
+    return in.bad("n_inner", fmt::format("{} is not 4 * n_embd, the MLP width strata's GPT-2 has",
+                                         c["n_inner"].dump()));
+  }
+  for (const char* k : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
+    if (c.value(k, false) == true) {
+      return in.bad(k, "true is not supported (strata's attention scales by 1/sqrt(head size))");
+    }
+  }
+  if (c.contains("scale_attn_weights") && c["scale_attn_weights"] == false) {
+    return in.bad("scale_attn_weights", "false is not supported");
+  }
+  STRATA_RETURN_IF_ERROR(in.get_bool("tie_word_embeddings", true, &m->tied_embeddings), "");
+  if (c.contains("activation_function") && c["activation_function"] != "gelu_new") {
+    return in.bad("activation_function",
+                  fmt::format("{} is not gelu_new (GPT-2's tanh GELU, the one strata has)",
+                              c["activation_function"].dump()));
+  }
+  return Status::ok();
+}
+
+void gpt2_hf_write(const ModelConfig& m, nlohmann::json* out) {
+  nlohmann::json& c = *out;
+  c["architectures"] = {"GPT2LMHeadModel"};
+  c["model_type"] = "gpt2";
+  c["n_embd"] = m.n_embd;
+  c["n_layer"] = m.n_layer;
+  c["n_head"] = m.n_head;
+  // The position table as the checkpoint stored it (the export writes every row back): a
+  // model trained at a shorter context keeps the length it had.
+  c["n_positions"] = std::max<int64_t>(m.context, c.value("n_positions", int64_t(0)));
+  c["n_ctx"] = c["n_positions"];
+  c["activation_function"] = "gelu_new";
+  c["layer_norm_epsilon"] = 1e-5;
+}
+
+std::string gpt2_hf_key(const std::string&, const std::string& strata_key) {
+  static const std::pair<const char*, const char*> kKeys[] = {
+      {"model.n_layer", "n_layer"},
+      {"model.n_head", "n_head"},
+      {"model.n_embd", "n_embd"},
+      {"model.vocab_size", "vocab_size"},
+      {"model.padded_vocab_size", "vocab_size"},
+      {"model.context", "n_positions"},
+  };
+  for (const auto& [k, v] : kKeys) {
+    if (strata_key == k) return v;
+  }
+  return "";
+}
+
+}  // namespace
+
+const ModelFamily& gpt2_family() {
+  static const ModelFamily kFamily{
+      .types = {"gpt2", "gpt"},
+      .hf_architectures = {"GPT2LMHeadModel"},
+      .create = create_gpt2,
+      .lora_default_targets = {"c_attn"},
+      .hf_read = gpt2_hf_read,
+      .hf_write = gpt2_hf_write,
+      .hf_key = gpt2_hf_key,
+      .hf_embedding = "transformer.wte.weight",
+  };
+  return kFamily;
 }
 
 }  // namespace strata

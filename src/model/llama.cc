@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "src/model/decoder_architecture.h"
+#include "src/model/family.h"
 #include "src/model/llama_blocks.h"
 
 namespace strata {
@@ -101,6 +104,167 @@ bool LlamaBlocks::hf_tensor(const std::string& block, const std::string& n, HfTe
 
 Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config) {
   return DecoderArchitecture<LlamaBlocks>::create(config);
+}
+
+// LlamaForCausalLM's config.json and the models of its shape (Mistral, Qwen2; the mixtures add
+// their keys): sizes, rms_norm_eps, the rope (transformers 5's rope_parameters or rope_theta +
+// rope_scaling; llama3 scaling or none), tied embeddings, q/k/v biases (Qwen2: always). A
+// head_dim other than hidden_size / num_attention_heads, an activation other than silu and other
+// rope scalings are refused.
+Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
+                     HfShapeExtras* extras) {
+  const nlohmann::json& c = in.json();
+  m->type = "llama";
+  STRATA_RETURN_IF_ERROR(in.get_int("hidden_size", -1, &m->n_embd), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("num_hidden_layers", -1, &m->n_layer), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("num_attention_heads", -1, &m->n_head), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("num_key_value_heads", m->n_head, &m->num_key_value_heads), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("intermediate_size", -1, &m->intermediate_size), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("vocab_size", -1, &m->vocab_size), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("max_position_embeddings", 2048, &extras->max_positions), "");
+  STRATA_RETURN_IF_ERROR(in.get_real("rms_norm_eps", 1e-6, &m->rms_norm_eps), "");
+  // transformers 5 writes rope_theta and the scaling into one "rope_parameters" object;
+  // earlier versions write rope_theta and rope_scaling.
+  const char* rope_key = c.contains("rope_parameters") && c["rope_parameters"].is_object()
+                             ? "rope_parameters"
+                             : "rope_scaling";
+  if (std::string(rope_key) == "rope_parameters" && c[rope_key].contains("rope_theta")) {
+    if (!c[rope_key]["rope_theta"].is_number()) {
+      return in.bad("rope_parameters.rope_theta", "not a number");
+    }
+    m->rope_theta = c[rope_key]["rope_theta"].get<double>();
+  } else {
+    STRATA_RETURN_IF_ERROR(in.get_real("rope_theta", 10000.0, &m->rope_theta), "");
+  }
+  STRATA_RETURN_IF_ERROR(in.get_bool("tie_word_embeddings", false, &m->tied_embeddings), "");
+  STRATA_RETURN_IF_ERROR(in.get_bool("attention_bias", false, &m->attention_bias), "");
+  if (arch == "Qwen2ForCausalLM") m->attention_bias = true;  // Qwen2 always has q/k/v biases
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && m->n_head > 0 &&
+      c["head_dim"] != m->n_embd / m->n_head) {
+    return in.bad("head_dim", fmt::format("{} differs from hidden_size / num_attention_heads = {}; "
+                                          "strata's llama needs them equal",
+                                          c["head_dim"].dump(), m->n_embd / m->n_head));
+  }
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
+    return in.bad("hidden_act", fmt::format("{} is not silu (SwiGLU)", c["hidden_act"].dump()));
+  }
+  if (c.contains(rope_key) && !c[rope_key].is_null()) {
+    const nlohmann::json& r = c[rope_key];
+    const std::string where = std::string(rope_key) + ".";
+    if (!r.is_object()) return in.bad(rope_key, fmt::format("{} is not an object", r.dump()));
+    std::string type;
+    STRATA_RETURN_IF_ERROR(in.get_string(r, where, "type", "default", &type), "");
+    STRATA_RETURN_IF_ERROR(in.get_string(r, where, "rope_type", type, &type), "");
+    if (type == "llama3") {
+      m->rope_scaling.type = "llama3";
+      auto& rs = m->rope_scaling;
+      STRATA_RETURN_IF_ERROR(in.get_real(r, where, "factor", 8.0, &rs.factor), "");
+      STRATA_RETURN_IF_ERROR(in.get_real(r, where, "low_freq_factor", 1.0, &rs.low_freq_factor),
+                             "");
+      STRATA_RETURN_IF_ERROR(in.get_real(r, where, "high_freq_factor", 4.0, &rs.high_freq_factor),
+                             "");
+      STRATA_RETURN_IF_ERROR(in.get_real(r, where, "original_max_position_embeddings", 8192.0,
+                                         &rs.original_max_position_embeddings),
+                             "");
+    } else if (type != "default") {
+      return in.bad(rope_key, fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
+    }
+  }
+  // Mistral's attention is windowed; Qwen2's when use_sliding_window says so.
+  bool use_sliding_window = false;
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
+    STRATA_RETURN_IF_ERROR(in.get_bool("use_sliding_window", false, &use_sliding_window), "");
+  }
+  extras->sliding =
+      arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || use_sliding_window;
+  return Status::ok();
+}
+
+// A llama with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj),
+// other llamas (Mistral's too: its weights are Llama's) as LlamaForCausalLM.
+void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
+  nlohmann::json& c = *out;
+  const bool qwen2 = m.type == "llama" && m.attention_bias;
+  if (m.type == "llama") {
+    c["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    c["model_type"] = qwen2 ? "qwen2" : "llama";
+  }
+  c["hidden_size"] = m.n_embd;
+  c["num_hidden_layers"] = m.n_layer;
+  c["num_attention_heads"] = m.n_head;
+  c["num_key_value_heads"] = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.n_head;
+  c["head_dim"] = m.n_embd / m.n_head;
+  c["intermediate_size"] = m.intermediate_size;
+  // Rotary positions have no weights: a model trained at a shorter context keeps the length
+  // its checkpoint had.
+  c["max_position_embeddings"] =
+      std::max<int64_t>(m.context, c.value("max_position_embeddings", int64_t(0)));
+  c["rms_norm_eps"] = m.rms_norm_eps;
+  c["rope_theta"] = m.rope_theta;
+  c["hidden_act"] = "silu";
+  c["initializer_range"] = 0.02;
+  c["use_cache"] = true;
+  if (qwen2) {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+  } else if (m.type == "llama") {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+  }
+  // The rope in both spellings: transformers 5's "rope_parameters" (rope_theta inside), and
+  // rope_theta + rope_scaling for the versions before.
+  nlohmann::json rope = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+  if (m.rope_scaling.type == "llama3") {
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", m.rope_scaling.factor},
+                         {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings",
+                          int64_t(m.rope_scaling.original_max_position_embeddings)}};
+    rope = c["rope_scaling"];
+    rope["rope_theta"] = m.rope_theta;
+  } else {
+    c["rope_scaling"] = nullptr;
+  }
+  c["rope_parameters"] = rope;
+}
+
+std::string llama_hf_key(const std::string& strata_key) {
+  static const std::pair<const char*, const char*> kKeys[] = {
+      {"model.n_layer", "num_hidden_layers"},
+      {"model.n_head", "num_attention_heads"},
+      {"model.n_embd", "hidden_size"},
+      {"model.vocab_size", "vocab_size"},
+      {"model.padded_vocab_size", "vocab_size"},
+      {"model.context", "max_position_embeddings"},
+      {"model.intermediate_size", "intermediate_size"},
+      {"model.num_key_value_heads", "num_key_value_heads"},
+      {"model.rope_theta", "rope_theta"},
+      {"model.rms_norm_eps", "rms_norm_eps"},
+      {"model.rope_scaling.factor", "rope_scaling.factor"},
+      {"model.rope_scaling.low_freq_factor", "rope_scaling.low_freq_factor"},
+      {"model.rope_scaling.high_freq_factor", "rope_scaling.high_freq_factor"},
+      {"model.rope_scaling.original_max_position_embeddings",
+       "rope_scaling.original_max_position_embeddings"},
+  };
+  for (const auto& [k, v] : kKeys) {
+    if (strata_key == k) return v;
+  }
+  return "";
+}
+
+const ModelFamily& llama_family() {
+  static const ModelFamily kFamily{
+      .types = {"llama"},
+      .hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"},
+      .create = create_llama,
+      .lora_default_targets = {"q_proj", "v_proj"},
+      .hf_read = llama_hf_read,
+      .hf_write = llama_hf_write,
+      .hf_key = [](const std::string&, const std::string& k) { return llama_hf_key(k); },
+      .hf_embedding = "model.embed_tokens.weight",
+  };
+  return kFamily;
 }
 
 }  // namespace strata

@@ -7,12 +7,13 @@
 #include <regex>
 
 #include "src/model/decoder.h"
+#include "src/model/family.h"
 
 namespace strata {
 
 std::vector<std::string> lora_default_targets(const std::string& type) {
-  if (type == "gpt2" || type == "gpt") return {"c_attn"};
-  return {"q_proj", "v_proj"};
+  const ModelFamily* family = family_for_type(type);
+  return family ? family->lora_default_targets : std::vector<std::string>{};
 }
 
 namespace {

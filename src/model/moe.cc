@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "src/model/decoder_architecture.h"
+#include "src/model/family.h"
 #include "src/model/llama_blocks.h"
 
 namespace strata {
@@ -125,8 +126,28 @@ class MoeBlocks : public LlamaBlocks {
         rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
-  // LoRA is not built for a mixture's blocks (its router and experts have no adapter sites).
-  std::vector<LoraSite> lora_sites() const { return {}; }
+  // LoRA's sites: the attention's q|k|v and o_proj, and Qwen2-MoE's shared expert (gate|up,
+  // down_proj, its gate): the linear layers transformers' mixtures have, which PEFT's
+  // target_modules (and "all-linear") select. The router and the experts are parameters of the
+  // block, not linear layers, there: they stay frozen.
+  enum MoeMatmul { kSharedGateUp = kDown + 1, kSharedDown, kSharedGate };
+  std::vector<LoraSite> lora_sites() const {
+    std::vector<LoraSite> sites;
+    for (LoraSite& site : LlamaBlocks::lora_sites()) {
+      if (site.matmul == kQkv || site.matmul == kO) sites.push_back(std::move(site));
+    }
+    if (Is_ > 0) {
+      const int C = s_.n_embd;
+      sites.push_back(
+          {"mlp.shared_expert.gate_proj", kSharedGateUp, C, Is_, 0, 2 * Is_, "shared_gate_proj"});
+      sites.push_back(
+          {"mlp.shared_expert.up_proj", kSharedGateUp, C, Is_, Is_, 2 * Is_, "shared_gate_proj"});
+      sites.push_back(
+          {"mlp.shared_expert.down_proj", kSharedDown, Is_, C, 0, C, "shared_down_proj"});
+      sites.push_back({"mlp.shared_expert_gate", kSharedGate, C, 1, 0, 1, "shared_expert_gate"});
+    }
+    return sites;
+  }
 
   // ---- activations ----------------------------------------------------------------------------
   // Per block (R = N*K routed rows, grouped by expert): the router's logits, each row's token
@@ -317,6 +338,7 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
   dev.copy_d2h(s, rs.staging, a.logits, size_t(N) * E_ * es);
   if (Is_ > 0) {
     k.matmul_forward(s, st.dt, a.sgl, in, param(p, st, sgatew_), nullptr, N, C, 1);
+    st.lora_forward(kSharedGate, in, a.sgl);
     dev.copy_d2h(s, rs.staging + size_t(N) * E_ * es, a.sgl, size_t(N) * es);
   }
   if (Status e = dev.synchronize(s); !e.is_ok()) {
@@ -358,8 +380,10 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
   }
   if (Is_ > 0) {
     k.matmul_forward(s, st.dt, a.sgu, in, param(p, st, sguw_), nullptr, N, C, 2 * Is_);
+    st.lora_forward(kSharedGateUp, in, a.sgu);
     k.swiglu_forward(s, st.dt, a.sact, a.sgu, N, Is_);
     k.matmul_forward(s, st.dt, a.sh, a.sact, param(p, st, sdownw_), nullptr, N, Is_, C);
+    st.lora_forward(kSharedDown, a.sact, a.sh);
     k.scatter_add_rows(s, st.dt, out, a.sh, a.iota, a.sg, N, C);
   }
 }
@@ -385,12 +409,13 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.row_dots(s, st.dt, d.dw + r0, dout, a.idx + r0, y, n, C);
     k.gather_rows(s, st.dt, dy, dout, a.idx + r0, a.w + r0, n, C);
     st.zero(dact, size_t(n) * Ie_ * es);
-    k.matmul_backward(s, st.dt, dact, ge + 2 * size_t(Ie_) * C, nullptr, dy, act,
+    k.matmul_backward(s, st.dt, dact, st.wgrad(ge, 2 * size_t(Ie_) * C), nullptr, dy, act,
                       expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C);
     st.zero(dgu, size_t(n) * 2 * Ie_ * es);
     k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);
     st.zero(dx, size_t(n) * C * es);
-    k.matmul_backward(s, st.dt, dx, ge, nullptr, dgu, x, expert_param(st, e, 0), n, C, 2 * Ie_);
+    k.matmul_backward(s, st.dt, dx, st.wgrad(ge, 0), nullptr, dgu, x, expert_param(st, e, 0), n, C,
+                      2 * Ie_);
     k.scatter_add_rows(s, st.dt, din, dx, a.idx + r0, nullptr, n, C);
   }
   if (Is_ > 0) {
@@ -398,12 +423,14 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.row_dots(s, st.dt, d.dsg, dout, a.iota, a.sh, N, C);
     k.gather_rows(s, st.dt, d.dsh, dout, a.iota, a.sg, N, C);
     st.zero(d.dsact, size_t(N) * Is_ * es);
-    k.matmul_backward(s, st.dt, d.dsact, g + sdownw_, nullptr, d.dsh, a.sact, param(p, st, sdownw_),
-                      N, Is_, C);
+    k.matmul_backward(s, st.dt, d.dsact, st.wgrad(g, sdownw_), nullptr, d.dsh, a.sact,
+                      param(p, st, sdownw_), N, Is_, C);
+    st.lora_backward(kSharedDown, a.sact, d.dsh, d.dsact);
     st.zero(d.dsgu, size_t(N) * 2 * Is_ * es);
     k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);
-    k.matmul_backward(s, st.dt, din, g + sguw_, nullptr, d.dsgu, in, param(p, st, sguw_), N, C,
-                      2 * Is_);
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, sguw_), nullptr, d.dsgu, in, param(p, st, sguw_),
+                      N, C, 2 * Is_);
+    st.lora_backward(kSharedGateUp, in, d.dsgu, din);
   }
   // The routing weights' gradients come to the host, which returns the router logits'.
   float* dw = reinterpret_cast<float*>(rs.staging);
@@ -451,14 +478,15 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
   char* up = rs.staging;
   convert(dlogits.data(), DType::kF32, up, st.dt, dlogits.size());
   dev.copy_h2d(s, d.dlogits, up, dlogits.size() * es);
-  k.matmul_backward(s, st.dt, din, g + routerw_, nullptr, d.dlogits, in, param(p, st, routerw_), N,
-                    C, E_);
+  k.matmul_backward(s, st.dt, din, st.wgrad(g, routerw_), nullptr, d.dlogits, in,
+                    param(p, st, routerw_), N, C, E_);
   if (Is_ > 0) {
     char* up2 = up + dlogits.size() * es;
     convert(dsgl.data(), DType::kF32, up2, st.dt, dsgl.size());
     dev.copy_h2d(s, d.dsgl, up2, dsgl.size() * es);
-    k.matmul_backward(s, st.dt, din, g + sgatew_, nullptr, d.dsgl, in, param(p, st, sgatew_), N, C,
-                      1);
+    k.matmul_backward(s, st.dt, din, st.wgrad(g, sgatew_), nullptr, d.dsgl, in,
+                      param(p, st, sgatew_), N, C, 1);
+    st.lora_backward(kSharedGate, in, d.dsgl, din);
   }
 }
 
@@ -540,6 +568,127 @@ class Qwen2MoeBlocks final : public MoeBlocks {
 Result<std::unique_ptr<Architecture>> create_moe(const ModelConfig& config) {
   if (config.type == "mixtral") return DecoderArchitecture<MixtralBlocks>::create(config);
   return DecoderArchitecture<Qwen2MoeBlocks>::create(config);
+}
+
+namespace {
+
+// A mixture's config.json: Llama's keys, then Mixtral's num_local_experts (its experts' width is
+// intermediate_size; its top-k always renormalized) or Qwen2-MoE's num_experts,
+// moe_intermediate_size, shared expert and norm_topk_prob (every layer sparse).
+Status moe_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
+                   HfShapeExtras* extras) {
+  STRATA_RETURN_IF_ERROR(llama_hf_read(in, arch, m, extras), "");
+  const nlohmann::json& c = in.json();
+  const bool mixtral = arch == "MixtralForCausalLM";
+  m->type = mixtral ? "mixtral" : "qwen2_moe";
+  STRATA_RETURN_IF_ERROR(
+      in.get_int(mixtral ? "num_local_experts" : "num_experts", -1, &m->num_experts), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("num_experts_per_tok", 2, &m->num_experts_per_tok), "");
+  const char* coef = "router_aux_loss_coef";
+  if (in.has(coef)) {
+    if (!c[coef].is_number() || !(c[coef].get<double>() >= 0)) {
+      return in.bad(coef, fmt::format("{} is not a number >= 0", c[coef].dump()));
+    }
+    m->router_aux_loss_coef = c[coef].get<double>();
+  }
+  if (mixtral) {
+    m->norm_topk_prob = true;
+    if (c.contains("router_jitter_noise") && c["router_jitter_noise"].is_number() &&
+        c["router_jitter_noise"].get<double>() != 0.0) {
+      return in.bad("router_jitter_noise",
+                    fmt::format("{}: strata's router does not jitter its input; set it to 0",
+                                c["router_jitter_noise"].dump()));
+    }
+    return Status::ok();
+  }
+  m->attention_bias = true;  // qkv_bias, true unless said otherwise
+  STRATA_RETURN_IF_ERROR(in.get_bool("qkv_bias", true, &m->attention_bias), "");
+  STRATA_RETURN_IF_ERROR(in.get_int("moe_intermediate_size", -1, &m->moe_intermediate_size), "");
+  if (c.contains("shared_expert_intermediate_size") && c["shared_expert_intermediate_size"] != 0) {
+    STRATA_RETURN_IF_ERROR(
+        in.get_int("shared_expert_intermediate_size", 0, &m->shared_expert_intermediate_size), "");
+  }
+  STRATA_RETURN_IF_ERROR(in.get_bool("norm_topk_prob", false, &m->norm_topk_prob), "");
+  int step = 1;
+  STRATA_RETURN_IF_ERROR(in.get_int("decoder_sparse_step", 1, &step), "");
+  if (step != 1 || (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array() &&
+                    !c["mlp_only_layers"].empty())) {
+    return in.bad(step != 1 ? "decoder_sparse_step" : "mlp_only_layers",
+                  "strata's qwen2_moe has a mixture in every layer (decoder_sparse_step 1, no "
+                  "mlp_only_layers)");
+  }
+  return Status::ok();
+}
+
+void moe_hf_write(const ModelConfig& m, nlohmann::json* out) {
+  nlohmann::json& c = *out;
+  const bool mixtral = m.type == "mixtral";
+  c["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM"};
+  c["model_type"] = mixtral ? "mixtral" : "qwen2_moe";
+  llama_hf_write(m, out);
+  c["num_experts_per_tok"] = m.num_experts_per_tok;
+  c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  c["output_router_logits"] = false;
+  const int expert_width =
+      m.moe_intermediate_size > 0 ? m.moe_intermediate_size : m.intermediate_size;
+  if (mixtral) {
+    c["num_local_experts"] = m.num_experts;
+    c["intermediate_size"] = expert_width;
+    c["router_jitter_noise"] = 0.0;
+    c["sliding_window"] = nullptr;
+    return;
+  }
+  c["num_experts"] = m.num_experts;
+  c["moe_intermediate_size"] = expert_width;
+  c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  c["norm_topk_prob"] = m.norm_topk_prob;
+  c["qkv_bias"] = m.attention_bias;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = nlohmann::json::array();
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+}
+
+// Llama's keys, and the mixture's: Mixtral counts its experts in num_local_experts.
+std::string moe_hf_key(const std::string& type, const std::string& strata_key) {
+  if (strata_key == "model.num_experts") {
+    return type == "mixtral" ? "num_local_experts" : "num_experts";
+  }
+  for (const char* k : {"num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size", "router_aux_loss_coef"}) {
+    if (strata_key == std::string("model.") + k) return k;
+  }
+  return llama_hf_key(strata_key);
+}
+
+}  // namespace
+
+namespace {
+
+// A mixture's family: Llama's block with experts, read and written by moe_hf_read/write.
+ModelFamily moe_family(const char* type, const char* hf_architecture) {
+  return {
+      .types = {type},
+      .hf_architectures = {hf_architecture},
+      .create = create_moe,
+      .lora_default_targets = {"q_proj", "v_proj"},
+      .hf_read = moe_hf_read,
+      .hf_write = moe_hf_write,
+      .hf_key = moe_hf_key,
+      .hf_embedding = "model.embed_tokens.weight",
+  };
+}
+
+}  // namespace
+
+const ModelFamily& mixtral_family() {
+  static const ModelFamily kFamily = moe_family("mixtral", "MixtralForCausalLM");
+  return kFamily;
+}
+
+const ModelFamily& qwen2_moe_family() {
+  static const ModelFamily kFamily = moe_family("qwen2_moe", "Qwen2MoeForCausalLM");
+  return kFamily;
 }
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 #include "src/plan/plan_parts.h"
 #include "src/tiers/memory_model.h"
 #include "strata/log.h"
+#include "strata/simulated_device.h"
 
 namespace strata {
 namespace {
@@ -163,6 +164,76 @@ Result<PlanReport> make_plan(const PlanRequest& request) {
   return rep;
 }
 
+Status advise_optimizer_ratio(PlanReport& report, int option) {
+  const PlanOption& o = report.options[size_t(option)];
+  const PlacementOption base = o.placement;
+  if (base.where.master == Tier::kDevice || base.where.moments == Tier::kDevice) {
+    return Status::ok();
+  }
+  const PlanRequest& r = report.request;
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<const Architecture> arch,
+                          create_architecture(r.config.model), "model " + r.model_name);
+  // Each module's optimizer bytes in module order, as module_homes counts them at ratio 1; the
+  // ratio that keeps the first k modules on the device lies between the boundaries k - 1 and k
+  // (module_homes keeps a module while the bytes before it are below the share kept): the
+  // middle of module k - 1, rounded to the four decimals a config carries.
+  Placement at_1 = base.where;
+  at_1.optimizer_ratio = 1.0;
+  STRATA_ASSIGN_OR_RETURN(std::vector<ModuleHomes> homes,
+                          module_homes(arch->layout(), at_1, r.hw.gpus, r.dtype(), r.moment_dtype(),
+                                       r.config.strata.delayed_update, 0),
+                          "model " + r.model_name);
+  double total = 0;
+  for (const auto& m : homes) total += double(m.master.bytes + m.moments.bytes);
+  if (total <= 0) return Status::ok();
+  std::vector<double> ratios = {1.0};
+  double before = 0;
+  for (const auto& m : homes) {
+    const double b = double(m.master.bytes + m.moments.bytes);
+    if (b <= 0) continue;
+    const double keep = before + b / 2.0;
+    before += b;
+    // The last: every module's on the device, ratio 0.
+    ratios.push_back(before >= total ? 0.0 : std::round((1.0 - keep / total) * 1e4) / 1e4);
+  }
+  RatioAdvice advice;
+  advice.option = option;
+  std::vector<std::pair<double, TimeTerms>> fitting;  // (ratio, time), ratio descending
+  for (double ratio : ratios) {
+    if (!fitting.empty() && ratio >= fitting.back().first) continue;
+    PlacementOption p = base;
+    p.where.optimizer_ratio = ratio;
+    p.grads_auto = false;  // the option's gradients are where it put them
+    STRATA_ASSIGN_OR_RETURN(PlanOption at, evaluate_placement(r, p),
+                            fmt::format("optimizer ratio {:g}", ratio));
+    ++advice.candidates;
+    if (ratio == 1.0) advice.step_at_1_s = at.time.expected_s;
+    if (at.fits && at.runnable) fitting.emplace_back(ratio, at.time);
+  }
+  advice.ratio = 1.0;
+  advice.time = o.time;
+  if (!fitting.empty()) {
+    advice.fastest_s = fitting.front().second.expected_s;
+    advice.fastest_ratio = fitting.front().first;
+    for (const auto& [ratio, t] : fitting) {
+      if (t.expected_s < advice.fastest_s) {
+        advice.fastest_s = t.expected_s;
+        advice.fastest_ratio = ratio;
+      }
+    }
+    // The largest ratio within the slack of the fastest (fitting is by ratio, descending).
+    for (const auto& [ratio, t] : fitting) {
+      if (t.expected_s <= kRatioSlack * advice.fastest_s) {
+        advice.ratio = ratio;
+        advice.time = t;
+        break;
+      }
+    }
+  }
+  report.ratio_advice.push_back(advice);
+  return Status::ok();
+}
+
 Result<PlacementOption> placement_of_config(const Config& cfg) {
   // parse_placement's message names the key; no context to add.
   STRATA_ASSIGN_OR_RETURN(Placement where, parse_placement(cfg), "");
@@ -213,6 +284,13 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
   r.config.data.seq_len = r.seq();  // "auto": the config's model's context, whatever model follows
   r.hw = hw;
   r.profile = profile;
+  // A simulated device: its compute rates over the host's (an unknown preset is the run's
+  // error, and cmd_plan's).
+  if (!cfg.device.simulate.empty() && !profile.simulated) {
+    if (auto sim = simulated_device_options(cfg.device); sim.is_ok()) {
+      r.profile = simulated_profile(profile, *sim);
+    }
+  }
   // The NVMe rates of the aio case this config runs (aio.backend "auto" is io_uring where it
   // starts, which the probe's case list then has), when the profile measured it.
   const std::string backend = cfg.aio.backend == "auto" ? "io_uring" : cfg.aio.backend;

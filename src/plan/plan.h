@@ -41,6 +41,7 @@
 #include "src/model/architecture.h"
 #include "src/tiers/placement.h"
 #include "strata/config.h"
+#include "strata/device.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -117,7 +118,21 @@ struct MachineProfile {
   std::string aio_backend = "auto";
   size_t aio_block_size = 1 << 20;
   int aio_queue_depth = 8;
+  // The simulated fast device (device.simulate; simulated_profile): compute is timed at its
+  // preset's rates, the host's rates stay the profile's. Unset: a real device.
+  bool simulated = false;
+  SimulatedDeviceOptions sim;
 };
+
+// The profile of `host`'s machine running a config's simulated device (device.simulate,
+// strata/device.h): the simulated device's memory is not host-addressable, so the tiers take a
+// GPU's paths (cpu_backend false); compute is its GEMM rate for the GEMMs and its attention
+// rates for attention (simulated_attention_seconds, the kernels' own rule); the link is the
+// slower of its link and host_copy_gbps (its copies are real host memcpys that take at least
+// the link's time); the optimizer on the device streams through its HBM; the CPU optimizer,
+// the host's copies and NVMe keep `host`'s rates. The kernels' bytes over HBM and their launch
+// time are not counted (docs/PLANNER.md).
+MachineProfile simulated_profile(MachineProfile host, const SimulatedDeviceOptions& sim);
 
 // The compute rate (FLOP/s) the planner uses for a model of `width` run at `tokens` per
 // micro-batch: gemm_by_width interpolated, or gemm_flops when the profile has no table.
@@ -253,6 +268,15 @@ struct TimeTerms {
   bool clipped_deferred = false;  // step_after_s is step_deferred_s
   // The overlap is on and clipping or fp16 can make a step fall back: step_after_s applies.
   bool falls_back = false;
+  // The steady-state step of the schedule the run picks, and its name: "plain" (the overlap
+  // off), "under backward" (step_s), "next forward" (step_deferred_s) or "after backward"
+  // (step_plain_s). A step clips when the config simulates a device whose gradient norm
+  // (device.simulate_grad_norm) exceeds gradient_clipping, else it is taken not to; a step that
+  // does not clip runs under backward unless strata.optimizer.speculate is "never", or "auto"
+  // on a device that is not the host with the other schedule predicted faster (the trainer keeps
+  // the faster it measures); one that clips (or is not speculated) runs as step_after_s.
+  double expected_s = 0;
+  std::string schedule;
   std::string bottleneck;  // name of the largest term
 };
 
@@ -268,8 +292,8 @@ struct PlanOption {
   // optimizer's pass that such a step waits on, per node: deferred into the next forward (the
   // first micro-batch's forward waits module by module on them), or after backward (what the
   // read-ahead under backward and the writes that drain behind leave). step_deferred_s and
-  // step_plain_s are these over the disk's rates; tests/bench_step_bound.sh puts fio's rate on
-  // the same bytes (the schedule's own bound). Zero without the overlap.
+  // step_plain_s are these over the disk's rates; tests/bench/bench_step_bound.sh puts fio's rate
+  // on the same bytes (the schedule's own bound). Zero without the overlap.
   struct PassBytes {
     uint64_t read = 0, write = 0;
   } deferred_pass, after_backward_pass;
@@ -282,12 +306,39 @@ struct PlanOption {
   bool backward_grouped = false;
 };
 
+// The optimizer ratio (zero_optimization.offload_optimizer.ratio) the planner recommends for a
+// placement whose master weights and moments are offloaded: the largest ratio (the least
+// optimizer state on the device; the device keeps whole modules, the first in module order) at
+// which the placement fits and its expected step (TimeTerms::expected_s) is within
+// kRatioSlack of the fastest that any ratio that fits reaches. Where the host's optimizer hides
+// under the device's compute already, that is 1; where device memory leaves no room, 1 too.
+inline constexpr double kRatioSlack = 1.05;
+struct RatioAdvice {
+  int option = -1;             // index in PlanReport::options
+  double ratio = 1.0;          // recommended
+  TimeTerms time;              // the option at that ratio
+  double step_at_1_s = 0;      // the option's expected step at ratio 1
+  double fastest_s = 0;        // the fastest expected step of any ratio that fits
+  double fastest_ratio = 1.0;  // ... at this ratio
+  int candidates = 0;          // ratios evaluated (one per module boundary)
+};
+
 struct PlanReport {
   PlanRequest request;
   uint64_t params = 0;
   std::string model;  // the architecture's describe(): its type and shape, in its own words
   std::vector<PlanOption> options;
-  int best = -1;  // index of the fastest feasible option; -1 when none fits
+  int best = -1;   // index of the fastest feasible option; -1 when none fits
+  int asked = -1;  // index of the option a config asked for (strata plan --config); -1 none
+  // advise_optimizer_ratio's advice, per option it was asked for; plan_config_json writes an
+  // option's recommended ratio.
+  std::vector<RatioAdvice> ratio_advice;
+  const RatioAdvice* advice_for(int option) const {
+    for (const auto& a : ratio_advice) {
+      if (a.option == option) return &a;
+    }
+    return nullptr;
+  }
 };
 
 // Evaluates every placement option. Fails only on a malformed request (kInvalidArgument).
@@ -322,8 +373,15 @@ PlanRequest request_from_config(const Config& cfg, const Hardware& hw,
 TierOptions tier_options_of(const PlanRequest& request, const Placement& placement,
                             const ActivationSizes& acts);
 
+// Adds to report.ratio_advice the recommended ratio (RatioAdvice) of report.options[option],
+// when that option's master weights and moments are both offloaded (else adds nothing):
+// evaluate_placement at each ratio that keeps a different set of whole modules on the device.
+// Fails only as evaluate_placement does.
+Status advise_optimizer_ratio(PlanReport& report, int option);
+
 // The config (JSON text) `strata train` runs as is for `option`: model, batch, precision,
-// zero_optimization offload sections (nvme_path from hw.nvme_paths), aio block, prefetch.
+// zero_optimization offload sections (nvme_path from hw.nvme_paths, the ratio of the option's
+// RatioAdvice when there is one), aio block, prefetch.
 std::string plan_config_json(const PlanReport& report, const PlanOption& option);
 // The value of strata.written_by in every config plan_config_json writes: `strata plan
 // --write-config` replaces an existing file only when it holds this mark (or with --force).

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "src/plan/plan_parts.h"
+#include "strata/simulated_device.h"
 
 namespace strata {
 namespace {
@@ -12,7 +13,10 @@ namespace {
 struct StepTraffic {
   double flops = 0;
   double fetch = 0;  // parameter bytes fetched to the device
-  double link = 0;   // bytes crossing host<->device
+  // Of link: the new parameters the optimizer's pass copies to the device (params on the
+  // device: those the host steps; elsewhere: the cached copies' write-through).
+  double publish = 0;
+  double link = 0;  // bytes crossing host<->device
   double nvme_read = 0, nvme_write = 0;
   double nvme_param_read = 0;  // of nvme_read: the NVMe-homed parameters' fetches
   double forward_groups = 1;   // forward passes a step: ceil(A / K)
@@ -66,11 +70,13 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     x.fetch = pbytes * (x.forward_groups + x.backwards) * (1.0 - cached);
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
-    x.link += x.fetch + double(s.trained) * es * cached;
+    x.publish = double(s.trained) * es * cached;
+    x.link += x.fetch + x.publish;
   } else if (!pf.cpu_backend) {
     // New low-precision params back to the device (the CPU backend's host-stepped optimizer
     // writes a host-addressable device's parameters in place: nothing crosses).
-    x.link += double(s.opt_host) * es;
+    x.publish = double(s.opt_host) * es;
+    x.link += x.publish;
   }
   // fp32 grads to the host tier; on the CPU backend (one rank) the first micro-batch's backward
   // writes a host accumulator in place (GradBuckets::in_place): only NVMe-bound ones cross.
@@ -102,6 +108,22 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   return x;
 }
 
+// Compute on the simulated device (MachineProfile::simulated): the GEMMs (the architecture's
+// FLOPs at T = 0, which leave attention's T x T products out) at its GEMM rate, attention's
+// products (the rest: forward, recomputed and backward) at its attention rates, by the rule its
+// kernels charge (simulated_attention_seconds).
+double simulated_compute_s(const PlanRequest& r, const PlanMemory& mem) {
+  const SimulatedDeviceOptions& sim = r.profile.sim;
+  const FlopsPerToken all = mem.arch->flops_per_token(r.seq(), r.activations());
+  const FlopsPerToken gemm = mem.arch->flops_per_token(0, r.activations());
+  const double tokens = double(r.micro_batch()) * r.seq() * r.accumulation();
+  const double square_fwd = (all.forward - gemm.forward) * tokens;
+  const double square_rec = (all.recompute - gemm.recompute) * tokens;
+  return gemm.train() * tokens / (sim.gemm_tflops * 1e12) +
+         simulated_attention_seconds(sim, square_fwd + square_rec, /*backward=*/false) +
+         simulated_attention_seconds(sim, square_fwd, /*backward=*/true);
+}
+
 // Each term of the step alone: its bytes or FLOPs over the profile's rate.
 void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& peaks,
                 const StepTraffic& x, TimeTerms& t) {
@@ -111,6 +133,7 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   const uint64_t es = dtype_size(r.dtype());
   t.gemm_flops = gemm_rate_at(pf, r.config.model.n_embd, r.micro_batch() * r.seq());
   t.compute_s = x.flops / t.gemm_flops;
+  if (pf.simulated) t.compute_s = simulated_compute_s(r, mem);
   t.link_s = x.link / (pf.link_gbps.value * 1e9);
   // Every local rank shares the node's NVMe bandwidth.
   t.nvme_s = double(W) * (x.nvme_read / (pf.nvme_read_gbps.value * 1e9) +
@@ -201,6 +224,21 @@ OptimizerWindows optimizer_windows(const Placement& where, const PlanMemory& mem
   return w;
 }
 
+// TimeTerms::expected_s and schedule, from step_s, step_after_s and clipped_deferred.
+void expected_schedule(const PlanRequest& r, TimeTerms& t) {
+  const std::string after = t.clipped_deferred ? "next forward" : "after backward";
+  const Config& c = r.config;
+  const bool clips = !c.device.simulate.empty() && c.gradient_clipping > 0 &&
+                     c.device.simulate_grad_norm > c.gradient_clipping;
+  const std::string& spec = c.strata.optimizer_speculate;
+  // "auto" speculates on the CPU backend (the device is the host); elsewhere it keeps the faster.
+  const bool under_backward =
+      !clips && (spec == "always" ||
+                 (spec == "auto" && (r.profile.cpu_backend || t.step_s <= t.step_after_s)));
+  t.expected_s = under_backward ? t.step_s : t.step_after_s;
+  t.schedule = under_backward ? "under backward" : after;
+}
+
 // The name of the largest term.
 std::string bottleneck_of(const TimeTerms& t) {
   const std::pair<const char*, double> terms[] = {{"compute", t.compute_s},
@@ -249,15 +287,25 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   // they add; NVMe transfers run on I/O threads under the optimizer. The device's optimizer
   // runs in the compute stream's order: it adds to compute (comp) on either backend.
   const double comp = t.compute_s + t.device_optim_s;
-  const double plain =
-      pf.cpu_backend
-          ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
-          : std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, t.nvme_s);
+  // A simulated device's copies are the host's memcpys (MachineProfile::simulated), on the
+  // cores and memory the CPU optimizer uses: the pass's own (the new parameters to the device)
+  // follow each module's step, so they add to the optimizer (host_opt); the rest (gradient
+  // drains, fetches) run beside the device's compute (link) and, under backward, beside the
+  // optimizer too (under_bwd). A GPU's DMA copies take none of the host's time.
+  const double publish_s = pf.simulated ? x.publish / (pf.link_gbps.value * 1e9) : 0.0;
+  const double host_opt = t.cpu_optim_s + publish_s;
+  const double link = t.link_s - publish_s;
+  const double under_bwd = pf.simulated ? host_opt + link : t.cpu_optim_s;
+  const double plain = pf.cpu_backend
+                           ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
+                           : std::max({comp, link, t.collectives_s}) + std::max(host_opt, t.nvme_s);
   t.hidden_share = 0;
   t.step_s = plain;
   t.bottleneck = bottleneck_of(t);
   if (!overlap) {
     t.step_after_s = t.step_deferred_s = t.step_plain_s = plain;
+    t.expected_s = plain;
+    t.schedule = "plain";
     return out;
   }
   // The optimizer under backward starts with the last micro-batch's backward (a backward
@@ -292,9 +340,9 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
         {cl + t.collectives_s + t.cpu_optim_s,
          cl * (1.0 - f0) + t.collectives_s + std::max(window_deferred, cl * f0), t.nvme_s});
   } else {
-    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    const double dev = std::max({comp, link, t.collectives_s});
     t.step_deferred_s =
-        std::max(dev * (1.0 - f0) + std::max({t.cpu_optim_s, window_deferred, dev * f0}), t.nvme_s);
+        std::max(dev * (1.0 - f0) + std::max({host_opt, window_deferred, dev * f0}), t.nvme_s);
   }
   double after_backward = 0;
   if (pf.cpu_backend) {
@@ -302,8 +350,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
         comp + t.link_s + t.collectives_s + std::max(t.cpu_optim_s, window_after), t.nvme_s);
   } else {
     after_backward = std::max(
-        std::max({comp, t.link_s, t.collectives_s}) + std::max(t.cpu_optim_s, window_after),
-        t.nvme_s);
+        std::max({comp, link, t.collectives_s}) + std::max(host_opt, window_after), t.nvme_s);
   }
   double overlapped = 0;
   if (pf.cpu_backend) {
@@ -311,9 +358,9 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
     overlapped =
         std::max({comp + t.link_s + t.cpu_optim_s + t.collectives_s, start + window_s, t.nvme_s});
   } else {
-    const double dev = std::max({comp, t.link_s, t.collectives_s});
+    const double dev = std::max({comp, link, t.collectives_s});
     const double start = t.compute_s * start_share;  // before the device optimizer
-    overlapped = std::max({dev, start + std::max(t.cpu_optim_s, window_s), t.nvme_s});
+    overlapped = std::max({dev, start + std::max(under_bwd, window_s), t.nvme_s});
   }
   // Modules without room for their undo copies are stepped after backward.
   t.hidden_share = peaks.host.undo < peaks.undo_wanted
@@ -329,6 +376,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   t.step_after_s = t.clipped_deferred ? t.step_deferred_s : after_backward;
   t.step_plain_s = after_backward;
   t.falls_back = may_fall_back;
+  expected_schedule(r, t);
   if (!may_fall_back) {  // nothing can make a step fall back
     t.step_after_s = t.step_deferred_s = t.step_s;
     t.step_plain_s = plain;

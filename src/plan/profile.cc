@@ -47,6 +47,24 @@ MachineProfile default_profile(bool cpu_backend) {
   return p;
 }
 
+MachineProfile simulated_profile(MachineProfile p, const SimulatedDeviceOptions& sim) {
+  const std::string src = fmt::format("device.simulate {}", sim.preset.empty() ? "" : sim.preset);
+  p.simulated = true;
+  p.sim = sim;
+  p.cpu_backend = false;
+  p.gemm_flops = {sim.gemm_tflops * 1e12, src};
+  p.gemm_by_width.clear();
+  if (sim.link_gbps < p.host_copy_gbps.value) {
+    p.link_gbps = {sim.link_gbps, src};
+  } else {
+    p.link_gbps = {
+        p.host_copy_gbps.value,
+        fmt::format("{} (the host's copy rate, below the link's)", p.host_copy_gbps.source)};
+  }
+  p.device_mem_gbps = {sim.hbm_gbps, src};
+  return p;
+}
+
 namespace {
 Result<MachineProfile> parse_profile_fields(const std::string& text, const std::string& origin,
                                             bool fastest) {

@@ -60,7 +60,11 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
   // from what they imply (parse_placement's rules), so the config asks for exactly this option.
   z["offload_param"] = offload(w.params, false);
   z["offload_optimizer"] = offload(w.master, true);
-  if (w.optimizer_ratio < 1.0) z["offload_optimizer"]["ratio"] = w.optimizer_ratio;
+  double ratio = w.optimizer_ratio;
+  if (!rep.options.empty() && &o >= &rep.options.front() && &o <= &rep.options.back()) {
+    if (const RatioAdvice* a = rep.advice_for(int(&o - &rep.options.front()))) ratio = a->ratio;
+  }
+  if (ratio < 1.0) z["offload_optimizer"]["ratio"] = ratio;
   if (w.moments != w.master ||
       w.grads != (w.master == Tier::kDevice ? Tier::kDevice : Tier::kHost)) {
     c["strata"]["placement"] = {{"moments", tier_name(w.moments)}, {"grads", tier_name(w.grads)}};
@@ -148,6 +152,14 @@ std::string plan_json(const PlanReport& rep) {
                 {"nvme_write_gbps", rate(p.nvme_write_gbps)},
                 {"collective_busbw_gbps", rate(p.collective_gbps)},
                 {"device_mem_gbps", rate(p.device_mem_gbps)}};
+  if (p.simulated) {
+    j["rates"]["simulated"] = {{"preset", p.sim.preset},
+                               {"gemm_tflops", p.sim.gemm_tflops},
+                               {"attention_fwd_tflops", p.sim.attention_fwd_tflops},
+                               {"attention_bwd_tflops", p.sim.attention_bwd_tflops},
+                               {"hbm_gbps", p.sim.hbm_gbps},
+                               {"link_gbps", p.sim.link_gbps}};
+  }
   json opts = json::array();
   for (const auto& o : rep.options) {
     auto tb = [](const TierBytes& b) {
@@ -190,7 +202,9 @@ std::string plan_json(const PlanReport& rep) {
            {"step_after_backward", o.time.step_after_s},
            {"step_clipped_deferred", o.time.step_deferred_s},
            {"step_clipped_plain", o.time.step_plain_s},
-           {"optimizer_hidden_share", o.time.hidden_share}}},
+           {"optimizer_hidden_share", o.time.hidden_share},
+           {"expected", o.time.expected_s}}},
+         {"expected_schedule", o.time.schedule},
          {"clipped_schedule", o.time.clipped_deferred ? "deferred" : "after backward"},
          {"clipped_pass_bytes",
           {{"deferred", {{"read", o.deferred_pass.read}, {"write", o.deferred_pass.write}}},
@@ -202,6 +216,21 @@ std::string plan_json(const PlanReport& rep) {
          {"bottleneck", o.time.bottleneck}});
   }
   j["options"] = opts;
+  json advice = json::array();
+  for (const RatioAdvice& a : rep.ratio_advice) {
+    advice.push_back({{"option", rep.options[size_t(a.option)].placement.name},
+                      {"ratio", a.ratio},
+                      {"expected_s", a.time.expected_s},
+                      {"schedule", a.time.schedule},
+                      {"cpu_optimizer_s", a.time.cpu_optim_s},
+                      {"compute_s", a.time.compute_s},
+                      {"step_at_ratio_1_s", a.step_at_1_s},
+                      {"fastest_s", a.fastest_s},
+                      {"fastest_ratio", a.fastest_ratio},
+                      {"candidates", a.candidates}});
+  }
+  j["optimizer_ratio_advice"] = advice;
+  j["asked"] = rep.asked >= 0 ? json(rep.options[size_t(rep.asked)].placement.name) : json(nullptr);
   j["best"] = rep.best >= 0 ? json(rep.options[size_t(rep.best)].placement.name) : json(nullptr);
   return j.dump(2) + "\n";
 }
@@ -213,7 +242,9 @@ std::string plan_table(const PlanReport& rep) {
   s += fmt::format(
       "batch: {} x {} tokens per micro-batch, {} micro-batches per step, {} rank(s); {} backend\n",
       r.micro_batch(), r.seq(), r.accumulation(), r.hw.gpus,
-      r.profile.cpu_backend ? "cpu" : "cuda");
+      r.profile.simulated     ? "simulated " + r.profile.sim.preset + " (cpu)"
+      : r.profile.cpu_backend ? std::string("cpu")
+                              : std::string("cuda"));
   const MachineProfile& p = r.profile;
   s += fmt::format(
       "rates: GEMM {:.3g} TFLOP/s{} [{}], link {:.3g} GB/s [{}], CPU optimizer {:.3g} Mparam/s "
@@ -343,6 +374,24 @@ std::string plan_table(const PlanReport& rep) {
                        gb(double(off.host_bytes)));
     }
     s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
+  }
+  for (const RatioAdvice& a : rep.ratio_advice) {
+    const PlanOption& o = rep.options[size_t(a.option)];
+    if (a.ratio < 1.0) {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio {:g} (the first {:.0f}% of the "
+          "optimizer state on the device): expected {:.3g} s/step {}, against {:.3g} at ratio 1 "
+          "and {:.3g} the fastest (ratio {:g}); {} ratios evaluated\n",
+          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio), a.time.expected_s, a.time.schedule,
+          a.step_at_1_s, a.fastest_s, a.fastest_ratio, a.candidates);
+    } else {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio 1: optimizer state on the device gains "
+          "under {:.0f}% (the fastest, ratio {:g}: {:.3g} s/step against {:.3g}); {} ratios "
+          "evaluated\n",
+          o.placement.name, (kRatioSlack - 1.0) * 100.0, a.fastest_ratio, a.fastest_s,
+          a.step_at_1_s, a.candidates);
+    }
   }
   return s;
 }

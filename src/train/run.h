@@ -121,6 +121,27 @@ class Run {
   Status settle_speculate_choice();
   Status save_checkpoint(int64_t step, std::string* path_out);
   CheckpointMeta checkpoint_meta(int64_t step) const;
+  // The loop's meters (run_loop.cc), read before and after a step: seconds in collectives
+  // (parameter gathers and gradient reduce-scatters overlap compute; the main thread's
+  // reductions block it); bytes sent by the parameter, gradient and main communicators; bytes
+  // moved to and from the device and asked of NVMe (counted when queued).
+  double comm_seconds() const;
+  std::array<uint64_t, 3> comm_bytes_sent() const;
+  std::array<uint64_t, 2> tier_bytes() const;
+  struct Meters {  // the three, read at one point of the loop
+    double comm_s = 0;
+    std::array<uint64_t, 3> sent{0, 0, 0};
+    std::array<uint64_t, 2> bytes{0, 0};
+  };
+  Meters meters() const { return {comm_seconds(), comm_bytes_sent(), tier_bytes()}; }
+  // The step just run as a window of the meters since `mark` (moved to now), with its optimizer
+  // times (tt) and its forward and backward.
+  StepWindow step_window(const TierTimes& tt, Meters* mark) const;
+  // Adds a step's optimizer counts and times (tt), its loss and its skip to the run's result.
+  void add_step(const TierTimes& tt, double loss, TrainResult* r) const;
+  // After the last step: its deferred optimizer pass, the final checkpoint and export, the
+  // run's totals.
+  Status finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResult* r);
   // train.export_dir, written by this run's lineage with the checkpoint of `step`.
   ExportTarget export_target(int64_t step) const {
     return {cfg_.train.export_dir,

@@ -13,6 +13,7 @@
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "strata/simulated_device.h"
 
 namespace strata::run_detail {
 
@@ -25,18 +26,9 @@ Status Run::create_device() {
           "device.simulate to \"\" to train on the GPU");
     }
     const DeviceConfig& d = cfg_.device;
-    STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_preset(d.simulate),
-                            "device.simulate");
-    for (auto [v, field] : {std::pair{d.simulate_gemm_tflops, &sim.gemm_tflops},
-                            std::pair{d.simulate_attention_fwd_tflops, &sim.attention_fwd_tflops},
-                            std::pair{d.simulate_attention_bwd_tflops, &sim.attention_bwd_tflops},
-                            std::pair{d.simulate_hbm_gbps, &sim.hbm_gbps},
-                            std::pair{d.simulate_link_gbps, &sim.link_gbps}}) {
-      if (v > 0) *field = v;
-    }
-    if (d.simulate_launch_us >= 0) sim.launch_us = d.simulate_launch_us;
+    STRATA_ASSIGN_OR_RETURN(SimulatedDeviceOptions sim, simulated_device_options(d), "");
     CpuDeviceOptions o;
-    o.capacity = d.memory_limit > 0 ? std::min(d.memory_limit, sim.memory) : sim.memory;
+    o.capacity = sim.memory;
     o.threads = d.cpu_threads;
     STRATA_ASSIGN_OR_RETURN(dev_, create_simulated_device(o, sim), "creating the simulated device");
     if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));

@@ -22,6 +22,116 @@
 
 namespace strata::run_detail {
 
+double Run::comm_seconds() const {
+  double t = 0;
+  for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
+    if (c) t += c->busy_seconds();
+  }
+  if (zeropp_) t += zeropp_->busy_seconds();
+  return t;
+}
+
+std::array<uint64_t, 3> Run::comm_bytes_sent() const {
+  std::array<uint64_t, 3> b{0, 0, 0};
+  if (param_comm_) b[0] = param_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(true) : 0);
+  if (grad_comm_) b[1] = grad_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(false) : 0);
+  b[2] = comm_->bytes_sent();
+  return b;
+}
+
+std::array<uint64_t, 2> Run::tier_bytes() const {
+  return {tm_->stats(Tier::kDevice).bytes_in + tm_->stats(Tier::kDevice).bytes_out,
+          tm_->stats(Tier::kNvme).bytes_queued};
+}
+
+StepWindow Run::step_window(const TierTimes& tt, Meters* mark) const {
+  const Meters now = meters();
+  StepWindow s;
+  s.steps = 1;
+  s.comm_s = now.comm_s - mark->comm_s;
+  for (size_t i = 0; i < s.sent.size(); ++i) s.sent[i] = now.sent[i] - mark->sent[i];
+  s.fwd_bwd_s = last_fwd_bwd_s_;
+  s.optimizer_s = tt.optimizer_s;
+  s.io_wait_s = tt.io_wait_s;
+  s.fetch_wait_s = tt.compute_wait_s;
+  s.optimizer_hidden_s = tt.optimizer_hidden_s;
+  s.device_bytes = now.bytes[0] - mark->bytes[0];
+  s.nvme_bytes = now.bytes[1] - mark->bytes[1];
+  *mark = now;
+  return s;
+}
+
+void Run::add_step(const TierTimes& tt, double loss, TrainResult* out) const {
+  TrainResult& r = *out;
+  r.optimizer_hidden_s += tt.optimizer_hidden_s;
+  r.rollbacks += int64_t(tt.rollbacks);
+  r.modules_redone += int64_t(tt.modules_redone);
+  r.undo_copy_bytes += int64_t(tt.undo_copy_bytes);
+  r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
+  r.modules_deferred += int64_t(tt.modules_deferred);
+  r.sub_groups_read_ahead += int64_t(tt.sub_groups_read_ahead);
+  r.grad_sub_groups_read_ahead += int64_t(tt.grad_sub_groups_read_ahead);
+  r.grad_sub_groups_read_under_backward += int64_t(tt.grad_sub_groups_read_under_backward);
+  r.sub_groups_kept += int64_t(tt.sub_groups_kept);
+  if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
+    r.approximate = true;
+  }
+  r.fwd_bwd_s += last_fwd_bwd_s_;
+  r.optimizer_s += tt.optimizer_s;
+  r.io_wait_s += tt.io_wait_s;
+  r.compute_wait_s += tt.compute_wait_s;
+  r.losses.push_back(loss);
+  r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
+                                 : tt.modules_stepped_under_backward > 0 ? 1
+                                 : tt.modules_deferred > 0               ? 3
+                                                                         : 0);
+  if (last_skipped_) ++r.skipped_steps;
+  r.step_skipped.push_back(last_skipped_ ? 1 : 0);
+}
+
+Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResult* out) {
+  TrainResult& r = *out;
+  // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
+  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
+  if (!r.stopped_early && cfg_.train.final_checkpoint) {
+    STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
+    if (!cfg_.train.export_dir.empty() && rank_ == 0) {
+      const auto te = Clock::now();
+      HfExportOptions options;
+      options.progress = true;
+      Status st = export_as_owner(export_target(step_), [&] {
+        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options);
+      });
+      if (!st.is_ok()) {
+        return Status(
+            st.code(),
+            fmt::format("exporting to train.export_dir failed: {}\n  the training is done and its "
+                        "checkpoint {} is saved; once the cause is fixed, finish the export "
+                        "with: strata export --config <this run's config> --checkpoint {} --out {}",
+                        st.message(), r.last_checkpoint, r.last_checkpoint, cfg_.train.export_dir));
+      }
+      log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
+               cfg_.train.export_dir, seconds_since(te));
+    }
+  }
+  r.end_step = step_;
+  r.weights_crc = tm_->weights_crc();
+  r.param_fetches = tm_->stats(Tier::kDevice).fetches;
+  r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;
+  r.grad_reductions = tm_->stats(Tier::kDevice).grad_reductions;
+  r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
+    const TierStats ts = tm_->stats(t);
+    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
+  }
+  r.peak_rss = peak_rss_bytes();
+  r.base_rss = base_rss_;
+  r.device_in_rss = dev_->host_addressable();
+  const double secs = seconds_since(t0);
+  r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
+  return Status::ok();
+}
+
 Result<TrainResult> Run::loop() {
   TrainResult r;
   r.rank = rank_;
@@ -66,88 +176,22 @@ Result<TrainResult> Run::loop() {
   // (train.log_interval), each with the time it started.
   StepWindow w, wl;
   auto window_t = Clock::now(), log_window_t = window_t;
-  // Time in collectives: parameter gathers (h2d stream) and gradient reduce-scatters (d2h
-  // stream) overlap compute; the main thread's reductions block it.
-  auto comm_now = [&]() {
-    double t = 0;
-    for (Communicator* c : {comm_.get(), param_comm_.get(), grad_comm_.get()}) {
-      if (c) t += c->busy_seconds();
-    }
-    if (zeropp_) t += zeropp_->busy_seconds();
-    return t;
-  };
-  double comm_mark = comm_now();
-  auto sent_now = [&]() {
-    std::array<uint64_t, 3> b{0, 0, 0};
-    if (param_comm_) b[0] = param_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(true) : 0);
-    if (grad_comm_) b[1] = grad_comm_->bytes_sent() + (zeropp_ ? zeropp_->bytes_sent(false) : 0);
-    b[2] = comm_->bytes_sent();
-    return b;
-  };
-  auto sent_mark = sent_now();
-  // Bytes moved to and from the device, and asked of NVMe (counted when queued: a write behind
-  // the step's end counts in the step that wrote it, not in the one during which it lands).
-  auto bytes_now = [&]() {
-    return std::array<uint64_t, 2>{
-        tm_->stats(Tier::kDevice).bytes_in + tm_->stats(Tier::kDevice).bytes_out,
-        tm_->stats(Tier::kNvme).bytes_queued};
-  };
-  auto bytes_mark = bytes_now();
+  // The meters' mark (a write behind a step's end counts in the step that queued it).
+  Meters mark = meters();
   tm_->take_times();
   while (step_ < total) {
-    const auto before = bytes_now();
+    const auto before = tier_bytes();
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
-    r.step_nvme_bytes.push_back(bytes_now()[1] - before[1]);
-    r.step_device_bytes.push_back(bytes_now()[0] - before[0]);
+    r.step_nvme_bytes.push_back(tier_bytes()[1] - before[1]);
+    r.step_device_bytes.push_back(tier_bytes()[0] - before[0]);
     const TierTimes tt = tm_->take_times();
-    StepWindow s;  // this step
-    s.steps = 1;
-    const double comm_step = comm_now() - comm_mark;
-    comm_mark += comm_step;
-    s.comm_s = comm_step;
-    const auto sent = sent_now();
-    for (size_t i = 0; i < 3; ++i) {
-      s.sent[i] = sent[i] - sent_mark[i];
-      r.comm_bytes += sent[i] - sent_mark[i];
-    }
-    sent_mark = sent;
-    r.comm_s += comm_step;
-    s.fwd_bwd_s = last_fwd_bwd_s_;
-    s.optimizer_s = tt.optimizer_s;
-    s.io_wait_s = tt.io_wait_s;
-    s.fetch_wait_s = tt.compute_wait_s;
-    s.optimizer_hidden_s = tt.optimizer_hidden_s;
-    const auto b = bytes_now();
-    s.device_bytes = b[0] - bytes_mark[0];
-    s.nvme_bytes = b[1] - bytes_mark[1];
-    bytes_mark = b;
+    const StepWindow s = step_window(tt, &mark);  // this step
+    r.comm_s += s.comm_s;
+    for (uint64_t sent : s.sent) r.comm_bytes += sent;
     w += s;
     wl += s;
-    r.optimizer_hidden_s += tt.optimizer_hidden_s;
-    r.rollbacks += int64_t(tt.rollbacks);
-    r.modules_redone += int64_t(tt.modules_redone);
-    r.undo_copy_bytes += int64_t(tt.undo_copy_bytes);
-    r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
-    r.modules_deferred += int64_t(tt.modules_deferred);
-    r.sub_groups_read_ahead += int64_t(tt.sub_groups_read_ahead);
-    r.grad_sub_groups_read_ahead += int64_t(tt.grad_sub_groups_read_ahead);
-    r.grad_sub_groups_read_under_backward += int64_t(tt.grad_sub_groups_read_under_backward);
-    r.sub_groups_kept += int64_t(tt.sub_groups_kept);
-    if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
-      r.approximate = true;
-    }
-    r.fwd_bwd_s += last_fwd_bwd_s_;
-    r.optimizer_s += tt.optimizer_s;
-    r.io_wait_s += tt.io_wait_s;
-    r.compute_wait_s += tt.compute_wait_s;
-    r.losses.push_back(loss);
-    r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
-                                   : tt.modules_stepped_under_backward > 0 ? 1
-                                   : tt.modules_deferred > 0               ? 3
-                                                                           : 0);
+    add_step(tt, loss, &r);
     if (opts_.on_step_end) opts_.on_step_end(step_);
-    if (last_skipped_) ++r.skipped_steps;
-    r.step_skipped.push_back(last_skipped_ ? 1 : 0);
     if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
       return internal_error(
           fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "
@@ -205,9 +249,7 @@ Result<TrainResult> Run::loop() {
       STRATA_RETURN_IF_ERROR(do_eval(step_), fmt::format("eval at step {}", step_));
       // The eval's fetch waits, collectives and bytes moved are not the next step's.
       tm_->take_times();
-      comm_mark = comm_now();
-      sent_mark = sent_now();
-      bytes_mark = bytes_now();
+      mark = meters();
       window_t = log_window_t = Clock::now();
     }
     bool stop = (opts_.stop_signal && opts_.stop_signal->load() != 0) ||
@@ -231,50 +273,13 @@ Result<TrainResult> Run::loop() {
         !last) {
       STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint),
                              fmt::format("checkpoint at step {}", step_));
-      comm_mark = comm_now();  // the checkpoint's barrier is not the next step's
+      mark.comm_s = comm_seconds();  // the checkpoint's barrier is not the next step's
     }
   }
-  // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
-  STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
-  if (!r.stopped_early && cfg_.train.final_checkpoint) {
-    STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "final checkpoint");
-    if (!cfg_.train.export_dir.empty() && rank_ == 0) {
-      const auto te = Clock::now();
-      HfExportOptions options;
-      options.progress = true;
-      Status st = export_as_owner(export_target(step_), [&] {
-        return export_checkpoint(r.last_checkpoint, cfg_.model, cfg_.train.export_dir, options);
-      });
-      if (!st.is_ok()) {
-        return Status(
-            st.code(),
-            fmt::format("exporting to train.export_dir failed: {}\n  the training is done and its "
-                        "checkpoint {} is saved; once the cause is fixed, finish the export "
-                        "with: strata export --config <this run's config> --checkpoint {} --out {}",
-                        st.message(), r.last_checkpoint, r.last_checkpoint, cfg_.train.export_dir));
-      }
-      log_info("exported {} to {} (Hugging Face format) in {:.2f} s", r.last_checkpoint,
-               cfg_.train.export_dir, seconds_since(te));
-    }
-  }
-  r.end_step = step_;
+  STRATA_RETURN_IF_ERROR(finish_run(t0, tokens_per_step, &r), "");
   r.metrics_error = !jsonl.error().is_ok()      ? jsonl.error().message()
                     : !monitors.error().is_ok() ? monitors.error().message()
                                                 : "";
-  r.weights_crc = tm_->weights_crc();
-  r.param_fetches = tm_->stats(Tier::kDevice).fetches;
-  r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;
-  r.grad_reductions = tm_->stats(Tier::kDevice).grad_reductions;
-  r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
-  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
-    const TierStats ts = tm_->stats(t);
-    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
-  }
-  r.peak_rss = peak_rss_bytes();
-  r.base_rss = base_rss_;
-  r.device_in_rss = dev_->host_addressable();
-  const double secs = seconds_since(t0);
-  r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
   return r;
 }
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # strata's CPU backend against PyTorch on the CPU, same model shape, alternated runs.
 #
-#   tests/bench_cpu_vs_torch.sh build/tools/strata PYTHON [ROUNDS] [STEPS] [SHAPE...]
+#   tests/bench/bench_cpu_vs_torch.sh build/tools/strata PYTHON [ROUNDS] [STEPS] [SHAPE...]
 #
 # PYTHON is an interpreter with torch installed (a throwaway virtual environment: PyTorch is
 # never a dependency of strata). For each of the bench-25m and tiny-cpu shapes, ROUNDS times
 # (default 3): one strata run of STEPS steps (default 8) with everything on the device, then one
 # PyTorch run of the same shape per dtype in TORCH_DTYPES (default "bf16 fp32";
-# tests/bench_torch_gpt.py: bf16 autocast or plain fp32, fused AdamW, the same micro-batch and
+# tests/bench/bench_torch_gpt.py: bf16 autocast or plain fp32, fused AdamW, the same micro-batch and
 # accumulation, 2 threads). Alternating makes all of them see the same machine load; on a CPU
 # without native bf16 (AVX2 only) the bf16 autocast runs are very slow at bench-25m's shape
 # (minutes), TORCH_DTYPES=fp32 leaves them out.
@@ -28,7 +28,7 @@ dtypes=${TORCH_DTYPES:-bf16 fp32}
 shift $(( $# < 4 ? $# : 4 ))
 only=" $* "
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(dirname "$(dirname "$here")")
 out=$(mktemp -d /tmp/strata_bench_torch.XXXXXX)
 echo "runs in $out" >&2
 # name config layers heads width vocab context micro accum (tiny-cpu's warm-up is cut to fit)

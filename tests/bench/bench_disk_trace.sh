@@ -6,8 +6,8 @@
 # progress line came out — so a phase that leaves the disk idle or one request deep shows up
 # (docs/BENCHMARKS.md, "The optimizer under backward and the step's bound").
 #
-# usage: tests/bench_disk_trace.sh STRATA_BIN CONFIG [STEPS=6] [SHOWN=2] [--set KEY=VALUE]...
-#   e.g. tests/bench_disk_trace.sh build/tools/strata configs/hostmem-190m.json 6 2
+# usage: tests/bench/bench_disk_trace.sh STRATA_BIN CONFIG [STEPS=6] [SHOWN=2] [--set KEY=VALUE]...
+#   e.g. tests/bench/bench_disk_trace.sh build/tools/strata configs/hostmem-190m.json 6 2
 set -euo pipefail
 bin=${1:?strata binary}
 config=${2:?config}
@@ -15,7 +15,7 @@ steps=${3:-6}
 shown=${4:-2}
 shift $(($# < 4 ? $# : 4))
 sets=("$@")
-"$(dirname "$0")/../../shared/tools/bench-env" true 2>/dev/null || true
+"$(dirname "$0")/../../../shared/tools/bench-env" true 2>/dev/null || true
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench_disk.XXXXXX")
 sampler=
 trap '[[ -n $sampler ]] && kill "$sampler" 2>/dev/null; rm -rf "$work"' EXIT

@@ -33,8 +33,8 @@
 # device's optimizer would run inside fwd/bwd); the plain schedule; the config as given (clipping 1.0 bites every step of hostmem-190m:
 # every step deferred or after backward, strata.optimizer.defer). Medians of steps 3-STEPS.
 #
-# usage: tests/bench_step_bound.sh STRATA_BIN CONFIG [ROUNDS=3] [STEPS=6] [--set KEY=VALUE]...
-#   e.g. tests/bench_step_bound.sh build/tools/strata configs/hostmem-190m.json 3 6 \
+# usage: tests/bench/bench_step_bound.sh STRATA_BIN CONFIG [ROUNDS=3] [STEPS=6] [--set KEY=VALUE]...
+#   e.g. tests/bench/bench_step_bound.sh build/tools/strata configs/hostmem-190m.json 3 6 \
 #          --set 'strata.host_memory_limit="4GiB"' --set 'strata.placement.grads="host"'
 set -euo pipefail
 bin=${1:?strata binary}
@@ -43,7 +43,7 @@ rounds=${3:-3}
 steps=${4:-6}
 shift $(($# < 4 ? $# : 4))
 sets=("$@")
-"$(dirname "$0")/../../shared/tools/bench-env" true 2>/dev/null || true
+"$(dirname "$0")/../../../shared/tools/bench-env" true 2>/dev/null || true
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench_bound.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 

@@ -2,7 +2,7 @@
 # The optimizer under backward: step time of the plain schedule (all of backward,
 # then the optimizer) against the overlapped one, on the CPU backend, in one invocation.
 #
-#   tests/bench_overlap.sh build/tools/strata [CONFIG] [ROUNDS] [--set key=value ...]
+#   tests/bench/bench_overlap.sh build/tools/strata [CONFIG] [ROUNDS] [--set key=value ...]
 #
 # Runs CONFIG (default configs/bench-25m.json: params and optimizer state on NVMe) ROUNDS times
 # (default 2) with strata.optimizer.overlap=false and =true, alternating, and reads the JSONL

@@ -3,7 +3,7 @@
 // A measurement for the choice of GEMM library, not a test and not a dependency: it is
 // built by hand where oneDNN is installed (Debian: libdnnl-dev), against an existing build:
 //
-//   g++ -O3 -std=c++20 -I. -Iinclude tests/bench_gemm_onednn.cc \
+//   g++ -O3 -std=c++20 -I. -Iinclude tests/bench/bench_gemm_onednn.cc \
 //       -o /tmp/bench_gemm_onednn build/libstrata.a -ldnnl -lgomp -lfmt -ltbb -lpthread
 //   OMP_NUM_THREADS=1 DNNL_VERBOSE=0 /tmp/bench_gemm_onednn [seconds per case, default 1]
 //

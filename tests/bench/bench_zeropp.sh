@@ -6,8 +6,8 @@
 # gradient reductions and the step time (means over the logged window after step 1), the last
 # training loss and the final eval loss.
 # usage (from the source dir, after building build/tools/strata):
-#   tests/bench_zeropp.sh CONFIG STEPS ACCUM TAG [--set KEY=VALUE]...
-#   e.g. tests/bench_zeropp.sh configs/tiny-cpu.json 200 4 all \
+#   tests/bench/bench_zeropp.sh CONFIG STEPS ACCUM TAG [--set KEY=VALUE]...
+#   e.g. tests/bench/bench_zeropp.sh configs/tiny-cpu.json 200 4 all \
 #          --set zero_optimization.zero_quantized_weights=true \
 #          --set zero_optimization.zero_hpz_partition_size=2 \
 #          --set zero_optimization.zero_quantized_gradients=true

@@ -1,11 +1,11 @@
-"""PyTorch CPU peer of a strata GPT training run, for tests/bench_cpu_vs_torch.sh.
+"""PyTorch CPU peer of a strata GPT training run, for tests/bench/bench_cpu_vs_torch.sh.
 
 The same model shape as strata's GPT-2 (tied embeddings, pre-LayerNorm blocks, tanh GELU, causal
 attention), trained on random tokens with bf16 autocast, fused AdamW and gradient accumulation.
 Prints one line: "torch tokens/s <wall> cpu_s <process CPU seconds> steps <n>", measured over the
 steps after the warm-up ones.
 
-    python tests/bench_torch_gpt.py --layers 8 --heads 8 --width 512 --vocab 256 --context 128 \
+    python tests/bench/bench_torch_gpt.py --layers 8 --heads 8 --width 512 --vocab 256 --context 128 \
         --micro-batch 2 --accum 2 --steps 12 --warmup 2
 """
 import argparse

@@ -3,9 +3,9 @@
 # both alike: per run, the step, fwd/bwd and optimizer times (ms) of each step after the first
 # two, from the progress lines, and the bytes per step against the placement's minimum.
 #
-# usage: tests/bench_ab.sh STRATA_A STRATA_B CONFIG ROUNDS STEPS [--set KEY=VALUE]...
+# usage: tests/bench/bench_ab.sh STRATA_A STRATA_B CONFIG ROUNDS STEPS [--set KEY=VALUE]...
 #   e.g. build the commit before a change into /tmp/strata-a and the change into build/, then
-#   tests/bench_ab.sh /tmp/strata-a build/tools/strata configs/hostmem-190m.json 3 6 \
+#   tests/bench/bench_ab.sh /tmp/strata-a build/tools/strata configs/hostmem-190m.json 3 6 \
 #     --set 'strata.optimizer.defer="never"'
 set -euo pipefail
 a=${1:?strata binary A}
@@ -14,7 +14,7 @@ config=${3:?config}
 rounds=${4:-3}
 steps=${5:-6}
 shift 5 || shift $#
-"$(dirname "$0")/../../shared/tools/bench-env" true 2>/dev/null || true
+"$(dirname "$0")/../../../shared/tools/bench-env" true 2>/dev/null || true
 work=$(mktemp -d "${TMPDIR:-/tmp}/bench_ab.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 for r in $(seq 1 "$rounds"); do

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Offload on a fast device, simulated: the GPU check's training shapes on `device.simulate`.
 
-    tests/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
+    tests/bench/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
                                 [--models gpt2,llama] [--llama-layers 8] [--set key=value ...]
+                                [--profile FILE] [--fastest] [--no-ratio]
 
 The CPU backend with a simulated device (docs/ARCHITECTURE.md, "A fast device, simulated"):
 every kernel takes the preset GPU's modeled time, while copies, the CPU optimizer, the tiers
@@ -20,6 +21,15 @@ It prints per row the medians of the steps after the first three (step, forward+
 optimizer), step / max(all-on-device step, optimizer alone) (the line being 1.10), and the
 plain schedule's step over the row's. Losses are not real on a
 simulated device; the bit-identity of the schedules is the tests' (schedule_fuzz_test).
+
+Beside each row, what `strata plan --config` predicts for the same config (the simulated
+device's rates for compute, the host's profile -- `strata probe`, run first unless --profile
+names one -- for the CPU optimizer and the copies; with --fastest each rate from its fastest
+pass, the host's capability when other work shares it): "planner ms", the step of the
+schedule the row runs (TimeTerms::expected_s), and measured / planned. Then, unless --no-ratio, per norm the
+zero_optimization.offload_optimizer.ratio the planner recommends for the placement (the least
+optimizer state on the device whose expected step is within 5% of the fastest) run with the
+"auto" schedules: its step against max(all on the device, optimizer alone) and the plain one.
 
 The Llama is TinyLlama-1.1B's layer shape (width 2048, 32/4 heads, SwiGLU 5632, vocab 32000,
 4 x 2048 tokens, recomputed activations) with --llama-layers of its 22 layers (default 8, so
@@ -83,6 +93,26 @@ def run(exe, cfg_path, sets, workdir, name):
                                                  "tokens_per_s")}
 
 
+def plan(exe, cfg_path, sets, workdir, name, profile, fastest=False):
+    """`strata plan --config` for a row: (expected step s, schedule, the ratio advice or None)."""
+    out_json = os.path.join(workdir, name + ".plan.json")
+    cmd = [exe, "plan", "--config", cfg_path, "--json", out_json, "--force"]
+    if profile:
+        cmd += ["--profile", profile]
+    if fastest:
+        cmd += ["--fastest"]
+    for s in sets:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        raise SystemExit(f"{name}: strata plan exited {out.returncode}")
+    rep = json.load(open(out_json))
+    opt = next(o for o in rep["options"] if o["name"] == rep["asked"])
+    advice = next((a for a in rep["optimizer_ratio_advice"] if a["option"] == rep["asked"]), None)
+    return opt["time_s"]["expected"], opt["expected_schedule"], advice
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("strata")
@@ -92,6 +122,12 @@ def main():
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--llama-layers", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--profile", default="",
+                    help="the host's `strata probe --json` profile (default: probe first)")
+    ap.add_argument("--fastest", action="store_true",
+                    help="the profile's rates from their fastest passes (strata plan --fastest)")
+    ap.add_argument("--no-ratio", action="store_true",
+                    help="skip the rows with the planner's offload_optimizer.ratio")
     a = ap.parse_args()
     exe = os.path.abspath(a.strata)
     models = {
@@ -105,6 +141,19 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"simulated device: {a.preset}; {a.steps} steps a run, medians of steps 4-{a.steps}")
     with tempfile.TemporaryDirectory(prefix="strata_bench_sim.") as work:
+        profile = os.path.abspath(a.profile) if a.profile else ""
+        if not profile:
+            profile = os.path.join(work, "profile.json")
+            out = subprocess.run([exe, "probe", "--json", profile], capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.stderr.write(out.stdout + out.stderr)
+                raise SystemExit(f"strata probe exited {out.returncode}")
+        prof = json.load(open(profile))
+        opt, copy = prof["cpu_optimizer"], prof["host"]
+        print(f"host profile: CPU optimizer {opt['params_per_s'] / 1e6:.0f} Mparam/s (fastest "
+              f"{max(t['spread']['max'] for t in opt['by_threads']) / 1e6:.0f}), copy "
+              f"{copy['copy_gbps']:.1f} GB/s (fastest {copy['copy_spread']['max']:.1f})"
+              f"{'; the planner takes the fastest' if a.fastest else ''}")
         for key in a.models.split(","):
             title, cfg, placements = models[key]
             cfg_path = os.path.join(work, key + ".json")
@@ -124,6 +173,29 @@ def main():
                       ("plain", ["strata.optimizer.overlap=false"])],
             }
             results = {}
+            planned = {"device": plan(exe, cfg_path, a.sets, work, f"{key}-device", profile,
+                                      a.fastest)}
+            ratios = {}
+            for pname, (pdev, odev) in placements:
+                for norm, scheds in schedules.items():
+                    place = [f'zero_optimization.offload_param.device="{pdev}"',
+                             f'zero_optimization.offload_optimizer.device="{odev}"',
+                             f"device.simulate_grad_norm={norm}"]
+                    for sname, sets in scheds:
+                        planned[(pname, norm, sname)] = plan(
+                            exe, cfg_path, place + sets + a.sets, work,
+                            f"{key}-{norm}-{sname.replace(' ', '_')}", profile, a.fastest)
+                    if not a.no_ratio:
+                        _, _, advice = plan(exe, cfg_path, place + a.sets, work,
+                                            f"{key}-{norm}-ratio", profile, a.fastest)
+                        if advice and advice["ratio"] < 1:
+                            rs = [f"zero_optimization.offload_optimizer.ratio={advice['ratio']}"]
+                            sname = f"auto, ratio {advice['ratio']:g}"
+                            scheds.append((sname, rs))
+                            planned[(pname, norm, sname)] = plan(
+                                exe, cfg_path, place + rs + a.sets, work,
+                                f"{key}-{norm}-ratio-run", profile, a.fastest)
+                            ratios[(pname, norm)] = advice
             for r in range(a.rounds):
                 jobs = [("device", [])]
                 for pname, (pdev, odev) in placements:
@@ -141,10 +213,12 @@ def main():
             med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]}
                    for k, v in results.items()}
             dev = med["device"]["step_s"]
-            print(f"\n{title}: all on the device {dev * 1e3:.0f} ms a step")
+            print(f"\n{title}: all on the device {dev * 1e3:.0f} ms a step (planner "
+                  f"{planned['device'][0] * 1e3:.0f} ms)")
             print("| placement | norm | optimizer runs | step ms | fwd+bwd ms | optimizer ms | "
-                  "step / max(device, opt alone) | plain / step |")
-            print("|---|---|---|---|---|---|---|---|")
+                  "step / max(device, opt alone) | plain / step | planner ms (schedule) | "
+                  "measured / planned |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for pname, _ in placements:
                 for norm, scheds in schedules.items():
                     alone = med[(pname, norm, "plain")]["optimizer_s"]
@@ -152,9 +226,17 @@ def main():
                     for sname, _ in scheds:
                         m = med[(pname, norm, sname)]
                         ratio = m["step_s"] / max(dev, alone)
+                        pl_s, pl_sched, _ = planned[(pname, norm, sname)]
                         print(f"| {pname} | {norm} | {sname} | {m['step_s'] * 1e3:.0f} | "
                               f"{m['fwd_bwd_s'] * 1e3:.0f} | {m['optimizer_s'] * 1e3:.0f} | "
-                              f"{ratio:.2f} | {plain / m['step_s']:.2f}x |")
+                              f"{ratio:.2f} | {plain / m['step_s']:.2f}x | "
+                              f"{pl_s * 1e3:.0f} ({pl_sched}) | {m['step_s'] / pl_s:.2f} |")
+            for (pname, norm), adv in ratios.items():
+                print(f"ratio advice, {pname} at {norm}: {adv['ratio']:g} (expected "
+                      f"{adv['expected_s'] * 1e3:.0f} ms {adv['schedule']}, CPU optimizer "
+                      f"{adv['cpu_optimizer_s'] * 1e3:.0f} ms, compute {adv['compute_s'] * 1e3:.0f}"
+                      f" ms; at ratio 1 {adv['step_at_ratio_1_s'] * 1e3:.0f}, fastest "
+                      f"{adv['fastest_s'] * 1e3:.0f} at {adv['fastest_ratio']:g})")
 
 
 if __name__ == "__main__":

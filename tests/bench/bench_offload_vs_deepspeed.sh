@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # strata against DeepSpeed ZeRO-Infinity on its own job, alternated.
 #
-#   tests/bench_offload_vs_deepspeed.sh STRATA_BIN PYTHON [ROUNDS] [STEPS] [NVME_DIR]
+#   tests/bench/bench_offload_vs_deepspeed.sh STRATA_BIN PYTHON [ROUNDS] [STEPS] [NVME_DIR]
 #
 # The configs/hostmem-190m.json shape (15 x 1024, 16 heads, context 128, micro-batch 1 x
 # accumulation 2, AdamW, clipping 1.0, parameters and optimizer state on NVMe), ROUNDS times
@@ -30,7 +30,7 @@ rounds=${3:-3}
 steps=${4:-6}
 nvme=${5:-runs/bench-ds}
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
+repo=$(dirname "$(dirname "$here")")
 peer=${DS_PEER:-$repo/../shared/peers/ds_zero_infinity.py}
 [ -f "$peer" ] || { echo "no DeepSpeed peer harness at $peer (set DS_PEER)" >&2; exit 2; }
 if [ -z "${DS_DTYPE:-}" ]; then

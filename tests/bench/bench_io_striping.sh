@@ -3,7 +3,7 @@
 # bytes striped over N directories, alternately A/B (ROUNDS times). On one physical disk expect
 # no gain: the number shows what striping costs.
 #
-# usage: tests/bench_io_striping.sh STRATA_BIN BASE_DIR [TOTAL_GiB=3] [N=3] [ROUNDS=3]
+# usage: tests/bench/bench_io_striping.sh STRATA_BIN BASE_DIR [TOTAL_GiB=3] [N=3] [ROUNDS=3]
 set -euo pipefail
 strata=${1:?strata binary}
 base=${2:?base directory}

@@ -3,7 +3,7 @@
 # configs/tiny-cpu.json with a global batch of 32, then the mean per-step split of the logged
 # windows after step 1 from the JSONL (step, fwd/bwd, fetch wait, comm, optimizer).
 # usage (from the source dir, after building build/tools/strata):
-#   tests/bench_zero3_train.sh TAG [--set KEY=VALUE]...
+#   tests/bench/bench_zero3_train.sh TAG [--set KEY=VALUE]...
 set -o pipefail
 tag=$1; shift
 d=/tmp/zero3_bench/$tag

@@ -3,7 +3,7 @@
 # of configs/bench-25m.json (N = 2 x 128 tokens, width 512; bf16 operands, what training runs),
 # forward and backward, 1 and 2 threads, through the Kernels table (bench_matmul).
 #
-#   tests/bench_gemm_paths.sh [BENCH_MATMUL] [ROUNDS] [PATHS]
+#   tests/bench/bench_gemm_paths.sh [BENCH_MATMUL] [ROUNDS] [PATHS]
 #
 # BENCH_MATMUL defaults to build/tests/bench_matmul, ROUNDS to 2, PATHS to "avx2 onednn" (each
 # forced with STRATA_CPU_ISA; on an AVX-512/AMX CPU add "avx512bf16", which is the onednn path

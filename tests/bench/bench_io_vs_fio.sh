@@ -6,7 +6,7 @@
 # case, both tools' runs, the ratio of the medians, and the median of the per-round ratios
 # (strata run r / fio run r, the two runs back to back).
 #
-# usage: tests/bench_io_vs_fio.sh STRATA_BIN DIR [SIZE=4GiB] [ROUNDS=3]
+# usage: tests/bench/bench_io_vs_fio.sh STRATA_BIN DIR [SIZE=4GiB] [ROUNDS=3]
 #   env BACKENDS="io_uring libaio", OPS="read write", QDS="8 32" narrow the sweep.
 set -euo pipefail
 strata=${1:?strata binary}

@@ -2,7 +2,7 @@
 # The planner against the trainer: predicted vs measured step time and peak bytes per
 # tier, for the seven CPU-backend configs of docs/PLANNER.md ("Validation on the CPU backend").
 #
-#   tests/bench_plan_validate.sh build/tools/strata [ROUNDS] [SWAP_DIR]
+#   tests/bench/bench_plan_validate.sh build/tools/strata [ROUNDS] [SWAP_DIR]
 #
 # Each round (default 3) runs a fresh `strata probe --repeats 9` and then every row's
 # `strata plan --validate` right after it, so that a profile and the runs it predicts see the

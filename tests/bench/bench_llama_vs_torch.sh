@@ -10,7 +10,7 @@
 # Both use every core of the machine (strata: device.cpu_threads 0; torch: set_num_threads).
 # usage (from the source dir, after building build/tools/strata):
 #   PYTHON=/path/to/venv/bin/python [WARMUP=2] [IMPORT_RUNS=3] \
-#     tests/bench_llama_vs_torch.sh [ROUNDS] [STEPS]
+#     tests/bench/bench_llama_vs_torch.sh [ROUNDS] [STEPS]
 # PYTHON must have torch and transformers (a throwaway venv; never a dependency of strata).
 # STRATA_CPU_ISA (docs/ARCHITECTURE.md: the CPU GEMM path, e.g. onednn or avx2) is passed to
 # strata as set and printed with each round's result.

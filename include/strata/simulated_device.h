@@ -1,0 +1,28 @@
+// The simulated fast device's rules that other layers share (strata/device.h declares the
+// device itself: SimulatedDeviceOptions, its presets, create_simulated_device): the options a
+// config's device section asks for, and the time its kernels charge for attention. The trainer
+// creates its device from the first; the planner (src/plan) times compute with both, so that a
+// plan of a simulated run divides by the numbers the kernels charge, not a copy of them.
+#pragma once
+
+#include "strata/device.h"
+#include "strata/status.h"
+
+namespace strata {
+
+struct DeviceConfig;  // strata/config.h
+
+// The device a config's device section simulates: device.simulate's preset with each
+// device.simulate_* rate that is set (> 0; launch_us >= 0) in place of the preset's, and its
+// memory capped at device.memory_limit when that is set. kInvalidArgument for an unknown preset
+// (naming device.simulate).
+Result<SimulatedDeviceOptions> simulated_device_options(const DeviceConfig& device);
+
+// The compute part of the simulated fused attention's time (the kernels also charge their bytes
+// over hbm_gbps and a launch; the plain kernels kPlainSlowdown times it): `square_flops` are the
+// multiply-adds of QK^T and AV over the whole T x T square (4 B NH T^2 hs forward); causal
+// attention does half of them, and the backward 2.5 times the forward's, at the attention rates.
+double simulated_attention_seconds(const SimulatedDeviceOptions& p, double square_flops,
+                                   bool backward);
+
+}  // namespace strata

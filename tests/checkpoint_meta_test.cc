@@ -1,0 +1,243 @@
+// Checkpoint metadata checked against the run (check_resume): edited whole-model files (their
+// checksums recomputed), deep JSON, and a two-rank save whose files disagree.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/adversarial_util.h"
+
+namespace strata {
+namespace {
+
+using namespace adversarial;
+
+// ---- 7. checkpoint metadata checked against the run ---------------------------------------------
+
+class MetaEdits : public Hardening {
+ protected:
+  void SetUp() override {
+    Hardening::SetUp();
+    dir_ = temp_dir("meta");
+    cfg_ = small_config(dir_, {"train.steps=4"});
+    TrainResult r = must_train(cfg_);
+    ckpt_ = r.last_checkpoint;
+    pristine_ = test::read_file(ckpt_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Resumes after `edit`; expects a refusal mentioning every `words`.
+  void expect_refused(const std::function<void(nlohmann::json&)>& edit,
+                      std::vector<std::string> words) {
+    std::ofstream(ckpt_, std::ios::binary | std::ios::trunc) << pristine_;
+    edit_meta(ckpt_, edit);
+    Status s = train_status(cfg_, ckpt_);
+    ASSERT_FALSE(s.is_ok()) << "resumed from edited metadata";
+    for (const auto& w : words) EXPECT_TRUE(contains(s.message(), w)) << s.message();
+  }
+  std::string dir_, ckpt_, pristine_;
+  Config cfg_;
+};
+
+TEST_F(MetaEdits, NegativeOptStepsIsAnErrorNotAnAbort) {
+  expect_refused([](auto& j) { j["opt_steps"] = -100; }, {"opt_steps", "-100"});
+}
+
+TEST_F(MetaEdits, NegativeStep) {
+  expect_refused([](auto& j) { j["step"] = -5; }, {"step", "-5"});
+}
+
+TEST_F(MetaEdits, SwappedModuleSizes) {
+  expect_refused(
+      [](auto& j) {
+        auto& m = j["modules"];
+        std::swap(m[0]["numel"], m[1]["numel"]);
+      },
+      {"module", "elements"});
+}
+
+TEST_F(MetaEdits, RenamedModule) {
+  expect_refused([](auto& j) { j["modules"][1]["name"] = "block.9"; }, {"block.9"});
+}
+
+TEST_F(MetaEdits, WorldSizeOfAShardFile) {
+  expect_refused(
+      [](auto& j) {
+        j["world_size"] = 2;
+        j["rank"] = 1;
+      },
+      {"rank 1 of 2"});
+}
+
+TEST_F(MetaEdits, WrongTypes) {
+  expect_refused([](auto& j) { j["step"] = "four"; }, {"step"});
+  expect_refused([](auto& j) { j["loss_scale"] = -1.0; }, {"loss_scale"});
+  expect_refused([](auto& j) { j["modules"][0]["numel"] = -1; }, {"numel"});
+  expect_refused([](auto& j) { j["moment_dtype"] = "int8"; }, {"moment_dtype"});
+}
+
+TEST_F(MetaEdits, ChangedSeedIsRefused) {
+  std::ofstream(ckpt_, std::ios::binary | std::ios::trunc) << pristine_;
+  Config other = small_config(dir_, {"train.steps=6", "train.seed=7"});
+  Status s = train_status(other, ckpt_);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_TRUE(contains(s.message(), "train.seed=42")) << s.message();
+}
+
+TEST_F(MetaEdits, StepsBelowTheCheckpointIsRefused) {
+  Config fewer = small_config(dir_, {"train.steps=2"});
+  Status s = train_status(fewer, ckpt_);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_TRUE(contains(s.message(), "past train.steps 2")) << s.message();
+}
+
+TEST_F(Hardening, DeepCheckpointMetadataIsCorruptNotACrash) {
+  const auto dir = temp_dir("deepmeta");
+  CheckpointMeta meta;
+  meta.moment_dtype = "fp32";
+  meta.modules = {{"a", 4}};
+  std::vector<float> a(4, 1.0f);
+  const std::string path = dir + "/c.bin";
+  ASSERT_TRUE(write_checkpoint(path, meta, {{a.data(), a.data(), a.data(), 4}}).is_ok());
+  std::string deep(100000, '[');
+  deep += std::string(100000, ']');
+  edit_meta(path, [&](nlohmann::json& j) { j["model_shape"] = "x"; });
+  // Replace the metadata with the deep array by hand (nlohmann could not dump it).
+  std::string bytes = test::read_file(path);
+  uint32_t jlen;
+  std::memcpy(&jlen, bytes.data() + 12, 4);
+  std::string out = bytes.substr(0, 32) + deep + bytes.substr(32 + jlen);
+  const uint32_t len = uint32_t(deep.size()), crc = crc32c(0, deep.data(), deep.size());
+  std::memcpy(out.data() + 12, &len, 4);
+  std::memcpy(out.data() + 16, &crc, 4);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+  auto m = read_checkpoint_meta(path);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kCorrupt) << m.status().to_string();
+  fs::remove_all(dir);
+}
+
+// A two-rank checkpoint (manifest + one shard file per rank) written by hand, then each way its
+// files can disagree with each other or with the manifest: check_resume must refuse every one,
+// naming the file. (MetaEdits above covers whole-model files; the crash test resumes only
+// consistent two-rank saves.)
+class ShardedMeta : public Hardening {
+ protected:
+  void SetUp() override {
+    Hardening::SetUp();
+    dir_ = temp_dir("sharded");
+    mine_.model_shape = "L=1 NH=1 C=4 V=8 Vp=8 T=4 tied=1";
+    mine_.moment_dtype = "fp32";
+    mine_.seed = 42;
+    mine_.modules = {{"embedding", 6}, {"final_norm", 3}};
+    manifest_ = dir_ + "/ckpt-00000004.bin";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Rank r's metadata of a consistent save: module i split [0, n/2) and [n/2, n).
+  CheckpointMeta shard(int r) const {
+    CheckpointMeta m = mine_;
+    m.step = 4;
+    m.opt_steps = 4;
+    m.run_id = "run-a";
+    m.world_size = 2;
+    m.rank = r;
+    for (CheckpointModule& mod : m.modules) {
+      const size_t half = mod.numel / 2;
+      mod.offset = r == 0 ? 0 : half;
+      mod.numel = r == 0 ? half : mod.numel - half;
+    }
+    return m;
+  }
+  // Writes the manifest (step `manifest_step`) and shard files r0, r1 (which may be edited).
+  void write(const CheckpointMeta& r0, const CheckpointMeta& r1, int64_t manifest_step = 4) {
+    for (const CheckpointMeta* m : {&r0, &r1}) {
+      std::vector<CheckpointBuffers> bufs;
+      store_.clear();
+      store_.reserve(m->modules.size());
+      for (const CheckpointModule& mod : m->modules) {
+        store_.emplace_back(mod.numel + 1, 0.5f);
+        bufs.push_back({store_.back().data(), store_.back().data(), store_.back().data(), 4});
+      }
+      const int rank = m == &r0 ? 0 : 1;
+      ASSERT_TRUE(write_checkpoint(shard_file_path(manifest_, rank, 2), *m, bufs).is_ok());
+    }
+    ASSERT_TRUE(write_shard_manifest(manifest_, manifest_step, 2, "run-a").is_ok());
+  }
+  void expect_refused(const std::vector<std::string>& words) {
+    auto r = check_resume(manifest_, mine_, 100);
+    ASSERT_FALSE(r.is_ok()) << "a disagreeing sharded checkpoint was accepted";
+    for (const auto& w : words) {
+      EXPECT_TRUE(contains(r.status().message(), w))
+          << "'" << w << "' not in " << r.status().message();
+    }
+  }
+  std::string dir_, manifest_;
+  CheckpointMeta mine_;
+  std::vector<std::vector<float>> store_;
+};
+
+TEST_F(ShardedMeta, ConsistentSaveIsAccepted) {
+  write(shard(0), shard(1));
+  auto r = check_resume(manifest_, mine_, 100);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_FALSE(r->whole);
+  ASSERT_EQ(r->files.size(), 2u);
+  EXPECT_EQ(r->meta.step, 4);
+}
+
+TEST_F(ShardedMeta, ShardFilesInTheWrongRankOrder) {
+  write(shard(1), shard(0));  // rank 1's file where rank 0's belongs
+  expect_refused({".rank0-of-2", "says rank 1 of 2", "lists it as rank 0 of 2"});
+}
+
+TEST_F(ShardedMeta, ShardFileOfAnotherWorldSize) {
+  CheckpointMeta r1 = shard(1);
+  r1.world_size = 3;
+  write(shard(0), r1);
+  expect_refused({".rank1-of-2", "says rank 1 of 3"});
+}
+
+TEST_F(ShardedMeta, ShardFilesFromDifferentSaves) {
+  CheckpointMeta later = shard(1);
+  later.step = 8;
+  later.opt_steps = 8;
+  write(shard(0), later);
+  expect_refused({".rank1-of-2", "step 8", "different saves"});
+  CheckpointMeta other_run = shard(1);
+  other_run.run_id = "run-b";
+  write(shard(0), other_run);
+  expect_refused({"run run-b", "different saves"});
+}
+
+TEST_F(ShardedMeta, ManifestStepDisagreesWithItsShards) {
+  write(shard(0), shard(1), /*manifest_step=*/6);
+  expect_refused({manifest_, "the manifest says step 6", "shard files step 4"});
+}
+
+TEST_F(ShardedMeta, RangesCoveredTwiceOrNotAtAll) {
+  CheckpointMeta twice = shard(1);
+  twice.modules[0].offset = 2;  // [2, 5): overlaps rank 0's [0, 3), leaves [5, 6) uncovered
+  write(shard(0), twice);
+  expect_refused({"'embedding'", "covered twice"});
+  CheckpointMeta gap = shard(1);
+  gap.modules[1].numel = 1;  // [1, 2) of final_norm's 3: [2, 3) uncovered
+  write(shard(0), gap);
+  expect_refused({"'final_norm'", "[2, 3) are not covered"});
+  CheckpointMeta outside = shard(1);
+  outside.modules[1].offset = 2;  // [2, 4) of 3 elements
+  write(shard(0), outside);
+  expect_refused({"'final_norm'", "lie outside its 3 elements"});
+}
+
+TEST_F(ShardedMeta, AShardFileGivenAsTheCheckpoint) {
+  write(shard(0), shard(1));
+  auto r = check_resume(shard_file_path(manifest_, 1, 2), mine_, 100);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "a shard file (rank 1 of 2) given as a checkpoint"))
+      << r.status().message();
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,138 @@
+// Inputs that crashed or were misread become errors naming the input: deep JSON, invalid UTF-8 in
+// an override, a profile field of the wrong type, number overflow, a directory as data, an llm.c
+// header that miscounts, invalid JSON (its line and column), a uint32 token past 2^31.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/adversarial_util.h"
+
+namespace strata {
+namespace {
+
+using namespace adversarial;
+
+// ---- 6. crashes become errors
+// --------------------------------------------------------------------
+
+TEST_F(Hardening, DeepJsonIsRefused) {
+  for (const char* open_close : {"[]", "{}"}) {
+    std::string deep;
+    for (int i = 0; i < 100000; ++i) deep += open_close[0] == '[' ? "[" : "{\"a\":";
+    deep += open_close[0] == '[' ? "1" : "1";
+    for (int i = 0; i < 100000; ++i) deep += open_close[1];
+    auto r = parse_config("{\"model\": " + deep + "}", "deep.json");
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_TRUE(contains(r.status().message(), "nested deeper than")) << r.status().message();
+    auto o = parse_config("{}", "x.json", {"model=" + deep});
+    ASSERT_FALSE(o.is_ok());
+    EXPECT_TRUE(contains(o.status().message(), "nested deeper than")) << o.status().message();
+  }
+}
+
+// Found by fuzz_config: an override value that is not JSON is taken as a string; invalid UTF-8
+// in it made the "got ..." message throw (nlohmann type_error 316) and abort.
+TEST_F(Hardening, OverrideWithInvalidUtf8IsAnErrorNotAnAbort) {
+  auto r = parse_config("{}", "x.json", {"zero_optimization.stage=ac\xb4\xff"});
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "zero_optimization.stage")) << r.status().message();
+}
+
+TEST_F(Hardening, ProfileFieldOfTheWrongTypeIsAnErrorNotAnAbort) {
+  const char* text = R"({"magic": "strata-machine-profile", "version": 1,
+    "device": {"backend": "cpu", "gemm_flops": 1e11, "gemm_by_width": [{"C": "x", "gemm_flops": 1}]},
+    "host": {"copy_gbps": 10}, "cpu_optimizer": {"params_per_s": 1e8}})";
+  auto p = parse_machine_profile(text, "p.json");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_TRUE(contains(p.status().message(), "p.json")) << p.status().message();
+  EXPECT_TRUE(contains(p.status().message(), "strata probe")) << p.status().message();
+}
+
+TEST_F(Hardening, NumberOverflowIsRefused) {
+  auto r = parse_config(R"({"optimizer": {"params": {"lr": 1e400}}})", "x.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "1e400")) << r.status().message();
+  EXPECT_TRUE(contains(r.status().message(), "x.json")) << r.status().message();
+  auto o = parse_config("{}", "x.json", {"optimizer.params.lr=1e400"});
+  ASSERT_FALSE(o.is_ok());
+  auto big = parse_config(R"({"aio": {"block_size": 2e19}})", "x.json");
+  ASSERT_FALSE(big.is_ok());
+  EXPECT_TRUE(contains(big.status().message(), "too large")) << big.status().message();
+  EXPECT_FALSE(contains(big.status().message(), "out of range [0, inf)"));
+}
+
+TEST_F(Hardening, DataSourceDirectoryIsRefused) {
+  const auto dir = temp_dir("datadir");
+  DataConfig dc;
+  dc.source = dir;
+  auto d = Dataset::load(dc, 256, 1);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_TRUE(contains(d.status().message(), "is a directory")) << d.status().message();
+  fs::remove_all(dir);
+}
+
+TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {
+  const auto dir = temp_dir("llmc");
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = 100;  // but 150 tokens follow
+  std::vector<uint16_t> tokens(150, 3);
+  {
+    std::ofstream f(dir + "/t.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f.write(reinterpret_cast<const char*>(tokens.data()), 300);
+  }
+  DataConfig dc;
+  dc.source = dir + "/t.bin";
+  auto d = Dataset::load(dc, 256, 1);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_TRUE(contains(d.status().message(), "header says 100 tokens")) << d.status().message();
+  EXPECT_TRUE(contains(d.status().message(), "150 tokens")) << d.status().message();
+  fs::remove_all(dir);
+}
+
+// ---- WEAK: invalid JSON is named with its line and column ---------------------------------------
+
+TEST_F(Hardening2, InvalidJsonNamesLineAndColumn) {
+  const auto dir = temp_dir("json");
+  std::ofstream(dir + "/config.json") << "{\"architectures\": [\"LlamaForCausalLM\"],\n"
+                                         "  \"hidden_size\": 32,,\n}";
+  Status s =
+      parse_config(json{{"model", {{"from_pretrained", dir}}}}.dump(), "<test>", {}).status();
+  EXPECT_TRUE(contains(s.message(), dir + "/config.json: invalid JSON at line 2 column"))
+      << s.message();
+  const std::string base = fixture_copy("llama", dir);
+  std::ofstream(base + "/model.safetensors.index.json") << "{\"weight_map\": {\n\n  \"a\": }";
+  Config cfg = pretrained_config(dir, base);
+  auto arch = create_architecture(cfg.model);
+  ASSERT_TRUE(arch.is_ok());
+  s = HfCheckpointReader::open(base, **arch).status();
+  EXPECT_TRUE(contains(s.message(), "invalid JSON at line 3 column")) << s.message();
+  fs::remove_all(dir);
+}
+
+// ---- WEAK: a uint32 token past 2^31 is named as the file holds it -------------------------------
+
+TEST_F(Hardening2, Uint32TokenIsReportedUnsigned) {
+  const auto dir = temp_dir("u32");
+  const std::string file = dir + "/tokens.u32";
+  std::vector<uint32_t> tokens(256, 5);
+  tokens[100] = 4294967295u;
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  DataConfig dc;
+  dc.source = file;
+  auto d = Dataset::load(dc, 64, 1);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_TRUE(contains(d.status().message(), "token 4294967295 at index 100"))
+      << d.status().message();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace strata

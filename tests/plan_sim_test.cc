@@ -1,0 +1,172 @@
+// The planner on a simulated fast device (device.simulate, MachineProfile::simulated): compute
+// at the preset's rates by its kernels' rule, the host's rates for the rest; the schedule the
+// run picks and its step (TimeTerms::expected_s); the optimizer ratio it recommends
+// (advise_optimizer_ratio). Deterministic arithmetic on fixed profiles: no timing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "src/plan/plan.h"
+#include "strata/config.h"
+#include "strata/device.h"
+#include "tests/plan_util.h"
+
+namespace strata {
+namespace {
+
+using test::find_placement;
+
+// The host: the CPU backend's defaults with a 1 Gparam/s optimizer and 20 GB/s copies.
+MachineProfile host_profile() {
+  MachineProfile p = default_profile(true);
+  p.optimizer_pps = {1.0e9, "test"};
+  p.host_copy_gbps = {20.0, "test"};
+  return p;
+}
+
+// GPT-2 124M's shape (vocabulary 50304, a multiple of 64: no padding), 8 x 1024 tokens, two
+// micro-batches, on a simulated H200 with clipping at 1.0 and the simulated norm `norm`.
+PlanRequest gpt2_request(double norm) {
+  Config c = plan_default_config();
+  c.model = gpt_model("gpt2", 12, 768, 12, 50304, 1024).shape;
+  c.train_micro_batch_size_per_gpu = 8;
+  c.gradient_accumulation_steps = 2;
+  c.data.seq_len = 1024;
+  c.gradient_clipping = 1.0;
+  c.device.backend = "cpu";
+  c.device.simulate = "h200";
+  c.device.simulate_grad_norm = norm;
+  Hardware hw;
+  hw.gpu_mem = uint64_t{140} << 30;
+  hw.host_mem = uint64_t{64} << 30;
+  return request_from_config(c, hw, host_profile());
+}
+
+TEST(PlanSimulated, ProfileTakesThePresetsRatesAndTheHostsOptimizer) {
+  const PlanRequest r = gpt2_request(0.5);
+  auto sim = simulated_device_preset("h200");
+  ASSERT_TRUE(sim.is_ok());
+  const MachineProfile& p = r.profile;
+  EXPECT_TRUE(p.simulated);
+  EXPECT_FALSE(p.cpu_backend) << "the simulated device is not host-addressable";
+  EXPECT_EQ(p.gemm_flops.value, sim->gemm_tflops * 1e12);
+  EXPECT_EQ(p.device_mem_gbps.value, sim->hbm_gbps);
+  EXPECT_EQ(p.link_gbps.value, 20.0) << "the host's copies, slower than the preset's link";
+  EXPECT_EQ(p.optimizer_pps.value, 1.0e9);
+  // A device.simulate_* key changes the rate the planner divides by, as it does the kernels'.
+  Config c = r.config;
+  c.device.simulate_gemm_tflops = 100;
+  c.device.simulate_link_gbps = 5;
+  const PlanRequest r2 = request_from_config(c, r.hw, host_profile());
+  EXPECT_EQ(r2.profile.gemm_flops.value, 100e12);
+  EXPECT_EQ(r2.profile.link_gbps.value, 5.0);
+}
+
+// Compute: GPT-2's GEMMs (24 C^2 per layer and token, 2 V C for the head; forward, and twice
+// that backward) at 580 TFLOP/s, causal attention (half of 4 T C per layer and token) forward
+// at 55 TFLOP/s and 2.5 times that backward at 30.
+TEST(PlanSimulated, ComputeIsTheKernelsModeledTime) {
+  const PlanRequest r = gpt2_request(0.5);
+  auto o = evaluate_placement(r, find_placement("opt-host"));
+  ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+  const double C = 768, L = 12, V = 50304, T = 1024, tokens = 8 * 1024 * 2;
+  const double gemm = 3.0 * (24.0 * C * C * L + 2.0 * V * C) * tokens / 580e12;
+  const double causal = 4.0 * T * C * L / 2.0 * tokens;
+  const double attention = causal / 55e12 + 2.5 * causal / 30e12;
+  EXPECT_NEAR(o->time.compute_s, gemm + attention, 1e-9 * (gemm + attention));
+  // The CPU optimizer at the host's rate: every parameter (the wte head tied).
+  const double params = 12.0 * (12 * C * C + 13 * C) + V * C + T * C + 2 * C;
+  EXPECT_NEAR(o->time.cpu_optim_s, params / 1e9, 1e-3 * params / 1e9);
+}
+
+TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
+  // Under the threshold: speculated under backward ("always"), or as a clipped step ("never").
+  PlanRequest r = gpt2_request(0.5);
+  r.config.strata.optimizer_speculate = "always";
+  auto under = evaluate_placement(r, find_placement("opt-host"));
+  ASSERT_TRUE(under.is_ok());
+  EXPECT_EQ(under->time.schedule, "under backward");
+  EXPECT_EQ(under->time.expected_s, under->time.step_s);
+  // The simulated copies are the host's memcpys: under backward they share the host with the
+  // optimizer (a GPU's DMA would not), so the step holds both.
+  EXPECT_GE(under->time.step_s, under->time.cpu_optim_s + under->time.link_s);
+  PlanRequest gpu = r;
+  gpu.profile.simulated = false;
+  gpu.config.strata.optimizer_speculate = "always";
+  auto dma = evaluate_placement(gpu, find_placement("opt-host"));
+  ASSERT_TRUE(dma.is_ok());
+  EXPECT_LT(dma->time.step_s, under->time.step_s);
+  r.config.strata.optimizer_speculate = "never";
+  r.config.strata.optimizer_defer = "always";
+  auto deferred = evaluate_placement(r, find_placement("opt-host"));
+  ASSERT_TRUE(deferred.is_ok());
+  EXPECT_EQ(deferred->time.schedule, "next forward");
+  EXPECT_EQ(deferred->time.expected_s, deferred->time.step_deferred_s);
+  // "auto": the faster of the two.
+  r.config.strata.optimizer_speculate = "auto";
+  auto chosen = evaluate_placement(r, find_placement("opt-host"));
+  ASSERT_TRUE(chosen.is_ok());
+  EXPECT_EQ(chosen->time.expected_s, std::min(chosen->time.step_s, chosen->time.step_after_s));
+  // Over it every step clips: after backward with defer "never", whatever speculate says.
+  PlanRequest over = gpt2_request(3.0);
+  over.config.strata.optimizer_speculate = "always";
+  over.config.strata.optimizer_defer = "never";
+  auto clipped = evaluate_placement(over, find_placement("opt-host"));
+  ASSERT_TRUE(clipped.is_ok());
+  EXPECT_EQ(clipped->time.schedule, "after backward");
+  EXPECT_EQ(clipped->time.expected_s, clipped->time.step_plain_s);
+  // The overlap off: the plain schedule, the optimizer after the compute.
+  over.config.strata.optimizer_overlap = false;
+  auto plain = evaluate_placement(over, find_placement("opt-host"));
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_EQ(plain->time.schedule, "plain");
+  EXPECT_GT(plain->time.expected_s, plain->time.compute_s + plain->time.cpu_optim_s - 1e-12);
+}
+
+// The host's optimizer (124M parameters at 1 Gparam/s) takes longer than the device's compute:
+// the ratio moves the first modules' optimizer onto the device until the step is within
+// kRatioSlack of the fastest; at a rate that hides it, the ratio stays 1; without device
+// memory for more, too.
+TEST(PlanSimulated, RatioAdviceMovesJustEnoughOptimizerOntoTheDevice) {
+  PlanRequest r = gpt2_request(3.0);
+  auto rep = make_plan(r);
+  ASSERT_TRUE(rep.is_ok());
+  auto asked = add_placement(*rep, find_placement("opt-host"));
+  ASSERT_TRUE(asked.is_ok());
+  ASSERT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
+  const RatioAdvice* a = rep->advice_for(*asked);
+  ASSERT_NE(a, nullptr);
+  EXPECT_GT(a->candidates, 10) << "one ratio per module boundary";
+  EXPECT_LT(a->ratio, 1.0);
+  EXPECT_GT(a->ratio, 0.0);
+  EXPECT_LE(a->time.expected_s, kRatioSlack * a->fastest_s);
+  EXPECT_LT(a->time.expected_s, a->step_at_1_s);
+  EXPECT_LT(a->time.cpu_optim_s, rep->options[size_t(*asked)].time.cpu_optim_s);
+  // The written config carries the ratio; train reads it back as the same placement.
+  const std::string text = plan_config_json(*rep, rep->options[size_t(*asked)]);
+  EXPECT_NE(text.find("\"ratio\""), std::string::npos) << text;
+  auto cfg = parse_config(text, "written");
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  EXPECT_DOUBLE_EQ(cfg->zero.offload_optimizer.ratio, a->ratio);
+
+  // An optimizer fast enough to hide under the compute: nothing moves.
+  PlanRequest fast = gpt2_request(3.0);
+  fast.profile.optimizer_pps = {1.0e13, "test"};
+  fast.profile.link_gbps = {1.0e4, "test"};
+  auto frep = make_plan(fast);
+  ASSERT_TRUE(frep.is_ok());
+  auto fasked = add_placement(*frep, find_placement("opt-host"));
+  ASSERT_TRUE(fasked.is_ok());
+  ASSERT_TRUE(advise_optimizer_ratio(*frep, *fasked).is_ok());
+  EXPECT_EQ(frep->advice_for(*fasked)->ratio, 1.0);
+
+  // The optimizer on the device already: no advice.
+  auto dev = add_placement(*rep, find_placement("all-device"));
+  ASSERT_TRUE(dev.is_ok());
+  ASSERT_TRUE(advise_optimizer_ratio(*rep, *dev).is_ok());
+  EXPECT_EQ(rep->advice_for(*dev), nullptr);
+}
+
+}  // namespace
+}  // namespace strata
