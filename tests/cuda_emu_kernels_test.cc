@@ -17,6 +17,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -75,6 +76,11 @@ class EmulatedKernels : public ::testing::Test {
 
   Buf floats(size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
     return {to_bytes(random_floats(rng_, n, lo, hi), dt), dt};
+  }
+  static std::vector<int32_t> as_ints(const Buf& b) {
+    std::vector<int32_t> v(b.bytes.size() / 4);
+    std::memcpy(v.data(), b.bytes.data(), b.bytes.size());
+    return v;
   }
   Buf ints(size_t n, int lo, int hi) {
     std::uniform_int_distribution<int32_t> u(lo, hi);
@@ -169,6 +175,15 @@ class EmulatedKernels : public ::testing::Test {
 };
 
 const DType kDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// Every dtype, each without and with positions.
+std::vector<std::pair<DType, bool>> dtypes_with_and_without_positions() {
+  std::vector<std::pair<DType, bool>> v;
+  for (DType dt : kDtypes) {
+    for (bool p : {false, true}) v.emplace_back(dt, p);
+  }
+  return v;
+}
 std::string name(const char* op, DType dt) { return std::string(op) + " " + dtype_name(dt); }
 // Tolerance for ops whose CPU twin sums in another order or uses other math functions.
 double tol(DType dt, double f32) { return cuda_test::tol(dt, f32); }
@@ -351,86 +366,109 @@ TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
 TEST_F(EmulatedKernels, AttentionWithGroupedQueryHeads) {
   const int B = 2, T = 37, NH = 6, KVH = 2, hs = 10;
   const size_t W = size_t(NH + 2 * KVH) * hs, att = size_t(B) * NH * T * T;
-  for (DType dt : kDtypes) {
+  // Positions (attention masked per sequence): any values, as the contract clamps them to
+  // [0, t]; a packed window's are a special case.
+  const Buf positions = ints(size_t(B) * T, 0, T - 1);
+  const std::vector<int32_t> host_pos = as_ints(positions);
+  for (auto [dt, with_pos] : dtypes_with_and_without_positions()) {
+    const auto pos = [&](void* const* p, int i) {
+      return with_pos ? static_cast<const int32_t*>(p[i]) : nullptr;
+    };
+    const std::string what = with_pos ? " with positions" : "";
     const Buf qkv = floats(size_t(B) * T * W, dt, -2, 2);
     check_op(
-        name("attention_gqa_forward", dt),
-        {floats(size_t(B) * T * NH * hs, dt), floats(att, DType::kF32), qkv},
+        name("attention_gqa_forward", dt) + what,
+        {floats(size_t(B) * T * NH * hs, dt), floats(att, DType::kF32), qkv, positions},
         [&](Kernels& k, Stream& s, void* const* p) {
-          k.attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH, KVH, hs);
+          k.attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], pos(p, 3), B, T, NH,
+                                  KVH, hs);
         },
         [&](cudaStream_t s, void* const* p) {
-          return cuda_attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH,
-                                            KVH, hs);
+          return cuda_attention_gqa_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], pos(p, 3),
+                                            B, T, NH, KVH, hs);
         },
         {{0, "out", tol(dt, 5e-5)}, {1, "att", 5e-5}});
     // The backward from the CPU's probabilities (a valid softmax), so both start alike.
     std::vector<uint8_t> out(size_t(B) * T * NH * hs * dtype_size(dt));
     std::vector<float> probs(att);
     cpu_->kernels().attention_gqa_forward(cpu_->compute_stream(), dt, out.data(), probs.data(),
-                                          qkv.bytes.data(), B, T, NH, KVH, hs);
+                                          qkv.bytes.data(), with_pos ? host_pos.data() : nullptr, B,
+                                          T, NH, KVH, hs);
     ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
     check_op(
-        name("attention_gqa_backward", dt),
+        name("attention_gqa_backward", dt) + what,
         {floats(size_t(B) * T * W, dt),
          floats(att, DType::kF32),
          floats(size_t(B) * T * NH * hs, dt),
          qkv,
-         {to_bytes(probs, DType::kF32), DType::kF32}},
+         {to_bytes(probs, DType::kF32), DType::kF32},
+         positions},
         [&](Kernels& k, Stream& s, void* const* p) {
           k.attention_gqa_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
-                                   static_cast<float*>(p[4]), B, T, NH, KVH, hs);
+                                   static_cast<float*>(p[4]), pos(p, 5), B, T, NH, KVH, hs);
         },
         [&](cudaStream_t s, void* const* p) {
           return cuda_attention_gqa_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
-                                             static_cast<float*>(p[4]), B, T, NH, KVH, hs);
+                                             static_cast<float*>(p[4]), pos(p, 5), B, T, NH, KVH,
+                                             hs);
         },
         {{0, "dqkv", tol(dt, 5e-5)}});
   }
 }
 
 TEST_F(EmulatedKernels, FusedAttention) {
+  const int B = 1, T = 77, NH = 4, NKV = 2;
+  const Buf positions = ints(size_t(B) * T, 0, T - 1);  // clamped to [0, t] as the contract says
+  const std::vector<int32_t> host_pos = as_ints(positions);
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (int hs : {64, 128}) {
-      const int B = 1, T = 77, NH = 4, NKV = 2;
-      const size_t W = size_t(NH + 2 * NKV) * hs, rows = size_t(B) * NH * T;
-      const Buf qkv = floats(size_t(B) * T * W, dt, -2, 2);
-      const double t = dt == DType::kBF16 ? 2e-2 : 4e-3;  // tensor-core rounding of P and dS
-      check_op(
-          name("fused_attention_forward", dt) + " hs " + std::to_string(hs),
-          {floats(size_t(B) * T * NH * hs, dt), floats(rows, DType::kF32), qkv},
-          [&](Kernels& k, Stream& s, void* const* p) {
-            k.fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T, NH, NKV,
-                                      hs);
-          },
-          [&](cudaStream_t s, void* const* p) {
-            return cuda_fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], B, T,
-                                                NH, NKV, hs);
-          },
-          {{0, "out", t}, {1, "lse", 1e-4}});
-      std::vector<uint8_t> out(size_t(B) * T * NH * hs * dtype_size(dt));
-      std::vector<float> lse(rows);
-      cpu_->kernels().fused_attention_forward(cpu_->compute_stream(), dt, out.data(), lse.data(),
-                                              qkv.bytes.data(), B, T, NH, NKV, hs);
-      ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
-      check_op(
-          name("fused_attention_backward", dt) + " hs " + std::to_string(hs),
-          {floats(size_t(B) * T * W, dt),
-           floats(rows, DType::kF32),
-           floats(size_t(B) * T * NH * hs, dt),
-           qkv,
-           {out, dt},
-           {to_bytes(lse, DType::kF32), DType::kF32}},
-          [&](Kernels& k, Stream& s, void* const* p) {
-            k.fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
-                                       static_cast<float*>(p[5]), B, T, NH, NKV, hs);
-          },
-          [&](cudaStream_t s, void* const* p) {
-            return cuda_fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3],
-                                                 p[4], static_cast<float*>(p[5]), B, T, NH, NKV,
-                                                 hs);
-          },
-          {{0, "dqkv", t}});
+      for (bool with_pos : {false, true}) {
+        const auto pos = [&](void* const* p, int i) {
+          return with_pos ? static_cast<const int32_t*>(p[i]) : nullptr;
+        };
+        const std::string what =
+            std::string(" hs ") + std::to_string(hs) + (with_pos ? " with positions" : "");
+        const size_t W = size_t(NH + 2 * NKV) * hs, rows = size_t(B) * NH * T;
+        const Buf qkv = floats(size_t(B) * T * W, dt, -2, 2);
+        const double t = dt == DType::kBF16 ? 2e-2 : 4e-3;  // tensor-core rounding of P and dS
+        check_op(
+            name("fused_attention_forward", dt) + what,
+            {floats(size_t(B) * T * NH * hs, dt), floats(rows, DType::kF32), qkv, positions},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], pos(p, 3), B,
+                                        T, NH, NKV, hs);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_fused_attention_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2],
+                                                  pos(p, 3), B, T, NH, NKV, hs);
+            },
+            {{0, "out", t}, {1, "lse", 1e-4}});
+        std::vector<uint8_t> out(size_t(B) * T * NH * hs * dtype_size(dt));
+        std::vector<float> lse(rows);
+        cpu_->kernels().fused_attention_forward(
+            cpu_->compute_stream(), dt, out.data(), lse.data(), qkv.bytes.data(),
+            with_pos ? host_pos.data() : nullptr, B, T, NH, NKV, hs);
+        ASSERT_TRUE(cpu_->synchronize(cpu_->compute_stream()).is_ok());
+        check_op(
+            name("fused_attention_backward", dt) + what,
+            {floats(size_t(B) * T * W, dt),
+             floats(rows, DType::kF32),
+             floats(size_t(B) * T * NH * hs, dt),
+             qkv,
+             {out, dt},
+             {to_bytes(lse, DType::kF32), DType::kF32},
+             positions},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+                                         static_cast<float*>(p[5]), pos(p, 6), B, T, NH, NKV, hs);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2],
+                                                   p[3], p[4], static_cast<float*>(p[5]), pos(p, 6),
+                                                   B, T, NH, NKV, hs);
+            },
+            {{0, "dqkv", t}});
+      }
     }
   }
 }

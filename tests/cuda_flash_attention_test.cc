@@ -102,11 +102,11 @@ class CudaFlashAttentionTest : public ::testing::Test {
     if (!on_gpu) {
       Kernels& k = cpu_->kernels();
       Stream& st = cpu_->compute_stream();
-      k.fused_attention_forward(st, dt, r.out.data(), r.lse.data(), qkv.bytes.data(), s.B, s.T,
-                                s.NH, s.NKV, s.hs);
+      k.fused_attention_forward(st, dt, r.out.data(), r.lse.data(), qkv.bytes.data(), nullptr, s.B,
+                                s.T, s.NH, s.NKV, s.hs);
       k.fused_attention_backward(st, dt, r.dqkv.data(), scratch.data(), dout.bytes.data(),
-                                 qkv.bytes.data(), r.out.data(), r.lse.data(), s.B, s.T, s.NH,
-                                 s.NKV, s.hs);
+                                 qkv.bytes.data(), r.out.data(), r.lse.data(), nullptr, s.B, s.T,
+                                 s.NH, s.NKV, s.hs);
       EXPECT_TRUE(cpu_->synchronize(st).is_ok());
       return r;
     }
@@ -118,8 +118,8 @@ class CudaFlashAttentionTest : public ::testing::Test {
     auto* sc = static_cast<float*>(upload(scratch.data(), s.rows() * 4));
     Kernels& k = gpu_k != nullptr ? *gpu_k : own();
     Stream& st = gpu_->compute_stream();
-    k.fused_attention_forward(st, dt, y, lse, x, s.B, s.T, s.NH, s.NKV, s.hs);
-    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_forward(st, dt, y, lse, x, nullptr, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, nullptr, s.B, s.T, s.NH, s.NKV, s.hs);
     Status done = gpu_->synchronize(st);
     EXPECT_TRUE(done.is_ok()) << done.to_string();
     download(r.out.data(), y, r.out.bytes.size());
@@ -204,9 +204,10 @@ TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
   for (void* p : {*y, *att, *scratch}) gpu_bufs_.push_back(p);
   Kernels& k = gpu_->kernels();
   Stream& st = gpu_->compute_stream();
-  k.attention_gqa_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, s.NH, s.NH, C / s.NH);
+  k.attention_gqa_forward(st, dt, *y, static_cast<float*>(*att), x, nullptr, s.B, s.T, s.NH, s.NH,
+                          C / s.NH);
   k.attention_gqa_backward(st, dt, dx, static_cast<float*>(*scratch), g, x,
-                           static_cast<float*>(*att), s.B, s.T, s.NH, s.NH, C / s.NH);
+                           static_cast<float*>(*att), nullptr, s.B, s.T, s.NH, s.NH, C / s.NH);
   ASSERT_TRUE(gpu_->synchronize(st).is_ok());
   Buffer out_plain(dt, s.out_elems()), dqkv_plain(dt, s.qkv_elems());
   download(out_plain.data(), *y, out_plain.bytes.size());
@@ -233,14 +234,14 @@ TEST_F(CudaFlashAttentionTest, UnsupportedCallsFailAtTheNextSynchronize) {
   ASSERT_TRUE(buf.is_ok());
   gpu_bufs_.push_back(*buf);
   Stream& st = gpu_->compute_stream();
-  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf, 1,
-                                          16, 2, 2, 64);
+  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf,
+                                          nullptr, 1, 16, 2, 2, 64);
   Status s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("fused_attention_forward"), std::string::npos) << s.to_string();
   EXPECT_NE(s.message().find("not supported"), std::string::npos) << s.to_string();
   gpu_->kernels().fused_attention_forward(st, DType::kBF16, *buf, static_cast<float*>(*buf), *buf,
-                                          1, 16, 3, 2, 64);  // NH not a multiple of NKV
+                                          nullptr, 1, 16, 3, 2, 64);  // NH not a multiple of NKV
   s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("multiple of NKV"), std::string::npos) << s.to_string();
