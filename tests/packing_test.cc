@@ -352,6 +352,7 @@ TEST(PackedTrain, GroupedRecomputedAndResumedFollowTheStraightRun) {
   test::chat_corpus(400, kVocab, 5, &tokens, &mask);
   const std::string file = test::write_masked(dir + "/chat.bin", tokens, mask);
   const std::vector<std::string> base = {"train.steps=6",
+                                         "scheduler.params.warmup_num_steps=2",
                                          "train_batch_size=4",
                                          "train_micro_batch_size_per_gpu=2",
                                          "gradient_accumulation_steps=2",
