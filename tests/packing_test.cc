@@ -235,7 +235,7 @@ SmallChat small_chat(const std::string& dir) {
 
 // data.packing "sequence": positions restart at each conversation start, a cut conversation's
 // later piece starts at 0, the padding continues the last count; "window" gives none (the
-// trainer passes no positions: attention and positions as before packing per sequence).
+// trainer passes no positions: one causal window, positions 0..T-1).
 TEST(PackedData, PositionsRestartAtEachConversation) {
   const SmallChat c = small_chat(test::temp_dir("strata_packing", "data"));
   DataConfig dc;
