@@ -1,4 +1,5 @@
-// A double-precision scalar reference of causal attention with grouped-query heads, in the
+// A double-precision scalar reference of causal attention with grouped-query heads (optionally
+// masked per sequence by positions), in the
 // layout of Kernels::fused_attention_* (strata/kernels.h), and the helpers the attention tests
 // share: typed random buffers and an element-wise comparison with a tolerance.
 #pragma once
@@ -60,9 +61,34 @@ inline Buffer random_buffer(DType dt, size_t n, std::mt19937_64& rng, float lo, 
   return b;
 }
 
-// out [B,T,NH*hs] and lse [B,NH,T] of causal attention on qkv (values as doubles).
+// Positions of B rows of T tokens, each row packed with sequences whose lengths cycle through
+// `lengths` (row b starting at lengths[b % size]); the last sequence of a row is cut at T.
+inline std::vector<int32_t> packed_positions(int B, int T, const std::vector<int>& lengths) {
+  std::vector<int32_t> pos(size_t(B) * T);
+  for (int b = 0; b < B; ++b) {
+    size_t next = size_t(b);
+    int p = 0, len = lengths[next % lengths.size()];
+    for (int t = 0; t < T; ++t) {
+      if (p == len) {
+        p = 0;
+        len = lengths[++next % lengths.size()];
+      }
+      pos[size_t(b) * T + t] = p++;
+    }
+  }
+  return pos;
+}
+
+// The first key row t of batch row b sees: t - pos[b,t] with positions, else 0.
+inline int reference_key_start(const std::vector<int32_t>* pos, int b, int T, int t) {
+  return pos == nullptr ? 0 : t - (*pos)[size_t(b) * T + t];
+}
+
+// out [B,T,NH*hs] and lse [B,NH,T] of causal attention on qkv (values as doubles), masked per
+// sequence when `pos` is given (Kernels::attention_gqa_forward).
 inline void reference_attention_forward(const AttnShape& s, const std::vector<double>& qkv,
-                                        std::vector<double>* out, std::vector<double>* lse) {
+                                        std::vector<double>* out, std::vector<double>* lse,
+                                        const std::vector<int32_t>* pos = nullptr) {
   const int W = s.width(), hs = s.hs, group = s.NH / s.NKV;
   const double scale = 1.0 / std::sqrt(double(hs));
   out->assign(s.out_elems(), 0.0);
@@ -73,8 +99,9 @@ inline void reference_attention_forward(const AttnShape& s, const std::vector<do
       const int g = h / group;
       for (int t = 0; t < s.T; ++t) {
         const double* q = &qkv[(size_t(b) * s.T + t) * W + size_t(h) * hs];
+        const int lo = reference_key_start(pos, b, s.T, t);
         double mx = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           const double* k = &qkv[(size_t(b) * s.T + j) * W + size_t(s.NH + g) * hs];
           double d = 0;
           for (int i = 0; i < hs; ++i) d += q[i] * k[i];
@@ -82,10 +109,10 @@ inline void reference_attention_forward(const AttnShape& s, const std::vector<do
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += std::exp(sc[j] - mx);
+        for (int j = lo; j <= t; ++j) sum += std::exp(sc[j] - mx);
         (*lse)[(size_t(b) * s.NH + h) * s.T + t] = mx + std::log(sum);
         double* o = &(*out)[(size_t(b) * s.T + t) * s.NH * hs + size_t(h) * hs];
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           const double p = std::exp(sc[j] - mx) / sum;
           const double* v = &qkv[(size_t(b) * s.T + j) * W + size_t(s.NH + s.NKV + g) * hs];
           for (int i = 0; i < hs; ++i) o[i] += p * v[i];
@@ -98,7 +125,8 @@ inline void reference_attention_forward(const AttnShape& s, const std::vector<do
 // The gradient w.r.t. qkv of sum(out * dout).
 inline std::vector<double> reference_attention_backward(const AttnShape& s,
                                                         const std::vector<double>& qkv,
-                                                        const std::vector<double>& dout) {
+                                                        const std::vector<double>& dout,
+                                                        const std::vector<int32_t>* pos = nullptr) {
   const int W = s.width(), hs = s.hs, group = s.NH / s.NKV;
   const double scale = 1.0 / std::sqrt(double(hs));
   std::vector<double> dqkv(s.qkv_elems(), 0.0), p(s.T), dp(s.T);
@@ -111,24 +139,25 @@ inline std::vector<double> reference_attention_backward(const AttnShape& s,
       for (int t = 0; t < s.T; ++t) {
         const double* q = &qkv[row(t, qo)];
         const double* go = &dout[(size_t(b) * s.T + t) * s.NH * hs + size_t(h) * hs];
+        const int lo = reference_key_start(pos, b, s.T, t);
         double mx = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           double d = 0;
           for (int i = 0; i < hs; ++i) d += q[i] * qkv[row(j, ko) + i];
           p[j] = d * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = lo; j <= t; ++j) sum += (p[j] = std::exp(p[j] - mx));
         double dot = 0;
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           p[j] /= sum;
           double d = 0;
           for (int i = 0; i < hs; ++i) d += go[i] * qkv[row(j, vo) + i];
           dp[j] = d;
           dot += p[j] * d;
         }
-        for (int j = 0; j <= t; ++j) {
+        for (int j = lo; j <= t; ++j) {
           const double ds = p[j] * (dp[j] - dot) * scale;
           for (int i = 0; i < hs; ++i) {
             dqkv[row(t, qo) + i] += ds * qkv[row(j, ko) + i];

@@ -135,14 +135,14 @@ TEST(CpuKernelsGradCheck, Attention) {
   std::vector<float> dqkv(qkv.size(), 0.0f);
   Fixture f;
   auto loss = [&] {
-    f.k().attention_gqa_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), B, T, NH,
-                                NH, C / NH);
+    f.k().attention_gqa_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), nullptr, B,
+                                T, NH, NH, C / NH);
     f.sync();
     return dot(out, dout);
   };
   loss();
   f.k().attention_gqa_backward(f.s(), DType::kF32, dqkv.data(), scratch.data(), dout.data(),
-                               qkv.data(), att.data(), B, T, NH, NH, C / NH);
+                               qkv.data(), att.data(), nullptr, B, T, NH, NH, C / NH);
   f.sync();
   fd_check(loss, {qkv.data(), qkv.size(), dqkv.data(), "dqkv"}, rng, 1e-2, 120);
 }

@@ -367,10 +367,10 @@ TEST(CpuKernels, AttentionForwardAndBackward) {
         Vec dqkv0 = dqkv.to_double();
         std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
         Fixture f;
-        f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, NH, NH,
-                                    C / NH);
+        f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), nullptr, B, T,
+                                    NH, NH, C / NH);
         f.k().attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(),
-                                     qkv.data(), att.data(), B, T, NH, NH, C / NH);
+                                     qkv.data(), att.data(), nullptr, B, T, NH, NH, C / NH);
         f.sync();
         AttRef r = ref_attention(qkv.to_double(), B, T, C, NH);
         expect_close(out.to_double(), r.out, tol_for(dt), "out");
@@ -893,9 +893,10 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   k.layernorm_forward(f.s(), dt, ln.data(), mean.data(), rstd.data(), x.data(), lw.data(),
                       lb.data(), N, C);
   k.matmul_forward(f.s(), dt, qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
-  k.attention_gqa_forward(f.s(), dt, att_out.data(), att.data(), qkv.data(), B, T, NH, NH, C / NH);
+  k.attention_gqa_forward(f.s(), dt, att_out.data(), att.data(), qkv.data(), nullptr, B, T, NH, NH,
+                          C / NH);
   k.attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), att_out.data(), qkv.data(),
-                           att.data(), B, T, NH, NH, C / NH);
+                           att.data(), nullptr, B, T, NH, NH, C / NH);
   k.matmul_backward(f.s(), dt, dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(),
                     N, C, OC);
   k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),

@@ -277,7 +277,8 @@ TEST_P(CudaOpTest, Attention) {
   Twin qkv = random(size_t(B) * T * 3 * C, dt, -2, 2), out = random(size_t(B) * T * C, dt);
   Twin att = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.attention_gqa_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], B, T, NH, NH, C / NH);
+    k.attention_gqa_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], nullptr, B, T, NH, NH,
+                            C / NH);
   });
   compare("attention_forward out", out, dt, tol(dt, kReduction));
   compare("attention_forward att", att, DType::kF32, kReduction);
@@ -285,7 +286,7 @@ TEST_P(CudaOpTest, Attention) {
   Twin scratch = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
     k.attention_gqa_backward(s, dt, dqkv.p[i], scratch.at<float>(i), dout.p[i], qkv.p[i],
-                             att.at<float>(i), B, T, NH, NH, C / NH);
+                             att.at<float>(i), nullptr, B, T, NH, NH, C / NH);
   });
   compare("attention_backward dqkv", dqkv, dt, tol(dt, kReduction));
 }

@@ -93,3 +93,5 @@ if(STRATA_HAVE_MPI)
 endif()
 # The emulation's own checks, each shown to fire.
 strata_emu_test(cuda_emu_checks_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_checks_test.cc)
+# The attention kernels (plain and flash, with and without positions), on the same fixture.
+strata_emu_test(cuda_emu_attention_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_attention_test.cc)

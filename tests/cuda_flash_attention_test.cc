@@ -93,20 +93,23 @@ class CudaFlashAttentionTest : public ::testing::Test {
   }
 
   // Forward then backward of the fused op. `on_gpu`: buffers are uploaded and `gpu_k` runs
-  // (default: the own kernels); else the CPU backend.
+  // (default: the own kernels); else the CPU backend. `positions` (host [B*T]): masked per
+  // sequence.
   Result run_fused(bool on_gpu, const AttnShape& s, const Buffer& qkv, const Buffer& dout,
-                   const Buffer& dqkv0, Kernels* gpu_k = nullptr) {
+                   const Buffer& dqkv0, Kernels* gpu_k = nullptr,
+                   const std::vector<int32_t>* positions = nullptr) {
+    const int32_t* host_pos = positions != nullptr ? positions->data() : nullptr;
     Result r{Buffer(qkv.dt, s.out_elems()), dqkv0, std::vector<float>(s.rows())};
     std::vector<float> scratch(s.rows());
     const DType dt = qkv.dt;
     if (!on_gpu) {
       Kernels& k = cpu_->kernels();
       Stream& st = cpu_->compute_stream();
-      k.fused_attention_forward(st, dt, r.out.data(), r.lse.data(), qkv.bytes.data(), s.B, s.T,
-                                s.NH, s.NKV, s.hs);
+      k.fused_attention_forward(st, dt, r.out.data(), r.lse.data(), qkv.bytes.data(), host_pos, s.B,
+                                s.T, s.NH, s.NKV, s.hs);
       k.fused_attention_backward(st, dt, r.dqkv.data(), scratch.data(), dout.bytes.data(),
-                                 qkv.bytes.data(), r.out.data(), r.lse.data(), s.B, s.T, s.NH,
-                                 s.NKV, s.hs);
+                                 qkv.bytes.data(), r.out.data(), r.lse.data(), host_pos, s.B, s.T,
+                                 s.NH, s.NKV, s.hs);
       EXPECT_TRUE(cpu_->synchronize(st).is_ok());
       return r;
     }
@@ -116,10 +119,13 @@ class CudaFlashAttentionTest : public ::testing::Test {
     void* y = upload(r.out.data(), r.out.bytes.size());
     auto* lse = static_cast<float*>(upload(r.lse.data(), s.rows() * 4));
     auto* sc = static_cast<float*>(upload(scratch.data(), s.rows() * 4));
+    const auto* pos = host_pos != nullptr
+                          ? static_cast<const int32_t*>(upload(host_pos, positions->size() * 4))
+                          : nullptr;
     Kernels& k = gpu_k != nullptr ? *gpu_k : own();
     Stream& st = gpu_->compute_stream();
-    k.fused_attention_forward(st, dt, y, lse, x, s.B, s.T, s.NH, s.NKV, s.hs);
-    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_forward(st, dt, y, lse, x, pos, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs);
     Status done = gpu_->synchronize(st);
     EXPECT_TRUE(done.is_ok()) << done.to_string();
     download(r.out.data(), y, r.out.bytes.size());
@@ -204,15 +210,37 @@ TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
   for (void* p : {*y, *att, *scratch}) gpu_bufs_.push_back(p);
   Kernels& k = gpu_->kernels();
   Stream& st = gpu_->compute_stream();
-  k.attention_gqa_forward(st, dt, *y, static_cast<float*>(*att), x, s.B, s.T, s.NH, s.NH, C / s.NH);
+  k.attention_gqa_forward(st, dt, *y, static_cast<float*>(*att), x, nullptr, s.B, s.T, s.NH, s.NH,
+                          C / s.NH);
   k.attention_gqa_backward(st, dt, dx, static_cast<float*>(*scratch), g, x,
-                           static_cast<float*>(*att), s.B, s.T, s.NH, s.NH, C / s.NH);
+                           static_cast<float*>(*att), nullptr, s.B, s.T, s.NH, s.NH, C / s.NH);
   ASSERT_TRUE(gpu_->synchronize(st).is_ok());
   Buffer out_plain(dt, s.out_elems()), dqkv_plain(dt, s.qkv_elems());
   download(out_plain.data(), *y, out_plain.bytes.size());
   download(dqkv_plain.data(), dx, dqkv_plain.bytes.size());
   EXPECT_EQ(compare_close(fused.out.values(), out_plain.values(), rtol(dt)), "") << "out";
   EXPECT_EQ(compare_close(fused.dqkv.values(), dqkv_plain.values(), rtol(dt)), "") << "dqkv";
+}
+
+// Packed rows (positions): each query sees only its own sequence, key tiles before a query
+// tile's sequences skipped; through the device's kernels (a library path declines positions).
+TEST_F(CudaFlashAttentionTest, PackedRowsMatchTheCpuBackendAndTheReference) {
+  const AttnShape s{2, 300, 4, 2, 64};
+  const std::vector<int32_t> pos = test::packed_positions(s.B, s.T, {200, 7, 1, 90});
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.name() + seed_text());
+    const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+    const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+    const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+    Result cpu = run_fused(false, s, qkv, dout, dqkv0, nullptr, &pos);
+    Result gpu = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels(), &pos);
+    std::vector<double> out_ref, lse_ref;
+    test::reference_attention_forward(s, qkv.values(), &out_ref, &lse_ref, &pos);
+    EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
+    EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
+    EXPECT_EQ(compare_close(as_double(gpu.lse), as_double(cpu.lse), 1e-4), "") << "lse";
+    EXPECT_EQ(compare_close(gpu.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+  }
 }
 
 // No atomics: the same inputs give the same bits.
@@ -233,14 +261,14 @@ TEST_F(CudaFlashAttentionTest, UnsupportedCallsFailAtTheNextSynchronize) {
   ASSERT_TRUE(buf.is_ok());
   gpu_bufs_.push_back(*buf);
   Stream& st = gpu_->compute_stream();
-  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf, 1,
-                                          16, 2, 2, 64);
+  gpu_->kernels().fused_attention_forward(st, DType::kF32, *buf, static_cast<float*>(*buf), *buf,
+                                          nullptr, 1, 16, 2, 2, 64);
   Status s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("fused_attention_forward"), std::string::npos) << s.to_string();
   EXPECT_NE(s.message().find("not supported"), std::string::npos) << s.to_string();
   gpu_->kernels().fused_attention_forward(st, DType::kBF16, *buf, static_cast<float*>(*buf), *buf,
-                                          1, 16, 3, 2, 64);  // NH not a multiple of NKV
+                                          nullptr, 1, 16, 3, 2, 64);  // NH not a multiple of NKV
   s = gpu_->synchronize(st);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("multiple of NKV"), std::string::npos) << s.to_string();

@@ -51,7 +51,8 @@ class FakeLibrary final : public AttentionLibrary {
                  const void* qkv) override {
     ++forwards;
     if (fail_forward) return internal_error("boom");
-    return cuda_fused_attention_forward(s, sh.dt, out, lse, qkv, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+    return cuda_fused_attention_forward(s, sh.dt, out, lse, qkv, nullptr, sh.B, sh.T, sh.NH, sh.KVH,
+                                        sh.hs);
   }
   Status backward(cudaStream_t s, const OpShape& sh, void* dqkv, const void* dout, const void* qkv,
                   const void* out, const float* lse) override {
@@ -65,7 +66,7 @@ class FakeLibrary final : public AttentionLibrary {
       return internal_error("malloc");
     }
     return cuda_fused_attention_backward(s, sh.dt, dqkv, static_cast<float*>(scratch_), dout, qkv,
-                                         out, lse, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
+                                         out, lse, nullptr, sh.B, sh.T, sh.NH, sh.KVH, sh.hs);
   }
 
  private:
@@ -112,8 +113,12 @@ class LibraryAttention : public ::testing::Test {
   }
 
   // Forward then backward through `k` (the emulated GPU's kernels, or a wrapper of them),
-  // dqkv starting from dqkv0; compared with the CPU backend's fused attention.
-  void expect_matches_cpu(Kernels& k, const AttnShape& s, DType dt) {
+  // dqkv starting from dqkv0; compared with the CPU backend's fused attention. `packed`: rows of
+  // several sequences (positions), attention masked per sequence.
+  void expect_matches_cpu(Kernels& k, const AttnShape& s, DType dt, bool packed = false) {
+    const std::vector<int32_t> host_pos =
+        packed ? test::packed_positions(s.B, s.T, {11, 3, 20}) : std::vector<int32_t>();
+    const int32_t* cpu_pos = packed ? host_pos.data() : nullptr;
     const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
     const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
     const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
@@ -121,11 +126,11 @@ class LibraryAttention : public ::testing::Test {
     std::vector<float> lse_cpu(s.rows()), scratch(s.rows());
     Kernels& ck = cpu_->kernels();
     Stream& cs = cpu_->compute_stream();
-    ck.fused_attention_forward(cs, dt, out_cpu.data(), lse_cpu.data(), qkv.bytes.data(), s.B, s.T,
-                               s.NH, s.NKV, s.hs);
+    ck.fused_attention_forward(cs, dt, out_cpu.data(), lse_cpu.data(), qkv.bytes.data(), cpu_pos,
+                               s.B, s.T, s.NH, s.NKV, s.hs);
     ck.fused_attention_backward(cs, dt, dqkv_cpu.data(), scratch.data(), dout.bytes.data(),
-                                qkv.bytes.data(), out_cpu.data(), lse_cpu.data(), s.B, s.T, s.NH,
-                                s.NKV, s.hs);
+                                qkv.bytes.data(), out_cpu.data(), lse_cpu.data(), cpu_pos, s.B, s.T,
+                                s.NH, s.NKV, s.hs);
     ASSERT_TRUE(cpu_->synchronize(cs).is_ok());
 
     void* x = upload(qkv.bytes.data(), qkv.bytes.size());
@@ -134,9 +139,12 @@ class LibraryAttention : public ::testing::Test {
     void* y = upload(out_cpu.data(), out_cpu.bytes.size());  // overwritten
     auto* lse = static_cast<float*>(upload(lse_cpu.data(), s.rows() * 4));
     auto* sc = static_cast<float*>(upload(scratch.data(), s.rows() * 4));
+    const auto* pos =
+        packed ? static_cast<const int32_t*>(upload(host_pos.data(), host_pos.size() * 4))
+               : nullptr;
     Stream& st = gpu_->compute_stream();
-    k.fused_attention_forward(st, dt, y, lse, x, s.B, s.T, s.NH, s.NKV, s.hs);
-    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_forward(st, dt, y, lse, x, pos, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs);
     Status done = gpu_->synchronize(st);
     ASSERT_TRUE(done.is_ok()) << done.to_string();
     ASSERT_TRUE(sink_.take().is_ok());
@@ -224,6 +232,25 @@ TEST_F(LibraryAttention, ShapesTheLibraryRejectsRunOnTheOwnKernels) {
   EXPECT_EQ(lib->backwards, 0);
 }
 
+// A call with positions (attention masked per sequence) runs on the own kernels: the library
+// path does not mask per sequence, and says so.
+TEST_F(LibraryAttention, CallsWithPositionsRunOnTheOwnKernels) {
+  auto owned = std::make_unique<FakeLibrary>();
+  FakeLibrary* lib = owned.get();
+  auto k = with_library(std::move(owned));
+  OpShape packed = kShape;
+  packed.positions = true;
+  KernelSupport s = k->supports(KernelOp::kFusedAttention, packed);
+  EXPECT_TRUE(s.supported);
+  EXPECT_EQ(s.path.rfind("cuda wmma", 0), 0u) << s.path;
+  EXPECT_NE(s.path.find("per sequence"), std::string::npos) << s.path;
+  expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16, /*packed=*/true);
+  EXPECT_EQ(lib->forwards, 0);
+  EXPECT_EQ(lib->backwards, 0);
+  expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);  // the same shape without positions
+  EXPECT_EQ(lib->forwards, 1);
+}
+
 TEST_F(LibraryAttention, ALibraryErrorComesBackWithItsName) {
   auto owned = std::make_unique<FakeLibrary>();
   owned->fail_forward = true;
@@ -232,7 +259,7 @@ TEST_F(LibraryAttention, ALibraryErrorComesBackWithItsName) {
   ASSERT_TRUE(buf.is_ok());
   bufs_.push_back(*buf);
   k->fused_attention_forward(gpu_->compute_stream(), DType::kBF16, *buf, static_cast<float*>(*buf),
-                             *buf, 1, 16, 2, 2, 64);
+                             *buf, nullptr, 1, 16, 2, 2, 64);
   Status s = sink_.take();
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("boom"), std::string::npos) << s.to_string();

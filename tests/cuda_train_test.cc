@@ -16,6 +16,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/sft_util.h"
 
 namespace strata {
 namespace {
@@ -85,6 +86,34 @@ TEST(CudaTraining, MatchesTheCpuBackend) {
   auto cpu = train(config("cpu", dir + "/cpu"), o);
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   auto gpu = train(config("cuda", dir + "/cuda"), o);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  expect_losses_match(*cpu, *gpu);
+  fs::remove_all(dir);
+}
+
+// Chat data packed per sequence (data.packing "sequence"): the batches' positions reach the
+// embedding, the rotary op and the attention masked per conversation, on a Llama with grouped
+// key/value heads (head size 16: the CUDA backend's plain attention kernels, the CPU backend's
+// fused twin, as MatchesTheCpuBackend; the CUDA flash kernels with positions are checked op by
+// op in flash_attention_test and cuda_flash_attention_test).
+TEST(CudaTraining, ChatPackedPerSequenceMatchesTheCpuBackend) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_train_chat");
+  fs::create_directories(dir);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  test::chat_corpus(400, 256, 3, &tokens, &mask);
+  const std::string file = test::write_masked(dir + "/chat.bin", tokens, mask);
+  const std::vector<std::string> chat = {
+      "data.source=\"" + file + "\"", "model.type=\"llama\"", "model.num_key_value_heads=2",
+      "model.intermediate_size=128", "data.packing=\"sequence\""};
+  TrainOptions o;
+  o.progress = false;
+  auto cpu = train(config("cpu", dir + "/cpu", chat), o);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto gpu = train(config("cuda", dir + "/cuda", chat), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
   expect_losses_match(*cpu, *gpu);
   fs::remove_all(dir);

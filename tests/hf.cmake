@@ -25,7 +25,8 @@ if(strata_hf_python)
                    --strata $<TARGET_FILE:strata>)
   set_tests_properties(hf_export_transformers PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
   # The masked (SFT) loss: prepare_data --chat + strata eval against transformers' loss with
-  # labels = -100 on the same packed windows (tools/check_sft_loss.py; skipped without them).
+  # labels = -100 on the same packed windows, per sequence and per window (data.packing;
+  # tools/check_sft_loss.py; skipped without them).
   add_test(NAME sft_loss_transformers
            COMMAND ${strata_hf_python} ${CMAKE_SOURCE_DIR}/tools/check_sft_loss.py
                    --strata $<TARGET_FILE:strata>)

@@ -81,7 +81,8 @@ TEST_P(LlamaCudaOpTest, GroupedQueryAttention) {
   Twin qkv = random(size_t(B) * T * W, dt, -2, 2), out = random(size_t(B) * T * NH * hs, dt);
   Twin att = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.attention_gqa_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], B, T, NH, KVH, hs);
+    k.attention_gqa_forward(s, dt, out.p[i], att.at<float>(i), qkv.p[i], nullptr, B, T, NH, KVH,
+                            hs);
   });
   compare("attention_gqa_forward out", out, dt, tol(dt, kReduction));
   compare("attention_gqa_forward att", att, DType::kF32, kReduction);
@@ -89,7 +90,7 @@ TEST_P(LlamaCudaOpTest, GroupedQueryAttention) {
   Twin scratch = random(size_t(B) * NH * T * T, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
     k.attention_gqa_backward(s, dt, dqkv.p[i], scratch.at<float>(i), dout.p[i], qkv.p[i],
-                             att.at<float>(i), B, T, NH, KVH, hs);
+                             att.at<float>(i), nullptr, B, T, NH, KVH, hs);
   });
   compare("attention_gqa_backward dqkv", dqkv, dt, tol(dt, kReduction));
 }

@@ -382,9 +382,10 @@ TEST(LlamaKernels, GroupedQueryAttentionForwardAndBackward) {
       Vec dqkv0 = dqkv.to_double();
       std::vector<float> att(size_t(B) * NH * T * T, 7.0f), scratch(att.size());
       Fixture f;
-      f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), B, T, NH, KVH, hs);
+      f.k().attention_gqa_forward(f.s(), dt, out.data(), att.data(), qkv.data(), nullptr, B, T, NH,
+                                  KVH, hs);
       f.k().attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), dout.data(), qkv.data(),
-                                   att.data(), B, T, NH, KVH, hs);
+                                   att.data(), nullptr, B, T, NH, KVH, hs);
       f.sync();
       AttRef r = ref_gqa(qkv.to_double(), B, T, NH, KVH, hs);
       expect_close(out.to_double(), r.out, tol_for(dt), "out");
@@ -468,10 +469,10 @@ TEST(LlamaKernels, DeterministicAcrossThreadCounts) {
     Typed x = qkv, dx(DType::kBF16, qkv.n), out(DType::kBF16, dout.n);
     std::vector<float> att(size_t(B) * NH * T * T), scratch(att.size());
     f.k().rope_forward(f.s(), DType::kBF16, x.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
-    f.k().attention_gqa_forward(f.s(), DType::kBF16, out.data(), att.data(), x.data(), B, T, NH,
-                                KVH, hs);
+    f.k().attention_gqa_forward(f.s(), DType::kBF16, out.data(), att.data(), x.data(), nullptr, B,
+                                T, NH, KVH, hs);
     f.k().attention_gqa_backward(f.s(), DType::kBF16, dx.data(), scratch.data(), dout.data(),
-                                 x.data(), att.data(), B, T, NH, KVH, hs);
+                                 x.data(), att.data(), nullptr, B, T, NH, KVH, hs);
     f.k().rope_backward(f.s(), DType::kBF16, dx.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
     f.sync();
     got[threads == 1 ? 0 : 1] = dx.bytes;
@@ -586,14 +587,14 @@ TEST(LlamaKernelsGradCheck, GroupedQueryAttention) {
   std::vector<float> dqkv(qkv.size(), 0.0f);
   Fixture f;
   auto loss = [&] {
-    f.k().attention_gqa_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), B, T, NH,
-                                KVH, hs);
+    f.k().attention_gqa_forward(f.s(), DType::kF32, out.data(), att.data(), qkv.data(), nullptr, B,
+                                T, NH, KVH, hs);
     f.sync();
     return dot(out, dout);
   };
   loss();
   f.k().attention_gqa_backward(f.s(), DType::kF32, dqkv.data(), scratch.data(), dout.data(),
-                               qkv.data(), att.data(), B, T, NH, KVH, hs);
+                               qkv.data(), att.data(), nullptr, B, T, NH, KVH, hs);
   f.sync();
   fd_check(loss, {qkv.data(), qkv.size(), dqkv.data(), "dqkv"}, rng, 1e-2, 160);
 }

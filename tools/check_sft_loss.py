@@ -7,9 +7,11 @@ Llama fixture's tokenizer (tests/fixtures/hf/llama) and the ChatML template
 mask. `strata eval --json` on them (fp32, T = 32) gives the mean loss over the assistant
 tokens of the packed windows. The reference: the same windows (packed as src/train/loss_mask.h
 documents: whole conversations from a conversation start, a longer one cut every T) through
-transformers' LlamaForCausalLM with labels = -100 outside the assistant turns, all windows in
-one batch: transformers' mean over the labels that count. They must agree within 1e-5
-relative, over the same number of tokens.
+transformers' LlamaForCausalLM with labels = -100 outside the assistant turns, all in one
+batch: transformers' mean over the labels that count. With data.packing "sequence" (strata's
+default: each conversation attends only to itself, positions restarting) every conversation
+of a window is its own row of the reference; with "window" each window is one row. Both must
+agree within 1e-5 relative, over the same number of tokens.
 
 Needs torch and transformers (never a dependency of the build): without them it prints why and
 exits 77, which ctest reports as skipped (tests/hf.cmake, sft_loss_transformers).
@@ -60,6 +62,36 @@ def windows(mask, T):
     return out
 
 
+def rows(wins, mask, per_sequence):
+    """(offset, length) of the reference's rows: the windows, or each window's conversations."""
+    if not per_sequence:
+        return wins
+    out = []
+    for off, n in wins:
+        start = off
+        for j in range(off + 1, off + n):
+            if mask[j] & 2:
+                out.append((start, j - start))
+                start = j
+        out.append((start, off + n - start))
+    return out
+
+
+def reference(torch, model, tokens, mask, rows_):
+    """transformers' mean loss (labels = -100 outside the assistant turns) and its count."""
+    ids = torch.zeros(len(rows_), T + 1, dtype=torch.long)
+    labels = torch.full((len(rows_), T + 1), -100, dtype=torch.long)
+    for r, (off, n) in enumerate(rows_):
+        ids[r, :n] = torch.tensor(tokens[off:off + n])
+        for j in range(1, n):
+            if mask[off + j] & 1:
+                labels[r, j] = tokens[off + j]
+    with torch.no_grad():
+        # The last input's logits predict nothing (labels shift left by one).
+        want = model(input_ids=ids, labels=labels).loss.item()
+    return want, int((labels[:, 1:] != -100).sum())
+
+
 def main():
     started = start("sft", ["torch", "transformers"])
     if started is None:
@@ -85,37 +117,33 @@ def main():
     cfg.update(train_batch_size=4, train_micro_batch_size_per_gpu=4,
                gradient_accumulation_steps=1)
     cfg["train"]["checkpoint_dir"] = os.path.join(work, "ckpt")
-    cfg_path = os.path.join(work, "config.json")
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    p = subprocess.run([args.strata, "eval", "--config", cfg_path, "--json"],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        print(f"FAIL: strata eval exited {p.returncode}\n{p.stderr[-2000:]}")
-        return 1
-    got = json.loads(p.stdout.strip().split("\n")[-1])
-
     tokens, mask = read(data)
     wins = windows(mask, T)
-    ids = torch.zeros(len(wins), T + 1, dtype=torch.long)
-    labels = torch.full((len(wins), T + 1), -100, dtype=torch.long)
-    for r, (off, n) in enumerate(wins):
-        ids[r, :n] = torch.tensor(tokens[off:off + n])
-        for j in range(1, n):
-            if mask[off + j] & 1:
-                labels[r, j] = tokens[off + j]
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    with torch.no_grad():
-        # The last input's logits predict nothing (labels shift left by one).
-        want = model(input_ids=ids, labels=labels).loss.item()
-    count = int((labels[:, 1:] != -100).sum())
-    rel = abs(got["loss"] - want) / want
-    ok = rel <= 1e-5 and got["tokens"] == count
-    print(f"{'ok  ' if ok else 'FAIL'} llama: {len(wins)} packed windows of T = {T}, "
-          f"{count} assistant tokens; strata eval {got['loss']:.7f} over {got['tokens']} tokens, "
-          f"transformers (labels = -100) {want:.7f}; relative difference {rel:.2e}")
-    return 0 if ok else 1
+    failed = 0
+    for packing in ("sequence", "window"):
+        cfg["data"]["packing"] = packing
+        cfg_path = os.path.join(work, f"config-{packing}.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        p = subprocess.run([args.strata, "eval", "--config", cfg_path, "--json"],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"FAIL: strata eval (data.packing {packing}) exited {p.returncode}\n"
+                  f"{p.stderr[-2000:]}")
+            return 1
+        got = json.loads(p.stdout.strip().split("\n")[-1])
+        ref_rows = rows(wins, mask, packing == "sequence")
+        want, count = reference(torch, model, tokens, mask, ref_rows)
+        rel = abs(got["loss"] - want) / want
+        ok = rel <= 1e-5 and got["tokens"] == count
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} llama, data.packing {packing}: {len(wins)} packed "
+              f"windows of T = {T} ({len(ref_rows)} reference rows), {count} assistant tokens; "
+              f"strata eval {got['loss']:.7f} over {got['tokens']} tokens, transformers "
+              f"(labels = -100) {want:.7f}; relative difference {rel:.2e}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -196,6 +196,10 @@ struct DataConfig {
   double eval_fraction = 0.05;       // held-out tail of the corpus for eval loss
   std::string eval_source;           // "": the eval_fraction tail; else a held-out token file
   std::string loss_mask = "auto";    // auto: <token file>.mask when it exists | none
+  // A masked (chat) split's windows: "sequence": each conversation attends only to itself and
+  // its positions restart at 0 (TRL's padding_free / position_ids packing); "window": one causal
+  // window over every conversation in it, positions 0..T-1. Plain corpora are windows either way.
+  std::string packing = "sequence";
   int eval_batches = 4;
   size_t synthetic_tokens = 1 << 20;  // size of the built-in corpus
 };

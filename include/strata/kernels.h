@@ -98,15 +98,17 @@ enum class KernelOp {
 };
 
 // The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
-// KVH; matmul: dt, N, C, OC). A field left 0 means "any value": an attention query with only dt
-// and hs set asks whether every B, T, NH, KVH runs (the question a model asks once, before it
-// plans its memory); a query with every field set asks about that one call (a library's
+// KVH, positions; matmul: dt, N, C, OC). A field left 0 means "any value": an attention query with
+// only dt and hs set asks whether every B, T, NH, KVH runs (the question a model asks once, before
+// it plans its memory); a query with every field set asks about that one call (a library's
 // per-shape limits).
 struct OpShape {
   DType dt = DType::kF32;
   int hs = 0;  // head size (attention)
   int B = 0, T = 0, NH = 0, KVH = 0;
   int N = 0, C = 0, OC = 0;  // rows, input and output channels (matmul)
+  // Attention: the call passes positions (attention masked per sequence).
+  bool positions = false;
 };
 
 // The answer: whether the call runs on this backend, and which implementation runs it (for logs
@@ -194,12 +196,17 @@ class Kernels {
   // q_proj, k_proj and v_proj rows (GPT-2's c_attn with KVH == NH). out [B,T,NH*hs];
   // att [B,NH,T,T] saves the softmax probabilities (entries above the diagonal are 0);
   // scale 1/sqrt(hs). Every backend supports every dtype and head size.
+  //   pos (positions, see encoder_forward) masks attention per sequence: the query at row t of
+  //   batch b sees the keys t - pos[b,t] .. t (its own sequence of a packed window: a block-
+  //   diagonal causal mask), with att 0 elsewhere. pos[b,t] is clamped to [0, t]. nullptr is
+  //   plain causal attention, keys 0..t, the same bits as a call without positions.
   virtual void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
-                                     int B, int T, int NH, int KVH, int hs) = 0;
+                                     const int32_t* pos, int B, int T, int NH, int KVH, int hs) = 0;
   // dqkv [B,T,W] += gradient w.r.t. qkv. scratch [B,NH,T,T] fp32 working memory.
   virtual void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch,
-                                      const void* dout, const void* qkv, const float* att, int B,
-                                      int T, int NH, int KVH, int hs) = 0;
+                                      const void* dout, const void* qkv, const float* att,
+                                      const int32_t* pos, int B, int T, int NH, int KVH,
+                                      int hs) = 0;
 
   // Fused (flash-attention style) causal self-attention, an optional op (supports() with
   // KernelOp::kFusedAttention says where it runs): the same numbers as attention_gqa_forward/
@@ -209,11 +216,15 @@ class Kernels {
   //   NH query heads, NKV key/value heads (NH % NKV == 0), head size hs; qkv [B,T,(NH+2*NKV)*hs]
   //   and out [B,T,NH*hs] as attention_gqa_forward's (with NKV == NH a GPT block switches
   //   between the two with no other change); lse [B,NH,T] fp32: log(sum_t2 exp(score[t,t2])) of
-  //   each row, natural log, score = q.k / sqrt(hs) for t2 <= t.
+  //   each row, natural log, score = q.k / sqrt(hs) for t2 <= t (and t2 >= t - pos[b,t] with
+  //   positions: pos masks per sequence as in attention_gqa_forward).
   // A caller asks supports(kFusedAttention, {dt, hs}) once and otherwise uses the plain op;
-  // a call the backend does not support is an error returned by the next synchronize.
+  // a call the backend does not support is an error returned by the next synchronize. A call
+  // with positions is OpShape::positions: a backend whose faster path does not mask per
+  // sequence runs its own kernels for it (the backward likewise: the path is chosen per call).
   virtual void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
-                                       int B, int T, int NH, int NKV, int hs) = 0;
+                                       const int32_t* pos, int B, int T, int NH, int NKV,
+                                       int hs) = 0;
   // dqkv += gradient w.r.t. qkv, given dout [B,T,NH*hs] and the forward's out and lse (lse from
   // any implementation of this backend: every one keeps the same log-sum-exp).
   // scratch [B,NH,T] fp32 is caller-provided working memory (each row's dot(dout, out)).
@@ -221,8 +232,8 @@ class Kernels {
   // in supports() says which runs).
   virtual void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch,
                                         const void* dout, const void* qkv, const void* out,
-                                        const float* lse, int B, int T, int NH, int NKV,
-                                        int hs) = 0;
+                                        const float* lse, const int32_t* pos, int B, int T, int NH,
+                                        int NKV, int hs) = 0;
 
   // RMSNorm (Llama): out = inp * rstd * weight per row, rstd = 1/sqrt(mean(inp^2) + eps);
   // saves rstd[N]. inp, out [N,C]; weight [C].

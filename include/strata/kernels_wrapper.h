@@ -55,23 +55,24 @@ class KernelsWrapper : public Kernels {
     k_->matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   }
 
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
-                               int T, int NH, int NKV, int hs) override {
-    k_->fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                               const int32_t* pos, int B, int T, int NH, int NKV, int hs) override {
+    k_->fused_attention_forward(s, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                const void* qkv, const void* out, const float* lse, int B, int T,
-                                int NH, int NKV, int hs) override {
-    k_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+                                const void* qkv, const void* out, const float* lse,
+                                const int32_t* pos, int B, int T, int NH, int NKV,
+                                int hs) override {
+    k_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
   }
-  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
-                             int T, int NH, int KVH, int hs) override {
-    k_->attention_gqa_forward(s, dt, out, att, qkv, B, T, NH, KVH, hs);
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
+                             const int32_t* pos, int B, int T, int NH, int KVH, int hs) override {
+    k_->attention_gqa_forward(s, dt, out, att, qkv, pos, B, T, NH, KVH, hs);
   }
   void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
-                              int hs) override {
-    k_->attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs);
+                              const void* qkv, const float* att, const int32_t* pos, int B, int T,
+                              int NH, int KVH, int hs) override {
+    k_->attention_gqa_backward(s, dt, dqkv, scratch, dout, qkv, att, pos, B, T, NH, KVH, hs);
   }
   void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
                        const void* weight, float eps, int N, int C) override {

@@ -1,11 +1,13 @@
-// Causal self-attention with grouped-query heads (llm.c attention_forward / attention_backward,
-// generalized to KVH key/value heads shared by NH query heads; multi-head attention is the case
-// KVH == NH), scale 1/sqrt(hs). Forward: each (batch, query head) pair is one task: its q, k, v
-// [T,hs] are gathered into fp32 scratch and the score and value products run as GEMMs (gemm.h) over
-// blocks of kBlock query rows, each block touching only the key columns at or below its last row
-// (the causal half); the softmax and its backward are plain row loops. Backward: each (batch,
-// key/value head) is one task over its query heads in order. Tasks touch disjoint channels of
-// qkv/dqkv, so they never write the same memory and the results do not depend on the thread count.
+// Causal self-attention with grouped-query heads, optionally masked per sequence (positions) (llm.c
+// attention_forward / attention_backward, generalized to KVH key/value heads shared by NH query
+// heads; multi-head attention is the case KVH == NH), scale 1/sqrt(hs). Forward: each (batch, query
+// head) pair is one task: its q, k, v [T,hs] are gathered into fp32 scratch and the score and value
+// products run as GEMMs (gemm.h) over blocks of kBlock query rows, each block touching only the key
+// columns at or below its last row (the causal half); the softmax and its backward are plain row
+// loops over each row's keys (0..t, or its own sequence's with positions: the other probabilities
+// are 0). Backward: each (batch, key/value head) is one task over its query heads in order. Tasks
+// touch disjoint channels of qkv/dqkv, so they never write the same memory and the results do not
+// depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -33,8 +35,8 @@ void scatter_add(const float* src, int T, size_t stride, size_t offset, int hs, 
 
 }  // namespace
 
-void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int NH,
-                           int KVH, int hs) {
+void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, const int32_t* pos,
+                           int B, int T, int NH, int KVH, int hs) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
@@ -52,6 +54,7 @@ void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int
         gather(base, T, C3, C + size_t(h / rep) * hs, hs, K);
         gather(base, T, C3, C + size_t(KVH + h / rep) * hs, hs, V);
         float* P = att + p * size_t(T) * T;
+        const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
         for (int t0 = 0; t0 < T; t0 += kBlock) {
           const int t1 = std::min(T, t0 + kBlock);
           // Scores of rows t0..t1 against keys 0..t1.
@@ -67,18 +70,20 @@ void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int
                 .ldc = T});
           for (int t = t0; t < t1; ++t) {
             float* row = P + size_t(t) * T;
+            const int lo = attention_key_start(pb, t);
             float maxval = -10000.0f;
-            for (int t2 = 0; t2 <= t; ++t2) {
+            for (int t2 = lo; t2 <= t; ++t2) {
               row[t2] *= scale;
               if (row[t2] > maxval) maxval = row[t2];
             }
             float expsum = 0.0f;
-            for (int t2 = 0; t2 <= t; ++t2) {
+            for (int t2 = lo; t2 <= t; ++t2) {
               row[t2] = std::exp(row[t2] - maxval);
               expsum += row[t2];
             }
             const float inv = expsum == 0.0f ? 0.0f : 1.0f / expsum;
-            for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+            for (int t2 = 0; t2 < lo; ++t2) row[t2] = 0.0f;
+            for (int t2 = lo; t2 <= t; ++t2) row[t2] *= inv;
             for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
           }
           gemm({.m = t1 - t0,
@@ -102,7 +107,8 @@ void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int
 // One task per (batch, key/value head): its query heads run one after another, each adding its
 // share of dK and dV (the first overwrites), which are scattered once at the end.
 void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
-                            const float* att, int B, int T, int NH, int KVH, int hs) {
+                            const float* att, const int32_t* pos, int B, int T, int NH, int KVH,
+                            int hs) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dqkv);
@@ -128,6 +134,7 @@ void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* do
           gather(dy + size_t(b) * T * C, T, size_t(C), size_t(h) * hs, hs, dO);
           const float* P = att + p * size_t(T) * T;
           float* dS = scratch + p * size_t(T) * T;
+          const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
           for (int t0 = 0; t0 < T; t0 += kBlock) {
             const int t1 = std::min(T, t0 + kBlock);
             // dP = dO V^T for rows t0..t1, keys 0..t1.
@@ -146,9 +153,11 @@ void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* do
             for (int t = t0; t < t1; ++t) {
               const float* prow = P + size_t(t) * T;
               float* row = dS + size_t(t) * T;
+              const int lo = attention_key_start(pb, t);
               float dot = 0.0f;
-              for (int t2 = 0; t2 <= t; ++t2) dot += prow[t2] * row[t2];
-              for (int t2 = 0; t2 <= t; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
+              for (int t2 = lo; t2 <= t; ++t2) dot += prow[t2] * row[t2];
+              for (int t2 = 0; t2 < lo; ++t2) row[t2] = 0.0f;
+              for (int t2 = lo; t2 <= t; ++t2) row[t2] = prow[t2] * (row[t2] - dot) * scale;
               for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
             }
             // dQ rows t0..t1 = dS[t0..t1, 0..t1] K[0..t1].

@@ -74,29 +74,31 @@ class CpuKernels final : public Kernels {
     }
     return {false, "unknown op"};
   }
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
-                               int T, int NH, int NKV, int hs) override {
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                               const int32_t* pos, int B, int T, int NH, int NKV, int hs) override {
     check_heads(NH, NKV, hs);
-    run(s, [=] { cpu::fused_attention_forward(dt, out, lse, qkv, B, T, NH, NKV, hs); });
+    run(s, [=] { cpu::fused_attention_forward(dt, out, lse, qkv, pos, B, T, NH, NKV, hs); });
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                const void* qkv, const void* out, const float* lse, int B, int T,
-                                int NH, int NKV, int hs) override {
+                                const void* qkv, const void* out, const float* lse,
+                                const int32_t* pos, int B, int T, int NH, int NKV,
+                                int hs) override {
     check_heads(NH, NKV, hs);
     run(s, [=] {
-      cpu::fused_attention_backward(dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+      cpu::fused_attention_backward(dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
     });
   }
 
-  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
-                             int T, int NH, int KVH, int hs) override {
-    run(s, [=] { cpu::attention_gqa_forward(dt, out, att, qkv, B, T, NH, KVH, hs); });
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
+                             const int32_t* pos, int B, int T, int NH, int KVH, int hs) override {
+    run(s, [=] { cpu::attention_gqa_forward(dt, out, att, qkv, pos, B, T, NH, KVH, hs); });
   }
   void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
-                              int hs) override {
-    run(s,
-        [=] { cpu::attention_gqa_backward(dt, dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs); });
+                              const void* qkv, const float* att, const int32_t* pos, int B, int T,
+                              int NH, int KVH, int hs) override {
+    run(s, [=] {
+      cpu::attention_gqa_backward(dt, dqkv, scratch, dout, qkv, att, pos, B, T, NH, KVH, hs);
+    });
   }
 
   void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,

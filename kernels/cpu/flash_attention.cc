@@ -2,7 +2,8 @@
 // kernels/cuda/flash_attention.cu and the reference it is tested against. The same numbers as
 // attention.cc without the [B,NH,T,T] probabilities: query rows go in blocks of kBlock, each
 // block's scores against keys 0..(its last row) live in a [kBlock,T] buffer, and only each
-// row's log-sum-exp is kept; the backward recomputes the probabilities from it.
+// row's log-sum-exp is kept; the backward recomputes the probabilities from it. With positions
+// a row's keys before its own sequence get probability 0 (Kernels::attention_gqa_forward).
 //
 // Forward tasks are (batch, query head) pairs. Backward tasks are (batch, key/value head)
 // pairs: a task runs every query head of its group, so dK and dV of one key/value head are
@@ -51,8 +52,8 @@ void block_scores(const float* Q, const float* K, int t0, int t1, int T, int hs,
 
 }  // namespace
 
-void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, int B, int T, int NH,
-                             int NKV, int hs) {
+void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, const int32_t* pos,
+                             int B, int T, int NH, int NKV, int hs) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* y = static_cast<Tp*>(out);
@@ -71,20 +72,23 @@ void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
         gather(base, T, W, C + size_t(g) * hs, hs, K);
         gather(base, T, W, C + size_t(NKV + g) * hs, hs, V);
         float* L = lse + p * T;
+        const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
         for (int t0 = 0; t0 < T; t0 += kBlock) {
           const int t1 = std::min(T, t0 + kBlock);
           block_scores(Q, K, t0, t1, T, hs, scale, S);
           for (int t = t0; t < t1; ++t) {
             float* row = S + size_t(t - t0) * T;
+            const int lo = attention_key_start(pb, t);
             float mx = -INFINITY;
-            for (int t2 = 0; t2 <= t; ++t2) mx = std::max(mx, row[t2]);
+            for (int t2 = lo; t2 <= t; ++t2) mx = std::max(mx, row[t2]);
             float sum = 0.0f;
-            for (int t2 = 0; t2 <= t; ++t2) {
+            for (int t2 = lo; t2 <= t; ++t2) {
               row[t2] = std::exp(row[t2] - mx);
               sum += row[t2];
             }
             const float inv = 1.0f / sum;
-            for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+            for (int t2 = 0; t2 < lo; ++t2) row[t2] = 0.0f;
+            for (int t2 = lo; t2 <= t; ++t2) row[t2] *= inv;
             for (int t2 = t + 1; t2 < t1; ++t2) row[t2] = 0.0f;
             L[t] = mx + std::log(sum);
           }
@@ -107,8 +111,8 @@ void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, i
 }
 
 void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const void* out, const float* lse, int B, int T,
-                              int NH, int NKV, int hs) {
+                              const void* qkv, const void* out, const float* lse,
+                              const int32_t* pos, int B, int T, int NH, int NKV, int hs) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dqkv);
@@ -137,6 +141,7 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
           const size_t row0 = (size_t(b) * NH + h) * T;
           const float* L = lse + row0;
           float* D = scratch + row0;
+          const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
           for (int t = 0; t < T; ++t) {
             float d = 0.0f;
             for (int i = 0; i < hs; ++i) d += dO[size_t(t) * hs + i] * O[size_t(t) * hs + i];
@@ -159,7 +164,9 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
             for (int t = t0; t < t1; ++t) {
               float* prow = P + size_t(t - t0) * T;
               float* drow = dS + size_t(t - t0) * T;
-              for (int t2 = 0; t2 <= t; ++t2) {
+              const int lo = attention_key_start(pb, t);
+              for (int t2 = 0; t2 < lo; ++t2) prow[t2] = drow[t2] = 0.0f;
+              for (int t2 = lo; t2 <= t; ++t2) {
                 prow[t2] = std::exp(prow[t2] - L[t]);
                 drow[t2] = prow[t2] * (drow[t2] - D[t]) * scale;
               }

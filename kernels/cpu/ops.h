@@ -93,18 +93,29 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                      const void* inp, const void* weight, int N, int C, int OC);
 
-void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, int B, int T, int NH,
-                             int NKV, int hs);
-void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const void* out, const float* lse, int B, int T,
-                              int NH, int NKV, int hs);
+// The first key the query at row t sees (attention masked per sequence, Kernels::
+// attention_gqa_forward): t - pos[t], pos[t] clamped to [0, t]; 0 without positions. `pos` is
+// the batch row's positions (pos + b*T) or nullptr.
+inline int attention_key_start(const int32_t* pos, int t) {
+  if (pos == nullptr) return 0;
+  const int p = pos[t];
+  return p <= 0 ? t : (p >= t ? 0 : t - p);
+}
 
+void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, const int32_t* pos,
+                             int B, int T, int NH, int NKV, int hs);
+void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* dout,
+                              const void* qkv, const void* out, const float* lse,
+                              const int32_t* pos, int B, int T, int NH, int NKV, int hs);
+
+void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, const int32_t* pos,
+                           int B, int T, int NH, int KVH, int hs);
+
+void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
+                            const float* att, const int32_t* pos, int B, int T, int NH, int KVH,
+                            int hs);
 void attention_decode(DType dt, void* out, void* kcache, void* vcache, const void* qkv, int B,
                       int T, int pos0, int maxT, int NH, int KVH, int hs);
-void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, int B, int T, int NH,
-                           int KVH, int hs);
-void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* dout, const void* qkv,
-                            const float* att, int B, int T, int NH, int KVH, int hs);
 
 void rmsnorm_forward(DType dt, void* out, float* rstd, const void* inp, const void* weight,
                      float eps, int N, int C);

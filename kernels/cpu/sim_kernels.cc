@@ -80,26 +80,29 @@ class SimKernels final : public Kernels {
     }
     return {false, "unknown op"};
   }
-  void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T,
-                               int NH, int NKV, int hs) override {
+  // Attention with positions (masked per sequence) is timed as the full causal call: the
+  // simulated device does not read the positions, and a packed window's time is at most that.
+  void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, const int32_t*,
+                               int B, int T, int NH, int NKV, int hs) override {
     attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
               double(B) * T * (NH + 2.0 * NKV + NH) * hs * es(dt));
   }
   void fused_attention_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
-                                const void*, const float*, int B, int T, int NH, int NKV,
-                                int hs) override {
+                                const void*, const float*, const int32_t*, int B, int T, int NH,
+                                int NKV, int hs) override {
     attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
               double(B) * T * (2.0 * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
   }
-  void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, int B, int T, int NH,
-                             int KVH, int hs) override {
+  void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, const int32_t*, int B,
+                             int T, int NH, int KVH, int hs) override {
     // The plain kernels: the [B,NH,T,T] probabilities through memory, ~1/50 of the fused rate.
     attention(s,
               kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
               double(B) * T * (NH + 2.0 * KVH + NH) * hs * es(dt) + 4.0 * B * NH * T * T);
   }
   void attention_gqa_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
-                              const float*, int B, int T, int NH, int KVH, int hs) override {
+                              const float*, const int32_t*, int B, int T, int NH, int KVH,
+                              int hs) override {
     attention(s, kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
               double(B) * T * (2.0 * (NH + 2.0 * KVH) + NH) * hs * es(dt) + 8.0 * B * NH * T * T);
   }

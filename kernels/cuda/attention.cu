@@ -1,4 +1,6 @@
-// Causal self-attention with grouped-query heads, forward and backward, correct first: plain
+// Causal self-attention with grouped-query heads (masked per sequence with positions: the softmax
+// and its backward see only a row's own sequence, every other probability is 0), forward and
+// backward, correct first: plain
 // kernels with fp32 math and the probabilities materialized in `att` (as the contract asks), no
 // fused or tensor-core path (that is flash_attention.cu). Multi-head attention (GPT-2) is the case
 // KVH == NH, hs = C/NH. CPU twin: kernels/cpu/attention.cc.
@@ -25,9 +27,19 @@ struct Heads {
   }
 };
 
-// One warp per (b,h,t) row of att: scores q.k*scale for t2 <= t, softmax, zeros above.
+// The first key row t of batch row b sees: t - pos[b,t] clamped to [0, t], 0 without positions
+// (the twin of kernels/cpu/ops.h attention_key_start).
+__device__ __forceinline__ int key_start(const int32_t* pos, int b, int t, int T_) {
+  if (pos == nullptr) return 0;
+  const int p = pos[size_t(b) * T_ + t];
+  return p <= 0 ? t : (p >= t ? 0 : t - p);
+}
+
+// One warp per (b,h,t) row of att: scores q.k*scale for lo <= t2 <= t (lo = key_start), softmax,
+// zeros elsewhere.
 template <typename T>
-__global__ void attention_softmax_kernel(float* att, const T* qkv, int B, int T_, Heads hd) {
+__global__ void attention_softmax_kernel(float* att, const T* qkv, const int32_t* pos, int B,
+                                         int T_, Heads hd) {
   const size_t row = blockIdx.x * size_t(kRowsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= size_t(B) * hd.NH * T_) return;
@@ -37,8 +49,9 @@ __global__ void attention_softmax_kernel(float* att, const T* qkv, int B, int T_
   const float scale = 1.0f / sqrtf(float(hs));
   const T* q = qkv + (size_t(b) * T_ + t) * W + size_t(h) * hs;
   float* a = att + row * T_;
+  const int lo = key_start(pos, b, t, T_);
   float mx = -INFINITY;
-  for (int t2 = lane; t2 <= t; t2 += 32) {
+  for (int t2 = lo + lane; t2 <= t; t2 += 32) {
     const T* k = qkv + (size_t(b) * T_ + t2) * W + hd.k_off(h);
     float dot = 0.0f;
     for (int i = 0; i < hs; ++i) dot += to_f32(q[i]) * to_f32(k[i]);
@@ -48,13 +61,13 @@ __global__ void attention_softmax_kernel(float* att, const T* qkv, int B, int T_
   }
   mx = warp_max(mx);
   float sum = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += 32) {
+  for (int t2 = lo + lane; t2 <= t; t2 += 32) {
     const float e = expf(a[t2] - mx);
     a[t2] = e;
     sum += e;
   }
   const float inv = 1.0f / warp_sum(sum);
-  for (int t2 = lane; t2 < T_; t2 += 32) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
+  for (int t2 = lane; t2 < T_; t2 += 32) a[t2] = (t2 >= lo && t2 <= t) ? a[t2] * inv : 0.0f;
 }
 
 // out[b,t,h*hs+i] = sum_{t2<=t} att[b,h,t,t2] * v[b,t2,g(h)*hs+i], one thread per output.
@@ -80,7 +93,7 @@ __global__ void attention_value_kernel(T* out, const float* att, const T* qkv, i
 // dpre[t2] = att[t2] * (datt[t2] - sum_j att[j]*datt[j]), stored times `scale` in `dpre`.
 template <typename T>
 __global__ void attention_dscores_kernel(float* dpre, const float* att, const T* dout, const T* qkv,
-                                         int B, int T_, Heads hd) {
+                                         const int32_t* pos, int B, int T_, Heads hd) {
   const size_t row = blockIdx.x * size_t(kRowsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= size_t(B) * hd.NH * T_) return;
@@ -91,8 +104,9 @@ __global__ void attention_dscores_kernel(float* dpre, const float* att, const T*
   const T* g = dout + (size_t(b) * T_ + t) * C + size_t(h) * hs;
   const float* a = att + row * T_;
   float* d = dpre + row * T_;
+  const int lo = key_start(pos, b, t, T_);
   float s = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += 32) {
+  for (int t2 = lo + lane; t2 <= t; t2 += 32) {
     const T* v = qkv + (size_t(b) * T_ + t2) * W + hd.v_off(h);
     float dot = 0.0f;
     for (int i = 0; i < hs; ++i) dot += to_f32(v[i]) * to_f32(g[i]);
@@ -100,7 +114,9 @@ __global__ void attention_dscores_kernel(float* dpre, const float* att, const T*
     s += a[t2] * dot;
   }
   s = warp_sum(s);
-  for (int t2 = lane; t2 < T_; t2 += 32) d[t2] = t2 <= t ? a[t2] * (d[t2] - s) * scale : 0.0f;
+  for (int t2 = lane; t2 < T_; t2 += 32) {
+    d[t2] = (t2 >= lo && t2 <= t) ? a[t2] * (d[t2] - s) * scale : 0.0f;
+  }
 }
 
 // dq[b,t,h,i] += sum_{t2<=t} dpre[b,h,t,t2] * k[b,t2,g(h),i].
@@ -166,7 +182,7 @@ Status check_heads(const char* op, int NH, int KVH, int hs) {
 }  // namespace
 
 Status cuda_attention_gqa_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
-                                  int B, int T, int NH, int KVH, int hs) {
+                                  const int32_t* pos, int B, int T, int NH, int KVH, int hs) {
   const size_t rows = size_t(B) * NH * T;
   if (rows == 0) return Status::ok();
   if (Status st = check_heads("attention_forward", NH, KVH, hs); !st.is_ok()) return st;
@@ -175,7 +191,7 @@ Status cuda_attention_gqa_forward(cudaStream_t s, DType dt, void* out, float* at
   const Heads hd{NH, KVH, hs};
   STRATA_DISPATCH_DT(dt, {
     const auto* in = static_cast<const scalar_t*>(qkv);
-    attention_softmax_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(att, in, B, T, hd);
+    attention_softmax_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(att, in, pos, B, T, hd);
     attention_value_kernel<scalar_t>
         <<<grid_for(n, 256), 256, 0, s>>>(static_cast<scalar_t*>(out), att, in, B, T, hd);
   });
@@ -184,8 +200,8 @@ Status cuda_attention_gqa_forward(cudaStream_t s, DType dt, void* out, float* at
 }
 
 Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
-                                   const void* dout, const void* qkv, const float* att, int B,
-                                   int T, int NH, int KVH, int hs) {
+                                   const void* dout, const void* qkv, const float* att,
+                                   const int32_t* pos, int B, int T, int NH, int KVH, int hs) {
   const size_t rows = size_t(B) * NH * T;
   if (rows == 0) return Status::ok();
   if (Status st = check_heads("attention_backward", NH, KVH, hs); !st.is_ok()) return st;
@@ -197,7 +213,7 @@ Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* 
     const auto* g = static_cast<const scalar_t*>(dout);
     auto* d = static_cast<scalar_t*>(dqkv);
     attention_dscores_kernel<scalar_t>
-        <<<grid, 32 * kRowsPerBlock, 0, s>>>(scratch, att, g, in, B, T, hd);
+        <<<grid, 32 * kRowsPerBlock, 0, s>>>(scratch, att, g, in, pos, B, T, hd);
     attention_dq_kernel<scalar_t><<<grid_for(nq, 256), 256, 0, s>>>(d, scratch, in, B, T, hd);
     attention_dkv_kernel<scalar_t>
         <<<grid_for(nkv, 256), 256, 0, s>>>(d, scratch, att, g, in, B, T, hd);

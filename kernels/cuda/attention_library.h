@@ -79,13 +79,14 @@ class LibraryAttentionKernels final : public KernelsWrapper {
   // kFusedAttention with every field of the shape set: the library's name when it runs that
   // call, else the own kernels' answer (with why the library does not run it). A query for
   // "any shape" (B, T, NH or KVH 0) is the own kernels' answer: the library is a faster path
-  // for the shapes it checks, never the only one.
+  // for the shapes it checks, never the only one. A call with positions (OpShape::positions)
+  // runs on the own kernels: the library path does not mask per sequence.
   KernelSupport supports(KernelOp op, const OpShape& shape) const override;
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
-                               int T, int NH, int NKV, int hs) override;
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                               const int32_t* pos, int B, int T, int NH, int NKV, int hs) override;
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                const void* qkv, const void* out, const float* lse, int B, int T,
-                                int NH, int NKV, int hs) override;
+                                const void* qkv, const void* out, const float* lse,
+                                const int32_t* pos, int B, int T, int NH, int NKV, int hs) override;
 
  private:
   // Whether the library runs this full shape (why it does not in *why, if non-null).

@@ -106,32 +106,33 @@ class CudaKernels final : public Kernels {
     }
     return {false, "unknown op"};
   }
-  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv, int B,
-                               int T, int NH, int NKV, int hs) override {
+  void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
+                               const int32_t* pos, int B, int T, int NH, int NKV, int hs) override {
     run("fused_attention_forward", s, [&](CudaStream& cs) {
-      return cuda_fused_attention_forward(cs.handle, dt, out, lse, qkv, B, T, NH, NKV, hs);
+      return cuda_fused_attention_forward(cs.handle, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
     });
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                                const void* qkv, const void* out, const float* lse, int B, int T,
-                                int NH, int NKV, int hs) override {
+                                const void* qkv, const void* out, const float* lse,
+                                const int32_t* pos, int B, int T, int NH, int NKV,
+                                int hs) override {
     run("fused_attention_backward", s, [&](CudaStream& cs) {
-      return cuda_fused_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, out, lse, B, T,
-                                           NH, NKV, hs);
+      return cuda_fused_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, out, lse, pos,
+                                           B, T, NH, NKV, hs);
     });
   }
-  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv, int B,
-                             int T, int NH, int KVH, int hs) override {
+  void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,
+                             const int32_t* pos, int B, int T, int NH, int KVH, int hs) override {
     run("attention_gqa_forward", s, [&](CudaStream& cs) {
-      return cuda_attention_gqa_forward(cs.handle, dt, out, att, qkv, B, T, NH, KVH, hs);
+      return cuda_attention_gqa_forward(cs.handle, dt, out, att, qkv, pos, B, T, NH, KVH, hs);
     });
   }
   void attention_gqa_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
-                              const void* qkv, const float* att, int B, int T, int NH, int KVH,
-                              int hs) override {
+                              const void* qkv, const float* att, const int32_t* pos, int B, int T,
+                              int NH, int KVH, int hs) override {
     run("attention_gqa_backward", s, [&](CudaStream& cs) {
-      return cuda_attention_gqa_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, B, T, NH,
-                                         KVH, hs);
+      return cuda_attention_gqa_backward(cs.handle, dt, dqkv, scratch, dout, qkv, att, pos, B, T,
+                                         NH, KVH, hs);
     });
   }
   void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,

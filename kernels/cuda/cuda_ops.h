@@ -108,15 +108,17 @@ Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, 
 // flash_attention.cu (tensor cores: bf16/fp16, hs 64 or 128; other arguments are rejected)
 bool cuda_fused_attention_supported(DType dt, int hs);
 Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* lse,
-                                    const void* qkv, int B, int T, int NH, int NKV, int hs);
+                                    const void* qkv, const int32_t* pos, int B, int T, int NH,
+                                    int NKV, int hs);
 Status cuda_fused_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
                                      const void* dout, const void* qkv, const void* out,
-                                     const float* lse, int B, int T, int NH, int NKV, int hs);
+                                     const float* lse, const int32_t* pos, int B, int T, int NH,
+                                     int NKV, int hs);
 Status cuda_attention_gqa_forward(cudaStream_t s, DType dt, void* out, float* att, const void* qkv,
-                                  int B, int T, int NH, int KVH, int hs);
+                                  const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
-                                   const void* dout, const void* qkv, const float* att, int B,
-                                   int T, int NH, int KVH, int hs);
+                                   const void* dout, const void* qkv, const float* att,
+                                   const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 // rmsnorm.cu
 Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
                             const void* weight, float eps, int N, int C);

@@ -55,21 +55,22 @@ Status allow_smem(K* kernel, size_t bytes) {
 }
 
 template <typename Tp, int HS>
-Status forward(cudaStream_t s, void* out, float* lse, const void* qkv, int B, int T, int NH,
-               int NKV) {
+Status forward(cudaStream_t s, void* out, float* lse, const void* qkv, const int32_t* pos, int B,
+               int T, int NH, int NKV) {
   constexpr size_t smem = flash::ForwardSmem<HS>::kBytes;
   auto* kernel = flash::flash_forward_kernel<Tp, HS>;
   STRATA_RETURN_IF_ERROR(allow_smem(kernel, smem), "fused_attention_forward");
   const dim3 grid((T + kBr - 1) / kBr, NH, B);
-  kernel<<<grid, kThreads, smem, s>>>(static_cast<Tp*>(out), lse, static_cast<const Tp*>(qkv), T,
-                                      NH, NKV);
+  kernel<<<grid, kThreads, smem, s>>>(static_cast<Tp*>(out), lse, static_cast<const Tp*>(qkv), pos,
+                                      T, NH, NKV);
   STRATA_CUDA_LAUNCH_CHECK("launching flash_forward_kernel");
   return Status::ok();
 }
 
 template <typename Tp, int HS>
 Status backward(cudaStream_t s, void* dqkv, float* scratch, const void* dout, const void* qkv,
-                const void* out, const float* lse, int B, int T, int NH, int NKV) {
+                const void* out, const float* lse, const int32_t* pos, int B, int T, int NH,
+                int NKV) {
   constexpr size_t smem = flash::BackwardSmem<HS>::kBytes;
   auto* dkdv = flash::flash_backward_dkdv_kernel<Tp, HS>;
   auto* dq = flash::flash_backward_dq_kernel<Tp, HS>;
@@ -84,9 +85,9 @@ Status backward(cudaStream_t s, void* dqkv, float* scratch, const void* dout, co
           scratch, g, static_cast<const Tp*>(out), B, T, NH, HS);
   STRATA_CUDA_LAUNCH_CHECK("launching flash_backward_dot_kernel");
   const unsigned tiles = unsigned((T + kBr - 1) / kBr);
-  dkdv<<<dim3(tiles, NKV, B), kThreads, smem, s>>>(dx, x, g, lse, scratch, T, NH, NKV);
+  dkdv<<<dim3(tiles, NKV, B), kThreads, smem, s>>>(dx, x, g, lse, scratch, pos, T, NH, NKV);
   STRATA_CUDA_LAUNCH_CHECK("launching flash_backward_dkdv_kernel");
-  dq<<<dim3(tiles, NH, B), kThreads, smem, s>>>(dx, x, g, lse, scratch, T, NH, NKV);
+  dq<<<dim3(tiles, NH, B), kThreads, smem, s>>>(dx, x, g, lse, scratch, pos, T, NH, NKV);
   STRATA_CUDA_LAUNCH_CHECK("launching flash_backward_dq_kernel");
   return Status::ok();
 }
@@ -120,21 +121,23 @@ bool cuda_fused_attention_supported(DType dt, int hs) {
 }
 
 Status cuda_fused_attention_forward(cudaStream_t s, DType dt, void* out, float* lse,
-                                    const void* qkv, int B, int T, int NH, int NKV, int hs) {
+                                    const void* qkv, const int32_t* pos, int B, int T, int NH,
+                                    int NKV, int hs) {
   Status st = check_args("fused_attention_forward", dt, B, T, NH, NKV, hs, {out, qkv});
   if (!st.is_ok()) return st;
   if (size_t(B) * T == 0) return Status::ok();
-  STRATA_FLASH_DISPATCH(dt, hs, (forward<Tp, HS>(s, out, lse, qkv, B, T, NH, NKV)));
+  STRATA_FLASH_DISPATCH(dt, hs, (forward<Tp, HS>(s, out, lse, qkv, pos, B, T, NH, NKV)));
 }
 
 Status cuda_fused_attention_backward(cudaStream_t s, DType dt, void* dqkv, float* scratch,
                                      const void* dout, const void* qkv, const void* out,
-                                     const float* lse, int B, int T, int NH, int NKV, int hs) {
+                                     const float* lse, const int32_t* pos, int B, int T, int NH,
+                                     int NKV, int hs) {
   Status st = check_args("fused_attention_backward", dt, B, T, NH, NKV, hs, {dqkv, dout, qkv, out});
   if (!st.is_ok()) return st;
   if (size_t(B) * T == 0) return Status::ok();
-  STRATA_FLASH_DISPATCH(dt, hs,
-                        (backward<Tp, HS>(s, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV)));
+  STRATA_FLASH_DISPATCH(
+      dt, hs, (backward<Tp, HS>(s, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV)));
 }
 
 }  // namespace strata

@@ -11,8 +11,9 @@
 // The algorithm (Dao, "FlashAttention-2", 2023):
 //   forward   one block per (query tile of kBr rows, head, batch); 4 warps own 16 rows each.
 //             For each key tile of kBc keys up to the diagonal: S = Q K^T on tensor cores,
-//             masked, online softmax (running max m and sum l per row, the output accumulator
-//             rescaled by exp(m_old - m_new)), O += P V. O /= l at the end; the row's
+//             masked (causal, and per sequence with positions: key tiles before every row's
+//             sequence are skipped), online softmax (running max m and sum l per row, the output
+//             accumulator rescaled by exp(m_old - m_new)), O += P V. O /= l at the end; the row's
 //             log-sum-exp is saved, nothing of size T x T.
 //   backward  D = rowsum(dO * O) (flash_backward_dot_kernel); then two kernels that recompute
 //             P = exp(S - lse) tile by tile:
@@ -85,10 +86,28 @@ struct BackwardSmem {
   static constexpr size_t kDP = kS + align128(size_t(kWarps) * 16 * kLdS * 4);
   static constexpr size_t kP = kDP + align128(size_t(kWarps) * 16 * kLdS * 4);  // [16][kLdP]
   static constexpr size_t kDS = kP + align128(size_t(kWarps) * 16 * kLdP * 2);
-  static constexpr size_t kBytes = kDS + align128(size_t(kWarps) * 16 * kLdP * 2);
+  static constexpr size_t kLo = kDS + align128(size_t(kWarps) * 16 * kLdP * 2);  // kBr int32
+  static constexpr size_t kBytes = kLo + align128(kBr * 4);
 };
 
 // --- element helpers ----------------------------------------------------------------------------
+
+// The first key query row t of batch row b sees (attention masked per sequence, Kernels::
+// attention_gqa_forward): t - pos[b,t] clamped to [0, t]; 0 without positions or past T_.
+__device__ __forceinline__ int key_start(const int32_t* pos, int b, int t, int T_) {
+  if (pos == nullptr || t >= T_) return 0;
+  const int p = pos[size_t(b) * T_ + t];
+  return p <= 0 ? t : (p >= t ? 0 : t - p);
+}
+
+// The smallest key_start of the query rows t0 .. t0+kBr-1: key tiles that end before it are
+// masked for every row of the tile and skipped. Every thread computes the same value.
+__device__ __forceinline__ int tile_key_start(const int32_t* pos, int b, int t0, int T_) {
+  if (pos == nullptr) return 0;
+  int lo = T_;
+  for (int t = t0; t < min(T_, t0 + kBr); ++t) lo = min(lo, key_start(pos, b, t, T_));
+  return lo;
+}
 
 __device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float f32(__half x) { return __half2float(x); }
@@ -171,7 +190,7 @@ __device__ __forceinline__ void tile_abt(float* stage, const FragA<T> (&a)[HS / 
 template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
-                         int T_, int NH, int NKV) {
+                         const int32_t* __restrict__ pos, int T_, int NH, int NKV) {
   STRATA_FA_DYNAMIC_SMEM(smem);
   using L = ForwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
@@ -203,9 +222,10 @@ __global__ void __launch_bounds__(kThreads)
   const float scale_log2 = kLog2e / sqrtf(float(HS));
   const int r = lane / 2, c0 = (lane % 2) * (kBc / 2);
   const int t = q0 + warp * 16 + r;
+  const int lo = key_start(pos, b, t, T_);
   float m = -INFINITY, l = 0.0f;
   const int kv_end = min(T_, q0 + kBr);
-  for (int j0 = 0; j0 < kv_end; j0 += kBc) {
+  for (int j0 = tile_key_start(pos, b, q0, T_) / kBc * kBc; j0 < kv_end; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K and V tiles
     load_tile<T, HS, kBc>(Ks, base + size_t(NH + g) * HS, W, j0, T_);
     load_tile<T, HS, kBc>(Vs, base + size_t(NH + NKV + g) * HS, W, j0, T_);
@@ -217,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
     float mx = -INFINITY;
     for (int c = c0; c < c0 + kBc / 2; ++c) {
       const int j = j0 + c;
-      const float x = (j <= t && j < T_) ? srow[c] * scale_log2 : -INFINITY;
+      const float x = (j <= t && j < T_ && j >= lo) ? srow[c] * scale_log2 : -INFINITY;
       srow[c] = x;
       mx = fmaxf(mx, x);
     }
@@ -291,21 +311,24 @@ __global__ void flash_backward_dot_kernel(float* __restrict__ D, const T* __rest
   if (lane == 0) D[row] = sum;
 }
 
-// Loads a query tile's Q and dO rows, and its rows' log-sum-exp (in log2 units) and D.
+// Loads a query tile's Q and dO rows, and its rows' log-sum-exp (in log2 units), D and first
+// key (key_start of batch row b).
 template <typename T, int HS>
 __device__ __forceinline__ void load_query_tile(unsigned char* smem, const T* qbase,
                                                 const T* dobase, size_t W, size_t C,
-                                                const float* lse_row, const float* d_row, int i0,
-                                                int T_) {
+                                                const float* lse_row, const float* d_row,
+                                                const int32_t* pos, int b, int i0, int T_) {
   using L = BackwardSmem<HS>;
   load_tile<T, HS, kBr>(reinterpret_cast<T*>(smem + L::kQ), qbase, W, i0, T_);
   load_tile<T, HS, kBr>(reinterpret_cast<T*>(smem + L::kDO), dobase, C, i0, T_);
   float* lse2 = reinterpret_cast<float*>(smem + L::kLse);
   float* Ds = reinterpret_cast<float*>(smem + L::kD);
+  int* los = reinterpret_cast<int*>(smem + L::kLo);
   for (int i = threadIdx.x; i < kBr; i += kThreads) {
     const bool in = i0 + i < T_;
     lse2[i] = in ? lse_row[i0 + i] * kLog2e : 0.0f;
     Ds[i] = in ? d_row[i0 + i] : 0.0f;
+    los[i] = key_start(pos, b, i0 + i, T_);
   }
 }
 
@@ -315,7 +338,8 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
                                const T* __restrict__ dout, const float* __restrict__ lse,
-                               const float* __restrict__ D, int T_, int NH, int NKV) {
+                               const float* __restrict__ D, const int32_t* __restrict__ pos, int T_,
+                               int NH, int NKV) {
   STRATA_FA_DYNAMIC_SMEM(smem);
   using L = BackwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
@@ -326,6 +350,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* dOs = reinterpret_cast<const T*>(smem + L::kDO);
   const float* lse2 = reinterpret_cast<const float*>(smem + L::kLse);
   const float* Ds = reinterpret_cast<const float*>(smem + L::kD);
+  const int* los = reinterpret_cast<const int*>(smem + L::kLo);
   float* Sw = reinterpret_cast<float*>(smem + L::kS) + warp * 16 * kLdS;
   float* dPw = reinterpret_cast<float*>(smem + L::kDP) + warp * 16 * kLdS;
   T* Pw = reinterpret_cast<T*>(smem + L::kP) + warp * 16 * kLdP;
@@ -352,9 +377,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int h = g * group; h < (g + 1) * group; ++h) {
     const size_t row0 = (size_t(b) * NH + h) * T_;
     for (int i0 = j0; i0 < T_; i0 += kBr) {  // query tiles at or below the diagonal
-      __syncthreads();                       // every warp is done with the previous query tile
+      // A tile whose every row starts its sequence after this key tile sees none of its keys.
+      if (pos != nullptr && tile_key_start(pos, b, i0, T_) >= j0 + kBc) continue;
+      __syncthreads();  // every warp is done with the previous query tile
       load_query_tile<T, HS>(smem, base + size_t(h) * HS, dbase + size_t(h) * HS, W, C, lse + row0,
-                             D + row0, i0, T_);
+                             D + row0, pos, b, i0, T_);
       __syncthreads();
       // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys and the tile's kBr queries.
       for (int n = 0; n < kBr / 16; ++n) {
@@ -377,7 +404,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();
       for (int c = c0; c < c0 + kBr / 2; ++c) {
         const int t = i0 + c;
-        const bool valid = t >= j && t < T_ && j < T_;
+        const bool valid = t >= j && t < T_ && j < T_ && j >= los[c];
         const float p = valid ? exp2f(Sw[r * kLdS + c] * scale_log2 - lse2[c]) : 0.0f;
         Pw[r * kLdP + c] = from_f32<T>(p);
         dSw[r * kLdP + c] = from_f32<T>(p * (dPw[r * kLdS + c] - Ds[c]));
@@ -413,7 +440,8 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
                              const T* __restrict__ dout, const float* __restrict__ lse,
-                             const float* __restrict__ D, int T_, int NH, int NKV) {
+                             const float* __restrict__ D, const int32_t* __restrict__ pos, int T_,
+                             int NH, int NKV) {
   STRATA_FA_DYNAMIC_SMEM(smem);
   using L = BackwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
@@ -434,7 +462,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* base = qkv + size_t(b) * T_ * W;
   const size_t row0 = (size_t(b) * NH + h) * T_;
   load_query_tile<T, HS>(smem, base + size_t(h) * HS, dout + size_t(b) * T_ * C + size_t(h) * HS, W,
-                         C, lse + row0, D + row0, i0, T_);
+                         C, lse + row0, D + row0, pos, b, i0, T_);
   __syncthreads();
   FragA<T> qf[NF], dof[NF];
   for (int k = 0; k < NF; ++k) {
@@ -449,8 +477,9 @@ __global__ void __launch_bounds__(kThreads)
   const int r = lane / 2, c0 = (lane % 2) * (kBc / 2);
   const int t = i0 + warp * 16 + r;
   const float lse_t = lse2[warp * 16 + r], d_t = Ds[warp * 16 + r];
+  const int lo = key_start(pos, b, t, T_);
   const int kv_end = min(T_, i0 + kBr);
-  for (int j0 = 0; j0 < kv_end; j0 += kBc) {
+  for (int j0 = tile_key_start(pos, b, i0, T_) / kBc * kBc; j0 < kv_end; j0 += kBc) {
     __syncthreads();  // every warp is done with the previous K and V tiles
     load_tile<T, HS, kBc>(Ks, base + size_t(NH + g) * HS, W, j0, T_);
     load_tile<T, HS, kBc>(Vs, base + size_t(NH + NKV + g) * HS, W, j0, T_);
@@ -460,7 +489,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     for (int c = c0; c < c0 + kBc / 2; ++c) {
       const int jj = j0 + c;
-      const bool valid = jj <= t && jj < T_ && t < T_;
+      const bool valid = jj <= t && jj < T_ && t < T_ && jj >= lo;
       const float p = valid ? exp2f(Sw[r * kLdS + c] * scale_log2 - lse_t) : 0.0f;
       dSw[r * kLdP + c] = from_f32<T>(p * (dPw[r * kLdS + c] - d_t));
     }

@@ -50,6 +50,8 @@ bool LibraryAttentionKernels::library_runs(const OpShape& shape, std::string* wh
   bool runs = false;
   if (library_ == nullptr) {
     reason = absent_reason_;
+  } else if (shape.positions) {
+    reason = "the library path does not mask attention per sequence (positions)";
   } else if (!full_shape(shape)) {
     reason = "the library is asked per call shape (B, T, NH, KVH, hs)";
   } else {
@@ -69,11 +71,12 @@ KernelSupport LibraryAttentionKernels::supports(KernelOp op, const OpShape& shap
 }
 
 void LibraryAttentionKernels::fused_attention_forward(Stream& s, DType dt, void* out, float* lse,
-                                                      const void* qkv, int B, int T, int NH,
-                                                      int NKV, int hs) {
-  const OpShape shape{dt, hs, B, T, NH, NKV};
+                                                      const void* qkv, const int32_t* pos, int B,
+                                                      int T, int NH, int NKV, int hs) {
+  OpShape shape{dt, hs, B, T, NH, NKV};
+  shape.positions = pos != nullptr;
   if (!library_runs(shape, nullptr)) {
-    own_->fused_attention_forward(s, dt, out, lse, qkv, B, T, NH, NKV, hs);
+    own_->fused_attention_forward(s, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
     return;
   }
   CudaStream& cs = cuda_stream(s);
@@ -86,11 +89,13 @@ void LibraryAttentionKernels::fused_attention_forward(Stream& s, DType dt, void*
 void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void* dqkv,
                                                        float* scratch, const void* dout,
                                                        const void* qkv, const void* out,
-                                                       const float* lse, int B, int T, int NH,
-                                                       int NKV, int hs) {
-  const OpShape shape{dt, hs, B, T, NH, NKV};
+                                                       const float* lse, const int32_t* pos, int B,
+                                                       int T, int NH, int NKV, int hs) {
+  OpShape shape{dt, hs, B, T, NH, NKV};
+  shape.positions = pos != nullptr;
   if (!library_runs(shape, nullptr)) {
-    own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, B, T, NH, NKV, hs);
+    own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV,
+                                   hs);
     return;
   }
   CudaStream& cs = cuda_stream(s);

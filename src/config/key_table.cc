@@ -531,6 +531,9 @@ std::vector<Key> build_table() {
         "a held-out token file for eval (and strata eval); \"\": the eval_fraction tail"));
   add(F("data.loss_mask", Enum("auto|none"), STRATA_M(data.loss_mask),
         "auto: <token file>.mask (prepare_data --chat) when it exists; none: every token"));
+  add(F("data.packing", Enum("sequence|window"), STRATA_M(data.packing),
+        "a masked (chat) file's packed windows: sequence: each conversation attends only to "
+        "itself, positions restart (TRL padding_free); window: causal over the whole window"));
   add(F("data.eval_batches", Int(0, kMaxI32), STRATA_M(data.eval_batches),
         "batches per evaluation"));
   add(F("data.synthetic_tokens", Size(1), STRATA_M(data.synthetic_tokens),

@@ -222,7 +222,12 @@ class ModelRunner {
   virtual void select(int slot) = 0;
   // Uploads tokens/targets (host arrays [B*T]) into the selected slot; blocks until the
   // compute stream has run everything enqueued so far (the slot's host staging is reused).
-  virtual void begin_batch(const int32_t* tokens, const int32_t* targets) = 0;
+  // positions (host [B*T], or nullptr): each token's position in its sequence, restarting at 0
+  // where a packed sequence starts (0 <= positions[b,t] <= t); the slot's passes then embed or
+  // rotate by them and attend per sequence (Kernels' positions). nullptr: one sequence per row,
+  // position t.
+  virtual void begin_batch(const int32_t* tokens, const int32_t* targets,
+                           const int32_t* positions = nullptr) = 0;
   // Enqueues one kCompute step of the program on the compute stream. The steps of a pass must
   // be run in the program's order.
   virtual void compute(const ProgramOp& op, const ModuleBindings& bound, const MicroBatch& mb) = 0;

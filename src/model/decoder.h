@@ -172,7 +172,9 @@ struct DecoderStep : BatchDims {
   float dloss = 0;                            // MicroBatch::dloss of the step
   uint64_t dropout_key = 0;                   // MicroBatch::dropout_key (0: no dropout)
   // Each token's position in its sequence, a device array [B*T] (Kernels::encoder_forward), or
-  // nullptr: position t of row b,t (the default: one sequence per row).
+  // nullptr: position t of row b,t (the default: one sequence per row). The runner sets it
+  // from begin_batch's positions (the selected slot's copy); the blocks pass it to the
+  // embedding, the rotary op and the attention (masked per sequence).
   const int32_t* pos = nullptr;
   void* state = nullptr;  // Blocks::RunnerState (see DecoderRunner)
   float* discard = nullptr;

@@ -37,6 +37,7 @@ class DecoderRunner final : public ModelRunner {
   struct Buffers {
     int32_t* tokens = nullptr;
     int32_t* targets = nullptr;
+    int32_t* pos = nullptr;  // positions (begin_batch), read when the batch came with them
     float* losses = nullptr;
     std::vector<Layer> layers;
     // kRecompute: every block's input (inputs[0] == encoded); kOffload: two slots, block l's
@@ -75,6 +76,7 @@ class DecoderRunner final : public ModelRunner {
                      nullptr);
     m->tokens = static_cast<int32_t*>(c.take(N * 4));
     m->targets = static_cast<int32_t*>(c.take(N * 4));
+    m->pos = static_cast<int32_t*>(c.take(N * 4));
     if (shared && !keep) {
       m->layers = shared->layers;
     } else {
@@ -165,12 +167,13 @@ class DecoderRunner final : public ModelRunner {
     }
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
-    // Per slot: its tokens and targets (N * 8 bytes); then one losses buffer (N * 4) that every
-    // slot's head copies through in stream order.
-    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 8 * size_t(slots) + N * 4),
+    // Per slot: its tokens, targets and positions (N * 12 bytes); then one losses buffer (N * 4)
+    // that every slot's head copies through in stream order.
+    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 12 * size_t(slots) + N * 4),
                             "host staging");
     host_io_ = static_cast<int32_t*>(h);
-    host_losses_ = reinterpret_cast<float*>(host_io_ + 2 * N * size_t(slots));
+    host_losses_ = reinterpret_cast<float*>(host_io_ + 3 * N * size_t(slots));
+    slot_has_pos_.assign(size_t(slots), false);
     for (int i = 0; i < slots; ++i) states_.push_back(std::make_unique<State>());
     if constexpr (RunnerStateOf<Blocks>::kHas) {
       for (int i = 0; i < slots; ++i) {
@@ -190,18 +193,26 @@ class DecoderRunner final : public ModelRunner {
     buf_ = &slots_[size_t(slot)];
     st_.discard = buf_->discard;
     st_.state = states_[size_t(slot)].get();
+    st_.pos = slot_has_pos_[size_t(slot)] ? buf_->pos : nullptr;
   }
 
-  void begin_batch(const int32_t* tokens, const int32_t* targets) override {
+  void begin_batch(const int32_t* tokens, const int32_t* targets,
+                   const int32_t* positions) override {
     const size_t N = st_.N();
     Device& dev = *st_.dev;
     // The slot's staging is reused each step: wait until its last upload was consumed.
     dev.synchronize(*st_.s).ignore();
-    int32_t* io = host_io_ + 2 * N * size_t(slot_);
+    int32_t* io = host_io_ + 3 * N * size_t(slot_);
     std::memcpy(io, tokens, N * 4);
     std::memcpy(io + N, targets, N * 4);
     dev.copy_h2d(*st_.s, buf_->tokens, io, N * 4);
     dev.copy_h2d(*st_.s, buf_->targets, io + N, N * 4);
+    if (positions != nullptr) {
+      std::memcpy(io + 2 * N, positions, N * 4);
+      dev.copy_h2d(*st_.s, buf_->pos, io + 2 * N, N * 4);
+    }
+    slot_has_pos_[size_t(slot_)] = positions != nullptr;
+    st_.pos = positions != nullptr ? buf_->pos : nullptr;
   }
 
   void compute(const ProgramOp& op, const ModuleBindings& b, const MicroBatch& mb) override {
@@ -425,6 +436,7 @@ class DecoderRunner final : public ModelRunner {
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
+  std::vector<bool> slot_has_pos_;  // per slot: its batch came with positions
 };
 
 // A decoder model: the skeleton above with the block definition `Blocks`.

@@ -171,9 +171,11 @@ class Gpt2Blocks {
                      C, 3 * C);
     st.lora_forward(kQkv, in, a.qkv);
     if (st.fused) {
-      k.fused_attention_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, NH, C / NH);
+      k.fused_attention_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.pos, st.B, st.T, NH, NH,
+                                C / NH);
     } else {
-      k.attention_gqa_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, NH, C / NH);
+      k.attention_gqa_forward(*st.s, st.dt, a.atty, a.att, a.qkv, st.pos, st.B, st.T, NH, NH,
+                              C / NH);
     }
     k.matmul_forward(*st.s, st.dt, out, a.atty, param(p, st, at_[kAttprojw]),
                      param(p, st, at_[kAttprojb]), N, C, C);
@@ -203,11 +205,11 @@ class Gpt2Blocks {
     st.lora_backward(kAttProj, a.atty, dout, d.datty);
     st.zero(d.dqkv, NC * 3 * es);
     if (st.fused) {
-      k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.B,
-                                 st.T, NH, NH, C / NH);
+      k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.pos,
+                                 st.B, st.T, NH, NH, C / NH);
     } else {
-      k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.B, st.T, NH, NH,
-                               C / NH);
+      k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
+                               NH, NH, C / NH);
     }
     st.zero(din, NC * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kQkvw]), st.wgrad(g, at_[kQkvb]), d.dqkv, in,

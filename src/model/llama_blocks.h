@@ -199,9 +199,9 @@ class LlamaBlocks {
     st.lora_forward(kQkv, in, a.qkv);
     k.rope_forward(s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
     if (st.fused) {
-      k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
+      k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.pos, st.B, st.T, NH, KVH, hs);
     } else {
-      k.attention_gqa_forward(s, st.dt, a.atty, a.att, a.qkv, st.B, st.T, NH, KVH, hs);
+      k.attention_gqa_forward(s, st.dt, a.atty, a.att, a.qkv, st.pos, st.B, st.T, NH, KVH, hs);
     }
     k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
     st.lora_forward(kO, a.atty, out);
@@ -235,11 +235,11 @@ class LlamaBlocks {
     st.lora_backward(kO, a.atty, dout, d.datty);
     st.zero(d.dqkv, size_t(N) * W * es);
     if (st.fused) {
-      k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.B,
-                                 st.T, NH, KVH, hs);
+      k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.pos,
+                                 st.B, st.T, NH, KVH, hs);
     } else {
-      k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.B, st.T, NH, KVH,
-                               hs);
+      k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
+                               NH, KVH, hs);
     }
     // From the rotated q/k back to the projections' outputs.
     k.rope_backward(s, st.dt, d.dqkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);

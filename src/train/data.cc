@@ -262,6 +262,12 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
       d.train_packed_ = d.eval_packed_ = true;
     }
   }
+  d.per_sequence_ = cfg.packing == "sequence";
+  if (d.masked()) {
+    d.description_ += d.per_sequence_
+                          ? ", packed per sequence (each conversation attends to itself)"
+                          : ", packed per window (attention crosses conversations)";
+  }
   if (d.train_packed_ && T > 0) d.train_windows_ = pack_windows(d.mask_, 0, d.split_, T);
   if (d.eval_packed_ && T > 0) {
     d.eval_windows_ = pack_windows(d.mask_, d.split_, d.tokens_.size(), T);
@@ -296,8 +302,16 @@ void Dataset::fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_
   }
 }
 
+void Dataset::fill_positions(size_t off, size_t len, int T, int32_t* positions) const {
+  int32_t p = 0;
+  for (size_t t = 0; t < size_t(T); ++t) {
+    if (t > 0) p = (t < len && (mask_[off + t] & kMaskStart)) ? 0 : p + 1;
+    positions[t] = p;
+  }
+}
+
 void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
-                          int32_t* tokens, int32_t* targets) const {
+                          int32_t* tokens, int32_t* targets, int32_t* positions) const {
   const size_t span = split_ - size_t(T) - 1;
   for (int b = 0; b < B; ++b) {
     const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
@@ -306,6 +320,9 @@ void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int 
     if (train_packed_) {
       const PackedWindow& w = train_windows_[pick(seed, step, micro, row, train_windows_.size())];
       fill_window(w.off, w.len, T, tk, tg);
+      if (positions != nullptr && per_sequence_) {
+        fill_positions(w.off, w.len, T, positions + size_t(b) * T);
+      }
       continue;
     }
     const size_t off = pick(seed, step, micro, row, span + 1);
@@ -345,13 +362,16 @@ int64_t Dataset::eval_batch_targets(int i, int B, int T, int world) const {
 }
 
 void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank,
-                         int world) const {
+                         int world, int32_t* positions) const {
   const size_t windows = eval_windows(T);
   for (int b = 0; b < B; ++b) {
     size_t w = (size_t(i) * B * world + size_t(rank) * B + b) % windows;
     if (eval_packed_) {
       fill_window(eval_windows_[w].off, eval_windows_[w].len, T, tokens + size_t(b) * T,
                   targets + size_t(b) * T);
+      if (positions != nullptr && per_sequence_) {
+        fill_positions(eval_windows_[w].off, eval_windows_[w].len, T, positions + size_t(b) * T);
+      }
       continue;
     }
     size_t off = split_ + w * T;

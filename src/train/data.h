@@ -18,6 +18,8 @@
 // makes a split "packed": its windows start at conversation starts and hold whole
 // conversations (pack_windows), targets outside the assistant turns are -1 (ignored by the
 // loss: transformers' labels = -100), and the loss is the mean over the targets that count.
+// With data.packing "sequence" (the default) a packed window's batches also carry positions,
+// so that each conversation attends only to itself; "window" attends across the window.
 #pragma once
 
 #include <cstdint>
@@ -41,12 +43,15 @@ class Dataset {
   // (seed, step, micro, global row) with global row = rank * B + b, so N ranks with B rows
   // each see exactly the windows one rank with N*B rows sees (data parallelism keeps the
   // global batch).
+  // positions (nullptr: not wanted) receives each token's position in its conversation when
+  // train_positions() (packed per sequence); else it is left untouched.
   void train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T, int32_t* tokens,
-                   int32_t* targets) const;
+                   int32_t* targets, int32_t* positions = nullptr) const;
   // Eval batch i (0-based) of B consecutive windows from the held-out split (wraps around);
   // rank r of `world` takes rows [r*B, (r+1)*B) of the global batch of world*B windows.
+  // positions: as train_batch's, when eval_positions().
   void eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank = 0,
-                  int world = 1) const;
+                  int world = 1, int32_t* positions = nullptr) const;
 
   size_t train_tokens() const { return split_; }
   size_t eval_tokens() const { return tokens_.size() - split_; }
@@ -57,6 +62,13 @@ class Dataset {
   bool masked() const { return train_packed_ || eval_packed_; }
   bool train_packed() const { return train_packed_; }
   bool eval_packed() const { return eval_packed_; }
+  // Whether a split's batches come with positions: packed, with data.packing "sequence". Each
+  // conversation of a window then attends only to itself (ModelRunner::begin_batch's
+  // positions); position p of a window's token counts from its conversation's first token
+  // (the window's first token is 0, also for the later pieces of a cut conversation); the
+  // padding after the last conversation continues its count.
+  bool train_positions() const { return train_packed_ && per_sequence_; }
+  bool eval_positions() const { return eval_packed_ && per_sequence_; }
   size_t train_windows() const { return train_windows_.size(); }  // packed: those with a target
   // Targets that count in train_batch(seed, step, micro, rank, B, T)'s rows.
   int64_t train_batch_targets(uint64_t seed, int64_t step, int micro, int rank, int B, int T) const;
@@ -69,6 +81,8 @@ class Dataset {
  private:
   // Window w of the split: its tokens at `off`, `len` of them (<= T + 1), into the rows.
   void fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_t* targets) const;
+  // The positions of the window at `off` (see train_positions()).
+  void fill_positions(size_t off, size_t len, int T, int32_t* positions) const;
   // Row `row`'s draw in [0, n) for (seed, step, micro).
   static size_t pick(uint64_t seed, int64_t step, int micro, uint64_t row, size_t n);
 
@@ -76,6 +90,7 @@ class Dataset {
   std::vector<uint8_t> mask_;  // per token kMaskLoss | kMaskStart when masked(), else empty
   size_t split_ = 0;           // tokens_[0, split_) train, [split_, end) eval
   bool train_packed_ = false, eval_packed_ = false;
+  bool per_sequence_ = false;                               // data.packing == "sequence"
   std::vector<PackedWindow> train_windows_, eval_windows_;  // packed splits' windows
   std::string description_;
 };

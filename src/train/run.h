@@ -178,8 +178,8 @@ class Run {
   // The damaged checkpoints --resume passed over (paths): this run may replace them.
   std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
-  std::vector<int32_t> tok_, tgt_;
-  std::vector<float> losses_;  // [accum][B*T]
+  std::vector<int32_t> tok_, tgt_, pos_;  // pos_: the positions of a batch packed per sequence
+  std::vector<float> losses_;             // [accum][B*T]
   // The device pointers of the modules the program holds at this point, by module.
   std::vector<const void*> params_;
   std::vector<float*> grads_;

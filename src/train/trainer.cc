@@ -201,6 +201,7 @@ Status Run::setup() {
   scaler_ = LossScaler::from_config(cfg_);
   tok_.resize(size_t(B_) * T_);
   tgt_.resize(size_t(B_) * T_);
+  pos_.resize(size_t(B_) * T_);
   losses_.resize(size_t(accum_) * B_ * T_);
   if (eval_only_) {
     if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
@@ -459,10 +460,11 @@ Result<double> Run::run_step() {
   for (int first = 0; first < accum_; first += group) {
     const int n = std::min(group, accum_ - first);
     for (int k = 0; k < n; ++k) {
-      data_->train_batch(cfg_.train.seed, step_, first + k, rank_, B_, T_, tok_.data(),
-                         tgt_.data());
+      data_->train_batch(cfg_.train.seed, step_, first + k, rank_, B_, T_, tok_.data(), tgt_.data(),
+                         pos_.data());
       model_->select(k);
-      model_->begin_batch(tok_.data(), tgt_.data());
+      model_->begin_batch(tok_.data(), tgt_.data(),
+                          data_->train_positions() ? pos_.data() : nullptr);
     }
     tm_->begin_micro(first);
     const std::string group_name =
@@ -620,8 +622,8 @@ Result<double> Run::eval_loss() {
   const MicroBatch eval_mb{0.0f, losses_.data()};
   for (int i = 0; i < n; ++i) {
     tm_->begin_phase("eval");
-    data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_);
-    model_->begin_batch(tok_.data(), tgt_.data());
+    data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_, pos_.data());
+    model_->begin_batch(tok_.data(), tgt_.data(), data_->eval_positions() ? pos_.data() : nullptr);
     STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &eval_mb), "eval batch");
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), "eval forward");
     STRATA_RETURN_IF_ERROR(tm_->end_phase(), "eval");
@@ -659,8 +661,8 @@ Result<EvalResult> Run::evaluate() {
   const MicroBatch eval_mb{0.0f, losses_.data()};
   for (size_t i = 0; i < batches; ++i) {
     tm_->begin_phase("eval");
-    data_->eval_batch(int(i), B_, T_, tok_.data(), tgt_.data(), rank_, world_);
-    model_->begin_batch(tok_.data(), tgt_.data());
+    data_->eval_batch(int(i), B_, T_, tok_.data(), tgt_.data(), rank_, world_, pos_.data());
+    model_->begin_batch(tok_.data(), tgt_.data(), data_->eval_positions() ? pos_.data() : nullptr);
     STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &eval_mb),
                            fmt::format("eval batch {}", i));
     STRATA_RETURN_IF_ERROR(tm_->end_backward(), fmt::format("eval batch {}", i));

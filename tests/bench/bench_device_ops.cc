@@ -327,7 +327,8 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
       const Spread f = time_per_call(
           o, 1,
           [&] {
-            kk.fused_attention_forward(s, dt, y_fused, L, qkv, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+            kk.fused_attention_forward(s, dt, y_fused, L, qkv, nullptr, sh.B, sh.T, sh.NH, sh.NKV,
+                                       sh.hs);
             return dev.synchronize(s);
           },
           &st);
@@ -335,7 +336,7 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
           o, 1,
           [&] {
             kk.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused,
-                                        L, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+                                        L, nullptr, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
             return dev.synchronize(s);
           },
           &st);
@@ -390,15 +391,16 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
       const Spread f = time_per_call(
           o, 1,
           [&] {
-            k.attention_gqa_forward(s, dt, y, A, qkv, sh.B, sh.T, sh.NH, sh.NH, (int(C)) / sh.NH);
+            k.attention_gqa_forward(s, dt, y, A, qkv, nullptr, sh.B, sh.T, sh.NH, sh.NH,
+                                    (int(C)) / sh.NH);
             return dev.synchronize(s);
           },
           &st);
       const Spread bw = time_per_call(
           o, 1,
           [&] {
-            k.attention_gqa_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, sh.B,
-                                     sh.T, sh.NH, sh.NH, (int(C)) / sh.NH);
+            k.attention_gqa_backward(s, dt, dqkv, static_cast<float*>(*scr), dout, qkv, A, nullptr,
+                                     sh.B, sh.T, sh.NH, sh.NH, (int(C)) / sh.NH);
             return dev.synchronize(s);
           },
           &st);
