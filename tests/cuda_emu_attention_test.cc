@@ -1,7 +1,7 @@
-// The CUDA backend's attention kernels (kernels/cuda/attention.cu, flash_attention.cu, attention_decode.cu) on the
-// CPU emulation against the CPU backend's, as cuda_emu_kernels_test.cc does for the other ops
-// (its fixture: tests/cuda_emu_kernels_fixture.h), with and without positions (attention
-// masked per sequence).
+// The CUDA backend's attention kernels (kernels/cuda/attention.cu, flash_attention.cu,
+// attention_decode.cu) on the CPU emulation against the CPU backend's, as cuda_emu_kernels_test.cc
+// does for the other ops (its fixture: tests/cuda_emu_kernels_fixture.h), with and without
+// positions (attention masked per sequence).
 #include "tests/cuda_emu_kernels_fixture.h"
 
 namespace strata {
@@ -42,7 +42,6 @@ TEST_F(EmulatedKernels, AttentionDecodeAgainstTheCache) {
     }
   }
 }
-
 
 TEST_F(EmulatedKernels, AttentionWithGroupedQueryHeads) {
   const int B = 2, T = 37, NH = 6, KVH = 2, hs = 10;
