@@ -306,10 +306,7 @@ TEST(SftTrain, AccumulatedLossIsTheMeanOverAllAssistantTokens) {
   const std::string dir = test::temp_dir("strata_sft", "accumulation");
   const auto conversation = [](int prompt, int reply, int base, std::vector<int32_t>* tokens,
                                std::vector<uint8_t>* mask) {
-    for (int i = 0; i < prompt + reply; ++i) {
-      tokens->push_back((base + 7 * i) % kVocab);
-      mask->push_back(i == 0 ? kMaskStart : i >= prompt ? kMaskLoss : 0);
-    }
+    test::append_conversation(prompt, reply, base, kVocab, tokens, mask);
   };
   std::vector<int32_t> both, a, b;
   std::vector<uint8_t> both_mask, a_mask, b_mask;

@@ -53,4 +53,14 @@ inline void chat_corpus(int n, int vocab, uint64_t seed, std::vector<int32_t>* t
   }
 }
 
+// One conversation appended to tokens/mask: `prompt` tokens then `reply` loss targets, token i
+// (base + 7 i) % vocab, its first token marked as its start.
+inline void append_conversation(int prompt, int reply, int base, int vocab,
+                                std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
+  for (int i = 0; i < prompt + reply; ++i) {
+    tokens->push_back((base + 7 * i) % vocab);
+    mask->push_back(i == 0 ? kMaskStart : i >= prompt ? kMaskLoss : 0);
+  }
+}
+
 }  // namespace strata::test

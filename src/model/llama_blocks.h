@@ -187,17 +187,24 @@ class LlamaBlocks {
     st.k->rmsnorm_backward(*st.s, st.dt, din, st.norm_grad(g, at), dout, in, param(p, st, at),
                            n.rstd, int(st.N()), s_.n_embd);
   }
+  // a.qkv = q|k|v of `in` (with the adapters' part), rotated at the tokens' positions.
+  void qkv_forward(const DecoderStep& st, const void* p, const void* in,
+                   const AttentionActs& a) const {
+    const int NH = s_.n_head, KVH = s_.num_key_value_heads;
+    st.k->matmul_forward(*st.s, st.dt, a.qkv, in, param(p, st, qkvw_),
+                         s_.attention_bias ? param(p, st, qkvb_) : nullptr, int(st.N()), s_.n_embd,
+                         qkv_width());
+    st.lora_forward(kQkv, in, a.qkv);
+    st.k->rope_forward(*st.s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs());
+  }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
                          const AttentionActs& a, void* out) const {
     Kernels& k = *st.k;
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head, KVH = s_.num_key_value_heads,
               hs = this->hs();
-    const int W = qkv_width(), A = NH * hs;
-    k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
-                     s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
-    st.lora_forward(kQkv, in, a.qkv);
-    k.rope_forward(s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
+    const int A = NH * hs;
+    qkv_forward(st, p, in, a);
     if (st.fused) {
       k.fused_attention_forward(s, st.dt, a.atty, a.att, a.qkv, st.pos, st.B, st.T, NH, KVH, hs);
     } else {
@@ -212,10 +219,8 @@ class LlamaBlocks {
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head, KVH = s_.num_key_value_heads,
               hs = this->hs();
-    const int W = qkv_width(), A = NH * hs;
-    k.matmul_forward(s, st.dt, a.qkv, in, param(p, st, qkvw_),
-                     s_.attention_bias ? param(p, st, qkvb_) : nullptr, N, C, W);
-    k.rope_forward(s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
+    const int A = NH * hs;
+    qkv_forward(st, p, in, a);
     k.attention_decode(s, st.dt, a.atty, kv.k, kv.v, a.qkv, st.B, st.T, kv.pos0, kv.maxT, NH, KVH,
                        hs);
     k.matmul_forward(s, st.dt, out, a.atty, param(p, st, ow_), nullptr, N, A, C);
