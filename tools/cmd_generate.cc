@@ -194,6 +194,39 @@ bool parse_number(const std::string& s, double* out) {
   return !s.empty() && end && *end == '\0' && errno == 0;
 }
 
+// Whether the host has room for what `strata generate` holds there before any of it is
+// allocated (a model too large was a bad_alloc abort, or the OOM killer): the fp32 weights, and
+// on the CPU backend the activations and the cache too. MemAvailable, or the address-space
+// limit when lower.
+Status check_host_memory(const Architecture& arch, const Config& cfg, const std::string& backend,
+                         const DecoderBytes& need) {
+  // On the CPU backend the device's memory is the host's: each module's host copy is freed as
+  // it reaches the device, so at most one module is held twice.
+  uint64_t largest = 0;
+  for (const ModuleSpec& m : arch.layout().modules) largest = std::max<uint64_t>(largest, m.numel);
+  const uint64_t host_need =
+      backend == "cpu" ? std::max(need.host, need.device) + largest * 4 : need.host;
+  uint64_t avail = host_available_bytes();
+  const char* limit = "MemAvailable";
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    const uint64_t used = proc_status_bytes("VmSize:");
+    const uint64_t room = rl.rlim_cur > used ? rl.rlim_cur - used : 0;
+    if (avail == 0 || room < avail) avail = room, limit = "the address-space limit (ulimit -v)";
+  }
+  if (avail > 0 && host_need > avail) {
+    return out_of_memory(fmt::format(
+        "the model's fp32 weights{} take {} ({} parameters, context {}); {} leaves {}: strata "
+        "generate reads the whole model in fp32 in host memory{}: use a smaller model, or a "
+        "shorter model.context",
+        backend == "cpu" ? ", activations and key/value cache" : "",
+        format_bytes(double(host_need)), arch.layout().num_params(), cfg.model.context, limit,
+        format_bytes(double(avail)),
+        backend == "cpu" ? " and runs it there (device.backend cpu)" : ""));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -310,30 +343,8 @@ int cmd_generate(int argc, char** argv) {
     std::string why;
     backend = cuda_device_available(&why) ? "cuda" : "cpu";
   }
-  // On the CPU backend the device's memory is the host's: each module's host copy is freed as
-  // it reaches the device, so at most one module is held twice.
-  uint64_t largest = 0;
-  for (const ModuleSpec& m : (*arch)->layout().modules)
-    largest = std::max<uint64_t>(largest, m.numel);
-  const uint64_t host_need =
-      backend == "cpu" ? std::max(need.host, need.device) + largest * 4 : need.host;
-  uint64_t avail = host_available_bytes();
-  const char* limit = "MemAvailable";
-  struct rlimit rl {};
-  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    const uint64_t used = proc_status_bytes("VmSize:");
-    const uint64_t room = rl.rlim_cur > used ? rl.rlim_cur - used : 0;
-    if (avail == 0 || room < avail) avail = room, limit = "the address-space limit (ulimit -v)";
-  }
-  if (avail > 0 && host_need > avail) {
-    return cli.fail(fmt::format(
-        "the model's fp32 weights{} take {} ({} parameters, context {}); {} leaves {}: strata "
-        "generate reads the whole model in fp32 in host memory{}: use a smaller model, or a "
-        "shorter model.context",
-        backend == "cpu" ? ", activations and key/value cache" : "",
-        format_bytes(double(host_need)), (*arch)->layout().num_params(), cfg->model.context, limit,
-        format_bytes(double(avail)),
-        backend == "cpu" ? " and runs it there (device.backend cpu)" : ""));
+  if (Status st = check_host_memory(**arch, *cfg, backend, need); !st.is_ok()) {
+    return cli.fail(st.message());
   }
   auto device = open_device(*cfg, backend, need.device);
   if (!device.is_ok()) return cli.fail(device.status().message());
