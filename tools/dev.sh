@@ -34,6 +34,7 @@ JOBS=${JOBS:-$(nproc)}
 FUZZ_TARGETS=(config checkpoint tokens profile safetensors hf_config loss_mask adapter_config
               export_dir plan_mark)
 PKGS=(build-essential cmake ninja-build pkg-config git clang-format
+      python3 python3-pip  # pip fills build-deps/ (cudnn-frontend; the Python tools' tests)
       libeigen3-dev libtbb-dev nlohmann-json3-dev libfmt-dev libisal-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev
       liburing-dev libaio-dev libopenmpi-dev openmpi-bin
