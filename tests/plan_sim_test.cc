@@ -63,18 +63,42 @@ TEST(PlanSimulated, ProfileTakesThePresetsRatesAndTheHostsOptimizer) {
   EXPECT_EQ(r2.profile.link_gbps.value, 5.0);
 }
 
-// Compute: GPT-2's GEMMs (24 C^2 per layer and token, 2 V C for the head; forward, and twice
-// that backward) at 580 TFLOP/s, causal attention (half of 4 T C per layer and token) forward
-// at 55 TFLOP/s and 2.5 times that backward at 30.
+// Compute: every kernel of the step as the simulated device charges it. With the HBM taken
+// as unbounded and no launch time, that is GPT-2's GEMMs (24 C^2 per layer and token, 2 V C for
+// the head; forward, and twice that backward) at 580 TFLOP/s and causal attention (half of
+// 4 T C per layer and token) forward at 55 TFLOP/s and 2.5 times that backward at 30; each
+// kernel's launch adds launch_us; the elementwise kernels' bytes add the rest.
 TEST(PlanSimulated, ComputeIsTheKernelsModeledTime) {
-  const PlanRequest r = gpt2_request(0.5);
+  PlanRequest r = gpt2_request(0.5);
+  const Config base = r.config;
+  Config c = base;
+  c.device.simulate_hbm_gbps = 1e15;
+  c.device.simulate_launch_us = 0;
+  r = request_from_config(c, r.hw, host_profile());
   auto o = evaluate_placement(r, find_placement("opt-host"));
   ASSERT_TRUE(o.is_ok()) << o.status().to_string();
   const double C = 768, L = 12, V = 50304, T = 1024, tokens = 8 * 1024 * 2;
   const double gemm = 3.0 * (24.0 * C * C * L + 2.0 * V * C) * tokens / 580e12;
   const double causal = 4.0 * T * C * L / 2.0 * tokens;
   const double attention = causal / 55e12 + 2.5 * causal / 30e12;
-  EXPECT_NEAR(o->time.compute_s, gemm + attention, 1e-9 * (gemm + attention));
+  // (and the losses' copy to the host, 32 KiB a micro-batch over the link, in the stream's order)
+  const double losses = tokens * 4 / 55e9;
+  EXPECT_NEAR(o->time.compute_s, gemm + attention + losses, 1e-6 * (gemm + attention));
+  // Per micro-batch at least the forward's and backward's GEMMs (4 + 1 a layer, the head's),
+  // attention, norms and residual adds; the same kernels at any rate.
+  const uint64_t kernels = o->time.device_kernels;
+  EXPECT_GE(kernels, 2u * (12u * 2u * 10u));
+  c.device.simulate_launch_us = 4;
+  auto launched =
+      evaluate_placement(request_from_config(c, r.hw, host_profile()), find_placement("opt-host"));
+  ASSERT_TRUE(launched.is_ok());
+  EXPECT_EQ(launched->time.device_kernels, kernels);
+  EXPECT_NEAR(launched->time.compute_s - o->time.compute_s, double(kernels) * 4e-6, 1e-9);
+  // The preset's HBM: the elementwise kernels' bytes take time of their own.
+  auto preset = evaluate_placement(request_from_config(base, r.hw, host_profile()),
+                                   find_placement("opt-host"));
+  ASSERT_TRUE(preset.is_ok());
+  EXPECT_GT(preset->time.compute_s, launched->time.compute_s + 1e-3);
   // The CPU optimizer at the host's rate: every parameter (the wte head tied).
   const double params = 12.0 * (12 * C * C + 13 * C) + V * C + T * C + 2 * C;
   EXPECT_NEAR(o->time.cpu_optim_s, params / 1e9, 1e-3 * params / 1e9);

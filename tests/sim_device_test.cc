@@ -44,7 +44,8 @@ TEST(SimDevice, PresetsAndBadRates) {
 }
 
 // Like a GPU's, its memory is reached through copies; they move the bytes; kernels write
-// nothing but the cross-entropy's losses; zeroing clears what copies wrote.
+// nothing but the cross-entropy's losses; zeroing clears what copies wrote; a copy within the
+// device gives the destination the source's bytes.
 TEST(SimDevice, CopiesAreRealKernelsWriteNothingZeroingClearsCopies) {
   auto dev = make();
   EXPECT_FALSE(dev->host_addressable());
@@ -78,6 +79,27 @@ TEST(SimDevice, CopiesAreRealKernelsWriteNothingZeroingClearsCopies) {
   dev->copy_d2h(s, back.data(), *out, back.size() * 4);
   ASSERT_TRUE(dev->synchronize(s).is_ok());
   for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], 0.0f) << "element " << i;
+  // A copy within the device moves what copies wrote and zeroes what they did not: the
+  // destination reads back as the source would, whatever it held before.
+  auto other = dev->allocate(host.size() * 4, "other");
+  ASSERT_TRUE(other.is_ok());
+  std::vector<float> ones(host.size(), 7.0f);
+  dev->copy_h2d(s, *other, ones.data(), ones.size() * 4);  // other: written everywhere
+  dev->copy_h2d(s, *out, host.data(), 16 * 4);             // out: its first 16 written
+  dev->copy_d2d(s, static_cast<char*>(*other) + 8 * 4, static_cast<char*>(*out) + 4 * 4,
+                (host.size() - 16) * 4);
+  dev->copy_d2h(s, back.data(), *other, back.size() * 4);
+  ASSERT_TRUE(dev->synchronize(s).is_ok());
+  for (size_t i = 0; i < back.size(); ++i) {
+    const float want = i < 8 || i >= back.size() - 8 ? 7.0f : i < 20 ? host[i - 4] : 0.0f;
+    ASSERT_EQ(back[i], want) << "element " << i;
+  }
+  // What the copy wrote counts as written: zeroing the destination clears it.
+  dev->memset_zero(s, *other, host.size() * 4);
+  dev->copy_d2h(s, back.data(), *other, back.size() * 4);
+  ASSERT_TRUE(dev->synchronize(s).is_ok());
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], 0.0f) << "element " << i;
+  dev->release(*other);
   // Cross-entropy's losses: ln(V), finite.
   auto losses = dev->allocate(N * 4, "losses");
   auto logits = dev->allocate(size_t(N) * 64 * 2, "logits");

@@ -1,9 +1,13 @@
 // The simulated fast device's rules that other layers share (strata/device.h declares the
 // device itself: SimulatedDeviceOptions, its presets, create_simulated_device): the options a
-// config's device section asks for, and the time its kernels charge for attention. The trainer
-// creates its device from the first; the planner (src/plan) times compute with both, so that a
-// plan of a simulated run divides by the numbers the kernels charge, not a copy of them.
+// config's device section asks for, the time its kernels charge for attention, and its kernels
+// as a tally. The trainer creates its device from the first; the planner (src/plan) times
+// compute with the tally, so that a plan of a simulated run adds up the numbers the kernels
+// charge, not a copy of them.
 #pragma once
+
+#include <cstdint>
+#include <memory>
 
 #include "strata/device.h"
 #include "strata/status.h"
@@ -24,5 +28,18 @@ Result<SimulatedDeviceOptions> simulated_device_options(const DeviceConfig& devi
 // attention does half of them, and the backward 2.5 times the forward's, at the attention rates.
 double simulated_attention_seconds(const SimulatedDeviceOptions& p, double square_flops,
                                    bool backward);
+
+// What a sequence of the simulated device's kernels costs: the sum of their modeled times
+// (launch included) and how many ran.
+struct SimTally {
+  double seconds = 0;
+  uint64_t kernels = 0;
+};
+// The simulated device's kernels (`p`'s rates) that write nothing and enqueue nothing: each
+// call adds its modeled time to `tally` (which must outlive them); their streams are ignored.
+// The planner runs a model's program through them (src/plan/plan_sim.cc), so that it times a
+// simulated step by the numbers the kernels charge.
+std::unique_ptr<Kernels> create_simulated_kernel_tally(const SimulatedDeviceOptions& p,
+                                                       SimTally* tally);
 
 }  // namespace strata

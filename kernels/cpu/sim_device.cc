@@ -1,12 +1,20 @@
 // The simulated fast device (strata/device.h, SimulatedDeviceOptions): a CPU device whose
 // kernels cost their modeled time (sim_kernels.h) and whose copies take at least the link's.
 //
-// Its kernels write nothing, so device memory holds only what copies put there. A buffer the
+// Its kernels write nothing (but the cross-entropy's losses, which count as a copy's bytes),
+// so device memory holds only what copies put there. A buffer the
 // model zeroes (gradients before their first accumulation) may have held a copy's bytes — a
 // parameter's bf16, say — which the host would then read back as fp32 gradients; so the device
 // remembers which ranges copies wrote since they were last zeroed, and memset_zero clears
 // those bytes for real, charging the whole range's modeled time. Gradients then reach the
 // host's optimizer as zeros, and its time is the real one.
+//
+// So every byte outside those ranges is zero (the arena starts as zero pages), and a copy
+// within the device moves only the bytes copies wrote: it zeroes the destination's written
+// bytes and copies the source's, charging the whole range's modeled time. A device-to-device
+// copy of gradients (zero here) then costs the host nothing, as it costs a GPU's host nothing,
+// where a real memcpy of every module's gradients each step took the host longer than the
+// modeled compute.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +23,8 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/sim_kernels.h"
 #include "strata/config.h"
@@ -31,6 +41,37 @@ class DirtyRanges {
   void add(char* a, size_t n) {
     if (n == 0) return;
     std::lock_guard<std::mutex> l(mu_);
+    add_locked(a, n);
+  }
+  // Zeroes the written bytes within [a, a + n) and forgets them.
+  void clear(char* a, size_t n) {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    clear_locked(a, n);
+  }
+  // memcpy(dst, src, n) for device memory whose unwritten bytes are zero: dst's written bytes
+  // are zeroed, then src's written bytes copied (and remembered as written in dst).
+  void copy(char* dst, const char* src, size_t n) {
+    if (n == 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::pair<size_t, size_t>> parts;  // [offset, end) within src
+    const char* end = src + n;
+    auto it = r_.upper_bound(const_cast<char*>(src));
+    if (it != r_.begin() && std::prev(it)->second > src) --it;
+    for (; it != r_.end() && it->first < end; ++it) {
+      const char* lo = std::max<const char*>(src, it->first);
+      const char* hi = std::min<const char*>(end, it->second);
+      if (lo < hi) parts.emplace_back(size_t(lo - src), size_t(hi - src));
+    }
+    clear_locked(dst, n);
+    for (auto [lo, hi] : parts) {
+      std::memcpy(dst + lo, src + lo, hi - lo);
+      add_locked(dst + lo, hi - lo);
+    }
+  }
+
+ private:
+  void add_locked(char* a, size_t n) {
     char* b = a + n;
     auto it = r_.upper_bound(a);
     if (it != r_.begin() && std::prev(it)->second >= a) --it;
@@ -41,10 +82,7 @@ class DirtyRanges {
     }
     r_.emplace(a, b);
   }
-  // Zeroes the written bytes within [a, a + n) and forgets them.
-  void clear(char* a, size_t n) {
-    if (n == 0) return;
-    std::lock_guard<std::mutex> l(mu_);
+  void clear_locked(char* a, size_t n) {
     char* b = a + n;
     auto it = r_.upper_bound(a);
     if (it != r_.begin() && std::prev(it)->second > a) --it;
@@ -63,7 +101,6 @@ class DirtyRanges {
     }
   }
 
- private:
   std::mutex mu_;
   std::map<char*, char*> r_;
 };
@@ -72,7 +109,9 @@ class SimDevice final : public DeviceWrapper {
  public:
   SimDevice(std::unique_ptr<Device> inner, const SimulatedDeviceOptions& p)
       : DeviceWrapper(std::move(inner)), p_(p) {
-    kernels_ = create_sim_kernels(wrapped(), clocks_, p_);
+    kernels_ = create_sim_kernels(wrapped(), clocks_, p_, [this](void* dst, size_t n) {
+      dirty_.add(static_cast<char*>(dst), n);
+    });
   }
   ~SimDevice() override {
     // Work still queued on the streams refers to this device's clocks and ranges.
@@ -91,16 +130,17 @@ class SimDevice final : public DeviceWrapper {
         p_.attention_bwd_tflops, p_.hbm_gbps, p_.link_gbps, p_.launch_us, wrapped().name());
   }
 
-  // Copies are real; the stream's clock then takes at least bytes over the link's rate (a
-  // copy on the compute stream: over the HBM's, read and write), counted from the copy's start.
+  // Copies are real (within the device: the written bytes, DirtyRanges::copy); the stream's
+  // clock then takes at least bytes over the link's rate (within the device: over the HBM's,
+  // read and write), counted from the copy's start.
   void copy_h2d(Stream& s, void* dst, const void* src, size_t n) override {
-    copy(s, dst, src, n, /*to_device=*/true);
+    copy(s, dst, src, n, Direction::kToDevice);
   }
   void copy_d2h(Stream& s, void* dst, const void* src, size_t n) override {
-    copy(s, dst, src, n, /*to_device=*/false);
+    copy(s, dst, src, n, Direction::kToHost);
   }
   void copy_d2d(Stream& s, void* dst, const void* src, size_t n) override {
-    copy(s, dst, src, n, /*to_device=*/true);
+    copy(s, dst, src, n, Direction::kWithin);
   }
   void memset_zero(Stream& s, void* dst, size_t n) override {
     SimClock* clock = &clocks_.of(wrapped(), s);
@@ -112,19 +152,37 @@ class SimDevice final : public DeviceWrapper {
       clock->run(t, t0);
     });
   }
+  // The stream's next op starts no earlier than when a wait or a host function ended (a
+  // kernel's start at its launch would otherwise let it begin before what it follows).
+  void wait(Stream& s, const Event& event) override {
+    wrapped().wait(s, event);
+    SimClock* clock = &clocks_.of(wrapped(), s);
+    wrapped().host_fn(s, [clock] { clock->run(0.0); });
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override {
+    SimClock* clock = &clocks_.of(wrapped(), s);
+    wrapped().host_fn(s, [clock, fn = std::move(fn)] {
+      fn();
+      clock->run(0.0);
+    });
+  }
   Kernels& kernels() override { return *kernels_; }
 
  private:
-  void copy(Stream& s, void* dst, const void* src, size_t n, bool to_device) {
+  enum class Direction { kToDevice, kToHost, kWithin };
+  void copy(Stream& s, void* dst, const void* src, size_t n, Direction d) {
     SimClock* clock = &clocks_.of(wrapped(), s);
-    DirtyRanges* dirty = to_device ? &dirty_ : nullptr;
-    const bool on_compute = &s == &compute_stream();
-    const double rate = on_compute ? p_.hbm_gbps * 1e9 / 2 : p_.link_gbps * 1e9;
+    DirtyRanges* dirty = &dirty_;
+    const double rate = d == Direction::kWithin ? p_.hbm_gbps * 1e9 / 2 : p_.link_gbps * 1e9;
     const double t = double(n) / rate;
-    wrapped().host_fn(s, [clock, dirty, dst, src, n, t] {
+    wrapped().host_fn(s, [clock, dirty, dst, src, n, t, d] {
       const auto t0 = SimClock::Clock::now();
-      std::memcpy(dst, src, n);
-      if (dirty) dirty->add(static_cast<char*>(dst), n);
+      if (d == Direction::kWithin) {
+        dirty->copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
+      } else {
+        std::memcpy(dst, src, n);
+        if (d == Direction::kToDevice) dirty->add(static_cast<char*>(dst), n);
+      }
       clock->run(t, t0);
     });
   }

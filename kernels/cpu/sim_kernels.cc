@@ -25,8 +25,10 @@ namespace {
 
 class SimKernels final : public Kernels {
  public:
-  SimKernels(Device& dev, SimClocks& clocks, const SimulatedDeviceOptions& p)
-      : dev_(dev), clocks_(clocks), p_(p) {}
+  SimKernels(Device& dev, SimClocks& clocks, const SimulatedDeviceOptions& p, SimWroteFn wrote)
+      : dev_(&dev), clocks_(&clocks), p_(p), wrote_(std::move(wrote)) {}
+  // The tally: every op adds its time to `tally` and enqueues nothing.
+  SimKernels(const SimulatedDeviceOptions& p, SimTally* tally) : p_(p), tally_(tally) {}
 
   void encoder_forward(Stream& s, DType dt, void*, const int32_t*, const int32_t* pos, const void*,
                        const void* wpe, int B, int T, int C) override {
@@ -157,11 +159,18 @@ class SimKernels final : public Kernels {
                                      float, int N, int V, int Vp) override {
     // Read the logits, write their gradients; the losses those of a model that knows nothing.
     const double t = p_.launch_us * 1e-6 + (2.0 * N * Vp * es(dt) + 8.0 * N) / hbm();
-    SimClock* clock = &clocks_.of(dev_, s);
+    if (tally_) {
+      add(t);
+      return;
+    }
+    SimClock* clock = &clocks_->of(*dev_, s);
     const float loss = std::log(float(V));
-    dev_.host_fn(s, [clock, t, losses, N, loss] {
+    const SimWroteFn* wrote = &wrote_;
+    const auto launched = SimClock::Clock::now();
+    dev_->host_fn(s, [clock, t, losses, N, loss, wrote, launched] {
       std::fill(losses, losses + N, loss);
-      clock->run(t);
+      if (*wrote) (*wrote)(losses, size_t(N) * sizeof(float));
+      clock->run(t, launched);
     });
   }
   void cast(Stream& s, void*, DType dst_t, const void*, DType src_t, size_t n) override {
@@ -212,9 +221,18 @@ class SimKernels final : public Kernels {
     return 4.0 * B * NH * double(T) * T * hs;
   }
   void charge(Stream& s, double seconds) {
-    SimClock* clock = &clocks_.of(dev_, s);
     const double t = p_.launch_us * 1e-6 + seconds;
-    dev_.host_fn(s, [clock, t] { clock->run(t); });
+    if (tally_) {
+      add(t);
+      return;
+    }
+    SimClock* clock = &clocks_->of(*dev_, s);
+    const auto launched = SimClock::Clock::now();
+    dev_->host_fn(s, [clock, t, launched] { clock->run(t, launched); });
+  }
+  void add(double t) {
+    tally_->seconds += t;
+    ++tally_->kernels;
   }
   void mem(Stream& s, double bytes) { charge(s, bytes / hbm()); }
   void gemm(Stream& s, double flops, double bytes) {
@@ -224,16 +242,23 @@ class SimKernels final : public Kernels {
     charge(s, std::max(seconds, bytes / hbm()));
   }
 
-  Device& dev_;
-  SimClocks& clocks_;
+  Device* dev_ = nullptr;  // null in the tally
+  SimClocks* clocks_ = nullptr;
   const SimulatedDeviceOptions p_;
+  const SimWroteFn wrote_;
+  SimTally* tally_ = nullptr;
 };
 
 }  // namespace
 
 std::unique_ptr<Kernels> create_sim_kernels(Device& device, SimClocks& clocks,
-                                            const SimulatedDeviceOptions& peaks) {
-  return std::make_unique<SimKernels>(device, clocks, peaks);
+                                            const SimulatedDeviceOptions& peaks, SimWroteFn wrote) {
+  return std::make_unique<SimKernels>(device, clocks, peaks, std::move(wrote));
+}
+
+std::unique_ptr<Kernels> create_simulated_kernel_tally(const SimulatedDeviceOptions& peaks,
+                                                       SimTally* tally) {
+  return std::make_unique<SimKernels>(peaks, tally);
 }
 
 }  // namespace strata

@@ -5,12 +5,15 @@
 // rate for matmuls, the attention rates for attention (the fused kernel's forward and
 // backward; the plain kernels at a fiftieth of them, as measured on an H200), and bytes are the
 // op's reads and writes at its dtype. The clock is per stream (SimClock): an op starts when
-// the stream has finished the ops before it, or now if it is idle, and the stream's thread
-// sleeps only when it is more than kSleepAheadUs ahead of the clock, so an event may complete
-// up to that much early but never late.
+// the stream has finished the ops before it, or when it was launched (enqueued by the host) if
+// the stream is idle then, as a GPU's kernel does; a wait for another stream's event moves the
+// clock to when the wait ended (SimDevice::wait). The stream's thread sleeps only when it is
+// more than kSleepAheadUs ahead of the clock, so an event may complete up to that much early
+// but never late, and a thread that wakes late (a loaded host) does not delay the ops after it.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -23,8 +26,9 @@ namespace strata {
 class SimClock {
  public:
   using Clock = std::chrono::steady_clock;
-  // The stream's thread runs work that takes `seconds` and started no earlier than `start`;
-  // it sleeps while the clock is more than kSleepAheadUs ahead of now.
+  // The stream's thread runs work that takes `seconds` and starts at `start` or when the work
+  // before it ends, whichever is later; it sleeps while the clock is more than kSleepAheadUs
+  // ahead of now.
   void run(double seconds, Clock::time_point start = Clock::now());
   static constexpr double kSleepAheadUs = 100.0;
 
@@ -45,9 +49,10 @@ struct SimClocks {
 
 // Kernels whose every op enqueues its modeled time (from `peaks`) on `device`'s streams through
 // host_fn; the only memory they write is crossentropy_forward_backward's losses (each
-// ln(V): finite values, as a model that knows nothing would have). `device` and `clocks`
-// must outlive the table.
+// ln(V): finite values, as a model that knows nothing would have), which they report to
+// `wrote` (on the stream's thread, after writing). `device` and `clocks` must outlive the table.
+using SimWroteFn = std::function<void(void* dst, size_t bytes)>;
 std::unique_ptr<Kernels> create_sim_kernels(Device& device, SimClocks& clocks,
-                                            const SimulatedDeviceOptions& peaks);
+                                            const SimulatedDeviceOptions& peaks, SimWroteFn wrote);
 
 }  // namespace strata

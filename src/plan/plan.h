@@ -251,6 +251,9 @@ struct TimeTerms {
   // The optimizer on the device (device-resident master weights and moments): in the compute
   // stream's order, so it adds to compute.
   double device_optim_s = 0;
+  // A simulated device (MachineProfile::simulated): the kernels a step launches on its compute
+  // stream, which compute_s holds with their launch time; 0 elsewhere.
+  uint64_t device_kernels = 0;
   // The share of the optimizer that runs under backward: 1 when the undo copies fit in the host
   // budget (or none are needed), less by the share of them that does not; 0 without overlap.
   double hidden_share = 0;

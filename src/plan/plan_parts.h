@@ -23,6 +23,7 @@
 
 #include "src/plan/plan.h"
 #include "src/tiers/memory_model.h"
+#include "strata/simulated_device.h"
 
 namespace strata {
 
@@ -112,5 +113,12 @@ struct PlanTime {
 };
 PlanTime plan_time(const PlanRequest& request, const Placement& where, const PlanMemory& mem,
                    const PlanPeaks& peaks);
+
+// The compute stream's time of one micro-batch's training program (B x T tokens, `mode`'s
+// activations) on the simulated device `sim`, and its kernels: the architecture's runner driven
+// through the simulated kernels' tally (create_simulated_kernel_tally) over a device that holds
+// nothing (plan_sim.cc). A mixture's routing runs on zeros. Fails as create_runner does.
+Result<SimTally> simulated_program_time(const Architecture& arch, const SimulatedDeviceOptions& sim,
+                                        int B, int T, DType dt, ActivationMode mode);
 
 }  // namespace strata

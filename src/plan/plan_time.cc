@@ -108,15 +108,24 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   return x;
 }
 
-// Compute on the simulated device (MachineProfile::simulated): the GEMMs (the architecture's
-// FLOPs at T = 0, which leave attention's T x T products out) at its GEMM rate, attention's
-// products (the rest: forward, recomputed and backward) at its attention rates, by the rule its
-// kernels charge (simulated_attention_seconds).
-double simulated_compute_s(const PlanRequest& r, const PlanMemory& mem) {
+// Compute on the simulated device (MachineProfile::simulated): one micro-batch's training
+// program through the simulated kernels' tally (simulated_program_time: every GEMM, attention,
+// elementwise kernel and launch as the device charges it), once per micro-batch. Should the
+// runner not build, the GEMMs (the architecture's FLOPs at T = 0, which leave attention's T x T
+// products out) at the GEMM rate and attention's products at its rates, the kernels' rule for
+// them (simulated_attention_seconds), without the elementwise kernels and launches.
+double simulated_compute_s(const PlanRequest& r, const PlanMemory& mem, uint64_t* kernels) {
   const SimulatedDeviceOptions& sim = r.profile.sim;
+  const double A = r.accumulation();
+  if (auto t = simulated_program_time(*mem.arch, sim, r.micro_batch(), r.seq(), r.dtype(),
+                                      r.activations());
+      t.is_ok()) {
+    *kernels = t->kernels * uint64_t(r.accumulation());
+    return t->seconds * A;
+  }
   const FlopsPerToken all = mem.arch->flops_per_token(r.seq(), r.activations());
   const FlopsPerToken gemm = mem.arch->flops_per_token(0, r.activations());
-  const double tokens = double(r.micro_batch()) * r.seq() * r.accumulation();
+  const double tokens = double(r.micro_batch()) * r.seq() * A;
   const double square_fwd = (all.forward - gemm.forward) * tokens;
   const double square_rec = (all.recompute - gemm.recompute) * tokens;
   return gemm.train() * tokens / (sim.gemm_tflops * 1e12) +
@@ -133,7 +142,7 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   const uint64_t es = dtype_size(r.dtype());
   t.gemm_flops = gemm_rate_at(pf, r.config.model.n_embd, r.micro_batch() * r.seq());
   t.compute_s = x.flops / t.gemm_flops;
-  if (pf.simulated) t.compute_s = simulated_compute_s(r, mem);
+  if (pf.simulated) t.compute_s = simulated_compute_s(r, mem, &t.device_kernels);
   t.link_s = x.link / (pf.link_gbps.value * 1e9);
   // Every local rank shares the node's NVMe bandwidth.
   t.nvme_s = double(W) * (x.nvme_read / (pf.nvme_read_gbps.value * 1e9) +
