@@ -155,7 +155,7 @@ TEST(CudaTraining, DeferredStepIntoDeviceParametersMatchesTheCpuBackend) {
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   auto gpu = train(config("cuda", dir + "/cuda", ov), o);
   ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  EXPECT_GT(gpu->modules_deferred, 0) << "no optimizer step was deferred";
+  EXPECT_GT(gpu->schedule.modules_deferred, 0u) << "no optimizer step was deferred";
   expect_losses_match(*cpu, *gpu);
   fs::remove_all(dir);
 }
@@ -231,8 +231,8 @@ TEST(CudaTraining, OptimizerOnNvmeKeepsSubGroupsAsTheCpuBackendDoes) {
       EXPECT_NEAR(gpu->losses[i], cpu->losses[i], kLossTol * std::fabs(cpu->losses[i]))
           << "step " << i;
     }
-    EXPECT_GT(cpu->sub_groups_kept, 0) << "the CPU backend kept no sub-group";
-    EXPECT_EQ(gpu->sub_groups_kept, cpu->sub_groups_kept);
+    EXPECT_GT(cpu->schedule.sub_groups_kept, 0u) << "the CPU backend kept no sub-group";
+    EXPECT_EQ(gpu->schedule.sub_groups_kept, cpu->schedule.sub_groups_kept);
     ASSERT_EQ(gpu->step_nvme_bytes.size(), cpu->step_nvme_bytes.size());
     for (size_t i = 2; i < cpu->step_nvme_bytes.size(); ++i) {
       EXPECT_EQ(gpu->step_nvme_bytes[i], cpu->step_nvme_bytes[i]) << "step " << i + 1;

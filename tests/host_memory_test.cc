@@ -127,7 +127,7 @@ TEST_P(SubGroups, EverySubGroupSizeTrainsBitIdentically) {
       ref = r;
       EXPECT_LT(ref.losses.back(), ref.losses.front()) << "the reference did not train";
       if (std::string(c.name).rfind("overlap", 0) == 0) {
-        EXPECT_GT(ref.rollbacks, 0) << "the case meant to roll speculative steps back";
+        EXPECT_GT(ref.schedule.rollbacks, 0u) << "the case meant to roll speculative steps back";
       }
       continue;
     }
@@ -135,7 +135,7 @@ TEST_P(SubGroups, EverySubGroupSizeTrainsBitIdentically) {
       ASSERT_EQ(r.losses[s], ref.losses[s]) << "loss differs at step " << s + 1;  // bit for bit
     }
     EXPECT_EQ(r.weights_crc, ref.weights_crc) << "final weights differ";
-    EXPECT_EQ(r.rollbacks, ref.rollbacks);
+    EXPECT_EQ(r.schedule.rollbacks, ref.schedule.rollbacks);
     if (c.nvme_optimizer) {  // staging a few sub-groups, not a few blocks
       EXPECT_LT(test::tier(r, "host").peak, test::tier(ref, "host").peak);
     }
@@ -286,7 +286,7 @@ TEST(GradsOnNvme, TrainBitIdenticallyToGradsInHostMemory) {
         ASSERT_EQ(r.losses[s], ref.losses[s]) << "loss differs at step " << s + 1;
       }
       EXPECT_EQ(r.weights_crc, ref.weights_crc) << "final weights differ";
-      EXPECT_EQ(r.rollbacks, ref.rollbacks);
+      EXPECT_EQ(r.schedule.rollbacks, ref.schedule.rollbacks);
       EXPECT_EQ(r.skipped_steps, ref.skipped_steps);
       // The accumulators' traffic: every micro-batch writes them, later ones read them too.
       EXPECT_GT(test::tier(r, "nvme").bytes_in, test::tier(ref, "nvme").bytes_in);

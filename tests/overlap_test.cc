@@ -100,44 +100,46 @@ TEST_P(OverlapTest, OverlappedScheduleIsBitIdentical) {
   }
   const auto [plain, over] = train_both(dir, ov, 30);
   EXPECT_EQ(over.skipped_steps, plain.skipped_steps);
-  EXPECT_EQ(plain.rollbacks, 0);
+  EXPECT_EQ(plain.schedule.rollbacks, 0u);
   EXPECT_LT(plain.losses.back(), plain.losses.front() - 0.5) << "the reference did not train";
   if (c.fp16) {
     EXPECT_GT(plain.skipped_steps, 0) << "the test meant to force overflows";
   }
-  EXPECT_GT(over.modules_stepped_under_backward, 0) << "nothing was stepped under backward";
+  EXPECT_GT(over.schedule.modules_stepped_under_backward, 0u)
+      << "nothing was stepped under backward";
   // Each step's schedule: the plain run never steps under backward; a rolled-back step is one
   // rollback.
   ASSERT_EQ(plain.optimizer_schedule.size(), 30u);
   ASSERT_EQ(over.optimizer_schedule.size(), 30u);
   EXPECT_EQ(std::count(plain.optimizer_schedule.begin(), plain.optimizer_schedule.end(), 0), 30);
-  EXPECT_EQ(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 2),
-            over.rollbacks);
-  EXPECT_EQ(plain.modules_stepped_under_backward, 0);
+  EXPECT_EQ(uint64_t(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 2)),
+            over.schedule.rollbacks);
+  EXPECT_EQ(plain.schedule.modules_stepped_under_backward, 0u);
   // Clipping applies in the first steps of this config (norm > 1) and overflows skip steps:
   // both make the speculation roll back; bf16 without clipping never does.
   if (c.clip || c.fp16) {
-    EXPECT_GT(over.rollbacks, 0);
-    EXPECT_GT(over.modules_redone, 0);
+    EXPECT_GT(over.schedule.rollbacks, 0u);
+    EXPECT_GT(over.schedule.modules_redone, 0u);
     EXPECT_GT(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 3), 0)
         << "a step after a rolled-back one only reads ahead under backward, then is deferred";
   } else {
-    EXPECT_EQ(over.rollbacks, 0);
+    EXPECT_EQ(over.schedule.rollbacks, 0u);
   }
   // Without undo state (bf16, no clipping) every module is stepped under backward; else the
   // steps after one that clipped or overflowed are deferred to the next forward.
-  EXPECT_EQ(plain.modules_deferred, 0);
+  EXPECT_EQ(plain.schedule.modules_deferred, 0u);
   if (c.clip || c.fp16) {
-    EXPECT_GT(over.modules_deferred, 0);
+    EXPECT_GT(over.schedule.modules_deferred, 0u);
   } else {
-    EXPECT_EQ(over.modules_deferred, 0);
+    EXPECT_EQ(over.schedule.modules_deferred, 0u);
   }
-  EXPECT_GT(over.optimizer_s, 0.0);
-  EXPECT_LE(over.optimizer_hidden_s, over.optimizer_s);
+  EXPECT_GT(over.schedule.optimizer_s, 0.0);
+  EXPECT_LE(over.schedule.optimizer_hidden_s, over.schedule.optimizer_s);
   EXPECT_FALSE(over.approximate);
   // Undo state without copies: host-homed state is stepped into a shadow buffer swapped in,
   // NVMe-homed state into fresh extents (the swap files have room here).
-  EXPECT_EQ(over.undo_copy_bytes, 0) << "the speculation copied optimizer state for its undo";
+  EXPECT_EQ(over.schedule.undo_copy_bytes, 0u)
+      << "the speculation copied optimizer state for its undo";
   fs::remove_all(dir);
 }
 
@@ -180,8 +182,8 @@ TEST(DeferredStep, ClippingAtEveryStepIsBitIdenticalAndMovesNoExtraBytes) {
   over_ov.push_back("strata.optimizer.overlap=true");
   // With clipping on, the first step is expected to clip: no step is speculated (so none is
   // rolled back) and every one is deferred whole.
-  EXPECT_EQ(over.rollbacks, 0);
-  EXPECT_EQ(over.modules_stepped_under_backward, 0);
+  EXPECT_EQ(over.schedule.rollbacks, 0u);
+  EXPECT_EQ(over.schedule.modules_stepped_under_backward, 0u);
   EXPECT_EQ(std::count(over.optimizer_schedule.begin(), over.optimizer_schedule.end(), 3), 12);
   // Nothing read or written twice: the NVMe bytes are the plain schedule's.
   const auto pn = tier(plain, "nvme"), on = tier(over, "nvme");
@@ -248,26 +250,28 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   // with it, up to every one of the ~100 read ahead or kept from the last pass (how many
   // depends on how soon the last pass's writes behind free their buffers, and gradients on NVMe
   // share the room: more than the staging's on any machine).
-  EXPECT_EQ(over.modules_stepped_under_backward, 0);
-  EXPECT_EQ(zero.modules_stepped_under_backward, 0);
-  EXPECT_GT(zero.sub_groups_read_ahead, 0);
-  EXPECT_LE(zero.sub_groups_read_ahead, 9 * 8);
-  EXPECT_GT(over.sub_groups_read_ahead + over.sub_groups_kept, 9 * 8);
+  EXPECT_EQ(over.schedule.modules_stepped_under_backward, 0u);
+  EXPECT_EQ(zero.schedule.modules_stepped_under_backward, 0u);
+  EXPECT_GT(zero.schedule.sub_groups_read_ahead, 0u);
+  EXPECT_LE(zero.schedule.sub_groups_read_ahead, 9u * 8);
+  EXPECT_GT(over.schedule.sub_groups_read_ahead + over.schedule.sub_groups_kept, 9u * 8);
   std::printf("sub-groups read ahead in 8 steps: %lld with read_ahead auto, %lld with 0\n",
-              (long long)over.sub_groups_read_ahead, (long long)zero.sub_groups_read_ahead);
+              (long long)over.schedule.sub_groups_read_ahead,
+              (long long)zero.schedule.sub_groups_read_ahead);
   // Gradient accumulators on NVMe are read with the state in the pass, within the read-ahead's
   // room (which only the overlap has): none without it.
   const bool nvme_grads = std::string(c.grads) == "nvme";
-  EXPECT_EQ(over.grad_sub_groups_read_ahead > 0, nvme_grads);
-  EXPECT_EQ(zero.grad_sub_groups_read_ahead, 0);
+  EXPECT_EQ(over.schedule.grad_sub_groups_read_ahead > 0, nvme_grads);
+  EXPECT_EQ(zero.schedule.grad_sub_groups_read_ahead, 0u);
   // Those of sub-groups read ahead whose module's gradients became final before backward ended
   // (the later modules): read under the rest of backward (prepare_grads_of), not in the pass.
-  EXPECT_EQ(over.grad_sub_groups_read_under_backward > 0, nvme_grads);
-  EXPECT_LE(over.grad_sub_groups_read_under_backward, over.grad_sub_groups_read_ahead);
-  EXPECT_EQ(zero.grad_sub_groups_read_under_backward, 0);
+  EXPECT_EQ(over.schedule.grad_sub_groups_read_under_backward > 0, nvme_grads);
+  EXPECT_LE(over.schedule.grad_sub_groups_read_under_backward,
+            over.schedule.grad_sub_groups_read_ahead);
+  EXPECT_EQ(zero.schedule.grad_sub_groups_read_under_backward, 0u);
   std::printf("gradient sub-groups read ahead in 8 steps: %lld, %lld of them under backward\n",
-              (long long)over.grad_sub_groups_read_ahead,
-              (long long)over.grad_sub_groups_read_under_backward);
+              (long long)over.schedule.grad_sub_groups_read_ahead,
+              (long long)over.schedule.grad_sub_groups_read_under_backward);
   const auto zh = tier(zero, "host"), oh = tier(over, "host");
   EXPECT_GT(oh.capacity, zh.capacity);
   EXPECT_LE(oh.capacity, size_t(256) << 20);
@@ -276,14 +280,14 @@ TEST_P(ReadAhead, DuringBackwardIsBitIdentical) {
   // the next step (their staging, written from) are not read back: fewer reads than the plain
   // schedule's, the same writes. Without the read-ahead's room nothing is kept.
   const auto pn = tier(plain, "nvme"), zn = tier(zero, "nvme"), on = tier(over, "nvme");
-  EXPECT_GT(over.sub_groups_kept, 0);
-  EXPECT_EQ(zero.sub_groups_kept, 0);
+  EXPECT_GT(over.schedule.sub_groups_kept, 0u);
+  EXPECT_EQ(zero.schedule.sub_groups_kept, 0u);
   EXPECT_LT(on.bytes_out, pn.bytes_out);
   EXPECT_EQ(on.bytes_in, pn.bytes_in);
   EXPECT_EQ(zn.bytes_out, pn.bytes_out);
   EXPECT_EQ(zn.bytes_in, pn.bytes_in);
   std::printf("sub-groups kept in 8 steps: %lld; NVMe reads %llu (plain schedule %llu)\n",
-              (long long)over.sub_groups_kept, (unsigned long long)on.bytes_out,
+              (long long)over.schedule.sub_groups_kept, (unsigned long long)on.bytes_out,
               (unsigned long long)pn.bytes_out);
   fs::remove_all(dir);
 }
@@ -387,14 +391,14 @@ TEST(SpeculateChoice, NeverAndAutoKeepThePlainBits) {
     EXPECT_EQ(over.weights_crc, plain.weights_crc);
     ASSERT_EQ(over.optimizer_schedule.size(), 16u);
     EXPECT_EQ(over.optimizer_schedule[0], 3) << "the first step follows no norm";
-    EXPECT_EQ(over.rollbacks, 0);
+    EXPECT_EQ(over.schedule.rollbacks, 0u);
     if (std::string(run.mode) == "never") {
       // Deferred (3) or after backward (0), as strata.optimizer.defer's trial has it.
       for (size_t s = 1; s < 16; ++s) {
         EXPECT_TRUE(over.optimizer_schedule[s] == 3 || over.optimizer_schedule[s] == 0)
             << "step " << s;
       }
-      EXPECT_EQ(over.modules_stepped_under_backward, 0);
+      EXPECT_EQ(over.schedule.modules_stepped_under_backward, 0u);
     } else if (!run.gpu_paths) {
       for (size_t s = 1; s < 16; ++s) EXPECT_EQ(over.optimizer_schedule[s], 1) << "step " << s;
     } else {
@@ -432,21 +436,22 @@ TEST_P(SpeculationKeeps, SubGroupsForTheNextStepWithTheSameBits) {
                                        "zero_optimization.sub_group_size=8192",
                                        "strata.host_memory_limit=\"256MiB\""};
   const auto [plain, over] = train_both(dir, ov, 12);
-  EXPECT_GT(over.modules_stepped_under_backward, 0);
-  EXPECT_GT(over.sub_groups_kept, 0);
+  EXPECT_GT(over.schedule.modules_stepped_under_backward, 0u);
+  EXPECT_GT(over.schedule.sub_groups_kept, 0u);
   const auto pn = tier(plain, "nvme"), on = tier(over, "nvme");
   EXPECT_LT(on.bytes_out, pn.bytes_out);
   if (clip == "1000") {
-    EXPECT_EQ(over.rollbacks, 0);
+    EXPECT_EQ(over.schedule.rollbacks, 0u);
     EXPECT_EQ(on.bytes_in, pn.bytes_in);
   } else {
     // A rolled-back module's state is written twice (stepped, then redone).
-    EXPECT_GT(over.rollbacks, 0);
+    EXPECT_GT(over.schedule.rollbacks, 0u);
     EXPECT_GT(on.bytes_in, pn.bytes_in);
   }
   std::printf("clipping %s: sub-groups kept %lld, rollbacks %lld; NVMe reads %llu (plain %llu)\n",
-              clip.c_str(), (long long)over.sub_groups_kept, (long long)over.rollbacks,
-              (unsigned long long)on.bytes_out, (unsigned long long)pn.bytes_out);
+              clip.c_str(), (long long)over.schedule.sub_groups_kept,
+              (long long)over.schedule.rollbacks, (unsigned long long)on.bytes_out,
+              (unsigned long long)pn.bytes_out);
   fs::remove_all(dir);
 }
 
@@ -470,8 +475,9 @@ TEST(OverlapUndo, NvmeStateIsShadowedOnTheDiskNotCopiedToHost) {
                                        "train.steps=12",
                                        "scheduler.params.warmup_num_steps=2"};
   const auto [plain, over] = train_both(dir, ov, 12);
-  ASSERT_GT(over.modules_stepped_under_backward, 0);
-  EXPECT_GT(over.rollbacks, 0);  // a step after an unclipped one clips: redone from the disk
+  ASSERT_GT(over.schedule.modules_stepped_under_backward, 0u);
+  EXPECT_GT(over.schedule.rollbacks,
+            0u);  // a step after an unclipped one clips: redone from the disk
   // NVMe holds only master + moments here: a speculated step shadows all of them, and every
   // old extent is freed again once a step is kept or rolled back.
   const auto pn = tier(plain, "nvme"), on = tier(over, "nvme");
@@ -498,7 +504,7 @@ TEST(DelayedUpdate, TrainsAndIsReportedApproximate) {
   EXPECT_TRUE(differs) << "a delayed update cannot give the exact numbers";
   EXPECT_LT(dpu.losses.back(), dpu.losses.front() - 0.5) << "the delayed update did not train";
   EXPECT_TRUE(dpu.approximate);
-  EXPECT_GT(dpu.optimizer_s, 0.0);
+  EXPECT_GT(dpu.schedule.optimizer_s, 0.0);
   EXPECT_FALSE(exact.approximate);
   fs::remove_all(dir);
 }

@@ -163,11 +163,11 @@ bool run_case(uint64_t seed, bool across) {
   EXPECT_EQ(skipped, plain->step_skipped) << "fp16 skipped other steps";
   EXPECT_EQ(last.weights_crc, plain->weights_crc) << "final weights differ";
   EXPECT_FALSE(last.approximate);
-  reached.deferred += last.modules_deferred > 0;
-  reached.rolled_back += last.rollbacks > 0;
-  reached.under_backward += last.modules_stepped_under_backward > 0;
+  reached.deferred += last.schedule.modules_deferred > 0;
+  reached.rolled_back += last.schedule.rollbacks > 0;
+  reached.under_backward += last.schedule.modules_stepped_under_backward > 0;
   reached.skipped += last.skipped_steps > 0;
-  reached.read_ahead += last.sub_groups_read_ahead > 0;
+  reached.read_ahead += last.schedule.sub_groups_read_ahead > 0;
   reached.grouped += last.forward_group > 1;
   reached.resumed += c.stop_at > 0;
   fs::remove_all(dir);

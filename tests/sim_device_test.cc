@@ -137,8 +137,8 @@ TEST(SimDevice, TrainsWithTheConfiguredGradientNorm) {
     for (size_t i = 1; i < 6; ++i) {
       EXPECT_EQ(r.optimizer_schedule[i], norm < 1.0 ? 1 : 3) << "step " << i + 1;
     }
-    EXPECT_EQ(r.rollbacks, 0);
-    EXPECT_EQ(r.undo_copy_bytes, 0);
+    EXPECT_EQ(r.schedule.rollbacks, 0u);
+    EXPECT_EQ(r.schedule.undo_copy_bytes, 0u);
   }
   Config cuda =
       test::tiny_cpu(dir + "/cuda", {"train.steps=2", "scheduler.params.warmup_num_steps=1"},

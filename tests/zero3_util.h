@@ -173,8 +173,8 @@ inline Status run_worker(const WorkerArgs& a) {
   j["comm_bytes"] = r.comm_bytes;
   j["weights_crc"] = r.weights_crc;
   j["step_skipped"] = r.step_skipped;
-  j["modules_deferred"] = r.modules_deferred;
-  j["rollbacks"] = r.rollbacks;
+  j["modules_deferred"] = r.schedule.modules_deferred;
+  j["rollbacks"] = r.schedule.rollbacks;
   // Rank 0's JSONL log: the comm_s of each logged step, and the last line's bytes per step.
   if (rank == 0) {
     json logged = json::array();

@@ -84,6 +84,189 @@ Status check_plan_output(const PlanArgs& a, const std::string& out, const std::s
                                : ""));
 }
 
+// The hardware of the flags, else of the config (--config): its swap paths, simulated device,
+// device memory limit and host memory limit, else the defaults (statvfs of the first swap path,
+// 1 GiB on the CPU backend, 80 GiB on CUDA, 90% of MemAvailable). --nvme PATH:GBps rates
+// replace the profile's NVMe rates (striped paths: they add up); a.nvme_free gets the free
+// bytes found.
+Result<Hardware> plan_hardware(PlanArgs& a, const Config& cfg, MachineProfile* profile) {
+  MachineProfile& prof = *profile;
+  Hardware hw;
+  hw.gpus = a.gpus;
+  hw.gpu_mem = a.gpu_mem;
+  hw.host_mem = a.host_mem;
+  for (const auto& n : a.nvme) {
+    const size_t colon = n.rfind(':');
+    std::string path = n;
+    if (colon != std::string::npos && colon + 1 < n.size()) {
+      char* end = nullptr;
+      const double g = std::strtod(n.c_str() + colon + 1, &end);
+      if (*end == 0 && g > 0) {
+        path = n.substr(0, colon);
+        // Paths are striped: bandwidths add up.
+        const bool first = prof.nvme_read_gbps.source.rfind("--nvme", 0) != 0;
+        prof.nvme_read_gbps = {(first ? 0 : prof.nvme_read_gbps.value) + g, "--nvme"};
+        prof.nvme_write_gbps = {(first ? 0 : prof.nvme_write_gbps.value) + g, "--nvme"};
+      }
+    }
+    hw.nvme_paths.push_back(path);
+  }
+  if (!a.config_path.empty() && hw.nvme_paths.empty()) {
+    for (const auto& p : cfg.zero.offload_optimizer.nvme_path) hw.nvme_paths.push_back(p);
+    if (hw.nvme_paths.empty()) hw.nvme_paths = cfg.zero.offload_param.nvme_path;
+  }
+  if (a.nvme_free == 0 && !hw.nvme_paths.empty()) {
+    struct statvfs st;
+    if (statvfs(hw.nvme_paths.front().c_str(), &st) == 0) {
+      a.nvme_free = uint64_t(st.f_bavail) * st.f_frsize;
+    }
+  }
+  hw.nvme_bytes = a.nvme_free;
+  if (!a.config_path.empty() && !cfg.device.simulate.empty()) {
+    // The simulated device's rates over the host's profile (request_from_config), its memory.
+    auto sim = simulated_device_options(cfg.device);
+    if (!sim.is_ok()) return sim.status();
+    if (hw.gpu_mem == 0) hw.gpu_mem = sim->memory;
+  }
+  if (hw.gpu_mem == 0) {
+    if (!a.config_path.empty() && prof.cpu_backend) {
+      hw.gpu_mem = cfg.device.memory_limit > 0 ? cfg.device.memory_limit : size_t{1} << 30;
+    } else {
+      hw.gpu_mem = prof.cpu_backend ? uint64_t{1} << 30 : uint64_t{80} << 30;
+    }
+  }
+  if (hw.host_mem == 0) {
+    hw.host_mem = !a.config_path.empty() && cfg.strata.host_memory_limit > 0
+                      ? cfg.strata.host_memory_limit
+                      : default_host_budget();
+  }
+  return hw;
+}
+
+// What the planner is asked: the model (--model, --hf, an explicit shape, else the config's),
+// the config's engine options (--config) or the defaults on `hw` and `prof`, then the flags
+// over them as --set would set the run's config (--lora, --base-quantization, --batch, --seq,
+// --accum, --dtype, --activations). Fails on a model or flag value strata train refuses.
+Result<PlanRequest> plan_request(const PlanArgs& a, const Config& cfg, const Hardware& hw,
+                                 const MachineProfile& prof) {
+  PlanRequest req;
+  std::optional<DType> hf_dtype;
+  if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
+    req = request_from_config(cfg, hw, prof);
+    req.model_name = a.config_path;
+  } else {
+    PlanModel model;
+    if (!a.model_name.empty()) {
+      auto m = model_preset(a.model_name);
+      if (!m.is_ok()) return m.status();
+      model = *m;
+    } else if (!a.hf_dir.empty()) {
+      auto mc = model_config_from_hf(a.hf_dir, a.seq);
+      if (!mc.is_ok()) {
+        return mc.status().with_context("--hf (--seq sets its model.context)");
+      }
+      mc->from_pretrained = a.hf_dir;  // a written config fine-tunes this checkpoint
+      model = {a.hf_dir, *mc, ""};
+      hf_dtype = mc->dtype;
+    } else {
+      model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
+    }
+    if (!a.config_path.empty()) {
+      req = request_from_config(cfg, hw, prof);  // the config's engine options, a new model
+    } else {
+      req.hw = hw;
+      req.profile = prof;
+    }
+    req.set_model(model);
+  }
+  if (!a.base_quant.empty() && a.base_quant != "none" && a.lora_r <= 0 &&
+      !req.config.model.lora.enabled) {
+    return invalid_argument(
+        "--base-quantization quantizes a frozen LoRA base: give --lora R as well");
+  }
+  if (!a.base_quant.empty()) {
+    req.config.model.lora.base_quantization = a.base_quant;
+    if (auto k = parse_base_quantization(a.base_quant); !k.is_ok()) {
+      return invalid_argument(fmt::format(
+          "--base-quantization: unknown value \"{}\"; use none, int8 or nf4", a.base_quant));
+    }
+  }
+  if (a.lora_r > 0) {
+    // The key table's ranges (lora.r at most 65536): the config written must be one strata
+    // train takes.
+    if (auto c = parse_config(
+            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
+            "--lora");
+        !c.is_ok()) {
+      return c.status();
+    }
+    LoraConfig& l = req.config.model.lora;
+    l.enabled = true;
+    l.r = a.lora_r;
+    l.alpha = 2.0 * a.lora_r;
+    for (size_t b = 0; b < a.lora_targets.size();) {
+      const size_t e = std::min(a.lora_targets.find(',', b), a.lora_targets.size());
+      if (e > b) l.target_modules.push_back(a.lora_targets.substr(b, e - b));
+      b = e + 1;
+    }
+    if (auto arch = create_architecture(req.config.model); !arch.is_ok()) {
+      return arch.status().with_context("--lora");
+    }
+  }
+  // The flags set the request's config, as --set would the run's.
+  if (a.have_batch || a.config_path.empty()) req.config.train_micro_batch_size_per_gpu = a.batch;
+  if (a.accum > 1 || a.config_path.empty()) req.config.gradient_accumulation_steps = a.accum;
+  if (a.seq > 0) {
+    req.config.data.seq_len = a.seq;
+  } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
+    req.config.data.seq_len = std::min(req.config.model.context, 8192);
+  }
+  if (a.have_dtype) {
+    req.config.model.dtype = a.dt;
+  } else if (hf_dtype) {
+    req.config.model.dtype = *hf_dtype;  // the checkpoint's own precision
+  }
+  if (!a.activations.empty()) req.config.strata.activations = a.activations;
+  return req;
+}
+
+// --json, --svg and --write-config (the best placement, checked to be a config strata train
+// takes; with --hf, how to make its data). Returns 0, else the exit code after the message.
+int write_plan_files(const PlanArgs& a, const PlanReport& rep) {
+  if (!a.json_path.empty() && !write_file(a.json_path, plan_json(rep))) {
+    return plan_fail(io_error("writing " + a.json_path + ": " + std::strerror(errno)));
+  }
+  if (!a.svg_path.empty() && !write_file(a.svg_path, plan_svg(rep))) {
+    return plan_fail(io_error("writing " + a.svg_path + ": " + std::strerror(errno)));
+  }
+  if (!a.cfg_out.empty()) {
+    if (rep.best < 0) {
+      std::fprintf(stderr, "strata plan: no placement fits, so no config written to %s\n",
+                   a.cfg_out.c_str());
+      return 1;
+    }
+    const std::string text = plan_config_json(rep, rep.options[size_t(rep.best)]);
+    if (auto c = parse_config(text, a.cfg_out, {}, a.gpus); !c.is_ok()) {
+      return plan_fail(c.status().with_context(
+          "the config strata plan would write is one strata train refuses; change the flags"));
+    }
+    if (Status st = write_file_atomically(a.cfg_out, text, 0644); !st.is_ok()) {
+      return plan_fail(st);
+    }
+    std::printf("config for %s written to %s (run: strata train --config %s)\n",
+                rep.options[size_t(rep.best)].placement.name.c_str(), a.cfg_out.c_str(),
+                a.cfg_out.c_str());
+    if (!a.hf_dir.empty()) {
+      std::printf(
+          "it fine-tunes %s (model.from_pretrained) on runs/train.bin (data.source); make that "
+          "with its tokenizer: python3 tools/prepare_data.py --model %s --input corpus.jsonl "
+          "--out runs/train.bin\n",
+          a.hf_dir.c_str(), a.hf_dir.c_str());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
@@ -118,134 +301,12 @@ int cmd_plan(int argc, char** argv) {
   }
   if (a.profile_path.empty()) prof = default_profile(a.backend == "cpu");
 
-  Hardware hw;
-  hw.gpus = a.gpus;
-  hw.gpu_mem = a.gpu_mem;
-  hw.host_mem = a.host_mem;
-  for (const auto& n : a.nvme) {
-    const size_t colon = n.rfind(':');
-    std::string path = n;
-    if (colon != std::string::npos && colon + 1 < n.size()) {
-      char* end = nullptr;
-      const double g = std::strtod(n.c_str() + colon + 1, &end);
-      if (*end == 0 && g > 0) {
-        path = n.substr(0, colon);
-        // Paths are striped: bandwidths add up.
-        const bool first = prof.nvme_read_gbps.source.rfind("--nvme", 0) != 0;
-        prof.nvme_read_gbps = {(first ? 0 : prof.nvme_read_gbps.value) + g, "--nvme"};
-        prof.nvme_write_gbps = {(first ? 0 : prof.nvme_write_gbps.value) + g, "--nvme"};
-      }
-    }
-    hw.nvme_paths.push_back(path);
-  }
-  if (!a.config_path.empty() && hw.nvme_paths.empty()) {
-    for (const auto& p : cfg->zero.offload_optimizer.nvme_path) hw.nvme_paths.push_back(p);
-    if (hw.nvme_paths.empty()) hw.nvme_paths = cfg->zero.offload_param.nvme_path;
-  }
-  if (a.nvme_free == 0 && !hw.nvme_paths.empty()) {
-    struct statvfs st;
-    if (statvfs(hw.nvme_paths.front().c_str(), &st) == 0) {
-      a.nvme_free = uint64_t(st.f_bavail) * st.f_frsize;
-    }
-  }
-  hw.nvme_bytes = a.nvme_free;
-  if (!a.config_path.empty() && !cfg->device.simulate.empty()) {
-    // The simulated device's rates over the host's profile (request_from_config), its memory.
-    auto sim = simulated_device_options(cfg->device);
-    if (!sim.is_ok()) return plan_fail(sim.status());
-    if (hw.gpu_mem == 0) hw.gpu_mem = sim->memory;
-  }
-  if (hw.gpu_mem == 0) {
-    if (!a.config_path.empty() && prof.cpu_backend) {
-      hw.gpu_mem = cfg->device.memory_limit > 0 ? cfg->device.memory_limit : size_t{1} << 30;
-    } else {
-      hw.gpu_mem = prof.cpu_backend ? uint64_t{1} << 30 : uint64_t{80} << 30;
-    }
-  }
-  if (hw.host_mem == 0) {
-    hw.host_mem = !a.config_path.empty() && cfg->strata.host_memory_limit > 0
-                      ? cfg->strata.host_memory_limit
-                      : default_host_budget();
-  }
+  auto hw = plan_hardware(a, *cfg, &prof);
+  if (!hw.is_ok()) return plan_fail(hw.status());
 
-  PlanRequest req;
-  std::optional<DType> hf_dtype;
-  if (!a.config_path.empty() && a.model_name.empty() && a.hf_dir.empty() && a.layers == 0) {
-    req = request_from_config(*cfg, hw, prof);
-    req.model_name = a.config_path;
-  } else {
-    PlanModel model;
-    if (!a.model_name.empty()) {
-      auto m = model_preset(a.model_name);
-      if (!m.is_ok()) return plan_fail(m.status());
-      model = *m;
-    } else if (!a.hf_dir.empty()) {
-      auto mc = model_config_from_hf(a.hf_dir, a.seq);
-      if (!mc.is_ok()) {
-        return plan_fail(mc.status().with_context("--hf (--seq sets its model.context)"));
-      }
-      mc->from_pretrained = a.hf_dir;  // a written config fine-tunes this checkpoint
-      model = {a.hf_dir, *mc, ""};
-      hf_dtype = mc->dtype;
-    } else {
-      model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
-    }
-    if (!a.config_path.empty()) {
-      req = request_from_config(*cfg, hw, prof);  // the config's engine options, a new model
-    } else {
-      req.hw = hw;
-      req.profile = prof;
-    }
-    req.set_model(model);
-  }
-  if (!a.base_quant.empty() && a.base_quant != "none" && a.lora_r <= 0 &&
-      !req.config.model.lora.enabled) {
-    return plan_fail(invalid_argument(
-        "--base-quantization quantizes a frozen LoRA base: give --lora R as well"));
-  }
-  if (!a.base_quant.empty()) {
-    req.config.model.lora.base_quantization = a.base_quant;
-    if (auto k = parse_base_quantization(a.base_quant); !k.is_ok()) {
-      return plan_fail(invalid_argument(fmt::format(
-          "--base-quantization: unknown value \"{}\"; use none, int8 or nf4", a.base_quant)));
-    }
-  }
-  if (a.lora_r > 0) {
-    // The key table's ranges (lora.r at most 65536): the config written must be one strata
-    // train takes.
-    if (auto c = parse_config(
-            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
-            "--lora");
-        !c.is_ok()) {
-      return plan_fail(c.status());
-    }
-    LoraConfig& l = req.config.model.lora;
-    l.enabled = true;
-    l.r = a.lora_r;
-    l.alpha = 2.0 * a.lora_r;
-    for (size_t b = 0; b < a.lora_targets.size();) {
-      const size_t e = std::min(a.lora_targets.find(',', b), a.lora_targets.size());
-      if (e > b) l.target_modules.push_back(a.lora_targets.substr(b, e - b));
-      b = e + 1;
-    }
-    if (auto arch = create_architecture(req.config.model); !arch.is_ok()) {
-      return plan_fail(arch.status().with_context("--lora"));
-    }
-  }
-  // The flags set the request's config, as --set would the run's.
-  if (a.have_batch || a.config_path.empty()) req.config.train_micro_batch_size_per_gpu = a.batch;
-  if (a.accum > 1 || a.config_path.empty()) req.config.gradient_accumulation_steps = a.accum;
-  if (a.seq > 0) {
-    req.config.data.seq_len = a.seq;
-  } else if (a.config_path.empty() || !a.model_name.empty() || !a.hf_dir.empty()) {
-    req.config.data.seq_len = std::min(req.config.model.context, 8192);
-  }
-  if (a.have_dtype) {
-    req.config.model.dtype = a.dt;
-  } else if (hf_dtype) {
-    req.config.model.dtype = *hf_dtype;  // the checkpoint's own precision
-  }
-  if (!a.activations.empty()) req.config.strata.activations = a.activations;
+  auto request = plan_request(a, *cfg, *hw, prof);
+  if (!request.is_ok()) return plan_fail(request.status());
+  const PlanRequest& req = *request;
 
   if (a.max_mode) {
     auto c = max_model(req);
@@ -286,37 +347,7 @@ int cmd_plan(int argc, char** argv) {
         o.time.step_s * 1e3, o.time.bottleneck.c_str(), o.time.schedule.c_str(),
         o.time.expected_s * 1e3);
   }
-  if (!a.json_path.empty() && !write_file(a.json_path, plan_json(*rep))) {
-    return plan_fail(io_error("writing " + a.json_path + ": " + std::strerror(errno)));
-  }
-  if (!a.svg_path.empty() && !write_file(a.svg_path, plan_svg(*rep))) {
-    return plan_fail(io_error("writing " + a.svg_path + ": " + std::strerror(errno)));
-  }
-  if (!a.cfg_out.empty()) {
-    if (rep->best < 0) {
-      std::fprintf(stderr, "strata plan: no placement fits, so no config written to %s\n",
-                   a.cfg_out.c_str());
-      return 1;
-    }
-    const std::string text = plan_config_json(*rep, rep->options[size_t(rep->best)]);
-    if (auto c = parse_config(text, a.cfg_out, {}, a.gpus); !c.is_ok()) {
-      return plan_fail(c.status().with_context(
-          "the config strata plan would write is one strata train refuses; change the flags"));
-    }
-    if (Status st = write_file_atomically(a.cfg_out, text, 0644); !st.is_ok()) {
-      return plan_fail(st);
-    }
-    std::printf("config for %s written to %s (run: strata train --config %s)\n",
-                rep->options[size_t(rep->best)].placement.name.c_str(), a.cfg_out.c_str(),
-                a.cfg_out.c_str());
-    if (!a.hf_dir.empty()) {
-      std::printf(
-          "it fine-tunes %s (model.from_pretrained) on runs/train.bin (data.source); make that "
-          "with its tokenizer: python3 tools/prepare_data.py --model %s --input corpus.jsonl "
-          "--out runs/train.bin\n",
-          a.hf_dir.c_str(), a.hf_dir.c_str());
-    }
-  }
+  if (const int rc = write_plan_files(a, *rep); rc != 0) return rc;
 
   if (a.validate) {
     if (asked < 0) {

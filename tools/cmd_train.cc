@@ -119,12 +119,12 @@ int cmd_train(int argc, char** argv) {
   }
   // Bytes per step against the placement's minimum (one rank's, as the tiers above).
   std::fputs(bytes_against_minimum(cfg, res).c_str(), stdout);
-  if (res.optimizer_s > 0) {
+  if (const ScheduleCounts& sc = res.schedule; sc.optimizer_s > 0) {
     std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
-                res.optimizer_s, 100.0 * res.optimizer_hidden_s / res.optimizer_s,
+                sc.optimizer_s, 100.0 * sc.optimizer_hidden_s / sc.optimizer_s,
                 res.approximate ? "the next step (delayed update: approximate)" : "backward",
-                (long long)res.rollbacks,
-                res.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "");
+                (long long)sc.rollbacks,
+                sc.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "");
   }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,

@@ -174,8 +174,8 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
   std::printf(
       "  measured split per step: fwd/bwd %.0f ms (fetch wait %.0f), optimizer %.0f "
       "ms, io wait %.0f ms\n",
-      1e3 * r->fwd_bwd_s / double(steps), 1e3 * r->compute_wait_s / double(steps),
-      1e3 * r->optimizer_s / double(steps), 1e3 * r->io_wait_s / double(steps));
+      1e3 * r->fwd_bwd_s / double(steps), 1e3 * r->schedule.compute_wait_s / double(steps),
+      1e3 * r->schedule.optimizer_s / double(steps), 1e3 * r->io_wait_s / double(steps));
   // The placement's minimum for its accumulation steps (each byte the step must move, once)
   // against what the measured steps moved (after the first two: the trace recording).
   const std::string lines = bytes_lines(*r, o);  // each line ends in '\n'

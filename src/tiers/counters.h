@@ -17,18 +17,24 @@ inline double seconds_between(TierClock::time_point a, TierClock::time_point b) 
   return std::chrono::duration<double>(b - a).count();
 }
 
-struct TierCounts {
-  // Bytes into and out of the device tier and the host tier.
-  uint64_t dev_in = 0, dev_out = 0, host_in = 0, host_out = 0;
-  uint64_t fetches = 0, prefetches = 0;                      // into the device cache
-  uint64_t grad_reductions = 0, grad_shared_reductions = 0;  // sharded reduce-scatters
-  // Since the last take_times():
-  double compute_wait_s = 0;      // the compute stream blocked on fetches and restores
-  double optimizer_s = 0;         // the optimizer pass, its I/O included
-  double optimizer_hidden_s = 0;  // of it, the part under backward (or the next step)
-  uint64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
-  uint64_t modules_deferred = 0;  // stepped under the next forward (optimizer_step `defer`)
-  // Sub-groups of optimizer state whose reads started during backward (Speculation).
+// How the optimizer's schedule ran over some steps: its times and what it did ahead, under
+// backward, or again. Declared once; the tier counters (TierCounts), a step's take
+// (TierTimes) and a run's totals (TrainResult) embed it. A new count is a field here and its
+// line in operator+=.
+struct ScheduleCounts {
+  double compute_wait_s = 0;  // the compute stream blocked on fetches and restores
+  double optimizer_s = 0;     // the optimizer pass, its I/O included (also under backward)
+  // Of optimizer_s, the part that ran while the compute stream was still in backward (or, the
+  // step deferred or delayed, under the next step).
+  double optimizer_hidden_s = 0;
+  uint64_t rollbacks = 0;       // steps whose speculative updates were undone
+  uint64_t modules_redone = 0;  // modules restored from undo state (and redone or skipped)
+  uint64_t modules_stepped_under_backward = 0;  // by the speculation, as their gradients were final
+  // Modules whose step after backward was deferred to the next forward (optimizer_step with
+  // `defer`), counted when deferred.
+  uint64_t modules_deferred = 0;
+  // Sub-groups of optimizer state whose reads started during backward (Speculation; the buffer
+  // count and strata.optimizer.read_ahead), counted when started.
   uint64_t sub_groups_read_ahead = 0;
   // Sub-groups whose NVMe gradient accumulator a pass read together with their state, before
   // stepping them (OptimizerPipeline::prepare_grad), rather than when it stepped them.
@@ -42,6 +48,36 @@ struct TierCounts {
   // Bytes of optimizer state the speculation copied to keep undo state (state in device memory,
   // or on NVMe with full swap files; host-homed and NVMe-homed state keep theirs without copies).
   uint64_t undo_copy_bytes = 0;
+
+  ScheduleCounts& operator+=(const ScheduleCounts& o) {
+    compute_wait_s += o.compute_wait_s;
+    optimizer_s += o.optimizer_s;
+    optimizer_hidden_s += o.optimizer_hidden_s;
+    rollbacks += o.rollbacks;
+    modules_redone += o.modules_redone;
+    modules_stepped_under_backward += o.modules_stepped_under_backward;
+    modules_deferred += o.modules_deferred;
+    sub_groups_read_ahead += o.sub_groups_read_ahead;
+    grad_sub_groups_read_ahead += o.grad_sub_groups_read_ahead;
+    grad_sub_groups_read_under_backward += o.grad_sub_groups_read_under_backward;
+    sub_groups_kept += o.sub_groups_kept;
+    undo_copy_bytes += o.undo_copy_bytes;
+    return *this;
+  }
+  // All zero.
+  void reset() { *this = ScheduleCounts{}; }
+};
+// A field added above without its line in operator+= would be dropped from every total: keep
+// the count here with the fields.
+static_assert(sizeof(ScheduleCounts) == 3 * sizeof(double) + 9 * sizeof(uint64_t),
+              "a ScheduleCounts field needs its line in operator+=");
+
+struct TierCounts {
+  // Bytes into and out of the device tier and the host tier.
+  uint64_t dev_in = 0, dev_out = 0, host_in = 0, host_out = 0;
+  uint64_t fetches = 0, prefetches = 0;                      // into the device cache
+  uint64_t grad_reductions = 0, grad_shared_reductions = 0;  // sharded reduce-scatters
+  ScheduleCounts schedule;                                   // since the last take_times()
 };
 
 // Thread-safe: any thread may call any member.
@@ -57,15 +93,11 @@ class TierCounters {
     std::lock_guard<std::mutex> l(mu_);
     return c_;
   }
-  // The counts, then zeroes the times and the speculation counts (not the byte counts).
+  // The counts, then zeroes the schedule's (not the byte counts).
   TierCounts take_times() {
     std::lock_guard<std::mutex> l(mu_);
     TierCounts t = c_;
-    c_.compute_wait_s = c_.optimizer_s = c_.optimizer_hidden_s = 0;
-    c_.rollbacks = c_.modules_redone = c_.modules_stepped_under_backward = 0;
-    c_.modules_deferred = c_.sub_groups_read_ahead = c_.grad_sub_groups_read_ahead = 0;
-    c_.grad_sub_groups_read_under_backward = 0;
-    c_.sub_groups_kept = c_.undo_copy_bytes = 0;
+    c_.schedule.reset();
     return t;
   }
 

@@ -35,7 +35,7 @@ void DelayedUpdate::run(OptimizerHyper hyper, float grad_mult, std::vector<int> 
   pipeline_.drain_prepared();
   status_ = st.with_context("delayed optimizer update");
   busy_s_ = seconds_between(t0, TierClock::now());
-  counters_.update([this](TierCounts& n) { n.optimizer_s += busy_s_; });
+  counters_.update([this](TierCounts& n) { n.schedule.optimizer_s += busy_s_; });
 }
 
 Status DelayedUpdate::finish() {
@@ -58,8 +58,8 @@ Status DelayedUpdate::finish() {
   shadow_.clear();
   const double busy = busy_s_;
   counters_.update([&](TierCounts& n) {
-    n.optimizer_s += seconds_between(t0, TierClock::now()) - waited;
-    n.optimizer_hidden_s += std::max(0.0, busy - waited);
+    n.schedule.optimizer_s += seconds_between(t0, TierClock::now()) - waited;
+    n.schedule.optimizer_hidden_s += std::max(0.0, busy - waited);
   });
   return st;
 }

@@ -276,7 +276,7 @@ void DeviceCache::compute_waits_for(const std::shared_ptr<Event>& ev) {
       auto t0 = TierClock::now();
       dev->synchronize(*ev).ignore();
       const double w = seconds_between(t0, TierClock::now());
-      counters->update([w](TierCounts& n) { n.compute_wait_s += w; });
+      counters->update([w](TierCounts& n) { n.schedule.compute_wait_s += w; });
     });
   } else {
     dev_.wait(dev_.compute_stream(), *ev);

@@ -73,7 +73,7 @@ class DeviceCache final : public CacheState {
   // the d2h stream. Until then it counts as room on its way, so an allocation that needs it
   // waits for the drain instead of evicting a cached copy that would be fetched again.
   void release_after(void* ptr, size_t bytes, std::shared_ptr<Event> after);
-  // The compute stream waits for `ev` (timed into TierCounts::compute_wait_s on a
+  // The compute stream waits for `ev` (timed into ScheduleCounts::compute_wait_s on a
   // host-addressable device). A null event is no wait.
   void compute_waits_for(const std::shared_ptr<Event>& ev);
 

@@ -110,7 +110,7 @@ void OptimizerPipeline::prepare_grads_of(int k) {
   if (homes_.module(k).gacc.tier != Tier::kNvme) return;
   for (size_t j = 0; j < sub_groups(k); ++j) {
     if (prepared(k, j) && prepare_grad(k, j, /*urgent=*/false)) {
-      counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_under_backward; });
+      counters_.update([](TierCounts& n) { ++n.schedule.grad_sub_groups_read_under_backward; });
     }
   }
 }
@@ -129,7 +129,7 @@ bool OptimizerPipeline::prepare_grad(int k, size_t j, bool urgent) {
   s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
   s.grad = s.grad_buf->as<float>();
   s.rg = homes_.io()->read(m.gacc.subs[j], s.grad_buf->data(), urgent);
-  counters_.update([](TierCounts& n) { ++n.grad_sub_groups_read_ahead; });
+  counters_.update([](TierCounts& n) { ++n.schedule.grad_sub_groups_read_ahead; });
   return true;
 }
 
@@ -245,7 +245,7 @@ void OptimizerPipeline::keep_slot(Slot&& s) {
     }
   }
   prepared_[{s.k, s.j}] = std::move(s);
-  counters_.update([](TierCounts& n) { ++n.sub_groups_kept; });
+  counters_.update([](TierCounts& n) { ++n.schedule.sub_groups_kept; });
 }
 
 // ---- stepping ----------------------------------------------------------------------------------

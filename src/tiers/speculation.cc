@@ -80,7 +80,7 @@ void Speculation::read_ahead() {
     if (pipeline_.prepared(k, j) || stepped_.count(k)) continue;
     auto r = pipeline_.prepare(k, j, /*try_only=*/true);
     if (!r.is_ok() || !*r) break;  // the host tier is busy: read on demand instead
-    counters_.update([](TierCounts& n) { ++n.sub_groups_read_ahead; });
+    counters_.update([](TierCounts& n) { ++n.schedule.sub_groups_read_ahead; });
   }
 }
 
@@ -141,7 +141,7 @@ Status Speculation::step_ready(bool wait_all) {
     if (st.is_ok()) {
       swap_homes(k, &undo);
       stepped_[k] = std::move(undo);
-      counters_.update([](TierCounts& n) { ++n.modules_stepped_under_backward; });
+      counters_.update([](TierCounts& n) { ++n.schedule.modules_stepped_under_backward; });
     }
     if (st.is_ok() && io) {
       st = pipeline_.bound_writes();
@@ -149,7 +149,7 @@ Status Speculation::step_ready(bool wait_all) {
     }
     const auto t1 = TierClock::now();
     intervals_.emplace_back(t0, t1);
-    counters_.update([&](TierCounts& n) { n.optimizer_s += seconds_between(t0, t1); });
+    counters_.update([&](TierCounts& n) { n.schedule.optimizer_s += seconds_between(t0, t1); });
   }
   return st.with_context("optimizer step under backward");
 }
@@ -200,7 +200,7 @@ bool Speculation::take_undo(int k, Undo* u) {
     } else if (h.tier != Tier::kNvme) {
       // NVMe-homed state is copied from each sub-group's slot (keep_sub_group).
       std::memcpy((*copy)->data(), h.ptr(), h.bytes);
-      counters_.update([&](TierCounts& n) { n.undo_copy_bytes += h.bytes; });
+      counters_.update([&](TierCounts& n) { n.schedule.undo_copy_bytes += h.bytes; });
     }
     return true;
   };
@@ -224,7 +224,7 @@ void Speculation::keep_sub_group(int k, OptimizerPipeline::Slot& s, Undo* u) {
     m.master.subs[s.j] = u->fresh_master[s.j];
   } else if (m.master.tier == Tier::kNvme) {
     std::memcpy(u->master->as<float>() + s.a, s.master, s.len * 4);
-    counters_.update([&](TierCounts& n) { n.undo_copy_bytes += s.len * 4; });
+    counters_.update([&](TierCounts& n) { n.schedule.undo_copy_bytes += s.len * 4; });
   }
   if (u->mom_swap) {
     char* c = static_cast<char*>(u->mom->data());
@@ -239,7 +239,7 @@ void Speculation::keep_sub_group(int k, OptimizerPipeline::Slot& s, Undo* u) {
     char* c = static_cast<char*>(u->mom->data());
     std::memcpy(c + s.a * b, s.m, s.len * b);
     std::memcpy(c + (m.sn + s.a) * b, s.v, s.len * b);
-    counters_.update([&](TierCounts& n) { n.undo_copy_bytes += 2 * s.len * b; });
+    counters_.update([&](TierCounts& n) { n.schedule.undo_copy_bytes += 2 * s.len * b; });
   }
 }
 
@@ -268,7 +268,7 @@ void Speculation::drop_shadows(int k, Undo* u) {
 }
 
 Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult) {
-  counters_.update([](TierCounts& n) { ++n.rollbacks; });
+  counters_.update([](TierCounts& n) { ++n.schedule.rollbacks; });
   for (auto& [k, u] : stepped_) {
     if (!u.kept()) {
       return invalid_argument(fmt::format(
@@ -380,7 +380,7 @@ Status Speculation::restore(int k, Undo& u, bool redo, const OptimizerHyper& hyp
     STRATA_RETURN_IF_ERROR(pipeline_.publish_piece(k, j, p.dst, std::move(p.keep), true),
                            "restoring " + what);
   }
-  counters_.update([](TierCounts& n) { ++n.modules_redone; });
+  counters_.update([](TierCounts& n) { ++n.schedule.modules_redone; });
   return Status::ok();
 }
 
@@ -403,7 +403,7 @@ void Speculation::end() {
     const auto end = bwd_end == TierClock::time_point{} ? t1 : std::min(t1, bwd_end);
     if (end > t0) hidden += seconds_between(t0, end);
   }
-  counters_.update([hidden](TierCounts& n) { n.optimizer_hidden_s += hidden; });
+  counters_.update([hidden](TierCounts& n) { n.schedule.optimizer_hidden_s += hidden; });
   active_ = false;
   stepped_.clear();
   ready_.clear();

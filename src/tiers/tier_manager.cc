@@ -409,8 +409,8 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
     const double s = seconds_between(t0, TierClock::now());
     const uint64_t n_deferred = order.size();
     I.counters.update([&](TierCounts& n) {
-      n.optimizer_s += s;
-      n.modules_deferred += n_deferred;
+      n.schedule.optimizer_s += s;
+      n.schedule.modules_deferred += n_deferred;
     });
     return Status::ok();
   }
@@ -423,7 +423,7 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
   Status hs = I.dev.synchronize(I.dev.h2d_stream());
   if (st.is_ok()) st = hs.with_context("publishing parameters");
   const double s = seconds_between(t0, TierClock::now());
-  I.counters.update([s](TierCounts& n) { n.optimizer_s += s; });
+  I.counters.update([s](TierCounts& n) { n.schedule.optimizer_s += s; });
   return st.with_context("optimizer step");
 }
 
@@ -459,7 +459,7 @@ Status TierManager::Impl::step_deferred(int m) {
   }
   const auto t1 = TierClock::now();
   deferred_intervals.push_back({t0, t1, std::move(caught_up)});
-  counters.update([&](TierCounts& n) { n.optimizer_s += seconds_between(t0, t1); });
+  counters.update([&](TierCounts& n) { n.schedule.optimizer_s += seconds_between(t0, t1); });
   if (st.is_ok() && !p.done()) return Status::ok();
   deferred.reset();
   pipeline->end_step();
@@ -560,21 +560,10 @@ TierTimes TierManager::take_times() {
     if (caught > v.t0) deferred_hidden += seconds_between(v.t0, std::min(caught, v.t1));
     return true;
   });
-  I.counters.update([&](TierCounts& n) { n.optimizer_hidden_s += deferred_hidden; });
+  I.counters.update([&](TierCounts& n) { n.schedule.optimizer_hidden_s += deferred_hidden; });
   const TierCounts c = I.counters.take_times();
   TierTimes t;
-  t.compute_wait_s = c.compute_wait_s;
-  t.optimizer_s = c.optimizer_s;
-  t.optimizer_hidden_s = c.optimizer_hidden_s;
-  t.rollbacks = c.rollbacks;
-  t.modules_redone = c.modules_redone;
-  t.undo_copy_bytes = c.undo_copy_bytes;
-  t.modules_stepped_under_backward = c.modules_stepped_under_backward;
-  t.modules_deferred = c.modules_deferred;
-  t.sub_groups_read_ahead = c.sub_groups_read_ahead;
-  t.grad_sub_groups_read_ahead = c.grad_sub_groups_read_ahead;
-  t.grad_sub_groups_read_under_backward = c.grad_sub_groups_read_under_backward;
-  t.sub_groups_kept = c.sub_groups_kept;
+  t.schedule = c.schedule;
   t.io_wait_s = io_total - I.io_wait_base;
   I.io_wait_base = io_total;
   return t;

@@ -49,6 +49,7 @@
 
 #include "src/checkpoint/checkpoint.h"
 #include "src/model/architecture.h"
+#include "src/tiers/counters.h"
 #include "src/tiers/placement.h"
 #include "src/tiers/trace.h"
 #include "strata/buffer_pool.h"
@@ -80,29 +81,11 @@ struct TierStats {
   uint64_t bytes_queued = 0;
 };
 
-// Time split of the work since the last take_times() call, seconds.
+// What the steps since the last take_times() call did: the optimizer's schedule (its times
+// and counts) and any thread's waits on NVMe I/O, seconds.
 struct TierTimes {
-  double compute_wait_s = 0;  // compute stream blocked on parameter fetches
-  double io_wait_s = 0;       // any thread blocked on NVMe reads/writes
-  double optimizer_s = 0;     // the optimizer pass, its I/O included (also under backward)
-  // Of optimizer_s, the part that ran while the compute stream was still in backward.
-  double optimizer_hidden_s = 0;
-  uint64_t rollbacks = 0;        // steps whose speculative updates were undone
-  uint64_t modules_redone = 0;   // modules restored from undo state (and redone or skipped)
-  uint64_t undo_copy_bytes = 0;  // optimizer state copied for undo (TierCounts)
-  uint64_t modules_stepped_under_backward = 0;
-  // Modules whose step after backward was deferred to the next forward (optimizer_step with
-  // `defer`), counted when deferred.
-  uint64_t modules_deferred = 0;
-  // Sub-groups of optimizer state whose reads started during backward, counted when started.
-  uint64_t sub_groups_read_ahead = 0;
-  // Sub-groups whose NVMe gradients a pass read ahead with their state, counted when started.
-  uint64_t grad_sub_groups_read_ahead = 0;
-  // Of those, read under the rest of backward (their module's gradients final), when started.
-  uint64_t grad_sub_groups_read_under_backward = 0;
-  // Sub-groups of NVMe-homed optimizer state kept in host memory from one pass to the next (not
-  // read back: OptimizerPipeline::Pass::keep).
-  uint64_t sub_groups_kept = 0;
+  ScheduleCounts schedule;
+  double io_wait_s = 0;
 };
 
 struct TierShortfall;  // src/tiers/memory_model.h
@@ -256,7 +239,7 @@ class TierManager : public ActivationStore {
   // device-to-host copy on the d2h stream after the compute stream's work so far; a restore a
   // host-to-device copy on the h2d stream after the compute stream's work so far and after
   // every stash; compute_waits_activation makes the compute stream wait for the latest of
-  // either (timed, counted in TierTimes::compute_wait_s, on a host-addressable device). The
+  // either (timed, counted in ScheduleCounts::compute_wait_s, on a host-addressable device). The
   // bytes count in the host tier's bytes_in/out and the device tier's bytes_out/in. A bad layer
   // or size is an error naming strata.activations, also kept for end_backward.
   Status stash_activation(int layer, const void* dev, size_t bytes) override;

@@ -86,14 +86,38 @@ class Run {
   const TierManager& tiers() const { return *tm_; }
 
  private:
+  // setup()'s steps, in its order. The token file(s) of data.source (eval_only: the held-out
+  // file, or all of data.source), checked to hold a window of T_.
+  Status load_data();
   Status create_device();
   Status create_comms();
+  // train.checkpoint_dir prepared for the checkpoints the run will hold at its peak (room,
+  // temporaries removed on rank 0) and train.export_dir checked; OK for eval_only. Its failure
+  // is not returned at once: create_tiers reports it with the tiers' preflight.
+  Status check_output_dirs();
+  // The tier manager (its preflight: every tier's need against its capacity, with the
+  // activations of strata.activations) and the model's runner over it. `dirs`, the result of
+  // check_output_dirs, fails here after the preflight, listed with its shortfalls; a device
+  // short of memory for the activations names the modes that need less.
+  Status create_tiers(const Status& dirs);
   // Sums `v` over ranks (max with kMax); a no-op on one rank, so one rank stays bit-identical.
   Status reduce(float* v, size_t n, ReduceOp op);
   Status init_or_resume();
   Status init_weights();  // the initial weights: from_pretrained's, else drawn from train.seed
   Status load_for_eval(const std::string& path);
   Result<double> run_step();
+  // The step's forwards and backwards: every micro-batch of this rank (its batch drawn, its
+  // losses into losses_[micro], its load-balancing loss into aux[micro]), in forward groups
+  // and the first backward group as the tier manager decided; `speculate`: the optimizer steps
+  // or reads ahead under the last backward. mid_step runs after each micro-batch.
+  Status forward_backward(float dloss, bool speculate, float* aux);
+  // After backward, with the step's global gradient statistics (norm² and overflow, of the
+  // loss scaled by `scale`): updates the loss scaler and the grad norm, then the optimizer
+  // step — delayed, or exact (keeping or redoing what ran under backward; deferring the rest
+  // into the next forward where `speculate` and the schedule say so) — or, after an fp16
+  // overflow, its skip.
+  Status step_optimizer(const GradStats& stats, double scale, bool delayed, bool speculate,
+                        bool not_under_backward);
   Result<double> eval_loss();
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
   int64_t global_train_targets() const {

@@ -51,10 +51,10 @@ StepWindow Run::step_window(const TierTimes& tt, Meters* mark) const {
   s.comm_s = now.comm_s - mark->comm_s;
   for (size_t i = 0; i < s.sent.size(); ++i) s.sent[i] = now.sent[i] - mark->sent[i];
   s.fwd_bwd_s = last_fwd_bwd_s_;
-  s.optimizer_s = tt.optimizer_s;
+  s.optimizer_s = tt.schedule.optimizer_s;
   s.io_wait_s = tt.io_wait_s;
-  s.fetch_wait_s = tt.compute_wait_s;
-  s.optimizer_hidden_s = tt.optimizer_hidden_s;
+  s.fetch_wait_s = tt.schedule.compute_wait_s;
+  s.optimizer_hidden_s = tt.schedule.optimizer_hidden_s;
   s.device_bytes = now.bytes[0] - mark->bytes[0];
   s.nvme_bytes = now.bytes[1] - mark->bytes[1];
   *mark = now;
@@ -63,28 +63,18 @@ StepWindow Run::step_window(const TierTimes& tt, Meters* mark) const {
 
 void Run::add_step(const TierTimes& tt, double loss, TrainResult* out) const {
   TrainResult& r = *out;
-  r.optimizer_hidden_s += tt.optimizer_hidden_s;
-  r.rollbacks += int64_t(tt.rollbacks);
-  r.modules_redone += int64_t(tt.modules_redone);
-  r.undo_copy_bytes += int64_t(tt.undo_copy_bytes);
-  r.modules_stepped_under_backward += int64_t(tt.modules_stepped_under_backward);
-  r.modules_deferred += int64_t(tt.modules_deferred);
-  r.sub_groups_read_ahead += int64_t(tt.sub_groups_read_ahead);
-  r.grad_sub_groups_read_ahead += int64_t(tt.grad_sub_groups_read_ahead);
-  r.grad_sub_groups_read_under_backward += int64_t(tt.grad_sub_groups_read_under_backward);
-  r.sub_groups_kept += int64_t(tt.sub_groups_kept);
+  r.schedule += tt.schedule;
   if (cfg_.strata.delayed_update && step_ > cfg_.strata.delayed_update_warmup) {
     r.approximate = true;
   }
   r.fwd_bwd_s += last_fwd_bwd_s_;
-  r.optimizer_s += tt.optimizer_s;
   r.io_wait_s += tt.io_wait_s;
-  r.compute_wait_s += tt.compute_wait_s;
   r.losses.push_back(loss);
-  r.optimizer_schedule.push_back(tt.rollbacks > 0                        ? 2
-                                 : tt.modules_stepped_under_backward > 0 ? 1
-                                 : tt.modules_deferred > 0               ? 3
-                                                                         : 0);
+  const ScheduleCounts& c = tt.schedule;
+  r.optimizer_schedule.push_back(c.rollbacks > 0                        ? 2
+                                 : c.modules_stepped_under_backward > 0 ? 1
+                                 : c.modules_deferred > 0               ? 3
+                                                                        : 0);
   if (last_skipped_) ++r.skipped_steps;
   r.step_skipped.push_back(last_skipped_ ? 1 : 0);
 }
@@ -211,7 +201,7 @@ Result<TrainResult> Run::loop() {
       rep.fp16 = cfg_.fp16.enabled;
       rep.loss_scale = scaler_.scale;
       rep.skipped = last_skipped_;
-      rep.rollbacks = r.rollbacks;
+      rep.rollbacks = int64_t(r.schedule.rollbacks);
       rep.approximate = r.approximate;
       rep.world_size = world_;
       rep.window_s = seconds_since(since);

@@ -66,6 +66,57 @@ Status Run::setup() {
   for (const auto& line : cfg_.resolved_auto) log_info("config: {}", line);
   for (const auto& line : cfg_.not_acted_on) log_info("config: {}", line);
 
+  STRATA_RETURN_IF_ERROR(load_data(), "");
+
+  STRATA_RETURN_IF_ERROR(create_device(), "");
+  // strata.optimizer.speculate "auto" times both schedules where the device is not the host
+  // (a GPU, or the simulated one): there the optimizer under backward competes with nothing on
+  // the device, but the host's copies and memory bandwidth decide whether it hides. On the CPU
+  // backend the device's work and the optimizer share the cores, and stepping under backward
+  // is what the measurements favour: "auto" is "always" there.
+  const std::string& spec = cfg_.strata.optimizer_speculate;
+  speculate_choice_ =
+      DeferChoice(DeferChoice::parse(spec == "auto" && dev_->host_addressable() ? "always" : spec));
+  STRATA_RETURN_IF_ERROR(create_comms(), "");
+  // train.checkpoint_dir and train.export_dir are checked before anything is trained; a
+  // failure is reported together with the tiers' preflight (create_tiers).
+  const Status dirs = check_output_dirs();
+  if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
+    return invalid_argument(fmt::format(
+        "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
+        "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
+        "for another world size: set train_batch_size (or the micro batch) for {} ranks",
+        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
+  }
+  log_info("model: {}, {}", arch_->describe(), dtype_name(dt_));
+  log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
+           accum_, world_, T_, int64_t(B_) * accum_ * world_ * T_);
+  STRATA_RETURN_IF_ERROR(create_tiers(dirs), "");
+
+  hyper_.kind = optimizer_kind(cfg_.optimizer);
+  hyper_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
+  hyper_.beta2 = static_cast<float>(cfg_.optimizer.beta2);
+  hyper_.eps = static_cast<float>(cfg_.optimizer.eps);
+  hyper_.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
+  hyper_.bias_correction = cfg_.optimizer.bias_correction;
+  scaler_ = LossScaler::from_config(cfg_);
+  tok_.resize(size_t(B_) * T_);
+  tgt_.resize(size_t(B_) * T_);
+  pos_.resize(size_t(B_) * T_);
+  losses_.resize(size_t(accum_) * B_ * T_);
+  if (eval_only_) {
+    if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
+    return init_or_resume();
+  }
+  STRATA_RETURN_IF_ERROR(init_or_resume(), "initial state");
+  STRATA_RETURN_IF_ERROR(check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_,
+                                                    cfg_.train.steps, passed_over_),
+                         "");
+  if (cfg_.train.export_dir.empty()) return Status::ok();
+  return check_export_owner(export_target(step_));
+}
+
+Status Run::load_data() {
   DataConfig data_cfg = cfg_.data;
   data_cfg.seq_len = T_;
   if (eval_only_) {
@@ -92,21 +143,13 @@ Status Run::setup() {
   }
   data_.emplace(std::move(d));
   log_info("data: {}", data_->description());
+  return Status::ok();
+}
 
-  STRATA_RETURN_IF_ERROR(create_device(), "");
-  // strata.optimizer.speculate "auto" times both schedules where the device is not the host
-  // (a GPU, or the simulated one): there the optimizer under backward competes with nothing on
-  // the device, but the host's copies and memory bandwidth decide whether it hides. On the CPU
-  // backend the device's work and the optimizer share the cores, and stepping under backward
-  // is what the measurements favour: "auto" is "always" there.
-  const std::string& spec = cfg_.strata.optimizer_speculate;
-  speculate_choice_ =
-      DeferChoice(DeferChoice::parse(spec == "auto" && dev_->host_addressable() ? "always" : spec));
-  STRATA_RETURN_IF_ERROR(create_comms(), "");
-  // train.checkpoint_dir and train.export_dir are checked before anything is trained; a
-  // failure is reported together with the tiers' preflight below. The checkpoint directory
-  // needs room for the checkpoints the run will hold at its peak (no more than it saves: one
-  // per train.checkpoint_interval, the final one, or the one a stop writes).
+Status Run::check_output_dirs() {
+  // The checkpoint directory needs room for the checkpoints the run will hold at its peak (no
+  // more than it saves: one per train.checkpoint_interval, the final one, or the one a stop
+  // writes).
   const int64_t interval = cfg_.train.checkpoint_interval;
   const int64_t saves = std::max<int64_t>(
       1, (interval > 0 ? cfg_.train.steps / interval : 0) + (cfg_.train.final_checkpoint ? 1 : 0));
@@ -120,16 +163,10 @@ Status Run::setup() {
   if (ckpt_dir.is_ok() && !eval_only_ && !cfg_.train.export_dir.empty()) {
     ckpt_dir = check_export_dir(export_target(0));
   }
-  if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
-    return invalid_argument(fmt::format(
-        "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
-        "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
-        "for another world size: set train_batch_size (or the micro batch) for {} ranks",
-        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
-  }
-  log_info("model: {}, {}", arch_->describe(), dtype_name(dt_));
-  log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
-           accum_, world_, T_, int64_t(B_) * accum_ * world_ * T_);
+  return ckpt_dir;
+}
+
+Status Run::create_tiers(const Status& dirs) {
   TierOptions to = TierOptions::from_config(cfg_, dt_);
   STRATA_ASSIGN_OR_RETURN(to.placement, placement_from_config(cfg_, *dev_), "placement");
   to.storage.faults = opts_.storage_faults;
@@ -149,9 +186,9 @@ Status Run::setup() {
   TierShortfall short_of;
   auto tm =
       TierManager::create(*dev_, *arch_, dt_, cfg_.strata.moment_dtype, to, acts.bytes, &short_of);
-  if (!ckpt_dir.is_ok()) {
-    if (tm.is_ok()) return ckpt_dir.with_context("preflight");
-    return Status(tm.status().code(), tm.status().message() + "\n  - " + ckpt_dir.message());
+  if (!dirs.is_ok()) {
+    if (tm.is_ok()) return dirs.with_context("preflight");
+    return Status(tm.status().code(), tm.status().message() + "\n  - " + dirs.message());
   }
   if (!tm.is_ok() && act_mode != ActivationMode::kOffload && short_of.device) {
     // Name the activation modes that need less device memory, with their bytes.
@@ -191,28 +228,7 @@ Status Run::setup() {
   STRATA_ASSIGN_OR_RETURN(
       model_, arch_->create_runner(*dev_, B_, T_, dt_, act_mode, tm_.get(), tm_->forward_group()),
       "model");
-
-  hyper_.kind = optimizer_kind(cfg_.optimizer);
-  hyper_.beta1 = static_cast<float>(cfg_.optimizer.beta1);
-  hyper_.beta2 = static_cast<float>(cfg_.optimizer.beta2);
-  hyper_.eps = static_cast<float>(cfg_.optimizer.eps);
-  hyper_.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
-  hyper_.bias_correction = cfg_.optimizer.bias_correction;
-  scaler_ = LossScaler::from_config(cfg_);
-  tok_.resize(size_t(B_) * T_);
-  tgt_.resize(size_t(B_) * T_);
-  pos_.resize(size_t(B_) * T_);
-  losses_.resize(size_t(accum_) * B_ * T_);
-  if (eval_only_) {
-    if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
-    return init_or_resume();
-  }
-  STRATA_RETURN_IF_ERROR(init_or_resume(), "initial state");
-  STRATA_RETURN_IF_ERROR(check_no_foreign_overwrite(cfg_.train.checkpoint_dir, run_id_, step_,
-                                                    cfg_.train.steps, passed_over_),
-                         "");
-  if (cfg_.train.export_dir.empty()) return Status::ok();
-  return check_export_owner(export_target(step_));
+  return Status::ok();
 }
 
 CheckpointMeta Run::checkpoint_meta(int64_t step) const {
@@ -412,43 +428,10 @@ Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const M
   return Status::ok();
 }
 
-Result<double> Run::run_step() {
-  const auto t0 = Clock::now();
-  const double scale = scaler_.scale;
-  // The loss is the mean over the GLOBAL batch: each rank's gradients are 1/world of the
-  // average, and the reduce-scatter sums them. With a loss mask, the mean over the targets that
-  // count in the whole global batch (every micro-batch of every rank: transformers' Trainer's
-  // num_items_in_batch with average_tokens_across_devices); every rank counts them itself (the
-  // batches are a function of the step).
-  const int64_t targets = global_train_targets();
-  const float dloss = static_cast<float>(scale / double(targets));
-  // The optimizer's schedule for this step (docs/ARCHITECTURE.md, "The optimizer under
-  // backward"): delayed (one step stale) after the warm-up, else exact — stepped module by
-  // module under the last micro-batch's backward as if no clipping applies and no overflow
-  // occurred (validated below), or after backward when strata.optimizer.overlap is false.
-  const bool delayed = cfg_.strata.delayed_update && step_ >= cfg_.strata.delayed_update_warmup;
-  const bool speculate = cfg_.strata.optimizer_overlap && !delayed;
-  const float unclipped_mult = static_cast<float>(1.0 / scale);
-  // A step after one that clipped or overflowed likely does too: then the state is only read
-  // ahead under backward and stepped after validation, instead of stepped twice.
-  // A step after one that did not clip is stepped under backward unless speculate_choice_ says
-  // otherwise; then, as after one that clipped, nothing is stepped under backward and where its
-  // optimizer runs is defer_choice_'s.
-  const bool may_speculate = speculate && !last_clipped_ && !last_skipped_;
-  const bool under_backward = may_speculate && speculate_choice_.defer();
-  if (speculate) {
-    OptimizerHyper h = hyper_;
-    h.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
-    h.step = opt_steps_ + 1;
-    tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
-                           /*step_modules=*/under_backward);
-  }
-  const bool not_under_backward = speculate && !under_backward;
-  tm_->begin_phase("train");
-  std::vector<float> aux(size_t(accum_), -1.0f);
+Status Run::forward_backward(float dloss, bool speculate, float* aux) {
   std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
-    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, &aux[size_t(micro)],
+    mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, aux + micro,
                    training_dropout_key(cfg_.train.seed, step_, micro, rank_)});
   }
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
@@ -499,6 +482,76 @@ Result<double> Run::run_step() {
       if (opts_.mid_step) opts_.mid_step(step_, micro);
     }
   }
+  return Status::ok();
+}
+
+Status Run::step_optimizer(const GradStats& stats, double scale, bool delayed, bool speculate,
+                           bool not_under_backward) {
+  last_skipped_ = scaler_.update(cfg_, stats.nonfinite);
+  last_grad_norm_ = std::sqrt(stats.norm_sq) / scale;
+  if (!last_skipped_) {
+    double coef = 1.0;
+    if (cfg_.gradient_clipping > 0) {
+      double c = cfg_.gradient_clipping / (last_grad_norm_ + 1e-6);
+      if (c < 1.0) coef = c;
+    }
+    hyper_.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
+    hyper_.step = opt_steps_ + 1;
+    const float mult = static_cast<float>(coef / scale);
+    last_clipped_ = coef < 1.0;
+    if (delayed) {
+      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult),
+                             "starting the delayed update");
+    } else {
+      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
+      // with the overlap, the modules not stepped yet are stepped as the next forward needs
+      // them (deferred: exact whatever the clipping).
+      const bool defer = speculate && (!not_under_backward || defer_choice_.defer());
+      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, defer),
+                             "");  // says "optimizer step" itself
+    }
+    ++opt_steps_;
+  } else {
+    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
+  }
+  return Status::ok();
+}
+
+Result<double> Run::run_step() {
+  const auto t0 = Clock::now();
+  const double scale = scaler_.scale;
+  // The loss is the mean over the GLOBAL batch: each rank's gradients are 1/world of the
+  // average, and the reduce-scatter sums them. With a loss mask, the mean over the targets that
+  // count in the whole global batch (every micro-batch of every rank: transformers' Trainer's
+  // num_items_in_batch with average_tokens_across_devices); every rank counts them itself (the
+  // batches are a function of the step).
+  const int64_t targets = global_train_targets();
+  const float dloss = static_cast<float>(scale / double(targets));
+  // The optimizer's schedule for this step (docs/ARCHITECTURE.md, "The optimizer under
+  // backward"): delayed (one step stale) after the warm-up, else exact — stepped module by
+  // module under the last micro-batch's backward as if no clipping applies and no overflow
+  // occurred (validated below), or after backward when strata.optimizer.overlap is false.
+  const bool delayed = cfg_.strata.delayed_update && step_ >= cfg_.strata.delayed_update_warmup;
+  const bool speculate = cfg_.strata.optimizer_overlap && !delayed;
+  const float unclipped_mult = static_cast<float>(1.0 / scale);
+  // A step after one that clipped or overflowed likely does too: then the state is only read
+  // ahead under backward and stepped after validation, instead of stepped twice.
+  // A step after one that did not clip is stepped under backward unless speculate_choice_ says
+  // otherwise; then, as after one that clipped, nothing is stepped under backward and where its
+  // optimizer runs is defer_choice_'s.
+  const bool may_speculate = speculate && !last_clipped_ && !last_skipped_;
+  const bool under_backward = may_speculate && speculate_choice_.defer();
+  if (speculate) {
+    OptimizerHyper h = hyper_;
+    h.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
+    h.step = opt_steps_ + 1;
+    tm_->begin_speculation(h, unclipped_mult, cfg_.gradient_clipping > 0 || cfg_.fp16.enabled,
+                           /*step_modules=*/under_backward);
+  }
+  const bool not_under_backward = speculate && !under_backward;
+  tm_->begin_phase("train");
+  std::vector<float> aux(size_t(accum_), -1.0f);
+  STRATA_RETURN_IF_ERROR(forward_backward(dloss, speculate, aux.data()), "");
   model_->select(0);
   if (speculate) STRATA_RETURN_IF_ERROR(tm_->step_ready(/*wait_all=*/true), "forward/backward");
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), "forward/backward");
@@ -532,33 +585,7 @@ Result<double> Run::run_step() {
     stats.norm_sq = sums[1];
     stats.nonfinite = flag != 0.0f || !std::isfinite(sums[1]);
   }
-  last_skipped_ = scaler_.update(cfg_, stats.nonfinite);
-  last_grad_norm_ = std::sqrt(stats.norm_sq) / scale;
-  if (!last_skipped_) {
-    double coef = 1.0;
-    if (cfg_.gradient_clipping > 0) {
-      double c = cfg_.gradient_clipping / (last_grad_norm_ + 1e-6);
-      if (c < 1.0) coef = c;
-    }
-    hyper_.lr = static_cast<float>(learning_rate(cfg_, opt_steps_));
-    hyper_.step = opt_steps_ + 1;
-    const float mult = static_cast<float>(coef / scale);
-    last_clipped_ = coef < 1.0;
-    if (delayed) {
-      STRATA_RETURN_IF_ERROR(tm_->start_delayed_update(hyper_, mult),
-                             "starting the delayed update");
-    } else {
-      // Keeps what was stepped under backward when (lr, step, mult) match, else redoes it;
-      // with the overlap, the modules not stepped yet are stepped as the next forward needs
-      // them (deferred: exact whatever the clipping).
-      const bool defer = speculate && (!not_under_backward || defer_choice_.defer());
-      STRATA_RETURN_IF_ERROR(tm_->optimizer_step(hyper_, mult, defer),
-                             "");  // says "optimizer step" itself
-    }
-    ++opt_steps_;
-  } else {
-    STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
-  }
+  STRATA_RETURN_IF_ERROR(step_optimizer(stats, scale, delayed, speculate, not_under_backward), "");
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
   const double step_s = seconds_since(t0);
   if (not_under_backward && defer_choice_.record(step_s)) {

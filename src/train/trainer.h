@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/tiers/counters.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/status.h"
@@ -70,27 +71,15 @@ struct TrainResult {
   std::string metrics_error;  // the first failed write of the metrics log; "" if none
   uint32_t weights_crc = 0;   // CRC32C of all fp32 master weights
   double tokens_per_s = 0;    // over the steps run here
-  // Time split over the steps run here, seconds: forward+backward (the fetch waits included),
-  // the compute stream's waits on parameter fetches, the optimizer pass (its I/O included),
-  // and any thread's waits on NVMe I/O.
-  double fwd_bwd_s = 0, compute_wait_s = 0, optimizer_s = 0, io_wait_s = 0;
-  // Of optimizer_s, the part hidden under the backward (strata.optimizer.overlap) or under the
-  // next step (delayed update); steps whose speculative update was undone and redone or
-  // skipped, and the modules that took; whether a delayed (one step stale) update ran.
-  double optimizer_hidden_s = 0;
-  int64_t rollbacks = 0, modules_redone = 0, modules_stepped_under_backward = 0;
-  int64_t modules_deferred = 0;  // stepped under the next forward (the exact overlap)
-  int64_t undo_copy_bytes = 0;   // optimizer state copied to keep undo state (TierTimes)
-  // Sub-groups of optimizer state whose reads started during backward (buffer_count and
-  // strata.optimizer.read_ahead), over the steps run here.
-  int64_t sub_groups_read_ahead = 0;
-  // Sub-groups whose gradients (on NVMe) the optimizer read ahead with their state.
-  int64_t grad_sub_groups_read_ahead = 0;
-  // Of those, read under the rest of backward once their module's gradients were final.
-  int64_t grad_sub_groups_read_under_backward = 0;
-  // Sub-groups of NVMe-homed optimizer state a pass kept in host memory for the next step (the
-  // read-ahead's room; not read back), over the steps run here.
-  int64_t sub_groups_kept = 0;
+  // Time split over the steps run here, seconds: forward+backward (the fetch waits included)
+  // and any thread's waits on NVMe I/O. The optimizer's schedule over them: the compute
+  // stream's waits on parameter fetches, the optimizer pass (its I/O included) and the part of
+  // it hidden under the backward (strata.optimizer.overlap) or under the next step (delayed
+  // update), steps whose speculative update was undone and redone or skipped, the modules
+  // that took, the sub-groups read ahead or kept (src/tiers/counters.h).
+  double fwd_bwd_s = 0, io_wait_s = 0;
+  ScheduleCounts schedule;
+  // Whether a delayed (one step stale) update ran.
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
   // communicators: gathers and reduce-scatters overlap compute, the step-end reductions block
