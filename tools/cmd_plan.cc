@@ -279,7 +279,7 @@ int cmd_plan(int argc, char** argv) {
     if (Status st = check_plan_output(a, out, flag); !st.is_ok()) return plan_fail(st);
   }
 
-  // The machine: a profile, else defaults for the a.backend.
+  // The machine: a profile, else defaults for the backend.
   MachineProfile prof;
   if (!a.profile_path.empty()) {
     auto p = load_machine_profile(a.profile_path, a.fastest);
@@ -287,7 +287,7 @@ int cmd_plan(int argc, char** argv) {
     prof = *p;
     if (!a.backend.empty() && (a.backend == "cpu") != prof.cpu_backend) {
       return plan_fail(invalid_argument(
-          fmt::format("--backend {} disagrees with the profile {} (measured on the {} a.backend)",
+          fmt::format("--backend {} disagrees with the profile {} (measured on the {} backend)",
                       a.backend, a.profile_path, prof.cpu_backend ? "cpu" : "cuda")));
     }
   }
