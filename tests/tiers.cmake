@@ -1,6 +1,6 @@
 # The tier manager's parts (src/tiers/), each tested alone against its header's contract, one
 # binary per part (tests/tiers/); the manager as a whole: tier.cmake.
 foreach(part trace cache_policy placement memory_model homes device_cache activation_stash
-             grad_buckets grad_spill)
+             grad_buckets grad_spill optimizer_pipeline)
   strata_test(${part}_test ${CMAKE_CURRENT_LIST_DIR}/tiers/${part}_test.cc)
 endforeach()

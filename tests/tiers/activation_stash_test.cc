@@ -1,8 +1,7 @@
 // Offloaded activations (src/tiers/activation_stash.h) alone, over Homes and a device cache on
 // the CPU device: a stash copies a block's input after the compute stream's work so far into its
-// host-tier buffer, a restore brings back exactly the bytes stashed, the byte counts land in
-// both tiers, and a bad layer or size is an error naming strata.activations, also kept for
-// end_backward (the AsyncError).
+// host-tier buffer, a restore brings back exactly the bytes stashed, and a bad layer or size is
+// an error naming strata.activations, also kept for end_backward (the AsyncError).
 #include "src/tiers/activation_stash.h"
 
 #include <gtest/gtest.h>
@@ -53,7 +52,7 @@ std::vector<float> pattern(size_t n, float base) {
 }
 
 // Stashed, overwritten, restored: each block's input comes back whole, a short stash restores
-// only its bytes, and the counts are each tier's bytes in and out.
+// only its bytes.
 TEST(ActivationStash, RestoresWhatWasStashed) {
   Rig r(1 << 20);
   const size_t n = 4096, bytes = n * 4;
@@ -77,11 +76,6 @@ TEST(ActivationStash, RestoresWhatWasStashed) {
       ASSERT_EQ(act[size_t(l)][i], i < restored ? 1000.0f * float(l) + float(i) : -1.0f) << i;
     }
   }
-  const TierCounts c = r.counters.read();
-  EXPECT_EQ(c.dev_out, 2 * bytes + bytes / 2);
-  EXPECT_EQ(c.host_in, c.dev_out);
-  EXPECT_EQ(c.dev_in, c.dev_out);
-  EXPECT_EQ(c.host_out, c.dev_out);
   EXPECT_TRUE(r.errors.take().is_ok());
 }
 
@@ -137,7 +131,6 @@ TEST(ActivationStash, BadLayerOrSizeNamesTheKey) {
   EXPECT_EQ(kept.message(), cases[0].status.message());
   EXPECT_TRUE(r.errors.take().is_ok());
   r.stash->compute_waits(7);  // nothing to wait for: no effect
-  EXPECT_EQ(r.counters.read().dev_out, 0u);
 }
 
 // A reservation the host tier cannot hold fails naming the block and the key.

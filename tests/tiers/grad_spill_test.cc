@@ -128,7 +128,6 @@ TEST(GradSpill, MicroBatchesSumIntoTheExtentsAndTheStatsAreExact) {
       EXPECT_EQ(stats[size_t(m)].norm_sq, ref.norm_sq);
       EXPECT_FALSE(stats[size_t(m)].nonfinite);
     }
-    EXPECT_EQ(r.counters.read().dev_out, 3u * 4 * (numel[0] + numel[1]));
   }
 }
 
