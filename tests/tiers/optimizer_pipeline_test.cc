@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/tiers/device_optimizer.h"
 #include "strata/storage_faults.h"
 #include "tests/tiers/state_rig.h"
 
@@ -41,6 +42,14 @@ const Case kCases[] = {
     {"nvme master, host moments", {Tier::kHost, Tier::kNvme, Tier::kHost, Tier::kHost, 1.0}, 2048},
     {"nvme state and parameters", {Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0}, 2048},
     {"device parameters", {Tier::kDevice, Tier::kHost, Tier::kNvme, Tier::kHost, 1.0}, 2048},
+    // Master weights, moments and gradients in device memory: the device's optimizer kernel
+    // (device_optimizer.h), which on the CPU backend gives the host path's bits.
+    {"device state, host parameters",
+     {Tier::kHost, Tier::kDevice, Tier::kDevice, Tier::kDevice, 1.0},
+     2048},
+    {"device state and parameters",
+     {Tier::kDevice, Tier::kDevice, Tier::kDevice, Tier::kDevice, 1.0},
+     0},
 };
 
 // Two steps of a pass over three modules, in an order of their own: every module's master
@@ -51,6 +60,7 @@ TEST(OptimizerPipeline, PassGivesTheFusedOptimizersBitsOnEveryPlacement) {
   for (const Case& k : kCases) {
     SCOPED_TRACE(k.name);
     StateRig r("pass" + std::to_string(c++), numel, k.placement, k.sub_group);
+    EXPECT_EQ(steps_on_device(r.homes->module(0)), k.placement.master == Tier::kDevice);
     std::vector<ModuleState> want;
     for (int m = 0; m < 3; ++m) {
       want.push_back(test::random_state(numel[size_t(m)], 100 + m));
