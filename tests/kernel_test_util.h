@@ -1,6 +1,7 @@
-// What the CPU kernel tests share (tests/cpu_kernels_test.cc, tests/llama_kernels_test.cc): typed
-// buffers with fp32 access to single elements, random inputs from a per-test seed, relative
-// comparison against double-precision references, and a CPU device to run the Kernels table on.
+// What the CPU kernel tests share (tests/cpu_kernels_test.cc, tests/cpu_gemm_paths_test.cc,
+// tests/llama_kernels_test.cc): typed buffers with fp32 access to single elements, random inputs
+// from a per-test seed, relative comparison against double-precision references, and a CPU
+// device to run the Kernels table on.
 #pragma once
 
 #include <fmt/format.h>

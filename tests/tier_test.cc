@@ -1,6 +1,7 @@
 // The tier manager: offload must not change the numbers, tiers never exceed their capacity,
 // the prefetch/eviction policy is close to Belady's optimum, faults end the run cleanly, and a
-// plan that cannot fit is refused before step one.
+// plan that cannot fit is refused before step one. Each part of the manager alone (the trace,
+// the cache policy, the placement, the memory model, ...): tests/tiers/.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +12,6 @@
 #include <sstream>
 
 #include "src/model/gpt2.h"
-#include "src/tiers/cache_policy.h"
 #include "src/tiers/memory_model.h"
 #include "src/tiers/tier_manager.h"
 #include "src/tiers/trace.h"
@@ -341,22 +341,6 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
   EXPECT_LE(double(read[1]), 1.25 * double(read[0]));
 }
 
-TEST(Trace, ReuseDistancesAndNextUse) {
-  // A B C B A, cyclic.
-  Trace t({{0, 10, 0}, {1, 20, 0}, {2, 30, 0}, {1, 20, 0}, {0, 10, 0}});
-  EXPECT_EQ(t.next_use(0), 4u);
-  EXPECT_EQ(t.next_use(1), 3u);
-  EXPECT_EQ(t.next_use(2), 7u);  // next step's position 2
-  EXPECT_EQ(t.reuse_distance(0), 20u + 30 + 20);
-  EXPECT_EQ(t.reuse_distance(1), 30u);
-  EXPECT_EQ(t.reuse_distance(4), 0u);  // used again at once (next step starts with it)
-  EXPECT_EQ(t.next_use_of(2, 3), 7u);
-  auto round = Trace::from_jsonl(t.to_jsonl({"a", "b", "c"}));
-  ASSERT_TRUE(round.is_ok());
-  EXPECT_EQ(round->size(), 5u);
-  EXPECT_FALSE(Trace::from_jsonl("{\"object\": 1}\n").is_ok());
-}
-
 TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   set_log_level(LogLevel::kError);
   auto dev = create_cpu_device({.capacity = 64 << 20, .threads = 1});
@@ -399,24 +383,6 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   run({0, 3, 2, 1, 4});  // changed: on-demand, re-recorded
   ASSERT_EQ((*tm)->trace("x")->size(), 5u);
   EXPECT_EQ((*tm)->trace("x")->accesses()[1].object, 3);
-}
-
-TEST(MemoryModel, WorkingSetIsTheProgramsPeak) {
-  const std::vector<size_t> params = {100, 10, 0}, grads = {1000, 20, 30};
-  using Op = ProgramOp;
-  EXPECT_EQ(working_set_bytes(params, grads, Program{}), 0u);
-  // Module 1 alone (30), then 2 with 1's gradient (50).
-  Program p{{{Op::kAcquireParams, 1},
-             {Op::kAcquireGrads, 1},
-             {Op::kReleaseParams, 1},
-             {Op::kAcquireParams, 2},
-             {Op::kAcquireGrads, 2},
-             {Op::kDrainGrads, 2},
-             {Op::kReleaseParams, 2},
-             {Op::kDrainGrads, 1}}};
-  EXPECT_EQ(working_set_bytes(params, grads, p), 50u);
-  p.ops.push_back({Op::kAcquireGrads, 0});
-  EXPECT_EQ(working_set_bytes(params, grads, p), 1000u);
 }
 
 // The preflight reports exactly the memory model's numbers (the planner calls the same
@@ -475,147 +441,6 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
                 fmt::format("host tier needs {}", format_bytes(double(need->host.total())))),
             std::string::npos)
       << tm.status().message();
-}
-
-// ZeRO++'s device buffers in the memory model, per rank of 4 in 2 nodes of 2, against the sizes
-// written out here from the algorithm (not from ZeroPPShape): qwZ's gather buffer is the largest
-// group's 4 packed int8 units (the int8 bytes, then one fp32 scale per 256 elements); hpZ with
-// h = 2 keeps 2 units (model dtype without qwZ) of every module; qgZ's scratch for a bucket of k
-// elements is 2 * 4 packed int4 chunks within the node and 2 * 2 across (the fp32 partial sums
-// reuse the bucket). Without ZeRO++ or on one rank they are 0; they are part of the working set.
-TEST(MemoryModel, ZeroPlusPlusBuffersAreCountedPerSwitch) {
-  ModelConfig mc;
-  mc.n_layer = 2;
-  mc.n_head = 2;
-  mc.n_embd = 64;
-  mc.vocab_size = 100;
-  mc.context = 16;
-  auto arch = create_gpt2(mc);
-  ASSERT_TRUE(arch.is_ok());
-  TierOptions to;
-  to.placement.params = to.placement.master = to.placement.moments = to.placement.grads =
-      Tier::kHost;
-  to.reduce_bucket_elems = 40'000;  // 10'000 per rank, less than the largest group's shard
-  const DType dt = DType::kBF16;
-  auto homes = module_homes((*arch)->layout(), to.placement, 4, dt, DType::kF32, false, 0);
-  ASSERT_TRUE(homes.is_ok());
-  const Program& prog = (*arch)->program(Pass::kTrain);
-  const TierNeeds plain = tier_needs(*homes, to, 4, dt, 0, prog, {});
-  EXPECT_EQ(plain.device.zeropp(), 0u);
-
-  auto r256 = [](size_t n) { return (n + 255) / 256 * 256; };
-  auto int8_unit = [](size_t sn) { return (sn + 3) / 4 * 4 + 4 * ((sn + 255) / 256); };
-  size_t max_qwz = 0, sec8 = 0, sec_bf16 = 0, max_sn = 0;
-  for (const auto& m : *homes) {
-    max_sn = std::max(max_sn, m.shard_numel);
-    max_qwz = std::max(max_qwz, r256(4 * int8_unit(m.shard_numel)));
-    sec8 += r256(2 * int8_unit(m.shard_numel));
-    sec_bf16 += r256(2 * m.shard_numel * 2);
-  }
-  ASSERT_GT(max_sn, 10'000u);
-  const size_t k = 10'000, pc = (k / 2 + 3) / 4 * 4 + 4 * ((k + 127) / 128);
-  const size_t scratch = r256(2 * 4 * pc + 2 * 2 * pc);
-
-  ZeroPPShape z;
-  z.world = 4;
-  z.nodes = 2;
-  z.per_node = 2;
-  for (int sw = 0; sw < 4; ++sw) {
-    z.quantized_weights = sw == 0 || sw == 3;
-    z.hpz = sw == 1 || sw == 3 ? 2 : 1;
-    z.quantized_gradients = sw == 2 || sw == 3;
-    const TierNeeds n = tier_needs(*homes, to, 4, dt, 0, prog, z);
-    SCOPED_TRACE(
-        fmt::format("qwZ {} hpZ {} qgZ {}", z.quantized_weights, z.hpz, z.quantized_gradients));
-    EXPECT_EQ(n.bucket_shard_elems, k);
-    EXPECT_EQ(n.device.qwz_buffer, z.quantized_weights ? max_qwz : 0u);
-    EXPECT_EQ(n.device.hpz_secondary, z.hpz == 1 ? 0u : z.quantized_weights ? sec8 : sec_bf16);
-    EXPECT_EQ(n.device.qgz_scratch, z.quantized_gradients ? scratch : 0u);
-    EXPECT_EQ(n.device.transient(), plain.device.transient() + n.device.zeropp());
-    EXPECT_EQ(n.host.total(), plain.host.total());
-  }
-  // Four nodes of one rank: the 4 partial sums take k floats each of the scratch.
-  z.nodes = 4;
-  z.per_node = 1;
-  EXPECT_EQ(tier_needs(*homes, to, 4, dt, 0, prog, z).device.qgz_scratch,
-            r256(2 * 4 * pc + 2 * 4 * pc + 4 * k * 4));
-  // One rank: ZeRO++ is off whatever the shape says.
-  auto one = module_homes((*arch)->layout(), to.placement, 1, dt, DType::kF32, false, 0);
-  ASSERT_TRUE(one.is_ok());
-  EXPECT_EQ(tier_needs(*one, to, 1, dt, 0, prog, z).device.zeropp(), 0u);
-}
-
-// The replayer and the tier manager run one DeviceCachePolicy: on a cyclic trace A B C with room
-// for two objects, Belady keeps the object used soonest and the prefetch never evicts it.
-TEST(CachePolicy, BeladyVictimAndPrefetchHorizon) {
-  Trace t({{0, 10, 0}, {1, 10, 0}, {2, 10, 0}});
-  struct Cache final : CacheState {
-    std::vector<bool> res = {true, true, false};
-    std::vector<int> fetched;
-    int object_count() const override { return 3; }
-    bool evictable(int o) const override { return res[size_t(o)]; }
-    uint64_t last_access(int o) const override { return uint64_t(o); }
-    bool fetchable(int o) const override { return !res[size_t(o)]; }
-    bool prefetch(int o, uint64_t, uint64_t) override {
-      fetched.push_back(o);
-      res[size_t(o)] = true;
-      return true;
-    }
-  } cache;
-  CachePolicyOptions po;
-  po.prefetch_bytes = 10;
-  DeviceCachePolicy belady(po);
-  belady.set_trace(&t);
-  // At position 2 (C), A is next used at 3 and B at 4: Belady evicts B, LRU evicts A.
-  EXPECT_EQ(belady.victim(cache, 3, 2, UINT64_MAX), 1);
-  DeviceCachePolicy lru(po);
-  EXPECT_EQ(lru.victim(cache, 3, 2, UINT64_MAX), 0);
-  // A prefetch for C at position 1 (after B) may only evict what is used after C's horizon.
-  EXPECT_EQ(prefetch_horizon(t, 1, 2), 4u);
-  EXPECT_EQ(belady.victim(cache, 2, 1, prefetch_horizon(t, 1, 2)), -1);
-  belady.prefetch(cache, 1, 0);
-  EXPECT_EQ(cache.fetched, std::vector<int>({2}));
-  po.max_reuse_distance = 15;
-  DeviceCachePolicy drop(po);
-  drop.set_trace(&t);
-  EXPECT_TRUE(drop.drop_after_use(0));  // 20 bytes of others before A comes back
-}
-
-// The adapters from the config to io/'s own options live above io/ (src/tiers/placement.h).
-TEST(TierOptions, StorageOptionsFromConfig) {
-  Config c;
-  c.aio.backend = "libaio";
-  c.aio.block_size = 2 << 20;
-  c.aio.queue_depth = 32;
-  c.strata.io_checksum = true;
-  StorageOptions o = storage_options_from_config(c);
-  EXPECT_EQ(o.backend, "libaio");
-  EXPECT_EQ(o.block_size, size_t(2) << 20);
-  EXPECT_EQ(o.queue_depth, 32);
-  EXPECT_TRUE(o.checksum);
-}
-
-TEST(TierOptions, NvmeConfigPreflightNamesKeyAndPath) {
-  const std::string dir = test::temp_dir("strata_tier", "nvme_config");
-  std::filesystem::create_directories(dir + "/ok");
-  Config c;
-  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());  // nothing on nvme: nothing to check
-  c.zero.offload_optimizer.device = "nvme";
-  Status empty = check_nvme_config(c, 1 << 20);
-  ASSERT_FALSE(empty.is_ok());
-  EXPECT_NE(empty.message().find("offload_optimizer.nvme_path is empty"), std::string::npos);
-  c.zero.offload_optimizer.nvme_path = {dir + "/ok", dir + "/missing"};
-  Status missing = check_nvme_config(c, 1 << 20);
-  ASSERT_FALSE(missing.is_ok());
-  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
-  EXPECT_NE(missing.message().find("zero_optimization.offload_optimizer.nvme_path: nvme_path " +
-                                   dir + "/missing does not exist"),
-            std::string::npos)
-      << missing.message();
-  c.zero.offload_optimizer.nvme_path = {dir + "/ok"};
-  EXPECT_TRUE(check_nvme_config(c, 1 << 20).is_ok());
-  EXPECT_FALSE(check_nvme_config(c, uint64_t{1} << 50).is_ok());
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

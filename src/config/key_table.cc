@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "src/model/family.h"
+
 namespace strata::config_internal {
 namespace {
 
@@ -70,6 +72,32 @@ Type StrOrList() { return {Kind::kStringOrList}; }
 Type Betas() { return {Kind::kBetas, 0, 1, false, true}; }
 Type DTypeT() { return {Kind::kDType, 0, 0, false, false, "fp32|bf16|fp16"}; }
 Type Any() { return {Kind::kAny}; }
+
+// model.type's names and doc line, from the model families' registry (src/model/family.h): a new
+// family adds its names here without a line in this table. Built once; the table keeps pointers.
+const char* model_type_values() {
+  static const std::string kValues = [] {
+    std::string s;
+    for (const ModelFamily* f : model_families()) {
+      for (const std::string& t : f->types) s += (s.empty() ? "" : "|") + t;
+    }
+    return s;
+  }();
+  return kValues.c_str();
+}
+const char* model_type_doc() {
+  static const std::string kDoc = [] {
+    std::string s;
+    for (const ModelFamily* f : model_families()) {
+      std::string names, archs;
+      for (const std::string& t : f->types) names += (names.empty() ? "" : " or ") + t;
+      for (const std::string& a : f->hf_architectures) archs += (archs.empty() ? "" : ", ") + a;
+      s += fmt::format("{}{} ({})", s.empty() ? "" : ", ", names, archs);
+    }
+    return "architecture, one model family, with the config.json architectures it reads: " + s;
+  }();
+  return kDoc.c_str();
+}
 
 template <typename T>
 void set_from(const json& v, T& out) {
@@ -416,9 +444,7 @@ std::vector<Key> build_table() {
 
   // --- strata: model ----------------------------------------------------------------------------
   group("strata: model");
-  add(F("model.type", Enum("gpt2|gpt|llama|mixtral|qwen2_moe"), STRATA_M(model.type),
-        "architecture: gpt2 (gpt is gpt2), llama (Llama, Mistral, Qwen2 shapes), mixtral or "
-        "qwen2_moe (a llama whose MLP is a mixture of experts)"));
+  add(F("model.type", Enum(model_type_values()), STRATA_M(model.type), model_type_doc()));
   add(F("model.from_pretrained", Str(), STRATA_M(model.from_pretrained),
         "a Hugging Face model directory (config.json + model.safetensors or its sharded index): "
         "shape from config.json, initial weights from the safetensors; the model section may "

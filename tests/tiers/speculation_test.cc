@@ -1,0 +1,168 @@
+// The optimizer under backward (src/tiers/speculation.h) alone, over the optimizer pipeline on
+// the CPU device: modules stepped as their gradients become final, with undo state kept in each
+// way the header names (host-tier state stepped out of place, NVMe state into fresh extents, or
+// host copies when the swap files have no room for them); a step that was speculated right is
+// kept, one with another multiplier is undone and redone, a skipped one restored with its
+// parameters re-derived, each with the bits of the plain schedule; without undo state a
+// rollback is refused naming strata.optimizer.overlap.
+#include "src/tiers/speculation.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/tiers/state_rig.h"
+
+namespace strata {
+namespace {
+
+using test::ModuleState;
+using test::StateRig;
+
+OptimizerHyper hyper() {
+  OptimizerHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  h.step = 3;
+  return h;
+}
+
+struct Case {
+  const char* name;
+  Tier state;
+  bool shadow_extents;
+};
+const Case kCases[] = {{"host state", Tier::kHost, false},
+                       {"nvme state, shadow extents", Tier::kNvme, true},
+                       {"nvme state, host copies", Tier::kNvme, false}};
+
+enum class Outcome { kKept, kRedone, kSkipped };
+
+// Speculates multiplier 1 for modules whose gradients become final in backward's order, then
+// settles the step as `outcome` says; the state must be the plain schedule's.
+void speculate(const Case& c, Outcome outcome, const std::string& name) {
+  const std::vector<size_t> numel = {5000, 3000, 7000};
+  StateRig r(name, numel, {Tier::kHost, c.state, c.state, Tier::kHost, 1.0}, 2048);
+  Speculation spec(*r.homes, *r.pipeline, c.shadow_extents, r.counters, r.errors);
+  std::vector<ModuleState> want;
+  for (int m = 0; m < 3; ++m) {
+    want.push_back(test::random_state(numel[size_t(m)], 500 + m));
+    r.set_state(m, want.back());
+  }
+  const std::vector<ModuleState> before = want;
+  spec.begin(hyper(), 1.0f, /*keep_undo=*/true, /*step_modules=*/true);
+  EXPECT_TRUE(spec.active());
+  for (int m = 2; m >= 0; --m) {
+    spec.grads_final(m);
+    ASSERT_TRUE(spec.step_ready(false).is_ok());
+  }
+  ASSERT_TRUE(spec.step_ready(true).is_ok());
+  EXPECT_TRUE(spec.stepped_any());
+  EXPECT_EQ(spec.stepped_mask(), (std::vector<bool>{true, true, true}));
+  EXPECT_TRUE(spec.matches(hyper(), 1.0f));
+  EXPECT_FALSE(spec.matches(hyper(), 0.5f));
+  OptimizerHyper later = hyper();
+  later.step = 4;
+  EXPECT_FALSE(spec.matches(later, 1.0f));
+  switch (outcome) {
+    case Outcome::kKept:
+      for (auto& w : want) test::reference_step(w, hyper(), 1.0f);
+      break;
+    case Outcome::kRedone:  // clipping: the real multiplier is 0.5
+      ASSERT_TRUE(spec.undo(true, hyper(), 0.5f).is_ok());
+      for (auto& w : want) test::reference_step(w, hyper(), 0.5f);
+      break;
+    case Outcome::kSkipped:  // non-finite gradients: the state as it was
+      ASSERT_TRUE(spec.undo(false, hyper(), 1.0f).is_ok());
+      break;
+  }
+  spec.end();
+  EXPECT_FALSE(spec.active());
+  r.pipeline->end_step();
+  ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+  EXPECT_TRUE(r.errors.take().is_ok());
+  for (int m = 0; m < 3; ++m) {
+    EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)])) << "module " << m;
+  }
+  if (outcome == Outcome::kSkipped) {
+    for (int m = 0; m < 3; ++m) EXPECT_TRUE(test::same_bits(r.state(m), before[size_t(m)]));
+  }
+  // The homes the speculation swapped and the extents it freed leave a consistent tier: a
+  // plain pass over it gives the reference's next step.
+  OptimizerHyper next = hyper();
+  next.step = 4;
+  ASSERT_TRUE(r.pipeline->run({0, 1, 2}, next, 1.0f, nullptr).is_ok());
+  ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+  for (int m = 0; m < 3; ++m) {
+    test::reference_step(want[size_t(m)], next, 1.0f);
+    EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)])) << "next step, module " << m;
+  }
+}
+
+TEST(Speculation, ASpeculatedStepIsKept) {
+  int i = 0;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    speculate(c, Outcome::kKept, "kept" + std::to_string(i++));
+  }
+}
+
+TEST(Speculation, AnotherMultiplierIsUndoneAndRedoneBitIdentically) {
+  int i = 0;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    speculate(c, Outcome::kRedone, "redo" + std::to_string(i++));
+  }
+}
+
+TEST(Speculation, ASkippedStepRestoresTheState) {
+  int i = 0;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    speculate(c, Outcome::kSkipped, "skip" + std::to_string(i++));
+  }
+}
+
+// Stepped without undo state (bf16 without clipping), a rollback is refused, naming the module
+// and the key that turns the optimizer under backward off.
+TEST(Speculation, RollbackWithoutUndoStateNamesTheKey) {
+  StateRig r("noundo", {5000}, {Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0}, 2048);
+  Speculation spec(*r.homes, *r.pipeline, false, r.counters, r.errors);
+  r.set_state(0, test::random_state(5000, 9));
+  spec.begin(hyper(), 1.0f, /*keep_undo=*/false, /*step_modules=*/true);
+  spec.grads_final(0);
+  ASSERT_TRUE(spec.step_ready(true).is_ok());
+  EXPECT_EQ(spec.stepped_mask(), std::vector<bool>{true});
+  Status s = spec.undo(true, hyper(), 0.5f);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("m0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("strata.optimizer.overlap: false"), std::string::npos) << s.message();
+  spec.end();
+  r.pipeline->end_step();
+}
+
+// Without stepping (the step deferred to the next forward), modules whose gradients are final
+// are only read ahead: nothing is stepped, the state is unchanged.
+TEST(Speculation, WithoutSteppingNothingIsStepped) {
+  StateRig r("nostep", {5000, 3000}, {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0},
+             2048);
+  Speculation spec(*r.homes, *r.pipeline, true, r.counters, r.errors);
+  const ModuleState s0 = test::random_state(5000, 1), s1 = test::random_state(3000, 2);
+  r.set_state(0, s0);
+  r.set_state(1, s1);
+  spec.begin(hyper(), 1.0f, true, /*step_modules=*/false);
+  spec.grads_final(1);
+  spec.grads_final(0);
+  ASSERT_TRUE(spec.step_ready(true).is_ok());
+  EXPECT_FALSE(spec.stepped_any());
+  EXPECT_GT(r.pipeline->prepared_count(), 0u);  // read ahead for the deferred pass
+  spec.end();
+  r.pipeline->end_step();
+  EXPECT_TRUE(test::same_bits(r.state(0), s0));
+  EXPECT_TRUE(test::same_bits(r.state(1), s1));
+}
+
+}  // namespace
+}  // namespace strata
