@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "src/model/family.h"
 #include "strata/config.h"
 
 namespace strata {
@@ -80,6 +81,30 @@ TEST(Config, EveryKeyTypoSuggestsItAndWrongTypeIsRefused) {
     ASSERT_FALSE(w.is_ok());
     EXPECT_NE(w.status().message().find("f.json: " + path + ": expected "), std::string::npos)
         << w.status().message();
+  }
+}
+
+// model.type takes every name of every registered family (a family added to model_families()
+// needs no line in the key table), and refuses any other naming the key and the families.
+TEST(Config, ModelTypeIsEveryRegisteredFamily) {
+  size_t names = 0;
+  for (const ModelFamily* f : model_families()) {
+    for (const std::string& type : f->types) {
+      ++names;
+      auto c = parse_config(nest("model.type", "\"" + type + "\""), "test");
+      if (!c.is_ok()) {
+        EXPECT_EQ(c.status().message().find("model.type"), std::string::npos)
+            << type << ": " << c.status().message();
+      }
+    }
+  }
+  EXPECT_GE(names, 4u);
+  auto bad = parse_config(nest("model.type", "\"no_such_family\""), "test");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("model.type"), std::string::npos) << bad.status().message();
+  for (const ModelFamily* f : model_families()) {
+    EXPECT_NE(bad.status().message().find(f->types.front()), std::string::npos)
+        << bad.status().message();
   }
 }
 
