@@ -127,13 +127,13 @@ Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::
 class PeftCompare : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
-  const std::string base = GetParam();
-  const std::string adir = fixture("lora-" + base);
+  const std::string name = GetParam(), base = test::fixture_base(name);
+  const std::string adir = fixture("lora-" + name);
   auto ref = read_all(adir + "/reference.safetensors");
   auto base_ref = read_all(fixture(base) + "/reference.safetensors");
   ASSERT_TRUE(ref.count("loss") && base_ref.count("tokens"));
   const int T = 16, B = int(base_ref["tokens"].size()) / T;
-  auto cfg = lora_config(fixture(base), fixture_lora(base));
+  auto cfg = lora_config(fixture(base), fixture_lora(name));
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   auto arch = create_architecture(cfg->model);
   ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
@@ -148,7 +148,7 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
   double mean = 0;
   for (size_t i = 0; i < r.losses.size(); ++i) {
     EXPECT_NEAR(r.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7)
-        << base << " token " << i;
+        << name << " token " << i;
     mean += r.losses[i];
   }
   mean /= double(r.losses.size());
@@ -165,7 +165,7 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
       std::vector<float> g(r.grads[m].begin() + long(t.offset),
                            r.grads[m].begin() + long(t.offset + t.numel));
       ASSERT_EQ(g.size(), ref[key].size()) << key;
-      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << base << " " << key;
+      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << name << " " << key;
       ++compared;
     }
   }
@@ -175,9 +175,17 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 }
 
 // The mixtures: the attention's adapters (and Qwen2-MoE's shared expert's), the router and the
-// experts frozen, gradients of the loss plus the router's auxiliary loss.
+// experts frozen, gradients of the loss plus the router's auxiliary loss; then (-experts) with
+// adapters on the routed experts' fused parameters too (peft's target_parameters), the router
+// frozen.
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
-                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe"));
+                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe",
+                                           "mixtral-experts", "qwen2-moe-experts"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
 
 // Training with lora_dropout against peft: tests/fixtures/hf/lora-llama/reference_dropout
 // .safetensors is peft's loss and adapter gradients with each adapter's dropout drawing strata's
