@@ -395,9 +395,11 @@ TEST(LoraDropout, ForwardAndBackwardMatchAScalarReference) {
 
 // ---- training: only the adapters move ------------------------------------------------------
 
-// The llama fixture with every block linear layer adapted, trained `steps` steps from the
-// fixture's weights with checkpoints in `dir`, then `extra`.
-Config lora_run(const std::string& dir, int steps, std::vector<std::string> extra = {}) {
+// The llama fixture with every block linear layer adapted (or LoRA fixture `name`'s base with
+// its lora section), trained `steps` steps from the fixture's weights with checkpoints in `dir`,
+// then `extra`.
+Config lora_run(const std::string& dir, int steps, std::vector<std::string> extra = {},
+                const std::string& name = "llama") {
   fs::create_directories(dir + "/swap");
   std::vector<std::string> ov = {
       "train.checkpoint_dir=\"" + dir + "/ckpt\"",
@@ -412,7 +414,7 @@ Config lora_run(const std::string& dir, int steps, std::vector<std::string> extr
       "optimizer.params.lr=1e-2",
       "data.synthetic_tokens=20000"};
   ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg = lora_config(fixture("llama"), fixture_lora("llama"), ov);
+  auto cfg = lora_config(fixture(test::fixture_base(name)), fixture_lora(name), ov);
   EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   return cfg.is_ok() ? *cfg : Config{};
 }
@@ -471,15 +473,16 @@ TEST(LoraTrain, TheBaseHasNoOptimizerStateAndEveryPlacementTrainsAlike) {
 
 // With `extra` (lora_dropout's too): 12 steps whole, and 6 + 6 resumed from the checkpoint.
 std::vector<double> resumed_equals_whole(const std::string& dir,
-                                         const std::vector<std::string>& extra) {
-  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra));
+                                         const std::vector<std::string>& extra,
+                                         const std::string& name = "llama") {
+  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra, name));
   TrainOptions stop;
   stop.stop_at_step = 6;
-  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra), stop);
+  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra, name), stop);
   EXPECT_EQ(a.losses.size(), 6u);
   TrainOptions o;
   o.resume = "latest";
-  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra), o);
+  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra, name), o);
   std::vector<double> joined = a.losses;
   joined.insert(joined.end(), b.losses.begin(), b.losses.end());
   EXPECT_EQ(joined, whole.losses);
@@ -507,6 +510,30 @@ TEST(LoraTrain, WithDropoutAResumedRunEqualsTheUninterruptedOne) {
   const TrainResult recompute = test::must_train(lora_run(
       dir + "/recompute", 12, {"lora.lora_dropout=0.1", "strata.activations=\"recompute\""}));
   EXPECT_EQ(recompute.losses, dropped);
+}
+
+// The routed experts' adapters (lora-mixtral-experts' section) train: other losses than the
+// attention's adapters alone, the same whether the blocks are kept, recomputed in backward or
+// streamed from NVMe, and a resumed run equals the uninterrupted one bit for bit.
+TEST(LoraTrain, MixtureExpertsTrainAlikeOnEveryPlacementAndResumeExactly) {
+  const std::string dir = test::temp_dir("strata_lora", "experts");
+  const std::string name = "mixtral-experts";
+  const std::vector<double> whole = resumed_equals_whole(dir + "/resume", {}, name);
+  const TrainResult attention =
+      test::must_train(lora_run(dir + "/attention", 12, {"lora.target_parameters=[]"}, name));
+  ASSERT_EQ(attention.losses.size(), whole.size());
+  EXPECT_EQ(attention.losses[0], whole[0]);  // both Bs start at zero
+  EXPECT_NE(attention.losses.back(), whole.back()) << ::testing::PrintToString(whole);
+  const std::vector<std::vector<std::string>> placements = {
+      {"strata.activations=\"recompute\""},
+      {"zero_optimization.offload_param.device=\"nvme\"",
+       "zero_optimization.offload_optimizer.device=\"nvme\"", "aio.backend=\"posix\""},
+  };
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const TrainResult r =
+        test::must_train(lora_run(dir + "/p" + std::to_string(i), 12, placements[i], name));
+    EXPECT_EQ(r.losses, whole) << "placement " << i;
+  }
 }
 
 }  // namespace
