@@ -147,8 +147,18 @@ TEST(LoraConfig, TargetParametersReachTheRoutedExperts) {
             V{"mlp.experts.down_proj"});
   EXPECT_EQ(experts_of("mixtral", {{"target_modules", "all-linear"}}), V{});
   EXPECT_EQ(adapted("qwen2-moe", {{"target_modules", ".*proj"}}).size(), 7u);
-  // Only the experts with target_modules' default beside them (PEFT fills q_proj, v_proj too).
+  // Only the experts with target_modules' default beside them (PEFT fills q_proj, v_proj too);
+  // target_modules [] given: the experts alone (PEFT's target_modules=[]), but without
+  // target_parameters [] is the default still.
   EXPECT_EQ(adapted("mixtral", {{"target_parameters", {"experts.down_proj"}}}),
+            (V{"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_EQ(adapted("mixtral", {{"target_modules", json::array()},
+                                {"target_parameters", {"experts.down_proj"}}}),
+            V{});
+  EXPECT_EQ(experts_of("mixtral", {{"target_modules", json::array()},
+                                   {"target_parameters", {"experts.down_proj"}}}),
+            V{"mlp.experts.down_proj"});
+  EXPECT_EQ(adapted("mixtral", {{"target_modules", json::array()}}),
             (V{"self_attn.q_proj", "self_attn.v_proj"}));
 
   auto cfg = lora_config(fixture("mixtral"), {{"r", 2}, {"target_parameters", both}});
@@ -225,6 +235,23 @@ TEST(LoraConfig, AdapterTargetParametersMustBeTheModels) {
   st = open_with(none);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("target_parameters"), std::string::npos) << st.message();
+  // export --adapter of the experts alone writes what peft saves for them (target_modules [],
+  // the parameters with their module) and reads back.
+  const std::string dir = test::temp_dir("strata_lora", "experts_alone");
+  auto cfg = lora_config(fixture("qwen2-moe"), {{"target_modules", json::array()},
+                                                {"target_parameters", {"mlp.experts.down_proj"}}});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  ASSERT_TRUE(write_hf_adapter(dir + "/a", **arch, "base", [&](int m, float* out) {
+                const size_t n = (*arch)->layout().modules[size_t(m)].numel;
+                for (size_t i = 0; i < n; ++i) out[i] = float(i % 7) * 0.1f;
+                return Status::ok();
+              }).is_ok());
+  const json written = json::parse(test::read_file(dir + "/a/adapter_config.json"));
+  EXPECT_EQ(written["target_modules"], json::array());
+  EXPECT_EQ(written["target_parameters"], json({"experts.down_proj"}));
+  EXPECT_TRUE(HfAdapterReader::open(dir + "/a", **arch).is_ok());
 }
 
 TEST(LoraConfig, RsLoraScalesByTheRootOfTheRank) {

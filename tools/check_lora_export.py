@@ -58,8 +58,9 @@ RUNS = [
     ("mixtral-experts", "mixtral",
      {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
       "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}),
+    # The experts alone (peft's target_modules=[]).
     ("qwen2-moe-experts-rslora", "qwen2-moe",
-     {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["q_proj"],
+     {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": [],
       "target_parameters": ["mlp.experts.down_proj"]}),
 ]
 # What strata's adapter_config.json lists as target_parameters: each adapted parameter with its

@@ -133,6 +133,9 @@ struct LoraConfig {
   // but the output head) or a regular expression matched against each linear layer's whole
   // name ("model.layers.0.self_attn.q_proj"), as PEFT's re.fullmatch.
   std::string target_pattern;
+  // target_modules given as [] (not left out): beside target_parameters no linear layer is
+  // adapted (PEFT's target_modules=[]); without them [] is PEFT's default as above.
+  bool target_modules_none = false;
   // PEFT's target_parameters: the mixtures' routed experts, fused parameters of the block
   // (transformers' experts.gate_up_proj [E, 2I, C] and experts.down_proj [E, C, I]), each name
   // matching a parameter whose full name is it or ends in "." + it ("experts.gate_up_proj",

@@ -39,6 +39,8 @@ Result<std::vector<bool>> select_sites(const LoraConfig& lora, const std::string
                                        const std::vector<LoraSite>& sites,
                                        const std::vector<std::string>& prefixes) {
   std::vector<bool> chosen(sites.size(), false);
+  // PEFT's target_modules=[] beside target_parameters: the experts alone.
+  if (lora.target_modules_none && !lora.target_parameters.empty()) return chosen;
   if (lora.target_pattern == "all-linear") {
     chosen.assign(sites.size(), true);  // the output head is no block's site
     return chosen;

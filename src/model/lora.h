@@ -106,8 +106,10 @@ std::vector<std::string> lora_default_targets(const std::string& type);
 // name or pattern that matches no site (listing the sites' full names of block 0), a bad
 // pattern, or one that matches unevenly; naming lora.r for r < 1. lora.target_parameters
 // selects among the sites with `experts` > 0 (which target_modules never selects) by name as
-// target_modules' lists do: kInvalidArgument naming it for a name that matches no expert
-// parameter, and naming it and lora.lora_dropout when both are given.
+// target_modules' lists do (beside them lora.target_modules given as [] selects no linear
+// layer, as PEFT's target_modules=[]): kInvalidArgument naming it for a name that matches no
+// expert parameter or a model without experts, and naming it and lora.lora_dropout when both
+// are given.
 Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
                                const std::vector<LoraSite>& sites,
                                const std::vector<std::string>& block_prefixes);
