@@ -122,6 +122,138 @@ TEST(LoraConfig, TargetModulesAsPeftReadsThem) {
   EXPECT_TRUE(cfg->model.lora.target_modules.empty());
 }
 
+// lora.target_parameters as PEFT reads it: the mixtures' routed experts, their fused
+// parameters matched by their whole name or its last parts, never by target_modules or
+// "all-linear"; PEFT's tensor names (a wrapper per parameter on mlp.experts, the last
+// outermost) and shapes (lora_A [E*r, in], lora_B [out, r*E]); refused with lora_dropout, on a
+// model without experts and for a name that matches none, each naming the keys.
+TEST(LoraConfig, TargetParametersReachTheRoutedExperts) {
+  auto experts_of = [](const std::string& base, const json& lora) {
+    std::vector<std::string> out;
+    auto cfg = lora_config(fixture(base), lora);
+    EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    if (!cfg.is_ok()) return out;
+    auto arch = create_architecture(cfg->model);
+    EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
+    if (!arch.is_ok()) return out;
+    for (const LoraLayout::Target& t : (*arch)->lora()->experts) out.push_back(t.site.name);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  const V both = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+  EXPECT_EQ(experts_of("mixtral", {{"target_parameters", {"experts.down_proj", "gate_up_proj"}}}),
+            both);
+  EXPECT_EQ(experts_of("qwen2-moe", {{"target_parameters", {"mlp.experts.down_proj"}}}),
+            V{"mlp.experts.down_proj"});
+  EXPECT_EQ(experts_of("mixtral", {{"target_modules", "all-linear"}}), V{});
+  EXPECT_EQ(adapted("qwen2-moe", {{"target_modules", ".*proj"}}).size(), 7u);
+  // Only the experts with target_modules' default beside them (PEFT fills q_proj, v_proj too);
+  // target_modules [] given: the experts alone (PEFT's target_modules=[]), but without
+  // target_parameters [] is the default still.
+  EXPECT_EQ(adapted("mixtral", {{"target_parameters", {"experts.down_proj"}}}),
+            (V{"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_EQ(adapted("mixtral", {{"target_modules", json::array()},
+                                {"target_parameters", {"experts.down_proj"}}}),
+            V{});
+  EXPECT_EQ(experts_of("mixtral", {{"target_modules", json::array()},
+                                   {"target_parameters", {"experts.down_proj"}}}),
+            V{"mlp.experts.down_proj"});
+  EXPECT_EQ(adapted("mixtral", {{"target_modules", json::array()}}),
+            (V{"self_attn.q_proj", "self_attn.v_proj"}));
+
+  auto cfg = lora_config(fixture("mixtral"), {{"r", 2}, {"target_parameters", both}});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  const ModelConfig& mc = (*arch)->shape();
+  const int64_t E = mc.num_experts, C = mc.n_embd, I = mc.intermediate_size;
+  const ModelLayout& lay = (*arch)->layout();
+  std::vector<HfTensor> names = (*arch)->hf_adapter_tensors(int(lay.modules.size()) - 1);
+  ASSERT_EQ(names.size(), 8u);
+  const std::string pre = "base_model.model.model.layers." + std::to_string(mc.n_layer - 1) + ".";
+  EXPECT_EQ(names[4].name, pre + "mlp.experts.base_layer.lora_A.weight");
+  EXPECT_EQ(names[4].shape, (std::vector<int64_t>{2 * E, C}));
+  EXPECT_EQ(names[5].name, pre + "mlp.experts.base_layer.lora_B.weight");
+  EXPECT_EQ(names[5].shape, (std::vector<int64_t>{2 * I, 2 * E}));
+  EXPECT_EQ(names[6].name, pre + "mlp.experts.lora_A.weight");
+  EXPECT_EQ(names[6].shape, (std::vector<int64_t>{2 * E, I}));
+  EXPECT_EQ(names[7].name, pre + "mlp.experts.lora_B.weight");
+  EXPECT_EQ(names[7].shape, (std::vector<int64_t>{C, 2 * E}));
+  // The adapter module holds them: each layer's q, v and the experts' A and B.
+  EXPECT_EQ(lay.modules.back().numel,
+            size_t(2 * (C + C) + 2 * (C + C / 2) + 2 * E * (C + 2 * I) + 2 * E * (I + C)));
+  // One parameter alone is the outermost wrapper.
+  cfg = lora_config(fixture("mixtral"), {{"target_parameters", {"gate_up_proj"}}});
+  ASSERT_TRUE(cfg.is_ok());
+  arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok());
+  names = (*arch)->hf_adapter_tensors(int((*arch)->layout().modules.size()) - 1);
+  ASSERT_EQ(names.size(), 6u);
+  EXPECT_EQ(names[4].name, pre + "mlp.experts.lora_A.weight");
+
+  struct Bad {
+    json lora;
+    const char* base;
+    std::vector<const char*> names;
+  };
+  const Bad cases[] = {
+      {{{"target_parameters", {"experts.gate_up_proj"}}, {"lora_dropout", 0.1}},
+       "mixtral",
+       {"lora.lora_dropout", "lora.target_parameters"}},
+      {{{"target_parameters", {"experts.w1"}}},
+       "mixtral",
+       {"lora.target_parameters", "mlp.experts.gate_up_proj, mlp.experts.down_proj"}},
+      {{{"target_parameters", {"gate_up_proj"}}}, "llama", {"lora.target_parameters"}},
+  };
+  for (const Bad& b : cases) {
+    const Status st = arch_status(lora_config(fixture(b.base), b.lora));
+    EXPECT_FALSE(st.is_ok()) << b.lora.dump();
+    for (const char* n : b.names) {
+      EXPECT_NE(st.message().find(n), std::string::npos) << n << ": " << st.message();
+    }
+  }
+}
+
+// An adapter directory's target_parameters must select the model's adapted expert parameters:
+// peft's own fixture loads; one without them (or with others) is refused naming the key.
+TEST(LoraConfig, AdapterTargetParametersMustBeTheModels) {
+  auto open_with = [](const json& lora) {
+    auto cfg = lora_config(fixture("mixtral"), lora);
+    EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    auto arch = create_architecture(cfg->model);
+    EXPECT_TRUE(arch.is_ok()) << arch.status().to_string();
+    return HfAdapterReader::open(fixture("lora-mixtral-experts"), **arch).status();
+  };
+  EXPECT_TRUE(open_with(fixture_lora("mixtral-experts")).is_ok());
+  json only_down = fixture_lora("mixtral-experts");
+  only_down["target_parameters"] = {"down_proj"};
+  Status st = open_with(only_down);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("lora.target_parameters"), std::string::npos) << st.message();
+  json none = fixture_lora("mixtral-experts");
+  none.erase("target_parameters");
+  st = open_with(none);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("target_parameters"), std::string::npos) << st.message();
+  // export --adapter of the experts alone writes what peft saves for them (target_modules [],
+  // the parameters with their module) and reads back.
+  const std::string dir = test::temp_dir("strata_lora", "experts_alone");
+  auto cfg = lora_config(fixture("qwen2-moe"), {{"target_modules", json::array()},
+                                                {"target_parameters", {"mlp.experts.down_proj"}}});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  ASSERT_TRUE(write_hf_adapter(dir + "/a", **arch, "base", [&](int m, float* out) {
+                const size_t n = (*arch)->layout().modules[size_t(m)].numel;
+                for (size_t i = 0; i < n; ++i) out[i] = float(i % 7) * 0.1f;
+                return Status::ok();
+              }).is_ok());
+  const json written = json::parse(test::read_file(dir + "/a/adapter_config.json"));
+  EXPECT_EQ(written["target_modules"], json::array());
+  EXPECT_EQ(written["target_parameters"], json({"experts.down_proj"}));
+  EXPECT_TRUE(HfAdapterReader::open(dir + "/a", **arch).is_ok());
+}
+
 TEST(LoraConfig, RsLoraScalesByTheRootOfTheRank) {
   auto plain = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}});
   auto rs = lora_config(fixture("llama"), {{"r", 16}, {"lora_alpha", 8}, {"use_rslora", true}});

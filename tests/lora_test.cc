@@ -127,13 +127,13 @@ Pass1 run_one(const Architecture& arch, const std::string& base_dir, const std::
 class PeftCompare : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
-  const std::string base = GetParam();
-  const std::string adir = fixture("lora-" + base);
+  const std::string name = GetParam(), base = test::fixture_base(name);
+  const std::string adir = fixture("lora-" + name);
   auto ref = read_all(adir + "/reference.safetensors");
   auto base_ref = read_all(fixture(base) + "/reference.safetensors");
   ASSERT_TRUE(ref.count("loss") && base_ref.count("tokens"));
   const int T = 16, B = int(base_ref["tokens"].size()) / T;
-  auto cfg = lora_config(fixture(base), fixture_lora(base));
+  auto cfg = lora_config(fixture(base), fixture_lora(name));
   ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   auto arch = create_architecture(cfg->model);
   ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
@@ -148,7 +148,7 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
   double mean = 0;
   for (size_t i = 0; i < r.losses.size(); ++i) {
     EXPECT_NEAR(r.losses[i], ref["losses"][i], 1e-5 * std::fabs(ref["losses"][i]) + 1e-7)
-        << base << " token " << i;
+        << name << " token " << i;
     mean += r.losses[i];
   }
   mean /= double(r.losses.size());
@@ -165,7 +165,7 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
       std::vector<float> g(r.grads[m].begin() + long(t.offset),
                            r.grads[m].begin() + long(t.offset + t.numel));
       ASSERT_EQ(g.size(), ref[key].size()) << key;
-      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << base << " " << key;
+      EXPECT_LT(rel_norm_diff(g, ref[key]), 1e-4) << name << " " << key;
       ++compared;
     }
   }
@@ -175,9 +175,17 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 }
 
 // The mixtures: the attention's adapters (and Qwen2-MoE's shared expert's), the router and the
-// experts frozen, gradients of the loss plus the router's auxiliary loss.
+// experts frozen, gradients of the loss plus the router's auxiliary loss; then (-experts) with
+// adapters on the routed experts' fused parameters too (peft's target_parameters), the router
+// frozen.
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
-                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe"));
+                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe",
+                                           "mixtral-experts", "qwen2-moe-experts"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
 
 // Training with lora_dropout against peft: tests/fixtures/hf/lora-llama/reference_dropout
 // .safetensors is peft's loss and adapter gradients with each adapter's dropout drawing strata's
@@ -387,9 +395,11 @@ TEST(LoraDropout, ForwardAndBackwardMatchAScalarReference) {
 
 // ---- training: only the adapters move ------------------------------------------------------
 
-// The llama fixture with every block linear layer adapted, trained `steps` steps from the
-// fixture's weights with checkpoints in `dir`, then `extra`.
-Config lora_run(const std::string& dir, int steps, std::vector<std::string> extra = {}) {
+// The llama fixture with every block linear layer adapted (or LoRA fixture `name`'s base with
+// its lora section), trained `steps` steps from the fixture's weights with checkpoints in `dir`,
+// then `extra`.
+Config lora_run(const std::string& dir, int steps, std::vector<std::string> extra = {},
+                const std::string& name = "llama") {
   fs::create_directories(dir + "/swap");
   std::vector<std::string> ov = {
       "train.checkpoint_dir=\"" + dir + "/ckpt\"",
@@ -404,7 +414,7 @@ Config lora_run(const std::string& dir, int steps, std::vector<std::string> extr
       "optimizer.params.lr=1e-2",
       "data.synthetic_tokens=20000"};
   ov.insert(ov.end(), extra.begin(), extra.end());
-  auto cfg = lora_config(fixture("llama"), fixture_lora("llama"), ov);
+  auto cfg = lora_config(fixture(test::fixture_base(name)), fixture_lora(name), ov);
   EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
   return cfg.is_ok() ? *cfg : Config{};
 }
@@ -463,15 +473,16 @@ TEST(LoraTrain, TheBaseHasNoOptimizerStateAndEveryPlacementTrainsAlike) {
 
 // With `extra` (lora_dropout's too): 12 steps whole, and 6 + 6 resumed from the checkpoint.
 std::vector<double> resumed_equals_whole(const std::string& dir,
-                                         const std::vector<std::string>& extra) {
-  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra));
+                                         const std::vector<std::string>& extra,
+                                         const std::string& name = "llama") {
+  const TrainResult whole = test::must_train(lora_run(dir + "/whole", 12, extra, name));
   TrainOptions stop;
   stop.stop_at_step = 6;
-  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra), stop);
+  const TrainResult a = test::must_train(lora_run(dir + "/half", 12, extra, name), stop);
   EXPECT_EQ(a.losses.size(), 6u);
   TrainOptions o;
   o.resume = "latest";
-  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra), o);
+  const TrainResult b = test::must_train(lora_run(dir + "/half", 12, extra, name), o);
   std::vector<double> joined = a.losses;
   joined.insert(joined.end(), b.losses.begin(), b.losses.end());
   EXPECT_EQ(joined, whole.losses);
@@ -499,6 +510,30 @@ TEST(LoraTrain, WithDropoutAResumedRunEqualsTheUninterruptedOne) {
   const TrainResult recompute = test::must_train(lora_run(
       dir + "/recompute", 12, {"lora.lora_dropout=0.1", "strata.activations=\"recompute\""}));
   EXPECT_EQ(recompute.losses, dropped);
+}
+
+// The routed experts' adapters (lora-mixtral-experts' section) train: other losses than the
+// attention's adapters alone, the same whether the blocks are kept, recomputed in backward or
+// streamed from NVMe, and a resumed run equals the uninterrupted one bit for bit.
+TEST(LoraTrain, MixtureExpertsTrainAlikeOnEveryPlacementAndResumeExactly) {
+  const std::string dir = test::temp_dir("strata_lora", "experts");
+  const std::string name = "mixtral-experts";
+  const std::vector<double> whole = resumed_equals_whole(dir + "/resume", {}, name);
+  const TrainResult attention =
+      test::must_train(lora_run(dir + "/attention", 12, {"lora.target_parameters=[]"}, name));
+  ASSERT_EQ(attention.losses.size(), whole.size());
+  EXPECT_EQ(attention.losses[0], whole[0]);  // both Bs start at zero
+  EXPECT_NE(attention.losses.back(), whole.back()) << ::testing::PrintToString(whole);
+  const std::vector<std::vector<std::string>> placements = {
+      {"strata.activations=\"recompute\""},
+      {"zero_optimization.offload_param.device=\"nvme\"",
+       "zero_optimization.offload_optimizer.device=\"nvme\"", "aio.backend=\"posix\""},
+  };
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const TrainResult r =
+        test::must_train(lora_run(dir + "/p" + std::to_string(i), 12, placements[i], name));
+    EXPECT_EQ(r.losses, whole) << "placement " << i;
+  }
 }
 
 }  // namespace

@@ -30,8 +30,29 @@ inline Result<Config> lora_config(const std::string& base, const json& lora,
   return parse_config(doc.dump(), "<lora test>", extra);
 }
 
+// The base fixture a LoRA fixture adapts: "mixtral-experts" (lora-mixtral-experts) adapts
+// mixtral.
+inline std::string fixture_base(const std::string& name) {
+  const std::string tail = "-experts";
+  const bool experts =
+      name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  return experts ? name.substr(0, name.size() - tail.size()) : name;
+}
+
 // The fixture's lora section: what tools/make_lora_fixtures.py gave peft.
 inline json fixture_lora(const std::string& base) {
+  if (base == "mixtral-experts") {
+    return {{"r", 4},
+            {"lora_alpha", 8},
+            {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj"}},
+            {"target_parameters", {"experts.gate_up_proj", "experts.down_proj"}}};
+  }
+  if (base == "qwen2-moe-experts") {
+    return {{"r", 4},
+            {"lora_alpha", 8},
+            {"target_modules", {"q_proj", "v_proj"}},
+            {"target_parameters", {"gate_up_proj"}}};
+  }
   if (base == "gpt2")
     return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
   if (base == "mixtral") {

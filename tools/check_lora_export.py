@@ -14,7 +14,8 @@ peft's eval()); then
   - `strata export --out DIR` (the base with the adapters merged), transformers'
     AutoModelForCausalLM.from_pretrained(DIR): the same loss (1e-5 relative);
   - the adapter_config.json peft loaded keeps the section's r, lora_alpha, lora_dropout,
-    use_rslora and target_modules (a pattern as given), and peft's loaded LoraConfig has them.
+    use_rslora, target_modules (a pattern as given) and target_parameters (the mixtures'
+    routed experts), and peft's loaded LoraConfig has them.
 
 Needs torch, transformers and peft (a throwaway venv; never a dependency of the build).
 Without them it prints why and exits 77, which ctest reports as skipped (tests/lora.cmake,
@@ -52,7 +53,20 @@ RUNS = [
      {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "lora_dropout": 0.05}),
     ("qwen2-moe-all-linear", "qwen2-moe",
      {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}),
+    # The routed experts' fused parameters (peft's target_parameters): the merged export adds
+    # each expert's delta to its weights.
+    ("mixtral-experts", "mixtral",
+     {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
+      "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}),
+    # The experts alone (peft's target_modules=[]).
+    ("qwen2-moe-experts-rslora", "qwen2-moe",
+     {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": [],
+      "target_parameters": ["mlp.experts.down_proj"]}),
 ]
+# What strata's adapter_config.json lists as target_parameters: each adapted parameter with its
+# module ("experts.down_proj"), as peft matches it.
+TARGET_PARAMETERS = {"mixtral-experts": ["experts.down_proj", "experts.gate_up_proj"],
+                     "qwen2-moe-experts-rslora": ["experts.down_proj"]}
 # What peft saves for "all-linear": the names of the layers it became.
 ALL_LINEAR = {"mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
               "qwen2-moe": ALL + ["shared_expert_gate"]}
@@ -134,9 +148,12 @@ def main():
         with open(os.path.join(adapter, "adapter_config.json")) as f:
             written = json.load(f)
         loaded = peft.PeftConfig.from_pretrained(adapter)
-        for key in ("r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules"):
+        for key in ("r", "lora_alpha", "lora_dropout", "use_rslora", "target_modules",
+                    "target_parameters"):
             want = lora.get(key, {"lora_dropout": 0.0, "use_rslora": False}.get(key))
-            if key == "target_modules" and not isinstance(want, str):
+            if key == "target_parameters":
+                want = TARGET_PARAMETERS.get(name)
+            elif key == "target_modules" and not isinstance(want, str):
                 want = sorted(want)
             elif key == "target_modules" and want == "all-linear":
                 want = sorted(ALL_LINEAR.get(fixture, ALL))

@@ -3,7 +3,9 @@
 
 For each base fixture (tests/fixtures/hf/{llama,qwen2,gpt2}, tools/make_hf_fixtures.py, and the
 mixtures {mixtral,qwen2-moe}, tools/make_moe_fixtures.py) in fp32:
-peft.get_peft_model(base, LoraConfig(r=4, lora_alpha=8, every linear layer of a block)), its
+peft.get_peft_model(base, LoraConfig(r=4, lora_alpha=8, every linear layer of a block)), and
+for the mixtures' lora-<base>-experts their routed experts' fused parameters too
+(target_parameters, peft's ParamWrapper: lora_A [E*r, in], lora_B [out, r*E]), its
 lora_A and lora_B drawn at random (std 0.2: B at PEFT's zero would give dA = 0 and the base's
 loss, a test that could not fail), saved with save_pretrained (adapter_config.json +
 adapter_model.safetensors, exactly as peft writes them), and a reference.safetensors with what
@@ -42,10 +44,24 @@ TARGETS = {
     "mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "qwen2-moe": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                   "shared_expert_gate"],
+    # The routed experts' fused parameters, through target_parameters (peft's ParamWrapper),
+    # beside some linear layers: both of Mixtral's (nested wrappers on one module), and Qwen2-MoE's
+    # gate_up_proj alone, named by its last part.
+    "mixtral-experts": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2-moe-experts": ["q_proj", "v_proj"],
+}
+PARAMETERS = {
+    "mixtral-experts": ["experts.gate_up_proj", "experts.down_proj"],
+    "qwen2-moe-experts": ["gate_up_proj"],
 }
 # The mixtures' gradients are of loss + router_aux_loss_coef * aux_loss, as strata trains them
 # (tools/make_moe_fixtures.py).
 MOE = {"mixtral", "qwen2-moe"}
+
+
+def base_of(name):
+    """The base fixture a LoRA fixture adapts: lora-mixtral-experts adapts mixtral."""
+    return name[:-len("-experts")] if name.endswith("-experts") else name
 R, ALPHA = 4, 8
 DROPOUT, DROPOUT_KEY = 0.1, 0x5EED1234  # tests/lora_test.cc's PeftCompareWithDropout
 M64 = (1 << 64) - 1
@@ -135,11 +151,13 @@ def main():
     for seed, (name, targets) in enumerate(TARGETS.items()):
         if args.only and name not in args.only:
             continue
-        base_dir = os.path.join(args.fixtures, name)
+        base_name = base_of(name)
+        base_dir = os.path.join(args.fixtures, base_name)
         ref = load_file(os.path.join(base_dir, "reference.safetensors"))
         base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         cfg = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets,
-                              bias="none", fan_in_fan_out=name == "gpt2")
+                              target_parameters=PARAMETERS.get(name), bias="none",
+                              fan_in_fan_out=name == "gpt2")
         model = peft.get_peft_model(base, cfg)
         g = torch.Generator().manual_seed(100 + seed)
         with torch.no_grad():
@@ -149,13 +167,14 @@ def main():
         model.eval()
         tokens = ref["tokens"].long()
         targets_t = ref["targets"].long()
-        out_fw = model(input_ids=tokens, output_router_logits=True) if name in MOE else \
+        moe = base_name in MOE
+        out_fw = model(input_ids=tokens, output_router_logits=True) if moe else \
             model(input_ids=tokens)
         logits = out_fw.logits.float()
         V = logits.shape[-1]
         losses = F.cross_entropy(logits.reshape(-1, V), targets_t.reshape(-1), reduction="none")
         loss = losses.mean()
-        if name in MOE:
+        if moe:
             (loss + base.config.router_aux_loss_coef * out_fw.aux_loss).backward()
         else:
             loss.backward()
@@ -188,7 +207,7 @@ def main():
         cfg_path = os.path.join(out_dir, "adapter_config.json")
         with open(cfg_path) as f:
             adapter_cfg = json.load(f)
-        adapter_cfg["base_model_name_or_path"] = "tests/fixtures/hf/" + name
+        adapter_cfg["base_model_name_or_path"] = "tests/fixtures/hf/" + base_name
         with open(cfg_path, "w") as f:
             json.dump(adapter_cfg, f, indent=2, sort_keys=True)
             f.write("\n")

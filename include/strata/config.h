@@ -133,6 +133,15 @@ struct LoraConfig {
   // but the output head) or a regular expression matched against each linear layer's whole
   // name ("model.layers.0.self_attn.q_proj"), as PEFT's re.fullmatch.
   std::string target_pattern;
+  // target_modules given as [] (not left out): beside target_parameters no linear layer is
+  // adapted (PEFT's target_modules=[]); without them [] is PEFT's default as above.
+  bool target_modules_none = false;
+  // PEFT's target_parameters: the mixtures' routed experts, fused parameters of the block
+  // (transformers' experts.gate_up_proj [E, 2I, C] and experts.down_proj [E, C, I]), each name
+  // matching a parameter whose full name is it or ends in "." + it ("experts.gate_up_proj",
+  // "down_proj"); per expert e an adapter of rank r (lora_A [E*r, in], lora_B [out, r*E], as
+  // PEFT's ParamWrapper). Refused with lora_dropout != 0, as PEFT does.
+  std::vector<std::string> target_parameters;
   std::string bias = "none";  // only "none": biases stay frozen (all / lora_only are refused)
   // PEFT's modules_to_save (whole modules trained and saved beside the adapters): only empty.
   std::vector<std::string> modules_to_save;

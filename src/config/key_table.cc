@@ -519,6 +519,7 @@ std::vector<Key> build_table() {
         } else {
           l.target_modules = v.get<std::vector<std::string>>();
         }
+        l.target_modules_none = v.is_array() && v.empty();
       },
       [](const Config& c) -> json {
         const LoraConfig& l = c.model.lora;
@@ -528,7 +529,14 @@ std::vector<Key> build_table() {
       "last parts (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; GPT-2: c_attn "
       "c_proj c_fc), or a string: \"all-linear\" (every linear layer but the output head) or a "
       "regular expression matched against a layer's whole name (model.layers.0.self_attn.q_proj, "
-      "as re.fullmatch); []: PEFT's default (q_proj, v_proj; c_attn)"));
+      "as re.fullmatch); []: PEFT's default (q_proj, v_proj; c_attn), or none beside "
+      "lora.target_parameters (PEFT's target_modules=[])"));
+  add(F("lora.target_parameters", StrList(), STRATA_M(model.lora.target_parameters),
+        "the mixtures' routed experts, fused parameters PEFT reaches by name (mixtral, qwen2_moe: "
+        "experts.gate_up_proj, experts.down_proj, or their last parts): per expert an adapter of "
+        "rank r (PEFT's ParamWrapper: lora_A [E*r, in], lora_B [out, r*E]); needs "
+        "lora.lora_dropout 0, as PEFT",
+        nullptr, 0, "[]"));
   add(F("lora.bias", Enum("none|all|lora_only"), STRATA_M(model.lora.bias),
         "which biases train: none (PEFT's default); all and lora_only are refused (the base is "
         "frozen whole: train without the lora section to train biases)"));

@@ -17,6 +17,48 @@ std::string shown(const json& v) {
   return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 40);
 }
 
+// target_parameters (PEFT's names of fused parameters, matched as their whole name or its end
+// after a ".") select exactly want.target_parameters.
+Status check_target_parameters(const json& cfg, const std::string& path,
+                               const AdapterExpectation& want) {
+  const json in = cfg.value("target_parameters", json());
+  if (!in.is_null() && !in.is_array()) {
+    return invalid_argument(
+        fmt::format("{}: target_parameters is {}, not a list of names", path, shown(in)));
+  }
+  std::set<std::string> selected;
+  for (const json& t : in.is_array() ? in : json::array()) {
+    if (!t.is_string()) {
+      return invalid_argument(
+          fmt::format("{}: target_parameters holds {}, not a parameter name", path, shown(t)));
+    }
+    const std::string name = t.get<std::string>();
+    bool any = false;
+    for (const std::string& p : want.target_parameters) {
+      if (p == name || (p.size() > name.size() && p[p.size() - name.size() - 1] == '.' &&
+                        p.compare(p.size() - name.size(), name.size(), name) == 0)) {
+        selected.insert(p);
+        any = true;
+      }
+    }
+    if (!any) {
+      return invalid_argument(
+          fmt::format("{}: target_parameters names {}, which the model does not adapt: set "
+                      "lora.target_parameters to the adapter's",
+                      path, shown(t)));
+    }
+  }
+  if (selected != want.target_parameters) {
+    std::string names;
+    for (const std::string& p : want.target_parameters) names += (names.empty() ? "" : ", ") + p;
+    return invalid_argument(fmt::format(
+        "{}: target_parameters differ from the model's adapted expert parameters ({}): set "
+        "lora.target_parameters to the adapter's",
+        path, names.empty() ? "none" : names));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status check_adapter_config(const std::string& text, const std::string& path,
@@ -123,7 +165,7 @@ Status check_adapter_config(const std::string& text, const std::string& path,
                     "lora.target_modules to the adapter's",
                     path, names));
   }
-  return Status::ok();
+  return check_target_parameters(cfg, path, want);
 }
 
 }  // namespace strata

@@ -2,7 +2,8 @@
 // directory is used (HfAdapterReader::open), its config must describe the adapters this model
 // has (model.lora): peft_type "LORA" (no DoRA; rsLoRA's use_rslora read), r and the scaling
 // (lora_alpha / r, or / sqrt(r) with use_rslora) the model's, target_modules the model's
-// adapted sites (a list of names, "all-linear", or the config's own pattern), and nothing
+// adapted sites (a list of names, "all-linear", or the config's own pattern), target_parameters
+// the model's adapted expert parameters (lora.target_parameters), and nothing
 // strata's adapters cannot hold (bias, modules_to_save, lora_bias, layers_to_transform,
 // rank_pattern, alpha_pattern); lora_dropout is checked, not compared.
 //
@@ -26,6 +27,10 @@ struct AdapterExpectation {
   std::set<std::string> target_modules;
   bool all_sites = false;      // lora.target_modules "all-linear"
   std::string target_pattern;  // lora.target_modules as a pattern string; "" for a list
+  // The adapted expert parameters' names in a block ("mlp.experts.gate_up_proj"): the
+  // adapter's target_parameters (absent: none) must select exactly these, each of its names
+  // the whole name or its last parts.
+  std::set<std::string> target_parameters;
 };
 
 // OK when `text` (adapter_config.json's contents, read from `path`) describes adapters as

@@ -40,6 +40,24 @@ std::set<std::string> target_names(const LoraLayout& L) {
   return out;
 }
 
+// The adapted expert parameters, as PEFT's target_parameters lists them ("experts.down_proj":
+// the parameter and the module holding it).
+std::set<std::string> target_parameter_names(const LoraLayout& L) {
+  std::set<std::string> out;
+  for (const LoraLayout::Target& t : L.experts) {
+    const std::string& n = t.site.name;
+    const size_t dot = n.rfind('.', n.rfind('.') - 1);
+    out.insert(dot == std::string::npos ? n : n.substr(dot + 1));
+  }
+  return out;
+}
+
+std::set<std::string> expert_site_names(const LoraLayout& L) {
+  std::set<std::string> out;
+  for (const LoraLayout::Target& t : L.experts) out.insert(t.site.name);
+  return out;
+}
+
 Result<std::string> read_text(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found(fmt::format("{}: cannot open (not a PEFT adapter directory)", path));
@@ -68,10 +86,11 @@ Result<std::unique_ptr<HfAdapterReader>> HfAdapterReader::open(const std::string
   }
   const std::string cfg_path = dir + "/adapter_config.json";
   STRATA_ASSIGN_OR_RETURN(std::string cfg_text, read_text(cfg_path), "");
-  STRATA_RETURN_IF_ERROR(check_adapter_config(cfg_text, cfg_path,
-                                              {L->r, L->scaling, target_names(*L), L->all_sites,
-                                               arch.shape().lora.target_pattern}),
-                         "");
+  STRATA_RETURN_IF_ERROR(
+      check_adapter_config(cfg_text, cfg_path,
+                           {L->r, L->scaling, target_names(*L), L->all_sites,
+                            arch.shape().lora.target_pattern, expert_site_names(*L)}),
+      "");
   auto r_ = std::unique_ptr<HfAdapterReader>(new HfAdapterReader());
   r_->arch_ = &arch;
   r_->dir_ = dir;
@@ -157,6 +176,7 @@ Status write_hf_adapter(const std::string& dir, const Architecture& arch, const 
               {"use_dora", false},
               {"use_rslora", lc.use_rslora},
               {"modules_to_save", nullptr}};
+  if (!L->experts.empty()) cfg["target_parameters"] = target_parameter_names(*L);
   // PEFT reads adapter_config.json, then adapter_model.safetensors (else adapter_model.bin): the
   // three are replaced together, so a reader never pairs one run's config with another's weights.
   return write_directory_atomically(
@@ -245,11 +265,18 @@ Status merged_lora_modules(const std::string& checkpoint, const ModelConfig& mod
     } else {
       arch.init_module(int(m), meta.seed, w.data());
     }
-    // Block l (module 1 + l) gets adapter module first + l merged in.
+    // Block l (module 1 + l) gets adapter module first + l merged in, its experts
+    // ("block.<l>.expert.<e>") the adapter's expert parameters.
     const std::string& name = layout.modules[m].name;
     if (name.rfind("block.", 0) == 0 && name.find('.', 6) == std::string::npos) {
       const size_t l = std::stoul(name.substr(6));
       lora_merge(*arch.lora(), layout.modules[m], adapters[size_t(first) + l].data(), w.data());
+    } else if (const size_t x = name.find(".expert.");
+               name.rfind("block.", 0) == 0 && x != std::string::npos) {
+      const size_t l = std::stoul(name.substr(6, x - 6));
+      const int e = std::stoi(name.substr(x + 8));
+      lora_merge_expert(*arch.lora(), e, layout.modules[m], adapters[size_t(first) + l].data(),
+                        w.data());
     }
     STRATA_RETURN_IF_ERROR(sink(int(m), w.data()), layout.modules[m].name);
   }

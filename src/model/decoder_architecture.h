@@ -514,6 +514,9 @@ class DecoderArchitecture final : public Architecture {
       for (const LoraLayout::Target& t : lora_.targets) {
         adapters += 2.0 * lora_.r * double(t.site.in + t.site.out);
       }
+      for (const LoraLayout::Target& t : lora_.experts) {  // on each of a token's K experts
+        adapters += 2.0 * lora_.r * double(t.site.in + t.site.out) * shape_.num_experts_per_tok;
+      }
       f.forward += adapters * shape_.n_layer;
       if (mode != ActivationMode::kKeep) f.recompute += adapters * shape_.n_layer;
     }

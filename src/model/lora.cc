@@ -39,6 +39,8 @@ Result<std::vector<bool>> select_sites(const LoraConfig& lora, const std::string
                                        const std::vector<LoraSite>& sites,
                                        const std::vector<std::string>& prefixes) {
   std::vector<bool> chosen(sites.size(), false);
+  // PEFT's target_modules=[] beside target_parameters: the experts alone.
+  if (lora.target_modules_none && !lora.target_parameters.empty()) return chosen;
   if (lora.target_pattern == "all-linear") {
     chosen.assign(sites.size(), true);  // the output head is no block's site
     return chosen;
@@ -94,13 +96,50 @@ Result<std::vector<bool>> select_sites(const LoraConfig& lora, const std::string
   return chosen;
 }
 
+// Which of the expert parameters `params` lora.target_parameters selects (PEFT matches a
+// parameter's full name, or its end after a ".").
+Result<std::vector<bool>> select_parameters(const LoraConfig& lora, const std::string& type,
+                                            const std::vector<LoraSite>& params) {
+  std::vector<bool> chosen(params.size(), false);
+  if (lora.target_parameters.empty()) return chosen;
+  if (params.empty()) {
+    return invalid_argument(fmt::format(
+        "lora.target_parameters: a {} model has no fused expert parameters (target_parameters "
+        "reaches the routed experts of mixtral and qwen2_moe); adapt its linear layers with "
+        "lora.target_modules and remove lora.target_parameters",
+        type));
+  }
+  if (lora.dropout != 0) {
+    return invalid_argument(fmt::format(
+        "lora.lora_dropout {:g} with lora.target_parameters: an expert parameter's adapter is "
+        "added to its weight, where no dropout of the input can act (PEFT refuses it too); set "
+        "lora.lora_dropout to 0 or remove lora.target_parameters",
+        lora.dropout));
+  }
+  for (const std::string& t : lora.target_parameters) {
+    bool any = false;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (site_matches(params[i].name, t)) chosen[i] = any = true;
+    }
+    if (!any) {
+      return invalid_argument(fmt::format(
+          "lora.target_parameters: \"{}\" is not an expert parameter of this {} model; its "
+          "blocks' are {}",
+          t, type, joined_names(params, "")));
+    }
+  }
+  return chosen;
+}
+
 }  // namespace
 
 Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
-                               const std::vector<LoraSite>& sites,
+                               const std::vector<LoraSite>& all_sites,
                                const std::vector<std::string>& block_prefixes) {
   LoraLayout out;
   if (!lora.enabled) return out;
+  std::vector<LoraSite> sites, params;
+  for (const LoraSite& s : all_sites) (s.experts > 0 ? params : sites).push_back(s);
   if (sites.empty()) {
     return invalid_argument(fmt::format(
         "lora: adapters on a {} model are not supported (its blocks have no adapter sites); "
@@ -127,6 +166,8 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<bool> chosen, select_sites(lora, type, sites, block_prefixes),
                           "");
+  STRATA_ASSIGN_OR_RETURN(std::vector<bool> chosen_params, select_parameters(lora, type, params),
+                          "");
   out.r = lora.r;
   out.scaling = lora.scaling();
   out.dropout = float(lora.dropout);
@@ -143,6 +184,26 @@ Result<LoraLayout> lora_layout(const LoraConfig& lora, const std::string& type,
     out.max_width = std::max(out.max_width, t.site.width);
     out.max_in = std::max(out.max_in, t.site.in);
     out.targets.push_back(std::move(t));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!chosen_params[i]) continue;
+    LoraLayout::Target t;
+    t.site = params[i];
+    const size_t E = size_t(t.site.experts), r = size_t(lora.r);
+    STRATA_CHECK(out.experts.empty() || out.experts[0].site.experts == t.site.experts,
+                 "expert parameters of one block with different expert counts");
+    t.a = out.numel;
+    out.numel += E * r * size_t(t.site.in);
+    t.b = out.numel;
+    out.numel += size_t(t.site.out) * r * E;
+    out.expert_b += size_t(t.site.out) * r * E;
+    out.max_width = std::max(out.max_width, t.site.out);
+    out.experts.push_back(std::move(t));
+  }
+  if (!out.experts.empty()) {
+    const size_t E = size_t(out.experts[0].site.experts);
+    out.eye.assign(E * E, 0.0f);
+    for (size_t e = 0; e < E; ++e) out.eye[e * E + e] = 1.0f;
   }
   return out;
 }
@@ -172,6 +233,14 @@ void lora_tensors(const LoraLayout& layout, ModuleSpec& m) {
     m.tensors.push_back(
         {t.site.name + ".lora_B", t.b, size_t(t.site.out) * size_t(layout.r), kInitZeros, 0.0f});
   }
+  for (const LoraLayout::Target& t : layout.experts) {
+    // ParamWrapper's lora_A is an nn.Linear(in, r * E): the same kaiming_uniform_ bound.
+    const size_t rE = size_t(layout.r) * size_t(t.site.experts);
+    const float bound = 1.0f / std::sqrt(float(t.site.in));
+    m.tensors.push_back(
+        {t.site.name + ".lora_A", t.a, rE * size_t(t.site.in), kInitUniform, bound});
+    m.tensors.push_back({t.site.name + ".lora_B", t.b, size_t(t.site.out) * rE, kInitZeros, 0.0f});
+  }
   m.numel = layout.numel;
 }
 
@@ -200,7 +269,8 @@ BaseQuant lora_base_quant(BaseQuantKind kind, const ModuleSpec& block,
   std::vector<QuantWeight> weights;
   std::vector<int> seen;
   for (const LoraSite& s : sites) {
-    if (std::find(seen.begin(), seen.end(), s.matmul) != seen.end()) continue;
+    // The experts' weights live in their own modules, which stay in the model dtype.
+    if (s.experts > 0 || std::find(seen.begin(), seen.end(), s.matmul) != seen.end()) continue;
     seen.push_back(s.matmul);
     weights.push_back({tensor_offset(block, s.weight), size_t(s.width), size_t(s.in)});
   }
@@ -211,6 +281,10 @@ std::string lora_describe(const LoraLayout& L, int n_layer) {
   if (L.empty()) return "";
   std::string names;
   for (const LoraLayout::Target& t : L.targets) names += (names.empty() ? "" : ",") + t.site.name;
+  for (const LoraLayout::Target& t : L.experts) {
+    names +=
+        fmt::format("{}{} (x{} experts)", names.empty() ? "" : ",", t.site.name, t.site.experts);
+  }
   return fmt::format("; frozen, with LoRA r={} alpha/r={:g} on {}: {:.3f}M trainable", L.r,
                      L.scaling, names, double(L.numel) * n_layer / 1e6);
 }
@@ -219,6 +293,7 @@ std::string lora_shape_string(const LoraLayout& L) {
   if (L.empty()) return "";
   std::string s = fmt::format(" lora r={} scaling={}", L.r, L.scaling);
   for (const LoraLayout::Target& t : L.targets) s += " " + t.site.name;
+  for (const LoraLayout::Target& t : L.experts) s += " " + t.site.name;
   return s;
 }
 
@@ -229,6 +304,20 @@ std::vector<HfTensor> lora_hf_tensors(const LoraLayout& L, const std::string& pr
     const std::string base = "base_model.model." + prefix + t.site.name;
     out.push_back({base + ".lora_A.weight", "", i++, {L.r, t.site.in}});
     out.push_back({base + ".lora_B.weight", "", i++, {t.site.out, L.r}});
+  }
+  for (size_t j = 0; j < L.experts.size(); ++j) {
+    // PEFT wraps the experts' module once per targeted parameter, in its parameter order: the
+    // ones after this on the same module sit outside it, each adding a "base_layer.".
+    const LoraSite& site = L.experts[j].site;
+    const std::string module = site.name.substr(0, site.name.rfind('.'));
+    std::string path = "base_model.model." + prefix + module + ".";
+    for (size_t k = j + 1; k < L.experts.size(); ++k) {
+      const std::string& n = L.experts[k].site.name;
+      if (n.substr(0, n.rfind('.')) == module) path += "base_layer.";
+    }
+    const int64_t rE = int64_t(L.r) * site.experts;
+    out.push_back({path + "lora_A.weight", "", i++, {rE, site.in}});
+    out.push_back({path + "lora_B.weight", "", i++, {site.out, rE}});
   }
   return out;
 }
@@ -250,6 +339,26 @@ void lora_merge(const LoraLayout& L, const ModuleSpec& block, const float* adapt
   }
 }
 
+void lora_merge_expert(const LoraLayout& L, int e, const ModuleSpec& expert, const float* adapter,
+                       float* w) {
+  const size_t r = size_t(L.r);
+  for (const LoraLayout::Target& t : L.experts) {
+    const size_t in = size_t(t.site.in), E = size_t(t.site.experts);
+    float* W = w + tensor_offset(expert, t.site.weight);
+    const float* A = adapter + t.a + size_t(e) * r * in;  // A_e: rows e*r ..
+    const float* B = adapter + t.b;                       // B_e[o, k] = B[o, k*E + e]
+    for (size_t o = 0; o < size_t(t.site.out); ++o) {
+      for (size_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (size_t k = 0; k < r; ++k) {
+          d += double(B[o * r * E + k * E + size_t(e)]) * double(A[k * in + i]);
+        }
+        W[o * in + i] += float(double(L.scaling) * d);
+      }
+    }
+  }
+}
+
 void LoraRun::carve(Carver& c, size_t N, size_t es) {
   const size_t r = size_t(layout->r), W = size_t(layout->max_width);
   u = c.take(N * r * es);
@@ -260,6 +369,17 @@ void LoraRun::carve(Carver& c, size_t N, size_t es) {
   if (layout->dropout > 0) {
     xd = c.take(N * size_t(layout->max_in) * es);
     dxd = c.take(N * size_t(layout->max_in) * es);
+  }
+  if (!layout->experts.empty()) {
+    const size_t E = size_t(layout->experts[0].site.experts);
+    size_t widest = 0;
+    for (const LoraLayout::Target& t : layout->experts)
+      widest = std::max(widest, size_t(t.site.out));
+    eye = c.take_f32(E * E);
+    ed = c.take_f32(E * E);
+    eb32 = c.take_f32(widest * r * E);
+    ebt = c.take(layout->expert_b * es);
+    edbt = c.take_f32(layout->expert_b);
   }
 }
 
@@ -348,6 +468,100 @@ void lora_backward(const DecoderStep& st, const LoraRun& run, int matmul, const 
     k.dropout(*st.s, st.dt, run.dxd, run.dxd, nx, L.dropout,
               lora_dropout_key(st.dropout_key, st.layer, int(i)));
     k.add_inplace(*st.s, st.dt, dx, run.dxd, nx);
+  }
+}
+
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Expert target `t`'s part of run.ebt / run.edbt (elements): the targets before it, in order.
+size_t expert_b_offset(const LoraLayout& L, const LoraLayout::Target& t) {
+  size_t off = 0;
+  for (const LoraLayout::Target& u : L.experts) {
+    if (&u == &t) break;
+    off += size_t(u.site.out) * size_t(L.r) * size_t(u.site.experts);
+  }
+  return off;
+}
+
+const LoraLayout::Target* expert_target(const LoraLayout& L, int matmul) {
+  for (const LoraLayout::Target& t : L.experts) {
+    if (t.site.matmul == matmul) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void lora_experts_prepare(const DecoderStep& st, const LoraRun& run) {
+  if (run.layout == nullptr || run.layout->experts.empty()) return;
+  const LoraLayout& L = *run.layout;
+  Kernels& k = *st.k;
+  const int E = L.experts[0].site.experts;
+  const size_t es = st.es();
+  st.dev->copy_h2d(*st.s, run.eye, L.eye.data(), L.eye.size() * 4);
+  for (const LoraLayout::Target& t : L.experts) {
+    const size_t off = expert_b_offset(L, t), OR = size_t(t.site.out) * size_t(L.r);
+    // B [out, r*E] read as [out*r, E]; its transpose [E, out*r] = I B^T holds B_e per row.
+    float* bt32 = run.edbt + off;  // staging: edbt is zeroed below before any gradient
+    k.cast(*st.s, run.eb32, DType::kF32, at(run.p, t.b, es), st.dt, OR * size_t(E));
+    k.matmul_forward(*st.s, DType::kF32, bt32, run.eye, run.eb32, nullptr, E, E, int(OR));
+    k.scale(*st.s, bt32, L.scaling, OR * size_t(E));
+    k.cast(*st.s, static_cast<char*>(run.ebt) + off * es, st.dt, bt32, DType::kF32, OR * size_t(E));
+  }
+  st.zero(run.edbt, L.expert_b * 4);
+}
+
+void lora_expert_forward(const DecoderStep& st, const LoraRun& run, int matmul, int e, int n,
+                         const void* x, void* y) {
+  if (run.layout == nullptr || n == 0) return;
+  const LoraLayout& L = *run.layout;
+  const LoraLayout::Target* t = expert_target(L, matmul);
+  if (t == nullptr) return;
+  Kernels& k = *st.k;
+  const int r = L.r, in = t->site.in, out = t->site.out;
+  const size_t es = st.es(), OR = size_t(out) * size_t(r);
+  const char* be = static_cast<const char*>(run.ebt) + (expert_b_offset(L, *t) + e * OR) * es;
+  k.matmul_forward(*st.s, st.dt, run.u, x, at(run.p, t->a + size_t(e) * r * in, es), nullptr, n, in,
+                   r);
+  k.matmul_forward(*st.s, st.dt, run.delta, run.u, be, nullptr, n, r, out);
+  k.add_inplace(*st.s, st.dt, y, run.delta, size_t(n) * size_t(out));
+}
+
+void lora_expert_backward(const DecoderStep& st, const LoraRun& run, int matmul, int e, int n,
+                          const void* x, const void* dy, void* dx) {
+  if (run.layout == nullptr || run.g == nullptr || n == 0) return;
+  const LoraLayout& L = *run.layout;
+  const LoraLayout::Target* t = expert_target(L, matmul);
+  if (t == nullptr) return;
+  Kernels& k = *st.k;
+  const int r = L.r, in = t->site.in, out = t->site.out;
+  const size_t es = st.es(), OR = size_t(out) * size_t(r), off = expert_b_offset(L, *t) + e * OR;
+  const void* ae = at(run.p, t->a + size_t(e) * r * in, es);
+  k.matmul_forward(*st.s, st.dt, run.u, x, ae, nullptr, n, in, r);
+  // du = dy (s B_e); d(s B_e) += dy^T u; dA_e += du^T x; dx += du A_e.
+  st.zero(run.du, size_t(n) * size_t(r) * es);
+  k.matmul_backward(*st.s, st.dt, run.du, run.edbt + off, nullptr, dy, run.u,
+                    static_cast<const char*>(run.ebt) + off * es, n, r, out);
+  k.matmul_backward(*st.s, st.dt, dx, run.g + t->a + size_t(e) * r * in, nullptr, run.du, x, ae, n,
+                    in, r);
+}
+
+void lora_experts_finish(const DecoderStep& st, const LoraRun& run) {
+  if (run.layout == nullptr || run.layout->experts.empty() || run.g == nullptr) return;
+  const LoraLayout& L = *run.layout;
+  Kernels& k = *st.k;
+  const int E = L.experts[0].site.experts;
+  for (const LoraLayout::Target& t : L.experts) {
+    const size_t off = expert_b_offset(L, t), OR = size_t(t.site.out) * size_t(L.r);
+    // dB_e = s d(s B_e), [E, out*r]; lora_B's gradient [out*r, E] += its transpose (dweight of
+    // the identity's matmul: dB^T I).
+    k.scale(*st.s, run.edbt + off, L.scaling, OR * size_t(E));
+    st.zero(run.ed, size_t(E) * size_t(E) * 4);
+    k.matmul_backward(*st.s, DType::kF32, run.ed, run.g + t.b, nullptr, run.edbt + off, run.eye,
+                      run.eb32, E, E, int(OR));
   }
 }
 

@@ -128,9 +128,17 @@ class MoeBlocks : public LlamaBlocks {
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
   // LoRA's sites: the attention's q|k|v and o_proj, and Qwen2-MoE's shared expert (gate|up,
   // down_proj, its gate): the linear layers transformers' mixtures have, which PEFT's
-  // target_modules (and "all-linear") select. The router and the experts are parameters of the
-  // block, not linear layers, there: they stay frozen.
-  enum MoeMatmul { kSharedGateUp = kDown + 1, kSharedDown, kSharedGate };
+  // target_modules (and "all-linear") select. The routed experts are fused parameters there
+  // (mlp.experts.gate_up_proj [E, 2Ie, C], mlp.experts.down_proj [E, C, Ie]), which PEFT's
+  // target_parameters selects: expert e's gate|up rows are strata's gate_proj and up_proj, its
+  // down_proj strata's. The router stays frozen.
+  enum MoeMatmul {
+    kSharedGateUp = kDown + 1,
+    kSharedDown,
+    kSharedGate,
+    kExpertGateUp,
+    kExpertDown
+  };
   std::vector<LoraSite> lora_sites() const {
     std::vector<LoraSite> sites;
     for (LoraSite& site : LlamaBlocks::lora_sites()) {
@@ -146,6 +154,10 @@ class MoeBlocks : public LlamaBlocks {
           {"mlp.shared_expert.down_proj", kSharedDown, Is_, C, 0, C, "shared_down_proj"});
       sites.push_back({"mlp.shared_expert_gate", kSharedGate, C, 1, 0, 1, "shared_expert_gate"});
     }
+    const int C = s_.n_embd;
+    sites.push_back(
+        {"mlp.experts.gate_up_proj", kExpertGateUp, C, 2 * Ie_, 0, 2 * Ie_, "gate_proj", E_});
+    sites.push_back({"mlp.experts.down_proj", kExpertDown, Ie_, C, 0, C, "down_proj", E_});
     return sites;
   }
 
@@ -367,15 +379,18 @@ void MoeBlocks::mlp_forward(const DecoderStep& st, const void* p, const void* in
     dev.copy_h2d(s, a.sg, sg, size_t(N) * 4);
   }
   st.zero(out, size_t(N) * C * es);
+  if (st.lora) lora_experts_prepare(st, *st.lora);
   for (int e = 0; e < E_; ++e) {
     const int r0 = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - r0;
     if (n == 0) continue;  // acquired and released like the others; nothing to compute
     const auto [x, gu, act, y] = expert_rows(a.x, a.gu, a.act, a.y, r0, es);
     k.gather_rows(s, st.dt, x, in, a.idx + r0, nullptr, n, C);
     k.matmul_forward(s, st.dt, gu, x, expert_param(st, e, 0), nullptr, n, C, 2 * Ie_);
+    if (st.lora) lora_expert_forward(st, *st.lora, kExpertGateUp, e, n, x, gu);
     k.swiglu_forward(s, st.dt, act, gu, n, Ie_);
     k.matmul_forward(s, st.dt, y, act, expert_param(st, e, 2 * size_t(Ie_) * C), nullptr, n, Ie_,
                      C);
+    if (st.lora) lora_expert_forward(st, *st.lora, kExpertDown, e, n, act, y);
     k.scatter_add_rows(s, st.dt, out, y, a.idx + r0, a.w + r0, n, C);
   }
   if (Is_ > 0) {
@@ -399,6 +414,7 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
   const size_t es = st.es(), R = size_t(N) * K_;
   const LayerRouting& r = rs.layers[size_t(st.layer)];
   st.zero(din, size_t(N) * C * es);
+  if (st.lora) lora_experts_prepare(st, *st.lora);
   for (int e = 0; e < E_; ++e) {
     const int r0 = r.offsets[size_t(e)], n = r.offsets[size_t(e) + 1] - r0;
     if (n == 0) continue;  // its gradient stays the zeros it was acquired as
@@ -411,13 +427,16 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     st.zero(dact, size_t(n) * Ie_ * es);
     k.matmul_backward(s, st.dt, dact, st.wgrad(ge, 2 * size_t(Ie_) * C), nullptr, dy, act,
                       expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C);
+    if (st.lora) lora_expert_backward(st, *st.lora, kExpertDown, e, n, act, dy, dact);
     st.zero(dgu, size_t(n) * 2 * Ie_ * es);
     k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);
     st.zero(dx, size_t(n) * C * es);
     k.matmul_backward(s, st.dt, dx, st.wgrad(ge, 0), nullptr, dgu, x, expert_param(st, e, 0), n, C,
                       2 * Ie_);
+    if (st.lora) lora_expert_backward(st, *st.lora, kExpertGateUp, e, n, x, dgu, dx);
     k.scatter_add_rows(s, st.dt, din, dx, a.idx + r0, nullptr, n, C);
   }
+  if (st.lora) lora_experts_finish(st, *st.lora);
   if (Is_ > 0) {
     // out += sg * sh: dsg = dout . sh, dsh = sg * dout.
     k.row_dots(s, st.dt, d.dsg, dout, a.iota, a.sh, N, C);

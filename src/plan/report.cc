@@ -83,6 +83,10 @@ std::string plan_config_json(const PlanReport& rep, const PlanOption& o) {
     c["lora"] = {{"r", m.lora.r}, {"lora_alpha", m.lora.alpha}};
     if (!m.lora.target_modules.empty()) c["lora"]["target_modules"] = m.lora.target_modules;
     if (!m.lora.target_pattern.empty()) c["lora"]["target_modules"] = m.lora.target_pattern;
+    if (!m.lora.target_parameters.empty()) {
+      c["lora"]["target_parameters"] = m.lora.target_parameters;
+      if (m.lora.target_modules_none) c["lora"]["target_modules"] = json::array();
+    }
     if (m.lora.use_rslora) c["lora"]["use_rslora"] = true;
     if (m.lora.dropout > 0) c["lora"]["lora_dropout"] = m.lora.dropout;
     if (m.lora.base_quantization != "none") {
