@@ -43,34 +43,31 @@ std::vector<float> floats_of(const Typed& t) {
 TEST(FusedOps, ResidualLayerNormIsTheTwoCallsBitForBit) {
   const int N = 37, C = 200;
   for (DType dt : kAllTypes) {
-    for (bool with_bias : {true, false}) {
-      for (bool in_place : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} bias={} in_place={}", dtype_name(dt), with_bias, in_place));
-        std::mt19937_64 rng(test_seed(31));
-        const size_t n = size_t(N) * C;
-        Typed a = random_typed(dt, n, rng, -2, 2), b = random_typed(dt, n, rng, -2, 2);
-        Typed w = random_typed(dt, C, rng), bias = random_typed(dt, C, rng);
-        Typed res(dt, n), out(dt, n), res2(dt, n), out2(dt, n), a2 = a;
-        std::vector<float> mean(N, -1), rstd(N, -1), mean2(N, -2), rstd2(N, -2);
-        poison(res);
-        poison(out);
-        Fixture f;
-        KernelsWrapper wrapper(&f.k());
-        ASSERT_TRUE(wrapper.supports(KernelOp::kResidualNorm, {.dt = dt, .N = N, .C = C}));
-        const void* pb = with_bias ? bias.data() : nullptr;
-        void* r = in_place ? a2.data() : res.data();
-        wrapper.residual_layernorm_forward(f.s(), dt, r, out.data(), mean.data(), rstd.data(),
-                                           in_place ? a2.data() : a.data(), b.data(), w.data(), pb,
-                                           N, C);
-        f.k().residual_forward(f.s(), dt, res2.data(), a.data(), b.data(), n);
-        f.k().layernorm_forward(f.s(), dt, out2.data(), mean2.data(), rstd2.data(), res2.data(),
-                                w.data(), pb, N, C);
-        f.sync();
-        EXPECT_EQ(in_place ? a2.bytes : res.bytes, res2.bytes);
-        EXPECT_EQ(out.bytes, out2.bytes);
-        EXPECT_EQ(mean, mean2);
-        EXPECT_EQ(rstd, rstd2);
-      }
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} in_place={}", dtype_name(dt), in_place));
+      std::mt19937_64 rng(test_seed(31));
+      const size_t n = size_t(N) * C;
+      Typed a = random_typed(dt, n, rng, -2, 2), b = random_typed(dt, n, rng, -2, 2);
+      Typed w = random_typed(dt, C, rng), bias = random_typed(dt, C, rng);
+      Typed res(dt, n), out(dt, n), res2(dt, n), out2(dt, n), a2 = a;
+      std::vector<float> mean(N, -1), rstd(N, -1), mean2(N, -2), rstd2(N, -2);
+      poison(res);
+      poison(out);
+      Fixture f;
+      KernelsWrapper wrapper(&f.k());
+      ASSERT_TRUE(wrapper.supports(KernelOp::kResidualNorm, {.dt = dt, .N = N, .C = C}));
+      void* r = in_place ? a2.data() : res.data();
+      wrapper.residual_layernorm_forward(f.s(), dt, r, out.data(), mean.data(), rstd.data(),
+                                         in_place ? a2.data() : a.data(), b.data(), w.data(),
+                                         bias.data(), N, C);
+      f.k().residual_forward(f.s(), dt, res2.data(), a.data(), b.data(), n);
+      f.k().layernorm_forward(f.s(), dt, out2.data(), mean2.data(), rstd2.data(), res2.data(),
+                              w.data(), bias.data(), N, C);
+      f.sync();
+      EXPECT_EQ(in_place ? a2.bytes : res.bytes, res2.bytes);
+      EXPECT_EQ(out.bytes, out2.bytes);
+      EXPECT_EQ(mean, mean2);
+      EXPECT_EQ(rstd, rstd2);
     }
   }
 }
@@ -135,7 +132,9 @@ TEST(FusedOps, MatmulBackwardGeluIsTheTwoCallsBitForBit) {
       EXPECT_EQ(dpre.bytes, dpre2.bytes);
       EXPECT_EQ(dw, dw2);
       EXPECT_EQ(db, db2);
-      if (grads == 0) EXPECT_NE(dw, dw0);  // the gradients did move
+      if (grads < 2) {
+        EXPECT_NE(dw, dw0);  // the weight gradient did move
+      }
       // gelu' applied: dpre differs from the plain input gradient wherever gelu'(pre) != 1.
       EXPECT_NE(floats_of(dpre), floats_of(t));
     }
