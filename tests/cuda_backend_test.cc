@@ -166,6 +166,29 @@ TEST_F(CudaDeviceTest, PinnedAndRegisteredHostMemoryRoundTrip) {
   dev->release(d);
 }
 
+// STRATA_FUSED_OPS=0 (read when the device is created) turns the fused elementwise ops off, so
+// the models take the unfused calls; unset, they are offered.
+TEST_F(CudaDeviceTest, FusedOpsEnvironmentSwitch) {
+  const OpShape mm{.dt = DType::kBF16, .N = 64, .C = 256, .OC = 64};
+  const OpShape norm{.dt = DType::kBF16, .N = 64, .C = 256};
+  ASSERT_EQ(setenv("STRATA_FUSED_OPS", "0", 1), 0);
+  auto off = make(kMiB);
+  unsetenv("STRATA_FUSED_OPS");
+  ASSERT_TRUE(off);
+  for (KernelOp op : {KernelOp::kMatmulGelu, KernelOp::kMatmulBackwardGelu}) {
+    const KernelSupport s = off->kernels().supports(op, mm);
+    EXPECT_FALSE(s.supported);
+    EXPECT_NE(s.path.find("STRATA_FUSED_OPS=0"), std::string::npos) << s.path;
+  }
+  EXPECT_FALSE(off->kernels().supports(KernelOp::kResidualNorm, norm).supported);
+  EXPECT_TRUE(off->kernels().supports(KernelOp::kDropout, {}).supported);  // not a fused op
+  auto on = make(kMiB);
+  ASSERT_TRUE(on);
+  EXPECT_TRUE(on->kernels().supports(KernelOp::kMatmulGelu, mm).supported);
+  EXPECT_TRUE(on->kernels().supports(KernelOp::kMatmulBackwardGelu, mm).supported);
+  EXPECT_TRUE(on->kernels().supports(KernelOp::kResidualNorm, norm).supported);
+}
+
 TEST_F(CudaDeviceTest, EnqueueErrorsSurfaceAtTheNextSynchronize) {
   auto dev = make(kMiB);
   ASSERT_TRUE(dev);
@@ -269,6 +292,58 @@ TEST_P(CudaOpTest, MatmulGelu) {
     compare("matmul_gelu_forward pre" + what, pre, dt, tol(dt, kReduction));
     compare("matmul_gelu_forward out" + what, out, dt, 2 * tol(dt, kReduction));
   }
+}
+
+// The down-projection's backward with cuBLASLt's DGELU epilogue against the CPU backend's
+// matmul_backward + gelu_backward bits: dpre within one more rounding of dt (the epilogue
+// rounds once, after gelu'), written over what it held; the weight and bias gradients as
+// matmul_backward's.
+TEST_P(CudaOpTest, MatmulBackwardGelu) {
+  const DType dt = GetParam();
+  const int N = 96, C = 200, OC = 136;  // C a multiple of 8: the epilogue's aux matrix
+  KernelSupport sup = dev_[1]->kernels().supports(KernelOp::kMatmulBackwardGelu,
+                                                  {.dt = dt, .N = N, .C = C, .OC = OC});
+  if (!sup.supported) GTEST_SKIP() << "matmul_backward_gelu: " << sup.path;
+  EXPECT_FALSE(
+      dev_[1]->kernels().supports(KernelOp::kMatmulBackwardGelu, {.dt = dt, .C = 100}).supported);
+  Twin dout = random(size_t(N) * OC, dt), inp = random(size_t(N) * C, dt);
+  Twin w = random(size_t(OC) * C, dt), pre = random(size_t(N) * C, dt, -3, 3);
+  Twin dpre = random(size_t(N) * C, dt);
+  Twin dw = random(size_t(OC) * C, DType::kF32), db = random(OC, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.matmul_backward_gelu(s, dt, dpre.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
+                           w.p[i], pre.p[i], N, C, OC);
+  });
+  compare("matmul_backward_gelu dpre", dpre, dt, 2 * tol(dt, kReduction));
+  compare("matmul_backward_gelu dweight", dw, DType::kF32, kReduction);
+  compare("matmul_backward_gelu dbias", db, DType::kF32, kReduction);
+}
+
+// The residual add and the norm after it in one kernel, against the CPU backend's two calls:
+// res as residual_forward's (exact), out and the statistics as the norm's.
+TEST_P(CudaOpTest, ResidualNorm) {
+  const DType dt = GetParam();
+  const int N = 67, C = 200;
+  ASSERT_TRUE(dev_[1]->kernels().supports(KernelOp::kResidualNorm, {.dt = dt, .N = N, .C = C}));
+  const size_t n = size_t(N) * C;
+  Twin a = random(n, dt, -3, 3), b = random(n, dt, -3, 3), w = random(C, dt, 0.5, 1.5);
+  Twin bias = random(C, dt), res = random(n, dt), out = random(n, dt);
+  Twin mean = random(N, DType::kF32), rstd = random(N, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.residual_layernorm_forward(s, dt, res.p[i], out.p[i], mean.at<float>(i), rstd.at<float>(i),
+                                 a.p[i], b.p[i], w.p[i], bias.p[i], N, C);
+  });
+  compare("residual_layernorm_forward res", res, dt, 0.0);
+  compare("residual_layernorm_forward out", out, dt, tol(dt, kReduction));
+  compare("residual_layernorm_forward mean", mean, DType::kF32, kReduction);
+  compare("residual_layernorm_forward rstd", rstd, DType::kF32, kReduction);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.residual_rmsnorm_forward(s, dt, a.p[i], out.p[i], rstd.at<float>(i), a.p[i], b.p[i], w.p[i],
+                               1e-5f, N, C);
+  });
+  compare("residual_rmsnorm_forward res (in place)", a, dt, 0.0);
+  compare("residual_rmsnorm_forward out", out, dt, tol(dt, kReduction));
+  compare("residual_rmsnorm_forward rstd", rstd, DType::kF32, kReduction);
 }
 
 TEST_P(CudaOpTest, Attention) {

@@ -68,6 +68,8 @@ endfunction()
 
 # Every kernel file's launchers, in both thread orders, against the CPU backend's kernels.
 strata_emu_test(cuda_emu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_kernels_test.cc)
+# The fused elementwise ops (residual + norm; the DGELU epilogue on the cuBLASLt stand-in).
+strata_emu_test(cuda_emu_fused_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_fused_test.cc)
 
 # The GPU tests themselves, unchanged, on the emulated backend: create_cuda_device finds the
 # emulated GPU, so nothing skips.

@@ -4,3 +4,6 @@ strata_test(cpu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cpu_kernels_test.cc)
 strata_test(cpu_gemm_paths_test ${CMAKE_CURRENT_LIST_DIR}/cpu_gemm_paths_test.cc)
 strata_test(cpu_kernels_gradcheck_test ${CMAKE_CURRENT_LIST_DIR}/cpu_kernels_gradcheck_test.cc)
 strata_benchmark(bench_matmul ${CMAKE_CURRENT_LIST_DIR}/bench/bench_matmul.cc)
+# The fused elementwise ops (residual + norm, GELU backward in the matmul) against the calls they
+# replace, bit for bit, and GPT-2 and Llama steps fused and not.
+strata_test(fused_ops_test ${CMAKE_CURRENT_LIST_DIR}/fused_ops_test.cc)

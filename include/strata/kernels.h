@@ -95,6 +95,12 @@ enum class KernelOp {
   // attention_decode (generation's key/value cache). Fallback: no cache — each token reruns the
   // whole window's forward (src/model/generate.h). Reads dt and hs.
   kAttentionDecode,
+  // residual_layernorm_forward and residual_rmsnorm_forward. Fallback: residual_forward, then
+  // layernorm_forward or rmsnorm_forward on its output. Reads dt, N and C.
+  kResidualNorm,
+  // matmul_backward_gelu. Fallback: matmul_backward into a zeroed buffer, then gelu_backward
+  // from it into the zeroed dpre. Reads dt, N, C (the input channels: the GELU's width), OC.
+  kMatmulBackwardGelu,
 };
 
 // The call a query is about; each KernelOp reads its own fields (attention: dt, hs, B, T, NH,
@@ -186,6 +192,20 @@ class Kernels {
   virtual void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                                const void* dout, const void* inp, const void* weight, int N, int C,
                                int OC) = 0;
+  // A linear layer's backward whose input was a GELU's output (GPT-2's MLP down-projection,
+  // inp = gelu(pre)), an optional op (KernelOp::kMatmulBackwardGelu): the gradient w.r.t. pre
+  // in the same call,
+  //   dpre[N,C] = gelu'(pre) * (dout @ weight)   WRITTEN, not accumulated (dpre needs no
+  //                                              zeroing; it must not alias pre);
+  //   dweight += dout^T @ inp, dbias += column sums of dout (each if non-null), as
+  //   matmul_backward.
+  // The CPU backend computes exactly the fallback's bits: matmul_backward into a zeroed buffer,
+  // then gelu_backward from it into a zeroed dpre. The CUDA backend applies gelu' in the dinp
+  // GEMM's epilogue (cuBLASLt DGELU, reading pre as the epilogue's aux input) to the fp32 sum
+  // before rounding, so dpre may differ from the fallback's by one rounding of dt.
+  virtual void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
+                                    const void* dout, const void* inp, const void* weight,
+                                    const void* pre, int N, int C, int OC) = 0;
 
   // Causal self-attention with grouped-query heads (Llama, Mistral, Qwen2; GPT-2 is the case
   // KVH == NH, hs = C/NH): NH query heads share KVH key/value heads (KVH divides NH; query head h
@@ -242,6 +262,21 @@ class Kernels {
   virtual void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
                                 const void* inp, const void* weight, const float* rstd, int N,
                                 int C) = 0;
+
+  // A residual add and the norm after it (a transformer block's res2 = x + attention, then its
+  // second norm), an optional op (KernelOp::kResidualNorm):
+  //   res[N,C] = a + b, rounded to dt (residual_forward's bits);
+  //   out = the norm of the rounded res, with its statistics, as layernorm_forward (mean, rstd)
+  //   or rmsnorm_forward (rstd) of res writes them.
+  // Every backend gives the bits of the two calls it replaces: the norm reads res as stored.
+  // res may alias a or b (as residual_forward's out); out must not alias a, b or res. The
+  // backward is the two ops' backwards (layernorm_backward / rmsnorm_backward, add_inplace).
+  virtual void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,
+                                          float* rstd, const void* a, const void* b,
+                                          const void* weight, const void* bias, int N, int C) = 0;
+  virtual void residual_rmsnorm_forward(Stream& s, DType dt, void* res, void* out, float* rstd,
+                                        const void* a, const void* b, const void* weight, float eps,
+                                        int N, int C) = 0;
 
   // SwiGLU: inp [N,2H] packs per row the gate (columns 0..H-1) and the up projection
   // (H..2H-1), the output of one matmul whose weight stacks gate_proj and up_proj rows;

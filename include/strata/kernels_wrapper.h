@@ -55,6 +55,12 @@ class KernelsWrapper : public Kernels {
     k_->matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   }
 
+  void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
+                            const void* dout, const void* inp, const void* weight, const void* pre,
+                            int N, int C, int OC) override {
+    k_->matmul_backward_gelu(s, dt, dpre, dweight, dbias, dout, inp, weight, pre, N, C, OC);
+  }
+
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
                                const int32_t* pos, int B, int T, int NH, int NKV, int hs) override {
     k_->fused_attention_forward(s, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
@@ -82,6 +88,16 @@ class KernelsWrapper : public Kernels {
                         const void* inp, const void* weight, const float* rstd, int N,
                         int C) override {
     k_->rmsnorm_backward(s, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,
+                                  float* rstd, const void* a, const void* b, const void* weight,
+                                  const void* bias, int N, int C) override {
+    k_->residual_layernorm_forward(s, dt, res, out, mean, rstd, a, b, weight, bias, N, C);
+  }
+  void residual_rmsnorm_forward(Stream& s, DType dt, void* res, void* out, float* rstd,
+                                const void* a, const void* b, const void* weight, float eps, int N,
+                                int C) override {
+    k_->residual_rmsnorm_forward(s, dt, res, out, rstd, a, b, weight, eps, N, C);
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
     k_->swiglu_forward(s, dt, out, inp, N, H);

@@ -5,6 +5,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -61,6 +62,35 @@ class CpuKernels final : public Kernels {
     run(s, [=] { cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
   }
 
+  // The fused ops run the calls they replace, in one task: the same bits (the golden curves do
+  // not move whichever a model takes).
+  void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
+                            const void* dout, const void* inp, const void* weight, const void* pre,
+                            int N, int C, int OC) override {
+    run(s, [=] {
+      const size_t n = size_t(N) * size_t(C);
+      std::memset(dpre, 0, n * dtype_size(dt));
+      cpu::matmul_backward(dt, dpre, dweight, dbias, dout, inp, weight, N, C, OC);
+      cpu::gelu_backward_replace(dt, dpre, pre, n);
+    });
+  }
+  void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,
+                                  float* rstd, const void* a, const void* b, const void* weight,
+                                  const void* bias, int N, int C) override {
+    run(s, [=] {
+      cpu::residual_forward(dt, res, a, b, size_t(N) * size_t(C));
+      cpu::layernorm_forward(dt, out, mean, rstd, res, weight, bias, N, C);
+    });
+  }
+  void residual_rmsnorm_forward(Stream& s, DType dt, void* res, void* out, float* rstd,
+                                const void* a, const void* b, const void* weight, float eps, int N,
+                                int C) override {
+    run(s, [=] {
+      cpu::residual_forward(dt, res, a, b, size_t(N) * size_t(C));
+      cpu::rmsnorm_forward(dt, out, rstd, res, weight, eps, N, C);
+    });
+  }
+
   KernelSupport supports(KernelOp op, const OpShape& shape) const override {
     switch (op) {
       case KernelOp::kFusedAttention:  // the twin of the CUDA kernels: every dtype and head size
@@ -68,6 +98,10 @@ class CpuKernels final : public Kernels {
         return {true, "cpu"};
       case KernelOp::kMatmulGelu:
         return {true, "cpu (matmul_forward, then gelu_forward)"};
+      case KernelOp::kResidualNorm:
+        return {true, "cpu (residual_forward, then the norm)"};
+      case KernelOp::kMatmulBackwardGelu:
+        return {true, "cpu (matmul_backward, then gelu_backward)"};
       case KernelOp::kDropout:
       case KernelOp::kAttentionDecode:
         return {true, "cpu"};

@@ -122,4 +122,25 @@ void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size
   });
 }
 
+// In place: g[i] = 0 + g[i] * gelu'(x[i]), one rounding: the bits gelu_backward gives into a
+// zeroed dinp from dout = g (accumulate_span adds the fp32 product to the stored 0).
+void gelu_backward_replace(DType dt, void* g_io, const void* inp, size_t n) {
+  dispatch_dtype(dt, [&](auto tag) {
+    using Tp = decltype(tag);
+    auto* d = static_cast<Tp*>(g_io);
+    auto* x = static_cast<const Tp*>(inp);
+    parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
+      float v[kBlock], g[kBlock];
+      for (size_t b = i0; b < i1; b += kBlock) {
+        const size_t m = std::min(kBlock, i1 - b);
+        load_span(x + b, v, m);
+        load_span(d + b, g, m);
+        impl().backward(v, g, m);
+        for (size_t j = 0; j < m; ++j) g[j] = 0.0f + g[j];
+        store_span(g, d + b, m);
+      }
+    });
+  });
+}
+
 }  // namespace strata::cpu

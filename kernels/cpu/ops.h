@@ -131,6 +131,9 @@ void rope(DType dt, void* qkv, const RopeParams& rope, const int32_t* pos, int B
 
 void gelu_forward(DType dt, void* out, const void* inp, size_t n);
 void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);
+// g_io[i] = gelu'(inp[i]) * g_io[i], in place: the bits of gelu_backward from dout = g_io into a
+// zeroed dinp (Kernels::matmul_backward_gelu on this backend).
+void gelu_backward_replace(DType dt, void* g_io, const void* inp, size_t n);
 
 void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n);
 void add_inplace(DType dt, void* dst, const void* src, size_t n);

@@ -63,6 +63,25 @@ class SimKernels final : public Kernels {
     if (dbias) bytes += double(N) * OC * es(dt);
     gemm(s, products * 2.0 * N * C * OC, bytes);
   }
+  // The DGELU epilogue reads pre once more than matmul_backward; gelu_backward's launch and its
+  // four passes over [N,C] are gone.
+  void matmul_backward_gelu(Stream& s, DType dt, void*, float* dweight, float* dbias, const void*,
+                            const void*, const void*, const void*, int N, int C, int OC) override {
+    const double products = dweight ? 2.0 : 1.0;
+    double bytes = (3.0 * N * C + double(N) * OC + double(OC) * C) * es(dt);
+    if (dweight) bytes += 8.0 * OC * C;
+    if (dbias) bytes += double(N) * OC * es(dt);
+    gemm(s, products * 2.0 * N * C * OC, bytes);
+  }
+  // One launch: a and b read, res and out written (the norm reads res back from the cache).
+  void residual_layernorm_forward(Stream& s, DType dt, void*, void*, float*, float*, const void*,
+                                  const void*, const void*, const void*, int N, int C) override {
+    mem(s, double(N) * (4.0 * C * es(dt) + 8));
+  }
+  void residual_rmsnorm_forward(Stream& s, DType dt, void*, void*, float*, const void*, const void*,
+                                const void*, float, int N, int C) override {
+    mem(s, double(N) * (4.0 * C * es(dt) + 4));
+  }
   // What the CUDA backend's own kernels support (its cuDNN path is a faster rate, not modeled).
   KernelSupport supports(KernelOp op, const OpShape& shape) const override {
     switch (op) {
@@ -74,6 +93,13 @@ class SimKernels final : public Kernels {
       case KernelOp::kMatmulGelu:
         if (shape.OC <= 0 || shape.OC % 8 != 0) {
           return {false, "simulated: cuBLASLt's GELU epilogue needs OC a multiple of 8"};
+        }
+        return {true, "simulated"};
+      case KernelOp::kResidualNorm:
+        return {true, "simulated"};
+      case KernelOp::kMatmulBackwardGelu:
+        if (shape.C <= 0 || shape.C % 8 != 0) {
+          return {false, "simulated: cuBLASLt's DGELU epilogue needs C a multiple of 8"};
         }
         return {true, "simulated"};
       case KernelOp::kDropout:

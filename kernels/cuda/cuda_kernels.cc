@@ -3,6 +3,8 @@
 // failure to the device's error sink, from which the next synchronize() returns it. The table
 // the device hands out wraps these in LibraryAttentionKernels (cuDNN's fused attention where it
 // supports the shape; attention_library.h).
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -35,7 +37,7 @@ namespace {
 class CudaKernels final : public Kernels {
  public:
   CudaKernels(int ordinal, cublasLtHandle_t handle, CudaErrorSink* errors)
-      : ordinal_(ordinal), handle_(handle), errors_(errors) {}
+      : ordinal_(ordinal), handle_(handle), errors_(errors), fused_ops_(fused_ops_from_env()) {}
 
   void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const int32_t* pos,
                        const void* wte, const void* wpe, int B, int T, int C) override {
@@ -84,7 +86,32 @@ class CudaKernels final : public Kernels {
                                   N, C, OC);
     });
   }
+  void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
+                            const void* dout, const void* inp, const void* weight, const void* pre,
+                            int N, int C, int OC) override {
+    run("matmul_backward_gelu", s, [&](CudaStream& cs) {
+      return cuda_matmul_backward_gelu(cs.handle, blas(cs), dt, dpre, dweight, dbias, dout, inp,
+                                       weight, pre, N, C, OC);
+    });
+  }
+  void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,
+                                  float* rstd, const void* a, const void* b, const void* weight,
+                                  const void* bias, int N, int C) override {
+    run("residual_layernorm_forward", s, [&](CudaStream& cs) {
+      return cuda_residual_layernorm_forward(cs.handle, dt, res, out, mean, rstd, a, b, weight,
+                                             bias, N, C);
+    });
+  }
+  void residual_rmsnorm_forward(Stream& s, DType dt, void* res, void* out, float* rstd,
+                                const void* a, const void* b, const void* weight, float eps, int N,
+                                int C) override {
+    run("residual_rmsnorm_forward", s, [&](CudaStream& cs) {
+      return cuda_residual_rmsnorm_forward(cs.handle, dt, res, out, rstd, a, b, weight, eps, N, C);
+    });
+  }
   KernelSupport supports(KernelOp op, const OpShape& shape) const override {
+    const KernelSupport off{
+        false, std::string("fused elementwise ops turned off by ") + kFusedOpsEnv + "=0"};
     switch (op) {
       case KernelOp::kFusedAttention:
         if (!cuda_fused_attention_supported(shape.dt, shape.hs)) {
@@ -92,10 +119,20 @@ class CudaKernels final : public Kernels {
         }
         return {true, "cuda wmma"};
       case KernelOp::kMatmulGelu:
+        if (!fused_ops_) return off;
         if (!cuda_matmul_gelu_supported(shape.OC)) {
           return {false, "cuBLASLt's GELU epilogue needs the output channels a multiple of 8"};
         }
         return {true, "cublaslt gelu_aux_bias epilogue"};
+      case KernelOp::kMatmulBackwardGelu:
+        if (!fused_ops_) return off;
+        if (!cuda_matmul_backward_gelu_supported(shape.C)) {
+          return {false, "cuBLASLt's DGELU epilogue needs the input channels a multiple of 8"};
+        }
+        return {true, "cublaslt dgelu epilogue"};
+      case KernelOp::kResidualNorm:
+        if (!fused_ops_) return off;
+        return {true, "cuda"};
       case KernelOp::kDropout:
         return {true, "cuda"};
       case KernelOp::kAttentionDecode:
@@ -268,9 +305,15 @@ class CudaKernels final : public Kernels {
     if (!st.is_ok()) errors_->note(st.with_context(op));
   }
 
+  static bool fused_ops_from_env() {
+    const char* env = std::getenv(kFusedOpsEnv);
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }
+
   const int ordinal_;
   const cublasLtHandle_t handle_;
   CudaErrorSink* const errors_;
+  const bool fused_ops_;  // the optional fused ops are offered (kFusedOpsEnv)
 };
 
 }  // namespace

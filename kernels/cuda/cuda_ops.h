@@ -73,6 +73,12 @@ class CudaErrorSink {
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
                                              CudaErrorSink* errors);
 
+// The environment switch of the fused elementwise ops: STRATA_FUSED_OPS=0 makes the table's
+// supports() answer no for kMatmulGelu, kMatmulBackwardGelu and kResidualNorm, so the models
+// take the unfused calls (a fused against unfused comparison of a whole step). Read when the
+// table is created; any other value, or unset, offers them.
+inline constexpr const char* kFusedOpsEnv = "STRATA_FUSED_OPS";
+
 // encoder.cu
 Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
                             const int32_t* pos, const void* wte, const void* wpe, int B, int T,
@@ -99,6 +105,13 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
                             const void* weight, int N, int C, int OC);
+// dpre = gelu'(pre) * (dout @ weight) (written), in one cuBLASLt call with the DGELU epilogue
+// (pre the epilogue's aux input); dweight and dbias as cuda_matmul_backward. C must be a
+// multiple of 8 (the aux matrix's leading dimension): cuda_matmul_backward_gelu_supported.
+bool cuda_matmul_backward_gelu_supported(int C);
+Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, DType dt, void* dpre,
+                                 float* dweight, float* dbias, const void* dout, const void* inp,
+                                 const void* weight, const void* pre, int N, int C, int OC);
 // attention_decode.cu (any dtype, head size up to 2 * kMaxRopePairs)
 bool cuda_attention_decode_supported(int hs);
 Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, void* vcache,
@@ -141,6 +154,14 @@ Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp,
 Status cuda_residual_forward(cudaStream_t s, DType dt, void* out, const void* a, const void* b,
                              size_t n);
 Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n);
+// residual_norm.cu: res = a + b, then LayerNorm / RMSNorm of the stored res (the bits of
+// cuda_residual_forward followed by cuda_layernorm_forward / cuda_rmsnorm_forward).
+Status cuda_residual_layernorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* mean,
+                                       float* rstd, const void* a, const void* b,
+                                       const void* weight, const void* bias, int N, int C);
+Status cuda_residual_rmsnorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* rstd,
+                                     const void* a, const void* b, const void* weight, float eps,
+                                     int N, int C);
 // dropout.cu
 Status cuda_dropout(cudaStream_t s, DType dt, void* out, const void* in, size_t n, float p,
                     uint64_t key);

@@ -9,6 +9,8 @@
 //             (GELU_AUX without a bias): D = gelu(product + bias), the aux matrix (ld OC, the
 //             output's dtype) = product + bias.
 //   dinp      dinp[N,C] += dout[N,OC] @ W[OC,C]        <=>  D(CxN) = W(CxOC) * dout(OCxN), beta 1.
+//   dinp with GELU's gradient (matmul_backward_gelu): dpre[N,C] = gelu'(pre) * (dout @ W), the
+//             same product, beta 0, with the DGELU epilogue reading pre as its aux input (ld C).
 //   dweight   dweight[OC,C] += dout^T @ inp[N,C]       <=>  D(CxOC) = inp(CxN) * op_T(dout: OCxN),
 //             D in fp32 with beta 1: low-precision operands accumulate straight into fp32.
 //   dbias     column sums of dout, by a kernel (fp32 +=).
@@ -51,11 +53,12 @@ struct LtCall {
 
 // D(m x n, ld ldd) = alpha * op(A) * op(B) + beta * D (+ bias[m] if non-null), column-major,
 // fp32 compute. A is stored m x k (ta = N) or k x m (ta = T); B k x n (tb = N) or n x k (T).
-// With gelu_aux: D = gelu(that), and gelu_aux (m x n, ld ldd, D's type) = that.
+// With gelu_aux: D = gelu(that), and gelu_aux (m x n, ld ldd, D's type) = that; with dgelu
+// too (no bias): D = that * gelu'(gelu_aux), gelu_aux read (DGELU epilogue).
 Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cublasOperation_t tb,
                  int m, int n, int k, const void* A, cudaDataType_t at, int lda, const void* B,
                  cudaDataType_t bt, int ldb, void* D, cudaDataType_t dtp, int ldd, float beta,
-                 const void* bias, void* gelu_aux = nullptr) {
+                 const void* bias, void* gelu_aux = nullptr, bool dgelu = false) {
   LtCall c;
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                       "creating the matmul descriptor");
@@ -66,8 +69,9 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
       cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
       "setting TRANSB");
   if (gelu_aux) {
-    const cublasLtEpilogue_t epi =
-        bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    const cublasLtEpilogue_t epi = dgelu  ? CUBLASLT_EPILOGUE_DGELU
+                                   : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                          : CUBLASLT_EPILOGUE_GELU_AUX;
     STRATA_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
         "setting the GELU epilogue");
@@ -79,6 +83,9 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                        &aux_ld, sizeof(aux_ld)),
                         "setting the GELU epilogue's aux leading dimension");
+  }
+  if (bias && dgelu) {
+    return invalid_argument("the DGELU epilogue takes no bias (matmul_backward_gelu)");
   }
   if (bias) {
     const cublasLtEpilogue_t epi =
@@ -187,16 +194,13 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
       .with_context("matmul_gelu_forward");
 }
 
-Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
-                            float* dweight, float* dbias, const void* dout, const void* inp,
-                            const void* weight, int N, int C, int OC) {
-  if (N == 0 || OC == 0 || C == 0) return Status::ok();
+namespace {
+
+// The weight and bias gradients of matmul_backward and matmul_backward_gelu.
+Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, DType dt, float* dweight,
+                              float* dbias, const void* dout, const void* inp, int N, int C,
+                              int OC) {
   const cudaDataType_t t = cuda_type(dt);
-  if (dinp) {
-    STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, t, C,
-                                     dout, t, OC, dinp, t, C, 1.0f, nullptr),
-                           "matmul_backward: dinp += dout @ weight");
-  }
   if (dweight) {
     STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, t, C, dout,
                                      t, OC, dweight, CUDA_R_32F, C, 1.0f, nullptr),
@@ -209,6 +213,46 @@ Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void
     STRATA_CUDA_LAUNCH_CHECK("launching matmul_backward's dbias column sum");
   }
   return Status::ok();
+}
+
+}  // namespace
+
+Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
+                            float* dweight, float* dbias, const void* dout, const void* inp,
+                            const void* weight, int N, int C, int OC) {
+  if (N == 0 || OC == 0 || C == 0) return Status::ok();
+  const cudaDataType_t t = cuda_type(dt);
+  if (dinp) {
+    STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, t, C,
+                                     dout, t, OC, dinp, t, C, 1.0f, nullptr),
+                           "matmul_backward: dinp += dout @ weight");
+  }
+  return matmul_backward_params(s, blas, dt, dweight, dbias, dout, inp, N, C, OC);
+}
+
+bool cuda_matmul_backward_gelu_supported(int C) { return C > 0 && C % 8 == 0; }
+
+Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, DType dt, void* dpre,
+                                 float* dweight, float* dbias, const void* dout, const void* inp,
+                                 const void* weight, const void* pre, int N, int C, int OC) {
+  if (N == 0 || C == 0) return Status::ok();
+  if (!cuda_matmul_backward_gelu_supported(C)) {
+    return invalid_argument("matmul_backward_gelu: C=" + std::to_string(C) +
+                            " is not a multiple of 8 (cuBLASLt's DGELU epilogue); check "
+                            "supports(kMatmulBackwardGelu) and use matmul_backward + "
+                            "gelu_backward");
+  }
+  const cudaDataType_t t = cuda_type(dt);
+  if (OC == 0) {  // an empty product: the gradient is gelu'(pre) * 0
+    STRATA_CUDA_CHECK(cudaMemsetAsync(dpre, 0, size_t(N) * C * dtype_size(dt), s),
+                      "matmul_backward_gelu: zeroing dpre (OC = 0)");
+    return Status::ok();
+  }
+  STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, t, C, dout,
+                                   t, OC, dpre, t, C, 0.0f, nullptr, const_cast<void*>(pre),
+                                   /*dgelu=*/true),
+                         "matmul_backward_gelu: dpre = gelu'(pre) * (dout @ weight)");
+  return matmul_backward_params(s, blas, dt, dweight, dbias, dout, inp, N, C, OC);
 }
 
 }  // namespace strata

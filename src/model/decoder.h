@@ -43,6 +43,10 @@
 //   void norm_forward(st, NormSite, const void* p, const void* in, void* out, const NormStats&)
 //   void norm_backward(st, NormSite, p, float* g, void* din (+=), const void* dout, const void* in,
 //                      const NormStats&)
+//   void residual_norm_forward(st, NormSite, p, const void* a, const void* b, void* res,
+//                              void* out, const NormStats&)
+//                                             res = a + b, then norm_forward of res into out
+//                                             (in one call where supports(kResidualNorm))
 //   void attention_forward(st, p, const void* in, const AttentionActs&, void* out)
 //   void attention_backward(st, p, float* g, const void* dout, const void* in,
 //                           const AttentionActs&, const AttentionScratch&, void* din (zeroed

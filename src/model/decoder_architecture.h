@@ -319,8 +319,7 @@ class DecoderRunner final : public ModelRunner {
     Kernels& k = *st_.k;
     blocks_.norm_forward(st_, NormSite::kBlockIn, p, in, y.ln1, y.n1);
     blocks_.attention_forward(st_, p, y.ln1, y.att, y.att_out);
-    k.residual_forward(*st_.s, st_.dt, y.res2, in, y.att_out, st_.N() * size_t(sh_.n_embd));
-    blocks_.norm_forward(st_, NormSite::kBlockMid, p, y.res2, y.ln2, y.n2);
+    blocks_.residual_norm_forward(st_, NormSite::kBlockMid, p, in, y.att_out, y.res2, y.ln2, y.n2);
     blocks_.mlp_forward(st_, p, y.ln2, y.mlp, y.mlp_out);
     if (out == nullptr) return;  // a recompute: backward needs no block output
     wait_slot(wait_slot_before_out);

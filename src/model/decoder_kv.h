@@ -123,8 +123,8 @@ class DecoderKv final : public KvDecoder {
       blocks_.norm_forward(st_, NormSite::kBlockIn, p, buf_.x, buf_.ln1, buf_.n1);
       const KvLayer kv{buf_.k[size_t(l)], buf_.v[size_t(l)], pos_, sh_.context};
       blocks_.attention_decode(st_, p, buf_.ln1, buf_.att, kv, buf_.att_out);
-      k.residual_forward(s, st_.dt, buf_.res2, buf_.x, buf_.att_out, NC);
-      blocks_.norm_forward(st_, NormSite::kBlockMid, p, buf_.res2, buf_.ln2, buf_.n2);
+      blocks_.residual_norm_forward(st_, NormSite::kBlockMid, p, buf_.x, buf_.att_out, buf_.res2,
+                                    buf_.ln2, buf_.n2);
       blocks_.mlp_forward(st_, p, buf_.ln2, buf_.mlp, buf_.mlp_out);
       k.residual_forward(s, st_.dt, buf_.x, buf_.res2, buf_.mlp_out, NC);
     }

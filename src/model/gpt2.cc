@@ -155,6 +155,20 @@ class Gpt2Blocks {
     st.k->layernorm_forward(*st.s, st.dt, out, n.mean, n.rstd, in, w,
                             w + size_t(s_.n_embd) * st.es(), int(st.N()), s_.n_embd);
   }
+  // res = a + b, then the norm of res into out: one call where the kernels fuse them (the same
+  // bits: Kernels::residual_layernorm_forward).
+  void residual_norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* a,
+                             const void* b, void* res, void* out, const NormStats& n) const {
+    const int N = int(st.N()), C = s_.n_embd;
+    if (st.k->supports(KernelOp::kResidualNorm, {.dt = st.dt, .N = N, .C = C}).supported) {
+      const char* w = param(p, st, norm_at(site));
+      st.k->residual_layernorm_forward(*st.s, st.dt, res, out, n.mean, n.rstd, a, b, w,
+                                       w + size_t(C) * st.es(), N, C);
+      return;
+    }
+    st.k->residual_forward(*st.s, st.dt, res, a, b, size_t(N) * size_t(C));
+    norm_forward(st, site, p, res, out, n);
+  }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
@@ -243,12 +257,23 @@ class Gpt2Blocks {
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd;
     const size_t NC = size_t(N) * C, es = st.es();
-    st.zero(d.dfch_gelu, NC * 4 * es);
-    k.matmul_backward(s, st.dt, d.dfch_gelu, st.wgrad(g, at_[kFcprojw]), st.wgrad(g, at_[kFcprojb]),
-                      dout, a.fch_gelu, param(p, st, at_[kFcprojw]), N, 4 * C, C);
-    st.lora_backward(kFcProj, a.fch_gelu, dout, d.dfch_gelu);
-    st.zero(d.dfch, NC * 4 * es);
-    k.gelu_backward(s, st.dt, d.dfch, a.fch, d.dfch_gelu, NC * 4);
+    // The down-projection's input gradient and the GELU's in one call where the kernels fuse
+    // them (cuBLASLt's DGELU epilogue; the CPU backend computes the two ops' bits). An adapter
+    // adds to dfch_gelu between the two, so with LoRA they stay apart.
+    const OpShape down{.dt = st.dt, .N = N, .C = 4 * C, .OC = C};
+    if (st.lora == nullptr && k.supports(KernelOp::kMatmulBackwardGelu, down).supported) {
+      k.matmul_backward_gelu(s, st.dt, d.dfch, st.wgrad(g, at_[kFcprojw]),
+                             st.wgrad(g, at_[kFcprojb]), dout, a.fch_gelu,
+                             param(p, st, at_[kFcprojw]), a.fch, N, 4 * C, C);
+    } else {
+      st.zero(d.dfch_gelu, NC * 4 * es);
+      k.matmul_backward(s, st.dt, d.dfch_gelu, st.wgrad(g, at_[kFcprojw]),
+                        st.wgrad(g, at_[kFcprojb]), dout, a.fch_gelu, param(p, st, at_[kFcprojw]),
+                        N, 4 * C, C);
+      st.lora_backward(kFcProj, a.fch_gelu, dout, d.dfch_gelu);
+      st.zero(d.dfch, NC * 4 * es);
+      k.gelu_backward(s, st.dt, d.dfch, a.fch, d.dfch_gelu, NC * 4);
+    }
     st.zero(din, NC * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kFcw]), st.wgrad(g, at_[kFcb]), d.dfch, in,
                       param(p, st, at_[kFcw]), N, C, 4 * C);

@@ -181,6 +181,19 @@ class LlamaBlocks {
     st.k->rmsnorm_forward(*st.s, st.dt, out, n.rstd, in, param(p, st, norm_at(site)), eps_,
                           int(st.N()), s_.n_embd);
   }
+  // res = a + b, then the norm of res into out: one call where the kernels fuse them (the same
+  // bits: Kernels::residual_rmsnorm_forward).
+  void residual_norm_forward(const DecoderStep& st, NormSite site, const void* p, const void* a,
+                             const void* b, void* res, void* out, const NormStats& n) const {
+    const int N = int(st.N()), C = s_.n_embd;
+    if (st.k->supports(KernelOp::kResidualNorm, {.dt = st.dt, .N = N, .C = C}).supported) {
+      st.k->residual_rmsnorm_forward(*st.s, st.dt, res, out, n.rstd, a, b,
+                                     param(p, st, norm_at(site)), eps_, N, C);
+      return;
+    }
+    st.k->residual_forward(*st.s, st.dt, res, a, b, size_t(N) * size_t(C));
+    norm_forward(st, site, p, res, out, n);
+  }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
                      const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);

@@ -2,7 +2,11 @@
 // and Kernels table (so it measures the ops the engine runs, not a hand-tuned stand-in).
 //
 //   bench_device_ops gemm      [options]  matmul_forward / matmul_backward (cuBLASLt on CUDA) at
-//                                         GPT-2 124M's shapes: TFLOP/s and share of --peak-tflops
+//                                         GPT-2 124M's shapes: TFLOP/s and share of --peak-tflops;
+//                                         then the fused ops against the calls they replace
+//                                         (the "fused" rows: the residual add + norm, the GELU
+//                                         in the up-projection's epilogue and its gradient in
+//                                         the down-projection's backward), ms each and speedup
 //   bench_device_ops copy      [options]  host<->device copies, pinned and pageable, GB/s
 //   bench_device_ops attention [options]  plain (attention_gqa_*) vs fused (fused_attention_*,
 //                                         the backend's own kernels), and cuDNN's fused attention
@@ -118,6 +122,109 @@ std::string fmt_num(double v, int prec = 1) {
   return buf;
 }
 
+// --- fused ops ----------------------------------------------------------------------------------
+
+// Each optional fused op (KernelOp::kResidualNorm, kMatmulGelu, kMatmulBackwardGelu) against the
+// calls a model makes without it, at GPT-2 124M's shapes (N = 8 x 1024 rows, C = 768) and, for
+// RMSNorm, a ~1B Llama's width (C = 2048). A row the device does not support says why.
+Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
+  const int N = o.quick ? 128 : 8 * 1024, C = o.quick ? 64 : 768, CL = o.quick ? 96 : 2048;
+  const DType dt = DType::kBF16;
+  const size_t es = dtype_size(dt);
+  const int iters = dev.kind() == DeviceKind::kCuda ? 20 : 1;
+  Kernels& k = dev.kernels();
+  Stream& s = dev.compute_stream();
+  Buffers b(dev);
+  const size_t wide = size_t(N) * 4 * C;  // the MLP's hidden activations
+  STRATA_ASSIGN_OR_RETURN(void* x, b.random(size_t(N) * CL, dt), "fused x");
+  STRATA_ASSIGN_OR_RETURN(void* y, b.random(size_t(N) * CL, dt), "fused y");
+  STRATA_ASSIGN_OR_RETURN(void* res, b.random(size_t(N) * CL, dt), "fused res");
+  STRATA_ASSIGN_OR_RETURN(void* ln, b.random(size_t(N) * CL, dt), "fused ln");
+  STRATA_ASSIGN_OR_RETURN(void* w, b.random(size_t(CL), dt, 0.5, 1.5), "fused norm weight");
+  STRATA_ASSIGN_OR_RETURN(void* stats, b.random(2 * size_t(N), DType::kF32), "fused stats");
+  STRATA_ASSIGN_OR_RETURN(void* pre, b.random(wide, dt, -3, 3), "fused pre");
+  STRATA_ASSIGN_OR_RETURN(void* act, b.random(wide, dt), "fused act");
+  STRATA_ASSIGN_OR_RETURN(void* dpre, b.random(wide, dt), "fused dpre");
+  STRATA_ASSIGN_OR_RETURN(void* dact, b.random(wide, dt), "fused dact");
+  STRATA_ASSIGN_OR_RETURN(void* wfc, b.random(size_t(4) * C * C, dt), "fused fc weight");
+  STRATA_ASSIGN_OR_RETURN(void* bfc, b.random(size_t(4) * C, dt), "fused fc bias");
+  STRATA_ASSIGN_OR_RETURN(void* dw, b.random(size_t(4) * C * C, DType::kF32), "fused dweight");
+  STRATA_ASSIGN_OR_RETURN(void* db, b.random(size_t(4) * C, DType::kF32), "fused dbias");
+  float* mean = static_cast<float*>(stats);
+  float* rstd = mean + N;
+  float* dwf = static_cast<float*>(dw);
+  float* dbf = static_cast<float*>(db);
+  struct Case {
+    const char* name;
+    KernelOp op;
+    OpShape shape;
+    std::function<void()> unfused, fused;
+  };
+  const Case cases[] = {
+      {"residual_layernorm", KernelOp::kResidualNorm, OpShape{.dt = dt, .N = N, .C = C},
+       [&] {
+         k.residual_forward(s, dt, res, x, y, size_t(N) * C);
+         k.layernorm_forward(s, dt, ln, mean, rstd, res, w, w, N, C);
+       },
+       [&] { k.residual_layernorm_forward(s, dt, res, ln, mean, rstd, x, y, w, w, N, C); }},
+      {"residual_rmsnorm", KernelOp::kResidualNorm, OpShape{.dt = dt, .N = N, .C = CL},
+       [&] {
+         k.residual_forward(s, dt, res, x, y, size_t(N) * CL);
+         k.rmsnorm_forward(s, dt, ln, rstd, res, w, 1e-5f, N, CL);
+       },
+       [&] { k.residual_rmsnorm_forward(s, dt, res, ln, rstd, x, y, w, 1e-5f, N, CL); }},
+      {"matmul_gelu_forward", KernelOp::kMatmulGelu, OpShape{.dt = dt, .N = N, .C = C, .OC = 4 * C},
+       [&] {
+         k.matmul_forward(s, dt, pre, x, wfc, bfc, N, C, 4 * C);
+         k.gelu_forward(s, dt, act, pre, wide);
+       },
+       [&] { k.matmul_gelu_forward(s, dt, act, pre, x, wfc, bfc, N, C, 4 * C); }},
+      {"matmul_backward_gelu", KernelOp::kMatmulBackwardGelu,
+       OpShape{.dt = dt, .N = N, .C = 4 * C, .OC = C},
+       [&] {  // GPT-2's MLP backward without the fusion: two zeroed buffers, two ops
+         dev.memset_zero(s, dact, wide * es);
+         k.matmul_backward(s, dt, dact, dwf, dbf, y, act, wfc, N, 4 * C, C);
+         dev.memset_zero(s, dpre, wide * es);
+         k.gelu_backward(s, dt, dpre, pre, dact, wide);
+       },
+       [&] { k.matmul_backward_gelu(s, dt, dpre, dwf, dbf, y, act, wfc, pre, N, 4 * C, C); }},
+  };
+  json rows = json::array();
+  *md += "\n| fused op (bf16, N=" + std::to_string(N) +
+         ") | path | unfused ms | fused ms | speedup |\n|---|---|---|---|---|\n";
+  Status st;
+  for (const Case& c : cases) {
+    const KernelSupport sup = k.supports(c.op, c.shape);
+    json row = {{"name", c.name},   {"N", c.shape.N},   {"C", c.shape.C},
+                {"OC", c.shape.OC}, {"path", sup.path}, {"supported", sup.supported}};
+    auto timed = [&](const std::function<void()>& fn) {
+      return time_per_call(
+          o, iters,
+          [&] {
+            for (int i = 0; i < iters; ++i) fn();
+            return dev.synchronize(s);
+          },
+          &st);
+    };
+    const Spread u = timed(c.unfused);
+    row["unfused_s"] = to_json(u);
+    std::string fused_ms = "n/a", speedup = "n/a";
+    if (sup.supported) {
+      const Spread f = timed(c.fused);
+      row["fused_s"] = to_json(f);
+      row["speedup"] = u.median / f.median;
+      fused_ms = fmt_num(f.median * 1e3, 3);
+      speedup = fmt_num(u.median / f.median, 2) + "x";
+    }
+    STRATA_RETURN_IF_ERROR(st, std::string("fused op ") + c.name);
+    rows.push_back(row);
+    *md += std::string("| ") + c.name + " | " + sup.path + " | " + fmt_num(u.median * 1e3, 3) +
+           " | " + fused_ms + " | " + speedup + " |\n";
+  }
+  (*out)["fused"] = rows;
+  return Status::ok();
+}
+
 // --- gemm ---------------------------------------------------------------------------------------
 
 Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
@@ -193,7 +300,7 @@ Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
   (*out)["dtype"] = "bf16";
   (*out)["peak_tflops"] = o.peak_tflops > 0 ? json(o.peak_tflops) : json(nullptr);
   (*out)["shapes"] = rows;
-  return Status::ok();
+  return bench_fused(dev, o, out, md);
 }
 
 // --- copy ---------------------------------------------------------------------------------------

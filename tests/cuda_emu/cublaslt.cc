@@ -22,7 +22,7 @@ struct cublasLtMatmulDescOpaque_t {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
-  void* aux = nullptr;     // the GELU epilogue's input, stored (D's type)
+  void* aux = nullptr;     // the GELU epilogue's input, stored; DGELU's, read (D's type)
   int64_t aux_ld = 0;
 };
 struct cublasLtMatrixLayoutOpaque_t {
@@ -240,12 +240,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
   if (workspace_bytes > 0 && !is_device_memory(workspace, workspace_bytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  // Epilogues: BIAS, and GELU_AUX(_BIAS): D = gelu(alpha AB + beta C + bias) with the GELU's
-  // input stored to the aux matrix (ld a multiple of 8, at least m; D's type), as cuBLASLt.
+  // Epilogues: BIAS, GELU_AUX(_BIAS): D = gelu(alpha AB + beta C + bias) with the GELU's input
+  // stored to the aux matrix (ld a multiple of 8, at least m; D's type), and DGELU: D =
+  // (alpha AB + beta C) * gelu'(aux), the aux matrix read, as cuBLASLt.
   const bool with_bias =
       op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  const bool gelu =
-      op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool dgelu = op->epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool gelu = op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX ||
+                    op->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || dgelu;
   if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !with_bias && !gelu) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -287,7 +289,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, 
         float v = alpha * acc;
         if (beta != 0.0f) v += beta * load(D, ld.type, at);
         if (bias) v += load(bias, bias_t, i);
-        if (aux) {  // the tanh approximation, on the fp32 value; its input rounded to aux
+        if (aux && dgelu) {  // the tanh approximation's derivative at the stored input
+          const float x = load(aux, ld.type, j * aux_ld + i);
+          const float th = std::tanh(0.7978845608f * (x + 0.044715f * x * x * x));
+          v *= 0.5f * (1.0f + th) +
+               0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+        } else if (aux) {  // the tanh approximation, on the fp32 value; its input rounded to aux
           store(aux, ld.type, j * aux_ld + i, v);
           v = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
         }

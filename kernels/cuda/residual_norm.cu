@@ -1,0 +1,104 @@
+// A residual add and the norm after it in one kernel: res = a + b (rounded to the storage type
+// and stored), then LayerNorm (eps = 1e-5) or RMSNorm of the stored res. CPU twin: the CPU table
+// runs residual_forward then layernorm_forward / rmsnorm_forward (kernels/cpu/cpu_kernels.cc).
+//
+// One warp per row, as layernorm.cu and rmsnorm.cu: each lane adds, rounds and stores its
+// strided elements, sums the rounded values, and reads them back from res for the second pass
+// (the same lane wrote them, so no synchronization is needed). The sums run in the unfused
+// kernels' lane order, so the fused call gives the unfused calls' bits: one launch, and res is
+// read once instead of written, then read by a second kernel.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace strata {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row, 256 threads
+
+// res[c] = a[c] + b[c] for the lane's columns of the row; returns the lane's sum of the rounded
+// values (kSquares: of their squares, written as rmsnorm.cu's `ss += v * v`, so that nvcc
+// contracts it the same way).
+template <bool kSquares, typename T>
+__device__ __forceinline__ float add_row(T* res, const T* a, const T* b, int C, int lane) {
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const T r = from_f32<T>(to_f32(a[c]) + to_f32(b[c]));
+    res[c] = r;
+    const float v = to_f32(r);
+    if constexpr (kSquares) {
+      sum += v * v;
+    } else {
+      sum += v;
+    }
+  }
+  return sum;
+}
+
+template <typename T>
+__global__ void residual_layernorm_kernel(T* res, T* out, float* mean, float* rstd, const T* a,
+                                          const T* b, const T* weight, const T* bias, int N,
+                                          int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  T* x = res + off;
+  const float m = warp_sum(add_row<false>(x, a + off, b + off, C, lane)) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = to_f32(x[c]) - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+  T* o = out + off;
+  for (int c = lane; c < C; c += 32) {
+    const float n = (to_f32(x[c]) - m) * s;
+    o[c] = from_f32<T>(n * to_f32(weight[c]) + (bias ? to_f32(bias[c]) : 0.0f));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+template <typename T>
+__global__ void residual_rmsnorm_kernel(T* res, T* out, float* rstd, const T* a, const T* b,
+                                        const T* weight, float eps, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = size_t(row) * C;
+  T* x = res + off;
+  const float s = 1.0f / sqrtf(warp_sum(add_row<true>(x, a + off, b + off, C, lane)) / C + eps);
+  T* o = out + off;
+  for (int c = lane; c < C; c += 32) o[c] = from_f32<T>(to_f32(x[c]) * s * to_f32(weight[c]));
+  if (lane == 0) rstd[row] = s;
+}
+
+}  // namespace
+
+Status cuda_residual_layernorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* mean,
+                                       float* rstd, const void* a, const void* b,
+                                       const void* weight, const void* bias, int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  STRATA_DISPATCH_DT(
+      dt, residual_layernorm_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+              static_cast<scalar_t*>(res), static_cast<scalar_t*>(out), mean, rstd,
+              static_cast<const scalar_t*>(a), static_cast<const scalar_t*>(b),
+              static_cast<const scalar_t*>(weight), static_cast<const scalar_t*>(bias), N, C));
+  STRATA_CUDA_LAUNCH_CHECK("launching residual_layernorm_forward");
+  return Status::ok();
+}
+
+Status cuda_residual_rmsnorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* rstd,
+                                     const void* a, const void* b, const void* weight, float eps,
+                                     int N, int C) {
+  if (N == 0) return Status::ok();
+  const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
+  STRATA_DISPATCH_DT(dt, residual_rmsnorm_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+                             static_cast<scalar_t*>(res), static_cast<scalar_t*>(out), rstd,
+                             static_cast<const scalar_t*>(a), static_cast<const scalar_t*>(b),
+                             static_cast<const scalar_t*>(weight), eps, N, C));
+  STRATA_CUDA_LAUNCH_CHECK("launching residual_rmsnorm_forward");
+  return Status::ok();
+}
+
+}  // namespace strata
