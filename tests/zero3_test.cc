@@ -575,7 +575,7 @@ TEST(Zero3Fault, RankKilledMidRunMakesTheOthersExitNonZero) {
 // NCCL stand-in, whose collectives MPI carries between the ranks (tests/cuda_emu/nccl.cc).
 // Against the one-rank run of the same backend, at the data-parallel tolerance above. Only the
 // emulated build (zero3_emu_test, tests/cuda_emu.cmake) runs it: on a real machine 2 ranks need
-// 2 GPUs (tools/gpu_check.sh runs one).
+// 2 GPUs (tools/gpu_check.py runs one).
 TEST(Zero3Cuda, TwoRanksOverNcclMatchOneRank) {
 #ifndef STRATA_CUDA_EMU
   GTEST_SKIP() << "runs in the emulated build (zero3_emu_test): 2 ranks need 2 GPUs here";

@@ -1,4 +1,4 @@
-// bench_device_ops: what tools/gpu_check.sh measures on a device, through strata's own Device
+// bench_device_ops: what tools/gpu_check.py measures on a device, through strata's own Device
 // and Kernels table (so it measures the ops the engine runs, not a hand-tuned stand-in).
 //
 //   bench_device_ops gemm      [options]  matmul_forward / matmul_backward (cuBLASLt on CUDA) at
@@ -17,7 +17,7 @@
 //   bench_device_ops validate-json FILE [KEY...]   exit 0 if FILE parses and has every KEY
 //
 // options: --backend cuda|cpu (default cuda; cpu runs the same code on the CPU backend, which is
-//          how tools/gpu_check.sh --self-test checks this tool without a GPU)
+//          how tools/gpu_check.py --self-test checks this tool without a GPU)
 //          --quick (small shapes, for the self-test)  --warmup N (1)  --repeats N (5)
 //          --peak-tflops X (the device's dense bf16 peak, for the GEMM share)
 //          --json FILE  --md FILE  (default: JSON on stdout)
