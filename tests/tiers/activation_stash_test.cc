@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/device.h"
+#include "tests/tiers/tier_rig.h"
 
 namespace strata {
 namespace {
@@ -25,9 +26,7 @@ struct Rig {
   std::unique_ptr<ActivationStash> stash;
 
   explicit Rig(size_t host_bytes) {
-    auto d = create_cpu_device({.capacity = 4 << 20, .threads = 1});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    dev = std::move(*d);
+    dev = test::cpu_device(4 << 20);
     auto h = Homes::create(*dev, {}, 0, 1, host_bytes, options, nullptr);
     EXPECT_TRUE(h.is_ok()) << h.status().to_string();
     homes = std::move(*h);

@@ -16,6 +16,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/test_util.h"
+#include "tests/tiers/tier_rig.h"
 
 namespace strata {
 namespace {
@@ -35,16 +36,8 @@ struct Rig {
 
   Rig(std::vector<size_t> numel, Tier params, size_t capacity, const std::string& swap_dir = "") {
     set_log_level(LogLevel::kError);
-    auto d = create_cpu_device({.capacity = capacity, .threads = 1});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    dev = std::move(*d);
-    ModelLayout l;
-    for (size_t i = 0; i < numel.size(); ++i) {
-      ModuleSpec s;
-      s.name = "m" + std::to_string(i);
-      s.numel = numel[i];
-      l.modules.push_back(s);
-    }
+    dev = test::cpu_device(capacity);
+    const ModelLayout l = test::plain_modules(numel);
     options.placement = {params, Tier::kHost, Tier::kHost, Tier::kHost, 1.0};
     options.storage.backend = "posix";
     auto plan = module_homes(l, options.placement, 1, DType::kBF16, DType::kF32, false, 2048);

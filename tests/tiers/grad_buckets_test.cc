@@ -17,6 +17,7 @@
 
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/tiers/tier_rig.h"
 #include "tests/wrapped_device.h"
 
 namespace strata {
@@ -34,16 +35,8 @@ struct Rig {
 
   Rig(std::vector<size_t> numel, Tier grads_tier, bool addressable, size_t capacity = 4 << 20) {
     set_log_level(LogLevel::kError);
-    auto d = create_cpu_device({.capacity = capacity, .threads = 1});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    dev = std::make_unique<test::WrappedDevice>(std::move(*d), addressable);
-    ModelLayout l;
-    for (size_t i = 0; i < numel.size(); ++i) {
-      ModuleSpec s;
-      s.name = "m" + std::to_string(i);
-      s.numel = numel[i];
-      l.modules.push_back(s);
-    }
+    dev = std::make_unique<test::WrappedDevice>(test::cpu_device(capacity), addressable);
+    const ModelLayout l = test::plain_modules(numel);
     const Tier opt = grads_tier == Tier::kDevice ? Tier::kDevice : Tier::kHost;
     options.placement = {Tier::kHost, opt, opt, grads_tier, 1.0};
     auto plan = module_homes(l, options.placement, 1, DType::kBF16, DType::kF32, false, 0);

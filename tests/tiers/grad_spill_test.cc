@@ -21,6 +21,7 @@
 #include "strata/log.h"
 #include "strata/storage_faults.h"
 #include "tests/test_util.h"
+#include "tests/tiers/tier_rig.h"
 #include "tests/wrapped_device.h"
 
 namespace strata {
@@ -40,16 +41,8 @@ struct Rig {
   Rig(std::vector<size_t> numel, bool addressable, std::shared_ptr<FaultPlan> faults = nullptr)
       : dir(test::temp_dir("strata_grad_spill", addressable ? "a" : "n")) {
     set_log_level(LogLevel::kError);
-    auto d = create_cpu_device({.capacity = 4 << 20, .threads = 1});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    dev = std::make_unique<test::WrappedDevice>(std::move(*d), addressable);
-    ModelLayout l;
-    for (size_t i = 0; i < numel.size(); ++i) {
-      ModuleSpec s;
-      s.name = "m" + std::to_string(i);
-      s.numel = numel[i];
-      l.modules.push_back(s);
-    }
+    dev = std::make_unique<test::WrappedDevice>(test::cpu_device(4 << 20), addressable);
+    const ModelLayout l = test::plain_modules(numel);
     options.placement = {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kNvme, 1.0};
     options.storage.backend = "posix";
     options.storage.faults = std::move(faults);

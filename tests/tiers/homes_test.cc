@@ -14,6 +14,7 @@
 
 #include "strata/device.h"
 #include "tests/test_util.h"
+#include "tests/tiers/tier_rig.h"
 
 namespace strata {
 namespace {
@@ -31,17 +32,11 @@ ModelLayout layout_of(std::vector<std::pair<std::string, size_t>> mods) {
   return l;
 }
 
-std::unique_ptr<Device> cpu(size_t capacity) {
-  auto d = create_cpu_device({.capacity = capacity, .threads = 1});
-  EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-  return d.is_ok() ? std::move(*d) : nullptr;
-}
-
 // Parameters on the device, master weights and moments in the host tier, gradients on the
 // device: each home where and as large as the plan says, reachable from the host (the CPU
 // backend's device memory is host memory), and given back by ~Homes.
 TEST(Homes, EveryObjectInItsTier) {
-  auto dev = cpu(8 << 20);
+  auto dev = test::cpu_device(8 << 20);
   ASSERT_NE(dev, nullptr);
   const Placement pl{Tier::kDevice, Tier::kHost, Tier::kHost, Tier::kDevice, 1.0};
   auto plan = module_homes(layout_of({{"a", 1000}, {"b", 3000}}), pl, 1, DType::kBF16, DType::kF32,
@@ -101,7 +96,7 @@ TEST(Homes, EveryObjectInItsTier) {
 // A rank's shard: elements [rank * sn, rank * sn + sn) of the padded group, of which `valid`
 // are real (none on a rank past the module's end).
 TEST(Homes, ShardOffsetsPerRank) {
-  auto dev = cpu(8 << 20);
+  auto dev = test::cpu_device(8 << 20);
   ASSERT_NE(dev, nullptr);
   const Placement pl{Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0};
   auto plan = module_homes(layout_of({{"small", 100}, {"big", 5000}}), pl, 4, DType::kBF16,
@@ -136,7 +131,7 @@ TEST(Homes, ATierWithoutRoomNamesTheTierAndObject) {
   o.placement = pl;
   {
     // Room for the first module's parameters only.
-    auto dev = cpu(300'000);
+    auto dev = test::cpu_device(300'000);
     ASSERT_NE(dev, nullptr);
     auto h = Homes::create(*dev, *plan, 0, 1, 8 << 20, o, nullptr);
     ASSERT_FALSE(h.is_ok());
@@ -145,7 +140,7 @@ TEST(Homes, ATierWithoutRoomNamesTheTierAndObject) {
     EXPECT_EQ(dev->memory_stats().used, 0u);  // what was allocated is given back
   }
   {
-    auto dev = cpu(8 << 20);
+    auto dev = test::cpu_device(8 << 20);
     ASSERT_NE(dev, nullptr);
     // An arena of 1 MiB holds emb's master weights (400 KB), not its moments (800 KB) beside.
     auto h = Homes::create(*dev, *plan, 0, 1, 1 << 20, o, nullptr);
@@ -158,7 +153,7 @@ TEST(Homes, ATierWithoutRoomNamesTheTierAndObject) {
 // host_buf: a buffer from the host tier while it has room; a full tier fails with `what` in the
 // message once the streams are drained and it still has none.
 TEST(Homes, HostBufFromTheHostTier) {
-  auto dev = cpu(1 << 20);
+  auto dev = test::cpu_device(1 << 20);
   ASSERT_NE(dev, nullptr);
   TierOptions o;
   auto h = Homes::create(*dev, {}, 0, 1, 1 << 20, o, nullptr);
@@ -179,7 +174,7 @@ TEST(Homes, HostBufFromTheHostTier) {
 // swap files.
 TEST(Homes, NvmeHomesAreOneExtentPerSubGroup) {
   const std::string dir = test::temp_dir("strata_homes", "nvme");
-  auto dev = cpu(8 << 20);
+  auto dev = test::cpu_device(8 << 20);
   ASSERT_NE(dev, nullptr);
   const Placement pl{Tier::kDevice, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0};
   auto plan = module_homes(layout_of({{"a", 5000}, {"b", 1000}}), pl, 1, DType::kBF16, DType::kF32,

@@ -21,6 +21,7 @@
 #include "strata/log.h"
 #include "strata/storage_faults.h"
 #include "tests/test_util.h"
+#include "tests/tiers/tier_rig.h"
 
 namespace strata::test {
 
@@ -48,16 +49,8 @@ struct StateRig {
            std::shared_ptr<FaultPlan> faults = nullptr)
       : dir(temp_dir("strata_state_rig", name)) {
     set_log_level(LogLevel::kError);
-    auto d = create_cpu_device({.capacity = 16 << 20, .threads = 1});
-    EXPECT_TRUE(d.is_ok()) << d.status().to_string();
-    dev = std::move(*d);
-    ModelLayout l;
-    for (size_t i = 0; i < numel.size(); ++i) {
-      ModuleSpec s;
-      s.name = "m" + std::to_string(i);
-      s.numel = numel[i];
-      l.modules.push_back(s);
-    }
+    dev = cpu_device(16 << 20);
+    const ModelLayout l = plain_modules(numel);
     options.placement = placement;
     options.storage.backend = "posix";
     options.storage.faults = std::move(faults);
