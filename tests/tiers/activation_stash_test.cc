@@ -16,12 +16,7 @@
 namespace strata {
 namespace {
 
-struct Rig {
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Homes> homes;
-  TierOptions options;
-  TierCounters counters;
-  AsyncError errors;
+struct Rig : test::TierParts {
   std::unique_ptr<DeviceCache> cache;
   std::unique_ptr<ActivationStash> stash;
 

@@ -25,12 +25,7 @@ namespace fs = std::filesystem;
 
 // Homes for modules of `numel` bf16 parameters each, placed by `params` (the optimizer state on
 // the host), on a CPU device of `capacity` bytes, and a cache over them.
-struct Rig {
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Homes> homes;
-  TierOptions options;
-  TierCounters counters;
-  AsyncError errors;
+struct Rig : test::TierParts {
   std::unique_ptr<DeviceCache> cache;
   std::vector<int> fetched;
 

@@ -23,12 +23,7 @@
 namespace strata {
 namespace {
 
-struct Rig {
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Homes> homes;
-  TierOptions options;
-  TierCounters counters;
-  AsyncError errors;
+struct Rig : test::TierParts {
   std::unique_ptr<DeviceCache> cache;
   std::vector<int> finals;
   std::unique_ptr<GradBuckets> grads;
@@ -74,14 +69,6 @@ struct Rig {
   }
 };
 
-std::vector<float> random_grad(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> g(n);
-  for (float& x : g) x = d(rng);
-  return g;
-}
-
 // Three micro-batches of two modules: GACC holds g0 + g1 + g2 summed in that order in fp32,
 // bit for bit, whichever path the accumulator takes (in place, added on the host from the
 // device buffer, or through a landing buffer; host- or device-homed); on_final once per
@@ -97,7 +84,7 @@ TEST(GradBuckets, MicroBatchesSumIntoTheAccumulatorOnEveryPath) {
   for (int m = 0; m < 2; ++m) {
     want[size_t(m)].assign(numel[size_t(m)], 0.0f);
     for (int micro = 0; micro < 3; ++micro) {
-      auto g = random_grad(numel[size_t(m)], 10 * m + micro);
+      auto g = test::random_grad(numel[size_t(m)], 10 * m + micro);
       for (size_t i = 0; i < g.size(); ++i) {
         want[size_t(m)][i] = micro == 0 ? g[i] : want[size_t(m)][i] + g[i];
       }
@@ -118,7 +105,7 @@ TEST(GradBuckets, MicroBatchesSumIntoTheAccumulatorOnEveryPath) {
         auto again = r.grads->acquire(m, micro);  // acquiring a held buffer returns it
         ASSERT_TRUE(again.is_ok());
         EXPECT_EQ(*again, *buf);
-        r.backward(*buf, random_grad(numel[size_t(m)], 10 * m + micro));
+        r.backward(*buf, test::random_grad(numel[size_t(m)], 10 * m + micro));
         r.grads->drain(m, micro, micro == 2);
       }
       r.sync();
@@ -145,7 +132,7 @@ TEST(GradBuckets, NonFiniteGradientsAreFlagged) {
     Rig r({1000}, Tier::kHost, addressable);
     auto buf = r.grads->acquire(0, 0);
     ASSERT_TRUE(buf.is_ok());
-    auto g = random_grad(1000, 3);
+    auto g = test::random_grad(1000, 3);
     g[777] = std::numeric_limits<float>::quiet_NaN();
     r.backward(*buf, g);
     r.grads->drain(0, 0, true);
@@ -158,7 +145,7 @@ TEST(GradBuckets, NonFiniteGradientsAreFlagged) {
 // compute stream: the accumulator holds the fp32 sum.
 TEST(GradBuckets, PartsAreAddedToTheAcquiredBuffer) {
   Rig r({3000}, Tier::kHost, true);
-  auto g0 = random_grad(3000, 1), g1 = random_grad(3000, 2);
+  auto g0 = test::random_grad(3000, 1), g1 = test::random_grad(3000, 2);
   auto buf = r.grads->acquire(0, 0);
   ASSERT_TRUE(buf.is_ok());
   r.backward(*buf, g0);

@@ -29,13 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Rig {
+struct Rig : test::TierParts {
   std::string dir;
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Homes> homes;
-  TierOptions options;
-  TierCounters counters;
-  AsyncError errors;
   std::unique_ptr<GradSpill> spill;
 
   Rig(std::vector<size_t> numel, bool addressable, std::shared_ptr<FaultPlan> faults = nullptr)
@@ -82,14 +77,6 @@ struct Rig {
   }
 };
 
-std::vector<float> random_grad(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> g(n);
-  for (float& x : g) x = d(rng);
-  return g;
-}
-
 // Modules of 4 and 2 sub-groups (the last one short), three micro-batches each.
 TEST(GradSpill, MicroBatchesSumIntoTheExtentsAndTheStatsAreExact) {
   const std::vector<size_t> numel = {4 * kStatsTileElems - 1000, kStatsTileElems + 4464};
@@ -103,7 +90,7 @@ TEST(GradSpill, MicroBatchesSumIntoTheExtentsAndTheStatsAreExact) {
     for (int micro = 0; micro < 3; ++micro) {
       std::vector<std::vector<float>> g(2);  // the device buffers, alive until the drains ran
       for (int m = 1; m >= 0; --m) {
-        g[size_t(m)] = random_grad(numel[size_t(m)], 10 * m + micro);
+        g[size_t(m)] = test::random_grad(numel[size_t(m)], 10 * m + micro);
         if (micro == 0)
           want[size_t(m)] = g[size_t(m)];
         else
@@ -126,7 +113,7 @@ TEST(GradSpill, MicroBatchesSumIntoTheExtentsAndTheStatsAreExact) {
 
 TEST(GradSpill, NonFiniteGradientsAreFlagged) {
   Rig r({2 * kStatsTileElems}, true);
-  auto g = random_grad(2 * kStatsTileElems, 5);
+  auto g = test::random_grad(2 * kStatsTileElems, 5);
   g[kStatsTileElems + 3] = std::numeric_limits<float>::infinity();
   GradStats s;
   r.spill->accumulate(0, g.data(), 0, true, &s);
@@ -141,7 +128,7 @@ TEST(GradSpill, AFailedWriteIsReportedWithItsSubGroup) {
   faults->fail_nth = 1;
   faults->fail_nth_kind = 2;  // writes
   Rig r({2 * kStatsTileElems}, true, faults);
-  auto g = random_grad(2 * kStatsTileElems, 6);
+  auto g = test::random_grad(2 * kStatsTileElems, 6);
   GradStats s;
   r.spill->accumulate(0, g.data(), 0, true, &s);
   r.sync();

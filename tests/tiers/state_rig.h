@@ -31,13 +31,8 @@ struct ModuleState {
   std::vector<uint16_t> params;  // bf16
 };
 
-struct StateRig {
+struct StateRig : TierParts {
   std::string dir;
-  std::unique_ptr<Device> dev;
-  std::unique_ptr<Homes> homes;
-  TierOptions options;
-  TierCounters counters;
-  AsyncError errors;
   std::unique_ptr<DeviceCache> cache;
   std::unique_ptr<OptimizerPipeline> pipeline;
 

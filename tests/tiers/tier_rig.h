@@ -1,14 +1,18 @@
-// What the tier-part tests build their parts over: a CPU device of one thread and a layout of
-// plain modules.
+// What the tier-part tests build their parts over: a CPU device of one thread, a layout of
+// plain modules, the members every part's rig holds, and random gradients.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "src/model/architecture.h"
+#include "src/tiers/counters.h"
+#include "src/tiers/homes.h"
+#include "src/tiers/placement.h"
 #include "strata/device.h"
 
 namespace strata::test {
@@ -31,6 +35,25 @@ inline ModelLayout plain_modules(const std::vector<size_t>& numel) {
     l.modules.push_back(s);
   }
   return l;
+}
+
+// What every part's rig holds (a rig derives from it and adds its part): the device, the homes
+// over it, the tier options, and the counters and first asynchronous error the parts share.
+struct TierParts {
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Homes> homes;
+  TierOptions options;
+  TierCounters counters;
+  AsyncError errors;
+};
+
+// n normally distributed values (mean 0, deviation 1) from `seed`.
+inline std::vector<float> random_grad(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> g(n);
+  for (float& x : g) x = d(rng);
+  return g;
 }
 
 }  // namespace strata::test
