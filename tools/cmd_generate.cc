@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -227,6 +228,103 @@ Status check_host_memory(const Architecture& arch, const Config& cfg, const std:
   return Status::ok();
 }
 
+// --max-new-tokens, --temperature, --top-p and --seed into `opt`; an exit code when one is
+// not a number in its range.
+std::optional<int> parse_sample_options(const CliOptions& cli, const std::string& max_new,
+                                        const std::string& temperature, const std::string& top_p,
+                                        const std::string& seed, SampleOptions* opt) {
+  double n = 0, s = 0;
+  if (!parse_number(max_new, &n) || n < 1 || n > 1e9 || n != double(int64_t(n))) {
+    return cli.usage_error("--max-new-tokens: " + max_new + " is not a positive integer");
+  }
+  opt->max_new_tokens = int(n);
+  if (!parse_number(temperature, &opt->temperature) || !(opt->temperature >= 0) ||
+      !std::isfinite(opt->temperature)) {
+    return cli.usage_error("--temperature: " + temperature + " is not a finite number >= 0");
+  }
+  if (!parse_number(top_p, &opt->top_p) || !(opt->top_p > 0 && opt->top_p <= 1)) {
+    return cli.usage_error("--top-p: " + top_p + " is not in (0, 1]");
+  }
+  if (!parse_number(seed, &s) || s < 0 || s != double(uint64_t(s))) {
+    return cli.usage_error("--seed: " + seed + " is not a non-negative integer");
+  }
+  opt->seed = uint64_t(s);
+  return std::nullopt;
+}
+
+// The prompt's token ids: --prompt-ids as given, else --prompt-file's text (into `prompt`) or
+// --prompt encoded, with the tokenizer's end-of-sequence ids into `stop` unless --ignore-eos;
+// an exit code when they cannot be read or do not fit the context.
+std::optional<int> read_prompt(const CliOptions& cli, const std::string& prompt_ids,
+                               const std::string& prompt_file, const std::string& tok_dir,
+                               int64_t context, bool ignore_eos, std::string* prompt,
+                               std::vector<int32_t>* ids, std::vector<int32_t>* stop) {
+  if (!prompt_ids.empty()) {
+    std::stringstream ss(prompt_ids);
+    for (std::string item; std::getline(ss, item, ',');) {
+      double v = 0;
+      if (!parse_number(item, &v) || v < 0 || v > 2147483647.0 || v != double(int64_t(v))) {
+        return cli.usage_error("--prompt-ids: \"" + item + "\" is not a token id");
+      }
+      ids->push_back(int32_t(v));
+    }
+  } else {
+    if (!prompt_file.empty()) {
+      std::ifstream in(prompt_file, std::ios::binary);
+      if (!in) return cli.fail("--prompt-file: cannot open " + prompt_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      *prompt = ss.str();
+    }
+    // The tokenizer stops counting past the context: a prompt of megabytes is refused after a
+    // piece of it is encoded, not the whole.
+    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, *prompt, context);
+    if (!enc.is_ok()) return cli.fail(enc.status().message());
+    if ((*enc)["ids"].is_null()) {
+      return cli.fail(fmt::format(
+          "the prompt has more tokens than model.context {} (its first {} characters alone are "
+          "{} tokens): shorten it, or raise model.context (--set model.context=N, at most the "
+          "model's max_position_embeddings)",
+          context, (*enc).value("chars", int64_t(0)), (*enc).value("counted", int64_t(0))));
+    }
+    *ids = (*enc)["ids"].get<std::vector<int32_t>>();
+    if (!ignore_eos) *stop = (*enc)["eos"].get<std::vector<int32_t>>();
+  }
+  return std::nullopt;
+}
+
+// Prints what was generated: decoded after the prompt, as token ids when no tokenizer decodes
+// them (an error unless the prompt was ids too), or as JSON with --json.
+int print_generated(const CliOptions& cli, const std::string& tok_dir, bool have_tokenizer,
+                    bool ids_given, bool json, const std::string& prompt,
+                    const std::vector<int32_t>& ids, const std::vector<int32_t>& out) {
+  std::string text;
+  bool decoded = false;
+  if (have_tokenizer) {
+    Result<nlohmann::json> dec =
+        tokenizer("decode", tok_dir, nlohmann::json{{"ids", out}, {"prefix", ids}}.dump());
+    if (dec.is_ok()) {
+      text = (*dec)["text"].get<std::string>();
+      decoded = true;
+    } else if (!ids_given) {
+      return cli.fail(dec.status().message());
+    } else {  // ids in, ids out: the numbers are still the answer
+      std::fprintf(stderr, "strata generate: %s; printing token ids\n",
+                   dec.status().message().c_str());
+    }
+  }
+  if (json) {
+    std::printf("%s\n",
+                nlohmann::json{{"prompt_ids", ids}, {"ids", out}, {"text", text}}.dump().c_str());
+  } else if (decoded) {
+    std::printf("%s%s\n", prompt.c_str(), text.c_str());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -254,22 +352,7 @@ int cmd_generate(int argc, char** argv) {
     return cli.usage_error("give one of --prompt, --prompt-file and --prompt-ids");
   }
   SampleOptions opt;
-  double n = 0, s = 0;
-  if (!parse_number(max_new, &n) || n < 1 || n > 1e9 || n != double(int64_t(n))) {
-    return cli.usage_error("--max-new-tokens: " + max_new + " is not a positive integer");
-  }
-  opt.max_new_tokens = int(n);
-  if (!parse_number(temperature, &opt.temperature) || !(opt.temperature >= 0) ||
-      !std::isfinite(opt.temperature)) {
-    return cli.usage_error("--temperature: " + temperature + " is not a finite number >= 0");
-  }
-  if (!parse_number(top_p, &opt.top_p) || !(opt.top_p > 0 && opt.top_p <= 1)) {
-    return cli.usage_error("--top-p: " + top_p + " is not in (0, 1]");
-  }
-  if (!parse_number(seed, &s) || s < 0 || s != double(uint64_t(s))) {
-    return cli.usage_error("--seed: " + seed + " is not a non-negative integer");
-  }
-  opt.seed = uint64_t(s);
+  if (auto rc = parse_sample_options(cli, max_new, temperature, top_p, seed, &opt)) return *rc;
 
   Result<Config> cfg = load_config(config_path, overrides);
   if (!cfg.is_ok()) return cli.fail(cfg.status().message());
@@ -291,36 +374,9 @@ int cmd_generate(int argc, char** argv) {
   if (!arch.is_ok()) return cli.fail(arch.status().message());
   const int64_t context = (*arch)->shape().context;
   std::vector<int32_t> ids;
-  if (!prompt_ids.empty()) {
-    std::stringstream ss(prompt_ids);
-    for (std::string item; std::getline(ss, item, ',');) {
-      double v = 0;
-      if (!parse_number(item, &v) || v < 0 || v > 2147483647.0 || v != double(int64_t(v))) {
-        return cli.usage_error("--prompt-ids: \"" + item + "\" is not a token id");
-      }
-      ids.push_back(int32_t(v));
-    }
-  } else {
-    if (!prompt_file.empty()) {
-      std::ifstream in(prompt_file, std::ios::binary);
-      if (!in) return cli.fail("--prompt-file: cannot open " + prompt_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      prompt = ss.str();
-    }
-    // The tokenizer stops counting past the context: a prompt of megabytes is refused after a
-    // piece of it is encoded, not the whole.
-    Result<nlohmann::json> enc = tokenizer("encode", tok_dir, prompt, context);
-    if (!enc.is_ok()) return cli.fail(enc.status().message());
-    if ((*enc)["ids"].is_null()) {
-      return cli.fail(fmt::format(
-          "the prompt has more tokens than model.context {} (its first {} characters alone are "
-          "{} tokens): shorten it, or raise model.context (--set model.context=N, at most the "
-          "model's max_position_embeddings)",
-          context, (*enc).value("chars", int64_t(0)), (*enc).value("counted", int64_t(0))));
-    }
-    ids = (*enc)["ids"].get<std::vector<int32_t>>();
-    if (!ignore_eos) opt.stop = (*enc)["eos"].get<std::vector<int32_t>>();
+  if (auto rc = read_prompt(cli, prompt_ids, prompt_file, tok_dir, context, ignore_eos, &prompt,
+                            &ids, &opt.stop)) {
+    return *rc;
   }
 
   if (!ignore_eos && opt.stop.empty() && have_tokenizer && !prompt_ids.empty()) {
@@ -355,31 +411,8 @@ int cmd_generate(int argc, char** argv) {
   Result<std::vector<int32_t>> out = generate(**decoder, ids, opt);
   if (!out.is_ok()) return cli.fail(out.status().message());
 
-  std::string text;
-  bool decoded = false;
-  if (have_tokenizer) {
-    Result<nlohmann::json> dec =
-        tokenizer("decode", tok_dir, nlohmann::json{{"ids", *out}, {"prefix", ids}}.dump());
-    if (dec.is_ok()) {
-      text = (*dec)["text"].get<std::string>();
-      decoded = true;
-    } else if (prompt_ids.empty()) {
-      return cli.fail(dec.status().message());
-    } else {  // ids in, ids out: the numbers are still the answer
-      std::fprintf(stderr, "strata generate: %s; printing token ids\n",
-                   dec.status().message().c_str());
-    }
-  }
-  if (json) {
-    std::printf("%s\n",
-                nlohmann::json{{"prompt_ids", ids}, {"ids", *out}, {"text", text}}.dump().c_str());
-  } else if (decoded) {
-    std::printf("%s%s\n", prompt.c_str(), text.c_str());
-  } else {
-    for (size_t i = 0; i < out->size(); ++i) std::printf("%s%d", i ? "," : "", (*out)[i]);
-    std::printf("\n");
-  }
-  return 0;
+  return print_generated(cli, tok_dir, have_tokenizer, !prompt_ids.empty(), json, prompt, ids,
+                         *out);
 }
 
 }  // namespace strata::tools

@@ -130,28 +130,50 @@ Key U(const char* path, Type t, const char* dflt_json, const char* doc, const ch
   return Key{path, t, nullptr, nullptr, doc, not_acted, 0, dflt_json, "", ""};
 }
 
-std::vector<Key> build_table() {
-  std::vector<Key> k;
-  const char* heading = "";
-  auto group = [&](const char* h) { heading = h; };
-  auto add = [&](Key key) {
-    key.group = heading;
-    k.push_back(std::move(key));
-  };
-  auto alias = [&](const char* path, const char* canonical) {
-    for (const Key& c : k) {
+// Builds the key table one part at a time, in the order docs/CONFIG.md lists the keys.
+class TableBuilder {
+ public:
+  std::vector<Key> build() {
+    add_training_keys();
+    add_zero_keys();
+    add_aio_and_unbound_keys();
+    add_model_keys();
+    add_run_keys();
+    add_engine_keys();
+    return std::move(k_);
+  }
+
+ private:
+  void group(const char* h) { heading_ = h; }
+  void add(Key key) {
+    key.group = heading_;
+    k_.push_back(std::move(key));
+  }
+  void alias(const char* path, const char* canonical) {
+    for (const Key& c : k_) {
       if (c.path == canonical) {
         Key a = c;
         a.path = path;
         a.alias_of = canonical;
         a.doc = "alias";
-        k.push_back(std::move(a));
+        k_.push_back(std::move(a));
         return;
       }
     }
     STRATA_CHECK(false, "alias of an unknown key");
-  };
+  }
+  void add_training_keys();         // batch, clipping, printing; fp16 / bf16; optimizer; scheduler
+  void add_zero_keys();             // zero_optimization, its aliases and unbound keys
+  void add_aio_and_unbound_keys();  // aio; the other DeepSpeed sections (accepted, not acted on)
+  void add_model_keys();            // model; lora
+  void add_run_keys();              // data; device; train
+  void add_engine_keys();           // the strata section
 
+  std::vector<Key> k_;
+  const char* heading_ = "";
+};
+
+void TableBuilder::add_training_keys() {
   // --- batch, clipping, printing ------------------------------------------------------------
   group("DeepSpeed: batch, clipping, printing");
   add(F("train_batch_size", Int(1, kMaxInt), STRATA_M(train_batch_size),
@@ -244,7 +266,9 @@ std::vector<Key> build_table() {
         "WarmupCosineLR: lr ratio at the end"));
   add(U("scheduler.params.last_batch_iteration", Int(-1, kMaxInt), "-1",
         "DeepSpeed: step to resume the schedule from", kResume));
+}
 
+void TableBuilder::add_zero_keys() {
   // --- zero_optimization --------------------------------------------------------------------
   group("DeepSpeed: zero_optimization");
   add(F("zero_optimization.stage", Int(0, 3), STRATA_M(zero.stage),
@@ -363,7 +387,9 @@ std::vector<Key> build_table() {
         "hierarchical: within each node, then across nodes"));
   add(U("zero_optimization.memory_efficient_linear", Bool(), "true",
         "DeepSpeed's memory-efficient linear", kDsOnly));
+}
 
+void TableBuilder::add_aio_and_unbound_keys() {
   // --- aio --------------------------------------------------------------------------------------
   group("DeepSpeed: aio");
   add(F("aio.backend", Enum("auto|io_uring|libaio|posix"), STRATA_M(aio.backend),
@@ -441,7 +467,9 @@ std::vector<Key> build_table() {
   add(U("comms_logger.prof_all", Bool(), "true", "", kDsOnly));
   add(U("comms_logger.debug", Bool(), "false", "", kDsOnly));
   add(U("comms_logger.prof_ops", StrList(), "[]", "", kDsOnly));
+}
 
+void TableBuilder::add_model_keys() {
   // --- strata: model ----------------------------------------------------------------------------
   group("strata: model");
   add(F("model.type", Enum(model_type_values()), STRATA_M(model.type), model_type_doc()));
@@ -551,7 +579,9 @@ std::vector<Key> build_table() {
   add(F("lora.double_quant", Bool(), STRATA_M(model.lora.double_quant),
         "nf4's absmax quantized again (bitsandbytes' bnb_4bit_use_double_quant): not implemented "
         "(true is refused)"));
+}
 
+void TableBuilder::add_run_keys() {
   // --- strata: data -----------------------------------------------------------------------------
   group("strata: data");
   add(F("data.source", Str(), STRATA_M(data.source), "\"synthetic\" or a token file path"));
@@ -628,7 +658,9 @@ std::vector<Key> build_table() {
   add(F("train.log_interval", Int(1, kMaxInt), STRATA_M(train.log_interval),
         "steps between metrics records (train.log_file, tensorboard, csv_monitor), each the "
         "per-step means since the last (steps_per_print paces the lines on stdout)"));
+}
 
+void TableBuilder::add_engine_keys() {
   // --- strata: engine knobs ---------------------------------------------------------------------
   group("strata: strata");
   add(F("strata.io.checksum", Bool(), STRATA_M(strata.io_checksum), "CRC32C per swapped extent",
@@ -734,8 +766,9 @@ std::vector<Key> build_table() {
         "host tier budget in bytes; 0 = 90% of MemAvailable"));
   add(F("strata.trace_file", Str(), STRATA_M(strata.trace_file),
         "write the first step's access trace here (for strata trace replay)"));
-  return k;
 }
+
+std::vector<Key> build_table() { return TableBuilder().build(); }
 
 #undef STRATA_M
 

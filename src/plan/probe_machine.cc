@@ -205,6 +205,192 @@ Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int w
   return m;
 }
 
+// Step 1: host memory bandwidth, a plain copy and the optimizer's read-modify-write.
+json probe_host_memory(const MachineProbeOptions& o) {
+  const size_t n = o.host_bytes / 4;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = float(i % 1000) * 1e-3f;
+    b[i] = float(i % 777) * 1e-3f;
+  }
+  Measured copy = rate_of(o.warmup, o.repeats, double(n * 4), [&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
+      std::memcpy(b.data() + r.begin(), a.data() + r.begin(), (r.end() - r.begin()) * 4);
+    });
+  });
+  Measured rmw = rate_of(o.warmup, o.repeats, double(n * 12), [&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
+      float* x = a.data();
+      const float* y = b.data();
+      for (size_t i = r.begin(); i < r.end(); ++i) x[i] = 0.999f * x[i] + 0.001f * y[i];
+    });
+  });
+  return {{"copy_gbps", copy.median * 1e-9},
+          {"copy_spread", to_json(copy, 1e-9)},
+          {"rmw_gbps", rmw.median * 1e-9},
+          {"rmw_spread", to_json(rmw, 1e-9)},
+          {"bytes", o.host_bytes}};
+}
+
+// Step 2: the CPU optimizer (AdamW) per thread count; the best count is the headline.
+json probe_cpu_optimizer(const MachineProbeOptions& o) {
+  const size_t n = o.optimizer_params;
+  std::vector<float> grad(n), master(n), m(n, 0.0f), v(n, 0.0f);
+  std::vector<uint16_t> lp(n);
+  for (size_t i = 0; i < n; ++i) {
+    grad[i] = float(int(i % 2001) - 1000) * 1e-4f;
+    master[i] = float(i % 997) * 1e-3f;
+  }
+  OptimizerHyper h;
+  h.lr = 1e-4f;
+  h.weight_decay = 0.1f;
+  ShardState s;
+  s.n = n;
+  s.grad = grad.data();
+  s.master = master.data();
+  s.m = m.data();
+  s.v = v.data();
+  s.lp_out = lp.data();
+  json by = json::array();
+  double best = 0;
+  for (int t : thread_counts()) {
+    Measured r = rate_of(o.warmup, o.repeats, double(n), [&] {
+      optimizer_step(h, s, t);
+      ++h.step;
+    });
+    by.push_back({{"threads", t}, {"params_per_s", r.median}, {"spread", to_json(r)}});
+    best = std::max(best, r.median);
+  }
+  return {{"params_per_s", best},
+          {"isa", cpu_isa_name(active_cpu_isa())},
+          {"params", n},
+          {"by_threads", by}};
+}
+
+// The device the GEMM and link steps measure: CUDA when asked for and present (else why not,
+// in `j`'s link_reason), the CPU backend otherwise.
+Result<std::unique_ptr<Device>> open_probe_device(const MachineProbeOptions& o, json* j) {
+  std::unique_ptr<Device> dev;
+  if (o.include_cuda) {
+    auto c = create_cuda_device({});
+    if (c.is_ok()) {
+      dev = std::move(*c);
+    } else {
+      (*j)["link_reason"] = c.status().message();
+    }
+  }
+  if (!dev) {
+    CpuDeviceOptions co;
+    co.capacity = size_t{512} << 20;
+    STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(co), "machine probe");
+  }
+  return dev;
+}
+
+// Step 3: the device GEMM rate, and on the CPU backend whole micro-batches' rates by width.
+Result<json> probe_device(Device& dev, const MachineProbeOptions& o) {
+  json d;
+  STRATA_RETURN_IF_ERROR(probe_gemm(dev, o, &d), "probe: device GEMM rate");
+  // The rate at smaller widths too: small GEMMs run far below the headline rate on CPUs, and
+  // the planner interpolates this table at the model's width.
+  json by = json::array();
+  if (dev.kind() == DeviceKind::kCpu) {
+    // On the CPU backend the non-GEMM kernels and per-op costs are a large share of a step,
+    // and small GEMMs run far from the headline rate: measure whole training micro-batches
+    // (2 layers) at several widths and two micro-batch sizes, 1 x 128 and 4 x 128 tokens:
+    // per-kernel costs make small micro-batches slower per FLOP (measured: bench-25m's 512
+    // tokens a step take 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128). The
+    // planner interpolates at its width and tokens per micro-batch.
+    for (int b : {1, 4}) {
+      for (int c : {128, 256, 512, 1024}) {
+        STRATA_ASSIGN_OR_RETURN(Measured r,
+                                probe_model_rate(dev, c, 2, b, 128, o.warmup, o.repeats),
+                                fmt::format("model step at width {}, {} x 128 tokens", c, b));
+        by.push_back({{"C", c},
+                      {"layers", 2},
+                      {"B", b},
+                      {"T", 128},
+                      {"gemm_flops", r.median},
+                      {"gemm_flops_min", r.min},
+                      {"gemm_flops_max", r.max}});
+      }
+    }
+  }
+  if (dev.kind() == DeviceKind::kCpu) d["gemm_isa"] = cpu_gemm_path();
+  d["gemm_by_width"] = by;
+  return d;
+}
+
+// Step 5: NVMe read/write on the given paths (striped, and each alone when several).
+Result<json> probe_nvme(const MachineProbeOptions& o) {
+  if (o.nvme_paths.empty()) return json("n/a: no --path given");
+  IoProbeOptions io;
+  io.paths = o.nvme_paths;
+  io.file_bytes = o.nvme_file_bytes;
+  io.block_sizes = {size_t{1} << 20};
+  io.queue_depths = {8, 32};
+  io.warmup = o.warmup;
+  io.repeats = std::max(2, o.repeats / 2);
+  STRATA_ASSIGN_OR_RETURN(IoProbeReport rep, run_io_probe(io), "NVMe probe");
+  double rd = 0, wr = 0;
+  for (const auto& c : rep.cases) {
+    if (c.backend != rep.rec_backend || c.block_size != rep.rec_block_size ||
+        c.queue_depth != rep.rec_queue_depth) {
+      continue;
+    }
+    (c.op == IoOp::kRead ? rd : wr) = c.median;
+  }
+  // Several paths: each alone too (the striped numbers above are all of them at once).
+  json per_path = json::array();
+  if (o.nvme_paths.size() > 1) {
+    for (const auto& path : o.nvme_paths) {
+      IoProbeOptions one = io;
+      one.paths = {path};
+      one.backends = {rep.rec_backend};
+      one.queue_depths = {rep.rec_queue_depth};
+      STRATA_ASSIGN_OR_RETURN(IoProbeReport r1, run_io_probe(one), "NVMe probe of " + path);
+      double r = 0, w = 0;
+      for (const auto& c : r1.cases) (c.op == IoOp::kRead ? r : w) = c.median;
+      per_path.push_back({{"path", path}, {"read_gbps", r}, {"write_gbps", w}});
+    }
+  }
+  return json{{"paths", rep.paths},
+              {"per_path", per_path},
+              {"read_gbps", rd},
+              {"write_gbps", wr},
+              {"aio",
+               {{"backend", rep.rec_backend},
+                {"block_size", rep.rec_block_size},
+                {"queue_depth", rep.rec_queue_depth}}},
+              {"io_probe", json::parse(io_probe_json(rep))}};
+}
+
+// Step 6: collective bus bandwidth, under mpirun only (rank 0 reports it).
+Result<json> probe_collectives(const MachineProbeOptions& o) {
+  if (!launched_with_multiple_ranks()) {
+    return json("n/a: single process (run under mpirun -np N to measure)");
+  }
+  CommProbeOptions co;
+  co.ops = {"all_gather", "reduce_scatter"};
+  co.min_bytes = size_t{1} << 20;
+  co.max_bytes = size_t{64} << 20;
+  co.repeats = o.repeats;
+  co.json_path = fmt::format("/tmp/strata-probe-comm-{}.json", getpid());
+  STRATA_RETURN_IF_ERROR(run_comm_probe_command(co), "collectives probe");
+  std::ifstream in(co.json_path);
+  if (!in) return json("n/a: measured on rank 0");  // rank 0 wrote it
+  std::stringstream ss;
+  ss << in.rdbuf();
+  STRATA_ASSIGN_OR_RETURN(CommProbeReport rep, parse_comm_probe_json(ss.str(), co.json_path), "");
+  double best = 0;
+  for (const auto& c : rep.cases) best = std::max(best, c.busbw);
+  std::remove(co.json_path.c_str());
+  return json{{"busbw_gbps", best},
+              {"world_size", rep.world_size},
+              {"backend", rep.backend},
+              {"comm_probe", json::parse(comm_probe_json(rep))}};
+}
+
 }  // namespace
 
 Measured summarize(std::vector<double> v) {
@@ -235,202 +421,29 @@ Result<std::string> run_machine_probe(
   j["method"] =
       fmt::format("{} warm-up pass(es) discarded, median of {} timed passes", o.warmup, o.repeats);
 
-  // 1. Host memory.
   step(0, "host memory bandwidth");
-  {
-    const size_t n = o.host_bytes / 4;
-    std::vector<float> a(n), b(n);
-    for (size_t i = 0; i < n; ++i) {
-      a[i] = float(i % 1000) * 1e-3f;
-      b[i] = float(i % 777) * 1e-3f;
-    }
-    Measured copy = rate_of(o.warmup, o.repeats, double(n * 4), [&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
-        std::memcpy(b.data() + r.begin(), a.data() + r.begin(), (r.end() - r.begin()) * 4);
-      });
-    });
-    Measured rmw = rate_of(o.warmup, o.repeats, double(n * 12), [&] {
-      tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 18), [&](const auto& r) {
-        float* x = a.data();
-        const float* y = b.data();
-        for (size_t i = r.begin(); i < r.end(); ++i) x[i] = 0.999f * x[i] + 0.001f * y[i];
-      });
-    });
-    j["host"] = {{"copy_gbps", copy.median * 1e-9},
-                 {"copy_spread", to_json(copy, 1e-9)},
-                 {"rmw_gbps", rmw.median * 1e-9},
-                 {"rmw_spread", to_json(rmw, 1e-9)},
-                 {"bytes", o.host_bytes}};
-  }
-
-  // 2. CPU optimizer per thread count.
+  j["host"] = probe_host_memory(o);
   step(1, "CPU optimizer (AdamW) per thread count");
-  {
-    const size_t n = o.optimizer_params;
-    std::vector<float> grad(n), master(n), m(n, 0.0f), v(n, 0.0f);
-    std::vector<uint16_t> lp(n);
-    for (size_t i = 0; i < n; ++i) {
-      grad[i] = float(int(i % 2001) - 1000) * 1e-4f;
-      master[i] = float(i % 997) * 1e-3f;
-    }
-    OptimizerHyper h;
-    h.lr = 1e-4f;
-    h.weight_decay = 0.1f;
-    ShardState s;
-    s.n = n;
-    s.grad = grad.data();
-    s.master = master.data();
-    s.m = m.data();
-    s.v = v.data();
-    s.lp_out = lp.data();
-    json by = json::array();
-    double best = 0;
-    for (int t : thread_counts()) {
-      Measured r = rate_of(o.warmup, o.repeats, double(n), [&] {
-        optimizer_step(h, s, t);
-        ++h.step;
-      });
-      by.push_back({{"threads", t}, {"params_per_s", r.median}, {"spread", to_json(r)}});
-      best = std::max(best, r.median);
-    }
-    j["cpu_optimizer"] = {{"params_per_s", best},
-                          {"isa", cpu_isa_name(active_cpu_isa())},
-                          {"params", n},
-                          {"by_threads", by}};
-  }
+  j["cpu_optimizer"] = probe_cpu_optimizer(o);
 
   // 3-4. Device GEMM and host<->device link.
   step(2, "device GEMM rate");
-  std::unique_ptr<Device> dev;
-  std::string no_gpu = "n/a: no GPU";
-  if (o.include_cuda) {
-    auto c = create_cuda_device({});
-    if (c.is_ok()) {
-      dev = std::move(*c);
-    } else {
-      j["link_reason"] = c.status().message();
-    }
-  }
-  if (!dev) {
-    CpuDeviceOptions co;
-    co.capacity = size_t{512} << 20;
-    STRATA_ASSIGN_OR_RETURN(dev, create_cpu_device(co), "machine probe");
-  }
-  json d;
-  STRATA_RETURN_IF_ERROR(probe_gemm(*dev, o, &d), "probe: device GEMM rate");
-  // The rate at smaller widths too: small GEMMs run far below the headline rate on CPUs, and
-  // the planner interpolates this table at the model's width.
-  json by = json::array();
-  if (dev->kind() == DeviceKind::kCpu) {
-    // On the CPU backend the non-GEMM kernels and per-op costs are a large share of a step,
-    // and small GEMMs run far from the headline rate: measure whole training micro-batches
-    // (2 layers) at several widths and two micro-batch sizes, 1 x 128 and 4 x 128 tokens:
-    // per-kernel costs make small micro-batches slower per FLOP (measured: bench-25m's 512
-    // tokens a step take 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128). The
-    // planner interpolates at its width and tokens per micro-batch.
-    for (int b : {1, 4}) {
-      for (int c : {128, 256, 512, 1024}) {
-        STRATA_ASSIGN_OR_RETURN(Measured r,
-                                probe_model_rate(*dev, c, 2, b, 128, o.warmup, o.repeats),
-                                fmt::format("model step at width {}, {} x 128 tokens", c, b));
-        by.push_back({{"C", c},
-                      {"layers", 2},
-                      {"B", b},
-                      {"T", 128},
-                      {"gemm_flops", r.median},
-                      {"gemm_flops_min", r.min},
-                      {"gemm_flops_max", r.max}});
-      }
-    }
-  }
-  if (dev->kind() == DeviceKind::kCpu) d["gemm_isa"] = cpu_gemm_path();
-  d["gemm_by_width"] = by;
-  j["device"] = d;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Device> dev, open_probe_device(o, &j), "");
+  STRATA_ASSIGN_OR_RETURN(j["device"], probe_device(*dev, o), "");
   step(3, "host<->device bandwidth");
   if (dev->kind() == DeviceKind::kCuda) {
     json l;
     STRATA_RETURN_IF_ERROR(probe_link(*dev, o, &l), "probe: host<->device link");
     j["link"] = l;
   } else {
-    j["link"] = no_gpu + "; the CPU backend's copies are host memcpy (host.copy_gbps)";
+    j["link"] = "n/a: no GPU; the CPU backend's copies are host memcpy (host.copy_gbps)";
   }
   dev.reset();
 
-  // 5. NVMe.
   step(4, "NVMe read/write");
-  if (o.nvme_paths.empty()) {
-    j["nvme"] = "n/a: no --path given";
-  } else {
-    IoProbeOptions io;
-    io.paths = o.nvme_paths;
-    io.file_bytes = o.nvme_file_bytes;
-    io.block_sizes = {size_t{1} << 20};
-    io.queue_depths = {8, 32};
-    io.warmup = o.warmup;
-    io.repeats = std::max(2, o.repeats / 2);
-    STRATA_ASSIGN_OR_RETURN(IoProbeReport rep, run_io_probe(io), "NVMe probe");
-    double rd = 0, wr = 0;
-    for (const auto& c : rep.cases) {
-      if (c.backend != rep.rec_backend || c.block_size != rep.rec_block_size ||
-          c.queue_depth != rep.rec_queue_depth) {
-        continue;
-      }
-      (c.op == IoOp::kRead ? rd : wr) = c.median;
-    }
-    // Several paths: each alone too (the striped numbers above are all of them at once).
-    json per_path = json::array();
-    if (o.nvme_paths.size() > 1) {
-      for (const auto& path : o.nvme_paths) {
-        IoProbeOptions one = io;
-        one.paths = {path};
-        one.backends = {rep.rec_backend};
-        one.queue_depths = {rep.rec_queue_depth};
-        STRATA_ASSIGN_OR_RETURN(IoProbeReport r1, run_io_probe(one), "NVMe probe of " + path);
-        double r = 0, w = 0;
-        for (const auto& c : r1.cases) (c.op == IoOp::kRead ? r : w) = c.median;
-        per_path.push_back({{"path", path}, {"read_gbps", r}, {"write_gbps", w}});
-      }
-    }
-    j["nvme"] = {{"paths", rep.paths},
-                 {"per_path", per_path},
-                 {"read_gbps", rd},
-                 {"write_gbps", wr},
-                 {"aio",
-                  {{"backend", rep.rec_backend},
-                   {"block_size", rep.rec_block_size},
-                   {"queue_depth", rep.rec_queue_depth}}},
-                 {"io_probe", json::parse(io_probe_json(rep))}};
-  }
-
-  // 6. Collectives (under mpirun only).
+  STRATA_ASSIGN_OR_RETURN(j["nvme"], probe_nvme(o), "");
   step(5, "collectives");
-  if (!launched_with_multiple_ranks()) {
-    j["collectives"] = "n/a: single process (run under mpirun -np N to measure)";
-  } else {
-    CommProbeOptions co;
-    co.ops = {"all_gather", "reduce_scatter"};
-    co.min_bytes = size_t{1} << 20;
-    co.max_bytes = size_t{64} << 20;
-    co.repeats = o.repeats;
-    co.json_path = fmt::format("/tmp/strata-probe-comm-{}.json", getpid());
-    STRATA_RETURN_IF_ERROR(run_comm_probe_command(co), "collectives probe");
-    std::ifstream in(co.json_path);
-    if (in) {  // rank 0 wrote it
-      std::stringstream ss;
-      ss << in.rdbuf();
-      STRATA_ASSIGN_OR_RETURN(CommProbeReport rep, parse_comm_probe_json(ss.str(), co.json_path),
-                              "");
-      double best = 0;
-      for (const auto& c : rep.cases) best = std::max(best, c.busbw);
-      j["collectives"] = {{"busbw_gbps", best},
-                          {"world_size", rep.world_size},
-                          {"backend", rep.backend},
-                          {"comm_probe", json::parse(comm_probe_json(rep))}};
-      std::remove(co.json_path.c_str());
-    } else {
-      j["collectives"] = "n/a: measured on rank 0";
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(j["collectives"], probe_collectives(o), "");
   step(total, "done");
   return j.dump(2) + "\n";
 }

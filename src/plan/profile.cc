@@ -66,10 +66,9 @@ MachineProfile simulated_profile(MachineProfile p, const SimulatedDeviceOptions&
 }
 
 namespace {
-Result<MachineProfile> parse_profile_fields(const std::string& text, const std::string& origin,
-                                            bool fastest) {
-  const std::string regen =
-      fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
+// The profile text as JSON, checked to be a machine profile of the version this strata reads.
+Result<json> parse_profile_json(const std::string& text, const std::string& origin,
+                                const std::string& regen) {
   json j;
   try {
     Status depth = check_json_depth(text);
@@ -92,6 +91,89 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
                     origin, j.contains("version") ? j["version"].dump() : "missing",
                     kMachineProfileVersion, regen));
   }
+  return j;
+}
+
+// device.gemm_by_width: the model step's rate per width and tokens, sorted by tokens, width.
+Status read_gemm_by_width(const json& by_width, const std::string& origin, const std::string& regen,
+                          bool fastest, MachineProfile* prof) {
+  MachineProfile& p = *prof;
+  for (const auto& e : by_width) {
+    if (!e.contains("C") || !e.contains("gemm_flops") || !e["gemm_flops"].is_number()) {
+      return invalid_argument(fmt::format(
+          "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
+    }
+    const double med = e["gemm_flops"].get<double>();
+    // Widths and shapes a probe measures: 1 .. 2^20 each (version-1 profiles: B 4, T 128).
+    const auto C = json_int_in(e["C"], 1, 1 << 20);
+    const auto B = e.contains("B") ? json_int_in(e["B"], 1, 1 << 20) : 4;
+    const auto T = e.contains("T") ? json_int_in(e["T"], 1, 1 << 20) : 128;
+    if (!C || !B || !T) {
+      return invalid_argument(fmt::format(
+          "{}: device.gemm_by_width entry {}: C, B and T must be integers from 1 to {}{}", origin,
+          e.dump().substr(0, 200), 1 << 20, regen));
+    }
+    MachineProfile::GemmPoint g;
+    g.width = int(*C);
+    g.tokens = *B * *T;
+    g.flops = fastest ? e.value("gemm_flops_max", med) : med;
+    p.gemm_by_width.push_back(g);
+  }
+  std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.tokens, a.width) < std::tie(b.tokens, b.width);
+  });
+  return Status::ok();
+}
+
+// nvme.io_probe's cases and nvme.aio's recommended shape.
+Status read_nvme_shapes(const json& n, const std::string& origin, const std::string& regen,
+                        bool fastest, MachineProfile* prof) {
+  MachineProfile& p = *prof;
+  // An I/O shape's block size and queue depth: integers in range (converting an out-of-range
+  // number would be undefined), required in a probe case, else keeping *bs and *qd.
+  auto io_shape = [&](const json& o, const char* where, bool required, size_t* bs,
+                      int* qd) -> Status {
+    const auto b =
+        json_int_in(o.value("block_size", required ? json() : json(*bs)), 512, int64_t{1} << 30);
+    const auto q = json_int_in(o.value("queue_depth", required ? json() : json(*qd)), 1, 4096);
+    if (!b || !q) {
+      return invalid_argument(fmt::format(
+          "{}: {}: block_size must be an integer from 512 to 2^30 and queue_depth from 1 to "
+          "4096 (got {}){}",
+          origin, where, o.dump().substr(0, 200), regen));
+    }
+    *bs = size_t(*b);
+    *qd = int(*q);
+    return Status::ok();
+  };
+  if (n.contains("io_probe") && n["io_probe"].is_object()) {
+    for (const auto& c : n["io_probe"].value("cases", json::array())) {
+      MachineProfile::NvmeCase k;
+      k.backend = c.value("backend", "");
+      STRATA_RETURN_IF_ERROR(io_shape(c, "nvme.io_probe case", true, &k.block_size, &k.queue_depth),
+                             "");
+      const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
+      auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
+        return x.backend == k.backend && x.block_size == k.block_size &&
+               x.queue_depth == k.queue_depth;
+      });
+      if (it == p.nvme_cases.end()) it = p.nvme_cases.insert(p.nvme_cases.end(), k);
+      (c.value("op", "") == "read" ? it->read_gbps : it->write_gbps) = g;
+    }
+  }
+  if (n.contains("aio") && n["aio"].is_object()) {
+    p.aio_backend = n["aio"].value("backend", p.aio_backend);
+    STRATA_RETURN_IF_ERROR(
+        io_shape(n["aio"], "nvme.aio", false, &p.aio_block_size, &p.aio_queue_depth), "");
+  }
+  return Status::ok();
+}
+
+Result<MachineProfile> parse_profile_fields(const std::string& text, const std::string& origin,
+                                            bool fastest) {
+  const std::string regen =
+      fmt::format("; regenerate it with `strata probe --path <nvme dir> --json {}`", origin);
+  STRATA_ASSIGN_OR_RETURN(json j, parse_profile_json(text, origin, regen), "");
   MachineProfile p;
   const std::string src = "probe " + origin + (fastest ? " (fastest pass)" : "");
   // With `fastest`, a rate's fastest pass replaces its median where the profile has it.
@@ -117,30 +199,8 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
   STRATA_RETURN_IF_ERROR(num("device", "gemm_flops", &v), "");
   p.gemm_flops = {best_of(j["device"].value("gemm_flops_spread", json()), v), src};
   if (j["device"].contains("gemm_by_width") && j["device"]["gemm_by_width"].is_array()) {
-    for (const auto& e : j["device"]["gemm_by_width"]) {
-      if (!e.contains("C") || !e.contains("gemm_flops") || !e["gemm_flops"].is_number()) {
-        return invalid_argument(fmt::format(
-            "{}: device.gemm_by_width entry {} lacks C or gemm_flops{}", origin, e.dump(), regen));
-      }
-      const double med = e["gemm_flops"].get<double>();
-      // Widths and shapes a probe measures: 1 .. 2^20 each (version-1 profiles: B 4, T 128).
-      const auto C = json_int_in(e["C"], 1, 1 << 20);
-      const auto B = e.contains("B") ? json_int_in(e["B"], 1, 1 << 20) : 4;
-      const auto T = e.contains("T") ? json_int_in(e["T"], 1, 1 << 20) : 128;
-      if (!C || !B || !T) {
-        return invalid_argument(fmt::format(
-            "{}: device.gemm_by_width entry {}: C, B and T must be integers from 1 to {}{}", origin,
-            e.dump().substr(0, 200), 1 << 20, regen));
-      }
-      MachineProfile::GemmPoint g;
-      g.width = int(*C);
-      g.tokens = *B * *T;
-      g.flops = fastest ? e.value("gemm_flops_max", med) : med;
-      p.gemm_by_width.push_back(g);
-    }
-    std::sort(p.gemm_by_width.begin(), p.gemm_by_width.end(), [](const auto& a, const auto& b) {
-      return std::tie(a.tokens, a.width) < std::tie(b.tokens, b.width);
-    });
+    STRATA_RETURN_IF_ERROR(
+        read_gemm_by_width(j["device"]["gemm_by_width"], origin, regen, fastest, &p), "");
   }
   STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
   v = best_of(j["host"].value("copy_spread", json()), v);
@@ -181,44 +241,7 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     p.nvme_read_gbps = {nvme_best(true, v), src};
     STRATA_RETURN_IF_ERROR(num("nvme", "write_gbps", &v), "");
     p.nvme_write_gbps = {nvme_best(false, v), src};
-    const json& n = j["nvme"];
-    // An I/O shape's block size and queue depth: integers in range (converting an out-of-range
-    // number would be undefined), required in a probe case, else keeping *bs and *qd.
-    auto io_shape = [&](const json& o, const char* where, bool required, size_t* bs,
-                        int* qd) -> Status {
-      const auto b =
-          json_int_in(o.value("block_size", required ? json() : json(*bs)), 512, int64_t{1} << 30);
-      const auto q = json_int_in(o.value("queue_depth", required ? json() : json(*qd)), 1, 4096);
-      if (!b || !q) {
-        return invalid_argument(fmt::format(
-            "{}: {}: block_size must be an integer from 512 to 2^30 and queue_depth from 1 to "
-            "4096 (got {}){}",
-            origin, where, o.dump().substr(0, 200), regen));
-      }
-      *bs = size_t(*b);
-      *qd = int(*q);
-      return Status::ok();
-    };
-    if (n.contains("io_probe") && n["io_probe"].is_object()) {
-      for (const auto& c : n["io_probe"].value("cases", json::array())) {
-        MachineProfile::NvmeCase k;
-        k.backend = c.value("backend", "");
-        STRATA_RETURN_IF_ERROR(
-            io_shape(c, "nvme.io_probe case", true, &k.block_size, &k.queue_depth), "");
-        const double g = fastest ? c.value("gbps_max", 0.0) : c.value("gbps_median", 0.0);
-        auto it = std::find_if(p.nvme_cases.begin(), p.nvme_cases.end(), [&](const auto& x) {
-          return x.backend == k.backend && x.block_size == k.block_size &&
-                 x.queue_depth == k.queue_depth;
-        });
-        if (it == p.nvme_cases.end()) it = p.nvme_cases.insert(p.nvme_cases.end(), k);
-        (c.value("op", "") == "read" ? it->read_gbps : it->write_gbps) = g;
-      }
-    }
-    if (n.contains("aio") && n["aio"].is_object()) {
-      p.aio_backend = n["aio"].value("backend", p.aio_backend);
-      STRATA_RETURN_IF_ERROR(
-          io_shape(n["aio"], "nvme.aio", false, &p.aio_block_size, &p.aio_queue_depth), "");
-    }
+    STRATA_RETURN_IF_ERROR(read_nvme_shapes(j["nvme"], origin, regen, fastest, &p), "");
   }
   if (j.contains("collectives") && j["collectives"].is_object()) {
     STRATA_RETURN_IF_ERROR(num("collectives", "busbw_gbps", &v), "");

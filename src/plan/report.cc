@@ -239,7 +239,10 @@ std::string plan_json(const PlanReport& rep) {
   return j.dump(2) + "\n";
 }
 
-std::string plan_table(const PlanReport& rep) {
+namespace {
+
+// The lines above the table: model, batch, rates, activations per mode.
+std::string plan_head(const PlanReport& rep) {
   const PlanRequest& r = rep.request;
   std::string s = fmt::format("model {}: {}\n", r.model_name, rep.model);
   if (!r.model_note.empty()) s += "  note: " + r.model_note + "\n";
@@ -280,6 +283,124 @@ std::string plan_table(const PlanReport& rep) {
     }
     s += line + "\n";
   }
+  return s;
+}
+
+// The notes on the best placement: its rate and how its step runs.
+std::string best_notes(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  std::string s;
+  const auto& b = rep.options[size_t(rep.best)];
+  const double tok = double(r.micro_batch()) * r.seq() * r.accumulation() * r.hw.gpus;
+  s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
+                   b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
+  if (b.forward_group > 1) {
+    s += fmt::format(
+        "  micro-batches: {} forwards run together (strata.grouped_forwards){}\n", b.forward_group,
+        b.backward_grouped ? ", and their backwards: each module fetched and its gradients "
+                             "drained once for them (strata.grouped_backwards)"
+                           : "");
+  }
+  if (b.time.falls_back) {
+    s += fmt::format(
+        "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
+        "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
+        b.time.step_deferred_s, b.time.step_plain_s, r.config.strata.optimizer_defer,
+        b.time.clipped_deferred ? "deferred" : "after backward");
+    const auto& pass = b.time.clipped_deferred ? b.deferred_pass : b.after_backward_pass;
+    if (pass.read + pass.write > 0) {
+      s += fmt::format(
+          "    its optimizer pass moves {} of NVMe ({} read, {} written) that the step waits "
+          "on{}\n",
+          gb(double(pass.read + pass.write)), gb(double(pass.read)), gb(double(pass.write)),
+          !b.time.clipped_deferred ? std::string()
+          : b.forward_group > 1
+              ? fmt::format(", beside the first {} micro-batches' forwards ({:.0f}% of compute, "
+                            "strata.grouped_forwards)",
+                            b.forward_group, 100 * b.first_forward_share)
+              : fmt::format(", beside the first forward ({:.0f}% of compute)",
+                            100 * b.first_forward_share));
+    }
+  }
+  if (b.nvme.undo > 0) {
+    s += fmt::format(
+        "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
+        "goes to fresh extents: {} more NVMe at the peak\n",
+        gb(double(b.nvme.undo)));
+  }
+  if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
+    s += fmt::format(
+        "  optimizer under backward: undo copies of master + moments take {} of host memory "
+        "beyond the reservation{}\n",
+        gb(double(b.host.undo)),
+        b.time.hidden_share < 1.0
+            ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
+                          100.0 * b.time.hidden_share)
+            : std::string());
+  }
+  return s;
+}
+
+// Why no placement fits: what the activations take and what would take less.
+std::string no_fit_note(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  std::string s;
+  s += "no placement fits this machine at this batch";
+  // Which activation mode would need less device memory (the table above has the numbers).
+  const ActivationSizes now =
+      activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), r.activations());
+  const ActivationSizes rec = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
+                                             ActivationMode::kRecompute);
+  const ActivationSizes off =
+      activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), ActivationMode::kOffload);
+  bool device_short = false;  // some placement failed on the device (not only host/nvme)
+  for (const auto& o : rep.options) {
+    for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
+  }
+  s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
+                   activation_mode_name(r.activations()), gb(double(now.bytes)), r.micro_batch(),
+                   r.seq());
+  if (!device_short) {
+    s += " and fit; host or nvme is short (above)";
+  } else if (r.activations() == ActivationMode::kKeep) {
+    s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
+                     gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
+  } else if (r.activations() == ActivationMode::kRecompute) {
+    s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
+                     gb(double(off.host_bytes)));
+  }
+  s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
+  return s;
+}
+
+// One line per offload_optimizer.ratio advice.
+std::string ratio_advice_lines(const PlanReport& rep) {
+  std::string s;
+  for (const RatioAdvice& a : rep.ratio_advice) {
+    const PlanOption& o = rep.options[size_t(a.option)];
+    if (a.ratio < 1.0) {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio {:g} (the first {:.0f}% of the "
+          "optimizer state on the device): expected {:.3g} s/step {}, against {:.3g} at ratio 1 "
+          "and {:.3g} the fastest (ratio {:g}); {} ratios evaluated\n",
+          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio), a.time.expected_s, a.time.schedule,
+          a.step_at_1_s, a.fastest_s, a.fastest_ratio, a.candidates);
+    } else {
+      s += fmt::format(
+          "{}: zero_optimization.offload_optimizer.ratio 1: optimizer state on the device gains "
+          "under {:.0f}% (the fastest, ratio {:g}: {:.3g} s/step against {:.3g}); {} ratios "
+          "evaluated\n",
+          o.placement.name, (kRatioSlack - 1.0) * 100.0, a.fastest_ratio, a.fastest_s,
+          a.step_at_1_s, a.candidates);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string plan_table(const PlanReport& rep) {
+  std::string s = plan_head(rep);
   s += fmt::format(
       "{:<22} {:>10} {:>10} {:>10} {:>5} {:>9} | {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}\n",
       "placement", "device", "host", "nvme", "fits", "step", "compute", "link", "nvme", "cpu-opt",
@@ -302,101 +423,8 @@ std::string plan_table(const PlanReport& rep) {
   for (const auto& o : rep.options) {
     for (const auto& w : o.why) s += fmt::format("  {} does not fit: {}\n", o.placement.name, w);
   }
-  if (rep.best >= 0) {
-    const auto& b = rep.options[size_t(rep.best)];
-    const double tok = double(r.micro_batch()) * r.seq() * r.accumulation() * r.hw.gpus;
-    s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
-                     b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
-    if (b.forward_group > 1) {
-      s += fmt::format("  micro-batches: {} forwards run together (strata.grouped_forwards){}\n",
-                       b.forward_group,
-                       b.backward_grouped
-                           ? ", and their backwards: each module fetched and its gradients "
-                             "drained once for them (strata.grouped_backwards)"
-                           : "");
-    }
-    if (b.time.falls_back) {
-      s += fmt::format(
-          "  a step after one that clipped (or overflowed): {:.3g} s deferred into the next "
-          "forward, {:.3g} s stepped after backward; strata.optimizer.defer {} runs it {}\n",
-          b.time.step_deferred_s, b.time.step_plain_s, r.config.strata.optimizer_defer,
-          b.time.clipped_deferred ? "deferred" : "after backward");
-      const auto& pass = b.time.clipped_deferred ? b.deferred_pass : b.after_backward_pass;
-      if (pass.read + pass.write > 0) {
-        s += fmt::format(
-            "    its optimizer pass moves {} of NVMe ({} read, {} written) that the step waits "
-            "on{}\n",
-            gb(double(pass.read + pass.write)), gb(double(pass.read)), gb(double(pass.write)),
-            !b.time.clipped_deferred ? std::string()
-            : b.forward_group > 1
-                ? fmt::format(", beside the first {} micro-batches' forwards ({:.0f}% of compute, "
-                              "strata.grouped_forwards)",
-                              b.forward_group, 100 * b.first_forward_share)
-                : fmt::format(", beside the first forward ({:.0f}% of compute)",
-                              100 * b.first_forward_share));
-      }
-    }
-    if (b.nvme.undo > 0) {
-      s += fmt::format(
-          "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
-          "goes to fresh extents: {} more NVMe at the peak\n",
-          gb(double(b.nvme.undo)));
-    }
-    if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
-      s += fmt::format(
-          "  optimizer under backward: undo copies of master + moments take {} of host memory "
-          "beyond the reservation{}\n",
-          gb(double(b.host.undo)),
-          b.time.hidden_share < 1.0
-              ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
-                            100.0 * b.time.hidden_share)
-              : std::string());
-    }
-  } else {
-    s += "no placement fits this machine at this batch";
-    // Which activation mode would need less device memory (the table above has the numbers).
-    const ActivationSizes now =
-        activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(), r.activations());
-    const ActivationSizes rec = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
-                                               ActivationMode::kRecompute);
-    const ActivationSizes off = activations_of(r.config.model, r.micro_batch(), r.seq(), r.dtype(),
-                                               ActivationMode::kOffload);
-    bool device_short = false;  // some placement failed on the device (not only host/nvme)
-    for (const auto& o : rep.options) {
-      for (const auto& w : o.why) device_short |= w.rfind("device needs", 0) == 0;
-    }
-    s += fmt::format(": activations ({}) take {} of device memory at micro-batch {} x {} tokens",
-                     activation_mode_name(r.activations()), gb(double(now.bytes)), r.micro_batch(),
-                     r.seq());
-    if (!device_short) {
-      s += " and fit; host or nvme is short (above)";
-    } else if (r.activations() == ActivationMode::kKeep) {
-      s += fmt::format("; strata.activations = recompute needs {}, offload {} (+ {} host)",
-                       gb(double(rec.bytes)), gb(double(off.bytes)), gb(double(off.host_bytes)));
-    } else if (r.activations() == ActivationMode::kRecompute) {
-      s += fmt::format("; strata.activations = offload needs {} (+ {} host)", gb(double(off.bytes)),
-                       gb(double(off.host_bytes)));
-    }
-    s += device_short ? "; lower --batch or --seq, or add devices\n" : "\n";
-  }
-  for (const RatioAdvice& a : rep.ratio_advice) {
-    const PlanOption& o = rep.options[size_t(a.option)];
-    if (a.ratio < 1.0) {
-      s += fmt::format(
-          "{}: zero_optimization.offload_optimizer.ratio {:g} (the first {:.0f}% of the "
-          "optimizer state on the device): expected {:.3g} s/step {}, against {:.3g} at ratio 1 "
-          "and {:.3g} the fastest (ratio {:g}); {} ratios evaluated\n",
-          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio), a.time.expected_s, a.time.schedule,
-          a.step_at_1_s, a.fastest_s, a.fastest_ratio, a.candidates);
-    } else {
-      s += fmt::format(
-          "{}: zero_optimization.offload_optimizer.ratio 1: optimizer state on the device gains "
-          "under {:.0f}% (the fastest, ratio {:g}: {:.3g} s/step against {:.3g}); {} ratios "
-          "evaluated\n",
-          o.placement.name, (kRatioSlack - 1.0) * 100.0, a.fastest_ratio, a.fastest_s,
-          a.step_at_1_s, a.candidates);
-    }
-  }
+  s += rep.best >= 0 ? best_notes(rep) : no_fit_note(rep);
+  s += ratio_advice_lines(rep);
   return s;
 }
 

@@ -65,19 +65,26 @@ size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
       [&](int m) { return grad_bytes[size_t(m)]; });
 }
 
-TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
-                     int world_size, DType dt, size_t activation_bytes,
-                     const Program& train_program, const ZeroPPShape& zeropp) {
-  const Placement& pl = options.placement;
-  const size_t es = dtype_size(dt);
-  const bool sharded = world_size > 1;
-  TierNeeds n;
-  // An extent larger than a stripe is dealt over the paths in whole stripes (SwapSpace), so it
-  // may waste up to one; a smaller one, or any on one path, lives whole in one file.
+namespace {
+
+// An extent larger than a stripe is dealt over the paths in whole stripes (SwapSpace), so it
+// may waste up to one (1); a smaller one, or any on one path, lives whole in one file (0).
+size_t striped(const TierOptions& options, size_t bytes) {
   const uint64_t stripe_bytes = SwapOptions{}.stripe_size;
-  auto striped = [&](size_t bytes) -> size_t {
-    return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
-  };
+  return options.nvme_paths.size() > 1 && round_up(bytes, 4096) > stripe_bytes ? 1 : 0;
+}
+
+// The largest per-module pieces the host's staging is sized by.
+struct StagingMaxima {
+  size_t max_opt = 0, max_g = 0, max_gsub = 0;
+  size_t max_nvme_piece = 0, max_staged_piece = 0;  // parameter pieces (piece_bytes)
+};
+
+// Per module: the state each tier holds, the undo copies, the NVMe extents; returns the
+// largest pieces.
+StagingMaxima add_state_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                              size_t es, TierNeeds* needs) {
+  TierNeeds& n = *needs;
   size_t max_opt = 0, max_g = 0, max_gsub = 0;
   size_t max_nvme_piece = 0, max_staged_piece = 0;  // parameter pieces (piece_bytes)
   for (const auto& m : homes) {
@@ -100,7 +107,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
           std::pair{&m.grads, size_t{4}}, std::pair{&m.grads2, size_t{4}}}) {
       if (h->tier != Tier::kNvme || h->bytes == 0) continue;
       n.nvme.state += extent_bytes(m, e);
-      n.nvme.objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
+      n.nvme.objects +=
+          m.sum_over_sub_groups([&](size_t len) { return striped(options, len * e); });
     }
     if (m.grads.tier == Tier::kNvme && m.grads.bytes > 0)
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
@@ -129,9 +137,20 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
           std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), mom_e));
     }
   }
+  return {max_opt, max_g, max_gsub, max_nvme_piece, max_staged_piece};
+}
 
-  // Device: the most parameter-cache copies (none for device-homed parameters
-  // unsharded: they are used in place) and gradient buffers, whole padded groups.
+// Device: the working set, the optimizer's, the activations and, sharded, the bucket and the
+// prefetch window.
+void add_device_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                      int world_size, DType dt, size_t activation_bytes,
+                      const Program& train_program, const ZeroPPShape& zeropp, TierNeeds* needs) {
+  const Placement& pl = options.placement;
+  const size_t es = dtype_size(dt);
+  const bool sharded = world_size > 1;
+  TierNeeds& n = *needs;
+  // The most parameter-cache copies (none for device-homed parameters unsharded: they are
+  // used in place) and gradient buffers, whole padded groups.
   std::vector<size_t> pc(homes.size()), g(homes.size());
   for (size_t i = 0; i < homes.size(); ++i) {
     pc[i] = pl.params == Tier::kDevice && !sharded ? 0 : round_up(homes[i].padded_numel * es, 256);
@@ -175,11 +194,15 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     }
     n.device.qgz_scratch = round_up(zeropp.qgz_scratch_bytes(n.bucket_shard_elems, true), 256);
   }
+}
 
-  // Host: parameter pieces (the NVMe fetch ring, the new parameters' staging); the optimizer
-  // pipeline holds `buffer_count` sub-groups being read and as many being written, one being
-  // stepped (or, while it is idle, state moving in or out holds one piece); gradient landing
-  // buffers.
+// Host: parameter pieces (the NVMe fetch ring, the new parameters' staging); the optimizer
+// pipeline holds `buffer_count` sub-groups being read and as many being written, one being
+// stepped (or, while it is idle, state moving in or out holds one piece); gradient landing
+// buffers.
+void add_host_staging(const TierOptions& options, const StagingMaxima& mx, TierNeeds* needs) {
+  const auto [max_opt, max_g, max_gsub, max_nvme_piece, max_staged_piece] = mx;
+  TierNeeds& n = *needs;
   n.host.param_fetch_staging = kFetchStagingPieces * max_nvme_piece;
   n.host.param_publish_staging =
       publish_staging_pieces(options.buffer_count, max_nvme_piece > 0) * max_staged_piece;
@@ -198,9 +221,13 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   n.host.grad_landing = 2 * round_up(max_g, 4096);
   n.host.staging += n.host.grad_landing;
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
+}
 
-  // NVMe: the state spread over the paths, each object possibly wasting a stripe, plus slack;
-  // with undo copies, the shadow extents the optimizer under backward writes its steps to.
+// NVMe: the state spread over the paths, each object possibly wasting a stripe, plus slack;
+// with undo copies, the shadow extents the optimizer under backward writes its steps to.
+void add_nvme_layout(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                     TierNeeds* needs) {
+  TierNeeds& n = *needs;
   n.nvme.paths = options.nvme_paths.size();
   const uint64_t stripe = SwapOptions{}.stripe_size;
   if (n.nvme.state > 0 && n.nvme.paths > 0) {
@@ -213,7 +240,8 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
     for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
       if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
       n.nvme.shadows += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
-      n.nvme.shadow_objects += m.sum_over_sub_groups([&](size_t len) { return striped(len * e); });
+      n.nvme.shadow_objects +=
+          m.sum_over_sub_groups([&](size_t len) { return striped(options, len * e); });
     }
   }
   if (n.nvme.shadows > 0 && n.nvme.paths > 0) {
@@ -221,6 +249,18 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
         n.nvme.bytes_per_path + n.nvme.shadows / n.nvme.paths + n.nvme.shadow_objects * stripe,
         4096);
   }
+}
+
+}  // namespace
+
+TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& options,
+                     int world_size, DType dt, size_t activation_bytes,
+                     const Program& train_program, const ZeroPPShape& zeropp) {
+  TierNeeds n;
+  const StagingMaxima mx = add_state_needs(homes, options, dtype_size(dt), &n);
+  add_device_needs(homes, options, world_size, dt, activation_bytes, train_program, zeropp, &n);
+  add_host_staging(options, mx, &n);
+  add_nvme_layout(homes, options, &n);
   return n;
 }
 
