@@ -768,37 +768,10 @@ void TableBuilder::add_engine_keys() {
         "write the first step's access trace here (for strata trace replay)"));
 }
 
-std::vector<Key> build_table() { return TableBuilder().build(); }
-
 #undef STRATA_M
-
-// The table with lookups: leaves by path, and the child names of every section.
 
 }  // namespace
 
-const Schema& schema() {
-  static const Schema* s = [] {
-    auto* out = new Schema;
-    out->keys = build_table();
-    for (size_t i = 0; i < out->keys.size(); ++i) {
-      const Key& k = out->keys[i];
-      out->leaf[k.path] = i;
-      std::string parent;
-      size_t start = 0;
-      for (;;) {
-        size_t dot = k.path.find('.', start);
-        std::string name = k.path.substr(start, dot == std::string::npos ? dot : dot - start);
-        out->children[parent].insert(name);
-        if (dot == std::string::npos) break;
-        parent = k.path.substr(0, dot);
-        start = dot + 1;
-      }
-      const std::string& canon = k.alias_of.empty() ? k.path : k.alias_of;
-      out->alias_group[canon].push_back(k.path);
-    }
-    return out;
-  }();
-  return *s;
-}
+std::vector<Key> build_table() { return TableBuilder().build(); }
 
 }  // namespace strata::config_internal

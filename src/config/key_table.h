@@ -74,7 +74,9 @@ struct Schema {
   std::map<std::string, std::vector<std::string>> alias_group;  // canonical -> all spellings
 };
 
-// The table and its indexes, built once.
+// Every key, in the order docs/CONFIG.md lists them (key_table.cc).
+std::vector<Key> build_table();
+// The table and its indexes, built once (schema.cc).
 const Schema& schema();
 
 }  // namespace strata::config_internal
