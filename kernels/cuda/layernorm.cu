@@ -1,5 +1,6 @@
 // Layer normalization, forward and backward (eps = 1e-5). CPU twin: kernels/cpu/layernorm.cc.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
 namespace {
@@ -15,22 +16,8 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   const T* x = inp + size_t(row) * C;
   float sum = 0.0f;
   for (int c = lane; c < C; c += 32) sum += to_f32(x[c]);
-  const float m = warp_sum(sum) / C;
-  float var = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_f32(x[c]) - m;
-    var += d * d;
-  }
-  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-  T* o = out + size_t(row) * C;
-  for (int c = lane; c < C; c += 32) {
-    const float n = (to_f32(x[c]) - m) * s;
-    o[c] = from_f32<T>(n * to_f32(weight[c]) + (bias ? to_f32(bias[c]) : 0.0f));
-  }
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
+  layernorm_row(out + size_t(row) * C, mean, rstd, x, weight, bias, warp_sum(sum) / C, row, C,
+                lane);
 }
 
 // dinp += (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd, one warp per row.

@@ -4,10 +4,12 @@
 //
 // One warp per row, as layernorm.cu and rmsnorm.cu: each lane adds, rounds and stores its
 // strided elements, sums the rounded values, and reads them back from res for the second pass
-// (the same lane wrote them, so no synchronization is needed). The sums run in the unfused
-// kernels' lane order, so the fused call gives the unfused calls' bits: one launch, and res is
+// (the same lane wrote them, so no synchronization is needed), which is the norm kernels' own
+// (norm_rows.cuh). The sums run in the unfused kernels' lane order, so the fused call gives the
+// unfused calls' bits: one launch, and res is
 // read once instead of written, then read by a second kernel.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
 namespace {
@@ -41,22 +43,8 @@ __global__ void residual_layernorm_kernel(T* res, T* out, float* mean, float* rs
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   T* x = res + off;
-  const float m = warp_sum(add_row<false>(x, a + off, b + off, C, lane)) / C;
-  float var = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_f32(x[c]) - m;
-    var += d * d;
-  }
-  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-  T* o = out + off;
-  for (int c = lane; c < C; c += 32) {
-    const float n = (to_f32(x[c]) - m) * s;
-    o[c] = from_f32<T>(n * to_f32(weight[c]) + (bias ? to_f32(bias[c]) : 0.0f));
-  }
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
+  layernorm_row(out + off, mean, rstd, x, weight, bias,
+                warp_sum(add_row<false>(x, a + off, b + off, C, lane)) / C, row, C, lane);
 }
 
 template <typename T>
@@ -66,10 +54,8 @@ __global__ void residual_rmsnorm_kernel(T* res, T* out, float* rstd, const T* a,
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   T* x = res + off;
-  const float s = 1.0f / sqrtf(warp_sum(add_row<true>(x, a + off, b + off, C, lane)) / C + eps);
-  T* o = out + off;
-  for (int c = lane; c < C; c += 32) o[c] = from_f32<T>(to_f32(x[c]) * s * to_f32(weight[c]));
-  if (lane == 0) rstd[row] = s;
+  rmsnorm_row(out + off, rstd, x, weight, add_row<true>(x, a + off, b + off, C, lane), eps, row, C,
+              lane);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // RMSNorm, forward and backward: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 // CPU twin: kernels/cpu/rmsnorm.cc.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
 namespace {
@@ -18,10 +19,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
     const float v = to_f32(x[c]);
     ss += v * v;
   }
-  const float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
-  T* o = out + size_t(row) * C;
-  for (int c = lane; c < C; c += 32) o[c] = from_f32<T>(to_f32(x[c]) * s * to_f32(weight[c]));
-  if (lane == 0) rstd[row] = s;
+  rmsnorm_row(out + size_t(row) * C, rstd, x, weight, ss, eps, row, C, lane);
 }
 
 // dinp += (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd, one warp per row.
