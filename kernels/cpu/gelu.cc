@@ -103,10 +103,15 @@ void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
   });
 }
 
-void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n) {
+namespace {
+
+// dst[i] += dy[i] * gelu'(x[i]) (kAccumulate), else dst[i] = 0 + dy[i] * gelu'(x[i]): the bits of
+// adding to a zeroed dst, with one rounding. dout may be dst (each block is read before written).
+template <bool kAccumulate>
+void gelu_backward_into(DType dt, void* dst, const void* inp, const void* dout, size_t n) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
-    auto* dx = static_cast<Tp*>(dinp);
+    auto* dx = static_cast<Tp*>(dst);
     auto* x = static_cast<const Tp*>(inp);
     auto* dy = static_cast<const Tp*>(dout);
     parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
@@ -116,31 +121,27 @@ void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size
         load_span(x + b, v, m);
         load_span(dy + b, g, m);
         impl().backward(v, g, m);
-        accumulate_span(g, dx + b, m);
+        if constexpr (kAccumulate) {
+          accumulate_span(g, dx + b, m);
+        } else {
+          for (size_t j = 0; j < m; ++j) g[j] = 0.0f + g[j];
+          store_span(g, dx + b, m);
+        }
       }
     });
   });
 }
 
+}  // namespace
+
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n) {
+  gelu_backward_into<true>(dt, dinp, inp, dout, n);
+}
+
 // In place: g[i] = 0 + g[i] * gelu'(x[i]), one rounding: the bits gelu_backward gives into a
 // zeroed dinp from dout = g (accumulate_span adds the fp32 product to the stored 0).
 void gelu_backward_replace(DType dt, void* g_io, const void* inp, size_t n) {
-  dispatch_dtype(dt, [&](auto tag) {
-    using Tp = decltype(tag);
-    auto* d = static_cast<Tp*>(g_io);
-    auto* x = static_cast<const Tp*>(inp);
-    parallel_ranges(n, kElementGrain, [&](size_t i0, size_t i1) {
-      float v[kBlock], g[kBlock];
-      for (size_t b = i0; b < i1; b += kBlock) {
-        const size_t m = std::min(kBlock, i1 - b);
-        load_span(x + b, v, m);
-        load_span(d + b, g, m);
-        impl().backward(v, g, m);
-        for (size_t j = 0; j < m; ++j) g[j] = 0.0f + g[j];
-        store_span(g, d + b, m);
-      }
-    });
-  });
+  gelu_backward_into<false>(dt, g_io, inp, g_io, n);
 }
 
 }  // namespace strata::cpu
