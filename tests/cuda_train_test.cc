@@ -272,11 +272,12 @@ TEST(CudaTraining, OptimizerOnNvmeKeepsSubGroupsAsTheCpuBackendDoes) {
 // Host<->device bytes per step at the planner's minimum for the placement, on either
 // backend: with the parameters on the device and the optimizer in host RAM (whole, or by ratio)
 // the host-stepped parameters cross back to the device (the CPU backend's optimizer writes its
-// host-addressable device in place: nothing crosses); parameters in host RAM with a tiny Llama
-// whose block inputs are recomputed. A GPU run (H200) had counted none of the parameters'
-// copies back (-20% of the minimum) while the CPU backend's planner counted copies it never
-// makes. Steps 4-6 (a deferred pass's copies fall in the step after the one that ran it in the
-// first steps); no prefetch (what it saves depends on timing).
+// host-addressable device in place: nothing crosses); parameters in host RAM stepped by the
+// device's optimizer (their cached copy stepped in place and copied down: nothing crosses back);
+// parameters in host RAM with a tiny Llama whose block inputs are recomputed. A GPU run (H200) had
+// counted none of the parameters' copies back (-20% of the minimum) while the CPU backend's planner
+// counted copies it never makes. Steps 4-6 (a deferred pass's copies fall in the step after the one
+// that ran it in the first steps); no prefetch (what it saves depends on timing).
 TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
@@ -290,6 +291,8 @@ TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
       {"parameters on the device, optimizer ratio 0.5",
        {"zero_optimization.offload_param.device=\"none\"",
         "zero_optimization.offload_optimizer.ratio=0.5"}},
+      {"parameters in host RAM, optimizer on the device",
+       {"zero_optimization.offload_optimizer.device=\"none\""}},
       {"parameters and optimizer in host RAM, a Llama recomputed",
        {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
         "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",

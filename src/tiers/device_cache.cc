@@ -153,6 +153,7 @@ Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fet
   if (mod.p.tier == Tier::kDevice) {
     dev_.copy_d2d(h2d, mine, mod.p.dev, mod.p.bytes);
   } else if (mod.p.tier == Tier::kHost) {
+    if (c.home_written) dev_.wait(h2d, *c.home_written);  // the home's new parameters first
     dev_.copy_h2d(h2d, mine, mod.p.host.data(), mod.p.bytes);
   } else {
     Status st = fetch_from_nvme(mod, mine);
@@ -309,8 +310,12 @@ void DeviceCache::release_after(void* ptr, size_t bytes, std::shared_ptr<Event> 
 
 void DeviceCache::drop(int m) {
   Entry& c = cache_[size_t(m)];
-  // The memory is freed once its last use (and its fetch) have run.
+  // The memory is freed once its last use (and its fetch) have run, and the copy down into
+  // the home that reads it (copied_down).
   if (c.ready) dev_.synchronize(*c.ready).ignore();
+  if (c.home_written && !dev_.query(*c.home_written)) {
+    dev_.synchronize(*c.home_written).ignore();
+  }
   pending_.push_back({c.ptr, round_up(cache_bytes(homes_.module(m)), 256), c.last_use});
   c.ptr = nullptr;
   c.resident = false;
@@ -385,6 +390,17 @@ Status DeviceCache::wait_fetch(int m) {
                            "waiting for the fetch of " + homes_.module(m).name + " parameters");
   }
   return Status::ok();
+}
+
+void* DeviceCache::step_in_place(int m) {
+  Entry& c = cache_[size_t(m)];
+  if (!c.resident || sharded_) return nullptr;
+  compute_waits_for(c.ready);
+  return c.ptr;
+}
+
+void DeviceCache::copied_down(int m, std::shared_ptr<Event> down) {
+  cache_[size_t(m)].home_written = std::move(down);
 }
 
 void DeviceCache::write_through(int m, size_t offset, const void* lp, size_t bytes) {

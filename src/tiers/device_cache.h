@@ -85,6 +85,13 @@ class DeviceCache final : public CacheState {
   // Write-through: copies `bytes` of new parameters at host `lp` to module m's cached copy at
   // byte `offset` on the h2d stream; the copy is not freed before that ran.
   void write_through(int m, size_t offset, const void* lp, size_t bytes);
+  // The device optimizer's target for module m's new parameters: its cached copy when one is
+  // resident and not a gathered group (sharded), else null; the compute stream waits for the
+  // copy's fetch first. Once the step has run the copy is current: nothing writes it through.
+  void* step_in_place(int m);
+  // The copy step_in_place(m) returned is copied down into module m's home until `down` has
+  // run: dropping the copy waits for it, and a later fetch from the home waits for it.
+  void copied_down(int m, std::shared_ptr<Event> down);
   // Forgets module m's cached copy; its memory is freed after its last use.
   void drop(int m);
   // Called with module m before any fetch of its parameters (demand or prefetch): the deferred
@@ -116,6 +123,7 @@ class DeviceCache final : public CacheState {
     uint64_t acq_pos = 0;   // trace position of the current/last acquire
     uint64_t last_pos = 0;  // LRU key
     std::shared_ptr<Event> ready, last_use;
+    std::shared_ptr<Event> home_written;  // the last copy down into the home (copied_down)
   };
   struct PendingFree {
     void* ptr;

@@ -11,15 +11,22 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
   Module& m = homes_.module(k);
   Stream& compute = dev_.compute_stream();
   Stream& d2h = dev_.d2h_stream();
-  // The gradients were drained into GACC on the d2h stream: the step runs after those drains.
-  auto drained = std::shared_ptr<Event>(dev_.create_event());
-  dev_.record(*drained, d2h);
+  // The gradients were drained into GACC on the d2h stream: the step runs after those drains
+  // (grads_final's event; else all the stream holds now).
+  std::shared_ptr<Event> drained = std::move(drained_[size_t(k)]);
+  if (!drained) {
+    drained = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*drained, d2h);
+  }
   dev_.wait(compute, *drained);
-  // The new parameters go straight to their device home; any other home gets them through a
-  // device buffer copied down, then published as the host path publishes them.
+  // The new parameters go straight to their device home; any other home gets them copied down
+  // from the module's cached copy, stepped in place (it is then current: nothing crosses back),
+  // or from a device buffer when none is resident, then published as the host path publishes
+  // them.
   const bool params_on_device = m.p.tier == Tier::kDevice;
-  void* lp_dev = params_on_device ? m.p.dev : nullptr;
-  if (!params_on_device) {
+  void* lp_dev = params_on_device ? m.p.dev : cache_.step_in_place(k);
+  const bool in_copy = !params_on_device && lp_dev != nullptr;
+  if (!params_on_device && !in_copy) {
     STRATA_ASSIGN_OR_RETURN(lp_dev,
                             cache_.allocate(m.p.bytes, m.name + ".new params", k, UINT64_MAX,
                                             /*may_block=*/true),
@@ -52,14 +59,27 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
     }
     return Status::ok();
   }
-  // Parameters homed on the host or NVMe: down into their host-visible home, or a sub-group at a
-  // time through staging pieces, then published.
   auto stepped = std::shared_ptr<Event>(dev_.create_event());
   dev_.record(*stepped, compute);
   dev_.wait(d2h, *stepped);
   STRATA_CHECK(!sharded_ || !cache_.resident(k), "sharded: a gathered group outlived its use");
-  const Target t = {host_visible_params(m)};
   const size_t es = dtype_size(dt_);
+  if (in_copy && m.p.tier == Tier::kHost) {
+    // Down into the host home on the d2h stream, not waited for: the next forward reads the
+    // current cached copy, a later fetch from the home waits for this copy (copied_down), and
+    // whatever reads or writes the home on the host first calls finish_copies_down().
+    dev_.copy_d2h(d2h, m.p.host.data(), lp_dev, m.p.bytes);
+    auto down = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*down, d2h);
+    cache_.copied_down(k, std::move(down));
+    copies_down_ = true;
+    const size_t bytes = m.p.bytes;
+    counters_.update([bytes](TierCounts& n) { n.dev_out += bytes; });
+    return Status::ok();
+  }
+  // Into an NVMe home, or from a device buffer: a sub-group at a time through host-visible
+  // pieces, each published once it is down.
+  const Target t = {host_visible_params(m)};
   Status st;
   for (size_t j = 0; j < m.sub_groups() && st.is_ok(); ++j) {
     auto p = piece(k, j, t);
@@ -67,12 +87,17 @@ Status OptimizerPipeline::step_on_device(int k, const OptimizerHyper& hyper, flo
       st = p.status();
       break;
     }
-    dev_.copy_d2h(d2h, p->dst, static_cast<char*>(lp_dev) + m.sub_start(j) * es, m.sub_len(j) * es);
+    const size_t bytes = m.sub_len(j) * es;
+    dev_.copy_d2h(d2h, p->dst, static_cast<char*>(lp_dev) + m.sub_start(j) * es, bytes);
+    counters_.update([bytes](TierCounts& n) { n.dev_out += bytes; });
     st = dev_.synchronize(d2h).with_context("copying " + m.name + " new parameters down");
-    if (st.is_ok()) st = publish_piece(k, j, p->dst, std::move(p->keep), /*wait=*/false);
+    if (st.is_ok()) {
+      st = publish_piece(k, j, p->dst, std::move(p->keep), /*wait=*/false,
+                         /*copy_current=*/in_copy);
+    }
   }
   dev_.synchronize(d2h).ignore();
-  dev_.release(lp_dev);
+  if (!in_copy) dev_.release(lp_dev);
   return st.with_context("stepping " + m.name);
 }
 

@@ -7,8 +7,12 @@
 // kernels/cuda/adamw.cu, the CPU backend the same fused CPU optimizer the pipeline runs on
 // host-resident state, so on the CPU backend this path gives the host path's numbers bit for bit.
 // Nothing crosses the host link for such a module: the new low-precision parameters are written
-// straight into their device home (or, when the parameters live elsewhere, into a device buffer
-// copied down and published like the host path's).
+// straight into their device home. When the parameters live elsewhere, they are written into
+// the module's resident cached copy (then current: nothing is written through) and copied down:
+// into a host home on the d2h stream without the host waiting (a later fetch from the home and
+// dropping the copy wait for it; finish_copies_down() before the host reads or writes homes),
+// else a sub-group at a time and published like the host path's. Without a resident copy, into
+// a device buffer copied down the same way.
 //
 // The step is asynchronous: it runs in compute-stream order, so the next forward sees the new
 // parameters and the next step's drains wait for it; anything that reads the state on the host

@@ -22,9 +22,20 @@ OptimizerPipeline::OptimizerPipeline(Homes& homes, DeviceCache& cache, const Tie
       opt_(options),
       dt_(dt),
       mdt_(moment_dt),
-      sharded_(sharded) {}
+      sharded_(sharded) {
+  drained_.resize(homes.modules().size());
+}
 
 // ---- the order modules become ready ----------------------------------------------------------
+
+void OptimizerPipeline::grads_final(int m) {
+  order_.push_back(m);
+  if (steps_on_device(homes_.module(m))) {
+    auto drained = std::shared_ptr<Event>(dev_.create_event());
+    dev_.record(*drained, dev_.d2h_stream());
+    drained_[size_t(m)] = std::move(drained);
+  }
+}
 
 std::vector<int> OptimizerPipeline::prepared_first(std::vector<int> order) const {
   std::stable_partition(order.begin(), order.end(), [this](int k) {
@@ -463,7 +474,8 @@ Status OptimizerPipeline::run(const std::vector<int>& order, const OptimizerHype
 // ---- publishing parameters ---------------------------------------------------------------------
 
 Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
-                                        std::shared_ptr<PinnedBuffer> keep, bool wait) {
+                                        std::shared_ptr<PinnedBuffer> keep, bool wait,
+                                        bool copy_current) {
   Module& m = homes_.module(k);
   Stream& h2d = dev_.h2d_stream();
   const size_t off = m.sub_start(j) * dtype_size(dt_), bytes = m.sub_len(j) * dtype_size(dt_);
@@ -480,7 +492,7 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
     // minimum with the optimizer in host RAM on an H200, docs/GPU.md).
     counters_.update([bytes](TierCounts& n) { n.dev_in += bytes; });
   }
-  if (cache_.resident(k)) {
+  if (cache_.resident(k) && !copy_current) {
     if (sharded_) {
       cache_.drop(k);  // a gathered group is never updated in place: the next use gathers anew
     } else {
@@ -524,9 +536,16 @@ Status OptimizerPipeline::write_params(int k, const float* master) {
   return Status::ok();
 }
 
+Status OptimizerPipeline::finish_copies_down() {
+  if (!copies_down_) return Status::ok();
+  copies_down_ = false;
+  return dev_.synchronize(dev_.d2h_stream()).with_context("copying new parameters down");
+}
+
 Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
   Module& m = homes_.module(k);
   const std::string what = "deriving " + m.name + " parameters";
+  STRATA_RETURN_IF_ERROR(finish_copies_down(), what);
   STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), what);
   STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, Target{host_visible_params(m)}), what);
   convert(master, DType::kF32, p.dst, dt_, m.sub_len(j));
@@ -536,6 +555,7 @@ Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
 Status OptimizerPipeline::write_stored_params(int k, size_t j, const void* params) {
   Module& m = homes_.module(k);
   const std::string what = "writing " + m.name + " parameters";
+  STRATA_RETURN_IF_ERROR(finish_copies_down(), what);
   STRATA_RETURN_IF_ERROR(cache_.wait_fetch(k), what);
   STRATA_ASSIGN_OR_RETURN(Piece p, piece(k, j, Target{host_visible_params(m)}), what);
   std::memcpy(p.dst, params, m.sub_len(j) * dtype_size(dt_));

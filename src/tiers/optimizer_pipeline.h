@@ -94,8 +94,10 @@ class OptimizerPipeline {
                     DType moment_dt, bool sharded, TierCounters& counters);
 
   // ---- the order modules become ready ------------------------------------------------
-  // Module m's gradients are final for this step.
-  void grads_final(int m) { order_.push_back(m); }
+  // Module m's gradients are final for this step once the d2h stream's work enqueued so far
+  // has run (a device-stepped module's step waits for that, not for what the stream runs
+  // after: other modules' new parameters copied down).
+  void grads_final(int m);
   // This step's modules in the order their gradients became final (whose state may already be
   // read ahead), then any not drained in index order; none marked in `skip`.
   std::vector<int> step_order(std::vector<bool> skip) const;
@@ -210,9 +212,14 @@ class OptimizerPipeline {
   // (unless `src` is in the home; NVMe: the sub-group's extent) and to a cached device copy
   // (write-through; a gathered group, sharded, is dropped instead). `keep` is held until the
   // copies and the write from it ran. With `wait`, returns after everything landed (the h2d
-  // stream and the NVMe write); else the NVMe write is queued.
+  // stream and the NVMe write); else the NVMe write is queued. `copy_current`: the cached copy
+  // already holds them (the device's optimizer stepped it in place), nothing is written through.
   Status publish_piece(int k, size_t j, const void* src, std::shared_ptr<PinnedBuffer> keep,
-                       bool wait);
+                       bool wait, bool copy_current = false);
+  // Waits for the new parameters step_on_device copies down into host homes without waiting:
+  // before anything reads or writes the homes on the host (checkpoints, the weights' checksum,
+  // write_params).
+  Status finish_copies_down();
   // publish_piece() of every sub-group of a whole module's new parameters at host `lp`.
   Status publish(int k, const void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait);
   // Derives module k's parameters from fp32 `master` and publishes them, synchronously.
@@ -300,6 +307,11 @@ class OptimizerPipeline {
   std::deque<Write> writes_;         // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
   std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
+  // Device-stepped modules: the d2h stream's event after their final drains (grads_final).
+  std::vector<std::shared_ptr<Event>> drained_;
+  // New parameters copied down from cached copies into host homes on the d2h stream, not yet
+  // waited for (step_on_device): finish_copies_down() waits.
+  bool copies_down_ = false;
   std::vector<int> order_;       // this step: modules in the order their gradients became final
   std::vector<int> last_order_;  // the last step's order_
 };

@@ -429,6 +429,7 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
 
 Status TierManager::flush_writes() {
   STRATA_RETURN_IF_ERROR(finish_pending_step(), "flushing writes");
+  STRATA_RETURN_IF_ERROR(impl_->pipeline->finish_copies_down(), "flushing writes");
   return impl_->pipeline->retire_writes(0);
 }
 

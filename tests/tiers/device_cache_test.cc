@@ -7,10 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/device.h"
@@ -223,6 +226,49 @@ TEST(DeviceCache, WriteThroughAndDrop) {
   auto back = r.cache->acquire(0);
   ASSERT_TRUE(back.is_ok());
   EXPECT_TRUE(r.holds_home(0, *back));
+  r.cache->release(0);
+  r.cache->end_phase();
+  EXPECT_EQ(r.fetched, (std::vector<int>{0, 0}));
+}
+
+// The device's optimizer steps a host-homed module's parameters in its resident copy
+// (step_in_place) and copies them down into the home on the d2h stream without waiting
+// (copied_down): dropping the copy waits for that copy down, and the fetch after it reads the
+// new parameters. The d2h stream is held until another thread opens a gate, so a drop that did
+// not wait would see the old home.
+TEST(DeviceCache, StepInPlaceAndTheCopyDownBeforeADrop) {
+  Rig r({1000}, Tier::kHost, 1 << 20);
+  r.fill(0);
+  r.cache->begin_phase("train");
+  auto p = r.cache->acquire(0);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  r.cache->release(0);
+  void* copy = r.cache->step_in_place(0);
+  ASSERT_EQ(copy, *p);
+  ASSERT_TRUE(r.dev->synchronize(r.dev->compute_stream()).is_ok());
+  Module& mod = r.homes->module(0);
+  std::vector<uint16_t> fresh(mod.sn);
+  std::iota(fresh.begin(), fresh.end(), uint16_t(7000));
+  std::memcpy(copy, fresh.data(), mod.p.bytes);  // the step, on a host-addressable device
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  r.dev->host_fn(r.dev->d2h_stream(), [open] { open.wait(); });
+  r.dev->copy_d2h(r.dev->d2h_stream(), mod.p.ptr(), copy, mod.p.bytes);
+  auto down = std::shared_ptr<Event>(r.dev->create_event());
+  r.dev->record(*down, r.dev->d2h_stream());
+  r.cache->copied_down(0, down);
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.set_value();
+  });
+  r.cache->drop(0);
+  EXPECT_EQ(std::memcmp(mod.p.ptr(), fresh.data(), mod.p.bytes), 0)
+      << "the copy was dropped before its copy down into the home ran";
+  opener.join();
+  auto back = r.cache->acquire(0);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  ASSERT_TRUE(r.dev->synchronize(r.dev->h2d_stream()).is_ok());
+  EXPECT_EQ(std::memcmp(*back, fresh.data(), mod.p.bytes), 0);
   r.cache->release(0);
   r.cache->end_phase();
   EXPECT_EQ(r.fetched, (std::vector<int>{0, 0}));
