@@ -1,7 +1,9 @@
 """The train phase: `strata train` of GPT-2 124M in five placements and a ~1B Llama in three,
-tokens/s and MFU per row, with the PyTorch peers (tools/peers/torch_gpt_gpu.py,
-torch_llama_gpu.py: the same shapes, everything on the device) run between strata's rows and
-strata's all-on-device tokens/s over PyTorch's beside the MFU."""
+then each with the optimizer ratio `strata plan` recommends for its offloaded placement (at
+this machine's `strata probe` profile, or --profile); tokens/s and MFU per row, with the
+PyTorch peers (tools/peers/torch_gpt_gpu.py, torch_llama_gpu.py: the same shapes, everything on
+the device) run between strata's rows and strata's all-on-device tokens/s over PyTorch's beside
+the MFU, and the planner's row's step over the all-on-device step."""
 import json
 import os
 import re
@@ -92,12 +94,45 @@ def torch_available(ctx):
     return ""
 
 
+def machine_profile(ctx, d):
+    """The machine profile the planner's rows read: --profile, else a `strata probe` of this
+    machine (its CPU optimizer, copies and device); None when the probe fails."""
+    if ctx.opts.profile:
+        return ctx.opts.profile
+    path = d / "profile.json"
+    if not path.exists():
+        rc = ctx.run(120, [ctx.bin("strata"), "probe", "--json", path],
+                     log=ctx.log_path("train-probe"))
+        if rc != 0:
+            return None
+    return str(path)
+
+
+def planner_ratio(ctx, cfg, pdev, odev, profile, name):
+    """The zero_optimization.offload_optimizer.ratio `strata plan` recommends for the config with
+    this placement (`optimizer_ratio_advice`), or None."""
+    out = cfg.parent / ("%s.plan.json" % name)
+    cmd = [ctx.bin("strata"), "plan", "--config", cfg, "--json", out, "--force",
+           "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
+           "--set", 'zero_optimization.offload_optimizer.device="%s"' % odev]
+    if profile:
+        cmd += ["--profile", profile]
+    if ctx.run(60, cmd, log=ctx.log_path("train-%s-plan" % name)) != 0:
+        return None
+    try:
+        rep = json.loads(out.read_text())
+        advice = [a for a in rep.get("optimizer_ratio_advice", []) if a.get("option") == rep["asked"]]
+        return float(advice[0]["ratio"]) if advice else None
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 class Table:
     """One model's rows: strata in several placements, the PyTorch peer between them."""
 
     def __init__(self, ctx, key, cfg, flops_tok):
         self.ctx, self.key, self.cfg, self.flops_tok = ctx, key, cfg, flops_tok
-        self.rows, self.bad, self.torch = {}, [], []
+        self.rows, self.bad, self.torch, self.notes = {}, [], [], []
 
     def mfu(self, tps):
         peak = self.ctx.state.get("peak_tflops")
@@ -133,6 +168,21 @@ class Table:
             self.bad.append("%s %s: exit %d" % (self.key, name, rc))
         self.rows[name] = row
 
+    def planned_row(self, pdev, odev, profile, what):
+        """The placement with the optimizer ratio `strata plan` recommends for it (the least
+        state on the device within 5% of the fastest predicted step), when it is below 1."""
+        ratio = planner_ratio(self.ctx, self.cfg, pdev, odev, profile, "%s-planned" % self.key)
+        if ratio is None:
+            self.notes.append("The planner recommended no optimizer ratio for %s (logs/%s)."
+                              % (what.lower(), self.ctx.log_path("train-%s-planned-plan"
+                                                                 % self.key).name))
+        elif ratio < 1 or self.ctx.dry:  # dry (the CPU backend: ratio 1), for the code path
+            self.strata_row("planned", pdev, odev, "%g" % ratio,
+                            "%s, the optimizer ratio %g `strata plan` recommends" % (what, ratio))
+        else:
+            self.notes.append("The planner keeps the whole optimizer of %s in host RAM (ratio 1): "
+                              "the row with it is the one above." % what.lower())
+
     def torch_run(self, script, args, why_not):
         if why_not:
             return
@@ -160,6 +210,16 @@ class Table:
                        % (name, r["what"], r["offload_param"], r["offload_optimizer"], r["exit"],
                           r["why"]))
         ctx.md("")
+        dev, planned = self.rows.get("device", {}), self.rows.get("planned", {})
+        if dev.get("step_s") and planned.get("step_s"):
+            planned["over_device"] = planned["step_s"] / dev["step_s"]
+            ctx.md("With the planner's optimizer ratio %s: a step of %s ms, %.2fx the all-on-device "
+                   "step (%s ms)." % (planned["ratio"], ms(planned["step_s"]),
+                                      planned["over_device"], ms(dev["step_s"])))
+            ctx.md("")
+        for note in self.notes:
+            ctx.md(note)
+            ctx.md("")
         if torch_why_not:
             ctx.md("PyTorch peer: not run (%s)." % torch_why_not)
         for i, t in enumerate(self.torch):
@@ -195,6 +255,8 @@ def phase_train(ctx):
     why_not = torch_available(ctx)
     peak = ctx.state.get("peak_tflops")
     bad = []
+    # The planner's rates for its optimizer-ratio rows (the last of each model's).
+    profile = machine_profile(ctx, d)
 
     # GPT-2 124M. Parameters: wte [Vp,C] + wpe [T,C] + L blocks (12C^2 + 13C) + final norm (2C);
     # tied head. FLOPs per token: 6 N + 6 L C T (llm.c's estimate: causal attention at half of
@@ -232,6 +294,7 @@ def phase_train(ctx):
                  "(half on the device, half in host RAM)")
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
     t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    t.planned_row("none", "cpu", profile, "parameters on the device")
     if not ctx.quick:
         t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     gpt = t.write(why_not)
@@ -272,6 +335,7 @@ def phase_train(ctx):
     t.torch_run("torch_llama_gpu.py", [], why_not)
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
     t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    t.planned_row("cpu", "cpu", profile, "parameters in host RAM")
     if not ctx.quick:
         t.torch_run("torch_llama_gpu.py", [], why_not)
     llama = t.write(why_not)
@@ -290,6 +354,12 @@ def phase_train(ctx):
         ctx.result("failed", "; ".join(bad))
     else:
         ratio = gpt["rows"].get("device", {}).get("over_torch")
-        ctx.result("ok", "8 runs trained (%s): GPT-2 124M in 5 placements, Llama ~1B in 3; PyTorch "
-                   "%s" % (backend, why_not or ("GPT-2 strata/PyTorch %.2f" % ratio if ratio
-                                                else "ran")))
+        runs = len(gpt["rows"]) + len(llama["rows"])
+        planned = ", ".join("%s planner's ratio %.2fx all-on-device" % (k, m["rows"]["planned"]["over_device"])
+                            for k, m in (("GPT-2", gpt), ("Llama", llama))
+                            if m["rows"].get("planned", {}).get("over_device"))
+        ctx.result("ok", "%d runs trained (%s): GPT-2 124M in %d placements, Llama ~1B in %d%s; "
+                   "PyTorch %s" % (runs, backend, len(gpt["rows"]), len(llama["rows"]),
+                                   "; " + planned if planned else "",
+                                   why_not or ("GPT-2 strata/PyTorch %.2f" % ratio if ratio
+                                               else "ran")))

@@ -123,8 +123,9 @@ def self_test(build):
     keys = ["magic", "version", "phases/env/status", "phases/build/status", "phases/tests/status",
             "phases/sanitizer/status", "phases/gemm/result/shapes", "phases/copy/result/cases",
             "phases/attention/result/shapes"]
-    for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme"]),
-                        ("llama-1b", ["device", "host", "nvme"])):
+    for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme",
+                                       "planned"]),
+                        ("llama-1b", ["device", "host", "nvme", "planned"])):
         keys += ["phases/train/result/models/%s/rows/%s/tokens_per_s" % (model, x) for x in rows]
         keys.append("phases/train/result/models/%s/torch_tokens_per_s" % model)
     keys += ["phases/train/result/models/gpt2-124m/rows/device/over_torch",
@@ -142,9 +143,12 @@ def self_test(build):
               re.search(r"^\| %s \| (ok|skipped) \|" % p, md, re.M) is not None)
     check("the report says it was a dry run", "Dry run: no GPU was used" in md)
     check("the fused attention ran in the attention benchmark", "| fused |" in md)
-    check("the training tables have 8 rows (5 GPT, 3 Llama) with a strata / PyTorch ratio",
-          len(re.findall(r"^\| (device|device-opt-host|ratio|host|nvme): .*\| n/a \| [0-9.]+ \| "
-                         r"[0-9?]+ \| .*\| ok \(", md, re.M)) == 8)
+    check("the training tables have 10 rows (6 GPT, 4 Llama) with a strata / PyTorch ratio",
+          len(re.findall(r"^\| (device|device-opt-host|ratio|host|nvme|planned): .*\| n/a \| "
+                         r"[0-9.]+ \| [0-9?]+ \| .*\| ok \(", md, re.M)) == 10)
+    check("each training table compares the planner's ratio row with the all-on-device step",
+          len(re.findall(r"^With the planner's optimizer ratio [0-9.]+: a step of [0-9]+ ms, "
+                         r"[0-9.]+x the all-on-device step", md, re.M)) == 2)
     check("the PyTorch peer ran twice per model (before and after strata's rows)",
           len(re.findall(r"^PyTorch peer, run \d", md, re.M)) == 4)
     check("the offload rows have the plain schedule's losses",
