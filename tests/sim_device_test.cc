@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "src/train/trainer.h"
@@ -113,6 +114,37 @@ TEST(SimDevice, CopiesAreRealKernelsWriteNothingZeroingClearsCopies) {
   ASSERT_TRUE(dev->synchronize(s).is_ok());
   for (float x : l) EXPECT_FLOAT_EQ(x, std::log(50.0f));
   for (void* p : {*out, *inp, *w, *losses, *logits, *targets}) dev->release(p);
+}
+
+// Its events order work across streams as the wrapped device's do (they carry the recording
+// stream's clock beside them): a copy on the d2h stream after a wait for an event recorded
+// behind an h2d copy reads that copy's bytes, even when the h2d stream is held back; a
+// never-recorded event is complete; synchronize and query see the recorded work.
+TEST(SimDevice, EventsOrderStreamsAsTheWrappedDevicesDo) {
+  auto dev = make();
+  std::vector<float> host(4096), back(host.size());
+  for (size_t i = 0; i < host.size(); ++i) host[i] = 3.0f + float(i);
+  auto buf = dev->allocate(host.size() * 4, "buf");
+  ASSERT_TRUE(buf.is_ok());
+  auto fresh = dev->create_event();
+  EXPECT_TRUE(dev->query(*fresh));
+  EXPECT_TRUE(dev->synchronize(*fresh).is_ok());
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  dev->host_fn(dev->h2d_stream(), [open] { open.wait(); });
+  dev->copy_h2d(dev->h2d_stream(), *buf, host.data(), host.size() * 4);
+  auto landed = dev->create_event();
+  dev->record(*landed, dev->h2d_stream());
+  EXPECT_FALSE(dev->query(*landed)) << "the event completed before the gated copy ran";
+  dev->wait(dev->d2h_stream(), *landed);
+  dev->copy_d2h(dev->d2h_stream(), back.data(), *buf, back.size() * 4);
+  gate.set_value();
+  ASSERT_TRUE(dev->synchronize(dev->d2h_stream()).is_ok());
+  EXPECT_TRUE(dev->query(*landed));
+  EXPECT_TRUE(dev->synchronize(*landed).is_ok());
+  EXPECT_EQ(std::memcmp(back.data(), host.data(), host.size() * 4), 0)
+      << "the d2h copy ran before the h2d copy it waited for";
+  dev->release(*buf);
 }
 
 // The trainer on the simulated device: the configured norm decides the clipping, a stop on

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -105,6 +106,19 @@ class DirtyRanges {
   std::map<char*, char*> r_;
 };
 
+double seconds_since(SimClock::Clock::time_point t0) {
+  return std::chrono::duration<double>(SimClock::Clock::now() - t0).count();
+}
+
+// An event of the wrapped device and the clock time its last record reached (ticks of
+// SimClock::Clock; 0 before any), shared with the recording op.
+class SimEvent final : public Event {
+ public:
+  explicit SimEvent(std::unique_ptr<Event> e) : inner(std::move(e)) {}
+  const std::unique_ptr<Event> inner;
+  const std::shared_ptr<std::atomic<int64_t>> at = std::make_shared<std::atomic<int64_t>>(0);
+};
+
 class SimDevice final : public DeviceWrapper {
  public:
   SimDevice(std::unique_ptr<Device> inner, const SimulatedDeviceOptions& p)
@@ -130,9 +144,9 @@ class SimDevice final : public DeviceWrapper {
         p_.attention_bwd_tflops, p_.hbm_gbps, p_.link_gbps, p_.launch_us, wrapped().name());
   }
 
-  // Copies are real (within the device: the written bytes, DirtyRanges::copy); the stream's
-  // clock then takes at least bytes over the link's rate (within the device: over the HBM's,
-  // read and write), counted from the copy's start.
+  // Copies are real (within the device: the written bytes, DirtyRanges::copy); each takes its
+  // bytes over the link's rate (within the device: over the HBM's, read and write), or the
+  // host's memcpy when that is slower, from its launch or the op before it.
   void copy_h2d(Stream& s, void* dst, const void* src, size_t n) override {
     copy(s, dst, src, n, Direction::kToDevice);
   }
@@ -146,24 +160,50 @@ class SimDevice final : public DeviceWrapper {
     SimClock* clock = &clocks_.of(wrapped(), s);
     DirtyRanges* dirty = &dirty_;
     const double t = p_.launch_us * 1e-6 + double(n) / (p_.hbm_gbps * 1e9);
-    wrapped().host_fn(s, [clock, dirty, dst, n, t] {
+    const auto launched = SimClock::Clock::now();
+    wrapped().host_fn(s, [clock, dirty, dst, n, t, launched] {
       const auto t0 = SimClock::Clock::now();
       dirty->clear(static_cast<char*>(dst), n);
-      clock->run(t, t0);
+      clock->run(std::max(t, seconds_since(t0)), launched);
     });
   }
-  // The stream's next op starts no earlier than when a wait or a host function ended (a
-  // kernel's start at its launch would otherwise let it begin before what it follows).
-  void wait(Stream& s, const Event& event) override {
-    wrapped().wait(s, event);
-    SimClock* clock = &clocks_.of(wrapped(), s);
-    wrapped().host_fn(s, [clock] { clock->run(0.0); });
+
+  // Events carry the time their stream's clock had reached when they were recorded: a stream
+  // that waits for one starts its next op no earlier than that (as a GPU's would), whenever its
+  // thread got past the wait.
+  std::unique_ptr<Event> create_event() override {
+    return std::make_unique<SimEvent>(wrapped().create_event());
   }
+  void record(Event& event, Stream& s) override {
+    auto& e = static_cast<SimEvent&>(event);
+    SimClock* clock = &clocks_.of(wrapped(), s);
+    wrapped().host_fn(s,
+                      [clock, at = e.at] { at->store(clock->end().time_since_epoch().count()); });
+    wrapped().record(*e.inner, s);
+  }
+  void wait(Stream& s, const Event& event) override {
+    const auto& e = static_cast<const SimEvent&>(event);
+    wrapped().wait(s, *e.inner);
+    SimClock* clock = &clocks_.of(wrapped(), s);
+    wrapped().host_fn(s, [clock, at = e.at] {
+      clock->run(0.0, SimClock::Clock::time_point(SimClock::Clock::duration(at->load())));
+    });
+  }
+  using DeviceWrapper::synchronize;
+  Status synchronize(Event& event) override {
+    return wrapped().synchronize(*static_cast<SimEvent&>(event).inner);
+  }
+  bool query(Event& event) override {
+    return wrapped().query(*static_cast<SimEvent&>(event).inner);
+  }
+  // A host function takes its real time, from its launch or the op before it.
   void host_fn(Stream& s, std::function<void()> fn) override {
     SimClock* clock = &clocks_.of(wrapped(), s);
-    wrapped().host_fn(s, [clock, fn = std::move(fn)] {
+    const auto launched = SimClock::Clock::now();
+    wrapped().host_fn(s, [clock, launched, fn = std::move(fn)] {
+      const auto t0 = SimClock::Clock::now();
       fn();
-      clock->run(0.0);
+      clock->run(seconds_since(t0), launched);
     });
   }
   Kernels& kernels() override { return *kernels_; }
@@ -175,7 +215,8 @@ class SimDevice final : public DeviceWrapper {
     DirtyRanges* dirty = &dirty_;
     const double rate = d == Direction::kWithin ? p_.hbm_gbps * 1e9 / 2 : p_.link_gbps * 1e9;
     const double t = double(n) / rate;
-    wrapped().host_fn(s, [clock, dirty, dst, src, n, t, d] {
+    const auto launched = SimClock::Clock::now();
+    wrapped().host_fn(s, [clock, dirty, dst, src, n, t, d, launched] {
       const auto t0 = SimClock::Clock::now();
       if (d == Direction::kWithin) {
         dirty->copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
@@ -183,7 +224,7 @@ class SimDevice final : public DeviceWrapper {
         std::memcpy(dst, src, n);
         if (d == Direction::kToDevice) dirty->add(static_cast<char*>(dst), n);
       }
-      clock->run(t, t0);
+      clock->run(std::max(t, seconds_since(t0)), launched);
     });
   }
 

@@ -21,6 +21,11 @@ void SimClock::run(double seconds, Clock::time_point start) {
   if (ahead > kSleepAheadUs) std::this_thread::sleep_until(until);
 }
 
+SimClock::Clock::time_point SimClock::end() {
+  std::lock_guard<std::mutex> l(mu_);
+  return busy_until_;
+}
+
 namespace {
 
 class SimKernels final : public Kernels {

@@ -7,9 +7,11 @@
 // op's reads and writes at its dtype. The clock is per stream (SimClock): an op starts when
 // the stream has finished the ops before it, or when it was launched (enqueued by the host) if
 // the stream is idle then, as a GPU's kernel does; a wait for another stream's event moves the
-// clock to when the wait ended (SimDevice::wait). The stream's thread sleeps only when it is
-// more than kSleepAheadUs ahead of the clock, so an event may complete up to that much early
-// but never late, and a thread that wakes late (a loaded host) does not delay the ops after it.
+// clock to the event's time on the stream that recorded it (SimDevice::wait). The stream's
+// thread sleeps only when it is more than kSleepAheadUs ahead of the clock, so an event may
+// complete up to that much early, and a thread that wakes late (a loaded host) does not delay
+// the ops after it: every op starts at its launch or its stream's or event's clock, never at
+// the moment its thread got to it.
 #pragma once
 
 #include <chrono>
@@ -26,10 +28,13 @@ namespace strata {
 class SimClock {
  public:
   using Clock = std::chrono::steady_clock;
-  // The stream's thread runs work that takes `seconds` and starts at `start` or when the work
-  // before it ends, whichever is later; it sleeps while the clock is more than kSleepAheadUs
-  // ahead of now.
-  void run(double seconds, Clock::time_point start = Clock::now());
+  // The stream's thread runs work that takes `seconds` and starts at `start` (when it was
+  // launched, or the event it waits for completed, in this clock's time) or when the work before
+  // it ends, whichever is later; it sleeps while the clock is more than kSleepAheadUs ahead of
+  // now.
+  void run(double seconds, Clock::time_point start);
+  // When the work run so far ends.
+  Clock::time_point end();
   static constexpr double kSleepAheadUs = 100.0;
 
  private:

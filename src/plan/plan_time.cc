@@ -301,10 +301,20 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   // follow each module's step, so they add to the optimizer (host_opt); the rest (gradient
   // drains, fetches) run beside the device's compute (link) and, under backward, beside the
   // optimizer too (under_bwd). A GPU's DMA copies take none of the host's time.
-  const double publish_s = pf.simulated ? x.publish / (pf.link_gbps.value * 1e9) : 0.0;
+  // Parameters homed off the device are published by whichever optimizer steps them: the
+  // host's share follows its steps; the device's optimizer copies its share down on the d2h
+  // stream without the host waiting (device_optimizer.h), beside the device's compute and the
+  // next step's.
+  const StateBytes& st = mem.state;
+  const double host_share = where.params == Tier::kDevice || st.opt_host + st.opt_device == 0
+                                ? 1.0
+                                : double(st.opt_host) / double(st.opt_host + st.opt_device);
+  const double link_rate = pf.link_gbps.value * 1e9;
+  const double publish_s = pf.simulated ? x.publish * host_share / link_rate : 0.0;
+  const double copied_down_s = pf.simulated ? x.publish * (1.0 - host_share) / link_rate : 0.0;
   const double host_opt = t.cpu_optim_s + publish_s;
   const double link = t.link_s - publish_s;
-  const double under_bwd = pf.simulated ? host_opt + link : t.cpu_optim_s;
+  const double under_bwd = pf.simulated ? host_opt + link - copied_down_s : t.cpu_optim_s;
   const double plain = pf.cpu_backend
                            ? comp + t.link_s + std::max(t.cpu_optim_s, t.nvme_s) + t.collectives_s
                            : std::max({comp, link, t.collectives_s}) + std::max(host_opt, t.nvme_s);
