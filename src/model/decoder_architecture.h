@@ -174,6 +174,7 @@ class DecoderRunner final : public ModelRunner {
     host_io_ = static_cast<int32_t*>(h);
     host_losses_ = reinterpret_cast<float*>(host_io_ + 3 * N * size_t(slots));
     slot_has_pos_.assign(size_t(slots), false);
+    uploaded_.resize(size_t(slots));
     for (int i = 0; i < slots; ++i) states_.push_back(std::make_unique<State>());
     if constexpr (RunnerStateOf<Blocks>::kHas) {
       for (int i = 0; i < slots; ++i) {
@@ -200,8 +201,15 @@ class DecoderRunner final : public ModelRunner {
                    const int32_t* positions) override {
     const size_t N = st_.N();
     Device& dev = *st_.dev;
-    // The slot's staging is reused each step: wait until its last upload was consumed.
-    dev.synchronize(*st_.s).ignore();
+    // The slot's staging is reused each step: wait until its last upload was consumed (its
+    // copies' event, not the rest of the stream: the last step's optimizer on the device and
+    // the other slots' work run on while this step's kernels are launched behind them).
+    std::unique_ptr<Event>& uploaded = uploaded_[size_t(slot_)];
+    if (uploaded) {
+      dev.synchronize(*uploaded).ignore();
+    } else {
+      uploaded = dev.create_event();
+    }
     int32_t* io = host_io_ + 3 * N * size_t(slot_);
     std::memcpy(io, tokens, N * 4);
     std::memcpy(io + N, targets, N * 4);
@@ -211,6 +219,7 @@ class DecoderRunner final : public ModelRunner {
       std::memcpy(io + 2 * N, positions, N * 4);
       dev.copy_h2d(*st_.s, buf_->pos, io + 2 * N, N * 4);
     }
+    dev.record(*uploaded, *st_.s);
     slot_has_pos_[size_t(slot_)] = positions != nullptr;
     st_.pos = positions != nullptr ? buf_->pos : nullptr;
   }
@@ -432,6 +441,7 @@ class DecoderRunner final : public ModelRunner {
   // kept from a micro-batch's forward to its backward).
   using State = typename RunnerStateOf<Blocks>::type;
   std::vector<std::unique_ptr<State>> states_;
+  std::vector<std::unique_ptr<Event>> uploaded_;  // per slot: after its last batch's uploads
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
