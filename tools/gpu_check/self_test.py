@@ -37,6 +37,48 @@ def dig(obj, path):
     return obj
 
 
+def report_keys():
+    """The report.json keys every phase's dry run must fill."""
+    keys = ["magic", "version", "phases/env/status", "phases/build/status", "phases/tests/status",
+            "phases/sanitizer/status", "phases/gemm/result/shapes", "phases/copy/result/cases",
+            "phases/attention/result/shapes"]
+    for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme",
+                                       "planned"]),
+                        ("llama-1b", ["device", "host", "nvme", "planned"])):
+        keys += ["phases/train/result/models/%s/rows/%s/tokens_per_s" % (model, x) for x in rows]
+        keys.append("phases/train/result/models/%s/torch_tokens_per_s" % model)
+    keys += ["phases/train/result/models/gpt2-124m/rows/device/over_torch",
+             "phases/offload/result/disk_read_gbps", "phases/offload/result/all_on_device/step_s"]
+    for x in ("plain", "auto", "never", "host-4g"):
+        keys += ["phases/offload/result/rows/%s/step_s" % x,
+                 "phases/offload/result/ratios/%s/step_over_bound" % x,
+                 "phases/offload/result/ratios/%s/planner_clipped_step_s" % x]
+    return keys
+
+
+def check_tables(check, md):
+    """The dry run's report tables: the attention benchmark, the training tables (rows, the
+    PyTorch peer, the planner's ratio) and the offload phase's rows and bounds."""
+    check("the fused attention ran in the attention benchmark", "| fused |" in md)
+    check("the training tables have 10 rows (6 GPT, 4 Llama) with a strata / PyTorch ratio",
+          len(re.findall(r"^\| (device|device-opt-host|ratio|host|nvme|planned): .*\| n/a \| "
+                         r"[0-9.]+ \| [0-9?]+ \| .*\| ok \(", md, re.M)) == 10)
+    check("each training table compares the planner's ratio row with the all-on-device step",
+          len(re.findall(r"^With the planner's optimizer ratio [0-9.]+: a step of [0-9]+ ms, "
+                         r"[0-9.]+x the all-on-device step", md, re.M)) == 2)
+    check("the PyTorch peer ran twice per model (before and after strata's rows)",
+          len(re.findall(r"^PyTorch peer, run \d", md, re.M)) == 4)
+    check("the offload rows have the plain schedule's losses",
+          len(re.findall(r"\| same bits \| ok", md)) == 3)
+    check("the offload rows show NVMe bytes against the minimum",
+          re.search(r"\| plain: .*\| nvme [0-9.]+ [KMG]iB \([0-9.]+ [KMG]iB, [-+][0-9.]+%\)", md)
+          is not None)
+    check("the offload phase has step / bound and the planner's step for 4 rows",
+          len(re.findall(r"^\| (plain|auto|never|host-4g) \| [0-9]+ \| [0-9]+ \| [0-9]+ \| "
+                         r"[0-9]+ \| [0-9.]+ \| [0-9.]+ [KMG]iB \| [0-9]+ \((deferred|after "
+                         r"backward)\) \| [0-9.]+ \|$", md, re.M)) == 4)
+
+
 def self_test(build):
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_selftest."))
     fails = []
@@ -120,20 +162,7 @@ def self_test(build):
         js = json.loads((r / "report.json").read_text())
     except (OSError, ValueError):
         js = {}
-    keys = ["magic", "version", "phases/env/status", "phases/build/status", "phases/tests/status",
-            "phases/sanitizer/status", "phases/gemm/result/shapes", "phases/copy/result/cases",
-            "phases/attention/result/shapes"]
-    for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme",
-                                       "planned"]),
-                        ("llama-1b", ["device", "host", "nvme", "planned"])):
-        keys += ["phases/train/result/models/%s/rows/%s/tokens_per_s" % (model, x) for x in rows]
-        keys.append("phases/train/result/models/%s/torch_tokens_per_s" % model)
-    keys += ["phases/train/result/models/gpt2-124m/rows/device/over_torch",
-             "phases/offload/result/disk_read_gbps", "phases/offload/result/all_on_device/step_s"]
-    for x in ("plain", "auto", "never", "host-4g"):
-        keys += ["phases/offload/result/rows/%s/step_s" % x,
-                 "phases/offload/result/ratios/%s/step_over_bound" % x,
-                 "phases/offload/result/ratios/%s/planner_clipped_step_s" % x]
+    keys = report_keys()
     missing = [k for k in keys if dig(js, k) is None]
     checks_log.write("missing keys: %s\n" % missing)
     check("report.json has every phase's result (%d keys)" % len(keys), not missing)
@@ -142,24 +171,7 @@ def self_test(build):
         check("phase %s is ok or skipped" % p,
               re.search(r"^\| %s \| (ok|skipped) \|" % p, md, re.M) is not None)
     check("the report says it was a dry run", "Dry run: no GPU was used" in md)
-    check("the fused attention ran in the attention benchmark", "| fused |" in md)
-    check("the training tables have 10 rows (6 GPT, 4 Llama) with a strata / PyTorch ratio",
-          len(re.findall(r"^\| (device|device-opt-host|ratio|host|nvme|planned): .*\| n/a \| "
-                         r"[0-9.]+ \| [0-9?]+ \| .*\| ok \(", md, re.M)) == 10)
-    check("each training table compares the planner's ratio row with the all-on-device step",
-          len(re.findall(r"^With the planner's optimizer ratio [0-9.]+: a step of [0-9]+ ms, "
-                         r"[0-9.]+x the all-on-device step", md, re.M)) == 2)
-    check("the PyTorch peer ran twice per model (before and after strata's rows)",
-          len(re.findall(r"^PyTorch peer, run \d", md, re.M)) == 4)
-    check("the offload rows have the plain schedule's losses",
-          len(re.findall(r"\| same bits \| ok", md)) == 3)
-    check("the offload rows show NVMe bytes against the minimum",
-          re.search(r"\| plain: .*\| nvme [0-9.]+ [KMG]iB \([0-9.]+ [KMG]iB, [-+][0-9.]+%\)", md)
-          is not None)
-    check("the offload phase has step / bound and the planner's step for 4 rows",
-          len(re.findall(r"^\| (plain|auto|never|host-4g) \| [0-9]+ \| [0-9]+ \| [0-9]+ \| "
-                         r"[0-9]+ \| [0-9.]+ \| [0-9.]+ [KMG]iB \| [0-9]+ \((deferred|after "
-                         r"backward)\) \| [0-9.]+ \|$", md, re.M)) == 4)
+    check_tables(check, md)
     check("the paths are printed", ("report: %s" % (r / "report.md")) in out)
     # The deepspeed phase, named, without its bundle: skipped with the reason.
     rc, out = tool("--dry-run", "--phases", "deepspeed", "--results", r, "--build-dir", build,
