@@ -148,6 +148,37 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   EXPECT_GT(plain->time.expected_s, plain->time.compute_s + plain->time.cpu_optim_s - 1e-12);
 }
 
+// Parameters in host RAM, the whole optimizer on the device (ratio 0): the device's optimizer
+// copies the new parameters down into their home on the d2h stream without the host waiting,
+// beside the compute (src/tiers/device_optimizer.cc), so a step with the copies shorter than the
+// compute takes the compute, whichever schedule; the same copies of a host-stepped share follow
+// its steps.
+TEST(PlanSimulated, TheDevicesOptimizerCopiesDownBesideTheCompute) {
+  for (double norm : {0.5, 3.0}) {
+    SCOPED_TRACE(norm);
+    PlanRequest r = gpt2_request(norm);
+    // Copies at 5 GB/s: the new parameters' (249 MB) longer than the first forward's share of
+    // the compute and than the compute after backward's first modules, shorter than all of it.
+    r.profile.host_copy_gbps = {5.0, "test"};
+    r.profile.link_gbps = {5.0, "test"};
+    PlacementOption where = find_placement("params-host");
+    where.where.optimizer_ratio = 0.0;
+    auto o = evaluate_placement(r, where);
+    ASSERT_TRUE(o.is_ok()) << o.status().to_string();
+    const TimeTerms& t = o->time;
+    ASSERT_GT(t.link_s, 0.0) << "the new parameters cross the link";
+    ASSERT_LT(t.link_s, t.compute_s) << "the test wants copies shorter than the compute";
+    EXPECT_EQ(t.cpu_optim_s, 0.0);
+    const double dev = t.compute_s + t.device_optim_s;
+    EXPECT_NEAR(t.expected_s, dev, 1e-9) << t.schedule;
+    // At ratio 1 the host steps everything and its copies follow its steps.
+    where.where.optimizer_ratio = 1.0;
+    auto host = evaluate_placement(r, where);
+    ASSERT_TRUE(host.is_ok());
+    EXPECT_GT(host->time.expected_s, host->time.cpu_optim_s);
+  }
+}
+
 // The host's optimizer (124M parameters at 1 Gparam/s) takes longer than the device's compute:
 // the ratio moves the first modules' optimizer onto the device until the step is within
 // kRatioSlack of the fastest; at a rate that hides it, the ratio stays 1; without device
