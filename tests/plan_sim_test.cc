@@ -148,6 +148,33 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   EXPECT_GT(plain->time.expected_s, plain->time.compute_s + plain->time.cpu_optim_s - 1e-12);
 }
 
+// Under backward the modules are stepped by the thread that launches the kernels, between its
+// launches: at the optimizer's rate with one thread fewer (optimizer_pps_beside). A slower rate
+// there lengthens that schedule alone, and the ratio the planner recommends keeps as much or
+// more of the optimizer on the device.
+TEST(PlanSimulated, TheOptimizerUnderBackwardRunsAtItsRateBesideTheLauncher) {
+  PlanRequest r = gpt2_request(0.5);
+  r.config.strata.optimizer_speculate = "always";
+  PlanRequest slow = r;
+  slow.profile.optimizer_pps_beside = 0.5e9;  // half the rate alone
+  auto a = evaluate_placement(r, find_placement("opt-host"));
+  auto b = evaluate_placement(slow, find_placement("opt-host"));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_NEAR(b->time.step_s - a->time.step_s, a->time.cpu_optim_s, 1e-9)
+      << "under backward the optimizer takes twice its time alone";
+  EXPECT_EQ(b->time.step_plain_s, a->time.step_plain_s);
+  EXPECT_EQ(b->time.step_deferred_s, a->time.step_deferred_s);
+  auto ratio_of = [](const PlanRequest& req) {
+    auto rep = make_plan(req);
+    EXPECT_TRUE(rep.is_ok());
+    auto asked = add_placement(*rep, find_placement("opt-host"));
+    EXPECT_TRUE(asked.is_ok());
+    EXPECT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
+    return rep->advice_for(*asked)->ratio;
+  };
+  EXPECT_LE(ratio_of(slow), ratio_of(r));
+}
+
 // Parameters in host RAM, the whole optimizer on the device (ratio 0): the device's optimizer
 // copies the new parameters down into their home on the d2h stream without the host waiting,
 // beside the compute (src/tiers/device_optimizer.cc), so a step with the copies shorter than the

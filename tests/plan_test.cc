@@ -481,6 +481,37 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
   EXPECT_NE(p.status().message().find("strata probe"), std::string::npos);
 }
 
+// The optimizer's rate beside a device: cpu_optimizer.by_threads at one thread fewer than the
+// most measured (between two counts: linear), the fastest pass's with `fastest`; without
+// per-thread rates (or with only malformed ones) none, and optimizer_pps stands.
+TEST(Plan, OptimizerRateBesideTheLauncherIsOneThreadFewer) {
+  nlohmann::json j = {{"magic", "strata-machine-profile"},
+                      {"version", kMachineProfileVersion},
+                      {"device", {{"backend", "cpu"}, {"gemm_flops", 1e11}}},
+                      {"host", {{"copy_gbps", 10.0}}},
+                      {"cpu_optimizer", {{"params_per_s", 2.0e9}}}};
+  auto none = parse_machine_profile(j.dump(), "p.json");
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  EXPECT_EQ(none->optimizer_pps_beside, 0.0);
+  j["cpu_optimizer"]["by_threads"] = {
+      {{"threads", 4}, {"params_per_s", 2.0e9}, {"spread", {{"max", 2.2e9}}}},
+      {{"threads", 1}, {"params_per_s", 0.8e9}, {"spread", {{"max", 0.9e9}}}},
+      {{"threads", 2}, {"params_per_s", 1.4e9}, {"spread", {{"max", 1.5e9}}}},
+      {{"threads", "many"}, {"params_per_s", 9e9}},
+      {{"threads", 8}}};
+  auto p = parse_machine_profile(j.dump(), "p.json");
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_DOUBLE_EQ(p->optimizer_pps_beside, 1.4e9 + (2.0e9 - 1.4e9) * 0.5);  // 3 of 4 threads
+  auto f = parse_machine_profile(j.dump(), "p.json", /*fastest=*/true);
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_DOUBLE_EQ(f->optimizer_pps_beside, 1.5e9 + (2.2e9 - 1.5e9) * 0.5);
+  j["cpu_optimizer"]["by_threads"] = {{{"threads", 1}, {"params_per_s", 0.8e9}},
+                                      {{"threads", 2}, {"params_per_s", 1.4e9}}};
+  auto two = parse_machine_profile(j.dump(), "p.json");
+  ASSERT_TRUE(two.is_ok());
+  EXPECT_DOUBLE_EQ(two->optimizer_pps_beside, 0.8e9) << "two cores: the one-thread rate";
+}
+
 TEST(Plan, WrittenConfigParsesAndKeepsThePlacement) {
   PlanRequest r = small_request();
   r.set_model(gpt_model("m", 4, 256, 4, 1000, 128));

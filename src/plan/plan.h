@@ -99,9 +99,14 @@ struct MachineProfile {
   Rate link_gbps{10.0};                  // host<->device, GB/s (CPU backend: host memcpy bandwidth)
   Rate host_copy_gbps{10.0};             // host memory copy bandwidth, GB/s
   Rate optimizer_pps{2.0e8};             // CPU optimizer, parameters per second (all threads)
-  Rate nvme_read_gbps{1.0};              // aggregate over the swap paths, GB/s
-  Rate nvme_write_gbps{1.0};             //
-  Rate collective_gbps{0.0};             // bus bandwidth, GB/s; 0 = unmeasured
+  // The same with one thread fewer (cpu_optimizer.by_threads, interpolated): the rate of the
+  // optimizer stepped under backward beside a device, where the thread that launches the
+  // device's kernels steps the modules between its launches and keeps a core. 0: the profile has
+  // no per-thread rates (optimizer_pps is taken).
+  double optimizer_pps_beside = 0;
+  Rate nvme_read_gbps{1.0};   // aggregate over the swap paths, GB/s
+  Rate nvme_write_gbps{1.0};  //
+  Rate collective_gbps{0.0};  // bus bandwidth, GB/s; 0 = unmeasured
   // Device memory bandwidth, GB/s: the optimizer on the device streams each parameter's
   // gradient, master weight, moments and new parameter through it (CUDA; the CPU backend's
   // device optimizer is the CPU optimizer, at optimizer_pps).

@@ -169,6 +169,43 @@ Status read_nvme_shapes(const json& n, const std::string& origin, const std::str
   return Status::ok();
 }
 
+// A rate's fastest pass (its spread's max) with `fastest` where the profile has it, else `median`.
+double fastest_or_median(const json& spread, double median, bool fastest) {
+  return fastest && spread.is_object() && spread.contains("max") && spread["max"].is_number()
+             ? spread["max"].get<double>()
+             : median;
+}
+
+// cpu_optimizer.by_threads' rate at one thread fewer than the most it measured (linear between
+// the thread counts around it), or 0 without such entries (optional: a malformed one is
+// skipped).
+double rate_beside_launcher(const json& opt, bool fastest) {
+  std::vector<std::pair<int64_t, double>> by;  // (threads, rate)
+  if (opt.is_object() && opt.contains("by_threads") && opt["by_threads"].is_array()) {
+    for (const auto& t : opt["by_threads"]) {
+      if (!t.is_object() || !t.contains("threads") || !t.contains("params_per_s") ||
+          !t["params_per_s"].is_number()) {
+        continue;
+      }
+      const auto n = json_int_in(t["threads"], 1, 1 << 16);
+      const double r =
+          fastest_or_median(t.value("spread", json()), t["params_per_s"].get<double>(), fastest);
+      if (n && r > 0 && std::isfinite(r)) by.emplace_back(*n, r);
+    }
+  }
+  if (by.empty()) return 0;
+  std::sort(by.begin(), by.end());
+  const int64_t want = std::max<int64_t>(1, by.back().first - 1);
+  for (size_t i = 0; i < by.size(); ++i) {
+    if (by[i].first < want) continue;
+    if (by[i].first == want || i == 0) return by[i].second;
+    const auto [t0, r0] = by[i - 1];
+    const auto [t1, r1] = by[i];
+    return r0 + (r1 - r0) * double(want - t0) / double(t1 - t0);
+  }
+  return by.back().second;
+}
+
 Result<MachineProfile> parse_profile_fields(const std::string& text, const std::string& origin,
                                             bool fastest) {
   const std::string regen =
@@ -178,9 +215,7 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
   const std::string src = "probe " + origin + (fastest ? " (fastest pass)" : "");
   // With `fastest`, a rate's fastest pass replaces its median where the profile has it.
   auto best_of = [&](const json& spread, double median) {
-    return fastest && spread.is_object() && spread.contains("max") && spread["max"].is_number()
-               ? spread["max"].get<double>()
-               : median;
+    return fastest_or_median(spread, median, fastest);
   };
   auto num = [&](const char* a, const char* b, double* out) -> Status {
     if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b) || !j[a][b].is_number()) {
@@ -218,6 +253,7 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
     }
   }
   p.optimizer_pps = {v, src};
+  p.optimizer_pps_beside = rate_beside_launcher(j["cpu_optimizer"], fastest);
   // Optional (profiles without it keep the default): the device's memory bandwidth.
   if (j["device"].contains("mem_gbps") && j["device"]["mem_gbps"].is_number()) {
     p.device_mem_gbps = {j["device"]["mem_gbps"].get<double>(), src};
