@@ -424,12 +424,17 @@ TEST(Plan, ProfileFromTheProbeIsReadBack) {
   EXPECT_DOUBLE_EQ(f->gemm_flops.value, j["device"]["gemm_flops_spread"]["max"].get<double>());
 }
 
+// The fields a machine profile must have, with the CPU optimizer at `optimizer_pps`.
+nlohmann::json minimal_profile(double optimizer_pps) {
+  return {{"magic", "strata-machine-profile"},
+          {"version", kMachineProfileVersion},
+          {"device", {{"backend", "cpu"}, {"gemm_flops", 1e11}}},
+          {"host", {{"copy_gbps", 10.0}}},
+          {"cpu_optimizer", {{"params_per_s", optimizer_pps}}}};
+}
+
 TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
-  nlohmann::json good = {{"magic", "strata-machine-profile"},
-                         {"version", kMachineProfileVersion},
-                         {"device", {{"backend", "cpu"}, {"gemm_flops", 1e11}}},
-                         {"host", {{"copy_gbps", 10.0}}},
-                         {"cpu_optimizer", {{"params_per_s", 1e8}}}};
+  nlohmann::json good = minimal_profile(1e8);
   ASSERT_TRUE(parse_machine_profile(good.dump(), "g.json").is_ok());
   auto expect_refused = [](const nlohmann::json& j, const std::string& what) {
     auto p = parse_machine_profile(j.dump(), "m.json");
@@ -485,11 +490,7 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
 // most measured (between two counts: linear), the fastest pass's with `fastest`; without
 // per-thread rates (or with only malformed ones) none, and optimizer_pps stands.
 TEST(Plan, OptimizerRateBesideTheLauncherIsOneThreadFewer) {
-  nlohmann::json j = {{"magic", "strata-machine-profile"},
-                      {"version", kMachineProfileVersion},
-                      {"device", {{"backend", "cpu"}, {"gemm_flops", 1e11}}},
-                      {"host", {{"copy_gbps", 10.0}}},
-                      {"cpu_optimizer", {{"params_per_s", 2.0e9}}}};
+  nlohmann::json j = minimal_profile(2.0e9);
   auto none = parse_machine_profile(j.dump(), "p.json");
   ASSERT_TRUE(none.is_ok()) << none.status().to_string();
   EXPECT_EQ(none->optimizer_pps_beside, 0.0);
