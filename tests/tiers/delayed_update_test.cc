@@ -20,12 +20,7 @@ namespace {
 using test::ModuleState;
 using test::StateRig;
 
-OptimizerHyper hyper(int64_t step) {
-  OptimizerHyper h;
-  h.lr = 1e-2f;
-  h.step = step;
-  return h;
-}
+OptimizerHyper hyper(int64_t step) { return test::step_hyper(step, 0.0f); }
 
 // Module k's parameters, from their home in the host tier (no read from the disk).
 std::vector<uint16_t> params_of(StateRig& r, int k) {

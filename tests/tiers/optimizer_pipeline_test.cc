@@ -20,13 +20,7 @@ namespace {
 using test::ModuleState;
 using test::StateRig;
 
-OptimizerHyper hyper(int64_t step) {
-  OptimizerHyper h;
-  h.lr = 1e-2f;
-  h.weight_decay = 0.1f;
-  h.step = step;
-  return h;
-}
+OptimizerHyper hyper(int64_t step) { return test::step_hyper(step, 0.1f); }
 
 struct Case {
   const char* name;

@@ -20,13 +20,7 @@ namespace {
 using test::ModuleState;
 using test::StateRig;
 
-OptimizerHyper hyper() {
-  OptimizerHyper h;
-  h.lr = 1e-2f;
-  h.weight_decay = 0.1f;
-  h.step = 3;
-  return h;
-}
+OptimizerHyper hyper() { return test::step_hyper(3, 0.1f); }
 
 struct Case {
   const char* name;

@@ -25,6 +25,15 @@
 
 namespace strata::test {
 
+// The tier parts' optimizer step `step`: lr 1e-2 and `weight_decay`.
+inline OptimizerHyper step_hyper(int64_t step, float weight_decay) {
+  OptimizerHyper h;
+  h.lr = 1e-2f;
+  h.weight_decay = weight_decay;
+  h.step = step;
+  return h;
+}
+
 // One module's optimizer state and parameters, whole, in host vectors.
 struct ModuleState {
   std::vector<float> master, m, v, grad;
