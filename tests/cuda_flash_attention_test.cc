@@ -136,6 +136,16 @@ class CudaFlashAttentionTest : public ::testing::Test {
 
   std::string seed_text() const { return " (seed " + std::to_string(seed_) + ")"; }
 
+  // Replaces the fixture's GPU with one made with `o` (the old one and its buffers go first).
+  void reopen(const CudaDeviceOptions& o) {
+    for (void* p : gpu_bufs_) gpu_->release(p);
+    gpu_bufs_.clear();
+    gpu_.reset();
+    auto gpu = create_cuda_device(o);
+    ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+    gpu_ = std::move(gpu).value();
+  }
+
   std::unique_ptr<Device> cpu_, gpu_;
   std::vector<void*> gpu_bufs_;
   uint32_t seed_ = 0;
@@ -352,6 +362,54 @@ TEST_F(CudaFlashAttentionTest, CudnnIsDeterministic) {
   Result b = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   EXPECT_EQ(a.out.bytes, b.out.bytes);
   EXPECT_EQ(a.dqkv.bytes, b.dqkv.bytes);
+}
+
+// device.deterministic false: cuDNN's non-deterministic backward, the same numbers within the
+// tolerances (its bits may vary run to run).
+TEST_F(CudaFlashAttentionTest, CudnnNonDeterministicBackwardMatchesTheCpuBackend) {
+  ASSERT_NO_FATAL_FAILURE(reopen(
+      {.ordinal = 0, .reserve = size_t{1} << 30, .capacity = 4096 * kMiB, .deterministic = false}));
+  const DType dt = DType::kBF16;
+  const AttnShape s{2, 1024 + 7, 8, 2, 128};
+  const std::string p = path(dt, s);
+  if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
+  EXPECT_NE(p.find("non-deterministic backward"), std::string::npos) << p;
+  SCOPED_TRACE(s.name() + " on " + p + seed_text());
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result lib = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
+  Result cpu = run_fused(false, s, qkv, dout, dqkv0);
+  EXPECT_EQ(compare_close(lib.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
+  EXPECT_EQ(compare_close(lib.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+}
+
+// A training-sized shape on a GPU whose arena takes all but 256 MiB: cuDNN's deterministic
+// backward would need a workspace of B*NH*T^2 bf16 (1 GiB here) on Hopper. Either the shape
+// runs on cuDNN with a workspace that fits, or supports() declines it naming device.reserve; the
+// call succeeds on whichever path (a step never fails for the library's memory).
+TEST_F(CudaFlashAttentionTest, CudnnDeclinesAWorkspaceTheReserveCannotHold) {
+  const DType dt = DType::kBF16;
+  const AttnShape small{1, 256, 4, 2, 64};
+  if (const std::string p = path(dt, small); p.rfind("cudnn", 0) != 0) {
+    GTEST_SKIP() << "cuDNN does not run " << small.name() << ": " << p;
+  }
+  ASSERT_NO_FATAL_FAILURE(reopen({.ordinal = 0, .reserve = 256 * kMiB}));
+  const AttnShape s{4, 2048, 32, 8, 64};
+  const std::string p = path(dt, s);
+  SCOPED_TRACE(s.name() + " on " + p + seed_text());
+  if (p.rfind("cudnn", 0) == 0) {
+    EXPECT_NE(p.find("workspace"), std::string::npos) << p;
+  } else {
+    EXPECT_NE(p.find("device.reserve"), std::string::npos) << p;
+  }
+  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  Result got = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());  // asserts no error
+  Result own_result = run_fused(true, s, qkv, dout, dqkv0);
+  EXPECT_EQ(compare_close(got.out.values(), own_result.out.values(), rtol(dt)), "") << "out";
+  EXPECT_EQ(compare_close(got.dqkv.values(), own_result.dqkv.values(), rtol(dt)), "") << "dqkv";
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // supports() says with the library absent or turned off, and, with a test double standing in
 // for the library, that the shapes it takes run on it, the others on the own kernels, that its
 // written gradient is ACCUMULATED into dqkv as the contract asks, and that its errors come back
-// at the next synchronize. The numbers are compared with the CPU backend's fused attention.
+// at the next synchronize, while a library whose memory runs out leaves that call and every later
+// call of the shape to the own kernels, without an error. The numbers are compared with the CPU
+// backend's fused attention.
 //
 // cuDNN itself needs a GPU: tests/cuda_flash_attention_test.cc's CudnnAttention tests.
 #include <gtest/gtest.h>
@@ -29,12 +31,16 @@ using test::compare_close;
 constexpr size_t kMiB = size_t{1} << 20;
 
 // A library that runs the own kernels' launchers, but with a library's conventions: the
-// backward writes the gradient (zeroes dqkv first), and it rejects one sequence length.
+// backward writes the gradient (zeroes dqkv first), and it rejects one sequence length. Its
+// forward or backward can fail (fail_forward) or find no memory (oom_forward, oom_backward:
+// kOutOfMemory with nothing enqueued, as cuDNN's workspace allocation does).
 class FakeLibrary final : public AttentionLibrary {
  public:
   int forwards = 0, backwards = 0;
   int rejected_T = -1;
   bool fail_forward = false;
+  bool oom_forward = false, oom_backward = false;
+  size_t workspace = 0;
 
   ~FakeLibrary() override {
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -47,16 +53,19 @@ class FakeLibrary final : public AttentionLibrary {
     }
     return true;
   }
+  size_t workspace_bytes(const OpShape& /*shape*/) override { return workspace; }
   Status forward(cudaStream_t s, const OpShape& sh, void* out, float* lse,
                  const void* qkv) override {
     ++forwards;
     if (fail_forward) return internal_error("boom");
+    if (oom_forward) return out_of_memory("fake forward workspace");
     return cuda_fused_attention_forward(s, sh.dt, out, lse, qkv, nullptr, sh.B, sh.T, sh.NH, sh.KVH,
                                         sh.hs);
   }
   Status backward(cudaStream_t s, const OpShape& sh, void* dqkv, const void* dout, const void* qkv,
                   const void* out, const float* lse) override {
     ++backwards;
+    if (oom_backward) return out_of_memory("fake backward workspace");
     const size_t n = size_t(sh.B) * sh.T * (sh.NH + 2 * sh.KVH) * sh.hs;
     if (cudaMemsetAsync(dqkv, 0, n * dtype_size(sh.dt), s) != cudaSuccess) {
       return internal_error("memset");
@@ -187,7 +196,7 @@ TEST_F(LibraryAttention, WithoutCudnnTheOwnKernelsRunAndSupportsSaysWhy) {
 TEST_F(LibraryAttention, EnvironmentSwitchTurnsTheLibraryOff) {
   ASSERT_EQ(setenv(kCudnnEnv, "0", 1), 0);
   std::string why;
-  EXPECT_EQ(attention_library_from_env(0, &why), nullptr);
+  EXPECT_EQ(attention_library_from_env(0, /*deterministic=*/true, &why), nullptr);
   EXPECT_NE(why.find("STRATA_CUDNN=0"), std::string::npos) << why;
   for (void* p : bufs_) gpu_->release(p);
   bufs_.clear();
@@ -207,6 +216,9 @@ TEST_F(LibraryAttention, TheLibraryRunsTheShapesItTakesAndItsGradientIsAccumulat
   KernelSupport full = k->supports(KernelOp::kFusedAttention, kShape);
   EXPECT_TRUE(full.supported);
   EXPECT_EQ(full.path, "fake library");
+  lib->workspace = 3 * kMiB;
+  EXPECT_EQ(k->supports(KernelOp::kFusedAttention, kShape).path,
+            "fake library, workspace 3.00 MiB");
   // "Any shape" is the own kernels' answer: the library is never the only path.
   EXPECT_EQ(k->supports(KernelOp::kFusedAttention, {DType::kBF16, 64}).path.rfind("cuda wmma", 0),
             0u);
@@ -265,6 +277,36 @@ TEST_F(LibraryAttention, ALibraryErrorComesBackWithItsName) {
   EXPECT_NE(s.message().find("boom"), std::string::npos) << s.to_string();
   EXPECT_NE(s.message().find("fused_attention_forward (fake library)"), std::string::npos)
       << s.to_string();
+}
+
+// A library whose workspace cannot be had (kOutOfMemory) fails neither the call nor the step:
+// the call runs on the own kernels, with the same numbers, no error reaches the sink, and the
+// shape stays on the own kernels, supports() saying why. A backward that runs out after the
+// library's forward takes the library's out and lse as the own forward's.
+TEST_F(LibraryAttention, ALibraryOutOfMemoryLeavesTheShapeToTheOwnKernels) {
+  for (bool in_forward : {true, false}) {
+    SCOPED_TRACE(in_forward ? "forward out of memory" : "backward out of memory");
+    auto owned = std::make_unique<FakeLibrary>();
+    FakeLibrary* lib = owned.get();
+    (in_forward ? lib->oom_forward : lib->oom_backward) = true;
+    auto k = with_library(std::move(owned));
+    expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);  // the sink is checked empty there
+    EXPECT_EQ(lib->forwards, 1);
+    EXPECT_EQ(lib->backwards, in_forward ? 0 : 1);
+    KernelSupport after = k->supports(KernelOp::kFusedAttention, {DType::kBF16, 64, 2, 40, 4, 2});
+    EXPECT_TRUE(after.supported);
+    EXPECT_EQ(after.path.rfind("cuda wmma", 0), 0u) << after.path;
+    EXPECT_NE(after.path.find(in_forward ? "fake forward workspace" : "fake backward workspace"),
+              std::string::npos)
+        << after.path;
+    // Later calls of the shape do not ask the library again; another shape still runs on it.
+    expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);
+    EXPECT_EQ(lib->forwards, 1);
+    lib->oom_forward = lib->oom_backward = false;
+    expect_matches_cpu(*k, {1, 40, 4, 2, 64}, DType::kBF16);
+    EXPECT_EQ(lib->forwards, 2);
+    EXPECT_EQ(lib->backwards, in_forward ? 1 : 2);
+  }
 }
 
 }  // namespace

@@ -167,6 +167,7 @@ Result<std::unique_ptr<Device>> open_device(const Config& cfg, const std::string
     o.ordinal = std::max(cfg.device.ordinal, 0);
     o.reserve = cfg.device.reserve;
     o.capacity = cfg.device.memory_limit;
+    o.deterministic = cfg.device.deterministic;
     STRATA_ASSIGN_OR_RETURN(dev, create_cuda_device(o), "generate: device.backend cuda");
   } else {
     CpuDeviceOptions o;

@@ -216,9 +216,11 @@ struct DataConfig {
 struct DeviceConfig {
   std::string backend = "auto";  // cpu | cuda | auto (cuda if a GPU is visible, else cpu)
   size_t memory_limit = 0;  // bytes of device memory to use; 0 = cpu: 1 GiB, cuda: free-reserve
-  size_t reserve = size_t{1} << 30;  // cuda: HBM left free for libraries
-  int cpu_threads = 0;               // 0 = all cores
-  int ordinal = -1;                  // cuda: -1 = local rank
+  size_t reserve = 0;       // cuda: HBM left free for libraries; 0 = max(1 GiB, 1/32 of the GPU's)
+  int cpu_threads = 0;      // 0 = all cores
+  int ordinal = -1;         // cuda: -1 = local rank
+  // cuda: cuDNN's attention backward deterministic (CudaDeviceOptions::deterministic).
+  bool deterministic = true;
   // A fast device simulated on the CPU backend (strata/device.h, SimulatedDeviceOptions):
   // "" = none, else a preset (h200 | h100 | a100) whose rates the simulate_* keys override
   // (0 = the preset's). The gradient norm the trainer sees is simulate_grad_norm.

@@ -20,6 +20,7 @@
 // streams may be driven from different threads. allocate/release are thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -148,10 +149,22 @@ Result<std::unique_ptr<Device>> create_simulated_device(const CpuDeviceOptions& 
                                                         const SimulatedDeviceOptions& sim);
 
 struct CudaDeviceOptions {
-  int ordinal = 0;                   // which GPU (the local rank under mpirun)
-  size_t reserve = size_t{1} << 30;  // bytes of free HBM left for CUDA/cuBLASLt/NCCL
-  size_t capacity = 0;               // 0 = free HBM minus reserve; else min(that, capacity)
+  int ordinal = 0;  // which GPU (the local rank under mpirun)
+  // Bytes of free HBM left outside the arena for CUDA, cuBLASLt, NCCL and cuDNN's attention
+  // workspaces; 0 = kAutoReserve's rule.
+  size_t reserve = 0;
+  size_t capacity = 0;  // 0 = free HBM minus reserve; else min(that, capacity)
+  // cuDNN's fused attention takes its deterministic backward (the same bits run to run; on
+  // Hopper a workspace of B·heads·T² bf16 out of the reserve); false: its faster
+  // non-deterministic one. The own kernels are deterministic either way.
+  bool deterministic = true;
 };
+// The reserve when CudaDeviceOptions::reserve is 0: 1 GiB, or 1/32 of the GPU's memory where
+// that is more (4.4 GiB on an H200: room for cuDNN's deterministic attention backward at B 4,
+// T 2048, 32 heads, whose workspace is 1 GiB).
+inline size_t cuda_auto_reserve(size_t total_bytes) {
+  return std::max(size_t{1} << 30, total_bytes / 32);
+}
 // kUnavailable when strata was built without CUDA or no GPU is visible (message says which).
 Result<std::unique_ptr<Device>> create_cuda_device(const CudaDeviceOptions& options);
 // True if built with CUDA and at least one GPU is visible; `why` says otherwise.

@@ -14,6 +14,12 @@
 // its gradients. LibraryAttentionKernels has the library write into a scratch laid out as qkv
 // (the wrapper's, per stream, grown on demand with cudaMalloc outside the device arena, i.e. out
 // of CudaDeviceOptions::reserve) and adds it to dqkv with the own add_inplace.
+//
+// Memory: a library's workspace and that scratch come out of the reserve, not the arena. A
+// library declines a shape whose workspace does not fit what the device leaves free (cuDNN's
+// deterministic backward on Hopper keeps B·heads·T² bf16 scores: 1 GiB at 4 x 2048 tokens and
+// 32 heads), and a call whose memory runs out all the same (kOutOfMemory) runs on the own
+// kernels, as does every later call of that shape: a step never fails for the library's memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "strata/kernels.h"
@@ -46,12 +53,17 @@ class AttentionLibrary {
   // plans (cuDNN: the graphs, check_support, build_plans) and caches them; later calls are a
   // lookup. Thread-safe. A library that cannot load answers false for every shape, saying why.
   virtual bool supports(const OpShape& shape, std::string* why) = 0;
+  // The device bytes a supported shape's calls allocate outside the arena (the larger of its
+  // forward's and backward's workspaces); 0 for a shape it does not support.
+  virtual size_t workspace_bytes(const OpShape& /*shape*/) { return 0; }
 
   // Kernels::fused_attention_forward for a supported shape, enqueued on `s`: out and lse.
+  // kOutOfMemory: the library's device memory could not be had, nothing was enqueued (the
+  // caller runs the own kernels); any other error is the call's.
   virtual Status forward(cudaStream_t s, const OpShape& shape, void* out, float* lse,
                          const void* qkv) = 0;
   // The gradient w.r.t. qkv for a supported shape, WRITTEN (not accumulated) to every element
-  // of dqkv [B,T,(NH+2*KVH)*hs], enqueued on `s`.
+  // of dqkv [B,T,(NH+2*KVH)*hs], enqueued on `s`. kOutOfMemory as for forward.
   virtual Status backward(cudaStream_t s, const OpShape& shape, void* dqkv, const void* dout,
                           const void* qkv, const void* out, const float* lse) = 0;
 };
@@ -59,12 +71,17 @@ class AttentionLibrary {
 // cuDNN's fused attention on GPU `ordinal`, loaded on first use: nullptr with the reason in
 // *why when strata was built without cuDNN (no_cudnn.cc). Loading itself (the library, a
 // handle) happens at the first supports() with a full shape; a failure there makes every
-// supports() answer false with the loader's message.
-std::unique_ptr<AttentionLibrary> create_cudnn_attention(int ordinal, std::string* why);
+// supports() answer false with the loader's message. `deterministic` (CudaDeviceOptions): the
+// backward takes cuDNN's deterministic algorithm, the same bits run to run (on Hopper with a
+// workspace of B·heads·T² bf16); false: its faster non-deterministic one (dQ accumulated by
+// atomics, no such workspace).
+std::unique_ptr<AttentionLibrary> create_cudnn_attention(int ordinal, bool deterministic,
+                                                         std::string* why);
 
 // The library the CUDA backend uses: none when kCudnnEnv is "0" (reason says so), else
 // create_cudnn_attention's.
-std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, std::string* why);
+std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, bool deterministic,
+                                                             std::string* why);
 
 class LibraryAttentionKernels final : public KernelsWrapper {
  public:
@@ -80,7 +97,8 @@ class LibraryAttentionKernels final : public KernelsWrapper {
   // call, else the own kernels' answer (with why the library does not run it). A query for
   // "any shape" (B, T, NH or KVH 0) is the own kernels' answer: the library is a faster path
   // for the shapes it checks, never the only one. A call with positions (OpShape::positions)
-  // runs on the own kernels: the library path does not mask per sequence.
+  // runs on the own kernels: the library path does not mask per sequence. The library's path
+  // names its workspace where it has one ("cudnn ..., workspace 1.00 GiB").
   KernelSupport supports(KernelOp op, const OpShape& shape) const override;
   void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
                                const int32_t* pos, int B, int T, int NH, int NKV, int hs) override;
@@ -91,6 +109,10 @@ class LibraryAttentionKernels final : public KernelsWrapper {
  private:
   // Whether the library runs this full shape (why it does not in *why, if non-null).
   bool library_runs(const OpShape& shape, std::string* why) const;
+  // After a library call (or the gradient scratch) failed with `st`: true when that was its
+  // memory (kOutOfMemory), the shape then declined for good (a warning says why once), so the
+  // caller runs this call on the own kernels; false for any other error.
+  bool declined_for_memory(const OpShape& shape, const Status& st);
   // The gradient scratch of stream `s`, at least `bytes` (grown: the stream is synchronized
   // before the old buffer is freed, since queued work may still read it).
   Result<void*> gradient_scratch(cudaStream_t s, size_t bytes);
@@ -107,6 +129,11 @@ class LibraryAttentionKernels final : public KernelsWrapper {
   };
   std::mutex scratch_mu_;
   std::map<cudaStream_t, Scratch> scratch_;
+
+  using ShapeKey = std::tuple<int, int, int, int, int, int>;  // dt, B, T, NH, KVH, hs
+  static ShapeKey key(const OpShape& s) { return {int(s.dt), s.B, s.T, s.NH, s.KVH, s.hs}; }
+  mutable std::mutex declined_mu_;
+  std::map<ShapeKey, std::string> declined_;  // shapes whose library memory ran out, and why
 };
 
 }  // namespace strata

@@ -1,10 +1,11 @@
 // The CUDA device backend: the Device interface (strata/device.h) on one GPU.
 //
 // Memory: at creation the device measures free HBM, keeps `reserve` bytes of it for CUDA,
-// cuBLASLt and NCCL, and takes the rest (or `capacity` if smaller) with ONE cudaMalloc. allocate()
-// carves 256-byte-aligned blocks out of that arena (first fit over an offset-ordered free list,
-// neighbours merged on release), so the hot path never calls cudaMalloc/cudaFree (cudaFree
-// synchronizes the whole GPU) and the tier manager's budget is exactly what the arena holds.
+// cuBLASLt, NCCL and cuDNN's workspaces (0: cuda_auto_reserve), and takes the rest (or `capacity`
+// if smaller) with ONE cudaMalloc. allocate() carves 256-byte-aligned blocks out of that arena
+// (first fit over an offset-ordered free list, neighbours merged on release), so the hot path never
+// calls cudaMalloc/cudaFree (cudaFree synchronizes the whole GPU) and the tier manager's budget is
+// exactly what the arena holds.
 //
 // Host memory: allocate_host uses cudaHostAlloc; if pinning fails it warns once per failure and
 // returns pageable memory (copies still work, only slower). register_host pins caller memory
@@ -114,21 +115,22 @@ class CudaDevice final : public Device {
 
     size_t free_bytes = 0, total_bytes = 0;
     STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), "measuring free HBM");
-    if (free_bytes <= o.reserve + kAlign) {
+    const size_t reserve = o.reserve > 0 ? o.reserve : cuda_auto_reserve(total_bytes);
+    if (free_bytes <= reserve + kAlign) {
       return out_of_memory(fmt::format(
           "GPU {} ({}): only {} of {} HBM is free, not more than the reserve of {}; free the GPU "
           "(other processes?) or lower device.reserve",
           ordinal_, gpu_name_, format_bytes(double(free_bytes)), format_bytes(double(total_bytes)),
-          format_bytes(double(o.reserve))));
+          format_bytes(double(reserve))));
     }
-    size_t cap = free_bytes - o.reserve;
+    size_t cap = free_bytes - reserve;
     if (o.capacity > 0) cap = std::min(cap, o.capacity);
     cap = cap / kAlign * kAlign;
     void* base = nullptr;
     STRATA_CUDA_CHECK(cudaMalloc(&base, cap),
                       fmt::format("reserving the device arena ({})", format_bytes(double(cap))));
     arena_.reset(static_cast<char*>(base), cap);
-    kernels_ = create_cuda_kernels(ordinal_, blas_, &errors_);
+    kernels_ = create_cuda_kernels(ordinal_, blas_, &errors_, o.deterministic);
     return Status::ok();
   }
 

@@ -319,9 +319,10 @@ class CudaKernels final : public Kernels {
 }  // namespace
 
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
-                                             CudaErrorSink* errors) {
+                                             CudaErrorSink* errors, bool deterministic) {
   std::string why;
-  std::unique_ptr<AttentionLibrary> library = attention_library_from_env(ordinal, &why);
+  std::unique_ptr<AttentionLibrary> library =
+      attention_library_from_env(ordinal, deterministic, &why);
   return std::make_unique<LibraryAttentionKernels>(
       std::make_unique<CudaKernels>(ordinal, handle, errors), std::move(library), std::move(why),
       ordinal, errors);

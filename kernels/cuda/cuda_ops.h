@@ -69,9 +69,10 @@ class CudaErrorSink {
 // The kernel table of a CUDA device: enqueues the cuda_<op> launchers below on the stream
 // each call names, after binding the calling thread to GPU `ordinal`. Errors go to `errors`.
 // `handle` and `errors` must outlive the table. The fused attention runs on cuDNN where it
-// supports the call's shape, unless STRATA_CUDNN=0 (kernels/cuda/attention_library.h).
+// supports the call's shape, unless STRATA_CUDNN=0 (kernels/cuda/attention_library.h), its
+// backward deterministic unless `deterministic` is false (CudaDeviceOptions::deterministic).
 std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handle,
-                                             CudaErrorSink* errors);
+                                             CudaErrorSink* errors, bool deterministic = true);
 
 // The environment switch of the fused elementwise ops: STRATA_FUSED_OPS=0 makes the table's
 // supports() answer no for kMatmulGelu, kMatmulBackwardGelu and kResidualNorm, so the models

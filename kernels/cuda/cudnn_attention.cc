@@ -2,7 +2,16 @@
 // through the header-only cudnn-frontend): causal, grouped-query heads, forward with the
 // softmax statistics and backward, one graph pair built per shape and cached. The backward asks
 // for cuDNN's deterministic algorithm (the own kernels are deterministic too: same inputs, same
-// bits); a cuDNN that cannot do it for a shape leaves that shape to the own kernels.
+// bits) unless device.deterministic is false; a cuDNN that cannot do it for a shape leaves that
+// shape to the own kernels.
+//
+// Memory: each graph's workspace (per stream, cudaMalloc'd outside the device arena on first
+// use, grown on demand) and the caller's gradient scratch come out of what the arena leaves free
+// (device.reserve). On Hopper cuDNN's deterministic backward keeps the B·NH·T² bf16 scores in
+// its workspace (1 GiB at B 4, T 2048, 32 heads); a shape whose workspace does not fit the free
+// memory when its graphs are built is declined (supports() says why: raise device.reserve, or
+// let the backward be non-deterministic), and an allocation that fails later returns
+// kOutOfMemory with nothing enqueued (the caller runs the own kernels).
 //
 // Loading: the frontend is compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING, so nothing
 // links against libcudnn: the first supports() with a full shape dlopens libcudnn.so.9 from,
@@ -19,6 +28,7 @@
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -116,9 +126,14 @@ struct Plans {
 
 using Key = std::tuple<int, int, int, int, int, int>;  // dt, B, T, NH, KVH, hs
 
+// Device memory kept free beside a shape's workspace and gradient scratch when its graphs are
+// built, for what the other libraries grow into (cuBLASLt's workspace, NCCL's buffers).
+constexpr size_t kHeadroom = size_t{64} << 20;
+
 class CudnnAttention final : public AttentionLibrary {
  public:
-  explicit CudnnAttention(int ordinal) : ordinal_(ordinal) {}
+  CudnnAttention(int ordinal, bool deterministic)
+      : ordinal_(ordinal), deterministic_(deterministic) {}
   ~CudnnAttention() override {
     for (auto& [s, ws] : workspace_) {
       if (ws.ptr != nullptr) cudaFree(ws.ptr);
@@ -126,7 +141,19 @@ class CudnnAttention final : public AttentionLibrary {
     if (handle_ != nullptr) fe::detail::destroy_handle(handle_);
   }
 
-  std::string name() const override { return load_cudnn().message; }
+  std::string name() const override {
+    const CudnnLoad& load = load_cudnn();
+    if (!load.ok) return load.message;
+    return load.message + (deterministic_ ? ", deterministic backward"
+                                          : ", non-deterministic backward (device.deterministic "
+                                            "false)");
+  }
+
+  size_t workspace_bytes(const OpShape& shape) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Plans* p = plans(shape);
+    return p->ok ? size_t(std::max(p->fwd_workspace, p->bwd_workspace)) : 0;
+  }
 
   bool supports(const OpShape& shape, std::string* why) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -210,7 +237,31 @@ class CudnnAttention final : public AttentionLibrary {
     } catch (const std::exception& e) {
       return std::string("cudnn-frontend threw: ") + e.what();
     }
-    return "";
+    return fits(shape, *p);
+  }
+
+  // Whether the shape's workspace and the caller's gradient scratch fit the device memory left
+  // outside the arena (a workspace grown for it frees the stream's old one): "" or why not.
+  std::string fits(const OpShape& shape, const Plans& p) const {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return "";  // unknown: an allocation that fails later falls back (kOutOfMemory)
+    }
+    size_t held = 0;
+    for (const auto& [stream, ws] : workspace_) held = std::max(held, ws.bytes);
+    const size_t ws = size_t(std::max(p.fwd_workspace, p.bwd_workspace));
+    const size_t scratch = size_t(shape.B) * size_t(shape.T) * size_t(shape.NH + 2 * shape.KVH) *
+                           size_t(shape.hs) * dtype_size(shape.dt);
+    const size_t need = ws + scratch + kHeadroom;
+    if (need <= free_bytes + held) return "";
+    return "its workspace of " + format_bytes(double(ws)) + " and gradient scratch of " +
+           format_bytes(double(scratch)) + " do not fit the " + format_bytes(double(free_bytes)) +
+           " of device memory outside the arena: raise device.reserve by " +
+           format_bytes(double(need - free_bytes - held)) +
+           (deterministic_ ? " or set device.deterministic false (the deterministic backward's "
+                             "workspace holds B*NH*T^2 bf16 scores on Hopper)"
+                           : "");
   }
 
   std::string ensure_handle() {
@@ -315,7 +366,7 @@ class CudnnAttention final : public AttentionLibrary {
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("strata_attention_backward")
                        .set_causal_mask(true)
-                       .set_deterministic_algorithm(true)
+                       .set_deterministic_algorithm(deterministic_)
                        .set_attn_scale(float(1.0 / std::sqrt(double(shape.hs))));
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim(d.q_dim()).set_stride(d.qkv_stride());
@@ -337,8 +388,14 @@ class CudnnAttention final : public AttentionLibrary {
         STRATA_CUDA_CHECK(cudaFree(ws.ptr), "freeing cuDNN's workspace");
         ws = Workspace{};
       }
-      STRATA_CUDA_CHECK(cudaMalloc(&ws.ptr, size_t(bytes)),
-                        "cuDNN attention's workspace (outside the device arena, from its reserve)");
+      if (const cudaError_t e = cudaMalloc(&ws.ptr, size_t(bytes)); e != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: clear it for the checks after later launches
+        ws = Workspace{};
+        return out_of_memory("cuDNN attention's " + std::string(what) + " workspace of " +
+                             format_bytes(double(bytes)) +
+                             " (outside the device arena, from device.reserve): cudaMalloc " +
+                             cudaGetErrorName(e));
+      }
       ws.bytes = size_t(bytes);
     }
     try {
@@ -360,6 +417,7 @@ class CudnnAttention final : public AttentionLibrary {
   };
 
   const int ordinal_;
+  const bool deterministic_;
   std::mutex mu_;
   cudnnHandle_t handle_ = nullptr;
   std::map<Key, Plans> cache_;
@@ -368,9 +426,10 @@ class CudnnAttention final : public AttentionLibrary {
 
 }  // namespace
 
-std::unique_ptr<AttentionLibrary> create_cudnn_attention(int ordinal, std::string* why) {
+std::unique_ptr<AttentionLibrary> create_cudnn_attention(int ordinal, bool deterministic,
+                                                         std::string* why) {
   why->clear();
-  return std::make_unique<CudnnAttention>(ordinal);
+  return std::make_unique<CudnnAttention>(ordinal, deterministic);
 }
 
 }  // namespace strata

@@ -18,13 +18,14 @@ bool full_shape(const OpShape& s) {
 
 }  // namespace
 
-std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, std::string* why) {
+std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, bool deterministic,
+                                                             std::string* why) {
   const char* env = std::getenv(kCudnnEnv);
   if (env != nullptr && std::strcmp(env, "0") == 0) {
     *why = std::string("cudnn turned off by ") + kCudnnEnv + "=0";
     return nullptr;
   }
-  return create_cudnn_attention(ordinal, why);
+  return create_cudnn_attention(ordinal, deterministic, why);
 }
 
 LibraryAttentionKernels::LibraryAttentionKernels(std::unique_ptr<Kernels> own,
@@ -48,8 +49,16 @@ LibraryAttentionKernels::~LibraryAttentionKernels() {
 bool LibraryAttentionKernels::library_runs(const OpShape& shape, std::string* why) const {
   std::string reason;
   bool runs = false;
+  std::string declined;
+  {
+    std::lock_guard<std::mutex> lock(declined_mu_);
+    auto it = declined_.find(key(shape));
+    if (it != declined_.end()) declined = it->second;
+  }
   if (library_ == nullptr) {
     reason = absent_reason_;
+  } else if (!declined.empty()) {
+    reason = std::move(declined);
   } else if (shape.positions) {
     reason = "the library path does not mask attention per sequence (positions)";
   } else if (!full_shape(shape)) {
@@ -64,7 +73,11 @@ bool LibraryAttentionKernels::library_runs(const OpShape& shape, std::string* wh
 KernelSupport LibraryAttentionKernels::supports(KernelOp op, const OpShape& shape) const {
   if (op != KernelOp::kFusedAttention) return own_->supports(op, shape);
   std::string why;
-  if (library_runs(shape, &why)) return {true, library_->name()};
+  if (library_runs(shape, &why)) {
+    const size_t ws = library_->workspace_bytes(shape);
+    return {true, library_->name() +
+                      (ws > 0 ? ", workspace " + format_bytes(double(ws)) : std::string())};
+  }
   KernelSupport own = own_->supports(op, shape);
   own.path += "; library not used: " + why;
   return own;
@@ -82,6 +95,10 @@ void LibraryAttentionKernels::fused_attention_forward(Stream& s, DType dt, void*
   CudaStream& cs = cuda_stream(s);
   Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
   if (st.is_ok()) st = library_->forward(cs.handle, shape, out, lse, qkv);
+  if (declined_for_memory(shape, st)) {
+    own_->fused_attention_forward(s, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
+    return;
+  }
   if (!st.is_ok())
     errors_->note(st.with_context("fused_attention_forward (" + library_->name() + ")"));
 }
@@ -112,12 +129,31 @@ void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void
     }
   }
   if (st.is_ok()) st = library_->backward(cs.handle, shape, grad, dout, qkv, out, lse);
+  if (declined_for_memory(shape, st)) {
+    // The library's forward and the own backward agree: the same out and the same lse (the
+    // natural-log log-sum-exp of the scaled scores).
+    own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV,
+                                   hs);
+    return;
+  }
   if (!st.is_ok()) {
     errors_->note(st.with_context(where));
     return;
   }
   // The library wrote the gradient; the contract accumulates it (one more rounding to dt).
   own_->add_inplace(s, dt, dqkv, grad, n);
+}
+
+bool LibraryAttentionKernels::declined_for_memory(const OpShape& shape, const Status& st) {
+  if (st.code() != StatusCode::kOutOfMemory) return false;
+  std::lock_guard<std::mutex> lock(declined_mu_);
+  if (declined_.emplace(key(shape), st.message()).second) {
+    log_warn(
+        "fused attention {} B={} T={} NH={} KVH={} hs={}: on the own kernels from now on, the "
+        "library's memory ran out ({})",
+        dtype_name(shape.dt), shape.B, shape.T, shape.NH, shape.KVH, shape.hs, st.message());
+  }
+  return true;
 }
 
 Result<void*> LibraryAttentionKernels::gradient_scratch(cudaStream_t s, size_t bytes) {
@@ -134,10 +170,11 @@ Result<void*> LibraryAttentionKernels::gradient_scratch(cudaStream_t s, size_t b
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
-    return out_of_memory("the library attention's gradient scratch of " + std::to_string(bytes) +
-                         " bytes (outside the device arena, from its reserve): cudaMalloc " +
-                         cudaGetErrorName(e) + "; raise device reserve or set " + kCudnnEnv +
-                         "=0 to use the own kernels");
+    (void)cudaGetLastError();  // an allocation failure is not sticky: clear it for later checks
+    return out_of_memory("the library attention's gradient scratch of " +
+                         format_bytes(double(bytes)) +
+                         " (outside the device arena, from its reserve): cudaMalloc " +
+                         cudaGetErrorName(e) + "; raise device.reserve to run it on the library");
   }
   buf = Scratch{p, bytes};
   log_debug("library attention: gradient scratch of {} bytes for a stream", bytes);

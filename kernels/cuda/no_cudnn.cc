@@ -4,7 +4,8 @@
 
 namespace strata {
 
-std::unique_ptr<AttentionLibrary> create_cudnn_attention(int /*ordinal*/, std::string* why) {
+std::unique_ptr<AttentionLibrary> create_cudnn_attention(int /*ordinal*/, bool /*deterministic*/,
+                                                         std::string* why) {
   *why = "strata was built without cuDNN (configure with STRATA_CUDNN_ROOT to use it)";
   return nullptr;
 }

@@ -609,7 +609,13 @@ void TableBuilder::add_run_keys() {
         "auto: cuda if a GPU is visible, else cpu"));
   add(F("device.memory_limit", Size(), STRATA_M(device.memory_limit),
         "device bytes to use; 0 = cpu: 1 GiB, cuda: free - reserve"));
-  add(F("device.reserve", Size(), STRATA_M(device.reserve), "cuda: HBM left for libraries"));
+  add(F("device.reserve", Size(), STRATA_M(device.reserve),
+        "cuda: HBM left outside strata's arena for CUDA, cuBLASLt, NCCL and cuDNN's attention "
+        "workspace; 0 = 1 GiB or 1/32 of the GPU's memory, the larger"));
+  add(F("device.deterministic", Bool(), STRATA_M(device.deterministic),
+        "cuda: cuDNN's attention backward deterministic, the same bits run to run (on Hopper "
+        "its workspace holds B*heads*T^2 bf16 scores, out of device.reserve); false: its faster "
+        "non-deterministic backward. The own kernels are deterministic either way"));
   add(F("device.cpu_threads", Int(0, 4096), STRATA_M(device.cpu_threads), "0 = all cores"));
   add(F("device.ordinal", Int(-1, 1024), STRATA_M(device.ordinal), "cuda: -1 = local rank"));
   add(F("device.simulate", Str(), STRATA_M(device.simulate),

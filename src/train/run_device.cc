@@ -58,6 +58,7 @@ Status Run::create_device() {
     }
     o.reserve = cfg_.device.reserve;
     o.capacity = cfg_.device.memory_limit;
+    o.deterministic = cfg_.device.deterministic;
     STRATA_ASSIGN_OR_RETURN(dev_, create_cuda_device(o), "creating the cuda device");
   } else {
     CpuDeviceOptions o;

@@ -11,9 +11,12 @@
 //   bench_device_ops attention [options]  plain (attention_gqa_*) vs fused (fused_attention_*,
 //                                         the backend's own kernels), and cuDNN's fused attention
 //                                         where the device runs the shape on it ("cudnn" rows,
-//                                         with cuDNN's TFLOP/s over the own kernels'): forward
-//                                         and backward time, TFLOP/s, the attention memory each
-//                                         needs, and how far the plain and fused outputs differ
+//                                         its deterministic backward, with cuDNN's TFLOP/s over
+//                                         the own kernels'; "cudnn-nd" rows: its
+//                                         non-deterministic backward, device.deterministic
+//                                         false): forward and backward time, TFLOP/s, the
+//                                         attention memory each needs (cuDNN's workspace in its
+//                                         path), and how far the plain and fused outputs differ
 //   bench_device_ops validate-json FILE [KEY...]   exit 0 if FILE parses and has every KEY
 //
 // options: --backend cuda|cpu (default cuda; cpu runs the same code on the CPU backend, which is
@@ -370,7 +373,9 @@ Status bench_copy(Device& dev, const Options& o, json* out, std::string* md) {
 
 // --- attention ----------------------------------------------------------------------------------
 
-Status bench_attention(Device& dev, const Options& o, json* out, std::string* md) {
+// `nd`: a second device whose cuDNN backward is non-deterministic (null: none); its kernels run
+// on `dev`'s buffers and stream (one GPU, one process), its errors come back from its own sink.
+Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std::string* md) {
   struct Shape {
     const char* name;
     int B, T, NH, NKV, hs;
@@ -456,6 +461,17 @@ Status bench_attention(Device& dev, const Options& o, json* out, std::string* md
       row["cudnn"]["path"] = lib.path;
     } else {
       row["cudnn"] = "n/a: " + lib.path;
+    }
+    if (nd != nullptr) {
+      const KernelSupport nd_lib =
+          nd->kernels().supports(KernelOp::kFusedAttention, {dt, sh.hs, sh.B, sh.T, sh.NH, sh.NKV});
+      if (nd_lib.supported && nd_lib.path.rfind("cudnn", 0) == 0) {
+        STRATA_RETURN_IF_ERROR(time_fused(nd->kernels(), "cudnn-nd"), nd_lib.path);
+        STRATA_RETURN_IF_ERROR(nd->synchronize(nd->compute_stream()), nd_lib.path);
+        row["cudnn-nd"]["path"] = nd_lib.path;
+      } else {
+        row["cudnn-nd"] = "n/a: " + nd_lib.path;
+      }
     }
     if (own.supports(KernelOp::kFusedAttention, {dt, sh.hs}).supported) {
       STRATA_RETURN_IF_ERROR(time_fused(own, "fused"), "the own fused kernels");
@@ -613,19 +629,34 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "bench_device_ops: --backend must be cuda or cpu\n");
     return 2;
   }
+  // The CUDA arena holds the benchmarks' buffers (24 GiB: the plain attention's probabilities at
+  // T 2048 are the largest); the rest of the GPU stays free for cuDNN's workspaces, whose
+  // deterministic backward keeps B*NH*T^2 bf16 scores on Hopper (8 GiB at T 16384, 16 heads).
   auto dev = o.backend == "cuda"
-                 ? create_cuda_device({.ordinal = 0, .reserve = size_t{2} << 30})
+                 ? create_cuda_device({.ordinal = 0, .capacity = size_t{24} << 30})
                  : create_cpu_device({.capacity = o.quick ? size_t{256} << 20 : size_t{8} << 30});
   if (!dev.is_ok()) {
     std::fprintf(stderr, "bench_device_ops: %s\n", dev.status().to_string().c_str());
     return 1;
   }
+  // The attention's "cudnn-nd" rows: a second device on the same GPU (its arena only what its
+  // streams need) whose kernels take cuDNN's non-deterministic backward.
+  Result<std::unique_ptr<Device>> nd_dev = unavailable("not wanted");
+  if (o.backend == "cuda" && o.mode == "attention") {
+    nd_dev =
+        create_cuda_device({.ordinal = 0, .capacity = size_t{64} << 20, .deterministic = false});
+    if (!nd_dev.is_ok()) {
+      std::fprintf(stderr, "bench_device_ops: no cudnn-nd rows: %s\n",
+                   nd_dev.status().to_string().c_str());
+    }
+  }
+  Device* nd = nd_dev.is_ok() ? nd_dev->get() : nullptr;
   json out = {{"mode", o.mode},   {"backend", o.backend}, {"device", (*dev)->name()},
               {"quick", o.quick}, {"warmup", o.warmup},   {"repeats", o.repeats}};
   std::string md;
   Status st = o.mode == "gemm"   ? bench_gemm(**dev, o, &out, &md)
               : o.mode == "copy" ? bench_copy(**dev, o, &out, &md)
-                                 : bench_attention(**dev, o, &out, &md);
+                                 : bench_attention(**dev, nd, o, &out, &md);
   if (!st.is_ok()) {
     std::fprintf(stderr, "bench_device_ops %s: %s\n", o.mode.c_str(), st.to_string().c_str());
     return 1;
