@@ -136,6 +136,18 @@ class CudaFlashAttentionTest : public ::testing::Test {
 
   std::string seed_text() const { return " (seed " + std::to_string(seed_) + ")"; }
 
+  // A call's random inputs: qkv in [-2, 2]; dout, and the dqkv the gradient is accumulated onto,
+  // in [-1, 1].
+  struct Inputs {
+    Buffer qkv, dout, dqkv0;
+  };
+  Inputs random_inputs(DType dt, const AttnShape& s) {
+    Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
+    Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
+    return {std::move(qkv), std::move(dout),
+            test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f)};
+  }
+
   // Replaces the fixture's GPU with one made with `o` (the old one and its buffers go first).
   void reopen(const CudaDeviceOptions& o) {
     for (void* p : gpu_bufs_) gpu_->release(p);
@@ -176,9 +188,7 @@ TEST_F(CudaFlashAttentionTest, MatchesTheCpuBackendAndTheReference) {
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (const AttnShape& s : shapes) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.name() + seed_text());
-      const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-      const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-      const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+      const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
       Result cpu = run_fused(false, s, qkv, dout, dqkv0);
       Result gpu = run_fused(true, s, qkv, dout, dqkv0);
       EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
@@ -204,9 +214,7 @@ TEST_F(CudaFlashAttentionTest, MatchesThePlainCudaAttentionAtALongSequence) {
   const AttnShape s{1, 2048 + 33, 4, 4, 128};
   const int C = s.NH * s.hs;
   SCOPED_TRACE(s.name() + seed_text());
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result fused = run_fused(true, s, qkv, dout, dqkv0);
 
   const size_t tt = size_t(s.B) * s.NH * s.T * s.T;
@@ -239,9 +247,7 @@ TEST_F(CudaFlashAttentionTest, PackedRowsMatchTheCpuBackendAndTheReference) {
   const std::vector<int32_t> pos = test::packed_positions(s.B, s.T, {200, 7, 1, 90});
   for (DType dt : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(std::string(dtype_name(dt)) + " " + s.name() + seed_text());
-    const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-    const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-    const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+    const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
     Result cpu = run_fused(false, s, qkv, dout, dqkv0, nullptr, &pos);
     Result gpu = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels(), &pos);
     std::vector<double> out_ref, lse_ref;
@@ -257,9 +263,7 @@ TEST_F(CudaFlashAttentionTest, PackedRowsMatchTheCpuBackendAndTheReference) {
 TEST_F(CudaFlashAttentionTest, IsDeterministic) {
   const AttnShape s{2, 300, 8, 2, 64};
   const DType dt = DType::kBF16;
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result a = run_fused(true, s, qkv, dout, dqkv0);
   Result b = run_fused(true, s, qkv, dout, dqkv0);
   EXPECT_EQ(a.out.bytes, b.out.bytes);
@@ -307,9 +311,7 @@ TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
       }
       ++ran;
       SCOPED_TRACE(what + " on " + p + seed_text());
-      const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-      const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-      const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+      const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
       Result cpu = run_fused(false, s, qkv, dout, dqkv0);
       Result gpu = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
       EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
@@ -339,9 +341,7 @@ TEST_F(CudaFlashAttentionTest, CudnnAgreesWithTheOwnKernelsAtALongSequence) {
   const std::string p = path(dt, s);
   if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
   SCOPED_TRACE(s.name() + " on " + p + seed_text());
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result lib = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   Result mine = run_fused(true, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(lib.out.values(), mine.out.values(), rtol(dt)), "") << "out";
@@ -355,9 +355,7 @@ TEST_F(CudaFlashAttentionTest, CudnnIsDeterministic) {
   const DType dt = DType::kBF16;
   const std::string p = path(dt, s);
   if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result a = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   Result b = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   EXPECT_EQ(a.out.bytes, b.out.bytes);
@@ -375,9 +373,7 @@ TEST_F(CudaFlashAttentionTest, CudnnNonDeterministicBackwardMatchesTheCpuBackend
   if (p.rfind("cudnn", 0) != 0) GTEST_SKIP() << "cuDNN does not run " << s.name() << ": " << p;
   EXPECT_NE(p.find("non-deterministic backward"), std::string::npos) << p;
   SCOPED_TRACE(s.name() + " on " + p + seed_text());
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result lib = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   Result cpu = run_fused(false, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(lib.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
@@ -403,9 +399,7 @@ TEST_F(CudaFlashAttentionTest, CudnnDeclinesAWorkspaceTheReserveCannotHold) {
   } else {
     EXPECT_NE(p.find("device.reserve"), std::string::npos) << p;
   }
-  const Buffer qkv = test::random_buffer(dt, s.qkv_elems(), rng_, -2.0f, 2.0f);
-  const Buffer dout = test::random_buffer(dt, s.out_elems(), rng_, -1.0f, 1.0f);
-  const Buffer dqkv0 = test::random_buffer(dt, s.qkv_elems(), rng_, -1.0f, 1.0f);
+  const auto [qkv, dout, dqkv0] = random_inputs(dt, s);
   Result got = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());  // asserts no error
   Result own_result = run_fused(true, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(got.out.values(), own_result.out.values(), rtol(dt)), "") << "out";
