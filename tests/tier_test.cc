@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -16,6 +18,7 @@
 #include "src/tiers/tier_manager.h"
 #include "src/tiers/trace.h"
 #include "src/train/trainer.h"
+#include "strata/checksum.h"
 #include "strata/config.h"
 #include "strata/log.h"
 #include "strata/storage_faults.h"
@@ -339,6 +342,53 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
   // 32.8 MB on demand; a prefetch keeping two gradient buffers' room then read 1.21-1.59x that
   // (it evicted for the room copies on demand keeps: docs/RELIABILITY.md), keeping one 0.95-1.00x.
   EXPECT_LE(double(read[1]), 1.25 * double(read[0]));
+}
+
+// Fresh state is filled in ranges from several threads (TierManager::InitFn): with a module of
+// 4 Mi elements (the embedding) split into many ranges, every element of every module gets the
+// value its position gives it, once, whether the master weights live in host memory or on the
+// device: the CRC of the master weights is that of the values filled in order on one thread.
+TEST(TierInit, RangesFromSeveralThreadsFillEveryElementOnce) {
+  set_log_level(LogLevel::kError);
+  ModelConfig mc;
+  mc.n_layer = 1;
+  mc.n_head = 4;
+  mc.n_embd = 512;
+  mc.vocab_size = 8192;
+  mc.context = 64;
+  auto arch = create_gpt2(mc);
+  ASSERT_TRUE(arch.is_ok());
+  const auto value = [](int m, size_t k) { return float(k % 1000003) * 0.001f + float(m); };
+  uint32_t want = 0;
+  size_t total = 0;
+  for (size_t i = 0; i < (*arch)->layout().modules.size(); ++i) {
+    const size_t n = (*arch)->layout().modules[i].numel;
+    std::vector<float> v(n);
+    for (size_t k = 0; k < n; ++k) v[k] = value(int(i), k);
+    want = crc32c(want, v.data(), n * 4);
+    total += n;
+  }
+  ASSERT_GT((*arch)->layout().modules[0].numel, size_t{4} << 20);
+  for (Tier home : {Tier::kHost, Tier::kDevice}) {
+    SCOPED_TRACE(home == Tier::kHost ? "master weights in host memory" : "on the device");
+    auto dev = create_cpu_device({.capacity = size_t{512} << 20, .threads = 0});
+    ASSERT_TRUE(dev.is_ok());
+    TierOptions to;
+    to.placement.params = to.placement.master = to.placement.moments = home;
+    to.host_capacity = size_t{512} << 20;
+    auto tm = TierManager::create(**dev, **arch, DType::kBF16, DType::kF32, to, 0);
+    ASSERT_TRUE(tm.is_ok()) << tm.status().to_string();
+    std::atomic<size_t> filled{0};
+    ASSERT_TRUE((*tm)
+                    ->init_state([&](int m, size_t begin, size_t n, float* out) {
+                      for (size_t k = 0; k < n; ++k) out[k] = value(m, begin + k);
+                      filled += n;
+                      return Status::ok();
+                    })
+                    .is_ok());
+    EXPECT_EQ(filled.load(), total);
+    EXPECT_EQ((*tm)->weights_crc(), want);
+  }
 }
 
 TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {

@@ -8,9 +8,12 @@
 // HfCheckpointReader::read_range); the parameters are always derived from the master weights,
 // a sub-group at a time.
 #include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "src/tiers/tier_manager_impl.h"
@@ -84,6 +87,34 @@ Status store_range(Homes& H, Module& m, CheckpointPart part, size_t off, size_t 
   return Status::ok();
 }
 
+// Fresh state is written across the machine's cores, in chunks of this many elements: the init
+// functions are position-addressed (the same bits whatever the split, TierManager::InitFn), and
+// the first touch of a fresh home (the kernel's page faults, on a virtual machine also the
+// hypervisor's) is most of a large model's start-up.
+constexpr size_t kInitChunk = size_t{1} << 20;
+
+// init(m, begin, count, out), a chunk per task; the first failure is the result.
+Status init_parallel(const TierManager::InitFn& init, int m, size_t begin, size_t count,
+                     float* out) {
+  if (count <= kInitChunk) return init(m, begin, count, out);
+  std::mutex mu;
+  Status first;
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, kInitChunk), [&](const auto& r) {
+    Status st = init(m, begin + r.begin(), r.size(), out + r.begin());
+    if (st.is_ok()) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (first.is_ok()) first = std::move(st);
+  });
+  return first;
+}
+
+// memset(p, 0, bytes) across the cores (a fresh home's first touch).
+void zero_parallel(void* p, size_t bytes) {
+  auto* b = static_cast<char*>(p);
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, bytes, kInitChunk * 4),
+                    [&](const auto& r) { std::memset(b + r.begin(), 0, r.size()); });
+}
+
 // Home h of module m (elem_bytes per element) all zero: NVMe extents written a sub-group at a
 // time from one zeroed host piece; device memory the host cannot address cleared on the
 // compute stream (ordered before any later use of it there).
@@ -100,7 +131,7 @@ Status zero_home(Homes& H, Module& m, Home& h, size_t elem_bytes) {
   } else if (H.staged(h)) {
     dev.memset_zero(dev.compute_stream(), h.dev, h.bytes);
   } else {
-    std::memset(h.ptr(), 0, h.bytes);
+    zero_parallel(h.ptr(), h.bytes);
   }
   return Status::ok();
 }
@@ -184,7 +215,7 @@ Status TierManager::init_state(const InitFn& init) {
     if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
       I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
     } else if (m.gacc.tier != Tier::kNvme) {
-      std::memset(m.gacc.ptr(), 0, m.gacc.bytes);
+      zero_parallel(m.gacc.ptr(), m.gacc.bytes);
     }
     // The master weights: this rank's real elements [m.off, m.off + m.valid) of the module
     // from `init`, the shard's padding zero. A home the host can address is filled in place;
@@ -192,7 +223,9 @@ Status TierManager::init_state(const InitFn& init) {
     // parameters derived before the next.
     if (!H.staged(m.master)) {
       float* master = static_cast<float*>(m.master.ptr());
-      if (m.valid > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off, m.valid, master), what);
+      if (m.valid > 0) {
+        STRATA_RETURN_IF_ERROR(init_parallel(init, int(i), m.off, m.valid, master), what);
+      }
       std::fill(master + m.valid, master + m.sn, 0.0f);
       STRATA_RETURN_IF_ERROR(I.pipeline->write_params(int(i), master), what);
       continue;
@@ -203,7 +236,9 @@ Status TierManager::init_state(const InitFn& init) {
     for (size_t j = 0; j < m.sub_groups(); ++j) {
       const size_t a = m.sub_start(j), len = m.sub_len(j);
       const size_t real = a < m.valid ? std::min(len, m.valid - a) : 0;
-      if (real > 0) STRATA_RETURN_IF_ERROR(init(int(i), m.off + a, real, master), what);
+      if (real > 0) {
+        STRATA_RETURN_IF_ERROR(init_parallel(init, int(i), m.off + a, real, master), what);
+      }
       std::fill(master + real, master + len, 0.0f);
       if (m.master.tier == Tier::kNvme) {  // a sub-group's extent, from the whole piece
         STRATA_RETURN_IF_ERROR(H.io()->wait(H.io()->write(m.master.subs[j], master)),

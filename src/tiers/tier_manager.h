@@ -111,11 +111,13 @@ class TierManager : public ActivationStore {
   // Fresh state: init(m, begin, count, out) fills out[0, count) with elements [begin, begin +
   // count) of module m's fp32 master weights (Architecture::init_range,
   // HfCheckpointReader::read_range), and its failure ends the init. It is asked for this
-  // rank's real elements of each module only (its shard's, sharded), modules in order and
-  // ranges in increasing order: the whole shard at once into a home the host can address, else
-  // one sub-group at a time into one host piece (so the host never holds a module's master
-  // weights whole). The shard's padding is zero; moments start at zero; the low-precision
-  // parameters are derived (a sub-group at a time) and written to their homes.
+  // rank's real elements of each module only (its shard's, sharded), modules in order: the
+  // whole shard into a home the host can address, else one sub-group at a time into one host
+  // piece (so the host never holds a module's master weights whole), each split into ranges
+  // that init fills from several threads at once (a 1 Mi-element range a task; `init` must be
+  // thread-safe and give element k the same value whatever range asks for it). The shard's padding
+  // is zero; moments start at zero; the low-precision parameters are derived (a sub-group at a
+  // time) and written to their homes.
   using InitFn = std::function<Status(int m, size_t begin, size_t count, float* out)>;
   Status init_state(const InitFn& init);
 

@@ -306,10 +306,15 @@ Status Run::init_or_resume() {
 
 Status Run::init_weights() {
   if (cfg_.model.from_pretrained.empty()) {
-    return tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
+    const auto t0 = Clock::now();
+    STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
       arch_->init_range(m, cfg_.train.seed, begin, count, out);
       return Status::ok();
-    });
+    }),
+                           "initializing the weights");
+    log_info("initialized {:.2f} M parameters (seed {}) and their optimizer state in {:.2f} s",
+             double(arch_->layout().num_params()) / 1e6, cfg_.train.seed, seconds_since(t0));
+    return Status::ok();
   }
   // Hugging Face weights, validated first, then streamed range by range into their homes.
   const auto t0 = Clock::now();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two strata builds on one config, alternated A/B/A/B (ROUNDS times) so a noisy disk's drift hits
 # both alike: per run, the step, fwd/bwd and optimizer times (ms) of each step after the first
-# two, from the progress lines, and the bytes per step against the placement's minimum.
+# two, from the progress lines, the bytes per step against the placement's minimum, and the time
+# the fresh weights and optimizer state took to initialize (start-up's largest part).
 #
 # usage: tests/bench/bench_ab.sh STRATA_A STRATA_B CONFIG ROUNDS STEPS [--set KEY=VALUE]...
 #   e.g. build the commit before a change into /tmp/strata-a and the change into build/, then
@@ -22,12 +23,13 @@ for r in $(seq 1 "$rounds"); do
     bin=$a
     [[ $v = B ]] && bin=$b
     "$bin" train --config "$config" --set "train.steps=$steps" --set train.final_checkpoint=false \
-      --set "train.checkpoint_dir=\"$work/run-$v\"" "$@" >"$work/out" 2>/dev/null
+      --set "train.checkpoint_dir=\"$work/run-$v\"" "$@" >"$work/out" 2>&1
     grep -E '^step ' "$work/out" | tail -n +3 |
       sed -E 's/.*step ([0-9]+) ms: fwd\/bwd ([0-9]+).* opt ([0-9]+).*/\1 \2 \3/' |
       awk -v v="$v" -v r="$r" '{s = s " " $1; f = f " " $2; o = o " " $3}
         END {print "round " r " " v " | step ms:" s " | fwd/bwd:" f " | optimizer:" o}'
     grep -E 'bytes per step' "$work/out" | sed "s/^/round $r $v | /"
+    grep -oE 'initialized .* in [0-9.]+ s' "$work/out" | sed "s/^/round $r $v | /" || true
     rm -rf "$work/run-$v"
   done
 done
