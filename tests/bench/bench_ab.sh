@@ -28,7 +28,7 @@ for r in $(seq 1 "$rounds"); do
       sed -E 's/.*step ([0-9]+) ms: fwd\/bwd ([0-9]+).* opt ([0-9]+).*/\1 \2 \3/' |
       awk -v v="$v" -v r="$r" '{s = s " " $1; f = f " " $2; o = o " " $3}
         END {print "round " r " " v " | step ms:" s " | fwd/bwd:" f " | optimizer:" o}'
-    grep -E 'bytes per step' "$work/out" | sed "s/^/round $r $v | /"
+    grep -E 'bytes per step' "$work/out" | sed "s/^/round $r $v | /" || true
     grep -oE 'initialized .* in [0-9.]+ s' "$work/out" | sed "s/^/round $r $v | /" || true
     rm -rf "$work/run-$v"
   done
