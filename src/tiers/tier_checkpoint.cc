@@ -116,11 +116,14 @@ void zero_parallel(void* p, size_t bytes) {
 }
 
 // Home h of module m (elem_bytes per element) all zero: NVMe extents written a sub-group at a
-// time from one zeroed host piece; device memory the host cannot address cleared on the
-// compute stream (ordered before any later use of it there).
-Status zero_home(Homes& H, Module& m, Home& h, size_t elem_bytes) {
+// time from one zeroed host piece, unless `nvme_reads_zero` (nothing has been written to the
+// swap files since they were made: SwapSpace makes each a new file, sized by ftruncate and
+// posix_fallocate, whose extents read as zeros until written); device memory the host cannot
+// address cleared on the compute stream (ordered before any later use of it there).
+Status zero_home(Homes& H, Module& m, Home& h, size_t elem_bytes, bool nvme_reads_zero = false) {
   Device& dev = H.device();
   if (h.tier == Tier::kNvme) {
+    if (nvme_reads_zero) return Status::ok();
     STRATA_ASSIGN_OR_RETURN(PinnedBuffer zeros,
                             H.host_buf(piece_bytes(m.sub_len(0), elem_bytes), "zeroing state"),
                             "staging zeros");
@@ -198,6 +201,9 @@ Status TierManager::init_state(const InitFn& init) {
   Impl& I = *impl_;
   Homes& H = *I.homes;
   I.pipeline->drop_kept();  // the homes are written here
+  // Fresh swap files: each home's extents are its own, so the moments' extents still read as
+  // zeros when earlier modules' master weights have been written.
+  const bool nvme_fresh = H.io() == nullptr || H.io()->bytes_queued() == 0;
   for (size_t i = 0; i < H.modules().size(); ++i) {
     Module& m = H.module(int(i));
     const std::string what = "initializing " + m.name;
@@ -211,7 +217,8 @@ Status TierManager::init_state(const InitFn& init) {
     }
     // Moments start at zero (NVMe: from one zeroed piece, returned before the master weights'
     // piece is taken).
-    STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem()), what + " (its moments)");
+    STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem(), nvme_fresh),
+                           what + " (its moments)");
     if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
       I.dev.memset_zero(I.dev.compute_stream(), m.gacc.dev, m.gacc.bytes);
     } else if (m.gacc.tier != Tier::kNvme) {
