@@ -305,45 +305,45 @@ Status Run::init_or_resume() {
 }
 
 Status Run::init_weights() {
-  if (cfg_.model.from_pretrained.empty()) {
-    const auto t0 = Clock::now();
-    STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
-      arch_->init_range(m, cfg_.train.seed, begin, count, out);
-      return Status::ok();
-    }),
-                           "initializing the weights");
-    log_info("initialized {:.2f} M parameters (seed {}) and their optimizer state in {:.2f} s",
-             double(arch_->layout().num_params()) / 1e6, cfg_.train.seed, seconds_since(t0));
-    return Status::ok();
-  }
-  // Hugging Face weights, validated first, then streamed range by range into their homes.
+  // Random weights (Architecture::init_range), or Hugging Face weights validated first, then
+  // streamed range by range into their homes (a LoRA adapter is not in the base's checkpoint:
+  // random). Ranges are filled from several threads; a progress line every 10 s on rank 0.
   const auto t0 = Clock::now();
-  STRATA_ASSIGN_OR_RETURN(auto hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_),
-                          "");
-  // Progress every 10 s for a large model (ranges may be read from several threads).
-  size_t total = 0;
-  for (const ModuleSpec& m : arch_->layout().modules) total += m.numel;
+  const bool pretrained = !cfg_.model.from_pretrained.empty();
+  std::unique_ptr<HfCheckpointReader> hf;
+  if (pretrained) {
+    STRATA_ASSIGN_OR_RETURN(hf, HfCheckpointReader::open(cfg_.model.from_pretrained, *arch_), "");
+  }
+  size_t total = 0;  // this rank's elements
+  for (size_t m = 0; m < arch_->layout().modules.size(); ++m) total += tm_->shard_count(int(m));
   std::atomic<size_t> done{0};
   std::atomic<double> last{0.0};
   STRATA_RETURN_IF_ERROR(tm_->init_state([&](int m, size_t begin, size_t count, float* out) {
-    if (arch_->hf_tensors(m).empty()) {  // a LoRA adapter: not in the base's checkpoint
+    if (hf == nullptr || arch_->hf_tensors(m).empty()) {
       arch_->init_range(m, cfg_.train.seed, begin, count, out);
-      return Status::ok();
+    } else {
+      STRATA_RETURN_IF_ERROR(hf->read_range(m, begin, count, out),
+                             fmt::format("module {}", arch_->layout().modules[size_t(m)].name));
     }
-    STRATA_RETURN_IF_ERROR(hf->read_range(m, begin, count, out),
-                           fmt::format("module {}", arch_->layout().modules[size_t(m)].name));
     const size_t now = done += count;
     double seen = last.load();
     const double t = seconds_since(t0);
     if (rank_ == 0 && t - seen >= 10.0 && last.compare_exchange_strong(seen, t)) {
-      log_info("model.from_pretrained: {:.0f}% of {:.2f} G parameters read ({:.0f} s)",
-               100.0 * double(now) / double(total), double(total) / 1e9, t);
+      log_info("{}: {:.0f}% of {:.2f} G parameters ({:.0f} s)",
+               pretrained ? "model.from_pretrained" : "initializing the weights",
+               std::min(100.0, 100.0 * double(now) / double(std::max<size_t>(total, 1))),
+               double(total) / 1e9, t);
     }
     return Status::ok();
   }),
-                         "model.from_pretrained");
-  log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
-           double(hf->bytes()) / 1e6, seconds_since(t0));
+                         pretrained ? "model.from_pretrained" : "initializing the weights");
+  if (pretrained) {
+    log_info("loaded {} ({:.1f} MB of weights) in {:.2f} s", cfg_.model.from_pretrained,
+             double(hf->bytes()) / 1e6, seconds_since(t0));
+  } else {
+    log_info("initialized {:.2f} M parameters (seed {}) and their optimizer state in {:.2f} s",
+             double(arch_->layout().num_params()) / 1e6, cfg_.train.seed, seconds_since(t0));
+  }
   return Status::ok();
 }
 
