@@ -375,21 +375,59 @@ Status bench_copy(Device& dev, const Options& o, json* out, std::string* md) {
 
 // `nd`: a second device whose cuDNN backward is non-deterministic (null: none); its kernels run
 // on `dev`'s buffers and stream (one GPU, one process), its errors come back from its own sink.
-Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std::string* md) {
-  struct Shape {
-    const char* name;
-    int B, T, NH, NKV, hs;
-  };
-  std::vector<Shape> shapes;
-  if (o.quick) {
-    shapes = {{"tiny", 2, 128, 2, 2, 64}, {"tiny-gqa", 1, 100, 4, 2, 64}};
-  } else {
-    shapes = {{"gpt2-124m", 8, 1024, 12, 12, 64},
-              {"t2048-h16", 2, 2048, 16, 16, 128},
-              {"t4096-h32", 1, 4096, 32, 32, 128},
-              {"t4096-gqa", 1, 4096, 32, 8, 128},
-              {"t16384-h16", 1, 16384, 16, 16, 128}};
+struct AttnCase {
+  const char* name;
+  int B, T, NH, NKV, hs;
+  // The first cells of its markdown rows: "| name | B | T | NH/NKV | hs | ".
+  std::string md_cells() const {
+    return std::string("| ") + name + " | " + std::to_string(B) + " | " + std::to_string(T) +
+           " | " + std::to_string(NH) + "/" + std::to_string(NKV) + " | " + std::to_string(hs) +
+           " | ";
   }
+};
+
+// row["cudnn_over_own"]: cuDNN's TFLOP/s over the own kernels' (> 1: cuDNN is faster), where both
+// were timed; and its markdown row.
+void cudnn_over_own(const AttnCase& sh, json& row, std::string* md) {
+  if (!row["cudnn"].is_object() || !row["fused"].is_object()) return;
+  const double fr =
+      row["cudnn"]["forward_tflops"].get<double>() / row["fused"]["forward_tflops"].get<double>();
+  const double br =
+      row["cudnn"]["backward_tflops"].get<double>() / row["fused"]["backward_tflops"].get<double>();
+  row["cudnn_over_own"] = {{"forward", fr}, {"backward", br}};
+  *md += std::string("| ") + sh.name + " | | | | | cudnn / own | " + fmt_num(fr, 2) + "x | " +
+         fmt_num(br, 2) + "x | | | |\n";
+}
+
+// The relative RMS difference of two bf16 device arrays of n elements (a sanity check of the
+// fused output against the plain one, not a test).
+Result<double> rel_rms_bf16(Device& dev, Stream& s, const void* ref, const void* got, size_t n) {
+  std::vector<uint16_t> a(n), c(n);
+  dev.copy_d2h(s, a.data(), ref, n * 2);
+  dev.copy_d2h(s, c.data(), got, n * 2);
+  STRATA_RETURN_IF_ERROR(dev.synchronize(s), "reading the outputs back");
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = bf16_to_f32(a[i]), z = bf16_to_f32(c[i]);
+    num += (x - z) * (x - z);
+    den += x * x;
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+// The attention phase's shapes: GPT-2 124M's, then long sequences with head size 128.
+std::vector<AttnCase> attention_cases(bool quick) {
+  if (quick) return {{"tiny", 2, 128, 2, 2, 64}, {"tiny-gqa", 1, 100, 4, 2, 64}};
+  return {{"gpt2-124m", 8, 1024, 12, 12, 64},
+          {"t2048-h16", 2, 2048, 16, 16, 128},
+          {"t4096-h32", 1, 4096, 32, 32, 128},
+          {"t4096-gqa", 1, 4096, 32, 8, 128},
+          {"t16384-h16", 1, 16384, 16, 16, 128}};
+}
+
+Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std::string* md) {
+  using Shape = AttnCase;
+  const std::vector<Shape> shapes = attention_cases(o.quick);
   const DType dt = DType::kBF16;
   Kernels& k = dev.kernels();
   Stream& s = dev.compute_stream();
@@ -417,11 +455,9 @@ Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std
                      {"forward_tflops", fwd_flops / f.median / 1e12},
                      {"backward_tflops", 2.5 * fwd_flops / bw.median / 1e12},
                      {"memory_bytes", mem}};
-      *md += std::string("| ") + sh.name + " | " + std::to_string(sh.B) + " | " +
-             std::to_string(sh.T) + " | " + std::to_string(sh.NH) + "/" + std::to_string(sh.NKV) +
-             " | " + std::to_string(sh.hs) + " | " + kernel + " | " + fmt_num(f.median * 1e3, 3) +
-             " | " + fmt_num(bw.median * 1e3, 3) + " | " + fmt_num(fwd_flops / f.median / 1e12) +
-             " | " + fmt_num(2.5 * fwd_flops / bw.median / 1e12) + " | " +
+      *md += sh.md_cells() + kernel + " | " + fmt_num(f.median * 1e3, 3) + " | " +
+             fmt_num(bw.median * 1e3, 3) + " | " + fmt_num(fwd_flops / f.median / 1e12) + " | " +
+             fmt_num(2.5 * fwd_flops / bw.median / 1e12) + " | " +
              fmt_num(double(mem) / (1 << 20)) + " MiB |\n";
     };
     Status st;
@@ -478,16 +514,7 @@ Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std
     } else {
       row["fused"] = "n/a: not supported for this dtype and head size";
     }
-    if (on_library && row["fused"].is_object()) {
-      // cuDNN's TFLOP/s over the own kernels' (> 1: cuDNN is faster).
-      const double fr = row["cudnn"]["forward_tflops"].get<double>() /
-                        row["fused"]["forward_tflops"].get<double>();
-      const double br = row["cudnn"]["backward_tflops"].get<double>() /
-                        row["fused"]["backward_tflops"].get<double>();
-      row["cudnn_over_own"] = {{"forward", fr}, {"backward", br}};
-      *md += std::string("| ") + sh.name + " | | | | | cudnn / own | " + fmt_num(fr, 2) + "x | " +
-             fmt_num(br, 2) + "x | | | |\n";
-    }
+    cudnn_over_own(sh, row, md);
     // plain: att + scratch, [B,NH,T,T] fp32 each; only GQA-free shapes, and only if it fits.
     const size_t plain_mem = 2 * rows_n * size_t(sh.T) * 4;
     if (sh.NKV != sh.NH) {
@@ -495,10 +522,8 @@ Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std
     } else if (sh.T > 2048) {
       row["plain"] = "n/a: not timed above T=2048 (slow; it would need " +
                      fmt_num(double(plain_mem) / (1 << 30), 2) + " GiB)";
-      *md += std::string("| ") + sh.name + " | " + std::to_string(sh.B) + " | " +
-             std::to_string(sh.T) + " | " + std::to_string(sh.NH) + "/" + std::to_string(sh.NKV) +
-             " | " + std::to_string(sh.hs) + " | plain | not timed | | | | " +
-             fmt_num(double(plain_mem) / (1 << 20)) + " MiB |\n";
+      *md += sh.md_cells() + "plain | not timed | | | | " + fmt_num(double(plain_mem) / (1 << 20)) +
+             " MiB |\n";
     } else if (plain_mem + (dev.kind() == DeviceKind::kCuda ? size_t{1} << 30 : 0) > free_bytes) {
       row["plain"] = "n/a: needs " + fmt_num(double(plain_mem) / (1 << 30), 2) +
                      " GiB for the [B,NH,T,T] probabilities";
@@ -527,19 +552,13 @@ Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std
             return dev.synchronize(s);
           },
           &st);
-      // How far the fused output is from the plain one (a sanity check, not a test).
       if (st.is_ok() && row.contains("fused") && row["fused"].is_object()) {
-        std::vector<uint16_t> a(bt * C), c(bt * C);
-        dev.copy_d2h(s, a.data(), y, a.size() * 2);
-        dev.copy_d2h(s, c.data(), y_fused, c.size() * 2);
-        st = dev.synchronize(s);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-          const double x = bf16_to_f32(a[i]), z = bf16_to_f32(c[i]);
-          num += (x - z) * (x - z);
-          den += x * x;
+        Result<double> rms = rel_rms_bf16(dev, s, y, y_fused, bt * C);
+        if (rms.is_ok()) {
+          row["fused_vs_plain_rel_rms"] = *rms;
+        } else {
+          st = rms.status();
         }
-        row["fused_vs_plain_rel_rms"] = den > 0 ? std::sqrt(num / den) : 0.0;
       }
       dev.release(att);
       dev.release(*scr);
