@@ -256,12 +256,7 @@ TEST(ActivationStore, RoundTripCountsAndRefusals) {
   set_log_level(LogLevel::kError);
   auto dev = create_cpu_device({.capacity = 64 << 20, .threads = 1});
   ASSERT_TRUE(dev.is_ok());
-  ModelConfig mc;
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 32;
-  mc.vocab_size = 64;
-  mc.context = 16;
+  const ModelConfig mc = test::gpt_shape(3, 2, 32, 64, 16);
   auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;

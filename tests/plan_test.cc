@@ -20,6 +20,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/plan_util.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
@@ -113,12 +114,7 @@ TEST(Plan, HandComputedDeviceBytesOneLayer) {
   EXPECT_EQ(o->host.state, 0u);
   EXPECT_EQ(o->nvme.state, 0u);
   // Activations are model.h's activation_bytes, exactly.
-  ModelConfig mc;
-  mc.n_layer = 1;
-  mc.n_head = 1;
-  mc.n_embd = 64;
-  mc.vocab_size = 64;
-  mc.context = 64;
+  const ModelConfig mc = test::gpt_shape(1, 1, 64, 64, 64);
   auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   EXPECT_EQ(o->device.activations,

@@ -9,6 +9,7 @@
 #include "src/model/gpt2.h"
 #include "src/train/data.h"
 #include "src/train/schedule.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
@@ -138,12 +139,7 @@ TEST(Data, ReadsLlmcRawAndTextAndChecksVocab) {
 }
 
 TEST(Model, LayoutIsFlatPerModule) {
-  ModelConfig mc;
-  mc.n_layer = 3;
-  mc.n_head = 4;
-  mc.n_embd = 64;
-  mc.vocab_size = 100;
-  mc.context = 16;
+  ModelConfig mc = test::gpt_shape(3, 4, 64, 100, 16);
   auto a = create_gpt2(mc);
   ASSERT_TRUE(a.is_ok());
   EXPECT_EQ((*a)->shape().padded_vocab_size, 128);

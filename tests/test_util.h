@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "strata/config.h"
+
 namespace strata::test {
 
 // A fresh, empty directory under the system temp dir, unique to this process:
@@ -26,6 +28,17 @@ inline std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// A GPT model shape (model.type gpt2) with these sizes, every other model key its default.
+inline ModelConfig gpt_shape(int layers, int heads, int width, int vocab, int context) {
+  ModelConfig mc;
+  mc.n_layer = layers;
+  mc.n_head = heads;
+  mc.n_embd = width;
+  mc.vocab_size = vocab;
+  mc.context = context;
+  return mc;
 }
 
 }  // namespace strata::test

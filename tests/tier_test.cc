@@ -350,12 +350,7 @@ TEST_F(TierTest, PrefetchOnATightDeviceMovesNoMoreBytesThanOnDemand) {
 // device: the CRC of the master weights is that of the values filled in order on one thread.
 TEST(TierInit, RangesFromSeveralThreadsFillEveryElementOnce) {
   set_log_level(LogLevel::kError);
-  ModelConfig mc;
-  mc.n_layer = 1;
-  mc.n_head = 4;
-  mc.n_embd = 512;
-  mc.vocab_size = 8192;
-  mc.context = 64;
+  const ModelConfig mc = test::gpt_shape(1, 4, 512, 8192, 64);
   auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   const auto value = [](int m, size_t k) { return float(k % 1000003) * 0.001f + float(m); };
@@ -395,12 +390,7 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
   set_log_level(LogLevel::kError);
   auto dev = create_cpu_device({.capacity = 64 << 20, .threads = 1});
   ASSERT_TRUE(dev.is_ok());
-  ModelConfig mc;
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 32;
-  mc.vocab_size = 64;
-  mc.context = 16;
+  const ModelConfig mc = test::gpt_shape(3, 2, 32, 64, 16);
   auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
@@ -439,12 +429,7 @@ TEST(Trace, ChangedAccessOrderIsNoticedAndReRecorded) {
 // function), and the homes it then allocates fill the host tier as the model says.
 TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
   set_log_level(LogLevel::kError);
-  ModelConfig mc;
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 64;
-  mc.vocab_size = 64;
-  mc.context = 16;
+  const ModelConfig mc = test::gpt_shape(3, 2, 64, 64, 16);
   auto arch = create_gpt2(mc);
   ASSERT_TRUE(arch.is_ok());
   TierOptions to;
