@@ -389,7 +389,7 @@ TEST(LoraConfig, AnAdapterOfAnotherBaseIsRefusedByName) {
 // fuzz_adapter_config's seeds start from (an alpha whose alpha / r is past a float was an
 // unchecked float conversion, undefined behaviour).
 TEST(LoraConfig, AdapterConfigOfAnyShapeIsAnErrorNamingTheFile) {
-  const AdapterExpectation want{4, 2.0f, {"q_proj", "v_proj"}, false, ""};
+  const AdapterExpectation want{4, 2.0f, {"q_proj", "v_proj"}, false, "", {}};
   const std::string ok =
       R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
           "use_dora": false, "use_rslora": null})";
