@@ -23,10 +23,12 @@ plain schedule's step over the row's. Losses are not real on a
 simulated device; the bit-identity of the schedules is the tests' (schedule_fuzz_test).
 
 Beside each row, what `strata plan --config` predicts for the same config (the simulated
-device's rates for compute, the host's profile -- `strata probe`, run first unless --profile
-names one -- for the CPU optimizer and the copies; with --fastest each rate from its fastest
-pass, the host's capability when other work shares it): "planner ms", the step of the
-schedule the row runs (TimeTerms::expected_s), and measured / planned. Then, unless --no-ratio, per norm the
+device's rates for compute, the host's profile -- `strata probe`, run at the start of each round
+unless --profile names one, since a shared or virtual machine's rates drift -- for the CPU
+optimizer and the copies; with --fastest each rate from its fastest pass, the host's
+capability when other work shares it): "planner ms", the median over the rounds of the step of
+the schedule the row runs (TimeTerms::expected_s), and measured / planned, the median over the
+rounds of each round's step against that round's plan. Then, unless --no-ratio, per norm the
 zero_optimization.offload_optimizer.ratio the planner recommends for the placement (the least
 optimizer state on the device whose expected step is within 5% of the fastest) run with the
 "auto" schedules: its step against max(all on the device, optimizer alone) and the plain one.
@@ -113,6 +115,19 @@ def plan(exe, cfg_path, sets, workdir, name, profile, fastest=False):
     return opt["time_s"]["expected"], opt["expected_schedule"], advice
 
 
+def probe(exe, path):
+    """`strata probe --json path`; prints the rates it found."""
+    out = subprocess.run([exe, "probe", "--json", path], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        raise SystemExit(f"strata probe exited {out.returncode}")
+    prof = json.load(open(path))
+    opt, copy = prof["cpu_optimizer"], prof["host"]
+    print(f"host profile: CPU optimizer {opt['params_per_s'] / 1e6:.0f} Mparam/s (fastest "
+          f"{max(t['spread']['max'] for t in opt['by_threads']) / 1e6:.0f}), copy "
+          f"{copy['copy_gbps']:.1f} GB/s (fastest {copy['copy_spread']['max']:.1f})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("strata")
@@ -123,7 +138,7 @@ def main():
     ap.add_argument("--llama-layers", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--profile", default="",
-                    help="the host's `strata probe --json` profile (default: probe first)")
+                    help="the host's `strata probe --json` profile (default: probe each round)")
     ap.add_argument("--fastest", action="store_true",
                     help="the profile's rates from their fastest passes (strata plan --fastest)")
     ap.add_argument("--no-ratio", action="store_true",
@@ -141,19 +156,17 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
           f"simulated device: {a.preset}; {a.steps} steps a run, medians of steps 4-{a.steps}")
     with tempfile.TemporaryDirectory(prefix="strata_bench_sim.") as work:
-        profile = os.path.abspath(a.profile) if a.profile else ""
-        if not profile:
-            profile = os.path.join(work, "profile.json")
-            out = subprocess.run([exe, "probe", "--json", profile], capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.stderr.write(out.stdout + out.stderr)
-                raise SystemExit(f"strata probe exited {out.returncode}")
-        prof = json.load(open(profile))
-        opt, copy = prof["cpu_optimizer"], prof["host"]
-        print(f"host profile: CPU optimizer {opt['params_per_s'] / 1e6:.0f} Mparam/s (fastest "
-              f"{max(t['spread']['max'] for t in opt['by_threads']) / 1e6:.0f}), copy "
-              f"{copy['copy_gbps']:.1f} GB/s (fastest {copy['copy_spread']['max']:.1f})"
-              f"{'; the planner takes the fastest' if a.fastest else ''}")
+        # The host's rates drift on a shared or virtual machine: without --profile each round
+        # probes first, and its rows are planned with that round's profile.
+        def round_profile(r):
+            if a.profile:
+                return os.path.abspath(a.profile)
+            path = os.path.join(work, f"profile-{r}.json")
+            print(f"round {r + 1}: ", end="")
+            probe(exe, path)
+            return path
+        if a.fastest:
+            print("the planner takes each rate's fastest pass")
         for key in a.models.split(","):
             title, cfg, placements = models[key]
             cfg_path = os.path.join(work, key + ".json")
@@ -173,30 +186,35 @@ def main():
                       ("plain", ["strata.optimizer.overlap=false"])],
             }
             results = {}
-            planned = {"device": plan(exe, cfg_path, a.sets, work, f"{key}-device", profile,
-                                      a.fastest)}
+            planned = {}  # row -> [(expected s, schedule, advice) per round]
             ratios = {}
-            for pname, (pdev, odev) in placements:
-                for norm, scheds in schedules.items():
-                    place = [f'zero_optimization.offload_param.device="{pdev}"',
-                             f'zero_optimization.offload_optimizer.device="{odev}"',
-                             f"device.simulate_grad_norm={norm}"]
-                    for sname, sets in scheds:
-                        planned[(pname, norm, sname)] = plan(
-                            exe, cfg_path, place + sets + a.sets, work,
-                            f"{key}-{norm}-{sname.replace(' ', '_')}", profile, a.fastest)
-                    if not a.no_ratio:
-                        _, _, advice = plan(exe, cfg_path, place + a.sets, work,
-                                            f"{key}-{norm}-ratio", profile, a.fastest)
-                        if advice and advice["ratio"] < 1:
-                            rs = [f"zero_optimization.offload_optimizer.ratio={advice['ratio']}"]
-                            sname = f"auto, ratio {advice['ratio']:g}"
-                            scheds.append((sname, rs))
-                            planned[(pname, norm, sname)] = plan(
-                                exe, cfg_path, place + rs + a.sets, work,
-                                f"{key}-{norm}-ratio-run", profile, a.fastest)
-                            ratios[(pname, norm)] = advice
+
+            def plan_rows(r, profile):
+                """Every row's plan at this round's profile; the first round also asks the
+                planner for each norm's optimizer ratio and adds its row."""
+                def add(row, sets, name):
+                    planned.setdefault(row, []).append(
+                        plan(exe, cfg_path, sets + a.sets, work, f"{key}-{r}-{name}", profile,
+                             a.fastest))
+                add("device", [], "device")
+                for pname, (pdev, odev) in placements:
+                    for norm, scheds in schedules.items():
+                        place = [f'zero_optimization.offload_param.device="{pdev}"',
+                                 f'zero_optimization.offload_optimizer.device="{odev}"',
+                                 f"device.simulate_grad_norm={norm}"]
+                        if r == 0 and not a.no_ratio:
+                            _, _, advice = plan(exe, cfg_path, place + a.sets, work,
+                                                f"{key}-{norm}-ratio", profile, a.fastest)
+                            if advice and advice["ratio"] < 1:
+                                rs = [f"zero_optimization.offload_optimizer.ratio="
+                                      f"{advice['ratio']}"]
+                                scheds.append((f"auto, ratio {advice['ratio']:g}", rs))
+                                ratios[(pname, norm)] = advice
+                        for sname, sets in scheds:
+                            add((pname, norm, sname), place + sets,
+                                f"{norm}-{sname.replace(' ', '_').replace(',', '')}")
             for r in range(a.rounds):
+                plan_rows(r, round_profile(r))
                 jobs = [("device", [])]
                 for pname, (pdev, odev) in placements:
                     for norm, scheds in schedules.items():
@@ -210,11 +228,17 @@ def main():
                                             f"{jkey[1]}-{jkey[2].replace(' ', '_')}")
                     results.setdefault(jkey, []).append(run(exe, cfg_path, sets + a.sets,
                                                             work, name))
+            # Per row: the median of the rounds' planned steps, and of the rounds' measured
+            # over planned (each round's runs against that round's plan).
+            def planner(row):
+                steps = [p[0] for p in planned[row]]
+                over = [m["step_s"] / p[0] for m, p in zip(results[row], planned[row])]
+                return statistics.median(steps), planned[row][0][1], statistics.median(over)
             med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]}
                    for k, v in results.items()}
             dev = med["device"]["step_s"]
             print(f"\n{title}: all on the device {dev * 1e3:.0f} ms a step (planner "
-                  f"{planned['device'][0] * 1e3:.0f} ms)")
+                  f"{planner('device')[0] * 1e3:.0f} ms)")
             print("| placement | norm | optimizer runs | step ms | fwd+bwd ms | optimizer ms | "
                   "step / max(device, opt alone) | plain / step | planner ms (schedule) | "
                   "measured / planned |")
@@ -226,11 +250,11 @@ def main():
                     for sname, _ in scheds:
                         m = med[(pname, norm, sname)]
                         ratio = m["step_s"] / max(dev, alone)
-                        pl_s, pl_sched, _ = planned[(pname, norm, sname)]
+                        pl_s, pl_sched, over = planner((pname, norm, sname))
                         print(f"| {pname} | {norm} | {sname} | {m['step_s'] * 1e3:.0f} | "
                               f"{m['fwd_bwd_s'] * 1e3:.0f} | {m['optimizer_s'] * 1e3:.0f} | "
                               f"{ratio:.2f} | {plain / m['step_s']:.2f}x | "
-                              f"{pl_s * 1e3:.0f} ({pl_sched}) | {m['step_s'] / pl_s:.2f} |")
+                              f"{pl_s * 1e3:.0f} ({pl_sched}) | {over:.2f} |")
             for (pname, norm), adv in ratios.items():
                 print(f"ratio advice, {pname} at {norm}: {adv['ratio']:g} (expected "
                       f"{adv['expected_s'] * 1e3:.0f} ms {adv['schedule']}, CPU optimizer "
