@@ -120,7 +120,7 @@ def phase_attention(ctx):
     ctx.md("Attention memory: plain = the [B,NH,T,T] fp32 probabilities and their gradient "
            "scratch; fused = [B,NH,T] fp32 log-sum-exp and scratch; cudnn (deterministic "
            "backward) and cudnn-nd (non-deterministic) the same plus the workspace their path "
-           "names in report.json.")
+           "names in json/attention.json.")
     ctx.md("")
     ctx.md("Kernels side by side (medians; a ratio under 1 means the first is faster):")
     ctx.md("")
