@@ -309,5 +309,21 @@ TEST_F(LibraryAttention, ALibraryOutOfMemoryLeavesTheShapeToTheOwnKernels) {
   }
 }
 
+// The memory rule a library's shape is declined by when its graphs are built: workspace +
+// gradient scratch + headroom against the free memory outside the arena plus the workspace a
+// grown one replaces; the reason names the bytes device.reserve lacks and, for a deterministic
+// backward, the switch that needs no such workspace.
+TEST(LibraryMemory, AShapeFitsTheMemoryOutsideTheArenaOrSaysHowMuchMoreItNeeds) {
+  const size_t GiB = size_t{1} << 30;
+  EXPECT_EQ(library_memory_fits(GiB, 40 * kMiB, 64 * kMiB, 2 * GiB, 0, true), "");
+  EXPECT_EQ(library_memory_fits(GiB, 40 * kMiB, 64 * kMiB, GiB, 104 * kMiB, true), "");
+  const std::string why = library_memory_fits(GiB, 40 * kMiB, 64 * kMiB, GiB, 0, true);
+  EXPECT_NE(why.find("raise device.reserve by 104.00 MiB"), std::string::npos) << why;
+  EXPECT_NE(why.find("device.deterministic false"), std::string::npos) << why;
+  const std::string nd = library_memory_fits(GiB, 40 * kMiB, 64 * kMiB, GiB, 0, false);
+  EXPECT_NE(nd.find("raise device.reserve by 104.00 MiB"), std::string::npos) << nd;
+  EXPECT_EQ(nd.find("device.deterministic"), std::string::npos) << nd;
+}
+
 }  // namespace
 }  // namespace strata

@@ -78,6 +78,15 @@ class AttentionLibrary {
 std::unique_ptr<AttentionLibrary> create_cudnn_attention(int ordinal, bool deterministic,
                                                          std::string* why);
 
+// Whether a library's shape fits the device memory outside the arena: its `workspace`, the
+// wrapper's gradient `scratch` (B*T*W elements of the dtype) and `headroom` for what the other
+// libraries grow into, against `free_bytes` (cudaMemGetInfo) plus `held` (the stream's
+// workspace a grown one replaces). "" when it fits, else why not and how much more
+// device.reserve it needs (and, for a deterministic backward, that device.deterministic false
+// needs no such workspace).
+std::string library_memory_fits(size_t workspace, size_t scratch, size_t headroom,
+                                size_t free_bytes, size_t held, bool deterministic);
+
 // The library the CUDA backend uses: none when kCudnnEnv is "0" (reason says so), else
 // create_cudnn_attention's.
 std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, bool deterministic,

@@ -253,15 +253,7 @@ class CudnnAttention final : public AttentionLibrary {
     const size_t ws = size_t(std::max(p.fwd_workspace, p.bwd_workspace));
     const size_t scratch = size_t(shape.B) * size_t(shape.T) * size_t(shape.NH + 2 * shape.KVH) *
                            size_t(shape.hs) * dtype_size(shape.dt);
-    const size_t need = ws + scratch + kHeadroom;
-    if (need <= free_bytes + held) return "";
-    return "its workspace of " + format_bytes(double(ws)) + " and gradient scratch of " +
-           format_bytes(double(scratch)) + " do not fit the " + format_bytes(double(free_bytes)) +
-           " of device memory outside the arena: raise device.reserve by " +
-           format_bytes(double(need - free_bytes - held)) +
-           (deterministic_ ? " or set device.deterministic false (the deterministic backward's "
-                             "workspace holds B*NH*T^2 bf16 scores on Hopper)"
-                           : "");
+    return library_memory_fits(ws, scratch, kHeadroom, free_bytes, held, deterministic_);
   }
 
   std::string ensure_handle() {

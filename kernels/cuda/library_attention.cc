@@ -28,6 +28,19 @@ std::unique_ptr<AttentionLibrary> attention_library_from_env(int ordinal, bool d
   return create_cudnn_attention(ordinal, deterministic, why);
 }
 
+std::string library_memory_fits(size_t workspace, size_t scratch, size_t headroom,
+                                size_t free_bytes, size_t held, bool deterministic) {
+  const size_t need = workspace + scratch + headroom;
+  if (need <= free_bytes + held) return "";
+  return "its workspace of " + format_bytes(double(workspace)) + " and gradient scratch of " +
+         format_bytes(double(scratch)) + " do not fit the " + format_bytes(double(free_bytes)) +
+         " of device memory outside the arena: raise device.reserve by " +
+         format_bytes(double(need - free_bytes - held)) +
+         (deterministic ? " or set device.deterministic false (the deterministic backward's "
+                          "workspace holds B*NH*T^2 bf16 scores on Hopper)"
+                        : "");
+}
+
 LibraryAttentionKernels::LibraryAttentionKernels(std::unique_ptr<Kernels> own,
                                                  std::unique_ptr<AttentionLibrary> library,
                                                  std::string absent_reason, int ordinal,
