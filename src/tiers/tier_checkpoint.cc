@@ -215,8 +215,8 @@ Status TierManager::init_state(const InitFn& init) {
     if (m.master.tier == Tier::kDevice || m.mom.tier == Tier::kDevice) {
       STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), what);
     }
-    // Moments start at zero (NVMe: from one zeroed piece, returned before the master weights'
-    // piece is taken).
+    // Moments start at zero (NVMe: nothing to write in fresh swap files, else from one zeroed
+    // piece, returned before the master weights' piece is taken).
     STRATA_RETURN_IF_ERROR(zero_home(H, m, m.mom, m.mom_elem(), nvme_fresh),
                            what + " (its moments)");
     if (m.gacc.tier == Tier::kDevice && H.staged(m.gacc)) {  // the host cannot address it
