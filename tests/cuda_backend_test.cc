@@ -24,6 +24,7 @@
 #include "strata/kernels.h"
 #include "strata/optimizer.h"
 #include "tests/cuda_twin.h"
+#include "tests/timed_events.h"
 
 namespace strata {
 namespace {
@@ -141,6 +142,20 @@ TEST_F(CudaDeviceTest, HostFunctionsRunInStreamOrderAndJoinThroughEvents) {
   dev->host_fn(dev->h2d_stream(), [&] { push(2); });
   ASSERT_TRUE(dev->synchronize(dev->h2d_stream()).is_ok());
   EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+// Timed events (the op profile's clock): cudaEvents with timing, measured by
+// cudaEventElapsedTime; an ordinary event (cudaEventDisableTiming) is refused.
+TEST_F(CudaDeviceTest, TimedEventsMeasureTheStream) {
+  auto dev = make(kMiB);
+  ASSERT_TRUE(dev);
+  test::expect_timed_events_measure_the_stream(*dev);
+  auto a = dev->create_event();
+  auto b = dev->create_timed_event();
+  dev->record(*a, dev->compute_stream());
+  dev->record(*b, dev->compute_stream());
+  ASSERT_TRUE(dev->synchronize(dev->compute_stream()).is_ok());
+  EXPECT_FALSE(dev->elapsed_ms(*a, *b).is_ok());
 }
 
 TEST_F(CudaDeviceTest, PinnedAndRegisteredHostMemoryRoundTrip) {

@@ -278,6 +278,41 @@ TEST(CudaTraining, OptimizerOnNvmeKeepsSubGroupsAsTheCpuBackendDoes) {
 // counted none of the parameters' copies back (-20% of the minimum) while the CPU backend's planner
 // counted copies it never makes. Steps 4-6 (a deferred pass's copies fall in the step after the one
 // that ran it in the first steps); no prefetch (what it saves depends on timing).
+// The op profile on the CUDA backend (flops_profiler): the second step's kernels timed with
+// cudaEvents, the cuBLASLt GEMMs among them, and the run's losses those of the same run
+// without it, bit for bit.
+TEST(CudaTraining, OpProfileTimesTheStepAndChangesNoBits) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_op_profile");
+  TrainOptions o;
+  o.progress = false;
+  const std::vector<std::string> on_device = {"zero_optimization.offload_param.device=\"none\"",
+                                              "zero_optimization.offload_optimizer.device=\"none\"",
+                                              "train.steps=3", "train.eval_interval=0",
+                                              "data.eval_batches=0"};
+  auto plain = train(config("cuda", dir + "/plain", on_device), o);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  std::vector<std::string> profiled = on_device;
+  profiled.push_back("flops_profiler.enabled=true");
+  auto r = train(config("cuda", dir + "/profiled", profiled), o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->losses, plain->losses);
+  ASSERT_TRUE(r->op_profile.has_value());
+  const OpProfile& p = *r->op_profile;
+  EXPECT_EQ(p.step, 2);
+  bool gemm = false;
+  for (const OpProfileRow& row : p.rows) {
+    EXPECT_GE(row.ms, 0) << row.op;
+    EXPECT_GT(row.calls, 0) << row.op;
+    gemm = gemm || (row.op == "matmul_forward" && row.stream == "compute" && row.flops > 0);
+  }
+  EXPECT_TRUE(gemm) << format_op_profile(p);
+  EXPECT_GT(p.busy_ms[0], 0) << format_op_profile(p);
+  fs::remove_all(dir);
+}
+
 TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;

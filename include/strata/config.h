@@ -261,6 +261,16 @@ struct MonitorConfig {
   std::string job_name = "DeepSpeedJobName";
 };
 
+// DeepSpeed's "flops_profiler" section: strata's op profile of one step (src/train/op_profile.h):
+// every kernel and copy timed on the device, by op and stream, with its FLOPs, bytes and rates.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  // The step profiled: the one that starts after `profile_step` steps (DeepSpeed's global step,
+  // 0-based; the default 1 is the second step, after one of warm-up).
+  int64_t profile_step = 1;
+  std::string output_file;  // "" = the log only; else the table is also written here
+};
+
 // strata's own extensions, under "strata": {...}.
 struct StrataConfig {
   bool io_checksum = false;              // strata.io.checksum: CRC32C per extent
@@ -311,6 +321,7 @@ struct Config {
   TrainConfig train;
   StrataConfig strata;
   MonitorConfig tensorboard, csv_monitor;
+  FlopsProfilerConfig flops_profiler;
 
   // Filled by the parser: "path = value: accepted; <reason>" lines for settings that are
   // accepted but not acted on yet, and "path = value (auto)" lines for resolved "auto" values.

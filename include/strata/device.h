@@ -101,6 +101,19 @@ class Device {
   // True if `event` has completed; never blocks.
   virtual bool query(Event& event) = 0;
 
+  // --- timing (the op profile, src/train/op_profile.h) -----------------------------------------
+  // An event that also keeps when its stream reached it, for elapsed_ms; recording one may cost
+  // more than an ordinary event (CUDA: a cudaEvent with timing). The default is an ordinary
+  // event, which elapsed_ms refuses.
+  virtual std::unique_ptr<Event> create_timed_event() { return create_event(); }
+  // Milliseconds from `from` to `to` (negative when `to` was reached first): two timed events of
+  // this device, both recorded and completed, on any of its streams. kUnavailable on a device
+  // that does not time its streams; an error when either is not a completed timed event.
+  virtual Result<double> elapsed_ms(Event& from, Event& to) {
+    (void)from, (void)to;
+    return unavailable("this device does not time its streams (Device::elapsed_ms)");
+  }
+
   // --- transfers (async on `stream`) ----------------------------------------------------------
   virtual void copy_h2d(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_d2h(Stream& stream, void* dst, const void* src, size_t bytes) = 0;

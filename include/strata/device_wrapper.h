@@ -52,6 +52,8 @@ class DeviceWrapper : public Device {
   Status synchronize(Event& event) override { return d_->synchronize(event); }
   Status synchronize(Stream& stream) override { return d_->synchronize(stream); }
   bool query(Event& event) override { return d_->query(event); }
+  std::unique_ptr<Event> create_timed_event() override { return d_->create_timed_event(); }
+  Result<double> elapsed_ms(Event& from, Event& to) override { return d_->elapsed_ms(from, to); }
 
   void copy_h2d(Stream& s, void* dst, const void* src, size_t bytes) override {
     d_->copy_h2d(s, dst, src, bytes);

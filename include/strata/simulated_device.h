@@ -30,10 +30,14 @@ double simulated_attention_seconds(const SimulatedDeviceOptions& p, double squar
                                    bool backward);
 
 // What a sequence of the simulated device's kernels costs: the sum of their modeled times
-// (launch included) and how many ran.
+// (launch included), how many ran, and the work the model charges them for: floating-point
+// operations (GEMMs: 2 per multiply-add; attention: the causal half of the T x T square,
+// the backward 2.5 times the forward's) and bytes read and written.
 struct SimTally {
   double seconds = 0;
   uint64_t kernels = 0;
+  double flops = 0;
+  double bytes = 0;
 };
 // The simulated device's kernels (`p`'s rates) that write nothing and enqueue nothing: each
 // call adds its modeled time to `tally` (which must outlive them); their streams are ignored.

@@ -19,7 +19,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -122,6 +124,9 @@ class CpuEvent final : public Event {
  public:
   CpuStream* stream = nullptr;  // null: never recorded (complete)
   uint64_t seq = 0;
+  // A timed event: when its stream reached the last record (steady clock, ns); shared with the
+  // task that stores it, which may run after the event is gone.
+  std::shared_ptr<std::atomic<int64_t>> reached;
 };
 
 class CpuDevice final : public Device {
@@ -215,7 +220,31 @@ class CpuDevice final : public Device {
     auto& e = static_cast<CpuEvent&>(event);
     auto& s = static_cast<CpuStream&>(stream);
     e.stream = &s;
-    e.seq = s.enqueued();
+    if (e.reached) {
+      e.seq = s.enqueue([at = e.reached] {
+        at->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+      });
+    } else {
+      e.seq = s.enqueued();
+    }
+  }
+  std::unique_ptr<Event> create_timed_event() override {
+    auto e = std::make_unique<CpuEvent>();
+    e->reached = std::make_shared<std::atomic<int64_t>>(0);
+    return e;
+  }
+  Result<double> elapsed_ms(Event& from, Event& to) override {
+    auto& a = static_cast<CpuEvent&>(from);
+    auto& b = static_cast<CpuEvent&>(to);
+    if (!a.reached || !b.reached || !a.stream || !b.stream) {
+      return invalid_argument("elapsed_ms: both events must be timed events that were recorded");
+    }
+    if (!query(a) || !query(b)) {
+      return invalid_argument("elapsed_ms: an event has not completed yet (synchronize it first)");
+    }
+    return double(b.reached->load() - a.reached->load()) * 1e-6;
   }
   void wait(Stream& stream, const Event& event) override {
     const auto& e = static_cast<const CpuEvent&>(event);

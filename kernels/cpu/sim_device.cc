@@ -117,6 +117,9 @@ class SimEvent final : public Event {
   explicit SimEvent(std::unique_ptr<Event> e) : inner(std::move(e)) {}
   const std::unique_ptr<Event> inner;
   const std::shared_ptr<std::atomic<int64_t>> at = std::make_shared<std::atomic<int64_t>>(0);
+  // For elapsed_ms: when a GPU's stream would have reached the record, the later of `at` and
+  // the record's launch (an idle stream reaches it when it is enqueued); 0 before any.
+  const std::shared_ptr<std::atomic<int64_t>> reached = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 class SimDevice final : public DeviceWrapper {
@@ -177,9 +180,24 @@ class SimDevice final : public DeviceWrapper {
   void record(Event& event, Stream& s) override {
     auto& e = static_cast<SimEvent&>(event);
     SimClock* clock = &clocks_.of(wrapped(), s);
-    wrapped().host_fn(s,
-                      [clock, at = e.at] { at->store(clock->end().time_since_epoch().count()); });
+    const auto launched = SimClock::Clock::now();
+    wrapped().host_fn(s, [clock, at = e.at, reached = e.reached, launched] {
+      const auto end = clock->end();
+      at->store(end.time_since_epoch().count());
+      reached->store(std::max(end, launched).time_since_epoch().count());
+    });
     wrapped().record(*e.inner, s);
+  }
+  // Every event is timed: the modeled time between the two records.
+  std::unique_ptr<Event> create_timed_event() override { return create_event(); }
+  Result<double> elapsed_ms(Event& from, Event& to) override {
+    auto& a = static_cast<SimEvent&>(from);
+    auto& b = static_cast<SimEvent&>(to);
+    if (!query(a) || !query(b) || a.reached->load() == 0 || b.reached->load() == 0) {
+      return invalid_argument("elapsed_ms: both events must be recorded and completed");
+    }
+    const SimClock::Clock::duration d(b.reached->load() - a.reached->load());
+    return std::chrono::duration<double, std::milli>(d).count();
   }
   void wait(Stream& s, const Event& event) override {
     const auto& e = static_cast<const SimEvent&>(event);

@@ -117,26 +117,25 @@ class SimKernels final : public Kernels {
   // simulated device does not read the positions, and a packed window's time is at most that.
   void fused_attention_forward(Stream& s, DType dt, void*, float*, const void*, const int32_t*,
                                int B, int T, int NH, int NKV, int hs) override {
-    attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
+    attention(s, square_flops(B, T, NH, hs), false, 1.0,
               double(B) * T * (NH + 2.0 * NKV + NH) * hs * es(dt));
   }
   void fused_attention_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
                                 const void*, const float*, const int32_t*, int B, int T, int NH,
                                 int NKV, int hs) override {
-    attention(s, simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
+    attention(s, square_flops(B, T, NH, hs), true, 1.0,
               double(B) * T * (2.0 * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
   }
   void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, const int32_t*, int B,
                              int T, int NH, int KVH, int hs) override {
     // The plain kernels: the [B,NH,T,T] probabilities through memory, ~1/50 of the fused rate.
-    attention(s,
-              kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), false),
+    attention(s, square_flops(B, T, NH, hs), false, kPlainSlowdown,
               double(B) * T * (NH + 2.0 * KVH + NH) * hs * es(dt) + 4.0 * B * NH * T * T);
   }
   void attention_gqa_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
                               const float*, const int32_t*, int B, int T, int NH, int KVH,
                               int hs) override {
-    attention(s, kPlainSlowdown * simulated_attention_seconds(p_, square_flops(B, T, NH, hs), true),
+    attention(s, square_flops(B, T, NH, hs), true, kPlainSlowdown,
               double(B) * T * (2.0 * (NH + 2.0 * KVH) + NH) * hs * es(dt) + 8.0 * B * NH * T * T);
   }
   void rmsnorm_forward(Stream& s, DType dt, void*, float*, const void*, const void*, float, int N,
@@ -189,9 +188,10 @@ class SimKernels final : public Kernels {
   void crossentropy_forward_backward(Stream& s, DType dt, float* losses, void*, const int32_t*,
                                      float, int N, int V, int Vp) override {
     // Read the logits, write their gradients; the losses those of a model that knows nothing.
-    const double t = p_.launch_us * 1e-6 + (2.0 * N * Vp * es(dt) + 8.0 * N) / hbm();
+    const double bytes = 2.0 * N * Vp * es(dt) + 8.0 * N;
+    const double t = p_.launch_us * 1e-6 + bytes / hbm();
     if (tally_) {
-      add(t);
+      add(t, 0, bytes);
       return;
     }
     SimClock* clock = &clocks_->of(*dev_, s);
@@ -251,26 +251,32 @@ class SimKernels final : public Kernels {
   static double square_flops(int B, int T, int NH, int hs) {
     return 4.0 * B * NH * double(T) * T * hs;
   }
-  void charge(Stream& s, double seconds) {
+  // The op takes `seconds` after its launch; `flops` and `bytes` are what the tally counts.
+  void charge(Stream& s, double seconds, double flops, double bytes) {
     const double t = p_.launch_us * 1e-6 + seconds;
     if (tally_) {
-      add(t);
+      add(t, flops, bytes);
       return;
     }
     SimClock* clock = &clocks_->of(*dev_, s);
     const auto launched = SimClock::Clock::now();
     dev_->host_fn(s, [clock, t, launched] { clock->run(t, launched); });
   }
-  void add(double t) {
+  void add(double t, double flops, double bytes) {
     tally_->seconds += t;
     ++tally_->kernels;
+    tally_->flops += flops;
+    tally_->bytes += bytes;
   }
-  void mem(Stream& s, double bytes) { charge(s, bytes / hbm()); }
+  void mem(Stream& s, double bytes) { charge(s, bytes / hbm(), 0, bytes); }
   void gemm(Stream& s, double flops, double bytes) {
-    charge(s, std::max(flops / (p_.gemm_tflops * 1e12), bytes / hbm()));
+    charge(s, std::max(flops / (p_.gemm_tflops * 1e12), bytes / hbm()), flops, bytes);
   }
-  void attention(Stream& s, double seconds, double bytes) {
-    charge(s, std::max(seconds, bytes / hbm()));
+  // Causal attention over `square` (square_flops), the plain kernels `slowdown` times slower
+  // than the fused ones.
+  void attention(Stream& s, double square, bool backward, double slowdown, double bytes) {
+    const double seconds = slowdown * simulated_attention_seconds(p_, square, backward);
+    charge(s, std::max(seconds, bytes / hbm()), (backward ? 2.5 : 1.0) * square / 2.0, bytes);
   }
 
   Device* dev_ = nullptr;  // null in the tally

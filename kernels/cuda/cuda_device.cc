@@ -241,6 +241,21 @@ class CudaDevice final : public Device {
                             "creating an event"));
     return e;
   }
+  std::unique_ptr<Event> create_timed_event() override {
+    bind();
+    auto e = std::make_unique<CudaEvent>();
+    note(STRATA_CUDA_STATUS(cudaEventCreate(&e->handle), "creating a timed event"));
+    return e;
+  }
+  Result<double> elapsed_ms(Event& from, Event& to) override {
+    bind();
+    float ms = 0;
+    STRATA_RETURN_IF_ERROR(
+        STRATA_CUDA_STATUS(cudaEventElapsedTime(&ms, ev(from), ev(to)),
+                           "timing two events (both timed, recorded and completed?)"),
+        "elapsed_ms");
+    return double(ms);
+  }
   void record(Event& event, Stream& stream) override {
     bind();
     note(STRATA_CUDA_STATUS(cudaEventRecord(ev(event), cuda_stream(stream).handle),

@@ -49,6 +49,8 @@ constexpr const char* kActCkptSync =
 constexpr const char* kActCkptProfile =
     "strata times the whole step; recompute is not timed separately";
 constexpr const char* kDsOnly = "a DeepSpeed feature strata does not implement";
+constexpr const char* kOpProfile =
+    "the op profile is per kernel op and stream, with every op of the step (no module tree)";
 constexpr const char* kResume = "resume restores the step from the checkpoint";
 constexpr const char* kAlwaysPipelined =
     "strata always pipelines optimizer-state reads and writes (depth: buffer_count)";
@@ -438,13 +440,18 @@ void TableBuilder::add_aio_and_unbound_keys() {
         "synchronize at checkpoint boundaries", kActCkptSync));
   add(U("activation_checkpointing.profile", Bool(), "false", "time checkpoint functions",
         kActCkptProfile));
-  add(U("flops_profiler.enabled", Bool(), "false", "DeepSpeed flops profiler", kDsOnly));
-  add(U("flops_profiler.recompute_fwd_factor", Real(0, kInf), "0.0", "", kDsOnly));
-  add(U("flops_profiler.profile_step", Int(0, kMaxInt), "1", "", kDsOnly));
-  add(U("flops_profiler.module_depth", Int(-1, kMaxInt), "-1", "", kDsOnly));
-  add(U("flops_profiler.top_modules", Int(0, kMaxInt), "1", "", kDsOnly));
-  add(U("flops_profiler.detailed", Bool(), "true", "", kDsOnly));
-  add(U("flops_profiler.output_file", Str(), "null", "", kDsOnly));
+  add(F("flops_profiler.enabled", Bool(), STRATA_M(flops_profiler.enabled),
+        "time every kernel and copy of one step on the device, by op and stream, with its FLOPs, "
+        "bytes and rates (the op profile: a table in the log)"));
+  add(F("flops_profiler.profile_step", Int(0, kMaxInt), STRATA_M(flops_profiler.profile_step),
+        "the step profiled, as DeepSpeed's global step (0-based; 1: the second, after a step of "
+        "warm-up)"));
+  add(F("flops_profiler.output_file", Str(), STRATA_M(flops_profiler.output_file),
+        "also write the op profile's table here (null or \"\": the log only)"));
+  add(U("flops_profiler.recompute_fwd_factor", Real(0, kInf), "0.0", "", kOpProfile));
+  add(U("flops_profiler.module_depth", Int(-1, kMaxInt), "-1", "", kOpProfile));
+  add(U("flops_profiler.top_modules", Int(0, kMaxInt), "1", "", kOpProfile));
+  add(U("flops_profiler.detailed", Bool(), "true", "", kOpProfile));
   add(F("tensorboard.enabled", Bool(), STRATA_M(tensorboard.enabled),
         "also write the metrics records as TensorBoard event files"));
   add(F("tensorboard.output_path", Str(), STRATA_M(tensorboard.output_path),

@@ -34,6 +34,7 @@
 #include "src/train/defer_choice.h"
 #include "src/train/metrics_log.h"
 #include "src/train/monitors.h"
+#include "src/train/op_profile.h"
 #include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
 #include "src/train/schedule.h"
@@ -90,6 +91,12 @@ class Run {
   // file, or all of data.source), checked to hold a window of T_.
   Status load_data();
   Status create_device();
+  // flops_profiler.enabled: wraps dev_ in the op profile's device (profiler_).
+  // An error when flops_profiler.output_file names something that is not an earlier profile.
+  Status wrap_profiler(std::optional<SimulatedDeviceOptions> model);
+  // The op profile of the step just run when it was flops_profiler.profile_step's: logged by
+  // rank 0 (and written to flops_profiler.output_file), kept in `r`.
+  Status report_profile(TrainResult* r);
   Status create_comms();
   // train.checkpoint_dir prepared for the checkpoints the run will hold at its peak (room,
   // temporaries removed on rank 0) and train.export_dir checked; OK for eval_only. Its failure
@@ -185,6 +192,7 @@ class Run {
   DType dt_ = DType::kBF16;
   int B_ = 0, T_ = 0, accum_ = 1;
   std::unique_ptr<Device> dev_;
+  ProfiledDevice* profiler_ = nullptr;  // dev_ itself, when flops_profiler.enabled
   // comm_: blocking collectives of the main thread (loss, grad norm, overflow, barriers);
   // param_comm_ / grad_comm_: the tier manager's gathers (h2d stream) and reduce-scatters (d2h
   // stream), only when world_ > 1. Declared before tm_ so they outlive it.

@@ -2,9 +2,13 @@
 // communicators (ZeRO-3's collectives, ZeRO++'s compression): Run::create_device and
 // Run::create_comms.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,6 +36,7 @@ Status Run::create_device() {
     o.threads = d.cpu_threads;
     STRATA_ASSIGN_OR_RETURN(dev_, create_simulated_device(o, sim), "creating the simulated device");
     if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+    STRATA_RETURN_IF_ERROR(wrap_profiler(sim), "flops_profiler");
     log_info(
         "device: {}; losses are not real (device.simulate), times and bytes are; gradient "
         "norm {} (device.simulate_grad_norm)",
@@ -67,7 +72,46 @@ Status Run::create_device() {
     STRATA_ASSIGN_OR_RETURN(dev_, create_cpu_device(o), "creating the cpu device");
   }
   if (opts_.wrap_device) dev_ = opts_.wrap_device(std::move(dev_));
+  // A GPU the simulated device has a preset for: the op profile sets each op beside the
+  // preset's time for it.
+  std::optional<SimulatedDeviceOptions> model;
+  if (dev_->kind() == DeviceKind::kCuda) {
+    for (const char* gpu : {"H200", "H100", "A100"}) {
+      if (dev_->name().find(gpu) != std::string::npos) {
+        std::string preset(gpu);
+        std::transform(preset.begin(), preset.end(), preset.begin(), ::tolower);
+        model = simulated_device_preset(preset).value();
+        break;
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(wrap_profiler(model), "flops_profiler");
   log_info("device: {}", dev_->name());
+  return Status::ok();
+}
+
+Status Run::wrap_profiler(std::optional<SimulatedDeviceOptions> model) {
+  if (!cfg_.flops_profiler.enabled) return Status::ok();
+  // The table goes to a new file or over an earlier profile, never over anything else.
+  const std::string& path = cfg_.flops_profiler.output_file;
+  struct stat st;
+  if (!path.empty() && ::lstat(path.c_str(), &st) == 0) {
+    std::string head(32, '\0');
+    std::ifstream in(path, std::ios::binary);
+    in.read(head.data(), std::streamsize(head.size()));
+    head.resize(size_t(in.gcount()));
+    if (!S_ISREG(st.st_mode) || head.rfind(kOpProfileTitle, 0) != 0) {
+      return invalid_argument(fmt::format(
+          "flops_profiler.output_file {} exists and is not an op profile (or is a link): strata "
+          "does not write over it; name a new file",
+          path));
+    }
+  }
+  auto profiled = std::make_unique<ProfiledDevice>(std::move(dev_), std::move(model));
+  profiler_ = profiled.get();
+  dev_ = std::move(profiled);
+  log_info("flops_profiler: the ops of step {} will be timed on the device (the op profile)",
+           cfg_.flops_profiler.profile_step + 1);
   return Status::ok();
 }
 

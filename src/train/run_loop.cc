@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "src/base/safe_file.h"
 #include "src/hf/export_dir.h"
 #include "src/hf/hf_export.h"
 #include "src/train/metrics_log.h"
@@ -122,6 +123,25 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
   return Status::ok();
 }
 
+Status Run::report_profile(TrainResult* r) {
+  STRATA_ASSIGN_OR_RETURN(OpProfile p, profiler_->stop(), fmt::format("step {}", step_));
+  if (rank_ == 0) {
+    const std::string table = format_op_profile(p);
+    log_info("{}", table);
+    const std::string& path = cfg_.flops_profiler.output_file;
+    if (!path.empty()) {
+      // The run goes on: a lost profile costs no training.
+      Status st = write_file_atomically(path, table, 0644);
+      if (!st.is_ok()) {
+        log_warn("flops_profiler.output_file {} not written ({}); the table is in the log", path,
+                 st.message());
+      }
+    }
+  }
+  r->op_profile = std::move(p);
+  return Status::ok();
+}
+
 Result<TrainResult> Run::loop() {
   TrainResult r;
   r.rank = rank_;
@@ -171,7 +191,10 @@ Result<TrainResult> Run::loop() {
   tm_->take_times();
   while (step_ < total) {
     const auto before = tier_bytes();
+    const bool profiling = profiler_ && step_ == cfg_.flops_profiler.profile_step;
+    if (profiling) profiler_->start(step_ + 1);
     STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
+    if (profiling) STRATA_RETURN_IF_ERROR(report_profile(&r), "flops_profiler");
     r.step_nvme_bytes.push_back(tier_bytes()[1] - before[1]);
     r.step_device_bytes.push_back(tier_bytes()[0] - before[0]);
     const TierTimes tt = tm_->take_times();
@@ -265,6 +288,13 @@ Result<TrainResult> Run::loop() {
                              fmt::format("checkpoint at step {}", step_));
       mark.comm_s = comm_seconds();  // the checkpoint's barrier is not the next step's
     }
+  }
+  if (profiler_ && !r.op_profile && rank_ == 0) {
+    log_warn(
+        "flops_profiler: nothing profiled: its step {} (profile_step {}) was not run here (steps "
+        "{} to {}); set flops_profiler.profile_step to one of this run's steps minus one",
+        cfg_.flops_profiler.profile_step + 1, cfg_.flops_profiler.profile_step, r.start_step + 1,
+        step_);
   }
   STRATA_RETURN_IF_ERROR(finish_run(t0, tokens_per_step, &r), "");
   r.metrics_error = !jsonl.error().is_ok()      ? jsonl.error().message()

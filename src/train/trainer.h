@@ -18,11 +18,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "src/tiers/counters.h"
+#include "src/train/op_profile.h"
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/status.h"
@@ -107,6 +109,8 @@ struct TrainResult {
   // device's memory is host memory (the CPU backend: its arena counts in the RSS).
   size_t base_rss = 0;
   bool device_in_rss = false;
+  // flops_profiler.enabled: the profiled step's ops (none when the step was not run here).
+  std::optional<OpProfile> op_profile;
 };
 
 // Trains on every rank of the communicator strata.comm.backend gives (mpirun -np N: N ranks,

@@ -140,23 +140,35 @@ class Table:
             return None
         return tps * self.flops_tok / (peak * 1e12)
 
-    def strata_row(self, name, pdev, odev, ratio, what):
+    def strata_row(self, name, pdev, odev, ratio, what, profile_ops=False):
+        """One strata run. profile_ops: its second step's op profile (flops_profiler; the
+        median of tokens/s leaves out the first 2 steps, so it costs the row nothing)."""
         ctx = self.ctx
         nvme = ctx.opts.nvme_path or str(ctx.R / "swap")
         rdir = self.cfg.parent / ("%s-%s" % (self.key, name))
         log = ctx.log_path("train-%s-%s" % (self.key, name))
         shutil.rmtree(rdir, ignore_errors=True)
+        prof = ctx.log_path("train-%s-%s-op-profile" % (self.key, name))
+        if prof.exists():
+            prof.unlink()
+        sets = []
+        if profile_ops:
+            sets = ["--set", "flops_profiler.enabled=true", "--set", "flops_profiler.profile_step=1",
+                    "--set", 'flops_profiler.output_file="%s"' % prof]
         t0 = time.time()
         rc = ctx.run(300, [ctx.bin("strata"), "train", "--config", self.cfg, "--quiet",
                            "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
                            "--set", 'zero_optimization.offload_optimizer.device="%s"' % odev,
                            "--set", "zero_optimization.offload_optimizer.ratio=%s" % ratio,
                            "--set", 'zero_optimization.offload_optimizer.nvme_path="%s"' % nvme,
-                           "--set", 'train.checkpoint_dir="%s"' % rdir], log=log)
+                           "--set", 'train.checkpoint_dir="%s"' % rdir] + sets, log=log)
         text = log.read_text(errors="replace")
         m = rdir / "metrics.jsonl"
         row = {"offload_param": pdev, "offload_optimizer": odev, "ratio": ratio, "exit": rc,
                "what": what}
+        if profile_ops:
+            row["op_profile"] = (prof.read_text(errors="replace") if prof.exists()
+                                 else "(no op profile: logs/%s)" % log.name)
         if rc == 0 and m.exists():
             row.update({k: metric_median(m, k) for k in
                         ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s")})
@@ -220,6 +232,17 @@ class Table:
         for note in self.notes:
             ctx.md(note)
             ctx.md("")
+        for name, r in self.rows.items():
+            if "op_profile" in r:
+                ctx.md("Op profile of the `%s` row's second step (flops_profiler: each kernel and "
+                       "copy timed on the device, by op and stream; FLOPs and bytes from the "
+                       "simulated device's cost model, and its time for the same calls):" % name)
+                ctx.md("")
+                ctx.md("```")
+                for line in r["op_profile"].rstrip().splitlines():
+                    ctx.md(line)
+                ctx.md("```")
+                ctx.md("")
         if torch_why_not:
             ctx.md("PyTorch peer: not run (%s)." % torch_why_not)
         for i, t in enumerate(self.torch):
@@ -286,7 +309,8 @@ def phase_train(ctx):
     gpt_args = [str(x) for x in gpt_args]
     t = Table(ctx, "gpt2", d / "gpt.json", flops_tok)
     t.strata_row("device", "none", "none", 1,
-                 "everything on the device, the optimizer stepped by the device's kernel")
+                 "everything on the device, the optimizer stepped by the device's kernel",
+                 profile_ops=True)
     t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     t.strata_row("device-opt-host", "none", "cpu", 1,
                  "parameters on the device, optimizer in host RAM")
@@ -331,7 +355,8 @@ def phase_train(ctx):
     ctx.md("")
     t = Table(ctx, "llama", d / "llama.json", flops_tok)
     t.strata_row("device", "none", "none", 1,
-                 "everything on the device, the optimizer stepped by the device's kernel")
+                 "everything on the device, the optimizer stepped by the device's kernel",
+                 profile_ops=True)
     t.torch_run("torch_llama_gpu.py", [], why_not)
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
     t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
