@@ -54,7 +54,16 @@ class CountingDevice final : public DeviceWrapper {
   explicit CountingDevice(std::unique_ptr<Device> d)
       : DeviceWrapper(std::move(d)), counter_(this, &wrapped().kernels()) {}
   Kernels& kernels() override { return counter_; }
+  Status synchronize(Event& e) override {
+    if (on) ++waits;
+    return DeviceWrapper::synchronize(e);
+  }
+  Status synchronize(Stream& s) override {
+    if (on) ++waits;
+    return DeviceWrapper::synchronize(s);
+  }
   std::atomic<bool> on{false};
+  std::atomic<int64_t> waits{0};
   std::map<std::string, int64_t> counts() {
     std::lock_guard<std::mutex> l(mu_);
     return counts_;
@@ -110,9 +119,13 @@ TEST(OpProfile, CountsEveryOpOfTheProfiledStepAndChangesNoBits) {
   // The profiled step is the second (profile_step 1): count from the first's end to its own
   // (the device is gone when train() returns).
   std::map<std::string, int64_t> counted;
+  int64_t waits = 0;
   o.on_step_end = [&](int64_t step) {
     counting->on = step == 1;
-    if (step == 2) counted = counting->counts();
+    if (step == 2) {
+      counted = counting->counts();
+      waits = counting->waits;
+    }
   };
   TrainResult r = test::must_train(c, o);
   ASSERT_TRUE(r.op_profile.has_value());
@@ -136,6 +149,9 @@ TEST(OpProfile, CountsEveryOpOfTheProfiledStepAndChangesNoBits) {
     }
   }
   EXPECT_EQ(profiled_calls, counted);
+  // The host's waits during the step, and the profile's own three for the streams at its end.
+  EXPECT_EQ(p.host_waits + 3, waits);
+  EXPECT_GT(p.host_waits, 0) << "the step's loss is read back";
   EXPECT_GT(profiled_calls["matmul_forward"], 0);
   // The table names every op.
   const std::string table = format_op_profile(p);

@@ -99,6 +99,28 @@ void ProfiledDevice::memset_zero(Stream& s, void* dst, size_t n) {
   timed(s, "memset_zero", 0, double(n), model_s, [&] { wrapped().memset_zero(s, dst, n); });
 }
 
+Status ProfiledDevice::synchronize(Event& event) {
+  if (!on_.load(std::memory_order_relaxed)) return wrapped().synchronize(event);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = wrapped().synchronize(event);
+  note_wait(t0);
+  return st;
+}
+Status ProfiledDevice::synchronize(Stream& stream) {
+  if (!on_.load(std::memory_order_relaxed)) return wrapped().synchronize(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = wrapped().synchronize(stream);
+  note_wait(t0);
+  return st;
+}
+void ProfiledDevice::note_wait(std::chrono::steady_clock::time_point t0) {
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  ++waits_;
+  wait_ms_ += ms;
+}
+
 double ProfiledDevice::copy_model_s(size_t bytes, bool over_link, bool twice) const {
   if (!model_) return -1;
   const double moved = double(bytes) * (twice ? 2 : 1);
@@ -109,6 +131,8 @@ void ProfiledDevice::start(int64_t step) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   calls_.clear();
   used_ = 0;
+  waits_ = 0;
+  wait_ms_ = 0;
   step_ = step;
   t0_ = std::chrono::steady_clock::now();
   on_.store(true);
@@ -121,6 +145,8 @@ Result<OpProfile> ProfiledDevice::stop() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     on_.store(false);
     calls.swap(calls_);
+    p.host_waits = waits_;
+    p.host_wait_ms = wait_ms_;
     p.host_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
   }
@@ -177,10 +203,11 @@ std::string format_op_profile(const OpProfile& p) {
     }
   }
   std::string out = fmt::format(
-      "{}{} on {}: {:.2f} ms on the host; device busy: compute {:.2f} ms "
-      "(span {:.2f}), h2d {:.2f} ({:.2f}), d2h {:.2f} ({:.2f})\n",
-      kOpProfileTitle, p.step, p.device, p.host_ms, p.busy_ms[0], p.span_ms[0], p.busy_ms[1],
-      p.span_ms[1], p.busy_ms[2], p.span_ms[2]);
+      "{}{} on {}: {:.2f} ms on the host, which waited for the device {} times ({:.2f} "
+      "ms); device busy (span): compute {:.2f} ms ({:.2f}), h2d {:.2f} ({:.2f}), d2h {:.2f} "
+      "({:.2f})\n",
+      kOpProfileTitle, p.step, p.device, p.host_ms, p.host_waits, p.host_wait_ms, p.busy_ms[0],
+      p.span_ms[0], p.busy_ms[1], p.span_ms[1], p.busy_ms[2], p.span_ms[2]);
   out += fmt::format("{:<30} {:<8} {:>6} {:>10} {:>6} {:>9} {:>9} {:>10} {:>7}\n", "op", "stream",
                      "calls", "ms", "share", "TFLOP/s", "GB/s",
                      any_model ? fmt::format("{} ms", p.model) : "model ms", "/model");

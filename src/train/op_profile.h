@@ -7,10 +7,11 @@
 // GPU's profile says op by op where it is slower or faster than the model the planner and the
 // simulation use.
 //
-// What it does not see: work a host function runs on a stream (the CPU optimizer's copies are
-// timed, its arithmetic is the host's), collectives on a communicator's own stream, and the
-// gaps between ops (a stream's busy time against the step's host time says how much of the
-// step the device was idle).
+// It also counts the host's waits for the device during the step (Device::synchronize) and the
+// time they blocked. What it does not see: work a host function runs on a stream (the CPU
+// optimizer's copies are timed, its arithmetic is the host's), collectives on a communicator's own
+// stream, and the gaps between ops (a stream's busy time against the step's host time says how much
+// of the step the device was idle).
 //
 // Timing costs two event records per op, and the launches of the profiled step are serialized
 // across threads: the profiled step is somewhat slower than the others. The default (off)
@@ -53,6 +54,11 @@ struct OpProfile {
   // start to the last one's end.
   double busy_ms[3] = {0, 0, 0};
   double span_ms[3] = {0, 0, 0};
+  // The host's waits for the device during the step (Device::synchronize of an event or a
+  // stream): how many, and the time the calling threads were blocked in them. A wait in the
+  // middle of a step lets the device's queue run dry.
+  int64_t host_waits = 0;
+  double host_wait_ms = 0;
 };
 
 // How the table starts ("op profile of step N on ..."): a file that starts so is a profile.
@@ -77,6 +83,8 @@ class ProfiledDevice final : public DeviceWrapper {
   void copy_d2h(Stream& s, void* dst, const void* src, size_t bytes) override;
   void copy_d2d(Stream& s, void* dst, const void* src, size_t bytes) override;
   void memset_zero(Stream& s, void* dst, size_t bytes) override;
+  Status synchronize(Event& event) override;
+  Status synchronize(Stream& stream) override;
 
   // Times every op enqueued from now on.
   void start(int64_t step);
@@ -103,6 +111,8 @@ class ProfiledDevice final : public DeviceWrapper {
   // The model's time for a copy or memset of `bytes`: over the link (h2d, d2h) or the HBM
   // (within the device: read and written); < 0 without a model.
   double copy_model_s(size_t bytes, bool over_link, bool twice) const;
+  // Counts a host wait for the device that started at `t0`.
+  void note_wait(std::chrono::steady_clock::time_point t0);
 
   const std::optional<SimulatedDeviceOptions> model_;
   std::unique_ptr<Timer> timer_;
@@ -111,6 +121,8 @@ class ProfiledDevice final : public DeviceWrapper {
   int64_t step_ = 0;
   std::chrono::steady_clock::time_point t0_;
   std::vector<Call> calls_;
+  int64_t waits_ = 0;
+  double wait_ms_ = 0;
   std::vector<std::unique_ptr<Event>> events_;  // the pool; calls_ use the first 2 x size()
   size_t used_ = 0;
 };
