@@ -99,6 +99,11 @@ void ProfiledDevice::memset_zero(Stream& s, void* dst, size_t n) {
   timed(s, "memset_zero", 0, double(n), model_s, [&] { wrapped().memset_zero(s, dst, n); });
 }
 
+void ProfiledDevice::host_fn(Stream& s, std::function<void()> fn) {
+  if (!on_.load(std::memory_order_relaxed)) return wrapped().host_fn(s, std::move(fn));
+  timed(s, "host_fn", 0, 0, -1.0, [&] { wrapped().host_fn(s, std::move(fn)); });
+}
+
 Status ProfiledDevice::synchronize(Event& event) {
   if (!on_.load(std::memory_order_relaxed)) return wrapped().synchronize(event);
   const auto t0 = std::chrono::steady_clock::now();

@@ -7,11 +7,11 @@
 // GPU's profile says op by op where it is slower or faster than the model the planner and the
 // simulation use.
 //
-// It also counts the host's waits for the device during the step (Device::synchronize) and the
-// time they blocked. What it does not see: work a host function runs on a stream (the CPU
-// optimizer's copies are timed, its arithmetic is the host's), collectives on a communicator's own
-// stream, and the gaps between ops (a stream's busy time against the step's host time says how much
-// of the step the device was idle).
+// Host functions on a stream are rows too ("host_fn": on a GPU each holds its stream until a
+// host thread has run it). It also counts the host's waits for the device during the step
+// (Device::synchronize) and the time they blocked. What it does not see: collectives on a
+// communicator's own stream, and the gaps between ops (a stream's busy time against its span
+// and the step's host time says how much of the step it sat idle).
 //
 // Timing costs two event records per op, and the launches of the profiled step are serialized
 // across threads: the profiled step is somewhat slower than the others. The default (off)
@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,6 +84,7 @@ class ProfiledDevice final : public DeviceWrapper {
   void copy_d2h(Stream& s, void* dst, const void* src, size_t bytes) override;
   void copy_d2d(Stream& s, void* dst, const void* src, size_t bytes) override;
   void memset_zero(Stream& s, void* dst, size_t bytes) override;
+  void host_fn(Stream& s, std::function<void()> fn) override;
   Status synchronize(Event& event) override;
   Status synchronize(Stream& stream) override;
 
