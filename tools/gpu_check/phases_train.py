@@ -313,7 +313,7 @@ def phase_train(ctx):
                  profile_ops=True)
     t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     t.strata_row("device-opt-host", "none", "cpu", 1,
-                 "parameters on the device, optimizer in host RAM")
+                 "parameters on the device, optimizer in host RAM", profile_ops=True)
     t.strata_row("ratio", "none", "cpu", 0.5, "parameters on the device, optimizer ratio 0.5 "
                  "(half on the device, half in host RAM)")
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
