@@ -105,25 +105,23 @@ void ProfiledDevice::host_fn(Stream& s, std::function<void()> fn) {
 }
 
 Status ProfiledDevice::synchronize(Event& event) {
-  if (!on_.load(std::memory_order_relaxed)) return wrapped().synchronize(event);
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = wrapped().synchronize(event);
-  note_wait(t0);
-  return st;
+  return waited([&] { return wrapped().synchronize(event); });
 }
 Status ProfiledDevice::synchronize(Stream& stream) {
-  if (!on_.load(std::memory_order_relaxed)) return wrapped().synchronize(stream);
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = wrapped().synchronize(stream);
-  note_wait(t0);
-  return st;
+  return waited([&] { return wrapped().synchronize(stream); });
 }
-void ProfiledDevice::note_wait(std::chrono::steady_clock::time_point t0) {
+
+template <typename F>
+Status ProfiledDevice::waited(F&& wait) {
+  if (!on_.load(std::memory_order_relaxed)) return wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = wait();
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::recursive_mutex> lock(mu_);
   ++waits_;
   wait_ms_ += ms;
+  return st;
 }
 
 double ProfiledDevice::copy_model_s(size_t bytes, bool over_link, bool twice) const {

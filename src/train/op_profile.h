@@ -113,8 +113,9 @@ class ProfiledDevice final : public DeviceWrapper {
   // The model's time for a copy or memset of `bytes`: over the link (h2d, d2h) or the HBM
   // (within the device: read and written); < 0 without a model.
   double copy_model_s(size_t bytes, bool over_link, bool twice) const;
-  // Counts a host wait for the device that started at `t0`.
-  void note_wait(std::chrono::steady_clock::time_point t0);
+  // Runs `wait` (a synchronize of the wrapped device), counted as a host wait while timing.
+  template <typename F>
+  Status waited(F&& wait);
 
   const std::optional<SimulatedDeviceOptions> model_;
   std::unique_ptr<Timer> timer_;
