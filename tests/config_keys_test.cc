@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -262,6 +263,31 @@ TEST(Config, ShippedDeepSpeedZero3NvmeConfigParses) {
   Result<Config> o = load_config(path, {"zero_optimization.offload_optimizer.device=cpu"}, 1);
   ASSERT_TRUE(o.is_ok()) << o.status().to_string();
   EXPECT_EQ(o->zero.offload_optimizer.device, "cpu");
+}
+
+// Every shipped config parses as it is (a config that drifted from the key table would fail
+// only when a user tried it).
+TEST(Config, EveryShippedConfigParses) {
+  // Their paths are relative to the repository, where the README runs them.
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(STRATA_SOURCE_DIR);
+  int n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(STRATA_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".json") continue;
+    Result<Config> r = load_config(e.path().string(), {}, 1);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    ++n;
+  }
+  EXPECT_GE(n, 10);
+  // The simulated H200's GPT-2 124M times its third step's ops (the op profile).
+  Result<Config> sim =
+      load_config(std::string(STRATA_SOURCE_DIR) + "/configs/sim-h200-gpt2-124m.json", {}, 1);
+  ASSERT_TRUE(sim.is_ok()) << sim.status().to_string();
+  EXPECT_TRUE(sim->flops_profiler.enabled);
+  EXPECT_EQ(sim->flops_profiler.profile_step, 2);
+  EXPECT_EQ(sim->device.simulate, "h200");
+  std::filesystem::current_path(cwd);
 }
 
 // docs/CONFIG.md embeds config_reference_markdown() verbatim, so the docs list exactly the keys,
