@@ -57,7 +57,8 @@ TEST(CpuKernels, MatmulForwardAndBackward) {
           f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(),
                                with_bias ? b.data() : nullptr, N, C, OC);
           f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), with_bias ? db.data() : nullptr,
-                                dout.data(), x.data(), w.data(), N, C, OC);
+                                dout.data(), x.data(), w.data(), N, C, OC,
+                                /*accumulate=*/true);
           f.sync();
           Vec bd = b.to_double();
           expect_close(
@@ -222,7 +223,7 @@ TEST(CpuKernels, MatmulBitsDoNotDependOnThreadCountOnEveryPath) {
         Fixture f(threads);
         f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(), nullptr, N, C, OC);
         f.k().matmul_backward(f.s(), dt, dx.data(), dw.data(), nullptr, dout.data(), x.data(),
-                              w.data(), N, C, OC);
+                              w.data(), N, C, OC, /*accumulate=*/true);
         f.sync();
         std::vector<unsigned char> bytes(out.n * 2 + dx.n * 2 + dw.size() * 4);
         std::memcpy(bytes.data(), out.data(), out.n * 2);

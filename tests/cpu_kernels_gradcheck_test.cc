@@ -120,7 +120,7 @@ TEST(CpuKernelsGradCheck, Matmul) {
     return dot(out, dout);
   };
   f.k().matmul_backward(f.s(), DType::kF32, dx.data(), dw.data(), db.data(), dout.data(), x.data(),
-                        w.data(), N, C, OC);
+                        w.data(), N, C, OC, /*accumulate=*/true);
   f.sync();
   fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng);
   fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng);

@@ -342,6 +342,32 @@ TEST(CpuKernels, MatmulGeluIsMatmulThenGeluBitForBit) {
   }
 }
 
+// matmul_backward with dinp written: whatever dinp held (NaN here) is never read, and it gets
+// the bits of the product accumulated into zeros (no zero product in random inputs, so no -0);
+// dweight and dbias accumulate as ever.
+TEST(CpuKernels, MatmulBackwardWrittenIsAccumulatedIntoZerosBitForBit) {
+  for (DType dt : kAllTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int N = 37, C = 48, OC = 72;
+    std::mt19937_64 rng(test_seed(12));
+    Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+    Typed dout = random_typed(dt, size_t(N) * OC, rng);
+    Typed written(dt, x.n), summed(dt, x.n);
+    for (size_t i = 0; i < x.n; ++i) written.set(i, std::nanf(""));
+    for (size_t i = 0; i < x.n; ++i) summed.set(i, 0.0f);
+    std::vector<float> dw(size_t(OC) * C, 0.5f), db(OC, 0.25f), dw2(dw), db2(db);
+    Fixture f;
+    f.k().matmul_backward(f.s(), dt, written.data(), dw.data(), db.data(), dout.data(), x.data(),
+                          w.data(), N, C, OC, /*accumulate=*/false);
+    f.k().matmul_backward(f.s(), dt, summed.data(), dw2.data(), db2.data(), dout.data(), x.data(),
+                          w.data(), N, C, OC, /*accumulate=*/true);
+    f.sync();
+    EXPECT_EQ(written.bytes, summed.bytes);
+    EXPECT_EQ(dw, dw2);
+    EXPECT_EQ(db, db2);
+  }
+}
+
 // GELU's AVX2 lanes compute the scalar loop's bits (what keeps training's losses the same on
 // every x86-64 CPU): random inputs over GELU's whole interesting range, large and tiny
 // magnitudes, signed zeros, infinities and NaN, at lengths that leave every tail size.
@@ -691,7 +717,7 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   k.attention_gqa_backward(f.s(), dt, dqkv.data(), scratch.data(), att_out.data(), qkv.data(),
                            att.data(), nullptr, B, T, NH, NH, C / NH);
   k.matmul_backward(f.s(), dt, dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(),
-                    N, C, OC);
+                    N, C, OC, /*accumulate=*/true);
   k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),
                        lw.data(), mean.data(), rstd.data(), N, C);
   k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), nullptr, B, T,

@@ -276,15 +276,19 @@ TEST_P(CudaOpTest, Matmul) {
     compare(with_bias ? "matmul_forward (bias)" : "matmul_forward (no bias)", out, dt,
             tol(dt, kReduction));
   }
-  Twin dout = random(size_t(N) * OC, dt), dinp = random(size_t(N) * C, dt);
-  Twin dw = random(size_t(OC) * C, DType::kF32), db = random(OC, DType::kF32);
-  run([&](Kernels& k, Stream& s, int i) {
-    k.matmul_backward(s, dt, dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
-                      w.p[i], N, C, OC);
-  });
-  compare("matmul_backward dinp", dinp, dt, tol(dt, kReduction));
-  compare("matmul_backward dweight", dw, DType::kF32, kReduction);
-  compare("matmul_backward dbias", db, DType::kF32, kReduction);
+  // dinp accumulated (cuBLASLt's beta 1) and written (beta 0: the random old values unread).
+  for (bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "dinp accumulated" : "dinp written");
+    Twin dout = random(size_t(N) * OC, dt), dinp = random(size_t(N) * C, dt);
+    Twin dw = random(size_t(OC) * C, DType::kF32), db = random(OC, DType::kF32);
+    run([&](Kernels& k, Stream& s, int i) {
+      k.matmul_backward(s, dt, dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
+                        w.p[i], N, C, OC, accumulate);
+    });
+    compare("matmul_backward dinp", dinp, dt, tol(dt, kReduction));
+    compare("matmul_backward dweight", dw, DType::kF32, kReduction);
+    compare("matmul_backward dbias", db, DType::kF32, kReduction);
+  }
 }
 
 // The fused up-projection + GELU (cuBLASLt's GELU_AUX_BIAS epilogue) against the CPU backend's

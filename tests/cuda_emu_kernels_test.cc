@@ -181,11 +181,12 @@ TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
          floats(size_t(N) * OC, dt), floats(size_t(N) * C, dt), floats(size_t(OC) * C, dt)},
         [&](Kernels& k, Stream& s, void* const* p) {
           k.matmul_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3],
-                            p[4], p[5], N, C, OC);
+                            p[4], p[5], N, C, OC, /*accumulate=*/true);
         },
         [&](cudaStream_t s, void* const* p) {
           return cuda_matmul_backward(s, blas_, dt, p[0], static_cast<float*>(p[1]),
-                                      static_cast<float*>(p[2]), p[3], p[4], p[5], N, C, OC);
+                                      static_cast<float*>(p[2]), p[3], p[4], p[5], N, C, OC,
+                                      /*accumulate=*/true);
         },
         {{0, "dinp", t}, {1, "dweight", t}, {2, "dbias", 5e-5, true}});
   }

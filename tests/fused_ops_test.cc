@@ -126,7 +126,7 @@ TEST(FusedOps, MatmulBackwardGeluIsTheTwoCallsBitForBit) {
       wrapper.matmul_backward_gelu(f.s(), dt, dpre.data(), pdw, pdb, dout.data(), inp.data(),
                                    w.data(), pre.data(), N, C, OC);
       f.k().matmul_backward(f.s(), dt, t.data(), pdw2, pdb2, dout.data(), inp.data(), w.data(), N,
-                            C, OC);
+                            C, OC, /*accumulate=*/true);
       f.k().gelu_backward(f.s(), dt, dpre2.data(), pre.data(), t.data(), t.n);
       f.sync();
       EXPECT_EQ(dpre.bytes, dpre2.bytes);

@@ -187,11 +187,14 @@ class Kernels {
   // differ from gelu(rounded pre) by one rounding of dt.
   virtual void matmul_gelu_forward(Stream& s, DType dt, void* out, void* pre, const void* inp,
                                    const void* weight, const void* bias, int N, int C, int OC) = 0;
-  // dinp += dout @ weight; dweight += dout^T @ inp (if non-null: nullptr for a frozen weight);
-  // dbias += column sums of dout (if non-null).
+  // dinp += dout @ weight when `accumulate`, else dinp = dout @ weight (written: dinp needs no
+  // zeroing, and its old contents are never read); dinp may be null (no input gradient).
+  // dweight += dout^T @ inp (if non-null: nullptr for a frozen weight); dbias += column sums of
+  // dout (if non-null). A written dinp has the bits of one accumulated into zeros, but for the
+  // sign of a zero (a -0 product stays -0).
   virtual void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
                                const void* dout, const void* inp, const void* weight, int N, int C,
-                               int OC) = 0;
+                               int OC, bool accumulate) = 0;
   // A linear layer's backward whose input was a GELU's output (GPT-2's MLP down-projection,
   // inp = gelu(pre)), an optional op (KernelOp::kMatmulBackwardGelu): the gradient w.r.t. pre
   // in the same call,

@@ -75,10 +75,10 @@ class KernelsWrapper : public Kernels {
     });
   }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                       const void* dout, const void* inp, const void* weight, int N, int C,
-                       int OC) override {
+                       const void* dout, const void* inp, const void* weight, int N, int C, int OC,
+                       bool accumulate) override {
     forward_op(s, "matmul_backward", [&](Kernels& k) {
-      k.matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+      k.matmul_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate);
     });
   }
 

@@ -57,9 +57,11 @@ class CpuKernels final : public Kernels {
     });
   }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                       const void* dout, const void* inp, const void* weight, int N, int C,
-                       int OC) override {
-    run(s, [=] { cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
+                       const void* dout, const void* inp, const void* weight, int N, int C, int OC,
+                       bool accumulate) override {
+    run(s, [=] {
+      cpu::matmul_backward(dt, dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate);
+    });
   }
 
   // The fused ops run the calls they replace, in one task: the same bits (the golden curves do
@@ -70,7 +72,8 @@ class CpuKernels final : public Kernels {
     run(s, [=] {
       const size_t n = size_t(N) * size_t(C);
       std::memset(dpre, 0, n * dtype_size(dt));
-      cpu::matmul_backward(dt, dpre, dweight, dbias, dout, inp, weight, N, C, OC);
+      cpu::matmul_backward(dt, dpre, dweight, dbias, dout, inp, weight, N, C, OC,
+                           /*accumulate=*/true);
       cpu::gelu_backward_replace(dt, dpre, pre, n);
     });
   }

@@ -127,7 +127,7 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 }
 
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
-                     const void* inp, const void* weight, int N, int C, int OC) {
+                     const void* inp, const void* weight, int N, int C, int OC, bool accumulate) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dinp);
@@ -135,7 +135,8 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
     auto* x = static_cast<const Tp*>(inp);
     auto* w = static_cast<const Tp*>(weight);
 
-    // dinp[N,C] += dout[N,OC] @ weight[OC,C]
+    // dinp[N,C] (+)= dout[N,OC] @ weight[OC,C]: the fp32 tile added to dinp, or stored (the
+    // sum's bits either way: 0 + x is x, but for the sign of a zero).
     for_each_tile(N, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
       GemmArgs a{.m = rn,
@@ -150,7 +151,7 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
       if constexpr (std::is_same_v<Tp, float>) {
         a.c = dx + r0 * C + c0;
         a.ldc = C;
-        a.accumulate = true;
+        a.accumulate = accumulate;
         gemm(a);
       } else {
         thread_local ThreadScratch scratch;
@@ -159,7 +160,11 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
         a.ldc = cn;
         gemm(a);
         for (int r = 0; r < rn; ++r) {
-          accumulate_span(tile + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
+          if (accumulate) {
+            accumulate_span(tile + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
+          } else {
+            store_span(tile + size_t(r) * cn, dx + (r0 + r) * C + c0, cn);
+          }
         }
       }
     });

@@ -90,8 +90,9 @@ void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, cons
 
 void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias,
                     int N, int C, int OC);
+// Kernels::matmul_backward (accumulate: dinp += dout @ weight, else dinp = dout @ weight).
 void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
-                     const void* inp, const void* weight, int N, int C, int OC);
+                     const void* inp, const void* weight, int N, int C, int OC, bool accumulate);
 
 // The first key the query at row t sees (attention masked per sequence, Kernels::
 // attention_gqa_forward): t - pos[t], pos[t] clamped to [0, t]; 0 without positions. `pos` is

@@ -60,10 +60,11 @@ class SimKernels final : public Kernels {
     // One GEMM whose epilogue writes both the pre-activation and the GELU.
     gemm(s, 2.0 * N * C * OC, (double(N) * C + double(OC) * C + 2.0 * N * OC) * es(dt));
   }
+  // inp read, dinp written (and read before, when accumulated), dout and the weight read.
   void matmul_backward(Stream& s, DType dt, void*, float* dweight, float* dbias, const void*,
-                       const void*, const void*, int N, int C, int OC) override {
+                       const void*, const void*, int N, int C, int OC, bool accumulate) override {
     const double products = dweight ? 2.0 : 1.0;
-    double bytes = (2.0 * N * C + double(N) * OC + double(OC) * C) * es(dt);
+    double bytes = ((accumulate ? 3.0 : 2.0) * N * C + double(N) * OC + double(OC) * C) * es(dt);
     if (dweight) bytes += 8.0 * OC * C;  // fp32 accumulate: read and write
     if (dbias) bytes += double(N) * OC * es(dt);
     gemm(s, products * 2.0 * N * C * OC, bytes);

@@ -79,11 +79,11 @@ class CudaKernels final : public Kernels {
     });
   }
   void matmul_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                       const void* dout, const void* inp, const void* weight, int N, int C,
-                       int OC) override {
+                       const void* dout, const void* inp, const void* weight, int N, int C, int OC,
+                       bool accumulate) override {
     run("matmul_backward", s, [&](CudaStream& cs) {
       return cuda_matmul_backward(cs.handle, blas(cs), dt, dinp, dweight, dbias, dout, inp, weight,
-                                  N, C, OC);
+                                  N, C, OC, accumulate);
     });
   }
   void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,

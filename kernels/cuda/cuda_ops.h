@@ -103,9 +103,10 @@ bool cuda_matmul_gelu_supported(int OC);
 Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                                 void* pre, const void* inp, const void* weight, const void* bias,
                                 int N, int C, int OC);
+// Kernels::matmul_backward: dinp by the product with beta 1 (accumulate) or 0 (written).
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
-                            const void* weight, int N, int C, int OC);
+                            const void* weight, int N, int C, int OC, bool accumulate);
 // dpre = gelu'(pre) * (dout @ weight) (written), in one cuBLASLt call with the DGELU epilogue
 // (pre the epilogue's aux input); dweight and dbias as cuda_matmul_backward. C must be a
 // multiple of 8 (the aux matrix's leading dimension): cuda_matmul_backward_gelu_supported.

@@ -8,7 +8,8 @@
 //   forward with GELU (matmul_gelu_forward): the same product with the GELU_AUX_BIAS epilogue
 //             (GELU_AUX without a bias): D = gelu(product + bias), the aux matrix (ld OC, the
 //             output's dtype) = product + bias.
-//   dinp      dinp[N,C] += dout[N,OC] @ W[OC,C]        <=>  D(CxN) = W(CxOC) * dout(OCxN), beta 1.
+//   dinp      dinp[N,C] += dout[N,OC] @ W[OC,C]        <=>  D(CxN) = W(CxOC) * dout(OCxN), beta 1
+//             (beta 0 when written: matmul_backward's `accumulate` false).
 //   dinp with GELU's gradient (matmul_backward_gelu): dpre[N,C] = gelu'(pre) * (dout @ W), the
 //             same product, beta 0, with the DGELU epilogue reading pre as its aux input (ld C).
 //   dweight   dweight[OC,C] += dout^T @ inp[N,C]       <=>  D(CxOC) = inp(CxN) * op_T(dout: OCxN),
@@ -219,13 +220,21 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, DType dt, fl
 
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
                             float* dweight, float* dbias, const void* dout, const void* inp,
-                            const void* weight, int N, int C, int OC) {
-  if (N == 0 || OC == 0 || C == 0) return Status::ok();
+                            const void* weight, int N, int C, int OC, bool accumulate) {
+  if (N == 0 || C == 0) return Status::ok();
+  if (OC == 0) {  // an empty product: a written dinp is zeros
+    if (dinp && !accumulate) {
+      STRATA_CUDA_CHECK(cudaMemsetAsync(dinp, 0, size_t(N) * C * dtype_size(dt), s),
+                        "matmul_backward: dinp = 0 (OC = 0)");
+    }
+    return Status::ok();
+  }
   const cudaDataType_t t = cuda_type(dt);
   if (dinp) {
     STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, t, C,
-                                     dout, t, OC, dinp, t, C, 1.0f, nullptr),
-                           "matmul_backward: dinp += dout @ weight");
+                                     dout, t, OC, dinp, t, C, accumulate ? 1.0f : 0.0f, nullptr),
+                           accumulate ? "matmul_backward: dinp += dout @ weight"
+                                      : "matmul_backward: dinp = dout @ weight");
   }
   return matmul_backward_params(s, blas, dt, dweight, dbias, dout, inp, N, C, OC);
 }

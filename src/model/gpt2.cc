@@ -213,9 +213,8 @@ class Gpt2Blocks {
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, NH = s_.n_head;
     const size_t NC = size_t(N) * C, es = st.es();
-    st.zero(d.datty, NC * es);
     k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, at_[kAttprojw]), st.wgrad(g, at_[kAttprojb]),
-                      dout, a.atty, param(p, st, at_[kAttprojw]), N, C, C);
+                      dout, a.atty, param(p, st, at_[kAttprojw]), N, C, C, /*accumulate=*/false);
     st.lora_backward(kAttProj, a.atty, dout, d.datty);
     st.zero(d.dqkv, NC * 3 * es);
     if (st.fused) {
@@ -225,9 +224,8 @@ class Gpt2Blocks {
       k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
                                NH, NH, C / NH);
     }
-    st.zero(din, NC * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kQkvw]), st.wgrad(g, at_[kQkvb]), d.dqkv, in,
-                      param(p, st, at_[kQkvw]), N, C, 3 * C);
+                      param(p, st, at_[kQkvw]), N, C, 3 * C, /*accumulate=*/false);
     st.lora_backward(kQkv, in, d.dqkv, din);
   }
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
@@ -266,17 +264,15 @@ class Gpt2Blocks {
                              st.wgrad(g, at_[kFcprojb]), dout, a.fch_gelu,
                              param(p, st, at_[kFcprojw]), a.fch, N, 4 * C, C);
     } else {
-      st.zero(d.dfch_gelu, NC * 4 * es);
       k.matmul_backward(s, st.dt, d.dfch_gelu, st.wgrad(g, at_[kFcprojw]),
                         st.wgrad(g, at_[kFcprojb]), dout, a.fch_gelu, param(p, st, at_[kFcprojw]),
-                        N, 4 * C, C);
+                        N, 4 * C, C, /*accumulate=*/false);
       st.lora_backward(kFcProj, a.fch_gelu, dout, d.dfch_gelu);
       st.zero(d.dfch, NC * 4 * es);
       k.gelu_backward(s, st.dt, d.dfch, a.fch, d.dfch_gelu, NC * 4);
     }
-    st.zero(din, NC * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, at_[kFcw]), st.wgrad(g, at_[kFcb]), d.dfch, in,
-                      param(p, st, at_[kFcw]), N, C, 4 * C);
+                      param(p, st, at_[kFcw]), N, C, 4 * C, /*accumulate=*/false);
     st.lora_backward(kFc, in, d.dfch, din);
   }
 

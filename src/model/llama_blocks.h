@@ -247,9 +247,8 @@ class LlamaBlocks {
               hs = this->hs();
     const int W = qkv_width(), A = NH * hs;
     const size_t es = st.es();
-    st.zero(d.datty, size_t(N) * A * es);
     k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, ow_), nullptr, dout, a.atty, param(p, st, ow_),
-                      N, A, C);
+                      N, A, C, /*accumulate=*/false);
     st.lora_backward(kO, a.atty, dout, d.datty);
     st.zero(d.dqkv, size_t(N) * W * es);
     if (st.fused) {
@@ -261,10 +260,9 @@ class LlamaBlocks {
     }
     // From the rotated q/k back to the projections' outputs.
     k.rope_backward(s, st.dt, d.dqkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
-    st.zero(din, size_t(N) * C * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, qkvw_),
                       s_.attention_bias ? st.wgrad(g, qkvb_) : nullptr, d.dqkv, in,
-                      param(p, st, qkvw_), N, C, W);
+                      param(p, st, qkvw_), N, C, W, /*accumulate=*/false);
     st.lora_backward(kQkv, in, d.dqkv, din);
   }
   void mlp_forward(const DecoderStep& st, const void* p, const void* in, const MlpActs& a,
@@ -284,15 +282,13 @@ class LlamaBlocks {
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
     const size_t es = st.es();
-    st.zero(d.dact, size_t(N) * I * es);
     k.matmul_backward(s, st.dt, d.dact, st.wgrad(g, downw_), nullptr, dout, a.act,
-                      param(p, st, downw_), N, I, C);
+                      param(p, st, downw_), N, I, C, /*accumulate=*/false);
     st.lora_backward(kDown, a.act, dout, d.dact);
     st.zero(d.dgu, size_t(N) * 2 * I * es);
     k.swiglu_backward(s, st.dt, d.dgu, a.gu, d.dact, N, I);
-    st.zero(din, size_t(N) * C * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, guw_), nullptr, d.dgu, in, param(p, st, guw_), N,
-                      C, 2 * I);
+                      C, 2 * I, /*accumulate=*/false);
     st.lora_backward(kGateUp, in, d.dgu, din);
   }
 

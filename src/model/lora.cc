@@ -450,21 +450,22 @@ void lora_backward(const DecoderStep& st, const LoraRun& run, int matmul, const 
     // du = dy (s B_pad); d(s B_pad) = dy^T u, of which the site's rows, times s, are dB.
     st.zero(run.du, size_t(N) * size_t(r) * es);
     st.zero(run.bf32, W * size_t(r) * 4);
-    k.matmul_backward(*st.s, st.dt, run.du, run.bf32, nullptr, dy, run.u, run.bpad, N, r, int(W));
+    k.matmul_backward(*st.s, st.dt, run.du, run.bf32, nullptr, dy, run.u, run.bpad, N, r, int(W),
+                      /*accumulate=*/true);
     float* db = run.bf32 + size_t(t.site.col0) * size_t(r);
     k.scale(*st.s, db, L.scaling, nb);
     k.add_inplace(*st.s, DType::kF32, run.g + t.b, db, nb);
     if (xin == x) {
       // dA += du^T x, dx += du A.
       k.matmul_backward(*st.s, st.dt, dx, run.g + t.a, nullptr, run.du, x, at(run.p, t.a, es), N,
-                        t.site.in, r);
+                        t.site.in, r, /*accumulate=*/true);
       continue;
     }
     // dA += du^T xd; dxd = du A; dx += dropout(dxd), the forward's mask.
     const size_t nx = size_t(N) * size_t(t.site.in);
     st.zero(run.dxd, nx * es);
     k.matmul_backward(*st.s, st.dt, run.dxd, run.g + t.a, nullptr, run.du, xin, at(run.p, t.a, es),
-                      N, t.site.in, r);
+                      N, t.site.in, r, /*accumulate=*/true);
     k.dropout(*st.s, st.dt, run.dxd, run.dxd, nx, L.dropout,
               lora_dropout_key(st.dropout_key, st.layer, int(i)));
     k.add_inplace(*st.s, st.dt, dx, run.dxd, nx);
@@ -544,9 +545,10 @@ void lora_expert_backward(const DecoderStep& st, const LoraRun& run, int matmul,
   // du = dy (s B_e); d(s B_e) += dy^T u; dA_e += du^T x; dx += du A_e.
   st.zero(run.du, size_t(n) * size_t(r) * es);
   k.matmul_backward(*st.s, st.dt, run.du, run.edbt + off, nullptr, dy, run.u,
-                    static_cast<const char*>(run.ebt) + off * es, n, r, out);
+                    static_cast<const char*>(run.ebt) + off * es, n, r, out,
+                    /*accumulate=*/true);
   k.matmul_backward(*st.s, st.dt, dx, run.g + t->a + size_t(e) * r * in, nullptr, run.du, x, ae, n,
-                    in, r);
+                    in, r, /*accumulate=*/true);
 }
 
 void lora_experts_finish(const DecoderStep& st, const LoraRun& run) {
@@ -561,7 +563,7 @@ void lora_experts_finish(const DecoderStep& st, const LoraRun& run) {
     k.scale(*st.s, run.edbt + off, L.scaling, OR * size_t(E));
     st.zero(run.ed, size_t(E) * size_t(E) * 4);
     k.matmul_backward(*st.s, DType::kF32, run.ed, run.g + t.b, nullptr, run.edbt + off, run.eye,
-                      run.eb32, E, E, int(OR));
+                      run.eb32, E, E, int(OR), /*accumulate=*/true);
   }
 }
 

@@ -424,15 +424,13 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     // out += w * y: dw = dout . y, dy = w * dout.
     k.row_dots(s, st.dt, d.dw + r0, dout, a.idx + r0, y, n, C);
     k.gather_rows(s, st.dt, dy, dout, a.idx + r0, a.w + r0, n, C);
-    st.zero(dact, size_t(n) * Ie_ * es);
     k.matmul_backward(s, st.dt, dact, st.wgrad(ge, 2 * size_t(Ie_) * C), nullptr, dy, act,
-                      expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C);
+                      expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C, /*accumulate=*/false);
     if (st.lora) lora_expert_backward(st, *st.lora, kExpertDown, e, n, act, dy, dact);
     st.zero(dgu, size_t(n) * 2 * Ie_ * es);
     k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);
-    st.zero(dx, size_t(n) * C * es);
     k.matmul_backward(s, st.dt, dx, st.wgrad(ge, 0), nullptr, dgu, x, expert_param(st, e, 0), n, C,
-                      2 * Ie_);
+                      2 * Ie_, /*accumulate=*/false);
     if (st.lora) lora_expert_backward(st, *st.lora, kExpertGateUp, e, n, x, dgu, dx);
     k.scatter_add_rows(s, st.dt, din, dx, a.idx + r0, nullptr, n, C);
   }
@@ -441,14 +439,13 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     // out += sg * sh: dsg = dout . sh, dsh = sg * dout.
     k.row_dots(s, st.dt, d.dsg, dout, a.iota, a.sh, N, C);
     k.gather_rows(s, st.dt, d.dsh, dout, a.iota, a.sg, N, C);
-    st.zero(d.dsact, size_t(N) * Is_ * es);
     k.matmul_backward(s, st.dt, d.dsact, st.wgrad(g, sdownw_), nullptr, d.dsh, a.sact,
-                      param(p, st, sdownw_), N, Is_, C);
+                      param(p, st, sdownw_), N, Is_, C, /*accumulate=*/false);
     st.lora_backward(kSharedDown, a.sact, d.dsh, d.dsact);
     st.zero(d.dsgu, size_t(N) * 2 * Is_ * es);
     k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, sguw_), nullptr, d.dsgu, in, param(p, st, sguw_),
-                      N, C, 2 * Is_);
+                      N, C, 2 * Is_, /*accumulate=*/true);
     st.lora_backward(kSharedGateUp, in, d.dsgu, din);
   }
   // The routing weights' gradients come to the host, which returns the router logits'.
@@ -498,13 +495,13 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
   convert(dlogits.data(), DType::kF32, up, st.dt, dlogits.size());
   dev.copy_h2d(s, d.dlogits, up, dlogits.size() * es);
   k.matmul_backward(s, st.dt, din, st.wgrad(g, routerw_), nullptr, d.dlogits, in,
-                    param(p, st, routerw_), N, C, E_);
+                    param(p, st, routerw_), N, C, E_, /*accumulate=*/true);
   if (Is_ > 0) {
     char* up2 = up + dlogits.size() * es;
     convert(dsgl.data(), DType::kF32, up2, st.dt, dsgl.size());
     dev.copy_h2d(s, d.dsgl, up2, dsgl.size() * es);
     k.matmul_backward(s, st.dt, din, st.wgrad(g, sgatew_), nullptr, d.dsgl, in,
-                      param(p, st, sgatew_), N, C, 1);
+                      param(p, st, sgatew_), N, C, 1, /*accumulate=*/true);
     st.lora_backward(kSharedGate, in, d.dsgl, din);
   }
 }

@@ -93,7 +93,7 @@ Status probe_gemm(Device& dev, const MachineProbeOptions& o, json* out) {
   Status st;
   Measured m = rate_of(o.warmup, o.repeats, flops, [&] {
     k.matmul_forward(s, dt, outp, inp, w, nullptr, N, C, OC);
-    k.matmul_backward(s, dt, dinp, dw, nullptr, outp, inp, w, N, C, OC);
+    k.matmul_backward(s, dt, dinp, dw, nullptr, outp, inp, w, N, C, OC, /*accumulate=*/false);
     Status r = dev.synchronize(s);
     if (!r.is_ok()) st = r;
   });

@@ -184,9 +184,8 @@ Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
        [&] { k.matmul_gelu_forward(s, dt, act, pre, x, wfc, bfc, N, C, 4 * C); }},
       {"matmul_backward_gelu", KernelOp::kMatmulBackwardGelu,
        OpShape{.dt = dt, .N = N, .C = 4 * C, .OC = C},
-       [&] {  // GPT-2's MLP backward without the fusion: two zeroed buffers, two ops
-         dev.memset_zero(s, dact, wide * es);
-         k.matmul_backward(s, dt, dact, dwf, dbf, y, act, wfc, N, 4 * C, C);
+       [&] {  // GPT-2's MLP backward without the fusion: dact written, dpre zeroed, two ops
+         k.matmul_backward(s, dt, dact, dwf, dbf, y, act, wfc, N, 4 * C, C, /*accumulate=*/false);
          dev.memset_zero(s, dpre, wide * es);
          k.gelu_backward(s, dt, dpre, pre, dact, wide);
        },
@@ -273,7 +272,7 @@ Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
         [&] {
           for (int i = 0; i < iters; ++i) {
             k.matmul_backward(s, dt, dinp, static_cast<float*>(dw), static_cast<float*>(db), y, inp,
-                              w, N, sh.C, sh.OC);
+                              w, N, sh.C, sh.OC, /*accumulate=*/false);
           }
           return dev.synchronize(s);
         },

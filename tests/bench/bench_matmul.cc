@@ -54,7 +54,7 @@ void run_kernels(benchmark::State& state, DType dt, bool backward) {
   for (auto _ : state) {
     if (backward) {
       k.matmul_backward(s, dt, dx.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), N, C,
-                        OC);
+                        OC, /*accumulate=*/true);
     } else {
       k.matmul_forward(s, dt, y.data(), x.data(), w.data(), b.data(), N, C, OC);
     }
