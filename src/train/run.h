@@ -94,8 +94,9 @@ class Run {
   // flops_profiler.enabled: wraps dev_ in the op profile's device (profiler_).
   // An error when flops_profiler.output_file names something that is not an earlier profile.
   Status wrap_profiler(std::optional<SimulatedDeviceOptions> model);
-  // The op profile of the step just run when it was flops_profiler.profile_step's: logged by
-  // rank 0 (and written to flops_profiler.output_file), kept in `r`.
+  // run_step(), with the op profile around it when it is flops_profiler.profile_step's step:
+  // then logged by rank 0 (and written to flops_profiler.output_file) and kept in `r`.
+  Result<double> profiled_step(TrainResult* r);
   Status report_profile(TrainResult* r);
   Status create_comms();
   // train.checkpoint_dir prepared for the checkpoints the run will hold at its peak (room,

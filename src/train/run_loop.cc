@@ -82,6 +82,13 @@ void Run::add_step(const TierTimes& tt, double loss, TrainResult* out) const {
 
 Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResult* out) {
   TrainResult& r = *out;
+  if (profiler_ && !r.op_profile && rank_ == 0) {
+    log_warn(
+        "flops_profiler: nothing profiled: its step {} (profile_step {}) was not run here (steps "
+        "{} to {}); set flops_profiler.profile_step to one of this run's steps minus one",
+        cfg_.flops_profiler.profile_step + 1, cfg_.flops_profiler.profile_step, r.start_step + 1,
+        step_);
+  }
   // The last step's deferred optimizer pass (if any) runs now, before anything reads the state.
   STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "the last optimizer step");
   if (!r.stopped_early && cfg_.train.final_checkpoint) {
@@ -121,6 +128,14 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
   const double secs = seconds_since(t0);
   r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
   return Status::ok();
+}
+
+Result<double> Run::profiled_step(TrainResult* r) {
+  const bool profiling = profiler_ && step_ == cfg_.flops_profiler.profile_step;
+  if (profiling) profiler_->start(step_ + 1);
+  STRATA_ASSIGN_OR_RETURN(double loss, run_step(), "");
+  if (profiling) STRATA_RETURN_IF_ERROR(report_profile(r), "flops_profiler");
+  return loss;
 }
 
 Status Run::report_profile(TrainResult* r) {
@@ -191,10 +206,7 @@ Result<TrainResult> Run::loop() {
   tm_->take_times();
   while (step_ < total) {
     const auto before = tier_bytes();
-    const bool profiling = profiler_ && step_ == cfg_.flops_profiler.profile_step;
-    if (profiling) profiler_->start(step_ + 1);
-    STRATA_ASSIGN_OR_RETURN(double loss, run_step(), fmt::format("step {}", step_ + 1));
-    if (profiling) STRATA_RETURN_IF_ERROR(report_profile(&r), "flops_profiler");
+    STRATA_ASSIGN_OR_RETURN(double loss, profiled_step(&r), fmt::format("step {}", step_ + 1));
     r.step_nvme_bytes.push_back(tier_bytes()[1] - before[1]);
     r.step_device_bytes.push_back(tier_bytes()[0] - before[0]);
     const TierTimes tt = tm_->take_times();
@@ -288,13 +300,6 @@ Result<TrainResult> Run::loop() {
                              fmt::format("checkpoint at step {}", step_));
       mark.comm_s = comm_seconds();  // the checkpoint's barrier is not the next step's
     }
-  }
-  if (profiler_ && !r.op_profile && rank_ == 0) {
-    log_warn(
-        "flops_profiler: nothing profiled: its step {} (profile_step {}) was not run here (steps "
-        "{} to {}); set flops_profiler.profile_step to one of this run's steps minus one",
-        cfg_.flops_profiler.profile_step + 1, cfg_.flops_profiler.profile_step, r.start_step + 1,
-        step_);
   }
   STRATA_RETURN_IF_ERROR(finish_run(t0, tokens_per_step, &r), "");
   r.metrics_error = !jsonl.error().is_ok()      ? jsonl.error().message()
