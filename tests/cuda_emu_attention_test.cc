@@ -140,7 +140,8 @@ TEST_F(EmulatedKernels, FusedAttention) {
              positions},
             [&](Kernels& k, Stream& s, void* const* p) {
               k.fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
-                                         static_cast<float*>(p[5]), pos(p, 6), B, T, NH, NKV, hs);
+                                         static_cast<float*>(p[5]), pos(p, 6), B, T, NH, NKV, hs,
+                                         /*accumulate=*/true);
             },
             [&](cudaStream_t s, void* const* p) {
               return cuda_fused_attention_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2],

@@ -109,7 +109,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
                                 s.T, s.NH, s.NKV, s.hs);
       k.fused_attention_backward(st, dt, r.dqkv.data(), scratch.data(), dout.bytes.data(),
                                  qkv.bytes.data(), r.out.data(), r.lse.data(), host_pos, s.B, s.T,
-                                 s.NH, s.NKV, s.hs);
+                                 s.NH, s.NKV, s.hs, /*accumulate=*/true);
       EXPECT_TRUE(cpu_->synchronize(st).is_ok());
       return r;
     }
@@ -125,7 +125,8 @@ class CudaFlashAttentionTest : public ::testing::Test {
     Kernels& k = gpu_k != nullptr ? *gpu_k : own();
     Stream& st = gpu_->compute_stream();
     k.fused_attention_forward(st, dt, y, lse, x, pos, s.B, s.T, s.NH, s.NKV, s.hs);
-    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs,
+                               /*accumulate=*/true);
     Status done = gpu_->synchronize(st);
     EXPECT_TRUE(done.is_ok()) << done.to_string();
     download(r.out.data(), y, r.out.bytes.size());

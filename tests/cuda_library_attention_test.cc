@@ -122,9 +122,11 @@ class LibraryAttention : public ::testing::Test {
   }
 
   // Forward then backward through `k` (the emulated GPU's kernels, or a wrapper of them),
-  // dqkv starting from dqkv0; compared with the CPU backend's fused attention. `packed`: rows of
-  // several sequences (positions), attention masked per sequence.
-  void expect_matches_cpu(Kernels& k, const AttnShape& s, DType dt, bool packed = false) {
+  // dqkv starting from dqkv0 (accumulated onto, or written over); compared with the CPU
+  // backend's fused attention. `packed`: rows of several sequences (positions), attention
+  // masked per sequence.
+  void expect_matches_cpu(Kernels& k, const AttnShape& s, DType dt, bool packed = false,
+                          bool accumulate = true) {
     const std::vector<int32_t> host_pos =
         packed ? test::packed_positions(s.B, s.T, {11, 3, 20}) : std::vector<int32_t>();
     const int32_t* cpu_pos = packed ? host_pos.data() : nullptr;
@@ -139,7 +141,7 @@ class LibraryAttention : public ::testing::Test {
                                s.B, s.T, s.NH, s.NKV, s.hs);
     ck.fused_attention_backward(cs, dt, dqkv_cpu.data(), scratch.data(), dout.bytes.data(),
                                 qkv.bytes.data(), out_cpu.data(), lse_cpu.data(), cpu_pos, s.B, s.T,
-                                s.NH, s.NKV, s.hs);
+                                s.NH, s.NKV, s.hs, accumulate);
     ASSERT_TRUE(cpu_->synchronize(cs).is_ok());
 
     void* x = upload(qkv.bytes.data(), qkv.bytes.size());
@@ -153,7 +155,8 @@ class LibraryAttention : public ::testing::Test {
                : nullptr;
     Stream& st = gpu_->compute_stream();
     k.fused_attention_forward(st, dt, y, lse, x, pos, s.B, s.T, s.NH, s.NKV, s.hs);
-    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs);
+    k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs,
+                               accumulate);
     Status done = gpu_->synchronize(st);
     ASSERT_TRUE(done.is_ok()) << done.to_string();
     ASSERT_TRUE(sink_.take().is_ok());
@@ -168,8 +171,10 @@ class LibraryAttention : public ::testing::Test {
                             std::vector<double>(lse_cpu.begin(), lse_cpu.end()), 1e-4),
               "")
         << "lse";
-    // Accumulated onto dqkv0: a written gradient would miss dqkv0 by far more than rtol.
-    EXPECT_EQ(compare_close(dqkv.values(), dqkv_cpu.values(), rtol), "") << "dqkv";
+    // Accumulated onto dqkv0 (a written gradient would miss dqkv0 by far more than rtol), or
+    // written over it (one that kept dqkv0 would miss by as much).
+    EXPECT_EQ(compare_close(dqkv.values(), dqkv_cpu.values(), rtol), "")
+        << (accumulate ? "dqkv accumulated" : "dqkv written");
   }
 
   std::unique_ptr<Device> cpu_, gpu_;
@@ -209,7 +214,7 @@ TEST_F(LibraryAttention, EnvironmentSwitchTurnsTheLibraryOff) {
   EXPECT_NE(full.path.find("STRATA_CUDNN=0"), std::string::npos) << full.path;
 }
 
-TEST_F(LibraryAttention, TheLibraryRunsTheShapesItTakesAndItsGradientIsAccumulated) {
+TEST_F(LibraryAttention, TheLibraryRunsTheShapesItTakesItsGradientAccumulatedOrWritten) {
   auto owned = std::make_unique<FakeLibrary>();
   FakeLibrary* lib = owned.get();
   auto k = with_library(std::move(owned));
@@ -223,11 +228,13 @@ TEST_F(LibraryAttention, TheLibraryRunsTheShapesItTakesAndItsGradientIsAccumulat
   EXPECT_EQ(k->supports(KernelOp::kFusedAttention, {DType::kBF16, 64}).path.rfind("cuda wmma", 0),
             0u);
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    expect_matches_cpu(*k, {2, 40, 4, 2, 64}, dt);
+    for (bool accumulate : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (accumulate ? " accumulated" : " written"));
+      expect_matches_cpu(*k, {2, 40, 4, 2, 64}, dt, /*packed=*/false, accumulate);
+    }
   }
-  EXPECT_EQ(lib->forwards, 2);
-  EXPECT_EQ(lib->backwards, 2);
+  EXPECT_EQ(lib->forwards, 4);
+  EXPECT_EQ(lib->backwards, 4);
 }
 
 TEST_F(LibraryAttention, ShapesTheLibraryRejectsRunOnTheOwnKernels) {
@@ -240,6 +247,7 @@ TEST_F(LibraryAttention, ShapesTheLibraryRejectsRunOnTheOwnKernels) {
   EXPECT_EQ(full.path.rfind("cuda wmma", 0), 0u) << full.path;
   EXPECT_NE(full.path.find("fake rejects T=40"), std::string::npos) << full.path;
   expect_matches_cpu(*k, {1, 40, 4, 2, 64}, DType::kBF16);
+  expect_matches_cpu(*k, {1, 40, 4, 2, 64}, DType::kBF16, /*packed=*/false, /*accumulate=*/false);
   EXPECT_EQ(lib->forwards, 0);
   EXPECT_EQ(lib->backwards, 0);
 }

@@ -105,7 +105,7 @@ class FusedAttentionCpu : public ::testing::TestWithParam<DType> {
                               c.s.T, c.s.NH, c.s.NKV, c.s.hs);
     k.fused_attention_backward(st, c.dt, dqkv->data(), scratch.data(), c.dout.data(), c.qkv.data(),
                                out->data(), lse->data(), c.pos_ptr(), c.s.B, c.s.T, c.s.NH, c.s.NKV,
-                               c.s.hs);
+                               c.s.hs, /*accumulate=*/true);
     ASSERT_TRUE(dev_->synchronize(st).is_ok());
   }
   // The plain attention (attention_gqa_*) on the same case gives the fused op's numbers.

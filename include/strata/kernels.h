@@ -248,15 +248,18 @@ class Kernels {
   virtual void fused_attention_forward(Stream& s, DType dt, void* out, float* lse, const void* qkv,
                                        const int32_t* pos, int B, int T, int NH, int NKV,
                                        int hs) = 0;
-  // dqkv += gradient w.r.t. qkv, given dout [B,T,NH*hs] and the forward's out and lse (lse from
-  // any implementation of this backend: every one keeps the same log-sum-exp).
+  // dqkv += gradient w.r.t. qkv when `accumulate`, else dqkv = it (written: dqkv's old contents
+  // are never read, and need no zeroing), given dout [B,T,NH*hs] and the forward's out and lse
+  // (lse from any implementation of this backend: every one keeps the same log-sum-exp). A
+  // written dqkv has the bits of one accumulated into zeros on the own kernels (which zero it
+  // first); a library path writes its own result there (no scratch buffer and no add).
   // scratch [B,NH,T] fp32 is caller-provided working memory (each row's dot(dout, out)).
   // The own kernels are deterministic (no atomics); a library path may not be (its path name
   // in supports() says which runs).
   virtual void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch,
                                         const void* dout, const void* qkv, const void* out,
                                         const float* lse, const int32_t* pos, int B, int T, int NH,
-                                        int NKV, int hs) = 0;
+                                        int NKV, int hs, bool accumulate) = 0;
 
   // RMSNorm (Llama): out = inp * rstd * weight per row, rstd = 1/sqrt(mean(inp^2) + eps);
   // saves rstd[N]. inp, out [N,C]; weight [C].

@@ -98,10 +98,11 @@ class KernelsWrapper : public Kernels {
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
                                 const void* qkv, const void* out, const float* lse,
-                                const int32_t* pos, int B, int T, int NH, int NKV,
-                                int hs) override {
+                                const int32_t* pos, int B, int T, int NH, int NKV, int hs,
+                                bool accumulate) override {
     forward_op(s, "fused_attention_backward", [&](Kernels& k) {
-      k.fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
+      k.fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV, hs,
+                                 accumulate);
     });
   }
   void attention_gqa_forward(Stream& s, DType dt, void* out, float* att, const void* qkv,

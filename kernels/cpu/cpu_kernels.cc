@@ -118,10 +118,12 @@ class CpuKernels final : public Kernels {
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
                                 const void* qkv, const void* out, const float* lse,
-                                const int32_t* pos, int B, int T, int NH, int NKV,
-                                int hs) override {
+                                const int32_t* pos, int B, int T, int NH, int NKV, int hs,
+                                bool accumulate) override {
     check_heads(NH, NKV, hs);
     run(s, [=] {
+      // Written: zeroed first, so it has the bits of an accumulation into zeros.
+      if (!accumulate) std::memset(dqkv, 0, size_t(B) * T * (NH + 2 * NKV) * hs * dtype_size(dt));
       cpu::fused_attention_backward(dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV, hs);
     });
   }

@@ -121,11 +121,13 @@ class SimKernels final : public Kernels {
     attention(s, square_flops(B, T, NH, hs), false, 1.0,
               double(B) * T * (NH + 2.0 * NKV + NH) * hs * es(dt));
   }
+  // qkv read, dqkv written (and read before, when accumulated), out and dout read.
   void fused_attention_backward(Stream& s, DType dt, void*, float*, const void*, const void*,
                                 const void*, const float*, const int32_t*, int B, int T, int NH,
-                                int NKV, int hs) override {
-    attention(s, square_flops(B, T, NH, hs), true, 1.0,
-              double(B) * T * (2.0 * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
+                                int NKV, int hs, bool accumulate) override {
+    attention(
+        s, square_flops(B, T, NH, hs), true, 1.0,
+        double(B) * T * ((accumulate ? 3.0 : 2.0) * (NH + 2.0 * NKV) + 2.0 * NH) * hs * es(dt));
   }
   void attention_gqa_forward(Stream& s, DType dt, void*, float*, const void*, const int32_t*, int B,
                              int T, int NH, int KVH, int hs) override {

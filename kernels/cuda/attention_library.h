@@ -113,7 +113,8 @@ class LibraryAttentionKernels final : public KernelsWrapper {
                                const int32_t* pos, int B, int T, int NH, int NKV, int hs) override;
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
                                 const void* qkv, const void* out, const float* lse,
-                                const int32_t* pos, int B, int T, int NH, int NKV, int hs) override;
+                                const int32_t* pos, int B, int T, int NH, int NKV, int hs,
+                                bool accumulate) override;
 
  private:
   // Whether the library runs this full shape (why it does not in *why, if non-null).

@@ -151,9 +151,16 @@ class CudaKernels final : public Kernels {
   }
   void fused_attention_backward(Stream& s, DType dt, void* dqkv, float* scratch, const void* dout,
                                 const void* qkv, const void* out, const float* lse,
-                                const int32_t* pos, int B, int T, int NH, int NKV,
-                                int hs) override {
-    run("fused_attention_backward", s, [&](CudaStream& cs) {
+                                const int32_t* pos, int B, int T, int NH, int NKV, int hs,
+                                bool accumulate) override {
+    run("fused_attention_backward", s, [&](CudaStream& cs) -> Status {
+      // Written: zeroed first (the kernels accumulate), the bits of an accumulation into zeros.
+      if (!accumulate) {
+        STRATA_CUDA_CHECK(
+            cudaMemsetAsync(dqkv, 0, size_t(B) * T * (NH + 2 * NKV) * hs * dtype_size(dt),
+                            cs.handle),
+            "fused_attention_backward: zeroing the written dqkv");
+      }
       return cuda_fused_attention_backward(cs.handle, dt, dqkv, scratch, dout, qkv, out, lse, pos,
                                            B, T, NH, NKV, hs);
     });

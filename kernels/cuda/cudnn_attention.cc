@@ -24,7 +24,8 @@
 // V at qkv + (NH+KVH)*hs with the same strides; out [B,T,NH*hs] is O [B,NH,T,hs] with strides
 // [T*NH*hs, hs, NH*hs, 1]; lse [B,NH,T] is cuDNN's Stats [B,NH,T,1] (fp32, natural-log
 // log-sum-exp of the scaled scores: the own kernels' lse). The backward writes dQ, dK, dV into
-// a buffer laid out as qkv (the caller adds it to dqkv).
+// a buffer laid out as qkv (dqkv itself when written, a scratch the caller adds when
+// accumulated).
 #include <cudnn_frontend.h>
 #include <dlfcn.h>
 

@@ -120,20 +120,23 @@ void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void
                                                        float* scratch, const void* dout,
                                                        const void* qkv, const void* out,
                                                        const float* lse, const int32_t* pos, int B,
-                                                       int T, int NH, int NKV, int hs) {
+                                                       int T, int NH, int NKV, int hs,
+                                                       bool accumulate) {
   OpShape shape{dt, hs, B, T, NH, NKV};
   shape.positions = pos != nullptr;
   if (!library_runs(shape, nullptr)) {
     own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV,
-                                   hs);
+                                   hs, accumulate);
     return;
   }
   CudaStream& cs = cuda_stream(s);
   const size_t n = size_t(B) * T * size_t(NH + 2 * NKV) * hs;
   const std::string where = "fused_attention_backward (" + library_->name() + ")";
   Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
-  void* grad = nullptr;
-  if (st.is_ok()) {
+  // A written dqkv is the library's output itself; an accumulated one takes a scratch buffer
+  // and an add.
+  void* grad = accumulate ? nullptr : dqkv;
+  if (st.is_ok() && accumulate) {
     Result<void*> r = gradient_scratch(cs.handle, n * dtype_size(dt));
     if (r.is_ok()) {
       grad = *r;
@@ -146,15 +149,15 @@ void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void
     // The library's forward and the own backward agree: the same out and the same lse (the
     // natural-log log-sum-exp of the scaled scores).
     own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV,
-                                   hs);
+                                   hs, accumulate);
     return;
   }
   if (!st.is_ok()) {
     errors_->note(st.with_context(where));
     return;
   }
-  // The library wrote the gradient; the contract accumulates it (one more rounding to dt).
-  own_->add_inplace(s, dt, dqkv, grad, n);
+  // The library wrote the gradient; an accumulated dqkv adds it (one more rounding to dt).
+  if (accumulate) own_->add_inplace(s, dt, dqkv, grad, n);
 }
 
 bool LibraryAttentionKernels::declined_for_memory(const OpShape& shape, const Status& st) {

@@ -216,11 +216,11 @@ class Gpt2Blocks {
     k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, at_[kAttprojw]), st.wgrad(g, at_[kAttprojb]),
                       dout, a.atty, param(p, st, at_[kAttprojw]), N, C, C, /*accumulate=*/false);
     st.lora_backward(kAttProj, a.atty, dout, d.datty);
-    st.zero(d.dqkv, NC * 3 * es);
-    if (st.fused) {
+    if (st.fused) {  // dqkv written
       k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.pos,
-                                 st.B, st.T, NH, NH, C / NH);
+                                 st.B, st.T, NH, NH, C / NH, /*accumulate=*/false);
     } else {
+      st.zero(d.dqkv, NC * 3 * es);
       k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
                                NH, NH, C / NH);
     }

@@ -250,11 +250,11 @@ class LlamaBlocks {
     k.matmul_backward(s, st.dt, d.datty, st.wgrad(g, ow_), nullptr, dout, a.atty, param(p, st, ow_),
                       N, A, C, /*accumulate=*/false);
     st.lora_backward(kO, a.atty, dout, d.datty);
-    st.zero(d.dqkv, size_t(N) * W * es);
-    if (st.fused) {
+    if (st.fused) {  // dqkv written
       k.fused_attention_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.atty, a.att, st.pos,
-                                 st.B, st.T, NH, KVH, hs);
+                                 st.B, st.T, NH, KVH, hs, /*accumulate=*/false);
     } else {
+      st.zero(d.dqkv, size_t(N) * W * es);
       k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
                                NH, KVH, hs);
     }

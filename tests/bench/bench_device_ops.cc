@@ -483,7 +483,8 @@ Status bench_attention(Device& dev, Device* nd, const Options& o, json* out, std
           o, 1,
           [&] {
             kk.fused_attention_backward(s, dt, dqkv, static_cast<float*>(scr), dout, qkv, y_fused,
-                                        L, nullptr, sh.B, sh.T, sh.NH, sh.NKV, sh.hs);
+                                        L, nullptr, sh.B, sh.T, sh.NH, sh.NKV, sh.hs,
+                                        /*accumulate=*/false);
             return dev.synchronize(s);
           },
           &st);
