@@ -37,6 +37,7 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -129,7 +130,9 @@ std::string fmt_num(double v, int prec = 1) {
 
 // Each optional fused op (KernelOp::kResidualNorm, kMatmulGelu, kMatmulBackwardGelu) against the
 // calls a model makes without it, at GPT-2 124M's shapes (N = 8 x 1024 rows, C = 768) and, for
-// RMSNorm, a ~1B Llama's width (C = 2048). A row the device does not support says why.
+// RMSNorm, a ~1B Llama's width (C = 2048). A row the device does not support says why. Then two
+// rows every backend runs: an input gradient written by matmul_backward against zeroed and
+// accumulated into, and the residual gradient handed on by a copy against a zeroing and an add.
 Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
   const int N = o.quick ? 128 : 8 * 1024, C = o.quick ? 64 : 768, CL = o.quick ? 96 : 2048;
   const DType dt = DType::kBF16;
@@ -159,7 +162,7 @@ Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
   float* dbf = static_cast<float*>(db);
   struct Case {
     const char* name;
-    KernelOp op;
+    std::optional<KernelOp> op;  // none: every backend runs both
     OpShape shape;
     std::function<void()> unfused, fused;
   };
@@ -190,13 +193,28 @@ Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
          k.gelu_backward(s, dt, dpre, pre, dact, wide);
        },
        [&] { k.matmul_backward_gelu(s, dt, dpre, dwf, dbf, y, act, wfc, pre, N, 4 * C, C); }},
+      {"matmul_backward dinp written", std::nullopt, OpShape{.dt = dt, .N = N, .C = C, .OC = 4 * C},
+       [&] {  // the MLP's up-projection backward, dinp [N,C] zeroed and accumulated into
+         dev.memset_zero(s, x, size_t(N) * C * es);
+         k.matmul_backward(s, dt, x, dwf, dbf, dact, ln, wfc, N, C, 4 * C, /*accumulate=*/true);
+       },
+       [&] {
+         k.matmul_backward(s, dt, x, dwf, dbf, dact, ln, wfc, N, C, 4 * C, /*accumulate=*/false);
+       }},
+      {"residual gradient copy", std::nullopt, OpShape{.dt = dt, .N = N, .C = C},
+       [&] {
+         dev.memset_zero(s, res, size_t(N) * C * es);
+         k.add_inplace(s, dt, res, y, size_t(N) * C);
+       },
+       [&] { dev.copy_d2d(s, res, y, size_t(N) * C * es); }},
   };
   json rows = json::array();
   *md += "\n| fused op (bf16, N=" + std::to_string(N) +
          ") | path | unfused ms | fused ms | speedup |\n|---|---|---|---|---|\n";
   Status st;
   for (const Case& c : cases) {
-    const KernelSupport sup = k.supports(c.op, c.shape);
+    const KernelSupport sup =
+        c.op ? k.supports(*c.op, c.shape) : KernelSupport{true, "every backend"};
     json row = {{"name", c.name},   {"N", c.shape.N},   {"C", c.shape.C},
                 {"OC", c.shape.OC}, {"path", sup.path}, {"supported", sup.supported}};
     auto timed = [&](const std::function<void()>& fn) {
