@@ -1,0 +1,73 @@
+// Backward ops whose input gradient is written, not accumulated (Kernels::matmul_backward and
+// fused_attention_backward with `accumulate` false), on the CPU backend: whatever the output
+// held is never read, and it gets the bits of the same gradient accumulated into zeros.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "strata/dtype.h"
+#include "strata/kernels.h"
+#include "tests/kernel_test_util.h"
+
+namespace strata {
+namespace {
+
+using namespace kernel_test;
+
+// matmul_backward with dinp written: whatever dinp held (NaN here) is never read, and it gets
+// the bits of the product accumulated into zeros (no zero product in random inputs, so no -0);
+// dweight and dbias accumulate as ever.
+TEST(CpuKernels, MatmulBackwardWrittenIsAccumulatedIntoZerosBitForBit) {
+  for (DType dt : kAllTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int N = 37, C = 48, OC = 72;
+    std::mt19937_64 rng(test_seed(12));
+    Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+    Typed dout = random_typed(dt, size_t(N) * OC, rng);
+    Typed written(dt, x.n), summed(dt, x.n);
+    for (size_t i = 0; i < x.n; ++i) written.set(i, std::nanf(""));
+    for (size_t i = 0; i < x.n; ++i) summed.set(i, 0.0f);
+    std::vector<float> dw(size_t(OC) * C, 0.5f), db(OC, 0.25f), dw2(dw), db2(db);
+    Fixture f;
+    f.k().matmul_backward(f.s(), dt, written.data(), dw.data(), db.data(), dout.data(), x.data(),
+                          w.data(), N, C, OC, /*accumulate=*/false);
+    f.k().matmul_backward(f.s(), dt, summed.data(), dw2.data(), db2.data(), dout.data(), x.data(),
+                          w.data(), N, C, OC, /*accumulate=*/true);
+    f.sync();
+    EXPECT_EQ(written.bytes, summed.bytes);
+    EXPECT_EQ(dw, dw2);
+    EXPECT_EQ(db, db2);
+  }
+}
+
+// The fused attention's backward with dqkv written: whatever dqkv held (NaN here) is never
+// read, and it gets the bits of the gradient accumulated into zeros.
+TEST(CpuKernels, FusedAttentionBackwardWrittenIsAccumulatedIntoZerosBitForBit) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int B = 2, T = 24, NH = 4, NKV = 2, hs = 64, W = (NH + 2 * NKV) * hs;
+    std::mt19937_64 rng(test_seed(13));
+    Typed qkv = random_typed(dt, size_t(B) * T * W, rng);
+    Typed dout = random_typed(dt, size_t(B) * T * NH * hs, rng);
+    Typed out(dt, dout.n), written(dt, qkv.n), summed(dt, qkv.n);
+    for (size_t i = 0; i < qkv.n; ++i) written.set(i, std::nanf(""));
+    for (size_t i = 0; i < qkv.n; ++i) summed.set(i, 0.0f);
+    std::vector<float> lse(size_t(B) * NH * T), scratch(lse.size());
+    Fixture f;
+    f.k().fused_attention_forward(f.s(), dt, out.data(), lse.data(), qkv.data(), nullptr, B, T, NH,
+                                  NKV, hs);
+    f.k().fused_attention_backward(f.s(), dt, written.data(), scratch.data(), dout.data(),
+                                   qkv.data(), out.data(), lse.data(), nullptr, B, T, NH, NKV, hs,
+                                   /*accumulate=*/false);
+    f.k().fused_attention_backward(f.s(), dt, summed.data(), scratch.data(), dout.data(),
+                                   qkv.data(), out.data(), lse.data(), nullptr, B, T, NH, NKV, hs,
+                                   /*accumulate=*/true);
+    f.sync();
+    EXPECT_EQ(written.bytes, summed.bytes);
+  }
+}
+
+}  // namespace
+}  // namespace strata
