@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "src/config/leaf.h"
 #include "src/model/family.h"
 #include "strata/config.h"
 
@@ -45,37 +47,52 @@ std::string nest(const std::string& path, const std::string& value) {
   return "{\"" + std::string(batch) + "\": 1, " + doc.substr(1);
 }
 
-// For every key of the table, at its own depth: a typo is refused with the key as suggestion
-// (in the file and as an override), and a value of the wrong type is refused naming the path.
+// The name a "did you mean X?" message suggests ("" when it has none).
+std::string suggestion(const std::string& message) {
+  const std::string mark = "did you mean ";
+  const size_t at = message.find(mark);
+  if (at == std::string::npos) return "";
+  const size_t from = at + mark.size();
+  return message.substr(from, message.find('?', from) - from);
+}
+
+// For every key of the table, at its own depth: every typo that drops one character (never the
+// first) is refused with the key as suggestion, in the file and as an override -- or, when the
+// typo is one edit from a sibling too (simulate_attention_fwd_tflops without its f is one edit
+// from ..._bwd_tflops), with a sibling that close; and a value of the wrong type is refused
+// naming the path.
 TEST(Config, EveryKeyTypoSuggestsItAndWrongTypeIsRefused) {
   const std::vector<std::string> paths = all_key_paths();
   ASSERT_GT(paths.size(), 150u);
-  std::mt19937 rng(std::random_device{}());
+  const std::set<std::string> known(paths.begin(), paths.end());
+  size_t typos = 0, ties = 0;
   for (const std::string& path : paths) {
     SCOPED_TRACE(path);
     const size_t dot = path.rfind('.');
     const std::string name = dot == std::string::npos ? path : path.substr(dot + 1);
     const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
-    // Typo: drop one random interior or final character (never the first); a one-letter name
-    // (PEFT's lora.r) has none to drop.
-    if (name.size() < 2) continue;
-    std::string typo = name;
-    typo.erase(1 + rng() % (typo.size() - 1), 1);
-    const std::string want = parent + typo + ": unknown key; did you mean " + name + "?";
-    Result<Config> r = parse_config(nest(parent + typo, "1"), "f.json");
-    ASSERT_FALSE(r.is_ok());
-    // Several keys may be one edit from the typo (pipeline_read/pipeline_write, aliases): then
-    // any of them is a right answer; check the message names an unknown key and its parent.
-    const std::string& m = r.status().message();
-    if (m.find(want) == std::string::npos) {
-      EXPECT_NE(m.find("f.json: " + parent + typo + ": unknown key; did you mean "),
-                std::string::npos)
-          << m;
-      ADD_FAILURE() << "suggestion is not " << name << ": " << m;
+    // A one-letter name (PEFT's lora.r) has no character to drop.
+    for (size_t cut = 1; cut < name.size(); ++cut) {
+      std::string typo = name;
+      typo.erase(cut, 1);
+      SCOPED_TRACE(typo);
+      ++typos;
+      const std::string head = "f.json: " + parent + typo + ": unknown key; did you mean ";
+      Result<Config> r = parse_config(nest(parent + typo, "1"), "f.json");
+      ASSERT_FALSE(r.is_ok());
+      Result<Config> o =
+          parse_config(R"({"train_batch_size": 1})", "f.json", {parent + typo + "=1"});
+      ASSERT_FALSE(o.is_ok());
+      for (const std::string& m : {r.status().message(), o.status().message()}) {
+        EXPECT_NE(m.find(parent + typo + ": unknown key; did you mean "), std::string::npos) << m;
+        const std::string s = suggestion(m);
+        if (s == name) continue;
+        ++ties;
+        EXPECT_TRUE(known.count(parent + s)) << m;
+        EXPECT_EQ(config_internal::edit_distance(typo, s), 1u) << m;
+      }
+      EXPECT_NE(r.status().message().find(head), std::string::npos) << r.status().message();
     }
-    Result<Config> o = parse_config(R"({"train_batch_size": 1})", "f.json", {parent + typo + "=1"});
-    ASSERT_FALSE(o.is_ok());
-    EXPECT_NE(o.status().message().find(want), std::string::npos) << o.status().message();
 
     if (path == "amp") continue;  // free-form: any JSON is accepted
     Result<Config> w = parse_config(nest(path, "{\"x\": 1}"), "f.json");
@@ -83,6 +100,8 @@ TEST(Config, EveryKeyTypoSuggestsItAndWrongTypeIsRefused) {
     EXPECT_NE(w.status().message().find("f.json: " + path + ": expected "), std::string::npos)
         << w.status().message();
   }
+  EXPECT_GT(typos, 2000u);
+  EXPECT_LT(ties, typos / 20) << "most typos must have their own key as the only close one";
 }
 
 // model.type takes every name of every registered family (a family added to model_families()
