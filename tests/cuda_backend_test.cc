@@ -156,6 +156,9 @@ TEST_F(CudaDeviceTest, TimedEventsMeasureTheStream) {
   dev->record(*b, dev->compute_stream());
   ASSERT_TRUE(dev->synchronize(dev->compute_stream()).is_ok());
   EXPECT_FALSE(dev->elapsed_ms(*a, *b).is_ok());
+  auto same = dev->elapsed_ms(*b, *b);  // one event as both ends: 0 ms
+  ASSERT_TRUE(same.is_ok()) << same.status().to_string();
+  EXPECT_EQ(*same, 0.0);
 }
 
 TEST_F(CudaDeviceTest, PinnedAndRegisteredHostMemoryRoundTrip) {

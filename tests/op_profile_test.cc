@@ -182,6 +182,32 @@ TEST(OpProfile, OnTheSimulatedDeviceEachOpHasTheModelsTime) {
   EXPECT_NE(format_op_profile(*r.op_profile).find("h200 ms"), std::string::npos);
 }
 
+// Everything on the (simulated) GPU: the step's timing marks are timed events, the losses and
+// the gradient statistics are copied into the host's memory and read after its wait for the
+// streams, so no stream waits for a host function (on a GPU each holds its stream, and on
+// some every stream, until the driver's thread has run it).
+TEST(OpProfile, AllOnTheDeviceNoStreamWaitsForTheHost) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = test::temp_dir("strata_op_profile", "no_host_fn");
+  for (const char* defer : {"\"never\"", "\"always\""}) {
+    SCOPED_TRACE(defer);
+    const std::string run = dir + "/" + (defer[1] == 'n' ? "never" : "always");
+    TrainResult r =
+        test::must_train(profiled(run, {"device.simulate=\"h200\"", "device.memory_limit=\"64MiB\"",
+                                        "zero_optimization.offload_param.device=\"none\"",
+                                        "zero_optimization.offload_optimizer.device=\"none\"",
+                                        std::string("strata.optimizer.defer=") + defer}));
+    ASSERT_TRUE(r.op_profile.has_value());
+    bool gemm = false;
+    for (const OpProfileRow& row : r.op_profile->rows) {
+      gemm = gemm || row.op == "matmul_forward";
+      EXPECT_NE(row.op, "host_fn") << row.stream << "\n" << format_op_profile(*r.op_profile);
+    }
+    EXPECT_TRUE(gemm) << format_op_profile(*r.op_profile);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(OpProfile, TheTableGoesToANewFileOrOverAProfileNeverOverAnythingElse) {
   set_log_level(LogLevel::kError);
   const std::string dir = test::temp_dir("strata_op_profile", "file");

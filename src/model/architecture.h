@@ -191,7 +191,10 @@ struct ModuleBindings {
 
 // Per micro-batch: dloss = loss scale / (tokens of the global batch) multiplies the loss
 // gradient (0 for eval); per-token losses land in losses_out (host [B*T]) once the compute
-// stream has run the step that computes them. logits_out (tests and tools; nullptr in
+// stream has run the step that computes them: copied straight there when losses_out_pinned
+// (it is host memory of the device's, allocate_host), else through the runner's own pinned
+// staging and a host function on the compute stream (which holds a GPU's stream until the
+// driver's thread has run it). logits_out (tests and tools; nullptr in
 // training): host memory (allocate_host, for an asynchronous copy) of B*T*Vp elements of the
 // model dtype, Vp the padded vocabulary; the head's forward copies its logits there (row i:
 // position i's, columns >= vocab_size padding) before the loss overwrites them.
@@ -206,6 +209,7 @@ struct MicroBatch {
   void* logits_out = nullptr;
   float* aux_loss_out = nullptr;
   uint64_t dropout_key = 0;
+  bool losses_out_pinned = false;
 };
 
 // The dropout key of training micro-batch `micro` of step `step` on rank `rank` of a run seeded

@@ -361,10 +361,14 @@ class DecoderRunner final : public ModelRunner {
     if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_->logits, size_t(N) * Vp * st_.es());
     k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets, mb.dloss,
                                     N, sh_.vocab_size, Vp);
-    st_.dev->copy_d2h(s, host_losses_, buf_->losses, size_t(N) * 4);
-    float* src = host_losses_;
-    float* dst = mb.losses_out;
-    st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
+    if (mb.losses_out_pinned) {
+      st_.dev->copy_d2h(s, mb.losses_out, buf_->losses, size_t(N) * 4);
+    } else {
+      st_.dev->copy_d2h(s, host_losses_, buf_->losses, size_t(N) * 4);
+      float* src = host_losses_;
+      float* dst = mb.losses_out;
+      st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
+    }
     if constexpr (RunnerStateOf<Blocks>::kHas) blocks_.end_forward(st_, mb);
   }
 

@@ -25,6 +25,7 @@ GradBuckets::GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& op
       gdev_(homes.modules().size(), nullptr),
       in_place_(homes.modules().size(), 0),
       gstats_(homes.modules().size()),
+      stats_on_device_(homes.modules().size(), 0),
       spill_(homes, counters, errors) {}
 
 Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
@@ -132,7 +133,14 @@ void GradBuckets::drain(int m, int micro, bool last) {
 
 GradStats GradBuckets::stats() const {
   GradStats s;
-  for (const auto& g : gstats_) s.merge(g);
+  for (size_t m = 0; m < gstats_.size(); ++m) {
+    if (stats_on_device_[m]) {
+      const float* host2 = stats_host_ + 2 * m;
+      s.merge({double(host2[0]), host2[1] != 0.0f});
+    } else {
+      s.merge(gstats_[m]);
+    }
+  }
   return s;
 }
 
@@ -216,8 +224,8 @@ void GradBuckets::finish(int m, float* g, bool last) {
     dev_.kernels().norm_sq_and_nonfinite(
         d2h, acc2, static_cast<const float*>(homes_.module(m).gacc.dev), homes_.module(m).sn);
     dev_.copy_d2h(d2h, host2, acc2, 8);
-    GradStats* out = &gstats_[size_t(m)];
-    dev_.host_fn(d2h, [out, host2] { *out = {double(host2[0]), host2[1] != 0.0f}; });
+    // Read by stats() once the host has waited for the d2h stream: no host function stalls it.
+    stats_on_device_[size_t(m)] = 1;
   } else if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
     GradStats* out = &gstats_[size_t(m)];
     const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());

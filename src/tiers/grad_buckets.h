@@ -104,12 +104,15 @@ class GradBuckets {
   std::vector<char> in_place_;     // gdev_[m] is GACC[m] (acquired in place)
   bool parts_ = false;             // backward groups: device_reserve counts a part too
   std::vector<GradStats> gstats_;  // written by the d2h stream
-  float* bucket_ = nullptr;        // device: world * bucket_kc_ floats
-  size_t bucket_kc_ = 0;           // per-rank capacity of a bucket, elements
-  void* qgz_scratch_ = nullptr;    // device: qgZ's scratch for a bucket of bucket_kc_
-  std::vector<Piece> open_;        // the bucket being filled
-  size_t open_k_ = 0;              // per-rank elements in it
-  GradSpill spill_;                // gradient accumulators on NVMe (unsharded)
+  // Module m's statistics are computed on the device and land in stats_host_[2m, 2m + 2)
+  // (norm², non-finite flag) by the d2h stream's copy.
+  std::vector<char> stats_on_device_;
+  float* bucket_ = nullptr;      // device: world * bucket_kc_ floats
+  size_t bucket_kc_ = 0;         // per-rank capacity of a bucket, elements
+  void* qgz_scratch_ = nullptr;  // device: qgZ's scratch for a bucket of bucket_kc_
+  std::vector<Piece> open_;      // the bucket being filled
+  size_t open_k_ = 0;            // per-rank elements in it
+  GradSpill spill_;              // gradient accumulators on NVMe (unsharded)
   // Device-homed GACC on a device the host cannot address: [2 * m, 2 * m + 2) holds module m's
   // norm² and inf/nan flag on the device, copied to stats_host_ (pinned: an asynchronous copy).
   float* stats_dev_ = nullptr;

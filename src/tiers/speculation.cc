@@ -11,11 +11,12 @@
 
 namespace strata {
 
-Speculation::Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
-                         TierCounters& counters, AsyncError& errors)
+Speculation::Speculation(Homes& homes, OptimizerPipeline& pipeline, StreamStamps& stamps,
+                         bool shadow_extents, TierCounters& counters, AsyncError& errors)
     : homes_(homes),
       dev_(homes.device()),
       pipeline_(pipeline),
+      stamps_(stamps),
       shadow_extents_(shadow_extents),
       counters_(counters),
       errors_(errors) {}
@@ -31,10 +32,7 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
   ready_.clear();
   stepped_.clear();
   intervals_.clear();
-  {
-    std::lock_guard<std::mutex> l(bwd_end_mu_);
-    bwd_end_ = {};
-  }
+  bwd_end_.reset();
   // Gradients become final in the order the last step's did (first step: reverse module
   // order, which is backward's); read that order's optimizer state ahead. Without stepping,
   // the step after backward is deferred to the next forward, which steps the modules in module
@@ -88,11 +86,7 @@ Status Speculation::step_ready(bool wait_all) {
   if (!active_) return Status::ok();
   if (wait_all) {
     // The time the compute stream finishes the backward: optimizer work after it is not hidden.
-    Speculation* self = this;
-    dev_.host_fn(dev_.compute_stream(), [self] {
-      std::lock_guard<std::mutex> l(self->bwd_end_mu_);
-      self->bwd_end_ = TierClock::now();
-    });
+    bwd_end_ = stamps_.stamp(dev_.compute_stream());
   }
   const bool io = homes_.io() != nullptr;
   if (io) {
@@ -393,11 +387,11 @@ void Speculation::end() {
       for (size_t j = old->size(); j < fresh->size(); ++j) homes_.free_extent((*fresh)[j]);
     }
   }
-  TierClock::time_point bwd_end;
-  {
-    std::lock_guard<std::mutex> l(bwd_end_mu_);
-    bwd_end = bwd_end_;
-  }
+  // Not dated (no end of backward was waited for): the intervals count whole.
+  const int64_t end_ticks = bwd_end_ ? bwd_end_->load() : 0;
+  const TierClock::time_point bwd_end = end_ticks == 0
+                                            ? TierClock::time_point{}
+                                            : TierClock::time_point(TierClock::duration(end_ticks));
   double hidden = 0;
   for (auto& [t0, t1] : intervals_) {
     const auto end = bwd_end == TierClock::time_point{} ? t1 : std::min(t1, bwd_end);

@@ -33,13 +33,14 @@
 #include "src/tiers/counters.h"
 #include "src/tiers/homes.h"
 #include "src/tiers/optimizer_pipeline.h"
+#include "src/tiers/stream_stamps.h"
 
 namespace strata {
 
 class Speculation {
  public:
   // `shadow_extents`: the swap files have room for a shadow of every NVMe-homed MASTER and MOM.
-  Speculation(Homes& homes, OptimizerPipeline& pipeline, bool shadow_extents,
+  Speculation(Homes& homes, OptimizerPipeline& pipeline, StreamStamps& stamps, bool shadow_extents,
               TierCounters& counters, AsyncError& errors);
 
   // Opens the step's speculation (see TierManager::begin_speculation) and starts reading the
@@ -93,6 +94,7 @@ class Speculation {
   Homes& homes_;
   Device& dev_;
   OptimizerPipeline& pipeline_;
+  StreamStamps& stamps_;
   bool shadow_extents_;
   TierCounters& counters_;
   AsyncError& errors_;
@@ -108,8 +110,9 @@ class Speculation {
   std::vector<std::pair<int, size_t>> expected_;
   size_t next_prep_ = 0;
   std::vector<std::pair<TierClock::time_point, TierClock::time_point>> intervals_;
-  std::mutex bwd_end_mu_;
-  TierClock::time_point bwd_end_{};  // when the compute stream finished the backward
+  // When the compute stream finished the backward (dated by the end of backward's wait for
+  // it); null until step_ready(wait_all).
+  StreamStamps::Stamp bwd_end_;
 };
 
 }  // namespace strata

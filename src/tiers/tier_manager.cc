@@ -239,6 +239,7 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
                     I.opt, need.nvme.state > 0 ? &so : nullptr),
       "tier manager");
   for (size_t m = 0; m < plan.size(); ++m) I.stored_fill.push_back(arch.stored_fill(int(m)));
+  I.stamps = std::make_unique<StreamStamps>(device);
   I.cache = std::make_unique<DeviceCache>(*I.homes, I.opt, dt, I.sharded, I.counters, I.errors);
   I.pipeline = std::make_unique<OptimizerPipeline>(*I.homes, *I.cache, I.opt, dt, moment_dt,
                                                    I.sharded, I.counters);
@@ -252,8 +253,8 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
         pipeline_staging_sub_groups(options.buffer_count));
   }
   I.pipeline->set_read_ahead(read_ahead);
-  I.spec =
-      std::make_unique<Speculation>(*I.homes, *I.pipeline, shadow_extents, I.counters, I.errors);
+  I.spec = std::make_unique<Speculation>(*I.homes, *I.pipeline, *I.stamps, shadow_extents,
+                                         I.counters, I.errors);
   Impl* ip = &I;
   I.grads = std::make_unique<GradBuckets>(*I.homes, *I.cache, I.opt, I.sharded, I.counters,
                                           I.errors, [ip](int m) {
@@ -353,7 +354,7 @@ Status TierManager::end_backward() {
   Impl& I = *impl_;
   STRATA_RETURN_IF_ERROR(I.step_deferred(-1), "end of backward");
   if (I.sharded) I.grads->flush_bucket();
-  STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.compute_stream()), "the compute stream");
+  STRATA_RETURN_IF_ERROR(I.stamps->synchronize(I.dev.compute_stream()), "the compute stream");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "the gradient drains");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), "the parameter fetches");
   I.cache->reclaim(false);  // the drained gradient buffers
@@ -446,9 +447,7 @@ Status TierManager::Impl::step_deferred(int m) {
   const auto t0 = TierClock::now();
   // When the compute stream has run what was enqueued before now: the interval's part before
   // that is hidden under its work.
-  auto caught_up = std::make_shared<std::atomic<int64_t>>(0);
-  dev.host_fn(dev.compute_stream(),
-              [caught_up] { caught_up->store(TierClock::now().time_since_epoch().count()); });
+  StreamStamps::Stamp caught_up = stamps->stamp(dev.compute_stream());
   Status st = pipeline->advance(p, until);
   if (!dev.host_addressable()) {
     // New parameters of device-homed modules were copied up on the h2d stream (a host-visible
@@ -456,7 +455,7 @@ Status TierManager::Impl::step_deferred(int m) {
     auto published = std::shared_ptr<Event>(dev.create_event());
     dev.record(*published, dev.h2d_stream());
     dev.wait(dev.compute_stream(), *published);
-    dev.host_fn(dev.compute_stream(), [published] {});  // alive until the wait ran
+    stamps->hold(dev.compute_stream(), published);  // alive until the wait ran
   }
   const auto t1 = TierClock::now();
   deferred_intervals.push_back({t0, t1, std::move(caught_up)});

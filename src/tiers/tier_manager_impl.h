@@ -20,6 +20,7 @@
 #include "src/tiers/homes.h"
 #include "src/tiers/optimizer_pipeline.h"
 #include "src/tiers/speculation.h"
+#include "src/tiers/stream_stamps.h"
 #include "src/tiers/tier_manager.h"
 
 namespace strata {
@@ -34,6 +35,9 @@ struct TierManager::Impl {
   bool sharded = false;  // world size > 1
   TierCounters counters;
   AsyncError errors;
+  // The compute stream's stamps (timing the deferred optimizer step and the speculation);
+  // dated by end_backward's wait for the stream.
+  std::unique_ptr<StreamStamps> stamps;
   // Per module: the fill of its stored bytes when it is not stored as model-dtype elements
   // (Architecture::stored_fill; nullptr: model dtype).
   std::vector<Architecture::StoredFillFn> stored_fill;
@@ -58,11 +62,11 @@ struct TierManager::Impl {
   };
   std::optional<SpecArgs> spec_pending;
   // The deferred step's intervals on the host thread, each with when the compute stream ran
-  // out of the work enqueued before it (set by a host_fn; zero until then): the part of an
-  // interval before that is hidden under the compute stream's work.
+  // out of the work enqueued before it (a stamp; zero until dated): the part of an interval
+  // before that is hidden under the compute stream's work.
   struct Interval {
     TierClock::time_point t0, t1;
-    std::shared_ptr<std::atomic<int64_t>> compute_caught_up;  // TierClock ticks
+    StreamStamps::Stamp compute_caught_up;
   };
   std::vector<Interval> deferred_intervals;
 

@@ -17,9 +17,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 
 #include "src/checkpoint/checkpoint.h"
 #include "src/comm/zeropp.h"
@@ -212,7 +214,10 @@ class Run {
   std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_, pos_;  // pos_: the positions of a batch packed per sequence
-  std::vector<float> losses_;             // [accum][B*T]
+  // [accum][B*T], the device's host memory (allocate_host): the losses are copied straight
+  // into it (MicroBatch::losses_out_pinned). Declared after dev_, which releases it.
+  std::unique_ptr<float, std::function<void(float*)>> losses_mem_;
+  std::span<float> losses_;
   // The device pointers of the modules the program holds at this point, by module.
   std::vector<const void*> params_;
   std::vector<float*> grads_;

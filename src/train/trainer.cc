@@ -103,7 +103,15 @@ Status Run::setup() {
   tok_.resize(size_t(B_) * T_);
   tgt_.resize(size_t(B_) * T_);
   pos_.resize(size_t(B_) * T_);
-  losses_.resize(size_t(accum_) * B_ * T_);
+  {
+    const size_t n = size_t(accum_) * B_ * T_;
+    STRATA_ASSIGN_OR_RETURN(void* mem, dev_->allocate_host(n * sizeof(float)),
+                            "the per-token losses' host buffer");
+    Device* dev = dev_.get();
+    losses_mem_ = {static_cast<float*>(mem), [dev](float* p) { dev->release_host(p); }};
+    losses_ = {losses_mem_.get(), n};
+    std::fill(losses_.begin(), losses_.end(), 0.0f);
+  }
   if (eval_only_) {
     if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
     return init_or_resume();
@@ -437,7 +445,8 @@ Status Run::forward_backward(float dloss, bool speculate, float* aux) {
   std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
     mbs.push_back({dloss, losses_.data() + size_t(micro) * B_ * T_, nullptr, aux + micro,
-                   training_dropout_key(cfg_.train.seed, step_, micro, rank_)});
+                   training_dropout_key(cfg_.train.seed, step_, micro, rank_),
+                   /*losses_out_pinned=*/true});
   }
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
   // together, module by module, each on its own activation slot; then each its head and
@@ -651,7 +660,7 @@ Result<double> Run::eval_loss() {
   STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
   double sum = 0;
   const int n = std::max(1, cfg_.data.eval_batches);
-  const MicroBatch eval_mb{0.0f, losses_.data()};
+  const MicroBatch eval_mb{0.0f, losses_.data(), nullptr, nullptr, 0, /*losses_out_pinned=*/true};
   for (int i = 0; i < n; ++i) {
     tm_->begin_phase("eval");
     data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_, pos_.data());
@@ -690,7 +699,7 @@ Result<EvalResult> Run::evaluate() {
            B_, world_);
   const auto t0 = Clock::now();
   double sum = 0;
-  const MicroBatch eval_mb{0.0f, losses_.data()};
+  const MicroBatch eval_mb{0.0f, losses_.data(), nullptr, nullptr, 0, /*losses_out_pinned=*/true};
   for (size_t i = 0; i < batches; ++i) {
     tm_->begin_phase("eval");
     data_->eval_batch(int(i), B_, T_, tok_.data(), tgt_.data(), rank_, world_, pos_.data());

@@ -750,7 +750,14 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start_event, cudaEvent_t
   if (!start_event || !end_event) return cudaErrorInvalidResourceHandle;
   EventState &start = *start_event->state, &end = *end_event->state;
   if (!start.timing || !end.timing) return cudaErrorInvalidResourceHandle;
-  std::scoped_lock lock(start.mu, end.mu);
+  // One event as both ends (CUDA gives 0 ms) takes its lock once.
+  std::unique_lock<std::mutex> lock_start(start.mu, std::defer_lock), lock_end;
+  if (&end == &start) {
+    lock_start.lock();
+  } else {
+    lock_end = std::unique_lock<std::mutex>(end.mu, std::defer_lock);
+    std::lock(lock_start, lock_end);
+  }
   if (start.completed < start.recorded || end.completed < end.recorded) return cudaErrorNotReady;
   if (start.recorded == 0 || end.recorded == 0) return cudaErrorInvalidResourceHandle;
   *ms = std::chrono::duration<float, std::milli>(end.when - start.when).count();

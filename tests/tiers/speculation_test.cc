@@ -38,7 +38,7 @@ enum class Outcome { kKept, kRedone, kSkipped };
 void speculate(const Case& c, Outcome outcome, const std::string& name) {
   const std::vector<size_t> numel = {5000, 3000, 7000};
   StateRig r(name, numel, {Tier::kHost, c.state, c.state, Tier::kHost, 1.0}, 2048);
-  Speculation spec(*r.homes, *r.pipeline, c.shadow_extents, r.counters, r.errors);
+  Speculation spec(*r.homes, *r.pipeline, *r.stamps, c.shadow_extents, r.counters, r.errors);
   std::vector<ModuleState> want;
   for (int m = 0; m < 3; ++m) {
     want.push_back(test::random_state(numel[size_t(m)], 500 + m));
@@ -122,7 +122,7 @@ TEST(Speculation, ASkippedStepRestoresTheState) {
 // and the key that turns the optimizer under backward off.
 TEST(Speculation, RollbackWithoutUndoStateNamesTheKey) {
   StateRig r("noundo", {5000}, {Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0}, 2048);
-  Speculation spec(*r.homes, *r.pipeline, false, r.counters, r.errors);
+  Speculation spec(*r.homes, *r.pipeline, *r.stamps, false, r.counters, r.errors);
   r.set_state(0, test::random_state(5000, 9));
   spec.begin(hyper(), 1.0f, /*keep_undo=*/false, /*step_modules=*/true);
   spec.grads_final(0);
@@ -142,7 +142,7 @@ TEST(Speculation, RollbackWithoutUndoStateNamesTheKey) {
 TEST(Speculation, WithoutSteppingNothingIsStepped) {
   StateRig r("nostep", {5000, 3000}, {Tier::kHost, Tier::kNvme, Tier::kNvme, Tier::kHost, 1.0},
              2048);
-  Speculation spec(*r.homes, *r.pipeline, true, r.counters, r.errors);
+  Speculation spec(*r.homes, *r.pipeline, *r.stamps, true, r.counters, r.errors);
   const ModuleState s0 = test::random_state(5000, 1), s1 = test::random_state(3000, 2);
   r.set_state(0, s0);
   r.set_state(1, s1);

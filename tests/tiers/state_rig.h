@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/tiers/optimizer_pipeline.h"
+#include "src/tiers/stream_stamps.h"
 #include "strata/cpu_optim.h"
 #include "strata/device.h"
 #include "strata/log.h"
@@ -44,6 +45,7 @@ struct StateRig : TierParts {
   std::string dir;
   std::unique_ptr<DeviceCache> cache;
   std::unique_ptr<OptimizerPipeline> pipeline;
+  std::unique_ptr<StreamStamps> stamps;  // the speculation's timing
 
   // Modules of `numel` elements; parameters, optimizer state (master weights and moments) and
   // gradients where `placement` puts them (NVMe: a swap file in a fresh directory named
@@ -72,6 +74,7 @@ struct StateRig : TierParts {
     cache = std::make_unique<DeviceCache>(*homes, options, DType::kBF16, false, counters, errors);
     pipeline = std::make_unique<OptimizerPipeline>(*homes, *cache, options, DType::kBF16,
                                                    DType::kF32, false, counters);
+    stamps = std::make_unique<StreamStamps>(*dev);
   }
   ~StateRig() {
     sync();
