@@ -99,8 +99,8 @@ TEST(CpuKernelsGradCheck, LayerNorm) {
     return dot(out, dout);
   };
   loss();
-  f.k().layernorm_backward(f.s(), DType::kF32, dx.data(), dw.data(), db.data(), dout.data(),
-                           x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  f.k().layernorm_backward(f.s(), DType::kF32, dx.data(), dx.data(), dw.data(), db.data(),
+                           dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
   f.sync();
   fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3);
   fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng, 1e-3);

@@ -242,8 +242,8 @@ TEST(CpuKernels, LayerNormForwardAndBackward) {
       Fixture f;
       f.k().layernorm_forward(f.s(), dt, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
                               b.data(), N, C);
-      f.k().layernorm_backward(f.s(), dt, dx.data(), dw.data(), db.data(), dout.data(), x.data(),
-                               w.data(), mean.data(), rstd.data(), N, C);
+      f.k().layernorm_backward(f.s(), dt, dx.data(), dx.data(), dw.data(), db.data(), dout.data(),
+                               x.data(), w.data(), mean.data(), rstd.data(), N, C);
       f.sync();
       LnRef r = ref_layernorm(x.to_double(), w.to_double(), b.to_double(), N, C);
       expect_close(out.to_double(), r.out, tol_for(dt), "out");
@@ -692,8 +692,8 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
                            att.data(), nullptr, B, T, NH, NH, C / NH);
   k.matmul_backward(f.s(), dt, dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(),
                     N, C, OC, /*accumulate=*/true);
-  k.layernorm_backward(f.s(), dt, dx.data(), dlw.data(), dlb.data(), dln.data(), x.data(),
-                       lw.data(), mean.data(), rstd.data(), N, C);
+  k.layernorm_backward(f.s(), dt, dx.data(), dx.data(), dlw.data(), dlb.data(), dln.data(),
+                       x.data(), lw.data(), mean.data(), rstd.data(), N, C);
   k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), nullptr, B, T,
                      C);
   k.norm_sq_and_nonfinite(f.s(), acc.data(), dw.data(), dw.size());

@@ -259,8 +259,8 @@ TEST_P(CudaOpTest, Layernorm) {
   Twin dout = random(size_t(N) * C, dt), dinp = random(size_t(N) * C, dt);
   Twin dw = random(C, DType::kF32), db = random(C, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.layernorm_backward(s, dt, dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i], inp.p[i],
-                         w.p[i], mean.at<float>(i), rstd.at<float>(i), N, C);
+    k.layernorm_backward(s, dt, dinp.p[i], dinp.p[i], dw.at<float>(i), db.at<float>(i), dout.p[i],
+                         inp.p[i], w.p[i], mean.at<float>(i), rstd.at<float>(i), N, C);
   });
   compare("layernorm_backward dinp", dinp, dt, tol(dt, kReduction));
   compare("layernorm_backward dweight", dw, DType::kF32, kReduction);

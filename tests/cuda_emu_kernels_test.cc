@@ -110,14 +110,14 @@ TEST_F(EmulatedKernels, LayerNorm) {
          {to_bytes(mean, DType::kF32), DType::kF32},
          {to_bytes(rstd, DType::kF32), DType::kF32}},
         [&](Kernels& k, Stream& s, void* const* p) {
-          k.layernorm_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
-                               p[3], p[4], p[5], static_cast<float*>(p[6]),
-                               static_cast<float*>(p[7]), N2, C);
+          k.layernorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]),
+                               static_cast<float*>(p[2]), p[3], p[4], p[5],
+                               static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
         },
         [&](cudaStream_t s, void* const* p) {
           return cuda_layernorm_backward(
-              s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3], p[4], p[5],
-              static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
+              s, dt, p[0], p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3], p[4],
+              p[5], static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
         },
         {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}, {2, "dbias", 5e-5, true}});
   }
@@ -149,12 +149,12 @@ TEST_F(EmulatedKernels, RmsNorm) {
          floats(C, dt),
          {to_bytes(rstd, DType::kF32), DType::kF32}},
         [&](Kernels& k, Stream& s, void* const* p) {
-          k.rmsnorm_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+          k.rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
                              static_cast<float*>(p[5]), N, C);
         },
         [&](cudaStream_t s, void* const* p) {
-          return cuda_rmsnorm_backward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
-                                       static_cast<float*>(p[5]), N, C);
+          return cuda_rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3],
+                                       p[4], static_cast<float*>(p[5]), N, C);
         },
         {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}});
   }

@@ -35,7 +35,7 @@ TEST_P(LlamaCudaOpTest, RmsNorm) {
   Twin dout = random(size_t(N) * C, dt), dinp = random(size_t(N) * C, dt);
   Twin dw = random(C, DType::kF32);
   run([&](Kernels& k, Stream& s, int i) {
-    k.rmsnorm_backward(s, dt, dinp.p[i], dw.at<float>(i), dout.p[i], inp.p[i], w.p[i],
+    k.rmsnorm_backward(s, dt, dinp.p[i], dinp.p[i], dw.at<float>(i), dout.p[i], inp.p[i], w.p[i],
                        rstd.at<float>(i), N, C);
   });
   compare("rmsnorm_backward dinp", dinp, dt, tol(dt, kReduction));

@@ -172,9 +172,14 @@ class Kernels {
   virtual void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd,
                                  const void* inp, const void* weight, const void* bias, int N,
                                  int C) = 0;
-  virtual void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                                  const void* dout, const void* inp, const void* weight,
-                                  const float* mean, const float* rstd, int N, int C) = 0;
+  // The norm backwards (layernorm_backward, rmsnorm_backward) hand on the residual stream's
+  // gradient with the norm's: dinp = dres + the gradient through the norm, rounded to dt once
+  // (dres may be dinp: accumulated; nullptr: written, as into zeros); dweight, dbias += (fp32).
+  // A block's residual gradient thus needs no copy or add of its own.
+  virtual void layernorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                                  float* dbias, const void* dout, const void* inp,
+                                  const void* weight, const float* mean, const float* rstd, int N,
+                                  int C) = 0;
 
   // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be null).
   virtual void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -265,9 +270,9 @@ class Kernels {
   // saves rstd[N]. inp, out [N,C]; weight [C].
   virtual void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
                                const void* weight, float eps, int N, int C) = 0;
-  virtual void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
-                                const void* inp, const void* weight, const float* rstd, int N,
-                                int C) = 0;
+  virtual void rmsnorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                                const void* dout, const void* inp, const void* weight,
+                                const float* rstd, int N, int C) = 0;
 
   // A residual add and the norm after it (a transformer block's res2 = x + attention, then its
   // second norm), an optional op (KernelOp::kResidualNorm):
@@ -288,7 +293,8 @@ class Kernels {
   // (H..2H-1), the output of one matmul whose weight stacks gate_proj and up_proj rows;
   // out [N,H] = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
   virtual void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) = 0;
-  // dinp [N,2H] += gradient w.r.t. gate and up.
+  // dinp [N,2H] = gradient w.r.t. gate and up, written (the bits of accumulating into zeros):
+  // what dinp held is never read, so the MLP's backward needs no zeroing pass first.
   virtual void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
                                int N, int H) = 0;
 

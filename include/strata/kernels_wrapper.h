@@ -56,11 +56,11 @@ class KernelsWrapper : public Kernels {
       k.layernorm_forward(s, dt, out, mean, rstd, inp, weight, bias, N, C);
     });
   }
-  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                          const void* dout, const void* inp, const void* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
+  void layernorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                          float* dbias, const void* dout, const void* inp, const void* weight,
+                          const float* mean, const float* rstd, int N, int C) override {
     forward_op(s, "layernorm_backward", [&](Kernels& k) {
-      k.layernorm_backward(s, dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+      k.layernorm_backward(s, dt, dinp, dres, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     });
   }
   void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -123,11 +123,11 @@ class KernelsWrapper : public Kernels {
     forward_op(s, "rmsnorm_forward",
                [&](Kernels& k) { k.rmsnorm_forward(s, dt, out, rstd, inp, weight, eps, N, C); });
   }
-  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
-                        const void* inp, const void* weight, const float* rstd, int N,
-                        int C) override {
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                        const void* dout, const void* inp, const void* weight, const float* rstd,
+                        int N, int C) override {
     forward_op(s, "rmsnorm_backward", [&](Kernels& k) {
-      k.rmsnorm_backward(s, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+      k.rmsnorm_backward(s, dt, dinp, dres, dweight, dout, inp, weight, rstd, N, C);
     });
   }
   void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,

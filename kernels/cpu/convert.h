@@ -87,4 +87,15 @@ inline void accumulate_span(const float* src, T* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(dst[i]) + src[i]);
 }
 
+// dst[i] = T(float(res[i]) + src[i]) for i < n (res may be dst: accumulate_span); without res,
+// T(0 + src[i]): the bits of accumulating into zeros (a -0 comes out +0).
+template <typename T>
+inline void add_span(const float* src, const T* res, T* dst, size_t n) {
+  if (res == nullptr) {
+    for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(0.0f + src[i]);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(res[i]) + src[i]);
+}
+
 }  // namespace strata::cpu

@@ -37,11 +37,11 @@ class CpuKernels final : public Kernels {
                          const void* weight, const void* bias, int N, int C) override {
     run(s, [=] { cpu::layernorm_forward(dt, out, mean, rstd, inp, weight, bias, N, C); });
   }
-  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                          const void* dout, const void* inp, const void* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
+  void layernorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                          float* dbias, const void* dout, const void* inp, const void* weight,
+                          const float* mean, const float* rstd, int N, int C) override {
     run(s, [=] {
-      cpu::layernorm_backward(dt, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+      cpu::layernorm_backward(dt, dinp, dres, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
     });
   }
 
@@ -144,10 +144,10 @@ class CpuKernels final : public Kernels {
                        const void* weight, float eps, int N, int C) override {
     run(s, [=] { cpu::rmsnorm_forward(dt, out, rstd, inp, weight, eps, N, C); });
   }
-  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
-                        const void* inp, const void* weight, const float* rstd, int N,
-                        int C) override {
-    run(s, [=] { cpu::rmsnorm_backward(dt, dinp, dweight, dout, inp, weight, rstd, N, C); });
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                        const void* dout, const void* inp, const void* weight, const float* rstd,
+                        int N, int C) override {
+    run(s, [=] { cpu::rmsnorm_backward(dt, dinp, dres, dweight, dout, inp, weight, rstd, N, C); });
   }
 
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {

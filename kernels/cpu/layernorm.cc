@@ -80,12 +80,13 @@ void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void
 
 // dinp rows are independent. dweight/dbias sum over rows: each fixed chunk of kRowChunk rows
 // writes its partial sums, and the partials are then added to dweight/dbias in chunk order.
-void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+void layernorm_backward(DType dt, void* dinp, const void* dres, float* dweight, float* dbias,
+                        const void* dout, const void* inp, const void* weight, const float* mean,
+                        const float* rstd, int N, int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dinp);
+    auto* dr = static_cast<const Tp*>(dres);
     auto* x = static_cast<const Tp*>(inp);
     auto* dy = static_cast<const Tp*>(dout);
     std::vector<float> w(C);
@@ -116,7 +117,7 @@ void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, cons
           pw[i] += norm * gr[i];
           dxr[i] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
-        accumulate_span(dxr.data(), dx + r * C, C);
+        add_span(dxr.data(), dr ? dr + r * C : nullptr, dx + r * C, C);
       }
     });
     parallel_ranges(size_t(C), 256, [&](size_t c0, size_t c1) {

@@ -84,9 +84,9 @@ void encoder_backward(DType dt, float* dwte, float* dwpe, const void* dout, cons
 
 void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp,
                        const void* weight, const void* bias, int N, int C);
-void layernorm_backward(DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, const float* mean, const float* rstd,
-                        int N, int C);
+void layernorm_backward(DType dt, void* dinp, const void* dres, float* dweight, float* dbias,
+                        const void* dout, const void* inp, const void* weight, const float* mean,
+                        const float* rstd, int N, int C);
 
 void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias,
                     int N, int C, int OC);
@@ -120,8 +120,8 @@ void attention_decode(DType dt, void* out, void* kcache, void* vcache, const voi
 
 void rmsnorm_forward(DType dt, void* out, float* rstd, const void* inp, const void* weight,
                      float eps, int N, int C);
-void rmsnorm_backward(DType dt, void* dinp, float* dweight, const void* dout, const void* inp,
-                      const void* weight, const float* rstd, int N, int C);
+void rmsnorm_backward(DType dt, void* dinp, const void* dres, float* dweight, const void* dout,
+                      const void* inp, const void* weight, const float* rstd, int N, int C);
 
 void swiglu_forward(DType dt, void* out, const void* inp, int N, int H);
 void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, int N, int H);

@@ -41,11 +41,12 @@ void rmsnorm_forward(DType dt, void* out, float* rstd, const void* inp, const vo
 
 // dinp[i] += rstd * (w[i] g[i] - x[i] rstd^2 mean_j(w[j] g[j] x[j])); dweight[i] += g[i] x[i] rstd.
 // dweight sums over rows in fixed chunks of kRowChunk, whose partials are added in chunk order.
-void rmsnorm_backward(DType dt, void* dinp, float* dweight, const void* dout, const void* inp,
-                      const void* weight, const float* rstd, int N, int C) {
+void rmsnorm_backward(DType dt, void* dinp, const void* dres, float* dweight, const void* dout,
+                      const void* inp, const void* weight, const float* rstd, int N, int C) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
     auto* dx = static_cast<Tp*>(dinp);
+    auto* dr = static_cast<const Tp*>(dres);
     auto* x = static_cast<const Tp*>(inp);
     auto* dy = static_cast<const Tp*>(dout);
     std::vector<float> w(C);
@@ -66,7 +67,7 @@ void rmsnorm_backward(DType dt, void* dinp, float* dweight, const void* dout, co
           pw[i] += gr[i] * xr[i] * s;
           dxr[i] = (w[i] * gr[i] - xr[i] * k) * s;
         }
-        accumulate_span(dxr.data(), dx + r * C, C);
+        add_span(dxr.data(), dr ? dr + r * C : nullptr, dx + r * C, C);
       }
     });
     parallel_ranges(size_t(C), 256, [&](size_t c0, size_t c1) {

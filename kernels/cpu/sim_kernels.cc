@@ -47,9 +47,11 @@ class SimKernels final : public Kernels {
                          const void*, int N, int C) override {
     mem(s, double(N) * (2.0 * C * es(dt) + 8));
   }
-  void layernorm_backward(Stream& s, DType dt, void*, float*, float*, const void*, const void*,
-                          const void*, const float*, const float*, int N, int C) override {
-    mem(s, double(N) * (3.0 * C * es(dt) + 8) + 16.0 * C);
+  void layernorm_backward(Stream& s, DType dt, void*, const void* dres, float*, float*, const void*,
+                          const void*, const void*, const float*, const float*, int N,
+                          int C) override {
+    // dout and inp read, dinp written, dres read when given; mean and rstd; the parameters.
+    mem(s, double(N) * ((dres ? 4.0 : 3.0) * C * es(dt) + 8) + 16.0 * C);
   }
   void matmul_forward(Stream& s, DType dt, void*, const void*, const void*, const void*, int N,
                       int C, int OC) override {
@@ -145,9 +147,9 @@ class SimKernels final : public Kernels {
                        int C) override {
     mem(s, double(N) * (2.0 * C * es(dt) + 4));
   }
-  void rmsnorm_backward(Stream& s, DType dt, void*, float*, const void*, const void*, const void*,
-                        const float*, int N, int C) override {
-    mem(s, double(N) * (3.0 * C * es(dt) + 4) + 8.0 * C);
+  void rmsnorm_backward(Stream& s, DType dt, void*, const void* dres, float*, const void*,
+                        const void*, const void*, const float*, int N, int C) override {
+    mem(s, double(N) * ((dres ? 4.0 : 3.0) * C * es(dt) + 4) + 8.0 * C);
   }
   void swiglu_forward(Stream& s, DType dt, void*, const void*, int N, int H) override {
     mem(s, 3.0 * N * H * es(dt));

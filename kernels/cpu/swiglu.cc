@@ -22,7 +22,8 @@ void swiglu_forward(DType dt, void* out, const void* inp, int N, int H) {
   });
 }
 
-// d gate += dout * up * sig(g) * (1 + g * (1 - sig(g))); d up += dout * silu(g).
+// d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))); d up = dout * silu(g); written as
+// 0 + the gradient (the bits of accumulating into zeros).
 void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, int N, int H) {
   dispatch_dtype(dt, [&](auto tag) {
     using Tp = decltype(tag);
@@ -35,8 +36,8 @@ void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, in
         const size_t gi = r * 2 * H + c, ui = gi + H;
         const float g = to_float(x[gi]), u = to_float(x[ui]), d = to_float(dy[i]);
         const float sig = 1.0f / (1.0f + std::exp(-g));
-        dx[gi] = from_float<Tp>(to_float(dx[gi]) + d * u * sig * (1.0f + g * (1.0f - sig)));
-        dx[ui] = from_float<Tp>(to_float(dx[ui]) + d * g * sig);
+        dx[gi] = from_float<Tp>(0.0f + d * u * sig * (1.0f + g * (1.0f - sig)));
+        dx[ui] = from_float<Tp>(0.0f + d * g * sig);
       }
     });
   });

@@ -57,12 +57,12 @@ class CudaKernels final : public Kernels {
       return cuda_layernorm_forward(cs.handle, dt, out, mean, rstd, inp, weight, bias, N, C);
     });
   }
-  void layernorm_backward(Stream& s, DType dt, void* dinp, float* dweight, float* dbias,
-                          const void* dout, const void* inp, const void* weight, const float* mean,
-                          const float* rstd, int N, int C) override {
+  void layernorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                          float* dbias, const void* dout, const void* inp, const void* weight,
+                          const float* mean, const float* rstd, int N, int C) override {
     run("layernorm_backward", s, [&](CudaStream& cs) {
-      return cuda_layernorm_backward(cs.handle, dt, dinp, dweight, dbias, dout, inp, weight, mean,
-                                     rstd, N, C);
+      return cuda_layernorm_backward(cs.handle, dt, dinp, dres, dweight, dbias, dout, inp, weight,
+                                     mean, rstd, N, C);
     });
   }
   void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -185,11 +185,12 @@ class CudaKernels final : public Kernels {
       return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C);
     });
   }
-  void rmsnorm_backward(Stream& s, DType dt, void* dinp, float* dweight, const void* dout,
-                        const void* inp, const void* weight, const float* rstd, int N,
-                        int C) override {
+  void rmsnorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
+                        const void* dout, const void* inp, const void* weight, const float* rstd,
+                        int N, int C) override {
     run("rmsnorm_backward", s, [&](CudaStream& cs) {
-      return cuda_rmsnorm_backward(cs.handle, dt, dinp, dweight, dout, inp, weight, rstd, N, C);
+      return cuda_rmsnorm_backward(cs.handle, dt, dinp, dres, dweight, dout, inp, weight, rstd, N,
+                                   C);
     });
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {

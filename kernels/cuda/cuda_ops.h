@@ -89,9 +89,11 @@ Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe,
 // layernorm.cu
 Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
                               const void* inp, const void* weight, const void* bias, int N, int C);
-Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, float* dbias,
-                               const void* dout, const void* inp, const void* weight,
-                               const float* mean, const float* rstd, int N, int C);
+// dinp = dres + the norm's gradient (dres may be dinp; null: written), as Kernels' doc says.
+Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
+                               float* dweight, float* dbias, const void* dout, const void* inp,
+                               const void* weight, const float* mean, const float* rstd, int N,
+                               int C);
 // matmul.cu (cuBLASLt; dbias by a column-sum kernel)
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
@@ -137,8 +139,9 @@ Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* 
 // rmsnorm.cu
 Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
                             const void* weight, float eps, int N, int C);
-Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, const void* dout,
-                             const void* inp, const void* weight, const float* rstd, int N, int C);
+Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
+                             const void* dout, const void* inp, const void* weight,
+                             const float* rstd, int N, int C);
 // swiglu.cu
 Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H);
 Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,

@@ -20,9 +20,10 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
                 lane);
 }
 
-// dinp += (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd, one warp per row.
+// dinp = dres + (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd (dres null: 0 +),
+// one warp per row.
 template <typename T>
-__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp,
+__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
                                                const T* weight, const float* mean,
                                                const float* rstd, int N, int C) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -40,7 +41,7 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
     const float n = (to_f32(inp[off + c]) - m) * s;
     const float dn = to_f32(weight[c]) * to_f32(dout[off + c]);
     const float g = (dn - dnorm_mean - n * dnorm_norm_mean) * s;
-    dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
+    dinp[off + c] = from_f32<T>((dres ? to_f32(dres[off + c]) : 0.0f) + g);
   }
 }
 
@@ -90,9 +91,10 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
   return Status::ok();
 }
 
-Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, float* dbias,
-                               const void* dout, const void* inp, const void* weight,
-                               const float* mean, const float* rstd, int N, int C) {
+Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
+                               float* dweight, float* dbias, const void* dout, const void* inp,
+                               const void* weight, const float* mean, const float* rstd, int N,
+                               int C) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
@@ -100,9 +102,9 @@ Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, float* dwei
       dt,
       if (dinp) {
         layernorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dout),
-            static_cast<const scalar_t*>(inp), static_cast<const scalar_t*>(weight), mean, rstd, N,
-            C);
+            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres),
+            static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
+            static_cast<const scalar_t*>(weight), mean, rstd, N, C);
       } if (dweight || dbias) {
         layernorm_backward_params_kernel<scalar_t>
             <<<pgrid, dim3(32, 8), 0, s>>>(dweight, dbias, static_cast<const scalar_t*>(dout),

@@ -22,10 +22,11 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
   rmsnorm_row(out + size_t(row) * C, rstd, x, weight, ss, eps, row, C, lane);
 }
 
-// dinp += (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd, one warp per row.
+// dinp = dres + (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd (dres null: 0 +), one warp per
+// row.
 template <typename T>
-__global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
-                                             const float* rstd, int N, int C) {
+__global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
+                                             const T* weight, const float* rstd, int N, int C) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const size_t off = size_t(row) * C;
@@ -37,7 +38,7 @@ __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dout, const T* in
   const float k = warp_sum(dot) / C * s * s;
   for (int c = lane; c < C; c += 32) {
     const float g = (to_f32(weight[c]) * to_f32(dout[off + c]) - to_f32(inp[off + c]) * k) * s;
-    dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
+    dinp[off + c] = from_f32<T>((dres ? to_f32(dres[off + c]) : 0.0f) + g);
   }
 }
 
@@ -78,8 +79,9 @@ Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, co
   return Status::ok();
 }
 
-Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweight, const void* dout,
-                             const void* inp, const void* weight, const float* rstd, int N, int C) {
+Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
+                             const void* dout, const void* inp, const void* weight,
+                             const float* rstd, int N, int C) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
@@ -88,7 +90,8 @@ Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, float* dweigh
     const auto* x = static_cast<const scalar_t*>(inp);
     if (dinp) {
       rmsnorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-          static_cast<scalar_t*>(dinp), g, x, static_cast<const scalar_t*>(weight), rstd, N, C);
+          static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres), g, x,
+          static_cast<const scalar_t*>(weight), rstd, N, C);
     }
     if (dweight) {
       rmsnorm_backward_weight_kernel<scalar_t>

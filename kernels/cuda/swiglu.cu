@@ -15,7 +15,8 @@ __global__ void swiglu_forward_kernel(T* out, const T* inp, size_t n, int H) {
   }
 }
 
-// d gate += dout * up * sig(g) * (1 + g * (1 - sig(g))); d up += dout * silu(g).
+// d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))); d up = dout * silu(g); written as
+// 0 + the gradient (the bits of accumulating into zeros).
 template <typename T>
 __global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n, int H) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -24,8 +25,8 @@ __global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, siz
     const size_t gi = r * 2 * H + c, ui = gi + H;
     const float g = to_f32(inp[gi]), u = to_f32(inp[ui]), d = to_f32(dout[i]);
     const float sig = 1.0f / (1.0f + expf(-g));
-    dinp[gi] = from_f32<T>(to_f32(dinp[gi]) + d * u * sig * (1.0f + g * (1.0f - sig)));
-    dinp[ui] = from_f32<T>(to_f32(dinp[ui]) + d * g * sig);
+    dinp[gi] = from_f32<T>(0.0f + d * u * sig * (1.0f + g * (1.0f - sig)));
+    dinp[ui] = from_f32<T>(0.0f + d * g * sig);
   }
 }
 

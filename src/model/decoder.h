@@ -41,8 +41,10 @@
 //   void embedding_forward(const DecoderStep&, const void* p, const int32_t* tokens, void* out)
 //   void embedding_backward(const DecoderStep&, float* g, const void* dout, const int32_t* tokens)
 //   void norm_forward(st, NormSite, const void* p, const void* in, void* out, const NormStats&)
-//   void norm_backward(st, NormSite, p, float* g, void* din (+=), const void* dout, const void* in,
-//                      const NormStats&)
+//   void norm_backward(st, NormSite, p, float* g, void* din, const void* dres, const void* dout,
+//                      const void* in, const NormStats&)
+//                                             din = dres + the norm's input gradient (dres may
+//                                             be din; nullptr: written), Kernels' rule
 //   void residual_norm_forward(st, NormSite, p, const void* a, const void* b, void* res,
 //                              void* out, const NormStats&)
 //                                             res = a + b, then norm_forward of res into out

@@ -378,13 +378,11 @@ class DecoderRunner final : public ModelRunner {
     // gh == nullptr: a frozen head (no weight gradient).
     st_.k->matmul_backward(*st_.s, st_.dt, buf_->dln, gh, nullptr, buf_->logits, buf_->lnf, ph, N,
                            C, sh_.padded_vocab_size, /*accumulate=*/false);
-    st_.zero(buf_->dA, residual_bytes());
-    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_->dA, buf_->dln,
+    blocks_.norm_backward(st_, NormSite::kFinal, pf, gf, buf_->dA, /*dres=*/nullptr, buf_->dln,
                           output(sh_.n_layer - 1), buf_->nf);
   }
 
   void backward_block(int l, const void* p, float* g) {
-    Stream& s = *st_.s;
     const int L = sh_.n_layer;
     const void* residual = input(l);
     if (mode_ == ActivationMode::kOffload) {
@@ -408,14 +406,14 @@ class DecoderRunner final : public ModelRunner {
     }
     if (mode_ != ActivationMode::kKeep) block_forward(p, residual, acts(l), nullptr, -1);
     Layer& y = acts(l);
-    // out = res2 + mlp_out: dres2 = dA (+ the norm2 path below); dmlp_out = dA.
-    st_.dev->copy_d2d(s, buf_->dB, buf_->dA, residual_bytes());
+    // out = res2 + mlp_out: dmlp_out = dA; dres2 = dA + the norm2 path, into dB.
     blocks_.mlp_backward(st_, p, g, buf_->dA, y.ln2, y.mlp, buf_->dmlp, buf_->dln);
-    blocks_.norm_backward(st_, NormSite::kBlockMid, p, g, buf_->dB, buf_->dln, y.res2, y.n2);
-    // res2 = residual + att_out: dresidual = dB (+ the norm1 path below); datt_out = dB.
-    st_.dev->copy_d2d(s, buf_->dA, buf_->dB, residual_bytes());
+    blocks_.norm_backward(st_, NormSite::kBlockMid, p, g, buf_->dB, buf_->dA, buf_->dln, y.res2,
+                          y.n2);
+    // res2 = residual + att_out: datt_out = dB; dresidual = dB + the norm1 path, into dA.
     blocks_.attention_backward(st_, p, g, buf_->dB, y.ln1, y.att, buf_->datt, buf_->dln);
-    blocks_.norm_backward(st_, NormSite::kBlockIn, p, g, buf_->dA, buf_->dln, residual, y.n1);
+    blocks_.norm_backward(st_, NormSite::kBlockIn, p, g, buf_->dA, buf_->dB, buf_->dln, residual,
+                          y.n1);
   }
 
   const Blocks& blocks_;

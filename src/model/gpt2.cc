@@ -170,10 +170,10 @@ class Gpt2Blocks {
     norm_forward(st, site, p, res, out, n);
   }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
-                     const void* dout, const void* in, const NormStats& n) const {
+                     const void* dres, const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
     const size_t C = size_t(s_.n_embd);
-    st.k->layernorm_backward(*st.s, st.dt, din, st.norm_grad(g, at, 0, C),
+    st.k->layernorm_backward(*st.s, st.dt, din, dres, st.norm_grad(g, at, 0, C),
                              st.norm_grad(g, at, 1, C), dout, in, param(p, st, at), n.mean, n.rstd,
                              int(st.N()), s_.n_embd);
   }

@@ -195,9 +195,9 @@ class LlamaBlocks {
     norm_forward(st, site, p, res, out, n);
   }
   void norm_backward(const DecoderStep& st, NormSite site, const void* p, float* g, void* din,
-                     const void* dout, const void* in, const NormStats& n) const {
+                     const void* dres, const void* dout, const void* in, const NormStats& n) const {
     const size_t at = norm_at(site);
-    st.k->rmsnorm_backward(*st.s, st.dt, din, st.norm_grad(g, at), dout, in, param(p, st, at),
+    st.k->rmsnorm_backward(*st.s, st.dt, din, dres, st.norm_grad(g, at), dout, in, param(p, st, at),
                            n.rstd, int(st.N()), s_.n_embd);
   }
   // a.qkv = q|k|v of `in` (with the adapters' part), rotated at the tokens' positions.
@@ -281,12 +281,10 @@ class LlamaBlocks {
     Kernels& k = *st.k;
     Stream& s = *st.s;
     const int N = int(st.N()), C = s_.n_embd, I = s_.intermediate_size;
-    const size_t es = st.es();
     k.matmul_backward(s, st.dt, d.dact, st.wgrad(g, downw_), nullptr, dout, a.act,
                       param(p, st, downw_), N, I, C, /*accumulate=*/false);
     st.lora_backward(kDown, a.act, dout, d.dact);
-    st.zero(d.dgu, size_t(N) * 2 * I * es);
-    k.swiglu_backward(s, st.dt, d.dgu, a.gu, d.dact, N, I);
+    k.swiglu_backward(s, st.dt, d.dgu, a.gu, d.dact, N, I);  // dgu written
     k.matmul_backward(s, st.dt, din, st.wgrad(g, guw_), nullptr, d.dgu, in, param(p, st, guw_), N,
                       C, 2 * I, /*accumulate=*/false);
     st.lora_backward(kGateUp, in, d.dgu, din);

@@ -427,8 +427,7 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.matmul_backward(s, st.dt, dact, st.wgrad(ge, 2 * size_t(Ie_) * C), nullptr, dy, act,
                       expert_param(st, e, 2 * size_t(Ie_) * C), n, Ie_, C, /*accumulate=*/false);
     if (st.lora) lora_expert_backward(st, *st.lora, kExpertDown, e, n, act, dy, dact);
-    st.zero(dgu, size_t(n) * 2 * Ie_ * es);
-    k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);
+    k.swiglu_backward(s, st.dt, dgu, gu, dact, n, Ie_);  // dgu written
     k.matmul_backward(s, st.dt, dx, st.wgrad(ge, 0), nullptr, dgu, x, expert_param(st, e, 0), n, C,
                       2 * Ie_, /*accumulate=*/false);
     if (st.lora) lora_expert_backward(st, *st.lora, kExpertGateUp, e, n, x, dgu, dx);
@@ -442,8 +441,7 @@ void MoeBlocks::mlp_backward(const DecoderStep& st, const void* p, float* g, con
     k.matmul_backward(s, st.dt, d.dsact, st.wgrad(g, sdownw_), nullptr, d.dsh, a.sact,
                       param(p, st, sdownw_), N, Is_, C, /*accumulate=*/false);
     st.lora_backward(kSharedDown, a.sact, d.dsh, d.dsact);
-    st.zero(d.dsgu, size_t(N) * 2 * Is_ * es);
-    k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);
+    k.swiglu_backward(s, st.dt, d.dsgu, a.sgu, d.dsact, N, Is_);  // dsgu written
     k.matmul_backward(s, st.dt, din, st.wgrad(g, sguw_), nullptr, d.dsgu, in, param(p, st, sguw_),
                       N, C, 2 * Is_, /*accumulate=*/true);
     st.lora_backward(kSharedGateUp, in, d.dsgu, din);

@@ -130,9 +130,10 @@ std::string fmt_num(double v, int prec = 1) {
 
 // Each optional fused op (KernelOp::kResidualNorm, kMatmulGelu, kMatmulBackwardGelu) against the
 // calls a model makes without it, at GPT-2 124M's shapes (N = 8 x 1024 rows, C = 768) and, for
-// RMSNorm, a ~1B Llama's width (C = 2048). A row the device does not support says why. Then two
+// RMSNorm, a ~1B Llama's width (C = 2048). A row the device does not support says why. Then
 // rows every backend runs: an input gradient written by matmul_backward against zeroed and
-// accumulated into, and the residual gradient handed on by a copy against a zeroing and an add.
+// accumulated into, and the norm backwards adding the residual gradient against a copy of it
+// accumulated into.
 Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
   const int N = o.quick ? 128 : 8 * 1024, C = o.quick ? 64 : 768, CL = o.quick ? 96 : 2048;
   const DType dt = DType::kBF16;
@@ -201,12 +202,20 @@ Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
        [&] {
          k.matmul_backward(s, dt, x, dwf, dbf, dact, ln, wfc, N, C, 4 * C, /*accumulate=*/false);
        }},
-      {"residual gradient copy", std::nullopt, OpShape{.dt = dt, .N = N, .C = C},
-       [&] {
-         dev.memset_zero(s, res, size_t(N) * C * es);
-         k.add_inplace(s, dt, res, y, size_t(N) * C);
+      {"layernorm_backward adds the residual gradient", std::nullopt,
+       OpShape{.dt = dt, .N = N, .C = C},
+       [&] {  // a block's half: the residual gradient copied, the norm's accumulated into it
+         dev.copy_d2d(s, res, y, size_t(N) * C * es);
+         k.layernorm_backward(s, dt, res, res, dwf, dbf, x, ln, w, mean, rstd, N, C);
        },
-       [&] { dev.copy_d2d(s, res, y, size_t(N) * C * es); }},
+       [&] { k.layernorm_backward(s, dt, res, y, dwf, dbf, x, ln, w, mean, rstd, N, C); }},
+      {"rmsnorm_backward adds the residual gradient", std::nullopt,
+       OpShape{.dt = dt, .N = N, .C = CL},
+       [&] {
+         dev.copy_d2d(s, res, y, size_t(N) * CL * es);
+         k.rmsnorm_backward(s, dt, res, res, dwf, x, ln, w, rstd, N, CL);
+       },
+       [&] { k.rmsnorm_backward(s, dt, res, y, dwf, x, ln, w, rstd, N, CL); }},
   };
   json rows = json::array();
   *md += "\n| fused op (bf16, N=" + std::to_string(N) +
