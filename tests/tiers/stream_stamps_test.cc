@@ -21,6 +21,17 @@ namespace {
 
 int64_t now_ticks() { return TierClock::now().time_since_epoch().count(); }
 
+// Stamps a then b dated in that order between host times t0 and t1, at least apart_ms apart.
+void expect_dated_between(int64_t t0, const std::atomic<int64_t>& a, const std::atomic<int64_t>& b,
+                          int64_t t1, int apart_ms) {
+  EXPECT_LE(t0, a.load());
+  EXPECT_LE(a.load(), b.load());
+  EXPECT_LE(b.load(), t1);
+  EXPECT_GE(
+      b.load() - a.load(),
+      std::chrono::duration_cast<TierClock::duration>(std::chrono::milliseconds(apart_ms)).count());
+}
+
 // Counts the host functions enqueued; optionally hides the device's stream timing.
 class Watched final : public DeviceWrapper {
  public:
@@ -61,12 +72,7 @@ TEST(StreamStamps, ADeviceThatTimesItsStreamsIsStampedByEventsDatedAtTheWait) {
   EXPECT_EQ(a->load(), 0);
   EXPECT_EQ(b->load(), 0);
   ASSERT_TRUE(stamps.synchronize(s).is_ok());
-  const int64_t t1 = now_ticks();
-  EXPECT_LE(t0, a->load());
-  EXPECT_LE(a->load(), b->load());
-  EXPECT_LE(b->load(), t1);
-  EXPECT_GE(b->load() - a->load(),
-            std::chrono::duration_cast<TierClock::duration>(std::chrono::milliseconds(20)).count());
+  expect_dated_between(t0, *a, *b, now_ticks(), /*apart_ms=*/20);
   // A wait for another stream dates nothing of this one.
   StreamStamps::Stamp c = stamps.stamp(s);
   ASSERT_TRUE(stamps.synchronize(dev->d2h_stream()).is_ok());
@@ -88,12 +94,7 @@ TEST(StreamStamps, ADeviceThatDoesNotTimeItsStreamsIsStampedByHostFunctions) {
   EXPECT_EQ(dev->host_fns, 3);
   // Dated as the stream reaches them: a plain wait is enough.
   ASSERT_TRUE(dev->synchronize(s).is_ok());
-  const int64_t t1 = now_ticks();
-  EXPECT_LE(t0, a->load());
-  EXPECT_LE(a->load(), b->load());
-  EXPECT_LE(b->load(), t1);
-  EXPECT_GE(b->load() - a->load(),
-            std::chrono::duration_cast<TierClock::duration>(std::chrono::milliseconds(20)).count());
+  expect_dated_between(t0, *a, *b, now_ticks(), /*apart_ms=*/20);
   ASSERT_TRUE(stamps.synchronize(s).is_ok());
 }
 
@@ -117,10 +118,8 @@ TEST(StreamStamps, OnTheSimulatedDeviceStampsFollowTheModeledStream) {
   StreamStamps::Stamp b = stamps.stamp(s);
   EXPECT_EQ(dev->host_fns, before);
   ASSERT_TRUE(stamps.synchronize(s).is_ok());
-  const int64_t t1 = now_ticks();
-  EXPECT_LE(t0, a->load());
+  expect_dated_between(t0, *a, *b, now_ticks(), /*apart_ms=*/0);
   EXPECT_LT(a->load(), b->load());  // the modeled copy lies between them
-  EXPECT_LE(b->load(), t1);
   dev->release(*buf);
   dev->release_host(*host);
 }
