@@ -208,6 +208,27 @@ TEST(OpProfile, AllOnTheDeviceNoStreamWaitsForTheHost) {
   std::filesystem::remove_all(dir);
 }
 
+// The optimizer in host RAM (ZeRO-Offload's placement): the gradient statistics still come
+// from the device (the buffer a micro-batch group drains holds the step's whole gradient), so
+// neither the compute nor the d2h stream waits for the host; the h2d stream's host functions
+// hand the published parameters' staging buffers back to their pool.
+TEST(OpProfile, OptimizerInHostRamLeavesComputeAndDrainsToTheDevice) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = test::temp_dir("strata_op_profile", "host_ram");
+  TrainResult r =
+      test::must_train(profiled(dir, {"device.simulate=\"h200\"", "device.memory_limit=\"64MiB\"",
+                                      "zero_optimization.offload_param.device=\"none\"",
+                                      "zero_optimization.offload_optimizer.device=\"cpu\""}));
+  ASSERT_TRUE(r.op_profile.has_value());
+  bool stats = false;
+  for (const OpProfileRow& row : r.op_profile->rows) {
+    stats = stats || (row.op == "norm_sq_and_nonfinite" && row.stream == "d2h");
+    if (row.op == "host_fn") EXPECT_EQ(row.stream, "h2d") << format_op_profile(*r.op_profile);
+  }
+  EXPECT_TRUE(stats) << format_op_profile(*r.op_profile);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(OpProfile, TheTableGoesToANewFileOrOverAProfileNeverOverAnythingElse) {
   set_log_level(LogLevel::kError);
   const std::string dir = test::temp_dir("strata_op_profile", "file");

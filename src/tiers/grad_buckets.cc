@@ -128,7 +128,9 @@ void GradBuckets::drain(int m, int micro, bool last) {
   } else {
     accumulate(m, g, 0, homes_.module(m).sn, micro);
   }
-  finish(m, own ? g : nullptr, last);
+  // The first micro-batch's buffer is the last: it holds the step's whole gradient (one
+  // micro-batch, or a backward group's parts added into it).
+  finish(m, own ? g : nullptr, last, /*whole=*/own && micro == 0);
 }
 
 GradStats GradBuckets::stats() const {
@@ -213,19 +215,26 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
   }
 }
 
-void GradBuckets::finish(int m, float* g, bool last) {
+void GradBuckets::finish(int m, float* g, bool last, bool whole) {
   Stream& d2h = dev_.d2h_stream();
-  if (last && gacc_on_device(m) && !stats_buffers()) {
+  // The statistics come from the device where the whole gradient is there: GACC on the device,
+  // or the buffer just copied into a host GACC when it held the whole step (on a GPU the host's
+  // pass over GACC would be a host function holding the d2h stream, and the host's memory
+  // bandwidth is the CPU optimizer's).
+  const bool host_gacc = homes_.module(m).gacc.tier == Tier::kHost;
+  const float* on_device = gacc_on_device(m) ? static_cast<const float*>(homes_.module(m).gacc.dev)
+                           : (whole && g && host_gacc && !dev_.host_addressable()) ? g
+                                                                                   : nullptr;
+  // Read by stats() once the host has waited for the d2h stream: no host function stalls it.
+  if (last) stats_on_device_[size_t(m)] = on_device != nullptr;
+  if (last && on_device && !stats_buffers()) {
     // No room for the statistics: the error ends the step at end_backward.
-  } else if (last && gacc_on_device(m)) {
+  } else if (last && on_device) {
     float* acc2 = stats_dev_ + 2 * size_t(m);
     float* host2 = stats_host_ + 2 * size_t(m);
     dev_.memset_zero(d2h, acc2, 8);
-    dev_.kernels().norm_sq_and_nonfinite(
-        d2h, acc2, static_cast<const float*>(homes_.module(m).gacc.dev), homes_.module(m).sn);
+    dev_.kernels().norm_sq_and_nonfinite(d2h, acc2, on_device, homes_.module(m).sn);
     dev_.copy_d2h(d2h, host2, acc2, 8);
-    // Read by stats() once the host has waited for the d2h stream: no host function stalls it.
-    stats_on_device_[size_t(m)] = 1;
   } else if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
     GradStats* out = &gstats_[size_t(m)];
     const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());
@@ -280,7 +289,7 @@ void GradBuckets::flush_bucket() {
   for (const Piece& p : open_) {
     accumulate(p.m, mine + o, p.a, p.len, p.micro);
     o += p.len;
-    if (p.final) finish(p.m, p.g, p.last);
+    if (p.final) finish(p.m, p.g, p.last, /*whole=*/false);
   }
   if (!opt_.overlap_comm) {
     // overlap_comm false: the compute stream waits for this reduction.

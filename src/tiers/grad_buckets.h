@@ -86,8 +86,9 @@ class GradBuckets {
   void accumulate(int m, const float* src, size_t a, size_t len, int micro);
   // After module m's gradient buffer g has been accumulated: its grad stats (last), its
   // buffer freed (g null: written in place, nothing to free), and on_final (last), all in d2h
-  // stream order.
-  void finish(int m, float* g, bool last);
+  // stream order. `whole`: g holds the step's whole gradient of the module (its statistics
+  // may come from g on the device).
+  void finish(int m, float* g, bool last, bool whole);
   void drain_sharded(int m, float* g, int micro, bool last);
   // A zeroed device buffer for module m's whole (padded) gradient group, named <module><tag>.
   Result<float*> zeroed_buffer(int m, const char* tag);
