@@ -42,33 +42,56 @@ void StreamStamps::hold(Stream& s, std::shared_ptr<const void> object) {
 }
 
 Status StreamStamps::synchronize(Stream& s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  bool any = false;
-  for (const Pending& p : pending_) any = any || p.stream == &s;
-  if (!any) {
-    STRATA_RETURN_IF_ERROR(dev_.synchronize(s), "");
-    std::erase_if(held_, [&](const auto& h) { return h.first == &s; });
-    return Status::ok();
+  // What `s` holds and its stamps are taken out under the lock; the wait runs without it.
+  std::vector<Pending> mine;
+  std::vector<std::shared_ptr<const void>> held;
+  std::unique_ptr<Event> last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->stream != &s) {
+        ++it;
+        continue;
+      }
+      mine.push_back(std::move(*it));
+      it = pending_.erase(it);
+    }
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->first != &s) {
+        ++it;
+        continue;
+      }
+      held.push_back(std::move(it->second));
+      it = held_.erase(it);
+    }
+    if (!mine.empty()) {
+      last = take_event();
+      dev_.record(*last, s);
+    }
   }
-  std::unique_ptr<Event> last = take_event();
-  dev_.record(*last, s);
-  STRATA_RETURN_IF_ERROR(dev_.synchronize(s), "");
-  std::erase_if(held_, [&](const auto& h) { return h.first == &s; });
+  const Status waited = dev_.synchronize(s);
   // The host learns of the last event a little after the stream ran it: the stamps come out
-  // that much late, never early.
+  // that much late, never early. A failed wait dates them at its return (the step fails).
   const int64_t now = TierClock::now().time_since_epoch().count();
-  std::erase_if(pending_, [&](Pending& p) {
-    if (p.stream != &s) return false;
-    Result<double> ms = dev_.elapsed_ms(*p.event, *last);
+  for (Pending& p : mine) {
+    Result<double> ms = waited.is_ok() ? dev_.elapsed_ms(*p.event, *last) : Result<double>(waited);
     const double ahead_ms = ms.is_ok() && *ms > 0 ? *ms : 0.0;
     const auto ahead = std::chrono::duration_cast<TierClock::duration>(
         std::chrono::duration<double, std::milli>(ahead_ms));
     p.out->store(now - ahead.count());
-    free_.push_back(std::move(p.event));
-    return true;
-  });
-  free_.push_back(std::move(last));
-  return Status::ok();
+  }
+  if (waited.is_ok()) {  // events of a failed wait may still be pending: not reused
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Pending& p : mine) free_.push_back(std::move(p.event));
+    if (last) free_.push_back(std::move(last));
+  } else {
+    // Kept alive until the device is done with them (the device's own teardown waits).
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Pending& p : mine) held_.emplace_back(&s, std::shared_ptr<const void>(std::move(p.event)));
+    if (last) held_.emplace_back(&s, std::shared_ptr<const void>(std::move(last)));
+    for (auto& h : held) held_.emplace_back(&s, std::move(h));
+  }
+  return waited;
 }
 
 }  // namespace strata
