@@ -22,6 +22,7 @@ endforeach()
 # CUDA code does (no strict aliasing); nothing is contracted into fused multiply-adds, as nvcc
 # is told for adamw.cu (--fmad=false).
 add_library(strata_cuda_emu OBJECT ${strata_emu_generated} ${strata_emu_dir}/runtime.cc
+            ${strata_emu_dir}/device_memory.cc
             ${strata_emu_dir}/cublaslt.cc ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_device.cc
             ${CMAKE_SOURCE_DIR}/kernels/cuda/cuda_kernels.cc
             ${CMAKE_SOURCE_DIR}/kernels/cuda/library_attention.cc
