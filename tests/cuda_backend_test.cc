@@ -207,6 +207,49 @@ TEST_F(CudaDeviceTest, FusedOpsEnvironmentSwitch) {
   EXPECT_TRUE(on->kernels().supports(KernelOp::kResidualNorm, norm).supported);
 }
 
+// STRATA_CUDA_PACKED=0, read when the kernel table is created, keeps the one-element kernels: a
+// LayerNorm of rows that fill whole 16-byte packs then sums each row as the default table does
+// for an output one element off alignment (which it cannot write in packs), and in another
+// order than the default table's packs.
+TEST_F(CudaDeviceTest, PackedAccessEnvironmentSwitch) {
+  const int N = 64, C = 256;
+  const size_t n = size_t(N) * C;
+  ASSERT_EQ(setenv("STRATA_CUDA_PACKED", "0", 1), 0);
+  auto off = make(kMiB);
+  unsetenv("STRATA_CUDA_PACKED");
+  auto on = make(kMiB);
+  ASSERT_TRUE(off && on);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 3.0f);
+  std::vector<float> x(n), wb(2 * size_t(C));
+  for (float& v : x) v = u(rng);
+  for (float& v : wb) v = u(rng);
+  // out, then the rows' means and rstds, the output `offset` elements into its buffer.
+  auto layernorm = [&](Device& d, size_t offset) {
+    Stream& s = d.compute_stream();
+    float* inp = static_cast<float*>(*d.allocate(n * 4, "inp"));
+    float* w = static_cast<float*>(*d.allocate(wb.size() * 4, "weight and bias"));
+    float* out = static_cast<float*>(*d.allocate((n + 1) * 4, "out"));
+    float* stats = static_cast<float*>(*d.allocate(2 * size_t(N) * 4, "stats"));
+    d.copy_h2d(s, inp, x.data(), n * 4);
+    d.copy_h2d(s, w, wb.data(), wb.size() * 4);
+    d.kernels().layernorm_forward(s, DType::kF32, out + offset, stats, stats + N, inp, w, w + C, N,
+                                  C);
+    std::vector<float> got(n + 2 * size_t(N));
+    d.copy_d2h(s, got.data(), out + offset, n * 4);
+    d.copy_d2h(s, got.data() + n, stats, 2 * size_t(N) * 4);
+    EXPECT_TRUE(d.synchronize(s).is_ok());
+    for (void* p : {static_cast<void*>(inp), static_cast<void*>(w), static_cast<void*>(out),
+                    static_cast<void*>(stats)}) {
+      d.release(p);
+    }
+    return got;
+  };
+  const std::vector<float> one_element = layernorm(*off, 0);
+  EXPECT_EQ(one_element, layernorm(*on, 1));
+  EXPECT_NE(one_element, layernorm(*on, 0)) << "packs and one element summed alike";
+}
+
 TEST_F(CudaDeviceTest, EnqueueErrorsSurfaceAtTheNextSynchronize) {
   auto dev = make(kMiB);
   ASSERT_TRUE(dev);

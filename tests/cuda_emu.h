@@ -489,6 +489,14 @@ T shuffle(unsigned mask, T v, const char* what, Src src) {
 
 }  // namespace strata::emu
 
+// A 16-byte vector access (kernels/cuda/cuda_common.cuh's packs) of an address that is not
+// 16-byte aligned faults on a GPU (misaligned address); here it fails the launch.
+#define STRATA_PACK_CHECK(p)                                                                   \
+  (reinterpret_cast<uintptr_t>(p) % 16 == 0                                                    \
+       ? void()                                                                                \
+       : ::strata::emu::Runtime::get().fail("a 16-byte pack access at an address that is not " \
+                                            "16-byte aligned"))
+
 inline void __syncthreads() { strata::emu::Runtime::get().sync_block(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) strata::emu::Runtime::get().fail("__syncwarp with a partial mask");

@@ -31,6 +31,11 @@ __global__ void copy_kernel(float* out, const float* in, int n) {
   if (i < n) out[i] = in[i];
 }
 __global__ void write_at_kernel(float* p, int i) { p[i] = 1.0f; }
+// A 16-byte pack read at p, checked as kernels/cuda/cuda_common.cuh's load_elems checks it.
+__global__ void pack_kernel(float* out, const float* p) {
+  STRATA_PACK_CHECK(p);
+  out[threadIdx.x] = p[0];
+}
 // Half the warp waits at the block barrier, the other half at a shuffle that needs the whole
 // warp: neither can complete. (Threads that have exited do not hold a barrier up, as on a GPU.)
 __global__ void divergent_kernel(float* p) {
@@ -124,6 +129,15 @@ TEST_F(EmulationChecks, ThreadsWaitingAtDifferentBarriersAreADeadlock) {
   EXPECT_NE(emu::failure().find("deadlock"), std::string::npos) << emu::failure();
 }
 
+TEST_F(EmulationChecks, AMisalignedPackFailsTheLaunch) {
+  float* p = alloc(64);
+  pack_kernel | Launch(1, 1, 0, s_)(p, p + 4);  // 16 bytes in: aligned
+  EXPECT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
+  pack_kernel | Launch(1, 1, 0, s_)(p, p + 1);
+  EXPECT_EQ(cudaStreamSynchronize(s_), cudaErrorLaunchFailure);
+  EXPECT_NE(emu::failure().find("not 16-byte aligned"), std::string::npos) << emu::failure();
+}
+
 TEST_F(EmulationChecks, AHostPointerAsAKernelArgumentFails) {
   std::vector<float> host(64);
   float* dev = alloc(64);
@@ -196,7 +210,9 @@ TEST_F(EmulationChecks, AMissingEventWaitReadsTooEarly) {
               cudaSuccess);
     copy_kernel | Launch(n / 256, 256, 0, s_)(dst, src, n);
     ASSERT_EQ(cudaEventRecord(ready, s_), cudaSuccess);
-    if (wait) ASSERT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
+    if (wait) {
+      ASSERT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
+    }
     ASSERT_EQ(cudaMemcpyAsync(host, dst, n * 4, cudaMemcpyDeviceToHost, other), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
     EXPECT_EQ(host[n - 1], wait ? 1.0f : 0.0f) << (wait ? "with" : "without") << " the wait";
@@ -223,7 +239,9 @@ TEST_F(EmulationChecks, LazyStreamsMakeAMissingEventWaitReadStaleData) {
     EXPECT_EQ(cudaStreamSynchronize(other), cudaSuccess);
     copy_kernel | Launch((n + 255) / 256, 256, 0, s_)(dst, src, n);
     EXPECT_EQ(cudaEventRecord(ready, s_), cudaSuccess);
-    if (wait) EXPECT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
+    if (wait) {
+      EXPECT_EQ(cudaStreamWaitEvent(other, ready, 0), cudaSuccess);
+    }
     EXPECT_EQ(cudaMemcpyAsync(host, dst, n * 4, cudaMemcpyDeviceToHost, other), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return host[n - 1];

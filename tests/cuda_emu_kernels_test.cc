@@ -76,88 +76,99 @@ TEST_F(EmulatedKernels, Encoder) {
   }
 }
 
+// Rows of C = 83 take the one-element kernels; C = 96 the 16-byte packs (every dtype), and
+// `packed` false (STRATA_CUDA_PACKED=0) the one-element kernels again.
+const int kRowWidths[] = {83, 96};
+
 TEST_F(EmulatedKernels, LayerNorm) {
-  const int N = 37, C = 83;
-  for (DType dt : kDtypes) {
-    check_op(
-        name("layernorm_forward", dt),
-        {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(N, DType::kF32),
-         floats(size_t(N) * C, dt, -2, 2), floats(C, dt), floats(C, dt)},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
-                              p[3], p[4], p[5], N, C);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]),
-                                        static_cast<float*>(p[2]), p[3], p[4], p[5], N, C);
-        },
-        {{0, "out", tol(dt, 1e-5)}, {1, "mean", 1e-5}, {2, "rstd", 1e-5}});
-    // Rows past one 256-row chunk of the parameter gradient's grid.
-    const int N2 = 300;
-    std::vector<float> mean(N2), rstd(N2);
-    for (int i = 0; i < N2; ++i) {
-      mean[i] = 0.1f * float(i % 7) - 0.3f;
-      rstd[i] = 0.5f + 0.01f * float(i % 13);
-    }
-    check_op(
-        name("layernorm_backward", dt),
-        {floats(size_t(N2) * C, dt),
-         floats(C, DType::kF32),
-         floats(C, DType::kF32),
-         floats(size_t(N2) * C, dt),
-         floats(size_t(N2) * C, dt, -2, 2),
-         floats(C, dt),
-         {to_bytes(mean, DType::kF32), DType::kF32},
-         {to_bytes(rstd, DType::kF32), DType::kF32}},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.layernorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]),
-                               static_cast<float*>(p[2]), p[3], p[4], p[5],
-                               static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_layernorm_backward(
-              s, dt, p[0], p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3], p[4],
-              p[5], static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
-        },
-        {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}, {2, "dbias", 5e-5, true}});
-  }
+  const int N = 37;
+  for (DType dt : kDtypes)
+    for (int C : kRowWidths)
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE("C " + std::to_string(C) + (packed ? ", packed" : ", one element"));
+        check_op(
+            name("layernorm_forward", dt),
+            {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(N, DType::kF32),
+             floats(size_t(N) * C, dt, -2, 2), floats(C, dt), floats(C, dt)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
+                                  p[3], p[4], p[5], N, C);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_layernorm_forward(s, dt, p[0], static_cast<float*>(p[1]),
+                                            static_cast<float*>(p[2]), p[3], p[4], p[5], N, C,
+                                            packed);
+            },
+            {{0, "out", tol(dt, 1e-5)}, {1, "mean", 1e-5}, {2, "rstd", 1e-5}});
+        // Rows past one 256-row chunk of the parameter gradient's grid.
+        const int N2 = 300;
+        std::vector<float> mean(N2), rstd(N2);
+        for (int i = 0; i < N2; ++i) {
+          mean[i] = 0.1f * float(i % 7) - 0.3f;
+          rstd[i] = 0.5f + 0.01f * float(i % 13);
+        }
+        check_op(
+            name("layernorm_backward", dt),
+            {floats(size_t(N2) * C, dt),
+             floats(C, DType::kF32),
+             floats(C, DType::kF32),
+             floats(size_t(N2) * C, dt),
+             floats(size_t(N2) * C, dt, -2, 2),
+             floats(C, dt),
+             {to_bytes(mean, DType::kF32), DType::kF32},
+             {to_bytes(rstd, DType::kF32), DType::kF32}},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.layernorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]),
+                                   static_cast<float*>(p[2]), p[3], p[4], p[5],
+                                   static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_layernorm_backward(
+                  s, dt, p[0], p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3],
+                  p[4], p[5], static_cast<float*>(p[6]), static_cast<float*>(p[7]), N2, C, packed);
+            },
+            {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}, {2, "dbias", 5e-5, true}});
+      }
 }
 
 TEST_F(EmulatedKernels, RmsNorm) {
-  const int N = 300, C = 77;
-  for (DType dt : kDtypes) {
-    check_op(
-        name("rmsnorm_forward", dt),
-        {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(size_t(N) * C, dt, -2, 2),
-         floats(C, dt)},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f, N, C);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f, N,
-                                      C);
-        },
-        {{0, "out", tol(dt, 1e-5)}, {1, "rstd", 1e-5}});
-    std::vector<float> rstd(N);
-    for (int i = 0; i < N; ++i) rstd[i] = 0.5f + 0.01f * float(i % 13);
-    check_op(
-        name("rmsnorm_backward", dt),
-        {floats(size_t(N) * C, dt),
-         floats(C, DType::kF32),
-         floats(size_t(N) * C, dt),
-         floats(size_t(N) * C, dt, -2, 2),
-         floats(C, dt),
-         {to_bytes(rstd, DType::kF32), DType::kF32}},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
-                             static_cast<float*>(p[5]), N, C);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3],
-                                       p[4], static_cast<float*>(p[5]), N, C);
-        },
-        {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}});
-  }
+  const int N = 300;
+  for (DType dt : kDtypes)
+    for (int C : {77, 96})
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE("C " + std::to_string(C) + (packed ? ", packed" : ", one element"));
+        check_op(
+            name("rmsnorm_forward", dt),
+            {floats(size_t(N) * C, dt), floats(N, DType::kF32), floats(size_t(N) * C, dt, -2, 2),
+             floats(C, dt)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f, N, C);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_rmsnorm_forward(s, dt, p[0], static_cast<float*>(p[1]), p[2], p[3], 1e-5f,
+                                          N, C, packed);
+            },
+            {{0, "out", tol(dt, 1e-5)}, {1, "rstd", 1e-5}});
+        std::vector<float> rstd(N);
+        for (int i = 0; i < N; ++i) rstd[i] = 0.5f + 0.01f * float(i % 13);
+        check_op(
+            name("rmsnorm_backward", dt),
+            {floats(size_t(N) * C, dt),
+             floats(C, DType::kF32),
+             floats(size_t(N) * C, dt),
+             floats(size_t(N) * C, dt, -2, 2),
+             floats(C, dt),
+             {to_bytes(rstd, DType::kF32), DType::kF32}},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3], p[4],
+                                 static_cast<float*>(p[5]), N, C);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_rmsnorm_backward(s, dt, p[0], p[0], static_cast<float*>(p[1]), p[2], p[3],
+                                           p[4], static_cast<float*>(p[5]), N, C, packed);
+            },
+            {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5, true}});
+      }
 }
 
 TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
@@ -193,28 +204,35 @@ TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
 }
 
 TEST_F(EmulatedKernels, SwiGluRopeGelu) {
-  const int N = 37, H = 45;
+  const int N = 37;
   const size_t n = 1001;
   for (DType dt : kDtypes) {
-    check_op(
-        name("swiglu_forward", dt),
-        {floats(size_t(N) * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3)},
-        [&](Kernels& k, Stream& s, void* const* p) { k.swiglu_forward(s, dt, p[0], p[1], N, H); },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_swiglu_forward(s, dt, p[0], p[1], N, H);
-        },
-        {{0, "out", tol(dt, 1e-5)}});
-    check_op(
-        name("swiglu_backward", dt),
-        {floats(size_t(N) * 2 * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3),
-         floats(size_t(N) * H, dt)},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.swiglu_backward(s, dt, p[0], p[1], p[2], N, H);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_swiglu_backward(s, dt, p[0], p[1], p[2], N, H);
-        },
-        {{0, "dinp", tol(dt, 1e-5)}});
+    // H = 45 takes the one-element kernels, H = 48 the 16-byte packs.
+    for (int H : {45, 48})
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE("H " + std::to_string(H) + (packed ? ", packed" : ", one element"));
+        check_op(
+            name("swiglu_forward", dt),
+            {floats(size_t(N) * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.swiglu_forward(s, dt, p[0], p[1], N, H);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_swiglu_forward(s, dt, p[0], p[1], N, H, packed);
+            },
+            {{0, "out", tol(dt, 1e-5)}});
+        check_op(
+            name("swiglu_backward", dt),
+            {floats(size_t(N) * 2 * H, dt), floats(size_t(N) * 2 * H, dt, -3, 3),
+             floats(size_t(N) * H, dt)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.swiglu_backward(s, dt, p[0], p[1], p[2], N, H);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_swiglu_backward(s, dt, p[0], p[1], p[2], N, H, packed);
+            },
+            {{0, "dinp", tol(dt, 1e-5)}});
+      }
     for (bool llama3 : {false, true}) {
       const int B = 2, T = 37, NH = 6, KVH = 2, hs = 18;
       RopeParams rope;
@@ -364,6 +382,89 @@ TEST_F(EmulatedKernels, ResidualCastAndScaleAreExact) {
       {{0, "x"}});
 }
 
+// The elementwise kernels in 16-byte packs give the one-element kernels' bits (the same
+// arithmetic per element), with `packed` false and with arrays one element off alignment (the
+// launcher falls back to one element a thread); n = 1003 leaves a tail after the packs.
+TEST_F(EmulatedKernels, PackedElementwiseKernelsGiveTheOneElementBits) {
+  const int N = 19, H = 48;
+  const size_t n = 1003, nh = size_t(N) * H;
+  struct Op {
+    const char* name;
+    size_t out_n;              // elements of p[0], the output (read too where it accumulates)
+    std::vector<size_t> in_n;  // elements of each input
+    std::function<Status(DType, void* const*, bool)> run;
+  };
+  const Op ops[] = {
+      {"residual_forward",
+       n,
+       {n, n},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_residual_forward(stream_, dt, p[0], p[1], p[2], n, packed);
+       }},
+      {"add_inplace",
+       n,
+       {n},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_add_inplace(stream_, dt, p[0], p[1], n, packed);
+       }},
+      {"gelu_forward",
+       n,
+       {n},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_gelu_forward(stream_, dt, p[0], p[1], n, packed);
+       }},
+      {"gelu_backward",
+       n,
+       {n, n},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_gelu_backward(stream_, dt, p[0], p[1], p[2], n, packed);
+       }},
+      {"swiglu_forward",
+       nh,
+       {2 * nh},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_swiglu_forward(stream_, dt, p[0], p[1], N, H, packed);
+       }},
+      {"swiglu_backward",
+       2 * nh,
+       {2 * nh, nh},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_swiglu_backward(stream_, dt, p[0], p[1], p[2], N, H, packed);
+       }},
+  };
+  for (DType dt : kDtypes) {
+    const size_t es = dtype_size(dt);
+    for (const Op& op : ops) {
+      SCOPED_TRACE(name(op.name, dt));
+      std::vector<Buf> host = {floats(op.out_n, dt)};
+      for (size_t m : op.in_n) host.push_back(floats(m, dt, -3, 3));
+      // The output after the op, packed or not, its arrays `offset` elements past an aligned
+      // address.
+      auto run = [&](bool packed, size_t offset) {
+        std::vector<void*> base(host.size()), p(host.size());
+        for (size_t i = 0; i < host.size(); ++i) {
+          EXPECT_EQ(cudaMalloc(&base[i], host[i].bytes.size() + es), cudaSuccess);
+          p[i] = static_cast<char*>(base[i]) + offset * es;
+          EXPECT_EQ(
+              cudaMemcpy(p[i], host[i].bytes.data(), host[i].bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+        }
+        const Status st = op.run(dt, p.data(), packed);
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+        EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+        std::vector<uint8_t> out(host[0].bytes.size());
+        EXPECT_EQ(cudaMemcpy(out.data(), p[0], out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        for (void* b : base) EXPECT_EQ(cudaFree(b), cudaSuccess);
+        return out;
+      };
+      const std::vector<uint8_t> packed = run(true, 0);
+      EXPECT_NE(packed, host[0].bytes) << "the op wrote nothing";
+      EXPECT_EQ(first_difference(packed, run(false, 0), dt), "") << "packed against one element";
+      EXPECT_EQ(first_difference(packed, run(true, 1), dt), "") << "packed against misaligned";
+    }
+  }
+}
+
 // LoRA's dropout: the same mask and the same multiply, so the same bits; out of place and in
 // place (the backward's use).
 TEST_F(EmulatedKernels, DropoutIsBitExact) {
@@ -389,25 +490,30 @@ TEST_F(EmulatedKernels, DropoutIsBitExact) {
 }
 
 TEST_F(EmulatedKernels, CrossEntropy) {
-  const int N = 37, V = 1001, Vp = 1024;
-  for (DType dt : kDtypes) {
-    // Every third row masked out (target -1, the data's loss mask): loss and gradient 0.
-    Buf targets = ints(N, 0, V - 1);
-    for (int n = 1; n < N; n += 3) std::memset(&targets.bytes[size_t(n) * 4], 0xff, 4);
-    check_op(
-        name("crossentropy_forward_backward", dt),
-        {floats(N, DType::kF32), floats(size_t(N) * Vp, dt, -4, 4), targets},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          k.crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
-                                          static_cast<int32_t*>(p[2]), 1.0f / N, N, V, Vp);
-        },
-        [&](cudaStream_t s, void* const* p) {
-          return cuda_crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
-                                                    static_cast<int32_t*>(p[2]), 1.0f / N, N, V,
-                                                    Vp);
-        },
-        {{0, "losses", 1e-5}, {1, "dlogits", tol(dt, 1e-5)}});
-  }
+  const int N = 37, V = 1001;
+  // Vp 1024: rows in 16-byte packs, the last pack of the vocabulary part padding; Vp 1001 and
+  // `packed` false: one element a thread.
+  for (DType dt : kDtypes)
+    for (int Vp : {1024, 1001})
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE("Vp " + std::to_string(Vp) + (packed ? ", packed" : ", one element"));
+        // Every third row masked out (target -1, the data's loss mask): loss and gradient 0.
+        Buf targets = ints(N, 0, V - 1);
+        for (int n = 1; n < N; n += 3) std::memset(&targets.bytes[size_t(n) * 4], 0xff, 4);
+        check_op(
+            name("crossentropy_forward_backward", dt),
+            {floats(N, DType::kF32), floats(size_t(N) * Vp, dt, -4, 4), targets},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
+                                              static_cast<int32_t*>(p[2]), 1.0f / N, N, V, Vp);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_crossentropy_forward_backward(s, dt, static_cast<float*>(p[0]), p[1],
+                                                        static_cast<int32_t*>(p[2]), 1.0f / N, N, V,
+                                                        Vp, packed);
+            },
+            {{0, "losses", 1e-5}, {1, "dlogits", tol(dt, 1e-5)}});
+      }
 }
 
 TEST_F(EmulatedKernels, NormAndNonFiniteFlag) {

@@ -2,7 +2,8 @@
 # without CUDA (with --backend cpu it runs the same code on the CPU backend), and the tool's
 # self-test, which needs no GPU: it runs every phase in its dry/CPU mode (the PyTorch peers
 # through a stand-in interpreter) and validates the report it writes. Python 3.9+, stdlib only.
-add_executable(bench_device_ops ${CMAKE_CURRENT_LIST_DIR}/bench/bench_device_ops.cc)
+add_executable(bench_device_ops ${CMAKE_CURRENT_LIST_DIR}/bench/bench_device_ops.cc
+                                ${CMAKE_CURRENT_LIST_DIR}/bench/bench_device_elementwise.cc)
 target_link_libraries(bench_device_ops PRIVATE libstrata nlohmann_json::nlohmann_json)
 find_package(Python3 3.9 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)

@@ -37,7 +37,11 @@ namespace {
 class CudaKernels final : public Kernels {
  public:
   CudaKernels(int ordinal, cublasLtHandle_t handle, CudaErrorSink* errors)
-      : ordinal_(ordinal), handle_(handle), errors_(errors), fused_ops_(fused_ops_from_env()) {}
+      : ordinal_(ordinal),
+        handle_(handle),
+        errors_(errors),
+        fused_ops_(on_unless_zero(kFusedOpsEnv)),
+        packed_(on_unless_zero(kPackedAccessEnv)) {}
 
   void encoder_forward(Stream& s, DType dt, void* out, const int32_t* tokens, const int32_t* pos,
                        const void* wte, const void* wpe, int B, int T, int C) override {
@@ -54,7 +58,8 @@ class CudaKernels final : public Kernels {
   void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
                          const void* weight, const void* bias, int N, int C) override {
     run("layernorm_forward", s, [&](CudaStream& cs) {
-      return cuda_layernorm_forward(cs.handle, dt, out, mean, rstd, inp, weight, bias, N, C);
+      return cuda_layernorm_forward(cs.handle, dt, out, mean, rstd, inp, weight, bias, N, C,
+                                    packed_);
     });
   }
   void layernorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
@@ -62,7 +67,7 @@ class CudaKernels final : public Kernels {
                           const float* mean, const float* rstd, int N, int C) override {
     run("layernorm_backward", s, [&](CudaStream& cs) {
       return cuda_layernorm_backward(cs.handle, dt, dinp, dres, dweight, dbias, dout, inp, weight,
-                                     mean, rstd, N, C);
+                                     mean, rstd, N, C, packed_);
     });
   }
   void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -99,14 +104,15 @@ class CudaKernels final : public Kernels {
                                   const void* bias, int N, int C) override {
     run("residual_layernorm_forward", s, [&](CudaStream& cs) {
       return cuda_residual_layernorm_forward(cs.handle, dt, res, out, mean, rstd, a, b, weight,
-                                             bias, N, C);
+                                             bias, N, C, packed_);
     });
   }
   void residual_rmsnorm_forward(Stream& s, DType dt, void* res, void* out, float* rstd,
                                 const void* a, const void* b, const void* weight, float eps, int N,
                                 int C) override {
     run("residual_rmsnorm_forward", s, [&](CudaStream& cs) {
-      return cuda_residual_rmsnorm_forward(cs.handle, dt, res, out, rstd, a, b, weight, eps, N, C);
+      return cuda_residual_rmsnorm_forward(cs.handle, dt, res, out, rstd, a, b, weight, eps, N, C,
+                                           packed_);
     });
   }
   KernelSupport supports(KernelOp op, const OpShape& shape) const override {
@@ -182,7 +188,7 @@ class CudaKernels final : public Kernels {
   void rmsnorm_forward(Stream& s, DType dt, void* out, float* rstd, const void* inp,
                        const void* weight, float eps, int N, int C) override {
     run("rmsnorm_forward", s, [&](CudaStream& cs) {
-      return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C);
+      return cuda_rmsnorm_forward(cs.handle, dt, out, rstd, inp, weight, eps, N, C, packed_);
     });
   }
   void rmsnorm_backward(Stream& s, DType dt, void* dinp, const void* dres, float* dweight,
@@ -190,17 +196,19 @@ class CudaKernels final : public Kernels {
                         int N, int C) override {
     run("rmsnorm_backward", s, [&](CudaStream& cs) {
       return cuda_rmsnorm_backward(cs.handle, dt, dinp, dres, dweight, dout, inp, weight, rstd, N,
-                                   C);
+                                   C, packed_);
     });
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
-    run("swiglu_forward", s,
-        [&](CudaStream& cs) { return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H); });
+    run("swiglu_forward", s, [&](CudaStream& cs) {
+      return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H, packed_);
+    });
   }
   void swiglu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout, int N,
                        int H) override {
-    run("swiglu_backward", s,
-        [&](CudaStream& cs) { return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H); });
+    run("swiglu_backward", s, [&](CudaStream& cs) {
+      return cuda_swiglu_backward(cs.handle, dt, dinp, inp, dout, N, H, packed_);
+    });
   }
   void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, const int32_t* pos,
                     int B, int T, int NH, int KVH, int hs) override {
@@ -216,21 +224,23 @@ class CudaKernels final : public Kernels {
   }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run("gelu_forward", s,
-        [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n); });
+        [&](CudaStream& cs) { return cuda_gelu_forward(cs.handle, dt, out, inp, n, packed_); });
   }
   void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,
                      size_t n) override {
-    run("gelu_backward", s,
-        [&](CudaStream& cs) { return cuda_gelu_backward(cs.handle, dt, dinp, inp, dout, n); });
+    run("gelu_backward", s, [&](CudaStream& cs) {
+      return cuda_gelu_backward(cs.handle, dt, dinp, inp, dout, n, packed_);
+    });
   }
   void residual_forward(Stream& s, DType dt, void* out, const void* a, const void* b,
                         size_t n) override {
-    run("residual_forward", s,
-        [&](CudaStream& cs) { return cuda_residual_forward(cs.handle, dt, out, a, b, n); });
+    run("residual_forward", s, [&](CudaStream& cs) {
+      return cuda_residual_forward(cs.handle, dt, out, a, b, n, packed_);
+    });
   }
   void add_inplace(Stream& s, DType dt, void* dst, const void* src, size_t n) override {
     run("add_inplace", s,
-        [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n); });
+        [&](CudaStream& cs) { return cuda_add_inplace(cs.handle, dt, dst, src, n, packed_); });
   }
   void gather_rows(Stream& s, DType dt, void* out, const void* in, const int32_t* idx,
                    const float* scale, int n, int C) override {
@@ -253,7 +263,7 @@ class CudaKernels final : public Kernels {
                                      int Vp) override {
     run("crossentropy_forward_backward", s, [&](CudaStream& cs) {
       return cuda_crossentropy_forward_backward(cs.handle, dt, losses, logits_inout, targets, dloss,
-                                                N, V, Vp);
+                                                N, V, Vp, packed_);
     });
   }
   void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
@@ -313,8 +323,9 @@ class CudaKernels final : public Kernels {
     if (!st.is_ok()) errors_->note(st.with_context(op));
   }
 
-  static bool fused_ops_from_env() {
-    const char* env = std::getenv(kFusedOpsEnv);
+  // An environment switch that is on unless set to "0".
+  static bool on_unless_zero(const char* name) {
+    const char* env = std::getenv(name);
     return env == nullptr || std::strcmp(env, "0") != 0;
   }
 
@@ -322,6 +333,7 @@ class CudaKernels final : public Kernels {
   const cublasLtHandle_t handle_;
   CudaErrorSink* const errors_;
   const bool fused_ops_;  // the optional fused ops are offered (kFusedOpsEnv)
+  const bool packed_;     // the kernels take 16-byte packs where aligned (kPackedAccessEnv)
 };
 
 }  // namespace

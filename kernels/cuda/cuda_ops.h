@@ -80,6 +80,14 @@ std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handl
 // table is created; any other value, or unset, offers them.
 inline constexpr const char* kFusedOpsEnv = "STRATA_FUSED_OPS";
 
+// The environment switch of the 16-byte packs (cuda_common.cuh): STRATA_CUDA_PACKED=0 makes the
+// table call the elementwise and row kernels below with `packed` false, one element a thread's
+// access (the kernels they replace; a whole step's comparison). Read when the table is created;
+// any other value, or unset, takes the packs wherever the arrays are aligned. The launchers'
+// `packed` is that switch; each launcher also falls back where a pointer or a row is not
+// 16-byte aligned.
+inline constexpr const char* kPackedAccessEnv = "STRATA_CUDA_PACKED";
+
 // encoder.cu
 Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
                             const int32_t* pos, const void* wte, const void* wpe, int B, int T,
@@ -88,12 +96,13 @@ Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe,
                              const int32_t* tokens, const int32_t* pos, int B, int T, int C);
 // layernorm.cu
 Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
-                              const void* inp, const void* weight, const void* bias, int N, int C);
+                              const void* inp, const void* weight, const void* bias, int N, int C,
+                              bool packed = true);
 // dinp = dres + the norm's gradient (dres may be dinp; null: written), as Kernels' doc says.
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C);
+                               int C, bool packed = true);
 // matmul.cu (cuBLASLt; dbias by a column-sum kernel)
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
@@ -138,35 +147,39 @@ Status cuda_attention_gqa_backward(cudaStream_t s, DType dt, void* dqkv, float* 
                                    const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 // rmsnorm.cu
 Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
-                            const void* weight, float eps, int N, int C);
+                            const void* weight, float eps, int N, int C, bool packed = true);
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
-                             const float* rstd, int N, int C);
+                             const float* rstd, int N, int C, bool packed = true);
 // swiglu.cu
-Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H);
+Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H,
+                           bool packed = true);
 Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
-                            int N, int H);
+                            int N, int H, bool packed = true);
 // rope.cu
 Status cuda_rope_forward(cudaStream_t s, DType dt, void* qkv, const RopeParams& rope,
                          const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 Status cuda_rope_backward(cudaStream_t s, DType dt, void* dqkv, const RopeParams& rope,
                           const int32_t* pos, int B, int T, int NH, int KVH, int hs);
 // gelu.cu
-Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n);
+Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n,
+                         bool packed = true);
 Status cuda_gelu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
-                          size_t n);
+                          size_t n, bool packed = true);
 // residual.cu
 Status cuda_residual_forward(cudaStream_t s, DType dt, void* out, const void* a, const void* b,
-                             size_t n);
-Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n);
+                             size_t n, bool packed = true);
+Status cuda_add_inplace(cudaStream_t s, DType dt, void* dst, const void* src, size_t n,
+                        bool packed = true);
 // residual_norm.cu: res = a + b, then LayerNorm / RMSNorm of the stored res (the bits of
 // cuda_residual_forward followed by cuda_layernorm_forward / cuda_rmsnorm_forward).
 Status cuda_residual_layernorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* mean,
                                        float* rstd, const void* a, const void* b,
-                                       const void* weight, const void* bias, int N, int C);
+                                       const void* weight, const void* bias, int N, int C,
+                                       bool packed = true);
 Status cuda_residual_rmsnorm_forward(cudaStream_t s, DType dt, void* res, void* out, float* rstd,
                                      const void* a, const void* b, const void* weight, float eps,
-                                     int N, int C);
+                                     int N, int C, bool packed = true);
 // dropout.cu
 Status cuda_dropout(cudaStream_t s, DType dt, void* out, const void* in, size_t n, float p,
                     uint64_t key);
@@ -180,7 +193,7 @@ Status cuda_row_dots(cudaStream_t s, DType dt, float* out, const void* a, const 
 // crossentropy.cu
 Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losses,
                                           void* logits_inout, const int32_t* targets, float dloss,
-                                          int N, int V, int Vp);
+                                          int N, int V, int Vp, bool packed = true);
 // cast.cu
 Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 // norm.cu (`scratch`: kCudaReduceBlocks doubles private to stream s)

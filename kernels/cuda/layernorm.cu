@@ -10,14 +10,19 @@ constexpr int kRowsPerBlock = 8;  // one warp per row, 256 threads
 // Two passes over the row like the reference: mean, then the variance around it.
 template <typename T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
-                                         const T* weight, const T* bias, int N, int C) {
+                                         const T* weight, const T* bias, int N, int C,
+                                         bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const T* x = inp + size_t(row) * C;
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) sum += to_f32(x[c]);
-  layernorm_row(out + size_t(row) * C, mean, rstd, x, weight, bias, warp_sum(sum) / C, row, C,
-                lane);
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> xs = load_elems<K>(x + c);
+    for (int j = 0; j < K; ++j) sum += to_f32(xs.v[j]);
+  });
+  layernorm_row(out + size_t(row) * C, mean, rstd, x, weight, bias, warp_sum(sum) / C, row, C, lane,
+                packed);
 }
 
 // dinp = dres + (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd (dres null: 0 +),
@@ -25,24 +30,38 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
 template <typename T>
 __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
                                                const T* weight, const float* mean,
-                                               const float* rstd, int N, int C) {
+                                               const float* rstd, int N, int C, bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   const float m = mean[row], s = rstd[row];
   float a = 0.0f, b = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float dn = to_f32(weight[c]) * to_f32(dout[off + c]);
-    a += dn;
-    b += dn * (to_f32(inp[off + c]) - m) * s;
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
+    const Elems<T, K> xs = load_elems<K>(inp + off + c);
+    for (int j = 0; j < K; ++j) {
+      const float dn = to_f32(ws.v[j]) * to_f32(ds.v[j]);
+      a += dn;
+      b += dn * (to_f32(xs.v[j]) - m) * s;
+    }
+  });
   const float dnorm_mean = warp_sum(a) / C, dnorm_norm_mean = warp_sum(b) / C;
-  for (int c = lane; c < C; c += 32) {
-    const float n = (to_f32(inp[off + c]) - m) * s;
-    const float dn = to_f32(weight[c]) * to_f32(dout[off + c]);
-    const float g = (dn - dnorm_mean - n * dnorm_norm_mean) * s;
-    dinp[off + c] = from_f32<T>((dres ? to_f32(dres[off + c]) : 0.0f) + g);
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
+    const Elems<T, K> xs = load_elems<K>(inp + off + c);
+    Elems<T, K> rs{};
+    if (dres) rs = load_elems<K>(dres + off + c);
+    Elems<T, K> gs;
+    for (int j = 0; j < K; ++j) {
+      const float n = (to_f32(xs.v[j]) - m) * s;
+      const float dn = to_f32(ws.v[j]) * to_f32(ds.v[j]);
+      const float g = (dn - dnorm_mean - n * dnorm_norm_mean) * s;
+      gs.v[j] = from_f32<T>((dres ? to_f32(rs.v[j]) : 0.0f) + g);
+    }
+    store_elems(dinp + off + c, gs);
+  });
 }
 
 // dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c]. Block (32 columns x 8
@@ -80,13 +99,16 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
 }  // namespace
 
 Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
-                              const void* inp, const void* weight, const void* bias, int N, int C) {
+                              const void* inp, const void* weight, const void* bias, int N, int C,
+                              bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  STRATA_DISPATCH_DT(
-      dt, layernorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-              static_cast<scalar_t*>(out), mean, rstd, static_cast<const scalar_t*>(inp),
-              static_cast<const scalar_t*>(weight), static_cast<const scalar_t*>(bias), N, C));
+  STRATA_DISPATCH_DT(dt, {
+    const bool p = rows_packed<scalar_t>(packed, C, {out, inp, weight, bias});
+    layernorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+        static_cast<scalar_t*>(out), mean, rstd, static_cast<const scalar_t*>(inp),
+        static_cast<const scalar_t*>(weight), static_cast<const scalar_t*>(bias), N, C, p);
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching layernorm_forward");
   return Status::ok();
 }
@@ -94,17 +116,18 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C) {
+                               int C, bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
   STRATA_DISPATCH_DT(
       dt,
       if (dinp) {
+        const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
         layernorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
             static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres),
             static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
-            static_cast<const scalar_t*>(weight), mean, rstd, N, C);
+            static_cast<const scalar_t*>(weight), mean, rstd, N, C, p);
       } if (dweight || dbias) {
         layernorm_backward_params_kernel<scalar_t>
             <<<pgrid, dim3(32, 8), 0, s>>>(dweight, dbias, static_cast<const scalar_t*>(dout),

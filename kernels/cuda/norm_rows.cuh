@@ -1,6 +1,8 @@
 // The second pass of a row's LayerNorm and RMSNorm, one warp per row, shared by the norm kernels
 // (layernorm.cu, rmsnorm.cu) and the fused residual + norm (residual_norm.cu), so that the fused
-// call gives the unfused calls' bits by construction: the same code after the row's first sum.
+// call gives the unfused calls' bits by construction: the same code after the row's first sum,
+// whose lanes take the row's columns as for_row_elems hands them out (in packs or one at a
+// time: `packed`, the same for both calls of a row).
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -12,17 +14,29 @@ namespace strata {
 template <typename T>
 __device__ __forceinline__ void layernorm_row(T* o, float* mean, float* rstd, const T* x,
                                               const T* weight, const T* bias, float m, int row,
-                                              int C, int lane) {
+                                              int C, int lane, bool packed) {
   float var = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_f32(x[c]) - m;
-    var += d * d;
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> xs = load_elems<K>(x + c);
+    for (int j = 0; j < K; ++j) {
+      const float d = to_f32(xs.v[j]) - m;
+      var += d * d;
+    }
+  });
   const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-  for (int c = lane; c < C; c += 32) {
-    const float n = (to_f32(x[c]) - m) * s;
-    o[c] = from_f32<T>(n * to_f32(weight[c]) + (bias ? to_f32(bias[c]) : 0.0f));
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> xs = load_elems<K>(x + c), ws = load_elems<K>(weight + c);
+    Elems<T, K> bs{};
+    if (bias) bs = load_elems<K>(bias + c);
+    Elems<T, K> os;
+    for (int j = 0; j < K; ++j) {
+      const float n = (to_f32(xs.v[j]) - m) * s;
+      os.v[j] = from_f32<T>(n * to_f32(ws.v[j]) + (bias ? to_f32(bs.v[j]) : 0.0f));
+    }
+    store_elems(o + c, os);
+  });
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -33,9 +47,16 @@ __device__ __forceinline__ void layernorm_row(T* o, float* mean, float* rstd, co
 // weight; lane 0 stores the row's rstd.
 template <typename T>
 __device__ __forceinline__ void rmsnorm_row(T* o, float* rstd, const T* x, const T* weight,
-                                            float ss, float eps, int row, int C, int lane) {
+                                            float ss, float eps, int row, int C, int lane,
+                                            bool packed) {
   const float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
-  for (int c = lane; c < C; c += 32) o[c] = from_f32<T>(to_f32(x[c]) * s * to_f32(weight[c]));
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> xs = load_elems<K>(x + c), ws = load_elems<K>(weight + c);
+    Elems<T, K> os;
+    for (int j = 0; j < K; ++j) os.v[j] = from_f32<T>(to_f32(xs.v[j]) * s * to_f32(ws.v[j]));
+    store_elems(o + c, os);
+  });
   if (lane == 0) rstd[row] = s;
 }
 

@@ -10,36 +10,53 @@ constexpr int kRowsPerBlock = 8;  // one warp per row, 256 threads
 
 template <typename T>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight,
-                                       float eps, int N, int C) {
+                                       float eps, int N, int C, bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const T* x = inp + size_t(row) * C;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float v = to_f32(x[c]);
-    ss += v * v;
-  }
-  rmsnorm_row(out + size_t(row) * C, rstd, x, weight, ss, eps, row, C, lane);
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> xs = load_elems<K>(x + c);
+    for (int j = 0; j < K; ++j) {
+      const float v = to_f32(xs.v[j]);
+      ss += v * v;
+    }
+  });
+  rmsnorm_row(out + size_t(row) * C, rstd, x, weight, ss, eps, row, C, lane, packed);
 }
 
 // dinp = dres + (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd (dres null: 0 +), one warp per
 // row.
 template <typename T>
 __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
-                                             const T* weight, const float* rstd, int N, int C) {
+                                             const T* weight, const float* rstd, int N, int C,
+                                             bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
   const size_t off = size_t(row) * C;
   const float s = rstd[row];
   float dot = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    dot += to_f32(weight[c]) * to_f32(dout[off + c]) * to_f32(inp[off + c]);
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
+    const Elems<T, K> xs = load_elems<K>(inp + off + c);
+    for (int j = 0; j < K; ++j) dot += to_f32(ws.v[j]) * to_f32(ds.v[j]) * to_f32(xs.v[j]);
+  });
   const float k = warp_sum(dot) / C * s * s;
-  for (int c = lane; c < C; c += 32) {
-    const float g = (to_f32(weight[c]) * to_f32(dout[off + c]) - to_f32(inp[off + c]) * k) * s;
-    dinp[off + c] = from_f32<T>((dres ? to_f32(dres[off + c]) : 0.0f) + g);
-  }
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
+    const Elems<T, K> xs = load_elems<K>(inp + off + c);
+    Elems<T, K> rs{};
+    if (dres) rs = load_elems<K>(dres + off + c);
+    Elems<T, K> gs;
+    for (int j = 0; j < K; ++j) {
+      const float g = (to_f32(ws.v[j]) * to_f32(ds.v[j]) - to_f32(xs.v[j]) * k) * s;
+      gs.v[j] = from_f32<T>((dres ? to_f32(rs.v[j]) : 0.0f) + g);
+    }
+    store_elems(dinp + off + c, gs);
+  });
 }
 
 // dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c]. Block (32 columns x 8 row lanes) per column
@@ -69,19 +86,22 @@ __global__ void rmsnorm_backward_weight_kernel(float* dweight, const T* dout, co
 }  // namespace
 
 Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, const void* inp,
-                            const void* weight, float eps, int N, int C) {
+                            const void* weight, float eps, int N, int C, bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  STRATA_DISPATCH_DT(dt, rmsnorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-                             static_cast<scalar_t*>(out), rstd, static_cast<const scalar_t*>(inp),
-                             static_cast<const scalar_t*>(weight), eps, N, C));
+  STRATA_DISPATCH_DT(dt, {
+    const bool p = rows_packed<scalar_t>(packed, C, {out, inp, weight});
+    rmsnorm_forward_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+        static_cast<scalar_t*>(out), rstd, static_cast<const scalar_t*>(inp),
+        static_cast<const scalar_t*>(weight), eps, N, C, p);
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching rmsnorm_forward");
   return Status::ok();
 }
 
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
-                             const float* rstd, int N, int C) {
+                             const float* rstd, int N, int C, bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
@@ -89,9 +109,10 @@ Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* d
     const auto* g = static_cast<const scalar_t*>(dout);
     const auto* x = static_cast<const scalar_t*>(inp);
     if (dinp) {
+      const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
       rmsnorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
           static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres), g, x,
-          static_cast<const scalar_t*>(weight), rstd, N, C);
+          static_cast<const scalar_t*>(weight), rstd, N, C, p);
     }
     if (dweight) {
       rmsnorm_backward_weight_kernel<scalar_t>

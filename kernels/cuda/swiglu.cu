@@ -5,49 +5,76 @@
 namespace strata {
 namespace {
 
+// Packs of output elements stay within a row when H fills whole packs (`packed` only then).
 template <typename T>
-__global__ void swiglu_forward_kernel(T* out, const T* inp, size_t n, int H) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+__global__ void swiglu_forward_kernel(T* out, const T* inp, size_t n, int H, bool packed) {
+  for_each_elems<T>(n, packed, [&](size_t i, auto w) {
+    constexpr int K = decltype(w)::value;
     const size_t r = i / H, c = i % H;
-    const float g = to_f32(inp[r * 2 * H + c]), u = to_f32(inp[r * 2 * H + H + c]);
-    out[i] = from_f32<T>(g / (1.0f + expf(-g)) * u);
-  }
+    const Elems<T, K> g = load_elems<K>(inp + r * 2 * H + c);
+    const Elems<T, K> u = load_elems<K>(inp + r * 2 * H + H + c);
+    Elems<T, K> o;
+    for (int j = 0; j < K; ++j) {
+      const float gj = to_f32(g.v[j]);
+      o.v[j] = from_f32<T>(gj / (1.0f + expf(-gj)) * to_f32(u.v[j]));
+    }
+    store_elems(out + i, o);
+  });
 }
 
 // d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))); d up = dout * silu(g); written as
 // 0 + the gradient (the bits of accumulating into zeros).
 template <typename T>
-__global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n, int H) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
+__global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, size_t n, int H,
+                                       bool packed) {
+  for_each_elems<T>(n, packed, [&](size_t i, auto w) {
+    constexpr int K = decltype(w)::value;
     const size_t r = i / H, c = i % H;
     const size_t gi = r * 2 * H + c, ui = gi + H;
-    const float g = to_f32(inp[gi]), u = to_f32(inp[ui]), d = to_f32(dout[i]);
-    const float sig = 1.0f / (1.0f + expf(-g));
-    dinp[gi] = from_f32<T>(0.0f + d * u * sig * (1.0f + g * (1.0f - sig)));
-    dinp[ui] = from_f32<T>(0.0f + d * g * sig);
-  }
+    const Elems<T, K> g = load_elems<K>(inp + gi), u = load_elems<K>(inp + ui);
+    const Elems<T, K> d = load_elems<K>(dout + i);
+    Elems<T, K> dg, du;
+    for (int j = 0; j < K; ++j) {
+      const float gj = to_f32(g.v[j]), uj = to_f32(u.v[j]), dj = to_f32(d.v[j]);
+      const float sig = 1.0f / (1.0f + expf(-gj));
+      dg.v[j] = from_f32<T>(0.0f + dj * uj * sig * (1.0f + gj * (1.0f - sig)));
+      du.v[j] = from_f32<T>(0.0f + dj * gj * sig);
+    }
+    store_elems(dinp + gi, dg);
+    store_elems(dinp + ui, du);
+  });
+}
+
+template <typename T>
+bool swiglu_packed(bool packed, int H, std::initializer_list<const void*> ps) {
+  return packed && H % kPack<T> == 0 && packs_aligned(ps);
 }
 
 }  // namespace
 
-Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H) {
+Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H,
+                           bool packed) {
   const size_t n = size_t(N) * H;
   if (n == 0) return Status::ok();
-  STRATA_DISPATCH_DT(dt, swiglu_forward_kernel<scalar_t><<<grid_for(n, 256), 256, 0, s>>>(
-                             static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), n, H));
+  STRATA_DISPATCH_DT(dt, {
+    const bool p = swiglu_packed<scalar_t>(packed, H, {out, inp});
+    swiglu_forward_kernel<scalar_t><<<grid_for_elems<scalar_t>(n, p, 256), 256, 0, s>>>(
+        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), n, H, p);
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching swiglu_forward");
   return Status::ok();
 }
 
 Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* inp, const void* dout,
-                            int N, int H) {
+                            int N, int H, bool packed) {
   const size_t n = size_t(N) * H;
   if (n == 0) return Status::ok();
-  STRATA_DISPATCH_DT(dt, swiglu_backward_kernel<scalar_t><<<grid_for(n, 256), 256, 0, s>>>(
-                             static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(inp),
-                             static_cast<const scalar_t*>(dout), n, H));
+  STRATA_DISPATCH_DT(dt, {
+    const bool p = swiglu_packed<scalar_t>(packed, H, {dinp, inp, dout});
+    swiglu_backward_kernel<scalar_t><<<grid_for_elems<scalar_t>(n, p, 256), 256, 0, s>>>(
+        static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(inp),
+        static_cast<const scalar_t*>(dout), n, H, p);
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching swiglu_backward");
   return Status::ok();
 }

@@ -6,7 +6,10 @@
 //                                         then the fused ops against the calls they replace
 //                                         (the "fused" rows: the residual add + norm, the GELU
 //                                         in the up-projection's epilogue and its gradient in
-//                                         the down-projection's backward), ms each and speedup
+//                                         the down-projection's backward), ms each and speedup;
+//                                         then the elementwise ops (bench_device_elementwise.cc):
+//                                         GB/s against --peak-gbs, and on CUDA the 16-byte
+//                                         packs against one element a thread's access
 //   bench_device_ops copy      [options]  host<->device copies, pinned and pageable, GB/s
 //   bench_device_ops attention [options]  plain (attention_gqa_*) vs fused (fused_attention_*,
 //                                         the backend's own kernels), and cuDNN's fused attention
@@ -23,6 +26,7 @@
 //          how tools/gpu_check.py --self-test checks this tool without a GPU)
 //          --quick (small shapes, for the self-test)  --warmup N (1)  --repeats N (5)
 //          --peak-tflops X (the device's dense bf16 peak, for the GEMM share)
+//          --peak-gbs X (the device memory's GB/s, for the elementwise share)
 //          --json FILE  --md FILE  (default: JSON on stdout)
 //
 // Each case: `warmup` discarded passes, then `repeats` timed passes (wall time of enqueue +
@@ -32,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -47,84 +52,18 @@
 #include "strata/dtype.h"
 #include "strata/kernels.h"
 #include "strata/kernels_wrapper.h"
+#include "tests/bench/bench_device_common.h"
 
 namespace strata {
 namespace {
 
-using json = nlohmann::json;
-
-struct Options {
-  std::string mode, backend = "cuda", json_path, md_path;
-  bool quick = false;
-  int warmup = 1, repeats = 5;
-  double peak_tflops = 0;
-};
-
-struct Spread {
-  double median = 0, min = 0, max = 0;
-};
-
-// Seconds per call of fn (which enqueues `iters` calls and synchronizes): the median over
-// `repeats` timed passes after `warmup` discarded ones. A case whose first pass takes long gets
-// fewer timed passes (at least one), so one slow case cannot eat the run's time budget.
-Spread time_per_call(const Options& o, int iters, const std::function<Status()>& fn, Status* st) {
-  constexpr double kCaseBudgetS = 10.0;
-  std::vector<double> s;
-  int repeats = o.repeats;
-  for (int i = 0; i < o.warmup + repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    Status r = fn();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!r.is_ok() && st->is_ok()) *st = r;
-    if (i == 0) repeats = std::clamp(int(kCaseBudgetS / std::max(dt, 1e-9)), 1, o.repeats);
-    if (i >= o.warmup) s.push_back(dt / iters);
-  }
-  std::sort(s.begin(), s.end());
-  return {s[s.size() / 2], s.front(), s.back()};
-}
-
-json to_json(const Spread& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
-
-// A device buffer filled with small random values of dtype dt (never all zeros).
-class Buffers {
- public:
-  explicit Buffers(Device& d) : dev_(d) {}
-  ~Buffers() {
-    for (void* p : ptrs_) dev_.release(p);
-  }
-  Result<void*> random(size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
-    STRATA_ASSIGN_OR_RETURN(void* p, dev_.allocate(n * dtype_size(dt), "bench"), "bench buffer");
-    ptrs_.push_back(p);
-    std::vector<float> f(std::min<size_t>(n, size_t{1} << 20));
-    std::uniform_real_distribution<float> u(lo, hi);
-    for (float& x : f) x = u(rng_);
-    std::vector<unsigned char> b(f.size() * dtype_size(dt));
-    convert(f.data(), DType::kF32, b.data(), dt, f.size());
-    for (size_t off = 0; off < n; off += f.size()) {  // repeat the random block
-      const size_t k = std::min(f.size(), n - off);
-      dev_.copy_h2d(dev_.h2d_stream(), static_cast<char*>(p) + off * dtype_size(dt), b.data(),
-                    k * dtype_size(dt));
-      STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()), "bench upload");
-    }
-    return p;
-  }
-
- private:
-  Device& dev_;
-  std::vector<void*> ptrs_;
-  std::mt19937 rng_{12345};
-};
-
-// v with `prec` decimals, or 3 significant digits when that would show less.
-std::string fmt_num(double v, int prec = 1) {
-  char buf[64];
-  if (v != 0 && std::fabs(v) < std::pow(10.0, 2 - prec)) {
-    std::snprintf(buf, sizeof buf, "%.3g", v);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.*f", prec, v);
-  }
-  return buf;
-}
+using bench::Buffers;
+using bench::fmt_num;
+using bench::json;
+using bench::Options;
+using bench::Spread;
+using bench::time_per_call;
+using bench::to_json;
 
 // --- fused ops ----------------------------------------------------------------------------------
 
@@ -256,7 +195,7 @@ Status bench_fused(Device& dev, const Options& o, json* out, std::string* md) {
 
 // --- gemm ---------------------------------------------------------------------------------------
 
-Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
+Status bench_gemm(Device& dev, Device* one_element, const Options& o, json* out, std::string* md) {
   // GPT-2 124M: C = 768, 4C MLP, padded vocabulary 50304; N = B*T rows of a micro-batch.
   const int N = o.quick ? 128 : 8 * 1024, C = o.quick ? 64 : 768, Vp = o.quick ? 512 : 50304;
   struct Shape {
@@ -329,7 +268,8 @@ Status bench_gemm(Device& dev, const Options& o, json* out, std::string* md) {
   (*out)["dtype"] = "bf16";
   (*out)["peak_tflops"] = o.peak_tflops > 0 ? json(o.peak_tflops) : json(nullptr);
   (*out)["shapes"] = rows;
-  return bench_fused(dev, o, out, md);
+  STRATA_RETURN_IF_ERROR(bench_fused(dev, o, out, md), "");
+  return bench::bench_elementwise(dev, one_element, o, out, md);
 }
 
 // --- copy ---------------------------------------------------------------------------------------
@@ -636,7 +576,8 @@ int validate_json(int argc, char** argv) {
 
 const char kUsage[] =
     "usage: bench_device_ops gemm|copy|attention [--backend cuda|cpu] [--quick] [--warmup N]\n"
-    "                        [--repeats N] [--peak-tflops X] [--json FILE] [--md FILE]\n"
+    "                        [--repeats N] [--peak-tflops X] [--peak-gbs X] [--json FILE]\n"
+    "                        [--md FILE]\n"
     "       bench_device_ops validate-json FILE [KEY...]\n";
 
 int run(int argc, char** argv) {
@@ -654,7 +595,7 @@ int run(int argc, char** argv) {
     if (a == "--quick") {
       o.quick = true;
     } else if ((a == "--backend" || a == "--json" || a == "--md" || a == "--warmup" ||
-                a == "--repeats" || a == "--peak-tflops") &&
+                a == "--repeats" || a == "--peak-tflops" || a == "--peak-gbs") &&
                (v = value()) != nullptr) {
       if (a == "--backend") o.backend = v;
       if (a == "--json") o.json_path = v;
@@ -662,6 +603,7 @@ int run(int argc, char** argv) {
       if (a == "--warmup") o.warmup = std::max(0, std::atoi(v));
       if (a == "--repeats") o.repeats = std::max(1, std::atoi(v));
       if (a == "--peak-tflops") o.peak_tflops = std::atof(v);
+      if (a == "--peak-gbs") o.peak_gbs = std::atof(v);
     } else {
       std::fprintf(stderr, "bench_device_ops: bad option '%s'\n%s", a.c_str(), kUsage);
       return 2;
@@ -697,10 +639,29 @@ int run(int argc, char** argv) {
     }
   }
   Device* nd = nd_dev.is_ok() ? nd_dev->get() : nullptr;
+  // The elementwise rows' "one element a thread" column: a second device on the same GPU whose
+  // kernel table read STRATA_CUDA_PACKED=0 when it was created.
+  Result<std::unique_ptr<Device>> one_dev = unavailable("not wanted");
+  if (o.backend == "cuda" && o.mode == "gemm") {
+    const char* was = std::getenv("STRATA_CUDA_PACKED");
+    const std::string saved = was ? was : "";
+    ::setenv("STRATA_CUDA_PACKED", "0", 1);
+    one_dev = create_cuda_device({.ordinal = 0, .capacity = size_t{8} << 30});
+    if (was) {
+      ::setenv("STRATA_CUDA_PACKED", saved.c_str(), 1);
+    } else {
+      ::unsetenv("STRATA_CUDA_PACKED");
+    }
+    if (!one_dev.is_ok()) {
+      std::fprintf(stderr, "bench_device_ops: no one-element column: %s\n",
+                   one_dev.status().to_string().c_str());
+    }
+  }
+  Device* one = one_dev.is_ok() ? one_dev->get() : nullptr;
   json out = {{"mode", o.mode},   {"backend", o.backend}, {"device", (*dev)->name()},
               {"quick", o.quick}, {"warmup", o.warmup},   {"repeats", o.repeats}};
   std::string md;
-  Status st = o.mode == "gemm"   ? bench_gemm(**dev, o, &out, &md)
+  Status st = o.mode == "gemm"   ? bench_gemm(**dev, one, o, &out, &md)
               : o.mode == "copy" ? bench_copy(**dev, o, &out, &md)
                                  : bench_attention(**dev, nd, o, &out, &md);
   if (!st.is_ok()) {

@@ -91,6 +91,17 @@ def peak_for(name):
     return None
 
 
+def hbm_gbs_for(name):
+    """The GPU memory's GB/s by GPU name (datasheet figures); None if unknown."""
+    table = [(r"H200", 4800), (r"GH200", 4000), (r"H100.*PCIe", 2000), (r"H100.*NVL", 3900),
+             (r"H100|H800", 3350), (r"B200", 8000), (r"A100.*80GB", 2039), (r"A100|A800", 1555),
+             (r"L40", 864), (r"L4", 300), (r"A10", 600)]
+    for pattern, gbs in table:
+        if re.search(pattern, name or ""):
+            return gbs
+    return None
+
+
 def pcie_lane_gbps(gen):
     """PCIe GB/s per lane and direction by generation; None if unknown."""
     return {"1": 0.25, "2": 0.5, "3": 0.985, "4": 1.969, "5": 3.938, "6": 7.563}.get(str(gen))

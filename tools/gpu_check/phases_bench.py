@@ -18,6 +18,8 @@ def _bench(ctx, mode):
         extra = ["--repeats", "3"]
     if ctx.state.get("peak_tflops") is not None:
         extra += ["--peak-tflops", str(ctx.state["peak_tflops"])]
+    if ctx.state.get("peak_gbs") is not None:
+        extra += ["--peak-gbs", str(ctx.state["peak_gbs"])]
     out = ctx.R / "json" / ("%s.json" % mode)
     rc = ctx.run(420, [exe, mode, "--backend", backend] + extra +
                  ["--json", out, "--md", ctx.R / "md" / ("%s.md" % mode)])
@@ -40,7 +42,17 @@ def phase_gemm(ctx):
     ctx.md("")
     ctx.md("FLOPs: forward 2·N·C·OC, backward 4·N·C·OC (dinp and dweight); peak: %s TFLOP/s "
            "dense bf16." % (peak if peak is not None else "unknown"))
-    ctx.result("ok", "best forward %.3g TFLOP/s (peak %s)" % (best, peak if peak else "unknown"))
+    elementwise = [r for r in data.get("elementwise", []) if isinstance(r, dict)]
+    gbs = [r.get("gbps") or 0 for r in elementwise]
+    speedups = [r["packed_speedup"] for r in elementwise if r.get("packed_speedup")]
+    hbm = ctx.state.get("peak_gbs")
+    ctx.md("Elementwise rows: GB/s of the bytes each op must move at least, against %s GB/s; "
+           "one element a thread = the kernels with STRATA_CUDA_PACKED=0."
+           % (hbm if hbm is not None else "an unknown memory bandwidth"))
+    ctx.result("ok", "best forward %.3g TFLOP/s (peak %s); elementwise %.0f-%.0f GB/s%s"
+               % (best, peak if peak else "unknown", min(gbs, default=0), max(gbs, default=0),
+                  ", packs %.2f-%.2fx one element" % (min(speedups), max(speedups))
+                  if speedups else ""))
 
 
 def phase_copy(ctx):

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 import time
 
-from .common import ROOT, find_tool, pcie_lane_gbps, peak_for
+from .common import ROOT, find_tool, hbm_gbs_for, pcie_lane_gbps, peak_for
 
 BUILD_TARGETS = ["strata", "bench_device_ops", "cuda_backend_test", "cuda_train_test",
                  "cuda_flash_attention_test", "llama_cuda_test", "flash_attention_test"]
@@ -79,6 +79,7 @@ def phase_env(ctx):
     lane = pcie_lane_gbps(gen)
     link = round(lane * int(width), 1) if lane and width.isdigit() else None
     ctx.state.update({"gpu_name": name, "gpu_cc": cc, "arch": arch, "peak_tflops": peak,
+                      "peak_gbs": hbm_gbs_for(name),
                       "nvcc": nvcc, "cmake": cmake, "ninja": ninja, "make": make, "cxx": cxx,
                       "sanitizer": sanitizer, "link_gbps": link, "smi": smi})
 

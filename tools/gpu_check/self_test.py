@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import ALL_PHASES, ROOT, median, metric_median, peak_for
+from .common import ALL_PHASES, ROOT, hbm_gbs_for, median, metric_median, peak_for
 from .phases_bench import comparison_table
 from .phases_train import bytes_vs_min, peak_rss
 
@@ -40,7 +40,8 @@ def dig(obj, path):
 def report_keys():
     """The report.json keys every phase's dry run must fill."""
     keys = ["magic", "version", "phases/env/status", "phases/build/status", "phases/tests/status",
-            "phases/sanitizer/status", "phases/gemm/result/shapes", "phases/copy/result/cases",
+            "phases/sanitizer/status", "phases/gemm/result/shapes",
+            "phases/gemm/result/elementwise", "phases/copy/result/cases",
             "phases/attention/result/shapes"]
     for model, rows in (("gpt2-124m", ["device", "device-opt-host", "ratio", "host", "nvme",
                                        "planned"]),
@@ -120,6 +121,9 @@ def self_test(build):
     check("peak table: H100 PCIe", peak_for("NVIDIA H100 PCIe") == 756)
     check("peak table: H200", peak_for("NVIDIA H200") == 989)
     check("peak table: A100", peak_for("NVIDIA A100-SXM4-80GB") == 312)
+    check("memory table: H200, H100 SXM and PCIe, unknown",
+          hbm_gbs_for("NVIDIA H200") == 4800 and hbm_gbs_for("NVIDIA H100 80GB HBM3") == 3350
+          and hbm_gbs_for("NVIDIA H100 PCIe") == 2000 and hbm_gbs_for("a CPU") is None)
     check("median: odd, even (lower middle), empty",
           median([3, 1, 2]) == 2 and median([4, 1, 3, 2]) == 2 and median([]) is None)
     (tmp / "m.jsonl").write_text("".join('{"step":%d,"step_s":%d}\n' % (i, v)
