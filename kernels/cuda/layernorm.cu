@@ -47,21 +47,11 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* 
     }
   });
   const float dnorm_mean = warp_sum(a) / C, dnorm_norm_mean = warp_sum(b) / C;
-  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
-    constexpr int K = decltype(w)::value;
-    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
-    const Elems<T, K> xs = load_elems<K>(inp + off + c);
-    Elems<T, K> rs{};
-    if (dres) rs = load_elems<K>(dres + off + c);
-    Elems<T, K> gs;
-    for (int j = 0; j < K; ++j) {
-      const float n = (to_f32(xs.v[j]) - m) * s;
-      const float dn = to_f32(ws.v[j]) * to_f32(ds.v[j]);
-      const float g = (dn - dnorm_mean - n * dnorm_norm_mean) * s;
-      gs.v[j] = from_f32<T>((dres ? to_f32(rs.v[j]) : 0.0f) + g);
-    }
-    store_elems(dinp + off + c, gs);
-  });
+  norm_dinp_row(dinp + off, dres ? dres + off : nullptr, dout + off, inp + off, weight, C, lane,
+                packed, [&](float x, float dn) {
+                  const float n = (x - m) * s;
+                  return (dn - dnorm_mean - n * dnorm_norm_mean) * s;
+                });
 }
 
 // dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c]. Block (32 columns x 8

@@ -60,4 +60,26 @@ __device__ __forceinline__ void rmsnorm_row(T* o, float* rstd, const T* x, const
   if (lane == 0) rstd[row] = s;
 }
 
+// The input-gradient pass of a norm's backward over one row (its arrays from the row's start):
+// dinp = dres + grad(x, weight * dout) element by element (dres null: 0 +; dres may be dinp),
+// `grad` the norm's gradient of an element from its input and weighted output gradient.
+template <typename T, typename G>
+__device__ __forceinline__ void norm_dinp_row(T* dinp, const T* dres, const T* dout, const T* x,
+                                              const T* weight, int C, int lane, bool packed,
+                                              G grad) {
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + c);
+    const Elems<T, K> xs = load_elems<K>(x + c);
+    Elems<T, K> rs{};
+    if (dres) rs = load_elems<K>(dres + c);
+    Elems<T, K> gs;
+    for (int j = 0; j < K; ++j) {
+      const float g = grad(to_f32(xs.v[j]), to_f32(ws.v[j]) * to_f32(ds.v[j]));
+      gs.v[j] = from_f32<T>((dres ? to_f32(rs.v[j]) : 0.0f) + g);
+    }
+    store_elems(dinp + c, gs);
+  });
+}
+
 }  // namespace strata

@@ -44,19 +44,8 @@ __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dres, const T* do
     for (int j = 0; j < K; ++j) dot += to_f32(ws.v[j]) * to_f32(ds.v[j]) * to_f32(xs.v[j]);
   });
   const float k = warp_sum(dot) / C * s * s;
-  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
-    constexpr int K = decltype(w)::value;
-    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
-    const Elems<T, K> xs = load_elems<K>(inp + off + c);
-    Elems<T, K> rs{};
-    if (dres) rs = load_elems<K>(dres + off + c);
-    Elems<T, K> gs;
-    for (int j = 0; j < K; ++j) {
-      const float g = (to_f32(ws.v[j]) * to_f32(ds.v[j]) - to_f32(xs.v[j]) * k) * s;
-      gs.v[j] = from_f32<T>((dres ? to_f32(rs.v[j]) : 0.0f) + g);
-    }
-    store_elems(dinp + off + c, gs);
-  });
+  norm_dinp_row(dinp + off, dres ? dres + off : nullptr, dout + off, inp + off, weight, C, lane,
+                packed, [&](float x, float wd) { return (wd - x * k) * s; });
 }
 
 // dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c]. Block (32 columns x 8 row lanes) per column

@@ -80,26 +80,27 @@ def find_tool(*candidates):
     return ""
 
 
+def _by_name(table, name):
+    """The value of the first (pattern, value) whose pattern the GPU's name matches; None."""
+    for pattern, value in table:
+        if re.search(pattern, name or ""):
+            return value
+    return None
+
+
 def peak_for(name):
     """Dense bf16 tensor-core TFLOP/s (no sparsity) by GPU name; None if unknown."""
-    table = [(r"H100.*PCIe", 756), (r"H100.*NVL", 835), (r"GH200|H200|H100|H800", 989),
-             (r"B200", 2250), (r"B100", 1750), (r"A100|A800", 312), (r"L40S", 366),
-             (r"L40", 181), (r"L4", 121), (r"A10", 125)]
-    for pattern, peak in table:
-        if re.search(pattern, name or ""):
-            return peak
-    return None
+    return _by_name([(r"H100.*PCIe", 756), (r"H100.*NVL", 835), (r"GH200|H200|H100|H800", 989),
+                     (r"B200", 2250), (r"B100", 1750), (r"A100|A800", 312), (r"L40S", 366),
+                     (r"L40", 181), (r"L4", 121), (r"A10", 125)], name)
 
 
 def hbm_gbs_for(name):
     """The GPU memory's GB/s by GPU name (datasheet figures); None if unknown."""
-    table = [(r"H200", 4800), (r"GH200", 4000), (r"H100.*PCIe", 2000), (r"H100.*NVL", 3900),
-             (r"H100|H800", 3350), (r"B200", 8000), (r"A100.*80GB", 2039), (r"A100|A800", 1555),
-             (r"L40", 864), (r"L4", 300), (r"A10", 600)]
-    for pattern, gbs in table:
-        if re.search(pattern, name or ""):
-            return gbs
-    return None
+    return _by_name([(r"GH200", 4000), (r"H200", 4800), (r"H100.*PCIe", 2000),
+                     (r"H100.*NVL", 3900), (r"H100|H800", 3350), (r"B200", 8000),
+                     (r"A100.*80GB", 2039), (r"A100|A800", 1555), (r"L40", 864), (r"L4", 300),
+                     (r"A10", 600)], name)
 
 
 def pcie_lane_gbps(gen):

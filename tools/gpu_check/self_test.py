@@ -123,7 +123,8 @@ def self_test(build):
     check("peak table: A100", peak_for("NVIDIA A100-SXM4-80GB") == 312)
     check("memory table: H200, H100 SXM and PCIe, unknown",
           hbm_gbs_for("NVIDIA H200") == 4800 and hbm_gbs_for("NVIDIA H100 80GB HBM3") == 3350
-          and hbm_gbs_for("NVIDIA H100 PCIe") == 2000 and hbm_gbs_for("a CPU") is None)
+          and hbm_gbs_for("NVIDIA H100 PCIe") == 2000 and hbm_gbs_for("NVIDIA GH200 480GB") == 4000
+          and hbm_gbs_for("a CPU") is None)
     check("median: odd, even (lower middle), empty",
           median([3, 1, 2]) == 2 and median([4, 1, 3, 2]) == 2 and median([]) is None)
     (tmp / "m.jsonl").write_text("".join('{"step":%d,"step_s":%d}\n' % (i, v)
