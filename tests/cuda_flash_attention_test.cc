@@ -94,10 +94,10 @@ class CudaFlashAttentionTest : public ::testing::Test {
 
   // Forward then backward of the fused op. `on_gpu`: buffers are uploaded and `gpu_k` runs
   // (default: the own kernels); else the CPU backend. `positions` (host [B*T]): masked per
-  // sequence.
+  // sequence. `accumulate` false: the gradient is written over dqkv0 (the models' call).
   Result run_fused(bool on_gpu, const AttnShape& s, const Buffer& qkv, const Buffer& dout,
                    const Buffer& dqkv0, Kernels* gpu_k = nullptr,
-                   const std::vector<int32_t>* positions = nullptr) {
+                   const std::vector<int32_t>* positions = nullptr, bool accumulate = true) {
     const int32_t* host_pos = positions != nullptr ? positions->data() : nullptr;
     Result r{Buffer(qkv.dt, s.out_elems()), dqkv0, std::vector<float>(s.rows())};
     std::vector<float> scratch(s.rows());
@@ -109,7 +109,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
                                 s.T, s.NH, s.NKV, s.hs);
       k.fused_attention_backward(st, dt, r.dqkv.data(), scratch.data(), dout.bytes.data(),
                                  qkv.bytes.data(), r.out.data(), r.lse.data(), host_pos, s.B, s.T,
-                                 s.NH, s.NKV, s.hs, /*accumulate=*/true);
+                                 s.NH, s.NKV, s.hs, accumulate);
       EXPECT_TRUE(cpu_->synchronize(st).is_ok());
       return r;
     }
@@ -126,7 +126,7 @@ class CudaFlashAttentionTest : public ::testing::Test {
     Stream& st = gpu_->compute_stream();
     k.fused_attention_forward(st, dt, y, lse, x, pos, s.B, s.T, s.NH, s.NKV, s.hs);
     k.fused_attention_backward(st, dt, dx, sc, g, x, y, lse, pos, s.B, s.T, s.NH, s.NKV, s.hs,
-                               /*accumulate=*/true);
+                               accumulate);
     Status done = gpu_->synchronize(st);
     EXPECT_TRUE(done.is_ok()) << done.to_string();
     download(r.out.data(), y, r.out.bytes.size());
@@ -328,6 +328,16 @@ TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
         EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
         EXPECT_EQ(compare_close(gpu.dqkv.values(), d_ref, rtol(dt)), "") << "dqkv vs reference";
       }
+      // The models' call: the gradient written by strides straight into dqkv, whose bytes were
+      // NaN (every element is written).
+      Buffer nan = dqkv0;
+      std::memset(nan.bytes.data(), 0xff, nan.bytes.size());
+      Result cpu_w = run_fused(false, s, qkv, dout, nan, nullptr, nullptr, /*accumulate=*/false);
+      Result gpu_w = run_fused(true, s, qkv, dout, nan, &gpu_->kernels(), nullptr, false);
+      EXPECT_EQ(compare_close(gpu_w.dqkv.values(), cpu_w.dqkv.values(), rtol(dt)), "")
+          << "dqkv written";
+      // Neither call was declined at execution (it would have run on the own kernels).
+      EXPECT_EQ(path(dt, s), p) << "cuDNN declined the shape after running it";
     }
   }
   if (ran == 0) GTEST_SKIP() << "cuDNN ran no shape; the first: " << first_not_run;

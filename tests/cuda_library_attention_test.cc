@@ -32,14 +32,17 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 // A library that runs the own kernels' launchers, but with a library's conventions: the
 // backward writes the gradient (zeroes dqkv first), and it rejects one sequence length. Its
-// forward or backward can fail (fail_forward) or find no memory (oom_forward, oom_backward:
-// kOutOfMemory with nothing enqueued, as cuDNN's workspace allocation does).
+// forward or backward can fail (fail_forward), find no memory (oom_forward, oom_backward:
+// kOutOfMemory with nothing enqueued, as cuDNN's workspace allocation does) or refuse the call
+// (refuse_forward, refuse_backward: kUnavailable, as cuDNN's execute failing without a CUDA
+// error).
 class FakeLibrary final : public AttentionLibrary {
  public:
   int forwards = 0, backwards = 0;
   int rejected_T = -1;
   bool fail_forward = false;
   bool oom_forward = false, oom_backward = false;
+  bool refuse_forward = false, refuse_backward = false;
   size_t workspace = 0;
 
   ~FakeLibrary() override {
@@ -59,6 +62,7 @@ class FakeLibrary final : public AttentionLibrary {
     ++forwards;
     if (fail_forward) return internal_error("boom");
     if (oom_forward) return out_of_memory("fake forward workspace");
+    if (refuse_forward) return unavailable("fake forward refused");
     return cuda_fused_attention_forward(s, sh.dt, out, lse, qkv, nullptr, sh.B, sh.T, sh.NH, sh.KVH,
                                         sh.hs);
   }
@@ -66,6 +70,7 @@ class FakeLibrary final : public AttentionLibrary {
                   const void* out, const float* lse) override {
     ++backwards;
     if (oom_backward) return out_of_memory("fake backward workspace");
+    if (refuse_backward) return unavailable("fake backward refused");
     const size_t n = size_t(sh.B) * sh.T * (sh.NH + 2 * sh.KVH) * sh.hs;
     if (cudaMemsetAsync(dqkv, 0, n * dtype_size(sh.dt), s) != cudaSuccess) {
       return internal_error("memset");
@@ -298,33 +303,40 @@ TEST_F(LibraryAttention, ALibraryErrorComesBackWithItsName) {
       << s.to_string();
 }
 
-// A library whose workspace cannot be had (kOutOfMemory) fails neither the call nor the step:
-// the call runs on the own kernels, with the same numbers, no error reaches the sink, and the
-// shape stays on the own kernels, supports() saying why. A backward that runs out after the
-// library's forward takes the library's out and lse as the own forward's.
-TEST_F(LibraryAttention, ALibraryOutOfMemoryLeavesTheShapeToTheOwnKernels) {
-  for (bool in_forward : {true, false}) {
-    SCOPED_TRACE(in_forward ? "forward out of memory" : "backward out of memory");
-    auto owned = std::make_unique<FakeLibrary>();
-    FakeLibrary* lib = owned.get();
-    (in_forward ? lib->oom_forward : lib->oom_backward) = true;
-    auto k = with_library(std::move(owned));
-    expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);  // the sink is checked empty there
-    EXPECT_EQ(lib->forwards, 1);
-    EXPECT_EQ(lib->backwards, in_forward ? 0 : 1);
-    KernelSupport after = k->supports(KernelOp::kFusedAttention, {DType::kBF16, 64, 2, 40, 4, 2});
-    EXPECT_TRUE(after.supported);
-    EXPECT_EQ(after.path.rfind("cuda wmma", 0), 0u) << after.path;
-    EXPECT_NE(after.path.find(in_forward ? "fake forward workspace" : "fake backward workspace"),
-              std::string::npos)
-        << after.path;
-    // Later calls of the shape do not ask the library again; another shape still runs on it.
-    expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);
-    EXPECT_EQ(lib->forwards, 1);
-    lib->oom_forward = lib->oom_backward = false;
-    expect_matches_cpu(*k, {1, 40, 4, 2, 64}, DType::kBF16);
-    EXPECT_EQ(lib->forwards, 2);
-    EXPECT_EQ(lib->backwards, in_forward ? 1 : 2);
+// A library whose workspace cannot be had (kOutOfMemory), or that refuses to run a call
+// (kUnavailable), fails neither the call nor the step: the call runs on the own kernels, with
+// the same numbers, no error reaches the sink, and the shape stays on the own kernels,
+// supports() saying why. A backward declined after the library's forward takes the library's
+// out and lse as the own forward's.
+TEST_F(LibraryAttention, ADeclinedCallLeavesTheShapeToTheOwnKernels) {
+  for (bool memory : {true, false}) {
+    for (bool in_forward : {true, false}) {
+      const std::string why = std::string("fake ") + (in_forward ? "forward" : "backward") +
+                              (memory ? " workspace" : " refused");
+      SCOPED_TRACE(why);
+      auto owned = std::make_unique<FakeLibrary>();
+      FakeLibrary* lib = owned.get();
+      if (memory) {
+        (in_forward ? lib->oom_forward : lib->oom_backward) = true;
+      } else {
+        (in_forward ? lib->refuse_forward : lib->refuse_backward) = true;
+      }
+      auto k = with_library(std::move(owned));
+      expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);  // the sink is checked empty there
+      EXPECT_EQ(lib->forwards, 1);
+      EXPECT_EQ(lib->backwards, in_forward ? 0 : 1);
+      KernelSupport after = k->supports(KernelOp::kFusedAttention, {DType::kBF16, 64, 2, 40, 4, 2});
+      EXPECT_TRUE(after.supported);
+      EXPECT_EQ(after.path.rfind("cuda wmma", 0), 0u) << after.path;
+      EXPECT_NE(after.path.find(why), std::string::npos) << after.path;
+      // Later calls of the shape do not ask the library again; another shape still runs on it.
+      expect_matches_cpu(*k, {2, 40, 4, 2, 64}, DType::kBF16);
+      EXPECT_EQ(lib->forwards, 1);
+      lib->oom_forward = lib->oom_backward = lib->refuse_forward = lib->refuse_backward = false;
+      expect_matches_cpu(*k, {1, 40, 4, 2, 64}, DType::kBF16);
+      EXPECT_EQ(lib->forwards, 2);
+      EXPECT_EQ(lib->backwards, in_forward ? 1 : 2);
+    }
   }
 }
 

@@ -113,14 +113,22 @@ run_there() {
   # cuDNN (the fused attention's library path; too large to carry: ~1 GB): dlopened by the
   # binaries at run time. STRATA_CUDNN_LIB when set, else a Python environment's wheel (PyTorch
   # ships nvidia-cudnn-cu12/-cu13), whose neighbours (cuBLAS, NVRTC) cuDNN's engines load too.
+  # The PyTorch peers' interpreter (--torch-python) is asked first: its environment's cuDNN is
+  # the one PyTorch runs on that machine.
+  local tp="" a prev=""
+  for a in "$@"; do
+    [[ $prev == --torch-python ]] && tp=$a
+    [[ $a == --torch-python=* ]] && tp=${a#--torch-python=}
+    prev=$a
+  done
   if [[ -z ${STRATA_CUDNN_LIB:-} ]]; then
     local sp py
-    for py in python3 python; do
+    for py in $tp python3 python; do
       command -v "$py" >/dev/null || continue
       for sp in $("$py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))' 2>/dev/null); do
         if [[ -e $sp/nvidia/cudnn/lib/libcudnn.so.9 ]]; then
           export STRATA_CUDNN_LIB=$sp/nvidia/cudnn/lib/libcudnn.so.9
-          for d in "$sp"/nvidia/{cudnn,cublas,cuda_nvrtc}/lib; do
+          for d in "$sp"/nvidia/{cudnn,cublas,cuda_nvrtc,cu13}/lib; do
             [[ -d $d && :$dirs: != *:$d:* ]] && dirs="$dirs:$d"
           done
           break 2
@@ -144,6 +152,12 @@ run_there() {
   # Outside build-gpu-bundle, which a fresh copy of the bundle replaces: a later call on the
   # same machine adds its phases to the same report.
   local results=$BUNDLE-results/gpu-check
+  # cudnn-frontend's own log (every graph it builds, and why one is refused) on each process's
+  # stderr, so in the phases' logs, unless the caller set one (the frontend truncates a log
+  # file at each process's start): the first runs of the cuDNN path say what cuDNN decided.
+  if [[ -z ${CUDNN_FRONTEND_LOG_FILE:-} ]]; then
+    export CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr
+  fi
   python3 "$ROOT/tools/gpu_check.py" --build-dir "$BUNDLE" --results "$results" "$@"
   local rc=$?
   if [[ -n ${OUT:-} ]]; then

@@ -20,6 +20,8 @@
 // deterministic backward on Hopper keeps B·heads·T² bf16 scores: 1 GiB at 4 x 2048 tokens and
 // 32 heads), and a call whose memory runs out all the same (kOutOfMemory) runs on the own
 // kernels, as does every later call of that shape: a step never fails for the library's memory.
+// Nor for a call the library refuses at execution (kUnavailable: cuDNN's execute failed without
+// a CUDA error): that shape, too, runs on the own kernels from then on.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,12 +60,15 @@ class AttentionLibrary {
   virtual size_t workspace_bytes(const OpShape& /*shape*/) { return 0; }
 
   // Kernels::fused_attention_forward for a supported shape, enqueued on `s`: out and lse.
-  // kOutOfMemory: the library's device memory could not be had, nothing was enqueued (the
-  // caller runs the own kernels); any other error is the call's.
+  // kOutOfMemory: the library's device memory could not be had; kUnavailable: the library
+  // declined to run the call (cuDNN's execute failed with no CUDA error behind it, a buffer
+  // it cannot take). Either way nothing was enqueued that the caller relies on, and the caller
+  // runs the own kernels; any other error is the call's.
   virtual Status forward(cudaStream_t s, const OpShape& shape, void* out, float* lse,
                          const void* qkv) = 0;
   // The gradient w.r.t. qkv for a supported shape, WRITTEN (not accumulated) to every element
-  // of dqkv [B,T,(NH+2*KVH)*hs], enqueued on `s`. kOutOfMemory as for forward.
+  // of dqkv [B,T,(NH+2*KVH)*hs], enqueued on `s`. kOutOfMemory and kUnavailable as for
+  // forward.
   virtual Status backward(cudaStream_t s, const OpShape& shape, void* dqkv, const void* dout,
                           const void* qkv, const void* out, const float* lse) = 0;
 };
@@ -119,10 +124,11 @@ class LibraryAttentionKernels final : public KernelsWrapper {
  private:
   // Whether the library runs this full shape (why it does not in *why, if non-null).
   bool library_runs(const OpShape& shape, std::string* why) const;
-  // After a library call (or the gradient scratch) failed with `st`: true when that was its
-  // memory (kOutOfMemory), the shape then declined for good (a warning says why once), so the
-  // caller runs this call on the own kernels; false for any other error.
-  bool declined_for_memory(const OpShape& shape, const Status& st);
+  // After a library call (or the gradient scratch) failed with `st`: true when the library
+  // declined it (kOutOfMemory: its memory; kUnavailable: it did not run the call), the shape
+  // then declined for good (a warning says why once), so the caller runs this call on the own
+  // kernels; false for any other error.
+  bool declined(const OpShape& shape, const Status& st);
   // The gradient scratch of stream `s`, at least `bytes` (grown: the stream is synchronized
   // before the old buffer is freed, since queued work may still read it).
   Result<void*> gradient_scratch(cudaStream_t s, size_t bytes);
@@ -143,7 +149,7 @@ class LibraryAttentionKernels final : public KernelsWrapper {
   using ShapeKey = std::tuple<int, int, int, int, int, int>;  // dt, B, T, NH, KVH, hs
   static ShapeKey key(const OpShape& s) { return {int(s.dt), s.B, s.T, s.NH, s.KVH, s.hs}; }
   mutable std::mutex declined_mu_;
-  std::map<ShapeKey, std::string> declined_;  // shapes whose library memory ran out, and why
+  std::map<ShapeKey, std::string> declined_;  // shapes the library declined, and why
 };
 
 }  // namespace strata

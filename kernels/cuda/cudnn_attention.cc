@@ -11,7 +11,9 @@
 // its workspace (1 GiB at B 4, T 2048, 32 heads); a shape whose workspace does not fit the free
 // memory when its graphs are built is declined (supports() says why: raise device.reserve, or
 // let the backward be non-deterministic), and an allocation that fails later returns
-// kOutOfMemory with nothing enqueued (the caller runs the own kernels).
+// kOutOfMemory with nothing enqueued (the caller runs the own kernels). An execute that cuDNN
+// refuses with no CUDA error behind it returns kUnavailable: that call, and the shape from then
+// on, run on the own kernels too.
 //
 // Loading: the frontend is compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING, so nothing
 // links against libcudnn: the first supports() with a full shape dlopens libcudnn.so.9 from,
@@ -31,7 +33,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,8 +102,18 @@ const CudnnLoad& load_cudnn() {
         return l;
       }
       l.ok = true;
+      // The CUDA runtime the loaded library was built for (a PyTorch environment's cuDNN may be
+      // a CUDA 12 build beside strata's CUDA 13 runtime): recorded in every path's name.
+      std::string cudart_of_lib;
+      using CudartVersion = size_t (*)();
+      if (auto f =
+              reinterpret_cast<CudartVersion>(dlsym(fe::cudnn_dlhandle, "cudnnGetCudartVersion"))) {
+        const size_t r = f();
+        cudart_of_lib =
+            ", for CUDA " + std::to_string(r / 1000) + "." + std::to_string(r / 10 % 100);
+      }
       l.message = "cudnn " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-                  std::to_string(v % 100) + " (frontend " +
+                  std::to_string(v % 100) + cudart_of_lib + " (frontend " +
                   std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
                   std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." +
                   std::to_string(CUDNN_FRONTEND_PATCH_VERSION) + ")";
@@ -139,6 +153,7 @@ class CudnnAttention final : public AttentionLibrary {
     for (auto& [s, ws] : workspace_) {
       if (ws.ptr != nullptr) cudaFree(ws.ptr);
     }
+    cache_.clear();  // the graphs' plans were finalized with the handle: destroyed before it
     if (handle_ != nullptr) fe::detail::destroy_handle(handle_);
   }
 
@@ -168,6 +183,7 @@ class CudnnAttention final : public AttentionLibrary {
     std::lock_guard<std::mutex> lock(mu_);
     const Plans* p = plans(shape);
     if (!p->ok) return invalid_argument("cuDNN attention: unsupported shape: " + p->why);
+    if (!aligned({out, lse, qkv})) return misaligned("forward");
     const size_t es = dtype_size(shape.dt);
     auto* base = static_cast<char*>(const_cast<void*>(qkv));
     std::unordered_map<int64_t, void*> pack = {
@@ -184,6 +200,7 @@ class CudnnAttention final : public AttentionLibrary {
     std::lock_guard<std::mutex> lock(mu_);
     const Plans* p = plans(shape);
     if (!p->ok) return invalid_argument("cuDNN attention: unsupported shape: " + p->why);
+    if (!aligned({dqkv, dout, qkv, out, lse})) return misaligned("backward");
     const size_t es = dtype_size(shape.dt);
     const size_t k_off = size_t(shape.NH) * shape.hs * es;
     const size_t v_off = size_t(shape.NH + shape.KVH) * shape.hs * es;
@@ -202,13 +219,49 @@ class CudnnAttention final : public AttentionLibrary {
   }
 
  private:
+  // The frontend takes every buffer as 16-byte aligned (its tensors' default alignment); the
+  // models' buffers are (the arena's 256-byte blocks, head sizes a multiple of 8).
+  static bool aligned(std::initializer_list<const void*> ps) {
+    for (const void* p : ps) {
+      if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    }
+    return true;
+  }
+  static Status misaligned(const char* what) {
+    return unavailable(std::string("cuDNN attention ") + what +
+                       ": a buffer is not 16-byte aligned, which cuDNN's kernels assume");
+  }
+
+  // Binds the calling thread to the library's GPU while it lives (plans are built and
+  // finalized on the current device), then gives the thread its device back.
+  class OnDevice {
+   public:
+    explicit OnDevice(int ordinal) {
+      cudaError_t e = cudaGetDevice(&prev_);
+      if (e == cudaSuccess) e = cudaSetDevice(ordinal);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        why_ = "binding the thread to GPU " + std::to_string(ordinal) + ": " + cudaGetErrorName(e);
+      }
+    }
+    ~OnDevice() {
+      if (why_.empty()) cudaSetDevice(prev_);
+    }
+    const std::string& why() const { return why_; }  // "" when bound
+
+   private:
+    int prev_ = 0;
+    std::string why_;
+  };
+
   // The cached plans of `shape`, built on first use. Caller holds mu_.
   const Plans* plans(const OpShape& shape) {
     const Key key{int(shape.dt), shape.B, shape.T, shape.NH, shape.KVH, shape.hs};
     auto it = cache_.find(key);
     if (it != cache_.end()) return &it->second;
     Plans& p = cache_[key];
-    p.why = build(shape, &p);
+    OnDevice on(ordinal_);
+    p.why = on.why().empty() ? build(shape, &p) : on.why();
     p.ok = p.why.empty();
     if (p.ok) {
       log_info(
@@ -257,11 +310,8 @@ class CudnnAttention final : public AttentionLibrary {
     return library_memory_fits(ws, scratch, kHeadroom, free_bytes, held, deterministic_);
   }
 
-  std::string ensure_handle() {
+  std::string ensure_handle() {  // on the library's GPU (plans() binds it)
     if (handle_ != nullptr) return "";
-    if (cudaError_t e = cudaSetDevice(ordinal_); e != cudaSuccess) {
-      return std::string("cudaSetDevice: ") + cudaGetErrorName(e);
-    }
     try {
       const cudnnStatus_t st = fe::detail::create_handle(&handle_);
       if (st != CUDNN_STATUS_SUCCESS) {
@@ -312,7 +362,8 @@ class CudnnAttention final : public AttentionLibrary {
     if (auto e = g.build_operation_graph(handle_); !e.is_good()) {
       return "build_operation_graph: " + fe_message(e);
     }
-    if (auto e = g.create_execution_plans({fe::HeurMode_t::A}); !e.is_good()) {
+    if (auto e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+        !e.is_good()) {
       return "create_execution_plans: " + fe_message(e);
     }
     if (auto e = g.check_support(handle_); !e.is_good()) return "check_support: " + fe_message(e);
@@ -391,17 +442,24 @@ class CudnnAttention final : public AttentionLibrary {
       }
       ws.bytes = size_t(bytes);
     }
+    std::string failed;
     try {
       if (cudnnStatus_t st = fe::detail::set_stream(handle_, s); st != CUDNN_STATUS_SUCCESS) {
-        return internal_error(std::string("cudnnSetStream: ") + fe::detail::get_error_string(st));
-      }
-      if (auto e = g.execute(handle_, pack, ws.ptr); !e.is_good()) {
-        return internal_error(std::string("cuDNN attention ") + what + ": " + fe_message(e));
+        failed = std::string("cudnnSetStream: ") + fe::detail::get_error_string(st);
+      } else if (auto e = g.execute(handle_, pack, ws.ptr); !e.is_good()) {
+        failed = fe_message(e);
       }
     } catch (const std::exception& e) {
-      return internal_error(std::string("cuDNN attention ") + what + " threw: " + e.what());
+      failed = std::string("threw: ") + e.what();
     }
-    return Status::ok();
+    if (failed.empty()) return Status::ok();
+    // A CUDA error behind it is the device's (a sticky one ends the step); cuDNN refusing to
+    // run the graph declines the call, which the caller then runs on the own kernels.
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+      return internal_error(std::string("cuDNN attention ") + what + ": " + failed + " (" +
+                            cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")");
+    }
+    return unavailable(std::string("cuDNN attention ") + what + " did not run: " + failed);
   }
 
   struct Workspace {

@@ -62,16 +62,16 @@ LibraryAttentionKernels::~LibraryAttentionKernels() {
 bool LibraryAttentionKernels::library_runs(const OpShape& shape, std::string* why) const {
   std::string reason;
   bool runs = false;
-  std::string declined;
+  std::string refused;
   {
     std::lock_guard<std::mutex> lock(declined_mu_);
     auto it = declined_.find(key(shape));
-    if (it != declined_.end()) declined = it->second;
+    if (it != declined_.end()) refused = it->second;
   }
   if (library_ == nullptr) {
     reason = absent_reason_;
-  } else if (!declined.empty()) {
-    reason = std::move(declined);
+  } else if (!refused.empty()) {
+    reason = std::move(refused);
   } else if (shape.positions) {
     reason = "the library path does not mask attention per sequence (positions)";
   } else if (!full_shape(shape)) {
@@ -108,7 +108,7 @@ void LibraryAttentionKernels::fused_attention_forward(Stream& s, DType dt, void*
   CudaStream& cs = cuda_stream(s);
   Status st = STRATA_CUDA_STATUS(cudaSetDevice(ordinal_), "binding the thread to its GPU");
   if (st.is_ok()) st = library_->forward(cs.handle, shape, out, lse, qkv);
-  if (declined_for_memory(shape, st)) {
+  if (declined(shape, st)) {
     own_->fused_attention_forward(s, dt, out, lse, qkv, pos, B, T, NH, NKV, hs);
     return;
   }
@@ -145,7 +145,7 @@ void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void
     }
   }
   if (st.is_ok()) st = library_->backward(cs.handle, shape, grad, dout, qkv, out, lse);
-  if (declined_for_memory(shape, st)) {
+  if (declined(shape, st)) {
     // The library's forward and the own backward agree: the same out and the same lse (the
     // natural-log log-sum-exp of the scaled scores).
     own_->fused_attention_backward(s, dt, dqkv, scratch, dout, qkv, out, lse, pos, B, T, NH, NKV,
@@ -160,14 +160,16 @@ void LibraryAttentionKernels::fused_attention_backward(Stream& s, DType dt, void
   if (accumulate) own_->add_inplace(s, dt, dqkv, grad, n);
 }
 
-bool LibraryAttentionKernels::declined_for_memory(const OpShape& shape, const Status& st) {
-  if (st.code() != StatusCode::kOutOfMemory) return false;
+bool LibraryAttentionKernels::declined(const OpShape& shape, const Status& st) {
+  const bool memory = st.code() == StatusCode::kOutOfMemory;
+  if (!memory && st.code() != StatusCode::kUnavailable) return false;
   std::lock_guard<std::mutex> lock(declined_mu_);
   if (declined_.emplace(key(shape), st.message()).second) {
     log_warn(
-        "fused attention {} B={} T={} NH={} KVH={} hs={}: on the own kernels from now on, the "
-        "library's memory ran out ({})",
-        dtype_name(shape.dt), shape.B, shape.T, shape.NH, shape.KVH, shape.hs, st.message());
+        "fused attention {} B={} T={} NH={} KVH={} hs={}: on the own kernels from now on, {} "
+        "({})",
+        dtype_name(shape.dt), shape.B, shape.T, shape.NH, shape.KVH, shape.hs,
+        memory ? "the library's memory ran out" : "the library did not run it", st.message());
   }
   return true;
 }
