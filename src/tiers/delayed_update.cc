@@ -54,6 +54,7 @@ Status DelayedUpdate::finish() {
     sh.reset();
   }
   Status hs = dev_.synchronize(dev_.h2d_stream());
+  pipeline_.release_copied();  // the shadows: every copy from them has run
   if (st.is_ok()) st = hs.with_context("publishing the delayed update's parameters");
   shadow_.clear();
   const double busy = busy_s_;

@@ -87,6 +87,7 @@ Result<PinnedBuffer> Homes::host_buf(size_t bytes, const char* what) {
     // Staging buffers come back as copies and writes finish.
     dev_.synchronize(dev_.h2d_stream()).ignore();
     dev_.synchronize(dev_.d2h_stream()).ignore();
+    if (reclaim_) reclaim_();
   }
 }
 

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/io_worker.h"
@@ -84,8 +86,14 @@ class Homes {
   Storage* storage() const { return storage_.get(); }
 
   // A host-tier buffer; when the tier is full, waits for the h2d and d2h streams (staging
-  // buffers come back as copies and writes finish) and tries again, twice.
+  // buffers come back as copies and writes finish), runs the reclaim function and tries again,
+  // twice.
   Result<PinnedBuffer> host_buf(size_t bytes, const char* what);
+  // What host_buf runs once the streams are synchronized, before it tries again: it returns
+  // staging buffers held until copies from them ran (the optimizer pipeline's published pieces,
+  // OptimizerPipeline::release_copied). Called from any thread host_buf is; empty: none. Set
+  // before other threads use the tier, cleared before what it calls is destroyed.
+  void set_reclaim(std::function<void()> fn) { reclaim_ = std::move(fn); }
 
   // Whether `h` is reached through a host staging buffer (an NVMe home, or device memory the
   // host cannot address): such state moves through the host a sub-group piece at a time.
@@ -109,6 +117,7 @@ class Homes {
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<IoWorker> io_;
   std::vector<Module> mods_;
+  std::function<void()> reclaim_;  // set_reclaim
   size_t nvme_capacity_ = 0;
   mutable std::mutex nvme_mu_;  // nvme_used_, nvme_peak_
   size_t nvme_used_ = 0, nvme_peak_ = 0;

@@ -24,6 +24,12 @@ OptimizerPipeline::OptimizerPipeline(Homes& homes, DeviceCache& cache, const Tie
       mdt_(moment_dt),
       sharded_(sharded) {
   drained_.resize(homes.modules().size());
+  homes_.set_reclaim([this] { release_copied(); });
+}
+
+OptimizerPipeline::~OptimizerPipeline() {
+  homes_.set_reclaim(nullptr);
+  finish_copies_up().ignore();
 }
 
 // ---- the order modules become ready ----------------------------------------------------------
@@ -62,6 +68,7 @@ std::vector<int> OptimizerPipeline::step_order(std::vector<bool> skip) const {
 
 void OptimizerPipeline::end_step(bool skipped) {
   drain_prepared(skipped);
+  release_copied();
   if (!order_.empty()) last_order_ = order_;
   order_.clear();
 }
@@ -82,7 +89,7 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urg
     s.v = static_cast<char*>(m.mom.ptr()) + (m.sn + s.a) * mb;
   }
   auto buf = [&](size_t bytes) -> Result<std::shared_ptr<PinnedBuffer>> {
-    auto b = try_only ? homes_.pool().acquire(bytes) : homes_.host_buf(bytes, "optimizer pipeline");
+    auto b = host_buf(bytes, "optimizer pipeline", try_only);
     if (!b.is_ok()) return b.status();
     return std::make_shared<PinnedBuffer>(std::move(b).value());
   };
@@ -134,7 +141,7 @@ bool OptimizerPipeline::prepare_grad(int k, size_t j, bool urgent) {
   // Within the read-ahead's room, which the memory model sizes with a gradient sub-group per
   // read-ahead sub-group: at most extra_ slots hold gradients (with no read-ahead, none do).
   if (grads_held_ >= extra_) return false;
-  auto b = homes_.pool().acquire(s.len * 4);
+  auto b = host_buf(s.len * 4, "optimizer pipeline", /*try_only=*/true);
   if (!b.is_ok()) return false;  // no room now: take() reads them when it steps the sub-group
   ++grads_held_;
   s.grad_buf = std::make_shared<PinnedBuffer>(std::move(b).value());
@@ -180,7 +187,7 @@ Status OptimizerPipeline::take(int k, size_t j, Slot* out) {
 Status OptimizerPipeline::load_grad(Slot* s) {
   Module& m = homes_.module(s->k);
   if (m.gacc.tier != Tier::kNvme || s->grad_buf) return Status::ok();
-  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, homes_.host_buf(s->len * 4, "optimizer pipeline"),
+  STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, host_buf(s->len * 4, "optimizer pipeline"),
                           "staging " + m.name + " gradients");
   s->grad_buf = std::make_shared<PinnedBuffer>(std::move(b));
   s->grad = s->grad_buf->as<float>();
@@ -291,26 +298,25 @@ Result<OptimizerPipeline::Piece> OptimizerPipeline::piece(int k, size_t j, const
   }
   // At most publish_staging_pieces() in use, and with NVMe homes one more per sub-group read
   // ahead (their state's writes drain behind as deep: waiting here for the oldest write would
-  // hold the pass to the disk's write speed): the oldest write (or, with none, the h2d
-  // stream's copies) gives one back.
+  // hold the pass to the disk's write speed). The pieces whose copies ran come back first;
+  // then the oldest copy gives one back when nothing else holds its piece or no write is in
+  // flight, else the oldest write (never the whole h2d stream).
   const bool nvme = m.p.tier == Tier::kNvme;
   const size_t limit = publish_staging_pieces(opt_.buffer_count, nvme) + (nvme ? extra_ : 0);
+  const std::string what = "staging " + m.name + " parameters";
   for (;;) {
+    release_copied();
     std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
     if (pieces_.size() < limit) break;
-    if (!writes_.empty()) {
-      STRATA_RETURN_IF_ERROR(retire_writes(writes_.size() - 1),
-                             "staging " + m.name + " parameters");
-      continue;
+    if (copies_up_held() > 0 && (writes_.empty() || oldest_copy_up_alone())) {
+      STRATA_RETURN_IF_ERROR(wait_oldest_copy_up(), what);
+    } else {
+      STRATA_CHECK(!writes_.empty(), "parameter staging pieces held past their writes and copies");
+      STRATA_RETURN_IF_ERROR(retire_writes(writes_.size() - 1), what);
     }
-    STRATA_RETURN_IF_ERROR(dev_.synchronize(dev_.h2d_stream()),
-                           "staging " + m.name + " parameters");
-    std::erase_if(pieces_, [](const std::weak_ptr<PinnedBuffer>& w) { return w.expired(); });
-    STRATA_CHECK(pieces_.size() < limit, "parameter staging pieces held past their writes");
-    break;
   }
   STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
-                          homes_.host_buf(piece_bytes(m.sub_len(j), es), "parameter staging"),
+                          host_buf(piece_bytes(m.sub_len(j), es), "parameter staging"),
                           "stepping " + m.name);
   p.keep = std::make_shared<PinnedBuffer>(std::move(b));
   p.dst = p.keep->data();
@@ -409,8 +415,7 @@ Status OptimizerPipeline::advance(Pass& ps, size_t until) {
     if (shadows) grad = static_cast<const float*>(m.gacc2.ptr());
     if (j == 0 && !on_device) {
       if (shadows) {
-        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
-                                homes_.host_buf(m.p.bytes, "delayed update: shadow"),
+        STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, host_buf(m.p.bytes, "delayed update: shadow"),
                                 "stepping " + m.name);
         (*shadows)[size_t(k)] = std::make_shared<PinnedBuffer>(std::move(b));
         shadow = (*shadows)[size_t(k)]->data();
@@ -479,6 +484,7 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
   Module& m = homes_.module(k);
   Stream& h2d = dev_.h2d_stream();
   const size_t off = m.sub_start(j) * dtype_size(dt_), bytes = m.sub_len(j) * dtype_size(dt_);
+  bool copied_up = false;  // whether the h2d stream copies from `src`
   if (m.p.tier == Tier::kHost && src != m.p.host.as<char>() + off) {
     std::memcpy(m.p.host.as<char>() + off, src, bytes);
   } else if (m.p.tier == Tier::kDevice && src != static_cast<char*>(m.p.dev) + off) {
@@ -486,6 +492,7 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
       std::memcpy(static_cast<char*>(m.p.dev) + off, src, bytes);
     } else {
       dev_.copy_h2d(h2d, static_cast<char*>(m.p.dev) + off, src, bytes);
+      copied_up = true;
     }
     // Host-stepped parameters of a device-homed module cross the link as a cached copy's
     // write-through does (the planner counts both; these had gone uncounted: -20% of the
@@ -497,18 +504,21 @@ Status OptimizerPipeline::publish_piece(int k, size_t j, const void* src,
       cache_.drop(k);  // a gathered group is never updated in place: the next use gathers anew
     } else {
       cache_.write_through(k, off, src, bytes);
+      copied_up = true;
     }
   }
-  if (keep) dev_.host_fn(h2d, [keep] {});  // alive until the copies from it ran
   const std::string what =
       m.sub_groups() > 1 ? fmt::format("{} parameters (sub-group {})", m.name, j) : m.name;
   if (!wait) {
+    if (keep && copied_up) hold_until_copied(keep);
     if (m.p.tier == Tier::kNvme) {
       queue_write(m.p.subs[j], src, std::move(keep), what, /*state=*/false);
     }
     return Status::ok();
   }
+  // `keep` lives to the end of this call, past the copies and the write.
   STRATA_RETURN_IF_ERROR(dev_.synchronize(h2d), "copying " + what);
+  release_copied();  // every copy up enqueued so far has run
   if (m.p.tier == Tier::kNvme) {
     STRATA_RETURN_IF_ERROR(homes_.io()->wait(homes_.io()->write(m.p.subs[j], src)),
                            "writing " + what);
@@ -542,6 +552,74 @@ Status OptimizerPipeline::finish_copies_down() {
   return dev_.synchronize(dev_.d2h_stream()).with_context("copying new parameters down");
 }
 
+void OptimizerPipeline::hold_until_copied(std::shared_ptr<PinnedBuffer> keep) {
+  std::unique_ptr<Event> done;
+  {
+    std::lock_guard<std::mutex> l(copies_up_mu_);
+    if (!free_events_.empty()) {
+      done = std::move(free_events_.back());
+      free_events_.pop_back();
+    }
+  }
+  if (!done) done = dev_.create_event();
+  dev_.record(*done, dev_.h2d_stream());
+  std::lock_guard<std::mutex> l(copies_up_mu_);
+  copies_up_.push_back({std::move(done), std::move(keep)});
+}
+
+void OptimizerPipeline::release_copied() {
+  std::vector<std::shared_ptr<PinnedBuffer>> done;  // returned to the tier outside the lock
+  std::lock_guard<std::mutex> l(copies_up_mu_);
+  // Events on one stream complete in the order they were recorded.
+  while (!copies_up_.empty() && dev_.query(*copies_up_.front().done)) {
+    done.push_back(std::move(copies_up_.front().keep));
+    free_events_.push_back(std::move(copies_up_.front().done));
+    copies_up_.pop_front();
+  }
+}
+
+Status OptimizerPipeline::wait_oldest_copy_up() {
+  CopyUp c;
+  {
+    std::lock_guard<std::mutex> l(copies_up_mu_);
+    if (copies_up_.empty()) return Status::ok();
+    c = std::move(copies_up_.front());
+    copies_up_.pop_front();
+  }
+  // The buffer goes back whatever the wait returned: a failed wait is the device's error, which
+  // ends the run.
+  Status st = dev_.synchronize(*c.done).with_context("copying new parameters to the device");
+  c.keep.reset();
+  std::lock_guard<std::mutex> l(copies_up_mu_);
+  free_events_.push_back(std::move(c.done));
+  return st;
+}
+
+Status OptimizerPipeline::finish_copies_up() {
+  Status first;
+  while (copies_up_held() > 0) {
+    Status s = wait_oldest_copy_up();
+    if (first.is_ok()) first = s;
+  }
+  return first;
+}
+
+size_t OptimizerPipeline::copies_up_held() const {
+  std::lock_guard<std::mutex> l(copies_up_mu_);
+  return copies_up_.size();
+}
+
+bool OptimizerPipeline::oldest_copy_up_alone() const {
+  std::lock_guard<std::mutex> l(copies_up_mu_);
+  return !copies_up_.empty() && copies_up_.front().keep.use_count() == 1;
+}
+
+Result<PinnedBuffer> OptimizerPipeline::host_buf(size_t bytes, const char* what, bool try_only) {
+  release_copied();
+  if (try_only) return homes_.pool().acquire(bytes);
+  return homes_.host_buf(bytes, what);
+}
+
 Status OptimizerPipeline::write_params(int k, size_t j, const float* master) {
   Module& m = homes_.module(k);
   const std::string what = "deriving " + m.name + " parameters";
@@ -572,6 +650,7 @@ void OptimizerPipeline::queue_write(const SwapExtent& ext, const void* src,
 }
 
 Status OptimizerPipeline::retire_writes(size_t keep_at_most) {
+  release_copied();
   Status first;
   while (!writes_.empty() &&
          (writes_.size() > keep_at_most || homes_.io()->done(writes_.front().t))) {

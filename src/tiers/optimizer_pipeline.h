@@ -22,9 +22,16 @@
 // not host-addressable) are staged a sub-group at a time, at most
 // publish_staging_pieces() pieces at once (piece() waits for the oldest write or
 // copy to free one), counted apart in the memory model (param_publish_staging).
+// A buffer that copies on the h2d stream read from (a piece, a delayed update's shadow) is
+// held with an event recorded after those copies, and goes back to the host tier only once
+// the event has completed (release_copied(): as a new piece is staged, before the pipeline
+// takes host buffers, as writes retire and at the ends of passes and steps; the tier
+// manager's points that synchronize the h2d stream; finish_copies_up() waits for them all).
+// No host function holds a stream for it.
 //
 // Thread safety: one thread at a time: the host thread, or the delayed update's thread while
-// it runs (the host thread then stays out).
+// it runs (the host thread then stays out); release_copied() from any thread (Homes'
+// reclaim, when the host tier is full).
 #pragma once
 
 #include <algorithm>
@@ -32,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,8 +98,14 @@ class OptimizerPipeline {
   // the step's output elsewhere (Slot::master_src and the others).
   using BeforeStep = std::function<void(Slot&)>;
 
+  // Sets the homes' reclaim to release_copied() (cleared again by the destructor).
   OptimizerPipeline(Homes& homes, DeviceCache& cache, const TierOptions& options, DType dt,
                     DType moment_dt, bool sharded, TierCounters& counters);
+  // Waits for the copies from the buffers it still holds and returns them (the device and the
+  // host tier outlive it).
+  ~OptimizerPipeline();
+  OptimizerPipeline(const OptimizerPipeline&) = delete;
+  OptimizerPipeline& operator=(const OptimizerPipeline&) = delete;
 
   // ---- the order modules become ready ------------------------------------------------
   // Module m's gradients are final for this step once the d2h stream's work enqueued so far
@@ -107,10 +121,11 @@ class OptimizerPipeline {
   std::vector<int> prepared_first(std::vector<int> order) const;
   // The last step's order (empty before the first step).
   const std::vector<int>& last_order() const { return last_order_; }
-  // The step's optimizer work is over: waits for the reads of slots prepared but never stepped
-  // and remembers this step's order. `skipped` (fp16 overflow, the state unchanged): the slots
-  // read ahead under its backward stay for the next step (drain_prepared's `retain`), which
-  // would read the same bytes again (no byte is read twice).
+  // The step's optimizer work is over: waits for the reads of slots prepared but never stepped,
+  // returns the buffers whose copies ran (release_copied) and remembers this step's order.
+  // `skipped` (fp16 overflow, the state unchanged): the slots read ahead under its backward stay
+  // for the next step (drain_prepared's `retain`), which would read the same bytes again (no byte
+  // is read twice).
   void end_step(bool skipped = false);
 
   // ---- slots -------------------------------------------------------------------------
@@ -211,15 +226,24 @@ class OptimizerPipeline {
   // New low-precision parameters of sub-group j of module k at host `src` go to their home
   // (unless `src` is in the home; NVMe: the sub-group's extent) and to a cached device copy
   // (write-through; a gathered group, sharded, is dropped instead). `keep` is held until the
-  // copies and the write from it ran. With `wait`, returns after everything landed (the h2d
-  // stream and the NVMe write); else the NVMe write is queued. `copy_current`: the cached copy
-  // already holds them (the device's optimizer stepped it in place), nothing is written through.
+  // copies and the write from it ran: by an event recorded on the h2d stream after the copies
+  // (release_copied() returns it once the event has completed) and by the queued write. With
+  // `wait`, returns after everything landed (the h2d stream and the NVMe write); else the NVMe
+  // write is queued. `copy_current`: the cached copy already holds them (the device's optimizer
+  // stepped it in place), nothing is written through.
   Status publish_piece(int k, size_t j, const void* src, std::shared_ptr<PinnedBuffer> keep,
                        bool wait, bool copy_current = false);
   // Waits for the new parameters step_on_device copies down into host homes without waiting:
   // before anything reads or writes the homes on the host (checkpoints, the weights' checksum,
   // write_params).
   Status finish_copies_down();
+  // Returns to the host tier the buffers held for copies up (publish_piece) whose event has
+  // completed, the oldest first; never blocks. Thread-safe.
+  void release_copied();
+  // Waits for the copies from every buffer still held and returns them all; the first failure.
+  Status finish_copies_up();
+  // Buffers held until the copies from them run.
+  size_t copies_up_held() const;
   // publish_piece() of every sub-group of a whole module's new parameters at host `lp`.
   Status publish(int k, const void* lp, std::shared_ptr<PinnedBuffer> keep, bool wait);
   // Derives module k's parameters from fp32 `master` and publishes them, synchronously.
@@ -232,7 +256,8 @@ class OptimizerPipeline {
 
   // ---- writes ------------------------------------------------------------------------
   // Waits for the oldest writes until at most `keep_at_most` are in flight, and frees the
-  // buffers of every finished one; the first failure, naming what was written.
+  // buffers of every finished one (and those whose copies up ran, release_copied); the first
+  // failure, naming what was written.
   Status retire_writes(size_t keep_at_most);
   // Waits for the oldest writes until at most max_writes() of the state's from buffers not
   // kept (Pass::keep) are in flight: a kept slot's writes hold no memory of their own, and the
@@ -272,6 +297,22 @@ class OptimizerPipeline {
     bool kept = false;     // from a kept slot's buffer
     bool counted = false;  // in unkept_state_writes_: state, not from a kept slot's buffer
   };
+  // A buffer that copies enqueued on the h2d stream read from, with the event recorded after
+  // them: returned to the host tier once the event has completed.
+  struct CopyUp {
+    std::unique_ptr<Event> done;
+    std::shared_ptr<PinnedBuffer> keep;
+  };
+  // Holds `keep` until the copies enqueued on the h2d stream so far have run.
+  void hold_until_copied(std::shared_ptr<PinnedBuffer> keep);
+  // Waits for the oldest held buffer's copies and returns it (none held: ok).
+  Status wait_oldest_copy_up();
+  // Whether the oldest held buffer is held by nothing else (its copies are all that keep it
+  // from the host tier).
+  bool oldest_copy_up_alone() const;
+  // A host-tier buffer for the pipeline, after returning those whose copies ran; with
+  // `try_only` the pool's (none when it is full), else homes_.host_buf's.
+  Result<PinnedBuffer> host_buf(size_t bytes, const char* what, bool try_only = false);
   // `state`: master weights or moments (bound_writes() bounds those; new parameters' staging
   // pieces are bounded by piece()).
   void queue_write(const SwapExtent& ext, const void* src, std::shared_ptr<PinnedBuffer> keep,
@@ -307,6 +348,11 @@ class OptimizerPipeline {
   std::deque<Write> writes_;         // optimizer/parameter writes draining behind later work
   // Staging pieces handed out by piece(), while anything (a write, a copy) still holds them.
   std::deque<std::weak_ptr<PinnedBuffer>> pieces_;
+  // Buffers held for copies up, in the order their events were recorded on the h2d stream
+  // (the order they complete in), and events to record again once theirs completed.
+  mutable std::mutex copies_up_mu_;  // copies_up_, free_events_
+  std::deque<CopyUp> copies_up_;
+  std::vector<std::unique_ptr<Event>> free_events_;
   // Device-stepped modules: the d2h stream's event after their final drains (grads_final).
   std::vector<std::shared_ptr<Event>> drained_;
   // New parameters copied down from cached copies into host homes on the d2h stream, not yet

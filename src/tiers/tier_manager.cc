@@ -357,7 +357,8 @@ Status TierManager::end_backward() {
   STRATA_RETURN_IF_ERROR(I.stamps->synchronize(I.dev.compute_stream()), "the compute stream");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.d2h_stream()), "the gradient drains");
   STRATA_RETURN_IF_ERROR(I.dev.synchronize(I.dev.h2d_stream()), "the parameter fetches");
-  I.cache->reclaim(false);  // the drained gradient buffers
+  I.cache->reclaim(false);       // the drained gradient buffers
+  I.pipeline->release_copied();  // the last step's published parameters' staging
   if (I.sharded) I.cache->drop_unheld();
   STRATA_RETURN_IF_ERROR(I.errors.take(), "");  // each kept error says where it happened
   if (I.sharded) {
@@ -422,6 +423,7 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
   I.pipeline->end_step();
   if (!st.is_ok()) I.pipeline->retire_writes(0).ignore();
   Status hs = I.dev.synchronize(I.dev.h2d_stream());
+  I.pipeline->release_copied();  // their staging: every copy from it has run
   if (st.is_ok()) st = hs.with_context("publishing parameters");
   const double s = seconds_between(t0, TierClock::now());
   I.counters.update([s](TierCounts& n) { n.schedule.optimizer_s += s; });
@@ -431,12 +433,14 @@ Status TierManager::optimizer_step(const OptimizerHyper& hyper, float grad_mult,
 Status TierManager::flush_writes() {
   STRATA_RETURN_IF_ERROR(finish_pending_step(), "flushing writes");
   STRATA_RETURN_IF_ERROR(impl_->pipeline->finish_copies_down(), "flushing writes");
+  STRATA_RETURN_IF_ERROR(impl_->pipeline->finish_copies_up(), "flushing writes");
   return impl_->pipeline->retire_writes(0);
 }
 
 Status TierManager::finish_pending_step() {
   STRATA_RETURN_IF_ERROR(impl_->step_deferred(-1), "finishing the pending step");
-  return finish_delayed_update();
+  STRATA_RETURN_IF_ERROR(finish_delayed_update(), "");
+  return impl_->pipeline->finish_copies_up().with_context("finishing the pending step");
 }
 
 Status TierManager::Impl::step_deferred(int m) {

@@ -147,7 +147,8 @@ class TierManager : public ActivationStore {
   // Steps every module's optimizer state with grad = GACC * grad_mult, pipelined over NVMe
   // reads/writes, writing the new parameters to their homes (and cached device copies).
   // NVMe writes are left draining behind later work (reads of the same extent wait for them);
-  // flush_writes() waits for them all and returns the first failure.
+  // flush_writes() waits for them all and for the new parameters' copies to the device, and
+  // returns the first failure.
   // With `defer` (the exact overlap whatever the clipping), the modules not already stepped
   // under backward are stepped later, in module order, each just before its parameters are
   // next acquired or fetched: the next forward's acquire of module m (or a prefetch of it)
@@ -159,7 +160,9 @@ class TierManager : public ActivationStore {
   // completes.
   Status optimizer_step(const OptimizerHyper& hyper, float grad_mult, bool defer = false);
   Status flush_writes();
-  // Completes a deferred optimizer step and a pending delayed update (call before evaluating).
+  // Completes a deferred optimizer step and a pending delayed update, and waits for their new
+  // parameters' copies to the device (their staging back in the host tier); call before
+  // evaluating.
   Status finish_pending_step();
 
   // --- the optimizer under backward -----------------------------------------------------

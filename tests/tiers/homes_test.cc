@@ -1,7 +1,8 @@
 // Homes (src/tiers/homes.h) alone, on the CPU device: every module's objects get a home in the
 // tier its plan names, of the plan's bytes (device memory, the host tier's arena, or one swap
 // extent per sub-group); a rank's shard offsets; a tier without room fails naming the tier and
-// the object; the NVMe tier's use counts its extents; ~Homes gives everything back.
+// the object; a full host tier reclaims before it fails; the NVMe tier's use counts its extents;
+// ~Homes gives everything back.
 #include "src/tiers/homes.h"
 
 #include <gtest/gtest.h>
@@ -167,6 +168,30 @@ TEST(Homes, HostBufFromTheHostTier) {
   a->reset();
   auto c = (*h)->host_buf(768 << 10, "staging c");
   EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+}
+
+// A full tier runs the reclaim function (what gives back buffers held until copies from them
+// ran) before it tries again: a buffer it returns serves the request; none, and it fails.
+TEST(Homes, AFullTierReclaimsBeforeItFails) {
+  auto dev = test::cpu_device(1 << 20);
+  ASSERT_NE(dev, nullptr);
+  TierOptions o;
+  auto h = Homes::create(*dev, {}, 0, 1, 1 << 20, o, nullptr);
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  auto held = (*h)->host_buf(512 << 10, "held");
+  ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+  int calls = 0;
+  (*h)->set_reclaim([&] {
+    ++calls;
+    held->reset();
+  });
+  auto b = (*h)->host_buf(768 << 10, "staging b");
+  EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+  EXPECT_EQ(calls, 1);
+  auto c = (*h)->host_buf(512 << 10, "staging c");  // nothing more to give back
+  EXPECT_FALSE(c.is_ok());
+  EXPECT_EQ(calls, 3);  // once before each of the two tries again
+  (*h)->set_reclaim(nullptr);
 }
 
 // The NVMe tier: one swap extent per sub-group of each NVMe-homed object, counted in its use;

@@ -2,15 +2,24 @@
 // on the CPU device: a pass over modules whose state lives in the host tier or on NVMe, in one
 // sub-group or several, gives the fused optimizer's bits over each whole module (the optimizer
 // is elementwise); slots kept from one pass serve the next; the order modules are stepped in;
-// a failed read names the module and sub-group.
+// a failed read names the module and sub-group; the new parameters' staging pieces go back to
+// the host tier once the copies from them ran, held by events and never by host functions.
 #include "src/tiers/optimizer_pipeline.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/tiers/device_optimizer.h"
+#include "strata/device_wrapper.h"
 #include "strata/storage_faults.h"
 #include "tests/tiers/state_rig.h"
 
@@ -149,6 +158,182 @@ TEST(OptimizerPipeline, AFailedReadNamesTheModuleAndSubGroup) {
   EXPECT_NE(s.to_string().find("strata-swap-r0.bin"), std::string::npos) << s.to_string();
   r.pipeline->drain_prepared();
   (void)r.pipeline->retire_writes(0);
+}
+
+// A device double that watches what the pipeline asks of the streams: it counts the host
+// functions enqueued through it, the synchronizations of the h2d stream and the waits for an
+// event, and notes the host tier's use at each copy to the device. With `late`, a copy to the
+// device runs only once the host has waited for the device (any synchronize) after enqueueing
+// it: until then no piece's copies have run, whatever the threads' timing. `addressable`: what
+// it claims of host access.
+class CopyWatch final : public DeviceWrapper {
+ public:
+  CopyWatch(std::unique_ptr<Device> inner, bool addressable, bool late)
+      : DeviceWrapper(std::move(inner)), addressable_(addressable), late_(late) {}
+  ~CopyWatch() override { open(UINT64_MAX); }  // the wrapped device drains its streams
+
+  const BufferPool* pool = nullptr;  // whose use copy_h2d notes
+  std::atomic<int> host_fns{0}, h2d_syncs{0}, event_waits{0};
+  size_t most_in_use = 0;  // the pool's use at the copies to the device since reset()
+
+  void reset() {
+    host_fns = h2d_syncs = event_waits = 0;
+    most_in_use = 0;
+  }
+
+  bool host_addressable() const override { return addressable_; }
+  void copy_h2d(Stream& s, void* dst, const void* src, size_t bytes) override {
+    if (pool) most_in_use = std::max(most_in_use, pool->in_use());
+    if (late_) {
+      uint64_t t = 0;
+      {
+        std::lock_guard<std::mutex> l(gate_->mu);
+        t = ++gate_->enqueued;
+      }
+      wrapped().host_fn(s, [g = gate_, t] {
+        std::unique_lock<std::mutex> l(g->mu);
+        g->cv.wait(l, [&] { return g->opened >= t; });
+      });
+    }
+    wrapped().copy_h2d(s, dst, src, bytes);
+  }
+  void host_fn(Stream& s, std::function<void()> fn) override {
+    ++host_fns;
+    wrapped().host_fn(s, std::move(fn));
+  }
+  Status synchronize(Stream& s) override {
+    if (&s == &wrapped().h2d_stream()) ++h2d_syncs;
+    open();
+    return wrapped().synchronize(s);
+  }
+  Status synchronize(Event& e) override {
+    ++event_waits;
+    open();
+    return wrapped().synchronize(e);
+  }
+
+ private:
+  // The copies held back: those enqueued run once `opened` reaches their number.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t enqueued = 0, opened = 0;
+  };
+  // Lets the copies enqueued so far run (or all, with `up_to`).
+  void open(uint64_t up_to = 0) {
+    std::lock_guard<std::mutex> l(gate_->mu);
+    gate_->opened = std::max(up_to, gate_->enqueued);
+    gate_->cv.notify_all();
+  }
+
+  const bool addressable_, late_;
+  const std::shared_ptr<Gate> gate_ = std::make_shared<Gate>();
+};
+
+struct PublishCase {
+  const char* name;
+  Tier params;     // device: copied to their home; nvme: written, and through to a cached copy
+  bool simulated;  // the simulated H200 (not host-addressable), else the CPU backend
+  bool addressable, late;  // the double's claim (over the CPU backend) and its late copies
+};
+
+const PublishCase kPublishCases[] = {
+    {"cpu backend, nvme parameters written through to cached copies", Tier::kNvme, false, true,
+     true},
+    {"device parameters on a device the host cannot address", Tier::kDevice, false, false, true},
+    {"device parameters on the simulated h200", Tier::kDevice, true, false, false},
+};
+
+// Each sub-group's new parameters are staged in a piece that the h2d stream copies to the
+// device from: at most publish_staging_pieces() of them in the host tier at once, each reused
+// only once the copies from it ran (the parameters land intact while the copies run late: at
+// the limit the pass waits for the oldest piece's event), with no host function and no
+// synchronization of the whole h2d stream; once the stream has run, or finish_copies_up() has
+// waited, the host tier is back to its use before the pass.
+TEST(OptimizerPipeline, PublishedPiecesGoBackToTheTierOnceTheirCopiesRan) {
+  const std::vector<size_t> numel = {5000, 3000, 9000};
+  int n = 0;
+  for (const PublishCase& c : kPublishCases) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Device> inner;
+    if (c.simulated) {
+      auto sim = create_simulated_device({.capacity = 16 << 20, .threads = 1},
+                                         simulated_device_preset("h200").value());
+      ASSERT_TRUE(sim.is_ok()) << sim.status().to_string();
+      inner = std::move(*sim);
+    } else {
+      inner = test::cpu_device(16 << 20);
+    }
+    const bool addressable = c.simulated ? false : c.addressable;
+    auto watch = std::make_unique<CopyWatch>(std::move(inner), addressable, c.late);
+    CopyWatch* w = watch.get();
+    StateRig r("publish" + std::to_string(n++), numel,
+               {c.params, Tier::kHost, Tier::kHost, Tier::kHost, 1.0}, 2048, false, nullptr,
+               std::move(watch));
+    Device& dev = *r.dev;
+    std::vector<ModuleState> want;
+    for (int m = 0; m < 3; ++m) {
+      want.push_back(test::random_state(numel[size_t(m)], 300 + m));
+      r.set_state(m, want.back());
+    }
+    // NVMe-homed parameters cached on the device: each step writes them through.
+    std::vector<const void*> copies;
+    if (c.params == Tier::kNvme) {
+      r.cache->begin_phase("train");
+      for (int m = 0; m < 3; ++m) {
+        auto p = r.cache->acquire(m);
+        ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+        copies.push_back(*p);
+        r.cache->release(m);
+      }
+      r.cache->end_phase();
+    }
+    r.sync();
+    const size_t base = r.homes->pool().in_use();
+    const size_t limit = publish_staging_pieces(r.options.buffer_count, c.params == Tier::kNvme);
+    w->pool = &r.homes->pool();
+    w->reset();
+    for (int step = 1; step <= 2; ++step) {
+      ASSERT_TRUE(r.pipeline->run({2, 0, 1}, hyper(step), 0.5f, nullptr).is_ok());
+      for (int m = 0; m < 3; ++m) test::reference_step(want[size_t(m)], hyper(step), 0.5f);
+    }
+    EXPECT_EQ(w->host_fns, 0);
+    EXPECT_EQ(w->h2d_syncs, 0);
+    // At the limit the pipeline waited for the oldest piece's copies, not the whole stream.
+    if (c.late && c.params == Tier::kDevice) EXPECT_GT(w->event_waits, 0);
+    EXPECT_GT(w->most_in_use, base);
+    EXPECT_LE(w->most_in_use - base, limit * piece_bytes(2048, 2));
+    EXPECT_LE(r.pipeline->copies_up_held(), limit);
+
+    // The end of the step: once the h2d stream has run, every piece goes back.
+    r.pipeline->end_step();
+    ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+    ASSERT_TRUE(dev.synchronize(dev.h2d_stream()).is_ok());
+    r.pipeline->release_copied();
+    EXPECT_EQ(r.pipeline->copies_up_held(), 0u);
+    EXPECT_EQ(r.homes->pool().in_use(), base);
+    for (int m = 0; m < 3; ++m) {
+      const ModuleState got = r.state(m);
+      EXPECT_TRUE(test::same_bits(got, want[size_t(m)])) << "module " << m;
+      if (!copies.empty()) {
+        EXPECT_EQ(std::memcmp(copies[size_t(m)], got.params.data(), got.params.size() * 2), 0)
+            << "module " << m << "'s cached copy";
+      }
+    }
+
+    // A pass whose copies are still held: finish_copies_up() waits for them and returns them.
+    ASSERT_TRUE(r.pipeline->run({0, 1, 2}, hyper(3), 0.5f, nullptr).is_ok());
+    ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+    ASSERT_TRUE(r.pipeline->finish_copies_up().is_ok());
+    EXPECT_EQ(r.pipeline->copies_up_held(), 0u);
+    EXPECT_EQ(r.homes->pool().in_use(), base);
+    // And one whose copies the pipeline's destructor returns (the host tier checks, when it is
+    // destroyed, that every buffer came back).
+    ASSERT_TRUE(r.pipeline->run({0, 1, 2}, hyper(4), 0.5f, nullptr).is_ok());
+    ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+    w->pool = nullptr;
+    EXPECT_TRUE(r.errors.take().is_ok());
+  }
 }
 
 }  // namespace

@@ -49,13 +49,14 @@ struct StateRig : TierParts {
 
   // Modules of `numel` elements; parameters, optimizer state (master weights and moments) and
   // gradients where `placement` puts them (NVMe: a swap file in a fresh directory named
-  // `name`); sub-groups of `sub_group` elements (0: one per module).
+  // `name`); sub-groups of `sub_group` elements (0: one per module); on `device` (null: a CPU
+  // device of 16 MiB).
   StateRig(const std::string& name, std::vector<size_t> numel, Placement placement,
            uint64_t sub_group, bool delayed_update = false,
-           std::shared_ptr<FaultPlan> faults = nullptr)
+           std::shared_ptr<FaultPlan> faults = nullptr, std::unique_ptr<Device> device = nullptr)
       : dir(temp_dir("strata_state_rig", name)) {
     set_log_level(LogLevel::kError);
-    dev = cpu_device(16 << 20);
+    dev = device ? std::move(device) : cpu_device(16 << 20);
     const ModelLayout l = plain_modules(numel);
     options.placement = placement;
     options.storage.backend = "posix";
