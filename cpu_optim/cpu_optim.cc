@@ -270,6 +270,15 @@ GradStats grad_stats_isa(CpuIsa isa, const void* grad, DType dtype, size_t n, in
   return out;
 }
 
+void add_into(float* __restrict acc, const float* __restrict x, size_t n, int threads) {
+  if (n == 0) return;
+  const size_t ntiles = (n + kOptimizerTileElems - 1) / kOptimizerTileElems;
+  for_tiles(ntiles, threads, [&](size_t t0, size_t t1) {
+    const size_t end = std::min(n, t1 * kOptimizerTileElems);
+    for (size_t i = t0 * kOptimizerTileElems; i < end; ++i) acc[i] += x[i];
+  });
+}
+
 GradStats grad_stats(const void* grad, DType dtype, size_t n, int threads) {
   return grad_stats_isa(active_cpu_isa(), grad, dtype, n, threads);
 }

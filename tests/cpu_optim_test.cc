@@ -588,6 +588,28 @@ TEST(CpuOptim, OverflowedStepIsSkippedByTheCallerAndLeavesStateUntouched) {
   EXPECT_FALSE(s.master.same_bits(before.master)) << "a clean step must move the weights";
 }
 
+// A gradient accumulator's add: the bits of one sequential loop, whatever the thread count,
+// over sizes around the tile (tails, one tile, several), the source untouched.
+TEST(CpuOptim, AddIntoIsTheSequentialSumOnAnyThreads) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, kOptimizerTileElems - 1, kOptimizerTileElems,
+                   3 * kOptimizerTileElems + 5}) {
+    std::vector<float> acc(n), x(n);
+    for (float& v : acc) v = u(rng);
+    for (float& v : x) v = u(rng);
+    std::vector<float> want = acc;
+    for (size_t i = 0; i < n; ++i) want[i] += x[i];
+    const std::vector<float> x0 = x;
+    for (int threads : {0, 1, 2, 3}) {
+      std::vector<float> got = acc;
+      add_into(got.data(), x.data(), n, threads);
+      EXPECT_EQ(got, want) << n << " elements on " << threads << " threads";
+    }
+    EXPECT_EQ(x, x0);
+  }
+}
+
 TEST(CpuOptim, ValidateShardNamesWhatIsMissing) {
   std::vector<float> a(8), b(8);
   ShardState s;

@@ -95,6 +95,11 @@ void optimizer_step_isa(CpuIsa isa, const OptimizerHyper& h, const ShardState& s
 // Gradient chunks may be summarised as they arrive and merged with GradStats::merge(); the
 // merged total then depends on the chunk boundaries only through the order of addition.
 GradStats grad_stats(const void* grad, DType dtype, size_t n, int threads = 0);
+
+// acc[i] += x[i] for i < n (fp32; a gradient accumulator and a micro-batch's gradient), in
+// tiles of kOptimizerTileElems across `threads` threads as above: the same bits as one loop.
+// acc and x must not overlap.
+void add_into(float* acc, const float* x, size_t n, int threads = 0);
 GradStats grad_stats_isa(CpuIsa isa, const void* grad, DType dtype, size_t n, int threads = 0);
 
 }  // namespace strata

@@ -26,7 +26,7 @@ GradBuckets::GradBuckets(Homes& homes, DeviceCache& cache, const TierOptions& op
       in_place_(homes.modules().size(), 0),
       gstats_(homes.modules().size()),
       stats_on_device_(homes.modules().size(), 0),
-      spill_(homes, counters, errors) {}
+      spill_(homes, counters, errors, options.optimizer_threads) {}
 
 Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
   STRATA_ASSIGN_OR_RETURN(void* b, dev_.allocate(bytes, "gradient reduce bucket"),
@@ -189,8 +189,8 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
   } else if (dev_.host_addressable()) {
     // The host reads the device buffer in place (it is released after this, in stream order):
     // the same sums as through a landing buffer, without copying the gradients first.
-    dev_.host_fn(d2h, [src, acc, len] {
-      for (size_t i = 0; i < len; ++i) acc[i] += src[i];
+    dev_.host_fn(d2h, [src, acc, len, threads = opt_.optimizer_threads] {
+      add_into(acc, src, len, threads);
     });
   } else {
     auto landing = homes_.host_buf(bytes, "gradient landing buffer");
@@ -201,9 +201,8 @@ void GradBuckets::accumulate(int m, const float* src, size_t a, size_t len, int 
     }
     auto lb = std::make_shared<PinnedBuffer>(std::move(landing).value());
     dev_.copy_d2h(d2h, lb->data(), src, bytes);
-    dev_.host_fn(d2h, [lb, acc, len] {
-      const float* x = lb->as<float>();
-      for (size_t i = 0; i < len; ++i) acc[i] += x[i];
+    dev_.host_fn(d2h, [lb, acc, len, threads = opt_.optimizer_threads] {
+      add_into(acc, lb->as<float>(), len, threads);
       lb->reset();
     });
   }

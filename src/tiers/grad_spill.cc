@@ -95,6 +95,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
     if (!in_place) dev_.copy_d2h(d2h, const_cast<float*>(in), src + a, len * 4);
     std::vector<double>* tiles = last ? &tiles_[size_t(m)] : nullptr;
     const std::string what = fmt::format("{} gradients (sub-group {})", mod.name, j);
+    const int threads = threads_;
     dev_.host_fn(d2h, [=] {
       const float* out = acc;
       if (micro > 0) {
@@ -105,7 +106,7 @@ void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradSt
           errors->set(s.with_context("reading " + what));
           return;
         }
-        for (size_t i = 0; i < len; ++i) acc[i] += in[i];
+        add_into(acc, in, len, threads);
       }
       slot->what = what;
       slot->write = io->write(*ext, out);

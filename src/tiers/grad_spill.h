@@ -48,8 +48,13 @@ class GradSpill {
   // the rest of the slots are the writes draining behind.
   static constexpr int kReadAhead = 3;
 
-  GradSpill(Homes& homes, TierCounters& counters, AsyncError& errors)
-      : homes_(homes), dev_(homes.device()), counters_(counters), errors_(errors) {}
+  // `threads`: the host's adds of later micro-batches (TierOptions::optimizer_threads).
+  GradSpill(Homes& homes, TierCounters& counters, AsyncError& errors, int threads)
+      : homes_(homes),
+        dev_(homes.device()),
+        counters_(counters),
+        errors_(errors),
+        threads_(threads) {}
   ~GradSpill();
   GradSpill(const GradSpill&) = delete;
   GradSpill& operator=(const GradSpill&) = delete;
@@ -64,6 +69,7 @@ class GradSpill {
   Device& dev_;
   TierCounters& counters_;
   AsyncError& errors_;
+  const int threads_;
   struct Slot {
     std::shared_ptr<PinnedBuffer> stage;
     IoWorker::Ticket read = 0, write = 0;  // in flight (0: none); only callbacks touch them
