@@ -50,7 +50,7 @@ struct Rig : test::TierParts {
     auto h = Homes::create(*dev, *plan, 0, 1, 8 << 20, options, &so);
     EXPECT_TRUE(h.is_ok()) << h.status().to_string();
     homes = std::move(*h);
-    spill = std::make_unique<GradSpill>(*homes, counters, errors);
+    spill = std::make_unique<GradSpill>(*homes, counters, errors, /*threads=*/2);
   }
   ~Rig() {
     sync();
