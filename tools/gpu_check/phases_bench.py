@@ -122,6 +122,26 @@ def comparison_table(shapes):
     return lines, names, cudnn
 
 
+def long_sequence_rates(shapes, names):
+    """Per kernel, its best forward + backward TFLOP/s over the shapes with T >= 2048 and head
+    size 128 (the GPU goal's shapes): the FLOPs of both passes over their two medians."""
+    best = {}
+    for row in shapes:
+        if (row.get("T") or 0) < 2048 or row.get("hs") != 128:
+            continue
+        for k in names:
+            v = row.get(k)
+            if not isinstance(v, dict):
+                continue
+            tf, tb = v.get("forward_tflops"), v.get("backward_tflops")
+            f, b = _median_s(v.get("forward_s")), _median_s(v.get("backward_s"))
+            if not (tf and tb and f and b):
+                continue
+            rate = (tf * f + tb * b) / (f + b)
+            best[k] = max(best.get(k, 0.0), rate)
+    return best
+
+
 def phase_attention(ctx):
     data = _bench(ctx, "attention")
     if data is None:
@@ -140,5 +160,14 @@ def phase_attention(ctx):
         ctx.md(l)
     counts = ", ".join("%d %s" % (sum(1 for r in shapes if isinstance(r.get(k), dict)), k)
                        for k in names)
-    ctx.result("ok", "cases measured: %s%s" % (counts or "none",
-                                               "" if cudnn else " (no cuDNN column)"))
+    peak = ctx.state.get("peak_tflops")
+    rates = long_sequence_rates(shapes, names)
+    rate_text = "; ".join("%s %.0f TFLOP/s%s" % (k, r, " (%.0f%% of peak)" % (100 * r / peak)
+                                                  if peak else "")
+                          for k, r in sorted(rates.items(), key=lambda kv: -kv[1]))
+    ctx.md("")
+    ctx.md("Forward + backward at T >= 2048, head size 128 (the FLOPs of both passes over both "
+           "times; the goal is half the dense bf16 peak): %s." % (rate_text or "no such shape ran"))
+    ctx.result("ok", "cases measured: %s%s; fwd+bwd at T >= 2048, hs 128: %s"
+               % (counts or "none", "" if cudnn else " (no cuDNN column)",
+                  rate_text or "none ran"))

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .common import ALL_PHASES, ROOT, hbm_gbs_for, median, metric_median, peak_for
-from .phases_bench import comparison_table
+from .phases_bench import comparison_table, long_sequence_rates
 from .phases_train import bytes_vs_min, peak_rss
 
 TOOL = ROOT / "tools" / "gpu_check.py"
@@ -146,6 +146,14 @@ def self_test(build):
           cudnn == ["cudnn"] and "| 0.50, 1.00 |" in lines[2] and "n/a: slow" in lines[3])
     check("attention: no cuDNN column, no comparison",
           comparison_table([{k: v for k, v in row.items() if k != "cudnn"}])[2] == [])
+    long_row = {"name": "t4096", "T": 4096, "hs": 128,
+                "fused": {"forward_s": {"median": 1.0}, "backward_s": {"median": 3.0},
+                          "forward_tflops": 100.0, "backward_tflops": 60.0},
+                "cudnn": {"forward_s": {"median": 0.5}, "backward_s": {"median": 0.5},
+                          "forward_tflops": 600.0, "backward_tflops": 400.0}}
+    check("attention: forward + backward rates at T >= 2048 and hs 128 only",
+          long_sequence_rates([row, long_row], ["fused", "cudnn", "plain"])
+          == {"fused": 70.0, "cudnn": 500.0})
 
     bench = build / "tests" / "bench_device_ops"
     strata = build / "tools" / "strata"
