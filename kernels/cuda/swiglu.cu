@@ -5,7 +5,8 @@
 namespace strata {
 namespace {
 
-// Packs of output elements stay within a row when H fills whole packs (`packed` only then).
+// Packs of output elements stay within a row when H fills whole packs (`packed` only then:
+// rows_packed over rows of H).
 template <typename T>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, size_t n, int H, bool packed) {
   for_each_elems<T>(n, packed, [&](size_t i, auto w) {
@@ -45,11 +46,6 @@ __global__ void swiglu_backward_kernel(T* dinp, const T* inp, const T* dout, siz
   });
 }
 
-template <typename T>
-bool swiglu_packed(bool packed, int H, std::initializer_list<const void*> ps) {
-  return packed && H % kPack<T> == 0 && packs_aligned(ps);
-}
-
 }  // namespace
 
 Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H,
@@ -57,7 +53,7 @@ Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp,
   const size_t n = size_t(N) * H;
   if (n == 0) return Status::ok();
   STRATA_DISPATCH_DT(dt, {
-    const bool p = swiglu_packed<scalar_t>(packed, H, {out, inp});
+    const bool p = rows_packed<scalar_t>(packed, H, {out, inp});
     swiglu_forward_kernel<scalar_t><<<grid_for_elems<scalar_t>(n, p, 256), 256, 0, s>>>(
         static_cast<scalar_t*>(out), static_cast<const scalar_t*>(inp), n, H, p);
   });
@@ -70,7 +66,7 @@ Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* in
   const size_t n = size_t(N) * H;
   if (n == 0) return Status::ok();
   STRATA_DISPATCH_DT(dt, {
-    const bool p = swiglu_packed<scalar_t>(packed, H, {dinp, inp, dout});
+    const bool p = rows_packed<scalar_t>(packed, H, {dinp, inp, dout});
     swiglu_backward_kernel<scalar_t><<<grid_for_elems<scalar_t>(n, p, 256), 256, 0, s>>>(
         static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(inp),
         static_cast<const scalar_t*>(dout), n, H, p);
