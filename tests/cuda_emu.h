@@ -498,6 +498,9 @@ T shuffle(unsigned mask, T v, const char* what, Src src) {
                                             "16-byte aligned"))
 
 inline void __syncthreads() { strata::emu::Runtime::get().sync_block(); }
+// A fence orders the calling host thread's accesses (another stream's kernels run on another
+// host thread; within a launch the threads run one at a time).
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   if (mask != 0xffffffffu) strata::emu::Runtime::get().fail("__syncwarp with a partial mask");
   strata::emu::Runtime::get().sync_warp("__syncwarp");

@@ -158,15 +158,15 @@ TEST_F(EmulatedKernels, MatmulBackwardGeluThroughTheDgeluEpilogue) {
                                  p[3], p[4], p[5], p[6], N, C, OC);
         },
         [&](cudaStream_t s, void* const* p) {
-          return cuda_matmul_backward_gelu(s, blas_, dt, p[0], static_cast<float*>(p[1]),
+          return cuda_matmul_backward_gelu(s, blas_, reduce_, dt, p[0], static_cast<float*>(p[1]),
                                            static_cast<float*>(p[2]), p[3], p[4], p[5], p[6], N, C,
                                            OC);
         },
-        {{0, "dpre", 2 * t}, {1, "dweight", t}, {2, "dbias", 5e-5, true}});
+        {{0, "dpre", 2 * t}, {1, "dweight", t}, {2, "dbias", 5e-5}});
   }
   // A width the epilogue cannot take is refused with the fallback named, not run.
-  Status st = cuda_matmul_backward_gelu(stream_, blas_, DType::kBF16, nullptr, nullptr, nullptr,
-                                        nullptr, nullptr, nullptr, nullptr, N, 100, OC);
+  Status st = cuda_matmul_backward_gelu(stream_, blas_, reduce_, DType::kBF16, nullptr, nullptr,
+                                        nullptr, nullptr, nullptr, nullptr, nullptr, N, 100, OC);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("supports(kMatmulBackwardGelu)"), std::string::npos) << st.message();
   EXPECT_FALSE(cuda_matmul_backward_gelu_supported(100));

@@ -55,6 +55,28 @@ Status cublas_check_status(cublasStatus_t st, const char* call, const char* file
   return internal_error(std::move(msg));
 }
 
+Status allocate_reduce_scratch(cudaStream_t s, CudaReduceScratch* rs) {
+  void* base = nullptr;
+  STRATA_CUDA_CHECK(cudaMalloc(&base, CudaReduceScratch::kBytes),
+                    "allocating a stream's reduction scratch");
+  auto* bytes = static_cast<char*>(base);
+  rs->partials = static_cast<float*>(base);
+  rs->tile_counts =
+      reinterpret_cast<unsigned*>(bytes + CudaReduceScratch::kPartialFloats * sizeof(float));
+  rs->rows = reinterpret_cast<int32_t*>(rs->tile_counts + CudaReduceScratch::kTileCounts);
+  Status st = STRATA_CUDA_STATUS(
+      cudaMemsetAsync(rs->tile_counts, 0, CudaReduceScratch::kTileCounts * sizeof(unsigned), s),
+      "zeroing a stream's reduction counters");
+  if (st.is_ok()) st = STRATA_CUDA_STATUS(cudaStreamSynchronize(s), "zeroing the counters");
+  if (!st.is_ok()) free_reduce_scratch(rs);
+  return st;
+}
+
+void free_reduce_scratch(CudaReduceScratch* rs) {
+  if (rs->partials) cudaFree(rs->partials);
+  *rs = CudaReduceScratch{};
+}
+
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -83,6 +105,7 @@ class CudaDevice final : public Device {
     for (void* p : registered_) cudaHostUnregister(p);
     for (CudaStream* s : {&compute_, &h2d_, &d2h_}) {
       if (s->scratch) cudaFree(s->scratch);
+      free_reduce_scratch(&s->reduce);
       if (s->blas_workspace) cudaFree(s->blas_workspace);
       if (s->handle) cudaStreamDestroy(s->handle);
     }
@@ -107,6 +130,7 @@ class CudaDevice final : public Device {
                         "creating a stream");
       STRATA_CUDA_CHECK(cudaMalloc(&s->scratch, kCudaReduceBlocks * sizeof(double)),
                         "allocating a stream's reduction scratch");
+      STRATA_RETURN_IF_ERROR(allocate_reduce_scratch(s->handle, &s->reduce), "creating a stream");
     }
     compute_.blas_workspace_bytes = kComputeWorkspace;
     STRATA_CUDA_CHECK(cudaMalloc(&compute_.blas_workspace, kComputeWorkspace),

@@ -52,7 +52,8 @@ class CudaKernels final : public Kernels {
   void encoder_backward(Stream& s, DType dt, float* dwte, float* dwpe, const void* dout,
                         const int32_t* tokens, const int32_t* pos, int B, int T, int C) override {
     run("encoder_backward", s, [&](CudaStream& cs) {
-      return cuda_encoder_backward(cs.handle, dt, dwte, dwpe, dout, tokens, pos, B, T, C);
+      return cuda_encoder_backward(cs.handle, dt, dwte, dwpe, dout, tokens, pos, B, T, C,
+                                   cs.reduce);
     });
   }
   void layernorm_forward(Stream& s, DType dt, void* out, float* mean, float* rstd, const void* inp,
@@ -67,7 +68,7 @@ class CudaKernels final : public Kernels {
                           const float* mean, const float* rstd, int N, int C) override {
     run("layernorm_backward", s, [&](CudaStream& cs) {
       return cuda_layernorm_backward(cs.handle, dt, dinp, dres, dweight, dbias, dout, inp, weight,
-                                     mean, rstd, N, C, packed_);
+                                     mean, rstd, N, C, cs.reduce, packed_);
     });
   }
   void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -87,16 +88,16 @@ class CudaKernels final : public Kernels {
                        const void* dout, const void* inp, const void* weight, int N, int C, int OC,
                        bool accumulate) override {
     run("matmul_backward", s, [&](CudaStream& cs) {
-      return cuda_matmul_backward(cs.handle, blas(cs), dt, dinp, dweight, dbias, dout, inp, weight,
-                                  N, C, OC, accumulate);
+      return cuda_matmul_backward(cs.handle, blas(cs), cs.reduce, dt, dinp, dweight, dbias, dout,
+                                  inp, weight, N, C, OC, accumulate);
     });
   }
   void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
                             const void* dout, const void* inp, const void* weight, const void* pre,
                             int N, int C, int OC) override {
     run("matmul_backward_gelu", s, [&](CudaStream& cs) {
-      return cuda_matmul_backward_gelu(cs.handle, blas(cs), dt, dpre, dweight, dbias, dout, inp,
-                                       weight, pre, N, C, OC);
+      return cuda_matmul_backward_gelu(cs.handle, blas(cs), cs.reduce, dt, dpre, dweight, dbias,
+                                       dout, inp, weight, pre, N, C, OC);
     });
   }
   void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,
@@ -196,7 +197,7 @@ class CudaKernels final : public Kernels {
                         int N, int C) override {
     run("rmsnorm_backward", s, [&](CudaStream& cs) {
       return cuda_rmsnorm_backward(cs.handle, dt, dinp, dres, dweight, dout, inp, weight, rstd, N,
-                                   C, packed_);
+                                   C, cs.reduce, packed_);
     });
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {

@@ -29,6 +29,30 @@ namespace strata {
 // Partial sums per reduction launch: the norm reduction uses at most this many blocks.
 constexpr int kCudaReduceBlocks = 1024;
 
+// Device memory private to one stream for the reductions whose bits must not depend on the
+// order the GPU runs blocks in (column_sums.cuh: the norms' weight and bias gradients and a
+// linear layer's bias gradient; encoder.cu: the embedding's gradients). Work on one stream runs
+// in order, so every launch on it reuses the same memory; `tile_counts` are zero between
+// launches (a launch that counts puts them back). One allocation, `partials` first. A launch
+// whose shape needs more takes a path that needs less: fewer chunks of rows (down to one) for a
+// column sum; for the embedding past kRowInts / 5 rows, atomics (their order, and the last
+// bits, may vary).
+struct CudaReduceScratch {
+  static constexpr size_t kPartialFloats = size_t(1) << 20;
+  static constexpr size_t kTileCounts = 4096;
+  static constexpr size_t kRowInts = size_t(5) << 18;  // five ints a row, 262144 rows
+  static constexpr size_t kBytes = kPartialFloats * 4 + kTileCounts * 4 + kRowInts * 4;
+
+  float* partials = nullptr;
+  unsigned* tile_counts = nullptr;
+  int32_t* rows = nullptr;
+};
+
+// Allocates `rs` (zeroed counters, enqueued on `s` and waited for); frees what it allocated if
+// that fails. free_reduce_scratch takes a scratch that may be unallocated.
+Status allocate_reduce_scratch(cudaStream_t s, CudaReduceScratch* rs);
+void free_reduce_scratch(CudaReduceScratch* rs);
+
 // A CUDA stream as the Device interface hands it out. Owned by the CudaDevice, with the
 // device memory below (allocated outside the arena, before its capacity is measured).
 class CudaStream final : public Stream {
@@ -41,6 +65,7 @@ class CudaStream final : public Stream {
   // that need none).
   void* blas_workspace = nullptr;
   size_t blas_workspace_bytes = 0;
+  CudaReduceScratch reduce;
 };
 
 // The CudaStream behind a Stream handed out by a CUDA device; aborts (a bug) on any other.
@@ -92,8 +117,11 @@ inline constexpr const char* kPackedAccessEnv = "STRATA_CUDA_PACKED";
 Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
                             const int32_t* pos, const void* wte, const void* wpe, int B, int T,
                             int C);
+// The CPU backend's bits (each row of dwte and dwpe gathers its rows in row order; `rs` the
+// stream's scratch).
 Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe, const void* dout,
-                             const int32_t* tokens, const int32_t* pos, int B, int T, int C);
+                             const int32_t* tokens, const int32_t* pos, int B, int T, int C,
+                             const CudaReduceScratch& rs);
 // layernorm.cu
 Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, float* rstd,
                               const void* inp, const void* weight, const void* bias, int N, int C,
@@ -102,8 +130,8 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C, bool packed = true);
-// matmul.cu (cuBLASLt; dbias by a column-sum kernel)
+                               int C, const CudaReduceScratch& rs, bool packed = true);
+// matmul.cu (cuBLASLt; dbias by a column-sum kernel, column_sums.cuh)
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
                            int OC);
@@ -115,16 +143,18 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
                                 void* pre, const void* inp, const void* weight, const void* bias,
                                 int N, int C, int OC);
 // Kernels::matmul_backward: dinp by the product with beta 1 (accumulate) or 0 (written).
-Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
-                            float* dweight, float* dbias, const void* dout, const void* inp,
-                            const void* weight, int N, int C, int OC, bool accumulate);
+Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
+                            DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
+                            const void* inp, const void* weight, int N, int C, int OC,
+                            bool accumulate);
 // dpre = gelu'(pre) * (dout @ weight) (written), in one cuBLASLt call with the DGELU epilogue
 // (pre the epilogue's aux input); dweight and dbias as cuda_matmul_backward. C must be a
 // multiple of 8 (the aux matrix's leading dimension): cuda_matmul_backward_gelu_supported.
 bool cuda_matmul_backward_gelu_supported(int C);
-Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, DType dt, void* dpre,
-                                 float* dweight, float* dbias, const void* dout, const void* inp,
-                                 const void* weight, const void* pre, int N, int C, int OC);
+Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
+                                 DType dt, void* dpre, float* dweight, float* dbias,
+                                 const void* dout, const void* inp, const void* weight,
+                                 const void* pre, int N, int C, int OC);
 // attention_decode.cu (any dtype, head size up to 2 * kMaxRopePairs)
 bool cuda_attention_decode_supported(int hs);
 Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, void* vcache,
@@ -150,7 +180,8 @@ Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, co
                             const void* weight, float eps, int N, int C, bool packed = true);
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
-                             const float* rstd, int N, int C, bool packed = true);
+                             const float* rstd, int N, int C, const CudaReduceScratch& rs,
+                             bool packed = true);
 // swiglu.cu
 Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H,
                            bool packed = true);

@@ -20,39 +20,147 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const int3
   }
 }
 
-// dwpe[t,c] += sum_b dout[b,t,c] (one thread per (t,c), deterministic); dwte[tok,c] += dout by
-// atomics (two positions may hold the same token).
-template <typename T>
-__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout,
-                                        const int32_t* tokens, int B, int T_, int C) {
-  const size_t total = size_t(T_) * C;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const int t = int(i / C), c = int(i % C);
-    float pos = 0.0f;
-    for (int b = 0; b < B; ++b) {
-      const size_t bt = size_t(b) * T_ + t;
-      const float g = to_f32(dout[bt * C + c]);
-      pos += g;
-      atomicAdd(&dwte[size_t(tokens[bt]) * C + c], g);
+// The gradients are the CPU backend's sums (kernels/cpu/encoder.cc) in its order: dwte[k] and
+// dwpe[p] each gather their rows in ascending row order, one add after another, so the bits are
+// the CPU backend's and do not depend on how the GPU schedules blocks. Rows are grouped by key
+// (the token, or the position) without sorting, in four steps over the stream's scratch
+// (CudaReduceScratch::rows, five ints a row):
+//   rank_rows        each row's first row with its key, its rank among that key's rows and
+//                    their count: every row compared with every key, 256 keys at a time from
+//                    shared memory (N^2 compares: 67 M for 8192 rows, a row a thread)
+//   offset_keys      an exclusive scan, in one block, of each key's count at its first row
+//   place_rows       row r to slot offset[first] + rank
+//   sum_rows_by_key  one block per (key's first row, 256 columns): acc = dst[k][c], then each
+//                    of the key's rows added in order, and stored.
+constexpr int kRankTile = 128;
+constexpr size_t kEncoderSortedRows = CudaReduceScratch::kRowInts / 5;
+
+__global__ void rank_rows_kernel(const int32_t* keys, int N, int32_t* first, int32_t* rank,
+                                 int32_t* count) {
+  __shared__ int32_t tile[kRankTile];
+  const int r = int(blockIdx.x) * kRankTile + int(threadIdx.x);
+  const int32_t k = r < N ? keys[r] : 0;
+  int f = -1, rk = 0, n = 0;
+  for (int j0 = 0; j0 < N; j0 += kRankTile) {
+    if (j0 + int(threadIdx.x) < N) tile[threadIdx.x] = keys[j0 + threadIdx.x];
+    __syncthreads();
+    const int m = min(kRankTile, N - j0);
+    if (r < N) {
+      for (int j = 0; j < m; ++j) {
+        if (tile[j] != k) continue;
+        if (f < 0) f = j0 + j;
+        rk += j0 + j < r ? 1 : 0;
+        ++n;
+      }
     }
-    if (dwpe) dwpe[i] += pos;
+    __syncthreads();
+  }
+  if (r < N) {
+    first[r] = f;
+    rank[r] = rk;
+    count[r] = n;
   }
 }
 
-// With positions (packed sequences): one thread per (b,t,c), both gradients by atomics (rows of
-// one window share positions), so the order of the sums, and their last bits, may vary.
+// offset[r] for every first row r: the rows of the keys whose first rows come before it.
+constexpr int kOffsetThreads = 1024;
+__global__ void offset_keys_kernel(const int32_t* first, const int32_t* count, int N,
+                                   int32_t* offset) {
+  __shared__ int32_t sums[2][kOffsetThreads];
+  const int t = int(threadIdx.x), per = (N + kOffsetThreads - 1) / kOffsetThreads;
+  const int r0 = min(N, t * per), r1 = min(N, r0 + per);
+  int32_t own = 0;
+  for (int r = r0; r < r1; ++r) own += first[r] == r ? count[r] : 0;
+  sums[0][t] = own;
+  __syncthreads();
+  int in = 0;
+  for (int d = 1; d < kOffsetThreads; d *= 2) {  // inclusive scan, Hillis-Steele
+    sums[1 - in][t] = sums[in][t] + (t >= d ? sums[in][t - d] : 0);
+    __syncthreads();
+    in = 1 - in;
+  }
+  int32_t at = sums[in][t] - own;
+  for (int r = r0; r < r1; ++r) {
+    if (first[r] != r) continue;
+    offset[r] = at;
+    at += count[r];
+  }
+}
+
+__global__ void place_rows_kernel(const int32_t* first, const int32_t* rank, const int32_t* offset,
+                                  int N, int32_t* slot) {
+  const int r = int(blockIdx.x) * blockDim.x + int(threadIdx.x);
+  if (r < N) slot[offset[first[r]] + rank[r]] = r;
+}
+
+constexpr int kSumColumns = 256;
 template <typename T>
-__global__ void encoder_backward_pos_kernel(float* dwte, float* dwpe, const T* dout,
-                                            const int32_t* tokens, const int32_t* positions,
-                                            size_t total, int C) {
+__global__ void sum_rows_by_key_kernel(float* dst, const T* src, const int32_t* keys,
+                                       const int32_t* first, const int32_t* count,
+                                       const int32_t* offset, const int32_t* slot, int C) {
+  const int r = int(blockIdx.x), c = int(blockIdx.y) * kSumColumns + int(threadIdx.x);
+  if (first[r] != r || c >= C) return;
+  float* d = dst + size_t(keys[r]) * C + c;
+  const int32_t* rows = slot + offset[r];
+  const int n = count[r];
+  float acc = *d;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {  // four loads in flight, added in order
+    const float g0 = to_f32(src[size_t(rows[i]) * C + c]);
+    const float g1 = to_f32(src[size_t(rows[i + 1]) * C + c]);
+    const float g2 = to_f32(src[size_t(rows[i + 2]) * C + c]);
+    const float g3 = to_f32(src[size_t(rows[i + 3]) * C + c]);
+    acc += g0;
+    acc += g1;
+    acc += g2;
+    acc += g3;
+  }
+  for (; i < n; ++i) acc += to_f32(src[size_t(rows[i]) * C + c]);
+  *d = acc;
+}
+
+// dst[key(r)] += src[r] for every row, in row order per key (see above).
+template <typename T>
+Status sum_rows_by_key(cudaStream_t s, float* dst, const T* src, const int32_t* keys, int N, int C,
+                       const CudaReduceScratch& rs) {
+  int32_t* first = rs.rows;
+  int32_t *rank = first + N, *count = rank + N, *offset = count + N, *slot = offset + N;
+  rank_rows_kernel<<<unsigned((N + kRankTile - 1) / kRankTile), kRankTile, 0, s>>>(keys, N, first,
+                                                                                   rank, count);
+  offset_keys_kernel<<<1, kOffsetThreads, 0, s>>>(first, count, N, offset);
+  place_rows_kernel<<<grid_for(size_t(N), 256), 256, 0, s>>>(first, rank, offset, N, slot);
+  const dim3 grid(unsigned(N), unsigned((C + kSumColumns - 1) / kSumColumns));
+  sum_rows_by_key_kernel<T>
+      <<<grid, kSumColumns, 0, s>>>(dst, src, keys, first, count, offset, slot, C);
+  STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward's sums by key");
+  return Status::ok();
+}
+
+// dwpe[t,c] += dout[b,t,c] for b = 0, 1, ... in order (positions t): one thread per (t,c).
+template <typename T>
+__global__ void position_sums_kernel(float* dwpe, const T* dout, int B, int T_, int C) {
+  const size_t total = size_t(T_) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b) acc += to_f32(dout[size_t(b) * total + i]);
+    dwpe[i] = acc;
+  }
+}
+
+// Past the scratch's rows (more than kEncoderSortedRows): by atomics (the order of the adds, and
+// their last bits, may vary).
+template <typename T>
+__global__ void encoder_backward_atomic_kernel(float* dwte, float* dwpe, const T* dout,
+                                               const int32_t* tokens, const int32_t* positions,
+                                               size_t total, int C) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t bt = i / C;
     const int c = int(i % C);
     const float g = to_f32(dout[i]);
     atomicAdd(&dwte[size_t(tokens[bt]) * C + c], g);
-    if (dwpe) atomicAdd(&dwpe[size_t(positions[bt]) * C + c], g);
+    if (dwpe && positions) atomicAdd(&dwpe[size_t(positions[bt]) * C + c], g);
   }
 }
 
@@ -72,19 +180,31 @@ Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* 
 }
 
 Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe, const void* dout,
-                             const int32_t* tokens, const int32_t* pos, int B, int T, int C) {
-  const size_t n = size_t(T) * C;
-  if (n == 0 || B == 0) return Status::ok();
-  if (pos != nullptr) {
-    const size_t total = size_t(B) * n;
-    STRATA_DISPATCH_DT(dt,
-                       encoder_backward_pos_kernel<scalar_t><<<grid_for(total, 256), 256, 0, s>>>(
-                           dwte, dwpe, static_cast<const scalar_t*>(dout), tokens, pos, total, C));
-    STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward");
-    return Status::ok();
-  }
-  STRATA_DISPATCH_DT(dt, encoder_backward_kernel<scalar_t><<<grid_for(n, 256), 256, 0, s>>>(
-                             dwte, dwpe, static_cast<const scalar_t*>(dout), tokens, B, T, C));
+                             const int32_t* tokens, const int32_t* pos, int B, int T, int C,
+                             const CudaReduceScratch& rs) {
+  const size_t rows = size_t(B) * T;
+  if (rows == 0 || C == 0) return Status::ok();
+  STRATA_DISPATCH_DT(dt, {
+    const auto* g = static_cast<const scalar_t*>(dout);
+    if (rows > kEncoderSortedRows) {
+      const size_t total = rows * size_t(C);
+      encoder_backward_atomic_kernel<scalar_t>
+          <<<grid_for(total, 256), 256, 0, s>>>(dwte, dwpe, g, tokens, pos, total, C);
+      STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward");
+      if (dwpe && !pos) {
+        position_sums_kernel<scalar_t>
+            <<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, g, B, T, C);
+      }
+    } else {
+      STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwte, g, tokens, int(rows), C, rs), "dwte");
+      if (dwpe && pos) {
+        STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwpe, g, pos, int(rows), C, rs), "dwpe");
+      } else if (dwpe) {
+        position_sums_kernel<scalar_t>
+            <<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, g, B, T, C);
+      }
+    }
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward");
   return Status::ok();
 }

@@ -1,4 +1,5 @@
 // Layer normalization, forward and backward (eps = 1e-5). CPU twin: kernels/cpu/layernorm.cc.
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/norm_rows.cuh"
 
@@ -54,36 +55,29 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* 
                 });
 }
 
-// dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c]. Block (32 columns x 8
-// row lanes) per column tile and row chunk; chunks combine with one atomicAdd per column.
-constexpr int kColRowChunk = 256;
+// dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c], by column_sums.cuh
+// (the same bits whichever order the blocks run in).
 template <typename T>
 __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const T* dout,
                                                  const T* inp, const float* mean, const float* rstd,
-                                                 int N, int C) {
-  __shared__ float sw[8][33], sb[8][33];
+                                                 int N, int C, int rows_per_chunk, int chunks,
+                                                 CudaReduceScratch rs) {
+  __shared__ float sh[2][kColumnRowLanes][33];
+  __shared__ int last;
   const int c = blockIdx.x * 32 + threadIdx.x;
-  const int r0 = blockIdx.y * kColRowChunk, r1 = min(N, r0 + kColRowChunk);
-  float w = 0.0f, b = 0.0f;
+  int r0, r1;
+  column_sum_rows(N, rows_per_chunk, &r0, &r1);
+  float v[2] = {0.0f, 0.0f};  // weight, bias
   if (c < C) {
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+    for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
       const size_t i = size_t(r) * C + c;
       const float g = to_f32(dout[i]);
-      b += g;
-      w += (to_f32(inp[i]) - mean[r]) * rstd[r] * g;
+      v[1] += g;
+      v[0] += (to_f32(inp[i]) - mean[r]) * rstd[r] * g;
     }
   }
-  sw[threadIdx.y][threadIdx.x] = w;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; ++y) {
-      w += sw[y][threadIdx.x];
-      b += sb[y][threadIdx.x];
-    }
-    if (dweight) atomicAdd(&dweight[c], w);
-    if (dbias) atomicAdd(&dbias[c], b);
-  }
+  float* const out[2] = {dweight, dbias};
+  finish_column_sums<2>(v, out, C, chunks, rs, sh, last);
 }
 
 }  // namespace
@@ -106,10 +100,10 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C, bool packed) {
+                               int C, const CudaReduceScratch& rs, bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
+  const ColumnSumPlan plan = plan_column_sums(N, C, 2);
   STRATA_DISPATCH_DT(
       dt,
       if (dinp) {
@@ -119,9 +113,9 @@ Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void*
             static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
             static_cast<const scalar_t*>(weight), mean, rstd, N, C, p);
       } if (dweight || dbias) {
-        layernorm_backward_params_kernel<scalar_t>
-            <<<pgrid, dim3(32, 8), 0, s>>>(dweight, dbias, static_cast<const scalar_t*>(dout),
-                                           static_cast<const scalar_t*>(inp), mean, rstd, N, C);
+        layernorm_backward_params_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
+            dweight, dbias, static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
+            mean, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
       });
   STRATA_CUDA_LAUNCH_CHECK("launching layernorm_backward");
   return Status::ok();

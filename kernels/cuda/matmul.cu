@@ -14,7 +14,9 @@
 //             same product, beta 0, with the DGELU epilogue reading pre as its aux input (ld C).
 //   dweight   dweight[OC,C] += dout^T @ inp[N,C]       <=>  D(CxOC) = inp(CxN) * op_T(dout: OCxN),
 //             D in fp32 with beta 1: low-precision operands accumulate straight into fp32.
-//   dbias     column sums of dout, by a kernel (fp32 +=).
+//   dbias     column sums of dout, by a kernel (fp32 +=; column_sums.cuh: the same bits in any
+//             block order).
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace strata {
@@ -146,24 +148,24 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   return Status::ok();
 }
 
-// dbias[c] += sum_r dout[r,c]: block (32 columns x 8 row lanes) per column tile and chunk of
-// rows, one atomicAdd per column and chunk.
-constexpr int kRowChunk = 256;
+// dbias[c] += sum_r dout[r,c], by column_sums.cuh (the same bits whichever order the blocks
+// run in).
 template <typename T>
-__global__ void column_sum_kernel(float* dbias, const T* dout, int N, int OC) {
-  __shared__ float sh[8][33];
+__global__ void column_sum_kernel(float* dbias, const T* dout, int N, int OC, int rows_per_chunk,
+                                  int chunks, CudaReduceScratch rs) {
+  __shared__ float sh[1][kColumnRowLanes][33];
+  __shared__ int last;
   const int c = blockIdx.x * 32 + threadIdx.x;
-  const int r0 = blockIdx.y * kRowChunk, r1 = min(N, r0 + kRowChunk);
-  float sum = 0.0f;
+  int r0, r1;
+  column_sum_rows(N, rows_per_chunk, &r0, &r1);
+  float v[1] = {0.0f};
   if (c < OC) {
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) sum += to_f32(dout[size_t(r) * OC + c]);
+    for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
+      v[0] += to_f32(dout[size_t(r) * OC + c]);
+    }
   }
-  sh[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < OC) {
-    for (int y = 1; y < 8; ++y) sum += sh[y][threadIdx.x];
-    atomicAdd(&dbias[c], sum);
-  }
+  float* const out[1] = {dbias};
+  finish_column_sums<1>(v, out, OC, chunks, rs, sh, last);
 }
 
 }  // namespace
@@ -198,9 +200,9 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
 namespace {
 
 // The weight and bias gradients of matmul_backward and matmul_backward_gelu.
-Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, DType dt, float* dweight,
-                              float* dbias, const void* dout, const void* inp, int N, int C,
-                              int OC) {
+Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
+                              DType dt, float* dweight, float* dbias, const void* dout,
+                              const void* inp, int N, int C, int OC) {
   const cudaDataType_t t = cuda_type(dt);
   if (dweight) {
     STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, t, C, dout,
@@ -208,9 +210,10 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, DType dt, fl
                            "matmul_backward: dweight += dout^T @ inp");
   }
   if (dbias) {
-    const dim3 grid(unsigned((OC + 31) / 32), unsigned((N + kRowChunk - 1) / kRowChunk));
-    STRATA_DISPATCH_DT(dt, column_sum_kernel<scalar_t><<<grid, dim3(32, 8), 0, s>>>(
-                               dbias, static_cast<const scalar_t*>(dout), N, OC));
+    const ColumnSumPlan plan = plan_column_sums(N, OC, 1);
+    STRATA_DISPATCH_DT(dt, column_sum_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
+                               dbias, static_cast<const scalar_t*>(dout), N, OC,
+                               plan.rows_per_chunk, plan.chunks, rs));
     STRATA_CUDA_LAUNCH_CHECK("launching matmul_backward's dbias column sum");
   }
   return Status::ok();
@@ -218,9 +221,10 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, DType dt, fl
 
 }  // namespace
 
-Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void* dinp,
-                            float* dweight, float* dbias, const void* dout, const void* inp,
-                            const void* weight, int N, int C, int OC, bool accumulate) {
+Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
+                            DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
+                            const void* inp, const void* weight, int N, int C, int OC,
+                            bool accumulate) {
   if (N == 0 || C == 0) return Status::ok();
   if (OC == 0) {  // an empty product: a written dinp is zeros
     if (dinp && !accumulate) {
@@ -236,14 +240,15 @@ Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, DType dt, void
                            accumulate ? "matmul_backward: dinp += dout @ weight"
                                       : "matmul_backward: dinp = dout @ weight");
   }
-  return matmul_backward_params(s, blas, dt, dweight, dbias, dout, inp, N, C, OC);
+  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC);
 }
 
 bool cuda_matmul_backward_gelu_supported(int C) { return C > 0 && C % 8 == 0; }
 
-Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, DType dt, void* dpre,
-                                 float* dweight, float* dbias, const void* dout, const void* inp,
-                                 const void* weight, const void* pre, int N, int C, int OC) {
+Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
+                                 DType dt, void* dpre, float* dweight, float* dbias,
+                                 const void* dout, const void* inp, const void* weight,
+                                 const void* pre, int N, int C, int OC) {
   if (N == 0 || C == 0) return Status::ok();
   if (!cuda_matmul_backward_gelu_supported(C)) {
     return invalid_argument("matmul_backward_gelu: C=" + std::to_string(C) +
@@ -261,7 +266,7 @@ Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, DType dt,
                                    t, OC, dpre, t, C, 0.0f, nullptr, const_cast<void*>(pre),
                                    /*dgelu=*/true),
                          "matmul_backward_gelu: dpre = gelu'(pre) * (dout @ weight)");
-  return matmul_backward_params(s, blas, dt, dweight, dbias, dout, inp, N, C, OC);
+  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC);
 }
 
 }  // namespace strata

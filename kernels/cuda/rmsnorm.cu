@@ -1,5 +1,6 @@
 // RMSNorm, forward and backward: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 // CPU twin: kernels/cpu/rmsnorm.cc.
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/norm_rows.cuh"
 
@@ -48,28 +49,26 @@ __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dres, const T* do
                 packed, [&](float x, float wd) { return (wd - x * k) * s; });
 }
 
-// dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c]. Block (32 columns x 8 row lanes) per column
-// tile and row chunk; chunks combine with one atomicAdd per column.
-constexpr int kColRowChunk = 256;
+// dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c], by column_sums.cuh (the same bits whichever
+// order the blocks run in).
 template <typename T>
 __global__ void rmsnorm_backward_weight_kernel(float* dweight, const T* dout, const T* inp,
-                                               const float* rstd, int N, int C) {
-  __shared__ float sw[8][33];
+                                               const float* rstd, int N, int C, int rows_per_chunk,
+                                               int chunks, CudaReduceScratch rs) {
+  __shared__ float sh[1][kColumnRowLanes][33];
+  __shared__ int last;
   const int c = blockIdx.x * 32 + threadIdx.x;
-  const int r0 = blockIdx.y * kColRowChunk, r1 = min(N, r0 + kColRowChunk);
-  float w = 0.0f;
+  int r0, r1;
+  column_sum_rows(N, rows_per_chunk, &r0, &r1);
+  float v[1] = {0.0f};
   if (c < C) {
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+    for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
       const size_t i = size_t(r) * C + c;
-      w += to_f32(inp[i]) * rstd[r] * to_f32(dout[i]);
+      v[0] += to_f32(inp[i]) * rstd[r] * to_f32(dout[i]);
     }
   }
-  sw[threadIdx.y][threadIdx.x] = w;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; ++y) w += sw[y][threadIdx.x];
-    atomicAdd(&dweight[c], w);
-  }
+  float* const out[1] = {dweight};
+  finish_column_sums<1>(v, out, C, chunks, rs, sh, last);
 }
 
 }  // namespace
@@ -90,10 +89,11 @@ Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, co
 
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
-                             const float* rstd, int N, int C, bool packed) {
+                             const float* rstd, int N, int C, const CudaReduceScratch& rs,
+                             bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  const dim3 pgrid(unsigned((C + 31) / 32), unsigned((N + kColRowChunk - 1) / kColRowChunk));
+  const ColumnSumPlan plan = plan_column_sums(N, C, 1);
   STRATA_DISPATCH_DT(dt, {
     const auto* g = static_cast<const scalar_t*>(dout);
     const auto* x = static_cast<const scalar_t*>(inp);
@@ -104,8 +104,8 @@ Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* d
           static_cast<const scalar_t*>(weight), rstd, N, C, p);
     }
     if (dweight) {
-      rmsnorm_backward_weight_kernel<scalar_t>
-          <<<pgrid, dim3(32, 8), 0, s>>>(dweight, g, x, rstd, N, C);
+      rmsnorm_backward_weight_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
+          dweight, g, x, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
     }
   });
   STRATA_CUDA_LAUNCH_CHECK("launching rmsnorm_backward");

@@ -1,5 +1,6 @@
 // bench_device_ops gemm's elementwise rows: the bandwidth-bound ops of a training step (residual
-// adds, the norms and their backwards, GELU, SwiGLU, the head's cross-entropy) at GPT-2 124M's
+// adds, the norms and their backwards, GELU, SwiGLU, the head's cross-entropy, the embedding's
+// gradient over tokens that repeat as a text's do) at GPT-2 124M's
 // shapes (N = 8 x 1024 rows, C = 768, the MLP's 4C, the padded vocabulary) and a ~1B Llama's
 // (C = 2048, SwiGLU 5632): ms per call, and GB/s of the bytes the op must move at least (each
 // array read or written once) against the device's memory bandwidth (--peak-gbs). On CUDA each
@@ -45,11 +46,22 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
   STRATA_ASSIGN_OR_RETURN(void* targets, dev.allocate(t.size() * 4, "bench"), "targets");
   b.keep(targets);
   dev.copy_h2d(dev.h2d_stream(), targets, t.data(), t.size() * 4);
+  // Tokens for the embedding's gradient: 2048 distinct, each repeated, the rows of one token
+  // spread over the batch.
+  const int distinct = std::min(N, 2048);
+  std::vector<int32_t> tok(N);
+  for (int i = 0; i < N; ++i) tok[i] = int32_t((uint64_t(i) * 2654435761u) % uint64_t(distinct));
+  STRATA_ASSIGN_OR_RETURN(void* tokens, dev.allocate(tok.size() * 4, "bench"), "tokens");
+  b.keep(tokens);
+  dev.copy_h2d(dev.h2d_stream(), tokens, tok.data(), tok.size() * 4);
+  STRATA_ASSIGN_OR_RETURN(void* dwte, b.random(size_t(V) * C, DType::kF32), "embedding gradient");
   STRATA_RETURN_IF_ERROR(dev.synchronize(dev.h2d_stream()), "uploading the targets");
   float* mean = static_cast<float*>(stats);
   float* rstd = mean + N;
   float* dwf = static_cast<float*>(dw);
   const auto* tg = static_cast<const int32_t*>(targets);
+  const auto* tk = static_cast<const int32_t*>(tokens);
+  const int T = std::min(N, 1024), B = N / T;
   auto rows = [](int r, int c) { return std::to_string(r) + " x " + std::to_string(c); };
   return std::vector<ElemCase>{
       {"residual_forward", rows(N, C), 3 * n * es,
@@ -82,6 +94,11 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
        [=, &k, &s] {
          k.crossentropy_forward_backward(s, dt, static_cast<float*>(losses), logits, tg, 1.0f / N,
                                          N, V, Vp);
+       }},
+      {"encoder_backward (" + std::to_string(distinct) + " tokens)", rows(N, C),
+       n * es + 2.0 * distinct * C * 4,
+       [=, &k, &s] {
+         k.encoder_backward(s, dt, static_cast<float*>(dwte), nullptr, y, tk, nullptr, B, T, C);
        }},
   };
 }
