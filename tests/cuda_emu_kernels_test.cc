@@ -256,6 +256,36 @@ TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
   }
 }
 
+// With the kernel table's algorithm cache, cuBLASLt's heuristic is asked once per problem: the
+// same product again (both orders, then a second op check) reuses its algorithm; an operand at
+// a lower alignment is another problem (the stand-in's algorithm remembers the alignments it was
+// chosen for and fails a call below them), and gives the right result.
+TEST_F(EmulatedKernels, CublasLtIsAskedOncePerProblem) {
+  CublasLtAlgos algos;
+  blas_.algos = &algos;
+  const int N = 37, C = 48, OC = 32;
+  const DType dt = DType::kBF16;
+  const size_t es = dtype_size(dt);
+  const uint64_t before = emu::cublaslt_heuristic_queries();
+  for (size_t shift : {size_t(0), size_t(0), es}) {
+    SCOPED_TRACE("input shifted by " + std::to_string(shift) + " bytes");
+    auto in = [shift](void* p) { return static_cast<char*>(p) + shift; };
+    check_op(
+        name("matmul_forward", dt),
+        {floats(size_t(N) * OC, dt), floats(size_t(N) * C + 1, dt), floats(size_t(OC) * C, dt),
+         floats(OC, dt)},
+        [&](Kernels& k, Stream& s, void* const* p) {
+          k.matmul_forward(s, dt, p[0], in(p[1]), p[2], p[3], N, C, OC);
+        },
+        [&](cudaStream_t s, void* const* p) {
+          return cuda_matmul_forward(s, blas_, dt, p[0], in(p[1]), p[2], p[3], N, C, OC);
+        },
+        {{0, "out", tol(dt, 5e-5)}});
+  }
+  EXPECT_EQ(emu::cublaslt_heuristic_queries() - before, 2u);
+  EXPECT_EQ(algos.size(), 2u);
+}
+
 TEST_F(EmulatedKernels, SwiGluRopeGelu) {
   const int N = 37;
   const size_t n = 1001;

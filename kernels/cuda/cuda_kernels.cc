@@ -313,7 +313,7 @@ class CudaKernels final : public Kernels {
 
  private:
   CudaBlas blas(const CudaStream& cs) const {
-    return {handle_, cs.blas_workspace, cs.blas_workspace_bytes};
+    return {handle_, cs.blas_workspace, cs.blas_workspace_bytes, &algos_};
   }
 
   template <typename F>
@@ -333,8 +333,9 @@ class CudaKernels final : public Kernels {
   const int ordinal_;
   const cublasLtHandle_t handle_;
   CudaErrorSink* const errors_;
-  const bool fused_ops_;  // the optional fused ops are offered (kFusedOpsEnv)
-  const bool packed_;     // the kernels take 16-byte packs where aligned (kPackedAccessEnv)
+  const bool fused_ops_;         // the optional fused ops are offered (kFusedOpsEnv)
+  const bool packed_;            // the kernels take 16-byte packs where aligned (kPackedAccessEnv)
+  mutable CublasLtAlgos algos_;  // cuBLASLt's choice per product, shared by the streams
 };
 
 }  // namespace

@@ -13,8 +13,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -71,11 +73,41 @@ class CudaStream final : public Stream {
 // The CudaStream behind a Stream handed out by a CUDA device; aborts (a bug) on any other.
 CudaStream& cuda_stream(Stream& s);
 
-// What one cuBLASLt call needs: the device's handle and the stream's workspace.
+// The algorithm cuBLASLt's heuristic chose for each problem a kernel table has run (matmul.cu's
+// key: the product's shapes, types, leading dimensions, epilogue, operand alignments and
+// workspace), so that a step's repeated products ask the heuristic once each rather than at
+// every call (microseconds of host time per call). Thread-safe.
+class CublasLtAlgos {
+ public:
+  using Key = std::array<int64_t, 17>;
+  bool find(const Key& key, cublasLtMatmulAlgo_t* algo) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = algos_.find(key);
+    if (it == algos_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+  void put(const Key& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_.emplace(key, algo);
+  }
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return algos_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<Key, cublasLtMatmulAlgo_t> algos_;
+};
+
+// What one cuBLASLt call needs: the device's handle, the stream's workspace and the table's
+// chosen algorithms (null: the heuristic is asked at every call).
 struct CudaBlas {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  CublasLtAlgos* algos = nullptr;
 };
 
 // Errors from enqueue functions that return void (Kernels, copies, host_fn): the first one is

@@ -40,7 +40,8 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-// Descriptors live for one call; destroyed on every path out.
+// Descriptors live for one call; destroyed on every path out. The algorithm is asked of
+// cuBLASLt's heuristic the first time a problem is seen and kept in blas.algos.
 struct LtCall {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -53,6 +54,32 @@ struct LtCall {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// cuBLASLt's heuristic for the call described by c's descriptors: its first choice under the
+// workspace and operand alignments (D's for C), in *heur when *found is 1.
+Status ask_heuristic(const CudaBlas& blas, LtCall& c, const uint32_t (&align)[4], size_t ws,
+                     cublasLtMatmulHeuristicResult_t* heur, int* found) {
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref), "creating the preference");
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                          c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                      "setting the workspace size");
+  const cublasLtMatmulPreferenceAttributes_t align_attr[3] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 3; ++i) {
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(c.pref, align_attr[i], &align[i], sizeof(uint32_t)),
+        "setting the operand alignment");
+  }
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align[2], sizeof(uint32_t)),
+      "setting the C alignment");
+  STRATA_CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(blas.handle, c.op, c.a, c.b, c.d, c.d, c.pref, 1, heur, found),
+      "asking cuBLASLt for an algorithm");
+  return Status::ok();
+}
 
 // D(m x n, ld ldd) = alpha * op(A) * op(B) + beta * D (+ bias[m] if non-null), column-major,
 // fp32 compute. A is stored m x k (ta = N) or k x m (ta = T); B k x n (tb = N) or n x k (T).
@@ -110,30 +137,22 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, bt, b_n ? k : n, b_n ? n : k, ldb),
                       "creating the B layout");
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, dtp, m, n, ldd), "creating the D layout");
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref), "creating the preference");
   const size_t ws = blas.workspace_bytes;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                          c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-                      "setting the workspace size");
   const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D),
                              bias ? alignment_of(bias) : 256u};
-  const cublasLtMatmulPreferenceAttributes_t align_attr[3] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 3; ++i) {
-    STRATA_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(c.pref, align_attr[i], &align[i], sizeof(uint32_t)),
-        "setting the operand alignment");
-  }
-  STRATA_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align[2], sizeof(uint32_t)),
-      "setting the C alignment");
+  const int epilogue = !gelu_aux ? (bias ? 1 : 0) : dgelu ? 2 : bias ? 3 : 4;
+  const CublasLtAlgos::Key key = {ta,       tb,       m,        n,        k,          at,
+                                  bt,       lda,      ldb,      dtp,      ldd,        epilogue,
+                                  align[0], align[1], align[2], align[3], int64_t(ws)};
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.handle, c.op, c.a, c.b, c.d, c.d, c.pref,
-                                                     1, &heur, &found),
-                      "asking cuBLASLt for an algorithm");
+  if (blas.algos != nullptr && blas.algos->find(key, &heur.algo)) {
+    found = 1;
+  } else {
+    STRATA_RETURN_IF_ERROR(ask_heuristic(blas, c, align, ws, &heur, &found),
+                           "choosing cuBLASLt's algorithm");
+    if (found != 0 && blas.algos != nullptr) blas.algos->put(key, heur.algo);
+  }
   if (found == 0) {
     return internal_error("cuBLASLt has no algorithm for this matmul (m=" + std::to_string(m) +
                           " n=" + std::to_string(n) + " k=" + std::to_string(k) +

@@ -73,6 +73,9 @@ void enqueue(cudaStream_t stream, const char* what, std::function<void()> op);
 // Releases every operation issued so far (as a synchronization does, without waiting).
 void release();
 
+// How many times cublasLtMatmulAlgoGetHeuristic has been called in this process.
+uint64_t cublaslt_heuristic_queries();
+
 // Fails the context with `report` (from a stream's worker).
 void fail_context(const std::string& report);
 

@@ -5,6 +5,7 @@
 // C and D the same, the pointers' alignment at least what the algorithm was chosen for.
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -85,6 +86,12 @@ size_t span(const cublasLtMatrixLayoutOpaque_t& l) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<uint64_t> g_heuristic_queries{0};
+}  // namespace
+
+uint64_t strata::emu::cublaslt_heuristic_queries() { return g_heuristic_queries.load(); }
 
 extern "C" {
 
@@ -191,6 +198,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   if (!handle || !op || !a || !b || !c || !d || !pref || requested < 1) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
+  ++g_heuristic_queries;
   *returned = 0;
   if (a->type != b->type || (d->type != a->type && d->type != CUDA_R_32F)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
