@@ -80,52 +80,61 @@ TEST_F(EmulatedKernels, Encoder) {
 // The sums that gather rows from many blocks: the embedding's gradients with few distinct
 // tokens (long runs of one key, rows over several 128-row tiles of the ranking) are the CPU
 // backend's bits; a bias gradient over six 256-row chunks, launched twice (the tile counters
-// back at 0 after each launch), is the same in either block order (check_op).
+// back at 0 after each launch), is the same in either block order (check_op). Then again with
+// the scratch's capacities lowered: the embedding's rows 150 at a time, the bias gradient in
+// two chunks of 750 rows.
 TEST_F(EmulatedKernels, SumsAcrossBlocksKeepTheirBitsInEveryBlockOrder) {
   const int B = 4, T = 100, C = 45, V = 5;
-  for (DType dt : kDtypes) {
-    for (bool with_pos : {false, true}) {
-      SCOPED_TRACE(with_pos ? "positions" : "no positions");
+  for (bool small : {false, true})
+    for (DType dt : kDtypes) {
+      SCOPED_TRACE(small ? "scratch capacities lowered" : "full scratch");
+      if (small) {
+        reduce_.row_capacity = 150;
+        reduce_.partial_floats = 80;
+      }
+      for (bool with_pos : {false, true}) {
+        SCOPED_TRACE(with_pos ? "positions" : "no positions");
+        check_op(
+            name("encoder_backward, few tokens", dt),
+            {floats(size_t(V) * C, DType::kF32), floats(size_t(T) * C, DType::kF32),
+             floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1),
+             ints(size_t(B) * T, 0, 6)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
+                                 static_cast<int32_t*>(p[3]),
+                                 with_pos ? static_cast<int32_t*>(p[4]) : nullptr, B, T, C);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_encoder_backward(
+                  s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
+                  static_cast<int32_t*>(p[3]), with_pos ? static_cast<int32_t*>(p[4]) : nullptr, B,
+                  T, C, reduce_);
+            },
+            {{0, "dwte"}, {1, "dwpe"}});
+      }
+      const int N = 1500, K = 8, OC = 40;
       check_op(
-          name("encoder_backward, few tokens", dt),
-          {floats(size_t(V) * C, DType::kF32), floats(size_t(T) * C, DType::kF32),
-           floats(size_t(B) * T * C, dt), ints(size_t(B) * T, 0, V - 1), ints(size_t(B) * T, 0, 6)},
+          name("matmul_backward's bias gradient, twice", dt),
+          {floats(size_t(N) * K, dt), floats(size_t(OC) * K, DType::kF32), floats(OC, DType::kF32),
+           floats(size_t(N) * OC, dt), floats(size_t(N) * K, dt), floats(size_t(OC) * K, dt)},
           [&](Kernels& k, Stream& s, void* const* p) {
-            k.encoder_backward(s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
-                               static_cast<int32_t*>(p[3]),
-                               with_pos ? static_cast<int32_t*>(p[4]) : nullptr, B, T, C);
+            for (int i = 0; i < 2; ++i) {
+              k.matmul_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
+                                p[3], p[4], p[5], N, K, OC, /*accumulate=*/true);
+            }
           },
           [&](cudaStream_t s, void* const* p) {
-            return cuda_encoder_backward(
-                s, dt, static_cast<float*>(p[0]), static_cast<float*>(p[1]), p[2],
-                static_cast<int32_t*>(p[3]), with_pos ? static_cast<int32_t*>(p[4]) : nullptr, B, T,
-                C, reduce_);
+            for (int i = 0; i < 2; ++i) {
+              STRATA_RETURN_IF_ERROR(
+                  cuda_matmul_backward(s, blas_, reduce_, dt, p[0], static_cast<float*>(p[1]),
+                                       static_cast<float*>(p[2]), p[3], p[4], p[5], N, K, OC,
+                                       /*accumulate=*/true),
+                  "a launch");
+            }
+            return Status::ok();
           },
-          {{0, "dwte"}, {1, "dwpe"}});
+          {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", tol(dt, 5e-5)}, {2, "dbias", 5e-5}});
     }
-    const int N = 1500, K = 8, OC = 40;
-    check_op(
-        name("matmul_backward's bias gradient, twice", dt),
-        {floats(size_t(N) * K, dt), floats(size_t(OC) * K, DType::kF32), floats(OC, DType::kF32),
-         floats(size_t(N) * OC, dt), floats(size_t(N) * K, dt), floats(size_t(OC) * K, dt)},
-        [&](Kernels& k, Stream& s, void* const* p) {
-          for (int i = 0; i < 2; ++i) {
-            k.matmul_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
-                              p[3], p[4], p[5], N, K, OC, /*accumulate=*/true);
-          }
-        },
-        [&](cudaStream_t s, void* const* p) {
-          for (int i = 0; i < 2; ++i) {
-            STRATA_RETURN_IF_ERROR(
-                cuda_matmul_backward(s, blas_, reduce_, dt, p[0], static_cast<float*>(p[1]),
-                                     static_cast<float*>(p[2]), p[3], p[4], p[5], N, K, OC,
-                                     /*accumulate=*/true),
-                "a launch");
-          }
-          return Status::ok();
-        },
-        {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", tol(dt, 5e-5)}, {2, "dbias", 5e-5}});
-  }
 }
 
 // Rows of C = 83 take the one-element kernels; C = 96 the 16-byte packs (every dtype), and

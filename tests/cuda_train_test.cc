@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -222,6 +223,51 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
     EXPECT_LT(gpu->losses.back(), gpu->losses.front()) << "the GPU run did not learn";
     EXPECT_FALSE(gpu->last_checkpoint.empty());
     EXPECT_NE(gpu->weights_crc, 0u) << "the weights' checksum could not read the device state";
+    fs::remove_all(dir);
+  }
+}
+
+// A GPU run is reproducible: the same config twice gives the same losses and final weights bit
+// for bit. Nothing in a step may depend on the order the GPU runs blocks in: the gradients'
+// column sums and the embedding's gradient are summed in a fixed order (no float atomics),
+// cuDNN's attention backward is its deterministic one, the rest is one thread or block per
+// output. Head size 64 (the flash or cuDNN attention), tied embeddings (the embedding's
+// gradient from the head's GEMM and the token rows), everything on the device and, second,
+// the default placement (gradients drained to host RAM). Under the emulation blocks run in a
+// fixed order, so there it only runs the path (3 steps).
+TEST(CudaTraining, TwoRunsGiveTheSameBits) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_repeat");
+#ifdef STRATA_CUDA_EMU
+  const std::string steps = "train.steps=3";
+#else
+  const std::string steps = "train.steps=10";
+#endif
+  const std::vector<std::vector<std::string>> placements = {
+      {"zero_optimization.offload_param.device=\"none\"",
+       "zero_optimization.offload_optimizer.device=\"none\""},
+      {}};
+  TrainOptions o;
+  o.progress = false;
+  for (std::vector<std::string> ov : placements) {
+    SCOPED_TRACE(ov.empty() ? "default placement" : "all on the device");
+    for (const char* k : {"model.n_embd=128", "model.n_head=2", "train.eval_interval=0"}) {
+      ov.push_back(k);
+    }
+    ov.push_back(steps);
+    auto a = train(config("cuda", dir + "/a", ov), o);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    auto b = train(config("cuda", dir + "/b", ov), o);
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    ASSERT_EQ(a->losses.size(), b->losses.size());
+    for (size_t i = 0; i < a->losses.size(); ++i) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(a->losses[i]), std::bit_cast<uint64_t>(b->losses[i]))
+          << "step " << i << ": " << a->losses[i] << " vs " << b->losses[i];
+    }
+    EXPECT_NE(a->weights_crc, 0u);
+    EXPECT_EQ(a->weights_crc, b->weights_crc) << "the final weights differ";
     fs::remove_all(dir);
   }
 }

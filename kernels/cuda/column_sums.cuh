@@ -27,12 +27,12 @@ struct ColumnSumPlan {
 };
 
 // Chunks of kColumnChunkRows rows while the scratch holds S sums of C columns for each, and
-// while the counters hold one per column tile; else fewer, down to one chunk.
-inline ColumnSumPlan plan_column_sums(int N, int C, int S) {
+// while its counters hold one per column tile; else fewer, down to one chunk.
+inline ColumnSumPlan plan_column_sums(const CudaReduceScratch& rs, int N, int C, int S) {
   const int tiles = (C + 31) / 32;
   int chunks = (N + kColumnChunkRows - 1) / kColumnChunkRows;
-  const size_t fit = CudaReduceScratch::kPartialFloats / (size_t(S) * size_t(C));
-  if (size_t(tiles) > CudaReduceScratch::kTileCounts) chunks = 1;
+  const size_t fit = rs.partial_floats / (size_t(S) * size_t(C));
+  if (size_t(tiles) > rs.tile_counts_size) chunks = 1;
   if (size_t(chunks) > fit) chunks = int(fit);
   if (chunks < 1) chunks = 1;
   const int rows = (N + chunks - 1) / chunks;

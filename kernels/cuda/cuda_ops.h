@@ -35,10 +35,11 @@ constexpr int kCudaReduceBlocks = 1024;
 // order the GPU runs blocks in (column_sums.cuh: the norms' weight and bias gradients and a
 // linear layer's bias gradient; encoder.cu: the embedding's gradients). Work on one stream runs
 // in order, so every launch on it reuses the same memory; `tile_counts` are zero between
-// launches (a launch that counts puts them back). One allocation, `partials` first. A launch
-// whose shape needs more takes a path that needs less: fewer chunks of rows (down to one) for a
-// column sum; for the embedding past kRowInts / 5 rows, atomics (their order, and the last
-// bits, may vary).
+// launches (a launch that counts puts them back). One allocation, `partials` first. The
+// capacities are what the launchers plan with (a test may lower them): a column sum over more
+// than `partial_floats` sums takes fewer row chunks (down to one), a shape with more column
+// tiles than `tile_counts_size` one chunk; the embedding's gradient takes its rows
+// `row_capacity` at a time, in order (the same bits).
 struct CudaReduceScratch {
   static constexpr size_t kPartialFloats = size_t(1) << 20;
   static constexpr size_t kTileCounts = 4096;
@@ -48,6 +49,9 @@ struct CudaReduceScratch {
   float* partials = nullptr;
   unsigned* tile_counts = nullptr;
   int32_t* rows = nullptr;
+  size_t partial_floats = kPartialFloats;
+  size_t tile_counts_size = kTileCounts;
+  size_t row_capacity = kRowInts / 5;
 };
 
 // Allocates `rs` (zeroed counters, enqueued on `s` and waited for); frees what it allocated if
@@ -150,7 +154,7 @@ Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* 
                             const int32_t* pos, const void* wte, const void* wpe, int B, int T,
                             int C);
 // The CPU backend's bits (each row of dwte and dwpe gathers its rows in row order; `rs` the
-// stream's scratch).
+// stream's scratch, rs.row_capacity rows at a time).
 Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe, const void* dout,
                              const int32_t* tokens, const int32_t* pos, int B, int T, int C,
                              const CudaReduceScratch& rs);

@@ -1,5 +1,7 @@
 // Token + position embedding (wpe null: the token embedding alone), forward and backward. CPU twin:
 // kernels/cpu/encoder.cc.
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace strata {
@@ -33,7 +35,6 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const int3
 //   sum_rows_by_key  one block per (key's first row, 256 columns): acc = dst[k][c], then each
 //                    of the key's rows added in order, and stored.
 constexpr int kRankTile = 128;
-constexpr size_t kEncoderSortedRows = CudaReduceScratch::kRowInts / 5;
 
 __global__ void rank_rows_kernel(const int32_t* keys, int N, int32_t* first, int32_t* rank,
                                  int32_t* count) {
@@ -148,22 +149,6 @@ __global__ void position_sums_kernel(float* dwpe, const T* dout, int B, int T_, 
   }
 }
 
-// Past the scratch's rows (more than kEncoderSortedRows): by atomics (the order of the adds, and
-// their last bits, may vary).
-template <typename T>
-__global__ void encoder_backward_atomic_kernel(float* dwte, float* dwpe, const T* dout,
-                                               const int32_t* tokens, const int32_t* positions,
-                                               size_t total, int C) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t bt = i / C;
-    const int c = int(i % C);
-    const float g = to_f32(dout[i]);
-    atomicAdd(&dwte[size_t(tokens[bt]) * C + c], g);
-    if (dwpe && positions) atomicAdd(&dwpe[size_t(positions[bt]) * C + c], g);
-  }
-}
-
 }  // namespace
 
 Status cuda_encoder_forward(cudaStream_t s, DType dt, void* out, const int32_t* tokens,
@@ -184,25 +169,20 @@ Status cuda_encoder_backward(cudaStream_t s, DType dt, float* dwte, float* dwpe,
                              const CudaReduceScratch& rs) {
   const size_t rows = size_t(B) * T;
   if (rows == 0 || C == 0) return Status::ok();
+  // Rows a scratch's worth at a time, in order: each key's rows still added in row order.
+  const size_t step = std::max<size_t>(1, rs.row_capacity);
   STRATA_DISPATCH_DT(dt, {
     const auto* g = static_cast<const scalar_t*>(dout);
-    if (rows > kEncoderSortedRows) {
-      const size_t total = rows * size_t(C);
-      encoder_backward_atomic_kernel<scalar_t>
-          <<<grid_for(total, 256), 256, 0, s>>>(dwte, dwpe, g, tokens, pos, total, C);
-      STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward");
-      if (dwpe && !pos) {
-        position_sums_kernel<scalar_t>
-            <<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, g, B, T, C);
-      }
-    } else {
-      STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwte, g, tokens, int(rows), C, rs), "dwte");
+    for (size_t r0 = 0; r0 < rows; r0 += step) {
+      const int n = int(std::min(step, rows - r0));
+      const scalar_t* gr = g + r0 * size_t(C);
+      STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwte, gr, tokens + r0, n, C, rs), "dwte");
       if (dwpe && pos) {
-        STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwpe, g, pos, int(rows), C, rs), "dwpe");
-      } else if (dwpe) {
-        position_sums_kernel<scalar_t>
-            <<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, g, B, T, C);
+        STRATA_RETURN_IF_ERROR(sum_rows_by_key(s, dwpe, gr, pos + r0, n, C, rs), "dwpe");
       }
+    }
+    if (dwpe && !pos) {
+      position_sums_kernel<scalar_t><<<grid_for(size_t(T) * C, 256), 256, 0, s>>>(dwpe, g, B, T, C);
     }
   });
   STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward");

@@ -103,7 +103,7 @@ Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void*
                                int C, const CudaReduceScratch& rs, bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  const ColumnSumPlan plan = plan_column_sums(N, C, 2);
+  const ColumnSumPlan plan = plan_column_sums(rs, N, C, 2);
   STRATA_DISPATCH_DT(
       dt,
       if (dinp) {

@@ -229,7 +229,7 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, const CudaRe
                            "matmul_backward: dweight += dout^T @ inp");
   }
   if (dbias) {
-    const ColumnSumPlan plan = plan_column_sums(N, OC, 1);
+    const ColumnSumPlan plan = plan_column_sums(rs, N, OC, 1);
     STRATA_DISPATCH_DT(dt, column_sum_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
                                dbias, static_cast<const scalar_t*>(dout), N, OC,
                                plan.rows_per_chunk, plan.chunks, rs));

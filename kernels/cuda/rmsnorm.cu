@@ -93,7 +93,7 @@ Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* d
                              bool packed) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
-  const ColumnSumPlan plan = plan_column_sums(N, C, 1);
+  const ColumnSumPlan plan = plan_column_sums(rs, N, C, 1);
   STRATA_DISPATCH_DT(dt, {
     const auto* g = static_cast<const scalar_t*>(dout);
     const auto* x = static_cast<const scalar_t*>(inp);
