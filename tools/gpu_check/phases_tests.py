@@ -1,4 +1,5 @@
-"""The tests phase (every CUDA test binary, gtest JSON kept) and the sanitizer phase
+"""The tests phase (every CUDA test binary, gtest JSON kept; then those that reach the kernel
+table's attention again with STRATA_CUDNN=0, the own kernels) and the sanitizer phase
 (compute-sanitizer's memcheck, racecheck and synccheck over short gtest filters)."""
 import os
 import re
@@ -6,6 +7,14 @@ import time
 
 TEST_BINARIES = ["cuda_backend_test", "cuda_flash_attention_test", "cuda_train_test",
                  "llama_cuda_test", "flash_attention_test"]
+
+# Then again with the own attention kernels (STRATA_CUDNN=0): the binaries whose calls go
+# through the kernel table's choice of attention, without the tests of cuDNN itself (which
+# skip without it).
+FALLBACK_BINARIES = ["cuda_backend_test", "cuda_flash_attention_test", "cuda_train_test",
+                     "llama_cuda_test"]
+FALLBACK_ENV = "STRATA_CUDNN"
+FALLBACK_FILTER = "-*Cudnn*"
 
 # compute-sanitizer runs: tool, binary, gtest filter (kept short: sanitizers are 10-100x slower).
 SANITIZER_RUNS = [
@@ -43,45 +52,50 @@ def phase_tests(ctx):
     bad, reasons, failures, res = [], [], [], {}
     ctx.md("| binary | passed | failed | skipped | seconds |")
     ctx.md("|---|---|---|---|---|")
-    for b in TEST_BINARIES:
+    runs = [(b, False) for b in TEST_BINARIES] + [(b, True) for b in FALLBACK_BINARIES]
+    for b, fallback in runs:
         exe = ctx.bin(b)
+        name = b + (" (%s=0)" % FALLBACK_ENV if fallback else "")
         if not os.access(exe, os.X_OK):
-            ctx.md("| %s | not built | | | |" % b)
-            if not ctx.dry:
+            ctx.md("| %s | not built | | | |" % name)
+            if not ctx.dry and not fallback:
                 bad.append("%s not built" % b)
             continue
         any_built = True
-        log = ctx.log_path("tests-%s" % b)
+        tag = b + ("-own-attention" if fallback else "")
+        log = ctx.log_path("tests-%s" % tag)
         t0 = time.time()
         # flash_attention_test (the CUDA kernels on a CPU emulation) is slow and needs no GPU: on
         # the GPU machine it runs in full; in a dry run CI already runs it, so only its listing.
         listing = ctx.dry and b == "flash_attention_test"
         cmd = [exe] + (["--gtest_list_tests"] if listing else []) + \
-            ["--gtest_output=json:%s" % (ctx.R / "tests" / ("%s.json" % b))]
-        rc = ctx.run(600, cmd, log=log)
+            (["--gtest_filter=%s" % FALLBACK_FILTER] if fallback else []) + \
+            ["--gtest_output=json:%s" % (ctx.R / "tests" / ("%s.json" % tag))]
+        env = dict(os.environ, **{FALLBACK_ENV: "0"}) if fallback else None
+        rc = ctx.run(600, cmd, log=log, env=env)
         text = log.read_text(errors="replace")
         p, f, s = gtest_counts(text)
         secs = int(time.time() - t0)
         if listing:
             p = len([l for l in text.splitlines() if l.startswith("  ")])
-            ctx.md("| %s | listed %d tests (dry run) | | | %d |" % (b, p, secs))
+            ctx.md("| %s | listed %d tests (dry run) | | | %d |" % (name, p, secs))
         else:
-            ctx.md("| %s | %d | %d | %d | %d |" % (b, p, f, s, secs))
+            ctx.md("| %s | %d | %d | %d | %d |" % (name, p, f, s, secs))
             for line in sorted(set(re.findall(r"^\[  FAILED  \] ([A-Za-z].*)$", text, re.M))):
-                failures.append("%s: %s" % (b, line))
+                failures.append("%s: %s" % (name, line))
         tp, tf, ts = tp + p, tf + f, ts + s
         why = skip_reasons(text)
         # The one skip a GPU machine should give: the no-GPU path's test, which needs no GPU.
         tgpu += sum(1 for w in why if "a GPU is visible" in w)
         if rc != 0:
-            bad.append("%s exited %d" % (b, rc))
+            bad.append("%s exited %d" % (name, rc))
         if s > 0:
             # A skip must say why (never a silent pass).
             if why and why[0].strip():
-                reasons.append("%s: `%s`" % (b, why[0][:240]))
+                reasons.append("%s: `%s`" % (name, why[0][:240]))
             else:
-                bad.append("%s skipped tests without a reason" % b)
-        res[b] = {"passed": p, "failed": f, "skipped": s, "exit": rc}
+                bad.append("%s skipped tests without a reason" % name)
+        res[tag] = {"passed": p, "failed": f, "skipped": s, "exit": rc}
     if failures:
         ctx.md("")
         ctx.md("Failed tests:")
