@@ -16,8 +16,8 @@
 //     which the translation turns into block_shared<T>() references), filled with 0xFF bytes
 //     (NaN as fp32, bf16 and fp16) before each block, so a read of something never written
 //     shows up as NaN in the results. Static shared memory over 48 KiB fails the launch.
-//   - warp shuffles (xor, down, up, indexed) of any 4- or 8-byte type, atomicAdd (real atomics:
-//     streams run concurrently on several host threads).
+//   - warp shuffles (xor, down, up, indexed) of any 4- or 8-byte type; atomicAdd, and atomicMin
+//     and atomicMax on int (real atomics: streams run concurrently on several host threads).
 //   - WMMA 16x16x16 fragments with bf16/fp16 inputs and fp32 accumulators. The mapping of
 //     fragment elements to matrix positions is a fixed pseudo-random permutation, different for
 //     matrix_a, matrix_b and accumulator, so a kernel that assumes a particular mapping fails.
@@ -538,6 +538,13 @@ T atomicAdd(T* p, T v) {
 template <typename T>
 T atomicExch(T* p, T v) {
   return std::atomic_ref<T>(*p).exchange(v);
+}
+inline int atomicMin(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int old = a.load();
+  while (old > v && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
 }
 inline int atomicMax(int* p, int v) {
   std::atomic_ref<int> a(*p);

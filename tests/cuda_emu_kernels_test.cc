@@ -78,15 +78,17 @@ TEST_F(EmulatedKernels, Encoder) {
 }
 
 // The sums that gather rows from many blocks: the embedding's gradients with few distinct
-// tokens (long runs of one key, rows over several 128-row tiles of the ranking) are the CPU
-// backend's bits; a bias gradient over six 256-row chunks, launched twice (the tile counters
-// back at 0 after each launch), is the same in either block order (check_op). Then again with
-// the scratch's capacities lowered: the embedding's rows 150 at a time, the bias gradient in
-// two chunks of 750 rows.
+// tokens (long runs of one key, rows over several 128-row tiles and two 1024-key chunks of the
+// ranking) are the CPU backend's bits; a bias gradient over six 256-row chunks, launched twice
+// (the tile counters back at 0 after each launch), is the same in either block order
+// (check_op). Then again with the scratch's capacities lowered: the embedding's rows 150 at a
+// time, the bias gradient in two chunks of 750 rows.
 TEST_F(EmulatedKernels, SumsAcrossBlocksKeepTheirBitsInEveryBlockOrder) {
-  const int B = 4, T = 100, C = 45, V = 5;
+  const int C = 45, V = 5;
   for (bool small : {false, true})
     for (DType dt : kDtypes) {
+      // 1200 rows (two 1024-key chunks of the ranking) once, else 400.
+      const int B = dt == DType::kBF16 && !small ? 12 : 4, T = 100;
       SCOPED_TRACE(small ? "scratch capacities lowered" : "full scratch");
       if (small) {
         reduce_.row_capacity = 150;

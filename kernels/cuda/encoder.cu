@@ -28,24 +28,30 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const int3
 // (the token, or the position) without sorting, in four steps over the stream's scratch
 // (CudaReduceScratch::rows, five ints a row):
 //   rank_rows        each row's first row with its key, its rank among that key's rows and
-//                    their count: every row compared with every key, 256 keys at a time from
-//                    shared memory (N^2 compares: 67 M for 8192 rows, a row a thread)
+//                    their count: every row compared with every key (N^2 compares: 67 M for
+//                    8192 rows), a block per 128 rows and 1024 keys, the keys read 128 at a
+//                    time into shared memory, the blocks' findings combined by integer atomics
 //   offset_keys      an exclusive scan, in one block, of each key's count at its first row
 //   place_rows       row r to slot offset[first] + rank
 //   sum_rows_by_key  one block per (key's first row, 256 columns): acc = dst[k][c], then each
 //                    of the key's rows added in order, and stored.
-constexpr int kRankTile = 128;
+constexpr int kRankTile = 128;    // rows of a block, and keys read into shared memory at once
+constexpr int kRankChunk = 1024;  // keys one block compares its rows with
 
+// Block (x, y) compares rows [128x, 128x + 128) with keys [1024y, 1024y + 1024) and adds what
+// it found to each row's first, rank and count with integer atomics (their results do not
+// depend on order). first starts at INT_MAX-ish (bytes 0x7F), rank and count at 0.
 __global__ void rank_rows_kernel(const int32_t* keys, int N, int32_t* first, int32_t* rank,
                                  int32_t* count) {
   __shared__ int32_t tile[kRankTile];
   const int r = int(blockIdx.x) * kRankTile + int(threadIdx.x);
   const int32_t k = r < N ? keys[r] : 0;
+  const int c0 = int(blockIdx.y) * kRankChunk, c1 = min(N, c0 + kRankChunk);
   int f = -1, rk = 0, n = 0;
-  for (int j0 = 0; j0 < N; j0 += kRankTile) {
-    if (j0 + int(threadIdx.x) < N) tile[threadIdx.x] = keys[j0 + threadIdx.x];
+  for (int j0 = c0; j0 < c1; j0 += kRankTile) {
+    if (j0 + int(threadIdx.x) < c1) tile[threadIdx.x] = keys[j0 + threadIdx.x];
     __syncthreads();
-    const int m = min(kRankTile, N - j0);
+    const int m = min(kRankTile, c1 - j0);
     if (r < N) {
       for (int j = 0; j < m; ++j) {
         if (tile[j] != k) continue;
@@ -56,10 +62,10 @@ __global__ void rank_rows_kernel(const int32_t* keys, int N, int32_t* first, int
     }
     __syncthreads();
   }
-  if (r < N) {
-    first[r] = f;
-    rank[r] = rk;
-    count[r] = n;
+  if (r < N && n > 0) {
+    atomicMin(&first[r], f);
+    atomicAdd(&rank[r], rk);
+    atomicAdd(&count[r], n);
   }
 }
 
@@ -126,8 +132,13 @@ Status sum_rows_by_key(cudaStream_t s, float* dst, const T* src, const int32_t* 
                        const CudaReduceScratch& rs) {
   int32_t* first = rs.rows;
   int32_t *rank = first + N, *count = rank + N, *offset = count + N, *slot = offset + N;
-  rank_rows_kernel<<<unsigned((N + kRankTile - 1) / kRankTile), kRankTile, 0, s>>>(keys, N, first,
-                                                                                   rank, count);
+  STRATA_CUDA_CHECK(cudaMemsetAsync(first, 0x7F, size_t(N) * sizeof(int32_t), s),
+                    "encoder_backward: first rows");
+  STRATA_CUDA_CHECK(cudaMemsetAsync(rank, 0, 2 * size_t(N) * sizeof(int32_t), s),
+                    "encoder_backward: ranks and counts");
+  const dim3 rank_grid(unsigned((N + kRankTile - 1) / kRankTile),
+                       unsigned((N + kRankChunk - 1) / kRankChunk));
+  rank_rows_kernel<<<rank_grid, kRankTile, 0, s>>>(keys, N, first, rank, count);
   offset_keys_kernel<<<1, kOffsetThreads, 0, s>>>(first, count, N, offset);
   place_rows_kernel<<<grid_for(size_t(N), 256), 256, 0, s>>>(first, rank, offset, N, slot);
   const dim3 grid(unsigned(N), unsigned((C + kSumColumns - 1) / kSumColumns));
