@@ -78,7 +78,7 @@ TEST_F(EmulatedKernels, Encoder) {
 }
 
 // The sums that gather rows from many blocks: the embedding's gradients with few distinct
-// tokens (long runs of one key, rows over several 128-row tiles and two 1024-key chunks of the
+// tokens (long runs of one key, rows over several 128-row tiles and 1024-key chunks of the
 // ranking) are the CPU backend's bits; a bias gradient over six 256-row chunks, launched twice
 // (the tile counters back at 0 after each launch), is the same in either block order
 // (check_op). Then again with the scratch's capacities lowered: the embedding's rows 150 at a
@@ -87,8 +87,9 @@ TEST_F(EmulatedKernels, SumsAcrossBlocksKeepTheirBitsInEveryBlockOrder) {
   const int C = 45, V = 5;
   for (bool small : {false, true})
     for (DType dt : kDtypes) {
-      // 1200 rows (two 1024-key chunks of the ranking) once, else 400.
-      const int B = dt == DType::kBF16 && !small ? 12 : 4, T = 100;
+      // 2100 rows (three 1024-key chunks of the ranking; more rows than the sums by key have
+      // blocks) once, else 400.
+      const int B = dt == DType::kBF16 && !small ? 21 : 4, T = 100;
       SCOPED_TRACE(small ? "scratch capacities lowered" : "full scratch");
       if (small) {
         reduce_.row_capacity = 150;

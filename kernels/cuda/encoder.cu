@@ -33,8 +33,9 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const int3
 //                    time into shared memory, the blocks' findings combined by integer atomics
 //   offset_keys      an exclusive scan, in one block, of each key's count at its first row
 //   place_rows       row r to slot offset[first] + rank
-//   sum_rows_by_key  one block per (key's first row, 256 columns): acc = dst[k][c], then each
-//                    of the key's rows added in order, and stored.
+//   sum_rows_by_key  per (key's first row, 256 columns), from up to 2048 blocks striding over
+//                    the rows: acc = dst[k][c], then each of the key's rows added in order, and
+//                    stored.
 constexpr int kRankTile = 128;    // rows of a block, and keys read into shared memory at once
 constexpr int kRankChunk = 1024;  // keys one block compares its rows with
 
@@ -101,29 +102,33 @@ __global__ void place_rows_kernel(const int32_t* first, const int32_t* rank, con
 }
 
 constexpr int kSumColumns = 256;
+constexpr unsigned kSumRowBlocks = 2048;  // blocks along the rows; each strides over them
 template <typename T>
 __global__ void sum_rows_by_key_kernel(float* dst, const T* src, const int32_t* keys,
                                        const int32_t* first, const int32_t* count,
-                                       const int32_t* offset, const int32_t* slot, int C) {
-  const int r = int(blockIdx.x), c = int(blockIdx.y) * kSumColumns + int(threadIdx.x);
-  if (first[r] != r || c >= C) return;
-  float* d = dst + size_t(keys[r]) * C + c;
-  const int32_t* rows = slot + offset[r];
-  const int n = count[r];
-  float acc = *d;
-  int i = 0;
-  for (; i + 4 <= n; i += 4) {  // four loads in flight, added in order
-    const float g0 = to_f32(src[size_t(rows[i]) * C + c]);
-    const float g1 = to_f32(src[size_t(rows[i + 1]) * C + c]);
-    const float g2 = to_f32(src[size_t(rows[i + 2]) * C + c]);
-    const float g3 = to_f32(src[size_t(rows[i + 3]) * C + c]);
-    acc += g0;
-    acc += g1;
-    acc += g2;
-    acc += g3;
+                                       const int32_t* offset, const int32_t* slot, int N, int C) {
+  const int c = int(blockIdx.y) * kSumColumns + int(threadIdx.x);
+  if (c >= C) return;
+  for (int r = int(blockIdx.x); r < N; r += int(gridDim.x)) {
+    if (first[r] != r) continue;  // not its key's first row
+    float* d = dst + size_t(keys[r]) * C + c;
+    const int32_t* rows = slot + offset[r];
+    const int n = count[r];
+    float acc = *d;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {  // four loads in flight, added in order
+      const float g0 = to_f32(src[size_t(rows[i]) * C + c]);
+      const float g1 = to_f32(src[size_t(rows[i + 1]) * C + c]);
+      const float g2 = to_f32(src[size_t(rows[i + 2]) * C + c]);
+      const float g3 = to_f32(src[size_t(rows[i + 3]) * C + c]);
+      acc += g0;
+      acc += g1;
+      acc += g2;
+      acc += g3;
+    }
+    for (; i < n; ++i) acc += to_f32(src[size_t(rows[i]) * C + c]);
+    *d = acc;
   }
-  for (; i < n; ++i) acc += to_f32(src[size_t(rows[i]) * C + c]);
-  *d = acc;
 }
 
 // dst[key(r)] += src[r] for every row, in row order per key (see above).
@@ -141,9 +146,10 @@ Status sum_rows_by_key(cudaStream_t s, float* dst, const T* src, const int32_t* 
   rank_rows_kernel<<<rank_grid, kRankTile, 0, s>>>(keys, N, first, rank, count);
   offset_keys_kernel<<<1, kOffsetThreads, 0, s>>>(first, count, N, offset);
   place_rows_kernel<<<grid_for(size_t(N), 256), 256, 0, s>>>(first, rank, offset, N, slot);
-  const dim3 grid(unsigned(N), unsigned((C + kSumColumns - 1) / kSumColumns));
+  const dim3 grid(std::min(unsigned(N), kSumRowBlocks),
+                  unsigned((C + kSumColumns - 1) / kSumColumns));
   sum_rows_by_key_kernel<T>
-      <<<grid, kSumColumns, 0, s>>>(dst, src, keys, first, count, offset, slot, C);
+      <<<grid, kSumColumns, 0, s>>>(dst, src, keys, first, count, offset, slot, N, C);
   STRATA_CUDA_LAUNCH_CHECK("launching encoder_backward's sums by key");
   return Status::ok();
 }
