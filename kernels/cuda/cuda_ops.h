@@ -78,12 +78,13 @@ class CudaStream final : public Stream {
 CudaStream& cuda_stream(Stream& s);
 
 // The algorithm cuBLASLt's heuristic chose for each problem a kernel table has run (matmul.cu's
-// key: the product's shapes, types, leading dimensions, epilogue, operand alignments and
-// workspace), so that a step's repeated products ask the heuristic once each rather than at
-// every call (microseconds of host time per call). Thread-safe.
+// key: the product's shapes, types, leading dimensions, epilogue, the alignments of the
+// operands and of the epilogue's pointers, and the workspace), so that a step's repeated products
+// ask the heuristic once each rather than at every call (microseconds of host time per call).
+// Thread-safe.
 class CublasLtAlgos {
  public:
-  using Key = std::array<int64_t, 17>;
+  using Key = std::array<int64_t, 18>;
   bool find(const Key& key, cublasLtMatmulAlgo_t* algo) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = algos_.find(key);

@@ -141,9 +141,11 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D),
                              bias ? alignment_of(bias) : 256u};
   const int epilogue = !gelu_aux ? (bias ? 1 : 0) : dgelu ? 2 : bias ? 3 : 4;
-  const CublasLtAlgos::Key key = {ta,       tb,       m,        n,        k,          at,
-                                  bt,       lda,      ldb,      dtp,      ldd,        epilogue,
-                                  align[0], align[1], align[2], align[3], int64_t(ws)};
+  // The epilogue's pointers are in the descriptor the heuristic reads: their alignments too.
+  const int64_t aux_align = gelu_aux ? alignment_of(gelu_aux) : 256;
+  const CublasLtAlgos::Key key = {ta,       tb,       m,        n,        k,         at,
+                                  bt,       lda,      ldb,      dtp,      ldd,       epilogue,
+                                  align[0], align[1], align[2], align[3], aux_align, int64_t(ws)};
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   if (blas.algos != nullptr && blas.algos->find(key, &heur.algo)) {
