@@ -98,13 +98,20 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   STRATA_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
       "setting TRANSB");
-  if (gelu_aux) {
-    const cublasLtEpilogue_t epi = dgelu  ? CUBLASLT_EPILOGUE_DGELU
-                                   : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                          : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (bias && dgelu) {
+    return invalid_argument("the DGELU epilogue takes no bias (matmul_backward_gelu)");
+  }
+  const cublasLtEpilogue_t epi = gelu_aux ? (dgelu  ? CUBLASLT_EPILOGUE_DGELU
+                                             : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                    : CUBLASLT_EPILOGUE_GELU_AUX)
+                                 : bias   ? CUBLASLT_EPILOGUE_BIAS
+                                          : CUBLASLT_EPILOGUE_DEFAULT;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
     STRATA_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
-        "setting the GELU epilogue");
+        "setting the epilogue");
+  }
+  if (gelu_aux) {
     STRATA_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux,
                                        sizeof(gelu_aux)),
@@ -114,15 +121,7 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
                                                        &aux_ld, sizeof(aux_ld)),
                         "setting the GELU epilogue's aux leading dimension");
   }
-  if (bias && dgelu) {
-    return invalid_argument("the DGELU epilogue takes no bias (matmul_backward_gelu)");
-  }
   if (bias) {
-    const cublasLtEpilogue_t epi =
-        gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    STRATA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
-        "setting the bias epilogue");
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &bias, sizeof(bias)),
                         "setting the bias pointer");
@@ -140,11 +139,10 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
   const size_t ws = blas.workspace_bytes;
   const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D),
                              bias ? alignment_of(bias) : 256u};
-  const int epilogue = !gelu_aux ? (bias ? 1 : 0) : dgelu ? 2 : bias ? 3 : 4;
   // The epilogue's pointers are in the descriptor the heuristic reads: their alignments too.
   const int64_t aux_align = gelu_aux ? alignment_of(gelu_aux) : 256;
   const CublasLtAlgos::Key key = {ta,       tb,       m,        n,        k,         at,
-                                  bt,       lda,      ldb,      dtp,      ldd,       epilogue,
+                                  bt,       lda,      ldb,      dtp,      ldd,       int64_t(epi),
                                   align[0], align[1], align[2], align[3], aux_align, int64_t(ws)};
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
