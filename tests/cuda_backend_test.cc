@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_optimizer.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
@@ -159,6 +160,25 @@ TEST_F(CudaDeviceTest, TimedEventsMeasureTheStream) {
   auto same = dev->elapsed_ms(*b, *b);  // one event as both ends: 0 ms
   ASSERT_TRUE(same.is_ok()) << same.status().to_string();
   EXPECT_EQ(*same, 0.0);
+}
+
+// A CUDA call that fails is reported where it is made, and leaves no error behind for the next
+// launch's check (the runtime keeps a failed call's error as the thread's last error). Outside
+// the CudaDeviceTest suite: the deliberate failure is an API error to compute-sanitizer.
+class CudaErrorTest : public CudaDeviceTest {};
+TEST_F(CudaErrorTest, AFailedCallLeavesNothingForTheNextLaunch) {
+  auto dev = make(kMiB);
+  ASSERT_TRUE(dev);
+  float ms = 0;
+  const Status failed =
+      STRATA_CUDA_STATUS(cudaEventElapsedTime(&ms, nullptr, nullptr), "timing no events");
+  EXPECT_FALSE(failed.is_ok());
+  float* x = static_cast<float*>(*dev->allocate(256 * 4, "x"));
+  dev->memset_zero(dev->compute_stream(), x, 256 * 4);
+  dev->kernels().gelu_forward(dev->compute_stream(), DType::kF32, x, x, 256);  // a launch check
+  const Status st = dev->synchronize(dev->compute_stream());
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  dev->release(x);
 }
 
 TEST_F(CudaDeviceTest, PinnedAndRegisteredHostMemoryRoundTrip) {

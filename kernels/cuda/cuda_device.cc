@@ -20,6 +20,7 @@
 // failures (and kernel launch failures) are kept by a CudaErrorSink and returned by the next
 // synchronize() of any stream or event of this device; errors inside running kernels come back
 // from cudaStreamSynchronize / cudaEventSynchronize there too.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_set>
@@ -36,6 +37,10 @@ namespace strata {
 Status cuda_check_status(cudaError_t err, const char* call, const char* file, int line,
                          std::string_view what) {
   if (err == cudaSuccess) return Status::ok();
+  // The runtime also keeps a failed call's error as the thread's last error, which the next
+  // launch check would read as its own: the failure is reported here, so clear it (a sticky
+  // error stays whatever is done).
+  (void)cudaGetLastError();
   std::string msg = fmt::format("{} failed at {}:{} while {}: {}: {}", call, file, line, what,
                                 cudaGetErrorName(err), cudaGetErrorString(err));
   if (err == cudaErrorMemoryAllocation) return out_of_memory(std::move(msg));
@@ -85,6 +90,8 @@ constexpr size_t kComputeWorkspace = size_t{32} << 20;  // cuBLASLt's recommenda
 class CudaEvent final : public Event {
  public:
   cudaEvent_t handle = nullptr;
+  bool timed = false;                  // created with timing (create_timed_event)
+  std::atomic<bool> recorded = false;  // recorded at least once
   ~CudaEvent() override {
     if (handle) cudaEventDestroy(handle);
   }
@@ -269,13 +276,25 @@ class CudaDevice final : public Device {
     bind();
     auto e = std::make_unique<CudaEvent>();
     note(STRATA_CUDA_STATUS(cudaEventCreate(&e->handle), "creating a timed event"));
+    e->timed = true;
     return e;
   }
   Result<double> elapsed_ms(Event& from, Event& to) override {
+    // An event without timing, or never recorded, is refused here rather than by CUDA, whose
+    // refusal is an API error to compute-sanitizer.
+    cudaEvent_t a = ev(from), b = ev(to);
+    auto &f = static_cast<CudaEvent&>(from), &t = static_cast<CudaEvent&>(to);
+    if (!f.timed || !t.timed) {
+      return invalid_argument("elapsed_ms: both events must come from create_timed_event");
+    }
+    if (!f.recorded.load(std::memory_order_relaxed) ||
+        !t.recorded.load(std::memory_order_relaxed)) {
+      return invalid_argument("elapsed_ms: an event that was never recorded");
+    }
     bind();
     float ms = 0;
     STRATA_RETURN_IF_ERROR(
-        STRATA_CUDA_STATUS(cudaEventElapsedTime(&ms, ev(from), ev(to)),
+        STRATA_CUDA_STATUS(cudaEventElapsedTime(&ms, a, b),
                            "timing two events (both timed, recorded and completed?)"),
         "elapsed_ms");
     return double(ms);
@@ -284,6 +303,7 @@ class CudaDevice final : public Device {
     bind();
     note(STRATA_CUDA_STATUS(cudaEventRecord(ev(event), cuda_stream(stream).handle),
                             "recording an event"));
+    static_cast<CudaEvent&>(event).recorded.store(true, std::memory_order_relaxed);
   }
   void wait(Stream& stream, const Event& event) override {
     bind();

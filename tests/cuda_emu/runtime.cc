@@ -106,6 +106,13 @@ State& state() {
 thread_local cudaError_t t_last_error = cudaSuccess;
 thread_local int t_device = 0;
 
+// A failed call's error, returned and kept as the thread's last error as the runtime does
+// (cudaErrorNotReady is a state, not an error: it is never kept).
+cudaError_t fail(cudaError_t e) {
+  t_last_error = e;
+  return e;
+}
+
 // GPUs visible: STRATA_EMU_GPU_COUNT (default 1). This process emulates one of them, whichever
 // ordinal it binds (under mpirun each rank binds its local rank's).
 int gpu_count() {
@@ -365,7 +372,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return fail(cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
 }
@@ -374,7 +381,7 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device < 0 || device >= gpu_count()) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= gpu_count()) return fail(cudaErrorInvalidDevice);
   *prop = {};
   std::snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU emulation of an sm_90 GPU)");
   prop->totalGlobalMem = total_memory();
@@ -404,14 +411,14 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   const size_t pages = region_bytes(size);
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    if (st.allocated + pages > total_memory()) return cudaErrorMemoryAllocation;
+    if (st.allocated + pages > total_memory()) return fail(cudaErrorMemoryAllocation);
     st.allocated += pages;
   }
   Region* r = new_region(size);
   if (r == nullptr) {
     std::lock_guard<std::mutex> lock(st.mu);
     st.allocated -= pages;
-    return cudaErrorMemoryAllocation;
+    return fail(cudaErrorMemoryAllocation);
   }
   *ptr = r->ptr;
   return cudaSuccess;
@@ -422,7 +429,7 @@ cudaError_t cudaFree(void* ptr) {
   drain_all();  // cudaFree synchronizes the device
   State& st = state();
   Region* r = region_at(ptr);
-  if (!r) return cudaErrorInvalidValue;
+  if (!r) return fail(cudaErrorInvalidValue);
   std::string bad = check_slack(*r);
   if (!bad.empty()) fail_context("at cudaFree: " + bad);
   const size_t pages = r->body;
@@ -437,7 +444,7 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
   const size_t n = (std::max<size_t>(size, 1) + kPage - 1) / kPage * kPage;
   void* p = std::aligned_alloc(kPage, n);
-  if (!p) return cudaErrorMemoryAllocation;
+  if (!p) return fail(cudaErrorMemoryAllocation);
   std::memset(p, 0xFF, n);  // uninitialized, as cudaHostAlloc's memory is
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -451,15 +458,15 @@ cudaError_t cudaFreeHost(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(st.mu);
     auto it = st.host.find(uintptr_t(ptr));
-    if (it == st.host.end() || !it->second.pinned) return cudaErrorInvalidValue;
+    if (it == st.host.end() || !it->second.pinned) return fail(cudaErrorInvalidValue);
     st.host.erase(it);
   }
   std::free(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
-  if (!ptr || size == 0 || is_device_memory(ptr, 1)) return cudaErrorInvalidValue;
-  if (is_host_registered(ptr, 1)) return cudaErrorHostMemoryAlreadyRegistered;
+  if (!ptr || size == 0 || is_device_memory(ptr, 1)) return fail(cudaErrorInvalidValue);
+  if (is_host_registered(ptr, 1)) return fail(cudaErrorHostMemoryAlreadyRegistered);
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   st.host[uintptr_t(ptr)] = {size, false};
@@ -469,7 +476,7 @@ cudaError_t cudaHostUnregister(void* ptr) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.host.find(uintptr_t(ptr));
-  if (it == st.host.end() || it->second.pinned) return cudaErrorHostMemoryNotRegistered;
+  if (it == st.host.end() || it->second.pinned) return fail(cudaErrorHostMemoryNotRegistered);
   st.host.erase(it);
   return cudaSuccess;
 }
@@ -482,7 +489,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   return cudaStreamCreate(stream);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  if (!s) return cudaErrorInvalidResourceHandle;
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
   drain(s);
   State& st = state();
   {
@@ -503,7 +510,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return sticky();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
-  if (!event) return cudaErrorInvalidResourceHandle;
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
   std::shared_ptr<EventState> e = event->state;
   CUstream_st::Op op;
   {
@@ -528,12 +535,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  if (!event) return cudaErrorInvalidResourceHandle;
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
   delete event;  // queued records and waits keep the state alive
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
-  if (!event) return cudaErrorInvalidResourceHandle;
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
   std::shared_ptr<EventState> e = event->state;
   uint64_t gen;
   {
@@ -552,8 +559,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  if (!event) return cudaErrorInvalidResourceHandle;
-  if (state().failed) return cudaErrorLaunchFailure;
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  if (state().failed) return fail(cudaErrorLaunchFailure);
   EventState& e = *event->state;
   {
     std::lock_guard<std::mutex> lock(e.mu);
@@ -566,7 +573,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   return cudaErrorNotReady;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  if (!event) return cudaErrorInvalidResourceHandle;
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
   EventState& e = *event->state;
   uint64_t target;
   {
@@ -581,9 +588,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return sticky();
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start_event, cudaEvent_t end_event) {
-  if (!start_event || !end_event) return cudaErrorInvalidResourceHandle;
+  if (!start_event || !end_event) return fail(cudaErrorInvalidResourceHandle);
   EventState &start = *start_event->state, &end = *end_event->state;
-  if (!start.timing || !end.timing) return cudaErrorInvalidResourceHandle;
+  if (!start.timing || !end.timing) return fail(cudaErrorInvalidResourceHandle);
   // One event as both ends (CUDA gives 0 ms) takes its lock once.
   std::unique_lock<std::mutex> lock_start(start.mu, std::defer_lock), lock_end;
   if (&end == &start) {
@@ -593,7 +600,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start_event, cudaEvent_t
     std::lock(lock_start, lock_end);
   }
   if (start.completed < start.recorded || end.completed < end.recorded) return cudaErrorNotReady;
-  if (start.recorded == 0 || end.recorded == 0) return cudaErrorInvalidResourceHandle;
+  if (start.recorded == 0 || end.recorded == 0) return fail(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(end.when - start.when).count();
   return cudaSuccess;
 }
@@ -609,7 +616,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   // Each side must be what `kind` says: a host pointer given as device memory faults on a GPU.
   const bool want_dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   const bool want_src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  if (want_dst_dev != dst_dev || want_src_dev != src_dev) return cudaErrorInvalidValue;
+  if (want_dst_dev != dst_dev || want_src_dev != src_dev) return fail(cudaErrorInvalidValue);
   if (sticky() != cudaSuccess) return sticky();
   // Pageable host memory, as the CUDA documentation describes it: host to device waits for
   // the stream's earlier work, copies the source to staging memory and returns, the transfer
@@ -644,21 +651,21 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (!is_device_memory(dst, count)) return cudaErrorInvalidValue;
+  if (!is_device_memory(dst, count)) return fail(cudaErrorInvalidValue);
   enqueue(stream, "cudaMemsetAsync", [dst, value, count] {
     if (!state().failed) std::memset(dst, value, count);
   });
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
-  if (!fn) return cudaErrorInvalidValue;
+  if (!fn) return fail(cudaErrorInvalidValue);
   enqueue(stream, "cudaLaunchHostFunc", [fn, user_data] { fn(user_data); });
   return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > (227 << 10)) {
-    return cudaErrorInvalidValue;
+    return fail(cudaErrorInvalidValue);
   }
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
