@@ -38,6 +38,26 @@ constexpr size_t kMiB = size_t{1} << 20;
 // the input type for the tensor cores, and sum in another order.
 double rtol(DType dt) { return dt == DType::kBF16 ? 2e-2 : 4e-3; }
 
+// cuDNN's gradient against a reference. cuDNN rounds the probabilities and their gradient to the
+// inputs' type before the backward products (as FlashAttention does), where the CPU backend and
+// the own kernels keep them in fp32: on an H200 a few elements in 10^5 of a gradient written
+// alone (not added to a larger one) were off by up to 1.9x rtol(dt). Each element gets 3x, and
+// the error's rms must stay under rtol(dt) of the gradient's rms, which a systematic error (a
+// wrong scale, a head or a position mixed up) would not.
+std::string compare_cudnn_gradient(const std::vector<double>& got, const std::vector<double>& want,
+                                   DType dt) {
+  std::string bad = compare_close(got, want, 3 * rtol(dt));
+  if (!bad.empty() || got.size() != want.size() || want.empty()) return bad;
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (got[i] - want[i]) * (got[i] - want[i]);
+    ref += want[i] * want[i];
+  }
+  if (err <= rtol(dt) * rtol(dt) * ref) return "";
+  return "rms error " + std::to_string(std::sqrt(err / ref)) + " of the rms, over rtol " +
+         std::to_string(rtol(dt));
+}
+
 std::string skip_reason() {
   std::string why;
   return cuda_device_available(&why) ? std::string() : why;
@@ -317,7 +337,7 @@ TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
       Result gpu = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
       EXPECT_EQ(compare_close(gpu.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
       EXPECT_EQ(compare_close(as_double(gpu.lse), as_double(cpu.lse), 1e-4), "") << "lse";
-      EXPECT_EQ(compare_close(gpu.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+      EXPECT_EQ(compare_cudnn_gradient(gpu.dqkv.values(), cpu.dqkv.values(), dt), "") << "dqkv";
       if (s.T <= 130) {
         std::vector<double> out_ref, lse_ref;
         test::reference_attention_forward(s, qkv.values(), &out_ref, &lse_ref);
@@ -326,7 +346,7 @@ TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
         const std::vector<double> before = dqkv0.values();
         for (size_t i = 0; i < d_ref.size(); ++i) d_ref[i] += before[i];
         EXPECT_EQ(compare_close(gpu.out.values(), out_ref, rtol(dt)), "") << "out vs reference";
-        EXPECT_EQ(compare_close(gpu.dqkv.values(), d_ref, rtol(dt)), "") << "dqkv vs reference";
+        EXPECT_EQ(compare_cudnn_gradient(gpu.dqkv.values(), d_ref, dt), "") << "dqkv vs reference";
       }
       // The models' call: the gradient written by strides straight into dqkv, whose bytes were
       // NaN (every element is written).
@@ -334,7 +354,7 @@ TEST_F(CudaFlashAttentionTest, CudnnMatchesTheCpuBackendAndTheReference) {
       std::memset(nan.bytes.data(), 0xff, nan.bytes.size());
       Result cpu_w = run_fused(false, s, qkv, dout, nan, nullptr, nullptr, /*accumulate=*/false);
       Result gpu_w = run_fused(true, s, qkv, dout, nan, &gpu_->kernels(), nullptr, false);
-      EXPECT_EQ(compare_close(gpu_w.dqkv.values(), cpu_w.dqkv.values(), rtol(dt)), "")
+      EXPECT_EQ(compare_cudnn_gradient(gpu_w.dqkv.values(), cpu_w.dqkv.values(), dt), "")
           << "dqkv written";
       // Neither call was declined at execution (it would have run on the own kernels).
       EXPECT_EQ(path(dt, s), p) << "cuDNN declined the shape after running it";
@@ -357,7 +377,7 @@ TEST_F(CudaFlashAttentionTest, CudnnAgreesWithTheOwnKernelsAtALongSequence) {
   Result mine = run_fused(true, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(lib.out.values(), mine.out.values(), rtol(dt)), "") << "out";
   EXPECT_EQ(compare_close(as_double(lib.lse), as_double(mine.lse), 1e-4), "") << "lse";
-  EXPECT_EQ(compare_close(lib.dqkv.values(), mine.dqkv.values(), rtol(dt)), "") << "dqkv";
+  EXPECT_EQ(compare_cudnn_gradient(lib.dqkv.values(), mine.dqkv.values(), dt), "") << "dqkv";
 }
 
 // The backward is built with cuDNN's deterministic algorithm: the same inputs give the same bits.
@@ -388,7 +408,7 @@ TEST_F(CudaFlashAttentionTest, CudnnNonDeterministicBackwardMatchesTheCpuBackend
   Result lib = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());
   Result cpu = run_fused(false, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(lib.out.values(), cpu.out.values(), rtol(dt)), "") << "out";
-  EXPECT_EQ(compare_close(lib.dqkv.values(), cpu.dqkv.values(), rtol(dt)), "") << "dqkv";
+  EXPECT_EQ(compare_cudnn_gradient(lib.dqkv.values(), cpu.dqkv.values(), dt), "") << "dqkv";
 }
 
 // A training-sized shape on a GPU whose arena takes all but 256 MiB: cuDNN's deterministic
@@ -414,7 +434,7 @@ TEST_F(CudaFlashAttentionTest, CudnnDeclinesAWorkspaceTheReserveCannotHold) {
   Result got = run_fused(true, s, qkv, dout, dqkv0, &gpu_->kernels());  // asserts no error
   Result own_result = run_fused(true, s, qkv, dout, dqkv0);
   EXPECT_EQ(compare_close(got.out.values(), own_result.out.values(), rtol(dt)), "") << "out";
-  EXPECT_EQ(compare_close(got.dqkv.values(), own_result.dqkv.values(), rtol(dt)), "") << "dqkv";
+  EXPECT_EQ(compare_cudnn_gradient(got.dqkv.values(), own_result.dqkv.values(), dt), "") << "dqkv";
 }
 
 }  // namespace
