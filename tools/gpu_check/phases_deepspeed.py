@@ -12,11 +12,12 @@ compiled ops are kept beside the results, so a later call on the same machine re
 tools/peers/ds_zero_gpu.py."""
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 
-from .common import ROOT, fmt, median, metric_median
+from .common import ROOT, find_tool, fmt, median, metric_median
 from .peers_bundle import install
 from .phases_train import peak_rss, torch_python, why_failed
 
@@ -41,7 +42,17 @@ def _rss_mib(text):
     return float(n) * {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[unit]
 
 
-def _env(peers, ext_dir):
+def _gpu_arch(ctx):
+    """The GPU's compute capability as TORCH_CUDA_ARCH_LIST spells it ("9.0"), or None."""
+    smi = find_tool("nvidia-smi")
+    if not smi:
+        return None
+    rc, out = ctx.capture(30, [smi, "--query-gpu=compute_cap", "--format=csv,noheader"])
+    cc = out.strip().splitlines()[0].strip() if rc == 0 and out.strip() else ""
+    return cc if re.fullmatch(r"\d+\.\d+", cc) else None
+
+
+def _env(peers, ext_dir, arch):
     env = dict(os.environ)
     aio = Path(peers) / "libaio"
     lib, inc = str(aio / "lib"), str(aio / "include")
@@ -50,6 +61,10 @@ def _env(peers, ext_dir):
     env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
     env["MAX_JOBS"] = str(os.cpu_count() or 8)
     env["DS_ACCELERATOR"] = "cuda"
+    # DeepSpeed's JIT parses the arch list as numbers: a machine's list with architecture
+    # suffixes ("9.0a", "10.0a") stops its async I/O build. Its own GPU's is all it needs.
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
     return env
 
 
@@ -76,7 +91,7 @@ def phase_deepspeed(ctx):
     if err:
         return ctx.result("failed", "install: " + err)
     t_install = time.time() - t0
-    env = _env(peers, ctx.R.parent / "deepspeed-torch-extensions")
+    env = _env(peers, ctx.R.parent / "deepspeed-torch-extensions", _gpu_arch(ctx))
     # 2. The ops DeepSpeed's offload needs, compiled now (time-boxed) rather than inside the
     # first timed run: CPU Adam (both pairs), async I/O (ZeRO-Infinity's NVMe only).
     ops = {}
