@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -384,6 +385,20 @@ TEST(Plan, ComputeRateInterpolatesWidthThenTokens) {
   EXPECT_NEAR(gemm_rate_at(p, 4096, 4096), 8e10, 1);  // and above
   p.gemm_by_width.clear();
   EXPECT_EQ(gemm_rate_at(p, 256, 256), p.gemm_flops.value);
+}
+
+// The probe's default span leaves the caches: four times the last-level cache the system
+// reports, within 256 MiB-2 GiB and 1/8 of the available memory.
+TEST(Plan, ProbeSpansMoreThanTheCaches) {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const uint64_t span = probe_span_bytes(), avail = host_available_bytes();
+  EXPECT_GE(span, uint64_t{64} << 20);
+  EXPECT_LE(span, uint64_t{2} << 30);
+  if (avail > 0) EXPECT_LE(span, std::max<uint64_t>(avail / 8, uint64_t{64} << 20));
+  const uint64_t four = llc > 0 ? uint64_t(llc) * 4 : 0;
+  if (four > 0 && four <= (uint64_t{2} << 30) && (avail == 0 || avail / 8 >= four)) {
+    EXPECT_GE(span, four) << "a span the last-level cache (" << llc << " bytes) holds";
+  }
 }
 
 TEST(Plan, ProfileFromTheProbeIsReadBack) {

@@ -169,11 +169,13 @@ int probe_all(int argc, char** argv) {
           "  --json FILE          write the profile here (default: stdout summary only)\n"
           "  --repeats N          timed passes per case (default %d)\n"
           "  --warmup N           discarded passes per case (default %d)\n"
-          "  --host-bytes SIZE    memory-bandwidth buffer (default %s)\n"
+          "  --host-bytes SIZE    memory-bandwidth buffer (default %s: 4x the last-level\n"
+          "                       cache, 256 MiB-2 GiB, at most 1/8 of the available memory;\n"
+          "                       the CPU optimizer steps as many parameters' state)\n"
           "  --nvme-bytes SIZE    probe file per path (default %s)\n"
           "  --cpu                measure the CPU backend even when a GPU is present\n\n"
           "subcommands: strata probe io --help, strata probe comm --help\n",
-          o.repeats, o.warmup, format_bytes(double(o.host_bytes)).c_str(),
+          o.repeats, o.warmup, format_bytes(double(probe_span_bytes())).c_str(),
           format_bytes(double(o.nvme_file_bytes)).c_str());
       return 0;
     }
@@ -242,7 +244,8 @@ int probe_all(int argc, char** argv) {
     std::printf("%d thr: %.3g Mparam/s  ", t["threads"].get<int>(),
                 t["params_per_s"].get<double>() / 1e6);
   }
-  std::printf("(%s)\n", j["cpu_optimizer"]["isa"].get<std::string>().c_str());
+  std::printf("(%s, %.3g M params)\n", j["cpu_optimizer"]["isa"].get<std::string>().c_str(),
+              j["cpu_optimizer"]["params"].get<double>() / 1e6);
   std::printf("device GEMM    %s: %.3g TFLOP/s%s\n",
               j["device"]["backend"].get<std::string>().c_str(),
               j["device"]["gemm_flops"].get<double>() / 1e12,

@@ -15,6 +15,7 @@
 
 #include "src/model/architecture.h"
 #include "src/plan/plan.h"
+#include "src/tiers/placement.h"
 #include "strata/comm.h"
 #include "strata/cpu_optim.h"
 #include "strata/device.h"
@@ -108,7 +109,8 @@ Status probe_gemm(Device& dev, const MachineProbeOptions& o, json* out) {
 }
 
 Status probe_link(Device& dev, const MachineProbeOptions& o, json* out) {
-  const size_t bytes = std::min<uint64_t>(o.host_bytes, uint64_t{256} << 20);
+  const size_t bytes =
+      std::min<uint64_t>(o.host_bytes ? o.host_bytes : probe_span_bytes(), uint64_t{256} << 20);
   STRATA_ASSIGN_OR_RETURN(void* d, dev.allocate(bytes, "probe.link"), "link probe");
   std::vector<char> pageable(bytes, 1);
   void* pinned = nullptr;
@@ -205,9 +207,12 @@ Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int w
   return m;
 }
 
+// The optimizer's bytes a parameter: fp32 gradient, master weight and two moments, bf16 copy.
+constexpr uint64_t kOptimizerBytesPerParam = 4 * 4 + 2;
+
 // Step 1: host memory bandwidth, a plain copy and the optimizer's read-modify-write.
 json probe_host_memory(const MachineProbeOptions& o) {
-  const size_t n = o.host_bytes / 4;
+  const size_t n = (o.host_bytes ? o.host_bytes : probe_span_bytes()) / 4;
   std::vector<float> a(n), b(n);
   for (size_t i = 0; i < n; ++i) {
     a[i] = float(i % 1000) * 1e-3f;
@@ -229,12 +234,15 @@ json probe_host_memory(const MachineProbeOptions& o) {
           {"copy_spread", to_json(copy, 1e-9)},
           {"rmw_gbps", rmw.median * 1e-9},
           {"rmw_spread", to_json(rmw, 1e-9)},
-          {"bytes", o.host_bytes}};
+          {"bytes", uint64_t(n) * 4}};
 }
 
 // Step 2: the CPU optimizer (AdamW) per thread count; the best count is the headline.
 json probe_cpu_optimizer(const MachineProbeOptions& o) {
-  const size_t n = o.optimizer_params;
+  const size_t n =
+      o.optimizer_params
+          ? o.optimizer_params
+          : std::max<uint64_t>(probe_span_bytes() / kOptimizerBytesPerParam, uint64_t{1} << 20);
   std::vector<float> grad(n), master(n), m(n, 0.0f), v(n, 0.0f);
   std::vector<uint16_t> lp(n);
   for (size_t i = 0; i < n; ++i) {
@@ -402,6 +410,16 @@ Measured summarize(std::vector<double> v) {
   m.min = v.front();
   m.max = v.back();
   return m;
+}
+
+uint64_t probe_span_bytes() {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  uint64_t span =
+      std::clamp<uint64_t>(llc > 0 ? uint64_t(llc) * 4 : 0, uint64_t{256} << 20, uint64_t{2} << 30);
+  if (const uint64_t avail = host_available_bytes(); avail > 0) {
+    span = std::min(span, std::max<uint64_t>(avail / 8, uint64_t{64} << 20));
+  }
+  return span;
 }
 
 Result<std::string> run_machine_probe(

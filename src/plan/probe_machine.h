@@ -3,11 +3,13 @@
 //
 // What is measured (each case: `warmup` passes discarded, then `repeats` timed passes; the
 // median is the rate, min..max the spread):
-//   host.copy_gbps        memcpy of a buffer of `host_bytes`, bytes copied per second
+//   host.copy_gbps        memcpy of a buffer of `host_bytes` (default probe_span_bytes()),
+//                         bytes copied per second
 //   host.rmw_gbps         the optimizer's access pattern: x[i] = a*x[i] + b*y[i] over fp32
 //                         arrays (2 reads + 1 write per element, all threads), bytes touched/s
 //   cpu_optimizer         optimizer_step (AdamW, fp32 grads/master/moments, bf16 copy-out) on
-//                         `optimizer_params` params, params/s at each thread count; the
+//                         `optimizer_params` params (default: 18 bytes each fill
+//                         probe_span_bytes()), params/s at each thread count; the
 //                         headline params_per_s is the best count's
 //   device.gemm_flops     matmul_forward + matmul_backward through the device's Kernels table
 //                         at a transformer-MLP shape (N=`gemm_n` rows, C, 4C), FLOP/s
@@ -38,15 +40,23 @@
 namespace strata {
 
 struct MachineProbeOptions {
-  uint64_t host_bytes = uint64_t{256} << 20;  // buffer for the memory-bandwidth cases
-  uint64_t optimizer_params = 8u << 20;       // params per optimizer step
-  int gemm_n = 1024, gemm_c = 768;            // GEMM shape: [N,C] x [4C,C]^T
-  std::vector<std::string> nvme_paths;        // empty: NVMe is "n/a: no --path"
+  uint64_t host_bytes = 0;  // buffer for the memory-bandwidth cases; 0: probe_span_bytes()
+  uint64_t optimizer_params =
+      0;  // params per optimizer step; 0: as many as fill probe_span_bytes()
+  int gemm_n = 1024, gemm_c = 768;      // GEMM shape: [N,C] x [4C,C]^T
+  std::vector<std::string> nvme_paths;  // empty: NVMe is "n/a: no --path"
   uint64_t nvme_file_bytes = uint64_t{256} << 20;
   int warmup = 1;
   int repeats = 5;
   bool include_cuda = true;  // try a CUDA device for GEMM and link (falls back to CPU)
 };
+
+// The host memory the bandwidth and optimizer probes span by default: 4x the last-level cache
+// the system reports, at least 256 MiB and at most 2 GiB, and at most 1/8 of MemAvailable (at
+// least 64 MiB). Training's optimizer state lives in DRAM; a probe its caches hold measures the
+// caches (an H200 machine's 16 cores stepped 8 M parameters at 13.4 G/s and its 124 M in
+// training at 3.2 G/s).
+uint64_t probe_span_bytes();
 
 // One measured quantity: median and spread over the timed repeats.
 struct Measured {
