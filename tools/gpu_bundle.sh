@@ -152,11 +152,12 @@ run_there() {
   # Outside build-gpu-bundle, which a fresh copy of the bundle replaces: a later call on the
   # same machine adds its phases to the same report.
   local results=$BUNDLE-results/gpu-check
-  # cudnn-frontend's own log (every graph it builds, and why one is refused) on each process's
-  # stderr, so in the phases' logs, unless the caller set one (the frontend truncates a log
-  # file at each process's start): the first runs of the cuDNN path say what cuDNN decided.
+  # cudnn-frontend's own log (every graph it builds, and why one is refused) on the tests
+  # phase's processes' stderr, so in its logs, unless the caller set one (the frontend truncates
+  # a log file at each process's start): the tests say what cuDNN decided. Not in the timed
+  # phases: the frontend also logs every execution.
   if [[ -z ${CUDNN_FRONTEND_LOG_FILE:-} ]]; then
-    export CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE=stderr
+    export GPU_CHECK_CUDNN_LOG=1
   fi
   python3 "$ROOT/tools/gpu_check.py" --build-dir "$BUNDLE" --results "$results" "$@"
   local rc=$?

@@ -65,6 +65,23 @@ def metric_list(path, key):
     return out
 
 
+# cudnn-frontend's log, asked for with GPU_CHECK_CUDNN_LOG=1 (tools/gpu_bundle.sh sets it):
+# every graph cuDNN builds or refuses, and why, in the tests phase's logs. Only there: the
+# frontend also logs every execution (~50 lines a call), host time a timed phase would count.
+CUDNN_LOG_PHASES = ("tests",)
+
+
+def cudnn_log_env(phase, env):
+    """The environment a phase's command runs in: `env` (None: this process's), with the
+    frontend's log on stderr in CUDNN_LOG_PHASES when GPU_CHECK_CUDNN_LOG=1."""
+    base = dict(os.environ if env is None else env)
+    if base.get("GPU_CHECK_CUDNN_LOG") != "1" or phase not in CUDNN_LOG_PHASES:
+        return env
+    base.setdefault("CUDNN_FRONTEND_LOG_INFO", "1")
+    base.setdefault("CUDNN_FRONTEND_LOG_FILE", "stderr")
+    return base
+
+
 def find_tool(*candidates):
     """The first executable among the candidates (names on PATH or paths); "" if none."""
     for c in candidates:
@@ -194,6 +211,7 @@ class Context:
         with its process group), 127 when it cannot start."""
         limit = self.limit(timeout)
         log = Path(log) if log else self.log_path()
+        env = cudnn_log_env(self.phase, env)
         with open(log, "a") as f:
             f.write("$ %s\n" % " ".join(str(c) for c in cmd))
             f.flush()

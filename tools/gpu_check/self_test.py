@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import ALL_PHASES, ROOT, hbm_gbs_for, median, metric_median, peak_for
+from .common import (ALL_PHASES, ROOT, cudnn_log_env, hbm_gbs_for, median, metric_median,
+                     peak_for)
 from .phases_bench import comparison_table, long_sequence_rates
 from .phases_train import bytes_vs_min, peak_rss
 
@@ -117,6 +118,11 @@ def self_test(build):
             checks_log.write(str(e))
             ok = False
     check("every module compiles (tools/gpu_check, tools/peers)", ok)
+    asked = {"GPU_CHECK_CUDNN_LOG": "1", "PATH": "/bin"}
+    check("cuDNN's frontend log: in the tests phase when asked, never in a timed phase",
+          cudnn_log_env("tests", asked).get("CUDNN_FRONTEND_LOG_INFO") == "1"
+          and "CUDNN_FRONTEND_LOG_INFO" not in (cudnn_log_env("train", asked) or {})
+          and cudnn_log_env("tests", {"PATH": "/bin"}) == {"PATH": "/bin"})
     check("peak table: H100 SXM", peak_for("NVIDIA H100 80GB HBM3") == 989)
     check("peak table: H100 PCIe", peak_for("NVIDIA H100 PCIe") == 756)
     check("peak table: H200", peak_for("NVIDIA H200") == 989)
