@@ -1,8 +1,8 @@
-"""The deepspeed phase: DeepSpeed ZeRO-Offload (optimizer state in host RAM) and ZeRO-Infinity
-(parameters and optimizer state on NVMe) beside strata on the offload phase's shape
-(configs/hostmem-190m.json: GPT-2-style 15 x 1024, 16 heads, vocab 256, T 128, micro-batch 1, 2
-micro-batches per step, bf16, AdamW, clipping 1.0), alternated run by run, tokens/s and peak RSS
-for both.
+"""The deepspeed phase: DeepSpeed ZeRO-Offload (optimizer state in host RAM) beside strata on the
+offload phase's shape (configs/hostmem-190m.json: GPT-2-style 15 x 1024, 16 heads, vocab 256, T
+128, micro-batch 1, 2 micro-batches per step) and on the train phase's GPT-2 124M (12 x 768, T
+1024, 8 x 2 micro-batches), and ZeRO-Infinity (parameters and optimizer state on NVMe) on the
+former; bf16, AdamW, clipping 1.0; alternated run by run, tokens/s and peak RSS for both.
 
 DeepSpeed comes from the bundle tools/gpu_peers.py packs (--peers-dir, default
 <build dir>/peers): installed with no network into a virtual environment under the results
@@ -19,18 +19,45 @@ from pathlib import Path
 
 from .common import ROOT, find_tool, fmt, median, metric_median
 from .peers_bundle import install
-from .phases_train import peak_rss, torch_python, why_failed
+from .phases_train import peak_rss, torch_python, train_config, why_failed
 
 DRIVER = ROOT / "tools" / "peers" / "ds_zero_gpu.py"
-# The pairs: strata's placement (--set on configs/hostmem-190m.json) and DeepSpeed's mode.
+# The pairs: a name, what strata runs, strata's config ("hostmem-190m": configs/hostmem-190m.json;
+# "gpt2-124m": the train phase's GPT-2 124M shape), its --set placement, and DeepSpeed's mode.
+# DeepSpeed trains the shape of strata's config (one description of it).
+OFFLOAD = ['zero_optimization.offload_param.device="none"',
+           'zero_optimization.offload_optimizer.device="cpu"', 'strata.placement.grads="host"']
 PAIRS = [
-    ("offload", "optimizer state in host RAM, parameters and gradients on the device",
-     ['zero_optimization.offload_param.device="none"',
-      'zero_optimization.offload_optimizer.device="cpu"', 'strata.placement.grads="host"',
-      'strata.host_memory_limit="16GiB"', 'device.memory_limit="16GiB"']),
-    ("infinity", "parameters, gradients and optimizer state on NVMe, 256 MiB host budget "
-     "(hostmem-190m as shipped)", []),
+    ("offload", "hostmem-190m's shape: optimizer state in host RAM, parameters and gradients on "
+     "the device", "hostmem-190m",
+     OFFLOAD + ['strata.host_memory_limit="16GiB"', 'device.memory_limit="16GiB"'], "offload"),
+    ("offload-gpt2", "GPT-2 124M (8 x 1024, 2 micro-batches): optimizer state in host RAM, "
+     "parameters and gradients on the device", "gpt2-124m", OFFLOAD, "offload"),
+    ("infinity", "hostmem-190m as shipped: parameters, gradients and optimizer state on NVMe, "
+     "256 MiB host budget", "hostmem-190m", [], "infinity"),
 ]
+
+
+def _config(d, which):
+    """The path of strata's config for a pair."""
+    if which == "hostmem-190m":
+        return ROOT / "configs" / "hostmem-190m.json"
+    path = d / "gpt2-124m.json"
+    train_config(path, 8, 2, "keep", {"n_layer": 12, "n_head": 12, "n_embd": 768,
+                                      "vocab_size": 50257, "padded_vocab_size": 50304,
+                                      "context": 1024}, 6, "cuda")
+    return path
+
+
+def _shape(cfg):
+    """DeepSpeed's driver arguments for the shape of a strata config."""
+    c = json.loads(Path(cfg).read_text())
+    m = c["model"]
+    shape = ["--n-layer", m["n_layer"], "--n-head", m["n_head"], "--n-embd", m["n_embd"],
+             "--vocab", m["vocab_size"], "--context", m["context"],
+             "--micro-batch", c["train_micro_batch_size_per_gpu"],
+             "--grad-accum", c["gradient_accumulation_steps"]]
+    return [str(x) for x in shape]
 
 
 def _rss_mib(text):
@@ -119,18 +146,9 @@ def phase_deepspeed(ctx):
         ctx.put_json({"install_s": t_install, "ops": ops})
         return ctx.result("failed", "DeepSpeed's CPU Adam did not build (exit %d: %s)"
                           % (ops["cpu_adam"]["exit"], ops["cpu_adam"]["why"]))
-    pairs = [p for p in PAIRS if p[0] != "infinity" or ops["async_io"]["exit"] == 0]
+    pairs = [p for p in PAIRS if p[4] != "infinity" or ops["async_io"]["exit"] == 0]
     # 3. The rows, alternated: strata, DeepSpeed, strata, DeepSpeed, ... per pair; two rounds
     # unless --quick (the median of the rounds is reported).
-    cfg = ROOT / "configs" / "hostmem-190m.json"
-    # DeepSpeed's shape from the same config strata trains (one description of the shape).
-    c = json.loads(cfg.read_text())
-    m = c["model"]
-    shape = ["--n-layer", m["n_layer"], "--n-head", m["n_head"], "--n-embd", m["n_embd"],
-             "--vocab", m["vocab_size"], "--context", m["context"],
-             "--micro-batch", c["train_micro_batch_size_per_gpu"],
-             "--grad-accum", c["gradient_accumulation_steps"]]
-    shape = [str(x) for x in shape]
     steps = 6 if ctx.quick else 8
     rounds = 1 if ctx.quick else 2
     nvme = os.path.join(ctx.opts.nvme_path or str(ctx.R / "swap"), "deepspeed")
@@ -138,7 +156,8 @@ def phase_deepspeed(ctx):
     bad = [] if len(pairs) == len(PAIRS) else ["DeepSpeed's async I/O did not build: no "
                                                "ZeRO-Infinity pair"]
     for rnd in range(rounds):
-        for name, what, sets in pairs:
+        for name, what, which, sets, mode in pairs:
+            cfg = _config(d, which)
             shutil.rmtree(nvme, ignore_errors=True)
             os.makedirs(nvme, exist_ok=True)
             rdir = d / ("strata-%s-%d" % (name, rnd))
@@ -162,23 +181,25 @@ def phase_deepspeed(ctx):
                 bad.append("strata %s: exit %d" % (name, rc))
             shutil.rmtree(nvme, ignore_errors=True)
             log = ctx.log_path("deepspeed-ds-%s-%d" % (name, rnd))
-            rc, out = _capture_json(ctx, [python, DRIVER, "--mode", name, "--steps", str(steps - 2),
-                                          "--warmup", "2", "--nvme-path", nvme] + shape, log, env)
+            rc, out = _capture_json(ctx, [python, DRIVER, "--mode", mode, "--steps", str(steps - 2),
+                                          "--warmup", "2", "--nvme-path", nvme] + _shape(cfg),
+                                    log, env)
             if out:
                 res[name]["deepspeed"].append(out)
             else:
                 res[name]["deepspeed"].append({"error": "exit %d (logs/%s)" % (rc, log.name)})
                 bad.append("DeepSpeed %s: exit %d" % (name, rc))
     shutil.rmtree(nvme, ignore_errors=True)
-    ctx.md("configs/hostmem-190m.json's shape (15 x 1024, T 128, 1 x 2 micro-batches, bf16) on the "
-           "GPU, %d steps (medians after 2), %d round%s alternated strata / DeepSpeed."
+    ctx.md("hostmem-190m: configs/hostmem-190m.json's shape (15 x 1024, T 128, 1 x 2 micro-batches); "
+           "GPT-2 124M: 12 x 768, T 1024, 8 x 2 micro-batches; bf16, clipping 1.0, on the GPU, "
+           "%d steps (medians after 2), %d round%s alternated strata / DeepSpeed."
            % (steps, rounds, "" if rounds == 1 else "s"))
     ctx.md("")
     ctx.md("| placement | strata tokens/s | DeepSpeed tokens/s | strata / DeepSpeed | strata peak RSS "
            "MiB | DeepSpeed peak RSS MiB | DeepSpeed optimizer |")
     ctx.md("|---|---|---|---|---|---|---|")
     summary = []
-    for name, what, sets in pairs:
+    for name, what, _, _, _ in pairs:
         s = [x["tokens_per_s"] for x in res[name]["strata"] if x.get("tokens_per_s")]
         g = [x["tokens_per_s"] for x in res[name]["deepspeed"] if x.get("tokens_per_s")]
         sr = [x["peak_rss_mib"] for x in res[name]["strata"] if x.get("peak_rss_mib")]

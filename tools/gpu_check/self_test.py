@@ -17,6 +17,7 @@ from pathlib import Path
 from .common import (ALL_PHASES, ROOT, cudnn_log_env, hbm_gbs_for, median, metric_median,
                      peak_for)
 from .phases_bench import comparison_table, long_sequence_rates
+from .phases_deepspeed import PAIRS as DS_PAIRS, _config, _shape
 from .phases_train import bytes_vs_min, peak_rss
 
 TOOL = ROOT / "tools" / "gpu_check.py"
@@ -196,6 +197,14 @@ def self_test(build):
     check("the report says it was a dry run", "Dry run: no GPU was used" in md)
     check_tables(check, md)
     check("the paths are printed", ("report: %s" % (r / "report.md")) in out)
+    # The deepspeed phase's pairs: each strata config's shape is DeepSpeed's.
+    with tempfile.TemporaryDirectory() as t:
+        shapes = {p[0]: _shape(_config(Path(t), p[2])) for p in DS_PAIRS}
+    check("the deepspeed pairs train hostmem-190m's shape and GPT-2 124M's on both sides",
+          shapes["offload"][:2] == ["--n-layer", "15"] and shapes["infinity"] == shapes["offload"]
+          and shapes["offload-gpt2"] == ["--n-layer", "12", "--n-head", "12", "--n-embd", "768",
+                                         "--vocab", "50257", "--context", "1024",
+                                         "--micro-batch", "8", "--grad-accum", "2"])
     # The deepspeed phase, named, without its bundle: skipped with the reason.
     rc, out = tool("--dry-run", "--phases", "deepspeed", "--results", r, "--build-dir", build,
                    "--peers-dir", tmp / "nopeers")
