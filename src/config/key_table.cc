@@ -701,7 +701,9 @@ void TableBuilder::add_engine_keys() {
         "under backward as if it will not clip (always), or runs where strata.optimizer.defer "
         "puts a step that clips (never), or auto: on a GPU (or device.simulate) both timed on "
         "the first such steps (8 under backward, 4 not) and the faster kept, on the CPU backend "
-        "always; the same bits either way",
+        "always; the same bits either way. Speculated steps keep undo state: with clipping or "
+        "fp16 the host tier reserves room for a copy of host-homed master weights and moments "
+        "unless never",
         nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "

@@ -188,7 +188,9 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   o.optimizer_threads = cfg.device.cpu_threads;
   o.delayed_update = cfg.strata.delayed_update;
   o.grads_auto = cfg.strata.placement_grads.empty();
-  o.undo_copies = cfg.strata.optimizer_overlap && (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
+  // No speculative step (strata.optimizer.speculate never) takes undo state: no room for it.
+  o.undo_copies = cfg.strata.optimizer_overlap && cfg.strata.optimizer_speculate != "never" &&
+                  (cfg.gradient_clipping > 0 || cfg.fp16.enabled);
   // Read ahead during backward by the overlap's Speculation, which the delayed update does not run.
   o.read_ahead_bytes = cfg.strata.optimizer_overlap && !cfg.strata.delayed_update
                            ? cfg.strata.optimizer_read_ahead

@@ -171,7 +171,8 @@ struct TierOptions {
   // strata.placement.grads unset: TierManager::create may move the gradient accumulators from
   // the host to NVMe (auto_grads_placement).
   bool grads_auto = false;
-  // The optimizer under backward keeps undo state (clipping or fp16): shadow extents on the
+  // The optimizer under backward keeps undo state (clipping or fp16, and
+  // strata.optimizer.speculate not never): shadow extents on the
   // swap files for NVMe-homed state when the disks have room, else host copies; the host
   // tier's arena is sized for the copies when its budget allows.
   bool undo_copies = false;

@@ -263,5 +263,26 @@ TEST(TierOptions, FromConfig) {
   EXPECT_EQ(o.max_reuse_distance, UINT64_MAX);
 }
 
+// Undo state (its host room in the tier's arena) only where a step can be speculated: the
+// overlap on, clipping or fp16, and strata.optimizer.speculate not never.
+TEST(TierOptions, UndoRoomOnlyWhereAStepCanBeSpeculated) {
+  Config c;
+  c.gradient_clipping = 1.0;
+  c.strata.optimizer_overlap = true;
+  for (const char* s : {"auto", "always"}) {
+    c.strata.optimizer_speculate = s;
+    EXPECT_TRUE(TierOptions::from_config(c, DType::kBF16).undo_copies) << s;
+  }
+  c.strata.optimizer_speculate = "never";
+  EXPECT_FALSE(TierOptions::from_config(c, DType::kBF16).undo_copies);
+  c.strata.optimizer_speculate = "auto";
+  c.gradient_clipping = 0;
+  EXPECT_FALSE(TierOptions::from_config(c, DType::kBF16).undo_copies);
+  c.fp16.enabled = true;
+  EXPECT_TRUE(TierOptions::from_config(c, DType::kBF16).undo_copies);
+  c.strata.optimizer_overlap = false;
+  EXPECT_FALSE(TierOptions::from_config(c, DType::kBF16).undo_copies);
+}
+
 }  // namespace
 }  // namespace strata
