@@ -76,6 +76,9 @@ check "its summary gives NVMe bytes per step against the placement's minimum" gr
   "^nvme bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
 check "and host<->device bytes the same way" grep -Eq \
   "^host<->device bytes per step: [0-9.]+ [KMG]iB \(median of steps 3-4\), the placement's minimum [0-9.]+ [KMG]iB \([+-][0-9.]+%\)$" out.txt
+check "split by direction, with the optimizer's schedule of each of those steps" grep -Eq \
+  "^  of which host->device [0-9.]+ [KMG]?i?B, device->host [0-9.]+ [KMG]?i?B \(medians\); the optimizer of those steps: (after backward|under backward|rolled back|deferred), (after backward|under backward|rolled back|deferred)$" \
+  out.txt
 # fp16 from a loss scale of 2^24 (hysteresis 1): the first steps overflow and are skipped; the
 # median leaves them out, and the ones after them (their deferred pass did not run).
 "$strata" train --config "$repo/configs/tiny-cpu.json" --quiet --set train.steps=8 \

@@ -49,16 +49,38 @@ std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
         minimum > 0 ? fmt::format(" ({:+.1f}%)", 100.0 * (got - minimum) / minimum) : std::string(),
         got < 0.99 * minimum ? below : "");
   };
+  // What the host<->device bytes are made of, to tell an excess apart: each direction, and the
+  // schedule each of those steps ran its optimizer in.
+  auto split = [&]() {
+    if (res.step_device_in.size() != res.step_device_bytes.size()) return std::string();
+    std::vector<double> in, out;
+    std::string sched;
+    static const char* kSchedule[] = {"after backward", "under backward", "rolled back",
+                                      "deferred"};
+    for (size_t s : steps) {
+      in.push_back(double(res.step_device_in[s]));
+      out.push_back(double(res.step_device_bytes[s] - res.step_device_in[s]));
+      const uint8_t k = s < res.optimizer_schedule.size() ? res.optimizer_schedule[s] : 0;
+      sched += (sched.empty() ? "" : ", ") + std::string(kSchedule[std::min<uint8_t>(k, 3)]);
+    }
+    if (median(in) == 0 && median(out) == 0) return std::string();
+    return fmt::format(
+        "  of which host->device {}, device->host {} (medians); the optimizer "
+        "of those steps: {}\n",
+        format_bytes(median(std::move(in))), format_bytes(median(std::move(out))), sched);
+  };
   // The planner's NVMe bytes are the node's (its ranks share the disks); each rank reports its
   // own, as it does its host<->device bytes.
   const double W = double(std::max(1, res.world_size));
+  std::string device = line("host<->device", res.step_device_bytes, double(o.link_bytes),
+                            // The planner's link bytes are a GPU's; the host steps and reads
+                            // the CPU backend's device memory in place.
+                            res.device_in_rss ? "; the CPU backend's device is host memory, "
+                                                "which the host reads and writes in place"
+                                              : "");
+  if (!device.empty()) device += split();
   return line("nvme", res.step_nvme_bytes, double(o.nvme_read_bytes + o.nvme_write_bytes) / W) +
-         line("host<->device", res.step_device_bytes, double(o.link_bytes),
-              // The planner's link bytes are a GPU's; the host steps and reads the CPU
-              // backend's device memory in place.
-              res.device_in_rss ? "; the CPU backend's device is host memory, which the host "
-                                  "reads and writes in place"
-                                : "");
+         device;
 }
 
 }  // namespace

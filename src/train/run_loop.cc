@@ -206,9 +206,11 @@ Result<TrainResult> Run::loop() {
   tm_->take_times();
   while (step_ < total) {
     const auto before = tier_bytes();
+    const uint64_t in_before = tm_->stats(Tier::kDevice).bytes_in;
     STRATA_ASSIGN_OR_RETURN(double loss, profiled_step(&r), fmt::format("step {}", step_ + 1));
     r.step_nvme_bytes.push_back(tier_bytes()[1] - before[1]);
     r.step_device_bytes.push_back(tier_bytes()[0] - before[0]);
+    r.step_device_in.push_back(tm_->stats(Tier::kDevice).bytes_in - in_before);
     const TierTimes tt = tm_->take_times();
     const StepWindow s = step_window(tt, &mark);  // this step
     r.comm_s += s.comm_s;

@@ -58,6 +58,7 @@ struct TrainResult {
   // counts in the step that ran it; evals and checkpoints between steps are not counted).
   std::vector<uint64_t> step_nvme_bytes;
   std::vector<uint64_t> step_device_bytes;  // the same for host<->device (the device tier)
+  std::vector<uint64_t> step_device_in;     // of which host->device
   // How each step run here ran its optimizer: 0 after backward (strata.optimizer.overlap off,
   // or a skipped step), 1 under backward and kept (the modules whose gradients were final last
   // deferred to the next forward), 2 under backward and rolled back (restored, then redone or
