@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -360,6 +361,41 @@ TEST(GradsOnNvme, AFailedReadEndsTheRunNamingTheSubGroup) {
 // The preflight's host need does not grow with the model: with parameters, optimizer state and
 // gradients on NVMe it is the same for 2, 8 and 32 layers (the staging of a sub-group-sized
 // pipeline, a module's parameter fetches and the gradient landing), while the NVMe need grows.
+// The undo room (host_undo_bytes) is a region of its own, allocated when a step is first
+// speculated: a run whose every step clips (gradient_clipping far under the norm) never
+// speculates and never holds it, its host tier the arena alone; one whose steps do not clip
+// speculates from step 2 on and holds it; and a run with strata.optimizer.speculate never has
+// none. Host-homed optimizer state, the overlap on; the losses of all are the plain schedule's.
+TEST(HostMemoryModel, UndoRoomOnlyOnceAStepIsSpeculated) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("undo_room");
+  const int steps = 5;
+  auto run = [&](const std::string& name, std::vector<std::string> ov) {
+    ov.push_back("zero_optimization.offload_param.device=\"cpu\"");
+    ov.push_back("zero_optimization.offload_optimizer.device=\"cpu\"");
+    return test::must_train(tiny(dir + "/" + name, steps, ov));
+  };
+  const TrainResult clips = run("clips", {"gradient_clipping=1e-6"});
+  const TrainResult clips_plain =
+      run("clips_plain", {"gradient_clipping=1e-6", "strata.optimizer.overlap=false"});
+  const TrainResult free = run("free", {"gradient_clipping=1e6"});
+  const TrainResult free_plain =
+      run("free_plain", {"gradient_clipping=1e6", "strata.optimizer.overlap=false"});
+  const TrainResult never =
+      run("never", {"gradient_clipping=1e6", "strata.optimizer.speculate=\"never\""});
+  EXPECT_EQ(clips.losses, clips_plain.losses);
+  EXPECT_EQ(free.losses, free_plain.losses);
+  EXPECT_EQ(never.losses, free_plain.losses);
+  for (uint8_t k : clips.optimizer_schedule) EXPECT_NE(k, 1) << "a step that clips, speculated";
+  EXPECT_EQ(std::count(free.optimizer_schedule.begin(), free.optimizer_schedule.end(), 1),
+            steps - 1);
+  const size_t arena = test::tier(clips_plain, "host").capacity;
+  EXPECT_EQ(test::tier(clips, "host").capacity, arena) << "the undo room allocated unused";
+  EXPECT_GT(test::tier(free, "host").capacity, arena) << "speculated without its undo room";
+  EXPECT_EQ(test::tier(never, "host").capacity, test::tier(free_plain, "host").capacity);
+  fs::remove_all(dir);
+}
+
 TEST(HostMemoryModel, HostNeedIsConstantAsLayersAreAdded) {
   size_t host = 0, nvme = 0;
   for (int layers : {2, 8, 32}) {

@@ -4,12 +4,17 @@
 
 #include <algorithm>
 
+#include "strata/log.h"
+
 namespace strata {
 
 Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<ModuleHomes>& plan,
                                              int rank, int world_size, size_t arena_bytes,
-                                             const TierOptions& options, const SwapOptions* swap) {
+                                             const TierOptions& options, const SwapOptions* swap,
+                                             size_t undo_bytes) {
   std::unique_ptr<Homes> h(new Homes(device));
+  h->undo_bytes_ = undo_bytes;
+  h->lock_ = options.pin_memory;
   BufferPoolOptions po;
   po.name = "host tier";
   po.lock = options.pin_memory;
@@ -72,9 +77,46 @@ Homes::~Homes() {
       h->host.reset();
     }
   }
+  if (undo_) dev_.unregister_host(undo_->base());
+  undo_.reset();
   io_.reset();
   swap_.reset();  // removes the swap files
   storage_.reset();
+}
+
+BufferPool* Homes::undo_pool() {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  if (undo_ || undo_tried_ || undo_bytes_ == 0) return undo_.get();
+  undo_tried_ = true;
+  BufferPoolOptions po;
+  po.name = "host tier's undo room";
+  po.lock = lock_;
+  auto p = BufferPool::create(undo_bytes_, po);
+  if (!p.is_ok()) {
+    log_warn(
+        "host tier: the undo room ({}) could not be allocated ({}); steps are speculated "
+        "only as far as the arena has room",
+        format_bytes(double(undo_bytes_)), p.status().message());
+    return nullptr;
+  }
+  undo_ = std::move(p).value();
+  dev_.register_host(undo_->base(), undo_->capacity()).ignore();
+  log_info("host tier: undo room of {} allocated for the optimizer under backward",
+           format_bytes(double(undo_->capacity())));
+  return undo_.get();
+}
+
+size_t Homes::host_capacity() const {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  return pool_->capacity() + (undo_ ? undo_->capacity() : 0);
+}
+size_t Homes::host_in_use() const {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  return pool_->in_use() + (undo_ ? undo_->in_use() : 0);
+}
+size_t Homes::host_peak() const {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  return pool_->peak_in_use() + (undo_ ? undo_->peak_in_use() : 0);
 }
 
 Result<PinnedBuffer> Homes::host_buf(size_t bytes, const char* what) {

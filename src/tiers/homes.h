@@ -71,9 +71,11 @@ class Homes {
  public:
   // Builds the host tier (an arena of `arena_bytes`), the NVMe tier when `swap` is given, and
   // every module's homes as `plan` places them, this rank's shard (rank of world_size).
+  // `undo_bytes` (host_undo_bytes) is the undo room, allocated on first use (undo_pool()).
   static Result<std::unique_ptr<Homes>> create(Device& device, const std::vector<ModuleHomes>& plan,
                                                int rank, int world_size, size_t arena_bytes,
-                                               const TierOptions& options, const SwapOptions* swap);
+                                               const TierOptions& options, const SwapOptions* swap,
+                                               size_t undo_bytes = 0);
   ~Homes();
 
   Device& device() const { return dev_; }
@@ -81,6 +83,18 @@ class Homes {
   const std::vector<Module>& modules() const { return mods_; }
   Module& module(int m) { return mods_[size_t(m)]; }
   BufferPool& pool() const { return *pool_; }
+  // The undo room: a pinned region of its own beside the arena, for the undo state of a
+  // speculated step (Speculation::take_undo) that found no room in the arena; allocated by the
+  // first call and registered with the device as the arena is, so that a home swapped into it
+  // is reached as one in the arena is. Null when the room is 0 or cannot be allocated. Any
+  // thread.
+  BufferPool* undo_pool();
+  // The host tier's bytes: the arena, and the undo room once allocated (capacity, in use, and
+  // the sum of the two regions' peaks).
+  size_t host_capacity() const;
+  size_t host_in_use() const;
+  size_t host_peak() const;
+  bool host_locked() const { return pool_->locked(); }
   IoWorker* io() const { return io_.get(); }  // null without NVMe state
   SwapSpace* swap() const { return swap_.get(); }
   Storage* storage() const { return storage_.get(); }
@@ -118,6 +132,11 @@ class Homes {
   std::unique_ptr<IoWorker> io_;
   std::vector<Module> mods_;
   std::function<void()> reclaim_;  // set_reclaim
+  size_t undo_bytes_ = 0;
+  bool lock_ = true;
+  mutable std::mutex undo_mu_;        // undo_, undo_tried_
+  std::unique_ptr<BufferPool> undo_;  // undo_pool()
+  bool undo_tried_ = false;
   size_t nvme_capacity_ = 0;
   mutable std::mutex nvme_mu_;  // nvme_used_, nvme_peak_
   size_t nvme_used_ = 0, nvme_peak_ = 0;

@@ -358,20 +358,27 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
 
 namespace {
 // The arena without the read-ahead.
-size_t host_arena_base(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
-  const size_t want =
-      needs.host.total() +
-      (options.undo_copies ? needs.host.undo - (shadow_extents ? needs.host.undo_nvme : 0) : 0);
+size_t host_arena_base(const TierNeeds& needs, const TierOptions& options) {
+  const size_t want = needs.host.total();
   return std::min(options.host_capacity, want + want / 8 + (64u << 20));
 }
 }  // namespace
+
+size_t host_undo_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
+  if (!options.undo_copies) return 0;
+  const size_t undo = needs.host.undo - (shadow_extents ? needs.host.undo_nvme : 0);
+  const size_t base = host_arena_base(needs, options);
+  const size_t left = options.host_capacity > base ? options.host_capacity - base : 0;
+  return std::min(left, undo + undo / 8) / 4096 * 4096;
+}
 
 size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
                              bool shadow_extents) {
   const size_t unit = needs.host.optimizer_sub_group;
   const size_t depth = size_t(std::max(1, options.buffer_count));
   if (unit == 0 || needs.host.optimizer_sub_groups <= depth) return 0;
-  const size_t base = host_arena_base(needs, options, shadow_extents);
+  const size_t base =
+      host_arena_base(needs, options) + host_undo_bytes(needs, options, shadow_extents);
   const size_t left = options.host_capacity > base ? options.host_capacity - base : 0;
   // auto: all of it (a pass keeps what the room holds for the next step, so the
   // room saves the disk those bytes each step; it had been at most half the budget).
@@ -380,7 +387,7 @@ size_t read_ahead_sub_groups(const TierNeeds& needs, const TierOptions& options,
 }
 
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents) {
-  return host_arena_base(needs, options, shadow_extents) +
+  return host_arena_base(needs, options) +
          read_ahead_sub_groups(needs, options, shadow_extents) * needs.host.optimizer_sub_group;
 }
 

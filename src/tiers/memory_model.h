@@ -274,11 +274,16 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
                         DType dt, DType moment_dt, size_t activation_bytes,
                         size_t* with_host = nullptr, size_t* with_nvme = nullptr);
 
-// The host tier's arena: the host need, plus room for the undo copies when options.undo_copies
-// (less the NVMe-homed ones when the swap files hold shadow extents), plus slack for
-// fragmentation, plus the optimizer's read-ahead (read_ahead_sub_groups()); at most
-// options.host_capacity.
+// The host tier's arena: the host need plus slack for fragmentation, plus the optimizer's
+// read-ahead (read_ahead_sub_groups()); at most options.host_capacity less the undo room.
 size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
+
+// The host tier's undo room: when options.undo_copies, room for the undo copies (less the
+// NVMe-homed ones when the swap files hold shadow extents) and their slack, within what
+// options.host_capacity leaves beside the arena. A second pinned region, allocated when a
+// speculated step first finds no room in the arena (Homes::undo_pool): a run none of whose
+// steps is speculated (clipping on every step) never holds it.
+size_t host_undo_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
 // Sub-groups of NVMe-homed optimizer state read ahead during backward beyond buffer_count
 // (strata.optimizer.read_ahead): options.read_ahead_bytes (auto: all) of what the
 // budget leaves after the arena's other parts, in whole sub-groups, at most all but

@@ -30,7 +30,7 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
   hyper_ = hyper;
   mult_ = grad_mult;
   ready_.clear();
-  stepped_.clear();
+  retire_stepped();
   intervals_.clear();
   bwd_end_.reset();
   // Gradients become final in the order the last step's did (first step: reverse module
@@ -166,8 +166,9 @@ std::vector<bool> Speculation::stepped_mask() const {
 // copy. False when there is room for none: nothing is taken.
 bool Speculation::take_undo(int k, Undo* u) {
   Module& m = homes_.module(k);
+  Spare& spare = spares_[k];
   auto one = [&](Home& h, std::vector<SwapExtent>* fresh, bool* shadow, bool* swap,
-                 std::shared_ptr<PinnedBuffer>* copy) {
+                 std::shared_ptr<PinnedBuffer>* copy, std::shared_ptr<PinnedBuffer>* reuse) {
     if (h.tier == Tier::kNvme && shadow_extents_) {
       bool room = true;
       for (size_t j = 0; j < h.subs.size() && room; ++j) {
@@ -182,13 +183,21 @@ bool Speculation::take_undo(int k, Undo* u) {
       for (const auto& e : *fresh) homes_.free_extent(e);
       fresh->clear();
     }
-    auto b = homes_.pool().acquire(h.bytes);
-    if (!b.is_ok()) {
-      log_debug("tier manager: no room for {}'s undo copy ({}); stepping the rest after backward",
-                m.name, b.status().message());
-      return false;
+    if (*reuse && reuse->use_count() == 1 && (*reuse)->size() >= h.bytes) {
+      *copy = std::move(*reuse);  // the buffer its last undo state held
+    } else {
+      // From the undo room, not the arena: its free space is the pipeline's staging.
+      BufferPool* undo = homes_.undo_pool();
+      Result<PinnedBuffer> b = undo ? undo->acquire(h.bytes)
+                                    : Result<PinnedBuffer>(out_of_memory("the host tier has no "
+                                                                         "undo room"));
+      if (!b.is_ok()) {
+        log_debug("tier manager: no room for {}'s undo copy ({}); stepping the rest after backward",
+                  m.name, b.status().message());
+        return false;
+      }
+      *copy = std::make_shared<PinnedBuffer>(std::move(b).value());
     }
-    *copy = std::make_shared<PinnedBuffer>(std::move(b).value());
     if (h.tier == Tier::kHost) {
       *swap = true;  // the step writes here (keep_sub_group), then it becomes the home
     } else if (h.tier != Tier::kNvme) {
@@ -198,8 +207,9 @@ bool Speculation::take_undo(int k, Undo* u) {
     }
     return true;
   };
-  if (one(m.master, &u->fresh_master, &u->master_shadow, &u->master_swap, &u->master) &&
-      one(m.mom, &u->fresh_mom, &u->mom_shadow, &u->mom_swap, &u->mom)) {
+  if (one(m.master, &u->fresh_master, &u->master_shadow, &u->master_swap, &u->master,
+          &spare.master) &&
+      one(m.mom, &u->fresh_mom, &u->mom_shadow, &u->mom_swap, &u->mom, &spare.mom)) {
     return true;
   }
   drop_shadows(k, u);
@@ -399,9 +409,18 @@ void Speculation::end() {
   }
   counters_.update([hidden](TierCounts& n) { n.schedule.optimizer_hidden_s += hidden; });
   active_ = false;
-  stepped_.clear();
+  retire_stepped();
   ready_.clear();
   intervals_.clear();
+}
+
+void Speculation::retire_stepped() {
+  for (auto& [k, u] : stepped_) {
+    Spare& s = spares_[k];
+    if (u.master) s.master = std::move(u.master);
+    if (u.mom) s.mom = std::move(u.mom);
+  }
+  stepped_.clear();
 }
 
 }  // namespace strata

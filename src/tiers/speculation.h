@@ -106,6 +106,16 @@ class Speculation {
   float mult_ = 1.0f;
   std::deque<std::pair<int, std::shared_ptr<Event>>> ready_;  // gradients final (d2h events)
   std::map<int, Undo> stepped_;
+  // Per module, the buffers its last undo state held (after a kept step the old homes, after a
+  // rollback the speculative ones): the next step's undo state reuses them, so that once the
+  // first speculated steps have taken their room (from the undo room, Homes::undo_pool), no
+  // later one takes the arena's free space, which the pipeline's staging needs.
+  struct Spare {
+    std::shared_ptr<PinnedBuffer> master, mom;
+  };
+  std::map<int, Spare> spares_;
+  // Moves the undo state's buffers of stepped_ into spares_, then clears it.
+  void retire_stepped();
   // Expected gradient completion order, for read-ahead: (module, sub-group).
   std::vector<std::pair<int, size_t>> expected_;
   size_t next_prep_ = 0;

@@ -233,10 +233,11 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   STRATA_RETURN_IF_ERROR(fits, "");
 
   // The tiers and the homes; then the parts that borrow from them.
+  I.undo_room = host_undo_bytes(need, options, shadow_extents);
   STRATA_ASSIGN_OR_RETURN(
       I.homes,
       Homes::create(device, plan, rank, world, host_arena_bytes(need, options, shadow_extents),
-                    I.opt, need.nvme.state > 0 ? &so : nullptr),
+                    I.opt, need.nvme.state > 0 ? &so : nullptr, I.undo_room),
       "tier manager");
   for (size_t m = 0; m < plan.size(); ++m) I.stored_fill.push_back(arch.stored_fill(int(m)));
   I.stamps = std::make_unique<StreamStamps>(device);
@@ -301,11 +302,14 @@ std::string TierManager::describe() const {
       "placement: params {}, master {}, moments {}, grads {}{}", tier_name(p.params),
       tier_name(p.master), tier_name(p.moments), tier_name(p.grads),
       p.optimizer_ratio < 1.0 ? fmt::format(" (optimizer ratio {:g})", p.optimizer_ratio) : "");
-  const BufferPool& pool = I.homes->pool();
+  const size_t undo = I.undo_room;
   s += fmt::format(
-      "; device {} capacity, host tier {} (pinned: {}), nvme {}",
-      format_bytes(double(I.dev.memory_stats().capacity)), format_bytes(double(pool.capacity())),
-      pool.locked() ? "yes" : "no",
+      "; device {} capacity, host tier {}{} (pinned: {}), nvme {}",
+      format_bytes(double(I.dev.memory_stats().capacity)),
+      format_bytes(double(I.homes->pool().capacity())),
+      undo ? fmt::format(" + {} undo room when a step is speculated", format_bytes(double(undo)))
+           : std::string(),
+      I.homes->host_locked() ? "yes" : "no",
       I.homes->swap()
           ? fmt::format("{} over {} path(s), {}", format_bytes(double(I.homes->nvme_capacity())),
                         opt_.nvme_paths.size(), I.homes->storage()->capabilities().backend)
@@ -534,8 +538,8 @@ TierStats TierManager::stats(Tier t) const {
       break;
     }
     case Tier::kHost: {
-      const BufferPool& pool = I.homes->pool();
-      s = {pool.capacity(), pool.in_use(), pool.peak_in_use(), c.host_in, c.host_out};
+      s = {I.homes->host_capacity(), I.homes->host_in_use(), I.homes->host_peak(), c.host_in,
+           c.host_out};
       break;
     }
     case Tier::kNvme: {

@@ -42,6 +42,7 @@ struct TierManager::Impl {
   // (Architecture::stored_fill; nullptr: model dtype).
   std::vector<Architecture::StoredFillFn> stored_fill;
   std::unique_ptr<Homes> homes;
+  size_t undo_room = 0;  // host_undo_bytes: the host tier's undo room, allocated on first use
   std::unique_ptr<DeviceCache> cache;
   std::unique_ptr<OptimizerPipeline> pipeline;
   std::unique_ptr<Speculation> spec;

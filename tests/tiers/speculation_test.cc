@@ -158,5 +158,48 @@ TEST(Speculation, WithoutSteppingNothingIsStepped) {
   EXPECT_TRUE(test::same_bits(r.state(1), s1));
 }
 
+// Host-tier state speculated step after step, kept or rolled back: the undo room holds one
+// step's undo state (each step reuses the buffers the last one's held), the arena's use is
+// where it started, and the state is the plain schedule's.
+TEST(Speculation, StepAfterStepReusesTheUndoRoom) {
+  const std::vector<size_t> numel = {5000, 3000, 7000};
+  StateRig r("reuse", numel, {Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0}, 2048);
+  Speculation spec(*r.homes, *r.pipeline, *r.stamps, false, r.counters, r.errors);
+  std::vector<ModuleState> want;
+  for (int m = 0; m < 3; ++m) {
+    want.push_back(test::random_state(numel[size_t(m)], 700 + m));
+    r.set_state(m, want.back());
+  }
+  const size_t arena = r.homes->pool().in_use();
+  size_t room = 0;
+  for (int step = 3; step < 7; ++step) {
+    OptimizerHyper h = test::step_hyper(step, 0.1f);
+    spec.begin(h, 1.0f, /*keep_undo=*/true, /*step_modules=*/true);
+    for (int m = 2; m >= 0; --m) {
+      spec.grads_final(m);
+      ASSERT_TRUE(spec.step_ready(false).is_ok());
+    }
+    ASSERT_TRUE(spec.step_ready(true).is_ok());
+    ASSERT_EQ(spec.stepped_mask(), (std::vector<bool>{true, true, true})) << "step " << step;
+    const float mult = step % 2 ? 0.5f : 1.0f;  // odd steps clip: rolled back and redone
+    if (mult != 1.0f) ASSERT_TRUE(spec.undo(true, h, mult).is_ok());
+    for (auto& w : want) test::reference_step(w, h, mult);
+    spec.end();
+    r.pipeline->end_step();
+    ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+    ASSERT_TRUE(r.errors.take().is_ok());
+    BufferPool* undo = r.homes->undo_pool();
+    ASSERT_NE(undo, nullptr);
+    if (step == 3) room = undo->peak_in_use();
+    EXPECT_EQ(undo->peak_in_use(), room) << "step " << step << " took more undo room";
+    EXPECT_EQ(r.homes->pool().in_use(), arena) << "step " << step;
+    for (int m = 0; m < 3; ++m) {
+      EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)]))
+          << "step " << step << " module " << m;
+    }
+  }
+  EXPECT_GT(room, 0u);
+}
+
 }  // namespace
 }  // namespace strata

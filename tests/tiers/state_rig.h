@@ -69,7 +69,8 @@ struct StateRig : TierParts {
     SwapOptions so;
     so.paths = {dir};
     so.bytes_per_path = 64 << 20;
-    auto h = Homes::create(*dev, *plan, 0, 1, 32 << 20, options, &so);
+    // A 32 MiB arena, and 16 MiB of undo room for the optimizer under backward's undo state.
+    auto h = Homes::create(*dev, *plan, 0, 1, 32 << 20, options, &so, 16 << 20);
     EXPECT_TRUE(h.is_ok()) << h.status().to_string();
     homes = std::move(*h);
     cache = std::make_unique<DeviceCache>(*homes, options, DType::kBF16, false, counters, errors);
