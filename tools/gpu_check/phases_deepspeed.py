@@ -28,12 +28,9 @@ DRIVER = ROOT / "tools" / "peers" / "ds_zero_gpu.py"
 OFFLOAD = ['zero_optimization.offload_param.device="none"',
            'zero_optimization.offload_optimizer.device="cpu"', 'strata.placement.grads="host"']
 PAIRS = [
-    # Clipping bites every step of hostmem-190m's shape, so no step is speculated there: strata
-    # runs with speculate never, which reserves no undo room (host RAM DeepSpeed does not spend).
     ("offload", "hostmem-190m's shape: optimizer state in host RAM, parameters and gradients on "
      "the device", "hostmem-190m",
-     OFFLOAD + ['strata.host_memory_limit="16GiB"', 'device.memory_limit="16GiB"',
-                'strata.optimizer.speculate="never"'], "offload"),
+     OFFLOAD + ['strata.host_memory_limit="16GiB"', 'device.memory_limit="16GiB"'], "offload"),
     ("offload-gpt2", "GPT-2 124M (8 x 1024, 2 micro-batches): optimizer state in host RAM, "
      "parameters and gradients on the device", "gpt2-124m", OFFLOAD, "offload"),
     ("infinity", "hostmem-190m as shipped: parameters, gradients and optimizer state on NVMe, "
