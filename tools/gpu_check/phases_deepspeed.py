@@ -1,7 +1,8 @@
 """The deepspeed phase: DeepSpeed ZeRO-Offload (optimizer state in host RAM) beside strata on the
 offload phase's shape (configs/hostmem-190m.json: GPT-2-style 15 x 1024, 16 heads, vocab 256, T
 128, micro-batch 1, 2 micro-batches per step) and on the train phase's GPT-2 124M (12 x 768, T
-1024, 8 x 2 micro-batches), and ZeRO-Infinity (parameters and optimizer state on NVMe) on the
+1024, 8 x 2 micro-batches) and ~1B Llama (TinyLlama's shape, 4 x 2048, recomputed), and
+ZeRO-Infinity (parameters and optimizer state on NVMe) on the
 former; bf16, AdamW, clipping 1.0; alternated run by run, tokens/s and peak RSS for both.
 
 DeepSpeed comes from the bundle tools/gpu_peers.py packs (--peers-dir, default
@@ -33,19 +34,27 @@ PAIRS = [
      OFFLOAD + ['strata.host_memory_limit="16GiB"', 'device.memory_limit="16GiB"'], "offload"),
     ("offload-gpt2", "GPT-2 124M (8 x 1024, 2 micro-batches): optimizer state in host RAM, "
      "parameters and gradients on the device", "gpt2-124m", OFFLOAD, "offload"),
+    ("offload-llama", "Llama ~1B (TinyLlama's shape, 4 x 2048, recompute): optimizer state in "
+     "host RAM, parameters and gradients on the device", "llama-1b", OFFLOAD, "offload"),
     ("infinity", "hostmem-190m as shipped: parameters, gradients and optimizer state on NVMe, "
      "256 MiB host budget", "hostmem-190m", [], "infinity"),
 ]
 
 
 def _config(d, which):
-    """The path of strata's config for a pair."""
+    """The path of strata's config for a pair: hostmem-190m, or the train phase's shapes."""
     if which == "hostmem-190m":
         return ROOT / "configs" / "hostmem-190m.json"
-    path = d / "gpt2-124m.json"
-    train_config(path, 8, 2, "keep", {"n_layer": 12, "n_head": 12, "n_embd": 768,
-                                      "vocab_size": 50257, "padded_vocab_size": 50304,
-                                      "context": 1024}, 6, "cuda")
+    path = d / ("%s.json" % which)
+    if which == "gpt2-124m":
+        train_config(path, 8, 2, "keep", {"n_layer": 12, "n_head": 12, "n_embd": 768,
+                                          "vocab_size": 50257, "padded_vocab_size": 50304,
+                                          "context": 1024}, 6, "cuda")
+    else:
+        train_config(path, 4, 1, "recompute",
+                     {"type": "llama", "n_layer": 22, "n_head": 32, "num_key_value_heads": 4,
+                      "n_embd": 2048, "intermediate_size": 5632, "vocab_size": 32000,
+                      "context": 2048, "tied_embeddings": False}, 6, "cuda")
     return path
 
 
@@ -57,6 +66,9 @@ def _shape(cfg):
              "--vocab", m["vocab_size"], "--context", m["context"],
              "--micro-batch", c["train_micro_batch_size_per_gpu"],
              "--grad-accum", c["gradient_accumulation_steps"]]
+    if m.get("type") == "llama":
+        shape += ["--arch", "llama", "--n-kv-head", m["num_key_value_heads"],
+                  "--intermediate", m["intermediate_size"]]
     return [str(x) for x in shape]
 
 
@@ -191,7 +203,8 @@ def phase_deepspeed(ctx):
                 bad.append("DeepSpeed %s: exit %d" % (name, rc))
     shutil.rmtree(nvme, ignore_errors=True)
     ctx.md("hostmem-190m: configs/hostmem-190m.json's shape (15 x 1024, T 128, 1 x 2 micro-batches); "
-           "GPT-2 124M: 12 x 768, T 1024, 8 x 2 micro-batches; bf16, clipping 1.0, on the GPU, "
+           "GPT-2 124M: 12 x 768, T 1024, 8 x 2 micro-batches; Llama ~1B: TinyLlama's shape, 4 x 2048, "
+           "recompute; bf16, clipping 1.0, on the GPU, "
            "%d steps (medians after 2), %d round%s alternated strata / DeepSpeed."
            % (steps, rounds, "" if rounds == 1 else "s"))
     ctx.md("")

@@ -200,11 +200,17 @@ def self_test(build):
     # The deepspeed phase's pairs: each strata config's shape is DeepSpeed's.
     with tempfile.TemporaryDirectory() as t:
         shapes = {p[0]: _shape(_config(Path(t), p[2])) for p in DS_PAIRS}
-    check("the deepspeed pairs train hostmem-190m's shape and GPT-2 124M's on both sides",
+    check("the deepspeed pairs train hostmem-190m's, GPT-2 124M's and the Llama's shapes on both "
+          "sides",
           shapes["offload"][:2] == ["--n-layer", "15"] and shapes["infinity"] == shapes["offload"]
           and shapes["offload-gpt2"] == ["--n-layer", "12", "--n-head", "12", "--n-embd", "768",
                                          "--vocab", "50257", "--context", "1024",
-                                         "--micro-batch", "8", "--grad-accum", "2"])
+                                         "--micro-batch", "8", "--grad-accum", "2"]
+          and shapes["offload-llama"] == ["--n-layer", "22", "--n-head", "32", "--n-embd", "2048",
+                                          "--vocab", "32000", "--context", "2048",
+                                          "--micro-batch", "4", "--grad-accum", "1",
+                                          "--arch", "llama", "--n-kv-head", "4",
+                                          "--intermediate", "5632"])
     # The deepspeed phase, named, without its bundle: skipped with the reason.
     rc, out = tool("--dry-run", "--phases", "deepspeed", "--results", r, "--build-dir", build,
                    "--peers-dir", tmp / "nopeers")

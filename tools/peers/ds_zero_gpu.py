@@ -8,9 +8,12 @@ Adapted from the CPU peer ds_zero_infinity.py (the same model and DeepSpeed conf
 mirrors configs/hostmem-190m.json) for the CUDA accelerator: NCCL, inputs on the device,
 torch.cuda.synchronize around each step.
 
-Model: learned token + position embeddings, n_layer pre-LN blocks
+Model (--arch gpt): learned token + position embeddings, n_layer pre-LN blocks
 x = x + proj(causal_sdpa(qkv(LN1(x)))); x = x + fc2(gelu_tanh(fc1(LN2(x)))) (MLP 4x), final LN,
-lm_head tied to the token embedding, Linear layers with biases, GPT-2 init.
+lm_head tied to the token embedding, Linear layers with biases, GPT-2 init. --arch llama:
+TinyLlama's layout (RMSNorm, RoPE, --n-kv-head grouped-query heads, SwiGLU of --intermediate,
+no biases, untied head), each block recomputed in backward (torch.utils.checkpoint), as
+strata's `recompute` and tools/peers/torch_llama_gpu.py do.
 DeepSpeed config: bf16, AdamW (lr 3e-4, betas .9/.95, wd 0.1; under ZeRO offload DeepSpeed's
 CPU Adam), gradient_clipping 1.0, ZeRO stage 3, stage3_prefetch_bucket_size 1e7,
 stage3_param_persistence_threshold 1e4, aio block_size 1 MiB queue_depth 32; --mode offload:
@@ -44,6 +47,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["offload", "infinity"], required=True)
+    ap.add_argument("--arch", choices=["gpt", "llama"], default="gpt")
+    ap.add_argument("--n-kv-head", type=int, default=0, help="llama: key-value heads")
+    ap.add_argument("--intermediate", type=int, default=0, help="llama: SwiGLU width")
     ap.add_argument("--n-layer", type=int, default=15)
     ap.add_argument("--n-head", type=int, default=16)
     ap.add_argument("--n-embd", type=int, default=1024)
@@ -119,6 +125,66 @@ def main():
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
+    class LlamaBlock(nn.Module):
+        def __init__(self, d, h, kv, inter, T):
+            super().__init__()
+            self.h, self.kv, self.hs = h, kv, d // h
+            self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+            self.q = nn.Linear(d, d, bias=False)
+            self.k = nn.Linear(d, kv * self.hs, bias=False)
+            self.v = nn.Linear(d, kv * self.hs, bias=False)
+            self.o = nn.Linear(d, d, bias=False)
+            self.g, self.u = nn.Linear(d, inter, bias=False), nn.Linear(d, inter, bias=False)
+            self.dn = nn.Linear(inter, d, bias=False)
+
+        def forward(self, x, cos, sin):
+            B, T, C = x.shape
+            hs = self.hs
+
+            def rope(t):
+                t1, t2 = t[..., : hs // 2], t[..., hs // 2:]
+                return t * cos + torch.cat((-t2, t1), -1) * sin
+
+            a = self.n1(x)
+            q = rope(self.q(a).view(B, T, self.h, hs).transpose(1, 2))
+            k = rope(self.k(a).view(B, T, self.kv, hs).transpose(1, 2))
+            v = self.v(a).view(B, T, self.kv, hs).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+            a = self.n2(x)
+            return x + self.dn(F.silu(self.g(a)) * self.u(a))
+
+    class Llama(nn.Module):
+        # TinyLlama's layout (untied head, RoPE, grouped-query heads, SwiGLU), each block's
+        # activations recomputed in backward as strata's `recompute` does.
+        def __init__(self, L, H, kv, d, inter, V, T):
+            super().__init__()
+            self.emb = nn.Embedding(V, d)
+            self.blocks = nn.ModuleList([LlamaBlock(d, H, kv, inter, T) for _ in range(L)])
+            self.norm = nn.RMSNorm(d)
+            self.head = nn.Linear(d, V, bias=False)
+            hs = d // H
+            inv = 1.0 / (10000 ** (torch.arange(0, hs, 2).float() / hs))
+            f = torch.outer(torch.arange(T).float(), inv)
+            f = torch.cat((f, f), -1)
+            self.register_buffer("cos", f.cos(), persistent=False)
+            self.register_buffer("sin", f.sin(), persistent=False)
+
+        def gpt2_init(self):
+            for p in self.parameters():
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                    if len(getattr(p, "ds_shape", p.shape)) == 2:
+                        nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, idx, targets):
+            from torch.utils.checkpoint import checkpoint
+            x = self.emb(idx)
+            cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+            for b in self.blocks:
+                x = checkpoint(b, x, cos, sin, use_reentrant=False)
+            logits = self.head(self.norm(x))
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
     swap = os.path.abspath(args.nvme_path)
     zero = {"stage": 3, "stage3_prefetch_bucket_size": 10000000,
             "stage3_param_persistence_threshold": 10000}
@@ -141,7 +207,11 @@ def main():
     t0 = time.perf_counter()
     with deepspeed.zero.Init(config_dict_or_path=cfg, pin_memory=True, dtype=torch.bfloat16,
                              remote_device="nvme" if args.mode == "infinity" else None):
-        model = GPT(args.n_layer, args.n_head, args.n_embd, args.vocab, args.context)
+        if args.arch == "llama":
+            model = Llama(args.n_layer, args.n_head, args.n_kv_head, args.n_embd,
+                          args.intermediate, args.vocab, args.context)
+        else:
+            model = GPT(args.n_layer, args.n_head, args.n_embd, args.vocab, args.context)
     model.gpt2_init()
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -170,7 +240,7 @@ def main():
             times.append(dt)
     med = statistics.median(times)
     tokens = B * T * args.grad_accum
-    res = {"impl": "deepspeed", "mode": args.mode, "n_params": n_params,
+    res = {"impl": "deepspeed", "mode": args.mode, "arch": args.arch, "n_params": n_params,
            "n_layer": args.n_layer, "n_embd": args.n_embd, "context": T, "micro_batch": B,
            "grad_accum": args.grad_accum, "tokens_per_step": tokens,
            "tokens_per_s": tokens / med, "step_s": med, "all_ms": [round(t * 1e3, 2) for t in times],
