@@ -351,8 +351,8 @@ void TableBuilder::add_zero_keys() {
         STRATA_M(zero.stage3_max_reuse_distance),
         "keep a gathered parameter reused within this many elements (auto: 1e9); one whose next "
         "use is farther (other parameters' elements in between) is released after its use and "
-        "fetched again for it: with parameters off the device, host<->device bytes the "
-        "placement's minimum does not count",
+        "fetched again for it: with parameters off the device, host<->device bytes (the "
+        "planner counts them)",
         nullptr, kAuto));
   add(F("zero_optimization.stage3_gather_16bit_weights_on_model_save", Bool(),
         STRATA_M(zero.stage3_gather_16bit_weights_on_model_save),

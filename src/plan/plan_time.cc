@@ -4,10 +4,52 @@
 #include <cmath>
 
 #include "src/plan/plan_parts.h"
+#include "src/tiers/trace.h"
 #include "strata/simulated_device.h"
 
 namespace strata {
 namespace {
+
+// Bytes a step fetches again because the device cache releases a parameter copy after a use
+// whose next use, in the same step, lies farther than `max_reuse` bytes of other parameters
+// (DeviceCachePolicy's release after use, stage3_max_reuse_distance): the early blocks of a
+// deep model between their forward and their backward. The step's acquisitions in the order the
+// trainer runs them: per forward group of up to K of the A micro-batches, the program's
+// forward prefix once, then the rest per micro-batch (once for the first group when its
+// backwards are grouped). A release before the next step's first use costs nothing more (the
+// optimizer then writes the home, and that use fetches it instead of the copy being written
+// through): over the link the same bytes, but from NVMe-homed parameters a read more, which
+// `*released_at_end` receives.
+double reuse_refetch_bytes(const Program& program, const std::vector<size_t>& copies,
+                           uint64_t max_reuse, int A, int K, bool grouped_backward,
+                           double* released_at_end) {
+  *released_at_end = 0;
+  if (max_reuse == UINT64_MAX) return 0;
+  std::vector<Access> acc;
+  auto add = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) {
+      const ProgramOp& op = program.ops[i];
+      if (op.kind == ProgramOp::kAcquireParams) {
+        acc.push_back({op.module, copies[size_t(op.module)]});
+      }
+    }
+  };
+  const size_t prefix = program.forward_end, end = program.ops.size();
+  for (int first = 0, g = 0; first < A; first += K, ++g) {
+    const int in_group = std::min(K, A - first);
+    add(0, prefix);
+    const int rests = g == 0 && grouped_backward && prefix > 0 ? 1 : in_group;
+    for (int r = 0; r < rests; ++r) add(prefix, end);
+  }
+  if (acc.empty()) return 0;
+  const Trace t(std::move(acc));
+  double bytes = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t.reuse_distance(i) <= max_reuse) continue;
+    (t.next_use(i) < t.size() ? bytes : *released_at_end) += double(t.accesses()[i].bytes);
+  }
+  return bytes;
+}
 
 // What one step moves and computes, per rank, and how its micro-batches run.
 struct StepTraffic {
@@ -19,8 +61,11 @@ struct StepTraffic {
   double link = 0;  // bytes crossing host<->device
   double nvme_read = 0, nvme_write = 0;
   double nvme_param_read = 0;  // of nvme_read: the NVMe-homed parameters' fetches
-  double forward_groups = 1;   // forward passes a step: ceil(A / K)
-  double backwards = 1;        // backward passes a step (a grouped backward counts once)
+  // Cached copies released after their last use in a step (reuse_refetch_bytes): fetched by
+  // the next step's first use instead of written through.
+  double released_at_end = 0;
+  double forward_groups = 1;  // forward passes a step: ceil(A / K)
+  double backwards = 1;       // backward passes a step (a grouped backward counts once)
   bool grouped_backward = false;
 };
 
@@ -69,6 +114,11 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     const double pbytes = double(s.param_bytes);
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     x.fetch = pbytes * (x.forward_groups + x.backwards) * (1.0 - cached);
+    // What the cache keeps, it releases where a copy's next use is too far away.
+    x.fetch += cached * reuse_refetch_bytes(mem.arch->program(Pass::kTrain), copies,
+                                            mem.options.max_reuse_distance, int(A), std::max(1, K),
+                                            x.grouped_backward, &x.released_at_end);
+    x.released_at_end *= cached;
     // The fetches and the write-through (of the stepped parameters: not a frozen base's).
     x.publish = double(s.trained) * es * cached;
     x.link += x.fetch + x.publish;
@@ -100,7 +150,7 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
   if (where.params == Tier::kNvme) {
     // This rank's shards, each fetched extent in whole blocks.
     x.nvme_param_read =
-        x.fetch / double(W) *
+        (x.fetch + x.released_at_end) / double(W) *
         (s.params_nvme_raw ? double(s.params_nvme_extents) / double(s.params_nvme_raw) : 1.0);
     x.nvme_read += x.nvme_param_read;
     x.nvme_write += double(s.trained_params_nvme_extents);  // the stepped parameters written back
