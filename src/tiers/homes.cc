@@ -94,8 +94,8 @@ BufferPool* Homes::undo_pool() {
   auto p = BufferPool::create(undo_bytes_, po);
   if (!p.is_ok()) {
     log_warn(
-        "host tier: the undo room ({}) could not be allocated ({}); steps are speculated "
-        "only as far as the arena has room",
+        "host tier: the undo room ({}) could not be allocated ({}); the optimizer steps "
+        "modules after backward instead of under it where a step needs undo state",
         format_bytes(double(undo_bytes_)), p.status().message());
     return nullptr;
   }
