@@ -63,11 +63,12 @@ std::string bytes_lines(const TrainResult& res, const PlanOption& o) {
       const uint8_t k = s < res.optimizer_schedule.size() ? res.optimizer_schedule[s] : 0;
       sched += (sched.empty() ? "" : ", ") + std::string(kSchedule[std::min<uint8_t>(k, 3)]);
     }
-    if (median(in) == 0 && median(out) == 0) return std::string();
+    const double in_median = median(std::move(in)), out_median = median(std::move(out));
+    if (in_median == 0 && out_median == 0) return std::string();
     return fmt::format(
         "  of which host->device {}, device->host {} (medians); the optimizer "
         "of those steps: {}\n",
-        format_bytes(median(std::move(in))), format_bytes(median(std::move(out))), sched);
+        format_bytes(in_median), format_bytes(out_median), sched);
   };
   // The planner's NVMe bytes are the node's (its ranks share the disks); each rank reports its
   // own, as it does its host<->device bytes.
