@@ -77,46 +77,76 @@ Homes::~Homes() {
       h->host.reset();
     }
   }
-  if (undo_) dev_.unregister_host(undo_->base());
-  undo_.reset();
+  for (const auto& p : undo_) dev_.unregister_host(p->base());
+  undo_.clear();
   io_.reset();
   swap_.reset();  // removes the swap files
   storage_.reset();
 }
 
-BufferPool* Homes::undo_pool() {
+Result<PinnedBuffer> Homes::undo_buf(size_t bytes) {
   std::lock_guard<std::mutex> l(undo_mu_);
-  if (undo_ || undo_tried_ || undo_bytes_ == 0) return undo_.get();
-  undo_tried_ = true;
+  size_t held = 0;
+  for (auto& p : undo_) {
+    auto b = p->acquire(bytes);
+    if (b.is_ok()) return b;
+    held += p->capacity();
+  }
+  // A region the size of the buffer (in whole huge pages from 2 MiB on): each module's undo
+  // buffers are reused step after step (Speculation's spares), so the regions are taken once.
+  const size_t hp = BufferPool::kHugePage;
+  const size_t want = bytes >= hp ? (bytes + hp - 1) / hp * hp : (bytes + 4095) / 4096 * 4096;
+  if (held + want > undo_bytes_) {
+    return out_of_memory(fmt::format("the host tier's undo room ({} of {}) has no {} left",
+                                     format_bytes(double(held)), format_bytes(double(undo_bytes_)),
+                                     format_bytes(double(bytes))));
+  }
   BufferPoolOptions po;
   po.name = "host tier's undo room";
   po.lock = lock_;
-  auto p = BufferPool::create(undo_bytes_, po);
-  if (!p.is_ok()) {
-    log_warn(
-        "host tier: the undo room ({}) could not be allocated ({}); the optimizer steps "
-        "modules after backward instead of under it where a step needs undo state",
-        format_bytes(double(undo_bytes_)), p.status().message());
-    return nullptr;
+  auto made = BufferPool::create(want, po);
+  if (!made.is_ok()) {
+    if (!undo_warned_) {
+      log_warn(
+          "host tier: the undo room could not take {} ({}); the optimizer steps modules after "
+          "backward instead of under it where a step needs undo state",
+          format_bytes(double(want)), made.status().message());
+    }
+    undo_warned_ = true;
+    return made.status().with_context("the host tier's undo room");
   }
-  undo_ = std::move(p).value();
-  dev_.register_host(undo_->base(), undo_->capacity()).ignore();
-  log_info("host tier: undo room of {} allocated for the optimizer under backward",
-           format_bytes(double(undo_->capacity())));
-  return undo_.get();
+  std::unique_ptr<BufferPool> p = std::move(made).value();
+  dev_.register_host(p->base(), p->capacity()).ignore();
+  if (undo_.empty()) {
+    log_info(
+        "host tier: undo room taken for the optimizer under backward, as it is used (up to {})",
+        format_bytes(double(undo_bytes_)));
+  }
+  undo_.push_back(std::move(p));
+  return undo_.back()->acquire(bytes);
 }
 
-size_t Homes::host_capacity() const {
+size_t Homes::undo_capacity() const {
   std::lock_guard<std::mutex> l(undo_mu_);
-  return pool_->capacity() + (undo_ ? undo_->capacity() : 0);
+  size_t n = 0;
+  for (const auto& p : undo_) n += p->capacity();
+  return n;
 }
-size_t Homes::host_in_use() const {
+
+size_t Homes::undo_in_use() const {
   std::lock_guard<std::mutex> l(undo_mu_);
-  return pool_->in_use() + (undo_ ? undo_->in_use() : 0);
+  size_t n = 0;
+  for (const auto& p : undo_) n += p->in_use();
+  return n;
 }
+
+size_t Homes::host_capacity() const { return pool_->capacity() + undo_capacity(); }
+size_t Homes::host_in_use() const { return pool_->in_use() + undo_in_use(); }
 size_t Homes::host_peak() const {
   std::lock_guard<std::mutex> l(undo_mu_);
-  return pool_->peak_in_use() + (undo_ ? undo_->peak_in_use() : 0);
+  size_t n = pool_->peak_in_use();
+  for (const auto& p : undo_) n += p->peak_in_use();
+  return n;
 }
 
 Result<PinnedBuffer> Homes::host_buf(size_t bytes, const char* what) {

@@ -71,7 +71,7 @@ class Homes {
  public:
   // Builds the host tier (an arena of `arena_bytes`), the NVMe tier when `swap` is given, and
   // every module's homes as `plan` places them, this rank's shard (rank of world_size).
-  // `undo_bytes` (host_undo_bytes) is the undo room, allocated on first use (undo_pool()).
+  // `undo_bytes` (host_undo_bytes) bounds the undo room, allocated as it is used (undo_buf()).
   static Result<std::unique_ptr<Homes>> create(Device& device, const std::vector<ModuleHomes>& plan,
                                                int rank, int world_size, size_t arena_bytes,
                                                const TierOptions& options, const SwapOptions* swap,
@@ -83,14 +83,17 @@ class Homes {
   const std::vector<Module>& modules() const { return mods_; }
   Module& module(int m) { return mods_[size_t(m)]; }
   BufferPool& pool() const { return *pool_; }
-  // The undo room: a pinned region of its own beside the arena, for the undo state of a
-  // speculated step (Speculation::take_undo) that found no room in the arena; allocated by the
-  // first call and registered with the device as the arena is, so that a home swapped into it
-  // is reached as one in the arena is. Null when the room is 0 or cannot be allocated. Any
-  // thread.
-  BufferPool* undo_pool();
-  // The host tier's bytes: the arena, and the undo room once allocated (capacity, in use, and
-  // the sum of the two regions' peaks).
+  // A buffer of the undo room, for the undo state of a speculated step
+  // (Speculation::take_undo): pinned regions of their own beside the arena, each allocated when
+  // a buffer finds no room in those before it and registered with the device as the arena is
+  // (a home swapped into one is reached as one in the arena is), together at most the
+  // `undo_bytes` given to create(). The room holds what speculated steps have used, not all
+  // they may. kOutOfMemory beyond it, or when a region cannot be allocated. Any thread.
+  Result<PinnedBuffer> undo_buf(size_t bytes);
+  size_t undo_capacity() const;  // the undo room's regions allocated so far
+  size_t undo_in_use() const;
+  // The host tier's bytes: the arena, and the undo room's regions (capacity, in use, and
+  // the sum of the regions' peaks).
   size_t host_capacity() const;
   size_t host_in_use() const;
   size_t host_peak() const;
@@ -134,9 +137,9 @@ class Homes {
   std::function<void()> reclaim_;  // set_reclaim
   size_t undo_bytes_ = 0;
   bool lock_ = true;
-  mutable std::mutex undo_mu_;        // undo_, undo_tried_
-  std::unique_ptr<BufferPool> undo_;  // undo_pool()
-  bool undo_tried_ = false;
+  mutable std::mutex undo_mu_;                     // undo_, undo_warned_
+  std::vector<std::unique_ptr<BufferPool>> undo_;  // undo_buf()'s regions
+  bool undo_warned_ = false;                       // a region could not be allocated
   size_t nvme_capacity_ = 0;
   mutable std::mutex nvme_mu_;  // nvme_used_, nvme_peak_
   size_t nvme_used_ = 0, nvme_peak_ = 0;

@@ -280,9 +280,10 @@ size_t host_arena_bytes(const TierNeeds& needs, const TierOptions& options, bool
 
 // The host tier's undo room: when options.undo_copies, room for the undo copies (less the
 // NVMe-homed ones when the swap files hold shadow extents) and their slack, within what
-// options.host_capacity leaves beside the arena. A second pinned region, allocated when a
-// speculated step first finds no room in the arena (Homes::undo_pool): a run none of whose
-// steps is speculated (clipping on every step) never holds it.
+// options.host_capacity leaves beside the arena. Pinned regions of their own, allocated as
+// speculated steps take undo buffers (Homes::undo_buf): a run none of whose steps is
+// speculated (clipping on every step) never holds any, and one whose optimizer steps only part
+// of the modules under backward holds only theirs.
 size_t host_undo_bytes(const TierNeeds& needs, const TierOptions& options, bool shadow_extents);
 // Sub-groups of NVMe-homed optimizer state read ahead during backward beyond buffer_count
 // (strata.optimizer.read_ahead): options.read_ahead_bytes (auto: all) of what the

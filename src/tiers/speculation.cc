@@ -112,6 +112,13 @@ Status Speculation::step_ready(bool wait_all) {
       ready_.pop_front();
       continue;
     }
+    if (undo_ && wait_all && dev_.query(*ready_.back().second)) {
+      // Every gradient of the step is final (the d2h stream runs in order): the norm, so
+      // whether the step clips, is known once the trainer asks; the modules left are stepped
+      // then, exactly, and take no undo room, which only steps under backward need.
+      stopped_ = true;
+      continue;
+    }
     const std::string& name = homes_.module(k).name;
     STRATA_RETURN_IF_ERROR(dev_.synchronize(*ev), "waiting for " + name + " gradients");
     ready_.pop_front();
@@ -187,10 +194,7 @@ bool Speculation::take_undo(int k, Undo* u) {
       *copy = std::move(*reuse);  // the buffer its last undo state held
     } else {
       // From the undo room, not the arena: its free space is the pipeline's staging.
-      BufferPool* undo = homes_.undo_pool();
-      Result<PinnedBuffer> b = undo ? undo->acquire(h.bytes)
-                                    : Result<PinnedBuffer>(out_of_memory("the host tier has no "
-                                                                         "undo room"));
+      Result<PinnedBuffer> b = homes_.undo_buf(h.bytes);
       if (!b.is_ok()) {
         log_debug("tier manager: no room for {}'s undo copy ({}); stepping the rest after backward",
                   m.name, b.status().message());

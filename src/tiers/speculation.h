@@ -10,7 +10,9 @@
 // buffer of the tier, which then becomes the home by a swap, the old home kept (no copy: the
 // step reads and writes as many bytes as in place); and state in the device's memory (or NVMe
 // state when the swap files have no room) is copied to the host tier; without room for any of
-// these, speculation stops and the remaining modules are stepped after backward.
+// these, speculation stops and the remaining modules are stepped after backward. It stops as
+// well once every gradient of the step is final (the optimizer fell behind the backward): the
+// norm is known then, and the modules left are stepped exactly, without undo state.
 //
 // After backward, the step is validated: kept when (lr, step, multiplier) are the speculated
 // ones (end() frees the old extents), else undo() restores every stepped module and redoes it
@@ -108,7 +110,7 @@ class Speculation {
   std::map<int, Undo> stepped_;
   // Per module, the buffers its last undo state held (after a kept step the old homes, after a
   // rollback the speculative ones): the next step's undo state reuses them, so that once the
-  // first speculated steps have taken their room (from the undo room, Homes::undo_pool), no
+  // first speculated steps have taken their room (from the undo room, Homes::undo_buf), no
   // later one takes the arena's free space, which the pipeline's staging needs.
   struct Spare {
     std::shared_ptr<PinnedBuffer> master, mom;

@@ -307,7 +307,8 @@ std::string TierManager::describe() const {
       "; device {} capacity, host tier {}{} (pinned: {}), nvme {}",
       format_bytes(double(I.dev.memory_stats().capacity)),
       format_bytes(double(I.homes->pool().capacity())),
-      undo ? fmt::format(" + {} undo room when a step is speculated", format_bytes(double(undo)))
+      undo ? fmt::format(" + up to {} undo room, as speculated steps use it",
+                         format_bytes(double(undo)))
            : std::string(),
       I.homes->host_locked() ? "yes" : "no",
       I.homes->swap()

@@ -188,10 +188,8 @@ TEST(Speculation, StepAfterStepReusesTheUndoRoom) {
     r.pipeline->end_step();
     ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
     ASSERT_TRUE(r.errors.take().is_ok());
-    BufferPool* undo = r.homes->undo_pool();
-    ASSERT_NE(undo, nullptr);
-    if (step == 3) room = undo->peak_in_use();
-    EXPECT_EQ(undo->peak_in_use(), room) << "step " << step << " took more undo room";
+    if (step == 3) room = r.homes->undo_capacity();
+    EXPECT_EQ(r.homes->undo_capacity(), room) << "step " << step << " took more undo room";
     EXPECT_EQ(r.homes->pool().in_use(), arena) << "step " << step;
     for (int m = 0; m < 3; ++m) {
       EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)]))
@@ -199,6 +197,44 @@ TEST(Speculation, StepAfterStepReusesTheUndoRoom) {
     }
   }
   EXPECT_GT(room, 0u);
+}
+
+// Once every gradient of the step is final the norm is known: the modules the optimizer has
+// not reached by then are left to the step after validation, exactly, and take no undo room;
+// the room holds the undo buffers of the modules stepped under backward, no more. The state is
+// the plain schedule's.
+TEST(Speculation, ModulesLeftOnceEveryGradientIsFinalTakeNoUndoRoom) {
+  const std::vector<size_t> numel = {5000, 3000, 7000};
+  StateRig r("left", numel, {Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0}, 2048);
+  Speculation spec(*r.homes, *r.pipeline, *r.stamps, false, r.counters, r.errors);
+  std::vector<ModuleState> want;
+  for (int m = 0; m < 3; ++m) {
+    want.push_back(test::random_state(numel[size_t(m)], 900 + m));
+    r.set_state(m, want.back());
+  }
+  spec.begin(hyper(), 1.0f, /*keep_undo=*/true, /*step_modules=*/true);
+  spec.grads_final(2);
+  ASSERT_TRUE(r.dev->synchronize(r.dev->d2h_stream()).is_ok());
+  ASSERT_TRUE(spec.step_ready(false).is_ok());  // module 2 under backward
+  spec.grads_final(1);
+  spec.grads_final(0);
+  ASSERT_TRUE(r.dev->synchronize(r.dev->d2h_stream()).is_ok());
+  ASSERT_TRUE(spec.step_ready(true).is_ok());  // every gradient final: 1 and 0 left
+  const std::vector<bool> stepped = spec.stepped_mask();
+  EXPECT_EQ(stepped, (std::vector<bool>{false, false, true}));
+  const Module& two = r.homes->module(2);
+  auto page = [](size_t b) { return (b + 4095) / 4096 * 4096; };
+  EXPECT_EQ(r.homes->undo_capacity(), page(two.master.bytes) + page(two.mom.bytes));
+  ASSERT_TRUE(spec.matches(hyper(), 1.0f));
+  ASSERT_TRUE(r.pipeline->run(r.pipeline->step_order(stepped), hyper(), 1.0f, nullptr).is_ok());
+  spec.end();
+  r.pipeline->end_step();
+  ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+  ASSERT_TRUE(r.errors.take().is_ok());
+  for (int m = 0; m < 3; ++m) {
+    test::reference_step(want[size_t(m)], hyper(), 1.0f);
+    EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)])) << "module " << m;
+  }
 }
 
 }  // namespace
