@@ -163,9 +163,18 @@ run_there() {
   local rc=$?
   if [[ -n ${OUT:-} ]]; then
     cp "$results/report.md" "$OUT/" 2>/dev/null
-    # Logs, tables and JSON; not the training runs' checkpoints and swap files (gigabytes).
-    tar -C "$(dirname "$results")" -czf "$OUT/gpu-check.tar.gz" --exclude=gpu-check/train \
-      --exclude=gpu-check/swap gpu-check
+    # The text the phases wrote (logs, tables, JSON, metrics, the probe's profile and the
+    # planner's reports), never the runs' checkpoints and swap files (gigabytes, and slow to
+    # compress inside the call's time): files under 4 MiB, or under 256 KiB when those do not
+    # fit the 16 MiB a file copied back from the GPU machine may have.
+    local limit
+    for limit in 4M 256k; do
+      (cd "$(dirname "$results")" &&
+       find gpu-check -type f -size -"$limit" \( -name '*.log' -o -name '*.md' -o -name '*.json' \
+         -o -name '*.jsonl' -o -name '*.csv' -o -name '*.txt' \) -print0 |
+       tar --null -T - -czf "$OUT/gpu-check.tar.gz")
+      (($(stat -c %s "$OUT/gpu-check.tar.gz") < 16 << 20)) && break
+    done
   fi
   return $rc
 }

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import time
+from pathlib import Path
 
 from .common import ROOT, metric_median, ms
 
@@ -110,7 +111,8 @@ def machine_profile(ctx, d):
 
 def planner_ratio(ctx, cfg, pdev, odev, profile, name):
     """The zero_optimization.offload_optimizer.ratio `strata plan` recommends for the config with
-    this placement (`optimizer_ratio_advice`), or None."""
+    this placement, and the whole advice (`optimizer_ratio_advice`: its expected step, CPU
+    optimizer and compute times, the step at ratio 1); (None, None) when there is none."""
     out = cfg.parent / ("%s.plan.json" % name)
     cmd = [ctx.bin("strata"), "plan", "--config", cfg, "--json", out, "--force",
            "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
@@ -118,13 +120,45 @@ def planner_ratio(ctx, cfg, pdev, odev, profile, name):
     if profile:
         cmd += ["--profile", profile]
     if ctx.run(60, cmd, log=ctx.log_path("train-%s-plan" % name)) != 0:
-        return None
+        return None, None
     try:
         rep = json.loads(out.read_text())
         advice = [a for a in rep.get("optimizer_ratio_advice", []) if a.get("option") == rep["asked"]]
-        return float(advice[0]["ratio"]) if advice else None
+        return (float(advice[0]["ratio"]), advice[0]) if advice else (None, None)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None, None
+
+
+def probe_optimizer_rate(profile):
+    """The CPU optimizer's rate in a `strata probe` profile: (params/s, params stepped, threads
+    of the best rate), or None."""
+    try:
+        c = json.loads(Path(profile).read_text())["cpu_optimizer"]
+        best = max(c.get("by_threads", []), key=lambda t: t["params_per_s"], default={})
+        return float(c["params_per_s"]), int(c.get("params", 0)), best.get("threads")
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def planner_note(advice, profile, measured):
+    """What the planner expected beside what ran: the probe's CPU optimizer rate, the planner's
+    step, CPU optimizer and compute at its ratio and its step at ratio 1, and the optimizer rate
+    the row with the whole optimizer in host RAM measured (`measured`: (ms, parameters))."""
+    ms1 = lambda s: "%.0f" % (1000 * s) if isinstance(s, (int, float)) else "?"
+    rate = probe_optimizer_rate(profile) if profile else None
+    parts = []
+    if rate:
+        parts.append("`strata probe` stepped the CPU optimizer at %.2f G parameters/s (%d M "
+                     "parameters, %s threads)" % (rate[0] / 1e9, rate[1] // 1000000, rate[2]))
+    parts.append("the planner expects %s ms a step at ratio %g (CPU optimizer %s ms, compute %s "
+                 "ms; %s ms at ratio 1)" % (ms1(advice.get("expected_s")), advice.get("ratio"),
+                                           ms1(advice.get("cpu_optimizer_s")),
+                                           ms1(advice.get("compute_s")),
+                                           ms1(advice.get("step_at_ratio_1_s"))))
+    if measured and measured[0]:
+        parts.append("the row with the whole optimizer in host RAM stepped it in %.0f ms (%.2f G "
+                     "parameters/s)" % (measured[0], measured[1] / measured[0] / 1e6))
+    return "Planner: " + "; ".join(parts) + "."
 
 
 class Table:
@@ -180,10 +214,17 @@ class Table:
             self.bad.append("%s %s: exit %d" % (self.key, name, rc))
         self.rows[name] = row
 
-    def planned_row(self, pdev, odev, profile, what):
+    def planned_row(self, pdev, odev, profile, what, host_row, params):
         """The placement with the optimizer ratio `strata plan` recommends for it (the least
-        state on the device within 5% of the fastest predicted step), when it is below 1."""
-        ratio = planner_ratio(self.ctx, self.cfg, pdev, odev, profile, "%s-planned" % self.key)
+        state on the device within 5% of the fastest predicted step), when it is below 1; the
+        planner's expectation beside the optimizer time of `host_row` (the same placement at
+        ratio 1) goes to the notes."""
+        ratio, advice = planner_ratio(self.ctx, self.cfg, pdev, odev, profile,
+                                      "%s-planned" % self.key)
+        if advice:
+            opt_s = self.rows.get(host_row, {}).get("optimizer_s")
+            self.notes.append(planner_note(advice, profile,
+                                           (1000 * opt_s, params) if opt_s else None))
         if ratio is None:
             self.notes.append("The planner recommended no optimizer ratio for %s (logs/%s)."
                               % (what.lower(), self.ctx.log_path("train-%s-planned-plan"
@@ -318,7 +359,7 @@ def phase_train(ctx):
                  "(half on the device, half in host RAM)")
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
     t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
-    t.planned_row("none", "cpu", profile, "parameters on the device")
+    t.planned_row("none", "cpu", profile, "parameters on the device", "device-opt-host", params)
     if not ctx.quick:
         t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     gpt = t.write(why_not)
@@ -360,7 +401,7 @@ def phase_train(ctx):
     t.torch_run("torch_llama_gpu.py", [], why_not)
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
     t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
-    t.planned_row("cpu", "cpu", profile, "parameters in host RAM")
+    t.planned_row("cpu", "cpu", profile, "parameters in host RAM", "host", params)
     if not ctx.quick:
         t.torch_run("torch_llama_gpu.py", [], why_not)
     llama = t.write(why_not)
