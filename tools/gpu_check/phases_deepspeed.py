@@ -3,7 +3,8 @@ offload phase's shape (configs/hostmem-190m.json: GPT-2-style 15 x 1024, 16 head
 128, micro-batch 1, 2 micro-batches per step) and on the train phase's GPT-2 124M (12 x 768, T
 1024, 8 x 2 micro-batches) and ~1B Llama (TinyLlama's shape, 4 x 2048, recomputed), and
 ZeRO-Infinity (parameters and optimizer state on NVMe) on the
-former; bf16, AdamW, clipping 1.0; alternated run by run, tokens/s and peak RSS for both.
+former, strata as shipped (256 MiB of host memory) and with a 4 GiB host budget (beside the same
+DeepSpeed run); bf16, AdamW, clipping 1.0; alternated run by run, tokens/s and peak RSS for both.
 
 DeepSpeed comes from the bundle tools/gpu_peers.py packs (--peers-dir, default
 <build dir>/peers): installed with no network into a virtual environment under the results
@@ -28,13 +29,18 @@ DRIVER = ROOT / "tools" / "peers" / "ds_zero_gpu.py"
 # DeepSpeed trains the shape of strata's config (one description of it).
 OFFLOAD = ['zero_optimization.offload_param.device="none"',
            'zero_optimization.offload_optimizer.device="cpu"', 'strata.placement.grads="host"']
-# In the order a cut call loses least: the train phase's GPT-2, ZeRO-Infinity, the Llama (the
-# longest), hostmem-190m's ZeRO-Offload (measured on 2026-11-29).
+# In the order a cut call loses least: the train phase's GPT-2, ZeRO-Infinity (strata as shipped,
+# then at 4 GiB of host memory), the Llama (the longest), hostmem-190m's ZeRO-Offload.
 PAIRS = [
     ("offload-gpt2", "GPT-2 124M (8 x 1024, 2 micro-batches): optimizer state in host RAM, "
      "parameters and gradients on the device", "gpt2-124m", OFFLOAD, "offload"),
     ("infinity", "hostmem-190m as shipped: parameters, gradients and optimizer state on NVMe, "
      "256 MiB host budget", "hostmem-190m", [], "infinity"),
+    ("infinity-4g", "hostmem-190m with a 4 GiB host budget (about half the RSS DeepSpeed's "
+     "ZeRO-Infinity run takes): parameters and optimizer state on NVMe, gradients in host RAM; "
+     "beside the infinity pair's DeepSpeed run",
+     "hostmem-190m", ['strata.host_memory_limit="4GiB"', 'strata.placement.grads="host"'],
+     "infinity"),
     ("offload-llama", "Llama ~1B (TinyLlama's shape, 4 x 2048, recompute): optimizer state in "
      "host RAM, parameters and gradients on the device", "llama-1b", OFFLOAD, "offload"),
     ("offload", "hostmem-190m's shape: optimizer state in host RAM, parameters and gradients on "
@@ -58,6 +64,11 @@ def _config(d, which):
                       "n_embd": 2048, "intermediate_size": 5632, "vocab_size": 32000,
                       "context": 2048, "tied_embeddings": False}, 6, "cuda")
     return path
+
+
+# Pairs whose DeepSpeed side is another pair's run (the same DeepSpeed configuration): strata
+# alone runs, and the row shows that pair's DeepSpeed numbers.
+SAME_DEEPSPEED = {"infinity-4g": "infinity"}
 
 
 def _shape(cfg):
@@ -194,6 +205,8 @@ def phase_deepspeed(ctx):
                 res[name]["strata"].append({"error": "exit %d: %s" % (rc, why_failed(text))})
                 bad.append("strata %s: exit %d" % (name, rc))
             shutil.rmtree(nvme, ignore_errors=True)
+            if name in SAME_DEEPSPEED:
+                continue
             log = ctx.log_path("deepspeed-ds-%s-%d" % (name, rnd))
             rc, out = _capture_json(ctx, [python, DRIVER, "--mode", mode, "--steps", str(steps - 2),
                                           "--warmup", "2", "--nvme-path", nvme] + _shape(cfg),
@@ -214,6 +227,9 @@ def phase_deepspeed(ctx):
            "MiB | DeepSpeed peak RSS MiB | DeepSpeed optimizer |")
     ctx.md("|---|---|---|---|---|---|---|")
     summary = []
+    for name, other in SAME_DEEPSPEED.items():
+        if name in res and other in res:
+            res[name]["deepspeed"] = res[other]["deepspeed"]
     for name, what, _, _, _ in pairs:
         s = [x["tokens_per_s"] for x in res[name]["strata"] if x.get("tokens_per_s")]
         g = [x["tokens_per_s"] for x in res[name]["deepspeed"] if x.get("tokens_per_s")]

@@ -203,6 +203,7 @@ def self_test(build):
     check("the deepspeed pairs train hostmem-190m's, GPT-2 124M's and the Llama's shapes on both "
           "sides",
           shapes["offload"][:2] == ["--n-layer", "15"] and shapes["infinity"] == shapes["offload"]
+          and shapes["infinity-4g"] == shapes["offload"]
           and shapes["offload-gpt2"] == ["--n-layer", "12", "--n-head", "12", "--n-embd", "768",
                                          "--vocab", "50257", "--context", "1024",
                                          "--micro-batch", "8", "--grad-accum", "2"]
