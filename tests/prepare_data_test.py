@@ -134,13 +134,20 @@ class Fixture(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def tool_env(self):
+        """The tool's environment: the test double of transformers ahead of the rest of
+        PYTHONPATH (where ctest puts pyarrow and jinja2 when the system's Python lacks them)."""
+        path = [os.path.join(self.dir, "fake")] + [p for p in os.environ.get(
+            "PYTHONPATH", "").split(os.pathsep) if p]
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
     def write(self, name, data):
         with open(self.path(name), "wb") as f:
             f.write(data if isinstance(data, bytes) else data.encode())
         return self.path(name)
 
     def run_tool(self, *args):
-        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+        env = self.tool_env()
         p = subprocess.run([sys.executable, self.path("wrapper.py"), TOOL, "--model", "unused",
                             *args], capture_output=True, text=True, env=env)
         lines = p.stderr.strip().split("\n")
@@ -260,7 +267,7 @@ class PrepareData(Fixture):
                        json.dumps({"text": "p" * 500 + str(i)}) + "\n" for i in range(600)))}
         out, val = self.path("t.bin"), self.path("v.bin")
         names = (out, out + ".mask", val, val + ".mask")
-        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+        env = self.tool_env()
 
         def command(kind):
             return [sys.executable, TOOL, "--model", "unused", "--input", corpora[kind],
@@ -332,7 +339,7 @@ class PrepareData(Fixture):
             f.write(KILLER)
         out, val = self.path("t.bin"), self.path("v.bin")
         names = (out, out + ".mask", val, val + ".mask")
-        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir, "fake"))
+        env = self.tool_env()
 
         def run(kind, k):
             return subprocess.run(

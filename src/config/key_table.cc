@@ -706,8 +706,8 @@ void TableBuilder::add_engine_keys() {
         "puts a step that clips (never), or auto: on a GPU (or device.simulate) both timed on "
         "the first such steps (8 under backward, 4 not) and the faster kept, on the CPU backend "
         "always; the same bits either way. Speculated steps keep undo state: with clipping or "
-        "fp16 the host tier reserves room for a copy of host-homed master weights and moments "
-        "unless never",
+        "fp16 the host tier takes room for the host-homed master weights and moments of the "
+        "modules stepped under backward (at most all of them), unless never",
         nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "

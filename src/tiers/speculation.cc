@@ -112,10 +112,11 @@ Status Speculation::step_ready(bool wait_all) {
       ready_.pop_front();
       continue;
     }
-    if (undo_ && wait_all && dev_.query(*ready_.back().second)) {
+    if (undo_ && wait_all && undo_takes_host(k) && dev_.query(*ready_.back().second)) {
       // Every gradient of the step is final (the d2h stream runs in order): the norm, so
       // whether the step clips, is known once the trainer asks; the modules left are stepped
-      // then, exactly, and take no undo room, which only steps under backward need.
+      // then, exactly, and take no undo room, which only steps under backward need. (NVMe
+      // state shadowed on the disk costs no host memory: it goes on as it was.)
       stopped_ = true;
       continue;
     }
@@ -153,6 +154,12 @@ Status Speculation::step_ready(bool wait_all) {
     counters_.update([&](TierCounts& n) { n.schedule.optimizer_s += seconds_between(t0, t1); });
   }
   return st.with_context("optimizer step under backward");
+}
+
+bool Speculation::undo_takes_host(int k) const {
+  const Module& m = homes_.module(k);
+  auto shadowed = [&](const Home& h) { return h.tier == Tier::kNvme && shadow_extents_; };
+  return !shadowed(m.master) || !shadowed(m.mom);
 }
 
 bool Speculation::matches(const OptimizerHyper& hyper, float grad_mult) const {

@@ -10,9 +10,10 @@
 // buffer of the tier, which then becomes the home by a swap, the old home kept (no copy: the
 // step reads and writes as many bytes as in place); and state in the device's memory (or NVMe
 // state when the swap files have no room) is copied to the host tier; without room for any of
-// these, speculation stops and the remaining modules are stepped after backward. It stops as
-// well once every gradient of the step is final (the optimizer fell behind the backward): the
-// norm is known then, and the modules left are stepped exactly, without undo state.
+// these, speculation stops and the remaining modules are stepped after backward. Where undo
+// state takes host memory it stops as well once every gradient of the step is final (the
+// optimizer fell behind the backward): the norm is known then, and the modules left are
+// stepped exactly, without undo state.
 //
 // After backward, the step is validated: kept when (lr, step, multiplier) are the speculated
 // ones (end() frees the old extents), else undo() restores every stepped module and redoes it
@@ -85,6 +86,9 @@ class Speculation {
   void read_ahead();
   // Sets up module k's undo state before its step; false (nothing taken) without room.
   bool take_undo(int k, Undo* u);
+  // Whether module k's undo state takes host memory (the undo room): all but NVMe-homed
+  // state shadowed on the disk.
+  bool undo_takes_host(int k) const;
   // Before sub-group `s` is stepped: its pre-step state into the undo state, or its step
   // pointed at the shadow buffers.
   void keep_sub_group(int k, OptimizerPipeline::Slot& s, Undo* u);
