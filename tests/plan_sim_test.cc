@@ -251,5 +251,35 @@ TEST(PlanSimulated, RatioAdviceMovesJustEnoughOptimizerOntoTheDevice) {
   EXPECT_EQ(rep->advice_for(*dev), nullptr);
 }
 
+// With clipping on and the norm unknown (a device not simulated: no device.simulate_grad_norm
+// says whether steps clip), the ratio is chosen for the step a clipped step runs, the longer,
+// so that it holds whatever the clipping: the ratio weighing the simulated norm over the
+// threshold recommends, no more than the one under it, and the steps it weighs are the clipped
+// ones.
+TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
+  auto advice = [](const PlanRequest& req) {
+    auto rep = make_plan(req);
+    EXPECT_TRUE(rep.is_ok());
+    auto asked = add_placement(*rep, find_placement("opt-host"));
+    EXPECT_TRUE(asked.is_ok());
+    EXPECT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
+    return *rep->advice_for(*asked);
+  };
+  const RatioAdvice over = advice(gpt2_request(3.0)), under = advice(gpt2_request(0.5));
+  PlanRequest r = gpt2_request(0.5);
+  r.config.device.simulate.clear();  // the same rates, the norm not known
+  const RatioAdvice unknown = advice(r);
+  EXPECT_FALSE(over.clipped);
+  EXPECT_FALSE(under.clipped);
+  ASSERT_TRUE(unknown.clipped);
+  EXPECT_EQ(unknown.ratio, over.ratio);
+  EXPECT_LT(unknown.ratio, under.ratio) << "under the threshold the backward hides more";
+  EXPECT_EQ(unknown.step_s, unknown.time.step_after_s);
+  EXPECT_GT(unknown.time.step_after_s, unknown.time.expected_s);
+  // Without clipping the expected step is weighed.
+  r.config.gradient_clipping = 0;
+  EXPECT_FALSE(advice(r).clipped);
+}
+
 }  // namespace
 }  // namespace strata

@@ -198,6 +198,8 @@ Status advise_optimizer_ratio(PlanReport& report, int option) {
   }
   RatioAdvice advice;
   advice.option = option;
+  advice.clipped = r.config.gradient_clipping > 0 && r.config.device.simulate.empty();
+  auto weighed = [&](const TimeTerms& t) { return advice.clipped ? t.step_after_s : t.expected_s; };
   std::vector<std::pair<double, TimeTerms>> fitting;  // (ratio, time), ratio descending
   for (double ratio : ratios) {
     if (!fitting.empty() && ratio >= fitting.back().first) continue;
@@ -207,25 +209,27 @@ Status advise_optimizer_ratio(PlanReport& report, int option) {
     STRATA_ASSIGN_OR_RETURN(PlanOption at, evaluate_placement(r, p),
                             fmt::format("optimizer ratio {:g}", ratio));
     ++advice.candidates;
-    if (ratio == 1.0) advice.step_at_1_s = at.time.expected_s;
+    if (ratio == 1.0) advice.step_at_1_s = weighed(at.time);
     if (at.fits && at.runnable) fitting.emplace_back(ratio, at.time);
   }
   advice.ratio = 1.0;
   advice.time = o.time;
+  advice.step_s = weighed(o.time);
   if (!fitting.empty()) {
-    advice.fastest_s = fitting.front().second.expected_s;
+    advice.fastest_s = weighed(fitting.front().second);
     advice.fastest_ratio = fitting.front().first;
     for (const auto& [ratio, t] : fitting) {
-      if (t.expected_s < advice.fastest_s) {
-        advice.fastest_s = t.expected_s;
+      if (weighed(t) < advice.fastest_s) {
+        advice.fastest_s = weighed(t);
         advice.fastest_ratio = ratio;
       }
     }
     // The largest ratio within the slack of the fastest (fitting is by ratio, descending).
     for (const auto& [ratio, t] : fitting) {
-      if (t.expected_s <= kRatioSlack * advice.fastest_s) {
+      if (weighed(t) <= kRatioSlack * advice.fastest_s) {
         advice.ratio = ratio;
         advice.time = t;
+        advice.step_s = weighed(t);
         break;
       }
     }

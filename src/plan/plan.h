@@ -317,16 +317,22 @@ struct PlanOption {
 // The optimizer ratio (zero_optimization.offload_optimizer.ratio) the planner recommends for a
 // placement whose master weights and moments are offloaded: the largest ratio (the least
 // optimizer state on the device; the device keeps whole modules, the first in module order) at
-// which the placement fits and its expected step (TimeTerms::expected_s) is within
-// kRatioSlack of the fastest that any ratio that fits reaches. Where the host's optimizer hides
-// under the device's compute already, that is 1; where device memory leaves no room, 1 too.
+// which the placement fits and its step is within kRatioSlack of the fastest that any ratio
+// that fits reaches. The step weighed is the expected one (TimeTerms::expected_s), except with
+// gradient clipping on and the norm not known (no device.simulate): then the step a clipped
+// step runs (step_after_s), the longer, so that the ratio holds whatever the clipping (the
+// norm is over the threshold in the first steps of nearly every run). Where the host's
+// optimizer hides under the device's compute already, that is 1; where device memory leaves no
+// room, 1 too.
 inline constexpr double kRatioSlack = 1.05;
 struct RatioAdvice {
   int option = -1;             // index in PlanReport::options
   double ratio = 1.0;          // recommended
   TimeTerms time;              // the option at that ratio
-  double step_at_1_s = 0;      // the option's expected step at ratio 1
-  double fastest_s = 0;        // the fastest expected step of any ratio that fits
+  bool clipped = false;        // the step weighed is the clipped one (step_after_s)
+  double step_s = 0;           // the step weighed at that ratio
+  double step_at_1_s = 0;      // the step weighed at ratio 1
+  double fastest_s = 0;        // the fastest step weighed of any ratio that fits
   double fastest_ratio = 1.0;  // ... at this ratio
   int candidates = 0;          // ratios evaluated (one per module boundary)
 };

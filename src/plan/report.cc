@@ -226,6 +226,8 @@ std::string plan_json(const PlanReport& rep) {
                       {"ratio", a.ratio},
                       {"expected_s", a.time.expected_s},
                       {"schedule", a.time.schedule},
+                      {"weighs", a.clipped ? "clipped step" : "expected step"},
+                      {"step_s", a.step_s},
                       {"cpu_optimizer_s", a.time.cpu_optim_s},
                       {"compute_s", a.time.compute_s},
                       {"step_at_ratio_1_s", a.step_at_1_s},
@@ -381,9 +383,14 @@ std::string ratio_advice_lines(const PlanReport& rep) {
     if (a.ratio < 1.0) {
       s += fmt::format(
           "{}: zero_optimization.offload_optimizer.ratio {:g} (the first {:.0f}% of the "
-          "optimizer state on the device): expected {:.3g} s/step {}, against {:.3g} at ratio 1 "
+          "optimizer state on the device): {} {:.3g} s/step {}, against {:.3g} at ratio 1 "
           "and {:.3g} the fastest (ratio {:g}); {} ratios evaluated\n",
-          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio), a.time.expected_s, a.time.schedule,
+          o.placement.name, a.ratio, 100.0 * (1.0 - a.ratio),
+          a.clipped ? "a step that clips (the norm unknown: the ratio holds whatever the clipping)"
+                    : "expected",
+          a.step_s,
+          a.clipped ? (a.time.clipped_deferred ? "next forward" : "after backward")
+                    : a.time.schedule,
           a.step_at_1_s, a.fastest_s, a.fastest_ratio, a.candidates);
     } else {
       s += fmt::format(

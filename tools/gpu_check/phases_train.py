@@ -141,17 +141,20 @@ def probe_optimizer_rate(profile):
 
 
 def planner_note(advice, profile, measured):
-    """What the planner expected beside what ran: the probe's CPU optimizer rate, the planner's
-    step, CPU optimizer and compute at its ratio and its step at ratio 1, and the optimizer rate
-    the row with the whole optimizer in host RAM measured (`measured`: (ms, parameters))."""
+    """What the planner expected beside what ran: the probe's CPU optimizer rate, the step the
+    planner weighs (the clipped one where clipping is on and the norm unknown), its CPU optimizer
+    and compute at its ratio and its step at ratio 1, and the optimizer rate the row with the
+    whole optimizer in host RAM measured (`measured`: (ms, parameters))."""
     ms1 = lambda s: "%.0f" % (1000 * s) if isinstance(s, (int, float)) else "?"
     rate = probe_optimizer_rate(profile) if profile else None
     parts = []
     if rate:
         parts.append("`strata probe` stepped the CPU optimizer at %.2f G parameters/s (%d M "
                      "parameters, %s threads)" % (rate[0] / 1e9, rate[1] // 1000000, rate[2]))
-    parts.append("the planner expects %s ms a step at ratio %g (CPU optimizer %s ms, compute %s "
-                 "ms; %s ms at ratio 1)" % (ms1(advice.get("expected_s")), advice.get("ratio"),
+    parts.append("the planner weighs the %s: %s ms at ratio %g (CPU optimizer %s ms, compute %s "
+                 "ms; %s ms at ratio 1)" % (advice.get("weighs", "expected step"),
+                                           ms1(advice.get("step_s", advice.get("expected_s"))),
+                                           advice.get("ratio"),
                                            ms1(advice.get("cpu_optimizer_s")),
                                            ms1(advice.get("compute_s")),
                                            ms1(advice.get("step_at_ratio_1_s"))))
@@ -205,7 +208,9 @@ class Table:
                                  else "(no op profile: logs/%s)" % log.name)
         if rc == 0 and m.exists():
             row.update({k: metric_median(m, k) for k in
-                        ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s")})
+                        ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s", "grad_norm")})
+            sched = re.search(r"the optimizer of those steps: (.*)", text)
+            row["schedule"] = sched.group(1).strip() if sched else None
             row["mfu"] = self.mfu(row["tokens_per_s"])
             row["bytes"] = bytes_vs_min(text)
             row["seconds"] = int(time.time() - t0)
@@ -269,6 +274,15 @@ class Table:
             ctx.md("With the planner's optimizer ratio %s: a step of %s ms, %.2fx the all-on-device "
                    "step (%s ms)." % (planned["ratio"], ms(planned["step_s"]),
                                       planned["over_device"], ms(dev["step_s"])))
+            ctx.md("")
+        regime = ["%s %s (%s)" % (name, "%.2f" % r["grad_norm"] if r.get("grad_norm") else "?",
+                                  r.get("schedule") or "?")
+                  for name, r in self.rows.items() if r.get("offload_optimizer") != "none"
+                  and r["exit"] == 0]
+        if regime:
+            ctx.md("Gradient norm (median after 2 steps; clipping at 1.0 bites above it) and the "
+                   "schedule each step's optimizer ran, per offloaded row: %s."
+                   % "; ".join(regime))
             ctx.md("")
         for note in self.notes:
             ctx.md(note)
