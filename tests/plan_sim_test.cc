@@ -43,6 +43,20 @@ PlanRequest gpt2_request(double norm) {
   return request_from_config(c, hw, host_profile());
 }
 
+// The optimizer ratio advice for the request's opt-host placement.
+RatioAdvice opt_host_advice(const PlanRequest& req) {
+  auto rep = make_plan(req);
+  EXPECT_TRUE(rep.is_ok());
+  if (!rep.is_ok()) return {};
+  auto asked = add_placement(*rep, find_placement("opt-host"));
+  EXPECT_TRUE(asked.is_ok());
+  if (!asked.is_ok()) return {};
+  EXPECT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
+  const RatioAdvice* a = rep->advice_for(*asked);
+  EXPECT_NE(a, nullptr);
+  return a ? *a : RatioAdvice{};
+}
+
 TEST(PlanSimulated, ProfileTakesThePresetsRatesAndTheHostsOptimizer) {
   const PlanRequest r = gpt2_request(0.5);
   auto sim = simulated_device_preset("h200");
@@ -165,15 +179,7 @@ TEST(PlanSimulated, TheOptimizerUnderBackwardRunsAtItsRateBesideTheLauncher) {
       << "under backward the optimizer takes twice its time alone";
   EXPECT_EQ(b->time.step_plain_s, a->time.step_plain_s);
   EXPECT_EQ(b->time.step_deferred_s, a->time.step_deferred_s);
-  auto ratio_of = [](const PlanRequest& req) {
-    auto rep = make_plan(req);
-    EXPECT_TRUE(rep.is_ok());
-    auto asked = add_placement(*rep, find_placement("opt-host"));
-    EXPECT_TRUE(asked.is_ok());
-    EXPECT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
-    return rep->advice_for(*asked)->ratio;
-  };
-  EXPECT_LE(ratio_of(slow), ratio_of(r));
+  EXPECT_LE(opt_host_advice(slow).ratio, opt_host_advice(r).ratio);
 }
 
 // Parameters in host RAM, the whole optimizer on the device (ratio 0): the device's optimizer
@@ -257,18 +263,11 @@ TEST(PlanSimulated, RatioAdviceMovesJustEnoughOptimizerOntoTheDevice) {
 // threshold recommends, no more than the one under it, and the steps it weighs are the clipped
 // ones.
 TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
-  auto advice = [](const PlanRequest& req) {
-    auto rep = make_plan(req);
-    EXPECT_TRUE(rep.is_ok());
-    auto asked = add_placement(*rep, find_placement("opt-host"));
-    EXPECT_TRUE(asked.is_ok());
-    EXPECT_TRUE(advise_optimizer_ratio(*rep, *asked).is_ok());
-    return *rep->advice_for(*asked);
-  };
-  const RatioAdvice over = advice(gpt2_request(3.0)), under = advice(gpt2_request(0.5));
+  const RatioAdvice over = opt_host_advice(gpt2_request(3.0));
+  const RatioAdvice under = opt_host_advice(gpt2_request(0.5));
   PlanRequest r = gpt2_request(0.5);
   r.config.device.simulate.clear();  // the same rates, the norm not known
-  const RatioAdvice unknown = advice(r);
+  const RatioAdvice unknown = opt_host_advice(r);
   EXPECT_FALSE(over.clipped);
   EXPECT_FALSE(under.clipped);
   ASSERT_TRUE(unknown.clipped);
@@ -278,7 +277,7 @@ TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
   EXPECT_GT(unknown.time.step_after_s, unknown.time.expected_s);
   // Without clipping the expected step is weighed.
   r.config.gradient_clipping = 0;
-  EXPECT_FALSE(advice(r).clipped);
+  EXPECT_FALSE(opt_host_advice(r).clipped);
 }
 
 }  // namespace
