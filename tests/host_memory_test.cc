@@ -213,6 +213,41 @@ TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
   fs::remove_all(dir);
 }
 
+// On a device the host cannot address, a micro-batch after the first that drains its own
+// gradients lands them in host buffers before adding them; where every micro-batch of the step
+// runs its backward in one group (strata.grouped_backwards, the default) the parts are added on
+// the device and drained once: the host tier is sized without landing buffers, holds none, and
+// trains bit-identically to the ungrouped run. Parameters on the device, optimizer state and
+// gradients in host memory (ZeRO-Offload), 2 micro-batches, no clipping (no undo room).
+TEST(HostMemoryModel, GroupedBackwardsTakeNoLandingBuffers) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("landing");
+  TrainOptions o;
+  o.progress = false;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(d), false);
+  };
+  auto run = [&](const std::string& name, bool grouped) {
+    return test::must_train(
+        tiny(dir + "/" + name, 4,
+             {"zero_optimization.offload_param.device=\"none\"",
+              "zero_optimization.offload_optimizer.device=\"cpu\"",
+              "strata.placement.grads=\"host\"", "gradient_accumulation_steps=2",
+              "train_batch_size=2", "train_micro_batch_size_per_gpu=1", "gradient_clipping=0",
+              fmt::format("strata.grouped_backwards={}", grouped)}),
+        o);
+  };
+  const TrainResult grouped = run("grouped", true);
+  const TrainResult apart = run("apart", false);
+  EXPECT_EQ(grouped.losses, apart.losses);
+  EXPECT_EQ(grouped.weights_crc, apart.weights_crc);
+  const auto g = test::tier(grouped, "host"), a = test::tier(apart, "host");
+  EXPECT_LT(g.capacity, a.capacity) << "the arena sized for landing buffers it never takes";
+  EXPECT_LT(g.peak, a.peak) << "the ungrouped run took no landing buffers";
+  EXPECT_LE(a.peak, a.capacity);
+  fs::remove_all(dir);
+}
+
 // A checkpoint of NVMe-homed state with parameters in ~100 pieces per block: a run stopped at
 // step 4 and resumed (parameters re-derived piece by piece from the loaded master weights)
 // equals the uninterrupted run bit for bit.

@@ -64,12 +64,17 @@ TEST(Plan, DeferredStepPeaksHoldNoUndoState) {
   const uint64_t sub = 786'432, piece = 131'072;
   ASSERT_GT(3 * piece + 9 * sub, 3 * piece + 5 * piece + 7 * sub);
   EXPECT_EQ(o->host.peak_deferred, o->host.state + 3 * piece + 9 * sub);
-  // Two: under backward also the 2 landing buffers of a block's gradients (3,162,112 bytes
-  // each).
+  // Two, their backwards not grouped: under backward also the 2 landing buffers of a block's
+  // gradients (3,162,112 bytes each); grouped, none (the parts are added on the device).
   r.config.gradient_accumulation_steps = 2;
+  r.config.strata.grouped_backwards = false;
   auto a = evaluate_placement(r, find("params-nvme+opt-nvme"));
   ASSERT_TRUE(a.is_ok());
   EXPECT_EQ(a->host.peak_deferred, a->host.state + 3 * piece + 2 * 3'162'112 + 9 * sub);
+  r.config.strata.grouped_backwards = true;
+  auto ag = evaluate_placement(r, find("params-nvme+opt-nvme"));
+  ASSERT_TRUE(ag.is_ok());
+  EXPECT_EQ(ag->host.peak_deferred, ag->host.state + 3 * piece + 9 * sub);
   // Parameters in host memory, stepped in place: no pieces, no parameter writes: 8 sub-groups
   // under the forward, 9 read ahead under backward.
   r.config.gradient_accumulation_steps = 1;

@@ -319,15 +319,23 @@ TEST(Plan, ExpectedPeaksFollowTheirRules) {
   EXPECT_EQ(c->device.peak, r.hw.gpu_mem);
   // Params on the device (no undo copies): the host stages their new bf16 values a sub-group
   // at a time (publish_staging_pieces: 2 pieces of 65536 x 2 bytes), never every module's; and,
-  // from the second micro-batch on, lands 2 of the largest module's fp32 gradients (a block:
-  // 789,760 x 4 bytes, 3,162,112 rounded to pages) before adding them.
+  // where a micro-batch after the first drains its own gradients (its backward not grouped with
+  // the first's), lands 2 of the largest module's fp32 gradients (a block: 789,760 x 4 bytes,
+  // 3,162,112 rounded to pages) before adding them.
   r.hw.gpu_mem = uint64_t{1} << 30;
   r.config.gradient_clipping = 0;
   r.config.zero.sub_group_size = 65536;
   r.config.gradient_accumulation_steps = 2;
+  r.config.strata.grouped_backwards = false;
   auto d = evaluate_placement(r, find("opt-host"));
   ASSERT_TRUE(d.is_ok());
   EXPECT_EQ(d->host.peak, d->host.state + 2 * 3'162'112 + 2 * 131'072);
+  // Both micro-batches' backwards as one group: their gradients are added on the device and
+  // drained once, through no landing buffer.
+  r.config.strata.grouped_backwards = true;
+  auto g = evaluate_placement(r, find("opt-host"));
+  ASSERT_TRUE(g.is_ok());
+  EXPECT_EQ(g->host.peak, g->host.state + 2 * 131'072);
   r.config.gradient_accumulation_steps =
       1;  // one micro-batch is copied into the accumulator: no landing buffers
   auto d1 = evaluate_placement(r, find("opt-host"));

@@ -107,14 +107,19 @@ int cmd_train(int argc, char** argv) {
     // What the RSS is made of: the host tier's arena (resident whole: mlocked, or touched over
     // the run), the device's peak where device memory is host memory (the CPU backend), and the
     // rest (binary, libraries, threads, kernel scratch, the data): it does not grow with depth.
-    size_t host = 0, device_peak = 0, device_cap = 0;
+    size_t host = 0, undo = 0, device_peak = 0, device_cap = 0;
     for (const auto& t : res.tiers) {
-      if (t.name == "host") host = t.capacity;
+      if (t.name == "host") host = t.capacity, undo = t.undo_room;
       if (t.name == "device" && res.device_in_rss) device_peak = t.peak, device_cap = t.capacity;
     }
     const double rest = std::max(0.0, double(res.peak_rss) - double(host) - double(device_peak));
-    std::printf("host memory: peak RSS (VmHWM) %s = host tier %s%s + the rest %s (%s at start)\n",
+    const std::string split =
+        undo ? fmt::format(" (arena {} + undo room {})", format_bytes(double(host - undo)),
+                           format_bytes(double(undo)))
+             : std::string();
+    std::printf("host memory: peak RSS (VmHWM) %s = host tier %s%s%s + the rest %s (%s at start)\n",
                 format_bytes(double(res.peak_rss)).c_str(), format_bytes(double(host)).c_str(),
+                split.c_str(),
                 device_cap
                     ? fmt::format(" + device peak {} (arena {})", format_bytes(double(device_peak)),
                                   format_bytes(double(device_cap)))

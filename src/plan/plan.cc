@@ -84,6 +84,7 @@ TierOptions tier_options_of(const PlanRequest& r, const Placement& placement,
   to.activation_slot_bytes = acts.slot_bytes;
   // strata.grouped_forwards for the request's accumulation and activations.
   c.gradient_accumulation_steps = std::max(1, r.accumulation());
+  to.micro_batches = int(c.gradient_accumulation_steps);
   to.forward_group_max =
       r.activations() != ActivationMode::kOffload ? strata::forward_group_max(c) : 1;
   if (to.forward_group > r.accumulation() || r.activations() == ActivationMode::kOffload) {

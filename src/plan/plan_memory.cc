@@ -194,12 +194,12 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
   // NVMe fetch ring, held from the first fetch, and the new parameters' staging), the gradients'
   // landing buffers (the memory model's: a module's size for gradients in host or device
   // memory, sub-groups for gradients on NVMe) and the optimizer pipeline's staging.
-  // Gradients in host or device memory land through the landing buffers from the second
-  // micro-batch on (the first is copied into the accumulator).
+  // Gradients in host or device memory land through the landing buffers where a micro-batch
+  // after the first drains its own (the first is copied into the accumulator; a backward group's
+  // parts are added on the device): the model counts them only then.
   const uint64_t homes_and_pieces = needs.host.state + needs.host.param_shadows + needs.host.stash +
                                     needs.host.param_fetch_staging;
-  const uint64_t landing =
-      (r.accumulation() > 1 ? needs.host.grad_landing : 0) + needs.host.grad_staging;
+  const uint64_t landing = needs.host.grad_landing + needs.host.grad_staging;
   uint64_t host_peak = homes_and_pieces + needs.host.param_publish_staging + landing;
   if (s.opt_nvme > 0) {
     // The pipeline holds at most 2*buffer_count+1 sub-groups' master+moments, and never more

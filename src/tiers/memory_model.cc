@@ -196,11 +196,23 @@ void add_device_needs(const std::vector<ModuleHomes>& homes, const TierOptions& 
   }
 }
 
+// Whether a micro-batch after a step's first drains its own gradients into the accumulator
+// (GradBuckets::accumulate through a landing buffer): not where the step has one micro-batch, or
+// where all of them run their backwards as one group (Run::forward_backward: the first group
+// only; its parts are added on the device and drained once).
+bool later_micro_batches_drain(const TierOptions& options, bool sharded) {
+  if (options.micro_batches == 1) return false;
+  const bool one_group =
+      options.micro_batches > 0 && options.forward_group >= options.micro_batches;
+  return !(one_group && options.forward_group > 1 && options.grouped_backward && !sharded);
+}
+
 // Host: parameter pieces (the NVMe fetch ring, the new parameters' staging); the optimizer
 // pipeline holds `buffer_count` sub-groups being read and as many being written, one being
 // stepped (or, while it is idle, state moving in or out holds one piece); gradient landing
 // buffers.
-void add_host_staging(const TierOptions& options, const StagingMaxima& mx, TierNeeds* needs) {
+void add_host_staging(const TierOptions& options, const StagingMaxima& mx, bool sharded,
+                      TierNeeds* needs) {
   const auto [max_opt, max_g, max_gsub, max_nvme_piece, max_staged_piece] = mx;
   TierNeeds& n = *needs;
   n.host.param_fetch_staging = kFetchStagingPieces * max_nvme_piece;
@@ -218,7 +230,7 @@ void add_host_staging(const TierOptions& options, const StagingMaxima& mx, TierN
   // buffers of its size: max_g).
   n.host.grad_staging = (size_t(GradSpill::kSlots) + 2) * max_gsub;
   n.host.staging += n.host.grad_staging;
-  n.host.grad_landing = 2 * round_up(max_g, 4096);
+  if (later_micro_batches_drain(options, sharded)) n.host.grad_landing = 2 * round_up(max_g, 4096);
   n.host.staging += n.host.grad_landing;
   n.host.stash = size_t(std::max(0, options.stash_layers)) * round_up(options.stash_bytes, 4096);
 }
@@ -259,7 +271,7 @@ TierNeeds tier_needs(const std::vector<ModuleHomes>& homes, const TierOptions& o
   TierNeeds n;
   const StagingMaxima mx = add_state_needs(homes, options, dtype_size(dt), &n);
   add_device_needs(homes, options, world_size, dt, activation_bytes, train_program, zeropp, &n);
-  add_host_staging(options, mx, &n);
+  add_host_staging(options, mx, world_size > 1, &n);
   add_nvme_layout(homes, options, &n);
   return n;
 }
@@ -357,10 +369,16 @@ Tier default_grads_tier(const Architecture& arch, const TierOptions& options, in
 }
 
 namespace {
-// The arena without the read-ahead.
+// The arena without the read-ahead: what the host tier needs, and room for the buffers that
+// come and go to fall apart in. The homes (state) and the activation stash are taken once, in
+// order, at create: they do not fragment. First fit over at most two live pieces of a kind
+// (parameter staging, gradient landing) may need 1.5x their room, so half the staging, at most
+// an eighth of the whole.
 size_t host_arena_base(const TierNeeds& needs, const TierOptions& options) {
   const size_t want = needs.host.total();
-  return std::min(options.host_capacity, want + want / 8 + (64u << 20));
+  const size_t comes_and_goes = needs.host.staging + needs.host.param_shadows;
+  return std::min(options.host_capacity,
+                  want + std::min(want / 8, comes_and_goes / 2) + (size_t{64} << 20));
 }
 }  // namespace
 

@@ -161,7 +161,8 @@ struct TierNeeds {
     size_t grad_staging = 0;       // of staging: gradients on NVMe (GradSpill's slots, optimizer)
     // Of staging: the 2 landing buffers (the largest module's gradients not homed on NVMe) that
     // a micro-batch after the first lands its gradients through before adding them (held
-    // during backward only).
+    // during backward only); none where no such micro-batch drains its own (TierOptions::
+    // micro_batches: one, or all in one backward group).
     size_t grad_landing = 0;
     // Of staging: parameter pieces, the NVMe fetch ring (kFetchStagingPieces pieces, with
     // NVMe-homed parameters) and the new parameters' staging (publish_staging_pieces(), for

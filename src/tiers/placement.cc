@@ -198,6 +198,7 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   o.forward_group = int(cfg.strata.grouped_forwards);
   o.grouped_backward = cfg.strata.grouped_backwards;
   o.forward_group_max = strata::forward_group_max(cfg);
+  o.micro_batches = int(std::max<int64_t>(1, cfg.gradient_accumulation_steps));
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);

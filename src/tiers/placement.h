@@ -195,6 +195,10 @@ struct TierOptions {
   // its backwards together too, module by module (TierManager::backward_grouped): each further
   // micro-batch's gradients go to a part buffer added to the first's on the device.
   bool grouped_backward = true;
+  // Micro-batches per step (gradient_accumulation_steps); 0: not known. With one, or with all
+  // of them in one backward group, no micro-batch after the first drains its own gradients:
+  // the host tier holds no landing buffers for them (HostNeed::grad_landing).
+  int micro_batches = 0;
   // What each activation set after the first adds on the device (ActivationSizes::slot_bytes:
   // the rest of a set is shared by the group); 0: a whole set (create's activation_bytes).
   size_t activation_slot_bytes = 0;

@@ -541,6 +541,7 @@ TierStats TierManager::stats(Tier t) const {
     case Tier::kHost: {
       s = {I.homes->host_capacity(), I.homes->host_in_use(), I.homes->host_peak(), c.host_in,
            c.host_out};
+      s.undo_room = I.homes->undo_capacity();
       break;
     }
     case Tier::kNvme: {

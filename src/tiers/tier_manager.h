@@ -79,6 +79,9 @@ struct TierStats {
   // NVMe tier only: bytes of reads and writes asked for (bytes_in/out count them as they
   // complete; a write behind a step may land in the next).
   uint64_t bytes_queued = 0;
+  // Host tier only: of `capacity`, the undo room taken (Homes::undo_capacity: regions the
+  // optimizer under backward took for undo state; the rest is the arena).
+  size_t undo_room = 0;
 };
 
 // What the steps since the last take_times() call did: the optimizer's schedule (its times

@@ -120,7 +120,8 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
   r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const TierStats ts = tm_->stats(t);
-    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current});
+    r.tiers.push_back(
+        {tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current, ts.undo_room});
   }
   r.peak_rss = peak_rss_bytes();
   r.base_rss = base_rss_;

@@ -99,7 +99,8 @@ struct TrainResult {
     std::string name;  // device | host | nvme
     size_t capacity = 0, peak = 0;
     uint64_t bytes_in = 0, bytes_out = 0;
-    size_t current = 0;  // in use at the end (host, nvme: this rank's resident state)
+    size_t current = 0;    // in use at the end (host, nvme: this rank's resident state)
+    size_t undo_room = 0;  // host: of capacity, the undo room taken (TierStats::undo_room)
   };
   std::vector<TierUse> tiers;
   // The process's peak resident set (VmHWM of /proc/self/status, bytes; 0 where unknown): what
