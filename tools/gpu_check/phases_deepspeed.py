@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .common import ROOT, find_tool, fmt, median, metric_median
 from .peers_bundle import install
-from .phases_train import peak_rss, torch_python, train_config, why_failed
+from .phases_train import peak_rss, rss_split, torch_python, train_config, why_failed
 
 DRIVER = ROOT / "tools" / "peers" / "ds_zero_gpu.py"
 # The pairs: a name, what strata runs, strata's config ("hostmem-190m": configs/hostmem-190m.json;
@@ -200,7 +200,8 @@ def phase_deepspeed(ctx):
             if rc == 0 and m.exists():
                 res[name]["strata"].append({"tokens_per_s": metric_median(m, "tokens_per_s"),
                                             "step_s": metric_median(m, "step_s"),
-                                            "peak_rss_mib": _rss_mib(text)})
+                                            "peak_rss_mib": _rss_mib(text),
+                                            "rss_split": rss_split(text)})
             else:
                 res[name]["strata"].append({"error": "exit %d: %s" % (rc, why_failed(text))})
                 bad.append("strata %s: exit %d" % (name, rc))
@@ -244,6 +245,12 @@ def phase_deepspeed(ctx):
                % (name, what, fmt(st, "%.0f"), fmt(gt, "%.0f"), fmt(ratio), fmt(max(sr) if sr else None, "%.0f"),
                   fmt(max(gr) if gr else None, "%.0f"), opt))
         summary.append("%s %s" % (name, fmt(ratio)))
+    splits = [(name, x["rss_split"]) for name, _, _, _, _ in pairs
+              for x in res[name]["strata"][:1] if x.get("rss_split")]
+    if splits:
+        ctx.md("")
+        ctx.md("strata's peak RSS, what it is made of (first round): "
+               + "; ".join("%s: %s" % s for s in splits) + ".")
     ctx.put_json({"install_s": t_install, "ops": ops, "steps": steps, "rounds": rounds,
                   "pairs": res})
     if bad:

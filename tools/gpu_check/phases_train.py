@@ -36,6 +36,13 @@ def peak_rss(log_text):
     return m.group(1) if m else None
 
 
+def rss_split(log_text):
+    """What strata's summary says its peak RSS is made of (the host tier, its arena and undo
+    room, the rest), or None."""
+    m = re.search(r"peak RSS \(VmHWM\) [0-9.]+ [KMG]iB = (.*) \([0-9.]+ [KMG]iB at start\)", log_text)
+    return m.group(1) if m else None
+
+
 def why_failed(log_text):
     m = re.search(r"^.*strata train:.*$", log_text, re.M)
     return m.group(0)[:300] if m else ""
@@ -140,6 +147,23 @@ def probe_optimizer_rate(profile):
         return None
 
 
+def calibrated_profile(profile, rate, path):
+    """A copy of a `strata probe` profile whose CPU optimizer steps at `rate` parameters/s (each
+    thread count's rate scaled alike): the planner at the rate a run measured. Its path, or None."""
+    try:
+        j = json.loads(Path(profile).read_text())
+        c = j["cpu_optimizer"]
+        scale = rate / float(c["params_per_s"])
+        c["params_per_s"] = rate
+        for t in c.get("by_threads", []):
+            t["params_per_s"] = float(t["params_per_s"]) * scale
+            t.pop("spread", None)
+        Path(path).write_text(json.dumps(j, indent=1))
+        return str(path)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def planner_note(advice, profile, measured):
     """What the planner expected beside what ran: the probe's CPU optimizer rate, the step the
     planner weighs (the clipped one where clipping is on and the norm unknown), its CPU optimizer
@@ -230,6 +254,19 @@ class Table:
             opt_s = self.rows.get(host_row, {}).get("optimizer_s")
             self.notes.append(planner_note(advice, profile,
                                            (1000 * opt_s, params) if opt_s else None))
+            probe = probe_optimizer_rate(profile) if profile else None
+            if opt_s and probe and abs(params / opt_s / probe[0] - 1) > 0.2:
+                # The planner again at the rate the run stepped: what it would have chosen.
+                cal = calibrated_profile(profile, params / opt_s,
+                                         self.cfg.parent / ("%s-calibrated.json" % self.key))
+                r2, a2 = (planner_ratio(self.ctx, self.cfg, pdev, odev, cal,
+                                        "%s-calibrated" % self.key) if cal else (None, None))
+                if a2:
+                    self.notes.append(
+                        "At the rate that row stepped (%.2f G parameters/s) the planner "
+                        "recommends ratio %g (the %s %.0f ms)."
+                        % (params / opt_s / 1e9, r2, a2.get("weighs", "expected step"),
+                           1000 * float(a2.get("step_s", a2.get("expected_s")) or 0)))
         if ratio is None:
             self.notes.append("The planner recommended no optimizer ratio for %s (logs/%s)."
                               % (what.lower(), self.ctx.log_path("train-%s-planned-plan"

@@ -18,7 +18,7 @@ from .common import (ALL_PHASES, ROOT, cudnn_log_env, hbm_gbs_for, median, metri
                      peak_for)
 from .phases_bench import comparison_table, long_sequence_rates
 from .phases_deepspeed import PAIRS as DS_PAIRS, _config, _shape
-from .phases_train import bytes_vs_min, peak_rss
+from .phases_train import bytes_vs_min, calibrated_profile, peak_rss, probe_optimizer_rate, rss_split
 
 TOOL = ROOT / "tools" / "gpu_check.py"
 
@@ -143,6 +143,21 @@ def self_test(build):
     check("bytes_vs_min reads a run's summary",
           bytes_vs_min(log) == "nvme 1.62 GiB (1.62 GiB, +0.0%); link 1.16 GiB (1.10 GiB, +5.5%)")
     check("peak_rss reads a run's summary", peak_rss(log) == "31.1 GiB")
+    (tmp / "probe.json").write_text(json.dumps({"cpu_optimizer": {
+        "params_per_s": 8e9, "params": 5e7,
+        "by_threads": [{"threads": 8, "params_per_s": 6e9, "spread": {}},
+                       {"threads": 16, "params_per_s": 8e9, "spread": {}}]}}))
+    cal = calibrated_profile(tmp / "probe.json", 4e9, tmp / "cal.json")
+    by = json.loads(Path(cal).read_text())["cpu_optimizer"]["by_threads"] if cal else []
+    check("calibrated_profile scales the CPU optimizer's rates to a run's",
+          probe_optimizer_rate(cal) == (4e9, 50000000, 16)
+          and [t["params_per_s"] for t in by] == [3e9, 4e9]
+          and calibrated_profile(tmp / "missing.json", 4e9, tmp / "x.json") is None)
+    check("rss_split reads what the RSS is made of",
+          rss_split("host memory: peak RSS (VmHWM) 3.9 GiB = host tier 3.0 GiB (arena 2.1 GiB + "
+                    "undo room 900.0 MiB) + the rest 900.0 MiB (150.0 MiB at start)\n")
+          == "host tier 3.0 GiB (arena 2.1 GiB + undo room 900.0 MiB) + the rest 900.0 MiB"
+          and rss_split(log) is None)
     row = {"name": "gpt2", "B": 8, "T": 1024, "NH": 12, "NKV": 12, "hs": 64,
            "plain": {"forward_s": {"median": 0.002}, "backward_s": {"median": 0.004}},
            "fused": {"forward_s": {"median": 0.001}, "backward_s": {"median": 0.002}},
