@@ -80,7 +80,7 @@ TEST(PlanSimulated, ProfileTakesThePresetsRatesAndTheHostsOptimizer) {
 // Compute: every kernel of the step as the simulated device charges it. With the HBM taken
 // as unbounded and no launch time, that is GPT-2's GEMMs (24 C^2 per layer and token, 2 V C for
 // the head; forward, and twice that backward) at 580 TFLOP/s and causal attention (half of
-// 4 T C per layer and token) forward at 55 TFLOP/s and 2.5 times that backward at 30; each
+// 4 T C per layer and token) forward at 250 TFLOP/s and 2.5 times that backward at 180; each
 // kernel's launch adds launch_us; the elementwise kernels' bytes add the rest.
 TEST(PlanSimulated, ComputeIsTheKernelsModeledTime) {
   PlanRequest r = gpt2_request(0.5);
@@ -94,7 +94,7 @@ TEST(PlanSimulated, ComputeIsTheKernelsModeledTime) {
   const double C = 768, L = 12, V = 50304, T = 1024, tokens = 8 * 1024 * 2;
   const double gemm = 3.0 * (24.0 * C * C * L + 2.0 * V * C) * tokens / 580e12;
   const double causal = 4.0 * T * C * L / 2.0 * tokens;
-  const double attention = causal / 55e12 + 2.5 * causal / 30e12;
+  const double attention = causal / 250e12 + 2.5 * causal / 180e12;
   // (and the losses' copy to the host, 32 KiB a micro-batch over the link, in the stream's order)
   const double losses = tokens * 4 / 55e9;
   EXPECT_NEAR(o->time.compute_s, gemm + attention + losses, 1e-6 * (gemm + attention));
@@ -191,10 +191,10 @@ TEST(PlanSimulated, TheDevicesOptimizerCopiesDownBesideTheCompute) {
   for (double norm : {0.5, 3.0}) {
     SCOPED_TRACE(norm);
     PlanRequest r = gpt2_request(norm);
-    // Copies at 5 GB/s: the new parameters' (249 MB) longer than the first forward's share of
+    // Copies at 10 GB/s: the new parameters' (249 MB) longer than the first forward's share of
     // the compute and than the compute after backward's first modules, shorter than all of it.
-    r.profile.host_copy_gbps = {5.0, "test"};
-    r.profile.link_gbps = {5.0, "test"};
+    r.profile.host_copy_gbps = {10.0, "test"};
+    r.profile.link_gbps = {10.0, "test"};
     PlacementOption where = find_placement("params-host");
     where.where.optimizer_ratio = 0.0;
     auto o = evaluate_placement(r, where);
@@ -262,10 +262,18 @@ TEST(PlanSimulated, RatioAdviceMovesJustEnoughOptimizerOntoTheDevice) {
 // so that it holds whatever the clipping: the ratio weighing the simulated norm over the
 // threshold recommends, no more than the one under it, and the steps it weighs are the clipped
 // ones.
+// The own attention kernels' rates (device.simulate_attention_*): a slower compute, under which
+// a speculated step hides more than a clipped one.
 TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
-  const RatioAdvice over = opt_host_advice(gpt2_request(3.0));
-  const RatioAdvice under = opt_host_advice(gpt2_request(0.5));
-  PlanRequest r = gpt2_request(0.5);
+  auto own_kernels = [](double norm) {
+    PlanRequest q = gpt2_request(norm);
+    q.config.device.simulate_attention_fwd_tflops = 55;
+    q.config.device.simulate_attention_bwd_tflops = 30;
+    return request_from_config(q.config, q.hw, host_profile());
+  };
+  const RatioAdvice over = opt_host_advice(own_kernels(3.0));
+  const RatioAdvice under = opt_host_advice(own_kernels(0.5));
+  PlanRequest r = own_kernels(0.5);
   r.config.device.simulate.clear();  // the same rates, the norm not known
   const RatioAdvice unknown = opt_host_advice(r);
   EXPECT_FALSE(over.clipped);

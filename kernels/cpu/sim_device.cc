@@ -258,12 +258,16 @@ Result<SimulatedDeviceOptions> simulated_device_preset(std::string_view name) {
   SimulatedDeviceOptions o;
   o.preset = std::string(name);
   if (name == "h200" || name == "h100") {
-    // Measured with bench_device_ops on an H200 (docs/GPU.md): cuBLASLt 413-694 TFLOP/s at
-    // GPT-2 124M's shapes, the fused attention 45-74 forward and 27-40 backward, pinned copies
-    // 55 GB/s each way. The H100 SXM has the same compute peaks and 3.35 TB/s of HBM.
+    // Measured on an H200 (docs/GPU.md): cuBLASLt 413-694 TFLOP/s at GPT-2 124M's shapes
+    // (bench_device_ops), pinned copies 55 GB/s each way; attention as a training step there
+    // ran it, cuDNN's fused attention (found beside a PyTorch install): 248 TFLOP/s forward and
+    // 180 backward at GPT-2's shape (T 1024, head size 64), 325 and 235 at the Llama's (T 2048)
+    // in the op profile (these FLOPs: causal, the backward 2.5x the forward). The own kernels
+    // (no cuDNN found, or STRATA_CUDNN=0) reach 45-74 and 27-40: device.simulate_attention_*
+    // 55 and 30 model them. The H100 SXM has the same compute peaks and 3.35 TB/s of HBM.
     o.gemm_tflops = 580;
-    o.attention_fwd_tflops = 55;
-    o.attention_bwd_tflops = 30;
+    o.attention_fwd_tflops = 250;
+    o.attention_bwd_tflops = 180;
     o.hbm_gbps = name == "h200" ? 3800 : 2700;
     o.link_gbps = 55;
     o.launch_us = 4;
@@ -271,8 +275,8 @@ Result<SimulatedDeviceOptions> simulated_device_preset(std::string_view name) {
   } else if (name == "a100") {
     // The same kernels' share of the A100's peaks (312 TFLOP/s bf16, 2.0 TB/s, PCIe gen 4).
     o.gemm_tflops = 190;
-    o.attention_fwd_tflops = 18;
-    o.attention_bwd_tflops = 10;
+    o.attention_fwd_tflops = 80;
+    o.attention_bwd_tflops = 57;
     o.hbm_gbps = 1600;
     o.link_gbps = 25;
     o.launch_us = 5;
