@@ -1,6 +1,8 @@
-"""The train phase: `strata train` of GPT-2 124M in five placements and a ~1B Llama in three,
-then each with the optimizer ratio `strata plan` recommends for its offloaded placement (at
-this machine's `strata probe` profile, or --profile); tokens/s and MFU per row, with the
+"""The train phase: `strata train` of GPT-2 124M in five placements and a ~1B Llama in three
+(with --quick without the optimizer on NVMe), then each with the optimizer ratio `strata plan`
+recommends for its offloaded placement (at this machine's `strata probe` profile, or
+--profile), and both offloaded rows again with the gradient norm under the clipping threshold
+(each step speculated under backward); tokens/s and MFU per row, with the
 PyTorch peers (tools/peers/torch_gpt_gpu.py, torch_llama_gpu.py: the same shapes, everything on
 the device) run between strata's rows and strata's all-on-device tokens/s over PyTorch's beside
 the MFU, and the planner's row's step over the all-on-device step."""
@@ -116,7 +118,14 @@ def machine_profile(ctx, d):
     return str(path)
 
 
-def planner_ratio(ctx, cfg, pdev, odev, profile, name):
+# The rows with the norm under the clipping threshold: synthetic data's gradient norm is above
+# 1.0 (every step clips), so these rows clip at 1e6, above any norm: each step's optimizer
+# speculates under backward, the schedule a real run under the threshold takes.
+NORM_UNDER = "-norm-under"
+UNDER = ["gradient_clipping=1e6"]
+
+
+def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=()):
     """The zero_optimization.offload_optimizer.ratio `strata plan` recommends for the config with
     this placement, and the whole advice (`optimizer_ratio_advice`: its expected step, CPU
     optimizer and compute times, the step at ratio 1); (None, None) when there is none."""
@@ -126,6 +135,7 @@ def planner_ratio(ctx, cfg, pdev, odev, profile, name):
            "--set", 'zero_optimization.offload_optimizer.device="%s"' % odev]
     if profile:
         cmd += ["--profile", profile]
+    cmd += [x for kv in sets for x in ("--set", kv)]
     if ctx.run(60, cmd, log=ctx.log_path("train-%s-plan" % name)) != 0:
         return None, None
     try:
@@ -201,9 +211,10 @@ class Table:
             return None
         return tps * self.flops_tok / (peak * 1e12)
 
-    def strata_row(self, name, pdev, odev, ratio, what, profile_ops=False):
+    def strata_row(self, name, pdev, odev, ratio, what, profile_ops=False, extra=()):
         """One strata run. profile_ops: its second step's op profile (flops_profiler; the
-        median of tokens/s leaves out the first 2 steps, so it costs the row nothing)."""
+        median of tokens/s leaves out the first 2 steps, so it costs the row nothing); extra:
+        further --set KEY=VALUE."""
         ctx = self.ctx
         nvme = ctx.opts.nvme_path or str(ctx.R / "swap")
         rdir = self.cfg.parent / ("%s-%s" % (self.key, name))
@@ -212,10 +223,10 @@ class Table:
         prof = ctx.log_path("train-%s-%s-op-profile" % (self.key, name))
         if prof.exists():
             prof.unlink()
-        sets = []
+        sets = [x for kv in extra for x in ("--set", kv)]
         if profile_ops:
-            sets = ["--set", "flops_profiler.enabled=true", "--set", "flops_profiler.profile_step=1",
-                    "--set", 'flops_profiler.output_file="%s"' % prof]
+            sets += ["--set", "flops_profiler.enabled=true", "--set", "flops_profiler.profile_step=1",
+                     "--set", 'flops_profiler.output_file="%s"' % prof]
         t0 = time.time()
         rc = ctx.run(300, [ctx.bin("strata"), "train", "--config", self.cfg, "--quiet",
                            "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
@@ -243,13 +254,14 @@ class Table:
             self.bad.append("%s %s: exit %d" % (self.key, name, rc))
         self.rows[name] = row
 
-    def planned_row(self, pdev, odev, profile, what, host_row, params):
+    def planned_row(self, pdev, odev, profile, what, host_row, params, suffix="", extra=()):
         """The placement with the optimizer ratio `strata plan` recommends for it (the least
         state on the device within 5% of the fastest predicted step), when it is below 1; the
         planner's expectation beside the optimizer time of `host_row` (the same placement at
         ratio 1) goes to the notes."""
+        name = "planned" + suffix
         ratio, advice = planner_ratio(self.ctx, self.cfg, pdev, odev, profile,
-                                      "%s-planned" % self.key)
+                                      "%s-%s" % (self.key, name), extra)
         if advice:
             opt_s = self.rows.get(host_row, {}).get("optimizer_s")
             self.notes.append(planner_note(advice, profile,
@@ -260,7 +272,8 @@ class Table:
                 cal = calibrated_profile(profile, params / opt_s,
                                          self.cfg.parent / ("%s-calibrated.json" % self.key))
                 r2, a2 = (planner_ratio(self.ctx, self.cfg, pdev, odev, cal,
-                                        "%s-calibrated" % self.key) if cal else (None, None))
+                                        "%s-calibrated%s" % (self.key, suffix), extra)
+                          if cal else (None, None))
                 if a2:
                     self.notes.append(
                         "At the rate that row stepped (%.2f G parameters/s) the planner "
@@ -269,11 +282,12 @@ class Table:
                            1000 * float(a2.get("step_s", a2.get("expected_s")) or 0)))
         if ratio is None:
             self.notes.append("The planner recommended no optimizer ratio for %s (logs/%s)."
-                              % (what.lower(), self.ctx.log_path("train-%s-planned-plan"
-                                                                 % self.key).name))
+                              % (what.lower(), self.ctx.log_path("train-%s-%s-plan"
+                                                                 % (self.key, name)).name))
         elif ratio < 1 or self.ctx.dry:  # dry (the CPU backend: ratio 1), for the code path
-            self.strata_row("planned", pdev, odev, "%g" % ratio,
-                            "%s, the optimizer ratio %g `strata plan` recommends" % (what, ratio))
+            self.strata_row(name, pdev, odev, "%g" % ratio,
+                            "%s, the optimizer ratio %g `strata plan` recommends" % (what, ratio),
+                            extra=extra)
         else:
             self.notes.append("The planner keeps the whole optimizer of %s in host RAM (ratio 1): "
                               "the row with it is the one above." % what.lower())
@@ -305,21 +319,25 @@ class Table:
                        % (name, r["what"], r["offload_param"], r["offload_optimizer"], r["exit"],
                           r["why"]))
         ctx.md("")
-        dev, planned = self.rows.get("device", {}), self.rows.get("planned", {})
-        if dev.get("step_s") and planned.get("step_s"):
-            planned["over_device"] = planned["step_s"] / dev["step_s"]
-            ctx.md("With the planner's optimizer ratio %s: a step of %s ms, %.2fx the all-on-device "
-                   "step (%s ms)." % (planned["ratio"], ms(planned["step_s"]),
-                                      planned["over_device"], ms(dev["step_s"])))
-            ctx.md("")
+        dev = self.rows.get("device", {})
+        for name in ("planned", "planned" + NORM_UNDER):
+            planned = self.rows.get(name, {})
+            if dev.get("step_s") and planned.get("step_s"):
+                planned["over_device"] = planned["step_s"] / dev["step_s"]
+                ctx.md("With the planner's optimizer ratio %s%s: a step of %s ms, %.2fx the "
+                       "all-on-device step (%s ms)."
+                       % (planned["ratio"], " and the norm under the clipping threshold"
+                          if name != "planned" else "", ms(planned["step_s"]),
+                          planned["over_device"], ms(dev["step_s"])))
+                ctx.md("")
         regime = ["%s %s (%s)" % (name, "%.2f" % r["grad_norm"] if r.get("grad_norm") else "?",
                                   r.get("schedule") or "?")
                   for name, r in self.rows.items() if r.get("offload_optimizer") != "none"
                   and r["exit"] == 0]
         if regime:
-            ctx.md("Gradient norm (median after 2 steps; clipping at 1.0 bites above it) and the "
-                   "schedule each step's optimizer ran, per offloaded row: %s."
-                   % "; ".join(regime))
+            ctx.md("Gradient norm (median after 2 steps; clipping at 1.0 bites above it, the "
+                   "`*%s` rows clip at 1e6) and the schedule each step's optimizer ran, per "
+                   "offloaded row: %s." % (NORM_UNDER, "; ".join(regime)))
             ctx.md("")
         for note in self.notes:
             ctx.md(note)
@@ -409,8 +427,14 @@ def phase_train(ctx):
     t.strata_row("ratio", "none", "cpu", 0.5, "parameters on the device, optimizer ratio 0.5 "
                  "(half on the device, half in host RAM)")
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
-    t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    if not ctx.quick:
+        t.strata_row("nvme", "cpu", "nvme", 1,
+                     "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
     t.planned_row("none", "cpu", profile, "parameters on the device", "device-opt-host", params)
+    t.strata_row("device-opt-host" + NORM_UNDER, "none", "cpu", 1, "parameters on the device, "
+                 "optimizer in host RAM, the norm under the clipping threshold", extra=UNDER)
+    t.planned_row("none", "cpu", profile, "parameters on the device, the norm under the clipping "
+                  "threshold", "device-opt-host" + NORM_UNDER, params, NORM_UNDER, UNDER)
     if not ctx.quick:
         t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     gpt = t.write(why_not)
@@ -451,8 +475,14 @@ def phase_train(ctx):
                  profile_ops=True)
     t.torch_run("torch_llama_gpu.py", [], why_not)
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
-    t.strata_row("nvme", "cpu", "nvme", 1, "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+    if not ctx.quick:
+        t.strata_row("nvme", "cpu", "nvme", 1,
+                     "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
     t.planned_row("cpu", "cpu", profile, "parameters in host RAM", "host", params)
+    t.strata_row("host" + NORM_UNDER, "cpu", "cpu", 1, "parameters and optimizer in host RAM, "
+                 "the norm under the clipping threshold", extra=UNDER)
+    t.planned_row("cpu", "cpu", profile, "parameters in host RAM, the norm under the clipping "
+                  "threshold", "host" + NORM_UNDER, params, NORM_UNDER, UNDER)
     if not ctx.quick:
         t.torch_run("torch_llama_gpu.py", [], why_not)
     llama = t.write(why_not)
@@ -472,9 +502,12 @@ def phase_train(ctx):
     else:
         ratio = gpt["rows"].get("device", {}).get("over_torch")
         runs = len(gpt["rows"]) + len(llama["rows"])
-        planned = ", ".join("%s planner's ratio %.2fx all-on-device" % (k, m["rows"]["planned"]["over_device"])
+        planned = ", ".join("%s planner's ratio%s %.2fx all-on-device"
+                            % (k, " (norm under)" if r != "planned" else "",
+                               m["rows"][r]["over_device"])
                             for k, m in (("GPT-2", gpt), ("Llama", llama))
-                            if m["rows"].get("planned", {}).get("over_device"))
+                            for r in ("planned", "planned" + NORM_UNDER)
+                            if m["rows"].get(r, {}).get("over_device"))
         ctx.result("ok", "%d runs trained (%s): GPT-2 124M in %d placements, Llama ~1B in %d%s; "
                    "PyTorch %s" % (runs, backend, len(gpt["rows"]), len(llama["rows"]),
                                    "; " + planned if planned else "",
