@@ -26,6 +26,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/ops.h"
+#include "strata/cpu_optim.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -492,26 +493,29 @@ TEST(CpuKernels, CastMatchesScalarReferenceBitForBit) {
   }
 }
 
-TEST(CpuKernels, NormSquaredAndNonFinite) {
+// The squared norm in the host's order: bit for bit strata::grad_stats (the optimizer's), so a
+// norm taken on a device clips as one taken on the host does; inf or nan make it non-finite.
+TEST(CpuKernels, NormSquaredIsTheHostsBitForBit) {
   std::mt19937_64 rng(test_seed(9));
-  for (size_t n : {size_t{1}, size_t{1000}, size_t{300007}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{65536}, size_t{300007}}) {
     SCOPED_TRACE(fmt::format("n={}", n));
     auto x = random_f32(n, rng);
-    double want = 0.75;
-    for (float v : x) want += double(v) * v;
-    float acc[2] = {0.75f, 0.5f};
+    double naive = 0;
+    for (float v : x) naive += double(v) * v;
+    double got = -1;
     Fixture f;
-    f.k().norm_sq_and_nonfinite(f.s(), acc, x.data(), n);
+    f.k().norm_sq_and_nonfinite(f.s(), &got, x.data(), n);
     f.sync();
-    EXPECT_NEAR(acc[0], want, 1e-6 * want);
-    EXPECT_EQ(acc[1], 0.5f) << "flag must stay unchanged when every value is finite";
+    const double want = grad_stats(x.data(), DType::kF32, n).norm_sq;
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0) << got << " vs " << want;
+    EXPECT_NEAR(got, naive, 1e-12 * naive);
+    if (n == 0) continue;
     for (float bad : {INFINITY, -INFINITY, NAN}) {
       auto y = x;
-      y[n - 1] = bad;
-      float acc2[2] = {0.0f, 0.0f};
-      f.k().norm_sq_and_nonfinite(f.s(), acc2, y.data(), n);
+      y[n / 2] = bad;
+      f.k().norm_sq_and_nonfinite(f.s(), &got, y.data(), n);
       f.sync();
-      EXPECT_EQ(acc2[1], 1.0f) << bad;
+      EXPECT_FALSE(std::isfinite(got)) << bad;
     }
   }
 }
@@ -679,7 +683,8 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   Typed dqkv(dt, qkv.n), dx(dt, x.n), dln(dt, x.n), emb(dt, x.n);
   std::vector<float> mean(N), rstd(N), att(size_t(B) * NH * T * T), scratch(att.size());
   std::vector<float> dw(w.n, 0.0f), db(OC, 0.0f), dlw(C, 0.0f), dlb(C, 0.0f);
-  std::vector<float> dwte(wte.n, 0.0f), dwpe(wpe.n, 0.0f), acc(2, 0.0f);
+  std::vector<float> dwte(wte.n, 0.0f), dwpe(wpe.n, 0.0f);
+  double norm_sq = 0;
   Fixture f(threads);
   Kernels& k = f.k();
   k.encoder_forward(f.s(), dt, emb.data(), tokens.data(), nullptr, wte.data(), wpe.data(), B, T, C);
@@ -696,7 +701,7 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
                        x.data(), lw.data(), mean.data(), rstd.data(), N, C);
   k.encoder_backward(f.s(), dt, dwte.data(), dwpe.data(), dx.data(), tokens.data(), nullptr, B, T,
                      C);
-  k.norm_sq_and_nonfinite(f.s(), acc.data(), dw.data(), dw.size());
+  k.norm_sq_and_nonfinite(f.s(), &norm_sq, dw.data(), dw.size());
   f.sync();
   std::vector<unsigned char> all;
   auto add = [&](const void* p, size_t bytes) {
@@ -705,9 +710,10 @@ std::vector<unsigned char> run_chain(int threads, DType dt, uint64_t seed) {
   };
   for (const Typed* t : {&emb, &ln, &qkv, &att_out, &dqkv, &dln, &dx})
     add(t->data(), t->n * dtype_size(dt));
-  for (const auto* v : {&mean, &rstd, &att, &dw, &db, &dlw, &dlb, &dwte, &dwpe, &acc}) {
+  for (const auto* v : {&mean, &rstd, &att, &dw, &db, &dlw, &dlb, &dwte, &dwpe}) {
     add(v->data(), v->size() * 4);
   }
+  add(&norm_sq, sizeof(norm_sq));
   return all;
 }
 

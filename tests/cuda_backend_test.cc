@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_optimizer.h"
+#include "strata/cpu_optim.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
@@ -503,27 +504,41 @@ TEST_P(CudaOpTest, CrossEntropy) {
 }
 
 // The two fp32-only ops: plain tests, not dtype instances that would skip on a GPU.
-TEST_F(CudaBackendTest, NormSquaredAndNonfinite) {
-  const size_t n = (size_t{1} << 20) + 7;
-  Twin x = random(n, DType::kF32, -2, 2), acc = upload(std::vector<float>{1.5f, 0.0f}, DType::kF32);
-  run([&](Kernels& k, Stream& s, int i) {
-    k.norm_sq_and_nonfinite(s, acc.at<float>(i), x.at<float>(i), n);
-  });
-  std::vector<float> got = download(acc, 1, DType::kF32), want = download(acc, 0, DType::kF32);
-  EXPECT_NEAR(got[0], want[0], 1e-6 * want[0]) << "seed " << seed_;
-  EXPECT_EQ(got[1], 0.0f);
-  EXPECT_EQ(want[1], 0.0f);
-  // One inf anywhere raises the flag on both.
-  const float inf = INFINITY;
-  for (int i = 0; i < 2; ++i) {
-    dev_[i]->copy_h2d(dev_[i]->h2d_stream(), x.at<float>(i) + n / 3, &inf, 4);
-    ASSERT_TRUE(dev_[i]->synchronize(dev_[i]->h2d_stream()).is_ok());
+// The squared norm on the GPU is the host's bit for bit (strata::grad_stats' order), past the
+// stream scratch's 1024 tiles too; an inf anywhere makes it non-finite on both.
+TEST_F(CudaBackendTest, NormSquaredIsTheHostsBitForBit) {
+  for (size_t n : {size_t{0}, size_t{17}, (size_t{1} << 20) + 7, size_t{1025} * 65536 + 3}) {
+    SCOPED_TRACE(n);
+    Twin x = random(n, DType::kF32, -2, 2),
+         sq = upload(std::vector<float>{1.5f, 2.5f}, DType::kF32);
+    run([&](Kernels& k, Stream& s, int i) {
+      k.norm_sq_and_nonfinite(s, reinterpret_cast<double*>(sq.at<float>(i)), x.at<float>(i), n);
+    });
+    std::vector<float> host_x = download(x, 0, DType::kF32);
+    const double want = grad_stats(host_x.data(), DType::kF32, n).norm_sq;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> f = download(sq, i, DType::kF32);
+      double got = 0;
+      std::memcpy(&got, f.data(), sizeof(got));
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0)
+          << (i ? "cuda " : "cpu ") << got << " vs " << want << " (seed " << seed_ << ")";
+    }
+    if (n == 0) continue;
+    const float inf = INFINITY;
+    for (int i = 0; i < 2; ++i) {
+      dev_[i]->copy_h2d(dev_[i]->h2d_stream(), x.at<float>(i) + n / 3, &inf, 4);
+      ASSERT_TRUE(dev_[i]->synchronize(dev_[i]->h2d_stream()).is_ok());
+    }
+    run([&](Kernels& k, Stream& s, int i) {
+      k.norm_sq_and_nonfinite(s, reinterpret_cast<double*>(sq.at<float>(i)), x.at<float>(i), n);
+    });
+    for (int i = 0; i < 2; ++i) {
+      std::vector<float> f = download(sq, i, DType::kF32);
+      double got = 0;
+      std::memcpy(&got, f.data(), sizeof(got));
+      EXPECT_FALSE(std::isfinite(got)) << (i ? "cuda" : "cpu");
+    }
   }
-  run([&](Kernels& k, Stream& s, int i) {
-    k.norm_sq_and_nonfinite(s, acc.at<float>(i), x.at<float>(i), n);
-  });
-  EXPECT_EQ(download(acc, 1, DType::kF32)[1], 1.0f);
-  EXPECT_EQ(download(acc, 0, DType::kF32)[1], 1.0f);
 }
 
 TEST_F(CudaBackendTest, Scale) {

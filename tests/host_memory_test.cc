@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <utility>
@@ -245,6 +247,58 @@ TEST(HostMemoryModel, GroupedBackwardsTakeNoLandingBuffers) {
   EXPECT_LT(g.capacity, a.capacity) << "the arena sized for landing buffers it never takes";
   EXPECT_LT(g.peak, a.peak) << "the ungrouped run took no landing buffers";
   EXPECT_LE(a.peak, a.capacity);
+  fs::remove_all(dir);
+}
+
+// On a device the host cannot address, a step whose micro-batches all run their backwards in
+// one group drains a whole step's gradient at once, and its norm is taken on the device before
+// the copy down; ungrouped, the host takes it from its accumulator. Both are the host's
+// grad_stats order in fp64: each step's norm (metrics.jsonl, 17 digits) is the same double, and
+// with clipping biting every step the losses and weights are the plain run's bit for bit.
+TEST(HostMemoryModel, ANormTakenOnTheDeviceClipsAsTheHostsDoes) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("device_norm");
+  TrainOptions o;
+  o.progress = false;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(d), false);
+  };
+  auto run = [&](const std::string& name, std::vector<std::string> schedule) {
+    std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"none\"",
+                                   "zero_optimization.offload_optimizer.device=\"cpu\"",
+                                   "strata.placement.grads=\"host\"",
+                                   "gradient_accumulation_steps=3",
+                                   "train_batch_size=3",
+                                   "train_micro_batch_size_per_gpu=1",
+                                   "gradient_clipping=0.05"};
+    ov.insert(ov.end(), schedule.begin(), schedule.end());
+    ov.push_back("steps_per_print=1");
+    return test::must_train(tiny(dir + "/" + name, 6, ov), o);
+  };
+  auto norms = [&](const std::string& name) {
+    std::vector<double> out;
+    std::ifstream f(dir + "/" + name + "/ckpt/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto e = nlohmann::json::parse(line, nullptr, false);
+      if (e.is_object() && e.contains("grad_norm")) out.push_back(e["grad_norm"].get<double>());
+    }
+    return out;
+  };
+  const TrainResult plain =
+      run("plain", {"strata.optimizer.overlap=false", "strata.grouped_forwards=1",
+                    "strata.grouped_backwards=false"});
+  const TrainResult grouped =
+      run("grouped", {"strata.grouped_forwards=3", "strata.grouped_backwards=true"});
+  for (size_t s = 0; s < plain.losses.size(); ++s) {
+    ASSERT_EQ(grouped.losses[s], plain.losses[s]) << "loss differs at step " << s + 1;
+  }
+  EXPECT_EQ(grouped.weights_crc, plain.weights_crc);
+  const std::vector<double> want = norms("plain"), got = norms("grouped");
+  ASSERT_EQ(want.size(), 6u);
+  for (size_t s = 0; s < want.size(); ++s) {
+    ASSERT_EQ(std::memcmp(&got[s], &want[s], sizeof(double)), 0)
+        << "step " << s + 1 << ": norm " << got[s] << " against the host's " << want[s];
+  }
   fs::remove_all(dir);
 }
 

@@ -349,9 +349,13 @@ class Kernels {
 
   // dst[i] = convert(src[i]) between any dtypes.
   virtual void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) = 0;
-  // acc[0] += sum(x[i]^2) (summed in fp64 within the call, added to acc[0] in fp32);
-  // acc[1] = 1 if any x[i] is inf or nan, else unchanged. acc: 2 floats of device memory.
-  virtual void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) = 0;
+  // *norm_sq = sum(x[i]^2) in fp64, in the order of the host's strata::grad_stats
+  // (strata/cpu_optim.h): tiles of kStatsTileElems elements; in each, 16 lanes (element i into
+  // lane i % 16, in element order), folded pairwise (lane j += lane j + w for w = 8, 4, 2, 1);
+  // the tiles' sums added in tile order. So every backend gives the host's bits, and a gradient
+  // norm taken on the device clips as one taken on the host does. Non-finite iff some x[i] is
+  // inf or nan (squares cannot overflow fp64). norm_sq: one double of device memory.
+  virtual void norm_sq_and_nonfinite(Stream& s, double* norm_sq, const float* x, size_t n) = 0;
   // x[i] *= factor.
   virtual void scale(Stream& s, float* x, float factor, size_t n) = 0;
 

@@ -200,9 +200,9 @@ class KernelsWrapper : public Kernels {
   void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
     forward_op(s, "cast", [&](Kernels& k) { k.cast(s, dst, dst_t, src, src_t, n); });
   }
-  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+  void norm_sq_and_nonfinite(Stream& s, double* norm_sq, const float* x, size_t n) override {
     forward_op(s, "norm_sq_and_nonfinite",
-               [&](Kernels& k) { k.norm_sq_and_nonfinite(s, acc, x, n); });
+               [&](Kernels& k) { k.norm_sq_and_nonfinite(s, norm_sq, x, n); });
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {
     forward_op(s, "scale", [&](Kernels& k) { k.scale(s, x, factor, n); });

@@ -206,8 +206,8 @@ class CpuKernels final : public Kernels {
   void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
     run(s, [=] { cpu::cast(dst, dst_t, src, src_t, n); });
   }
-  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
-    run(s, [=] { cpu::norm_sq_and_nonfinite(acc, x, n); });
+  void norm_sq_and_nonfinite(Stream& s, double* norm_sq, const float* x, size_t n) override {
+    run(s, [=] { cpu::norm_sq_and_nonfinite(norm_sq, x, n); });
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });

@@ -6,36 +6,24 @@
 
 namespace strata::cpu {
 
-// Fixed chunks of kChunk elements each produce a double partial and a non-finite flag; the
-// partials are added in chunk order, so the sum does not depend on the thread count.
-void norm_sq_and_nonfinite(float* acc, const float* x, size_t n) {
-  constexpr size_t kChunk = 1 << 14;
-  size_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(chunks, 0.0);
-  std::vector<char> bad(chunks, 0);
-  parallel_ranges(n, kChunk, [&](size_t i0, size_t i1) {
-    // 8 independent lanes let the compiler vectorise; their order is fixed.
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    bool nonfinite = false;
-    size_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-      for (int j = 0; j < 8; ++j) lane[j] += double(x[i + j]) * double(x[i + j]);
+// The host's order (strata::grad_stats): tiles of kTile elements, 16 lanes in each (element i
+// into lane i % 16, in element order), the lanes folded pairwise, the tiles' sums added in tile
+// order. Tiles run in parallel; the bits do not depend on the thread count.
+void norm_sq_and_nonfinite(double* norm_sq, const float* x, size_t n) {
+  constexpr size_t kTile = 65536;  // strata::kStatsTileElems
+  constexpr int kLanes = 16;
+  std::vector<double> partial((n + kTile - 1) / kTile, 0.0);
+  parallel_ranges(n, kTile, [&](size_t i0, size_t i1) {
+    double lane[kLanes] = {};
+    for (size_t i = i0; i < i1; ++i) lane[(i - i0) % kLanes] += double(x[i]) * double(x[i]);
+    for (int w = kLanes / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
     }
-    for (; i < i1; ++i) lane[0] += double(x[i]) * double(x[i]);
-    for (size_t k = i0; k < i1; ++k) nonfinite |= !std::isfinite(x[k]);
-    double s = 0;
-    for (double l : lane) s += l;
-    partial[i0 / kChunk] = s;
-    bad[i0 / kChunk] = nonfinite;
+    partial[i0 / kTile] = lane[0];
   });
   double total = 0;
-  bool any_bad = false;
-  for (size_t c = 0; c < chunks; ++c) {
-    total += partial[c];
-    any_bad |= bad[c] != 0;
-  }
-  acc[0] += static_cast<float>(total);
-  if (any_bad) acc[1] = 1.0f;
+  for (double p : partial) total += p;
+  *norm_sq = total;
 }
 
 void scale(float* x, float factor, size_t n) {

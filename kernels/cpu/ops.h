@@ -150,7 +150,7 @@ void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
                                    const int32_t* targets, float dloss, int N, int V, int Vp);
 
 void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
-void norm_sq_and_nonfinite(float* acc, const float* x, size_t n);
+void norm_sq_and_nonfinite(double* norm_sq, const float* x, size_t n);
 void scale(float* x, float factor, size_t n);
 void dropout(DType dt, void* out, const void* in, size_t n, float p, uint64_t key);
 

@@ -212,7 +212,7 @@ class SimKernels final : public Kernels {
   void cast(Stream& s, void*, DType dst_t, const void*, DType src_t, size_t n) override {
     mem(s, double(n) * (dtype_size(dst_t) + dtype_size(src_t)));
   }
-  void norm_sq_and_nonfinite(Stream& s, float*, const float*, size_t n) override {
+  void norm_sq_and_nonfinite(Stream& s, double*, const float*, size_t n) override {
     mem(s, 4.0 * n);  // the trainer takes the norm from device.simulate_grad_norm
   }
   void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }

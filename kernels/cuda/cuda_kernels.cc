@@ -270,9 +270,9 @@ class CudaKernels final : public Kernels {
   void cast(Stream& s, void* dst, DType dst_t, const void* src, DType src_t, size_t n) override {
     run("cast", s, [&](CudaStream& cs) { return cuda_cast(cs.handle, dst, dst_t, src, src_t, n); });
   }
-  void norm_sq_and_nonfinite(Stream& s, float* acc, const float* x, size_t n) override {
+  void norm_sq_and_nonfinite(Stream& s, double* norm_sq, const float* x, size_t n) override {
     run("norm_sq_and_nonfinite", s, [&](CudaStream& cs) {
-      return cuda_norm_sq_and_nonfinite(cs.handle, cs.scratch, acc, x, n);
+      return cuda_norm_sq_and_nonfinite(cs.handle, cs.scratch, norm_sq, x, n);
     });
   }
   void scale(Stream& s, float* x, float factor, size_t n) override {

@@ -265,7 +265,7 @@ Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losse
 // cast.cu
 Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 // norm.cu (`scratch`: kCudaReduceBlocks doubles private to stream s)
-Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, float* acc, const float* x,
+Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, double* norm_sq, const float* x,
                                   size_t n);
 Status cuda_scale(cudaStream_t s, float* x, float factor, size_t n);
 // quantize.cu

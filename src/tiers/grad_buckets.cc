@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "src/comm/zeropp.h"
 #include "src/tiers/memory_model.h"
@@ -137,8 +138,8 @@ GradStats GradBuckets::stats() const {
   GradStats s;
   for (size_t m = 0; m < gstats_.size(); ++m) {
     if (stats_on_device_[m]) {
-      const float* host2 = stats_host_ + 2 * m;
-      s.merge({double(host2[0]), host2[1] != 0.0f});
+      // Squares cannot overflow fp64: the sum is non-finite iff some gradient is.
+      s.merge({stats_host_[m], !std::isfinite(stats_host_[m])});
     } else {
       s.merge(gstats_[m]);
     }
@@ -154,7 +155,7 @@ bool GradBuckets::stats_buffers() {
       errors_.set(h.status().with_context("gradient statistics"));
       return false;
     }
-    stats_host_ = static_cast<float*>(*h);
+    stats_host_ = static_cast<double*>(*h);
   }
   if (!stats_dev_) {
     auto b = dev_.allocate(round_up(bytes, 256), "gradient statistics");
@@ -162,7 +163,7 @@ bool GradBuckets::stats_buffers() {
       errors_.set(b.status().with_context("gradient statistics"));
       return false;
     }
-    stats_dev_ = static_cast<float*>(*b);
+    stats_dev_ = static_cast<double*>(*b);
   }
   return true;
 }
@@ -229,11 +230,10 @@ void GradBuckets::finish(int m, float* g, bool last, bool whole) {
   if (last && on_device && !stats_buffers()) {
     // No room for the statistics: the error ends the step at end_backward.
   } else if (last && on_device) {
-    float* acc2 = stats_dev_ + 2 * size_t(m);
-    float* host2 = stats_host_ + 2 * size_t(m);
-    dev_.memset_zero(d2h, acc2, 8);
-    dev_.kernels().norm_sq_and_nonfinite(d2h, acc2, on_device, homes_.module(m).sn);
-    dev_.copy_d2h(d2h, host2, acc2, 8);
+    double* dev_sq = stats_dev_ + size_t(m);
+    dev_.memset_zero(d2h, dev_sq, 8);  // (a simulated device's kernel writes nothing)
+    dev_.kernels().norm_sq_and_nonfinite(d2h, dev_sq, on_device, homes_.module(m).sn);
+    dev_.copy_d2h(d2h, stats_host_ + size_t(m), dev_sq, 8);
   } else if (last && homes_.module(m).gacc.tier != Tier::kNvme) {  // (GradSpill reduces its own)
     GradStats* out = &gstats_[size_t(m)];
     const float* acc = static_cast<const float*>(homes_.module(m).gacc.ptr());

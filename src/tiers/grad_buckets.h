@@ -17,8 +17,9 @@
 //
 // A device-homed GACC (the optimizer on the device) on a device the host cannot address is
 // filled on the device (a device copy, then Kernels::add_inplace) and its statistics reduced by
-// Kernels::norm_sq_and_nonfinite into a small device buffer copied down (fp32 norm², where
-// the host path sums in fp64: the clip coefficient may differ in its last bits).
+// Kernels::norm_sq_and_nonfinite into a small device buffer copied down: the fp64 norm² in the
+// host's order (grad_stats), so a norm taken on the device clips as the host's does, whichever
+// schedule or placement took it.
 //
 // Thread safety: the host thread calls everything; the d2h stream's callbacks write the
 // module's grad stats and touch the counters and the async error.
@@ -105,8 +106,8 @@ class GradBuckets {
   std::vector<char> in_place_;     // gdev_[m] is GACC[m] (acquired in place)
   bool parts_ = false;             // backward groups: device_reserve counts a part too
   std::vector<GradStats> gstats_;  // written by the d2h stream
-  // Module m's statistics are computed on the device and land in stats_host_[2m, 2m + 2)
-  // (norm², non-finite flag) by the d2h stream's copy.
+  // Module m's statistics are computed on the device and land in stats_host_[m] (norm², fp64,
+  // non-finite where some gradient is) by the d2h stream's copy.
   std::vector<char> stats_on_device_;
   float* bucket_ = nullptr;      // device: world * bucket_kc_ floats
   size_t bucket_kc_ = 0;         // per-rank capacity of a bucket, elements
@@ -114,10 +115,11 @@ class GradBuckets {
   std::vector<Piece> open_;      // the bucket being filled
   size_t open_k_ = 0;            // per-rank elements in it
   GradSpill spill_;              // gradient accumulators on NVMe (unsharded)
-  // Device-homed GACC on a device the host cannot address: [2 * m, 2 * m + 2) holds module m's
-  // norm² and inf/nan flag on the device, copied to stats_host_ (pinned: an asynchronous copy).
-  float* stats_dev_ = nullptr;
-  float* stats_host_ = nullptr;
+  // Statistics taken on the device (a device-homed GACC on a device the host cannot address, or
+  // a whole step's gradient before its copy down): [m] holds module m's norm² on the device,
+  // copied to stats_host_ (pinned: an asynchronous copy).
+  double* stats_dev_ = nullptr;
+  double* stats_host_ = nullptr;
   // Whether module m's GACC is filled and reduced on the device.
   bool gacc_on_device(int m) const;
   // Whether backward writes module m's gradients of micro-batch `micro` straight into GACC[m]:
