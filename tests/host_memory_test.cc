@@ -47,6 +47,28 @@ Config tiny(const std::string& dir, int steps, const std::vector<std::string>& e
       dir, {"train.steps=" + std::to_string(steps), "scheduler.params.warmup_num_steps=2"}, extra);
 }
 
+// Training options that wrap the CPU backend as a device the host cannot address (as a GPU).
+TrainOptions on_unaddressable_device() {
+  TrainOptions o;
+  o.progress = false;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(d), false);
+  };
+  return o;
+}
+
+// ZeRO-Offload (parameters on the device, optimizer state and gradients in host memory), one
+// sequence a micro-batch, `micro_batches` of them a step, clipping at `clip`.
+std::vector<std::string> zero_offload(int micro_batches, const std::string& clip) {
+  return {"zero_optimization.offload_param.device=\"none\"",
+          "zero_optimization.offload_optimizer.device=\"cpu\"",
+          "strata.placement.grads=\"host\"",
+          "gradient_accumulation_steps=" + std::to_string(micro_batches),
+          "train_batch_size=" + std::to_string(micro_batches),
+          "train_micro_batch_size_per_gpu=1",
+          "gradient_clipping=" + clip};
+}
+
 std::vector<std::string> on_nvme(const std::string& dir, bool params, bool optimizer) {
   fs::create_directories(dir + "/swap");
   const std::string path = "\"" + dir + "/swap\"";
@@ -185,11 +207,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("unaddressable");
-  TrainOptions o;
-  o.progress = false;
-  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
-    return std::make_unique<test::WrappedDevice>(std::move(d), false);
-  };
+  const TrainOptions o = on_unaddressable_device();
   const int steps = 6;
   for (bool nvme_params : {true, false}) {
     SCOPED_TRACE(nvme_params ? "params on nvme" : "params on the device");
@@ -224,20 +242,10 @@ TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
 TEST(HostMemoryModel, GroupedBackwardsTakeNoLandingBuffers) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("landing");
-  TrainOptions o;
-  o.progress = false;
-  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
-    return std::make_unique<test::WrappedDevice>(std::move(d), false);
-  };
   auto run = [&](const std::string& name, bool grouped) {
-    return test::must_train(
-        tiny(dir + "/" + name, 4,
-             {"zero_optimization.offload_param.device=\"none\"",
-              "zero_optimization.offload_optimizer.device=\"cpu\"",
-              "strata.placement.grads=\"host\"", "gradient_accumulation_steps=2",
-              "train_batch_size=2", "train_micro_batch_size_per_gpu=1", "gradient_clipping=0",
-              fmt::format("strata.grouped_backwards={}", grouped)}),
-        o);
+    std::vector<std::string> ov = zero_offload(2, "0");
+    ov.push_back(fmt::format("strata.grouped_backwards={}", grouped));
+    return test::must_train(tiny(dir + "/" + name, 4, ov), on_unaddressable_device());
   };
   const TrainResult grouped = run("grouped", true);
   const TrainResult apart = run("apart", false);
@@ -258,22 +266,11 @@ TEST(HostMemoryModel, GroupedBackwardsTakeNoLandingBuffers) {
 TEST(HostMemoryModel, ANormTakenOnTheDeviceClipsAsTheHostsDoes) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("device_norm");
-  TrainOptions o;
-  o.progress = false;
-  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
-    return std::make_unique<test::WrappedDevice>(std::move(d), false);
-  };
   auto run = [&](const std::string& name, std::vector<std::string> schedule) {
-    std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"none\"",
-                                   "zero_optimization.offload_optimizer.device=\"cpu\"",
-                                   "strata.placement.grads=\"host\"",
-                                   "gradient_accumulation_steps=3",
-                                   "train_batch_size=3",
-                                   "train_micro_batch_size_per_gpu=1",
-                                   "gradient_clipping=0.05"};
+    std::vector<std::string> ov = zero_offload(3, "0.05");
     ov.insert(ov.end(), schedule.begin(), schedule.end());
     ov.push_back("steps_per_print=1");
-    return test::must_train(tiny(dir + "/" + name, 6, ov), o);
+    return test::must_train(tiny(dir + "/" + name, 6, ov), on_unaddressable_device());
   };
   auto norms = [&](const std::string& name) {
     std::vector<double> out;
