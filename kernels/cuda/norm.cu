@@ -14,7 +14,7 @@ constexpr size_t kTile = 65536;  // strata::kStatsTileElems
 constexpr int kLanes = 16;
 constexpr int kTilesPerBlock = 8;
 constexpr int kBlockThreads = kTilesPerBlock * kLanes;
-constexpr int kBatch = 16;  // loads a lane has in flight
+constexpr int kBatch = 64;  // loads a lane has in flight (its adds: a chain of 4096 per tile)
 
 // Pass 1: partial[t] = tile first + t's folded lanes, for the tiles [first, first + tiles).
 __global__ void norm_tiles_kernel(double* partial, const float* x, size_t n, size_t first,
