@@ -292,6 +292,21 @@ class Table:
             self.notes.append("The planner keeps the whole optimizer of %s in host RAM (ratio 1): "
                               "the row with it is the one above." % what.lower())
 
+    def planned_rows(self, pdev, where, host_row, profile, params, nvme):
+        """The rows after the host RAM ones: the optimizer on NVMe (not with --quick), the
+        offloaded placement (`pdev`: its parameters, `where` in words; `host_row`: its row at
+        ratio 1, run already) at the planner's ratio, then both again with the norm under the
+        clipping threshold."""
+        if not self.ctx.quick:
+            self.strata_row("nvme", "cpu", "nvme", 1,
+                            "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
+        self.planned_row(pdev, "cpu", profile, where, host_row, params)
+        under = ", the norm under the clipping threshold"
+        self.strata_row(host_row + NORM_UNDER, pdev, "cpu", 1,
+                        self.rows.get(host_row, {}).get("what", where) + under, extra=UNDER)
+        self.planned_row(pdev, "cpu", profile, where + under, host_row + NORM_UNDER, params,
+                         NORM_UNDER, UNDER)
+
     def torch_run(self, script, args, why_not):
         if why_not:
             return
@@ -427,14 +442,7 @@ def phase_train(ctx):
     t.strata_row("ratio", "none", "cpu", 0.5, "parameters on the device, optimizer ratio 0.5 "
                  "(half on the device, half in host RAM)")
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
-    if not ctx.quick:
-        t.strata_row("nvme", "cpu", "nvme", 1,
-                     "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
-    t.planned_row("none", "cpu", profile, "parameters on the device", "device-opt-host", params)
-    t.strata_row("device-opt-host" + NORM_UNDER, "none", "cpu", 1, "parameters on the device, "
-                 "optimizer in host RAM, the norm under the clipping threshold", extra=UNDER)
-    t.planned_row("none", "cpu", profile, "parameters on the device, the norm under the clipping "
-                  "threshold", "device-opt-host" + NORM_UNDER, params, NORM_UNDER, UNDER)
+    t.planned_rows("none", "parameters on the device", "device-opt-host", profile, params, nvme)
     if not ctx.quick:
         t.torch_run("torch_gpt_gpu.py", gpt_args, why_not)
     gpt = t.write(why_not)
@@ -475,14 +483,7 @@ def phase_train(ctx):
                  profile_ops=True)
     t.torch_run("torch_llama_gpu.py", [], why_not)
     t.strata_row("host", "cpu", "cpu", 1, "parameters and optimizer in host RAM")
-    if not ctx.quick:
-        t.strata_row("nvme", "cpu", "nvme", 1,
-                     "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
-    t.planned_row("cpu", "cpu", profile, "parameters in host RAM", "host", params)
-    t.strata_row("host" + NORM_UNDER, "cpu", "cpu", 1, "parameters and optimizer in host RAM, "
-                 "the norm under the clipping threshold", extra=UNDER)
-    t.planned_row("cpu", "cpu", profile, "parameters in host RAM, the norm under the clipping "
-                  "threshold", "host" + NORM_UNDER, params, NORM_UNDER, UNDER)
+    t.planned_rows("cpu", "parameters in host RAM", "host", profile, params, nvme)
     if not ctx.quick:
         t.torch_run("torch_llama_gpu.py", [], why_not)
     llama = t.write(why_not)
