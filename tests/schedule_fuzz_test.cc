@@ -41,7 +41,6 @@
 #include "strata/log.h"
 #include "tests/test_util.h"
 #include "tests/train_util.h"
-#include "tests/wrapped_device.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
@@ -88,11 +87,7 @@ bool run_case(uint64_t seed, bool across) {
   TrainOptions quiet;
   quiet.progress = false;
   const bool unaddressable = std::getenv("STRATA_SCHEDULE_FUZZ_UNADDRESSABLE") != nullptr;
-  if (unaddressable) {
-    quiet.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
-      return std::make_unique<test::WrappedDevice>(std::move(d), false);
-    };
-  }
+  if (unaddressable) quiet.wrap_device = test::on_unaddressable_device().wrap_device;
   auto plain = train(*cfg_plain, quiet);
   if (!plain.is_ok()) {  // does not fit, or the combination is refused at start
     if (verbose)

@@ -13,12 +13,24 @@
 #include "strata/config.h"
 #include "strata/storage_faults.h"
 #include "tests/test_util.h"
+#include "tests/wrapped_device.h"
 
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must point at the repository"
 #endif
 
 namespace strata::test {
+
+// Training options that wrap the CPU backend as a device the host cannot address (as a GPU:
+// tests/wrapped_device.h), without progress lines.
+inline TrainOptions on_unaddressable_device() {
+  TrainOptions o;
+  o.progress = false;
+  o.wrap_device = [](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    return std::make_unique<WrappedDevice>(std::move(d), false);
+  };
+  return o;
+}
 
 // configs/tiny-cpu.json (README's default job) with its checkpoints in `dir`/ckpt, no evals and
 // no progress reports, then `overrides` and `more` in that order; a bad override is a test
