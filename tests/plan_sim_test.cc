@@ -77,6 +77,21 @@ TEST(PlanSimulated, ProfileTakesThePresetsRatesAndTheHostsOptimizer) {
   EXPECT_EQ(r2.profile.link_gbps.value, 5.0);
 }
 
+// The simulated device's copies are each one memcpy by its stream's thread: where the profile
+// measured one thread's copy (host.copy_one_thread_gbps) the link is that, when slower than the
+// preset's, not the all-threads copy rate.
+TEST(PlanSimulated, TheLinkIsOneThreadsCopy) {
+  Config c = gpt2_request(0.5).config;
+  MachineProfile host = host_profile();
+  host.stream_copy_gbps = {7.0, "test"};
+  const PlanRequest r = request_from_config(c, Hardware{}, host);
+  EXPECT_EQ(r.profile.link_gbps.value, 7.0);
+  EXPECT_EQ(r.profile.host_copy_gbps.value, 20.0) << "the undo copies keep the host's rate";
+  host.stream_copy_gbps = {80.0, "test"};
+  EXPECT_EQ(request_from_config(c, Hardware{}, host).profile.link_gbps.value, 55.0)
+      << "the preset's link, slower than the copy";
+}
+
 // Compute: every kernel of the step as the simulated device charges it. With the HBM taken
 // as unbounded and no launch time, that is GPT-2's GEMMs (24 C^2 per layer and token, 2 V C for
 // the head; forward, and twice that backward) at 580 TFLOP/s and causal attention (half of
@@ -127,9 +142,11 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   ASSERT_TRUE(under.is_ok());
   EXPECT_EQ(under->time.schedule, "under backward");
   EXPECT_EQ(under->time.expected_s, under->time.step_s);
-  // The simulated copies are the host's memcpys: under backward they share the host with the
-  // optimizer (a GPU's DMA would not), so the step holds both.
-  EXPECT_GE(under->time.step_s, under->time.cpu_optim_s + under->time.link_s);
+  // The simulated copies are the host's memcpys: under backward the gradients' drains share
+  // the host with the optimizer (a GPU's DMA would not), so the step holds both (the new
+  // parameters, a third of the link's bytes, cross beside the optimizer's steps).
+  EXPECT_GE(under->time.step_s,
+            under->time.cpu_optim_s + under->time.link_s * 2.0 / 3.0 - 1e-12);
   PlanRequest gpu = r;
   gpu.profile.simulated = false;
   gpu.config.strata.optimizer_speculate = "always";
@@ -211,6 +228,22 @@ TEST(PlanSimulated, TheDevicesOptimizerCopiesDownBesideTheCompute) {
     ASSERT_TRUE(host.is_ok());
     EXPECT_GT(host->time.expected_s, host->time.cpu_optim_s);
   }
+}
+
+// The host's optimizer publishes each module's new parameters on the h2d stream while it steps
+// the next: the plain step's optimizer pass is the longer of the two, not their sum.
+TEST(PlanSimulated, TheHostsNewParametersCrossBesideItsSteps) {
+  PlanRequest r = gpt2_request(0.5);
+  r.config.strata.optimizer_overlap = false;
+  auto o = evaluate_placement(r, find_placement("opt-host"));
+  ASSERT_TRUE(o.is_ok());
+  const TimeTerms& t = o->time;
+  // Parameters on the device: the link is the gradients' fp32 drains (the two micro-batches'
+  // backwards grouped: once) and the new bf16 parameters.
+  const double publish_s = t.link_s / 3.0;  // 2 bytes of the 6 a parameter crosses
+  ASSERT_LT(publish_s, t.cpu_optim_s) << "the test wants the copies shorter than the optimizer";
+  const double drains_s = t.link_s - publish_s;
+  EXPECT_NEAR(t.expected_s, std::max(t.compute_s, drains_s) + t.cpu_optim_s, 1e-9);
 }
 
 // The host's optimizer (124M parameters at 1 Gparam/s) takes longer than the device's compute:

@@ -236,9 +236,10 @@ int probe_all(int argc, char** argv) {
     return fmt::format(" (min..max {:.3g}..{:.3g})", s["min"].get<double>() * scale,
                        s["max"].get<double>() * scale);
   };
-  std::printf("host memory    copy %s GB/s%s, optimizer pattern (rmw) %s GB/s%s\n",
+  std::printf("host memory    copy %s GB/s%s (one thread %s), optimizer pattern (rmw) %s GB/s%s\n",
               g("host", "copy_gbps").c_str(), spread("host", "copy_spread", 1).c_str(),
-              g("host", "rmw_gbps").c_str(), spread("host", "rmw_spread", 1).c_str());
+              g("host", "copy_one_thread_gbps").c_str(), g("host", "rmw_gbps").c_str(),
+              spread("host", "rmw_spread", 1).c_str());
   std::printf("cpu optimizer  ");
   for (const auto& t : j["cpu_optimizer"]["by_threads"]) {
     std::printf("%d thr: %.3g Mparam/s  ", t["threads"].get<int>(),

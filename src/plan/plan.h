@@ -98,7 +98,10 @@ struct MachineProfile {
   std::vector<GemmPoint> gemm_by_width;  // sorted by (tokens, width)
   Rate link_gbps{10.0};                  // host<->device, GB/s (CPU backend: host memcpy bandwidth)
   Rate host_copy_gbps{10.0};             // host memory copy bandwidth, GB/s
-  Rate optimizer_pps{2.0e8};             // CPU optimizer, parameters per second (all threads)
+  // One thread's memcpy in module-sized pieces (host.copy_one_thread_gbps): what a CPU device
+  // stream's copy runs at. 0: the profile has none (host_copy_gbps is taken).
+  Rate stream_copy_gbps{0.0};
+  Rate optimizer_pps{2.0e8};  // CPU optimizer, parameters per second (all threads)
   // The same with one thread fewer (cpu_optimizer.by_threads, interpolated): the rate of the
   // optimizer stepped under backward beside a device, where the thread that launches the
   // device's kernels steps the modules between its launches and keeps a core. 0: the profile has
@@ -133,10 +136,11 @@ struct MachineProfile {
 // strata/device.h): the simulated device's memory is not host-addressable, so the tiers take a
 // GPU's paths (cpu_backend false); compute is its GEMM rate for the GEMMs and its attention
 // rates for attention (simulated_attention_seconds, the kernels' own rule); the link is the
-// slower of its link and host_copy_gbps (its copies are real host memcpys that take at least
-// the link's time); the optimizer on the device streams through its HBM; the CPU optimizer,
-// the host's copies and NVMe keep `host`'s rates. The kernels' bytes over HBM and their launch
-// time are not counted (docs/PLANNER.md).
+// slower of its link and stream_copy_gbps (its copies are real host memcpys, each by its
+// stream's thread, that take at least the link's time; host_copy_gbps where unmeasured); the
+// optimizer on the device streams through its HBM; the CPU optimizer, the host's copies and NVMe
+// keep `host`'s rates. The kernels' bytes over HBM and their launch time are not counted
+// (docs/PLANNER.md).
 MachineProfile simulated_profile(MachineProfile host, const SimulatedDeviceOptions& sim);
 
 // The compute rate (FLOP/s) the planner uses for a model of `width` run at `tokens` per

@@ -346,9 +346,10 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   // they add; NVMe transfers run on I/O threads under the optimizer. The device's optimizer
   // runs in the compute stream's order: it adds to compute (comp) on either backend.
   const double comp = t.compute_s + t.device_optim_s;
-  // A simulated device's copies are the host's memcpys (MachineProfile::simulated), on the
-  // cores and memory the CPU optimizer uses: the pass's own (the new parameters to the device)
-  // follow each module's step, so they add to the optimizer (host_opt); the rest (gradient
+  // A simulated device's copies are the host's memcpys (MachineProfile::simulated), each by its
+  // stream's thread: the pass's own (the new parameters to the device) follow each module's
+  // step on the h2d stream while the optimizer steps the next, so the pass takes the longer of
+  // the two (host_opt); the rest (gradient
   // drains, fetches) run beside the device's compute (link) and, under backward, beside the
   // optimizer too (under_bwd). A GPU's DMA copies take none of the host's time.
   // Parameters homed off the device are published by whichever optimizer steps them: the
@@ -362,7 +363,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   const double link_rate = pf.link_gbps.value * 1e9;
   const double publish_s = pf.simulated ? x.publish * host_share / link_rate : 0.0;
   const double copied_down_s = pf.simulated ? x.publish * (1.0 - host_share) / link_rate : 0.0;
-  const double host_opt = t.cpu_optim_s + publish_s;
+  const double host_opt = std::max(t.cpu_optim_s, publish_s);
   const double link = t.link_s - publish_s;
   // Under backward the thread that launches the device's kernels steps the modules between its
   // launches: the optimizer runs with one thread fewer than alone (optimizer_pps_beside; on two

@@ -4,7 +4,8 @@
 // What is measured (each case: `warmup` passes discarded, then `repeats` timed passes; the
 // median is the rate, min..max the spread):
 //   host.copy_gbps        memcpy of a buffer of `host_bytes` (default probe_span_bytes()),
-//                         bytes copied per second
+//                         bytes copied per second (all threads)
+//   host.copy_one_thread_gbps  the same by one thread in 16 MiB pieces (a CPU stream's copy)
 //   host.rmw_gbps         the optimizer's access pattern: x[i] = a*x[i] + b*y[i] over fp32
 //                         arrays (2 reads + 1 write per element, all threads), bytes touched/s
 //   cpu_optimizer         optimizer_step (AdamW, fp32 grads/master/moments, bf16 copy-out) on

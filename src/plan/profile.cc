@@ -54,12 +54,12 @@ MachineProfile simulated_profile(MachineProfile p, const SimulatedDeviceOptions&
   p.cpu_backend = false;
   p.gemm_flops = {sim.gemm_tflops * 1e12, src};
   p.gemm_by_width.clear();
-  if (sim.link_gbps < p.host_copy_gbps.value) {
+  const Rate& copy = p.stream_copy_gbps.value > 0 ? p.stream_copy_gbps : p.host_copy_gbps;
+  if (sim.link_gbps < copy.value) {
     p.link_gbps = {sim.link_gbps, src};
   } else {
-    p.link_gbps = {
-        p.host_copy_gbps.value,
-        fmt::format("{} (the host's copy rate, below the link's)", p.host_copy_gbps.source)};
+    p.link_gbps = {copy.value,
+                   fmt::format("{} (one thread's host copy, below the link's)", copy.source)};
   }
   p.device_mem_gbps = {sim.hbm_gbps, src};
   return p;
@@ -240,6 +240,11 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
   STRATA_RETURN_IF_ERROR(num("host", "copy_gbps", &v), "");
   v = best_of(j["host"].value("copy_spread", json()), v);
   p.host_copy_gbps = {v, src};
+  if (j["host"].contains("copy_one_thread_gbps") && j["host"]["copy_one_thread_gbps"].is_number()) {
+    p.stream_copy_gbps = {best_of(j["host"].value("copy_one_thread_spread", json()),
+                                  j["host"]["copy_one_thread_gbps"].get<double>()),
+                          src};
+  }
   if (p.cpu_backend) {
     p.link_gbps = {v, src + " (host copy: the CPU backend's link)"};
   } else {
