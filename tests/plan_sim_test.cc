@@ -145,8 +145,7 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   // The simulated copies are the host's memcpys: under backward the gradients' drains share
   // the host with the optimizer (a GPU's DMA would not), so the step holds both (the new
   // parameters, a third of the link's bytes, cross beside the optimizer's steps).
-  EXPECT_GE(under->time.step_s,
-            under->time.cpu_optim_s + under->time.link_s * 2.0 / 3.0 - 1e-12);
+  EXPECT_GE(under->time.step_s, under->time.cpu_optim_s + under->time.link_s * 2.0 / 3.0 - 1e-12);
   PlanRequest gpu = r;
   gpu.profile.simulated = false;
   gpu.config.strata.optimizer_speculate = "always";
