@@ -487,6 +487,36 @@ TEST(OverlapUndo, NvmeStateIsShadowedOnTheDiskNotCopiedToHost) {
   fs::remove_all(dir);
 }
 
+// Undo buffers of a module whose region is large (Homes::kUndoPrepareBytes: a fresh region's
+// pages cost the kernel's faults) come from regions made ready off the step's thread: the first
+// step that would speculate such a module stops there and steps the rest after backward
+// (undo_not_ready); a later step, its region ready, steps it under backward. Host-homed
+// optimizer state, blocks of 3.1 M parameters (12.6 MB of master weights), clipping that never
+// bites; the same bits as the plain schedule.
+TEST(OverlapUndo, LargeModulesUndoRegionsAreMadeReadyOffTheStep) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("undo_ready");
+  const std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"cpu\"",
+                                       "zero_optimization.offload_optimizer.device=\"cpu\"",
+                                       "model.n_layer=2",
+                                       "model.n_embd=512",
+                                       "model.n_head=8",
+                                       "train_batch_size=4",
+                                       "gradient_accumulation_steps=1",
+                                       "device.memory_limit=\"256MiB\"",
+                                       "gradient_clipping=1e6",
+                                       "train.steps=12",
+                                       "scheduler.params.warmup_num_steps=2"};
+  const auto [plain, over] = train_both(dir, ov, 12);
+  EXPECT_GT(over.schedule.undo_not_ready, 0u) << "a large region was taken on the step's thread";
+  // Every speculated step (all but the first) steps the final norm, whose undo buffers are
+  // small; a block is stepped too once its regions are ready.
+  EXPECT_GT(over.schedule.modules_stepped_under_backward, 11u)
+      << "no region made ready was used by a later step";
+  EXPECT_EQ(plain.schedule.undo_not_ready, 0u);
+  fs::remove_all(dir);
+}
+
 TEST(DelayedUpdate, TrainsAndIsReportedApproximate) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("delayed");

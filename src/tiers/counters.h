@@ -48,6 +48,9 @@ struct ScheduleCounts {
   // Bytes of optimizer state the speculation copied to keep undo state (state in device memory,
   // or on NVMe with full swap files; host-homed and NVMe-homed state keep theirs without copies).
   uint64_t undo_copy_bytes = 0;
+  // Times the speculation stopped at a module whose undo buffers' regions were not ready
+  // (Homes::undo_ready: being made ready off the step's thread for a later step).
+  uint64_t undo_not_ready = 0;
 
   ScheduleCounts& operator+=(const ScheduleCounts& o) {
     compute_wait_s += o.compute_wait_s;
@@ -62,6 +65,7 @@ struct ScheduleCounts {
     grad_sub_groups_read_under_backward += o.grad_sub_groups_read_under_backward;
     sub_groups_kept += o.sub_groups_kept;
     undo_copy_bytes += o.undo_copy_bytes;
+    undo_not_ready += o.undo_not_ready;
     return *this;
   }
   // All zero.
@@ -69,7 +73,7 @@ struct ScheduleCounts {
 };
 // A field added above without its line in operator+= would be dropped from every total: keep
 // the count here with the fields.
-static_assert(sizeof(ScheduleCounts) == 3 * sizeof(double) + 9 * sizeof(uint64_t),
+static_assert(sizeof(ScheduleCounts) == 3 * sizeof(double) + 10 * sizeof(uint64_t),
               "a ScheduleCounts field needs its line in operator+=");
 
 struct TierCounts {

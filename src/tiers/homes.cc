@@ -71,6 +71,12 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
 }
 
 Homes::~Homes() {
+  {
+    std::lock_guard<std::mutex> l(undo_mu_);
+    undo_stop_ = true;
+  }
+  undo_cv_.notify_all();
+  if (undo_thread_.joinable()) undo_thread_.join();
   for (auto& m : mods_) {
     for (auto* h : {&m.p, &m.master, &m.mom, &m.gacc, &m.gacc2}) {
       if (h->tier == Tier::kDevice && h->dev) dev_.release(h->dev);
@@ -84,6 +90,46 @@ Homes::~Homes() {
   storage_.reset();
 }
 
+// A region the size of the buffer (in whole huge pages from 2 MiB on): each module's undo
+// buffers are reused step after step (Speculation's spares), so the regions are taken once.
+size_t Homes::undo_region_bytes(size_t bytes) {
+  const size_t hp = BufferPool::kHugePage;
+  return bytes >= hp ? (bytes + hp - 1) / hp * hp : (bytes + 4095) / 4096 * 4096;
+}
+
+Result<std::unique_ptr<BufferPool>> Homes::make_undo_region(size_t bytes, bool touch) {
+  BufferPoolOptions po;
+  po.name = "host tier's undo room";
+  po.lock = lock_;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> p, BufferPool::create(bytes, po), "");
+  if (touch && !p->locked()) {
+    // Fresh anonymous pages read as zero: writing one makes it resident.
+    auto* c = static_cast<volatile char*>(p->base());
+    for (size_t at = 0; at < p->capacity(); at += 4096) c[at] = 0;
+  }
+  dev_.register_host(p->base(), p->capacity()).ignore();
+  return p;
+}
+
+void Homes::undo_failed(size_t bytes, const Status& why) {
+  if (!undo_warned_) {
+    log_warn(
+        "host tier: the undo room could not take {} ({}); the optimizer steps modules after "
+        "backward instead of under it where a step needs undo state",
+        format_bytes(double(bytes)), why.message());
+  }
+  undo_warned_ = true;
+}
+
+void Homes::add_undo_region(std::unique_ptr<BufferPool> region) {
+  if (undo_.empty()) {
+    log_info(
+        "host tier: undo room taken for the optimizer under backward, as it is used (up to {})",
+        format_bytes(double(undo_bytes_)));
+  }
+  undo_.push_back(std::move(region));
+}
+
 Result<PinnedBuffer> Homes::undo_buf(size_t bytes) {
   std::lock_guard<std::mutex> l(undo_mu_);
   size_t held = 0;
@@ -92,38 +138,80 @@ Result<PinnedBuffer> Homes::undo_buf(size_t bytes) {
     if (b.is_ok()) return b;
     held += p->capacity();
   }
-  // A region the size of the buffer (in whole huge pages from 2 MiB on): each module's undo
-  // buffers are reused step after step (Speculation's spares), so the regions are taken once.
-  const size_t hp = BufferPool::kHugePage;
-  const size_t want = bytes >= hp ? (bytes + hp - 1) / hp * hp : (bytes + 4095) / 4096 * 4096;
-  if (held + want > undo_bytes_) {
+  const size_t want = undo_region_bytes(bytes);
+  if (held + undo_pending_ + want > undo_bytes_) {
     return out_of_memory(fmt::format("the host tier's undo room ({} of {}) has no {} left",
-                                     format_bytes(double(held)), format_bytes(double(undo_bytes_)),
+                                     format_bytes(double(held + undo_pending_)),
+                                     format_bytes(double(undo_bytes_)),
                                      format_bytes(double(bytes))));
   }
-  BufferPoolOptions po;
-  po.name = "host tier's undo room";
-  po.lock = lock_;
-  auto made = BufferPool::create(want, po);
+  auto made = make_undo_region(want, /*touch=*/false);
   if (!made.is_ok()) {
-    if (!undo_warned_) {
-      log_warn(
-          "host tier: the undo room could not take {} ({}); the optimizer steps modules after "
-          "backward instead of under it where a step needs undo state",
-          format_bytes(double(want)), made.status().message());
-    }
-    undo_warned_ = true;
+    undo_failed(want, made.status());
     return made.status().with_context("the host tier's undo room");
   }
-  std::unique_ptr<BufferPool> p = std::move(made).value();
-  dev_.register_host(p->base(), p->capacity()).ignore();
-  if (undo_.empty()) {
-    log_info(
-        "host tier: undo room taken for the optimizer under backward, as it is used (up to {})",
-        format_bytes(double(undo_bytes_)));
-  }
-  undo_.push_back(std::move(p));
+  add_undo_region(std::move(made).value());
   return undo_.back()->acquire(bytes);
+}
+
+bool Homes::undo_ready(const std::vector<size_t>& bytes) {
+  std::unique_lock<std::mutex> l(undo_mu_);
+  if (undo_warned_) return true;  // regions cannot be had: undo_buf says so
+  // Take what the regions there hold, to see what is missing; given back on return.
+  std::vector<PinnedBuffer> taken;
+  std::vector<size_t> missing;
+  size_t held = 0;
+  for (const auto& p : undo_) held += p->capacity();
+  for (size_t b : bytes) {
+    bool found = false;
+    for (auto& p : undo_) {
+      auto got = p->acquire(b);
+      if (got.is_ok()) {
+        taken.push_back(std::move(got).value());
+        found = true;
+        break;
+      }
+    }
+    if (!found && undo_region_bytes(b) >= kUndoPrepareBytes) missing.push_back(b);
+  }
+  if (missing.empty()) return true;
+  size_t want = 0;
+  for (size_t b : missing) want += undo_region_bytes(b);
+  if (undo_pending_ > 0) return false;         // being prepared: a later step takes them
+  if (held + want > undo_bytes_) return true;  // beyond the room: undo_buf refuses them
+  undo_queue_ = std::move(missing);
+  undo_pending_ = want;
+  if (!undo_thread_.joinable()) undo_thread_ = std::thread([this] { undo_preparer(); });
+  l.unlock();
+  undo_cv_.notify_one();
+  return false;
+}
+
+void Homes::undo_preparer() {
+  std::unique_lock<std::mutex> l(undo_mu_);
+  for (;;) {
+    undo_cv_.wait(l, [&] { return undo_stop_ || !undo_queue_.empty(); });
+    if (undo_stop_) return;
+    const std::vector<size_t> queue = std::move(undo_queue_);
+    undo_queue_.clear();
+    for (size_t b : queue) {
+      const size_t want = undo_region_bytes(b);
+      l.unlock();
+      auto made = make_undo_region(want, /*touch=*/true);
+      l.lock();
+      undo_pending_ -= want;
+      if (undo_stop_) {
+        if (made.is_ok()) dev_.unregister_host((*made)->base());
+        return;
+      }
+      if (!made.is_ok()) {
+        undo_failed(want, made.status());
+        undo_pending_ = 0;
+        break;
+      }
+      add_undo_region(std::move(made).value());
+    }
+  }
 }
 
 size_t Homes::undo_capacity() const {

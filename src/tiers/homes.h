@@ -16,10 +16,12 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -90,6 +92,16 @@ class Homes {
   // `undo_bytes` given to create(). The room holds what speculated steps have used, not all
   // they may. kOutOfMemory beyond it, or when a region cannot be allocated. Any thread.
   Result<PinnedBuffer> undo_buf(size_t bytes);
+  // Whether undo_buf() can take buffers of these sizes now without allocating a region of
+  // kUndoPrepareBytes or more. A fresh region's pages cost the kernel's faults (mlock, or the
+  // first touch; cudaHostRegister pins them): 140-200 ms for a GPT-2 block's 85 MB on a 2-core
+  // VM, on the thread that steps under backward. So where such a region is missing and the
+  // room has space for it, it is prepared on a thread of its own (created, its pages faulted
+  // in, registered with the device) for a later step, and this says false. Smaller regions,
+  // or buffers beyond the room, say true: undo_buf() takes or refuses them as it did. Any
+  // thread.
+  bool undo_ready(const std::vector<size_t>& bytes);
+  static constexpr size_t kUndoPrepareBytes = size_t{8} << 20;
   size_t undo_capacity() const;  // the undo room's regions allocated so far
   size_t undo_in_use() const;
   // The host tier's bytes: the arena, and the undo room's regions (capacity, in use, and
@@ -137,9 +149,24 @@ class Homes {
   std::function<void()> reclaim_;  // set_reclaim
   size_t undo_bytes_ = 0;
   bool lock_ = true;
-  mutable std::mutex undo_mu_;                     // undo_, undo_warned_
+  // A region of the undo room for buffers of `bytes` (locked as the arena is, when it is;
+  // else, with `touch`, its pages written once), registered with the device. undo_mu_ not held.
+  Result<std::unique_ptr<BufferPool>> make_undo_region(size_t bytes, bool touch);
+  static size_t undo_region_bytes(size_t bytes);
+  void undo_preparer();  // undo_thread_'s loop
+  // With undo_mu_ held: a region could not be allocated (warns once); a region joins undo_.
+  void undo_failed(size_t bytes, const Status& why);
+  void add_undo_region(std::unique_ptr<BufferPool> region);
+  mutable std::mutex undo_mu_;  // undo_, undo_warned_, undo_queue_, undo_pending_, undo_stop_
   std::vector<std::unique_ptr<BufferPool>> undo_;  // undo_buf()'s regions
   bool undo_warned_ = false;                       // a region could not be allocated
+  // undo_ready()'s regions to prepare (their buffer sizes), and their region bytes queued or
+  // being prepared (counted against undo_bytes_).
+  std::vector<size_t> undo_queue_;
+  size_t undo_pending_ = 0;
+  bool undo_stop_ = false;
+  std::condition_variable undo_cv_;
+  std::thread undo_thread_;  // started by the first preparation
   size_t nvme_capacity_ = 0;
   mutable std::mutex nvme_mu_;  // nvme_used_, nvme_peak_
   size_t nvme_used_ = 0, nvme_peak_ = 0;

@@ -181,6 +181,18 @@ std::vector<bool> Speculation::stepped_mask() const {
 bool Speculation::take_undo(int k, Undo* u) {
   Module& m = homes_.module(k);
   Spare& spare = spares_[k];
+  // Buffers its last undo state did not leave come from the undo room; a large one whose region
+  // is not ready yet would have this thread wait for the kernel to fault its pages in: the
+  // module is stepped after backward this time and the region made ready for a later step.
+  std::vector<size_t> fresh_bytes;
+  for (auto [h, reuse] : {std::pair{&m.master, &spare.master}, std::pair{&m.mom, &spare.mom}}) {
+    const bool reused = *reuse && reuse->use_count() == 1 && (*reuse)->size() >= h->bytes;
+    if (!(h->tier == Tier::kNvme && shadow_extents_) && !reused) fresh_bytes.push_back(h->bytes);
+  }
+  if (!fresh_bytes.empty() && !homes_.undo_ready(fresh_bytes)) {
+    counters_.update([](TierCounts& n) { ++n.schedule.undo_not_ready; });
+    return false;
+  }
   auto one = [&](Home& h, std::vector<SwapExtent>* fresh, bool* shadow, bool* swap,
                  std::shared_ptr<PinnedBuffer>* copy, std::shared_ptr<PinnedBuffer>* reuse) {
     if (h.tier == Tier::kNvme && shadow_extents_) {
