@@ -59,7 +59,7 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
   pool->capacity_ = cap;
   // madvise fails (EINVAL) when THP is compiled out; it succeeds but has no effect when THP is
   // "never", so that setting is read too. Either way the pool then works with 4 KiB pages.
-  if (align == kHugePage) {
+  if (align == kHugePage && options.huge_pages) {
     std::string thp;
     std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);
     const bool never = thp.empty() || thp.find("[never]") != std::string::npos;

@@ -60,6 +60,9 @@ class PinnedBuffer {
 struct BufferPoolOptions {
   std::string name = "pinned buffer pool";  // used in messages
   bool lock = true;                         // try mlock
+  // Ask for transparent huge pages (arenas of 2 MiB or more). Faulting huge pages in may stall
+  // on the kernel's compaction; a pool that does no I/O can do without.
+  bool huge_pages = true;
 };
 
 class BufferPool {

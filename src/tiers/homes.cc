@@ -101,6 +101,7 @@ Result<std::unique_ptr<BufferPool>> Homes::make_undo_region(size_t bytes, bool t
   BufferPoolOptions po;
   po.name = "host tier's undo room";
   po.lock = lock_;
+  po.huge_pages = false;  // no I/O: 4 KiB pages, no compaction when they are faulted in
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<BufferPool> p, BufferPool::create(bytes, po), "");
   if (touch && !p->locked()) {
     // Fresh anonymous pages read as zero: writing one makes it resident.
