@@ -323,8 +323,7 @@ TEST(PlanSimulated, RatioAdviceMovesJustEnoughOptimizerOntoTheDevice) {
 // so that it holds whatever the clipping: the ratio weighing the simulated norm over the
 // threshold recommends, no more than the one under it, and the steps it weighs are the clipped
 // ones.
-// The own attention kernels' rates (device.simulate_attention_*): a slower compute, under which
-// a speculated step hides more than a clipped one.
+// The own attention kernels' rates (device.simulate_attention_*): a slower compute.
 TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
   auto own_kernels = [](double norm) {
     PlanRequest q = gpt2_request(norm);
@@ -341,9 +340,11 @@ TEST(PlanSimulated, WithTheNormUnknownTheRatioHoldsForAStepThatClips) {
   EXPECT_FALSE(under.clipped);
   ASSERT_TRUE(unknown.clipped);
   EXPECT_EQ(unknown.ratio, over.ratio);
-  EXPECT_LT(unknown.ratio, under.ratio) << "under the threshold the backward hides more";
+  // Under the threshold the backward hides no less (with undo state in host memory, what its
+  // speculation leaves is stepped after backward, so at these rates the two ratios meet).
+  EXPECT_LE(unknown.ratio, under.ratio);
   EXPECT_EQ(unknown.step_s, unknown.time.step_after_s);
-  EXPECT_GT(unknown.time.step_after_s, unknown.time.expected_s);
+  EXPECT_GE(unknown.time.step_after_s, unknown.time.expected_s);
   // Without clipping the expected step is weighed.
   r.config.gradient_clipping = 0;
   EXPECT_FALSE(opt_host_advice(r).clipped);

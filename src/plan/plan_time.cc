@@ -443,19 +443,22 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   } else {
     const double dev = std::max({comp, link, t.collectives_s});
     const double start = t.compute_s * start_share;  // before the device optimizer
-    // Where undo state takes host memory the speculation stops once every gradient is final
-    // (Speculation::step_ready): the modules left are stepped then, exactly, by the optimizer
-    // alone (host_opt's pace, no launches or drains beside it). The gradients are final when the
-    // last drain has landed and backward's compute has ended: on a simulated device the drains'
-    // memcpys run from the last backward's start on, on a GPU the device's copies behind its
-    // compute. Simulated H200, 2-core Xeon,
-    // the optimizer in host RAM under backward: GPT-2 124M ~150-160 ms a step, planned 238 as
-    // if stepped beside backward throughout; the 4-layer Llama ~320, planned 578.
+    // Where undo state takes host memory the speculation stops once the gradients of the
+    // modules it steps are final (Speculation::step_ready): the modules left are stepped
+    // exactly, once the step is validated (its norm, after backward), by the optimizer alone
+    // (host_opt's pace, no launches or drains beside it). Those gradients are final when their
+    // drains have landed: on a simulated device the drains' memcpys from the last backward's
+    // start on, on a GPU (its DMA) by the end of backward. Simulated H200, 2-core Xeon, the
+    // optimizer in host RAM under backward: GPT-2 124M ~165-173 ms a step, planned 238 as if
+    // stepped beside backward throughout; the 4-layer Llama ~330, planned 578; GPT-2 with 14%
+    // of its optimizer in host RAM 41.7 ms, its last blocks stepped after backward's 31 ms.
     double opt_under = under_bwd;
     if (peaks.undo_wanted > 0 && under_bwd > 0) {
-      const double final_at = pf.simulated ? std::max(dev, start + link - copied_down_s) : dev;
-      const double window = std::max(0.0, final_at - start);
-      if (window < under_bwd) opt_under = window + (1.0 - window / under_bwd) * host_opt;
+      const double stop_at = pf.simulated ? start + link - copied_down_s : dev;
+      const double window = std::max(0.0, stop_at - start);
+      if (window < under_bwd) {
+        opt_under = std::max(stop_at, dev) - start + (1.0 - window / under_bwd) * host_opt;
+      }
     }
     overlapped = std::max({dev, start + std::max(opt_under, window_s), t.nvme_s});
   }
