@@ -130,11 +130,19 @@ int cmd_train(int argc, char** argv) {
   // Bytes per step against the placement's minimum (one rank's, as the tiers above).
   std::fputs(bytes_against_minimum(cfg, res).c_str(), stdout);
   if (const ScheduleCounts& sc = res.schedule; sc.optimizer_s > 0) {
-    std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s\n",
+    const std::string not_ready =
+        sc.undo_not_ready > 0
+            ? fmt::format(
+                  "; {} step(s) stepped part of it after backward while undo room was "
+                  "made ready",
+                  sc.undo_not_ready)
+            : std::string();
+    std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s%s\n",
                 sc.optimizer_s, 100.0 * sc.optimizer_hidden_s / sc.optimizer_s,
                 res.approximate ? "the next step (delayed update: approximate)" : "backward",
                 (long long)sc.rollbacks,
-                sc.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "");
+                sc.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "",
+                not_ready.c_str());
   }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
