@@ -160,10 +160,11 @@ int probe_all(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::printf(
           "usage: strata probe [--path DIR[,DIR...]] [--json FILE] [options]\n\n"
-          "Runs every probe (host memory bandwidth: copy and the optimizer's read-modify-write;\n"
-          "CPU optimizer params/s per thread count; device GEMM rate; host<->device bandwidth\n"
-          "(CUDA); NVMe read/write on --path; collectives under mpirun) and writes one machine\n"
-          "profile for `strata plan --profile FILE`. Warm-up discarded; median and spread.\n\n"
+          "Runs every probe (host memory bandwidth: copy with all threads and with one, and the\n"
+          "optimizer's read-modify-write; CPU optimizer params/s per thread count; device GEMM\n"
+          "rate; host<->device bandwidth (CUDA); NVMe read/write on --path; collectives under\n"
+          "mpirun) and writes one machine profile for `strata plan --profile FILE`. Warm-up\n"
+          "discarded; median and spread.\n\n"
           "options:\n"
           "  --path DIR[,DIR...]  swap directories to probe (default: NVMe is not measured)\n"
           "  --json FILE          write the profile here (default: stdout summary only)\n"
