@@ -17,7 +17,9 @@
 // reported by the next synchronize() on that stream or an event after it.
 //
 // Thread safety: enqueueing on one stream must come from one thread at a time; different
-// streams may be driven from different threads. allocate/release are thread-safe.
+// streams may be driven from different threads. allocate/release and register_host/
+// unregister_host are thread-safe (the host tier makes its undo room ready on a thread of its
+// own).
 #pragma once
 
 #include <algorithm>
