@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Offload on a fast device, simulated: the GPU check's training shapes on `device.simulate`.
 
-    tests/bench/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 8] [--rounds 1]
+    tests/bench/bench_sim_offload.py build/tools/strata [--preset h200] [--steps 12] [--rounds 1]
                                 [--models gpt2,llama] [--llama-layers 8] [--set key=value ...]
                                 [--profile FILE] [--fastest] [--no-ratio]
 
@@ -18,7 +18,8 @@ after backward (never, with strata.optimizer.defer always or never); over it: un
 (never) -- and the plain schedule (strata.optimizer.overlap false: its optimizer time is the
 optimizer alone). The "auto" defaults time these on a run's first steps and keep the faster.
 It prints per row the medians of the steps after the first three (step, forward+backward,
-optimizer), step / max(all-on-device step, optimizer alone) (the line being 1.10), and the
+optimizer; 12 steps by default: a run under backward makes its undo room ready over its first
+steps), step / max(all-on-device step, optimizer alone) (the line being 1.10), and the
 plain schedule's step over the row's. Losses are not real on a
 simulated device; the bit-identity of the schedules is the tests' (schedule_fuzz_test).
 
@@ -132,7 +133,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("strata")
     ap.add_argument("--preset", default="h200")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--llama-layers", type=int, default=8)
