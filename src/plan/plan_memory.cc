@@ -58,6 +58,10 @@ StateBytes state_bytes_of(const std::vector<ModuleHomes>& homes, const ModelLayo
     s.trained += trained;
     if (h.master.tier != Tier::kDevice || h.moments.tier != Tier::kDevice) {
       s.opt_host += trained;
+      if (trained > 0) {
+        s.max_host_piece =
+            std::max<uint64_t>(s.max_host_piece, std::min(h.sub_group, h.shard_numel) * es);
+      }
     } else {
       s.opt_device += trained;
     }

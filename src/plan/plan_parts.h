@@ -31,8 +31,11 @@ namespace strata {
 // for the peaks and the time model. Elements unless named bytes.
 struct StateBytes {
   uint64_t max_params = 0, max_grads = 0;  // the largest module's params and gradients, bytes
-  uint64_t trained = 0;           // elements with gradients and an optimizer step (no frozen base)
-  uint64_t opt_host = 0;          // elements whose optimizer step runs on the CPU
+  uint64_t trained = 0;   // elements with gradients and an optimizer step (no frozen base)
+  uint64_t opt_host = 0;  // elements whose optimizer step runs on the CPU
+  // The largest piece of new parameters the CPU's optimizer publishes (a module's sub-group
+  // of them), bytes.
+  uint64_t max_host_piece = 0;
   uint64_t opt_device = 0;        // elements stepped by the device's optimizer
   uint64_t grads_off_device = 0;  // elements whose gradients land in the host tier
   uint64_t grads_nvme = 0;        // ... of them accumulated on NVMe

@@ -365,16 +365,7 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
   const double copied_down_s = pf.simulated ? x.publish * (1.0 - host_share) / link_rate : 0.0;
   // The pass ends with its last piece's copy, and a module's forward waits for its own (a
   // deferred pass): a piece's new parameters (the largest the host steps) after the steps.
-  double piece_s = 0;
-  if (x.publish > 0 && st.opt_host > 0) {
-    size_t piece = 0;
-    for (const ModuleHomes& h : mem.homes) {
-      if (h.master.bytes > 0 && h.master.tier != Tier::kDevice) {
-        piece = std::max(piece, std::min(h.sub_group, h.shard_numel));
-      }
-    }
-    piece_s = double(piece) * double(dtype_size(r.dtype())) / link_rate;
-  }
+  const double piece_s = x.publish > 0 ? double(st.max_host_piece) / link_rate : 0.0;
   const double host_opt = std::max(t.cpu_optim_s, publish_s) + piece_s;
   const double link = t.link_s - publish_s;
   // Under backward the thread that launches the device's kernels steps the modules between its

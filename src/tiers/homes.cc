@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "strata/log.h"
 
@@ -131,14 +132,18 @@ void Homes::add_undo_region(std::unique_ptr<BufferPool> region) {
   undo_.push_back(std::move(region));
 }
 
+std::optional<PinnedBuffer> Homes::undo_from_regions(size_t bytes) {
+  for (auto& p : undo_) {
+    if (auto b = p->acquire(bytes); b.is_ok()) return std::move(b).value();
+  }
+  return std::nullopt;
+}
+
 Result<PinnedBuffer> Homes::undo_buf(size_t bytes) {
   std::lock_guard<std::mutex> l(undo_mu_);
   size_t held = 0;
-  for (auto& p : undo_) {
-    auto b = p->acquire(bytes);
-    if (b.is_ok()) return b;
-    held += p->capacity();
-  }
+  if (std::optional<PinnedBuffer> b = undo_from_regions(bytes)) return std::move(*b);
+  for (const auto& p : undo_) held += p->capacity();
   const size_t want = undo_region_bytes(bytes);
   if (held + undo_pending_ + want > undo_bytes_) {
     return out_of_memory(fmt::format("the host tier's undo room ({} of {}) has no {} left",
@@ -164,16 +169,11 @@ bool Homes::undo_ready(const std::vector<size_t>& bytes) {
   size_t held = 0;
   for (const auto& p : undo_) held += p->capacity();
   for (size_t b : bytes) {
-    bool found = false;
-    for (auto& p : undo_) {
-      auto got = p->acquire(b);
-      if (got.is_ok()) {
-        taken.push_back(std::move(got).value());
-        found = true;
-        break;
-      }
+    if (std::optional<PinnedBuffer> got = undo_from_regions(b)) {
+      taken.push_back(std::move(*got));
+    } else if (undo_region_bytes(b) >= kUndoPrepareBytes) {
+      missing.push_back(b);
     }
-    if (!found && undo_region_bytes(b) >= kUndoPrepareBytes) missing.push_back(b);
   }
   if (missing.empty()) return true;
   size_t want = 0;

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -154,6 +155,8 @@ class Homes {
   Result<std::unique_ptr<BufferPool>> make_undo_region(size_t bytes, bool touch);
   static size_t undo_region_bytes(size_t bytes);
   void undo_preparer();  // undo_thread_'s loop
+  // With undo_mu_ held: a buffer from the regions there, or none where none has room.
+  std::optional<PinnedBuffer> undo_from_regions(size_t bytes);
   // With undo_mu_ held: a region could not be allocated (warns once); a region joins undo_.
   void undo_failed(size_t bytes, const Status& why);
   void add_undo_region(std::unique_ptr<BufferPool> region);

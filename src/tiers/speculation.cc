@@ -178,6 +178,11 @@ std::vector<bool> Speculation::stepped_mask() const {
 // for state homed in the host tier a shadow buffer the step writes to out of place, the old
 // home kept (no copy); for state in device memory, or when the swap files are full, a host
 // copy. False when there is room for none: nothing is taken.
+// A spare undo buffer that nothing else holds and that is large enough for `bytes`.
+static bool spare_fits(const std::shared_ptr<PinnedBuffer>& b, size_t bytes) {
+  return b && b.use_count() == 1 && b->size() >= bytes;
+}
+
 bool Speculation::take_undo(int k, Undo* u) {
   Module& m = homes_.module(k);
   Spare& spare = spares_[k];
@@ -186,7 +191,7 @@ bool Speculation::take_undo(int k, Undo* u) {
   // module is stepped after backward this time and the region made ready for a later step.
   std::vector<size_t> fresh_bytes;
   for (auto [h, reuse] : {std::pair{&m.master, &spare.master}, std::pair{&m.mom, &spare.mom}}) {
-    const bool reused = *reuse && reuse->use_count() == 1 && (*reuse)->size() >= h->bytes;
+    const bool reused = spare_fits(*reuse, h->bytes);
     if (!(h->tier == Tier::kNvme && shadow_extents_) && !reused) fresh_bytes.push_back(h->bytes);
   }
   if (!fresh_bytes.empty() && !homes_.undo_ready(fresh_bytes)) {
@@ -209,7 +214,7 @@ bool Speculation::take_undo(int k, Undo* u) {
       for (const auto& e : *fresh) homes_.free_extent(e);
       fresh->clear();
     }
-    if (*reuse && reuse->use_count() == 1 && (*reuse)->size() >= h.bytes) {
+    if (spare_fits(*reuse, h.bytes)) {
       *copy = std::move(*reuse);  // the buffer its last undo state held
     } else {
       // From the undo room, not the arena: its free space is the pipeline's staging.
