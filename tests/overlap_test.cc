@@ -328,6 +328,36 @@ TEST(DeferChoice, AutoTimesBothSchedulesThenKeepsTheFaster) {
   EXPECT_FALSE(DeferChoice(DeferChoice::parse("never")).defer());
 }
 
+// strata.optimizer.speculate's trial does not time a step under backward that ran part of its
+// modules after backward while their undo room was made ready (`settled` false): the trial
+// starts once such steps end, and only its own steps decide; past kMaxUnsettled they count.
+TEST(DeferChoice, StepsThatMadeUndoRoomReadyAreNotTimed) {
+  DeferChoice c(DeferChoice::parse("auto"));
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(c.defer());
+    EXPECT_FALSE(c.record(50.0, /*settled=*/false));
+  }
+  EXPECT_EQ(c.unsettled(), 5);
+  for (int i = 0; i < 3 * DeferChoice::kTrial; ++i) {
+    EXPECT_EQ(c.defer(), i < 2 * DeferChoice::kTrial) << "trial step " << i;
+    const bool deferring = i < 2 * DeferChoice::kTrial;
+    if (deferring) EXPECT_FALSE(c.record(50.0, false)) << "an unsettled step between";
+    // After the deferring half `settled` does not apply (those steps do not defer): they count.
+    EXPECT_EQ(c.record(deferring ? 1.0 : 2.0, /*settled=*/deferring),
+              i == 3 * DeferChoice::kTrial - 1)
+        << i;
+  }
+  EXPECT_EQ(c.unsettled(), 5 + 2 * DeferChoice::kTrial);
+  EXPECT_DOUBLE_EQ(c.deferred_median(), 1.0) << "no unsettled step timed";
+  EXPECT_DOUBLE_EQ(c.plain_median(), 2.0);
+
+  DeferChoice capped(DeferChoice::parse("auto"));
+  for (int i = 0; i < DeferChoice::kMaxUnsettled; ++i) EXPECT_FALSE(capped.record(50.0, false));
+  for (int i = 0; i < 3 * DeferChoice::kTrial - 1; ++i) EXPECT_FALSE(capped.record(7.0, false));
+  EXPECT_TRUE(capped.record(7.0, false)) << "past the cap, unsettled steps count";
+  EXPECT_DOUBLE_EQ(capped.deferred_median(), 7.0);
+}
+
 // "auto" switches schedules in the middle of a run that clips at every step: 8 steps deferred,
 // 4 after backward, then the faster; the losses and weights stay the plain schedule's.
 TEST(DeferChoice, AutoSwitchesMidRunWithTheSameBits) {
@@ -514,6 +544,52 @@ TEST(OverlapUndo, LargeModulesUndoRegionsAreMadeReadyOffTheStep) {
   EXPECT_GT(over.schedule.modules_stepped_under_backward, 11u)
       << "no region made ready was used by a later step";
   EXPECT_EQ(plain.schedule.undo_not_ready, 0u);
+  fs::remove_all(dir);
+}
+
+// strata.optimizer.speculate "auto" on a device the host cannot address (a GPU's paths, through
+// the test double) with blocks whose undo regions are made ready off the step's thread: the
+// steps that stepped part of the optimizer after backward for want of them are not timed, so
+// the trial's 8 steps under backward start once the regions are ready (one such step per block
+// here), then 4 not under backward, then the faster. The plain schedule's bits throughout.
+TEST(OverlapUndo, SpeculateAutoTimesStepsWhoseUndoRoomIsReady) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("undo_ready_auto");
+  std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"cpu\"",
+                                 "zero_optimization.offload_optimizer.device=\"cpu\"",
+                                 "model.n_layer=2",
+                                 "model.n_embd=512",
+                                 "model.n_head=8",
+                                 "train_batch_size=4",
+                                 "gradient_accumulation_steps=1",
+                                 "device.memory_limit=\"256MiB\"",
+                                 "gradient_clipping=1e6",
+                                 "train.steps=18",
+                                 "scheduler.params.warmup_num_steps=2",
+                                 "strata.optimizer.speculate=\"auto\""};
+  TrainOptions o;
+  o.wrap_device = [](std::unique_ptr<Device> dev) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(dev), /*host_addressable=*/false);
+  };
+  auto plain_ov = ov;
+  plain_ov.push_back("strata.optimizer.overlap=false");
+  const TrainResult plain = must_train(tiny(dir + "/plain", plain_ov), o);
+  const TrainResult over = must_train(tiny(dir + "/over", ov), o);
+  ASSERT_EQ(over.losses.size(), 18u);
+  for (size_t s = 0; s < 18; ++s) EXPECT_EQ(over.losses[s], plain.losses[s]) << "step " << s;
+  EXPECT_EQ(over.weights_crc, plain.weights_crc);
+  std::string sched;
+  for (uint8_t k : over.optimizer_schedule) sched += char('0' + k);
+  SCOPED_TRACE("schedule " + sched);
+  // At most one module a step waits for its region: each such step counts once.
+  const size_t warm = over.schedule.undo_not_ready;
+  ASSERT_GT(warm, 0u) << "no step waited for an undo region";
+  const size_t trial = 1 + warm + 2 * size_t(DeferChoice::kTrial);  // past the last under it
+  ASSERT_LE(trial + DeferChoice::kTrial, 18u);
+  for (size_t s = 1; s < trial; ++s) EXPECT_EQ(over.optimizer_schedule[s], 1) << "step " << s;
+  for (size_t s = trial; s < trial + DeferChoice::kTrial; ++s) {
+    EXPECT_NE(over.optimizer_schedule[s], 1) << "step " << s << ": the trial's other half";
+  }
   fs::remove_all(dir);
 }
 

@@ -704,10 +704,11 @@ void TableBuilder::add_engine_keys() {
         "with strata.optimizer.overlap, whether a step after one that did not clip is stepped "
         "under backward as if it will not clip (always), or runs where strata.optimizer.defer "
         "puts a step that clips (never), or auto: on a GPU (or device.simulate) both timed on "
-        "the first such steps (8 under backward, 4 not) and the faster kept, on the CPU backend "
-        "always; the same bits either way. Speculated steps keep undo state: with clipping or "
-        "fp16 the host tier takes room for the host-homed master weights and moments of the "
-        "modules stepped under backward (at most all of them), unless never",
+        "the first such steps (8 under backward once its undo room is ready, 4 not) and the "
+        "faster kept, on the CPU backend always; the same bits either way. Speculated steps keep "
+        "undo state: with clipping or fp16 the host tier takes room for the host-homed master "
+        "weights and moments of the modules stepped under backward (at most all of them), "
+        "unless never",
         nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "

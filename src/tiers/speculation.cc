@@ -27,6 +27,7 @@ void Speculation::begin(const OptimizerHyper& hyper, float grad_mult, bool keep_
   step_modules_ = step_modules;
   undo_ = keep_undo;
   stopped_ = false;
+  undo_not_ready_ = false;
   hyper_ = hyper;
   mult_ = grad_mult;
   ready_.clear();
@@ -195,6 +196,7 @@ bool Speculation::take_undo(int k, Undo* u) {
     if (!(h->tier == Tier::kNvme && shadow_extents_) && !reused) fresh_bytes.push_back(h->bytes);
   }
   if (!fresh_bytes.empty() && !homes_.undo_ready(fresh_bytes)) {
+    undo_not_ready_ = true;
     counters_.update([](TierCounts& n) { ++n.schedule.undo_not_ready; });
     return false;
   }

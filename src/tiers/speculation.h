@@ -60,6 +60,9 @@ class Speculation {
   // Modules stepped under backward, as a mask over all modules.
   std::vector<bool> stepped_mask() const;
   bool stepped_any() const { return !stepped_.empty(); }
+  // Whether this step's speculation stopped at a module whose undo room was not ready yet
+  // (take_undo; counted as ScheduleCounts::undo_not_ready).
+  bool undo_not_ready() const { return undo_not_ready_; }
   // Restores every stepped module from its undo state and, with `redo`, steps it again with
   // (hyper, grad_mult), else re-derives its parameters (the step is skipped). Fails with
   // INVALID_ARGUMENT naming strata.optimizer.overlap when a module kept no undo state.
@@ -108,6 +111,7 @@ class Speculation {
   bool active_ = false, undo_ = false;
   bool step_modules_ = true;  // false: only read state ahead during backward
   bool stopped_ = false;      // no room for undo state: the rest waits for validation
+  bool undo_not_ready_ = false;
   OptimizerHyper hyper_;
   float mult_ = 1.0f;
   std::deque<std::pair<int, std::shared_ptr<Event>>> ready_;  // gradients final (d2h events)

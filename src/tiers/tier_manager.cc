@@ -493,6 +493,7 @@ void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult
 }
 
 Status TierManager::step_ready(bool wait_all) { return impl_->spec->step_ready(wait_all); }
+bool TierManager::undo_not_ready() const { return impl_->spec->undo_not_ready(); }
 
 Status TierManager::skip_step() {
   Impl& I = *impl_;

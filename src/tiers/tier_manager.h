@@ -196,6 +196,9 @@ class TierManager : public ActivationStore {
   // The step is skipped (overflow): undo what the speculation did. Also call it when no
   // speculation ran, so the step's bookkeeping is reset.
   Status skip_step();
+  // Whether the last speculation stepped part of its modules after backward because their undo
+  // room was still being made ready (a warm-up step, not yet the schedule's own).
+  bool undo_not_ready() const;
 
   // --- delayed parameter update (strata.optimizer.delayed_update) ---------------------------
   // After end_backward and validation: steps every module with GACC * grad_mult on a

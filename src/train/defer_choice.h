@@ -14,6 +14,14 @@
 // defer all of them. Only these steps count; one whose optimizer ran under backward is not
 // timed. The caller makes the choice the same on every rank (decide() with reduced medians).
 //
+// strata.optimizer.speculate's "auto" is the same trial over steps after an unclipped one, with
+// stepping under backward in place of deferral. Its first steps under backward are not yet
+// the schedule's own: while the undo room's regions are made ready, a step speculates only
+// the modules whose regions are there and steps the rest after backward
+// (Homes::undo_ready). Such a step (record's `settled` false) counts for nothing, so the
+// timed steps under backward are ones that speculated whatever they could; after
+// kMaxUnsettled of them the trial counts them anyway.
+//
 // Thread safety: one Run's thread.
 #pragma once
 
@@ -27,6 +35,7 @@ class DeferChoice {
  public:
   enum class Mode { kAuto, kAlways, kNever };
   static constexpr int kTrial = 4;
+  static constexpr int kMaxUnsettled = 256;
 
   explicit DeferChoice(Mode mode) : mode_(mode) {}
   static Mode parse(const std::string& s) {
@@ -39,9 +48,14 @@ class DeferChoice {
     return decided_ ? chosen_ : counted_ < 2 * kTrial;
   }
 
-  // After such a step, its wall time. True when the trial is complete: call decide().
-  bool record(double seconds) {
+  // After such a step, its wall time; `settled` false for a deferring (under backward) step
+  // that ran only part of that schedule. True when the trial is complete: call decide().
+  bool record(double seconds, bool settled = true) {
     if (mode_ != Mode::kAuto || decided_) return false;
+    if (!settled && counted_ < 2 * kTrial && unsettled_ < kMaxUnsettled) {
+      ++unsettled_;
+      return false;
+    }
     const int i = counted_++;
     if (i >= kTrial && i < 2 * kTrial) deferred_.push_back(seconds);
     if (i > 2 * kTrial && i < 3 * kTrial) plain_.push_back(seconds);
@@ -58,6 +72,8 @@ class DeferChoice {
     chosen_ = deferred_s <= plain_s;
   }
   bool decided() const { return decided_; }
+  // Steps record() did not count (`settled` false).
+  int unsettled() const { return unsettled_; }
 
  private:
   static double median(std::vector<double> v) {
@@ -67,7 +83,7 @@ class DeferChoice {
   }
 
   Mode mode_;
-  int counted_ = 0;
+  int counted_ = 0, unsettled_ = 0;
   bool decided_ = false, chosen_ = true;
   std::vector<double> deferred_, plain_;
 };

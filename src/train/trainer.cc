@@ -580,6 +580,9 @@ Result<double> Run::run_step() {
   for (float a : aux) aux_sum += a;
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
 
+  // A step under backward that stepped part of its modules after backward while their undo
+  // room was made ready is not timed by speculate_choice_ (any rank's, so that all agree).
+  bool undo_not_ready = under_backward && tm_->undo_not_ready();
   GradStats stats = tm_->grad_stats();
   if (!cfg_.device.simulate.empty()) {
     // The simulated device computes nothing: its norm is the configured one, on every rank.
@@ -591,13 +594,14 @@ Result<double> Run::run_step() {
     // Each rank's norm² covers its own shards; the loss its own rows.
     float sums[3] = {static_cast<float>(loss), static_cast<float>(stats.norm_sq),
                      static_cast<float>(last_aux_loss_)};
-    float flag = stats.nonfinite ? 1.0f : 0.0f;
+    float flags[2] = {stats.nonfinite ? 1.0f : 0.0f, undo_not_ready ? 1.0f : 0.0f};
     STRATA_RETURN_IF_ERROR(reduce(sums, 3, ReduceOp::kSum), "reducing the loss and grad norm");
     if (last_aux_loss_ >= 0) last_aux_loss_ = double(sums[2]) / world_;
-    STRATA_RETURN_IF_ERROR(reduce(&flag, 1, ReduceOp::kMax), "reducing the overflow flag");
+    STRATA_RETURN_IF_ERROR(reduce(flags, 2, ReduceOp::kMax), "reducing the overflow flag");
     loss = masked ? double(sums[0]) : double(sums[0]) / world_;
     stats.norm_sq = sums[1];
-    stats.nonfinite = flag != 0.0f || !std::isfinite(sums[1]);
+    stats.nonfinite = flags[0] != 0.0f || !std::isfinite(sums[1]);
+    undo_not_ready = flags[1] != 0.0f;
   }
   STRATA_RETURN_IF_ERROR(step_optimizer(stats, scale, delayed, speculate, not_under_backward), "");
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
@@ -605,7 +609,7 @@ Result<double> Run::run_step() {
   if (not_under_backward && defer_choice_.record(step_s)) {
     STRATA_RETURN_IF_ERROR(settle_defer_choice(), "choosing where the optimizer runs");
   }
-  if (may_speculate && speculate_choice_.record(step_s)) {
+  if (may_speculate && speculate_choice_.record(step_s, /*settled=*/!undo_not_ready)) {
     STRATA_RETURN_IF_ERROR(settle_speculate_choice(), "choosing whether to step under backward");
   }
   if (step_ == 0 && rank_ == 0 && !cfg_.strata.trace_file.empty() && tm_->trace("train")) {
@@ -647,10 +651,15 @@ Status Run::settle_speculate_choice() {
   float m[2];
   STRATA_RETURN_IF_ERROR(settle(speculate_choice_, m), "");
   if (rank_ == 0) {
+    const int unsettled = speculate_choice_.unsettled();
     log_info(
-        "optimizer: steps that did not clip ran in {:.2f} s stepped under backward and {:.2f} s "
+        "optimizer: steps that did not clip ran in {:.2f} s stepped under backward{} and {:.2f} s "
         "not: {} from now on (strata.optimizer.speculate = \"auto\"; the same bits either way)",
-        m[0], m[1],
+        m[0],
+        unsettled > 0
+            ? fmt::format(" (timed after {} step(s) that made its undo room ready)", unsettled)
+            : std::string(),
+        m[1],
         speculate_choice_.defer() ? "stepping under backward" : "stepping as clipped steps do");
   }
   return Status::ok();
