@@ -26,7 +26,8 @@ GemmPath decided_path() {
     const GemmPath path = gemm_path_for(env ? env : "", detect_cpu_isa(), kHaveOneDnn, &note);
 #ifdef STRATA_HAVE_ONEDNN
     if (path == GemmPath::kOneDnn) {
-      note += fmt::format(" ({}; bf16 operands {})", onednn::library_version(),
+      note += fmt::format(" ({} on {}; bf16 operands {})", onednn::library_version(),
+                          onednn::effective_isa(),
                           onednn::typed_matmul_available(DType::kBF16)
                               ? "read as bf16"
                               : "widened to fp32: no bf16 matmul on this CPU");

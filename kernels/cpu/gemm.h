@@ -118,6 +118,10 @@ void gemm(const GemmArgs& g);
 bool typed_matmul_available(DType t);
 // "oneDNN X.Y.Z", the library gemm() runs.
 const char* library_version();
+// The widest instruction set oneDNN dispatches to here (this CPU, capped by
+// ONEDNN_MAX_CPU_ISA), as oneDNN names it: "avx512_core_amx" (AMX tiles), "avx512_core_bf16",
+// "avx2", ...
+const char* effective_isa();
 }  // namespace onednn
 #endif
 

@@ -207,4 +207,27 @@ const char* library_version() {
   return v.c_str();
 }
 
+const char* effective_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    default:
+      return "another";
+  }
+}
+
 }  // namespace strata::cpu::onednn

@@ -10,8 +10,11 @@
 // time (fair on a loaded machine): forward 2*N*C*OC flops, backward 4*N*C*OC (dinp and dweight;
 // dbias is O(N*OC)). Args: N (= B*T), C, OC, threads.
 #include <benchmark/benchmark.h>
+#include <cpuid.h>
 #include <fmt/format.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <Eigen/Core>
 #include <random>
@@ -149,6 +152,71 @@ void BM_Bf16DotPeakAvx512(benchmark::State& s) {
 }
 BENCHMARK(BM_FmaPeakAvx512)->MeasureProcessCPUTime()->UseRealTime();
 BENCHMARK(BM_Bf16DotPeakAvx512)->MeasureProcessCPUTime()->UseRealTime();
+
+// The AMX bf16 peak (TDPBF16PS, the instruction oneDNN's bf16 matmul runs on CPUs with AMX):
+// four independent accumulator tiles of 16 x 16 fp32, each updated from full A (16 x 32 bf16)
+// and B (16 pairs x 16) tiles: 2 * 16 * 16 * 32 FLOP per instruction. Linux hands a process
+// the tile registers only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_usable(std::string* why) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) {
+    *why = "this CPU has no AMX-BF16";
+    return false;
+  }
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) != 0) {
+    *why = "the kernel did not grant the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+    return false;
+  }
+  return true;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) double amx_chains(int64_t iters) {
+  struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+  alignas(64) static uint16_t ab[16 * 32];
+  alignas(64) static float acc[16 * 16];
+  for (auto& x : ab) x = 0x3a83;  // bf16 1e-3
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  double sum = 0;
+  _tile_stored(0, acc, 64);
+  sum += acc[0];
+  _tile_stored(3, acc, 64);
+  sum += acc[0];
+  _tile_release();
+  return sum;
+}
+
+void BM_AmxBf16Peak(benchmark::State& state) {
+  std::string why;
+  if (!amx_usable(&why)) {
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  const int64_t iters = 1 << 18;
+  for (auto _ : state) benchmark::DoNotOptimize(amx_chains(iters));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * 2 * 16 * 16 * 32 * iters * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AmxBf16Peak)->MeasureProcessCPUTime()->UseRealTime();
 
 // The linear layers of configs/tiny-cpu.json (N = 4 x 64 tokens, C = 128) and
 // configs/bench-25m.json (N = 2 x 128, C = 512): qkv (OC = 3C), attention projection (C),
