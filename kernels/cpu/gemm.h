@@ -5,9 +5,10 @@
 // environment variable STRATA_CPU_ISA, and logged once:
 //   - "onednn" (the default on CPUs with AVX-512, when the build found oneDNN): one
 //     dnnl::matmul per call (gemm_onednn.cc); oneDNN picks its kernel for the CPU (AVX-512,
-//     AVX-512-BF16, AMX tiles for bf16 operands). strata's tests run this path on AVX2 CPUs
-//     (STRATA_CPU_ISA=onednn), where oneDNN uses its AVX2 kernels; its AVX-512 and AMX kernels
-//     are oneDNN's, tested by oneDNN on those CPUs and not measured by strata;
+//     AVX-512-BF16, AMX tiles for bf16 operands; the log line names the instruction set it
+//     dispatches to). strata's tests run this path on AVX2 CPUs (STRATA_CPU_ISA=onednn), where
+//     oneDNN uses its AVX2 kernels, and on the AVX-512-BF16 and AMX CPUs docs/BENCHMARKS.md
+//     measures it on ("CPU GEMM paths");
 //   - "avx2" (the default on CPUs with AVX2 + FMA and no AVX-512, and on AVX-512 CPUs when the
 //     build has no oneDNN): a hand-written packed GEMM (gemm_avx2.cc) with a 6x16 FMA
 //     micro-kernel; bf16/fp16 operands are widened to fp32 while they are packed, so a typed
