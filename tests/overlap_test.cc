@@ -517,27 +517,30 @@ TEST(OverlapUndo, NvmeStateIsShadowedOnTheDiskNotCopiedToHost) {
   fs::remove_all(dir);
 }
 
-// Undo buffers of a module whose region is large (Homes::kUndoPrepareBytes: a fresh region's
-// pages cost the kernel's faults) come from regions made ready off the step's thread: the first
-// step that would speculate such a module stops there and steps the rest after backward
-// (undo_not_ready); a later step, its region ready, steps it under backward. Host-homed
-// optimizer state, blocks of 3.1 M parameters (12.6 MB of master weights), clipping that never
-// bites; the same bits as the plain schedule.
+// Host-homed optimizer state, blocks of 3.1 M parameters (12.6 MB of master weights: undo
+// regions above Homes::kUndoPrepareBytes), clipping that never bites.
+std::vector<std::string> large_blocks_in_host_ram(int steps) {
+  return {"zero_optimization.offload_param.device=\"cpu\"",
+          "zero_optimization.offload_optimizer.device=\"cpu\"",
+          "model.n_layer=2",
+          "model.n_embd=512",
+          "model.n_head=8",
+          "train_batch_size=4",
+          "gradient_accumulation_steps=1",
+          "device.memory_limit=\"256MiB\"",
+          "gradient_clipping=1e6",
+          "train.steps=" + std::to_string(steps),
+          "scheduler.params.warmup_num_steps=2"};
+}
+
+// Undo buffers of a module whose region is large (a fresh region's pages cost the kernel's
+// faults) come from regions made ready off the step's thread: the first step that would
+// speculate such a module stops there and steps the rest after backward (undo_not_ready); a
+// later step, its region ready, steps it under backward. The same bits as the plain schedule.
 TEST(OverlapUndo, LargeModulesUndoRegionsAreMadeReadyOffTheStep) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("undo_ready");
-  const std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"cpu\"",
-                                       "zero_optimization.offload_optimizer.device=\"cpu\"",
-                                       "model.n_layer=2",
-                                       "model.n_embd=512",
-                                       "model.n_head=8",
-                                       "train_batch_size=4",
-                                       "gradient_accumulation_steps=1",
-                                       "device.memory_limit=\"256MiB\"",
-                                       "gradient_clipping=1e6",
-                                       "train.steps=12",
-                                       "scheduler.params.warmup_num_steps=2"};
-  const auto [plain, over] = train_both(dir, ov, 12);
+  const auto [plain, over] = train_both(dir, large_blocks_in_host_ram(12), 12);
   EXPECT_GT(over.schedule.undo_not_ready, 0u) << "a large region was taken on the step's thread";
   // Every speculated step (all but the first) steps the final norm, whose undo buffers are
   // small; a block is stepped too once its regions are ready.
@@ -555,18 +558,8 @@ TEST(OverlapUndo, LargeModulesUndoRegionsAreMadeReadyOffTheStep) {
 TEST(OverlapUndo, SpeculateAutoTimesStepsWhoseUndoRoomIsReady) {
   set_log_level(LogLevel::kWarn);
   auto dir = temp_dir("undo_ready_auto");
-  std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"cpu\"",
-                                 "zero_optimization.offload_optimizer.device=\"cpu\"",
-                                 "model.n_layer=2",
-                                 "model.n_embd=512",
-                                 "model.n_head=8",
-                                 "train_batch_size=4",
-                                 "gradient_accumulation_steps=1",
-                                 "device.memory_limit=\"256MiB\"",
-                                 "gradient_clipping=1e6",
-                                 "train.steps=18",
-                                 "scheduler.params.warmup_num_steps=2",
-                                 "strata.optimizer.speculate=\"auto\""};
+  std::vector<std::string> ov = large_blocks_in_host_ram(18);
+  ov.push_back("strata.optimizer.speculate=\"auto\"");
   TrainOptions o;
   o.wrap_device = [](std::unique_ptr<Device> dev) -> std::unique_ptr<Device> {
     return std::make_unique<test::WrappedDevice>(std::move(dev), /*host_addressable=*/false);
