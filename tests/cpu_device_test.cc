@@ -159,5 +159,31 @@ TEST(CpuDevice, CopiesAreOrderedOnTheirStream) {
   dev->release(d);
 }
 
+// memset_zero splits a large range into pieces run on the device's threads (1 MiB each): every
+// byte of the range is zeroed, none beside it, on a device limited to 2 threads and on one with
+// all, in stream order after a kernel-free write on the same stream.
+TEST(CpuDevice, ZeroingALargeRangeZeroesItAllAndNothingBeside) {
+  for (int threads : {2, 0}) {
+    SCOPED_TRACE(threads);
+    auto made = create_cpu_device({.capacity = size_t{16} << 20, .threads = threads});
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    Device& dev = **made;
+    const size_t n = (size_t{5} << 20) + 4099, pad = 4096;
+    auto* buf = static_cast<uint8_t*>(*dev.allocate(n + 2 * pad, "buf"));
+    Stream& s = dev.compute_stream();
+    dev.host_fn(s, [buf, n, pad] { std::memset(buf, 0xA5, n + 2 * pad); });
+    dev.memset_zero(s, buf + pad + 1, n);
+    ASSERT_TRUE(dev.synchronize(s).is_ok());
+    size_t nonzero = 0;
+    for (size_t i = pad + 1; i < pad + 1 + n; ++i) nonzero += buf[i] != 0;
+    EXPECT_EQ(nonzero, 0u);
+    for (size_t i = 0; i <= pad; ++i) ASSERT_EQ(buf[i], 0xA5) << "before the range, at " << i;
+    for (size_t i = pad + 1 + n; i < n + 2 * pad; ++i) {
+      ASSERT_EQ(buf[i], 0xA5) << "after the range, at " << i;
+    }
+    dev.release(buf);
+  }
+}
+
 }  // namespace
 }  // namespace strata
