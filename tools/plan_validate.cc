@@ -221,9 +221,16 @@ int validate_plan(const PlanArgs& args, const Config& cfg, const PlanRequest& re
         "forward or stepped after backward, the state read ahead): no undo state, predicted as "
         "such\n");
   }
+  // Steps after backward among them (strata.optimizer.defer's trial) hold the plain pass's
+  // staging too: the larger of the two rules.
+  const bool some_after = std::any_of(r->optimizer_schedule.begin(), r->optimizer_schedule.end(),
+                                      [](uint8_t k) { return k == 0; });
   for (const auto& t : r->tiers) {
     const TierBytes& b = t.name == "device" ? o.device : t.name == "host" ? o.host : o.nvme;
-    const double pred = double(none_under ? b.peak_deferred : b.peak);
+    const double pred =
+        double(none_under ? (some_after && b.undo == 0 ? std::max(b.peak, b.peak_deferred)
+                                                       : b.peak_deferred)
+                          : b.peak);
     std::printf("  %-6s peak: predicted %s (reserved %s), measured %s (%+.1f%%)\n", t.name.c_str(),
                 format_bytes(pred).c_str(), format_bytes(double(b.total())).c_str(),
                 format_bytes(double(t.peak)).c_str(),

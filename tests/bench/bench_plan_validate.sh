@@ -36,9 +36,12 @@ for r in $(seq 1 "$rounds"); do
   for i in "${!rows[@]}"; do
     echo "round $r/$rounds: row $((i + 1))" >&2
     # shellcheck disable=SC2086
-    "$bin" plan --config ${rows[$i]} "${SW[@]}" --set train.checkpoint_dir="\"$out/ckpt\"" \
+    # Each run its own checkpoint directory: a run refuses to write over another run's
+    # checkpoints.
+    "$bin" plan --config ${rows[$i]} "${SW[@]}" --set train.checkpoint_dir="\"$out/ckpt-$r-$i\"" \
       --profile "$out/profile-$r.json" --validate > "$out/row$((i + 1))-$r.out" 2>&1 \
       || { cat "$out/row$((i + 1))-$r.out"; exit 1; }
+    rm -rf "$out/ckpt-$r-$i"
   done
 done
 python3 - "$out" "$rounds" "${#rows[@]}" <<'PY'
