@@ -24,12 +24,6 @@ uint64_t StateBytes::largest_extents(uint64_t k) const {
   return sum;
 }
 
-uint64_t StateBytes::opt_nvme_sub_groups() const {
-  uint64_t n = 0;
-  for (const auto& [bytes, count] : opt_nvme_extents) n += count;
-  return n;
-}
-
 double StateBytes::first_sub_groups(const std::vector<ModuleHomes>& homes, size_t count,
                                     bool backward) const {
   double bytes = 0;
@@ -216,6 +210,19 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
     // than the model has: the largest ones.
     host_peak += s.largest_extents(pipeline_staging_sub_groups(to.buffer_count));
   }
+  // Host, every step deferred to the next forward (the overlap with a step that clipped: no
+  // undo state): under backward the state is read ahead (the pipeline's whole staging, 2 *
+  // buffer_count + 1 sub-groups, once the last pass's writes drained:
+  // OptimizerPipeline::read_ahead_room) while the gradients land; the pass under the next
+  // forward holds the sub-groups it reads ahead and writes behind (pipeline_sub_groups_held) and
+  // the new parameters' pieces.
+  const uint64_t deferred_bwd =
+      homes_and_pieces + landing + s.largest_extents(pipeline_staging_sub_groups(to.buffer_count));
+  const uint64_t deferred_fwd =
+      homes_and_pieces + needs.host.param_publish_staging + needs.host.grad_staging +
+      s.largest_extents(pipeline_sub_groups_held(to.buffer_count, s.opt_nvme_writes,
+                                                 where.params == Tier::kNvme));
+  p.host.peak_deferred = std::max(deferred_bwd, deferred_fwd) * W;
   p.device.peak_deferred = p.device.peak;
   p.nvme.peak_deferred = mem.nvme.state;  // no shadow extents: nothing is stepped under backward
   // The optimizer under backward with clipping or fp16 keeps every stepped module's pre-step
@@ -258,30 +265,13 @@ PlanPeaks plan_peaks(const PlanRequest& r, const Placement& where, const PlanMem
   // the deferred pass.
   p.read_ahead_sub_groups = read_ahead_sub_groups(needs, to, p.nvme.undo > 0);
   p.host.read_ahead = uint64_t(p.read_ahead_sub_groups) * needs.host.optimizer_sub_group * W;
-  // Host, every step deferred to the next forward (the overlap with a step that clipped: no
-  // undo state): under backward the state is read ahead (the pipeline's whole staging, 2 *
-  // buffer_count + 1 sub-groups, once the last pass's writes drained, and the read-ahead room:
-  // OptimizerPipeline::read_ahead_room) while the gradients land; the pass under the next
-  // forward holds the sub-groups it reads ahead and writes behind (pipeline_sub_groups_held),
-  // the room's kept from backward, and the new parameters' pieces. The room holds only
-  // sub-groups the staging does not: each of the model's sub-groups once at most (the room
-  // had been counted beside staging that already held every sub-group: bench-25m's NVMe rows'
-  // host peak predicted 1.24-1.41x the run's).
-  const uint64_t count = s.opt_nvme_sub_groups();
-  auto room_beside = [&](uint64_t staged) {
-    const uint64_t ra =
-        std::min<uint64_t>(p.read_ahead_sub_groups, count > staged ? count - staged : uint64_t{0});
-    return ra * needs.host.optimizer_sub_group;
-  };
-  const uint64_t staging = pipeline_staging_sub_groups(to.buffer_count);
-  const uint64_t held =
-      pipeline_sub_groups_held(to.buffer_count, s.opt_nvme_writes, where.params == Tier::kNvme);
-  const uint64_t deferred_bwd =
-      homes_and_pieces + landing + s.largest_extents(staging) + room_beside(staging);
-  const uint64_t deferred_fwd = homes_and_pieces + needs.host.param_publish_staging +
-                                needs.host.grad_staging + s.largest_extents(held) +
-                                room_beside(held);
-  p.host.peak_deferred = std::max(deferred_bwd, deferred_fwd) * W;
+  // The staging and the room are the engine's limit on buffers (OptimizerPipeline::
+  // read_ahead_room counts the sub-groups read ahead and those still being written), not on
+  // distinct sub-groups: one whose last write is in flight when it is read again holds two. So
+  // this is a bound the timing may not reach: tiny-cpu's NVMe row peaks at it (21.19 MiB
+  // against 20.42 predicted), bench-25m's, where the staging alone could hold every sub-group,
+  // 1.24-1.41x below it (xeon-amx, docs/BENCHMARKS.md).
+  p.host.peak_deferred += p.host.read_ahead;
   if (p.host.undo > 0) {
     // With undo copies the peak comes at the end of the speculative pass instead: the homes, the
     // undo copies, and the NVMe optimizer pipeline's buffer_count + 1 modules (read ahead or

@@ -57,8 +57,6 @@ struct StateBytes {
 
   // The bytes of the k largest sub-groups' NVMe master + moments.
   uint64_t largest_extents(uint64_t k) const;
-  // How many sub-groups have NVMe master + moments.
-  uint64_t opt_nvme_sub_groups() const;
   // NVMe-homed master + moments of the first `count` sub-groups with such state, in module
   // order or (backward) from the last module; within a module its first sub-groups, as the
   // pipeline keeps and reads them ahead: whole sub-groups unless the module's last, shorter one
