@@ -129,6 +129,8 @@ class Run {
   Status step_optimizer(const GradStats& stats, double scale, bool delayed, bool speculate,
                         bool not_under_backward);
   Result<double> eval_loss();
+  // Runs eval batch i (the forward alone); its per-token losses land in losses_ (run_eval.cc).
+  Status eval_batch(int i);
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
   int64_t global_train_targets() const {
     int64_t n = 0;
