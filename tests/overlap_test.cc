@@ -442,6 +442,65 @@ TEST(SpeculateChoice, NeverAndAutoKeepThePlainBits) {
   fs::remove_all(dir);
 }
 
+// strata.optimizer.speculate "auto" that settles on not stepping under backward gives back the
+// undo room its trial took (the homes a kept step left there copied back to the arena), whether
+// a deferred step is pending then or not; one that settles on stepping under backward keeps it.
+// The plain schedule's bits either way. The trial sees given times (TrainOptions::trial_time):
+// steps under backward twice or half as long as the others.
+TEST(SpeculateChoice, SettlingOnNotGivesTheUndoRoomBack) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("speculate_give_back");
+  auto gpu_paths = [](std::unique_ptr<Device> dev) -> std::unique_ptr<Device> {
+    return std::make_unique<test::WrappedDevice>(std::move(dev), /*host_addressable=*/false);
+  };
+  auto overrides = [&](const std::string& d) {
+    std::vector<std::string> ov = placement(d, /*nvme=*/false);
+    for (const char* x : {"gradient_clipping=1000", "scheduler.params.warmup_num_steps=2",
+                          "train.steps=16", "strata.optimizer.speculate=\"auto\""}) {
+      ov.push_back(x);
+    }
+    return ov;
+  };
+  TrainOptions o;
+  o.wrap_device = gpu_paths;
+  std::vector<std::string> plain_ov = overrides(dir + "/plain");
+  plain_ov.push_back("strata.optimizer.overlap=false");
+  const TrainResult plain = must_train(tiny(dir + "/plain", plain_ov), o);
+  struct Run {
+    const char* name;
+    double under_backward_s;  // the trial's time of a step under backward (others: 1 s)
+    const char* defer;
+  };
+  for (const Run run :
+       {Run{"not, deferred", 2.0, "always"}, Run{"not, after backward", 2.0, "never"},
+        Run{"under backward", 0.5, "always"}}) {
+    const std::string d = dir + "/" + std::to_string(run.under_backward_s) + run.defer;
+    std::vector<std::string> ov = overrides(d);
+    ov.push_back(std::string("strata.optimizer.defer=\"") + run.defer + "\"");
+    TrainOptions oo = o;
+    oo.trial_time = [t = run.under_backward_s](int64_t, bool under_backward, double) {
+      return under_backward ? t : 1.0;
+    };
+    const TrainResult over = must_train(tiny(d, ov), oo);
+    std::string sched;
+    for (uint8_t k : over.optimizer_schedule) sched += char('0' + k);
+    SCOPED_TRACE(::testing::Message() << run.name << ", schedule " << sched);
+    ASSERT_EQ(over.losses.size(), 16u);
+    for (size_t s = 0; s < 16; ++s) EXPECT_EQ(over.losses[s], plain.losses[s]) << "step " << s;
+    EXPECT_EQ(over.weights_crc, plain.weights_crc);
+    const bool gives_back = run.under_backward_s > 1.0;
+    for (size_t s = 13; s < 16; ++s) {
+      EXPECT_EQ(over.optimizer_schedule[s] == 1, !gives_back) << "step " << s;
+    }
+    const auto host = std::find_if(over.tiers.begin(), over.tiers.end(),
+                                   [](const TrainResult::TierUse& t) { return t.name == "host"; });
+    ASSERT_NE(host, over.tiers.end());
+    EXPECT_GT(host->undo_room, 0u) << "the trial's steps under backward took no undo room";
+    EXPECT_EQ(host->undo_given_back, gives_back ? host->undo_room : 0u);
+  }
+  fs::remove_all(dir);
+}
+
 // The speculation under backward keeps the sub-groups it steps in the read-ahead's room for the
 // next step, as a pass does, whether or not it holds undo state (without it, with clipping on
 // but not biting, every step had read its whole state again — GPT-2 124M with the optimizer on

@@ -107,25 +107,31 @@ int cmd_train(int argc, char** argv) {
     // What the RSS is made of: the host tier's arena (resident whole: mlocked, or touched over
     // the run), the device's peak where device memory is host memory (the CPU backend), and the
     // rest (binary, libraries, threads, kernel scratch, the data): it does not grow with depth.
-    size_t host = 0, undo = 0, device_peak = 0, device_cap = 0;
+    size_t host = 0, undo = 0, given_back = 0, device_peak = 0, device_cap = 0;
     for (const auto& t : res.tiers) {
-      if (t.name == "host") host = t.capacity, undo = t.undo_room;
+      if (t.name == "host") host = t.capacity, undo = t.undo_room, given_back = t.undo_given_back;
       if (t.name == "device" && res.device_in_rss) device_peak = t.peak, device_cap = t.capacity;
     }
     const double rest = std::max(0.0, double(res.peak_rss) - double(host) - double(device_peak));
     const std::string split =
-        undo ? fmt::format(" (arena {} + undo room {})", format_bytes(double(host - undo)),
-                           format_bytes(double(undo)))
+        undo ? fmt::format(" (arena {} + undo room {}{})", format_bytes(double(host - undo)),
+                           format_bytes(double(undo)),
+                           given_back ? fmt::format(", {} of it given back once the run stopped "
+                                                    "stepping under backward",
+                                                    format_bytes(double(given_back)))
+                                      : std::string())
              : std::string();
-    std::printf("host memory: peak RSS (VmHWM) %s = host tier %s%s%s + the rest %s (%s at start)\n",
-                format_bytes(double(res.peak_rss)).c_str(), format_bytes(double(host)).c_str(),
-                split.c_str(),
-                device_cap
-                    ? fmt::format(" + device peak {} (arena {})", format_bytes(double(device_peak)),
-                                  format_bytes(double(device_cap)))
-                          .c_str()
-                    : "",
-                format_bytes(rest).c_str(), format_bytes(double(res.base_rss)).c_str());
+    std::printf(
+        "host memory: peak RSS (VmHWM) %s = host tier %s%s%s + the rest %s (%s at start); "
+        "VmRSS %s at the end\n",
+        format_bytes(double(res.peak_rss)).c_str(), format_bytes(double(host)).c_str(),
+        split.c_str(),
+        device_cap ? fmt::format(" + device peak {} (arena {})", format_bytes(double(device_peak)),
+                                 format_bytes(double(device_cap)))
+                         .c_str()
+                   : "",
+        format_bytes(rest).c_str(), format_bytes(double(res.base_rss)).c_str(),
+        format_bytes(double(res.end_rss)).c_str());
   }
   // Bytes per step against the placement's minimum (one rank's, as the tiers above).
   std::fputs(bytes_against_minimum(cfg, res).c_str(), stdout);

@@ -708,7 +708,7 @@ void TableBuilder::add_engine_keys() {
         "faster kept, on the CPU backend always; the same bits either way. Speculated steps keep "
         "undo state: with clipping or fp16 the host tier takes room for the host-homed master "
         "weights and moments of the modules stepped under backward (at most all of them), "
-        "unless never",
+        "unless never; auto gives it back when it settles on not stepping under backward",
         nullptr));
   add(F("strata.optimizer.read_ahead", Size(), STRATA_M(strata.optimizer_read_ahead),
         "with strata.optimizer.overlap and optimizer state on nvme: host bytes of the next "

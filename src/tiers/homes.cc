@@ -130,6 +130,9 @@ void Homes::add_undo_region(std::unique_ptr<BufferPool> region) {
         format_bytes(double(undo_bytes_)));
   }
   undo_.push_back(std::move(region));
+  size_t held = 0;
+  for (const auto& p : undo_) held += p->capacity();
+  undo_held_peak_ = std::max(undo_held_peak_, held);
 }
 
 std::optional<PinnedBuffer> Homes::undo_from_regions(size_t bytes) {
@@ -215,11 +218,47 @@ void Homes::undo_preparer() {
   }
 }
 
+size_t Homes::close_undo_room() {
+  {
+    std::lock_guard<std::mutex> l(undo_mu_);
+    undo_stop_ = true;
+  }
+  undo_cv_.notify_all();
+  if (undo_thread_.joinable()) undo_thread_.join();  // a region it was making is freed
+  std::lock_guard<std::mutex> l(undo_mu_);
+  undo_queue_.clear();
+  undo_pending_ = 0;
+  undo_bytes_ = 0;
+  size_t freed = 0;
+  std::erase_if(undo_, [&](const std::unique_ptr<BufferPool>& p) {
+    if (p->in_use() > 0) return false;
+    dev_.unregister_host(p->base());
+    freed += p->capacity();
+    undo_freed_peaks_ += p->peak_in_use();
+    return true;
+  });
+  undo_freed_ += freed;
+  return freed;
+}
+
+bool Homes::in_undo_room(const void* p) const {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  const auto* c = static_cast<const char*>(p);
+  for (const auto& r : undo_) {
+    const auto* base = static_cast<const char*>(r->base());
+    if (c >= base && c < base + r->capacity()) return true;
+  }
+  return false;
+}
+
 size_t Homes::undo_capacity() const {
   std::lock_guard<std::mutex> l(undo_mu_);
-  size_t n = 0;
-  for (const auto& p : undo_) n += p->capacity();
-  return n;
+  return undo_held_peak_;
+}
+
+size_t Homes::undo_given_back() const {
+  std::lock_guard<std::mutex> l(undo_mu_);
+  return undo_freed_;
 }
 
 size_t Homes::undo_in_use() const {
@@ -233,7 +272,7 @@ size_t Homes::host_capacity() const { return pool_->capacity() + undo_capacity()
 size_t Homes::host_in_use() const { return pool_->in_use() + undo_in_use(); }
 size_t Homes::host_peak() const {
   std::lock_guard<std::mutex> l(undo_mu_);
-  size_t n = pool_->peak_in_use();
+  size_t n = pool_->peak_in_use() + undo_freed_peaks_;
   for (const auto& p : undo_) n += p->peak_in_use();
   return n;
 }

@@ -103,10 +103,19 @@ class Homes {
   // thread.
   bool undo_ready(const std::vector<size_t>& bytes);
   static constexpr size_t kUndoPrepareBytes = size_t{8} << 20;
-  size_t undo_capacity() const;  // the undo room's regions allocated so far
+  // Gives the undo room back and takes no more: the regions nothing holds are unregistered
+  // from the device and freed, undo_buf() refuses from then on and undo_ready() says true
+  // (a run that no longer steps under backward: Speculation::release_undo_room). Returns the
+  // bytes freed. Host thread, no speculation active.
+  size_t close_undo_room();
+  // Whether `p` lies in one of the undo room's regions.
+  bool in_undo_room(const void* p) const;
+  // The undo room taken: the most its regions held at once (those given back count).
+  size_t undo_capacity() const;
+  size_t undo_given_back() const;  // of it, the bytes close_undo_room() freed
   size_t undo_in_use() const;
-  // The host tier's bytes: the arena, and the undo room's regions (capacity, in use, and
-  // the sum of the regions' peaks).
+  // The host tier's bytes: the arena, and the undo room's regions (capacity: the arena and
+  // undo_capacity(); in use; the sum of the regions' peaks, given back or not).
   size_t host_capacity() const;
   size_t host_in_use() const;
   size_t host_peak() const;
@@ -163,6 +172,9 @@ class Homes {
   mutable std::mutex undo_mu_;  // undo_, undo_warned_, undo_queue_, undo_pending_, undo_stop_
   std::vector<std::unique_ptr<BufferPool>> undo_;  // undo_buf()'s regions
   bool undo_warned_ = false;                       // a region could not be allocated
+  // The most undo_ held at once; of it, what close_undo_room() freed and the freed regions'
+  // peaks.
+  size_t undo_held_peak_ = 0, undo_freed_ = 0, undo_freed_peaks_ = 0;
   // undo_ready()'s regions to prepare (their buffer sizes), and their region bytes queued or
   // being prepared (counted against undo_bytes_).
   std::vector<size_t> undo_queue_;

@@ -75,6 +75,20 @@ void OptimizerPipeline::end_step(bool skipped) {
 
 // ---- slots -------------------------------------------------------------------------------------
 
+void OptimizerPipeline::point_at_homes(Slot& s) const {
+  const Module& m = homes_.module(s.k);
+  const size_t mb = dtype_size(mdt_);
+  if (m.master.tier != Tier::kNvme) s.master = static_cast<float*>(m.master.ptr()) + s.a;
+  if (m.mom.tier != Tier::kNvme) {
+    s.m = static_cast<char*>(m.mom.ptr()) + s.a * mb;
+    s.v = static_cast<char*>(m.mom.ptr()) + (m.sn + s.a) * mb;
+  }
+}
+
+void OptimizerPipeline::repoint_homes() {
+  for (auto& [key, s] : prepared_) point_at_homes(s);
+}
+
 Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urgent) {
   Module& m = homes_.module(k);
   Slot s;
@@ -83,11 +97,7 @@ Result<bool> OptimizerPipeline::prepare(int k, size_t j, bool try_only, bool urg
   s.a = m.sub_start(j);
   s.len = m.sub_len(j);
   const size_t mb = dtype_size(mdt_);
-  if (m.master.tier != Tier::kNvme) s.master = static_cast<float*>(m.master.ptr()) + s.a;
-  if (m.mom.tier != Tier::kNvme) {
-    s.m = static_cast<char*>(m.mom.ptr()) + s.a * mb;
-    s.v = static_cast<char*>(m.mom.ptr()) + (m.sn + s.a) * mb;
-  }
+  point_at_homes(s);
   auto buf = [&](size_t bytes) -> Result<std::shared_ptr<PinnedBuffer>> {
     auto b = host_buf(bytes, "optimizer pipeline", try_only);
     if (!b.is_ok()) return b.status();

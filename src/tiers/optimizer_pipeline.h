@@ -164,6 +164,9 @@ class OptimizerPipeline {
   // checkpoint's load); with `modules` (indexed by module), only theirs (the speculation's
   // undo restores the modules it stepped, the others' state is as their kept slots hold it).
   void drop_kept(const std::vector<bool>* modules = nullptr);
+  // Points the prepared slots at their modules' homes again, where they are not staged: a home's
+  // buffer moved (Speculation::release_undo_room), its bytes with it.
+  void repoint_homes();
 
   // ---- stepping ----------------------------------------------------------------------
   // Where module k's new parameters go: `shadow` when given, else (after a prefetch of them
@@ -317,6 +320,9 @@ class OptimizerPipeline {
   // pieces are bounded by piece()).
   void queue_write(const SwapExtent& ext, const void* src, std::shared_ptr<PinnedBuffer> keep,
                    const std::string& what, bool state, bool urgent = false);
+  // Points `s` (module s.k, sub-group s.j) at the master weights and moments in their homes,
+  // those not on NVMe.
+  void point_at_homes(Slot& s) const;
   // Host-visible home of module k's parameters, or null (NVMe, or a device that is not
   // host-addressable).
   void* host_visible_params(const Module& m) const;

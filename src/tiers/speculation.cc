@@ -444,6 +444,30 @@ void Speculation::end() {
   intervals_.clear();
 }
 
+size_t Speculation::release_undo_room() {
+  STRATA_CHECK(!active_, "release_undo_room during a speculation");
+  retire_stepped();
+  size_t moved = 0;
+  for (auto& [k, spare] : spares_) {
+    Module& m = homes_.module(k);
+    for (auto [h, b] : {std::pair{&m.master, &spare.master}, std::pair{&m.mom, &spare.mom}}) {
+      // A home in the room swapped with a buffer of the arena (its first home); the home
+      // then holds the newest state, which goes back there.
+      if (h->tier != Tier::kHost || !spare_fits(*b, h->bytes)) continue;
+      if (!homes_.in_undo_room(h->host.data()) || homes_.in_undo_room((*b)->data())) continue;
+      std::memcpy((*b)->data(), h->host.data(), h->bytes);
+      std::swap(h->host, **b);
+      moved += h->bytes;
+    }
+  }
+  spares_.clear();
+  pipeline_.repoint_homes();
+  const size_t freed = homes_.close_undo_room();
+  log_debug("tier manager: undo room given back ({}; {} of homes copied back to the arena)",
+            format_bytes(double(freed)), format_bytes(double(moved)));
+  return freed;
+}
+
 void Speculation::retire_stepped() {
   for (auto& [k, u] : stepped_) {
     Spare& s = spares_[k];

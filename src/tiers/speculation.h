@@ -71,6 +71,12 @@ class Speculation {
   // compute stream was still in backward.
   void end();
   const OptimizerHyper& hyper() const { return hyper_; }
+  // Gives the undo room back for a run that steps nothing under backward from now on
+  // (Homes::close_undo_room): each host-tier home a kept step left in the room is copied into
+  // the buffer it swapped with (its spare, in the arena) and takes it back, the spares are
+  // dropped and the pipeline's slots pointed at the homes again. Not while a speculation is
+  // active. Returns the bytes given back.
+  size_t release_undo_room();
 
  private:
   // A stepped module's pre-step master weights and moments: for NVMe-homed state its old

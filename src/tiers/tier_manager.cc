@@ -494,6 +494,7 @@ void TierManager::begin_speculation(const OptimizerHyper& hyper, float grad_mult
 
 Status TierManager::step_ready(bool wait_all) { return impl_->spec->step_ready(wait_all); }
 bool TierManager::undo_not_ready() const { return impl_->spec->undo_not_ready(); }
+size_t TierManager::release_undo_room() { return impl_->spec->release_undo_room(); }
 
 Status TierManager::skip_step() {
   Impl& I = *impl_;
@@ -543,6 +544,7 @@ TierStats TierManager::stats(Tier t) const {
       s = {I.homes->host_capacity(), I.homes->host_in_use(), I.homes->host_peak(), c.host_in,
            c.host_out};
       s.undo_room = I.homes->undo_capacity();
+      s.undo_given_back = I.homes->undo_given_back();
       break;
     }
     case Tier::kNvme: {

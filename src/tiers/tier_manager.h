@@ -80,8 +80,10 @@ struct TierStats {
   // complete; a write behind a step may land in the next).
   uint64_t bytes_queued = 0;
   // Host tier only: of `capacity`, the undo room taken (Homes::undo_capacity: regions the
-  // optimizer under backward took for undo state; the rest is the arena).
+  // optimizer under backward took for undo state, the most held at once; the rest is the
+  // arena), and of it the bytes given back (release_undo_room).
   size_t undo_room = 0;
+  size_t undo_given_back = 0;
 };
 
 // What the steps since the last take_times() call did: the optimizer's schedule (its times
@@ -199,6 +201,10 @@ class TierManager : public ActivationStore {
   // Whether the last speculation stepped part of its modules after backward because their undo
   // room was still being made ready (a warm-up step, not yet the schedule's own).
   bool undo_not_ready() const;
+  // The run steps nothing under backward from now on (strata.optimizer.speculate "auto"
+  // settled on not): gives the host tier's undo room back (Speculation::release_undo_room).
+  // Between steps; a deferred step may be pending. Returns the bytes given back.
+  size_t release_undo_room();
 
   // --- delayed parameter update (strata.optimizer.delayed_update) ---------------------------
   // After end_backward and validation: steps every module with GACC * grad_mult on a

@@ -120,10 +120,11 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
   r.grad_shared_reductions = tm_->stats(Tier::kDevice).grad_shared_reductions;
   for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kNvme}) {
     const TierStats ts = tm_->stats(t);
-    r.tiers.push_back(
-        {tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current, ts.undo_room});
+    r.tiers.push_back({tier_name(t), ts.capacity, ts.peak, ts.bytes_in, ts.bytes_out, ts.current,
+                       ts.undo_room, ts.undo_given_back});
   }
   r.peak_rss = peak_rss_bytes();
+  r.end_rss = proc_status_bytes("VmRSS:");
   r.base_rss = base_rss_;
   r.device_in_rss = dev_->host_addressable();
   const double secs = seconds_since(t0);
@@ -247,6 +248,7 @@ Result<TrainResult> Run::loop() {
       rep.elapsed_s = seconds_since(t0);
       rep.eta_s = rep.elapsed_s / double(step_ - r.start_step) * double(total - step_);
       rep.peak_rss = peak_rss_bytes();
+      rep.rss = proc_status_bytes("VmRSS:");
       return rep;
     };
     if (report && (step_ % print_every == 0 || last || step_ == r.start_step + 1)) {

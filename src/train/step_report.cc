@@ -63,7 +63,8 @@ std::string metrics_record(const StepReport& r, const StepWindow& w) {
       {"comm_grad_bytes", w.per_step(double(w.sent[1]))},
       {"device_bytes_per_step", w.per_step(double(w.device_bytes))},
       {"nvme_bytes_per_step", w.per_step(double(w.nvme_bytes))},
-      {"peak_rss_bytes", r.peak_rss}};
+      {"peak_rss_bytes", r.peak_rss},
+      {"rss_bytes", r.rss}};
   if (r.aux_loss >= 0) j["aux_loss"] = r.aux_loss;
   return j.dump();
 }

@@ -56,6 +56,7 @@ struct StepReport {
   double window_s = 0;  // wall time of the window
   double elapsed_s = 0, eta_s = 0, tokens_per_s = 0;
   size_t peak_rss = 0;
+  size_t rss = 0;  // VmRSS at the report
 };
 
 // "1:02:03" or "02:03".

@@ -605,7 +605,9 @@ Result<double> Run::run_step() {
   }
   STRATA_RETURN_IF_ERROR(step_optimizer(stats, scale, delayed, speculate, not_under_backward), "");
   STRATA_RETURN_IF_ERROR(tm_->end_phase(), "end of the step");
-  const double step_s = seconds_since(t0);
+  const double step_s = opts_.trial_time
+                            ? opts_.trial_time(step_, under_backward, seconds_since(t0))
+                            : seconds_since(t0);
   if (not_under_backward && defer_choice_.record(step_s)) {
     STRATA_RETURN_IF_ERROR(settle_defer_choice(), "choosing where the optimizer runs");
   }
@@ -661,6 +663,14 @@ Status Run::settle_speculate_choice() {
             : std::string(),
         m[1],
         speculate_choice_.defer() ? "stepping under backward" : "stepping as clipped steps do");
+  }
+  if (!speculate_choice_.defer()) {
+    // No step takes undo state from now on: the room the trial's steps took is given back.
+    const size_t freed = tm_->release_undo_room();
+    if (rank_ == 0 && freed > 0) {
+      log_info("host tier: the undo room ({}) given back: nothing is stepped under backward",
+               format_bytes(double(freed)));
+    }
   }
   return Status::ok();
 }

@@ -44,6 +44,10 @@ struct TrainOptions {
   std::function<void(int64_t step, int micro)> mid_step;
   // Tests: replaces the device the run created (e.g. by a wrapper around it).
   std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> wrap_device;
+  // Tests: the wall time the schedules' trials (strata.optimizer.defer and .speculate "auto")
+  // see for step `step` (0-based), given whether it stepped under backward and its measured
+  // `seconds`.
+  std::function<double(int64_t step, bool under_backward, double seconds)> trial_time;
 };
 
 struct TrainResult {
@@ -99,8 +103,9 @@ struct TrainResult {
     std::string name;  // device | host | nvme
     size_t capacity = 0, peak = 0;
     uint64_t bytes_in = 0, bytes_out = 0;
-    size_t current = 0;    // in use at the end (host, nvme: this rank's resident state)
-    size_t undo_room = 0;  // host: of capacity, the undo room taken (TierStats::undo_room)
+    size_t current = 0;          // in use at the end (host, nvme: this rank's resident state)
+    size_t undo_room = 0;        // host: of capacity, the undo room taken (TierStats::undo_room)
+    size_t undo_given_back = 0;  // host: of it, given back (TierStats::undo_given_back)
   };
   std::vector<TierUse> tiers;
   // The process's peak resident set (VmHWM of /proc/self/status, bytes; 0 where unknown): what
@@ -111,6 +116,7 @@ struct TrainResult {
   // device's memory is host memory (the CPU backend: its arena counts in the RSS).
   size_t base_rss = 0;
   bool device_in_rss = false;
+  size_t end_rss = 0;  // VmRSS when the run ended (after the undo room was given back, if it was)
   // flops_profiler.enabled: the profiled step's ops (none when the step was not run here).
   std::optional<OpProfile> op_profile;
 };

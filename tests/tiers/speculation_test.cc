@@ -237,5 +237,78 @@ TEST(Speculation, ModulesLeftOnceEveryGradientIsFinalTakeNoUndoRoom) {
   }
 }
 
+// A run that steps nothing under backward any more gives the undo room back: the host-tier homes
+// a kept step left in the room go back to the arena buffers they swapped with, every region is
+// freed, the slots read ahead point at the homes where they are now, and later speculations
+// take no undo room (their modules are stepped after backward). The state is the plain
+// schedule's throughout; master weights in the host tier, moments there or on NVMe.
+TEST(Speculation, TheUndoRoomIsGivenBackWithTheHomesInTheArena) {
+  const std::vector<size_t> numel = {5000, 3000, 7000};
+  for (Tier moments : {Tier::kHost, Tier::kNvme}) {
+    SCOPED_TRACE(moments == Tier::kHost ? "moments in the host tier" : "moments on NVMe");
+    StateRig r(moments == Tier::kHost ? "give_back_host" : "give_back_nvme", numel,
+               {Tier::kHost, Tier::kHost, moments, Tier::kHost, 1.0}, 2048);
+    Speculation spec(*r.homes, *r.pipeline, *r.stamps, /*shadow_extents=*/true, r.counters,
+                     r.errors);
+    std::vector<ModuleState> want;
+    for (int m = 0; m < 3; ++m) {
+      want.push_back(test::random_state(numel[size_t(m)], 1100 + m));
+      r.set_state(m, want.back());
+    }
+    const size_t arena = r.homes->pool().in_use();
+    auto speculated_step = [&](int step, bool expect_stepped) {
+      const OptimizerHyper h = test::step_hyper(step, 0.1f);
+      spec.begin(h, 1.0f, /*keep_undo=*/true, /*step_modules=*/true);
+      for (int m = 2; m >= 0; --m) {
+        spec.grads_final(m);
+        ASSERT_TRUE(spec.step_ready(false).is_ok());
+      }
+      ASSERT_TRUE(spec.step_ready(true).is_ok());
+      EXPECT_EQ(spec.stepped_any(), expect_stepped) << "step " << step;
+      const std::vector<bool> stepped = spec.stepped_mask();
+      ASSERT_TRUE(r.pipeline->run(r.pipeline->step_order(stepped), h, 1.0f, nullptr).is_ok());
+      spec.end();
+      r.pipeline->end_step();
+      ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+      ASSERT_TRUE(r.errors.take().is_ok());
+      for (auto& w : want) test::reference_step(w, h, 1.0f);
+    };
+    speculated_step(3, true);  // kept: the master weights' homes are now in the room
+    const Module& two = r.homes->module(2);
+    ASSERT_TRUE(r.homes->in_undo_room(two.master.host.data()));
+    const size_t room = r.homes->undo_capacity();
+    ASSERT_GT(room, 0u);
+    // The next step's state read ahead (slots pointing into the homes), then the room given back.
+    for (int m = 0; m < 3; ++m) {
+      for (size_t j = 0; j < r.pipeline->sub_groups(m); ++j) {
+        ASSERT_TRUE(r.pipeline->prepare(m, j, false).is_ok());
+      }
+    }
+    EXPECT_EQ(spec.release_undo_room(), room);
+    EXPECT_EQ(r.homes->undo_given_back(), room);
+    EXPECT_EQ(r.homes->undo_capacity(), room) << "the room taken, given back or not";
+    EXPECT_EQ(r.homes->undo_in_use(), 0u);
+    EXPECT_EQ(r.homes->host_capacity(), r.homes->pool().capacity() + room);
+    for (int m = 0; m < 3; ++m) {
+      const Module& mod = r.homes->module(m);
+      EXPECT_FALSE(r.homes->in_undo_room(mod.master.host.data())) << "module " << m;
+      EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)])) << "module " << m;
+    }
+    // A plain pass steps the slots read ahead; a speculation after it steps nothing under
+    // backward (no undo room) and leaves its modules to the step after backward.
+    OptimizerHyper h = test::step_hyper(4, 0.1f);
+    ASSERT_TRUE(r.pipeline->run({0, 1, 2}, h, 1.0f, nullptr).is_ok());
+    r.pipeline->end_step();
+    ASSERT_TRUE(r.pipeline->retire_writes(0).is_ok());
+    for (auto& w : want) test::reference_step(w, h, 1.0f);
+    speculated_step(5, false);
+    EXPECT_EQ(r.homes->undo_in_use(), 0u);
+    EXPECT_EQ(r.homes->pool().in_use(), arena);
+    for (int m = 0; m < 3; ++m) {
+      EXPECT_TRUE(test::same_bits(r.state(m), want[size_t(m)])) << "module " << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata
