@@ -120,9 +120,14 @@ def machine_profile(ctx, d):
 
 # The rows with the norm under the clipping threshold: synthetic data's gradient norm is above
 # 1.0 (every step clips), so these rows clip at 1e6, above any norm: each step's optimizer
-# speculates under backward, the schedule a real run under the threshold takes.
+# speculates under backward, the schedule a real run under the threshold takes. They step under
+# backward every step (speculate "always": the other schedule `auto` weighs is the clipped
+# rows'), and their first steps make the undo room's regions ready, one module a step
+# (Homes::undo_ready): on a GPU they run Table.under_steps steps, measured over the last
+# UNDER_MEASURED.
 NORM_UNDER = "-norm-under"
-UNDER = ["gradient_clipping=1e6"]
+UNDER = ["gradient_clipping=1e6", 'strata.optimizer.speculate="always"']
+UNDER_MEASURED = 4
 
 
 def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=()):
@@ -204,6 +209,8 @@ class Table:
     def __init__(self, ctx, key, cfg, flops_tok):
         self.ctx, self.key, self.cfg, self.flops_tok = ctx, key, cfg, flops_tok
         self.rows, self.bad, self.torch, self.notes = {}, [], [], []
+        # The norm-under rows' steps (None: the config's): past the undo room's warm-up.
+        self.under_steps = None
 
     def mfu(self, tps):
         peak = self.ctx.state.get("peak_tflops")
@@ -211,10 +218,10 @@ class Table:
             return None
         return tps * self.flops_tok / (peak * 1e12)
 
-    def strata_row(self, name, pdev, odev, ratio, what, profile_ops=False, extra=()):
+    def strata_row(self, name, pdev, odev, ratio, what, profile_ops=False, extra=(), skip=2):
         """One strata run. profile_ops: its second step's op profile (flops_profiler; the
         median of tokens/s leaves out the first 2 steps, so it costs the row nothing); extra:
-        further --set KEY=VALUE."""
+        further --set KEY=VALUE; skip: the steps the medians leave out."""
         ctx = self.ctx
         nvme = ctx.opts.nvme_path or str(ctx.R / "swap")
         rdir = self.cfg.parent / ("%s-%s" % (self.key, name))
@@ -242,10 +249,13 @@ class Table:
             row["op_profile"] = (prof.read_text(errors="replace") if prof.exists()
                                  else "(no op profile: logs/%s)" % log.name)
         if rc == 0 and m.exists():
-            row.update({k: metric_median(m, k) for k in
+            row.update({k: metric_median(m, k, skip) for k in
                         ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s", "grad_norm")})
             sched = re.search(r"the optimizer of those steps: (.*)", text)
             row["schedule"] = sched.group(1).strip() if sched else None
+            warm = re.search(r"(\d+) step\(s\) stepped part of it after backward while undo room", text)
+            row["undo_warmup_steps"] = int(warm.group(1)) if warm else 0
+            row["measured_from_step"] = skip + 1
             row["mfu"] = self.mfu(row["tokens_per_s"])
             row["bytes"] = bytes_vs_min(text)
             row["seconds"] = int(time.time() - t0)
@@ -254,7 +264,8 @@ class Table:
             self.bad.append("%s %s: exit %d" % (self.key, name, rc))
         self.rows[name] = row
 
-    def planned_row(self, pdev, odev, profile, what, host_row, params, suffix="", extra=()):
+    def planned_row(self, pdev, odev, profile, what, host_row, params, suffix="", extra=(),
+                    skip=2):
         """The placement with the optimizer ratio `strata plan` recommends for it (the least
         state on the device within 5% of the fastest predicted step), when it is below 1; the
         planner's expectation beside the optimizer time of `host_row` (the same placement at
@@ -287,7 +298,7 @@ class Table:
         elif ratio < 1 or self.ctx.dry:  # dry (the CPU backend: ratio 1), for the code path
             self.strata_row(name, pdev, odev, "%g" % ratio,
                             "%s, the optimizer ratio %g `strata plan` recommends" % (what, ratio),
-                            extra=extra)
+                            extra=extra, skip=skip)
         else:
             self.notes.append("The planner keeps the whole optimizer of %s in host RAM (ratio 1): "
                               "the row with it is the one above." % what.lower())
@@ -302,10 +313,15 @@ class Table:
                             "parameters in host RAM, optimizer on NVMe (%s)" % nvme)
         self.planned_row(pdev, "cpu", profile, where, host_row, params)
         under = ", the norm under the clipping threshold"
+        extra, skip = UNDER, 2
+        if self.under_steps:
+            extra = UNDER + ["train.steps=%d" % self.under_steps]
+            skip = self.under_steps - UNDER_MEASURED
         self.strata_row(host_row + NORM_UNDER, pdev, "cpu", 1,
-                        self.rows.get(host_row, {}).get("what", where) + under, extra=UNDER)
+                        self.rows.get(host_row, {}).get("what", where) + under, extra=extra,
+                        skip=skip)
         self.planned_row(pdev, "cpu", profile, where + under, host_row + NORM_UNDER, params,
-                         NORM_UNDER, UNDER)
+                         NORM_UNDER, extra, skip)
 
     def torch_run(self, script, args, why_not):
         if why_not:
@@ -345,14 +361,23 @@ class Table:
                           if name != "planned" else "", ms(planned["step_s"]),
                           planned["over_device"], ms(dev["step_s"])))
                 ctx.md("")
-        regime = ["%s %s (%s)" % (name, "%.2f" % r["grad_norm"] if r.get("grad_norm") else "?",
-                                  r.get("schedule") or "?")
+        regime = ["%s %s (%s%s)" % (name, "%.2f" % r["grad_norm"] if r.get("grad_norm") else "?",
+                                    r.get("schedule") or "?",
+                                    "; %d step(s) made the undo room ready" % r["undo_warmup_steps"]
+                                    if r.get("undo_warmup_steps") else "")
                   for name, r in self.rows.items() if r.get("offload_optimizer") != "none"
                   and r["exit"] == 0]
         if regime:
             ctx.md("Gradient norm (median after 2 steps; clipping at 1.0 bites above it, the "
-                   "`*%s` rows clip at 1e6) and the schedule each step's optimizer ran, per "
-                   "offloaded row: %s." % (NORM_UNDER, "; ".join(regime)))
+                   "`*%s` rows clip at 1e6 and step under backward every step) and the schedule "
+                   "each step's optimizer ran, per offloaded row: %s."
+                   % (NORM_UNDER, "; ".join(regime)))
+            ctx.md("")
+        if self.under_steps:
+            ctx.md("The `*%s` rows run %d steps, their medians over the last %d: their first "
+                   "steps make the undo room's regions ready, one module a step, and step the "
+                   "modules without one after backward." % (NORM_UNDER, self.under_steps,
+                                                            UNDER_MEASURED))
             ctx.md("")
         for note in self.notes:
             ctx.md(note)
@@ -433,6 +458,8 @@ def phase_train(ctx):
                 "--warmup", 2]
     gpt_args = [str(x) for x in gpt_args]
     t = Table(ctx, "gpt2", d / "gpt.json", flops_tok)
+    if not ctx.dry:  # its modules: the embeddings, L blocks, the final norm
+        t.under_steps = (L + 2) + 2 + UNDER_MEASURED
     t.strata_row("device", "none", "none", 1,
                  "everything on the device, the optimizer stepped by the device's kernel",
                  profile_ops=True)
@@ -478,6 +505,8 @@ def phase_train(ctx):
            % (flops_tok, peak or "unknown", "" if ctx.quick else " and after its last"))
     ctx.md("")
     t = Table(ctx, "llama", d / "llama.json", flops_tok)
+    if not ctx.dry:  # its modules: the embedding, L blocks, the final norm, the head
+        t.under_steps = (L + 3) + 2 + UNDER_MEASURED
     t.strata_row("device", "none", "none", 1,
                  "everything on the device, the optimizer stepped by the device's kernel",
                  profile_ops=True)
