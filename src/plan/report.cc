@@ -332,8 +332,9 @@ std::string best_notes(const PlanReport& rep) {
   }
   if (b.host.undo > 0 || b.time.hidden_share < 1.0) {
     s += fmt::format(
-        "  optimizer under backward: undo copies of master + moments take {} of host memory "
-        "beyond the reservation{}\n",
+        "  optimizer under backward: undo state of master + moments takes up to {} of host "
+        "memory beyond the reservation, as speculated steps use it (given back where "
+        "strata.optimizer.speculate auto settles on not stepping under backward){}\n",
         gb(double(b.host.undo)),
         b.time.hidden_share < 1.0
             ? fmt::format(" — only {:.0f}% fit, the rest is stepped after backward",
