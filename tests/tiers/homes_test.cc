@@ -2,7 +2,7 @@
 // tier its plan names, of the plan's bytes (device memory, the host tier's arena, or one swap
 // extent per sub-group); a rank's shard offsets; a tier without room fails naming the tier and
 // the object; a full host tier reclaims before it fails; the NVMe tier's use counts its extents;
-// ~Homes gives everything back.
+// the undo room closes with a region being made ready; ~Homes gives everything back.
 #include "src/tiers/homes.h"
 
 #include <gtest/gtest.h>
@@ -192,6 +192,37 @@ TEST(Homes, AFullTierReclaimsBeforeItFails) {
   EXPECT_FALSE(c.is_ok());
   EXPECT_EQ(calls, 3);  // once before each of the two tries again
   (*h)->set_reclaim(nullptr);
+}
+
+// The undo room closed (a run that no longer steps under backward) while a large region is still
+// being made ready on the room's thread: the thread is stopped, what nothing holds is freed, a
+// region still holding a buffer stays until a later close, and no buffer is handed out again.
+// The room taken (the most held at once) and what was given back are both kept.
+TEST(Homes, TheUndoRoomClosesWhileARegionIsBeingMadeReady) {
+  auto dev = test::cpu_device(1 << 20);
+  ASSERT_NE(dev, nullptr);
+  TierOptions o;
+  auto h = Homes::create(*dev, {}, 0, 1, 1 << 20, o, nullptr, size_t{64} << 20);
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  Homes& homes = **h;
+  auto held = homes.undo_buf(1 << 20);  // a small region, taken on the spot
+  ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+  EXPECT_TRUE(homes.in_undo_room(held->data()));
+  EXPECT_FALSE(homes.undo_ready({size_t{16} << 20}));  // being made ready on the room's thread
+  const size_t freed = homes.close_undo_room();
+  EXPECT_EQ(homes.undo_in_use(), size_t{1} << 20);
+  EXPECT_TRUE(homes.in_undo_room(held->data())) << "a region that holds a buffer was freed";
+  EXPECT_EQ(homes.undo_given_back(), freed);
+  EXPECT_TRUE(homes.undo_ready({size_t{16} << 20})) << "a closed room makes nothing ready";
+  EXPECT_FALSE(homes.undo_buf(4096).is_ok()) << "a closed room handed out a buffer";
+  const size_t taken = homes.undo_capacity();
+  EXPECT_GE(taken, (size_t{1} << 20) + freed);
+  held->reset();
+  EXPECT_EQ(homes.close_undo_room(), size_t{1} << 20);
+  EXPECT_EQ(homes.undo_given_back(), freed + (size_t{1} << 20));
+  EXPECT_EQ(homes.undo_in_use(), 0u);
+  EXPECT_EQ(homes.undo_capacity(), taken);
+  EXPECT_EQ(homes.host_capacity(), homes.pool().capacity() + taken);
 }
 
 // The NVMe tier: one swap extent per sub-group of each NVMe-homed object, counted in its use;
