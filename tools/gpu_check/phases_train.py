@@ -123,8 +123,7 @@ def machine_profile(ctx, d):
 # speculates under backward, the schedule a real run under the threshold takes. They step under
 # backward every step (speculate "always": the other schedule `auto` weighs is the clipped
 # rows'), and their first steps make the undo room's regions ready, one module a step
-# (Homes::undo_ready): on a GPU they run Table.under_steps steps, measured over the last
-# UNDER_MEASURED.
+# (Homes::undo_ready): they run Table.under_steps steps, measured over the last UNDER_MEASURED.
 NORM_UNDER = "-norm-under"
 UNDER = ["gradient_clipping=1e6", 'strata.optimizer.speculate="always"']
 UNDER_MEASURED = 4
@@ -458,8 +457,7 @@ def phase_train(ctx):
                 "--warmup", 2]
     gpt_args = [str(x) for x in gpt_args]
     t = Table(ctx, "gpt2", d / "gpt.json", flops_tok)
-    if not ctx.dry:  # its modules: the embeddings, L blocks, the final norm
-        t.under_steps = (L + 2) + 2 + UNDER_MEASURED
+    t.under_steps = (L + 2) + 2 + UNDER_MEASURED  # its modules: embeddings, L blocks, final norm
     t.strata_row("device", "none", "none", 1,
                  "everything on the device, the optimizer stepped by the device's kernel",
                  profile_ops=True)
@@ -505,8 +503,7 @@ def phase_train(ctx):
            % (flops_tok, peak or "unknown", "" if ctx.quick else " and after its last"))
     ctx.md("")
     t = Table(ctx, "llama", d / "llama.json", flops_tok)
-    if not ctx.dry:  # its modules: the embedding, L blocks, the final norm, the head
-        t.under_steps = (L + 3) + 2 + UNDER_MEASURED
+    t.under_steps = (L + 3) + 2 + UNDER_MEASURED  # its modules: embedding, L blocks, norm, head
     t.strata_row("device", "none", "none", 1,
                  "everything on the device, the optimizer stepped by the device's kernel",
                  profile_ops=True)

@@ -75,6 +75,9 @@ def check_tables(check, md):
                          r"[0-9]+ +[0-9.]+", md, re.M)) == 3)
     check("the PyTorch peer ran twice per model (before and after strata's rows)",
           len(re.findall(r"^PyTorch peer, run \d", md, re.M)) == 4)
+    check("the norm-under rows run past the undo room's warm-up, measured over their last steps",
+          len(re.findall(r"The `\*-norm-under` rows run [0-9]+ steps, their medians over the "
+                         r"last 4", md)) == 2)
     check("the offload rows have the plain schedule's losses",
           len(re.findall(r"\| same bits \| ok", md)) == 3)
     check("the offload rows show NVMe bytes against the minimum",
