@@ -21,18 +21,6 @@ namespace {
 
 constexpr int kBlock = 64;
 
-// dst[t, :] = src[t * stride + offset .. + hs) for t < T, widened to fp32.
-template <typename Tp>
-void gather(const Tp* src, int T, size_t stride, size_t offset, int hs, float* dst) {
-  for (int t = 0; t < T; ++t) load_span(src + t * stride + offset, dst + size_t(t) * hs, hs);
-}
-
-// dst[t * stride + offset + i] += src[t, i].
-template <typename Tp>
-void scatter_add(const float* src, int T, size_t stride, size_t offset, int hs, Tp* dst) {
-  for (int t = 0; t < T; ++t) accumulate_span(src + size_t(t) * hs, dst + t * stride + offset, hs);
-}
-
 }  // namespace
 
 void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, const int32_t* pos,
@@ -50,9 +38,9 @@ void attention_gqa_forward(DType dt, void* out, float* att, const void* qkv, con
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NH), h = int(p % NH);
         const Tp* base = in + size_t(b) * T * C3;
-        gather(base, T, C3, size_t(h) * hs, hs, Q);
-        gather(base, T, C3, C + size_t(h / rep) * hs, hs, K);
-        gather(base, T, C3, C + size_t(KVH + h / rep) * hs, hs, V);
+        gather_columns(base, T, C3, size_t(h) * hs, hs, Q);
+        gather_columns(base, T, C3, C + size_t(h / rep) * hs, hs, K);
+        gather_columns(base, T, C3, C + size_t(KVH + h / rep) * hs, hs, V);
         float* P = att + p * size_t(T) * T;
         const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
         for (int t0 = 0; t0 < T; t0 += kBlock) {
@@ -125,13 +113,13 @@ void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* do
         const int b = int(bg / KVH), g = int(bg % KVH);
         const Tp* base = in + size_t(b) * T * C3;
         Tp* dbase = dx + size_t(b) * T * C3;
-        gather(base, T, C3, C + size_t(g) * hs, hs, K);
-        gather(base, T, C3, C + size_t(KVH + g) * hs, hs, V);
+        gather_columns(base, T, C3, C + size_t(g) * hs, hs, K);
+        gather_columns(base, T, C3, C + size_t(KVH + g) * hs, hs, V);
         for (int h = g * rep; h < (g + 1) * rep; ++h) {
           const size_t p = size_t(b) * NH + h;
           const bool first = h == g * rep;
-          gather(base, T, C3, size_t(h) * hs, hs, Q);
-          gather(dy + size_t(b) * T * C, T, size_t(C), size_t(h) * hs, hs, dO);
+          gather_columns(base, T, C3, size_t(h) * hs, hs, Q);
+          gather_columns(dy + size_t(b) * T * C, T, size_t(C), size_t(h) * hs, hs, dO);
           const float* P = att + p * size_t(T) * T;
           float* dS = scratch + p * size_t(T) * T;
           const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
@@ -197,10 +185,10 @@ void attention_gqa_backward(DType dt, void* dqkv, float* scratch, const void* do
                   .ldc = hs,
                   .accumulate = !first});
           }
-          scatter_add(dQ, T, C3, size_t(h) * hs, hs, dbase);
+          scatter_add_columns(dQ, T, C3, size_t(h) * hs, hs, dbase);
         }
-        scatter_add(dK, T, C3, C + size_t(g) * hs, hs, dbase);
-        scatter_add(dV, T, C3, C + size_t(KVH + g) * hs, hs, dbase);
+        scatter_add_columns(dK, T, C3, C + size_t(g) * hs, hs, dbase);
+        scatter_add_columns(dV, T, C3, C + size_t(KVH + g) * hs, hs, dbase);
       }
     });
   });

@@ -98,4 +98,21 @@ inline void add_span(const float* src, const T* res, T* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = from_float<T>(to_float(res[i]) + src[i]);
 }
 
+// dst[t, :] = src[t * stride + offset .. + n) for t < rows, widened to fp32: one head's columns
+// of a [rows, stride] matrix gathered into a dense [rows, n] one (the attention ops' q, k, v).
+template <typename T>
+inline void gather_columns(const T* src, int rows, size_t stride, size_t offset, int n,
+                           float* dst) {
+  for (int t = 0; t < rows; ++t) load_span(src + t * stride + offset, dst + size_t(t) * n, n);
+}
+
+// dst[t * stride + offset + i] += src[t, i]: gather_columns' way back, accumulating.
+template <typename T>
+inline void scatter_add_columns(const float* src, int rows, size_t stride, size_t offset, int n,
+                                T* dst) {
+  for (int t = 0; t < rows; ++t) {
+    accumulate_span(src + size_t(t) * n, dst + t * stride + offset, n);
+  }
+}
+
 }  // namespace strata::cpu

@@ -21,16 +21,6 @@ namespace {
 
 constexpr int kBlock = 64;
 
-template <typename Tp>
-void gather(const Tp* src, int T, size_t stride, size_t offset, int hs, float* dst) {
-  for (int t = 0; t < T; ++t) load_span(src + t * stride + offset, dst + size_t(t) * hs, hs);
-}
-
-template <typename Tp>
-void scatter_add(const float* src, int T, size_t stride, size_t offset, int hs, Tp* dst) {
-  for (int t = 0; t < T; ++t) accumulate_span(src + size_t(t) * hs, dst + t * stride + offset, hs);
-}
-
 // S[t - t0, 0..t1) = scale * Q[t] . K[t2] for the rows t0..t1 of a block.
 void block_scores(const float* Q, const float* K, int t0, int t1, int T, int hs, float scale,
                   float* S) {
@@ -68,9 +58,9 @@ void fused_attention_forward(DType dt, void* out, float* lse, const void* qkv, c
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NH), h = int(p % NH), g = h / group;
         const Tp* base = in + size_t(b) * T * W;
-        gather(base, T, W, size_t(h) * hs, hs, Q);
-        gather(base, T, W, C + size_t(g) * hs, hs, K);
-        gather(base, T, W, C + size_t(NKV + g) * hs, hs, V);
+        gather_columns(base, T, W, size_t(h) * hs, hs, Q);
+        gather_columns(base, T, W, C + size_t(g) * hs, hs, K);
+        gather_columns(base, T, W, C + size_t(NKV + g) * hs, hs, V);
         float* L = lse + p * T;
         const int32_t* pb = pos == nullptr ? nullptr : pos + size_t(b) * T;
         for (int t0 = 0; t0 < T; t0 += kBlock) {
@@ -130,14 +120,14 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
       for (size_t p = p0; p < p1; ++p) {
         const int b = int(p / NKV), g = int(p % NKV);
         const Tp* base = in + size_t(b) * T * W;
-        gather(base, T, W, C + size_t(g) * hs, hs, K);
-        gather(base, T, W, C + size_t(NKV + g) * hs, hs, V);
+        gather_columns(base, T, W, C + size_t(g) * hs, hs, K);
+        gather_columns(base, T, W, C + size_t(NKV + g) * hs, hs, V);
         std::fill(dK, dK + th, 0.0f);
         std::fill(dV, dV + th, 0.0f);
         for (int h = g * group; h < (g + 1) * group; ++h) {
-          gather(base, T, W, size_t(h) * hs, hs, Q);
-          gather(dy + size_t(b) * T * C, T, C, size_t(h) * hs, hs, dO);
-          gather(y + size_t(b) * T * C, T, C, size_t(h) * hs, hs, O);
+          gather_columns(base, T, W, size_t(h) * hs, hs, Q);
+          gather_columns(dy + size_t(b) * T * C, T, C, size_t(h) * hs, hs, dO);
+          gather_columns(y + size_t(b) * T * C, T, C, size_t(h) * hs, hs, O);
           const size_t row0 = (size_t(b) * NH + h) * T;
           const float* L = lse + row0;
           float* D = scratch + row0;
@@ -204,11 +194,11 @@ void fused_attention_backward(DType dt, void* dqkv, float* scratch, const void* 
                   .ldc = hs,
                   .accumulate = true});
           }
-          scatter_add(dQ, T, W, size_t(h) * hs, hs, dx + size_t(b) * T * W);
+          scatter_add_columns(dQ, T, W, size_t(h) * hs, hs, dx + size_t(b) * T * W);
         }
         Tp* dbase = dx + size_t(b) * T * W;
-        scatter_add(dK, T, W, C + size_t(g) * hs, hs, dbase);
-        scatter_add(dV, T, W, C + size_t(NKV + g) * hs, hs, dbase);
+        scatter_add_columns(dK, T, W, C + size_t(g) * hs, hs, dbase);
+        scatter_add_columns(dV, T, W, C + size_t(NKV + g) * hs, hs, dbase);
       }
     });
   });
