@@ -227,6 +227,48 @@ TEST(CudaTraining, DeviceOptimizerMatchesTheCpuBackend) {
   }
 }
 
+// The optimizer under backward on the GPU's paths, its undo state in host RAM (the undo room's
+// regions registered with the device), then strata.optimizer.speculate "auto" settling on not
+// stepping under backward (its trial given times: TrainOptions::trial_time) and giving the room
+// back (the regions unregistered and freed, the homes in them copied back to the arena): the
+// overlap-off run's losses and final weights bit for bit (one backend, exact schedules).
+TEST(CudaTraining, UndoRoomGivenBackKeepsThePlainBits) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_undo_room");
+  const std::vector<std::string> ov = {"zero_optimization.offload_param.device=\"none\"",
+                                       "gradient_clipping=1e6",
+                                       "train.steps=16",
+                                       "train_batch_size=4",
+                                       "train.eval_interval=0",
+                                       "strata.optimizer.speculate=\"auto\""};
+  TrainOptions o;
+  o.progress = false;
+  std::vector<std::string> plain_ov = ov;
+  plain_ov.push_back("strata.optimizer.overlap=false");
+  auto plain = train(config("cuda", dir + "/plain", plain_ov), o);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  o.trial_time = [](int64_t, bool under_backward, double) { return under_backward ? 2.0 : 1.0; };
+  auto over = train(config("cuda", dir + "/over", ov), o);
+  ASSERT_TRUE(over.is_ok()) << over.status().to_string();
+  ASSERT_EQ(over->losses.size(), plain->losses.size());
+  for (size_t i = 0; i < plain->losses.size(); ++i) {
+    EXPECT_EQ(over->losses[i], plain->losses[i]) << "step " << i;
+  }
+  EXPECT_EQ(over->weights_crc, plain->weights_crc) << "the final weights differ";
+  EXPECT_GT(over->schedule.modules_stepped_under_backward, 0u);
+  for (size_t i = 13; i < over->optimizer_schedule.size(); ++i) {
+    EXPECT_NE(over->optimizer_schedule[i], 1) << "step " << i << " stepped under backward";
+  }
+  for (const auto& t : over->tiers) {
+    if (t.name != "host") continue;
+    EXPECT_GT(t.undo_room, 0u);
+    EXPECT_EQ(t.undo_given_back, t.undo_room);
+  }
+  fs::remove_all(dir);
+}
+
 // A GPU run is reproducible: the same config twice gives the same losses and final weights bit
 // for bit. Nothing in a step may depend on the order the GPU runs blocks in: the gradients'
 // column sums and the embedding's gradient are summed in a fixed order (no float atomics),
