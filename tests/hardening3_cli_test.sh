@@ -228,6 +228,10 @@ check "lora_alpha 1e30 is refused naming the scaling" grep -q "scaling 2.5e+29" 
 check "plan --lora 100000 is refused (rc 1)" test $? -eq 1
 check "plan --lora 100000 names lora.r's range" grep -q "lora.r: 100000 out of range" plan-r.txt
 check "plan --lora 100000 wrote no config" test ! -e big-r.json
+# A rank in range plans without a batch given (the flags' default: one sequence a micro-batch).
+"$strata" plan --hf "$fixture" --seq 16 --backend cpu --lora 8 >plan-r8.txt 2>&1
+check "plan --lora 8 without a batch plans (rc 0)" test $? -eq 0
+check "plan --lora 8 plans the adapters" grep -q "with LoRA r=8" plan-r8.txt
 
 # data.eval_source: a short one is named as such; data.source's own file warns.
 python3 -c "

@@ -193,10 +193,11 @@ Result<PlanRequest> plan_request(const PlanArgs& a, const Config& cfg, const Har
   }
   if (a.lora_r > 0) {
     // The key table's ranges (lora.r at most 65536): the config written must be one strata
-    // train takes.
-    if (auto c = parse_config(
-            fmt::format(R"({{"lora": {{"r": {}, "lora_alpha": {}}}}})", a.lora_r, 2.0 * a.lora_r),
-            "--lora");
+    // train takes. (A batch of its own: a config without one is refused before its ranges.)
+    if (auto c = parse_config(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "lora": )"
+                                          R"({{"r": {}, "lora_alpha": {}}}}})",
+                                          a.lora_r, 2.0 * a.lora_r),
+                              "--lora");
         !c.is_ok()) {
       return c.status();
     }
