@@ -187,6 +187,33 @@ TEST(PlanSimulated, ExpectedStepIsTheScheduleTheRunPicks) {
   EXPECT_GT(plain->time.expected_s, plain->time.compute_s + plain->time.cpu_optim_s - 1e-12);
 }
 
+// The report says where a step that does not clip runs (strata.optimizer.speculate) beside a
+// step that clips: "auto" the faster of the two as expected, "never" as a clipped step; no such
+// line where every step clips (the simulated norm over the threshold).
+TEST(PlanSimulated, TheReportSaysWhereAStepThatDidNotClipRuns) {
+  auto notes = [](PlanRequest r, const std::string& speculate) {
+    r.config.strata.optimizer_speculate = speculate;
+    auto rep = make_plan(r);
+    EXPECT_TRUE(rep.is_ok());
+    if (!rep.is_ok()) return std::string();
+    auto k = add_placement(*rep, find_placement("opt-host"));
+    EXPECT_TRUE(k.is_ok());
+    return k.is_ok() ? schedule_notes(*rep, rep->options[size_t(*k)]) : std::string();
+  };
+  const std::string line = "a step after one that did not clip: ";
+  const std::string a = notes(gpt2_request(0.5), "auto");
+  EXPECT_NE(a.find(line), std::string::npos) << a;
+  EXPECT_NE(a.find("speculate auto times both on the run's first such steps and keeps the "
+                   "faster: expected "),
+            std::string::npos)
+      << a;
+  const std::string n = notes(gpt2_request(0.5), "never");
+  EXPECT_NE(n.find("speculate never runs it as one that clipped"), std::string::npos) << n;
+  const std::string o = notes(gpt2_request(3.0), "auto");
+  EXPECT_NE(o.find("a step after one that clipped"), std::string::npos) << o;
+  EXPECT_EQ(o.find(line), std::string::npos) << "every step clips: " << o;
+}
+
 // Under backward the modules are stepped by the thread that launches the kernels, between its
 // launches: at the optimizer's rate with one thread fewer (optimizer_pps_beside). A slower rate
 // there lengthens that schedule alone, and the ratio the planner recommends keeps as much or

@@ -347,6 +347,7 @@ int cmd_plan(int argc, char** argv) {
         a.config_path.c_str(), o.placement.name.c_str(), o.fits ? "fits" : "does NOT fit",
         o.time.step_s * 1e3, o.time.bottleneck.c_str(), o.time.schedule.c_str(),
         o.time.expected_s * 1e3);
+    if (asked != rep->best) std::fputs(schedule_notes(*rep, o).c_str(), stdout);
   }
   if (const int rc = write_plan_files(a, *rep); rc != 0) return rc;
 

@@ -289,6 +289,11 @@ struct TimeTerms {
   // the faster it measures); one that clips (or is not speculated) runs as step_after_s.
   double expected_s = 0;
   std::string schedule;
+  // A step that does not clip runs under backward (step_s) rather than as step_after_s:
+  // strata.optimizer.speculate's choice, as expected_s's; and whether no step can be one (the
+  // simulated norm over the threshold: every step clips).
+  bool speculates = false;
+  bool every_step_clips = false;
   std::string bottleneck;  // name of the largest term
 };
 
@@ -409,6 +414,10 @@ inline constexpr const char* kPlanWrittenBy = "strata plan";
 inline constexpr const char* kPlanSvgMark = "<desc>written by strata plan</desc>";
 std::string plan_json(const PlanReport& report);
 std::string plan_table(const PlanReport& report);
+// How `option`'s step runs, as indented lines (plan_table gives the best placement's): the
+// micro-batches grouped, where a step after one that clipped and one after one that did not
+// run, and what the optimizer under backward holds.
+std::string schedule_notes(const PlanReport& report, const PlanOption& option);
 // Stacked bars (one per placement) of the time terms, the step time marked; standalone SVG.
 std::string plan_svg(const PlanReport& report);
 

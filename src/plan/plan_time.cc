@@ -291,9 +291,10 @@ void expected_schedule(const PlanRequest& r, TimeTerms& t) {
                      c.device.simulate_grad_norm > c.gradient_clipping;
   const std::string& spec = c.strata.optimizer_speculate;
   // "auto" speculates on the CPU backend (the device is the host); elsewhere it keeps the faster.
-  const bool under_backward =
-      !clips && (spec == "always" ||
-                 (spec == "auto" && (r.profile.cpu_backend || t.step_s <= t.step_after_s)));
+  t.speculates =
+      spec == "always" || (spec == "auto" && (r.profile.cpu_backend || t.step_s <= t.step_after_s));
+  t.every_step_clips = clips;
+  const bool under_backward = !clips && t.speculates;
   t.expected_s = under_backward ? t.step_s : t.step_after_s;
   t.schedule = under_backward ? "under backward" : after;
 }

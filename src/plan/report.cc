@@ -288,14 +288,13 @@ std::string plan_head(const PlanReport& rep) {
   return s;
 }
 
-// The notes on the best placement: its rate and how its step runs.
-std::string best_notes(const PlanReport& rep) {
+}  // namespace
+
+// How option `b`'s step runs: the micro-batches grouped, a step after one that clipped, one after
+// one that did not, and what the optimizer under backward holds.
+std::string schedule_notes(const PlanReport& rep, const PlanOption& b) {
   const PlanRequest& r = rep.request;
   std::string s;
-  const auto& b = rep.options[size_t(rep.best)];
-  const double tok = double(r.micro_batch()) * r.seq() * r.accumulation() * r.hw.gpus;
-  s += fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
-                   b.time.step_s, tok / b.time.step_s, b.time.bottleneck);
   if (b.forward_group > 1) {
     s += fmt::format(
         "  micro-batches: {} forwards run together (strata.grouped_forwards){}\n", b.forward_group,
@@ -324,6 +323,27 @@ std::string best_notes(const PlanReport& rep) {
                             100 * b.first_forward_share));
     }
   }
+  if (b.time.falls_back && !b.time.every_step_clips && b.time.cpu_optim_s > 0) {
+    // Where a step that does not clip runs: under backward with undo state, or as one that
+    // clipped (strata.optimizer.speculate).
+    const std::string& spec = r.config.strata.optimizer_speculate;
+    const std::string how =
+        spec == "always"  ? "steps it under backward"
+        : spec == "never" ? "runs it as one that clipped, without undo state"
+        : r.profile.cpu_backend
+            ? "steps it under backward (on the CPU backend the device's work shares the host's "
+              "cores)"
+            : fmt::format(
+                  "times both on the run's first such steps and keeps the faster: "
+                  "expected {}",
+                  b.time.speculates ? "under backward"
+                                    : "as one that clipped, the undo room its trial took "
+                                      "given back");
+    s += fmt::format(
+        "  a step after one that did not clip: {:.3g} s with the optimizer under backward (undo "
+        "state kept), {:.3g} s as one that clipped; strata.optimizer.speculate {} {}\n",
+        b.time.step_s, b.time.step_after_s, spec, how);
+  }
   if (b.nvme.undo > 0) {
     s += fmt::format(
         "  optimizer under backward: the pre-step master + moments stay on NVMe while the step "
@@ -342,6 +362,18 @@ std::string best_notes(const PlanReport& rep) {
             : std::string());
   }
   return s;
+}
+
+namespace {
+
+// The notes on the best placement: its rate and how its step runs.
+std::string best_notes(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  const auto& b = rep.options[size_t(rep.best)];
+  const double tok = double(r.micro_batch()) * r.seq() * r.accumulation() * r.hw.gpus;
+  return fmt::format("best: {} — {:.3g} s/step, {:.0f} tokens/s, bound by {}\n", b.placement.name,
+                     b.time.step_s, tok / b.time.step_s, b.time.bottleneck) +
+         schedule_notes(rep, b);
 }
 
 // Why no placement fits: what the activations take and what would take less.
