@@ -328,52 +328,59 @@ TEST_F(EmulatedKernels, SwiGluRopeGelu) {
             },
             {{0, "dinp", tol(dt, 1e-5)}});
       }
-    for (bool llama3 : {false, true}) {
-      const int B = 2, T = 37, NH = 6, KVH = 2, hs = 18;
-      RopeParams rope;
-      rope.llama3 = llama3;
-      rope.original_max_position = 16;
-      const size_t qkv = size_t(B) * T * (NH + 2 * KVH) * hs;
-      check_op(
-          name("rope_forward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
-          [&](Kernels& k, Stream& s, void* const* p) {
-            k.rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-          },
-          [&](cudaStream_t s, void* const* p) {
-            return cuda_rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-          },
-          {{0, "qkv", tol(dt, 1e-5)}});
-      check_op(
-          name("rope_backward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
-          [&](Kernels& k, Stream& s, void* const* p) {
-            k.rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-          },
-          [&](cudaStream_t s, void* const* p) {
-            return cuda_rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-          },
-          {{0, "dqkv", tol(dt, 1e-5)}});
-      // Positions of packed sequences or a decode step: any value, past T too.
-      for (bool inverse : {false, true}) {
-        check_op(
-            name(inverse ? "rope_backward with positions" : "rope_forward with positions", dt) +
-                (llama3 ? " llama3" : ""),
-            {floats(qkv, dt, -2, 2), ints(size_t(B) * T, 0, 3 * T)},
-            [&](Kernels& k, Stream& s, void* const* p) {
-              const auto* pos = static_cast<const int32_t*>(p[1]);
-              if (inverse) {
-                k.rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
-              } else {
-                k.rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
-              }
-            },
-            [&](cudaStream_t s, void* const* p) {
-              const auto* pos = static_cast<const int32_t*>(p[1]);
-              return inverse ? cuda_rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs)
-                             : cuda_rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
-            },
-            {{0, "qkv", tol(dt, 1e-5)}});
-      }
-    }
+    // hs 18: a thread a pair; hs 16: the halves fill 16-byte packs (bf16/fp16 8, fp32 4), taken
+    // unless `packed` is off. B * T = 74 rows: the last block of 4 rows holds 2.
+    for (int hs : {18, 16})
+      for (bool packed : {true, false})
+        for (bool llama3 : {false, true}) {
+          if (hs == 18 && !packed) continue;
+          SCOPED_TRACE("hs " + std::to_string(hs) + (packed ? ", packed" : ", one pair a thread"));
+          const int B = 2, T = 37, NH = 6, KVH = 2;
+          RopeParams rope;
+          rope.llama3 = llama3;
+          rope.original_max_position = 16;
+          const size_t qkv = size_t(B) * T * (NH + 2 * KVH) * hs;
+          check_op(
+              name("rope_forward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
+              [&](Kernels& k, Stream& s, void* const* p) {
+                k.rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
+              },
+              [&](cudaStream_t s, void* const* p) {
+                return cuda_rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs, packed);
+              },
+              {{0, "qkv", tol(dt, 1e-5)}});
+          check_op(
+              name("rope_backward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
+              [&](Kernels& k, Stream& s, void* const* p) {
+                k.rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
+              },
+              [&](cudaStream_t s, void* const* p) {
+                return cuda_rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs, packed);
+              },
+              {{0, "dqkv", tol(dt, 1e-5)}});
+          // Positions of packed sequences or a decode step: any value, past T too.
+          for (bool inverse : {false, true}) {
+            check_op(
+                name(inverse ? "rope_backward with positions" : "rope_forward with positions", dt) +
+                    (llama3 ? " llama3" : ""),
+                {floats(qkv, dt, -2, 2), ints(size_t(B) * T, 0, 3 * T)},
+                [&](Kernels& k, Stream& s, void* const* p) {
+                  const auto* pos = static_cast<const int32_t*>(p[1]);
+                  if (inverse) {
+                    k.rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
+                  } else {
+                    k.rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
+                  }
+                },
+                [&](cudaStream_t s, void* const* p) {
+                  const auto* pos = static_cast<const int32_t*>(p[1]);
+                  return inverse
+                             ? cuda_rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs, packed)
+                             : cuda_rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs, packed);
+                },
+                {{0, "qkv", tol(dt, 1e-5)}});
+          }
+        }
     check_op(
         name("gelu_forward", dt), {floats(n, dt), floats(n, dt, -4, 4)},
         [&](Kernels& k, Stream& s, void* const* p) { k.gelu_forward(s, dt, p[0], p[1], n); },
@@ -525,6 +532,20 @@ TEST_F(EmulatedKernels, PackedElementwiseKernelsGiveTheOneElementBits) {
        {2 * nh, nh},
        [&](DType dt, void* const* p, bool packed) {
          return cuda_swiglu_backward(stream_, dt, p[0], p[1], p[2], N, H, packed);
+       }},
+      // In place on N rows of 2 query, 1 key and 1 value head of 16.
+      {"rope_forward",
+       size_t(N) * 4 * 16,
+       {},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_rope_forward(stream_, dt, p[0], RopeParams{}, nullptr, 1, N, 2, 1, 16, packed);
+       }},
+      {"rope_backward",
+       size_t(N) * 4 * 16,
+       {},
+       [&](DType dt, void* const* p, bool packed) {
+         return cuda_rope_backward(stream_, dt, p[0], RopeParams{}, nullptr, 1, N, 2, 1, 16,
+                                   packed);
        }},
   };
   for (DType dt : kDtypes) {

@@ -214,13 +214,13 @@ class CudaKernels final : public Kernels {
   void rope_forward(Stream& s, DType dt, void* qkv, const RopeParams& rope, const int32_t* pos,
                     int B, int T, int NH, int KVH, int hs) override {
     run("rope_forward", s, [&](CudaStream& cs) {
-      return cuda_rope_forward(cs.handle, dt, qkv, rope, pos, B, T, NH, KVH, hs);
+      return cuda_rope_forward(cs.handle, dt, qkv, rope, pos, B, T, NH, KVH, hs, packed_);
     });
   }
   void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope, const int32_t* pos,
                      int B, int T, int NH, int KVH, int hs) override {
     run("rope_backward", s, [&](CudaStream& cs) {
-      return cuda_rope_backward(cs.handle, dt, dqkv, rope, pos, B, T, NH, KVH, hs);
+      return cuda_rope_backward(cs.handle, dt, dqkv, rope, pos, B, T, NH, KVH, hs, packed_);
     });
   }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {

@@ -226,9 +226,11 @@ Status cuda_swiglu_backward(cudaStream_t s, DType dt, void* dinp, const void* in
                             int N, int H, bool packed = true);
 // rope.cu
 Status cuda_rope_forward(cudaStream_t s, DType dt, void* qkv, const RopeParams& rope,
-                         const int32_t* pos, int B, int T, int NH, int KVH, int hs);
+                         const int32_t* pos, int B, int T, int NH, int KVH, int hs,
+                         bool packed = true);
 Status cuda_rope_backward(cudaStream_t s, DType dt, void* dqkv, const RopeParams& rope,
-                          const int32_t* pos, int B, int T, int NH, int KVH, int hs);
+                          const int32_t* pos, int B, int T, int NH, int KVH, int hs,
+                          bool packed = true);
 // gelu.cu
 Status cuda_gelu_forward(cudaStream_t s, DType dt, void* out, const void* inp, size_t n,
                          bool packed = true);

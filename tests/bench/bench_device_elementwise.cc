@@ -1,11 +1,11 @@
 // bench_device_ops gemm's elementwise rows: the bandwidth-bound ops of a training step (residual
 // adds, the norms and their backwards, GELU, SwiGLU, the head's cross-entropy, the embedding's
-// gradient over tokens that repeat as a text's do) at GPT-2 124M's
+// gradient over tokens that repeat as a text's do, the rotary embedding) at GPT-2 124M's
 // shapes (N = 8 x 1024 rows, C = 768, the MLP's 4C, the padded vocabulary) and a ~1B Llama's
-// (C = 2048, SwiGLU 5632): ms per call, and GB/s of the bytes the op must move at least (each
-// array read or written once) against the device's memory bandwidth (--peak-gbs). On CUDA each
-// row also runs on a second device whose kernels take one element a thread's access
-// (STRATA_CUDA_PACKED=0) instead of 16-byte packs, and gives the packs' speedup.
+// (C = 2048, SwiGLU 5632, 32 query and 4 key-value heads of 64): ms per call, and GB/s of the bytes
+// the op must move at least (each array read or written once) against the device's memory bandwidth
+// (--peak-gbs). On CUDA each row also runs on a second device whose kernels take one element a
+// thread's access (STRATA_CUDA_PACKED=0) instead of 16-byte packs, and gives the packs' speedup.
 #include <string>
 #include <vector>
 
@@ -28,7 +28,12 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
   const DType dt = DType::kBF16;
   const double es = double(dtype_size(dt)), n = double(N) * C, nl = double(N) * CL;
   const double n4 = 4 * n, nh = double(N) * H;
-  const size_t big = std::max({size_t(N) * 4 * C, size_t(N) * 2 * H, size_t(N) * CL});
+  // The rotary embedding rotates the query and key heads of a qkv row in place.
+  const int NH = quick ? 4 : 32, KVH = quick ? 2 : 4, hs = quick ? 16 : 64;
+  const double roped = double(N) * (NH + KVH) * hs;
+  const RopeParams rope;
+  const size_t big = std::max(
+      {size_t(N) * 4 * C, size_t(N) * 2 * H, size_t(N) * CL, size_t(N) * (NH + 2 * KVH) * hs});
   Kernels& k = dev.kernels();
   Stream& s = dev.compute_stream();
   STRATA_ASSIGN_OR_RETURN(void* x, b.random(big, dt), "elementwise x");
@@ -90,6 +95,10 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
        [=, &k, &s] { k.swiglu_forward(s, dt, out, x, N, H); }},
       {"swiglu_backward", rows(N, H), 5 * nh * es,
        [=, &k, &s] { k.swiglu_backward(s, dt, out, x, y, N, H); }},
+      {"rope_forward", rows(N, (NH + 2 * KVH) * hs), 2 * roped * es,
+       [=, &k, &s] { k.rope_forward(s, dt, out, rope, nullptr, B, T, NH, KVH, hs); }},
+      {"rope_backward", rows(N, (NH + 2 * KVH) * hs), 2 * roped * es,
+       [=, &k, &s] { k.rope_backward(s, dt, out, rope, nullptr, B, T, NH, KVH, hs); }},
       {"crossentropy_forward_backward", rows(N, Vp), 2 * double(N) * Vp * es,
        [=, &k, &s] {
          k.crossentropy_forward_backward(s, dt, static_cast<float*>(losses), logits, tg, 1.0f / N,
