@@ -737,36 +737,41 @@ TEST_F(EmulatedKernels, OptimizerStepIsBitExact) {
   for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW, OptimizerKind::kAdagrad,
                              OptimizerKind::kLion}) {
     for (DType moments : {DType::kF32, DType::kBF16}) {
-      for (DType grad : kDtypes) {
-        OptimizerHyper h;
-        h.kind = kind;
-        h.lr = 1e-2f;
-        h.weight_decay = 0.1f;
-        h.step = 3;
-        Buf v = floats(n, moments, 0.0f, 0.01f);
-        auto shard = [&](void* const* p) {
-          ShardState s;
-          s.n = n;
-          s.grad = p[0];
-          s.grad_dtype = grad;
-          s.grad_mult = 0.5f;
-          s.master = static_cast<float*>(p[1]);
-          s.m = p[2];
-          s.v = p[3];
-          s.moment_dtype = moments;
-          s.lp_out = p[4];
-          s.lp_dtype = DType::kBF16;
-          return s;
-        };
-        check_op(
-            std::string(optimizer_kind_name(kind)) + " moments " + dtype_name(moments) + " grad " +
-                dtype_name(grad),
-            {floats(n, grad), floats(n, DType::kF32), floats(n, moments, -0.1f, 0.1f), v,
-             floats(n, DType::kBF16)},
-            [&](Kernels& k, Stream& s, void* const* p) { k.optimizer_step(s, h, shard(p)); },
-            [&](cudaStream_t s, void* const* p) { return cuda_optimizer_step(s, h, shard(p)); },
-            {{1, "master"}, {2, "m"}, {3, "v"}, {4, "lp"}});
-      }
+      // off 0: the arrays aligned, four elements a thread and one left; off 1: one element a
+      // thread (the arrays one element past an aligned address).
+      for (size_t off : {0, 1})
+        for (DType grad : kDtypes) {
+          SCOPED_TRACE(off ? "misaligned" : "aligned");
+          OptimizerHyper h;
+          h.kind = kind;
+          h.lr = 1e-2f;
+          h.weight_decay = 0.1f;
+          h.step = 3;
+          Buf v = floats(n, moments, 0.0f, 0.01f);
+          auto at = [&](void* p, DType dt) { return static_cast<char*>(p) + off * dtype_size(dt); };
+          auto shard = [&](void* const* p) {
+            ShardState s;
+            s.n = n - off;
+            s.grad = at(p[0], grad);
+            s.grad_dtype = grad;
+            s.grad_mult = 0.5f;
+            s.master = reinterpret_cast<float*>(at(p[1], DType::kF32));
+            s.m = at(p[2], moments);
+            s.v = at(p[3], moments);
+            s.moment_dtype = moments;
+            s.lp_out = at(p[4], DType::kBF16);
+            s.lp_dtype = DType::kBF16;
+            return s;
+          };
+          check_op(
+              std::string(optimizer_kind_name(kind)) + " moments " + dtype_name(moments) +
+                  " grad " + dtype_name(grad),
+              {floats(n, grad), floats(n, DType::kF32), floats(n, moments, -0.1f, 0.1f), v,
+               floats(n, DType::kBF16)},
+              [&](Kernels& k, Stream& s, void* const* p) { k.optimizer_step(s, h, shard(p)); },
+              [&](cudaStream_t s, void* const* p) { return cuda_optimizer_step(s, h, shard(p)); },
+              {{1, "master"}, {2, "m"}, {3, "v"}, {4, "lp"}});
+        }
     }
   }
 }
