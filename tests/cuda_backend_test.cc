@@ -464,6 +464,33 @@ TEST_P(CudaOpTest, Gelu) {
   compare("gelu_backward", dinp, dt, tol(dt, kElementwise));
 }
 
+// The rotary embedding in place on the query and key heads, forward then backward: head size 64
+// (the halves in 16-byte packs) and 18 (a pair a thread), grouped heads, with positions (packed
+// sequences; any value, past T too) and without; the rows do not fill whole blocks of 4.
+TEST_P(CudaOpTest, Rope) {
+  const DType dt = GetParam();
+  const int B = 3, T = 41, NH = 8, KVH = 2;
+  RopeParams rope;
+  rope.llama3 = true;
+  rope.original_max_position = 32;
+  for (int hs : {64, 18}) {
+    for (bool with_pos : {false, true}) {
+      SCOPED_TRACE("hs " + std::to_string(hs) + (with_pos ? ", positions" : ""));
+      Twin qkv = random(size_t(B) * T * (NH + 2 * KVH) * hs, dt, -2, 2);
+      Twin pos = tokens(size_t(B) * T, 3 * T);
+      auto at = [&](int i) { return with_pos ? pos.at<int32_t>(i) : nullptr; };
+      run([&](Kernels& k, Stream& s, int i) {
+        k.rope_forward(s, dt, qkv.p[i], rope, at(i), B, T, NH, KVH, hs);
+      });
+      compare("rope_forward", qkv, dt, tol(dt, kElementwise));
+      run([&](Kernels& k, Stream& s, int i) {
+        k.rope_backward(s, dt, qkv.p[i], rope, at(i), B, T, NH, KVH, hs);
+      });
+      compare("rope_backward", qkv, dt, tol(dt, kElementwise));
+    }
+  }
+}
+
 TEST_P(CudaOpTest, ResidualAndAddInplace) {
   const DType dt = GetParam();
   const size_t n = 70001;
