@@ -79,6 +79,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define STRATA_FA_DYNAMIC_SMEM(name) unsigned char* name = ::strata::emu::dynamic_smem()
+#define STRATA_DYNAMIC_SMEM(name) unsigned char* name = ::strata::emu::dynamic_smem()
 
 struct __nv_bfloat16 {
   uint16_t bits;

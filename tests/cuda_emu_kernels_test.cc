@@ -632,6 +632,48 @@ TEST_F(EmulatedKernels, CrossEntropy) {
       }
 }
 
+// A row kept in shared memory (cache_rows, where it fits) gives the bits of the row read from
+// device memory three times: the same sums in the same order.
+TEST_F(EmulatedKernels, CrossEntropyRowsInSharedMemoryKeepTheBits) {
+  const int N = 37, V = 1001;
+  for (DType dt : kDtypes)
+    for (int Vp : {1024, 1001})
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE(name("crossentropy", dt) + " Vp " + std::to_string(Vp) +
+                     (packed ? ", packed" : ", one element"));
+        Buf logits = floats(size_t(N) * Vp, dt, -4, 4), targets = ints(N, 0, V - 1);
+        for (int n = 1; n < N; n += 3) std::memset(&targets.bytes[size_t(n) * 4], 0xff, 4);
+        // losses then logits, after the op with or without the rows cached.
+        auto run = [&](bool cache_rows) {
+          void *l = nullptr, *x = nullptr, *t = nullptr;
+          EXPECT_EQ(cudaMalloc(&l, size_t(N) * 4), cudaSuccess);
+          EXPECT_EQ(cudaMalloc(&x, logits.bytes.size()), cudaSuccess);
+          EXPECT_EQ(cudaMalloc(&t, targets.bytes.size()), cudaSuccess);
+          EXPECT_EQ(cudaMemcpy(x, logits.bytes.data(), logits.bytes.size(), cudaMemcpyHostToDevice),
+                    cudaSuccess);
+          EXPECT_EQ(
+              cudaMemcpy(t, targets.bytes.data(), targets.bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+          const Status st = cuda_crossentropy_forward_backward(
+              stream_, dt, static_cast<float*>(l), x, static_cast<int32_t*>(t), 1.0f / N, N, V, Vp,
+              packed, cache_rows);
+          EXPECT_TRUE(st.is_ok()) << st.to_string();
+          EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+          std::vector<uint8_t> out(size_t(N) * 4 + logits.bytes.size());
+          EXPECT_EQ(cudaMemcpy(out.data(), l, size_t(N) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          EXPECT_EQ(cudaMemcpy(out.data() + size_t(N) * 4, x, logits.bytes.size(),
+                               cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          for (void* p : {l, x, t}) EXPECT_EQ(cudaFree(p), cudaSuccess);
+          return out;
+        };
+        const std::vector<uint8_t> cached = run(true);
+        EXPECT_NE(std::vector<uint8_t>(cached.begin() + size_t(N) * 4, cached.end()), logits.bytes)
+            << "the op wrote nothing";
+        EXPECT_TRUE(cached == run(false)) << "cached and uncached rows differ";
+      }
+}
+
 // The squared norm in the host's order: the CPU backend's bits (and grad_stats', its own test),
 // whatever order the emulation runs the threads in; an inf makes it inf.
 TEST_F(EmulatedKernels, NormSquaredIsTheHostsBitForBit) {

@@ -18,6 +18,12 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "strata/dtype.h"
 
+// A kernel's dynamic shared memory (its launch's third argument) as `unsigned char name[]`,
+// 128-byte aligned. The CPU emulation of CUDA defines its own (tests/cuda_emu.h).
+#ifndef STRATA_CUDA_EMULATION
+#define STRATA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 namespace strata {
 
 __device__ __forceinline__ float to_f32(float x) { return x; }

@@ -263,7 +263,8 @@ Status cuda_row_dots(cudaStream_t s, DType dt, float* out, const void* a, const 
 // crossentropy.cu
 Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losses,
                                           void* logits_inout, const int32_t* targets, float dloss,
-                                          int N, int V, int Vp, bool packed = true);
+                                          int N, int V, int Vp, bool packed = true,
+                                          bool cache_rows = true);
 // cast.cu
 Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 // norm.cu (`scratch`: kCudaReduceBlocks doubles private to stream s)
