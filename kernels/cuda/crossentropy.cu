@@ -5,9 +5,9 @@
 namespace strata {
 namespace {
 
-constexpr int kThreads = 512;
+constexpr int kThreads = 1024;  // two blocks fill an SM's threads (and, cached, its shared memory)
 // The largest row (Vp elements) a block keeps in shared memory: GPT-2's padded vocabulary in
-// bf16 (100.6 KB; two blocks an SM on an H100/H200), a Llama's 32000 (64 KB).
+// bf16 (100.6 KB: two blocks of kThreads fill an H100/H200 SM), a Llama's 32000 (64 KB).
 constexpr size_t kCachedRowBytes = 112 * 1024;
 
 // One block per row of logits [N,Vp]; columns >= V are padding (gradient 0); a row whose
@@ -18,8 +18,9 @@ constexpr size_t kCachedRowBytes = 112 * 1024;
 // elements it stored (the same for_row_elems split), in the same order, so the sums, and the
 // bits, are those of the uncached kernel.
 template <typename T, bool kCached>
-__global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss,
-                                    int V, int Vp, bool packed) {
+__global__ void __launch_bounds__(kThreads, 2)
+    crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss, int V,
+                        int Vp, bool packed) {
   __shared__ float shared[32];
   STRATA_DYNAMIC_SMEM(cache);
   T* x = logits + size_t(blockIdx.x) * Vp;
