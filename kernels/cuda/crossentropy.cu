@@ -89,12 +89,16 @@ Status cuda_crossentropy_forward_backward(cudaStream_t s, DType dt, float* losse
     const bool p = rows_packed<scalar_t>(packed, Vp, {logits_inout});
     auto* x = static_cast<scalar_t*>(logits_inout);
     const size_t row_bytes = (size_t(Vp) * sizeof(scalar_t) + 15) / 16 * 16;
-    if (cache_rows && row_bytes <= kCachedRowBytes) {
-      auto* kernel = crossentropy_kernel<scalar_t, true>;
-      STRATA_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_bytes)),
-          "allowing crossentropy_forward_backward's shared memory");
-      kernel<<<unsigned(N), kThreads, row_bytes, s>>>(losses, x, targets, dloss, V, Vp, p);
+    // A device that cannot give a block the row's shared memory (the attribute refused) streams.
+    auto* cached = crossentropy_kernel<scalar_t, true>;
+    bool cache = cache_rows && row_bytes <= kCachedRowBytes;
+    if (cache && cudaFuncSetAttribute(cached, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(row_bytes)) != cudaSuccess) {
+      (void)cudaGetLastError();  // the refusal is not the launch's error
+      cache = false;
+    }
+    if (cache) {
+      cached<<<unsigned(N), kThreads, row_bytes, s>>>(losses, x, targets, dloss, V, Vp, p);
     } else {
       crossentropy_kernel<scalar_t, false>
           <<<unsigned(N), kThreads, 0, s>>>(losses, x, targets, dloss, V, Vp, p);
