@@ -234,24 +234,29 @@ TEST(PlanSimulated, TheOptimizerUnderBackwardRunsAtItsRateBesideTheLauncher) {
 }
 
 // With undo state in host memory (clipping on) the speculation stops once every gradient is
-// final and the modules left are stepped by the optimizer alone: the rate beside the launcher
-// holds only for what is stepped before, so halving it costs less than the optimizer's time.
-TEST(PlanSimulated, OnceEveryGradientIsFinalTheOptimizerRunsAlone) {
+// final and the modules left are stepped after backward; on a simulated device the host's copies
+// (memcpys: the drains, then each module's new parameters after its step) keep a core busy
+// beside the optimizer to the pass's end all the same, so it steps at its rate beside the
+// launcher throughout: halving that rate costs the optimizer's time alone, as without undo
+// state.
+TEST(PlanSimulated, UnderBackwardTheCopiesKeepTheOptimizerBesideTheLauncherToTheEnd) {
   PlanRequest r = gpt2_request(0.5);
   r.config.strata.optimizer_speculate = "always";
   PlanRequest slow = r;
-  slow.profile.optimizer_pps_beside = 0.5e9;
+  slow.profile.optimizer_pps_beside = 0.5e9;  // half the rate alone
   auto a = evaluate_placement(r, find_placement("opt-host"));
   auto b = evaluate_placement(slow, find_placement("opt-host"));
   ASSERT_TRUE(a.is_ok() && b.is_ok());
-  EXPECT_GT(b->time.step_s, a->time.step_s);
-  EXPECT_LT(b->time.step_s - a->time.step_s, 0.5 * a->time.cpu_optim_s);
-  // Without undo state nothing stops it: the whole optimizer beside the launcher.
+  ASSERT_EQ(a->time.schedule, "under backward");
+  // (At the rate alone the stopped pass's own model is a little longer than the floor.)
+  EXPECT_GT(b->time.step_s - a->time.step_s, 0.9 * a->time.cpu_optim_s);
+  EXPECT_LE(b->time.step_s - a->time.step_s, a->time.cpu_optim_s + 1e-9);
+  // Without undo state: the same.
   r.config.gradient_clipping = slow.config.gradient_clipping = 0;
   auto c = evaluate_placement(r, find_placement("opt-host"));
   auto d = evaluate_placement(slow, find_placement("opt-host"));
   ASSERT_TRUE(c.is_ok() && d.is_ok());
-  EXPECT_GT(d->time.step_s - c->time.step_s, b->time.step_s - a->time.step_s);
+  EXPECT_NEAR(d->time.step_s - c->time.step_s, c->time.cpu_optim_s, 1e-9);
 }
 
 // Parameters in host RAM, the whole optimizer on the device (ratio 0): the device's optimizer
