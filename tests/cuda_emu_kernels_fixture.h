@@ -104,26 +104,7 @@ class EmulatedKernels : public ::testing::Test {
     std::vector<std::vector<uint8_t>> got[2];
     for (int o = 0; o < 2; ++o) {
       emu::set_order(o == 0 ? emu::Order::kForward : emu::Order::kReverse);
-      std::vector<void*> dp(bufs.size(), nullptr);
-      for (size_t i = 0; i < bufs.size(); ++i) {
-        if (bufs[i].bytes.empty()) continue;
-        ASSERT_EQ(cudaMalloc(&dp[i], bufs[i].bytes.size()), cudaSuccess);
-        ASSERT_EQ(
-            cudaMemcpy(dp[i], bufs[i].bytes.data(), bufs[i].bytes.size(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-      }
-      Status st = cuda(stream_, dp.data());
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
-      const cudaError_t err = cudaStreamSynchronize(stream_);
-      ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
-      got[o].resize(bufs.size());
-      for (size_t i = 0; i < bufs.size(); ++i) {
-        if (!dp[i]) continue;
-        got[o][i].resize(bufs[i].bytes.size());
-        ASSERT_EQ(cudaMemcpy(got[o][i].data(), dp[i], got[o][i].size(), cudaMemcpyDeviceToHost),
-                  cudaSuccess);
-        ASSERT_EQ(cudaFree(dp[i]), cudaSuccess) << emu::failure();
-      }
+      got[o] = run_emulated(bufs, cuda);
     }
     for (const Check& c : checks) {
       const DType dt = bufs[c.index].dt;
@@ -138,6 +119,36 @@ class EmulatedKernels : public ::testing::Test {
         expect_close(std::string(c.name) + " against the CPU backend", g0, w, c.rtol);
       }
     }
+  }
+
+  // Runs `cuda` on device copies of `bufs`, each `offset` elements (of its dtype) past an
+  // aligned address, in the current thread order; returns every buffer's bytes after it (an
+  // empty buffer: a null pointer, nothing back). Failures are reported, not fatal.
+  std::vector<std::vector<uint8_t>> run_emulated(const std::vector<Buf>& bufs, const CudaOp& cuda,
+                                                 size_t offset = 0) {
+    std::vector<void*> base(bufs.size(), nullptr), dp(bufs.size(), nullptr);
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      if (bufs[i].bytes.empty()) continue;
+      const size_t skip = offset * dtype_size(bufs[i].dt);
+      EXPECT_EQ(cudaMalloc(&base[i], bufs[i].bytes.size() + skip), cudaSuccess);
+      dp[i] = static_cast<char*>(base[i]) + skip;
+      EXPECT_EQ(
+          cudaMemcpy(dp[i], bufs[i].bytes.data(), bufs[i].bytes.size(), cudaMemcpyHostToDevice),
+          cudaSuccess);
+    }
+    const Status st = cuda(stream_, dp.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    const cudaError_t err = cudaStreamSynchronize(stream_);
+    EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+    std::vector<std::vector<uint8_t>> got(bufs.size());
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      if (!base[i]) continue;
+      got[i].resize(bufs[i].bytes.size());
+      EXPECT_EQ(cudaMemcpy(got[i].data(), dp[i], got[i].size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(cudaFree(base[i]), cudaSuccess) << emu::failure();
+    }
+    return got;
   }
 
   static std::vector<float> values(const std::vector<uint8_t>& b, DType dt) {
