@@ -21,7 +21,8 @@ struct StepArgs {
 };
 
 // K consecutive elements of a `t` array from element i (a multiple of K), in one access where K
-// is 4 (16 bytes of fp32, 8 of a 16-bit type: the launcher checks the arrays are aligned).
+// is 4 (16 bytes of fp32, 8 of a 16-bit type: the launcher checks the arrays are aligned); the
+// conversions are load_dt's and store_dt's, element by element.
 template <int K>
 __device__ __forceinline__ void load_k(const void* p, DType t, size_t i, float* out) {
   if constexpr (K == 1) {
@@ -33,20 +34,7 @@ __device__ __forceinline__ void load_k(const void* p, DType t, size_t i, float* 
       memcpy(out, &bits, 16);
     } else {
       const uint64_t bits = *reinterpret_cast<const uint64_t*>(static_cast<const uint16_t*>(p) + i);
-      uint16_t h[4];
-      memcpy(h, &bits, 8);
-      for (int j = 0; j < 4; ++j) {
-        uint16_t b = h[j];
-        if (t == DType::kBF16) {
-          __nv_bfloat16 x;
-          memcpy(&x, &b, 2);
-          out[j] = __bfloat162float(x);
-        } else {
-          __half x;
-          memcpy(&x, &b, 2);
-          out[j] = __half2float(x);
-        }
-      }
+      for (int j = 0; j < 4; ++j) out[j] = load_dt(&bits, t, size_t(j));
     }
   }
 }
@@ -54,26 +42,14 @@ template <int K>
 __device__ __forceinline__ void store_k(void* p, DType t, size_t i, const float* in) {
   if constexpr (K == 1) {
     store_dt(p, t, i, in[0]);
+  } else if (t == DType::kF32) {
+    uint4 bits;
+    memcpy(&bits, in, 16);
+    *reinterpret_cast<uint4*>(static_cast<float*>(p) + i) = bits;
   } else {
-    if (t == DType::kF32) {
-      uint4 bits;
-      memcpy(&bits, in, 16);
-      *reinterpret_cast<uint4*>(static_cast<float*>(p) + i) = bits;
-    } else {
-      uint16_t h[4];
-      for (int j = 0; j < 4; ++j) {
-        if (t == DType::kBF16) {
-          const __nv_bfloat16 x = __float2bfloat16_rn(in[j]);
-          memcpy(&h[j], &x, 2);
-        } else {
-          const __half x = __float2half_rn(in[j]);
-          memcpy(&h[j], &x, 2);
-        }
-      }
-      uint64_t bits;
-      memcpy(&bits, h, 8);
-      *reinterpret_cast<uint64_t*>(static_cast<uint16_t*>(p) + i) = bits;
-    }
+    uint64_t bits;
+    for (int j = 0; j < 4; ++j) store_dt(&bits, t, size_t(j), in[j]);
+    *reinterpret_cast<uint64_t*>(static_cast<uint16_t*>(p) + i) = bits;
   }
 }
 
