@@ -12,7 +12,7 @@
 //     fiber runs until it reaches a barrier (__syncthreads, __syncwarp, a warp collective:
 //     __shfl_*_sync, wmma::mma_sync), then the next fiber runs. When every live thread of the
 //     block (or of the warp) has arrived, they are released.
-//   - shared memory, dynamic (STRATA_FA_DYNAMIC_SMEM) and static (`__shared__` declarations,
+//   - shared memory, dynamic (STRATA_DYNAMIC_SMEM) and static (`__shared__` declarations,
 //     which the translation turns into block_shared<T>() references), filled with 0xFF bytes
 //     (NaN as fp32, bf16 and fp16) before each block, so a read of something never written
 //     shows up as NaN in the results. Static shared memory over 48 KiB fails the launch.
@@ -78,7 +78,6 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define STRATA_FA_DYNAMIC_SMEM(name) unsigned char* name = ::strata::emu::dynamic_smem()
 #define STRATA_DYNAMIC_SMEM(name) unsigned char* name = ::strata::emu::dynamic_smem()
 
 struct __nv_bfloat16 {

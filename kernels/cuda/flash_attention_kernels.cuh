@@ -36,7 +36,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
-#define STRATA_FA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+// cuda_common.cuh's STRATA_DYNAMIC_SMEM (this header stands alone; an identical definition).
+#define STRATA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 
 #include <cstddef>
@@ -191,7 +192,7 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv,
                          const int32_t* __restrict__ pos, int T_, int NH, int NKV) {
-  STRATA_FA_DYNAMIC_SMEM(smem);
+  STRATA_DYNAMIC_SMEM(smem);
   using L = ForwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(kThreads)
                                const T* __restrict__ dout, const float* __restrict__ lse,
                                const float* __restrict__ D, const int32_t* __restrict__ pos, int T_,
                                int NH, int NKV) {
-  STRATA_FA_DYNAMIC_SMEM(smem);
+  STRATA_DYNAMIC_SMEM(smem);
   using L = BackwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(kThreads)
                              const T* __restrict__ dout, const float* __restrict__ lse,
                              const float* __restrict__ D, const int32_t* __restrict__ pos, int T_,
                              int NH, int NKV) {
-  STRATA_FA_DYNAMIC_SMEM(smem);
+  STRATA_DYNAMIC_SMEM(smem);
   using L = BackwardSmem<HS>;
   constexpr int LD = kLdTile<HS>, NF = HS / 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
