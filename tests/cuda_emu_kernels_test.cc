@@ -340,46 +340,34 @@ TEST_F(EmulatedKernels, SwiGluRopeGelu) {
           rope.llama3 = llama3;
           rope.original_max_position = 16;
           const size_t qkv = size_t(B) * T * (NH + 2 * KVH) * hs;
-          check_op(
-              name("rope_forward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
-              [&](Kernels& k, Stream& s, void* const* p) {
-                k.rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-              },
-              [&](cudaStream_t s, void* const* p) {
-                return cuda_rope_forward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs, packed);
-              },
-              {{0, "qkv", tol(dt, 1e-5)}});
-          check_op(
-              name("rope_backward", dt) + (llama3 ? " llama3" : ""), {floats(qkv, dt, -2, 2)},
-              [&](Kernels& k, Stream& s, void* const* p) {
-                k.rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs);
-              },
-              [&](cudaStream_t s, void* const* p) {
-                return cuda_rope_backward(s, dt, p[0], rope, nullptr, B, T, NH, KVH, hs, packed);
-              },
-              {{0, "dqkv", tol(dt, 1e-5)}});
-          // Positions of packed sequences or a decode step: any value, past T too.
-          for (bool inverse : {false, true}) {
-            check_op(
-                name(inverse ? "rope_backward with positions" : "rope_forward with positions", dt) +
-                    (llama3 ? " llama3" : ""),
-                {floats(qkv, dt, -2, 2), ints(size_t(B) * T, 0, 3 * T)},
-                [&](Kernels& k, Stream& s, void* const* p) {
-                  const auto* pos = static_cast<const int32_t*>(p[1]);
-                  if (inverse) {
-                    k.rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
-                  } else {
-                    k.rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs);
-                  }
-                },
-                [&](cudaStream_t s, void* const* p) {
-                  const auto* pos = static_cast<const int32_t*>(p[1]);
-                  return inverse
-                             ? cuda_rope_backward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs, packed)
-                             : cuda_rope_forward(s, dt, p[0], rope, pos, B, T, NH, KVH, hs, packed);
-                },
-                {{0, "qkv", tol(dt, 1e-5)}});
-          }
+          // Forward and backward, without positions and with those of packed sequences or a
+          // decode step (any value, past T too).
+          for (bool with_pos : {false, true})
+            for (bool inverse : {false, true}) {
+              std::vector<Buf> bufs = {floats(qkv, dt, -2, 2)};
+              if (with_pos) bufs.push_back(ints(size_t(B) * T, 0, 3 * T));
+              auto pos = [&](void* const* p) {
+                return with_pos ? static_cast<const int32_t*>(p[1]) : nullptr;
+              };
+              check_op(
+                  name(inverse ? "rope_backward" : "rope_forward", dt) +
+                      (with_pos ? " with positions" : "") + (llama3 ? " llama3" : ""),
+                  bufs,
+                  [&](Kernels& k, Stream& s, void* const* p) {
+                    if (inverse) {
+                      k.rope_backward(s, dt, p[0], rope, pos(p), B, T, NH, KVH, hs);
+                    } else {
+                      k.rope_forward(s, dt, p[0], rope, pos(p), B, T, NH, KVH, hs);
+                    }
+                  },
+                  [&](cudaStream_t s, void* const* p) {
+                    return inverse ? cuda_rope_backward(s, dt, p[0], rope, pos(p), B, T, NH, KVH,
+                                                        hs, packed)
+                                   : cuda_rope_forward(s, dt, p[0], rope, pos(p), B, T, NH, KVH, hs,
+                                                       packed);
+                  },
+                  {{0, "qkv", tol(dt, 1e-5)}});
+            }
         }
     check_op(
         name("gelu_forward", dt), {floats(n, dt), floats(n, dt, -4, 4)},
