@@ -367,8 +367,8 @@ TEST(CudaTraining, OptimizerOnNvmeKeepsSubGroupsAsTheCpuBackendDoes) {
 // counted copies it never makes. Steps 4-6 (a deferred pass's copies fall in the step after the one
 // that ran it in the first steps); no prefetch (what it saves depends on timing).
 // The op profile on the CUDA backend (flops_profiler): the second step's kernels timed with
-// cudaEvents, the cuBLASLt GEMMs among them, and the run's losses those of the same run
-// without it, bit for bit.
+// cudaEvents, the cuBLASLt GEMMs among them, no copy between device buffers, and the run's
+// losses those of the same run without it, bit for bit.
 TEST(CudaTraining, OpProfileTimesTheStepAndChangesNoBits) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
@@ -398,6 +398,9 @@ TEST(CudaTraining, OpProfileTimesTheStepAndChangesNoBits) {
     // Everything on the device: no stream waits for the host (a cudaLaunchHostFunc holds its
     // stream until the driver's thread has run it).
     EXPECT_NE(row.op, "host_fn") << row.stream << "\n" << format_op_profile(p);
+    // and no gradient copied from buffer to buffer: the first micro-batch's backward writes
+    // the device-homed accumulator in place (GradBuckets::in_place).
+    EXPECT_NE(row.op, "copy_d2d") << row.stream << "\n" << format_op_profile(p);
   }
   EXPECT_TRUE(gemm) << format_op_profile(p);
   EXPECT_GT(p.busy_ms[0], 0) << format_op_profile(p);

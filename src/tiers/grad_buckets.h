@@ -4,9 +4,10 @@
 // Unsharded, each module is drained alone: copied to GACC for the first micro-batch, added
 // for the later ones (through a host landing buffer; read in place where the host can address
 // the device, as the CPU backend), the same on every placement. Where the device's kernels
-// address GACC (the CPU backend, GACC not on NVMe), the first micro-batch's backward writes
-// GACC itself instead: the same zeroing and kernels, so the same bits, without the copy and
-// without a device buffer the next module's backward would wait for (in_place). With
+// address GACC (the CPU backend, GACC not on NVMe; a GPU, GACC on the device), the first
+// micro-batch's backward writes GACC itself instead: the same zeroing and kernels, so the same
+// bits, without the copy and without a device buffer the next module's backward would wait
+// for (in_place). With
 // several ranks the drained buffers go into buckets of reduce_bucket_size elements that are
 // reduce-scattered over the ranks (one collective per bucket; a module larger than the bucket
 // in bucket-sized pieces; see TierOptions), and only this rank's shard of each piece is
@@ -16,7 +17,7 @@
 // gradients final has been enqueued.
 //
 // A device-homed GACC (the optimizer on the device) on a device the host cannot address is
-// filled on the device (a device copy, then Kernels::add_inplace) and its statistics reduced by
+// filled on the device (in place, then Kernels::add_inplace) and its statistics reduced by
 // Kernels::norm_sq_and_nonfinite into a small device buffer copied down: the fp64 norm² in the
 // host's order (grad_stats), so a norm taken on the device clips as the host's does, whichever
 // schedule or placement took it.
