@@ -46,8 +46,8 @@ Status GradBuckets::init_bucket(size_t shard_elems, size_t bytes) {
 
 bool GradBuckets::in_place(int m, int micro) const {
   const Home& acc = homes_.module(m).gacc;
-  const bool kernels_reach = dev_.host_addressable() ? acc.tier != Tier::kNvme
-                                                     : acc.tier == Tier::kDevice;
+  const bool kernels_reach =
+      dev_.host_addressable() ? acc.tier != Tier::kNvme : acc.tier == Tier::kDevice;
   return micro == 0 && !sharded_ && kernels_reach && acc.ptr() != nullptr;
 }
 
