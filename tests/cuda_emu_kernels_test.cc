@@ -236,6 +236,81 @@ TEST_F(EmulatedKernels, RmsNorm) {
       }
 }
 
+// The norms' backwards in one pass (kernels/cuda/norm_backward.cu), where the rows go in packs
+// and a lane's columns fit its registers: against the CPU backend, and against their two kernels
+// (`fused` false): the input gradient bit for bit (the same row terms; the emulation contracts
+// nothing), the parameter gradients summed in another fixed order. Widths that take 1-8 packs a
+// lane, and ones that do not fit (1032 for LayerNorm, fp32's 2048 for RMSNorm: the two kernels
+// either way, the same bits); 300 rows: 19 chunks.
+TEST_F(EmulatedKernels, NormBackwardsInOnePass) {
+  const int N = 300;
+  std::vector<float> mean(N), rstd(N);
+  for (int i = 0; i < N; ++i) {
+    mean[i] = 0.1f * float(i % 7) - 0.3f;
+    rstd[i] = 0.5f + 0.01f * float(i % 13);
+  }
+  const Buf mean_buf{to_bytes(mean, DType::kF32), DType::kF32};
+  const Buf rstd_buf{to_bytes(rstd, DType::kF32), DType::kF32};
+  for (DType dt : kDtypes)
+    for (bool layer : {true, false})
+      for (int C : layer ? std::vector<int>{96, 768, 1032} : std::vector<int>{96, 2048}) {
+        SCOPED_TRACE(std::string(layer ? "layernorm" : "rmsnorm") + " C " + std::to_string(C));
+        // dinp (with dres in it), dweight, dbias (LayerNorm), dout, inp, weight, mean, rstd.
+        const std::vector<Buf> bufs = {floats(size_t(N) * C, dt),
+                                       floats(C, DType::kF32),
+                                       floats(C, DType::kF32),
+                                       floats(size_t(N) * C, dt),
+                                       floats(size_t(N) * C, dt, -2, 2),
+                                       floats(C, dt),
+                                       mean_buf,
+                                       rstd_buf};
+        auto cuda = [&](bool fused) {
+          return [&, fused](cudaStream_t s, void* const* p) {
+            auto* dw = static_cast<float*>(p[1]);
+            const auto* m = static_cast<const float*>(p[6]);
+            const auto* r = static_cast<const float*>(p[7]);
+            return layer ? cuda_layernorm_backward(s, dt, p[0], p[0], dw, static_cast<float*>(p[2]),
+                                                   p[3], p[4], p[5], m, r, N, C, reduce_,
+                                                   /*packed=*/true, fused)
+                         : cuda_rmsnorm_backward(s, dt, p[0], p[0], dw, p[3], p[4], p[5], r, N, C,
+                                                 reduce_, /*packed=*/true, fused);
+          };
+        };
+        check_op(
+            name(layer ? "layernorm_backward" : "rmsnorm_backward", dt), bufs,
+            [&](Kernels& k, Stream& s, void* const* p) {
+              auto* dw = static_cast<float*>(p[1]);
+              if (layer) {
+                k.layernorm_backward(s, dt, p[0], p[0], dw, static_cast<float*>(p[2]), p[3], p[4],
+                                     p[5], static_cast<float*>(p[6]), static_cast<float*>(p[7]), N,
+                                     C);
+              } else {
+                k.rmsnorm_backward(s, dt, p[0], p[0], dw, p[3], p[4], p[5],
+                                   static_cast<float*>(p[7]), N, C);
+              }
+            },
+            cuda(true),
+            layer ? std::vector<Check>{{0, "dinp", tol(dt, 5e-5)},
+                                       {1, "dweight", 5e-5},
+                                       {2, "dbias", 5e-5}}
+                  : std::vector<Check>{{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5}});
+        const std::vector<std::vector<uint8_t>> one = run_emulated(bufs, cuda(true)),
+                                                two = run_emulated(bufs, cuda(false));
+        EXPECT_EQ(first_difference(one[0], two[0], dt), "") << "dinp: one pass against two kernels";
+        const bool fits = C != 1032 && !(dt == DType::kF32 && C == 2048);
+        for (int i : layer ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+          if (fits) {
+            expect_close(
+                std::string(i == 1 ? "dweight" : "dbias") + ": one pass against two kernels",
+                values(one[size_t(i)], DType::kF32), values(two[size_t(i)], DType::kF32), 1e-5);
+          } else {
+            EXPECT_EQ(one[size_t(i)], two[size_t(i)])
+                << "a width that does not fit runs the two kernels";
+          }
+        }
+      }
+}
+
 TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
   const int N = 37, C = 45, OC = 29;
   for (DType dt : kDtypes) {

@@ -68,7 +68,7 @@ class CudaKernels final : public Kernels {
                           const float* mean, const float* rstd, int N, int C) override {
     run("layernorm_backward", s, [&](CudaStream& cs) {
       return cuda_layernorm_backward(cs.handle, dt, dinp, dres, dweight, dbias, dout, inp, weight,
-                                     mean, rstd, N, C, cs.reduce, packed_);
+                                     mean, rstd, N, C, cs.reduce, packed_, fused_ops_);
     });
   }
   void matmul_forward(Stream& s, DType dt, void* out, const void* inp, const void* weight,
@@ -197,7 +197,7 @@ class CudaKernels final : public Kernels {
                         int N, int C) override {
     run("rmsnorm_backward", s, [&](CudaStream& cs) {
       return cuda_rmsnorm_backward(cs.handle, dt, dinp, dres, dweight, dout, inp, weight, rstd, N,
-                                   C, cs.reduce, packed_);
+                                   C, cs.reduce, packed_, fused_ops_);
     });
   }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {

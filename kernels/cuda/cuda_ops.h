@@ -138,8 +138,9 @@ std::unique_ptr<Kernels> create_cuda_kernels(int ordinal, cublasLtHandle_t handl
 
 // The environment switch of the fused elementwise ops: STRATA_FUSED_OPS=0 makes the table's
 // supports() answer no for kMatmulGelu, kMatmulBackwardGelu and kResidualNorm, so the models
-// take the unfused calls (a fused against unfused comparison of a whole step). Read when the
-// table is created; any other value, or unset, offers them.
+// take the unfused calls, and the norms' backwards compute their parameter gradients in a
+// kernel of their own (a fused against unfused comparison of a whole step). Read when the table
+// is created; any other value, or unset, offers them.
 inline constexpr const char* kFusedOpsEnv = "STRATA_FUSED_OPS";
 
 // The environment switch of the 16-byte packs (cuda_common.cuh): STRATA_CUDA_PACKED=0 makes the
@@ -164,10 +165,13 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
                               const void* inp, const void* weight, const void* bias, int N, int C,
                               bool packed = true);
 // dinp = dres + the norm's gradient (dres may be dinp; null: written), as Kernels' doc says.
+// `fused`: the parameter gradients from the input gradient's pass where the rows go in packs
+// (norm_backward.cuh; the fused ops' switch), else a column-sum kernel of their own.
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C, const CudaReduceScratch& rs, bool packed = true);
+                               int C, const CudaReduceScratch& rs, bool packed = true,
+                               bool fused = true);
 // matmul.cu (cuBLASLt; dbias by a column-sum kernel, column_sums.cuh)
 Status cuda_matmul_forward(cudaStream_t s, const CudaBlas& blas, DType dt, void* out,
                            const void* inp, const void* weight, const void* bias, int N, int C,
@@ -218,7 +222,7 @@ Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, co
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
                              const float* rstd, int N, int C, const CudaReduceScratch& rs,
-                             bool packed = true);
+                             bool packed = true, bool fused = true);
 // swiglu.cu
 Status cuda_swiglu_forward(cudaStream_t s, DType dt, void* out, const void* inp, int N, int H,
                            bool packed = true);

@@ -1,6 +1,7 @@
 // Layer normalization, forward and backward (eps = 1e-5). CPU twin: kernels/cpu/layernorm.cc.
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_backward.cuh"
 #include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
@@ -100,23 +101,27 @@ Status cuda_layernorm_forward(cudaStream_t s, DType dt, void* out, float* mean, 
 Status cuda_layernorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres,
                                float* dweight, float* dbias, const void* dout, const void* inp,
                                const void* weight, const float* mean, const float* rstd, int N,
-                               int C, const CudaReduceScratch& rs, bool packed) {
+                               int C, const CudaReduceScratch& rs, bool packed, bool fused) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const ColumnSumPlan plan = plan_column_sums(rs, N, C, 2);
-  STRATA_DISPATCH_DT(
-      dt,
+  STRATA_DISPATCH_DT(dt, {
+    const auto* g = static_cast<const scalar_t*>(dout);
+    const auto* x = static_cast<const scalar_t*>(inp);
+    const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
+    if (!cuda_layernorm_backward_fused(s, dt, dinp, dres, dweight, dbias, dout, inp, weight, mean,
+                                       rstd, N, C, rs, p, fused)) {
       if (dinp) {
-        const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
         layernorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres),
-            static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
+            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres), g, x,
             static_cast<const scalar_t*>(weight), mean, rstd, N, C, p);
-      } if (dweight || dbias) {
+      }
+      if (dweight || dbias) {
         layernorm_backward_params_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
-            dweight, dbias, static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(inp),
-            mean, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
-      });
+            dweight, dbias, g, x, mean, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
+      }
+    }
+  });
   STRATA_CUDA_LAUNCH_CHECK("launching layernorm_backward");
   return Status::ok();
 }

@@ -2,6 +2,7 @@
 // CPU twin: kernels/cpu/rmsnorm.cc.
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/norm_backward.cuh"
 #include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
@@ -90,22 +91,25 @@ Status cuda_rmsnorm_forward(cudaStream_t s, DType dt, void* out, float* rstd, co
 Status cuda_rmsnorm_backward(cudaStream_t s, DType dt, void* dinp, const void* dres, float* dweight,
                              const void* dout, const void* inp, const void* weight,
                              const float* rstd, int N, int C, const CudaReduceScratch& rs,
-                             bool packed) {
+                             bool packed, bool fused) {
   if (N == 0) return Status::ok();
   const unsigned grid = unsigned((N + kRowsPerBlock - 1) / kRowsPerBlock);
   const ColumnSumPlan plan = plan_column_sums(rs, N, C, 1);
   STRATA_DISPATCH_DT(dt, {
     const auto* g = static_cast<const scalar_t*>(dout);
     const auto* x = static_cast<const scalar_t*>(inp);
-    if (dinp) {
-      const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
-      rmsnorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
-          static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres), g, x,
-          static_cast<const scalar_t*>(weight), rstd, N, C, p);
-    }
-    if (dweight) {
-      rmsnorm_backward_weight_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
-          dweight, g, x, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
+    const bool p = rows_packed<scalar_t>(packed, C, {dinp, dres, dout, inp, weight});
+    if (!cuda_rmsnorm_backward_fused(s, dt, dinp, dres, dweight, dout, inp, weight, rstd, N, C, rs,
+                                     p, fused)) {
+      if (dinp) {
+        rmsnorm_backward_dinp_kernel<scalar_t><<<grid, 32 * kRowsPerBlock, 0, s>>>(
+            static_cast<scalar_t*>(dinp), static_cast<const scalar_t*>(dres), g, x,
+            static_cast<const scalar_t*>(weight), rstd, N, C, p);
+      }
+      if (dweight) {
+        rmsnorm_backward_weight_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
+            dweight, g, x, rstd, N, C, plan.rows_per_chunk, plan.chunks, rs);
+      }
     }
   });
   STRATA_CUDA_LAUNCH_CHECK("launching rmsnorm_backward");
