@@ -343,6 +343,41 @@ TEST_F(EmulatedKernels, MatmulThroughCublasLtAndTheBiasColumnSum) {
   }
 }
 
+// The bias gradient's column sums with a 16-byte pack of columns a thread (where dout's rows go
+// in packs): the one-column kernel's bits, column by column, over several 256-row chunks (the
+// tiles' last blocks adding them) and one; against the CPU backend too.
+TEST_F(EmulatedKernels, BiasColumnSumsInPacksKeepTheBits) {
+  const int C = 8;
+  for (DType dt : kDtypes)
+    for (int OC : {96, 2304, 29})
+      for (int N : {600, 37}) {
+        SCOPED_TRACE(name("dbias", dt) + " OC " + std::to_string(OC) + " N " + std::to_string(N));
+        // dinp, dweight, dbias, dout, inp, weight
+        const std::vector<Buf> bufs = {
+            floats(size_t(N) * C, dt), floats(size_t(OC) * C, DType::kF32),
+            floats(OC, DType::kF32),   floats(size_t(N) * OC, dt),
+            floats(size_t(N) * C, dt), floats(size_t(OC) * C, dt)};
+        auto cuda = [&](bool packed) {
+          return [&, packed](cudaStream_t s, void* const* p) {
+            return cuda_matmul_backward(s, blas_, reduce_, dt, p[0], static_cast<float*>(p[1]),
+                                        static_cast<float*>(p[2]), p[3], p[4], p[5], N, C, OC,
+                                        /*accumulate=*/true, packed);
+          };
+        };
+        check_op(name("matmul_backward", dt), bufs,
+                 [&](Kernels& k, Stream& s, void* const* p) {
+                   k.matmul_backward(s, dt, p[0], static_cast<float*>(p[1]),
+                                     static_cast<float*>(p[2]), p[3], p[4], p[5], N, C, OC,
+                                     /*accumulate=*/true);
+                 },
+                 cuda(true), {{2, "dbias", 5e-5}});
+        EXPECT_EQ(first_difference(run_emulated(bufs, cuda(true))[2],
+                                   run_emulated(bufs, cuda(false))[2], DType::kF32),
+                  "")
+            << "dbias: packs against one column a thread";
+      }
+}
+
 // With the kernel table's algorithm cache, cuBLASLt's heuristic is asked once per problem: the
 // same product again (both orders, then a second op check) reuses its algorithm; an operand at
 // a lower alignment is another problem (the stand-in's algorithm remembers the alignments it was

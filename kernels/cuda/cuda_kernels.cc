@@ -89,7 +89,7 @@ class CudaKernels final : public Kernels {
                        bool accumulate) override {
     run("matmul_backward", s, [&](CudaStream& cs) {
       return cuda_matmul_backward(cs.handle, blas(cs), cs.reduce, dt, dinp, dweight, dbias, dout,
-                                  inp, weight, N, C, OC, accumulate);
+                                  inp, weight, N, C, OC, accumulate, packed_);
     });
   }
   void matmul_backward_gelu(Stream& s, DType dt, void* dpre, float* dweight, float* dbias,
@@ -97,7 +97,7 @@ class CudaKernels final : public Kernels {
                             int N, int C, int OC) override {
     run("matmul_backward_gelu", s, [&](CudaStream& cs) {
       return cuda_matmul_backward_gelu(cs.handle, blas(cs), cs.reduce, dt, dpre, dweight, dbias,
-                                       dout, inp, weight, pre, N, C, OC);
+                                       dout, inp, weight, pre, N, C, OC, packed_);
     });
   }
   void residual_layernorm_forward(Stream& s, DType dt, void* res, void* out, float* mean,

@@ -184,10 +184,12 @@ Status cuda_matmul_gelu_forward(cudaStream_t s, const CudaBlas& blas, DType dt, 
                                 void* pre, const void* inp, const void* weight, const void* bias,
                                 int N, int C, int OC);
 // Kernels::matmul_backward: dinp by the product with beta 1 (accumulate) or 0 (written).
+// `packed`: dbias's column sums read dout's rows in 16-byte packs where they are aligned (the
+// same bits).
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
                             DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                             const void* inp, const void* weight, int N, int C, int OC,
-                            bool accumulate);
+                            bool accumulate, bool packed = true);
 // dpre = gelu'(pre) * (dout @ weight) (written), in one cuBLASLt call with the DGELU epilogue
 // (pre the epilogue's aux input); dweight and dbias as cuda_matmul_backward. C must be a
 // multiple of 8 (the aux matrix's leading dimension): cuda_matmul_backward_gelu_supported.
@@ -195,7 +197,7 @@ bool cuda_matmul_backward_gelu_supported(int C);
 Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
                                  DType dt, void* dpre, float* dweight, float* dbias,
                                  const void* dout, const void* inp, const void* weight,
-                                 const void* pre, int N, int C, int OC);
+                                 const void* pre, int N, int C, int OC, bool packed = true);
 // attention_decode.cu (any dtype, head size up to 2 * kMaxRopePairs)
 bool cuda_attention_decode_supported(int hs);
 Status cuda_attention_decode(cudaStream_t s, DType dt, void* out, void* kcache, void* vcache,

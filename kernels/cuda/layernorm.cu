@@ -63,18 +63,18 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
                                                  const T* inp, const float* mean, const float* rstd,
                                                  int N, int C, int rows_per_chunk, int chunks,
                                                  CudaReduceScratch rs) {
-  __shared__ float sh[2][kColumnRowLanes][33];
+  __shared__ float sh[2][1][kColumnRowLanes][33];
   __shared__ int last;
   const int c = blockIdx.x * 32 + threadIdx.x;
   int r0, r1;
   column_sum_rows(N, rows_per_chunk, &r0, &r1);
-  float v[2] = {0.0f, 0.0f};  // weight, bias
+  float v[2][1] = {{0.0f}, {0.0f}};  // weight, bias
   if (c < C) {
     for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
       const size_t i = size_t(r) * C + c;
       const float g = to_f32(dout[i]);
-      v[1] += g;
-      v[0] += (to_f32(inp[i]) - mean[r]) * rstd[r] * g;
+      v[1][0] += g;
+      v[0][0] += (to_f32(inp[i]) - mean[r]) * rstd[r] * g;
     }
   }
   float* const out[2] = {dweight, dbias};

@@ -168,23 +168,26 @@ Status lt_matmul(const CudaBlas& blas, cudaStream_t s, cublasOperation_t ta, cub
 }
 
 // dbias[c] += sum_r dout[r,c], by column_sums.cuh (the same bits whichever order the blocks
-// run in).
-template <typename T>
+// run in, and K columns a thread, a 16-byte pack where the rows go in packs, or one: the same
+// sums column by column).
+template <typename T, int K>
 __global__ void column_sum_kernel(float* dbias, const T* dout, int N, int OC, int rows_per_chunk,
                                   int chunks, CudaReduceScratch rs) {
-  __shared__ float sh[1][kColumnRowLanes][33];
+  __shared__ float sh[1][K][kColumnRowLanes][33];
   __shared__ int last;
-  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int c = (blockIdx.x * 32 + threadIdx.x) * K;
   int r0, r1;
   column_sum_rows(N, rows_per_chunk, &r0, &r1);
-  float v[1] = {0.0f};
+  float v[1][K];
+  for (int k = 0; k < K; ++k) v[0][k] = 0.0f;
   if (c < OC) {
     for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
-      v[0] += to_f32(dout[size_t(r) * OC + c]);
+      const Elems<T, K> e = load_elems<K>(dout + size_t(r) * OC + c);
+      for (int k = 0; k < K; ++k) v[0][k] += to_f32(e.v[k]);
     }
   }
   float* const out[1] = {dbias};
-  finish_column_sums<1>(v, out, OC, chunks, rs, sh, last);
+  finish_column_sums<1, K>(v, out, OC, chunks, rs, sh, last);
 }
 
 }  // namespace
@@ -221,7 +224,7 @@ namespace {
 // The weight and bias gradients of matmul_backward and matmul_backward_gelu.
 Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
                               DType dt, float* dweight, float* dbias, const void* dout,
-                              const void* inp, int N, int C, int OC) {
+                              const void* inp, int N, int C, int OC, bool packed) {
   const cudaDataType_t t = cuda_type(dt);
   if (dweight) {
     STRATA_RETURN_IF_ERROR(lt_matmul(blas, s, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, t, C, dout,
@@ -229,10 +232,19 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, const CudaRe
                            "matmul_backward: dweight += dout^T @ inp");
   }
   if (dbias) {
-    const ColumnSumPlan plan = plan_column_sums(rs, N, OC, 1);
-    STRATA_DISPATCH_DT(dt, column_sum_kernel<scalar_t><<<plan.grid, column_sum_block(), 0, s>>>(
-                               dbias, static_cast<const scalar_t*>(dout), N, OC,
-                               plan.rows_per_chunk, plan.chunks, rs));
+    STRATA_DISPATCH_DT(dt, {
+      const auto* g = static_cast<const scalar_t*>(dout);
+      if (rows_packed<scalar_t>(packed, OC, {dout})) {
+        constexpr int K = kPack<scalar_t>;
+        const ColumnSumPlan plan = plan_column_sums(rs, N, OC, 1, K);
+        column_sum_kernel<scalar_t, K><<<plan.grid, column_sum_block(), 0, s>>>(
+            dbias, g, N, OC, plan.rows_per_chunk, plan.chunks, rs);
+      } else {
+        const ColumnSumPlan plan = plan_column_sums(rs, N, OC, 1);
+        column_sum_kernel<scalar_t, 1><<<plan.grid, column_sum_block(), 0, s>>>(
+            dbias, g, N, OC, plan.rows_per_chunk, plan.chunks, rs);
+      }
+    });
     STRATA_CUDA_LAUNCH_CHECK("launching matmul_backward's dbias column sum");
   }
   return Status::ok();
@@ -243,7 +255,7 @@ Status matmul_backward_params(cudaStream_t s, const CudaBlas& blas, const CudaRe
 Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
                             DType dt, void* dinp, float* dweight, float* dbias, const void* dout,
                             const void* inp, const void* weight, int N, int C, int OC,
-                            bool accumulate) {
+                            bool accumulate, bool packed) {
   if (N == 0 || C == 0) return Status::ok();
   if (OC == 0) {  // an empty product: a written dinp is zeros
     if (dinp && !accumulate) {
@@ -259,7 +271,7 @@ Status cuda_matmul_backward(cudaStream_t s, const CudaBlas& blas, const CudaRedu
                            accumulate ? "matmul_backward: dinp += dout @ weight"
                                       : "matmul_backward: dinp = dout @ weight");
   }
-  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC);
+  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC, packed);
 }
 
 bool cuda_matmul_backward_gelu_supported(int C) { return C > 0 && C % 8 == 0; }
@@ -267,7 +279,7 @@ bool cuda_matmul_backward_gelu_supported(int C) { return C > 0 && C % 8 == 0; }
 Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, const CudaReduceScratch& rs,
                                  DType dt, void* dpre, float* dweight, float* dbias,
                                  const void* dout, const void* inp, const void* weight,
-                                 const void* pre, int N, int C, int OC) {
+                                 const void* pre, int N, int C, int OC, bool packed) {
   if (N == 0 || C == 0) return Status::ok();
   if (!cuda_matmul_backward_gelu_supported(C)) {
     return invalid_argument("matmul_backward_gelu: C=" + std::to_string(C) +
@@ -285,7 +297,7 @@ Status cuda_matmul_backward_gelu(cudaStream_t s, const CudaBlas& blas, const Cud
                                    t, OC, dpre, t, C, 0.0f, nullptr, const_cast<void*>(pre),
                                    /*dgelu=*/true),
                          "matmul_backward_gelu: dpre = gelu'(pre) * (dout @ weight)");
-  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC);
+  return matmul_backward_params(s, blas, rs, dt, dweight, dbias, dout, inp, N, C, OC, packed);
 }
 
 }  // namespace strata

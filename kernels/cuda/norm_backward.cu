@@ -77,14 +77,14 @@ __global__ void __launch_bounds__(32 * kFusedWarps)
 template <int S>
 __global__ void fused_norm_chunk_sums_kernel(float* out0, float* out1, const float* partials,
                                              int chunks, int C, CudaReduceScratch rs) {
-  __shared__ float sh[S][kColumnRowLanes][33];
+  __shared__ float sh[S][1][kColumnRowLanes][33];
   __shared__ int last;
   const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
-  float v[S];
-  for (int s = 0; s < S; ++s) v[s] = 0.0f;
+  float v[S][1];
+  for (int s = 0; s < S; ++s) v[s][0] = 0.0f;
   if (c < C) {
     for (int k = int(threadIdx.y); k < chunks; k += kColumnRowLanes) {
-      for (int s = 0; s < S; ++s) v[s] += partials[(size_t(s) * chunks + k) * C + c];
+      for (int s = 0; s < S; ++s) v[s][0] += partials[(size_t(s) * chunks + k) * C + c];
     }
   }
   if constexpr (S == 1) {

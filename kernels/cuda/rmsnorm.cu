@@ -56,16 +56,16 @@ template <typename T>
 __global__ void rmsnorm_backward_weight_kernel(float* dweight, const T* dout, const T* inp,
                                                const float* rstd, int N, int C, int rows_per_chunk,
                                                int chunks, CudaReduceScratch rs) {
-  __shared__ float sh[1][kColumnRowLanes][33];
+  __shared__ float sh[1][1][kColumnRowLanes][33];
   __shared__ int last;
   const int c = blockIdx.x * 32 + threadIdx.x;
   int r0, r1;
   column_sum_rows(N, rows_per_chunk, &r0, &r1);
-  float v[1] = {0.0f};
+  float v[1][1] = {{0.0f}};
   if (c < C) {
     for (int r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) {
       const size_t i = size_t(r) * C + c;
-      v[0] += to_f32(inp[i]) * rstd[r] * to_f32(dout[i]);
+      v[0][0] += to_f32(inp[i]) * rstd[r] * to_f32(dout[i]);
     }
   }
   float* const out[1] = {dweight};
