@@ -4,12 +4,12 @@
 //
 // A launch is a grid of blocks of 32 threads (one column each, or a 16-byte pack of K columns)
 // x 8 row lanes, one per column tile (x) and chunk of rows (y). A block sums its rows in a
-// fixed order (each row lane every 8th row, then the 8 lanes in lane order). With one chunk the block adds its sums to out. With several, each block
-// writes its sums to the stream's scratch (CudaReduceScratch::partials) and counts itself done
-// on its tile's counter; the tile's last block adds the chunks' sums to out in chunk order and
-// puts the counter back to 0 (the threadfence reduction of CUDA's samples, with the sums kept
-// apart so their order is fixed). The float adds happen in the same order whichever block
-// finishes last; only the integer counter is atomic.
+// fixed order (each row lane every 8th row, then the 8 lanes in lane order). With one chunk the
+// block adds its sums to out. With several, each block writes its sums to the stream's scratch
+// (CudaReduceScratch::partials) and counts itself done on its tile's counter; the tile's last block
+// adds the chunks' sums to out in chunk order and puts the counter back to 0 (the threadfence
+// reduction of CUDA's samples, with the sums kept apart so their order is fixed). The float adds
+// happen in the same order whichever block finishes last; only the integer counter is atomic.
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
