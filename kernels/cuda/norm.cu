@@ -8,41 +8,60 @@ namespace {
 
 // The host's order (strata::grad_stats, cpu_optim.h): tiles of kTile elements, in each kLanes
 // lanes, element i into lane i % kLanes in element order, folded pairwise; the tiles' sums in
-// tile order. A half-warp per tile, a thread per lane: the lane's loads coalesce across the
-// half-warp, its fp64 adds run in element order.
+// tile order. A block per tile: its first kLanes threads are the lanes, each a chain of fp64
+// adds in element order (4096 a tile), fed from shared memory, into which the block's other
+// four warps copy the tile kChunk elements at a time, one chunk ahead of the lanes (a lane
+// that loaded its own elements waited for each batch of them: ~70 us a tile, where the chain
+// of adds takes ~17).
 constexpr size_t kTile = 65536;  // strata::kStatsTileElems
 constexpr int kLanes = 16;
-constexpr int kTilesPerBlock = 8;
-constexpr int kBlockThreads = kTilesPerBlock * kLanes;
-constexpr int kBatch = 64;  // loads a lane has in flight (its adds: a chain of 4096 per tile)
+constexpr int kChunk = 4096;  // elements a stage (16 KB): 8 16-byte loads a copying thread
+constexpr int kCopiers = 128;
+constexpr int kBlockThreads = 32 + kCopiers;  // warp 0: the lanes (16 of its threads)
 
-// Pass 1: partial[t] = tile first + t's folded lanes, for the tiles [first, first + tiles).
-__global__ void norm_tiles_kernel(double* partial, const float* x, size_t n, size_t first,
-                                  size_t tiles) {
-  __shared__ double lanes[kBlockThreads];
-  const size_t t = blockIdx.x * size_t(kTilesPerBlock) + threadIdx.x / kLanes;
-  const int lane = int(threadIdx.x % kLanes);
-  double sum = 0.0;
-  if (t < tiles) {
-    const size_t begin = (first + t) * kTile, end = begin + kTile < n ? begin + kTile : n;
-    size_t i = begin + size_t(lane);
-    // kBatch loads in flight before their adds (a lane's adds are a chain; its loads need not
-    // wait on each other). The square of an fp32 value is exact in fp64: one rounding per add,
-    // as on the host.
-    for (; i + (kBatch - 1) * kLanes < end; i += kBatch * kLanes) {
-      float v[kBatch];
-      for (int k = 0; k < kBatch; ++k) v[k] = x[i + size_t(k) * kLanes];
-      for (int k = 0; k < kBatch; ++k) sum += double(v[k]) * double(v[k]);
-    }
-    for (; i < end; i += kLanes) sum += double(x[i]) * double(x[i]);
+// Copying thread j of kCopiers: elements [base, base + m) into dst, 16 bytes at a time where
+// the source is aligned, else one at a time.
+__device__ __forceinline__ void copy_chunk(float* dst, const float* src, int m, int j) {
+  constexpr int kPer = kChunk / 4 / kCopiers;  // 16-byte loads a thread, all in flight
+  if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0 && m == kChunk) {
+    Elems<float, 4> v[kPer];
+    for (int k = 0; k < kPer; ++k) v[k] = load_elems<4>(src + 4 * (j + k * kCopiers));
+    for (int k = 0; k < kPer; ++k) store_elems(dst + 4 * (j + k * kCopiers), v[k]);
+    return;
   }
-  lanes[threadIdx.x] = sum;
+  for (int i = j; i < m; i += kCopiers) dst[i] = src[i];
+}
+
+// Pass 1: partial[t] = tile first + t's folded lanes, for the grid's tiles from `first`.
+__global__ void norm_tiles_kernel(double* partial, const float* x, size_t n, size_t first) {
+  __shared__ float stage[2][kChunk];
+  __shared__ double lanes[kLanes];
+  const size_t t = blockIdx.x;
+  const int tid = int(threadIdx.x);
+  const size_t begin = (first + t) * kTile, end = begin + kTile < n ? begin + kTile : n;
+  const int len = int(end - begin), chunks = (len + kChunk - 1) / kChunk;
+  auto size_of = [&](int c) { return len - c * kChunk < kChunk ? len - c * kChunk : kChunk; };
+  if (tid >= 32) copy_chunk(stage[0], x + begin, size_of(0), tid - 32);
   __syncthreads();
-  for (int w = kLanes / 2; w >= 1; w /= 2) {
-    if (lane < w) lanes[threadIdx.x] += lanes[threadIdx.x + w];
+  double sum = 0.0;
+  for (int c = 0; c < chunks; ++c) {
+    if (tid >= 32 && c + 1 < chunks) {
+      copy_chunk(stage[(c + 1) & 1], x + begin + size_t(c + 1) * kChunk, size_of(c + 1), tid - 32);
+    } else if (tid < kLanes) {
+      // The square of an fp32 value is exact in fp64: one rounding per add, as on the host.
+      const float* v = stage[c & 1];
+      const int m = size_of(c);
+      for (int i = tid; i < m; i += kLanes) sum += double(v[i]) * double(v[i]);
+    }
     __syncthreads();
   }
-  if (lane == 0 && t < tiles) partial[t] = lanes[threadIdx.x];
+  if (tid < kLanes) lanes[tid] = sum;
+  __syncthreads();
+  for (int w = kLanes / 2; w >= 1; w /= 2) {
+    if (tid < w) lanes[tid] += lanes[tid + w];
+    __syncthreads();
+  }
+  if (tid == 0) partial[t] = lanes[0];
 }
 
 // Pass 2, one thread: the tiles' sums in tile order, onto what the earlier batches of tiles
@@ -73,8 +92,7 @@ Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, double* norm_
     const size_t batch =
         tiles - done < size_t(kCudaReduceBlocks) ? tiles - done : size_t(kCudaReduceBlocks);
     if (batch > 0) {
-      const unsigned blocks = unsigned((batch + kTilesPerBlock - 1) / kTilesPerBlock);
-      norm_tiles_kernel<<<blocks, kBlockThreads, 0, s>>>(scratch, x, n, done, batch);
+      norm_tiles_kernel<<<unsigned(batch), kBlockThreads, 0, s>>>(scratch, x, n, done);
       STRATA_CUDA_LAUNCH_CHECK("launching norm_sq_and_nonfinite (tiles)");
     }
     norm_sum_kernel<<<1, 32, 0, s>>>(norm_sq, scratch, batch, done == 0);
