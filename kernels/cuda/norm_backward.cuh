@@ -47,7 +47,7 @@ inline FusedNormPlan plan_fused_norm(bool fused, bool packed, bool dinp, bool pa
   if (packs > 8 || accs > kFusedAccs) return p;
   const size_t per_chunk = size_t(S) * size_t(C);
   const size_t fit = rs.partial_floats / per_chunk;  // chunks the scratch holds
-  if (fit == 0 || size_t(C + 31) / 32 > rs.tile_counts_size) return p;
+  if (fit == 0) return p;
   size_t rows = std::max<size_t>(kFusedRows, (size_t(N) + fit - 1) / fit);
   rows = (rows + kFusedWarps - 1) / kFusedWarps * kFusedWarps;
   p.packs = packs;
