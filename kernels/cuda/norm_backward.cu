@@ -7,7 +7,7 @@
 namespace strata {
 namespace {
 
-// Norm: the norm's row terms (LayerNormGrad, RmsNormGrad in their .cu): Row row(r); dots(row,
+// Norm: the norm's row terms (LayerNormGrad, RmsNormGrad below): Row row(r); dots(row,
 // x, dn, d[2]) over a row (dn = weight * dout); Row finish(row, d0 / C, d1 / C) after the warp's
 // sums; grad(row, x, dn), an element's input gradient; params(row, x, g, t[S]), an element's
 // terms of the S parameter gradients (g = dout).
