@@ -233,6 +233,40 @@ TEST(PlanSimulated, TheOptimizerUnderBackwardRunsAtItsRateBesideTheLauncher) {
   EXPECT_LE(opt_host_advice(slow).ratio, opt_host_advice(r).ratio);
 }
 
+// A deferred pass (every step clips) runs beside the forwards' launches and the host's copies
+// for as long as the first forward group's compute lasts: through that window at the
+// optimizer's rate beside the launcher, after it at its own. Halving the rate beside slows a
+// pass longer than the window (ratio 1) by half the window, a shorter one by no more; a GPU's
+// copies take no core, and there the rate alone stands.
+TEST(PlanSimulated, ADeferredPassStepsBesideTheLauncherThroughTheForwards) {
+  PlanRequest r = gpt2_request(3.0);
+  r.config.strata.optimizer_defer = "always";
+  r.profile.optimizer_pps_beside = r.profile.optimizer_pps.value;
+  PlanRequest slow = r;
+  slow.profile.optimizer_pps_beside = 0.5 * r.profile.optimizer_pps.value;
+  for (bool simulated : {true, false})
+    for (double ratio : {1.0, 0.2}) {
+      SCOPED_TRACE("ratio " + std::to_string(ratio) + (simulated ? ", simulated" : ", a GPU"));
+      PlacementOption where = find_placement("opt-host");
+      where.where.optimizer_ratio = ratio;
+      r.profile.simulated = slow.profile.simulated = simulated;
+      auto a = evaluate_placement(r, where);
+      auto b = evaluate_placement(slow, where);
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      const double window = (a->time.compute_s + a->time.device_optim_s) * a->first_forward_share;
+      const double pass = b->time.step_deferred_s - a->time.step_deferred_s;
+      if (!simulated) {
+        EXPECT_EQ(pass, 0.0);
+      } else if (ratio == 1.0) {
+        EXPECT_NEAR(pass, 0.5 * window, 1e-9) << "a pass longer than the window";
+      } else {
+        EXPECT_GE(pass, 0.0);
+        EXPECT_LE(pass, 0.5 * window + 1e-9);
+      }
+      EXPECT_EQ(b->time.step_plain_s, a->time.step_plain_s);
+    }
+}
+
 // With undo state in host memory (clipping on) the speculation stops once every gradient is
 // final and the modules left are stepped after backward; on a simulated device the host's copies
 // (memcpys: the drains, then each module's new parameters after its step) keep a core busy
