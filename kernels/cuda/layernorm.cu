@@ -27,33 +27,15 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
                 packed);
 }
 
-// dinp = dres + (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd (dres null: 0 +),
-// one warp per row.
+// dinp = dres + the norm's gradient (LayerNormGrad; dres null: 0 +), one warp per row.
 template <typename T>
 __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
                                                const T* weight, const float* mean,
                                                const float* rstd, int N, int C, bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
-  const size_t off = size_t(row) * C;
-  const float m = mean[row], s = rstd[row];
-  float a = 0.0f, b = 0.0f;
-  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
-    constexpr int K = decltype(w)::value;
-    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
-    const Elems<T, K> xs = load_elems<K>(inp + off + c);
-    for (int j = 0; j < K; ++j) {
-      const float dn = to_f32(ws.v[j]) * to_f32(ds.v[j]);
-      a += dn;
-      b += dn * (to_f32(xs.v[j]) - m) * s;
-    }
-  });
-  const float dnorm_mean = warp_sum(a) / C, dnorm_norm_mean = warp_sum(b) / C;
-  norm_dinp_row(dinp + off, dres ? dres + off : nullptr, dout + off, inp + off, weight, C, lane,
-                packed, [&](float x, float dn) {
-                  const float n = (x - m) * s;
-                  return (dn - dnorm_mean - n * dnorm_norm_mean) * s;
-                });
+  norm_backward_dinp_row(LayerNormGrad{mean, rstd}, dinp, dres, dout, inp, weight, row, C, lane,
+                         packed);
 }
 
 // dweight[c] += sum_n norm[n,c]*dout[n,c]; dbias[c] += sum_n dout[n,c], by column_sums.cuh

@@ -1,16 +1,16 @@
 // The fused backward of LayerNorm and RMSNorm (norm_backward.cuh): one pass over the rows for
 // the input gradient and the parameter gradients' chunk sums, then the chunks' column sums.
-// The row terms are those of layernorm.cu's and rmsnorm.cu's input-gradient kernels.
+// The row terms are those of layernorm.cu's and rmsnorm.cu's input-gradient kernels
+// (norm_rows.cuh).
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/norm_backward.cuh"
+#include "kernels/cuda/norm_rows.cuh"
 
 namespace strata {
 namespace {
 
-// Norm: the norm's row terms (LayerNormGrad, RmsNormGrad below): Row row(r); dots(row,
-// x, dn, d[2]) over a row (dn = weight * dout); Row finish(row, d0 / C, d1 / C) after the warp's
-// sums; grad(row, x, dn), an element's input gradient; params(row, x, g, t[S]), an element's
-// terms of the S parameter gradients (g = dout).
+// Norm: the norm's row terms (norm_rows.cuh: LayerNormGrad, RmsNormGrad), S parameter
+// gradients.
 template <typename T, int S, int P, typename Norm>
 __global__ void __launch_bounds__(32 * kFusedWarps)
     norm_backward_fused_kernel(T* dinp, const T* dres, float* partials, const T* dout, const T* inp,
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(32 * kFusedWarps)
         for (int s = 0; s < S; ++s) acc[s][j][k] += t[s];
       }
     }
-    st = norm.finish(st, warp_sum(d[0]) / C, warp_sum(d[1]) / C);
+    st = norm_finish(norm, st, d, C);
     for (int j = 0; j < P; ++j) {
       const int c = (lane + 32 * j) * K;
       if (c >= C) continue;
@@ -121,51 +121,6 @@ void launch_fused_norm_backward(cudaStream_t s, const FusedNormPlan& plan, T* di
   fused_norm_chunk_sums_kernel<S><<<unsigned((C + 31) / 32), column_sum_block(), 0, s>>>(
       out0, out1, rs.partials, plan.chunks, C, rs);
 }
-
-// LayerNorm's row terms: layernorm_backward_dinp_kernel's and layernorm_backward_params_kernel's.
-struct LayerNormGrad {
-  const float* mean;
-  const float* rstd;
-  struct Row {
-    float m, s, a, b;
-  };
-  __device__ Row row(int r) const { return {mean[r], rstd[r], 0.0f, 0.0f}; }
-  __device__ void dots(const Row& st, float x, float dn, float (&d)[2]) const {
-    d[0] += dn;
-    d[1] += dn * (x - st.m) * st.s;
-  }
-  __device__ Row finish(Row st, float dnorm_mean, float dnorm_norm_mean) const {
-    st.a = dnorm_mean;
-    st.b = dnorm_norm_mean;
-    return st;
-  }
-  __device__ float grad(const Row& st, float x, float dn) const {
-    const float n = (x - st.m) * st.s;
-    return (dn - st.a - n * st.b) * st.s;
-  }
-  __device__ void params(const Row& st, float x, float g, float (&t)[2]) const {
-    t[0] = (x - st.m) * st.s * g;
-    t[1] = g;
-  }
-};
-
-// RMSNorm's: rmsnorm_backward_dinp_kernel's and rmsnorm_backward_weight_kernel's.
-struct RmsNormGrad {
-  const float* rstd;
-  struct Row {
-    float s, k;
-  };
-  __device__ Row row(int r) const { return {rstd[r], 0.0f}; }
-  __device__ void dots(const Row&, float x, float dn, float (&d)[2]) const { d[0] += dn * x; }
-  __device__ Row finish(Row st, float dot_mean, float) const {
-    st.k = dot_mean * st.s * st.s;
-    return st;
-  }
-  __device__ float grad(const Row& st, float x, float dn) const { return (dn - x * st.k) * st.s; }
-  __device__ void params(const Row& st, float x, float g, float (&t)[1]) const {
-    t[0] = x * st.s * g;
-  }
-};
 
 }  // namespace
 

@@ -2,7 +2,8 @@
 // (layernorm.cu, rmsnorm.cu) and the fused residual + norm (residual_norm.cu), so that the fused
 // call gives the unfused calls' bits by construction: the same code after the row's first sum,
 // whose lanes take the row's columns as for_row_elems hands them out (in packs or one at a
-// time: `packed`, the same for both calls of a row).
+// time: `packed`, the same for both calls of a row). And the backward's row terms, which the
+// input-gradient kernels and the one-pass backward (norm_backward.cu) share the same way.
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -80,6 +81,88 @@ __device__ __forceinline__ void norm_dinp_row(T* dinp, const T* dres, const T* d
     }
     store_elems(dinp + c, gs);
   });
+}
+
+// A norm's backward row terms (Norm of norm_backward_dinp_row and of norm_backward.cu's one
+// pass): Row row(r); dots(row, x, dn, d) over a row's elements (dn = weight * dout; kDots sums);
+// Row finish(row, d0 / C, d1 / C) after the warp's sums; grad(row, x, dn), an element's input
+// gradient; params(row, x, g, t), an element's terms of the parameter gradients (g = dout).
+// LayerNorm's: dinp = dres + (w*dout - mean(w*dout) - norm * mean(w*dout*norm)) * rstd; the
+// weight and bias gradients' terms norm * dout and dout.
+struct LayerNormGrad {
+  static constexpr int kDots = 2;
+  const float* mean;
+  const float* rstd;
+  struct Row {
+    float m, s, a, b;
+  };
+  __device__ Row row(int r) const { return {mean[r], rstd[r], 0.0f, 0.0f}; }
+  __device__ void dots(const Row& st, float x, float dn, float (&d)[2]) const {
+    d[0] += dn;
+    d[1] += dn * (x - st.m) * st.s;
+  }
+  __device__ Row finish(Row st, float dnorm_mean, float dnorm_norm_mean) const {
+    st.a = dnorm_mean;
+    st.b = dnorm_norm_mean;
+    return st;
+  }
+  __device__ float grad(const Row& st, float x, float dn) const {
+    const float n = (x - st.m) * st.s;
+    return (dn - st.a - n * st.b) * st.s;
+  }
+  __device__ void params(const Row& st, float x, float g, float (&t)[2]) const {
+    t[0] = (x - st.m) * st.s * g;
+    t[1] = g;
+  }
+};
+
+// RMSNorm's: dinp = dres + (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd; the weight's x * rstd *
+// dout.
+struct RmsNormGrad {
+  static constexpr int kDots = 1;
+  const float* rstd;
+  struct Row {
+    float s, k;
+  };
+  __device__ Row row(int r) const { return {rstd[r], 0.0f}; }
+  __device__ void dots(const Row&, float x, float dn, float (&d)[2]) const { d[0] += dn * x; }
+  __device__ Row finish(Row st, float dot_mean, float) const {
+    st.k = dot_mean * st.s * st.s;
+    return st;
+  }
+  __device__ float grad(const Row& st, float x, float dn) const { return (dn - x * st.k) * st.s; }
+  __device__ void params(const Row& st, float x, float g, float (&t)[1]) const {
+    t[0] = x * st.s * g;
+  }
+};
+
+// A row's terms after its dots: the warp's sums (kDots of them) over C.
+template <typename Norm>
+__device__ __forceinline__ typename Norm::Row norm_finish(const Norm& norm, typename Norm::Row st,
+                                                          float (&d)[2], int C) {
+  const float d0 = warp_sum(d[0]) / C;
+  return norm.finish(st, d0, Norm::kDots > 1 ? warp_sum(d[1]) / C : 0.0f);
+}
+
+// The input-gradient pass of a norm's backward over row `row`, one warp (lane `lane` of it):
+// the row's dots, the warp's sums, then norm_dinp_row with the norm's gradient.
+template <typename T, typename Norm>
+__device__ __forceinline__ void norm_backward_dinp_row(const Norm& norm, T* dinp, const T* dres,
+                                                       const T* dout, const T* inp, const T* weight,
+                                                       int row, int C, int lane, bool packed) {
+  const size_t off = size_t(row) * C;
+  auto st = norm.row(row);
+  float d[2] = {0.0f, 0.0f};
+  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
+    constexpr int K = decltype(w)::value;
+    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
+    const Elems<T, K> xs = load_elems<K>(inp + off + c);
+    for (int j = 0; j < K; ++j)
+      norm.dots(st, to_f32(xs.v[j]), to_f32(ws.v[j]) * to_f32(ds.v[j]), d);
+  });
+  st = norm_finish(norm, st, d, C);
+  norm_dinp_row(dinp + off, dres ? dres + off : nullptr, dout + off, inp + off, weight, C, lane,
+                packed, [&](float x, float dn) { return norm.grad(st, x, dn); });
 }
 
 }  // namespace strata

@@ -28,26 +28,14 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
   rmsnorm_row(out + size_t(row) * C, rstd, x, weight, ss, eps, row, C, lane, packed);
 }
 
-// dinp = dres + (w*dout - x * rstd^2 * mean(w*dout*x)) * rstd (dres null: 0 +), one warp per
-// row.
+// dinp = dres + the norm's gradient (RmsNormGrad; dres null: 0 +), one warp per row.
 template <typename T>
 __global__ void rmsnorm_backward_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp,
                                              const T* weight, const float* rstd, int N, int C,
                                              bool packed) {
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= N) return;
-  const size_t off = size_t(row) * C;
-  const float s = rstd[row];
-  float dot = 0.0f;
-  for_row_elems<T>(C, packed, lane, 32, [&](int c, auto w) {
-    constexpr int K = decltype(w)::value;
-    const Elems<T, K> ws = load_elems<K>(weight + c), ds = load_elems<K>(dout + off + c);
-    const Elems<T, K> xs = load_elems<K>(inp + off + c);
-    for (int j = 0; j < K; ++j) dot += to_f32(ws.v[j]) * to_f32(ds.v[j]) * to_f32(xs.v[j]);
-  });
-  const float k = warp_sum(dot) / C * s * s;
-  norm_dinp_row(dinp + off, dres ? dres + off : nullptr, dout + off, inp + off, weight, C, lane,
-                packed, [&](float x, float wd) { return (wd - x * k) * s; });
+  norm_backward_dinp_row(RmsNormGrad{rstd}, dinp, dres, dout, inp, weight, row, C, lane, packed);
 }
 
 // dweight[c] += sum_n x[n,c] * rstd[n] * dout[n,c], by column_sums.cuh (the same bits whichever
