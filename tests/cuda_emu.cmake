@@ -69,6 +69,7 @@ endfunction()
 
 # Every kernel file's launchers, in both thread orders, against the CPU backend's kernels.
 strata_emu_test(cuda_emu_kernels_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_kernels_test.cc)
+strata_emu_test(cuda_emu_norms_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_norms_test.cc)
 # The fused elementwise ops (residual + norm; the DGELU epilogue on the cuBLASLt stand-in).
 strata_emu_test(cuda_emu_fused_test ${CMAKE_CURRENT_LIST_DIR}/cuda_emu_fused_test.cc)
 
