@@ -208,6 +208,34 @@ TEST(ParameterPieces, UnaddressableDeviceTrainsBitIdentically) {
   fs::remove_all(dir);
 }
 
+// Everything on a device the host cannot address (a GPU's all-on-device run, one micro-batch,
+// no clipping: no gradient landing, no undo room): the host tier holds only what moves state
+// in and out, each sub-group of master weights staged with the piece its parameters are derived
+// through beside it. Its peak, the init's, stays within the memory model's need (a GPU's run
+// with a wide embedding had asked for more than its budget).
+TEST(ParameterPieces, AllOnAnUnaddressableDeviceStaysInTheModelsHostNeed) {
+  set_log_level(LogLevel::kWarn);
+  auto dir = temp_dir("all_on_device");
+  const Config cfg =
+      tiny(dir, 2,
+           {"zero_optimization.offload_param.device=\"none\"",
+            "zero_optimization.offload_optimizer.device=\"none\"", "train_batch_size=4",
+            "gradient_accumulation_steps=1", "gradient_clipping=0", "model.vocab_size=4096",
+            "device.memory_limit=\"256MiB\""});
+  auto arch = create_gpt2(cfg.model);
+  ASSERT_TRUE(arch.is_ok());
+  TierOptions to = TierOptions::from_config(cfg, DType::kBF16);
+  to.placement = {Tier::kDevice, Tier::kDevice, Tier::kDevice, Tier::kDevice, 1.0};
+  to.micro_batches = 1;
+  auto n = tier_needs(**arch, to, 1, DType::kBF16, DType::kF32, 0);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  const TrainResult r = test::must_train(cfg, test::on_unaddressable_device());
+  ASSERT_EQ(r.losses.size(), 2u);
+  EXPECT_GT(test::tier(r, "host").peak, 0u);
+  EXPECT_LE(test::tier(r, "host").peak, n->host.total());
+  fs::remove_all(dir);
+}
+
 // A checkpoint of NVMe-homed state with parameters in ~100 pieces per block: a run stopped at
 // step 4 and resumed (parameters re-derived piece by piece from the loaded master weights)
 // equals the uninterrupted run bit for bit.
@@ -526,10 +554,10 @@ TEST(HostMemoryModel, ReadAheadIsWhatTheBudgetLeavesInWholeSubGroups) {
 // on its own; host-homed state needs none.
 TEST(HostMemoryModel, StateInAndOutIsOneSubGroupPiece) {
   const uint64_t g = 8192;
-  auto need = [&](int n_embd, Tier master, Tier moments) {
+  auto need = [&](int n_embd, Tier master, Tier moments, Tier rest = Tier::kHost) {
     auto arch = small_gpt(2, n_embd, 256, 32);
     TierOptions to;
-    to.placement = {Tier::kHost, master, moments, Tier::kHost, 1.0};
+    to.placement = {rest, master, moments, rest, 1.0};
     to.nvme_paths = {"/nonexistent"};
     to.sub_group_elems = g;
     auto n = tier_needs(*arch, to, 1, DType::kBF16, DType::kF32, 0);
@@ -546,6 +574,10 @@ TEST(HostMemoryModel, StateInAndOutIsOneSubGroupPiece) {
     EXPECT_EQ(device.host.optimizer_staging, 0u);
     const TierNeeds host = need(w, Tier::kHost, Tier::kHost);
     EXPECT_EQ(host.host.state_io_staging, 0u);
+    // Everything on the device: each sub-group's parameters are derived through a piece of
+    // their own beside the master weights' (a GPU's init and checkpoint load).
+    const TierNeeds all = need(w, Tier::kDevice, Tier::kDevice, Tier::kDevice);
+    EXPECT_EQ(all.host.state_io_staging, g * 4 + g * 2);
     // Counted in the staging: the device-homed master weights' piece on top of what host-homed
     // state needs; inside the optimizer's room with NVMe state.
     EXPECT_EQ(device.host.staging, host.host.staging + g * 4);

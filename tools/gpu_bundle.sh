@@ -11,6 +11,10 @@
 #                                                  is not carried: "run" finds it there)
 #   tools/gpu_bundle.sh --self-test BUILD_DIR      pack into a temporary directory and run the
 #                                                  bundle dry (no GPU; ctest gpu_bundle_self_test)
+#   tools/gpu_bundle.sh exec COMMAND [ARGS...]     there: unpack and find the libraries as "run"
+#                                                  does, then run one command (a single
+#                                                  training row by hand) with the bundle's
+#                                                  binaries loadable
 #   tools/gpu_bundle.sh run [gpu_check options]    there: unpack the bundle, find the CUDA
 #                                                  libraries (cuBLASLt, NCCL, cuDNN from a
 #                                                  Python environment) on that machine,
@@ -84,7 +88,9 @@ pack() {
   echo "gpu_bundle: $BUNDLE/bundle.tar.xz ($(du -h "$BUNDLE/bundle.tar.xz" | cut -f1)): ${#BINS[@]} binaries, $(tar -tJf "$BUNDLE/bundle.tar.xz" | grep -c '^./lib/.') libraries"
 }
 
-run_there() {
+# Unpacks the bundle and makes its binaries loadable here: LD_LIBRARY_PATH and STRATA_CUDNN_LIB
+# exported (the arguments are gpu_check's: --torch-python names the interpreter asked first).
+setup_there() {
   [[ -f $BUNDLE/bundle.tar.xz ]] || { echo "gpu_bundle run: no $BUNDLE/bundle.tar.xz (pack it first)" >&2; exit 2; }
   tar -C "$BUNDLE" -xJf "$BUNDLE/bundle.tar.xz" || exit 1
   cat "$BUNDLE/COMMIT"
@@ -149,6 +155,11 @@ run_there() {
     fi
   done
   ((bad)) && echo "gpu_bundle: going on; the phases that need those binaries will fail"
+  return 0
+}
+
+run_there() {
+  setup_there "$@" || exit 1
   # Outside build-gpu-bundle, which a fresh copy of the bundle replaces: a later call on the
   # same machine adds its phases to the same report.
   local results=$BUNDLE-results/gpu-check
@@ -206,10 +217,19 @@ self_test() {
   return $rc
 }
 
+# One command with the bundle's binaries (build-gpu-bundle/tools/strata, ...) loadable: a single
+# run by hand beside the check's phases, e.g. a row the check's report showed failing.
+exec_there() {
+  (($#)) || { echo "gpu_bundle exec: no command given" >&2; exit 2; }
+  setup_there || exit 1
+  "$@"
+}
+
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run_there "$@" ;;
+  exec) shift; exec_there "$@" ;;
   --self-test) shift; self_test "$@" ;;
-  -h | --help | "") sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
-  *) echo "gpu_bundle: unknown command '$1' (pack or run; see --help)" >&2; exit 2 ;;
+  -h | --help | "") sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; [[ -n ${1:-} ]] ;;
+  *) echo "gpu_bundle: unknown command '$1' (pack, run or exec; see --help)" >&2; exit 2 ;;
 esac

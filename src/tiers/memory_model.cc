@@ -129,8 +129,13 @@ StagingMaxima add_state_needs(const std::vector<ModuleHomes>& homes, const TierO
       if (m.master.bytes > 0) n.host.optimizer_sub_groups += m.sub_groups();
     }
     if (m.master.tier != Tier::kHost && m.master.bytes > 0) {
+      // Its parameters are derived from each staged sub-group of master weights through a
+      // piece of their own, held beside it, which the publish staging does not count where the
+      // device's optimizer steps device-homed parameters in place.
+      const bool derived_beside = dev_opt_m && m.params.tier == Tier::kDevice;
       n.host.state_io_staging =
-          std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), mst_e));
+          std::max(n.host.state_io_staging,
+                   piece_bytes(m.sub_group_len(0), mst_e) + (derived_beside ? p_piece : 0));
     }
     if (m.moments.tier == Tier::kNvme && m.moments.bytes > 0) {
       n.host.state_io_staging =

@@ -173,7 +173,9 @@ struct TierNeeds {
     // Of staging: state moving in and out of its homes (init, checkpoint save and load,
     // resharding, the weights' checksum) a sub-group at a time through one host piece: master
     // weights not homed in host memory (NVMe, or device memory the host may not address: a
-    // GPU's; the CPU backend's needs none), moments on NVMe. These run while the optimizer
+    // GPU's; the CPU backend's needs none), moments on NVMe, and beside a sub-group of master
+    // weights the piece its parameters are derived through where no other staging counts one
+    // (parameters on the device, stepped there by its optimizer). These run while the optimizer
     // pipeline is idle and share its room: staging counts the larger of optimizer_staging and
     // this.
     size_t state_io_staging = 0;
