@@ -162,9 +162,10 @@ int probe_all(int argc, char** argv) {
           "usage: strata probe [--path DIR[,DIR...]] [--json FILE] [options]\n\n"
           "Runs every probe (host memory bandwidth: copy with all threads and with one, and the\n"
           "optimizer's read-modify-write; CPU optimizer params/s per thread count; device GEMM\n"
-          "rate; host<->device bandwidth (CUDA); NVMe read/write on --path; collectives under\n"
-          "mpirun) and writes one machine profile for `strata plan --profile FILE`. Warm-up\n"
-          "discarded; median and spread.\n\n"
+          "rate, and whole 2-layer training micro-batches' rates by width and tokens (small on\n"
+          "the CPU backend, training's sizes on a GPU); host<->device bandwidth (CUDA); NVMe\n"
+          "read/write on --path; collectives under mpirun) and writes one machine profile for\n"
+          "`strata plan --profile FILE`. Warm-up discarded; median and spread.\n\n"
           "options:\n"
           "  --path DIR[,DIR...]  swap directories to probe (default: NVMe is not measured)\n"
           "  --json FILE          write the profile here (default: stdout summary only)\n"
@@ -252,6 +253,14 @@ int probe_all(int argc, char** argv) {
               j["device"]["backend"].get<std::string>().c_str(),
               j["device"]["gemm_flops"].get<double>() / 1e12,
               spread("device", "gemm_flops_spread", 1e-12).c_str());
+  if (j["device"].contains("gemm_by_width") && !j["device"]["gemm_by_width"].empty()) {
+    std::printf("model steps    ");
+    for (const auto& e : j["device"]["gemm_by_width"]) {
+      std::printf("C %d %dx%d: %.3g  ", e["C"].get<int>(), e["B"].get<int>(), e["T"].get<int>(),
+                  e["gemm_flops"].get<double>() / 1e12);
+    }
+    std::printf("TFLOP/s (2-layer training micro-batches, the planner's FLOPs)\n");
+  }
   auto line = [&](const char* key) {
     return j[key].is_string() ? j[key].get<std::string>() : std::string();
   };

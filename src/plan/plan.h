@@ -87,8 +87,9 @@ struct Rate {
 struct MachineProfile {
   bool cpu_backend = true;  // the device is the CPU backend (device memory = host RAM)
   Rate gemm_flops{1.0e11};  // device GEMM rate, FLOP/s per device
-  // CPU backend: the rate of a whole training micro-batch by model width C and tokens per
-  // micro-batch (B x T), from the probe; empty = gemm_flops everywhere. The planner
+  // The rate of a whole training micro-batch by model width C and tokens per micro-batch
+  // (B x T), from the probe (model_probe_shapes: small on the CPU backend, training's sizes on
+  // a GPU); empty = gemm_flops everywhere. The planner
   // interpolates log-log in width, then in tokens, clamped at the ends (gemm_rate_at).
   struct GemmPoint {
     int width = 0;

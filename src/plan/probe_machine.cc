@@ -24,6 +24,12 @@
 #include "strata/optimizer.h"
 
 namespace strata {
+
+ModelProbeShapes model_probe_shapes(bool cpu_backend) {
+  if (cpu_backend) return {{128, 256, 512, 1024}, {{1, 128}, {4, 128}}};
+  return {{768, 1024, 2048, 4096}, {{2, 1024}, {8, 1024}}};
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -146,22 +152,27 @@ Status probe_link(Device& dev, const MachineProbeOptions& o, json* out) {
 
 // Achieved model FLOP/s of one training micro-batch (strata's GPT, forward + backward, every
 // kernel: GEMMs, attention, layernorm, GELU, cross-entropy) at width C, counted with the
-// planner's FLOP formula, so that compute time = FLOPs / this rate holds at this width.
-Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int warmup,
-                                  int repeats) {
+// planner's FLOP formula, so that compute time = FLOPs / this rate holds at this width: one rate
+// per (B, T) of `batches`, the weights made once for all of them.
+Result<std::vector<Measured>> probe_model_rates(Device& dev, int C, int L,
+                                                const std::vector<std::pair<int, int>>& batches,
+                                                int warmup, int repeats) {
   ModelConfig mc;
   mc.n_layer = L;
   mc.n_embd = C;
   mc.n_head = std::max(1, C / 64);
   mc.vocab_size = 256;
-  mc.context = T;
+  mc.context = 1;
+  for (const auto& [B, T] : batches) mc.context = std::max(mc.context, T);
   STRATA_ASSIGN_OR_RETURN(auto arch, create_architecture(mc), "model probe");
   const ModelLayout& lay = arch->layout();
   const DType dt = DType::kBF16;
-  STRATA_ASSIGN_OR_RETURN(auto model, arch->create_runner(dev, B, T, dt), "model probe");
   std::vector<const void*> params;
   std::vector<float*> grads;
   std::vector<void*> allocs;
+  auto release = [&] {
+    for (void* p : allocs) dev.release(p);
+  };
   Stream& s = dev.compute_stream();
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     const size_t n = lay.modules[i].numel;
@@ -169,42 +180,57 @@ Result<Measured> probe_model_rate(Device& dev, int C, int L, int B, int T, int w
     arch->init_module(int(i), 7, master.data());
     std::vector<uint16_t> lp(n);
     convert(master.data(), DType::kF32, lp.data(), dt, n);
-    STRATA_ASSIGN_OR_RETURN(void* p, dev.allocate(n * 2, "probe.params"), "model probe");
-    STRATA_ASSIGN_OR_RETURN(void* g, dev.allocate(n * 4, "probe.grads"), "model probe");
-    dev.copy_h2d(s, p, lp.data(), n * 2);
-    dev.memset_zero(s, g, n * 4);
-    STRATA_RETURN_IF_ERROR(dev.synchronize(s), "model probe");
-    params.push_back(p);
-    grads.push_back(static_cast<float*>(g));
-    allocs.push_back(p);
-    allocs.push_back(g);
-  }
-  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
-  uint32_t x = 99;
-  for (size_t i = 0; i < tok.size(); ++i) {
-    x = x * 1664525u + 1013904223u;
-    tok[i] = int32_t((x >> 8) % 256);
-    tgt[i] = int32_t((x >> 20) % 256);
-  }
-  std::vector<float> losses(tok.size());
-  const double flops = double(B) * T * arch->flops_per_token(T, ActivationMode::kKeep).train();
-  Status st;
-  // Every module stays bound: the program's compute steps run back to back, as on a device
-  // that holds the whole model.
-  const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), losses.data()};
-  Measured m = rate_of(warmup, repeats, flops, [&] {
-    model->begin_batch(tok.data(), tgt.data());
-    for (const ProgramOp& op : arch->program(Pass::kTrain).ops) {
-      if (op.kind == ProgramOp::kCompute) model->compute(op, bound, mb);
+    auto p = dev.allocate(n * 2, "probe.params");
+    if (p.is_ok()) allocs.push_back(*p);
+    auto g = dev.allocate(n * 4, "probe.grads");
+    if (g.is_ok()) allocs.push_back(*g);
+    if (!p.is_ok() || !g.is_ok()) {
+      release();
+      return (p.is_ok() ? g.status() : p.status()).with_context("model probe");
     }
-    Status r = dev.synchronize(s);
-    if (!r.is_ok()) st = r;
-  });
-  model.reset();
-  for (void* p : allocs) dev.release(p);
+    dev.copy_h2d(s, *p, lp.data(), n * 2);
+    dev.memset_zero(s, *g, n * 4);
+    if (Status st = dev.synchronize(s); !st.is_ok()) {
+      release();
+      return st.with_context("model probe");
+    }
+    params.push_back(*p);
+    grads.push_back(static_cast<float*>(*g));
+  }
+  std::vector<Measured> rates;
+  Status st;
+  for (const auto& [B, T] : batches) {
+    auto model = arch->create_runner(dev, B, T, dt);
+    if (!model.is_ok()) {
+      st = model.status();
+      break;
+    }
+    std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+    uint32_t x = 99;
+    for (size_t i = 0; i < tok.size(); ++i) {
+      x = x * 1664525u + 1013904223u;
+      tok[i] = int32_t((x >> 8) % 256);
+      tgt[i] = int32_t((x >> 20) % 256);
+    }
+    std::vector<float> losses(tok.size());
+    const double flops = double(B) * T * arch->flops_per_token(T, ActivationMode::kKeep).train();
+    // Every module stays bound: the program's compute steps run back to back, as on a device
+    // that holds the whole model.
+    const ModuleBindings bound{params, grads};
+    const MicroBatch mb{1.0f / float(B * T), losses.data()};
+    rates.push_back(rate_of(warmup, repeats, flops, [&] {
+      (*model)->begin_batch(tok.data(), tgt.data());
+      for (const ProgramOp& op : arch->program(Pass::kTrain).ops) {
+        if (op.kind == ProgramOp::kCompute) (*model)->compute(op, bound, mb);
+      }
+      Status r = dev.synchronize(s);
+      if (!r.is_ok() && st.is_ok()) st = r;
+    }));
+    if (!st.is_ok()) break;
+  }
+  release();
   STRATA_RETURN_IF_ERROR(st, "model probe");
-  return m;
+  return rates;
 }
 
 // The optimizer's bytes a parameter: fp32 gradient, master weight and two moments, bf16 copy.
@@ -307,36 +333,40 @@ Result<std::unique_ptr<Device>> open_probe_device(const MachineProbeOptions& o, 
   return dev;
 }
 
-// Step 3: the device GEMM rate, and on the CPU backend whole micro-batches' rates by width.
+// Step 3: the device GEMM rate, and whole micro-batches' rates by width and tokens.
 Result<json> probe_device(Device& dev, const MachineProbeOptions& o) {
   json d;
   STRATA_RETURN_IF_ERROR(probe_gemm(dev, o, &d), "probe: device GEMM rate");
-  // The rate at smaller widths too: small GEMMs run far below the headline rate on CPUs, and
-  // the planner interpolates this table at the model's width.
+  // A step is more than its largest GEMM: the non-GEMM kernels and per-op costs (a large share
+  // of a step on the CPU backend, where small GEMMs also run far from the headline rate), and
+  // on a GPU GEMMs of training's sizes run well above a single small one's rate. So whole
+  // training micro-batches (2 layers) are timed at several widths and micro-batch sizes (on the
+  // CPU backend, per-kernel costs make small micro-batches slower per FLOP: bench-25m's 512
+  // tokens a step took 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128); the
+  // planner interpolates at its width and tokens per micro-batch.
+  const bool cpu = dev.kind() == DeviceKind::kCpu;
+  const ModelProbeShapes shapes =
+      o.model_shapes.widths.empty() ? model_probe_shapes(cpu) : o.model_shapes;
   json by = json::array();
-  if (dev.kind() == DeviceKind::kCpu) {
-    // On the CPU backend the non-GEMM kernels and per-op costs are a large share of a step,
-    // and small GEMMs run far from the headline rate: measure whole training micro-batches
-    // (2 layers) at several widths and two micro-batch sizes, 1 x 128 and 4 x 128 tokens:
-    // per-kernel costs make small micro-batches slower per FLOP (measured: bench-25m's 512
-    // tokens a step take 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128). The
-    // planner interpolates at its width and tokens per micro-batch.
-    for (int b : {1, 4}) {
-      for (int c : {128, 256, 512, 1024}) {
-        STRATA_ASSIGN_OR_RETURN(Measured r,
-                                probe_model_rate(dev, c, 2, b, 128, o.warmup, o.repeats),
-                                fmt::format("model step at width {}, {} x 128 tokens", c, b));
-        by.push_back({{"C", c},
-                      {"layers", 2},
-                      {"B", b},
-                      {"T", 128},
-                      {"gemm_flops", r.median},
-                      {"gemm_flops_min", r.min},
-                      {"gemm_flops_max", r.max}});
-      }
+  for (int c : shapes.widths) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<Measured> r,
+                            probe_model_rates(dev, c, 2, shapes.batches, o.warmup, o.repeats),
+                            fmt::format("model steps at width {}", c));
+    for (size_t i = 0; i < r.size(); ++i) {
+      by.push_back({{"C", c},
+                    {"layers", 2},
+                    {"B", shapes.batches[i].first},
+                    {"T", shapes.batches[i].second},
+                    {"gemm_flops", r[i].median},
+                    {"gemm_flops_min", r[i].min},
+                    {"gemm_flops_max", r[i].max}});
     }
   }
-  if (dev.kind() == DeviceKind::kCpu) d["gemm_isa"] = cpu_gemm_path();
+  // Sorted as the profile keeps them: by tokens, then width.
+  std::stable_sort(by.begin(), by.end(), [](const json& a, const json& b) {
+    return a["B"].get<int>() * a["T"].get<int>() < b["B"].get<int>() * b["T"].get<int>();
+  });
+  if (cpu) d["gemm_isa"] = cpu_gemm_path();
   d["gemm_by_width"] = by;
   return d;
 }

@@ -34,11 +34,23 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/status.h"
 
 namespace strata {
+
+// The whole training micro-batches the probe times on the device: a 2-layer GPT at each width,
+// each B x T, from which the planner interpolates a model's compute rate (gemm_rate_at). The
+// CPU backend's are small (its per-op costs make small micro-batches slower per FLOP); a GPU's
+// are training's sizes (a single 1024-token GEMM ran at 283 TFLOP/s on an H200 whose GPT-2 and
+// Llama steps ran their GEMMs at 400-730).
+struct ModelProbeShapes {
+  std::vector<int> widths;
+  std::vector<std::pair<int, int>> batches;  // (B, T)
+};
+ModelProbeShapes model_probe_shapes(bool cpu_backend);
 
 struct MachineProbeOptions {
   uint64_t host_bytes = 0;  // buffer for the memory-bandwidth cases; 0: probe_span_bytes()
@@ -49,7 +61,8 @@ struct MachineProbeOptions {
   uint64_t nvme_file_bytes = uint64_t{256} << 20;
   int warmup = 1;
   int repeats = 5;
-  bool include_cuda = true;  // try a CUDA device for GEMM and link (falls back to CPU)
+  bool include_cuda = true;       // try a CUDA device for GEMM and link (falls back to CPU)
+  ModelProbeShapes model_shapes;  // no widths: model_probe_shapes of the device probed
 };
 
 // The host memory the bandwidth and optimizer probes span by default: 4x the last-level cache
