@@ -426,6 +426,10 @@ TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
        {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
         "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",
         "model.tied_embeddings=false"}},
+      {"parameters in host RAM, optimizer ratio 0.4, a Llama recomputed",
+       {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
+        "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",
+        "model.tied_embeddings=false", "zero_optimization.offload_optimizer.ratio=0.4"}},
   };
   // Backwards one micro-batch at a time and grouped (strata.grouped_backwards): grouped, each
   // further micro-batch's gradients are added to the first's on the device and drained once
