@@ -430,6 +430,21 @@ TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
        {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
         "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",
         "model.tied_embeddings=false", "zero_optimization.offload_optimizer.ratio=0.4"}},
+      // A reuse distance shorter than most of a step, one micro-batch: copies released after
+      // use and fetched again, but for the modules under the persistence threshold (all of
+      // them by default; none with it 0), and for the device-stepped ones after their last use
+      // of the step (stepped in place and copied down, not dropped and fetched again).
+      {"parameters in host RAM, optimizer ratio 0.4, a short reuse distance",
+       {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
+        "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",
+        "model.tied_embeddings=false", "zero_optimization.offload_optimizer.ratio=0.4",
+        "train_batch_size=4", "zero_optimization.stage3_max_reuse_distance=20000"}},
+      {"parameters in host RAM, optimizer ratio 0.4, a short reuse distance, nothing persistent",
+       {"strata.activations=\"recompute\"", "model.type=\"llama\"", "model.n_layer=3",
+        "model.n_head=4", "model.num_key_value_heads=2", "model.intermediate_size=176",
+        "model.tied_embeddings=false", "zero_optimization.offload_optimizer.ratio=0.4",
+        "train_batch_size=4", "zero_optimization.stage3_max_reuse_distance=20000",
+        "zero_optimization.stage3_param_persistence_threshold=0"}},
   };
   // Backwards one micro-batch at a time and grouped (strata.grouped_backwards): grouped, each
   // further micro-batch's gradients are added to the first's on the device and drained once

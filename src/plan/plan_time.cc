@@ -19,10 +19,11 @@ namespace {
 // backwards are grouped). A release before the next step's first use costs nothing more (the
 // optimizer then writes the home, and that use fetches it instead of the copy being written
 // through): over the link the same bytes, but from NVMe-homed parameters a read more, which
-// `*released_at_end` receives.
+// `*released_at_end` receives. A `persistent` module (under stage3_param_persistence_threshold)
+// is never released.
 double reuse_refetch_bytes(const Program& program, const std::vector<size_t>& copies,
-                           uint64_t max_reuse, int A, int K, bool grouped_backward,
-                           double* released_at_end) {
+                           const std::vector<bool>& persistent, uint64_t max_reuse, int A, int K,
+                           bool grouped_backward, double* released_at_end) {
   *released_at_end = 0;
   if (max_reuse == UINT64_MAX) return 0;
   std::vector<Access> acc;
@@ -45,7 +46,7 @@ double reuse_refetch_bytes(const Program& program, const std::vector<size_t>& co
   const Trace t(std::move(acc));
   double bytes = 0;
   for (size_t i = 0; i < t.size(); ++i) {
-    if (t.reuse_distance(i) <= max_reuse) continue;
+    if (persistent[size_t(t.accesses()[i].object)] || t.reuse_distance(i) <= max_reuse) continue;
     (t.next_use(i) < t.size() ? bytes : *released_at_end) += double(t.accesses()[i].bytes);
   }
   return bytes;
@@ -102,8 +103,12 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     // beside it, lora-hostmem-350m's minimum was 367.59 MiB a step against 190.62 measured (its
     // head alone is 93 MiB in use), bench-25m's 478.58 against 460.04.
     std::vector<size_t> copies(mem.homes.size()), no_grads(mem.homes.size(), 0);
+    // Modules under stage3_param_persistence_threshold stay cached once fetched, whatever
+    // their reuse distance (DeviceCache: persistent, unsharded).
+    std::vector<bool> persistent(mem.homes.size());
     for (size_t i = 0; i < mem.homes.size(); ++i) {
       copies[i] = round_up(mem.homes[i].padded_numel * es, 256);
+      persistent[i] = W == 1 && mem.homes[i].numel < mem.options.persistence_threshold;
     }
     const uint64_t in_use =
         std::min<uint64_t>(mem.needs.device.working_set,
@@ -115,7 +120,7 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     const double cached = W > 1 ? 0.0 : std::min(1.0, free_dev / pbytes);
     x.fetch = pbytes * (x.forward_groups + x.backwards) * (1.0 - cached);
     // What the cache keeps, it releases where a copy's next use is too far away.
-    x.fetch += cached * reuse_refetch_bytes(mem.arch->program(Pass::kTrain), copies,
+    x.fetch += cached * reuse_refetch_bytes(mem.arch->program(Pass::kTrain), copies, persistent,
                                             mem.options.max_reuse_distance, int(A), std::max(1, K),
                                             x.grouped_backward, &x.released_at_end);
     x.released_at_end *= cached;

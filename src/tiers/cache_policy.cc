@@ -44,6 +44,10 @@ bool DeviceCachePolicy::drop_after_use(uint64_t pos) const {
          trace_->reuse_distance(pos) > opt_.max_reuse_distance;
 }
 
+bool DeviceCachePolicy::last_in_step(uint64_t pos) const {
+  return trace_ && pos < trace_->size() && trace_->next_use(pos) >= trace_->size();
+}
+
 uint64_t prefetch_horizon(const Trace& t, uint64_t pos, uint64_t j) {
   const size_t n = t.size();
   uint64_t h = j;

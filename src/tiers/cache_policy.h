@@ -70,6 +70,9 @@ class DeviceCachePolicy {
 
   // Whether the object accessed at position `pos` (within a step) is dropped after its use.
   bool drop_after_use(uint64_t pos) const;
+  // Whether the access at position `pos` is its object's last of the step (its next is the next
+  // step's); false without a trace.
+  bool last_in_step(uint64_t pos) const;
 
  private:
   CachePolicyOptions opt_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "src/tiers/device_optimizer.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -126,7 +127,12 @@ void DeviceCache::release(int m) {
   // Sharded: a gathered group is released as soon as nobody holds it (see TierOptions).
   if (c.pins == 0 && sharded_) {
     if (!keep_gathered(m)) drop(m);
-  } else if (c.pins == 0 && !c.persistent && policy_.drop_after_use(c.acq_pos)) {
+  } else if (c.pins == 0 && !c.persistent && policy_.drop_after_use(c.acq_pos) &&
+             !(steps_on_device(homes_.module(m)) && policy_.last_in_step(c.acq_pos))) {
+    // A copy the device's optimizer steps is kept after its last use of the step: it is
+    // stepped in place and copied down to its home, where a dropped one would be stepped in a
+    // buffer of the same size, copied down and fetched again by the next step's first use (the
+    // link crossed twice). Room needed before then evicts it as any copy.
     drop(m);
   }
 }
