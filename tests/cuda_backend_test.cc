@@ -20,14 +20,13 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_optimizer.h"
-#include "src/plan/plan.h"
-#include "src/plan/probe_machine.h"
 #include "strata/cpu_optim.h"
 #include "strata/device.h"
 #include "strata/dtype.h"
 #include "strata/kernels.h"
 #include "strata/optimizer.h"
 #include "tests/cuda_twin.h"
+#include "tests/plan_util.h"
 #include "tests/timed_events.h"
 
 namespace strata {
@@ -278,13 +277,7 @@ TEST_F(CudaDeviceTest, PackedAccessEnvironmentSwitch) {
 // ran), by default at training's sizes; the planner reads them back and takes its compute rate
 // from them.
 TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
-  MachineProbeOptions po;
-  po.host_bytes = 4 << 20;
-  po.optimizer_params = 1 << 16;
-  po.gemm_n = 64;
-  po.gemm_c = 64;
-  po.warmup = 0;
-  po.repeats = 1;
+  MachineProbeOptions po = test::tiny_probe_options();
   po.model_shapes = {{64, 128}, {{1, 32}, {2, 32}}};
   auto text = run_machine_probe(po);
   ASSERT_TRUE(text.is_ok()) << text.status().to_string();

@@ -411,13 +411,7 @@ TEST(Plan, ProbeSpansMoreThanTheCaches) {
 
 TEST(Plan, ProfileFromTheProbeIsReadBack) {
   set_log_level(LogLevel::kError);
-  MachineProbeOptions po;
-  po.host_bytes = 4 << 20;
-  po.optimizer_params = 1 << 16;
-  po.gemm_n = 64;
-  po.gemm_c = 64;
-  po.warmup = 0;
-  po.repeats = 1;
+  MachineProbeOptions po = test::tiny_probe_options();
   po.include_cuda = false;
   int calls = 0;
   auto text = run_machine_probe(po, [&](int, int, const std::string&) { ++calls; });

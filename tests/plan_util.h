@@ -7,6 +7,7 @@
 #include <string>
 
 #include "src/plan/plan.h"
+#include "src/plan/probe_machine.h"
 
 namespace strata::test {
 
@@ -17,6 +18,19 @@ inline PlacementOption find_placement(const std::string& name) {
   }
   ADD_FAILURE() << "no placement " << name;
   return {};
+}
+
+// The machine probe at its smallest (4 MiB of host memory, 64K parameters stepped, a 64 x 64
+// GEMM, one timed pass, none discarded): the profile's fields and paths, not its rates.
+inline MachineProbeOptions tiny_probe_options() {
+  MachineProbeOptions po;
+  po.host_bytes = 4 << 20;
+  po.optimizer_params = 1 << 16;
+  po.gemm_n = 64;
+  po.gemm_c = 64;
+  po.warmup = 0;
+  po.repeats = 1;
+  return po;
 }
 
 // A one-layer GPT (width 64, one head, vocabulary 64, context 64), one sequence of 64 tokens per

@@ -127,6 +127,7 @@ def machine_profile(ctx, d):
 NORM_UNDER = "-norm-under"
 UNDER = ["gradient_clipping=1e6", 'strata.optimizer.speculate="always"']
 UNDER_MEASURED = 4
+PLAIN = "-plain"
 
 
 def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=()):
@@ -321,6 +322,17 @@ class Table:
                         skip=skip)
         self.planned_row(pdev, "cpu", profile, where + under, host_row + NORM_UNDER, params,
                          NORM_UNDER, extra, skip)
+        # The plain schedule (overlap off: the optimizer after backward, nothing speculated):
+        # the overlapped rows at ratio 1 should never be slower.
+        self.strata_row(host_row + PLAIN, pdev, "cpu", 1,
+                        self.rows.get(host_row, {}).get("what", where) + ", overlap off (the "
+                        "plain schedule)", extra=["strata.optimizer.overlap=false"])
+        base = self.rows.get(host_row + PLAIN, {}).get("step_s")
+        steps = [(n, self.rows.get(n, {}).get("step_s")) for n in (host_row, host_row + NORM_UNDER)]
+        if base and all(v for _, v in steps):
+            self.notes.append("Against the plain schedule (%s ms a step, overlap off): %s."
+                              % (ms(base), ", ".join("%s %s ms (%.2fx)" % (n, ms(v), v / base)
+                                                     for n, v in steps)))
 
     def torch_run(self, script, args, why_not):
         if why_not:

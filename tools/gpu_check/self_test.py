@@ -78,6 +78,9 @@ def check_tables(check, md):
     check("the norm-under rows run past the undo room's warm-up, measured over their last steps",
           len(re.findall(r"The `\*-norm-under` rows run [0-9]+ steps, their medians over the "
                          r"last 4", md)) == 2)
+    check("each training table has the plain schedule's row and the offloaded rows against it",
+          len(re.findall(r"^Against the plain schedule \([0-9]+ ms a step, overlap off\): "
+                         r"[a-z0-9-]+ [0-9]+ ms \([0-9.]+x\)", md, re.M)) == 2)
     check("the offload rows have the plain schedule's losses",
           len(re.findall(r"\| same bits \| ok", md)) == 3)
     check("the offload rows show NVMe bytes against the minimum",
