@@ -437,6 +437,29 @@ TEST(Plan, ProfileFromTheProbeIsReadBack) {
   EXPECT_DOUBLE_EQ(f->gemm_flops.value, j["device"]["gemm_flops_spread"]["max"].get<double>());
 }
 
+// A GPU's compute rate from one GEMM (the defaults, or a profile of an earlier probe) is said
+// to be one: on an H200 it put GPT-2's step at 50 ms for 35. With the probe's model-step rates
+// the plan uses theirs and says nothing; the CPU backend's defaults are not a GPU's.
+TEST(Plan, AGpuRateFromOneGemmIsSaidToBeOne) {
+  const std::string note = "note: the compute rate is one GEMM's";
+  PlanRequest r = test::small_request();
+  r.profile = default_profile(/*cpu_backend=*/false);
+  auto one = make_plan(r);
+  ASSERT_TRUE(one.is_ok()) << one.status().to_string();
+  EXPECT_NE(plan_table(*one).find(note), std::string::npos) << plan_table(*one);
+  r.profile.gemm_by_width = {{64, 64, 4e14}};
+  auto steps = make_plan(r);
+  ASSERT_TRUE(steps.is_ok()) << steps.status().to_string();
+  const std::string t = plan_table(*steps);
+  EXPECT_EQ(t.find(note), std::string::npos) << t;
+  EXPECT_NE(t.find("(model step at width 64, 64 tokens per micro-batch: 400)"), std::string::npos)
+      << t;
+  r.profile = default_profile(/*cpu_backend=*/true);
+  auto cpu = make_plan(r);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  EXPECT_EQ(plan_table(*cpu).find(note), std::string::npos);
+}
+
 // The fields a machine profile must have, with the CPU optimizer at `optimizer_pps`.
 nlohmann::json minimal_profile(double optimizer_pps) {
   return {{"magic", "strata-machine-profile"},

@@ -270,6 +270,12 @@ std::string plan_head(const PlanReport& rep) {
       r.hw.gpus > 1 ? fmt::format(", collectives {:.3g} GB/s [{}]", p.collective_gbps.value,
                                   p.collective_gbps.source)
                     : "");
+  if (!p.cpu_backend && !p.simulated && p.gemm_by_width.empty()) {
+    s += "  note: the compute rate is one GEMM's (no device.gemm_by_width: the defaults, or a "
+         "profile of an earlier strata probe); a GPU runs training's GEMMs well above it (an "
+         "H200 400-730 TFLOP/s where one 1024-token GEMM ran at 283), so the compute term is too "
+         "long: `strata probe --json FILE` times whole training micro-batches\n";
+  }
   {
     // Activations per micro-batch under each strata.activations mode (rank 0's; every rank
     // holds the same).
