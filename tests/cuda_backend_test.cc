@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -290,6 +291,15 @@ TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   EXPECT_EQ(p->gemm_by_width[3].tokens, 64);
   for (const auto& g : p->gemm_by_width) EXPECT_GT(g.flops, 0);
   EXPECT_DOUBLE_EQ(gemm_rate_at(*p, 128, 64), p->gemm_by_width[3].flops);
+  // A width the device cannot hold ends the table there, saying so; the narrower ones stay.
+  po.model_shapes = {{64, 1 << 13}, {{1, 32}}};
+  auto small = run_machine_probe(po);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  auto js = nlohmann::json::parse(*small);
+  EXPECT_EQ(js["device"]["gemm_by_width"].size(), 1u);
+  EXPECT_NE(js["device"].value("gemm_by_width_note", "").find("widths from 8192 not measured"),
+            std::string::npos)
+      << js["device"].dump();
   // By default a GPU's micro-batches are training's: 2048 tokens or more, GPT-2's width to 4096.
   const ModelProbeShapes gpu = model_probe_shapes(/*cpu_backend=*/false);
   for (const auto& [b, t] : gpu.batches) EXPECT_GE(b * t, 2048);

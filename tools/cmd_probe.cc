@@ -260,6 +260,10 @@ int probe_all(int argc, char** argv) {
                   e["gemm_flops"].get<double>() / 1e12);
     }
     std::printf("TFLOP/s (2-layer training micro-batches, the planner's FLOPs)\n");
+    if (j["device"].contains("gemm_by_width_note")) {
+      std::printf("               %s\n",
+                  j["device"]["gemm_by_width_note"].get<std::string>().c_str());
+    }
   }
   auto line = [&](const char* key) {
     return j[key].is_string() ? j[key].get<std::string>() : std::string();
