@@ -275,8 +275,9 @@ TEST_F(CudaDeviceTest, PackedAccessEnvironmentSwitch) {
 
 // The machine probe on a GPU times whole training micro-batches, as on the CPU backend (one
 // 1024-token GEMM's rate, 283 TFLOP/s on an H200, put its GPT-2 step at 50 ms for the 35 it
-// ran), by default at training's sizes; the planner reads them back and takes its compute rate
-// from them.
+// ran), by default at training's sizes, and the device's optimizer (the planner's default 2000
+// GB/s put the Llama's at 17 ms for 8); the planner reads them back and takes its compute and
+// device-optimizer rates from them.
 TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   MachineProbeOptions po = test::tiny_probe_options();
   po.model_shapes = {{64, 128}, {{1, 32}, {2, 32}}};
@@ -291,6 +292,12 @@ TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   EXPECT_EQ(p->gemm_by_width[3].tokens, 64);
   for (const auto& g : p->gemm_by_width) EXPECT_GT(g.flops, 0);
   EXPECT_DOUBLE_EQ(gemm_rate_at(*p, 128, 64), p->gemm_by_width[3].flops);
+  // and its memory bandwidth as its optimizer moves it, the device-optimizer term's rate.
+  const auto j = nlohmann::json::parse(*text);
+  ASSERT_TRUE(j["device"].contains("mem_gbps")) << j["device"].dump();
+  EXPECT_GT(j["device"]["mem_gbps"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(p->device_mem_gbps.value, j["device"]["mem_gbps"].get<double>());
+  EXPECT_NE(p->device_mem_gbps.source.find("p.json"), std::string::npos);
   // A width the device cannot hold ends the table there, saying so; the narrower ones stay.
   po.model_shapes = {{64, 1 << 13}, {{1, 32}}};
   auto small = run_machine_probe(po);

@@ -20,14 +20,16 @@ inline PlacementOption find_placement(const std::string& name) {
   return {};
 }
 
-// The machine probe at its smallest (4 MiB of host memory, 64K parameters stepped, a 64 x 64
-// GEMM, one timed pass, none discarded): the profile's fields and paths, not its rates.
+// The machine probe at its smallest (4 MiB of host memory, 64K parameters stepped on the host
+// and on a GPU, a 64 x 64 GEMM, one timed pass, none discarded): the profile's fields and paths,
+// not its rates.
 inline MachineProbeOptions tiny_probe_options() {
   MachineProbeOptions po;
   po.host_bytes = 4 << 20;
   po.optimizer_params = 1 << 16;
   po.gemm_n = 64;
   po.gemm_c = 64;
+  po.device_optimizer_params = 1 << 16;
   po.warmup = 0;
   po.repeats = 1;
   return po;

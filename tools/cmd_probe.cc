@@ -253,6 +253,11 @@ int probe_all(int argc, char** argv) {
               j["device"]["backend"].get<std::string>().c_str(),
               j["device"]["gemm_flops"].get<double>() / 1e12,
               spread("device", "gemm_flops_spread", 1e-12).c_str());
+  if (j["device"].contains("mem_gbps")) {
+    std::printf("device memory  %.4g GB/s%s (%s)\n", j["device"]["mem_gbps"].get<double>(),
+                spread("device", "mem_gbps_spread", 1).c_str(),
+                j["device"].value("mem_probe", std::string()).c_str());
+  }
   if (j["device"].contains("gemm_by_width") && !j["device"]["gemm_by_width"].empty()) {
     std::printf("model steps    ");
     for (const auto& e : j["device"]["gemm_by_width"]) {

@@ -114,6 +114,49 @@ Status probe_gemm(Device& dev, const MachineProbeOptions& o, json* out) {
   return Status::ok();
 }
 
+// A GPU's memory bandwidth as its optimizer moves it: Kernels::optimizer_step (AdamW) over
+// `n` parameters' device-resident fp32 gradient, master weights and moments and a bf16 copy,
+// counted as the planner counts the device's optimizer (4 + 8 + 16 + 2 bytes a parameter): the
+// rate its device-optimizer term divides by (device.mem_gbps; the default is 2000).
+Status probe_device_memory(Device& dev, const MachineProbeOptions& o, json* out) {
+  const size_t n = o.device_optimizer_params ? o.device_optimizer_params : size_t{64} << 20;
+  std::vector<void*> bufs;
+  auto release = [&] {
+    for (void* b : bufs) dev.release(b);
+  };
+  Stream& s = dev.compute_stream();
+  for (size_t bytes : {n * 4, n * 4, n * 4, n * 4, n * 2}) {  // grad, master, m, v, lp
+    auto b = dev.allocate(bytes, "probe.optimizer");
+    if (!b.is_ok()) {
+      release();
+      return b.status().with_context("device memory probe");
+    }
+    bufs.push_back(*b);
+    dev.memset_zero(s, *b, bytes);
+  }
+  ShardState sh;
+  sh.n = n;
+  sh.grad = bufs[0];
+  sh.master = static_cast<float*>(bufs[1]);
+  sh.m = bufs[2];
+  sh.v = bufs[3];
+  sh.lp_out = bufs[4];
+  OptimizerHyper hyper;
+  Status st;
+  const double per_param = 4.0 + 8.0 + 16.0 + 2.0;
+  Measured m = rate_of(o.warmup, o.repeats, double(n) * per_param, [&] {
+    dev.kernels().optimizer_step(s, hyper, sh);
+    Status r = dev.synchronize(s);
+    if (!r.is_ok() && st.is_ok()) st = r;
+  });
+  release();
+  STRATA_RETURN_IF_ERROR(st, "device memory probe");
+  (*out)["mem_gbps"] = m.median * 1e-9;
+  (*out)["mem_gbps_spread"] = to_json(m, 1e-9);
+  (*out)["mem_probe"] = fmt::format("the device's AdamW step over {} parameters' fp32 state", n);
+  return Status::ok();
+}
+
 Status probe_link(Device& dev, const MachineProbeOptions& o, json* out) {
   const size_t bytes =
       std::min<uint64_t>(o.host_bytes ? o.host_bytes : probe_span_bytes(), uint64_t{256} << 20);
@@ -349,6 +392,14 @@ Result<json> probe_device(Device& dev, const MachineProbeOptions& o) {
   // tokens a step took 529 ms as 1 micro-batch of 4 x 128 and 693 ms as 2 of 2 x 128); the
   // planner interpolates at its width and tokens per micro-batch.
   const bool cpu = dev.kind() == DeviceKind::kCpu;
+  if (!cpu) {
+    Status mem = probe_device_memory(dev, o, &d);
+    if (mem.code() == StatusCode::kOutOfMemory) {
+      d["mem_note"] = "not measured: " + mem.message();  // the planner keeps its default
+    } else {
+      STRATA_RETURN_IF_ERROR(mem, "probe: device memory");
+    }
+  }
   const ModelProbeShapes shapes =
       o.model_shapes.widths.empty() ? model_probe_shapes(cpu) : o.model_shapes;
   json by = json::array();

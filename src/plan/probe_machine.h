@@ -56,8 +56,9 @@ struct MachineProbeOptions {
   uint64_t host_bytes = 0;  // buffer for the memory-bandwidth cases; 0: probe_span_bytes()
   uint64_t optimizer_params =
       0;  // params per optimizer step; 0: as many as fill probe_span_bytes()
-  int gemm_n = 1024, gemm_c = 768;      // GEMM shape: [N,C] x [4C,C]^T
-  std::vector<std::string> nvme_paths;  // empty: NVMe is "n/a: no --path"
+  int gemm_n = 1024, gemm_c = 768;       // GEMM shape: [N,C] x [4C,C]^T
+  uint64_t device_optimizer_params = 0;  // a GPU's memory probe (its optimizer); 0: 64 M
+  std::vector<std::string> nvme_paths;   // empty: NVMe is "n/a: no --path"
   uint64_t nvme_file_bytes = uint64_t{256} << 20;
   int warmup = 1;
   int repeats = 5;
