@@ -234,9 +234,14 @@ Result<std::vector<Measured>> probe_model_rates(Device& dev, int C, int L,
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     const size_t n = lay.modules[i].numel;
     std::vector<float> master(n);
-    arch->init_module(int(i), 7, master.data());
     std::vector<uint16_t> lp(n);
-    convert(master.data(), DType::kF32, lp.data(), dt, n);
+    // Across the cores, a range at a time (a GPU's widest probe makes 400 M weights).
+    constexpr size_t kGrain = size_t{1} << 20;
+    tbb::parallel_for(size_t{0}, (n + kGrain - 1) / kGrain, [&](size_t c) {
+      const size_t a = c * kGrain, len = std::min(kGrain, n - a);
+      arch->init_range(int(i), 7, a, len, master.data() + a);
+      convert(master.data() + a, DType::kF32, lp.data() + a, dt, len);
+    });
     dev.copy_h2d(s, const_cast<void*>(params[i]), lp.data(), n * 2);
     dev.memset_zero(s, grads[i], n * 4);
     if (Status st = dev.synchronize(s); !st.is_ok()) {
