@@ -148,6 +148,13 @@ MachineProfile simulated_profile(MachineProfile host, const SimulatedDeviceOptio
 // micro-batch: gemm_by_width interpolated, or gemm_flops when the profile has no table.
 double gemm_rate_at(const MachineProfile& p, int width, int tokens);
 
+// The bytes the device's optimizer moves a parameter: the fp32 gradient read, the fp32 master
+// weight and both moments read and written, the new parameter written. The planner's
+// device-optimizer term divides them by device.mem_gbps, which the probe measures the same way.
+inline double device_optimizer_bytes_per_param(DType moments, DType params) {
+  return 4.0 + 8.0 + 4.0 * double(dtype_size(moments)) + double(dtype_size(params));
+}
+
 // Defaults for a GPU machine (H100-class numbers, stated in docs/PLANNER.md) or the CPU
 // backend on this kind of host.
 MachineProfile default_profile(bool cpu_backend);

@@ -209,8 +209,9 @@ void time_terms(const PlanRequest& r, const PlanMemory& mem, const PlanPeaks& pe
   if (pf.cpu_backend) {
     t.device_optim_s = double(W) * double(s.opt_device) / pf.optimizer_pps.value;
   } else {
-    const double per_param = 4.0 + 8.0 + 4.0 * double(dtype_size(r.moment_dtype())) + double(es);
-    t.device_optim_s = double(s.opt_device) * per_param / (pf.device_mem_gbps.value * 1e9);
+    t.device_optim_s = double(s.opt_device) *
+                       device_optimizer_bytes_per_param(r.moment_dtype(), r.dtype()) /
+                       (pf.device_mem_gbps.value * 1e9);
   }
   // The optimizer thread also copies the master + moments that keep their undo state as a copy
   // (of what has room for undo state: peaks.host.undo of undo_wanted).

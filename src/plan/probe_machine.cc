@@ -114,42 +114,55 @@ Status probe_gemm(Device& dev, const MachineProbeOptions& o, json* out) {
   return Status::ok();
 }
 
+// Device buffers taken for one probe, all given back when it returns.
+class ProbeBuffers {
+ public:
+  explicit ProbeBuffers(Device& dev) : dev_(dev) {}
+  ~ProbeBuffers() {
+    for (void* b : bufs_) dev_.release(b);
+  }
+  ProbeBuffers(const ProbeBuffers&) = delete;
+  ProbeBuffers& operator=(const ProbeBuffers&) = delete;
+  Result<void*> take(size_t bytes, const char* what) {
+    STRATA_ASSIGN_OR_RETURN(void* b, dev_.allocate(bytes, what), "");
+    bufs_.push_back(b);
+    return b;
+  }
+
+ private:
+  Device& dev_;
+  std::vector<void*> bufs_;
+};
+
 // A GPU's memory bandwidth as its optimizer moves it: Kernels::optimizer_step (AdamW) over
 // `n` parameters' device-resident fp32 gradient, master weights and moments and a bf16 copy,
-// counted as the planner counts the device's optimizer (4 + 8 + 16 + 2 bytes a parameter): the
+// counted as the planner counts the device's optimizer (device_optimizer_bytes_per_param): the
 // rate its device-optimizer term divides by (device.mem_gbps; the default is 2000).
 Status probe_device_memory(Device& dev, const MachineProbeOptions& o, json* out) {
   const size_t n = o.device_optimizer_params ? o.device_optimizer_params : size_t{64} << 20;
-  std::vector<void*> bufs;
-  auto release = [&] {
-    for (void* b : bufs) dev.release(b);
-  };
+  ProbeBuffers bufs(dev);
   Stream& s = dev.compute_stream();
-  for (size_t bytes : {n * 4, n * 4, n * 4, n * 4, n * 2}) {  // grad, master, m, v, lp
-    auto b = dev.allocate(bytes, "probe.optimizer");
-    if (!b.is_ok()) {
-      release();
-      return b.status().with_context("device memory probe");
-    }
-    bufs.push_back(*b);
-    dev.memset_zero(s, *b, bytes);
+  void* b[5];
+  const size_t bytes[5] = {n * 4, n * 4, n * 4, n * 4, n * 2};  // grad, master, m, v, params
+  for (int i = 0; i < 5; ++i) {
+    STRATA_ASSIGN_OR_RETURN(b[i], bufs.take(bytes[i], "probe.optimizer"), "device memory probe");
+    dev.memset_zero(s, b[i], bytes[i]);
   }
   ShardState sh;
   sh.n = n;
-  sh.grad = bufs[0];
-  sh.master = static_cast<float*>(bufs[1]);
-  sh.m = bufs[2];
-  sh.v = bufs[3];
-  sh.lp_out = bufs[4];
+  sh.grad = b[0];
+  sh.master = static_cast<float*>(b[1]);
+  sh.m = b[2];
+  sh.v = b[3];
+  sh.lp_out = b[4];
   OptimizerHyper hyper;
   Status st;
-  const double per_param = 4.0 + 8.0 + 16.0 + 2.0;
+  const double per_param = device_optimizer_bytes_per_param(DType::kF32, DType::kBF16);
   Measured m = rate_of(o.warmup, o.repeats, double(n) * per_param, [&] {
     dev.kernels().optimizer_step(s, hyper, sh);
     Status r = dev.synchronize(s);
     if (!r.is_ok() && st.is_ok()) st = r;
   });
-  release();
   STRATA_RETURN_IF_ERROR(st, "device memory probe");
   (*out)["mem_gbps"] = m.median * 1e-9;
   (*out)["mem_gbps_spread"] = to_json(m, 1e-9);
@@ -212,24 +225,15 @@ Result<std::vector<Measured>> probe_model_rates(Device& dev, int C, int L,
   const DType dt = DType::kBF16;
   std::vector<const void*> params;
   std::vector<float*> grads;
-  std::vector<void*> allocs;
-  auto release = [&] {
-    for (void* p : allocs) dev.release(p);
-  };
+  ProbeBuffers bufs(dev);
   Stream& s = dev.compute_stream();
   // The device memory first: a device too small says so before the host makes the weights.
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     const size_t n = lay.modules[i].numel;
-    auto p = dev.allocate(n * 2, "probe.params");
-    if (p.is_ok()) allocs.push_back(*p);
-    auto g = dev.allocate(n * 4, "probe.grads");
-    if (g.is_ok()) allocs.push_back(*g);
-    if (!p.is_ok() || !g.is_ok()) {
-      release();
-      return (p.is_ok() ? g.status() : p.status()).with_context("model probe");
-    }
-    params.push_back(*p);
-    grads.push_back(static_cast<float*>(*g));
+    STRATA_ASSIGN_OR_RETURN(void* p, bufs.take(n * 2, "probe.params"), "model probe");
+    STRATA_ASSIGN_OR_RETURN(void* g, bufs.take(n * 4, "probe.grads"), "model probe");
+    params.push_back(p);
+    grads.push_back(static_cast<float*>(g));
   }
   for (size_t i = 0; i < lay.modules.size(); ++i) {
     const size_t n = lay.modules[i].numel;
@@ -244,19 +248,11 @@ Result<std::vector<Measured>> probe_model_rates(Device& dev, int C, int L,
     });
     dev.copy_h2d(s, const_cast<void*>(params[i]), lp.data(), n * 2);
     dev.memset_zero(s, grads[i], n * 4);
-    if (Status st = dev.synchronize(s); !st.is_ok()) {
-      release();
-      return st.with_context("model probe");
-    }
+    STRATA_RETURN_IF_ERROR(dev.synchronize(s), "model probe");
   }
   std::vector<Measured> rates;
-  Status st;
   for (const auto& [B, T] : batches) {
-    auto model = arch->create_runner(dev, B, T, dt);
-    if (!model.is_ok()) {
-      st = model.status();
-      break;
-    }
+    STRATA_ASSIGN_OR_RETURN(auto model, arch->create_runner(dev, B, T, dt), "model probe");
     std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
     uint32_t x = 99;
     for (size_t i = 0; i < tok.size(); ++i) {
@@ -270,18 +266,17 @@ Result<std::vector<Measured>> probe_model_rates(Device& dev, int C, int L,
     // that holds the whole model.
     const ModuleBindings bound{params, grads};
     const MicroBatch mb{1.0f / float(B * T), losses.data()};
+    Status st;
     rates.push_back(rate_of(warmup, repeats, flops, [&] {
-      (*model)->begin_batch(tok.data(), tgt.data());
+      model->begin_batch(tok.data(), tgt.data());
       for (const ProgramOp& op : arch->program(Pass::kTrain).ops) {
-        if (op.kind == ProgramOp::kCompute) (*model)->compute(op, bound, mb);
+        if (op.kind == ProgramOp::kCompute) model->compute(op, bound, mb);
       }
       Status r = dev.synchronize(s);
       if (!r.is_ok() && st.is_ok()) st = r;
     }));
-    if (!st.is_ok()) break;
+    STRATA_RETURN_IF_ERROR(st, "model probe");
   }
-  release();
-  STRATA_RETURN_IF_ERROR(st, "model probe");
   return rates;
 }
 
