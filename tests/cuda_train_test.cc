@@ -18,6 +18,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/sft_util.h"
+#include "tests/test_util.h"
 
 namespace strata {
 namespace {
@@ -60,9 +61,7 @@ Config config(const std::string& backend, const std::string& dir,
 // A fresh directory of this process (the GPU and the emulated builds of this test may run at
 // the same time; a failed run leaves its checkpoints behind).
 std::string scratch_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / (name + "." + std::to_string(getpid()));
-  fs::remove_all(dir);
-  return dir.string();
+  return test::temp_dir_named(name + "." + std::to_string(getpid()));
 }
 
 // Every step's loss and the last eval loss within kLossTol, the first step (before any update)

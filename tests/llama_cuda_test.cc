@@ -1,4 +1,5 @@
-// The Llama-family ops of the CUDA backend (kernels/cuda/{rmsnorm,swiglu,rope,attention}.cu)
+// The Llama-family ops of the CUDA backend (kernels/cuda/{rmsnorm,swiglu,rope,attention,
+// attention_decode}.cu)
 // against the CPU backend, as tests/cuda_backend_test.cc does for the GPT ops: fp32, bf16 and
 // fp16, fresh random inputs on both devices, outputs compared with a per-op tolerance. Without
 // a visible GPU every test reports SKIPPED with the reason.
@@ -93,6 +94,39 @@ TEST_P(LlamaCudaOpTest, GroupedQueryAttention) {
                              att.at<float>(i), nullptr, B, T, NH, KVH, hs);
   });
   compare("attention_gqa_backward dqkv", dqkv, dt, tol(dt, kReduction));
+}
+
+// Generation's cached attention (kernels/cuda/attention_decode.cu): a prompt filling the cache
+// from position 0, then a few tokens at once and one token's step further on, at a Llama's head
+// size (128) with grouped key/value heads and at GPT-2's (64) with one key/value head a query
+// head. The caches start with the same random rows (the positions before pos0); the new rows
+// must land bit for bit, the output within the reduction tolerance.
+TEST_P(LlamaCudaOpTest, AttentionDecode) {
+  const DType dt = GetParam();
+  struct Heads {
+    int NH, KVH, hs;
+  };
+  struct Step {
+    int pos0, T;
+  };
+  const int B = 2, maxT = 160;
+  for (const Heads h : {Heads{8, 2, 128}, Heads{4, 4, 64}}) {
+    const size_t W = size_t(h.NH + 2 * h.KVH) * h.hs, cache = size_t(B) * maxT * h.KVH * h.hs;
+    Twin kc = random(cache, dt, -2, 2), vc = random(cache, dt);
+    for (const Step st : {Step{0, 45}, Step{45, 3}, Step{159, 1}}) {
+      SCOPED_TRACE("NH " + std::to_string(h.NH) + " KVH " + std::to_string(h.KVH) + " hs " +
+                   std::to_string(h.hs) + " at " + std::to_string(st.pos0));
+      Twin qkv = random(size_t(B) * st.T * W, dt, -2, 2);
+      Twin out = random(size_t(B) * st.T * h.NH * h.hs, dt);
+      run([&](Kernels& k, Stream& s, int i) {
+        k.attention_decode(s, dt, out.p[i], kc.p[i], vc.p[i], qkv.p[i], B, st.T, st.pos0, maxT,
+                           h.NH, h.KVH, h.hs);
+      });
+      compare("attention_decode out", out, dt, tol(dt, kReduction));
+      compare("attention_decode kcache", kc, dt, 0.0);
+      compare("attention_decode vcache", vc, dt, 0.0);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, LlamaCudaOpTest,

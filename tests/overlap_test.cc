@@ -341,7 +341,9 @@ TEST(DeferChoice, StepsThatMadeUndoRoomReadyAreNotTimed) {
   for (int i = 0; i < 3 * DeferChoice::kTrial; ++i) {
     EXPECT_EQ(c.defer(), i < 2 * DeferChoice::kTrial) << "trial step " << i;
     const bool deferring = i < 2 * DeferChoice::kTrial;
-    if (deferring) EXPECT_FALSE(c.record(50.0, false)) << "an unsettled step between";
+    if (deferring) {
+      EXPECT_FALSE(c.record(50.0, false)) << "an unsettled step between";
+    }
     // After the deferring half `settled` does not apply (those steps do not defer): they count.
     EXPECT_EQ(c.record(deferring ? 1.0 : 2.0, /*settled=*/deferring),
               i == 3 * DeferChoice::kTrial - 1)

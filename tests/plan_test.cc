@@ -402,7 +402,9 @@ TEST(Plan, ProbeSpansMoreThanTheCaches) {
   const uint64_t span = probe_span_bytes(), avail = host_available_bytes();
   EXPECT_GE(span, uint64_t{64} << 20);
   EXPECT_LE(span, uint64_t{2} << 30);
-  if (avail > 0) EXPECT_LE(span, std::max<uint64_t>(avail / 8, uint64_t{64} << 20));
+  if (avail > 0) {
+    EXPECT_LE(span, std::max<uint64_t>(avail / 8, uint64_t{64} << 20));
+  }
   const uint64_t four = llc > 0 ? uint64_t(llc) * 4 : 0;
   if (four > 0 && four <= (uint64_t{2} << 30) && (avail == 0 || avail / 8 >= four)) {
     EXPECT_GE(span, four) << "a span the last-level cache (" << llc << " bytes) holds";

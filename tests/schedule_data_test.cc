@@ -93,8 +93,10 @@ TEST(LossScaler, DeepSpeedHysteresisAndWindow) {
   EXPECT_EQ(LossScaler::from_config(bf).scale, 1.0);
 }
 
+// A file of this process's temp directory (removed at its exit: tests/test_util.h).
 std::string write_file(const std::string& name, const void* data, size_t n) {
-  auto p = std::filesystem::temp_directory_path() / name;
+  static const std::string dir = test::temp_dir("strata_schedule_data", "files");
+  auto p = std::filesystem::path(dir) / name;
   std::ofstream(p, std::ios::binary).write(static_cast<const char*>(data), std::streamsize(n));
   return p.string();
 }

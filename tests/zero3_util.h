@@ -56,6 +56,7 @@
 #include "strata/device.h"
 #include "strata/log.h"
 #include "tests/sft_util.h"
+#include "tests/test_util.h"
 
 #ifndef STRATA_MPIEXEC
 #define STRATA_MPIEXEC ""
@@ -249,12 +250,7 @@ inline json rank_result(const std::string& out, int rank) {
   return json::parse(text);
 }
 
-inline std::string temp_dir(const std::string& tag) {
-  const std::string d = fmt::format("/tmp/strata_zero3_{}_{}", tag, ::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+inline std::string temp_dir(const std::string& tag) { return test::temp_dir("strata_zero3", tag); }
 
 // The one-rank reference, in-process (comm backend auto -> single).
 inline json reference(const std::string& placement, const std::string& dir) {
