@@ -628,7 +628,7 @@ TEST_P(CudaOpTest, QuantizeDequantizeMatchCpuBitForBit) {
       Twin x = random(n, dt, -3, 3), back = random(n, dt), acc = random(n, dt);
       Twin q = upload(std::vector<uint8_t>(quantized_bytes(bits, n), 0));
       Twin sc = upload(std::vector<float>(quantize_blocks(n, block), 0.0f), DType::kF32);
-      run([&](Kernels& k, Stream& s, int i) {
+      run([&, n = n, block = block](Kernels& k, Stream& s, int i) {
         k.quantize(s, bits, dt, q.p[i], sc.at<float>(i), x.p[i], n, block);
         k.dequantize(s, bits, dt, back.p[i], q.p[i], sc.at<float>(i), n, block, false);
         k.dequantize(s, bits, dt, acc.p[i], q.p[i], sc.at<float>(i), n, block, true);

@@ -50,7 +50,11 @@ TEST_F(EmulatedKernels, AttentionWithGroupedQueryHeads) {
   // [0, t]; a packed window's are a special case.
   const Buf positions = ints(size_t(B) * T, 0, T - 1);
   const std::vector<int32_t> host_pos = as_ints(positions);
-  for (auto [dt, with_pos] : dtypes_with_and_without_positions()) {
+  for (const auto& [dt_case, pos_case] : dtypes_with_and_without_positions()) {
+    // Copies of the bindings: the lambdas below capture them (clang before 16 cannot capture a
+    // structured binding).
+    const DType dt = dt_case;
+    const bool with_pos = pos_case;
     const auto pos = [&](void* const* p, int i) {
       return with_pos ? static_cast<const int32_t*>(p[i]) : nullptr;
     };

@@ -191,7 +191,9 @@ TEST_F(EmulationChecks, AMissingEventWaitReadsTooEarly) {
   } restore;
   const int n = 4096;
   SecondStream two(n);
-  auto& [other, ready, host] = two;
+  cudaStream_t other = two.other;
+  cudaEvent_t ready = two.ready;
+  float* host = two.host;
   float* src = alloc(n);
   float* dst = alloc(n);
   std::vector<float> ones(n, 1.0f);
@@ -229,7 +231,9 @@ TEST_F(EmulationChecks, LazyStreamsMakeAMissingEventWaitReadStaleData) {
   ASSERT_TRUE(emu::lazy());
   const int n = 1000;
   SecondStream two(n);
-  auto& [other, ready, host] = two;
+  cudaStream_t other = two.other;
+  cudaEvent_t ready = two.ready;
+  float* host = two.host;
   float* src = alloc(n);
   float* dst = alloc(n);
   auto run = [&](bool wait, float value) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "kernels/cpu/ops.h"
+#include "strata/cpu_optim.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -224,11 +225,10 @@ STRATA_AVX2 void dequantize_avx2(int bits, DType dt, void* x, const void* q, con
   dequantize_elems(bits, dt, x, q, scales, b, accumulate, i, i1);
 }
 
+// AVX2 with FMA and F16C, saved by the OS (cpu_optim's detection; clang's
+// __builtin_cpu_supports knows no "f16c").
 bool have_avx2() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
+  static const bool yes = cpu_isa_supported(CpuIsa::kAvx2);
   return yes;
 }
 #else

@@ -108,7 +108,7 @@ StagingMaxima add_state_needs(const std::vector<ModuleHomes>& homes, const TierO
       if (h->tier != Tier::kNvme || h->bytes == 0) continue;
       n.nvme.state += extent_bytes(m, e);
       n.nvme.objects +=
-          m.sum_over_sub_groups([&](size_t len) { return striped(options, len * e); });
+          m.sum_over_sub_groups([&, e = e](size_t len) { return striped(options, len * e); });
     }
     if (m.grads.tier == Tier::kNvme && m.grads.bytes > 0)
       max_gsub = std::max(max_gsub, round_up(m.sub_group_len(0) * 4, 4096));
@@ -256,9 +256,10 @@ void add_nvme_layout(const std::vector<ModuleHomes>& homes, const TierOptions& o
     const size_t mom_e = m.shard_numel ? m.moments.bytes / m.shard_numel : 0;
     for (auto [h, e] : {std::pair{&m.master, mst_e}, std::pair{&m.moments, mom_e}}) {
       if (!options.undo_copies || h->tier != Tier::kNvme || h->bytes == 0) continue;
-      n.nvme.shadows += m.sum_over_sub_groups([&](size_t len) { return round_up(len * e, 4096); });
+      n.nvme.shadows +=
+          m.sum_over_sub_groups([e = e](size_t len) { return round_up(len * e, 4096); });
       n.nvme.shadow_objects +=
-          m.sum_over_sub_groups([&](size_t len) { return striped(options, len * e); });
+          m.sum_over_sub_groups([&, e = e](size_t len) { return striped(options, len * e); });
     }
   }
   if (n.nvme.shadows > 0 && n.nvme.paths > 0) {

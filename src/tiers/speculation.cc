@@ -136,7 +136,7 @@ Status Speculation::step_ready(bool wait_all) {
       continue;
     }
     OptimizerPipeline::BeforeStep keep;
-    if (undo_) keep = [&](OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
+    if (undo_) keep = [&, k = k](OptimizerPipeline::Slot& s) { keep_sub_group(k, s, &undo); };
     // Its staging may stay for the next step (Pass::keep), undo state or not: a step that is
     // rolled back drops every kept slot before its restore writes the homes (undo()). Keeping
     // only without undo state had every step that clipping could roll back, bitten or not,

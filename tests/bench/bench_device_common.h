@@ -104,5 +104,8 @@ inline std::string fmt_num(double v, int prec = 1) {
 // whose kernels take one element a thread's access; null: no such column) beside them.
 Status bench_elementwise(Device& dev, Device* one_element, const Options& o, json* out,
                          std::string* md);
+// Each of those ops once on `dev` (after its buffers are made, none timed but by the wall clock
+// around its call): what a kernel profiler attached to the process sees, op by op.
+Status run_kernels_once(Device& dev, const Options& o, json* out, std::string* md);
 
 }  // namespace strata::bench

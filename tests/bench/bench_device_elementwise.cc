@@ -6,10 +6,13 @@
 // the op must move at least (each array read or written once) against the device's memory bandwidth
 // (--peak-gbs). On CUDA each row also runs on a second device whose kernels take one element a
 // thread's access (STRATA_CUDA_PACKED=0) instead of 16-byte packs, and gives the packs' speedup.
+// Last, the gradient statistics and the device's optimizer step over a GPT-2 block's parameters.
+// `bench_device_ops kernels` runs each of these ops once, for a kernel profiler.
 #include <string>
 #include <vector>
 
 #include "strata/kernels.h"
+#include "strata/optimizer.h"
 #include "tests/bench/bench_device_common.h"
 
 namespace strata::bench {
@@ -60,6 +63,29 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
   b.keep(tokens);
   dev.copy_h2d(dev.h2d_stream(), tokens, tok.data(), tok.size() * 4);
   STRATA_ASSIGN_OR_RETURN(void* dwte, b.random(size_t(V) * C, DType::kF32), "embedding gradient");
+  // A GPT-2 block's parameters (12 C^2 + 13 C): the gradient statistics and the device's
+  // optimizer step over its fp32 gradient, master weights and moments, new bf16 parameters.
+  const size_t P = size_t(12) * C * C + size_t(13) * C;
+  STRATA_ASSIGN_OR_RETURN(void* grad, b.random(P, DType::kF32, -1e-3f, 1e-3f), "block gradient");
+  STRATA_ASSIGN_OR_RETURN(void* master, b.random(P, DType::kF32), "block master weights");
+  STRATA_ASSIGN_OR_RETURN(void* m1, b.random(P, DType::kF32, -1e-4f, 1e-4f), "block moment 1");
+  STRATA_ASSIGN_OR_RETURN(void* m2, b.random(P, DType::kF32, 0.0f, 1e-6f), "block moment 2");
+  STRATA_ASSIGN_OR_RETURN(void* lp, b.random(P, dt), "block parameters");
+  STRATA_ASSIGN_OR_RETURN(void* norm_sq, b.random(2, DType::kF32), "gradient norm");  // a double
+  OptimizerHyper hyper;
+  hyper.kind = OptimizerKind::kAdamW;
+  hyper.lr = 1e-4f;
+  hyper.weight_decay = 0.1f;
+  hyper.step = 10;
+  const ShardState shard{.n = P,
+                         .grad = grad,
+                         .grad_dtype = DType::kF32,
+                         .master = static_cast<float*>(master),
+                         .m = m1,
+                         .v = m2,
+                         .moment_dtype = DType::kF32,
+                         .lp_out = lp,
+                         .lp_dtype = dt};
   STRATA_RETURN_IF_ERROR(dev.synchronize(dev.h2d_stream()), "uploading the targets");
   float* mean = static_cast<float*>(stats);
   float* rstd = mean + N;
@@ -109,6 +135,12 @@ Result<std::vector<ElemCase>> elementwise_cases(Device& dev, Buffers& b, bool qu
        [=, &k, &s] {
          k.encoder_backward(s, dt, static_cast<float*>(dwte), nullptr, y, tk, nullptr, B, T, C);
        }},
+      {"norm_sq_and_nonfinite (fp32)", std::to_string(P), 4.0 * double(P),
+       [=, &k, &s] {
+         k.norm_sq_and_nonfinite(s, static_cast<double*>(norm_sq), static_cast<float*>(grad), P);
+       }},
+      {"optimizer_step (AdamW, fp32 state)", std::to_string(P), (4.0 + 24.0 + es) * double(P),
+       [=, &k, &s] { k.optimizer_step(s, hyper, shard); }},
   };
 }
 
@@ -137,6 +169,26 @@ Result<std::vector<Spread>> time_cases(Device& dev, const Options& o,
 }
 
 }  // namespace
+
+Status run_kernels_once(Device& dev, const Options& o, json* out, std::string* md) {
+  Buffers b(dev);
+  STRATA_ASSIGN_OR_RETURN(std::vector<ElemCase> cases, elementwise_cases(dev, b, o.quick),
+                          "elementwise buffers on " + dev.name());
+  Stream& s = dev.compute_stream();
+  *md += "\n| op (bf16), one call | shape | ms, with its launch |\n|---|---|---|\n";
+  json rows = json::array();
+  for (const ElemCase& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    c.run();
+    STRATA_RETURN_IF_ERROR(dev.synchronize(s), "op " + c.name);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rows.push_back({{"name", c.name}, {"shape", c.shape}, {"time_s", secs}});
+    *md += "| " + c.name + " | " + c.shape + " | " + fmt_num(secs * 1e3, 3) + " |\n";
+  }
+  (*out)["kernels"] = rows;
+  return Status::ok();
+}
 
 Status bench_elementwise(Device& dev, Device* one_element, const Options& o, json* out,
                          std::string* md) {

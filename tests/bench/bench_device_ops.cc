@@ -20,6 +20,10 @@
 //                                         false): forward and backward time, TFLOP/s, the
 //                                         attention memory each needs (cuDNN's workspace in its
 //                                         path), and how far the plain and fused outputs differ
+//   bench_device_ops kernels   [options]  the elementwise ops, the gradient statistics and the
+//                                         optimizer step, each called once at the shapes above
+//                                         (a 4 GiB arena): for a kernel profiler attached to the
+//                                         process, e.g. Nsight Compute (docs/GPU.md)
 //   bench_device_ops validate-json FILE [KEY...]   exit 0 if FILE parses and has every KEY
 //
 // options: --backend cuda|cpu (default cuda; cpu runs the same code on the CPU backend, which is
@@ -575,7 +579,8 @@ int validate_json(int argc, char** argv) {
 }
 
 const char kUsage[] =
-    "usage: bench_device_ops gemm|copy|attention [--backend cuda|cpu] [--quick] [--warmup N]\n"
+    "usage: bench_device_ops gemm|copy|attention|kernels [--backend cuda|cpu] [--quick]\n"
+    "                        [--warmup N]\n"
     "                        [--repeats N] [--peak-tflops X] [--peak-gbs X] [--json FILE]\n"
     "                        [--md FILE]\n"
     "       bench_device_ops validate-json FILE [KEY...]\n";
@@ -609,7 +614,7 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.mode != "gemm" && o.mode != "copy" && o.mode != "attention") {
+  if (o.mode != "gemm" && o.mode != "copy" && o.mode != "attention" && o.mode != "kernels") {
     std::fprintf(stderr, "bench_device_ops: unknown mode '%s'\n%s", o.mode.c_str(), kUsage);
     return 2;
   }
@@ -620,8 +625,11 @@ int run(int argc, char** argv) {
   // The CUDA arena holds the benchmarks' buffers (24 GiB: the plain attention's probabilities at
   // T 2048 are the largest); the rest of the GPU stays free for cuDNN's workspaces, whose
   // deterministic backward keeps B*NH*T^2 bf16 scores on Hopper (8 GiB at T 16384, 16 heads).
+  // `kernels` takes 4 GiB: a profiler that saves and restores the memory a kernel can reach
+  // between its replays then copies no more than that.
+  const size_t cuda_bytes = o.mode == "kernels" ? size_t{4} << 30 : size_t{24} << 30;
   auto dev = o.backend == "cuda"
-                 ? create_cuda_device({.ordinal = 0, .capacity = size_t{24} << 30})
+                 ? create_cuda_device({.ordinal = 0, .capacity = cuda_bytes})
                  : create_cpu_device({.capacity = o.quick ? size_t{256} << 20 : size_t{8} << 30});
   if (!dev.is_ok()) {
     std::fprintf(stderr, "bench_device_ops: %s\n", dev.status().to_string().c_str());
@@ -661,9 +669,10 @@ int run(int argc, char** argv) {
   json out = {{"mode", o.mode},   {"backend", o.backend}, {"device", (*dev)->name()},
               {"quick", o.quick}, {"warmup", o.warmup},   {"repeats", o.repeats}};
   std::string md;
-  Status st = o.mode == "gemm"   ? bench_gemm(**dev, one, o, &out, &md)
-              : o.mode == "copy" ? bench_copy(**dev, o, &out, &md)
-                                 : bench_attention(**dev, nd, o, &out, &md);
+  Status st = o.mode == "gemm"      ? bench_gemm(**dev, one, o, &out, &md)
+              : o.mode == "copy"    ? bench_copy(**dev, o, &out, &md)
+              : o.mode == "kernels" ? bench::run_kernels_once(**dev, o, &out, &md)
+                                    : bench_attention(**dev, nd, o, &out, &md);
   if (!st.is_ok()) {
     std::fprintf(stderr, "bench_device_ops %s: %s\n", o.mode.c_str(), st.to_string().c_str());
     return 1;
