@@ -102,6 +102,32 @@ check "eval of a too-short file exits 1" test "$rc" -eq 1
 check "eval of a too-short file says why" grep -q "short.txt holds 9 tokens; eval needs at least" \
   out.txt
 
+# The optimizer in host RAM on a fast device (simulated), not overlapped: about half of each
+# step (50-55% on 2 cores); the run's summary points at offload_optimizer.ratio and `strata
+# plan` where a tenth or more is not hidden. All on the device, or on the CPU backend itself,
+# it says nothing of it.
+lacks() { ! grep -q "$1" "$2"; }
+fast=(--config "$repo/configs/tiny-cpu.json" --set train.steps=24 --set train.eval_interval=0
+      --set train.final_checkpoint=false --set data.eval_batches=0
+      --set scheduler.params.warmup_num_steps=2 --set scheduler.params.total_num_steps=24
+      --set train_batch_size=4 --set gradient_accumulation_steps=1 --set model.n_embd=256
+      --set strata.optimizer.overlap=false --set device.memory_limit=268435456
+      --set 'zero_optimization.offload_param.device="none"')
+"$strata" train "${fast[@]}" --set 'device.simulate="h200"' \
+  --set 'zero_optimization.offload_optimizer.device="cpu"' --quiet >hint.txt 2>&1
+check "optimizer in host RAM on a fast device: the run ends" grep -q "^done at step 24" hint.txt
+check "optimizer in host RAM on a fast device: the ratio hint" \
+  grep -q "not hidden .* at zero_optimization.offload_optimizer.ratio 1: .*strata plan --config" \
+  hint.txt
+"$strata" train "${fast[@]}" --set 'device.simulate="h200"' \
+  --set 'zero_optimization.offload_optimizer.device="none"' --quiet >nohint.txt 2>&1
+check "all on a fast device: the run ends" grep -q "^done at step 24" nohint.txt
+check "all on a fast device: no ratio hint" lacks "offload_optimizer.ratio" nohint.txt
+"$strata" train "${fast[@]}" --set 'zero_optimization.offload_optimizer.device="cpu"' --quiet \
+  >cpu.txt 2>&1
+check "on the CPU backend: the run ends" grep -q "^done at step 24" cpu.txt
+check "on the CPU backend: no ratio hint" lacks "offload_optimizer.ratio" cpu.txt
+
 # A long run, stopped with SIGTERM once it has made progress.
 common=(--config "$repo/configs/tiny-cpu.json" --set train.steps=100000
         --set 'train.checkpoint_dir="ck"' --set steps_per_print=1 --set train.eval_interval=0

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "src/tiers/placement.h"
 #include "src/train/stop_signals.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
@@ -19,6 +20,32 @@ namespace strata::tools {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+
+// Where the optimizer, stepped in host memory or from NVMe, was not hidden for a tenth of the
+// steps or more on a device that is not the host's own cores (a GPU, or one simulated): the
+// line that points at offload_optimizer.ratio, which has the device step the first modules'
+// state and leaves the CPU a share its compute can hide; "" elsewhere. On the CPU backend the
+// device's optimizer runs on the same cores, so the ratio has nothing to hide under.
+std::string optimizer_ratio_hint(const Config& cfg, const std::string& config_path, bool with_sets,
+                                 const TrainResult& res) {
+  const ScheduleCounts& sc = res.schedule;
+  const double open = sc.optimizer_s - sc.optimizer_hidden_s, steps = res.fwd_bwd_s + open;
+  if (res.device_in_rss && cfg.device.simulate.empty()) return "";
+  if (open <= 0 || steps <= 0 || open < 0.1 * steps || res.approximate) return "";
+  Result<Placement> where = parse_placement(cfg);
+  if (!where.is_ok() || where->optimizer_ratio <= 0 ||
+      (where->master == Tier::kDevice && where->moments == Tier::kDevice)) {
+    return "";
+  }
+  return fmt::format(
+      "optimizer: {:.3g} s of the steps' {:.3g} s not hidden ({:.0f}%) at "
+      "zero_optimization.offload_optimizer.ratio {:g}: a lower ratio has the device step the "
+      "first modules' optimizer state (their master weights and moments in its memory) and "
+      "leaves the CPU a share the device's compute hides; `strata plan --config {}`{} "
+      "recommends one (with --profile from `strata probe` on this machine; docs/PLANNER.md)\n",
+      open, steps, 100.0 * open / steps, where->optimizer_ratio, config_path,
+      with_sets ? " with the same --set options" : "");
+}
 
 const char kUsage[] =
     "usage: strata train --config FILE [options]\n"
@@ -34,7 +61,9 @@ const char kUsage[] =
     "bytes per step beside the placement's minimum (the planner's; docs/PLANNER.md; the\n"
     "median of steps 3 on, but those an fp16 overflow skipped and the ones after them),\n"
     "the host<->device bytes split by direction with the schedule each of those steps ran\n"
-    "its optimizer in.\n"
+    "its optimizer in, and on a GPU, where the CPU optimizer was not hidden for a tenth of\n"
+    "the steps or more, how much (offload_optimizer.ratio, which strata plan recommends,\n"
+    "has the device step part of it).\n"
     "With flops_profiler.enabled, one step's kernels, copies and host functions are timed\n"
     "on the device and logged as a table by op and stream (the op profile; the step after\n"
     "flops_profiler.profile_step steps: by default the second).\n"
@@ -151,6 +180,7 @@ int cmd_train(int argc, char** argv) {
                 sc.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "",
                 not_ready.c_str());
   }
+  std::fputs(optimizer_ratio_hint(cfg, config_path, !overrides.empty(), res).c_str(), stdout);
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
               res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s,
