@@ -300,7 +300,9 @@ TEST(OptimizerPipeline, PublishedPiecesGoBackToTheTierOnceTheirCopiesRan) {
     EXPECT_EQ(w->host_fns, 0);
     EXPECT_EQ(w->h2d_syncs, 0);
     // At the limit the pipeline waited for the oldest piece's copies, not the whole stream.
-    if (c.late && c.params == Tier::kDevice) EXPECT_GT(w->event_waits, 0);
+    if (c.late && c.params == Tier::kDevice) {
+      EXPECT_GT(w->event_waits, 0);
+    }
     EXPECT_GT(w->most_in_use, base);
     EXPECT_LE(w->most_in_use - base, limit * piece_bytes(2048, 2));
     EXPECT_LE(r.pipeline->copies_up_held(), limit);

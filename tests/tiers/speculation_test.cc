@@ -182,7 +182,9 @@ TEST(Speculation, StepAfterStepReusesTheUndoRoom) {
     ASSERT_TRUE(spec.step_ready(true).is_ok());
     ASSERT_EQ(spec.stepped_mask(), (std::vector<bool>{true, true, true})) << "step " << step;
     const float mult = step % 2 ? 0.5f : 1.0f;  // odd steps clip: rolled back and redone
-    if (mult != 1.0f) ASSERT_TRUE(spec.undo(true, h, mult).is_ok());
+    if (mult != 1.0f) {
+      ASSERT_TRUE(spec.undo(true, h, mult).is_ok());
+    }
     for (auto& w : want) test::reference_step(w, h, mult);
     spec.end();
     r.pipeline->end_step();

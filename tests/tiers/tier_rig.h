@@ -2,6 +2,7 @@
 // plain modules, the members every part's rig holds, and random gradients.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -30,7 +31,7 @@ inline ModelLayout plain_modules(const std::vector<size_t>& numel) {
   ModelLayout l;
   for (size_t i = 0; i < numel.size(); ++i) {
     ModuleSpec s;
-    s.name = "m" + std::to_string(i);
+    s.name = fmt::format("m{}", i);  // not "m" + to_string: GCC 12 -Wrestrict misfires there
     s.numel = numel[i];
     l.modules.push_back(s);
   }
