@@ -298,7 +298,9 @@ TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   EXPECT_GT(j["device"]["mem_gbps"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(p->device_mem_gbps.value, j["device"]["mem_gbps"].get<double>());
   EXPECT_NE(p->device_mem_gbps.source.find("p.json"), std::string::npos);
-  // A width the device cannot hold ends the table there, saying so; the narrower ones stay.
+  // A width the device cannot hold ends the table there, saying so; the narrower ones stay (an
+  // arena of 512 MiB, so on any GPU: 2 layers at width 8192 are 1.6 G parameters).
+  po.cuda_bytes = size_t{512} << 20;
   po.model_shapes = {{64, 1 << 13}, {{1, 32}}};
   auto small = run_machine_probe(po);
   ASSERT_TRUE(small.is_ok()) << small.status().to_string();
@@ -307,6 +309,20 @@ TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   EXPECT_NE(js["device"].value("gemm_by_width_note", "").find("widths from 8192 not measured"),
             std::string::npos)
       << js["device"].dump();
+  // Where not even the first width fits, the profile stands without the table (the planner
+  // takes the GEMM rate) and says why.
+  po.model_shapes = {{1 << 13}, {{1, 32}}};
+  auto none = run_machine_probe(po);
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  auto pn = parse_machine_profile(*none, "none.json");
+  ASSERT_TRUE(pn.is_ok()) << pn.status().to_string();
+  EXPECT_TRUE(pn->gemm_by_width.empty());
+  EXPECT_GT(pn->gemm_flops.value, 0);
+  EXPECT_DOUBLE_EQ(gemm_rate_at(*pn, 768, 8192), pn->gemm_flops.value);
+  EXPECT_NE(nlohmann::json::parse(*none)["device"]
+                .value("gemm_by_width_note", "")
+                .find("widths from 8192 not measured"),
+            std::string::npos);
   // By default a GPU's micro-batches are training's: 2048 tokens or more, GPT-2's width to 4096.
   const ModelProbeShapes gpu = model_probe_shapes(/*cpu_backend=*/false);
   for (const auto& [b, t] : gpu.batches) EXPECT_GE(b * t, 2048);

@@ -265,10 +265,13 @@ int probe_all(int argc, char** argv) {
                   e["gemm_flops"].get<double>() / 1e12);
     }
     std::printf("TFLOP/s (2-layer training micro-batches, the planner's FLOPs)\n");
-    if (j["device"].contains("gemm_by_width_note")) {
-      std::printf("               %s\n",
-                  j["device"]["gemm_by_width_note"].get<std::string>().c_str());
-    }
+  }
+  if (j["device"].contains("gemm_by_width_note")) {
+    const bool none =
+        !j["device"].contains("gemm_by_width") || j["device"]["gemm_by_width"].empty();
+    std::printf("%s%s%s\n", none ? "model steps    " : "               ",
+                j["device"]["gemm_by_width_note"].get<std::string>().c_str(),
+                none ? " (the planner takes the GEMM rate)" : "");
   }
   auto line = [&](const char* key) {
     return j[key].is_string() ? j[key].get<std::string>() : std::string();

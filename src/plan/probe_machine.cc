@@ -21,6 +21,7 @@
 #include "strata/device.h"
 #include "strata/io_probe.h"
 #include "strata/kernels.h"
+#include "strata/log.h"
 #include "strata/optimizer.h"
 
 namespace strata {
@@ -365,7 +366,7 @@ json probe_cpu_optimizer(const MachineProbeOptions& o) {
 Result<std::unique_ptr<Device>> open_probe_device(const MachineProbeOptions& o, json* j) {
   std::unique_ptr<Device> dev;
   if (o.include_cuda) {
-    auto c = create_cuda_device({});
+    auto c = create_cuda_device({.capacity = o.cuda_bytes});
     if (c.is_ok()) {
       dev = std::move(*c);
     } else {
@@ -405,14 +406,18 @@ Result<json> probe_device(Device& dev, const MachineProbeOptions& o) {
   json by = json::array();
   for (int c : shapes.widths) {
     auto rates = probe_model_rates(dev, c, 2, shapes.batches, o.warmup, o.repeats);
-    if (!rates.is_ok() && rates.status().code() == StatusCode::kOutOfMemory && !by.empty()) {
-      // A device too small for the widest micro-batches: the planner clamps at the widest
-      // measured (d["gemm_by_width_note"] says where the table stops).
+    if (!rates.is_ok()) {
+      // A device too small for the widest micro-batches (the planner clamps at the widest
+      // measured), or one whose micro-batches fail from some width on: the table stops there
+      // and says why (d["gemm_by_width_note"]); with no width measured the planner takes the
+      // GEMM rate. The rest of the profile stands either way.
       d["gemm_by_width_note"] =
           fmt::format("widths from {} not measured: {}", c, rates.status().message());
+      if (rates.status().code() != StatusCode::kOutOfMemory) {
+        log_warn("probe: model steps at width {}: {}", c, rates.status().message());
+      }
       break;
     }
-    STRATA_RETURN_IF_ERROR(rates.status(), fmt::format("model steps at width {}", c));
     const std::vector<Measured>& r = *rates;
     for (size_t i = 0; i < r.size(); ++i) {
       by.push_back({{"C", c},

@@ -63,6 +63,7 @@ struct MachineProbeOptions {
   int warmup = 1;
   int repeats = 5;
   bool include_cuda = true;       // try a CUDA device for GEMM and link (falls back to CPU)
+  size_t cuda_bytes = 0;          // that device's arena; 0: the GPU's free memory but its reserve
   ModelProbeShapes model_shapes;  // no widths: model_probe_shapes of the device probed
 };
 
