@@ -280,6 +280,7 @@ TEST_F(CudaDeviceTest, PackedAccessEnvironmentSwitch) {
 // device-optimizer rates from them.
 TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   MachineProbeOptions po = test::tiny_probe_options();
+  po.cuda_bytes = size_t{512} << 20;  // the same arena on any GPU and in the emulation
   po.model_shapes = {{64, 128}, {{1, 32}, {2, 32}}};
   auto text = run_machine_probe(po);
   ASSERT_TRUE(text.is_ok()) << text.status().to_string();
@@ -298,9 +299,8 @@ TEST_F(CudaDeviceTest, TheProbeTimesWholeMicroBatchesOnTheGpu) {
   EXPECT_GT(j["device"]["mem_gbps"].get<double>(), 0);
   EXPECT_DOUBLE_EQ(p->device_mem_gbps.value, j["device"]["mem_gbps"].get<double>());
   EXPECT_NE(p->device_mem_gbps.source.find("p.json"), std::string::npos);
-  // A width the device cannot hold ends the table there, saying so; the narrower ones stay (an
-  // arena of 512 MiB, so on any GPU: 2 layers at width 8192 are 1.6 G parameters).
-  po.cuda_bytes = size_t{512} << 20;
+  // A width the device cannot hold ends the table there, saying so; the narrower ones stay (2
+  // layers at width 8192 are 1.6 G parameters: more than the 512 MiB arena).
   po.model_shapes = {{64, 1 << 13}, {{1, 32}}};
   auto small = run_machine_probe(po);
   ASSERT_TRUE(small.is_ok()) << small.status().to_string();
