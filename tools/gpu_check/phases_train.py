@@ -278,7 +278,7 @@ class Table:
             self.notes.append(planner_note(advice, profile,
                                            (1000 * opt_s, params) if opt_s else None))
             probe = probe_optimizer_rate(profile) if profile else None
-            if opt_s and probe and abs(params / opt_s / probe[0] - 1) > 0.2:
+            if opt_s and probe and abs(params / opt_s / probe[0] - 1) > 0.1:
                 # The planner again at the rate the run stepped: what it would have chosen.
                 cal = calibrated_profile(profile, params / opt_s,
                                          self.cfg.parent / ("%s-calibrated.json" % self.key))
