@@ -439,8 +439,11 @@ PlanTime plan_time(const PlanRequest& r, const Placement& where, const PlanMemor
     // core while the forwards' kernels run: the pass steps at its rate beside the launcher
     // (optimizer_pps_beside) through that window, at its own after it. Simulated H200 on a
     // 2-core Xeon, GPT-2 124M with 14% of its optimizer in host RAM (a pass longer than the
-    // window only at the slower rate): 39-40 ms a step, planned 33 at the rate alone.
-    double host_pass = host_opt;
+    // window only at the slower rate): 39-40 ms a step, planned 33 at the rate alone. On a GPU
+    // the thread that launches the kernels (and waits for them) holds its core for the whole
+    // step, the pass's overflow included: the pass steps beside it throughout, as under
+    // backward.
+    double host_pass = pf.simulated ? host_opt : host_opt + slower_beside;
     if (pf.simulated) {
       const double q = pf.optimizer_pps.value / beside_pps, window = comp * f0;
       host_pass = host_opt * q <= window ? host_opt * q : window + host_opt - window / q;
