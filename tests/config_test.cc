@@ -297,7 +297,13 @@ std::vector<Case> cases() {
   bad("enum_device_backend", J(R"("device": {"backend": "rocm"})"),
       "device.backend: \"rocm\" is not one of auto, cpu, cuda");
   bad("enum_moment_dtype", J(R"("strata": {"optimizer": {"moment_dtype": "fp8"}})"),
-      "strata.optimizer.moment_dtype: \"fp8\" is not one of fp32, bf16, fp16");
+      "strata.optimizer.moment_dtype: \"fp8\" is not one of fp32, bf16");
+  // A dtype the optimizers do not step moments in: refused with the config, not at the first
+  // step (it was a failed check there).
+  bad("enum_moment_dtype_fp16", J(R"("strata": {"optimizer": {"moment_dtype": "fp16"}})"),
+      "strata.optimizer.moment_dtype: \"fp16\" is not one of fp32, bf16");
+  good("moment_dtype_alias", J(R"("strata": {"optimizer": {"moment_dtype": "bfloat16"}})"),
+       [](const Config& g) { EXPECT_EQ(g.strata.moment_dtype, DType::kBF16); });
   bad("enum_warmup_type",
       J(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}})"),
       "scheduler.params.warmup_type: \"cosine\" is not one of log, linear");

@@ -34,7 +34,6 @@
 #include "src/config/key_table.h"
 #include "src/config/leaf.h"
 #include "src/config/model_shape.h"
-#include "src/hf/hf_config.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -355,7 +354,8 @@ std::string model_section_json(const ModelConfig& model) {
     if (k.path.rfind("model.", 0) != 0 || k.get == nullptr || !k.alias_of.empty()) continue;
     const json v = k.get(given);
     if (kAlways.count(k.path) == 0 && v == k.get(defaults)) continue;
-    std::string pointer = "/" + k.path.substr(6);
+    std::string pointer = k.path.substr(5);  // "/..." (not "/" + substr: GCC 12 -Wrestrict)
+    pointer[0] = '/';
     std::replace(pointer.begin(), pointer.end(), '.', '/');
     section[json::json_pointer(pointer)] = v;
   }

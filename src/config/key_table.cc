@@ -72,7 +72,8 @@ Type StrList() { return {Kind::kStringList}; }
 // A string or a list of strings, kept as given (the setter tells them apart).
 Type StrOrList() { return {Kind::kStringOrList}; }
 Type Betas() { return {Kind::kBetas, 0, 1, false, true}; }
-Type DTypeT() { return {Kind::kDType, 0, 0, false, false, "fp32|bf16|fp16"}; }
+// A dtype by any name parse_dtype takes, one of `values` (canonical names) once parsed.
+Type DTypeT(const char* values) { return {Kind::kDType, 0, 0, false, false, values}; }
 Type Any() { return {Kind::kAny}; }
 
 // model.type's names and doc line, from the model families' registry (src/model/family.h): a new
@@ -686,7 +687,9 @@ void TableBuilder::add_engine_keys() {
         "what wrote this config: `strata plan --write-config` writes \"strata plan\" and replaces "
         "an existing file only when it holds that mark (else --force)",
         nullptr));
-  add(F("strata.optimizer.moment_dtype", DTypeT(), STRATA_M(strata.moment_dtype),
+  // The optimizers step fp32 or bf16 moments (cpu_optim, the device's kernel): fp16 is refused
+  // here, not at the first step.
+  add(F("strata.optimizer.moment_dtype", DTypeT("fp32|bf16"), STRATA_M(strata.moment_dtype),
         "dtype of Adam moments", nullptr));
   add(F("strata.optimizer.overlap", Bool(), STRATA_M(strata.optimizer_overlap),
         "step each module's optimizer state under the rest of backward, exact (rolled back and "

@@ -186,7 +186,10 @@ Result<json> check_value(const Type& t, const json& v, const std::string& path) 
       std::string s = v.get<std::string>();
       if (t.kind == Kind::kDType) {
         DType d;
-        if (parse_dtype(s, &d)) return json(dtype_name(d));
+        if (parse_dtype(s, &d) &&
+            std::find(allowed.begin(), allowed.end(), dtype_name(d)) != allowed.end()) {
+          return json(dtype_name(d));
+        }
       } else {
         for (const std::string& a : allowed) {
           if (iequals(a, s)) return json(a);
