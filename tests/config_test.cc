@@ -180,6 +180,12 @@ std::vector<Case> cases() {
       "no batch size: give train_batch_size or train_micro_batch_size_per_gpu");
   bad("batch_accum_only", R"({"gradient_accumulation_steps": 4})",
       "gradient_accumulation_steps (4) alone does not fix the batch");
+  // The trainer holds both in an int; their product (times the world) must not wrap.
+  bad("batch_micro_beyond_int", R"({"train_micro_batch_size_per_gpu": 2147483648})",
+      "train_micro_batch_size_per_gpu: 2147483648 out of range [1, 2147483647]");
+  bad("batch_product_too_large",
+      R"({"train_micro_batch_size_per_gpu": 2147483647, "gradient_accumulation_steps": 2147483647})",
+      "is too large a batch", {}, 4);
   bad("batch_zero", R"({"train_batch_size": 0})", "train_batch_size: 0 out of range [1, ");
   good(
       "batch_auto_all",
@@ -257,13 +263,13 @@ std::vector<Case> cases() {
       J(R"("optimizer": {"type": "Adam", "params": {"betas": [-0.1, 0.9]}})"),
       "optimizer.params.betas[0]: -0.1 out of range [0, 1)");
   bad("range_lr_zero", J(R"("optimizer": {"type": "Adam", "params": {"lr": 0}})"),
-      "optimizer.params.lr: 0 out of range (0, inf)");
+      "optimizer.params.lr: 0 out of range (0, 3.4028234663852886e+38]");
   bad("range_lr_negative", J(R"("optimizer": {"type": "Adam", "params": {"lr": -0.001}})"),
-      "optimizer.params.lr: -0.001 out of range (0, inf)");
+      "optimizer.params.lr: -0.001 out of range (0, 3.4028234663852886e+38]");
   bad("range_queue_depth", J(R"("aio": {"queue_depth": 0})"),
-      "aio.queue_depth: 0 out of range [1, 65536]");
+      "aio.queue_depth: 0 out of range [1, 4096]");
   bad("range_queue_depth_high", J(R"("aio": {"queue_depth": 70000})"),
-      "aio.queue_depth: 70000 out of range [1, 65536]");
+      "aio.queue_depth: 70000 out of range [1, 4096]");
   bad("range_block_size_multiple", J(R"("aio": {"block_size": 5000})"),
       "aio.block_size: 5000 is not a multiple of 4096");
   bad("range_block_size_zero", J(R"("aio": {"block_size": 0})"), "aio.block_size: 0 out of range");
@@ -277,6 +283,18 @@ std::vector<Case> cases() {
       "data.seq_len: 65 is longer than model.context (64)");
   bad("range_eps", J(R"("optimizer": {"type": "Adam", "params": {"eps": 0}})"),
       "optimizer.params.eps: 0 out of range (0, 1]");
+  // The optimizer steps in fp32: a rate or decay past its largest finite value would be inf
+  // there (it was a failed check at the first step).
+  bad("range_lr_fp32", J(R"("optimizer": {"type": "Adam", "params": {"lr": 1e39}})"),
+      "optimizer.params.lr: 1e+39 out of range (0, 3.4028234663852886e+38]");
+  bad("range_weight_decay_fp32",
+      J(R"("optimizer": {"type": "AdamW", "params": {"weight_decay": 1e300}})"),
+      "optimizer.params.weight_decay: 1e+300 out of range [0, 3.4028234663852886e+38]");
+  bad("range_warmup_max_lr_fp32",
+      J(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e39}})"),
+      "scheduler.params.warmup_max_lr: 1e+39 out of range");
+  bad("range_synthetic_tokens", J(R"("data": {"synthetic_tokens": 1e15})"),
+      "data.synthetic_tokens");
   bad("range_min_loss_scale", J(R"("fp16": {"enabled": true, "min_loss_scale": 0})"),
       "fp16.min_loss_scale: 0 out of range (0, inf)");
   bad("range_cos_min_ratio",

@@ -75,6 +75,17 @@ TEST_F(Hardening, DataSourceDirectoryIsRefused) {
   fs::remove_all(dir);
 }
 
+// A device or a pipe is not read (it may never end: /dev/zero filled memory until the process
+// died); the message names the key and the path.
+TEST_F(Hardening, DataSourceThatIsNoRegularFileIsRefused) {
+  DataConfig dc;
+  dc.source = "/dev/zero";
+  auto d = Dataset::load(dc, 256, 1);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_TRUE(contains(d.status().message(), "data.source: '/dev/zero' is not a regular file"))
+      << d.status().message();
+}
+
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {
   const auto dir = temp_dir("llmc");
   std::vector<int32_t> header(256, 0);

@@ -181,10 +181,10 @@ void TableBuilder::add_training_keys() {
   group("DeepSpeed: batch, clipping, printing");
   add(F("train_batch_size", Int(1, kMaxInt), STRATA_M(train_batch_size),
         "global batch: micro x accumulation x world size", nullptr, kAuto, "derived"));
-  add(F("train_micro_batch_size_per_gpu", Int(1, kMaxInt), STRATA_M(train_micro_batch_size_per_gpu),
+  add(F("train_micro_batch_size_per_gpu", Int(1, kMaxI32), STRATA_M(train_micro_batch_size_per_gpu),
         "sequences per rank per forward/backward", nullptr, kAuto,
         "derived (1 if only this is missing)"));
-  add(F("gradient_accumulation_steps", Int(1, kMaxInt), STRATA_M(gradient_accumulation_steps),
+  add(F("gradient_accumulation_steps", Int(1, kMaxI32), STRATA_M(gradient_accumulation_steps),
         "micro-batches per optimizer step", nullptr, kAuto, "derived (1 if only this is missing)"));
   add(F("gradient_clipping", Real(0, kInf, false, true), STRATA_M(gradient_clipping),
         "max global gradient L2 norm; 0 = off (auto: 1.0)", nullptr, kAuto));
@@ -221,7 +221,7 @@ void TableBuilder::add_training_keys() {
   group("DeepSpeed: optimizer");
   add(F("optimizer.type", Enum("Adam|AdamW|Adagrad|Lion"), STRATA_M(optimizer.type),
         "optimizer (case-insensitive); required when the section is given"));
-  add(F("optimizer.params.lr", Real(0, kInf, true, true), STRATA_M(optimizer.lr),
+  add(F("optimizer.params.lr", Real(0, kMaxF32, true, false), STRATA_M(optimizer.lr),
         "learning rate (auto: scheduler.params.warmup_max_lr if given, else 1e-3)", nullptr,
         kAuto));
   add(F(
@@ -236,8 +236,8 @@ void TableBuilder::add_training_keys() {
       "[beta1, beta2], each in [0, 1) (auto: [0.9, 0.999])", nullptr, kAuto));
   add(F("optimizer.params.eps", Real(0, 1, true, false), STRATA_M(optimizer.eps),
         "denominator epsilon (auto: 1e-8)", nullptr, kAuto));
-  add(F("optimizer.params.weight_decay", Real(0, kInf, false, true),
-        STRATA_M(optimizer.weight_decay), "weight decay (auto: 0)", nullptr, kAuto));
+  add(F("optimizer.params.weight_decay", Real(0, kMaxF32), STRATA_M(optimizer.weight_decay),
+        "weight decay (auto: 0)", nullptr, kAuto));
   add(F("optimizer.params.adam_w_mode", Bool(), STRATA_M(optimizer.adam_w_mode),
         "Adam: decoupled weight decay (AdamW)"));
   add(F("optimizer.params.torch_adam", Bool(), STRATA_M(optimizer.torch_adam),
@@ -249,10 +249,9 @@ void TableBuilder::add_training_keys() {
   group("DeepSpeed: scheduler");
   add(F("scheduler.type", Enum("WarmupLR|WarmupDecayLR|WarmupCosineLR"), STRATA_M(scheduler.type),
         "lr schedule; absent = constant optimizer.params.lr", nullptr, 0, "\"\" (constant)"));
-  add(F("scheduler.params.warmup_min_lr", Real(0, kInf, false, true),
-        STRATA_M(scheduler.warmup_min_lr), "WarmupLR/WarmupDecayLR: lr at step 0 (auto: 0)",
-        nullptr, kAuto));
-  add(F("scheduler.params.warmup_max_lr", Real(0, kInf, true, true),
+  add(F("scheduler.params.warmup_min_lr", Real(0, kMaxF32), STRATA_M(scheduler.warmup_min_lr),
+        "WarmupLR/WarmupDecayLR: lr at step 0 (auto: 0)", nullptr, kAuto));
+  add(F("scheduler.params.warmup_max_lr", Real(0, kMaxF32, true, false),
         STRATA_M(scheduler.warmup_max_lr), "WarmupLR/WarmupDecayLR: lr after warmup", nullptr,
         kAuto, "optimizer.params.lr"));
   add(F("scheduler.params.warmup_num_steps", Int(0, kMaxInt), STRATA_M(scheduler.warmup_num_steps),
@@ -403,8 +402,7 @@ void TableBuilder::add_aio_and_unbound_keys() {
         "strata: storage engine", nullptr));
   add(F("aio.block_size", Size(4096, kInf, 4096), STRATA_M(aio.block_size),
         "bytes per I/O request, a multiple of 4096", nullptr));
-  add(F("aio.queue_depth", Int(1, 65536), STRATA_M(aio.queue_depth), "requests in flight",
-        nullptr));
+  add(F("aio.queue_depth", Int(1, 4096), STRATA_M(aio.queue_depth), "requests in flight", nullptr));
   add(F("aio.intra_op_parallelism", Int(1, 1024), STRATA_M(aio.intra_op_parallelism),
         "I/O threads per request", nullptr));
   alias("aio.thread_count", "aio.intra_op_parallelism");
@@ -612,8 +610,9 @@ void TableBuilder::add_run_keys() {
         "itself, positions restart (TRL padding_free); window: causal over the whole window"));
   add(F("data.eval_batches", Int(0, kMaxI32), STRATA_M(data.eval_batches),
         "batches per evaluation"));
-  add(F("data.synthetic_tokens", Size(1), STRATA_M(data.synthetic_tokens),
-        "tokens in the built-in corpus"));
+  add(F("data.synthetic_tokens", Size(1, double(uint64_t{1} << 32)),
+        STRATA_M(data.synthetic_tokens),
+        "tokens in the built-in corpus (4 bytes each in host memory)"));
 
   // --- strata: device ---------------------------------------------------------------------------
   group("strata: device");

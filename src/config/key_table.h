@@ -45,6 +45,8 @@ struct Type {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMaxInt = kInf;          // no upper bound (values beyond 2^62 are refused)
 constexpr double kMaxI32 = 2147483647.0;  // keys stored in an int
+// Keys the optimizer takes as a float (the learning rate, weight decay): the largest finite one.
+constexpr double kMaxF32 = 3.4028234663852886e38;
 constexpr double kIntLimit = 4.611686018427387904e18;  // 2^62
 
 using Setter = void (*)(Config&, const json&);

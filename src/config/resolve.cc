@@ -47,6 +47,15 @@ Status resolve_batch(Ctx* ctx, int world_size) {
   int64_t& t = c.train_batch_size;
   int64_t& m = c.train_micro_batch_size_per_gpu;
   int64_t& g = c.gradient_accumulation_steps;
+  // m * g * ws, or why it cannot be a batch (the keys' ranges let the product overflow).
+  int64_t mgw = 0;
+  const bool fits = !__builtin_mul_overflow(m, g, &mgw) && !__builtin_mul_overflow(mgw, ws, &mgw);
+  if ((has_m && has_g) && !fits) {
+    return invalid_argument(fmt::format(
+        "train_micro_batch_size_per_gpu ({}) * gradient_accumulation_steps ({}) * world_size "
+        "({}) is too large a batch; lower one of them",
+        m, g, ws));
+  }
   if (has_t && has_m && has_g) {
     // checked below
   } else if (has_t && has_m) {
@@ -54,7 +63,7 @@ Status resolve_batch(Ctx* ctx, int world_size) {
   } else if (has_t && has_g) {
     m = t / (g * ws);
   } else if (has_m && has_g) {
-    t = m * g * ws;
+    t = mgw;
   } else if (has_t) {
     g = 1;
     m = t / ws;
@@ -76,12 +85,13 @@ Status resolve_batch(Ctx* ctx, int world_size) {
         "(and optionally gradient_accumulation_steps); train_batch_size = "
         "train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size");
   }
-  if (m < 1 || g < 1 || t != m * g * ws) {
+  if (m < 1 || g < 1 || __builtin_mul_overflow(m, g, &mgw) ||
+      __builtin_mul_overflow(mgw, ws, &mgw) || t != mgw) {
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
         "gradient_accumulation_steps ({}) * world_size ({}) = {}; fix one of them or leave one "
         "out to have it derived",
-        t, m, g, ws, m * g * ws));
+        t, m, g, ws, mgw));
   }
   if (is_auto(*ctx, "train_batch_size")) note_auto(ctx, "train_batch_size", std::to_string(t));
   if (is_auto(*ctx, "train_micro_batch_size_per_gpu")) {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 
 #include "src/base/rng.h"
 #include "strata/checksum.h"
@@ -36,8 +37,14 @@ Result<std::vector<char>> read_file(const std::string& path, const std::string& 
     err = invalid_argument(fmt::format(
         "{}: '{}' is a directory; give a token file in it (.bin from llm.c, .u16, .u32, or text)",
         key, path));
+  } else if (!S_ISREG(st.st_mode)) {
+    // A device or a pipe may never end (/dev/zero): the file is read whole into memory.
+    err = invalid_argument(fmt::format(
+        "{}: '{}' is not a regular file (a device, a pipe or a socket); give a token file (.bin "
+        "from llm.c, .u16, .u32, or text)",
+        key, path));
   } else {
-    bytes.reserve(S_ISREG(st.st_mode) ? size_t(st.st_size) : 0);
+    bytes.reserve(size_t(st.st_size));
     char buf[1 << 16];
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -212,7 +219,14 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
   Dataset d;
   TokenFile train;
   if (cfg.source == "synthetic") {
-    train.tokens = synthetic_corpus(cfg.synthetic_tokens, vocab_size, seed);
+    try {
+      train.tokens = synthetic_corpus(cfg.synthetic_tokens, vocab_size, seed);
+    } catch (const std::bad_alloc&) {
+      return out_of_memory(fmt::format(
+          "data.synthetic_tokens: {} tokens need {:.1f} GiB of host memory, more than this "
+          "process can allocate; give fewer",
+          cfg.synthetic_tokens, double(cfg.synthetic_tokens) * 4 / double(1 << 30)));
+    }
     train.description = fmt::format("synthetic Markov corpus, {} tokens, vocab {}",
                                     train.tokens.size(), vocab_size);
   } else {
