@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "src/plan/probe_machine.h"
 #include "tests/adversarial_util.h"
 
 namespace strata {
@@ -84,6 +85,37 @@ TEST_F(Hardening, DataSourceThatIsNoRegularFileIsRefused) {
   ASSERT_FALSE(d.is_ok());
   EXPECT_TRUE(contains(d.status().message(), "data.source: '/dev/zero' is not a regular file"))
       << d.status().message();
+}
+
+// Every file read whole (a config, a machine profile) must be a regular file: /dev/zero was read
+// until the memory was gone.
+TEST_F(Hardening, FilesReadWholeMustBeRegular) {
+  auto c = load_config("/dev/zero");
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_TRUE(contains(c.status().message(), "the config '/dev/zero' is not a regular file"))
+      << c.status().message();
+  auto p = load_machine_profile("/dev/zero");
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_TRUE(contains(p.status().message(), "--profile '/dev/zero' is not a regular file"))
+      << p.status().message();
+  const auto dir = temp_dir("config_dir");
+  auto d = load_config(dir);
+  ASSERT_FALSE(d.is_ok());
+  EXPECT_TRUE(contains(d.status().message(), "is a directory")) << d.status().message();
+}
+
+// The memory probe's two buffers of --host-bytes: more than the host has was a bad_alloc.
+TEST_F(Hardening, ProbeHostBytesBeyondTheHostAreRefused) {
+  MachineProbeOptions o;
+  o.host_bytes = uint64_t{1} << 60;
+  o.include_cuda = false;
+  auto r = run_machine_probe(o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "--host-bytes")) << r.status().message();
+  o.host_bytes = 100;
+  r = run_machine_probe(o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "at least 4 KiB")) << r.status().message();
 }
 
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {

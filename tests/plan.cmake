@@ -10,6 +10,12 @@ add_test(NAME plan_cli_gpt3_175b
                  --nvme /tmp:6 --seq 512)
 set_tests_properties(plan_cli_gpt3_175b PROPERTIES TIMEOUT 60
                      PASS_REGULAR_EXPRESSION "best: [a-z+-]+ .* s/step|no placement fits")
+# A shape beyond what a config takes is refused at once (a billion layers planned for minutes,
+# gigabytes of layout, before the key table's ranges applied to --layers and --hf).
+add_test(NAME plan_cli_layers_beyond_range
+         COMMAND strata plan --layers 1073741824 --width 64 --heads 1)
+set_tests_properties(plan_cli_layers_beyond_range PROPERTIES TIMEOUT 30
+                     PASS_REGULAR_EXPRESSION "the model shape: model.n_layer: 1073741824 out of range")
 # A stale profile is refused with the command that regenerates it.
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/stale_profile.json
      "{\"magic\": \"strata-machine-profile\", \"version\": 0}\n")

@@ -494,6 +494,12 @@ TEST(Plan, BadOrStaleProfileIsRefusedWithHowToRegenerate) {
   j = good;
   j["device"].erase("gemm_flops");
   expect_refused(j, "device.gemm_flops");
+  // A rate the planner divides by: 0, negative or absurd planned nan or inf steps, exit 0.
+  for (double bad : {0.0, -1.0, 1e308}) {
+    j = good;
+    j["host"]["copy_gbps"] = bad;
+    expect_refused(j, "host.copy_gbps");
+  }
   // Found by fuzz_profile: a width beyond int was converted unchecked (undefined behaviour).
   j = good;
   j["device"]["gemm_by_width"] = {{{"C", 1.3e31}, {"gemm_flops", 5e10}}};

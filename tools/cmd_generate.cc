@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "src/base/safe_file.h"
 #include "src/checkpoint/checkpoint.h"
 #include "src/hf/master_weights.h"
 #include "src/model/architecture.h"
@@ -271,6 +272,9 @@ std::optional<int> read_prompt(const CliOptions& cli, const std::string& prompt_
     }
   } else {
     if (!prompt_file.empty()) {
+      if (Status st = expect_regular_file(prompt_file, "--prompt-file"); !st.is_ok()) {
+        return cli.fail(st.message());
+      }
       std::ifstream in(prompt_file, std::ios::binary);
       if (!in) return cli.fail("--prompt-file: cannot open " + prompt_file);
       std::stringstream ss;

@@ -42,8 +42,10 @@ bool same_file(const std::string& a, const std::string& b) {
   return !a.empty() && !b.empty() && std::filesystem::equivalent(a, b, ec);
 }
 
-// The text of `path` ("" when it cannot be read).
+// The text of `path` ("" when it cannot be read, or is not a regular file: a device such as
+// /dev/zero never ends).
 std::string read_text(const std::string& path) {
+  if (!expect_regular_file(path, "").is_ok()) return "";
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -171,6 +173,12 @@ Result<PlanRequest> plan_request(const PlanArgs& a, const Config& cfg, const Har
     } else {
       model = gpt_model("custom", a.layers, a.width, a.heads, a.vocab, a.context);
     }
+    // The ranges a config's model section has (a billion layers is an error, not hours of
+    // planning and gigabytes of layout).
+    STRATA_RETURN_IF_ERROR(
+        check_model_ranges(model.shape, !a.hf_dir.empty() ? a.hf_dir + "/config.json"
+                                                          : std::string("the model shape")),
+        "");
     if (!a.config_path.empty()) {
       req = request_from_config(cfg, hw, prof);  // the config's engine options, a new model
     } else {

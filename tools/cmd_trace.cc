@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "src/base/safe_file.h"
 #include "src/tiers/trace.h"
 #include "strata/config.h"
 #include "tools/commands.h"
@@ -93,6 +94,10 @@ int cmd_trace(int argc, char** argv) {
                  "--bandwidth and --steps are required\n\n%s",
                  kUsage);
     return 2;
+  }
+  if (Status st = expect_regular_file(trace_path, "--trace"); !st.is_ok()) {
+    std::fprintf(stderr, "strata trace replay: %s\n", st.message().c_str());
+    return 1;
   }
   std::ifstream f(trace_path);
   if (!f) {

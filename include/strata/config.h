@@ -347,6 +347,10 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
 // config written for the Hugging Face Trainer has no "model" section). `strata train`, `eval`
 // and `export` call it; configs built in code always describe one.
 Status check_model_given(const Config& config);
+// OK when every model.* key of `model` is within the key table's range (what a config with that
+// model section would take); else kInvalidArgument "<origin>: model.n_layer: ... out of range".
+// For shapes built outside a config (strata plan's --layers/--width/--heads, --hf).
+Status check_model_ranges(const ModelConfig& model, const std::string& origin);
 
 // The "model" section of a config that builds `model`, as JSON text (an object): model.type,
 // n_layer, n_head, n_embd, vocab_size and context always, and every other model.* key whose

@@ -197,4 +197,12 @@ Status write_directory_atomically(const std::string& dir, const std::vector<std:
   return fsync_directory(parent.string());
 }
 
+Status expect_regular_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return Status::ok();
+  return invalid_argument(fmt::format(
+      "{} '{}' is {}; give a regular file", what, path,
+      S_ISDIR(st.st_mode) ? "a directory" : "not a regular file (a device, a pipe or a socket)"));
+}
+
 }  // namespace strata

@@ -22,6 +22,11 @@
 
 namespace strata {
 
+// Whether a file about to be read whole may be: OK when `path` is a regular file or there is
+// nothing there (the caller's open says so); kInvalidArgument naming `what` and `path` when it is
+// a directory, a device, a pipe or a socket (a device such as /dev/zero never ends).
+Status expect_regular_file(const std::string& path, const std::string& what);
+
 // Creates `path` exclusively (O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, `mode`).
 // When something already sits at `path` (a temporary left by a killed run, or a planted link),
 // that directory entry is removed and the create tried once more; a second EEXIST (someone

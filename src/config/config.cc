@@ -30,6 +30,7 @@
 
 #include "src/base/json_depth.h"
 #include "src/base/json_text.h"
+#include "src/base/safe_file.h"
 #include "src/config/config_ctx.h"
 #include "src/config/key_table.h"
 #include "src/config/leaf.h"
@@ -368,6 +369,7 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
   if (std::filesystem::is_directory(path, ec)) {
     return invalid_argument(fmt::format("{}: is a directory; give the config file's path", path));
   }
+  STRATA_RETURN_IF_ERROR(expect_regular_file(path, "the config"), "");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return errno_status(errno ? errno : ENOENT,

@@ -469,3 +469,20 @@ Status resolve(Ctx* ctx, int world_size) {
 }
 
 }  // namespace strata::config_internal
+
+namespace strata {
+
+Status check_model_ranges(const ModelConfig& model, const std::string& origin) {
+  Config c;
+  c.model = model;
+  for (const config_internal::Key& k : config_internal::schema().keys) {
+    if (k.path.rfind("model.", 0) != 0 || !k.alias_of.empty() || !k.get) continue;
+    if (k.type.kind != config_internal::Kind::kInt && k.type.kind != config_internal::Kind::kReal)
+      continue;
+    Result<nlohmann::json> v = config_internal::check_value(k.type, k.get(c), k.path);
+    if (!v.is_ok()) return invalid_argument(fmt::format("{}: {}", origin, v.status().message()));
+  }
+  return Status::ok();
+}
+
+}  // namespace strata

@@ -534,6 +534,17 @@ uint64_t probe_span_bytes() {
 Result<std::string> run_machine_probe(
     const MachineProbeOptions& o,
     const std::function<void(int, int, const std::string&)>& progress) {
+  // The memory probe takes two buffers of host_bytes (and the link probe one of up to 256 MiB).
+  if (o.host_bytes > 0 && o.host_bytes < 4096) {
+    return invalid_argument(fmt::format("--host-bytes {}: give at least 4 KiB", o.host_bytes));
+  }
+  if (const uint64_t avail = host_available_bytes();
+      o.host_bytes > 0 && avail > 0 && o.host_bytes > avail / 2) {
+    return invalid_argument(fmt::format(
+        "--host-bytes {}: the memory probe takes two buffers of it, more than the {} bytes "
+        "available; give at most {}",
+        o.host_bytes, avail, avail / 2));
+  }
   const int total = 6;
   auto step = [&](int i, const std::string& what) {
     if (progress) progress(i, total, what);

@@ -9,6 +9,7 @@
 
 #include "src/base/json_depth.h"
 #include "src/base/json_text.h"
+#include "src/base/safe_file.h"
 #include "src/plan/plan.h"
 #include "strata/log.h"
 
@@ -223,6 +224,14 @@ Result<MachineProfile> parse_profile_fields(const std::string& text, const std::
           fmt::format("{}: field {}.{} is missing or not a number{}", origin, a, b, regen));
     }
     *out = j[a][b].get<double>();
+    // Every one is a rate the planner divides by: 0, negative or absurd ones planned nan or inf
+    // steps with exit 0.
+    if (!(*out > 0) || !(*out < 1e20)) {
+      return invalid_argument(
+          fmt::format("{}: field {}.{} is {}: a rate must be positive and "
+                      "below 1e20{}",
+                      origin, a, b, *out, regen));
+    }
     return Status::ok();
   };
   double v = 0;
@@ -308,6 +317,7 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
 }
 
 Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {
+  STRATA_RETURN_IF_ERROR(expect_regular_file(path, "--profile"), "");
   std::ifstream in(path);
   if (!in) {
     return not_found(

@@ -82,6 +82,12 @@ Result<Trace> Trace::from_jsonl(const std::string& text) {
       a.bytes = j.at("bytes");
       a.compute_s = j.value("compute_s", 0.0);
       if (a.object < 0) return invalid_argument(fmt::format("line {}: negative object", lineno));
+      // Objects are a model's modules; the replay keeps a list per id up to the largest.
+      constexpr int kMaxObjects = 1 << 20;
+      if (a.object >= kMaxObjects) {
+        return invalid_argument(fmt::format("line {}: object {} is beyond the {} a trace can name",
+                                            lineno, a.object, kMaxObjects));
+      }
       acc.push_back(a);
     } catch (const std::exception& e) {
       return invalid_argument(fmt::format("line {}: {}", lineno, e.what()));

@@ -26,6 +26,11 @@ TEST(Trace, ReuseDistancesAndNextUse) {
   ASSERT_TRUE(round.is_ok());
   EXPECT_EQ(round->size(), 5u);
   EXPECT_FALSE(Trace::from_jsonl("{\"object\": 1}\n").is_ok());
+  // An object id the replay would size a list for (INT_MAX: a length_error, abort).
+  auto huge = Trace::from_jsonl(t.to_jsonl({"a"}) + "{\"object\": 2147483647, \"bytes\": 8}\n");
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_NE(huge.status().message().find("beyond the"), std::string::npos)
+      << huge.status().message();
 }
 
 // An object touched once a step is next used one step later, after every other object's bytes.
