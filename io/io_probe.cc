@@ -120,6 +120,14 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
   if (o.paths.empty()) return invalid_argument("probe io: give at least one path (--path DIR)");
   if (o.block_sizes.empty() || o.queue_depths.empty() || o.ops.empty() || o.repeats < 1)
     return invalid_argument("probe io: empty sweep (block sizes, queue depths, ops, repeats)");
+  // The storage engine's range (aio.queue_depth): checked before the buffers of the deepest
+  // case are made (6000 took 6 GiB before the engine refused it).
+  for (int qd : o.queue_depths) {
+    if (qd < 1 || qd > 4096) {
+      return invalid_argument(
+          fmt::format("probe io: queue depth {} must be between 1 and 4096 (--queue-depths)", qd));
+    }
+  }
   const size_t max_bs = *std::max_element(o.block_sizes.begin(), o.block_sizes.end());
   const int max_qd = *std::max_element(o.queue_depths.begin(), o.queue_depths.end());
   for (size_t bs : o.block_sizes)

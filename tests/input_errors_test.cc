@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "src/plan/probe_machine.h"
+#include "strata/io_probe.h"
 #include "tests/adversarial_util.h"
 
 namespace strata {
@@ -116,6 +117,23 @@ TEST_F(Hardening, ProbeHostBytesBeyondTheHostAreRefused) {
   r = run_machine_probe(o);
   ASSERT_FALSE(r.is_ok());
   EXPECT_TRUE(contains(r.status().message(), "at least 4 KiB")) << r.status().message();
+}
+
+// strata probe io: a queue depth the storage engine refuses is refused before the sweep's
+// buffers are made (a depth of 6000 made 6 GiB of them, then every case was skipped, exit 0).
+TEST_F(Hardening, ProbeIoQueueDepthsOutsideTheEnginesRangeAreRefused) {
+  const auto dir = temp_dir("probe_io");
+  IoProbeOptions o;
+  o.paths = {dir};
+  o.file_bytes = 1 << 20;
+  o.block_sizes = {1 << 20};
+  for (int qd : {0, 4097}) {
+    o.queue_depths = {4, qd};
+    auto r = run_io_probe(o, nullptr);
+    ASSERT_FALSE(r.is_ok()) << qd;
+    EXPECT_TRUE(contains(r.status().message(), "must be between 1 and 4096"))
+        << r.status().message();
+  }
 }
 
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {
