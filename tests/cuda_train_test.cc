@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "strata/config.h"
 #include "strata/device.h"
 #include "strata/log.h"
+#include "tests/plan_util.h"
 #include "tests/sft_util.h"
 #include "tests/test_util.h"
 
@@ -485,6 +487,65 @@ TEST(CudaTraining, HostDeviceBytesPerStepAreThePlacementsMinimum) {
       }
     }
   }
+}
+
+// The machine probe on a GPU times whole training micro-batches, as on the CPU backend (one
+// 1024-token GEMM's rate, 283 TFLOP/s on an H200, put its GPT-2 step at 50 ms for the 35 it
+// ran), by default at training's sizes, and the device's optimizer (the planner's default 2000
+// GB/s put the Llama's at 17 ms for 8); the planner reads them back and takes its compute and
+// device-optimizer rates from them.
+TEST(CudaTraining, TheProbeTimesWholeMicroBatchesOnTheGpu) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  MachineProbeOptions po = test::tiny_probe_options();
+  po.cuda_bytes = size_t{512} << 20;  // the same arena on any GPU and in the emulation
+  po.model_shapes = {{64, 128}, {{1, 32}, {2, 32}}};
+  auto text = run_machine_probe(po);
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  auto p = parse_machine_profile(*text, "p.json");
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_FALSE(p->cpu_backend);
+  ASSERT_EQ(p->gemm_by_width.size(), 4u);  // 2 widths x 2 token counts, by tokens then width
+  EXPECT_EQ(p->gemm_by_width[0].tokens, 32);
+  EXPECT_EQ(p->gemm_by_width[1].width, 128);
+  EXPECT_EQ(p->gemm_by_width[3].tokens, 64);
+  for (const auto& g : p->gemm_by_width) EXPECT_GT(g.flops, 0);
+  EXPECT_DOUBLE_EQ(gemm_rate_at(*p, 128, 64), p->gemm_by_width[3].flops);
+  // and its memory bandwidth as its optimizer moves it, the device-optimizer term's rate.
+  const auto j = nlohmann::json::parse(*text);
+  ASSERT_TRUE(j["device"].contains("mem_gbps")) << j["device"].dump();
+  EXPECT_GT(j["device"]["mem_gbps"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(p->device_mem_gbps.value, j["device"]["mem_gbps"].get<double>());
+  EXPECT_NE(p->device_mem_gbps.source.find("p.json"), std::string::npos);
+  // A width the device cannot hold ends the table there, saying so; the narrower ones stay (2
+  // layers at width 8192 are 1.6 G parameters: more than the 512 MiB arena).
+  po.model_shapes = {{64, 1 << 13}, {{1, 32}}};
+  auto small = run_machine_probe(po);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  auto js = nlohmann::json::parse(*small);
+  EXPECT_EQ(js["device"]["gemm_by_width"].size(), 1u);
+  EXPECT_NE(js["device"].value("gemm_by_width_note", "").find("widths from 8192 not measured"),
+            std::string::npos)
+      << js["device"].dump();
+  // Where not even the first width fits, the profile stands without the table (the planner
+  // takes the GEMM rate) and says why.
+  po.model_shapes = {{1 << 13}, {{1, 32}}};
+  auto none = run_machine_probe(po);
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  auto pn = parse_machine_profile(*none, "none.json");
+  ASSERT_TRUE(pn.is_ok()) << pn.status().to_string();
+  EXPECT_TRUE(pn->gemm_by_width.empty());
+  EXPECT_GT(pn->gemm_flops.value, 0);
+  EXPECT_DOUBLE_EQ(gemm_rate_at(*pn, 768, 8192), pn->gemm_flops.value);
+  EXPECT_NE(nlohmann::json::parse(*none)["device"]
+                .value("gemm_by_width_note", "")
+                .find("widths from 8192 not measured"),
+            std::string::npos);
+  // By default a GPU's micro-batches are training's: 2048 tokens or more, GPT-2's width to 4096.
+  const ModelProbeShapes gpu = model_probe_shapes(/*cpu_backend=*/false);
+  for (const auto& [b, t] : gpu.batches) EXPECT_GE(b * t, 2048);
+  EXPECT_EQ(gpu.widths.front(), 768);
+  EXPECT_EQ(gpu.widths.back(), 4096);
 }
 
 }  // namespace
