@@ -105,19 +105,26 @@ Status resolve_batch(Ctx* ctx, int world_size) {
 
 // A config.json's shape against the same ranges a native model section has (the key table's),
 // before anything is sized from it: a billion layers must be an error, not an OOM kill.
-Status check_pretrained_ranges(const Config& c, const std::string& dir) {
+// The first model.* key of `c` outside the key table's range, and why (null: none).
+std::pair<const Key*, Status> first_model_range_error(const Config& c) {
   for (const Key& k : schema().keys) {
     if (k.path.rfind("model.", 0) != 0 || !k.alias_of.empty() || !k.get) continue;
     if (k.type.kind != Kind::kInt && k.type.kind != Kind::kReal) continue;
     Result<json> v = check_value(k.type, k.get(c), k.path);
-    if (v.is_ok()) continue;
-    const std::string hf_key = hf_config_key(c.model.type, k.path);
-    return invalid_argument(
-        fmt::format("{}/config.json: {}is beyond what strata trains ({}){}", dir,
-                    hf_key.empty() ? "" : hf_key + " ", v.status().message(),
-                    k.path == "model.context" ? "; give a shorter model.context beside "
-                                                "from_pretrained"
-                                              : ""));
+    if (!v.is_ok()) return {&k, v.status()};
+  }
+  return {nullptr, Status::ok()};
+}
+
+Status check_pretrained_ranges(const Config& c, const std::string& dir) {
+  if (const auto [key, why] = first_model_range_error(c); key != nullptr) {
+    const std::string hf_key = hf_config_key(c.model.type, key->path);
+    return invalid_argument(fmt::format("{}/config.json: {}is beyond what strata trains ({}){}",
+                                        dir, hf_key.empty() ? "" : hf_key + " ", why.message(),
+                                        key->path == "model.context"
+                                            ? "; give a shorter model.context beside "
+                                              "from_pretrained"
+                                            : ""));
   }
   return Status::ok();
 }
@@ -475,14 +482,9 @@ namespace strata {
 Status check_model_ranges(const ModelConfig& model, const std::string& origin) {
   Config c;
   c.model = model;
-  for (const config_internal::Key& k : config_internal::schema().keys) {
-    if (k.path.rfind("model.", 0) != 0 || !k.alias_of.empty() || !k.get) continue;
-    if (k.type.kind != config_internal::Kind::kInt && k.type.kind != config_internal::Kind::kReal)
-      continue;
-    Result<nlohmann::json> v = config_internal::check_value(k.type, k.get(c), k.path);
-    if (!v.is_ok()) return invalid_argument(fmt::format("{}: {}", origin, v.status().message()));
-  }
-  return Status::ok();
+  const auto [key, why] = config_internal::first_model_range_error(c);
+  if (key == nullptr) return Status::ok();
+  return invalid_argument(fmt::format("{}: {}", origin, why.message()));
 }
 
 }  // namespace strata
