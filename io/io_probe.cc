@@ -120,6 +120,10 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
   if (o.paths.empty()) return invalid_argument("probe io: give at least one path (--path DIR)");
   if (o.block_sizes.empty() || o.queue_depths.empty() || o.ops.empty() || o.repeats < 1)
     return invalid_argument("probe io: empty sweep (block sizes, queue depths, ops, repeats)");
+  if (o.warmup < 0) {
+    return invalid_argument(
+        fmt::format("probe io: {} warm-up passes: give 0 or more (--warmup)", o.warmup));
+  }
   // The storage engine's range (aio.queue_depth): checked before the buffers of the deepest
   // case are made (6000 took 6 GiB before the engine refused it).
   for (int qd : o.queue_depths) {
@@ -130,6 +134,12 @@ Result<IoProbeReport> run_io_probe(const IoProbeOptions& o,
   }
   const size_t max_bs = *std::max_element(o.block_sizes.begin(), o.block_sizes.end());
   const int max_qd = *std::max_element(o.queue_depths.begin(), o.queue_depths.end());
+  if (o.file_bytes < max_bs) {
+    return invalid_argument(fmt::format(
+        "probe io: a file of {} bytes holds no block of {} bytes: give --size at least the "
+        "largest block size",
+        o.file_bytes, max_bs));
+  }
   for (size_t bs : o.block_sizes)
     if (bs == 0 || bs % kStorageAlignment || o.file_bytes % bs)
       return invalid_argument(fmt::format(

@@ -3,7 +3,8 @@
 # over another model's directory (refused, naming it; --force replaces it whole), an export that
 # fails leaving no empty directory, a config.json of a billion layers (an error, not an OOM
 # kill), the largest model the ranges allow (planned, refused by the preflight and by generate
-# before allocating), and ZeRO++ keys on one rank (a warning naming them).
+# before allocating), ZeRO++ keys on one rank (a warning naming them), and option values out of
+# their range (trace replay, probe, plan --nvme).
 # usage: hardening2_cli_test.sh STRATA_BINARY REPO_DIR
 set -uo pipefail
 strata=$1
@@ -106,4 +107,33 @@ check "the preflight names the host tier" grep -q "host tier needs" train-huge.t
 rc=$?
 check "generate of the largest model exits 1 (rc $rc)" test "$rc" -eq 1
 check "generate says the model does not fit in memory" grep -q "in host memory" gen-huge.txt
+
+# Option values that ran on as zeros, nan or for days (exit 0): refused with exit 2, naming the
+# option and the range (a probe io file of 0 bytes: exit 1, naming --size).
+printf '{"step": 0}\n' >t.jsonl
+mkdir -p pio
+opt_refused() {  # NAME EXPECTED-RC PATTERN COMMAND...
+  local name=$1 want=$2 pat=$3
+  shift 3
+  timeout 60 "$strata" "$@" >opt.txt 2>&1
+  local rc=$?
+  check "$name: exit $want (rc $rc)" test "$rc" -eq "$want"
+  check "$name: says why" grep -q -- "$pat" opt.txt
+}
+opt_refused "trace replay --bandwidth nan" 2 "--bandwidth 'nan': expected a rate" \
+  trace replay --trace t.jsonl --capacity 1MiB --bandwidth nan
+opt_refused "trace replay --steps 2000000000" 2 "from 1 to 100000" \
+  trace replay --trace t.jsonl --capacity 1MiB --steps 2000000000
+opt_refused "trace replay --capacity 0" 2 "--capacity (above 0)" \
+  trace replay --trace t.jsonl --capacity 0
+opt_refused "trace replay --compute-ms -1" 2 "expected milliseconds" \
+  trace replay --trace t.jsonl --capacity 1MiB --compute-ms -1
+opt_refused "probe io --warmup -1" 2 "--warmup '-1': expected a whole number from 0" \
+  probe io --path pio --warmup -1
+opt_refused "probe --repeats x" 2 "--repeats 'x': expected a whole number from 1" \
+  probe --repeats x
+opt_refused "probe io --size 0" 1 "give --size at least the largest block size" \
+  probe io --path pio --size 0
+opt_refused "plan --nvme PATH:inf" 1 "rate after the colon must be GB/s above 0" \
+  plan --model gpt2-124m --nvme pio:inf
 exit $fail

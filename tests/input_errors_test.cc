@@ -136,6 +136,28 @@ TEST_F(Hardening, ProbeIoQueueDepthsOutsideTheEnginesRangeAreRefused) {
   }
 }
 
+// strata probe io with a file of no whole block (--size 0 reported zeros, exit 0) or a negative
+// warm-up (fewer passes than asked, silently).
+TEST_F(Hardening, ProbeIoFileOfNoBlockOrNegativeWarmupIsRefused) {
+  const auto dir = temp_dir("probe_io_size");
+  IoProbeOptions o;
+  o.paths = {dir};
+  o.block_sizes = {1 << 20};
+  o.queue_depths = {4};
+  for (uint64_t bytes : {uint64_t{0}, uint64_t{1} << 19}) {
+    o.file_bytes = bytes;
+    auto r = run_io_probe(o, nullptr);
+    ASSERT_FALSE(r.is_ok()) << bytes;
+    EXPECT_TRUE(contains(r.status().message(), "give --size at least the largest block size"))
+        << r.status().message();
+  }
+  o.file_bytes = 1 << 20;
+  o.warmup = -1;
+  auto r = run_io_probe(o, nullptr);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_TRUE(contains(r.status().message(), "(--warmup)")) << r.status().message();
+}
+
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {
   const auto dir = temp_dir("llmc");
   std::vector<int32_t> header(256, 0);

@@ -47,6 +47,11 @@ class CliOptions {
   std::vector<Option> options_;
 };
 
+// A number option's value: the whole of `text`, in [lo, hi]; false (and *out untouched) for
+// anything else (empty, trailing characters, out of range; parse_number_in: nan and inf too).
+bool parse_int_in(const std::string& text, long long lo, long long hi, long long* out);
+bool parse_number_in(const std::string& text, double lo, double hi, double* out);
+
 // Loads the config at `path` with --set `overrides` for `world_size` ranks, then sets the log
 // level from `log_level` (--log-level; empty: strata.log_level). nullopt on success (`*out`
 // holds the config), else the exit code after printing why (1: the config; 2: the level).

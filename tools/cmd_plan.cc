@@ -24,6 +24,7 @@
 #include "src/plan/plan.h"
 #include "strata/log.h"
 #include "strata/simulated_device.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/plan_cli.h"
 #include "tools/plan_mark.h"
@@ -101,9 +102,17 @@ Result<Hardware> plan_hardware(PlanArgs& a, const Config& cfg, MachineProfile* p
     const size_t colon = n.rfind(':');
     std::string path = n;
     if (colon != std::string::npos && colon + 1 < n.size()) {
+      const std::string rate = n.substr(colon + 1);
       char* end = nullptr;
-      const double g = std::strtod(n.c_str() + colon + 1, &end);
-      if (*end == 0 && g > 0) {
+      std::strtod(rate.c_str(), &end);
+      double g = 0;
+      // A suffix that reads as a number is the path's rate (else the colon is the path's own).
+      if (*end == 0 && !parse_number_in(rate, 1e-6, 1e6, &g)) {
+        return invalid_argument(
+            fmt::format("--nvme {}: the rate after the colon must be GB/s above 0 (e.g. {}:3.5)", n,
+                        n.substr(0, colon)));
+      }
+      if (g > 0) {
         path = n.substr(0, colon);
         // Paths are striped: bandwidths add up.
         const bool first = prof.nvme_read_gbps.source.rfind("--nvme", 0) != 0;

@@ -13,10 +13,14 @@
 #include "strata/config.h"
 #include "strata/io_probe.h"
 #include "strata/log.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
 namespace {
+
+// The most passes --repeats or --warmup asks for (each pass moves the whole span again).
+constexpr long long kMaxPasses = 1000;
 
 void usage(FILE* out) {
   const IoProbeOptions d;
@@ -34,8 +38,8 @@ void usage(FILE* out) {
       "  --block-sizes LIST       e.g. 256KiB,1MiB,4MiB (default)\n"
       "  --queue-depths LIST      e.g. 4,8,32 (default)\n"
       "  --ops LIST               read,write (default both)\n"
-      "  --repeats N              timed passes per case (default %d)\n"
-      "  --warmup N               discarded passes per case (default %d)\n"
+      "  --repeats N              timed passes per case, 1-1000 (default %d)\n"
+      "  --warmup N               discarded passes per case, 0-1000 (default %d)\n"
       "  --json FILE              write the profile here (default: none)\n"
       "  --keep-files             keep the probe files (e.g. to run fio on the same file)\n",
       format_bytes(static_cast<double>(d.file_bytes)).c_str(), d.repeats, d.warmup);
@@ -106,10 +110,14 @@ int probe_io(int argc, char** argv) {
         }
         o.ops.push_back(x == "read" ? IoOp::kRead : IoOp::kWrite);
       }
-    } else if (a == "--repeats") {
-      o.repeats = std::atoi(v);
-    } else if (a == "--warmup") {
-      o.warmup = std::atoi(v);
+    } else if (a == "--repeats" || a == "--warmup") {
+      long long n = 0;
+      if (!parse_int_in(v, a == "--repeats" ? 1 : 0, kMaxPasses, &n)) {
+        std::fprintf(stderr, "strata probe io: %s '%s': expected a whole number from %d to %lld\n",
+                     a.c_str(), v, a == "--repeats" ? 1 : 0, kMaxPasses);
+        return 2;
+      }
+      (a == "--repeats" ? o.repeats : o.warmup) = int(n);
     } else if (a == "--json") {
       json_path = v;
     } else {
@@ -169,8 +177,8 @@ int probe_all(int argc, char** argv) {
           "options:\n"
           "  --path DIR[,DIR...]  swap directories to probe (default: NVMe is not measured)\n"
           "  --json FILE          write the profile here (default: stdout summary only)\n"
-          "  --repeats N          timed passes per case (default %d)\n"
-          "  --warmup N           discarded passes per case (default %d)\n"
+          "  --repeats N          timed passes per case, 1-1000 (default %d)\n"
+          "  --warmup N           discarded passes per case, 0-1000 (default %d)\n"
           "  --host-bytes SIZE    memory-bandwidth buffer (default %s: 4x the last-level\n"
           "                       cache, 256 MiB-2 GiB, at most 1/8 of the available memory;\n"
           "                       the CPU optimizer steps as many parameters' state)\n"
@@ -195,12 +203,13 @@ int probe_all(int argc, char** argv) {
     } else if (a == "--json") {
       json_path = v;
     } else if (a == "--repeats" || a == "--warmup") {
-      const int n = std::atoi(v.c_str());
-      if (n < (a == "--repeats" ? 1 : 0)) {
-        std::fprintf(stderr, "strata probe: %s %s is out of range\n", a.c_str(), v.c_str());
+      long long n = 0;
+      if (!parse_int_in(v, a == "--repeats" ? 1 : 0, kMaxPasses, &n)) {
+        std::fprintf(stderr, "strata probe: %s '%s': expected a whole number from %d to %lld\n",
+                     a.c_str(), v.c_str(), a == "--repeats" ? 1 : 0, kMaxPasses);
         return 2;
       }
-      (a == "--repeats" ? o.repeats : o.warmup) = n;
+      (a == "--repeats" ? o.repeats : o.warmup) = int(n);
     } else if (a == "--host-bytes" || a == "--nvme-bytes") {
       auto s = parse_size(v);
       if (!s.is_ok()) return fail(s.status().with_context(a));

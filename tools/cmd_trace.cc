@@ -1,5 +1,7 @@
 // `strata trace replay --trace FILE --capacity SIZE [--bandwidth GB/s] [--prefetch SIZE]
 //  [--max-reuse-distance SIZE] [--steps N] [--compute-ms MS]`
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -9,10 +11,15 @@
 #include "src/base/safe_file.h"
 #include "src/tiers/trace.h"
 #include "strata/config.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
 namespace {
+
+// The most steps a replay runs: each replays the whole trace, and the steady state shows
+// after the first few.
+constexpr long long kMaxReplaySteps = 100000;
 
 const char kUsage[] =
     "usage: strata trace replay --trace FILE --capacity SIZE [options]\n"
@@ -28,7 +35,7 @@ const char kUsage[] =
     "  --bandwidth GBPS          copy bandwidth in GB/s (default 25)\n"
     "  --prefetch SIZE           most bytes in flight ahead (default 50MB)\n"
     "  --max-reuse-distance SIZE drop after use beyond this reuse distance (default: never)\n"
-    "  --steps N                 steps to replay (default 3)\n"
+    "  --steps N                 steps to replay, 1-100000 (default 3)\n"
     "  --compute-ms MS           compute time per access when the trace has none (default 1)\n";
 
 }  // namespace
@@ -58,6 +65,11 @@ int cmd_trace(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
+    auto bad_value = [&](const std::string& what) {
+      std::fprintf(stderr, "strata trace replay: %s '%s': expected %s\n", a.c_str(), v.c_str(),
+                   what.c_str());
+      return 2;
+    };
     auto size = [&](uint64_t* out) {
       auto r = parse_size(v);
       if (!r.is_ok()) {
@@ -78,20 +90,24 @@ int cmd_trace(int argc, char** argv) {
     } else if (a == "--max-reuse-distance") {
       if (!size(&ro.max_reuse_distance)) return 2;
     } else if (a == "--bandwidth") {
-      ro.bandwidth = std::atof(v.c_str()) * 1e9;
+      double g = 0;
+      if (!parse_number_in(v, 1e-6, 1e6, &g)) return bad_value("a rate in GB/s, above 0");
+      ro.bandwidth = g * 1e9;
     } else if (a == "--steps") {
-      ro.steps = std::atoi(v.c_str());
+      long long n = 0;
+      if (!parse_int_in(v, 1, kMaxReplaySteps, &n)) {
+        return bad_value(fmt::format("a whole number of steps from 1 to {}", kMaxReplaySteps));
+      }
+      ro.steps = int(n);
     } else if (a == "--compute-ms") {
-      compute_ms = std::atof(v.c_str());
+      if (!parse_number_in(v, 0, 1e9, &compute_ms)) return bad_value("milliseconds, 0 or more");
     } else {
       std::fprintf(stderr, "strata trace replay: unknown option '%s'\n\n%s", a.c_str(), kUsage);
       return 2;
     }
   }
-  if (trace_path.empty() || !have_capacity || ro.bandwidth <= 0 || ro.steps < 1) {
-    std::fprintf(stderr,
-                 "strata trace replay: --trace, --capacity (> 0), a positive "
-                 "--bandwidth and --steps are required\n\n%s",
+  if (trace_path.empty() || !have_capacity || ro.capacity == 0) {
+    std::fprintf(stderr, "strata trace replay: --trace and --capacity (above 0) are required\n\n%s",
                  kUsage);
     return 2;
   }

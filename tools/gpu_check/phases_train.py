@@ -2,7 +2,9 @@
 (with --quick without the optimizer on NVMe), then each with the optimizer ratio `strata plan`
 recommends for its offloaded placement (at this machine's `strata probe` profile, or
 --profile), and both offloaded rows again with the gradient norm under the clipping threshold
-(each step speculated under backward); tokens/s and MFU per row, with the
+(each step speculated under backward), and a planned row that missed 1.10x the all-on-device
+step again at the ratio the planner gives at the CPU rate the run measured; tokens/s and MFU
+per row, with the
 PyTorch peers (tools/peers/torch_gpt_gpu.py, torch_llama_gpu.py: the same shapes, everything on
 the device) run between strata's rows and strata's all-on-device tokens/s over PyTorch's beside
 the MFU, and the planner's row's step over the all-on-device step."""
@@ -128,6 +130,12 @@ NORM_UNDER = "-norm-under"
 UNDER = ["gradient_clipping=1e6", 'strata.optimizer.speculate="always"']
 UNDER_MEASURED = 4
 PLAIN = "-plain"
+# A planner's row that misses the bound (its step over MISSED x the all-on-device step) is run
+# again at the ratio the planner gives at the CPU optimizer's measured rate: `planned` + AT_RATE.
+MISSED = 1.10
+AT_RATE = "-at-rate"
+PLANNED_ROWS = ("planned", "planned" + AT_RATE, "planned" + NORM_UNDER,
+                "planned" + NORM_UNDER + AT_RATE)
 
 
 def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=()):
@@ -273,6 +281,7 @@ class Table:
         name = "planned" + suffix
         ratio, advice = planner_ratio(self.ctx, self.cfg, pdev, odev, profile,
                                       "%s-%s" % (self.key, name), extra)
+        r2 = None  # the planner's ratio at the rate `host_row` stepped, where that is 10% off
         if advice:
             opt_s = self.rows.get(host_row, {}).get("optimizer_s")
             self.notes.append(planner_note(advice, profile,
@@ -285,7 +294,7 @@ class Table:
                 r2, a2 = (planner_ratio(self.ctx, self.cfg, pdev, odev, cal,
                                         "%s-calibrated%s" % (self.key, suffix), extra)
                           if cal else (None, None))
-                if a2:
+                if a2 and r2 is not None:
                     self.notes.append(
                         "At the rate that row stepped (%.2f G parameters/s) the planner "
                         "recommends ratio %g (the %s %.0f ms)."
@@ -299,9 +308,26 @@ class Table:
             self.strata_row(name, pdev, odev, "%g" % ratio,
                             "%s, the optimizer ratio %g `strata plan` recommends" % (what, ratio),
                             extra=extra, skip=skip)
+            self.at_rate_row(name, pdev, odev, ratio, r2, what, extra, skip)
         else:
             self.notes.append("The planner keeps the whole optimizer of %s in host RAM (ratio 1): "
                               "the row with it is the one above." % what.lower())
+
+    def at_rate_row(self, planned, pdev, odev, ratio, r2, what, extra, skip):
+        """Where the planner's row missed the bound (its step over MISSED x the all-on-device
+        step) and the planner at the CPU optimizer's rate that the host-RAM row measured gives a
+        lower ratio: that ratio too (`<planned>` + AT_RATE), so that the run shows whether the
+        advice at the rate the CPU steps beside the GPU reaches it. Not when less than a
+        minute of the deadline is left."""
+        dev = self.rows.get("device", {}).get("step_s")
+        step = self.rows.get(planned, {}).get("step_s")
+        left = self.ctx.left()
+        if (r2 is None or not dev or not step or step <= MISSED * dev or r2 >= ratio - 0.005
+                or (left is not None and left < 60)):
+            return
+        self.strata_row(planned + AT_RATE, pdev, odev, "%g" % r2,
+                        "%s, the optimizer ratio %g `strata plan` recommends at the CPU "
+                        "optimizer's measured rate" % (what, r2), extra=extra, skip=skip)
 
     def planned_rows(self, pdev, where, host_row, profile, params, nvme):
         """The rows after the host RAM ones: the optimizer on NVMe (not with --quick), the
@@ -362,14 +388,15 @@ class Table:
                           r["why"]))
         ctx.md("")
         dev = self.rows.get("device", {})
-        for name in ("planned", "planned" + NORM_UNDER):
+        for name in PLANNED_ROWS:
             planned = self.rows.get(name, {})
             if dev.get("step_s") and planned.get("step_s"):
                 planned["over_device"] = planned["step_s"] / dev["step_s"]
-                ctx.md("With the planner's optimizer ratio %s%s: a step of %s ms, %.2fx the "
+                ctx.md("With the planner's optimizer ratio %s%s%s: a step of %s ms, %.2fx the "
                        "all-on-device step (%s ms)."
-                       % (planned["ratio"], " and the norm under the clipping threshold"
-                          if name != "planned" else "", ms(planned["step_s"]),
+                       % (planned["ratio"], " at the CPU optimizer's measured rate"
+                          if AT_RATE in name else "", " and the norm under the clipping "
+                          "threshold" if NORM_UNDER in name else "", ms(planned["step_s"]),
                           planned["over_device"], ms(dev["step_s"])))
                 ctx.md("")
         regime = ["%s %s (%s%s)" % (name, "%.2f" % r["grad_norm"] if r.get("grad_norm") else "?",
@@ -541,12 +568,12 @@ def phase_train(ctx):
     else:
         ratio = gpt["rows"].get("device", {}).get("over_torch")
         runs = len(gpt["rows"]) + len(llama["rows"])
-        planned = ", ".join("%s planner's ratio%s %.2fx all-on-device"
-                            % (k, " (norm under)" if r != "planned" else "",
+        planned = ", ".join("%s planner's ratio%s%s %.2fx all-on-device"
+                            % (k, " at the measured rate" if AT_RATE in r else "",
+                               " (norm under)" if NORM_UNDER in r else "",
                                m["rows"][r]["over_device"])
                             for k, m in (("GPT-2", gpt), ("Llama", llama))
-                            for r in ("planned", "planned" + NORM_UNDER)
-                            if m["rows"].get(r, {}).get("over_device"))
+                            for r in PLANNED_ROWS if m["rows"].get(r, {}).get("over_device"))
         ctx.result("ok", "%d runs trained (%s): GPT-2 124M in %d placements, Llama ~1B in %d%s; "
                    "PyTorch %s" % (runs, backend, len(gpt["rows"]), len(llama["rows"]),
                                    "; " + planned if planned else "",

@@ -18,7 +18,8 @@ from .common import (ALL_PHASES, ROOT, cudnn_log_env, hbm_gbs_for, median, metri
                      peak_for)
 from .phases_bench import comparison_table, long_sequence_rates
 from .phases_deepspeed import PAIRS as DS_PAIRS, _config, _shape
-from .phases_train import bytes_vs_min, calibrated_profile, peak_rss, probe_optimizer_rate, rss_split
+from .phases_train import (AT_RATE, Table, bytes_vs_min, calibrated_profile, peak_rss,
+                           probe_optimizer_rate, rss_split)
 
 TOOL = ROOT / "tools" / "gpu_check.py"
 
@@ -92,6 +93,20 @@ def check_tables(check, md):
                          r"backward)\) \| [0-9.]+ \|$", md, re.M)) == 4)
 
 
+def at_rate_runs(planned_step, ratio, r2, left):
+    """The rows Table.at_rate_row runs after a planned row of `planned_step` seconds beside an
+    all-on-device step of 35 ms, as "name ratio", with `left` seconds of the deadline."""
+    class Ctx:
+        def left(self):
+            return left
+    t = Table(Ctx(), "gpt2", Path("gpt.json"), 1)
+    t.rows = {"device": {"step_s": 0.035}, "planned": {"step_s": planned_step}}
+    ran = []
+    t.strata_row = lambda name, pdev, odev, r, what, **kw: ran.append("%s %s" % (name, r))
+    t.at_rate_row("planned", "none", "cpu", ratio, r2, "parameters on the device", [], 2)
+    return ran
+
+
 def self_test(build):
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_selftest."))
     fails = []
@@ -159,6 +174,12 @@ def self_test(build):
           probe_optimizer_rate(cal) == (4e9, 50000000, 16)
           and [t["params_per_s"] for t in by] == [3e9, 4e9]
           and calibrated_profile(tmp / "missing.json", 4e9, tmp / "x.json") is None)
+    check("a planner's row that missed the bound runs again at the ratio for the measured rate",
+          at_rate_runs(0.050, 0.4, 0.3, None) == ["planned" + AT_RATE + " 0.3"]
+          and at_rate_runs(0.038, 0.4, 0.3, None) == []  # within 1.10x of the device's 35 ms
+          and at_rate_runs(0.050, 0.4, None, None) == []  # no calibrated ratio
+          and at_rate_runs(0.050, 0.4, 0.4, None) == []  # the same ratio
+          and at_rate_runs(0.050, 0.4, 0.3, 30) == [])  # under a minute of the deadline left
     check("rss_split reads what the RSS is made of",
           rss_split("host memory: peak RSS (VmHWM) 3.9 GiB = host tier 3.0 GiB (arena 2.1 GiB + "
                     "undo room 900.0 MiB) + the rest 900.0 MiB (150.0 MiB at start)\n")
