@@ -32,7 +32,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 # Every libFuzzer target in tests/fuzz (fuzz_<name>); `fuzz` and `test` build and run all of them.
 FUZZ_TARGETS=(config checkpoint tokens profile safetensors hf_config loss_mask adapter_config
-              export_dir plan_mark)
+              export_dir plan_mark trace)
 PKGS=(build-essential cmake ninja-build pkg-config git clang-format
       python3 python3-pip  # pip fills build-deps/ (cudnn-frontend; the Python tools' tests)
       libeigen3-dev libtbb-dev nlohmann-json3-dev libfmt-dev libisal-dev

@@ -9,9 +9,12 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "src/base/json_depth.h"
 #include "src/tiers/cache_policy.h"
 
 namespace strata {
+
+using json = nlohmann::json;
 
 Trace::Trace(std::vector<Access> accesses) : acc_(std::move(accesses)) {
   const size_t n = acc_.size();
@@ -65,6 +68,9 @@ Result<Trace> Trace::from_jsonl(const std::string& text) {
   while (std::getline(in, line)) {
     ++lineno;
     if (line.empty()) continue;
+    if (Status d = check_json_depth(line); !d.is_ok()) {
+      return invalid_argument(fmt::format("line {}: {}", lineno, d.message()));
+    }
     try {
       auto j = nlohmann::json::parse(line);
       if (!header) {
@@ -77,17 +83,31 @@ Result<Trace> Trace::from_jsonl(const std::string& text) {
         header = true;
         continue;
       }
-      Access a;
-      a.object = j.at("object");
-      a.bytes = j.at("bytes");
-      a.compute_s = j.value("compute_s", 0.0);
-      if (a.object < 0) return invalid_argument(fmt::format("line {}: negative object", lineno));
-      // Objects are a model's modules; the replay keeps a list per id up to the largest.
-      constexpr int kMaxObjects = 1 << 20;
-      if (a.object >= kMaxObjects) {
-        return invalid_argument(fmt::format("line {}: object {} is beyond the {} a trace can name",
-                                            lineno, a.object, kMaxObjects));
+      // Objects are a model's modules; the replay keeps a list per id up to the largest. Bytes
+      // are a module's, summed over two steps for reuse distances: 2^48 each leaves room.
+      constexpr int64_t kMaxObjects = 1 << 20;
+      constexpr uint64_t kMaxBytes = uint64_t{1} << 48;
+      const json& object = j.at("object");
+      const json& bytes = j.at("bytes");
+      const json compute = j.value("compute_s", json(0.0));
+      if (!object.is_number_integer() || object.get<int64_t>() < 0 ||
+          object.get<int64_t>() >= kMaxObjects) {
+        return invalid_argument(fmt::format("line {}: object {} is not a whole number from 0 to {}",
+                                            lineno, object.dump(), kMaxObjects - 1));
       }
+      if (!bytes.is_number_integer() || (!bytes.is_number_unsigned() && bytes.get<int64_t>() < 0) ||
+          bytes.get<uint64_t>() > kMaxBytes) {
+        return invalid_argument(fmt::format(
+            "line {}: bytes {} is not a whole number from 0 to 2^48", lineno, bytes.dump()));
+      }
+      if (!compute.is_number() || !(compute.get<double>() >= 0)) {
+        return invalid_argument(fmt::format("line {}: compute_s {} is not a time of 0 or more",
+                                            lineno, compute.dump()));
+      }
+      Access a;
+      a.object = int(object.get<int64_t>());
+      a.bytes = bytes.get<uint64_t>();
+      a.compute_s = compute.get<double>();
       acc.push_back(a);
     } catch (const std::exception& e) {
       return invalid_argument(fmt::format("line {}: {}", lineno, e.what()));
