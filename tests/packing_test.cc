@@ -392,5 +392,50 @@ TEST(PackedTrain, GroupedRecomputedAndResumedFollowTheStraightRun) {
   std::filesystem::remove_all(dir);
 }
 
+// Conversations longer than half a window sit one to a window: every row's positions count
+// 0..T-1 and the trainer passes none (on a GPU the attention then runs on cuDNN's kernels), the
+// same bits as packing per window; short ones share windows and are masked per conversation.
+TEST(PackedTrain, OneConversationARowRunsPlainAttentionBitForBit) {
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = test::temp_dir("strata_packing", "plain_rows");
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (int c = 0; c < 60; ++c)
+    test::append_conversation(20 + c % 7, 25 + c % 5, c, kVocab, &tokens, &mask);
+  const std::string longs = test::write_masked(dir + "/long.bin", tokens, mask);
+  tokens.clear();
+  mask.clear();
+  test::chat_corpus(400, kVocab, 5, &tokens, &mask);
+  const std::string shorts = test::write_masked(dir + "/short.bin", tokens, mask);
+  auto run = [&](const std::string& sub, const std::string& file, const std::string& packing) {
+    return test::must_train(test::tiny_cpu(
+        dir + "/" + sub, {"train.steps=3", "scheduler.params.warmup_num_steps=2",
+                          "gradient_accumulation_steps=2", "train_batch_size=8",
+                          "data.source=\"" + file + "\"", "data.packing=\"" + packing + "\""}));
+  };
+  const TrainResult seq = run("long-sequence", longs, "sequence");
+  const TrainResult win = run("long-window", longs, "window");
+  ASSERT_EQ(seq.losses.size(), 3u);
+  EXPECT_EQ(seq.losses, win.losses);
+  EXPECT_EQ(seq.weights_crc, win.weights_crc);
+  EXPECT_EQ(seq.micro_batches_with_positions, 6);
+  EXPECT_EQ(seq.micro_batches_per_sequence, 0);
+  EXPECT_EQ(win.micro_batches_with_positions, 0);  // per window: no positions at all
+  const TrainResult mixed = run("short-sequence", shorts, "sequence");
+  EXPECT_EQ(mixed.micro_batches_with_positions, 6);
+  EXPECT_EQ(mixed.micro_batches_per_sequence, 6);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Positions, PlainOnlyWhereEveryRowCountsFromZero) {
+  const std::vector<int32_t> plain = {0, 1, 2, 3, 0, 1, 2, 3};
+  EXPECT_TRUE(positions_are_plain(plain.data(), 2, 4));
+  std::vector<int32_t> cut = plain;
+  cut[6] = 0;  // a second conversation in row 1
+  EXPECT_FALSE(positions_are_plain(cut.data(), 2, 4));
+  const std::vector<int32_t> shifted = {1, 2, 3, 4};
+  EXPECT_FALSE(positions_are_plain(shifted.data(), 1, 4));
+}
+
 }  // namespace
 }  // namespace strata

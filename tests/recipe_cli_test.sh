@@ -53,6 +53,9 @@ for name in llama mixtral; do
   "$strata" train --config "$repo/configs/lora-chat-recipe.json" "${sets[@]}" \
     --set "train.checkpoint_dir=\"$name/whole\"" >"$name/whole.txt" 2>&1
   check "$name: the recipe trains" test $? -eq 0
+  check "$name: ... and says how many micro-batches attention masked per conversation" \
+    grep -qE 'attention per conversation \(data.packing "sequence"\): [0-9]+ of 40 micro-batches' \
+    "$name/whole.txt"
   "$strata" train --config "$repo/configs/lora-chat-recipe.json" "${sets[@]}" \
     --set "train.checkpoint_dir=\"$name/parts\"" --set train.steps=10 \
     --set scheduler.params.total_num_steps=20 >"$name/first.txt" 2>&1

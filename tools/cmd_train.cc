@@ -181,6 +181,16 @@ int cmd_train(int argc, char** argv) {
                 not_ready.c_str());
   }
   std::fputs(optimizer_ratio_hint(cfg, config_path, !overrides.empty(), res).c_str(), stdout);
+  if (res.micro_batches_with_positions > 0) {
+    // data.packing "sequence": how many micro-batches the attention masked per conversation.
+    std::printf(
+        "attention per conversation (data.packing \"sequence\"): %lld of %lld micro-batches; "
+        "the rest held one conversation a row and ran plain causal attention%s\n",
+        (long long)res.micro_batches_per_sequence, (long long)res.micro_batches_with_positions,
+        !res.device_in_rss && cfg.device.simulate.empty() && res.micro_batches_per_sequence > 0
+            ? " (masked per conversation, attention runs on strata's own kernels, not cuDNN's)"
+            : "");
+  }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,
               res.tokens_per_s < 10 ? 2 : 0, res.tokens_per_s,

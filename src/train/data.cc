@@ -324,6 +324,13 @@ void Dataset::fill_positions(size_t off, size_t len, int T, int32_t* positions) 
   }
 }
 
+bool positions_are_plain(const int32_t* positions, int B, int T) {
+  for (size_t i = 0, n = size_t(B) * size_t(T); i < n; ++i) {
+    if (positions[i] != int32_t(i % size_t(T))) return false;
+  }
+  return true;
+}
+
 void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
                           int32_t* tokens, int32_t* targets, int32_t* positions) const {
   const size_t span = split_ - size_t(T) - 1;

@@ -32,6 +32,12 @@
 
 namespace strata {
 
+// Whether every row of a [B, T] batch's positions counts 0, 1, ..., T - 1 (each row one
+// conversation, or the piece of one, then its padding): attention per conversation is then
+// plain causal attention, the same bits without positions, and the trainer passes none (on a
+// GPU the dense attention runs on cuDNN's fused kernels; with positions, on the own kernels).
+bool positions_are_plain(const int32_t* positions, int B, int T);
+
 class Dataset {
  public:
   // Loads or generates the corpus (and data.eval_source, and the loss masks); checks every

@@ -216,6 +216,13 @@ class Run {
   std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_, pos_;  // pos_: the positions of a batch packed per sequence
+  // The training micro-batches that came with positions (packed per sequence), and those of
+  // them with a conversation boundary in a row, which attention masks per conversation
+  // (TrainResult::micro_batches_*).
+  int64_t positioned_batches_ = 0, per_sequence_batches_ = 0;
+  // The positions of the training micro-batch just drawn into pos_ for begin_batch: none where
+  // the split carries none or every row's are plain (positions_are_plain); counted.
+  const int32_t* batch_positions();
   // [accum][B*T], the device's host memory (allocate_host): the losses are copied straight
   // into it (MicroBatch::losses_out_pinned). Declared after dev_, which releases it.
   std::unique_ptr<float, std::function<void(float*)>> losses_mem_;

@@ -16,7 +16,9 @@ Status Run::eval_batch(int i) {
   const MicroBatch eval_mb{0.0f, losses_.data(), nullptr, nullptr, 0, /*losses_out_pinned=*/true};
   tm_->begin_phase("eval");
   data_->eval_batch(i, B_, T_, tok_.data(), tgt_.data(), rank_, world_, pos_.data());
-  model_->begin_batch(tok_.data(), tgt_.data(), data_->eval_positions() ? pos_.data() : nullptr);
+  model_->begin_batch(
+      tok_.data(), tgt_.data(),
+      data_->eval_positions() && !positions_are_plain(pos_.data(), B_, T_) ? pos_.data() : nullptr);
   const std::string what = fmt::format("eval batch {}", i);
   STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &eval_mb), what);
   STRATA_RETURN_IF_ERROR(tm_->end_backward(), what);

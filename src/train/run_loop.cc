@@ -127,6 +127,8 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
   r.end_rss = proc_status_bytes("VmRSS:");
   r.base_rss = base_rss_;
   r.device_in_rss = dev_->host_addressable();
+  r.micro_batches_with_positions = positioned_batches_;
+  r.micro_batches_per_sequence = per_sequence_batches_;
   const double secs = seconds_since(t0);
   r.tokens_per_s = double(tokens_per_step * (step_ - r.start_step)) / std::max(secs, 1e-9);
   return Status::ok();

@@ -441,6 +441,14 @@ Status Run::run_program(Pass pass, int micro, bool last, bool speculate, const M
   return Status::ok();
 }
 
+const int32_t* Run::batch_positions() {
+  if (!data_->train_positions()) return nullptr;
+  ++positioned_batches_;
+  if (positions_are_plain(pos_.data(), B_, T_)) return nullptr;
+  ++per_sequence_batches_;
+  return pos_.data();
+}
+
 Status Run::forward_backward(float dloss, bool speculate, float* aux) {
   std::vector<MicroBatch> mbs;
   for (int micro = 0; micro < accum_; ++micro) {
@@ -460,8 +468,7 @@ Status Run::forward_backward(float dloss, bool speculate, float* aux) {
       data_->train_batch(cfg_.train.seed, step_, first + k, rank_, B_, T_, tok_.data(), tgt_.data(),
                          pos_.data());
       model_->select(k);
-      model_->begin_batch(tok_.data(), tgt_.data(),
-                          data_->train_positions() ? pos_.data() : nullptr);
+      model_->begin_batch(tok_.data(), tgt_.data(), batch_positions());
     }
     tm_->begin_micro(first);
     const std::string group_name =

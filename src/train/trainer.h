@@ -86,6 +86,11 @@ struct TrainResult {
   // that took, the sub-groups read ahead or kept (src/tiers/counters.h).
   double fwd_bwd_s = 0, io_wait_s = 0;
   ScheduleCounts schedule;
+  // Training micro-batches run here that came with positions (chat data packed per sequence,
+  // data.packing "sequence"), and those of them that attention masked per conversation (a row
+  // held a conversation boundary); the others' rows each held one conversation, or a piece of
+  // one, and ran plain causal attention (on a GPU, cuDNN's).
+  int64_t micro_batches_with_positions = 0, micro_batches_per_sequence = 0;
   // Whether a delayed (one step stale) update ran.
   bool approximate = false;
   // Seconds in collectives over the steps run here (Communicator::busy_seconds of the three
