@@ -310,7 +310,8 @@ TEST(Config, EveryShippedConfigParses) {
 }
 
 // docs/CONFIG.md embeds config_reference_markdown() verbatim, so the docs list exactly the keys,
-// defaults and ranges the parser has. Regenerate with STRATA_UPDATE_CONFIG_DOC=1 ./config_test.
+// defaults and ranges the parser has. Regenerate with STRATA_UPDATE_CONFIG_DOC=1
+// ./config_keys_test.
 TEST(Config, DocsMatchTheKeyTable) {
   const std::string path = std::string(STRATA_SOURCE_DIR) + "/docs/CONFIG.md";
   std::ifstream in(path);
@@ -331,7 +332,7 @@ TEST(Config, DocsMatchTheKeyTable) {
     have = want;
   }
   EXPECT_EQ(have, want) << path
-                        << " is out of date; run STRATA_UPDATE_CONFIG_DOC=1 config_test to "
+                        << " is out of date; run STRATA_UPDATE_CONFIG_DOC=1 config_keys_test to "
                            "regenerate its tables";
 }
 

@@ -136,4 +136,10 @@ opt_refused "probe io --size 0" 1 "give --size at least the largest block size" 
   probe io --path pio --size 0
 opt_refused "plan --nvme PATH:inf" 1 "rate after the colon must be GB/s above 0" \
   plan --model gpt2-124m --nvme pio:inf
+opt_refused "plan --max-model --json (the file was silently not written)" 2 \
+  "max-model prints its capacity table only" plan --model gpt2-124m --max-model --json p.json
+"$strata" trace --help >trace-help.txt 2>trace-help.err
+rc=$?
+check "trace --help: exit 0 (rc $rc), the usage on stdout, nothing on stderr" \
+  test "$rc" -eq 0 -a -s trace-help.txt -a ! -s trace-help.err
 exit $fail

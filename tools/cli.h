@@ -1,6 +1,7 @@
 // What the subcommands share on their command lines: an option table that parses argv and
 // prints the usage on -h/--help or an error, the config and log level read the same way by
-// every command that trains or evaluates, and "a run directory means its latest checkpoint".
+// every command that trains or evaluates, and number values parsed whole and held to a range.
+// ("A run directory means its latest checkpoint" is resolve_checkpoint's, checkpoint.h.)
 #pragma once
 
 #include <optional>

@@ -33,7 +33,7 @@ const char kUsage[] =
     "                       weights: model.from_pretrained's, else train.seed's initialization\n"
     "  --json               print one line {\"loss\": L, \"perplexity\": P, \"tokens\": N}\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
-    "  --log-level LEVEL    debug | info | warn | error (default: strata.log_level)\n"
+    "  --log-level LEVEL    debug | info | warn | error | off (default: strata.log_level)\n"
     "  -h, --help           this text\n"
     "\n"
     "exit status: 0 evaluated; 1 error (the message says what and how to fix it); 2 bad usage.\n";

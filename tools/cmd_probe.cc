@@ -329,9 +329,11 @@ int probe_all(int argc, char** argv) {
 int cmd_probe(int argc, char** argv) {
   if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
     std::printf(
-        "usage: strata probe [io|comm] [options]\n\n"
-        "  (none)  every probe, one machine profile (strata probe all --help)\n"
+        "usage: strata probe [all|io|comm] [options]\n\n"
+        "  all     (or none) every probe, one machine profile for strata plan --profile; its\n"
+        "          options (--path, --json, --repeats, ...): strata probe all --help\n"
         "  io      storage throughput per backend, block size and queue depth\n"
+        "          (strata probe io --help)\n"
         "  comm    collective bus bandwidth (strata probe comm --help)\n");
     return 0;
   }

@@ -30,7 +30,7 @@ const char kUsage[] =
     "the time compute waited for copies.\n"
     "\n"
     "options:\n"
-    "  --trace FILE              the trace (JSON lines)\n"
+    "  --trace FILE              the trace (JSON lines; required)\n"
     "  --capacity SIZE           device bytes for parameters, e.g. 64MiB (required)\n"
     "  --bandwidth GBPS          copy bandwidth in GB/s (default 25)\n"
     "  --prefetch SIZE           most bytes in flight ahead (default 50MB)\n"
@@ -41,13 +41,13 @@ const char kUsage[] =
 }  // namespace
 
 int cmd_trace(int argc, char** argv) {
+  if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   if (argc < 2 || std::strcmp(argv[1], "replay") != 0) {
-    std::fputs(argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))
-                   ? kUsage
-                   : "strata trace: expected 'replay'\n\n",
-               stderr);
-    if (argc < 2 || std::strcmp(argv[1], "--help") != 0) std::fputs(kUsage, stderr);
-    return argc >= 2 && !std::strcmp(argv[1], "--help") ? 0 : 2;
+    std::fprintf(stderr, "strata trace: expected 'replay'\n\n%s", kUsage);
+    return 2;
   }
   std::string trace_path;
   ReplayOptions ro;

@@ -79,7 +79,7 @@ const char kUsage[] =
     "  --resume [PATH]      continue from PATH, or from the newest checkpoint in\n"
     "                       train.checkpoint_dir if PATH is omitted\n"
     "  --quiet              no progress lines (log lines still go to stderr)\n"
-    "  --log-level LEVEL    debug | info | warn | error (default: strata.log_level)\n"
+    "  --log-level LEVEL    debug | info | warn | error | off (default: strata.log_level)\n"
     "  -h, --help           this text\n"
     "\n"
     "exit status: 0 done; 1 error (the message says what and how to fix it), or the metrics\n"

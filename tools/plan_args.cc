@@ -47,10 +47,14 @@ constexpr const char* kUsage =
     "                           backward, or also move the inputs to host memory (default\n"
     "                           keep, or the config's); the table lists all three\n"
     "hardware:\n"
-    "  --backend cuda|cpu   what runs forward/backward (default: the profile's, else cuda)\n"
+    "  --backend cuda|cpu   what runs forward/backward (default: the profile's, else the\n"
+    "                       config's device.backend (cuda, else cpu), else cuda)\n"
     "  --gpus N             ranks (default 1)\n"
-    "  --gpu-mem SIZE       device memory per rank (default 80GiB for cuda, 1GiB for cpu)\n"
-    "  --host-mem SIZE      host RAM for the host tier (default 90% of MemAvailable)\n"
+    "  --gpu-mem SIZE       device memory per rank (default: the config's simulated device's;\n"
+    "                       on cpu the config's device.memory_limit; else 80GiB for cuda,\n"
+    "                       1GiB for cpu)\n"
+    "  --host-mem SIZE      host RAM for the host tier (default: the config's\n"
+    "                       strata.host_memory_limit, else 90% of MemAvailable)\n"
     "  --nvme PATH[:GBps]   swap directory, optionally its read=write bandwidth; repeatable\n"
     "  --nvme-free SIZE     free bytes on the swap paths (default: statvfs of the paths)\n"
     "  --profile FILE       rates from `strata probe --json FILE`\n"
@@ -67,6 +71,8 @@ constexpr const char* kUsage =
     "                       plan did not write (--write-config also its --config input);\n"
     "                       without it an existing FILE is replaced only when plan wrote it\n"
     "  --max-model          capacity mode: the most layers (at this width) that still fit\n"
+    "                       (its table only: not with --json, --svg, --write-config,\n"
+    "                       --validate)\n"
     "  --validate           with --config: train it, print predicted vs measured step time and\n"
     "                       peak bytes per tier\n";
 
@@ -219,6 +225,14 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
   }
   if (p.validate && p.config_path.empty()) {
     std::fprintf(stderr, "strata plan: --validate needs --config\n");
+    return 2;
+  }
+  if (p.max_mode &&
+      (!p.json_path.empty() || !p.svg_path.empty() || !p.cfg_out.empty() || p.validate)) {
+    std::fprintf(stderr,
+                 "strata plan: --max-model prints its capacity table only: drop --json, --svg, "
+                 "--write-config and --validate, or plan the model it finds (--layers N) with "
+                 "them\n");
     return 2;
   }
   return -1;
