@@ -136,6 +136,10 @@ opt_refused "probe io --size 0" 1 "give --size at least the largest block size" 
   probe io --path pio --size 0
 opt_refused "plan --nvme PATH:inf" 1 "rate after the colon must be GB/s above 0" \
   plan --model gpt2-124m --nvme pio:inf
+opt_refused "probe comm --timeout nan" 2 "--timeout 'nan': expected seconds above 0" \
+  probe comm --timeout nan
+opt_refused "probe comm --repeats 2000000000" 2 "expected a whole number from 1 to 1000" \
+  probe comm --repeats 2000000000
 opt_refused "plan --max-model --json (the file was silently not written)" 2 \
   "max-model prints its capacity table only" plan --model gpt2-124m --max-model --json p.json
 "$strata" trace --help >trace-help.txt 2>trace-help.err

@@ -1,9 +1,6 @@
 #include "tools/cli.h"
 
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -77,28 +74,6 @@ int CliOptions::usage_error(const std::string& message) const {
 int CliOptions::fail(const std::string& message) const {
   std::fprintf(stderr, "strata %s: %s\n", command_.c_str(), message.c_str());
   return 1;
-}
-
-bool parse_int_in(const std::string& text, long long lo, long long hi, long long* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || *end != '\0' || x < lo || x > hi) return false;
-  *out = x;
-  return true;
-}
-
-bool parse_number_in(const std::string& text, double lo, double hi, double* out) {
-  if (text.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const double x = std::strtod(text.c_str(), &end);
-  if (errno != 0 || end == text.c_str() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
-    return false;
-  }
-  *out = x;
-  return true;
 }
 
 std::optional<int> load_cli_config(const CliOptions& cli, const std::string& path,

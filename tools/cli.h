@@ -1,7 +1,8 @@
 // What the subcommands share on their command lines: an option table that parses argv and
 // prints the usage on -h/--help or an error, the config and log level read the same way by
-// every command that trains or evaluates, and number values parsed whole and held to a range.
-// ("A run directory means its latest checkpoint" is resolve_checkpoint's, checkpoint.h.)
+// every command that trains or evaluates (number values: parse_int_in and parse_number_in,
+// strata/config.h; "a run directory means its latest checkpoint": resolve_checkpoint,
+// src/checkpoint/checkpoint.h).
 #pragma once
 
 #include <optional>
@@ -47,11 +48,6 @@ class CliOptions {
   const char* usage_;
   std::vector<Option> options_;
 };
-
-// A number option's value: the whole of `text`, in [lo, hi]; false (and *out untouched) for
-// anything else (empty, trailing characters, out of range; parse_number_in: nan and inf too).
-bool parse_int_in(const std::string& text, long long lo, long long hi, long long* out);
-bool parse_number_in(const std::string& text, double lo, double hi, double* out);
 
 // Loads the config at `path` with --set `overrides` for `world_size` ranks, then sets the log
 // level from `log_level` (--log-level; empty: strata.log_level). nullopt on success (`*out`

@@ -366,6 +366,11 @@ Result<Config> load_config(const std::string& path, const std::vector<std::strin
 // ("512", "1.5GB", "16GiB", "100 MiB", "4k"). Decimal units are powers of 1000, binary 1024.
 Result<size_t> parse_size(const std::string& text);
 
+// A number option's value: the whole of `text`, in [lo, hi]; false (and *out untouched) for
+// anything else (empty, trailing characters, out of range; parse_number_in: nan and inf too).
+bool parse_int_in(const std::string& text, long long lo, long long hi, long long* out);
+bool parse_number_in(const std::string& text, double lo, double hi, double* out);
+
 // Logs each Config::resolved_auto and Config::not_acted_on line at info level ("config: ...").
 // Call once at start-up, on rank 0.
 void log_config_notes(const Config& config);

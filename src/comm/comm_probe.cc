@@ -382,8 +382,8 @@ void probe_usage(std::FILE* out) {
       "                       ZeRO++'s all_gather_q8 (int8 qwZ) and reduce_scatter_q4 (int4\n"
       "                       hierarchical qgZ, fp32), timed with their kernels\n"
       "  --ranks-per-node L   reduce_scatter_q4's nodes: ranks [n*L, (n+1)*L) (default: hosts)\n"
-      "  --repeats N          timed repeats per case (default %d)\n"
-      "  --warmup N           discarded repeats per case (default %d)\n"
+      "  --repeats N          timed repeats per case, 1-1000 (default %d)\n"
+      "  --warmup N           discarded repeats per case, 0-1000 (default %d)\n"
       "  --timeout S          collective timeout in seconds (default %.0f)\n"
       "  --json FILE          write the profile here (default: none)\n",
       d.backend.c_str(), format_bytes(double(d.min_bytes)).c_str(),
@@ -432,16 +432,25 @@ int comm_probe_main(int argc, char** argv) {
         if (comma > start) o.ops.push_back(v.substr(start, comma - start));
         start = comma + 1;
       }
-    } else if (a == "--repeats") {
-      o.repeats = std::atoi(v.c_str());
-    } else if (a == "--warmup") {
-      o.warmup = std::atoi(v.c_str());
+    } else if (a == "--repeats" || a == "--warmup" || a == "--ranks-per-node") {
+      // Passes, as strata probe's (each repeats every case); a node's ranks, 0: from the hosts.
+      const long long lo = a == "--repeats" ? 1 : 0, hi = a == "--ranks-per-node" ? 1 << 20 : 1000;
+      long long n = 0;
+      if (!parse_int_in(v, lo, hi, &n)) {
+        std::fprintf(stderr,
+                     "strata probe comm: %s '%s': expected a whole number from %lld to %lld\n",
+                     a.c_str(), v.c_str(), lo, hi);
+        return 2;
+      }
+      (a == "--repeats" ? o.repeats : a == "--warmup" ? o.warmup : o.ranks_per_node) = int(n);
     } else if (a == "--timeout") {
-      o.timeout_s = std::atof(v.c_str());
+      if (!parse_number_in(v, 1e-3, 1e6, &o.timeout_s)) {
+        std::fprintf(stderr, "strata probe comm: --timeout '%s': expected seconds above 0\n",
+                     v.c_str());
+        return 2;
+      }
     } else if (a == "--json") {
       o.json_path = v;
-    } else if (a == "--ranks-per-node") {
-      o.ranks_per_node = std::atoi(v.c_str());
     } else {
       std::fprintf(stderr, "strata probe comm: unknown option '%s'\n\n", a.c_str());
       probe_usage(stderr);

@@ -218,6 +218,28 @@ class DuplicateKeyFinder : public json::json_sax_t {
 
 }  // namespace
 
+bool parse_int_in(const std::string& text, long long lo, long long hi, long long* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || x < lo || x > hi) return false;
+  *out = x;
+  return true;
+}
+
+bool parse_number_in(const std::string& text, double lo, double hi, double* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
 Result<size_t> parse_size(const std::string& text) {
   auto bad = [&](std::string_view why) -> Status {
     return invalid_argument(fmt::format(
