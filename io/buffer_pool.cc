@@ -55,6 +55,7 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(size_t budget,
                                      options.name, format_bytes(static_cast<double>(cap))));
   std::unique_ptr<BufferPool> pool(new BufferPool());
   pool->name_ = options.name;
+  pool->budget_key_ = options.budget_key;
   pool->base_ = p;
   pool->capacity_ = cap;
   // madvise fails (EINVAL) when THP is compiled out; it succeeds but has no effect when THP is
@@ -107,11 +108,12 @@ Result<PinnedBuffer> BufferPool::acquire(size_t bytes) {
   if (!off.is_ok())
     return out_of_memory(fmt::format(
         "{}: asking for {} but {} of its {} budget is in use (largest free block {}); raise "
-        "the pinned-memory budget or release buffers first",
+        "{} or release buffers first",
         name_, format_bytes(static_cast<double>(bytes)),
         format_bytes(static_cast<double>(alloc_->used_bytes())),
         format_bytes(static_cast<double>(capacity_)),
-        format_bytes(static_cast<double>(alloc_->largest_free()))));
+        format_bytes(static_cast<double>(alloc_->largest_free())),
+        budget_key_.empty() ? std::string("the pinned-memory budget") : budget_key_));
   PinnedBuffer b;
   b.pool_ = this;
   b.offset_ = *off;

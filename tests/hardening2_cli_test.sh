@@ -140,10 +140,35 @@ opt_refused "probe comm --timeout nan" 2 "--timeout 'nan': expected seconds abov
   probe comm --timeout nan
 opt_refused "probe comm --repeats 2000000000" 2 "expected a whole number from 1 to 1000" \
   probe comm --repeats 2000000000
+opt_refused "eval on a simulated device (it printed ln of the vocabulary as the loss)" 1 \
+  "device.simulate computes no real numbers: strata eval" \
+  eval --config "$repo/configs/tiny-cpu.json" --set 'device.simulate="h200"'
 opt_refused "plan --max-model --json (the file was silently not written)" 2 \
   "max-model prints its capacity table only" plan --model gpt2-124m --max-model --json p.json
 "$strata" trace --help >trace-help.txt 2>trace-help.err
 rc=$?
 check "trace --help: exit 0 (rc $rc), the usage on stdout, nothing on stderr" \
   test "$rc" -eq 0 -a -s trace-help.txt -a ! -s trace-help.err
+
+# A device too small for the activations: the preflight names the modes that need less than
+# the run's own (with recompute, offload alone; it named recompute to a recompute run).
+for mode in keep recompute; do
+  "$strata" train "${common[@]}" --set "train.checkpoint_dir=\"ck-$mode\"" \
+    --set "strata.activations=\"$mode\"" --set device.memory_limit=600000 >act-$mode.txt 2>&1
+done
+check "preflight, keep: recompute and offload named" \
+  grep -q "activations (keep) take .*recompute needs .*offload" act-keep.txt
+check "preflight, recompute: offload named, not recompute" \
+  sh -c 'grep -q "activations (recompute) take .*offload needs" act-recompute.txt &&
+         ! grep -q "recompute needs" act-recompute.txt'
+
+# data.eval_fraction 0 holds nothing out: fine without evals, refused (naming both keys) with.
+"$strata" train "${common[@]}" --set 'train.checkpoint_dir="ck-noeval"' \
+  --set data.eval_fraction=0 --set train.eval_interval=0 >noeval.txt 2>&1
+rc=$?
+check "eval_fraction 0 without evals trains (rc $rc)" test "$rc" -eq 0
+"$strata" train "${common[@]}" --set 'train.checkpoint_dir="ck-noeval2"' \
+  --set data.eval_fraction=0 --set train.eval_interval=1 >noeval2.txt 2>&1
+check "eval_fraction 0 with evals is refused naming both keys" \
+  grep -q "no token is held out for eval (data.eval_fraction 0 .*train.eval_interval is 1" noeval2.txt
 exit $fail

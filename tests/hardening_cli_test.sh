@@ -2,7 +2,8 @@
 # Adversarial cases that need the strata binary: exit codes and messages for inputs that used
 # to crash or pass silently, and Ctrl-C under a real `mpirun -np 2` (Open MPI sends each rank
 # SIGCONT, SIGTERM 1 s later, SIGKILL 1 s after that): every rank finishes its step, the
-# checkpoint is written, the swap files are removed, and --resume continues.
+# checkpoint is written, the swap files are removed, and --resume continues; settings that
+# make mpirun's ranks train alone (strata.comm.backend single, device.simulate), named.
 # usage: hardening_cli_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]
 set -uo pipefail
 strata=$1
@@ -125,4 +126,15 @@ latest=$(cat ckg/latest 2>/dev/null)
 check "Ctrl-C to the process group: both shard files" \
   test -n "$latest" -a -f "ckg/$latest.rank0-of-2" -a -f "ckg/$latest.rank1-of-2"
 check "Ctrl-C to the process group: swap files removed" test -z "$(ls swapg)"
+
+# Under mpirun, settings that make the ranks train alone are named, not a batch-size puzzle (the
+# batch is resolved for the launcher's 2 processes).
+"${mpi[@]}" "$strata" train "${common[@]}" --set train.steps=2 --set train_batch_size=32 \
+  --set 'strata.comm.backend="single"' >single.txt 2>&1
+check "mpirun with strata.comm.backend single names the backend" \
+  grep -q "strata.comm.backend single makes each train alone" single.txt
+"${mpi[@]}" "$strata" train "${common[@]}" --set train.steps=2 --set train_batch_size=32 \
+  --set 'device.simulate="h200"' >sim.txt 2>&1
+check "mpirun with device.simulate says it runs one rank" \
+  grep -q "device.simulate runs one rank" sim.txt
 exit $fail

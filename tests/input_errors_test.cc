@@ -9,9 +9,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <filesystem>
+
 #include "src/plan/probe_machine.h"
+#include "src/train/data.h"
+#include "src/train/trainer.h"
 #include "strata/io_probe.h"
 #include "tests/adversarial_util.h"
+#include "tests/train_util.h"
 
 namespace strata {
 namespace {
@@ -156,6 +162,46 @@ TEST_F(Hardening, ProbeIoFileOfNoBlockOrNegativeWarmupIsRefused) {
   auto r = run_io_probe(o, nullptr);
   ASSERT_FALSE(r.is_ok());
   EXPECT_TRUE(contains(r.status().message(), "(--warmup)")) << r.status().message();
+}
+
+// data.eval_batches beyond the held-out set wrapped around it (2147483647 ran for days and a
+// SIGTERM waited for the eval): an eval stops at the batches that hold every held-out window
+// once, the same loss as asking for exactly those; and a stop signal on one rank leaves an
+// eval off (the checkpoint then comes at once).
+TEST_F(Hardening, EvalBatchesStopAtTheHeldOutSetAndAtAStop) {
+  const auto dir = temp_dir("eval_cap");
+  const std::vector<std::string> base = {"train.steps=1", "train.eval_interval=1",
+                                         "data.synthetic_tokens=65536",
+                                         "scheduler.params.warmup_num_steps=1"};
+  Config probe = test::tiny_cpu(dir + "/probe", base);
+  auto data = Dataset::load(probe.data, probe.model.vocab_size, probe.train.seed);
+  ASSERT_TRUE(data.is_ok()) << data.status().to_string();
+  const int64_t rows = probe.train_micro_batch_size_per_gpu;
+  const int64_t whole = (int64_t(data->eval_windows(probe.model.context)) + rows - 1) / rows;
+  ASSERT_GT(whole, 1);
+  auto with = [&](const std::string& sub, int64_t batches) {
+    std::vector<std::string> ov = base;
+    ov.push_back("data.eval_batches=" + std::to_string(batches));
+    return test::tiny_cpu(dir + "/" + sub, ov);
+  };
+  const TrainResult huge = test::must_train(with("huge", 2147483647));
+  const TrainResult exact = test::must_train(with("exact", whole));
+  const TrainResult fewer = test::must_train(with("fewer", whole - 1));
+  ASSERT_EQ(huge.eval_losses.size(), 2u);
+  ASSERT_EQ(exact.eval_losses.size(), 2u);
+  EXPECT_EQ(huge.eval_losses, exact.eval_losses);
+  EXPECT_NE(huge.eval_losses[0].second, fewer.eval_losses[0].second);
+
+  std::atomic<int> stop{SIGTERM};
+  TrainOptions o;
+  o.stop_signal = &stop;
+  Config three = with("stopped", 2147483647);
+  three.train.steps = 3;
+  const TrainResult stopped = test::must_train(three, o);
+  EXPECT_TRUE(stopped.stopped_early);
+  EXPECT_EQ(stopped.losses.size(), 1u);
+  EXPECT_TRUE(stopped.eval_losses.empty());
+  EXPECT_FALSE(stopped.last_checkpoint.empty());
 }
 
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {

@@ -59,7 +59,9 @@ class PinnedBuffer {
 
 struct BufferPoolOptions {
   std::string name = "pinned buffer pool";  // used in messages
-  bool lock = true;                         // try mlock
+  // What sets the budget, named when an acquire does not fit ("" : the pinned-memory budget).
+  std::string budget_key;
+  bool lock = true;  // try mlock
   // Ask for transparent huge pages (arenas of 2 MiB or more). Faulting huge pages in may stall
   // on the kernel's compaction; a pool that does no I/O can do without.
   bool huge_pages = true;
@@ -94,6 +96,7 @@ class BufferPool {
   void release(uint64_t offset, size_t size);
 
   std::string name_;
+  std::string budget_key_;  // BufferPoolOptions::budget_key
   void* base_ = nullptr;
   size_t capacity_ = 0;
   bool locked_ = false;

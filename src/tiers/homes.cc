@@ -18,6 +18,7 @@ Result<std::unique_ptr<Homes>> Homes::create(Device& device, const std::vector<M
   h->lock_ = options.pin_memory;
   BufferPoolOptions po;
   po.name = "host tier";
+  po.budget_key = "strata.host_memory_limit";
   po.lock = options.pin_memory;
   STRATA_ASSIGN_OR_RETURN(h->pool_, BufferPool::create(arena_bytes, po), "host tier");
   device.register_host(h->pool_->base(), h->pool_->capacity()).ignore();

@@ -307,11 +307,20 @@ Status Speculation::undo(bool redo, const OptimizerHyper& hyper, float grad_mult
   counters_.update([](TierCounts& n) { ++n.schedule.rollbacks; });
   for (auto& [k, u] : stepped_) {
     if (!u.kept()) {
+      if (!redo) {
+        return invalid_argument(fmt::format(
+            "the gradients are not finite (inf or nan): training diverged; lower "
+            "optimizer.params.lr or enable gradient_clipping. The step cannot be skipped: the "
+            "optimizer stepped {} under backward without undo state (kept only where a step "
+            "can be rolled back: gradient_clipping > 0 or fp16); with "
+            "strata.optimizer.overlap: false such a step is skipped instead",
+            homes_.module(k).name));
+      }
       return invalid_argument(fmt::format(
-          "the optimizer stepped {} under backward without undo state (bf16, "
-          "gradient_clipping 0) but the step must be {}: set strata.optimizer.overlap: false "
-          "to train through non-finite bf16 gradients",
-          homes_.module(k).name, redo ? "redone" : "skipped (non-finite gradients)"));
+          "the optimizer stepped {} under backward without undo state (kept only where a step "
+          "can be rolled back: gradient_clipping > 0 or fp16) but the step must be redone: "
+          "set strata.optimizer.overlap: false to step after backward",
+          homes_.module(k).name));
     }
   }
   // The device's optimizer steps (device-resident state) must have run before it is restored.

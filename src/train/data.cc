@@ -296,7 +296,10 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
   if (d.train_packed_ && T > 0 && d.split_ > 0 && d.train_windows_.empty()) {
     return no_target("data.source", cfg.source, "training split");
   }
-  if (d.eval_packed_ && T > 0 && d.eval_windows_.empty()) {
+  // data.eval_fraction 0 holds nothing out: an empty eval split, which the trainer refuses
+  // only where an eval runs (train.eval_interval > 0).
+  if (d.eval_packed_ && T > 0 && d.eval_windows_.empty() &&
+      !(cfg.eval_source.empty() && d.split_ == d.tokens_.size())) {
     return cfg.eval_source.empty() ? no_target("data.source", cfg.source, "held-out tail")
                                    : no_target("data.eval_source", cfg.eval_source, "file");
   }

@@ -128,7 +128,10 @@ class Run {
   // overflow, its skip.
   Status step_optimizer(const GradStats& stats, double scale, bool delayed, bool speculate,
                         bool not_under_backward);
-  Result<double> eval_loss();
+  // The eval loss over data.eval_batches batches, at most those that hold the held-out windows
+  // once (more would count windows again). nullopt: cut short by a stop signal (one rank: the
+  // ranks run an eval's collectives together, so with several it runs to its end).
+  Result<std::optional<double>> eval_loss();
   // Runs eval batch i (the forward alone); its per-token losses land in losses_ (run_eval.cc).
   Status eval_batch(int i);
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
@@ -216,6 +219,7 @@ class Run {
   std::vector<std::string> passed_over_;
   OptimizerHyper hyper_;
   std::vector<int32_t> tok_, tgt_, pos_;  // pos_: the positions of a batch packed per sequence
+  bool eval_cap_logged_ = false;          // eval_loss said once that data.eval_batches was capped
   // The training micro-batches that came with positions (packed per sequence), and those of
   // them with a conversation boundary in a row, which attention masks per conversation
   // (TrainResult::micro_batches_*).

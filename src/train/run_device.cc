@@ -122,6 +122,14 @@ Status Run::create_comms() {
   STRATA_ASSIGN_OR_RETURN(comm_, create_communicator(b, dev_.get(), co), "strata.comm.backend");
   world_ = comm_->size();
   rank_ = comm_->rank();
+  if (world_ > 1 && !cfg_.device.simulate.empty()) {
+    // The simulated device holds its memory apart from the host's, as a GPU does, and the host
+    // communicators move host buffers (a GPU's ranks talk over NCCL, which it does not model).
+    return invalid_argument(fmt::format(
+        "device.simulate runs one rank ({} here): run it without mpirun, or set device.simulate "
+        "to \"\" to train the {} ranks on the CPU backend",
+        world_, world_));
+  }
   if (world_ > 1) {
     set_log_rank(rank_);
     STRATA_ASSIGN_OR_RETURN(param_comm_, create_communicator(comm_->backend(), dev_.get(), co),

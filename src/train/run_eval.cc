@@ -25,11 +25,25 @@ Status Run::eval_batch(int i) {
   return tm_->end_phase().with_context("eval");
 }
 
-Result<double> Run::eval_loss() {
+Result<std::optional<double>> Run::eval_loss() {
   STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
   double sum = 0;
-  const int n = std::max(1, cfg_.data.eval_batches);
+  // eval_batch(i) takes B*world windows from i*B*world on, wrapping past the end: the batches
+  // that hold every window once are enough (2147483647 of them ran for days, ignoring Ctrl-C).
+  const size_t rows = size_t(B_) * size_t(world_);
+  const size_t whole = (data_->eval_windows(T_) + rows - 1) / rows;
+  const int n = int(std::min<size_t>(size_t(std::max(1, cfg_.data.eval_batches)), whole));
+  if (n < cfg_.data.eval_batches && !eval_cap_logged_) {
+    eval_cap_logged_ = true;
+    log_info(
+        "eval: data.eval_batches {} is more than the {} batch(es) that hold the {} held-out "
+        "windows: evaluating {}",
+        cfg_.data.eval_batches, whole, data_->eval_windows(T_), n);
+  }
   for (int i = 0; i < n; ++i) {
+    if (world_ == 1 && opts_.stop_signal && opts_.stop_signal->load() != 0) {
+      return std::optional<double>();
+    }
     STRATA_RETURN_IF_ERROR(eval_batch(i), "");
     for (size_t j = 0; j < size_t(B_) * T_; ++j) sum += losses_[j];
   }
@@ -39,11 +53,11 @@ Result<double> Run::eval_loss() {
     for (int i = 0; i < n; ++i) targets += data_->eval_batch_targets(i, B_, T_, world_);
     float total = static_cast<float>(sum);
     STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
-    return (world_ > 1 ? double(total) : sum) / double(targets);
+    return std::optional<double>((world_ > 1 ? double(total) : sum) / double(targets));
   }
   float total = static_cast<float>(sum / (double(n) * B_ * T_));
   STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
-  return world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_);
+  return std::optional<double>(world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_));
 }
 
 Result<EvalResult> Run::evaluate() {

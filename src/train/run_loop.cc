@@ -186,7 +186,12 @@ Result<TrainResult> Run::loop() {
   const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
 
   auto do_eval = [&](int64_t step) -> Status {
-    STRATA_ASSIGN_OR_RETURN(double el, eval_loss(), "eval");
+    STRATA_ASSIGN_OR_RETURN(std::optional<double> cut_or_loss, eval_loss(), "eval");
+    if (!cut_or_loss) {
+      log_info("eval at step {} left off: stopping", step);
+      return Status::ok();
+    }
+    const double el = *cut_or_loss;
     r.eval_losses.emplace_back(step, el);
     if (!report) return Status::ok();
     if (opts_.progress)

@@ -82,11 +82,18 @@ Status Run::setup() {
   // failure is reported together with the tiers' preflight (create_tiers).
   const Status dirs = check_output_dirs();
   if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
+    const int launched = launcher_world_size();
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
         "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
-        "for another world size: set train_batch_size (or the micro batch) for {} ranks",
-        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
+        "for another world size: set train_batch_size (or the micro batch) for {} ranks{}",
+        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_,
+        launched != world_
+            ? fmt::format(" (the launcher started {} processes, but strata.comm.backend {} makes "
+                          "each train alone as {} rank: use mpi, or auto, to train them as {} "
+                          "ranks)",
+                          launched, cfg_.strata.comm_backend, world_, launched)
+            : std::string()));
   }
   log_info("model: {}, {}", arch_->describe(), dtype_name(dt_));
   log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
@@ -142,8 +149,16 @@ Status Run::load_data() {
         cfg_.data.eval_source.empty() ? "data.source" : "data.eval_source", data_cfg.source,
         d.eval_tokens(), T_ + 1, cfg_.data.seq_len > 0 ? "data.seq_len" : "model.context", T_));
   }
+  const bool evals = cfg_.train.eval_interval > 0;
+  if (!eval_only_ && evals && d.eval_tokens() == 0) {
+    return invalid_argument(fmt::format(
+        "no token is held out for eval (data.eval_fraction {} of {} tokens) but "
+        "train.eval_interval is {}: raise data.eval_fraction, give data.eval_source, or set "
+        "train.eval_interval to 0",
+        cfg_.data.eval_fraction, d.train_tokens(), cfg_.train.eval_interval));
+  }
   if (!eval_only_ && ((!d.train_packed() && d.train_tokens() < size_t(T_) + 2) ||
-                      (!d.eval_packed() && d.eval_tokens() < size_t(T_) + 2))) {
+                      (evals && !d.eval_packed() && d.eval_tokens() < size_t(T_) + 2))) {
     return invalid_argument(fmt::format(
         "data: {} train and {} eval tokens; each split needs at least seq_len+2 = {} (use a "
         "larger corpus or change data.eval_fraction)",
@@ -203,10 +218,18 @@ Status Run::create_tiers(const Status& dirs) {
     const size_t rec = arch_->activation_plan(B_, T_, dt_, ActivationMode::kRecompute, fused).bytes;
     const size_t off = arch_->activation_plan(B_, T_, dt_, ActivationMode::kOffload, fused).bytes;
     const int sets = std::max(1, to.forward_group);
+    // Only the modes that hold less than the one the run has (recompute: offload alone).
+    const std::string modes =
+        act_mode == ActivationMode::kRecompute
+            ? fmt::format("strata.activations = offload needs {} (block inputs in host memory)",
+                          format_bytes(double(off)))
+            : fmt::format(
+                  "strata.activations = recompute needs {} (one extra block forward in "
+                  "backward), offload {} (block inputs in host memory)",
+                  format_bytes(double(rec)), format_bytes(double(off)));
     return out_of_memory(fmt::format(
-        "{}\n  - activations ({}) take {} of the device{}: strata.activations = recompute needs "
-        "{} (one extra block forward in backward), offload {} (block inputs in host memory)",
-        tm.status().message(), cfg_.strata.activations,
+        "{}\n  - activations ({}) take {} of the device{}: {}", tm.status().message(),
+        cfg_.strata.activations,
         format_bytes(double(acts.bytes + acts.slot_bytes * size_t(sets - 1))),
         sets > 1 ? fmt::format(" ({} micro-batches' forwards grouped, {} and {} for each further "
                                "one: strata.grouped_forwards = {}; 1 holds {})",
@@ -214,7 +237,7 @@ Status Run::create_tiers(const Status& dirs) {
                                format_bytes(double(acts.slot_bytes)), sets,
                                format_bytes(double(acts.bytes)))
                  : std::string(),
-        format_bytes(double(rec)), format_bytes(double(off))));
+        modes));
   }
   STRATA_ASSIGN_OR_RETURN(tm_, std::move(tm), "");
   log_info("tiers: {}", tm_->describe());
@@ -721,6 +744,12 @@ using run_detail::Run;
 
 Result<EvalResult> evaluate(const Config& cfg, const EvalOptions& opts) {
   STRATA_RETURN_IF_ERROR(check_model_given(cfg), "");
+  if (!cfg.device.simulate.empty()) {
+    // Its kernels only cost time: the loss it would print is no model's (ln of the vocabulary).
+    return invalid_argument(
+        "device.simulate computes no real numbers: strata eval runs on device.backend cpu or "
+        "cuda (set device.simulate to \"\")");
+  }
   TrainOptions to;
   to.resume = opts.checkpoint;
   to.progress = false;

@@ -133,6 +133,16 @@ TEST(Speculation, RollbackWithoutUndoStateNamesTheKey) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("m0"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("strata.optimizer.overlap: false"), std::string::npos) << s.message();
+  // A skip (non-finite gradients) says first that training diverged, and what to change; it
+  // named bf16 whatever the dtype.
+  s = spec.undo(false, hyper(), 0.0f);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.message().find("the gradients are not finite (inf or nan): training diverged; "
+                             "lower optimizer.params.lr"),
+            0u)
+      << s.message();
+  EXPECT_NE(s.message().find("strata.optimizer.overlap: false"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("bf16"), std::string::npos) << s.message();
   spec.end();
   r.pipeline->end_step();
 }
