@@ -161,6 +161,11 @@ check "preflight, keep: recompute and offload named" \
 check "preflight, recompute: offload named, not recompute" \
   sh -c 'grep -q "activations (recompute) take .*offload needs" act-recompute.txt &&
          ! grep -q "recompute needs" act-recompute.txt'
+"$strata" train "${common[@]}" --set 'train.checkpoint_dir="ck-ratio0"' \
+  --set zero_optimization.offload_optimizer.ratio=0 --set device.memory_limit=3000000 \
+  >ratio0.txt 2>&1
+check "preflight, offload_optimizer.ratio 0: the ratio named as what keeps the state on the device" \
+  grep -q "offload_optimizer.ratio 0 keeps 100% of the optimizer state on the device" ratio0.txt
 
 # data.eval_fraction 0 holds nothing out: fine without evals, refused (naming both keys) with.
 "$strata" train "${common[@]}" --set 'train.checkpoint_dir="ck-noeval"' \

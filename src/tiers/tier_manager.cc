@@ -83,6 +83,16 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
         zeropp_parts(need.device), format_bytes(double(dev_cap)),
         sharded ? ", zero_optimization.reduce_bucket_size or stage3_prefetch_bucket_size" : "",
         need.device.zeropp() ? " (or turn off the ZeRO++ switches named)" : ""));
+    const Placement& pl = options.placement;
+    if (pl.optimizer_ratio < 1 && (pl.master != Tier::kDevice || pl.moments != Tier::kDevice)) {
+      // The ratio keeps the first modules' optimizer state on the device whatever
+      // offload_optimizer.device says: of the resident state, that share is its.
+      short_of.back() += fmt::format(
+          "; zero_optimization.offload_optimizer.ratio {:g} keeps {:.0f}% of the optimizer "
+          "state on the device: a higher ratio (1: none) moves it to {}",
+          pl.optimizer_ratio, 100.0 * (1.0 - pl.optimizer_ratio),
+          tier_name(pl.master != Tier::kDevice ? pl.master : pl.moments));
+    }
   }
   const size_t host_need = need.host.total();
   const size_t staging = need.host.staging + need.host.param_shadows;
