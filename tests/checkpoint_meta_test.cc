@@ -1,6 +1,7 @@
 // Checkpoint metadata checked against the run (check_resume): edited whole-model files (their
 // checksums recomputed), deep JSON, and a two-rank save whose files disagree.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -78,6 +79,68 @@ TEST_F(MetaEdits, WrongTypes) {
   expect_refused([](auto& j) { j["moment_dtype"] = "int8"; }, {"moment_dtype"});
 }
 
+// The metadata JSON of checkpoint `path`, as written.
+nlohmann::json meta_of(const std::string& path) {
+  const std::string bytes = test::read_file(path);
+  uint32_t jlen = 0;
+  if (bytes.size() >= 32) std::memcpy(&jlen, bytes.data() + 12, 4);
+  return nlohmann::json::parse(bytes.substr(32, jlen));
+}
+
+TEST_F(MetaEdits, AnotherOptimizersStateIsRefused) {
+  // AdamW's moments would be stepped as Lion's momentum or Adagrad's sums of squares.
+  EXPECT_EQ(meta_of(ckpt_).value("optimizer_state", ""), "adam");
+  for (const char* type : {"Lion", "Adagrad"}) {
+    SCOPED_TRACE(type);
+    Config other =
+        small_config(dir_, {"train.steps=6", fmt::format("optimizer.type=\"{}\"", type)});
+    Status s = train_status(other, ckpt_);
+    ASSERT_FALSE(s.is_ok()) << "resumed AdamW's state with optimizer.type " << type;
+    for (const std::string w :
+         {ckpt_, std::string("optimizer state of AdamW or Adam (first and second moments)"),
+          fmt::format("optimizer.type is {}", type),
+          std::string("resume with optimizer.type AdamW"), std::string("without --resume")}) {
+      EXPECT_TRUE(contains(s.message(), w)) << "'" << w << "' not in " << s.message();
+    }
+  }
+}
+
+TEST_F(MetaEdits, AdamAndAdamWResumeEachOther) {
+  // Adam (L2 decay, adam_w_mode off) takes over AdamW's moments, and AdamW Adam's: one state.
+  Config adam = small_config(
+      dir_, {"train.steps=6", "optimizer.type=\"Adam\"", "optimizer.params.adam_w_mode=false"});
+  TrainOptions o;
+  o.progress = false;
+  o.resume = ckpt_;
+  auto r = train(adam, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(meta_of(r->last_checkpoint).value("optimizer_state", ""), "adam");
+  Config adamw = small_config(dir_, {"train.steps=8"});
+  o.resume = r->last_checkpoint;
+  auto back = train(adamw, o);
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(meta_of(back->last_checkpoint).value("optimizer_state", ""), "adam");
+}
+
+TEST_F(MetaEdits, MetadataWithoutTheOptimizerStateIsAccepted) {
+  // A file written before the state was recorded: any optimizer.type resumes it, as before.
+  ASSERT_TRUE(meta_of(ckpt_).contains("optimizer_state"));
+  edit_meta(ckpt_, [](auto& j) { j.erase("optimizer_state"); });
+  auto meta = read_checkpoint_meta(ckpt_);
+  ASSERT_TRUE(meta.is_ok()) << meta.status().to_string();
+  EXPECT_EQ(meta->optimizer_state, "");
+  Config lion = small_config(dir_, {"train.steps=6", "optimizer.type=\"Lion\""});
+  Status s = train_status(lion, ckpt_);
+  EXPECT_TRUE(s.is_ok()) << s.to_string();
+}
+
+TEST_F(MetaEdits, OptimizerStateOfTheWrongTypeOrName) {
+  expect_refused([](auto& j) { j["optimizer_state"] = 3; }, {"optimizer_state", "a string"});
+  expect_refused([](auto& j) { j["optimizer_state"] = "sgd"; },
+                 {"optimizer_state", "\"sgd\"", "adam, adagrad, lion"});
+  expect_refused([](auto& j) { j["optimizer_state"] = ""; }, {"optimizer_state"});
+}
+
 TEST_F(MetaEdits, ChangedSeedIsRefused) {
   std::ofstream(ckpt_, std::ios::binary | std::ios::trunc) << pristine_;
   Config other = small_config(dir_, {"train.steps=6", "train.seed=7"});
@@ -130,6 +193,7 @@ class ShardedMeta : public Hardening {
     dir_ = temp_dir("sharded");
     mine_.model_shape = "L=1 NH=1 C=4 V=8 Vp=8 T=4 tied=1";
     mine_.moment_dtype = "fp32";
+    mine_.optimizer_state = "adam";
     mine_.seed = 42;
     mine_.modules = {{"embedding", 6}, {"final_norm", 3}};
     manifest_ = dir_ + "/ckpt-00000004.bin";
@@ -209,6 +273,18 @@ TEST_F(ShardedMeta, ShardFilesFromDifferentSaves) {
   other_run.run_id = "run-b";
   write(shard(0), other_run);
   expect_refused({"run run-b", "different saves"});
+}
+
+TEST_F(ShardedMeta, EveryShardFilesOptimizerStateIsChecked) {
+  CheckpointMeta lion = shard(1);
+  lion.optimizer_state = "lion";
+  write(shard(0), lion);
+  expect_refused(
+      {".rank1-of-2", "optimizer state of Lion (a momentum)", "optimizer.type is AdamW or Adam"});
+  // A caller that steps no optimizer (evaluation) takes any state.
+  mine_.optimizer_state.clear();
+  auto r = check_resume(manifest_, mine_, 100);
+  EXPECT_TRUE(r.is_ok()) << r.status().to_string();
 }
 
 TEST_F(ShardedMeta, ManifestStepDisagreesWithItsShards) {

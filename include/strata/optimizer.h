@@ -23,6 +23,41 @@ namespace strata {
 enum class OptimizerKind { kAdam, kAdamW, kAdagrad, kLion };
 const char* optimizer_kind_name(OptimizerKind k);
 
+// What an optimizer keeps between steps in ShardState's m and v, as a checkpoint records it
+// (CheckpointMeta::optimizer_state). Adam and AdamW keep the same state (first and second
+// moments), so either takes over the other's, as in PyTorch and DeepSpeed; Adagrad keeps sums
+// of squared gradients in v and Lion a momentum in m, which no other optimizer can step from.
+struct OptimizerState {
+  const char* name;        // as recorded: "adam", "adagrad" or "lion"
+  const char* optimizers;  // the optimizer.type values that keep it
+  const char* holds;       // what m and v hold
+};
+inline constexpr OptimizerState kOptimizerStates[] = {
+    {"adam", "AdamW or Adam", "first and second moments"},
+    {"adagrad", "Adagrad", "sums of squared gradients"},
+    {"lion", "Lion", "a momentum"},
+};
+// The state `k` keeps.
+constexpr const OptimizerState& optimizer_state(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kAdagrad:
+      return kOptimizerStates[1];
+    case OptimizerKind::kLion:
+      return kOptimizerStates[2];
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      break;
+  }
+  return kOptimizerStates[0];
+}
+// The state recorded as `name`, or null when no optimizer keeps one by that name.
+constexpr const OptimizerState* find_optimizer_state(std::string_view name) {
+  for (const OptimizerState& s : kOptimizerStates) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::kAdamW;
   float lr = 1e-3f;

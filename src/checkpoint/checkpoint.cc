@@ -17,6 +17,7 @@
 #include "src/base/safe_file.h"
 #include "strata/checksum.h"
 #include "strata/log.h"
+#include "strata/optimizer.h"
 
 namespace strata {
 namespace {
@@ -75,6 +76,7 @@ std::string meta_json(const CheckpointMeta& m) {
   j["scaler_cur_hysteresis"] = m.scaler_cur_hysteresis;
   j["model_shape"] = m.model_shape;
   j["moment_dtype"] = m.moment_dtype;
+  if (!m.optimizer_state.empty()) j["optimizer_state"] = m.optimizer_state;
   j["seed"] = m.seed;
   nlohmann::json mods = nlohmann::json::array();
   for (const auto& mod : m.modules) {
@@ -156,6 +158,17 @@ CheckpointMeta parse_meta(const std::string& js) {
   if (m.moment_dtype != "fp32" && m.moment_dtype != "bf16") {
     throw std::runtime_error(
         fmt::format("moment_dtype is \"{}\", expected fp32 or bf16", m.moment_dtype.substr(0, 40)));
+  }
+  if (j.contains("optimizer_state")) {
+    m.optimizer_state = string_field(j, "optimizer_state");
+    if (find_optimizer_state(m.optimizer_state) == nullptr) {
+      std::string names;
+      for (const OptimizerState& st : kOptimizerStates) {
+        names += fmt::format("{}{}", names.empty() ? "" : ", ", st.name);
+      }
+      throw std::runtime_error(fmt::format("optimizer_state is \"{}\", expected one of {}",
+                                           m.optimizer_state.substr(0, 40), names));
+    }
   }
   m.seed = size_field(j, "seed");
   const json& mods = j.at("modules");

@@ -7,8 +7,9 @@
 //   16  u32      CRC32C of the metadata
 //   20  u32      CRC32C of the payload
 //   24  u64      payload length P
-//   32  J bytes  metadata JSON: step counters, loss-scaler state, model shape, dtypes, and
-//                each module's name and element count (its stable id)
+//   32  J bytes  metadata JSON: step counters, loss-scaler state, model shape, dtypes, which
+//                optimizer's state the moments are, and each module's name and element count
+//                (its stable id)
 //   32+J P bytes payload: per module in order, fp32 master weights, then the first and second
 //                moments in the moment dtype
 // The payload CRC is computed while streaming and the header is written last (at offset 0).
@@ -17,8 +18,8 @@
 // directory fsynced: a crash mid-write never leaves a file that looks valid. Before writing,
 // the file system must have room for the whole file (a no-space error gives both byte counts).
 // Truncated files, a wrong magic or version, a checksum mismatch, and metadata whose values
-// have the wrong type or range (negative step, opt_steps above step, sizes that overflow) are
-// refused with a message naming the file and the offset.
+// have the wrong type or range (negative step, opt_steps above step, sizes that overflow, an
+// optimizer state no optimizer keeps) are refused with a message naming the file and the offset.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,10 @@ struct CheckpointMeta {
   int scaler_cur_hysteresis = 1;
   std::string model_shape;  // "L=4 NH=4 C=128 V=256 Vp=256 T=64 tied=1"
   std::string moment_dtype;
+  // What the moments hold: the name of an OptimizerState (include/strata/optimizer.h), "adam",
+  // "adagrad" or "lion"; a resume refuses a config whose optimizer keeps another state. ""
+  // (not written) in files written before it was recorded.
+  std::string optimizer_state;
   uint64_t seed = 0;
   // Sharded checkpoints: one file per rank, "<name>.rank<R>-of-<N>", each holding that rank's
   // shard of every module; "<name>" is then a manifest (JSON: magic "strata-shards", world_size,

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "strata/optimizer.h"
+
 namespace strata {
 namespace {
 
@@ -83,6 +85,18 @@ Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& m
           fmt::format("moments are {} in the checkpoint but strata.optimizer.moment_dtype "
                       "is {}; resume with moment_dtype {}",
                       meta.moment_dtype, mine.moment_dtype, meta.moment_dtype));
+    }
+    // A file written before the state was recorded, or a caller that steps no optimizer (""):
+    // not checked.
+    if (!meta.optimizer_state.empty() && !mine.optimizer_state.empty() &&
+        meta.optimizer_state != mine.optimizer_state) {
+      const OptimizerState* theirs = find_optimizer_state(meta.optimizer_state);
+      const OptimizerState* ours = find_optimizer_state(mine.optimizer_state);
+      STRATA_CHECK(theirs != nullptr && ours != nullptr, "an optimizer state no optimizer keeps");
+      return bad(fmt::format(
+          "the checkpoint holds the optimizer state of {} ({}) but optimizer.type is {}, whose "
+          "state is {}; resume with optimizer.type {}, or start a new run without --resume",
+          theirs->optimizers, theirs->holds, ours->optimizers, ours->holds, theirs->optimizers));
     }
     if (meta.modules.size() != M) {
       return bad(fmt::format("{} modules, the model has {}", meta.modules.size(), M));

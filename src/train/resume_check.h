@@ -2,9 +2,11 @@
 //
 // The reader (src/checkpoint/checkpoint.h) already refuses values of the wrong type or range; this
 // compares what is left with the run that resumes: the model (shape, module names and element
-// counts), the moment dtype, train.seed, train.steps, and, for a sharded checkpoint, that the
-// manifest, the shard files' world_size and rank, and their (offset, numel) ranges agree and
-// tile every module exactly once. Errors name the file, the value, and the fix.
+// counts), the moment dtype, the optimizer state (a config whose optimizer.type keeps another
+// is refused; Adam and AdamW keep the same), train.seed, train.steps, and, for a sharded
+// checkpoint, that the manifest, the shard files' world_size and rank, and their (offset, numel)
+// ranges agree and tile every module exactly once. Every shard file's values are checked, each
+// against the run. Errors name the file, the value, and the fix.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +18,9 @@
 namespace strata {
 
 // `path`: the checkpoint (a whole-model file or a shard manifest). `mine`: the run's own
-// metadata (CheckpointMeta of a whole-model file for this config: modules with full numel).
+// metadata (CheckpointMeta of a whole-model file for this config: modules with full numel;
+// optimizer_state "" when the caller steps no optimizer, as evaluation, and the state is not
+// checked; nor is it for a file that does not record one, written before it was recorded).
 // `train_steps`: train.steps (a checkpoint past it is refused). Returns the metadata to resume
 // with (of the first file; every file agrees on the counters) and the files to load.
 struct ResumePlan {

@@ -272,6 +272,7 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.scaler_cur_hysteresis = scaler_.cur_hysteresis;
   meta.model_shape = arch_->shape_string();
   meta.moment_dtype = dtype_name(cfg_.strata.moment_dtype);
+  meta.optimizer_state = optimizer_state(optimizer_kind(cfg_.optimizer)).name;
   meta.seed = cfg_.train.seed;
   meta.run_id = run_id_;
   // A frozen module (LoRA's base) has no state of its own to save: 0 elements.
@@ -380,12 +381,14 @@ Status Run::init_weights() {
 
 Status Run::load_for_eval(const std::string& path) {
   // The model, the module layout and the moment dtype must match; train.seed and train.steps
-  // only steer training, so the checkpoint's own are taken.
+  // only steer training, so the checkpoint's own are taken, and evaluation steps no optimizer,
+  // so whichever state the moments are is not checked (optimizer_state "").
   STRATA_ASSIGN_OR_RETURN(ShardManifest man, read_shard_manifest(path), "--checkpoint");
   STRATA_ASSIGN_OR_RETURN(CheckpointMeta first, read_checkpoint_meta(man.files.at(0)),
                           "--checkpoint");
   CheckpointMeta mine = checkpoint_meta(0);
   mine.seed = first.seed;
+  mine.optimizer_state.clear();
   STRATA_ASSIGN_OR_RETURN(ResumePlan plan,
                           check_resume(path, mine, std::numeric_limits<int64_t>::max()),
                           "--checkpoint");

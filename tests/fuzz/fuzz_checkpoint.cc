@@ -36,6 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   strata::CheckpointMeta mine;
   mine.model_shape = "L=1 NH=1 C=4 V=8 Vp=8 T=4 tied=1";
   mine.moment_dtype = "fp32";
+  mine.optimizer_state = "adam";
   mine.modules = {{"embedding", 64}, {"block.0", 200}, {"final_norm", 8}};
   (void)strata::check_resume(path, mine, 100);
   return 0;
