@@ -4,7 +4,9 @@
 # fails leaving no empty directory, a config.json of a billion layers (an error, not an OOM
 # kill), the largest model the ranges allow (planned, refused by the preflight and by generate
 # before allocating), ZeRO++ keys on one rank (a warning naming them), and option values out of
-# their range (trace replay, probe, plan --nvme).
+# their range (trace replay, probe, plan --nvme); fp16 runs that diverge or overflow at every
+# step (exit 1, naming the cause and the keys, no checkpoint of the failed run) and the summary
+# line of the steps an overflow skipped.
 # usage: hardening2_cli_test.sh STRATA_BINARY REPO_DIR
 set -uo pipefail
 strata=$1
@@ -145,6 +147,39 @@ opt_refused "eval on a simulated device (it printed ln of the vocabulary as the 
   eval --config "$repo/configs/tiny-cpu.json" --set 'device.simulate="h200"'
 opt_refused "plan --max-model --json (the file was silently not written)" 2 \
   "max-model prints its capacity table only" plan --model gpt2-124m --max-model --json p.json
+# fp16 runs that cannot train used to finish with exit 0: a diverged run (every loss nan,
+# each step skipped as an overflow) wrote its checkpoint, and an overflow at a scale that cannot
+# go lower skipped every step. Now each stops with exit 1, the cause and the keys named.
+fp16=(--config "$repo/configs/tiny-cpu.json" --set model.context=32 --quiet
+      --set scheduler.params.warmup_num_steps=1 --set train.eval_interval=0
+      --set bf16.enabled=false --set fp16.enabled=true
+      --set 'zero_optimization.offload_optimizer.nvme_path="swap"')
+fp16_fails() {  # fp16_fails NAME DIR PATTERN --set ...
+  local name=$1 dir=$2 pat=$3
+  shift 3
+  "$strata" train "${fp16[@]}" --set "train.checkpoint_dir=\"$dir\"" "$@" >"$dir.txt" 2>&1
+  local rc=$?
+  check "$name: exit 1 (rc $rc)" test "$rc" -eq 1
+  check "$name: says why" grep -q -- "$pat" "$dir.txt"
+  check "$name: wrote no checkpoint" test -z "$(ls "$dir" 2>/dev/null | grep ckpt)"
+}
+fp16_fails "fp16 with lr 1e4 (nan from step 3)" ck-diverged \
+  "steps 3 to 5: loss is nan — training diverged.*optimizer.params.lr" \
+  --set train.steps=6 --set optimizer.params.lr=1e4 --set gradient_clipping=0
+fp16_fails "fp16 at a static scale that always overflows" ck-static \
+  "step 20: the loss overflowed at the static loss scale 1e+30 (fp16.loss_scale) on 20 steps" \
+  --set train.steps=30 --set fp16.loss_scale=1e30
+fp16_fails "fp16 overflowing at fp16.min_loss_scale" ck-floor \
+  "step 3: the loss overflowed at the minimum loss scale 1e+12 (fp16.min_loss_scale).*bf16" \
+  --set train.steps=30 --set fp16.initial_scale_power=40 --set fp16.min_loss_scale=1e12
+# A run whose first steps overflow: the summary counts them.
+"$strata" train "${fp16[@]}" --set 'train.checkpoint_dir="ck-skips"' --set train.steps=6 \
+  --set fp16.initial_scale_power=24 --set fp16.hysteresis=1 >skips.txt 2>&1
+rc=$?
+check "fp16 with early overflows trains (rc $rc)" test "$rc" -eq 0
+check "its summary counts the skipped steps" \
+  grep -Eq "^fp16 overflow: [1-5] of 6 steps skipped .*; loss scale [0-9.e+]+ at the end$" skips.txt
+
 "$strata" trace --help >trace-help.txt 2>trace-help.err
 rc=$?
 check "trace --help: exit 0 (rc $rc), the usage on stdout, nothing on stderr" \

@@ -93,6 +93,82 @@ TEST(LossScaler, DeepSpeedHysteresisAndWindow) {
   EXPECT_EQ(LossScaler::from_config(bf).scale, 1.0);
 }
 
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(LossScaler, OverflowAtTheMinimumScaleStopsTheRunOnceHysteresisIsUsedUp) {
+  Config c;
+  c.fp16.enabled = true;
+  c.fp16.initial_scale_power = 2;
+  c.fp16.min_loss_scale = 2.0;
+  c.fp16.hysteresis = 2;
+  LossScaler s = LossScaler::from_config(c);
+  EXPECT_TRUE(s.update(c, true));  // absorbed by hysteresis: 4
+  EXPECT_TRUE(s.check(c).is_ok());
+  EXPECT_TRUE(s.update(c, true));  // halves to the floor: 2
+  EXPECT_EQ(s.scale, 2.0);
+  EXPECT_TRUE(s.check(c).is_ok());
+  // At the floor, with hysteresis used up (it refills only when the scale doubles): the next
+  // overflow would halve, and there is nothing below.
+  EXPECT_FALSE(s.update(c, false));
+  EXPECT_TRUE(s.check(c).is_ok());
+  EXPECT_TRUE(s.update(c, true));
+  EXPECT_EQ(s.scale, 2.0);
+  const Status st = s.check(c);
+  ASSERT_FALSE(st.is_ok());
+  for (const char* part : {"minimum loss scale 2", "fp16.min_loss_scale", "optimizer.params.lr",
+                           "gradient_clipping", "bf16"}) {
+    EXPECT_TRUE(contains(st.message(), part)) << part << " in: " << st.message();
+  }
+}
+
+TEST(LossScaler, HysteresisIsSpentAtTheMinimumScaleBeforeTheRunStops) {
+  Config c;
+  c.fp16.enabled = true;
+  c.fp16.initial_scale_power = 0;  // starts at the floor, 1
+  c.fp16.hysteresis = 3;
+  c.fp16.consecutive_hysteresis = 1;  // a clean step refills it
+  LossScaler s = LossScaler::from_config(c);
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_TRUE(s.update(c, true));
+    EXPECT_TRUE(s.update(c, true));
+    EXPECT_TRUE(s.check(c).is_ok()) << "two overflows of three tolerated, round " << round;
+    EXPECT_FALSE(s.update(c, false));  // refills the hysteresis
+    EXPECT_TRUE(s.check(c).is_ok());
+  }
+  EXPECT_TRUE(s.update(c, true));
+  EXPECT_TRUE(s.update(c, true));
+  EXPECT_TRUE(s.update(c, true));
+  EXPECT_FALSE(s.check(c).is_ok());
+  EXPECT_EQ(s.scale, 1.0);
+}
+
+TEST(LossScaler, StaticScaleStopsAfterTwentyOverflowsInARowAndACleanStepResetsTheCount) {
+  Config c;
+  c.fp16.enabled = true;
+  c.fp16.loss_scale = 1024;
+  LossScaler s = LossScaler::from_config(c);
+  for (int64_t i = 0; i < kStaticScaleOverflowLimit - 1; ++i) EXPECT_TRUE(s.update(c, true));
+  EXPECT_TRUE(s.check(c).is_ok());
+  EXPECT_FALSE(s.update(c, false));  // a clean step: the count starts over
+  for (int64_t i = 0; i < kStaticScaleOverflowLimit - 1; ++i) EXPECT_TRUE(s.update(c, true));
+  EXPECT_TRUE(s.check(c).is_ok());
+  EXPECT_TRUE(s.update(c, true));
+  EXPECT_EQ(s.scale, 1024.0);  // a static scale never changes
+  const Status st = s.check(c);
+  ASSERT_FALSE(st.is_ok());
+  for (const char* part : {"static loss scale 1024", "fp16.loss_scale", "20 steps in a row",
+                           "set it to 0 for the dynamic scaler"}) {
+    EXPECT_TRUE(contains(st.message(), part)) << part << " in: " << st.message();
+  }
+  // bf16 and fp32 have nothing to stop for.
+  Config bf;
+  LossScaler b = LossScaler::from_config(bf);
+  for (int i = 0; i < 30; ++i) b.update(bf, true);
+  EXPECT_TRUE(b.check(bf).is_ok());
+}
+
 // A file of this process's temp directory (removed at its exit: tests/test_util.h).
 std::string write_file(const std::string& name, const void* data, size_t n) {
   static const std::string dir = test::temp_dir("strata_schedule_data", "files");

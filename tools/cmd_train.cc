@@ -63,7 +63,11 @@ const char kUsage[] =
     "the host<->device bytes split by direction with the schedule each of those steps ran\n"
     "its optimizer in, and on a GPU, where the CPU optimizer was not hidden for a tenth of\n"
     "the steps or more, how much (offload_optimizer.ratio, which strata plan recommends,\n"
-    "has the device step part of it).\n"
+    "has the device step part of it), and how many steps an fp16 overflow skipped (when\n"
+    "any did) with the loss scale at the end.\n"
+    "fp16: an overflow skips the step (DeepSpeed's loss scaler); an overflow at\n"
+    "fp16.min_loss_scale, 20 in a row at a static fp16.loss_scale, or an inf or nan loss\n"
+    "3 steps in a row stop the run with an error (bf16 and fp32: the first such loss).\n"
     "With flops_profiler.enabled, one step's kernels, copies and host functions are timed\n"
     "on the device and logged as a table by op and stream (the op profile; the step after\n"
     "flops_profiler.profile_step steps: by default the second).\n"
@@ -190,6 +194,12 @@ int cmd_train(int argc, char** argv) {
         !res.device_in_rss && cfg.device.simulate.empty() && res.micro_batches_per_sequence > 0
             ? " (masked per conversation, attention runs on strata's own kernels, not cuDNN's)"
             : "");
+  }
+  if (res.skipped_steps > 0) {
+    std::printf(
+        "fp16 overflow: %lld of %lld steps skipped (inf or nan gradients: no update); loss "
+        "scale %g at the end\n",
+        (long long)res.skipped_steps, (long long)(res.end_step - res.start_step), res.loss_scale);
   }
   std::printf("%s at step %lld; %.*f tokens/s; checkpoint %s\n",
               res.stopped_early ? "stopped" : "done", (long long)res.end_step,

@@ -198,7 +198,7 @@ void TableBuilder::add_training_keys() {
         "fp16 params/activations (auto: model.from_pretrained's dtype is float16)", nullptr,
         kAuto));
   add(F("fp16.loss_scale", Real(0, kInf, false, true), STRATA_M(fp16.loss_scale),
-        "static loss scale; 0 = dynamic"));
+        "static loss scale; 0 = dynamic; 20 overflows in a row at it stop the run"));
   add(F("fp16.initial_scale_power", Int(0, 62), STRATA_M(fp16.initial_scale_power),
         "dynamic: initial scale 2^power"));
   add(F("fp16.loss_scale_window", Int(1, kMaxI32), STRATA_M(fp16.loss_scale_window),
@@ -211,7 +211,7 @@ void TableBuilder::add_training_keys() {
       [](const Config& c) -> json { return c.fp16.consecutive_hysteresis != 0; },
       "dynamic: refill hysteresis after an overflow-free step"));
   add(F("fp16.min_loss_scale", Real(0, kInf, true, true), STRATA_M(fp16.min_loss_scale),
-        "dynamic: floor of the scale"));
+        "dynamic: floor of the scale; an overflow at it stops the run"));
   add(F("fp16.auto_cast", Bool(), STRATA_M(fp16.auto_cast), "cast module inputs to fp16", kNoCast));
   add(F("bf16.enabled", Bool(), STRATA_M(bf16.enabled),
         "bf16 params/activations (auto: model.from_pretrained's dtype is bfloat16)", nullptr,

@@ -241,6 +241,7 @@ class Run {
   // experts; -1 for other models), reported apart from the loss.
   double last_aux_loss_ = -1;
   bool last_skipped_ = false;
+  int64_t nonfinite_losses_ = 0;  // steps in a row, up to this one, whose loss was inf or nan
   // The last step's clip coefficient was < 1. Before the first step: whether clipping is on
   // (early gradients are the largest, so the first step is expected to clip: it is deferred,
   // not speculated and rolled back).

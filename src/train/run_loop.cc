@@ -113,6 +113,7 @@ Status Run::finish_run(Clock::time_point t0, int64_t tokens_per_step, TrainResul
     }
   }
   r.end_step = step_;
+  r.loss_scale = scaler_.scale;
   r.weights_crc = tm_->weights_crc();
   r.param_fetches = tm_->stats(Tier::kDevice).fetches;
   r.param_prefetches = tm_->stats(Tier::kDevice).prefetches;
@@ -228,11 +229,22 @@ Result<TrainResult> Run::loop() {
     wl += s;
     add_step(tt, loss, &r);
     if (opts_.on_step_end) opts_.on_step_end(step_);
-    if (!std::isfinite(loss) && !cfg_.fp16.enabled) {
-      return internal_error(
-          fmt::format("step {}: loss is {} — training diverged; lower optimizer.lr or enable "
-                      "gradient_clipping",
-                      step_, loss));
+    // A non-finite loss stops the run; in fp16 once kFp16NonfiniteLossLimit steps in a row had
+    // one (each skipped as an overflow; schedule.h).
+    nonfinite_losses_ = std::isfinite(loss) ? 0 : nonfinite_losses_ + 1;
+    if (nonfinite_losses_ >= (cfg_.fp16.enabled ? kFp16NonfiniteLossLimit : 1)) {
+      if (!cfg_.fp16.enabled) {
+        return internal_error(fmt::format(
+            "step {}: loss is {} — training diverged; lower optimizer.params.lr or enable "
+            "gradient_clipping",
+            step_, loss));
+      }
+      return internal_error(fmt::format(
+          "steps {} to {}: loss is {} — training diverged (each of those fp16 steps was skipped "
+          "as an overflow, and no loss scale changes a forward's loss); lower "
+          "optimizer.params.lr, enable gradient_clipping, or train in bf16 (bf16.enabled true, "
+          "fp16.enabled false)",
+          step_ - nonfinite_losses_ + 1, step_, loss));
     }
     const bool last = step_ == total;
     // The state at this step, over the window `win` that started at `since`.

@@ -1,5 +1,7 @@
 #include "src/train/schedule.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -58,12 +60,17 @@ bool LossScaler::update(const Config& cfg, bool overflow) {
   if (dynamic) {
     if (overflow) {
       if (cfg.fp16.hysteresis == 1 || cur_hysteresis == 1) {
-        scale = std::max(scale / 2.0, cfg.fp16.min_loss_scale);
+        if (scale <= cfg.fp16.min_loss_scale) {
+          ++floor_overflows;  // nothing left to halve: check() stops the run
+        } else {
+          scale = std::max(scale / 2.0, cfg.fp16.min_loss_scale);
+        }
       } else {
         --cur_hysteresis;
       }
       last_overflow_iter = cur_iter;
     } else {
+      floor_overflows = 0;
       if (cfg.fp16.consecutive_hysteresis) cur_hysteresis = cfg.fp16.hysteresis;
       if ((cur_iter - last_overflow_iter) % cfg.fp16.loss_scale_window == 0) {
         if (!cfg.fp16.consecutive_hysteresis) cur_hysteresis = cfg.fp16.hysteresis;
@@ -71,8 +78,28 @@ bool LossScaler::update(const Config& cfg, bool overflow) {
       }
     }
   }
+  if (cfg.fp16.enabled && !dynamic) floor_overflows = overflow ? floor_overflows + 1 : 0;
   ++cur_iter;
   return overflow;
+}
+
+Status LossScaler::check(const Config& cfg) const {
+  if (!cfg.fp16.enabled || floor_overflows == 0) return Status::ok();
+  if (cfg.fp16.loss_scale <= 0) {
+    return internal_error(fmt::format(
+        "the loss overflowed at the minimum loss scale {:g} (fp16.min_loss_scale), its "
+        "hysteresis used up: training diverged, or fp16 cannot hold its gradients; lower "
+        "optimizer.params.lr, enable gradient_clipping, lower fp16.min_loss_scale, or train in "
+        "bf16 (bf16.enabled true, fp16.enabled false)",
+        cfg.fp16.min_loss_scale));
+  }
+  if (floor_overflows < kStaticScaleOverflowLimit) return Status::ok();
+  return internal_error(fmt::format(
+      "the loss overflowed at the static loss scale {:g} (fp16.loss_scale) on {} steps in a row, "
+      "each skipped: lower fp16.loss_scale, or set it to 0 for the dynamic scaler; if a lower "
+      "scale overflows too, training diverged: lower optimizer.params.lr or enable "
+      "gradient_clipping",
+      scale, floor_overflows));
 }
 
 }  // namespace strata

@@ -561,7 +561,8 @@ Status Run::step_optimizer(const GradStats& stats, double scale, bool delayed, b
   } else {
     STRATA_RETURN_IF_ERROR(tm_->skip_step(), "skipping the step (non-finite gradients)");
   }
-  return Status::ok();
+  // An overflow the scale can no longer answer stops the run, the step skipped like any other.
+  return scaler_.check(cfg_);
 }
 
 Result<double> Run::run_step() {

@@ -73,6 +73,7 @@ struct TrainResult {
   std::vector<uint8_t> step_skipped;
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
+  double loss_scale = 1.0;                              // at the end (fp16; else 1)
   bool stopped_early = false;                           // by signal or stop_at_step
   std::string last_checkpoint;                          // path, "" if none written
   std::string metrics_error;  // the first failed write of the metrics log; "" if none
