@@ -627,6 +627,12 @@ bool OptimizerPipeline::oldest_copy_up_alone() const {
 Result<PinnedBuffer> OptimizerPipeline::host_buf(size_t bytes, const char* what, bool try_only) {
   release_copied();
   if (try_only) return homes_.pool().acquire(bytes);
+  auto b = homes_.host_buf(bytes, what);
+  if (b.is_ok() || b.status().code() != StatusCode::kOutOfMemory || writes_.empty()) return b;
+  // The pieces of this pipeline's writes still in flight come back as the writes finish
+  // (Homes::host_buf waits for the streams' copies, not for the disk): near the host tier's
+  // budget, which the memory model sizes without them, wait for those and try again.
+  STRATA_RETURN_IF_ERROR(retire_writes(0), what);
   return homes_.host_buf(bytes, what);
 }
 
