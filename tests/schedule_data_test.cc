@@ -69,11 +69,17 @@ TEST(Schedule, MatchesDeepSpeedFormulas) {
   EXPECT_TRUE(std::isfinite(learning_rate(c, 1)));
 }
 
-TEST(LossScaler, DeepSpeedHysteresisAndWindow) {
+// An fp16 config with the dynamic scaler starting at 2^power and `hysteresis`.
+Config fp16_config(int power, int hysteresis) {
   Config c;
   c.fp16.enabled = true;
-  c.fp16.initial_scale_power = 16;
-  c.fp16.hysteresis = 2;
+  c.fp16.initial_scale_power = power;
+  c.fp16.hysteresis = hysteresis;
+  return c;
+}
+
+TEST(LossScaler, DeepSpeedHysteresisAndWindow) {
+  Config c = fp16_config(16, 2);
   c.fp16.loss_scale_window = 4;
   LossScaler s = LossScaler::from_config(c);
   EXPECT_EQ(s.scale, 65536.0);
@@ -98,11 +104,8 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 TEST(LossScaler, OverflowAtTheMinimumScaleStopsTheRunOnceHysteresisIsUsedUp) {
-  Config c;
-  c.fp16.enabled = true;
-  c.fp16.initial_scale_power = 2;
+  Config c = fp16_config(2, 2);
   c.fp16.min_loss_scale = 2.0;
-  c.fp16.hysteresis = 2;
   LossScaler s = LossScaler::from_config(c);
   EXPECT_TRUE(s.update(c, true));  // absorbed by hysteresis: 4
   EXPECT_TRUE(s.check(c).is_ok());
@@ -124,10 +127,7 @@ TEST(LossScaler, OverflowAtTheMinimumScaleStopsTheRunOnceHysteresisIsUsedUp) {
 }
 
 TEST(LossScaler, HysteresisIsSpentAtTheMinimumScaleBeforeTheRunStops) {
-  Config c;
-  c.fp16.enabled = true;
-  c.fp16.initial_scale_power = 0;  // starts at the floor, 1
-  c.fp16.hysteresis = 3;
+  Config c = fp16_config(0, 3);       // starts at the floor, 1
   c.fp16.consecutive_hysteresis = 1;  // a clean step refills it
   LossScaler s = LossScaler::from_config(c);
   for (int round = 0; round < 2; ++round) {
