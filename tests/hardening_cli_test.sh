@@ -132,7 +132,8 @@ check "Ctrl-C to the process group: swap files removed" test -z "$(ls swapg)"
 "${mpi[@]}" "$strata" train "${common[@]}" --set train.steps=2 --set train_batch_size=32 \
   --set 'strata.comm.backend="single"' >single.txt 2>&1
 check "mpirun with strata.comm.backend single names the backend" \
-  grep -q "strata.comm.backend single makes each train alone" single.txt
+  grep -q "strata.comm.backend is single, which trains one rank, but the launcher started 2" \
+  single.txt
 "${mpi[@]}" "$strata" train "${common[@]}" --set train.steps=2 --set train_batch_size=32 \
   --set 'device.simulate="h200"' >sim.txt 2>&1
 check "mpirun with device.simulate says it runs one rank" \

@@ -464,6 +464,13 @@ Status resolve_zero(Ctx* ctx) {
 // can, a section at a time in the order each depends on the last (the model first: the
 // precision, the batch and the ZeRO sizes read it).
 Status resolve(Ctx* ctx, int world_size) {
+  if (world_size > 1 && ctx->cfg.strata.comm_backend == "single") {
+    // Each process would train alone, over the same checkpoint directory and swap files.
+    return invalid_argument(fmt::format(
+        "strata.comm.backend is single, which trains one rank, but the launcher started {} "
+        "processes: use mpi (or auto) to train them as {} ranks, or run one process",
+        world_size, world_size));
+  }
   STRATA_RETURN_IF_ERROR(resolve_model(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_lora(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_data(ctx), "");

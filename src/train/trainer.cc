@@ -82,18 +82,11 @@ Status Run::setup() {
   // failure is reported together with the tiers' preflight (create_tiers).
   const Status dirs = check_output_dirs();
   if (!eval_only_ && cfg_.train_batch_size != int64_t(B_) * accum_ * world_) {
-    const int launched = launcher_world_size();
     return invalid_argument(fmt::format(
         "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) * "
         "gradient_accumulation_steps ({}) * world size ({} ranks) = {}; the config was resolved "
-        "for another world size: set train_batch_size (or the micro batch) for {} ranks{}",
-        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_,
-        launched != world_
-            ? fmt::format(" (the launcher started {} processes, but strata.comm.backend {} makes "
-                          "each train alone as {} rank: use mpi, or auto, to train them as {} "
-                          "ranks)",
-                          launched, cfg_.strata.comm_backend, world_, launched)
-            : std::string()));
+        "for another world size: set train_batch_size (or the micro batch) for {} ranks",
+        cfg_.train_batch_size, B_, accum_, world_, int64_t(B_) * accum_ * world_, world_));
   }
   log_info("model: {}, {}", arch_->describe(), dtype_name(dt_));
   log_info("batch: {} micro x {} accumulation x {} rank(s) x {} tokens = {} tokens per step", B_,
