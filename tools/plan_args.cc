@@ -122,9 +122,8 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
       return true;
     };
     auto num = [&](int* out) -> bool {
-      char* end = nullptr;
-      const long x = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != 0 || x < 1 || x > (1L << 30)) {
+      long long x = 0;
+      if (!parse_int_in(v, 1, 1LL << 30, &x)) {
         std::fprintf(stderr, "strata plan: %s: '%s' is not a positive integer\n", a.c_str(),
                      v.c_str());
         return false;
