@@ -1,6 +1,5 @@
 // `strata plan`'s command line.
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "src/model/architecture.h"
