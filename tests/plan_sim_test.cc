@@ -233,6 +233,30 @@ TEST(PlanSimulated, TheOptimizerUnderBackwardRunsAtItsRateBesideTheLauncher) {
   EXPECT_LE(opt_host_advice(slow).ratio, opt_host_advice(r).ratio);
 }
 
+// The rate a run measured beside the device (`strata plan --cpu-optimizer-rate`) replaces the
+// rate beside the launcher and scales the rate alone alike; a slower one plans a longer step at
+// ratio 1 and keeps as much or more of the optimizer on the device.
+TEST(PlanSimulated, TheMeasuredRateBesideTheDeviceReplacesTheProbes) {
+  PlanRequest r = gpt2_request(0.5);
+  r.profile.optimizer_pps_beside = 0.8e9;
+  PlanRequest slow = r;
+  set_cpu_optimizer_rate(&slow.profile, 0.4e9, "--cpu-optimizer-rate");
+  EXPECT_EQ(slow.profile.optimizer_pps_beside, 0.4e9);
+  EXPECT_DOUBLE_EQ(slow.profile.optimizer_pps.value, 0.5e9) << "alone: scaled as beside";
+  EXPECT_NE(slow.profile.optimizer_pps.source.find("--cpu-optimizer-rate"), std::string::npos);
+  auto a = evaluate_placement(r, find_placement("opt-host"));
+  auto b = evaluate_placement(slow, find_placement("opt-host"));
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_GT(b->time.step_s, a->time.step_s);
+  EXPECT_LE(opt_host_advice(slow).ratio, opt_host_advice(r).ratio);
+  // A profile without per-thread rates: the rate given is the optimizer's one rate.
+  PlanRequest flat = gpt2_request(0.5);
+  flat.profile.optimizer_pps_beside = 0;
+  set_cpu_optimizer_rate(&flat.profile, 0.25e9, "--cpu-optimizer-rate");
+  EXPECT_DOUBLE_EQ(flat.profile.optimizer_pps.value, 0.25e9);
+  EXPECT_EQ(flat.profile.optimizer_pps_beside, 0);
+}
+
 // A deferred pass (every step clips) runs beside the forwards' launches and the host's copies
 // for as long as the first forward group's compute lasts: through that window at the
 // optimizer's rate beside the launcher, after it at its own. Halving the rate beside slows a

@@ -90,8 +90,8 @@ Status check_plan_output(const PlanArgs& a, const std::string& out, const std::s
 // The hardware of the flags, else of the config (--config): its swap paths, simulated device,
 // device memory limit and host memory limit, else the defaults (statvfs of the first swap path,
 // 1 GiB on the CPU backend, 80 GiB on CUDA, 90% of MemAvailable). --nvme PATH:GBps rates
-// replace the profile's NVMe rates (striped paths: they add up); a.nvme_free gets the free
-// bytes found.
+// replace the profile's NVMe rates (striped paths: they add up), --cpu-optimizer-rate its CPU
+// optimizer's (set_cpu_optimizer_rate); a.nvme_free gets the free bytes found.
 Result<Hardware> plan_hardware(PlanArgs& a, const Config& cfg, MachineProfile* profile) {
   MachineProfile& prof = *profile;
   Hardware hw;
@@ -133,6 +133,9 @@ Result<Hardware> plan_hardware(PlanArgs& a, const Config& cfg, MachineProfile* p
     }
   }
   hw.nvme_bytes = a.nvme_free;
+  if (a.cpu_optimizer_rate > 0) {
+    set_cpu_optimizer_rate(&prof, a.cpu_optimizer_rate, "--cpu-optimizer-rate");
+  }
   if (!a.config_path.empty() && !cfg.device.simulate.empty()) {
     // The simulated device's rates over the host's profile (request_from_config), its memory.
     auto sim = simulated_device_options(cfg.device);

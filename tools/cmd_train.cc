@@ -37,13 +37,20 @@ std::string optimizer_ratio_hint(const Config& cfg, const std::string& config_pa
       (where->master == Tier::kDevice && where->moments == Tier::kDevice)) {
     return "";
   }
+  // The rate the CPU optimizer's kernel ran at beside the device: the planner's, from a probe
+  // of the CPU alone, is often higher.
+  const std::string rate = sc.cpu_optimizer_s > 0 && sc.cpu_optimizer_params > 0
+                               ? fmt::format(" --cpu-optimizer-rate {:.3g}",
+                                             double(sc.cpu_optimizer_params) / sc.cpu_optimizer_s)
+                               : std::string();
   return fmt::format(
       "optimizer: {:.3g} s of the steps' {:.3g} s not hidden ({:.0f}%) at "
       "zero_optimization.offload_optimizer.ratio {:g}: a lower ratio has the device step the "
       "first modules' optimizer state (their master weights and moments in its memory) and "
-      "leaves the CPU a share the device's compute hides; `strata plan --config {}`{} "
-      "recommends one (with --profile from `strata probe` on this machine; docs/PLANNER.md)\n",
-      open, steps, 100.0 * open / steps, where->optimizer_ratio, config_path,
+      "leaves the CPU a share the device's compute hides; `strata plan --config {}{}`{} "
+      "recommends one (with --profile from `strata probe` on this machine; "
+      "--cpu-optimizer-rate: the CPU optimizer's rate in this run; docs/PLANNER.md)\n",
+      open, steps, 100.0 * open / steps, where->optimizer_ratio, config_path, rate,
       with_sets ? " with the same --set options" : "");
 }
 
@@ -61,10 +68,11 @@ const char kUsage[] =
     "bytes per step beside the placement's minimum (the planner's; docs/PLANNER.md; the\n"
     "median of steps 3 on, but those an fp16 overflow skipped and the ones after them),\n"
     "the host<->device bytes split by direction with the schedule each of those steps ran\n"
-    "its optimizer in, and on a GPU, where the CPU optimizer was not hidden for a tenth of\n"
-    "the steps or more, how much (offload_optimizer.ratio, which strata plan recommends,\n"
-    "has the device step part of it), and how many steps an fp16 overflow skipped (when\n"
-    "any did) with the loss scale at the end.\n"
+    "its optimizer in, the rate of the CPU optimizer's kernel (parameters/s), and on a GPU,\n"
+    "where the CPU optimizer was not hidden for a tenth of the steps or more, how much\n"
+    "(offload_optimizer.ratio, which strata plan recommends at that rate, has the device step\n"
+    "part of it), and how many steps an fp16 overflow skipped (when any did) with the loss\n"
+    "scale at the end.\n"
     "fp16: an overflow skips the step (DeepSpeed's loss scaler); an overflow at\n"
     "fp16.min_loss_scale, 20 in a row at a static fp16.loss_scale, or an inf or nan loss\n"
     "3 steps in a row stop the run with an error (bf16 and fp32: the first such loss).\n"
@@ -177,12 +185,17 @@ int cmd_train(int argc, char** argv) {
                   "made ready",
                   sc.undo_not_ready)
             : std::string();
-    std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s%s\n",
+    const std::string kernel =
+        sc.cpu_optimizer_s > 0
+            ? fmt::format("; the CPU optimizer's kernel {:.3g} parameters/s ({:.3g} s of it)",
+                          double(sc.cpu_optimizer_params) / sc.cpu_optimizer_s, sc.cpu_optimizer_s)
+            : std::string();
+    std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s%s%s\n",
                 sc.optimizer_s, 100.0 * sc.optimizer_hidden_s / sc.optimizer_s,
                 res.approximate ? "the next step (delayed update: approximate)" : "backward",
                 (long long)sc.rollbacks,
                 sc.rollbacks > 0 ? " (clipping applied or fp16 overflowed: redone exactly)" : "",
-                not_ready.c_str());
+                not_ready.c_str(), kernel.c_str());
   }
   std::fputs(optimizer_ratio_hint(cfg, config_path, !overrides.empty(), res).c_str(), stdout);
   if (res.micro_batches_with_positions > 0) {

@@ -57,6 +57,10 @@ constexpr const char* kUsage =
     "  --nvme PATH[:GBps]   swap directory, optionally its read=write bandwidth; repeatable\n"
     "  --nvme-free SIZE     free bytes on the swap paths (default: statvfs of the paths)\n"
     "  --profile FILE       rates from `strata probe --json FILE`\n"
+    "  --cpu-optimizer-rate R   the CPU optimizer's parameters/s beside the device's step,\n"
+    "                       as `strata train` prints it for its kernel (the summary's\n"
+    "                       optimizer line, metrics' cpu_optimizer_params_per_s): replaces\n"
+    "                       the profile's rate, which a probe measures on the CPU alone\n"
     "  --fastest            take each profile rate from its fastest pass, not the median\n"
     "                       (with --validate: compared with the fastest step)\n"
     "output:\n"
@@ -174,6 +178,14 @@ int parse_plan_args(int argc, char** argv, PlanArgs* out) {
       p.nvme.push_back(v);
     } else if (a == "--profile") {
       p.profile_path = v;
+    } else if (a == "--cpu-optimizer-rate") {
+      if (!parse_number_in(v, 1e3, 1e15, &p.cpu_optimizer_rate)) {
+        std::fprintf(stderr,
+                     "strata plan: --cpu-optimizer-rate: '%s' is not parameters per second "
+                     "between 1e3 and 1e15 (e.g. 3.6e9)\n",
+                     v.c_str());
+        return 2;
+      }
     } else if (a == "--backend") {
       if (v != "cpu" && v != "cuda") {
         std::fprintf(stderr, "strata plan: --backend takes cpu or cuda, not '%s'\n", v.c_str());

@@ -21,6 +21,7 @@ struct PlanArgs {
   int layers = 0, width = 0, heads = 0, vocab = 50257, context = 1024;
   int batch = 1, seq = 0, accum = 1, gpus = 1;
   uint64_t gpu_mem = 0, host_mem = 0, nvme_free = 0;
+  double cpu_optimizer_rate = 0;  // --cpu-optimizer-rate: parameters/s beside the device (0: none)
   bool max_mode = false, validate = false, fastest = false;
   bool force = false;  // --force: --write-config may replace a file it did not write
   DType dt = DType::kBF16;

@@ -169,6 +169,14 @@ Result<MachineProfile> parse_machine_profile(const std::string& json_text,
                                              const std::string& origin, bool fastest = false);
 Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest = false);
 
+// The CPU optimizer at `beside_pps` parameters/s where it steps beside the device's step (the
+// rate `strata train` measures for its kernel: cpu_optimizer_params_per_s): that becomes
+// optimizer_pps_beside, and optimizer_pps (the rate alone) is scaled by the same factor, so
+// that the profile's thread-count ratio between the two stays. A probe measures the CPU
+// alone; beside a GPU's step it runs slower (the copies share the host's memory, the
+// launcher a core), and the ratio the planner recommends is only as good as this rate.
+void set_cpu_optimizer_rate(MachineProfile* profile, double beside_pps, const std::string& source);
+
 struct Hardware {
   int gpus = 1;                         // ranks (world size)
   uint64_t gpu_mem = 0;                 // device memory per rank, bytes

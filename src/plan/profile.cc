@@ -316,6 +316,14 @@ Result<MachineProfile> parse_machine_profile(const std::string& text, const std:
   }
 }
 
+void set_cpu_optimizer_rate(MachineProfile* profile, double beside_pps, const std::string& source) {
+  MachineProfile& p = *profile;
+  const double beside = p.optimizer_pps_beside > 0 ? p.optimizer_pps_beside : p.optimizer_pps.value;
+  const double alone = p.optimizer_pps.value * beside_pps / beside;
+  p.optimizer_pps = {alone, fmt::format("{} (beside the device: {:.3g})", source, beside_pps)};
+  if (p.optimizer_pps_beside > 0) p.optimizer_pps_beside = beside_pps;
+}
+
 Result<MachineProfile> load_machine_profile(const std::string& path, bool fastest) {
   STRATA_RETURN_IF_ERROR(expect_regular_file(path, "--profile"), "");
   std::ifstream in(path);

@@ -51,6 +51,12 @@ struct ScheduleCounts {
   // Times the speculation stopped at a module whose undo buffers' regions were not ready
   // (Homes::undo_ready: being made ready off the step's thread for a later step).
   uint64_t undo_not_ready = 0;
+  // The CPU optimizer's kernel alone (strata::optimizer_step over each host-stepped sub-group):
+  // its wall time, all its threads together, and the parameters it stepped. Their quotient is
+  // the rate it ran at beside whatever else the step ran (on a GPU: the launcher thread and
+  // the copies), the rate `strata plan --cpu-optimizer-rate` takes.
+  double cpu_optimizer_s = 0;
+  uint64_t cpu_optimizer_params = 0;
 
   ScheduleCounts& operator+=(const ScheduleCounts& o) {
     compute_wait_s += o.compute_wait_s;
@@ -66,6 +72,8 @@ struct ScheduleCounts {
     sub_groups_kept += o.sub_groups_kept;
     undo_copy_bytes += o.undo_copy_bytes;
     undo_not_ready += o.undo_not_ready;
+    cpu_optimizer_s += o.cpu_optimizer_s;
+    cpu_optimizer_params += o.cpu_optimizer_params;
     return *this;
   }
   // All zero.
@@ -73,7 +81,7 @@ struct ScheduleCounts {
 };
 // A field added above without its line in operator+= would be dropped from every total: keep
 // the count here with the fields.
-static_assert(sizeof(ScheduleCounts) == 3 * sizeof(double) + 10 * sizeof(uint64_t),
+static_assert(sizeof(ScheduleCounts) == 4 * sizeof(double) + 11 * sizeof(uint64_t),
               "a ScheduleCounts field needs its line in operator+=");
 
 struct TierCounts {

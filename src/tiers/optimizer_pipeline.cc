@@ -351,7 +351,13 @@ void OptimizerPipeline::step_sub_group(int k, Slot& s, const OptimizerHyper& hyp
   sh.moment_dtype = mdt_;
   sh.lp_out = lp;
   sh.lp_dtype = dt_;
+  const auto t0 = TierClock::now();
   strata::optimizer_step(hyper, sh, opt_.optimizer_threads);
+  const double kernel_s = seconds_between(t0, TierClock::now());
+  counters_.update([&](TierCounts& n) {
+    n.schedule.cpu_optimizer_s += kernel_s;
+    n.schedule.cpu_optimizer_params += sh.n;
+  });
   const std::string what =
       m.sub_groups() > 1 ? fmt::format("{} (sub-group {})", m.name, s.j) : m.name;
   if (m.master.tier == Tier::kNvme) {

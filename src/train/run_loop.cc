@@ -56,6 +56,8 @@ StepWindow Run::step_window(const TierTimes& tt, Meters* mark) const {
   s.io_wait_s = tt.io_wait_s;
   s.fetch_wait_s = tt.schedule.compute_wait_s;
   s.optimizer_hidden_s = tt.schedule.optimizer_hidden_s;
+  s.cpu_optimizer_s = tt.schedule.cpu_optimizer_s;
+  s.cpu_optimizer_params = tt.schedule.cpu_optimizer_params;
   s.device_bytes = now.bytes[0] - mark->bytes[0];
   s.nvme_bytes = now.bytes[1] - mark->bytes[1];
   *mark = now;

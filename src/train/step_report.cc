@@ -54,6 +54,9 @@ std::string metrics_record(const StepReport& r, const StepWindow& w) {
       {"optimizer_s", w.per_step(w.optimizer_s)},
       {"optimizer_hidden_s", w.per_step(w.optimizer_hidden_s)},
       {"optimizer_hidden_share", w.optimizer_s > 0 ? w.optimizer_hidden_s / w.optimizer_s : 0.0},
+      // The CPU optimizer's kernel: parameters per second of its own time (0: it stepped none).
+      {"cpu_optimizer_params_per_s",
+       w.cpu_optimizer_s > 0 ? double(w.cpu_optimizer_params) / w.cpu_optimizer_s : 0.0},
       {"rollbacks", r.rollbacks},
       {"delayed_update", r.approximate},
       {"io_wait_s", w.per_step(w.io_wait_s)},

@@ -22,6 +22,9 @@ struct StepWindow {
   double comm_s = 0;
   std::array<uint64_t, 3> sent{0, 0, 0};
   uint64_t device_bytes = 0, nvme_bytes = 0;  // moved to and from the device, and NVMe
+  // The CPU optimizer's kernel: its seconds and the parameters it stepped (ScheduleCounts').
+  double cpu_optimizer_s = 0;
+  uint64_t cpu_optimizer_params = 0;
 
   StepWindow& operator+=(const StepWindow& o) {
     steps += o.steps;
@@ -34,6 +37,8 @@ struct StepWindow {
     for (size_t i = 0; i < sent.size(); ++i) sent[i] += o.sent[i];
     device_bytes += o.device_bytes;
     nvme_bytes += o.nvme_bytes;
+    cpu_optimizer_s += o.cpu_optimizer_s;
+    cpu_optimizer_params += o.cpu_optimizer_params;
     return *this;
   }
 

@@ -138,16 +138,20 @@ PLANNED_ROWS = ("planned", "planned" + AT_RATE, "planned" + NORM_UNDER,
                 "planned" + NORM_UNDER + AT_RATE)
 
 
-def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=()):
+def planner_ratio(ctx, cfg, pdev, odev, profile, name, sets=(), rate=None):
     """The zero_optimization.offload_optimizer.ratio `strata plan` recommends for the config with
     this placement, and the whole advice (`optimizer_ratio_advice`: its expected step, CPU
-    optimizer and compute times, the step at ratio 1); (None, None) when there is none."""
+    optimizer and compute times, the step at ratio 1); (None, None) when there is none. `rate`:
+    the CPU optimizer's parameters/s beside the device that a run measured, in place of the
+    profile's (`strata plan --cpu-optimizer-rate`)."""
     out = cfg.parent / ("%s.plan.json" % name)
     cmd = [ctx.bin("strata"), "plan", "--config", cfg, "--json", out, "--force",
            "--set", 'zero_optimization.offload_param.device="%s"' % pdev,
            "--set", 'zero_optimization.offload_optimizer.device="%s"' % odev]
     if profile:
         cmd += ["--profile", profile]
+    if rate:
+        cmd += ["--cpu-optimizer-rate", "%.6g" % rate]
     cmd += [x for kv in sets for x in ("--set", kv)]
     if ctx.run(60, cmd, log=ctx.log_path("train-%s-plan" % name)) != 0:
         return None, None
@@ -170,28 +174,12 @@ def probe_optimizer_rate(profile):
         return None
 
 
-def calibrated_profile(profile, rate, path):
-    """A copy of a `strata probe` profile whose CPU optimizer steps at `rate` parameters/s (each
-    thread count's rate scaled alike): the planner at the rate a run measured. Its path, or None."""
-    try:
-        j = json.loads(Path(profile).read_text())
-        c = j["cpu_optimizer"]
-        scale = rate / float(c["params_per_s"])
-        c["params_per_s"] = rate
-        for t in c.get("by_threads", []):
-            t["params_per_s"] = float(t["params_per_s"]) * scale
-            t.pop("spread", None)
-        Path(path).write_text(json.dumps(j, indent=1))
-        return str(path)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
-def planner_note(advice, profile, measured):
+def planner_note(advice, profile, measured, kernel=None):
     """What the planner expected beside what ran: the probe's CPU optimizer rate, the step the
     planner weighs (the clipped one where clipping is on and the norm unknown), its CPU optimizer
     and compute at its ratio and its step at ratio 1, and the optimizer rate the row with the
-    whole optimizer in host RAM measured (`measured`: (ms, parameters))."""
+    whole optimizer in host RAM measured (`measured`: (ms, parameters); `kernel`: its CPU
+    optimizer kernel's parameters/s, the run's cpu_optimizer_params_per_s)."""
     ms1 = lambda s: "%.0f" % (1000 * s) if isinstance(s, (int, float)) else "?"
     rate = probe_optimizer_rate(profile) if profile else None
     parts = []
@@ -207,7 +195,8 @@ def planner_note(advice, profile, measured):
                                            ms1(advice.get("step_at_ratio_1_s"))))
     if measured and measured[0]:
         parts.append("the row with the whole optimizer in host RAM stepped it in %.0f ms (%.2f G "
-                     "parameters/s)" % (measured[0], measured[1] / measured[0] / 1e6))
+                     "parameters/s%s)" % (measured[0], measured[1] / measured[0] / 1e6,
+                                         "; its kernel %.2f" % (kernel / 1e9) if kernel else ""))
     return "Planner: " + "; ".join(parts) + "."
 
 
@@ -258,7 +247,8 @@ class Table:
                                  else "(no op profile: logs/%s)" % log.name)
         if rc == 0 and m.exists():
             row.update({k: metric_median(m, k, skip) for k in
-                        ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s", "grad_norm")})
+                        ("tokens_per_s", "step_s", "fwd_bwd_s", "optimizer_s", "grad_norm",
+                         "cpu_optimizer_params_per_s")})
             sched = re.search(r"the optimizer of those steps: (.*)", text)
             row["schedule"] = sched.group(1).strip() if sched else None
             warm = re.search(r"(\d+) step\(s\) stepped part of it after backward while undo room", text)
@@ -283,22 +273,24 @@ class Table:
                                       "%s-%s" % (self.key, name), extra)
         r2 = None  # the planner's ratio at the rate `host_row` stepped, where that is 10% off
         if advice:
-            opt_s = self.rows.get(host_row, {}).get("optimizer_s")
+            host = self.rows.get(host_row, {})
+            opt_s, kernel = host.get("optimizer_s"), host.get("cpu_optimizer_params_per_s")
             self.notes.append(planner_note(advice, profile,
-                                           (1000 * opt_s, params) if opt_s else None))
+                                           (1000 * opt_s, params) if opt_s else None, kernel))
+            # The CPU optimizer's rate beside the GPU: the whole pass's (its copies and
+            # conversions counted in: what the criterion's margin needs), else its kernel's. The
+            # note gives both: where they differ, the rest of the pass is what slowed it.
+            rate = params / opt_s if opt_s else kernel
             probe = probe_optimizer_rate(profile) if profile else None
-            if opt_s and probe and abs(params / opt_s / probe[0] - 1) > 0.1:
+            if rate and probe and abs(rate / probe[0] - 1) > 0.1:
                 # The planner again at the rate the run stepped: what it would have chosen.
-                cal = calibrated_profile(profile, params / opt_s,
-                                         self.cfg.parent / ("%s-calibrated.json" % self.key))
-                r2, a2 = (planner_ratio(self.ctx, self.cfg, pdev, odev, cal,
-                                        "%s-calibrated%s" % (self.key, suffix), extra)
-                          if cal else (None, None))
+                r2, a2 = planner_ratio(self.ctx, self.cfg, pdev, odev, profile,
+                                       "%s-at-rate%s" % (self.key, suffix), extra, rate=rate)
                 if a2 and r2 is not None:
                     self.notes.append(
                         "At the rate that row stepped (%.2f G parameters/s) the planner "
                         "recommends ratio %g (the %s %.0f ms)."
-                        % (params / opt_s / 1e9, r2, a2.get("weighs", "expected step"),
+                        % (rate / 1e9, r2, a2.get("weighs", "expected step"),
                            1000 * float(a2.get("step_s", a2.get("expected_s")) or 0)))
         if ratio is None:
             self.notes.append("The planner recommended no optimizer ratio for %s (logs/%s)."

@@ -18,7 +18,7 @@ from .common import (ALL_PHASES, ROOT, cudnn_log_env, hbm_gbs_for, median, metri
                      peak_for)
 from .phases_bench import comparison_table, long_sequence_rates
 from .phases_deepspeed import PAIRS as DS_PAIRS, _config, _shape
-from .phases_train import (AT_RATE, Table, bytes_vs_min, calibrated_profile, peak_rss,
+from .phases_train import (AT_RATE, Table, bytes_vs_min, peak_rss,
                            probe_optimizer_rate, rss_split)
 
 TOOL = ROOT / "tools" / "gpu_check.py"
@@ -168,16 +168,13 @@ def self_test(build):
         "params_per_s": 8e9, "params": 5e7,
         "by_threads": [{"threads": 8, "params_per_s": 6e9, "spread": {}},
                        {"threads": 16, "params_per_s": 8e9, "spread": {}}]}}))
-    cal = calibrated_profile(tmp / "probe.json", 4e9, tmp / "cal.json")
-    by = json.loads(Path(cal).read_text())["cpu_optimizer"]["by_threads"] if cal else []
-    check("calibrated_profile scales the CPU optimizer's rates to a run's",
-          probe_optimizer_rate(cal) == (4e9, 50000000, 16)
-          and [t["params_per_s"] for t in by] == [3e9, 4e9]
-          and calibrated_profile(tmp / "missing.json", 4e9, tmp / "x.json") is None)
+    check("probe_optimizer_rate reads a profile's CPU optimizer",
+          probe_optimizer_rate(tmp / "probe.json") == (8e9, 50000000, 16)
+          and probe_optimizer_rate(tmp / "missing.json") is None)
     check("a planner's row that missed the bound runs again at the ratio for the measured rate",
           at_rate_runs(0.050, 0.4, 0.3, None) == ["planned" + AT_RATE + " 0.3"]
           and at_rate_runs(0.038, 0.4, 0.3, None) == []  # within 1.10x of the device's 35 ms
-          and at_rate_runs(0.050, 0.4, None, None) == []  # no calibrated ratio
+          and at_rate_runs(0.050, 0.4, None, None) == []  # no ratio at the measured rate
           and at_rate_runs(0.050, 0.4, 0.4, None) == []  # the same ratio
           and at_rate_runs(0.050, 0.4, 0.3, 30) == [])  # under a minute of the deadline left
     check("rss_split reads what the RSS is made of",
