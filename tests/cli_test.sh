@@ -119,6 +119,20 @@ check "optimizer in host RAM on a fast device: the run ends" grep -q "^done at s
 check "optimizer in host RAM on a fast device: the ratio hint" \
   grep -q "not hidden .* at zero_optimization.offload_optimizer.ratio 1: .*strata plan --config" \
   hint.txt
+# The hint and the summary give the rate the CPU optimizer's kernel ran at in this run, and
+# `strata plan` takes it in place of the profile's.
+check "the summary gives the CPU optimizer's rate" \
+  grep -q "the CPU optimizer's kernel [0-9.e+]* parameters/s" hint.txt
+rate=$(grep -o -- "--cpu-optimizer-rate [0-9.e+]*" hint.txt | head -1 | cut -d' ' -f2)
+check "the ratio hint names the measured rate" test -n "$rate"
+"$strata" plan "${fast[@]}" --set 'device.simulate="h200"' \
+  --set 'zero_optimization.offload_optimizer.device="cpu"' --cpu-optimizer-rate "$rate" \
+  >plan_rate.txt 2>&1
+check "plan at the measured rate runs" grep -q "best:" plan_rate.txt
+check "plan at the measured rate says where its rate came from" \
+  grep -q -- "--cpu-optimizer-rate (beside the device: $rate)" plan_rate.txt
+check "the metrics carry the CPU optimizer's rate" \
+  sh -c "tail -1 runs/tiny-cpu/metrics.jsonl | grep -q '\"cpu_optimizer_params_per_s\":[1-9]'"
 "$strata" train "${fast[@]}" --set 'device.simulate="h200"' \
   --set 'zero_optimization.offload_optimizer.device="none"' --quiet >nohint.txt 2>&1
 check "all on a fast device: the run ends" grep -q "^done at step 24" nohint.txt
