@@ -585,6 +585,57 @@ TEST(HostMemoryModel, StateInAndOutIsOneSubGroupPiece) {
   }
 }
 
+// A frozen module (LoRA's base) has parameters only, and is initialized a sub-group at a time
+// from fp32 values through a host piece of its own wherever its parameters live; parameters
+// not in host memory go home through one parameter piece beside it. The staging counts both.
+TEST(HostMemoryModel, AFrozenModulesInitIsOneSubGroupPiece) {
+  const uint64_t g = 8192;
+  auto arch = small_gpt(2, 512, 256, 32);
+  auto need = [&](Tier params) {
+    TierOptions to;
+    to.placement = {params, Tier::kHost, Tier::kHost, Tier::kHost, 1.0};
+    to.nvme_paths = {"/nonexistent"};
+    auto homes = module_homes(arch->layout(), to.placement, 1, DType::kBF16, DType::kF32, false, g);
+    EXPECT_TRUE(homes.is_ok()) << homes.status().to_string();
+    for (ModuleHomes& m : *homes) m.master.bytes = m.moments.bytes = m.grads.bytes = 0;
+    return tier_needs(*homes, to, 1, DType::kBF16, 0, arch->program(Pass::kTrain), {});
+  };
+  const TierNeeds host = need(Tier::kHost);
+  EXPECT_EQ(host.host.state_io_staging, g * 4);
+  EXPECT_EQ(host.host.staging, g * 4);  // nothing else is staged
+  const TierNeeds nvme = need(Tier::kNvme);
+  EXPECT_EQ(nvme.host.state_io_staging, g * 4 + g * 2);
+  EXPECT_GE(nvme.host.staging, nvme.host.param_fetch_staging + nvme.host.state_io_staging);
+}
+
+// Only trainable modules have accumulators on NVMe: a frozen base's modules (LoRA's), whose
+// homes are where the placement puts them but hold nothing, do not size the gradients' staging.
+// At the least host budget the preflight accepts (and 64 KiB above), adapters over the tiny GPT
+// with their gradients on NVMe train; their staging had been sized by the base's largest
+// module, over the budget.
+TEST(GradsOnNvme, AFrozenBaseDoesNotSizeTheStaging) {
+  set_log_level(LogLevel::kError);
+  const std::string dir = temp_dir("frozen_base");
+  std::vector<std::string> base = on_nvme(dir, false, true);
+  base.insert(base.end(), {"strata.placement.grads=\"nvme\"", "aio.backend=\"posix\"",
+                           "zero_optimization.offload_optimizer.buffer_count=2", "lora.r=16",
+                           "lora.target_modules=\"all-linear\"", "device.memory_limit=\"64MiB\""});
+  auto make = [&](size_t budget, int steps) {
+    std::vector<std::string> ov = base;
+    ov.push_back(fmt::format("strata.host_memory_limit={}", budget));
+    return tiny(fmt::format("{}/{}-{}", dir, budget, steps), steps, ov);
+  };
+  const size_t least = test::least_accepted_budget([&](size_t budget) { return make(budget, 2); },
+                                                   4096, size_t{256} << 20, 4096);
+  for (size_t budget : {least, least + (64 << 10)}) {
+    SCOPED_TRACE(fmt::format("strata.host_memory_limit {}", budget));
+    const TrainResult r = test::must_train(make(budget, 3));
+    EXPECT_EQ(r.losses.size(), 3u);
+    EXPECT_GT(test::tier(r, "nvme").bytes_in, 0u);
+  }
+  fs::remove_all(dir);
+}
+
 // With strata.placement.grads unset and the optimizer state on NVMe, the gradients go to NVMe
 // exactly when the host budget cannot hold them (one rank, no delayed update), else stay on the
 // host.

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,6 +106,27 @@ inline Status train_status(const Config& cfg, const std::string& resume = "") {
   o.progress = false;
   o.resume = resume;
   return train(cfg, o).status();
+}
+
+// The least budget (bytes of a tier's limit: strata.host_memory_limit, device.memory_limit)
+// that the preflight of make(budget) accepts, in whole `unit`s (4096: host buffers, 256: device
+// allocations) between `refused` and `accepted`, by bisection. A try the preflight refuses
+// returns before anything is allocated; one it accepts trains make(budget)'s steps (keep them
+// few), and whether that succeeds is the caller's to check at the budget returned.
+inline size_t least_accepted_budget(const std::function<Config(size_t budget)>& make,
+                                    size_t refused, size_t accepted, size_t unit) {
+  auto accepts = [&](size_t budget) {
+    const Status st = train_status(make(budget));
+    return st.is_ok() || st.message().find("preflight: this run does not fit") == std::string::npos;
+  };
+  EXPECT_FALSE(accepts(refused)) << refused;
+  EXPECT_TRUE(accepts(accepted)) << accepted;
+  size_t lo = refused / unit, hi = (accepted + unit - 1) / unit;
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (accepts(mid * unit) ? hi : lo) = mid;
+  }
+  return hi * unit;
 }
 
 // "ckpt-<step, 8 digits>.bin".

@@ -40,9 +40,11 @@ void GradSpill::start_read(Slot& s, int64_t key, const SwapExtent& ext) {
 void GradSpill::accumulate(int m, const float* src, int micro, bool last, GradStats* stats) {
   Module& mod = homes_.module(m);
   if (slots_.empty()) {
+    // The largest sub-group of an accumulator on NVMe (the memory model's max_gsub): a frozen
+    // module's home is where the placement puts it but holds nothing.
     size_t most = 0;
     for (const auto& x : homes_.modules()) {
-      if (x.gacc.tier == Tier::kNvme) most = std::max(most, x.sub_len(0) * 4);
+      if (x.gacc.tier == Tier::kNvme && x.gacc.bytes > 0) most = std::max(most, x.sub_len(0) * 4);
     }
     auto buf = [&]() -> std::shared_ptr<PinnedBuffer> {
       auto r = homes_.host_buf(most, "gradient landing buffer");

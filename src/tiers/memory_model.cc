@@ -141,6 +141,14 @@ StagingMaxima add_state_needs(const std::vector<ModuleHomes>& homes, const TierO
       n.host.state_io_staging =
           std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), mom_e));
     }
+    if (m.master.bytes == 0 && m.params.bytes > 0) {
+      // A frozen module is initialized from fp32 values a sub-group at a time through a piece
+      // of its own (init_frozen), wherever its parameters live, and those not in host memory
+      // go to their home through one parameter piece beside it (written before the next).
+      n.host.state_io_staging =
+          std::max(n.host.state_io_staging, piece_bytes(m.sub_group_len(0), 4) +
+                                                (m.params.tier != Tier::kHost ? p_piece : 0));
+    }
   }
   return {max_opt, max_g, max_gsub, max_nvme_piece, max_staged_piece};
 }

@@ -175,9 +175,10 @@ struct TierNeeds {
     // weights not homed in host memory (NVMe, or device memory the host may not address: a
     // GPU's; the CPU backend's needs none), moments on NVMe, and beside a sub-group of master
     // weights the piece its parameters are derived through where no other staging counts one
-    // (parameters on the device, stepped there by its optimizer). These run while the optimizer
-    // pipeline is idle and share its room: staging counts the larger of optimizer_staging and
-    // this.
+    // (parameters on the device, stepped there by its optimizer); a frozen module's init, a
+    // sub-group of fp32 values and, for parameters not in host memory, the piece they go home
+    // through. These run while the optimizer pipeline is idle and share its room: staging
+    // counts the larger of optimizer_staging and this.
     size_t state_io_staging = 0;
     size_t param_shadows = 0;  // delayed update: one parameter copy per module
     size_t stash = 0;          // strata.activations = offload: the block-input buffers
