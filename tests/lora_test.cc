@@ -9,6 +9,7 @@
 // lora section's own rules are lora_config_test.cc's.
 #include "src/model/lora.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,6 +33,7 @@
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
+#include "strata/log.h"
 #include "tests/hf_test_util.h"
 #include "tests/lora_util.h"
 #include "tests/test_util.h"
@@ -534,6 +536,52 @@ TEST(LoraTrain, MixtureExpertsTrainAlikeOnEveryPlacementAndResumeExactly) {
         test::must_train(lora_run(dir + "/p" + std::to_string(i), 12, placements[i], name));
     EXPECT_EQ(r.losses, whole) << "placement " << i;
   }
+}
+
+// Every budget the preflight accepts trains: the tiny Qwen2-MoE with adapters at the least
+// device.memory_limit and strata.host_memory_limit its preflight accepts (and 64 KiB above),
+// in the placements whose needs had missed a piece. Every module of the fixture is under
+// stage3_param_persistence_threshold, so its copy stays cached on the device once fetched; the
+// frozen base is initialized through a piece of fp32 values even with its parameters in host
+// memory; and with gradients on NVMe only the adapters have accumulators there, whose
+// sub-groups (not the frozen base's modules) size the gradients' staging.
+TEST(LoraTrain, EveryBudgetThePreflightAcceptsTrains) {
+  set_log_level(LogLevel::kError);
+  const std::string dir = test::temp_dir("strata_lora", "least_budget");
+  const std::vector<std::string> host = {"zero_optimization.offload_param.device=\"cpu\"",
+                                         "zero_optimization.offload_optimizer.device=\"cpu\""};
+  std::vector<std::string> grads_nvme = {"zero_optimization.offload_param.device=\"cpu\"",
+                                         "zero_optimization.offload_optimizer.device=\"nvme\"",
+                                         "strata.placement.grads=\"nvme\"",
+                                         "aio.backend=\"posix\""};
+  struct Case {
+    const char* name;
+    const char* key;
+    size_t unit;
+    std::vector<std::string> ov;
+  };
+  const std::vector<Case> cases = {
+      {"device", "device.memory_limit", 256, host},
+      {"host", "strata.host_memory_limit", 4096, host},
+      {"grads_nvme", "strata.host_memory_limit", 4096, grads_nvme},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto make = [&](size_t budget, int steps) {
+      std::vector<std::string> ov = c.ov;
+      ov.push_back(fmt::format("{}={}", c.key, budget));
+      return lora_run(fmt::format("{}/{}/{}-{}", dir, c.name, budget, steps), steps, ov,
+                      "qwen2-moe");
+    };
+    const size_t least = test::least_accepted_budget([&](size_t budget) { return make(budget, 1); },
+                                                     4096, size_t{256} << 20, c.unit);
+    for (size_t budget : {least, least + (64 << 10)}) {
+      SCOPED_TRACE(fmt::format("{} {}", c.key, budget));
+      const TrainResult r = test::must_train(make(budget, 3));
+      EXPECT_EQ(r.losses.size(), 3u);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

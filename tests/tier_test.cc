@@ -478,5 +478,42 @@ TEST(MemoryModel, PreflightReportsTheModelsNeeds) {
       << tm.status().message();
 }
 
+// A module under stage3_param_persistence_threshold elements stays cached once fetched
+// (unsharded, not device-homed): its copy is counted beside the training program's peak, for
+// the whole run, and not within it.
+TEST(MemoryModel, PersistentCopiesAreHeldBesideTheWorkingSet) {
+  const ModelConfig mc = test::gpt_shape(3, 2, 64, 64, 16);
+  auto arch = create_gpt2(mc);
+  ASSERT_TRUE(arch.is_ok());
+  const ModelLayout& layout = (*arch)->layout();
+  size_t largest = 0;
+  for (const ModuleSpec& m : layout.modules) largest = std::max(largest, m.numel);
+  TierOptions to;
+  to.placement = {Tier::kHost, Tier::kHost, Tier::kHost, Tier::kHost, 1.0};
+  auto need = [&](uint64_t threshold, int world) {
+    to.persistence_threshold = threshold;
+    auto n = tier_needs(**arch, to, world, DType::kBF16, DType::kF32, 0);
+    EXPECT_TRUE(n.is_ok()) << n.status().to_string();
+    return *n;
+  };
+  const TierNeeds none = need(0, 1);
+  EXPECT_EQ(none.device.persistent, 0u);
+  // Every module persistent: every copy is held at once, the program's peak is its gradients'.
+  const TierNeeds all = need(largest + 1, 1);
+  size_t copies = 0;
+  for (const ModuleSpec& m : layout.modules) copies += round_up(m.numel * 2, 256);
+  EXPECT_EQ(all.device.persistent, copies);
+  EXPECT_GT(all.device.transient(), none.device.transient());
+  EXPECT_LT(all.device.working_set, none.device.working_set);
+  // The modules under the threshold only (the final norm's 2 x 64 elements, not the blocks').
+  const TierNeeds norm = need(256, 1);
+  EXPECT_EQ(norm.device.persistent, round_up(2 * 64 * 2, 256));
+  // Device-homed parameters are used in place, and with several ranks nothing persists.
+  to.placement.params = Tier::kDevice;
+  EXPECT_EQ(need(largest + 1, 1).device.persistent, 0u);
+  to.placement.params = Tier::kHost;
+  EXPECT_EQ(need(largest + 1, 2).device.persistent, 0u);
+}
+
 }  // namespace
 }  // namespace strata

@@ -108,11 +108,14 @@ StepTraffic step_traffic(const PlanRequest& r, const Placement& where, const Pla
     std::vector<bool> persistent(mem.homes.size());
     for (size_t i = 0; i < mem.homes.size(); ++i) {
       copies[i] = round_up(mem.homes[i].padded_numel * es, 256);
-      persistent[i] = W == 1 && mem.homes[i].numel < mem.options.persistence_threshold;
+      persistent[i] = persistent_copy(mem.homes[i].numel, mem.options, W > 1);
     }
+    // The persistent copies are the cache's too (the memory model counts them beside the
+    // working set).
     const uint64_t in_use =
         std::min<uint64_t>(mem.needs.device.working_set,
-                           working_set_bytes(copies, no_grads, mem.arch->program(Pass::kTrain)));
+                           working_set_bytes(copies, no_grads, mem.arch->program(Pass::kTrain))) +
+        mem.needs.device.persistent;
     const uint64_t others = busy - in_use;
     const double free_dev =
         mem.device.capacity > others ? double(mem.device.capacity - others) : 0.0;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "src/tiers/device_optimizer.h"
+#include "src/tiers/memory_model.h"
 #include "strata/log.h"
 
 namespace strata {
@@ -173,7 +174,7 @@ Status DeviceCache::fetch(int m, uint64_t need_before, bool may_block, bool* fet
   c.ready = std::shared_ptr<Event>(dev_.create_event());
   dev_.record(*c.ready, h2d);
   c.resident = true;
-  c.persistent = !sharded_ && mod.numel < opt_.persistence_threshold;
+  c.persistent = persistent_copy(mod.numel, opt_, sharded_);
   counters_.update([&](TierCounts& n) {
     n.dev_in += full;
     ++n.fetches;

@@ -163,11 +163,18 @@ void add_device_needs(const std::vector<ModuleHomes>& homes, const TierOptions& 
   const bool sharded = world_size > 1;
   TierNeeds& n = *needs;
   // The most parameter-cache copies (none for device-homed parameters unsharded: they are
-  // used in place) and gradient buffers, whole padded groups.
+  // used in place) and gradient buffers, whole padded groups. A module under
+  // stage3_param_persistence_threshold elements stays cached once fetched (DeviceCache, unsharded:
+  // never evicted), so from the second step on it is held all through the program: its copy is
+  // counted beside the program's peak, not within it (none is cached for device-homed ones).
   std::vector<size_t> pc(homes.size()), g(homes.size());
   for (size_t i = 0; i < homes.size(); ++i) {
     pc[i] = pl.params == Tier::kDevice && !sharded ? 0 : round_up(homes[i].padded_numel * es, 256);
     g[i] = round_up(homes[i].padded_numel * 4, 256);
+    if (pc[i] > 0 && persistent_copy(homes[i].numel, options, sharded)) {
+      n.device.persistent += pc[i];
+      pc[i] = 0;
+    }
   }
   // The optimizer on the device: gradient statistics, and new parameters not homed there.
   size_t max_dev_opt_p = 0;

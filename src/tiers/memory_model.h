@@ -117,6 +117,14 @@ Result<std::vector<ModuleHomes>> module_homes(const ModelLayout& layout, const P
                                               int world_size, DType dt, DType moment_dt,
                                               bool delayed_update, uint64_t sub_group_elems);
 
+// Whether a cached parameter copy of a module of `numel` elements (ModuleHomes::numel) stays on
+// the device once fetched, never evicted: unsharded, under options.persistence_threshold
+// elements (stage3_param_persistence_threshold). DeviceCache decides with it, and the memory
+// model counts such copies as held for the whole run (TierNeeds::DeviceNeed::persistent).
+inline bool persistent_copy(size_t numel, const TierOptions& options, bool sharded) {
+  return !sharded && numel < options.persistence_threshold;
+}
+
 // The device working set: the most parameter-cache and gradient bytes that `program` holds
 // at once (program_peak_bytes), with each module's cached parameter copy and gradient buffer
 // costing param_cache_bytes[m] and grad_bytes[m] (what the device cache and the gradient
@@ -127,9 +135,12 @@ size_t working_set_bytes(const std::vector<size_t>& param_cache_bytes,
 // Each tier's need, with its parts.
 struct TierNeeds {
   struct DeviceNeed {
-    size_t activations = 0;      // the model's activation arena (activation_bytes)
-    size_t resident_state = 0;   // device-homed P, MASTER, MOM, GACC
-    size_t working_set = 0;      // working_set_bytes over the training program
+    size_t activations = 0;     // the model's activation arena (activation_bytes)
+    size_t resident_state = 0;  // device-homed P, MASTER, MOM, GACC
+    size_t working_set = 0;     // working_set_bytes over the training program
+    // Parameter copies of the modules that stay cached once fetched (persistent_copy): held
+    // from their first fetch to the end of the run, so beside the working set, never within it.
+    size_t persistent = 0;
     size_t bucket = 0;           // sharded: the gradient reduce bucket
     size_t prefetch_window = 0;  // sharded: the gathered groups of the prefetch window
     // The optimizer on the device (device_optimizer.h), when some module's state is there: the
@@ -147,10 +158,11 @@ struct TierNeeds {
     // further micro-batches' gradient parts (grad_part_bytes).
     size_t grad_parts = 0;
     size_t zeropp() const { return qwz_buffer + hpz_secondary + qgz_scratch; }
-    // working_set + grad_parts + bucket + prefetch_window + optimizer + zeropp(): what the
-    // preflight reports as the working set.
+    // working_set + persistent + grad_parts + bucket + prefetch_window + optimizer + zeropp():
+    // what the preflight reports as the working set.
     size_t transient() const {
-      return working_set + grad_parts + bucket + prefetch_window + optimizer + zeropp();
+      return working_set + persistent + grad_parts + bucket + prefetch_window + optimizer +
+             zeropp();
     }
     size_t total() const { return activations + resident_state + transient(); }
   };
