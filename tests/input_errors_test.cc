@@ -2,6 +2,7 @@
 // an override, a profile field of the wrong type, number overflow, a directory as data, an llm.c
 // header that miscounts, invalid JSON (its line and column), a uint32 token past 2^31.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -167,7 +168,8 @@ TEST_F(Hardening, ProbeIoFileOfNoBlockOrNegativeWarmupIsRefused) {
 // data.eval_batches beyond the held-out set wrapped around it (2147483647 ran for days and a
 // SIGTERM waited for the eval): an eval stops at the batches that hold every held-out window
 // once, the same loss as asking for exactly those; and a stop signal on one rank leaves an
-// eval off (the checkpoint then comes at once).
+// eval off (the checkpoint then comes at once). A stop in the eval before step 1 writes the
+// checkpoint of the initial state and trains no step (it had trained step 1 first).
 TEST_F(Hardening, EvalBatchesStopAtTheHeldOutSetAndAtAStop) {
   const auto dir = temp_dir("eval_cap");
   const std::vector<std::string> base = {"train.steps=1", "train.eval_interval=1",
@@ -199,9 +201,54 @@ TEST_F(Hardening, EvalBatchesStopAtTheHeldOutSetAndAtAStop) {
   three.train.steps = 3;
   const TrainResult stopped = test::must_train(three, o);
   EXPECT_TRUE(stopped.stopped_early);
-  EXPECT_EQ(stopped.losses.size(), 1u);
+  EXPECT_TRUE(stopped.losses.empty()) << "a step trained after the stop";
+  EXPECT_EQ(stopped.end_step, 0);
   EXPECT_TRUE(stopped.eval_losses.empty());
   EXPECT_FALSE(stopped.last_checkpoint.empty());
+  // --resume from it trains the three steps, as a run that never stopped does.
+  stop = 0;
+  TrainOptions resume;
+  resume.resume = stopped.last_checkpoint;
+  Config again = three;
+  const TrainResult resumed = test::must_train(again, resume);
+  EXPECT_EQ(resumed.start_step, 0);
+  EXPECT_EQ(resumed.end_step, 3);
+  EXPECT_EQ(resumed.losses.size(), 3u);
+}
+
+// The optimizer's sub-groups are capped at an eighth of the host budget, so the host tier's
+// need grows with the budget: a user who set strata.host_memory_limit to the need a refusal
+// named was refused again. The refusal now names the least budget whose need fits (the
+// bisected least budget the preflight accepts), and that budget trains.
+TEST_F(Hardening, TheHostRefusalNamesABudgetThatIsAccepted) {
+  const auto dir = temp_dir("least_host");
+  auto make = [&](size_t budget) {
+    return test::tiny_cpu(
+        fmt::format("{}/{}", dir, budget),
+        {"train.steps=2", "scheduler.params.warmup_num_steps=1",
+         "zero_optimization.offload_param.device=\"nvme\"",
+         "zero_optimization.offload_optimizer.device=\"nvme\"",
+         "zero_optimization.offload_optimizer.buffer_count=1",
+         "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"",
+         "zero_optimization.offload_param.nvme_path=\"" + dir + "/swap\"", "aio.backend=\"posix\"",
+         "strata.placement.grads=\"host\"", fmt::format("strata.host_memory_limit={}", budget)});
+  };
+  const Status st = test::train_status(make(size_t{1} << 20));
+  ASSERT_FALSE(st.is_ok());
+  const std::string& m = st.message();
+  const std::string key = "(default 90% of MemAvailable) to at least ";
+  const size_t at = m.find(key);
+  ASSERT_NE(at, std::string::npos) << m;
+  const size_t open = m.find('(', at + key.size());
+  ASSERT_NE(open, std::string::npos) << m;
+  const size_t named = std::stoull(m.substr(open + 1));
+  const size_t least = test::least_accepted_budget(make, size_t{1} << 20, size_t{256} << 20, 4096);
+  EXPECT_LE(named, least + 4096) << m;
+  EXPECT_GE(named + 4096, least) << m;
+  Config at_named = make(named);
+  at_named.train.checkpoint_dir += "-named";  // the bisection may have trained at that budget
+  const TrainResult r = test::must_train(at_named);
+  EXPECT_EQ(r.losses.size(), 2u);
 }
 
 TEST_F(Hardening, LlmcHeaderMustCountEveryToken) {

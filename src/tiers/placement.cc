@@ -202,6 +202,7 @@ TierOptions TierOptions::from_config(const Config& cfg, DType dt) {
   size_t avail = host_available_bytes();
   o.host_capacity = cfg.strata.host_memory_limit > 0 ? cfg.strata.host_memory_limit
                                                      : static_cast<size_t>(double(avail) * 0.9);
+  o.sub_group_size_key = cfg.zero.sub_group_size;
   o.sub_group_elems = std::min<uint64_t>(cfg.zero.sub_group_size,
                                          max_sub_group_elems(o.host_capacity, o.buffer_count));
   return o;

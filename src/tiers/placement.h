@@ -161,6 +161,10 @@ struct TierOptions {
   // module's size. 0 or more than a module's elements: that module is one sub-group.
   // from_config: the key's value, at most max_sub_group_elems() of the host budget.
   uint64_t sub_group_elems = 0;
+  // The key's own value (from_config), before the host budget's cap: a budget other than
+  // host_capacity caps it otherwise (the preflight's least host budget). 0: not from a config
+  // (sub_group_elems holds whatever the budget).
+  uint64_t sub_group_size_key = 0;
   uint64_t prefetch_bytes = 50'000'000;      // bytes in flight ahead
   uint64_t max_reuse_distance = UINT64_MAX;  // bytes
   uint64_t persistence_threshold = 0;        // elements

@@ -21,8 +21,10 @@ namespace {
 // `shadow_extents` (whether the swap files are sized for the optimizer's shadow extents).
 // When the host tier is short: what the host would need with the gradient accumulators on
 // NVMe, and with everything on NVMe, each with whether it fits the budget.
+// A placement that would need more of the host than the run's own (`need_now`: with few or
+// small modules the gradients' NVMe staging outweighs the accumulators it replaces) is not named.
 std::string host_hint(const Architecture& arch, const TierOptions& options, int world, DType dt,
-                      DType moment_dt, size_t activation_bytes) {
+                      DType moment_dt, size_t activation_bytes, size_t need_now) {
   std::string hint;
   auto try_placement = [&](Placement p, const char* what) {
     if (p == options.placement) return;
@@ -33,6 +35,7 @@ std::string host_hint(const Architecture& arch, const TierOptions& options, int 
     if (!homes.is_ok()) return;
     const TierNeeds n =
         tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain), {});
+    if (n.host.total() >= need_now) return;
     hint += fmt::format("; {} it would need {}{}", what, format_bytes(double(n.host.total())),
                         n.host.total() <= options.host_capacity ? " (fits)" : "");
   };
@@ -43,6 +46,38 @@ std::string host_hint(const Architecture& arch, const TierOptions& options, int 
   try_placement({Tier::kNvme, Tier::kNvme, Tier::kNvme, Tier::kNvme, 1.0},
                 "with params, optimizer state and gradients on nvme");
   return hint;
+}
+
+// The least strata.host_memory_limit whose host tier holds this placement's need: the need
+// `need_now` at the run's budget, unless the sub-group size is the budget's (max_sub_group_elems:
+// an eighth of the budget for the optimizer's staging), where a larger budget allows larger
+// sub-groups whose staging grows the need with it. Then the budget is raised to the need at it
+// until the need fits (it grows by at most an eighth of each raise: a few rounds).
+size_t least_host_budget(const Architecture& arch, const TierOptions& options, int world, DType dt,
+                         DType moment_dt, size_t activation_bytes, const ZeroPPShape& zeropp,
+                         size_t need_now) {
+  if (options.sub_group_size_key == 0 || options.sub_group_elems >= options.sub_group_size_key) {
+    return need_now;  // the key's size, not the budget's: the need does not move with it
+  }
+  auto need_at = [&](size_t budget) -> size_t {
+    TierOptions o = options;
+    o.host_capacity = budget;
+    o.sub_group_elems =
+        std::min<uint64_t>(options.sub_group_size_key, max_sub_group_elems(budget, o.buffer_count));
+    auto homes = module_homes(arch.layout(), o.placement, world, dt, moment_dt, o.delayed_update,
+                              o.sub_group_elems);
+    if (!homes.is_ok()) return 0;
+    return tier_needs(*homes, o, world, dt, activation_bytes, arch.program(Pass::kTrain), zeropp)
+        .host.total();
+  };
+  size_t budget = need_now;
+  for (int round = 0; round < 64; ++round) {
+    const size_t n = need_at(budget);
+    if (n == 0) return need_now;
+    if (n <= budget) return budget;
+    budget = n;
+  }
+  return budget;
 }
 
 // ", ZeRO++ buffers X: qwZ gather buffer (key) a, ..." naming the buffers the switches take on
@@ -61,8 +96,8 @@ std::string zeropp_parts(const TierNeeds::DeviceNeed& d) {
 }
 
 Status preflight(Device& device, const TierOptions& options, const TierNeeds& need, bool sharded,
-                 const std::string& host_hint, SwapOptions* swap, bool* shadow_extents,
-                 TierShortfall* shortfall) {
+                 size_t least_host, const std::string& host_hint, SwapOptions* swap,
+                 bool* shadow_extents, TierShortfall* shortfall) {
   std::vector<std::string> short_of;
   const size_t dev_cap = device.memory_stats().capacity;
   const size_t dev_need = need.device.total();
@@ -100,7 +135,7 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
   if (shortfall->host) {
     short_of.push_back(fmt::format(
         "host tier needs {} (state {}, staging buffers {}{}{}) but its budget is {}: set "
-        "strata.host_memory_limit (default 90% of MemAvailable), offload more to nvme "
+        "strata.host_memory_limit (default 90% of MemAvailable){}, offload more to nvme "
         "(zero_optimization.offload_*.device = \"nvme\", strata.placement.grads = \"nvme\"), "
         "or use a smaller model{}{}",
         format_bytes(double(host_need)), format_bytes(double(need.host.state)),
@@ -110,6 +145,12 @@ Status preflight(Device& device, const TierOptions& options, const TierNeeds& ne
                                     : std::string(),
         act_host ? fmt::format(", offloaded activations {}", format_bytes(double(act_host))) : "",
         format_bytes(double(options.host_capacity)),
+        least_host > host_need
+            ? fmt::format(
+                  " to at least {} ({} bytes: the optimizer's sub-groups grow with the budget, "
+                  "an eighth of it, up to zero_optimization.sub_group_size)",
+                  format_bytes(double(least_host)), least_host)
+            : std::string(),
         act_host ? " (or strata.activations = recompute, which keeps block inputs on the device)"
                  : "",
         host_hint));
@@ -233,12 +274,17 @@ Result<std::unique_ptr<TierManager>> TierManager::create(Device& device, const A
   SwapOptions so;
   bool shadow_extents = false;
   // The message starts with "preflight:" and names every tier that is short.
-  const std::string hint = need.host.total() > options.host_capacity
-                               ? host_hint(arch, options, world, dt, moment_dt, activation_bytes)
-                               : std::string();
+  const bool host_short = need.host.total() > options.host_capacity;
+  const std::string hint = host_short ? host_hint(arch, options, world, dt, moment_dt,
+                                                  activation_bytes, need.host.total())
+                                      : std::string();
+  const size_t least_host = host_short
+                                ? least_host_budget(arch, options, world, dt, moment_dt,
+                                                    activation_bytes, zeropp, need.host.total())
+                                : 0;
   TierShortfall short_of;
-  const Status fits =
-      preflight(device, options, need, I.sharded, hint, &so, &shadow_extents, &short_of);
+  const Status fits = preflight(device, options, need, I.sharded, least_host, hint, &so,
+                                &shadow_extents, &short_of);
   if (shortfall) *shortfall = short_of;
   STRATA_RETURN_IF_ERROR(fits, "");
 

@@ -188,8 +188,10 @@ Result<TrainResult> Run::loop() {
   }
   const int64_t log_every = std::max<int64_t>(1, cfg_.train.log_interval);
 
+  bool eval_cut = false;  // a stop signal left the last eval off (one rank: run_eval.cc)
   auto do_eval = [&](int64_t step) -> Status {
     STRATA_ASSIGN_OR_RETURN(std::optional<double> cut_or_loss, eval_loss(), "eval");
+    eval_cut = !cut_or_loss;
     if (!cut_or_loss) {
       log_info("eval at step {} left off: stopping", step);
       return Status::ok();
@@ -205,6 +207,14 @@ Result<TrainResult> Run::loop() {
   };
   if (step_ == 0 && cfg_.train.eval_interval > 0) {
     STRATA_RETURN_IF_ERROR(do_eval(0), "eval before step 1");
+    if (eval_cut) {
+      // The stop came before step 1: no step begins after it (a step began and a checkpoint
+      // came after it). The checkpoint holds the initial state; --resume starts at step 1.
+      r.stopped_early = true;
+      STRATA_RETURN_IF_ERROR(save_checkpoint(step_, &r.last_checkpoint), "stopping");
+      log_info("stopped before step 1: checkpoint {} written; continue with --resume",
+               r.last_checkpoint);
+    }
   }
 
   const auto t0 = Clock::now();
@@ -216,7 +226,7 @@ Result<TrainResult> Run::loop() {
   // The meters' mark (a write behind a step's end counts in the step that queued it).
   Meters mark = meters();
   tm_->take_times();
-  while (step_ < total) {
+  while (step_ < total && !r.stopped_early) {
     const auto before = tier_bytes();
     const uint64_t in_before = tm_->stats(Tier::kDevice).bytes_in;
     STRATA_ASSIGN_OR_RETURN(double loss, profiled_step(&r), fmt::format("step {}", step_ + 1));
