@@ -126,6 +126,8 @@ latest=$(cat ckg/latest 2>/dev/null)
 check "Ctrl-C to the process group: both shard files" \
   test -n "$latest" -a -f "ckg/$latest.rank0-of-2" -a -f "ckg/$latest.rank1-of-2"
 check "Ctrl-C to the process group: swap files removed" test -z "$(ls swapg)"
+check "Ctrl-C to the process group: rank 0 said mpirun returns 2 x 60 s after a stop" \
+  grep -q "mpirun returns only about 120 s later" mpig.txt
 
 # Under mpirun, settings that make the ranks train alone are named, not a batch-size puzzle (the
 # batch is resolved for the launcher's 2 processes).

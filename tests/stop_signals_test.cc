@@ -113,5 +113,32 @@ TEST(StopSignals, UsersSecondSignalStillExitsAtOnce) {
   EXPECT_EQ(WTERMSIG(st), SIGINT);
 }
 
+// Open MPI's mpirun sleeps through both kill delays even when the ranks have exited: with the
+// timeout raised, a stop (or an error) returns to the shell 2 x T s later. Rank 0 says so at
+// start, where the warning about a short timeout is silent.
+TEST(StopSignals, RaisedTimeoutNotesHowLongMpirunWaits) {
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* timeout = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const std::string saved_size = size ? size : "", saved_timeout = timeout ? timeout : "";
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "60", 1);
+  EXPECT_EQ(mpi_stop_wait_note(), "");  // not under mpirun
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  const std::string note = mpi_stop_wait_note();
+  EXPECT_NE(note.find("odls_base_sigkill_timeout 60"), std::string::npos) << note;
+  EXPECT_NE(note.find("about 120 s later"), std::string::npos) << note;
+  EXPECT_EQ(mpi_stop_window_warning(), "");
+  ::setenv("OMPI_MCA_odls_base_sigkill_timeout", "1", 1);
+  EXPECT_EQ(mpi_stop_wait_note(), "");  // the warning speaks instead
+  EXPECT_NE(mpi_stop_window_warning(), "");
+  ::unsetenv("OMPI_MCA_odls_base_sigkill_timeout");
+  EXPECT_EQ(mpi_stop_wait_note(), "");
+  if (size)
+    ::setenv("OMPI_COMM_WORLD_SIZE", saved_size.c_str(), 1);
+  else
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  if (timeout) ::setenv("OMPI_MCA_odls_base_sigkill_timeout", saved_timeout.c_str(), 1);
+}
+
 }  // namespace
 }  // namespace strata

@@ -127,6 +127,10 @@ int cmd_train(int argc, char** argv) {
       !w.empty() && mpi_rank && std::string(mpi_rank) == "0") {
     log_warn("{}", w);
   }
+  if (const std::string n = mpi_stop_wait_note();
+      !n.empty() && mpi_rank && std::string(mpi_rank) == "0") {
+    log_info("{}", n);
+  }
 
   Result<TrainResult> r = train(cfg, opts);
   if (!r.is_ok()) return cli.fail(r.status().message());

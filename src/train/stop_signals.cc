@@ -97,4 +97,19 @@ std::string mpi_stop_window_warning(int needed_s) {
       timeout, v ? "" : ", Open MPI's default", needed_s * 2, needed_s * 2);
 }
 
+std::string mpi_stop_wait_note(int needed_s) {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return "";
+  const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const int timeout = v ? std::atoi(v) : 1;
+  if (timeout < needed_s) return "";
+  return fmt::format(
+      "under mpirun with odls_base_sigkill_timeout {}: after Ctrl-C (or SIGINT/SIGTERM to "
+      "mpirun) the ranks finish the step, write the checkpoint and exit, but mpirun returns only "
+      "about {} s later (it waits out its SIGTERM and SIGKILL delays whether or not the ranks "
+      "still run), shows their last lines then and exits 1; a rank's error exit is followed by "
+      "the same wait. The checkpoint in train.checkpoint_dir is complete once the ranks have "
+      "exited",
+      timeout, 2 * timeout);
+}
+
 }  // namespace strata

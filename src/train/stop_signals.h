@@ -13,7 +13,12 @@
 //     follows is not a second request; this gives the rank 2 x the timeout, not 1 x;
 //   - that is still too little for a large model's step and checkpoint, so
 //     mpi_stop_window_warning() says to launch with `--mca odls_base_sigkill_timeout 60`
-//     (or OMPI_MCA_odls_base_sigkill_timeout=60) when it is not set.
+//     (or OMPI_MCA_odls_base_sigkill_timeout=60) when it is not set;
+//   - mpirun sleeps through both delays whether or not the ranks have exited, and forwards
+//     none of their output meanwhile: with the timeout raised to T, the shell gets mpirun back
+//     (exit status 1, whatever the ranks' 128+N) about 2 x T s after Ctrl-C, and as long after
+//     a rank's error exit; mpi_stop_wait_note() says so at start, so that the wait does not
+//     read as a hang.
 // Handlers are async-signal-safe (they store to lock-free atomics, and re-raise with the
 // default action for the second request).
 #pragma once
@@ -38,5 +43,11 @@ pid_t open_mpi_launcher_pid();
 // environment (mpirun --mca ... puts it there): a one-paragraph warning saying what Ctrl-C
 // will do and how to launch instead; "" otherwise.
 std::string mpi_stop_window_warning(int needed_s = 30);
+
+// Under Open MPI with odls_base_sigkill_timeout raised to T >= `needed_s` (the case the warning
+// above is silent in): a one-paragraph note that after a stop or a rank's error exit mpirun
+// returns about 2 x T s later, with the ranks' last lines only then, though the checkpoint is
+// written within the step; "" otherwise.
+std::string mpi_stop_wait_note(int needed_s = 30);
 
 }  // namespace strata
