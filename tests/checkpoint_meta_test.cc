@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "src/train/resume_check.h"
 #include "tests/adversarial_util.h"
 
 namespace strata {
@@ -154,6 +155,38 @@ TEST_F(MetaEdits, StepsBelowTheCheckpointIsRefused) {
   Status s = train_status(fewer, ckpt_);
   ASSERT_FALSE(s.is_ok());
   EXPECT_TRUE(contains(s.message(), "past train.steps 2")) << s.message();
+}
+
+// The checkpoint records the batch it was trained with; a resume that would step through other
+// samples (another accumulation, or another micro-batch x ranks) is told so, and one that
+// reshards the same samples (2 ranks of 1 -> 1 rank of 2) or an old file without the record is
+// not. The record is read back as written, and a value outside its range is refused.
+TEST_F(MetaEdits, AResumeThatChangesTheSamplesIsNamed) {
+  auto meta = read_checkpoint_meta(ckpt_);
+  ASSERT_TRUE(meta.is_ok()) << meta.status().to_string();
+  EXPECT_EQ(meta->micro_batch, cfg_.train_micro_batch_size_per_gpu);
+  EXPECT_EQ(meta->accumulation, cfg_.gradient_accumulation_steps);
+  CheckpointMeta then;
+  then.micro_batch = 1;
+  then.accumulation = 2;
+  then.world_size = 2;
+  CheckpointMeta now = then;
+  EXPECT_EQ(resume_batch_note(then, now), "");
+  now.world_size = 1;
+  now.micro_batch = 2;
+  EXPECT_EQ(resume_batch_note(then, now), "") << "the same samples, resharded";
+  now.accumulation = 1;
+  now.micro_batch = 4;
+  const std::string note = resume_batch_note(then, now);
+  EXPECT_TRUE(contains(note, "gradient_accumulation_steps 2; this run takes 4 on 1 and 1")) << note;
+  now = then;
+  now.micro_batch = 2;
+  EXPECT_NE(resume_batch_note(then, now), "") << "a larger global batch";
+  CheckpointMeta old = then;
+  old.micro_batch = old.accumulation = 0;
+  EXPECT_EQ(resume_batch_note(old, now), "") << "a file written before the record";
+  expect_refused([](nlohmann::json& j) { j["gradient_accumulation_steps"] = 0; },
+                 {"gradient_accumulation_steps"});
 }
 
 TEST_F(Hardening, DeepCheckpointMetadataIsCorruptNotACrash) {

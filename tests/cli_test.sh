@@ -168,6 +168,12 @@ rc=$?
 check "--resume continues" test "$rc" -eq 0
 check "--resume starts after the stop" grep -q "resumed from .* at step $step" res.txt
 check "--resume reaches the end" grep -q "done at step $((step + 2))" res.txt
+check "--resume with the same batch says nothing of it" lacks "other samples" res.txt
+"$strata" train "${common[@]}" --set train.steps=$((step + 3)) --set train_batch_size=8 \
+  --set gradient_accumulation_steps=2 \
+  --resume >res2.txt 2>&1
+check "--resume with another batch continues" grep -q "done at step $((step + 3))" res2.txt
+check "--resume with another batch names it" grep -q "other samples than an uninterrupted" res2.txt
 
 printf 'garbage' >ck/bad.bin
 "$strata" train "${common[@]}" --resume ck/bad.bin >bad.txt 2>&1

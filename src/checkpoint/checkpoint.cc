@@ -78,6 +78,8 @@ std::string meta_json(const CheckpointMeta& m) {
   j["moment_dtype"] = m.moment_dtype;
   if (!m.optimizer_state.empty()) j["optimizer_state"] = m.optimizer_state;
   j["seed"] = m.seed;
+  if (m.micro_batch > 0) j["micro_batch"] = m.micro_batch;
+  if (m.accumulation > 0) j["gradient_accumulation_steps"] = m.accumulation;
   nlohmann::json mods = nlohmann::json::array();
   for (const auto& mod : m.modules) {
     mods.push_back({{"name", mod.name}, {"numel", mod.numel}, {"offset", mod.offset}});
@@ -171,6 +173,10 @@ CheckpointMeta parse_meta(const std::string& js) {
     }
   }
   m.seed = size_field(j, "seed");
+  if (j.contains("micro_batch")) m.micro_batch = int_field(j, "micro_batch", 1, INT32_MAX);
+  if (j.contains("gradient_accumulation_steps")) {
+    m.accumulation = int_field(j, "gradient_accumulation_steps", 1, INT32_MAX);
+  }
   const json& mods = j.at("modules");
   if (!mods.is_array() || mods.empty()) throw std::runtime_error("modules is not a list");
   for (const auto& mod : mods) {

@@ -56,6 +56,12 @@ struct CheckpointMeta {
   // (not written) in files written before it was recorded.
   std::string optimizer_state;
   uint64_t seed = 0;
+  // The batch it was trained with: sequences per micro-batch per rank
+  // (train_micro_batch_size_per_gpu) and gradient_accumulation_steps. 0 in files written before
+  // they were recorded. A step's samples are picked by micro-batch index and by position across
+  // the ranks' micro-batches, so a resume that changes either steps through other samples.
+  int64_t micro_batch = 0;
+  int64_t accumulation = 0;
   // Sharded checkpoints: one file per rank, "<name>.rank<R>-of-<N>", each holding that rank's
   // shard of every module; "<name>" is then a manifest (JSON: magic "strata-shards", world_size,
   // step, and the shard file names) that `latest` points at. Whole-model files: 1 and 0.

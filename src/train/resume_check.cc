@@ -186,4 +186,20 @@ Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& m
   return plan;
 }
 
+std::string resume_batch_note(const CheckpointMeta& then, const CheckpointMeta& now) {
+  if (then.micro_batch <= 0 || then.accumulation <= 0) return "";
+  if (then.accumulation == now.accumulation &&
+      then.micro_batch * then.world_size == now.micro_batch * now.world_size) {
+    return "";
+  }
+  return fmt::format(
+      "the checkpoint was trained with {} sequence(s) a micro-batch on {} rank(s) and "
+      "gradient_accumulation_steps {}; this run takes {} on {} and {}: from here on its steps go "
+      "through other samples than an uninterrupted run's (a step's samples are picked by "
+      "micro-batch index and by position across the ranks' micro-batches). To keep them, keep "
+      "gradient_accumulation_steps and train_micro_batch_size_per_gpu x ranks",
+      then.micro_batch, then.world_size, then.accumulation, now.micro_batch, now.world_size,
+      now.accumulation);
+}
+
 }  // namespace strata

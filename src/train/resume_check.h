@@ -31,4 +31,10 @@ struct ResumePlan {
 Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& mine,
                                 int64_t train_steps);
 
+// Where a resume changes the batch `then` (the checkpoint's: micro_batch, accumulation,
+// world_size) to `now`'s so that its steps go through other samples than an uninterrupted run
+// (another gradient_accumulation_steps, or another micro-batch x ranks): a warning saying so and
+// what keeps them; "" where they stay, or where the checkpoint does not record its batch.
+std::string resume_batch_note(const CheckpointMeta& then, const CheckpointMeta& now);
+
 }  // namespace strata

@@ -267,6 +267,8 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.moment_dtype = dtype_name(cfg_.strata.moment_dtype);
   meta.optimizer_state = optimizer_state(optimizer_kind(cfg_.optimizer)).name;
   meta.seed = cfg_.train.seed;
+  meta.micro_batch = B_;
+  meta.accumulation = accum_;
   meta.run_id = run_id_;
   // A frozen module (LoRA's base) has no state of its own to save: 0 elements.
   for (const ModuleSpec& m : arch_->layout().modules) {
@@ -316,6 +318,11 @@ Status Run::init_or_resume() {
     scaler_.cur_hysteresis = meta.scaler_cur_hysteresis;
     run_id_ = meta.run_id.empty() ? new_run_id() : meta.run_id;
     log_info("resumed from {} at step {}", path, step_);
+    CheckpointMeta now = checkpoint_meta(step_);
+    now.world_size = world_;
+    if (const std::string note = resume_batch_note(meta, now); !note.empty() && rank_ == 0) {
+      log_warn("--resume: {}", note);
+    }
   }
   if (world_ > 1) {
     // One lineage on every rank: rank 0's (three 24-bit pieces travel exactly as floats).
