@@ -189,6 +189,35 @@ TEST_F(MetaEdits, AResumeThatChangesTheSamplesIsNamed) {
                  {"gradient_accumulation_steps"});
 }
 
+// The checkpoint records the steps its learning-rate schedule decays over (a cosine with
+// total_num_steps unset: train.steps; a constant rate: none); a resume whose schedule decays over
+// others (a raised train.steps) is told so and how to keep the rate; one with the same schedule,
+// a schedule that does not decay, or an old file without the record is not.
+TEST_F(MetaEdits, AResumeThatChangesTheScheduleIsNamed) {
+  auto constant = read_checkpoint_meta(ckpt_);
+  ASSERT_TRUE(constant.is_ok()) << constant.status().to_string();
+  EXPECT_EQ(constant->schedule_steps, 0);
+  const TrainResult cosine = must_train(
+      small_config(dir_ + "/cosine", {"train.steps=3", "scheduler.type=\"WarmupCosineLR\"",
+                                      "scheduler.params.warmup_num_steps=1"}));
+  auto meta = read_checkpoint_meta(cosine.last_checkpoint);
+  ASSERT_TRUE(meta.is_ok()) << meta.status().to_string();
+  EXPECT_EQ(meta->schedule_steps, 3);
+  CheckpointMeta then, now;
+  then.schedule_steps = now.schedule_steps = 4;
+  EXPECT_EQ(resume_schedule_note(then, now), "");
+  now.schedule_steps = 10;
+  const std::string note = resume_schedule_note(then, now);
+  EXPECT_TRUE(contains(note, "decays over 4 steps, this run's over 10")) << note;
+  EXPECT_TRUE(contains(note, "--set scheduler.params.total_num_steps=4")) << note;
+  now.schedule_steps = 0;  // a schedule that does not decay
+  EXPECT_EQ(resume_schedule_note(then, now), "");
+  then.schedule_steps = 0;  // not recorded
+  now.schedule_steps = 10;
+  EXPECT_EQ(resume_schedule_note(then, now), "");
+  expect_refused([](nlohmann::json& j) { j["schedule_steps"] = -3; }, {"schedule_steps"});
+}
+
 TEST_F(Hardening, DeepCheckpointMetadataIsCorruptNotACrash) {
   const auto dir = temp_dir("deepmeta");
   CheckpointMeta meta;

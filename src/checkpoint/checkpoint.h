@@ -62,6 +62,10 @@ struct CheckpointMeta {
   // the ranks' micro-batches, so a resume that changes either steps through other samples.
   int64_t micro_batch = 0;
   int64_t accumulation = 0;
+  // The steps the learning-rate schedule decays over (scheduler.params.total_num_steps, which
+  // "auto" makes train.steps), where it decays over them (WarmupDecayLR, WarmupCosineLR); 0
+  // for a schedule that does not, and in files written before it was recorded.
+  int64_t schedule_steps = 0;
   // Sharded checkpoints: one file per rank, "<name>.rank<R>-of-<N>", each holding that rank's
   // shard of every module; "<name>" is then a manifest (JSON: magic "strata-shards", world_size,
   // step, and the shard file names) that `latest` points at. Whole-model files: 1 and 0.

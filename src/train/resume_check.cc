@@ -202,4 +202,17 @@ std::string resume_batch_note(const CheckpointMeta& then, const CheckpointMeta& 
       now.accumulation);
 }
 
+std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMeta& now) {
+  if (then.schedule_steps <= 0 || now.schedule_steps <= 0 ||
+      then.schedule_steps == now.schedule_steps) {
+    return "";
+  }
+  return fmt::format(
+      "the checkpoint's learning-rate schedule decays over {} steps, this run's over {} "
+      "(scheduler.params.total_num_steps; \"auto\" or unset: train.steps): from here on the "
+      "learning rate is not the one the checkpoint's run would have taken. To keep it, --set "
+      "scheduler.params.total_num_steps={}",
+      then.schedule_steps, now.schedule_steps, then.schedule_steps);
+}
+
 }  // namespace strata

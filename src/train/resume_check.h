@@ -36,5 +36,9 @@ Result<ResumePlan> check_resume(const std::string& path, const CheckpointMeta& m
 // (another gradient_accumulation_steps, or another micro-batch x ranks): a warning saying so and
 // what keeps them; "" where they stay, or where the checkpoint does not record its batch.
 std::string resume_batch_note(const CheckpointMeta& then, const CheckpointMeta& now);
+// Where the learning-rate schedule decayed over other steps than it will now (then's and now's
+// schedule_steps, both recorded): a warning that the rate from here on is not the checkpoint's
+// run's, and the setting that keeps it; "" otherwise.
+std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMeta& now);
 
 }  // namespace strata

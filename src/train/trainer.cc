@@ -269,6 +269,10 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   meta.seed = cfg_.train.seed;
   meta.micro_batch = B_;
   meta.accumulation = accum_;
+  const SchedulerConfig& sc = cfg_.scheduler;
+  if (sc.type == "WarmupDecayLR" || sc.type == "WarmupCosineLR") {
+    meta.schedule_steps = sc.total_num_steps;
+  }
   meta.run_id = run_id_;
   // A frozen module (LoRA's base) has no state of its own to save: 0 elements.
   for (const ModuleSpec& m : arch_->layout().modules) {
@@ -321,6 +325,9 @@ Status Run::init_or_resume() {
     CheckpointMeta now = checkpoint_meta(step_);
     now.world_size = world_;
     if (const std::string note = resume_batch_note(meta, now); !note.empty() && rank_ == 0) {
+      log_warn("--resume: {}", note);
+    }
+    if (const std::string note = resume_schedule_note(meta, now); !note.empty() && rank_ == 0) {
       log_warn("--resume: {}", note);
     }
   }
