@@ -39,10 +39,9 @@ std::string optimizer_ratio_hint(const Config& cfg, const std::string& config_pa
   }
   // The rate the CPU optimizer's kernel ran at beside the device: the planner's, from a probe
   // of the CPU alone, is often higher.
-  const std::string rate = sc.cpu_optimizer_s > 0 && sc.cpu_optimizer_params > 0
-                               ? fmt::format(" --cpu-optimizer-rate {:.3g}",
-                                             double(sc.cpu_optimizer_params) / sc.cpu_optimizer_s)
-                               : std::string();
+  const std::string rate = sc.cpu_optimizer_rate() > 0 ? fmt::format(" --cpu-optimizer-rate {:.3g}",
+                                                                     sc.cpu_optimizer_rate())
+                                                       : std::string();
   return fmt::format(
       "optimizer: {:.3g} s of the steps' {:.3g} s not hidden ({:.0f}%) at "
       "zero_optimization.offload_optimizer.ratio {:g}: a lower ratio has the device step the "
@@ -192,7 +191,7 @@ int cmd_train(int argc, char** argv) {
     const std::string kernel =
         sc.cpu_optimizer_s > 0
             ? fmt::format("; the CPU optimizer's kernel {:.3g} parameters/s ({:.3g} s of it)",
-                          double(sc.cpu_optimizer_params) / sc.cpu_optimizer_s, sc.cpu_optimizer_s)
+                          sc.cpu_optimizer_rate(), sc.cpu_optimizer_s)
             : std::string();
     std::printf("optimizer: %.1f s, %.0f%% of it hidden under %s; %lld rollback(s)%s%s%s\n",
                 sc.optimizer_s, 100.0 * sc.optimizer_hidden_s / sc.optimizer_s,

@@ -57,6 +57,10 @@ struct ScheduleCounts {
   // the copies), the rate `strata plan --cpu-optimizer-rate` takes.
   double cpu_optimizer_s = 0;
   uint64_t cpu_optimizer_params = 0;
+  // Their quotient, parameters per second (0 where the kernel stepped none).
+  double cpu_optimizer_rate() const {
+    return cpu_optimizer_s > 0 ? double(cpu_optimizer_params) / cpu_optimizer_s : 0.0;
+  }
 
   ScheduleCounts& operator+=(const ScheduleCounts& o) {
     compute_wait_s += o.compute_wait_s;
