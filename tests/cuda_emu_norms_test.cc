@@ -1,4 +1,5 @@
-// The norms (kernels/cuda/layernorm.cu, rmsnorm.cu, and their backward in one pass,
+// The norms (kernels/cuda/layernorm.cu, rmsnorm.cu with the query/key norms, and their backward
+// in one pass,
 // norm_backward.cu) and the linear layer's backward with its bias gradient's column sums
 // (matmul.cu), on the CPU emulation of CUDA, as cuda_emu_kernels_test.cc runs every kernel file:
 // both thread orders, against the CPU backend's kernels, on the same fixture
@@ -101,6 +102,53 @@ TEST_F(EmulatedKernels, RmsNorm) {
                                            p[4], static_cast<float*>(p[5]), N, C, reduce_, packed);
             },
             {{0, "dinp", tol(dt, 5e-5)}, {1, "dweight", 5e-5}});
+      }
+}
+
+// The query/key norms over the heads of packed q|k|v rows: head widths that take the
+// one-element kernels (62) and the 16-byte packs (64), rows past one 256-row chunk of the
+// weights' gradient grid.
+TEST_F(EmulatedKernels, QkNorm) {
+  const int N = 300, NH = 4, NKV = 2, H = NH + NKV;
+  for (DType dt : kDtypes)
+    for (int hs : {62, 64})
+      for (bool packed : {true, false}) {
+        SCOPED_TRACE("hs " + std::to_string(hs) + (packed ? ", packed" : ", one element"));
+        const size_t rows = size_t(N) * (NH + 2 * NKV) * hs, heads = size_t(N) * H;
+        check_op(
+            name("qk_norm_forward", dt),
+            {floats(rows, dt, -2, 2), floats(heads * hs, dt), floats(heads, DType::kF32),
+             floats(hs, dt), floats(hs, dt)},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.qk_norm_forward(s, dt, p[0], p[1], static_cast<float*>(p[2]), p[3], p[4], 1e-6f, N,
+                                NH, NKV, hs);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_qk_norm_forward(s, dt, p[0], p[1], static_cast<float*>(p[2]), p[3], p[4],
+                                          1e-6f, N, NH, NKV, hs, packed);
+            },
+            {{0, "qkv", tol(dt, 1e-5)}, {1, "saved", 0.0}, {2, "rstd", 1e-5}});
+        std::vector<float> rstd(heads);
+        for (size_t i = 0; i < heads; ++i) rstd[i] = 0.5f + 0.01f * float(i % 13);
+        check_op(
+            name("qk_norm_backward", dt),
+            {floats(rows, dt),
+             floats(hs, DType::kF32),
+             floats(hs, DType::kF32),
+             floats(heads * hs, dt, -2, 2),
+             floats(hs, dt),
+             floats(hs, dt),
+             {to_bytes(rstd, DType::kF32), DType::kF32}},
+            [&](Kernels& k, Stream& s, void* const* p) {
+              k.qk_norm_backward(s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]),
+                                 p[3], p[4], p[5], static_cast<float*>(p[6]), N, NH, NKV, hs);
+            },
+            [&](cudaStream_t s, void* const* p) {
+              return cuda_qk_norm_backward(
+                  s, dt, p[0], static_cast<float*>(p[1]), static_cast<float*>(p[2]), p[3], p[4],
+                  p[5], static_cast<float*>(p[6]), N, NH, NKV, hs, reduce_, packed);
+            },
+            {{0, "dqkv", tol(dt, 5e-5)}, {1, "dqw", 5e-5}, {2, "dkw", 5e-5}});
       }
 }
 

@@ -93,6 +93,27 @@ TEST(CudaTraining, MatchesTheCpuBackend) {
   fs::remove_all(dir);
 }
 
+// Qwen3's attention: a Llama whose heads are wider than n_embd / n_head (4 x 32 in a width of
+// 64) with every query and key head RMS-normalized before its rotation (the qk_norm kernels,
+// their weights' gradients and the wider q|k|v and o_proj), grouped key/value heads.
+TEST(CudaTraining, Qwen3AttentionMatchesTheCpuBackend) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+  set_log_level(LogLevel::kWarn);
+  const std::string dir = scratch_dir("strata_cuda_train_qwen3");
+  const std::vector<std::string> qwen3 = {
+      "model.type=\"llama\"", "model.intermediate_size=128", "model.num_key_value_heads=2",
+      "model.head_dim=32",    "model.qk_norm=true",          "model.tied_embeddings=true"};
+  TrainOptions o;
+  o.progress = false;
+  auto cpu = train(config("cpu", dir + "/cpu", qwen3), o);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto gpu = train(config("cuda", dir + "/cuda", qwen3), o);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  expect_losses_match(*cpu, *gpu);
+  fs::remove_all(dir);
+}
+
 // Chat data packed per sequence (data.packing "sequence"): the batches' positions reach the
 // embedding, the rotary op and the attention masked per conversation, on a Llama with grouped
 // key/value heads (head size 16: the CUDA backend's plain attention kernels, the CPU backend's

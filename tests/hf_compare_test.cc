@@ -228,8 +228,8 @@ TEST_P(HfCompare, LossAndGradientsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfCompare,
                          ::testing::Values(Case{"llama", DType::kF32}, Case{"llama3", DType::kF32},
-                                           Case{"qwen2", DType::kF32}, Case{"gpt2", DType::kF32},
-                                           Case{"mixtral", DType::kF32},
+                                           Case{"qwen2", DType::kF32}, Case{"qwen3", DType::kF32},
+                                           Case{"gpt2", DType::kF32}, Case{"mixtral", DType::kF32},
                                            Case{"qwen2-moe", DType::kF32},
                                            Case{"llama-bf16", DType::kBF16},
                                            Case{"llama", DType::kBF16}),

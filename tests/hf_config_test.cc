@@ -1,5 +1,6 @@
 // config.json of Hugging Face model directories as strata's ModelConfig (src/hf/hf_config.h):
-// Llama 3.1 (GQA, llama3 rope scaling, untied), Qwen2 (q/k/v biases), GPT-2, and the refusals
+// Llama 3.1 (GQA, llama3 rope scaling, untied), Qwen2 (q/k/v biases), Qwen3 (query/key norms,
+// wider heads), Mistral Nemo's wider heads, GPT-2, and the refusals
 // (Mistral's short sliding window, unknown architectures, context past max positions).
 #include "src/hf/hf_config.h"
 
@@ -68,6 +69,77 @@ TEST(HfConfig, Qwen2AndGpt2) {
   EXPECT_EQ(g->context, 64);
   EXPECT_TRUE(g->tied_embeddings);
   EXPECT_TRUE(create_architecture(*g).is_ok());
+}
+
+// Qwen3: query/key norms and heads wider than hidden_size / num_attention_heads (Qwen3-0.6B's
+// 16 x 128 in 1024); Mistral Nemo's wider heads without the norms. A head_dim equal to the
+// quotient reads as 0 (the same model as before). The norms and wider heads are the llama
+// family's: GPT-2 and the mixtures refuse them, naming the keys.
+TEST(HfConfig, Qwen3AndWiderHeads) {
+  auto q = model_config_from_hf(
+      dir_with("qwen3", R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,
+        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,
+        "intermediate_size":96,"vocab_size":300,"max_position_embeddings":256,
+        "tie_word_embeddings":true,"use_sliding_window":false,"sliding_window":null,
+        "attention_bias":false,"rope_theta":1000000.0,"torch_dtype":"bfloat16"})"),
+      0);
+  ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+  EXPECT_EQ(q->type, "llama");
+  EXPECT_TRUE(q->qk_norm);
+  EXPECT_EQ(q->head_dim, 32);
+  EXPECT_FALSE(q->attention_bias);
+  auto arch = create_architecture(*q);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  // q_proj [128, 64], o_proj [64, 128], the norms 32 wide.
+  bool q_norm = false;
+  for (const HfTensor& h : (*arch)->hf_tensors(1)) {
+    if (h.name == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_EQ(h.shape, (std::vector<int64_t>{128, 64}));
+    }
+    if (h.name == "model.layers.0.self_attn.o_proj.weight") {
+      EXPECT_EQ(h.shape, (std::vector<int64_t>{64, 128}));
+    }
+    if (h.name == "model.layers.0.self_attn.q_norm.weight") {
+      EXPECT_EQ(h.shape, (std::vector<int64_t>{32}));
+      q_norm = true;
+    }
+  }
+  EXPECT_TRUE(q_norm);
+  // The export says Qwen3 again, with its head_dim.
+  const auto out = nlohmann::json::parse(hf_config_json(*q));
+  EXPECT_EQ(out["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(out["model_type"], "qwen3");
+  EXPECT_EQ(out["head_dim"], 32);
+  EXPECT_EQ(out["attention_bias"], false);
+  auto n = model_config_from_hf(
+      dir_with("nemo", R"({"architectures":["MistralForCausalLM"],"hidden_size":80,
+        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,
+        "intermediate_size":96,"vocab_size":300,"max_position_embeddings":64})"),
+      0);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  EXPECT_FALSE(n->qk_norm);
+  EXPECT_EQ(n->head_dim, 32);
+  EXPECT_TRUE(create_architecture(*n).is_ok());
+  auto same = model_config_from_hf(
+      dir_with("same", R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+        "num_hidden_layers":2,"num_attention_heads":4,"head_dim":16,
+        "intermediate_size":96,"vocab_size":300,"max_position_embeddings":64})"),
+      0);
+  ASSERT_TRUE(same.is_ok()) << same.status().to_string();
+  EXPECT_EQ(same->head_dim, 0);
+  EXPECT_FALSE(same->qk_norm);
+  ModelConfig gpt;
+  gpt.qk_norm = true;
+  auto g = create_architecture(gpt);
+  ASSERT_FALSE(g.is_ok());
+  EXPECT_NE(g.status().message().find("model.qk_norm"), std::string::npos) << g.status().message();
+  ModelConfig mix = *q;
+  mix.type = "mixtral";
+  mix.num_experts = 4;
+  auto x = create_architecture(mix);
+  ASSERT_FALSE(x.is_ok());
+  EXPECT_NE(x.status().message().find("model.qk_norm, model.head_dim"), std::string::npos)
+      << x.status().message();
 }
 
 // The config.json an export writes: both transformers spellings of the dtype and the rope

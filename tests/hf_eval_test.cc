@@ -113,7 +113,8 @@ TEST_P(HfEval, LossMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfEval,
-                         ::testing::Values("llama", "llama3", "qwen2", "gpt2", "llama-bf16"),
+                         ::testing::Values("llama", "llama3", "qwen2", "qwen3", "gpt2",
+                                           "llama-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;

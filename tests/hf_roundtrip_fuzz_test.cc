@@ -68,6 +68,9 @@ json draw_model(uint64_t seed) {
                              {"high_freq_factor", 4.0},
                              {"original_max_position_embeddings", 8192.0}};
       }
+      // Qwen3's attention: query/key norms, heads wider than n_embd / n_head.
+      m["qk_norm"] = d.coin(30);
+      if (d.coin(30)) m["head_dim"] = 2 * head_dim;
     } else {
       m["num_experts"] = 2 + d.below(4);
       m["num_experts_per_tok"] = 1 + d.below(2);

@@ -1,5 +1,5 @@
 // The Llama-family ops of the CUDA backend (kernels/cuda/{rmsnorm,swiglu,rope,attention,
-// attention_decode}.cu)
+// attention_decode}.cu; Qwen3's query/key norms in rmsnorm.cu)
 // against the CPU backend, as tests/cuda_backend_test.cc does for the GPT ops: fp32, bf16 and
 // fp16, fresh random inputs on both devices, outputs compared with a per-op tolerance. Without
 // a visible GPU every test reports SKIPPED with the reason.
@@ -41,6 +41,31 @@ TEST_P(LlamaCudaOpTest, RmsNorm) {
   });
   compare("rmsnorm_backward dinp", dinp, dt, tol(dt, kReduction));
   compare("rmsnorm_backward dweight", dw, DType::kF32, kReduction);
+}
+
+TEST_P(LlamaCudaOpTest, QkNorm) {
+  const DType dt = GetParam();
+  const int N = 300, NH = 8, NKV = 2, hs = 128, H = NH + NKV;
+  const size_t W = size_t(NH + 2 * NKV) * hs;
+  Twin qkv = random(size_t(N) * W, dt, -3, 5), qw = random(hs, dt, 0.5, 1.5),
+       kw = random(hs, dt, 0.5, 1.5);
+  Twin saved = random(size_t(N) * H * hs, dt), rstd = random(size_t(N) * H, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.qk_norm_forward(s, dt, qkv.p[i], saved.p[i], rstd.at<float>(i), qw.p[i], kw.p[i], 1e-6f, N,
+                      NH, NKV, hs);
+  });
+  compare("qk_norm_forward qkv", qkv, dt, tol(dt, kReduction));
+  compare("qk_norm_forward saved", saved, dt, 0.0);
+  compare("qk_norm_forward rstd", rstd, DType::kF32, kReduction);
+  Twin dqkv = random(size_t(N) * W, dt), dqw = random(hs, DType::kF32),
+       dkw = random(hs, DType::kF32);
+  run([&](Kernels& k, Stream& s, int i) {
+    k.qk_norm_backward(s, dt, dqkv.p[i], dqw.at<float>(i), dkw.at<float>(i), saved.p[i], qw.p[i],
+                       kw.p[i], rstd.at<float>(i), N, NH, NKV, hs);
+  });
+  compare("qk_norm_backward dqkv", dqkv, dt, tol(dt, kReduction));
+  compare("qk_norm_backward dqw", dqw, DType::kF32, kReduction);
+  compare("qk_norm_backward dkw", dkw, DType::kF32, kReduction);
 }
 
 TEST_P(LlamaCudaOpTest, Swiglu) {

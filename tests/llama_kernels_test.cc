@@ -1,9 +1,10 @@
-// The Llama-family ops of the CPU kernels (kernels/cpu/{rmsnorm,swiglu,rope,attention}.cc)
+// The Llama-family ops of the CPU kernels (kernels/cpu/{rmsnorm,swiglu,rope,attention}.cc; the
+// query/key norms of Qwen3 in rmsnorm.cc)
 // through the Kernels table of a CPU device, as tests/cpu_kernels_test.cc does for the GPT ops:
 //   - every op against a double-precision reference written here, on fresh random inputs (never
 //     zeros), odd shapes included, in fp32, bf16 and fp16;
 //   - backward ops start from non-zero gradients (the accumulate (+=) contract), except
-//     rope_backward, which the contract defines as an in-place rotation;
+//     rope_backward and qk_norm_backward, which the contract defines in place;
 //   - finite-difference checks of every backward against its forward (fp32, central
 //     differences evaluated in double).
 // Inputs are drawn from a fixed seed per test; STRATA_TEST_SEED=<n> draws different ones.
@@ -227,6 +228,77 @@ TEST(LlamaKernels, RmsNormUsesItsEps) {
     f.sync();
     RmsRef r = ref_rmsnorm(as_double(x), as_double(w), float(eps), N, C);
     expect_close(as_double(out), r.out, 1e-6, fmt::format("out (eps {})", eps));
+  }
+}
+
+// The query/key norms: each query head of a packed q|k|v row RMS-normalized with qw, each key
+// head with kw, the value heads untouched; against ref_rmsnorm over the heads gathered.
+TEST(LlamaKernels, QkNormForwardAndBackward) {
+  struct Shape {
+    int N, NH, NKV, hs;
+  };
+  for (DType dt : kAllTypes) {
+    for (Shape sh :
+         {Shape{1, 1, 1, 2}, Shape{3, 4, 2, 6}, Shape{37, 6, 2, 64}, Shape{5, 2, 2, 130}}) {
+      const int N = sh.N, NH = sh.NH, NKV = sh.NKV, hs = sh.hs, H = NH + NKV;
+      const size_t W = size_t(NH + 2 * NKV) * hs;
+      const float eps = 1e-6f;
+      SCOPED_TRACE(fmt::format("{} N={} NH={} NKV={} hs={}", dtype_name(dt), N, NH, NKV, hs));
+      std::mt19937_64 rng(test_seed(12));
+      Typed qkv = random_typed(dt, size_t(N) * W, rng, -3, 3);
+      Typed qw = random_typed(dt, hs, rng, 0.5, 1.5), kw = random_typed(dt, hs, rng, 0.5, 1.5);
+      Typed dqkv = random_typed(dt, qkv.n, rng), saved(dt, size_t(N) * H * hs);
+      std::vector<float> rstd(size_t(N) * H, 7.0f), dqw = random_f32(hs, rng),
+                                                    dkw = random_f32(hs, rng);
+      const Vec x = qkv.to_double(), g = dqkv.to_double(), dqw0 = as_double(dqw),
+                dkw0 = as_double(dkw);
+      Fixture f;
+      Typed y = qkv;
+      f.k().qk_norm_forward(f.s(), dt, y.data(), saved.data(), rstd.data(), qw.data(), kw.data(),
+                            eps, N, NH, NKV, hs);
+      f.k().qk_norm_backward(f.s(), dt, dqkv.data(), dqw.data(), dkw.data(), saved.data(),
+                             qw.data(), kw.data(), rstd.data(), N, NH, NKV, hs);
+      f.sync();
+      // The heads gathered: q [N NH, hs], k [N NKV, hs] (and their gradients).
+      auto gather = [&](const Vec& v, int h0, int nh) {
+        Vec out(size_t(N) * nh * hs);
+        for (int n = 0; n < N; ++n)
+          for (int h = 0; h < nh; ++h)
+            for (int c = 0; c < hs; ++c)
+              out[(size_t(n) * nh + h) * hs + c] = v[size_t(n) * W + size_t(h0 + h) * hs + c];
+        return out;
+      };
+      const Vec yd = y.to_double(), dd = dqkv.to_double();
+      for (int part = 0; part < 2; ++part) {
+        const int h0 = part == 0 ? 0 : NH, nh = part == 0 ? NH : NKV;
+        const Vec w = (part == 0 ? qw : kw).to_double();
+        SCOPED_TRACE(part == 0 ? "query heads" : "key heads");
+        RmsRef r = ref_rmsnorm(gather(x, h0, nh), w, eps, N * nh, hs);
+        expect_close(gather(yd, h0, nh), r.out, tol_for(dt), "out");
+        Vec gx, gw;
+        ref_rmsnorm_grad(gather(g, h0, nh), gather(x, h0, nh), w, eps, N * nh, hs, gx, gw);
+        expect_close(gather(dd, h0, nh), gx, tol_for(dt), "dinp (replaced)");
+        const Vec& w0 = part == 0 ? dqw0 : dkw0;
+        for (int c = 0; c < hs; ++c) gw[c] += w0[c];
+        expect_close(as_double(part == 0 ? dqw : dkw), gw, dt == DType::kF32 ? 1e-5 : 1e-4,
+                     "dweight");
+        Vec rs(size_t(N) * nh);
+        for (int n = 0; n < N; ++n)
+          for (int h = 0; h < nh; ++h) rs[size_t(n) * nh + h] = rstd[size_t(n) * H + h0 + h];
+        expect_close(rs, r.rstd, 1e-5, "rstd");
+      }
+      // The value heads untouched, forward and backward; saved holds the heads' inputs.
+      const Vec sd = saved.to_double();
+      for (int n = 0; n < N; ++n) {
+        for (size_t c = size_t(H) * hs; c < W; ++c) {
+          ASSERT_EQ(yd[size_t(n) * W + c], x[size_t(n) * W + c]) << "value head, row " << n;
+          ASSERT_EQ(dd[size_t(n) * W + c], g[size_t(n) * W + c]) << "value gradient, row " << n;
+        }
+        for (size_t c = 0; c < size_t(H) * hs; ++c) {
+          ASSERT_EQ(sd[size_t(n) * H * hs + c], x[size_t(n) * W + c]) << "saved, row " << n;
+        }
+      }
+    }
   }
 }
 
@@ -465,19 +537,31 @@ TEST(LlamaKernels, DeterministicAcrossThreadCounts) {
   std::mt19937_64 rng(test_seed(6));
   Typed qkv = random_typed(DType::kBF16, size_t(B) * T * W, rng, -2, 2);
   Typed dout = random_typed(DType::kBF16, size_t(B) * T * NH * hs, rng);
+  Typed qw = random_typed(DType::kBF16, hs, rng, 0.5, 1.5),
+        kw = random_typed(DType::kBF16, hs, rng, 0.5, 1.5);
   std::vector<unsigned char> got[2];
   for (int threads : {1, 3}) {
     Fixture f(threads);
     Typed x = qkv, dx(DType::kBF16, qkv.n), out(DType::kBF16, dout.n);
     std::vector<float> att(size_t(B) * NH * T * T), scratch(att.size());
+    Typed saved(DType::kBF16, size_t(B) * T * (NH + KVH) * hs);
+    std::vector<float> rstd(size_t(B) * T * (NH + KVH)), dqw(hs, 0.0f), dkw(hs, 0.0f);
+    f.k().qk_norm_forward(f.s(), DType::kBF16, x.data(), saved.data(), rstd.data(), qw.data(),
+                          kw.data(), 1e-6f, B * T, NH, KVH, hs);
     f.k().rope_forward(f.s(), DType::kBF16, x.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
     f.k().attention_gqa_forward(f.s(), DType::kBF16, out.data(), att.data(), x.data(), nullptr, B,
                                 T, NH, KVH, hs);
     f.k().attention_gqa_backward(f.s(), DType::kBF16, dx.data(), scratch.data(), dout.data(),
                                  x.data(), att.data(), nullptr, B, T, NH, KVH, hs);
     f.k().rope_backward(f.s(), DType::kBF16, dx.data(), llama3_rope(), nullptr, B, T, NH, KVH, hs);
+    f.k().qk_norm_backward(f.s(), DType::kBF16, dx.data(), dqw.data(), dkw.data(), saved.data(),
+                           qw.data(), kw.data(), rstd.data(), B * T, NH, KVH, hs);
     f.sync();
     got[threads == 1 ? 0 : 1] = dx.bytes;
+    for (const auto* w : {&dqw, &dkw}) {
+      const auto* b = reinterpret_cast<const unsigned char*>(w->data());
+      got[threads == 1 ? 0 : 1].insert(got[threads == 1 ? 0 : 1].end(), b, b + hs * 4);
+    }
   }
   EXPECT_EQ(got[0], got[1]);
 }
@@ -542,6 +626,31 @@ TEST(LlamaKernelsGradCheck, RmsNorm) {
   f.sync();
   fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3);
   fd_check(loss, {w.data(), w.size(), dw.data(), "dweight"}, rng, 1e-3);
+}
+
+TEST(LlamaKernelsGradCheck, QkNorm) {
+  std::mt19937_64 rng(test_seed(13));
+  const int N = 3, NH = 4, NKV = 2, hs = 6;
+  const size_t W = size_t(NH + 2 * NKV) * hs;
+  auto x = random_f32(size_t(N) * W, rng), qw = random_f32(hs, rng, 0.5f, 1.5f),
+       kw = random_f32(hs, rng, 0.5f, 1.5f), dout = random_f32(x.size(), rng);
+  std::vector<float> y(x.size()), saved(size_t(N) * (NH + NKV) * hs), rstd(size_t(N) * (NH + NKV)),
+      dx = dout, dqw(hs, 0.0f), dkw(hs, 0.0f);
+  Fixture f;
+  auto loss = [&] {
+    y = x;
+    f.k().qk_norm_forward(f.s(), DType::kF32, y.data(), saved.data(), rstd.data(), qw.data(),
+                          kw.data(), 1e-5f, N, NH, NKV, hs);
+    f.sync();
+    return dot(y, dout);
+  };
+  loss();
+  f.k().qk_norm_backward(f.s(), DType::kF32, dx.data(), dqw.data(), dkw.data(), saved.data(),
+                         qw.data(), kw.data(), rstd.data(), N, NH, NKV, hs);
+  f.sync();
+  fd_check(loss, {x.data(), x.size(), dx.data(), "dinp"}, rng, 1e-3, 96);
+  fd_check(loss, {qw.data(), qw.size(), dqw.data(), "dqw"}, rng, 1e-3);
+  fd_check(loss, {kw.data(), kw.size(), dkw.data(), "dkw"}, rng, 1e-3);
 }
 
 TEST(LlamaKernelsGradCheck, Swiglu) {

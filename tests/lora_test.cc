@@ -181,8 +181,8 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 // adapters on the routed experts' fused parameters too (peft's target_parameters), the router
 // frozen.
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
-                         ::testing::Values("llama", "qwen2", "gpt2", "mixtral", "qwen2-moe",
-                                           "mixtral-experts", "qwen2-moe-experts"),
+                         ::testing::Values("llama", "qwen2", "qwen3", "gpt2", "mixtral",
+                                           "qwen2-moe", "mixtral-experts", "qwen2-moe-experts"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            for (char& c : n) c = c == '-' ? '_' : c;

@@ -21,6 +21,8 @@ Fixtures:
              model.safetensors.index.json
   llama3     LlamaForCausalLM with tied embeddings and Llama 3.1's llama3 rope scaling
   qwen2      Qwen2ForCausalLM: q/k/v biases, grouped-query attention
+  qwen3      Qwen3ForCausalLM: query/key norms, heads 16 wide (an attention of 64 in a width of
+             32), tied embeddings
   gpt2       GPT2LMHeadModel: Conv1D weights (stored transposed), 32 positions
   llama-bf16 the llama fixture's weights in bfloat16 (the import -> export byte-identity test);
              its reference is computed in fp32 from the bf16 weights
@@ -179,7 +181,7 @@ def write_greedy(d, new_tokens=20):
 
 
 FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "qwen2",
-          "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2"}
+          "qwen3": "qwen2", "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2"}
 
 
 def write(out_dir, name, model, vocab, seed, shard=None, reference_fn=None):
@@ -214,7 +216,7 @@ def main():
                     help="write only the tokenizer files and greedy.json into the existing "
                     "fixtures")
     ap.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(FAMILY),
-                    help="with --tokenizers-only: these fixtures alone")
+                    help="these fixtures alone (VERSIONS records their versions apart)")
     args = ap.parse_args()
     if args.tokenizers_only:
         for name, family in FAMILY.items():
@@ -229,42 +231,73 @@ def main():
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                   rms_norm_eps=1e-5, torch_dtype="float32")
 
-    llama = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
-    randomize(llama, 1)
-    write(args.out, "llama", llama, 100, 1, shard="40KB")
+    def llama():
+        m = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
+        randomize(m, 1)
+        write(args.out, "llama", m, 100, 1, shard="40KB")
 
-    llama3 = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            rope_theta=500000.0, tie_word_embeddings=True,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
-            **common))
-    randomize(llama3, 2)
-    write(args.out, "llama3", llama3, 100, 2)
+    def llama3():
+        m = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                rope_theta=500000.0, tie_word_embeddings=True,
+                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                **common))
+        randomize(m, 2)
+        write(args.out, "llama3", m, 100, 2)
 
-    qwen2 = transformers.Qwen2ForCausalLM(
-        transformers.Qwen2Config(rope_theta=1000000.0, tie_word_embeddings=False,
-                                 use_sliding_window=False, **common))
-    randomize(qwen2, 3)
-    write(args.out, "qwen2", qwen2, 100, 3)
+    def qwen2():
+        m = transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(rope_theta=1000000.0, tie_word_embeddings=False,
+                                     use_sliding_window=False, **common))
+        randomize(m, 3)
+        write(args.out, "qwen2", m, 100, 3)
 
-    gpt2 = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32,
-                                bos_token_id=0, eos_token_id=0,
-                                torch_dtype="float32"))
-    randomize(gpt2, 4)
-    write(args.out, "gpt2", gpt2, 100, 4)
+    def qwen3():
+        m = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(rope_theta=1000000.0, tie_word_embeddings=True,
+                                     head_dim=16, attention_bias=False,
+                                     use_sliding_window=False, **common))
+        randomize(m, 6)
+        write(args.out, "qwen3", m, 100, 6)
 
-    bf16 = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
-    randomize(bf16, 1)
-    bf16 = bf16.to(torch.bfloat16)
-    bf16.config.torch_dtype = torch.bfloat16
-    write(args.out, "llama-bf16", bf16, 100, 5)
+    def gpt2():
+        m = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4,
+                                    n_positions=32, bos_token_id=0, eos_token_id=0,
+                                    torch_dtype="float32"))
+        randomize(m, 4)
+        write(args.out, "gpt2", m, 100, 4)
 
-    with open(os.path.join(args.out, "VERSIONS"), "w") as f:
-        json.dump({"torch": torch.__version__, "transformers": transformers.__version__}, f)
+    def llama_bf16():
+        m = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(rope_theta=50000.0, tie_word_embeddings=False, **common))
+        randomize(m, 1)
+        m = m.to(torch.bfloat16)
+        m.config.torch_dtype = torch.bfloat16
+        write(args.out, "llama-bf16", m, 100, 5)
+
+    # In the order the fixtures were first written (each draws from the seeded generator).
+    builders = {"llama": llama, "llama3": llama3, "qwen2": qwen2, "gpt2": gpt2,
+                "llama-bf16": llama_bf16, "qwen3": qwen3}
+    unknown = set(args.only or []) - set(builders)
+    if unknown:
+        ap.error(f"--only: {sorted(unknown)} are written by tools/make_moe_fixtures.py")
+    for name, build in builders.items():
+        if not args.only or name in args.only:
+            build()
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    path = os.path.join(args.out, "VERSIONS")
+    if args.only:  # the others keep the versions they were written with
+        with open(path) as f:
+            recorded = json.load(f)
+        for name in args.only:
+            recorded.setdefault("fixtures", {})[name] = versions
+        versions = recorded
+    with open(path, "w") as f:
+        json.dump(versions, f)
         f.write("\n")
 
 

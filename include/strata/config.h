@@ -179,6 +179,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
   bool attention_bias = false;  // q/k/v biases (Qwen2)
+  int head_dim = 0;             // a head's width; 0 = n_embd / n_head (Qwen3, Mistral Nemo: more)
+  bool qk_norm = false;         // RMSNorm of each query and key head (Qwen3's q_norm, k_norm)
   struct RopeScaling {          // Llama 3.1's rope_scaling
     std::string type = "none";  // none | llama3
     double factor = 8.0;

@@ -314,6 +314,22 @@ class Kernels {
   virtual void rope_backward(Stream& s, DType dt, void* dqkv, const RopeParams& rope,
                              const int32_t* pos, int B, int T, int NH, int KVH, int hs) = 0;
 
+  // Query/key norms (Qwen3's q_norm, k_norm), IN PLACE on the query and key heads of packed qkv
+  // rows [N,W], W = (NH + 2 NKV) hs, before the rotary embedding: each query head becomes
+  // rmsnorm_forward of it with weight qw [hs], each key head the same with kw [hs]; the value
+  // heads are untouched. saved [N,(NH + NKV) hs] receives the heads as they were (row n: its
+  // query heads, then its key heads) and rstd [N (NH + NKV)] their 1/sqrt(mean(x^2) + eps).
+  virtual void qk_norm_forward(Stream& s, DType dt, void* qkv, void* saved, float* rstd,
+                               const void* qw, const void* kw, float eps, int N, int NH, int NKV,
+                               int hs) = 0;
+  // Its gradient, IN PLACE as rope_backward: dqkv's query and key heads hold the gradient w.r.t.
+  // the normalized heads and get the gradient w.r.t. the heads' inputs (rmsnorm_backward's
+  // arithmetic per head; the value heads are untouched). dqw, dkw [hs] fp32 += the weights'
+  // gradients, summed over the heads in an order that does not depend on threads or blocks.
+  virtual void qk_norm_backward(Stream& s, DType dt, void* dqkv, float* dqw, float* dkw,
+                                const void* saved, const void* qw, const void* kw,
+                                const float* rstd, int N, int NH, int NKV, int hs) = 0;
+
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) = 0;
   virtual void gelu_backward(Stream& s, DType dt, void* dinp, const void* inp, const void* dout,

@@ -162,6 +162,19 @@ class KernelsWrapper : public Kernels {
     forward_op(s, "rope_backward",
                [&](Kernels& k) { k.rope_backward(s, dt, dqkv, rope, pos, B, T, NH, KVH, hs); });
   }
+  void qk_norm_forward(Stream& s, DType dt, void* qkv, void* saved, float* rstd, const void* qw,
+                       const void* kw, float eps, int N, int NH, int NKV, int hs) override {
+    forward_op(s, "qk_norm_forward", [&](Kernels& k) {
+      k.qk_norm_forward(s, dt, qkv, saved, rstd, qw, kw, eps, N, NH, NKV, hs);
+    });
+  }
+  void qk_norm_backward(Stream& s, DType dt, void* dqkv, float* dqw, float* dkw, const void* saved,
+                        const void* qw, const void* kw, const float* rstd, int N, int NH, int NKV,
+                        int hs) override {
+    forward_op(s, "qk_norm_backward", [&](Kernels& k) {
+      k.qk_norm_backward(s, dt, dqkv, dqw, dkw, saved, qw, kw, rstd, N, NH, NKV, hs);
+    });
+  }
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     forward_op(s, "gelu_forward", [&](Kernels& k) { k.gelu_forward(s, dt, out, inp, n); });
   }

@@ -167,6 +167,16 @@ class CpuKernels final : public Kernels {
     run(s, [=] { cpu::rope(dt, dqkv, rope, pos, B, T, NH, KVH, hs, /*inverse=*/true); });
   }
 
+  void qk_norm_forward(Stream& s, DType dt, void* qkv, void* saved, float* rstd, const void* qw,
+                       const void* kw, float eps, int N, int NH, int NKV, int hs) override {
+    run(s, [=] { cpu::qk_norm_forward(dt, qkv, saved, rstd, qw, kw, eps, N, NH, NKV, hs); });
+  }
+  void qk_norm_backward(Stream& s, DType dt, void* dqkv, float* dqw, float* dkw, const void* saved,
+                        const void* qw, const void* kw, const float* rstd, int N, int NH, int NKV,
+                        int hs) override {
+    run(s, [=] { cpu::qk_norm_backward(dt, dqkv, dqw, dkw, saved, qw, kw, rstd, N, NH, NKV, hs); });
+  }
+
   void gelu_forward(Stream& s, DType dt, void* out, const void* inp, size_t n) override {
     run(s, [=] { cpu::gelu_forward(dt, out, inp, n); });
   }

@@ -123,6 +123,13 @@ void rmsnorm_forward(DType dt, void* out, float* rstd, const void* inp, const vo
 void rmsnorm_backward(DType dt, void* dinp, const void* dres, float* dweight, const void* dout,
                       const void* inp, const void* weight, const float* rstd, int N, int C);
 
+// Query/key norms over the heads of packed qkv rows (Kernels::qk_norm_forward / _backward).
+void qk_norm_forward(DType dt, void* qkv, void* saved, float* rstd, const void* qw, const void* kw,
+                     float eps, int N, int NH, int NKV, int hs);
+void qk_norm_backward(DType dt, void* dqkv, float* dqw, float* dkw, const void* saved,
+                      const void* qw, const void* kw, const float* rstd, int N, int NH, int NKV,
+                      int hs);
+
 void swiglu_forward(DType dt, void* out, const void* inp, int N, int H);
 void swiglu_backward(DType dt, void* dinp, const void* inp, const void* dout, int N, int H);
 

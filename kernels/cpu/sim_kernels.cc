@@ -166,6 +166,17 @@ class SimKernels final : public Kernels {
                      int NH, int KVH, int hs) override {
     mem(s, 2.0 * B * T * (NH + KVH) * hs * es(dt));
   }
+  // Read the query and key heads, write them and their saved copy.
+  void qk_norm_forward(Stream& s, DType dt, void*, void*, float*, const void*, const void*, float,
+                       int N, int NH, int NKV, int hs) override {
+    mem(s, double(N) * (NH + NKV) * (3.0 * hs * es(dt) + 4));
+  }
+  // Read the gradient heads twice (weights' sums, then the input gradient) and the saved heads
+  // twice, write the gradient heads.
+  void qk_norm_backward(Stream& s, DType dt, void*, float*, float*, const void*, const void*,
+                        const void*, const float*, int N, int NH, int NKV, int hs) override {
+    mem(s, double(N) * (NH + NKV) * (5.0 * hs * es(dt) + 8));
+  }
   void gelu_forward(Stream& s, DType dt, void*, const void*, size_t n) override {
     mem(s, 2.0 * n * es(dt));
   }

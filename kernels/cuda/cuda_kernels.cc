@@ -200,6 +200,21 @@ class CudaKernels final : public Kernels {
                                    C, cs.reduce, packed_, fused_ops_);
     });
   }
+  void qk_norm_forward(Stream& s, DType dt, void* qkv, void* saved, float* rstd, const void* qw,
+                       const void* kw, float eps, int N, int NH, int NKV, int hs) override {
+    run("qk_norm_forward", s, [&](CudaStream& cs) {
+      return cuda_qk_norm_forward(cs.handle, dt, qkv, saved, rstd, qw, kw, eps, N, NH, NKV, hs,
+                                  packed_);
+    });
+  }
+  void qk_norm_backward(Stream& s, DType dt, void* dqkv, float* dqw, float* dkw, const void* saved,
+                        const void* qw, const void* kw, const float* rstd, int N, int NH, int NKV,
+                        int hs) override {
+    run("qk_norm_backward", s, [&](CudaStream& cs) {
+      return cuda_qk_norm_backward(cs.handle, dt, dqkv, dqw, dkw, saved, qw, kw, rstd, N, NH, NKV,
+                                   hs, cs.reduce, packed_);
+    });
+  }
   void swiglu_forward(Stream& s, DType dt, void* out, const void* inp, int N, int H) override {
     run("swiglu_forward", s, [&](CudaStream& cs) {
       return cuda_swiglu_forward(cs.handle, dt, out, inp, N, H, packed_);

@@ -287,5 +287,13 @@ Status cuda_dequantize_nf4(cudaStream_t s, DType dt, void* x, const uint8_t* q, 
                            size_t n);
 // adamw.cu: optimizer_step_reference's numbers on a shard whose pointers are device memory.
 Status cuda_optimizer_step(cudaStream_t s, const OptimizerHyper& h, const ShardState& st);
+// Query/key norms over the heads of packed qkv rows (Kernels::qk_norm_forward / _backward).
+Status cuda_qk_norm_forward(cudaStream_t s, DType dt, void* qkv, void* saved, float* rstd,
+                            const void* qw, const void* kw, float eps, int N, int NH, int NKV,
+                            int hs, bool packed = true);
+Status cuda_qk_norm_backward(cudaStream_t s, DType dt, void* dqkv, float* dqw, float* dkw,
+                             const void* saved, const void* qw, const void* kw, const float* rstd,
+                             int N, int NH, int NKV, int hs, const CudaReduceScratch& rs,
+                             bool packed = true);
 
 }  // namespace strata

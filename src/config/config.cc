@@ -354,7 +354,7 @@ Status check_model_shape(const ModelConfig& m) {
   if (m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 || m.vocab_size < 2 || m.context < 1) {
     return invalid_argument("model: n_layer, n_head, n_embd, context must be >= 1, vocab >= 2");
   }
-  if (m.n_embd % m.n_head != 0) {
+  if (m.head_dim == 0 && m.n_embd % m.n_head != 0) {
     return invalid_argument(
         fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", m.n_embd, m.n_head));
   }

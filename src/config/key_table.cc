@@ -508,6 +508,11 @@ void TableBuilder::add_model_keys() {
         "llama: RMSNorm epsilon"));
   add(F("model.attention_bias", Bool(), STRATA_M(model.attention_bias),
         "llama: q/k/v projection biases (Qwen2)"));
+  add(F("model.head_dim", Int(0, 1024), STRATA_M(model.head_dim),
+        "llama: a head's width (n_head x head_dim wide attention; Qwen3); 0/auto: n_embd / n_head",
+        nullptr, kAuto));
+  add(F("model.qk_norm", Bool(), STRATA_M(model.qk_norm),
+        "llama: an RMSNorm over each query and key head before the rotary positions (Qwen3)"));
   add(F("model.rope_scaling.type", Enum("none|llama3"), STRATA_M(model.rope_scaling.type),
         "llama: rotary frequency scaling (llama3: Llama 3.1's)"));
   add(F("model.rope_scaling.factor", Real(0, kInf, true, true), STRATA_M(model.rope_scaling.factor),

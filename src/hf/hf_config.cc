@@ -89,8 +89,9 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   if (arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM") {
     return cfg.bad("architectures",
                    fmt::format("\"{}\" normalizes its queries and keys (q_norm, k_norm), which "
-                               "strata's attention does not; MixtralForCausalLM and "
-                               "Qwen2MoeForCausalLM are the mixtures it trains",
+                               "strata's mixtures do not (its dense models do: "
+                               "Qwen3ForCausalLM); MixtralForCausalLM and Qwen2MoeForCausalLM "
+                               "are the mixtures it trains",
                                arch));
   }
   if (family == nullptr) {

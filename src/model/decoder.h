@@ -165,9 +165,9 @@ struct BatchDims {
 // the block definition's per-runner state, if it declares one.
 // A frozen module (LoRA's base) is bound without a gradient buffer (g == nullptr): its matmuls
 // skip the weight gradient (wgrad gives nullptr) and its norms' weight gradients land in
-// `discard` (norm_grad), 2 x n_embd fp32 of scratch. `lora`: the adapters of the block being
-// computed (nullptr without adapters); a block definition calls lora_forward / lora_backward
-// after each of its matmuls.
+// `discard` (norm_grad), 2 x max(n_embd, head size) fp32 of scratch. `lora`: the adapters of the
+// block being computed (nullptr without adapters); a block definition calls lora_forward /
+// lora_backward after each of its matmuls.
 struct DecoderStep : BatchDims {
   Device* dev = nullptr;
   Kernels* k = nullptr;

@@ -51,8 +51,8 @@ class DecoderRunner final : public ModelRunner {
     void *dA = nullptr, *dB = nullptr, *dln = nullptr;
     typename Blocks::AttentionScratch datt;
     typename Blocks::MlpScratch dmlp;
-    float* discard = nullptr;      // 2C fp32: a frozen norm's weight gradients (DecoderStep)
-    LoraRun lora;                  // the adapters' scratch (layout nullptr: none)
+    float* discard = nullptr;  // 2 max(C, hs) fp32: a frozen norm's weight gradients (DecoderStep)
+    LoraRun lora;              // the adapters' scratch (layout nullptr: none)
     void* block_params = nullptr;  // a quantized base: the block being computed, dequantized
   };
 
@@ -122,7 +122,7 @@ class DecoderRunner final : public ModelRunner {
     blocks.carve(c, d, &m->datt);
     blocks.carve(c, d, &m->dmlp);
     if (!lora.empty()) {
-      m->discard = c.take_f32(2 * size_t(sh.n_embd));
+      m->discard = c.take_f32(2 * std::max<size_t>(size_t(sh.n_embd), size_t(blocks.head_size())));
       m->lora.layout = &lora;
       m->lora.carve(c, N, d.es());
     }

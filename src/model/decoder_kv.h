@@ -51,7 +51,7 @@ class DecoderKv final : public KvDecoder {
     blocks.carve(c, d, &m->nf);
     blocks.carve(c, d, &m->att);
     blocks.carve(c, d, &m->mlp);
-    const size_t kv = N * size_t(sh.num_key_value_heads) * size_t(sh.n_embd / sh.n_head) * d.es();
+    const size_t kv = N * size_t(sh.num_key_value_heads) * size_t(blocks.head_size()) * d.es();
     m->k.resize(size_t(sh.n_layer));
     m->v.resize(size_t(sh.n_layer));
     for (int l = 0; l < sh.n_layer; ++l) {

@@ -17,7 +17,14 @@ class Gpt2Blocks {
  public:
   static constexpr const char* kType = "gpt2";
   static constexpr uint64_t kInitStream = 0x9e11;
-  static Status check(const ModelConfig&) { return Status::ok(); }
+  static Status check(const ModelConfig& mc) {
+    if ((mc.head_dim != 0 && mc.head_dim * mc.n_head != mc.n_embd) || mc.qk_norm) {
+      return invalid_argument(
+          "model.head_dim, model.qk_norm: a gpt2 model's heads are n_embd / n_head wide and not "
+          "normalized (these keys are the llama family's: Qwen3's shape is model.type llama)");
+    }
+    return Status::ok();
+  }
 
   explicit Gpt2Blocks(const ModelConfig& s) : s_(s) {
     ModuleSpec b;

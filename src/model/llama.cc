@@ -35,11 +35,12 @@ Status LlamaBlocks::check_attention(const ModelConfig& mc) {
         fmt::format("model.num_key_value_heads: {} does not divide model.n_head {}",
                     mc.num_key_value_heads, mc.n_head));
   }
-  const int hs = mc.n_embd / mc.n_head;
+  const int hs = mc.head_dim > 0 ? mc.head_dim : mc.n_embd / mc.n_head;
   if (hs % 2 != 0 || hs / 2 > kMaxRopePairs) {
-    return invalid_argument(fmt::format(
-        "model.n_head: head size n_embd/n_head = {} must be even and <= {} for rotary positions",
-        hs, 2 * kMaxRopePairs));
+    return invalid_argument(
+        fmt::format("{}: the head size {} must be even and <= {} for rotary positions",
+                    mc.head_dim > 0 ? "model.head_dim" : "model.n_head (head size n_embd/n_head)",
+                    hs, 2 * kMaxRopePairs));
   }
   if (!(float(mc.rms_norm_eps) > 0.0f)) {
     return invalid_argument(fmt::format("model.rms_norm_eps: {} must be > 0", mc.rms_norm_eps));
@@ -90,6 +91,8 @@ bool LlamaBlocks::hf_tensor(const std::string& block, const std::string& n, HfTe
     h->name = block + "self_attn.q_proj.bias", h->shape = {Q};
   } else if (n == "k_bias" || n == "v_bias") {
     h->name = block + "self_attn." + n.substr(0, 1) + "_proj.bias", h->shape = {KV};
+  } else if (n == "q_norm" || n == "k_norm") {
+    h->name = block + "self_attn." + n + ".weight", h->shape = {hs()};
   } else if (n == "o_proj") {
     h->name = block + "self_attn.o_proj.weight", h->shape = {C, Q};
   } else if (n == "gate_proj" || n == "up_proj") {
@@ -106,11 +109,11 @@ Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config) {
   return DecoderArchitecture<LlamaBlocks>::create(config);
 }
 
-// LlamaForCausalLM's config.json and the models of its shape (Mistral, Qwen2; the mixtures add
-// their keys): sizes, rms_norm_eps, the rope (transformers 5's rope_parameters or rope_theta +
-// rope_scaling; llama3 scaling or none), tied embeddings, q/k/v biases (Qwen2: always). A
-// head_dim other than hidden_size / num_attention_heads, an activation other than silu and other
-// rope scalings are refused.
+// LlamaForCausalLM's config.json and the models of its shape (Mistral, Qwen2, Qwen3; the
+// mixtures add their keys): sizes, head_dim, rms_norm_eps, the rope (transformers 5's
+// rope_parameters or rope_theta + rope_scaling; llama3 scaling or none), tied embeddings, q/k/v
+// biases (Qwen2: always), the query/key norms (Qwen3: always). An activation other than silu
+// and other rope scalings are refused.
 Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
                      HfShapeExtras* extras) {
   const nlohmann::json& c = in.json();
@@ -139,11 +142,13 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   STRATA_RETURN_IF_ERROR(in.get_bool("tie_word_embeddings", false, &m->tied_embeddings), "");
   STRATA_RETURN_IF_ERROR(in.get_bool("attention_bias", false, &m->attention_bias), "");
   if (arch == "Qwen2ForCausalLM") m->attention_bias = true;  // Qwen2 always has q/k/v biases
-  if (c.contains("head_dim") && !c["head_dim"].is_null() && m->n_head > 0 &&
-      c["head_dim"] != m->n_embd / m->n_head) {
-    return in.bad("head_dim", fmt::format("{} differs from hidden_size / num_attention_heads = {}; "
-                                          "strata's llama needs them equal",
-                                          c["head_dim"].dump(), m->n_embd / m->n_head));
+  m->qk_norm = arch == "Qwen3ForCausalLM";  // Qwen3 normalizes every query and key head
+  // head_dim: kept only where it differs from hidden_size / num_attention_heads (0 = that).
+  if (c.contains("head_dim") && !c["head_dim"].is_null()) {
+    int hd = 0;
+    STRATA_RETURN_IF_ERROR(in.get_int("head_dim", -1, &hd), "");
+    if (hd < 1) return in.bad("head_dim", fmt::format("{} is not a positive width", hd));
+    if (m->n_head < 1 || int64_t(hd) * m->n_head != m->n_embd) m->head_dim = hd;
   }
   if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
     return in.bad("hidden_act", fmt::format("{} is not silu (SwiGLU)", c["hidden_act"].dump()));
@@ -172,7 +177,7 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   }
   // Mistral's attention is windowed; Qwen2's when use_sliding_window says so.
   bool use_sliding_window = false;
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM") {
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM") {
     STRATA_RETURN_IF_ERROR(in.get_bool("use_sliding_window", false, &use_sliding_window), "");
   }
   extras->sliding =
@@ -180,20 +185,24 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   return Status::ok();
 }
 
-// A llama with q/k/v biases as Qwen2ForCausalLM (Llama's attention_bias also biases o_proj),
-// other llamas (Mistral's too: its weights are Llama's) as LlamaForCausalLM.
+// A llama with query/key norms as Qwen3ForCausalLM, one with q/k/v biases as Qwen2ForCausalLM
+// (Llama's attention_bias also biases o_proj), other llamas (Mistral's too: its weights are
+// Llama's) as LlamaForCausalLM.
 void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
   nlohmann::json& c = *out;
-  const bool qwen2 = m.type == "llama" && m.attention_bias;
+  const bool qwen3 = m.type == "llama" && m.qk_norm;
+  const bool qwen2 = m.type == "llama" && m.attention_bias && !qwen3;
   if (m.type == "llama") {
-    c["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    c["model_type"] = qwen2 ? "qwen2" : "llama";
+    c["architectures"] = {qwen3   ? "Qwen3ForCausalLM"
+                          : qwen2 ? "Qwen2ForCausalLM"
+                                  : "LlamaForCausalLM"};
+    c["model_type"] = qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama";
   }
   c["hidden_size"] = m.n_embd;
   c["num_hidden_layers"] = m.n_layer;
   c["num_attention_heads"] = m.n_head;
   c["num_key_value_heads"] = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.n_head;
-  c["head_dim"] = m.n_embd / m.n_head;
+  c["head_dim"] = m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head;
   c["intermediate_size"] = m.intermediate_size;
   // Rotary positions have no weights: a model trained at a shorter context keeps the length
   // its checkpoint had.
@@ -204,9 +213,10 @@ void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
   c["hidden_act"] = "silu";
   c["initializer_range"] = 0.02;
   c["use_cache"] = true;
-  if (qwen2) {
+  if (qwen2 || qwen3) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
+    if (qwen3) c["attention_bias"] = m.attention_bias;
   } else if (m.type == "llama") {
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
@@ -239,6 +249,7 @@ std::string llama_hf_key(const std::string& strata_key) {
       {"model.context", "max_position_embeddings"},
       {"model.intermediate_size", "intermediate_size"},
       {"model.num_key_value_heads", "num_key_value_heads"},
+      {"model.head_dim", "head_dim"},
       {"model.rope_theta", "rope_theta"},
       {"model.rms_norm_eps", "rms_norm_eps"},
       {"model.rope_scaling.factor", "rope_scaling.factor"},
@@ -256,7 +267,8 @@ std::string llama_hf_key(const std::string& strata_key) {
 const ModelFamily& llama_family() {
   static const ModelFamily kFamily{
       .types = {"llama"},
-      .hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"},
+      .hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM"},
       .create = create_llama,
       .lora_default_targets = {"q_proj", "v_proj"},
       .hf_read = llama_hf_read,

@@ -14,8 +14,9 @@
 namespace strata {
 
 // Llama's parts of a decoder: RMSNorm, grouped-query attention with rotary positions over one
-// packed q|k|v matmul (biases when model.attention_bias), a SwiGLU MLP over one packed gate|up
-// matmul, token embeddings only.
+// packed q|k|v matmul (biases when model.attention_bias; heads model.head_dim wide, each query
+// and key head RMS-normalized before its rotation when model.qk_norm, as Qwen3's), a SwiGLU MLP
+// over one packed gate|up matmul, token embeddings only.
 class LlamaBlocks {
  public:
   static constexpr const char* kType = "llama";
@@ -40,6 +41,8 @@ class LlamaBlocks {
     ln1w_ = tensor_offset(b, "input_layernorm");
     qkvw_ = tensor_offset(b, "q_proj");
     qkvb_ = s_.attention_bias ? tensor_offset(b, "q_bias") : 0;
+    qnw_ = s_.qk_norm ? tensor_offset(b, "q_norm") : 0;
+    knw_ = s_.qk_norm ? tensor_offset(b, "k_norm") : 0;
     ow_ = tensor_offset(b, "o_proj");
     ln2w_ = tensor_offset(b, "post_attention_layernorm");
     guw_ = tensor_offset(b, "gate_proj");
@@ -57,7 +60,7 @@ class LlamaBlocks {
     add_tensor(b, "up_proj", I * C, 0);
     add_tensor(b, "down_proj", C * I, 0);
   }
-  // A block's tensors up to its MLP: input_layernorm, q/k/v (biases), o_proj,
+  // A block's tensors up to its MLP: input_layernorm, q/k/v (biases), the query/key norms, o_proj,
   // post_attention_layernorm (a mixture's block starts the same way).
   void attention_tensors(ModuleSpec& b) const {
     const size_t C = s_.n_embd, Q = size_t(s_.n_head) * hs(),
@@ -70,6 +73,10 @@ class LlamaBlocks {
       add_tensor(b, "q_bias", Q, 1);
       add_tensor(b, "k_bias", KV, 1);
       add_tensor(b, "v_bias", KV, 1);
+    }
+    if (s_.qk_norm) {
+      add_tensor(b, "q_norm", size_t(hs()), 2);
+      add_tensor(b, "k_norm", size_t(hs()), 2);
     }
     add_tensor(b, "o_proj", C * Q, 0);
     add_tensor(b, "post_attention_layernorm", C, 2);
@@ -86,21 +93,32 @@ class LlamaBlocks {
   std::string describe(const ModelLayout& layout) const {
     return fmt::format(
         "Llama {} layers, {} heads ({} key/value), width {}, MLP {}, vocab {} (padded {}), "
-        "context {}, rope theta {}{}{}{}: {:.2f}M params in {} modules",
+        "context {}, rope theta {}{}{}{}{}: {:.2f}M params in {} modules",
         s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
         s_.vocab_size, s_.padded_vocab_size, s_.context, rope_.theta,
         rope_.llama3 ? " (llama3 scaling)" : "", s_.attention_bias ? ", qkv bias" : "",
-        s_.tied_embeddings ? ", tied head" : "", double(layout.num_params()) / 1e6,
-        layout.modules.size());
+        attention_note(), s_.tied_embeddings ? ", tied head" : "",
+        double(layout.num_params()) / 1e6, layout.modules.size());
   }
   std::string shape_string() const {
     return fmt::format(
-        "llama L={} NH={} KVH={} C={} I={} V={} Vp={} T={} tied={} qkv_bias={} eps={} theta={} "
-        "llama3={} factor={} low={} high={} orig={}",
-        s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
-        s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings, s_.attention_bias,
-        eps_, rope_.theta, rope_.llama3, rope_.factor, rope_.low_freq_factor,
-        rope_.high_freq_factor, rope_.original_max_position);
+               "llama L={} NH={} KVH={} C={} I={} V={} Vp={} T={} tied={} qkv_bias={} eps={} "
+               "theta={} "
+               "llama3={} factor={} low={} high={} orig={}",
+               s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
+               s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings,
+               s_.attention_bias, eps_, rope_.theta, rope_.llama3, rope_.factor,
+               rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position) +
+           attention_shape();
+  }
+  // describe()'s and shape_string()'s words for a head width other than n_embd / n_head and the
+  // query/key norms ("" for neither: the strings of checkpoints written before them).
+  std::string attention_note() const {
+    return (wide_heads() ? fmt::format(", heads {} wide", hs()) : std::string()) +
+           (s_.qk_norm ? ", q/k norms" : "");
+  }
+  std::string attention_shape() const {
+    return wide_heads() || s_.qk_norm ? fmt::format(" hd={} qk_norm={}", hs(), s_.qk_norm) : "";
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
   std::string hf_block_prefix(int l) const { return fmt::format("model.layers.{}.", l); }
@@ -133,9 +151,11 @@ class LlamaBlocks {
   };
   // qkv [N,W] after the rotary embedding (the attention's input), atty [N,A]; att (fp32): the
   // probabilities [B,NH,T,T], or with the fused attention each row's log-sum-exp [B,NH,T].
+  // With the query/key norms: the heads before them, qk_in [N,(NH + NKV) hs], and their
+  // qk_rstd [N (NH + NKV)] (Kernels::qk_norm_forward).
   struct AttentionActs {
-    void *qkv = nullptr, *atty = nullptr;
-    float* att = nullptr;
+    void *qkv = nullptr, *atty = nullptr, *qk_in = nullptr;
+    float *att = nullptr, *qk_rstd = nullptr;
   };
   struct MlpActs {
     void *gu = nullptr, *act = nullptr;  // gate|up [N,2I], SwiGLU's output [N,I]
@@ -152,6 +172,11 @@ class LlamaBlocks {
     a->qkv = c.take(d.N() * size_t(qkv_width()) * d.es());
     a->atty = c.take(d.N() * size_t(s_.n_head) * hs() * d.es());
     a->att = static_cast<float*>(c.take(att_bytes(d)));
+    if (s_.qk_norm) {
+      const size_t heads = d.N() * size_t(s_.n_head + s_.num_key_value_heads);
+      a->qk_in = c.take(heads * size_t(hs()) * d.es());
+      a->qk_rstd = c.take_f32(heads);
+    }
   }
   void carve(Carver& c, const BatchDims& d, MlpActs* a) const {
     a->gu = c.take(d.N() * 2 * size_t(s_.intermediate_size) * d.es());
@@ -200,7 +225,8 @@ class LlamaBlocks {
     st.k->rmsnorm_backward(*st.s, st.dt, din, dres, st.norm_grad(g, at), dout, in, param(p, st, at),
                            n.rstd, int(st.N()), s_.n_embd);
   }
-  // a.qkv = q|k|v of `in` (with the adapters' part), rotated at the tokens' positions.
+  // a.qkv = q|k|v of `in` (with the adapters' part; the query and key heads normalized with the
+  // query/key norms), rotated at the tokens' positions.
   void qkv_forward(const DecoderStep& st, const void* p, const void* in,
                    const AttentionActs& a) const {
     const int NH = s_.n_head, KVH = s_.num_key_value_heads;
@@ -208,6 +234,10 @@ class LlamaBlocks {
                          s_.attention_bias ? param(p, st, qkvb_) : nullptr, int(st.N()), s_.n_embd,
                          qkv_width());
     st.lora_forward(kQkv, in, a.qkv);
+    if (s_.qk_norm) {
+      st.k->qk_norm_forward(*st.s, st.dt, a.qkv, a.qk_in, a.qk_rstd, param(p, st, qnw_),
+                            param(p, st, knw_), eps_, int(st.N()), NH, KVH, hs());
+    }
     st.k->rope_forward(*st.s, st.dt, a.qkv, rope_, st.pos, st.B, st.T, NH, KVH, hs());
   }
   void attention_forward(const DecoderStep& st, const void* p, const void* in,
@@ -258,8 +288,13 @@ class LlamaBlocks {
       k.attention_gqa_backward(s, st.dt, d.dqkv, d.datt, d.datty, a.qkv, a.att, st.pos, st.B, st.T,
                                NH, KVH, hs);
     }
-    // From the rotated q/k back to the projections' outputs.
+    // From the rotated q/k back to the projections' outputs (through the query/key norms).
     k.rope_backward(s, st.dt, d.dqkv, rope_, st.pos, st.B, st.T, NH, KVH, hs);
+    if (s_.qk_norm) {  // a frozen block's weight gradients land in discard (2 hs there)
+      k.qk_norm_backward(s, st.dt, d.dqkv, g ? g + qnw_ : st.discard,
+                         g ? g + knw_ : st.discard + hs, a.qk_in, param(p, st, qnw_),
+                         param(p, st, knw_), a.qk_rstd, N, NH, KVH, hs);
+    }
     k.matmul_backward(s, st.dt, din, st.wgrad(g, qkvw_),
                       s_.attention_bias ? st.wgrad(g, qkvb_) : nullptr, d.dqkv, in,
                       param(p, st, qkvw_), N, C, W, /*accumulate=*/false);
@@ -291,7 +326,8 @@ class LlamaBlocks {
   }
 
  protected:
-  int hs() const { return s_.n_embd / s_.n_head; }
+  int hs() const { return s_.head_dim > 0 ? s_.head_dim : s_.n_embd / s_.n_head; }
+  bool wide_heads() const { return s_.head_dim > 0 && s_.head_dim * s_.n_head != s_.n_embd; }
   int qkv_width() const { return (s_.n_head + 2 * s_.num_key_value_heads) * hs(); }  // W
   static const char* param(const void* p, const DecoderStep& st, size_t at) {
     return static_cast<const char*>(p) + at * st.es();
@@ -307,7 +343,7 @@ class LlamaBlocks {
   float eps_;
   RopeParams rope_;
   // The block tensors' offsets (elements) in its flat buffer.
-  size_t ln1w_, qkvw_, qkvb_, ow_, ln2w_, guw_, downw_;
+  size_t ln1w_, qkvw_, qkvb_, qnw_, knw_, ow_, ln2w_, guw_, downw_;
 };
 
 }  // namespace strata

@@ -30,6 +30,12 @@ class MoeBlocks : public LlamaBlocks {
  public:
   static Status check_moe(const ModelConfig& mc) {
     STRATA_RETURN_IF_ERROR(check_attention(mc), "");
+    if (mc.qk_norm || (mc.head_dim > 0 && int64_t(mc.head_dim) * mc.n_head != mc.n_embd)) {
+      return invalid_argument(
+          "model.qk_norm, model.head_dim: strata's mixtures have heads n_embd / n_head wide and no "
+          "query/key norms (set head_dim to 0 and qk_norm to false; Qwen3's dense models are "
+          "model.type llama with both)");
+    }
     if (mc.num_experts < 1) {
       return invalid_argument(fmt::format(
           "model.num_experts: a {} model needs its experts per layer (>= 1, as its config.json's "
@@ -108,22 +114,25 @@ class MoeBlocks : public LlamaBlocks {
     const double active = total - double(expert) * (1.0 - double(K_) / E_);
     return fmt::format(
         "{} {} layers, {} heads ({} key/value), width {}, {} experts of width {} (top {}{}){}, "
-        "vocab {} (padded {}), context {}, rope theta {}{}: {:.2f}M params ({:.2f}M active per "
+        "vocab {} (padded {}), context {}, rope theta {}{}{}: {:.2f}M params ({:.2f}M active per "
         "token) in {} modules",
         s_.type == "mixtral" ? "Mixtral" : "Qwen2-MoE", s_.n_layer, s_.n_head,
         s_.num_key_value_heads, s_.n_embd, E_, Ie_, K_, s_.norm_topk_prob ? ", renormalized" : "",
         Is_ > 0 ? fmt::format(", shared expert {}", Is_) : std::string(), s_.vocab_size,
         s_.padded_vocab_size, s_.context, rope_.theta, s_.attention_bias ? ", qkv bias" : "",
-        total / 1e6, active / 1e6, layout.modules.size());
+        attention_note(), total / 1e6, active / 1e6, layout.modules.size());
   }
   std::string shape_string() const {
     return fmt::format(
-        "{} L={} NH={} KVH={} C={} E={} K={} Ie={} Is={} norm_topk={} aux={} V={} Vp={} T={} "
-        "tied={} qkv_bias={} eps={} theta={} llama3={} factor={} low={} high={} orig={}",
-        s_.type, s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, E_, K_, Ie_, Is_,
-        s_.norm_topk_prob, s_.router_aux_loss_coef, s_.vocab_size, s_.padded_vocab_size, s_.context,
-        s_.tied_embeddings, s_.attention_bias, eps_, rope_.theta, rope_.llama3, rope_.factor,
-        rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position);
+               "{} L={} NH={} KVH={} C={} E={} K={} Ie={} Is={} norm_topk={} aux={} V={} Vp={} "
+               "T={} "
+               "tied={} qkv_bias={} eps={} theta={} llama3={} factor={} low={} high={} orig={}",
+               s_.type, s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, E_, K_, Ie_, Is_,
+               s_.norm_topk_prob, s_.router_aux_loss_coef, s_.vocab_size, s_.padded_vocab_size,
+               s_.context, s_.tied_embeddings, s_.attention_bias, eps_, rope_.theta, rope_.llama3,
+               rope_.factor, rope_.low_freq_factor, rope_.high_freq_factor,
+               rope_.original_max_position) +
+           attention_shape();
   }
   std::vector<HfTensor> hf_tensors(const ModuleSpec& m) const;
   // LoRA's sites: the attention's q|k|v and o_proj, and Qwen2-MoE's shared expert (gate|up,

@@ -22,13 +22,16 @@ struct Preset {
   // the shared expert's (0: none), whether the top-k weights are renormalized
   int experts = 0, top_k = 0, expert_width = 0, shared_width = 0;
   bool norm_topk = true;
+  // Qwen3's attention: a head's width (0: width / heads) and the query/key norms
+  int head_dim = 0;
+  bool qk_norm = false;
 };
 
 // GPT shapes from the GPT-2 release and the GPT-3 paper (Table 2.1). Llama-family shapes from
 // their Hugging Face config.json (meta-llama/Llama-2-*-hf, Meta-Llama-3-*, Llama-3.1-405B,
-// Qwen/Qwen2.5-*, mistralai/Mistral-7B-v0.1); the parameter counts they give are the published
-// ones exactly (Plan.PresetParamCounts). context: the longest sequence strata trains them at as
-// the checkpoint defines them (Mistral: its 4096-token sliding window; strata's attention is
+// Qwen/Qwen2.5-*, Qwen/Qwen3-*, mistralai/Mistral-7B-v0.1); the parameter counts they give are the
+// published ones exactly (Plan.PresetParamCounts). context: the longest sequence strata trains them
+// at as the checkpoint defines them (Mistral: its 4096-token sliding window; strata's attention is
 // full, so no more).
 constexpr Preset kPresets[] = {
     {"gpt2-124m", "gpt2", 12, 768, 12, 50257, 1024, 0, 0, true, false, 0, ""},
@@ -47,6 +50,14 @@ constexpr Preset kPresets[] = {
      "context 131072 (rope_scaling llama3); --seq picks the trained length"},
     {"qwen2.5-7b", "llama", 28, 3584, 28, 152064, 32768, 4, 18944, false, true, 1e6, ""},
     {"qwen2.5-72b", "llama", 80, 8192, 64, 152064, 32768, 8, 29568, false, true, 1e6, ""},
+    // Qwen3's dense models: heads 128 wide (an attention of 2048 in Qwen3-0.6B's width 1024),
+    // query/key norms; context 40960 as their config.json's max_position_embeddings.
+    {"qwen3-0.6b", "llama", 28, 1024, 16, 151936, 40960, 8,    3072, true,
+     false,        1e6,     "", 0,    0,  0,      0,     true, 128,  true},
+    {"qwen3-8b", "llama", 36, 4096, 32, 151936, 40960, 8,    12288, false,
+     false,      1e6,     "", 0,    0,  0,      0,     true, 128,   true},
+    {"qwen3-32b", "llama", 64, 5120, 64, 151936, 40960, 8,    25600, false,
+     false,       1e6,     "", 0,    0,  0,      0,     true, 128,   true},
     {"mistral-7b", "llama", 32, 4096, 32, 32000, 4096, 8, 14336, false, false, 1e4,
      "context 4096: Mistral's sliding window (strata's attention is full)"},
     // Mixtures of experts (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B):
@@ -87,6 +98,8 @@ Result<PlanModel> model_preset(const std::string& name) {
     m.shape.num_key_value_heads = p.kv_heads;
     m.shape.intermediate_size = p.intermediate;
     m.shape.attention_bias = p.qkv_bias;
+    m.shape.head_dim = p.head_dim;
+    m.shape.qk_norm = p.qk_norm;
     if (p.rope_theta > 0) m.shape.rope_theta = p.rope_theta;
     m.shape.num_experts = p.experts;
     if (p.experts > 0) {
