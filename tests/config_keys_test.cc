@@ -135,6 +135,57 @@ TEST(Config, OriginPrefixesMessage) {
   EXPECT_EQ(r.status().message(), "configs/x.json: zero_optimization.stage: 4 out of range [0, 3]");
 }
 
+// An error about a value an override gave names the override, not the file (the file is fine):
+// a number, an enum string, a bool, a nested DeepSpeed key, an unknown key, a whole section. An
+// error across keys names the file with the overrides of the keys it names; the file's own
+// errors still name the file.
+TEST(Config, OverrideErrorsNameTheOverrideNotTheFile) {
+  const std::string file = R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train.steps=-3", "--set train.steps=-3: train.steps: -3 out of range"},
+      {"optimizer.type=Adamm", "--set optimizer.type=Adamm: optimizer.type: \"Adamm\" is not one"},
+      {"fp16.enabled=maybe", "--set fp16.enabled=maybe: fp16.enabled: expected boolean"},
+      {"zero_optimization.offload_optimizer.device=gpu",
+       "--set zero_optimization.offload_optimizer.device=gpu: "
+       "zero_optimization.offload_optimizer.device: \"gpu\" is not one of"},
+      {"zero_optimization.offload_parm.device=nvme",
+       "--set zero_optimization.offload_parm.device=nvme: zero_optimization.offload_parm: "
+       "unknown key"},
+      {R"(zero_optimization={"stage": 9})",
+       R"(--set zero_optimization={"stage": 9}: zero_optimization.stage: 9 out of range)"},
+      {"train.steps", "--set train.steps: expected path=value"},
+      {"train_batch_size=7",
+       "configs/x.json with --set train_batch_size=7: train_batch_size (7) must equal"},
+      {R"(data={"seq_len": 100000})",
+       R"(configs/x.json with --set data={"seq_len": 100000}: data.seq_len: 100000 is longer)"},
+  };
+  for (const auto& [ov, head] : cases) {
+    Result<Config> r = parse_config(file, "configs/x.json", {"train.seed=3", ov});
+    ASSERT_FALSE(r.is_ok()) << ov;
+    EXPECT_EQ(r.status().message().rfind(head, 0), 0u) << r.status().message();
+  }
+  // The last override of a key is the one named; one of another key is not.
+  Result<Config> twice =
+      parse_config(file, "configs/x.json", {"train.steps=-1", "train.steps=-2", "train.seed=3"});
+  ASSERT_FALSE(twice.is_ok());
+  EXPECT_EQ(twice.status().message().rfind("--set train.steps=-2: ", 0), 0u)
+      << twice.status().message();
+  Result<Config> in_file = parse_config(R"({"train_batch_size": 8, "train": {"steps": -3}})",
+                                        "configs/x.json", {"train.seed=3", "fp16.enabled=false"});
+  ASSERT_FALSE(in_file.is_ok());
+  EXPECT_EQ(in_file.status().message().rfind("configs/x.json: train.steps: -3 out of range", 0), 0u)
+      << in_file.status().message();
+  // A long value is cut short in the origin (a JSON value nested too deep: the message stays
+  // short).
+  Result<Config> deep = parse_config(file, "configs/x.json",
+                                     {"amp=" + std::string(10000, '[') + std::string(10000, ']')});
+  ASSERT_FALSE(deep.is_ok());
+  EXPECT_EQ(deep.status().message().rfind("--set amp=[[[", 0), 0u) << deep.status().message();
+  EXPECT_NE(deep.status().message().find("(20004 characters)"), std::string::npos)
+      << deep.status().message();
+  EXPECT_LT(deep.status().message().size(), 400u) << deep.status().message();
+}
+
 // The batch triple against the rule itself, on random values and random subsets of given keys.
 TEST(Config, BatchTripleRandomized) {
   std::mt19937 rng(std::random_device{}());

@@ -335,14 +335,18 @@ struct Config {
 // Parses a JSON document (the file's text) into a Config, applying `overrides` ("a.b.c=value",
 // value parsed as JSON, or as a string if it is not valid JSON) before validation, then
 // resolves "auto" and the batch triple for `world_size` ranks. `origin` names the source in
-// messages (a file path or "<string>").
+// messages (a file path or "<string>"); an override is named as the command line gives it,
+// "--set a.b.c=value".
 //
-// Errors are kInvalidArgument with one message "<origin>: <json path>: <what>", e.g.
+// Errors are kInvalidArgument with one message "<origin>: <json path>: <what>", where the origin
+// is the file, or the override that gave the key, e.g.
 // "configs/x.json: zero_optimization.stage: 4 out of range [0, 3]",
 // "configs/x.json: zero_optimization.offload_parm: unknown key; did you mean offload_param?",
-// "configs/x.json: override \"a.b=1\": a: unknown key; did you mean ...?". JSON null means "the
-// default" (DeepSpeed's None); a key given twice in one object is an error. The full key list,
-// defaults and ranges: docs/CONFIG.md (generated from the parser's table).
+// "--set train.steps=-3: train.steps: -3 out of range [0, inf)",
+// "--set a.b=1: a: unknown key; did you mean ...?". An error across keys names the file and the
+// overrides of the keys it names: "configs/x.json with --set train_batch_size=7: ...". JSON null
+// means "the default" (DeepSpeed's None); a key given twice in one object is an error. The full
+// key list, defaults and ranges: docs/CONFIG.md (generated from the parser's table).
 Result<Config> parse_config(const std::string& json_text, const std::string& origin,
                             const std::vector<std::string>& overrides = {}, int world_size = 1);
 // OK when `config` describes a model; otherwise an error saying how to give one (a DeepSpeed

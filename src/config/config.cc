@@ -43,10 +43,13 @@ namespace {
 using json = nlohmann::json;
 using namespace config_internal;
 
-Status walk(const json& obj, const std::string& section, Ctx* ctx) {
+// Walks `obj`, the document's `section`, into ctx. On an error *at is the path of the key it is
+// about (the parser names where that key came from: the file or an override).
+Status walk(const json& obj, const std::string& section, Ctx* ctx, std::string* at) {
   const Schema& s = schema();
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     const std::string path = join(section, it.key());
+    *at = path;
     const json& v = it.value();
     auto leaf = s.leaf.find(path);
     if (leaf != s.leaf.end()) {
@@ -70,7 +73,7 @@ Status walk(const json& obj, const std::string& section, Ctx* ctx) {
     if (s.children.count(path)) {
       if (v.is_null()) continue;
       if (!v.is_object()) return type_error(path, "object", v);
-      STRATA_RETURN_IF_ERROR(walk(v, path, ctx), "");
+      STRATA_RETURN_IF_ERROR(walk(v, path, ctx, at), "");
       continue;
     }
     return unknown_key(section, it.key());
@@ -78,11 +81,12 @@ Status walk(const json& obj, const std::string& section, Ctx* ctx) {
   return Status::ok();
 }
 
+// Writes the override `text` ("a.b.c=value") into doc. Its errors are about `text`, which the
+// caller names.
 Status apply_override(json* doc, const std::string& text) {
   size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return invalid_argument(
-        fmt::format("override \"{}\": expected path=value, e.g. zero_optimization.stage=3", text));
+    return invalid_argument("expected path=value, e.g. zero_optimization.stage=3");
   }
   std::string path = text.substr(0, eq);
   std::string value_text = text.substr(eq + 1);
@@ -92,7 +96,7 @@ Status apply_override(json* doc, const std::string& text) {
   const Key* leaf = nullptr;
   for (size_t i = 0; i < segs.size(); ++i) {
     if (segs[i].empty()) {
-      return invalid_argument(fmt::format("override \"{}\": empty name in path", text));
+      return invalid_argument(fmt::format("{}: empty name in path", path));
     }
     std::string full = join(section, segs[i]);
     auto it = s.leaf.find(full);
@@ -100,18 +104,17 @@ Status apply_override(json* doc, const std::string& text) {
       leaf = &s.keys[it->second];
       if (leaf->type.kind == Kind::kAny) break;  // free-form below this key
       if (i + 1 != segs.size()) {
-        return invalid_argument(
-            fmt::format("override \"{}\": {} is a value, not a section", text, full));
+        return invalid_argument(fmt::format("{} is a value, not a section", full));
       }
       break;
     }
     if (!s.children.count(full)) {
-      return unknown_key(section, segs[i]).with_context(fmt::format("override \"{}\"", text));
+      return unknown_key(section, segs[i]);
     }
     section = full;
   }
   Status depth = check_json_depth(value_text);
-  if (!depth.is_ok()) return depth.with_context(fmt::format("override \"{}\"", path));
+  if (!depth.is_ok()) return depth;
   json value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = value_text;  // not JSON (or 1e400): a string
 
@@ -129,6 +132,54 @@ Status apply_override(json* doc, const std::string& text) {
   }
   (*cur)[segs.back()] = std::move(value);
   return Status::ok();
+}
+
+// How messages name an override: the command line's spelling of it, a long value cut short.
+std::string override_origin(const std::string& text) {
+  constexpr size_t kMost = 80;
+  if (text.size() <= kMost) return "--set " + text;
+  return fmt::format("--set {}... ({} characters)", text.substr(0, kMost), text.size());
+}
+
+// True when `text` names the key `path` or a key below it (not another key that starts or ends
+// with the same letters: train.steps is not train.steps_per_print).
+bool names_key(const std::string& text, const std::string& path) {
+  auto word = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+  };
+  for (size_t at = text.find(path); at != std::string::npos; at = text.find(path, at + 1)) {
+    const size_t end = at + path.size();
+    if ((at == 0 || !word(text[at - 1])) &&
+        (end == text.size() || !word(text[end]) || text[end] == '.')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The origin of an error about the key at `at`: the last override that gave it (its own path or
+// a section above it), else `origin`, the file.
+std::string key_origin(const std::vector<std::pair<std::string, std::string>>& applied,
+                       const std::string& at, const std::string& origin) {
+  for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
+    const std::string& p = it->first;
+    if (at == p || (at.size() > p.size() && at.compare(0, p.size(), p) == 0 && at[p.size()] == '.'))
+      return override_origin(it->second);
+  }
+  return origin;
+}
+
+// The origin of an error across keys (the batch triple, precision, ...): the file, with the
+// overrides of the keys the message names ("x.json with --set train_batch_size=7").
+std::string rule_origin(const std::vector<std::pair<std::string, std::string>>& applied,
+                        const std::string& message, const std::string& origin) {
+  std::string out = origin;
+  std::set<std::string> named;
+  for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
+    if (!names_key(message, it->first) || !named.insert(it->first).second) continue;
+    out += fmt::format("{} {}", named.size() == 1 ? " with" : ",", override_origin(it->second));
+  }
+  return out;
 }
 
 std::string value_text(const json& v) {
@@ -318,14 +369,20 @@ Result<Config> parse_config(const std::string& json_text, const std::string& ori
     return invalid_argument(
         fmt::format("{}: world_size {} must be at least 1", origin, world_size));
   }
+  // (path, override) of each override applied, in order: an error names the one that gave its
+  // key rather than the file.
+  std::vector<std::pair<std::string, std::string>> applied;
   for (const std::string& ov : overrides) {
     Status st = apply_override(&doc, ov);
-    if (!st.is_ok()) return st.with_context(origin);
+    if (!st.is_ok()) return st.with_context(override_origin(ov));
+    applied.emplace_back(ov.substr(0, ov.find('=')), ov);
   }
   Ctx ctx;
-  Status st = walk(doc, "", &ctx);
-  if (st.is_ok()) st = resolve(&ctx, world_size);
-  if (!st.is_ok()) return st.with_context(origin);
+  std::string at;
+  Status st = walk(doc, "", &ctx, &at);
+  if (!st.is_ok()) return st.with_context(key_origin(applied, at, origin));
+  st = resolve(&ctx, world_size);
+  if (!st.is_ok()) return st.with_context(rule_origin(applied, st.message(), origin));
   list_not_acted_on(&ctx);
   // strata.optimizer.defer says where an overlapped step that clipping holds back runs: without
   // the overlap there is no such step, and the key does nothing.
