@@ -126,6 +126,26 @@ TEST_F(Hardening, ProbeHostBytesBeyondTheHostAreRefused) {
   EXPECT_TRUE(contains(r.status().message(), "at least 4 KiB")) << r.status().message();
 }
 
+// strata probe --path with an NVMe file of no whole block (--nvme-bytes 0 or 1.5 MiB) is refused
+// naming --nvme-bytes before any probe runs (it ran the memory, optimizer and GEMM probes, then
+// refused naming strata probe io's --size).
+TEST_F(Hardening, ProbeNvmeBytesOfNoWholeBlockAreRefusedFirst) {
+  const auto dir = temp_dir("probe_nvme_bytes");
+  MachineProbeOptions o;
+  o.include_cuda = false;
+  o.nvme_paths = {dir};
+  for (uint64_t bytes : {uint64_t{0}, uint64_t{3} << 19}) {
+    o.nvme_file_bytes = bytes;
+    int steps = 0;
+    auto r = run_machine_probe(o, [&](int, int, const std::string&) { ++steps; });
+    ASSERT_FALSE(r.is_ok()) << bytes;
+    EXPECT_TRUE(contains(r.status().message(), fmt::format("--nvme-bytes {}: ", bytes)))
+        << r.status().message();
+    EXPECT_EQ(steps, 0) << r.status().message();
+  }
+  fs::remove_all(dir);
+}
+
 // strata probe io: a queue depth the storage engine refuses is refused before the sweep's
 // buffers are made (a depth of 6000 made 6 GiB of them, then every case was skipped, exit 0).
 TEST_F(Hardening, ProbeIoQueueDepthsOutsideTheEnginesRangeAreRefused) {

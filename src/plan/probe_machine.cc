@@ -438,9 +438,8 @@ Result<json> probe_device(Device& dev, const MachineProbeOptions& o) {
   return d;
 }
 
-// Step 5: NVMe read/write on the given paths (striped, and each alone when several).
-Result<json> probe_nvme(const MachineProbeOptions& o) {
-  if (o.nvme_paths.empty()) return json("n/a: no --path given");
+// The NVMe probe's sweep: a short grid on the given paths, striped.
+IoProbeOptions nvme_probe_options(const MachineProbeOptions& o) {
   IoProbeOptions io;
   io.paths = o.nvme_paths;
   io.file_bytes = o.nvme_file_bytes;
@@ -448,6 +447,13 @@ Result<json> probe_nvme(const MachineProbeOptions& o) {
   io.queue_depths = {8, 32};
   io.warmup = o.warmup;
   io.repeats = std::max(2, o.repeats / 2);
+  return io;
+}
+
+// Step 5: NVMe read/write on the given paths (striped, and each alone when several).
+Result<json> probe_nvme(const MachineProbeOptions& o) {
+  if (o.nvme_paths.empty()) return json("n/a: no --path given");
+  const IoProbeOptions io = nvme_probe_options(o);
   STRATA_ASSIGN_OR_RETURN(IoProbeReport rep, run_io_probe(io), "NVMe probe");
   double rd = 0, wr = 0;
   for (const auto& c : rep.cases) {
@@ -544,6 +550,17 @@ Result<std::string> run_machine_probe(
         "--host-bytes {}: the memory probe takes two buffers of it, more than the {} bytes "
         "available; give at most {}",
         o.host_bytes, avail, avail / 2));
+  }
+  // The NVMe probe's file holds whole blocks: refused here, before the probes ahead of it run
+  // (the storage probe's own refusal came minutes later and named strata probe io's --size).
+  if (!o.nvme_paths.empty()) {
+    const size_t block = nvme_probe_options(o).block_sizes.front();
+    if (o.nvme_file_bytes < block || o.nvme_file_bytes % block != 0) {
+      return invalid_argument(fmt::format(
+          "--nvme-bytes {}: the NVMe probe moves blocks of {} bytes; give a whole number of "
+          "them (e.g. 256MiB, the default)",
+          o.nvme_file_bytes, block));
+    }
   }
   const int total = 6;
   auto step = [&](int i, const std::string& what) {
