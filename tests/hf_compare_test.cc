@@ -231,6 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfCompare,
                                            Case{"qwen2", DType::kF32}, Case{"qwen3", DType::kF32},
                                            Case{"gpt2", DType::kF32}, Case{"mixtral", DType::kF32},
                                            Case{"qwen2-moe", DType::kF32},
+                                           Case{"qwen3-moe", DType::kF32},
                                            Case{"llama-bf16", DType::kBF16},
                                            Case{"llama", DType::kBF16}),
                          [](const auto& info) {
@@ -376,7 +377,7 @@ TEST(HfImport, DeepSpeedConfigWithoutAModelIsRefused) {
 }
 
 // A mixture's checkpoint: more experts than the files hold is named at the router's tensor; what
-// strata's mixtures do not do (Qwen3-MoE's and OLMoE's q/k norms, a sparse step, router jitter) is
+// strata's mixtures do not do (OLMoE's q/k norms over all heads, a sparse step, router jitter) is
 // refused naming the key.
 TEST(HfImport, MixtureMismatchesNameTheExpertOrTheKey) {
   std::string e =
@@ -387,9 +388,13 @@ TEST(HfImport, MixtureMismatchesNameTheExpertOrTheKey) {
   EXPECT_NE(e.find("has shape [4, 32], but config.json (and model.context) make it [5, 32]"),
             std::string::npos)
       << e;
+  e = open_error(copy_fixture("qwen2-moe", "olmoe",
+                              [](json& c) { c["architectures"] = {"OlmoeForCausalLM"}; }));
+  EXPECT_NE(e.find("q_norm"), std::string::npos) << e;
+  // Qwen2-MoE's weights under a Qwen3-MoE config.json: the first query norm is missing.
   e = open_error(copy_fixture("qwen2-moe", "qwen3",
                               [](json& c) { c["architectures"] = {"Qwen3MoeForCausalLM"}; }));
-  EXPECT_NE(e.find("q_norm"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.layers.0.self_attn.q_norm.weight"), std::string::npos) << e;
   e = open_error(
       copy_fixture("qwen2-moe", "sparse_step", [](json& c) { c["decoder_sparse_step"] = 2; }));
   EXPECT_NE(e.find("decoder_sparse_step"), std::string::npos) << e;

@@ -80,6 +80,11 @@ json draw_model(uint64_t seed) {
         m["shared_expert_intermediate_size"] = d.pick<int>({32, 64});
       }
       if (type == "qwen2_moe") m["attention_bias"] = d.coin(70);
+      // Qwen3-MoE: no shared expert, query/key norms, maybe wider heads.
+      if (type == "qwen2_moe" && !m.contains("shared_expert_intermediate_size") && d.coin(50)) {
+        m["qk_norm"] = true;
+        if (d.coin(50)) m["head_dim"] = 2 * head_dim;
+      }
     }
   } else {
     m["tied_embeddings"] = true;  // GPT-2 ties them

@@ -182,7 +182,8 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 // frozen.
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
                          ::testing::Values("llama", "qwen2", "qwen3", "gpt2", "mixtral",
-                                           "qwen2-moe", "mixtral-experts", "qwen2-moe-experts"),
+                                           "qwen2-moe", "qwen3-moe", "mixtral-experts",
+                                           "qwen2-moe-experts"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            for (char& c : n) c = c == '-' ? '_' : c;

@@ -55,7 +55,7 @@ inline json fixture_lora(const std::string& base) {
   }
   if (base == "gpt2")
     return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
-  if (base == "mixtral") {
+  if (base == "mixtral" || base == "qwen3-moe") {  // the attention: no shared expert
     return {
         {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"q_proj", "k_proj", "v_proj", "o_proj"}}};
   }

@@ -167,13 +167,17 @@ def write_tokenizer(d, family, vocab=100):
 
 def write_greedy(d, new_tokens=20):
     """greedy.json: transformers' greedy continuation of a tokenized prompt from the fixture's
-    weights (`strata generate` must give the same tokens), in fp32."""
+    weights (`strata generate` must give the same tokens), in fp32: each token the argmax of
+    the model's forward over the sequence so far, an end-of-sequence token too (no stop, and
+    none suppressed to reach the length)."""
     tok = transformers.AutoTokenizer.from_pretrained(d)
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     prompt = tok("the model writes", return_tensors="pt")["input_ids"]
+    out = prompt
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=0)
+        for _ in range(new_tokens):
+            nxt = model(input_ids=out, use_cache=False).logits[0, -1].argmax()
+            out = torch.cat([out, nxt.view(1, 1)], dim=1)
     with open(os.path.join(d, "greedy.json"), "w") as f:
         json.dump({"prompt": "the model writes", "prompt_ids": prompt[0].tolist(),
                    "ids": out[0, prompt.shape[1]:].tolist()}, f)
@@ -181,7 +185,8 @@ def write_greedy(d, new_tokens=20):
 
 
 FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "qwen2",
-          "qwen3": "qwen2", "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2"}
+          "qwen3": "qwen2", "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2",
+          "qwen3-moe": "qwen2"}
 
 
 def write(out_dir, name, model, vocab, seed, shard=None, reference_fn=None):

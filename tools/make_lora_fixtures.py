@@ -2,7 +2,7 @@
 """Writes the LoRA fixtures of tests/lora_test.cc (tests/fixtures/hf/lora-<base>/) with peft.
 
 For each base fixture (tests/fixtures/hf/{llama,qwen2,qwen3,gpt2}, tools/make_hf_fixtures.py, and the
-mixtures {mixtral,qwen2-moe}, tools/make_moe_fixtures.py) in fp32:
+mixtures {mixtral,qwen2-moe,qwen3-moe}, tools/make_moe_fixtures.py) in fp32:
 peft.get_peft_model(base, LoraConfig(r=4, lora_alpha=8, every linear layer of a block)), and
 for the mixtures' lora-<base>-experts their routed experts' fused parameters too
 (target_parameters, peft's ParamWrapper: lora_A [E*r, in], lora_B [out, r*E]), its
@@ -51,6 +51,8 @@ TARGETS = {
     "qwen2-moe-experts": ["q_proj", "v_proj"],
     # Qwen3: its query/key norms frozen with the base, their gradients flowing through.
     "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    # Qwen3-MoE: the attention (its mixture has no shared expert).
+    "qwen3-moe": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
 PARAMETERS = {
     "mixtral-experts": ["experts.gate_up_proj", "experts.down_proj"],
@@ -58,7 +60,7 @@ PARAMETERS = {
 }
 # The mixtures' gradients are of loss + router_aux_loss_coef * aux_loss, as strata trains them
 # (tools/make_moe_fixtures.py).
-MOE = {"mixtral", "qwen2-moe"}
+MOE = {"mixtral", "qwen2-moe", "qwen3-moe"}
 
 
 def base_of(name):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the mixture-of-experts fixtures of tests/hf_compare_test.cc (tests/fixtures/hf/):
-tiny random MixtralForCausalLM and Qwen2MoeForCausalLM checkpoints saved by `transformers`, and
+tiny random MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM checkpoints saved by
+`transformers`, and
 their reference.safetensors, as tools/make_hf_fixtures.py writes them (tokens, targets, logits,
 per-token losses, eval corpus and loss) plus:
   loss      [1] the mean per-token cross-entropy (without the auxiliary loss)
@@ -8,7 +9,8 @@ per-token losses, eval corpus and loss) plus:
   grad.<n>  d(loss + router_aux_loss_coef * aux_loss)/d(parameter), under the name the
             checkpoint stores it by: transformers 5 keeps a layer's experts stacked in memory
             (experts.gate_up_proj [E, 2I, C], experts.down_proj [E, C, I]) but saves one tensor
-            per expert (Mixtral experts.<e>.w1/w3/w2, Qwen2-MoE experts.<e>.gate/up/down_proj),
+            per expert (Mixtral experts.<e>.w1/w3/w2, Qwen2-MoE's and Qwen3-MoE's
+            experts.<e>.gate/up/down_proj),
             and the references are split the same way (checked against the saved tensors).
 
 Fixtures (router_aux_loss_coef 0.1, so that the auxiliary loss's gradient is well above the
@@ -16,9 +18,11 @@ tests' tolerance):
   mixtral    2 layers, 4 experts of width 48, top 2 (renormalized), grouped-query attention
   qwen2-moe  2 layers, 6 experts of width 24, top 2 not renormalized, a shared expert of width 40
              with its sigmoid gate, q/k/v biases
+  qwen3-moe  2 layers, 6 experts of width 24, top 2 renormalized, no shared expert, query/key
+             norms, heads 16 wide (an attention of 64 in a width of 32)
 
 Off the hot path; run it by hand in a virtual environment with torch and transformers:
-VENV/bin/python tools/make_moe_fixtures.py [--out tests/fixtures/hf].
+VENV/bin/python tools/make_moe_fixtures.py [--out tests/fixtures/hf] [--only NAME...].
 """
 import argparse
 import os
@@ -99,25 +103,38 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                   "fixtures", "hf"))
+    ap.add_argument("--only", nargs="+", choices=["mixtral", "qwen2-moe", "qwen3-moe"],
+                    help="these fixtures alone")
     args = ap.parse_args()
+    want = lambda name: not args.only or name in args.only  # noqa: E731
     torch.manual_seed(0)
     common = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-5,
                   tie_word_embeddings=False, num_experts_per_tok=2, router_aux_loss_coef=COEF,
                   torch_dtype="float32")
-    mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
-        intermediate_size=48, num_local_experts=4, rope_theta=1e6, sliding_window=None,
-        **common))
-    randomize(mixtral, 11)
-    write(args.out, "mixtral", mixtral, 100, 11,
-          reference_fn=lambda d, m, v, s: reference(d, m, v, s, "mixtral"))
-    qwen = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
-        intermediate_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=40,
-        num_experts=6, norm_topk_prob=False, rope_theta=1e6, use_sliding_window=False,
-        **common))
-    randomize(qwen, 12)
-    write(args.out, "qwen2-moe", qwen, 100, 12,
-          reference_fn=lambda d, m, v, s: reference(d, m, v, s, "qwen2_moe"))
+    if want("mixtral"):
+        mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            intermediate_size=48, num_local_experts=4, rope_theta=1e6, sliding_window=None,
+            **common))
+        randomize(mixtral, 11)
+        write(args.out, "mixtral", mixtral, 100, 11,
+              reference_fn=lambda d, m, v, s: reference(d, m, v, s, "mixtral"))
+    if want("qwen2-moe"):
+        qwen = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+            intermediate_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+            num_experts=6, norm_topk_prob=False, rope_theta=1e6, use_sliding_window=False,
+            **common))
+        randomize(qwen, 12)
+        write(args.out, "qwen2-moe", qwen, 100, 12,
+              reference_fn=lambda d, m, v, s: reference(d, m, v, s, "qwen2_moe"))
+    if want("qwen3-moe"):
+        qwen3 = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            intermediate_size=64, moe_intermediate_size=24, num_experts=6, norm_topk_prob=True,
+            head_dim=16, attention_bias=False, rope_theta=1e6, use_sliding_window=False,
+            **common))
+        randomize(qwen3, 13)
+        write(args.out, "qwen3-moe", qwen3, 100, 13,
+              reference_fn=lambda d, m, v, s: reference(d, m, v, s, "qwen3_moe"))
 
 
 if __name__ == "__main__":

@@ -86,12 +86,12 @@ Result<ModelConfig> model_config_from_hf(const std::string& dir, int context) {
   }
   const std::string arch = c["architectures"][0].get<std::string>();
   const ModelFamily* family = family_for_hf_architecture(arch);
-  if (arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM") {
+  if (arch == "OlmoeForCausalLM") {
     return cfg.bad("architectures",
-                   fmt::format("\"{}\" normalizes its queries and keys (q_norm, k_norm), which "
-                               "strata's mixtures do not (its dense models do: "
-                               "Qwen3ForCausalLM); MixtralForCausalLM and Qwen2MoeForCausalLM "
-                               "are the mixtures it trains",
+                   fmt::format("\"{}\" normalizes its queries and keys over all heads at once, "
+                               "which strata's attention does not (Qwen3's per-head q_norm and "
+                               "k_norm it does); MixtralForCausalLM, Qwen2MoeForCausalLM and "
+                               "Qwen3MoeForCausalLM are the mixtures it trains",
                                arch));
   }
   if (family == nullptr) {

@@ -142,7 +142,8 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   STRATA_RETURN_IF_ERROR(in.get_bool("tie_word_embeddings", false, &m->tied_embeddings), "");
   STRATA_RETURN_IF_ERROR(in.get_bool("attention_bias", false, &m->attention_bias), "");
   if (arch == "Qwen2ForCausalLM") m->attention_bias = true;  // Qwen2 always has q/k/v biases
-  m->qk_norm = arch == "Qwen3ForCausalLM";  // Qwen3 normalizes every query and key head
+  // Qwen3 normalizes every query and key head.
+  m->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
   // head_dim: kept only where it differs from hidden_size / num_attention_heads (0 = that).
   if (c.contains("head_dim") && !c["head_dim"].is_null()) {
     int hd = 0;
@@ -177,7 +178,8 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   }
   // Mistral's attention is windowed; Qwen2's when use_sliding_window says so.
   bool use_sliding_window = false;
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM") {
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM" ||
+      arch == "Qwen3MoeForCausalLM") {
     STRATA_RETURN_IF_ERROR(in.get_bool("use_sliding_window", false, &use_sliding_window), "");
   }
   extras->sliding =

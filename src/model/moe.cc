@@ -30,11 +30,19 @@ class MoeBlocks : public LlamaBlocks {
  public:
   static Status check_moe(const ModelConfig& mc) {
     STRATA_RETURN_IF_ERROR(check_attention(mc), "");
-    if (mc.qk_norm || (mc.head_dim > 0 && int64_t(mc.head_dim) * mc.n_head != mc.n_embd)) {
+    // Qwen3-MoE's attention (query/key norms, heads of any width) is qwen2_moe's with qk_norm,
+    // and has no shared expert: the shapes transformers has.
+    const bool wide = mc.head_dim > 0 && int64_t(mc.head_dim) * mc.n_head != mc.n_embd;
+    if ((mc.qk_norm || wide) && (mc.type != "qwen2_moe" || !mc.qk_norm)) {
       return invalid_argument(
-          "model.qk_norm, model.head_dim: strata's mixtures have heads n_embd / n_head wide and no "
-          "query/key norms (set head_dim to 0 and qk_norm to false; Qwen3's dense models are "
-          "model.type llama with both)");
+          "model.qk_norm, model.head_dim: of the mixtures only Qwen3-MoE (model.type qwen2_moe "
+          "with qk_norm true) normalizes its queries and keys or has heads other than n_embd / "
+          "n_head wide (set head_dim to 0 and qk_norm to false, or qk_norm true on qwen2_moe)");
+    }
+    if (mc.qk_norm && mc.shared_expert_intermediate_size != 0) {
+      return invalid_argument(
+          "model.shared_expert_intermediate_size: Qwen3-MoE (qwen2_moe with qk_norm) has no "
+          "shared expert; set it to 0");
     }
     if (mc.num_experts < 1) {
       return invalid_argument(fmt::format(
@@ -116,8 +124,11 @@ class MoeBlocks : public LlamaBlocks {
         "{} {} layers, {} heads ({} key/value), width {}, {} experts of width {} (top {}{}){}, "
         "vocab {} (padded {}), context {}, rope theta {}{}{}: {:.2f}M params ({:.2f}M active per "
         "token) in {} modules",
-        s_.type == "mixtral" ? "Mixtral" : "Qwen2-MoE", s_.n_layer, s_.n_head,
-        s_.num_key_value_heads, s_.n_embd, E_, Ie_, K_, s_.norm_topk_prob ? ", renormalized" : "",
+        s_.type == "mixtral" ? "Mixtral"
+        : s_.qk_norm         ? "Qwen3-MoE"
+                             : "Qwen2-MoE",
+        s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, E_, Ie_, K_,
+        s_.norm_topk_prob ? ", renormalized" : "",
         Is_ > 0 ? fmt::format(", shared expert {}", Is_) : std::string(), s_.vocab_size,
         s_.padded_vocab_size, s_.context, rope_.theta, s_.attention_bias ? ", qkv bias" : "",
         attention_note(), total / 1e6, active / 1e6, layout.modules.size());
@@ -602,10 +613,12 @@ Status moe_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m
                    HfShapeExtras* extras) {
   STRATA_RETURN_IF_ERROR(llama_hf_read(in, arch, m, extras), "");
   const nlohmann::json& c = in.json();
-  const bool mixtral = arch == "MixtralForCausalLM";
+  const bool mixtral = arch == "MixtralForCausalLM", qwen3 = arch == "Qwen3MoeForCausalLM";
   m->type = mixtral ? "mixtral" : "qwen2_moe";
-  STRATA_RETURN_IF_ERROR(
-      in.get_int(mixtral ? "num_local_experts" : "num_experts", -1, &m->num_experts), "");
+  // Qwen3-MoE's checkpoints say num_experts; transformers 5 writes num_local_experts for it.
+  const char* experts =
+      mixtral || (qwen3 && !in.has("num_experts")) ? "num_local_experts" : "num_experts";
+  STRATA_RETURN_IF_ERROR(in.get_int(experts, -1, &m->num_experts), "");
   STRATA_RETURN_IF_ERROR(in.get_int("num_experts_per_tok", 2, &m->num_experts_per_tok), "");
   const char* coef = "router_aux_loss_coef";
   if (in.has(coef)) {
@@ -624,10 +637,13 @@ Status moe_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m
     }
     return Status::ok();
   }
-  m->attention_bias = true;  // qkv_bias, true unless said otherwise
-  STRATA_RETURN_IF_ERROR(in.get_bool("qkv_bias", true, &m->attention_bias), "");
+  if (!qwen3) {
+    m->attention_bias = true;  // qkv_bias, true unless said otherwise
+    STRATA_RETURN_IF_ERROR(in.get_bool("qkv_bias", true, &m->attention_bias), "");
+  }
   STRATA_RETURN_IF_ERROR(in.get_int("moe_intermediate_size", -1, &m->moe_intermediate_size), "");
-  if (c.contains("shared_expert_intermediate_size") && c["shared_expert_intermediate_size"] != 0) {
+  if (!qwen3 && c.contains("shared_expert_intermediate_size") &&
+      c["shared_expert_intermediate_size"] != 0) {
     STRATA_RETURN_IF_ERROR(
         in.get_int("shared_expert_intermediate_size", 0, &m->shared_expert_intermediate_size), "");
   }
@@ -645,9 +661,11 @@ Status moe_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m
 
 void moe_hf_write(const ModelConfig& m, nlohmann::json* out) {
   nlohmann::json& c = *out;
-  const bool mixtral = m.type == "mixtral";
-  c["architectures"] = {mixtral ? "MixtralForCausalLM" : "Qwen2MoeForCausalLM"};
-  c["model_type"] = mixtral ? "mixtral" : "qwen2_moe";
+  const bool mixtral = m.type == "mixtral", qwen3 = !mixtral && m.qk_norm;
+  c["architectures"] = {mixtral ? "MixtralForCausalLM"
+                        : qwen3 ? "Qwen3MoeForCausalLM"
+                                : "Qwen2MoeForCausalLM"};
+  c["model_type"] = mixtral ? "mixtral" : qwen3 ? "qwen3_moe" : "qwen2_moe";
   llama_hf_write(m, out);
   c["num_experts_per_tok"] = m.num_experts_per_tok;
   c["router_aux_loss_coef"] = m.router_aux_loss_coef;
@@ -663,9 +681,14 @@ void moe_hf_write(const ModelConfig& m, nlohmann::json* out) {
   }
   c["num_experts"] = m.num_experts;
   c["moe_intermediate_size"] = expert_width;
-  c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
   c["norm_topk_prob"] = m.norm_topk_prob;
-  c["qkv_bias"] = m.attention_bias;
+  if (qwen3) {
+    c.erase("num_local_experts");  // transformers 5's spelling of num_experts, if the base had it
+    c["attention_bias"] = m.attention_bias;
+  } else {
+    c["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    c["qkv_bias"] = m.attention_bias;
+  }
   c["decoder_sparse_step"] = 1;
   c["mlp_only_layers"] = nlohmann::json::array();
   c["use_sliding_window"] = false;
@@ -689,10 +712,10 @@ std::string moe_hf_key(const std::string& type, const std::string& strata_key) {
 namespace {
 
 // A mixture's family: Llama's block with experts, read and written by moe_hf_read/write.
-ModelFamily moe_family(const char* type, const char* hf_architecture) {
+ModelFamily moe_family(const char* type, std::vector<std::string> hf_architectures) {
   return {
       .types = {type},
-      .hf_architectures = {hf_architecture},
+      .hf_architectures = std::move(hf_architectures),
       .create = create_moe,
       .lora_default_targets = {"q_proj", "v_proj"},
       .hf_read = moe_hf_read,
@@ -705,12 +728,14 @@ ModelFamily moe_family(const char* type, const char* hf_architecture) {
 }  // namespace
 
 const ModelFamily& mixtral_family() {
-  static const ModelFamily kFamily = moe_family("mixtral", "MixtralForCausalLM");
+  static const ModelFamily kFamily = moe_family("mixtral", {"MixtralForCausalLM"});
   return kFamily;
 }
 
 const ModelFamily& qwen2_moe_family() {
-  static const ModelFamily kFamily = moe_family("qwen2_moe", "Qwen2MoeForCausalLM");
+  // Qwen3-MoE: Qwen2-MoE's mixture without the shared expert, Qwen3's attention (qk_norm).
+  static const ModelFamily kFamily =
+      moe_family("qwen2_moe", {"Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"});
   return kFamily;
 }
 

@@ -67,11 +67,10 @@ constexpr Preset kPresets[] = {
      14336},
     {"mixtral-8x22b", "mixtral", 56, 6144, 48, 32768, 65536, 8, 16384, false, false, 1e6, "", 8, 2,
      16384},
-    {"qwen3-30b-a3b", "qwen2_moe", 48, 2048, 32, 151936, 40960, 4, 6144, false, false, 1e6,
-     "Qwen3-MoE: its head_dim 128 (attention 4096 wide) and q/k norms are planned as a 2048-wide "
-     "attention (0.45B fewer parameters of 30.5B); strata trains qwen2_moe, not Qwen3's "
-     "attention",
-     128, 8, 768, 0, true},
+    // Qwen3-MoE: qwen2_moe without a shared expert, Qwen3's attention (heads 128 wide, an
+    // attention of 4096 in the width 2048; query/key norms).
+    {"qwen3-30b-a3b", "qwen2_moe", 48, 2048, 32, 151936, 40960, 4,    6144, false,
+     false,           1e6,         "", 128,  8,  768,    0,     true, 128,  true},
 };
 
 }  // namespace
