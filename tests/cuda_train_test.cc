@@ -78,18 +78,24 @@ void expect_losses_match(const TrainResult& cpu, const TrainResult& gpu) {
               kLossTol * cpu.eval_losses.back().second);
 }
 
+// The config's run with `extra` on the CPU backend, then the CUDA backend, in `dir`: the
+// losses match (expect_losses_match).
+void expect_backends_match(const std::string& dir, const std::vector<std::string>& extra = {}) {
+  TrainOptions o;
+  o.progress = false;
+  auto cpu = train(config("cpu", dir + "/cpu", extra), o);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto gpu = train(config("cuda", dir + "/cuda", extra), o);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  expect_losses_match(*cpu, *gpu);
+}
+
 TEST(CudaTraining, MatchesTheCpuBackend) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
   set_log_level(LogLevel::kWarn);
   const std::string dir = scratch_dir("strata_cuda_train");
-  TrainOptions o;
-  o.progress = false;
-  auto cpu = train(config("cpu", dir + "/cpu"), o);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto gpu = train(config("cuda", dir + "/cuda"), o);
-  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  expect_losses_match(*cpu, *gpu);
+  expect_backends_match(dir);
   fs::remove_all(dir);
 }
 
@@ -104,13 +110,7 @@ TEST(CudaTraining, Qwen3AttentionMatchesTheCpuBackend) {
   const std::vector<std::string> qwen3 = {
       "model.type=\"llama\"", "model.intermediate_size=128", "model.num_key_value_heads=2",
       "model.head_dim=32",    "model.qk_norm=true",          "model.tied_embeddings=true"};
-  TrainOptions o;
-  o.progress = false;
-  auto cpu = train(config("cpu", dir + "/cpu", qwen3), o);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto gpu = train(config("cuda", dir + "/cuda", qwen3), o);
-  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  expect_losses_match(*cpu, *gpu);
+  expect_backends_match(dir, qwen3);
   fs::remove_all(dir);
 }
 
@@ -132,13 +132,7 @@ TEST(CudaTraining, ChatPackedPerSequenceMatchesTheCpuBackend) {
   const std::vector<std::string> chat = {
       "data.source=\"" + file + "\"", "model.type=\"llama\"", "model.num_key_value_heads=2",
       "model.intermediate_size=128", "data.packing=\"sequence\""};
-  TrainOptions o;
-  o.progress = false;
-  auto cpu = train(config("cpu", dir + "/cpu", chat), o);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto gpu = train(config("cuda", dir + "/cuda", chat), o);
-  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  expect_losses_match(*cpu, *gpu);
+  expect_backends_match(dir, chat);
   fs::remove_all(dir);
 }
 
@@ -153,13 +147,7 @@ TEST(CudaTraining, QloraNf4BaseMatchesTheCpuBackend) {
   const std::vector<std::string> lora = {"lora.r=8", "lora.lora_alpha=16",
                                          "lora.target_modules=[\"c_attn\",\"c_fc\"]",
                                          "lora.base_quantization=\"nf4\""};
-  TrainOptions o;
-  o.progress = false;
-  auto cpu = train(config("cpu", dir + "/cpu", lora), o);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto gpu = train(config("cuda", dir + "/cuda", lora), o);
-  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  expect_losses_match(*cpu, *gpu);
+  expect_backends_match(dir, lora);
   fs::remove_all(dir);
 }
 
@@ -181,13 +169,7 @@ TEST(CudaTraining, MixtureExpertsLoraMatchesTheCpuBackend) {
       "lora.lora_alpha=8",
       "lora.target_modules=[\"q_proj\",\"v_proj\"]",
       "lora.target_parameters=[\"experts.gate_up_proj\",\"experts.down_proj\"]"};
-  TrainOptions o;
-  o.progress = false;
-  auto cpu = train(config("cpu", dir + "/cpu", moe), o);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto gpu = train(config("cuda", dir + "/cuda", moe), o);
-  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
-  expect_losses_match(*cpu, *gpu);
+  expect_backends_match(dir, moe);
   fs::remove_all(dir);
 }
 

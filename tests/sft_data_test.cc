@@ -274,6 +274,41 @@ TEST(SftData, EvalSourceIsTheHeldOutFile) {
   EXPECT_EQ(direct->tokens, loss_tokens);
 }
 
+// An eval that takes every held-out window (data.eval_batches at or past the batches that hold
+// them) gives strata eval's loss: the last batch's rows that wrap to the start are computed but
+// not counted (they had counted the first windows twice), on a plain held-out file and on a
+// chat one (its targets the assistant tokens).
+TEST(HeldOutEval, EveryWindowIsStrataEvalsLoss) {
+  const std::string dir = test::temp_dir("strata_sft", "whole_eval");
+  const std::string train_file = chat_file(dir, "train.bin", 200, 21).path;
+  // 13 windows of T = 64 (tiny-cpu's context), fewer than 4 batches of 4 hold.
+  std::vector<uint16_t> plain(13 * 64 + 1);
+  for (size_t i = 0; i < plain.size(); ++i) plain[i] = uint16_t((i * 37 + i / 5) % kVocab);
+  const std::string plain_file = dir + "/held.u16";
+  std::ofstream(plain_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(plain.data()), std::streamsize(plain.size() * 2));
+  const std::string chat = chat_file(dir, "held.bin", 30, 22).path;
+  int run = 0;
+  for (const std::string& held : {plain_file, chat}) {
+    SCOPED_TRACE(held);
+    const std::string d = dir + "/run" + std::to_string(run++);
+    const Config cfg = test::tiny_cpu(
+        d, {own_swap(d), "train.steps=1", "train.eval_interval=1",
+            "scheduler.params.warmup_num_steps=1", "data.eval_batches=1000",
+            "data.source=\"" + train_file + "\"", "data.eval_source=\"" + held + "\""});
+    auto data = Dataset::load(cfg.data, cfg.model.vocab_size, cfg.train.seed);
+    ASSERT_TRUE(data.is_ok()) << data.status().to_string();
+    const size_t windows = data->eval_windows(cfg.model.context);
+    const size_t rows = size_t(cfg.train_micro_batch_size_per_gpu);
+    ASSERT_NE(windows % rows, 0u) << "the last batch must wrap for this test to mean anything";
+    const TrainResult r = test::must_train(cfg);
+    ASSERT_FALSE(r.eval_losses.empty());
+    auto e = evaluate(cfg, EvalOptions{});  // the initial weights: step 0's eval
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_EQ(r.eval_losses.front().second, e->loss);
+  }
+}
+
 // Fine-tuning on chat data: the held-out loss on the assistant turns falls (the replies copy
 // their prompts, which a model learns), and it is the masked mean (a plain eval of the same
 // tokens differs).

@@ -129,9 +129,14 @@ class Run {
   Status step_optimizer(const GradStats& stats, double scale, bool delayed, bool speculate,
                         bool not_under_backward);
   // The eval loss over data.eval_batches batches, at most those that hold the held-out windows
-  // once (more would count windows again). nullopt: cut short by a stop signal (one rank: the
+  // once (more would count windows again); where those batches take every window, the loss
+  // strata eval gives (whole_eval_loss). nullopt: cut short by a stop signal (one rank: the
   // ranks run an eval's collectives together, so with several it runs to its end).
   Result<std::optional<double>> eval_loss();
+  // The mean loss over every held-out window once, in `batches` eval batches whose last rows
+  // past the end wrap to the start and are computed but not counted; `tokens`: the targets
+  // counted. With `stoppable` (one rank) a stop signal cuts it short: nullopt.
+  Result<std::optional<double>> whole_eval_loss(size_t batches, bool stoppable, int64_t* tokens);
   // Runs eval batch i (the forward alone); its per-token losses land in losses_ (run_eval.cc).
   Status eval_batch(int i);
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).

@@ -30,15 +30,21 @@ Result<std::optional<double>> Run::eval_loss() {
   double sum = 0;
   // eval_batch(i) takes B*world windows from i*B*world on, wrapping past the end: the batches
   // that hold every window once are enough (2147483647 of them ran for days, ignoring Ctrl-C).
-  const size_t rows = size_t(B_) * size_t(world_);
-  const size_t whole = (data_->eval_windows(T_) + rows - 1) / rows;
+  const size_t rows = size_t(B_) * size_t(world_), windows = data_->eval_windows(T_);
+  const size_t whole = (windows + rows - 1) / rows;
   const int n = int(std::min<size_t>(size_t(std::max(1, cfg_.data.eval_batches)), whole));
   if (n < cfg_.data.eval_batches && !eval_cap_logged_) {
     eval_cap_logged_ = true;
     log_info(
         "eval: data.eval_batches {} is more than the {} batch(es) that hold the {} held-out "
         "windows: evaluating {}",
-        cfg_.data.eval_batches, whole, data_->eval_windows(T_), n);
+        cfg_.data.eval_batches, whole, windows, n);
+  }
+  // Every window, the last batch's rows past the end wrapping to the start: those are not
+  // counted (they had counted the first windows twice), so the loss is strata eval's.
+  if (size_t(n) * rows > windows) {
+    int64_t tokens = 0;
+    return whole_eval_loss(size_t(n), world_ == 1, &tokens);
   }
   for (int i = 0; i < n; ++i) {
     if (world_ == 1 && opts_.stop_signal && opts_.stop_signal->load() != 0) {
@@ -60,6 +66,27 @@ Result<std::optional<double>> Run::eval_loss() {
   return std::optional<double>(world_ > 1 ? double(total) / world_ : sum / (double(n) * B_ * T_));
 }
 
+Result<std::optional<double>> Run::whole_eval_loss(size_t batches, bool stoppable,
+                                                   int64_t* tokens) {
+  const size_t windows = data_->eval_windows(T_), rows = size_t(B_) * size_t(world_);
+  double sum = 0;
+  for (size_t i = 0; i < batches; ++i) {
+    if (stoppable && opts_.stop_signal && opts_.stop_signal->load() != 0) {
+      return std::optional<double>();
+    }
+    STRATA_RETURN_IF_ERROR(eval_batch(int(i)), "");
+    for (size_t b = 0; b < size_t(B_); ++b) {
+      if (i * rows + size_t(rank_) * size_t(B_) + b >= windows) break;
+      for (size_t t = 0; t < size_t(T_); ++t) sum += losses_[b * size_t(T_) + t];
+    }
+  }
+  *tokens = 0;  // the targets that count (every one of each window's T without a loss mask)
+  for (size_t w = 0; w < windows; ++w) *tokens += data_->eval_window_targets(w, T_);
+  float total = static_cast<float>(sum);
+  STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
+  return std::optional<double>((world_ > 1 ? double(total) : sum) / double(*tokens));
+}
+
 Result<EvalResult> Run::evaluate() {
   EvalResult r;
   r.rank = rank_;
@@ -75,20 +102,10 @@ Result<EvalResult> Run::evaluate() {
   log_info("eval: {} windows of {} tokens, {} batch(es) of {} x {} rank(s)", windows, T_, batches,
            B_, world_);
   const auto t0 = Clock::now();
-  double sum = 0;
-  for (size_t i = 0; i < batches; ++i) {
-    STRATA_RETURN_IF_ERROR(eval_batch(int(i)), "");
-    for (size_t b = 0; b < size_t(B_); ++b) {
-      if (i * rows + size_t(rank_) * size_t(B_) + b >= windows) break;
-      for (size_t t = 0; t < size_t(T_); ++t) sum += losses_[b * size_t(T_) + t];
-    }
-  }
+  Result<std::optional<double>> loss = whole_eval_loss(batches, false, &r.tokens);
+  STRATA_RETURN_IF_ERROR(loss.status(), "");
   r.windows = int64_t(windows);
-  r.tokens = 0;  // the targets that count (every one of each window's T without a loss mask)
-  for (size_t w = 0; w < windows; ++w) r.tokens += data_->eval_window_targets(w, T_);
-  float total = static_cast<float>(sum);
-  STRATA_RETURN_IF_ERROR(reduce(&total, 1, ReduceOp::kSum), "reducing the eval loss");
-  r.loss = (world_ > 1 ? double(total) : sum) / double(r.tokens);
+  r.loss = **loss;
   r.perplexity = std::exp(r.loss);
   log_info("eval: {} tokens in {:.2f} s", r.tokens, seconds_since(t0));
   return r;

@@ -1,15 +1,18 @@
 #!/bin/bash
-# A ~110M-parameter Llama on the CPU (docs/BENCHMARKS.md, "Llama and Hugging Face checkpoints"):
+# A ~110M-parameter Llama on the CPU (docs/BENCHMARKS.md, "Llama and Hugging Face checkpoints"),
+# or with MODEL=qwen3 the same shape with Qwen3's attention (heads 128 wide: an attention of 1536
+# in the width 768; query/key norms; ~129M parameters):
 #   1. import: model.from_pretrained of a transformers-written checkpoint (random weights, bf16,
 #      made here with transformers and kept in $WORK, never committed) into each tier, timed by
 #      strata's own "loaded ... in S s" line (strata eval on a one-window token file);
 #   2. training tokens/s, strata's CPU backend against PyTorch's CPU training of the same model
-#      (transformers' LlamaForCausalLM, bf16 autocast, fp32 AdamW), in alternated runs: strata,
+#      (transformers' LlamaForCausalLM or Qwen3ForCausalLM, bf16 autocast, fp32 AdamW), in
+#      alternated runs: strata,
 #      torch, strata, torch, ... Each run trains STEPS steps of B x T tokens; the first WARMUP
 #      (default 2) steps of each run are dropped; the rest are reported as median tokens/s.
 # Both use every core of the machine (strata: device.cpu_threads 0; torch: set_num_threads).
 # usage (from the source dir, after building build/tools/strata):
-#   PYTHON=/path/to/venv/bin/python [WARMUP=2] [IMPORT_RUNS=3] \
+#   PYTHON=/path/to/venv/bin/python [MODEL=llama|qwen3] [WARMUP=2] [IMPORT_RUNS=3] \
 #     tests/bench/bench_llama_vs_torch.sh [ROUNDS] [STEPS]
 # PYTHON must have torch and transformers (a throwaway venv; never a dependency of strata).
 # STRATA_CPU_ISA (docs/ARCHITECTURE.md: the CPU GEMM path, e.g. onednn or avx2) is passed to
@@ -19,23 +22,32 @@ rounds=${1:-3}
 steps=${2:-6}
 py=${PYTHON:-python3}
 strata=${STRATA:-build/tools/strata}
-work=${WORK:-/tmp/strata_bench_llama}
+model=${MODEL:-llama}
+work=${WORK:-/tmp/strata_bench_$model}
 warmup=${WARMUP:-2}
 import_runs=${IMPORT_RUNS:-3}
 B=1 T=256
 mkdir -p "$work/swap"
 cores=$(nproc)
 
-# The model: L=12, C=768, 12 heads (4 key/value), SwiGLU 1536, vocab 32000, untied head.
+# The model: L=12, C=768, 12 heads (4 key/value), SwiGLU 1536, vocab 32000, untied head; qwen3:
+# the heads 128 wide with query/key norms.
+case "$model" in
+  llama | qwen3) ;;
+  *) echo "MODEL=$model: llama or qwen3" >&2; exit 2 ;;
+esac
 if [ ! -f "$work/model/config.json" ]; then
-  "$py" - "$work/model" <<'PY'
+  "$py" - "$work/model" "$model" <<'PY'
 import sys, torch, transformers
-cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=1536,
-                               num_hidden_layers=12, num_attention_heads=12,
-                               num_key_value_heads=4, max_position_embeddings=1024,
-                               rope_theta=500000.0, tie_word_embeddings=False)
+shape = dict(vocab_size=32000, hidden_size=768, intermediate_size=1536, num_hidden_layers=12,
+             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
+             tie_word_embeddings=False)
+if sys.argv[2] == "qwen3":
+    cfg = transformers.Qwen3Config(head_dim=128, rope_theta=1000000.0, **shape)
+else:
+    cfg = transformers.LlamaConfig(rope_theta=500000.0, **shape)
 torch.manual_seed(0)
-m = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+m = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
 m.config.torch_dtype = torch.bfloat16
 m.save_pretrained(sys.argv[1], safe_serialization=True)
 print(f"{sys.argv[1]}: {sum(p.numel() for p in m.parameters()):,} parameters (bf16)")
@@ -78,7 +90,7 @@ torch_run() {
 import sys, time, statistics, numpy as np, torch, transformers
 path, data, B, T, steps, cores, warmup = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 torch.set_num_threads(cores)
-model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 model.train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                         weight_decay=0.1)
