@@ -136,7 +136,7 @@ opt_refused "probe --repeats x" 2 "--repeats 'x': expected a whole number from 1
   probe --repeats x
 opt_refused "probe io --size 0" 1 "give --size at least the largest block size" \
   probe io --path pio --size 0
-opt_refused "plan --nvme PATH:inf" 1 "rate after the colon must be GB/s above 0" \
+opt_refused "plan --nvme PATH:inf" 1 "rate after the colon must be GB/s in \\[1e-6, 1e6\\]" \
   plan --model gpt2-124m --nvme pio:inf
 opt_refused "probe comm --timeout nan" 2 "--timeout 'nan': expected seconds above 0" \
   probe comm --timeout nan

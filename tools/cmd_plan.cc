@@ -108,9 +108,9 @@ Result<Hardware> plan_hardware(PlanArgs& a, const Config& cfg, MachineProfile* p
       double g = 0;
       // A suffix that reads as a number is the path's rate (else the colon is the path's own).
       if (*end == 0 && !parse_number_in(rate, 1e-6, 1e6, &g)) {
-        return invalid_argument(
-            fmt::format("--nvme {}: the rate after the colon must be GB/s above 0 (e.g. {}:3.5)", n,
-                        n.substr(0, colon)));
+        return invalid_argument(fmt::format(
+            "--nvme {}: the rate after the colon must be GB/s in [1e-6, 1e6] (e.g. {}:3.5)", n,
+            n.substr(0, colon)));
       }
       if (g > 0) {
         path = n.substr(0, colon);

@@ -91,7 +91,7 @@ int cmd_trace(int argc, char** argv) {
       if (!size(&ro.max_reuse_distance)) return 2;
     } else if (a == "--bandwidth") {
       double g = 0;
-      if (!parse_number_in(v, 1e-6, 1e6, &g)) return bad_value("a rate in GB/s, above 0");
+      if (!parse_number_in(v, 1e-6, 1e6, &g)) return bad_value("a rate in GB/s, in [1e-6, 1e6]");
       ro.bandwidth = g * 1e9;
     } else if (a == "--steps") {
       long long n = 0;
