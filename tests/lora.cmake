@@ -32,8 +32,9 @@ if(strata_hf_python)
 endif()
 # A published-style LoRA recipe end to end (configs/lora-chat-recipe.json, README): Parquet chat
 # data through prepare_data, training, an exact resume, export --adapter (peft loads it where it
-# is installed) and generate, on the tiny Llama and Mixtral (tests/recipe_cli_test.sh; exit 77,
-# skipped, without transformers, jinja2 and pyarrow, which tools/dev.sh deps installs).
+# is installed) and generate, on the tiny Llama, Mixtral, Qwen3 and Qwen3-MoE
+# (tests/recipe_cli_test.sh; exit 77, skipped, without transformers, jinja2 and pyarrow, which
+# tools/dev.sh deps installs).
 if(strata_hf_python)
   add_test(NAME lora_recipe
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/recipe_cli_test.sh $<TARGET_FILE:strata>
