@@ -1,6 +1,6 @@
 // config.json of Hugging Face model directories as strata's ModelConfig (src/hf/hf_config.h):
 // Llama 3.1 (GQA, llama3 rope scaling, untied), Qwen2 (q/k/v biases), Qwen3 (query/key norms,
-// wider heads), Mistral Nemo's wider heads, GPT-2, and the refusals
+// wider heads), Mistral Nemo's wider heads, Phi-3 (packed tensors), GPT-2, and the refusals
 // (Mistral's short sliding window, unknown architectures, context past max positions).
 #include "src/hf/hf_config.h"
 
@@ -140,6 +140,46 @@ TEST(HfConfig, Qwen3AndWiderHeads) {
   ASSERT_FALSE(x.is_ok());
   EXPECT_NE(x.status().message().find("model.qk_norm, model.head_dim"), std::string::npos)
       << x.status().message();
+}
+
+// Phi-3 (Phi-3, Phi-4): Llama's block with q|k|v and gate|up stored packed (qkv_proj,
+// gate_up_proj); its sliding window bounds model.context as Mistral's does; a partial rotary
+// embedding (Phi-4-mini), longrope (the 128k models) and training dropouts are refused by key.
+TEST(HfConfig, Phi3) {
+  const std::string phi3 = R"({"architectures":["Phi3ForCausalLM"],"hidden_size":64,
+      "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+      "intermediate_size":96,"vocab_size":300,"max_position_embeddings":4096,
+      "sliding_window":2047,"rope_theta":10000.0,"resid_pdrop":0.0,"embd_pdrop":0.0,
+      "attention_dropout":0.0,"tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
+  auto m = model_config_from_hf(dir_with("phi3", phi3), 2047);
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  EXPECT_EQ(m->type, "phi3");
+  auto arch = create_architecture(*m);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<std::string> names;
+  for (const HfTensor& h : (*arch)->hf_tensors(1)) names.push_back(h.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.qkv_proj.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+                "model.layers.0.post_attention_layernorm.weight",
+                "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight"}));
+  const auto out = nlohmann::json::parse(hf_config_json(*m));
+  EXPECT_EQ(out["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_EQ(out["model_type"], "phi3");
+  auto refused = [&](const std::string& tag, const std::string& key, const std::string& value,
+                     int context) {
+    nlohmann::json c = nlohmann::json::parse(phi3);
+    if (!value.empty()) c[key] = nlohmann::json::parse(value);
+    auto r = model_config_from_hf(dir_with(tag, c.dump()), context);
+    ASSERT_FALSE(r.is_ok()) << tag;
+    EXPECT_NE(r.status().message().find(key), std::string::npos) << r.status().message();
+  };
+  refused("phi3_window", "sliding_window", "", 4096);
+  refused("phi3_partial", "partial_rotary_factor", "0.75", 2047);
+  refused("phi3_dropout", "resid_pdrop", "0.1", 2047);
+  refused("phi3_longrope", "rope_scaling",
+          R"({"type":"longrope","short_factor":[1.0],"long_factor":[1.0]})", 2047);
 }
 
 // The config.json an export writes: both transformers spellings of the dtype and the rope

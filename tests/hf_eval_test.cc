@@ -113,7 +113,7 @@ TEST_P(HfEval, LossMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfEval,
-                         ::testing::Values("llama", "llama3", "qwen2", "qwen3", "gpt2",
+                         ::testing::Values("llama", "llama3", "qwen2", "qwen3", "phi3", "gpt2",
                                            "llama-bf16"),
                          [](const auto& info) {
                            std::string n = info.param;

@@ -69,8 +69,8 @@ std::vector<std::string> fixtures() {
 #ifdef STRATA_CUDA_EMU
   return {"llama", "mixtral"};
 #else
-  return {"llama",      "llama3",  "qwen2",     "qwen3",    "gpt2",
-          "llama-bf16", "mixtral", "qwen2-moe", "qwen3-moe"};
+  return {"llama",      "llama3",  "qwen2",     "qwen3",     "gpt2",
+          "llama-bf16", "mixtral", "qwen2-moe", "qwen3-moe", "phi3"};
 #endif
 }
 

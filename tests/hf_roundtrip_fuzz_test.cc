@@ -40,7 +40,8 @@ constexpr int kCases = 24;
 // The model section of a config (tiny-cpu's, model replaced), drawn from `seed`.
 json draw_model(uint64_t seed) {
   test::Draw d(seed);
-  const std::string type = d.pick<std::string>({"gpt2", "llama", "llama", "mixtral", "qwen2_moe"});
+  const std::string type =
+      d.pick<std::string>({"gpt2", "llama", "llama", "mixtral", "qwen2_moe", "phi3"});
   const int head_dim = d.pick<int>({8, 16, 32});
   const int n_head = d.pick<int>({1, 2, 4, 6});
   json m = {{"type", type},
@@ -71,7 +72,7 @@ json draw_model(uint64_t seed) {
       // Qwen3's attention: query/key norms, heads wider than n_embd / n_head.
       m["qk_norm"] = d.coin(30);
       if (d.coin(30)) m["head_dim"] = 2 * head_dim;
-    } else {
+    } else if (type != "phi3") {  // Phi-3: Llama's shape, its tensors packed
       m["num_experts"] = 2 + d.below(4);
       m["num_experts_per_tok"] = 1 + d.below(2);
       m["moe_intermediate_size"] = d.pick<int>({16, 32, 40});

@@ -32,7 +32,7 @@ if(strata_hf_python)
 endif()
 # A published-style LoRA recipe end to end (configs/lora-chat-recipe.json, README): Parquet chat
 # data through prepare_data, training, an exact resume, export --adapter (peft loads it where it
-# is installed) and generate, on the tiny Llama, Mixtral, Qwen3 and Qwen3-MoE
+# is installed) and generate, on the tiny Llama, Mixtral, Qwen3, Qwen3-MoE and Phi-3
 # (tests/recipe_cli_test.sh; exit 77, skipped, without transformers, jinja2 and pyarrow, which
 # tools/dev.sh deps installs).
 if(strata_hf_python)

@@ -181,7 +181,7 @@ TEST_P(PeftCompare, LossAndAdapterGradientsMatchPeft) {
 // adapters on the routed experts' fused parameters too (peft's target_parameters), the router
 // frozen.
 INSTANTIATE_TEST_SUITE_P(Fixtures, PeftCompare,
-                         ::testing::Values("llama", "qwen2", "qwen3", "gpt2", "mixtral",
+                         ::testing::Values("llama", "qwen2", "qwen3", "phi3", "gpt2", "mixtral",
                                            "qwen2-moe", "qwen3-moe", "mixtral-experts",
                                            "qwen2-moe-experts"),
                          [](const ::testing::TestParamInfo<const char*>& i) {

@@ -53,6 +53,11 @@ inline json fixture_lora(const std::string& base) {
             {"target_modules", {"q_proj", "v_proj"}},
             {"target_parameters", {"gate_up_proj"}}};
   }
+  if (base == "phi3") {
+    return {{"r", 4},
+            {"lora_alpha", 8},
+            {"target_modules", {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}}};
+  }
   if (base == "gpt2")
     return {{"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn", "c_proj", "c_fc"}}};
   if (base == "mixtral" || base == "qwen3-moe") {  // the attention: no shared expert

@@ -61,11 +61,12 @@ TEST(Plan, PresetParamCounts) {
       {"llama3-70b", 70'553'706'496}, {"llama3.1-405b", 405'853'388'800},
       {"qwen2.5-7b", 7'615'616'512},  {"qwen2.5-72b", 72'706'203'648},
       {"qwen3-0.6b", 596'049'920},    {"qwen3-8b", 8'190'735'360},
-      {"qwen3-32b", 32'762'123'264},  {"mistral-7b", 7'241'732'096}};
+      {"qwen3-32b", 32'762'123'264},  {"phi4-14b", 14'659'507'200},
+      {"mistral-7b", 7'241'732'096}};
   for (const auto& [name, params] : published) {
     auto l = model_preset(name);
     ASSERT_TRUE(l.is_ok()) << name;
-    EXPECT_EQ(l->shape.type, "llama") << name;
+    EXPECT_EQ(l->shape.type, std::string(name) == "phi4-14b" ? "phi3" : "llama") << name;
     EXPECT_EQ(model_params(l->shape), params) << name;
   }
   auto bad = model_preset("gpt5");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A published-style LoRA recipe end to end, as README's "Fine-tuning recipe" runs it, on the tiny
-# Llama, Mixtral, Qwen3 and Qwen3-MoE (tests/fixtures/hf): chat data from a Parquet file through
+# Llama, Mixtral, Qwen3, Qwen3-MoE and Phi-3 (tests/fixtures/hf): chat data from a Parquet file through
 # tools/prepare_data.py (the fixture's tokenizer, a ChatML template), configs/lora-chat-recipe.json
 # (r 16, alpha 32, lora_dropout 0.05, all-linear, packed conversations), then
 #   - a run stopped at its step-10 checkpoint and resumed (--resume) gives the uninterrupted run's
@@ -40,7 +40,7 @@ for l in open(sys.argv[1]):
     if 'loss' in d and 'eval_loss' not in d: print(d['step'], d['loss'])" "$1"
 }
 
-for name in llama mixtral qwen3 qwen3-moe; do
+for name in llama mixtral qwen3 qwen3-moe phi3; do
   fixture="$repo/tests/fixtures/hf/$name"
   mkdir -p "$name"
   "$py" "$repo/tools/prepare_data.py" --model "$fixture" \

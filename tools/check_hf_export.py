@@ -25,7 +25,8 @@ import sys
 import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-FIXTURES = ["llama", "llama3", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2-moe", "qwen3-moe"]
+FIXTURES = ["llama", "llama3", "qwen2", "qwen3", "phi3", "gpt2", "mixtral", "qwen2-moe",
+            "qwen3-moe"]
 
 
 def check_generate(transformers, torch, src, out, model):

@@ -23,6 +23,8 @@ Fixtures:
   qwen2      Qwen2ForCausalLM: q/k/v biases, grouped-query attention
   qwen3      Qwen3ForCausalLM: query/key norms, heads 16 wide (an attention of 64 in a width of
              32), tied embeddings
+  phi3       Phi3ForCausalLM: q|k|v stored as one qkv_proj, gate|up as one gate_up_proj,
+             grouped-query attention, untied head
   gpt2       GPT2LMHeadModel: Conv1D weights (stored transposed), 32 positions
   llama-bf16 the llama fixture's weights in bfloat16 (the import -> export byte-identity test);
              its reference is computed in fp32 from the bf16 weights
@@ -186,7 +188,7 @@ def write_greedy(d, new_tokens=20):
 
 FAMILY = {"llama": "llama", "llama3": "llama", "llama-bf16": "llama", "qwen2": "qwen2",
           "qwen3": "qwen2", "gpt2": "gpt2", "mixtral": "llama", "qwen2-moe": "qwen2",
-          "qwen3-moe": "qwen2"}
+          "qwen3-moe": "qwen2", "phi3": "llama"}
 
 
 def write(out_dir, name, model, vocab, seed, shard=None, reference_fn=None):
@@ -267,6 +269,14 @@ def main():
         randomize(m, 6)
         write(args.out, "qwen3", m, 100, 6)
 
+    def phi3():
+        m = transformers.Phi3ForCausalLM(
+            transformers.Phi3Config(rope_theta=250000.0, tie_word_embeddings=False,
+                                    sliding_window=None, bos_token_id=1, eos_token_id=2,
+                                    pad_token_id=None, **common))
+        randomize(m, 7)
+        write(args.out, "phi3", m, 100, 7)
+
     def gpt2():
         m = transformers.GPT2LMHeadModel(
             transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4,
@@ -285,7 +295,7 @@ def main():
 
     # In the order the fixtures were first written (each draws from the seeded generator).
     builders = {"llama": llama, "llama3": llama3, "qwen2": qwen2, "gpt2": gpt2,
-                "llama-bf16": llama_bf16, "qwen3": qwen3}
+                "llama-bf16": llama_bf16, "qwen3": qwen3, "phi3": phi3}
     unknown = set(args.only or []) - set(builders)
     if unknown:
         ap.error(f"--only: {sorted(unknown)} are written by tools/make_moe_fixtures.py")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the LoRA fixtures of tests/lora_test.cc (tests/fixtures/hf/lora-<base>/) with peft.
 
-For each base fixture (tests/fixtures/hf/{llama,qwen2,qwen3,gpt2}, tools/make_hf_fixtures.py, and the
+For each base fixture (tests/fixtures/hf/{llama,qwen2,qwen3,phi3,gpt2}, tools/make_hf_fixtures.py, and the
 mixtures {mixtral,qwen2-moe,qwen3-moe}, tools/make_moe_fixtures.py) in fp32:
 peft.get_peft_model(base, LoraConfig(r=4, lora_alpha=8, every linear layer of a block)), and
 for the mixtures' lora-<base>-experts their routed experts' fused parameters too
@@ -51,6 +51,8 @@ TARGETS = {
     "qwen2-moe-experts": ["q_proj", "v_proj"],
     # Qwen3: its query/key norms frozen with the base, their gradients flowing through.
     "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    # Phi-3: its packed linear layers (qkv_proj, gate_up_proj) as they are.
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
     # Qwen3-MoE: the attention (its mixture has no shared expert).
     "qwen3-moe": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }

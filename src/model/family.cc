@@ -9,10 +9,7 @@ namespace strata {
 
 const std::vector<const ModelFamily*>& model_families() {
   static const std::vector<const ModelFamily*> kFamilies = {
-      &gpt2_family(),
-      &llama_family(),
-      &mixtral_family(),
-      &qwen2_moe_family(),
+      &gpt2_family(), &llama_family(), &phi3_family(), &mixtral_family(), &qwen2_moe_family(),
   };
   return kFamilies;
 }

@@ -81,6 +81,7 @@ std::string family_hf_architecture_names();
 // The families' own definitions (their block files).
 const ModelFamily& gpt2_family();       // src/model/gpt2.cc
 const ModelFamily& llama_family();      // src/model/llama.cc
+const ModelFamily& phi3_family();       // src/model/llama.cc
 const ModelFamily& mixtral_family();    // src/model/moe.cc
 const ModelFamily& qwen2_moe_family();  // src/model/moe.cc
 

@@ -91,6 +91,10 @@ bool LlamaBlocks::hf_tensor(const std::string& block, const std::string& n, HfTe
     h->name = block + "self_attn.q_proj.bias", h->shape = {Q};
   } else if (n == "k_bias" || n == "v_bias") {
     h->name = block + "self_attn." + n.substr(0, 1) + "_proj.bias", h->shape = {KV};
+  } else if (n == "qkv_proj") {  // Phi-3's q|k|v
+    h->name = block + "self_attn.qkv_proj.weight", h->shape = {Q + 2 * KV, C};
+  } else if (n == "gate_up_proj") {  // ... and gate|up
+    h->name = block + "mlp.gate_up_proj.weight", h->shape = {2 * I, C};
   } else if (n == "q_norm" || n == "k_norm") {
     h->name = block + "self_attn." + n + ".weight", h->shape = {hs()};
   } else if (n == "o_proj") {
@@ -105,7 +109,30 @@ bool LlamaBlocks::hf_tensor(const std::string& block, const std::string& n, HfTe
   return true;
 }
 
+namespace {
+
+// Phi-3 (Phi3ForCausalLM: Phi-3, Phi-4): Llama's block whose checkpoints hold q|k|v as one
+// qkv_proj and gate|up as one gate_up_proj, the packed weights strata computes with.
+class Phi3Blocks final : public LlamaBlocks {
+ public:
+  static constexpr const char* kType = "phi3";
+  static constexpr uint64_t kInitStream = 0x11a3b;
+  static Status check(const ModelConfig& mc) {
+    STRATA_RETURN_IF_ERROR(LlamaBlocks::check(mc), "");
+    if (mc.attention_bias || mc.qk_norm) {
+      return invalid_argument(
+          "model.attention_bias, model.qk_norm: a phi3 model has neither (set both to false, or "
+          "use model.type llama)");
+    }
+    return Status::ok();
+  }
+  using LlamaBlocks::LlamaBlocks;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<Architecture>> create_llama(const ModelConfig& config) {
+  if (config.type == "phi3") return DecoderArchitecture<Phi3Blocks>::create(config);
   return DecoderArchitecture<LlamaBlocks>::create(config);
 }
 
@@ -176,14 +203,15 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
       return in.bad(rope_key, fmt::format("rope type \"{}\" is not supported (llama3 is)", type));
     }
   }
-  // Mistral's attention is windowed; Qwen2's when use_sliding_window says so.
+  // Mistral's and Phi-3's attention is windowed (where sliding_window is set); Qwen2's when
+  // use_sliding_window says so.
   bool use_sliding_window = false;
   if (arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" || arch == "Qwen3ForCausalLM" ||
       arch == "Qwen3MoeForCausalLM") {
     STRATA_RETURN_IF_ERROR(in.get_bool("use_sliding_window", false, &use_sliding_window), "");
   }
-  extras->sliding =
-      arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" || use_sliding_window;
+  extras->sliding = arch == "MistralForCausalLM" || arch == "MixtralForCausalLM" ||
+                    arch == "Phi3ForCausalLM" || use_sliding_window;
   return Status::ok();
 }
 
@@ -192,6 +220,12 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
 // Llama's) as LlamaForCausalLM.
 void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
   nlohmann::json& c = *out;
+  if (m.type == "phi3") {
+    c["architectures"] = {"Phi3ForCausalLM"};
+    c["model_type"] = "phi3";
+    // A base's window is kept (strata trained within it: model.context <= sliding_window).
+    if (!c.contains("sliding_window")) c["sliding_window"] = nullptr;
+  }
   const bool qwen3 = m.type == "llama" && m.qk_norm;
   const bool qwen2 = m.type == "llama" && m.attention_bias && !qwen3;
   if (m.type == "llama") {
@@ -219,7 +253,7 @@ void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
     if (qwen3) c["attention_bias"] = m.attention_bias;
-  } else if (m.type == "llama") {
+  } else if (m.type == "llama" || m.type == "phi3") {
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
   }
@@ -274,6 +308,55 @@ const ModelFamily& llama_family() {
       .create = create_llama,
       .lora_default_targets = {"q_proj", "v_proj"},
       .hf_read = llama_hf_read,
+      .hf_write = llama_hf_write,
+      .hf_key = [](const std::string&, const std::string& k) { return llama_hf_key(k); },
+      .hf_embedding = "model.embed_tokens.weight",
+  };
+  return kFamily;
+}
+
+namespace {
+
+// Phi3ForCausalLM's config.json: Llama's keys; a rotary embedding over part of each head
+// (partial_rotary_factor, Phi-4-mini's 0.75) and the dropouts transformers trains with
+// (attention_dropout, resid_pdrop, embd_pdrop) are refused, as is longrope (Phi-3's 128k
+// models) by the rope's own check.
+Status phi3_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
+                    HfShapeExtras* extras) {
+  STRATA_RETURN_IF_ERROR(llama_hf_read(in, arch, m, extras), "");
+  m->type = "phi3";
+  const nlohmann::json& c = in.json();
+  const nlohmann::json* factor = nullptr;
+  if (c.contains("partial_rotary_factor")) factor = &c["partial_rotary_factor"];
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+      c["rope_parameters"].contains("partial_rotary_factor")) {
+    factor = &c["rope_parameters"]["partial_rotary_factor"];
+  }
+  if (factor != nullptr && !factor->is_null() &&
+      !(factor->is_number() && factor->get<double>() == 1.0)) {
+    return in.bad(
+        "partial_rotary_factor",
+        fmt::format("{}: strata rotates every dimension of a head (1.0)", factor->dump()));
+  }
+  for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) {
+    if (c.contains(key) && !c[key].is_null() &&
+        !(c[key].is_number() && c[key].get<double>() == 0.0)) {
+      return in.bad(
+          key, fmt::format("{}: strata trains without dropout here; set it to 0.0", c[key].dump()));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const ModelFamily& phi3_family() {
+  static const ModelFamily kFamily{
+      .types = {"phi3"},
+      .hf_architectures = {"Phi3ForCausalLM"},
+      .create = create_llama,
+      .lora_default_targets = {"qkv_proj"},  // PEFT's for phi3
+      .hf_read = phi3_hf_read,
       .hf_write = llama_hf_write,
       .hf_key = [](const std::string&, const std::string& k) { return llama_hf_key(k); },
       .hf_embedding = "model.embed_tokens.weight",

@@ -16,7 +16,9 @@ namespace strata {
 // Llama's parts of a decoder: RMSNorm, grouped-query attention with rotary positions over one
 // packed q|k|v matmul (biases when model.attention_bias; heads model.head_dim wide, each query
 // and key head RMS-normalized before its rotation when model.qk_norm, as Qwen3's), a SwiGLU MLP
-// over one packed gate|up matmul, token embeddings only.
+// over one packed gate|up matmul, token embeddings only. Phi-3's checkpoints (model.type phi3,
+// Phi3Blocks in llama.cc) store the packed weights as they are computed: one qkv_proj, one
+// gate_up_proj; the arithmetic is the same.
 class LlamaBlocks {
  public:
   static constexpr const char* kType = "llama";
@@ -35,17 +37,17 @@ class LlamaBlocks {
   static Status check_attention(const ModelConfig& mc);
 
   explicit LlamaBlocks(const ModelConfig& s)
-      : s_(s), eps_(float(s.rms_norm_eps)), rope_(llama_rope(s)) {
+      : s_(s), eps_(float(s.rms_norm_eps)), rope_(llama_rope(s)), fused_(s.type == "phi3") {
     ModuleSpec b;
     block_tensors(b);
     ln1w_ = tensor_offset(b, "input_layernorm");
-    qkvw_ = tensor_offset(b, "q_proj");
+    qkvw_ = tensor_offset(b, fused_ ? "qkv_proj" : "q_proj");
     qkvb_ = s_.attention_bias ? tensor_offset(b, "q_bias") : 0;
     qnw_ = s_.qk_norm ? tensor_offset(b, "q_norm") : 0;
     knw_ = s_.qk_norm ? tensor_offset(b, "k_norm") : 0;
     ow_ = tensor_offset(b, "o_proj");
     ln2w_ = tensor_offset(b, "post_attention_layernorm");
-    guw_ = tensor_offset(b, "gate_proj");
+    guw_ = tensor_offset(b, fused_ ? "gate_up_proj" : "gate_proj");
     downw_ = tensor_offset(b, "down_proj");
   }
 
@@ -56,8 +58,12 @@ class LlamaBlocks {
   void block_tensors(ModuleSpec& b) const {
     const size_t C = s_.n_embd, I = s_.intermediate_size;
     attention_tensors(b);
-    add_tensor(b, "gate_proj", I * C, 0);
-    add_tensor(b, "up_proj", I * C, 0);
+    if (fused_) {
+      add_tensor(b, "gate_up_proj", 2 * I * C, 0);
+    } else {
+      add_tensor(b, "gate_proj", I * C, 0);
+      add_tensor(b, "up_proj", I * C, 0);
+    }
     add_tensor(b, "down_proj", C * I, 0);
   }
   // A block's tensors up to its MLP: input_layernorm, q/k/v (biases), the query/key norms, o_proj,
@@ -66,9 +72,13 @@ class LlamaBlocks {
     const size_t C = s_.n_embd, Q = size_t(s_.n_head) * hs(),
                  KV = size_t(s_.num_key_value_heads) * hs();
     add_tensor(b, "input_layernorm", C, 2);
-    add_tensor(b, "q_proj", Q * C, 0);
-    add_tensor(b, "k_proj", KV * C, 0);
-    add_tensor(b, "v_proj", KV * C, 0);
+    if (fused_) {
+      add_tensor(b, "qkv_proj", (Q + 2 * KV) * C, 0);
+    } else {
+      add_tensor(b, "q_proj", Q * C, 0);
+      add_tensor(b, "k_proj", KV * C, 0);
+      add_tensor(b, "v_proj", KV * C, 0);
+    }
     if (s_.attention_bias) {
       add_tensor(b, "q_bias", Q, 1);
       add_tensor(b, "k_bias", KV, 1);
@@ -92,22 +102,22 @@ class LlamaBlocks {
   }
   std::string describe(const ModelLayout& layout) const {
     return fmt::format(
-        "Llama {} layers, {} heads ({} key/value), width {}, MLP {}, vocab {} (padded {}), "
+        "{} {} layers, {} heads ({} key/value), width {}, MLP {}, vocab {} (padded {}), "
         "context {}, rope theta {}{}{}{}{}: {:.2f}M params in {} modules",
-        s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
-        s_.vocab_size, s_.padded_vocab_size, s_.context, rope_.theta,
+        fused_ ? "Phi-3" : "Llama", s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd,
+        s_.intermediate_size, s_.vocab_size, s_.padded_vocab_size, s_.context, rope_.theta,
         rope_.llama3 ? " (llama3 scaling)" : "", s_.attention_bias ? ", qkv bias" : "",
         attention_note(), s_.tied_embeddings ? ", tied head" : "",
         double(layout.num_params()) / 1e6, layout.modules.size());
   }
   std::string shape_string() const {
     return fmt::format(
-               "llama L={} NH={} KVH={} C={} I={} V={} Vp={} T={} tied={} qkv_bias={} eps={} "
+               "{} L={} NH={} KVH={} C={} I={} V={} Vp={} T={} tied={} qkv_bias={} eps={} "
                "theta={} "
                "llama3={} factor={} low={} high={} orig={}",
-               s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd, s_.intermediate_size,
-               s_.vocab_size, s_.padded_vocab_size, s_.context, s_.tied_embeddings,
-               s_.attention_bias, eps_, rope_.theta, rope_.llama3, rope_.factor,
+               fused_ ? "phi3" : "llama", s_.n_layer, s_.n_head, s_.num_key_value_heads, s_.n_embd,
+               s_.intermediate_size, s_.vocab_size, s_.padded_vocab_size, s_.context,
+               s_.tied_embeddings, s_.attention_bias, eps_, rope_.theta, rope_.llama3, rope_.factor,
                rope_.low_freq_factor, rope_.high_freq_factor, rope_.original_max_position) +
            attention_shape();
   }
@@ -127,6 +137,12 @@ class LlamaBlocks {
   std::vector<LoraSite> lora_sites() const {
     const int C = s_.n_embd, I = s_.intermediate_size, Q = s_.n_head * hs(),
               KV = s_.num_key_value_heads * hs(), W = qkv_width();
+    if (fused_) {  // Phi-3's linear layers: the packed matmuls themselves
+      return {{"self_attn.qkv_proj", kQkv, C, W, 0, W, "qkv_proj"},
+              {"self_attn.o_proj", kO, Q, C, 0, C, "o_proj"},
+              {"mlp.gate_up_proj", kGateUp, C, 2 * I, 0, 2 * I, "gate_up_proj"},
+              {"mlp.down_proj", kDown, I, C, 0, C, "down_proj"}};
+    }
     return {{"self_attn.q_proj", kQkv, C, Q, 0, W, "q_proj"},
             {"self_attn.k_proj", kQkv, C, KV, Q, W, "q_proj"},
             {"self_attn.v_proj", kQkv, C, KV, Q + KV, W, "q_proj"},
@@ -342,6 +358,7 @@ class LlamaBlocks {
   ModelConfig s_;  // the resolved shape (decoder_shape)
   float eps_;
   RopeParams rope_;
+  bool fused_;  // Phi-3's tensors: qkv_proj and gate_up_proj
   // The block tensors' offsets (elements) in its flat buffer.
   size_t ln1w_, qkvw_, qkvb_, qnw_, knw_, ow_, ln2w_, guw_, downw_;
 };

@@ -29,10 +29,10 @@ struct Preset {
 
 // GPT shapes from the GPT-2 release and the GPT-3 paper (Table 2.1). Llama-family shapes from
 // their Hugging Face config.json (meta-llama/Llama-2-*-hf, Meta-Llama-3-*, Llama-3.1-405B,
-// Qwen/Qwen2.5-*, Qwen/Qwen3-*, mistralai/Mistral-7B-v0.1); the parameter counts they give are the
-// published ones exactly (Plan.PresetParamCounts). context: the longest sequence strata trains them
-// at as the checkpoint defines them (Mistral: its 4096-token sliding window; strata's attention is
-// full, so no more).
+// Qwen/Qwen2.5-*, Qwen/Qwen3-*, microsoft/phi-4, mistralai/Mistral-7B-v0.1); the parameter counts
+// they give are the published ones exactly (Plan.PresetParamCounts). context: the longest sequence
+// strata trains them at as the checkpoint defines them (Mistral: its 4096-token sliding window;
+// strata's attention is full, so no more).
 constexpr Preset kPresets[] = {
     {"gpt2-124m", "gpt2", 12, 768, 12, 50257, 1024, 0, 0, true, false, 0, ""},
     {"gpt2-350m", "gpt2", 24, 1024, 16, 50257, 1024, 0, 0, true, false, 0, ""},
@@ -58,6 +58,8 @@ constexpr Preset kPresets[] = {
      false,      1e6,     "", 0,    0,  0,      0,     true, 128,   true},
     {"qwen3-32b", "llama", 64, 5120, 64, 151936, 40960, 8,    25600, false,
      false,       1e6,     "", 0,    0,  0,      0,     true, 128,   true},
+    // Phi-4 (microsoft/phi-4): Llama's block, its checkpoint's q|k|v and gate|up packed.
+    {"phi4-14b", "phi3", 40, 5120, 40, 100352, 16384, 10, 17920, false, false, 2.5e5, ""},
     {"mistral-7b", "llama", 32, 4096, 32, 32000, 4096, 8, 14336, false, false, 1e4,
      "context 4096: Mistral's sliding window (strata's attention is full)"},
     // Mixtures of experts (mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B):
