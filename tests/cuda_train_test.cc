@@ -101,7 +101,8 @@ TEST(CudaTraining, MatchesTheCpuBackend) {
 
 // Qwen3's attention: a Llama whose heads are wider than n_embd / n_head (4 x 32 in a width of
 // 64) with every query and key head RMS-normalized before its rotation (the qk_norm kernels,
-// their weights' gradients and the wider q|k|v and o_proj), grouped key/value heads.
+// their weights' gradients and the wider q|k|v and o_proj), grouped key/value heads; and a
+// pad_token_id, whose rows' embedding gradient is zeroed on the compute stream.
 TEST(CudaTraining, Qwen3AttentionMatchesTheCpuBackend) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no usable CUDA GPU: " << why;
@@ -109,7 +110,8 @@ TEST(CudaTraining, Qwen3AttentionMatchesTheCpuBackend) {
   const std::string dir = scratch_dir("strata_cuda_train_qwen3");
   const std::vector<std::string> qwen3 = {
       "model.type=\"llama\"", "model.intermediate_size=128", "model.num_key_value_heads=2",
-      "model.head_dim=32",    "model.qk_norm=true",          "model.tied_embeddings=true"};
+      "model.head_dim=32",    "model.qk_norm=true",          "model.tied_embeddings=true",
+      "model.pad_token_id=7"};
   expect_backends_match(dir, qwen3);
   fs::remove_all(dir);
 }

@@ -178,6 +178,7 @@ TEST(HfConfig, Phi3) {
   refused("phi3_window", "sliding_window", "", 4096);
   refused("phi3_partial", "partial_rotary_factor", "0.75", 2047);
   refused("phi3_dropout", "resid_pdrop", "0.1", 2047);
+  refused("phi3_pad", "pad_token_id", "300", 2047);  // past the vocabulary
   refused("phi3_longrope", "rope_scaling",
           R"({"type":"longrope","short_factor":[1.0],"long_factor":[1.0]})", 2047);
 }

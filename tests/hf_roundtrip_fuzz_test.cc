@@ -72,6 +72,7 @@ json draw_model(uint64_t seed) {
       // Qwen3's attention: query/key norms, heads wider than n_embd / n_head.
       m["qk_norm"] = d.coin(30);
       if (d.coin(30)) m["head_dim"] = 2 * head_dim;
+      if (d.coin(30)) m["pad_token_id"] = d.below(m["vocab_size"].get<int>());
     } else if (type != "phi3") {  // Phi-3: Llama's shape, its tensors packed
       m["num_experts"] = 2 + d.below(4);
       m["num_experts_per_tok"] = 1 + d.below(2);

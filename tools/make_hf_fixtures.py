@@ -22,9 +22,9 @@ Fixtures:
   llama3     LlamaForCausalLM with tied embeddings and Llama 3.1's llama3 rope scaling
   qwen2      Qwen2ForCausalLM: q/k/v biases, grouped-query attention
   qwen3      Qwen3ForCausalLM: query/key norms, heads 16 wide (an attention of 64 in a width of
-             32), tied embeddings
+             32), tied embeddings, a pad_token_id among the reference's tokens
   phi3       Phi3ForCausalLM: q|k|v stored as one qkv_proj, gate|up as one gate_up_proj,
-             grouped-query attention, untied head
+             grouped-query attention, untied head, a pad_token_id among the reference's tokens
   gpt2       GPT2LMHeadModel: Conv1D weights (stored transposed), 32 positions
   llama-bf16 the llama fixture's weights in bfloat16 (the import -> export byte-identity test);
              its reference is computed in fp32 from the bf16 weights
@@ -71,6 +71,13 @@ def randomize(model, seed):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
+
+
+def first_input_token(vocab, seed):
+    """reference()'s first input token: a pad_token_id that occurs in the reference batch, so
+    that the missing gradient of its embedding row (nn.Embedding's padding_idx) is checked."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return int(torch.randint(0, vocab, (B, T + 1), generator=g)[0, 0])
 
 
 def reference(model, vocab, seed):
@@ -265,7 +272,8 @@ def main():
         m = transformers.Qwen3ForCausalLM(
             transformers.Qwen3Config(rope_theta=1000000.0, tie_word_embeddings=True,
                                      head_dim=16, attention_bias=False,
-                                     use_sliding_window=False, **common))
+                                     use_sliding_window=False,
+                                     pad_token_id=first_input_token(100, 6), **common))
         randomize(m, 6)
         write(args.out, "qwen3", m, 100, 6)
 
@@ -273,7 +281,7 @@ def main():
         m = transformers.Phi3ForCausalLM(
             transformers.Phi3Config(rope_theta=250000.0, tie_word_embeddings=False,
                                     sliding_window=None, bos_token_id=1, eos_token_id=2,
-                                    pad_token_id=None, **common))
+                                    pad_token_id=first_input_token(100, 7), **common))
         randomize(m, 7)
         write(args.out, "phi3", m, 100, 7)
 

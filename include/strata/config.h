@@ -181,7 +181,8 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   int head_dim = 0;             // a head's width; 0 = n_embd / n_head (Qwen3, Mistral Nemo: more)
   bool qk_norm = false;         // RMSNorm of each query and key head (Qwen3's q_norm, k_norm)
-  struct RopeScaling {          // Llama 3.1's rope_scaling
+  int pad_token_id = -1;  // the token whose embedding row takes no gradient (padding_idx); -1 none
+  struct RopeScaling {    // Llama 3.1's rope_scaling
     std::string type = "none";  // none | llama3
     double factor = 8.0;
     double low_freq_factor = 1.0;

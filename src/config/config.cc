@@ -415,6 +415,12 @@ Status check_model_shape(const ModelConfig& m) {
     return invalid_argument(
         fmt::format("model.n_embd: {} is not divisible by model.n_head ({})", m.n_embd, m.n_head));
   }
+  if (m.pad_token_id >= m.vocab_size) {
+    return invalid_argument(
+        fmt::format("model.pad_token_id: {} is not a token of the vocabulary "
+                    "(model.vocab_size {}); -1 for none",
+                    m.pad_token_id, m.vocab_size));
+  }
   if (m.padded_vocab_size != 0 && m.padded_vocab_size < m.vocab_size) {
     return invalid_argument(
         fmt::format("model.padded_vocab_size: {} is smaller than model.vocab_size ({})",

@@ -511,6 +511,10 @@ void TableBuilder::add_model_keys() {
   add(F("model.head_dim", Int(0, 1024), STRATA_M(model.head_dim),
         "llama: a head's width (n_head x head_dim wide attention; Qwen3); 0/auto: n_embd / n_head",
         nullptr, kAuto));
+  add(F(
+      "model.pad_token_id", Int(-1, 1 << 24), STRATA_M(model.pad_token_id),
+      "llama family and mixtures: the token whose embedding row takes no gradient "
+      "(transformers' nn.Embedding padding_idx, read from config.json's pad_token_id); -1: none"));
   add(F("model.qk_norm", Bool(), STRATA_M(model.qk_norm),
         "llama: an RMSNorm over each query and key head before the rotary positions (Qwen3)"));
   add(F("model.rope_scaling.type", Enum("none|llama3"), STRATA_M(model.rope_scaling.type),

@@ -174,6 +174,7 @@ class DecoderRunner final : public ModelRunner {
     host_io_ = static_cast<int32_t*>(h);
     host_losses_ = reinterpret_cast<float*>(host_io_ + 3 * N * size_t(slots));
     slot_has_pos_.assign(size_t(slots), false);
+    pad_rows_.assign(size_t(slots), {});
     uploaded_.resize(size_t(slots));
     for (int i = 0; i < slots; ++i) states_.push_back(std::make_unique<State>());
     if constexpr (RunnerStateOf<Blocks>::kHas) {
@@ -221,6 +222,13 @@ class DecoderRunner final : public ModelRunner {
     }
     dev.record(*uploaded, *st_.s);
     slot_has_pos_[size_t(slot_)] = positions != nullptr;
+    std::vector<size_t>& pads = pad_rows_[size_t(slot_)];
+    pads.clear();
+    if (sh_.pad_token_id >= 0) {
+      for (size_t n = 0; n < N; ++n) {
+        if (tokens[n] == sh_.pad_token_id) pads.push_back(n);
+      }
+    }
     st_.pos = positions != nullptr ? buf_->pos : nullptr;
   }
 
@@ -247,9 +255,16 @@ class DecoderRunner final : public ModelRunner {
         enter_block(op.layer, b, mb, true);
         backward_block(op.layer, block_params(P(mods_.block(op.layer))), G(mods_.block(op.layer)));
         break;
-      case kEmbeddingBackward:
+      case kEmbeddingBackward: {
+        // model.pad_token_id's rows take no gradient (nn.Embedding's padding_idx): their
+        // gradient w.r.t. the embedding's output is zeroed first (the lookup is its last use).
+        const size_t row = size_t(sh_.n_embd) * st_.es();
+        for (size_t n : pad_rows_[size_t(slot_)]) {
+          st_.dev->memset_zero(*st_.s, static_cast<char*>(buf_->dA) + n * row, row);
+        }
         blocks_.embedding_backward(st_, G(E), buf_->dA, buf_->tokens);
         break;
+      }
       default:
         STRATA_CHECK(false, "decoder: unknown compute step");
     }
@@ -442,7 +457,8 @@ class DecoderRunner final : public ModelRunner {
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
-  std::vector<bool> slot_has_pos_;  // per slot: its batch came with positions
+  std::vector<bool> slot_has_pos_;             // per slot: its batch came with positions
+  std::vector<std::vector<size_t>> pad_rows_;  // per slot: its rows of model.pad_token_id
 };
 
 // A decoder model: the skeleton above with the block definition `Blocks`.

@@ -23,6 +23,11 @@ class Gpt2Blocks {
           "model.head_dim, model.qk_norm: a gpt2 model's heads are n_embd / n_head wide and not "
           "normalized (these keys are the llama family's: Qwen3's shape is model.type llama)");
     }
+    if (mc.pad_token_id >= 0) {
+      return invalid_argument(
+          "model.pad_token_id: GPT-2's embedding has no padding row (transformers' GPT2 trains "
+          "every row); set it to -1");
+    }
     return Status::ok();
   }
 

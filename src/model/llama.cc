@@ -171,6 +171,16 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   if (arch == "Qwen2ForCausalLM") m->attention_bias = true;  // Qwen2 always has q/k/v biases
   // Qwen3 normalizes every query and key head.
   m->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  // pad_token_id: the embedding's padding_idx (its row takes no gradient); a list or null: none.
+  if (c.contains("pad_token_id") && c["pad_token_id"].is_number_integer()) {
+    const int64_t pad = c["pad_token_id"].get<int64_t>();
+    if (pad < 0 || pad >= m->vocab_size) {
+      return in.bad("pad_token_id", fmt::format("{} is not a token of the vocabulary (vocab_size "
+                                                "{}): transformers' embedding refuses it too",
+                                                pad, m->vocab_size));
+    }
+    m->pad_token_id = int(pad);
+  }
   // head_dim: kept only where it differs from hidden_size / num_attention_heads (0 = that).
   if (c.contains("head_dim") && !c["head_dim"].is_null()) {
     int hd = 0;
@@ -245,6 +255,7 @@ void llama_hf_write(const ModelConfig& m, nlohmann::json* out) {
   c["max_position_embeddings"] =
       std::max<int64_t>(m.context, c.value("max_position_embeddings", int64_t(0)));
   c["rms_norm_eps"] = m.rms_norm_eps;
+  if (m.pad_token_id >= 0) c["pad_token_id"] = m.pad_token_id;
   c["rope_theta"] = m.rope_theta;
   c["hidden_act"] = "silu";
   c["initializer_range"] = 0.02;
