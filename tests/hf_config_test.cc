@@ -128,6 +128,15 @@ TEST(HfConfig, Qwen3AndWiderHeads) {
   ASSERT_TRUE(same.is_ok()) << same.status().to_string();
   EXPECT_EQ(same->head_dim, 0);
   EXPECT_FALSE(same->qk_norm);
+  // transformers rotates only part of each head under partial_rotary_factor, for every model.
+  auto partial = model_config_from_hf(
+      dir_with("qwen3_partial", R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,
+        "num_hidden_layers":2,"num_attention_heads":4,"head_dim":32,"intermediate_size":96,
+        "vocab_size":300,"max_position_embeddings":64,"partial_rotary_factor":0.5})"),
+      0);
+  ASSERT_FALSE(partial.is_ok());
+  EXPECT_NE(partial.status().message().find("partial_rotary_factor: 0.5"), std::string::npos)
+      << partial.status().message();
   ModelConfig gpt;
   gpt.qk_norm = true;
   auto g = create_architecture(gpt);
@@ -179,6 +188,9 @@ TEST(HfConfig, Phi3) {
   refused("phi3_partial", "partial_rotary_factor", "0.75", 2047);
   refused("phi3_dropout", "resid_pdrop", "0.1", 2047);
   refused("phi3_pad", "pad_token_id", "300", 2047);  // past the vocabulary
+  refused("phi3_pad_string", "pad_token_id", "\"15\"", 2047);
+  refused("phi3_pad_float", "pad_token_id", "15.0", 2047);
+  refused("phi3_pad_huge", "pad_token_id", "18446744073709551615", 2047);
   refused("phi3_longrope", "rope_scaling",
           R"({"type":"longrope","short_factor":[1.0],"long_factor":[1.0]})", 2047);
 }

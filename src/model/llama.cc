@@ -171,15 +171,34 @@ Status llama_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig*
   if (arch == "Qwen2ForCausalLM") m->attention_bias = true;  // Qwen2 always has q/k/v biases
   // Qwen3 normalizes every query and key head.
   m->qk_norm = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
-  // pad_token_id: the embedding's padding_idx (its row takes no gradient); a list or null: none.
-  if (c.contains("pad_token_id") && c["pad_token_id"].is_number_integer()) {
-    const int64_t pad = c["pad_token_id"].get<int64_t>();
-    if (pad < 0 || pad >= m->vocab_size) {
+  // pad_token_id: the embedding's padding_idx (its row takes no gradient); null or absent: none.
+  if (in.has("pad_token_id")) {
+    const nlohmann::json& pad = c["pad_token_id"];
+    if (!pad.is_number_integer()) {
+      return in.bad("pad_token_id",
+                    fmt::format("{} is not an integer (a token id, or null for none)", pad.dump()));
+    }
+    const bool in_vocab = pad.is_number_unsigned()
+                              ? pad.get<uint64_t>() < uint64_t(m->vocab_size)
+                              : pad.get<int64_t>() >= 0 && pad.get<int64_t>() < m->vocab_size;
+    if (!in_vocab) {
       return in.bad("pad_token_id", fmt::format("{} is not a token of the vocabulary (vocab_size "
                                                 "{}): transformers' embedding refuses it too",
-                                                pad, m->vocab_size));
+                                                pad.dump(), m->vocab_size));
     }
-    m->pad_token_id = int(pad);
+    m->pad_token_id = pad.get<int>();
+  }
+  // A rotary embedding over part of each head (transformers reads partial_rotary_factor, at the
+  // top or in rope_parameters, for every model; Phi-4-mini's is 0.75): strata rotates it all.
+  for (const char* where : {"", "rope_parameters"}) {
+    if (*where && !(c.contains(where) && c[where].is_object())) continue;
+    const nlohmann::json& obj = *where ? c[where] : c;
+    if (!obj.contains("partial_rotary_factor") || obj["partial_rotary_factor"].is_null()) continue;
+    const nlohmann::json& f = obj["partial_rotary_factor"];
+    if (!(f.is_number() && f.get<double>() == 1.0)) {
+      return in.bad("partial_rotary_factor",
+                    fmt::format("{}: strata rotates every dimension of a head (1.0)", f.dump()));
+    }
   }
   // head_dim: kept only where it differs from hidden_size / num_attention_heads (0 = that).
   if (c.contains("head_dim") && !c["head_dim"].is_null()) {
@@ -328,27 +347,14 @@ const ModelFamily& llama_family() {
 
 namespace {
 
-// Phi3ForCausalLM's config.json: Llama's keys; a rotary embedding over part of each head
-// (partial_rotary_factor, Phi-4-mini's 0.75) and the dropouts transformers trains with
-// (attention_dropout, resid_pdrop, embd_pdrop) are refused, as is longrope (Phi-3's 128k
-// models) by the rope's own check.
+// Phi3ForCausalLM's config.json: Llama's keys (a partial rotary embedding, Phi-4-mini's, is
+// refused there); the dropouts transformers trains with (attention_dropout, resid_pdrop,
+// embd_pdrop) are refused, as is longrope (Phi-3's 128k models) by the rope's own check.
 Status phi3_hf_read(const HfConfigIn& in, const std::string& arch, ModelConfig* m,
                     HfShapeExtras* extras) {
   STRATA_RETURN_IF_ERROR(llama_hf_read(in, arch, m, extras), "");
   m->type = "phi3";
   const nlohmann::json& c = in.json();
-  const nlohmann::json* factor = nullptr;
-  if (c.contains("partial_rotary_factor")) factor = &c["partial_rotary_factor"];
-  if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
-      c["rope_parameters"].contains("partial_rotary_factor")) {
-    factor = &c["rope_parameters"]["partial_rotary_factor"];
-  }
-  if (factor != nullptr && !factor->is_null() &&
-      !(factor->is_number() && factor->get<double>() == 1.0)) {
-    return in.bad(
-        "partial_rotary_factor",
-        fmt::format("{}: strata rotates every dimension of a head (1.0)", factor->dump()));
-  }
   for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) {
     if (c.contains(key) && !c[key].is_null() &&
         !(c[key].is_number() && c[key].get<double>() == 0.0)) {
