@@ -172,6 +172,8 @@ TEST(HfEvalCheckpoint, EvaluatesAsItsExport) {
   ASSERT_FALSE(r.is_ok());
   EXPECT_NE(r.status().message().find("differs from the config's"), std::string::npos)
       << r.status().message();
+  EXPECT_NE(r.status().message().find("give the config it was trained with"), std::string::npos)
+      << r.status().message();
 }
 
 TEST(HfEvalErrors, CorpusShorterThanOneWindow) {

@@ -57,7 +57,7 @@ std::string shape_difference(const std::string& ckpt, const std::string& mine) {
   } else {
     diff = "the checkpoint's model differs from the config's: " + diff;
   }
-  return diff + "; resume with the config it was trained with";
+  return diff + "; give the config it was trained with";
 }
 
 }  // namespace
