@@ -218,6 +218,28 @@ TEST_F(MetaEdits, AResumeThatChangesTheScheduleIsNamed) {
   expect_refused([](nlohmann::json& j) { j["schedule_steps"] = -3; }, {"schedule_steps"});
 }
 
+// A resume under another model.pad_token_id (the embedding row that takes no gradient) is named,
+// with the setting that keeps the checkpoint's; a checkpoint from before it was recorded is not.
+TEST_F(MetaEdits, AResumeThatChangesThePadTokenIsNamed) {
+  auto none = read_checkpoint_meta(ckpt_);
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  EXPECT_EQ(none->pad_token_id, -1);
+  CheckpointMeta then, now;
+  then.pad_token_id = now.pad_token_id = 7;
+  EXPECT_EQ(resume_pad_note(then, now), "");
+  now.pad_token_id = -1;
+  const std::string note = resume_pad_note(then, now);
+  EXPECT_TRUE(contains(note, "pad token 7 from training, this run keeps none's")) << note;
+  EXPECT_TRUE(contains(note, "--set model.pad_token_id=7")) << note;
+  then.pad_token_id = -2;  // not recorded
+  EXPECT_EQ(resume_pad_note(then, now), "");
+  edit_meta(ckpt_, [](nlohmann::json& j) { j.erase("pad_token_id"); });
+  auto old = read_checkpoint_meta(ckpt_);
+  ASSERT_TRUE(old.is_ok()) << old.status().to_string();
+  EXPECT_EQ(old->pad_token_id, -2);
+  expect_refused([](nlohmann::json& j) { j["pad_token_id"] = -5; }, {"pad_token_id"});
+}
+
 TEST_F(Hardening, DeepCheckpointMetadataIsCorruptNotACrash) {
   const auto dir = temp_dir("deepmeta");
   CheckpointMeta meta;

@@ -81,6 +81,7 @@ std::string meta_json(const CheckpointMeta& m) {
   if (m.micro_batch > 0) j["micro_batch"] = m.micro_batch;
   if (m.accumulation > 0) j["gradient_accumulation_steps"] = m.accumulation;
   if (m.schedule_steps > 0) j["schedule_steps"] = m.schedule_steps;
+  if (m.pad_token_id >= -1) j["pad_token_id"] = m.pad_token_id;
   nlohmann::json mods = nlohmann::json::array();
   for (const auto& mod : m.modules) {
     mods.push_back({{"name", mod.name}, {"numel", mod.numel}, {"offset", mod.offset}});
@@ -179,6 +180,7 @@ CheckpointMeta parse_meta(const std::string& js) {
     m.accumulation = int_field(j, "gradient_accumulation_steps", 1, INT32_MAX);
   }
   if (j.contains("schedule_steps")) m.schedule_steps = int_field(j, "schedule_steps", 1, INT32_MAX);
+  if (j.contains("pad_token_id")) m.pad_token_id = int_field(j, "pad_token_id", -1, INT32_MAX);
   const json& mods = j.at("modules");
   if (!mods.is_array() || mods.empty()) throw std::runtime_error("modules is not a list");
   for (const auto& mod : mods) {

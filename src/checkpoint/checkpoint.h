@@ -66,6 +66,8 @@ struct CheckpointMeta {
   // "auto" makes train.steps), where it decays over them (WarmupDecayLR, WarmupCosineLR); 0
   // for a schedule that does not, and in files written before it was recorded.
   int64_t schedule_steps = 0;
+  // model.pad_token_id of the run (-1: none); -2 in files written before it was recorded.
+  int64_t pad_token_id = -2;
   // Sharded checkpoints: one file per rank, "<name>.rank<R>-of-<N>", each holding that rank's
   // shard of every module; "<name>" is then a manifest (JSON: magic "strata-shards", world_size,
   // step, and the shard file names) that `latest` points at. Whole-model files: 1 and 0.

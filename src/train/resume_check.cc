@@ -215,4 +215,17 @@ std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMet
       then.schedule_steps, now.schedule_steps, then.schedule_steps);
 }
 
+std::string resume_pad_note(const CheckpointMeta& then, const CheckpointMeta& now) {
+  if (then.pad_token_id < -1 || now.pad_token_id < -1 || then.pad_token_id == now.pad_token_id) {
+    return "";
+  }
+  auto name = [](int64_t pad) { return pad < 0 ? std::string("none") : std::to_string(pad); };
+  return fmt::format(
+      "the checkpoint's run kept the embedding row of pad token {} from training, this run keeps "
+      "{}'s (model.pad_token_id, from config.json's pad_token_id): from here on the embedding "
+      "trains otherwise than the checkpoint's run would have. To keep it, --set "
+      "model.pad_token_id={}",
+      name(then.pad_token_id), name(now.pad_token_id), then.pad_token_id);
+}
+
 }  // namespace strata

@@ -40,5 +40,9 @@ std::string resume_batch_note(const CheckpointMeta& then, const CheckpointMeta& 
 // schedule_steps, both recorded): a warning that the rate from here on is not the checkpoint's
 // run's, and the setting that keeps it; "" otherwise.
 std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMeta& now);
+// Where the run's model.pad_token_id (the embedding row that takes no gradient) differs from
+// the checkpoint's (both recorded): a warning that the rows train otherwise from here on, and
+// the setting that keeps the checkpoint's; "" otherwise.
+std::string resume_pad_note(const CheckpointMeta& then, const CheckpointMeta& now);
 
 }  // namespace strata

@@ -273,6 +273,7 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
   if (sc.type == "WarmupDecayLR" || sc.type == "WarmupCosineLR") {
     meta.schedule_steps = sc.total_num_steps;
   }
+  meta.pad_token_id = cfg_.model.pad_token_id;
   meta.run_id = run_id_;
   // A frozen module (LoRA's base) has no state of its own to save: 0 elements.
   for (const ModuleSpec& m : arch_->layout().modules) {
@@ -328,6 +329,9 @@ Status Run::init_or_resume() {
       log_warn("--resume: {}", note);
     }
     if (const std::string note = resume_schedule_note(meta, now); !note.empty() && rank_ == 0) {
+      log_warn("--resume: {}", note);
+    }
+    if (const std::string note = resume_pad_note(meta, now); !note.empty() && rank_ == 0) {
       log_warn("--resume: {}", note);
     }
   }
