@@ -231,7 +231,8 @@ TEST_F(MetaEdits, AResumeThatChangesThePadTokenIsNamed) {
   const std::string note = resume_pad_note(then, now);
   EXPECT_TRUE(contains(note, "pad token 7 from training, this run keeps none's")) << note;
   EXPECT_TRUE(contains(note, "--set model.pad_token_id=7")) << note;
-  then.pad_token_id = -2;  // not recorded
+  EXPECT_EQ(resume_notes(then, now), std::vector<std::string>{note});  // what --resume logs
+  then.pad_token_id = -2;                                              // not recorded
   EXPECT_EQ(resume_pad_note(then, now), "");
   edit_meta(ckpt_, [](nlohmann::json& j) { j.erase("pad_token_id"); });
   auto old = read_checkpoint_meta(ckpt_);

@@ -215,6 +215,15 @@ std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMet
       then.schedule_steps, now.schedule_steps, then.schedule_steps);
 }
 
+std::vector<std::string> resume_notes(const CheckpointMeta& then, const CheckpointMeta& now) {
+  std::vector<std::string> notes;
+  for (std::string n : {resume_batch_note(then, now), resume_schedule_note(then, now),
+                        resume_pad_note(then, now)}) {
+    if (!n.empty()) notes.push_back(std::move(n));
+  }
+  return notes;
+}
+
 std::string resume_pad_note(const CheckpointMeta& then, const CheckpointMeta& now) {
   if (then.pad_token_id < -1 || now.pad_token_id < -1 || then.pad_token_id == now.pad_token_id) {
     return "";

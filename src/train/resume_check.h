@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/checkpoint/checkpoint.h"
 #include "strata/status.h"
@@ -44,5 +45,7 @@ std::string resume_schedule_note(const CheckpointMeta& then, const CheckpointMet
 // the checkpoint's (both recorded): a warning that the rows train otherwise from here on, and
 // the setting that keeps the checkpoint's; "" otherwise.
 std::string resume_pad_note(const CheckpointMeta& then, const CheckpointMeta& now);
+// The notes above that apply to a resume from `then` to `now`, in that order.
+std::vector<std::string> resume_notes(const CheckpointMeta& then, const CheckpointMeta& now);
 
 }  // namespace strata

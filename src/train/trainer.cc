@@ -325,14 +325,8 @@ Status Run::init_or_resume() {
     log_info("resumed from {} at step {}", path, step_);
     CheckpointMeta now = checkpoint_meta(step_);
     now.world_size = world_;
-    if (const std::string note = resume_batch_note(meta, now); !note.empty() && rank_ == 0) {
-      log_warn("--resume: {}", note);
-    }
-    if (const std::string note = resume_schedule_note(meta, now); !note.empty() && rank_ == 0) {
-      log_warn("--resume: {}", note);
-    }
-    if (const std::string note = resume_pad_note(meta, now); !note.empty() && rank_ == 0) {
-      log_warn("--resume: {}", note);
+    for (const std::string& note : resume_notes(meta, now)) {
+      if (rank_ == 0) log_warn("--resume: {}", note);
     }
   }
   if (world_ > 1) {
