@@ -141,6 +141,11 @@ int cmd_train(int argc, char** argv) {
                 res.eval_losses.front().second, (long long)res.eval_losses.front().first,
                 res.eval_losses.back().second, (long long)res.eval_losses.back().first);
   }
+  if (res.eval_accuracies.size() >= 2) {
+    std::printf("eval reward accuracy (DPO): %.3f at step %lld -> %.3f at step %lld\n",
+                res.eval_accuracies.front().second, (long long)res.eval_accuracies.front().first,
+                res.eval_accuracies.back().second, (long long)res.eval_accuracies.back().first);
+  }
   for (const auto& t : res.tiers) {
     if (t.capacity == 0) continue;
     std::printf("tier %-6s peak %s of %s; moved in %s, out %s%s\n", t.name.c_str(),

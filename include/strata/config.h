@@ -237,6 +237,17 @@ struct DeviceConfig {
   double simulate_launch_us = -1;  // < 0: the preset's
 };
 
+// Preference training (TRL's DPOConfig keys), used when the training data holds preference pairs
+// (tools/prepare_data.py --format preference): the loss is DPO's sigmoid loss
+//   L = -(1 - label_smoothing) log sigma(z) - label_smoothing log sigma(-z),
+//   z = beta ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))),
+// the log-probabilities summed over each completion's tokens; ref is the run's initial model.
+struct DpoConfig {
+  double beta = 0.1;
+  double label_smoothing = 0.0;  // cDPO's: the chance that a pair's labels are flipped
+  std::string loss_type = "sigmoid";
+};
+
 struct TrainConfig {
   int64_t steps = 200;
   int64_t eval_interval = 50;
@@ -322,6 +333,7 @@ struct Config {
   DataConfig data;
   DeviceConfig device;
   TrainConfig train;
+  DpoConfig dpo;
   StrataConfig strata;
   MonitorConfig tensorboard, csv_monitor;
   FlopsProfilerConfig flops_profiler;

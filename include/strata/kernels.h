@@ -374,6 +374,11 @@ class Kernels {
   virtual void norm_sq_and_nonfinite(Stream& s, double* norm_sq, const float* x, size_t n) = 0;
   // x[i] *= factor.
   virtual void scale(Stream& s, float* x, float factor, size_t n) = 0;
+  // x[r * row_elems + i] *= scale[r] (r < rows, i < row_elems; scale a device array of rows
+  // entries): one fp32 multiply, one rounding to dt. A preference batch's per-sequence loss
+  // weights on its logits' gradients.
+  virtual void scale_rows(Stream& s, DType dt, void* x, const float* scale, int rows,
+                          size_t row_elems) = 0;
 
   // Inverted dropout (torch.nn.Dropout in training): out[i] = in[i] * (1 / (1 - p)) (an fp32
   // multiply, one rounding to dt) where dropout_uniform(key, i) >= p, else 0; 0 <= p < 1. out may

@@ -220,6 +220,11 @@ class KernelsWrapper : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     forward_op(s, "scale", [&](Kernels& k) { k.scale(s, x, factor, n); });
   }
+  void scale_rows(Stream& s, DType dt, void* x, const float* scale, int rows,
+                  size_t row_elems) override {
+    forward_op(s, "scale_rows",
+               [&](Kernels& k) { k.scale_rows(s, dt, x, scale, rows, row_elems); });
+  }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     forward_op(s, "dropout", [&](Kernels& k) { k.dropout(s, dt, out, in, n, p, key); });

@@ -222,6 +222,10 @@ class CpuKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run(s, [=] { cpu::scale(x, factor, n); });
   }
+  void scale_rows(Stream& s, DType dt, void* x, const float* scale, int rows,
+                  size_t row_elems) override {
+    run(s, [=] { cpu::scale_rows(dt, x, scale, rows, row_elems); });
+  }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     run(s, [=] { cpu::dropout(dt, out, in, n, p, key); });

@@ -159,6 +159,7 @@ void crossentropy_forward_backward(DType dt, float* losses, void* logits_inout,
 void cast(void* dst, DType dst_t, const void* src, DType src_t, size_t n);
 void norm_sq_and_nonfinite(double* norm_sq, const float* x, size_t n);
 void scale(float* x, float factor, size_t n);
+void scale_rows(DType dt, void* x, const float* scale, int rows, size_t row_elems);
 void dropout(DType dt, void* out, const void* in, size_t n, float p, uint64_t key);
 
 // Block-wise quantization (Kernels::quantize / dequantize): the AVX2 path when the CPU has it

@@ -227,6 +227,9 @@ class SimKernels final : public Kernels {
     mem(s, 4.0 * n);  // the trainer takes the norm from device.simulate_grad_norm
   }
   void scale(Stream& s, float*, float, size_t n) override { mem(s, 8.0 * n); }
+  void scale_rows(Stream& s, DType dt, void*, const float*, int rows, size_t row_elems) override {
+    mem(s, 2.0 * double(dtype_size(dt)) * double(rows) * double(row_elems));
+  }
   void dropout(Stream& s, DType dt, void*, const void*, size_t n, float, uint64_t) override {
     mem(s, 2.0 * n * es(dt));
   }

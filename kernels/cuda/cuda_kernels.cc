@@ -293,6 +293,12 @@ class CudaKernels final : public Kernels {
   void scale(Stream& s, float* x, float factor, size_t n) override {
     run("scale", s, [&](CudaStream& cs) { return cuda_scale(cs.handle, x, factor, n); });
   }
+  void scale_rows(Stream& s, DType dt, void* x, const float* scale, int rows,
+                  size_t row_elems) override {
+    run("scale_rows", s, [&](CudaStream& cs) {
+      return cuda_scale_rows(cs.handle, dt, x, scale, rows, row_elems);
+    });
+  }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {
     run("dropout", s,

@@ -277,6 +277,8 @@ Status cuda_cast(cudaStream_t s, void* dst, DType dst_t, const void* src, DType 
 Status cuda_norm_sq_and_nonfinite(cudaStream_t s, double* scratch, double* norm_sq, const float* x,
                                   size_t n);
 Status cuda_scale(cudaStream_t s, float* x, float factor, size_t n);
+Status cuda_scale_rows(cudaStream_t s, DType dt, void* x, const float* scale, int rows,
+                       size_t row_elems);
 // quantize.cu
 Status cuda_quantize(cudaStream_t s, int bits, DType dt, void* q, float* scales, const void* x,
                      size_t n, int block);

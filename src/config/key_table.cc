@@ -392,6 +392,15 @@ void TableBuilder::add_run_keys() {
   add(F("train.log_interval", Int(1, kMaxInt), STRATA_M(train.log_interval),
         "steps between metrics records (train.log_file, tensorboard, csv_monitor), each the "
         "per-step means since the last (steps_per_print paces the lines on stdout)"));
+
+  // --- strata: dpo ------------------------------------------------------------------------------
+  group("strata: dpo (TRL's DPOConfig keys; used when data.source holds preference pairs)");
+  add(F("dpo.beta", Real(0, kInf, true), STRATA_M(dpo.beta),
+        "DPO's beta: how far the policy may move from the reference (the initial model)"));
+  add(F("dpo.label_smoothing", Real(0, 0.5, false, true), STRATA_M(dpo.label_smoothing),
+        "cDPO: the probability that a pair's preference is flipped; 0 = plain DPO"));
+  add(F("dpo.loss_type", Enum("sigmoid"), STRATA_M(dpo.loss_type),
+        "sigmoid: DPO's loss (TRL's default)"));
 }
 
 void TableBuilder::add_engine_keys() {

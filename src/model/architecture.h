@@ -203,6 +203,18 @@ struct ModuleBindings {
 // enqueued; other models leave it untouched.
 // dropout_key: the micro-batch's random stream for training's dropout (LoRA's lora_dropout),
 // training_dropout_key(); 0 (eval, generate, a test's plain pass): no dropout.
+// row_weights (nullptr: none): a preference (DPO) micro-batch's loss, which is no mean over its
+// tokens: the head's loss gradient is then taken per token unscaled (dloss 1), and once the
+// per-token losses are in losses_out, row_weights (on the host, in compute-stream order) gives
+// each of the B rows the factor that multiplies that row's logits' gradient; dloss still
+// weighs a mixture's load-balancing loss.
+struct RowWeights {
+  virtual ~RowWeights() = default;
+  // token_losses: the micro-batch's [B*T] per-token losses (0 where the target is ignored);
+  // writes weights[B].
+  virtual void weigh(const float* token_losses, int B, int T, float* weights) const = 0;
+};
+
 struct MicroBatch {
   float dloss = 0;
   float* losses_out = nullptr;
@@ -210,6 +222,7 @@ struct MicroBatch {
   float* aux_loss_out = nullptr;
   uint64_t dropout_key = 0;
   bool losses_out_pinned = false;
+  const RowWeights* row_weights = nullptr;
 };
 
 // The dropout key of training micro-batch `micro` of step `step` on rank `rank` of a run seeded

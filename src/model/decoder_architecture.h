@@ -39,6 +39,7 @@ class DecoderRunner final : public ModelRunner {
     int32_t* targets = nullptr;
     int32_t* pos = nullptr;  // positions (begin_batch), read when the batch came with them
     float* losses = nullptr;
+    float* row_weights = nullptr;  // B: MicroBatch::row_weights' factors
     std::vector<Layer> layers;
     // kRecompute: every block's input (inputs[0] == encoded); kOffload: two slots, block l's
     // input in inputs[l % 2]. out: the last block's output, the head's input (not kKeep).
@@ -99,6 +100,7 @@ class DecoderRunner final : public ModelRunner {
     m->out = keep ? nullptr : c.take(NC);
     if (shared) {
       m->losses = shared->losses;
+      m->row_weights = shared->row_weights;
       m->lnf = shared->lnf;
       m->logits = shared->logits;
       m->nf = shared->nf;
@@ -113,6 +115,7 @@ class DecoderRunner final : public ModelRunner {
       return;
     }
     m->losses = c.take_f32(N);
+    m->row_weights = c.take_f32(size_t(d.B));
     m->lnf = c.take(NC);
     m->logits = c.take(N * size_t(sh.padded_vocab_size) * d.es());
     blocks.carve(c, d, &m->nf);
@@ -168,11 +171,13 @@ class DecoderRunner final : public ModelRunner {
     restored_.assign(size_t(sh_.n_layer), false);
     const size_t N = st_.N();
     // Per slot: its tokens, targets and positions (N * 12 bytes); then one losses buffer (N * 4)
-    // that every slot's head copies through in stream order.
-    STRATA_ASSIGN_OR_RETURN(void* h, st_.dev->allocate_host(N * 12 * size_t(slots) + N * 4),
-                            "host staging");
+    // and one of row weights (B * 4) that every slot's head uses in stream order.
+    STRATA_ASSIGN_OR_RETURN(
+        void* h, st_.dev->allocate_host(N * 12 * size_t(slots) + N * 4 + size_t(st_.B) * 4),
+        "host staging");
     host_io_ = static_cast<int32_t*>(h);
     host_losses_ = reinterpret_cast<float*>(host_io_ + 3 * N * size_t(slots));
+    host_row_weights_ = host_losses_ + N;
     slot_has_pos_.assign(size_t(slots), false);
     pad_rows_.assign(size_t(slots), {});
     uploaded_.resize(size_t(slots));
@@ -374,8 +379,9 @@ class DecoderRunner final : public ModelRunner {
     blocks_.norm_forward(st_, NormSite::kFinal, pf, output(sh_.n_layer - 1), buf_->lnf, buf_->nf);
     k.matmul_forward(s, st_.dt, buf_->logits, buf_->lnf, ph, nullptr, N, C, Vp);
     if (mb.logits_out) st_.dev->copy_d2h(s, mb.logits_out, buf_->logits, size_t(N) * Vp * st_.es());
-    k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets, mb.dloss,
-                                    N, sh_.vocab_size, Vp);
+    k.crossentropy_forward_backward(s, st_.dt, buf_->losses, buf_->logits, buf_->targets,
+                                    mb.row_weights ? 1.0f : mb.dloss, N, sh_.vocab_size, Vp);
+    const float* pinned_losses = mb.losses_out;
     if (mb.losses_out_pinned) {
       st_.dev->copy_d2h(s, mb.losses_out, buf_->losses, size_t(N) * 4);
     } else {
@@ -383,6 +389,18 @@ class DecoderRunner final : public ModelRunner {
       float* src = host_losses_;
       float* dst = mb.losses_out;
       st_.dev->host_fn(s, [src, dst, N] { std::memcpy(dst, src, size_t(N) * 4); });
+      pinned_losses = host_losses_;
+    }
+    if (mb.row_weights) {
+      // The rows' factors from their losses on the host, back before the head's backward.
+      const RowWeights* w = mb.row_weights;
+      float* weights = host_row_weights_;
+      const int B = st_.B, T = st_.T;
+      st_.dev->host_fn(s, [w, pinned_losses, weights, B, T] {
+        w->weigh(pinned_losses, B, T, weights);
+      });
+      st_.dev->copy_h2d(s, buf_->row_weights, weights, size_t(B) * 4);
+      k.scale_rows(s, st_.dt, buf_->logits, buf_->row_weights, B, size_t(T) * size_t(Vp));
     }
     if constexpr (RunnerStateOf<Blocks>::kHas) blocks_.end_forward(st_, mb);
   }
@@ -457,6 +475,7 @@ class DecoderRunner final : public ModelRunner {
   // host staging for tokens/targets/losses (the copy engines need stable host memory)
   int32_t* host_io_ = nullptr;
   float* host_losses_ = nullptr;
+  float* host_row_weights_ = nullptr;
   std::vector<bool> slot_has_pos_;             // per slot: its batch came with positions
   std::vector<std::vector<size_t>> pad_rows_;  // per slot: its rows of model.pad_token_id
 };

@@ -37,6 +37,7 @@
 #include "src/train/metrics_log.h"
 #include "src/train/monitors.h"
 #include "src/train/op_profile.h"
+#include "src/train/preference.h"
 #include "src/train/process_memory.h"
 #include "src/train/resume_check.h"
 #include "src/train/schedule.h"
@@ -139,6 +140,24 @@ class Run {
   Result<std::optional<double>> whole_eval_loss(size_t batches, bool stoppable, int64_t* tokens);
   // Runs eval batch i (the forward alone); its per-token losses land in losses_ (run_eval.cc).
   Status eval_batch(int i);
+
+  // Preference data (DPO, run_preference.cc). The checks of load_data: strata eval refuses
+  // it; the micro-batch holds whole pairs.
+  bool preference() const { return data_ && data_->preference(); }
+  Status check_preference_data();
+  // The forward alone over B/2 pairs from `first_pair` (wrapping) of a split; losses_ gets
+  // their rows' per-token losses.
+  Status pair_forward(bool eval_split, size_t first_pair);
+  // ref_train_ and ref_eval_ from the weights now held (the initial ones: the reference).
+  Status reference_logps();
+  Status reference_logps_of(bool eval_split, std::vector<float>* out);
+  // The step's micro-batches' row weights (MicroBatch::row_weights), `scale` the loss scale.
+  void weigh_preference_rows(double scale, std::vector<MicroBatch>* mbs);
+  // After the step's backward: its DPO loss over the global batch's pairs (last_dpo_).
+  Result<double> preference_step_loss();
+  Status reduce_dpo_sums(DpoSums* s);
+  // The held-out DPO loss over data.eval_batches batches of pairs (at most every pair once).
+  Result<std::optional<double>> preference_eval_loss();
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
   int64_t global_train_targets() const {
     int64_t n = 0;
@@ -258,6 +277,13 @@ class Run {
   // Set once the device exists (setup: "auto" is "always" on the CPU backend).
   DeferChoice speculate_choice_{DeferChoice::Mode::kAlways};
   double last_fwd_bwd_s_ = 0;
+  // Preference data: the reference's log-probabilities of every pair's two sequences (chosen
+  // first), the step's rows' share of them and their weights ([accum]), the last step's and
+  // eval's metrics.
+  std::vector<float> ref_train_, ref_eval_;
+  std::vector<std::vector<float>> ref_rows_;
+  std::vector<DpoRowWeights> row_weights_;
+  DpoMetrics last_dpo_, last_eval_dpo_;
 };
 
 }  // namespace strata::run_detail

@@ -27,6 +27,7 @@ Status Run::eval_batch(int i) {
 
 Result<std::optional<double>> Run::eval_loss() {
   STRATA_RETURN_IF_ERROR(tm_->finish_pending_step(), "before eval");
+  if (preference()) return preference_eval_loss();
   double sum = 0;
   // eval_batch(i) takes B*world windows from i*B*world on, wrapping past the end: the batches
   // that hold every window once are enough (2147483647 of them ran for days, ignoring Ctrl-C).

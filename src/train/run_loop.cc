@@ -73,6 +73,7 @@ void Run::add_step(const TierTimes& tt, double loss, TrainResult* out) const {
   r.fwd_bwd_s += last_fwd_bwd_s_;
   r.io_wait_s += tt.io_wait_s;
   r.losses.push_back(loss);
+  if (preference()) r.accuracies.push_back(last_dpo_.accuracy);
   const ScheduleCounts& c = tt.schedule;
   r.optimizer_schedule.push_back(c.rollbacks > 0                        ? 2
                                  : c.modules_stepped_under_backward > 0 ? 1
@@ -198,11 +199,26 @@ Result<TrainResult> Run::loop() {
     }
     const double el = *cut_or_loss;
     r.eval_losses.emplace_back(step, el);
+    if (preference()) r.eval_accuracies.emplace_back(step, last_eval_dpo_.accuracy);
     if (!report) return Status::ok();
-    if (opts_.progress)
-      std::printf("step %5lld/%lld | eval loss %.4f\n", (long long)step, (long long)total, el);
-    jsonl.write_line(nlohmann::json{{"step", step}, {"eval_loss", el}}.dump()).ignore();
-    monitors.add(step, {{"eval_loss", el}});
+    nlohmann::json rec{{"step", step}, {"eval_loss", el}};
+    std::string rewards;
+    if (preference()) {
+      const DpoMetrics& m = last_eval_dpo_;
+      rec["eval_rewards/chosen"] = m.reward_chosen;
+      rec["eval_rewards/rejected"] = m.reward_rejected;
+      rec["eval_rewards/accuracies"] = m.accuracy;
+      rec["eval_rewards/margins"] = m.margin();
+      rewards = fmt::format(" | acc {:.2f} margin {:.3f}", m.accuracy, m.margin());
+    }
+    if (opts_.progress) {
+      std::printf("step %5lld/%lld | eval loss %.4f%s\n", (long long)step, (long long)total, el,
+                  rewards.c_str());
+    }
+    jsonl.write_line(rec.dump()).ignore();
+    Scalars scalars{{"eval_loss", el}};
+    if (preference()) scalars.push_back({"eval_rewards/accuracies", last_eval_dpo_.accuracy});
+    monitors.add(step, scalars);
     return Status::ok();
   };
   if (step_ == 0 && cfg_.train.eval_interval > 0) {
@@ -268,6 +284,10 @@ Result<TrainResult> Run::loop() {
       rep.lr = learning_rate(cfg_, std::max<int64_t>(opt_steps_ - 1, 0));
       rep.grad_norm = last_grad_norm_;
       rep.aux_loss = last_aux_loss_;
+      rep.preference = preference();
+      rep.reward_chosen = last_dpo_.reward_chosen;
+      rep.reward_rejected = last_dpo_.reward_rejected;
+      rep.reward_accuracy = last_dpo_.accuracy;
       rep.fp16 = cfg_.fp16.enabled;
       rep.loss_scale = scaler_.scale;
       rep.skipped = last_skipped_;

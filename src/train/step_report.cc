@@ -21,15 +21,19 @@ std::string progress_line(const StepReport& r, const StepWindow& w) {
                        : std::string();
   const std::string aux =
       r.aux_loss >= 0 ? fmt::format("aux {:.4f} | ", r.aux_loss) : std::string();
+  const std::string rewards =
+      r.preference ? fmt::format("acc {:.2f} margin {:.3f} | ", r.reward_accuracy,
+                                 r.reward_chosen - r.reward_rejected)
+                   : std::string();
   const std::string scale = r.fp16 ? fmt::format("scale {:g} | ", r.loss_scale) : std::string();
   const std::string optimizer_note = r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks)
                                      : r.approximate ? ", delayed: approximate"
                                                      : "";
   return fmt::format(
-      "step {:5d}/{} | loss {:.4f} | {}lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} ms: "
+      "step {:5d}/{} | loss {:.4f} | {}{}lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} ms: "
       "fwd/bwd {:.0f} (fetch wait {:.0f}) opt {:.0f} ({:.0f}% hidden{}), io wait {:.0f}{} | "
       "moved/step: device {:.1f} MiB, nvme {:.1f} MiB | {} elapsed, ETA {}{}\n",
-      r.step, r.total, r.loss, aux, r.lr, r.grad_norm, scale, r.tokens_per_s,
+      r.step, r.total, r.loss, aux, rewards, r.lr, r.grad_norm, scale, r.tokens_per_s,
       1e3 * w.per_step(r.window_s), 1e3 * w.per_step(w.fwd_bwd_s), 1e3 * w.per_step(w.fetch_wait_s),
       1e3 * w.per_step(w.optimizer_s),
       w.optimizer_s > 0 ? 100.0 * w.optimizer_hidden_s / w.optimizer_s : 0.0, optimizer_note,
@@ -69,6 +73,12 @@ std::string metrics_record(const StepReport& r, const StepWindow& w) {
       {"peak_rss_bytes", r.peak_rss},
       {"rss_bytes", r.rss}};
   if (r.aux_loss >= 0) j["aux_loss"] = r.aux_loss;
+  if (r.preference) {
+    j["rewards/chosen"] = r.reward_chosen;
+    j["rewards/rejected"] = r.reward_rejected;
+    j["rewards/accuracies"] = r.reward_accuracy;
+    j["rewards/margins"] = r.reward_chosen - r.reward_rejected;
+  }
   return j.dump();
 }
 

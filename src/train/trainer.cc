@@ -159,7 +159,7 @@ Status Run::load_data() {
   }
   data_.emplace(std::move(d));
   log_info("data: {}", data_->description());
-  return Status::ok();
+  return check_preference_data();
 }
 
 Status Run::check_output_dirs() {
@@ -284,7 +284,12 @@ CheckpointMeta Run::checkpoint_meta(int64_t step) const {
 
 Status Run::init_or_resume() {
   // A frozen base (LoRA) is not in the checkpoints: it is initialized (read) before one loads.
-  if (!opts_.resume.empty() && arch_->lora()) STRATA_RETURN_IF_ERROR(init_weights(), "");
+  // DPO's reference is the initial model: its log-probabilities come first, on a resume too.
+  const bool reference = preference();
+  if ((!opts_.resume.empty() && arch_->lora()) || reference) {
+    STRATA_RETURN_IF_ERROR(init_weights(), "");
+  }
+  if (reference) STRATA_RETURN_IF_ERROR(reference_logps(), "DPO's reference log-probabilities");
   if (opts_.resume.empty()) {
     run_id_ = new_run_id();
   } else {
@@ -337,7 +342,7 @@ Status Run::init_or_resume() {
     run_id_ = fmt::format("{:016x}",
                           uint64_t(parts[0]) | uint64_t(parts[1]) << 24 | uint64_t(parts[2]) << 48);
   }
-  if (!opts_.resume.empty()) return Status::ok();
+  if (!opts_.resume.empty() || reference) return Status::ok();
   return init_weights();
 }
 
@@ -487,6 +492,7 @@ Status Run::forward_backward(float dloss, bool speculate, float* aux) {
                    training_dropout_key(cfg_.train.seed, step_, micro, rank_),
                    /*losses_out_pinned=*/true});
   }
+  if (preference()) weigh_preference_rows(scaler_.scale, &mbs);
   // Forward groups (strata.grouped_forwards): the micro-batches of a group run their forwards
   // together, module by module, each on its own activation slot; then each its head and
   // backward, in order, as an ungrouped step would (the same bits) — or, with backward groups,
@@ -615,6 +621,7 @@ Result<double> Run::run_step() {
   for (float l : losses_) loss_sum += l;  // masked-out targets' losses are 0
   const bool masked = data_->train_packed();
   double loss = masked ? loss_sum / double(targets) : loss_sum / (double(B_) * T_ * accum_);
+  if (preference()) STRATA_ASSIGN_OR_RETURN(loss, preference_step_loss(), "");
   double aux_sum = 0;
   for (float a : aux) aux_sum += a;
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
@@ -637,7 +644,7 @@ Result<double> Run::run_step() {
     STRATA_RETURN_IF_ERROR(reduce(sums, 3, ReduceOp::kSum), "reducing the loss and grad norm");
     if (last_aux_loss_ >= 0) last_aux_loss_ = double(sums[2]) / world_;
     STRATA_RETURN_IF_ERROR(reduce(flags, 2, ReduceOp::kMax), "reducing the overflow flag");
-    loss = masked ? double(sums[0]) : double(sums[0]) / world_;
+    loss = preference() ? loss : masked ? double(sums[0]) : double(sums[0]) / world_;
     stats.norm_sq = sums[1];
     stats.nonfinite = flags[0] != 0.0f || !std::isfinite(sums[1]);
     undo_not_ready = flags[1] != 0.0f;

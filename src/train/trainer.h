@@ -72,6 +72,10 @@ struct TrainResult {
   // Per step run here: 1 when an fp16 overflow skipped it.
   std::vector<uint8_t> step_skipped;
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, eval loss)
+  // Preference data (DPO): (step, the held-out pairs' reward accuracy) at each eval, and each
+  // step's reward accuracy over its pairs (TRL's rewards/accuracies).
+  std::vector<std::pair<int64_t, double>> eval_accuracies;
+  std::vector<double> accuracies;
   int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
   double loss_scale = 1.0;                              // at the end (fp16; else 1)
   bool stopped_early = false;                           // by signal or stop_at_step

@@ -1,0 +1,155 @@
+// Preference training (src/train/preference.h): the reference's log-probabilities of every pair
+// before the first step, each step's row weights and DPO metrics, and the held-out DPO loss.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "src/tiers/tier_manager.h"
+#include "src/train/data.h"
+#include "src/train/preference.h"
+#include "src/train/run.h"
+#include "strata/log.h"
+
+namespace strata::run_detail {
+
+Status Run::check_preference_data() {
+  if (!preference()) return Status::ok();
+  if (eval_only_) {
+    return invalid_argument(fmt::format(
+        "{} holds preference pairs (prepare_data.py --format preference): strata eval measures "
+        "next-token loss over plain or chat token files; a preference run's held-out DPO loss "
+        "and reward accuracy are its evals (train.eval_interval)",
+        cfg_.data.eval_source.empty() ? cfg_.data.source : cfg_.data.eval_source));
+  }
+  if (B_ % 2 != 0) {
+    return invalid_argument(fmt::format(
+        "train_micro_batch_size_per_gpu is {}: preference pairs need an even micro-batch (each "
+        "pair's chosen and rejected sequences are two rows of the same micro-batch)",
+        B_));
+  }
+  return Status::ok();
+}
+
+Status Run::pair_forward(bool eval_split, size_t first_pair) {
+  const MicroBatch mb{0.0f, losses_.data(), nullptr, nullptr, 0, /*losses_out_pinned=*/true};
+  tm_->begin_phase("eval");
+  data_->pair_batch(eval_split, first_pair, B_, T_, tok_.data(), tgt_.data());
+  model_->begin_batch(tok_.data(), tgt_.data(), nullptr);
+  const std::string what = fmt::format("the pairs from {}", first_pair);
+  STRATA_RETURN_IF_ERROR(run_program(Pass::kEval, 0, true, false, &mb), what);
+  STRATA_RETURN_IF_ERROR(tm_->end_backward(), what);
+  return tm_->end_phase().with_context("eval");
+}
+
+Status Run::reference_logps_of(bool eval_split, std::vector<float>* out) {
+  const size_t pairs = eval_split ? data_->eval_pairs() : data_->train_pairs();
+  out->assign(2 * pairs, 0.0f);
+  // Each rank takes B/2 pairs of each global batch; the sums of the others stay 0, so the
+  // ranks' vectors add up to the whole.
+  const size_t mine = size_t(B_) / 2, per_batch = mine * size_t(world_);
+  const size_t batches = (pairs + per_batch - 1) / per_batch;
+  auto last_note = Clock::now();
+  const auto t0 = last_note;
+  for (size_t i = 0; i < batches; ++i) {
+    const size_t first = i * per_batch + size_t(rank_) * mine;
+    STRATA_RETURN_IF_ERROR(pair_forward(eval_split, first), "");
+    for (size_t j = 0; j < mine && first + j < pairs; ++j) {
+      for (size_t k = 0; k < 2; ++k) {
+        const float* row = losses_.data() + (2 * j + k) * size_t(T_);
+        (*out)[2 * (first + j) + k] = static_cast<float>(-row_loss_sum(row, T_));
+      }
+    }
+    if (rank_ == 0 && seconds_since(last_note) > 10.0) {
+      last_note = Clock::now();
+      log_info("DPO: the reference's log-probabilities: {} of {} {} pairs ({:.0f} s)",
+               std::min(pairs, (i + 1) * per_batch), pairs, eval_split ? "held-out" : "training",
+               seconds_since(t0));
+    }
+  }
+  return reduce(out->data(), out->size(), ReduceOp::kSum);
+}
+
+Status Run::reference_logps() {
+  if (rank_ == 0) {
+    log_info(
+        "DPO: {} preference pairs, {} held out; beta {}, label_smoothing {}; the reference is "
+        "the initial model",
+        data_->train_pairs(), data_->eval_pairs(), cfg_.dpo.beta, cfg_.dpo.label_smoothing);
+  }
+  const auto t0 = Clock::now();
+  STRATA_RETURN_IF_ERROR(reference_logps_of(false, &ref_train_), "training pairs");
+  STRATA_RETURN_IF_ERROR(reference_logps_of(true, &ref_eval_), "held-out pairs");
+  if (rank_ == 0) {
+    log_info("DPO: the reference's log-probabilities of {} pairs in {:.2f} s",
+             data_->train_pairs() + data_->eval_pairs(), seconds_since(t0));
+  }
+  return Status::ok();
+}
+
+void Run::weigh_preference_rows(double scale, std::vector<MicroBatch>* mbs) {
+  const size_t mine = size_t(B_) / 2;
+  const double pairs = double(mine) * double(accum_) * double(world_);
+  ref_rows_.assign(size_t(accum_), std::vector<float>(size_t(B_)));
+  row_weights_.clear();
+  row_weights_.reserve(size_t(accum_));
+  for (int micro = 0; micro < accum_; ++micro) {
+    std::vector<float>& ref = ref_rows_[size_t(micro)];
+    for (size_t j = 0; j < mine; ++j) {
+      const size_t p = data_->train_pair(cfg_.train.seed, step_, micro, size_t(rank_) * mine + j);
+      ref[2 * j] = ref_train_[2 * p];
+      ref[2 * j + 1] = ref_train_[2 * p + 1];
+    }
+    row_weights_.emplace_back(cfg_.dpo.beta, cfg_.dpo.label_smoothing, scale / pairs, ref.data());
+  }
+  for (int micro = 0; micro < accum_; ++micro) {
+    (*mbs)[size_t(micro)].row_weights = &row_weights_[size_t(micro)];
+  }
+}
+
+Result<double> Run::preference_step_loss() {
+  DpoSums s;
+  for (int micro = 0; micro < accum_; ++micro) {
+    s.add(losses_.data() + size_t(micro) * size_t(B_) * size_t(T_),
+          ref_rows_[size_t(micro)].data(), B_, T_, cfg_.dpo.beta, cfg_.dpo.label_smoothing);
+  }
+  STRATA_RETURN_IF_ERROR(reduce_dpo_sums(&s), "reducing the DPO metrics");
+  last_dpo_ = dpo_metrics(s);
+  return last_dpo_.loss;
+}
+
+Status Run::reduce_dpo_sums(DpoSums* s) {
+  if (world_ == 1) return Status::ok();
+  float v[5] = {float(s->loss), float(s->reward_chosen), float(s->reward_rejected),
+                float(s->correct), float(s->pairs)};
+  STRATA_RETURN_IF_ERROR(reduce(v, 5, ReduceOp::kSum), "");
+  *s = DpoSums{v[0], v[1], v[2], v[3], v[4]};
+  return Status::ok();
+}
+
+Result<std::optional<double>> Run::preference_eval_loss() {
+  const size_t pairs = data_->eval_pairs(), mine = size_t(B_) / 2;
+  const size_t per_batch = mine * size_t(world_);
+  const size_t whole = (pairs + per_batch - 1) / per_batch;
+  const size_t n = std::min<size_t>(size_t(std::max(1, cfg_.data.eval_batches)), whole);
+  DpoSums s;
+  for (size_t i = 0; i < n; ++i) {
+    if (world_ == 1 && opts_.stop_signal && opts_.stop_signal->load() != 0) {
+      return std::optional<double>();
+    }
+    const size_t first = i * per_batch + size_t(rank_) * mine;
+    STRATA_RETURN_IF_ERROR(pair_forward(true, first), "");
+    // The rows past the last pair (wrapped to the first) are computed, not counted.
+    std::vector<float> ref(size_t(B_), 0.0f);
+    size_t rows = 0;
+    for (size_t j = 0; j < mine && first + j < pairs; ++j, rows += 2) {
+      ref[2 * j] = ref_eval_[2 * (first + j)];
+      ref[2 * j + 1] = ref_eval_[2 * (first + j) + 1];
+    }
+    s.add(losses_.data(), ref.data(), int(rows), T_, cfg_.dpo.beta, cfg_.dpo.label_smoothing);
+  }
+  STRATA_RETURN_IF_ERROR(reduce_dpo_sums(&s), "reducing the eval's DPO metrics");
+  last_eval_dpo_ = dpo_metrics(s);
+  return std::optional<double>(last_eval_dpo_.loss);
+}
+
+}  // namespace strata::run_detail
