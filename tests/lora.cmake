@@ -42,3 +42,14 @@ if(strata_hf_python)
   set_tests_properties(lora_recipe PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 ENVIRONMENT
                        "STRATA_HF_PYTHON=${strata_hf_python}")
 endif()
+# Preference training (DPO) end to end (configs/lora-dpo-recipe.json, README): prepare_data
+# --format preference, ln 2 at the first step, the held-out reward accuracy rising, an exact
+# resume, full fine-tuning against transformers' forward (with torch), two ranks = one, the
+# refusals (tests/dpo_cli_test.sh; exit 77, skipped, without transformers and jinja2).
+if(strata_hf_python)
+  add_test(NAME dpo_recipe
+           COMMAND ${CMAKE_CURRENT_LIST_DIR}/dpo_cli_test.sh $<TARGET_FILE:strata>
+                   ${CMAKE_SOURCE_DIR} "${MPIEXEC_EXECUTABLE}")
+  set_tests_properties(dpo_recipe PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 ENVIRONMENT
+                       "STRATA_HF_PYTHON=${strata_hf_python};OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+endif()

@@ -246,6 +246,7 @@ struct DpoConfig {
   double beta = 0.1;
   double label_smoothing = 0.0;  // cDPO's: the chance that a pair's labels are flipped
   std::string loss_type = "sigmoid";
+  bool disable_dropout = true;  // TRL's default: no dropout (lora.lora_dropout) while training
 };
 
 struct TrainConfig {

@@ -401,6 +401,9 @@ void TableBuilder::add_run_keys() {
         "cDPO: the probability that a pair's preference is flipped; 0 = plain DPO"));
   add(F("dpo.loss_type", Enum("sigmoid"), STRATA_M(dpo.loss_type),
         "sigmoid: DPO's loss (TRL's default)"));
+  add(F("dpo.disable_dropout", Bool(), STRATA_M(dpo.disable_dropout),
+        "no dropout (lora.lora_dropout) in a preference run's training forwards, as TRL's "
+        "DPOConfig by default; false: dropout in the policy's forwards (never the reference's)"));
 }
 
 void TableBuilder::add_engine_keys() {

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Preference training (DPO) end to end, as README's "Preference training (DPO)" runs it, on the
+# tiny Llama (tests/fixtures/hf/llama): tests/fixtures/chat/tiny_preference.jsonl through
+# tools/prepare_data.py --format preference, then configs/lora-dpo-recipe.json:
+#   - the first step's loss is ln 2 (the policy is the reference), the held-out reward accuracy
+#     and loss improve on a preference a small model can learn, metrics.jsonl has TRL's rewards;
+#   - a run stopped at its step-10 checkpoint and resumed gives the uninterrupted run's losses,
+#     bit for bit (the reference is computed again from the initial weights);
+#   - full fine-tuning in fp32: the final eval's DPO loss and accuracy are transformers' over the
+#     same held-out pairs, the exported model against the initial one (tests/dpo_reference.py);
+#   - two ranks (mpirun) give one rank's losses;
+#   - an odd micro-batch and strata eval of a preference file are refused, naming the fix.
+# Needs a Python with transformers and jinja2 (STRATA_HF_PYTHON, else python3 with
+# build-deps/python-tools on its path); without them: exit 77. The comparison with transformers'
+# forward also needs torch: without it, that case alone is skipped (said in the output).
+# usage: dpo_cli_test.sh STRATA_BINARY REPO_DIR [MPIEXEC]
+set -uo pipefail
+strata=$(realpath "$1")
+repo=$(realpath "$2")
+mpiexec=${3:-}
+py=${STRATA_HF_PYTHON:-python3}
+export PYTHONPATH="$repo/build-deps/python-tools${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$py" -c "import transformers, jinja2" 2>/dev/null; then
+  echo "SKIPPED: $py lacks transformers or jinja2 (tools/dev.sh deps installs them into" \
+       "build-deps/python-tools, or set STRATA_HF_PYTHON)"
+  exit 77
+fi
+# shellcheck source=tests/cli_lib.sh
+. "$(dirname "$0")/cli_lib.sh"
+cd "$work"
+fixture="$repo/tests/fixtures/hf/llama"
+recipe="$repo/configs/lora-dpo-recipe.json"
+
+"$py" "$repo/tools/prepare_data.py" --model "$fixture" --format preference \
+  --chat-template "$repo/tests/fixtures/chat/chatml.jinja" \
+  --input "$repo/tests/fixtures/chat/tiny_preference.jsonl" \
+  --out pairs.bin --val-out pairs-val.bin --val-fraction 0.2 >prep.txt 2>&1
+check "prepare_data --format preference" test $? -eq 0
+check "... writes the pairs' mask" test -s pairs.bin.mask
+
+field() {  # field METRICS KEY: "step value" of each record with KEY
+  "$py" -c "import json,sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if sys.argv[2] in d: print(d['step'], repr(d[sys.argv[2]]))" "$1" "$2"
+}
+# A learning rate at which the tiny model learns the preference in 30 steps.
+sets=(--set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
+      --set train.log_interval=1 --set optimizer.params.lr=3e-3 --set train.steps=30
+      --set data.eval_batches=100)
+"$strata" train --config "$recipe" "${sets[@]}" --set 'train.checkpoint_dir="whole"' >whole.txt 2>&1
+check "the DPO recipe trains" test $? -eq 0
+check "... and says it trains DPO against the initial model" grep -q "DPO: .* preference pairs" whole.txt
+field whole/metrics.jsonl loss >whole.losses
+field whole/metrics.jsonl rewards/accuracies >whole.acc
+field whole/metrics.jsonl eval_rewards/accuracies >whole.eval_acc
+field whole/metrics.jsonl eval_loss >whole.eval_loss
+check "30 steps logged, with TRL's reward metrics" test "$(wc -l <whole.acc)" -eq 30
+check "the first step's loss is ln 2: the policy is the reference" "$py" -c "import math,sys
+step, loss = open(sys.argv[1]).readline().split()
+assert abs(float(loss) - math.log(2)) < 2e-3, loss" whole.losses
+check "the held-out reward accuracy rises" "$py" -c "import sys
+v = [float(l.split()[1]) for l in open(sys.argv[1])]
+assert v[-1] > v[0] and v[-1] >= 0.75, v" whole.eval_acc
+check "the held-out DPO loss falls" "$py" -c "import sys
+v = [float(l.split()[1]) for l in open(sys.argv[1])]
+assert v[-1] < v[0] - 0.05, v" whole.eval_loss
+check "the summary names the reward accuracy" grep -q "eval reward accuracy (DPO)" whole.txt
+
+"$strata" train --config "$recipe" "${sets[@]}" --set 'train.checkpoint_dir="parts"' \
+  --set train.steps=10 --set scheduler.params.total_num_steps=30 >first.txt 2>&1
+check "the first part trains" test $? -eq 0
+"$strata" train --config "$recipe" "${sets[@]}" --set 'train.checkpoint_dir="parts"' \
+  --resume >second.txt 2>&1
+check "the run resumes" test $? -eq 0
+check "... computing the reference again" grep -q "the reference's log-probabilities" second.txt
+field parts/metrics.jsonl loss | sort -n -u >parts.losses
+check "the resumed run's losses are the uninterrupted run's, bit for bit" cmp -s whole.losses parts.losses
+
+# Full fine-tuning in fp32 against transformers: the exported model vs the initial one.
+full=(--set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
+      --set optimizer.params.lr=1e-3 --set train.steps=12 --set train.eval_interval=12
+      --set data.eval_batches=100 --set bf16.enabled=false --set dpo.label_smoothing=0.1
+      --set dpo.beta=0.2)
+"$py" -c "import json,sys
+c = json.load(open(sys.argv[1]))
+del c['lora']
+json.dump(c, open('full.json', 'w'))" "$recipe"
+"$strata" train --config full.json "${full[@]}" --set 'train.checkpoint_dir="full"' \
+  --set 'train.export_dir="full-hf"' >full.txt 2>&1
+check "full fine-tuning with DPO trains and exports" test $? -eq 0
+field full/metrics.jsonl eval_loss | tail -1 >full.eval_loss
+field full/metrics.jsonl eval_rewards/accuracies | tail -1 >full.eval_acc
+if "$py" -c "import torch" 2>/dev/null; then
+"$py" "$repo/tests/dpo_reference.py" --policy full-hf --reference "$fixture" --tokens pairs-val.bin \
+  --seq-len 32 --beta 0.2 --label-smoothing 0.1 >full.ref.json 2>full.ref.err
+check "transformers computes the held-out DPO loss" test $? -eq 0
+check "strata's final eval is transformers' DPO loss and accuracy over the held-out pairs" \
+  "$py" -c "import json,sys
+ref = json.load(open(sys.argv[1]))
+loss = float(open(sys.argv[2]).read().split()[1])
+acc = float(open(sys.argv[3]).read().split()[1])
+assert abs(loss - ref['loss']) < 2e-4 * max(1.0, abs(ref['loss'])), (loss, ref)
+assert abs(acc - ref['accuracy']) < 1e-9, (acc, ref)
+print('strata', loss, acc, 'transformers', ref)" full.ref.json full.eval_loss full.eval_acc
+else
+  echo "skipped: the held-out DPO loss against transformers' forward ($py lacks torch)"
+fi
+
+"$strata" train --config "$recipe" "${sets[@]}" --set train_micro_batch_size_per_gpu=3 \
+  --set train_batch_size=6 --set 'train.checkpoint_dir="odd"' >odd.txt 2>&1
+check "an odd micro-batch is refused" test $? -ne 0
+check "... naming the fix" grep -q "preference pairs need an even micro-batch" odd.txt
+"$strata" eval --config "$recipe" "${sets[@]}" --checkpoint whole >eval.txt 2>&1
+check "strata eval refuses a preference file" test $? -ne 0
+check "... saying where the DPO eval is" grep -q "holds preference pairs" eval.txt
+
+if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null; then
+  launch=("$mpiexec" --oversubscribe -np 2)
+  [ "$(id -u)" -eq 0 ] && launch+=(--allow-run-as-root)
+  two=("${sets[@]}" --set train.steps=6 --set train_batch_size=8)
+  "$strata" train --config "$recipe" "${two[@]}" --set 'train.checkpoint_dir="one"' >one.txt 2>&1
+  check "one rank, 6 steps" test $? -eq 0
+  "${launch[@]}" "$strata" train --config "$recipe" "${two[@]}" \
+    --set train_micro_batch_size_per_gpu=2 --set 'train.checkpoint_dir="two"' >two.txt 2>&1
+  check "two ranks, 6 steps" test $? -eq 0
+  field one/metrics.jsonl loss >one.losses
+  field two/metrics.jsonl loss >two.losses
+  check "two ranks' losses are one rank's" "$py" -c "import sys
+a = [float(l.split()[1]) for l in open(sys.argv[1])]
+b = [float(l.split()[1]) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 6 and all(abs(x - y) < 1e-4 for x, y in zip(a, b)), (a, b)" \
+    one.losses two.losses
+else
+  echo "skipped: two ranks (no mpirun)"
+fi
+exit $fail
