@@ -44,6 +44,13 @@ if(strata_hf_python)
            COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_shapes_test.py)
   set_tests_properties(prepare_data_shapes PROPERTIES TIMEOUT 600 ENVIRONMENT
                       "PYTHONPATH=${CMAKE_SOURCE_DIR}/build-deps/python-tools")
+  # prepare_data --format preference (DPO's pairs): each form, chosen then rejected per pair, the
+  # mask header's "pairs" word, the held-out split by pairs, the errors; the generated fixture
+  # tests/fixtures/chat/tiny_preference.jsonl with the tiny Llama tokenizer.
+  add_test(NAME prepare_data_preference
+           COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/prepare_data_preference_test.py)
+  set_tests_properties(prepare_data_preference PROPERTIES TIMEOUT 600 ENVIRONMENT
+                      "PYTHONPATH=${CMAKE_SOURCE_DIR}/build-deps/python-tools")
   # tools/hf_tokenizer.py encode DIR MAX (strata generate): a prompt past the context refused
   # after a piece of it is encoded, in bounded memory; within it, the whole prompt's ids.
   add_test(NAME hf_tokenizer COMMAND ${strata_hf_python} ${CMAKE_CURRENT_LIST_DIR}/hf_tokenizer_test.py)

@@ -194,8 +194,8 @@ class Shapes(base.Fixture):
             self.assert_fails_writing_nothing(
                 ["--input", src2, "--out", self.path("t.bin")],
                 f'{src2}: no {noun}s of a dataset shape ({has}: id, body); expected "text", '
-                '"messages" (or "conversations"), "prompt" + "completion", or "instruction" + '
-                '"output"; name the text column with --field NAME')
+                '"messages" (or "conversations"), "prompt" + "completion", "instruction" + '
+                '"output", or "chosen" + "rejected"; name the text column with --field NAME')
             self.assert_fails_writing_nothing(
                 ["--input", src2, "--out", self.path("t.bin"), "--format", "alpaca", "--field",
                  "body"], "--field names the text column of --format text, not of --format alpaca")

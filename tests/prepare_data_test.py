@@ -96,11 +96,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def read_mask(path):
-    """(header ints [magic, version, count, token crc, mask crc, conversations], mask bytes)
-    of a loss mask, checked against its token file's bytes."""
+    """(header ints [magic, version, count, token crc, mask crc, conversations, kind (1:
+    preference pairs)], mask bytes) of a loss mask, checked against its token file's bytes."""
     with open(path + ".mask", "rb") as f:
         data = f.read()
-    header = list(struct.unpack("<6I", data[:24]))
+    header = list(struct.unpack("<7I", data[:28]))
+    assert not any(data[28:1024]), "the header's rest is 0"
     with open(path, "rb") as f:
         tokens = f.read()[1024:]
     assert header[3] == zlib.crc32(tokens), "the mask names other tokens"
@@ -381,6 +382,7 @@ class PrepareData(Fixture):
         header, mask = read_mask(self.path("t.bin"))
         self.assertEqual(header[:3], [20261125, 1, len(tokens)])
         self.assertEqual(header[5], 2)
+        self.assertEqual(header[6], 0)  # plain conversations, not preference pairs
         # Loss on each assistant turn's text after its generation prompt: content and "|".
         self.assertEqual("".join(ch if m & 1 else "." for ch, m in zip(text, mask)),
                          "." * 29 + "ab|" + "." * 19 + "c|" + "." * 20 + "yo|")

@@ -222,8 +222,9 @@ TEST(SftData, MaskOfNoTokensParsesToNothing) {
   std::memcpy(header.data(), h, sizeof(h));
   auto m = parse_loss_mask(header, "empty.mask", "empty.bin", 0, 0);
   ASSERT_TRUE(m.is_ok()) << m.status().to_string();
-  EXPECT_TRUE(m->empty());
-  EXPECT_TRUE(pack_windows(*m, 0, 0, 8).empty());
+  EXPECT_TRUE(m->bytes.empty());
+  EXPECT_FALSE(m->preference);
+  EXPECT_TRUE(pack_windows(m->bytes, 0, 0, 8).empty());
 }
 
 TEST(SftData, EvalSourceIsTheHeldOutFile) {

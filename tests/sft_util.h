@@ -1,5 +1,5 @@
 // Chat (SFT) corpora for tests: an llm.c token file and its loss mask (src/train/loss_mask.h),
-// written as tools/prepare_data.py --chat writes them.
+// written as tools/prepare_data.py --chat (or --format preference) writes them.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +14,10 @@
 
 namespace strata::test {
 
-// `tokens` as an llm.c uint16 token file at `path` and `mask` as `path`.mask. Returns `path`.
+// `tokens` as an llm.c uint16 token file at `path` and `mask` as `path`.mask, its header's kind
+// (word 6) `kind`. Returns `path`.
 inline std::string write_masked(const std::string& path, const std::vector<int32_t>& tokens,
-                                const std::vector<uint8_t>& mask) {
+                                const std::vector<uint8_t>& mask, int32_t kind = kMaskPlain) {
   std::vector<uint16_t> t(tokens.begin(), tokens.end());
   int32_t h[256] = {20240520, 1, int32_t(t.size())};
   std::ofstream(path, std::ios::binary)
@@ -26,6 +27,7 @@ inline std::string write_masked(const std::string& path, const std::vector<int32
   m[3] = int32_t(crc32_ieee(0, t.data(), t.size() * 2));
   m[4] = int32_t(crc32_ieee(0, mask.data(), mask.size()));
   for (uint8_t b : mask) m[5] += (b & kMaskStart) ? 1 : 0;
+  m[6] = kind;
   std::ofstream(path + ".mask", std::ios::binary)
       .write(reinterpret_cast<const char*>(m), sizeof m)
       .write(reinterpret_cast<const char*>(mask.data()), std::streamsize(mask.size()));

@@ -13,19 +13,21 @@ or checks the one --format names; Shape.example(where, row) turns a row into wha
 prepare_data tokenizes: a document (str) for "text"; for the others an Example:
 ("chat", messages, first): a conversation rendered with the chat template, loss on the assistant
 messages at index >= first; ("completion", prompt, completion): the text prompt + completion,
-loss on the completion's tokens. Every error is an Error: one line naming the file, the row (or
+loss on the completion's tokens; ("pair", chosen, rejected): a preference pair, each side one of
+the two before (the chosen and the rejected sequence, in that order). Every error is an Error: one line naming the file, the row (or
 line) and the column, and what to do.
 """
 import json
 import os
 from collections import namedtuple
 
-FORMATS = ("auto", "text", "messages", "alpaca", "prompt-completion")
+FORMATS = ("auto", "text", "messages", "alpaca", "prompt-completion", "preference")
 BATCH_ROWS = 64  # Parquet rows turned into Python objects at a time
 ROLE_NAMES = {"human": "user", "gpt": "assistant"}  # ShareGPT's, as TRL's maybe_convert_to_chatml
 MESSAGE_LIST = 'a non-empty list of {"role": str, "content": str}'
 
-Example = namedtuple("Example", "kind a b")  # ("chat", messages, first) / ("completion", p, c)
+# ("chat", messages, first) / ("completion", p, c) / ("pair", chosen Example, rejected Example)
+Example = namedtuple("Example", "kind a b")
 
 
 class Error(Exception):
@@ -151,6 +153,11 @@ class Shape:
         """True when the rows are conversations or prompt/completion pairs (a loss mask)."""
         return self.name != "text"
 
+    @property
+    def preference(self):
+        """True when each row is a preference pair (two sequences: chosen, then rejected)."""
+        return self.name == "preference"
+
     def value(self, where, row, name, want, optional=False):
         """row[name] checked to be of type `want` (None allowed when `optional`)."""
         has = isinstance(row, dict) and name in row
@@ -220,6 +227,8 @@ class Shape:
             user = instruction + ("\n\n" + extra if extra else "")
             return Example("chat", [{"role": "user", "content": user},
                                     {"role": "assistant", "content": output}], 0)
+        if self.name == "preference":
+            return self.pair(where, row)
         # prompt-completion: two strings, or two message lists (TRL's conversational form).
         p = self.value(where, row, "prompt", (str, list))
         c = self.value(where, row, "completion", (str, list))
@@ -236,9 +245,60 @@ class Shape:
                     "must be strings or both message lists")
 
 
+    def pair(self, where, row):
+        """A preference row (TRL's preference type): "prompt" (optional), "chosen", "rejected",
+        all strings or all message lists; without "prompt", chosen and rejected are whole
+        conversations and the prompt is their longest common start of whole messages (TRL's
+        extract_prompt; each side keeps at least its last message)."""
+        has_prompt = isinstance(row, dict) and "prompt" in row
+        p = self.value(where, row, "prompt", (str, list)) if has_prompt else None
+        c = self.value(where, row, "chosen", (str, list))
+        r = self.value(where, row, "rejected", (str, list))
+        if isinstance(c, str) and isinstance(r, str):
+            if p is None:
+                raise Error(f'{where}: "chosen" and "rejected" are strings without a "prompt" '
+                            f"{self.src.noun}: the prompt they share cannot be told apart from "
+                            'the completions; give a "prompt" (and the completions alone in '
+                            '"chosen" and "rejected"), or write them as message lists')
+            if not isinstance(p, str):
+                raise Error(f'{where}: "prompt" is {describe(p)} and "chosen", "rejected" '
+                            "strings; all three must be strings or all message lists")
+            for name, v in (("chosen", c), ("rejected", r)):
+                if not v:
+                    raise Error(f'{where}: "{name}" is an empty string: a completion with '
+                                "nothing to prefer; fix or drop the row")
+            return Example("pair", Example("completion", p, c), Example("completion", p, r))
+        if not (isinstance(c, list) and isinstance(r, list) and (p is None or
+                                                                 isinstance(p, list))):
+            kinds = ", ".join(f'"{n}" {describe(v)}' for n, v in
+                              (("prompt", p), ("chosen", c), ("rejected", r))
+                              if n != "prompt" or has_prompt)
+            raise Error(f"{where}: {kinds}; all must be strings or all message lists")
+        chosen = self.messages(where, row, "chosen")
+        rejected = self.messages(where, row, "rejected")
+        if p is not None:
+            prompt = self.messages(where, row, "prompt")
+        else:
+            k = 0
+            while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
+                k += 1
+            prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
+        sides = []
+        for name, completion in (("chosen", chosen), ("rejected", rejected)):
+            if not any(m["role"] == "assistant" for m in completion):
+                what = "" if p is not None else " after the prompt it shares with the other"
+                raise Error(f'{where}: no "assistant" message in "{name}"{what}: an empty '
+                            "completion, nothing to prefer (the loss covers the completion's "
+                            "assistant turns); drop the row")
+            sides.append(Example("chat", prompt + completion, len(prompt)))
+        return Example("pair", *sides)
+
+
 # The shapes --format names, in the order auto detection tries them: the column sets each
-# reads (the first found is used; an error names the shortest as expected).
-SHAPES = [("messages", [["messages"], ["conversations"]]),
+# reads (the first found is used; an error names the shortest as expected). Preference first:
+# a preference dataset may carry a "messages" column beside its pairs (UltraFeedback's).
+SHAPES = [("preference", [["prompt", "chosen", "rejected"], ["chosen", "rejected"]]),
+          ("messages", [["messages"], ["conversations"]]),
           ("prompt-completion", [["prompt", "completion"]]),
           ("alpaca", [["instruction", "input", "output"], ["instruction", "output"]]),
           ("text", [["text"]])]
@@ -275,8 +335,9 @@ def detect(src, fmt="auto", field=None):
             if want:
                 return Shape(src, name, want)
         raise Error(f"{src.path}: no {src.noun}s of a dataset shape ({have}); expected "
-                    '"text", "messages" (or "conversations"), "prompt" + "completion", or '
-                    '"instruction" + "output"; name the text column with --field NAME')
+                    '"text", "messages" (or "conversations"), "prompt" + "completion", '
+                    '"instruction" + "output", or "chosen" + "rejected"; name the text column '
+                    "with --field NAME")
     want = match(fmt, cols, field)
     if want:
         return Shape(src, fmt, want, field or "text")

@@ -4,7 +4,7 @@
     python tools/prepare_data.py --model DIR --input corpus.jsonl --out train.bin \\
         [--field text] [--val-out val.bin --val-fraction 0.01]
     python tools/prepare_data.py --model DIR --input train-00000-of-00001.parquet \\
-        --out train.bin [--format auto|text|messages|alpaca|prompt-completion] \\
+        --out train.bin [--format auto|text|messages|alpaca|prompt-completion|preference] \\
         [--chat-template FILE] [--val-out val.bin --val-fraction 0.05]
 
 DIR is the model directory model.from_pretrained names (its tokenizer.json /
@@ -27,8 +27,15 @@ on stderr says which) or named with --format. --field NAME reads the text from c
                                                       completion + EOS      tokens and EOS
                      or message lists                 the chat template of  the completion's
                                                       prompt + completion   assistant turns
+  preference         "prompt" (optional), "chosen",   two sequences a row:  each one's
+                     "rejected": strings              prompt + chosen, then completion, as
+                     or message lists                 prompt + rejected,    prompt-completion's
+                                                      each as prompt-
+                                                      completion's
 
-Auto detection tries them in that order (a Parquet file's schema, a JSONL file's first object).
+Auto detection reads the columns of a Parquet file's schema or a JSONL file's first object and
+tries preference first (columns "chosen" and "rejected": a preference dataset may also carry
+"messages"), then the others.
 Alpaca rows are converted to a conversation: a user message holding the instruction (followed
 by a blank line and the input when the input is not empty) and an assistant message holding
 the output, then tokenized as messages are. Prompt/completion strings are tokenized as TRL's
@@ -38,6 +45,16 @@ the EOS; as message lists (TRL's conversational prompt-completion) they are one 
 the loss on the completion's assistant turns only. ShareGPT's "from"/"value" messages read as
 "role"/"content" ("human" is "user", "gpt" is "assistant", as TRL's maybe_convert_to_chatml);
 a message key whose value is null is left out, as a JSONL line without it reads.
+
+Preference data (TRL's preference type, for DPOTrainer): each row is a pair of sequences, the
+chosen one and the rejected one, each made as prompt-completion makes (prompt, completion): as
+strings BOS + prompt + completion + EOS, the loss on the completion and EOS; as message lists one
+conversation, the loss on the completion's assistant turns. Without a "prompt" column, "chosen"
+and "rejected" are whole conversations (message lists) and the prompt is their longest common
+start of whole messages (TRL's extract_prompt; each side keeps at least its last message);
+strings without a prompt are refused (give the "prompt" column). Conversation 2k of the output
+is pair k's chosen sequence, 2k + 1 its rejected one, and the mask's header says so (word 6 =
+1); --val-out takes whole pairs. A chosen completion the same as the rejected one is allowed.
 
 Text: each document is encoded with the tokenizer (with its BOS token when the tokenizer adds
 one) and followed by the EOS token when it has one, so documents never run together.
@@ -67,7 +84,7 @@ found by rendering the conversation up to each assistant message with add_genera
 True; only those tokens are loss targets, as transformers' labels = -100 elsewhere (TRL's
 assistant_only_loss). The mask goes to <out>.mask (and <val-out>.mask): a 256 x int32 header
 (magic 20261125, version 1, token count, the token bytes' CRC-32, the mask bytes' CRC-32,
-conversations), then one byte per token: bit 0 = loss target, bit 1 = first token of a
+conversations, 1 for preference pairs else 0), then one byte per token: bit 0 = loss target, bit 1 = first token of a
 conversation (src/train/loss_mask.h; strata packs whole conversations into its windows with it).
 A text run removes a stale <out>.mask.
 
@@ -75,7 +92,8 @@ Errors are one line naming the file, the line (JSONL) or row (Parquet, counted f
 column, and the fix (exit 1): a line that is not UTF-8 or not JSON, a file without the columns
 of its --format (naming the columns it has and the --format they fit), a row whose column is
 missing, null or not a string (or not a list of role/content strings), a conversation that is
-empty or has no assistant turn, a Parquet input without pyarrow installed or that pyarrow cannot
+empty or has no assistant turn, a preference pair whose chosen or rejected completion is empty
+(an empty string, no assistant turn after the prompt) or whose strings come without a prompt, a Parquet input without pyarrow installed or that pyarrow cannot
 read, an empty training or validation file, an --out or --val-out whose file, .mask or their
 .tmp is an input (the corpus, the chat template; also through a link or a hard link), or an
 --out and --val-out that collide; a template that cannot render a conversation or whose
@@ -100,6 +118,7 @@ CHUNK_CHARS = 1 << 20  # a document is encoded in pieces of about this many char
 MAX_TOKENS = 2**31 - 1  # the header's int32 count
 MASK_MAGIC, MASK_VERSION = 20261125, 1
 MASK_LOSS, MASK_START = 1, 2  # a mask byte's bits: loss target, first token of a conversation
+MASK_PLAIN, MASK_PREFERENCE = 0, 1  # header word 6: conversations alone, or in pairs
 # --help's table of the dataset shapes: the docstring's.
 SHAPES_TABLE = __doc__[__doc__.index("  --format "):__doc__.index("\n\nAuto detection")]
 
@@ -262,8 +281,9 @@ class TokenFile:
     """An llm.c token file written as it streams: <path>.tmp (and with `mask`, its loss mask
     <path>.mask.tmp), moved into place with the other outputs by commit()."""
 
-    def __init__(self, path, u32, mask=False):
+    def __init__(self, path, u32, mask=False, preference=False):
         self.path, self.tmp, self.u32, self.count = path, path + ".tmp", u32, 0
+        self.preference = preference  # the mask's conversations are pairs (header word 6)
         self.mask_path = path + ".mask"
         self.crc = self.mask_crc = self.conversations = 0
         self.f = create_temp(self.tmp)
@@ -290,7 +310,8 @@ class TokenFile:
         """Completes the temporaries (headers, fsync); commit() moves them into place."""
         if self.m:
             finish(self.m, [MASK_MAGIC, MASK_VERSION, self.count, i32(self.crc),
-                            i32(self.mask_crc), self.conversations])
+                            i32(self.mask_crc), self.conversations,
+                            MASK_PREFERENCE if self.preference else MASK_PLAIN])
         finish(self.f, [20240801, 7, self.count] if self.u32 else [20240520, 1, self.count])
 
     def discard(self):
@@ -395,32 +416,43 @@ def prepare_chat(render, encode_offsets, vocab_size, input_path, out, val_out=No
     """Streams the examples of `input_path` (read as `shape`, a dataset_shapes.Shape; default:
     the "messages" rows of a JSONL file) into `out` (and `val_out`) with their loss masks:
     conversations through chat_tokens, prompt / completion strings through completion_tokens
-    (with `specials`). Returns {path: token count}."""
+    (with `specials`); a preference pair as its chosen sequence then its rejected one, both in
+    the same file (the held-out split goes by whole pairs), the masks marked as pairs.
+    Returns {path: token count}."""
     check_paths(input_path, out, val_out, val_fraction)
     if shape is None:
         shape = detect(Source(input_path), "messages")
     u32 = vocab_size > 65536
     progress = Progress(os.path.getsize(input_path), progress_every)
-    files = [TokenFile(out, u32, mask=True)]
+    pairs = shape.preference
+    files = [TokenFile(out, u32, mask=True, preference=pairs)]
     if val_out:
-        files.append(TokenFile(val_out, u32, mask=True))
+        files.append(TokenFile(val_out, u32, mask=True, preference=pairs))
+
+    def tokens(ex):
+        if ex.kind == "chat":
+            return chat_tokens(render, encode_offsets, ex.a, ex.b)
+        return completion_tokens(encode_offsets, specials, ex.a, ex.b)
 
     def fill():
         rows = shape.src.rows(shape.columns, lambda b: progress.update(b))
         for n, (where, row) in enumerate(rows):
             ex = shape.example(where, row)
             to_val = val_out and int((n + 1) * val_fraction) > int(n * val_fraction)
+            sides = [ex.a, ex.b] if ex.kind == "pair" else [ex]
             try:
-                if ex.kind == "chat":
-                    ids, mask = chat_tokens(render, encode_offsets, ex.a, ex.b)
-                else:
-                    ids, mask = completion_tokens(encode_offsets, specials, ex.a, ex.b)
+                seqs = [tokens(side) for side in sides]
             except (Error, ValueError) as e:
                 raise Error(f"{where}: {e}")
             except Exception as e:  # noqa: BLE001 (a Jinja template's own error, any type)
                 raise Error(f"{where}: the chat template failed: {type(e).__name__}: {e}")
-            (files[1] if to_val else files[0]).write(ids, mask)
-            progress.update(tokens=len(ids), docs=1)
+            for name, (ids, mask) in zip(("chosen", "rejected") if pairs else ("",), seqs):
+                if pairs and not any(m & MASK_LOSS for m in mask):
+                    raise Error(f'{where}: "{name}" gives no loss token (an empty completion); '
+                                "fix or drop the row")
+                (files[1] if to_val else files[0]).write(ids, mask)
+                progress.update(tokens=len(ids))
+            progress.update(docs=1)
 
     return write_outputs(files, fill, input_path, progress, u32)
 
@@ -627,7 +659,8 @@ def main():
             with open(args.chat_template) as f:
                 tok.chat_template = f.read()
         if shape is not None and shape.chat:
-            if shape.name != "prompt-completion" and not getattr(tok, "chat_template", None):
+            if (shape.name not in ("prompt-completion", "preference") and
+                    not getattr(tok, "chat_template", None)):
                 raise no_template
             prepare_chat(render, encode_offsets, len(tok), args.input, args.out, args.val_out,
                          args.val_fraction, shape=shape,

@@ -94,6 +94,7 @@ std::vector<int32_t> synthetic_corpus(size_t n, int V, uint64_t seed) {
 struct TokenFile {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
+  bool preference = false;  // the mask's conversations are (chosen, rejected) pairs
   std::string description;
 };
 
@@ -200,15 +201,20 @@ Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
     STRATA_ASSIGN_OR_RETURN(std::vector<char> mb, read_file(mask_path, key + "'s loss mask"),
                             "loading data");
     const uint32_t crc = crc32_ieee(0, bytes.data() + header, bytes.size() - header);
-    STRATA_ASSIGN_OR_RETURN(d.mask, parse_loss_mask(mb, mask_path, path, d.tokens.size(), crc),
+    STRATA_ASSIGN_OR_RETURN(LossMask lm, parse_loss_mask(mb, mask_path, path, d.tokens.size(), crc),
                             key + "'s loss mask (data.loss_mask = \"auto\")");
+    d.mask = std::move(lm.bytes);
+    d.preference = lm.preference;
     size_t loss = 0, starts = 0;
     for (uint8_t m : d.mask) {
       loss += m & kMaskLoss;
       starts += (m & kMaskStart) ? 1 : 0;
     }
-    d.description +=
-        fmt::format(", loss mask {}: {} conversations, loss on {} tokens", mask_path, starts, loss);
+    d.description += d.preference
+                         ? fmt::format(", loss mask {}: {} preference pairs, loss on {} tokens",
+                                       mask_path, starts / 2, loss)
+                         : fmt::format(", loss mask {}: {} conversations, loss on {} tokens",
+                                       mask_path, starts, loss);
   }
   return d;
 }
@@ -247,6 +253,17 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
     }
     STRATA_ASSIGN_OR_RETURN(TokenFile eval,
                             read_tokens(cfg.eval_source, "data.eval_source", cfg, vocab_size), "");
+    if (eval.preference != train.preference) {
+      const auto kind = [](const TokenFile& f) {
+        return f.preference ? "holds preference pairs"
+                            : "holds no preference pairs (its mask is plain, or it has none)";
+      };
+      return invalid_argument(fmt::format(
+          "data.eval_source: '{}' {} but data.source '{}' {}: the held-out file must be of the "
+          "training file's kind; write both with tools/prepare_data.py --format preference (DPO) "
+          "or neither",
+          cfg.eval_source, kind(eval), cfg.source, kind(train)));
+    }
     // A plain held-out file needs one window and its next tokens (seq_len + 2, as each split).
     if (eval.mask.empty() && T > 0 && eval.tokens.size() < size_t(T) + 2) {
       return invalid_argument(fmt::format(
@@ -269,6 +286,19 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
   } else {
     size_t eval = static_cast<size_t>(double(d.tokens_.size()) * cfg.eval_fraction);
     d.split_ = d.tokens_.size() - eval;
+    if (train.preference) {
+      // The held-out tail starts at a pair: a chosen sequence's start (an even conversation).
+      size_t conversation = 0, at = d.tokens_.size();
+      for (size_t i = 0; i < train.mask.size(); ++i) {
+        if (!(train.mask[i] & kMaskStart)) continue;
+        if (i >= d.split_ && conversation % 2 == 0) {
+          at = i;
+          break;
+        }
+        ++conversation;
+      }
+      d.split_ = at;
+    }
     if (!train.mask.empty()) {
       // The held-out tail starts at a conversation start.
       while (d.split_ < d.tokens_.size() && !(train.mask[d.split_] & kMaskStart)) ++d.split_;
@@ -277,6 +307,11 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
     }
   }
   d.per_sequence_ = cfg.packing == "sequence";
+  d.preference_ = train.preference;
+  if (d.preference_) {
+    STRATA_RETURN_IF_ERROR(d.load_pairs(cfg), "loading data (preference pairs)");
+    return d;
+  }
   if (d.masked()) {
     d.description_ += d.per_sequence_
                           ? ", packed per sequence (each conversation attends to itself)"
@@ -306,6 +341,44 @@ Result<Dataset> Dataset::load(const DataConfig& cfg, int vocab_size, uint64_t se
   return d;
 }
 
+Status Dataset::load_pairs(const DataConfig& cfg) {
+  const int T = cfg.seq_len;
+  size_t left_train = 0, left_eval = 0;
+  if (T > 0) {
+    train_pairs_ = preference_pairs(mask_, 0, split_, T, &left_train);
+    eval_pairs_ = preference_pairs(mask_, split_, tokens_.size(), T, &left_eval);
+  }
+  const size_t left = left_train + left_eval;
+  if (left > 0) {
+    log_info(
+        "data: {} of {} preference pairs left out ({} training, {} held out): a sequence keeps "
+        "no loss target in its first data.seq_len + 1 = {} tokens (its prompt fills them; the "
+        "end past them is cut); raise data.seq_len to keep them",
+        left, left + train_pairs_.size() + eval_pairs_.size(), left_train, left_eval, T + 1);
+  }
+  description_ += fmt::format(
+      ", preference pairs (chosen, rejected; one sequence a row, cut at data.seq_len + 1 = {} "
+      "tokens): {} training, {} held out",
+      T + 1, train_pairs_.size(), eval_pairs_.size());
+  if (left > 0) description_ += fmt::format(", {} left out", left);
+  const auto no_pair = [&](const std::string& key, const std::string& path, const char* part) {
+    return invalid_argument(fmt::format(
+        "{}: {}.mask leaves no preference pair in the {} whose chosen and rejected sequences "
+        "both keep a loss target within data.seq_len + 1 = {} tokens: give pairs with "
+        "completions, or raise data.seq_len",
+        key, path, part, T + 1));
+  };
+  if (T > 0 && split_ > 0 && train_pairs_.empty()) {
+    return no_pair("data.source", cfg.source, "training split");
+  }
+  // data.eval_fraction 0 holds nothing out: no held-out pairs, refused only where an eval runs.
+  if (T > 0 && eval_pairs_.empty() && !(cfg.eval_source.empty() && split_ == tokens_.size())) {
+    return cfg.eval_source.empty() ? no_pair("data.source", cfg.source, "held-out tail")
+                                   : no_pair("data.eval_source", cfg.eval_source, "file");
+  }
+  return Status::ok();
+}
+
 size_t Dataset::pick(uint64_t seed, int64_t step, int micro, uint64_t row, size_t n) {
   Rng rng(seed ^ 0xda7a, (static_cast<uint64_t>(step) << 32) ^ (uint64_t(micro) << 20) ^ row);
   return rng.below(n);
@@ -316,6 +389,22 @@ void Dataset::fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_
     tokens[t] = t < len ? tokens_[off + t] : 0;  // past the window: padding, never a target
     const bool target = t + 1 < len && (mask_[off + t + 1] & kMaskLoss);
     targets[t] = target ? tokens_[off + t + 1] : -1;
+  }
+}
+
+void Dataset::fill_pair(const PreferencePair& p, int T, int32_t* tokens, int32_t* targets) const {
+  fill_window(p.chosen.off, p.chosen.len, T, tokens, targets);
+  fill_window(p.rejected.off, p.rejected.len, T, tokens + T, targets + T);
+}
+
+void Dataset::pair_batch(bool eval_split, size_t first_pair, int B, int T, int32_t* tokens,
+                         int32_t* targets) const {
+  const std::vector<PreferencePair>& pairs = eval_split ? eval_pairs_ : train_pairs_;
+  STRATA_CHECK(preference_ && B % 2 == 0 && !pairs.empty(),
+               "pair_batch: preference data, an even B and pairs in the split");
+  for (int j = 0; j < B / 2; ++j) {
+    fill_pair(pairs[(first_pair + size_t(j)) % pairs.size()], T, tokens + size_t(2 * j) * T,
+              targets + size_t(2 * j) * T);
   }
 }
 
@@ -336,6 +425,15 @@ bool positions_are_plain(const int32_t* positions, int B, int T) {
 
 void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T,
                           int32_t* tokens, int32_t* targets, int32_t* positions) const {
+  if (preference_) {
+    STRATA_CHECK(B % 2 == 0, "train_batch: preference pairs need an even batch");
+    for (int j = 0; j < B / 2; ++j) {
+      const uint64_t pair = uint64_t(rank) * uint64_t(B / 2) + uint64_t(j);
+      fill_pair(train_pairs_[pick(seed, step, micro, pair, train_pairs_.size())], T,
+                tokens + size_t(2 * j) * T, targets + size_t(2 * j) * T);
+    }
+    return;
+  }
   const size_t span = split_ - size_t(T) - 1;
   for (int b = 0; b < B; ++b) {
     const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
@@ -361,6 +459,14 @@ int64_t Dataset::train_batch_targets(uint64_t seed, int64_t step, int micro, int
                                      int T) const {
   if (!train_packed_) return int64_t(B) * T;
   int64_t n = 0;
+  if (preference_) {
+    for (int j = 0; j < B / 2; ++j) {
+      const uint64_t pair = uint64_t(rank) * uint64_t(B / 2) + uint64_t(j);
+      const PreferencePair& p = train_pairs_[pick(seed, step, micro, pair, train_pairs_.size())];
+      n += int64_t(p.chosen.targets) + int64_t(p.rejected.targets);
+    }
+    return n;
+  }
   for (int b = 0; b < B; ++b) {
     const uint64_t row = uint64_t(rank) * uint64_t(B) + uint64_t(b);
     n += train_windows_[pick(seed, step, micro, row, train_windows_.size())].targets;
@@ -369,10 +475,15 @@ int64_t Dataset::train_batch_targets(uint64_t seed, int64_t step, int micro, int
 }
 
 size_t Dataset::eval_windows(int T) const {
+  if (preference_) return 2 * eval_pairs_.size();
   return eval_packed_ ? eval_windows_.size() : (eval_tokens() - 1) / size_t(T);
 }
 
 int64_t Dataset::eval_window_targets(size_t w, int T) const {
+  if (preference_) {
+    const PreferencePair& p = eval_pairs_[w / 2];
+    return int64_t(w % 2 ? p.rejected.targets : p.chosen.targets);
+  }
   return eval_packed_ ? int64_t(eval_windows_[w].targets) : int64_t(T);
 }
 
@@ -387,6 +498,16 @@ int64_t Dataset::eval_batch_targets(int i, int B, int T, int world) const {
 
 void Dataset::eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank,
                          int world, int32_t* positions) const {
+  if (preference_) {
+    STRATA_CHECK(B % 2 == 0, "eval_batch: preference pairs need an even batch");
+    const size_t half = size_t(B / 2);
+    for (size_t j = 0; j < half; ++j) {
+      const size_t p =
+          (size_t(i) * size_t(world) * half + size_t(rank) * half + j) % eval_pairs_.size();
+      fill_pair(eval_pairs_[p], T, tokens + 2 * j * size_t(T), targets + 2 * j * size_t(T));
+    }
+    return;
+  }
   const size_t windows = eval_windows(T);
   for (int b = 0; b < B; ++b) {
     size_t w = (size_t(i) * B * world + size_t(rank) * B + b) % windows;

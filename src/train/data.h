@@ -20,6 +20,14 @@
 // loss: transformers' labels = -100), and the loss is the mean over the targets that count.
 // With data.packing "sequence" (the default) a packed window's batches also carry positions,
 // so that each conversation attends only to itself; "window" attends across the window.
+//
+// Preference data (DPO: a mask whose header says preference pairs, tools/prepare_data.py
+// --format preference) is not packed: each pair is its chosen sequence and its rejected one,
+// each one conversation cut at seq_len + 1 tokens (its end dropped, as TRL truncates a
+// completion), a row of its own; a batch of B rows holds B / 2 pairs, row 2j the chosen
+// sequence of pair j and row 2j + 1 its rejected one. A pair in which either sequence keeps no
+// loss target is left out (logged once). The held-out split is pairs too: data.eval_source must
+// hold pairs as well, and the data.eval_fraction tail starts at a pair.
 #pragma once
 
 #include <cstdint>
@@ -49,15 +57,26 @@ class Dataset {
   // (seed, step, micro, global row) with global row = rank * B + b, so N ranks with B rows
   // each see exactly the windows one rank with N*B rows sees (data parallelism keeps the
   // global batch).
+  // preference(): B is even (a broken invariant otherwise); rows 2j and 2j + 1 are the chosen
+  // and rejected sequences of the training pair drawn for global pair rank * (B / 2) + j (the
+  // same invariance over ranks), padded as a packed window is, targets -1 outside the mask.
   // positions (nullptr: not wanted) receives each token's position in its conversation when
   // train_positions() (packed per sequence); else it is left untouched.
   void train_batch(uint64_t seed, int64_t step, int micro, int rank, int B, int T, int32_t* tokens,
                    int32_t* targets, int32_t* positions = nullptr) const;
   // Eval batch i (0-based) of B consecutive windows from the held-out split (wraps around);
   // rank r of `world` takes rows [r*B, (r+1)*B) of the global batch of world*B windows.
+  // preference(): B even, rows 2j and 2j + 1 are held-out pair
+  // (i * world * (B / 2) + rank * (B / 2) + j) mod eval_pairs().
   // positions: as train_batch's, when eval_positions().
   void eval_batch(int i, int B, int T, int32_t* tokens, int32_t* targets, int rank = 0,
                   int world = 1, int32_t* positions = nullptr) const;
+
+  // preference(): rows 2j and 2j + 1 are the chosen and rejected sequences of the split's pair
+  // (first_pair + j) mod its pairs, j < B / 2 (B even): every pair in order, as the reference
+  // model's log-probabilities are computed once per pair.
+  void pair_batch(bool eval_split, size_t first_pair, int B, int T, int32_t* tokens,
+                  int32_t* targets) const;
 
   size_t train_tokens() const { return split_; }
   size_t eval_tokens() const { return tokens_.size() - split_; }
@@ -66,20 +85,30 @@ class Dataset {
   // Whether a loss mask applies (to either split): the loss is then the mean over the targets
   // that count, which the counts below give (without a mask, every target counts).
   bool masked() const { return train_packed_ || eval_packed_; }
+  // Whether both splits are preference pairs (the training split's mask says so; a held-out
+  // file must then hold pairs too), and their pairs (those kept: a loss target on both sides).
+  bool preference() const { return preference_; }
+  size_t train_pairs() const { return train_pairs_.size(); }
+  size_t eval_pairs() const { return eval_pairs_.size(); }
   bool train_packed() const { return train_packed_; }
   bool eval_packed() const { return eval_packed_; }
   // Whether a split's batches come with positions: packed, with data.packing "sequence". Each
   // conversation of a window then attends only to itself (ModelRunner::begin_batch's
   // positions); position p of a window's token counts from its conversation's first token
   // (the window's first token is 0, also for the later pieces of a cut conversation); the
-  // padding after the last conversation continues its count.
-  bool train_positions() const { return train_packed_ && per_sequence_; }
-  bool eval_positions() const { return eval_packed_ && per_sequence_; }
-  size_t train_windows() const { return train_windows_.size(); }  // packed: those with a target
+  // padding after the last conversation continues its count. Never for preference pairs (a row
+  // is one sequence: plain positions).
+  bool train_positions() const { return train_packed_ && per_sequence_ && !preference_; }
+  bool eval_positions() const { return eval_packed_ && per_sequence_ && !preference_; }
+  // Packed: the windows with a target; preference: the rows of the pairs (2 * train_pairs()).
+  size_t train_windows() const {
+    return preference_ ? 2 * train_pairs_.size() : train_windows_.size();
+  }
   // Targets that count in train_batch(seed, step, micro, rank, B, T)'s rows.
   int64_t train_batch_targets(uint64_t seed, int64_t step, int micro, int rank, int B, int T) const;
-  // Eval windows of T inputs (packed, or (eval_tokens - 1) / T consecutive ones), and the
-  // targets that count in window w / in eval_batch(i)'s rows of every rank.
+  // Eval windows of T inputs (packed, or (eval_tokens - 1) / T consecutive ones; preference: the
+  // rows of the pairs, window 2p + s side s of pair p), and the targets that count in window w /
+  // in eval_batch(i)'s rows of every rank.
   size_t eval_windows(int T) const;
   int64_t eval_window_targets(size_t w, int T) const;
   int64_t eval_batch_targets(int i, int B, int T, int world) const;
@@ -89,6 +118,10 @@ class Dataset {
   void fill_window(size_t off, size_t len, int T, int32_t* tokens, int32_t* targets) const;
   // The positions of the window at `off` (see train_positions()).
   void fill_positions(size_t off, size_t len, int T, int32_t* positions) const;
+  // A preference pair into two rows (tokens and targets [2*T]).
+  void fill_pair(const PreferencePair& p, int T, int32_t* tokens, int32_t* targets) const;
+  // The rest of load() for preference data: the splits' pairs, their checks, the log line.
+  [[nodiscard]] Status load_pairs(const DataConfig& cfg);
   // Row `row`'s draw in [0, n) for (seed, step, micro).
   static size_t pick(uint64_t seed, int64_t step, int micro, uint64_t row, size_t n);
 
@@ -98,6 +131,8 @@ class Dataset {
   bool train_packed_ = false, eval_packed_ = false;
   bool per_sequence_ = false;                               // data.packing == "sequence"
   std::vector<PackedWindow> train_windows_, eval_windows_;  // packed splits' windows
+  bool preference_ = false;                                 // both splits preference pairs
+  std::vector<PreferencePair> train_pairs_, eval_pairs_;
   std::string description_;
 };
 

@@ -9,9 +9,8 @@
 
 namespace strata {
 
-Result<std::vector<uint8_t>> parse_loss_mask(const std::vector<char>& bytes,
-                                             const std::string& path, const std::string& token_path,
-                                             size_t tokens, uint32_t token_crc) {
+Result<LossMask> parse_loss_mask(const std::vector<char>& bytes, const std::string& path,
+                                 const std::string& token_path, size_t tokens, uint32_t token_crc) {
   const std::string fix = fmt::format(
       "rewrite it with tools/prepare_data.py --chat (with the token file), or set "
       "data.loss_mask = \"none\" to train on every token");
@@ -57,7 +56,15 @@ Result<std::vector<uint8_t>> parse_loss_mask(const std::vector<char>& bytes,
                     "16) says {:08x}; {}",
                     path, crc, static_cast<uint32_t>(h[4]), fix));
   }
-  const std::vector<uint8_t> mask(bytes.begin() + 1024, bytes.end());
+  if (h[6] != kMaskPlain && h[6] != kMaskPreference) {
+    return corrupt(fmt::format(
+        "{}: unknown kind {} at header offset 24 (0: conversations, 1: preference pairs); {}", path,
+        h[6], fix));
+  }
+  LossMask out;
+  out.preference = h[6] == kMaskPreference;
+  std::vector<uint8_t>& mask = out.bytes;
+  mask.assign(bytes.begin() + 1024, bytes.end());
   for (size_t i = 0; i < count; ++i) {
     if (mask[i] & ~(kMaskLoss | kMaskStart)) {
       return corrupt(
@@ -70,7 +77,23 @@ Result<std::vector<uint8_t>> parse_loss_mask(const std::vector<char>& bytes,
     return corrupt(fmt::format(
         "{}: token 0 (offset 1024) does not start a conversation (bit 2 clear); {}", path, fix));
   }
-  return mask;
+  if (out.preference) {
+    size_t starts = 0;
+    for (uint8_t m : mask) starts += (m & kMaskStart) ? 1 : 0;
+    if (h[5] < 0 || h[5] % 2 != 0) {
+      return corrupt(
+          fmt::format("{}: preference pairs (header offset 24) but {} conversations (offset 20), "
+                      "an odd count: each pair is a chosen and a rejected sequence; {}",
+                      path, h[5], fix));
+    }
+    if (starts != size_t(h[5])) {
+      return corrupt(
+          fmt::format("{}: the header says {} conversations (offset 20) but the mask starts {}; "
+                      "preference pairs need them to agree; {}",
+                      path, h[5], starts, fix));
+    }
+  }
+  return out;
 }
 
 std::vector<PackedWindow> pack_windows(const std::vector<uint8_t>& mask, size_t begin, size_t end,
@@ -97,6 +120,31 @@ std::vector<PackedWindow> pack_windows(const std::vector<uint8_t>& mask, size_t 
     if (w.targets > 0) out.push_back(w);
     pos = next;
   }
+  return out;
+}
+
+std::vector<PreferencePair> preference_pairs(const std::vector<uint8_t>& mask, size_t begin,
+                                             size_t end, int T, size_t* left_out) {
+  std::vector<PreferencePair> out;
+  std::vector<PackedWindow> seq;  // the current pair's sequences
+  const size_t span = size_t(T) + 1;
+  for (size_t pos = begin; pos < end;) {
+    size_t next = pos + 1;
+    while (next < end && !(mask[next] & kMaskStart)) ++next;
+    PackedWindow w{pos, uint32_t(std::min(next - pos, span)), 0};
+    for (size_t i = pos + 1; i < pos + w.len; ++i) w.targets += mask[i] & kMaskLoss;
+    seq.push_back(w);
+    if (seq.size() == 2) {
+      if (seq[0].targets > 0 && seq[1].targets > 0) {
+        out.push_back({seq[0], seq[1]});
+      } else {
+        ++*left_out;
+      }
+      seq.clear();
+    }
+    pos = next;
+  }
+  STRATA_CHECK(seq.empty(), "preference_pairs: the range holds an odd number of conversations");
   return out;
 }
 

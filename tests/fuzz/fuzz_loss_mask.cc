@@ -1,7 +1,8 @@
-// libFuzzer target: the loss-mask sidecar's parser (parse_loss_mask) and the packing of
-// conversations into windows (pack_windows). Input: byte 0 picks the window length T (1..64),
-// byte 1 whether the header's mask CRC is set right before parsing (so that most inputs reach
-// the checks after it); the rest is the mask file. The token count and token CRC the parser is
+// libFuzzer target: the loss-mask sidecar's parser (parse_loss_mask), the packing of
+// conversations into windows (pack_windows) and the split of preference pairs
+// (preference_pairs). Input: byte 0 picks the window length T (1..64), byte 1 whether the
+// header's mask CRC is set right before parsing (so that most inputs reach the checks after
+// it); the rest is the mask file. The token count and token CRC the parser is
 // given are the header's own, so the count and token-CRC checks pass and the body is parsed.
 #include <cstddef>
 #include <cstdint>
@@ -29,12 +30,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(bytes.data() + 4 * 4, &crc, 4);
     }
   }
-  auto mask = strata::parse_loss_mask(bytes, "fuzz.mask", "fuzz.bin", tokens, token_crc);
-  if (mask.is_ok()) {
-    const auto windows = strata::pack_windows(*mask, 0, mask->size(), T);
+  auto parsed = strata::parse_loss_mask(bytes, "fuzz.mask", "fuzz.bin", tokens, token_crc);
+  if (parsed.is_ok()) {
+    const std::vector<uint8_t>& mask = parsed->bytes;
+    const auto windows = strata::pack_windows(mask, 0, mask.size(), T);
     for (const auto& w : windows) {
-      if (w.off + w.len > mask->size() || w.len > uint32_t(T) + 1 || w.targets == 0) {
+      if (w.off + w.len > mask.size() || w.len > uint32_t(T) + 1 || w.targets == 0) {
         __builtin_trap();
+      }
+    }
+    // A mask accepted as preference pairs splits into them (an even count of conversations).
+    if (parsed->preference) {
+      size_t left_out = 0;
+      const auto pairs = strata::preference_pairs(mask, 0, mask.size(), T, &left_out);
+      for (const auto& p : pairs) {
+        for (const auto& w : {p.chosen, p.rejected}) {
+          if (w.off + w.len > mask.size() || w.len > uint32_t(T) + 1 || w.targets == 0) {
+            __builtin_trap();
+          }
+        }
       }
     }
   }
