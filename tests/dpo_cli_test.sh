@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Preference training (DPO) end to end, as README's "Preference training (DPO)" runs it, on the
-# tiny Llama (tests/fixtures/hf/llama): tests/fixtures/chat/tiny_preference.jsonl through
+# tiny Llama (tests/fixtures/hf/llama): tests/fixtures/chat/tiny_preference_text.jsonl through
 # tools/prepare_data.py --format preference, then configs/lora-dpo-recipe.json:
 #   - the first step's loss is ln 2 (the policy is the reference), the held-out reward accuracy
 #     and loss improve on a preference a small model can learn, metrics.jsonl has TRL's rewards;
@@ -31,9 +31,14 @@ cd "$work"
 fixture="$repo/tests/fixtures/hf/llama"
 recipe="$repo/configs/lora-dpo-recipe.json"
 
+# The fixture's pairs in TRL's standard (string) form: BOS + prompt + answer + EOS, about a
+# dozen tokens with the tiny tokenizer (their ChatML rendering takes ~57, past the fixtures'
+# 32-token context).
+"$py" "$repo/tests/fixtures/chat/make_tiny_preference.py" --text regenerated.jsonl
+check "tiny_preference_text.jsonl is its generator's output" \
+  cmp -s regenerated.jsonl "$repo/tests/fixtures/chat/tiny_preference_text.jsonl"
 "$py" "$repo/tools/prepare_data.py" --model "$fixture" --format preference \
-  --chat-template "$repo/tests/fixtures/chat/chatml.jinja" \
-  --input "$repo/tests/fixtures/chat/tiny_preference.jsonl" \
+  --input "$repo/tests/fixtures/chat/tiny_preference_text.jsonl" \
   --out pairs.bin --val-out pairs-val.bin --val-fraction 0.2 >prep.txt 2>&1
 check "prepare_data --format preference" test $? -eq 0
 check "... writes the pairs' mask" test -s pairs.bin.mask
@@ -45,7 +50,7 @@ for l in open(sys.argv[1]):
     if sys.argv[2] in d: print(d['step'], repr(d[sys.argv[2]]))" "$1" "$2"
 }
 # A learning rate at which the tiny model learns the preference in 30 steps.
-sets=(--set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
+sets=(--set "model.from_pretrained=\"$fixture\"" --set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
       --set train.log_interval=1 --set optimizer.params.lr=3e-3 --set train.steps=30
       --set data.eval_batches=100)
 "$strata" train --config "$recipe" "${sets[@]}" --set 'train.checkpoint_dir="whole"' >whole.txt 2>&1
@@ -78,7 +83,7 @@ field parts/metrics.jsonl loss | sort -n -u >parts.losses
 check "the resumed run's losses are the uninterrupted run's, bit for bit" cmp -s whole.losses parts.losses
 
 # Full fine-tuning in fp32 against transformers: the exported model vs the initial one.
-full=(--set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
+full=(--set "model.from_pretrained=\"$fixture\"" --set "data.source=\"pairs.bin\"" --set "data.eval_source=\"pairs-val.bin\""
       --set optimizer.params.lr=1e-3 --set train.steps=12 --set train.eval_interval=12
       --set data.eval_batches=100 --set bf16.enabled=false --set dpo.label_smoothing=0.1
       --set dpo.beta=0.2)

@@ -90,6 +90,11 @@ class Dataset {
   bool preference() const { return preference_; }
   size_t train_pairs() const { return train_pairs_.size(); }
   size_t eval_pairs() const { return eval_pairs_.size(); }
+  // The training pair that train_batch(seed, step, micro, ...) puts in global pair row
+  // `pair_row` (rank * (B / 2) + j): its index among the train_pairs().
+  size_t train_pair(uint64_t seed, int64_t step, int micro, size_t pair_row) const {
+    return pick(seed, step, micro, pair_row, train_pairs_.size());
+  }
   bool train_packed() const { return train_packed_; }
   bool eval_packed() const { return eval_packed_; }
   // Whether a split's batches come with positions: packed, with data.packing "sequence". Each
