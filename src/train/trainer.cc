@@ -621,7 +621,9 @@ Result<double> Run::run_step() {
   for (float l : losses_) loss_sum += l;  // masked-out targets' losses are 0
   const bool masked = data_->train_packed();
   double loss = masked ? loss_sum / double(targets) : loss_sum / (double(B_) * T_ * accum_);
-  if (preference()) STRATA_ASSIGN_OR_RETURN(loss, preference_step_loss(), "");
+  if (preference()) {
+    STRATA_ASSIGN_OR_RETURN(loss, preference_step_loss(), "");
+  }
   double aux_sum = 0;
   for (float a : aux) aux_sum += a;
   last_aux_loss_ = aux[0] < 0 ? -1.0 : aux_sum / accum_;
