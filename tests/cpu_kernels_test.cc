@@ -531,6 +531,30 @@ TEST(CpuKernels, Scale) {
   }
 }
 
+// scale_rows: row r times scale[r] (0 and negative factors among them), one fp32 multiply and
+// one rounding to dt, bit for bit; the row after the last scaled one is left as it was. Rows
+// long enough to be split into several tasks, and short odd ones.
+TEST(CpuKernels, ScaleRows) {
+  std::mt19937_64 rng(test_seed(11));
+  const float factors[] = {0.0f, -1.5f, 0.37f, 3.0f, -0.0625f, 1.0f};
+  for (DType dt : kAllTypes)
+    for (size_t row_elems : {size_t{7}, size_t{100003}}) {
+      SCOPED_TRACE(fmt::format("{} rows of {}", dtype_name(dt), row_elems));
+      const int rows = 5;
+      Typed x = random_typed(dt, size_t(rows + 1) * row_elems, rng, -4.0f, 4.0f), y = x;
+      Typed want = x;
+      for (int r = 0; r < rows; ++r)
+        for (size_t i = 0; i < row_elems; ++i) {
+          const size_t e = size_t(r) * row_elems + i;
+          want.set(e, x.get(e) * factors[r]);
+        }
+      Fixture f;
+      f.k().scale_rows(f.s(), dt, y.data(), factors, rows, row_elems);
+      f.sync();
+      ASSERT_EQ(std::memcmp(y.data(), want.data(), want.bytes.size()), 0);
+    }
+}
+
 // Block-wise quantization against a double reference: each block's scale is max|x| / qmax,
 // every q is x / scale rounded to the nearest integer (within 0.5 + rounding), the block's
 // largest element maps to +-qmax, the 4-bit nibbles decode as two's complement, and the round

@@ -451,6 +451,28 @@ TEST_F(EmulatedKernels, DropoutIsBitExact) {
   }
 }
 
+// A preference batch's row weights on its logits' gradient: the same one multiply, the same
+// bits; factors 0 and negative among them, rows not a multiple of a block.
+TEST_F(EmulatedKernels, ScaleRowsIsBitExact) {
+  const float factors[] = {0.0f, -1.5f, 0.37f, 3.0f, -0.0625f};
+  for (DType dt : kDtypes)
+    for (size_t row_elems : {size_t{1001}, size_t{70001}}) {
+      const int rows = 5;
+      Buf scale{std::vector<uint8_t>(sizeof(factors)), DType::kF32};
+      std::memcpy(scale.bytes.data(), factors, sizeof(factors));
+      check_op(
+          name("scale_rows", dt) + " of " + std::to_string(row_elems),
+          {floats(size_t(rows) * row_elems, dt, -4, 4), scale},
+          [&](Kernels& k, Stream& s, void* const* p) {
+            k.scale_rows(s, dt, p[0], static_cast<const float*>(p[1]), rows, row_elems);
+          },
+          [&](cudaStream_t s, void* const* p) {
+            return cuda_scale_rows(s, dt, p[0], static_cast<const float*>(p[1]), rows, row_elems);
+          },
+          {{0, "x"}});
+    }
+}
+
 TEST_F(EmulatedKernels, CrossEntropy) {
   const int N = 37, V = 1001;
   // Vp 1024: rows in 16-byte packs, the last pack of the vocabulary part padding; Vp 1001 and

@@ -3,7 +3,8 @@
 strata_test(safetensors_test ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cc)
 strata_test(hf_config_test ${CMAKE_CURRENT_LIST_DIR}/hf_config_test.cc)
 # model.from_pretrained against transformers: tests/fixtures/hf/ (tools/make_hf_fixtures.py)
-# loaded and run; losses and every gradient compared with transformers' own; import errors.
+# loaded and run; losses and every gradient compared with transformers' own; DPO's loss and every
+# gradient against torch's (llama/dpo.safetensors, tools/make_dpo_fixture.py); import errors.
 strata_test(hf_compare_test ${CMAKE_CURRENT_LIST_DIR}/hf_compare_test.cc)
 # strata generate's decoder: greedy tokens = transformers' for every fixture (the mixtures
 # included), the key/value cache against the whole window's forward, sampling, the context's end.

@@ -1,12 +1,14 @@
 // Hugging Face checkpoints against transformers itself: the fixtures under tests/fixtures/hf/
 // (written by tools/make_hf_fixtures.py and, the mixtures of experts, make_moe_fixtures.py with
-// transformers; see their headers) are loaded through
-// model.from_pretrained, and strata's forward and backward on the fixture's tokens must give
-// transformers' logits (1e-4), per-token losses (1e-5 relative), mean loss, and every
-// parameter's gradient (1e-4: norm of the difference over the norm) in fp32; in bf16 the logits
-// and the loss within bf16's tolerance. Then every way an import can go wrong is an error naming
-// the tensor, file and offset; a DeepSpeed config without a model is refused; and a from_pretrained
-// model trains bit-identically whether its weights stream into the device, host memory or NVMe.
+// transformers; see their headers) are loaded through model.from_pretrained, and strata's
+// forward and backward on the fixture's tokens must give transformers' logits (1e-4), per-token
+// losses (1e-5 relative), mean loss, and every parameter's gradient (1e-4: norm of the
+// difference over the norm) in fp32; in bf16 the logits and the loss within bf16's tolerance.
+// DPO's loss (each row's logits' gradient weighted, MicroBatch::row_weights) and every gradient
+// against torch's on the llama fixture (tools/make_dpo_fixture.py). Then every way an import can
+// go wrong is an error naming the tensor, file and offset; a DeepSpeed config without a model is
+// refused; and a from_pretrained model trains bit-identically whether its weights stream into
+// the device, host memory or NVMe.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,6 +27,7 @@
 #include "src/hf/safetensors.h"
 #include "src/model/architecture.h"
 #include "src/train/data.h"
+#include "src/train/preference.h"
 #include "src/train/trainer.h"
 #include "strata/config.h"
 #include "strata/device.h"
@@ -60,9 +63,11 @@ struct Pass1 {
 };
 
 // Loads `dir` through from_pretrained and runs one training micro-batch's program on `tokens`
-// and `targets` ([B*T]) with every module bound, the loss gradient scaled to the mean.
+// and `targets` ([B*T]) with every module bound, the loss gradient scaled to the mean, or with
+// `row_weights` each row's gradient weighted by them (MicroBatch::row_weights).
 Pass1 run_one(const std::string& dir, const Architecture& arch, DType dt, int B, int T,
-              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets) {
+              const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets,
+              const RowWeights* row_weights = nullptr) {
   Pass1 r;
   auto hf = HfCheckpointReader::open(dir, arch);
   EXPECT_TRUE(hf.is_ok()) << hf.status().to_string();
@@ -100,7 +105,8 @@ Pass1 run_one(const std::string& dir, const Architecture& arch, DType dt, int B,
   const size_t Vp = lay.modules[0].tensors[size_t(emb.tensor)].numel / C;
   void* logits = *d.allocate_host(size_t(B) * T * Vp * dtype_size(dt));
   const ModuleBindings bound{params, grads};
-  const MicroBatch mb{1.0f / float(B * T), r.losses.data(), logits, &r.aux_loss};
+  MicroBatch mb{1.0f / float(B * T), r.losses.data(), logits, &r.aux_loss};
+  mb.row_weights = row_weights;
   (*runner)->begin_batch(tokens.data(), targets.data());
   for (const ProgramOp& op : arch.program(Pass::kTrain).ops) {
     if (op.kind == ProgramOp::kCompute) (*runner)->compute(op, bound, mb);
@@ -145,6 +151,34 @@ std::vector<float> hf_view(const Architecture& arch, int m, const HfTensor& h,
     }
   }
   return v;
+}
+
+// Every parameter's gradient within 1e-4 (the norm of the difference over the norm) of the
+// reference's `prefix`<Hugging Face name>, each transformers parameter exactly once.
+void expect_gradients(const Architecture& arch, const std::vector<std::vector<float>>& grads,
+                      std::map<std::string, std::vector<float>>& ref, const std::string& prefix,
+                      const std::string& what) {
+  size_t compared = 0;
+  for (size_t m = 0; m < arch.layout().modules.size(); ++m) {
+    for (const HfTensor& h : arch.hf_tensors(int(m))) {
+      std::string key = prefix + h.name;
+      if (!ref.count(key) && !h.alt_name.empty()) key = prefix + h.alt_name;
+      ASSERT_TRUE(ref.count(key)) << what << ": no reference gradient for " << h.name;
+      const std::vector<float> g = hf_view(arch, int(m), h, grads[m]);
+      std::vector<float>& want = ref[key];
+      if (h.more_rows_ok && want.size() > g.size()) {
+        // GPT-2's positions past model.context: no gradient in transformers either.
+        for (size_t i = g.size(); i < want.size(); ++i) ASSERT_EQ(want[i], 0.0f) << key;
+        want.resize(g.size());
+      }
+      ASSERT_EQ(g.size(), want.size()) << key;
+      EXPECT_LT(rel_norm_diff(g, want), 1e-4) << what << " " << key;
+      ++compared;
+    }
+  }
+  size_t ref_grads = 0;
+  for (const auto& [k, v] : ref) ref_grads += k.rfind(prefix, 0) == 0;
+  EXPECT_EQ(compared, ref_grads) << what << ": strata and transformers have different parameters";
 }
 
 struct Case {
@@ -202,28 +236,7 @@ TEST_P(HfCompare, LossAndGradientsMatchTransformers) {
     EXPECT_EQ(r.aux_loss, -1.0f) << c.name << ": a dense model reports no auxiliary loss";
   }
   if (c.dt != DType::kF32) return;
-  // Every parameter's gradient, each transformers parameter exactly once.
-  size_t compared = 0;
-  for (size_t m = 0; m < (*arch)->layout().modules.size(); ++m) {
-    for (const HfTensor& h : (*arch)->hf_tensors(int(m))) {
-      std::string key = "grad." + h.name;
-      if (!ref.count(key) && !h.alt_name.empty()) key = "grad." + h.alt_name;
-      ASSERT_TRUE(ref.count(key)) << "no reference gradient for " << h.name;
-      const std::vector<float> g = hf_view(**arch, int(m), h, r.grads[m]);
-      std::vector<float>& want = ref[key];
-      if (h.more_rows_ok && want.size() > g.size()) {
-        // GPT-2's positions past model.context: no gradient in transformers either.
-        for (size_t i = g.size(); i < want.size(); ++i) ASSERT_EQ(want[i], 0.0f) << key;
-        want.resize(g.size());
-      }
-      ASSERT_EQ(g.size(), want.size()) << key;
-      EXPECT_LT(rel_norm_diff(g, want), 1e-4) << c.name << " " << key;
-      ++compared;
-    }
-  }
-  size_t ref_grads = 0;
-  for (const auto& [k, v] : ref) ref_grads += k.rfind("grad.", 0) == 0;
-  EXPECT_EQ(compared, ref_grads) << "strata and transformers have different parameters";
+  expect_gradients(**arch, r.grads, ref, "grad.", c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfCompare,
@@ -240,6 +253,49 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfCompare,
                            for (char& ch : n) ch = ch == '-' ? '_' : ch;
                            return n + (info.param.dt == DType::kF32 ? "_fp32" : "_bf16");
                          });
+
+// DPO's sigmoid loss with label smoothing (cDPO) against torch (tools/make_dpo_fixture.py): two
+// pairs of prompt + completion + padding rows, the reference log-probabilities a few nats off
+// the policy's (z of both signs). The rows' per-token losses give each row's log-probability
+// (the completion's only: the prompt's and padding's targets are ignored) and, through DpoSums,
+// the loss; DpoRowWeights (scale 1 / pairs: the mean over pairs) weighs each row's logits'
+// gradient, and every parameter's gradient must be torch's. With eps 0 too (plain DPO).
+TEST(HfCompareDpo, SigmoidLossAndGradientsMatchTorch) {
+  const std::string dir = fixture("llama");
+  auto ref = test::read_safetensors_f32(dir + "/dpo.safetensors");
+  ASSERT_TRUE(ref.count("tokens") && ref.count("ref") && ref.count("loss"));
+  const int T = 16, B = int(ref["tokens"].size()) / T, pairs = B / 2;
+  ASSERT_EQ(B, 4);
+  auto cfg = config_for({{"from_pretrained", dir}, {"context", T}}, {"bf16.enabled=false"});
+  ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+  auto arch = create_architecture(cfg->model);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().to_string();
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  for (size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = int32_t(ref["tokens"][i]);
+    tgt[i] = int32_t(ref["targets"][i]);
+  }
+  const double beta = ref["beta"][0];
+  for (const double eps : {double(ref["eps"][0]), 0.0}) {
+    SCOPED_TRACE("label_smoothing " + std::to_string(eps));
+    const std::string prefix = eps == 0.0 ? "eps0." : "";
+    const DpoRowWeights weights(beta, eps, 1.0 / pairs, ref["ref"].data());
+    Pass1 r = run_one(dir, **arch, DType::kF32, B, T, tok, tgt, &weights);
+    ASSERT_EQ(r.losses.size(), size_t(B) * T);
+    for (int b = 0; b < B; ++b) {
+      const double logp = -row_loss_sum(&r.losses[size_t(b) * T], T);
+      EXPECT_NEAR(logp, ref["logps"][size_t(b)], 1e-5 * std::fabs(ref["logps"][size_t(b)]))
+          << "row " << b;
+    }
+    DpoSums sums;
+    sums.add(r.losses.data(), ref["ref"].data(), B, T, beta, eps);
+    const DpoMetrics m = dpo_metrics(sums);
+    EXPECT_EQ(sums.pairs, double(pairs));
+    EXPECT_NEAR(m.loss, ref[prefix + "loss"][0], 1e-5 * ref[prefix + "loss"][0]);
+    EXPECT_EQ(m.accuracy, 0.5) << "one pair won, one lost";
+    expect_gradients(**arch, r.grads, ref, prefix + "grad.", "dpo");
+  }
+}
 
 // ---- what can go wrong -------------------------------------------------------------------
 

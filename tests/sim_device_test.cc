@@ -63,6 +63,7 @@ TEST(SimDevice, CopiesAreRealKernelsWriteNothingZeroingClearsCopies) {
   ASSERT_TRUE(dev->synchronize(dev->h2d_stream()).is_ok());
   dev->kernels().matmul_forward(s, DType::kF32, *out, *inp, *w, nullptr, N, C, OC);
   dev->kernels().gelu_forward(s, DType::kF32, *out, *out, host.size());
+  dev->kernels().scale_rows(s, DType::kF32, *out, static_cast<const float*>(*inp), N, OC);
   dev->copy_d2h(s, back.data(), *out, back.size() * 4);
   ASSERT_TRUE(dev->synchronize(s).is_ok());
   EXPECT_EQ(std::memcmp(back.data(), host.data(), host.size() * 4), 0)
