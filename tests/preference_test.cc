@@ -66,10 +66,13 @@ TEST(DpoPair, FarOutNoOverflow) {
   }
 }
 
-TEST(DpoPair, RowLossSumAddsInDouble) {
+TEST(DpoPair, RowLossSumAddsInDoubleAndRoundsOnceToFp32) {
   const float t[4] = {1e8f, 1.0f, -1e8f, 0.5f};
   EXPECT_EQ(row_loss_sum(t, 4), 1.5);
   EXPECT_EQ(row_loss_sum(t, 0), 0.0);
+  // 1 + 3e-8 is 1 in fp32, as the reference's kept values are.
+  const float u[2] = {1.0f, 3e-8f};
+  EXPECT_EQ(row_loss_sum(u, 2), 1.0);
 }
 
 // B rows of T per-token losses (some 0: ignored targets) and the rows' reference

@@ -244,7 +244,9 @@ struct DeviceConfig {
 // the log-probabilities summed over each completion's tokens; ref is the run's initial model.
 struct DpoConfig {
   double beta = 0.1;
-  double label_smoothing = 0.0;  // cDPO's: the chance that a pair's labels are flipped
+  // cDPO's (TRL 0.x's sigmoid loss with label_smoothing): the chance that a pair's labels
+  // are flipped.
+  double label_smoothing = 0.0;
   std::string loss_type = "sigmoid";
   bool disable_dropout = true;  // TRL's default: no dropout (lora.lora_dropout) while training
 };

@@ -398,7 +398,8 @@ void TableBuilder::add_run_keys() {
   add(F("dpo.beta", Real(0, kInf, true), STRATA_M(dpo.beta),
         "DPO's beta: how far the policy may move from the reference (the initial model)"));
   add(F("dpo.label_smoothing", Real(0, 0.5, false, true), STRATA_M(dpo.label_smoothing),
-        "cDPO: the probability that a pair's preference is flipped; 0 = plain DPO"));
+        "cDPO (TRL 0.x's sigmoid loss with label_smoothing): the probability that a pair's "
+        "preference is flipped; 0 = plain DPO"));
   add(F("dpo.loss_type", Enum("sigmoid"), STRATA_M(dpo.loss_type),
         "sigmoid: DPO's loss (TRL's default)"));
   add(F("dpo.disable_dropout", Bool(), STRATA_M(dpo.disable_dropout),

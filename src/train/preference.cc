@@ -32,7 +32,7 @@ DpoPair dpo_pair(double nll_chosen, double nll_rejected, double ref_chosen, doub
 double row_loss_sum(const float* token_losses, int T) {
   double sum = 0;
   for (int t = 0; t < T; ++t) sum += double(token_losses[t]);
-  return sum;
+  return double(static_cast<float>(sum));
 }
 
 void DpoRowWeights::weigh(const float* token_losses, int B, int T, float* weights) const {

@@ -33,7 +33,8 @@ struct DpoPair {
 DpoPair dpo_pair(double nll_chosen, double nll_rejected, double ref_chosen, double ref_rejected,
                  double beta, double label_smoothing);
 
-// A row's sum of per-token losses, in order, in double.
+// A row's sum of per-token losses, in order, in double, rounded to fp32 as the reference's
+// values are kept (so a policy equal to the reference gives z = 0 exactly on the same rows).
 double row_loss_sum(const float* token_losses, int T);
 
 // A micro-batch's row weights: `ref` holds its B rows' reference log-probabilities; `scale`
