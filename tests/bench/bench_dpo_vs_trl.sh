@@ -28,8 +28,9 @@
 #   PYTHON=/path/to/venv/bin/python [LORA=1|0] [WARMUP=2] [NPAIRS=2*STEPS] [WORK=dir] \
 #     tests/bench/bench_dpo_vs_trl.sh [ROUNDS] [STEPS]
 # PYTHON must have torch, transformers, trl, datasets and (LORA=1) peft: a throwaway venv. TRL
-# and torch are never dependencies of strata. The default (3 rounds of 6 steps) takes about ten
-# minutes on a 2-core machine; take the numbers on a quiet one (the load is printed).
+# and torch are never dependencies of strata. The default (LoRA, 3 rounds of 6 steps) takes about
+# ten minutes on a 2-core machine, LORA=0 longer (TRL's full fine-tuning step is the slowest
+# part); take the numbers on a quiet machine (the load is printed).
 # STRATA_CPU_ISA (docs/ARCHITECTURE.md) is passed to strata as set and printed with its runs.
 set -euo pipefail
 rounds=${1:-3}
@@ -205,7 +206,7 @@ kept = clock.times[warmup:]
 med = statistics.median(kept)
 print(f"trl:    {B // 2 / med:6.3f} pairs/s, {B * T / med:7.1f} tokens/s (median of {len(kept)} "
       f"steps, {med:.2f} s/step); reference {trainer.ref_s:.2f} s for {n} pairs; "
-      f"step-1 loss {clock.losses.get(1, float('nan')):.4f}")
+      f"step-1 loss {clock.losses.get(1, float('nan')):.6f} (ln 2 = 0.693147)")
 PY
 }
 
@@ -228,7 +229,7 @@ kept = [r["step_s"] for r in rows if r["step"] > warmup]
 med = statistics.median(kept)
 first = next(r["loss"] for r in rows if r["step"] == 1)
 print(f"strata: {B // 2 / med:6.3f} pairs/s, {B * T / med:7.1f} tokens/s (median of {len(kept)} "
-      f"steps, {med:.2f} s/step); reference {ref}; step-1 loss {first:.4f}")
+      f"steps, {med:.2f} s/step); reference {ref}; step-1 loss {first:.6f} (ln 2 = 0.693147)")
 PY
 }
 
