@@ -9,7 +9,9 @@
 #   - full fine-tuning in fp32: the final eval's DPO loss and accuracy are transformers' over the
 #     same held-out pairs, the exported model against the initial one (tests/dpo_reference.py);
 #   - two ranks (mpirun) give one rank's losses;
-#   - an odd micro-batch and strata eval of a preference file are refused, naming the fix.
+#   - strata eval of the trained checkpoint is the run's final eval, bit for bit (ln 2 for the
+#     initial model);
+#   - an odd micro-batch is refused, naming the fix.
 # Needs a Python with transformers and jinja2 (STRATA_HF_PYTHON, else python3 with
 # build-deps/python-tools on its path); without them: exit 77. The comparison with transformers'
 # forward also needs torch: without it, that case alone is skipped (said in the output).
@@ -116,9 +118,18 @@ fi
   --set train_batch_size=6 --set 'train.checkpoint_dir="odd"' >odd.txt 2>&1
 check "an odd micro-batch is refused" test $? -ne 0
 check "... naming the fix" grep -q "preference pairs need an even micro-batch" odd.txt
-"$strata" eval --config "$recipe" "${sets[@]}" --checkpoint whole >eval.txt 2>&1
-check "strata eval refuses a preference file" test $? -ne 0
-check "... saying where the DPO eval is" grep -q "holds preference pairs" eval.txt
+"$strata" eval --config "$recipe" "${sets[@]}" --checkpoint whole --json >eval.json 2>eval.err
+check "strata eval of a preference file" test $? -eq 0
+check "... is the run's final eval, bit for bit" "$py" -c "import json,sys
+e = json.loads(open(sys.argv[1]).read())
+last = [json.loads(l) for l in open(sys.argv[2]) if 'eval_loss' in l][-1]
+assert e['loss'] == last['eval_loss'], (e, last)
+assert e['rewards/accuracies'] == last['eval_rewards/accuracies'], (e, last)
+assert e['pairs'] == 12, e" eval.json whole/metrics.jsonl
+"$strata" eval --config "$recipe" "${sets[@]}" --json >eval0.json 2>eval0.err
+check "strata eval of the initial model: ln 2, no pair preferred" "$py" -c "import json,math,sys
+e = json.loads(open(sys.argv[1]).read())
+assert abs(e['loss'] - math.log(2)) < 1e-15 and e['rewards/accuracies'] == 0.0, e" eval0.json
 
 if [ -n "$mpiexec" ] && command -v "$mpiexec" >/dev/null; then
   launch=("$mpiexec" --oversubscribe -np 2)

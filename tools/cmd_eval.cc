@@ -24,6 +24,10 @@ const char kUsage[] =
     "windows of whole conversations, the mean over the assistant tokens only (\"tokens\"\n"
     "counts them). The model is set up as strata train sets it up (placement, offload, ZeRO-3\n"
     "under mpirun), forward only; train.checkpoint_dir is not touched.\n"
+    "A file of preference pairs (prepare_data.py --format preference): the DPO loss (the dpo.*\n"
+    "keys) over every pair, with TRL's reward accuracy and margin, of the checkpoint against\n"
+    "the initial model (model.from_pretrained's weights; with LoRA, the base) as the\n"
+    "reference, as strata train's evals compute it.\n"
     "\n"
     "options:\n"
     "  --config FILE        the config (required): its model, data.source (or\n"
@@ -32,6 +36,9 @@ const char kUsage[] =
     "                       directory (its latest checkpoint); without it the initial\n"
     "                       weights: model.from_pretrained's, else train.seed's initialization\n"
     "  --json               print one line {\"loss\": L, \"perplexity\": P, \"tokens\": N}\n"
+    "                       (preference pairs: {\"loss\", \"pairs\", \"tokens\",\n"
+    "                       \"rewards/accuracies\", \"rewards/chosen\", \"rewards/rejected\",\n"
+    "                       \"rewards/margins\"})\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
     "  --log-level LEVEL    debug | info | warn | error | off (default: strata.log_level)\n"
     "  -h, --help           this text\n"
@@ -67,20 +74,41 @@ int cmd_eval(int argc, char** argv) {
   Result<EvalResult> r = evaluate(cfg, opts);
   if (!r.is_ok()) return cli.fail(r.status().message());
   if (r->rank != 0) return 0;  // rank 0 reports
+  const std::string what = !checkpoint.empty() ? "checkpoint " + checkpoint
+                           : cfg.model.from_pretrained.empty()
+                               ? std::string("initial weights (train.seed)")
+                               : "weights of " + cfg.model.from_pretrained;
+  // strata eval evaluates data.eval_source when set.
+  const std::string& file = cfg.data.eval_source.empty() ? cfg.data.source : cfg.data.eval_source;
+  if (r->preference) {
+    const double margin = r->reward_chosen - r->reward_rejected;
+    if (json) {
+      const nlohmann::json line{{"loss", r->loss},
+                                {"pairs", r->pairs},
+                                {"tokens", r->tokens},
+                                {"rewards/accuracies", r->reward_accuracy},
+                                {"rewards/chosen", r->reward_chosen},
+                                {"rewards/rejected", r->reward_rejected},
+                                {"rewards/margins", margin}};
+      std::printf("%s\n", line.dump().c_str());
+    } else {
+      std::printf(
+          "eval DPO loss %.6f | reward accuracy %.4f | margin %.4f | %lld pairs of %s | %s "
+          "against the initial model\n",
+          r->loss, r->reward_accuracy, margin, (long long)r->pairs, file.c_str(), what.c_str());
+    }
+    return 0;
+  }
   if (json) {
     const nlohmann::json line{
         {"loss", r->loss}, {"perplexity", r->perplexity}, {"tokens", r->tokens}};
     std::printf("%s\n", line.dump().c_str());
   } else {
-    const std::string what = !checkpoint.empty() ? "checkpoint " + checkpoint
-                             : cfg.model.from_pretrained.empty()
-                                 ? std::string("initial weights (train.seed)")
-                                 : "weights of " + cfg.model.from_pretrained;
     std::printf(
         "eval loss %.6f | perplexity %.4f | %lld tokens (%lld windows of %d) of %s (%lld "
         "tokens) | %s\n",
-        r->loss, r->perplexity, (long long)r->tokens, (long long)r->windows, r->T,
-        cfg.data.source.c_str(), (long long)r->corpus_tokens, what.c_str());
+        r->loss, r->perplexity, (long long)r->tokens, (long long)r->windows, r->T, file.c_str(),
+        (long long)r->corpus_tokens, what.c_str());
   }
   return 0;
 }

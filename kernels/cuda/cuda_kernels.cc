@@ -295,9 +295,8 @@ class CudaKernels final : public Kernels {
   }
   void scale_rows(Stream& s, DType dt, void* x, const float* scale, int rows,
                   size_t row_elems) override {
-    run("scale_rows", s, [&](CudaStream& cs) {
-      return cuda_scale_rows(cs.handle, dt, x, scale, rows, row_elems);
-    });
+    run("scale_rows", s,
+        [&](CudaStream& cs) { return cuda_scale_rows(cs.handle, dt, x, scale, rows, row_elems); });
   }
   void dropout(Stream& s, DType dt, void* out, const void* in, size_t n, float p,
                uint64_t key) override {

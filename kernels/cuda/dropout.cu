@@ -37,8 +37,8 @@ Status cuda_scale_rows(cudaStream_t s, DType dt, void* x, const float* scale, in
                        size_t row_elems) {
   if (rows <= 0 || row_elems == 0) return Status::ok();
   const dim3 grid(grid_for(row_elems, 256), unsigned(rows < 65535 ? rows : 65535));
-  STRATA_DISPATCH_DT(dt, scale_rows_kernel<scalar_t><<<grid, 256, 0, s>>>(
-                             static_cast<scalar_t*>(x), scale, rows, row_elems));
+  STRATA_DISPATCH_DT(dt, scale_rows_kernel<scalar_t>
+                     <<<grid, 256, 0, s>>>(static_cast<scalar_t*>(x), scale, rows, row_elems));
   STRATA_CUDA_LAUNCH_CHECK("launching scale_rows");
   return Status::ok();
 }

@@ -396,9 +396,8 @@ class DecoderRunner final : public ModelRunner {
       const RowWeights* w = mb.row_weights;
       float* weights = host_row_weights_;
       const int B = st_.B, T = st_.T;
-      st_.dev->host_fn(s, [w, pinned_losses, weights, B, T] {
-        w->weigh(pinned_losses, B, T, weights);
-      });
+      st_.dev->host_fn(
+          s, [w, pinned_losses, weights, B, T] { w->weigh(pinned_losses, B, T, weights); });
       st_.dev->copy_h2d(s, buf_->row_weights, weights, size_t(B) * 4);
       k.scale_rows(s, st_.dt, buf_->logits, buf_->row_weights, B, size_t(T) * size_t(Vp));
     }

@@ -429,8 +429,8 @@ void Dataset::train_batch(uint64_t seed, int64_t step, int micro, int rank, int 
     STRATA_CHECK(B % 2 == 0, "train_batch: preference pairs need an even batch");
     for (int j = 0; j < B / 2; ++j) {
       const uint64_t pair = uint64_t(rank) * uint64_t(B / 2) + uint64_t(j);
-      fill_pair(train_pairs_[train_pair(seed, step, micro, pair)], T,
-                tokens + size_t(2 * j) * T, targets + size_t(2 * j) * T);
+      fill_pair(train_pairs_[train_pair(seed, step, micro, pair)], T, tokens + size_t(2 * j) * T,
+                targets + size_t(2 * j) * T);
     }
     return;
   }

@@ -141,8 +141,8 @@ class Run {
   // Runs eval batch i (the forward alone); its per-token losses land in losses_ (run_eval.cc).
   Status eval_batch(int i);
 
-  // Preference data (DPO, run_preference.cc). The checks of load_data: strata eval refuses
-  // it; the micro-batch holds whole pairs.
+  // Preference data (DPO, run_preference.cc). The check of load_data: the micro-batch holds
+  // whole pairs.
   bool preference() const { return data_ && data_->preference(); }
   Status check_preference_data();
   // The forward alone over B/2 pairs from `first_pair` (wrapping) of a split; losses_ gets
@@ -156,8 +156,11 @@ class Run {
   // After the step's backward: its DPO loss over the global batch's pairs (last_dpo_).
   Result<double> preference_step_loss();
   Status reduce_dpo_sums(DpoSums* s);
-  // The held-out DPO loss over data.eval_batches batches of pairs (at most every pair once).
-  Result<std::optional<double>> preference_eval_loss();
+  // The held-out DPO loss over data.eval_batches batches of pairs (at most every pair once;
+  // every_pair: all of them); last_eval_dpo_ gets its metrics. preference_evaluate: strata
+  // eval's, over every pair.
+  Result<std::optional<double>> preference_eval_loss(bool every_pair = false);
+  Result<EvalResult> preference_evaluate();
   // The loss targets of this step's global batch (B*T*accum*world without a loss mask).
   int64_t global_train_targets() const {
     int64_t n = 0;

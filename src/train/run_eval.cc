@@ -89,6 +89,7 @@ Result<std::optional<double>> Run::whole_eval_loss(size_t batches, bool stoppabl
 }
 
 Result<EvalResult> Run::evaluate() {
+  if (preference()) return preference_evaluate();
   EvalResult r;
   r.rank = rank_;
   r.world_size = world_;

@@ -14,13 +14,6 @@ namespace strata::run_detail {
 
 Status Run::check_preference_data() {
   if (!preference()) return Status::ok();
-  if (eval_only_) {
-    return invalid_argument(fmt::format(
-        "{} holds preference pairs (prepare_data.py --format preference): strata eval measures "
-        "next-token loss over plain or chat token files; a preference run's held-out DPO loss "
-        "and reward accuracy are its evals (train.eval_interval)",
-        cfg_.data.eval_source.empty() ? cfg_.data.source : cfg_.data.eval_source));
-  }
   if (B_ % 2 != 0) {
     return invalid_argument(fmt::format(
         "train_micro_batch_size_per_gpu is {}: preference pairs need an even micro-batch (each "
@@ -51,6 +44,13 @@ Status Run::reference_logps_of(bool eval_split, std::vector<float>* out) {
   auto last_note = Clock::now();
   const auto t0 = last_note;
   for (size_t i = 0; i < batches; ++i) {
+    // One rank answers a stop at once (nothing is trained yet: no checkpoint to write); ranks
+    // run the pass's collectives together, so with several it runs to its end.
+    if (world_ == 1 && opts_.stop_signal && opts_.stop_signal->load() != 0) {
+      return invalid_argument(
+          "stopped during DPO's reference pass, before the first step: nothing was trained and "
+          "no checkpoint was written; run again to train");
+    }
     const size_t first = i * per_batch + size_t(rank_) * mine;
     STRATA_RETURN_IF_ERROR(pair_forward(eval_split, first), "");
     for (size_t j = 0; j < mine && first + j < pairs; ++j) {
@@ -109,8 +109,8 @@ void Run::weigh_preference_rows(double scale, std::vector<MicroBatch>* mbs) {
 Result<double> Run::preference_step_loss() {
   DpoSums s;
   for (int micro = 0; micro < accum_; ++micro) {
-    s.add(losses_.data() + size_t(micro) * size_t(B_) * size_t(T_),
-          ref_rows_[size_t(micro)].data(), B_, T_, cfg_.dpo.beta, cfg_.dpo.label_smoothing);
+    s.add(losses_.data() + size_t(micro) * size_t(B_) * size_t(T_), ref_rows_[size_t(micro)].data(),
+          B_, T_, cfg_.dpo.beta, cfg_.dpo.label_smoothing);
   }
   STRATA_RETURN_IF_ERROR(reduce_dpo_sums(&s), "reducing the DPO metrics");
   last_dpo_ = dpo_metrics(s);
@@ -126,11 +126,12 @@ Status Run::reduce_dpo_sums(DpoSums* s) {
   return Status::ok();
 }
 
-Result<std::optional<double>> Run::preference_eval_loss() {
+Result<std::optional<double>> Run::preference_eval_loss(bool every_pair) {
   const size_t pairs = data_->eval_pairs(), mine = size_t(B_) / 2;
   const size_t per_batch = mine * size_t(world_);
   const size_t whole = (pairs + per_batch - 1) / per_batch;
-  const size_t n = std::min<size_t>(size_t(std::max(1, cfg_.data.eval_batches)), whole);
+  const size_t n =
+      every_pair ? whole : std::min<size_t>(size_t(std::max(1, cfg_.data.eval_batches)), whole);
   DpoSums s;
   for (size_t i = 0; i < n; ++i) {
     if (world_ == 1 && opts_.stop_signal && opts_.stop_signal->load() != 0) {
@@ -150,6 +151,28 @@ Result<std::optional<double>> Run::preference_eval_loss() {
   STRATA_RETURN_IF_ERROR(reduce_dpo_sums(&s), "reducing the eval's DPO metrics");
   last_eval_dpo_ = dpo_metrics(s);
   return std::optional<double>(last_eval_dpo_.loss);
+}
+
+Result<EvalResult> Run::preference_evaluate() {
+  EvalResult r;
+  r.rank = rank_;
+  r.world_size = world_;
+  r.T = T_;
+  r.corpus_tokens = int64_t(data_->eval_tokens());
+  r.preference = true;
+  r.pairs = int64_t(data_->eval_pairs());
+  r.windows = 2 * r.pairs;
+  for (size_t w = 0; w < size_t(r.windows); ++w) r.tokens += data_->eval_window_targets(w, T_);
+  const auto t0 = Clock::now();
+  Result<std::optional<double>> loss = preference_eval_loss(/*every_pair=*/true);
+  STRATA_RETURN_IF_ERROR(loss.status(), "");
+  r.loss = **loss;
+  r.perplexity = std::exp(r.loss);
+  r.reward_chosen = last_eval_dpo_.reward_chosen;
+  r.reward_rejected = last_eval_dpo_.reward_rejected;
+  r.reward_accuracy = last_eval_dpo_.accuracy;
+  log_info("eval: the DPO loss of {} pairs in {:.2f} s", r.pairs, seconds_since(t0));
+  return r;
 }
 
 }  // namespace strata::run_detail

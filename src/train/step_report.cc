@@ -21,16 +21,17 @@ std::string progress_line(const StepReport& r, const StepWindow& w) {
                        : std::string();
   const std::string aux =
       r.aux_loss >= 0 ? fmt::format("aux {:.4f} | ", r.aux_loss) : std::string();
-  const std::string rewards =
-      r.preference ? fmt::format("acc {:.2f} margin {:.3f} | ", r.reward_accuracy,
-                                 r.reward_chosen - r.reward_rejected)
-                   : std::string();
+  const std::string rewards = r.preference
+                                  ? fmt::format("acc {:.2f} margin {:.3f} | ", r.reward_accuracy,
+                                                r.reward_chosen - r.reward_rejected)
+                                  : std::string();
   const std::string scale = r.fp16 ? fmt::format("scale {:g} | ", r.loss_scale) : std::string();
   const std::string optimizer_note = r.rollbacks > 0 ? fmt::format(", {} rollbacks", r.rollbacks)
                                      : r.approximate ? ", delayed: approximate"
                                                      : "";
   return fmt::format(
-      "step {:5d}/{} | loss {:.4f} | {}{}lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} ms: "
+      "step {:5d}/{} | loss {:.4f} | {}{}lr {:.3e} | norm {:.3f} | {}{:.0f} tok/s | step {:.0f} "
+      "ms: "
       "fwd/bwd {:.0f} (fetch wait {:.0f}) opt {:.0f} ({:.0f}% hidden{}), io wait {:.0f}{} | "
       "moved/step: device {:.1f} MiB, nvme {:.1f} MiB | {} elapsed, ETA {}{}\n",
       r.step, r.total, r.loss, aux, rewards, r.lr, r.grad_norm, scale, r.tokens_per_s,

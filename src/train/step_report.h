@@ -56,7 +56,7 @@ struct StepReport {
   // share of pairs whose chosen one's is higher (TRL's rewards/*).
   bool preference = false;
   double reward_chosen = 0, reward_rejected = 0, reward_accuracy = 0;
-  bool fp16 = false;     // show the loss scale
+  bool fp16 = false;  // show the loss scale
   double loss_scale = 1;
   bool skipped = false;      // fp16 overflow: the step was skipped
   int64_t rollbacks = 0;     // over the run so far

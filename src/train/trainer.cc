@@ -113,6 +113,12 @@ Status Run::setup() {
     std::fill(losses_.begin(), losses_.end(), 0.0f);
   }
   if (eval_only_) {
+    // DPO's reference is the initial model: its log-probabilities before the checkpoint loads.
+    if (preference()) {
+      STRATA_RETURN_IF_ERROR(init_weights(), "");
+      STRATA_RETURN_IF_ERROR(reference_logps(), "DPO's reference log-probabilities");
+      if (opts_.resume.empty()) return Status::ok();
+    }
     if (!opts_.resume.empty()) return load_for_eval(opts_.resume);
     return init_or_resume();
   }

@@ -76,13 +76,13 @@ struct TrainResult {
   // step's reward accuracy over its pairs (TRL's rewards/accuracies).
   std::vector<std::pair<int64_t, double>> eval_accuracies;
   std::vector<double> accuracies;
-  int64_t skipped_steps = 0;                            // fp16 overflow skips in this run
-  double loss_scale = 1.0;                              // at the end (fp16; else 1)
-  bool stopped_early = false;                           // by signal or stop_at_step
-  std::string last_checkpoint;                          // path, "" if none written
-  std::string metrics_error;  // the first failed write of the metrics log; "" if none
-  uint32_t weights_crc = 0;   // CRC32C of all fp32 master weights
-  double tokens_per_s = 0;    // over the steps run here
+  int64_t skipped_steps = 0;    // fp16 overflow skips in this run
+  double loss_scale = 1.0;      // at the end (fp16; else 1)
+  bool stopped_early = false;   // by signal or stop_at_step
+  std::string last_checkpoint;  // path, "" if none written
+  std::string metrics_error;    // the first failed write of the metrics log; "" if none
+  uint32_t weights_crc = 0;     // CRC32C of all fp32 master weights
+  double tokens_per_s = 0;      // over the steps run here
   // Time split over the steps run here, seconds: forward+backward (the fetch waits included)
   // and any thread's waits on NVMe I/O. The optimizer's schedule over them: the compute
   // stream's waits on parameter fetches, the optimizer pass (its I/O included) and the part of
@@ -165,6 +165,12 @@ struct EvalResult {
   int64_t windows = 0;
   int T = 0;                  // tokens per window
   int64_t corpus_tokens = 0;  // N
+  // Preference data (DPO): loss is the DPO loss over every pair, against the initial model
+  // (model.from_pretrained's weights, or train.seed's) as the reference; windows counts the
+  // pairs' sequences, tokens their answers' tokens.
+  bool preference = false;
+  int64_t pairs = 0;
+  double reward_chosen = 0, reward_rejected = 0, reward_accuracy = 0;
 };
 
 // Every rank calls evaluate() with the same config; every rank gets the global result. A file
