@@ -506,6 +506,32 @@ std::vector<Case> cases() {
          EXPECT_FALSE(g.tensorboard.enabled);
        });
 
+  // dpo: TRL's loss types (one or a list), their weights and the f-divergences.
+  good("dpo_loss_type_string_is_a_list", J(R"("dpo": {"loss_type": "IPO"})"),
+       [](const Config& g) { EXPECT_EQ(g.dpo.loss_type, std::vector<std::string>{"ipo"}); });
+  good("dpo_mpo", J(R"("dpo": {"loss_type": ["sigmoid", "bco_pair", "sft"],
+            "loss_weights": [0.8, 0.2, 1.0]})"),
+       [](const Config& g) {
+         EXPECT_EQ(g.dpo.loss_type.size(), 3u);
+         EXPECT_EQ(g.dpo.loss_weights, (std::vector<double>{0.8, 0.2, 1.0}));
+         EXPECT_EQ(g.dpo.f_divergence_type, "reverse_kl");
+       });
+  good("dpo_f_divergence", J(R"("dpo": {"loss_type": ["sigmoid", "sft"],
+            "f_divergence_type": "js_divergence"})"),
+       [](const Config& g) { EXPECT_EQ(g.dpo.f_divergence_type, "js_divergence"); });
+  bad("dpo_unknown_loss_type", J(R"("dpo": {"loss_type": ["sigmoid", "kto"]})"),
+      "dpo.loss_type: \"kto\" is not one of sigmoid, hinge, ipo");
+  bad("dpo_empty_loss_type", J(R"("dpo": {"loss_type": []})"),
+      "dpo.loss_type is an empty list: name one or more of sigmoid, hinge");
+  bad("dpo_weights_per_type", J(R"("dpo": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1]})"),
+      "dpo.loss_weights has 1 weights for 2 loss types");
+  bad("dpo_weight_not_a_number", J(R"("dpo": {"loss_weights": ["x"]})"), "dpo.loss_weights[0]");
+  bad("dpo_f_divergence_of_pairwise_loss",
+      J(R"("dpo": {"loss_type": ["sigmoid", "bco_pair"], "f_divergence_type": "forward_kl"})"),
+      "dpo.f_divergence_type \"forward_kl\" does not apply to dpo.loss_type bco_pair");
+  bad("dpo_exo_needs_smoothing", J(R"("dpo": {"loss_type": "exo_pair"})"),
+      "dpo.loss_type exo_pair needs dpo.label_smoothing above 0");
+
   // --- not acted on ------------------------------------------------------------------------
   good("not_acted_on_lines",
        J(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",

@@ -8,6 +8,7 @@
 #     bit for bit (the reference is computed again from the initial weights);
 #   - full fine-tuning in fp32: the final eval's DPO loss and accuracy are transformers' over the
 #     same held-out pairs, the exported model against the initial one (tests/dpo_reference.py);
+#     the same with IPO (dpo.loss_type "ipo": per-token means of the log-ratios);
 #   - two ranks (mpirun) give one rank's losses;
 #   - strata eval of the trained checkpoint is the run's final eval, bit for bit (ln 2 for the
 #     initial model);
@@ -110,8 +111,33 @@ acc = float(open(sys.argv[3]).read().split()[1])
 assert abs(loss - ref['loss']) < 2e-4 * max(1.0, abs(ref['loss'])), (loss, ref)
 assert abs(acc - ref['accuracy']) < 1e-9, (acc, ref)
 print('strata', loss, acc, 'transformers', ref)" full.ref.json full.eval_loss full.eval_acc
+fi
+# IPO (per-token means of the log-ratios: each row's completion targets count) the same way.
+"$strata" train --config full.json "${full[@]}" --set 'dpo.loss_type="ipo"' --set train.eval_interval=6 \
+  --set dpo.label_smoothing=0 --set 'train.checkpoint_dir="ipo"' \
+  --set 'train.export_dir="ipo-hf"' >ipo.txt 2>&1
+check "full fine-tuning with IPO trains and exports" test $? -eq 0
+check "... and says which loss it trains" grep -q "loss ipo, beta 0.2" ipo.txt
+field ipo/metrics.jsonl eval_loss >ipo.eval_loss
+check "the held-out IPO loss falls" "$py" -c "import sys
+v = [float(l.split()[1]) for l in open(sys.argv[1])]
+assert v[-1] < v[0], v" ipo.eval_loss
+tail -1 ipo.eval_loss >ipo.eval_last
+field ipo/metrics.jsonl eval_rewards/accuracies | tail -1 >ipo.eval_acc
+if "$py" -c "import torch" 2>/dev/null; then
+"$py" "$repo/tests/dpo_reference.py" --policy ipo-hf --reference "$fixture" --tokens pairs-val.bin \
+  --seq-len 32 --beta 0.2 --loss-type ipo >ipo.ref.json 2>ipo.ref.err
+check "transformers computes the held-out IPO loss" test $? -eq 0
+check "strata's final eval is transformers' IPO loss and accuracy over the held-out pairs" \
+  "$py" -c "import json,sys
+ref = json.load(open(sys.argv[1]))
+loss = float(open(sys.argv[2]).read().split()[1])
+acc = float(open(sys.argv[3]).read().split()[1])
+assert abs(loss - ref['loss']) < 2e-4 * max(1.0, abs(ref['loss'])), (loss, ref)
+assert abs(acc - ref['accuracy']) < 1e-9, (acc, ref)
+print('strata', loss, acc, 'transformers', ref)" ipo.ref.json ipo.eval_last ipo.eval_acc
 else
-  echo "skipped: the held-out DPO loss against transformers' forward ($py lacks torch)"
+  echo "skipped: the held-out DPO and IPO losses against transformers' forward ($py lacks torch)"
 fi
 
 "$strata" train --config "$recipe" "${sets[@]}" --set train_micro_batch_size_per_gpu=3 \

@@ -4,10 +4,12 @@ computed with transformers over a strata preference token file (tools/prepare_da
 preference): the numbers strata's eval reports for the same pairs.
 
 usage: dpo_reference.py --policy DIR --reference DIR --tokens FILE --seq-len T --beta B
-                        [--label-smoothing E]
+                        [--label-smoothing E] [--loss-type sigmoid|ipo]
 Prints one JSON object: {"loss": ..., "accuracy": ..., "pairs": ...}.
 Each pair is the mask's conversations 2k (chosen) and 2k + 1 (rejected), each cut at T + 1
 tokens; a pair left without a loss target in either sequence is left out, as strata does.
+The loss: sigmoid (cDPO with --label-smoothing) or ipo (TRL's: the log-ratios' per-token means,
+(mean_c - mean_r - 1/(2 beta))^2); the accuracy compares beta times the summed log-ratios.
 """
 import argparse
 import json
@@ -71,6 +73,7 @@ def main():
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--beta", type=float, required=True)
     ap.add_argument("--label-smoothing", type=float, default=0.0)
+    ap.add_argument("--loss-type", choices=["sigmoid", "ipo"], default="sigmoid")
     a = ap.parse_args()
     tokens = read_tokens(a.tokens)
     mask = read_mask(a.tokens + ".mask", len(tokens))
@@ -82,11 +85,16 @@ def main():
         (c, cc), (r, rc) = seqs[2 * k], seqs[2 * k + 1]
         if not cc.any() or not rc.any():
             continue
-        rw_c = a.beta * (logp(policy, c, cc) - logp(reference, c, cc))
-        rw_r = a.beta * (logp(policy, r, rc) - logp(reference, r, rc))
-        z = rw_c - rw_r
-        eps = a.label_smoothing
-        loss += (1 - eps) * softplus(-z) + eps * softplus(z)
+        lr_c = logp(policy, c, cc) - logp(reference, c, cc)
+        lr_r = logp(policy, r, rc) - logp(reference, r, rc)
+        rw_c, rw_r = a.beta * lr_c, a.beta * lr_r
+        if a.loss_type == "ipo":
+            u = lr_c / int(cc.sum()) - lr_r / int(rc.sum())
+            loss += (u - 1 / (2 * a.beta)) ** 2
+        else:
+            z = rw_c - rw_r
+            eps = a.label_smoothing
+            loss += (1 - eps) * softplus(-z) + eps * softplus(z)
         correct += rw_c > rw_r
         pairs += 1
     print(json.dumps({"loss": loss / pairs, "accuracy": correct / pairs, "pairs": pairs}))

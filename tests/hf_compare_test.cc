@@ -275,11 +275,16 @@ TEST(HfCompareDpo, SigmoidLossAndGradientsMatchTorch) {
     tok[i] = int32_t(ref["tokens"][i]);
     tgt[i] = int32_t(ref["targets"][i]);
   }
-  const double beta = ref["beta"][0];
+  std::vector<float> count(size_t(B), 0.0f);
+  for (size_t i = 0; i < tgt.size(); ++i) count[i / T] += tgt[i] >= 0 ? 1.0f : 0.0f;
+  DpoConfig dpo;
+  dpo.beta = ref["beta"][0];
   for (const double eps : {double(ref["eps"][0]), 0.0}) {
     SCOPED_TRACE("label_smoothing " + std::to_string(eps));
     const std::string prefix = eps == 0.0 ? "eps0." : "";
-    const DpoRowWeights weights(beta, eps, 1.0 / pairs, ref["ref"].data());
+    dpo.label_smoothing = eps;
+    const DpoLoss loss = dpo_loss_of(dpo);
+    const DpoRowWeights weights(&loss, 1.0 / pairs, ref["ref"].data(), count.data());
     Pass1 r = run_one(dir, **arch, DType::kF32, B, T, tok, tgt, &weights);
     ASSERT_EQ(r.losses.size(), size_t(B) * T);
     for (int b = 0; b < B; ++b) {
@@ -288,7 +293,7 @@ TEST(HfCompareDpo, SigmoidLossAndGradientsMatchTorch) {
           << "row " << b;
     }
     DpoSums sums;
-    sums.add(r.losses.data(), ref["ref"].data(), B, T, beta, eps);
+    sums.add(loss, r.losses.data(), ref["ref"].data(), count.data(), B, T);
     const DpoMetrics m = dpo_metrics(sums);
     EXPECT_EQ(sums.pairs, double(pairs));
     EXPECT_NEAR(m.loss, ref[prefix + "loss"][0], 1e-5 * ref[prefix + "loss"][0]);

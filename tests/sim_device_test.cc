@@ -157,8 +157,11 @@ TEST(SimDevice, TrainsWithTheConfiguredGradientNorm) {
     Config c = test::tiny_cpu(
         dir + "/n" + std::to_string(int(norm * 10)),
         {"train.steps=6", "scheduler.params.warmup_num_steps=2"},
+        // speculate "always": "auto" would time both schedules, which a loaded machine can
+        // tip either way; this test is about which steps each regime speculates.
         {"device.simulate=\"h200\"", "device.simulate_grad_norm=" + std::to_string(norm),
-         "gradient_clipping=1.0", "zero_optimization.offload_optimizer.device=\"cpu\""});
+         "gradient_clipping=1.0", "zero_optimization.offload_optimizer.device=\"cpu\"",
+         "strata.optimizer.speculate=\"always\""});
     TrainResult r = test::must_train(c);
     ASSERT_EQ(r.losses.size(), 6u);
     for (double l : r.losses) EXPECT_TRUE(std::isfinite(l));

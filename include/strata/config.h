@@ -238,16 +238,27 @@ struct DeviceConfig {
 };
 
 // Preference training (TRL's DPOConfig keys), used when the training data holds preference pairs
-// (tools/prepare_data.py --format preference): the loss is DPO's sigmoid loss
+// (tools/prepare_data.py --format preference): by default DPO's sigmoid loss
 //   L = -(1 - label_smoothing) log sigma(z) - label_smoothing log sigma(-z),
 //   z = beta ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))),
 // the log-probabilities summed over each completion's tokens; ref is the run's initial model.
+// The other loss types, their weights and the f-divergences are TRL's
+// (src/train/preference.h).
+inline constexpr const char* kDpoLossTypes =
+    "sigmoid|hinge|ipo|exo_pair|nca_pair|robust|bco_pair|sppo_hard|aot|aot_unpaired|apo_zero|"
+    "apo_down|discopop|sft|sigmoid_norm";
+inline constexpr const char* kFDivergenceTypes =
+    "reverse_kl|forward_kl|js_divergence|alpha_divergence";
 struct DpoConfig {
   double beta = 0.1;
   // cDPO's (TRL 0.x's sigmoid loss with label_smoothing): the chance that a pair's labels
-  // are flipped.
+  // are flipped; Robust DPO's and EXO's epsilon.
   double label_smoothing = 0.0;
-  std::string loss_type = "sigmoid";
+  std::vector<std::string> loss_type = {"sigmoid"};  // kDpoLossTypes, summed
+  std::vector<double> loss_weights;                  // one per loss_type; empty: 1 each
+  std::string f_divergence_type = "reverse_kl";      // kFDivergenceTypes
+  double f_alpha_divergence_coef = 0.5;
+  double discopop_tau = 0.05;
   bool disable_dropout = true;  // TRL's default: no dropout (lora.lora_dropout) while training
 };
 

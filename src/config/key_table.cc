@@ -398,10 +398,26 @@ void TableBuilder::add_run_keys() {
   add(F("dpo.beta", Real(0, kInf, true), STRATA_M(dpo.beta),
         "DPO's beta: how far the policy may move from the reference (the initial model)"));
   add(F("dpo.label_smoothing", Real(0, 0.5, false, true), STRATA_M(dpo.label_smoothing),
-        "cDPO (TRL 0.x's sigmoid loss with label_smoothing): the probability that a pair's "
-        "preference is flipped; 0 = plain DPO"));
-  add(F("dpo.loss_type", Enum("sigmoid"), STRATA_M(dpo.loss_type),
-        "sigmoid: DPO's loss (TRL's default)"));
+        "the chance that a pair's preference is flipped: cDPO with the sigmoid loss (TRL 0.x's "
+        "sigmoid; TRL 1.x's ignores it), Robust DPO's (robust) and EXO's epsilon (exo_pair, "
+        "where it must be above 0; the paper's 1e-3); 0 = plain DPO"));
+  add(F("dpo.loss_type", EnumList(kDpoLossTypes), STRATA_M(dpo.loss_type),
+        "the loss, as TRL's DPOTrainer computes it, or a list of them summed with "
+        "dpo.loss_weights (e.g. MPO: [\"sigmoid\", \"bco_pair\", \"sft\"]): sigmoid is DPO's "
+        "(the default); ipo and sigmoid_norm take per-token means of the log-ratios; aot and "
+        "aot_unpaired sort within a micro-batch, sft is the mean next-token loss of its chosen "
+        "completions (TRL's per-device batch)"));
+  add(F("dpo.loss_weights", RealList(-kInf, kInf, true, true), STRATA_M(dpo.loss_weights),
+        "one weight per dpo.loss_type entry; [] = 1 each", nullptr, 0, "[]"));
+  add(F("dpo.f_divergence_type", Enum(kFDivergenceTypes), STRATA_M(dpo.f_divergence_type),
+        "the f-divergence between policy and reference (f-DPO): each log-ratio's score; "
+        "reverse_kl is DPO's; the others apply to sigmoid, sigmoid_norm, hinge, ipo, exo_pair, "
+        "robust, discopop and sft"));
+  add(F("dpo.f_alpha_divergence_coef", Real(-kInf, kInf, true, true),
+        STRATA_M(dpo.f_alpha_divergence_coef),
+        "alpha of dpo.f_divergence_type alpha_divergence (1 = reverse_kl)"));
+  add(F("dpo.discopop_tau", Real(0, kInf, true, true), STRATA_M(dpo.discopop_tau),
+        "DiscoPOP's temperature (dpo.loss_type discopop)"));
   add(F("dpo.disable_dropout", Bool(), STRATA_M(dpo.disable_dropout),
         "no dropout (lora.lora_dropout) in a preference run's training forwards, as TRL's "
         "DPOConfig by default; false: dropout in the policy's forwards (never the reference's)"));

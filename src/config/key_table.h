@@ -30,6 +30,8 @@ enum class Kind {
   kStringList,
   kStringOrList,
   kBetas,
+  kEnumList,  // a string or a list of strings, each one of values ("a|b|c"); kept as a list
+  kRealList,  // a list of numbers, each in [lo, hi]
   kDType,
   kAny
 };

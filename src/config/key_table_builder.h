@@ -72,6 +72,10 @@ inline Type Enum(const char* values) { return {Kind::kEnum, 0, 0, false, false, 
 inline Type StrList() { return {Kind::kStringList}; }
 // A string or a list of strings, kept as given (the setter tells them apart).
 inline Type StrOrList() { return {Kind::kStringOrList}; }
+inline Type EnumList(const char* values) { return {Kind::kEnumList, 0, 0, false, false, values}; }
+inline Type RealList(double lo, double hi, bool lo_open = false, bool hi_open = false) {
+  return {Kind::kRealList, lo, hi, lo_open, hi_open};
+}
 inline Type Betas() { return {Kind::kBetas, 0, 1, false, true}; }
 // A dtype by any name parse_dtype takes, one of `values` (canonical names) once parsed.
 inline Type DTypeT(const char* values) { return {Kind::kDType, 0, 0, false, false, values}; }

@@ -206,6 +206,37 @@ Result<json> check_value(const Type& t, const json& v, const std::string& path) 
         return v;
       }
       return type_error(path, "string or list of strings", v);
+    case Kind::kEnumList: {
+      std::vector<std::string> allowed = split(t.values, '|');
+      const std::string what =
+          fmt::format("one of {}, or a list of them", fmt::join(allowed, ", "));
+      if (!v.is_string() && !v.is_array()) return type_error(path, what, v);
+      json out = json::array();
+      for (const json& e : v.is_string() ? json::array({v}) : v) {
+        if (!e.is_string()) return type_error(path, what, e);
+        const std::string s = e.get<std::string>();
+        const auto it = std::find_if(allowed.begin(), allowed.end(),
+                                     [&](const std::string& a) { return iequals(a, s); });
+        if (it == allowed.end()) {
+          return invalid_argument(
+              fmt::format("{}: \"{}\" is not one of {}", path, s, fmt::join(allowed, ", ")));
+        }
+        out.push_back(*it);
+      }
+      return out;
+    }
+    case Kind::kRealList: {
+      if (!v.is_array()) return type_error(path, "list of numbers", v);
+      json out = json::array();
+      for (size_t i = 0; i < v.size(); ++i) {
+        const std::string p = fmt::format("{}[{}]", path, i);
+        if (!v[i].is_number()) return type_error(p, "number", v[i]);
+        const double d = v[i].get<double>();
+        if (!std::isfinite(d) || !in_range(d, t)) return range_error(p, v[i].dump(), t);
+        out.push_back(d);
+      }
+      return out;
+    }
     case Kind::kBetas: {
       if (!v.is_array() || v.size() != 2) return type_error(path, "[beta1, beta2]", v);
       for (size_t i = 0; i < 2; ++i) {

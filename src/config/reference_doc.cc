@@ -55,6 +55,14 @@ std::string config_reference_markdown() {
       case Kind::kStringOrList:
         type = "string or list";
         break;
+      case Kind::kEnumList:
+        type = "enum or list";
+        allowed = fmt::format("{}", fmt::join(split(k.type.values, '|'), " \\| "));
+        break;
+      case Kind::kRealList:
+        type = "list of numbers";
+        allowed = "each in " + fmt_range(k.type);
+        break;
       case Kind::kBetas:
         type = "[number, number]";
         allowed = "each in " + fmt_range(k.type);

@@ -237,6 +237,42 @@ Status resolve_data(Ctx* ctx) {
   return Status::ok();
 }
 
+// The dpo section's rules across its keys (TRL's DPOTrainer's checks).
+Status resolve_dpo(Ctx* ctx) {
+  const DpoConfig& d = ctx->cfg.dpo;
+  if (d.loss_type.empty()) {
+    return invalid_argument(fmt::format("dpo.loss_type is an empty list: name one or more of {}",
+                                        fmt::join(split(kDpoLossTypes, '|'), ", ")));
+  }
+  if (!d.loss_weights.empty() && d.loss_weights.size() != d.loss_type.size()) {
+    return invalid_argument(fmt::format(
+        "dpo.loss_weights has {} weights for {} loss types: give one weight per dpo.loss_type "
+        "entry, or leave it out (each weighs 1)",
+        d.loss_weights.size(), d.loss_type.size()));
+  }
+  // f-DPO's reparameterization cancels only in the chosen-rejected difference of scores.
+  static const std::set<std::string> kTakeF = {"sigmoid",  "sigmoid_norm", "hinge",    "ipo",
+                                               "exo_pair", "robust",       "discopop", "sft"};
+  std::vector<std::string> no_f;
+  for (const std::string& t : d.loss_type) {
+    if (!kTakeF.count(t)) no_f.push_back(t);
+  }
+  if (d.f_divergence_type != "reverse_kl" && !no_f.empty()) {
+    return invalid_argument(fmt::format(
+        "dpo.f_divergence_type \"{}\" does not apply to dpo.loss_type {}: only {} are built on "
+        "the difference of the chosen and rejected scores; use \"reverse_kl\" with them",
+        d.f_divergence_type, fmt::join(no_f, ", "), fmt::join(kTakeF, ", ")));
+  }
+  const bool exo =
+      std::find(d.loss_type.begin(), d.loss_type.end(), "exo_pair") != d.loss_type.end();
+  if (exo && d.label_smoothing <= 0.0) {
+    return invalid_argument(
+        "dpo.loss_type exo_pair needs dpo.label_smoothing above 0 (its epsilon; the EXO paper "
+        "recommends 1e-3)");
+  }
+  return Status::ok();
+}
+
 // bf16 / fp16 (auto: the checkpoint's dtype) and the clipping default.
 Status resolve_precision(Ctx* ctx) {
   Config& c = ctx->cfg;
@@ -474,6 +510,7 @@ Status resolve(Ctx* ctx, int world_size) {
   STRATA_RETURN_IF_ERROR(resolve_model(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_lora(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_data(ctx), "");
+  STRATA_RETURN_IF_ERROR(resolve_dpo(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_precision(ctx), "");
   STRATA_RETURN_IF_ERROR(resolve_batch(ctx, world_size), "");
   STRATA_RETURN_IF_ERROR(resolve_optimizer(ctx), "");

@@ -148,9 +148,10 @@ class Run {
   // The forward alone over B/2 pairs from `first_pair` (wrapping) of a split; losses_ gets
   // their rows' per-token losses.
   Status pair_forward(bool eval_split, size_t first_pair);
-  // ref_train_ and ref_eval_ from the weights now held (the initial ones: the reference).
+  // ref_train_ and ref_eval_ from the weights now held (the initial ones: the reference), with
+  // each row's completion targets (count_train_, count_eval_).
   Status reference_logps();
-  Status reference_logps_of(bool eval_split, std::vector<float>* out);
+  Status reference_logps_of(bool eval_split, std::vector<float>* out, std::vector<float>* counts);
   // The step's micro-batches' row weights (MicroBatch::row_weights), `scale` the loss scale.
   void weigh_preference_rows(double scale, std::vector<MicroBatch>* mbs);
   // After the step's backward: its DPO loss over the global batch's pairs (last_dpo_).
@@ -280,11 +281,12 @@ class Run {
   // Set once the device exists (setup: "auto" is "always" on the CPU backend).
   DeferChoice speculate_choice_{DeferChoice::Mode::kAlways};
   double last_fwd_bwd_s_ = 0;
-  // Preference data: the reference's log-probabilities of every pair's two sequences (chosen
-  // first), the step's rows' share of them and their weights ([accum]), the last step's and
-  // eval's metrics.
-  std::vector<float> ref_train_, ref_eval_;
-  std::vector<std::vector<float>> ref_rows_;
+  // Preference data: the loss (the dpo section), the reference's log-probabilities and the
+  // completion targets of every pair's two sequences (chosen first), the step's rows' share of
+  // them and their weights ([accum]), the last step's and eval's metrics.
+  DpoLoss dpo_loss_;
+  std::vector<float> ref_train_, ref_eval_, count_train_, count_eval_;
+  std::vector<std::vector<float>> ref_rows_, count_rows_;
   std::vector<DpoRowWeights> row_weights_;
   DpoMetrics last_dpo_, last_eval_dpo_;
 };
