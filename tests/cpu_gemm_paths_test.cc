@@ -239,6 +239,90 @@ TEST(CpuKernels, MatmulBitsDoNotDependOnThreadCountOnEveryPath) {
   }
 }
 
+// A row's output does not depend on the other rows' values, on every GEMM path: a micro-batch's
+// rows are sequences whose results (a preference pair's log-probabilities, DPO's reference)
+// must not depend on what the other sequences hold. Shapes of a 110M Llama's layers (width 768:
+// fused q/k/v, gate/up, down) at 4 x 256 tokens; rows [0, 256) and [512, 768) trade places and
+// the rest stay. (On the onednn path a row's bits may still depend on where it sits: the
+// shape of its tile; see docs/ARCHITECTURE.md.)
+TEST(CpuKernels, MatmulRowsDoNotDependOnTheOtherRows) {
+  struct Shape {
+    int N, C, OC;
+  };
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    for (Shape sh : {Shape{1024, 768, 1280}, Shape{1024, 768, 3072}, Shape{1024, 1536, 768}}) {
+      const int N = sh.N, C = sh.C, OC = sh.OC;
+      SCOPED_TRACE(fmt::format("{} N={} C={} OC={}", cpu::gemm_path_name(path), N, C, OC));
+      std::mt19937_64 rng(test_seed(29));
+      const DType dt = DType::kBF16;
+      Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+      Typed swapped(dt, x.n);
+      // Rows [0, 256) and [512, 768) trade places; the rest stay.
+      const size_t q = size_t(N) / 4, row = size_t(C) * 2;
+      auto* src = static_cast<unsigned char*>(x.data());
+      auto* dst = static_cast<unsigned char*>(swapped.data());
+      std::memcpy(dst, src, x.n * 2);
+      std::memcpy(dst, src + 2 * q * row, q * row);
+      std::memcpy(dst + 2 * q * row, src, q * row);
+      Typed out(dt, size_t(N) * OC), out2(dt, size_t(N) * OC);
+      Fixture f(2);
+      f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+      f.k().matmul_forward(f.s(), dt, out2.data(), swapped.data(), w.data(), nullptr, N, C, OC);
+      f.sync();
+      const size_t orow = size_t(OC) * 2;
+      auto* a = static_cast<unsigned char*>(out.data());
+      auto* b = static_cast<unsigned char*>(out2.data());
+      EXPECT_EQ(std::memcmp(a + q * orow, b + q * orow, q * orow), 0) << "rows [256, 512)";
+      EXPECT_EQ(std::memcmp(a + 3 * q * orow, b + 3 * q * orow, q * orow), 0) << "rows [768, 1024)";
+      EXPECT_EQ(std::memcmp(a, b + 2 * q * orow, q * orow), 0) << "rows [0, 256) moved";
+    }
+  }
+}
+
+// A sequence's outputs do not depend on where it sits among a micro-batch's rows, on every GEMM
+// path (on onednn, whose bits may depend on a call's shape, through matmul.cc's row blocks of
+// one height): DPO's reference log-probabilities come from other micro-batches than the
+// policy's, in other rows. Four sequences of T = 256 and of T = 257 (blocks not aligned to
+// them), sequences 1 and 3 trading places.
+TEST(CpuKernels, MatmulRowsDoNotDependOnTheirPlaceInTheBatch) {
+  for (cpu::GemmPath path : available_gemm_paths()) {
+    cpu::ScopedGemmPath force(path);
+    for (int T : {256, 257}) {
+      const int N = 4 * T, C = 1536, OC = 768;
+      SCOPED_TRACE(fmt::format("{} T={}", cpu::gemm_path_name(path), T));
+      std::mt19937_64 rng(test_seed(31));
+      const DType dt = DType::kBF16;
+      Typed x = random_typed(dt, size_t(N) * C, rng), w = random_typed(dt, size_t(OC) * C, rng);
+      Typed dout = random_typed(dt, size_t(N) * OC, rng);
+      // Sequence i in rows [iT, (i + 1)T): 1 and 3 trade places, in the input and in dout.
+      auto swap13 = [&](const Typed& v, int width) {
+        Typed o(dt, v.n);
+        const size_t seq = size_t(T) * width * 2;
+        auto* s = static_cast<const unsigned char*>(v.data());
+        auto* d = static_cast<unsigned char*>(o.data());
+        std::memcpy(d, s, v.n * 2);
+        std::memcpy(d + seq, s + 3 * seq, seq);
+        std::memcpy(d + 3 * seq, s + seq, seq);
+        return o;
+      };
+      const Typed xs = swap13(x, C), douts = swap13(dout, OC);
+      Fixture f(2);
+      Typed out(dt, size_t(N) * OC), outs(dt, size_t(N) * OC), dx(dt, x.n), dxs(dt, x.n);
+      f.k().matmul_forward(f.s(), dt, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+      f.k().matmul_forward(f.s(), dt, outs.data(), xs.data(), w.data(), nullptr, N, C, OC);
+      f.k().matmul_backward(f.s(), dt, dx.data(), nullptr, nullptr, dout.data(), x.data(), w.data(),
+                            N, C, OC, /*accumulate=*/false);
+      f.k().matmul_backward(f.s(), dt, dxs.data(), nullptr, nullptr, douts.data(), xs.data(),
+                            w.data(), N, C, OC, /*accumulate=*/false);
+      f.sync();
+      const Typed back = swap13(outs, OC), dback = swap13(dxs, C);
+      EXPECT_EQ(std::memcmp(out.data(), back.data(), out.n * 2), 0) << "forward";
+      EXPECT_EQ(std::memcmp(dx.data(), dback.data(), dx.n * 2), 0) << "input gradient";
+    }
+  }
+}
+
 // STRATA_CPU_ISA's values (shared with cpu_optim) map to GEMM paths: by CPUID when unset, a
 // forced level only where the CPU has it, onednn only where the build has oneDNN.
 TEST(CpuKernels, GemmPathFromStrataCpuIsa) {

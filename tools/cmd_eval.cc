@@ -38,7 +38,7 @@ const char kUsage[] =
     "  --json               print one line {\"loss\": L, \"perplexity\": P, \"tokens\": N}\n"
     "                       (preference pairs: {\"loss\", \"pairs\", \"tokens\",\n"
     "                       \"rewards/accuracies\", \"rewards/chosen\", \"rewards/rejected\",\n"
-    "                       \"rewards/margins\"})\n"
+    "                       \"rewards/margins\", \"logps/chosen\", \"logps/rejected\"})\n"
     "  --set KEY=VALUE      override a config key, as for strata train; repeatable\n"
     "  --log-level LEVEL    debug | info | warn | error | off (default: strata.log_level)\n"
     "  -h, --help           this text\n"
@@ -89,7 +89,9 @@ int cmd_eval(int argc, char** argv) {
                                 {"rewards/accuracies", r->reward_accuracy},
                                 {"rewards/chosen", r->reward_chosen},
                                 {"rewards/rejected", r->reward_rejected},
-                                {"rewards/margins", margin}};
+                                {"rewards/margins", margin},
+                                {"logps/chosen", r->logp_chosen},
+                                {"logps/rejected", r->logp_rejected}};
       std::printf("%s\n", line.dump().c_str());
     } else {
       std::printf(

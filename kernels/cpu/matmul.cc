@@ -8,11 +8,16 @@
 // itself and the GEMM's bits do not depend on the tiling, so the result does not depend on the
 // thread count. On the onednn GEMM path (gemm.h), whose bits may depend on a call's shape, the
 // tiles are those of kFixedTileThreads threads whatever the arena's size, so again the thread
-// count only decides which thread computes which tile. A tile's fp32 result lives in a per-thread
-// buffer of at most one tile.
+// count only decides which thread computes which tile; and every call of one layer has the
+// same row count (row_blocks: the last block's missing rows are zeros in a padded copy), so a
+// row's bits do not depend on where it sits among the micro-batch's rows either -- a sequence
+// gets the same outputs in any row of any micro-batch of the same size (DPO's reference
+// log-probabilities are computed in other micro-batches than the policy's). A tile's fp32
+// result lives in a per-thread buffer of at most one tile.
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
@@ -63,20 +68,44 @@ Tiles choose_tiles(size_t rows, size_t cols, int threads) {
 // The thread count the tiles are chosen for when the GEMM's bits may depend on the tiling.
 constexpr int kFixedTileThreads = 4;
 
-// Calls f(r0, r1, c0, c1) for every tile of a rows x cols output, in parallel on the threads of
-// the calling arena.
+// Where the GEMM's bits may depend on a call's shape (onednn): the rows go in blocks of one
+// height, at most kBlockRows and a multiple of kBlockAlign (no partial micro-tile of rows in any
+// call), as few blocks as that allows; the last block is padded with zero rows to the same
+// height. The height depends on the row count alone.
+constexpr size_t kBlockRows = 256;
+constexpr size_t kBlockAlign = 32;
+size_t block_rows(size_t rows) {
+  const size_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+  const size_t per = (rows + blocks - 1) / blocks;
+  return (per + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
+}
+
+// Calls f(r0, r1, c0, c1, m) for every tile of a rows x cols output, in parallel on the threads
+// of the calling arena; m (>= r1 - r0) is the row count the tile's GEMM is to be called with:
+// the rows from r1 - r0 on are zeros (onednn's padded last block; else m = r1 - r0).
 template <typename F>
 void for_each_tile(size_t rows, size_t cols, F&& f) {
-  const int threads =
-      gemm_tiles_follow_threads() ? tbb::this_task_arena::max_concurrency() : kFixedTileThreads;
-  const Tiles t = choose_tiles(rows, cols, threads);
+  const bool follow = gemm_tiles_follow_threads();
+  const int threads = follow ? tbb::this_task_arena::max_concurrency() : kFixedTileThreads;
+  Tiles t = choose_tiles(rows, cols, threads);
+  if (!follow) t.rows = block_rows(rows);
   size_t tr = (rows + t.rows - 1) / t.rows, tc = (cols + t.cols - 1) / t.cols;
   parallel_ranges(tr * tc, 1, [&](size_t t0, size_t t1) {
     for (size_t i = t0; i < t1; ++i) {
-      size_t r0 = (i / tc) * t.rows, c0 = (i % tc) * t.cols;
-      f(r0, std::min(rows, r0 + t.rows), c0, std::min(cols, c0 + t.cols));
+      size_t r0 = (i / tc) * t.rows, c0 = (i % tc) * t.cols, r1 = std::min(rows, r0 + t.rows);
+      f(r0, r1, c0, std::min(cols, c0 + t.cols), follow ? r1 - r0 : t.rows);
     }
   });
+}
+
+// a's first `rows` rows (m x k, not transposed, lda) followed by m - rows zero rows, in the
+// thread's scratch: the operand of a padded block's call.
+template <typename Tp>
+const Tp* padded_rows(const Tp* a, size_t rows, size_t m, size_t k, size_t lda) {
+  thread_local std::vector<Tp> buf;
+  buf.assign(m * k, Tp{});
+  for (size_t r = 0; r < rows; ++r) std::memcpy(&buf[r * k], a + r * lda, k * sizeof(Tp));
+  return buf.data();
 }
 
 }  // namespace
@@ -89,22 +118,24 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
     auto* x = static_cast<const Tp*>(inp);
     auto* w = static_cast<const Tp*>(weight);
     auto* bs = static_cast<const Tp*>(bias);
-    for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+    for_each_tile(N, OC, [&](size_t r0, size_t r1, size_t c0, size_t c1, size_t m) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
-      // fp32 output: the tile is computed in place; else in fp32 scratch, then rounded.
+      // fp32 output: the tile is computed in place; else (or padded) in fp32 scratch, then
+      // rounded.
       float* t = nullptr;
       int ldt = OC;
-      if constexpr (std::is_same_v<Tp, float>) {
-        t = y + r0 * OC + c0;
+      if (std::is_same_v<Tp, float> && m == r1 - r0) {
+        t = reinterpret_cast<float*>(y) + r0 * OC + c0;
       } else {
         thread_local ThreadScratch scratch;
-        t = scratch.get(size_t(rn) * cn);
+        t = scratch.get(m * size_t(cn));
         ldt = cn;
       }
-      gemm({.m = rn,
+      const bool pad = m > r1 - r0;
+      gemm({.m = int(m),
             .n = cn,
             .k = C,
-            .a = x + r0 * C,
+            .a = pad ? padded_rows(x + r0 * C, r1 - r0, m, C, C) : x + r0 * C,
             .a_type = dt,
             .lda = C,
             .b = w + c0 * C,
@@ -120,7 +151,7 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
         if (bias) {
           for (int c = 0; c < cn; ++c) row[c] += b[c];
         }
-        if constexpr (!std::is_same_v<Tp, float>) store_span(row, y + (r0 + r) * OC + c0, cn);
+        if (!std::is_same_v<Tp, float> || pad) store_span(row, y + (r0 + r) * OC + c0, cn);
       }
     });
   });
@@ -137,25 +168,26 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
 
     // dinp[N,C] (+)= dout[N,OC] @ weight[OC,C]: the fp32 tile added to dinp, or stored (the
     // sum's bits either way: 0 + x is x, but for the sign of a zero).
-    for_each_tile(N, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+    for_each_tile(N, C, [&](size_t r0, size_t r1, size_t c0, size_t c1, size_t m) {
       const int rn = int(r1 - r0), cn = int(c1 - c0);
-      GemmArgs a{.m = rn,
+      const bool pad = m > r1 - r0;
+      GemmArgs a{.m = int(m),
                  .n = cn,
                  .k = OC,
-                 .a = g + r0 * OC,
+                 .a = pad ? padded_rows(g + r0 * OC, r1 - r0, m, OC, OC) : g + r0 * OC,
                  .a_type = dt,
                  .lda = OC,
                  .b = w + c0,
                  .b_type = dt,
                  .ldb = C};
-      if constexpr (std::is_same_v<Tp, float>) {
-        a.c = dx + r0 * C + c0;
+      if (std::is_same_v<Tp, float> && !pad) {
+        a.c = reinterpret_cast<float*>(dx) + r0 * C + c0;
         a.ldc = C;
         a.accumulate = accumulate;
         gemm(a);
       } else {
         thread_local ThreadScratch scratch;
-        float* tile = scratch.get(size_t(rn) * cn);
+        float* tile = scratch.get(m * size_t(cn));
         a.c = tile;
         a.ldc = cn;
         gemm(a);
@@ -171,7 +203,8 @@ void matmul_backward(DType dt, void* dinp, float* dweight, float* dbias, const v
 
     // dweight[OC,C] += dout^T[OC,N] @ inp[N,C] (nullptr: a frozen weight, no gradient)
     if (dweight) {
-      for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1) {
+      // (Rows of dweight: its tiles are no sequences; m is r1 - r0 or, padded, unneeded.)
+      for_each_tile(OC, C, [&](size_t r0, size_t r1, size_t c0, size_t c1, size_t) {
         gemm({.m = int(r1 - r0),
               .n = int(c1 - c0),
               .k = N,

@@ -298,6 +298,8 @@ void DpoSums::add(const DpoLoss& l, const float* token_losses, const float* ref,
     reward_rejected += rr;
     correct += rc > rr ? 1.0 : 0.0;
     pairs += 1.0;
+    logp_chosen -= nll[size_t(2 * j)];
+    logp_rejected -= nll[size_t(2 * j + 1)];
   }
 }
 
@@ -308,6 +310,8 @@ DpoMetrics dpo_metrics(const DpoSums& s) {
   m.reward_chosen = s.reward_chosen / s.pairs;
   m.reward_rejected = s.reward_rejected / s.pairs;
   m.accuracy = s.correct / s.pairs;
+  m.logp_chosen = s.logp_chosen / s.pairs;
+  m.logp_rejected = s.logp_rejected / s.pairs;
   return m;
 }
 

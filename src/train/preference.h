@@ -93,6 +93,7 @@ class DpoRowWeights final : public RowWeights {
 // Sums over pairs, for the loss and TRL's reward metrics.
 struct DpoSums {
   double loss = 0, reward_chosen = 0, reward_rejected = 0, correct = 0, pairs = 0;
+  double logp_chosen = 0, logp_rejected = 0;  // the policy's log-probabilities
   // Adds a micro-batch of `rows` rows of per-token losses against their reference
   // log-probabilities and completion targets: its loss weighs as its pairs.
   void add(const DpoLoss& loss, const float* token_losses, const float* ref, const float* count,
@@ -100,9 +101,11 @@ struct DpoSums {
 };
 
 // The means a report shows: the loss and rewards per pair, accuracy = the share of pairs whose
-// chosen reward beta a is above the rejected one's beta b (TRL's rewards/*).
+// chosen reward beta a is above the rejected one's beta b (TRL's rewards/*), the policy's
+// log-probabilities of the chosen and rejected sequences (TRL's logps/*).
 struct DpoMetrics {
   double loss = 0, reward_chosen = 0, reward_rejected = 0, accuracy = 0;
+  double logp_chosen = 0, logp_rejected = 0;
   double margin() const { return reward_chosen - reward_rejected; }
 };
 DpoMetrics dpo_metrics(const DpoSums& s);

@@ -209,6 +209,8 @@ Result<TrainResult> Run::loop() {
       rec["eval_rewards/rejected"] = m.reward_rejected;
       rec["eval_rewards/accuracies"] = m.accuracy;
       rec["eval_rewards/margins"] = m.margin();
+      rec["eval_logps/chosen"] = m.logp_chosen;
+      rec["eval_logps/rejected"] = m.logp_rejected;
       rewards = fmt::format(" | acc {:.2f} margin {:.3f}", m.accuracy, m.margin());
     }
     if (opts_.progress) {
@@ -288,6 +290,8 @@ Result<TrainResult> Run::loop() {
       rep.reward_chosen = last_dpo_.reward_chosen;
       rep.reward_rejected = last_dpo_.reward_rejected;
       rep.reward_accuracy = last_dpo_.accuracy;
+      rep.logp_chosen = last_dpo_.logp_chosen;
+      rep.logp_rejected = last_dpo_.logp_rejected;
       rep.fp16 = cfg_.fp16.enabled;
       rep.loss_scale = scaler_.scale;
       rep.skipped = last_skipped_;

@@ -141,10 +141,11 @@ Result<double> Run::preference_step_loss() {
 
 Status Run::reduce_dpo_sums(DpoSums* s) {
   if (world_ == 1) return Status::ok();
-  float v[5] = {float(s->loss), float(s->reward_chosen), float(s->reward_rejected),
-                float(s->correct), float(s->pairs)};
-  STRATA_RETURN_IF_ERROR(reduce(v, 5, ReduceOp::kSum), "");
-  *s = DpoSums{v[0], v[1], v[2], v[3], v[4]};
+  float v[7] = {float(s->loss),    float(s->reward_chosen), float(s->reward_rejected),
+                float(s->correct), float(s->pairs),         float(s->logp_chosen),
+                float(s->logp_rejected)};
+  STRATA_RETURN_IF_ERROR(reduce(v, 7, ReduceOp::kSum), "");
+  *s = DpoSums{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
   return Status::ok();
 }
 
@@ -202,6 +203,8 @@ Result<EvalResult> Run::preference_evaluate() {
   r.reward_chosen = last_eval_dpo_.reward_chosen;
   r.reward_rejected = last_eval_dpo_.reward_rejected;
   r.reward_accuracy = last_eval_dpo_.accuracy;
+  r.logp_chosen = last_eval_dpo_.logp_chosen;
+  r.logp_rejected = last_eval_dpo_.logp_rejected;
   log_info("eval: the DPO loss of {} pairs in {:.2f} s", r.pairs, seconds_since(t0));
   return r;
 }

@@ -79,6 +79,8 @@ std::string metrics_record(const StepReport& r, const StepWindow& w) {
     j["rewards/rejected"] = r.reward_rejected;
     j["rewards/accuracies"] = r.reward_accuracy;
     j["rewards/margins"] = r.reward_chosen - r.reward_rejected;
+    j["logps/chosen"] = r.logp_chosen;
+    j["logps/rejected"] = r.logp_rejected;
   }
   return j.dump();
 }

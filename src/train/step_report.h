@@ -52,10 +52,12 @@ struct StepReport {
   int64_t step = 0, total = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   double aux_loss = -1;  // a mixture of experts' load-balancing loss (-1: the model has none)
-  // Preference data (DPO): the step's mean rewards of the chosen and rejected sequences and the
-  // share of pairs whose chosen one's is higher (TRL's rewards/*).
+  // Preference data (DPO): the step's mean rewards of the chosen and rejected sequences, the
+  // share of pairs whose chosen one's is higher (TRL's rewards/*) and the policy's mean
+  // log-probabilities of each (TRL's logps/*).
   bool preference = false;
   double reward_chosen = 0, reward_rejected = 0, reward_accuracy = 0;
+  double logp_chosen = 0, logp_rejected = 0;
   bool fp16 = false;  // show the loss scale
   double loss_scale = 1;
   bool skipped = false;      // fp16 overflow: the step was skipped

@@ -171,6 +171,7 @@ struct EvalResult {
   bool preference = false;
   int64_t pairs = 0;
   double reward_chosen = 0, reward_rejected = 0, reward_accuracy = 0;
+  double logp_chosen = 0, logp_rejected = 0;  // the checkpoint's mean log-probabilities
 };
 
 // Every rank calls evaluate() with the same config; every rank gets the global result. A file
