@@ -141,8 +141,8 @@ Result<double> Run::preference_step_loss() {
 
 Status Run::reduce_dpo_sums(DpoSums* s) {
   if (world_ == 1) return Status::ok();
-  float v[7] = {float(s->loss),    float(s->reward_chosen), float(s->reward_rejected),
-                float(s->correct), float(s->pairs),         float(s->logp_chosen),
+  float v[7] = {float(s->loss),         float(s->reward_chosen), float(s->reward_rejected),
+                float(s->correct),      float(s->pairs),         float(s->logp_chosen),
                 float(s->logp_rejected)};
   STRATA_RETURN_IF_ERROR(reduce(v, 7, ReduceOp::kSum), "");
   *s = DpoSums{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
