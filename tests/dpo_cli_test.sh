@@ -97,45 +97,40 @@ json.dump(c, open('full.json', 'w'))" "$recipe"
 "$strata" train --config full.json "${full[@]}" --set 'train.checkpoint_dir="full"' \
   --set 'train.export_dir="full-hf"' >full.txt 2>&1
 check "full fine-tuning with DPO trains and exports" test $? -eq 0
-field full/metrics.jsonl eval_loss | tail -1 >full.eval_loss
-field full/metrics.jsonl eval_rewards/accuracies | tail -1 >full.eval_acc
-if "$py" -c "import torch" 2>/dev/null; then
-"$py" "$repo/tests/dpo_reference.py" --policy full-hf --reference "$fixture" --tokens pairs-val.bin \
-  --seq-len 32 --beta 0.2 --label-smoothing 0.1 >full.ref.json 2>full.ref.err
-check "transformers computes the held-out DPO loss" test $? -eq 0
-check "strata's final eval is transformers' DPO loss and accuracy over the held-out pairs" \
-  "$py" -c "import json,sys
+# against_transformers NAME LOSS RUN [dpo_reference.py options]: RUN's final held-out loss and
+# reward accuracy against transformers' over the same pairs (its export vs the initial model).
+against_transformers() {
+  local name=$1 what=$2 run=$3
+  shift 3
+  field "$run/metrics.jsonl" eval_loss | tail -1 >"$run.eval_loss"
+  field "$run/metrics.jsonl" eval_rewards/accuracies | tail -1 >"$run.eval_acc"
+  "$py" "$repo/tests/dpo_reference.py" --policy "$run-hf" --reference "$fixture" \
+    --tokens pairs-val.bin --seq-len 32 "$@" >"$run.ref.json" 2>"$run.ref.err"
+  check "transformers computes the held-out $what loss" test $? -eq 0
+  check "strata's final eval is transformers' $what loss and accuracy over the held-out pairs" \
+    "$py" -c "import json,sys
 ref = json.load(open(sys.argv[1]))
 loss = float(open(sys.argv[2]).read().split()[1])
 acc = float(open(sys.argv[3]).read().split()[1])
 assert abs(loss - ref['loss']) < 2e-4 * max(1.0, abs(ref['loss'])), (loss, ref)
 assert abs(acc - ref['accuracy']) < 1e-9, (acc, ref)
-print('strata', loss, acc, 'transformers', ref)" full.ref.json full.eval_loss full.eval_acc
-fi
+print('$name: strata', loss, acc, 'transformers', ref)" "$run.ref.json" "$run.eval_loss" "$run.eval_acc"
+}
+have_torch=0
+"$py" -c "import torch" 2>/dev/null && have_torch=1
+((have_torch)) && against_transformers full DPO full --beta 0.2 --label-smoothing 0.1
 # IPO (per-token means of the log-ratios: each row's completion targets count) the same way.
 "$strata" train --config full.json "${full[@]}" --set 'dpo.loss_type="ipo"' --set train.eval_interval=6 \
   --set dpo.label_smoothing=0 --set 'train.checkpoint_dir="ipo"' \
   --set 'train.export_dir="ipo-hf"' >ipo.txt 2>&1
 check "full fine-tuning with IPO trains and exports" test $? -eq 0
 check "... and says which loss it trains" grep -q "loss ipo, beta 0.2" ipo.txt
-field ipo/metrics.jsonl eval_loss >ipo.eval_loss
+field ipo/metrics.jsonl eval_loss >ipo.eval_losses
 check "the held-out IPO loss falls" "$py" -c "import sys
 v = [float(l.split()[1]) for l in open(sys.argv[1])]
-assert v[-1] < v[0], v" ipo.eval_loss
-tail -1 ipo.eval_loss >ipo.eval_last
-field ipo/metrics.jsonl eval_rewards/accuracies | tail -1 >ipo.eval_acc
-if "$py" -c "import torch" 2>/dev/null; then
-"$py" "$repo/tests/dpo_reference.py" --policy ipo-hf --reference "$fixture" --tokens pairs-val.bin \
-  --seq-len 32 --beta 0.2 --loss-type ipo >ipo.ref.json 2>ipo.ref.err
-check "transformers computes the held-out IPO loss" test $? -eq 0
-check "strata's final eval is transformers' IPO loss and accuracy over the held-out pairs" \
-  "$py" -c "import json,sys
-ref = json.load(open(sys.argv[1]))
-loss = float(open(sys.argv[2]).read().split()[1])
-acc = float(open(sys.argv[3]).read().split()[1])
-assert abs(loss - ref['loss']) < 2e-4 * max(1.0, abs(ref['loss'])), (loss, ref)
-assert abs(acc - ref['accuracy']) < 1e-9, (acc, ref)
-print('strata', loss, acc, 'transformers', ref)" ipo.ref.json ipo.eval_last ipo.eval_acc
+assert v[-1] < v[0], v" ipo.eval_losses
+if ((have_torch)); then
+  against_transformers ipo IPO ipo --beta 0.2 --loss-type ipo
 else
   echo "skipped: the held-out DPO and IPO losses against transformers' forward ($py lacks torch)"
 fi

@@ -31,10 +31,9 @@ Off the hot path: run it by hand in the virtual environment of tools/make_hf_fix
 It records its versions in tests/fixtures/hf/VERSIONS under fixtures["llama/dpo"].
 """
 import argparse
-import collections
+import importlib.util
 import json
 import os
-import types
 
 import torch
 import torch.nn.functional as F
@@ -84,37 +83,22 @@ def dpo_loss(logps, ref, beta, eps):
 
 def trl_loss(per_token_logps, completion, ref, beta):
     """TRL's own DPOTrainer loss (loss_type "sigmoid") on the same per-token log-probabilities
-    and reference, through DPOTrainer._compute_loss with the model's outputs given (None without
-    TRL). TRL's batch is [chosen..., rejected...]; its "sigmoid" has no label smoothing (TRL
-    1.x: label_smoothing is Robust DPO's and EXO's), so this checks the plain loss; cDPO's
-    smoothing is the one TRL's sigmoid had before 1.0, -(1 - eps) logsigmoid(z) - eps
-    logsigmoid(-z)."""
+    and reference, through DPOTrainer._compute_loss with the model's outputs given
+    (tests/fixtures/dpo/make_losses.py's trl_loss; None without TRL). TRL's "sigmoid" has no
+    label smoothing (TRL 1.x: label_smoothing is Robust DPO's and EXO's), so this checks the
+    plain loss; cDPO's smoothing is the one TRL's sigmoid had before 1.0, -(1 - eps)
+    logsigmoid(z) - eps logsigmoid(-z)."""
     try:
         import trl
     except ImportError:
         return None, None
-    order = list(range(0, B, 2)) + list(range(1, B, 2))
-    lp = per_token_logps[order]
-    n = lp.shape[0]
-    outputs = types.SimpleNamespace(log_probs=lp, entropy=torch.zeros_like(lp),
-                                    mean_logits=torch.zeros_like(lp),
-                                    is_top1=torch.zeros_like(lp, dtype=torch.bool))
-    mask = torch.zeros(n, T + 1, dtype=torch.long)
-    mask[:, 1:] = completion[order].long()
-    ref_o = ref[order]
-    inputs = {"input_ids": torch.zeros(n, T + 1, dtype=torch.long), "completion_mask": mask,
-              "attention_mask": torch.ones(n, T + 1, dtype=torch.long),
-              "ref_chosen_logps": ref_o[:n // 2], "ref_rejected_logps": ref_o[n // 2:]}
-    ident = lambda x: x  # noqa: E731
-    fake = types.SimpleNamespace(
-        model=types.SimpleNamespace(training=True),
-        accelerator=types.SimpleNamespace(device=lp.device, gather_for_metrics=ident, gather=ident),
-        aux_loss_enabled=False, ld_alpha=None, precompute_ref_logps=True,
-        f_divergence_type="reverse_kl", loss_types=["sigmoid"], loss_weights=[1.0], beta=beta,
-        use_weighting=False, label_smoothing=0.0, _total_train_tokens=0, _tp_size=1,
-        _metrics={"train": collections.defaultdict(list)})
-    loss = trl.DPOTrainer._compute_loss(fake, lambda **kw: outputs, inputs, False)
-    return loss, trl.__version__
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "make_losses", os.path.join(here, "..", "tests", "fixtures", "dpo", "make_losses.py"))
+    losses = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(losses)
+    cfg = {"loss_type": ["sigmoid"], "beta": beta}
+    return losses.trl_loss(cfg, per_token_logps, completion, ref), trl.__version__
 
 
 def main():
