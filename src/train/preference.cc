@@ -72,9 +72,13 @@ OfZ of_z(DpoLossType t, const DpoLoss& l, double z) {
       return {((1.0 - eps) * softplus(-z) - eps * softplus(z)) / (1.0 - 2.0 * eps),
               (-(1.0 - eps) * sigmoid(-z) - eps * sigmoid(z)) / (1.0 - 2.0 * eps)};
     case DpoLossType::kDiscopop: {
-      const double tau = l.discopop_tau, m = sigmoid(z / tau), dm = dsigmoid(z / tau) / tau;
-      const double e = std::exp(-z), s = softplus(-z);
-      return {s * (1.0 - m) + e * m, -sigmoid(-z) * (1.0 - m) + (e - s) * dm - e * m};
+      // e^-z m and e^-z m' through their logs: far below z = 0, e^-z overflows where m and m'
+      // (sigmoids of z / tau) have long since underflowed; the products are finite (and 0).
+      const double tau = l.discopop_tau, m = sigmoid(z / tau), s = softplus(-z);
+      const double log_m = -softplus(-z / tau), log_dm = log_m - softplus(z / tau) - std::log(tau);
+      const double em = std::exp(-z + log_m), edm = std::exp(-z + log_dm);
+      const double sdm = s * std::exp(log_dm);
+      return {s * (1.0 - m) + em, -sigmoid(-z) * (1.0 - m) + edm - sdm - em};
     }
     default:
       return {0.0, 0.0};
