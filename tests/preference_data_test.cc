@@ -167,6 +167,22 @@ TEST(PreferenceData, PairsInOrderChosenThenRejected) {
   for (size_t r = 0; r < 6; ++r) expect_row(p, want[r], T, &tk[r * T], &tg[r * T], "wrapped");
 }
 
+// data.loss_mask "none" reads a preference file as plain tokens (next-token loss everywhere, no
+// pairs), and the data line says so and how to train DPO on it.
+TEST(PreferenceData, MaskNotReadSaysItIsAPreferenceFile) {
+  const std::string dir = test::temp_dir("strata_pref", "nomask");
+  const Pairs p = some_pairs(4);
+  DataConfig dc = data_config(p.write(dir + "/p.bin"), 32, 0.0);
+  dc.loss_mask = "none";
+  auto d = Dataset::load(dc, kVocab, 1);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_FALSE(d->preference());
+  EXPECT_FALSE(d->masked());
+  EXPECT_NE(d->description().find("a preference file trained as plain text"), std::string::npos)
+      << d->description();
+  EXPECT_NE(d->description().find("data.loss_mask \"auto\" trains DPO"), std::string::npos);
+}
+
 // A sequence longer than T + 1 tokens is cut (its end dropped); a pair in which either side
 // keeps no loss target is left out, and said so.
 TEST(PreferenceData, SequencesCutAtTPlusOnePairsWithoutTargetsLeftOut) {

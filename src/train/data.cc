@@ -196,6 +196,19 @@ Result<TokenFile> read_tokens(const std::string& path, const std::string& key,
   const bool has_mask = ::stat(mask_path.c_str(), &st) == 0;
   if (has_mask && cfg.loss_mask == "none") {
     d.description += fmt::format(", loss mask {} not read (data.loss_mask = \"none\")", mask_path);
+    // A preference file read so trains next-token loss on every token of both answers, not
+    // DPO: said where it is read (a mask too short for its header is just not read).
+    int32_t head[7] = {};
+    const int fd = ::open(mask_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const bool whole = ::read(fd, head, sizeof head) == ssize_t(sizeof head);
+      ::close(fd);
+      if (whole && head[0] == kMaskMagic && head[6] == kMaskPreference) {
+        d.description +=
+            ": a preference file trained as plain text (next-token loss on every token of both "
+            "answers, no DPO); data.loss_mask \"auto\" trains DPO on its pairs";
+      }
+    }
   }
   if (has_mask && cfg.loss_mask == "auto") {
     STRATA_ASSIGN_OR_RETURN(std::vector<char> mb, read_file(mask_path, key + "'s loss mask"),
