@@ -366,7 +366,8 @@ Status Dataset::load_pairs(const DataConfig& cfg) {
     log_info(
         "data: {} of {} preference pairs left out ({} training, {} held out): a sequence keeps "
         "no loss target in its first data.seq_len + 1 = {} tokens (its prompt fills them; the "
-        "end past them is cut); raise data.seq_len to keep them",
+        "end past them is cut); raise data.seq_len (at most model.context) or shorten the "
+        "prompts to keep them",
         left, left + train_pairs_.size() + eval_pairs_.size(), left_train, left_eval, T + 1);
   }
   description_ += fmt::format(
@@ -378,7 +379,7 @@ Status Dataset::load_pairs(const DataConfig& cfg) {
     return invalid_argument(fmt::format(
         "{}: {}.mask leaves no preference pair in the {} whose chosen and rejected sequences "
         "both keep a loss target within data.seq_len + 1 = {} tokens: give pairs with "
-        "completions, or raise data.seq_len",
+        "completions, shorter prompts, or a longer data.seq_len (at most model.context)",
         key, path, part, T + 1));
   };
   if (T > 0 && split_ > 0 && train_pairs_.empty()) {
