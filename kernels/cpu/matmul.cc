@@ -9,7 +9,7 @@
 // thread count. On the onednn GEMM path (gemm.h), whose bits may depend on a call's shape, the
 // tiles are those of kFixedTileThreads threads whatever the arena's size, so again the thread
 // count only decides which thread computes which tile; and every call of one layer has the
-// same row count (row_blocks: the last block's missing rows are zeros in a padded copy), so a
+// same row count (block_rows: the last block's missing rows are zeros in a padded copy), so a
 // row's bits do not depend on where it sits among the micro-batch's rows either -- a sequence
 // gets the same outputs in any row of any micro-batch of the same size (DPO's reference
 // log-probabilities are computed in other micro-batches than the policy's). A tile's fp32
